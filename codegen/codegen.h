@@ -1,0 +1,90 @@
+/* codegen/: task IR -> LLVM IR -> CPU machine code (ORC LLJIT, -O3) or PTX
+ * (NVPTX), plus the code cache. Internal header of the folder; runtime/ and
+ * server/ use it. Depends on ir/ and the LLVM C API only.
+ *
+ * A task is a kernel (fb_kernel) whose body is either serial statements, or
+ * statements that compute loop-invariant values followed by exactly one
+ * top-level parallel loop (par_for or struct_for), whose statement id is
+ * given as `loop`.
+ *
+ * The ABI of compiled tasks (identical on every target, all fields 8 bytes):
+ *
+ *   void body(fb_rt_ctx *ctx, int64_t lo, int64_t hi);
+ *     serial task: runs the whole body (lo, hi ignored);
+ *     parallel task: runs iterations lo <= it < hi of the loop, where
+ *       par_for:    iteration it has loop index begin + it;
+ *       struct_for: it is the linear (row-major, axis order) cell index in
+ *                   the SNode's cell space (dense path).
+ *   void bounds(fb_rt_ctx *ctx, int64_t *n);
+ *     parallel tasks only: writes the iteration count (end - begin, or 0).
+ *
+ * Bounds checks: a global access whose index is outside the field's shape is
+ * skipped (loads give 0) and FB_EBOUNDS is stored to *ctx->error. */
+#ifndef FB_CODEGEN_H
+#define FB_CODEGEN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusebox/ir.h"
+
+typedef struct fb_rt_ctx {
+  uint8_t *root;         /* field storage of the session's layout */
+  const uint64_t *args;  /* one 8-byte slot per kernel parameter */
+  uint64_t *rets;        /* return slots */
+  uint8_t *gtmp;         /* scratch shared by the tasks of a launch */
+  int32_t *error;        /* first error of the launch (0 = none) */
+  uint64_t seed;         /* rand() seed of the session */
+  uint64_t launch;       /* launch number for rand() */
+  void *runtime;         /* sparse runtime state (allocators, lists) */
+} fb_rt_ctx;
+
+/* How args and rets are packed into 8-byte slots: integers sign- or zero-
+ * extended to 64 bits, bool as 0/1, f64 as its bits, f32 as its bits in the
+ * low 32 bits (upper bits zero). */
+uint64_t fb_slot_pack(fb_value v);
+fb_value fb_slot_unpack(fb_type t, uint64_t slot);
+
+typedef void (*fb_task_body_fn)(fb_rt_ctx *ctx, int64_t lo, int64_t hi);
+typedef void (*fb_task_bounds_fn)(fb_rt_ctx *ctx, int64_t *n);
+
+typedef struct fb_cg_task {
+  const fb_kernel *ir;
+  int loop; /* statement id of the top-level parallel loop, -1 if serial */
+} fb_cg_task;
+
+/* ---------------------------------------------------------------- CPU */
+
+typedef struct fb_cpu_jit fb_cpu_jit;
+
+typedef struct fb_cpu_code {
+  fb_task_body_fn body;
+  fb_task_bounds_fn bounds; /* NULL for serial tasks */
+  int stmts_emitted;        /* IR statements lowered to LLVM IR */
+  int cache_hit;            /* 1 when found in the code cache */
+  double compile_s;         /* 0 on a cache hit */
+} fb_cpu_code;
+
+/* One JIT per engine; fb_cpu_jit_compile is safe to call from several
+ * threads at once (each compile uses its own LLVM context). Compiled code
+ * lives as long as the JIT. Code is cached by (task IR hash, layout hash),
+ * confirmed by structural equality. */
+fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen);
+void fb_cpu_jit_free(fb_cpu_jit *j);
+int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                       size_t errlen);
+
+/* ---------------------------------------------------------------- NVPTX */
+
+/* PTX text for the task, for the given SM (e.g. "sm_80"). Entry points are
+ * named fb_body and fb_bounds (.entry, taking a pointer to fb_rt_ctx and,
+ * for fb_body, lo and hi; fb_body is a grid-stride loop over [lo, hi)).
+ * *ptx is malloc'd. */
+int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size_t errlen);
+
+/* LLVM IR text of the task module for a target ("x86_64" or "nvptx64"),
+ * before optimization: for `fusebox ir --llvm` and for debugging. */
+int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *err,
+                    size_t errlen);
+
+#endif

@@ -1,0 +1,154 @@
+/* Scalar types, tagged values and error names: the vocabulary every layer
+ * shares. Casts here follow the IR's rules exactly (they are the reference
+ * the code generator is tested against). */
+#include <math.h>
+#include <string.h>
+
+#include "fusebox/common.h"
+
+const char *fb_strerror(int code) {
+  switch (code) {
+  case FB_OK: return "success";
+  case FB_EINVAL: return "invalid argument";
+  case FB_ENOMEM: return "out of memory";
+  case FB_EVERIFY: return "IR failed verification";
+  case FB_EPARSE: return "parse error";
+  case FB_ENOENT: return "no such object";
+  case FB_ECOMPILE: return "compilation failed";
+  case FB_EDEVICE: return "device error";
+  case FB_EQUOTA: return "over quota";
+  case FB_EBOUNDS: return "index out of bounds";
+  case FB_ETYPE: return "type mismatch";
+  case FB_EUNSUPPORTED: return "not supported";
+  case FB_EIO: return "I/O error";
+  case FB_EINTERNAL: return "internal error";
+  default: return "unknown error";
+  }
+}
+
+static const char *const type_names[FB_T__COUNT] = {
+    "void", "bool", "i32", "i64", "u32", "u64", "f32", "f64"};
+
+const char *fb_type_name(fb_type t) {
+  return (unsigned)t < FB_T__COUNT ? type_names[t] : "?";
+}
+
+int fb_type_from_name(const char *s, size_t n) {
+  for (int t = 0; t < FB_T__COUNT; t++)
+    if (strlen(type_names[t]) == n && memcmp(type_names[t], s, n) == 0) return t;
+  return -1;
+}
+
+size_t fb_type_size(fb_type t) {
+  switch (t) {
+  case FB_T_BOOL: return 1;
+  case FB_T_I32: case FB_T_U32: case FB_T_F32: return 4;
+  case FB_T_I64: case FB_T_U64: case FB_T_F64: return 8;
+  default: return 0;
+  }
+}
+
+int fb_type_is_float(fb_type t) { return t == FB_T_F32 || t == FB_T_F64; }
+int fb_type_is_int(fb_type t) {
+  return t == FB_T_I32 || t == FB_T_I64 || t == FB_T_U32 || t == FB_T_U64;
+}
+int fb_type_is_signed(fb_type t) {
+  return t == FB_T_I32 || t == FB_T_I64 || fb_type_is_float(t);
+}
+int fb_type_bits(fb_type t) { return t == FB_T_BOOL ? 1 : (int)fb_type_size(t) * 8; }
+
+fb_value fb_value_i32(int32_t x) { fb_value r = {FB_T_I32, {.i = x}}; return r; }
+fb_value fb_value_i64(int64_t x) { fb_value r = {FB_T_I64, {.i = x}}; return r; }
+fb_value fb_value_u32(uint32_t x) { fb_value r = {FB_T_U32, {.u = x}}; return r; }
+fb_value fb_value_u64(uint64_t x) { fb_value r = {FB_T_U64, {.u = x}}; return r; }
+fb_value fb_value_f32(float x) { fb_value r = {FB_T_F32, {.f = x}}; return r; }
+fb_value fb_value_f64(double x) { fb_value r = {FB_T_F64, {.f = x}}; return r; }
+fb_value fb_value_bool(int x) { fb_value r = {FB_T_BOOL, {.u = x != 0}}; return r; }
+
+/* Saturating float -> integer conversion, NaN -> 0 (llvm.fpto[su]i.sat). */
+static int64_t sat_s(double f, int bits) {
+  if (isnan(f)) return 0;
+  double lo = -ldexp(1.0, bits - 1), hi = ldexp(1.0, bits - 1);
+  if (f <= lo) return bits == 64 ? INT64_MIN : (int64_t)lo;
+  if (f >= hi) return bits == 64 ? INT64_MAX : (int64_t)hi - 1;
+  return (int64_t)f;
+}
+static uint64_t sat_u(double f, int bits) {
+  if (isnan(f) || f <= 0) return 0;
+  double hi = ldexp(1.0, bits);
+  if (f >= hi) return bits == 64 ? UINT64_MAX : (uint64_t)hi - 1;
+  return (uint64_t)f;
+}
+
+fb_value fb_value_cast(fb_value x, fb_type to) {
+  fb_value r;
+  r.type = to;
+  r.v.u = 0;
+  if (fb_type_is_float(x.type)) {
+    double f = x.type == FB_T_F32 ? (double)(float)x.v.f : x.v.f;
+    switch (to) {
+    case FB_T_BOOL: r.v.u = f != 0; break;
+    case FB_T_I32: r.v.i = sat_s(f, 32); break;
+    case FB_T_I64: r.v.i = sat_s(f, 64); break;
+    case FB_T_U32: r.v.u = sat_u(f, 32); break;
+    case FB_T_U64: r.v.u = sat_u(f, 64); break;
+    case FB_T_F32: r.v.f = (float)f; break;
+    case FB_T_F64: r.v.f = f; break;
+    default: break;
+    }
+    return r;
+  }
+  /* integer or bool source: normalise to its own width first */
+  int sgn = fb_type_is_signed(x.type);
+  int64_t si = 0;
+  uint64_t ui = 0;
+  switch (x.type) {
+  case FB_T_BOOL: ui = x.v.u != 0; si = (int64_t)ui; break;
+  case FB_T_I32: si = (int32_t)x.v.i; ui = (uint64_t)si; break;
+  case FB_T_I64: si = x.v.i; ui = (uint64_t)si; break;
+  case FB_T_U32: ui = (uint32_t)x.v.u; si = (int64_t)ui; break;
+  case FB_T_U64: ui = x.v.u; si = (int64_t)ui; break;
+  default: break;
+  }
+  switch (to) {
+  case FB_T_BOOL: r.v.u = ui != 0; break;
+  case FB_T_I32: r.v.i = (int32_t)(uint32_t)ui; break;
+  case FB_T_I64: r.v.i = (int64_t)ui; break;
+  case FB_T_U32: r.v.u = (uint32_t)ui; break;
+  case FB_T_U64: r.v.u = ui; break;
+  case FB_T_F32: r.v.f = sgn ? (double)(float)si : (double)(float)ui; break;
+  case FB_T_F64: r.v.f = sgn ? (double)si : (double)ui; break;
+  default: break;
+  }
+  return r;
+}
+
+double fb_value_as_f64(fb_value x) { return fb_value_cast(x, FB_T_F64).v.f; }
+int64_t fb_value_as_i64(fb_value x) { return fb_value_cast(x, FB_T_I64).v.i; }
+
+void fb_value_store(fb_value x, void *dst) {
+  switch (x.type) {
+  case FB_T_BOOL: { uint8_t b = x.v.u != 0; memcpy(dst, &b, 1); break; }
+  case FB_T_I32: case FB_T_U32: { uint32_t w = (uint32_t)x.v.u; memcpy(dst, &w, 4); break; }
+  case FB_T_I64: case FB_T_U64: memcpy(dst, &x.v.u, 8); break;
+  case FB_T_F32: { float f = (float)x.v.f; memcpy(dst, &f, 4); break; }
+  case FB_T_F64: memcpy(dst, &x.v.f, 8); break;
+  default: break;
+  }
+}
+
+fb_value fb_value_load(fb_type t, const void *src) {
+  fb_value r;
+  r.type = t;
+  r.v.u = 0;
+  switch (t) {
+  case FB_T_BOOL: { uint8_t b; memcpy(&b, src, 1); r.v.u = b != 0; break; }
+  case FB_T_I32: { int32_t w; memcpy(&w, src, 4); r.v.i = w; break; }
+  case FB_T_U32: { uint32_t w; memcpy(&w, src, 4); r.v.u = w; break; }
+  case FB_T_I64: case FB_T_U64: memcpy(&r.v.u, src, 8); break;
+  case FB_T_F32: { float f; memcpy(&f, src, 4); r.v.f = f; break; }
+  case FB_T_F64: memcpy(&r.v.f, src, 8); break;
+  default: break;
+  }
+  return r;
+}

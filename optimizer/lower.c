@@ -1,0 +1,277 @@
+/* Kernel -> task lowering (DESIGN.md "lowering"): each top-level par_for or
+ * struct_for becomes one parallel task, each run of other top-level
+ * statements one serial task. Values crossing task boundaries are either
+ * recomputed in the consumer (pure expressions over consts and args) or
+ * passed through 8-byte slots of the launch's scratch buffer (gtmp), and
+ * top-level local variables shared by several tasks live there too. A serial
+ * run made only of pure statements has no effect of its own and is dropped. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer/optimizer.h"
+
+enum { EXT_NONE = 0, EXT_REMAT, EXT_SPILL, EXT_SHARED_VAR };
+
+typedef struct lower_ctx {
+  const fb_kernel *k;
+  int *seg;      /* segment of each top-level statement, -1 elsewhere */
+  int *ext;      /* EXT_* for top-level statements used across segments */
+  int64_t *slot; /* gtmp offset for spilled values and shared variables */
+  int *map;      /* per task: old statement id -> new id */
+  fb_builder b;
+  int cur;       /* segment being built */
+  char *err;
+  size_t errlen;
+} lower_ctx;
+
+static const char *const task_kind_names[] = {"serial", "range_for", "struct_for",
+                                              "clear_list", "listgen", "gc"};
+
+const char *fb_task_kind_name(fb_task_kind k) {
+  return (unsigned)k <= FB_TASK_GC ? task_kind_names[k] : "?";
+}
+
+static int is_par_loop(const fb_stmt *s) {
+  return s->op == FB_OP_PAR_FOR || s->op == FB_OP_STRUCT_FOR;
+}
+
+static int rematerializable(const fb_kernel *k, const int *seg, int id, int depth) {
+  if (id < 0 || id >= k->nstmts || seg[id] < 0 || depth > 64) return 0;
+  const fb_stmt *s = &k->stmts[id];
+  if (!(fb_op_table[s->op].flags & FB_OPF_PURE) || s->op == FB_OP_LOOP_INDEX) return 0;
+  for (int a = 0; a < s->nargs; a++)
+    if (!rematerializable(k, seg, s->args[a], depth + 1)) return 0;
+  return 1;
+}
+
+/* Mark every top-level value that a statement in segment `sg` (at any
+ * depth) takes from another segment. */
+static void mark_uses(lower_ctx *c, int blk, int sg) {
+  const fb_kernel *k = c->k;
+  const fb_block *b = &k->blocks[blk];
+  for (int i = 0; i < b->n; i++) {
+    const fb_stmt *s = &k->stmts[b->ids[i]];
+    for (int a = 0; a < s->nargs; a++) {
+      int o = s->args[a];
+      if (o < 0 || c->seg[o] < 0 || c->seg[o] == sg) continue;
+      if (k->stmts[o].op == FB_OP_ALLOCA) c->ext[o] = EXT_SHARED_VAR;
+      else if (c->ext[o] == EXT_NONE)
+        c->ext[o] = rematerializable(k, c->seg, o, 0) ? EXT_REMAT : EXT_SPILL;
+    }
+    if (s->body >= 0) mark_uses(c, s->body, sg);
+    if (s->orelse >= 0) mark_uses(c, s->orelse, sg);
+  }
+}
+
+static int emit_copy(lower_ctx *c, const fb_stmt *src) {
+  fb_stmt s = *src;
+  for (int a = 0; a < s.nargs; a++) s.args[a] = s.args[a] >= 0 ? c->map[s.args[a]] : -1;
+  s.body = s.orelse = -1;
+  return fb_b_emit(&c->b, &s);
+}
+
+static int materialize(lower_ctx *c, int id) {
+  if (c->map[id] >= 0) return c->map[id];
+  const fb_stmt *s = &c->k->stmts[id];
+  if (c->ext[id] == EXT_SPILL && c->seg[id] != c->cur)
+    return c->map[id] = fb_b_gtmp_load(&c->b, (fb_type)s->type, c->slot[id]);
+  for (int a = 0; a < s->nargs; a++)
+    if (materialize(c, s->args[a]) < 0) return c->b.err ? c->b.err : FB_EINVAL;
+  return c->map[id] = emit_copy(c, s);
+}
+
+static int zero_const(lower_ctx *c, fb_type t) {
+  fb_value v;
+  v.type = t;
+  v.v.u = 0;
+  return fb_b_const(&c->b, v);
+}
+
+static int copy_block(lower_ctx *c, int src_blk, int dst_blk);
+
+static int copy_stmt(lower_ctx *c, int id) {
+  const fb_kernel *k = c->k;
+  const fb_stmt *s = &k->stmts[id];
+  int var = s->nargs > 0 ? s->args[0] : -1;
+  int shared = var >= 0 && c->ext[var] == EXT_SHARED_VAR;
+  if (s->op == FB_OP_ALLOCA && c->ext[id] == EXT_SHARED_VAR)
+    return fb_b_gtmp_store(&c->b, zero_const(c, (fb_type)s->type), c->slot[id]);
+  if (s->op == FB_OP_LLOAD && shared)
+    return c->map[id] = fb_b_gtmp_load(&c->b, (fb_type)s->type, c->slot[var]);
+  if (s->op == FB_OP_LSTORE && shared)
+    return fb_b_gtmp_store(&c->b, c->map[s->args[1]], c->slot[var]);
+  int nid = emit_copy(c, s);
+  if (nid < 0) return nid;
+  c->map[id] = nid;
+  if (s->body >= 0) {
+    int nb = fb_block_new(c->b.k);
+    if (nb < 0) return nb;
+    c->b.k->stmts[nid].body = nb;
+    int rc = copy_block(c, s->body, nb);
+    if (rc < 0) return rc;
+  }
+  if (s->orelse >= 0) {
+    int nb = fb_block_new(c->b.k);
+    if (nb < 0) return nb;
+    c->b.k->stmts[nid].orelse = nb;
+    int rc = copy_block(c, s->orelse, nb);
+    if (rc < 0) return rc;
+  }
+  if (c->seg[id] == c->cur && c->ext[id] == EXT_SPILL)
+    return fb_b_gtmp_store(&c->b, nid, c->slot[id]);
+  return nid;
+}
+
+static int copy_block(lower_ctx *c, int src_blk, int dst_blk) {
+  int saved = fb_b_enter(&c->b, dst_blk);
+  const fb_block *b = &c->k->blocks[src_blk];
+  for (int i = 0; i < b->n; i++) {
+    int rc = copy_stmt(c, b->ids[i]);
+    if (rc < 0) return rc;
+  }
+  fb_b_leave(&c->b, saved);
+  return 0;
+}
+
+/* Externals a segment needs, materialized at the top of its task. */
+static int bring_externals(lower_ctx *c, int blk) {
+  const fb_kernel *k = c->k;
+  const fb_block *b = &k->blocks[blk];
+  for (int i = 0; i < b->n; i++) {
+    const fb_stmt *s = &k->stmts[b->ids[i]];
+    for (int a = 0; a < s->nargs; a++) {
+      int o = s->args[a];
+      if (o < 0 || c->seg[o] < 0 || c->seg[o] == c->cur) continue;
+      if (c->ext[o] == EXT_SHARED_VAR) continue;
+      if (materialize(c, o) < 0) return c->b.err ? c->b.err : FB_EINVAL;
+    }
+    if (s->body >= 0 && bring_externals(c, s->body) < 0) return FB_ENOMEM;
+    if (s->orelse >= 0 && bring_externals(c, s->orelse) < 0) return FB_ENOMEM;
+  }
+  return 0;
+}
+
+static int segment_is_pure(const fb_kernel *k, const int *seg, const int *ext, int sg) {
+  const fb_block *b = &k->blocks[0];
+  for (int i = 0; i < b->n; i++) {
+    const fb_stmt *s = &k->stmts[b->ids[i]];
+    if (seg[b->ids[i]] == sg && !(fb_op_table[s->op].flags & FB_OPF_PURE)) return 0;
+    if (seg[b->ids[i]] == sg && ext[b->ids[i]] == EXT_SPILL) return 0;
+  }
+  return 1;
+}
+
+static int build_task(lower_ctx *c, int sg, fb_task *t, int index) {
+  const fb_kernel *k = c->k;
+  char name[512];
+  snprintf(name, sizeof name, "%s.t%d", k->name ? k->name : "kernel", index);
+  fb_kernel *ir = fb_kernel_new(k->layout, name, k->nparams, k->params, k->ret);
+  if (!ir) return FB_ENOMEM;
+  for (int i = 0; i < k->nstmts; i++) c->map[i] = -1;
+  fb_builder_init(&c->b, ir);
+  c->cur = sg;
+  t->ir = ir;
+  t->kind = FB_TASK_SERIAL;
+  t->loop = -1;
+  t->snode = -1;
+  const fb_block *body = &k->blocks[0];
+  /* The segment's statements, gathered into a scratch block to walk them. */
+  int rc = 0;
+  for (int i = 0; i < body->n && rc >= 0; i++) {
+    int id = body->ids[i];
+    if (c->seg[id] != sg) continue;
+    const fb_stmt *s = &k->stmts[id];
+    for (int a = 0; a < s->nargs && rc >= 0; a++) {
+      int o = s->args[a];
+      if (o >= 0 && c->seg[o] >= 0 && c->seg[o] != sg && c->ext[o] != EXT_SHARED_VAR)
+        rc = materialize(c, o);
+    }
+    if (rc >= 0 && s->body >= 0) rc = bring_externals(c, s->body);
+    if (rc >= 0 && s->orelse >= 0) rc = bring_externals(c, s->orelse);
+  }
+  for (int i = 0; i < body->n && rc >= 0; i++) {
+    int id = body->ids[i];
+    if (c->seg[id] != sg) continue;
+    rc = copy_stmt(c, id);
+    const fb_stmt *s = &k->stmts[id];
+    if (rc >= 0 && is_par_loop(s)) {
+      t->loop = c->map[id];
+      t->kind = s->op == FB_OP_PAR_FOR ? FB_TASK_RANGE_FOR : FB_TASK_STRUCT_FOR;
+      t->snode = s->op == FB_OP_STRUCT_FOR ? s->snode : -1;
+    }
+  }
+  if (rc < 0 || c->b.err) {
+    snprintf(c->err, c->errlen, "lowering %s: out of memory", k->name);
+    return c->b.err ? c->b.err : rc;
+  }
+  return 0;
+}
+
+int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  lower_ctx c;
+  memset(&c, 0, sizeof c);
+  c.k = k;
+  c.err = err;
+  c.errlen = errlen;
+  size_t n = (size_t)(k->nstmts ? k->nstmts : 1);
+  c.seg = malloc(n * sizeof(int));
+  c.ext = calloc(n, sizeof(int));
+  c.slot = calloc(n, sizeof(int64_t));
+  c.map = malloc(n * sizeof(int));
+  int rc = 0, nseg = 0;
+  if (!c.seg || !c.ext || !c.slot || !c.map) { rc = FB_ENOMEM; goto done; }
+  for (size_t i = 0; i < n; i++) c.seg[i] = -1;
+  /* Segments: each parallel loop alone, each maximal run of others. */
+  const fb_block *body = &k->blocks[0];
+  int prev_par = 1;
+  for (int i = 0; i < body->n; i++) {
+    const fb_stmt *s = &k->stmts[body->ids[i]];
+    if (is_par_loop(s) || prev_par) nseg++;
+    c.seg[body->ids[i]] = nseg - 1;
+    prev_par = is_par_loop(s);
+  }
+  for (int i = 0; i < body->n; i++) {
+    const fb_stmt *s = &k->stmts[body->ids[i]];
+    int sg = c.seg[body->ids[i]];
+    for (int a = 0; a < s->nargs; a++) {
+      int o = s->args[a];
+      if (o < 0 || c.seg[o] < 0 || c.seg[o] == sg) continue;
+      if (k->stmts[o].op == FB_OP_ALLOCA) c.ext[o] = EXT_SHARED_VAR;
+      else if (!c.ext[o]) c.ext[o] = rematerializable(k, c.seg, o, 0) ? EXT_REMAT : EXT_SPILL;
+    }
+    if (s->body >= 0) mark_uses(&c, s->body, sg);
+    if (s->orelse >= 0) mark_uses(&c, s->orelse, sg);
+  }
+  size_t gtmp = 0;
+  for (int i = 0; i < k->nstmts; i++)
+    if (c.ext[i] == EXT_SPILL || c.ext[i] == EXT_SHARED_VAR) {
+      c.slot[i] = (int64_t)gtmp;
+      gtmp += 8;
+    }
+  out->gtmp_bytes = gtmp;
+  out->v = calloc((size_t)(nseg ? nseg : 1), sizeof(fb_task));
+  if (!out->v) { rc = FB_ENOMEM; goto done; }
+  for (int sg = 0; sg < nseg; sg++) {
+    if (segment_is_pure(k, c.seg, c.ext, sg)) continue;
+    rc = build_task(&c, sg, &out->v[out->n], out->n);
+    if (out->v[out->n].ir) out->n++;
+    if (rc < 0) break;
+  }
+done:
+  if (rc == FB_ENOMEM && err && errlen && !err[0]) snprintf(err, errlen, "lowering: out of memory");
+  free(c.seg);
+  free(c.ext);
+  free(c.slot);
+  free(c.map);
+  if (rc < 0) fb_task_list_free(out);
+  return rc;
+}
+
+void fb_task_list_free(fb_task_list *l) {
+  if (!l) return;
+  for (int i = 0; i < l->n; i++) fb_kernel_free(l->v[i].ir);
+  free(l->v);
+  memset(l, 0, sizeof *l);
+}

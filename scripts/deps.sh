@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install Fusebox's build and test dependencies from Debian bookworm packages.
+# Skips apt when every package is already installed (fast re-runs).
+set -euo pipefail
+PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libgrpc-dev libprotobuf-c-dev
+      protobuf-c-compiler libjansson-dev check)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "fusebox: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install dependencies, build Fusebox with AddressSanitizer + UBSan in a fresh
+# directory, and run every test through ctest. Usage: bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+BUILD=${FB_BUILD_DIR:-build-test}
+rm -rf "$BUILD"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Debug -DFB_SANITIZE=ON -DFB_WERROR=ON >/dev/null
+cmake --build "$BUILD" -j"$(nproc)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/lsan.supp:print_suppressions=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+ctest --test-dir "$BUILD" --output-on-failure -j"$(nproc)"
