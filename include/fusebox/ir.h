@@ -301,7 +301,7 @@ fb_kernel *fb_kernel_compact(const fb_kernel *k);
  * Semantics that both it and generated code follow:
  *  - Out-of-bounds global accesses are skipped (loads give 0) and latch
  *    FB_EBOUNDS as the run's error.
- *  - Integer division and remainder by zero give 0; shifts take the count
+ *  - Integer div, rem, floordiv and floormod by zero give 0; shifts take the count
  *    modulo the bit width; float to int casts saturate, NaN gives 0.
  *  - Parallel loops run their iterations in ascending order.
  * Arithmetic (exactly the same in generated code):
@@ -333,6 +333,11 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
 void *fb_interp_field(fb_interp *in, int place);
 /* Scratch buffer shared by tasks of one launch (gtmp). */
 void *fb_interp_scratch(fb_interp *in, size_t *bytes);
+/* Message of the last failed run ("" when none). */
+const char *fb_interp_errmsg(const fb_interp *in);
+/* Launch number the next run uses for rand(): lets a test run a kernel's
+ * tasks one by one as a single launch. */
+void fb_interp_set_launch(fb_interp *in, uint64_t launch);
 
 /* ---------------------------------------------------------------- rand()
  * Counter-based: the value depends on (seed, launch number, call site,
