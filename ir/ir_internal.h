@@ -42,4 +42,10 @@ static inline uint64_t fb__mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/* The text format (ir/print.c, shared with ir/parse.c): the operand form
+ * of an op, derived from its op-table class, and the characters allowed in
+ * a bare name (first: at the start). */
+int fb__text_form(int op);
+int fb__text_name_char(int c, int first);
+
 #endif

@@ -1,0 +1,161 @@
+/* Internal header of codegen/: the task-module generator shared by the CPU
+ * JIT and the NVPTX back end, the emitter's state, and small LLVM helpers.
+ *
+ * Invariants
+ *  - A module is built in a caller-owned LLVMContext; nothing here keeps
+ *    LLVM objects between calls, so independent contexts may be used from
+ *    several threads at once.
+ *  - LLVM targets are initialised once per process (fb_cg_llvm_init, a
+ *    pthread_once: the registration is not mutable program state).
+ *  - The generated code follows the semantics block of include/fusebox/ir.h
+ *    exactly; the reference interpreter is the oracle. */
+#ifndef FB_CG_INTERNAL_H
+#define FB_CG_INTERNAL_H
+
+#include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
+
+#include "codegen/codegen.h"
+
+typedef enum fb_cg_target {
+  FB_CG_CPU = 0,
+  FB_CG_NVPTX
+} fb_cg_target;
+
+typedef struct fb_cg_options {
+  fb_cg_target target;
+  const char *body_name;   /* symbol of the body function */
+  const char *bounds_name; /* symbol of the bounds function */
+  int libdevice;           /* NVPTX: call __nv_* math (libdevice linked later) */
+} fb_cg_options;
+
+/* Offsets (bytes) of the fb_rt_ctx fields: every field is 8 bytes. */
+enum {
+  FB_CTX_ROOT = 0, FB_CTX_ARGS = 1, FB_CTX_RETS = 2, FB_CTX_GTMP = 3,
+  FB_CTX_ERROR = 4, FB_CTX_SEED = 5, FB_CTX_LAUNCH = 6, FB_CTX_RUNTIME = 7
+};
+
+/* Build the (unoptimized) module of task t into a new module in c, with the
+ * given triple and data layout. *stmts receives the number of IR statements
+ * lowered into the body function. Returns 0, FB_EINVAL (malformed task),
+ * FB_EUNSUPPORTED (e.g. sparse access) or FB_ENOMEM, with a message. */
+int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
+                const char *triple, const char *datalayout, LLVMModuleRef *out,
+                int *stmts, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- setup */
+
+void fb_cg_llvm_init(void);
+/* printf into err (when non-NULL) and return code. */
+int fb_cg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+/* The host's triple, CPU name and feature string (malloc'd each). */
+int fb_cg_host_info(char **triple, char **cpu, char **features);
+/* CPU target machine: aggressive optimisation, PIC, small code model. */
+LLVMTargetMachineRef fb_cg_cpu_tm(const char *triple, const char *cpu, const char *features,
+                                  char *err, size_t errlen);
+/* The same for the host (fb_cg_host_info + fb_cg_cpu_tm). */
+LLVMTargetMachineRef fb_cg_host_tm(char *err, size_t errlen);
+/* NVPTX target machine for "sm_XX" into *tm; FB_EINVAL for an unknown SM. */
+int fb_cg_nvptx_tm(const char *sm, LLVMTargetMachineRef *tm, char *err, size_t errlen);
+/* Data layout string of tm (malloc'd). */
+char *fb_cg_tm_layout(LLVMTargetMachineRef tm);
+/* Run the O3 pipeline on m with tm. */
+int fb_cg_optimize(LLVMModuleRef m, LLVMTargetMachineRef tm, char *err, size_t errlen);
+/* Verify m; FB_EINTERNAL with LLVM's message when it is malformed. */
+int fb_cg_verify(LLVMModuleRef m, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- emitter
+ * State while lowering one task into one function. Shared by emit.c (control
+ * flow and task structure), emit_ops.c (values) and emit_mem.c (memory). */
+
+#define FB_CG_MAX_LOOPS 64
+
+typedef struct fb_cg_loop {
+  int stmt;                 /* loop statement id */
+  LLVMBasicBlockRef brk;    /* target of break (NULL: not allowed) */
+  LLVMBasicBlockRef cont;   /* target of continue */
+} fb_cg_loop;
+
+typedef struct fb_emit {
+  const fb_kernel *k;
+  const fb_layout *l;
+  const fb_cg_options *o;
+  LLVMContextRef c;
+  LLVMModuleRef m;
+  LLVMBuilderRef b;       /* code */
+  LLVMBuilderRef ab;      /* allocas at the end of the entry block */
+  LLVMValueRef fn;
+  LLVMValueRef ctx;       /* fb_rt_ctx * parameter */
+  LLVMValueRef c_root, c_args, c_rets, c_gtmp, c_error, c_seed, c_launch; /* ctx fields */
+  LLVMValueRef *vals;     /* per statement: its value (NULL until emitted) */
+  LLVMValueRef (*lidx)[FB_MAX_AXES]; /* per loop statement: current indices */
+  unsigned char *done;    /* per statement: emitted in this function */
+  const unsigned char *keep; /* bounds function: statements to emit, or NULL */
+  LLVMValueRef rand_count;   /* i64 alloca: rand() calls in this run */
+  LLVMValueRef rand_iter;    /* i64: current parallel iteration (0 outside) */
+  unsigned char *rstate;  /* range.c: per statement, memoised value ranges */
+  int64_t *rlo, *rhi;
+  fb_cg_loop loops[FB_CG_MAX_LOOPS];
+  int nloops;
+  int bounds_fn;          /* emitting the bounds function: no side effects */
+  int stmts;              /* statements lowered */
+  int rc;                 /* first error, sticky */
+  char *err;
+  size_t errlen;
+  LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
+} fb_emit;
+
+int fb_emit_error(fb_emit *e, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+LLVMTypeRef fb_emit_type(fb_emit *e, fb_type t);     /* register type (bool: i1) */
+LLVMTypeRef fb_emit_memtype(fb_emit *e, fb_type t);  /* memory type (bool: i8) */
+/* Value of operand i of s, checked to exist (NULL after an error). */
+LLVMValueRef fb_emit_arg(fb_emit *e, const fb_stmt *s, int i);
+fb_type fb_emit_argtype(fb_emit *e, const fb_stmt *s, int i);
+/* Load the 8-byte field number `field` of the context. */
+LLVMValueRef fb_emit_ctx_field(fb_emit *e, int field, LLVMTypeRef ty);
+LLVMValueRef fb_emit_i64(fb_emit *e, int64_t v);
+LLVMValueRef fb_emit_i32(fb_emit *e, int32_t v);
+/* Call an intrinsic overloaded on ty (or a plain intrinsic when ty NULL). */
+LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty,
+                               LLVMValueRef *args, unsigned n);
+/* Call a one-operand intrinsic overloaded on its result and operand types. */
+LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret,
+                                LLVMTypeRef argty, LLVMValueRef arg);
+/* Call a named external function ret(args...), declaring it when needed. */
+LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret,
+                          LLVMValueRef *args, unsigned n);
+/* A new basic block in the current function. */
+LLVMBasicBlockRef fb_emit_block(fb_emit *e, const char *name);
+/* Is the current insertion block already terminated? */
+int fb_emit_terminated(fb_emit *e);
+/* Memory (bool as a byte) <-> register (bool as i1) conversions. */
+LLVMValueRef fb_emit_to_mem(fb_emit *e, fb_type t, LLVMValueRef v);
+LLVMValueRef fb_emit_from_mem(fb_emit *e, fb_type t, LLVMValueRef v);
+/* Pack a register value into an 8-byte slot (slots.c) and back. */
+LLVMValueRef fb_emit_pack_slot(fb_emit *e, fb_type t, LLVMValueRef v);
+LLVMValueRef fb_emit_unpack_slot(fb_emit *e, fb_type t, LLVMValueRef slot);
+
+/* emit_ops.c: pure value statements (const, arg, cast, select, arithmetic,
+ * comparisons, bits, unary, math). Sets e->vals[id]; returns 0 or e->rc. */
+int fb_emit_value_op(fb_emit *e, int id, const fb_stmt *s);
+/* emit_mem.c: locals, global access, atomics, sparse on dense, gtmp, ret,
+ * rand. */
+int fb_emit_mem_op(fb_emit *e, int id, const fb_stmt *s);
+/* Inline fb_rand_bits(seed, launch, site, iter, count) as an i64. */
+LLVMValueRef fb_emit_rand_bits(fb_emit *e, LLVMValueRef seed, LLVMValueRef launch,
+                               LLVMValueRef site, LLVMValueRef iter, LLVMValueRef count);
+/* range.c: is statement id an i32 whose value always lies in [min, max]? */
+int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max);
+/* Check that every container on the path to snode is dense (FB_EUNSUPPORTED
+ * otherwise, naming the statement). */
+int fb_emit_check_dense(fb_emit *e, int id, int snode);
+
+#endif

@@ -1,0 +1,710 @@
+/* Task IR -> LLVM IR: the module skeleton, the body and bounds functions of
+ * a task (see the ABI in codegen.h), structured control flow (if, while,
+ * range_for, break/continue) and parallel loops: the task's own loop becomes
+ * the [lo, hi) iteration loop of the body (a grid-stride loop on NVPTX);
+ * any other par_for/struct_for met in a serial task runs serially with the
+ * same rand() iteration numbering. Values are lowered in emit_ops.c, memory
+ * in emit_mem.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg_internal.h"
+
+static int emit_block(fb_emit *e, int blk);
+
+/* ---------------------------------------------------------------- helpers */
+
+int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
+  if (e->rc) return e->rc;
+  if (e->err && e->errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->err, e->errlen, fmt, ap);
+    va_end(ap);
+  }
+  return e->rc = code;
+}
+
+LLVMTypeRef fb_emit_type(fb_emit *e, fb_type t) {
+  switch (t) {
+  case FB_T_BOOL: return e->t_i1;
+  case FB_T_I32: case FB_T_U32: return e->t_i32;
+  case FB_T_I64: case FB_T_U64: return e->t_i64;
+  case FB_T_F32: return e->t_f32;
+  case FB_T_F64: return e->t_f64;
+  default: return NULL;
+  }
+}
+
+LLVMTypeRef fb_emit_memtype(fb_emit *e, fb_type t) {
+  return t == FB_T_BOOL ? e->t_i8 : fb_emit_type(e, t);
+}
+
+static const char *op_name(const fb_stmt *s) {
+  return s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?";
+}
+
+LLVMValueRef fb_emit_arg(fb_emit *e, const fb_stmt *s, int i) {
+  int a = i < FB_MAX_ARGS ? s->args[i] : -1;
+  if (i >= s->nargs || a < 0 || a >= e->k->nstmts || !e->vals[a]) {
+    fb_emit_error(e, FB_EINVAL, "%s: operand %d (%%%d) is not defined before its use",
+                  op_name(s), i, a);
+    return NULL;
+  }
+  return e->vals[a];
+}
+
+fb_type fb_emit_argtype(fb_emit *e, const fb_stmt *s, int i) {
+  int a = s->args[i];
+  return a >= 0 && a < e->k->nstmts ? (fb_type)e->k->stmts[a].type : FB_T_VOID;
+}
+
+LLVMValueRef fb_emit_ctx_field(fb_emit *e, int field, LLVMTypeRef ty) {
+  LLVMValueRef idx = fb_emit_i64(e, field);
+  LLVMValueRef p = LLVMBuildGEP2(e->b, e->t_i64, e->ctx, &idx, 1, "");
+  LLVMValueRef v = LLVMBuildLoad2(e->b, ty, p, "");
+  LLVMSetAlignment(v, 8);
+  return v;
+}
+
+LLVMValueRef fb_emit_i64(fb_emit *e, int64_t v) {
+  return LLVMConstInt(e->t_i64, (unsigned long long)v, 1);
+}
+
+LLVMValueRef fb_emit_i32(fb_emit *e, int32_t v) {
+  return LLVMConstInt(e->t_i32, (unsigned long long)(uint32_t)v, 0);
+}
+
+LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty,
+                               LLVMValueRef *args, unsigned n) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  if (!id) {
+    fb_emit_error(e, FB_EINTERNAL, "LLVM has no intrinsic %s", name);
+    return NULL;
+  }
+  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(e->m, id, &ty, ty ? 1 : 0);
+  LLVMTypeRef fty = LLVMIntrinsicGetType(e->c, id, &ty, ty ? 1 : 0);
+  return LLVMBuildCall2(e->b, fty, fn, args, n, "");
+}
+
+LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret,
+                                LLVMTypeRef argty, LLVMValueRef arg) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMTypeRef tys[2] = {ret, argty};
+  if (!id) {
+    fb_emit_error(e, FB_EINTERNAL, "LLVM has no intrinsic %s", name);
+    return NULL;
+  }
+  LLVMValueRef fn = LLVMGetIntrinsicDeclaration(e->m, id, tys, 2);
+  return LLVMBuildCall2(e->b, LLVMIntrinsicGetType(e->c, id, tys, 2), fn, &arg, 1, "");
+}
+
+LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret,
+                          LLVMValueRef *args, unsigned n) {
+  LLVMValueRef fn = LLVMGetNamedFunction(e->m, name);
+  if (!fn) {
+    LLVMTypeRef pt[4];
+    for (unsigned i = 0; i < n && i < 4; i++) pt[i] = LLVMTypeOf(args[i]);
+    fn = LLVMAddFunction(e->m, name, LLVMFunctionType(ret, pt, n, 0));
+  }
+  return LLVMBuildCall2(e->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
+}
+
+LLVMBasicBlockRef fb_emit_block(fb_emit *e, const char *name) {
+  return LLVMAppendBasicBlockInContext(e->c, e->fn, name);
+}
+
+int fb_emit_terminated(fb_emit *e) {
+  return LLVMGetBasicBlockTerminator(LLVMGetInsertBlock(e->b)) != NULL;
+}
+
+/* Branch to bb unless the current block already ended (break/continue). */
+static void br_to(fb_emit *e, LLVMBasicBlockRef bb) {
+  if (!fb_emit_terminated(e)) LLVMBuildBr(e->b, bb);
+}
+
+LLVMValueRef fb_emit_to_mem(fb_emit *e, fb_type t, LLVMValueRef v) {
+  return t == FB_T_BOOL ? LLVMBuildZExt(e->b, v, e->t_i8, "") : v;
+}
+
+LLVMValueRef fb_emit_from_mem(fb_emit *e, fb_type t, LLVMValueRef v) {
+  return t == FB_T_BOOL ? LLVMBuildICmp(e->b, LLVMIntNE, v, LLVMConstInt(e->t_i8, 0, 0), "") : v;
+}
+
+LLVMValueRef fb_emit_pack_slot(fb_emit *e, fb_type t, LLVMValueRef v) {
+  switch (t) {
+  case FB_T_F32: return LLVMBuildZExt(e->b, LLVMBuildBitCast(e->b, v, e->t_i32, ""), e->t_i64, "");
+  case FB_T_F64: return LLVMBuildBitCast(e->b, v, e->t_i64, "");
+  case FB_T_BOOL: case FB_T_U32: return LLVMBuildZExt(e->b, v, e->t_i64, "");
+  case FB_T_I32: return LLVMBuildSExt(e->b, v, e->t_i64, "");
+  default: return v;
+  }
+}
+
+LLVMValueRef fb_emit_unpack_slot(fb_emit *e, fb_type t, LLVMValueRef slot) {
+  switch (t) {
+  case FB_T_F32: return LLVMBuildBitCast(e->b, LLVMBuildTrunc(e->b, slot, e->t_i32, ""), e->t_f32, "");
+  case FB_T_F64: return LLVMBuildBitCast(e->b, slot, e->t_f64, "");
+  case FB_T_BOOL: return LLVMBuildTrunc(e->b, slot, e->t_i1, "");
+  case FB_T_I32: case FB_T_U32: return LLVMBuildTrunc(e->b, slot, e->t_i32, "");
+  default: return slot;
+  }
+}
+
+/* ---------------------------------------------------------------- loops */
+
+static int push_loop(fb_emit *e, int id, LLVMBasicBlockRef brk, LLVMBasicBlockRef cont) {
+  if (e->nloops >= FB_CG_MAX_LOOPS)
+    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d: loops nested deeper than %d", id,
+                         FB_CG_MAX_LOOPS);
+  e->loops[e->nloops].stmt = id;
+  e->loops[e->nloops].brk = brk;
+  e->loops[e->nloops].cont = cont;
+  e->nloops++;
+  return 0;
+}
+
+static int emit_if(fb_emit *e, int id, const fb_stmt *s) {
+  LLVMValueRef cond = fb_emit_arg(e, s, 0);
+  if (!cond) return e->rc;
+  if (fb_emit_argtype(e, s, 0) != FB_T_BOOL)
+    return fb_emit_error(e, FB_EINVAL, "%%%d if: condition is not bool", id);
+  LLVMBasicBlockRef then = fb_emit_block(e, "then");
+  LLVMBasicBlockRef other = s->orelse >= 0 ? fb_emit_block(e, "else") : NULL;
+  LLVMBasicBlockRef merge = fb_emit_block(e, "endif");
+  LLVMBuildCondBr(e->b, cond, then, other ? other : merge);
+  LLVMPositionBuilderAtEnd(e->b, then);
+  if (emit_block(e, s->body)) return e->rc;
+  br_to(e, merge);
+  if (other) {
+    LLVMPositionBuilderAtEnd(e->b, other);
+    if (emit_block(e, s->orelse)) return e->rc;
+    br_to(e, merge);
+  }
+  LLVMPositionBuilderAtEnd(e->b, merge);
+  return 0;
+}
+
+static int emit_while(fb_emit *e, int id, const fb_stmt *s) {
+  LLVMBasicBlockRef head = fb_emit_block(e, "while");
+  LLVMBasicBlockRef exit = fb_emit_block(e, "endwhile");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  if (push_loop(e, id, exit, head)) return e->rc;
+  emit_block(e, s->body);
+  e->nloops--;
+  if (e->rc) return e->rc;
+  br_to(e, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  return 0;
+}
+
+/* Serial counted loop: for (i = begin; i < end; i++) in i32. */
+static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
+  LLVMValueRef begin = fb_emit_arg(e, s, 0), end = fb_emit_arg(e, s, 1);
+  if (!begin || !end) return e->rc;
+  if (fb_emit_argtype(e, s, 0) != FB_T_I32 || fb_emit_argtype(e, s, 1) != FB_T_I32)
+    return fb_emit_error(e, FB_EINVAL, "%%%d range_for: bounds must be i32", id);
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef head = fb_emit_block(e, "for");
+  LLVMBasicBlockRef body = fb_emit_block(e, "for.body");
+  LLVMBasicBlockRef latch = fb_emit_block(e, "for.next");
+  LLVMBasicBlockRef exit = fb_emit_block(e, "endfor");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef i = LLVMBuildPhi(e->b, e->t_i32, "i");
+  LLVMAddIncoming(i, &begin, &pre, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, i, end, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  e->lidx[id][0] = i;
+  if (push_loop(e, id, exit, latch)) return e->rc;
+  emit_block(e, s->body);
+  e->nloops--;
+  if (e->rc) return e->rc;
+  br_to(e, latch);
+  LLVMPositionBuilderAtEnd(e->b, latch);
+  LLVMValueRef next = LLVMBuildAdd(e->b, i, fb_emit_i32(e, 1), "");
+  LLVMAddIncoming(i, &next, &latch, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  return 0;
+}
+
+/* Iteration count of a parallel loop as an i64 (end - begin, or 0). */
+static LLVMValueRef par_count(fb_emit *e, int id, const fb_stmt *s) {
+  if (s->op == FB_OP_STRUCT_FOR) {
+    const fb_snode *sn = &e->l->nodes[s->snode];
+    int64_t n = 1;
+    for (int d = 0; d < sn->ndim; d++) n *= sn->shape[sn->dim_axis[d]];
+    return fb_emit_i64(e, n);
+  }
+  LLVMValueRef begin = fb_emit_arg(e, s, 0), end = fb_emit_arg(e, s, 1);
+  if (!begin || !end) return NULL;
+  if (fb_emit_argtype(e, s, 0) != FB_T_I32 || fb_emit_argtype(e, s, 1) != FB_T_I32) {
+    fb_emit_error(e, FB_EINVAL, "%%%d par_for: bounds must be i32", id);
+    return NULL;
+  }
+  LLVMValueRef d = LLVMBuildSub(e->b, LLVMBuildSExt(e->b, end, e->t_i64, ""),
+                                LLVMBuildSExt(e->b, begin, e->t_i64, ""), "n");
+  LLVMValueRef pos = LLVMBuildICmp(e->b, LLVMIntSGT, d, fb_emit_i64(e, 0), "");
+  return LLVMBuildSelect(e->b, pos, d, fb_emit_i64(e, 0), "");
+}
+
+/* Loop indices of iteration `it` (i64) of a parallel loop. */
+static void par_indices(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef it) {
+  if (s->op == FB_OP_PAR_FOR) {
+    LLVMValueRef b64 = LLVMBuildSExt(e->b, e->vals[s->args[0]], e->t_i64, "");
+    e->lidx[id][0] = LLVMBuildTrunc(e->b, LLVMBuildNSWAdd(e->b, b64, it, ""), e->t_i32, "idx");
+    return;
+  }
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  LLVMValueRef rest = it;
+  for (int d = sn->ndim - 1; d >= 0; d--) {
+    LLVMValueRef ext = fb_emit_i64(e, sn->shape[sn->dim_axis[d]]);
+    LLVMValueRef q = d > 0 ? LLVMBuildUDiv(e->b, rest, ext, "") : NULL;
+    LLVMValueRef r = d > 0 ? LLVMBuildSub(e->b, rest, LLVMBuildMul(e->b, q, ext, ""), "") : rest;
+    e->lidx[id][d] = LLVMBuildTrunc(e->b, r, e->t_i32, "idx");
+    rest = q;
+  }
+}
+
+/* for (it = start; it < end; it += step) { count = 0; body }, it in i64. */
+static int emit_iterations(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef start,
+                           LLVMValueRef end, LLVMValueRef step) {
+  if (s->op == FB_OP_STRUCT_FOR && fb_emit_check_dense(e, id, s->snode)) return e->rc;
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef head = fb_emit_block(e, "par");
+  LLVMBasicBlockRef body = fb_emit_block(e, "par.body");
+  LLVMBasicBlockRef latch = fb_emit_block(e, "par.next");
+  LLVMBasicBlockRef exit = fb_emit_block(e, "endpar");
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, head);
+  LLVMValueRef it = LLVMBuildPhi(e->b, e->t_i64, "it");
+  LLVMAddIncoming(it, &start, &pre, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, it, end, ""), body, exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  LLVMValueRef saved_iter = e->rand_iter;
+  e->rand_iter = it;
+  par_indices(e, id, s, it);
+  if (push_loop(e, id, NULL, latch)) return e->rc;
+  emit_block(e, s->body);
+  e->nloops--;
+  e->rand_iter = saved_iter;
+  if (e->rc) return e->rc;
+  br_to(e, latch);
+  LLVMPositionBuilderAtEnd(e->b, latch);
+  LLVMValueRef next = LLVMBuildNSWAdd(e->b, it, step, ""); /* it < hi <= 2^32 */
+  LLVMAddIncoming(it, &next, &latch, 1);
+  LLVMBuildBr(e->b, head);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  return 0;
+}
+
+/* A parallel loop inside a serial task: all iterations, in order; rand()
+ * numbering as in a parallel task, and a fresh count after the loop. */
+static int emit_serial_par(fb_emit *e, int id, const fb_stmt *s) {
+  LLVMValueRef n = par_count(e, id, s);
+  if (!n) return e->rc;
+  if (emit_iterations(e, id, s, fb_emit_i64(e, 0), n, fb_emit_i64(e, 1))) return e->rc;
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  return 0;
+}
+
+static int emit_jump(fb_emit *e, int id, const fb_stmt *s) {
+  if (e->nloops == 0)
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: not inside a loop", id, op_name(s));
+  const fb_cg_loop *lp = &e->loops[e->nloops - 1];
+  LLVMBasicBlockRef to = s->op == FB_OP_BREAK ? lp->brk : lp->cont;
+  if (!to)
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: not allowed in a parallel loop", id,
+                         op_name(s));
+  LLVMBuildBr(e->b, to);
+  /* statements after a jump are dead: give them a block of their own */
+  LLVMPositionBuilderAtEnd(e->b, fb_emit_block(e, "dead"));
+  return 0;
+}
+
+static int emit_loop_index(fb_emit *e, int id, const fb_stmt *s) {
+  int loop = s->args[0];
+  int which = (int)s->imm.i;
+  if (loop < 0 || loop >= e->k->nstmts || which < 0 || which >= FB_MAX_AXES ||
+      !e->lidx[loop][which])
+    return fb_emit_error(e, FB_EINVAL, "%%%d loop_index: %%%d is not an enclosing loop "
+                         "with index %d", id, loop, which);
+  e->vals[id] = e->lidx[loop][which];
+  return 0;
+}
+
+/* ---------------------------------------------------------------- statements */
+
+static int has_global_effect(const fb_stmt *s) {
+  return (fb_op_table[s->op].flags & FB_OPF_WRITES) || s->op == FB_OP_RET;
+}
+
+static int emit_stmt(fb_emit *e, int id) {
+  if (id < 0 || id >= e->k->nstmts)
+    return fb_emit_error(e, FB_EINVAL, "block lists statement %d, which does not exist", id);
+  const fb_stmt *s = &e->k->stmts[id];
+  if (s->op >= FB_OP__COUNT) return fb_emit_error(e, FB_EINVAL, "%%%d: unknown op %u", id, s->op);
+  if (e->done[id])
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: listed twice", id, op_name(s));
+  e->done[id] = 1;
+  if (e->bounds_fn && ((e->keep && !e->keep[id]) || has_global_effect(s))) {
+    /* not needed by the bounds: leave a harmless value behind */
+    LLVMTypeRef ty = fb_emit_type(e, (fb_type)s->type);
+    if (ty && s->op != FB_OP_ALLOCA) e->vals[id] = LLVMConstNull(ty);
+    return 0;
+  }
+  if (!e->bounds_fn) e->stmts++;
+  switch (fb_op_table[s->op].cls) {
+  case FB_OPC_IF: return emit_if(e, id, s);
+  case FB_OPC_LOOP: return emit_while(e, id, s);
+  case FB_OPC_RANGE:
+    return s->op == FB_OP_PAR_FOR ? emit_serial_par(e, id, s) : emit_range_for(e, id, s);
+  case FB_OPC_STRUCT:
+    if (s->snode < 0 || s->snode >= e->l->nnodes)
+      return fb_emit_error(e, FB_EINVAL, "%%%d struct_for: no SNode %d", id, s->snode);
+    return emit_serial_par(e, id, s);
+  case FB_OPC_JUMP: return emit_jump(e, id, s);
+  case FB_OPC_LOOPIDX: return emit_loop_index(e, id, s);
+  case FB_OPC_ALLOCA: case FB_OPC_LLOAD: case FB_OPC_LSTORE: case FB_OPC_GLOAD:
+  case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: case FB_OPC_SPARSE:
+  case FB_OPC_APPEND: case FB_OPC_LENGTH: case FB_OPC_RET: case FB_OPC_GTMP:
+  case FB_OPC_RAND:
+    return fb_emit_mem_op(e, id, s);
+  default: return fb_emit_value_op(e, id, s);
+  }
+}
+
+static int emit_range(fb_emit *e, int blk, int from, int to) {
+  const fb_block *b = &e->k->blocks[blk];
+  for (int i = from; i < to && i < b->n && !e->rc; i++) emit_stmt(e, b->ids[i]);
+  return e->rc;
+}
+
+static int emit_block(fb_emit *e, int blk) {
+  if (blk < 0 || blk >= e->k->nblocks)
+    return fb_emit_error(e, FB_EINVAL, "reference to block %d, which does not exist", blk);
+  return emit_range(e, blk, 0, e->k->blocks[blk].n);
+}
+
+/* ---------------------------------------------------------------- functions */
+
+typedef struct fn_frame {
+  LLVMBasicBlockRef entry, code;
+} fn_frame;
+
+/* NVPTX: the buffers behind the context live in device global memory;
+ * saying so (address space 1) gives ld.global / st.global / atom.global. */
+static LLVMValueRef global_ptr(fb_emit *e, LLVMValueRef p) {
+  if (e->o->target != FB_CG_NVPTX) return p;
+  return LLVMBuildAddrSpaceCast(e->b, p, LLVMPointerTypeInContext(e->c, 1), "");
+}
+
+/* Start a function: entry block for allocas, code block for statements. */
+static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned np,
+                     fn_frame *f) {
+  LLVMTypeRef fty = LLVMFunctionType(e->t_void, params, np, 0);
+  e->fn = LLVMAddFunction(e->m, name, fty);
+  e->ctx = LLVMGetParam(e->fn, 0);
+  LLVMSetValueName2(e->ctx, "ctx", 3);
+  f->entry = fb_emit_block(e, "entry");
+  f->code = fb_emit_block(e, "code");
+  LLVMPositionBuilderAtEnd(e->ab, f->entry);
+  LLVMPositionBuilderAtEnd(e->b, f->code);
+  size_t n = (size_t)e->k->nstmts;
+  memset(e->vals, 0, n * sizeof *e->vals);
+  memset(e->lidx, 0, n * sizeof *e->lidx);
+  memset(e->done, 0, n);
+  e->nloops = 0;
+  e->c_root = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
+  e->c_args = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr));
+  e->c_rets = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_RETS, e->t_ptr));
+  e->c_gtmp = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_GTMP, e->t_ptr));
+  e->c_error = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ERROR, e->t_ptr));
+  e->c_seed = fb_emit_ctx_field(e, FB_CTX_SEED, e->t_i64);
+  e->c_launch = fb_emit_ctx_field(e, FB_CTX_LAUNCH, e->t_i64);
+  e->rand_count = LLVMBuildAlloca(e->ab, e->t_i64, "rand.count");
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  e->rand_iter = fb_emit_i64(e, 0);
+}
+
+static void fn_finish(fb_emit *e, fn_frame *f) {
+  if (!fb_emit_terminated(e)) LLVMBuildRetVoid(e->b);
+  LLVMBuildBr(e->ab, f->code);
+}
+
+/* NVPTX: the global thread number and the grid's thread count, as i64. */
+static void gpu_thread(fb_emit *e, LLVMValueRef *gid, LLVMValueRef *nthreads) {
+  LLVMValueRef tid = fb_emit_intrinsic(e, "llvm.nvvm.read.ptx.sreg.tid.x", NULL, NULL, 0);
+  LLVMValueRef ntid = fb_emit_intrinsic(e, "llvm.nvvm.read.ptx.sreg.ntid.x", NULL, NULL, 0);
+  LLVMValueRef ctaid = fb_emit_intrinsic(e, "llvm.nvvm.read.ptx.sreg.ctaid.x", NULL, NULL, 0);
+  LLVMValueRef nctaid = fb_emit_intrinsic(e, "llvm.nvvm.read.ptx.sreg.nctaid.x", NULL, NULL, 0);
+  LLVMValueRef t64 = LLVMBuildZExt(e->b, tid, e->t_i64, "");
+  LLVMValueRef nt64 = LLVMBuildZExt(e->b, ntid, e->t_i64, "");
+  LLVMValueRef c64 = LLVMBuildZExt(e->b, ctaid, e->t_i64, "");
+  LLVMValueRef nc64 = LLVMBuildZExt(e->b, nctaid, e->t_i64, "");
+  *gid = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, c64, nt64, ""), t64, "gid");
+  *nthreads = LLVMBuildMul(e->b, nc64, nt64, "nthreads");
+}
+
+static int emit_body_fn(fb_emit *e, const fb_cg_task *t, int loop_pos) {
+  LLVMTypeRef params[3] = {e->t_ptr, e->t_i64, e->t_i64};
+  fn_frame f;
+  fn_begin(e, e->o->body_name, params, 3, &f);
+  LLVMValueRef lo = LLVMGetParam(e->fn, 1), hi = LLVMGetParam(e->fn, 2);
+  LLVMSetValueName2(lo, "lo", 2);
+  LLVMSetValueName2(hi, "hi", 2);
+  if (t->loop < 0) {
+    if (e->o->target == FB_CG_NVPTX) { /* one thread runs a serial task */
+      LLVMValueRef gid, nth;
+      gpu_thread(e, &gid, &nth);
+      LLVMBasicBlockRef run = fb_emit_block(e, "serial");
+      LLVMBasicBlockRef skip = fb_emit_block(e, "others");
+      LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntEQ, gid, fb_emit_i64(e, 0), ""), run, skip);
+      LLVMPositionBuilderAtEnd(e->b, skip);
+      LLVMBuildRetVoid(e->b);
+      LLVMPositionBuilderAtEnd(e->b, run);
+    }
+    emit_block(e, 0);
+  } else {
+    const fb_stmt *s = &e->k->stmts[t->loop];
+    emit_range(e, 0, 0, loop_pos);
+    if (!e->rc) {
+      e->done[t->loop] = 1;
+      e->stmts++;
+      /* never run past the iteration space, whatever the caller passes:
+       * this also tells LLVM the index range, so it can drop bounds checks */
+      LLVMValueRef n = par_count(e, t->loop, s);
+      if (!n) return e->rc;
+      LLVMValueRef zero = fb_emit_i64(e, 0);
+      lo = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, lo, zero, ""), zero, lo, "lo");
+      hi = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, hi, n, ""), n, hi, "hi");
+      LLVMValueRef start = lo, step = fb_emit_i64(e, 1);
+      if (e->o->target == FB_CG_NVPTX) {
+        LLVMValueRef gid;
+        gpu_thread(e, &gid, &step);
+        start = LLVMBuildAdd(e->b, lo, gid, "");
+      }
+      emit_iterations(e, t->loop, s, start, hi, step);
+    }
+  }
+  if (e->rc) return e->rc;
+  fn_finish(e, &f);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+static void keep_mark(fb_emit *e, unsigned char *keep, int *stack, int *sp, int id) {
+  if (id < 0 || id >= e->k->nstmts || keep[id]) return;
+  keep[id] = 1;
+  stack[(*sp)++] = id;
+}
+
+/* Mark a block statement's contents (everything it runs). */
+static void keep_tree(fb_emit *e, unsigned char *keep, int *stack, int *sp, int blk, int depth) {
+  if (blk < 0 || blk >= e->k->nblocks || depth > 256) return;
+  const fb_block *b = &e->k->blocks[blk];
+  for (int i = 0; i < b->n; i++) {
+    int id = b->ids[i];
+    if (id < 0 || id >= e->k->nstmts) continue;
+    keep_mark(e, keep, stack, sp, id);
+    keep_tree(e, keep, stack, sp, e->k->stmts[id].body, depth + 1);
+    keep_tree(e, keep, stack, sp, e->k->stmts[id].orelse, depth + 1);
+  }
+}
+
+/* Does the tree of top-level statement top store into local variable var? */
+static int tree_stores(const fb_kernel *k, int blk, int var, int depth) {
+  if (blk < 0 || blk >= k->nblocks || depth > 256) return 0;
+  const fb_block *b = &k->blocks[blk];
+  for (int i = 0; i < b->n; i++) {
+    int id = b->ids[i];
+    if (id < 0 || id >= k->nstmts) continue;
+    const fb_stmt *s = &k->stmts[id];
+    if (s->op == FB_OP_LSTORE && s->args[0] == var) return 1;
+    if (tree_stores(k, s->body, var, depth + 1) || tree_stores(k, s->orelse, var, depth + 1))
+      return 1;
+  }
+  return 0;
+}
+
+/* Statements before the loop that the loop's bounds depend on: operands,
+ * transitively, and for a local variable every top-level statement that
+ * stores into it. */
+static unsigned char *bounds_keep(fb_emit *e, const fb_stmt *loop, int loop_pos) {
+  int n = e->k->nstmts;
+  unsigned char *keep = calloc((size_t)n + 1, 1);
+  int *stack = malloc(sizeof(int) * ((size_t)n + 1));
+  if (!keep || !stack) { free(keep); free(stack); return NULL; }
+  int sp = 0;
+  for (int i = 0; i < loop->nargs && i < FB_MAX_ARGS; i++) keep_mark(e, keep, stack, &sp, loop->args[i]);
+  const fb_block *b0 = &e->k->blocks[0];
+  while (sp > 0) {
+    const fb_stmt *s = &e->k->stmts[stack[--sp]];
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) keep_mark(e, keep, stack, &sp, s->args[i]);
+    if (s->op != FB_OP_ALLOCA) continue;
+    int var = (int)(s - e->k->stmts);
+    for (int p = 0; p < loop_pos; p++) {
+      int top = b0->ids[p];
+      if (top < 0 || top >= n || keep[top]) continue;
+      const fb_stmt *ts = &e->k->stmts[top];
+      if ((ts->op == FB_OP_LSTORE && ts->args[0] == var) || tree_stores(e->k, ts->body, var, 0) ||
+          tree_stores(e->k, ts->orelse, var, 0)) {
+        keep_mark(e, keep, stack, &sp, top);
+        keep_tree(e, keep, stack, &sp, ts->body, 0);
+        keep_tree(e, keep, stack, &sp, ts->orelse, 0);
+      }
+    }
+  }
+  free(stack);
+  return keep;
+}
+
+static int emit_bounds_fn(fb_emit *e, const fb_cg_task *t, int loop_pos) {
+  const fb_stmt *s = &e->k->stmts[t->loop];
+  unsigned char *keep = bounds_keep(e, s, loop_pos);
+  if (!keep) return fb_emit_error(e, FB_ENOMEM, "out of memory");
+  LLVMTypeRef params[2] = {e->t_ptr, e->t_ptr};
+  fn_frame f;
+  int saved = e->stmts;
+  e->bounds_fn = 1;
+  e->keep = keep;
+  fn_begin(e, e->o->bounds_name, params, 2, &f);
+  emit_range(e, 0, 0, loop_pos);
+  LLVMValueRef n = e->rc ? NULL : par_count(e, t->loop, s);
+  if (n) {
+    LLVMValueRef st = LLVMBuildStore(e->b, n, LLVMGetParam(e->fn, 1));
+    LLVMSetAlignment(st, 8);
+    fn_finish(e, &f);
+  }
+  e->bounds_fn = 0;
+  e->keep = NULL;
+  e->stmts = saved;
+  free(keep);
+  return e->rc;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static int check_task(const fb_cg_task *t, int *loop_pos, char *err, size_t errlen) {
+  const fb_kernel *k = t ? t->ir : NULL;
+  if (!k || !k->layout || !k->layout->finalized || k->nblocks < 1)
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task has no IR or its layout is not finalized");
+  *loop_pos = -1;
+  if (t->loop < 0) return 0;
+  int pos = -1;
+  const fb_block *b0 = &k->blocks[0];
+  for (int i = 0; i < b0->n; i++)
+    if (b0->ids[i] == t->loop) pos = i;
+  if (t->loop >= k->nstmts || pos < 0)
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is not a top-level statement",
+                      k->name, t->loop);
+  const fb_stmt *s = &k->stmts[t->loop];
+  if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR)
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a %s, not par_for or "
+                      "struct_for", k->name, t->loop, s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
+  if (s->op == FB_OP_STRUCT_FOR && (s->snode < 0 || s->snode >= k->layout->nnodes))
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: struct_for %%%d names no SNode",
+                      k->name, t->loop);
+  if (pos != b0->n - 1)
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: statements follow the parallel loop "
+                      "%%%d", k->name, t->loop);
+  *loop_pos = pos;
+  return 0;
+}
+
+static void add_kernel_annotation(fb_emit *e, const char *name) {
+  LLVMValueRef fn = LLVMGetNamedFunction(e->m, name);
+  if (!fn) return;
+  LLVMSetFunctionCallConv(fn, LLVMPTXKernelCallConv);
+  LLVMMetadataRef md[3] = {LLVMValueAsMetadata(fn), LLVMMDStringInContext2(e->c, "kernel", 6),
+                           LLVMValueAsMetadata(LLVMConstInt(e->t_i32, 1, 0))};
+  LLVMAddNamedMetadataOperand(e->m, "nvvm.annotations",
+                              LLVMMetadataAsValue(e->c, LLVMMDNodeInContext2(e->c, md, 3)));
+}
+
+static void emit_init(fb_emit *e, LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
+                      char *err, size_t errlen) {
+  memset(e, 0, sizeof *e);
+  e->k = t->ir;
+  e->l = t->ir->layout;
+  e->o = o;
+  e->c = c;
+  e->err = err;
+  e->errlen = errlen;
+  e->t_void = LLVMVoidTypeInContext(c);
+  e->t_i1 = LLVMInt1TypeInContext(c);
+  e->t_i8 = LLVMInt8TypeInContext(c);
+  e->t_i32 = LLVMInt32TypeInContext(c);
+  e->t_i64 = LLVMInt64TypeInContext(c);
+  e->t_f32 = LLVMFloatTypeInContext(c);
+  e->t_f64 = LLVMDoubleTypeInContext(c);
+  e->t_ptr = LLVMPointerTypeInContext(c, 0);
+}
+
+/* The verifier's verdict, its first message into err. */
+static int verify_task(const fb_kernel *k, char *err, size_t errlen) {
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_verify(k, &d);
+  if (rc)
+    fb_cg_fail(err, errlen, rc, "task %s: %s%s", k->name ? k->name : "?",
+               d.n ? d.v[0].msg : fb_strerror(rc), d.n > 1 ? " (and more)" : "");
+  fb_diags_free(&d);
+  return rc;
+}
+
+int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
+                const char *triple, const char *datalayout, LLVMModuleRef *out,
+                int *stmts, char *err, size_t errlen) {
+  int loop_pos;
+  int rc = check_task(t, &loop_pos, err, errlen);
+  if (!rc) rc = verify_task(t->ir, err, errlen);
+  if (rc) return rc;
+  fb_emit e;
+  emit_init(&e, c, t, o, err, errlen);
+  size_t n = (size_t)t->ir->nstmts + 1;
+  e.vals = calloc(n, sizeof *e.vals);
+  e.lidx = calloc(n, sizeof *e.lidx);
+  e.done = calloc(n, 1);
+  e.rstate = calloc(n, 1);
+  e.rlo = calloc(n, sizeof *e.rlo);
+  e.rhi = calloc(n, sizeof *e.rhi);
+  if (!e.vals || !e.lidx || !e.done || !e.rstate || !e.rlo || !e.rhi) {
+    rc = fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
+    goto out;
+  }
+  e.m = LLVMModuleCreateWithNameInContext(t->ir->name ? t->ir->name : "task", c);
+  LLVMSetTarget(e.m, triple);
+  LLVMSetDataLayout(e.m, datalayout);
+  e.b = LLVMCreateBuilderInContext(c);
+  e.ab = LLVMCreateBuilderInContext(c);
+  emit_body_fn(&e, t, loop_pos);
+  if (!e.rc && t->loop >= 0) emit_bounds_fn(&e, t, loop_pos);
+  if (!e.rc && o->target == FB_CG_NVPTX) {
+    add_kernel_annotation(&e, o->body_name);
+    if (t->loop >= 0) add_kernel_annotation(&e, o->bounds_name);
+  }
+  LLVMDisposeBuilder(e.b);
+  LLVMDisposeBuilder(e.ab);
+  rc = e.rc;
+  if (rc) {
+    LLVMDisposeModule(e.m);
+  } else {
+    *out = e.m;
+    if (stmts) *stmts = e.stmts;
+  }
+out:
+  free(e.vals);
+  free(e.lidx);
+  free(e.done);
+  free(e.rstate);
+  free(e.rlo);
+  free(e.rhi);
+  return rc;
+}

@@ -1,0 +1,77 @@
+/* The CPU device and its launcher: runs the compiled tasks of one kernel
+ * launch in order. Serial tasks run on the calling thread; a parallel task
+ * asks its bounds function for the iteration count and hands the range to
+ * the thread pool. Backend time is the CLOCK_MONOTONIC time around the
+ * device work. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "runtime/runtime.h"
+
+int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen) {
+  *out = NULL;
+  fb_cpu_device *d = calloc(1, sizeof *d);
+  if (!d) {
+    if (err && errlen) snprintf(err, errlen, "CPU device: out of memory");
+    return FB_ENOMEM;
+  }
+  int rc = fb_pool_new(threads, 0, &d->pool, err, errlen);
+  if (rc) {
+    free(d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+void fb_cpu_device_free(fb_cpu_device *d) {
+  if (!d) return;
+  fb_pool_free(d->pool);
+  free(d);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct par_job {
+  fb_task_body_fn body;
+  fb_rt_ctx *ctx;
+} par_job;
+
+static void par_chunk(void *arg, int64_t lo, int64_t hi) {
+  const par_job *j = arg;
+  j->body(j->ctx, lo, hi);
+}
+
+static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t) {
+  if (!t->bounds) {
+    t->body(ctx, 0, 0);
+    return;
+  }
+  int64_t n = 0;
+  t->bounds(ctx, &n);
+  if (n <= 0) return;
+  par_job j = {t->body, ctx};
+  fb_pool_for(d->pool, n, par_chunk, &j);
+}
+
+int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int ntasks,
+               double *seconds, int *failed) {
+  int first = 0, where = -1;
+  double t0 = now_s();
+  for (int i = 0; i < ntasks; i++) {
+    int32_t before = *ctx->error;
+    run_task(d, ctx, &tasks[i]);
+    int32_t e = *ctx->error;
+    if (e && !before) where = i;
+    if (e && !first) first = e;
+    if (e && e != FB_EBOUNDS) break;
+  }
+  if (seconds) *seconds = now_s() - t0;
+  if (failed) *failed = where;
+  return first;
+}

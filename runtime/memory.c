@@ -1,0 +1,113 @@
+/* Device memory of one session on the CPU: the root buffer that holds the
+ * layout's dense storage, the scratch buffer (gtmp) the tasks of a launch
+ * share, and the kernel return slots. Root and scratch count against the
+ * session's memory limit. Large roots come from mmap, so untouched pages
+ * cost nothing and arrive zeroed. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "runtime/runtime.h"
+
+#define ALIGN 64
+#define MMAP_MIN ((size_t)1 << 16) /* roots at least this big are mmap'd */
+
+static void errf(char *err, size_t n, const char *fmt, ...) {
+  if (!err || !n) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, n, fmt, ap);
+  va_end(ap);
+}
+
+static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err,
+                      size_t errlen) {
+  if (!m->limit || (root <= m->limit && gtmp <= m->limit - root)) return 0;
+  errf(err, errlen,
+       "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
+       "limit %llu bytes",
+       (unsigned long long)(root + gtmp), (unsigned long long)root,
+       (unsigned long long)gtmp, (unsigned long long)m->limit);
+  return FB_EQUOTA;
+}
+
+static void *alloc_zeroed(size_t bytes) {
+  void *p = NULL;
+  if (posix_memalign(&p, ALIGN, round_up(bytes ? bytes : 1))) return NULL;
+  memset(p, 0, round_up(bytes ? bytes : 1));
+  return p;
+}
+
+int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
+                   size_t errlen) {
+  memset(m, 0, sizeof *m);
+  m->limit = limit;
+  int rc = over_limit(m, root_bytes, 0, err, errlen);
+  if (rc) return rc;
+  if (root_bytes > SIZE_MAX - 2 * ALIGN) {
+    errf(err, errlen, "cannot allocate %llu bytes of device memory",
+         (unsigned long long)root_bytes);
+    return FB_ENOMEM;
+  }
+  size_t want = round_up((size_t)root_bytes ? (size_t)root_bytes : 1);
+  if (want >= MMAP_MIN) {
+    void *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    m->root = p == MAP_FAILED ? NULL : p;
+    m->root_mapped = 1;
+  } else {
+    m->root = alloc_zeroed(want);
+  }
+  if (!m->root) {
+    errf(err, errlen, "cannot allocate %llu bytes of device memory",
+         (unsigned long long)root_bytes);
+    return FB_ENOMEM;
+  }
+  m->root_alloc = want;
+  m->root_bytes = root_bytes;
+  return 0;
+}
+
+static int grow_rets(fb_devmem *m, int nrets, char *err, size_t errlen) {
+  if (nrets <= m->nrets) return 0;
+  uint64_t *r = realloc(m->rets, sizeof(uint64_t) * (size_t)nrets);
+  if (!r) {
+    errf(err, errlen, "cannot allocate %d return slots", nrets);
+    return FB_ENOMEM;
+  }
+  memset(r + m->nrets, 0, sizeof(uint64_t) * (size_t)(nrets - m->nrets));
+  m->rets = r;
+  m->nrets = nrets;
+  return 0;
+}
+
+int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, size_t errlen) {
+  if (gtmp_bytes > m->gtmp_bytes) {
+    int rc = over_limit(m, m->root_bytes, gtmp_bytes, err, errlen);
+    if (rc) return rc;
+    uint8_t *g = alloc_zeroed(gtmp_bytes);
+    if (!g) {
+      errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
+      return FB_ENOMEM;
+    }
+    free(m->gtmp);
+    m->gtmp = g;
+    m->gtmp_bytes = gtmp_bytes;
+  }
+  return grow_rets(m, nrets, err, errlen);
+}
+
+uint64_t fb_devmem_used(const fb_devmem *m) { return m->root_bytes + m->gtmp_bytes; }
+
+void fb_devmem_release(fb_devmem *m) {
+  if (m->root) {
+    if (m->root_mapped) munmap(m->root, m->root_alloc);
+    else free(m->root);
+  }
+  free(m->gtmp);
+  free(m->rets);
+  memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,251 @@
+/* The CPU device's thread pool. A parallel loop is a job: its iteration
+ * space is cut into chunks that the calling thread and any idle worker claim
+ * with an atomic counter. Jobs sit in a list under one mutex, so several
+ * threads (sessions) may run loops on the pool at once; a caller unlinks its
+ * job once every chunk is claimed and waits until the workers that joined it
+ * have left. Idle workers spin briefly on a generation counter before they
+ * sleep on a condition variable, which keeps back-to-back small launches
+ * cheap; no thread is ever created per launch. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+
+#define CHUNKS_PER_THREAD 4 /* several chunks per thread for balance */
+#define SPIN_ROUNDS 2000    /* idle polls before a worker goes to sleep */
+
+typedef struct pool_job {
+  fb_pool_fn fn;
+  void *ctx;
+  int64_t n, chunk, nchunks;
+  atomic_llong next; /* next chunk to claim */
+  int users;         /* workers inside the job (under the mutex) */
+  struct pool_job *prev, *next_job;
+} pool_job;
+
+struct fb_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv; /* workers: a job was published or stop */
+  pthread_cond_t done_cv; /* callers: a job's last worker left */
+  pool_job *head, *tail;  /* listed jobs, oldest first */
+  atomic_ullong gen;      /* bumped on every publish (spinning workers) */
+  atomic_int stop;
+  int sleeping;           /* workers waiting on work_cv */
+  int nthreads;           /* caller included */
+  int nworkers, started;
+  int64_t min_chunk;
+  pthread_t *workers;
+};
+
+static void errf(char *err, size_t n, const char *fmt, ...) {
+  if (!err || !n) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, n, fmt, ap);
+  va_end(ap);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+int fb_cpu_cores(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* Claim and run chunks of j until none is left. */
+static void run_chunks(pool_job *j) {
+  for (;;) {
+    int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    if (c >= j->nchunks) return;
+    int64_t lo = c * j->chunk;
+    int64_t hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
+    j->fn(j->ctx, lo, hi);
+  }
+}
+
+/* Under the mutex: the oldest listed job that still has chunks to claim. */
+static pool_job *find_job(fb_pool *p) {
+  for (pool_job *j = p->head; j; j = j->next_job)
+    if (atomic_load_explicit(&j->next, memory_order_relaxed) < j->nchunks) return j;
+  return NULL;
+}
+
+/* Spin (without the mutex) until the generation moves or stop is set. */
+static void spin_wait(fb_pool *p, unsigned long long g) {
+  for (int i = 0; i < SPIN_ROUNDS; i++) {
+    if (atomic_load_explicit(&p->gen, memory_order_acquire) != g) return;
+    if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return;
+    cpu_relax();
+  }
+}
+
+static void *worker_main(void *arg) {
+  fb_pool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  while (!atomic_load(&p->stop)) {
+    pool_job *j = find_job(p);
+    if (j) {
+      j->users++;
+      pthread_mutex_unlock(&p->mu);
+      run_chunks(j);
+      pthread_mutex_lock(&p->mu);
+      if (--j->users == 0) pthread_cond_broadcast(&p->done_cv);
+      continue;
+    }
+    unsigned long long g = atomic_load(&p->gen);
+    pthread_mutex_unlock(&p->mu);
+    spin_wait(p, g);
+    pthread_mutex_lock(&p->mu);
+    /* Publishing happens under the mutex: an unchanged generation here
+     * means nothing was published since g, and the next publish will see
+     * this worker as sleeping. */
+    if (atomic_load(&p->gen) != g || atomic_load(&p->stop)) continue;
+    p->sleeping++;
+    pthread_cond_wait(&p->work_cv, &p->mu);
+    p->sleeping--;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+static void shutdown_workers(fb_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  atomic_store(&p->stop, 1);
+  pthread_cond_broadcast(&p->work_cv);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->started; i++) pthread_join(p->workers[i], NULL);
+  p->started = 0;
+}
+
+static int start_workers(fb_pool *p, char *err, size_t errlen) {
+  for (int i = 0; i < p->nworkers; i++) {
+    int rc = pthread_create(&p->workers[i], NULL, worker_main, p);
+    if (rc) {
+      errf(err, errlen, "cannot start CPU worker thread %d of %d: %s", i + 1, p->nworkers,
+           strerror(rc));
+      shutdown_workers(p);
+      return rc == EAGAIN ? FB_EDEVICE : FB_ENOMEM;
+    }
+    p->started++;
+  }
+  return 0;
+}
+
+static void destroy_sync(fb_pool *p) {
+  pthread_cond_destroy(&p->done_cv);
+  pthread_cond_destroy(&p->work_cv);
+  pthread_mutex_destroy(&p->mu);
+}
+
+int fb_pool_new(int nthreads, int64_t min_chunk, fb_pool **out, char *err, size_t errlen) {
+  *out = NULL;
+  if (nthreads < 0 || min_chunk < 0) {
+    errf(err, errlen, "thread pool: bad size (threads %d, min chunk %lld)", nthreads,
+         (long long)min_chunk);
+    return FB_EINVAL;
+  }
+  fb_pool *p = calloc(1, sizeof *p);
+  if (!p) {
+    errf(err, errlen, "thread pool: out of memory");
+    return FB_ENOMEM;
+  }
+  p->nthreads = nthreads ? nthreads : fb_cpu_cores();
+  p->nworkers = p->nthreads - 1;
+  p->min_chunk = min_chunk ? min_chunk : FB_POOL_MIN_CHUNK;
+  atomic_init(&p->gen, 0);
+  atomic_init(&p->stop, 0);
+  p->workers = calloc((size_t)(p->nworkers ? p->nworkers : 1), sizeof(pthread_t));
+  if (!p->workers) {
+    free(p);
+    errf(err, errlen, "thread pool: out of memory");
+    return FB_ENOMEM;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->work_cv, NULL);
+  pthread_cond_init(&p->done_cv, NULL);
+  int rc = start_workers(p, err, errlen);
+  if (rc) {
+    destroy_sync(p);
+    free(p->workers);
+    free(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+void fb_pool_free(fb_pool *p) {
+  if (!p) return;
+  shutdown_workers(p);
+  destroy_sync(p);
+  free(p->workers);
+  free(p);
+}
+
+int fb_pool_threads(const fb_pool *p) { return p->nthreads; }
+
+/* Chunk size: about CHUNKS_PER_THREAD chunks per thread, never below the
+ * pool's minimum. */
+static int64_t chunk_size(const fb_pool *p, int64_t n) {
+  int64_t want = (int64_t)p->nthreads * CHUNKS_PER_THREAD;
+  int64_t c = (n + want - 1) / want;
+  return c < p->min_chunk ? p->min_chunk : c;
+}
+
+static void publish(fb_pool *p, pool_job *j) {
+  pthread_mutex_lock(&p->mu);
+  j->prev = p->tail;
+  j->next_job = NULL;
+  if (p->tail) p->tail->next_job = j;
+  else p->head = j;
+  p->tail = j;
+  atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+  int64_t wake = j->nchunks - 1; /* the caller takes one share itself */
+  if (wake >= p->sleeping) pthread_cond_broadcast(&p->work_cv);
+  else
+    for (int64_t i = 0; i < wake; i++) pthread_cond_signal(&p->work_cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Unlink j (no new worker can join) and wait for those inside to leave. */
+static void retire(fb_pool *p, pool_job *j) {
+  pthread_mutex_lock(&p->mu);
+  if (j->prev) j->prev->next_job = j->next_job;
+  else p->head = j->next_job;
+  if (j->next_job) j->next_job->prev = j->prev;
+  else p->tail = j->prev;
+  while (j->users > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx) {
+  if (n <= 0) return;
+  int64_t chunk = chunk_size(p, n);
+  if (p->nworkers == 0 || chunk >= n) {
+    fn(ctx, 0, n);
+    return;
+  }
+  pool_job j;
+  j.fn = fn;
+  j.ctx = ctx;
+  j.n = n;
+  j.chunk = chunk;
+  j.nchunks = (n + chunk - 1) / chunk;
+  j.users = 0;
+  atomic_init(&j.next, 0);
+  publish(p, &j);
+  run_chunks(&j);
+  retire(p, &j);
+}

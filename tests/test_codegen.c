@@ -1,0 +1,406 @@
+/* Code generation on the CPU against the reference interpreter: every case of
+ * tests/cg_kernels.h is compiled with fb_cpu_jit_compile, run directly on a
+ * calloc'd root buffer (parallel tasks chunked into pieces), and every field
+ * element, the error flag, the return value and the scratch buffer are
+ * compared with fb_interp_run. Also: the code cache, concurrent compiles,
+ * refusals (sparse, malformed tasks) and the LLVM IR text. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "codegen/codegen.h"
+#include "support/support.h"
+#include "cg_kernels.h"
+
+#define SEED 0x5eed1234abcdull
+#define GTMP_BYTES 4096
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------- comparing */
+
+static uint64_t ulp_dist64(double a, double b) {
+  int64_t x, y;
+  memcpy(&x, &a, 8);
+  memcpy(&y, &b, 8);
+  if (x < 0) x = (int64_t)(0x8000000000000000ull - (uint64_t)x);
+  if (y < 0) y = (int64_t)(0x8000000000000000ull - (uint64_t)y);
+  uint64_t d = (uint64_t)x - (uint64_t)y;
+  return (int64_t)d < 0 ? 0 - d : d;
+}
+
+static uint64_t ulp_dist32(float a, float b) {
+  int32_t x, y;
+  memcpy(&x, &a, 4);
+  memcpy(&y, &b, 4);
+  int64_t ox = x < 0 ? (int64_t)INT32_MIN - x : x, oy = y < 0 ? (int64_t)INT32_MIN - y : y;
+  return (uint64_t)(ox > oy ? ox - oy : oy - ox);
+}
+
+/* Equal under the case's rules: integers and bools exactly, floats within
+ * ulps (0: the same bits), any NaN equal to any NaN. */
+static int same_value(fb_value a, fb_value b, int ulps) {
+  if (a.type != b.type) return 0;
+  if (a.type == FB_T_F32) {
+    float x = (float)a.v.f, y = (float)b.v.f;
+    if (isnan(x) || isnan(y)) return isnan(x) && isnan(y);
+    return ulp_dist32(x, y) <= (uint64_t)ulps;
+  }
+  if (a.type == FB_T_F64) {
+    if (isnan(a.v.f) || isnan(b.v.f)) return isnan(a.v.f) && isnan(b.v.f);
+    return ulp_dist64(a.v.f, b.v.f) <= (uint64_t)ulps;
+  }
+  return a.v.u == b.v.u;
+}
+
+static void show(char *buf, size_t n, fb_value v) {
+  if (fb_type_is_float(v.type)) snprintf(buf, n, "%.9g", v.v.f);
+  else if (fb_type_is_signed(v.type)) snprintf(buf, n, "%lld", (long long)v.v.i);
+  else snprintf(buf, n, "%llu", (unsigned long long)v.v.u);
+}
+
+/* Compare every element of every field; report the first few mismatches. */
+static int compare_fields(const fb_layout *l, fb_interp *in, const uint8_t *root, int ulps,
+                          const char *what) {
+  int bad = 0;
+  for (int p = 0; p < l->nnodes; p++) {
+    const fb_snode *f = &l->nodes[p];
+    if (f->kind != FB_SN_PLACE) continue;
+    const uint8_t *ref = fb_interp_field(in, p);
+    int64_t n = fb_field_numel(l, p);
+    size_t sz = fb_type_size(f->type);
+    for (int64_t e = 0; e < n; e++) {
+      int64_t idx[FB_MAX_AXES] = {0, 0, 0, 0};
+      for (int64_t rest = e, d = f->ndim - 1; d >= 0; d--) {
+        idx[d] = rest % f->shape[f->dim_axis[d]];
+        rest /= f->shape[f->dim_axis[d]];
+      }
+      fb_value want = fb_value_load(f->type, ref + (size_t)e * sz);
+      fb_value got = fb_value_load(f->type, root + fb_layout_dense_offset(l, p, idx));
+      if (same_value(want, got, ulps)) continue;
+      if (bad++ < 8) {
+        char w[64], g[64];
+        show(w, sizeof w, want);
+        show(g, sizeof g, got);
+        fprintf(stderr, "%s: %s[%lld,%lld] = %s, interpreter %s\n", what, f->name,
+                (long long)idx[0], (long long)idx[1], g, w);
+      }
+    }
+  }
+  return bad;
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct jit_state {
+  uint8_t *root;
+  uint8_t gtmp[GTMP_BYTES];
+  uint64_t rets[4];
+  int32_t error;
+} jit_state;
+
+/* Run one compiled task the way the CPU runtime does: bounds, then the
+ * iteration space in three chunks (serial tasks: one call). */
+static void run_code(const fb_cpu_code *code, const cg_step *st, jit_state *js, uint64_t launch) {
+  uint64_t args[8] = {0};
+  for (int a = 0; a < st->nargs; a++)
+    args[a] = fb_slot_pack(fb_value_cast(st->args[a], st->k->params[a]));
+  fb_rt_ctx ctx = {js->root, args, js->rets, js->gtmp, &js->error, SEED, launch, NULL};
+  js->error = 0;
+  if (st->loop < 0) {
+    ck_assert_ptr_null(code->bounds);
+    code->body(&ctx, 0, 0);
+    return;
+  }
+  ck_assert_ptr_nonnull(code->bounds);
+  int64_t n = -1;
+  code->bounds(&ctx, &n);
+  ck_assert_int_ge(n, 0);
+  for (int c = 0; c < 3; c++) code->body(&ctx, n * c / 3, n * (c + 1) / 3);
+}
+
+static void compile_ok(fb_cpu_jit *j, const cg_step *st, fb_cpu_code *code) {
+  char err[512] = "";
+  fb_cg_task t = {st->k, st->loop};
+  int rc = fb_cpu_jit_compile(j, &t, code, err, sizeof err);
+  ck_assert_msg(rc == 0, "compile %s: %s (%s)", st->k->name, fb_strerror(rc), err);
+  ck_assert_ptr_nonnull(code->body);
+}
+
+/* Run case cs on the JIT and on the interpreter and compare everything. */
+static void check_case(fb_cpu_jit *j, const cg_layout *c, const cg_case *cs) {
+  const fb_layout *l = c->l;
+  fb_interp *in = fb_interp_new(l, SEED);
+  ck_assert_ptr_nonnull(in);
+  jit_state *js = calloc(1, sizeof *js);
+  js->root = calloc(1, l->root_bytes);
+  ck_assert(js->root != NULL);
+  for (int s = 0; s < cs->nsteps; s++) {
+    const cg_step *st = &cs->steps[s];
+    fb_cpu_code code;
+    compile_ok(j, st, &code);
+    if (!code.cache_hit) ck_assert_int_eq(code.stmts_emitted, fb_kernel_count_stmts(st->k));
+    run_code(&code, st, js, (uint64_t)s);
+    fb_value ret;
+    int rc = fb_interp_run(in, st->k, st->args, st->nargs, &ret);
+    ck_assert_msg(rc == 0 || rc == FB_EBOUNDS, "interpreter on %s: %s", st->k->name,
+                  fb_strerror(rc));
+    ck_assert_msg(js->error == rc, "%s/%s: JIT error %d, interpreter %d", cs->name, st->k->name,
+                  js->error, rc);
+    if (s == cs->nsteps - 1) ck_assert_int_eq(rc, cs->expect);
+    if (st->k->ret != FB_T_VOID) {
+      fb_value got = fb_slot_unpack(st->k->ret, js->rets[0]);
+      char w[64], g[64];
+      show(w, sizeof w, ret);
+      show(g, sizeof g, got);
+      ck_assert_msg(same_value(ret, got, cs->ulps), "%s: returned %s, interpreter %s",
+                    st->k->name, g, w);
+    }
+  }
+  char what[96];
+  snprintf(what, sizeof what, "case %s", cs->name);
+  int bad = compare_fields(l, in, js->root, cs->ulps, what);
+  ck_assert_msg(bad == 0, "case %s: %d field elements differ from the interpreter", cs->name, bad);
+  size_t sb = 0;
+  const uint8_t *scratch = fb_interp_scratch(in, &sb);
+  if (sb > GTMP_BYTES) sb = GTMP_BYTES;
+  ck_assert_msg(sb == 0 || memcmp(scratch, js->gtmp, sb) == 0, "case %s: gtmp differs", cs->name);
+  free(js->root);
+  free(js);
+  fb_interp_free(in);
+}
+
+static fb_cpu_jit *new_jit(void) {
+  char err[512] = "";
+  fb_cpu_jit *j = fb_cpu_jit_new(err, sizeof err);
+  ck_assert_msg(j != NULL, "fb_cpu_jit_new: %s", err);
+  return j;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+START_TEST(test_case) {
+  cg_layout c;
+  ck_assert_int_eq(cg_layout_build(&c), 0);
+  cg_case cs;
+  ck_assert_int_eq(cg_case_build(&c, _i, &cs), 0);
+  fb_cpu_jit *j = new_jit();
+  check_case(j, &c, &cs);
+  fb_cpu_jit_free(j);
+  cg_case_free(&cs);
+  fb_layout_free(c.l);
+}
+END_TEST
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+START_TEST(test_cache) {
+  cg_layout c;
+  ck_assert_int_eq(cg_layout_build(&c), 0);
+  cg_case cs;
+  ck_assert_int_eq(cg_case_build(&c, 0, &cs), 0); /* map_f32: init + map */
+  fb_cpu_jit *j = new_jit();
+  const cg_step *st = &cs.steps[1];
+  fb_cpu_code a, b, d;
+  compile_ok(j, st, &a);
+  ck_assert_int_eq(a.cache_hit, 0);
+  ck_assert(a.compile_s > 0);
+  ck_assert_int_eq(a.stmts_emitted, fb_kernel_count_stmts(st->k));
+  compile_ok(j, st, &b);
+  ck_assert_int_eq(b.cache_hit, 1);
+  ck_assert(b.body == a.body && b.bounds == a.bounds);
+  ck_assert(b.compile_s == 0);
+  /* an equal kernel (another object) hits too */
+  cg_step copy = *st;
+  copy.k = fb_kernel_clone(st->k);
+  compile_ok(j, &copy, &d);
+  ck_assert_int_eq(d.cache_hit, 1);
+  ck_assert(d.body == a.body);
+  /* a different constant misses */
+  for (int s = 0; s < copy.k->nstmts; s++)
+    if (copy.k->stmts[s].op == FB_OP_CONST && copy.k->stmts[s].type == FB_T_F32) {
+      copy.k->stmts[s].imm.f = 4.5;
+      break;
+    }
+  compile_ok(j, &copy, &d);
+  ck_assert_int_eq(d.cache_hit, 0);
+  ck_assert(d.body != a.body);
+  fb_kernel_free(copy.k);
+  /* hit latency: median of many */
+  double t[101];
+  for (int r = 0; r < 101; r++) {
+    double t0 = now_s();
+    compile_ok(j, st, &b);
+    t[r] = now_s() - t0;
+    ck_assert_int_eq(b.cache_hit, 1);
+  }
+  qsort(t, 101, sizeof t[0], cmp_double);
+  fprintf(stderr, "codegen: compile of a small kernel %.1f ms, cache hit %.1f us (median)\n",
+          a.compile_s * 1e3, t[50] * 1e6);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  const double limit = 500e-6; /* instrumented builds run several times slower */
+#else
+  const double limit = 50e-6;
+#endif
+  ck_assert_msg(t[50] < limit, "cache hit takes %.1f us", t[50] * 1e6);
+  fb_cpu_jit_free(j);
+  cg_case_free(&cs);
+  fb_layout_free(c.l);
+}
+END_TEST
+
+typedef struct compile_job {
+  fb_cpu_jit *j;
+  cg_case *cases;
+  int ncases;
+  fb_cpu_code code[CG_NCASES][CG_MAXSTEPS];
+  int failures;
+} compile_job;
+
+static void *compile_all(void *arg) {
+  compile_job *job = arg;
+  for (int n = 0; n < job->ncases; n++) {
+    const cg_case *cs = &job->cases[n];
+    for (int s = 0; s < cs->nsteps; s++) {
+      char err[256];
+      fb_cg_task t = {cs->steps[s].k, cs->steps[s].loop};
+      if (fb_cpu_jit_compile(job->j, &t, &job->code[n][s], err, sizeof err) ||
+          !job->code[n][s].body)
+        job->failures++;
+    }
+  }
+  return NULL;
+}
+
+/* Two threads compile the whole kernel set at once on one JIT; the code
+ * they get must run correctly. */
+START_TEST(test_concurrent) {
+  cg_layout c;
+  ck_assert_int_eq(cg_layout_build(&c), 0);
+  cg_case cases[CG_NCASES];
+  for (int n = 0; n < CG_NCASES; n++) ck_assert_int_eq(cg_case_build(&c, n, &cases[n]), 0);
+  fb_cpu_jit *j = new_jit();
+  compile_job *jobs = calloc(2, sizeof *jobs);
+  pthread_t th[2];
+  for (int w = 0; w < 2; w++) {
+    jobs[w].j = j;
+    jobs[w].cases = cases;
+    jobs[w].ncases = CG_NCASES;
+    ck_assert_int_eq(pthread_create(&th[w], NULL, compile_all, &jobs[w]), 0);
+  }
+  for (int w = 0; w < 2; w++) pthread_join(th[w], NULL);
+  ck_assert_int_eq(jobs[0].failures, 0);
+  ck_assert_int_eq(jobs[1].failures, 0);
+  int hits = 0;
+  for (int n = 0; n < CG_NCASES; n++)
+    for (int s = 0; s < cases[n].nsteps; s++)
+      hits += jobs[0].code[n][s].cache_hit + jobs[1].code[n][s].cache_hit;
+  ck_assert_int_gt(hits, 0); /* shared kernels (init) were found in the cache */
+  for (int n = 0; n < CG_NCASES; n++) check_case(j, &c, &cases[n]);
+  free(jobs);
+  fb_cpu_jit_free(j);
+  for (int n = 0; n < CG_NCASES; n++) cg_case_free(&cases[n]);
+  fb_layout_free(c.l);
+}
+END_TEST
+
+/* Sparse containers, malformed tasks and unverifiable IR are refused with
+ * a message; nothing crashes. */
+START_TEST(test_refusals) {
+  fb_layout *l = fb_layout_new();
+  int64_t sz[1] = {32};
+  int bm = fb_layout_add(l, 0, FB_SN_BITMASKED, "i", sz, 0, "bm");
+  int x = fb_layout_place(l, bm, "x", FB_T_I32);
+  int dn = fb_layout_add(l, 0, FB_SN_DENSE, "i", sz, 0, NULL);
+  int y = fb_layout_place(l, dn, "y", FB_T_I32);
+  char err[512] = "";
+  ck_assert_int_eq(fb_layout_finalize(l, err, sizeof err), 0);
+  fb_cpu_jit *j = new_jit();
+  fb_cpu_code code;
+
+  fb_kernel *k = fb_kernel_new(l, "sparse", 0, NULL, FB_T_VOID);
+  fb_builder bb, *b = &bb;
+  fb_builder_init(b, k);
+  int sv, i;
+  int lp = cg_for(b, K_I32(0), K_I32(32), 1, &i, &sv);
+  cg_st(b, x, i, i);
+  fb_b_leave(b, sv);
+  fb_cg_task t = {k, lp};
+  ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), FB_EUNSUPPORTED);
+  ck_assert_msg(strstr(err, "sparse") != NULL, "message: %s", err);
+  ck_assert_ptr_null(code.body);
+  fb_kernel_free(k);
+
+  k = fb_kernel_new(l, "dense", 0, NULL, FB_T_VOID);
+  fb_builder_init(b, k);
+  int c7 = K_I32(7);
+  lp = cg_for(b, K_I32(0), K_I32(32), 1, &i, &sv);
+  cg_st(b, y, i, c7);
+  fb_b_leave(b, sv);
+  t.ir = k;
+  t.loop = c7; /* not a loop */
+  ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "not a top-level") || strstr(err, "not par_for"), "message: %s", err);
+  t.loop = lp;
+  ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), 0);
+  /* deactivate on a dense SNode: sparse runtime needed */
+  fb_builder_init(b, k);
+  b->block = k->stmts[lp].body;
+  fb_b_global(b, FB_OP_DEACTIVATE, y, &i, 1, -1);
+  ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), FB_EUNSUPPORTED);
+  /* a type error: the verifier's message comes back */
+  k->stmts[c7].type = FB_T_F32;
+  ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), FB_EVERIFY);
+  ck_assert(strlen(err) > 0);
+  fb_kernel_free(k);
+  ck_assert_int_eq(fb_cpu_jit_compile(j, NULL, &code, err, sizeof err), FB_EINVAL);
+  fb_cpu_jit_free(j);
+  fb_layout_free(l);
+}
+END_TEST
+
+START_TEST(test_ir_text) {
+  cg_layout c;
+  ck_assert_int_eq(cg_layout_build(&c), 0);
+  cg_case cs;
+  ck_assert_int_eq(cg_case_build(&c, 4, &cs), 0); /* math */
+  fb_cg_task t = {cs.steps[1].k, cs.steps[1].loop};
+  char *text = NULL, err[512] = "";
+  ck_assert_int_eq(fb_llvm_ir_text(&t, "x86_64", &text, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(text, "define void @fb_body(ptr"));
+  ck_assert_ptr_nonnull(strstr(text, "define void @fb_bounds(ptr"));
+  ck_assert_ptr_nonnull(strstr(text, "@sinf("));
+  free(text);
+  ck_assert_int_eq(fb_llvm_ir_text(&t, "nvptx64", &text, err, sizeof err), 0);
+  ck_assert_ptr_nonnull(strstr(text, "nvptx64-nvidia-cuda"));
+  ck_assert_ptr_nonnull(strstr(text, "nvvm.annotations"));
+  ck_assert_ptr_nonnull(strstr(text, "llvm.nvvm.read.ptx.sreg.ctaid.x"));
+  free(text);
+  ck_assert_int_eq(fb_llvm_ir_text(&t, "riscv", &text, err, sizeof err), FB_EINVAL);
+  ck_assert_ptr_null(text);
+  cg_case_free(&cs);
+  fb_layout_free(c.l);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("codegen");
+  TCase *tc = tcase_create("cpu");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_case, 0, CG_NCASES);
+  tcase_add_test(tc, test_cache);
+  tcase_add_test(tc, test_concurrent);
+  tcase_add_test(tc, test_refusals);
+  tcase_add_test(tc, test_ir_text);
+  suite_add_tcase(s, tc);
+  return fbt_run(s);
+}

@@ -1,0 +1,270 @@
+/* The CPU device's thread pool: every index of [0, n) visited exactly once
+ * for many n, chunks well formed, reuse over many small launches, several
+ * threads launching on one pool at once, nested loops, and the launcher
+ * (serial and parallel tasks, error propagation). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/runtime.h"
+#include "tests/support/support.h"
+
+typedef struct visit {
+  atomic_uchar *seen;
+  int64_t n;
+  atomic_int bad_chunk; /* a chunk outside [0, n) or empty */
+  atomic_llong calls;
+} visit;
+
+static void mark(void *arg, int64_t lo, int64_t hi) {
+  visit *v = arg;
+  if (lo < 0 || hi > v->n || lo >= hi) atomic_store(&v->bad_chunk, 1);
+  for (int64_t i = lo; i < hi && i >= 0 && i < v->n; i++) atomic_fetch_add(&v->seen[i], 1);
+  atomic_fetch_add(&v->calls, 1);
+}
+
+/* Run one loop of n and check each index came exactly once. */
+static void check_cover(fb_pool *p, int64_t n) {
+  visit v;
+  v.n = n;
+  v.seen = calloc((size_t)(n ? n : 1), sizeof *v.seen);
+  ck_assert_ptr_nonnull(v.seen);
+  atomic_init(&v.bad_chunk, 0);
+  atomic_init(&v.calls, 0);
+  fb_pool_for(p, n, mark, &v);
+  ck_assert_int_eq(atomic_load(&v.bad_chunk), 0);
+  for (int64_t i = 0; i < n; i++)
+    ck_assert_msg(v.seen[i] == 1, "n=%lld: index %lld visited %d times", (long long)n,
+                  (long long)i, (int)v.seen[i]);
+  if (n == 0) ck_assert_int_eq(atomic_load(&v.calls), 0);
+  free(v.seen);
+}
+
+static const int64_t sizes[] = {0, 1, 2, 3, 7, 13, 97, 1021, 1023, 1024, 1025,
+                                2047, 4099, 65537, 131071, 1000000};
+
+START_TEST(cover_default_chunks) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(4, 0, &p, err, sizeof err), 0);
+  ck_assert_int_eq(fb_pool_threads(p), 4);
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) check_cover(p, sizes[i]);
+  fb_pool_free(p);
+}
+END_TEST
+
+START_TEST(cover_small_chunks) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(3, 1, &p, err, sizeof err), 0);
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) check_cover(p, sizes[i]);
+  fb_pool_free(p);
+}
+END_TEST
+
+START_TEST(cover_one_thread_and_default) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(1, 1, &p, err, sizeof err), 0);
+  check_cover(p, 1000);
+  fb_pool_free(p);
+  ck_assert_int_eq(fb_pool_new(0, 0, &p, err, sizeof err), 0);
+  ck_assert_int_eq(fb_pool_threads(p), fb_cpu_cores());
+  check_cover(p, 100000);
+  fb_pool_free(p);
+  ck_assert_int_eq(fb_pool_new(-1, 0, &p, err, sizeof err), FB_EINVAL);
+  ck_assert_ptr_null(p);
+}
+END_TEST
+
+/* Many chunks are handed out: a chunk-size-1 pool with n = 8 must call the
+ * body more than once (the split happens whoever runs the chunks). */
+START_TEST(splits_into_chunks) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(2, 1, &p, err, sizeof err), 0);
+  visit v;
+  v.n = 8;
+  v.seen = calloc(8, sizeof *v.seen);
+  atomic_init(&v.bad_chunk, 0);
+  atomic_init(&v.calls, 0);
+  fb_pool_for(p, 8, mark, &v);
+  ck_assert_int_gt(atomic_load(&v.calls), 1);
+  free(v.seen);
+  fb_pool_free(p);
+}
+END_TEST
+
+static void add_range(void *arg, int64_t lo, int64_t hi) {
+  atomic_llong *sum = arg;
+  long long s = 0;
+  for (int64_t i = lo; i < hi; i++) s += i;
+  atomic_fetch_add(sum, s);
+}
+
+START_TEST(reuse_many_small_launches) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(4, 1, &p, err, sizeof err), 0);
+  for (int r = 0; r < 10000; r++) {
+    atomic_llong sum;
+    atomic_init(&sum, 0);
+    int64_t n = 1 + r % 67;
+    fb_pool_for(p, n, add_range, &sum);
+    ck_assert_int_eq(atomic_load(&sum), n * (n - 1) / 2);
+  }
+  fb_pool_free(p);
+}
+END_TEST
+
+typedef struct runner {
+  fb_pool *p;
+  int ok;
+} runner;
+
+static void *launch_many(void *arg) {
+  runner *r = arg;
+  r->ok = 1;
+  for (int it = 0; it < 2000; it++) {
+    atomic_llong sum;
+    atomic_init(&sum, 0);
+    int64_t n = 1 + (it * 7919) % 5000;
+    fb_pool_for(r->p, n, add_range, &sum);
+    if (atomic_load(&sum) != n * (n - 1) / 2) r->ok = 0;
+  }
+  return NULL;
+}
+
+START_TEST(concurrent_callers) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(3, 16, &p, err, sizeof err), 0);
+  pthread_t th[2];
+  runner r[2] = {{p, 0}, {p, 0}};
+  for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&th[i], NULL, launch_many, &r[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  ck_assert_int_eq(r[0].ok, 1);
+  ck_assert_int_eq(r[1].ok, 1);
+  fb_pool_free(p);
+}
+END_TEST
+
+typedef struct nested {
+  fb_pool *p;
+  atomic_llong total;
+} nested;
+
+static void inner_rows(void *arg, int64_t lo, int64_t hi) {
+  nested *ns = arg;
+  for (int64_t i = lo; i < hi; i++) {
+    atomic_llong sum;
+    atomic_init(&sum, 0);
+    fb_pool_for(ns->p, 100, add_range, &sum);
+    atomic_fetch_add(&ns->total, atomic_load(&sum));
+  }
+}
+
+START_TEST(nested_loops) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(3, 1, &p, err, sizeof err), 0);
+  nested ns;
+  ns.p = p;
+  atomic_init(&ns.total, 0);
+  fb_pool_for(p, 50, inner_rows, &ns);
+  ck_assert_int_eq(atomic_load(&ns.total), 50LL * 4950);
+  fb_pool_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- launcher */
+
+static void serial_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  int64_t *cells = (int64_t *)ctx->root;
+  cells[0] = (int64_t)ctx->args[0]; /* n for the next task */
+  ctx->rets[0]++;
+}
+
+static void par_bounds(fb_rt_ctx *ctx, int64_t *n) { *n = ((int64_t *)ctx->root)[0]; }
+
+static void par_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  int64_t *cells = (int64_t *)ctx->root;
+  for (int64_t i = lo; i < hi; i++) cells[1 + i] = i * 3;
+}
+
+static void oob_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  int32_t zero = 0;
+  __atomic_compare_exchange_n(ctx->error, &zero, FB_EBOUNDS, 0, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
+}
+
+START_TEST(launcher_runs_tasks_in_order) {
+  fb_cpu_device *d;
+  char err[256];
+  ck_assert_int_eq(fb_cpu_device_new(2, &d, err, sizeof err), 0);
+  fb_devmem m;
+  ck_assert_int_eq(fb_devmem_init(&m, 8 * 5001, 0, err, sizeof err), 0);
+  ck_assert_int_eq((uintptr_t)m.root % 64, 0);
+  ck_assert_int_eq(fb_devmem_reserve(&m, 64, 1, err, sizeof err), 0);
+  uint64_t args[1] = {5000};
+  int32_t error = 0;
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL};
+  fb_rt_task tasks[3] = {{serial_body, NULL}, {par_body, par_bounds}, {oob_body, NULL}};
+  double secs = -1;
+  int failed = 7;
+  ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 2, &secs, &failed), 0);
+  ck_assert(secs >= 0);
+  ck_assert_int_eq(failed, -1);
+  const int64_t *cells = (const int64_t *)m.root;
+  for (int i = 0; i < 5000; i++) ck_assert_int_eq(cells[1 + i], i * 3);
+  ck_assert_int_eq(m.rets[0], 1);
+  /* the bounds error of task 2 is reported, the parallel task before it ran */
+  memset(m.root + 8, 0, 8 * 5000);
+  tasks[0] = tasks[1];
+  tasks[1] = tasks[2];
+  tasks[2] = tasks[0];
+  ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 3, &secs, &failed), FB_EBOUNDS);
+  ck_assert_int_eq(failed, 1);
+  ck_assert_int_eq(cells[5000], 4999 * 3);
+  fb_devmem_release(&m);
+  fb_cpu_device_free(d);
+}
+END_TEST
+
+START_TEST(devmem_quota) {
+  fb_devmem m;
+  char err[256];
+  ck_assert_int_eq(fb_devmem_init(&m, 1 << 20, 1000, err, sizeof err), FB_EQUOTA);
+  ck_assert_ptr_nonnull(strstr(err, "1048576"));
+  ck_assert_ptr_nonnull(strstr(err, "1000"));
+  ck_assert_int_eq(fb_devmem_init(&m, 512, 1000, err, sizeof err), 0);
+  ck_assert_int_eq(fb_devmem_reserve(&m, 600, 1, err, sizeof err), FB_EQUOTA);
+  ck_assert_int_eq(fb_devmem_reserve(&m, 488, 1, err, sizeof err), 0);
+  ck_assert_int_eq(fb_devmem_used(&m), 1000);
+  fb_devmem_release(&m);
+  /* big roots arrive zeroed */
+  ck_assert_int_eq(fb_devmem_init(&m, 3 << 20, 0, err, sizeof err), 0);
+  for (size_t i = 0; i < (3u << 20); i += 4093) ck_assert_int_eq(m.root[i], 0);
+  fb_devmem_release(&m);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("threadpool");
+  TCase *tc = tcase_create("pool");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, cover_default_chunks);
+  tcase_add_test(tc, cover_small_chunks);
+  tcase_add_test(tc, cover_one_thread_and_default);
+  tcase_add_test(tc, splits_into_chunks);
+  tcase_add_test(tc, reuse_many_small_launches);
+  tcase_add_test(tc, concurrent_callers);
+  tcase_add_test(tc, nested_loops);
+  tcase_add_test(tc, launcher_runs_tasks_in_order);
+  tcase_add_test(tc, devmem_quota);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return fbt_run(suite()); }
