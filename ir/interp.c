@@ -395,7 +395,7 @@ static int operand_id(run *r, int id, int i, int *out) {
 
 /* The value of operand i (which must produce a value). */
 static int operand(run *r, int id, int i, fb_value *v) {
-  int a, rc = operand_id(r, id, i, &a);
+  int a = -1, rc = operand_id(r, id, i, &a);
   if (rc) return rc;
   if (!valid_type(r->vals[a].type))
     return bad(r, FB_EINVAL, id, "operand %d (%%%d) has no value", i, a);
@@ -405,7 +405,7 @@ static int operand(run *r, int id, int i, fb_value *v) {
 
 /* An operand that must be an i32 (indices, range bounds). */
 static int operand_i32(run *r, int id, int i, int64_t *out) {
-  fb_value v;
+  fb_value v = {0};
   int rc = operand(r, id, i, &v);
   if (rc) return rc;
   if (v.type != FB_T_I32) return bad(r, FB_EINVAL, id, "operand %d must be i32", i);
@@ -492,7 +492,7 @@ static void *elem_ptr(run *r, const fb_snode *sn, int64_t flat) {
 }
 
 static int exec_load(run *r, int id) {
-  const fb_snode *sn;
+  const fb_snode *sn = NULL;
   int64_t idx[FB_MAX_AXES], flat;
   int inb, rc;
   if ((rc = stmt_snode(r, id, 1, &sn)) || (rc = check_nargs(r, id, sn, 0)) ||
@@ -503,7 +503,7 @@ static int exec_load(run *r, int id) {
 }
 
 static int exec_store(run *r, int id) {
-  const fb_snode *sn;
+  const fb_snode *sn = NULL;
   int64_t idx[FB_MAX_AXES], flat;
   int inb, rc;
   fb_value v;
@@ -537,7 +537,7 @@ static fb_op atomic_base(fb_op op) {
  * type: f32 fields add in float, min/max on floats are fmin/fmax). */
 static int exec_atomic(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
-  const fb_snode *sn;
+  const fb_snode *sn = NULL;
   int64_t idx[FB_MAX_AXES], flat;
   int inb, rc;
   fb_value v, old, nv;
@@ -563,7 +563,7 @@ static int exec_atomic(run *r, int id) {
  * length need sparse SNodes, which this version does not run. */
 static int exec_sparse(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
-  const fb_snode *sn;
+  const fb_snode *sn = NULL;
   int64_t idx[FB_MAX_AXES], flat;
   int inb, rc;
   if (s->op != FB_OP_IS_ACTIVE && s->op != FB_OP_ACTIVATE)
@@ -656,7 +656,7 @@ static int exec_compare(run *r, int id) {
 }
 
 static int exec_unary(run *r, int id) {
-  fb_value a;
+  fb_value a = {0};
   int rc;
   if ((rc = operand(r, id, 0, &a)) || (rc = result_type(r, id, a.type))) return rc;
   if (unop((fb_op)r->k->stmts[id].op, a.type, a, &r->vals[id]))
@@ -677,7 +677,7 @@ static int local_var(run *r, int id, int *var) {
 
 static int exec_local(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
-  int var, rc;
+  int var = -1, rc;
   fb_value v;
   if (s->op == FB_OP_ALLOCA) {
     if (!valid_type(s->type)) return bad(r, FB_EINVAL, id, "variable of no type");
@@ -756,7 +756,7 @@ static int exec_ret(run *r, int id) {
 
 static int exec_loop_index(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
-  int loop, rc;
+  int loop = -1, rc;
   if ((rc = operand_id(r, id, 0, &loop)) || (rc = result_type(r, id, FB_T_I32))) return rc;
   const fb_stmt *ls = &r->k->stmts[loop];
   int n = 0;
@@ -787,7 +787,7 @@ static int loop_body(run *r, int id, int serial) {
 static int exec_range(run *r, int id, int top) {
   const fb_stmt *s = &r->k->stmts[id];
   int serial = s->op == FB_OP_RANGE_FOR;
-  int64_t b, e;
+  int64_t b = 0, e = 0;
   int rc;
   if ((rc = operand_i32(r, id, 0, &b)) || (rc = operand_i32(r, id, 1, &e))) return rc;
   for (int64_t i = b; i < e; i++) {
@@ -804,7 +804,7 @@ static int exec_range(run *r, int id, int top) {
  * order (on a dense path all cells are active). The linear cell number keys
  * rand() when the loop is top-level. */
 static int exec_struct_for(run *r, int id, int top) {
-  const fb_snode *sn;
+  const fb_snode *sn = NULL;
   int rc = stmt_snode(r, id, 0, &sn);
   if (rc) return rc;
   if (on_sparse_path(r->l, sn->id))

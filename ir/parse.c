@@ -855,7 +855,7 @@ static int claim_id(parser *P, pstmt *ps, int id, int col, int *reg) {
 
 /* "%N =" or "%N:" before the op; a loop's own "%N" after it. */
 static int stmt_head(parser *P, pstmt *ps, int *form, int *reg) {
-  int id = -1, named = 0, op, ty, col = cur(P)->col;
+  int id = -1, named = 0, op = FB_OP_CONST, ty = -1, col = cur(P)->col;
   ps->s = blank_stmt(FB_OP_CONST);
   ps->id = -1;
   if (cur(P)->kind == TK_ID) {

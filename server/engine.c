@@ -27,7 +27,6 @@ struct fb_engine {
   fb_cpu_jit *jit;
   fb_cpu_device *dev;
   pthread_mutex_t mu; /* guards err */
-  char err[ERRLEN];   /* why the last fb_session_create failed */
 };
 
 typedef struct sess_kernel {
@@ -118,16 +117,6 @@ void fb_engine_destroy(fb_engine *e) {
 
 const char *fb_engine_backend(const fb_engine *e) { return "cpu"; }
 
-/* Why the last fb_session_create on e failed (engine.h has no place for it
- * yet: see the report). */
-const char *fb_engine_errmsg(fb_engine *e);
-const char *fb_engine_errmsg(fb_engine *e) { return e->err; }
-
-static void engine_err(fb_engine *e, const char *msg) {
-  pthread_mutex_lock(&e->mu);
-  snprintf(e->err, sizeof e->err, "%s", msg);
-  pthread_mutex_unlock(&e->mu);
-}
 
 /* ---------------------------------------------------------------- sessions */
 
@@ -136,23 +125,23 @@ static int check_mode(const char *mode) {
 }
 
 int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layout *layout,
-                      fb_session **out) {
+                      fb_session **out, char *err, size_t errlen) {
   char msg[ERRLEN];
   *out = NULL;
   if (!e || !layout) return FB_EINVAL;
   if (!layout->finalized) {
-    engine_err(e, "the session's layout is not finalized");
+    set_err(err, errlen, "the session's layout is not finalized");
     return FB_EINVAL;
   }
   if (cfg && !check_mode(cfg->mode)) {
     snprintf(msg, sizeof msg, "unknown session mode '%s' (expected sync or async)", cfg->mode);
-    engine_err(e, msg);
+    set_err(err, errlen, msg);
     return FB_EINVAL;
   }
   fb_session *s = calloc(1, sizeof *s);
   if (!s || !(s->layout = fb_layout_clone(layout))) {
     free(s);
-    engine_err(e, "out of memory");
+    set_err(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   s->e = e;
@@ -161,7 +150,7 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
                           sizeof msg);
   if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
   if (rc) {
-    engine_err(e, msg);
+    set_err(err, errlen, msg);
     fb_session_destroy(s);
     return rc;
   }

@@ -10,7 +10,7 @@
 
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
-#include "tests/support/support.h"
+#include "support.h"
 
 static fb_engine *eng;
 
@@ -49,7 +49,7 @@ static int place(fb_layout *l, int parent, const char *name, fb_type t) {
 static fb_session *new_session(const fb_layout *l, uint64_t seed, uint64_t limit) {
   fb_session_config sc = {"sync", seed, limit};
   fb_session *s = NULL;
-  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s), 0);
+  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, NULL, 0), 0);
   return s;
 }
 
@@ -724,8 +724,10 @@ START_TEST(memory_limit) {
   finalize(l);
   fb_session_config sc = {"sync", 0, 1000};
   fb_session *s = NULL;
-  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s), FB_EQUOTA);
+  char cerr[256] = "";
+  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, cerr, sizeof cerr), FB_EQUOTA);
   ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(cerr, "1000"), "message names the limit: %s", cerr);
   /* exactly the fields fit; a kernel that needs scratch does not */
   s = new_session(l, 0, l->root_bytes);
   fb_kernel *k = remat_kernel(l, fa, fb, c0, out);
@@ -772,10 +774,10 @@ START_TEST(unfinalized_layout) {
   fb_layout *l = fb_layout_new();
   place(l, dense(l, 0, "i", 4, 0), "a", FB_T_I32);
   fb_session *s = NULL;
-  ck_assert_int_eq(fb_session_create(eng, NULL, l, &s), FB_EINVAL);
+  ck_assert_int_eq(fb_session_create(eng, NULL, l, &s, NULL, 0), FB_EINVAL);
   ck_assert_ptr_null(s);
   finalize(l);
-  ck_assert_int_eq(fb_session_create(eng, NULL, l, &s), 0);
+  ck_assert_int_eq(fb_session_create(eng, NULL, l, &s, NULL, 0), 0);
   fb_session_destroy(s);
   fb_layout_free(l);
 }
@@ -793,7 +795,7 @@ static void *session_thread(void *arg) {
   worker *w = arg;
   fb_session *s = NULL;
   fb_session_config sc = {"sync", 0, 0};
-  if (fb_session_create(eng, &sc, w->l, &s)) return NULL;
+  if (fb_session_create(eng, &sc, w->l, &s, NULL, 0)) return NULL;
   fb_type p[1] = {FB_T_I32};
   fb_kernel *k = fb_kernel_new(w->l, "bump", 1, p, FB_T_VOID);
   fb_builder b;

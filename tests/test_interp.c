@@ -109,7 +109,7 @@ static fb_value eval(fb_op op, fb_type to, const fb_value *ops, int nops) {
     fb_kernel *k = fb_kernel_new(l, "eval", use_const ? 0 : nops, params, FB_T_VOID);
     fb_builder b;
     fb_builder_init(&b, k);
-    int a[3], id;
+    int a[3] = {-1, -1, -1}, id;
     for (int i = 0; i < nops; i++) a[i] = use_const ? fb_b_const(&b, ops[i]) : fb_b_arg(&b, i);
     if (op == FB_OP_CAST) id = fb_b_cast(&b, to, a[0]);
     else if (op == FB_OP_SELECT) id = fb_b_select(&b, a[0], a[1], a[2]);

@@ -43,9 +43,16 @@ static int assemble(const char *ptxas, const char *ptx, const char *arch, const 
   ck_assert_ptr_nonnull(f);
   fputs(ptx, f);
   fclose(f);
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "'%s' -arch=%s '%s' -o /dev/null", ptxas, arch, path);
+  /* sized to fit: $FB_PTXAS may name a path of any length */
+#define PTXAS_CMD "'%s' -arch=%s '%s' -o /dev/null"
+  int need = snprintf(NULL, 0, PTXAS_CMD, ptxas, arch, path);
+  ck_assert_int_ge(need, 0);
+  char *cmd = malloc((size_t)need + 1);
+  ck_assert_ptr_nonnull(cmd);
+  snprintf(cmd, (size_t)need + 1, PTXAS_CMD, ptxas, arch, path);
+#undef PTXAS_CMD
   int st = system(cmd);
+  free(cmd);
   int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   if (rc != 0) fprintf(stderr, "ptxas failed (%d) on %s for %s: kept %s\n", rc, what, arch, path);
   else unlink(path);

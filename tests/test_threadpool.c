@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "runtime/runtime.h"
-#include "tests/support/support.h"
+#include "support.h"
 
 typedef struct visit {
   atomic_uchar *seen;

@@ -50,9 +50,11 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
 void fb_engine_destroy(fb_engine *e);
 const char *fb_engine_backend(const fb_engine *e); /* "cpu" or "cuda" */
 
-/* The session copies the layout (which must be finalized). */
+/* The session copies the layout (which must be finalized). On failure err
+ * (may be NULL) says why: an unfinalized layout, an unknown mode, or the
+ * field storage over the memory limit (FB_EQUOTA). */
 int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layout *layout,
-                      fb_session **out);
+                      fb_session **out, char *err, size_t errlen);
 void fb_session_destroy(fb_session *s);
 const char *fb_session_errmsg(const fb_session *s);
 const fb_layout *fb_session_layout(const fb_session *s);

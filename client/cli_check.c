@@ -1,0 +1,147 @@
+/* `fusebox check` and `fusebox ir`: the front end's diagnostics, and the IR
+ * of each kernel and of the tasks it lowers to. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli.h"
+#include "fusebox/lang.h"
+#include "optimizer/optimizer.h"
+
+/* Parse FILE; on failure print the rendered diagnostics. */
+static fb_program *load(const char *path, char **src_out) {
+  char *src = fb_cli_read_file(path, NULL);
+  if (!src) {
+    fprintf(stderr, "%s: %s\n", path, strerror(errno));
+    return NULL;
+  }
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  if (fb_program_parse(path, src, &p, &d)) {
+    char *r = fb_diags_render(path, src, &d);
+    fputs(r ? r : "parse failed\n", stderr);
+    fprintf(stderr, "%d error%s\n", d.n, d.n == 1 ? "" : "s");
+    free(r);
+    p = NULL;
+  }
+  fb_diags_free(&d);
+  *src_out = src;
+  return p;
+}
+
+int fb_cli_check(int argc, char **argv) {
+  if (fb_cli_wants_help(argc, argv) || argc != 2) {
+    fprintf(argc == 2 ? stdout : stderr,
+            "usage: fusebox check FILE.fbk\n"
+            "  Parses and type-checks the program: every error is printed as\n"
+            "  file:line:col: error: message, with the line and a caret.\n"
+            "  Exit status 0 only when the file is valid.\n"
+            "example: fusebox check examples/heat.fbk\n");
+    return argc == 2 ? 0 : 2;
+  }
+  char *src;
+  fb_program *p = load(argv[1], &src);
+  free(src);
+  if (!p) return 1;
+  printf("%s: ok (%d field%s, %d kernel%s, %d func%s)\n", argv[1], fb_program_nfields(p),
+         fb_program_nfields(p) == 1 ? "" : "s", fb_program_nkernels(p),
+         fb_program_nkernels(p) == 1 ? "" : "s", fb_program_nfuncs(p),
+         fb_program_nfuncs(p) == 1 ? "" : "s");
+  fb_program_free(p);
+  return 0;
+}
+
+static int print_kernel(fb_program *p, const fb_lang_kernel *lk, char **binds, int nb, int tasks) {
+  fb_kernel *k;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, lk->name, (const char *const *)binds, nb, &k, &d);
+  if (rc) {
+    char *r = fb_diags_render(fb_program_filename(p), fb_program_source(p), &d);
+    fprintf(stderr, "%s", r ? r : fb_strerror(rc));
+    free(r);
+    fb_diags_free(&d);
+    return 1;
+  }
+  fb_diags_free(&d);
+  printf("\n");
+  fb_kernel_fprint(stdout, k);
+  if (!tasks) return 0;
+  fb_task_list tl;
+  char err[256] = "";
+  if (fb_lower(k, &tl, err, sizeof err)) {
+    fprintf(stderr, "lowering %s: %s\n", k->name, err);
+    return 1;
+  }
+  for (int t = 0; t < tl.n; t++) {
+    printf("\n# task %d of %s: %s\n", t, k->name, fb_task_kind_name(tl.v[t].kind));
+    fb_kernel_fprint(stdout, tl.v[t].ir);
+  }
+  fb_task_list_free(&tl);
+  return 0;
+}
+
+/* Split "a,b,c" in place into at most max names. */
+static int split_binds(char *s, char **out, int max) {
+  int n = 0;
+  for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ",")) out[n++] = tok;
+  return n;
+}
+
+int fb_cli_ir(int argc, char **argv) {
+  const char *file = NULL, *only = NULL;
+  char *bind = NULL;
+  int tasks = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--kernel") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--bind") && i + 1 < argc) bind = argv[++i];
+    else if (!strcmp(argv[i], "--no-tasks")) tasks = 0;
+    else if (argv[i][0] != '-' && !file) file = argv[i];
+    else file = NULL, i = argc;
+  }
+  if (fb_cli_wants_help(argc, argv) || !file) {
+    fprintf(file ? stdout : stderr,
+            "usage: fusebox ir FILE.fbk [--kernel NAME] [--bind F1,F2] [--no-tasks]\n"
+            "  Prints the layout and the IR of each kernel, then the tasks each kernel\n"
+            "  lowers to (one per top-level parallel loop, one per run of other\n"
+            "  statements). Kernels with field parameters need --bind with the fields\n"
+            "  to instantiate them with (and --kernel); others are skipped.\n"
+            "examples:\n"
+            "  fusebox ir examples/heat.fbk\n"
+            "  fusebox ir examples/saxpy.fbk --kernel saxpy --bind x,y\n");
+    return fb_cli_wants_help(argc, argv) ? 0 : 2;
+  }
+  char *src;
+  fb_program *p = load(file, &src);
+  free(src);
+  if (!p) return 1;
+  char *lay = fb_layout_print(fb_program_layout(p));
+  fputs(lay ? lay : "", stdout);
+  free(lay);
+  char *binds[16];
+  int nb = bind ? split_binds(bind, binds, 16) : 0, rc = 0, shown = 0;
+  for (int i = 0; i < fb_program_nkernels(p); i++) {
+    const fb_lang_kernel *lk = fb_program_kernel(p, i);
+    if (only && strcmp(only, lk->name)) continue;
+    shown++;
+    if (lk->nfield_params != (only ? nb : 0)) {
+      if (only) {
+        fprintf(stderr, "%s takes %d field parameter%s: give them with --bind\n", lk->name,
+                lk->nfield_params, lk->nfield_params == 1 ? "" : "s");
+        rc = 1;
+      } else {
+        printf("\n# %s has field parameters: show it with --kernel %s --bind ...\n", lk->name, lk->name);
+      }
+      continue;
+    }
+    rc |= print_kernel(p, lk, binds, nb, tasks);
+  }
+  if (only && !shown) {
+    fprintf(stderr, "%s: no kernel named '%s'\n", file, only);
+    rc = 1;
+  }
+  fb_program_free(p);
+  return rc;
+}

@@ -1,0 +1,678 @@
+/* JSON session files: strict schema (unknown keys are errors naming their
+ * JSON path), ${param} substitution in the program text and in values, and
+ * the runner for setup / step / checks on an engine session. */
+#define _GNU_SOURCE
+#include "client/cli_session.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli.h"
+
+/* ---------------------------------------------------------------- errors */
+
+static int errf(char **err, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *m = NULL;
+  if (vasprintf(&m, fmt, ap) < 0) m = NULL;
+  va_end(ap);
+  free(*err);
+  *err = m;
+  return code;
+}
+
+/* ---------------------------------------------------------------- schema */
+
+typedef struct schema_ctx {
+  char **err;
+} schema_ctx;
+
+static int only_keys(json_t *obj, const char *path, const char *const *keys, char **err) {
+  if (!json_is_object(obj)) return errf(err, FB_EINVAL, "%s: expected an object", path);
+  const char *k;
+  json_t *v;
+  json_object_foreach(obj, k, v) {
+    int ok = 0;
+    for (int i = 0; keys[i]; i++) ok |= strcmp(keys[i], k) == 0;
+    if (!ok) {
+      char allowed[512] = "";
+      size_t o = 0;
+      for (int i = 0; keys[i] && o < sizeof allowed; i++)
+        o += (size_t)snprintf(allowed + o, sizeof allowed - o, "%s%s", i ? ", " : "", keys[i]);
+      return errf(err, FB_EINVAL, "%s.%s: unknown key (expected one of: %s)", path, k, allowed);
+    }
+  }
+  return 0;
+}
+
+static const char *const top_keys[] = {"name", "program", "source", "params", "session", "setup",
+                                       "step", "bench", "checks", NULL};
+static const char *const session_keys[] = {"backend", "mode", "passes", "flush_every",
+                                           "max_fuse_per_task", "compile_threads", "seed",
+                                           "memory_limit", NULL};
+static const char *const pass_keys[] = {"listgen", "demote", "fusion", "dse", NULL};
+static const char *const bench_keys[] = {"warmup", "repeat", "modes", NULL};
+
+static int check_actions(json_t *list, const char *path, char **err);
+
+static int check_action(json_t *a, const char *path, char **err) {
+  static const char *const launch_k[] = {"launch", "args", NULL};
+  static const char *const write_k[] = {"write", "from", NULL};
+  static const char *const repeat_k[] = {"repeat", "do", NULL};
+  static const char *const flush_k[] = {"flush", NULL};
+  static const char *const sync_k[] = {"sync", NULL};
+  if (!json_is_object(a)) return errf(err, FB_EINVAL, "%s: expected an action object", path);
+  if (json_object_get(a, "launch")) {
+    int rc = only_keys(a, path, launch_k, err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(a, "launch")))
+      return errf(err, FB_EINVAL, "%s.launch: expected a kernel name", path);
+    json_t *args = json_object_get(a, "args");
+    if (args && !json_is_array(args)) return errf(err, FB_EINVAL, "%s.args: expected an array", path);
+    return 0;
+  }
+  if (json_object_get(a, "write")) {
+    int rc = only_keys(a, path, write_k, err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(a, "write")) || !json_is_string(json_object_get(a, "from")))
+      return errf(err, FB_EINVAL, "%s: write needs a field name and \"from\": a .npy path", path);
+    return 0;
+  }
+  if (json_object_get(a, "repeat")) {
+    int rc = only_keys(a, path, repeat_k, err);
+    if (rc) return rc;
+    if (!json_is_integer(json_object_get(a, "repeat")) || json_integer_value(json_object_get(a, "repeat")) < 0)
+      return errf(err, FB_EINVAL, "%s.repeat: expected a count >= 0", path);
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s.do", path);
+    return check_actions(json_object_get(a, "do"), sub, err);
+  }
+  if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
+  if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
+  const char *k = json_object_iter_key(json_object_iter(a));
+  return errf(err, FB_EINVAL, "%s%s%s: unknown action (expected launch, write, repeat, flush or sync)",
+              path, k ? "." : "", k ? k : "");
+}
+
+static int check_actions(json_t *list, const char *path, char **err) {
+  if (!list) return 0;
+  if (!json_is_array(list)) return errf(err, FB_EINVAL, "%s: expected an array of actions", path);
+  size_t i;
+  json_t *a;
+  json_array_foreach(list, i, a) {
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+    int rc = check_action(a, sub, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int check_checks(json_t *list, char **err) {
+  static const char *const read_k[] = {"read", "sum", "equals", "min", "max", "rtol", "atol", "to", NULL};
+  static const char *const same_k[] = {"same_across_modes", NULL};
+  if (!list) return 0;
+  if (!json_is_array(list)) return errf(err, FB_EINVAL, "$.checks: expected an array");
+  size_t i;
+  json_t *c;
+  json_array_foreach(list, i, c) {
+    char path[64];
+    snprintf(path, sizeof path, "$.checks[%zu]", i);
+    if (json_object_get(c, "same_across_modes")) {
+      int rc = only_keys(c, path, same_k, err);
+      if (rc) return rc;
+      continue;
+    }
+    int rc = only_keys(c, path, read_k, err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(c, "read")))
+      return errf(err, FB_EINVAL, "%s: a check needs \"read\": FIELD or \"same_across_modes\"", path);
+  }
+  return 0;
+}
+
+static int check_schema(json_t *root, char **err) {
+  int rc = only_keys(root, "$", top_keys, err);
+  if (rc) return rc;
+  if (!!json_object_get(root, "program") == !!json_object_get(root, "source"))
+    return errf(err, FB_EINVAL, "$: give exactly one of \"program\" (a .fbk path) or \"source\"");
+  json_t *s = json_object_get(root, "session");
+  if (s && (rc = only_keys(s, "$.session", session_keys, err))) return rc;
+  if (s && json_object_get(s, "passes") &&
+      (rc = only_keys(json_object_get(s, "passes"), "$.session.passes", pass_keys, err)))
+    return rc;
+  json_t *b = json_object_get(root, "bench");
+  if (b && (rc = only_keys(b, "$.bench", bench_keys, err))) return rc;
+  if ((rc = check_actions(json_object_get(root, "setup"), "$.setup", err))) return rc;
+  if ((rc = check_actions(json_object_get(root, "step"), "$.step", err))) return rc;
+  return check_checks(json_object_get(root, "checks"), err);
+}
+
+/* ---------------------------------------------------------------- params */
+
+static int param_text(json_t *v, char *buf, size_t n) {
+  if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v)) snprintf(buf, n, "%.17g", json_real_value(v));
+  else if (json_is_string(v)) snprintf(buf, n, "%s", json_string_value(v));
+  else if (json_is_boolean(v)) snprintf(buf, n, "%s", json_is_true(v) ? "true" : "false");
+  else return -1;
+  return 0;
+}
+
+/* Replace every ${NAME} in text; NULL with err set on an unknown name. */
+static char *subst_text(const char *text, json_t *params, const char *where, char **err) {
+  size_t cap = strlen(text) + 64, n = 0;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  for (const char *p = text; *p;) {
+    const char *q = p[0] == '$' && p[1] == '{' ? strchr(p, '}') : NULL;
+    char val[128];
+    const char *piece = p;
+    size_t plen = 1;
+    if (q) {
+      char name[128];
+      snprintf(name, sizeof name, "%.*s", (int)(q - p - 2), p + 2);
+      json_t *v = params ? json_object_get(params, name) : NULL;
+      if (!v || param_text(v, val, sizeof val)) {
+        errf(err, FB_EINVAL, "%s: ${%s} is not a parameter (see \"params\")", where, name);
+        free(out);
+        return NULL;
+      }
+      piece = val;
+      plen = strlen(val);
+      p = q + 1;
+    } else {
+      p++;
+    }
+    if (n + plen + 1 > cap) {
+      cap = (n + plen + 1) * 2;
+      char *o = realloc(out, cap);
+      if (!o) { free(out); return NULL; }
+      out = o;
+    }
+    memcpy(out + n, piece, plen);
+    n += plen;
+  }
+  out[n] = 0;
+  return out;
+}
+
+/* Substitute params throughout a JSON value in place: a string that is a
+ * single ${NAME} becomes the parameter's value (so numbers can be
+ * parameters), other strings are substituted as text. */
+static json_t *subst_json(json_t *v, json_t *params, const char *path, char **err) {
+  if (json_is_string(v)) {
+    const char *s = json_string_value(v);
+    if (!strstr(s, "${")) return json_incref(v);
+    size_t len = strlen(s);
+    if (s[0] == '$' && s[1] == '{' && s[len - 1] == '}' && !memchr(s + 2, '}', len - 3)) {
+      char name[128];
+      snprintf(name, sizeof name, "%.*s", (int)(len - 3), s + 2);
+      json_t *p = params ? json_object_get(params, name) : NULL;
+      if (!p) {
+        errf(err, FB_EINVAL, "%s: ${%s} is not a parameter (see \"params\")", path, name);
+        return NULL;
+      }
+      return json_deep_copy(p);
+    }
+    char *t = subst_text(s, params, path, err);
+    if (!t) return NULL;
+    json_t *r = json_string(t);
+    free(t);
+    return r;
+  }
+  if (json_is_array(v)) {
+    json_t *r = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e) {
+      char sub[512];
+      snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+      json_t *c = subst_json(e, params, sub, err);
+      if (!c) { json_decref(r); return NULL; }
+      json_array_append_new(r, c);
+    }
+    return r;
+  }
+  if (json_is_object(v)) {
+    json_t *r = json_object();
+    const char *k;
+    json_t *e;
+    json_object_foreach(v, k, e) {
+      char sub[512];
+      snprintf(sub, sizeof sub, "%s.%s", path, k);
+      json_t *c = subst_json(e, params, sub, err);
+      if (!c) { json_decref(r); return NULL; }
+      json_object_set_new(r, k, c);
+    }
+    return r;
+  }
+  return json_incref(v);
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static char *join_path(const char *dir, const char *rel) {
+  char *p = NULL;
+  if (rel[0] == '/' || !dir[0]) return strdup(rel);
+  if (asprintf(&p, "%s/%s", dir, rel) < 0) return NULL;
+  return p;
+}
+
+static int load_program(fb_sess_file *f, json_t *params, char **err) {
+  json_t *prog = json_object_get(f->root, "program");
+  char *text;
+  if (prog) {
+    if (!json_is_string(prog)) return errf(err, FB_EINVAL, "$.program: expected a path");
+    f->program_path = join_path(f->dir, json_string_value(prog));
+    text = fb_cli_read_file(f->program_path, NULL);
+    if (!text) return errf(err, FB_EIO, "%s: %s (from $.program)", f->program_path, strerror(errno));
+  } else {
+    json_t *src = json_object_get(f->root, "source");
+    if (!json_is_string(src)) return errf(err, FB_EINVAL, "$.source: expected program text");
+    text = strdup(json_string_value(src));
+  }
+  f->source = subst_text(text, params, f->program_path ? f->program_path : "$.source", err);
+  free(text);
+  if (!f->source) return FB_EINVAL;
+  fb_diags d;
+  fb_diags_init(&d);
+  const char *fname = f->program_path ? f->program_path : "<source>";
+  int rc = fb_program_parse(fname, f->source, &f->prog, &d);
+  if (rc) {
+    char *r = fb_diags_render(fname, f->source, &d);
+    errf(err, rc, "%s", r ? r : "the program does not parse");
+    free(r);
+  }
+  fb_diags_free(&d);
+  return rc;
+}
+
+int fb_sess_load(const char *path, fb_sess_file *f, char **err) {
+  memset(f, 0, sizeof *f);
+  f->path = strdup(path);
+  const char *slash = strrchr(path, '/');
+  f->dir = slash ? strndup(path, (size_t)(slash - path)) : strdup("");
+  json_error_t je;
+  json_t *raw = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+  if (!raw) return errf(err, je.line > 0 ? FB_EPARSE : FB_EIO, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+  int rc = check_schema(raw, err);
+  if (rc) { json_decref(raw); return errf(err, rc, "%s: %s", path, *err); }
+  json_t *params = json_object_get(raw, "params");
+  if (params && !json_is_object(params)) {
+    json_decref(raw);
+    return errf(err, FB_EINVAL, "%s: $.params: expected an object of name: value", path);
+  }
+  f->root = subst_json(raw, params, "$", err);
+  if (!f->root) { json_decref(raw); return errf(err, FB_EINVAL, "%s: %s", path, *err); }
+  rc = load_program(f, params, err);
+  json_decref(raw);
+  json_t *name = json_object_get(f->root, "name");
+  f->name = strdup(json_is_string(name) ? json_string_value(name) : path);
+  return rc;
+}
+
+void fb_sess_free(fb_sess_file *f) {
+  if (f->prog) fb_program_free(f->prog);
+  json_decref(f->root);
+  free(f->path);
+  free(f->dir);
+  free(f->name);
+  free(f->program_path);
+  free(f->source);
+  memset(f, 0, sizeof *f);
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct kcache {
+  const fb_kernel *ir;
+  int id;
+} kcache;
+
+struct fb_sess_run {
+  fb_sess_file *f;
+  fb_sess_opts o;
+  fb_engine *eng;
+  fb_session *s;
+  kcache *kc;
+  int nkc, capkc;
+};
+
+fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
+
+int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
+  fb_sess_run *r = calloc(1, sizeof *r);
+  if (!r) return FB_ENOMEM;
+  r->f = f;
+  r->o = *o;
+  if (!r->o.out) r->o.out = stdout;
+  json_t *sc = json_object_get(f->root, "session");
+  const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
+                            ? json_string_value(json_object_get(sc, "backend")) : "auto";
+  const char *mode = o->mode ? o->mode
+                     : sc && json_is_string(json_object_get(sc, "mode"))
+                         ? json_string_value(json_object_get(sc, "mode")) : "sync";
+  fb_engine_config ec = {.backend = backend,
+                         .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
+  char msg[1024] = "";
+  int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
+  if (rc) { free(r); return errf(err, rc, "%s: $.session.backend: %s", f->path, msg); }
+  fb_session_config cfg = {.mode = mode,
+                           .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
+                           .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
+  rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
+  if (rc) {
+    fb_engine_destroy(r->eng);
+    free(r);
+    return errf(err, rc, "%s: cannot create the session: %s", f->path, msg);
+  }
+  *out = r;
+  return 0;
+}
+
+void fb_sess_stop(fb_sess_run *r) {
+  if (!r) return;
+  fb_session_destroy(r->s);
+  fb_engine_destroy(r->eng);
+  free(r->kc);
+  free(r);
+}
+
+static int kernel_id(fb_sess_run *r, const fb_kernel *ir, char **err) {
+  for (int i = 0; i < r->nkc; i++)
+    if (r->kc[i].ir == ir) return r->kc[i].id;
+  int id = fb_session_add_kernel(r->s, ir);
+  if (id < 0) return errf(err, id, "kernel %s: %s", ir->name, fb_session_errmsg(r->s));
+  if (r->nkc == r->capkc) {
+    r->capkc = r->capkc ? r->capkc * 2 : 16;
+    kcache *n = realloc(r->kc, sizeof *n * (size_t)r->capkc);
+    if (!n) return FB_ENOMEM;
+    r->kc = n;
+  }
+  r->kc[r->nkc++] = (kcache){ir, id};
+  return id;
+}
+
+static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
+  if (json_is_boolean(a)) { *v = fb_value_cast(fb_value_bool(json_is_true(a)), t); return 0; }
+  if (json_is_integer(a)) { *v = fb_value_cast(fb_value_i64(json_integer_value(a)), t); return 0; }
+  if (json_is_real(a)) {
+    double x = json_real_value(a);
+    if (!fb_type_is_float(t) && x != floor(x)) return FB_ETYPE;
+    *v = fb_value_cast(fb_value_f64(x), t);
+    return 0;
+  }
+  return FB_ETYPE;
+}
+
+static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  const char *name = json_string_value(json_object_get(a, "launch"));
+  int ki = fb_program_find_kernel(r->f->prog, name);
+  if (ki < 0) return errf(err, FB_ENOENT, "%s.launch: no kernel named '%s' in the program", path, name);
+  const fb_lang_kernel *lk = fb_program_kernel(r->f->prog, ki);
+  json_t *args = json_object_get(a, "args");
+  size_t na = args ? json_array_size(args) : 0;
+  if ((int)na != lk->nparams)
+    return errf(err, FB_ETYPE, "%s.args: kernel '%s' takes %d argument%s, %zu given", path, name,
+                lk->nparams, lk->nparams == 1 ? "" : "s", na);
+  const char *binds[16];
+  fb_value vals[32];
+  int nb = 0, nv = 0;
+  for (int i = 0; i < lk->nparams; i++) {
+    json_t *x = json_array_get(args, (size_t)i);
+    if (lk->params[i].is_field) {
+      if (!json_is_string(x) || nb >= 16)
+        return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' is a field: give its name", path, i,
+                    lk->params[i].name);
+      binds[nb++] = json_string_value(x);
+    } else if (nv >= 32 || scalar_arg(x, lk->params[i].type, &vals[nv++])) {
+      return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' needs a %s value", path, i,
+                  lk->params[i].name, fb_type_name(lk->params[i].type));
+    }
+  }
+  fb_kernel *ir;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(r->f->prog, name, binds, nb, &ir, &d);
+  if (rc) {
+    char *m = fb_diags_render(fb_program_filename(r->f->prog), fb_program_source(r->f->prog), &d);
+    fb_diags_free(&d);
+    errf(err, rc, "%s: cannot instantiate '%s': %s", path, name, m ? m : fb_strerror(rc));
+    free(m);
+    return rc;
+  }
+  fb_diags_free(&d);
+  int id = kernel_id(r, ir, err);
+  if (id < 0) return id;
+  fb_value ret;
+  rc = fb_launch(r->s, id, vals, nv, &ret);
+  if (rc) return errf(err, rc, "%s: launching %s: %s", path, ir->name, fb_session_errmsg(r->s));
+  if (r->o.verbose && lk->ret != FB_T_VOID)
+    fprintf(r->o.out, "%s returned %.17g\n", ir->name, fb_value_as_f64(ret));
+  return 0;
+}
+
+/* Field elements in the host layout: indices row-major, components last. */
+static int field_info(fb_sess_run *r, const char *name, const fb_lang_field **fld, int64_t *cells,
+                      char **err) {
+  int fi = fb_program_find_field(r->f->prog, name);
+  if (fi < 0) return errf(err, FB_ENOENT, "no field named '%s' in the program", name);
+  *fld = fb_program_field(r->f->prog, fi);
+  *cells = 1;
+  for (int d = 0; d < (*fld)->ndim; d++) *cells *= (*fld)->shape[d];
+  return 0;
+}
+
+static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err) {
+  const fb_lang_field *fld;
+  int64_t cells;
+  int rc = field_info(r, name, &fld, &cells, err);
+  if (rc) return rc;
+  size_t es = fb_type_size(fld->type);
+  memset(out, 0, sizeof *out);
+  out->type = fld->type;
+  out->ndim = fld->ndim;
+  for (int d = 0; d < fld->ndim; d++) out->shape[d] = fld->shape[d];
+  if (fld->rows) out->shape[out->ndim++] = fld->rows;
+  if (fld->cols) out->shape[out->ndim++] = fld->cols;
+  out->nbytes = (size_t)cells * (size_t)fld->ncomp * es;
+  out->data = malloc(out->nbytes ? out->nbytes : 1);
+  uint8_t *tmp = fld->ncomp > 1 ? malloc((size_t)cells * es) : NULL;
+  if (!out->data || (fld->ncomp > 1 && !tmp)) { free(tmp); fb_npy_free(out); return FB_ENOMEM; }
+  for (int c = 0; c < fld->ncomp; c++) {
+    uint8_t *dst = fld->ncomp > 1 ? tmp : out->data;
+    rc = fb_field_read(r->s, fld->places[c], dst, (size_t)cells * es);
+    if (rc) {
+      free(tmp);
+      fb_npy_free(out);
+      return errf(err, rc, "reading %s: %s", name, fb_session_errmsg(r->s));
+    }
+    for (int64_t i = 0; tmp && i < cells; i++)
+      memcpy((uint8_t *)out->data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, tmp + (size_t)i * es, es);
+  }
+  free(tmp);
+  return 0;
+}
+
+static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  const char *name = json_string_value(json_object_get(a, "write"));
+  char *file = join_path(r->f->dir, json_string_value(json_object_get(a, "from")));
+  const fb_lang_field *fld;
+  int64_t cells;
+  fb_npy arr;
+  char msg[512];
+  int rc = field_info(r, name, &fld, &cells, err);
+  if (rc) { free(file); return errf(err, rc, "%s.write: %s", path, *err); }
+  rc = fb_npy_read(file, &arr, msg, sizeof msg);
+  free(file);
+  if (rc) return errf(err, rc, "%s.from: %s", path, msg);
+  if (arr.type != fld->type || fb_npy_numel(&arr) != cells * fld->ncomp) {
+    errf(err, FB_ETYPE, "%s: field '%s' holds %lld %s values; the file has %lld %s values", path,
+         name, (long long)(cells * fld->ncomp), fb_type_name(fld->type),
+         (long long)fb_npy_numel(&arr), fb_type_name(arr.type));
+    fb_npy_free(&arr);
+    return FB_ETYPE;
+  }
+  size_t es = fb_type_size(fld->type);
+  uint8_t *tmp = malloc((size_t)cells * es + 1);
+  for (int c = 0; tmp && c < fld->ncomp && !rc; c++) {
+    for (int64_t i = 0; i < cells; i++)
+      memcpy(tmp + (size_t)i * es, (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
+    rc = fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
+  }
+  free(tmp);
+  fb_npy_free(&arr);
+  if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, fb_session_errmsg(r->s));
+  return tmp ? 0 : FB_ENOMEM;
+}
+
+static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
+
+static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  if (json_object_get(a, "launch")) return do_launch(r, a, path, err);
+  if (json_object_get(a, "write")) return do_write(r, a, path, err);
+  if (json_object_get(a, "repeat")) {
+    json_int_t n = json_integer_value(json_object_get(a, "repeat"));
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s.do", path);
+    for (json_int_t i = 0; i < n; i++) {
+      int rc = run_list(r, json_object_get(a, "do"), sub, err);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  /* flush and sync: every launch has completed in sync mode; fb_sync
+   * waits for whatever the session still holds. */
+  int rc = fb_sync(r->s);
+  return rc ? errf(err, rc, "%s: %s", path, fb_session_errmsg(r->s)) : 0;
+}
+
+static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) {
+  size_t i;
+  json_t *a;
+  json_array_foreach(list, i, a) {
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+    int rc = run_action(r, a, sub, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int fb_sess_actions(fb_sess_run *r, const char *list, char **err) {
+  json_t *l = json_object_get(r->f->root, list);
+  if (!l) return 0;
+  char path[64];
+  snprintf(path, sizeof path, "$.%s", list);
+  return run_list(r, l, path, err);
+}
+
+/* ---------------------------------------------------------------- checks */
+
+int fb_sess_read_f64(fb_sess_run *r, const char *field, double **vals, int64_t *n, char **err) {
+  fb_npy a;
+  int rc = read_field(r, field, &a, err);
+  if (rc) return rc;
+  *n = fb_npy_numel(&a);
+  *vals = malloc(sizeof(double) * (size_t)(*n ? *n : 1));
+  size_t es = fb_type_size(a.type);
+  for (int64_t i = 0; *vals && i < *n; i++)
+    (*vals)[i] = fb_value_as_f64(fb_value_load(a.type, (uint8_t *)a.data + (size_t)i * es));
+  fb_npy_free(&a);
+  return *vals ? 0 : FB_ENOMEM;
+}
+
+static double num(json_t *v, double dflt) { return v && json_is_number(v) ? json_number_value(v) : dflt; }
+
+static int close_enough(double got, double want, double rtol, double atol) {
+  if (isnan(got) || isnan(want)) return isnan(got) && isnan(want);
+  return fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+/* One "read" check; returns 1 when it failed, 0 when it passed, < 0 on error. */
+static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
+  const char *name = json_string_value(json_object_get(c, "read"));
+  FILE *o = r->o.out;
+  json_t *to = json_object_get(c, "to");
+  if (to) {
+    fb_npy a;
+    char msg[512];
+    int rc = read_field(r, name, &a, err);
+    if (rc) return errf(err, rc, "$.checks[%zu]: %s", idx, *err);
+    char *file = join_path(r->f->dir, json_string_value(to));
+    rc = fb_npy_write(file, &a, msg, sizeof msg);
+    fb_npy_free(&a);
+    if (rc) { free(file); return errf(err, rc, "$.checks[%zu].to: %s", idx, msg); }
+    fprintf(o, "ok    checks[%zu] %s saved to %s\n", idx, name, file);
+    free(file);
+  }
+  json_t *sum = json_object_get(c, "sum"), *eq = json_object_get(c, "equals");
+  json_t *mn = json_object_get(c, "min"), *mx = json_object_get(c, "max");
+  if (!sum && !eq && !mn && !mx) return 0;
+  double rtol = num(json_object_get(c, "rtol"), 1e-6), atol = num(json_object_get(c, "atol"), 0);
+  double *v;
+  int64_t n;
+  int rc = fb_sess_read_f64(r, name, &v, &n, err);
+  if (rc) return errf(err, rc, "$.checks[%zu]: %s", idx, *err);
+  int failed = 0;
+  if (sum) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += v[i];
+    int ok = close_enough(s, json_number_value(sum), rtol, atol);
+    fprintf(o, "%s checks[%zu] sum(%s) = %.9g, expected %.9g (rtol %g)\n", ok ? "ok   " : "FAIL ",
+            idx, name, s, json_number_value(sum), rtol);
+    failed |= !ok;
+  }
+  if (eq) {
+    int64_t bad = -1;
+    size_t ne = json_is_array(eq) ? json_array_size(eq) : 0;
+    if (json_is_array(eq) && (int64_t)ne != n) {
+      fprintf(o, "FAIL  checks[%zu] %s has %lld values, expected %zu\n", idx, name, (long long)n, ne);
+      failed = 1;
+    } else {
+      for (int64_t i = 0; i < n && bad < 0; i++) {
+        double want = json_is_array(eq) ? num(json_array_get(eq, (size_t)i), NAN) : num(eq, NAN);
+        if (!close_enough(v[i], want, rtol, atol)) bad = i;
+      }
+      double want = bad < 0 ? 0 : json_is_array(eq) ? num(json_array_get(eq, (size_t)bad), NAN) : num(eq, NAN);
+      if (bad < 0) fprintf(o, "ok    checks[%zu] %s equals the expected value%s\n", idx, name, n > 1 ? "s" : "");
+      else fprintf(o, "FAIL  checks[%zu] %s[%lld] = %.9g, expected %.9g (off by %.3g, rtol %g)\n", idx,
+                   name, (long long)bad, v[bad], want, v[bad] - want, rtol);
+      failed |= bad >= 0;
+    }
+  }
+  if (mn || mx) {
+    double lo = num(mn, -INFINITY), hi = num(mx, INFINITY), vmin = INFINITY, vmax = -INFINITY;
+    int64_t nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (isnan(v[i])) nan++;
+      vmin = fmin(vmin, v[i]);
+      vmax = fmax(vmax, v[i]);
+    }
+    int ok = !nan && vmin >= lo - atol && vmax <= hi + atol;
+    fprintf(o, "%s checks[%zu] %s in [%.9g, %.9g]: values span [%.9g, %.9g]%s\n", ok ? "ok   " : "FAIL ",
+            idx, name, lo, hi, vmin, vmax, nan ? " and include NaN" : "");
+    failed |= !ok;
+  }
+  free(v);
+  return failed;
+}
+
+int fb_sess_checks(fb_sess_run *r, char **err) {
+  json_t *checks = json_object_get(r->f->root, "checks");
+  size_t i;
+  json_t *c;
+  int failed = 0;
+  json_array_foreach(checks, i, c) {
+    if (json_object_get(c, "same_across_modes")) continue; /* a bench check */
+    int rc = run_check(r, c, i, err);
+    if (rc < 0) return rc;
+    failed += rc;
+  }
+  return failed;
+}

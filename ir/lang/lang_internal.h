@@ -1,0 +1,367 @@
+/* Internal header of the .fbk front end (ir/lang/): tokens, the syntax tree,
+ * the program tables and the lowering context shared by the lexer, parser,
+ * layout builder, type checker/lowerer and the vector/matrix builtins.
+ *
+ * Pipeline: lang_lex (tokens) -> lang_parse (syntax tree in the program's
+ * arena) -> lang_build_layout (fb_layout + field table) -> lang_lower_kernel
+ * (type check and emit IR through the fb_b_* builder, one call per kernel
+ * instantiation). Every stage reports into an fb_diags and keeps going. */
+#ifndef FB_LANG_INTERNAL_H
+#define FB_LANG_INTERNAL_H
+
+#include <stdint.h>
+
+#include "fusebox/lang.h"
+#include "../ir_internal.h"
+
+/* ---------------------------------------------------------------- arena */
+
+typedef struct lang_chunk lang_chunk;
+typedef struct lang_arena {
+  lang_chunk *head;
+  int failed; /* an allocation failed at least once */
+} lang_arena;
+
+void *la_alloc(lang_arena *a, size_t n); /* zeroed; NULL on failure */
+char *la_strndup(lang_arena *a, const char *s, size_t n);
+void la_free(lang_arena *a);
+
+/* ---------------------------------------------------------------- tokens */
+
+enum {
+  T_EOF = 0, T_NEWLINE, T_IDENT, T_INT, T_FLOAT,
+  T_LPAREN, T_RPAREN, T_LBRACE, T_RBRACE, T_LBRACK, T_RBRACK,
+  T_COMMA, T_COLON, T_SEMI, T_DOT, T_DOTDOT, T_ARROW, T_QUESTION,
+  T_PLUS, T_MINUS, T_STAR, T_SLASH, T_SLASHSLASH, T_PERCENT, T_STARSTAR, T_AT,
+  T_ASSIGN, T_EQ, T_NE, T_LT, T_LE, T_GT, T_GE, T_ANDAND, T_OROR, T_BANG,
+  T_AMP, T_PIPE, T_CARET, T_TILDE, T_SHL, T_SHR,
+  T_PLUSEQ, T_MINUSEQ, T_STAREQ, T_SLASHEQ, T_AMPEQ, T_PIPEEQ, T_CARETEQ,
+  T_MINEQ, T_MAXEQ, T_SLASHSLASHEQ, T_PERCENTEQ, T_STARSTAREQ, T_SHLEQ, T_SHREQ,
+  /* keywords */
+  T_KERNEL, T_FUNC, T_LET, T_VAR, T_IF, T_ELSE, T_WHILE, T_FOR, T_IN,
+  T_BREAK, T_CONTINUE, T_RETURN, T_TRUE, T_FALSE,
+  T__COUNT
+};
+
+typedef struct token {
+  int kind;
+  int line, col;
+  const char *p; /* into the source */
+  int len;
+  uint64_t ival;
+  double fval;
+} token;
+
+/* Tokenize src. Newlines are tokens only where they can end a statement
+ * (after a name, literal, closing bracket or break/continue/return) and
+ * outside ( ) and [ ]. Errors go to d; the token array always ends in T_EOF. */
+int lang_lex(const char *src, token **out, int *ntok, fb_diags *d);
+const char *lang_tok_name(int kind); /* "'{'", "identifier", ... */
+
+/* ---------------------------------------------------------------- types */
+
+/* A value type: element type and shape (rows = 0: scalar; cols = 0: vector
+ * of rows; else matrix rows x cols). */
+typedef struct lty {
+  fb_type t;
+  uint8_t rows, cols;
+} lty;
+
+/* ---------------------------------------------------------------- syntax tree */
+
+enum {
+  /* expressions */
+  E_INT = 1, E_FLOAT, E_BOOL, E_NAME, E_UNARY, E_BINARY, E_CMP, E_TERNARY,
+  E_CALL, E_INDEX, E_LIST, E_CTOR,
+  /* statements */
+  S_BLOCK, S_LET, S_LET_TUPLE, S_VAR, S_ASSIGN, S_EXPR, S_IF, S_WHILE,
+  S_FOR_RANGE, S_FOR_IN, S_BREAK, S_CONTINUE, S_RETURN,
+  /* declarations */
+  D_LAYOUT, D_SNODE, D_PLACE, D_FUNC, D_KERNEL, D_PARAM
+};
+
+typedef struct node node;
+struct node {
+  int kind;
+  int line, col;
+  int op;          /* operator token; S_ASSIGN: T_ASSIGN or an augmented op */
+  char *name;      /* names, callees, declared names */
+  uint64_t ival;   /* E_INT, E_BOOL; D_SNODE: chunk */
+  double fval;     /* E_FLOAT */
+  lty ty;          /* E_CTOR, annotations (has_ty), D_PLACE, D_PARAM */
+  int has_ty;
+  int is_field;    /* D_PARAM declared `field` */
+  node **kids;     /* operands, args, indices, statements, loop names */
+  int nkids;
+  int *ops;        /* E_CMP: nkids-1 comparison operators */
+  node *a, *b, *c; /* sub-trees (see lang_parse.c) */
+  /* D_SNODE */
+  int snode_kind;  /* fb_snode_kind */
+  char axes[FB_MAX_AXES + 1];
+  int64_t sizes[FB_MAX_AXES];
+  int nsizes;
+  int has_chunk;
+};
+
+/* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */
+int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *ndecls,
+               fb_diags *d);
+
+/* ---------------------------------------------------------------- program */
+
+#define LANG_MAX_COMP 16 /* components of a 4x4 matrix */
+
+typedef struct lfield {
+  fb_lang_field pub;
+  int places[LANG_MAX_COMP];
+  int dyn;          /* 1 when its leaf container is dynamic */
+} lfield;
+
+typedef struct lsnode {  /* a named SNode (`as NAME`) */
+  char *name;
+  int id;
+  int line, col;
+} lsnode;
+
+typedef struct lfunc {
+  char *name;
+  node *decl;
+  int too_large; /* inlining it overflowed LANG_MAX_STMTS once: fail fast */
+} lfunc;
+
+typedef struct lkernel {
+  fb_lang_kernel pub;
+  fb_lang_param *params;
+  node *decl;
+} lkernel;
+
+typedef struct linst {
+  int kernel;
+  char *name;       /* "k" or "k[a,b]": also the cache key */
+  fb_kernel *k;
+} linst;
+
+struct fb_program {
+  lang_arena arena;
+  char *filename, *src;
+  fb_layout *layout;
+  lfield *fields;
+  int nfields, fcap;
+  lsnode *snodes;
+  int nsnodes, scap;
+  lfunc *funcs;
+  int nfuncs, fucap;
+  lkernel *kernels;
+  int nkernels, kcap;
+  linst *insts;
+  int ninsts, icap;
+};
+
+/* Build the layout and the field / SNode tables from the D_LAYOUT decls. */
+int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d);
+int lang_find_snode(const fb_program *p, const char *name); /* index or -1 */
+
+/* How a `field` parameter is bound while lowering. */
+enum { LB_UNKNOWN = 0, LB_FIELD, LB_SNODE };
+typedef struct lbind {
+  int kind;
+  int index; /* into fields or snodes */
+} lbind;
+
+/* Type check and lower kernel ki with the given field bindings (one per
+ * field parameter). *out receives the kernel (NULL allowed: check only).
+ * Returns the number of errors added to d. */
+int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out,
+                      fb_diags *d);
+/* "k" or "k[a,b]" (malloc'd). */
+char *lang_instance_name(fb_program *p, int ki, const lbind *binds);
+/* Type check a func on its own (field and untyped params unknown). */
+int lang_check_func(fb_program *p, int fi, fb_diags *d);
+
+void lang_err(fb_diags *d, int line, int col, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* ---------------------------------------------------------------- lowering */
+
+enum { VK_VOID = 0, VK_UNKNOWN, VK_SCALAR, VK_VEC, VK_MAT, VK_TUPLE };
+enum { LIT_NONE = 0, LIT_INT, LIT_FLOAT };
+
+/* A value while lowering: scalarized components (row-major) with their
+ * statement ids, or untyped literals (lit != 0) whose ids are not yet
+ * emitted: they take their type from the other operand or the target. */
+typedef struct lval {
+  uint8_t kind;
+  uint8_t lit;
+  uint8_t rows, cols;
+  fb_type t;
+  int n;
+  int id[LANG_MAX_COMP];
+  int has_const;             /* cv/ci hold the components' values */
+  double cv[LANG_MAX_COMP];
+  int64_t ci[LANG_MAX_COMP];
+} lval;
+
+enum { SYM_LET = 1, SYM_VAR, SYM_FIELD };
+
+typedef struct lsym {
+  const char *name;
+  int kind;
+  lval v;         /* LET: the value; VAR: allocas in v.id[] (typed) */
+  lbind bind;     /* FIELD */
+  int par;        /* parallel-loop depth where it was declared */
+  int origin;     /* LET: ORIGIN_* (for messages) */
+  int line, col;
+} lsym;
+
+enum { ORIGIN_LET = 0, ORIGIN_LOOP, ORIGIN_PARAM };
+
+enum { LOOP_PAR = 1, LOOP_SERIAL, LOOP_CONT_WRAP };
+
+typedef struct lloop {
+  int kind;
+  int stmt;        /* loop statement id */
+  int wrap_block;  /* LOOP_PAR with a `continue`: the wrapper while's id */
+} lloop;
+
+typedef struct lframe {   /* one inlined func call */
+  int func;
+  int loop_base;   /* nloops when the call started */
+  int sym_base;
+  lty ret;
+  int has_ret;
+  lval ret_var;    /* allocas for the result (flagged returns) */
+  int done_var;    /* alloca bool, -1 when returns need no flag */
+  int have_result; /* simple case: result already in result */
+  lval result;
+  const lbind *binds;
+} lframe;
+
+#define LANG_MAX_LOOPS 64
+#define LANG_MAX_FRAMES 32
+#define LANG_MAX_STMTS 100000 /* per kernel, so that inlining cannot explode */
+
+typedef struct lower {
+  fb_program *p;
+  fb_diags *d;
+  fb_kernel *k;
+  fb_builder b;
+  int errors;
+  lsym *syms;
+  int nsyms, scap;
+  lloop loops[LANG_MAX_LOOPS];
+  int nloops;
+  lframe frames[LANG_MAX_FRAMES];
+  int nframes;
+  int par_depth;   /* > 0 inside a parallel loop */
+  int rand_site;
+  int top;         /* lowering statements directly in the kernel body */
+  int kernel;      /* index, -1 when checking a func */
+  int returned;    /* kernel: a top-level return was seen */
+  lty kret;
+  int has_kret;
+} lower;
+
+/* lang_lower.c: values, emission helpers, expressions and references. */
+void lv_unknown(lval *v);
+void lv_scalar(lval *v, fb_type t, int id);
+int lv_is_unknown(const lval *v);
+lty lv_type(const lval *v);
+fb_type lv_default_type(const lval *v);
+const char *lang_ty_str(lty t, char *buf, size_t n);
+const char *lv_str(const lval *v, char *buf, size_t n); /* "f32[3]", "float literal" */
+fb_type lw_type(lower *L, int id);
+int lw_const(lower *L, fb_type t, double f, int64_t i);
+int lw_bin(lower *L, int op, int a, int c);
+int lw_un(lower *L, int op, int a);
+int lw_cast(lower *L, fb_type to, int a); /* any scalar conversion, bool included */
+int lw_select(lower *L, int c, int a, int b);
+/* Give untyped literals (and typed values, by cast) the element type t. */
+void lv_materialize(lower *L, lval *v, fb_type t);
+/* Convert v in place to the target type and shape for an assignment,
+ * argument or return (implicit conversions only); reports "type mismatch in
+ * WHAT" at the start of `at` and returns -1 on error. */
+int lv_convert(lower *L, lval *v, lty target, node *at, const char *what);
+/* Where an expression starts (its leftmost token). */
+void lang_expr_pos(const node *e, int *line, int *col);
+/* Explicit conversion (casts and constructors): any numeric conversion. */
+void lv_cast(lower *L, lval *v, fb_type t);
+/* The promoted element type of a and b; -1 when they cannot mix. */
+int lang_common_type(const lval *a, const lval *b, fb_type *t);
+int lang_same_shape(const lval *a, const lval *b); /* equal, or one scalar */
+void lv_broadcast_like(lval *v, const lval *like);  /* scalar v to like's shape */
+int lang_eval(lower *L, node *e, lval *out);      /* 0, or -1 (out unknown) */
+int lang_cond(lower *L, node *e);                  /* a bool statement id */
+/* An integer index expression as an i32 statement; *is_const/k when known. */
+int lang_index(lower *L, node *e, int *id, int *is_const, int64_t *k);
+int lang_has_effects(lower *L, node *e);
+lsym *lang_lookup(lower *L, const char *name);
+/* Resolve a name to a field / SNode binding (locals shadow fields);
+ * returns 1 when it names one (LB_UNKNOWN for unbound field params). */
+int lang_resolve_field(lower *L, const char *name, lbind *out);
+int lang_push_sym(lower *L, const char *name, int kind, const lval *v, int line, int col);
+
+/* References: what an assignment may target and what a name or index
+ * expression reads from. */
+enum { REF_UNKNOWN = 0, REF_VALUE, REF_VAR, REF_FIELD };
+typedef struct lsub {
+  int dyn;  /* index known only at run time (id), else k */
+  int k;
+  int id;
+} lsub;
+typedef struct lref {
+  int kind;
+  lval v;           /* VALUE: the value; VAR: its allocas */
+  const char *name; /* the variable, for messages */
+  int is_let;
+  int origin;       /* ORIGIN_* of a let */
+  int par;          /* VAR: parallel-loop depth of its declaration */
+  int field;        /* FIELD: index into the field table */
+  int idx[FB_MAX_AXES];
+  int nidx;
+  lty base;         /* element type and shape before sub-indexing */
+  lsub sub[2];
+  int nsub;
+} lref;
+int lang_ref(lower *L, node *e, lref *r);
+lty lang_ref_type(const lref *r);
+void lang_ref_read(lower *L, const lref *r, lval *out);
+/* Write v (already of lang_ref_type) with op STORE or an ATOMIC_* op. */
+void lang_ref_write(lower *L, const lref *r, const lval *v, int op);
+
+static inline int lw_add(lower *L, int a, int b) { return lw_bin(L, FB_OP_ADD, a, b); }
+static inline int lw_sub(lower *L, int a, int b) { return lw_bin(L, FB_OP_SUB, a, b); }
+static inline int lw_mul(lower *L, int a, int b) { return lw_bin(L, FB_OP_MUL, a, b); }
+static inline int lw_div(lower *L, int a, int b) { return lw_bin(L, FB_OP_DIV, a, b); }
+
+/* A double as an int64 without undefined behaviour (saturating, NaN 0). */
+static inline int64_t lang_f2i(double f) { return fb_value_cast(fb_value_f64(f), FB_T_I64).v.i; }
+
+/* Pseudo operator tokens for min / max (builtins and min= / max=). */
+enum { LOP_MIN = 1000, LOP_MAX };
+
+/* lang_vec.c: vector / matrix operations on scalarized values. */
+int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at);
+int lv_matmul(lower *L, lval *a, lval *b, lval *out, node *at);
+int lang_list(lower *L, node *e, lval *out);
+/* Builtins on vectors and matrices (dot, cross, ...): 1 when name is one
+ * of them (out set, or an error reported), 0 when not. */
+int lang_vec_builtin(lower *L, node *call, lval *args, int nargs, lval *out);
+void lv_mat_init(lval *v, fb_type t, int rows, int cols);
+void lv_vec_init(lval *v, fb_type t, int n);
+
+/* lang_call.c: calls (builtins and inlined funcs) and constructors. */
+int lang_call(lower *L, node *e, lval *out);
+int lang_ctor(lower *L, node *e, lval *out);
+int lang_is_pure_builtin(const char *name);
+
+/* lang_stmt.c */
+int lang_inline(lower *L, int fi, node *call, lval *out);
+
+/* lang_svd.c */
+int lang_svd(lower *L, lval *m, lval *u, lval *s, lval *v);
+int lang_polar(lower *L, lval *m, lval *r, lval *s);
+
+#endif

@@ -1,0 +1,414 @@
+/* The public API of the .fbk front end (include/fusebox/lang.h): parse a
+ * file into a program (lex, parse, layout, register funcs and kernels, type
+ * check everything, report every error sorted by position), look up fields
+ * and kernels, instantiate kernels per field binding (cached), and render
+ * diagnostics with the source line and a caret. Also the arena the syntax
+ * tree lives in. */
+#include <stdio.h>
+
+#include "lang_internal.h"
+
+/* ---------------------------------------------------------------- arena */
+
+struct lang_chunk {
+  lang_chunk *next;
+  size_t used, cap;
+  max_align_t data[];
+};
+
+void *la_alloc(lang_arena *a, size_t n) {
+  n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
+  lang_chunk *c = a->head;
+  if (!c || c->used + n > c->cap) {
+    size_t cap = n > 16384 ? n : 16384;
+    c = malloc(sizeof *c + cap);
+    if (!c) { a->failed = 1; return NULL; }
+    c->next = a->head;
+    c->used = 0;
+    c->cap = cap;
+    a->head = c;
+  }
+  void *p = (char *)c->data + c->used;
+  c->used += n;
+  memset(p, 0, n);
+  return p;
+}
+
+char *la_strndup(lang_arena *a, const char *s, size_t n) {
+  char *d = la_alloc(a, n + 1);
+  if (!d) return NULL;
+  memcpy(d, s, n);
+  d[n] = 0;
+  return d;
+}
+
+void la_free(lang_arena *a) {
+  for (lang_chunk *c = a->head, *n; c; c = n) {
+    n = c->next;
+    free(c);
+  }
+  a->head = NULL;
+}
+
+/* ---------------------------------------------------------------- diagnostics */
+
+static int diag_before(const fb_diag *a, const fb_diag *b) {
+  return a->line < b->line || (a->line == b->line && a->col < b->col);
+}
+
+/* Stable sort by position and drop exact repeats (a func checked on its
+ * own and at each call can report the same error more than once). */
+static void sort_unique(fb_diags *d) {
+  for (int i = 1; i < d->n; i++) {
+    fb_diag x = d->v[i];
+    int j = i;
+    while (j > 0 && diag_before(&x, &d->v[j - 1])) {
+      d->v[j] = d->v[j - 1];
+      j--;
+    }
+    d->v[j] = x;
+  }
+  int w = 0;
+  for (int i = 0; i < d->n; i++) {
+    int dup = 0;
+    for (int j = 0; j < w && !dup; j++)
+      dup = d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col && !strcmp(d->v[j].msg, d->v[i].msg);
+    if (dup) free(d->v[i].msg);
+    else d->v[w++] = d->v[i];
+  }
+  d->n = w;
+}
+
+static void move_diags(fb_diags *from, fb_diags *to, const char *prefix) {
+  for (int i = 0; i < from->n; i++) {
+    fb_diag *x = &from->v[i];
+    if (to) fb_diags_add(to, x->stmt, x->line, x->col, "%s%s", prefix ? prefix : "", x->msg);
+  }
+  fb_diags_free(from);
+}
+
+static const char *line_start(const char *src, int line) {
+  const char *p = src;
+  for (int l = 1; l < line && p; l++) {
+    p = strchr(p, '\n');
+    if (p) p++;
+  }
+  return p;
+}
+
+char *fb_diag_render(const char *filename, const char *src, const fb_diag *d) {
+  const char *fn = filename ? filename : "<input>";
+  const char *ls = src && d->line > 0 ? line_start(src, d->line) : NULL;
+  size_t len = ls ? strcspn(ls, "\n") : 0;
+  if (len && ls[len - 1] == '\r') len--;
+  size_t cap = strlen(fn) + strlen(d->msg) + 2 * len + (size_t)(d->col > 0 ? d->col : 0) + 64;
+  char *out = malloc(cap);
+  if (!out) return NULL;
+  if (d->line <= 0) {
+    snprintf(out, cap, "%s: error: %s\n", fn, d->msg);
+    return out;
+  }
+  int n = snprintf(out, cap, "%s:%d:%d: error: %s\n", fn, d->line, d->col, d->msg);
+  if (!ls) return out;
+  memcpy(out + n, ls, len);
+  n += (int)len;
+  out[n++] = '\n';
+  for (int i = 0; i + 1 < d->col; i++) out[n++] = (size_t)i < len && ls[i] == '\t' ? '\t' : ' ';
+  out[n++] = '^';
+  out[n++] = '\n';
+  out[n] = 0;
+  return out;
+}
+
+char *fb_diags_render(const char *filename, const char *src, const fb_diags *d) {
+  size_t len = 1, n = 0;
+  char **parts = d && d->n ? calloc((size_t)d->n, sizeof(char *)) : NULL;
+  for (int i = 0; d && i < d->n; i++) {
+    if (!parts || !(parts[i] = fb_diag_render(filename, src, &d->v[i]))) {
+      for (int j = 0; j < i && parts; j++) free(parts[j]);
+      free(parts);
+      return NULL;
+    }
+    len += strlen(parts[i]);
+  }
+  char *out = malloc(len);
+  if (out) out[0] = 0;
+  for (int i = 0; d && i < d->n; i++) {
+    size_t m = strlen(parts[i]);
+    if (out) memcpy(out + n, parts[i], m + 1);
+    n += m;
+    free(parts[i]);
+  }
+  free(parts);
+  return out;
+}
+
+/* ---------------------------------------------------------------- declarations */
+
+static int name_clash(fb_program *p, node *x, fb_diags *d) {
+  for (int i = 0; i < p->nfuncs; i++)
+    if (!strcmp(p->funcs[i].name, x->name)) {
+      lang_err(d, x->line, x->col, "'%s' is already defined as a func (at line %d)", x->name, p->funcs[i].decl->line);
+      return 1;
+    }
+  for (int i = 0; i < p->nkernels; i++)
+    if (!strcmp(p->kernels[i].pub.name, x->name)) {
+      lang_err(d, x->line, x->col, "'%s' is already defined as a kernel (at line %d)", x->name, p->kernels[i].pub.line);
+      return 1;
+    }
+  return 0;
+}
+
+static int check_params(node *x, fb_diags *d) {
+  int bad = 0;
+  for (int i = 0; i < x->nkids; i++) {
+    node *pm = x->kids[i];
+    for (int j = 0; j < i; j++)
+      if (!strcmp(x->kids[j]->name, pm->name)) {
+        lang_err(d, pm->line, pm->col, "parameter '%s' is declared twice", pm->name);
+        bad = 1;
+      }
+    if (x->kind != D_KERNEL || pm->is_field) continue;
+    if (!pm->has_ty) {
+      lang_err(d, pm->line, pm->col, "kernel parameter '%s' needs a type: a scalar type or 'field'", pm->name);
+      bad = 1;
+    } else if (pm->ty.rows) {
+      lang_err(d, pm->line, pm->col, "kernel parameter '%s' must be a scalar or 'field' (vectors are passed as fields)", pm->name);
+      bad = 1;
+    }
+  }
+  if (x->kind == D_KERNEL && x->has_ty && x->ty.rows) {
+    lang_err(d, x->line, x->col, "kernel '%s' must return a scalar", x->name);
+    bad = 1;
+  }
+  return bad;
+}
+
+static int add_kernel(fb_program *p, node *x) {
+  if (FB_GROW(p->kernels, p->nkernels, p->kcap)) return FB_ENOMEM;
+  lkernel *K = &p->kernels[p->nkernels];
+  memset(K, 0, sizeof *K);
+  K->decl = x;
+  K->pub.name = x->name;
+  K->pub.line = x->line;
+  K->pub.col = x->col;
+  K->pub.ret = x->has_ty ? x->ty.t : FB_T_VOID;
+  K->pub.nparams = x->nkids;
+  K->params = x->nkids ? la_alloc(&p->arena, sizeof(fb_lang_param) * (size_t)x->nkids) : NULL;
+  if (x->nkids && !K->params) return FB_ENOMEM;
+  for (int i = 0; i < x->nkids; i++) {
+    K->params[i].name = x->kids[i]->name;
+    K->params[i].is_field = x->kids[i]->is_field;
+    K->params[i].type = x->kids[i]->is_field ? FB_T_VOID : x->kids[i]->ty.t;
+    K->pub.nfield_params += x->kids[i]->is_field;
+  }
+  K->pub.params = K->params;
+  p->nkernels++;
+  return 0;
+}
+
+static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
+  for (int i = 0; i < n; i++) {
+    node *x = decls[i];
+    if (x->kind != D_FUNC && x->kind != D_KERNEL) continue;
+    /* kernels with bad parameters are still checked (the bad ones are
+     * unknown values), so that the errors in their bodies show too */
+    if (name_clash(p, x, d)) continue;
+    check_params(x, d);
+    if (x->kind == D_KERNEL) {
+      if (add_kernel(p, x) < 0) return FB_ENOMEM;
+      continue;
+    }
+    if (FB_GROW(p->funcs, p->nfuncs, p->fucap)) return FB_ENOMEM;
+    memset(&p->funcs[p->nfuncs], 0, sizeof p->funcs[p->nfuncs]);
+    p->funcs[p->nfuncs].name = x->name;
+    p->funcs[p->nfuncs].decl = x;
+    p->nfuncs++;
+  }
+  return 0;
+}
+
+static int add_instance(fb_program *p, int ki, fb_kernel *k) {
+  if (FB_GROW(p->insts, p->ninsts, p->icap)) return FB_ENOMEM;
+  linst *in = &p->insts[p->ninsts++];
+  in->kernel = ki;
+  in->name = k->name;
+  in->k = k;
+  return 0;
+}
+
+/* Check every func and kernel; kernels without field params are kept. */
+static int check_all(fb_program *p, fb_diags *d) {
+  for (int i = 0; i < p->nfuncs; i++)
+    if (lang_check_func(p, i, d) == FB_ENOMEM) return FB_ENOMEM;
+  lbind unknown[64];
+  memset(unknown, 0, sizeof unknown);
+  for (int i = 0; i < p->nkernels; i++) {
+    if (p->kernels[i].pub.nfield_params > 64) continue;
+    int keep = p->kernels[i].pub.nfield_params == 0;
+    fb_kernel *k = NULL;
+    int rc = lang_lower_kernel(p, i, unknown, keep ? &k : NULL, d);
+    if (rc == FB_ENOMEM) return rc;
+    if (k && add_instance(p, i, k) < 0) {
+      fb_kernel_free(k);
+      return FB_ENOMEM;
+    }
+  }
+  return 0;
+}
+
+int fb_program_parse(const char *filename, const char *src, fb_program **out, fb_diags *diags) {
+  if (out) *out = NULL;
+  if (!src || !out) return FB_EINVAL;
+  fb_program *p = calloc(1, sizeof *p);
+  if (!p) return FB_ENOMEM;
+  p->filename = fb__strdup(filename ? filename : "<input>");
+  p->src = fb__strdup(src);
+  fb_diags D;
+  fb_diags_init(&D);
+  token *toks = NULL;
+  node **decls = NULL;
+  int ntok = 0, ndecls = 0, rc = 0;
+  if (!p->filename || !p->src) rc = FB_ENOMEM;
+  if (!rc) rc = lang_lex(p->src, &toks, &ntok, &D);
+  if (!rc) rc = lang_parse(&p->arena, toks, ntok, &decls, &ndecls, &D);
+  free(toks);
+  int layout_errors = D.n;
+  if (!rc) rc = lang_build_layout(p, decls, ndecls, &D);
+  layout_errors = D.n - layout_errors;
+  if (!rc) rc = register_decls(p, decls, ndecls, &D);
+  if (!rc && !layout_errors) rc = check_all(p, &D);
+  sort_unique(&D);
+  if (rc == 0 && D.n) rc = FB_EPARSE;
+  move_diags(&D, diags, NULL);
+  if (rc) {
+    fb_program_free(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+void fb_program_free(fb_program *p) {
+  if (!p) return;
+  for (int i = 0; i < p->ninsts; i++) fb_kernel_free(p->insts[i].k);
+  free(p->insts);
+  free(p->kernels);
+  free(p->funcs);
+  free(p->snodes);
+  free(p->fields);
+  fb_layout_free(p->layout);
+  la_free(&p->arena);
+  free(p->filename);
+  free(p->src);
+  free(p);
+}
+
+/* ---------------------------------------------------------------- queries */
+
+const char *fb_program_filename(const fb_program *p) { return p->filename; }
+const char *fb_program_source(const fb_program *p) { return p->src; }
+const fb_layout *fb_program_layout(const fb_program *p) { return p->layout; }
+int fb_program_nfields(const fb_program *p) { return p->nfields; }
+int fb_program_nkernels(const fb_program *p) { return p->nkernels; }
+int fb_program_nfuncs(const fb_program *p) { return p->nfuncs; }
+
+const fb_lang_field *fb_program_field(const fb_program *p, int i) {
+  return i >= 0 && i < p->nfields ? &p->fields[i].pub : NULL;
+}
+
+const fb_lang_kernel *fb_program_kernel(const fb_program *p, int i) {
+  return i >= 0 && i < p->nkernels ? &p->kernels[i].pub : NULL;
+}
+
+const char *fb_program_func_name(const fb_program *p, int i) {
+  return i >= 0 && i < p->nfuncs ? p->funcs[i].name : NULL;
+}
+
+int fb_program_find_field(const fb_program *p, const char *name) {
+  for (int i = 0; i < p->nfields; i++)
+    if (!strcmp(p->fields[i].pub.name, name)) return i;
+  return -1;
+}
+
+int fb_program_find_kernel(const fb_program *p, const char *name) {
+  for (int i = 0; i < p->nkernels; i++)
+    if (!strcmp(p->kernels[i].pub.name, name)) return i;
+  return -1;
+}
+
+int fb_program_field_of_place(const fb_program *p, int place, int *comp) {
+  for (int i = 0; i < p->nfields; i++)
+    for (int c = 0; c < p->fields[i].pub.ncomp; c++)
+      if (p->fields[i].places[c] == place) {
+        if (comp) *comp = c;
+        return i;
+      }
+  return -1;
+}
+
+/* ---------------------------------------------------------------- instances */
+
+static int bind_names(fb_program *p, const lkernel *K, const char *const *names, int n,
+                      lbind *binds, fb_diags *diags) {
+  if (n != K->pub.nfield_params) {
+    fb_diags_add(diags, -1, 0, 0, "kernel '%s' takes %d field argument%s, found %d", K->pub.name,
+                 K->pub.nfield_params, K->pub.nfield_params == 1 ? "" : "s", n);
+    return FB_ETYPE;
+  }
+  for (int i = 0; i < n; i++) {
+    const char *nm = names && names[i] ? names[i] : "";
+    int f = fb_program_find_field(p, nm), s = lang_find_snode(p, nm);
+    if (f >= 0) { binds[i].kind = LB_FIELD; binds[i].index = f; }
+    else if (s >= 0) { binds[i].kind = LB_SNODE; binds[i].index = s; }
+    else {
+      fb_diags_add(diags, -1, 0, 0, "kernel '%s': no field or SNode named '%s' to bind to parameter %d", K->pub.name, nm, i + 1);
+      return FB_ENOENT;
+    }
+  }
+  return 0;
+}
+
+int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
+                           int nfield, fb_kernel **out, fb_diags *diags) {
+  if (out) *out = NULL;
+  if (!p || !kernel || !out || nfield < 0) return FB_EINVAL;
+  int ki = fb_program_find_kernel(p, kernel);
+  if (ki < 0) {
+    fb_diags_add(diags, -1, 0, 0, "no kernel named '%s'", kernel);
+    return FB_ENOENT;
+  }
+  lkernel *K = &p->kernels[ki];
+  lbind binds[64];
+  if (nfield > 64) return FB_EINVAL;
+  int rc = bind_names(p, K, field_bindings, nfield, binds, diags);
+  if (rc) return rc;
+  fb_kernel *k = NULL;
+  fb_diags D;
+  fb_diags_init(&D);
+  char *name = lang_instance_name(p, ki, binds);
+  if (!name) return FB_ENOMEM;
+  for (int i = 0; i < p->ninsts; i++)
+    if (p->insts[i].kernel == ki && !strcmp(p->insts[i].name, name)) {
+      free(name);
+      *out = p->insts[i].k;
+      return 0;
+    }
+  free(name);
+  rc = lang_lower_kernel(p, ki, binds, &k, &D);
+  if (rc == FB_ENOMEM) { fb_diags_free(&D); return rc; }
+  if (!k) {
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "in kernel '%s' with these fields: ", K->pub.name);
+    sort_unique(&D);
+    move_diags(&D, diags, nfield ? prefix : NULL);
+    return FB_ETYPE;
+  }
+  fb_diags_free(&D);
+  if (add_instance(p, ki, k) < 0) {
+    fb_kernel_free(k);
+    return FB_ENOMEM;
+  }
+  *out = k;
+  return 0;
+}

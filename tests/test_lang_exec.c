@@ -1,0 +1,789 @@
+/* .fbk programs run end to end: parsed, instantiated, and executed by the
+ * reference interpreter and (for the scalar programs) by the engine on the
+ * CPU, with results checked against values computed here in C: integer and
+ * float floored division and modulo with negative operands, a heat
+ * diffusion stencil, Game of Life on a torus, control flow and inlined
+ * funcs, vectors and matrices with their builtins, svd and polar. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusebox/engine.h"
+#include "fusebox/lang.h"
+#include "tests/support/support.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static fb_program *prog(const char *src) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse("test.fbk", src, &p, &d);
+  char *r = fb_diags_render("test.fbk", src, &d);
+  ck_assert_msg(rc == 0, "parse failed:\n%s", r ? r : "");
+  free(r);
+  fb_diags_free(&d);
+  return p;
+}
+
+static fb_kernel *inst(fb_program *p, const char *name, const char *f0, const char *f1) {
+  const char *b[2] = {f0, f1};
+  int n = f1 ? 2 : f0 ? 1 : 0;
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, name, b, n, &k, &d);
+  char *r = fb_diags_render("test.fbk", fb_program_source(p), &d);
+  ck_assert_msg(rc == 0, "instantiate %s: %s\n%s", name, fb_strerror(rc), r ? r : "");
+  free(r);
+  fb_diags_free(&d);
+  return k;
+}
+
+static const fb_lang_field *field(fb_program *p, const char *name) {
+  const fb_lang_field *f = fb_program_field(p, fb_program_find_field(p, name));
+  ck_assert_msg(f != NULL, "no field %s", name);
+  return f;
+}
+
+static void irun(fb_interp *in, const fb_kernel *k, const fb_value *args, int nargs, fb_value *ret) {
+  int rc = fb_interp_run(in, k, args, nargs, ret);
+  ck_assert_msg(rc == 0, "interp %s: %s", k->name, fb_strerror(rc));
+}
+
+/* Component c of a field in the interpreter (flat, row-major). */
+static void *icomp(fb_interp *in, fb_program *p, const char *name, int c) {
+  void *a = fb_interp_field(in, field(p, name)->places[c]);
+  ck_assert_ptr_nonnull(a);
+  return a;
+}
+
+static fb_engine *engine(void) {
+  fb_engine_config cfg = {"cpu", 1, 2};
+  fb_engine *e = NULL;
+  char err[256];
+  int rc = fb_engine_create(&cfg, &e, err, sizeof err);
+  ck_assert_msg(rc == 0, "engine: %s", err);
+  return e;
+}
+
+static fb_session *session(fb_engine *e, fb_program *p) {
+  fb_session_config sc = {"sync", 1, 0};
+  fb_session *s = NULL;
+  ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
+  return s;
+}
+
+static int add(fb_session *s, const fb_kernel *k) {
+  int id = fb_session_add_kernel(s, k);
+  ck_assert_msg(id >= 0, "add %s: %s (%s)", k->name, fb_strerror(id), fb_session_errmsg(s));
+  return id;
+}
+
+static void launch(fb_session *s, int k, const fb_value *args, int nargs, fb_value *ret) {
+  int rc = fb_launch(s, k, args, nargs, ret);
+  ck_assert_msg(rc == 0, "launch: %s (%s)", fb_strerror(rc), fb_session_errmsg(s));
+}
+
+static void eread(fb_session *s, const fb_lang_field *f, int c, void *dst, size_t bytes) {
+  int rc = fb_field_read(s, f->places[c], dst, bytes);
+  ck_assert_msg(rc == 0, "read %s: %s (%s)", f->name, fb_strerror(rc), fb_session_errmsg(s));
+}
+
+/* Copy every field of the interpreter into the session. */
+static void copy_inputs(fb_interp *in, fb_session *s, fb_program *p) {
+  const fb_layout *l = fb_program_layout(p);
+  for (int f = 0; f < fb_program_nfields(p); f++) {
+    const fb_lang_field *fl = fb_program_field(p, f);
+    for (int c = 0; c < fl->ncomp; c++) {
+      size_t bytes = (size_t)fb_field_numel(l, fl->places[c]) * fb_type_size(fl->type);
+      ck_assert_int_eq(fb_field_write(s, fl->places[c], fb_interp_field(in, fl->places[c]), bytes), 0);
+    }
+  }
+}
+
+/* Every field of the session equals the interpreter's (within rtol). */
+static void same_fields(fb_interp *in, fb_session *s, fb_program *p, double rtol) {
+  const fb_layout *l = fb_program_layout(p);
+  for (int f = 0; f < fb_program_nfields(p); f++) {
+    const fb_lang_field *fl = fb_program_field(p, f);
+    size_t es = fb_type_size(fl->type);
+    for (int c = 0; c < fl->ncomp; c++) {
+      int64_t n = fb_field_numel(l, fl->places[c]);
+      char *got = malloc((size_t)n * es);
+      const char *want = fb_interp_field(in, fl->places[c]);
+      eread(s, fl, c, got, (size_t)n * es);
+      for (int64_t j = 0; j < n; j++) {
+        double x = fb_value_as_f64(fb_value_load(fl->type, want + j * (int64_t)es));
+        double y = fb_value_as_f64(fb_value_load(fl->type, got + j * (int64_t)es));
+        ck_assert_msg(x == y || fabs(x - y) <= rtol * fabs(x), "%s.%d[%lld]: interpreter %.9g, engine %.9g",
+                      fl->name, c, (long long)j, x, y);
+      }
+      free(got);
+    }
+  }
+}
+
+static uint64_t lcg(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+static double urand(uint64_t *s) { return (double)lcg(s) / 2147483648.0 * 2.0 - 1.0; }
+
+/* ---------------------------------------------------------------- integer division */
+
+static const char *const divmod_src =
+    "layout { dense(ij: 17, 9) { place q: i32, r: i32, t: f32, fq: f32, fr: f32, lq: i64, lr: i64 } }\n"
+    "kernel divmod() {\n"
+    "  for i, j in q {\n"
+    "    let a = i - 8\n"
+    "    let b = j - 4\n"
+    "    if b != 0 {\n"
+    "      q[i, j] = a // b\n"
+    "      r[i, j] = a % b\n"
+    "      t[i, j] = a / b\n"
+    "      let x = f32(a) * 0.75\n"
+    "      fq[i, j] = x // f32(b)\n"
+    "      fr[i, j] = x % f32(b)\n"
+    "      lq[i, j] = i64(a) * 1000000007 // i64(b)\n"
+    "      lr[i, j] = i64(a) * 1000000007 % i64(b)\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "kernel folded() -> i32 { return (-7 // 2) * 100 + (-7 % 2) * 10 + (7 % -2) }\n";
+
+static int64_t py_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+static void check_divmod(const int32_t *q, const int32_t *r, const float *t, const float *fq,
+                         const float *fr, const int64_t *lq, const int64_t *lr) {
+  for (int i = 0; i < 17; i++)
+    for (int j = 0; j < 9; j++) {
+      int a = i - 8, b = j - 4, at = i * 9 + j;
+      if (b == 0) continue;
+      ck_assert_int_eq(q[at], py_div(a, b));
+      ck_assert_int_eq(r[at], a - b * py_div(a, b));
+      ck_assert_msg(r[at] == 0 || (r[at] < 0) == (b < 0), "%d %% %d = %d", a, b, r[at]);
+      ck_assert_float_eq(t[at], (float)a / (float)b);
+      float x = (float)a * 0.75f, y = (float)b;
+      ck_assert_float_eq(fq[at], floorf(x / y));
+      float m = fmodf(x, y);
+      if (m != 0 && ((m < 0) != (y < 0))) m += y;
+      ck_assert_float_eq(fr[at], m);
+      int64_t big = (int64_t)a * 1000000007;
+      ck_assert_int_eq(lq[at], py_div(big, b));
+      ck_assert_int_eq(lr[at], big - b * py_div(big, b));
+    }
+}
+
+START_TEST(int_divmod) {
+  fb_program *p = prog(divmod_src);
+  fb_kernel *k = inst(p, "divmod", NULL, NULL), *f = inst(p, "folded", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, k, NULL, 0, NULL);
+  fb_value ret;
+  irun(in, f, NULL, 0, &ret);
+  ck_assert_int_eq(ret.v.i, -400 + 10 - 1);
+  check_divmod(icomp(in, p, "q", 0), icomp(in, p, "r", 0), icomp(in, p, "t", 0),
+               icomp(in, p, "fq", 0), icomp(in, p, "fr", 0), icomp(in, p, "lq", 0),
+               icomp(in, p, "lr", 0));
+  fb_interp_free(in);
+
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  launch(s, add(s, k), NULL, 0, NULL);
+  launch(s, add(s, f), NULL, 0, &ret);
+  ck_assert_int_eq(ret.v.i, -391);
+  int32_t q[153], r[153];
+  float t[153], fq[153], fr[153];
+  int64_t lq[153], lr[153];
+  eread(s, field(p, "q"), 0, q, sizeof q);
+  eread(s, field(p, "r"), 0, r, sizeof r);
+  eread(s, field(p, "t"), 0, t, sizeof t);
+  eread(s, field(p, "fq"), 0, fq, sizeof fq);
+  eread(s, field(p, "fr"), 0, fr, sizeof fr);
+  eread(s, field(p, "lq"), 0, lq, sizeof lq);
+  eread(s, field(p, "lr"), 0, lr, sizeof lr);
+  check_divmod(q, r, t, fq, fr, lq, lr);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- heat */
+
+#define HN 24
+static const char *const heat_src =
+    "layout { dense(ij: 24, 24) { place T: f32, U: f32 } }\n"
+    "func at(F: field, i: i32, j: i32) -> f32 {\n"
+    "  return F[clamp(i, 0, 23), clamp(j, 0, 23)]\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for i, j in T { T[i, j] = (i - 12) ** 2 + (j - 12) ** 2 < 16 ? 100.0 : 0.0 }\n"
+    "}\n"
+    "kernel step(A: field, B: field, k: f32) {\n"
+    "  for i, j in A {\n"
+    "    let lap = at(A, i - 1, j) + at(A, i + 1, j) + at(A, i, j - 1) + at(A, i, j + 1) - 4.0 * A[i, j]\n"
+    "    B[i, j] = A[i, j] + k * lap\n"
+    "  }\n"
+    "}\n";
+
+static int clampi(int x) { return x < 0 ? 0 : x > HN - 1 ? HN - 1 : x; }
+
+static void heat_ref(float *T, int steps, float k) {
+  float U[HN * HN];
+  for (int i = 0; i < HN; i++)
+    for (int j = 0; j < HN; j++) T[i * HN + j] = (i - 12) * (i - 12) + (j - 12) * (j - 12) < 16 ? 100.0f : 0.0f;
+  for (int s = 0; s < steps; s++) {
+    float *A = s % 2 ? U : T, *B = s % 2 ? T : U;
+    for (int i = 0; i < HN; i++)
+      for (int j = 0; j < HN; j++) {
+        float lap = A[clampi(i - 1) * HN + j] + A[clampi(i + 1) * HN + j];
+        lap = lap + A[i * HN + clampi(j - 1)];
+        lap = lap + A[i * HN + clampi(j + 1)];
+        lap = lap - 4.0f * A[i * HN + j];
+        B[i * HN + j] = A[i * HN + j] + k * lap;
+      }
+  }
+  if (steps % 2) memcpy(T, U, sizeof U);
+}
+
+START_TEST(heat) {
+  fb_program *p = prog(heat_src);
+  fb_kernel *init = inst(p, "init", NULL, NULL);
+  fb_kernel *tu = inst(p, "step", "T", "U"), *ut = inst(p, "step", "U", "T");
+  const int steps = 20;
+  float ref[HN * HN], got[HN * HN];
+  heat_ref(ref, steps, 0.2f);
+  double total = 0;
+  for (int i = 0; i < HN * HN; i++) total += ref[i];
+  ck_assert(total > 1000); /* something diffused */
+  ck_assert(ref[0] < 1e-3f && ref[12 * HN + 12] < 100.0f && ref[12 * HN + 18] > 0);
+
+  fb_value k = fb_value_f32(0.2f);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, init, NULL, 0, NULL);
+  for (int s = 0; s < steps; s++) irun(in, s % 2 ? ut : tu, &k, 1, NULL);
+  const float *T = icomp(in, p, "T", 0);
+  for (int i = 0; i < HN * HN; i++) ck_assert_float_eq_tol(T[i], ref[i], 1e-4);
+  fb_interp_free(in);
+
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int ki = add(s, init), k1 = add(s, tu), k2 = add(s, ut);
+  launch(s, ki, NULL, 0, NULL);
+  for (int st = 0; st < steps; st++) launch(s, st % 2 ? k2 : k1, &k, 1, NULL);
+  eread(s, field(p, "T"), 0, got, sizeof got);
+  for (int i = 0; i < HN * HN; i++) ck_assert_float_eq_tol(got[i], ref[i], 1e-4);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- life */
+
+#define LN 16
+static const char *const life_src =
+    "layout { dense(ij: 16, 16) { place a: i32, b: i32 } }\n"
+    "kernel step(S: field, D: field) {\n"
+    "  for i, j in S {\n"
+    "    var n = 0\n"
+    "    for di in -1 .. 2 {\n"
+    "      for dj in -1 .. 2 {\n"
+    "        if di == 0 && dj == 0 { continue }\n"
+    "        n += S[(i + di) % 16, (j + dj) % 16]\n"
+    "      }\n"
+    "    }\n"
+    "    let alive = S[i, j] == 1\n"
+    "    D[i, j] = (alive && (n == 2 || n == 3)) || (!alive && n == 3) ? 1 : 0\n"
+    "  }\n"
+    "}\n";
+
+static void life_ref(int *g, int gens) {
+  int h[LN * LN];
+  for (int s = 0; s < gens; s++) {
+    for (int i = 0; i < LN; i++)
+      for (int j = 0; j < LN; j++) {
+        int n = 0;
+        for (int di = -1; di <= 1; di++)
+          for (int dj = -1; dj <= 1; dj++)
+            if (di || dj) n += g[((i + di + LN) % LN) * LN + (j + dj + LN) % LN];
+        int alive = g[i * LN + j];
+        h[i * LN + j] = (alive && (n == 2 || n == 3)) || (!alive && n == 3);
+      }
+    memcpy(g, h, sizeof h);
+  }
+}
+
+static void life_seed(int32_t *g) {
+  memset(g, 0, sizeof(int32_t) * LN * LN);
+  /* a glider crossing the corner and a blinker on the edge */
+  int cells[][2] = {{0, 1}, {1, 2}, {2, 0}, {2, 1}, {2, 2}, {8, 15}, {8, 0}, {8, 1}};
+  for (size_t c = 0; c < sizeof cells / sizeof cells[0]; c++) g[cells[c][0] * LN + cells[c][1]] = 1;
+}
+
+START_TEST(life) {
+  fb_program *p = prog(life_src);
+  fb_kernel *ab = inst(p, "step", "a", "b"), *ba = inst(p, "step", "b", "a");
+  const int gens = 40; /* the glider wraps around the torus */
+  int ref[LN * LN];
+  int32_t seed[LN * LN], got[LN * LN];
+  life_seed(seed);
+  for (int i = 0; i < LN * LN; i++) ref[i] = seed[i];
+  life_ref(ref, gens);
+  int live = 0;
+  for (int i = 0; i < LN * LN; i++) live += ref[i];
+  ck_assert_int_eq(live, 8);
+
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  memcpy(icomp(in, p, "a", 0), seed, sizeof seed);
+  for (int s = 0; s < gens; s++) irun(in, s % 2 ? ba : ab, NULL, 0, NULL);
+  const int32_t *A = icomp(in, p, "a", 0);
+  for (int i = 0; i < LN * LN; i++) ck_assert_int_eq(A[i], ref[i]);
+  fb_interp_free(in);
+
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int k1 = add(s, ab), k2 = add(s, ba);
+  ck_assert_int_eq(fb_field_write(s, field(p, "a")->places[0], seed, sizeof seed), 0);
+  for (int st = 0; st < gens; st++) launch(s, st % 2 ? k2 : k1, NULL, 0, NULL);
+  eread(s, field(p, "a"), 0, got, sizeof got);
+  for (int i = 0; i < LN * LN; i++) ck_assert_int_eq(got[i], ref[i]);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- control flow */
+
+static const char *const flow_src =
+    "layout { dense(i: 16) { place x: i32, y: i32, z: f32 }\n place hits: i32 }\n"
+    "func collatz(n: i32) -> i32 {\n"
+    "  var k = n\n  var steps = 0\n"
+    "  while k != 1 {\n"
+    "    if steps >= 100 { return -1 }\n"
+    "    k = k % 2 == 0 ? k // 2 : 3 * k + 1\n"
+    "    steps += 1\n"
+    "  }\n"
+    "  return steps\n"
+    "}\n"
+    "func first_div(n: i32) -> i32 {\n"
+    "  for d in 2 .. n { if n % d == 0 { return d } }\n"
+    "  return n\n"
+    "}\n"
+    "kernel flow(bias: i32) -> i32 {\n"
+    "  hits[] = 0\n"
+    "  for i in 0 .. 16 {\n"
+    "    if i == 0 { continue }\n"
+    "    x[i] = collatz(i)\n"
+    "    y[i] = first_div(i + 1) + bias\n"
+    "    var acc = 0.0\n"
+    "    var j = 0\n"
+    "    while true {\n"
+    "      j += 1\n"
+    "      if j > i { break }\n"
+    "      if j % 3 == 0 { continue }\n"
+    "      acc += 1.0 / f32(j)\n"
+    "    }\n"
+    "    z[i] = acc\n"
+    "    if i % 4 == 1 { hits[] += 1 }\n"
+    "  }\n"
+    "  let p = 2 ** 10 + bias ** 2\n"
+    "  return hits[] * 10000 + p\n"
+    "}\n";
+
+static int collatz(int n) {
+  int k = n, s = 0;
+  while (k != 1) {
+    if (s >= 100) return -1;
+    k = k % 2 == 0 ? k / 2 : 3 * k + 1;
+    s++;
+  }
+  return s;
+}
+
+START_TEST(control_flow) {
+  fb_program *p = prog(flow_src);
+  fb_kernel *k = inst(p, "flow", NULL, NULL);
+  fb_value arg = fb_value_i32(5), ret;
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, k, &arg, 1, &ret);
+  ck_assert_int_eq(ret.type, FB_T_I32);
+  ck_assert_int_eq(ret.v.i, 4 * 10000 + 1024 + 25);
+  const int32_t *x = icomp(in, p, "x", 0), *y = icomp(in, p, "y", 0);
+  const float *z = icomp(in, p, "z", 0);
+  ck_assert_int_eq(x[0], 0);
+  for (int i = 1; i < 16; i++) {
+    ck_assert_int_eq(x[i], collatz(i));
+    int n = i + 1, d = 2;
+    while (d < n && n % d) d++;
+    ck_assert_int_eq(y[i], d + 5);
+    float acc = 0;
+    for (int j = 1; j <= i; j++)
+      if (j % 3) acc += 1.0f / (float)j;
+    ck_assert_float_eq_tol(z[i], acc, 1e-6);
+  }
+  fb_interp_free(in);
+
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  launch(s, add(s, k), &arg, 1, &ret);
+  ck_assert_int_eq(ret.v.i, 41049);
+  int32_t ex[16];
+  eread(s, field(p, "x"), 0, ex, sizeof ex);
+  for (int i = 1; i < 16; i++) ck_assert_int_eq(ex[i], collatz(i));
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- random */
+
+START_TEST(random_values) {
+  fb_program *p = prog("layout { dense(i: 64) { place r: f32, s: f32 } }\n"
+                       "kernel roll() { for i in r { r[i] = random()\n s[i] = random() } }\n");
+  fb_kernel *k = inst(p, "roll", NULL, NULL);
+  fb_interp *a = fb_interp_new(fb_program_layout(p), 7), *b = fb_interp_new(fb_program_layout(p), 7);
+  irun(a, k, NULL, 0, NULL);
+  irun(b, k, NULL, 0, NULL);
+  const float *ra = icomp(a, p, "r", 0), *sa = icomp(a, p, "s", 0), *rb = icomp(b, p, "r", 0);
+  int distinct = 0;
+  for (int i = 0; i < 64; i++) {
+    ck_assert(ra[i] >= 0.0f && ra[i] < 1.0f);
+    ck_assert(sa[i] >= 0.0f && sa[i] < 1.0f);
+    ck_assert_float_eq(ra[i], rb[i]); /* same seed, same values */
+    distinct += ra[i] != sa[i] && (i == 0 || ra[i] != ra[i - 1]);
+  }
+  ck_assert_int_ge(distinct, 60);
+  /* the engine draws the same numbers (same seed, launch, site, iteration) */
+  fb_engine *e = engine();
+  fb_session_config sc = {"sync", 7, 0};
+  fb_session *s = NULL;
+  ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
+  launch(s, add(s, k), NULL, 0, NULL);
+  same_fields(a, s, p, 0);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_interp_free(a);
+  fb_interp_free(b);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- vectors */
+
+static const char *const vec_src =
+    "layout { dense(i: 8) {\n"
+    "  place a: f32[3], b: f32[3], M: f32[3][3], Q: f64[4][4]\n"
+    "  place d: f32, c: f32[3], n: f32, o: f32[3][3], Mi: f32[3][3], det: f32, tr: f32\n"
+    "  place mv: f32[3], Qi: f64[4][4], qdet: f64, w: f32[3], e: f32, ivs: i32\n"
+    "} }\n"
+    "kernel vec() {\n"
+    "  for i in 0 .. 8 {\n"
+    "    let x = a[i]\n"
+    "    let y = b[i]\n"
+    "    d[i] = dot(x, y)\n"
+    "    c[i] = cross(x, y)\n"
+    "    n[i] = x.norm() + norm_sqr(y)\n"
+    "    o[i] = outer(x, y) + transpose(M[i]) * 0.5\n"
+    "    Mi[i] = inverse(M[i])\n"
+    "    det[i] = determinant(M[i])\n"
+    "    tr[i] = trace(M[i] @ M[i])\n"
+    "    mv[i] = M[i] @ x - y @ M[i] + normalized(y) * 2\n"
+    "    Qi[i] = inverse(Q[i])\n"
+    "    qdet[i] = Q[i].determinant()\n"
+    "    var v = f32[3](0.0)\n"
+    "    for k in 0 .. 3 {\n"
+    "      v[k] = x[k] * f32(k + 1) + M[i][k][(k + i) % 3]\n"
+    "    }\n"
+    "    w[i] = v\n"
+    "    e[i] = max(x[0], x[1], x[2]) - min(y.x, y.y) + abs(-x.z) + select(x[0] > y[0], 1.0, 2.0)\n"
+    "    let iv = i32(x * 100.0)\n"
+    "    ivs[i] = iv.x + iv[1] * 1000\n"
+    "  }\n"
+    "}\n";
+
+typedef struct vecdata {
+  float a[8][3], b[8][3], M[8][9];
+  double Q[8][16];
+} vecdata;
+
+static void put(fb_interp *in, fb_program *p, const char *f, int comp, int i, double v) {
+  const fb_lang_field *fl = field(p, f);
+  void *arr = icomp(in, p, f, comp);
+  if (fl->type == FB_T_F64) ((double *)arr)[i] = v;
+  else ((float *)arr)[i] = (float)v;
+}
+
+static double get(fb_interp *in, fb_program *p, const char *f, int comp, int i) {
+  const fb_lang_field *fl = field(p, f);
+  void *arr = icomp(in, p, f, comp);
+  return fl->type == FB_T_F64 ? ((double *)arr)[i] : ((float *)arr)[i];
+}
+
+static double det3(const double *m) {
+  return m[0] * (m[4] * m[8] - m[5] * m[7]) - m[1] * (m[3] * m[8] - m[5] * m[6]) +
+         m[2] * (m[3] * m[7] - m[4] * m[6]);
+}
+
+static double det4(const double *m) {
+  double s = 0;
+  for (int j = 0; j < 4; j++) {
+    double sub[9];
+    int n = 0;
+    for (int r = 1; r < 4; r++)
+      for (int c = 0; c < 4; c++)
+        if (c != j) sub[n++] = m[r * 4 + c];
+    s += (j % 2 ? -1 : 1) * m[j] * det3(sub);
+  }
+  return s;
+}
+
+START_TEST(vectors) {
+  fb_program *p = prog(vec_src);
+  fb_kernel *k = inst(p, "vec", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  vecdata D;
+  uint64_t seed = 42;
+  for (int i = 0; i < 8; i++) {
+    for (int c = 0; c < 3; c++) {
+      put(in, p, "a", c, i, D.a[i][c] = (float)urand(&seed));
+      put(in, p, "b", c, i, D.b[i][c] = (float)urand(&seed));
+    }
+    for (int c = 0; c < 9; c++) put(in, p, "M", c, i, D.M[i][c] = (float)(urand(&seed) + (c % 4 == 0 ? 2 : 0)));
+    for (int c = 0; c < 16; c++) put(in, p, "Q", c, i, D.Q[i][c] = urand(&seed) + (c % 5 == 0 ? 3 : 0));
+  }
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  copy_inputs(in, s, p);
+  launch(s, add(s, k), NULL, 0, NULL);
+  irun(in, k, NULL, 0, NULL);
+  same_fields(in, s, p, 1e-6);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  for (int i = 0; i < 8; i++) {
+    const float *x = D.a[i], *y = D.b[i];
+    double m[9];
+    for (int c = 0; c < 9; c++) m[c] = D.M[i][c];
+    ck_assert_double_eq_tol(get(in, p, "d", 0, i), x[0] * y[0] + x[1] * y[1] + x[2] * y[2], 1e-5);
+    ck_assert_double_eq_tol(get(in, p, "c", 0, i), x[1] * y[2] - x[2] * y[1], 1e-5);
+    ck_assert_double_eq_tol(get(in, p, "c", 1, i), x[2] * y[0] - x[0] * y[2], 1e-5);
+    ck_assert_double_eq_tol(get(in, p, "c", 2, i), x[0] * y[1] - x[1] * y[0], 1e-5);
+    double nx = sqrt(x[0] * x[0] + x[1] * x[1] + x[2] * x[2]), ny2 = y[0] * y[0] + y[1] * y[1] + y[2] * y[2];
+    ck_assert_double_eq_tol(get(in, p, "n", 0, i), nx + ny2, 1e-5);
+    for (int r = 0; r < 3; r++)
+      for (int c = 0; c < 3; c++) {
+        ck_assert_double_eq_tol(get(in, p, "o", r * 3 + c, i), x[r] * y[c] + m[c * 3 + r] * 0.5, 1e-5);
+        double mm = 0;
+        for (int t = 0; t < 3; t++) mm += m[r * 3 + t] * get(in, p, "Mi", t * 3 + c, i);
+        ck_assert_double_eq_tol(mm, r == c, 1e-4); /* M @ inverse(M) = I */
+      }
+    ck_assert_double_eq_tol(get(in, p, "det", 0, i), det3(m), 1e-4);
+    double tr = 0;
+    for (int r = 0; r < 3; r++)
+      for (int t = 0; t < 3; t++) tr += m[r * 3 + t] * m[t * 3 + r];
+    ck_assert_double_eq_tol(get(in, p, "tr", 0, i), tr, 1e-4);
+    for (int r = 0; r < 3; r++) {
+      double mx = 0, ym = 0;
+      for (int t = 0; t < 3; t++) {
+        mx += m[r * 3 + t] * x[t];
+        ym += y[t] * m[t * 3 + r];
+      }
+      ck_assert_double_eq_tol(get(in, p, "mv", r, i), mx - ym + 2 * y[r] / sqrt(ny2), 1e-4);
+      ck_assert_double_eq_tol(get(in, p, "w", r, i), x[r] * (r + 1) + m[r * 3 + (r + i) % 3], 1e-5);
+    }
+    ck_assert_double_eq_tol(get(in, p, "qdet", 0, i), det4(D.Q[i]), 1e-9);
+    for (int r = 0; r < 4; r++)
+      for (int c = 0; c < 4; c++) {
+        double mm = 0;
+        for (int t = 0; t < 4; t++) mm += D.Q[i][r * 4 + t] * get(in, p, "Qi", t * 4 + c, i);
+        ck_assert_double_eq_tol(mm, r == c, 1e-10);
+      }
+    double e = fmax(fmax(x[0], x[1]), x[2]) - fmin(y[0], y[1]) + fabs(x[2]) + (x[0] > y[0] ? 1.0 : 2.0);
+    ck_assert_double_eq_tol(get(in, p, "e", 0, i), e, 1e-5);
+    ck_assert_int_eq(((int32_t *)icomp(in, p, "ivs", 0))[i], (int32_t)(x[0] * 100.0f) + (int32_t)(x[1] * 100.0f) * 1000);
+  }
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- svd and polar */
+
+#define NM 16
+static const char *const svd_src =
+    "layout { dense(i: 16) {\n"
+    "  place A3: f32[3][3], U3: f32[3][3], S3: f32[3][3], V3: f32[3][3], R3: f32[3][3], P3: f32[3][3]\n"
+    "  place A2: f32[2][2], U2: f32[2][2], S2: f32[2][2], V2: f32[2][2], R2: f32[2][2], P2: f32[2][2]\n"
+    "  place D3: f64[3][3], DU: f64[3][3], DS: f64[3][3], DV: f64[3][3]\n"
+    "} }\n"
+    "kernel decompose() {\n"
+    "  for i in A3 {\n"
+    "    let (u, s, v) = svd(A3[i])\n"
+    "    U3[i] = u\n    S3[i] = s\n    V3[i] = v\n"
+    "    let (r, q) = polar(A3[i])\n"
+    "    R3[i] = r\n    P3[i] = q\n"
+    "    let (u2, s2, v2) = svd(A2[i])\n"
+    "    U2[i] = u2\n    S2[i] = s2\n    V2[i] = v2\n"
+    "    let (r2, q2) = polar(A2[i])\n"
+    "    R2[i] = r2\n    P2[i] = q2\n"
+    "    let (du, ds, dv) = svd(D3[i])\n"
+    "    DU[i] = du\n    DS[i] = ds\n    DV[i] = dv\n"
+    "  }\n"
+    "}\n";
+
+static void mat_get(fb_interp *in, fb_program *p, const char *f, int i, int n, double *m) {
+  for (int c = 0; c < n * n; c++) m[c] = get(in, p, f, c, i);
+}
+
+static void mul_t(const double *a, const double *b, int n, double *out, int tb) {
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++) {
+      double s = 0;
+      for (int k = 0; k < n; k++) s += a[r * n + k] * (tb ? b[c * n + k] : b[k * n + c]);
+      out[r * n + c] = s;
+    }
+}
+
+static double fro(const double *a, int n) {
+  double s = 0;
+  for (int c = 0; c < n * n; c++) s += a[c] * a[c];
+  return sqrt(s);
+}
+
+static double det(const double *m, int n) { return n == 2 ? m[0] * m[3] - m[1] * m[2] : det3(m); }
+
+static void check_rotation(const double *R, int n, double tol, const char *what, int i) {
+  double RtR[9];
+  double Rt[9];
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++) Rt[r * n + c] = R[c * n + r];
+  mul_t(Rt, Rt, n, RtR, 1); /* R^T R */
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++)
+      ck_assert_msg(fabs(RtR[r * n + c] - (r == c)) < tol, "%s[%d] not orthonormal: %g", what, i, RtR[r * n + c]);
+  ck_assert_msg(fabs(det(R, n) - 1) < tol, "%s[%d] det %g", what, i, det(R, n));
+}
+
+static void check_svd(fb_interp *in, fb_program *p, const char *A, const char *U, const char *S,
+                      const char *V, int n, int i, double tol) {
+  double a[9], u[9], s[9], v[9], us[9], usv[9];
+  mat_get(in, p, A, i, n, a);
+  mat_get(in, p, U, i, n, u);
+  mat_get(in, p, S, i, n, s);
+  mat_get(in, p, V, i, n, v);
+  for (int c = 0; c < n * n; c++) ck_assert_msg(isfinite(u[c]) && isfinite(s[c]) && isfinite(v[c]), "%s[%d]: not finite", A, i);
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++)
+      if (r != c) ck_assert_msg(s[r * n + c] == 0, "S not diagonal");
+  for (int r = 0; r + 1 < n; r++) {
+    ck_assert(s[r * n + r] >= 0);
+    ck_assert_msg(s[r * n + r] + tol >= fabs(s[(r + 1) * n + r + 1]), "%s[%d]: sigma not sorted", A, i);
+  }
+  mul_t(u, s, n, us, 0);
+  mul_t(us, v, n, usv, 1); /* U S V^T */
+  double diff[9];
+  for (int c = 0; c < n * n; c++) diff[c] = usv[c] - a[c];
+  double scale = fro(a, n) > 1e-30 ? fro(a, n) : 1;
+  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - U S V^T| / |M| = %g", A, i, fro(diff, n) / scale);
+  check_rotation(u, n, tol, U, i);
+  check_rotation(v, n, tol, V, i);
+}
+
+static void check_polar(fb_interp *in, fb_program *p, const char *A, const char *R, const char *P,
+                        int n, int i, double tol) {
+  double a[9], r[9], q[9], rq[9];
+  mat_get(in, p, A, i, n, a);
+  mat_get(in, p, R, i, n, r);
+  mat_get(in, p, P, i, n, q);
+  mul_t(r, q, n, rq, 0);
+  double diff[9];
+  for (int c = 0; c < n * n; c++) diff[c] = rq[c] - a[c];
+  double scale = fro(a, n) > 1e-30 ? fro(a, n) : 1;
+  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - R S| / |M| = %g", A, i, fro(diff, n) / scale);
+  for (int x = 0; x < n; x++)
+    for (int y = 0; y < n; y++) ck_assert(fabs(q[x * n + y] - q[y * n + x]) < tol * (1 + fro(q, n)));
+  if (det(a, n) > 0) check_rotation(r, n, tol, R, i);
+}
+
+/* Test matrices: random, and the hard cases (identity, repeated and zero
+ * singular values, reflections, tiny and large scales). */
+static void make_matrix(int kind, int n, uint64_t *seed, double *m) {
+  for (int c = 0; c < n * n; c++) m[c] = urand(seed);
+  switch (kind) {
+  case 0: for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0; break;        /* identity */
+  case 1: for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0 ? (c ? 3 : 1) : 0; break;
+  case 2: for (int c = 0; c < n * n; c++) m[c] = 0; break;                       /* zero */
+  case 3: for (int r = 0; r < n; r++) for (int c = 0; c < n; c++) m[r * n + c] = (r + 1.0) * (c - 0.5); break; /* rank 1 */
+  case 4: for (int c = 0; c < n; c++) m[c] = -m[c]; m[0] = -fabs(m[0]) - 1; break; /* reflection-ish */
+  case 5: for (int c = 0; c < n * n; c++) m[c] *= 1e-3; break;
+  case 6: for (int c = 0; c < n * n; c++) m[c] *= 1e3; break;
+  case 7: for (int c = 0; c < n; c++) m[(n - 1) * n + c] = m[c] * 2; break;       /* rank n-1 */
+  default: break;
+  }
+}
+
+START_TEST(svd_polar) {
+  fb_program *p = prog(svd_src);
+  fb_kernel *k = inst(p, "decompose", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  uint64_t seed = 7;
+  for (int i = 0; i < NM; i++) {
+    double m3[9], m2[4], d3[9];
+    make_matrix(i, 3, &seed, m3);
+    make_matrix(i, 2, &seed, m2);
+    make_matrix(i, 3, &seed, d3);
+    for (int c = 0; c < 9; c++) {
+      put(in, p, "A3", c, i, m3[c]);
+      put(in, p, "D3", c, i, d3[c]);
+    }
+    for (int c = 0; c < 4; c++) put(in, p, "A2", c, i, m2[c]);
+  }
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  copy_inputs(in, s, p);
+  launch(s, add(s, k), NULL, 0, NULL);
+  irun(in, k, NULL, 0, NULL);
+  same_fields(in, s, p, 1e-6);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  int negdet = 0;
+  for (int i = 0; i < NM; i++) {
+    check_svd(in, p, "A3", "U3", "S3", "V3", 3, i, 1e-5);
+    check_svd(in, p, "A2", "U2", "S2", "V2", 2, i, 1e-5);
+    check_svd(in, p, "D3", "DU", "DS", "DV", 3, i, 1e-12);
+    check_polar(in, p, "A3", "R3", "P3", 3, i, 1e-5);
+    check_polar(in, p, "A2", "R2", "P2", 2, i, 1e-5);
+    double a[9];
+    mat_get(in, p, "A3", i, 3, a);
+    negdet += det3(a) < 0;
+  }
+  ck_assert_int_gt(negdet, 0); /* reflections were among the inputs */
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("lang_exec");
+  TCase *tc = tcase_create("exec");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, int_divmod);
+  tcase_add_test(tc, heat);
+  tcase_add_test(tc, life);
+  tcase_add_test(tc, control_flow);
+  tcase_add_test(tc, random_values);
+  tcase_add_test(tc, vectors);
+  tcase_add_test(tc, svd_polar);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return fbt_run(suite()); }
