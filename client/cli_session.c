@@ -87,8 +87,8 @@ static int check_action(json_t *a, const char *path, char **err) {
     if (rc) return rc;
     if (!json_is_integer(json_object_get(a, "repeat")) || json_integer_value(json_object_get(a, "repeat")) < 0)
       return errf(err, FB_EINVAL, "%s.repeat: expected a count >= 0", path);
-    char sub[512];
-    snprintf(sub, sizeof sub, "%s.do", path);
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%.1000s.do", path);
     return check_actions(json_object_get(a, "do"), sub, err);
   }
   if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
@@ -104,7 +104,7 @@ static int check_actions(json_t *list, const char *path, char **err) {
   size_t i;
   json_t *a;
   json_array_foreach(list, i, a) {
-    char sub[512];
+    char sub[1024];
     snprintf(sub, sizeof sub, "%s[%zu]", path, i);
     int rc = check_action(a, sub, err);
     if (rc) return rc;
@@ -230,7 +230,7 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e) {
-      char sub[512];
+      char sub[1024];
       snprintf(sub, sizeof sub, "%s[%zu]", path, i);
       json_t *c = subst_json(e, params, sub, err);
       if (!c) { json_decref(r); return NULL; }
@@ -243,7 +243,7 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
     const char *k;
     json_t *e;
     json_object_foreach(v, k, e) {
-      char sub[512];
+      char sub[1024];
       snprintf(sub, sizeof sub, "%s.%s", path, k);
       json_t *c = subst_json(e, params, sub, err);
       if (!c) { json_decref(r); return NULL; }
@@ -469,8 +469,8 @@ static int field_info(fb_sess_run *r, const char *name, const fb_lang_field **fl
 }
 
 static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err) {
-  const fb_lang_field *fld;
-  int64_t cells;
+  const fb_lang_field *fld = NULL;
+  int64_t cells = 0;
   int rc = field_info(r, name, &fld, &cells, err);
   if (rc) return rc;
   size_t es = fb_type_size(fld->type);
@@ -502,8 +502,8 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
 static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *name = json_string_value(json_object_get(a, "write"));
   char *file = join_path(r->f->dir, json_string_value(json_object_get(a, "from")));
-  const fb_lang_field *fld;
-  int64_t cells;
+  const fb_lang_field *fld = NULL;
+  int64_t cells = 0;
   fb_npy arr;
   char msg[512];
   int rc = field_info(r, name, &fld, &cells, err);
@@ -538,8 +538,8 @@ static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (json_object_get(a, "write")) return do_write(r, a, path, err);
   if (json_object_get(a, "repeat")) {
     json_int_t n = json_integer_value(json_object_get(a, "repeat"));
-    char sub[512];
-    snprintf(sub, sizeof sub, "%s.do", path);
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%.1000s.do", path);
     for (json_int_t i = 0; i < n; i++) {
       int rc = run_list(r, json_object_get(a, "do"), sub, err);
       if (rc) return rc;
@@ -556,7 +556,7 @@ static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) 
   size_t i;
   json_t *a;
   json_array_foreach(list, i, a) {
-    char sub[512];
+    char sub[1024];
     snprintf(sub, sizeof sub, "%s[%zu]", path, i);
     int rc = run_action(r, a, sub, err);
     if (rc) return rc;

@@ -876,6 +876,8 @@ static int exec_stmt(run *r, int id, int top) {
   case FB_OPC_RET: return exec_ret(r, id);
   case FB_OPC_GTMP: return exec_gtmp(r, id);
   case FB_OPC_RAND: return exec_rand(r, id);
+  case FB_OPC_LIST: return 0; /* lists are the runtime's: the interpreter
+                                 walks the active cells directly */
   default: return bad(r, FB_EINVAL, id, "op class %d has no meaning", fb_op_table[s->op].cls);
   }
 }

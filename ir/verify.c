@@ -355,6 +355,19 @@ static void check_gtmp(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) 
   if (yields_value(oi) && !t_valid(s->type)) verr(v, id, "needs a non-void type");
 }
 
+/* clear_list, listgen, gc: on a sparse container (gc: pointer or dynamic,
+ * the kinds that allocate). */
+static void check_list(vctx *v, int id, const fb_stmt *s) {
+  const fb_snode *n = snode_of(v, s);
+  int sparse = n->kind == FB_SN_POINTER || n->kind == FB_SN_BITMASKED || n->kind == FB_SN_DYNAMIC;
+  if (s->op == FB_OP_GC && n->kind != FB_SN_POINTER && n->kind != FB_SN_DYNAMIC)
+    verr(v, id, "SNode %d (%s) allocates nothing; gc needs a pointer or dynamic SNode", s->snode,
+         snode_label(n));
+  else if (!sparse)
+    verr(v, id, "SNode %d (%s) is not sparse; lists exist for pointer, bitmasked and dynamic SNodes",
+         s->snode, snode_label(n));
+}
+
 /* The class's type rule. Operands are in range and of the expected kind;
  * SNode ops have a usable SNode; the arity matches. */
 static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
@@ -405,6 +418,7 @@ static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi)
   case FB_OPC_RET: check_ret(v, id, s); break;
   case FB_OPC_GTMP: check_gtmp(v, id, s, oi); break;
   case FB_OPC_RAND: want_result(v, id, s, FB_T_F32); break;
+  case FB_OPC_LIST: check_list(v, id, s); break;
   default: break; /* LOOP, JUMP: no types */
   }
 }
@@ -416,6 +430,9 @@ static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi)
 static void check_placement(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
   if ((s->op == FB_OP_PAR_FOR || s->op == FB_OP_STRUCT_FOR) && v->depth > 0)
     verr(v, id, "parallel loops must sit directly in the kernel body, not inside %%%d %s",
+         v->stack[v->depth - 1], op_name(v->k->stmts[v->stack[v->depth - 1]].op));
+  if (oi->cls == FB_OPC_LIST && v->depth > 0)
+    verr(v, id, "list tasks must sit directly in the kernel body, not inside %%%d %s",
          v->stack[v->depth - 1], op_name(v->k->stmts[v->stack[v->depth - 1]].op));
   if (oi->cls != FB_OPC_JUMP) return;
   for (int i = v->depth - 1; i >= 0; i--) {

@@ -33,7 +33,7 @@ static void sb_add(sbuf *b, const char *s) {
 }
 
 static char *read_lang(const char *name) {
-  char rel[256];
+  char rel[512];
   snprintf(rel, sizeof rel, "lang/%s", name);
   return fbt_read_file(fbt_path(rel), NULL);
 }

@@ -23,6 +23,9 @@
  *   alloca      type = the variable's type; lload args = var; lstore args = var, value
  *   gtmp_load   imm.i = byte offset in the session scratch buffer; gtmp_store args = value
  *   rand        imm.i = call site; type f32
+ *   clear_list / listgen / gc: snode = a sparse container; no operands; in
+ *               the kernel body only (tasks the lowering makes for sparse
+ *               struct-fors and deactivation: see docs/sparse.md)
  *   assume_unique args = index value; snode = the field it covers
  */
 #ifndef FB_OP
@@ -111,3 +114,7 @@ FB_OP(RET,         "ret",         1, FB_OPC_RET,     FB_OPF_SIDE)
 FB_OP(GTMP_LOAD,   "gtmp_load",   0, FB_OPC_GTMP,    FB_OPF_READS)
 FB_OP(GTMP_STORE,  "gtmp_store",  1, FB_OPC_GTMP,    FB_OPF_WRITES | FB_OPF_SIDE)
 FB_OP(RAND,        "rand",        0, FB_OPC_RAND,    0)
+/* sparse runtime tasks */
+FB_OP(CLEAR_LIST,  "clear_list",  0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(LISTGEN,     "listgen",     0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(GC,          "gc",          0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)

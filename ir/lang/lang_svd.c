@@ -137,7 +137,7 @@ static void svd_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
     cross3(c, u[0], u[1], u[2]);
   }
   int last = n - 1;
-  int bl[3];
+  int bl[3] = {0, 0, 0};
   for (int i = 0; i < n; i++) bl[i] = B[i * n + last];
   int sl = mul(c, bl[0], u[last][0]);
   for (int i = 1; i < n; i++) sl = add(c, sl, mul(c, bl[i], u[last][i]));

@@ -324,8 +324,8 @@ int lv_matmul(lower *L, lval *a, lval *b, lval *out, node *at) {
 int lang_list(lower *L, node *e, lval *out) {
   lval el[4];
   char x[64];
-  if (e->nkids > 4) {
-    ERR(L, e, "vectors and matrices have at most 4 rows, found %d elements", e->nkids);
+  if (e->nkids > 4 || e->nkids < 1) {
+    ERR(L, e, "vectors and matrices have 1 to 4 rows, found %d elements", e->nkids);
     lv_unknown(out);
     return -1;
   }

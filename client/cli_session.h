@@ -1,0 +1,50 @@
+/* JSON session files (SESSIONS.md): loading with strict key checking and
+ * parameter substitution, and running setup / step / checks against an
+ * engine session. `fusebox run` runs one mode; `fusebox bench` (later) runs
+ * several modes side by side through the same functions. */
+#ifndef FB_CLI_SESSION_H
+#define FB_CLI_SESSION_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "fusebox/engine.h"
+#include "fusebox/lang.h"
+
+typedef struct fb_sess_file {
+  char *path;       /* the JSON file */
+  char *dir;        /* its folder: relative paths start here */
+  char *name;
+  json_t *root;     /* after ${param} substitution */
+  char *program_path; /* NULL for inline source */
+  char *source;     /* program text after substitution */
+  fb_program *prog;
+} fb_sess_file;
+
+/* Load, check keys, substitute params, parse the program. On failure returns
+ * a negative code and writes a message (with the JSON path, or the rendered
+ * .fbk diagnostics) to err (malloc'd, caller frees). */
+int fb_sess_load(const char *path, fb_sess_file *out, char **err);
+void fb_sess_free(fb_sess_file *f);
+
+typedef struct fb_sess_opts {
+  const char *mode;  /* overrides session.mode when not NULL */
+  int verbose;       /* print each launch's return value */
+  FILE *out;         /* where check outcomes go */
+} fb_sess_opts;
+
+/* A running session: the engine objects and the kernel cache. */
+typedef struct fb_sess_run fb_sess_run;
+
+int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err);
+void fb_sess_stop(fb_sess_run *r);
+/* Run the actions of a list ("setup" or "step"). */
+int fb_sess_actions(fb_sess_run *r, const char *list, char **err);
+/* Evaluate "checks"; returns the number of failed checks (>= 0) or a
+ * negative code with err set. Outcomes are printed to o->out. */
+int fb_sess_checks(fb_sess_run *r, char **err);
+fb_session *fb_sess_session(fb_sess_run *r);
+/* A field's contents as float64, components innermost (malloc'd). */
+int fb_sess_read_f64(fb_sess_run *r, const char *field, double **vals, int64_t *n, char **err);
+
+#endif
