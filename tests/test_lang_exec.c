@@ -477,6 +477,47 @@ START_TEST(random_values) {
 }
 END_TEST
 
+/* random() must not depend on how the iterations are split between
+ * threads: one worker and five workers give the same numbers. */
+START_TEST(random_thread_counts) {
+  enum { N = 1 << 16 };
+  fb_program *p = prog("layout { dense(i: 65536) { place r: f32 } }\n"
+                       "kernel roll() { for i in r {\n"
+                       "  var acc = 0.0\n"
+                       "  for k in 0 .. i % 3 { acc += random() }\n"
+                       "  r[i] = acc + random()\n"
+                       "} }\n");
+  fb_kernel *k = inst(p, "roll", NULL, NULL);
+  float *out[2];
+  int threads[2] = {1, 5};
+  for (int t = 0; t < 2; t++) {
+    fb_engine_config cfg = {"cpu", 1, threads[t]};
+    fb_engine *e = NULL;
+    char err[256];
+    ck_assert_int_eq(fb_engine_create(&cfg, &e, err, sizeof err), 0);
+    fb_session_config sc = {"sync", 11, 0};
+    fb_session *s = NULL;
+    ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
+    int id = add(s, k);
+    launch(s, id, NULL, 0, NULL);
+    launch(s, id, NULL, 0, NULL); /* the second launch draws new numbers */
+    out[t] = malloc(sizeof(float) * N);
+    ck_assert_int_eq(fb_field_read(s, field(p, "r")->places[0], out[t], sizeof(float) * N), 0);
+    fb_session_destroy(s);
+    fb_engine_destroy(e);
+  }
+  int nonzero = 0;
+  for (int i = 0; i < N; i++) {
+    ck_assert_msg(out[0][i] == out[1][i], "r[%d]: %g with 1 thread, %g with 5", i, out[0][i], out[1][i]);
+    nonzero += out[0][i] != 0.0f;
+  }
+  ck_assert_int_gt(nonzero, N - 16);
+  free(out[0]);
+  free(out[1]);
+  fb_program_free(p);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- vectors */
 
 static const char *const vec_src =
@@ -780,6 +821,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, life);
   tcase_add_test(tc, control_flow);
   tcase_add_test(tc, random_values);
+  tcase_add_test(tc, random_thread_counts);
   tcase_add_test(tc, vectors);
   tcase_add_test(tc, svd_polar);
   suite_add_tcase(s, tc);
