@@ -31,6 +31,7 @@ int64_t fb_npy_numel(const fb_npy *a);
 int fb_cli_check(int argc, char **argv);
 int fb_cli_ir(int argc, char **argv);
 int fb_cli_run(int argc, char **argv);
+int fb_cli_bench(int argc, char **argv);
 
 /* Read a whole file (malloc'd, NUL-terminated) or NULL with errno set. */
 char *fb_cli_read_file(const char *path, size_t *len);

@@ -27,8 +27,12 @@ typedef struct fb_sess_file {
 int fb_sess_load(const char *path, fb_sess_file *out, char **err);
 void fb_sess_free(fb_sess_file *f);
 
+/* Passes a mode turns off (fusebox bench's async-no-PASS modes). */
+enum { FB_SESS_NO_LISTGEN = 1, FB_SESS_NO_DEMOTE = 2, FB_SESS_NO_FUSION = 4, FB_SESS_NO_DSE = 8 };
+
 typedef struct fb_sess_opts {
   const char *mode;  /* overrides session.mode when not NULL */
+  unsigned passes_off; /* FB_SESS_NO_* bits, on top of session.passes */
   int verbose;       /* print each launch's return value */
   FILE *out;         /* where check outcomes go */
 } fb_sess_opts;

@@ -15,13 +15,15 @@ static void usage(FILE *f) {
           "  check FILE.fbk              check a program; print every error with line:col\n"
           "  ir FILE.fbk [--kernel NAME] print the IR of each kernel and of its tasks\n"
           "  run SESSION.json            run a JSON session once and evaluate its checks\n"
+          "  bench SESSION.json...       run sessions in several engine modes; compare\n"
           "  help                        this text\n"
           "\n"
           "Run 'fusebox COMMAND --help' for the options of a command.\n"
           "examples:\n"
           "  fusebox check examples/heat.fbk\n"
           "  fusebox ir examples/saxpy.fbk --kernel init\n"
-          "  fusebox run examples/life.json\n");
+          "  fusebox run examples/life.json\n"
+          "  fusebox bench examples/heat.json --modes sync,async\n");
 }
 
 char *fb_cli_read_file(const char *path, size_t *len) {
@@ -58,6 +60,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "check")) return fb_cli_check(argc - 1, argv + 1);
   if (!strcmp(cmd, "ir")) return fb_cli_ir(argc - 1, argv + 1);
   if (!strcmp(cmd, "run")) return fb_cli_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return fb_cli_bench(argc - 1, argv + 1);
   fprintf(stderr, "fusebox: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 2;

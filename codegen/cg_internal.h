@@ -38,10 +38,17 @@ enum {
 /* Build the (unoptimized) module of task t into a new module in c, with the
  * given triple and data layout. *stmts receives the number of IR statements
  * lowered into the body function. Returns 0, FB_EINVAL (malformed task),
- * FB_EUNSUPPORTED (e.g. sparse access) or FB_ENOMEM, with a message. */
+ * FB_EUNSUPPORTED (e.g. a layout deeper than the sparse runtime's limits)
+ * or FB_ENOMEM, with a message. The module may call fb_rt_* functions:
+ * link the runtime with fb_cg_link_rt before optimising it. */
 int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
                 const char *triple, const char *datalayout, LLVMModuleRef *out,
                 int *stmts, char *err, size_t errlen);
+
+/* rt_link.c: link the sparse runtime's bitcode (codegen/rt/fb_rt.c) for
+ * the target into m when m calls it; its functions become internal. */
+int fb_cg_link_rt(LLVMContextRef c, LLVMModuleRef m, fb_cg_target target, char *err,
+                  size_t errlen);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -96,12 +103,19 @@ typedef struct fb_emit {
   unsigned char *done;    /* per statement: emitted in this function */
   const unsigned char *keep; /* bounds function: statements to emit, or NULL */
   LLVMValueRef rand_count;   /* i64 alloca: rand() calls in this run */
+  LLVMValueRef rand_launch;  /* i64 alloca: launch number rand() uses (rand_seq) */
   LLVMValueRef rand_iter;    /* i64: current parallel iteration (0 outside) */
   unsigned char *rstate;  /* range.c: per statement, memoised value ranges */
   int64_t *rlo, *rhi;
   fb_cg_loop loops[FB_CG_MAX_LOOPS];
   int nloops;
   int bounds_fn;          /* emitting the bounds function: no side effects */
+  /* sparse struct_for whose body is being emitted (emit.c): the loop, the
+   * container T its cells belong to and the current T cell's storage, so
+   * that field[loop indices] under T is addressed directly */
+  int sfor_loop, sfor_T;
+  LLVMValueRef sfor_cell;
+  int has_deactivate;     /* the task deactivates: no direct addressing */
   int stmts;              /* statements lowered */
   int rc;                 /* first error, sticky */
   char *err;
@@ -152,6 +166,13 @@ int fb_emit_mem_op(fb_emit *e, int id, const fb_stmt *s);
 /* Inline fb_rand_bits(seed, launch, site, iter, count) as an i64. */
 LLVMValueRef fb_emit_rand_bits(fb_emit *e, LLVMValueRef seed, LLVMValueRef launch,
                                LLVMValueRef site, LLVMValueRef iter, LLVMValueRef count);
+/* Pointers for runtime calls (generic address space) and for memory access
+ * (global address space on NVPTX); identity on the CPU. */
+LLVMValueRef fb_emit_generic(fb_emit *e, LLVMValueRef p);
+LLVMValueRef fb_emit_global(fb_emit *e, LLVMValueRef p);
+/* A generic pointer to a module constant holding desc (bytes, a multiple
+ * of 8) as i64s, named name; made once per module. */
+LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char *name);
 /* range.c: is statement id an i32 whose value always lies in [min, max]? */
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max);
 /* Check that every container on the path to snode is dense (FB_EUNSUPPORTED

@@ -18,6 +18,16 @@
  *   void bounds(fb_rt_ctx *ctx, int64_t *n);
  *     parallel tasks only: writes the iteration count (end - begin, or 0).
  *
+ * Sparse SNodes (docs/sparse.md): a struct_for over an SNode below sparse
+ * containers iterates the list of the deepest of them (Pk) times the cells
+ * of the dense levels between Pk and the SNode (M of them): iteration it is
+ * cell it % M of list element it / M, so bounds writes count(Pk) * M. The
+ * lists are made by list tasks: `loop` may name a listgen statement, whose
+ * iterations are (parent list element, instance, piece of cells); clear_list
+ * and gc are serial tasks. Tasks that touch sparse SNodes call the runtime
+ * of codegen/rt/fb_rt.c through ctx->runtime; its bitcode is linked into
+ * their modules.
+ *
  * Bounds checks: a global access whose index is outside the field's shape is
  * skipped (loads give 0) and FB_EBOUNDS is stored to *ctx->error. */
 #ifndef FB_CODEGEN_H
@@ -26,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codegen/rt/fb_rt.h"
 #include "fusebox/ir.h"
 
 typedef struct fb_rt_ctx {
@@ -36,7 +47,9 @@ typedef struct fb_rt_ctx {
   int32_t *error;        /* first error of the launch (0 = none) */
   uint64_t seed;         /* rand() seed of the session */
   uint64_t launch;       /* launch number for rand() */
-  void *runtime;         /* sparse runtime state (allocators, lists) */
+  void *runtime;         /* fb_rt_state * (codegen/rt/fb_rt.h): block pool,
+                          * allocators and lists of sparse SNodes; may be
+                          * NULL for layouts without sparse SNodes */
 } fb_rt_ctx;
 
 /* How args and rets are packed into 8-byte slots: integers sign- or zero-
@@ -50,7 +63,8 @@ typedef void (*fb_task_bounds_fn)(fb_rt_ctx *ctx, int64_t *n);
 
 typedef struct fb_cg_task {
   const fb_kernel *ir;
-  int loop; /* statement id of the top-level parallel loop, -1 if serial */
+  int loop; /* statement id of the top-level parallel loop (par_for,
+             * struct_for or listgen), -1 if serial */
 } fb_cg_task;
 
 /* ---------------------------------------------------------------- CPU */
@@ -73,6 +87,25 @@ fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen);
 void fb_cpu_jit_free(fb_cpu_jit *j);
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen);
+
+/* ---------------------------------------------------------------- sparse
+ * Descriptors of the device runtime from a layout (sparse_desc.c). */
+
+int fb_cg_is_sparse(fb_snode_kind k); /* bitmasked, pointer or dynamic */
+/* Nearest sparse container strictly above node, 0 (the root) if none. */
+int fb_cg_sparse_parent(const fb_layout *l, int node);
+/* Nearest sparse container at or above node, 0 if none. */
+int fb_cg_sparse_leaf(const fb_layout *l, int node);
+/* Bytes of one block of snode's allocator: pointer: a cell; dynamic: a
+ * chunk of cells; 0 for the kinds that allocate nothing. */
+uint64_t fb_cg_block_bytes(const fb_layout *l, int snode);
+/* Bytes of a bitmasked node's mask words (0 for other kinds). */
+uint64_t fb_cg_mask_bytes(const fb_snode *n);
+/* List generation of sparse container p; the storage of a cell (or block)
+ * of sparse container s with the allocating SNodes nested in it. 0 or
+ * FB_EUNSUPPORTED (layout deeper than the runtime's limits) with a message. */
+int fb_cg_listgen_desc(const fb_layout *l, int p, fb_rt_lg *d, char *err, size_t errlen);
+int fb_cg_cell_desc(const fb_layout *l, int s, fb_rt_cell *d, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- NVPTX */
 

@@ -248,6 +248,7 @@ static int compile_object(fb_cpu_jit *j, const fb_cg_task *t, const fb_cg_option
   LLVMModuleRef m = NULL;
   int rc = fb_cg_build(c, t, o, j->triple, j->layout, &m, stmts, err, errlen);
   if (!rc) rc = fb_cg_verify(m, err, errlen);
+  if (!rc) rc = fb_cg_link_rt(c, m, FB_CG_CPU, err, errlen);
   if (!rc) rc = fb_cg_optimize(m, tm, err, errlen);
   if (!rc) {
     char *msg = NULL;

@@ -3,8 +3,12 @@
  * range_for, break/continue) and parallel loops: the task's own loop becomes
  * the [lo, hi) iteration loop of the body (a grid-stride loop on NVPTX);
  * any other par_for/struct_for met in a serial task runs serially with the
- * same rand() iteration numbering. Values are lowered in emit_ops.c, memory
- * in emit_mem.c. */
+ * same rand() iteration numbering. A struct_for over an SNode below sparse
+ * containers walks the list of the deepest one (see codegen.h): on the CPU
+ * as a loop over list elements around a loop over the dense cells of each
+ * (which vectorises like a dense loop), on NVPTX as one grid-stride loop.
+ * The list tasks (clear_list, listgen, gc) call the runtime. Values are
+ * lowered in emit_ops.c, memory in emit_mem.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,8 +109,12 @@ LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret,
                           LLVMValueRef *args, unsigned n) {
   LLVMValueRef fn = LLVMGetNamedFunction(e->m, name);
   if (!fn) {
-    LLVMTypeRef pt[4];
-    for (unsigned i = 0; i < n && i < 4; i++) pt[i] = LLVMTypeOf(args[i]);
+    LLVMTypeRef pt[8];
+    if (n > 8) {
+      fb_emit_error(e, FB_EINTERNAL, "call of %s with %u arguments (8 at most)", name, n);
+      return LLVMGetUndef(ret == e->t_void ? e->t_i64 : ret);
+    }
+    for (unsigned i = 0; i < n; i++) pt[i] = LLVMTypeOf(args[i]);
     fn = LLVMAddFunction(e->m, name, LLVMFunctionType(ret, pt, n, 0));
   }
   return LLVMBuildCall2(e->b, LLVMGlobalGetValueType(fn), fn, args, n, "");
@@ -151,6 +159,43 @@ LLVMValueRef fb_emit_unpack_slot(fb_emit *e, fb_type t, LLVMValueRef slot) {
   case FB_T_I32: case FB_T_U32: return LLVMBuildTrunc(e->b, slot, e->t_i32, "");
   default: return slot;
   }
+}
+
+LLVMValueRef fb_emit_generic(fb_emit *e, LLVMValueRef p) {
+  if (e->o->target != FB_CG_NVPTX || LLVMGetPointerAddressSpace(LLVMTypeOf(p)) == 0) return p;
+  return LLVMBuildAddrSpaceCast(e->b, p, e->t_ptr, "");
+}
+
+/* NVPTX: the buffers behind the context live in device global memory;
+ * saying so (address space 1) gives ld.global / st.global / atom.global. */
+LLVMValueRef fb_emit_global(fb_emit *e, LLVMValueRef p) {
+  if (e->o->target != FB_CG_NVPTX) return p;
+  return LLVMBuildAddrSpaceCast(e->b, p, LLVMPointerTypeInContext(e->c, 1), "");
+}
+
+LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char *name) {
+  LLVMValueRef g = LLVMGetNamedGlobal(e->m, name);
+  int gpu = e->o->target == FB_CG_NVPTX;
+  if (!g) {
+    size_t n = bytes / 8;
+    LLVMValueRef *v = malloc(sizeof *v * (n ? n : 1));
+    if (!v) {
+      fb_emit_error(e, FB_ENOMEM, "out of memory");
+      return LLVMConstNull(e->t_ptr);
+    }
+    for (size_t i = 0; i < n; i++) {
+      int64_t x;
+      memcpy(&x, (const char *)desc + 8 * i, 8);
+      v[i] = LLVMConstInt(e->t_i64, (unsigned long long)x, 1);
+    }
+    g = LLVMAddGlobalInAddressSpace(e->m, LLVMArrayType2(e->t_i64, n), name, gpu ? 1 : 0);
+    LLVMSetInitializer(g, LLVMConstArray2(e->t_i64, v, n));
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    LLVMSetAlignment(g, 8);
+    free(v);
+  }
+  return gpu ? LLVMConstAddrSpaceCast(g, e->t_ptr) : g;
 }
 
 /* ---------------------------------------------------------------- loops */
@@ -232,8 +277,279 @@ static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- sparse loops */
+
+/* A struct_for over an SNode below sparse containers: the container T its
+ * cells belong to, the deepest sparse container Pk at or above T, and the
+ * dense levels strictly below Pk down to T (outermost first), M cells in
+ * all per list element. */
+typedef struct sfor_geom {
+  int T, pk, nlev;
+  int lev[FB_RT_MAX_LEVELS];
+  int64_t M;
+} sfor_geom;
+
+/* 1: sparse (g filled), 0: dense path, <0: error. */
+static int sfor_geometry(fb_emit *e, int id, const fb_stmt *s, sfor_geom *g) {
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  g->T = sn->kind == FB_SN_PLACE ? sn->parent : sn->id;
+  g->pk = fb_cg_sparse_leaf(e->l, g->T);
+  g->nlev = 0;
+  g->M = 1;
+  if (!g->pk) return 0;
+  int up[FB_RT_MAX_LEVELS], n = 0;
+  for (int c = g->T; c != g->pk; c = e->l->nodes[c].parent) {
+    if (n == FB_RT_MAX_LEVELS)
+      return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d struct_for: more than %d dense levels below "
+                           "SNode %d", id, FB_RT_MAX_LEVELS, g->pk);
+    up[n++] = c;
+  }
+  for (int i = 0; i < n; i++) {
+    g->lev[i] = up[n - 1 - i];
+    g->M *= e->l->nodes[g->lev[i]].ncells;
+  }
+  g->nlev = n;
+  return 1;
+}
+
+static LLVMValueRef i32c(fb_emit *e, int v) { return LLVMConstInt(e->t_i32, (unsigned long long)v, 0); }
+
+static LLVMValueRef listgen_desc(fb_emit *e, int snode) {
+  fb_rt_lg d;
+  char msg[256], name[48];
+  if (fb_cg_listgen_desc(e->l, snode, &d, msg, sizeof msg)) {
+    fb_emit_error(e, FB_EUNSUPPORTED, "%s", msg);
+    return NULL;
+  }
+  snprintf(name, sizeof name, "fb.lg.%d", snode);
+  return fb_emit_desc(e, &d, sizeof d, name);
+}
+
+/* Iterations of a sparse struct_for (count(Pk) * M) or of a listgen. */
+static LLVMValueRef sparse_count(fb_emit *e, int id, const fb_stmt *s) {
+  if (s->op == FB_OP_LISTGEN) {
+    LLVMValueRef d = listgen_desc(e, s->snode);
+    if (!d) return NULL;
+    LLVMValueRef args[2] = {e->ctx, d};
+    return fb_emit_call(e, "fb_rt_listgen_count", e->t_i64, args, 2);
+  }
+  sfor_geom g;
+  if (sfor_geometry(e, id, s, &g) < 0) return NULL;
+  LLVMValueRef args[2] = {e->ctx, i32c(e, g.pk)};
+  LLVMValueRef n = fb_emit_call(e, "fb_rt_list_count", e->t_i64, args, 2);
+  return g.M == 1 ? n : LLVMBuildNUWMul(e->b, n, fb_emit_i64(e, g.M), "n");
+}
+
+/* Is s a struct_for over an SNode with a sparse ancestor (or a listgen)? */
+static int iterates_list(fb_emit *e, const fb_stmt *s) {
+  if (s->op == FB_OP_LISTGEN) return 1;
+  if (s->op != FB_OP_STRUCT_FOR) return 0;
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  return fb_cg_sparse_leaf(e->l, sn->kind == FB_SN_PLACE ? sn->parent : sn->id) != 0;
+}
+
+/* Set up cell r of list element (cptr, c): the loop indices, rand()'s
+ * iteration number (the cell's linear index) and the T cell's storage. */
+static LLVMValueRef sfor_cell(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g,
+                              LLVMValueRef cptr, LLVMValueRef c[4], LLVMValueRef r) {
+  LLVMValueRef lin[FB_RT_MAX_LEVELS], gi[4], rest = r;
+  for (int i = g->nlev - 1; i >= 0; i--) {
+    LLVMValueRef n = fb_emit_i64(e, e->l->nodes[g->lev[i]].ncells);
+    lin[i] = i > 0 ? LLVMBuildURem(e->b, rest, n, "") : rest;
+    if (i > 0) rest = LLVMBuildUDiv(e->b, rest, n, "");
+  }
+  for (int a = 0; a < 4; a++) gi[a] = c[a];
+  LLVMValueRef base = cptr;
+  for (int i = 0; i < g->nlev; i++) {
+    const fb_snode *L = &e->l->nodes[g->lev[i]];
+    LLVMValueRef x = lin[i], loc[4];
+    for (int a = 3; a >= 0; a--) {
+      loc[a] = fb_emit_i64(e, 0);
+      if (L->size[a] == 1) continue;
+      LLVMValueRef sz = fb_emit_i64(e, L->size[a]);
+      loc[a] = LLVMBuildURem(e->b, x, sz, "");
+      x = LLVMBuildUDiv(e->b, x, sz, "");
+    }
+    for (int a = 0; a < 4; a++)
+      if (L->size[a] != 1)
+        gi[a] = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, gi[a], fb_emit_i64(e, L->size[a]), ""), loc[a], "");
+    LLVMValueRef off = LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)L->offset),
+                                    LLVMBuildMul(e->b, lin[i], fb_emit_i64(e, (int64_t)L->cell_bytes), ""), "");
+    base = LLVMBuildGEP2(e->b, e->t_i8, base, &off, 1, "cell");
+  }
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  LLVMValueRef iter = fb_emit_i64(e, 0);
+  for (int d = 0; d < sn->ndim; d++) {
+    int a = sn->dim_axis[d];
+    e->lidx[id][d] = LLVMBuildTrunc(e->b, gi[a], e->t_i32, "idx");
+    iter = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, iter, fb_emit_i64(e, sn->shape[a]), ""), gi[a], "");
+  }
+  e->rand_iter = iter;
+  return base;
+}
+
+/* Element el of the list: its cell's storage and index (i64 by axis). */
+static LLVMValueRef list_elem(fb_emit *e, LLVMValueRef elems, LLVMValueRef el, LLVMValueRef c[4]) {
+  LLVMValueRef off = LLVMBuildMul(e->b, el, fb_emit_i64(e, (int64_t)sizeof(fb_rt_elem)), "");
+  LLVMValueRef ep = LLVMBuildGEP2(e->b, e->t_i8, elems, &off, 1, "elem");
+  for (int a = 0; a < 4; a++) {
+    LLVMValueRef o = fb_emit_i64(e, 4 * a);
+    LLVMValueRef x = LLVMBuildLoad2(e->b, e->t_i32, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "");
+    LLVMSetAlignment(x, 4);
+    c[a] = LLVMBuildSExt(e->b, x, e->t_i64, "");
+  }
+  LLVMValueRef o = fb_emit_i64(e, 16);
+  LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "cptr");
+  LLVMSetAlignment(p, 8);
+  return fb_emit_global(e, p);
+}
+
+/* The body of one cell; continues at latch. */
+static int sfor_body(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g, LLVMValueRef cptr,
+                     LLVMValueRef c[4], LLVMValueRef r, LLVMBasicBlockRef latch) {
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  LLVMValueRef saved_iter = e->rand_iter, saved_cell = e->sfor_cell;
+  int saved_loop = e->sfor_loop, saved_T = e->sfor_T;
+  e->sfor_cell = sfor_cell(e, id, s, g, cptr, c, r);
+  e->sfor_loop = id;
+  e->sfor_T = g->T;
+  if (push_loop(e, id, NULL, latch)) return e->rc;
+  emit_block(e, s->body);
+  e->nloops--;
+  e->rand_iter = saved_iter;
+  e->sfor_cell = saved_cell;
+  e->sfor_loop = saved_loop;
+  e->sfor_T = saved_T;
+  if (e->rc) return e->rc;
+  br_to(e, latch);
+  return 0;
+}
+
+/* for (x = from; x < to; x++) in i64: opens the loop; the caller emits the
+ * body, branches to *latch and calls loop_close. */
+typedef struct counted {
+  LLVMBasicBlockRef head, latch, exit;
+  LLVMValueRef x;
+} counted;
+
+static void loop_open(fb_emit *e, counted *lp, LLVMValueRef from, LLVMValueRef to, const char *name) {
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  lp->head = fb_emit_block(e, name);
+  LLVMBasicBlockRef body = fb_emit_block(e, "body");
+  lp->latch = fb_emit_block(e, "next");
+  lp->exit = fb_emit_block(e, "done");
+  LLVMBuildBr(e->b, lp->head);
+  LLVMPositionBuilderAtEnd(e->b, lp->head);
+  lp->x = LLVMBuildPhi(e->b, e->t_i64, name);
+  LLVMAddIncoming(lp->x, &from, &pre, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, lp->x, to, ""), body, lp->exit);
+  LLVMPositionBuilderAtEnd(e->b, body);
+}
+
+static void loop_close(fb_emit *e, counted *lp, LLVMValueRef step) {
+  LLVMPositionBuilderAtEnd(e->b, lp->latch);
+  LLVMValueRef next = LLVMBuildNSWAdd(e->b, lp->x, step, "");
+  LLVMAddIncoming(lp->x, &next, &lp->latch, 1);
+  LLVMBuildBr(e->b, lp->head);
+  LLVMPositionBuilderAtEnd(e->b, lp->exit);
+}
+
+static LLVMValueRef smax(fb_emit *e, LLVMValueRef a, LLVMValueRef b) {
+  return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSGT, a, b, ""), a, b, "");
+}
+
+static LLVMValueRef smin(fb_emit *e, LLVMValueRef a, LLVMValueRef b) {
+  return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, a, b, ""), a, b, "");
+}
+
+/* Iterations [start, end) step 1: elements start/M .. ceil(end/M), and in
+ * each the cells of [start, end) it holds. The inner loop's element is
+ * invariant, so accesses to the loop's own cell are affine in r. */
+static int sfor_nested(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g, LLVMValueRef elems,
+                       LLVMValueRef start, LLVMValueRef end) {
+  LLVMValueRef M = fb_emit_i64(e, g->M);
+  LLVMValueRef e0 = LLVMBuildSDiv(e->b, start, M, "");
+  LLVMValueRef e1 = LLVMBuildSDiv(e->b, LLVMBuildAdd(e->b, end, fb_emit_i64(e, g->M - 1), ""), M, "");
+  counted outer, inner;
+  loop_open(e, &outer, e0, e1, "elem");
+  LLVMValueRef c[4];
+  LLVMValueRef cptr = list_elem(e, elems, outer.x, c);
+  LLVMValueRef first = LLVMBuildMul(e->b, outer.x, M, "");
+  LLVMValueRef rlo = smax(e, LLVMBuildSub(e->b, start, first, ""), fb_emit_i64(e, 0));
+  LLVMValueRef rhi = smin(e, LLVMBuildSub(e->b, end, first, ""), M);
+  loop_open(e, &inner, rlo, rhi, "cell");
+  if (sfor_body(e, id, s, g, cptr, c, inner.x, inner.latch)) return e->rc;
+  loop_close(e, &inner, fb_emit_i64(e, 1));
+  LLVMBuildBr(e->b, outer.latch);
+  loop_close(e, &outer, fb_emit_i64(e, 1));
+  return 0;
+}
+
+/* Iterations [start, end) by step (grid-stride): element and cell of each. */
+static int sfor_flat(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g, LLVMValueRef elems,
+                     LLVMValueRef start, LLVMValueRef end, LLVMValueRef step) {
+  counted lp;
+  loop_open(e, &lp, start, end, "it");
+  LLVMValueRef M = fb_emit_i64(e, g->M);
+  LLVMValueRef el = g->M == 1 ? lp.x : LLVMBuildUDiv(e->b, lp.x, M, "");
+  LLVMValueRef r = g->M == 1 ? fb_emit_i64(e, 0) : LLVMBuildURem(e->b, lp.x, M, "");
+  LLVMValueRef c[4];
+  LLVMValueRef cptr = list_elem(e, elems, el, c);
+  if (sfor_body(e, id, s, g, cptr, c, r, lp.latch)) return e->rc;
+  loop_close(e, &lp, step);
+  return 0;
+}
+
+static int emit_sparse_iterations(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef start,
+                                  LLVMValueRef end, LLVMValueRef step) {
+  if (s->op == FB_OP_LISTGEN) {
+    LLVMValueRef d = listgen_desc(e, s->snode);
+    if (!d) return e->rc;
+    counted lp;
+    loop_open(e, &lp, start, end, "lg");
+    LLVMValueRef args[3] = {e->ctx, d, lp.x};
+    fb_emit_call(e, "fb_rt_listgen_step", e->t_void, args, 3);
+    LLVMBuildBr(e->b, lp.latch);
+    loop_close(e, &lp, step);
+    return 0;
+  }
+  sfor_geom g;
+  if (sfor_geometry(e, id, s, &g) < 0) return e->rc;
+  LLVMValueRef args[2] = {e->ctx, i32c(e, g.pk)};
+  LLVMValueRef elems = fb_emit_global(e, fb_emit_call(e, "fb_rt_list_elems", e->t_ptr, args, 2));
+  if (LLVMIsAConstantInt(step) && LLVMConstIntGetSExtValue(step) == 1)
+    return sfor_nested(e, id, s, &g, elems, start, end);
+  return sfor_flat(e, id, s, &g, elems, start, end, step);
+}
+
+/* clear_list / gc (serial runtime calls) and listgen met in a serial task
+ * (all its iterations). */
+static int emit_list_op(fb_emit *e, int id, const fb_stmt *s) {
+  if (s->snode <= 0 || s->snode >= e->l->nnodes || !fb_cg_is_sparse(e->l->nodes[s->snode].kind))
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d is not sparse", id, op_name(s), s->snode);
+  if (s->op == FB_OP_CLEAR_LIST) {
+    LLVMValueRef args[2] = {e->ctx, i32c(e, s->snode)};
+    fb_emit_call(e, "fb_rt_clear_list", e->t_void, args, 2);
+    return 0;
+  }
+  if (s->op == FB_OP_GC) {
+    fb_rt_cell d;
+    char msg[256], name[48];
+    if (fb_cg_cell_desc(e->l, s->snode, &d, msg, sizeof msg))
+      return fb_emit_error(e, FB_EUNSUPPORTED, "%s", msg);
+    snprintf(name, sizeof name, "fb.cell.%d", s->snode);
+    LLVMValueRef args[2] = {e->ctx, fb_emit_desc(e, &d, sizeof d, name)};
+    fb_emit_call(e, "fb_rt_gc", e->t_void, args, 2);
+    return 0;
+  }
+  LLVMValueRef n = sparse_count(e, id, s);
+  if (!n) return e->rc;
+  return emit_sparse_iterations(e, id, s, fb_emit_i64(e, 0), n, fb_emit_i64(e, 1));
+}
+
 /* Iteration count of a parallel loop as an i64 (end - begin, or 0). */
 static LLVMValueRef par_count(fb_emit *e, int id, const fb_stmt *s) {
+  if (iterates_list(e, s)) return sparse_count(e, id, s);
   if (s->op == FB_OP_STRUCT_FOR) {
     const fb_snode *sn = &e->l->nodes[s->snode];
     int64_t n = 1;
@@ -273,7 +589,12 @@ static void par_indices(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef it) {
 /* for (it = start; it < end; it += step) { count = 0; body }, it in i64. */
 static int emit_iterations(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef start,
                            LLVMValueRef end, LLVMValueRef step) {
-  if (s->op == FB_OP_STRUCT_FOR && fb_emit_check_dense(e, id, s->snode)) return e->rc;
+  if (iterates_list(e, s)) {
+    LLVMValueRef saved_iter = e->rand_iter;
+    emit_sparse_iterations(e, id, s, start, end, step);
+    e->rand_iter = saved_iter;
+    return e->rc;
+  }
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
   LLVMBasicBlockRef head = fb_emit_block(e, "par");
   LLVMBasicBlockRef body = fb_emit_block(e, "par.body");
@@ -369,6 +690,7 @@ static int emit_stmt(fb_emit *e, int id) {
       return fb_emit_error(e, FB_EINVAL, "%%%d struct_for: no SNode %d", id, s->snode);
     return emit_serial_par(e, id, s);
   case FB_OPC_JUMP: return emit_jump(e, id, s);
+  case FB_OPC_LIST: return emit_list_op(e, id, s);
   case FB_OPC_LOOPIDX: return emit_loop_index(e, id, s);
   case FB_OPC_ALLOCA: case FB_OPC_LLOAD: case FB_OPC_LSTORE: case FB_OPC_GLOAD:
   case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: case FB_OPC_SPARSE:
@@ -397,13 +719,6 @@ typedef struct fn_frame {
   LLVMBasicBlockRef entry, code;
 } fn_frame;
 
-/* NVPTX: the buffers behind the context live in device global memory;
- * saying so (address space 1) gives ld.global / st.global / atom.global. */
-static LLVMValueRef global_ptr(fb_emit *e, LLVMValueRef p) {
-  if (e->o->target != FB_CG_NVPTX) return p;
-  return LLVMBuildAddrSpaceCast(e->b, p, LLVMPointerTypeInContext(e->c, 1), "");
-}
-
 /* Start a function: entry block for allocas, code block for statements. */
 static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned np,
                      fn_frame *f) {
@@ -420,15 +735,17 @@ static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned
   memset(e->lidx, 0, n * sizeof *e->lidx);
   memset(e->done, 0, n);
   e->nloops = 0;
-  e->c_root = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
-  e->c_args = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr));
-  e->c_rets = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_RETS, e->t_ptr));
-  e->c_gtmp = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_GTMP, e->t_ptr));
-  e->c_error = global_ptr(e, fb_emit_ctx_field(e, FB_CTX_ERROR, e->t_ptr));
+  e->c_root = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
+  e->c_args = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr));
+  e->c_rets = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_RETS, e->t_ptr));
+  e->c_gtmp = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_GTMP, e->t_ptr));
+  e->c_error = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ERROR, e->t_ptr));
   e->c_seed = fb_emit_ctx_field(e, FB_CTX_SEED, e->t_i64);
   e->c_launch = fb_emit_ctx_field(e, FB_CTX_LAUNCH, e->t_i64);
   e->rand_count = LLVMBuildAlloca(e->ab, e->t_i64, "rand.count");
   LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  e->rand_launch = LLVMBuildAlloca(e->ab, e->t_i64, "rand.launch");
+  LLVMBuildStore(e->b, e->c_launch, e->rand_launch);
   e->rand_iter = fb_emit_i64(e, 0);
 }
 
@@ -605,10 +922,12 @@ static int check_task(const fb_cg_task *t, int *loop_pos, char *err, size_t errl
     return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is not a top-level statement",
                       k->name, t->loop);
   const fb_stmt *s = &k->stmts[t->loop];
-  if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a %s, not par_for or "
-                      "struct_for", k->name, t->loop, s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
-  if (s->op == FB_OP_STRUCT_FOR && (s->snode < 0 || s->snode >= k->layout->nnodes))
+  if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR && s->op != FB_OP_LISTGEN)
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a %s, not par_for, "
+                      "struct_for or listgen", k->name, t->loop,
+                      s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
+  if ((s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_LISTGEN) &&
+      (s->snode <= 0 || s->snode >= k->layout->nnodes))
     return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: struct_for %%%d names no SNode",
                       k->name, t->loop);
   if (pos != b0->n - 1)
@@ -645,6 +964,9 @@ static void emit_init(fb_emit *e, LLVMContextRef c, const fb_cg_task *t, const f
   e->t_f32 = LLVMFloatTypeInContext(c);
   e->t_f64 = LLVMDoubleTypeInContext(c);
   e->t_ptr = LLVMPointerTypeInContext(c, 0);
+  e->sfor_loop = e->sfor_T = -1;
+  for (int i = 0; i < t->ir->nstmts; i++)
+    if (t->ir->stmts[i].op == FB_OP_DEACTIVATE) e->has_deactivate = 1;
 }
 
 /* The verifier's verdict, its first message into err. */

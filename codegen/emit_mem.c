@@ -1,11 +1,18 @@
 /* Lowering of statements that touch memory: local variables (allocas in the
  * entry block, zeroed where the alloca statement runs), global field access
- * with the dense address arithmetic of fb_layout_dense_offset and a bounds
- * check per index (out of bounds: skipped, loads give 0, FB_EBOUNDS latched
- * in *ctx->error), atomics, sparse queries on dense paths, the launch
- * scratch buffer (gtmp), return slots and the inline rand() generator.
- * Sparse containers are refused with FB_EUNSUPPORTED for now: the address
- * code is one function per container kind so they can be added there. */
+ * with a bounds check per index (out of bounds: skipped, loads give 0,
+ * FB_EBOUNDS latched in *ctx->error), atomics, the sparse ops (is_active,
+ * activate, deactivate, append, length), the launch scratch buffer (gtmp),
+ * return slots and the inline rand() generator.
+ *
+ * Addresses: a dense path is the arithmetic of fb_layout_dense_offset; a
+ * path through sparse containers is walked from the root with one step
+ * function per container kind (bitmasked, pointer, dynamic): reads leave
+ * for "inactive" (giving 0) at the first inactive level, writes activate
+ * each level (slow paths call the runtime of codegen/rt/fb_rt.c). Inside a
+ * sparse struct_for, a field of the loop's container indexed by the loop's
+ * own indices is addressed directly in the current cell. */
+#include <stdio.h>
 #include <string.h>
 
 #include "cg_internal.h"
@@ -57,29 +64,42 @@ int fb_emit_check_dense(fb_emit *e, int id, int snode) {
     fb_snode_kind k = l->nodes[n].kind;
     if (k != FB_SN_DENSE && k != FB_SN_PLACE)
       return fb_emit_error(e, FB_EUNSUPPORTED,
-                           "%%%d %s: SNode %d (%s) is sparse; sparse data structures are not "
-                           "supported by code generation yet",
+                           "%%%d %s: SNode %d (%s) is sparse; this path needs a dense one",
                            id, opname(&e->k->stmts[id]), n, fb_snode_kind_name(k));
   }
   return 0;
 }
 
-/* Operands 0..ndim-1 of s are the indices of snode: check their count and
- * type, and AND together 0 <= I < shape (unsigned compares) for the indices
- * not proven in range (range.c). *inb is NULL when nothing needs checking. */
-static int index_check(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
-                       LLVMValueRef idx[FB_MAX_AXES], LLVMValueRef *inb) {
+/* Is every container from the root down to snode (inclusive) dense? */
+static int dense_path(const fb_layout *l, int snode) {
+  for (int n = snode; n > 0; n = l->nodes[n].parent)
+    if (fb_cg_is_sparse(l->nodes[n].kind)) return 0;
+  return 1;
+}
+
+/* Operands 0..n-1 of s are indices of snode (n = its dimension, or less by
+ * `drop` for append/length): check their count and type, and AND together
+ * 0 <= I < shape (unsigned compares) for the indices not proven in range
+ * (range.c). idx[d] is operand d; *inb is NULL when nothing needs checking.
+ * The indices of snode's axes are those of its dimensions in order, minus
+ * the skipped axis `skip_axis` (-1: none). */
+static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
+                          int skip_axis, LLVMValueRef idx[FB_MAX_AXES], int axis[FB_MAX_AXES],
+                          LLVMValueRef *inb) {
   const fb_snode *sn = &e->l->nodes[snode];
+  int n = 0;
+  for (int d = 0; d < sn->ndim; d++)
+    if (sn->dim_axis[d] != skip_axis) axis[n++] = sn->dim_axis[d];
   *inb = NULL;
-  if (s->nargs != sn->ndim + extra)
+  if (s->nargs != n + extra)
     return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d takes %d indices", id, opname(s),
-                         snode, sn->ndim);
-  for (int d = 0; d < sn->ndim; d++) {
+                         snode, n);
+  for (int d = 0; d < n; d++) {
     idx[d] = fb_emit_arg(e, s, d);
     if (!idx[d]) return e->rc;
     if (fb_emit_argtype(e, s, d) != FB_T_I32)
       return fb_emit_error(e, FB_EINVAL, "%%%d %s: index %d is not i32", id, opname(s), d);
-    int64_t extent = sn->shape[sn->dim_axis[d]];
+    int64_t extent = sn->shape[axis[d]];
     if (fb_cg_in_range(e, s->args[d], 0, extent - 1)) continue;
     LLVMValueRef ext = fb_emit_i32(e, (int32_t)extent);
     LLVMValueRef ok = LLVMBuildICmp(e->b, LLVMIntULT, idx[d], ext, "");
@@ -88,21 +108,50 @@ static int index_check(fb_emit *e, int id, const fb_stmt *s, int snode, int extr
   return 0;
 }
 
-/* Offset contribution of one dense container on the path to `place`:
- * node offset + (row-major local cell index) * cell bytes. */
-static LLVMValueRef dense_step(fb_emit *e, const fb_snode *c, int place,
-                               LLVMValueRef gi[FB_MAX_AXES]) {
+static int index_check(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
+                       LLVMValueRef idx[FB_MAX_AXES], LLVMValueRef *inb) {
+  int axis[FB_MAX_AXES];
+  return index_check_ex(e, id, s, snode, extra, -1, idx, axis, inb);
+}
+
+/* Global indices by axis (i64, 0 where absent) from checked indices. */
+static void global_index(fb_emit *e, const LLVMValueRef idx[FB_MAX_AXES], const int *axis, int n,
+                         LLVMValueRef gi[FB_MAX_AXES]) {
+  for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = fb_emit_i64(e, 0);
+  for (int d = 0; d < n; d++) gi[axis[d]] = LLVMBuildZExt(e->b, idx[d], e->t_i64, "");
+}
+
+/* Row-major local cell number, inside its node, of the cell of container c
+ * that covers global index gi of SNode leaf (a descendant of c, or c). */
+static LLVMValueRef local_lin(fb_emit *e, const fb_snode *c, int leaf,
+                              LLVMValueRef gi[FB_MAX_AXES]) {
   LLVMValueRef lin = fb_emit_i64(e, 0);
   for (int a = 0; a < FB_MAX_AXES; a++) {
     if (!(c->axes & (1u << a))) continue;
-    int64_t stride = fb_layout_stride(e->l, c->id, place, a);
+    int64_t stride = fb_layout_stride(e->l, c->id, leaf, a);
     LLVMValueRef local = gi[a];
     if (stride != 1) local = LLVMBuildUDiv(e->b, local, fb_emit_i64(e, stride), "");
     if (c->shape[a] != c->size[a]) /* an ancestor splits a too */
       local = LLVMBuildURem(e->b, local, fb_emit_i64(e, c->size[a]), "");
     lin = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, lin, fb_emit_i64(e, c->size[a]), ""), local, "");
   }
-  LLVMValueRef cell = LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), "");
+  return lin;
+}
+
+static LLVMValueRef byte_gep(fb_emit *e, LLVMValueRef p, LLVMValueRef off) {
+  return LLVMBuildGEP2(e->b, e->t_i8, p, &off, 1, "");
+}
+
+static LLVMValueRef byte_gepc(fb_emit *e, LLVMValueRef p, int64_t off) {
+  return off ? byte_gep(e, p, fb_emit_i64(e, off)) : p;
+}
+
+/* Offset contribution of one dense container on the path to `leaf`:
+ * node offset + (row-major local cell index) * cell bytes. */
+static LLVMValueRef dense_step(fb_emit *e, const fb_snode *c, int leaf,
+                               LLVMValueRef gi[FB_MAX_AXES]) {
+  LLVMValueRef cell = LLVMBuildMul(e->b, local_lin(e, c, leaf, gi),
+                                   fb_emit_i64(e, (int64_t)c->cell_bytes), "");
   return LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset), cell, "");
 }
 
@@ -110,14 +159,171 @@ static LLVMValueRef dense_step(fb_emit *e, const fb_snode *c, int place,
 static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AXES]) {
   const fb_snode *f = &e->l->nodes[place];
   LLVMValueRef gi[FB_MAX_AXES];
-  for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = fb_emit_i64(e, 0);
-  for (int d = 0; d < f->ndim; d++) gi[f->dim_axis[d]] = LLVMBuildZExt(e->b, idx[d], e->t_i64, "");
+  global_index(e, idx, f->dim_axis, f->ndim, gi);
   int path[64];
   int n = fb_layout_path(e->l, place, path, 64);
   LLVMValueRef off = fb_emit_i64(e, (int64_t)f->offset);
   for (int p = 0; p < n; p++)
     off = LLVMBuildAdd(e->b, off, dense_step(e, &e->l->nodes[path[p]], place, gi), "");
   return LLVMBuildGEP2(e->b, e->t_i8, e->c_root, &off, 1, "addr");
+}
+
+/* ---------------------------------------------------------------- sparse walk
+ * From the root down a path of containers, one step per container kind.
+ * Reading, an inactive level leaves for w->off; writing, each level is
+ * activated on the way (allocation failing leaves for w->off). */
+
+typedef struct walk {
+  int leaf;                   /* SNode whose index space gi is in */
+  LLVMValueRef gi[FB_MAX_AXES];
+  int write;
+  LLVMBasicBlockRef off;
+} walk;
+
+static LLVMValueRef ptr_of_i64(fb_emit *e, LLVMValueRef v) {
+  return fb_emit_global(e, LLVMBuildIntToPtr(e->b, v, e->t_ptr, ""));
+}
+
+/* Go on in a new block when cond holds, else leave for w->off. */
+static void continue_if(fb_emit *e, walk *w, LLVMValueRef cond, const char *name) {
+  LLVMBasicBlockRef on = fb_emit_block(e, name);
+  LLVMBuildCondBr(e->b, cond, on, w->off);
+  LLVMPositionBuilderAtEnd(e->b, on);
+}
+
+/* The result of a fast path and a slow path joined in a new block. */
+static LLVMValueRef join2(fb_emit *e, LLVMValueRef a, LLVMBasicBlockRef abb, LLVMValueRef b,
+                          LLVMBasicBlockRef bbb, const char *name) {
+  LLVMBasicBlockRef j = fb_emit_block(e, name);
+  LLVMPositionBuilderAtEnd(e->b, abb);
+  LLVMBuildBr(e->b, j);
+  LLVMPositionBuilderAtEnd(e->b, bbb);
+  LLVMBuildBr(e->b, j);
+  LLVMPositionBuilderAtEnd(e->b, j);
+  LLVMValueRef phi = LLVMBuildPhi(e->b, LLVMTypeOf(a), "");
+  LLVMValueRef v[2] = {a, b};
+  LLVMBasicBlockRef bb[2] = {abb, bbb};
+  LLVMAddIncoming(phi, v, bb, 2);
+  return phi;
+}
+
+static LLVMValueRef rt_ctx(fb_emit *e) { return e->ctx; }
+
+/* bitmasked: the cell's bit in the mask words; writing sets it. */
+static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
+  LLVMValueRef lin = local_lin(e, c, w->leaf, w->gi);
+  LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
+  LLVMValueRef wordoff = LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""),
+                                      fb_emit_i64(e, 4), "");
+  LLVMValueRef wp = byte_gep(e, node, wordoff);
+  LLVMValueRef sh = LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
+  LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "bit");
+  LLVMValueRef word = LLVMBuildLoad2(e->b, e->t_i32, wp, "mask");
+  LLVMSetAlignment(word, 4);
+  LLVMValueRef set = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, word, bit, ""),
+                                   fb_emit_i32(e, 0), "active");
+  if (!w->write) {
+    continue_if(e, w, set, "bm.on");
+  } else {
+    LLVMBasicBlockRef act = fb_emit_block(e, "bm.activate");
+    LLVMBasicBlockRef on = fb_emit_block(e, "bm.on");
+    LLVMBuildCondBr(e->b, set, on, act);
+    LLVMPositionBuilderAtEnd(e->b, act);
+    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpOr, wp, bit,
+                                          LLVMAtomicOrderingMonotonic, 0);
+    LLVMSetAlignment(old, 4);
+    LLVMBuildBr(e->b, on);
+    LLVMPositionBuilderAtEnd(e->b, on);
+  }
+  LLVMValueRef cells = byte_gepc(e, node, (int64_t)fb_cg_mask_bytes(c));
+  return byte_gep(e, cells, LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), ""));
+}
+
+/* pointer: the slot holds the child block (one cell); writing allocates it. */
+static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
+  LLVMValueRef lin = local_lin(e, c, w->leaf, w->gi);
+  LLVMValueRef slot = byte_gep(e, base, LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset),
+                                                     LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""), ""));
+  LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_i64, slot, "slot");
+  LLVMSetAlignment(p, 8);
+  LLVMValueRef live = LLVMBuildICmp(e->b, LLVMIntNE, p, fb_emit_i64(e, 0), "");
+  if (!w->write) {
+    continue_if(e, w, live, "ptr.on");
+    return ptr_of_i64(e, p);
+  }
+  LLVMBasicBlockRef fast = fb_emit_block(e, "ptr.on");
+  LLVMBasicBlockRef slow = fb_emit_block(e, "ptr.activate");
+  LLVMBuildCondBr(e->b, live, fast, slow);
+  LLVMPositionBuilderAtEnd(e->b, fast);
+  LLVMValueRef fp = ptr_of_i64(e, p);
+  LLVMBasicBlockRef fast_end = LLVMGetInsertBlock(e->b);
+  LLVMPositionBuilderAtEnd(e->b, slow);
+  LLVMValueRef args[3] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
+                          fb_emit_generic(e, slot)};
+  LLVMValueRef q = fb_emit_call(e, "fb_rt_ptr_activate", e->t_ptr, args, 3);
+  continue_if(e, w, LLVMBuildIsNotNull(e->b, q, ""), "ptr.got");
+  LLVMValueRef sp = fb_emit_global(e, q);
+  return join2(e, fp, fast_end, sp, LLVMGetInsertBlock(e->b), "ptr.cell");
+}
+
+/* dynamic: cells below the length are active, in chunks; writing raises
+ * the length and allocates the chunks up to the cell's. */
+static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
+  LLVMValueRef n = local_lin(e, c, w->leaf, w->gi);
+  LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
+  LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
+  LLVMSetAlignment(len, 8);
+  LLVMValueRef ck = fb_emit_i64(e, c->chunk);
+  LLVMValueRef q = LLVMBuildUDiv(e->b, n, ck, "");
+  LLVMValueRef slot = byte_gep(e, node, LLVMBuildAdd(e->b, fb_emit_i64(e, 8),
+                                                     LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
+  LLVMValueRef chunk = LLVMBuildLoad2(e->b, e->t_i64, slot, "chunk");
+  LLVMSetAlignment(chunk, 8);
+  LLVMValueRef live = LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, n, len, ""),
+                                   LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "");
+  LLVMValueRef within = LLVMBuildMul(e->b, LLVMBuildURem(e->b, n, ck, ""),
+                                     fb_emit_i64(e, (int64_t)c->cell_bytes), "");
+  if (!w->write) {
+    continue_if(e, w, live, "dyn.on");
+    return byte_gep(e, ptr_of_i64(e, chunk), within);
+  }
+  LLVMBasicBlockRef fast = fb_emit_block(e, "dyn.on");
+  LLVMBasicBlockRef slow = fb_emit_block(e, "dyn.activate");
+  LLVMBuildCondBr(e->b, live, fast, slow);
+  LLVMPositionBuilderAtEnd(e->b, fast);
+  LLVMValueRef fp = byte_gep(e, ptr_of_i64(e, chunk), within);
+  LLVMBasicBlockRef fast_end = LLVMGetInsertBlock(e->b);
+  LLVMPositionBuilderAtEnd(e->b, slow);
+  LLVMValueRef args[6] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
+                          fb_emit_generic(e, node), n, ck,
+                          fb_emit_i64(e, (int64_t)c->cell_bytes)};
+  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_activate", e->t_ptr, args, 6);
+  continue_if(e, w, LLVMBuildIsNotNull(e->b, cell, ""), "dyn.got");
+  LLVMValueRef sp = fb_emit_global(e, cell);
+  return join2(e, fp, fast_end, sp, LLVMGetInsertBlock(e->b), "dyn.cell");
+}
+
+/* Storage of the cell of container `last` covering w->gi (last = 0: the
+ * root's cell), walking every container on the way. */
+static LLVMValueRef walk_to(fb_emit *e, walk *w, int last) {
+  int path[64];
+  int n = last > 0 ? fb_layout_path(e->l, last, path, 63) : 0;
+  if (n < 0) {
+    fb_emit_error(e, FB_EUNSUPPORTED, "SNode %d lies more than 63 levels deep", last);
+    return NULL;
+  }
+  if (last > 0) path[n++] = last;
+  LLVMValueRef base = e->c_root;
+  for (int i = 0; i < n; i++) {
+    const fb_snode *c = &e->l->nodes[path[i]];
+    switch (c->kind) {
+    case FB_SN_BITMASKED: base = bitmasked_step(e, w, c, base); break;
+    case FB_SN_POINTER: base = pointer_step(e, w, c, base); break;
+    case FB_SN_DYNAMIC: base = dynamic_step(e, w, c, base); break;
+    default: base = byte_gep(e, base, dense_step(e, c, w->leaf, w->gi)); break;
+    }
+  }
+  return base;
 }
 
 /* ---------------------------------------------------------------- bounds guard */
@@ -161,33 +367,87 @@ static LLVMValueRef guard_end(fb_emit *e, guard *g, LLVMValueRef v, LLVMValueRef
   return phi;
 }
 
+/* The same shape for a sparse walk: what follows runs on the active path;
+ * an inactive (or unallocatable) cell gives `skipped`. */
+static LLVMValueRef off_end(fb_emit *e, LLVMBasicBlockRef off, LLVMValueRef v,
+                            LLVMValueRef skipped) {
+  LLVMBasicBlockRef on = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef j = fb_emit_block(e, "sparse.done");
+  LLVMBuildBr(e->b, j);
+  LLVMPositionBuilderAtEnd(e->b, off);
+  LLVMBuildBr(e->b, j);
+  LLVMPositionBuilderAtEnd(e->b, j);
+  if (!v) return NULL;
+  LLVMValueRef phi = LLVMBuildPhi(e->b, LLVMTypeOf(v), "");
+  LLVMValueRef vals[2] = {v, skipped};
+  LLVMBasicBlockRef bbs[2] = {on, off};
+  LLVMAddIncoming(phi, vals, bbs, 2);
+  return phi;
+}
+
 /* ---------------------------------------------------------------- global access */
 
 static int check_place(fb_emit *e, int id, const fb_stmt *s) {
   if (s->snode < 0 || s->snode >= e->l->nnodes || e->l->nodes[s->snode].kind != FB_SN_PLACE)
     return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d is not a field", id, opname(s), s->snode);
-  return fb_emit_check_dense(e, id, s->snode);
+  return 0;
 }
 
 static void set_align(LLVMValueRef v, fb_type t) { LLVMSetAlignment(v, (unsigned)fb_type_size(t)); }
+
+/* Inside a sparse struct_for: is s's SNode (a field, or the container,
+ * under the loop's container T) indexed by exactly the loop's indices? Then
+ * the cell is the loop's own, active, and its storage is at hand. */
+static int loop_cell(fb_emit *e, const fb_stmt *s) {
+  if (!e->sfor_cell || e->has_deactivate) return 0;
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  int owner = sn->kind == FB_SN_PLACE ? sn->parent : sn->id;
+  if (owner != e->sfor_T || s->nargs < sn->ndim) return 0;
+  for (int d = 0; d < sn->ndim; d++) {
+    int a = s->args[d];
+    if (a < 0 || a >= e->k->nstmts) return 0;
+    const fb_stmt *ix = &e->k->stmts[a];
+    if (ix->op != FB_OP_LOOP_INDEX || ix->args[0] != e->sfor_loop || ix->imm.i != d) return 0;
+  }
+  return 1;
+}
+
+/* Address of place[idx...] for s: directly in the loop's cell, through the
+ * dense arithmetic, or through a sparse walk (activating when `write`). On
+ * the sparse path *off receives the block an inactive cell leaves for. */
+static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB_MAX_AXES],
+                               int write, LLVMBasicBlockRef *off) {
+  const fb_snode *f = &e->l->nodes[s->snode];
+  *off = NULL;
+  if (loop_cell(e, s)) return byte_gepc(e, e->sfor_cell, (int64_t)f->offset);
+  if (dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
+  walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive")};
+  global_index(e, idx, f->dim_axis, f->ndim, w.gi);
+  LLVMValueRef cell = walk_to(e, &w, f->parent);
+  *off = w.off;
+  return cell ? byte_gepc(e, cell, (int64_t)f->offset) : NULL;
+}
 
 static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (check_place(e, id, s) || index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
   fb_type t = e->l->nodes[s->snode].type;
+  LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
   guard_begin(e, inb, &g);
-  LLVMValueRef p = place_addr(e, s->snode, idx);
+  LLVMBasicBlockRef off;
+  LLVMValueRef p = field_addr(e, s, idx, 0, &off);
+  if (!p) return e->rc;
   LLVMValueRef v = LLVMBuildLoad2(e->b, fb_emit_memtype(e, t), p, "");
   set_align(v, t);
   v = fb_emit_from_mem(e, t, v);
-  e->vals[id] = guard_end(e, &g, v, LLVMConstNull(fb_emit_type(e, t)));
+  if (off) v = off_end(e, off, v, zero);
+  e->vals[id] = guard_end(e, &g, v, zero);
   return 0;
 }
 
 /* The value operand (after the indices) of a store/atomic, of the field's type. */
-static LLVMValueRef value_operand(fb_emit *e, int id, const fb_stmt *s, fb_type t) {
-  int vi = e->l->nodes[s->snode].ndim;
+static LLVMValueRef value_operand(fb_emit *e, int id, const fb_stmt *s, fb_type t, int vi) {
   LLVMValueRef v = fb_emit_arg(e, s, vi);
   if (v && fb_emit_argtype(e, s, vi) != t) {
     fb_emit_error(e, FB_EINVAL, "%%%d %s: value is %s, the field holds %s", id, opname(s),
@@ -197,16 +457,26 @@ static LLVMValueRef value_operand(fb_emit *e, int id, const fb_stmt *s, fb_type 
   return v;
 }
 
+/* store_na and atomic_*_na (the optimizer's activation demotion): the cell
+ * was proved active; on an inactive one the write is skipped. */
+static int no_activation(fb_op op) {
+  return op == FB_OP_STORE_NA || (op >= FB_OP_ATOMIC_ADD_NA && op <= FB_OP_ATOMIC_XOR_NA);
+}
+
 static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (check_place(e, id, s) || index_check(e, id, s, s->snode, 1, idx, &inb)) return e->rc;
   fb_type t = e->l->nodes[s->snode].type;
-  LLVMValueRef v = value_operand(e, id, s, t);
+  LLVMValueRef v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
   if (!v) return e->rc;
   guard g;
   guard_begin(e, inb, &g);
-  LLVMValueRef st = LLVMBuildStore(e->b, fb_emit_to_mem(e, t, v), place_addr(e, s->snode, idx));
+  LLVMBasicBlockRef off;
+  LLVMValueRef p = field_addr(e, s, idx, !no_activation((fb_op)s->op), &off);
+  if (!p) return e->rc;
+  LLVMValueRef st = LLVMBuildStore(e->b, fb_emit_to_mem(e, t, v), p);
   set_align(st, t);
+  if (off) off_end(e, off, NULL, NULL);
   guard_end(e, &g, NULL, NULL);
   return 0;
 }
@@ -217,15 +487,17 @@ static int atomic_binop(fb_op op, fb_type t) {
   if (t == FB_T_BOOL && op != FB_OP_ATOMIC_AND && op != FB_OP_ATOMIC_OR && op != FB_OP_ATOMIC_XOR)
     return -1;
   switch (op) {
-  case FB_OP_ATOMIC_ADD: return fl ? LLVMAtomicRMWBinOpFAdd : LLVMAtomicRMWBinOpAdd;
-  case FB_OP_ATOMIC_SUB: return fl ? LLVMAtomicRMWBinOpFSub : LLVMAtomicRMWBinOpSub;
-  case FB_OP_ATOMIC_MIN:
+  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_ADD_NA:
+    return fl ? LLVMAtomicRMWBinOpFAdd : LLVMAtomicRMWBinOpAdd;
+  case FB_OP_ATOMIC_SUB: case FB_OP_ATOMIC_SUB_NA:
+    return fl ? LLVMAtomicRMWBinOpFSub : LLVMAtomicRMWBinOpSub;
+  case FB_OP_ATOMIC_MIN: case FB_OP_ATOMIC_MIN_NA:
     return fl ? LLVMAtomicRMWBinOpFMin : sg ? LLVMAtomicRMWBinOpMin : LLVMAtomicRMWBinOpUMin;
-  case FB_OP_ATOMIC_MAX:
+  case FB_OP_ATOMIC_MAX: case FB_OP_ATOMIC_MAX_NA:
     return fl ? LLVMAtomicRMWBinOpFMax : sg ? LLVMAtomicRMWBinOpMax : LLVMAtomicRMWBinOpUMax;
-  case FB_OP_ATOMIC_AND: return fl ? -1 : LLVMAtomicRMWBinOpAnd;
-  case FB_OP_ATOMIC_OR: return fl ? -1 : LLVMAtomicRMWBinOpOr;
-  case FB_OP_ATOMIC_XOR: return fl ? -1 : LLVMAtomicRMWBinOpXor;
+  case FB_OP_ATOMIC_AND: case FB_OP_ATOMIC_AND_NA: return fl ? -1 : LLVMAtomicRMWBinOpAnd;
+  case FB_OP_ATOMIC_OR: case FB_OP_ATOMIC_OR_NA: return fl ? -1 : LLVMAtomicRMWBinOpOr;
+  case FB_OP_ATOMIC_XOR: case FB_OP_ATOMIC_XOR_NA: return fl ? -1 : LLVMAtomicRMWBinOpXor;
   default: return -1;
   }
 }
@@ -237,33 +509,183 @@ static int emit_atomic(fb_emit *e, int id, const fb_stmt *s) {
   int bop = atomic_binop((fb_op)s->op, t);
   if (bop < 0) return fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s),
                                     fb_type_name(t));
-  LLVMValueRef v = value_operand(e, id, s, t);
+  LLVMValueRef v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
   if (!v) return e->rc;
+  LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
   guard_begin(e, inb, &g);
-  LLVMValueRef old = LLVMBuildAtomicRMW(e->b, (LLVMAtomicRMWBinOp)bop, place_addr(e, s->snode, idx),
-                                        fb_emit_to_mem(e, t, v), LLVMAtomicOrderingMonotonic, 0);
+  LLVMBasicBlockRef off;
+  LLVMValueRef p = field_addr(e, s, idx, !no_activation((fb_op)s->op), &off);
+  if (!p) return e->rc;
+  LLVMValueRef old = LLVMBuildAtomicRMW(e->b, (LLVMAtomicRMWBinOp)bop, p, fb_emit_to_mem(e, t, v),
+                                        LLVMAtomicOrderingMonotonic, 0);
   set_align(old, t);
   old = fb_emit_from_mem(e, t, old);
-  e->vals[id] = guard_end(e, &g, old, LLVMConstNull(fb_emit_type(e, t)));
+  if (off) old = off_end(e, off, old, zero);
+  e->vals[id] = guard_end(e, &g, old, zero);
   return 0;
 }
 
-/* is_active / activate on a dense path: every cell is active; the indices
- * are still bounds-checked like any other access. */
+/* ---------------------------------------------------------------- sparse ops */
+
+/* deactivate at the level of container c, whose node sits in `base`. */
+static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
+  LLVMValueRef lin = local_lin(e, c, w->leaf, w->gi);
+  LLVMValueRef sid = LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0);
+  LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
+  char name[48];
+  if (c->kind == FB_SN_BITMASKED) {
+    LLVMValueRef wp = byte_gep(e, node, LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""),
+                                                     fb_emit_i64(e, 4), ""));
+    LLVMValueRef sh = LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
+    LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "");
+    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpAnd, wp, LLVMBuildNot(e->b, bit, ""),
+                                          LLVMAtomicOrderingMonotonic, 0);
+    LLVMSetAlignment(old, 4);
+    continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, old, bit, ""),
+                                    fb_emit_i32(e, 0), ""), "bm.clear");
+    fb_rt_cell d;
+    char msg[256];
+    if (fb_cg_cell_desc(e->l, c->id, &d, msg, sizeof msg)) {
+      fb_emit_error(e, FB_EUNSUPPORTED, "%s", msg);
+      return;
+    }
+    snprintf(name, sizeof name, "fb.cell.%d", c->id);
+    LLVMValueRef cells = byte_gepc(e, node, (int64_t)fb_cg_mask_bytes(c));
+    LLVMValueRef cell = byte_gep(e, cells, LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), ""));
+    LLVMValueRef args[3] = {rt_ctx(e), fb_emit_desc(e, &d, sizeof d, name), fb_emit_generic(e, cell)};
+    fb_emit_call(e, "fb_rt_cell_clear", e->t_void, args, 3);
+  } else if (c->kind == FB_SN_POINTER) {
+    LLVMValueRef slot = byte_gep(e, node, LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""));
+    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpXchg, slot, fb_emit_i64(e, 0),
+                                          LLVMAtomicOrderingAcquireRelease, 0);
+    LLVMSetAlignment(old, 8);
+    continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntNE, old, fb_emit_i64(e, 0), ""), "ptr.release");
+    LLVMValueRef args[3] = {rt_ctx(e), sid, LLVMBuildIntToPtr(e->b, old, e->t_ptr, "")};
+    fb_emit_call(e, "fb_rt_release", e->t_void, args, 3);
+  } else {
+    LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
+    LLVMSetAlignment(len, 8);
+    continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntULT, lin, len, ""), "dyn.clear");
+    int64_t nch = (c->ncells + c->chunk - 1) / c->chunk;
+    LLVMValueRef args[4] = {rt_ctx(e), sid, fb_emit_generic(e, node), fb_emit_i64(e, nch)};
+    fb_emit_call(e, "fb_rt_dyn_clear", e->t_void, args, 4);
+  }
+}
+
+/* is_active / activate / deactivate on SNode s->snode (a field means its
+ * container), indices in its cell space. */
 static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
-  if (s->snode < 0 || s->snode >= e->l->nnodes)
+  if (s->snode <= 0 || s->snode >= e->l->nnodes)
     return fb_emit_error(e, FB_EINVAL, "%%%d %s: no SNode %d", id, opname(s), s->snode);
-  if (s->op == FB_OP_DEACTIVATE)
-    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d deactivate: sparse data structures are not "
-                         "supported by code generation yet", id);
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  int c = sn->kind == FB_SN_PLACE ? sn->parent : sn->id;
+  if (s->op == FB_OP_DEACTIVATE && !fb_cg_is_sparse(e->l->nodes[c].kind))
+    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d deactivate: SNode %d is %s; deactivate needs a "
+                         "sparse (bitmasked, pointer or dynamic) SNode", id, c,
+                         fb_snode_kind_name(e->l->nodes[c].kind));
   LLVMValueRef idx[FB_MAX_AXES], inb;
-  if (fb_emit_check_dense(e, id, s->snode) || index_check(e, id, s, s->snode, 0, idx, &inb))
-    return e->rc;
+  if (index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
+  LLVMValueRef yes = LLVMConstInt(e->t_i1, 1, 0), no = LLVMConstInt(e->t_i1, 0, 0);
   guard g;
   guard_begin(e, inb, &g);
-  LLVMValueRef r = guard_end(e, &g, LLVMConstInt(e->t_i1, 1, 0), LLVMConstInt(e->t_i1, 0, 0));
+  LLVMValueRef r = yes;
+  if (s->op != FB_OP_DEACTIVATE && (dense_path(e->l, c) || loop_cell(e, s))) {
+    /* always active, or the loop's own cell */
+  } else {
+    walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive")};
+    global_index(e, idx, sn->dim_axis, sn->ndim, w.gi);
+    if (s->op == FB_OP_DEACTIVATE) {
+      LLVMValueRef base = walk_to(e, &w, e->l->nodes[c].parent);
+      if (base) deactivate_level(e, &w, &e->l->nodes[c], base);
+    } else {
+      walk_to(e, &w, c);
+    }
+    if (e->rc) return e->rc;
+    r = off_end(e, w.off, yes, no);
+  }
+  r = guard_end(e, &g, r, no);
   if (s->op == FB_OP_IS_ACTIVE) e->vals[id] = r;
+  return 0;
+}
+
+/* The dynamic node of append/length on field s->snode: the walk to its
+ * container's parent cell (activating when write), then the node. */
+static const fb_snode *dynamic_node(fb_emit *e, int id, const fb_stmt *s, int extra, int write,
+                                    LLVMValueRef *inb, walk *w) {
+  const fb_snode *f = &e->l->nodes[s->snode];
+  if (f->kind != FB_SN_PLACE || f->parent <= 0 || e->l->nodes[f->parent].kind != FB_SN_DYNAMIC) {
+    fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d is not a field under a dynamic SNode", id,
+                  opname(s), s->snode);
+    return NULL;
+  }
+  const fb_snode *d = &e->l->nodes[f->parent];
+  int dyn_axis = -1;
+  for (int a = 0; a < FB_MAX_AXES; a++)
+    if (d->axes & (1u << a)) dyn_axis = a;
+  LLVMValueRef idx[FB_MAX_AXES];
+  int axis[FB_MAX_AXES];
+  if (index_check_ex(e, id, s, s->snode, extra, dyn_axis, idx, axis, inb)) return NULL;
+  w->leaf = s->snode;
+  w->write = write;
+  w->off = NULL;
+  global_index(e, idx, axis, f->ndim - 1, w->gi);
+  return d; /* the caller walks after opening its guard */
+}
+
+static int emit_length(fb_emit *e, int id, const fb_stmt *s) {
+  walk w;
+  LLVMValueRef inb;
+  const fb_snode *d = dynamic_node(e, id, s, 0, 0, &inb, &w);
+  if (!d) return e->rc;
+  LLVMValueRef zero = fb_emit_i32(e, 0);
+  guard g;
+  guard_begin(e, inb, &g);
+  w.off = fb_emit_block(e, "inactive");
+  LLVMValueRef base = walk_to(e, &w, d->parent);
+  if (!base) return e->rc;
+  LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, base, (int64_t)d->offset), "len");
+  LLVMSetAlignment(len, 8);
+  LLVMValueRef max = fb_emit_i64(e, d->ncells);
+  len = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntULT, len, max, ""), len, max, "");
+  LLVMValueRef v = off_end(e, w.off, LLVMBuildTrunc(e->b, len, e->t_i32, ""), zero);
+  e->vals[id] = guard_end(e, &g, v, zero);
+  return 0;
+}
+
+static int emit_append(fb_emit *e, int id, const fb_stmt *s) {
+  walk w;
+  LLVMValueRef inb;
+  const fb_snode *d = dynamic_node(e, id, s, 1, 1, &inb, &w);
+  if (!d) return e->rc;
+  const fb_snode *f = &e->l->nodes[s->snode];
+  LLVMValueRef v = value_operand(e, id, s, f->type, f->ndim - 1);
+  if (!v) return e->rc;
+  LLVMValueRef fail = fb_emit_i32(e, -1);
+  LLVMValueRef nvar = LLVMBuildAlloca(e->ab, e->t_i64, "append.n");
+  guard g;
+  guard_begin(e, inb, &g);
+  w.off = fb_emit_block(e, "skip");
+  LLVMValueRef base = walk_to(e, &w, d->parent);
+  if (!base) return e->rc;
+  LLVMValueRef node = byte_gepc(e, base, (int64_t)d->offset);
+  LLVMValueRef args[7] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)d->id, 0),
+                          fb_emit_generic(e, node), fb_emit_i64(e, d->ncells),
+                          fb_emit_i64(e, d->chunk), fb_emit_i64(e, (int64_t)d->cell_bytes),
+                          nvar};
+  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_append", e->t_ptr, args, 7);
+  LLVMValueRef n = LLVMBuildTrunc(e->b, LLVMBuildLoad2(e->b, e->t_i64, nvar, ""), e->t_i32, "slot");
+  LLVMBasicBlockRef put = fb_emit_block(e, "append.put");
+  LLVMBasicBlockRef done = fb_emit_block(e, "append.done");
+  LLVMBuildCondBr(e->b, LLVMBuildIsNotNull(e->b, cell, ""), put, done);
+  LLVMPositionBuilderAtEnd(e->b, put);
+  LLVMValueRef dst = byte_gepc(e, fb_emit_global(e, cell), (int64_t)f->offset);
+  LLVMValueRef st = LLVMBuildStore(e->b, fb_emit_to_mem(e, f->type, v), dst);
+  set_align(st, f->type);
+  LLVMBuildBr(e->b, done);
+  LLVMPositionBuilderAtEnd(e->b, done);
+  LLVMValueRef r = off_end(e, w.off, n, fail);
+  e->vals[id] = guard_end(e, &g, r, fail);
   return 0;
 }
 
@@ -330,12 +752,21 @@ LLVMValueRef fb_emit_rand_bits(fb_emit *e, LLVMValueRef seed, LLVMValueRef launc
   return mix64(e, LLVMBuildXor(e->b, h, count, ""));
 }
 
+/* rand_seq: the rand() calls after it use launch + imm.i, counted from 0. */
+static int emit_rand_seq(fb_emit *e, const fb_stmt *s) {
+  LLVMBuildStore(e->b, LLVMBuildAdd(e->b, e->c_launch, fb_emit_i64(e, s->imm.i), ""), e->rand_launch);
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  return 0;
+}
+
 static int emit_rand(fb_emit *e, int id, const fb_stmt *s) {
+  if (s->op == FB_OP_RAND_SEQ) return emit_rand_seq(e, s);
   if ((fb_type)s->type != FB_T_F32)
     return fb_emit_error(e, FB_EINVAL, "%%%d rand: result must be f32", id);
   LLVMValueRef count = LLVMBuildLoad2(e->b, e->t_i64, e->rand_count, "count");
   LLVMBuildStore(e->b, LLVMBuildAdd(e->b, count, fb_emit_i64(e, 1), ""), e->rand_count);
-  LLVMValueRef bits = fb_emit_rand_bits(e, e->c_seed, e->c_launch, fb_emit_i64(e, s->imm.i),
+  LLVMValueRef launch = LLVMBuildLoad2(e->b, e->t_i64, e->rand_launch, "launch");
+  LLVMValueRef bits = fb_emit_rand_bits(e, e->c_seed, launch, fb_emit_i64(e, s->imm.i),
                                         e->rand_iter, count);
   LLVMValueRef top = LLVMBuildLShr(e->b, bits, LLVMConstInt(e->t_i64, 40, 0), "");
   LLVMValueRef f = LLVMBuildUIToFP(e->b, top, e->t_f32, "");
@@ -354,9 +785,8 @@ int fb_emit_mem_op(fb_emit *e, int id, const fb_stmt *s) {
   case FB_OPC_GSTORE: return emit_store(e, id, s);
   case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: return emit_atomic(e, id, s);
   case FB_OPC_SPARSE: return emit_sparse(e, id, s);
-  case FB_OPC_APPEND: case FB_OPC_LENGTH:
-    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d %s: dynamic SNodes are not supported by "
-                         "code generation yet", id, opname(s));
+  case FB_OPC_APPEND: return emit_append(e, id, s);
+  case FB_OPC_LENGTH: return emit_length(e, id, s);
   case FB_OPC_GTMP: return emit_gtmp(e, id, s);
   case FB_OPC_RET: return emit_ret(e, id, s);
   case FB_OPC_RAND: return emit_rand(e, id, s);

@@ -109,6 +109,7 @@ int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size
   rc = layout ? 0 : fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   if (!rc) rc = fb_cg_build(c, t, &o, "nvptx64-nvidia-cuda", layout, &m, NULL, err, errlen);
   if (!rc) rc = fb_cg_verify(m, err, errlen);
+  if (!rc) rc = fb_cg_link_rt(c, m, FB_CG_NVPTX, err, errlen);
   if (!rc && have_lib && uses_libdevice(m)) rc = link_libdevice(c, m, path, err, errlen);
   if (!rc) rc = fb_cg_optimize(m, tm, err, errlen);
   if (!rc) rc = emit_text(tm, m, ptx, err, errlen);

@@ -9,10 +9,13 @@
  * is used, so that IR it cannot run stops with FB_EINVAL instead of crashing
  * (the message names the statement; see fb_interp_errmsg).
  *
- * Sparse SNodes: this version runs dense layouts only. Kernels that touch a
- * field or SNode below a bitmasked/pointer/dynamic node are refused with
- * FB_EUNSUPPORTED before anything runs. Activity is funnelled through
- * cell_active() and activate_cell() so that tracking can be added there. */
+ * Sparse SNodes (bitmasked, pointer, dynamic, nested in any way) follow
+ * docs/sparse.md directly: the interpreter keeps the activity of every cell
+ * of each sparse container on the host (see "sparse activity" below), reads
+ * of inactive cells give 0, writes activate, deactivation zeroes the values
+ * below the cell in the flat field arrays, and struct_for walks a snapshot
+ * of the active cells. There is no allocator and no memory limit here; the
+ * list tasks (clear_list, listgen, gc) are no-ops. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,12 +25,23 @@
 #define INTERP_MAX_DEPTH 256                 /* block nesting limit */
 #define INTERP_SCRATCH_MAX ((size_t)1 << 30) /* gtmp bytes limit */
 
+/* A sparse container on the path of some SNode s, with the number of s's
+ * cells per cell of it along each axis (fb_layout_stride). */
+typedef struct cover {
+  int node;
+  int64_t stride[FB_MAX_AXES];
+} cover;
+
 struct fb_interp {
   const fb_layout *l;
   uint64_t layout_hash;
   uint64_t seed;
   uint64_t launches; /* runs executed so far: the next run's launch number */
   void **fields;     /* per SNode id: a place's flat storage, NULL otherwise */
+  cover **covers;    /* per SNode id: the sparse containers on its path, root first */
+  int *ncovers;
+  uint64_t **mask;   /* per bitmasked / pointer SNode: a bit per cell of its space */
+  int64_t **len;     /* per dynamic SNode: a length per list (parent's cell) */
   uint8_t *scratch;  /* gtmp buffer, zero-filled as it grows */
   size_t scratch_bytes;
   char err[256];
@@ -46,7 +60,9 @@ typedef struct run {
   const fb_value *args;          /* converted to the parameter types */
   fb_value ret;                  /* return slot 0 */
   uint64_t launch, iter, count;  /* rand() key */
+  uint64_t launch0;              /* the run's launch number (rand_seq offsets it) */
   int bounds;                    /* FB_EBOUNDS once an access was skipped */
+  int full;                      /* ... or an append found its list full */
   int depth;
 } run;
 
@@ -420,48 +436,239 @@ static int result_type(run *r, int id, fb_type want) {
   return 0;
 }
 
-/* ---------------------------------------------------------------- SNodes */
+/* ---------------------------------------------------------------- sparse activity
+ *
+ * Host-side activity state, one entry per sparse container P:
+ *   bitmasked, pointer: one bit per cell of P's cell space;
+ *   dynamic:            one length per list, a list being a cell of P's
+ *                       parent's cell space; its cell n is active when
+ *                       n < length.
+ * Cell spaces are addressed by global indices per axis (gi[a], 0 on axes a
+ * node does not use) and numbered row-major over the axes i..l with each
+ * node's shape, which is also how a field's flat array is numbered.
+ * A cell of SNode S at gi is active when every sparse container P on the
+ * path from the root down to S (S included) has its covering cell active;
+ * the covering cell is gi[a] / stride(P, S, a) on each axis.
+ * Invariants (kept by activate_cell and deactivate_cell), which make the flat
+ * field arrays read 0 at inactive cells as fb_interp_field promises:
+ *   - every value of a place below an inactive cell is 0;
+ *   - every cell of a sparse container below an inactive cell is inactive.
+ */
 
 static int sparse_kind(fb_snode_kind k) {
   return k == FB_SN_BITMASKED || k == FB_SN_POINTER || k == FB_SN_DYNAMIC;
 }
 
-/* Whether node s or any of its ancestors is sparse. */
-static int on_sparse_path(const fb_layout *l, int s) {
-  for (int depth = 0; s >= 0 && s < l->nnodes && depth <= l->nnodes; depth++) {
-    if (sparse_kind(l->nodes[s].kind)) return 1;
-    s = l->nodes[s].parent;
+/* Cells of a node's cell space (a place's: its elements). */
+static int64_t space_cells(const fb_snode *s) {
+  int64_t n = 1;
+  for (int a = 0; a < FB_MAX_AXES; a++) n *= s->shape[a];
+  return n;
+}
+
+/* Row-major number of the cell at gi in s's cell space. */
+static int64_t cell_number(const fb_snode *s, const int64_t *gi) {
+  int64_t x = 0;
+  for (int a = 0; a < FB_MAX_AXES; a++) x = x * s->shape[a] + gi[a];
+  return x;
+}
+
+/* The inverse: global indices of cell number x of s. */
+static void cell_indices(const fb_snode *s, int64_t x, int64_t *gi) {
+  for (int a = FB_MAX_AXES - 1; a >= 0; a--) {
+    gi[a] = x % s->shape[a];
+    x /= s->shape[a];
   }
+}
+
+/* The one axis a dynamic SNode splits. */
+static int dyn_axis(const fb_snode *d) {
+  for (int a = 0; a < FB_MAX_AXES; a++)
+    if (d->axes & (1u << a)) return a;
   return 0;
 }
 
-/* Activity of a cell (global indices of sn's index space). Every cell of a
- * dense path is active; sparse paths never reach here in this version. */
-static int cell_active(run *r, const fb_snode *sn, const int64_t *idx) {
-  (void)r; (void)sn; (void)idx;
+/* The list of dynamic d holding its cell gp (its parent's cell number), and
+ * the cell's position n in that list. */
+static int64_t list_of(const fb_interp *in, const fb_snode *d, const int64_t *gp, int64_t *n) {
+  int ax = dyn_axis(d);
+  int64_t gq[FB_MAX_AXES];
+  memcpy(gq, gp, sizeof gq);
+  gq[ax] = gp[ax] / d->size[ax];
+  *n = gp[ax] % d->size[ax];
+  return cell_number(&in->l->nodes[d->parent], gq);
+}
+
+static int bit_get(const uint64_t *m, int64_t x) { return (int)(m[x >> 6] >> (x & 63)) & 1; }
+static void bit_set(uint64_t *m, int64_t x) { m[x >> 6] |= (uint64_t)1 << (x & 63); }
+static void bit_clear(uint64_t *m, int64_t x) { m[x >> 6] &= ~((uint64_t)1 << (x & 63)); }
+
+/* Is sparse container p's own cell gp (in p's cell space) marked active? */
+static int own_cell_on(const fb_interp *in, const fb_snode *p, const int64_t *gp) {
+  if (p->kind == FB_SN_DYNAMIC) {
+    int64_t n, list = list_of(in, p, gp, &n);
+    return n < in->len[p->id][list];
+  }
+  return bit_get(in->mask[p->id], cell_number(p, gp));
+}
+
+/* The covering cell of path entry c for the cell gi of the node below. */
+static void cover_cell(const cover *c, const int64_t *gi, int64_t *gp) {
+  for (int a = 0; a < FB_MAX_AXES; a++) gp[a] = gi[a] / c->stride[a];
+}
+
+/* Activity of the cell gi of SNode s (a place: its parent's cell). */
+static int cell_active(const fb_interp *in, int s, const int64_t *gi) {
+  int64_t gp[FB_MAX_AXES];
+  for (int c = 0; c < in->ncovers[s]; c++) {
+    cover_cell(&in->covers[s][c], gi, gp);
+    if (!own_cell_on(in, &in->l->nodes[in->covers[s][c].node], gp)) return 0;
+  }
   return 1;
 }
 
-/* Activation of a cell and its ancestors: nothing to do on a dense path. */
-static void activate_cell(run *r, const fb_snode *sn, const int64_t *idx) {
-  (void)r; (void)sn; (void)idx;
+/* ---------------------------------------------------------------- zeroing below a box
+ * A box is a range [lo, hi) per axis of global indices in some node's cell
+ * space. Boxes are visited as runs along the last axis. */
+
+typedef void (*span_fn)(void *ctx, int64_t first, int64_t count);
+
+static void for_box(const fb_snode *s, const int64_t *lo, const int64_t *hi, span_fn f,
+                    void *ctx) {
+  const int64_t *sh = s->shape;
+  for (int a = 0; a < FB_MAX_AXES; a++)
+    if (lo[a] >= hi[a]) return;
+  for (int64_t i = lo[0]; i < hi[0]; i++)
+    for (int64_t j = lo[1]; j < hi[1]; j++)
+      for (int64_t k = lo[2]; k < hi[2]; k++)
+        f(ctx, ((i * sh[1] + j) * sh[2] + k) * sh[3] + lo[3], hi[3] - lo[3]);
 }
 
-/* Read the first sn->ndim operands of id as indices of sn's index space.
- * *inb is cleared (and FB_EBOUNDS latched) when one is out of range; *flat
- * is the row-major element number otherwise. */
-static int read_indices(run *r, int id, const fb_snode *sn, int64_t *idx, int64_t *flat,
-                        int *inb) {
-  *flat = 0;
-  *inb = 1;
-  for (int d = 0; d < sn->ndim; d++) {
-    int rc = operand_i32(r, id, d, &idx[d]);
-    if (rc) return rc;
-    int64_t n = sn->shape[sn->dim_axis[d]];
-    if (idx[d] < 0 || idx[d] >= n) *inb = 0;
-    *flat = *flat * n + idx[d];
+typedef struct span_ctx {
+  uint8_t *bytes;  /* field storage */
+  size_t elem;     /* its element size */
+  uint64_t *mask;  /* or activity bits */
+  int64_t *len;    /* or list lengths */
+} span_ctx;
+
+static void zero_span(void *ctx, int64_t first, int64_t count) {
+  span_ctx *c = ctx;
+  if (c->bytes) memset(c->bytes + (size_t)first * c->elem, 0, (size_t)count * c->elem);
+  for (int64_t x = first; c->mask && x < first + count; x++) bit_clear(c->mask, x);
+  for (int64_t x = first; c->len && x < first + count; x++) c->len[x] = 0;
+}
+
+/* The box of node n's cell space below the box [lo, hi) of ancestor p's
+ * (n == p gives the same box). */
+static void box_below(const fb_layout *l, int p, int n, const int64_t *lo, const int64_t *hi,
+                      int64_t *nlo, int64_t *nhi) {
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    int64_t st = fb_layout_stride(l, p, n, a);
+    nlo[a] = lo[a] * st;
+    nhi[a] = hi[a] * st;
   }
-  if (!*inb) r->bounds = FB_EBOUNDS;
+}
+
+/* Zero node n (a descendant of p) and everything below it, inside the box
+ * [lo, hi) of p's cell space: place values, activity bits, list lengths. */
+static void zero_node(fb_interp *in, int p, int n, const int64_t *lo, const int64_t *hi) {
+  const fb_snode *s = &in->l->nodes[n];
+  int64_t nlo[FB_MAX_AXES], nhi[FB_MAX_AXES];
+  span_ctx c = {NULL, 0, NULL, NULL};
+  if (s->kind == FB_SN_PLACE) {
+    c.bytes = in->fields[n];
+    c.elem = fb_type_size(s->type);
+  } else if (s->kind == FB_SN_BITMASKED || s->kind == FB_SN_POINTER) {
+    c.mask = in->mask[n];
+  }
+  if (c.bytes || c.mask) {
+    box_below(in->l, p, n, lo, hi, nlo, nhi);
+    for_box(s, nlo, nhi, zero_span, &c);
+  }
+  if (s->kind == FB_SN_DYNAMIC) { /* lengths live in the parent's cell space */
+    c.len = in->len[n];
+    box_below(in->l, p, s->parent, lo, hi, nlo, nhi);
+    for_box(&in->l->nodes[s->parent], nlo, nhi, zero_span, &c);
+  }
+  for (int i = 0; i < s->nchildren; i++) zero_node(in, p, s->children[i], lo, hi);
+}
+
+/* Zero everything strictly below the box [lo, hi) of p's cell space. */
+static void zero_below(fb_interp *in, int p, const int64_t *lo, const int64_t *hi) {
+  const fb_snode *s = &in->l->nodes[p];
+  for (int i = 0; i < s->nchildren; i++) zero_node(in, p, s->children[i], lo, hi);
+}
+
+/* ---------------------------------------------------------------- activation */
+
+/* Mark sparse container p's own cell gp active (its ancestors are already).
+ * A cell that becomes active starts with zeros below it: a pointer's block
+ * is allocated zero-filled, a list grows by zero elements. */
+static void set_own_cell(fb_interp *in, const fb_snode *p, const int64_t *gp) {
+  int64_t lo[FB_MAX_AXES], hi[FB_MAX_AXES];
+  for (int a = 0; a < FB_MAX_AXES; a++) { lo[a] = gp[a]; hi[a] = gp[a] + 1; }
+  if (p->kind == FB_SN_DYNAMIC) {
+    int64_t n, list = list_of(in, p, gp, &n), *len = &in->len[p->id][list];
+    if (n < *len) return;
+    lo[dyn_axis(p)] = gp[dyn_axis(p)] - n + *len; /* cells length .. n join the list */
+    zero_below(in, p->id, lo, hi);
+    *len = n + 1;
+    return;
+  }
+  int64_t x = cell_number(p, gp);
+  if (bit_get(in->mask[p->id], x)) return;
+  zero_below(in, p->id, lo, hi);
+  bit_set(in->mask[p->id], x);
+}
+
+/* Activate the cell gi of SNode s and all its ancestors, top down. */
+static void activate_cell(fb_interp *in, int s, const int64_t *gi) {
+  int64_t gp[FB_MAX_AXES];
+  for (int c = 0; c < in->ncovers[s]; c++) {
+    cover_cell(&in->covers[s][c], gi, gp);
+    set_own_cell(in, &in->l->nodes[in->covers[s][c].node], gp);
+  }
+}
+
+/* Deactivate the cell gp of sparse container p: everything below it reads 0
+ * (and its nested sparse cells are inactive) from now on. A dynamic list is
+ * emptied as a whole. An inactive cell is left alone. */
+static void deactivate_cell(fb_interp *in, const fb_snode *p, const int64_t *gp) {
+  int64_t lo[FB_MAX_AXES], hi[FB_MAX_AXES];
+  if (!cell_active(in, p->id, gp)) return;
+  for (int a = 0; a < FB_MAX_AXES; a++) { lo[a] = gp[a]; hi[a] = gp[a] + 1; }
+  if (p->kind == FB_SN_DYNAMIC) {
+    int ax = dyn_axis(p);
+    int64_t n, list = list_of(in, p, gp, &n);
+    in->len[p->id][list] = 0;
+    lo[ax] = gp[ax] - n;
+    hi[ax] = lo[ax] + p->size[ax];
+  } else {
+    bit_clear(in->mask[p->id], cell_number(p, gp));
+  }
+  zero_below(in, p->id, lo, hi);
+}
+
+/* ---------------------------------------------------------------- SNode operands */
+
+/* Read the first sn->ndim operands of id as indices of sn's index space
+ * into gi (by axis). *inb is cleared (and FB_EBOUNDS latched) when one is
+ * out of range; *flat is the cell number otherwise. */
+static int read_indices(run *r, int id, const fb_snode *sn, int64_t *gi, int64_t *flat,
+                        int *inb) {
+  *inb = 1;
+  for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = 0;
+  for (int d = 0; d < sn->ndim; d++) {
+    int a = sn->dim_axis[d];
+    int rc = operand_i32(r, id, d, &gi[a]);
+    if (rc) return rc;
+    if (gi[a] < 0 || gi[a] >= sn->shape[a]) *inb = 0;
+  }
+  if (!*inb) {
+    r->bounds = FB_EBOUNDS;
+    for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = 0;
+  }
+  *flat = cell_number(sn, gi);
   return 0;
 }
 
@@ -491,54 +698,65 @@ static void *elem_ptr(run *r, const fb_snode *sn, int64_t flat) {
   return (uint8_t *)r->in->fields[sn->id] + (size_t)flat * fb_type_size(sn->type);
 }
 
+/* A load: inactive cells read 0 (and stay inactive). */
 static int exec_load(run *r, int id) {
   const fb_snode *sn = NULL;
-  int64_t idx[FB_MAX_AXES], flat;
+  int64_t gi[FB_MAX_AXES], flat;
   int inb, rc;
   if ((rc = stmt_snode(r, id, 1, &sn)) || (rc = check_nargs(r, id, sn, 0)) ||
-      (rc = result_type(r, id, sn->type)) || (rc = read_indices(r, id, sn, idx, &flat, &inb)))
+      (rc = result_type(r, id, sn->type)) || (rc = read_indices(r, id, sn, gi, &flat, &inb)))
     return rc;
-  r->vals[id] = inb ? fb_value_load(sn->type, elem_ptr(r, sn, flat)) : zero_of(sn->type);
+  int live = inb && cell_active(r->in, sn->id, gi);
+  r->vals[id] = live ? fb_value_load(sn->type, elem_ptr(r, sn, flat)) : zero_of(sn->type);
   return 0;
 }
 
+/* A store activates every sparse ancestor of the element first. */
+/* store_na and atomic_*_na (activation demotion): the optimizer proved the
+ * cell active; on an inactive one the write is skipped, never activating. */
+static int no_activation(fb_op op) {
+  return op == FB_OP_STORE_NA || (op >= FB_OP_ATOMIC_ADD_NA && op <= FB_OP_ATOMIC_XOR_NA);
+}
+static fb_op s_op(const run *r, int id) { return (fb_op)r->k->stmts[id].op; }
+
 static int exec_store(run *r, int id) {
   const fb_snode *sn = NULL;
-  int64_t idx[FB_MAX_AXES], flat;
+  int64_t gi[FB_MAX_AXES], flat;
   int inb, rc;
   fb_value v;
   if ((rc = stmt_snode(r, id, 1, &sn)) || (rc = check_nargs(r, id, sn, 1)) ||
-      (rc = operand(r, id, sn->ndim, &v)) || (rc = read_indices(r, id, sn, idx, &flat, &inb)))
+      (rc = operand(r, id, sn->ndim, &v)) || (rc = read_indices(r, id, sn, gi, &flat, &inb)))
     return rc;
   if (v.type != sn->type)
     return bad(r, FB_EINVAL, id, "storing %s into a %s field", fb_type_name(v.type),
                fb_type_name(sn->type));
-  if (inb) {
-    activate_cell(r, sn, idx);
+  if (inb && !(no_activation(s_op(r, id)) && !cell_active(r->in, sn->id, gi))) {
+    activate_cell(r->in, sn->id, gi);
     fb_value_store(v, elem_ptr(r, sn, flat));
   }
   return 0;
 }
 
-/* The binary op an atomic applies. */
+/* The binary op an atomic applies (the optimizer's *_na variants too). */
 static fb_op atomic_base(fb_op op) {
   switch (op) {
-  case FB_OP_ATOMIC_ADD: return FB_OP_ADD;
-  case FB_OP_ATOMIC_SUB: return FB_OP_SUB;
-  case FB_OP_ATOMIC_MIN: return FB_OP_MIN;
-  case FB_OP_ATOMIC_MAX: return FB_OP_MAX;
-  case FB_OP_ATOMIC_AND: return FB_OP_AND;
-  case FB_OP_ATOMIC_OR: return FB_OP_OR;
+  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_ADD_NA: return FB_OP_ADD;
+  case FB_OP_ATOMIC_SUB: case FB_OP_ATOMIC_SUB_NA: return FB_OP_SUB;
+  case FB_OP_ATOMIC_MIN: case FB_OP_ATOMIC_MIN_NA: return FB_OP_MIN;
+  case FB_OP_ATOMIC_MAX: case FB_OP_ATOMIC_MAX_NA: return FB_OP_MAX;
+  case FB_OP_ATOMIC_AND: case FB_OP_ATOMIC_AND_NA: return FB_OP_AND;
+  case FB_OP_ATOMIC_OR: case FB_OP_ATOMIC_OR_NA: return FB_OP_OR;
   default: return FB_OP_XOR;
   }
 }
 
-/* Atomics return the old value and store old <op> value (in the field's
- * type: f32 fields add in float, min/max on floats are fmin/fmax). */
+/* Atomics return the old value (0 for an inactive cell) and store
+ * old <op> value (in the field's type: f32 fields add in float, min/max on
+ * floats are fmin/fmax), activating the element like a store. */
 static int exec_atomic(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
   const fb_snode *sn = NULL;
-  int64_t idx[FB_MAX_AXES], flat;
+  int64_t gi[FB_MAX_AXES], flat;
   int inb, rc;
   fb_value v, old, nv;
   if ((rc = stmt_snode(r, id, 1, &sn)) || (rc = check_nargs(r, id, sn, 1)) ||
@@ -549,37 +767,111 @@ static int exec_atomic(run *r, int id) {
   if (v.type != sn->type || (int_only ? !fb_type_is_int(v.type) : !is_num(v.type)))
     return bad(r, FB_EINVAL, id, "not defined on %s (field %s)", fb_type_name(v.type),
                fb_type_name(sn->type));
-  if ((rc = read_indices(r, id, sn, idx, &flat, &inb))) return rc;
-  if (!inb) { r->vals[id] = zero_of(sn->type); return 0; }
-  old = fb_value_load(sn->type, elem_ptr(r, sn, flat));
+  if ((rc = read_indices(r, id, sn, gi, &flat, &inb))) return rc;
+  if (!inb || (no_activation((fb_op)s->op) && !cell_active(r->in, sn->id, gi))) {
+    r->vals[id] = zero_of(sn->type);
+    return 0;
+  }
+  old = cell_active(r->in, sn->id, gi) ? fb_value_load(sn->type, elem_ptr(r, sn, flat))
+                                       : zero_of(sn->type);
   if (binop(base, sn->type, old, v, &nv)) return bad(r, FB_EINVAL, id, "bad operand type");
-  activate_cell(r, sn, idx);
+  activate_cell(r->in, sn->id, gi);
   fb_value_store(nv, elem_ptr(r, sn, flat));
   r->vals[id] = old;
   return 0;
 }
 
-/* is_active / activate on any SNode (dense here); deactivate, append and
- * length need sparse SNodes, which this version does not run. */
-static int exec_sparse(run *r, int id) {
+/* ---------------------------------------------------------------- sparse ops */
+
+/* is_active / activate / deactivate on a cell of any SNode's cell space (a
+ * place's: its parent's). deactivate needs a sparse container (the verifier
+ * refuses the others; checked again here). */
+static int exec_activity(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
   const fb_snode *sn = NULL;
-  int64_t idx[FB_MAX_AXES], flat;
+  int64_t gi[FB_MAX_AXES], flat;
   int inb, rc;
-  if (s->op != FB_OP_IS_ACTIVE && s->op != FB_OP_ACTIVATE)
-    return bad(r, FB_EUNSUPPORTED, id, "needs a sparse SNode (not supported yet)");
-  if ((rc = stmt_snode(r, id, 0, &sn)) || (rc = check_nargs(r, id, sn, 0)) ||
-      (rc = read_indices(r, id, sn, idx, &flat, &inb)))
+  if ((rc = stmt_snode(r, id, 0, &sn)) || (rc = check_nargs(r, id, sn, 0)))
     return rc;
-  if (on_sparse_path(r->l, sn->id))
-    return bad(r, FB_EUNSUPPORTED, id, "sparse SNodes are not supported yet");
-  if (s->op == FB_OP_IS_ACTIVE) {
-    if ((rc = result_type(r, id, FB_T_BOOL))) return rc;
-    r->vals[id] = fb_value_bool(inb && cell_active(r, sn, idx));
-  } else if (inb) {
-    activate_cell(r, sn, idx);
-  }
+  if (sn->kind == FB_SN_ROOT) return bad(r, FB_EINVAL, id, "names the root SNode");
+  const fb_snode *p = sn->kind == FB_SN_PLACE ? &r->l->nodes[sn->parent] : sn;
+  if (s->op == FB_OP_DEACTIVATE && !sparse_kind(p->kind))
+    return bad(r, FB_EINVAL, id, "deactivate needs a sparse SNode (bitmasked, pointer or dynamic)");
+  if (s->op == FB_OP_IS_ACTIVE && (rc = result_type(r, id, FB_T_BOOL))) return rc;
+  if ((rc = read_indices(r, id, sn, gi, &flat, &inb))) return rc;
+  if (s->op == FB_OP_IS_ACTIVE) r->vals[id] = fb_value_bool(inb && cell_active(r->in, sn->id, gi));
+  else if (inb && s->op == FB_OP_ACTIVATE) activate_cell(r->in, sn->id, gi);
+  else if (inb) deactivate_cell(r->in, p, gi); /* a place's cells are its parent's */
   return 0;
+}
+
+/* The dynamic SNode above the place of an append / length, checked: its
+ * axis must not be split above it, or no indices could name one list. */
+static int dyn_of(run *r, int id, const fb_snode *sn, const fb_snode **d) {
+  *d = &r->l->nodes[sn->parent];
+  if ((*d)->kind != FB_SN_DYNAMIC)
+    return bad(r, FB_EINVAL, id, "SNode %d is not under a dynamic SNode", sn->id);
+  int ax = dyn_axis(*d);
+  if (r->l->nodes[(*d)->parent].space_axes & (1u << ax))
+    return bad(r, FB_EINVAL, id, "dynamic SNode %d splits axis %c, already split above it: "
+               "no indices name one of its lists", (*d)->id, 'i' + ax);
+  int want = sn->ndim - 1 + (r->k->stmts[id].op == FB_OP_APPEND);
+  if (r->k->stmts[id].nargs != want)
+    return bad(r, FB_EINVAL, id, "%d operands, expected %d", r->k->stmts[id].nargs, want);
+  return 0;
+}
+
+/* The operands naming a list: indices of the place's axes other than the
+ * dynamic axis ax (left 0 in gi). *inb as in read_indices. */
+static int list_indices(run *r, int id, const fb_snode *sn, int ax, int64_t *gi, int *inb) {
+  *inb = 1;
+  for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = 0;
+  for (int d = 0, k = 0; d < sn->ndim; d++) {
+    int a = sn->dim_axis[d], rc;
+    if (a == ax) continue;
+    if ((rc = operand_i32(r, id, k++, &gi[a]))) return rc;
+    if (gi[a] < 0 || gi[a] >= sn->shape[a]) *inb = 0;
+  }
+  if (!*inb) r->bounds = FB_EBOUNDS;
+  return 0;
+}
+
+/* append / length on a place under a dynamic SNode d: the operands are the
+ * indices on the axes other than d's, naming one list (a cell of d's
+ * parent). append fills slot n = length (activating it like a store) and
+ * returns n; on a full list it stores nothing, returns -1 and latches
+ * FB_EBOUNDS. Out-of-range indices: append returns -1, length 0. */
+static int exec_dynamic(run *r, int id) {
+  const fb_snode *sn = NULL, *d = NULL;
+  int append = r->k->stmts[id].op == FB_OP_APPEND, inb, rc;
+  int64_t gi[FB_MAX_AXES];
+  fb_value v = zero_of(FB_T_VOID);
+  if ((rc = stmt_snode(r, id, 1, &sn)) || (rc = result_type(r, id, FB_T_I32)) ||
+      (rc = dyn_of(r, id, sn, &d)) || (append && (rc = operand(r, id, sn->ndim - 1, &v))))
+    return rc;
+  if (append && v.type != sn->type)
+    return bad(r, FB_EINVAL, id, "appending %s to a %s field", fb_type_name(v.type),
+               fb_type_name(sn->type));
+  int ax = dyn_axis(d);
+  if ((rc = list_indices(r, id, sn, ax, gi, &inb))) return rc;
+  int64_t len = inb ? r->in->len[d->id][cell_number(&r->l->nodes[d->parent], gi)] : 0;
+  r->vals[id] = fb_value_i32(append ? -1 : (int32_t)len);
+  if (!append || !inb) return 0;
+  if (len >= d->size[ax]) {
+    r->bounds = FB_EBOUNDS;
+    r->full = 1;
+    return 0;
+  }
+  gi[ax] = len;
+  activate_cell(r->in, sn->id, gi);
+  fb_value_store(v, elem_ptr(r, sn, cell_number(sn, gi)));
+  r->vals[id] = fb_value_i32((int32_t)len);
+  return 0;
+}
+
+static int exec_sparse(run *r, int id) {
+  int cls = fb_op_table[r->k->stmts[id].op].cls;
+  return cls == FB_OPC_SPARSE ? exec_activity(r, id) : exec_dynamic(r, id);
 }
 
 /* ---------------------------------------------------------------- pure values */
@@ -733,6 +1025,11 @@ static int exec_gtmp(run *r, int id) {
 
 static int exec_rand(run *r, int id) {
   const fb_stmt *s = &r->k->stmts[id];
+  if (s->op == FB_OP_RAND_SEQ) { /* a fused task's next part: its own rand() stream */
+    r->launch = r->launch0 + (uint64_t)s->imm.i;
+    r->count = 0;
+    return 0;
+  }
   int rc = result_type(r, id, FB_T_F32);
   if (rc) return rc;
   uint64_t bits = fb_rand_bits(r->in->seed, r->launch, (uint64_t)s->imm.i, r->iter, r->count);
@@ -800,30 +1097,46 @@ static int exec_range(run *r, int id, int top) {
   return FLOW_NEXT;
 }
 
-/* struct_for: every cell of the SNode's index space, row-major in axis
- * order (on a dense path all cells are active). The linear cell number keys
- * rand() when the loop is top-level. */
+/* The cells of sn's cell space active now, as a bitset over cell numbers
+ * (NULL with *all set when nothing on sn's path is sparse). */
+static int active_snapshot(run *r, int id, const fb_snode *sn, int64_t total, uint64_t **out,
+                           int *all) {
+  *out = NULL;
+  *all = r->in->ncovers[sn->id] == 0;
+  if (*all) return 0;
+  uint64_t *snap = calloc((size_t)(total + 63) / 64 + 1, sizeof *snap);
+  if (!snap) return bad(r, FB_ENOMEM, id, "no memory for the list of %lld cells", (long long)total);
+  int64_t gi[FB_MAX_AXES];
+  for (int64_t x = 0; x < total; x++) {
+    cell_indices(sn, x, gi);
+    if (cell_active(r->in, sn->id, gi)) bit_set(snap, x);
+  }
+  *out = snap;
+  return 0;
+}
+
+/* struct_for: every cell of the SNode's cell space (a place's: its parent's)
+ * that is active when the loop starts, in row-major order; cells the body
+ * activates or deactivates do not change which cells are visited. The cell
+ * number keys rand() when the loop is top-level. */
 static int exec_struct_for(run *r, int id, int top) {
   const fb_snode *sn = NULL;
-  int rc = stmt_snode(r, id, 0, &sn);
+  uint64_t *snap = NULL;
+  int all = 1, rc = stmt_snode(r, id, 0, &sn);
   if (rc) return rc;
-  if (on_sparse_path(r->l, sn->id))
-    return bad(r, FB_EUNSUPPORTED, id, "sparse SNodes are not supported yet");
-  int64_t total = 1, idx[FB_MAX_AXES] = {0, 0, 0, 0};
-  for (int d = 0; d < sn->ndim; d++) total *= sn->shape[sn->dim_axis[d]];
-  for (int64_t lin = 0; lin < total; lin++) {
-    for (int64_t rest = lin, d = sn->ndim - 1; d >= 0; d--) {
-      int64_t n = sn->shape[sn->dim_axis[d]];
-      idx[d] = rest % n;
-      rest /= n;
-    }
-    if (!cell_active(r, sn, idx)) continue;
-    for (int d = 0; d < FB_MAX_AXES; d++) r->lidx[id][d] = (int32_t)idx[d];
-    if (top) { r->iter = (uint64_t)lin; r->count = 0; }
-    int f = loop_body(r, id, 0);
-    if (f < 0) return f;
+  int64_t total = space_cells(sn), gi[FB_MAX_AXES];
+  if ((rc = active_snapshot(r, id, sn, total, &snap, &all))) return rc;
+  int f = FLOW_NEXT;
+  for (int64_t x = 0; x < total && f >= 0; x++) {
+    if (!all && !bit_get(snap, x)) continue;
+    cell_indices(sn, x, gi);
+    for (int d = 0; d < FB_MAX_AXES; d++)
+      r->lidx[id][d] = d < sn->ndim ? (int32_t)gi[sn->dim_axis[d]] : 0;
+    if (top) { r->iter = (uint64_t)x; r->count = 0; }
+    f = loop_body(r, id, 0);
   }
-  return FLOW_NEXT;
+  free(snap);
+  return f < 0 ? f : FLOW_NEXT;
 }
 
 static int exec_while(run *r, int id) {
@@ -923,37 +1236,6 @@ static int exec_body(run *r) {
 
 /* ---------------------------------------------------------------- checks before a run */
 
-/* Refuse (before anything runs) kernels that need sparse support. Each
- * block is scanned once; malformed references are left to the run. */
-static int scan_sparse(fb_interp *in, const fb_kernel *k, int block, uint8_t *seen) {
-  if (block < 0 || block >= k->nblocks || seen[block]) return 0;
-  seen[block] = 1;
-  const fb_block *b = &k->blocks[block];
-  for (int i = 0; i < b->n; i++) {
-    int id = b->ids[i], rc;
-    if (id < 0 || id >= k->nstmts || k->stmts[id].op >= FB_OP__COUNT) continue;
-    const fb_stmt *s = &k->stmts[id];
-    if (s->op == FB_OP_DEACTIVATE || s->op == FB_OP_APPEND || s->op == FB_OP_LENGTH)
-      return fail(in, FB_EUNSUPPORTED, "kernel %s: %%%d %s needs sparse SNodes (not supported yet)",
-                  k->name, id, op_name(s->op));
-    if ((fb_op_table[s->op].flags & FB_OPF_SNODE) && s->op != FB_OP_ASSUME_UNIQUE &&
-        on_sparse_path(in->l, s->snode))
-      return fail(in, FB_EUNSUPPORTED, "kernel %s: %%%d %s: SNode %d is sparse (not supported yet)",
-                  k->name, id, op_name(s->op), (int)s->snode);
-    if ((rc = scan_sparse(in, k, s->body, seen)) || (rc = scan_sparse(in, k, s->orelse, seen)))
-      return rc;
-  }
-  return 0;
-}
-
-static int check_supported(fb_interp *in, const fb_kernel *k) {
-  uint8_t *seen = calloc((size_t)k->nblocks, 1);
-  if (!seen) return fail(in, FB_ENOMEM, "kernel %s: out of memory", k->name);
-  int rc = scan_sparse(in, k, 0, seen);
-  free(seen);
-  return rc;
-}
-
 static int kind_of(fb_type t) {
   return fb_type_is_float(t) ? 2 : fb_type_is_int(t) ? 1 : t == FB_T_BOOL ? 0 : -1;
 }
@@ -1000,6 +1282,38 @@ static int verify_kernel(fb_interp *in, const fb_kernel *k) {
 
 /* ---------------------------------------------------------------- API */
 
+/* The sparse containers on node s's path (s included), root first. */
+static int build_covers(fb_interp *in, int s) {
+  const fb_layout *l = in->l;
+  int n = 0;
+  for (int p = s; p > 0; p = l->nodes[p].parent) n += sparse_kind(l->nodes[p].kind);
+  in->ncovers[s] = n;
+  if (!n) return 0;
+  if (!(in->covers[s] = calloc((size_t)n, sizeof **in->covers))) return FB_ENOMEM;
+  for (int p = s; p > 0; p = l->nodes[p].parent) {
+    if (!sparse_kind(l->nodes[p].kind)) continue;
+    cover *c = &in->covers[s][--n];
+    c->node = p;
+    for (int a = 0; a < FB_MAX_AXES; a++) c->stride[a] = fb_layout_stride(l, p, s, a);
+  }
+  return 0;
+}
+
+/* Storage and activity state of node i: all zero (nothing active). */
+static int alloc_node(fb_interp *in, int i) {
+  const fb_snode *s = &in->l->nodes[i];
+  if (s->kind == FB_SN_PLACE &&
+      !(in->fields[i] = calloc((size_t)fb_field_numel(in->l, i), fb_type_size(s->type))))
+    return FB_ENOMEM;
+  if ((s->kind == FB_SN_BITMASKED || s->kind == FB_SN_POINTER) &&
+      !(in->mask[i] = calloc((size_t)(space_cells(s) + 63) / 64, sizeof **in->mask)))
+    return FB_ENOMEM;
+  if (s->kind == FB_SN_DYNAMIC &&
+      !(in->len[i] = calloc((size_t)space_cells(&in->l->nodes[s->parent]), sizeof **in->len)))
+    return FB_ENOMEM;
+  return build_covers(in, i);
+}
+
 fb_interp *fb_interp_new(const fb_layout *l, uint64_t seed) {
   if (!l || !l->finalized) return NULL;
   fb_interp *in = calloc(1, sizeof *in);
@@ -1007,20 +1321,34 @@ fb_interp *fb_interp_new(const fb_layout *l, uint64_t seed) {
   in->l = l;
   in->layout_hash = fb_layout_hash(l);
   in->seed = seed;
-  in->fields = calloc((size_t)l->nnodes, sizeof *in->fields);
-  if (!in->fields) { free(in); return NULL; }
-  for (int i = 0; i < l->nnodes; i++) {
-    if (l->nodes[i].kind != FB_SN_PLACE) continue;
-    in->fields[i] = calloc((size_t)fb_field_numel(l, i), fb_type_size(l->nodes[i].type));
-    if (!in->fields[i]) { fb_interp_free(in); return NULL; }
+  size_t nn = (size_t)l->nnodes;
+  in->fields = calloc(nn, sizeof *in->fields);
+  in->covers = calloc(nn, sizeof *in->covers);
+  in->ncovers = calloc(nn, sizeof *in->ncovers);
+  in->mask = calloc(nn, sizeof *in->mask);
+  in->len = calloc(nn, sizeof *in->len);
+  if (!in->fields || !in->covers || !in->ncovers || !in->mask || !in->len) {
+    fb_interp_free(in);
+    return NULL;
   }
+  for (int i = 0; i < l->nnodes; i++)
+    if (alloc_node(in, i)) { fb_interp_free(in); return NULL; }
   return in;
 }
 
 void fb_interp_free(fb_interp *in) {
   if (!in) return;
-  for (int i = 0; in->fields && i < in->l->nnodes; i++) free(in->fields[i]);
+  for (int i = 0; i < in->l->nnodes; i++) {
+    if (in->fields) free(in->fields[i]);
+    if (in->covers) free(in->covers[i]);
+    if (in->mask) free(in->mask[i]);
+    if (in->len) free(in->len[i]);
+  }
   free(in->fields);
+  free(in->covers);
+  free(in->ncovers);
+  free(in->mask);
+  free(in->len);
   free(in->scratch);
   free(in);
 }
@@ -1056,8 +1384,8 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
   r.lidx = calloc((size_t)k->nstmts + 1, sizeof *r.lidx);
   r.args = argv;
   if (!argv || !r.vals || !r.lidx) rc = fail(in, FB_ENOMEM, "kernel %s: out of memory", k->name);
-  else if (!(rc = convert_args(in, k, args, nargs, argv)) && !(rc = check_supported(in, k))) {
-    r.launch = in->launches++;
+  else if (!(rc = convert_args(in, k, args, nargs, argv))) {
+    r.launch = r.launch0 = in->launches++;
     rc = exec_body(&r);
   }
   free(argv);
@@ -1065,6 +1393,9 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
   free(r.lidx);
   if (rc < 0) return rc;
   if (ret) *ret = r.ret;
-  if (r.bounds) snprintf(in->err, sizeof in->err, "kernel %s indexed a field out of bounds", k->name);
+  if (r.bounds)
+    snprintf(in->err, sizeof in->err, "kernel %s %s", k->name,
+             r.full ? "appended to a full dynamic list (or indexed out of bounds)"
+                    : "indexed a field out of bounds");
   return r.bounds;
 }

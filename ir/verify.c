@@ -76,6 +76,7 @@ static int yields_value(const fb_op_info *oi) {
     return 0;
   case FB_OPC_SPARSE: return !(oi->flags & FB_OPF_WRITES); /* is_active */
   case FB_OPC_GTMP: return oi->nargs == 0;                  /* gtmp_load */
+  case FB_OPC_RAND: return !(oi->flags & FB_OPF_SIDE);      /* rand, not rand_seq */
   default: return 1;
   }
 }
@@ -252,10 +253,22 @@ static void check_global(vctx *v, int id, const fb_stmt *s, int cls) {
     verr(v, id, "needs a numeric field, field %s is %s", snode_label(n), tname(ft));
 }
 
-/* is_active / activate / deactivate: any non-root SNode. */
+/* is_active / activate / deactivate: any non-root SNode; deactivate only a
+ * sparse container or a field whose parent is one. */
 static void check_sparse(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
   const fb_snode *n = snode_of(v, s);
-  if (n->kind == FB_SN_ROOT) verr(v, id, "names the root SNode; sparse ops need a non-root SNode");
+  if (n->kind == FB_SN_ROOT) {
+    verr(v, id, "names the root SNode; sparse ops need a non-root SNode");
+  } else if (s->op == FB_OP_DEACTIVATE) {
+    int cell = n->kind == FB_SN_PLACE ? n->parent : n->id;
+    const fb_snode *c = cell >= 0 && cell < v->lay->nnodes ? &v->lay->nodes[cell] : NULL;
+    int place = n->kind == FB_SN_PLACE;
+    if (!c || (c->kind != FB_SN_BITMASKED && c->kind != FB_SN_POINTER && c->kind != FB_SN_DYNAMIC))
+      verr(v, id,
+           "deactivate needs a sparse SNode (bitmasked, pointer or dynamic); %s %s %s a %s SNode",
+           place ? "field" : "SNode", snode_label(n), place ? "sits in" : "is",
+           c ? fb_snode_kind_name(c->kind) : "missing");
+  }
   check_indices(v, id, s, global_indices(oi->cls, n));
   if (yields_value(oi)) want_result(v, id, s, FB_T_BOOL);
 }
@@ -417,7 +430,9 @@ static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi)
   case FB_OPC_LOOPIDX: check_loop_index(v, id, s); break;
   case FB_OPC_RET: check_ret(v, id, s); break;
   case FB_OPC_GTMP: check_gtmp(v, id, s, oi); break;
-  case FB_OPC_RAND: want_result(v, id, s, FB_T_F32); break;
+  case FB_OPC_RAND:
+    if (yields_value(oi)) want_result(v, id, s, FB_T_F32);
+    break;
   case FB_OPC_LIST: check_list(v, id, s); break;
   default: break; /* LOOP, JUMP: no types */
   }

@@ -4,7 +4,15 @@
  * recomputed in the consumer (pure expressions over consts and args) or
  * passed through 8-byte slots of the launch's scratch buffer (gtmp), and
  * top-level local variables shared by several tasks live there too. A serial
- * run made only of pure statements has no effect of its own and is dropped. */
+ * run made only of pure statements has no effect of its own and is dropped.
+ *
+ * Sparse SNodes (docs/sparse.md, the paper's Figure 3): a struct_for over an
+ * SNode with sparse containers P1 (top) .. Pk on its path from the root is
+ * preceded by, for each Pi in order, a serial clear_list task and a parallel
+ * listgen task; the struct_for task then walks Pk's list. A kernel that
+ * deactivates cells of a sparse SNode S ends with one serial gc task for
+ * every pointer or dynamic SNode in S's subtree (S included), ancestors
+ * first, so that blocks freed inside freed blocks are returned too. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,9 +216,121 @@ static int build_task(lower_ctx *c, int sg, fb_task *t, int index) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- sparse tasks */
+
+static int is_sparse(fb_snode_kind k) {
+  return k == FB_SN_BITMASKED || k == FB_SN_POINTER || k == FB_SN_DYNAMIC;
+}
+
+/* The container a sparse op or loop on snode works on: a field's parent. */
+static int container_of(const fb_layout *l, int snode) {
+  return l->nodes[snode].kind == FB_SN_PLACE ? l->nodes[snode].parent : snode;
+}
+
+/* Sparse containers from the root down to snode's container, top first. */
+static int sparse_path(const fb_layout *l, int snode, int *out, int max) {
+  int up[256], n = 0;
+  for (int c = container_of(l, snode); c > 0 && n < 256; c = l->nodes[c].parent)
+    if (is_sparse(l->nodes[c].kind)) up[n++] = c;
+  if (n > max) n = max;
+  for (int i = 0; i < n; i++) out[i] = up[n - 1 - i];
+  return n;
+}
+
+/* The struct_for of segment sg when it iterates sparse lists, else -1. */
+static int sparse_loop_of(const lower_ctx *c, int sg) {
+  const fb_kernel *k = c->k;
+  const fb_block *b = &k->blocks[0];
+  for (int i = 0; i < b->n; i++) {
+    const fb_stmt *s = &k->stmts[b->ids[i]];
+    if (c->seg[b->ids[i]] == sg && s->op == FB_OP_STRUCT_FOR && s->snode > 0 &&
+        s->snode < k->layout->nnodes) {
+      int p[1];
+      return sparse_path(k->layout, s->snode, p, 1) ? b->ids[i] : -1;
+    }
+  }
+  return -1;
+}
+
+/* One task made of a single list op on snode. */
+static int add_list_task(lower_ctx *c, fb_task_list *out, fb_task_kind kind, int snode) {
+  const fb_kernel *k = c->k;
+  static const fb_op ops[] = {[FB_TASK_CLEAR_LIST] = FB_OP_CLEAR_LIST,
+                              [FB_TASK_LISTGEN] = FB_OP_LISTGEN, [FB_TASK_GC] = FB_OP_GC};
+  char name[512];
+  snprintf(name, sizeof name, "%s.t%d", k->name ? k->name : "kernel", out->n);
+  fb_kernel *ir = fb_kernel_new(k->layout, name, k->nparams, k->params, k->ret);
+  if (!ir) return FB_ENOMEM;
+  fb_builder b;
+  fb_builder_init(&b, ir);
+  fb_stmt st;
+  memset(&st, 0, sizeof st);
+  st.op = (uint16_t)ops[kind];
+  st.type = FB_T_VOID;
+  st.snode = snode;
+  for (int a = 0; a < FB_MAX_ARGS; a++) st.args[a] = -1;
+  st.body = st.orelse = -1;
+  int id = fb_b_emit(&b, &st);
+  if (id < 0 || b.err) {
+    fb_kernel_free(ir);
+    return FB_ENOMEM;
+  }
+  fb_task *t = &out->v[out->n++];
+  t->kind = kind;
+  t->ir = ir;
+  t->loop = kind == FB_TASK_LISTGEN ? id : -1;
+  t->snode = snode;
+  return 0;
+}
+
+/* clear_list + listgen for every sparse container above loop's cells. */
+static int add_list_tasks(lower_ctx *c, fb_task_list *out, int loop) {
+  int path[64];
+  int n = sparse_path(c->k->layout, c->k->stmts[loop].snode, path, 64);
+  for (int i = 0; i < n; i++) {
+    int rc = add_list_task(c, out, FB_TASK_CLEAR_LIST, path[i]);
+    if (!rc) rc = add_list_task(c, out, FB_TASK_LISTGEN, path[i]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Mark the pointer and dynamic SNodes of node's subtree. */
+static void mark_allocating(const fb_layout *l, int node, unsigned char *gc) {
+  const fb_snode *n = &l->nodes[node];
+  if (n->kind == FB_SN_POINTER || n->kind == FB_SN_DYNAMIC) gc[node] = 1;
+  for (int i = 0; i < n->nchildren; i++) mark_allocating(l, n->children[i], gc);
+}
+
+/* SNodes needing a gc task (per SNode id, 1 = yes); returns how many. */
+static int gc_snodes(const fb_kernel *k, unsigned char *gc) {
+  const fb_layout *l = k->layout;
+  for (int i = 0; i < k->nstmts; i++) {
+    const fb_stmt *s = &k->stmts[i];
+    if (s->op != FB_OP_DEACTIVATE || s->snode <= 0 || s->snode >= l->nnodes) continue;
+    int c = container_of(l, s->snode);
+    if (c > 0 && is_sparse(l->nodes[c].kind)) mark_allocating(l, c, gc);
+  }
+  int n = 0;
+  for (int i = 0; i < l->nnodes; i++) n += gc[i];
+  return n;
+}
+
+/* Tasks beyond one per segment: list tasks of sparse struct_fors. */
+static int extra_list_tasks(const lower_ctx *c, int nseg) {
+  int n = 0;
+  for (int sg = 0; sg < nseg; sg++) {
+    int loop = sparse_loop_of(c, sg);
+    int path[64];
+    if (loop >= 0) n += 2 * sparse_path(c->k->layout, c->k->stmts[loop].snode, path, 64);
+  }
+  return n;
+}
+
 int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   lower_ctx c;
+  unsigned char *gc = NULL;
   memset(&c, 0, sizeof c);
   c.k = k;
   c.err = err;
@@ -251,20 +371,28 @@ int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
       gtmp += 8;
     }
   out->gtmp_bytes = gtmp;
-  out->v = calloc((size_t)(nseg ? nseg : 1), sizeof(fb_task));
+  gc = calloc((size_t)k->layout->nnodes, 1);
+  if (!gc) { rc = FB_ENOMEM; goto done; }
+  int ngc = gc_snodes(k, gc);
+  int cap = nseg + extra_list_tasks(&c, nseg) + ngc;
+  out->v = calloc((size_t)(cap ? cap : 1), sizeof(fb_task));
   if (!out->v) { rc = FB_ENOMEM; goto done; }
-  for (int sg = 0; sg < nseg; sg++) {
+  for (int sg = 0; sg < nseg && rc >= 0; sg++) {
     if (segment_is_pure(k, c.seg, c.ext, sg)) continue;
+    int loop = sparse_loop_of(&c, sg);
+    if (loop >= 0 && (rc = add_list_tasks(&c, out, loop)) < 0) break;
     rc = build_task(&c, sg, &out->v[out->n], out->n);
     if (out->v[out->n].ir) out->n++;
-    if (rc < 0) break;
   }
+  for (int i = 0; i < k->layout->nnodes && rc >= 0; i++)
+    if (gc[i]) rc = add_list_task(&c, out, FB_TASK_GC, i);
 done:
   if (rc == FB_ENOMEM && err && errlen && !err[0]) snprintf(err, errlen, "lowering: out of memory");
   free(c.seg);
   free(c.ext);
   free(c.slot);
   free(c.map);
+  free(gc);
   if (rc < 0) fb_task_list_free(out);
   return rc;
 }

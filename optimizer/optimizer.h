@@ -11,7 +11,13 @@
  *    tasks live in the launch's scratch buffer (gtmp_store / gtmp_load at
  *    8-byte slots), so tasks never share registers.
  * A parallel task's body block holds its recomputed values followed by the
- * loop statement, whose id is fb_task.loop. */
+ * loop statement, whose id is fb_task.loop.
+ *
+ * Sparse SNodes (docs/sparse.md): a struct_for whose SNode lies below sparse
+ * containers P1 .. Pk is preceded by a serial clear_list task and a parallel
+ * listgen task per Pi (fb_task.loop = the listgen statement, fb_task.snode =
+ * Pi); a kernel that deactivates cells of a sparse S ends with a serial gc
+ * task per pointer/dynamic SNode of S's subtree, ancestors first. */
 #ifndef FB_OPTIMIZER_H
 #define FB_OPTIMIZER_H
 

@@ -1,8 +1,10 @@
 /* The CPU device and its launcher: runs the compiled tasks of one kernel
  * launch in order. Serial tasks run on the calling thread; a parallel task
  * asks its bounds function for the iteration count and hands the range to
- * the thread pool. Backend time is the CLOCK_MONOTONIC time around the
- * device work. */
+ * the thread pool (list generations in small chunks: their iterations are
+ * whole blocks). Before a listgen task the host sizes its list. Backend
+ * time is the CLOCK_MONOTONIC time around the device work. */
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -47,7 +49,7 @@ static void par_chunk(void *arg, int64_t lo, int64_t hi) {
   j->body(j->ctx, lo, hi);
 }
 
-static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t) {
+static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, int64_t grain) {
   if (!t->bounds) {
     t->body(ctx, 0, 0);
     return;
@@ -56,20 +58,33 @@ static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t) {
   t->bounds(ctx, &n);
   if (n <= 0) return;
   par_job j = {t->body, ctx};
-  fb_pool_for(d->pool, n, par_chunk, &j);
+  fb_pool_for_grain(d->pool, n, grain, par_chunk, &j);
 }
 
 int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int ntasks,
                double *seconds, int *failed) {
+  return fb_cpu_run_sparse(d, ctx, NULL, tasks, NULL, ntasks, seconds, failed, NULL, 0);
+}
+
+int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
+                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
+                      char *err, size_t errlen) {
   int first = 0, where = -1;
   double t0 = now_s();
   for (int i = 0; i < ntasks; i++) {
+    if (sp && hints && hints[i].list_snode > 0) {
+      int rc = fb_sparse_prepare_list(sp, hints[i].list_snode, err, errlen);
+      if (rc) {
+        if (!first || first == FB_EBOUNDS || first == FB_EQUOTA) first = rc, where = i;
+        break;
+      }
+    }
     int32_t before = *ctx->error;
-    run_task(d, ctx, &tasks[i]);
+    run_task(d, ctx, &tasks[i], hints ? hints[i].grain : 0);
     int32_t e = *ctx->error;
     if (e && !before) where = i;
     if (e && !first) first = e;
-    if (e && e != FB_EBOUNDS) break;
+    if (e && e != FB_EBOUNDS && e != FB_EQUOTA) break;
   }
   if (seconds) *seconds = now_s() - t0;
   if (failed) *failed = where;

@@ -1,7 +1,8 @@
 /* Device memory of one session on the CPU: the root buffer that holds the
  * layout's dense storage, the scratch buffer (gtmp) the tasks of a launch
- * share, and the kernel return slots. Root and scratch count against the
- * session's memory limit. Large roots come from mmap, so untouched pages
+ * share, and the kernel return slots. Root and scratch (and the sparse
+ * storage that fb_sparse reports in `extra`) count against the session's
+ * memory limit. Large roots come from mmap, so untouched pages
  * cost nothing and arrive zeroed. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,12 +27,20 @@ static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err,
                       size_t errlen) {
-  if (!m->limit || (root <= m->limit && gtmp <= m->limit - root)) return 0;
-  errf(err, errlen,
-       "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
-       "limit %llu bytes",
-       (unsigned long long)(root + gtmp), (unsigned long long)root,
-       (unsigned long long)gtmp, (unsigned long long)m->limit);
+  uint64_t fixed = root + m->extra;
+  if (!m->limit || (fixed <= m->limit && gtmp <= m->limit - fixed)) return 0;
+  if (m->extra)
+    errf(err, errlen,
+         "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
+         "scratch %llu), limit %llu bytes",
+         (unsigned long long)(fixed + gtmp), (unsigned long long)root,
+         (unsigned long long)m->extra, (unsigned long long)gtmp, (unsigned long long)m->limit);
+  else
+    errf(err, errlen,
+         "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
+         "limit %llu bytes",
+         (unsigned long long)(root + gtmp), (unsigned long long)root,
+         (unsigned long long)gtmp, (unsigned long long)m->limit);
   return FB_EQUOTA;
 }
 
@@ -100,7 +109,7 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
   return grow_rets(m, nrets, err, errlen);
 }
 
-uint64_t fb_devmem_used(const fb_devmem *m) { return m->root_bytes + m->gtmp_bytes; }
+uint64_t fb_devmem_used(const fb_devmem *m) { return m->root_bytes + m->gtmp_bytes + m->extra; }
 
 void fb_devmem_release(fb_devmem *m) {
   if (m->root) {

@@ -197,11 +197,11 @@ void fb_pool_free(fb_pool *p) {
 int fb_pool_threads(const fb_pool *p) { return p->nthreads; }
 
 /* Chunk size: about CHUNKS_PER_THREAD chunks per thread, never below the
- * pool's minimum. */
-static int64_t chunk_size(const fb_pool *p, int64_t n) {
+ * minimum (the pool's, or the caller's grain). */
+static int64_t chunk_size(const fb_pool *p, int64_t n, int64_t min_chunk) {
   int64_t want = (int64_t)p->nthreads * CHUNKS_PER_THREAD;
   int64_t c = (n + want - 1) / want;
-  return c < p->min_chunk ? p->min_chunk : c;
+  return c < min_chunk ? min_chunk : c;
 }
 
 static void publish(fb_pool *p, pool_job *j) {
@@ -231,8 +231,12 @@ static void retire(fb_pool *p, pool_job *j) {
 }
 
 void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx) {
+  fb_pool_for_grain(p, n, 0, fn, ctx);
+}
+
+void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx) {
   if (n <= 0) return;
-  int64_t chunk = chunk_size(p, n);
+  int64_t chunk = chunk_size(p, n, grain > 0 ? grain : p->min_chunk);
   if (p->nworkers == 0 || chunk >= n) {
     fn(ctx, 0, n);
     return;

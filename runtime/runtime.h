@@ -1,7 +1,8 @@
 /* runtime/: the CPU device (a thread pool that splits parallel loops into
- * chunks), device memory of a session (root buffer, scratch, return slots)
- * and the launcher that runs a kernel's compiled tasks in order. Internal
- * header of the folder; server/ uses it. Depends on ir/ and codegen/ only.
+ * chunks), device memory of a session (root buffer, scratch, return slots,
+ * and for sparse SNodes the block pool, allocators and lists) and the
+ * launcher that runs a kernel's compiled tasks in order. Internal header of
+ * the folder; server/ uses it. Depends on ir/ and codegen/ only.
  *
  * Invariants
  *  - The pool owns its worker threads for its whole life: a parallel loop
@@ -11,7 +12,8 @@
  *  - fb_pool_for returns only after every index of [0, n) has been passed to
  *    the body exactly once and no worker touches the job any more.
  *  - Device memory is zeroed, 64-byte aligned and counted against the
- *    session's limit (root buffer + scratch). */
+ *    session's limit (root buffer + scratch + sparse storage: blocks handed
+ *    out by the pool and list storage). */
 #ifndef FB_RUNTIME_H
 #define FB_RUNTIME_H
 
@@ -41,6 +43,9 @@ int fb_pool_threads(const fb_pool *p);
 /* Run fn over [0, n) split into chunks over the workers and the calling
  * thread; returns when all chunks are done. n <= 0 does nothing. */
 void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx);
+/* The same with chunks of at least grain iterations (0: the pool's minimum),
+ * for loops whose iterations are heavy (list generation). */
+void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx);
 
 /* ---------------------------------------------------------------- device */
 
@@ -64,6 +69,7 @@ typedef struct fb_devmem {
   uint64_t *rets;       /* return slots */
   int nrets;
   uint64_t limit;       /* bytes, 0 = unlimited */
+  uint64_t extra;       /* sparse storage counted against the limit (fb_sparse) */
   size_t root_alloc;    /* bytes actually mapped or allocated for root */
   int root_mapped;      /* root came from mmap */
 } fb_devmem;
@@ -75,9 +81,42 @@ int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
 /* Grow scratch to at least gtmp_bytes and the return slots to at least
  * nrets (never shrinks). Scratch counts against the limit (FB_EQUOTA). */
 int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, size_t errlen);
-/* Bytes counted against the limit: root + scratch. */
+/* Bytes counted against the limit: root + scratch + extra. */
 uint64_t fb_devmem_used(const fb_devmem *m);
 void fb_devmem_release(fb_devmem *m);
+
+/* ---------------------------------------------------------------- sparse
+ * The sparse SNodes of a session (docs/sparse.md): the device state of
+ * codegen/rt/fb_rt.h (ctx->runtime of every task), its block pool (a
+ * reservation of address space that the device runtime bump-allocates
+ * from, up to the limit left by everything else), one allocator per
+ * pointer/dynamic SNode and one list per sparse SNode, whose storage the
+ * host sizes before each listgen task. */
+
+typedef struct fb_sparse fb_sparse;
+
+/* mem (kept by the caller, outlives sp) gets the sparse bytes in mem->extra. */
+int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err, size_t errlen);
+void fb_sparse_free(fb_sparse *sp);
+fb_rt_state *fb_sparse_state(fb_sparse *sp);
+/* Before a launch: how much the pool may hand out (the limit less root,
+ * scratch and lists). After a launch or host access: account the pool. */
+void fb_sparse_begin(fb_sparse *sp);
+void fb_sparse_end(fb_sparse *sp);
+/* Make room in snode's list for everything its next listgen may add.
+ * FB_EQUOTA (or FB_ENOMEM) with a message naming the SNode. */
+int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen);
+/* The SNode whose block did not fit since the last call (and the block's
+ * size): returns 1 and clears it, or 0 when none. */
+int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes);
+/* Storage of field element place[idx] (indices by dimension, in bounds) in
+ * the session's root buffer: reading, NULL when the cell is inactive;
+ * writing, the cell and its ancestors are activated (NULL: out of memory,
+ * see fb_sparse_take_oom). */
+uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write);
+/* Bytes the pool has handed out, and blocks live per SNode (for tests). */
+uint64_t fb_sparse_pool_used(const fb_sparse *sp);
+uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);
 
 /* ---------------------------------------------------------------- launcher */
 
@@ -85,6 +124,12 @@ typedef struct fb_rt_task {
   fb_task_body_fn body;
   fb_task_bounds_fn bounds; /* NULL: serial task */
 } fb_rt_task;
+
+/* What the launcher needs to know of a task beyond its code. */
+typedef struct fb_rt_hint {
+  int list_snode;           /* > 0: a listgen filling that SNode's list */
+  int64_t grain;            /* parallel: smallest chunk (0: the pool's) */
+} fb_rt_hint;
 
 /* Run tasks in order on the CPU: a serial task as body(ctx, 0, 0) on the
  * calling thread, a parallel one as bounds(ctx, &n) then body over [0, n)
@@ -95,5 +140,13 @@ typedef struct fb_rt_task {
  * NULL) the index of the task that raised the error, -1 when none. */
 int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int ntasks,
                double *seconds, int *failed);
+/* The same with hints (one per task, or NULL) for a session with sparse
+ * SNodes (sp may be NULL): a listgen task's list is sized first
+ * (fb_sparse_prepare_list; on failure the launch stops with its code and
+ * message in err). FB_EQUOTA latched by the device (a block that did not
+ * fit) lets the remaining tasks run, like FB_EBOUNDS. */
+int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
+                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
+                      char *err, size_t errlen);
 
 #endif

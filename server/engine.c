@@ -3,6 +3,10 @@
  * (runtime/) together. Sync mode only in this milestone: a kernel is
  * verified, copied onto the session's layout, lowered to tasks and every
  * task compiled when it is registered; fb_launch runs its tasks at once.
+ * Layouts with sparse SNodes get the sparse runtime (runtime/sparse.c):
+ * its state is every task's ctx->runtime, list tasks are sized before they
+ * run, and a block that does not fit in the session's memory limit is
+ * reported as FB_EQUOTA naming the kernel and the SNode (docs/sparse.md).
  *
  * Sharing: an engine holds the JIT (and its code cache) and the thread pool,
  * both safe to use from several threads; everything else belongs to one
@@ -34,6 +38,7 @@ typedef struct sess_kernel {
   fb_task_list tl;         /* its tasks, in launch order */
   const fb_kernel **irs;   /* tl.v[i].ir, for fb_session_kernel_tasks */
   fb_rt_task *code;        /* compiled entry points per task */
+  fb_rt_hint *hints;       /* per task: list to size, chunk grain */
 } sess_kernel;
 
 struct fb_session {
@@ -42,6 +47,7 @@ struct fb_session {
   uint64_t seed;
   uint64_t launch_no;      /* launches run so far: rand()'s launch number */
   fb_devmem mem;
+  fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
   sess_kernel *kernels;
   int nkernels, cap;
   uint64_t *args;          /* argument slots, nargs_cap of them */
@@ -120,6 +126,12 @@ const char *fb_engine_backend(const fb_engine *e) { return "cpu"; }
 
 /* ---------------------------------------------------------------- sessions */
 
+static int layout_is_sparse(const fb_layout *l) {
+  for (int i = 0; i < l->nnodes; i++)
+    if (fb_cg_is_sparse(l->nodes[i].kind)) return 1;
+  return 0;
+}
+
 static int check_mode(const char *mode) {
   return !mode || strcmp(mode, "sync") == 0 || strcmp(mode, "async") == 0;
 }
@@ -149,6 +161,8 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   int rc = fb_devmem_init(&s->mem, s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg,
                           sizeof msg);
   if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
+  if (!rc && layout_is_sparse(s->layout))
+    rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
   if (rc) {
     set_err(err, errlen, msg);
     fb_session_destroy(s);
@@ -163,6 +177,7 @@ static void kernel_free(sess_kernel *k) {
   fb_kernel_free(k->k);
   free(k->irs);
   free(k->code);
+  free(k->hints);
   memset(k, 0, sizeof *k);
 }
 
@@ -171,6 +186,7 @@ void fb_session_destroy(fb_session *s) {
   for (int i = 0; i < s->nkernels; i++) kernel_free(&s->kernels[i]);
   free(s->kernels);
   free(s->args);
+  fb_sparse_free(s->sparse);
   fb_devmem_release(&s->mem);
   fb_layout_free(s->layout);
   free(s);
@@ -180,7 +196,10 @@ const char *fb_session_errmsg(const fb_session *s) { return s ? s->err : "no ses
 
 const fb_layout *fb_session_layout(const fb_session *s) { return s->layout; }
 
-void fb_session_counters(const fb_session *s, fb_counters *out) { *out = s->c; }
+void fb_session_counters(const fb_session *s, fb_counters *out) {
+  *out = s->c;
+  out->device_bytes = fb_devmem_used(&s->mem);
+}
 
 int fb_sync(fb_session *s) { return s ? 0 : FB_EINVAL; } /* sync mode: nothing pending */
 
@@ -247,6 +266,8 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
                 sk->k->name, t, task->ir->name, msg[0] ? msg : fb_strerror(rc));
   sk->code[t].body = code.body;
   sk->code[t].bounds = task->loop >= 0 ? code.bounds : NULL;
+  sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
+  sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
   sk->irs[t] = task->ir;
   if (code.cache_hit) s->c.cache_hits++;
   else {
@@ -267,7 +288,9 @@ static int lower_and_compile(fb_session *s, sess_kernel *sk) {
   int n = sk->tl.n;
   sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
   sk->code = calloc((size_t)(n ? n : 1), sizeof *sk->code);
-  if (!sk->irs || !sk->code) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  sk->hints = calloc((size_t)(n ? n : 1), sizeof *sk->hints);
+  if (!sk->irs || !sk->code || !sk->hints)
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   for (int t = 0; t < n; t++)
     if ((rc = compile_task(s, sk, t))) return rc;
   return 0;
@@ -375,8 +398,38 @@ static int pack_args(fb_session *s, const fb_kernel *k, const fb_value *args, in
   return 0;
 }
 
-static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed) {
+static const char *snode_label(const fb_snode *n, char *buf, size_t len) {
+  if (n->name) snprintf(buf, len, "'%s'", n->name);
+  else snprintf(buf, len, "%d", n->id);
+  return buf;
+}
+
+/* "out of device memory allocating a block of SNode 'x' (pointer, N bytes;
+ * limit L bytes)" into buf, when the device ran out since the last call. */
+static int oom_message(fb_session *s, char *buf, size_t len) {
+  int sn;
+  uint64_t bytes;
+  if (!s->sparse || !fb_sparse_take_oom(s->sparse, &sn, &bytes)) return 0;
+  const fb_snode *n = &s->layout->nodes[sn];
+  char name[160];
+  if (s->mem.limit)
+    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "limit %llu bytes)", snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+             (unsigned long long)bytes, (unsigned long long)s->mem.limit);
+  else
+    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "the block pool is exhausted)", snode_label(n, name, sizeof name),
+             fb_snode_kind_name(n->kind), (unsigned long long)bytes);
+  return 1;
+}
+
+static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed,
+                        const char *msg) {
   const char *task = failed >= 0 && failed < sk->tl.n ? sk->tl.v[failed].ir->name : "?";
+  char oom[512];
+  if (oom_message(s, oom, sizeof oom))
+    return fail(s, FB_EQUOTA, "kernel '%s': %s; those accesses were skipped", sk->k->name, oom);
+  if (msg && msg[0]) return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
   if (rc == FB_EBOUNDS)
     return fail(s, FB_EBOUNDS, "kernel '%s' indexed a field out of bounds (task %s); those "
                 "accesses were skipped", sk->k->name, task);
@@ -398,7 +451,15 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
                    &error, s->seed, s->launch_no, NULL};
   double secs = 0;
   int failed = -1;
-  rc = fb_cpu_run(s->e->dev, &ctx, sk->code, sk->tl.n, &secs, &failed);
+  char msg[ERRLEN];
+  msg[0] = 0;
+  if (s->sparse) {
+    fb_sparse_begin(s->sparse);
+    ctx.runtime = fb_sparse_state(s->sparse);
+  }
+  rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
+                         &failed, msg, sizeof msg);
+  if (s->sparse) fb_sparse_end(s->sparse);
   s->launch_no++;
   s->c.launches++;
   s->c.tasks_launched += (uint64_t)sk->tl.n;
@@ -407,7 +468,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     if (sk->k->ret != FB_T_VOID) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
     else memset(ret, 0, sizeof *ret);
   }
-  return rc ? launch_error(s, sk, rc, failed) : 0;
+  return rc ? launch_error(s, sk, rc, failed, msg) : 0;
 }
 
 /* ---------------------------------------------------------------- host access
@@ -435,6 +496,9 @@ typedef struct field_plan {
   axis_term term[FB_MAX_AXES][MAX_PATH];
 } field_plan;
 
+static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool);
+static int oom_message(fb_session *s, char *buf, size_t len);
+
 static int check_field(fb_session *s, int field, const char *what) {
   const fb_layout *l = s->layout;
   if (field < 0 || field >= l->nnodes)
@@ -444,11 +508,39 @@ static int check_field(fb_session *s, int field, const char *what) {
   if (f->kind != FB_SN_PLACE)
     return fail(s, FB_EINVAL, "%s: SNode %d (%s%s%s) is not a field", what, field,
                 fb_snode_kind_name(f->kind), f->name ? " " : "", f->name ? f->name : "");
-  for (int p = f->parent; p > 0; p = l->nodes[p].parent)
-    if (l->nodes[p].kind != FB_SN_DENSE)
-      return fail(s, FB_EUNSUPPORTED, "%s: field '%s' lies under a %s SNode; host access to "
-                  "fields with sparse ancestors is not supported yet", what, f->name,
-                  fb_snode_kind_name(l->nodes[p].kind));
+  return 0;
+}
+
+/* Does the field lie under a sparse container? */
+static int field_is_sparse(const fb_session *s, int field) {
+  return s->sparse && fb_cg_sparse_leaf(s->layout, s->layout->nodes[field].parent) != 0;
+}
+
+/* Host side of an out-of-memory while activating: FB_EQUOTA naming the SNode. */
+static int host_oom(fb_session *s, const char *what) {
+  char oom[512];
+  if (!oom_message(s, oom, sizeof oom)) snprintf(oom, sizeof oom, "out of device memory");
+  return fail(s, FB_EQUOTA, "%s: %s", what, oom);
+}
+
+/* Element by element through the sparse runtime: reads of inactive cells
+ * give 0, writes activate (every element of the field). */
+static int sparse_io(fb_session *s, const fb_snode *f, uint8_t *host, int write, const char *what) {
+  size_t esz = fb_type_size(f->type);
+  int64_t numel = fb_field_numel(s->layout, f->id), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  fb_sparse_begin(s->sparse);
+  for (int64_t e = 0; e < numel; e++) {
+    uint8_t *h = host + (size_t)e * esz;
+    uint8_t *d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
+    if (write && !d) return host_oom(s, what);
+    if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
+    else if (d) copy_elem(h, d, esz, 0);
+    else memset(h, 0, esz);
+    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
+      if (++idx[k] < f->shape[f->dim_axis[k]]) break;
+      idx[k] = 0;
+    }
+  }
   return 0;
 }
 
@@ -564,6 +656,8 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
     rc = fail(s, FB_EINVAL, "%s: field '%s' holds %lld elements of %s (%llu bytes); %zu bytes "
               "given%s", what, p->f->name, (long long)p->numel, fb_type_name(p->f->type),
               (unsigned long long)want, bytes, buf ? "" : " with no buffer");
+  } else if (field_is_sparse(s, field)) {
+    rc = sparse_io(s, p->f, buf, write, what);
   } else {
     copy_field(p, s->mem.root, buf, write);
   }
@@ -579,9 +673,10 @@ int fb_field_write(fb_session *s, int field, const void *src, size_t bytes) {
   return field_io(s, field, (void *)src, bytes, 1);
 }
 
-/* Validate one element's index; returns its byte offset through *off. */
-static int cell_offset(fb_session *s, int field, const int64_t *idx, int nidx, const char *what,
-                       uint64_t *off) {
+/* Validate one element's index; returns its address through *addr (NULL:
+ * an inactive cell when reading). Writing activates the cell. */
+static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, const char *what,
+                     const fb_value *v, uint8_t **addr) {
   int rc = check_field(s, field, what);
   if (rc) return rc;
   const fb_snode *f = &s->layout->nodes[field];
@@ -600,28 +695,39 @@ static int cell_offset(fb_session *s, int field, const int64_t *idx, int nidx, c
     return fail(s, FB_EBOUNDS, "%s: index (%s) is out of bounds of field '%s' of shape (%s)",
                 what, ix, f->name, sh);
   }
-  *off = fb_layout_dense_offset(s->layout, field, idx);
-  return 0;
+  if (v && !kinds_agree(f->type, v->type))
+    return fail(s, FB_ETYPE, "%s: field '%s' of type %s cannot take a value of type %s", what,
+                f->name, fb_type_name(f->type), type_name_safe(v->type));
+  int write = v != NULL;
+  if (!field_is_sparse(s, field)) {
+    *addr = s->mem.root + fb_layout_dense_offset(s->layout, field, idx);
+    return 0;
+  }
+  fb_sparse_begin(s->sparse);
+  *addr = fb_sparse_elem(s->sparse, s->mem.root, field, idx, write);
+  return write && !*addr ? host_oom(s, what) : 0;
 }
 
 int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
-  uint64_t off = 0;
+  uint8_t *p = NULL;
   if (!s) return FB_EINVAL;
-  int rc = cell_offset(s, field, idx, nidx, "cell read", &off);
+  int rc = cell_addr(s, field, idx, nidx, "cell read", NULL, &p);
   if (rc) return rc;
-  *out = fb_value_load(s->layout->nodes[field].type, s->mem.root + off);
+  fb_type t = s->layout->nodes[field].type;
+  if (p) {
+    *out = fb_value_load(t, p);
+  } else {
+    memset(out, 0, sizeof *out);
+    out->type = t;
+  }
   return 0;
 }
 
 int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
-  uint64_t off = 0;
+  uint8_t *p = NULL;
   if (!s) return FB_EINVAL;
-  int rc = cell_offset(s, field, idx, nidx, "cell write", &off);
+  int rc = cell_addr(s, field, idx, nidx, "cell write", &v, &p);
   if (rc) return rc;
-  const fb_snode *f = &s->layout->nodes[field];
-  if (!kinds_agree(f->type, v.type))
-    return fail(s, FB_ETYPE, "cell write: field '%s' of type %s cannot take a value of type %s",
-                f->name, fb_type_name(f->type), type_name_safe(v.type));
-  fb_value_store(fb_value_cast(v, f->type), s->mem.root + off);
+  fb_value_store(fb_value_cast(v, s->layout->nodes[field].type), p);
   return 0;
 }

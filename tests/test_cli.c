@@ -82,19 +82,13 @@ START_TEST(examples_pass) {
     char cmd[2048], *out;
     snprintf(cmd, sizeof cmd, "%s run %s/%s", fusebox(), dir, e->d_name);
     int rc = sh(cmd, &out);
-    if (!strcmp(e->d_name, "sparse.json")) {
-      /* Sparse SNodes run once the sparse runtime lands (issue 5): until
-       * then the session must refuse clearly rather than misbehave. */
-      ck_assert_int_eq(rc, 2);
-      ck_assert_msg(strstr(out, "sparse"), "%s", out);
-    } else {
-      ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", e->d_name, rc, out);
-      ran++;
-    }
+    /* every example passes, the sparse one (pointer, bitmasked, dynamic) too */
+    ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", e->d_name, rc, out);
+    ran++;
     free(out);
   }
   closedir(d);
-  ck_assert_int_ge(ran, 5);
+  ck_assert_int_ge(ran, 6);
 }
 END_TEST
 
@@ -190,8 +184,8 @@ START_TEST(check_ir_and_help) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "kernel \"saxpy[x,y]\"") && strstr(out, "# task 0 of saxpy[x,y]: struct_for"), "%s", out);
   free(out);
-  const char *cmds[] = {"check", "ir", "run"};
-  for (int i = 0; i < 3; i++) {
+  const char *cmds[] = {"check", "ir", "run", "bench"};
+  for (int i = 0; i < 4; i++) {
     snprintf(cmd, sizeof cmd, "%s %s --help", fusebox(), cmds[i]);
     ck_assert_int_eq(sh(cmd, &out), 0);
     ck_assert_msg(strstr(out, "usage: fusebox") && strstr(out, "example"), "%s", out);
@@ -200,6 +194,49 @@ START_TEST(check_ir_and_help) {
   snprintf(cmd, sizeof cmd, "%s frobnicate", fusebox());
   ck_assert_int_eq(sh(cmd, &out), 2);
   ck_assert_msg(strstr(out, "unknown command 'frobnicate'"), "%s", out);
+  free(out);
+}
+END_TEST
+
+START_TEST(bench_modes_and_json) {
+  write_file("p.fbk", prog);
+  write_file("b.json",
+             "{ \"name\": \"pb\", \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
+             "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]}, {\"launch\": \"sum\"} ],\n"
+             "  \"bench\": { \"warmup\": 1, \"repeat\": 2, \"modes\": [\"sync\", \"async\"] },\n"
+             "  \"checks\": [ {\"read\": \"total\", \"equals\": 36.0},\n"
+             "              {\"same_across_modes\": [\"a\", \"n\", \"total\"]} ] }\n");
+  char cmd[2048], *out;
+  snprintf(cmd, sizeof cmd, "%s bench %s/b.json %s/b.json --json %s/out.json --csv %s/out.csv",
+           fusebox(), tmpdir, tmpdir, tmpdir, tmpdir);
+  int rc = sh(cmd, &out);
+  ck_assert_msg(rc == 0, "rc %d\n%s", rc, out);
+  ck_assert_msg(strstr(out, "geometric mean over 2 cases") && strstr(out, "[2/2] pb: async (2/2)"), "%s", out);
+  free(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/out.json", tmpdir);
+  char *js = fbt_read_file(path, NULL);
+  ck_assert_ptr_nonnull(js);
+  ck_assert_msg(strstr(js, "\"tasks_launched\": 4,") && strstr(js, "\"geomean\"") &&
+                    strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\""),
+                "%s", js);
+  free(js);
+  snprintf(path, sizeof path, "%s/out.csv", tmpdir);
+  char *csv = fbt_read_file(path, NULL);
+  ck_assert_msg(csv && strstr(csv, "case,mode,wall_s") && strstr(csv, "\npb,async,"), "%s", csv);
+  free(csv);
+  /* a check failing in every mode: exit 1, naming the case and the mode */
+  write_file("bf.json",
+             "{ \"name\": \"bad\", \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
+             "  \"step\": [ {\"launch\": \"sum\"} ], \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+             "  \"checks\": [ {\"read\": \"total\", \"equals\": 5.0} ] }\n");
+  snprintf(cmd, sizeof cmd, "%s bench %s/bf.json --modes sync,async-no-fusion", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "FAIL  bad: 1 check failed in mode async-no-fusion"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s bench %s/bf.json --modes sync,turbo", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "unknown mode 'turbo'"), "%s", out);
   free(out);
 }
 END_TEST
@@ -215,6 +252,7 @@ int main(void) {
   tcase_add_test(tc, failed_check_names_it);
   tcase_add_test(tc, bad_input_is_named);
   tcase_add_test(tc, check_ir_and_help);
+  tcase_add_test(tc, bench_modes_and_json);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char cmd[512];

@@ -3,8 +3,8 @@
  * by hand from the semantics block in include/fusebox/ir.h: loops and
  * addressing, reductions, control flow, every arithmetic op on every type
  * (wrapping, division by zero, floored division, shifts, saturating casts),
- * bounds errors, return values, gtmp, rand() keying, and the refusal of
- * sparse layouts. */
+ * bounds errors, return values, gtmp, rand() keying, and that sparse
+ * layouts run (tests/test_interp_sparse.c tests them in depth). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1022,8 +1022,10 @@ START_TEST(test_rand) {
 }
 END_TEST
 
-/* Sparse layouts are refused before anything runs; dense is_active and
- * activate work; deactivate needs a sparse SNode. */
+/* Sparse layouts run (tests/test_interp_sparse.c covers them in depth):
+ * stores land in the flat arrays and activate, struct_for visits the active
+ * cells only; dense is_active and activate work; deactivate needs a sparse
+ * SNode (the verifier refuses a dense one). */
 static fb_kernel *store_kernel(const fb_layout *l, int first, int second) {
   fb_kernel *k = fb_kernel_new(l, "st", 0, NULL, FB_T_VOID);
   fb_builder b;
@@ -1046,7 +1048,7 @@ static fb_kernel *sparse_op_kernel(const fb_layout *l, fb_op op, int sn, fb_type
   return k;
 }
 
-START_TEST(test_sparse_unsupported) {
+START_TEST(test_sparse_runs) {
   fb_layout *l = fb_layout_new();
   int dd = add_node(l, 0, FB_SN_DENSE, "i", 4, 0);
   int d = place(l, dd, "d", FB_T_F32);
@@ -1070,24 +1072,35 @@ START_TEST(test_sparse_unsupported) {
   int sparse_fields[3] = {p, bf, df};
   for (int t = 0; t < 3; t++) {
     k = store_kernel(l, d, sparse_fields[t]);
-    ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, NULL), FB_EUNSUPPORTED);
-    ck_assert_str_ne(fb_interp_errmsg(in), "");
-    ck_assert(ds[1] == 0.0f); /* refused before the dense store ran */
+    ck_assert_int_eq(run(in, k, NULL, 0, NULL), 0);
+    ck_assert(ds[1] == 1.0f);
+    ck_assert(((float *)fb_interp_field(in, sparse_fields[t]))[1] == 2.0f);
+    ds[1] = 0;
     fb_kernel_free(k);
   }
+  /* cell 2 of each sparse node is inactive: element 1 lives in pointer cell
+   * 0, bitmasked cell 1, and the dynamic list has length 2 */
   int sparse_nodes[3] = {ptr, bm, dy};
+  int want[3] = {0, 0, 0};
   for (int t = 0; t < 3; t++) {
+    fb_value ret;
     k = sparse_op_kernel(l, FB_OP_STRUCT_FOR, sparse_nodes[t], FB_T_VOID);
-    ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, NULL), FB_EUNSUPPORTED);
+    ck_assert_int_eq(run(in, k, NULL, 0, NULL), 0);
     fb_kernel_free(k);
     k = sparse_op_kernel(l, FB_OP_IS_ACTIVE, sparse_nodes[t], FB_T_BOOL);
-    ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, NULL), FB_EUNSUPPORTED);
+    ck_assert_int_eq(run(in, k, NULL, 0, &ret), 0);
+    expect_value(ret, BOOL(want[t]), __LINE__, "is_active on a sparse SNode");
     fb_kernel_free(k);
   }
-  k = sparse_op_kernel(l, FB_OP_DEACTIVATE, dd, FB_T_VOID);
-  ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, NULL), FB_EUNSUPPORTED);
-  fb_kernel_free(k);
+  k = sparse_op_kernel(l, FB_OP_IS_ACTIVE, p, FB_T_BOOL);
   fb_value ret;
+  ck_assert_int_eq(run(in, k, NULL, 0, &ret), 0);
+  expect_value(ret, BOOL(1), __LINE__, "is_active on a field in an active pointer block");
+  fb_kernel_free(k);
+  k = sparse_op_kernel(l, FB_OP_DEACTIVATE, dd, FB_T_VOID);
+  ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, NULL), FB_EVERIFY);
+  ck_assert_ptr_nonnull(strstr(fb_interp_errmsg(in), "deactivate needs a sparse SNode"));
+  fb_kernel_free(k);
   k = sparse_op_kernel(l, FB_OP_IS_ACTIVE, dd, FB_T_BOOL);
   ck_assert_int_eq(run(in, k, NULL, 0, &ret), 0);
   expect_value(ret, BOOL(1), __LINE__, "is_active on dense");
@@ -1202,7 +1215,7 @@ static Suite *interp_suite(void) {
   tcase_add_test(tc, test_return);
   tcase_add_test(tc, test_gtmp);
   tcase_add_test(tc, test_rand);
-  tcase_add_test(tc, test_sparse_unsupported);
+  tcase_add_test(tc, test_sparse_runs);
   tcase_add_test(tc, test_args);
   tcase_add_test(tc, test_malformed);
   suite_add_tcase(s, tc);

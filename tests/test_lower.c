@@ -1,8 +1,11 @@
 /* Lowering kernels to tasks: task shapes (one parallel task per top-level
- * loop, one serial task per run of other statements, pure runs dropped),
- * values crossing task boundaries (recomputed or passed through gtmp), and
- * the oracle check: running the tasks one after another in the interpreter
- * gives the same fields and return value as running the kernel. */
+ * loop, one serial task per run of other statements, pure runs dropped;
+ * clear_list + listgen per sparse level before a sparse struct-for, gc
+ * after deactivation), values crossing task boundaries (recomputed or passed
+ * through gtmp), and the oracle check: running the tasks one after another
+ * in the interpreter gives the same fields and return value as running the
+ * kernel. */
+#include <stdio.h>
 #include <string.h>
 
 #include "fusebox/ir.h"
@@ -198,6 +201,87 @@ START_TEST(empty_and_pure_kernels) {
 }
 END_TEST
 
+/* pointer(i: 4) as P > bitmasked(i: 8) as B > x, a dense y beside. */
+START_TEST(sparse_list_tasks) {
+  fb_layout *l = fb_layout_new();
+  int64_t four = 4, eight = 8, n32 = 32;
+  int P = fb_layout_add(l, 0, FB_SN_POINTER, "i", &four, 0, "P");
+  int B = fb_layout_add(l, P, FB_SN_BITMASKED, "i", &eight, 0, "B");
+  int x = fb_layout_place(l, B, "x", FB_T_I32);
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "i", &n32, 0, NULL);
+  int y = fb_layout_place(l, d, "y", FB_T_I32);
+  ck_assert_int_eq(fb_layout_finalize(l, NULL, 0), 0);
+  fb_kernel *k = fb_kernel_new(l, "k", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  /* x[i] = i + 5 for i % 3 == 0 (parallel), then two struct-fors */
+  int lo = fb_b_const_i32(&b, 0), hi = fb_b_const_i32(&b, 32);
+  int pf = fb_b_range_for(&b, lo, hi, 1);
+  int sv = fb_b_enter(&b, k->stmts[pf].body);
+  int i = fb_b_loop_index(&b, pf, 0);
+  int c = fb_b_binary(&b, FB_OP_EQ, fb_b_binary(&b, FB_OP_REM, i, fb_b_const_i32(&b, 3)),
+                      fb_b_const_i32(&b, 0));
+  int iff = fb_b_if(&b, c, 0);
+  int sv2 = fb_b_enter(&b, k->stmts[iff].body);
+  fb_b_store(&b, x, &i, 1, fb_b_binary(&b, FB_OP_ADD, i, fb_b_const_i32(&b, 5)));
+  fb_b_leave(&b, sv2);
+  fb_b_leave(&b, sv);
+  int sf = fb_b_struct_for(&b, x); /* y[i] = x[i] * 2 */
+  sv = fb_b_enter(&b, k->stmts[sf].body);
+  i = fb_b_loop_index(&b, sf, 0);
+  fb_b_store(&b, y, &i, 1, fb_b_binary(&b, FB_OP_MUL, fb_b_load(&b, x, &i, 1), fb_b_const_i32(&b, 2)));
+  fb_b_leave(&b, sv);
+  int sp = fb_b_struct_for(&b, P); /* deactivate the odd blocks */
+  sv = fb_b_enter(&b, k->stmts[sp].body);
+  int I = fb_b_loop_index(&b, sp, 0);
+  int odd = fb_b_binary(&b, FB_OP_EQ, fb_b_binary(&b, FB_OP_REM, I, fb_b_const_i32(&b, 2)),
+                        fb_b_const_i32(&b, 1));
+  iff = fb_b_if(&b, odd, 0);
+  sv2 = fb_b_enter(&b, k->stmts[iff].body);
+  fb_b_global(&b, FB_OP_DEACTIVATE, P, &I, 1, -1);
+  fb_b_leave(&b, sv2);
+  fb_b_leave(&b, sv);
+  fb_task_list tl;
+  char err[128];
+  ck_assert_int_eq(fb_lower(k, &tl, err, sizeof err), 0);
+  static const fb_task_kind want[] = {FB_TASK_RANGE_FOR, FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN,
+                                      FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_STRUCT_FOR,
+                                      FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_STRUCT_FOR,
+                                      FB_TASK_GC};
+  static const int on[] = {-1, 1, 1, 2, 2, 3, 1, 1, 1, 1}; /* SNode: P = 1, B = 2, x = 3 */
+  ck_assert_int_eq(tl.n, 10);
+  ck_assert_int_eq(P, 1);
+  ck_assert_int_eq(B, 2);
+  ck_assert_int_eq(x, 3);
+  for (int t = 0; t < tl.n; t++) {
+    const fb_task *tk = &tl.v[t];
+    ck_assert_msg(tk->kind == want[t], "task %d is %s", t, fb_task_kind_name(tk->kind));
+    ck_assert_int_eq(tk->snode, on[t]);
+    char name[16];
+    snprintf(name, sizeof name, "k.t%d", t);
+    ck_assert_str_eq(tk->ir->name, name);
+    fb_diags dg;
+    fb_diags_init(&dg);
+    ck_assert_int_eq(fb_verify(tk->ir, &dg), 0);
+    fb_diags_free(&dg);
+    if (tk->kind == FB_TASK_LISTGEN) { /* a parallel task: its loop is the listgen */
+      ck_assert_int_ge(tk->loop, 0);
+      ck_assert_int_eq(tk->ir->stmts[tk->loop].op, FB_OP_LISTGEN);
+      ck_assert_int_eq(tk->ir->stmts[tk->loop].snode, tk->snode);
+    } else if (tk->kind == FB_TASK_CLEAR_LIST || tk->kind == FB_TASK_GC) {
+      ck_assert_int_eq(tk->loop, -1);
+      ck_assert_int_eq(tk->ir->blocks[0].n, 1);
+    }
+  }
+  ck_assert_str_eq(fb_task_kind_name(FB_TASK_LISTGEN), "listgen");
+  fb_task_list_free(&tl);
+  run_both(l, k, NULL, 0, y); /* list tasks are no-ops in the interpreter */
+  run_both(l, k, NULL, 0, x);
+  fb_kernel_free(k);
+  fb_layout_free(l);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("lower");
   TCase *tc = tcase_create("lower");
@@ -206,6 +290,7 @@ int main(void) {
   tcase_add_test(tc, shared_local_variable);
   tcase_add_test(tc, struct_for_task);
   tcase_add_test(tc, empty_and_pure_kernels);
+  tcase_add_test(tc, sparse_list_tasks);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

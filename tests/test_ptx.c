@@ -1,7 +1,9 @@
 /* PTX generation: every kernel of tests/cg_kernels.h is emitted for sm_80
  * and sm_90 with fb_ptx_emit and assembled with ptxas (exit status 0
- * required). Without ptxas the PTX is still produced and checked for its
- * entry points. */
+ * required), and so is every task (list tasks, struct-fors over lists,
+ * activation, deactivation, append, gc) of kernels over pointer, bitmasked
+ * and dynamic SNodes, with the sparse runtime linked in. Without ptxas the
+ * PTX is still produced and checked for its entry points. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +11,8 @@
 #include <unistd.h>
 
 #include "codegen/codegen.h"
+#include "fusebox/lang.h"
+#include "optimizer/optimizer.h"
 #include "support/support.h"
 #include "cg_kernels.h"
 
@@ -128,12 +132,73 @@ START_TEST(test_ptx_shape) {
 }
 END_TEST
 
+/* Sparse SNodes of every kind and the ops on them. */
+static const char *const sparse_src =
+    "layout {\n"
+    "  pointer(ij: 8, 8) as blocks { bitmasked(ij: 4, 4) as bits { place rho: f32 } }\n"
+    "  pointer(i: 8) as outer { pointer(i: 4) as inner { dense(i: 4) { place x: i32 } } }\n"
+    "  dense(i: 16) { dynamic(j: 256, chunk: 16) as lists { place d: i32 } }\n"
+    "  bitmasked(i: 64) as bm { place v: f64 }\n"
+    "  place n: i32, total: f32\n"
+    "}\n"
+    "kernel paint() { for i in 0 .. 32 { rho[i, i] = 1.0\n x[i * 3] += i\n v[i] = 2.0 } }\n"
+    "kernel visit() -> f32 { for i, j in rho { total[] += rho[i, j] * 2.0 }\n return total[] }\n"
+    "kernel count() { for I, J in blocks { n[] += 1 }\n for i in x { x[i] += 1 }\n for i in v { v[i] *= 2.0 } }\n"
+    "kernel push(m: i32) { for t in 0 .. m { let s = append(d, t % 16, t)\n if s < 0 { n[] += 1 } } }\n"
+    "kernel lists() { for k, m in d { n[] += d[k, m] + length(d, k) } }\n"
+    "kernel prune() {\n"
+    "  for I, J in blocks { if I != J { deactivate(blocks, I, J) } }\n"
+    "  for o in outer { if o % 2 == 0 { deactivate(outer, o) } }\n"
+    "  for i in v { if i % 3 == 0 { deactivate(bm, i) } }\n"
+    "  for k, m in d { if m == 0 && k % 2 == 0 { deactivate(lists, k, m) } }\n"
+    "}\n"
+    "kernel query() { for i in 0 .. 64 { if is_active(inner, i % 32) || is_active(rho, i % 32, 3) { activate(bm, i) } } }\n";
+
+START_TEST(test_ptx_sparse) {
+  char buf[4096];
+  const char *ptxas = find_ptxas(buf, sizeof buf);
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_parse("sparse.fbk", sparse_src, &p, &d), 0);
+  const char *sms[2] = {"sm_80", "sm_90"};
+  int kinds[FB_TASK_GC + 1] = {0};
+  for (int k = 0; k < fb_program_nkernels(p); k++) {
+    fb_kernel *ir = NULL;
+    ck_assert_int_eq(fb_program_instantiate(p, fb_program_kernel(p, k)->name, NULL, 0, &ir, &d), 0);
+    fb_task_list tl;
+    char err[512] = "";
+    ck_assert_int_eq(fb_lower(ir, &tl, err, sizeof err), 0);
+    for (int t = 0; t < tl.n; t++) {
+      kinds[tl.v[t].kind]++;
+      cg_step st = {tl.v[t].ir, tl.v[t].loop, {{0}}, 0};
+      for (int a = 0; a < 2; a++) {
+        check_ptx(&st, sms[a], ptxas);
+        /* the runtime is linked and inlined: nothing is left to resolve */
+        fb_cg_task ct = {tl.v[t].ir, tl.v[t].loop};
+        char *ptx = NULL;
+        ck_assert_int_eq(fb_ptx_emit(&ct, sms[a], &ptx, err, sizeof err), 0);
+        ck_assert_msg(strstr(ptx, ".extern") == NULL, "%s: external symbols left:\n%s",
+                      tl.v[t].ir->name, ptx);
+        free(ptx);
+      }
+    }
+    fb_task_list_free(&tl);
+  }
+  for (int k = FB_TASK_RANGE_FOR; k <= FB_TASK_GC; k++)
+    ck_assert_msg(kinds[k] > 0, "no %s task was assembled", fb_task_kind_name((fb_task_kind)k));
+  fb_diags_free(&d);
+  fb_program_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ptx");
   TCase *tc = tcase_create("nvptx");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_ptx_case, 0, CG_NCASES);
   tcase_add_test(tc, test_ptx_shape);
+  tcase_add_test(tc, test_ptx_sparse);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

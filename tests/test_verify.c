@@ -724,6 +724,48 @@ START_TEST(rule_sparse) {
 }
 END_TEST
 
+/* deactivate needs a sparse container: a dense one, a field in a dense one
+ * and a field at the root are refused; is_active and activate stay legal on
+ * them, and deactivate on every sparse kind (directly or via a field) is fine. */
+START_TEST(rule_deactivate_dense) {
+  BEGIN(0, NULL, FB_T_VOID);
+  int i = fb_b_const_i32(b, 0);
+  int i2[2] = {i, i};
+  int d1 = fb_b_global(b, FB_OP_DEACTIVATE, f.dense, i2, 2, -1);
+  int d2 = fb_b_global(b, FB_OP_DEACTIVATE, f.x, i2, 2, -1);
+  int d3 = fb_b_global(b, FB_OP_DEACTIVATE, f.scalar, NULL, 0, -1);
+  const char *rule = "deactivate needs a sparse SNode (bitmasked, pointer or dynamic)";
+  EXPECT_ERR(k, d1, rule);
+  EXPECT_ERR(k, d2, rule);
+  EXPECT_ERR(k, d3, rule);
+  EXPECT_ERR(k, d2, "field x sits in a dense SNode");
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_verify(k, &d), FB_EVERIFY);
+  ck_assert_int_eq(d.n, 3);
+  fb_diags_free(&d);
+  END();
+}
+END_TEST
+
+START_TEST(valid_deactivate_sparse) {
+  BEGIN(0, NULL, FB_T_VOID);
+  int i = fb_b_const_i32(b, 0);
+  int i1[1] = {i}, i2[2] = {i, i};
+  fb_b_global(b, FB_OP_DEACTIVATE, f.ptr, i1, 1, -1);
+  fb_b_global(b, FB_OP_DEACTIVATE, f.dyn, i2, 2, -1);
+  fb_b_global(b, FB_OP_DEACTIVATE, f.lst, i2, 2, -1);
+  fb_b_global(b, FB_OP_DEACTIVATE, f.bm, i1, 1, -1);
+  fb_b_global(b, FB_OP_DEACTIVATE, f.flag, i1, 1, -1);
+  fb_b_global(b, FB_OP_IS_ACTIVE, f.dense, i2, 2, -1);
+  fb_b_global(b, FB_OP_ACTIVATE, f.x, i2, 2, -1);
+  fb_b_global(b, FB_OP_ACTIVATE, f.scalar, NULL, 0, -1);
+  ck_assert_int_eq(b->err, 0);
+  EXPECT_OK(k);
+  END();
+}
+END_TEST
+
 START_TEST(rule_append_length) {
   BEGIN(0, NULL, FB_T_VOID);
   int i = fb_b_const_i32(b, 0), x = fb_b_const_f32(b, 0.0f);
@@ -1148,6 +1190,8 @@ static Suite *verify_suite(void) {
   tcase_add_test(ty, rule_load_store);
   tcase_add_test(ty, rule_atomics);
   tcase_add_test(ty, rule_sparse);
+  tcase_add_test(ty, rule_deactivate_dense);
+  tcase_add_test(ty, valid_deactivate_sparse);
   tcase_add_test(ty, rule_append_length);
   tcase_add_test(ty, rule_hint);
   tcase_add_test(ty, rule_snode_ids);

@@ -44,6 +44,15 @@ typedef struct fb_counters {
   uint64_t cache_hits;         /* tasks found in the code cache */
   double backend_s;            /* device time spent running tasks */
   double compile_s;            /* time spent compiling */
+  /* the asynchronous engine's optimizer (zero in sync mode) */
+  uint64_t listgens_removed;   /* list generations removed */
+  uint64_t tasks_fused;        /* tasks fused into others */
+  uint64_t dead_stores_removed; /* stores (and emptied tasks) removed */
+  uint64_t activations_demoted; /* activating accesses demoted */
+  double optimizer_s;          /* time spent in the SFG and its passes */
+  uint64_t device_bytes;       /* not cumulative: device memory the session holds
+                                * now (fields, scratch, sparse blocks handed out
+                                * by its pool, lists), what memory_limit bounds */
 } fb_counters;
 
 int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen);

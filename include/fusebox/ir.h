@@ -304,6 +304,12 @@ fb_kernel *fb_kernel_compact(const fb_kernel *k);
  *  - Integer div, rem, floordiv and floormod by zero give 0; shifts take the count
  *    modulo the bit width; float to int casts saturate, NaN gives 0.
  *  - Parallel loops run their iterations in ascending order.
+ *  - Sparse SNodes (docs/sparse.md): inactive cells read 0; a write
+ *    activates every sparse ancestor (a new pointer block or dynamic slot
+ *    starts zeroed); deactivate zeroes everything below the cell; an atomic
+ *    on an inactive cell returns 0 and activates it; a struct_for visits a
+ *    snapshot of the cells active when it starts, in row-major order of the
+ *    cell space (rand()'s iter is the cell's row-major number there).
  * Arithmetic (exactly the same in generated code):
  *  - Integer add/sub/mul/neg/abs wrap; signed division overflow wraps
  *    (INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0).

@@ -27,6 +27,13 @@
  *               the kernel body only (tasks the lowering makes for sparse
  *               struct-fors and deactivation: see docs/sparse.md)
  *   assume_unique args = index value; snode = the field it covers
+ *   store_na / atomic_*_na: as store / atomic_*, but never activate: made by
+ *               the optimizer's activation demotion, which proved the cell
+ *               active (on an inactive cell the write is skipped)
+ *   rand_seq    imm.i = launch offset d: later rand() calls of this task
+ *               (up to the next rand_seq) use launch number = the task's
+ *               launch + d and count from 0 again (fusion keeps each fused
+ *               part's rand() values; see optimizer/sfg.h)
  */
 #ifndef FB_OP
 #error "define FB_OP before including fusebox/ops.h"
@@ -118,3 +125,13 @@ FB_OP(RAND,        "rand",        0, FB_OPC_RAND,    0)
 FB_OP(CLEAR_LIST,  "clear_list",  0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE)
 FB_OP(LISTGEN,     "listgen",     0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
 FB_OP(GC,          "gc",          0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+/* optimizer variants: demoted (non-activating) writes, fused rand() streams */
+FB_OP(STORE_NA,      "store_na",      -1, FB_OPC_GSTORE,  FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_ADD_NA, "atomic_add_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_SUB_NA, "atomic_sub_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_MIN_NA, "atomic_min_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_MAX_NA, "atomic_max_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_AND_NA, "atomic_and_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_OR_NA,  "atomic_or_na",  -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(ATOMIC_XOR_NA, "atomic_xor_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(RAND_SEQ,      "rand_seq",       0, FB_OPC_RAND,    FB_OPF_SIDE)

@@ -1,0 +1,283 @@
+/* Sparse SNodes of one session on the CPU (runtime.h "sparse"): the device
+ * state of codegen/rt/fb_rt.h in host memory, the block pool (address space
+ * reserved with mmap and handed out by the device runtime's bump allocator,
+ * so untouched pages cost nothing), list storage sized before each listgen,
+ * memory accounting against the session's limit, and host access to field
+ * elements below sparse containers (reads of inactive cells are NULL;
+ * writes activate, through the same runtime functions the tasks call). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+
+_Static_assert(FB_RT_EQUOTA == FB_EQUOTA && FB_RT_EBOUNDS == FB_EBOUNDS, "error codes");
+_Static_assert(FB_RT_BITMASKED == FB_SN_BITMASKED && FB_RT_POINTER == FB_SN_POINTER &&
+               FB_RT_DYNAMIC == FB_SN_DYNAMIC && FB_RT_DENSE == FB_SN_DENSE, "kinds");
+_Static_assert(sizeof(fb_rt_dctx) == sizeof(fb_rt_ctx), "fb_rt_dctx mirrors fb_rt_ctx");
+_Static_assert(sizeof(fb_rt_elem) == 24, "list elements are 24 bytes");
+
+#define POOL_MAX ((size_t)1 << 40) /* most address space one session reserves */
+#define POOL_MIN ((size_t)1 << 26)
+
+struct fb_sparse {
+  const fb_layout *l;
+  fb_devmem *mem;
+  fb_rt_state st;
+  uint64_t *per_parent; /* per SNode: list elements one parent element may add */
+  uint64_t *total;      /* per SNode: cells in its whole index space */
+  size_t pool_reserved;
+  uint64_t list_bytes;
+};
+
+static void errf(char *err, size_t n, const char *fmt, ...) {
+  if (!err || !n) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, n, fmt, ap);
+  va_end(ap);
+}
+
+/* Without a limit a session's pool may grow to the machine's memory. */
+static size_t physical_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || size <= 0) return POOL_MIN;
+  uint64_t bytes = (uint64_t)pages * (uint64_t)size;
+  return bytes > POOL_MAX ? POOL_MAX : (size_t)bytes;
+}
+
+/* Address space for the pool: the limit's worth, or the machine's memory
+ * without one (MAP_NORESERVE: pages exist once they are touched, so many
+ * sessions can hold reservations at once). */
+static int reserve_pool(fb_sparse *sp, char *err, size_t errlen) {
+  size_t want = sp->mem->limit ? (size_t)sp->mem->limit : physical_memory();
+  if (want > POOL_MAX) want = POOL_MAX;
+  want = (want + 4095) / 4096 * 4096;
+  for (; want >= 4096; want /= 2) {
+    void *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p != MAP_FAILED) {
+      sp->st.pool = p;
+      sp->pool_reserved = want;
+      return 0;
+    }
+    if (sp->mem->limit || want <= POOL_MIN) break;
+  }
+  errf(err, errlen, "cannot reserve address space for the sparse block pool");
+  return FB_ENOMEM;
+}
+
+static int has_allocating(const fb_layout *l) {
+  for (int i = 0; i < l->nnodes; i++)
+    if (fb_cg_block_bytes(l, i)) return 1;
+  return 0;
+}
+
+static int init_tables(fb_sparse *sp, char *err, size_t errlen) {
+  const fb_layout *l = sp->l;
+  for (int i = 1; i < l->nnodes; i++) {
+    const fb_snode *n = &l->nodes[i];
+    uint64_t bb = fb_cg_block_bytes(l, i);
+    if (bb) {
+      sp->st.allocs[i].block_bytes = bb;
+      sp->st.allocs[i].stride = (bb + 7) / 8 * 8 + 8;
+    }
+    if (!fb_cg_is_sparse(n->kind)) continue;
+    fb_rt_lg d;
+    int rc = fb_cg_listgen_desc(l, i, &d, err, errlen);
+    if (rc) return rc;
+    sp->per_parent[i] = (uint64_t)(d.ninst * d.p_ncells);
+    sp->total[i] = 1;
+    for (int a = 0; a < FB_MAX_AXES; a++) sp->total[i] *= (uint64_t)n->shape[a];
+  }
+  return 0;
+}
+
+int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err, size_t errlen) {
+  *out = NULL;
+  fb_sparse *sp = calloc(1, sizeof *sp);
+  size_t n = (size_t)l->nnodes;
+  if (sp) {
+    sp->st.allocs = calloc(n, sizeof *sp->st.allocs);
+    sp->st.lists = calloc(n, sizeof *sp->st.lists);
+    sp->per_parent = calloc(n, sizeof *sp->per_parent);
+    sp->total = calloc(n, sizeof *sp->total);
+  }
+  if (!sp || !sp->st.allocs || !sp->st.lists || !sp->per_parent || !sp->total) {
+    fb_sparse_free(sp);
+    errf(err, errlen, "sparse runtime: out of memory");
+    return FB_ENOMEM;
+  }
+  sp->l = l;
+  sp->mem = mem;
+  sp->st.nnodes = n;
+  sp->st.oom_snode = -1;
+  int rc = init_tables(sp, err, errlen);
+  if (!rc && has_allocating(l)) rc = reserve_pool(sp, err, errlen);
+  if (rc) {
+    fb_sparse_free(sp);
+    return rc;
+  }
+  fb_sparse_begin(sp);
+  *out = sp;
+  return 0;
+}
+
+void fb_sparse_free(fb_sparse *sp) {
+  if (!sp) return;
+  if (sp->st.pool) munmap(sp->st.pool, sp->pool_reserved);
+  if (sp->st.lists)
+    for (uint64_t i = 0; i < sp->st.nnodes; i++) free(sp->st.lists[i].elems);
+  free(sp->st.allocs);
+  free(sp->st.lists);
+  free(sp->per_parent);
+  free(sp->total);
+  free(sp);
+}
+
+fb_rt_state *fb_sparse_state(fb_sparse *sp) { return &sp->st; }
+
+uint64_t fb_sparse_pool_used(const fb_sparse *sp) {
+  return __atomic_load_n(&sp->st.pool_used, __ATOMIC_RELAXED);
+}
+
+uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode) {
+  if (snode < 0 || (uint64_t)snode >= sp->st.nnodes) return 0;
+  return __atomic_load_n(&sp->st.allocs[snode].live, __ATOMIC_RELAXED);
+}
+
+/* Everything but the pool: root, scratch and lists. */
+static uint64_t others(const fb_sparse *sp) {
+  return sp->mem->root_bytes + sp->mem->gtmp_bytes + sp->list_bytes;
+}
+
+void fb_sparse_end(fb_sparse *sp) { sp->mem->extra = sp->list_bytes + fb_sparse_pool_used(sp); }
+
+void fb_sparse_begin(fb_sparse *sp) {
+  uint64_t cap = sp->pool_reserved;
+  if (sp->mem->limit) {
+    uint64_t o = others(sp);
+    uint64_t left = sp->mem->limit > o ? sp->mem->limit - o : 0;
+    if (left < cap) cap = left;
+  }
+  sp->st.pool_cap = cap;
+  fb_sparse_end(sp);
+}
+
+static const char *label(const fb_snode *n, char *buf, size_t len) {
+  if (n->name) snprintf(buf, len, "'%s'", n->name);
+  else snprintf(buf, len, "%d", n->id);
+  return buf;
+}
+
+int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
+  fb_rt_list *list = &sp->st.lists[snode];
+  int parent = fb_cg_sparse_parent(sp->l, snode);
+  uint64_t np = 1;
+  if (parent) {
+    const fb_rt_list *pl = &sp->st.lists[parent];
+    np = pl->count < pl->cap ? pl->count : pl->cap;
+  }
+  uint64_t need = np * sp->per_parent[snode];
+  if (need > sp->total[snode]) need = sp->total[snode];
+  if (need <= list->cap) return 0;
+  uint64_t cap = 64;
+  while (cap < need) cap *= 2;
+  if (cap > sp->total[snode]) cap = sp->total[snode];
+  uint64_t bytes = cap * sizeof(fb_rt_elem), old = list->cap * sizeof(fb_rt_elem);
+  uint64_t after = others(sp) - old + bytes + fb_sparse_pool_used(sp);
+  const fb_snode *n = &sp->l->nodes[snode];
+  char name[160];
+  if (sp->mem->limit && after > sp->mem->limit) {
+    errf(err, errlen, "out of device memory for the list of SNode %s (%s, %llu bytes; limit "
+         "%llu bytes)", label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+         (unsigned long long)bytes, (unsigned long long)sp->mem->limit);
+    return FB_EQUOTA;
+  }
+  void *p = NULL;
+  if (posix_memalign(&p, 64, (size_t)bytes)) {
+    errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
+         (unsigned long long)bytes, label(n, name, sizeof name));
+    return FB_ENOMEM;
+  }
+  free(list->elems);
+  list->elems = p;
+  list->cap = cap;
+  sp->list_bytes = sp->list_bytes - old + bytes;
+  fb_sparse_begin(sp);
+  return 0;
+}
+
+int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes) {
+  int64_t s = __atomic_exchange_n(&sp->st.oom_snode, -1, __ATOMIC_RELAXED);
+  if (s < 0) return 0;
+  *snode = (int)s;
+  *bytes = sp->st.oom_bytes;
+  return 1;
+}
+
+/* ---------------------------------------------------------------- host access */
+
+/* Local cell number in container c of global index gi of SNode leaf. */
+static int64_t local_lin(const fb_layout *l, const fb_snode *c, int leaf, const int64_t *gi) {
+  int64_t lin = 0;
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    if (!(c->axes & (1u << a))) continue;
+    int64_t local = gi[a] / fb_layout_stride(l, c->id, leaf, a) % c->size[a];
+    lin = lin * c->size[a] + local;
+  }
+  return lin;
+}
+
+static uint8_t *host_bitmasked(const fb_snode *c, uint8_t *node, int64_t lin, int write) {
+  uint32_t *word = (uint32_t *)node + lin / 32, bit = 1u << (lin % 32);
+  if (!(__atomic_load_n(word, __ATOMIC_RELAXED) & bit)) {
+    if (!write) return NULL;
+    __atomic_fetch_or(word, bit, __ATOMIC_RELAXED);
+  }
+  return node + fb_cg_mask_bytes(c) + (uint64_t)lin * c->cell_bytes;
+}
+
+static uint8_t *host_dynamic(fb_rt_dctx *ctx, const fb_snode *c, uint8_t *node, int64_t n,
+                             int write) {
+  uint64_t len = *(uint64_t *)node;
+  uint64_t chunk = ((uint64_t *)(node + 8))[n / c->chunk];
+  if ((uint64_t)n < len && chunk)
+    return (uint8_t *)(uintptr_t)chunk + (n % c->chunk) * (int64_t)c->cell_bytes;
+  if (!write) return NULL;
+  return fb_rt_dyn_activate(ctx, c->id, node, n, c->chunk, (int64_t)c->cell_bytes);
+}
+
+uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write) {
+  const fb_layout *l = sp->l;
+  const fb_snode *f = &l->nodes[place];
+  int64_t gi[FB_MAX_AXES] = {0, 0, 0, 0};
+  for (int d = 0; d < f->ndim; d++) gi[f->dim_axis[d]] = idx[d];
+  int path[64];
+  int n = fb_layout_path(l, place, path, 64);
+  if (n < 0) return NULL;
+  int32_t error = 0;
+  fb_rt_dctx ctx = {root, NULL, NULL, NULL, &error, 0, 0, &sp->st};
+  uint8_t *base = root;
+  for (int i = 0; i < n && base; i++) {
+    const fb_snode *c = &l->nodes[path[i]];
+    int64_t lin = local_lin(l, c, place, gi);
+    uint8_t *node = base + c->offset;
+    switch (c->kind) {
+    case FB_SN_BITMASKED: base = host_bitmasked(c, node, lin, write); break;
+    case FB_SN_POINTER: {
+      uint64_t *slot = (uint64_t *)node + lin;
+      base = *slot ? (uint8_t *)(uintptr_t)*slot
+                   : write ? fb_rt_ptr_activate(&ctx, c->id, slot) : NULL;
+      break;
+    }
+    case FB_SN_DYNAMIC: base = host_dynamic(&ctx, c, node, lin, write); break;
+    default: base = node + (uint64_t)lin * c->cell_bytes; break;
+    }
+  }
+  if (write) fb_sparse_end(sp);
+  return base ? base + f->offset : NULL;
+}
