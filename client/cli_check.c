@@ -1,19 +1,49 @@
 /* `fusebox check` and `fusebox ir`: the front end's diagnostics, and the IR
  * of each kernel and of the tasks it lowers to. */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/cli.h"
+#include "client/cli_session.h"
 #include "fusebox/lang.h"
 #include "optimizer/optimizer.h"
 
-/* Parse FILE; on failure print the rendered diagnostics. */
-static fb_program *load(const char *path, char **src_out) {
-  char *src = fb_cli_read_file(path, NULL);
-  if (!src) {
+/* --param NAME=VALUE: VALUE as a JSON number when it reads as one. */
+static int add_param(json_t *params, const char *arg) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg) {
+    fprintf(stderr, "fusebox: --param wants NAME=VALUE, got '%s'\n", arg);
+    return -1;
+  }
+  char *name = strndup(arg, (size_t)(eq - arg)), *end;
+  double d = strtod(eq + 1, &end);
+  json_t *v = *end || end == eq + 1 ? json_string(eq + 1)
+              : strchr(eq + 1, '.') || strchr(eq + 1, 'e') ? json_real(d)
+                                                           : json_integer(strtoll(eq + 1, NULL, 10));
+  json_object_set_new(params, name, v);
+  free(name);
+  return 0;
+}
+
+/* Parse FILE (after ${param} substitution); on failure print the rendered
+ * diagnostics. */
+static fb_program *load(const char *path, json_t *params, char **src_out) {
+  char *raw = fb_cli_read_file(path, NULL), *err = NULL;
+  if (!raw) {
     fprintf(stderr, "%s: %s\n", path, strerror(errno));
+    *src_out = NULL;
+    return NULL;
+  }
+  char *src = strstr(raw, "${") ? fb_sess_subst(raw, params, path, &err) : strdup(raw);
+  free(raw);
+  *src_out = src;
+  if (!src) {
+    fprintf(stderr, "%s (give it with --param NAME=VALUE)\n", err ? err : "out of memory");
+    free(err);
     return NULL;
   }
   fb_diags d;
@@ -32,20 +62,34 @@ static fb_program *load(const char *path, char **src_out) {
 }
 
 int fb_cli_check(int argc, char **argv) {
-  if (fb_cli_wants_help(argc, argv) || argc != 2) {
-    fprintf(argc == 2 ? stdout : stderr,
-            "usage: fusebox check FILE.fbk\n"
+  const char *file = NULL;
+  json_t *params = json_object();
+  int bad = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--param") && i + 1 < argc) bad |= add_param(params, argv[++i]);
+    else if (argv[i][0] != '-' && !file) file = argv[i];
+    else bad = 1;
+  }
+  if (fb_cli_wants_help(argc, argv) || !file || bad) {
+    int h = fb_cli_wants_help(argc, argv);
+    fprintf(h ? stdout : stderr,
+            "usage: fusebox check FILE.fbk [--param NAME=VALUE]...\n"
             "  Parses and type-checks the program: every error is printed as\n"
             "  file:line:col: error: message, with the line and a caret.\n"
+            "  --param gives a value for ${NAME} in the program text.\n"
             "  Exit status 0 only when the file is valid.\n"
-            "example: fusebox check examples/heat.fbk\n");
-    return argc == 2 ? 0 : 2;
+            "examples:\n"
+            "  fusebox check examples/heat.fbk\n"
+            "  fusebox check bench/micro/chain_copy.fbk --param scale=2\n");
+    json_decref(params);
+    return h ? 0 : 2;
   }
   char *src;
-  fb_program *p = load(argv[1], &src);
+  fb_program *p = load(file, params, &src);
   free(src);
+  json_decref(params);
   if (!p) return 1;
-  printf("%s: ok (%d field%s, %d kernel%s, %d func%s)\n", argv[1], fb_program_nfields(p),
+  printf("%s: ok (%d field%s, %d kernel%s, %d func%s)\n", file, fb_program_nfields(p),
          fb_program_nfields(p) == 1 ? "" : "s", fb_program_nkernels(p),
          fb_program_nkernels(p) == 1 ? "" : "s", fb_program_nfuncs(p),
          fb_program_nfuncs(p) == 1 ? "" : "s");
@@ -94,8 +138,11 @@ int fb_cli_ir(int argc, char **argv) {
   const char *file = NULL, *only = NULL;
   char *bind = NULL;
   int tasks = 1;
+  json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--kernel") && i + 1 < argc) only = argv[++i];
+    if (!strcmp(argv[i], "--param") && i + 1 < argc) {
+      if (add_param(params, argv[++i])) file = NULL, i = argc;
+    } else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--bind") && i + 1 < argc) bind = argv[++i];
     else if (!strcmp(argv[i], "--no-tasks")) tasks = 0;
     else if (argv[i][0] != '-' && !file) file = argv[i];
@@ -104,18 +151,22 @@ int fb_cli_ir(int argc, char **argv) {
   if (fb_cli_wants_help(argc, argv) || !file) {
     fprintf(file ? stdout : stderr,
             "usage: fusebox ir FILE.fbk [--kernel NAME] [--bind F1,F2] [--no-tasks]\n"
+            "                  [--param NAME=VALUE]...\n"
             "  Prints the layout and the IR of each kernel, then the tasks each kernel\n"
             "  lowers to (one per top-level parallel loop, one per run of other\n"
             "  statements). Kernels with field parameters need --bind with the fields\n"
             "  to instantiate them with (and --kernel); others are skipped.\n"
+            "  --param gives a value for ${NAME} in the program text.\n"
             "examples:\n"
             "  fusebox ir examples/heat.fbk\n"
             "  fusebox ir examples/saxpy.fbk --kernel saxpy --bind x,y\n");
+    json_decref(params);
     return fb_cli_wants_help(argc, argv) ? 0 : 2;
   }
   char *src;
-  fb_program *p = load(file, &src);
+  fb_program *p = load(file, params, &src);
   free(src);
+  json_decref(params);
   if (!p) return 1;
   char *lay = fb_layout_print(fb_program_layout(p));
   fputs(lay ? lay : "", stdout);

@@ -164,7 +164,7 @@ static int param_text(json_t *v, char *buf, size_t n) {
 }
 
 /* Replace every ${NAME} in text; NULL with err set on an unknown name. */
-static char *subst_text(const char *text, json_t *params, const char *where, char **err) {
+char *fb_sess_subst(const char *text, json_t *params, const char *where, char **err) {
   size_t cap = strlen(text) + 64, n = 0;
   char *out = malloc(cap);
   if (!out) return NULL;
@@ -219,7 +219,7 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
       }
       return json_deep_copy(p);
     }
-    char *t = subst_text(s, params, path, err);
+    char *t = fb_sess_subst(s, params, path, err);
     if (!t) return NULL;
     json_t *r = json_string(t);
     free(t);
@@ -276,7 +276,7 @@ static int load_program(fb_sess_file *f, json_t *params, char **err) {
     if (!json_is_string(src)) return errf(err, FB_EINVAL, "$.source: expected program text");
     text = strdup(json_string_value(src));
   }
-  f->source = subst_text(text, params, f->program_path ? f->program_path : "$.source", err);
+  f->source = fb_sess_subst(text, params, f->program_path ? f->program_path : "$.source", err);
   free(text);
   if (!f->source) return FB_EINVAL;
   fb_diags d;
@@ -300,15 +300,16 @@ int fb_sess_load(const char *path, fb_sess_file *f, char **err) {
   json_error_t je;
   json_t *raw = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
   if (!raw) return errf(err, je.line > 0 ? FB_EPARSE : FB_EIO, "%s:%d:%d: %s", path, je.line, je.column, je.text);
-  int rc = check_schema(raw, err);
-  if (rc) { json_decref(raw); return errf(err, rc, "%s: %s", path, *err); }
-  json_t *params = json_object_get(raw, "params");
+  json_t *params = json_is_object(raw) ? json_object_get(raw, "params") : NULL;
   if (params && !json_is_object(params)) {
     json_decref(raw);
     return errf(err, FB_EINVAL, "%s: $.params: expected an object of name: value", path);
   }
+  /* Parameters first, so that "${N}" can stand where a number belongs. */
   f->root = subst_json(raw, params, "$", err);
   if (!f->root) { json_decref(raw); return errf(err, FB_EINVAL, "%s: %s", path, *err); }
+  int rc = check_schema(f->root, err);
+  if (rc) { json_decref(raw); return errf(err, rc, "%s: %s", path, *err); }
   rc = load_program(f, params, err);
   json_decref(raw);
   json_t *name = json_object_get(f->root, "name");

@@ -25,6 +25,9 @@ typedef struct fb_sess_file {
  * a negative code and writes a message (with the JSON path, or the rendered
  * .fbk diagnostics) to err (malloc'd, caller frees). */
 int fb_sess_load(const char *path, fb_sess_file *out, char **err);
+/* Replace every ${NAME} in text by params[NAME] (malloc'd); NULL with err
+ * set (naming `where`) when a name is not a parameter. */
+char *fb_sess_subst(const char *text, json_t *params, const char *where, char **err);
 void fb_sess_free(fb_sess_file *f);
 
 /* Passes a mode turns off (fusebox bench's async-no-PASS modes). */

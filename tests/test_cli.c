@@ -98,9 +98,9 @@ START_TEST(params_checks_and_npy) {
   write_file("p.fbk", src);
   char *out;
   int rc = run_session("ok.json",
-                       "{ \"name\": \"p\", \"program\": \"p.fbk\", \"params\": {\"K\": 3, \"V\": 0.5},\n"
+                       "{ \"name\": \"p\", \"program\": \"p.fbk\", \"params\": {\"K\": 3, \"V\": 0.5, \"R\": 2},\n"
                        "  \"step\": [ {\"launch\": \"fill\", \"args\": [\"${V}\"]},\n"
-                       "            {\"repeat\": 2, \"do\": [{\"launch\": \"sum\"}]}, {\"sync\": true} ],\n"
+                       "            {\"repeat\": \"${R}\", \"do\": [{\"launch\": \"sum\"}]}, {\"sync\": true} ],\n"
                        "  \"checks\": [ {\"read\": \"a\", \"sum\": 32.0},\n"
                        "              {\"read\": \"n\", \"equals\": [0,3,6,9,12,15,18,21]},\n"
                        "              {\"read\": \"total\", \"equals\": 32.0},\n"
@@ -179,6 +179,14 @@ START_TEST(check_ir_and_help) {
   snprintf(cmd, sizeof cmd, "%s check %s/e.fbk", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 1);
   ck_assert_msg(strstr(out, "e.fbk:3:") && strstr(out, "e.fbk:4:") && strstr(out, "^"), "%s", out);
+  free(out);
+  write_file("k.fbk", prog);
+  snprintf(cmd, sizeof cmd, "%s check %s/k.fbk", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "${K} is not a parameter") && strstr(out, "--param"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s check %s/k.fbk --param K=4", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
   snprintf(cmd, sizeof cmd, "%s ir %s --kernel saxpy --bind x,y", fusebox(), fbt_path("../examples/saxpy.fbk"));
   ck_assert_int_eq(sh(cmd, &out), 0);
