@@ -80,15 +80,17 @@ static fb_counters diff(const fb_counters *a, const fb_counters *b) {
   return d;
 }
 
-static json_t *same_fields(const fb_sess_file *f) {
+static json_t *same_check(const fb_sess_file *f) {
   json_t *checks = json_object_get(f->root, "checks");
   size_t i;
   json_t *c;
-  json_array_foreach(checks, i, c) {
-    json_t *s = json_object_get(c, "same_across_modes");
-    if (s) return s;
-  }
+  json_array_foreach(checks, i, c)
+    if (json_object_get(c, "same_across_modes")) return c;
   return NULL;
+}
+
+static json_t *same_fields(const fb_sess_file *f) {
+  return json_object_get(same_check(f), "same_across_modes");
 }
 
 static int step(fb_sess_run *r, char **err) {
@@ -141,7 +143,10 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
 
 /* Compare same_across_modes fields of mode m with mode 0. */
 static int compare_modes(const fb_sess_file *f, case_result *cr, int m, FILE *log) {
-  json_t *same = same_fields(f);
+  json_t *same = same_fields(f), *sc = same_check(f);
+  json_t *jr = json_object_get(sc, "rtol"), *ja = json_object_get(sc, "atol");
+  double rtol = json_is_number(jr) ? json_number_value(jr) : 1e-5;
+  double atol = json_is_number(ja) ? json_number_value(ja) : 1e-6;
   int bad = 0;
   for (size_t i = 0; same && i < json_array_size(same); i++) {
     const char *name = json_string_value(json_array_get(same, i));
@@ -151,7 +156,7 @@ static int compare_modes(const fb_sess_file *f, case_result *cr, int m, FILE *lo
     int64_t at = -1;
     for (int64_t k = 0; k < a->nvals[i]; k++) {
       double x = a->fields[i][k], y = b->fields[i][k];
-      double d = fabs(x - y), tol = 1e-6 + 1e-5 * fabs(x);
+      double d = fabs(x - y), tol = atol + rtol * fmax(fabs(x), fabs(y));
       if (!(d <= tol) && !(isnan(x) && isnan(y)) && (at < 0 || d > worst)) { worst = d; at = k; }
     }
     if (at >= 0) {
@@ -298,14 +303,15 @@ static void print_geomeans(FILE *o, case_result *cases, int ncases) {
 static int help(FILE *f) {
   fprintf(f,
           "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
-          "                     [--json OUT] [--csv OUT]\n"
+          "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
           "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
           "  sync,async) side by side: setup, one step (its counters are reported), the\n"
           "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock\n"
           "  and backend time per step, tasks launched, statements emitted, tasks compiled\n"
           "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
           "  over several files. Checks run in every mode; a failed check or a field that\n"
-          "  differs between modes makes the exit status 1.\n"
+          "  differs between modes makes the exit status 1. --param sets a parameter of\n"
+          "  every file (e.g. --param scale=64 for GPU sizes).\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
@@ -353,11 +359,11 @@ static int bench_int(const fb_sess_file *f, const char *key, int dflt, int overr
 
 /* Run one file in its modes. Returns 0 when everything passed, 1 when a
  * check failed or modes disagree, 2 when the file could not run. */
-static int bench_file(const char *path, const char **cli_modes, int ncli, int warmup_o, int repeat_o,
+static int bench_file(const char *path, json_t *params, const char **cli_modes, int ncli, int warmup_o, int repeat_o,
                       case_result *cr, const char **modes_out, int *nmodes_out, int idx, int nfiles) {
   fb_sess_file f;
   char *err = NULL;
-  int rc = fb_sess_load(path, &f, &err);
+  int rc = fb_sess_load(path, params, &f, &err);
   if (rc) {
     fprintf(stderr, "fusebox bench: %s\n", err ? err : fb_strerror(rc));
     free(err);
@@ -399,8 +405,13 @@ static int bench_file(const char *path, const char **cli_modes, int ncli, int wa
 int fb_cli_bench(int argc, char **argv) {
   const char *files[256], *cli_modes[MAXMODES], *json_out = NULL, *csv_out = NULL;
   int nfiles = 0, ncli = 0, warmup = -1, repeat = -1;
+  json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return help(stdout);
+    if (!strcmp(argv[i], "--param") && i + 1 < argc) {
+      if (fb_cli_add_param(params, argv[++i])) return 2;
+      continue;
+    }
     if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       if ((ncli = parse_modes(argv[++i], cli_modes)) < 0) return 2;
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
@@ -415,7 +426,7 @@ int fb_cli_bench(int argc, char **argv) {
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;
   for (int i = 0; i < nfiles; i++) {
-    int s = bench_file(files[i], ncli ? cli_modes : NULL, ncli, warmup, repeat, &cases[i], modes,
+    int s = bench_file(files[i], params, ncli ? cli_modes : NULL, ncli, warmup, repeat, &cases[i], modes,
                        &nmodes, i, nfiles);
     if (s > status) status = s;
     print_case(stdout, &cases[i]);
@@ -425,6 +436,7 @@ int fb_cli_bench(int argc, char **argv) {
   if ((json_out || csv_out) && write_outputs(json_out, csv_out, cases, nfiles)) status = 2;
   for (int i = 0; i < nfiles; i++) free(cases[i].name);
   free(cases);
+  json_decref(params);
   printf("\n%s\n", status == 0 ? "all checks passed in every mode"
                    : status == 1 ? "some checks FAILED (see above)" : "some sessions could not run (see above)");
   return status;

@@ -12,23 +12,6 @@
 #include "fusebox/lang.h"
 #include "optimizer/optimizer.h"
 
-/* --param NAME=VALUE: VALUE as a JSON number when it reads as one. */
-static int add_param(json_t *params, const char *arg) {
-  const char *eq = strchr(arg, '=');
-  if (!eq || eq == arg) {
-    fprintf(stderr, "fusebox: --param wants NAME=VALUE, got '%s'\n", arg);
-    return -1;
-  }
-  char *name = strndup(arg, (size_t)(eq - arg)), *end;
-  double d = strtod(eq + 1, &end);
-  json_t *v = *end || end == eq + 1 ? json_string(eq + 1)
-              : strchr(eq + 1, '.') || strchr(eq + 1, 'e') ? json_real(d)
-                                                           : json_integer(strtoll(eq + 1, NULL, 10));
-  json_object_set_new(params, name, v);
-  free(name);
-  return 0;
-}
-
 /* Parse FILE (after ${param} substitution); on failure print the rendered
  * diagnostics. */
 static fb_program *load(const char *path, json_t *params, char **src_out) {
@@ -66,7 +49,7 @@ int fb_cli_check(int argc, char **argv) {
   json_t *params = json_object();
   int bad = 0;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--param") && i + 1 < argc) bad |= add_param(params, argv[++i]);
+    if (!strcmp(argv[i], "--param") && i + 1 < argc) bad |= fb_cli_add_param(params, argv[++i]);
     else if (argv[i][0] != '-' && !file) file = argv[i];
     else bad = 1;
   }
@@ -141,7 +124,7 @@ int fb_cli_ir(int argc, char **argv) {
   json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--param") && i + 1 < argc) {
-      if (add_param(params, argv[++i])) file = NULL, i = argc;
+      if (fb_cli_add_param(params, argv[++i])) file = NULL, i = argc;
     } else if (!strcmp(argv[i], "--kernel") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--bind") && i + 1 < argc) bind = argv[++i];
     else if (!strcmp(argv[i], "--no-tasks")) tasks = 0;

@@ -114,7 +114,7 @@ static int check_actions(json_t *list, const char *path, char **err) {
 
 static int check_checks(json_t *list, char **err) {
   static const char *const read_k[] = {"read", "sum", "equals", "min", "max", "rtol", "atol", "to", NULL};
-  static const char *const same_k[] = {"same_across_modes", NULL};
+  static const char *const same_k[] = {"same_across_modes", "rtol", "atol", NULL};
   if (!list) return 0;
   if (!json_is_array(list)) return errf(err, FB_EINVAL, "$.checks: expected an array");
   size_t i;
@@ -256,6 +256,24 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
 
 /* ---------------------------------------------------------------- loading */
 
+/* --param NAME=VALUE: VALUE as a JSON number when it reads as one. */
+int fb_cli_add_param(json_t *params, const char *arg) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg) {
+    fprintf(stderr, "fusebox: --param wants NAME=VALUE, got '%s'\n", arg);
+    return -1;
+  }
+  char *name = strndup(arg, (size_t)(eq - arg)), *end;
+  double d = strtod(eq + 1, &end);
+  json_t *v = *end || end == eq + 1 ? json_string(eq + 1)
+              : strchr(eq + 1, '.') || strchr(eq + 1, 'e') ? json_real(d)
+                                                           : json_integer(strtoll(eq + 1, NULL, 10));
+  json_object_set_new(params, name, v);
+  free(name);
+  return 0;
+}
+
+
 static char *join_path(const char *dir, const char *rel) {
   char *p = NULL;
   if (rel[0] == '/' || !dir[0]) return strdup(rel);
@@ -292,7 +310,7 @@ static int load_program(fb_sess_file *f, json_t *params, char **err) {
   return rc;
 }
 
-int fb_sess_load(const char *path, fb_sess_file *f, char **err) {
+int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *f, char **err) {
   memset(f, 0, sizeof *f);
   f->path = strdup(path);
   const char *slash = strrchr(path, '/');
@@ -304,6 +322,11 @@ int fb_sess_load(const char *path, fb_sess_file *f, char **err) {
   if (params && !json_is_object(params)) {
     json_decref(raw);
     return errf(err, FB_EINVAL, "%s: $.params: expected an object of name: value", path);
+  }
+  if (overrides && json_object_size(overrides)) { /* --param NAME=VALUE wins */
+    if (!params) json_object_set_new(raw, "params", json_object());
+    params = json_object_get(raw, "params");
+    json_object_update(params, overrides);
   }
   /* Parameters first, so that "${N}" can stand where a number belongs. */
   f->root = subst_json(raw, params, "$", err);
@@ -625,8 +648,8 @@ static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += v[i];
     int ok = close_enough(s, json_number_value(sum), rtol, atol);
-    fprintf(o, "%s checks[%zu] sum(%s) = %.9g, expected %.9g (rtol %g)\n", ok ? "ok   " : "FAIL ",
-            idx, name, s, json_number_value(sum), rtol);
+    fprintf(o, "%s checks[%zu] sum(%s) = %.9g, expected %.9g (rtol %g, atol %g)\n", ok ? "ok   " : "FAIL ",
+            idx, name, s, json_number_value(sum), rtol, atol);
     failed |= !ok;
   }
   if (eq) {

@@ -21,10 +21,14 @@ typedef struct fb_sess_file {
   fb_program *prog;
 } fb_sess_file;
 
-/* Load, check keys, substitute params, parse the program. On failure returns
- * a negative code and writes a message (with the JSON path, or the rendered
- * .fbk diagnostics) to err (malloc'd, caller frees). */
-int fb_sess_load(const char *path, fb_sess_file *out, char **err);
+/* Load, substitute params (overrides, may be NULL, replace the file's
+ * params: --param NAME=VALUE), check keys, parse the program. On failure
+ * returns a negative code and writes a message (with the JSON path, or the
+ * rendered .fbk diagnostics) to err (malloc'd, caller frees). */
+int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *out, char **err);
+/* Parse NAME=VALUE into params (VALUE as a JSON number when it reads as
+ * one); -1 with a message on stderr when malformed. */
+int fb_cli_add_param(json_t *params, const char *arg);
 /* Replace every ${NAME} in text by params[NAME] (malloc'd); NULL with err
  * set (naming `where`) when a name is not a parameter. */
 char *fb_sess_subst(const char *text, json_t *params, const char *where, char **err);
