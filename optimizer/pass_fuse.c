@@ -1,0 +1,310 @@
+/* Task fusion (paper section 5.5 and supplement section 2). Tasks A and B
+ * (A earlier) fuse when:
+ *  1. no path of length >= 2 joins them in the SFG (found with the
+ *     transitive closure in bitsets: B is not reachable from any other
+ *     successor of A);
+ *  2. both are serial, or both parallel over the same range (values
+ *     evaluated with the launches' arguments) or the same struct_for SNode
+ *     and list version;
+ *  3. parallel: every state one writes and the other touches is accessed
+ *     element-wise by both (the same address each iteration, unique per
+ *     iteration: the loop indices, or one assume_unique expression whose
+ *     inputs neither task writes); masks and allocators only through
+ *     activation on write and activity checks of loads; never a list,
+ *     gtmp slot or return slot;
+ *  4. each task takes part in at most max_fuse_per_task fusions per round
+ *     (and a fused task stands for at most max_fused_tasks launches).
+ * The fused task runs A's part then B's part (per iteration); its
+ * parameters are A's then B's, so two launches of one kernel with different
+ * arguments keep both; B's rand() calls keep B's launch number (rand_seq).
+ * Fusions are greedy in topological order; the closure is updated after
+ * each one, and the window is re-sorted topologically and rebuilt. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer/sfg.h"
+
+typedef struct fctx {
+  fb_pass_ctx *c;
+  fb_sfg *g;
+  int base, n, words;  /* window: nodes[base .. base+n) */
+  uint64_t *succ, *reach;
+} fctx;
+
+static uint64_t *row(uint64_t *m, const fctx *f, int i) { return m + (size_t)i * (size_t)f->words; }
+static int bit(const uint64_t *r, int j) { return (int)(r[j >> 6] >> (j & 63)) & 1; }
+static void set_bit(uint64_t *r, int j) { r[j >> 6] |= 1ull << (j & 63); }
+static void clr_bit(uint64_t *r, int j) { r[j >> 6] &= ~(1ull << (j & 63)); }
+
+static void closure(fctx *f) {
+  for (int i = f->n - 1; i >= 0; i--) {
+    uint64_t *r = row(f->reach, f, i);
+    const uint64_t *s = row(f->succ, f, i);
+    for (int j = i + 1; j < f->n; j++) {
+      if (!bit(s, j)) continue;
+      const uint64_t *rj = row(f->reach, f, j);
+      for (int w = 0; w < f->words; w++) r[w] |= rj[w];
+      set_bit(r, j);
+    }
+  }
+}
+
+static int build(fctx *f) {
+  size_t cells = (size_t)f->n * (size_t)f->words;
+  f->succ = calloc(cells ? cells : 1, sizeof *f->succ);
+  f->reach = calloc(cells ? cells : 1, sizeof *f->reach);
+  if (!f->succ || !f->reach) return FB_ENOMEM;
+  for (int i = 0; i < f->n; i++) {
+    const fb_sfg_node *x = f->g->nodes[f->base + i];
+    for (int e = 0; e < x->nout; e++) {
+      int j = x->out[e].node - f->base;
+      if (j > i && j < f->n) set_bit(row(f->succ, f, i), j);
+    }
+  }
+  closure(f);
+  return 0;
+}
+
+/* far = the nodes reachable from a through one of its successors: the
+ * ends of the paths of length >= 2 from a. */
+static void far_from(const fctx *f, int a, uint64_t *far) {
+  memset(far, 0, sizeof *far * (size_t)f->words);
+  const uint64_t *s = row(f->succ, f, a);
+  for (int w = 0; w < f->words; w++)
+    for (uint64_t m = s[w]; m; m &= m - 1) {
+      const uint64_t *rc = row(f->reach, f, w * 64 + __builtin_ctzll(m));
+      for (int x = 0; x < f->words; x++) far[x] |= rc[x];
+    }
+}
+
+/* Criterion 1 (and acyclicity of the merge): no path a ~> b other than a
+ * direct edge, and none from b to a. */
+static int path_ok(const fctx *f, const uint64_t *far, int a, int b) {
+  return !bit(far, b) && !bit(row(f->reach, f, b), a);
+}
+
+/* Merge b into a in the bitsets. */
+static void merge_bits(fctx *f, int a, int b) {
+  uint64_t *sa = row(f->succ, f, a), *ra = row(f->reach, f, a);
+  const uint64_t *sb = row(f->succ, f, b), *rb = row(f->reach, f, b);
+  for (int w = 0; w < f->words; w++) {
+    sa[w] |= sb[w];
+    ra[w] |= rb[w];
+  }
+  clr_bit(sa, a);
+  clr_bit(sa, b);
+  clr_bit(ra, a);
+  clr_bit(ra, b);
+  for (int p = 0; p < f->n; p++) {
+    if (p == a || p == b) continue;
+    uint64_t *sp = row(f->succ, f, p), *rp = row(f->reach, f, p);
+    if (bit(sp, b)) {
+      clr_bit(sp, b);
+      set_bit(sp, a);
+    }
+    if (bit(rp, a) || bit(rp, b)) {
+      for (int w = 0; w < f->words; w++) rp[w] |= ra[w];
+      set_bit(rp, a);
+      clr_bit(rp, b);
+    }
+  }
+  memset(row(f->succ, f, b), 0, sizeof(uint64_t) * (size_t)f->words);
+  memset(row(f->reach, f, b), 0, sizeof(uint64_t) * (size_t)f->words);
+}
+
+/* ---------------------------------------------------------------- criteria */
+
+static int fusible_kind(const fb_sfg_node *x) {
+  fb_task_kind k = x->m->kind;
+  return !x->dead && !x->host && !x->retained && (x->m->tflags & FB_TF_FUSIBLE) &&
+         (k == FB_TASK_SERIAL || (k == FB_TASK_RANGE_FOR && x->range_ok) || k == FB_TASK_STRUCT_FOR);
+}
+
+/* Criterion 2. */
+static int same_group(const fb_sfg_node *a, const fb_sfg_node *b) {
+  if (a->m->kind != b->m->kind) return 0;
+  switch (a->m->kind) {
+  case FB_TASK_SERIAL: return 1;
+  case FB_TASK_RANGE_FOR: return a->rbegin == b->rbegin && a->rend == b->rend;
+  default: return a->m->iter == b->m->iter && a->list_ver == b->list_ver;
+  }
+}
+
+static int writes(const fb_sfg_node *x, uint32_t key) {
+  const fb_meta_acc *a = fb_meta_find(x->m, key);
+  return a && (a->mode & FB_ACC_WRITE);
+}
+
+/* One shared state of two parallel tasks, at least one writing it. */
+static int shared_ok(const fb_meta_acc *x, const fb_meta_acc *y) {
+  switch (FB_SKEY_KIND(x->key)) {
+  case FB_SK_VALUE: return x->ew != FB_EW_NONE && x->ew == y->ew && x->sig == y->sig;
+  case FB_SK_MASK: case FB_SK_ALLOC:
+    return (x->flags & FB_AF_IMPLICIT) && (y->flags & FB_AF_IMPLICIT);
+  default: return 0;
+  }
+}
+
+/* The assume_unique inputs of one task are written by neither. */
+static int udeps_ok(const fb_sfg_node *x, const fb_sfg_node *a, const fb_sfg_node *b) {
+  for (int i = 0; i < x->m->nudeps; i++)
+    if (writes(a, x->m->udeps[i]) || writes(b, x->m->udeps[i])) return 0;
+  return 1;
+}
+
+/* Criterion 3. */
+static int states_ok(const fb_sfg_node *a, const fb_sfg_node *b) {
+  const fb_task_meta *ma = a->m, *mb = b->m;
+  if (ma->kind == FB_TASK_SERIAL) return 1;
+  int i = 0, j = 0;
+  while (i < ma->nacc && j < mb->nacc) {
+    const fb_meta_acc *x = &ma->acc[i], *y = &mb->acc[j];
+    if (x->key < y->key) { i++; continue; }
+    if (y->key < x->key) { j++; continue; }
+    if (((x->mode | y->mode) & FB_ACC_WRITE) && !shared_ok(x, y)) return 0;
+    i++;
+    j++;
+  }
+  return udeps_ok(a, a, b) && udeps_ok(b, a, b);
+}
+
+static int rets_ok(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b) {
+  fb_type ra = fb_bank_ir(bank, a->ir)->ret, rb = fb_bank_ir(bank, b->ir)->ret;
+  return ra == FB_T_VOID || rb == FB_T_VOID || ra == rb;
+}
+
+/* ---------------------------------------------------------------- fusing */
+
+/* Fuse b into a: the IR (memoized), arguments, certificates. */
+static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
+  fb_pass_ctx *c = f->c;
+  int64_t delta = (b->m->tflags & FB_TF_RAND) ? (int64_t)(b->launch - a->launch) : 0;
+  int64_t key[4] = {FB_MEMO_FUSE, a->ir, b->ir, delta};
+  fb_irh h = fb_pass_memo_get(c, key, 4);
+  int rc = 0;
+  if (h == FB_IRH_NONE) {
+    fb_kernel *k = fb_ir_fuse(fb_bank_ir(c->bank, a->ir), a->m, fb_bank_ir(c->bank, b->ir), b->m, delta);
+    if ((rc = fb_pass_memo_put(c, key, 4, k, &h))) return rc;
+  }
+  uint64_t *args = realloc(a->args, sizeof *args * (size_t)(a->nargs + b->nargs + 1));
+  fb_sfg_cert *certs = realloc(a->certs, sizeof *certs * (size_t)(a->ncerts + b->ncerts + 1));
+  if (args) a->args = args;
+  if (certs) a->certs = certs;
+  if (!args || !certs) {
+    fb_bank_unref(c->bank, h);
+    return FB_ENOMEM;
+  }
+  memcpy(a->args + a->nargs, b->args, sizeof *args * (size_t)b->nargs);
+  for (int i = 0; i < b->ncerts; i++) {
+    a->certs[a->ncerts] = b->certs[i];
+    a->certs[a->ncerts++].argoff += a->nargs;
+  }
+  b->ncerts = 0; /* the references moved with them */
+  a->nargs += b->nargs;
+  a->ntasks += b->ntasks;
+  fb_bank_unref(c->bank, a->orig);
+  fb_bank_ref(c->bank, h);
+  a->orig = h;
+  b->dead = 1;
+  return fb_sfg_node_set_ir(a, c->bank, h);
+}
+
+/* Kahn's algorithm over the merged graph, earliest first. */
+static int topo_order(fctx *f, fb_sfg_node **order, int *norder) {
+  int *indeg = calloc((size_t)f->n, sizeof *indeg);
+  char *placed = calloc((size_t)f->n, 1);
+  if (!indeg || !placed) {
+    free(indeg);
+    free(placed);
+    return FB_ENOMEM;
+  }
+  int alive = 0;
+  for (int i = 0; i < f->n; i++) {
+    if (f->g->nodes[f->base + i]->dead) continue;
+    alive++;
+    for (int j = 0; j < f->n; j++)
+      if (bit(row(f->succ, f, i), j)) indeg[j]++;
+  }
+  *norder = 0;
+  while (*norder < alive) {
+    int pick = -1;
+    for (int i = 0; i < f->n && pick < 0; i++)
+      if (!placed[i] && !f->g->nodes[f->base + i]->dead && indeg[i] == 0) pick = i;
+    if (pick < 0) break; /* a cycle: cannot happen after path_ok */
+    placed[pick] = 1;
+    order[(*norder)++] = f->g->nodes[f->base + pick];
+    for (int j = 0; j < f->n; j++)
+      if (bit(row(f->succ, f, pick), j)) indeg[j]--;
+  }
+  int rc = *norder == alive ? 0 : FB_EINTERNAL;
+  free(indeg);
+  free(placed);
+  return rc;
+}
+
+static int fuse_round(fctx *f) {
+  int max = f->c->opt->max_fuse_per_task, cap = f->c->opt->max_fused_tasks, fused = 0;
+  uint64_t *far = malloc(sizeof *far * (size_t)f->words);
+  if (!far) return FB_ENOMEM;
+  for (int ai = 0; ai < f->n; ai++) {
+    fb_sfg_node *a = f->g->nodes[f->base + ai];
+    if (!fusible_kind(a) || a->fused_now >= max) continue;
+    far_from(f, ai, far);
+    for (int bi = ai + 1; bi < f->n && a->fused_now < max; bi++) {
+      fb_sfg_node *b = f->g->nodes[f->base + bi];
+      if (!fusible_kind(b) || b->fused_now >= max || !same_group(a, b)) continue;
+      if (cap && a->ntasks + b->ntasks > cap) continue;
+      if (!rets_ok(f->c->bank, a, b) || !path_ok(f, far, ai, bi) || !states_ok(a, b)) continue;
+      int rc = fuse_pair(f, a, b);
+      if (rc) {
+        free(far);
+        return rc;
+      }
+      merge_bits(f, ai, bi);
+      far_from(f, ai, far);
+      a->fused_now++;
+      fused++;
+    }
+  }
+  free(far);
+  return fused;
+}
+
+/* One chunk of consecutive window nodes: every path between two of its
+ * nodes runs through nodes between them in topological order, so the
+ * closure over the chunk alone decides criterion 1 exactly for its pairs.
+ * Chunks bound the bitsets (FUSE_CHUNK^2 bits) on very long windows; pairs
+ * across chunks are not considered. Appends the chunk's new order. */
+static int fuse_chunk(fb_pass_ctx *c, int base, int n, fb_sfg_node **order, int *norder) {
+  fctx f = {c, c->g, base, n, (n + 63) / 64, NULL, NULL};
+  int rc = build(&f), fused = 0, k = 0;
+  if (!rc) rc = fused = fuse_round(&f);
+  if (rc >= 0) rc = topo_order(&f, order + *norder, &k);
+  if (rc == FB_EINTERNAL) snprintf(c->err, c->errlen, "fusion made a cycle");
+  *norder += k;
+  free(f.succ);
+  free(f.reach);
+  return rc < 0 ? rc : fused;
+}
+
+enum { FUSE_CHUNK = 1024 };
+
+int fb_pass_fuse(fb_pass_ctx *c) {
+  fb_sfg *g = c->g;
+  int n = g->n - g->nret, fused = 0, norder = 0, rc = 0;
+  if (n < 2) return 0;
+  fb_sfg_node **order = malloc(sizeof *order * (size_t)n);
+  if (!order) return FB_ENOMEM;
+  for (int base = g->nret; base < g->n && rc >= 0; base += FUSE_CHUNK) {
+    int len = g->n - base < FUSE_CHUNK ? g->n - base : FUSE_CHUNK;
+    rc = fuse_chunk(c, base, len, order, &norder);
+    if (rc > 0) fused += rc;
+  }
+  for (int i = g->nret; i < g->n; i++) g->nodes[i]->fused_now = 0;
+  if (rc >= 0 && fused) rc = fb_sfg_rebuild(g, c->bank, order, norder);
+  free(order);
+  if (rc < 0) return rc;
+  c->cnt->tasks_fused += (uint64_t)fused;
+  return fused;
+}

@@ -1,0 +1,456 @@
+/* Intra-task simplification of fused tasks (paper section 6.3 and
+ * supplement section 3). Every rewrite is exact: the simplified task gives
+ * the same fields, return value and rand() values as the fused one.
+ *  - atomics on a field that every access in the task reaches element-wise
+ *    (or in a serial task) become load, op, store: no other iteration
+ *    touches that element, and the op is the same one the atomic applies;
+ *  - common subexpressions: pure statements equal in op, type, operands and
+ *    immediate are computed once where the first dominates;
+ *  - per block, in order: store-to-load forwarding (a load of the element a
+ *    store wrote, in bounds, with no possibly aliasing write in between),
+ *    identical load elimination, identical store elimination (storing the
+ *    value the element is known to hold), dead stores (a store overwritten
+ *    at the same element before any possible read). Nested blocks, atomics
+ *    and sparse operations end what is known;
+ *  - dead code. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer/sfg.h"
+
+typedef struct loc {
+  int32_t field;  /* place id, or -(gtmp slot + 2) */
+  int32_t n;
+  int32_t idx[FB_MAX_AXES];
+} loc;
+
+typedef struct fact {
+  loc at;
+  int32_t val;    /* known: the value; pending: the store */
+  int from_store;
+} fact;
+
+typedef struct facts {
+  fact *v;
+  int n, cap;
+} facts;
+
+typedef struct simp {
+  fb_kernel *k;
+  const fb_task_meta *m;
+  int32_t *uses;  /* use counts, during forwarding */
+  int32_t *rep;
+  uint8_t *drop;
+  /* CSE: hash chains with an undo log for scopes */
+  int32_t *head, *next;
+  int nbuckets;
+  int32_t *undo;
+  int nundo, capundo;
+  int oom;
+} simp;
+
+static int32_t R(const simp *s, int32_t id) {
+  while (id >= 0 && s->rep[id] != id) id = s->rep[id];
+  return id;
+}
+
+static void apply_rep(simp *s, fb_stmt *st) {
+  for (int a = 0; a < st->nargs; a++)
+    if (st->args[a] >= 0) st->args[a] = R(s, st->args[a]);
+}
+
+static int push_stmt(simp *s, const fb_stmt *st) {
+  fb_kernel *k = s->k;
+  if (k->nstmts == k->cap) {
+    int nc = k->cap * 2 + 16;
+    fb_stmt *p = realloc(k->stmts, sizeof *p * (size_t)nc);
+    int32_t *r = realloc(s->rep, sizeof *r * (size_t)nc);
+    if (r) s->rep = r;
+    uint8_t *d = r ? realloc(s->drop, (size_t)nc) : NULL;
+    if (d) s->drop = d;
+    if (p) k->stmts = p;
+    if (!p || !r || !d) {
+      s->oom = 1;
+      return -1;
+    }
+    k->cap = nc;
+  }
+  int id = k->nstmts++;
+  k->stmts[id] = *st;
+  s->rep[id] = id;
+  s->drop[id] = 0;
+  return id;
+}
+
+/* ---------------------------------------------------------------- atomics */
+
+static fb_op atomic_base(int op) {
+  int i = op >= FB_OP_ATOMIC_ADD_NA ? op - FB_OP_ATOMIC_ADD_NA : op - FB_OP_ATOMIC_ADD;
+  static const fb_op base[] = {FB_OP_ADD, FB_OP_SUB, FB_OP_MIN, FB_OP_MAX,
+                               FB_OP_AND, FB_OP_OR,  FB_OP_XOR};
+  return base[i];
+}
+
+static int is_atomic(int op) {
+  int cls = fb_op_table[op].cls;
+  return cls == FB_OPC_ATOMIC || cls == FB_OPC_IATOMIC;
+}
+
+static int elementwise(const simp *s, int field) {
+  if (s->m->loop < 0) return 1;
+  const fb_meta_acc *a = fb_meta_find(s->m, FB_SKEY(FB_SK_VALUE, field));
+  return a && a->ew != FB_EW_NONE;
+}
+
+static fb_stmt blank(int op, int type, int snode) {
+  fb_stmt t;
+  memset(&t, 0, sizeof t);
+  t.op = (uint16_t)op;
+  t.type = (uint8_t)type;
+  t.snode = snode;
+  t.body = t.orelse = -1;
+  for (int a = 0; a < FB_MAX_ARGS; a++) t.args[a] = -1;
+  return t;
+}
+
+/* atomic -> load, op, store; the three ids go to out[]. */
+static int expand_atomic(simp *s, int id, int32_t *out) {
+  fb_stmt at = s->k->stmts[id];
+  int nd = at.nargs - 1;
+  fb_type ft = s->k->layout->nodes[at.snode].type;
+  fb_stmt ld = blank(FB_OP_LOAD, ft, at.snode);
+  ld.nargs = (uint8_t)nd;
+  memcpy(ld.args, at.args, sizeof *ld.args * (size_t)nd);
+  int old = push_stmt(s, &ld);
+  if (old < 0) return -1;
+  fb_stmt op = blank(atomic_base(at.op), ft, -1);
+  op.nargs = 2;
+  op.args[0] = old;
+  op.args[1] = at.args[nd];
+  int nv = push_stmt(s, &op);
+  if (nv < 0) return -1;
+  fb_stmt st = blank(at.op >= FB_OP_ATOMIC_ADD_NA ? FB_OP_STORE_NA : FB_OP_STORE, FB_T_VOID, at.snode);
+  st.nargs = (uint8_t)(nd + 1);
+  memcpy(st.args, at.args, sizeof *st.args * (size_t)nd);
+  st.args[nd] = nv;
+  int sv = push_stmt(s, &st);
+  if (sv < 0) return -1;
+  s->rep[id] = old;
+  out[0] = old;
+  out[1] = nv;
+  out[2] = sv;
+  return 0;
+}
+
+static int atomics_block(simp *s, int blk, int depth) {
+  if (blk < 0 || depth > 256) return 0;
+  int n = s->k->blocks[blk].n, count = 0;
+  for (int i = 0; i < n; i++) {
+    const fb_stmt *st = &s->k->stmts[s->k->blocks[blk].ids[i]];
+    count += is_atomic(st->op) && elementwise(s, st->snode);
+  }
+  int32_t *ids = malloc(sizeof *ids * (size_t)(n + 2 * count + 1));
+  if (!ids) return s->oom = 1;
+  int w = 0;
+  for (int i = 0; i < n && !s->oom; i++) {
+    int id = s->k->blocks[blk].ids[i];
+    const fb_stmt *st = &s->k->stmts[id];
+    int body = st->body, orelse = st->orelse;
+    if (is_atomic(st->op) && elementwise(s, st->snode)) {
+      if (expand_atomic(s, id, ids + w) == 0) w += 3;
+      continue;
+    }
+    ids[w++] = id;
+    atomics_block(s, body, depth + 1);
+    atomics_block(s, orelse, depth + 1);
+  }
+  free(s->k->blocks[blk].ids);
+  s->k->blocks[blk].ids = ids;
+  s->k->blocks[blk].n = s->k->blocks[blk].cap = w;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- CSE */
+
+static uint64_t stmt_hash(const fb_stmt *t) {
+  uint64_t h = (uint64_t)t->op * 0x9e3779b97f4a7c15ull ^ (uint64_t)t->type << 17 ^
+               (uint64_t)(uint32_t)t->snode << 29 ^ t->imm.u * 0xbf58476d1ce4e5b9ull;
+  for (int a = 0; a < t->nargs; a++) h = (h ^ (uint64_t)(uint32_t)t->args[a]) * 0x100000001b3ull;
+  return h ^ (h >> 31);
+}
+
+static int stmt_same(const fb_stmt *x, const fb_stmt *y) {
+  if (x->op != y->op || x->type != y->type || x->snode != y->snode || x->nargs != y->nargs ||
+      x->imm.u != y->imm.u)
+    return 0;
+  for (int a = 0; a < x->nargs; a++)
+    if (x->args[a] != y->args[a]) return 0;
+  return 1;
+}
+
+static int cse_able(const fb_stmt *t) {
+  int f = fb_op_table[t->op].flags;
+  return (f & FB_OPF_PURE) && !(f & FB_OPF_BLOCK);
+}
+
+static void cse_block(simp *s, int blk, int depth) {
+  if (blk < 0 || depth > 256 || s->oom) return;
+  int mark = s->nundo;
+  fb_block *b = &s->k->blocks[blk];
+  int w = 0;
+  for (int i = 0; i < b->n; i++) {
+    int id = b->ids[i];
+    fb_stmt *t = &s->k->stmts[id];
+    apply_rep(s, t);
+    if (cse_able(t)) {
+      int bk = (int)(stmt_hash(t) & (uint64_t)(s->nbuckets - 1)), found = -1;
+      for (int e = s->head[bk]; e >= 0 && found < 0; e = s->next[e])
+        if (stmt_same(&s->k->stmts[e], t)) found = e;
+      if (found >= 0) {
+        s->rep[id] = found;
+        continue;
+      }
+      if (s->nundo == s->capundo) {
+        int nc = s->capundo * 2 + 64;
+        int32_t *u = realloc(s->undo, sizeof *u * (size_t)nc);
+        if (!u) {
+          s->oom = 1;
+          return;
+        }
+        s->undo = u;
+        s->capundo = nc;
+      }
+      s->next[id] = s->head[bk];
+      s->head[bk] = id;
+      s->undo[s->nundo++] = id;
+    }
+    b->ids[w++] = id;
+    cse_block(s, t->body, depth + 1);
+    cse_block(s, s->k->stmts[id].orelse, depth + 1);
+    b = &s->k->blocks[blk];
+  }
+  b->n = w;
+  while (s->nundo > mark) { /* leave the scope: newest entries head their chains */
+    int id = s->undo[--s->nundo];
+    int bk = (int)(stmt_hash(&s->k->stmts[id]) & (uint64_t)(s->nbuckets - 1));
+    s->head[bk] = s->next[id];
+  }
+}
+
+static int cse(simp *s) {
+  s->nbuckets = 64;
+  while (s->nbuckets < s->k->nstmts * 2) s->nbuckets *= 2;
+  s->head = malloc(sizeof *s->head * (size_t)s->nbuckets);
+  s->next = malloc(sizeof *s->next * (size_t)(s->k->nstmts + 1));
+  if (!s->head || !s->next) return s->oom = 1;
+  memset(s->head, 0xff, sizeof *s->head * (size_t)s->nbuckets);
+  cse_block(s, 0, 0);
+  free(s->head);
+  free(s->next);
+  s->head = s->next = NULL;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- memory facts */
+
+static int loc_of(const fb_kernel *k, const fb_stmt *t, loc *l) {
+  memset(l, 0, sizeof *l);
+  if (t->op == FB_OP_GTMP_LOAD || t->op == FB_OP_GTMP_STORE) {
+    l->field = -(int32_t)(t->imm.i / 8) - 2;
+    return 1;
+  }
+  l->field = t->snode;
+  l->n = k->layout->nodes[t->snode].ndim;
+  memcpy(l->idx, t->args, sizeof *l->idx * (size_t)l->n);
+  return 1;
+}
+
+static int loc_eq(const loc *a, const loc *b) {
+  return a->field == b->field && a->n == b->n && !memcmp(a->idx, b->idx, sizeof *a->idx * (size_t)a->n);
+}
+
+static fact *find(facts *f, const loc *l) {
+  for (int i = 0; i < f->n; i++)
+    if (loc_eq(&f->v[i].at, l)) return &f->v[i];
+  return NULL;
+}
+
+static void drop_field(facts *f, int32_t field) {
+  int w = 0;
+  for (int i = 0; i < f->n; i++)
+    if (f->v[i].at.field != field) f->v[w++] = f->v[i];
+  f->n = w;
+}
+
+static int put(facts *f, const loc *l, int32_t val, int from_store) {
+  fact *x = find(f, l);
+  if (!x) {
+    if (f->n == f->cap) {
+      int nc = f->cap * 2 + 16;
+      fact *p = realloc(f->v, sizeof *p * (size_t)nc);
+      if (!p) return FB_ENOMEM;
+      f->v = p;
+      f->cap = nc;
+    }
+    x = &f->v[f->n++];
+    x->at = *l;
+  }
+  x->val = val;
+  x->from_store = from_store;
+  return 0;
+}
+
+static void forward_block(simp *s, int blk, int depth);
+
+/* Nothing but dense storage: storing the loaded value back changes nothing. */
+static int plain_storage(const simp *s, const loc *l) {
+  int path[8];
+  return l->field < 0 || fb_sparse_path(s->k->layout, l->field, path, 8) == 0;
+}
+
+static void on_load(simp *s, int id, facts *known, facts *pending) {
+  const fb_stmt *t = &s->k->stmts[id];
+  loc l;
+  loc_of(s->k, t, &l);
+  fact *x = find(known, &l);
+  if (x && s->k->stmts[x->val].type == t->type) {
+    s->rep[id] = x->val;
+    s->drop[id] = 1;
+    return;
+  }
+  drop_field(pending, l.field);
+  if (put(known, &l, id, 0)) s->oom = 1;
+}
+
+static void on_store(simp *s, int id, facts *known, facts *pending) {
+  const fb_stmt *t = &s->k->stmts[id];
+  loc l;
+  loc_of(s->k, t, &l);
+  int v = t->op == FB_OP_GTMP_STORE ? t->args[0] : t->args[t->nargs - 1];
+  fact *x = find(known, &l);
+  if (x && x->val == v && (x->from_store || plain_storage(s, &l))) {
+    s->drop[id] = 1; /* the element holds v already */
+    return;
+  }
+  fact *p = find(pending, &l);
+  /* overwritten before any read; unless it activates and this one does not */
+  if (p && (plain_storage(s, &l) || s->k->stmts[p->val].op != FB_OP_STORE || t->op == FB_OP_STORE))
+    s->drop[p->val] = 1;
+  drop_field(known, l.field);
+  int inb = t->op == FB_OP_GTMP_STORE || fb_access_inbounds(s->k, id);
+  if ((inb && put(known, &l, v, 1)) || put(pending, &l, id, 1)) s->oom = 1;
+}
+
+static void forward_block(simp *s, int blk, int depth) {
+  if (blk < 0 || depth > 256 || s->oom) return;
+  facts known = {0}, pending = {0};
+  int n = s->k->blocks[blk].n;
+  for (int i = 0; i < n && !s->oom; i++) {
+    int id = s->k->blocks[blk].ids[i];
+    fb_stmt *t = &s->k->stmts[id];
+    apply_rep(s, t);
+    int cls = fb_op_table[t->op].cls;
+    if (t->op == FB_OP_LOAD || t->op == FB_OP_GTMP_LOAD) {
+      on_load(s, id, &known, &pending);
+    } else if (cls == FB_OPC_GSTORE || t->op == FB_OP_GTMP_STORE) {
+      on_store(s, id, &known, &pending);
+    } else if (is_atomic(t->op)) {
+      drop_field(&known, t->snode);
+      drop_field(&pending, t->snode);
+    } else if (t->op == FB_OP_IS_ACTIVE && !s->uses[id]) {
+      continue; /* observes nothing (a demoted activate) */
+    } else if (t->body >= 0 || t->orelse >= 0 || cls == FB_OPC_SPARSE || cls == FB_OPC_APPEND ||
+               cls == FB_OPC_LENGTH || cls == FB_OPC_LIST) {
+      known.n = pending.n = 0;
+      forward_block(s, t->body, depth + 1);
+      forward_block(s, s->k->stmts[id].orelse, depth + 1);
+    }
+  }
+  free(known.v);
+  free(pending.v);
+  fb_block *b = &s->k->blocks[blk];
+  int w = 0;
+  for (int i = 0; i < b->n; i++)
+    if (!s->drop[b->ids[i]]) b->ids[w++] = b->ids[i];
+  b->n = w;
+}
+
+/* ---------------------------------------------------------------- driver */
+
+static void rep_all(simp *s, int blk, int depth) {
+  if (blk < 0 || depth > 256) return;
+  const fb_block *b = &s->k->blocks[blk];
+  for (int i = 0; i < b->n; i++) {
+    fb_stmt *t = &s->k->stmts[b->ids[i]];
+    apply_rep(s, t);
+    rep_all(s, t->body, depth + 1);
+    rep_all(s, t->orelse, depth + 1);
+  }
+}
+
+fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *removed) {
+  simp s;
+  memset(&s, 0, sizeof s);
+  s.m = m;
+  s.k = fb_kernel_clone(k);
+  if (!s.k) return NULL;
+  /* the clone's statement array is exactly nstmts long: push_stmt grows
+     it together with rep and drop */
+  s.k->cap = s.k->nstmts;
+  s.rep = malloc(sizeof *s.rep * (size_t)(s.k->nstmts + 1));
+  s.drop = calloc((size_t)s.k->nstmts + 1, 1);
+  if (!s.rep || !s.drop) s.oom = 1;
+  for (int i = 0; !s.oom && i < s.k->nstmts; i++) s.rep[i] = i;
+  if (!s.oom) atomics_block(&s, 0, 0);
+  for (int round = 0; round < 2 && !s.oom; round++) {
+    cse(&s);
+    free(s.uses);
+    s.uses = s.oom ? NULL : fb_ir_use_counts(s.k);
+    if (!s.uses) s.oom = 1;
+    if (!s.oom) forward_block(&s, 0, 0);
+  }
+  if (!s.oom) rep_all(&s, 0, 0);
+  fb_kernel *out = NULL;
+  if (!s.oom) {
+    fb_ir_dce(s.k);
+    out = fb_kernel_compact(s.k);
+  }
+  if (out && removed) *removed = fb_kernel_count_stmts(k) - fb_kernel_count_stmts(out);
+  fb_kernel_free(s.k);
+  free(s.rep);
+  free(s.drop);
+  free(s.undo);
+  free(s.uses);
+  return out;
+}
+
+/* ---------------------------------------------------------------- the pass */
+
+int fb_pass_simplify(fb_pass_ctx *c) {
+  fb_sfg *g = c->g;
+  int changed = 0;
+  for (int i = g->nret; i < g->n; i++) {
+    fb_sfg_node *n = g->nodes[i];
+    if (n->dead || n->host || n->simplified || n->ntasks < 2) continue;
+    int64_t key[2] = {FB_MEMO_SIMPLIFY, n->ir};
+    int before = n->m->nstmts, removed = 0;
+    fb_irh h = fb_pass_memo_get(c, key, 2);
+    if (h == FB_IRH_NONE) {
+      int rc = fb_pass_memo_put(c, key, 2, fb_ir_simplify(fb_bank_ir(c->bank, n->ir), n->m, &removed), &h);
+      if (rc) return rc;
+    }
+    if (h == n->ir) {
+      fb_bank_unref(c->bank, h);
+      n->simplified = 1;
+      continue;
+    }
+    int rc = fb_sfg_node_set_ir(n, c->bank, h);
+    if (rc) return rc;
+    n->simplified = 1;
+    if (before > n->m->nstmts) c->cnt->simplified += (uint64_t)(before - n->m->nstmts);
+    changed++;
+  }
+  if (!changed) return 0;
+  int rc = fb_sfg_rebuild(g, c->bank, NULL, 0);
+  return rc ? rc : changed;
+}
