@@ -51,7 +51,7 @@ static int open_bench(fb_engine *e, const char *src, bench *b) {
     return -1;
   }
   fb_diags_free(&d);
-  fb_session_config sc = {"sync", 1, 0};
+  fb_session_config sc = {.mode = "sync", .seed = 1};
   char err[512];
   if (fb_session_create(e, &sc, fb_program_layout(b->p), &b->s, err, sizeof err))
     return die("session", err), -1;

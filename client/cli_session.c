@@ -369,6 +369,23 @@ struct fb_sess_run {
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
 
+/* session.passes (each on unless false), minus the passes a bench mode
+ * turns off; flush_every (0 in the file means never); max_fuse_per_task. */
+static void session_async_options(json_t *sc, unsigned off, fb_session_config *cfg) {
+  static const struct { const char *key; unsigned bit, off; } passes[] = {
+      {"listgen", FB_PASSES_LISTGEN, FB_SESS_NO_LISTGEN}, {"demote", FB_PASSES_DEMOTE, FB_SESS_NO_DEMOTE},
+      {"fusion", FB_PASSES_FUSION, FB_SESS_NO_FUSION}, {"dse", FB_PASSES_DSE, FB_SESS_NO_DSE}};
+  json_t *jp = json_object_get(sc, "passes");
+  unsigned bits = 0;
+  for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++)
+    if (!json_is_false(json_object_get(jp, passes[i].key)) && !(off & passes[i].off)) bits |= passes[i].bit;
+  cfg->passes = bits == FB_PASSES_ALL ? 0 : (bits | FB_PASSES_EXACT);
+  json_t *fe = json_object_get(sc, "flush_every");
+  if (json_is_integer(fe)) cfg->flush_every = json_integer_value(fe) > 0 ? (int)json_integer_value(fe) : -1;
+  json_t *mf = json_object_get(sc, "max_fuse_per_task");
+  if (json_is_integer(mf) && json_integer_value(mf) > 0) cfg->max_fuse_per_task = (int)json_integer_value(mf);
+}
+
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
   fb_sess_run *r = calloc(1, sizeof *r);
   if (!r) return FB_ENOMEM;
@@ -389,6 +406,7 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   fb_session_config cfg = {.mode = mode,
                            .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
                            .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
+  session_async_options(sc, o->passes_off, &cfg);
   rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
     fb_engine_destroy(r->eng);

@@ -102,6 +102,7 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
       errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
       return FB_ENOMEM;
     }
+    if (m->gtmp_bytes) memcpy(g, m->gtmp, m->gtmp_bytes); /* slots keep their values */
     free(m->gtmp);
     m->gtmp = g;
     m->gtmp_bytes = gtmp_bytes;

@@ -1,8 +1,10 @@
 /* runtime/: the CPU device (a thread pool that splits parallel loops into
  * chunks), device memory of a session (root buffer, scratch, return slots,
- * and for sparse SNodes the block pool, allocators and lists) and the
- * launcher that runs a kernel's compiled tasks in order. Internal header of
- * the folder; server/ uses it. Depends on ir/ and codegen/ only.
+ * and for sparse SNodes the block pool, allocators and lists), the
+ * launcher that runs a kernel's compiled tasks in order, and the pieces of
+ * the asynchronous engine's threads: the shared compile pool, the ordered
+ * worker queue of a session and the trace-event timeline. Internal header
+ * of the folder; server/ uses it. Depends on ir/ and codegen/ only.
  *
  * Invariants
  *  - The pool owns its worker threads for its whole life: a parallel loop
@@ -13,12 +15,18 @@
  *    the body exactly once and no worker touches the job any more.
  *  - Device memory is zeroed, 64-byte aligned and counted against the
  *    session's limit (root buffer + scratch + sparse storage: blocks handed
- *    out by the pool and list storage). */
+ *    out by the pool and list storage).
+ *  - A compile job is compiled exactly once, by a pool thread or by the
+ *    thread that waits for it when no pool thread has taken it yet; its
+ *    results are visible to every thread that returns from fb_cpool_wait.
+ *  - An ordered queue runs its items one at a time, in push order, on its
+ *    own thread. */
 #ifndef FB_RUNTIME_H
 #define FB_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "codegen/codegen.h"
 #include "fusebox/ir.h"
@@ -79,7 +87,8 @@ typedef struct fb_devmem {
 int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
                    size_t errlen);
 /* Grow scratch to at least gtmp_bytes and the return slots to at least
- * nrets (never shrinks). Scratch counts against the limit (FB_EQUOTA). */
+ * nrets (never shrinks; what they hold is kept, new bytes are zero).
+ * Scratch counts against the limit (FB_EQUOTA). */
 int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, size_t errlen);
 /* Bytes counted against the limit: root + scratch + extra. */
 uint64_t fb_devmem_used(const fb_devmem *m);
@@ -148,5 +157,86 @@ int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int nt
 int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
                       const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
                       char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- timeline
+ * Chrome trace-event JSON (the format Perfetto and chrome://tracing open):
+ * complete events ("ph": "X") on tracks (tid) of one process (pid), with
+ * thread_name metadata so the tracks are labelled. Safe to record into from
+ * several threads at once. Times are fb_trace_clock() seconds. */
+
+typedef struct fb_trace fb_trace;
+
+/* Tracks of a session's timeline. */
+enum {
+  FB_TRACK_CLIENT = 1,   /* the session's caller: flushes (optimizer), waits */
+  FB_TRACK_LAUNCHER = 2, /* the ordered worker: batches, waiting for code */
+  FB_TRACK_DEVICE = 3,   /* tasks running on the device */
+  FB_TRACK_COMPILE = 100 /* + i: compile pool thread i */
+};
+
+double fb_trace_clock(void); /* CLOCK_MONOTONIC, seconds */
+/* A timeline for process pid named `process` (copied). NULL: out of memory. */
+fb_trace *fb_trace_new(int pid, const char *process);
+void fb_trace_free(fb_trace *t);
+/* Record an event on track tid from t0 to t1. cat and name are copied (and
+ * escaped when written); args, when not NULL, is the text of a JSON object
+ * ("{\"launch\":3}") that the caller made valid. Events past the
+ * recorder's bound are counted and dropped. */
+void fb_trace_span(fb_trace *t, int tid, const char *cat, const char *name, double t0, double t1,
+                   const char *args);
+/* Write {"traceEvents": [...]} to f. 0, or FB_EIO. */
+int fb_trace_write(fb_trace *t, FILE *f);
+uint64_t fb_trace_count(fb_trace *t); /* events recorded so far */
+
+/* ---------------------------------------------------------------- compile pool
+ * Threads that compile task IR with the engine's JIT (each compile in its
+ * own LLVM context, see codegen.h), first come first served across every
+ * session of the engine. */
+
+typedef struct fb_cpool fb_cpool;
+
+typedef struct fb_cjob {
+  /* in */
+  fb_cg_task task;       /* the IR must stay valid until the job is done */
+  fb_trace *trace;       /* compile events go here (may be NULL) */
+  /* out, once done */
+  int rc;                /* 0 or the compile's FB_E* code */
+  fb_cpu_code code;
+  char msg[256];
+  /* the pool's */
+  int state;
+  struct fb_cjob *prev, *next;
+} fb_cjob;
+
+/* nthreads: 0 = one per core. */
+int fb_cpool_new(fb_cpu_jit *jit, int nthreads, fb_cpool **out, char *err, size_t errlen);
+/* Joins the threads; no job may be waiting. */
+void fb_cpool_free(fb_cpool *p);
+int fb_cpool_threads(const fb_cpool *p);
+/* Queue n jobs (task and trace set, the rest zeroed by the caller), in order. */
+void fb_cpool_submit(fb_cpool *p, fb_cjob *jobs, int n);
+/* Return once job is compiled: a job still queued (or never submitted:
+ * zeroed, task and trace set) is compiled on the calling thread (its events
+ * on track `tid`), so a waiter never waits for a job nobody works on. */
+void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid);
+
+/* ---------------------------------------------------------------- ordered queue
+ * One thread that runs pushed items one at a time in push order (a
+ * session's ordered worker). Items are intrusive: embed an fb_ordq_item. */
+
+typedef struct fb_ordq fb_ordq;
+typedef struct fb_ordq_item {
+  struct fb_ordq_item *next;
+} fb_ordq_item;
+typedef void (*fb_ordq_fn)(void *user, fb_ordq_item *item);
+
+int fb_ordq_new(fb_ordq_fn fn, void *user, fb_ordq **out, char *err, size_t errlen);
+/* Runs what is queued, then stops and joins the thread. */
+void fb_ordq_free(fb_ordq *q);
+void fb_ordq_push(fb_ordq *q, fb_ordq_item *item);
+/* Wait until every item pushed so far has run. */
+void fb_ordq_drain(fb_ordq *q);
+/* Nothing queued or running right now. */
+int fb_ordq_idle(fb_ordq *q);
 
 #endif

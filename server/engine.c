@@ -1,17 +1,42 @@
 /* The in-process engine (include/fusebox/engine.h): wires the verifier,
- * lowering (optimizer/), the CPU JIT (codegen/) and the CPU device
- * (runtime/) together. Sync mode only in this milestone: a kernel is
- * verified, copied onto the session's layout, lowered to tasks and every
- * task compiled when it is registered; fb_launch runs its tasks at once.
+ * lowering and the asynchronous optimizer (optimizer/), the CPU JIT
+ * (codegen/) and the CPU device (runtime/) together.
+ *
+ * Sync mode: a kernel is verified, copied onto the session's layout,
+ * lowered to tasks and every task compiled when it is registered; fb_launch
+ * runs its tasks at once.
+ *
+ * Async mode: registration lowers the kernel and interns its tasks in the
+ * session's IR bank (fb_opt, optimizer/sfg.h); fb_launch inserts them into
+ * the SFG with the packed arguments and the launch number. A flush (see
+ * engine.h for the triggers) optimizes the window on the caller's thread
+ * and hands the batch to the session's ordered worker (runtime fb_ordq),
+ * which queues one compile job per distinct task IR on the engine's compile
+ * pool and runs the tasks in SFG order as each one's code is ready (waiting
+ * on, or itself compiling, a job no pool thread has started; IR it had
+ * compiled before is looked up in the code cache by the launcher itself,
+ * without waking a compile thread). A flush the caller will wait for anyway
+ * (sync, host access, return value) runs on the caller's thread when the
+ * worker is idle. Batches the worker finished are freed by the caller's
+ * thread (fb_opt is used by that thread only). Errors of background launches are kept (the first, and a
+ * count of the rest) and reported at the next sync point.
+ *   The device state the optimizer models: one scratch buffer (gtmp) and
+ * one set of return slots per session, shared by every launch (FB_SK_GTMP
+ * and FB_SK_RET states of 8-byte slots); rets are zeroed at the start of
+ * each batch, and a kernel with a return value always ends its batch.
+ *
  * Layouts with sparse SNodes get the sparse runtime (runtime/sparse.c):
  * its state is every task's ctx->runtime, list tasks are sized before they
  * run, and a block that does not fit in the session's memory limit is
  * reported as FB_EQUOTA naming the kernel and the SNode (docs/sparse.md).
  *
- * Sharing: an engine holds the JIT (and its code cache) and the thread pool,
- * both safe to use from several threads; everything else belongs to one
- * session, and a session is used by one thread at a time. Sessions must be
+ * Sharing: an engine holds the JIT (and its code cache), the thread pool
+ * and the compile pool, all safe to use from several threads; everything
+ * else belongs to one session, and a session is used by one thread at a
+ * time (plus its own worker, which touches only device memory, the sparse
+ * runtime and what it shares under the session's mutexes). Sessions must be
  * destroyed before their engine (their code lives in the engine's JIT). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,38 +46,119 @@
 #include "codegen/codegen.h"
 #include "fusebox/engine.h"
 #include "optimizer/optimizer.h"
+#include "optimizer/sfg.h"
 #include "runtime/runtime.h"
 
 #define ERRLEN 2048
 #define MAX_RET_SLOTS 1024
 #define MAX_PATH 64
+#define NO_LAUNCH UINT64_MAX
 
 struct fb_engine {
   fb_cpu_jit *jit;
   fb_cpu_device *dev;
-  pthread_mutex_t mu; /* guards err */
+  pthread_mutex_t mu;  /* guards cpool creation and next_pid */
+  int compile_threads; /* as configured (0 = one per core) */
+  fb_cpool *cpool;     /* made with the first async session */
+  int next_pid;        /* timeline process ids */
 };
 
 typedef struct sess_kernel {
   fb_kernel *k;            /* copy on the session's layout */
   fb_task_list tl;         /* its tasks, in launch order */
   const fb_kernel **irs;   /* tl.v[i].ir, for fb_session_kernel_tasks */
-  fb_rt_task *code;        /* compiled entry points per task */
-  fb_rt_hint *hints;       /* per task: list to size, chunk grain */
+  fb_rt_task *code;        /* sync: compiled entry points per task */
+  fb_rt_hint *hints;       /* sync: per task: list to size, chunk grain */
+  fb_irh *h;               /* async: banked IR per task (one reference each) */
 } sess_kernel;
+
+/* The kernel of one launch of a flushed window. */
+typedef struct launch_rec {
+  int kernel;
+  const char *name;        /* the session's copy of the kernel's name */
+} launch_rec;
+
+/* A flushed batch on its way through the worker. */
+typedef struct async_job {
+  fb_ordq_item link;       /* first: the queue's */
+  fb_session *s;
+  fb_opt_batch *b;
+  uint64_t flush;
+  uint64_t base;           /* launch number of launches[0] */
+  launch_rec *launches;
+  int nlaunches;
+  fb_rt_task *pre;         /* per entry: code the caller knew at the flush
+                              (body NULL: none) */
+  /* the launcher's; the caller learns the new code from them at the end */
+  fb_cjob *cj;             /* one compile job per distinct unknown IR */
+  int *which;              /* per entry: its job, -1 for known code */
+  int ncj;
+  struct async_job *done_next;
+} async_job;
+
+/* Compiled code of a banked task IR (async_state.cmap). */
+typedef struct code_ent {
+  fb_irh h;
+  fb_rt_task code;
+} code_ent;
+
+/* The first error of the background launches since the last report. */
+typedef struct bg_error {
+  int code;                /* 0: none */
+  uint64_t launch;         /* NO_LAUNCH: not tied to a launch */
+  int kernel;
+  uint64_t more;           /* errors after it */
+  char msg[ERRLEN];
+} bg_error;
+
+typedef struct async_state {
+  fb_opt *o;
+  fb_ordq *q;              /* the ordered worker */
+  int flush_every;         /* 0: never */
+  uint64_t flushes;
+  /* the window: the kernel of every launch since the last flush */
+  launch_rec *win;
+  int nwin, capwin;
+  uint64_t win_base;
+  fb_flush_stats last;
+  fb_graph_trace_fn gfn;   /* SFG trace */
+  void *guser;
+  uint64_t gflush, gcur;
+  pthread_mutex_t mu;      /* guards done and err (shared with the worker) */
+  async_job *done;         /* batches the worker finished, to free */
+  bg_error err;
+  /* the launcher's (the worker, or the caller while the worker is idle):
+   * task IR it has had compiled, a hint that the code cache holds it, so
+   * that it looks the code up itself instead of waking a compile thread */
+  uint64_t *seen;          /* open addressing; 0 = empty */
+  size_t nseen, capseen;
+  /* the caller's: code of task IR, by handle (each holds a reference, so
+   * a handle in the map always names the same IR) */
+  code_ent *cmap;          /* open addressing; h == FB_IRH_NONE: empty */
+  int ncmap, capcmap;
+} async_state;
 
 struct fb_session {
   fb_engine *e;
   fb_layout *layout;       /* the session's own copy */
   uint64_t seed;
-  uint64_t launch_no;      /* launches run so far: rand()'s launch number */
+  uint64_t launch_no;      /* launches so far: rand()'s launch number */
   fb_devmem mem;
   fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
   sess_kernel *kernels;
   int nkernels, cap;
   uint64_t *args;          /* argument slots, nargs_cap of them */
   int nargs_cap;
-  fb_counters c;
+  fb_counters c;           /* async: under cmu (the worker adds to it) */
+  pthread_mutex_t cmu;
+  uint64_t dev_bytes;      /* async: device_bytes at the last quiet point */
+  async_state *as;         /* NULL in sync mode */
+  fb_trace *trace;         /* timeline, NULL when off */
+  FILE *trace_file;
+  int pid;
+  int err_bg;              /* err is a background launch's: */
+  uint64_t err_launch;     /* ... its launch number and kernel */
+  int err_kernel;
   char err[ERRLEN];
 };
 
@@ -67,6 +173,7 @@ static int fail(fb_session *s, int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(s->err, sizeof s->err, fmt, ap);
   va_end(ap);
+  s->err_bg = 0;
   return code;
 }
 
@@ -109,12 +216,23 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     return FB_EDEVICE;
   }
   pthread_mutex_init(&e->mu, NULL);
+  e->compile_threads = cfg ? cfg->compile_threads : 0;
+  e->next_pid = 1;
   *out = e;
   return 0;
 }
 
+/* The compile pool, started with the first async session. */
+static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
+  pthread_mutex_lock(&e->mu);
+  int rc = e->cpool ? 0 : fb_cpool_new(e->jit, e->compile_threads, &e->cpool, err, errlen);
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
+  fb_cpool_free(e->cpool);
   fb_cpu_jit_free(e->jit);
   fb_cpu_device_free(e->dev);
   pthread_mutex_destroy(&e->mu);
@@ -134,6 +252,64 @@ static int layout_is_sparse(const fb_layout *l) {
 
 static int check_mode(const char *mode) {
   return !mode || strcmp(mode, "sync") == 0 || strcmp(mode, "async") == 0;
+}
+
+static int is_async(const fb_session_config *cfg) {
+  return cfg && cfg->mode && strcmp(cfg->mode, "async") == 0;
+}
+
+static void worker_run(void *user, fb_ordq_item *it); /* the ordered worker */
+static void reap(fb_session *s);
+static void quiesce(fb_session *s);
+static void cmap_clear(async_state *a);
+
+/* Session bits to optimizer passes (fusion brings simplification). */
+static unsigned opt_passes(unsigned p) {
+  if (!(p & FB_PASSES_EXACT) && !(p & FB_PASSES_ALL)) p = FB_PASSES_ALL;
+  unsigned o = 0;
+  if (p & FB_PASSES_LISTGEN) o |= FB_PASS_LISTGEN;
+  if (p & FB_PASSES_DEMOTE) o |= FB_PASS_DEMOTE;
+  if (p & FB_PASSES_DSE) o |= FB_PASS_DSE;
+  if (p & FB_PASSES_FUSION) o |= FB_PASS_FUSE | FB_PASS_SIMPLIFY;
+  return o;
+}
+
+static int check_async_config(const fb_session_config *cfg, char *msg, size_t len) {
+  if (cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT)) {
+    snprintf(msg, len, "unknown pass bits 0x%x (expected FB_PASSES_* bits)",
+             cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT));
+    return FB_EINVAL;
+  }
+  if (cfg->max_fuse_per_task < 0) {
+    snprintf(msg, len, "max_fuse_per_task must be >= 0 (0 = default), not %d",
+             cfg->max_fuse_per_task);
+    return FB_EINVAL;
+  }
+  return 0;
+}
+
+/* The optimizer context, the worker and the compile pool of an async session. */
+static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, size_t len) {
+  int rc = check_async_config(cfg, msg, len);
+  if (rc || (rc = engine_cpool(s->e, msg, len))) return rc;
+  async_state *a = calloc(1, sizeof *a);
+  if (!a) {
+    snprintf(msg, len, "out of memory");
+    return FB_ENOMEM;
+  }
+  pthread_mutex_init(&a->mu, NULL);
+  s->as = a;
+  a->flush_every = cfg->flush_every < 0 ? 0 : cfg->flush_every ? cfg->flush_every
+                                                               : FB_FLUSH_EVERY_DEFAULT;
+  fb_opt_options o;
+  fb_opt_options_default(&o);
+  o.passes = opt_passes(cfg->passes);
+  o.max_fuse_per_task = cfg->max_fuse_per_task ? cfg->max_fuse_per_task : 1;
+  if (!(a->o = fb_opt_new(s->layout, &o))) {
+    snprintf(msg, len, "out of memory (optimizer context)");
+    return FB_ENOMEM;
+  }
+  return fb_ordq_new(worker_run, s, &a->q, msg, len);
 }
 
 int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layout *layout,
@@ -156,23 +332,32 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
     set_err(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
+  pthread_mutex_init(&s->cmu, NULL);
   s->e = e;
   s->seed = cfg ? cfg->seed : 0;
+  pthread_mutex_lock(&e->mu);
+  s->pid = e->next_pid++;
+  pthread_mutex_unlock(&e->mu);
   int rc = fb_devmem_init(&s->mem, s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg,
                           sizeof msg);
   if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
   if (!rc && layout_is_sparse(s->layout))
     rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
+  if (!rc && is_async(cfg)) rc = async_init(s, cfg, msg, sizeof msg);
   if (rc) {
     set_err(err, errlen, msg);
     fb_session_destroy(s);
     return rc;
   }
+  s->dev_bytes = fb_devmem_used(&s->mem);
   *out = s;
   return 0;
 }
 
-static void kernel_free(sess_kernel *k) {
+static void kernel_free(fb_session *s, sess_kernel *k) {
+  for (int t = 0; k->h && t < k->tl.n; t++)
+    if (k->h[t] != FB_IRH_NONE) fb_opt_release(s->as->o, k->h[t]);
+  free(k->h);
   fb_task_list_free(&k->tl);
   fb_kernel_free(k->k);
   free(k->irs);
@@ -181,14 +366,35 @@ static void kernel_free(sess_kernel *k) {
   memset(k, 0, sizeof *k);
 }
 
+static void trace_close(fb_session *s);
+
+/* Stop the worker (it finishes what it was given) and free the rest. */
+static void async_free(fb_session *s) {
+  async_state *a = s->as;
+  if (a->q) fb_ordq_free(a->q);
+  a->q = NULL;
+  if (a->o) reap(s);
+  if (a->o) cmap_clear(a);
+}
+
 void fb_session_destroy(fb_session *s) {
   if (!s) return;
-  for (int i = 0; i < s->nkernels; i++) kernel_free(&s->kernels[i]);
+  if (s->as) async_free(s);
+  trace_close(s);
+  for (int i = 0; i < s->nkernels; i++) kernel_free(s, &s->kernels[i]);
   free(s->kernels);
   free(s->args);
+  if (s->as) {
+    fb_opt_free(s->as->o);
+    free(s->as->win);
+    free(s->as->seen);
+    pthread_mutex_destroy(&s->as->mu);
+    free(s->as);
+  }
   fb_sparse_free(s->sparse);
   fb_devmem_release(&s->mem);
   fb_layout_free(s->layout);
+  pthread_mutex_destroy(&s->cmu);
   free(s);
 }
 
@@ -196,12 +402,46 @@ const char *fb_session_errmsg(const fb_session *s) { return s ? s->err : "no ses
 
 const fb_layout *fb_session_layout(const fb_session *s) { return s->layout; }
 
+/* Async: the optimizer's totals, the device bytes as of the last quiet
+ * point and the rest under the lock the worker takes. */
+static void async_counters(const fb_session *s, fb_counters *out) {
+  fb_session *m = (fb_session *)s;
+  pthread_mutex_lock(&m->cmu);
+  *out = s->c;
+  out->device_bytes = s->dev_bytes;
+  pthread_mutex_unlock(&m->cmu);
+  const fb_opt_counters *t = &fb_opt_get_stats(s->as->o)->total;
+  out->listgens_removed = t->listgen_removed;
+  out->tasks_fused = t->tasks_fused;
+  out->dead_stores_removed = t->dead_stores + t->tasks_deleted;
+  out->activations_demoted = t->demoted;
+  out->optimizer_s = t->optimizer_s;
+  out->flushes = s->as->flushes;
+  out->tasks_pending = (uint64_t)fb_opt_pending(s->as->o);
+}
+
 void fb_session_counters(const fb_session *s, fb_counters *out) {
+  if (s->as) {
+    async_counters(s, out);
+    return;
+  }
   *out = s->c;
   out->device_bytes = fb_devmem_used(&s->mem);
 }
 
-int fb_sync(fb_session *s) { return s ? 0 : FB_EINVAL; } /* sync mode: nothing pending */
+int fb_session_last_flush(const fb_session *s, fb_flush_stats *out) {
+  if (!s || !out) return FB_EINVAL;
+  if (!s->as || !s->as->flushes) return FB_ENOENT;
+  *out = s->as->last;
+  return 0;
+}
+
+int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel) {
+  if (!s || !s->err_bg) return FB_ENOENT;
+  if (launch) *launch = s->err_launch;
+  if (kernel) *kernel = s->err_kernel;
+  return 0;
+}
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -259,7 +499,14 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   fb_cpu_code code;
   memset(&code, 0, sizeof code);
   msg[0] = 0;
+  double t0 = s->trace ? fb_trace_clock() : 0;
   int rc = fb_cpu_jit_compile(s->e->jit, &cg, &code, msg, sizeof msg);
+  if (s->trace) {
+    char name[160];
+    snprintf(name, sizeof name, "compile %s", task->ir->name);
+    fb_trace_span(s->trace, FB_TRACK_CLIENT, "compile", name, t0, fb_trace_clock(),
+                  code.cache_hit ? "{\"cache_hit\":1}" : "{\"cache_hit\":0}");
+  }
   if (!rc && (!code.body || (task->loop >= 0 && !code.bounds))) rc = FB_EINTERNAL;
   if (rc)
     return fail(s, rc < 0 ? rc : FB_ECOMPILE, "kernel '%s': compiling task %d (%s) failed: %s",
@@ -296,12 +543,38 @@ static int lower_and_compile(fb_session *s, sess_kernel *sk) {
   return 0;
 }
 
+/* Async: lower the kernel and put its tasks into the session's IR bank
+ * (compiled when a flush hands them out). */
+static int lower_and_intern(fb_session *s, sess_kernel *sk) {
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
+  if (rc)
+    return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
+                msg[0] ? msg : fb_strerror(rc));
+  int n = sk->tl.n;
+  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  sk->h = malloc(sizeof *sk->h * (size_t)(n ? n : 1));
+  if (!sk->irs || !sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  for (int t = 0; t < n; t++) sk->h[t] = FB_IRH_NONE;
+  for (int t = 0; t < n; t++) {
+    sk->irs[t] = sk->tl.v[t].ir;
+    if ((rc = fb_opt_intern(s->as->o, sk->tl.v[t].ir, &sk->h[t])))
+      return fail(s, rc, "kernel '%s': task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+                  fb_opt_errmsg(s->as->o));
+  }
+  return 0;
+}
+
 /* Scratch, return and argument slots for the kernel. */
 static int reserve_slots(fb_session *s, sess_kernel *sk) {
   char msg[ERRLEN];
   int nrets = 0;
   int rc = ret_slots(s, sk, &nrets);
   if (rc) return rc;
+  /* async: the worker must not be using the buffers that grow */
+  int grows = sk->tl.gtmp_bytes > s->mem.gtmp_bytes || nrets > s->mem.nrets;
+  if (s->as && grows) quiesce(s);
   if ((rc = fb_devmem_reserve(&s->mem, sk->tl.gtmp_bytes, nrets, msg, sizeof msg)))
     return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
   if (sk->k->nparams > s->nargs_cap) {
@@ -309,6 +582,11 @@ static int reserve_slots(fb_session *s, sess_kernel *sk) {
     if (!a) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
     s->args = a;
     s->nargs_cap = sk->k->nparams;
+  }
+  if (s->as && grows) {
+    pthread_mutex_lock(&s->cmu);
+    s->dev_bytes = fb_devmem_used(&s->mem);
+    pthread_mutex_unlock(&s->cmu);
   }
   return 0;
 }
@@ -321,7 +599,7 @@ static int build_kernel(fb_session *s, const fb_kernel *k, sess_kernel *sk) {
   if (!(sk->k = fb_kernel_clone_to(k, s->layout)))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", k->name);
   if ((rc = verify(s, sk->k))) return rc;
-  if ((rc = lower_and_compile(s, sk))) return rc;
+  if ((rc = s->as ? lower_and_intern(s, sk) : lower_and_compile(s, sk))) return rc;
   return reserve_slots(s, sk);
 }
 
@@ -339,7 +617,7 @@ int fb_session_add_kernel(fb_session *s, const fb_kernel *k) {
   memset(&sk, 0, sizeof sk);
   int rc = build_kernel(s, k, &sk);
   if (rc) {
-    kernel_free(&sk);
+    kernel_free(s, &sk);
     return rc;
   }
   s->kernels[s->nkernels] = sk;
@@ -437,6 +715,18 @@ static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed
               fb_strerror(rc));
 }
 
+static const uint64_t no_args[1] = {0};
+
+/* Sync mode: a launch on the device track of the timeline. */
+static void trace_launch(fb_session *s, const sess_kernel *sk, double t0) {
+  char args[96];
+  snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)s->launch_no,
+           sk->tl.n);
+  fb_trace_span(s->trace, FB_TRACK_DEVICE, "launch", sk->k->name, t0, fb_trace_clock(), args);
+}
+
+static int async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret);
+
 int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_value *ret) {
   if (!s) return FB_EINVAL;
   if (kernel < 0 || kernel >= s->nkernels)
@@ -444,7 +734,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   sess_kernel *sk = &s->kernels[kernel];
   int rc = pack_args(s, sk->k, args, nargs);
   if (rc) return rc;
-  static const uint64_t no_args[1] = {0};
+  if (s->as) return async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
   int32_t error = 0;
   fb_rt_ctx ctx = {s->mem.root, s->args ? s->args : no_args, s->mem.rets, s->mem.gtmp,
@@ -457,8 +747,10 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     fb_sparse_begin(s->sparse);
     ctx.runtime = fb_sparse_state(s->sparse);
   }
+  double t0 = s->trace ? fb_trace_clock() : 0;
   rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
                          &failed, msg, sizeof msg);
+  if (s->trace) trace_launch(s, sk, t0);
   if (s->sparse) fb_sparse_end(s->sparse);
   s->launch_no++;
   s->c.launches++;
@@ -469,6 +761,629 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     else memset(ret, 0, sizeof *ret);
   }
   return rc ? launch_error(s, sk, rc, failed, msg) : 0;
+}
+
+/* ---------------------------------------------------------------- async: errors */
+
+/* Keep the first error of the background launches (any thread). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 5, 6)))
+#endif
+static void bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...) {
+  async_state *a = s->as;
+  pthread_mutex_lock(&a->mu);
+  if (a->err.code) {
+    a->err.more++;
+  } else {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->err.msg, sizeof a->err.msg, fmt, ap);
+    va_end(ap);
+    a->err.code = code;
+    a->err.launch = launch;
+    a->err.kernel = kernel;
+    a->err.more = 0;
+  }
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* The kept error becomes the call's error (0 when there is none). */
+static int report_bg(fb_session *s) {
+  async_state *a = s->as;
+  bg_error e;
+  pthread_mutex_lock(&a->mu);
+  e = a->err;
+  a->err.code = 0;
+  pthread_mutex_unlock(&a->mu);
+  if (!e.code) return 0;
+  if (e.more)
+    fail(s, e.code, "%s (and %llu more error%s of background launches)", e.msg,
+         (unsigned long long)e.more, e.more == 1 ? "" : "s");
+  else
+    fail(s, e.code, "%s", e.msg);
+  if (e.launch != NO_LAUNCH) {
+    s->err_bg = 1;
+    s->err_launch = e.launch;
+    s->err_kernel = e.kernel;
+  }
+  return e.code;
+}
+
+/* ---------------------------------------------------------------- async: the worker */
+
+typedef struct batch_run {
+  fb_session *s;
+  async_job *j;
+  uint64_t failed_launch;  /* a launch an error stopped: its other tasks are skipped */
+  uint64_t ran, hits;
+  double backend_s;
+} batch_run;
+
+static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
+  if (launch < j->base || launch - j->base >= (uint64_t)j->nlaunches) return NULL;
+  return &j->launches[launch - j->base];
+}
+
+#define SEEN_MAX ((size_t)1 << 16)
+
+static uint64_t seen_key(fb_irh h, const fb_kernel *k) {
+  uint64_t x = ((uint64_t)(uint32_t)h << 32) ^ (uint64_t)(uintptr_t)k;
+  x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  return x ? x : 1;
+}
+
+static int seen_has(const async_state *a, uint64_t key) {
+  if (!a->capseen) return 0;
+  for (size_t i = key & (a->capseen - 1);; i = (i + 1) & (a->capseen - 1)) {
+    if (a->seen[i] == key) return 1;
+    if (!a->seen[i]) return 0;
+  }
+}
+
+static void seen_put(async_state *a, uint64_t key);
+
+/* Grow (or, past SEEN_MAX, forget: it is only a hint). */
+static int seen_grow(async_state *a) {
+  size_t old = a->capseen, cap = old && old < SEEN_MAX ? old * 2 : 1024;
+  uint64_t *v = calloc(cap, sizeof *v), *prev = a->seen;
+  if (!v) return 0;
+  a->seen = v;
+  a->capseen = cap;
+  a->nseen = 0;
+  for (size_t i = 0; old < SEEN_MAX && i < old; i++)
+    if (prev[i]) seen_put(a, prev[i]);
+  free(prev);
+  return 1;
+}
+
+static void seen_put(async_state *a, uint64_t key) {
+  if ((a->nseen + 1) * 2 > a->capseen && !seen_grow(a)) return;
+  size_t i = key & (a->capseen - 1);
+  while (a->seen[i] && a->seen[i] != key) i = (i + 1) & (a->capseen - 1);
+  if (!a->seen[i]) a->nseen++;
+  a->seen[i] = key;
+}
+
+/* One compile job per distinct IR handle of the batch whose code the
+ * caller did not know when it flushed (a small open addressing table from
+ * the handle to its first entry); known code counts once per handle as a
+ * cache hit. Jobs for IR the launcher has had compiled before go to the
+ * pool only if it waits for them. */
+static int plan_compiles(batch_run *r) {
+  async_job *j = r->j;
+  int n = j->b->n, cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  int *first = malloc(sizeof *first * (size_t)cap);
+  j->cj = calloc((size_t)n, sizeof *j->cj);
+  j->which = malloc(sizeof *j->which * (size_t)n);
+  int rc = first && j->cj && j->which ? 0 : FB_ENOMEM;
+  if (!rc) memset(first, 0xff, sizeof *first * (size_t)cap);
+  for (int i = 0; !rc && i < n; i++) {
+    const fb_opt_launch *L = &j->b->v[i];
+    unsigned h = ((unsigned)L->ir * 2654435761u) & (unsigned)(cap - 1);
+    while (first[h] >= 0 && j->b->v[first[h]].ir != L->ir) h = (h + 1) & (unsigned)(cap - 1);
+    if (first[h] >= 0) {
+      j->which[i] = j->which[first[h]];
+      continue;
+    }
+    first[h] = i;
+    j->which[i] = j->pre[i].body ? -1 : j->ncj++;
+    if (j->pre[i].body) {
+      r->hits++;
+      continue;
+    }
+    fb_cjob *c = &j->cj[j->which[i]];
+    c->task.ir = L->k;
+    c->task.loop = L->loop;
+    c->trace = r->s->trace;
+    if (!seen_has(r->s->as, seen_key(L->ir, L->k))) fb_cpool_submit(r->s->e->cpool, c, 1);
+  }
+  free(first);
+  return rc;
+}
+
+static void note_seen(batch_run *r) {
+  const async_job *j = r->j;
+  for (int i = 0; i < j->b->n; i++)
+    if (j->which[i] >= 0 && !j->cj[j->which[i]].rc)
+      seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
+}
+
+/* A failed task, said as sync mode says it, with the launch number (a
+ * fused task is named after its first launch; its IR name lists them). */
+static void task_error(batch_run *r, const fb_opt_launch *L, int rc, const char *msg) {
+  fb_session *s = r->s;
+  const launch_rec *lr = launch_of(r->j, L->launch);
+  const char *kn = lr ? lr->name : "?";
+  int kid = lr ? lr->kernel : -1;
+  unsigned long long no = (unsigned long long)L->launch;
+  char oom[512];
+  if (oom_message(s, oom, sizeof oom))
+    bg_record(s, FB_EQUOTA, L->launch, kid, "kernel '%s' (launch %llu): %s; those accesses were "
+              "skipped", kn, no, oom);
+  else if (msg[0])
+    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu): %s", kn, no, msg);
+  else if (rc == FB_EBOUNDS)
+    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu) indexed a field out of bounds "
+              "(task %s); those accesses were skipped", kn, no, L->k->name);
+  else
+    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu): task %s failed on the device: "
+              "%s", kn, no, L->k->name, fb_strerror(rc));
+}
+
+static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {
+  const launch_rec *lr = launch_of(r->j, L->launch);
+  int rc = c->rc > 0 ? FB_ECOMPILE : c->rc;
+  bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): compiling "
+            "task %s failed: %s", lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+            c->msg[0] ? c->msg : fb_strerror(rc));
+}
+
+/* Run one task of the batch on the device. */
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
+  fb_session *s = r->s;
+  int32_t error = 0;
+  fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args, s->mem.rets, s->mem.gtmp,
+                   &error, s->seed, L->launch, s->sparse ? fb_sparse_state(s->sparse) : NULL};
+  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL};
+  int lg = L->kind == FB_TASK_LISTGEN;
+  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
+  double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
+  int failed = -1;
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, &rt, &hint, 1, &secs, &failed, msg,
+                             sizeof msg);
+  if (s->trace) {
+    char args[96];
+    snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)L->launch,
+             L->ntasks);
+    fb_trace_span(s->trace, FB_TRACK_DEVICE, "task", L->k->name, t0, fb_trace_clock(), args);
+  }
+  r->ran++;
+  r->backend_s += secs;
+  if (!rc) return;
+  task_error(r, L, rc, msg);
+  if (msg[0] || (rc != FB_EBOUNDS && rc != FB_EQUOTA)) r->failed_launch = L->launch;
+}
+
+/* Entry i: wait for its code (or compile it here), then run it. */
+static void run_one(batch_run *r, int i) {
+  fb_session *s = r->s;
+  async_job *j = r->j;
+  const fb_opt_launch *L = &j->b->v[i];
+  if (j->which[i] < 0) {
+    if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i]);
+    return;
+  }
+  fb_cjob *c = &j->cj[j->which[i]];
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_cpool_wait(s->e->cpool, c, FB_TRACK_LAUNCHER);
+  if (s->trace) {
+    double t1 = fb_trace_clock();
+    char name[160];
+    snprintf(name, sizeof name, "code for %s", L->k->name);
+    if (t1 - t0 > 2e-6) fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "wait", name, t0, t1, NULL);
+  }
+  if (L->launch == r->failed_launch) return;
+  if (c->rc) {
+    compile_error(r, L, c);
+    r->failed_launch = L->launch;
+    return;
+  }
+  fb_rt_task code = {c->code.body, c->code.bounds};
+  run_entry(r, L, &code);
+}
+
+static void add_batch_counters(batch_run *r) {
+  fb_session *s = r->s;
+  pthread_mutex_lock(&s->cmu);
+  for (int i = 0; i < r->j->ncj; i++) {
+    const fb_cjob *c = &r->j->cj[i];
+    if (c->rc) continue;
+    if (c->code.cache_hit) {
+      s->c.cache_hits++;
+    } else {
+      s->c.tasks_compiled++;
+      s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
+    }
+    s->c.compile_s += c->code.compile_s;
+  }
+  s->c.cache_hits += r->hits;
+  s->c.tasks_launched += r->ran;
+  s->c.backend_s += r->backend_s;
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  pthread_mutex_unlock(&s->cmu);
+}
+
+/* One flushed batch: compile jobs to the pool, then the tasks in order.
+ * Return slots start at zero (a kernel with a return value is always the
+ * last launch of its batch). */
+static void run_batch(fb_session *s, async_job *j) {
+  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0};
+  double t0 = fb_trace_clock();
+  if (plan_compiles(&r)) {
+    bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "
+              "they did not run", (unsigned long long)j->flush, j->b->n);
+    free(j->which);
+    j->which = NULL; /* nothing for the caller to learn from it */
+  } else {
+    memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
+    if (s->sparse) fb_sparse_begin(s->sparse);
+    for (int i = 0; i < j->b->n; i++) run_one(&r, i);
+    if (s->sparse) fb_sparse_end(s->sparse);
+    add_batch_counters(&r);
+    note_seen(&r);
+  }
+  if (s->trace) {
+    char name[64], args[96];
+    snprintf(name, sizeof name, "flush %llu", (unsigned long long)j->flush);
+    snprintf(args, sizeof args, "{\"tasks\":%d,\"compile_jobs\":%d}", j->b->n, j->ncj);
+    fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "batch", name, t0, fb_trace_clock(), args);
+  }
+}
+
+static void worker_run(void *user, fb_ordq_item *it) {
+  fb_session *s = user;
+  async_job *j = (async_job *)it;
+  run_batch(s, j);
+  pthread_mutex_lock(&s->as->mu);
+  j->done_next = s->as->done;
+  s->as->done = j;
+  pthread_mutex_unlock(&s->as->mu);
+}
+
+/* ---------------------------------------------------------------- async: the caller's side */
+
+/* ---- the caller's code map (task IR handle -> code) */
+
+#define CMAP_MAX 4096 /* entries; past it the map starts over */
+
+static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) {
+  if (!a->capcmap) return NULL;
+  for (int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));;
+       i = (i + 1) & (a->capcmap - 1)) {
+    if (a->cmap[i].h == h) return &a->cmap[i].code;
+    if (a->cmap[i].h == FB_IRH_NONE) return NULL;
+  }
+}
+
+/* Forget every entry, giving the references back. */
+static void cmap_clear(async_state *a) {
+  for (int i = 0; i < a->capcmap; i++)
+    if (a->cmap[i].h != FB_IRH_NONE) fb_opt_release(a->o, a->cmap[i].h);
+  free(a->cmap);
+  a->cmap = NULL;
+  a->ncmap = a->capcmap = 0;
+}
+
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code);
+
+static int cmap_grow(async_state *a) {
+  if (a->capcmap >= 2 * CMAP_MAX) cmap_clear(a);
+  int old = a->capcmap, cap = old ? old * 2 : 256;
+  code_ent *prev = a->cmap, *v = malloc(sizeof *v * (size_t)cap);
+  if (!v) return 0;
+  for (int i = 0; i < cap; i++) v[i].h = FB_IRH_NONE;
+  a->cmap = v;
+  a->capcmap = cap;
+  a->ncmap = 0;
+  for (int i = 0; i < old; i++) /* the new entry takes a reference: drop the old one */
+    if (prev[i].h != FB_IRH_NONE) {
+      cmap_put(a, prev[i].h, &prev[i].code);
+      fb_opt_release(a->o, prev[i].h);
+    }
+  free(prev);
+  return 1;
+}
+
+/* Remember the code of h (taking a reference of the map's own). */
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
+  if (cmap_get(a, h)) return;
+  if ((a->ncmap + 1) * 2 > a->capcmap && !cmap_grow(a)) return;
+  int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));
+  while (a->cmap[i].h != FB_IRH_NONE) i = (i + 1) & (a->capcmap - 1);
+  fb_opt_retain(a->o, h);
+  a->cmap[i].h = h;
+  a->cmap[i].code = *code;
+  a->ncmap++;
+}
+
+/* The code of each entry, where the map has it. */
+static fb_rt_task *known_code(async_state *a, const fb_opt_batch *b) {
+  fb_rt_task *pre = calloc((size_t)(b && b->n ? b->n : 1), sizeof *pre);
+  for (int i = 0; pre && b && i < b->n; i++) {
+    const fb_rt_task *c = cmap_get(a, b->v[i].ir);
+    if (c) pre[i] = *c;
+  }
+  return pre;
+}
+
+/* A finished batch: learn its new code, then free it. */
+static void free_job(fb_session *s, async_job *j) {
+  async_state *a = s->as;
+  for (int i = 0; j->which && i < j->b->n; i++) {
+    const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
+    if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds});
+  }
+  fb_opt_batch_free(a->o, j->b);
+  free(j->launches);
+  free(j->pre);
+  free(j->cj);
+  free(j->which);
+  free(j);
+}
+
+/* Free the batches the worker finished (fb_opt is this thread's). */
+static void reap(fb_session *s) {
+  async_state *a = s->as;
+  pthread_mutex_lock(&a->mu);
+  async_job *d = a->done;
+  a->done = NULL;
+  pthread_mutex_unlock(&a->mu);
+  while (d) {
+    async_job *n = d->done_next;
+    free_job(s, d);
+    d = n;
+  }
+}
+
+/* Wait until the worker has run everything handed to it. */
+static void quiesce(fb_session *s) {
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_ordq_drain(s->as->q);
+  reap(s);
+  pthread_mutex_lock(&s->cmu);
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  pthread_mutex_unlock(&s->cmu);
+  if (s->trace) fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for the device", t0,
+                              fb_trace_clock(), NULL);
+}
+
+static int win_push(async_state *a, int kernel, const char *name) {
+  if (a->nwin == a->capwin) {
+    int nc = a->capwin ? a->capwin * 2 : 64;
+    launch_rec *v = realloc(a->win, sizeof *v * (size_t)nc);
+    if (!v) return FB_ENOMEM;
+    a->win = v;
+    a->capwin = nc;
+  }
+  a->win[a->nwin++] = (launch_rec){kernel, name};
+  return 0;
+}
+
+static void graph_cb(void *user, int iteration, const char *pass, const char *when,
+                     const char *dot) {
+  fb_session *s = user;
+  s->as->gfn(s->as->guser, s->as->gcur, iteration, pass, when, dot);
+}
+
+/* Optimize the window of flush `no` with the SFG trace on. */
+static int traced_optimize(fb_session *s, uint64_t no) {
+  async_state *a = s->as;
+  char *dot = fb_opt_dot(a->o, "window");
+  if (dot) a->gfn(a->guser, no, -1, "window", "before", dot);
+  free(dot);
+  a->gcur = no;
+  fb_opt_set_trace(a->o, graph_cb, s);
+  int rc = fb_opt_optimize(a->o);
+  fb_opt_set_trace(a->o, NULL, NULL);
+  if (rc) return rc;
+  dot = fb_opt_dot(a->o, "optimized");
+  if (dot) a->gfn(a->guser, no, -1, "window", "after", dot);
+  free(dot);
+  return 0;
+}
+
+/* The optimizer failed: hand the window out as it is (results stay right)
+ * and report the failure at the next sync point. */
+static int flush_plain(fb_session *s, uint64_t no, fb_opt_batch **b) {
+  async_state *a = s->as;
+  char why[512];
+  snprintf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
+  fb_opt_options saved = *fb_opt_get_options(a->o), plain = saved;
+  plain.passes = 0;
+  plain.check = 0;
+  fb_opt_set_options(a->o, &plain);
+  int rc = fb_opt_flush(a->o, b);
+  fb_opt_set_options(a->o, &saved);
+  if (rc)
+    return fail(s, rc, "flush %llu: the optimizer failed (%s), and again without passes: %s",
+                (unsigned long long)no, why, fb_opt_errmsg(a->o));
+  bg_record(s, FB_EINTERNAL, NO_LAUNCH, -1, "flush %llu: the optimizer failed (%s); its tasks "
+            "ran unoptimized", (unsigned long long)no, why);
+  return 0;
+}
+
+static void note_flush(fb_session *s, uint64_t no, double t0) {
+  const fb_opt_counters *f = &fb_opt_get_stats(s->as->o)->flush;
+  fb_flush_stats *l = &s->as->last;
+  l->flush = no;
+  l->tasks_in = f->tasks_in;
+  l->tasks_out = f->tasks_out;
+  l->listgens_removed = f->listgen_removed;
+  l->tasks_fused = f->tasks_fused;
+  l->dead_stores_removed = f->dead_stores + f->tasks_deleted;
+  l->activations_demoted = f->demoted;
+  l->optimizer_s = f->optimizer_s;
+  if (!s->trace) return;
+  char name[64], args[128];
+  snprintf(name, sizeof name, "flush %llu", (unsigned long long)no);
+  snprintf(args, sizeof args, "{\"tasks_in\":%llu,\"tasks_out\":%llu}",
+           (unsigned long long)l->tasks_in, (unsigned long long)l->tasks_out);
+  fb_trace_span(s->trace, FB_TRACK_CLIENT, "optimizer", name, t0, fb_trace_clock(), args);
+}
+
+/* Give the batch and the window's launches to the worker; or, when the
+ * caller is going to wait for it anyway and the worker is idle, run it on
+ * the caller's thread (two thread switches fewer). */
+static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
+  async_state *a = s->as;
+  async_job *j = calloc(1, sizeof *j);
+  launch_rec *launches = a->win;
+  int n = a->nwin;
+  uint64_t base = a->win_base;
+  a->win = NULL;
+  a->nwin = a->capwin = 0;
+  a->win_base = s->launch_no;
+  if (!j) {
+    fb_opt_batch_free(a->o, b);
+    free(launches);
+    return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
+                (unsigned long long)no);
+  }
+  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, NULL, NULL, 0, NULL};
+  if (b && b->n && !(j->pre = known_code(a, b))) {
+    free_job(s, j);
+    return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
+                (unsigned long long)no);
+  }
+  if (b && b->n && run_here && fb_ordq_idle(a->q)) run_batch(s, j);
+  else if (b && b->n) {
+    fb_ordq_push(a->q, &j->link);
+    return 0;
+  }
+  free_job(s, j);
+  return 0;
+}
+
+/* Optimize what is pending and hand it out; does not wait, unless run_here
+ * lets it run the batch itself (see hand_out). */
+static int async_flush(fb_session *s, int run_here) {
+  async_state *a = s->as;
+  reap(s);
+  if (!fb_opt_pending(a->o)) return 0;
+  uint64_t no = a->flushes + 1;
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_opt_batch *b = NULL;
+  int rc = a->gfn && (!a->gflush || a->gflush == no) ? traced_optimize(s, no) : 0;
+  if (!rc) rc = fb_opt_flush(a->o, &b);
+  if (rc && (rc = flush_plain(s, no, &b))) return rc;
+  a->flushes = no;
+  note_flush(s, no, t0);
+  return hand_out(s, b, no, run_here);
+}
+
+static int async_wait_all(fb_session *s) {
+  int rc = async_flush(s, 1);
+  quiesce(s);
+  return rc;
+}
+
+static int async_return(fb_session *s, const sess_kernel *sk, fb_value *ret) {
+  int rc = async_wait_all(s);
+  if (ret) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
+  return rc ? rc : report_bg(s);
+}
+
+/* Insert the kernel's tasks into the SFG; flush when a trigger says so. */
+static int async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret) {
+  async_state *a = s->as;
+  reap(s);
+  if (win_push(a, kernel, sk->k->name))
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  int rc = 0;
+  for (int t = 0; t < sk->tl.n && !rc; t++) {
+    fb_opt_task ot = {sk->h[t], s->args ? s->args : no_args, sk->k->nparams, s->launch_no};
+    if ((rc = fb_opt_insert(a->o, &ot)))
+      fail(s, rc, "kernel '%s': queuing task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+           fb_opt_errmsg(a->o));
+  }
+  s->launch_no++;
+  pthread_mutex_lock(&s->cmu);
+  s->c.launches++;
+  pthread_mutex_unlock(&s->cmu);
+  if (rc) return rc;
+  if (sk->k->ret != FB_T_VOID) return async_return(s, sk, ret);
+  if (ret) memset(ret, 0, sizeof *ret);
+  if (a->flush_every && fb_opt_pending(a->o) >= a->flush_every) return async_flush(s, 0);
+  return 0;
+}
+
+int fb_flush(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  if (!s->as) return 0; /* sync mode: nothing pending */
+  int rc = async_flush(s, 0);
+  return rc ? rc : report_bg(s);
+}
+
+int fb_sync(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  if (!s->as) return 0;
+  int rc = async_wait_all(s);
+  return rc ? rc : report_bg(s);
+}
+
+/* ---------------------------------------------------------------- observability */
+
+int fb_session_trace_graph(fb_session *s, uint64_t flush, fb_graph_trace_fn fn, void *user) {
+  if (!s) return FB_EINVAL;
+  if (!s->as)
+    return fail(s, FB_EUNSUPPORTED, "the state-flow graph exists in async mode only (this "
+                "session is sync)");
+  s->as->gfn = fn;
+  s->as->guser = user;
+  s->as->gflush = flush;
+  return 0;
+}
+
+static int trace_finish(fb_session *s) {
+  int rc = fb_trace_write(s->trace, s->trace_file);
+  if (fclose(s->trace_file)) rc = FB_EIO;
+  fb_trace_free(s->trace);
+  s->trace = NULL;
+  s->trace_file = NULL;
+  return rc;
+}
+
+/* At destroy: write what was recorded (best effort). */
+static void trace_close(fb_session *s) {
+  if (s->trace) trace_finish(s);
+}
+
+int fb_session_trace_begin(fb_session *s, const char *path) {
+  if (!s) return FB_EINVAL;
+  if (!path) return fail(s, FB_EINVAL, "trace: no file name given");
+  if (s->as) quiesce(s); /* nothing may be recording while the recorder changes */
+  if (s->trace && trace_finish(s)) return fail(s, FB_EIO, "trace: writing the previous file failed");
+  FILE *f = fopen(path, "w");
+  if (!f) return fail(s, FB_EIO, "trace: cannot open '%s' for writing: %s", path, strerror(errno));
+  char name[96];
+  snprintf(name, sizeof name, "fusebox session %d (%s)", s->pid, s->as ? "async" : "sync");
+  if (!(s->trace = fb_trace_new(s->pid, name))) {
+    fclose(f);
+    return fail(s, FB_ENOMEM, "trace: out of memory");
+  }
+  s->trace_file = f;
+  return 0;
+}
+
+int fb_session_trace_end(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  if (!s->trace) return fail(s, FB_EINVAL, "trace: no timeline is being recorded");
+  if (s->as) quiesce(s);
+  return trace_finish(s) ? fail(s, FB_EIO, "trace: writing the file failed") : 0;
 }
 
 /* ---------------------------------------------------------------- host access
@@ -665,12 +1580,34 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
   return rc;
 }
 
+/* Async: host access waits for everything launched before it. */
+static int host_begin(fb_session *s) { return s && s->as ? async_wait_all(s) : 0; }
+
+/* Async: a write gives the states it touched a new version in the SFG (a
+ * write below sparse containers also activates); then the access reports
+ * the errors of background launches, unless it failed itself. */
+static int host_end(fb_session *s, int field, int write, int rc) {
+  if (!s || !s->as) return rc;
+  const fb_layout *l = s->layout;
+  if (write && field > 0 && field < l->nnodes && l->nodes[field].kind == FB_SN_PLACE) {
+    if (fb_opt_host_write(s->as->o, field) && !rc)
+      rc = fail(s, FB_EINTERNAL, "host write of field '%s': the optimizer refused it: %s",
+                l->nodes[field].name, fb_opt_errmsg(s->as->o));
+    pthread_mutex_lock(&s->cmu);
+    s->dev_bytes = fb_devmem_used(&s->mem);
+    pthread_mutex_unlock(&s->cmu);
+  }
+  return rc ? rc : report_bg(s);
+}
+
 int fb_field_read(fb_session *s, int field, void *dst, size_t bytes) {
-  return field_io(s, field, dst, bytes, 0);
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, field_io(s, field, dst, bytes, 0));
 }
 
 int fb_field_write(fb_session *s, int field, const void *src, size_t bytes) {
-  return field_io(s, field, (void *)src, bytes, 1);
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 1, field_io(s, field, (void *)src, bytes, 1));
 }
 
 /* Validate one element's index; returns its address through *addr (NULL:
@@ -708,7 +1645,7 @@ static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, con
   return write && !*addr ? host_oom(s, what) : 0;
 }
 
-int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
+static int cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
   uint8_t *p = NULL;
   if (!s) return FB_EINVAL;
   int rc = cell_addr(s, field, idx, nidx, "cell read", NULL, &p);
@@ -723,11 +1660,21 @@ int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_valu
   return 0;
 }
 
-int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
+static int cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
   uint8_t *p = NULL;
   if (!s) return FB_EINVAL;
   int rc = cell_addr(s, field, idx, nidx, "cell write", &v, &p);
   if (rc) return rc;
   fb_value_store(fb_value_cast(v, s->layout->nodes[field].type), p);
   return 0;
+}
+
+int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, cell_read(s, field, idx, nidx, out));
+}
+
+int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 1, cell_write(s, field, idx, nidx, v));
 }

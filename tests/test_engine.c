@@ -1,12 +1,14 @@
-/* The in-process engine through its public API only: kernels built with the
- * builder, run on the CPU device and checked against the reference
- * interpreter or against values computed here; counters; host field access;
- * and every error path, each followed by a launch that must still work. */
+/* The in-process engine through its public API only (sync mode; async mode
+ * is tests/test_async.c): kernels built with the builder, run on the CPU
+ * device and checked against the reference interpreter or against values
+ * computed here; counters; host field access; the timeline; and every
+ * error path, each followed by a launch that must still work. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
@@ -47,7 +49,7 @@ static int place(fb_layout *l, int parent, const char *name, fb_type t) {
 }
 
 static fb_session *new_session(const fb_layout *l, uint64_t seed, uint64_t limit) {
-  fb_session_config sc = {"sync", seed, limit};
+  fb_session_config sc = {.mode = "sync", .seed = seed, .memory_limit = limit};
   fb_session *s = NULL;
   ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, NULL, 0), 0);
   return s;
@@ -722,7 +724,7 @@ START_TEST(memory_limit) {
   int fa = place(l, d, "a", FB_T_I32), fb = place(l, d, "b", FB_T_I32);
   int c0 = place(l, 0, "c0", FB_T_I32), out = place(l, 0, "out", FB_T_I32);
   finalize(l);
-  fb_session_config sc = {"sync", 0, 1000};
+  fb_session_config sc = {.mode = "sync", .memory_limit = 1000};
   fb_session *s = NULL;
   char cerr[256] = "";
   ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, cerr, sizeof cerr), FB_EQUOTA);
@@ -798,7 +800,7 @@ typedef struct worker {
 static void *session_thread(void *arg) {
   worker *w = arg;
   fb_session *s = NULL;
-  fb_session_config sc = {"sync", 0, 0};
+  fb_session_config sc = {.mode = "sync"};
   if (fb_session_create(eng, &sc, w->l, &s, NULL, 0)) return NULL;
   fb_type p[1] = {FB_T_I32};
   fb_kernel *k = fb_kernel_new(w->l, "bump", 1, p, FB_T_VOID);
@@ -838,6 +840,46 @@ START_TEST(two_sessions_two_threads) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- async API in sync mode */
+
+/* fb_flush has nothing to do, there is no SFG, and the timeline records
+ * registrations (compiles) and launches. */
+START_TEST(sync_mode_async_api) {
+  fb_layout *l = fb_layout_new();
+  int a = place(l, dense(l, 0, "i", 8, 0), "a", FB_T_I32);
+  finalize(l);
+  fb_session *s = new_session(l, 0, 0);
+  char path[] = "/tmp/fb_engine_traceXXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  ck_assert_int_eq(fb_session_trace_begin(s, path), 0);
+  int kid = store_kernel(s, l, a);
+  fb_value v = fb_value_i32(17);
+  launch_ok(s, kid, &v, 1, NULL);
+  ck_assert_int_eq(fb_flush(s), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_counters c;
+  fb_session_counters(s, &c);
+  ck_assert_uint_eq(c.flushes, 0);
+  ck_assert_uint_eq(c.tasks_pending, 0);
+  ck_assert_uint_eq(c.tasks_launched, 1);
+  fb_flush_stats fs;
+  ck_assert_int_eq(fb_session_last_flush(s, &fs), FB_ENOENT);
+  ck_assert_int_eq(fb_session_trace_graph(s, 1, NULL, NULL), FB_EUNSUPPORTED);
+  ck_assert_int_eq(fb_session_trace_end(s), 0);
+  char *text = fbt_read_file(path, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_ptr_nonnull(strstr(text, "{\"traceEvents\":["));
+  ck_assert_ptr_nonnull(strstr(text, "\"name\":\"poke\",\"cat\":\"launch\",\"ph\":\"X\""));
+  ck_assert_ptr_nonnull(strstr(text, "\"name\":\"compile poke.t0\""));
+  free(text);
+  unlink(path);
+  fb_session_destroy(s);
+  fb_layout_free(l);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("engine");
   TCase *tc = tcase_create("engine");
@@ -862,6 +904,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, bad_field_access);
   tcase_add_test(tc, unfinalized_layout);
   tcase_add_test(tc, two_sessions_two_threads);
+  tcase_add_test(tc, sync_mode_async_api);
   suite_add_tcase(s, tc);
   return s;
 }

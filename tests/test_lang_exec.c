@@ -69,7 +69,7 @@ static fb_engine *engine(void) {
 }
 
 static fb_session *session(fb_engine *e, fb_program *p) {
-  fb_session_config sc = {"sync", 1, 0};
+  fb_session_config sc = {.mode = "sync", .seed = 1};
   fb_session *s = NULL;
   ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
   return s;
@@ -464,7 +464,7 @@ START_TEST(random_values) {
   ck_assert_int_ge(distinct, 60);
   /* the engine draws the same numbers (same seed, launch, site, iteration) */
   fb_engine *e = engine();
-  fb_session_config sc = {"sync", 7, 0};
+  fb_session_config sc = {.mode = "sync", .seed = 7};
   fb_session *s = NULL;
   ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
   launch(s, add(s, k), NULL, 0, NULL);
@@ -495,7 +495,7 @@ START_TEST(random_thread_counts) {
     fb_engine *e = NULL;
     char err[256];
     ck_assert_int_eq(fb_engine_create(&cfg, &e, err, sizeof err), 0);
-    fb_session_config sc = {"sync", 11, 0};
+    fb_session_config sc = {.mode = "sync", .seed = 11};
     fb_session *s = NULL;
     ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
     int id = add(s, k);

@@ -2,14 +2,28 @@
  * kernels (as IR), launch them, and report counters. The CLI, the tests, the
  * benchmarks and fuseboxd all drive the pipeline through this API.
  *
- * In this milestone every launch runs at once ("sync" mode): the kernel is
- * lowered to tasks, each task is compiled (or found in the code cache) and
- * run on the device before fb_launch returns.
+ * Two modes per session:
+ *  - "sync": every launch runs at once. The kernel is lowered to tasks and
+ *    each task compiled (or found in the code cache) when it is registered;
+ *    fb_launch runs its tasks before it returns.
+ *  - "async": launches are held back in the session's state-flow graph
+ *    (SFG) and optimized across kernel boundaries when it is flushed. A
+ *    flush happens on fb_flush, fb_sync, a host read or write of a field, a
+ *    launch of a kernel with a return value, and every flush_every pending
+ *    tasks. A flush does not wait for the work: the session's ordered
+ *    worker compiles the optimized tasks on the engine's compile pool and
+ *    runs them in order as each one's code is ready. fb_sync, host access
+ *    and return values wait for everything launched before them.
+ * Both modes give the same field contents and return values.
  *
  * Errors: functions return 0 or a negative FB_E* code; fb_session_errmsg()
  * then says what went wrong (naming the kernel, field or statement). A
  * failed call leaves the session usable. No function aborts the process on
- * bad input. */
+ * bad input. In async mode an error of a launch that ran in the background
+ * (FB_EBOUNDS, FB_EQUOTA, ...) is returned by the next fb_sync, fb_flush,
+ * host access (after it has done its work) or launch with a return value,
+ * with a message naming the kernel and its launch number (the session's
+ * launches count from 0); fb_session_error_launch() gives them as numbers. */
 #ifndef FUSEBOX_ENGINE_H
 #define FUSEBOX_ENGINE_H
 
@@ -25,14 +39,37 @@ typedef struct fb_session fb_session;
 
 typedef struct fb_engine_config {
   const char *backend;  /* "cpu" (default), "cuda", "auto" */
-  int compile_threads;  /* 0 = one per core */
+  int compile_threads;  /* threads of the compile pool that async sessions
+                           share; 0 = one per core */
   int cpu_threads;      /* 0 = one per core: workers for parallel tasks */
 } fb_engine_config;
 
+/* Inter-kernel passes of async mode (fb_session_config.passes). Intra-task
+ * simplification of fused tasks is part of fusion. */
+enum {
+  FB_PASSES_LISTGEN = 1 << 0, /* list-generation removal */
+  FB_PASSES_DEMOTE = 1 << 1,  /* activation demotion */
+  FB_PASSES_FUSION = 1 << 2,  /* task fusion (and simplification of fused tasks) */
+  FB_PASSES_DSE = 1 << 3,     /* dead-store elimination */
+  FB_PASSES_ALL = 15,
+  /* passes lists exactly the passes to run, possibly none; without this
+   * bit, passes == 0 means every pass (the default) */
+  FB_PASSES_EXACT = 1 << 30
+};
+
+#define FB_FLUSH_EVERY_DEFAULT 50 /* pending tasks */
+
+/* Zero-initialized fields take their defaults. */
 typedef struct fb_session_config {
   const char *mode;     /* "sync" (default) or "async" */
   uint64_t seed;        /* rand() seed */
   uint64_t memory_limit; /* bytes of device memory, 0 = unlimited */
+  /* async mode only */
+  unsigned passes;      /* FB_PASSES_* bits (see FB_PASSES_EXACT); 0 = all */
+  int flush_every;      /* flush once this many tasks are pending:
+                           0 = FB_FLUSH_EVERY_DEFAULT, < 0 = never */
+  int max_fuse_per_task; /* fusions one task takes part in per fusion
+                            round; 0 = default (1) */
 } fb_session_config;
 
 /* Counters, cumulative since the session was created. */
@@ -53,7 +90,18 @@ typedef struct fb_counters {
   uint64_t device_bytes;       /* not cumulative: device memory the session holds
                                 * now (fields, scratch, sparse blocks handed out
                                 * by its pool, lists), what memory_limit bounds */
+  uint64_t flushes;            /* async: flushes that handed tasks out */
+  uint64_t tasks_pending;      /* not cumulative: async tasks waiting in the SFG */
 } fb_counters;
+
+/* One async flush (fb_session_last_flush). */
+typedef struct fb_flush_stats {
+  uint64_t flush;              /* its number: the session's flushes count from 1 */
+  uint64_t tasks_in;           /* task launches in the window */
+  uint64_t tasks_out;          /* optimized tasks handed to the worker */
+  uint64_t listgens_removed, tasks_fused, dead_stores_removed, activations_demoted;
+  double optimizer_s;          /* SFG and passes, this flush */
+} fb_flush_stats;
 
 int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen);
 void fb_engine_destroy(fb_engine *e);
@@ -68,8 +116,10 @@ void fb_session_destroy(fb_session *s);
 const char *fb_session_errmsg(const fb_session *s);
 const fb_layout *fb_session_layout(const fb_session *s);
 
-/* Register a kernel: verified, copied and lowered to tasks. Its SNode ids
- * refer to the session's layout. Returns the kernel id (>= 0). */
+/* Register a kernel: verified, copied and lowered to tasks (sync: each
+ * task compiled now; async: put into the session's IR bank and compiled
+ * when a flush hands it out). Its SNode ids refer to the session's
+ * layout. Returns the kernel id (>= 0). */
 int fb_session_add_kernel(fb_session *s, const fb_kernel *k);
 int fb_session_find_kernel(const fb_session *s, const char *name);
 /* The kernel's tasks as IR (owned by the session): for `fusebox ir`. */
@@ -79,10 +129,16 @@ int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *co
 /* Launch a kernel. args: one value per parameter, converted to the
  * parameter type when the kinds agree (int to int, float to float).
  * ret receives the return value when the kernel has one (may be NULL).
- * FB_EBOUNDS: the kernel ran but indexed a field out of bounds. */
+ * FB_EBOUNDS: the kernel ran but indexed a field out of bounds. In async
+ * mode the launch is queued (its errors come later, see above) unless the
+ * kernel has a return value: then everything launched so far runs first
+ * and the call returns their errors and its value. */
 int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_value *ret);
-/* Wait for everything launched so far. */
+/* Wait for everything launched so far (async: flush first). */
 int fb_sync(fb_session *s);
+/* Async: optimize what is pending and hand it to the session's worker,
+ * without waiting for it to run (sync mode: nothing to do). */
+int fb_flush(fb_session *s);
 
 /* Host access to fields, in the field's flat row-major order (indices in
  * axis order), elements of the field's type. bytes must equal
@@ -93,6 +149,32 @@ int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_valu
 int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v);
 
 void fb_session_counters(const fb_session *s, fb_counters *out);
+/* The latest async flush: 0, or FB_ENOENT when none happened yet. */
+int fb_session_last_flush(const fb_session *s, fb_flush_stats *out);
+/* When fb_session_errmsg() is the error of a background launch: its launch
+ * number and kernel id (0), else FB_ENOENT. */
+int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
+
+/* ---- observability (async mode) */
+
+/* Called with the SFG as Graphviz DOT during flush number `flush` (0: every
+ * flush): pass "window" (iteration -1) when "before" (the graph as
+ * flushed) and "after" (fully optimized), and between them each pass that
+ * runs, "before" and "after", with its pipeline iteration. Runs on the
+ * caller's thread inside the call that flushes. fn NULL stops.
+ * FB_EUNSUPPORTED in sync mode. */
+typedef void (*fb_graph_trace_fn)(void *user, uint64_t flush, int iteration, const char *pass,
+                                  const char *when, const char *dot);
+int fb_session_trace_graph(fb_session *s, uint64_t flush, fb_graph_trace_fn fn, void *user);
+
+/* Record a Chrome trace-event timeline (opens in Perfetto or
+ * chrome://tracing) of the session: flushes on the caller's track, the
+ * launcher, the device and the compile threads. begin opens `path` for
+ * writing (FB_EIO if it cannot); end waits for the work handed to the
+ * worker (not for pending launches: fb_sync first to include them),
+ * writes the file and closes it. A second begin ends the first. */
+int fb_session_trace_begin(fb_session *s, const char *path);
+int fb_session_trace_end(fb_session *s);
 
 #ifdef __cplusplus
 }

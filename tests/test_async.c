@@ -1,0 +1,1293 @@
+/* The asynchronous engine through the public engine API: every scenario (a
+ * .fbk program and a script of launches, host reads and writes, flushes and
+ * syncs) gives the same fields and return values in sync mode and in async
+ * mode with all passes, none, each pass alone and different flush points;
+ * each flush trigger works (observed through the counters); the paper's
+ * minimal example and chain_copy fire their counters; errors of background
+ * launches are reported at the next sync point naming the kernel and its
+ * launch; fb_flush does not wait for the work; compile_threads 1 and 4
+ * agree; the SFG trace and the trace-event timeline come out well formed. */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fusebox/engine.h"
+#include "fusebox/ir.h"
+#include "fusebox/lang.h"
+#include "support.h"
+
+static fb_engine *eng;
+
+static fb_engine *new_engine(int compile_threads) {
+  fb_engine_config cfg = {.backend = "cpu", .compile_threads = compile_threads, .cpu_threads = 2};
+  fb_engine *e = NULL;
+  char err[256];
+  ck_assert_msg(fb_engine_create(&cfg, &e, err, sizeof err) == 0, "engine: %s", err);
+  return e;
+}
+
+static void setup(void) { eng = new_engine(2); }
+
+static void teardown(void) {
+  fb_engine_destroy(eng);
+  eng = NULL;
+}
+
+/* ---------------------------------------------------------------- programs */
+
+static fb_program *parse(const char *src) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse("test.fbk", src, &p, &d);
+  char *msg = rc ? fb_diags_render("test.fbk", src, &d) : NULL;
+  ck_assert_msg(rc == 0, "parse: %s", msg ? msg : "?");
+  fb_diags_free(&d);
+  return p;
+}
+
+static fb_session *open_session(fb_engine *e, fb_program *p, const fb_session_config *cfg) {
+  fb_session *s = NULL;
+  char err[512] = "";
+  int rc = fb_session_create(e, cfg, fb_program_layout(p), &s, err, sizeof err);
+  ck_assert_msg(rc == 0, "session: %s", err);
+  return s;
+}
+
+/* Register kernel `name` bound to `binds` (comma separated, may be NULL). */
+static int kernel_id(fb_session *s, fb_program *p, const char *name, const char *binds) {
+  const char *b[4];
+  char buf[128];
+  int nb = 0;
+  if (binds && binds[0]) {
+    snprintf(buf, sizeof buf, "%s", binds);
+    for (char *t = strtok(buf, ","); t && nb < 4; t = strtok(NULL, ",")) b[nb++] = t;
+  }
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, name, b, nb, &k, &d);
+  ck_assert_msg(rc == 0, "instantiate %s: %s", name, d.n ? d.v[0].msg : fb_strerror(rc));
+  fb_diags_free(&d);
+  int id = fb_session_add_kernel(s, k);
+  ck_assert_msg(id >= 0, "add %s: %s", name, fb_session_errmsg(s));
+  return id;
+}
+
+static int field_place(fb_program *p, const char *name) {
+  int f = fb_program_find_field(p, name);
+  ck_assert_msg(f >= 0, "no field %s", name);
+  return fb_program_field(p, f)->places[0];
+}
+
+static size_t place_bytes(const fb_layout *l, int place) {
+  return (size_t)fb_field_numel(l, place) * fb_type_size(l->nodes[place].type);
+}
+
+/* ---------------------------------------------------------------- results
+ * Everything a run observes, in order, each piece labelled so a mismatch
+ * says where the modes part. */
+
+typedef struct piece {
+  char label[96];
+  size_t off, len;
+} piece;
+
+typedef struct results {
+  unsigned char *data;
+  size_t n, cap;
+  piece *pc;
+  int npc, cappc;
+  fb_counters c;
+} results;
+
+static void add_piece(results *r, const char *label, const void *data, size_t len) {
+  while (r->n + len > r->cap) {
+    r->cap = r->cap ? r->cap * 2 : 4096;
+    r->data = realloc(r->data, r->cap);
+    ck_assert_ptr_nonnull(r->data);
+  }
+  if (r->npc == r->cappc) {
+    r->cappc = r->cappc ? r->cappc * 2 : 64;
+    r->pc = realloc(r->pc, sizeof *r->pc * (size_t)r->cappc);
+    ck_assert_ptr_nonnull(r->pc);
+  }
+  piece *p = &r->pc[r->npc++];
+  snprintf(p->label, sizeof p->label, "%s", label);
+  p->off = r->n;
+  p->len = len;
+  memcpy(r->data + r->n, data, len);
+  r->n += len;
+}
+
+static void results_free(results *r) {
+  free(r->data);
+  free(r->pc);
+  memset(r, 0, sizeof *r);
+}
+
+static void same_results(const results *a, const results *b, const char *what) {
+  ck_assert_msg(a->npc == b->npc, "%s: %d observations vs %d", what, a->npc, b->npc);
+  for (int i = 0; i < a->npc; i++) {
+    const piece *x = &a->pc[i], *y = &b->pc[i];
+    ck_assert_msg(x->len == y->len && strcmp(x->label, y->label) == 0, "%s: observation %d is %s "
+                  "vs %s", what, i, x->label, y->label);
+    if (memcmp(a->data + x->off, b->data + y->off, x->len) == 0) continue;
+    size_t at = 0;
+    while (at < x->len && a->data[x->off + at] == b->data[y->off + at]) at++;
+    ck_abort_msg("%s: %s differs from sync mode (first at byte %zu of %zu)", what, x->label, at,
+                 x->len);
+  }
+}
+
+/* Deterministic field contents: small integers, or quarters for floats
+ * (exact in every operation the scenarios do). */
+static void fill(void *buf, fb_type t, int64_t n, unsigned seed) {
+  for (int64_t e = 0; e < n; e++) {
+    uint64_t h = (uint64_t)(e + 1) * 0x9e3779b97f4a7c15ull + seed * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+    int64_t v = (int64_t)(h % 64) - 32;
+    switch (t) {
+    case FB_T_I32: ((int32_t *)buf)[e] = (int32_t)v; break;
+    case FB_T_I64: ((int64_t *)buf)[e] = v; break;
+    case FB_T_U32: ((uint32_t *)buf)[e] = (uint32_t)(v + 32); break;
+    case FB_T_U64: ((uint64_t *)buf)[e] = (uint64_t)(v + 32); break;
+    case FB_T_F32: ((float *)buf)[e] = (float)v * 0.25f; break;
+    case FB_T_F64: ((double *)buf)[e] = (double)v * 0.25; break;
+    default: ((uint8_t *)buf)[e] = (uint8_t)(v & 1); break;
+    }
+  }
+}
+
+static void read_all(fb_session *s, fb_program *p, results *r, const char *when) {
+  const fb_layout *l = fb_program_layout(p);
+  for (int f = 0; f < fb_program_nfields(p); f++) {
+    const fb_lang_field *lf = fb_program_field(p, f);
+    for (int c = 0; c < lf->ncomp; c++) {
+      size_t bytes = place_bytes(l, lf->places[c]);
+      void *buf = malloc(bytes ? bytes : 1);
+      int rc = fb_field_read(s, lf->places[c], buf, bytes);
+      ck_assert_msg(rc == 0, "read %s: %s", lf->name, fb_session_errmsg(s));
+      char label[96];
+      snprintf(label, sizeof label, "%s %s[%d]", when, lf->name, c);
+      add_piece(r, label, buf, bytes);
+      free(buf);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- scripts
+ * One action per line:
+ *   launch K[(F,G)] [v ...]   launch kernel K (bound to fields F, G) with
+ *                             scalar arguments; a return value is recorded
+ *   write F SEED              overwrite field F with fill(SEED)
+ *   cell F i ... = v          write one element
+ *   read F                    record field F
+ *   flush | sync              fb_flush / fb_sync */
+
+typedef struct kcache {
+  char key[96];
+  int id;
+} kcache;
+
+typedef struct runner {
+  fb_session *s;
+  fb_program *p;
+  results *r;
+  kcache kc[32];
+  int nkc, line;
+} runner;
+
+static int cached_kernel(runner *u, const char *name, const char *binds) {
+  char key[96];
+  snprintf(key, sizeof key, "%s(%s)", name, binds ? binds : "");
+  for (int i = 0; i < u->nkc; i++)
+    if (strcmp(u->kc[i].key, key) == 0) return u->kc[i].id;
+  int id = kernel_id(u->s, u->p, name, binds);
+  ck_assert_int_lt(u->nkc, 32);
+  snprintf(u->kc[u->nkc].key, sizeof u->kc[u->nkc].key, "%s", key);
+  u->kc[u->nkc++].id = id;
+  return id;
+}
+
+static void act_launch(runner *u, char *spec, char **save) {
+  char *binds = strchr(spec, '(');
+  if (binds) {
+    *binds++ = 0;
+    char *close = strchr(binds, ')');
+    ck_assert_ptr_nonnull(close);
+    *close = 0;
+  }
+  int kid = cached_kernel(u, spec, binds);
+  const fb_lang_kernel *lk = fb_program_kernel(u->p, fb_program_find_kernel(u->p, spec));
+  fb_value args[8];
+  int n = 0;
+  for (int i = 0; i < lk->nparams; i++) {
+    if (lk->params[i].is_field) continue;
+    char *tok = strtok_r(NULL, " ", save);
+    ck_assert_msg(tok != NULL, "line %d: %s needs more arguments", u->line, spec);
+    fb_type t = lk->params[i].type;
+    args[n++] = fb_type_is_float(t) ? fb_value_cast(fb_value_f64(strtod(tok, NULL)), t)
+                                    : fb_value_cast(fb_value_i64(strtoll(tok, NULL, 0)), t);
+  }
+  fb_value ret;
+  int rc = fb_launch(u->s, kid, args, n, &ret);
+  ck_assert_msg(rc == 0, "line %d: launch %s: %s", u->line, spec, fb_session_errmsg(u->s));
+  if (lk->ret == FB_T_VOID) return;
+  char label[96];
+  snprintf(label, sizeof label, "line %d: %s returned", u->line, spec);
+  add_piece(u->r, label, &ret.v.u, sizeof ret.v.u);
+}
+
+static void act_write(runner *u, const char *field, unsigned seed) {
+  int place = field_place(u->p, field);
+  const fb_layout *l = fb_program_layout(u->p);
+  size_t bytes = place_bytes(l, place);
+  void *buf = malloc(bytes);
+  fill(buf, l->nodes[place].type, fb_field_numel(l, place), seed);
+  int rc = fb_field_write(u->s, place, buf, bytes);
+  ck_assert_msg(rc == 0, "line %d: write %s: %s", u->line, field, fb_session_errmsg(u->s));
+  free(buf);
+}
+
+static void act_cell(runner *u, const char *field, char **save) {
+  int place = field_place(u->p, field);
+  int64_t idx[4];
+  int n = 0;
+  char *tok;
+  while ((tok = strtok_r(NULL, " ", save)) && strcmp(tok, "=") != 0) idx[n++] = strtoll(tok, NULL, 0);
+  tok = strtok_r(NULL, " ", save);
+  ck_assert_ptr_nonnull(tok);
+  int rc = fb_cell_write(u->s, place, idx, n, fb_value_f64(strtod(tok, NULL)));
+  if (rc == FB_ETYPE) rc = fb_cell_write(u->s, place, idx, n, fb_value_i64(strtoll(tok, NULL, 0)));
+  ck_assert_msg(rc == 0, "line %d: cell %s: %s", u->line, field, fb_session_errmsg(u->s));
+}
+
+static void act_read(runner *u, const char *field) {
+  int place = field_place(u->p, field);
+  size_t bytes = place_bytes(fb_program_layout(u->p), place);
+  void *buf = malloc(bytes);
+  int rc = fb_field_read(u->s, place, buf, bytes);
+  ck_assert_msg(rc == 0, "line %d: read %s: %s", u->line, field, fb_session_errmsg(u->s));
+  char label[96];
+  snprintf(label, sizeof label, "line %d: %s", u->line, field);
+  add_piece(u->r, label, buf, bytes);
+  free(buf);
+}
+
+static void run_line(runner *u, char *line) {
+  char *save = NULL, *op = strtok_r(line, " ", &save);
+  if (!op || op[0] == '#') return;
+  if (strcmp(op, "launch") == 0) {
+    act_launch(u, strtok_r(NULL, " ", &save), &save);
+  } else if (strcmp(op, "write") == 0) {
+    char *f = strtok_r(NULL, " ", &save), *seed = strtok_r(NULL, " ", &save);
+    act_write(u, f, (unsigned)atoi(seed ? seed : "1"));
+  } else if (strcmp(op, "cell") == 0) {
+    act_cell(u, strtok_r(NULL, " ", &save), &save);
+  } else if (strcmp(op, "read") == 0) {
+    act_read(u, strtok_r(NULL, " ", &save));
+  } else if (strcmp(op, "flush") == 0) {
+    ck_assert_msg(fb_flush(u->s) == 0, "line %d: flush: %s", u->line, fb_session_errmsg(u->s));
+  } else if (strcmp(op, "sync") == 0) {
+    ck_assert_msg(fb_sync(u->s) == 0, "line %d: sync: %s", u->line, fb_session_errmsg(u->s));
+  } else {
+    ck_abort_msg("line %d: unknown action %s", u->line, op);
+  }
+}
+
+/* Run the script on a new session of engine e; results in *r. */
+static void run_script(fb_engine *e, const char *src, const char *script,
+                       const fb_session_config *cfg, results *r) {
+  fb_program *p = parse(src);
+  runner u = {open_session(e, p, cfg), p, r, {{"", 0}}, 0, 0};
+  char *text = strdup(script);
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    u.line++;
+    run_line(&u, line);
+  }
+  free(text);
+  ck_assert_msg(fb_sync(u.s) == 0, "final sync: %s", fb_session_errmsg(u.s));
+  read_all(u.s, p, r, "end:");
+  fb_session_counters(u.s, &r->c);
+  fb_session_destroy(u.s);
+  fb_program_free(p);
+}
+
+static fb_session_config async_cfg(unsigned passes, int flush_every) {
+  fb_session_config c = {.mode = "async", .seed = 7, .passes = passes, .flush_every = flush_every};
+  return c;
+}
+
+/* Sync mode against async with every pass, none, each alone, and flushes
+ * after every launch's tasks or never. */
+static void check_modes(const char *src, const char *script) {
+  fb_session_config sync = {.mode = "sync", .seed = 7};
+  results want = {0};
+  run_script(eng, src, script, &sync, &want);
+  struct {
+    const char *name;
+    unsigned passes;
+    int flush_every;
+  } modes[] = {
+      {"async, all passes", 0, 0},
+      {"async, no pass", FB_PASSES_EXACT, 0},
+      {"async, listgen only", FB_PASSES_EXACT | FB_PASSES_LISTGEN, 0},
+      {"async, demote only", FB_PASSES_EXACT | FB_PASSES_DEMOTE, 0},
+      {"async, dse only", FB_PASSES_EXACT | FB_PASSES_DSE, 0},
+      {"async, fusion only", FB_PASSES_EXACT | FB_PASSES_FUSION, 0},
+      {"async, flush_every 1", 0, 1},
+      {"async, flush_every 5", 0, 5},
+      {"async, never auto-flush", 0, -1},
+  };
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    fb_session_config cfg = async_cfg(modes[m].passes, modes[m].flush_every);
+    results got = {0};
+    run_script(eng, src, script, &cfg, &got);
+    same_results(&want, &got, modes[m].name);
+    if (getenv("FB_TEST_VERBOSE"))
+      fprintf(stderr, "%-26s tasks %3llu (sync %3llu) fused %llu listgen %llu dse %llu demoted %llu flushes %llu compiled %llu hits %llu\n",
+              modes[m].name, (unsigned long long)got.c.tasks_launched,
+              (unsigned long long)want.c.tasks_launched, (unsigned long long)got.c.tasks_fused,
+              (unsigned long long)got.c.listgens_removed, (unsigned long long)got.c.dead_stores_removed,
+              (unsigned long long)got.c.activations_demoted, (unsigned long long)got.c.flushes,
+              (unsigned long long)got.c.tasks_compiled, (unsigned long long)got.c.cache_hits);
+    ck_assert_uint_eq(got.c.launches, want.c.launches);
+    ck_assert_uint_le(got.c.tasks_launched, want.c.tasks_launched);
+    results_free(&got);
+  }
+  results_free(&want);
+}
+
+/* ---------------------------------------------------------------- scenarios */
+
+START_TEST(elementwise) {
+  const char *src =
+      "layout {\n"
+      "  dense(i: 4096) { place x: f32, y: f32 }\n"
+      "  dense(i: 4096) { place z: i32 }\n"
+      "}\n"
+      "kernel axpy(a: f32, m: i32) {\n"
+      "  for i in 0 .. 4096 {\n"
+      "    let xi = x[i]\n"
+      "    y[i] = a * xi + y[i]\n"
+      "    x[i] = xi * 0.5 + f32(i % 7)\n"
+      "    let r = (i * i) % m\n"
+      "    z[i] = i < 1000 ? r - i : r\n"
+      "  }\n"
+      "}\n"
+      "kernel shift() {\n"
+      "  for i in 1 .. 4096 { z[i] = z[i - 1] + 1 }\n"
+      "}\n";
+  const char *script =
+      "write x 1\nwrite y 2\n"
+      "launch axpy 1.75 -97\nlaunch axpy 1.75 -97\nlaunch axpy 0.5 13\n"
+      "read z\nlaunch shift\nlaunch axpy 2.0 5\n";
+  check_modes(src, script);
+}
+END_TEST
+
+START_TEST(struct_for_dense) {
+  const char *src =
+      "layout {\n"
+      "  dense(ij: 64, 48) { place a: i32 }\n"
+      "  dense(ij: 4, 3) { dense(ij: 16, 8) { place h: i64 } }\n"
+      "}\n"
+      "kernel fill() {\n"
+      "  for i, j in a { a[i, j] = i * 1000 + j }\n"
+      "  for i, j in h { h[i, j] = i64(i) - i64(j) * 1048576 }\n"
+      "}\n"
+      "kernel bump(k: i32) { for i, j in a { a[i, j] += k } }\n"
+      "kernel mix() { for i, j in h { h[i, j] = h[i, j] * 3 + i64(a[i, j]) } }\n";
+  const char *script = "launch fill\nlaunch bump 3\nlaunch bump 5\nread a\nlaunch bump -2\n"
+                       "launch mix\nlaunch bump 1\nlaunch mix\n";
+  check_modes(src, script);
+}
+END_TEST
+
+START_TEST(reduction_returns) {
+  const char *src =
+      "layout {\n  dense(i: 10000) { place v: i32 }\n  place total: i64\n}\n"
+      "kernel sum() -> i64 {\n"
+      "  total[] = 0\n"
+      "  for i in 0 .. 10000 { total[] += i64(v[i]) }\n"
+      "  return total[]\n"
+      "}\n"
+      "kernel scale(k: i32) { for i in 0 .. 10000 { v[i] = v[i] * k + 1 } }\n";
+  const char *script = "write v 3\nlaunch sum\nlaunch scale 2\nlaunch sum\nlaunch scale -1\n"
+                       "launch scale 3\nlaunch sum\nlaunch scale 2\n";
+  check_modes(src, script);
+}
+END_TEST
+
+START_TEST(args_and_returns) {
+  const char *src =
+      "layout { place fi32: i32, fi64: i64, fu32: u32, fu64: u64, ff32: f32, ff64: f64 }\n"
+      "kernel args(a: i32, b: i64, c: u32, d: u64, e: f32, f: f64) -> f64 {\n"
+      "  fi32[] = a\n  fi64[] = b\n  fu32[] = c\n  fu64[] = d\n  ff32[] = e\n  ff64[] = f\n"
+      "  return f * 2.0\n"
+      "}\n"
+      "kernel bump(a: i32, e: f32) { fi32[] += a\n ff32[] = ff32[] * e }\n"
+      "kernel geti() -> i64 { return fi64[] + i64(fi32[]) }\n"
+      "kernel getu() -> u32 { return fu32[] + 1 }\n"
+      "kernel getf() -> f32 { return ff32[] }\n";
+  const char *script = "launch args -5 -123456789012 4000000000 77 1.5 -0.125\n"
+                       "launch bump 3 2.0\nlaunch bump 4 0.5\nlaunch geti\nlaunch getu\n"
+                       "launch bump 1 3.0\nlaunch getf\nlaunch args 1 2 3 4 5 6\nlaunch geti\n";
+  check_modes(src, script);
+}
+END_TEST
+
+/* Top-level values and variables cross tasks through the session scratch
+ * (gtmp): several launches of such kernels share its slots in one window. */
+START_TEST(scratch_across_launches) {
+  const char *src =
+      "layout {\n  dense(i: 5000) { place a: i32, b: i32 }\n  place c0: i32, out: i32\n}\n"
+      "kernel step(p: i32) {\n"
+      "  let c = c0[]\n"
+      "  let kk = p * 3\n"
+      "  var v = c + kk\n"
+      "  out[] = c + 1\n"
+      "  c0[] = c + 2\n"
+      "  for i in 0 .. 5000 { a[i] = i + c + kk }\n"
+      "  for i in 0 .. 5000 { b[i] = a[i] * c + v }\n"
+      "  v = v * 2\n"
+      "  out[] = out[] + v\n"
+      "}\n"
+      "kernel remat(p: i32) -> i32 {\n"
+      "  let c = c0[]\n"
+      "  var v = c + p\n"
+      "  for i in 0 .. 5000 { b[i] = b[i] + v }\n"
+      "  v = v * 2\n"
+      "  return v\n"
+      "}\n";
+  const char *script = "cell c0 = 5\nlaunch step 1\nlaunch step 2\nlaunch step 3\n"
+                       "launch remat 4\nlaunch step 5\nlaunch step 6\nread out\nlaunch remat 1\n";
+  check_modes(src, script);
+}
+END_TEST
+
+START_TEST(random_numbers) {
+  const char *src =
+      "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 }\n  place q: f32\n}\n"
+      "kernel noise() {\n"
+      "  q[] = random()\n"
+      "  for i in 0 .. 3000 { r[i] = random() + random() }\n"
+      "}\n"
+      "kernel count() { for i in 0 .. 3000 { if random() < 0.5 { n[i] += 1 } } }\n";
+  const char *script = "launch noise\nlaunch count\nlaunch count\nlaunch noise\nread r\n"
+                       "launch count\nlaunch count\nlaunch count\n";
+  check_modes(src, script);
+}
+END_TEST
+
+static const char *sparse_src =
+    "layout {\n"
+    "  pointer(i: 16) as blocks { place x: i32 }\n"
+    "  pointer(ij: 4, 4) as pb { dense(ij: 8, 8) { place a: f32, b: f32 } }\n"
+    "  dense(i: 8) { dynamic(j: 256, chunk: 32) { place d: i32 } }\n"
+    "  bitmasked(i: 64) as bm { place m: i32 }\n"
+    "  place cnt: i32\n"
+    "}\n"
+    "kernel init() { for i in 0 .. 16 { if i % 3 == 0 { x[i] = i } } }\n"
+    "kernel inc(k: i32) { for i in x { x[i] += k } }\n"
+    "kernel init2() {\n"
+    "  for i in 0 .. 32 {\n"
+    "    for j in 0 .. 32 {\n"
+    "      if (i // 8 + j // 8) % 3 == 0 { a[i, j] = f32(i + j) }\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "kernel saxpy(X: field, Y: field, alpha: f32) {\n"
+    "  for i, j in X { Y[i, j] = alpha * X[i, j] + Y[i, j] }\n"
+    "}\n"
+    "kernel drop() { for I, J in pb { if (I + J) % 2 == 0 { deactivate(pb, I, J) } } }\n"
+    "kernel push(k: i32) {\n"
+    "  for i in 0 .. 8 { for t in 0 .. i + k { append(d, i, i * 100 + t) } }\n"
+    "}\n"
+    "kernel count() -> i32 {\n"
+    "  cnt[] = 0\n"
+    "  for i, n in d { cnt[] += d[i, n] }\n"
+    "  for i in x { cnt[] += 1 }\n"
+    "  return cnt[]\n"
+    "}\n"
+    "kernel mark(k: i32) { for i in 0 .. 64 { if i % k == 1 { m[i] = i } } }\n"
+    "kernel mbump() { for i in m { m[i] = m[i] * 2 + 1 } }\n";
+
+static const char *sparse_script =
+    "launch init\nlaunch inc 1\nlaunch inc 2\nlaunch init2\n"
+    "launch saxpy(a,b) 2.0\nlaunch saxpy(b,a) 1.5\nlaunch saxpy(a,b) 1.5\n"
+    "launch drop\nlaunch saxpy(a,b) 2.0\nread b\n"
+    "launch push 1\nlaunch push 2\nlaunch count\n"
+    "write x 4\nlaunch inc 5\ncell a 3 3 = 7.5\nlaunch saxpy(a,b) 0.5\n"
+    "launch mark 5\nlaunch mbump\nlaunch mark 3\nlaunch mbump\nlaunch count\n";
+
+START_TEST(sparse_layouts) { check_modes(sparse_src, sparse_script); }
+END_TEST
+
+/* ---------------------------------------------------------------- triggers */
+
+static const char *inc_src =
+    "layout {\n  dense(i: 256) { place x: i32 }\n  place out: i32\n}\n"
+    "kernel inc() { for i in 0 .. 256 { x[i] += 1 } }\n"
+    "kernel get() -> i32 { return x[5] }\n";
+
+typedef struct tsess {
+  fb_program *p;
+  fb_session *s;
+  int inc, get, x;
+} tsess;
+
+static tsess trigger_session(int flush_every) {
+  tsess t;
+  t.p = parse(inc_src);
+  fb_session_config cfg = async_cfg(0, flush_every);
+  t.s = open_session(eng, t.p, &cfg);
+  t.inc = kernel_id(t.s, t.p, "inc", NULL);
+  t.get = kernel_id(t.s, t.p, "get", NULL);
+  t.x = field_place(t.p, "x");
+  return t;
+}
+
+static void tsess_free(tsess *t) {
+  fb_session_destroy(t->s);
+  fb_program_free(t->p);
+}
+
+static void incs(tsess *t, int n) {
+  for (int i = 0; i < n; i++) ck_assert_int_eq(fb_launch(t->s, t->inc, NULL, 0, NULL), 0);
+}
+
+static fb_counters counters(fb_session *s) {
+  fb_counters c;
+  fb_session_counters(s, &c);
+  return c;
+}
+
+static int32_t x5(tsess *t) {
+  int64_t i = 5;
+  fb_value v;
+  ck_assert_int_eq(fb_cell_read(t->s, t->x, &i, 1, &v), 0);
+  return (int32_t)v.v.i;
+}
+
+START_TEST(pending_until_trigger) {
+  tsess t = trigger_session(-1);
+  incs(&t, 3);
+  fb_counters c = counters(t.s);
+  ck_assert_uint_eq(c.launches, 3);
+  ck_assert_uint_eq(c.tasks_pending, 3);
+  ck_assert_uint_eq(c.flushes, 0);
+  ck_assert_uint_eq(c.tasks_launched, 0);
+  usleep(20000); /* nothing runs in the background without a trigger */
+  ck_assert_uint_eq(counters(t.s).tasks_launched, 0);
+  /* explicit flush: handed out; sync then waits for it */
+  ck_assert_int_eq(fb_flush(t.s), 0);
+  c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, 1);
+  ck_assert_uint_eq(c.tasks_pending, 0);
+  ck_assert_int_eq(fb_sync(t.s), 0);
+  c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, 1); /* nothing was pending */
+  ck_assert_uint_eq(c.tasks_launched, 1); /* three increments fused into one task */
+  ck_assert_uint_eq(c.tasks_fused, 2);
+  ck_assert_int_eq(x5(&t), 3);
+  tsess_free(&t);
+}
+END_TEST
+
+START_TEST(trigger_host_read_and_sync) {
+  tsess t = trigger_session(-1);
+  incs(&t, 2);
+  int32_t buf[256];
+  ck_assert_int_eq(fb_field_read(t.s, t.x, buf, sizeof buf), 0);
+  ck_assert_uint_eq(counters(t.s).flushes, 1);
+  for (int i = 0; i < 256; i++) ck_assert_int_eq(buf[i], 2);
+  incs(&t, 1);
+  ck_assert_int_eq(x5(&t), 3); /* cell read */
+  ck_assert_uint_eq(counters(t.s).flushes, 2);
+  incs(&t, 1);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, 1);
+  ck_assert_int_eq(fb_sync(t.s), 0);
+  fb_counters c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, 3);
+  ck_assert_uint_eq(c.tasks_pending, 0);
+  ck_assert_uint_eq(c.tasks_launched, 3);
+  tsess_free(&t);
+}
+END_TEST
+
+START_TEST(trigger_host_write) {
+  tsess t = trigger_session(-1);
+  incs(&t, 2);
+  int32_t buf[256];
+  for (int i = 0; i < 256; i++) buf[i] = 100 + i;
+  /* the increments run before the write: they must not land on top of it */
+  ck_assert_int_eq(fb_field_write(t.s, t.x, buf, sizeof buf), 0);
+  fb_counters c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, 1);
+  ck_assert_uint_eq(c.tasks_launched, 1);
+  incs(&t, 1);
+  int64_t i7 = 7;
+  ck_assert_int_eq(fb_cell_write(t.s, t.x, &i7, 1, fb_value_i32(-4)), 0);
+  ck_assert_uint_eq(counters(t.s).flushes, 2);
+  incs(&t, 2);
+  ck_assert_int_eq(fb_field_read(t.s, t.x, buf, sizeof buf), 0);
+  for (int i = 0; i < 256; i++) ck_assert_int_eq(buf[i], i == 7 ? -2 : 103 + i);
+  tsess_free(&t);
+}
+END_TEST
+
+START_TEST(trigger_return_value) {
+  tsess t = trigger_session(-1);
+  incs(&t, 4);
+  fb_value r;
+  ck_assert_int_eq(fb_launch(t.s, t.get, NULL, 0, &r), 0);
+  ck_assert_int_eq(r.type, FB_T_I32);
+  ck_assert_int_eq(r.v.i, 4);
+  fb_counters c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, 1);
+  ck_assert_uint_eq(c.tasks_pending, 0);
+  ck_assert_uint_eq(c.launches, 5);
+  incs(&t, 1);
+  ck_assert_int_eq(fb_launch(t.s, t.get, NULL, 0, NULL), 0); /* flushes without a ret pointer too */
+  ck_assert_uint_eq(counters(t.s).flushes, 2);
+  ck_assert_int_eq(fb_launch(t.s, t.get, NULL, 0, &r), 0);
+  ck_assert_int_eq(r.v.i, 5);
+  tsess_free(&t);
+}
+END_TEST
+
+START_TEST(trigger_flush_every) {
+  tsess t = trigger_session(4);
+  incs(&t, 3);
+  ck_assert_uint_eq(counters(t.s).flushes, 0);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, 3);
+  incs(&t, 1);
+  ck_assert_uint_eq(counters(t.s).flushes, 1);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, 0);
+  incs(&t, 9);
+  ck_assert_uint_eq(counters(t.s).flushes, 3);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, 1);
+  ck_assert_int_eq(x5(&t), 13);
+  tsess_free(&t);
+  /* the default: every 50 pending tasks */
+  t = trigger_session(0);
+  incs(&t, 49);
+  ck_assert_uint_eq(counters(t.s).flushes, 0);
+  incs(&t, 1);
+  ck_assert_uint_eq(counters(t.s).flushes, 1);
+  fb_flush_stats fs;
+  ck_assert_int_eq(fb_session_last_flush(t.s, &fs), 0);
+  ck_assert_uint_eq(fs.flush, 1);
+  ck_assert_uint_eq(fs.tasks_in, 50);
+  ck_assert_uint_lt(fs.tasks_out, 50);
+  ck_assert(fs.optimizer_s > 0);
+  ck_assert_int_eq(x5(&t), 50);
+  tsess_free(&t);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- the paper's patterns */
+
+typedef struct pair_run {
+  fb_counters before, after;
+  int32_t *field;
+} pair_run;
+
+/* Launch `setup` and sync, then the step kernels, then sync; the counters
+ * around the step and field f afterwards. */
+static pair_run run_step(const char *src, const char *mode, const char *setup,
+                         const char *const *step, int nstep, const char *field) {
+  fb_program *p = parse(src);
+  fb_session_config cfg = {.mode = mode, .seed = 1};
+  fb_session *s = open_session(eng, p, &cfg);
+  pair_run r;
+  ck_assert_int_eq(fb_launch(s, kernel_id(s, p, setup, NULL), NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  int ids[8];
+  for (int i = 0; i < nstep; i++) ids[i] = kernel_id(s, p, step[i], NULL);
+  fb_session_counters(s, &r.before);
+  for (int i = 0; i < nstep; i++) ck_assert_int_eq(fb_launch(s, ids[i], NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_session_counters(s, &r.after);
+  int place = field_place(p, field);
+  size_t bytes = place_bytes(fb_program_layout(p), place);
+  r.field = malloc(bytes);
+  ck_assert_int_eq(fb_field_read(s, place, r.field, bytes), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return r;
+}
+
+#define DELTA(r, f) ((r).after.f - (r).before.f)
+
+START_TEST(minimal_example) {
+  const char *src = "layout { pointer(i: 16) as blocks { place x: i32 } }\n"
+                    "kernel init() { for i in 0 .. 16 { if i % 3 == 0 { x[i] = i } } }\n"
+                    "kernel inc() { for i in x { x[i] += 1 } }\n"
+                    "kernel inc2() { for i in x { x[i] += 2 } }\n";
+  const char *step[2] = {"inc", "inc2"};
+  pair_run sy = run_step(src, "sync", "init", step, 2, "x");
+  pair_run as = run_step(src, "async", "init", step, 2, "x");
+  ck_assert_uint_eq(DELTA(sy, tasks_launched), 6);
+  ck_assert_uint_eq(DELTA(as, tasks_launched), 3);
+  ck_assert_uint_ge(DELTA(as, listgens_removed), 1);
+  ck_assert_uint_ge(DELTA(as, tasks_fused), 1);
+  ck_assert_uint_ge(DELTA(as, activations_demoted), 1);
+  ck_assert_uint_eq(sy.after.tasks_fused, 0);
+  ck_assert_uint_eq(sy.after.listgens_removed, 0);
+  for (int i = 0; i < 16; i++) {
+    ck_assert_int_eq(sy.field[i], i % 3 == 0 ? i + 3 : 0);
+    ck_assert_int_eq(as.field[i], sy.field[i]);
+  }
+  free(sy.field);
+  free(as.field);
+}
+END_TEST
+
+START_TEST(chain_copy) {
+  const char *src = "layout { dense(i: 65536) { place x: i32, y: i32, z: i32 } }\n"
+                    "kernel init() { for i in 0 .. 65536 { x[i] = i * 7 } }\n"
+                    "kernel copy1() { for i in 0 .. 65536 { y[i] = x[i] + 1 } }\n"
+                    "kernel copy2() { for i in 0 .. 65536 { z[i] = y[i] + 4 } }\n";
+  const char *step[2] = {"copy1", "copy2"};
+  pair_run sy = run_step(src, "sync", "init", step, 2, "z");
+  pair_run as = run_step(src, "async", "init", step, 2, "z");
+  ck_assert_uint_eq(DELTA(sy, tasks_launched), 2);
+  ck_assert_uint_eq(DELTA(as, tasks_launched), 1);
+  ck_assert_uint_eq(DELTA(as, tasks_fused), 1);
+  ck_assert_uint_eq(DELTA(as, flushes), 1);
+  ck_assert_uint_gt(DELTA(as, optimizer_s) * 1e9, 0);
+  for (int i = 0; i < 65536; i++) ck_assert_int_eq(as.field[i], i * 7 + 5);
+  ck_assert_int_eq(memcmp(sy.field, as.field, sizeof(int32_t) * 65536), 0);
+  free(sy.field);
+  free(as.field);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- errors */
+
+static const char *err_src =
+    "layout {\n  dense(i: 100) { place a: i32 }\n  place out: i32\n}\n"
+    "kernel ok(v: i32) { out[] = v }\n"
+    "kernel overrun() { for i in 0 .. 105 { a[i] = i + 1 } }\n"
+    "kernel poke() { a[200] = 1 }\n"
+    "kernel get() -> i32 { return out[] }\n";
+
+START_TEST(background_errors) {
+  fb_program *p = parse(err_src);
+  fb_session_config cfg = async_cfg(0, -1);
+  fb_session *s = open_session(eng, p, &cfg);
+  int ok = kernel_id(s, p, "ok", NULL), over = kernel_id(s, p, "overrun", NULL);
+  int get = kernel_id(s, p, "get", NULL), a = field_place(p, "a");
+  fb_value v = fb_value_i32(9);
+  ck_assert_int_eq(fb_launch(s, ok, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, over, NULL, 0, NULL), 0); /* launch 1: queued, no error yet */
+  ck_assert_int_eq(fb_launch(s, ok, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), FB_EBOUNDS);
+  const char *msg = fb_session_errmsg(s);
+  ck_assert_msg(strstr(msg, "'overrun'") && strstr(msg, "launch 1"), "message: %s", msg);
+  uint64_t launch = 99;
+  int kernel = -1;
+  ck_assert_int_eq(fb_session_error_launch(s, &launch, &kernel), 0);
+  ck_assert_uint_eq(launch, 1);
+  ck_assert_int_eq(kernel, over);
+  ck_assert_int_eq(fb_sync(s), 0); /* reported once */
+  ck_assert_int_eq(fb_launch(s, 99, NULL, 0, NULL), FB_ENOENT); /* an error of its own */
+  ck_assert_int_eq(fb_session_error_launch(s, NULL, NULL), FB_ENOENT);
+  int32_t buf[100];
+  ck_assert_int_eq(fb_field_read(s, a, buf, sizeof buf), 0);
+  for (int e = 0; e < 100; e++) ck_assert_int_eq(buf[e], e + 1); /* in-bounds work was done */
+  /* reported by a host access (which still does its work) */
+  memset(buf, 0, sizeof buf);
+  ck_assert_int_eq(fb_launch(s, over, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_field_read(s, a, buf, sizeof buf), FB_EBOUNDS);
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "launch 3"));
+  ck_assert_int_eq(buf[99], 100);
+  /* by a launch with a return value, which still returns it */
+  v = fb_value_i32(31);
+  ck_assert_int_eq(fb_launch(s, ok, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, over, NULL, 0, NULL), 0);
+  fb_value r;
+  ck_assert_int_eq(fb_launch(s, get, NULL, 0, &r), FB_EBOUNDS);
+  ck_assert_int_eq(r.v.i, 31);
+  /* by fb_flush once the worker has met it, or else by the next sync */
+  ck_assert_int_eq(fb_launch(s, over, NULL, 0, NULL), 0);
+  int rf = fb_flush(s);
+  ck_assert(rf == 0 || rf == FB_EBOUNDS);
+  ck_assert_int_eq(fb_sync(s), rf == 0 ? FB_EBOUNDS : 0);
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "'overrun' (launch 7)"));
+  /* two errors before one sync: the first, and a count of the rest */
+  int poke = kernel_id(s, p, "poke", NULL);
+  ck_assert_int_eq(fb_launch(s, over, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, poke, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), FB_EBOUNDS);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "'overrun' (launch 8)") &&
+                    strstr(fb_session_errmsg(s), "(and 1 more error of background launches)"),
+                "%s", fb_session_errmsg(s));
+  /* the session works on */
+  v = fb_value_i32(4242);
+  ck_assert_int_eq(fb_launch(s, ok, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, get, NULL, 0, &r), 0);
+  ck_assert_int_eq(r.v.i, 4242);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+START_TEST(background_quota) {
+  const char *src = "layout { pointer(i: 64) as blk { dense(i: 1024) { place f: f32 } } }\n"
+                    "kernel paint(n: i32) { for i in 0 .. n { f[i * 1024] = 1.0 } }\n";
+  fb_program *p = parse(src);
+  const fb_layout *l = fb_program_layout(p);
+  /* room for a few blocks of 4 KiB besides the fields' own storage */
+  fb_session_config cfg = {.mode = "async", .memory_limit = l->root_bytes + 64 * 1024,
+                           .flush_every = -1};
+  fb_session *s = open_session(eng, p, &cfg);
+  int paint = kernel_id(s, p, "paint", NULL);
+  fb_value n = fb_value_i32(64);
+  ck_assert_int_eq(fb_launch(s, paint, &n, 1, NULL), 0);
+  int rc = fb_sync(s);
+  ck_assert_msg(rc == FB_EQUOTA, "sync: %s (%s)", fb_strerror(rc), fb_session_errmsg(s));
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "'paint'"));
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "launch 0"));
+  n = fb_value_i32(1);
+  ck_assert_int_eq(fb_launch(s, paint, &n, 1, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+START_TEST(bad_config) {
+  fb_program *p = parse(inc_src);
+  fb_session *s = NULL;
+  char err[256] = "";
+  fb_session_config cfg = {.mode = "async", .passes = 1u << 7};
+  ck_assert_int_eq(fb_session_create(eng, &cfg, fb_program_layout(p), &s, err, sizeof err),
+                   FB_EINVAL);
+  ck_assert_ptr_null(s);
+  ck_assert_ptr_nonnull(strstr(err, "pass"));
+  cfg = (fb_session_config){.mode = "async", .max_fuse_per_task = -2};
+  ck_assert_int_eq(fb_session_create(eng, &cfg, fb_program_layout(p), &s, err, sizeof err),
+                   FB_EINVAL);
+  /* the SFG trace needs async mode */
+  cfg = (fb_session_config){.mode = "sync"};
+  s = open_session(eng, p, &cfg);
+  ck_assert_int_eq(fb_session_trace_graph(s, 0, NULL, NULL), FB_EUNSUPPORTED);
+  ck_assert_int_eq(fb_flush(s), 0);
+  fb_flush_stats fs;
+  ck_assert_int_eq(fb_session_last_flush(s, &fs), FB_ENOENT);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- threads */
+
+/* A serial loop the compiler cannot shorten (an LCG). */
+static const char *spin_src =
+    "layout {\n  dense(i: 64) { place d: i32 }\n  place out: i32\n}\n"
+    "kernel scratchy(p: i32) {\n"
+    "  let c = out[]\n"
+    "  var v = c + p\n"
+    "  for i in 0 .. 64 { d[i] = i + v }\n"
+    "  v = v * 2\n"
+    "  out[] = v\n"
+    "}\n"
+    "kernel spin(n: i32) {\n"
+    "  var acc: i32 = 1\n"
+    "  var k: i32 = 0\n"
+    "  while k < n {\n"
+    "    acc = acc * 1103515245 + 12345\n"
+    "    k += 1\n"
+    "  }\n"
+    "  out[] = acc\n"
+    "}\n";
+
+START_TEST(flush_does_not_block) {
+  fb_program *p = parse(spin_src);
+  fb_session_config cfg = async_cfg(0, -1);
+  fb_session *s = open_session(eng, p, &cfg);
+  int spin = kernel_id(s, p, "spin", NULL);
+  fb_value n = fb_value_i32(300000000);
+  ck_assert_int_eq(fb_launch(s, spin, &n, 1, NULL), 0);
+  ck_assert_int_eq(fb_flush(s), 0);
+  /* fb_flush returned while the task was still being compiled or run */
+  fb_counters c = counters(s);
+  ck_assert_uint_eq(c.flushes, 1);
+  ck_assert_uint_eq(c.tasks_pending, 0);
+  ck_assert_uint_eq(c.tasks_launched, 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  c = counters(s);
+  ck_assert_uint_eq(c.tasks_launched, 1);
+  ck_assert(c.backend_s > 0);
+  /* the same with a trigger flush: the next launch is queued behind it */
+  n = fb_value_i32(200000000);
+  ck_assert_int_eq(fb_launch(s, spin, &n, 1, NULL), 0);
+  ck_assert_int_eq(fb_flush(s), 0);
+  n = fb_value_i32(5);
+  ck_assert_int_eq(fb_launch(s, spin, &n, 1, NULL), 0);
+  ck_assert_uint_eq(counters(s).tasks_launched, 1);
+  fb_value v;
+  ck_assert_int_eq(fb_cell_read(s, field_place(p, "out"), NULL, 0, &v), 0);
+  int32_t acc = 1;
+  for (int k = 0; k < 5; k++) acc = (int32_t)((uint32_t)acc * 1103515245u + 12345u);
+  ck_assert_int_eq(v.v.i, acc);
+  ck_assert_uint_eq(counters(s).tasks_launched, 3);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+START_TEST(compile_threads_agree) {
+  fb_engine *one = new_engine(1), *four = new_engine(4);
+  fb_session_config cfg = async_cfg(0, 3);
+  results r1 = {0}, r4 = {0};
+  run_script(one, sparse_src, sparse_script, &cfg, &r1);
+  run_script(four, sparse_src, sparse_script, &cfg, &r4);
+  same_results(&r1, &r4, "compile_threads 4 vs 1");
+  ck_assert_uint_eq(r1.c.tasks_launched, r4.c.tasks_launched);
+  ck_assert_uint_eq(r1.c.tasks_compiled + r1.c.cache_hits, r4.c.tasks_compiled + r4.c.cache_hits);
+  ck_assert_uint_gt(r4.c.tasks_compiled, 0);
+  results_free(&r1);
+  results_free(&r4);
+  fb_engine_destroy(one);
+  fb_engine_destroy(four);
+}
+END_TEST
+
+typedef struct worker {
+  int add, ok;
+  char msg[256];
+} worker;
+
+static void *session_thread(void *arg) {
+  worker *w = arg;
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  if (fb_program_parse("t.fbk", "layout { dense(i: 10000) { place a: i32 } }\n"
+                       "kernel bump(k: i32) { for i in 0 .. 10000 { a[i] += k } }\n",
+                       &p, &d)) return NULL;
+  fb_diags_free(&d);
+  fb_session_config cfg = {.mode = "async", .flush_every = 7};
+  fb_session *s = NULL;
+  fb_kernel *k = NULL;
+  int ok = fb_session_create(eng, &cfg, fb_program_layout(p), &s, w->msg, sizeof w->msg) == 0;
+  ok = ok && fb_program_instantiate(p, "bump", NULL, 0, &k, NULL) == 0;
+  int kid = ok ? fb_session_add_kernel(s, k) : -1;
+  fb_value a = fb_value_i32(w->add);
+  ok = ok && kid >= 0;
+  for (int r = 0; ok && r < 200; r++) ok = fb_launch(s, kid, &a, 1, NULL) == 0;
+  int32_t *g = malloc(sizeof(int32_t) * 10000);
+  int place = fb_program_field(p, 0)->places[0];
+  ok = ok && fb_field_read(s, place, g, sizeof(int32_t) * 10000) == 0;
+  for (int e = 0; ok && e < 10000; e++) ok = g[e] == 200 * w->add;
+  if (s) snprintf(w->msg, sizeof w->msg, "%s", fb_session_errmsg(s));
+  w->ok = ok;
+  free(g);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return NULL;
+}
+
+START_TEST(two_sessions_two_threads) {
+  worker w[2] = {{3, 0, ""}, {-5, 0, ""}};
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, session_thread, &w[t]), 0);
+  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  ck_assert_msg(w[0].ok, "session 0: %s", w[0].msg);
+  ck_assert_msg(w[1].ok, "session 1: %s", w[1].msg);
+}
+END_TEST
+
+START_TEST(destroy_with_work_pending) {
+  tsess t = trigger_session(2);
+  incs(&t, 7); /* three batches handed out, one task pending */
+  tsess_free(&t);
+  /* a registration that grows the scratch while a batch runs */
+  fb_program *p = parse(spin_src);
+  fb_session_config cfg = async_cfg(0, -1);
+  fb_session *s = open_session(eng, p, &cfg);
+  fb_value n = fb_value_i32(20000000);
+  ck_assert_int_eq(fb_launch(s, kernel_id(s, p, "spin", NULL), &n, 1, NULL), 0);
+  ck_assert_int_eq(fb_flush(s), 0);
+  int sc = kernel_id(s, p, "scratchy", NULL);
+  fb_value three = fb_value_i32(3);
+  ck_assert_int_eq(fb_launch(s, sc, &three, 1, NULL), 0);
+  int32_t d[64], acc = 1;
+  for (int k = 0; k < 20000000; k++) acc = (int32_t)((uint32_t)acc * 1103515245u + 12345u);
+  ck_assert_int_eq(fb_field_read(s, field_place(p, "d"), d, sizeof d), 0);
+  for (int i = 0; i < 64; i++) ck_assert_int_eq(d[i], (int32_t)((uint32_t)acc + 3u + (uint32_t)i));
+  /* and a session destroyed with a batch still running */
+  ck_assert_int_eq(fb_launch(s, kernel_id(s, p, "spin", NULL), &n, 1, NULL), 0);
+  ck_assert_int_eq(fb_flush(s), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- observability */
+
+typedef struct graph_log {
+  int calls, window_before, window_after, passes_seen, bad_dot;
+  uint64_t flush_seen;
+} graph_log;
+
+static void on_graph(void *user, uint64_t flush, int iteration, const char *pass,
+                     const char *when, const char *dot) {
+  graph_log *g = user;
+  g->calls++;
+  g->flush_seen = flush;
+  if (strcmp(pass, "window") == 0) {
+    if (strcmp(when, "before") == 0) g->window_before++;
+    else g->window_after++;
+  } else if (strcmp(when, "after") == 0) {
+    g->passes_seen++;
+  }
+  if (!dot || strncmp(dot, "digraph", 7) != 0) g->bad_dot++;
+}
+
+START_TEST(graph_trace) {
+  tsess t = trigger_session(-1);
+  graph_log g = {0};
+  ck_assert_int_eq(fb_session_trace_graph(t.s, 2, on_graph, &g), 0);
+  incs(&t, 2);
+  ck_assert_int_eq(fb_flush(t.s), 0); /* flush 1: not traced */
+  ck_assert_int_eq(g.calls, 0);
+  incs(&t, 3);
+  ck_assert_int_eq(fb_sync(t.s), 0); /* flush 2 */
+  ck_assert_int_gt(g.calls, 2);
+  ck_assert_uint_eq(g.flush_seen, 2);
+  ck_assert_int_eq(g.window_before, 1);
+  ck_assert_int_eq(g.window_after, 1);
+  ck_assert_int_ge(g.passes_seen, 4);
+  ck_assert_int_eq(g.bad_dot, 0);
+  int calls = g.calls;
+  incs(&t, 2);
+  ck_assert_int_eq(fb_sync(t.s), 0);
+  ck_assert_int_eq(g.calls, calls);
+  ck_assert_int_eq(x5(&t), 7);
+  tsess_free(&t);
+}
+END_TEST
+
+/* A JSON checker that also collects, per element of traceEvents, its
+ * "ph", "cat" and "tid". */
+typedef struct jp {
+  const char *s;
+  int depth, ok;
+  int in_events, nevents, ncompile, nlauncher, ndevice, nbad;
+  char ph[32], cat[32];
+  long tid;
+  int has_ts, has_dur, has_name;
+} jp;
+
+static void ws(jp *j) {
+  while (isspace((unsigned char)*j->s)) j->s++;
+}
+
+static int jvalue(jp *j, char *strout, size_t n, long *num);
+
+static int jstring(jp *j, char *out, size_t n) {
+  if (*j->s != '"') return 0;
+  j->s++;
+  size_t k = 0;
+  while (*j->s && *j->s != '"') {
+    if ((unsigned char)*j->s < 0x20) return 0;
+    if (*j->s == '\\') {
+      j->s++;
+      if (!*j->s) return 0;
+      if (*j->s == 'u') {
+        for (int i = 1; i <= 4; i++)
+          if (!isxdigit((unsigned char)j->s[i])) return 0;
+        j->s += 4;
+      } else if (!strchr("\"\\/bfnrt", *j->s)) {
+        return 0;
+      }
+    }
+    if (out && k + 1 < n) out[k++] = *j->s;
+    j->s++;
+  }
+  if (out && n) out[k] = 0;
+  if (*j->s != '"') return 0;
+  j->s++;
+  return 1;
+}
+
+static int jnumber(jp *j, long *num) {
+  char *end;
+  double d = strtod(j->s, &end);
+  if (end == j->s) return 0;
+  if (num) *num = (long)d;
+  j->s = end;
+  return 1;
+}
+
+static void event_start(jp *j) {
+  j->ph[0] = j->cat[0] = 0;
+  j->tid = -1;
+  j->has_ts = j->has_dur = j->has_name = 0;
+}
+
+static void event_end(jp *j) {
+  j->nevents++;
+  if (strcmp(j->ph, "X") != 0) return;
+  if (!j->has_ts || !j->has_dur || !j->has_name || j->tid < 0) j->nbad++;
+  if (strcmp(j->cat, "compile") == 0 && (j->tid >= 100 || j->tid == 2)) j->ncompile++;
+  if (j->tid == 2) j->nlauncher++;
+  if (j->tid == 3) j->ndevice++;
+}
+
+static int jobject(jp *j) {
+  int event = j->in_events && j->depth == 3;
+  if (event) event_start(j);
+  j->s++;
+  ws(j);
+  if (*j->s == '}') {
+    j->s++;
+    return 1;
+  }
+  for (;;) {
+    char key[32];
+    ws(j);
+    if (!jstring(j, key, sizeof key)) return 0;
+    ws(j);
+    if (*j->s++ != ':') return 0;
+    ws(j);
+    char sv[32] = "";
+    long num = -1;
+    if (j->depth == 1 && strcmp(key, "traceEvents") == 0) j->in_events = 1;
+    if (!jvalue(j, sv, sizeof sv, &num)) return 0;
+    if (j->depth == 1 && strcmp(key, "traceEvents") == 0) j->in_events = 0;
+    if (event && strcmp(key, "ph") == 0) snprintf(j->ph, sizeof j->ph, "%s", sv);
+    if (event && strcmp(key, "cat") == 0) snprintf(j->cat, sizeof j->cat, "%s", sv);
+    if (event && strcmp(key, "tid") == 0) j->tid = num;
+    if (event && strcmp(key, "ts") == 0) j->has_ts = 1;
+    if (event && strcmp(key, "dur") == 0) j->has_dur = num >= 0;
+    if (event && strcmp(key, "name") == 0) j->has_name = 1;
+    ws(j);
+    if (*j->s == ',') {
+      j->s++;
+      continue;
+    }
+    if (*j->s++ != '}') return 0;
+    if (event) event_end(j);
+    return 1;
+  }
+}
+
+static int jarray(jp *j) {
+  j->s++;
+  ws(j);
+  if (*j->s == ']') {
+    j->s++;
+    return 1;
+  }
+  for (;;) {
+    ws(j);
+    if (!jvalue(j, NULL, 0, NULL)) return 0;
+    ws(j);
+    if (*j->s == ',') {
+      j->s++;
+      continue;
+    }
+    return *j->s++ == ']';
+  }
+}
+
+static int jvalue(jp *j, char *strout, size_t n, long *num) {
+  ws(j);
+  int ok;
+  j->depth++;
+  if (*j->s == '{') ok = jobject(j);
+  else if (*j->s == '[') ok = jarray(j);
+  else if (*j->s == '"') ok = jstring(j, strout, n);
+  else if (!strncmp(j->s, "true", 4) || !strncmp(j->s, "null", 4)) ok = (j->s += 4, 1);
+  else if (!strncmp(j->s, "false", 5)) ok = (j->s += 5, 1);
+  else ok = jnumber(j, num);
+  j->depth--;
+  return ok;
+}
+
+START_TEST(timeline) {
+  char path[] = "/tmp/fb_async_traceXXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  fb_program *p = parse(sparse_src);
+  fb_session_config cfg = async_cfg(0, 4);
+  fb_session *s = open_session(eng, p, &cfg);
+  ck_assert_int_eq(fb_session_trace_begin(s, path), 0);
+  int init = kernel_id(s, p, "init", NULL), inc = kernel_id(s, p, "inc", NULL);
+  ck_assert_int_eq(fb_launch(s, init, NULL, 0, NULL), 0);
+  for (int k = 1; k <= 5; k++) {
+    fb_value v = fb_value_i32(k);
+    ck_assert_int_eq(fb_launch(s, inc, &v, 1, NULL), 0);
+  }
+  ck_assert_int_eq(fb_sync(s), 0);
+  ck_assert_int_eq(fb_session_trace_end(s), 0);
+  ck_assert_int_eq(fb_session_trace_end(s), FB_EINVAL); /* nothing recording */
+  size_t len = 0;
+  char *text = fbt_read_file(path, &len);
+  ck_assert_ptr_nonnull(text);
+  jp j = {text, 0, 1, 0, 0, 0, 0, 0, 0, "", "", -1, 0, 0, 0};
+  int ok = jvalue(&j, NULL, 0, NULL);
+  ws(&j);
+  ck_assert_msg(ok && *j.s == 0, "not valid JSON near: %.60s", j.s);
+  ck_assert_ptr_nonnull(strstr(text, "\"traceEvents\""));
+  ck_assert_int_gt(j.nevents, 5);
+  ck_assert_int_eq(j.nbad, 0);
+  ck_assert_int_gt(j.ncompile, 0);
+  ck_assert_int_gt(j.nlauncher, 0);
+  ck_assert_int_gt(j.ndevice, 0);
+  ck_assert_ptr_nonnull(strstr(text, "\"thread_name\""));
+  free(text);
+  /* an unwritable path is refused with a message */
+  ck_assert_int_eq(fb_session_trace_begin(s, "/nonexistent/dir/trace.json"), FB_EIO);
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "/nonexistent/dir"));
+  fb_session_destroy(s);
+  fb_program_free(p);
+  unlink(path);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("async");
+  TCase *tc = tcase_create("async");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, elementwise);
+  tcase_add_test(tc, struct_for_dense);
+  tcase_add_test(tc, reduction_returns);
+  tcase_add_test(tc, args_and_returns);
+  tcase_add_test(tc, scratch_across_launches);
+  tcase_add_test(tc, random_numbers);
+  tcase_add_test(tc, sparse_layouts);
+  tcase_add_test(tc, pending_until_trigger);
+  tcase_add_test(tc, trigger_host_read_and_sync);
+  tcase_add_test(tc, trigger_host_write);
+  tcase_add_test(tc, trigger_return_value);
+  tcase_add_test(tc, trigger_flush_every);
+  tcase_add_test(tc, minimal_example);
+  tcase_add_test(tc, chain_copy);
+  tcase_add_test(tc, background_errors);
+  tcase_add_test(tc, background_quota);
+  tcase_add_test(tc, bad_config);
+  tcase_add_test(tc, flush_does_not_block);
+  tcase_add_test(tc, compile_threads_agree);
+  tcase_add_test(tc, two_sessions_two_threads);
+  tcase_add_test(tc, destroy_with_work_pending);
+  tcase_add_test(tc, graph_trace);
+  tcase_add_test(tc, timeline);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return fbt_run(suite()); }
