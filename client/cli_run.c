@@ -1,49 +1,148 @@
 /* `fusebox run SESSION.json`: load a JSON session, run setup and one step,
  * evaluate its checks. Exit 0 when every check passes, 1 when one fails,
- * 2 for bad usage or input (with a message naming the problem). */
+ * 2 for bad usage or input (with a message naming the problem).
+ * `fusebox graph` is run with the SFG written as Graphviz DOT before and
+ * after each optimizer pass of a chosen flush. */
+#define _GNU_SOURCE
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "client/cli.h"
 #include "client/cli_session.h"
 
-static int help(FILE *f) {
-  fprintf(f,
-          "usage: fusebox run SESSION.json [--mode sync|async] [--param NAME=VALUE]... [-v]\n"
-          "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
-          "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
-          "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
-          "  2 when the session cannot run (the message names the problem).\n"
-          "  --mode   override session.mode     -v  print kernel return values\n"
-          "  --param  set a parameter (${NAME} in the program and the session)\n"
-          "example: fusebox run examples/life.json\n");
+typedef struct run_args {
+  const char *file, *graph_dir, *trace;
+  uint64_t flush;
+  int graphs_written;
+  fb_sess_opts o;
+  json_t *params;
+} run_args;
+
+static int help(FILE *f, int graph) {
+  if (graph)
+    fprintf(f,
+            "usage: fusebox graph SESSION.json [--flush N] [--out DIR] [--param NAME=VALUE]...\n"
+            "  Runs the session in async mode and writes the state-flow graph of flush\n"
+            "  N (default 1; 0 = every flush) as Graphviz DOT, before and after each\n"
+            "  optimizer pass, into DIR (default: graphs/), one file per step, in order:\n"
+            "  flush<N>-<seq>-it<iteration>-<pass>-<before|after>.dot (pass \"window\":\n"
+            "  the graph as flushed and fully optimized). Render with dot -Tsvg.\n"
+            "example: fusebox graph bench/micro/chain_copy.json --out /tmp/g\n");
+  else
+    fprintf(f,
+            "usage: fusebox run SESSION.json [--mode sync|async] [--param NAME=VALUE]...\n"
+            "                   [--graph DIR [--flush N]] [--trace FILE] [-v]\n"
+            "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
+            "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
+            "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
+            "  2 when the session cannot run (the message names the problem).\n"
+            "  --mode   override session.mode     -v  print kernel return values\n"
+            "  --param  set a parameter (${NAME} in the program and the session)\n"
+            "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
+            "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
+            "example: fusebox run examples/life.json\n");
   return f == stdout ? 0 : 2;
 }
 
-int fb_cli_run(int argc, char **argv) {
-  const char *file = NULL;
-  fb_sess_opts o = {.out = stdout};
-  json_t *params = json_object();
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--param") && i + 1 < argc) {
-      if (fb_cli_add_param(params, argv[++i])) { json_decref(params); return 2; }
-      continue;
-    }
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return help(stdout);
-    if (!strcmp(argv[i], "--mode") && i + 1 < argc) o.mode = argv[++i];
-    else if (!strcmp(argv[i], "-v")) o.verbose = 1;
-    else if (argv[i][0] != '-' && !file) file = argv[i];
-    else { json_decref(params); return help(stderr); }
+static int parse_args(int argc, char **argv, int graph, run_args *a) {
+  memset(a, 0, sizeof *a);
+  a->o.out = stdout;
+  a->params = json_object();
+  a->flush = 1;
+  if (graph) {
+    a->graph_dir = "graphs";
+    a->o.mode = "async";
   }
-  if (!file) { json_decref(params); return help(stderr); }
+  for (int i = 1; i < argc; i++) {
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
+    if (!strcmp(argv[i], "--param") && v) {
+      if (fb_cli_add_param(a->params, argv[++i])) return -1;
+    } else if (!strcmp(argv[i], "--mode") && v && !graph) a->o.mode = argv[++i];
+    else if ((!strcmp(argv[i], "--graph") && !graph) || (!strcmp(argv[i], "--out") && graph)) {
+      if (!v) return -1;
+      a->graph_dir = argv[++i];
+    } else if (!strcmp(argv[i], "--flush") && v) a->flush = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--trace") && v) a->trace = argv[++i];
+    else if (!strcmp(argv[i], "-v")) a->o.verbose = 1;
+    else if (argv[i][0] != '-' && !a->file) a->file = argv[i];
+    else return -1;
+  }
+  return a->file ? 0 : -1;
+}
+
+static void write_graph(void *user, uint64_t flush, int iteration, const char *pass, const char *when,
+                        const char *dot) {
+  run_args *a = user;
+  char *path = NULL;
+  if (asprintf(&path, "%s/flush%llu-%03d-it%02d-%s-%s.dot", a->graph_dir, (unsigned long long)flush,
+               a->graphs_written, iteration < 0 ? 0 : iteration, pass, when) < 0)
+    return;
+  FILE *f = fopen(path, "w");
+  if (f) {
+    fputs(dot, f);
+    fclose(f);
+    a->graphs_written++;
+  } else {
+    fprintf(stderr, "fusebox: %s: %s\n", path, strerror(errno));
+  }
+  free(path);
+}
+
+/* Graph and timeline hooks on the running session. */
+static int observe(run_args *a, fb_sess_run *r, char **err) {
+  fb_session *s = fb_sess_session(r);
+  if (a->graph_dir) {
+    if (mkdir(a->graph_dir, 0777) && errno != EEXIST) {
+      *err = strdup(strerror(errno));
+      return FB_EIO;
+    }
+    int rc = fb_session_trace_graph(s, a->flush, write_graph, a);
+    if (rc) {
+      if (asprintf(err, "--graph: the SFG exists in async mode only (%s)", fb_strerror(rc)) < 0) *err = NULL;
+      return rc;
+    }
+  }
+  if (a->trace && fb_session_trace_begin(s, a->trace)) {
+    if (asprintf(err, "--trace: cannot write %s", a->trace) < 0) *err = NULL;
+    return FB_EIO;
+  }
+  return 0;
+}
+
+static int finish_observe(run_args *a, fb_sess_run *r) {
+  if (!r) return 0;
+  fb_session *s = fb_sess_session(r);
+  int rc = 0;
+  if (a->trace) {
+    fb_sync(s);
+    rc = fb_session_trace_end(s);
+    if (!rc) fprintf(stderr, "timeline written to %s (open it in https://ui.perfetto.dev)\n", a->trace);
+  }
+  if (a->graph_dir)
+    fprintf(stderr, "%d graph%s written to %s/\n", a->graphs_written, a->graphs_written == 1 ? "" : "s",
+            a->graph_dir);
+  return rc;
+}
+
+static int run_common(int argc, char **argv, int graph) {
+  run_args a;
+  int pr = parse_args(argc, argv, graph, &a);
+  if (pr) {
+    json_decref(a.params);
+    return help(pr > 0 ? stdout : stderr, graph);
+  }
   fb_sess_file f;
   fb_sess_run *r = NULL;
   char *err = NULL;
-  int rc = fb_sess_load(file, params, &f, &err);
-  json_decref(params);
-  if (!rc) rc = fb_sess_start(&f, &o, &r, &err);
+  int rc = fb_sess_load(a.file, a.params, &f, &err);
+  json_decref(a.params);
+  if (!rc) rc = fb_sess_start(&f, &a.o, &r, &err);
+  if (!rc) rc = observe(&a, r, &err);
   if (!rc) rc = fb_sess_actions(r, "setup", &err);
   if (!rc) rc = fb_sess_actions(r, "step", &err);
   int failed = 0;
@@ -51,10 +150,14 @@ int fb_cli_run(int argc, char **argv) {
     failed = fb_sess_checks(r, &err);
     if (failed < 0) rc = failed;
   }
-  if (rc) fprintf(stderr, "fusebox run: %s\n", err ? err : fb_strerror(rc));
+  if (finish_observe(&a, r) && !rc) rc = FB_EIO;
+  if (rc) fprintf(stderr, "fusebox %s: %s\n", graph ? "graph" : "run", err ? err : fb_strerror(rc));
   else printf("%s: %s\n", f.name, failed ? "checks FAILED" : "all checks passed");
   free(err);
   fb_sess_stop(r);
   fb_sess_free(&f);
   return rc ? 2 : failed ? 1 : 0;
 }
+
+int fb_cli_run(int argc, char **argv) { return run_common(argc, argv, 0); }
+int fb_cli_graph(int argc, char **argv) { return run_common(argc, argv, 1); }

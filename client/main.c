@@ -16,6 +16,7 @@ static void usage(FILE *f) {
           "  ir FILE.fbk [--kernel NAME] print the IR of each kernel and of its tasks\n"
           "  run SESSION.json            run a JSON session once and evaluate its checks\n"
           "  bench SESSION.json...       run sessions in several engine modes; compare\n"
+          "  graph SESSION.json          write the state-flow graph before/after each pass\n"
           "  help                        this text\n"
           "\n"
           "Run 'fusebox COMMAND --help' for the options of a command.\n"
@@ -61,6 +62,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ir")) return fb_cli_ir(argc - 1, argv + 1);
   if (!strcmp(cmd, "run")) return fb_cli_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return fb_cli_bench(argc - 1, argv + 1);
+  if (!strcmp(cmd, "graph")) return fb_cli_graph(argc - 1, argv + 1);
   fprintf(stderr, "fusebox: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 2;

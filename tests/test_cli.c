@@ -192,8 +192,8 @@ START_TEST(check_ir_and_help) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "kernel \"saxpy[x,y]\"") && strstr(out, "# task 0 of saxpy[x,y]: struct_for"), "%s", out);
   free(out);
-  const char *cmds[] = {"check", "ir", "run", "bench"};
-  for (int i = 0; i < 4; i++) {
+  const char *cmds[] = {"check", "ir", "run", "bench", "graph"};
+  for (int i = 0; i < 5; i++) {
     snprintf(cmd, sizeof cmd, "%s %s --help", fusebox(), cmds[i]);
     ck_assert_int_eq(sh(cmd, &out), 0);
     ck_assert_msg(strstr(out, "usage: fusebox") && strstr(out, "example"), "%s", out);
@@ -249,6 +249,41 @@ START_TEST(bench_modes_and_json) {
 }
 END_TEST
 
+START_TEST(graph_and_trace) {
+  write_file("p.fbk", prog);
+  write_file("g.json",
+             "{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"session\": {\"mode\": \"async\"},\n"
+             "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]}, {\"launch\": \"fill\", \"args\": [2.0]},\n"
+             "            {\"sync\": true} ],\n"
+             "  \"checks\": [ {\"read\": \"a\", \"sum\": 44.0} ] }\n");
+  char cmd[2048], *out;
+  snprintf(cmd, sizeof cmd, "%s graph %s/g.json --out %s/graphs", fusebox(), tmpdir, tmpdir);
+  ck_assert_msg(sh(cmd, &out) == 0 && strstr(out, "graphs written"), "%s", out);
+  free(out);
+  char path[512];
+  snprintf(path, sizeof path, "%s/graphs/flush1-000-it00-window-before.dot", tmpdir);
+  char *dot = fbt_read_file(path, NULL);
+  ck_assert_msg(dot && strstr(dot, "digraph"), "no DOT at %s", path);
+  free(dot);
+  snprintf(cmd, sizeof cmd, "ls %s/graphs | grep -c fuse-after", tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_int_ge(atoi(out), 1);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s run %s/g.json --trace %s/t.json", fusebox(), tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  snprintf(path, sizeof path, "%s/t.json", tmpdir);
+  char *tj = fbt_read_file(path, NULL);
+  ck_assert_msg(tj && strstr(tj, "\"traceEvents\"") && strstr(tj, "\"ph\""), "%s", tj ? tj : "none");
+  free(tj);
+  /* the graph exists in async mode only: sync refuses clearly */
+  snprintf(cmd, sizeof cmd, "%s run %s/g.json --mode sync --graph %s/g2", fusebox(), tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "async mode only"), "%s", out);
+  free(out);
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -261,6 +296,7 @@ int main(void) {
   tcase_add_test(tc, bad_input_is_named);
   tcase_add_test(tc, check_ir_and_help);
   tcase_add_test(tc, bench_modes_and_json);
+  tcase_add_test(tc, graph_and_trace);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char cmd[512];
