@@ -87,6 +87,17 @@ typedef struct fb_cg_loop {
   LLVMBasicBlockRef cont;   /* target of continue */
 } fb_cg_loop;
 
+/* reduce.c: an atomic of the task's parallel loop that accumulates into a
+ * private value instead, with one atomic per body call at the end. */
+typedef struct fb_cg_red {
+  int stmt;                      /* the atomic statement */
+  fb_type type;                  /* the field's element type */
+  LLVMValueRef acc;              /* alloca: contributions combined so far */
+  LLVMValueRef hit;              /* alloca i8: nonzero once one happened */
+  LLVMValueRef idx[FB_MAX_AXES]; /* alloca per index computed inside the
+                                  * loop (NULL: defined before it) */
+} fb_cg_red;
+
 typedef struct fb_emit {
   const fb_kernel *k;
   const fb_layout *l;
@@ -116,6 +127,11 @@ typedef struct fb_emit {
   int sfor_loop, sfor_T;
   LLVMValueRef sfor_cell;
   int has_deactivate;     /* the task deactivates: no direct addressing */
+  /* reduce.c: the reductions of the task's loop; red_of[id] is the index
+   * into reds of atomic id, -1 (or red_of NULL) for a plain atomic */
+  fb_cg_red *reds;
+  int nreds;
+  int *red_of;
   int stmts;              /* statements lowered */
   int rc;                 /* first error, sticky */
   char *err;
@@ -173,6 +189,24 @@ LLVMValueRef fb_emit_global(fb_emit *e, LLVMValueRef p);
 /* A generic pointer to a module constant holding desc (bytes, a multiple
  * of 8) as i64s, named name; made once per module. */
 LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char *name);
+/* The atomic s (statement id) on explicit indices and value: given[d] the
+ * i32 index values (NULL: s's own operands), v the value (NULL: s's own
+ * operand); bounds check, activation and error latch as for s itself. */
+int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *given,
+                      LLVMValueRef v);
+
+/* reduce.c: reductions of a parallel task (see the file's comment).
+ * plan: choose the atomics of loop `loop` to turn into reductions; open:
+ * their accumulators, where the body function starts its loop;
+ * contribute: lower atomic id (red_of[id] >= 0) as a contribution; close:
+ * after the loop, one atomic per reduction that had a contribution; free:
+ * release the plan. 0 or e->rc. */
+int fb_reduce_plan(fb_emit *e, int loop);
+void fb_reduce_open(fb_emit *e);
+int fb_reduce_contribute(fb_emit *e, int id, const fb_stmt *s);
+int fb_reduce_close(fb_emit *e);
+void fb_reduce_free(fb_emit *e);
+
 /* range.c: is statement id an i32 whose value always lies in [min, max]? */
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max);
 /* Check that every container on the path to snode is dense (FB_EUNSUPPORTED

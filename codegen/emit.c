@@ -8,7 +8,8 @@
  * as a loop over list elements around a loop over the dense cells of each
  * (which vectorises like a dense loop), on NVPTX as one grid-stride loop.
  * The list tasks (clear_list, listgen, gc) call the runtime. Values are
- * lowered in emit_ops.c, memory in emit_mem.c. */
+ * lowered in emit_ops.c, memory in emit_mem.c; reductions of the task's
+ * loop (one atomic per body call instead of one per iteration) in reduce.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -806,7 +807,8 @@ static int emit_body_fn(fb_emit *e, const fb_cg_task *t, int loop_pos) {
         gpu_thread(e, &gid, &step);
         start = LLVMBuildAdd(e->b, lo, gid, "");
       }
-      emit_iterations(e, t->loop, s, start, hi, step);
+      fb_reduce_open(e);
+      if (!emit_iterations(e, t->loop, s, start, hi, step)) fb_reduce_close(e);
     }
   }
   if (e->rc) return e->rc;
@@ -1006,7 +1008,8 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
   LLVMSetDataLayout(e.m, datalayout);
   e.b = LLVMCreateBuilderInContext(c);
   e.ab = LLVMCreateBuilderInContext(c);
-  emit_body_fn(&e, t, loop_pos);
+  if (t->loop >= 0) fb_reduce_plan(&e, t->loop);
+  if (!e.rc) emit_body_fn(&e, t, loop_pos);
   if (!e.rc && t->loop >= 0) emit_bounds_fn(&e, t, loop_pos);
   if (!e.rc && o->target == FB_CG_NVPTX) {
     add_kernel_annotation(&e, o->body_name);
@@ -1022,6 +1025,7 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
     if (stmts) *stmts = e.stmts;
   }
 out:
+  fb_reduce_free(&e);
   free(e.vals);
   free(e.lidx);
   free(e.done);

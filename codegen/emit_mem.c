@@ -3,7 +3,9 @@
  * with a bounds check per index (out of bounds: skipped, loads give 0,
  * FB_EBOUNDS latched in *ctx->error), atomics, the sparse ops (is_active,
  * activate, deactivate, append, length), the launch scratch buffer (gtmp),
- * return slots and the inline rand() generator.
+ * return slots and the inline rand() generator. Atomics that reduce.c made
+ * reductions become contributions there, and their one atomic at the end
+ * of the body is emitted here (fb_emit_atomic_at).
  *
  * Addresses: a dense path is the arithmetic of fb_layout_dense_offset; a
  * path through sparse containers is walked from the root with one step
@@ -84,8 +86,8 @@ static int dense_path(const fb_layout *l, int snode) {
  * The indices of snode's axes are those of its dimensions in order, minus
  * the skipped axis `skip_axis` (-1: none). */
 static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
-                          int skip_axis, LLVMValueRef idx[FB_MAX_AXES], int axis[FB_MAX_AXES],
-                          LLVMValueRef *inb) {
+                          int skip_axis, const LLVMValueRef *given, LLVMValueRef idx[FB_MAX_AXES],
+                          int axis[FB_MAX_AXES], LLVMValueRef *inb) {
   const fb_snode *sn = &e->l->nodes[snode];
   int n = 0;
   for (int d = 0; d < sn->ndim; d++)
@@ -95,7 +97,7 @@ static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int e
     return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d takes %d indices", id, opname(s),
                          snode, n);
   for (int d = 0; d < n; d++) {
-    idx[d] = fb_emit_arg(e, s, d);
+    idx[d] = given ? given[d] : fb_emit_arg(e, s, d);
     if (!idx[d]) return e->rc;
     if (fb_emit_argtype(e, s, d) != FB_T_I32)
       return fb_emit_error(e, FB_EINVAL, "%%%d %s: index %d is not i32", id, opname(s), d);
@@ -111,7 +113,7 @@ static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int e
 static int index_check(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
                        LLVMValueRef idx[FB_MAX_AXES], LLVMValueRef *inb) {
   int axis[FB_MAX_AXES];
-  return index_check_ex(e, id, s, snode, extra, -1, idx, axis, inb);
+  return index_check_ex(e, id, s, snode, extra, -1, NULL, idx, axis, inb);
 }
 
 /* Global indices by axis (i64, 0 where absent) from checked indices. */
@@ -502,14 +504,18 @@ static int atomic_binop(fb_op op, fb_type t) {
   }
 }
 
-static int emit_atomic(fb_emit *e, int id, const fb_stmt *s) {
+int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *given,
+                      LLVMValueRef v) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
-  if (check_place(e, id, s) || index_check(e, id, s, s->snode, 1, idx, &inb)) return e->rc;
+  int axis[FB_MAX_AXES];
+  if (check_place(e, id, s) ||
+      index_check_ex(e, id, s, s->snode, 1, -1, given, idx, axis, &inb))
+    return e->rc;
   fb_type t = e->l->nodes[s->snode].type;
   int bop = atomic_binop((fb_op)s->op, t);
   if (bop < 0) return fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s),
                                     fb_type_name(t));
-  LLVMValueRef v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
+  if (!v) v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
   if (!v) return e->rc;
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
@@ -625,7 +631,7 @@ static const fb_snode *dynamic_node(fb_emit *e, int id, const fb_stmt *s, int ex
     if (d->axes & (1u << a)) dyn_axis = a;
   LLVMValueRef idx[FB_MAX_AXES];
   int axis[FB_MAX_AXES];
-  if (index_check_ex(e, id, s, s->snode, extra, dyn_axis, idx, axis, inb)) return NULL;
+  if (index_check_ex(e, id, s, s->snode, extra, dyn_axis, NULL, idx, axis, inb)) return NULL;
   w->leaf = s->snode;
   w->write = write;
   w->off = NULL;
@@ -783,7 +789,9 @@ int fb_emit_mem_op(fb_emit *e, int id, const fb_stmt *s) {
   case FB_OPC_LSTORE: return emit_lstore(e, id, s);
   case FB_OPC_GLOAD: return emit_load(e, id, s);
   case FB_OPC_GSTORE: return emit_store(e, id, s);
-  case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: return emit_atomic(e, id, s);
+  case FB_OPC_ATOMIC: case FB_OPC_IATOMIC:
+    if (e->red_of && e->red_of[id] >= 0) return fb_reduce_contribute(e, id, s);
+    return fb_emit_atomic_at(e, id, s, NULL, NULL);
   case FB_OPC_SPARSE: return emit_sparse(e, id, s);
   case FB_OPC_APPEND: return emit_append(e, id, s);
   case FB_OPC_LENGTH: return emit_length(e, id, s);

@@ -493,6 +493,7 @@ static void cg_case_atomics(const cg_layout *c, cg_case *cs) {
   fb_b_global(b, FB_OP_ATOMIC_ADD, c->ri, ix, 2, K_I32(1));
   fb_b_leave(b, sv);
   cg_add(cs, k, lp);
+  cs->ulps = 4; /* the f32 sum into s_f is accumulated per chunk (reduction) */
 }
 
 /* Nested serial loops inside a parallel one; a serial kernel of nested

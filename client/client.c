@@ -1,0 +1,424 @@
+/* libfusebox connections: the channel and its completion queue, blocking
+ * unary calls with deadlines, error codes from the server's status and its
+ * "fusebox-code" trailer, and the server-wide calls: health check, info,
+ * stats, and raw calls for tools and tests. */
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_internal.h"
+
+#define DEFAULT_TIMEOUT_MS 60000
+#define DEFAULT_MAX_MSG ((size_t)4 << 20)
+#define DEFAULT_CHUNK ((size_t)1 << 20)
+#define DEFAULT_BATCH 4096
+
+static void cerr(fb_client *c, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static void cerr(fb_client *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+}
+
+/* ---------------------------------------------------------------- calls */
+
+void fbc_end_init(fbc_end *e) {
+  grpc_metadata_array_init(&e->trailing);
+  e->status = GRPC_STATUS_UNKNOWN;
+  e->details = grpc_empty_slice();
+}
+
+void fbc_end_free(fbc_end *e) {
+  grpc_metadata_array_destroy(&e->trailing);
+  grpc_slice_unref(e->details);
+  e->details = grpc_empty_slice();
+}
+
+int fbc_end_code(const fbc_end *e, char *err, size_t errlen) {
+  if (e->status == GRPC_STATUS_OK) return FB_OK;
+  int code = fbp_code_of_status((int)e->status);
+  for (size_t i = 0; i < e->trailing.count; i++) {
+    const grpc_metadata *m = &e->trailing.metadata[i];
+    if (grpc_slice_str_cmp(m->key, FBP_CODE_KEY) != 0) continue;
+    char num[16];
+    size_t n = GRPC_SLICE_LENGTH(m->value) < 15 ? GRPC_SLICE_LENGTH(m->value) : 15;
+    memcpy(num, GRPC_SLICE_START_PTR(m->value), n);
+    num[n] = 0;
+    int v = atoi(num);
+    if (v < 0 && v >= FB_EINTERNAL) code = v;
+  }
+  if (err && errlen) {
+    size_t n = GRPC_SLICE_LENGTH(e->details);
+    if (n) snprintf(err, errlen, "%.*s", (int)n, (const char *)GRPC_SLICE_START_PTR(e->details));
+    else snprintf(err, errlen, "%s (gRPC status %d)", fb_strerror(code), (int)e->status);
+  }
+  return code;
+}
+
+static gpr_timespec deadline(const fb_client *c) {
+  if (c->timeout_ms < 0) return gpr_inf_future(GPR_CLOCK_MONOTONIC);
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_millis(c->timeout_ms, GPR_TIMESPAN));
+}
+
+grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline) {
+  grpc_slice m = grpc_slice_from_static_string(method);
+  gpr_timespec d = with_deadline ? deadline(c) : gpr_inf_future(GPR_CLOCK_REALTIME);
+  grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, m,
+                                             NULL, d, NULL);
+  grpc_slice_unref(m);
+  return call;
+}
+
+int fbc_start(grpc_call *call, const grpc_op *ops, size_t n, void *tag) {
+  return grpc_call_start_batch(call, ops, n, tag, NULL) == GRPC_CALL_OK ? 0 : FB_EINTERNAL;
+}
+
+int fbc_wait(fb_client *c, grpc_call *call, void *tag) {
+  grpc_event ev = grpc_completion_queue_pluck(c->cq, tag, deadline(c), NULL);
+  if (ev.type == GRPC_OP_COMPLETE) return ev.success ? 1 : 0;
+  /* timed out: cancel, then collect the op so that its tag is free again */
+  grpc_call_cancel_with_status(call, GRPC_STATUS_DEADLINE_EXCEEDED, "client timeout", NULL);
+  grpc_completion_queue_pluck(c->cq, tag, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  return -1;
+}
+
+int fbc_batch(fb_client *c, grpc_call *call, const grpc_op *ops, size_t n, void *tag) {
+  if (fbc_start(call, ops, n, tag)) return 0;
+  return fbc_wait(c, call, tag);
+}
+
+int fbc_start_status(grpc_call *call, fbc_end *e, void *tag) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  op.data.recv_status_on_client.trailing_metadata = &e->trailing;
+  op.data.recv_status_on_client.status = &e->status;
+  op.data.recv_status_on_client.status_details = &e->details;
+  return fbc_start(call, &op, 1, tag);
+}
+
+grpc_byte_buffer *fbc_bb(const void *p, size_t n) {
+  grpc_slice s = grpc_slice_from_copied_buffer(p, n);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+void fbc_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
+  grpc_byte_buffer_reader r;
+  if (!n || !grpc_byte_buffer_reader_init(&r, bb)) return;
+  grpc_slice s;
+  size_t pos = 0;
+  while (n && grpc_byte_buffer_reader_next(&r, &s)) {
+    size_t len = GRPC_SLICE_LENGTH(s);
+    if (pos + len > from) {
+      size_t off = from - pos, k = len - off < n ? len - off : n;
+      memcpy(dst, GRPC_SLICE_START_PTR(s) + off, k);
+      dst += k;
+      n -= k;
+      from += k;
+    }
+    pos += len;
+    grpc_slice_unref(s);
+  }
+  grpc_byte_buffer_reader_destroy(&r);
+}
+
+grpc_slice fbc_bb_slice(grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader r;
+  if (!bb || !grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  return s;
+}
+
+/* One message each way on a fresh call. */
+static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, grpc_slice *resp,
+                     char *err, size_t errlen) {
+  grpc_call *call = fbc_call_new(c, method, 1);
+  if (!call) {
+    snprintf(err, errlen, "cannot create a call to %s", method);
+    return FB_EINTERNAL;
+  }
+  fbc_end e;
+  fbc_end_init(&e);
+  grpc_metadata_array init_md;
+  grpc_metadata_array_init(&init_md);
+  grpc_byte_buffer *rbb = NULL;
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = req;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &rbb;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &e.trailing;
+  ops[5].data.recv_status_on_client.status = &e.status;
+  ops[5].data.recv_status_on_client.status_details = &e.details;
+  int tag;
+  int ok = fbc_batch(c, call, ops, 6, &tag);
+  int rc = ok > 0 ? fbc_end_code(&e, err, errlen) : FB_EIO;
+  if (ok == 0) snprintf(err, errlen, "%s: the call failed", method);
+  if (ok < 0) snprintf(err, errlen, "%s: no answer within %lld ms", method,
+                       (long long)c->timeout_ms);
+  if (resp) *resp = rc == 0 && rbb ? fbc_bb_slice(rbb) : grpc_empty_slice();
+  if (rbb) grpc_byte_buffer_destroy(rbb);
+  grpc_metadata_array_destroy(&init_md);
+  fbc_end_free(&e);
+  grpc_call_unref(call);
+  return rc;
+}
+
+int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
+              char *err, size_t errlen) {
+  size_t n = protobuf_c_message_get_packed_size(req);
+  grpc_slice s = grpc_slice_malloc(n);
+  protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  int rc = raw_unary(c, method, bb, resp, err, errlen);
+  grpc_byte_buffer_destroy(bb);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- connection */
+
+int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out,
+                      char *err, size_t errlen) {
+  *out = NULL;
+  if (!target || !*target) {
+    if (err && errlen) snprintf(err, errlen, "no server address given");
+    return FB_EINVAL;
+  }
+  fb_client *c = calloc(1, sizeof *c);
+  if (!c || !(c->target = strdup(target))) {
+    free(c);
+    if (err && errlen) snprintf(err, errlen, "out of memory");
+    return FB_ENOMEM;
+  }
+  c->timeout_ms = opt && opt->timeout_ms ? opt->timeout_ms : DEFAULT_TIMEOUT_MS;
+  c->max_msg = opt && opt->max_message_bytes ? opt->max_message_bytes : DEFAULT_MAX_MSG;
+  c->chunk = opt && opt->chunk_bytes ? opt->chunk_bytes : DEFAULT_CHUNK;
+  if (c->chunk + 256 > c->max_msg) c->chunk = c->max_msg - 256;
+  c->batch = opt && opt->batch_launches > 0 ? opt->batch_launches : DEFAULT_BATCH;
+  grpc_init();
+  grpc_arg a[2];
+  a[0].type = a[1].type = GRPC_ARG_INTEGER;
+  a[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  a[0].value.integer = -1;
+  a[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
+  a[1].value.integer = -1;
+  grpc_channel_args args = {2, a};
+  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+  c->ch = grpc_channel_create(target, cr, &args);
+  grpc_channel_credentials_release(cr);
+  c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  *out = c;
+  return 0;
+}
+
+void fb_client_close(fb_client *c) {
+  if (!c) return;
+  grpc_channel_destroy(c->ch);
+  grpc_completion_queue_shutdown(c->cq);
+  while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+             .type != GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(c->cq);
+  free(c->target);
+  free(c);
+  grpc_shutdown();
+}
+
+const char *fb_client_errmsg(const fb_client *c) { return c ? c->err : "no client"; }
+const char *fb_client_target(const fb_client *c) { return c ? c->target : ""; }
+
+/* ---------------------------------------------------------------- server-wide calls */
+
+int fb_client_ping(fb_client *c, int *status, double *rtt_s) {
+  Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  grpc_slice resp;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rc = fbc_unary(c, "/grpc.health.v1.Health/Check", &req.base, &resp, c->err, sizeof c->err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (rtt_s) *rtt_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (status) *status = 0;
+  if (rc) return rc;
+  Grpc__Health__V1__HealthCheckResponse *m = grpc__health__v1__health_check_response__unpack(
+      NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m) {
+    cerr(c, "malformed health check answer");
+    return FB_EINTERNAL;
+  }
+  int st = (int)m->status;
+  grpc__health__v1__health_check_response__free_unpacked(m, NULL);
+  if (status) *status = st;
+  if (st != GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING) {
+    cerr(c, "the server is not serving (status %d)", st);
+    return FB_EIO;
+  }
+  return 0;
+}
+
+static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
+
+int fb_client_info(fb_client *c, fb_server_info *out) {
+  memset(out, 0, sizeof *out);
+  Fusebox__V1__InfoRequest req = FUSEBOX__V1__INFO_REQUEST__INIT;
+  grpc_slice resp;
+  int rc = fbc_unary(c, "/fusebox.v1.Fusebox/GetInfo", &req.base, &resp, c->err, sizeof c->err);
+  if (rc) return rc;
+  Fusebox__V1__ServerInfo *m = fusebox__v1__server_info__unpack(NULL, GRPC_SLICE_LENGTH(resp),
+                                                                 GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m) {
+    cerr(c, "malformed GetInfo answer");
+    return FB_EINTERNAL;
+  }
+  copy_str(out->version, sizeof out->version, m->version);
+  copy_str(out->backend, sizeof out->backend, m->backend);
+  out->cores = m->cores;
+  out->max_sessions = m->max_sessions;
+  out->session_memory_limit = m->session_memory_limit;
+  out->max_message_bytes = m->max_message_bytes;
+  out->uptime_s = m->uptime_s;
+  size_t used = 0;
+  for (size_t i = 0; i < m->n_listen && used < sizeof out->listen; i++)
+    used += (size_t)snprintf(out->listen + used, sizeof out->listen - used, "%s%s",
+                             i ? " " : "", m->listen[i]);
+  fusebox__v1__server_info__free_unpacked(m, NULL);
+  return 0;
+}
+
+void fbc_learn_limits(fb_client *c) {
+  if (c->limits_known) return;
+  fb_server_info info;
+  char keep[FBC_ERRLEN];
+  memcpy(keep, c->err, sizeof keep);
+  if (fb_client_info(c, &info) == 0 && info.max_message_bytes >= 16384) {
+    c->limits_known = 1;
+    if (c->max_msg > info.max_message_bytes) c->max_msg = info.max_message_bytes;
+    if (c->chunk + 4096 > c->max_msg) c->chunk = c->max_msg - 4096;
+  }
+  memcpy(c->err, keep, sizeof keep);
+}
+
+static void session_stats(fb_session_stats *d, const Fusebox__V1__SessionStats *m) {
+  copy_str(d->tag, sizeof d->tag, m->tag);
+  d->memory_bytes = m->memory_bytes;
+  d->attached = m->attached;
+  d->idle_s = m->idle_s;
+  fbp_counters_from_pb(m->counters, &d->counters);
+}
+
+/* Shared with remote.c: stats of the server, and of one session when id is
+ * given. */
+int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, size_t errlen);
+
+int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  Fusebox__V1__StatsRequest req = FUSEBOX__V1__STATS_REQUEST__INIT;
+  req.session_id = (char *)(id ? id : "");
+  grpc_slice resp;
+  int rc = fbc_unary(c, "/fusebox.v1.Fusebox/GetStats", &req.base, &resp, err, errlen);
+  if (rc) return rc;
+  Fusebox__V1__ServerStats *m = fusebox__v1__server_stats__unpack(NULL, GRPC_SLICE_LENGTH(resp),
+                                                                   GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m) {
+    snprintf(err, errlen, "malformed GetStats answer");
+    return FB_EINTERNAL;
+  }
+  out->sessions_active = m->sessions_active;
+  out->sessions_created = m->sessions_created;
+  out->sessions_closed = m->sessions_closed;
+  out->sessions_disconnected = m->sessions_disconnected;
+  out->sessions_reaped = m->sessions_reaped;
+  out->sessions_failed = m->sessions_failed;
+  out->memory_bytes = m->memory_bytes;
+  out->memory_peak_bytes = m->memory_peak_bytes;
+  out->launches = m->launches;
+  out->syncs = m->syncs;
+  out->bad_requests = m->bad_requests;
+  out->bytes_in = m->bytes_in;
+  out->bytes_out = m->bytes_out;
+  out->uptime_s = m->uptime_s;
+  if (m->n_sessions && (out->sessions = calloc(m->n_sessions, sizeof *out->sessions))) {
+    for (size_t i = 0; i < m->n_sessions; i++) session_stats(&out->sessions[i], m->sessions[i]);
+    out->nsessions = (int)m->n_sessions;
+  }
+  fusebox__v1__server_stats__free_unpacked(m, NULL);
+  return 0;
+}
+
+int fb_client_stats(fb_client *c, fb_server_stats *out) {
+  return fbc_stats(c, NULL, out, c->err, sizeof c->err);
+}
+
+void fb_server_stats_free(fb_server_stats *s) {
+  if (!s) return;
+  free(s->sessions);
+  s->sessions = NULL;
+  s->nsessions = 0;
+}
+
+int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len,
+                       void **resp, size_t *resp_len, int *grpc_status) {
+  if (resp) *resp = NULL;
+  if (resp_len) *resp_len = 0;
+  grpc_call *call = fbc_call_new(c, method, 1);
+  fbc_end e;
+  fbc_end_init(&e);
+  grpc_metadata_array init_md;
+  grpc_metadata_array_init(&init_md);
+  grpc_byte_buffer *rq = fbc_bb(req, len), *rbb = NULL;
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = rq;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &rbb;
+  int tag, stag;
+  int ok = fbc_batch(c, call, ops, 5, &tag);
+  /* the status separately: a stream may answer with no message at all */
+  if (fbc_start_status(call, &e, &stag) == 0) fbc_wait(c, call, &stag);
+  int rc = fbc_end_code(&e, c->err, sizeof c->err);
+  if (grpc_status) *grpc_status = (int)e.status;
+  if (ok > 0 && rbb && resp) {
+    grpc_slice s = fbc_bb_slice(rbb);
+    size_t n = GRPC_SLICE_LENGTH(s);
+    if ((*resp = malloc(n ? n : 1))) {
+      memcpy(*resp, GRPC_SLICE_START_PTR(s), n);
+      if (resp_len) *resp_len = n;
+    }
+    grpc_slice_unref(s);
+  }
+  if (rbb) grpc_byte_buffer_destroy(rbb);
+  grpc_byte_buffer_destroy(rq);
+  grpc_metadata_array_destroy(&init_md);
+  fbc_end_free(&e);
+  grpc_call_unref(call);
+  return rc;
+}

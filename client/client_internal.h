@@ -1,0 +1,65 @@
+/* libfusebox internals: the connection object and the blocking-call helpers
+ * shared by client.c (connection, unary calls, info, stats, health) and
+ * remote.c (sessions, the Session stream, fields). Every call runs on the
+ * client's completion queue and is waited for with grpc_completion_queue_pluck
+ * on its own tag, so several calls may be in flight (a stream and a unary
+ * call) while one thread drives them. */
+#ifndef FUSEBOX_CLIENT_INTERNAL_H
+#define FUSEBOX_CLIENT_INTERNAL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+
+#include "fusebox/client.h"
+#include "proto/convert.h"
+
+#define FBC_ERRLEN 4096
+
+struct fb_client {
+  grpc_channel *ch;
+  grpc_completion_queue *cq;
+  char *target;
+  int64_t timeout_ms;  /* < 0: none */
+  size_t max_msg;
+  size_t chunk;
+  int batch;
+  int limits_known;    /* the server's message limit was asked for */
+  char err[FBC_ERRLEN];
+};
+
+/* Fit chunk and batch sizes under the server's message limit (asked once). */
+void fbc_learn_limits(fb_client *c);
+
+/* The end of one call: its gRPC status, the FB_E* code and the message. */
+typedef struct fbc_end {
+  grpc_metadata_array trailing;
+  grpc_status_code status;
+  grpc_slice details;
+} fbc_end;
+
+void fbc_end_init(fbc_end *e);
+void fbc_end_free(fbc_end *e);
+/* The FB_E* code (from "fusebox-code" when the server sent one) and the
+ * message into err. */
+int fbc_end_code(const fbc_end *e, char *err, size_t errlen);
+
+grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline);
+/* Start a batch and wait for it. 1 when it succeeded, 0 when it failed,
+ * -1 when it timed out (the call is then cancelled). wait = 0: start only. */
+int fbc_batch(fb_client *c, grpc_call *call, const grpc_op *ops, size_t n, void *tag);
+int fbc_start(grpc_call *call, const grpc_op *ops, size_t n, void *tag);
+int fbc_wait(fb_client *c, grpc_call *call, void *tag);
+/* Start RECV_STATUS_ON_CLIENT into e with tag. */
+int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
+
+/* One request, one reply: FB_OK or the code; the reply's bytes into *resp
+ * (a slice to unref; may be NULL) and the message into err. */
+int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
+              char *err, size_t errlen);
+grpc_byte_buffer *fbc_bb(const void *p, size_t n);
+/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
+void fbc_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+grpc_slice fbc_bb_slice(grpc_byte_buffer *bb);
+
+#endif

@@ -1,0 +1,743 @@
+/* libfusebox sessions: opening one (CreateSession, then the Session stream
+ * that keeps it alive), kernels from IR or from a program's source,
+ * pipelined launches encoded straight into the next stream message, syncs
+ * and the results they gather, and field transfers in chunks. */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client/client_internal.h"
+
+#define SESSION_PATH "/fusebox.v1.Fusebox/Session"
+#define LAUNCH_MAX_BYTES(nargs) (16 + (size_t)(nargs) * 24)
+
+int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, size_t errlen);
+
+typedef struct kinfo {
+  char *name;
+  int nparams;
+  fb_type ret;
+  const fb_kernel *src; /* the program's instance it came from, or NULL */
+} kinfo;
+
+struct fb_remote {
+  fb_client *c;
+  char id[40];
+  fb_layout *layout;     /* own copy */
+  fb_program *prog;      /* NULL, borrowed or owned */
+  int own_prog;
+  kinfo *k;
+  int nk, kcap;
+  /* the Session stream */
+  grpc_call *call;
+  int tag_send, tag_recv, tag_status; /* their addresses are the tags */
+  int md_sent, md_recvd, send_pending, broken, closed;
+  grpc_byte_buffer *send_bb, *recv_bb;
+  grpc_metadata_array init_md;
+  fbc_end end;
+  fbp_buf out;           /* the next SessionRequest */
+  int nqueued;
+  int64_t seq;           /* last sequence number given */
+  uint64_t next_sync;
+  /* results since the last fb_remote_sync */
+  fb_launch_return *rets;
+  int nrets, rcap;
+  fb_launch_error *errs;
+  int nerrs, ecap;
+  uint64_t rets_dropped, errs_dropped;
+  int delivered;
+  uint64_t done_seq;
+  fb_counters counters;
+  char err[FBC_ERRLEN];
+};
+
+static int rerr(fb_remote *r, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int rerr(fb_remote *r, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->err, sizeof r->err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char *fb_remote_errmsg(const fb_remote *r) { return r ? r->err : "no session"; }
+const char *fb_remote_id(const fb_remote *r) { return r ? r->id : ""; }
+const fb_layout *fb_remote_layout(const fb_remote *r) { return r ? r->layout : NULL; }
+fb_program *fb_remote_program(const fb_remote *r) { return r ? r->prog : NULL; }
+
+void fb_remote_options_init(fb_remote_options *o) {
+  memset(o, 0, sizeof *o);
+  o->listgen = o->demote = o->fusion = o->dse = -1;
+}
+
+/* ---------------------------------------------------------------- the stream */
+
+/* The stream failed: its status says why. */
+static int stream_broken(fb_remote *r) {
+  if (!r->broken) {
+    r->broken = 1;
+    grpc_call_cancel(r->call, NULL);
+  }
+  if (r->send_pending) {
+    fbc_wait(r->c, r->call, &r->tag_send);
+    r->send_pending = 0;
+    grpc_byte_buffer_destroy(r->send_bb);
+    r->send_bb = NULL;
+  }
+  if (!r->closed) {
+    fbc_wait(r->c, r->call, &r->tag_status);
+    r->closed = 1;
+  }
+  char msg[FBC_ERRLEN] = "the server ended the session";
+  int code = fbc_end_code(&r->end, msg, sizeof msg);
+  return rerr(r, code ? code : FB_EIO, "session %.8s: the stream ended: %s", r->id, msg);
+}
+
+static int wait_send(fb_remote *r) {
+  if (!r->send_pending) return 0;
+  int ok = fbc_wait(r->c, r->call, &r->tag_send);
+  r->send_pending = 0;
+  grpc_byte_buffer_destroy(r->send_bb);
+  r->send_bb = NULL;
+  return ok > 0 ? 0 : stream_broken(r);
+}
+
+/* Send the message being built (after the previous send completed). */
+static int stream_send(fb_remote *r) {
+  if (r->broken) return stream_broken(r);
+  int rc = wait_send(r);
+  if (rc) return rc;
+  if (r->out.oom) return rerr(r, FB_ENOMEM, "out of memory queueing launches");
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!r->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    r->md_sent = 1;
+  }
+  r->send_bb = fbc_bb(r->out.p, r->out.n);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = r->send_bb;
+  r->out.n = 0;
+  r->nqueued = 0;
+  if (fbc_start(r->call, ops, n, &r->tag_send)) return stream_broken(r);
+  r->send_pending = 1;
+  return 0;
+}
+
+static int stream_open(fb_remote *r) {
+  r->call = fbc_call_new(r->c, SESSION_PATH, 0);
+  if (!r->call) return rerr(r, FB_EINTERNAL, "cannot create the Session stream");
+  /* the status, with the initial metadata, which must be received before it */
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[0].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
+  ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[1].data.recv_status_on_client.trailing_metadata = &r->end.trailing;
+  ops[1].data.recv_status_on_client.status = &r->end.status;
+  ops[1].data.recv_status_on_client.status_details = &r->end.details;
+  r->md_recvd = 1;
+  if (fbc_start(r->call, ops, 2, &r->tag_status)) {
+    r->closed = r->broken = 1;
+    return rerr(r, FB_EINTERNAL, "cannot start the Session stream");
+  }
+  fbp_session_tail(&r->out, r->id, 0, 0); /* attach: the session lives with this stream */
+  return stream_send(r);
+}
+
+/* ---------------------------------------------------------------- results */
+
+static void clear_results(fb_remote *r) {
+  for (int i = 0; i < r->nerrs; i++) free((char *)r->errs[i].msg);
+  r->nerrs = r->nrets = 0;
+  r->rets_dropped = r->errs_dropped = 0;
+  r->delivered = 0;
+}
+
+static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
+  if (r->delivered) clear_results(r);
+  if (r->nrets + m->n_returns > (size_t)r->rcap) {
+    size_t nc = (size_t)r->nrets + m->n_returns + 64;
+    fb_launch_return *v = realloc(r->rets, sizeof *v * nc);
+    if (!v) return rerr(r, FB_ENOMEM, "out of memory");
+    r->rets = v;
+    r->rcap = (int)nc;
+  }
+  for (size_t i = 0; i < m->n_returns; i++) {
+    fb_launch_return *d = &r->rets[r->nrets++];
+    d->seq = m->returns[i]->seq;
+    d->kernel = m->returns[i]->kernel;
+    if (fbp_value_from_pb(m->returns[i]->value, &d->value)) memset(&d->value, 0, sizeof d->value);
+  }
+  if (r->nerrs + m->n_errors > (size_t)r->ecap) {
+    size_t nc = (size_t)r->nerrs + m->n_errors + 16;
+    fb_launch_error *v = realloc(r->errs, sizeof *v * nc);
+    if (!v) return rerr(r, FB_ENOMEM, "out of memory");
+    r->errs = v;
+    r->ecap = (int)nc;
+  }
+  for (size_t i = 0; i < m->n_errors; i++) {
+    fb_launch_error *d = &r->errs[r->nerrs];
+    d->msg = strdup(m->errors[i]->message ? m->errors[i]->message : "");
+    if (!d->msg) continue;
+    d->seq = m->errors[i]->seq;
+    d->kernel = m->errors[i]->kernel;
+    d->code = m->errors[i]->code < 0 ? m->errors[i]->code : FB_EINTERNAL;
+    r->nerrs++;
+  }
+  r->rets_dropped += m->returns_dropped;
+  r->errs_dropped += m->errors_dropped;
+  r->done_seq = m->seq;
+  fbp_counters_from_pb(m->counters, &r->counters);
+  return 0;
+}
+
+/* Wait for the SyncResult of sync id. */
+static int recv_sync(fb_remote *r, uint64_t id) {
+  for (;;) {
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!r->md_recvd) {
+      ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+      ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
+      r->md_recvd = 1;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &r->recv_bb;
+    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb)
+      return stream_broken(r);
+    grpc_slice s = fbc_bb_slice(r->recv_bb);
+    grpc_byte_buffer_destroy(r->recv_bb);
+    r->recv_bb = NULL;
+    Fusebox__V1__SessionResponse *m = fusebox__v1__session_response__unpack(
+        NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+    if (!m) return rerr(r, FB_EINTERNAL, "malformed SessionResponse from the server");
+    int rc = 0, mine = m->sync && m->sync->sync_id == id;
+    if (m->sync) rc = merge(r, m->sync);
+    fusebox__v1__session_response__free_unpacked(m, NULL);
+    if (rc || mine) return rc;
+  }
+}
+
+static int do_sync(fb_remote *r, int flush) {
+  if (r->broken) return stream_broken(r);
+  uint64_t id = ++r->next_sync;
+  fbp_session_tail(&r->out, NULL, flush, id);
+  int rc = stream_send(r);
+  if (!rc) rc = recv_sync(r, id); /* the send completes meanwhile */
+  if (!rc) rc = wait_send(r);
+  return rc;
+}
+
+/* Before field access: make every queued launch run first. */
+static int presync(fb_remote *r) {
+  if (r->nqueued == 0 && (uint64_t)r->seq == r->done_seq) return r->broken ? stream_broken(r) : 0;
+  return do_sync(r, 0);
+}
+
+static const char *kernel_name(const fb_remote *r, int k) {
+  return k >= 0 && k < r->nk && r->k[k].name ? r->k[k].name : "?";
+}
+
+int fb_remote_sync(fb_remote *r, fb_sync_result *out) {
+  if (out) memset(out, 0, sizeof *out);
+  int rc = do_sync(r, 0);
+  if (rc) return rc;
+  if (out) {
+    out->seq = r->done_seq;
+    out->returns = r->rets;
+    out->nreturns = r->nrets;
+    out->errors = r->errs;
+    out->nerrors = r->nerrs;
+    out->returns_dropped = r->rets_dropped;
+    out->errors_dropped = r->errs_dropped;
+    out->counters = r->counters;
+  }
+  r->delivered = 1;
+  if (r->nerrs) {
+    const fb_launch_error *e = &r->errs[0];
+    return rerr(r, e->code, "launch #%llu (kernel %d '%s'): %s", (unsigned long long)e->seq,
+                e->kernel, kernel_name(r, e->kernel), e->msg);
+  }
+  return 0;
+}
+
+int fb_remote_flush(fb_remote *r) {
+  if (r->broken) return stream_broken(r);
+  fbp_session_tail(&r->out, NULL, 1, 0);
+  return stream_send(r);
+}
+
+int fb_remote_counters(fb_remote *r, fb_counters *out) {
+  int rc = do_sync(r, 0);
+  if (!rc) *out = r->counters;
+  return rc;
+}
+
+/* ---------------------------------------------------------------- launches */
+
+int64_t fb_remote_launch(fb_remote *r, int kernel, const fb_value *args, int nargs) {
+  if (kernel < 0 || kernel >= r->nk || !r->k[kernel].name)
+    return rerr(r, FB_ENOENT, "no kernel with id %d in this session (%d registered)", kernel,
+                r->nk);
+  if (nargs != r->k[kernel].nparams || (nargs > 0 && !args))
+    return rerr(r, FB_ETYPE, "kernel '%s' takes %d arguments, %d given", r->k[kernel].name,
+                r->k[kernel].nparams, nargs);
+  if (r->broken) return stream_broken(r);
+  fb_client *c = r->c;
+  if (r->nqueued >= c->batch || r->out.n + LAUNCH_MAX_BYTES(nargs) + 64 > c->max_msg) {
+    int rc = stream_send(r);
+    if (rc) return rc;
+  }
+  fbp_launch_append(&r->out, kernel, args, nargs);
+  if (r->out.oom) return rerr(r, FB_ENOMEM, "out of memory queueing a launch");
+  r->nqueued++;
+  return ++r->seq;
+}
+
+int fb_remote_call(fb_remote *r, int kernel, const fb_value *args, int nargs, fb_value *ret) {
+  int64_t seq = fb_remote_launch(r, kernel, args, nargs);
+  if (seq < 0) return (int)seq;
+  fb_sync_result res;
+  int rc = fb_remote_sync(r, &res);
+  for (int i = 0; i < res.nerrors; i++)
+    if (res.errors[i].seq == (uint64_t)seq)
+      return rerr(r, res.errors[i].code, "%s", res.errors[i].msg);
+  if (ret) {
+    memset(ret, 0, sizeof *ret);
+    for (int i = 0; i < res.nreturns; i++)
+      if (res.returns[i].seq == (uint64_t)seq) *ret = res.returns[i].value;
+  }
+  return rc;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+static int record_kernel(fb_remote *r, int id, const fb_kernel *k, const fb_kernel *src) {
+  if (id >= r->kcap) {
+    int nc = id + 16;
+    kinfo *v = realloc(r->k, sizeof *v * (size_t)nc);
+    if (!v) return rerr(r, FB_ENOMEM, "out of memory");
+    memset(v + r->kcap, 0, sizeof *v * (size_t)(nc - r->kcap));
+    r->k = v;
+    r->kcap = nc;
+  }
+  kinfo *ki = &r->k[id];
+  free(ki->name);
+  if (!(ki->name = strdup(k->name))) return rerr(r, FB_ENOMEM, "out of memory");
+  ki->nparams = k->nparams;
+  ki->ret = k->ret;
+  ki->src = src;
+  if (id >= r->nk) r->nk = id + 1;
+  return 0;
+}
+
+static int register_kernel(fb_remote *r, const fb_kernel *k, const fb_kernel *src) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__RegisterKernelsRequest req = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
+  Fusebox__V1__Kernel *km = fbp_kernel_to_pb(&a, k);
+  req.session_id = r->id;
+  req.n_kernels = 1;
+  req.kernels = &km;
+  grpc_slice resp = grpc_empty_slice();
+  int rc = km ? fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+                          sizeof r->err)
+              : rerr(r, FB_ENOMEM, "out of memory");
+  fbp_arena_free(&a);
+  if (rc) return rc;
+  Fusebox__V1__RegisterKernelsResponse *m = fusebox__v1__register_kernels_response__unpack(
+      NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m || m->n_kernel_ids != 1 || m->kernel_ids[0] < 0 || m->kernel_ids[0] > (1 << 24)) {
+    if (m) fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+    return rerr(r, FB_EINTERNAL, "malformed RegisterKernels answer");
+  }
+  int id = m->kernel_ids[0];
+  fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+  rc = record_kernel(r, id, k, src);
+  return rc ? rc : id;
+}
+
+int fb_remote_add_kernel(fb_remote *r, const fb_kernel *k) {
+  if (!k) return rerr(r, FB_EINVAL, "no kernel given");
+  return register_kernel(r, k, NULL);
+}
+
+int fb_remote_kernel(fb_remote *r, const char *name, const char *const *fields, int nfields) {
+  if (!r->prog) return rerr(r, FB_EINVAL, "this session was not opened from a program");
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(r->prog, name, fields, nfields, &k, &d);
+  if (rc) {
+    char *msg = fb_diags_render(fb_program_filename(r->prog), fb_program_source(r->prog), &d);
+    rerr(r, rc, "kernel '%s': %s", name, msg && *msg ? msg : fb_strerror(rc));
+    free(msg);
+    fb_diags_free(&d);
+    return rc;
+  }
+  fb_diags_free(&d);
+  for (int i = 0; i < r->nk; i++)
+    if (r->k[i].src == k) return i;
+  return register_kernel(r, k, k);
+}
+
+int fb_remote_find_field(const fb_remote *r, const char *name, int comp) {
+  if (!name) return FB_EINVAL;
+  if (r->prog) {
+    int f = fb_program_find_field(r->prog, name);
+    if (f < 0) return FB_ENOENT;
+    const fb_lang_field *lf = fb_program_field(r->prog, f);
+    return comp >= 0 && comp < lf->ncomp ? lf->places[comp] : FB_ENOENT;
+  }
+  int id = fb_layout_find(r->layout, name);
+  return id > 0 && r->layout->nodes[id].kind == FB_SN_PLACE && comp == 0 ? id : FB_ENOENT;
+}
+
+/* ---------------------------------------------------------------- open and close */
+
+static void options_to_pb(fbp_arena *a, const fb_remote_options *o, Fusebox__V1__SessionOptions *m) {
+  fusebox__v1__session_options__init(m);
+  if (!o) return;
+  m->backend = fbp_strdup(a, o->backend ? o->backend : "");
+  m->mode = fbp_strdup(a, o->mode ? o->mode : "");
+  const char *names[4] = {"listgen", "demote", "fusion", "dse"};
+  int vals[4] = {o->listgen, o->demote, o->fusion, o->dse};
+  m->passes = fbp_alloc(a, sizeof *m->passes * 4);
+  for (int i = 0; i < 4 && m->passes; i++) {
+    if (vals[i] < 0) continue;
+    Fusebox__V1__SessionOptions__PassesEntry *e = fbp_alloc(a, sizeof *e);
+    if (!e) break;
+    fusebox__v1__session_options__passes_entry__init(e);
+    e->key = (char *)names[i];
+    e->value = vals[i] != 0;
+    m->passes[m->n_passes++] = e;
+  }
+  m->flush_every = o->flush_every;
+  m->max_fuse_per_task = o->max_fuse_per_task;
+  m->compile_threads = o->compile_threads;
+  m->seed = o->seed;
+  m->memory_limit = o->memory_limit;
+}
+
+static int create_session(fb_remote *r, const fb_remote_options *o, const fb_layout *l) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CreateSessionRequest req = FUSEBOX__V1__CREATE_SESSION_REQUEST__INIT;
+  Fusebox__V1__SessionOptions opts;
+  options_to_pb(&a, o, &opts);
+  req.options = &opts;
+  req.layout = fbp_layout_to_pb(&a, l);
+  grpc_slice resp = grpc_empty_slice();
+  int rc = req.layout ? fbc_unary(r->c, "/fusebox.v1.Fusebox/CreateSession", &req.base, &resp,
+                                  r->err, sizeof r->err)
+                      : rerr(r, FB_ENOMEM, "out of memory");
+  fbp_arena_free(&a);
+  if (rc) return rc;
+  Fusebox__V1__CreateSessionResponse *m = fusebox__v1__create_session_response__unpack(
+      NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m || strlen(m->session_id) >= sizeof r->id) {
+    if (m) fusebox__v1__create_session_response__free_unpacked(m, NULL);
+    return rerr(r, FB_EINTERNAL, "malformed CreateSession answer");
+  }
+  snprintf(r->id, sizeof r->id, "%s", m->session_id);
+  fusebox__v1__create_session_response__free_unpacked(m, NULL);
+  return 0;
+}
+
+static void remote_free(fb_remote *r) {
+  if (r->call) grpc_call_unref(r->call);
+  if (r->send_bb) grpc_byte_buffer_destroy(r->send_bb);
+  if (r->recv_bb) grpc_byte_buffer_destroy(r->recv_bb);
+  grpc_metadata_array_destroy(&r->init_md);
+  fbc_end_free(&r->end);
+  fbp_buf_free(&r->out);
+  clear_results(r);
+  free(r->rets);
+  free(r->errs);
+  for (int i = 0; i < r->nk; i++) free(r->k[i].name);
+  free(r->k);
+  fb_layout_free(r->layout);
+  if (r->own_prog) fb_program_free(r->prog);
+  free(r);
+}
+
+int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *layout,
+                   fb_remote **out) {
+  *out = NULL;
+  if (!layout || !layout->finalized) {
+    snprintf(c->err, sizeof c->err, "the session's layout is missing or not finalized");
+    return FB_EINVAL;
+  }
+  fb_remote *r = calloc(1, sizeof *r);
+  if (!r) return FB_ENOMEM;
+  r->c = c;
+  grpc_metadata_array_init(&r->init_md);
+  fbc_end_init(&r->end);
+  fbc_learn_limits(c);
+  int rc = (r->layout = fb_layout_clone(layout)) ? 0 : rerr(r, FB_ENOMEM, "out of memory");
+  if (!rc) rc = create_session(r, opt, layout);
+  if (!rc) rc = stream_open(r); /* on failure the stream is already over */
+  if (rc) {
+    snprintf(c->err, sizeof c->err, "%s", r->err);
+    remote_free(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+int fb_remote_open_program(fb_client *c, const fb_remote_options *opt, fb_program *p,
+                           fb_remote **out) {
+  *out = NULL;
+  if (!p) return FB_EINVAL;
+  int rc = fb_remote_open(c, opt, fb_program_layout(p), out);
+  if (!rc) (*out)->prog = p;
+  return rc;
+}
+
+int fb_remote_open_source(fb_client *c, const fb_remote_options *opt, const char *filename,
+                          const char *src, fb_remote **out) {
+  *out = NULL;
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse(filename ? filename : "<source>", src ? src : "", &p, &d);
+  if (rc) {
+    char *msg = fb_diags_render(filename ? filename : "<source>", src, &d);
+    snprintf(c->err, sizeof c->err, "%s", msg ? msg : fb_strerror(rc));
+    free(msg);
+    fb_diags_free(&d);
+    return rc;
+  }
+  fb_diags_free(&d);
+  rc = fb_remote_open_program(c, opt, p, out);
+  if (rc) fb_program_free(p);
+  else (*out)->own_prog = 1;
+  return rc;
+}
+
+int fb_remote_close(fb_remote *r) {
+  if (!r) return 0;
+  int rc = 0;
+  fb_client *c = r->c;
+  if (!r->broken) {
+    if (r->nqueued) rc = stream_send(r);
+    if (!rc) rc = wait_send(r);
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    if (!rc && fbc_batch(c, r->call, &op, 1, &r->tag_send) <= 0) rc = stream_broken(r);
+  }
+  if (!r->closed) {
+    if (fbc_wait(c, r->call, &r->tag_status) <= 0 && !rc)
+      rc = rerr(r, FB_EIO, "closing session %.8s: no answer from the server", r->id);
+    r->closed = 1;
+  }
+  char msg[FBC_ERRLEN] = "";
+  int code = fbc_end_code(&r->end, msg, sizeof msg);
+  if (code && !rc) rc = rerr(r, code, "closing session %.8s: %s", r->id, msg);
+  if (rc) snprintf(c->err, sizeof c->err, "%s", r->err);
+  remote_free(r);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- fields */
+
+int fb_remote_field_bytes(const fb_remote *r, int field, size_t *bytes) {
+  const fb_layout *l = r->layout;
+  if (field < 0 || field >= l->nnodes || l->nodes[field].kind != FB_SN_PLACE) return FB_ENOENT;
+  *bytes = (size_t)fb_field_numel(l, field) * fb_type_size(l->nodes[field].type);
+  return 0;
+}
+
+static int check_io(fb_remote *r, int field, const void *buf, size_t bytes, const char *what) {
+  size_t want = 0;
+  if (fb_remote_field_bytes(r, field, &want))
+    return rerr(r, FB_ENOENT, "%s: no field with id %d", what, field);
+  if (!buf || bytes != want)
+    return rerr(r, FB_EINVAL, "%s: field '%s' holds %zu bytes; %zu given", what,
+                r->layout->nodes[field].name, want, bytes);
+  return presync(r);
+}
+
+/* Finish a field call: wait for its status, the code and message into r. */
+static int end_call(fb_remote *r, grpc_call *call, fbc_end *e, int *stag, int rc,
+                    const char *what) {
+  int ok = fbc_wait(r->c, call, stag);
+  char msg[FBC_ERRLEN] = "";
+  int code = ok > 0 ? fbc_end_code(e, msg, sizeof msg) : FB_EIO;
+  if (!rc && code) rc = rerr(r, code, "%s: %s", what, ok > 0 ? msg : "no answer");
+  fbc_end_free(e);
+  grpc_call_unref(call);
+  return rc;
+}
+
+/* The data slices point into the caller's buffer; the write waits until
+ * gRPC has let go of every one of them before it returns. */
+typedef struct lent {
+  atomic_int out;
+} lent;
+
+static void lent_back(void *p) { atomic_fetch_sub(&((lent *)p)->out, 1); }
+
+static void wait_lent(lent *l) {
+  for (int i = 0; atomic_load(&l->out) > 0 && i < 100000; i++) {
+    struct timespec ts = {0, 100000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *src,
+                       size_t bytes, lent *l) {
+  int tag, pending = 0, ok = 1;
+  grpc_byte_buffer *bb = NULL;
+  size_t chunk = r->c->chunk;
+  for (size_t off = 0; off < bytes && ok > 0; off += chunk) {
+    size_t n = bytes - off < chunk ? bytes - off : chunk;
+    uint8_t hdr[FBP_CHUNK_HEADER_MAX];
+    size_t hn = fbp_chunk_header(hdr, off ? NULL : r->id, off ? 0 : field, off,
+                                 off ? 0 : bytes, n);
+    atomic_fetch_add(&l->out, 1);
+    grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
+                        grpc_slice_new_with_user_data((void *)(src + off), n, lent_back, l)};
+    grpc_byte_buffer *next = grpc_raw_byte_buffer_create(sl, 2);
+    grpc_slice_unref(sl[0]);
+    grpc_slice_unref(sl[1]);
+    if (pending) ok = fbc_wait(r->c, call, &tag);
+    if (bb) grpc_byte_buffer_destroy(bb);
+    bb = next;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t k = 0;
+    if (!off) ops[k++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[k].op = GRPC_OP_SEND_MESSAGE;
+    ops[k++].data.send_message.send_message = bb;
+    if (ok > 0) ok = fbc_start(call, ops, k, &tag) ? 0 : 1;
+    pending = ok > 0;
+  }
+  if (pending) ok = fbc_wait(r->c, call, &tag);
+  if (bb) grpc_byte_buffer_destroy(bb);
+  return ok > 0 ? 0 : FB_EIO;
+}
+
+int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes) {
+  int rc = check_io(r, field, src, bytes, "field write");
+  if (rc) return rc;
+  grpc_call *call = fbc_call_new(r->c, "/fusebox.v1.Fusebox/WriteField", 0);
+  fbc_end e;
+  fbc_end_init(&e);
+  int stag, tag;
+  if (fbc_start_status(call, &e, &stag)) return rerr(r, FB_EINTERNAL, "cannot start WriteField");
+  lent l;
+  atomic_init(&l.out, 0);
+  rc = send_chunks(r, call, field, src, bytes, &l);
+  grpc_metadata_array md;
+  grpc_metadata_array_init(&md);
+  grpc_byte_buffer *rbb = NULL;
+  grpc_op ops[3];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[1].data.recv_initial_metadata.recv_initial_metadata = &md;
+  ops[2].op = GRPC_OP_RECV_MESSAGE;
+  ops[2].data.recv_message.recv_message = &rbb;
+  if (!rc) fbc_batch(r->c, call, ops, 3, &tag);
+  if (rbb) grpc_byte_buffer_destroy(rbb);
+  grpc_metadata_array_destroy(&md);
+  if (rc) grpc_call_cancel(call, NULL);
+  rc = end_call(r, call, &e, &stag, rc ? rerr(r, rc, "field write: the transfer failed") : 0,
+                "field write");
+  wait_lent(&l);
+  return rc;
+}
+
+static int chunk_fits(fb_remote *r, const fbp_chunk *ch, size_t bytes, size_t got) {
+  if (ch->offset == got && ch->total_bytes == bytes && ch->len <= bytes - got) return 0;
+  return rerr(r, FB_EINTERNAL, "field read: chunk at %llu (%zu bytes) does not continue the "
+              "field (%zu of %zu bytes)", (unsigned long long)ch->offset, ch->len, got, bytes);
+}
+
+/* One received chunk into dst, copied from the message's slices. */
+static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t bytes,
+                      size_t *got) {
+  size_t total = grpc_byte_buffer_length(bb), at = 0;
+  uint8_t head[FBP_CHUNK_HEADER_MAX];
+  size_t hn = total < sizeof head ? total : sizeof head;
+  fbc_bb_copy(bb, 0, head, hn);
+  fbp_chunk ch;
+  int rc;
+  if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
+    if ((rc = chunk_fits(r, &ch, bytes, *got))) return rc;
+    fbc_bb_copy(bb, at, dst + *got, ch.len);
+  } else {
+    grpc_slice s = fbc_bb_slice(bb);
+    char err[256];
+    rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), &ch, err, sizeof err);
+    if (rc) rerr(r, FB_EINTERNAL, "field read: %s", err);
+    else if (!(rc = chunk_fits(r, &ch, bytes, *got))) memcpy(dst + *got, ch.data, ch.len);
+    grpc_slice_unref(s);
+    if (rc) return FB_EINTERNAL;
+  }
+  *got += ch.len;
+  return 0;
+}
+
+int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
+  int rc = check_io(r, field, dst, bytes, "field read");
+  if (rc) return rc;
+  grpc_call *call = fbc_call_new(r->c, "/fusebox.v1.Fusebox/ReadField", 0);
+  fbc_end e;
+  fbc_end_init(&e);
+  int stag, tag;
+  if (fbc_start_status(call, &e, &stag)) return rerr(r, FB_EINTERNAL, "cannot start ReadField");
+  Fusebox__V1__ReadFieldRequest req = FUSEBOX__V1__READ_FIELD_REQUEST__INIT;
+  req.session_id = r->id;
+  req.field = field;
+  req.chunk_bytes = (uint32_t)r->c->chunk;
+  uint8_t buf[128];
+  grpc_byte_buffer *rq = fbc_bb(buf, fusebox__v1__read_field_request__pack(&req, buf));
+  grpc_metadata_array md;
+  grpc_metadata_array_init(&md);
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = rq;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
+  int ok = fbc_batch(r->c, call, ops, 4, &tag);
+  size_t got = 0;
+  while (ok > 0 && !rc) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    ok = fbc_batch(r->c, call, &op, 1, &tag);
+    if (ok <= 0 || !bb) break;
+    rc = take_chunk(r, bb, dst, bytes, &got);
+    grpc_byte_buffer_destroy(bb);
+  }
+  grpc_byte_buffer_destroy(rq);
+  grpc_metadata_array_destroy(&md);
+  if (rc) grpc_call_cancel(call, NULL);
+  rc = end_call(r, call, &e, &stag, rc, "field read");
+  if (!rc && got != bytes)
+    rc = rerr(r, FB_EIO, "field read: the stream ended after %zu of %zu bytes", got, bytes);
+  return rc;
+}

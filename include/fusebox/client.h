@@ -1,0 +1,227 @@
+/* libfusebox: the Fusebox client library. Talks to fuseboxd over gRPC
+ * (proto/fusebox.proto): sessions, kernels (as IR, or from .fbk source
+ * parsed here on the client), pipelined launches, syncs with their results,
+ * field reads and writes of any size, server info, stats and health.
+ * Link with `pkg-config --libs fusebox`.
+ *
+ * Model
+ *  - An fb_client is one connection (target "host:port" or "unix:PATH").
+ *    An fb_remote is one session on it. A session lives while its fb_remote
+ *    is open: closing it, or the process dying, frees it on the server.
+ *  - Launches are pipelined: fb_remote_launch queues a launch and returns
+ *    its sequence number (1, 2, ... per session) at once; queued launches
+ *    travel many to a stream message. fb_remote_sync sends what is queued,
+ *    waits until the server has run it, and returns the return values of
+ *    the kernels that return one, the launches that failed (each with its
+ *    sequence number and message) and the session's counters.
+ *  - Field reads and writes (and counters) first sync implicitly, so they
+ *    see every launch queued before them; what that sync found is kept and
+ *    returned by the next fb_remote_sync.
+ *  - Ids of fields (place SNode ids of the session's layout) and kernels
+ *    (the order of registration) are per session.
+ *
+ * Errors: functions return 0 (or an id / sequence number >= 0) or a
+ * negative FB_E* code; fb_remote_errmsg / fb_client_errmsg say what went
+ * wrong, with the server's message when the server refused. An fb_client
+ * and its sessions are used by one thread at a time; use one client per
+ * thread for parallel work. Nothing here aborts or exits. */
+#ifndef FUSEBOX_CLIENT_H
+#define FUSEBOX_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusebox/common.h"
+#include "fusebox/engine.h" /* fb_counters (only the type: no engine code is linked) */
+#include "fusebox/ir.h"
+#include "fusebox/lang.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fb_client fb_client;
+typedef struct fb_remote fb_remote;
+
+/* ---------------------------------------------------------------- connection */
+
+typedef struct fb_client_options {
+  int64_t timeout_ms;       /* each blocking call; 0 = 60 s; < 0 = no limit */
+  size_t max_message_bytes; /* largest message sent; 0 = 4 MiB */
+  size_t chunk_bytes;       /* field transfer chunk; 0 = 1 MiB */
+  int batch_launches;       /* launches per stream message at most; 0 = 4096 */
+} fb_client_options;
+
+/* Connect (lazily: the first call reaches the server). opt may be NULL. */
+int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out,
+                      char *err, size_t errlen);
+void fb_client_close(fb_client *c);
+const char *fb_client_errmsg(const fb_client *c);
+const char *fb_client_target(const fb_client *c);
+
+/* The standard health check (grpc.health.v1.Health/Check). 0 when the
+ * server answers SERVING; *status (may be NULL) gets the ServingStatus
+ * number (1 SERVING, 2 NOT_SERVING); *rtt_s the round trip. */
+int fb_client_ping(fb_client *c, int *status, double *rtt_s);
+
+typedef struct fb_server_info {
+  char version[32];
+  char backend[16];
+  int cores;
+  unsigned max_sessions;
+  uint64_t session_memory_limit;
+  uint64_t max_message_bytes;
+  double uptime_s;
+  char listen[512]; /* bound addresses, space-separated */
+} fb_server_info;
+
+int fb_client_info(fb_client *c, fb_server_info *out);
+
+typedef struct fb_session_stats {
+  char tag[40];          /* first 8 characters of the id (the full id for one's own) */
+  uint64_t memory_bytes;
+  int attached;          /* its stream is open */
+  double idle_s;
+  fb_counters counters;
+} fb_session_stats;
+
+typedef struct fb_server_stats {
+  unsigned sessions_active;
+  uint64_t sessions_created, sessions_closed, sessions_disconnected, sessions_reaped,
+      sessions_failed;
+  uint64_t memory_bytes, memory_peak_bytes; /* field storage of live sessions */
+  uint64_t launches, syncs, bad_requests, bytes_in, bytes_out;
+  double uptime_s;
+  fb_session_stats *sessions; /* malloc'd: free with fb_server_stats_free */
+  int nsessions;
+} fb_server_stats;
+
+int fb_client_stats(fb_client *c, fb_server_stats *out);
+void fb_server_stats_free(fb_server_stats *s);
+
+/* Send one message of raw bytes to any method (a path such as
+ * "/fusebox.v1.Fusebox/GetInfo"), half-close, and return the first reply
+ * message (malloc'd, may be NULL) and the gRPC status. For tools and tests:
+ * returns the FB_E* code the status maps to. */
+int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len,
+                       void **resp, size_t *resp_len, int *grpc_status);
+
+/* ---------------------------------------------------------------- sessions */
+
+typedef struct fb_remote_options {
+  const char *backend;    /* NULL or "auto", "cpu", "cuda" */
+  const char *mode;       /* NULL or "sync", "async" */
+  int listgen, demote, fusion, dse; /* -1 default, 0 off, 1 on */
+  int flush_every;        /* 0 = default */
+  int max_fuse_per_task;
+  int compile_threads;    /* 0 = the server's */
+  uint64_t seed;
+  uint64_t memory_limit;  /* bytes; 0 = the server's per-session limit */
+} fb_remote_options;
+
+void fb_remote_options_init(fb_remote_options *o);
+
+/* Open a session over a finalized layout (copied). opt may be NULL. */
+int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *layout,
+                   fb_remote **out);
+/* Open a session for a .fbk program: parsed here; the session gets its
+ * layout, and kernels are instantiated and registered on first use
+ * (fb_remote_kernel). FB_EPARSE with rendered diagnostics in
+ * fb_client_errmsg when the source does not parse. */
+int fb_remote_open_source(fb_client *c, const fb_remote_options *opt, const char *filename,
+                          const char *src, fb_remote **out);
+/* The same for a program already parsed; p is borrowed and must outlive r. */
+int fb_remote_open_program(fb_client *c, const fb_remote_options *opt, fb_program *p,
+                           fb_remote **out);
+/* Close the session (queued launches are sent and run first). Returns 0
+ * when the server closed it cleanly. */
+int fb_remote_close(fb_remote *r);
+
+const char *fb_remote_errmsg(const fb_remote *r);
+const char *fb_remote_id(const fb_remote *r);
+const fb_layout *fb_remote_layout(const fb_remote *r);
+fb_program *fb_remote_program(const fb_remote *r); /* NULL when opened with a layout */
+
+/* Register kernels (IR against the session's layout). Returns the kernel
+ * id; IR that fails the verifier gives FB_EVERIFY with its messages. */
+int fb_remote_add_kernel(fb_remote *r, const fb_kernel *k);
+/* Instantiate a program kernel for field bindings (see
+ * fb_program_instantiate) and register it once: the same binding gives the
+ * same id. */
+int fb_remote_kernel(fb_remote *r, const char *name, const char *const *fields, int nfields);
+/* A field's id: a program field's component comp (0 for scalars), or,
+ * without a program, the place of that name. FB_ENOENT when none. */
+int fb_remote_find_field(const fb_remote *r, const char *name, int comp);
+
+/* ---------------------------------------------------------------- launches */
+
+/* Queue a launch; returns its sequence number (> 0). Unknown kernel ids and
+ * wrong argument counts are refused here (FB_ENOENT, FB_ETYPE). */
+int64_t fb_remote_launch(fb_remote *r, int kernel, const fb_value *args, int nargs);
+/* Send what is queued now and ask the server to flush its window. */
+int fb_remote_flush(fb_remote *r);
+
+typedef struct fb_launch_return {
+  uint64_t seq;
+  int kernel;
+  fb_value value;
+} fb_launch_return;
+
+typedef struct fb_launch_error {
+  uint64_t seq;      /* 0: the error is not about one launch */
+  int kernel;
+  int code;          /* FB_E* */
+  const char *msg;
+} fb_launch_error;
+
+typedef struct fb_sync_result {
+  uint64_t seq;                    /* launches the server has run */
+  const fb_launch_return *returns; /* valid until the next sync or close */
+  int nreturns;
+  const fb_launch_error *errors;
+  int nerrors;
+  uint64_t returns_dropped, errors_dropped; /* beyond what the server keeps */
+  fb_counters counters;
+} fb_sync_result;
+
+/* Wait for everything queued. Returns 0, or the code of the first failed
+ * launch (its message in fb_remote_errmsg); out (may be NULL) gets it all. */
+int fb_remote_sync(fb_remote *r, fb_sync_result *out);
+/* Launch, sync, and return the kernel's return value in *ret (may be NULL). */
+int fb_remote_call(fb_remote *r, int kernel, const fb_value *args, int nargs, fb_value *ret);
+int fb_remote_counters(fb_remote *r, fb_counters *out);
+
+/* ---------------------------------------------------------------- fields
+ * A field's flat row-major contents (as fb_field_read): bytes must equal
+ * numel * element size. Any size: the bytes travel in chunks. */
+
+int fb_remote_field_bytes(const fb_remote *r, int field, size_t *bytes);
+int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes);
+int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes);
+
+/* ---------------------------------------------------------------- a private fuseboxd
+ * Start fuseboxd as a child process listening on listen ("unix:PATH" or
+ * "127.0.0.1:0" for a free port), wait until it serves, and return its
+ * address. exe NULL looks "fuseboxd" up in PATH; extra_args (NULL-ended,
+ * may be NULL) are passed on. */
+
+typedef struct fb_daemon {
+  int pid;
+  char address[512];
+} fb_daemon;
+
+int fb_daemon_start(const char *exe, const char *listen, const char *const *extra_args,
+                    fb_daemon *out, char *err, size_t errlen);
+/* Where fuseboxd is, for a program of this project: $FUSEBOXD if set, else
+ * next to the running executable (an installed bin/), else in the build
+ * tree's server/ beside the executable's folder, else "fuseboxd" (PATH).
+ * Writes the path into out and returns it. */
+const char *fb_daemon_find(char *out, size_t n);
+/* SIGTERM, then wait (SIGKILL after timeout_s). *exit_status (may be NULL)
+ * gets the exit code, or 128 + the signal that ended it. */
+int fb_daemon_stop(fb_daemon *d, double timeout_s, int *exit_status);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,327 @@
+/* fuseboxd settings: defaults, a JSON config file (jansson) and command-line
+ * flags. The file is read first, then flags override it. Every option has
+ * the same name in both, with '-' in flags and '_' in the file:
+ *   --listen / "listen" (string or array), --backend, --max-message-bytes,
+ *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
+ *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
+ *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us.
+ * Byte sizes accept K, M and G suffixes (powers of 1024). */
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server.h"
+
+static void errf(char *err, size_t n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void errf(char *err, size_t n, const char *fmt, ...) {
+  if (!err || !n) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, n, fmt, ap);
+  va_end(ap);
+}
+
+void fbd_config_defaults(fbd_config *c) {
+  memset(c, 0, sizeof *c);
+  c->backend = strdup("auto");
+  c->max_message_bytes = (uint64_t)16 << 20;
+  c->keepalive_s = 60;
+  c->keepalive_timeout_s = 20;
+  c->max_sessions = 64;
+  c->session_memory_limit = (uint64_t)4 << 30;
+  c->cq_threads = 2;
+  c->idle_timeout_s = 600;
+  c->shutdown_grace_s = 10;
+  c->worker_spin_us = 100;
+  c->log_level = FBD_LOG_INFO;
+  c->ready_fd = -1;
+}
+
+void fbd_config_free(fbd_config *c) {
+  for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
+  free(c->backend);
+  memset(c, 0, sizeof *c);
+}
+
+void fbd_usage(FILE *f) {
+  fprintf(f,
+          "usage: fuseboxd [options]\n"
+          "  --listen ADDR              host:port or unix:PATH (repeatable; default 127.0.0.1:50051)\n"
+          "  --config FILE              JSON file with the options below (flags override it)\n"
+          "  --backend auto|cpu|cuda    device backend (default auto)\n"
+          "  --max-message-bytes N      largest request message (default 16M)\n"
+          "  --keepalive-s S            ping idle connections every S seconds (default 60)\n"
+          "  --keepalive-timeout-s S    drop a connection whose ping is unanswered (default 20)\n"
+          "  --max-sessions N           sessions at once (default 64)\n"
+          "  --session-memory-limit N   device memory per session, 0 = unlimited (default 4G)\n"
+          "  --compile-threads N        compile pool size, 0 = one per core (default 0)\n"
+          "  --cpu-threads N            CPU device threads, 0 = one per core (default 0)\n"
+          "  --cq-threads N             gRPC completion-queue threads (default 2)\n"
+          "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
+          "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
+          "  --log-level L              error|warn|info|debug (default info)\n"
+          "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
+          "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
+          "  --help, --version\n");
+}
+
+int fbd_parse_bytes(const char *s, uint64_t *out) {
+  if (!s || !*s) return FB_EINVAL;
+  errno = 0;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *s == '-') return FB_EINVAL;
+  int shift = 0;
+  if (*end == 'K' || *end == 'k') shift = 10;
+  else if (*end == 'M' || *end == 'm') shift = 20;
+  else if (*end == 'G' || *end == 'g') shift = 30;
+  else if (*end == 'T' || *end == 't') shift = 40;
+  if (shift) end++;
+  if (*end == 'B' || *end == 'b') end++;
+  if (*end || (shift && v > (UINT64_MAX >> shift))) return FB_EINVAL;
+  *out = (uint64_t)v << shift;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- options */
+
+typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN } opt_kind;
+
+typedef struct opt {
+  const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
+  opt_kind kind;
+  size_t off;
+  int min;
+} opt;
+
+#define OFF(f) offsetof(fbd_config, f)
+
+static const opt opts[] = {
+    {"listen", OPT_LISTEN, 0, 0},
+    {"backend", OPT_STR, OFF(backend), 0},
+    {"max_message_bytes", OPT_BYTES, OFF(max_message_bytes), 1024},
+    {"keepalive_s", OPT_INT, OFF(keepalive_s), 1},
+    {"keepalive_timeout_s", OPT_INT, OFF(keepalive_timeout_s), 1},
+    {"max_sessions", OPT_INT, OFF(max_sessions), 1},
+    {"session_memory_limit", OPT_BYTES, OFF(session_memory_limit), 0},
+    {"compile_threads", OPT_INT, OFF(compile_threads), 0},
+    {"cpu_threads", OPT_INT, OFF(cpu_threads), 0},
+    {"cq_threads", OPT_INT, OFF(cq_threads), 1},
+    {"idle_timeout_s", OPT_SECS, OFF(idle_timeout_s), 0},
+    {"shutdown_grace_s", OPT_SECS, OFF(shutdown_grace_s), 0},
+    {"log_level", OPT_LEVEL, OFF(log_level), 0},
+    {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+static int add_listen(fbd_config *c, const char *addr, char *err, size_t errlen) {
+  if (!addr || !*addr) {
+    errf(err, errlen, "listen: empty address");
+    return FB_EINVAL;
+  }
+  if (c->nlisten == FBD_MAX_LISTEN) {
+    errf(err, errlen, "listen: at most %d addresses", FBD_MAX_LISTEN);
+    return FB_EINVAL;
+  }
+  if (!(c->listen[c->nlisten] = strdup(addr))) return FB_ENOMEM;
+  c->nlisten++;
+  return 0;
+}
+
+static void clear_listen(fbd_config *c) {
+  for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
+  c->nlisten = 0;
+}
+
+/* Set option o from text (flags, and JSON strings). */
+static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_t errlen) {
+  char *base = (char *)c;
+  uint64_t b = 0;
+  char *end = NULL;
+  switch (o->kind) {
+  case OPT_LISTEN: return add_listen(c, v, err, errlen);
+  case OPT_STR: {
+    char *d = strdup(v);
+    if (!d) return FB_ENOMEM;
+    free(*(char **)(base + o->off));
+    *(char **)(base + o->off) = d;
+    return 0;
+  }
+  case OPT_LEVEL: {
+    int lv = fbd_log_level_from_name(v);
+    if (lv < 0) break;
+    *(int *)(base + o->off) = lv;
+    return 0;
+  }
+  case OPT_BYTES:
+    if (fbd_parse_bytes(v, &b) || b < (uint64_t)o->min) break;
+    *(uint64_t *)(base + o->off) = b;
+    return 0;
+  case OPT_INT: {
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || x < o->min || x > 1 << 20) break;
+    *(int *)(base + o->off) = (int)x;
+    return 0;
+  }
+  case OPT_SECS: {
+    double x = strtod(v, &end);
+    if (end == v || *end || !(x >= o->min) || x > 1e9) break;
+    *(double *)(base + o->off) = x;
+    return 0;
+  }
+  }
+  errf(err, errlen, "%s: invalid value '%s'", o->name, v);
+  return FB_EINVAL;
+}
+
+static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t errlen) {
+  char num[64];
+  if (json_is_string(v)) return set_text(c, o, json_string_value(v), err, errlen);
+  if (o->kind == OPT_LISTEN && json_is_array(v)) {
+    size_t i;
+    json_t *x;
+    json_array_foreach(v, i, x) {
+      if (!json_is_string(x)) {
+        errf(err, errlen, "listen[%zu]: expected a string", i);
+        return FB_EINVAL;
+      }
+      int rc = add_listen(c, json_string_value(x), err, errlen);
+      if (rc) return rc;
+    }
+    return 0;
+  }
+  if (json_is_integer(v) && o->kind != OPT_STR && o->kind != OPT_LISTEN && o->kind != OPT_LEVEL) {
+    snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
+    return set_text(c, o, num, err, errlen);
+  }
+  if (json_is_real(v) && o->kind == OPT_SECS) {
+    snprintf(num, sizeof num, "%.17g", json_real_value(v));
+    return set_text(c, o, num, err, errlen);
+  }
+  errf(err, errlen, "%s: wrong JSON type", o->name);
+  return FB_EINVAL;
+}
+
+static const opt *find_opt(const char *name, int flag) {
+  for (size_t i = 0; i < NOPTS; i++) {
+    const char *a = opts[i].name, *b = name;
+    while (*a && (*a == *b || (flag && *a == '_' && *b == '-'))) a++, b++;
+    if (!*a && !*b) return &opts[i];
+  }
+  return NULL;
+}
+
+int fbd_config_load(fbd_config *c, const char *path, char *err, size_t errlen) {
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  if (!root) {
+    errf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+    return FB_EINVAL;
+  }
+  int rc = 0;
+  if (!json_is_object(root)) {
+    errf(err, errlen, "%s: expected a JSON object", path);
+    rc = FB_EINVAL;
+  }
+  const char *key;
+  json_t *v;
+  int listen_seen = 0;
+  json_object_foreach(root, key, v) {
+    if (rc) break;
+    const opt *o = find_opt(key, 0);
+    if (!o) {
+      errf(err, errlen, "%s: unknown key '%s'", path, key);
+      rc = FB_EINVAL;
+      break;
+    }
+    if (o->kind == OPT_LISTEN && !listen_seen++) clear_listen(c);
+    char why[512];
+    if ((rc = set_json(c, o, v, why, sizeof why))) errf(err, errlen, "%s: %s", path, why);
+  }
+  json_decref(root);
+  return rc;
+}
+
+/* The value of a flag: "--name=value" or "--name value". */
+static const char *flag_value(int argc, char **argv, int *i, const char *eq) {
+  if (eq) return eq + 1;
+  return *i + 1 < argc ? argv[++*i] : NULL;
+}
+
+static int config_first(fbd_config *c, int argc, char **argv, char *err, size_t errlen) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *path = NULL;
+    if (strncmp(a, "--config=", 9) == 0) path = a + 9;
+    else if (strcmp(a, "--config") == 0) path = i + 1 < argc ? argv[++i] : NULL;
+    else continue;
+    if (!path) {
+      errf(err, errlen, "--config: missing file name");
+      return FB_EINVAL;
+    }
+    return fbd_config_load(c, path, err, errlen);
+  }
+  return 0;
+}
+
+int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errlen) {
+  int rc = config_first(c, argc, argv, err, errlen);
+  if (rc) return rc;
+  int listen_seen = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fbd_usage(stdout);
+      return 1;
+    }
+    if (strcmp(a, "--version") == 0) {
+      printf("fuseboxd %s\n", FBD_VERSION);
+      return 1;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      errf(err, errlen, "unexpected argument '%s' (see --help)", a);
+      return FB_EINVAL;
+    }
+    char name[64];
+    const char *eq = strchr(a, '=');
+    size_t n = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+    snprintf(name, sizeof name, "%.*s", (int)(n < 63 ? n : 63), a + 2);
+    const opt *o = find_opt(name, 1);
+    int special = strcmp(name, "config") == 0 || strcmp(name, "ready-fd") == 0;
+    if (!o && !special) {
+      errf(err, errlen, "unknown option '--%s' (see --help)", name);
+      return FB_EINVAL;
+    }
+    const char *v = flag_value(argc, argv, &i, eq);
+    if (!v) {
+      errf(err, errlen, "--%s: missing value", name);
+      return FB_EINVAL;
+    }
+    if (strcmp(name, "config") == 0) continue; /* read first */
+    if (strcmp(name, "ready-fd") == 0) {
+      char *end;
+      long fd = strtol(v, &end, 10);
+      if (end == v || *end || fd < 0 || fd > 1 << 20) {
+        errf(err, errlen, "--ready-fd: invalid descriptor '%s'", v);
+        return FB_EINVAL;
+      }
+      c->ready_fd = (int)fd;
+      continue;
+    }
+    if (o->kind == OPT_LISTEN && !listen_seen++) clear_listen(c); /* flags replace the file's */
+    char why[512];
+    if ((rc = set_text(c, o, v, why, sizeof why))) {
+      errf(err, errlen, "--%s", why);
+      return rc;
+    }
+  }
+  if (c->nlisten == 0) return add_listen(c, "127.0.0.1:50051", err, errlen);
+  return 0;
+}

@@ -1,0 +1,668 @@
+/* The methods of fuseboxd, completion-queue side: decode each request,
+ * refuse what is malformed or names nothing (INVALID_ARGUMENT, NOT_FOUND,
+ * with a message), answer what needs no engine (health, info, stats) and
+ * post the rest to the session's worker. Also the streaming of field
+ * contents in both directions: WriteField gathers chunks into one buffer,
+ * ReadField sends a buffer out in chunks straight from where it lies. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "server/server.h"
+
+#define DEFAULT_CHUNK ((uint32_t)1 << 20)
+#define MIN_CHUNK ((uint32_t)4096)
+#define MAX_CHUNK (((uint32_t)4 << 20) - 4096) /* under every client's default limit */
+#define STAGE_MMAP ((size_t)2 << 20)
+
+/* ---------------------------------------------------------------- helpers */
+
+uint8_t *fbd_stage_alloc(size_t n) {
+  if (n < STAGE_MMAP) return malloc(n ? n : 1);
+  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  madvise(p, n, MADV_HUGEPAGE); /* a hint: fine if refused */
+  return p;
+}
+
+void fbd_stage_free(uint8_t *p, size_t n) {
+  if (!p) return;
+  if (n < STAGE_MMAP) free(p);
+  else munmap(p, n);
+}
+
+void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
+  grpc_byte_buffer_reader r;
+  if (!n || !grpc_byte_buffer_reader_init(&r, bb)) return;
+  grpc_slice s;
+  size_t pos = 0;
+  while (n && grpc_byte_buffer_reader_next(&r, &s)) {
+    size_t len = GRPC_SLICE_LENGTH(s);
+    if (pos + len > from) {
+      size_t off = from - pos, k = len - off < n ? len - off : n;
+      memcpy(dst, GRPC_SLICE_START_PTR(s) + off, k);
+      dst += k;
+      n -= k;
+      from += k;
+    }
+    pos += len;
+    grpc_slice_unref(s);
+  }
+  grpc_byte_buffer_reader_destroy(&r);
+}
+
+static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                    fbp_arena *a) {
+  grpc_slice s = fbd_bb_slice(bb);
+  void *m = protobuf_c_message_unpack(d, &a->pb, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  size_t n = GRPC_SLICE_LENGTH(s);
+  grpc_slice_unref(s);
+  if (!m) {
+    fbd_count_bad(c->srv);
+    fbd_logf(c->srv->log, FBD_LOG_WARN, "malformed %s (%zu bytes) on %s from %s", d->name, n,
+             c->m->path + 1, c->peer ? c->peer : "?");
+    fbd_call_finish(c, FB_EINVAL, "malformed request: %zu bytes that are not a valid %s", n,
+                    d->name);
+  }
+  return m;
+}
+
+static int missing(fbd_call *c, grpc_byte_buffer *bb) {
+  if (bb) return 0;
+  if (!c->recv_failed) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "no request message");
+  }
+  return 1;
+}
+
+/* The session a request names, or NULL after answering NOT_FOUND. */
+static fbd_session *named(fbd_call *c, const char *id, size_t n) {
+  fbd_session *s = fbd_session_find(c->srv, id, n);
+  if (!s) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_ENOENT, "no session '%.*s'", (int)(n > 64 ? 64 : n), id ? id : "");
+  }
+  return s;
+}
+
+static int post(fbd_call *c, fbd_session *s, fbd_job *j) {
+  if (!fbd_session_post(s, j)) return 0;
+  fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
+  fbd_job_free(j);
+  return FB_ENOENT;
+}
+
+static void free_session_ref(fbd_call *c) { fbd_session_unref(c->sess); }
+
+/* ---------------------------------------------------------------- health, info, stats */
+
+static void health_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Grpc__Health__V1__HealthCheckRequest *m =
+      decode(c, bb, &grpc__health__v1__health_check_request__descriptor, &a);
+  if (m && m->service[0] && strcmp(m->service, "fusebox.v1.Fusebox") != 0) {
+    fbd_call_finish(c, FB_ENOENT, "unknown service '%s'", m->service);
+  } else if (m) {
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = atomic_load(&c->srv->stopping)
+                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    fbd_call_send_msg(c, &r.base);
+    fbd_call_finish(c, FB_OK, NULL);
+  }
+  fbp_arena_free(&a);
+}
+
+static void info_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  fbd_server *srv = c->srv;
+  if (decode(c, bb, &fusebox__v1__info_request__descriptor, &a)) {
+    Fusebox__V1__ServerInfo r = FUSEBOX__V1__SERVER_INFO__INIT;
+    r.version = FBD_VERSION;
+    r.backend = (char *)srv->backend;
+    r.cores = (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+    r.max_sessions = (uint32_t)srv->cfg->max_sessions;
+    r.session_memory_limit = srv->cfg->session_memory_limit;
+    r.max_message_bytes = srv->cfg->max_message_bytes;
+    r.n_listen = (size_t)srv->nlisten;
+    r.listen = srv->listen;
+    r.uptime_s = fbd_now() - srv->started;
+    fbd_call_send_msg(c, &r.base);
+    fbd_call_finish(c, FB_OK, NULL);
+  }
+  fbp_arena_free(&a);
+}
+
+static void fill_server_stats(fbd_server *srv, Fusebox__V1__ServerStats *r) {
+  pthread_mutex_lock(&srv->mu);
+  fbd_stats st = srv->st;
+  r->sessions_active = (uint32_t)srv->nsessions;
+  pthread_mutex_unlock(&srv->mu);
+  r->sessions_created = st.sessions_created;
+  r->sessions_closed = st.sessions_closed;
+  r->sessions_disconnected = st.sessions_disconnected;
+  r->sessions_reaped = st.sessions_reaped;
+  r->sessions_failed = st.sessions_failed;
+  r->memory_bytes = st.memory_bytes;
+  r->memory_peak_bytes = st.memory_peak_bytes;
+  r->launches = st.launches;
+  r->syncs = st.syncs;
+  r->bad_requests = atomic_load(&srv->bad_requests);
+  r->bytes_in = atomic_load(&srv->bytes_in);
+  r->bytes_out = atomic_load(&srv->bytes_out);
+  r->uptime_s = fbd_now() - srv->started;
+}
+
+/* Every live session, by tag only: ids are capabilities and stay secret. */
+static int list_sessions(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {
+  int max = srv->cfg->max_sessions;
+  fbd_session **v = fbp_alloc(a, sizeof *v * (size_t)max);
+  r->sessions = fbp_alloc(a, sizeof *r->sessions * (size_t)max);
+  Fusebox__V1__SessionStats *ss = fbp_alloc(a, sizeof *ss * (size_t)max);
+  if (!v || !r->sessions || !ss) return FB_ENOMEM;
+  int n = 0;
+  pthread_mutex_lock(&srv->mu);
+  for (int i = 0; i < max; i++)
+    if (srv->sessions[i]) {
+      fbd_session_ref(srv->sessions[i]);
+      v[n++] = srv->sessions[i];
+    }
+  pthread_mutex_unlock(&srv->mu);
+  for (int i = 0; i < n; i++) {
+    fbd_session_stats_pb(v[i], a, &ss[i], 0);
+    r->sessions[i] = &ss[i];
+    fbd_session_unref(v[i]);
+  }
+  r->n_sessions = (size_t)n;
+  return 0;
+}
+
+static void stats_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__StatsRequest *m = decode(c, bb, &fusebox__v1__stats_request__descriptor, &a);
+  Fusebox__V1__ServerStats r = FUSEBOX__V1__SERVER_STATS__INIT;
+  Fusebox__V1__SessionStats one, *onep = &one;
+  fbd_session *s = NULL;
+  if (!m) goto out;
+  fill_server_stats(c->srv, &r);
+  if (m->session_id[0]) {
+    if (!(s = named(c, m->session_id, strlen(m->session_id)))) goto out;
+    fbd_session_stats_pb(s, &a, &one, 1);
+    r.n_sessions = 1;
+    r.sessions = &onep;
+  } else if (list_sessions(c->srv, &a, &r)) {
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    goto out;
+  }
+  fbd_call_send_msg(c, &r.base);
+  fbd_call_finish(c, FB_OK, NULL);
+out:
+  fbd_session_unref(s);
+  fbp_arena_free(&a);
+}
+
+/* ---------------------------------------------------------------- sessions */
+
+/* The passes map: start from every pass, apply what the client says. */
+static int check_passes(const Fusebox__V1__SessionOptions *o, fb_session_config *ec, char *err,
+                        size_t errlen) {
+  static const char *const known[] = {"listgen", "demote", "fusion", "dse"};
+  static const unsigned bits[] = {FB_PASSES_LISTGEN, FB_PASSES_DEMOTE, FB_PASSES_FUSION,
+                                  FB_PASSES_DSE};
+  unsigned passes = FB_PASSES_ALL;
+  for (size_t i = 0; i < o->n_passes; i++) {
+    int k = 0;
+    while (k < 4 && strcmp(o->passes[i]->key, known[k]) != 0) k++;
+    if (k == 4) {
+      snprintf(err, errlen, "unknown pass '%s' (expected listgen, demote, fusion or dse)",
+               o->passes[i]->key);
+      return FB_EINVAL;
+    }
+    passes = o->passes[i]->value ? passes | bits[k] : passes & ~bits[k];
+  }
+  ec->passes = o->n_passes ? passes | FB_PASSES_EXACT : 0;
+  return 0;
+}
+
+static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
+                         fb_session_config *ec, char *err, size_t errlen) {
+  memset(ec, 0, sizeof *ec);
+  ec->mode = "sync";
+  ec->memory_limit = srv->cfg->session_memory_limit;
+  if (!o) return 0;
+  const char *be = o->backend;
+  if (be[0] && strcmp(be, "auto") && strcmp(be, "cpu") && strcmp(be, "cuda")) {
+    snprintf(err, errlen, "unknown backend '%s' (expected auto, cpu or cuda)", be);
+    return FB_EINVAL;
+  }
+  if (be[0] && strcmp(be, "auto") && strcmp(be, srv->backend)) {
+    snprintf(err, errlen, "this server runs the %s backend; the session asked for %s",
+             srv->backend, be);
+    return FB_EUNSUPPORTED;
+  }
+  if (o->mode[0] && strcmp(o->mode, "sync") && strcmp(o->mode, "async")) {
+    snprintf(err, errlen, "unknown mode '%s' (expected sync or async)", o->mode);
+    return FB_EINVAL;
+  }
+  if (o->mode[0]) ec->mode = strcmp(o->mode, "sync") ? "async" : "sync";
+  if (o->max_fuse_per_task < 0 || o->compile_threads < 0) {
+    snprintf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
+    return FB_EINVAL;
+  }
+  ec->flush_every = o->flush_every;
+  ec->max_fuse_per_task = o->max_fuse_per_task;
+  uint64_t lim = srv->cfg->session_memory_limit;
+  if (o->memory_limit && lim && o->memory_limit > lim) {
+    snprintf(err, errlen, "the session asked for a memory limit of %llu bytes; this server "
+             "allows at most %llu bytes per session", (unsigned long long)o->memory_limit,
+             (unsigned long long)lim);
+    return FB_EQUOTA;
+  }
+  if (o->memory_limit) ec->memory_limit = o->memory_limit;
+  ec->seed = o->seed;
+  return check_passes(o, ec, err, errlen);
+}
+
+static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbd_server *srv = c->srv;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  char err[FBD_ERRLEN];
+  fb_session_config ec;
+  fb_layout *l = NULL;
+  fbd_session *s = NULL;
+  Fusebox__V1__CreateSessionRequest *m =
+      decode(c, bb, &fusebox__v1__create_session_request__descriptor, &a);
+  int rc = m ? 0 : FB_EINVAL;
+  if (m && atomic_load(&srv->stopping)) {
+    fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
+    rc = FB_EIO;
+  } else if (m && ((rc = check_options(srv, m->options, &ec, err, sizeof err)) ||
+                   (rc = fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
+    fbd_count_bad(srv);
+    fbd_call_finish(c, rc, "%s", err);
+  } else if (m && (rc = fbd_session_new(srv, l, &ec, c->peer, &s, err, sizeof err))) {
+    fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", c->peer ? c->peer : "?", err);
+    fbd_call_finish(c, rc, "%s", err);
+  }
+  if (!rc) {
+    fbd_job *j = fbd_job_new(FBD_J_CREATE, c);
+    if (!j || fbd_session_post(s, j)) {
+      fbd_job_free(j);
+      fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+      if (end && fbd_session_post(s, end)) fbd_job_free(end);
+      fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    }
+    fbd_session_unref(s);
+  }
+  fbp_arena_free(&a);
+}
+
+static void close_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CloseSessionRequest *m =
+      decode(c, bb, &fusebox__v1__close_session_request__descriptor, &a);
+  fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
+  if (s) {
+    fbd_job *j = fbd_job_new(FBD_J_CLOSE, c);
+    if (j) post(c, s, j);
+    else fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    fbd_session_unref(s);
+  }
+  fbp_arena_free(&a);
+}
+
+static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbd_job *j = fbd_job_new(FBD_J_REGISTER, c);
+  if (!j) {
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    return;
+  }
+  Fusebox__V1__RegisterKernelsRequest *m =
+      decode(c, bb, &fusebox__v1__register_kernels_request__descriptor, &j->arena);
+  fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
+  j->msg = m;
+  if (s) {
+    post(c, s, j); /* frees j when it fails */
+    j = NULL;
+  }
+  fbd_session_unref(s);
+  fbd_job_free(j);
+}
+
+/* ---------------------------------------------------------------- the Session stream */
+
+static void end_attached(fbd_call *c, int reason) {
+  if (!c->sess) return;
+  fbd_job *j = fbd_job_new(FBD_J_END, NULL);
+  if (!j) return;
+  j->reason = reason;
+  if (fbd_session_post(c->sess, j)) fbd_job_free(j);
+}
+
+/* The first message attaches the stream to its session. */
+static int attach(fbd_call *c, const Fusebox__V1__SessionRequest *m) {
+  if (!m->session_id[0]) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "the first SessionRequest must name the session");
+    return FB_EINVAL;
+  }
+  fbd_session *s = named(c, m->session_id, strlen(m->session_id));
+  if (!s) return FB_ENOENT;
+  int rc = fbd_session_attach(s, c);
+  if (rc) {
+    fbd_session_unref(s);
+    fbd_call_finish(c, rc, rc == FB_EINVAL ? "session already has a Session stream"
+                                           : "session has ended");
+    return rc;
+  }
+  c->sess = s;
+  fbd_logf(c->srv->log, FBD_LOG_DEBUG, "session %s: stream attached from %s", s->tag,
+           c->peer ? c->peer : "?");
+  return 0;
+}
+
+static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (!bb) { /* half-closed: the client is done; or the call failed */
+    if (c->sess) end_attached(c, c->recv_failed ? FBD_END_DISCONNECTED : FBD_END_CLOSED);
+    else if (!c->recv_failed) fbd_call_finish(c, FB_OK, NULL);
+    return;
+  }
+  fbd_job *j = fbd_job_new(FBD_J_BATCH, c);
+  Fusebox__V1__SessionRequest *m =
+      j ? decode(c, bb, &fusebox__v1__session_request__descriptor, &j->arena) : NULL;
+  if (!j) fbd_call_finish(c, FB_ENOMEM, "out of memory");
+  if (!m) {
+    end_attached(c, FBD_END_CLOSED);
+    fbd_job_free(j);
+    return;
+  }
+  j->msg = m;
+  if (!c->sess && attach(c, m)) {
+    fbd_job_free(j);
+    return;
+  }
+  if (m->session_id[0] && strcmp(m->session_id, c->sess->id) != 0) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "this stream belongs to session %s", c->sess->tag);
+    end_attached(c, FBD_END_CLOSED);
+    fbd_job_free(j);
+    return;
+  }
+  if (m->n_launches || m->flush || m->sync) {
+    if (post(c, c->sess, j)) return;
+  } else {
+    fbd_job_free(j);
+  }
+  if (fbd_session_may_recv(c->sess)) fbd_call_recv(c);
+}
+
+static void stream_close(fbd_call *c, int cancelled) {
+  if (cancelled) end_attached(c, FBD_END_DISCONNECTED);
+}
+
+/* ---------------------------------------------------------------- WriteField */
+
+typedef struct wstate {
+  uint8_t *buf;
+  uint64_t total, fill;
+  int field;
+} wstate;
+
+/* The first chunk names the session and field; make the buffer. */
+static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
+  char err[256];
+  uint64_t bytes = 0;
+  fbd_session *s = named(c, ch->session_id, ch->session_id_len);
+  if (!s) return NULL;
+  c->sess = s;
+  int rc = fbd_field_bytes(s->layout, ch->field, &bytes, err, sizeof err);
+  if (rc) {
+    fbd_call_finish(c, rc, "WriteField: %s", err);
+    return NULL;
+  }
+  if (ch->total_bytes != bytes) {
+    fbd_call_finish(c, FB_EINVAL, "WriteField: field '%s' holds %llu bytes; total_bytes says %llu",
+                    s->layout->nodes[ch->field].name, (unsigned long long)bytes,
+                    (unsigned long long)ch->total_bytes);
+    return NULL;
+  }
+  wstate *w = calloc(1, sizeof *w);
+  if (w) w->buf = fbd_stage_take(s, bytes);
+  if (!w || !w->buf) {
+    free(w);
+    fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
+                    (unsigned long long)bytes);
+    return NULL;
+  }
+  w->total = bytes;
+  w->field = ch->field;
+  c->state = w;
+  return w;
+}
+
+/* Where a chunk's data goes; NULL after refusing it. */
+static uint8_t *write_target(fbd_call *c, const fbp_chunk *ch) {
+  wstate *w = c->state;
+  if (!w && !(w = write_begin(c, ch))) return NULL;
+  if ((ch->session_id_len && (ch->session_id_len != 32 ||
+                              memcmp(ch->session_id, c->sess->id, 32))) ||
+      (ch->field && ch->field != w->field) || ch->offset != w->fill ||
+      ch->len > w->total - w->fill) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "WriteField: chunk at offset %llu (%zu bytes) does not continue "
+                    "the field (%llu of %llu bytes received)", (unsigned long long)ch->offset,
+                    ch->len, (unsigned long long)w->fill, (unsigned long long)w->total);
+    return NULL;
+  }
+  return w->buf + w->fill;
+}
+
+static void write_end(fbd_call *c) {
+  wstate *w = c->state;
+  if (!w || w->fill != w->total) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "WriteField: the stream ended after %llu of %llu bytes",
+                    (unsigned long long)(w ? w->fill : 0), (unsigned long long)(w ? w->total : 0));
+    return;
+  }
+  fbd_job *j = fbd_job_new(FBD_J_WRITE, c);
+  if (!j) {
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    return;
+  }
+  j->buf = w->buf;
+  j->len = w->total;
+  j->field = w->field;
+  w->buf = NULL;
+  post(c, c->sess, j);
+}
+
+/* One chunk: its data is copied from the message's slices straight into
+ * the staging buffer when it comes last (always, from Fusebox peers). */
+static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
+  size_t total = grpc_byte_buffer_length(bb), at = 0;
+  uint8_t head[FBP_CHUNK_HEADER_MAX];
+  size_t hn = total < sizeof head ? total : sizeof head;
+  fbd_bb_copy(bb, 0, head, hn);
+  fbp_chunk ch;
+  uint8_t *dst;
+  if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
+    if (!(dst = write_target(c, &ch))) return FB_EINVAL;
+    fbd_bb_copy(bb, at, dst, ch.len);
+  } else {
+    grpc_slice sl = fbd_bb_slice(bb);
+    char err[256];
+    int rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), &ch, err, sizeof err);
+    if (rc) {
+      fbd_count_bad(c->srv);
+      fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err,
+               c->peer ? c->peer : "?");
+      fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
+    } else if ((dst = write_target(c, &ch))) {
+      memcpy(dst, ch.data, ch.len);
+    }
+    grpc_slice_unref(sl);
+    if (rc || !dst) return FB_EINVAL;
+  }
+  ((wstate *)c->state)->fill += ch.len;
+  return 0;
+}
+
+static void write_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (!bb) {
+    if (!c->recv_failed) write_end(c);
+    return;
+  }
+  if (!write_chunk(c, bb)) fbd_call_recv(c);
+}
+
+static void write_free(fbd_call *c) {
+  wstate *w = c->state;
+  if (w && w->buf) fbd_stage_give(c->sess, w->buf, w->total);
+  free(w);
+  fbd_session_unref(c->sess);
+}
+
+/* ---------------------------------------------------------------- ReadField */
+
+typedef struct rbuf {
+  atomic_int refs;
+  uint8_t *p;
+  size_t len;
+  fbd_session *sess; /* ref held: the buffer goes back to it */
+} rbuf;
+
+typedef struct rstate {
+  pthread_mutex_t mu;
+  rbuf *b;
+  size_t len, off;
+  uint32_t chunk;
+} rstate;
+
+static void rbuf_unref(void *p) {
+  rbuf *b = p;
+  if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    fbd_stage_give(b->sess, b->p, b->len);
+    fbd_session_unref(b->sess);
+    free(b);
+  }
+}
+
+/* Queue the next chunk: a header slice and a slice of the buffer itself. */
+static void read_next(fbd_call *c) {
+  rstate *r = c->state;
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  if (r->off >= r->len) {
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
+  size_t n = r->len - r->off < r->chunk ? r->len - r->off : r->chunk;
+  uint8_t hdr[FBP_CHUNK_HEADER_MAX];
+  size_t hn = fbp_chunk_header(hdr, NULL, 0, r->off, r->len, n);
+  atomic_fetch_add(&r->b->refs, 1);
+  grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
+                      grpc_slice_new_with_user_data(r->b->p + r->off, n, rbuf_unref, r->b)};
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
+  grpc_slice_unref(sl[0]);
+  grpc_slice_unref(sl[1]);
+  r->off += n;
+  int last = r->off >= r->len;
+  fbd_call_send_bb(c, bb);
+  pthread_mutex_unlock(&r->mu);
+  if (last) fbd_call_finish(c, FB_OK, NULL);
+}
+
+void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint32_t chunk) {
+  rstate *r = calloc(1, sizeof *r);
+  rbuf *b = calloc(1, sizeof *b);
+  if (!r || !b) {
+    free(r);
+    free(b);
+    fbd_stage_give(s, buf, len);
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    return;
+  }
+  atomic_init(&b->refs, 1);
+  b->p = buf;
+  b->len = len;
+  b->sess = s;
+  fbd_session_ref(s);
+  pthread_mutex_init(&r->mu, NULL);
+  r->b = b;
+  r->len = len;
+  r->chunk = chunk;
+  c->state = r;
+  read_next(c);
+  read_next(c);
+}
+
+static void read_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  char err[256];
+  uint64_t bytes;
+  Fusebox__V1__ReadFieldRequest *m =
+      decode(c, bb, &fusebox__v1__read_field_request__descriptor, &a);
+  fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
+  int rc = s ? fbd_field_bytes(s->layout, m->field, &bytes, err, sizeof err) : FB_ENOENT;
+  if (s && rc) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, rc, "ReadField: %s", err);
+  }
+  fbd_job *j = !rc ? fbd_job_new(FBD_J_READ, c) : NULL;
+  if (j) {
+    uint32_t ch = m->chunk_bytes ? m->chunk_bytes : DEFAULT_CHUNK;
+    j->field = m->field;
+    j->chunk = ch < MIN_CHUNK ? MIN_CHUNK : ch > MAX_CHUNK ? MAX_CHUNK : ch;
+    post(c, s, j);
+  } else if (!rc) {
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+  }
+  fbd_session_unref(s);
+  fbp_arena_free(&a);
+}
+
+static void read_free(fbd_call *c) {
+  rstate *r = c->state;
+  if (!r) return;
+  rbuf_unref(r->b);
+  pthread_mutex_destroy(&r->mu);
+  free(r);
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static const fbd_method methods[] = {
+    {"/grpc.health.v1.Health/Check", NULL, health_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/CreateSession", NULL, create_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, NULL, free_session_ref},
+    {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
+    {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
+    {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
+};
+
+const fbd_method *fbd_method_find(const char *path, size_t n) {
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+    if (strlen(methods[i].path) == n && memcmp(methods[i].path, path, n) == 0)
+      return &methods[i];
+  return NULL;
+}

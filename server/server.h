@@ -1,0 +1,338 @@
+/* fuseboxd internals: configuration, the logger, the gRPC call plumbing,
+ * sessions with their ordered workers, and the method handlers.
+ *
+ * Threads and ownership
+ *  - Completion-queue threads (cq_threads of them) run every gRPC
+ *    completion: they move bytes, decode requests, check what can be checked
+ *    without the engine, and post jobs to sessions. They never compile or
+ *    launch.
+ *  - Each session has one worker thread that drains its job queue in order
+ *    and is the only thread touching the session's engine state
+ *    (fb_session). Responses are handed back to the call, whose sends go out
+ *    one at a time from whichever thread queued them or completed the
+ *    previous send.
+ *  - The main thread waits for signals, reaps idle sessions, joins finished
+ *    workers and runs the graceful shutdown.
+ *  - A call stays alive while anyone holds a reference: one for the
+ *    RECV_CLOSE_ON_SERVER op, one per started batch, one per job or session
+ *    that points at it. A session likewise (its table slot, its worker, each
+ *    call attached to it).
+ * Nothing here is global: the server object carries everything. */
+#ifndef FUSEBOX_SERVER_H
+#define FUSEBOX_SERVER_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "fusebox/engine.h"
+#include "proto/convert.h"
+
+#define FBD_VERSION "0.1.0"
+#define FBD_ERRLEN 4096
+#define FBD_MAX_LISTEN 8
+
+/* ---------------------------------------------------------------- config */
+
+enum { FBD_LOG_ERROR = 0, FBD_LOG_WARN, FBD_LOG_INFO, FBD_LOG_DEBUG };
+
+typedef struct fbd_config {
+  char *listen[FBD_MAX_LISTEN];  /* "host:port" or "unix:PATH" */
+  int nlisten;
+  char *backend;                 /* auto, cpu, cuda */
+  uint64_t max_message_bytes;    /* largest request message accepted */
+  int keepalive_s;               /* server pings an idle connection after this */
+  int keepalive_timeout_s;       /* and drops it when no answer within this */
+  int max_sessions;
+  uint64_t session_memory_limit; /* bytes per session, 0 = unlimited */
+  int compile_threads;           /* 0 = one per core */
+  int cpu_threads;               /* 0 = one per core */
+  int cq_threads;                /* completion-queue threads */
+  double idle_timeout_s;         /* sessions idle this long are reaped */
+  double shutdown_grace_s;       /* how long running work may finish on SIGTERM */
+  int worker_spin_us;            /* a session worker waits this long for work before sleeping */
+  int log_level;
+  int ready_fd;                  /* -1, or write the bound addresses here when serving */
+} fbd_config;
+
+void fbd_config_defaults(fbd_config *c);
+void fbd_config_free(fbd_config *c);
+/* Read a JSON config file over c. Unknown keys are errors. */
+int fbd_config_load(fbd_config *c, const char *path, char *err, size_t errlen);
+/* Flags (after --config FILE, which is read first). Returns 0, 1 when
+ * --help or --version was printed (exit 0), or FB_EINVAL with err. */
+int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errlen);
+int fbd_parse_bytes(const char *s, uint64_t *out); /* "64M", "1G", "4096" */
+void fbd_usage(FILE *f);
+
+/* ---------------------------------------------------------------- log
+ * One line per event: "<UTC time> <LEVEL> <message>". Safe from any thread. */
+
+typedef struct fbd_log {
+  int level;
+  pthread_mutex_t mu;
+  FILE *f;
+} fbd_log;
+
+void fbd_log_init(fbd_log *l, FILE *f, int level);
+void fbd_log_destroy(fbd_log *l);
+int fbd_log_level_from_name(const char *s); /* -1 when unknown */
+void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---------------------------------------------------------------- calls */
+
+typedef struct fbd_server fbd_server;
+typedef struct fbd_session fbd_session;
+typedef struct fbd_call fbd_call;
+
+typedef struct fbd_tag {
+  void (*fn)(void *obj, int ok);
+  void *obj;
+} fbd_tag;
+
+/* What a method does at each step of its calls (NULL: nothing). */
+typedef struct fbd_method {
+  const char *path;                                  /* "/fusebox.v1.Fusebox/Session" */
+  void (*on_start)(fbd_call *c);                     /* default: start receiving */
+  void (*on_recv)(fbd_call *c, grpc_byte_buffer *bb); /* bb NULL: client done or failed */
+  void (*on_close)(fbd_call *c, int cancelled);
+  void (*on_sent)(fbd_call *c);                      /* send queue ran empty */
+  void (*on_free)(fbd_call *c);
+} fbd_method;
+
+typedef struct fbd_out {
+  struct fbd_out *next;
+  grpc_byte_buffer *bb;
+} fbd_out;
+
+struct fbd_call {
+  fbd_server *srv;
+  const fbd_method *m;
+  grpc_call *gc;
+  char *peer;
+  atomic_int refs;
+  pthread_mutex_t mu;
+  fbd_tag t_recv, t_send, t_close;
+  grpc_byte_buffer *rbuf;
+  int cancelled;            /* set by RECV_CLOSE_ON_SERVER */
+  int recv_failed;          /* the last receive failed (cancelled, connection lost) */
+  int closed;               /* that op completed */
+  /* sending, under mu */
+  fbd_out *qh, *qt;
+  int qn;
+  int sending, md_sent, status_set, status_sent, send_dead;
+  grpc_byte_buffer *inflight;
+  int st_status;
+  grpc_slice st_details;
+  grpc_metadata st_md;
+  char st_code[16];
+  /* method state */
+  fbd_session *sess;        /* attached or addressed session (ref held) */
+  void *state;              /* method-specific, freed by on_free */
+};
+
+void fbd_call_ref(fbd_call *c);
+void fbd_call_unref(fbd_call *c);
+void fbd_call_recv(fbd_call *c);
+/* Queue one response message (copied). */
+void fbd_call_send(fbd_call *c, const void *p, size_t n);
+void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb); /* takes bb */
+/* Pack a protobuf-c message and queue it. */
+void fbd_call_send_msg(fbd_call *c, const ProtobufCMessage *m);
+/* End the call: code is FB_OK or an FB_E* code (mapped to a gRPC status
+ * and sent as "fusebox-code"). The first finish wins; later ones are
+ * ignored. Queued messages go out first. */
+void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *msg);
+int fbd_call_queued(fbd_call *c); /* messages waiting to go out */
+/* The whole message as contiguous bytes (a slice the caller unrefs). */
+grpc_slice fbd_bb_slice(grpc_byte_buffer *bb);
+
+/* ---------------------------------------------------------------- server */
+
+typedef struct fbd_stats {
+  uint64_t sessions_created, sessions_closed, sessions_disconnected, sessions_reaped,
+      sessions_failed;
+  uint64_t memory_bytes, memory_peak_bytes;
+  uint64_t launches, syncs;
+} fbd_stats;
+
+struct fbd_server {
+  const fbd_config *cfg;
+  fbd_log *log;
+  fb_engine *engine;
+  const char *backend;
+  grpc_server *server;
+  grpc_completion_queue *cq;
+  pthread_t cq_threads[64];
+  int ncq;
+  double started;
+  char addresses[1024];     /* bound addresses, space-separated */
+  char *listen[FBD_MAX_LISTEN];
+  int nlisten;
+  fbd_tag t_shutdown;
+  /* under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  atomic_int stopping;
+  int shutdown_done;
+  int nslots;               /* outstanding grpc_server_request_call */
+  int ncalls;               /* live call objects */
+  int nworkers;             /* live session workers */
+  fbd_session **sessions;   /* the table, max_sessions slots */
+  int nsessions;
+  pthread_t *zombies;       /* finished workers to join */
+  int nzombies, zcap;
+  fbd_stats st;
+  /* counted from any thread, under any lock: atomics */
+  atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
+};
+
+int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
+                     size_t errlen);
+void fbd_server_tick(fbd_server *s);     /* reap idle sessions, join finished workers */
+/* Graceful: drain, cancel, free everything. FB_EINTERNAL when a session's
+ * worker is still busy after the grace period: nothing is freed then, and
+ * the process should just exit. */
+int fbd_server_shutdown(fbd_server *s);
+void fbd_server_free(fbd_server *s);
+double fbd_now(void);                    /* monotonic seconds */
+const fbd_method *fbd_method_find(const char *path, size_t n);
+void fbd_count_bad(fbd_server *s);
+
+/* ---------------------------------------------------------------- sessions */
+
+enum { FBD_LIVE = 0, FBD_ENDING, FBD_DEAD };
+
+/* Why a session ended (stats and logs). */
+enum { FBD_END_CLOSED = 0, FBD_END_DISCONNECTED, FBD_END_REAPED, FBD_END_SHUTDOWN,
+       FBD_END_FAILED };
+
+enum { FBD_J_CREATE, FBD_J_REGISTER, FBD_J_BATCH, FBD_J_WRITE, FBD_J_READ, FBD_J_CLOSE,
+       FBD_J_END };
+
+typedef struct fbd_job {
+  struct fbd_job *next;
+  int kind;
+  fbd_call *call;           /* ref held; answered by the worker */
+  fbp_arena arena;          /* owns msg */
+  void *msg;                /* the decoded request */
+  uint8_t *buf;             /* WRITE: the field's bytes (fbd_stage_alloc) */
+  size_t len;
+  int field;
+  uint32_t chunk;
+  int reason;               /* END */
+} fbd_job;
+
+typedef struct fbd_ret {
+  uint64_t seq;
+  int kernel;
+  fb_value v;
+} fbd_ret;
+
+typedef struct fbd_err {
+  uint64_t seq;
+  int kernel;
+  int code;
+  char *msg;
+} fbd_err;
+
+struct fbd_session {
+  fbd_server *srv;
+  char id[33];
+  char tag[9];
+  atomic_int refs;
+  fb_layout *layout;        /* immutable after creation: any thread may read it */
+  uint64_t mem_bytes;
+  fb_session_config ecfg;
+  char mode[8];
+  char *peer;
+  /* under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  fbd_job *qh, *qt;
+  int depth;
+  atomic_int queued;        /* depth, for the worker's spin without the lock */
+  atomic_int has_stream;
+  uint64_t posted, done;
+  int state;
+  int busy;
+  int recv_paused;
+  fbd_call *stream;         /* the attached Session stream (ref held) */
+  double last_active;
+  fb_counters snap;
+  struct fbd_stage { uint8_t *p; size_t len; double used; } stage[2]; /* kept for reuse */
+  /* worker only */
+  pthread_t th;
+  fb_session *es;
+  int created;
+  uint64_t seq;             /* launches received */
+  uint64_t eng_launches;    /* launches the engine accepted (its launch numbers) */
+  struct fbd_seqmap { uint64_t eng, seq; } *smap; /* where the two numberings part */
+  int nsmap, smcap;
+  uint64_t accounted;       /* bytes counted in the server's memory_bytes */
+  fbd_ret *rets;
+  int nrets, rcap;
+  uint64_t rets_dropped;
+  fbd_err *errs;
+  int nerrs;
+  uint64_t errs_dropped;
+  int end_reason;
+};
+
+fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
+void fbd_job_free(fbd_job *j);
+/* Create a session (not yet in the engine) and its worker; it joins the
+ * table. FB_EQUOTA at the session limit. Takes layout. */
+int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
+                    const char *peer, fbd_session **out, char *err, size_t errlen);
+fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
+void fbd_session_ref(fbd_session *s);
+void fbd_session_unref(fbd_session *s);
+/* Queue a job; FB_ENOENT when the session has ended (job untouched). */
+int fbd_session_post(fbd_session *s, fbd_job *j);
+/* Attach c as the session's stream; FB_EINVAL if one is attached. */
+int fbd_session_attach(fbd_session *s, fbd_call *c);
+/* After posting from a stream: 1 to receive the next message now, 0 when
+ * the worker will resume receiving once it catches up. */
+int fbd_session_may_recv(fbd_session *s);
+void fbd_session_end_all(fbd_server *srv, int reason);
+int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
+void *fbd_worker_main(void *arg);
+void fbd_worker_run(fbd_session *s, fbd_job *j); /* worker.c: one job */
+void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,
+                          int full_id);
+
+/* Staging buffers for field transfers: large ones are mapped with huge
+ * pages where the kernel offers them, so that filling them costs few page
+ * faults. */
+uint8_t *fbd_stage_alloc(size_t n);
+void fbd_stage_free(uint8_t *p, size_t n);
+/* A session keeps its last two staging buffers for the next transfers of
+ * the same size (a read's buffer may still be on its way out when the next
+ * write begins), so repeated reads and writes of a field touch no fresh
+ * pages; the reaper frees them after a short idle time. Thread-safe. */
+uint8_t *fbd_stage_take(fbd_session *s, size_t n);
+void fbd_stage_give(fbd_session *s, uint8_t *p, size_t n);
+/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
+void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+
+/* Stream a field's bytes (buf, staged for session s, taken) out on a ReadField
+ * call; the buffer goes back to s when gRPC is done with it. */
+void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint32_t chunk);
+
+/* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
+int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
+
+#endif

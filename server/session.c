@@ -1,0 +1,509 @@
+/* fuseboxd sessions: the table (ids are 128-bit random hex, so one client
+ * cannot guess another's), the ordered job queue and the worker thread of
+ * each session, how a session ends (closed, disconnected, reaped, shutdown
+ * or failed creation) and the idle reaper. The jobs themselves run in
+ * worker.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "server/server.h"
+
+#define RECV_HIGH 32 /* stream messages queued before the stream stops receiving */
+#define RECV_LOW 8   /* ... and resumes */
+#define STAGE_KEEP_S 2.0 /* an unused staging buffer is freed after this */
+
+static const char *const end_names[] = {"closed", "disconnected", "reaped", "shut down",
+                                        "failed"};
+
+/* ---------------------------------------------------------------- jobs */
+
+fbd_job *fbd_job_new(int kind, fbd_call *call) {
+  fbd_job *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  j->kind = kind;
+  j->call = call;
+  if (call) fbd_call_ref(call);
+  fbp_arena_init(&j->arena);
+  return j;
+}
+
+void fbd_job_free(fbd_job *j) {
+  if (!j) return;
+  if (j->call) fbd_call_unref(j->call);
+  fbp_arena_free(&j->arena);
+  fbd_stage_free(j->buf, j->len);
+  free(j);
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+void fbd_session_ref(fbd_session *s) { atomic_fetch_add(&s->refs, 1); }
+
+static void session_free(fbd_session *s) {
+  for (int i = 0; i < 2; i++) fbd_stage_free(s->stage[i].p, s->stage[i].len);
+  fb_layout_free(s->layout);
+  for (int i = 0; i < s->nerrs; i++) free(s->errs[i].msg);
+  free(s->errs);
+  free(s->rets);
+  free(s->smap);
+  free(s->peer);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+void fbd_session_unref(fbd_session *s) {
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) session_free(s);
+}
+
+static int new_id(char *out) {
+  uint8_t r[16];
+  if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) return FB_EIO;
+  for (int i = 0; i < 16; i++) snprintf(out + 2 * i, 3, "%02x", r[i]);
+  return 0;
+}
+
+/* Put s in the table; FB_EQUOTA when it is full. */
+static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
+  int rc = FB_EQUOTA;
+  pthread_mutex_lock(&srv->mu);
+  if (atomic_load(&srv->stopping)) {
+    snprintf(err, errlen, "the server is shutting down");
+    rc = FB_EIO;
+  } else {
+    for (int i = 0; i < srv->cfg->max_sessions; i++) {
+      if (srv->sessions[i]) continue;
+      srv->sessions[i] = s;
+      srv->nsessions++;
+      srv->nworkers++;
+      rc = 0;
+      break;
+    }
+    if (rc) {
+      srv->st.sessions_failed++;
+      snprintf(err, errlen, "the server is at its session limit (%d sessions)",
+               srv->cfg->max_sessions);
+    }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return rc;
+}
+
+int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
+                    const char *peer, fbd_session **out, char *err, size_t errlen) {
+  *out = NULL;
+  fbd_session *s = calloc(1, sizeof *s);
+  if (!s) {
+    fb_layout_free(layout);
+    snprintf(err, errlen, "out of memory");
+    return FB_ENOMEM;
+  }
+  s->srv = srv;
+  s->layout = layout;
+  s->mem_bytes = layout->root_bytes;
+  s->ecfg = *ecfg;
+  snprintf(s->mode, sizeof s->mode, "%s", ecfg->mode ? ecfg->mode : "sync");
+  s->ecfg.mode = s->mode;
+  s->peer = strdup(peer ? peer : "?");
+  atomic_init(&s->refs, 3); /* table, worker, caller */
+  atomic_init(&s->queued, 0);
+  atomic_init(&s->has_stream, 0);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->last_active = fbd_now();
+  int rc = new_id(s->id);
+  if (rc) snprintf(err, errlen, "cannot draw a session id");
+  memcpy(s->tag, s->id, 8);
+  if (!rc) rc = table_add(srv, s, err, errlen);
+  if (rc) {
+    session_free(s);
+    return rc;
+  }
+  if (pthread_create(&s->th, NULL, fbd_worker_main, s)) {
+    pthread_mutex_lock(&srv->mu);
+    for (int i = 0; i < srv->cfg->max_sessions; i++)
+      if (srv->sessions[i] == s) srv->sessions[i] = NULL;
+    srv->nsessions--;
+    srv->nworkers--;
+    pthread_mutex_unlock(&srv->mu);
+    session_free(s);
+    snprintf(err, errlen, "cannot start the session's worker thread");
+    return FB_EINTERNAL;
+  }
+  *out = s;
+  return 0;
+}
+
+fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n) {
+  fbd_session *found = NULL;
+  if (!id || n != 32) return NULL;
+  pthread_mutex_lock(&srv->mu);
+  for (int i = 0; i < srv->cfg->max_sessions && !found; i++) {
+    fbd_session *s = srv->sessions[i];
+    if (s && memcmp(s->id, id, 32) == 0) {
+      fbd_session_ref(s);
+      found = s;
+    }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return found;
+}
+
+/* ---------------------------------------------------------------- staging */
+
+uint8_t *fbd_stage_take(fbd_session *s, size_t n) {
+  uint8_t *p = NULL;
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < 2 && !p; i++)
+    if (s->stage[i].p && s->stage[i].len == n) {
+      p = s->stage[i].p;
+      s->stage[i].p = NULL;
+    }
+  pthread_mutex_unlock(&s->mu);
+  return p ? p : fbd_stage_alloc(n);
+}
+
+void fbd_stage_give(fbd_session *s, uint8_t *p, size_t n) {
+  if (!p) return;
+  pthread_mutex_lock(&s->mu);
+  int k = !s->stage[0].p ? 0 : !s->stage[1].p ? 1 : s->stage[0].used < s->stage[1].used ? 0 : 1;
+  struct fbd_stage old = s->stage[k]; /* an empty slot, or the older buffer */
+  s->stage[k] = (struct fbd_stage){p, n, fbd_now()};
+  pthread_mutex_unlock(&s->mu);
+  fbd_stage_free(old.p, old.len);
+}
+
+static void stage_expire(fbd_session *s, double now) {
+  struct fbd_stage gone[2] = {{NULL, 0, 0}, {NULL, 0, 0}};
+  pthread_mutex_lock(&s->mu);
+  for (int i = 0; i < 2; i++)
+    if (s->stage[i].p && now - s->stage[i].used > STAGE_KEEP_S) {
+      gone[i] = s->stage[i];
+      s->stage[i].p = NULL;
+    }
+  pthread_mutex_unlock(&s->mu);
+  for (int i = 0; i < 2; i++) fbd_stage_free(gone[i].p, gone[i].len);
+}
+
+/* ---------------------------------------------------------------- queue */
+
+static int post_locked(fbd_session *s, fbd_job *j) {
+  if (s->state == FBD_DEAD) return FB_ENOENT;
+  if (s->state == FBD_ENDING && j->kind != FBD_J_END) return FB_ENOENT;
+  j->next = NULL;
+  if (s->qt) s->qt->next = j;
+  else s->qh = j;
+  s->qt = j;
+  s->depth++;
+  atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
+  s->posted++;
+  s->last_active = fbd_now();
+  if (j->kind == FBD_J_END || j->kind == FBD_J_CLOSE) s->state = FBD_ENDING;
+  pthread_cond_signal(&s->cv);
+  return 0;
+}
+
+int fbd_session_post(fbd_session *s, fbd_job *j) {
+  pthread_mutex_lock(&s->mu);
+  int rc = post_locked(s, j);
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+int fbd_session_attach(fbd_session *s, fbd_call *c) {
+  int rc = 0;
+  pthread_mutex_lock(&s->mu);
+  if (s->state != FBD_LIVE) rc = FB_ENOENT;
+  else if (s->stream) rc = FB_EINVAL;
+  else {
+    s->stream = c;
+    atomic_store(&s->has_stream, 1);
+    fbd_call_ref(c);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+int fbd_session_may_recv(fbd_session *s) {
+  pthread_mutex_lock(&s->mu);
+  int go = s->depth < RECV_HIGH;
+  if (!go) s->recv_paused = 1;
+  pthread_mutex_unlock(&s->mu);
+  return go;
+}
+
+/* Waking a sleeping thread costs tens of microseconds on an idle machine
+ * (more in a VM), which would dominate a sync round trip: so a worker whose
+ * stream is attached waits a little for the next request before it sleeps,
+ * yielding the CPU to anything else runnable meanwhile. */
+static void spin(fbd_session *s) {
+  double limit = s->srv->cfg->worker_spin_us * 1e-6;
+  if (limit <= 0 || !atomic_load_explicit(&s->has_stream, memory_order_relaxed)) return;
+  double t0 = fbd_now();
+  while (atomic_load_explicit(&s->queued, memory_order_acquire) == 0 && fbd_now() - t0 < limit)
+    sched_yield();
+}
+
+/* Worker: the next job, resuming a paused stream once the queue is short. */
+static fbd_job *next_job(fbd_session *s) {
+  fbd_call *resume = NULL;
+  spin(s);
+  pthread_mutex_lock(&s->mu);
+  while (!s->qh) pthread_cond_wait(&s->cv, &s->mu);
+  fbd_job *j = s->qh;
+  s->qh = j->next;
+  if (!s->qh) s->qt = NULL;
+  s->depth--;
+  atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
+  s->busy = 1;
+  if (s->recv_paused && s->depth <= RECV_LOW && s->stream) {
+    s->recv_paused = 0;
+    resume = s->stream;
+    fbd_call_ref(resume);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (resume) {
+    fbd_call_recv(resume);
+    fbd_call_unref(resume);
+  }
+  return j;
+}
+
+/* The server's memory figure follows the session's device memory. */
+static void account(fbd_session *s, uint64_t now_bytes) {
+  if (now_bytes == s->accounted) return;
+  fbd_server *srv = s->srv;
+  pthread_mutex_lock(&srv->mu);
+  srv->st.memory_bytes += now_bytes - s->accounted;
+  if (srv->st.memory_bytes > srv->st.memory_peak_bytes)
+    srv->st.memory_peak_bytes = srv->st.memory_bytes;
+  pthread_mutex_unlock(&srv->mu);
+  s->accounted = now_bytes;
+}
+
+static void job_done(fbd_session *s) {
+  fb_counters c;
+  memset(&c, 0, sizeof c);
+  if (s->es) {
+    fb_session_counters(s->es, &c);
+    account(s, c.device_bytes ? c.device_bytes : s->mem_bytes);
+  }
+  pthread_mutex_lock(&s->mu);
+  s->snap = c;
+  s->busy = 0;
+  s->done++;
+  s->last_active = fbd_now();
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- ending */
+
+static void count_end(fbd_server *srv, fbd_session *s) {
+  pthread_mutex_lock(&srv->mu);
+  fbd_stats *st = &srv->st;
+  switch (s->end_reason) {
+  case FBD_END_DISCONNECTED: st->sessions_disconnected++; break;
+  case FBD_END_REAPED: st->sessions_reaped++; break;
+  case FBD_END_FAILED: st->sessions_failed++; break;
+  default: st->sessions_closed++; break;
+  }
+  st->memory_bytes -= s->accounted;
+  for (int i = 0; i < srv->cfg->max_sessions; i++)
+    if (srv->sessions[i] == s) srv->sessions[i] = NULL;
+  srv->nsessions--;
+  pthread_mutex_unlock(&srv->mu);
+}
+
+/* Hand the finished worker to the main thread for joining. */
+static void worker_exit(fbd_server *srv, pthread_t th) {
+  pthread_mutex_lock(&srv->mu);
+  if (srv->nzombies == srv->zcap) {
+    int nc = srv->zcap ? srv->zcap * 2 : 16;
+    pthread_t *z = realloc(srv->zombies, sizeof *z * (size_t)nc);
+    if (z) {
+      srv->zombies = z;
+      srv->zcap = nc;
+    }
+  }
+  if (srv->nzombies < srv->zcap) srv->zombies[srv->nzombies++] = th;
+  else pthread_detach(th);
+  srv->nworkers--;
+  pthread_cond_broadcast(&srv->cv);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+/* Free the engine session, refuse what is still queued, finish the stream. */
+static void session_end(fbd_session *s) {
+  fbd_server *srv = s->srv;
+  if (s->es) {
+    fb_counters now;
+    fb_session_counters(s->es, &now);
+    if (now.device_bytes > s->mem_bytes) s->mem_bytes = now.device_bytes; /* for the log */
+  }
+  pthread_mutex_lock(&s->mu);
+  s->state = FBD_DEAD;
+  fbd_job *rest = s->qh;
+  s->qh = s->qt = NULL;
+  s->depth = 0;
+  atomic_store(&s->queued, 0);
+  fbd_call *stream = s->stream;
+  s->stream = NULL;
+  atomic_store(&s->has_stream, 0);
+  pthread_mutex_unlock(&s->mu);
+  fb_counters c;
+  memset(&c, 0, sizeof c);
+  if (s->es) fb_session_counters(s->es, &c);
+  fb_session_destroy(s->es);
+  s->es = NULL;
+  for (fbd_job *j = rest, *n; j; j = n) {
+    n = j->next;
+    if (j->call) fbd_call_finish(j->call, FB_ENOENT, "session %s was %s", s->tag,
+                                 end_names[s->end_reason]);
+    fbd_job_free(j);
+  }
+  count_end(srv, s); /* before the stream ends, so that its client sees the stats */
+  if (stream) {
+    if (s->end_reason == FBD_END_CLOSED) fbd_call_finish(stream, FB_OK, NULL);
+    else fbd_call_finish_status(stream, FBP_GRPC_ABORTED, FB_ENOENT, end_names[s->end_reason]);
+    fbd_call_unref(stream);
+  }
+  if (s->created)
+    fbd_logf(srv->log, FBD_LOG_INFO, "session %s %s: %llu launches, %llu bytes freed", s->tag,
+             end_names[s->end_reason], (unsigned long long)c.launches,
+             (unsigned long long)s->mem_bytes);
+}
+
+void *fbd_worker_main(void *arg) {
+  fbd_session *s = arg;
+  fbd_server *srv = s->srv;
+  for (;;) {
+    fbd_job *j = next_job(s);
+    int kind = j->kind;
+    if (kind == FBD_J_END) s->end_reason = j->reason;
+    fbd_worker_run(s, j);
+    fbd_job_free(j);
+    job_done(s);
+    if (kind == FBD_J_END || kind == FBD_J_CLOSE || (kind == FBD_J_CREATE && !s->created)) break;
+  }
+  session_end(s);
+  pthread_t th = s->th;
+  fbd_session_unref(s); /* the table's */
+  fbd_session_unref(s); /* the worker's */
+  worker_exit(srv, th);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- server-wide */
+
+/* End s for a reason of the server's (reaping, shutdown). */
+static void end_session(fbd_session *s, int reason, const char *why) {
+  fbd_job *j = fbd_job_new(FBD_J_END, NULL);
+  if (!j) return;
+  j->reason = reason;
+  pthread_mutex_lock(&s->mu);
+  int rc = s->state == FBD_DEAD ? FB_ENOENT : post_locked(s, j);
+  fbd_call *stream = s->stream;
+  if (!rc && stream) fbd_call_ref(stream);
+  pthread_mutex_unlock(&s->mu);
+  if (rc) fbd_job_free(j);
+  if (!rc && stream) {
+    grpc_call_cancel_with_status(stream->gc, GRPC_STATUS_ABORTED, why, NULL);
+    fbd_call_unref(stream);
+  }
+}
+
+/* Sessions of the table, ref'd, for work outside srv->mu. */
+static int snapshot(fbd_server *srv, fbd_session **out) {
+  int n = 0;
+  pthread_mutex_lock(&srv->mu);
+  for (int i = 0; i < srv->cfg->max_sessions; i++)
+    if (srv->sessions[i]) {
+      fbd_session_ref(srv->sessions[i]);
+      out[n++] = srv->sessions[i];
+    }
+  pthread_mutex_unlock(&srv->mu);
+  return n;
+}
+
+void fbd_session_end_all(fbd_server *srv, int reason) {
+  fbd_session **v = calloc((size_t)srv->cfg->max_sessions, sizeof *v);
+  if (!v) return;
+  int n = snapshot(srv, v);
+  for (int i = 0; i < n; i++) {
+    end_session(v[i], reason, "the server is shutting down");
+    fbd_session_unref(v[i]);
+  }
+  free(v);
+}
+
+/* Every session has run the jobs it had when marks were taken (by table
+ * slot), and its stream has sent what they produced. */
+int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n) {
+  int drained = 1;
+  pthread_mutex_lock(&srv->mu);
+  for (int i = 0; i < n && drained; i++) {
+    fbd_session *s = srv->sessions[i];
+    if (!s) continue;
+    pthread_mutex_lock(&s->mu);
+    if (s->done < marks[i] && s->state != FBD_DEAD) drained = 0;
+    fbd_call *st = s->stream;
+    pthread_mutex_unlock(&s->mu);
+    if (drained && st && fbd_call_queued(st)) drained = 0;
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return drained;
+}
+
+static void reap(fbd_server *srv) {
+  double limit = srv->cfg->idle_timeout_s, now = fbd_now();
+  fbd_session **v = calloc((size_t)srv->cfg->max_sessions, sizeof *v);
+  if (!v) return;
+  int n = snapshot(srv, v);
+  for (int i = 0; i < n; i++) {
+    fbd_session *s = v[i];
+    stage_expire(s, now);
+    pthread_mutex_lock(&s->mu);
+    int idle = limit > 0 && s->state == FBD_LIVE && !s->busy && !s->qh && now - s->last_active > limit;
+    pthread_mutex_unlock(&s->mu);
+    if (idle) {
+      fbd_logf(srv->log, FBD_LOG_INFO, "session %s idle for %.0f s: reaping it", s->tag, limit);
+      end_session(s, FBD_END_REAPED, "session reaped after its idle timeout");
+    }
+    fbd_session_unref(s);
+  }
+  free(v);
+}
+
+void fbd_server_tick(fbd_server *srv) {
+  reap(srv);
+  for (;;) {
+    pthread_mutex_lock(&srv->mu);
+    int have = srv->nzombies > 0;
+    pthread_t th;
+    if (have) th = srv->zombies[--srv->nzombies];
+    pthread_mutex_unlock(&srv->mu);
+    if (!have) break;
+    pthread_join(th, NULL);
+  }
+}
+
+void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,
+                          int full_id) {
+  fusebox__v1__session_stats__init(out);
+  Fusebox__V1__Counters *c = fbp_alloc(a, sizeof *c);
+  pthread_mutex_lock(&s->mu);
+  fb_counters snap = s->snap;
+  out->attached = s->stream != NULL;
+  out->idle_s = s->busy ? 0 : fbd_now() - s->last_active;
+  pthread_mutex_unlock(&s->mu);
+  out->tag = fbp_strdup(a, full_id ? s->id : s->tag);
+  out->memory_bytes = snap.device_bytes ? snap.device_bytes : s->mem_bytes;
+  if (c) {
+    fbp_counters_to_pb(c, &snap);
+    out->counters = c;
+  }
+}

@@ -1,0 +1,505 @@
+/* proto/convert.c: IR <-> protobuf round trips (every layout and kernel of
+ * tests/ir, through packed bytes and back, printing identically),
+ * refusal of structurally broken messages with a message that names the
+ * problem, the hand-written launch and field-chunk encodings against
+ * protobuf-c's own packers and unpackers, values bit for bit, and the
+ * FB_E* <-> gRPC status mapping. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/convert.h"
+#include "tests/support/support.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Pack m with protobuf-c and unpack it again: what the wire delivers. */
+static void *wire(const ProtobufCMessage *m, const ProtobufCMessageDescriptor *d) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  ck_assert_ptr_nonnull(buf);
+  ck_assert_uint_eq(protobuf_c_message_pack(m, buf), n);
+  void *back = protobuf_c_message_unpack(d, NULL, n, buf);
+  free(buf);
+  ck_assert_ptr_nonnull(back);
+  return back;
+}
+
+static fb_layout *layout_round_trip(const fb_layout *l) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__Layout *m = fbp_layout_to_pb(&a, l);
+  ck_assert_ptr_nonnull(m);
+  Fusebox__V1__Layout *w = wire(&m->base, &fusebox__v1__layout__descriptor);
+  fb_layout *back = NULL;
+  char err[512] = "";
+  int rc = fbp_layout_from_pb(w, &back, err, sizeof err);
+  ck_assert_msg(rc == 0, "layout from protobuf: %s", err);
+  protobuf_c_message_free_unpacked(&w->base, NULL);
+  fbp_arena_free(&a);
+  return back;
+}
+
+static fb_kernel *kernel_round_trip(const fb_kernel *k, const fb_layout *l) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__Kernel *m = fbp_kernel_to_pb(&a, k);
+  ck_assert_ptr_nonnull(m);
+  Fusebox__V1__Kernel *w = wire(&m->base, &fusebox__v1__kernel__descriptor);
+  fb_kernel *back = NULL;
+  char err[512] = "";
+  int rc = fbp_kernel_from_pb(w, l, &back, err, sizeof err);
+  ck_assert_msg(rc == 0, "kernel %s from protobuf: %s", k->name, err);
+  protobuf_c_message_free_unpacked(&w->base, NULL);
+  fbp_arena_free(&a);
+  return back;
+}
+
+static void assert_same_layout(const fb_layout *a, const fb_layout *b) {
+  char *pa = fb_layout_print(a), *pb = fb_layout_print(b);
+  ck_assert_str_eq(pa, pb);
+  ck_assert_int_eq(a->nnodes, b->nnodes);
+  ck_assert_uint_eq(a->root_bytes, b->root_bytes);
+  ck_assert_uint_eq(fb_layout_hash(a), fb_layout_hash(b));
+  free(pa);
+  free(pb);
+}
+
+static void assert_same_kernel(const fb_kernel *a, const fb_kernel *b) {
+  ck_assert_int_eq(a->nstmts, b->nstmts);
+  ck_assert_int_eq(a->nblocks, b->nblocks);
+  ck_assert(fb_kernel_equal(a, b));
+  ck_assert_uint_eq(fb_kernel_hash(a), fb_kernel_hash(b));
+  char *pa = fb_kernel_print(a), *pb = fb_kernel_print(b);
+  ck_assert_str_eq(pa, pb);
+  free(pa);
+  free(pb);
+  /* statement by statement, immediates bit for bit (dead ones too) */
+  for (int i = 0; i < a->nstmts; i++) {
+    const fb_stmt *x = &a->stmts[i], *y = &b->stmts[i];
+    ck_assert_int_eq(x->op, y->op);
+    ck_assert_int_eq(x->type, y->type);
+    ck_assert_int_eq(x->nargs, y->nargs);
+    ck_assert_int_eq(x->snode, y->snode);
+    for (int k = 0; k < x->nargs; k++) ck_assert_int_eq(x->args[k], y->args[k]);
+    ck_assert(x->imm.u == y->imm.u);
+    ck_assert_int_eq(x->body, y->body);
+    ck_assert_int_eq(x->orelse, y->orelse);
+  }
+}
+
+/* ---------------------------------------------------------------- round trips */
+
+START_TEST(ir_files_round_trip) {
+  DIR *dir = opendir(fbt_path("ir"));
+  ck_assert_ptr_nonnull(dir);
+  int files = 0, kernels = 0;
+  struct dirent *e;
+  while ((e = readdir(dir))) {
+    size_t n = strlen(e->d_name);
+    if (n < 4 || strcmp(e->d_name + n - 3, ".ir") != 0) continue;
+    char rel[512];
+    snprintf(rel, sizeof rel, "ir/%s", e->d_name);
+    char *text = fbt_read_file(fbt_path(rel), NULL);
+    ck_assert_ptr_nonnull(text);
+    fb_layout *l = NULL;
+    fb_kernel **ks = NULL;
+    int nk = 0;
+    fb_diags d;
+    fb_diags_init(&d);
+    if (fb_ir_parse(text, &l, &ks, &nk, &d) == 0) {
+      fb_layout *l2 = layout_round_trip(l);
+      assert_same_layout(l, l2);
+      for (int i = 0; i < nk; i++) {
+        fb_kernel *k2 = kernel_round_trip(ks[i], l2);
+        assert_same_kernel(ks[i], k2);
+        ck_assert_ptr_eq(k2->layout, l2);
+        fb_kernel_free(k2);
+        fb_kernel_free(ks[i]);
+        kernels++;
+      }
+      free(ks);
+      fb_layout_free(l);
+      fb_layout_free(l2);
+      files++;
+    }
+    fb_diags_free(&d);
+    free(text);
+  }
+  closedir(dir);
+  ck_assert_int_ge(files, 5);
+  ck_assert_int_ge(kernels, 10);
+}
+END_TEST
+
+/* Every SNode kind, names, several axes, a dynamic's chunk. */
+START_TEST(layout_kinds_round_trip) {
+  fb_layout *l = fb_layout_new();
+  int64_t s2[2] = {16, 8}, s1[1] = {64};
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "ij", s2, 0, "grid");
+  fb_layout_place(l, d, "a", FB_T_F32);
+  fb_layout_place(l, d, "flag", FB_T_BOOL);
+  int p = fb_layout_add(l, 0, FB_SN_POINTER, "ij", s2, 0, "blocks");
+  int b = fb_layout_add(l, p, FB_SN_BITMASKED, "ij", s2, 0, NULL);
+  fb_layout_place(l, b, "rho", FB_T_F64);
+  int dy = fb_layout_add(l, 0, FB_SN_DYNAMIC, "k", s1, 16, "list");
+  fb_layout_place(l, dy, "px", FB_T_U64);
+  fb_layout_place(l, 0, "loss", FB_T_I64);
+  char err[256];
+  ck_assert_int_eq(fb_layout_finalize(l, err, sizeof err), 0);
+  fb_layout *back = layout_round_trip(l);
+  assert_same_layout(l, back);
+  for (int i = 0; i < l->nnodes; i++) {
+    ck_assert_int_eq(l->nodes[i].kind, back->nodes[i].kind);
+    ck_assert_int_eq(l->nodes[i].parent, back->nodes[i].parent);
+    ck_assert_int_eq(l->nodes[i].chunk, back->nodes[i].chunk);
+    ck_assert_uint_eq(l->nodes[i].offset, back->nodes[i].offset);
+  }
+  fb_layout_free(l);
+  fb_layout_free(back);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- refusals */
+
+static Fusebox__V1__Layout *small_layout_pb(fbp_arena *a) {
+  fb_layout *l = fb_layout_new();
+  int64_t n = 32;
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "i", &n, 0, NULL);
+  fb_layout_place(l, d, "x", FB_T_F32);
+  fb_layout_finalize(l, NULL, 0);
+  Fusebox__V1__Layout *m = fbp_layout_to_pb(a, l);
+  fb_layout_free(l);
+  return m;
+}
+
+static void expect_layout_refused(Fusebox__V1__Layout *m, const char *needle) {
+  fb_layout *l = (fb_layout *)1;
+  char err[512] = "";
+  ck_assert_int_eq(fbp_layout_from_pb(m, &l, err, sizeof err), FB_EINVAL);
+  ck_assert_ptr_null(l);
+  ck_assert_msg(strstr(err, needle) != NULL, "'%s' does not mention '%s'", err, needle);
+}
+
+START_TEST(layout_refusals) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__Layout *m = small_layout_pb(&a);
+  m->nodes[1]->parent = 2; /* a later node */
+  expect_layout_refused(m, "parent 2");
+  m = small_layout_pb(&a);
+  m->nodes[2]->name = (char *)"";
+  expect_layout_refused(m, "needs a name");
+  m = small_layout_pb(&a);
+  m->nodes[0]->kind = FUSEBOX__V1__SNODE_KIND__SN_DENSE;
+  expect_layout_refused(m, "root");
+  m = small_layout_pb(&a);
+  m->nodes[1]->size[0] = 0;
+  expect_layout_refused(m, "malformed");
+  m = small_layout_pb(&a);
+  m->nodes[1]->kind = 42;
+  expect_layout_refused(m, "unknown SNode kind 42");
+  m = small_layout_pb(&a);
+  m->nodes[2]->type = 99;
+  expect_layout_refused(m, "type 99");
+  m = small_layout_pb(&a);
+  m->n_nodes = 0;
+  expect_layout_refused(m, "0 nodes");
+  expect_layout_refused(NULL, "0 nodes");
+  fbp_arena_free(&a);
+}
+END_TEST
+
+/* A kernel x[i] = f32(i) over a range, in protobuf form. */
+static Fusebox__V1__Kernel *small_kernel_pb(fbp_arena *a, fb_layout **lout) {
+  fb_layout *l = fb_layout_new();
+  int64_t n = 32;
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "i", &n, 0, NULL);
+  int x = fb_layout_place(l, d, "x", FB_T_F32);
+  fb_layout_finalize(l, NULL, 0);
+  fb_kernel *k = fb_kernel_new(l, "k", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int lo = fb_b_const_i32(&b, 0), hi = fb_b_const_i32(&b, 32);
+  int loop = fb_b_range_for(&b, lo, hi, 1);
+  int saved = fb_b_enter(&b, k->stmts[loop].body);
+  int i = fb_b_loop_index(&b, loop, 0);
+  fb_b_store(&b, x, &i, 1, fb_b_cast(&b, FB_T_F32, i));
+  fb_b_leave(&b, saved);
+  Fusebox__V1__Kernel *m = fbp_kernel_to_pb(a, k);
+  fb_kernel_free(k);
+  *lout = l;
+  return m;
+}
+
+static void expect_kernel_refused(Fusebox__V1__Kernel *m, const fb_layout *l, const char *needle) {
+  fb_kernel *k = (fb_kernel *)1;
+  char err[512] = "";
+  ck_assert_int_eq(fbp_kernel_from_pb(m, l, &k, err, sizeof err), FB_EINVAL);
+  ck_assert_ptr_null(k);
+  ck_assert_msg(strstr(err, needle) != NULL, "'%s' does not mention '%s'", err, needle);
+}
+
+START_TEST(kernel_refusals) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  fb_layout *l;
+  Fusebox__V1__Kernel *m = small_kernel_pb(&a, &l);
+  fb_kernel *ok = NULL;
+  ck_assert_int_eq(fbp_kernel_from_pb(m, l, &ok, NULL, 0), 0);
+  ck_assert_int_eq(fb_verify(ok, NULL), 0);
+  fb_kernel_free(ok);
+  m->stmts[1]->op = (char *)"frobnicate";
+  expect_kernel_refused(m, l, "unknown op 'frobnicate'");
+  m->stmts[1]->op = (char *)"const";
+  m->stmts[2]->body = 7;
+  expect_kernel_refused(m, l, "block ids 7");
+  m->stmts[2]->body = 1;
+  m->blocks[1]->ids[0] = 100;
+  expect_kernel_refused(m, l, "statement 100");
+  m->blocks[1]->ids[0] = 3;
+  m->stmts[0]->n_args = FB_MAX_ARGS + 1;
+  expect_kernel_refused(m, l, "operand count");
+  m->stmts[0]->n_args = 0;
+  m->stmts[0]->type = 9;
+  expect_kernel_refused(m, l, "type 9");
+  m->stmts[0]->type = FUSEBOX__V1__SCALAR_TYPE__T_I32;
+  m->n_blocks = 0;
+  expect_kernel_refused(m, l, "at least one block");
+  m->n_blocks = 2;
+  m->name = (char *)"";
+  expect_kernel_refused(m, l, "no name");
+  m->name = (char *)"k";
+  Fusebox__V1__ScalarType bad[1] = {FUSEBOX__V1__SCALAR_TYPE__T_VOID};
+  m->params = bad;
+  m->n_params = 1;
+  expect_kernel_refused(m, l, "parameter 0");
+  fb_layout_free(l);
+  fbp_arena_free(&a);
+}
+END_TEST
+
+/* Structure that converts but breaks the IR rules is the verifier's. */
+START_TEST(kernel_semantics_left_to_verifier) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  fb_layout *l;
+  Fusebox__V1__Kernel *m = small_kernel_pb(&a, &l);
+  m->stmts[5]->args[0] = 4; /* the store's index is now the f32 cast */
+  fb_kernel *k = NULL;
+  ck_assert_int_eq(fbp_kernel_from_pb(m, l, &k, NULL, 0), 0);
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_verify(k, &d), FB_EVERIFY);
+  ck_assert_int_gt(d.n, 0);
+  fb_diags_free(&d);
+  fb_kernel_free(k);
+  fb_layout_free(l);
+  fbp_arena_free(&a);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- values */
+
+static fb_value f64_bits(uint64_t bits) {
+  fb_value v = fb_value_f64(0);
+  v.v.u = bits;
+  return v;
+}
+
+START_TEST(values_bit_exact) {
+  fb_value vs[] = {fb_value_bool(1), fb_value_i32(-7), fb_value_i32(INT32_MIN),
+                   fb_value_i64(INT64_MIN), fb_value_u32(UINT32_MAX), fb_value_u64(UINT64_MAX),
+                   fb_value_f32(-0.0f), fb_value_f32(1e-45f), fb_value_f64(-0.0),
+                   f64_bits(0x7ff8000000000123ull), fb_value_f64(INFINITY), fb_value_i64(0)};
+  for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+    Fusebox__V1__Value m;
+    fbp_value_to_pb(&m, vs[i]);
+    Fusebox__V1__Value *w = wire(&m.base, &fusebox__v1__value__descriptor);
+    fb_value back;
+    ck_assert_int_eq(fbp_value_from_pb(w, &back), 0);
+    ck_assert_int_eq(back.type, vs[i].type);
+    ck_assert_msg(back.v.u == vs[i].v.u, "value %zu: %llx became %llx", i,
+                  (unsigned long long)vs[i].v.u, (unsigned long long)back.v.u);
+    protobuf_c_message_free_unpacked(&w->base, NULL);
+  }
+  Fusebox__V1__Value bad = FUSEBOX__V1__VALUE__INIT;
+  fb_value out;
+  ck_assert_int_eq(fbp_value_from_pb(&bad, &out), FB_EINVAL); /* void */
+  bad.type = 12;
+  ck_assert_int_eq(fbp_value_from_pb(&bad, &out), FB_EINVAL);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- launch batches */
+
+START_TEST(launch_encoding_matches_protobuf_c) {
+  fbp_buf b;
+  memset(&b, 0, sizeof b);
+  fb_value args[5] = {fb_value_i32(-3), fb_value_u64(1ull << 63), fb_value_f32(2.5f),
+                      fb_value_f64(-0.0), fb_value_bool(1)};
+  for (int k = 0; k < 300; k++) fbp_launch_append(&b, k % 7, args, k % 6);
+  fbp_launch_append(&b, -1, NULL, 0);
+  fbp_session_tail(&b, "0123456789abcdef0123456789abcdef", 1, 99);
+  ck_assert_int_eq(b.oom, 0);
+  Fusebox__V1__SessionRequest *m = fusebox__v1__session_request__unpack(NULL, b.n, b.p);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_uint_eq(m->n_launches, 301);
+  ck_assert_str_eq(m->session_id, "0123456789abcdef0123456789abcdef");
+  ck_assert(m->flush);
+  ck_assert_uint_eq(m->sync, 99);
+  for (int k = 0; k < 300; k++) {
+    const Fusebox__V1__Launch *l = m->launches[k];
+    ck_assert_int_eq(l->kernel, k % 7);
+    ck_assert_uint_eq(l->n_args, (size_t)(k % 6));
+    for (size_t a = 0; a < l->n_args; a++) {
+      fb_value v;
+      ck_assert_int_eq(fbp_value_from_pb(l->args[a], &v), 0);
+      ck_assert_int_eq(v.type, args[a].type);
+      ck_assert(v.v.u == args[a].v.u);
+    }
+  }
+  ck_assert_int_eq(m->launches[300]->kernel, -1);
+  /* without the session id (packed first by protobuf-c) the bytes agree */
+  char *id = m->session_id;
+  m->session_id = (char *)protobuf_c_empty_string;
+  fbp_buf b2;
+  memset(&b2, 0, sizeof b2);
+  for (int k = 0; k < 300; k++) fbp_launch_append(&b2, k % 7, args, k % 6);
+  fbp_launch_append(&b2, -1, NULL, 0);
+  fbp_session_tail(&b2, NULL, 1, 99);
+  size_t n = fusebox__v1__session_request__get_packed_size(m);
+  uint8_t *p = malloc(n);
+  fusebox__v1__session_request__pack(m, p);
+  ck_assert_uint_eq(n, b2.n);
+  ck_assert_int_eq(memcmp(p, b2.p, n), 0);
+  free(p);
+  m->session_id = id;
+  fusebox__v1__session_request__free_unpacked(m, NULL);
+  fbp_buf_free(&b);
+  fbp_buf_free(&b2);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- field chunks */
+
+START_TEST(chunk_encoding_both_ways) {
+  uint8_t data[300];
+  for (int i = 0; i < 300; i++) data[i] = (uint8_t)(i * 7);
+  uint8_t msg[FBP_CHUNK_HEADER_MAX + 300];
+  size_t hn = fbp_chunk_header(msg, "0123456789abcdef0123456789abcdef", 5, 1 << 20, 3u << 28, 300);
+  ck_assert_uint_gt(hn, 0);
+  memcpy(msg + hn, data, 300);
+  Fusebox__V1__FieldChunk *m = fusebox__v1__field_chunk__unpack(NULL, hn + 300, msg);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_str_eq(m->session_id, "0123456789abcdef0123456789abcdef");
+  ck_assert_int_eq(m->field, 5);
+  ck_assert_uint_eq(m->offset, 1 << 20);
+  ck_assert_uint_eq(m->total_bytes, 3ull << 28);
+  ck_assert_uint_eq(m->data.len, 300);
+  ck_assert_int_eq(memcmp(m->data.data, data, 300), 0);
+  /* protobuf-c's packing parsed by ours */
+  size_t n = fusebox__v1__field_chunk__get_packed_size(m);
+  uint8_t *p = malloc(n);
+  fusebox__v1__field_chunk__pack(m, p);
+  fbp_chunk c;
+  ck_assert_int_eq(fbp_chunk_parse(p, n, &c, NULL, 0), 0);
+  ck_assert_uint_eq(c.session_id_len, 32);
+  ck_assert_int_eq(memcmp(c.session_id, m->session_id, 32), 0);
+  ck_assert_int_eq(c.field, 5);
+  ck_assert_uint_eq(c.offset, 1 << 20);
+  ck_assert_uint_eq(c.total_bytes, 3ull << 28);
+  ck_assert_uint_eq(c.len, 300);
+  ck_assert_int_eq(memcmp(c.data, data, 300), 0);
+  free(p);
+  fusebox__v1__field_chunk__free_unpacked(m, NULL);
+  ck_assert_uint_eq(fbp_chunk_header(msg, "this id is far too long to be any session id at all, "
+                                          "really far too long", 0, 0, 0, 0), 0);
+}
+END_TEST
+
+/* Bytes that are not a FieldChunk: both parsers refuse them. */
+START_TEST(chunk_malformed) {
+  static const struct { const char *b; size_t n; } bad[] = {
+      {"\x0a\x7f", 2},             /* field 1, length past the end */
+      {"\x10", 1},                 /* field 2 varint, truncated */
+      {"\x2a\x05\x01\x02", 4},     /* data longer than the message */
+      {"\x08\x01", 2},             /* field 1 as a varint: wrong wire type */
+      {"\x00\x01", 2},             /* field number 0 */
+      {"\x33\x01", 2},             /* a group */
+      {"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11}, /* varint too long */
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fbp_chunk c;
+    char err[128] = "";
+    ck_assert_msg(fbp_chunk_parse((const uint8_t *)bad[i].b, bad[i].n, &c, err, sizeof err) ==
+                      FB_EINVAL, "case %zu accepted", i);
+    ck_assert(strstr(err, "malformed FieldChunk") != NULL);
+    ck_assert_msg(fusebox__v1__field_chunk__unpack(NULL, bad[i].n, (const uint8_t *)bad[i].b) ==
+                      NULL, "protobuf-c accepted case %zu", i);
+  }
+  /* unknown fields are skipped by both */
+  static const uint8_t unknown[] = {0x48, 0x05, 0x10, 0x03}; /* field 9 = 5, field 2 = 3 */
+  fbp_chunk c;
+  ck_assert_int_eq(fbp_chunk_parse(unknown, sizeof unknown, &c, NULL, 0), 0);
+  ck_assert_int_eq(c.field, 3);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- status codes */
+
+START_TEST(status_mapping) {
+  ck_assert_int_eq(fbp_status_of_code(FB_OK), FBP_GRPC_OK);
+  ck_assert_int_eq(fbp_status_of_code(FB_EVERIFY), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_EINVAL), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_ENOENT), FBP_GRPC_NOT_FOUND);
+  ck_assert_int_eq(fbp_status_of_code(FB_EQUOTA), FBP_GRPC_RESOURCE_EXHAUSTED);
+  ck_assert_int_eq(fbp_status_of_code(FB_EBOUNDS), FBP_GRPC_OUT_OF_RANGE);
+  ck_assert_int_eq(fbp_status_of_code(FB_EINTERNAL), FBP_GRPC_INTERNAL);
+  for (int code = FB_EINVAL; code >= FB_EINTERNAL; code--) {
+    int st = fbp_status_of_code(code);
+    ck_assert_int_ne(st, FBP_GRPC_OK);
+    ck_assert_int_ne(fbp_code_of_status(st), FB_OK);
+  }
+  ck_assert_int_eq(fbp_code_of_status(FBP_GRPC_UNAVAILABLE), FB_EIO);
+}
+END_TEST
+
+START_TEST(arena_reuse) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 10000; i++) {
+      uint64_t *p = fbp_alloc(&a, 24);
+      ck_assert_ptr_nonnull(p);
+      ck_assert_uint_eq(p[0] | p[1] | p[2], 0);
+      p[0] = p[1] = p[2] = ~0ull;
+    }
+    void *big = fbp_alloc(&a, 1 << 20);
+    ck_assert_ptr_nonnull(big);
+    fbp_arena_reset(&a);
+  }
+  ck_assert_str_eq(fbp_strdup(&a, "abc"), "abc");
+  fbp_arena_free(&a);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("proto");
+  TCase *tc = tcase_create("convert");
+  tcase_add_test(tc, ir_files_round_trip);
+  tcase_add_test(tc, layout_kinds_round_trip);
+  tcase_add_test(tc, layout_refusals);
+  tcase_add_test(tc, kernel_refusals);
+  tcase_add_test(tc, kernel_semantics_left_to_verifier);
+  tcase_add_test(tc, values_bit_exact);
+  tcase_add_test(tc, launch_encoding_matches_protobuf_c);
+  tcase_add_test(tc, chunk_encoding_both_ways);
+  tcase_add_test(tc, chunk_malformed);
+  tcase_add_test(tc, status_mapping);
+  tcase_add_test(tc, arena_reuse);
+  suite_add_tcase(s, tc);
+  return fbt_run(s);
+}

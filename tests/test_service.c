@@ -1,0 +1,933 @@
+/* fuseboxd end to end through libfusebox: the built server
+ * ($FB_BUILD_DIR/server/fuseboxd) is started for each test on a loopback
+ * port or a unix socket, and every test ends by stopping it with SIGTERM and
+ * requiring exit status 0 (under ASan: no leaks). Covered: health, info and
+ * stats; several sessions at once with their own fields, and a session
+ * unable to name another's fields or kernels; malformed protobuf sent raw
+ * to every method (INVALID_ARGUMENT, server keeps serving); IR refused by
+ * the verifier (INVALID_ARGUMENT with the verifier's text); launch results
+ * with their sequence numbers; a 256 MiB field written and read back;
+ * memory and session quotas; a client that dies mid-stream (its session
+ * freed, counted in stats); idle sessions reaped; the config file; SIGTERM
+ * under load. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fusebox/client.h"
+#include "proto/convert.h"
+#include "tests/support/support.h"
+
+static fb_daemon D;
+static fb_client *C;
+static char sock_path[128];
+
+/* ---------------------------------------------------------------- helpers */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *fuseboxd_path(void) {
+  static char path[1024];
+  const char *b = getenv("FB_BUILD_DIR");
+  snprintf(path, sizeof path, "%s/server/fuseboxd", b ? b : "build");
+  return path;
+}
+
+/* Start fuseboxd on listen with extra flags and connect C to it. */
+static void start(const char *listen, const char *const *flags) {
+  const char *args[32];
+  int n = 0;
+  args[n++] = "--log-level";
+  args[n++] = "warn";
+  for (int i = 0; flags && flags[i]; i++) args[n++] = flags[i];
+  args[n] = NULL;
+  char err[512] = "";
+  int rc = fb_daemon_start(fuseboxd_path(), listen, args, &D, err, sizeof err);
+  ck_assert_msg(rc == 0, "fuseboxd: %s", err);
+  ck_assert_int_eq(fb_client_connect(D.address, NULL, &C, err, sizeof err), 0);
+}
+
+/* Stop the server; it must shut down cleanly (exit 0: no leaks under ASan). */
+static void stop(void) {
+  if (C) fb_client_close(C);
+  C = NULL;
+  if (D.pid <= 0) return;
+  int st = -1;
+  fb_daemon_stop(&D, 30, &st);
+  ck_assert_msg(st == 0, "fuseboxd exited with status %d", st);
+}
+
+static void setup_tcp(void) {
+  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8", NULL};
+  start("127.0.0.1:0", f);
+}
+
+static void setup_unix(void) {
+  snprintf(sock_path, sizeof sock_path, "unix:/tmp/fusebox-test-%d.sock", (int)getpid());
+  static const char *const f[] = {"--max-sessions", "8", NULL};
+  start(sock_path, f);
+}
+
+static void setup_idle(void) {
+  static const char *const f[] = {"--idle-timeout-s", "1", NULL};
+  start("127.0.0.1:0", f);
+}
+
+static void teardown(void) { stop(); }
+
+static const char *PROG =
+    "layout {\n"
+    "  dense(i: 1024) { place x: f32 }\n"
+    "  dense(i: 16) { place n: i32 }\n"
+    "  place total: f32\n"
+    "}\n"
+    "kernel fill(v: f32) {\n"
+    "  for i in x { x[i] = v + f32(i) }\n"
+    "}\n"
+    "kernel count(k: i32) {\n"
+    "  for i in n { n[i] = n[i] + k }\n"
+    "}\n"
+    "kernel poke(i: i32) {\n"
+    "  x[i] = 1.0\n"
+    "}\n"
+    "kernel sum() -> f32 {\n"
+    "  total[] = 0.0\n"
+    "  for i in x { total[] += x[i] }\n"
+    "  return total[]\n"
+    "}\n";
+
+static fb_remote *open_prog(fb_client *c, const char *src) {
+  fb_remote *r = NULL;
+  int rc = fb_remote_open_source(c, NULL, "test.fbk", src, &r);
+  ck_assert_msg(rc == 0, "open: %s", fb_client_errmsg(c));
+  return r;
+}
+
+static int kernel(fb_remote *r, const char *name) {
+  int k = fb_remote_kernel(r, name, NULL, 0);
+  ck_assert_msg(k >= 0, "kernel %s: %s", name, fb_remote_errmsg(r));
+  return k;
+}
+
+static int field(fb_remote *r, const char *name) {
+  int f = fb_remote_find_field(r, name, 0);
+  ck_assert_int_gt(f, 0);
+  return f;
+}
+
+static void stats(fb_server_stats *s) {
+  ck_assert_int_eq(fb_client_stats(C, s), 0);
+  fb_server_stats_free(s);
+}
+
+/* A 1-D dense f32 layout of n elements named "big" (field id 2). No
+ * ck_assert: the child-client mode uses it outside any test. */
+static fb_layout *dense_layout(int64_t n) {
+  fb_layout *l = fb_layout_new();
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "i", &n, 0, NULL);
+  if (fb_layout_place(l, d, "big", FB_T_F32) != 2 || fb_layout_finalize(l, NULL, 0)) {
+    fb_layout_free(l);
+    return NULL;
+  }
+  return l;
+}
+
+/* The bytes of a protobuf message, malloc'd. */
+static uint8_t *packed(const ProtobufCMessage *m, size_t *n) {
+  *n = protobuf_c_message_get_packed_size(m);
+  uint8_t *p = malloc(*n + 1);
+  protobuf_c_message_pack(m, p);
+  return p;
+}
+
+/* A session made with a raw CreateSession: no stream attached. */
+static char *raw_session(fb_client *c, const fb_layout *l) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CreateSessionRequest req = FUSEBOX__V1__CREATE_SESSION_REQUEST__INIT;
+  req.layout = fbp_layout_to_pb(&a, l);
+  size_t n, rn = 0;
+  uint8_t *p = packed(&req.base, &n);
+  void *resp = NULL;
+  int st = -1;
+  ck_assert_int_eq(fb_client_raw_call(c, "/fusebox.v1.Fusebox/CreateSession", p, n, &resp, &rn,
+                                      &st), 0);
+  ck_assert_int_eq(st, 0);
+  Fusebox__V1__CreateSessionResponse *m =
+      fusebox__v1__create_session_response__unpack(NULL, rn, resp);
+  ck_assert_ptr_nonnull(m);
+  char *id = strdup(m->session_id);
+  fusebox__v1__create_session_response__free_unpacked(m, NULL);
+  free(resp);
+  free(p);
+  fbp_arena_free(&a);
+  return id;
+}
+
+static void wait_stats(unsigned active, uint64_t mem, double timeout, fb_server_stats *s);
+
+/* ---------------------------------------------------------------- basics */
+
+START_TEST(health_info_stats) {
+  int st = 0;
+  double rtt = 0;
+  ck_assert_int_eq(fb_client_ping(C, &st, &rtt), 0);
+  ck_assert_int_eq(st, 1);
+  ck_assert(rtt > 0 && rtt < 5);
+  fb_server_info info;
+  ck_assert_int_eq(fb_client_info(C, &info), 0);
+  ck_assert_str_eq(info.backend, "cpu");
+  ck_assert_uint_eq(info.max_sessions, 8);
+  ck_assert(strstr(info.listen, D.address) != NULL);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_active, 0);
+  /* the standard health protocol: an unknown service is NOT_FOUND */
+  Grpc__Health__V1__HealthCheckRequest hr = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  hr.service = (char *)"no.such.Service";
+  size_t n;
+  uint8_t *p = packed(&hr.base, &n);
+  int gs = -1;
+  ck_assert_int_eq(fb_client_raw_call(C, "/grpc.health.v1.Health/Check", p, n, NULL, NULL, &gs),
+                   FB_ENOENT);
+  ck_assert_int_eq(gs, 5);
+  hr.service = (char *)"fusebox.v1.Fusebox";
+  free(p);
+  p = packed(&hr.base, &n);
+  void *resp = NULL;
+  size_t rn = 0;
+  ck_assert_int_eq(fb_client_raw_call(C, "/grpc.health.v1.Health/Check", p, n, &resp, &rn, &gs), 0);
+  Grpc__Health__V1__HealthCheckResponse *hm =
+      grpc__health__v1__health_check_response__unpack(NULL, rn, resp);
+  ck_assert_ptr_nonnull(hm);
+  ck_assert_int_eq(hm->status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+  grpc__health__v1__health_check_response__free_unpacked(hm, NULL);
+  free(resp);
+  free(p);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/NoSuchMethod", "", 0, NULL, NULL,
+                                      &gs), FB_EUNSUPPORTED);
+  ck_assert_int_eq(gs, 12);
+}
+END_TEST
+
+/* Launches with return values and failures, each reported with its seq. */
+START_TEST(launch_results) {
+  fb_remote *r = open_prog(C, PROG);
+  int kf = kernel(r, "fill"), ks = kernel(r, "sum"), kc = kernel(r, "count");
+  fb_value v = fb_value_f32(0.5f), bad = fb_value_i32(1), k3 = fb_value_i32(3);
+  ck_assert_int_eq(fb_remote_launch(r, kf, &v, 1), 1);
+  ck_assert_int_eq(fb_remote_launch(r, ks, NULL, 0), 2);
+  ck_assert_int_eq(fb_remote_launch(r, kf, &bad, 1), 3); /* f32 parameter, i32 value */
+  ck_assert_int_eq(fb_remote_launch(r, kc, &k3, 1), 4);
+  ck_assert_int_eq(fb_remote_launch(r, ks, NULL, 0), 5);
+  ck_assert_int_eq(fb_remote_launch(r, 17, NULL, 0), FB_ENOENT);  /* refused at once */
+  ck_assert_int_eq(fb_remote_launch(r, ks, &v, 1), FB_ETYPE);
+  fb_sync_result res;
+  ck_assert_int_eq(fb_remote_sync(r, &res), FB_ETYPE);
+  ck_assert(strstr(fb_remote_errmsg(r), "launch #3") != NULL);
+  ck_assert_uint_eq(res.seq, 5);
+  ck_assert_int_eq(res.nerrors, 1);
+  ck_assert_uint_eq(res.errors[0].seq, 3);
+  ck_assert_int_eq(res.errors[0].kernel, kf);
+  ck_assert(strstr(res.errors[0].msg, "i32") != NULL);
+  ck_assert_int_eq(res.nreturns, 2);
+  double want = 0;
+  for (int i = 0; i < 1024; i++) want += 0.5 + i;
+  for (int i = 0; i < 2; i++) {
+    ck_assert_uint_eq(res.returns[i].seq, i ? 5 : 2);
+    ck_assert_int_eq(res.returns[i].value.type, FB_T_F32);
+    ck_assert_double_eq_tol(res.returns[i].value.v.f, want, 1e-3);
+  }
+  ck_assert_uint_eq(res.counters.launches, 4); /* the engine counts launches that ran */
+  /* the next sync starts afresh */
+  ck_assert_int_eq(fb_remote_sync(r, &res), 0);
+  ck_assert_int_eq(res.nerrors + res.nreturns, 0);
+  int32_t n[16];
+  ck_assert_int_eq(fb_remote_field_read(r, field(r, "n"), n, sizeof n), 0);
+  for (int i = 0; i < 16; i++) ck_assert_int_eq(n[i], 3);
+  fb_value ret;
+  ck_assert_int_eq(fb_remote_call(r, ks, NULL, 0, &ret), 0);
+  ck_assert_double_eq_tol(ret.v.f, want, 1e-3);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_active, 0);
+  ck_assert_uint_eq(s.sessions_closed, 1);
+  ck_assert_uint_eq(s.memory_bytes, 0);
+  ck_assert_uint_ge(s.launches, 6);
+}
+END_TEST
+
+/* A launch that fails while running (out of bounds) is reported with its
+ * own sequence number in both modes: at once in sync mode, from the
+ * background in async mode. */
+static void bounds_error_in_mode(const char *mode) {
+  fb_remote_options o;
+  fb_remote_options_init(&o);
+  o.mode = mode;
+  fb_remote *r = NULL;
+  ck_assert_msg(fb_remote_open_source(C, &o, "t.fbk", PROG, &r) == 0, "%s", fb_client_errmsg(C));
+  int kf = kernel(r, "fill"), kp = kernel(r, "poke");
+  fb_value v = fb_value_f32(1.0f), far = fb_value_i32(5000), near = fb_value_i32(3);
+  for (int i = 0; i < 5; i++) ck_assert_int_gt(fb_remote_launch(r, kf, &v, 1), 0);
+  ck_assert_int_eq(fb_remote_launch(r, kp, &far, 1), 6);
+  ck_assert_int_eq(fb_remote_launch(r, kp, &near, 1), 7);
+  fb_sync_result res;
+  ck_assert_int_eq(fb_remote_sync(r, &res), FB_EBOUNDS);
+  ck_assert_uint_eq(res.seq, 7);
+  ck_assert_msg(res.nerrors == 1, "%s: %d errors", mode, res.nerrors);
+  ck_assert_uint_eq(res.errors[0].seq, 6);
+  ck_assert_int_eq(res.errors[0].kernel, kp);
+  ck_assert(strstr(res.errors[0].msg, "poke") != NULL);
+  float x[1024];
+  ck_assert_int_eq(fb_remote_field_read(r, field(r, "x"), x, sizeof x), 0);
+  ck_assert(x[3] == 1.0f && x[4] == 5.0f); /* the launch after the bad one ran */
+  ck_assert_int_eq(fb_remote_close(r), 0);
+}
+
+START_TEST(errors_in_both_modes) {
+  bounds_error_in_mode("sync");
+  bounds_error_in_mode("async");
+}
+END_TEST
+
+/* ---------------------------------------------------------------- isolation */
+
+typedef struct worker_arg {
+  const char *addr;
+  float base;
+  int ok;
+} worker_arg;
+
+/* A session on its own connection: write, launch, read back its values. */
+static void *session_worker(void *p) {
+  worker_arg *a = p;
+  char err[256];
+  fb_client *c = NULL;
+  fb_remote *r = NULL;
+  if (fb_client_connect(a->addr, NULL, &c, err, sizeof err)) return NULL;
+  if (!fb_remote_open_source(c, NULL, "w.fbk", PROG, &r)) {
+    int kf = fb_remote_kernel(r, "fill", NULL, 0), x = fb_remote_find_field(r, "x", 0);
+    int ok = kf >= 0;
+    for (int round = 0; ok && round < 20; round++) {
+      fb_value v = fb_value_f32(a->base + (float)round);
+      float buf[1024];
+      ok = fb_remote_launch(r, kf, &v, 1) > 0 && !fb_remote_field_read(r, x, buf, sizeof buf);
+      for (int i = 0; ok && i < 1024; i++) ok = buf[i] == a->base + (float)round + (float)i;
+    }
+    a->ok = ok && fb_remote_close(r) == 0;
+  }
+  fb_client_close(c);
+  return NULL;
+}
+
+START_TEST(sessions_at_once) {
+  enum { N = 4 };
+  pthread_t th[N];
+  worker_arg args[N];
+  for (int i = 0; i < N; i++) {
+    args[i] = (worker_arg){D.address, 1000.0f * (float)(i + 1), 0};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, session_worker, &args[i]), 0);
+  }
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < N; i++) ck_assert_msg(args[i].ok, "session %d saw wrong data", i);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_created, N);
+  ck_assert_uint_eq(s.sessions_active, 0);
+}
+END_TEST
+
+/* Sessions cannot name each other's fields or kernels: ids are per session,
+ * and session ids cannot be guessed. */
+START_TEST(isolation) {
+  fb_remote *a = open_prog(C, PROG);
+  int ka0 = kernel(a, "fill"), ka1 = kernel(a, "count");
+  ck_assert_int_eq(ka1, 1);
+  fb_layout *small = dense_layout(4);
+  char *bid = raw_session(C, small); /* B: one field (id 2), no kernels */
+  ck_assert_str_ne(bid, fb_remote_id(a));
+  ck_assert_uint_eq(strlen(bid), 32);
+  /* B's stream launches "kernel 1": B has no such kernel */
+  fbp_buf b;
+  memset(&b, 0, sizeof b);
+  fbp_launch_append(&b, ka1, NULL, 0);
+  fbp_launch_append(&b, ka0, NULL, 0);
+  fbp_session_tail(&b, bid, 0, 7);
+  void *resp = NULL;
+  size_t rn = 0;
+  int gs = -1;
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", b.p, b.n, &resp, &rn,
+                                      &gs), 0);
+  Fusebox__V1__SessionResponse *m = fusebox__v1__session_response__unpack(NULL, rn, resp);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_ptr_nonnull(m->sync);
+  ck_assert_uint_eq(m->sync->sync_id, 7);
+  ck_assert_uint_eq(m->sync->n_errors, 2);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(m->sync->errors[i]->code, FB_ENOENT);
+    ck_assert(strstr(m->sync->errors[i]->message, "no kernel with id") != NULL);
+  }
+  fusebox__v1__session_response__free_unpacked(m, NULL);
+  free(resp);
+  fbp_buf_free(&b);
+  /* A's field 3 (n) does not exist in B; A's field 2 read through B is B's */
+  int an = field(a, "n");
+  ck_assert_int_eq(an, 4);
+  Fusebox__V1__ReadFieldRequest rq = FUSEBOX__V1__READ_FIELD_REQUEST__INIT;
+  rq.session_id = bid;
+  rq.field = an;
+  size_t n;
+  uint8_t *p = packed(&rq.base, &n);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/ReadField", p, n, NULL, NULL, &gs),
+                   FB_ENOENT);
+  ck_assert_int_eq(gs, 5);
+  free(p);
+  rq.session_id = (char *)"00000000000000000000000000000000";
+  rq.field = 2;
+  p = packed(&rq.base, &n);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/ReadField", p, n, NULL, NULL, &gs),
+                   FB_ENOENT);
+  free(p);
+  /* the stream is A's: a second stream cannot take session A */
+  fbp_buf t;
+  memset(&t, 0, sizeof t);
+  fbp_session_tail(&t, fb_remote_id(a), 0, 1);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", t.p, t.n, NULL, NULL,
+                                      &gs), FB_EINVAL);
+  ck_assert(strstr(fb_client_errmsg(C), "already has") != NULL);
+  fbp_buf_free(&t);
+  /* A still works */
+  fb_value v = fb_value_f32(2.0f);
+  float x[1024];
+  ck_assert_int_gt(fb_remote_launch(a, ka0, &v, 1), 0);
+  ck_assert_int_eq(fb_remote_field_read(a, field(a, "x"), x, sizeof x), 0);
+  ck_assert(x[5] == 7.0f);
+  ck_assert_int_eq(fb_remote_close(a), 0);
+  /* B's only stream was the raw one, which ended it */
+  fb_server_stats s;
+  wait_stats(0, 0, 5, &s);
+  free(bid);
+  fb_layout_free(small);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- bad input */
+
+static const char *const METHODS[] = {
+    "/grpc.health.v1.Health/Check",          "/fusebox.v1.Fusebox/CreateSession",
+    "/fusebox.v1.Fusebox/CloseSession",      "/fusebox.v1.Fusebox/RegisterKernels",
+    "/fusebox.v1.Fusebox/Session",           "/fusebox.v1.Fusebox/WriteField",
+    "/fusebox.v1.Fusebox/ReadField",         "/fusebox.v1.Fusebox/GetInfo",
+    "/fusebox.v1.Fusebox/GetStats",
+};
+
+START_TEST(malformed_to_every_method) {
+  static const struct { const char *b; size_t n; } junk[] = {
+      {"\x0a\x7f", 2},                                   /* length past the end */
+      {"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11}, /* endless varint */
+      {"\x0b\x01", 2},                                   /* a group start */
+  };
+  int refused = 0;
+  for (size_t m = 0; m < sizeof METHODS / sizeof METHODS[0]; m++)
+    for (size_t j = 0; j < sizeof junk / sizeof junk[0]; j++) {
+      int gs = -1;
+      int rc = fb_client_raw_call(C, METHODS[m], junk[j].b, junk[j].n, NULL, NULL, &gs);
+      ck_assert_msg(gs == 3 && rc == FB_EINVAL, "%s, junk %zu: status %d (%s)", METHODS[m], j,
+                    gs, fb_client_errmsg(C));
+      ck_assert_msg(strstr(fb_client_errmsg(C), "malformed") != NULL, "%s: '%s'", METHODS[m],
+                    fb_client_errmsg(C));
+      refused++;
+    }
+  /* still serving, and a real session works */
+  ck_assert_int_eq(fb_client_ping(C, NULL, NULL), 0);
+  fb_remote *r = open_prog(C, PROG);
+  fb_value ret;
+  ck_assert_int_eq(fb_remote_call(r, kernel(r, "sum"), NULL, 0, &ret), 0);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_ge(s.bad_requests, (uint64_t)refused);
+  ck_assert_uint_eq(s.sessions_active, 0);
+}
+END_TEST
+
+/* x[i] = 1 + 2.5: i32 + f32 without a cast. */
+static fb_kernel *ill_typed(const fb_layout *l, int x) {
+  fb_kernel *k = fb_kernel_new(l, "bad_add", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int one = fb_b_const_i32(&b, 1), f = fb_b_const_f32(&b, 2.5f);
+  int zero = fb_b_const_i32(&b, 0);
+  fb_stmt s;
+  memset(&s, 0, sizeof s);
+  s.op = FB_OP_ADD;
+  s.type = FB_T_F32;
+  s.nargs = 2;
+  s.args[0] = one;
+  s.args[1] = f;
+  s.snode = -1;
+  s.body = s.orelse = -1;
+  int sum = fb_b_emit(&b, &s);
+  fb_b_store(&b, x, &zero, 1, sum);
+  return k;
+}
+
+START_TEST(verifier_errors) {
+  fb_layout *l = dense_layout(8);
+  fb_remote *r = NULL;
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &r), 0);
+  fb_kernel *k = ill_typed(l, 2);
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_verify(k, &d), FB_EVERIFY);
+  ck_assert_int_gt(d.n, 0);
+  ck_assert_int_eq(fb_remote_add_kernel(r, k), FB_EVERIFY);
+  const char *msg = fb_remote_errmsg(r);
+  ck_assert_msg(strstr(msg, "failed verification") != NULL, "%s", msg);
+  for (int i = 0; i < d.n; i++)
+    ck_assert_msg(strstr(msg, d.v[i].msg) != NULL, "'%s' lacks the verifier's '%s'", msg,
+                  d.v[i].msg);
+  fb_diags_free(&d);
+  /* as gRPC sees it: INVALID_ARGUMENT */
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__RegisterKernelsRequest req = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
+  Fusebox__V1__Kernel *km = fbp_kernel_to_pb(&a, k);
+  req.session_id = (char *)fb_remote_id(r);
+  req.n_kernels = 1;
+  req.kernels = &km;
+  size_t n;
+  uint8_t *p = packed(&req.base, &n);
+  int gs = -1;
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL,
+                                      &gs), FB_EVERIFY);
+  ck_assert_int_eq(gs, 3);
+  free(p);
+  /* structurally broken IR: refused before the verifier, naming the problem */
+  km->stmts[0]->op = (char *)"no_such_op";
+  p = packed(&req.base, &n);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL,
+                                      &gs), FB_EINVAL);
+  ck_assert_int_eq(gs, 3);
+  ck_assert(strstr(fb_client_errmsg(C), "unknown op 'no_such_op'") != NULL);
+  free(p);
+  fbp_arena_free(&a);
+  fb_kernel_free(k);
+  /* the session goes on: a good kernel registers and runs */
+  fb_kernel *good = fb_kernel_new(l, "good", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, good);
+  int zero = fb_b_const_i32(&b, 0);
+  fb_b_store(&b, 2, &zero, 1, fb_b_const_f32(&b, 4.0f));
+  int id = fb_remote_add_kernel(r, good);
+  ck_assert_int_eq(id, 0);
+  ck_assert_int_eq(fb_remote_call(r, id, NULL, 0, NULL), 0);
+  float v[8];
+  ck_assert_int_eq(fb_remote_field_read(r, 2, v, sizeof v), 0);
+  ck_assert(v[0] == 4.0f && v[1] == 0.0f);
+  fb_kernel_free(good);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_layout_free(l);
+  /* a program that does not parse never reaches the server */
+  fb_remote *bad = NULL;
+  ck_assert_int_eq(fb_remote_open_source(C, NULL, "bad.fbk", "kernel k() { x = }\n", &bad),
+                   FB_EPARSE);
+  ck_assert(strstr(fb_client_errmsg(C), "bad.fbk:1:") != NULL);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- big fields and quotas */
+
+START_TEST(field_256mib) {
+  const int64_t n = (int64_t)64 << 20; /* 64 Mi f32 = 256 MiB */
+  fb_layout *l = dense_layout(n);
+  fb_remote *r = NULL;
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &r), 0);
+  size_t bytes = 0;
+  ck_assert_int_eq(fb_remote_field_bytes(r, 2, &bytes), 0);
+  ck_assert_uint_eq(bytes, (size_t)256 << 20);
+  uint32_t *src = malloc(bytes), *dst = malloc(bytes);
+  ck_assert(src && dst);
+  uint64_t h = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < n; i++) {
+    h ^= h << 13, h ^= h >> 7, h ^= h << 17;
+    src[i] = (uint32_t)h & 0x7f7fffffu; /* finite floats: any bit pattern would do */
+  }
+  memset(dst, 0xa5, bytes);
+  double t0 = now_s();
+  ck_assert_msg(fb_remote_field_write(r, 2, src, bytes) == 0, "%s", fb_remote_errmsg(r));
+  ck_assert_msg(fb_remote_field_read(r, 2, dst, bytes) == 0, "%s", fb_remote_errmsg(r));
+  double dt = now_s() - t0;
+  ck_assert_msg(memcmp(src, dst, bytes) == 0, "the field came back different");
+  ck_assert_msg(dt < 10, "256 MiB each way took %.1f s", dt);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_ge(s.memory_bytes, bytes);
+  ck_assert_uint_ge(s.bytes_in, bytes);
+  ck_assert_uint_ge(s.bytes_out, bytes);
+  ck_assert_msg(fb_remote_close(r) == 0, "close: %s", fb_client_errmsg(C));
+  stats(&s);
+  ck_assert_uint_eq(s.memory_bytes, 0);
+  free(src);
+  free(dst);
+  fb_layout_free(l);
+}
+END_TEST
+
+START_TEST(quotas) {
+  /* 512 MiB of fields over the 300M per-session limit */
+  fb_layout *l = dense_layout((int64_t)128 << 20);
+  fb_remote *r = NULL;
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &r), FB_EQUOTA);
+  const char *msg = fb_client_errmsg(C);
+  ck_assert_msg(strstr(msg, "536870912") != NULL && strstr(msg, "'big'") != NULL, "%s", msg);
+  fb_layout_free(l);
+  /* asking for more than the server allows is refused too */
+  fb_remote_options o;
+  fb_remote_options_init(&o);
+  o.memory_limit = (uint64_t)1 << 40;
+  l = dense_layout(16);
+  ck_assert_int_eq(fb_remote_open(C, &o, l, &r), FB_EQUOTA);
+  /* unknown modes and passes are refused with their names */
+  fb_remote_options_init(&o);
+  o.mode = "eager";
+  ck_assert_int_eq(fb_remote_open(C, &o, l, &r), FB_EINVAL);
+  ck_assert(strstr(fb_client_errmsg(C), "eager") != NULL);
+  /* 8 sessions at most */
+  fb_remote *rs[9];
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(fb_remote_open(C, NULL, l, &rs[i]), 0);
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &rs[8]), FB_EQUOTA);
+  ck_assert(strstr(fb_client_errmsg(C), "session limit") != NULL);
+  for (int i = 0; i < 8; i++)
+    ck_assert_msg(fb_remote_close(rs[i]) == 0, "close %d: %s", i, fb_client_errmsg(C));
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &rs[0]), 0);
+  ck_assert_int_eq(fb_remote_close(rs[0]), 0);
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_ge(s.sessions_failed, 2);
+  fb_layout_free(l);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- clients that vanish */
+
+/* Child mode (this program run again): open a session holding 64 MiB, use
+ * it, report on fd, then wait for the parent and _exit mid-stream: launches
+ * queued, nothing closed. */
+static int child_client(const char *addr, int fd) {
+  char err[256];
+  fb_client *c = NULL;
+  fb_remote *r = NULL;
+  if (fb_client_connect(addr, NULL, &c, err, sizeof err)) _exit(3);
+  fb_layout *l = dense_layout((int64_t)16 << 20);
+  if (!l || fb_remote_open(c, NULL, l, &r)) _exit(4);
+  fb_kernel *k = fb_kernel_new(l, "poke", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int zero = fb_b_const_i32(&b, 0);
+  fb_b_store(&b, 2, &zero, 1, fb_b_const_f32(&b, 1.0f));
+  int id = fb_remote_add_kernel(r, k);
+  for (int i = 0; id >= 0 && i < 10; i++) fb_remote_launch(r, id, NULL, 0);
+  if (id < 0 || fb_remote_sync(r, NULL)) _exit(5);
+  for (int i = 0; i < 10; i++) fb_remote_launch(r, id, NULL, 0); /* queued, never sent */
+  if (write(fd, "ready\n", 6) != 6) _exit(6);
+  char ch;
+  if (read(fd, &ch, 1) < 0) _exit(7); /* the parent closes its end: go */
+  _exit(0);
+}
+
+static pid_t spawn_child(int *fd) {
+  int sv[2];
+  ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  char self[1024], fdbuf[16];
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  ck_assert_int_gt(k, 0);
+  self[k] = 0;
+  snprintf(fdbuf, sizeof fdbuf, "%d", sv[1]);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    close(sv[0]);
+    execl(self, self, "--child-client", D.address, fdbuf, (char *)NULL);
+    _exit(127);
+  }
+  close(sv[1]);
+  *fd = sv[0];
+  return pid;
+}
+
+static void wait_stats(unsigned active, uint64_t mem, double timeout, fb_server_stats *s) {
+  double end = now_s() + timeout;
+  do {
+    stats(s);
+    if (s->sessions_active == active && s->memory_bytes == mem) return;
+    usleep(20000);
+  } while (now_s() < end);
+  ck_abort_msg("stats: %u sessions, %llu bytes (wanted %u, %llu)", s->sessions_active,
+               (unsigned long long)s->memory_bytes, active, (unsigned long long)mem);
+}
+
+START_TEST(killed_client_frees_session) {
+  int fd;
+  pid_t pid = spawn_child(&fd);
+  char line[16] = "";
+  ck_assert_int_eq(read(fd, line, 6), 6);
+  ck_assert_str_eq(line, "ready\n");
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_active, 1);
+  ck_assert_uint_ge(s.memory_bytes, (uint64_t)64 << 20);
+  uint64_t gone_before = s.sessions_disconnected + s.sessions_closed;
+  close(fd); /* the child _exits now, its stream open */
+  int st;
+  waitpid(pid, &st, 0);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  wait_stats(0, 0, 10, &s);
+  ck_assert_uint_eq(s.sessions_disconnected + s.sessions_closed, gone_before + 1);
+  /* and a SIGKILLed one too */
+  pid = spawn_child(&fd);
+  ck_assert_int_eq(read(fd, line, 6), 6);
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_active, 1);
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  close(fd);
+  wait_stats(0, 0, 10, &s);
+  ck_assert_uint_eq(s.sessions_disconnected + s.sessions_closed, gone_before + 2);
+}
+END_TEST
+
+START_TEST(idle_sessions_reaped) {
+  fb_layout *l = dense_layout(1024);
+  char *id = raw_session(C, l); /* created, never attached: abandoned */
+  fb_server_stats s;
+  stats(&s);
+  ck_assert_uint_eq(s.sessions_active, 1);
+  wait_stats(0, 0, 10, &s);
+  ck_assert_uint_eq(s.sessions_reaped, 1);
+  /* the id is gone */
+  Fusebox__V1__CloseSessionRequest rq = FUSEBOX__V1__CLOSE_SESSION_REQUEST__INIT;
+  rq.session_id = id;
+  size_t n;
+  uint8_t *p = packed(&rq.base, &n);
+  int gs;
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/CloseSession", p, n, NULL, NULL,
+                                      &gs), FB_ENOENT);
+  free(p);
+  free(id);
+  /* an attached session left idle goes too, and its client is told why */
+  fb_remote *r = NULL;
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &r), 0);
+  wait_stats(0, 0, 10, &s);
+  ck_assert_uint_eq(s.sessions_reaped, 2);
+  ck_assert_int_ne(fb_remote_sync(r, NULL), 0);
+  ck_assert_msg(strstr(fb_remote_errmsg(r), "idle") != NULL, "%s", fb_remote_errmsg(r));
+  ck_assert_int_ne(fb_remote_close(r), 0);
+  fb_layout_free(l);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- config and shutdown */
+
+START_TEST(config_file) {
+  char path[256];
+  snprintf(path, sizeof path, "/tmp/fusebox-test-%d.json", (int)getpid());
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{ \"max_sessions\": 3, \"session_memory_limit\": \"1M\", \"log_level\": \"warn\","
+             " \"idle_timeout_s\": 30 }\n");
+  fclose(f);
+  const char *flags[] = {"--config", path, NULL};
+  start("127.0.0.1:0", flags);
+  fb_server_info info;
+  ck_assert_int_eq(fb_client_info(C, &info), 0);
+  ck_assert_uint_eq(info.max_sessions, 3);
+  ck_assert_uint_eq(info.session_memory_limit, 1 << 20);
+  stop();
+  /* an unknown key stops the server from starting, naming the key */
+  f = fopen(path, "w");
+  fprintf(f, "{ \"max_sesions\": 3 }\n");
+  fclose(f);
+  char err[512] = "";
+  const char *args[] = {"--config", path, NULL};
+  ck_assert_int_ne(fb_daemon_start(fuseboxd_path(), "127.0.0.1:0", args, &D, err, sizeof err), 0);
+  ck_assert(strstr(err, "exit status 2") != NULL);
+  unlink(path);
+}
+END_TEST
+
+/* A sync waiting on a long kernel when SIGTERM comes is still answered. */
+#define SLOW_N (1 << 26) /* iterations of a serial loop with a division: ~0.5 s */
+typedef struct slow_arg {
+  fb_remote *r;
+  int kernel, rc;
+  fb_value ret;
+  double done;
+} slow_arg;
+
+static void *slow_sync(void *p) {
+  slow_arg *a = p;
+  fb_value n = fb_value_i32(SLOW_N);
+  a->rc = fb_remote_call(a->r, a->kernel, &n, 1, &a->ret);
+  a->done = now_s();
+  return NULL;
+}
+
+START_TEST(sync_finishes_on_sigterm) {
+  fb_remote *r = open_prog(C, "layout { place y: i32 }\n"
+                              "kernel slow(n: i32) -> i32 {\n"
+                              "  var k: i32\n"
+                              "  var acc: i32\n"
+                              "  while k < n { acc = (acc * 7 + k) % 1000003; k += 1 }\n"
+                              "  y[] = acc\n"
+                              "  return acc\n"
+                              "}\n");
+  slow_arg a = {r, kernel(r, "slow"), -1, {0}, 0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, slow_sync, &a), 0);
+  usleep(150000); /* the launch is running now */
+  double t0 = now_s();
+  int st = -1;
+  ck_assert_int_eq(fb_daemon_stop(&D, 30, &st), 0);
+  pthread_join(th, NULL);
+  ck_assert_msg(st == 0, "fuseboxd exited with status %d", st);
+  ck_assert_msg(a.done > t0, "the kernel ended before SIGTERM: make it longer");
+  ck_assert_msg(a.rc == 0, "the sync was not answered: %s", fb_remote_errmsg(r));
+  int32_t acc = 0;
+  for (int32_t k = 0; k < SLOW_N; k++) acc = (acc * 7 + k) % 1000003;
+  ck_assert_int_eq(a.ret.type, FB_T_I32);
+  ck_assert_int_eq((int32_t)a.ret.v.i, acc);
+  fb_remote_close(r); /* the server is gone: whatever it says */
+}
+END_TEST
+
+/* A server that takes small messages only: the client fits its field chunks
+ * and launch batches under its limit. */
+START_TEST(small_message_limit) {
+  const char *flags[] = {"--max-message-bytes", "64K", NULL};
+  start("127.0.0.1:0", flags);
+  fb_remote *r = open_prog(C, PROG);
+  int kc = kernel(r, "count");
+  fb_value one = fb_value_i32(1);
+  for (int i = 0; i < 20000; i++) ck_assert_int_gt(fb_remote_launch(r, kc, &one, 1), 0);
+  ck_assert_msg(fb_remote_sync(r, NULL) == 0, "%s", fb_remote_errmsg(r));
+  int32_t n[16];
+  ck_assert_int_eq(fb_remote_field_read(r, field(r, "n"), n, sizeof n), 0);
+  ck_assert_int_eq(n[7], 20000);
+  fb_layout *l = dense_layout(1 << 18); /* 1 MiB */
+  fb_remote *big = NULL;
+  ck_assert_int_eq(fb_remote_open(C, NULL, l, &big), 0);
+  float *a = malloc(1 << 20), *b = malloc(1 << 20);
+  for (int i = 0; i < 1 << 18; i++) a[i] = (float)i * 0.25f;
+  ck_assert_msg(fb_remote_field_write(big, 2, a, 1 << 20) == 0, "%s", fb_remote_errmsg(big));
+  ck_assert_msg(fb_remote_field_read(big, 2, b, 1 << 20) == 0, "%s", fb_remote_errmsg(big));
+  ck_assert_int_eq(memcmp(a, b, 1 << 20), 0);
+  free(a);
+  free(b);
+  ck_assert_int_eq(fb_remote_close(big), 0);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_layout_free(l);
+}
+END_TEST
+
+typedef struct load_arg {
+  const char *addr;
+  long launches, syncs, failures;
+} load_arg;
+
+static void *load_worker(void *p) {
+  load_arg *a = p;
+  char err[256];
+  fb_client *c = NULL;
+  fb_client_options o = {5000, 0, 0, 0};
+  if (fb_client_connect(a->addr, &o, &c, err, sizeof err)) return NULL;
+  fb_remote *r = NULL;
+  if (!fb_remote_open_source(c, NULL, "l.fbk", PROG, &r)) {
+    int k = fb_remote_kernel(r, "count", NULL, 0);
+    fb_value one = fb_value_i32(1);
+    for (int round = 0; k >= 0 && round < 100000; round++) {
+      int bad = 0;
+      for (int i = 0; i < 100 && !bad; i++) bad = fb_remote_launch(r, k, &one, 1) < 0;
+      if (bad || fb_remote_sync(r, NULL)) break;
+      a->launches += 100;
+      a->syncs++;
+    }
+    a->failures += fb_remote_close(r) != 0;
+  }
+  fb_client_close(c);
+  return NULL;
+}
+
+START_TEST(sigterm_under_load) {
+  enum { N = 3 };
+  pthread_t th[N];
+  load_arg args[N];
+  for (int i = 0; i < N; i++) {
+    args[i] = (load_arg){D.address, 0, 0, 0};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, load_worker, &args[i]), 0);
+  }
+  usleep(400000);
+  double t0 = now_s();
+  int st = -1;
+  fb_client_close(C);
+  C = NULL;
+  ck_assert_int_eq(fb_daemon_stop(&D, 30, &st), 0);
+  ck_assert_msg(st == 0, "fuseboxd exited with status %d under load", st);
+  ck_assert_msg(now_s() - t0 < 15, "shutdown took %.1f s", now_s() - t0);
+  for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+  long total = 0;
+  for (int i = 0; i < N; i++) total += args[i].syncs;
+  ck_assert_msg(total > 0, "no load reached the server");
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
+    return child_client(argv[2], atoi(argv[3]));
+  Suite *s = suite_create("service");
+  TCase *tcp = tcase_create("tcp");
+  tcase_add_checked_fixture(tcp, setup_tcp, teardown);
+  tcase_set_timeout(tcp, 120);
+  tcase_add_test(tcp, health_info_stats);
+  tcase_add_test(tcp, launch_results);
+  tcase_add_test(tcp, errors_in_both_modes);
+  tcase_add_test(tcp, isolation);
+  tcase_add_test(tcp, malformed_to_every_method);
+  tcase_add_test(tcp, verifier_errors);
+  tcase_add_test(tcp, field_256mib);
+  tcase_add_test(tcp, quotas);
+  tcase_add_test(tcp, sigterm_under_load);
+  tcase_add_test(tcp, sync_finishes_on_sigterm);
+  suite_add_tcase(s, tcp);
+  TCase *ux = tcase_create("unix");
+  tcase_add_checked_fixture(ux, setup_unix, teardown);
+  tcase_set_timeout(ux, 120);
+  tcase_add_test(ux, health_info_stats);
+  tcase_add_test(ux, sessions_at_once);
+  tcase_add_test(ux, malformed_to_every_method);
+  tcase_add_test(ux, killed_client_frees_session);
+  suite_add_tcase(s, ux);
+  TCase *cfg = tcase_create("config");
+  tcase_set_timeout(cfg, 60);
+  tcase_add_checked_fixture(cfg, NULL, teardown);
+  tcase_add_test(cfg, config_file);
+  tcase_add_test(cfg, small_message_limit);
+  suite_add_tcase(s, cfg);
+  TCase *idle = tcase_create("idle");
+  tcase_set_timeout(idle, 60);
+  tcase_add_checked_fixture(idle, setup_idle, teardown);
+  tcase_add_test(idle, idle_sessions_reaped);
+  suite_add_tcase(s, idle);
+  return fbt_run(s);
+}
