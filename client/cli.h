@@ -33,6 +33,8 @@ int fb_cli_ir(int argc, char **argv);
 int fb_cli_run(int argc, char **argv);
 int fb_cli_bench(int argc, char **argv);
 int fb_cli_graph(int argc, char **argv);
+int fb_cli_ping(int argc, char **argv);
+int fb_cli_stats(int argc, char **argv);
 
 /* Read a whole file (malloc'd, NUL-terminated) or NULL with errno set. */
 char *fb_cli_read_file(const char *path, size_t *len);

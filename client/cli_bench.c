@@ -95,33 +95,34 @@ static json_t *same_fields(const fb_sess_file *f) {
 
 static int step(fb_sess_run *r, char **err) {
   int rc = fb_sess_actions(r, "step", err);
-  if (!rc) rc = fb_sync(fb_sess_session(r));
+  if (!rc) rc = fb_sess_sync(r, err);
   return rc;
 }
 
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
-static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, char **err) {
-  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .out = NULL};
+static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
+                    char **err) {
+  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server};
   FILE *devnull = fopen("/dev/null", "w");
   o.out = devnull;
   fb_sess_run *r = NULL;
   int rc = fb_sess_start(f, &o, &r, err);
   fb_counters c0, c1, c2;
   if (!rc) rc = fb_sess_actions(r, "setup", err);
-  if (!rc) rc = fb_sync(fb_sess_session(r));
-  if (!rc) fb_session_counters(fb_sess_session(r), &c0);
+  if (!rc) rc = fb_sess_sync(r, err);
+  if (!rc) fb_sess_counters(r, &c0);
   if (!rc) rc = step(r, err);
   if (!rc) {
-    fb_session_counters(fb_sess_session(r), &c1);
+    fb_sess_counters(r, &c1);
     res->first = diff(&c1, &c0);
   }
   for (int i = 0; !rc && i < warmup; i++) rc = step(r, err);
-  if (!rc) fb_session_counters(fb_sess_session(r), &c1);
+  if (!rc) fb_sess_counters(r, &c1);
   double t0 = now();
   for (int i = 0; !rc && i < repeat; i++) rc = step(r, err);
   double t1 = now();
   if (!rc) {
-    fb_session_counters(fb_sess_session(r), &c2);
+    fb_sess_counters(r, &c2);
     res->wall_s = (t1 - t0) / repeat;
     res->backend_s = (c2.backend_s - c1.backend_s) / repeat;
     res->total = diff(&c2, &c0);
@@ -304,6 +305,7 @@ static int help(FILE *f) {
   fprintf(f,
           "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
           "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
+          "                     [--server ADDR]\n"
           "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
           "  sync,async) side by side: setup, one step (its counters are reported), the\n"
           "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock\n"
@@ -311,7 +313,8 @@ static int help(FILE *f) {
           "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
           "  over several files. Checks run in every mode; a failed check or a field that\n"
           "  differs between modes makes the exit status 1. --param sets a parameter of\n"
-          "  every file (e.g. --param scale=64 for GPU sizes).\n"
+          "  every file (e.g. --param scale=64 for GPU sizes). The engine runs in this\n"
+          "  process unless --server names a fuseboxd (then times include the transport).\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
@@ -359,7 +362,7 @@ static int bench_int(const fb_sess_file *f, const char *key, int dflt, int overr
 
 /* Run one file in its modes. Returns 0 when everything passed, 1 when a
  * check failed or modes disagree, 2 when the file could not run. */
-static int bench_file(const char *path, json_t *params, const char **cli_modes, int ncli, int warmup_o, int repeat_o,
+static int bench_file(const char *path, const char *server, json_t *params, const char **cli_modes, int ncli, int warmup_o, int repeat_o,
                       case_result *cr, const char **modes_out, int *nmodes_out, int idx, int nfiles) {
   fb_sess_file f;
   char *err = NULL;
@@ -381,7 +384,7 @@ static int bench_file(const char *path, json_t *params, const char **cli_modes, 
     cr->m[m].def = find_mode(modes_out[m]);
     fprintf(stderr, "[%d/%d] %s: %s (%d/%d): %d warm-up + %d timed steps\n", idx + 1, nfiles, f.name,
             cr->m[m].def->name, m + 1, cr->nmodes, warmup, repeat);
-    rc = run_mode(&f, &cr->m[m], warmup, repeat, &err);
+    rc = run_mode(&f, &cr->m[m], warmup, repeat, server, &err);
     if (rc) {
       fprintf(stderr, "fusebox bench: %s, mode %s: %s\n", f.name, cr->m[m].def->name,
               err ? err : fb_strerror(rc));
@@ -403,7 +406,7 @@ static int bench_file(const char *path, json_t *params, const char **cli_modes, 
 }
 
 int fb_cli_bench(int argc, char **argv) {
-  const char *files[256], *cli_modes[MAXMODES], *json_out = NULL, *csv_out = NULL;
+  const char *files[256], *cli_modes[MAXMODES], *json_out = NULL, *csv_out = NULL, *server = NULL;
   int nfiles = 0, ncli = 0, warmup = -1, repeat = -1;
   json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
@@ -415,6 +418,7 @@ int fb_cli_bench(int argc, char **argv) {
     if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
       if ((ncli = parse_modes(argv[++i], cli_modes)) < 0) return 2;
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
+    else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_out = argv[++i];
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
@@ -426,7 +430,7 @@ int fb_cli_bench(int argc, char **argv) {
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;
   for (int i = 0; i < nfiles; i++) {
-    int s = bench_file(files[i], params, ncli ? cli_modes : NULL, ncli, warmup, repeat, &cases[i], modes,
+    int s = bench_file(files[i], server, params, ncli ? cli_modes : NULL, ncli, warmup, repeat, &cases[i], modes,
                        &nmodes, i, nfiles);
     if (s > status) status = s;
     print_case(stdout, &cases[i]);

@@ -34,16 +34,20 @@ static int help(FILE *f, int graph) {
             "example: fusebox graph bench/micro/chain_copy.json --out /tmp/g\n");
   else
     fprintf(f,
-            "usage: fusebox run SESSION.json [--mode sync|async] [--param NAME=VALUE]...\n"
-            "                   [--graph DIR [--flush N]] [--trace FILE] [-v]\n"
+            "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
+            "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE] [-v]\n"
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
             "  2 when the session cannot run (the message names the problem).\n"
+            "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH);\n"
+            "  without it, on a private fuseboxd started for this run on a unix socket;\n"
+            "  --local runs the engine inside this process instead.\n"
             "  --mode   override session.mode     -v  print kernel return values\n"
             "  --param  set a parameter (${NAME} in the program and the session)\n"
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
             "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
+            "  (--graph and --trace look inside the engine, so they imply --local)\n"
             "example: fusebox run examples/life.json\n");
   return f == stdout ? 0 : 2;
 }
@@ -53,6 +57,7 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
   a->o.out = stdout;
   a->params = json_object();
   a->flush = 1;
+  a->o.private_server = !graph; /* run's default: a private fuseboxd */
   if (graph) {
     a->graph_dir = "graphs";
     a->o.mode = "async";
@@ -69,8 +74,14 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
     } else if (!strcmp(argv[i], "--flush") && v) a->flush = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--trace") && v) a->trace = argv[++i];
     else if (!strcmp(argv[i], "-v")) a->o.verbose = 1;
+    else if (!strcmp(argv[i], "--local")) a->o.private_server = 0;
+    else if (!strcmp(argv[i], "--server") && v) a->o.server = argv[++i];
     else if (argv[i][0] != '-' && !a->file) a->file = argv[i];
     else return -1;
+  }
+  if (a->graph_dir || a->trace) { /* they look inside the engine: run it here */
+    if (a->o.server) return -1;
+    a->o.private_server = 0;
   }
   return a->file ? 0 : -1;
 }
@@ -119,7 +130,9 @@ static int finish_observe(run_args *a, fb_sess_run *r) {
   fb_session *s = fb_sess_session(r);
   int rc = 0;
   if (a->trace) {
-    fb_sync(s);
+    char *e = NULL;
+    fb_sess_sync(r, &e);
+    free(e);
     rc = fb_session_trace_end(s);
     if (!rc) fprintf(stderr, "timeline written to %s (open it in https://ui.perfetto.dev)\n", a->trace);
   }

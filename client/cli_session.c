@@ -10,7 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "client/cli.h"
+#include "fusebox/client.h"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -358,16 +361,74 @@ typedef struct kcache {
   int id;
 } kcache;
 
+/* A running session: in-process (eng, s) or on a fuseboxd (cli, rem),
+ * possibly a private one this process started (daemon). */
 struct fb_sess_run {
   fb_sess_file *f;
   fb_sess_opts o;
   fb_engine *eng;
   fb_session *s;
+  fb_client *cli;
+  fb_remote *rem;
+  fb_daemon daemon;
+  int have_daemon;
   kcache *kc;
   int nkc, capkc;
 };
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
+
+static const char *sess_errmsg(const fb_sess_run *r) {
+  return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
+}
+
+int fb_sess_sync(fb_sess_run *r, char **err) {
+  int rc = r->rem ? fb_remote_sync(r->rem, NULL) : fb_sync(r->s);
+  return rc ? errf(err, rc, "%s", sess_errmsg(r)) : 0;
+}
+
+void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
+  memset(c, 0, sizeof *c);
+  if (r->rem) fb_remote_counters(r->rem, c);
+  else fb_session_counters(r->s, c);
+}
+
+/* The session on a server: --server ADDR, or a private fuseboxd on a unix
+ * socket that lives as long as this run. */
+static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
+                        char **err) {
+  char msg[1024] = "", exe[1024], sock[256];
+  const char *addr = r->o.server;
+  if (!addr) {
+    snprintf(sock, sizeof sock, "unix:/tmp/fusebox-%d-%p.sock", (int)getpid(), (void *)r);
+    const char *args[] = {"--log-level", "warn", NULL};
+    int rc = fb_daemon_start(fb_daemon_find(exe, sizeof exe), sock, args, &r->daemon, msg, sizeof msg);
+    if (rc) return errf(err, rc, "cannot start a private fuseboxd: %s (or use --local / --server)", msg);
+    r->have_daemon = 1;
+    addr = r->daemon.address;
+  }
+  int rc = fb_client_connect(addr, NULL, &r->cli, msg, sizeof msg);
+  if (rc) return errf(err, rc, "cannot connect to %s: %s", addr, msg);
+  fb_remote_options ro;
+  fb_remote_options_init(&ro);
+  json_t *b = json_object_get(sc, "backend");
+  ro.backend = json_is_string(b) ? json_string_value(b) : NULL;
+  ro.mode = mode;
+  ro.seed = cfg->seed;
+  ro.memory_limit = cfg->memory_limit;
+  ro.flush_every = cfg->flush_every;
+  ro.max_fuse_per_task = cfg->max_fuse_per_task;
+  ro.compile_threads = (int)json_integer_value(json_object_get(sc, "compile_threads"));
+  if (cfg->passes & FB_PASSES_EXACT) {
+    ro.listgen = !!(cfg->passes & FB_PASSES_LISTGEN);
+    ro.demote = !!(cfg->passes & FB_PASSES_DEMOTE);
+    ro.fusion = !!(cfg->passes & FB_PASSES_FUSION);
+    ro.dse = !!(cfg->passes & FB_PASSES_DSE);
+  }
+  rc = fb_remote_open_program(r->cli, &ro, r->f->prog, &r->rem);
+  if (rc) return errf(err, rc, "%s: cannot open a session on %s: %s", r->f->path, addr, fb_client_errmsg(r->cli));
+  return 0;
+}
 
 /* session.passes (each on unless false), minus the passes a bench mode
  * turns off; flush_every (0 in the file means never); max_fuse_per_task. */
@@ -398,15 +459,21 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   const char *mode = o->mode ? o->mode
                      : sc && json_is_string(json_object_get(sc, "mode"))
                          ? json_string_value(json_object_get(sc, "mode")) : "sync";
+  fb_session_config cfg = {.mode = mode,
+                           .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
+                           .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
+  session_async_options(sc, o->passes_off, &cfg);
+  if (o->server || o->private_server) {
+    int rc = start_remote(r, sc, mode, &cfg, err);
+    if (rc) { fb_sess_stop(r); return rc; }
+    *out = r;
+    return 0;
+  }
   fb_engine_config ec = {.backend = backend,
                          .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
   char msg[1024] = "";
   int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
   if (rc) { free(r); return errf(err, rc, "%s: $.session.backend: %s", f->path, msg); }
-  fb_session_config cfg = {.mode = mode,
-                           .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
-                           .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
-  session_async_options(sc, o->passes_off, &cfg);
   rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
     fb_engine_destroy(r->eng);
@@ -419,8 +486,11 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
 
 void fb_sess_stop(fb_sess_run *r) {
   if (!r) return;
-  fb_session_destroy(r->s);
-  fb_engine_destroy(r->eng);
+  if (r->rem) fb_remote_close(r->rem);
+  if (r->cli) fb_client_close(r->cli);
+  if (r->have_daemon) fb_daemon_stop(&r->daemon, 10.0, NULL);
+  if (r->s) fb_session_destroy(r->s);
+  if (r->eng) fb_engine_destroy(r->eng);
   free(r->kc);
   free(r);
 }
@@ -452,6 +522,21 @@ static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
   return FB_ETYPE;
 }
 
+static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **binds, int nb,
+                         const fb_value *vals, int nv, const char *path, char **err) {
+  int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
+  if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
+  if (r->o.verbose && lk->ret != FB_T_VOID) {
+    fb_value ret;
+    int rc = fb_remote_call(r->rem, id, vals, nv, &ret);
+    if (rc) return errf(err, rc, "%s: launching %s: %s", path, lk->name, sess_errmsg(r));
+    fprintf(r->o.out, "%s returned %.17g\n", lk->name, fb_value_as_f64(ret));
+    return 0;
+  }
+  int64_t seq = fb_remote_launch(r->rem, id, vals, nv);
+  return seq < 0 ? errf(err, (int)seq, "%s: launching %s: %s", path, lk->name, sess_errmsg(r)) : 0;
+}
+
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *name = json_string_value(json_object_get(a, "launch"));
   int ki = fb_program_find_kernel(r->f->prog, name);
@@ -477,6 +562,7 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                   lk->params[i].name, fb_type_name(lk->params[i].type));
     }
   }
+  if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, path, err);
   fb_kernel *ir;
   fb_diags d;
   fb_diags_init(&d);
@@ -528,11 +614,12 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
   if (!out->data || (fld->ncomp > 1 && !tmp)) { free(tmp); fb_npy_free(out); return FB_ENOMEM; }
   for (int c = 0; c < fld->ncomp; c++) {
     uint8_t *dst = fld->ncomp > 1 ? tmp : out->data;
-    rc = fb_field_read(r->s, fld->places[c], dst, (size_t)cells * es);
+    rc = r->rem ? fb_remote_field_read(r->rem, fld->places[c], dst, (size_t)cells * es)
+                : fb_field_read(r->s, fld->places[c], dst, (size_t)cells * es);
     if (rc) {
       free(tmp);
       fb_npy_free(out);
-      return errf(err, rc, "reading %s: %s", name, fb_session_errmsg(r->s));
+      return errf(err, rc, "reading %s: %s", name, sess_errmsg(r));
     }
     for (int64_t i = 0; tmp && i < cells; i++)
       memcpy((uint8_t *)out->data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, tmp + (size_t)i * es, es);
@@ -565,11 +652,12 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   for (int c = 0; tmp && c < fld->ncomp && !rc; c++) {
     for (int64_t i = 0; i < cells; i++)
       memcpy(tmp + (size_t)i * es, (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
-    rc = fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
+    rc = r->rem ? fb_remote_field_write(r->rem, fld->places[c], tmp, (size_t)cells * es)
+                : fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
   }
   free(tmp);
   fb_npy_free(&arr);
-  if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, fb_session_errmsg(r->s));
+  if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r));
   return tmp ? 0 : FB_ENOMEM;
 }
 
@@ -588,10 +676,10 @@ static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
     }
     return 0;
   }
-  /* flush and sync: every launch has completed in sync mode; fb_sync
-   * waits for whatever the session still holds. */
-  int rc = fb_sync(r->s);
-  return rc ? errf(err, rc, "%s: %s", path, fb_session_errmsg(r->s)) : 0;
+  int rc;
+  if (json_object_get(a, "flush")) rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
+  else rc = r->rem ? fb_remote_sync(r->rem, NULL) : fb_sync(r->s);
+  return rc ? errf(err, rc, "%s: %s", path, sess_errmsg(r)) : 0;
 }
 
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) {

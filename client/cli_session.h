@@ -41,6 +41,8 @@ typedef struct fb_sess_opts {
   const char *mode;  /* overrides session.mode when not NULL */
   unsigned passes_off; /* FB_SESS_NO_* bits, on top of session.passes */
   int verbose;       /* print each launch's return value */
+  const char *server; /* run on this fuseboxd ("host:port", "unix:PATH") */
+  int private_server; /* run on a private fuseboxd started for this run */
   FILE *out;         /* where check outcomes go */
 } fb_sess_opts;
 
@@ -54,7 +56,11 @@ int fb_sess_actions(fb_sess_run *r, const char *list, char **err);
 /* Evaluate "checks"; returns the number of failed checks (>= 0) or a
  * negative code with err set. Outcomes are printed to o->out. */
 int fb_sess_checks(fb_sess_run *r, char **err);
+/* The in-process session (NULL when the session runs on a server). */
 fb_session *fb_sess_session(fb_sess_run *r);
+/* Wait for everything launched; counters so far (either kind of session). */
+int fb_sess_sync(fb_sess_run *r, char **err);
+void fb_sess_counters(fb_sess_run *r, fb_counters *c);
 /* A field's contents as float64, components innermost (malloc'd). */
 int fb_sess_read_f64(fb_sess_run *r, const char *field, double **vals, int64_t *n, char **err);
 

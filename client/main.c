@@ -17,13 +17,16 @@ static void usage(FILE *f) {
           "  run SESSION.json            run a JSON session once and evaluate its checks\n"
           "  bench SESSION.json...       run sessions in several engine modes; compare\n"
           "  graph SESSION.json          write the state-flow graph before/after each pass\n"
+          "  ping --server ADDR          health check of a fuseboxd\n"
+          "  stats --server ADDR         a fuseboxd's counters, sessions and memory\n"
           "  help                        this text\n"
           "\n"
           "Run 'fusebox COMMAND --help' for the options of a command.\n"
           "examples:\n"
           "  fusebox check examples/heat.fbk\n"
           "  fusebox ir examples/saxpy.fbk --kernel init\n"
-          "  fusebox run examples/life.json\n"
+          "  fusebox run examples/life.json                 # on a private fuseboxd\n"
+          "  fusebox run examples/life.json --server 127.0.0.1:7070\n"
           "  fusebox bench examples/heat.json --modes sync,async\n");
 }
 
@@ -63,6 +66,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return fb_cli_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench")) return fb_cli_bench(argc - 1, argv + 1);
   if (!strcmp(cmd, "graph")) return fb_cli_graph(argc - 1, argv + 1);
+  if (!strcmp(cmd, "ping")) return fb_cli_ping(argc - 1, argv + 1);
+  if (!strcmp(cmd, "stats")) return fb_cli_stats(argc - 1, argv + 1);
   fprintf(stderr, "fusebox: unknown command '%s'\n\n", cmd);
   usage(stderr);
   return 2;

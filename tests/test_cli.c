@@ -192,8 +192,8 @@ START_TEST(check_ir_and_help) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "kernel \"saxpy[x,y]\"") && strstr(out, "# task 0 of saxpy[x,y]: struct_for"), "%s", out);
   free(out);
-  const char *cmds[] = {"check", "ir", "run", "bench", "graph"};
-  for (int i = 0; i < 5; i++) {
+  const char *cmds[] = {"check", "ir", "run", "bench", "graph", "ping", "stats"};
+  for (int i = 0; i < 7; i++) {
     snprintf(cmd, sizeof cmd, "%s %s --help", fusebox(), cmds[i]);
     ck_assert_int_eq(sh(cmd, &out), 0);
     ck_assert_msg(strstr(out, "usage: fusebox") && strstr(out, "example"), "%s", out);
@@ -284,6 +284,43 @@ START_TEST(graph_and_trace) {
 }
 END_TEST
 
+START_TEST(server_commands) {
+  char cmd[2048], *out, sock[512];
+  snprintf(sock, sizeof sock, "unix:%s/fbd.sock", tmpdir);
+  const char *b = getenv("FB_BUILD_DIR");
+  snprintf(cmd, sizeof cmd, "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!", b ? b : "build", sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  int pid = atoi(out);
+  free(out);
+  ck_assert_int_gt(pid, 0);
+  int up = 0;
+  for (int i = 0; i < 100 && !up; i++) {
+    snprintf(cmd, sizeof cmd, "%s ping --server %s", fusebox(), sock);
+    up = sh(cmd, &out) == 0 && strstr(out, "SERVING");
+    free(out);
+    if (!up) usleep(50000);
+  }
+  ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
+  snprintf(cmd, sizeof cmd, "%s run %s --server %s", fusebox(), fbt_path("../examples/life.json"), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "all checks passed"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s stats --server %s", fusebox(), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "1 created, 1 closed") && strstr(out, "launches "), "%s", out);
+  free(out);
+  /* the same session in this process gives the same answer */
+  snprintf(cmd, sizeof cmd, "%s run %s --local", fusebox(), fbt_path("../examples/life.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  snprintf(cmd, sizeof cmd, "kill %d", pid);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+  snprintf(cmd, sizeof cmd, "%s ping --server unix:%s/nobody.sock", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  free(out);
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -297,6 +334,7 @@ int main(void) {
   tcase_add_test(tc, check_ir_and_help);
   tcase_add_test(tc, bench_modes_and_json);
   tcase_add_test(tc, graph_and_trace);
+  tcase_add_test(tc, server_commands);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char cmd[512];
