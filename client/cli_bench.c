@@ -40,6 +40,7 @@ typedef struct mode_result {
   double wall_s, backend_s;       /* per timed step */
   fb_counters first;              /* counters of the first step */
   fb_counters total;              /* the whole run */
+  double tasks_per_step;          /* tasks launched per timed step */
   double **fields;                /* same_across_modes fields, as f64 */
   int64_t *nvals;
 } mode_result;
@@ -125,6 +126,7 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
     fb_sess_counters(r, &c2);
     res->wall_s = (t1 - t0) / repeat;
     res->backend_s = (c2.backend_s - c1.backend_s) / repeat;
+    res->tasks_per_step = (double)(c2.tasks_launched - c1.tasks_launched) / repeat;
     res->total = diff(&c2, &c0);
     res->checks_failed = fb_sess_checks(r, err);
     if (res->checks_failed < 0) rc = res->checks_failed;
@@ -190,8 +192,8 @@ static const mode_result *mode_in(const case_result *cr, const char *name) {
 
 /* Geometric means over cases of sync / mode for wall, backend and tasks;
  * returns how many cases had both modes. */
-static int geomean(const case_result *cases, int ncases, const char *mode, double g[3]) {
-  double l[3] = {0, 0, 0};
+static int geomean(const case_result *cases, int ncases, const char *mode, double g[4]) {
+  double l[4] = {0, 0, 0, 0};
   int n = 0;
   for (int c = 0; c < ncases; c++) {
     const mode_result *s = mode_in(&cases[c], "sync"), *r = mode_in(&cases[c], mode);
@@ -200,25 +202,27 @@ static int geomean(const case_result *cases, int ncases, const char *mode, doubl
     l[0] += log(s->wall_s / r->wall_s);
     l[1] += log(s->backend_s / r->backend_s);
     l[2] += log((double)s->first.tasks_launched / (double)r->first.tasks_launched);
+    l[3] += r->tasks_per_step > 0 ? log(s->tasks_per_step / r->tasks_per_step) : 0;
     n++;
   }
-  for (int i = 0; i < 3; i++) g[i] = n ? exp(l[i] / n) : 0;
+  for (int i = 0; i < 4; i++) g[i] = n ? exp(l[i] / n) : 0;
   return n;
 }
 
 static void print_case(FILE *o, const case_result *cr) {
   fprintf(o, "\n%s\n", cr->name);
-  fprintf(o, "  %-17s %10s %6s %10s %6s %8s %6s %8s %7s %7s %6s %6s %6s %6s\n", "mode", "wall ms", "x",
-          "backend ms", "x", "tasks", "x", "stmts", "compld", "lg-rm", "fused", "dse", "demot", "hits");
+  fprintf(o, "  %-17s %10s %6s %10s %6s %8s %6s %9s %8s %7s %7s %6s %6s %6s %6s\n", "mode", "wall ms", "x",
+          "backend ms", "x", "tasks", "x", "tasks/st", "stmts", "compld", "lg-rm", "fused", "dse", "demot",
+          "hits");
   const mode_result *s = mode_in(cr, "sync");
   for (int m = 0; m < cr->nmodes; m++) {
     const mode_result *r = &cr->m[m];
     if (!r->ok) { fprintf(o, "  %-17s (failed)\n", r->def->name); continue; }
     if (!s) s = r; /* no sync mode: ratios against the first mode */
-    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %8llu %6.2f %8llu %7llu %7llu %6llu %6llu %6llu %6llu\n",
+    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu\n",
             r->def->name, r->wall_s * 1e3, ratio(s->wall_s, r->wall_s), r->backend_s * 1e3,
             ratio(s->backend_s, r->backend_s), (unsigned long long)r->first.tasks_launched,
-            ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched),
+            ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched), r->tasks_per_step,
             (unsigned long long)r->first.statements_emitted,
             (unsigned long long)r->first.tasks_compiled,
             (unsigned long long)r->first.listgens_removed, (unsigned long long)r->first.tasks_fused,
@@ -228,7 +232,7 @@ static void print_case(FILE *o, const case_result *cr) {
 }
 
 static json_t *mode_json(const mode_result *r) {
-  return json_pack("{s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "wall_s", r->wall_s,
+  json_t *j = json_pack("{s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "wall_s", r->wall_s,
                    "backend_s", r->backend_s, "tasks_launched", (json_int_t)r->first.tasks_launched,
                    "statements_emitted", (json_int_t)r->first.statements_emitted, "tasks_compiled",
                    (json_int_t)r->first.tasks_compiled, "listgens_removed",
@@ -238,6 +242,9 @@ static json_t *mode_json(const mode_result *r) {
                    (json_int_t)r->first.activations_demoted, "cache_hits",
                    (json_int_t)r->first.cache_hits, "total_tasks_launched",
                    (json_int_t)r->total.tasks_launched);
+  json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
+  json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
+  return j;
 }
 
 static int write_outputs(const char *json_out, const char *csv_out, case_result *cases, int ncases) {
@@ -254,10 +261,11 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
                                         cases[c].checks_passed, "modes", jm));
   }
   for (int m = 1; m < NKNOWN; m++) {
-    double g[3];
+    double g[4];
     if (geomean(cases, ncases, known_modes[m].name, g))
-      json_object_set_new(geo, known_modes[m].name, json_pack("{s:f,s:f,s:f}", "wall", g[0], "backend", g[1],
-                                                   "tasks", g[2]));
+      json_object_set_new(geo, known_modes[m].name,
+                          json_pack("{s:f,s:f,s:f,s:f}", "wall", g[0], "backend", g[1], "tasks", g[2],
+                                    "tasks_per_timed_step", g[3]));
   }
   json_object_set_new(root, "cases", jc);
   json_object_set_new(root, "geomean", geo);
@@ -293,11 +301,11 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
 static void print_geomeans(FILE *o, case_result *cases, int ncases) {
   if (ncases < 2) return;
   fprintf(o, "\ngeometric mean over %d cases of sync / mode (higher is better)\n", ncases);
-  fprintf(o, "  %-17s %8s %8s %8s\n", "mode", "wall", "backend", "tasks");
+  fprintf(o, "  %-17s %8s %8s %8s %9s\n", "mode", "wall", "backend", "tasks", "tasks/st");
   for (int m = 1; m < NKNOWN; m++) {
-    double g[3];
+    double g[4];
     if (geomean(cases, ncases, known_modes[m].name, g))
-      fprintf(o, "  %-17s %8.2f %8.2f %8.2f\n", known_modes[m].name, g[0], g[1], g[2]);
+      fprintf(o, "  %-17s %8.2f %8.2f %8.2f %9.2f\n", known_modes[m].name, g[0], g[1], g[2], g[3]);
   }
 }
 
