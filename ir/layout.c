@@ -114,14 +114,6 @@ int fb_layout_find(const fb_layout *l, const char *name) {
   return -1;
 }
 
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* Storage of one instance of s inside its parent cell. Sparse kinds keep
@@ -156,7 +148,7 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
     if (s->space_axes & (1u << a)) s->dim_axis[s->ndim++] = a;
   for (int a = 0; a < FB_MAX_AXES; a++)
     if (s->shape[a] > INT32_MAX) {
-      errf(err, errlen, "SNode %d: extent %lld along axis %c exceeds 2^31-1", id,
+      fb_errf(err, errlen, "SNode %d: extent %lld along axis %c exceeds 2^31-1", id,
            (long long)s->shape[a], 'i' + a);
       return FB_EINVAL;
     }
@@ -166,7 +158,7 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
     return 0;
   }
   if (s->kind != FB_SN_ROOT && s->nchildren == 0) {
-    errf(err, errlen, "%s SNode%s%s holds no fields", fb_snode_kind_name(s->kind),
+    fb_errf(err, errlen, "%s SNode%s%s holds no fields", fb_snode_kind_name(s->kind),
          s->name ? " " : "", s->name ? s->name : "");
     return FB_EINVAL;
   }
@@ -174,7 +166,7 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
   for (int c = 0; c < s->nchildren; c++) {
     int cid = s->children[c];
     if (s->kind == FB_SN_DYNAMIC && l->nodes[cid].kind != FB_SN_PLACE) {
-      errf(err, errlen, "dynamic SNode%s%s may hold only fields", s->name ? " " : "",
+      fb_errf(err, errlen, "dynamic SNode%s%s may hold only fields", s->name ? " " : "",
            s->name ? s->name : "");
       return FB_EINVAL;
     }

@@ -2,6 +2,8 @@
  * shares. Casts here follow the IR's rules exactly (they are the reference
  * the code generator is tested against). */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fusebox/common.h"
@@ -24,6 +26,14 @@ const char *fb_strerror(int code) {
   case FB_EINTERNAL: return "internal error";
   default: return "unknown error";
   }
+}
+
+void fb_errf(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
 }
 
 static const char *const type_names[FB_T__COUNT] = {

@@ -13,20 +13,6 @@
 #define MAX_NODES (1 << 16)
 #define MAX_STMTS (1 << 22)
 
-static void errf(char *err, size_t n, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 /* ---------------------------------------------------------------- arena */
 
 struct fbp_arena_block {
@@ -250,13 +236,13 @@ static int add_node(fb_layout *l, int i, const Fusebox__V1__SNode *n, char *err,
   int kind = (int)n->kind;
   const char *name = n->name && n->name[0] ? n->name : NULL;
   if (n->parent < 0 || n->parent >= i) {
-    errf(err, errlen, "layout node %d: parent %d is not an earlier node", i, n->parent);
+    fb_errf(err, errlen, "layout node %d: parent %d is not an earlier node", i, n->parent);
     return FB_EINVAL;
   }
   int id;
   if (kind == FB_SN_PLACE) {
     if (!name || (int)n->type <= 0 || (int)n->type >= FB_T__COUNT) {
-      errf(err, errlen, "layout node %d: a place needs a name and a value type (got type %d)", i,
+      fb_errf(err, errlen, "layout node %d: a place needs a name and a value type (got type %d)", i,
            (int)n->type);
       return FB_EINVAL;
     }
@@ -275,11 +261,11 @@ static int add_node(fb_layout *l, int i, const Fusebox__V1__SNode *n, char *err,
     id = na ? fb_layout_add(l, n->parent, (fb_snode_kind)kind, axes, sizes, n->chunk, name)
             : FB_EINVAL;
   } else {
-    errf(err, errlen, "layout node %d: unknown SNode kind %d", i, kind);
+    fb_errf(err, errlen, "layout node %d: unknown SNode kind %d", i, kind);
     return FB_EINVAL;
   }
   if (id != i) {
-    errf(err, errlen, "layout node %d (%s%s%s) is malformed: check its parent (%d), axes (0x%x), "
+    fb_errf(err, errlen, "layout node %d (%s%s%s) is malformed: check its parent (%d), axes (0x%x), "
          "sizes (positive, one per axis) and chunk (%lld)", i, kind_name(kind),
          name ? " " : "", name ? name : "", n->parent, n->axes, (long long)n->chunk);
     return FB_EINVAL;
@@ -290,17 +276,17 @@ static int add_node(fb_layout *l, int i, const Fusebox__V1__SNode *n, char *err,
 int fbp_layout_from_pb(const Fusebox__V1__Layout *m, fb_layout **out, char *err, size_t errlen) {
   *out = NULL;
   if (!m || m->n_nodes == 0 || m->n_nodes > MAX_NODES) {
-    errf(err, errlen, "layout: %zu nodes (expected 1 to %d, node 0 the root)",
+    fb_errf(err, errlen, "layout: %zu nodes (expected 1 to %d, node 0 the root)",
          m ? m->n_nodes : (size_t)0, MAX_NODES);
     return FB_EINVAL;
   }
   if (m->nodes[0]->kind != FUSEBOX__V1__SNODE_KIND__SN_ROOT) {
-    errf(err, errlen, "layout node 0 must be the root (kind %d given)", (int)m->nodes[0]->kind);
+    fb_errf(err, errlen, "layout node 0 must be the root (kind %d given)", (int)m->nodes[0]->kind);
     return FB_EINVAL;
   }
   fb_layout *l = fb_layout_new();
   if (!l) {
-    errf(err, errlen, "layout: out of memory");
+    fb_errf(err, errlen, "layout: out of memory");
     return FB_ENOMEM;
   }
   for (size_t i = 1; i < m->n_nodes; i++) {
@@ -312,7 +298,7 @@ int fbp_layout_from_pb(const Fusebox__V1__Layout *m, fb_layout **out, char *err,
   }
   char why[512] = "";
   if (fb_layout_finalize(l, why, sizeof why)) {
-    errf(err, errlen, "layout: %s", why);
+    fb_errf(err, errlen, "layout: %s", why);
     fb_layout_free(l);
     return FB_EINVAL;
   }
@@ -381,16 +367,16 @@ static int stmt_from_pb(const Fusebox__V1__Stmt *m, int i, int nblocks, fb_stmt 
                         size_t errlen) {
   int op = m->op ? fb_op_from_name(m->op, strlen(m->op)) : -1;
   if (op < 0) {
-    errf(err, errlen, "statement %%%d: unknown op '%s'", i, m->op ? m->op : "");
+    fb_errf(err, errlen, "statement %%%d: unknown op '%s'", i, m->op ? m->op : "");
     return FB_EINVAL;
   }
   if (!check_type((int)m->type, 1) || m->n_args > FB_MAX_ARGS) {
-    errf(err, errlen, "statement %%%d (%s): type %d or operand count %zu out of range", i,
+    fb_errf(err, errlen, "statement %%%d (%s): type %d or operand count %zu out of range", i,
          fb_op_table[op].name, (int)m->type, m->n_args);
     return FB_EINVAL;
   }
   if (m->body < -1 || m->body >= nblocks || m->orelse < -1 || m->orelse >= nblocks) {
-    errf(err, errlen, "statement %%%d (%s): block ids %d, %d out of range (the kernel has %d "
+    fb_errf(err, errlen, "statement %%%d (%s): block ids %d, %d out of range (the kernel has %d "
          "blocks)", i, fb_op_table[op].name, m->body, m->orelse, nblocks);
     return FB_EINVAL;
   }
@@ -408,24 +394,24 @@ static int stmt_from_pb(const Fusebox__V1__Stmt *m, int i, int nblocks, fb_stmt 
 
 static int check_kernel_shape(const Fusebox__V1__Kernel *m, char *err, size_t errlen) {
   if (!m->name || !m->name[0]) {
-    errf(err, errlen, "kernel: no name");
+    fb_errf(err, errlen, "kernel: no name");
     return FB_EINVAL;
   }
   if (m->n_stmts > MAX_STMTS || m->n_blocks < 1 || m->n_blocks > MAX_STMTS ||
       m->n_params > 1024) {
-    errf(err, errlen, "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
+    fb_errf(err, errlen, "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
          "%d statements, at least one block, at most 1024 parameters)", m->name, m->n_stmts,
          m->n_blocks, m->n_params, MAX_STMTS);
     return FB_EINVAL;
   }
   for (size_t i = 0; i < m->n_params; i++)
     if (!check_type((int)m->params[i], 0)) {
-      errf(err, errlen, "kernel '%s': parameter %zu has invalid type %d", m->name, i,
+      fb_errf(err, errlen, "kernel '%s': parameter %zu has invalid type %d", m->name, i,
            (int)m->params[i]);
       return FB_EINVAL;
     }
   if (!check_type((int)m->ret, 1)) {
-    errf(err, errlen, "kernel '%s': invalid return type %d", m->name, (int)m->ret);
+    fb_errf(err, errlen, "kernel '%s': invalid return type %d", m->name, (int)m->ret);
     return FB_EINVAL;
   }
   return 0;
@@ -446,7 +432,7 @@ static int blocks_from_pb(const Fusebox__V1__Kernel *m, fb_kernel *k, char *err,
     blocks[b].n = blocks[b].cap = (int32_t)mb->n_ids;
     for (size_t j = 0; j < mb->n_ids; j++) {
       if (mb->ids[j] < 0 || (size_t)mb->ids[j] >= m->n_stmts) {
-        errf(err, errlen, "kernel '%s': block %zu lists statement %d, which does not exist "
+        fb_errf(err, errlen, "kernel '%s': block %zu lists statement %d, which does not exist "
              "(%zu statements)", m->name, b, mb->ids[j], m->n_stmts);
         return FB_EINVAL;
       }
@@ -460,7 +446,7 @@ int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kern
                        char *err, size_t errlen) {
   *out = NULL;
   if (!m) {
-    errf(err, errlen, "kernel: missing");
+    fb_errf(err, errlen, "kernel: missing");
     return FB_EINVAL;
   }
   int rc = check_kernel_shape(m, err, errlen);
@@ -475,7 +461,7 @@ int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kern
     rc = stmt_from_pb(m->stmts[i], (int)i, (int)m->n_blocks, &k->stmts[i], err, errlen);
   if (!rc) rc = blocks_from_pb(m, k, err, errlen);
   if (rc) {
-    if (rc == FB_ENOMEM) errf(err, errlen, "kernel '%s': out of memory", m->name);
+    if (rc == FB_ENOMEM) fb_errf(err, errlen, "kernel '%s': out of memory", m->name);
     fb_kernel_free(k);
     return rc;
   }
@@ -622,7 +608,7 @@ int fbp_chunk_parse(const uint8_t *p, size_t n, fbp_chunk *out, char *err, size_
     const uint8_t *at = p;
     if (!(p = get_varint(p, end, &key)) || (key >> 3) == 0 || (key >> 3) > 0x1fffffff ||
         chunk_field(&p, end, (int)(key >> 3), (int)(key & 7), out)) {
-      errf(err, errlen, "malformed FieldChunk at byte %zu of %zu", (size_t)(at - start), n);
+      fb_errf(err, errlen, "malformed FieldChunk at byte %zu of %zu", (size_t)(at - start), n);
       return FB_EINVAL;
     }
   }

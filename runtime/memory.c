@@ -15,14 +15,6 @@
 #define ALIGN 64
 #define MMAP_MIN ((size_t)1 << 16) /* roots at least this big are mmap'd */
 
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err,
@@ -30,13 +22,13 @@ static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *er
   uint64_t fixed = root + m->extra;
   if (!m->limit || (fixed <= m->limit && gtmp <= m->limit - fixed)) return 0;
   if (m->extra)
-    errf(err, errlen,
+    fb_errf(err, errlen,
          "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
          "scratch %llu), limit %llu bytes",
          (unsigned long long)(fixed + gtmp), (unsigned long long)root,
          (unsigned long long)m->extra, (unsigned long long)gtmp, (unsigned long long)m->limit);
   else
-    errf(err, errlen,
+    fb_errf(err, errlen,
          "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
          "limit %llu bytes",
          (unsigned long long)(root + gtmp), (unsigned long long)root,
@@ -58,7 +50,7 @@ int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
   int rc = over_limit(m, root_bytes, 0, err, errlen);
   if (rc) return rc;
   if (root_bytes > SIZE_MAX - 2 * ALIGN) {
-    errf(err, errlen, "cannot allocate %llu bytes of device memory",
+    fb_errf(err, errlen, "cannot allocate %llu bytes of device memory",
          (unsigned long long)root_bytes);
     return FB_ENOMEM;
   }
@@ -71,7 +63,7 @@ int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
     m->root = alloc_zeroed(want);
   }
   if (!m->root) {
-    errf(err, errlen, "cannot allocate %llu bytes of device memory",
+    fb_errf(err, errlen, "cannot allocate %llu bytes of device memory",
          (unsigned long long)root_bytes);
     return FB_ENOMEM;
   }
@@ -84,7 +76,7 @@ static int grow_rets(fb_devmem *m, int nrets, char *err, size_t errlen) {
   if (nrets <= m->nrets) return 0;
   uint64_t *r = realloc(m->rets, sizeof(uint64_t) * (size_t)nrets);
   if (!r) {
-    errf(err, errlen, "cannot allocate %d return slots", nrets);
+    fb_errf(err, errlen, "cannot allocate %d return slots", nrets);
     return FB_ENOMEM;
   }
   memset(r + m->nrets, 0, sizeof(uint64_t) * (size_t)(nrets - m->nrets));
@@ -99,7 +91,7 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
     if (rc) return rc;
     uint8_t *g = alloc_zeroed(gtmp_bytes);
     if (!g) {
-      errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
+      fb_errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
       return FB_ENOMEM;
     }
     if (m->gtmp_bytes) memcpy(g, m->gtmp, m->gtmp_bytes); /* slots keep their values */

@@ -43,14 +43,6 @@ struct fb_pool {
   pthread_t *workers;
 };
 
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -133,7 +125,7 @@ static int start_workers(fb_pool *p, char *err, size_t errlen) {
   for (int i = 0; i < p->nworkers; i++) {
     int rc = pthread_create(&p->workers[i], NULL, worker_main, p);
     if (rc) {
-      errf(err, errlen, "cannot start CPU worker thread %d of %d: %s", i + 1, p->nworkers,
+      fb_errf(err, errlen, "cannot start CPU worker thread %d of %d: %s", i + 1, p->nworkers,
            strerror(rc));
       shutdown_workers(p);
       return rc == EAGAIN ? FB_EDEVICE : FB_ENOMEM;
@@ -152,13 +144,13 @@ static void destroy_sync(fb_pool *p) {
 int fb_pool_new(int nthreads, int64_t min_chunk, fb_pool **out, char *err, size_t errlen) {
   *out = NULL;
   if (nthreads < 0 || min_chunk < 0) {
-    errf(err, errlen, "thread pool: bad size (threads %d, min chunk %lld)", nthreads,
+    fb_errf(err, errlen, "thread pool: bad size (threads %d, min chunk %lld)", nthreads,
          (long long)min_chunk);
     return FB_EINVAL;
   }
   fb_pool *p = calloc(1, sizeof *p);
   if (!p) {
-    errf(err, errlen, "thread pool: out of memory");
+    fb_errf(err, errlen, "thread pool: out of memory");
     return FB_ENOMEM;
   }
   p->nthreads = nthreads ? nthreads : fb_cpu_cores();
@@ -169,7 +161,7 @@ int fb_pool_new(int nthreads, int64_t min_chunk, fb_pool **out, char *err, size_
   p->workers = calloc((size_t)(p->nworkers ? p->nworkers : 1), sizeof(pthread_t));
   if (!p->workers) {
     free(p);
-    errf(err, errlen, "thread pool: out of memory");
+    fb_errf(err, errlen, "thread pool: out of memory");
     return FB_ENOMEM;
   }
   pthread_mutex_init(&p->mu, NULL);

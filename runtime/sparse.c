@@ -33,14 +33,6 @@ struct fb_sparse {
   uint64_t list_bytes;
 };
 
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 /* Without a limit a session's pool may grow to the machine's memory. */
 static size_t physical_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
@@ -66,7 +58,7 @@ static int reserve_pool(fb_sparse *sp, char *err, size_t errlen) {
     }
     if (sp->mem->limit || want <= POOL_MIN) break;
   }
-  errf(err, errlen, "cannot reserve address space for the sparse block pool");
+  fb_errf(err, errlen, "cannot reserve address space for the sparse block pool");
   return FB_ENOMEM;
 }
 
@@ -108,7 +100,7 @@ int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err
   }
   if (!sp || !sp->st.allocs || !sp->st.lists || !sp->per_parent || !sp->total) {
     fb_sparse_free(sp);
-    errf(err, errlen, "sparse runtime: out of memory");
+    fb_errf(err, errlen, "sparse runtime: out of memory");
     return FB_ENOMEM;
   }
   sp->l = l;
@@ -192,14 +184,14 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   const fb_snode *n = &sp->l->nodes[snode];
   char name[160];
   if (sp->mem->limit && after > sp->mem->limit) {
-    errf(err, errlen, "out of device memory for the list of SNode %s (%s, %llu bytes; limit "
+    fb_errf(err, errlen, "out of device memory for the list of SNode %s (%s, %llu bytes; limit "
          "%llu bytes)", label(n, name, sizeof name), fb_snode_kind_name(n->kind),
          (unsigned long long)bytes, (unsigned long long)sp->mem->limit);
     return FB_EQUOTA;
   }
   void *p = NULL;
   if (posix_memalign(&p, 64, (size_t)bytes)) {
-    errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
+    fb_errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
          (unsigned long long)bytes, label(n, name, sizeof name));
     return FB_ENOMEM;
   }

@@ -15,20 +15,6 @@
 
 #include "server/server.h"
 
-static void errf(char *err, size_t n, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static void errf(char *err, size_t n, const char *fmt, ...) {
-  if (!err || !n) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, n, fmt, ap);
-  va_end(ap);
-}
-
 void fbd_config_defaults(fbd_config *c) {
   memset(c, 0, sizeof *c);
   c->backend = strdup("auto");
@@ -124,11 +110,11 @@ static const opt opts[] = {
 
 static int add_listen(fbd_config *c, const char *addr, char *err, size_t errlen) {
   if (!addr || !*addr) {
-    errf(err, errlen, "listen: empty address");
+    fb_errf(err, errlen, "listen: empty address");
     return FB_EINVAL;
   }
   if (c->nlisten == FBD_MAX_LISTEN) {
-    errf(err, errlen, "listen: at most %d addresses", FBD_MAX_LISTEN);
+    fb_errf(err, errlen, "listen: at most %d addresses", FBD_MAX_LISTEN);
     return FB_EINVAL;
   }
   if (!(c->listen[c->nlisten] = strdup(addr))) return FB_ENOMEM;
@@ -178,7 +164,7 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     return 0;
   }
   }
-  errf(err, errlen, "%s: invalid value '%s'", o->name, v);
+  fb_errf(err, errlen, "%s: invalid value '%s'", o->name, v);
   return FB_EINVAL;
 }
 
@@ -190,7 +176,7 @@ static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t er
     json_t *x;
     json_array_foreach(v, i, x) {
       if (!json_is_string(x)) {
-        errf(err, errlen, "listen[%zu]: expected a string", i);
+        fb_errf(err, errlen, "listen[%zu]: expected a string", i);
         return FB_EINVAL;
       }
       int rc = add_listen(c, json_string_value(x), err, errlen);
@@ -206,7 +192,7 @@ static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t er
     snprintf(num, sizeof num, "%.17g", json_real_value(v));
     return set_text(c, o, num, err, errlen);
   }
-  errf(err, errlen, "%s: wrong JSON type", o->name);
+  fb_errf(err, errlen, "%s: wrong JSON type", o->name);
   return FB_EINVAL;
 }
 
@@ -223,12 +209,12 @@ int fbd_config_load(fbd_config *c, const char *path, char *err, size_t errlen) {
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) {
-    errf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+    fb_errf(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
     return FB_EINVAL;
   }
   int rc = 0;
   if (!json_is_object(root)) {
-    errf(err, errlen, "%s: expected a JSON object", path);
+    fb_errf(err, errlen, "%s: expected a JSON object", path);
     rc = FB_EINVAL;
   }
   const char *key;
@@ -238,13 +224,13 @@ int fbd_config_load(fbd_config *c, const char *path, char *err, size_t errlen) {
     if (rc) break;
     const opt *o = find_opt(key, 0);
     if (!o) {
-      errf(err, errlen, "%s: unknown key '%s'", path, key);
+      fb_errf(err, errlen, "%s: unknown key '%s'", path, key);
       rc = FB_EINVAL;
       break;
     }
     if (o->kind == OPT_LISTEN && !listen_seen++) clear_listen(c);
     char why[512];
-    if ((rc = set_json(c, o, v, why, sizeof why))) errf(err, errlen, "%s: %s", path, why);
+    if ((rc = set_json(c, o, v, why, sizeof why))) fb_errf(err, errlen, "%s: %s", path, why);
   }
   json_decref(root);
   return rc;
@@ -263,7 +249,7 @@ static int config_first(fbd_config *c, int argc, char **argv, char *err, size_t 
     else if (strcmp(a, "--config") == 0) path = i + 1 < argc ? argv[++i] : NULL;
     else continue;
     if (!path) {
-      errf(err, errlen, "--config: missing file name");
+      fb_errf(err, errlen, "--config: missing file name");
       return FB_EINVAL;
     }
     return fbd_config_load(c, path, err, errlen);
@@ -286,7 +272,7 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       return 1;
     }
     if (strncmp(a, "--", 2) != 0) {
-      errf(err, errlen, "unexpected argument '%s' (see --help)", a);
+      fb_errf(err, errlen, "unexpected argument '%s' (see --help)", a);
       return FB_EINVAL;
     }
     char name[64];
@@ -296,12 +282,12 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
     const opt *o = find_opt(name, 1);
     int special = strcmp(name, "config") == 0 || strcmp(name, "ready-fd") == 0;
     if (!o && !special) {
-      errf(err, errlen, "unknown option '--%s' (see --help)", name);
+      fb_errf(err, errlen, "unknown option '--%s' (see --help)", name);
       return FB_EINVAL;
     }
     const char *v = flag_value(argc, argv, &i, eq);
     if (!v) {
-      errf(err, errlen, "--%s: missing value", name);
+      fb_errf(err, errlen, "--%s: missing value", name);
       return FB_EINVAL;
     }
     if (strcmp(name, "config") == 0) continue; /* read first */
@@ -309,7 +295,7 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       char *end;
       long fd = strtol(v, &end, 10);
       if (end == v || *end || fd < 0 || fd > 1 << 20) {
-        errf(err, errlen, "--ready-fd: invalid descriptor '%s'", v);
+        fb_errf(err, errlen, "--ready-fd: invalid descriptor '%s'", v);
         return FB_EINVAL;
       }
       c->ready_fd = (int)fd;
@@ -318,7 +304,7 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
     if (o->kind == OPT_LISTEN && !listen_seen++) clear_listen(c); /* flags replace the file's */
     char why[512];
     if ((rc = set_text(c, o, v, why, sizeof why))) {
-      errf(err, errlen, "--%s", why);
+      fb_errf(err, errlen, "--%s", why);
       return rc;
     }
   }

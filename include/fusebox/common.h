@@ -30,6 +30,14 @@ enum {
 };
 
 const char *fb_strerror(int code);
+/* Format a message into a caller's buffer (err may be NULL or errlen 0: then
+ * nothing is written). The one helper every layer uses for its err/errlen
+ * out-parameters. */
+void fb_errf(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 
 typedef enum fb_type {
   FB_T_VOID = 0,
