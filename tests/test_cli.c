@@ -52,7 +52,7 @@ static void write_file(const char *name, const char *text) {
 
 static int run_session(const char *name, const char *json, char **out) {
   write_file(name, json);
-  char cmd[2048];
+  char cmd[8192];
   snprintf(cmd, sizeof cmd, "%s run %s/%s", fusebox(), tmpdir, name);
   return sh(cmd, out);
 }
@@ -79,7 +79,7 @@ START_TEST(examples_pass) {
   for (struct dirent *e; (e = readdir(d));) {
     size_t n = strlen(e->d_name);
     if (n < 6 || strcmp(e->d_name + n - 5, ".json")) continue;
-    char cmd[2048], *out;
+    char cmd[8192], *out;
     snprintf(cmd, sizeof cmd, "%s run %s/%s", fusebox(), dir, e->d_name);
     int rc = sh(cmd, &out);
     /* every example passes, the sparse one (pointer, bitmasked, dynamic) too */
@@ -170,7 +170,7 @@ START_TEST(bad_input_is_named) {
 END_TEST
 
 START_TEST(check_ir_and_help) {
-  char cmd[2048], *out;
+  char cmd[8192], *out;
   snprintf(cmd, sizeof cmd, "%s check %s", fusebox(), fbt_path("../examples/heat.fbk"));
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "ok ("), "%s", out);
@@ -214,7 +214,7 @@ START_TEST(bench_modes_and_json) {
              "  \"bench\": { \"warmup\": 1, \"repeat\": 2, \"modes\": [\"sync\", \"async\"] },\n"
              "  \"checks\": [ {\"read\": \"total\", \"equals\": 36.0},\n"
              "              {\"same_across_modes\": [\"a\", \"n\", \"total\"]} ] }\n");
-  char cmd[2048], *out;
+  char cmd[8192], *out;
   snprintf(cmd, sizeof cmd, "%s bench %s/b.json %s/b.json --json %s/out.json --csv %s/out.csv",
            fusebox(), tmpdir, tmpdir, tmpdir, tmpdir);
   int rc = sh(cmd, &out);
@@ -256,7 +256,7 @@ START_TEST(graph_and_trace) {
              "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]}, {\"launch\": \"fill\", \"args\": [2.0]},\n"
              "            {\"sync\": true} ],\n"
              "  \"checks\": [ {\"read\": \"a\", \"sum\": 44.0} ] }\n");
-  char cmd[2048], *out;
+  char cmd[8192], *out;
   snprintf(cmd, sizeof cmd, "%s graph %s/g.json --out %s/graphs", fusebox(), tmpdir, tmpdir);
   ck_assert_msg(sh(cmd, &out) == 0 && strstr(out, "graphs written"), "%s", out);
   free(out);
@@ -285,7 +285,7 @@ START_TEST(graph_and_trace) {
 END_TEST
 
 START_TEST(server_commands) {
-  char cmd[2048], *out, sock[512];
+  char cmd[8192], *out, sock[512];
   snprintf(sock, sizeof sock, "unix:%s/fbd.sock", tmpdir);
   const char *b = getenv("FB_BUILD_DIR");
   snprintf(cmd, sizeof cmd, "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!", b ? b : "build", sock);

@@ -98,7 +98,7 @@ static fb_type result_of(const fb_layout *l, fb_op op, int s) {
  * Asserts the run's code; returns the op's result (void type when none). */
 static fb_value op_at(ctx *c, fb_op op, int s, const int32_t *idx, int n, fb_value v, int want_rc,
                       int line) {
-  fb_type pt[FB_MAX_ARGS];
+  fb_type pt[FB_MAX_ARGS] = {FB_T_VOID};
   fb_value args[FB_MAX_ARGS];
   int np = 0;
   for (int i = 0; i < n; i++) {
