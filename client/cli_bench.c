@@ -418,22 +418,29 @@ int fb_cli_bench(int argc, char **argv) {
   int nfiles = 0, ncli = 0, warmup = -1, repeat = -1;
   json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return help(stdout);
-    if (!strcmp(argv[i], "--param") && i + 1 < argc) {
-      if (fb_cli_add_param(params, argv[++i])) return 2;
-      continue;
+    int bad = 0;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      json_decref(params);
+      return help(stdout);
     }
-    if (!strcmp(argv[i], "--modes") && i + 1 < argc) {
-      if ((ncli = parse_modes(argv[++i], cli_modes)) < 0) return 2;
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
+    if (!strcmp(argv[i], "--param") && i + 1 < argc) bad = fb_cli_add_param(params, argv[++i]);
+    else if (!strcmp(argv[i], "--modes") && i + 1 < argc) bad = (ncli = parse_modes(argv[++i], cli_modes)) < 0;
+    else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
     else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_out = argv[++i];
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
     else if (argv[i][0] != '-' && nfiles < 256) files[nfiles++] = argv[i];
-    else return help(stderr);
+    else bad = -1;
+    if (bad) {
+      json_decref(params);
+      return bad < 0 ? help(stderr) : 2;
+    }
   }
-  if (!nfiles) return help(stderr);
+  if (!nfiles) {
+    json_decref(params);
+    return help(stderr);
+  }
   case_result *cases = calloc((size_t)nfiles, sizeof *cases);
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;
