@@ -38,6 +38,7 @@ typedef struct mode_result {
   int ok;            /* ran to the end */
   int checks_failed;
   double wall_s, backend_s;       /* per timed step */
+  double cpu_s;                   /* process CPU time per timed step */
   fb_counters first;              /* counters of the first step */
   fb_counters total;              /* the whole run */
   double tasks_per_step;          /* tasks launched per timed step */
@@ -52,11 +53,15 @@ typedef struct case_result {
   int checks_passed;
 } case_result;
 
-static double now(void) {
+static double clock_s(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(id, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+static double now(void) { return clock_s(CLOCK_MONOTONIC); }
+/* CPU time of the whole process (every thread): steadier than wall-clock on
+ * a shared machine, where other jobs take cores away. */
+static double cpu_now(void) { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 static const mode_def *find_mode(const char *name) {
   for (int i = 0; i < NKNOWN; i++)
@@ -119,12 +124,13 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
   }
   for (int i = 0; !rc && i < warmup; i++) rc = step(r, err);
   if (!rc) fb_sess_counters(r, &c1);
-  double t0 = now();
+  double t0 = now(), u0 = cpu_now();
   for (int i = 0; !rc && i < repeat; i++) rc = step(r, err);
-  double t1 = now();
+  double t1 = now(), u1 = cpu_now();
   if (!rc) {
     fb_sess_counters(r, &c2);
     res->wall_s = (t1 - t0) / repeat;
+    res->cpu_s = (u1 - u0) / repeat;
     res->backend_s = (c2.backend_s - c1.backend_s) / repeat;
     res->tasks_per_step = (double)(c2.tasks_launched - c1.tasks_launched) / repeat;
     res->total = diff(&c2, &c0);
@@ -211,17 +217,17 @@ static int geomean(const case_result *cases, int ncases, const char *mode, doubl
 
 static void print_case(FILE *o, const case_result *cr) {
   fprintf(o, "\n%s\n", cr->name);
-  fprintf(o, "  %-17s %10s %6s %10s %6s %8s %6s %9s %8s %7s %7s %6s %6s %6s %6s\n", "mode", "wall ms", "x",
-          "backend ms", "x", "tasks", "x", "tasks/st", "stmts", "compld", "lg-rm", "fused", "dse", "demot",
-          "hits");
+  fprintf(o, "  %-17s %10s %6s %10s %6s %10s %8s %6s %9s %8s %7s %7s %6s %6s %6s %6s\n", "mode", "wall ms",
+          "x", "backend ms", "x", "cpu ms", "tasks", "x", "tasks/st", "stmts", "compld", "lg-rm", "fused",
+          "dse", "demot", "hits");
   const mode_result *s = mode_in(cr, "sync");
   for (int m = 0; m < cr->nmodes; m++) {
     const mode_result *r = &cr->m[m];
     if (!r->ok) { fprintf(o, "  %-17s (failed)\n", r->def->name); continue; }
     if (!s) s = r; /* no sync mode: ratios against the first mode */
-    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu\n",
+    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %10.3f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu\n",
             r->def->name, r->wall_s * 1e3, ratio(s->wall_s, r->wall_s), r->backend_s * 1e3,
-            ratio(s->backend_s, r->backend_s), (unsigned long long)r->first.tasks_launched,
+            ratio(s->backend_s, r->backend_s), r->cpu_s * 1e3, (unsigned long long)r->first.tasks_launched,
             ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched), r->tasks_per_step,
             (unsigned long long)r->first.statements_emitted,
             (unsigned long long)r->first.tasks_compiled,
@@ -243,6 +249,7 @@ static json_t *mode_json(const mode_result *r) {
                    (json_int_t)r->first.cache_hits, "total_tasks_launched",
                    (json_int_t)r->total.tasks_launched);
   json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
+  json_object_set_new(j, "cpu_s", json_real(r->cpu_s));
   json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
   return j;
 }
@@ -316,8 +323,9 @@ static int help(FILE *f) {
           "                     [--server ADDR]\n"
           "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
           "  sync,async) side by side: setup, one step (its counters are reported), the\n"
-          "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock\n"
-          "  and backend time per step, tasks launched, statements emitted, tasks compiled\n"
+          "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock,\n"
+          "  backend and process CPU time per step (CPU time is the steadier figure on a\n"
+          "  shared machine), tasks launched, statements emitted, tasks compiled\n"
           "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
           "  over several files. Checks run in every mode; a failed check or a field that\n"
           "  differs between modes makes the exit status 1. --param sets a parameter of\n"
