@@ -384,6 +384,18 @@ enum { NR = 5000 };
 /* Top-level serial statements and two par_fors using values computed at
  * the top level: a load (spilled to scratch), a pure expression over an
  * argument (recomputed), and a local variable shared by the tasks. */
+/* The layout the remat kernels run on: a, b over NR cells, c0 and out 0-D. */
+static fb_layout *remat_layout(int *fa, int *fb, int *c0, int *out) {
+  fb_layout *l = fb_layout_new();
+  int d = dense(l, 0, "i", NR, 0);
+  *fa = place(l, d, "a", FB_T_I32);
+  *fb = place(l, d, "b", FB_T_I32);
+  *c0 = place(l, 0, "c0", FB_T_I32);
+  *out = place(l, 0, "out", FB_T_I32);
+  finalize(l);
+  return l;
+}
+
 static fb_kernel *remat_kernel(const fb_layout *l, int fa, int fb, int c0, int out) {
   fb_type p[1] = {FB_T_I32};
   fb_kernel *k = fb_kernel_new(l, "remat", 1, p, FB_T_I32);
@@ -410,11 +422,8 @@ static fb_kernel *remat_kernel(const fb_layout *l, int fa, int fb, int c0, int o
 }
 
 START_TEST(top_level_values_cross_tasks) {
-  fb_layout *l = fb_layout_new();
-  int d = dense(l, 0, "i", NR, 0);
-  int fa = place(l, d, "a", FB_T_I32), fb = place(l, d, "b", FB_T_I32);
-  int c0 = place(l, 0, "c0", FB_T_I32), out = place(l, 0, "out", FB_T_I32);
-  finalize(l);
+  int fa, fb, c0, out;
+  fb_layout *l = remat_layout(&fa, &fb, &c0, &out);
   fb_kernel *k = remat_kernel(l, fa, fb, c0, out);
   fb_session *s = new_session(l, 0, 0);
   fb_interp *in = fb_interp_new(l, 0);
@@ -487,11 +496,8 @@ END_TEST
 /* ---------------------------------------------------------------- counters */
 
 START_TEST(counters_and_cache) {
-  fb_layout *l = fb_layout_new();
-  int d = dense(l, 0, "i", NR, 0);
-  int fa = place(l, d, "a", FB_T_I32), fb = place(l, d, "b", FB_T_I32);
-  int c0 = place(l, 0, "c0", FB_T_I32), out = place(l, 0, "out", FB_T_I32);
-  finalize(l);
+  int fa, fb, c0, out;
+  fb_layout *l = remat_layout(&fa, &fb, &c0, &out);
   fb_kernel *k = remat_kernel(l, fa, fb, c0, out);
   fb_session *s = new_session(l, 0, 0);
   fb_counters c0c, c1, c2, c3;
@@ -719,11 +725,8 @@ START_TEST(out_of_bounds) {
 END_TEST
 
 START_TEST(memory_limit) {
-  fb_layout *l = fb_layout_new();
-  int d = dense(l, 0, "i", NR, 0);
-  int fa = place(l, d, "a", FB_T_I32), fb = place(l, d, "b", FB_T_I32);
-  int c0 = place(l, 0, "c0", FB_T_I32), out = place(l, 0, "out", FB_T_I32);
-  finalize(l);
+  int fa, fb, c0, out;
+  fb_layout *l = remat_layout(&fa, &fb, &c0, &out);
   fb_session_config sc = {.mode = "sync", .memory_limit = 1000};
   fb_session *s = NULL;
   char cerr[256] = "";
