@@ -226,7 +226,8 @@ START_TEST(bench_modes_and_json) {
   char *js = fbt_read_file(path, NULL);
   ck_assert_ptr_nonnull(js);
   ck_assert_msg(strstr(js, "\"tasks_launched\": 4,") && strstr(js, "\"geomean\"") &&
-                    strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\""),
+                    strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\"") &&
+                    strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\""),
                 "%s", js);
   free(js);
   snprintf(path, sizeof path, "%s/out.csv", tmpdir);
