@@ -105,6 +105,8 @@ static int step(fb_sess_run *r, char **err) {
   return rc;
 }
 
+static char bench_backend[16]; /* of the first session that started */
+
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
 static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
                     char **err) {
@@ -113,6 +115,7 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
   o.out = devnull;
   fb_sess_run *r = NULL;
   int rc = fb_sess_start(f, &o, &r, err);
+  if (!rc && !bench_backend[0]) fb_sess_backend(r, bench_backend, sizeof bench_backend);
   fb_counters c0, c1, c2;
   if (!rc) rc = fb_sess_actions(r, "setup", err);
   if (!rc) rc = fb_sess_sync(r, err);
@@ -258,7 +261,7 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
   json_t *root = json_object(), *jc = json_array(), *geo = json_object();
   char host[256] = "";
   gethostname(host, sizeof host - 1);
-  json_object_set_new(root, "machine", json_pack("{s:s,s:s,s:i}", "backend", "cpu", "device", host,
+  json_object_set_new(root, "machine", json_pack("{s:s,s:s,s:i}", "backend", bench_backend[0] ? bench_backend : "?", "device", host,
                                                  "cores", (int)sysconf(_SC_NPROCESSORS_ONLN)));
   for (int c = 0; c < ncases; c++) {
     json_t *jm = json_object();
@@ -307,7 +310,8 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
 
 static void print_geomeans(FILE *o, case_result *cases, int ncases) {
   if (ncases < 2) return;
-  fprintf(o, "\ngeometric mean over %d cases of sync / mode (higher is better)\n", ncases);
+  fprintf(o, "\ngeometric mean over %d cases of sync / mode on the %s backend (higher is better)\n",
+          ncases, bench_backend[0] ? bench_backend : "?");
   fprintf(o, "  %-17s %8s %8s %8s %9s\n", "mode", "wall", "backend", "tasks", "tasks/st");
   for (int m = 1; m < NKNOWN; m++) {
     double g[4];

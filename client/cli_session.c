@@ -378,6 +378,13 @@ struct fb_sess_run {
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
 
+void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) {
+  fb_server_info info;
+  if (r->eng) snprintf(buf, n, "%s", fb_engine_backend(r->eng));
+  else if (r->cli && fb_client_info(r->cli, &info) == 0) snprintf(buf, n, "%s", info.backend);
+  else snprintf(buf, n, "?");
+}
+
 static const char *sess_errmsg(const fb_sess_run *r) {
   return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
 }

@@ -58,6 +58,8 @@ int fb_sess_actions(fb_sess_run *r, const char *list, char **err);
 int fb_sess_checks(fb_sess_run *r, char **err);
 /* The in-process session (NULL when the session runs on a server). */
 fb_session *fb_sess_session(fb_sess_run *r);
+/* The backend the run's session is on ("cpu", "cuda"; "?" if unknown). */
+void fb_sess_backend(fb_sess_run *r, char *buf, size_t n);
 /* Wait for everything launched; counters so far (either kind of session). */
 int fb_sess_sync(fb_sess_run *r, char **err);
 void fb_sess_counters(fb_sess_run *r, fb_counters *c);

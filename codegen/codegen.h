@@ -67,6 +67,35 @@ typedef struct fb_cg_task {
              * struct_for or listgen), -1 if serial */
 } fb_cg_task;
 
+/* ---------------------------------------------------------------- code cache
+ * Compiled code of every back end, keyed by the task's IR (structural hash
+ * of the kernel and its layout, confirmed by structural equality on a
+ * clone the cache owns). Thread-safe. */
+
+typedef struct fb_code_cache fb_code_cache;
+typedef struct fb_code_key {
+  uint64_t key;
+  int loop_pos;
+} fb_code_key;
+typedef struct fb_code_val { /* what a back end keeps per task */
+  void *a, *b;
+  int64_t n;
+  int i;
+} fb_code_val;
+
+fb_code_cache *fb_code_cache_new(void); /* NULL: out of memory */
+/* drop (may be NULL) is called on every value. */
+void fb_code_cache_free(fb_code_cache *c, void (*drop)(void *user, fb_code_val *v), void *user);
+fb_code_key fb_code_cache_key(const fb_cg_task *t);
+/* 1 and *out when ir is cached, else 0. */
+int fb_code_cache_get(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir,
+                      fb_code_val *out);
+/* Insert val for ir. *kept: the value now cached for ir: val, or (return
+ * 1) what another thread put there first, in which case the caller drops
+ * val. When the cache cannot allocate, val is returned uncached (0). */
+int fb_code_cache_put(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir,
+                      const fb_code_val *val, fb_code_val *kept);
+
 /* ---------------------------------------------------------------- CPU */
 
 typedef struct fb_cpu_jit fb_cpu_jit;
@@ -77,6 +106,8 @@ typedef struct fb_cpu_code {
   int stmts_emitted;        /* IR statements lowered to LLVM IR */
   int cache_hit;            /* 1 when found in the code cache */
   double compile_s;         /* 0 on a cache hit */
+  void *gpu;                /* CUDA back end: its compiled task (runtime/cuda.c);
+                             * body and bounds are then NULL */
 } fb_cpu_code;
 
 /* One JIT per engine; fb_cpu_jit_compile is safe to call from several
@@ -109,11 +140,27 @@ int fb_cg_cell_desc(const fb_layout *l, int s, fb_rt_cell *d, char *err, size_t 
 
 /* ---------------------------------------------------------------- NVPTX */
 
-/* PTX text for the task, for the given SM (e.g. "sm_80"). Entry points are
- * named fb_body and fb_bounds (.entry, taking a pointer to fb_rt_ctx and,
- * for fb_body, lo and hi; fb_body is a grid-stride loop over [lo, hi)).
+/* PTX text for the task, for the given SM (e.g. "sm_80"). Entry points:
+ *   FB_GPU_ENTRY (.entry fb_body): the launch kernel, a grid-stride loop
+ *     over [lo, hi) clamped to the task's iteration count (which every
+ *     thread computes, so the host passes lo = 0, hi = INT64_MAX without
+ *     knowing it); a serial task runs in thread 0. Parameters, 64 bits each:
+ *     root, rets, gtmp, error, seed, launch, runtime (the fb_rt_ctx fields
+ *     but args), lo, hi, then one slot per kernel parameter (fb_slot_pack).
+ *   fb_bounds (parallel tasks): takes a pointer to fb_rt_ctx and the count's
+ *     address, like the CPU's bounds function.
  * *ptx is malloc'd. */
+#define FB_GPU_ENTRY "fb_body"
+#define FB_GPU_FIXED_PARAMS 9
+
+/* Iterations of the task's parallel loop when they are known without
+ * running it (a dense struct_for, a par_for over constants), else -1 (and
+ * for serial tasks): what a GPU launch sizes its grid by. */
+int64_t fb_cg_static_count(const fb_cg_task *t);
 int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size_t errlen);
+/* The same, also giving the IR statements lowered (may be NULL). */
+int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, char *err,
+                   size_t errlen);
 
 /* LLVM IR text of the task module for a target ("x86_64" or "nvptx64"),
  * before optimization: for `fusebox ir --llvm` and for debugging. */

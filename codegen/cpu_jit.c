@@ -3,16 +3,9 @@
  *
  * Threads: every compile builds, optimises and emits its object with its own
  * LLVMContext and TargetMachine, so compiles run in parallel; only the JIT's
- * shared bits (symbol naming, adding the object, symbol lookup) and the cache
- * table are serialised, each by its own mutex.
- *
- * Cache: key = mix(fb_kernel_hash(ir), position of the loop in block 0);
- * fb_kernel_hash already folds in fb_layout_hash of the kernel's layout (and
- * fb_kernel_equal compares layouts), so the layout is part of the key without
- * hashing it twice on the hit path. A key match is confirmed with
- * fb_kernel_equal on a clone the cache owns (cloned onto the cache's own copy
- * of the layout, so callers may free theirs). Compiled code lives as long as
- * the JIT. */
+ * shared bits (symbol naming, adding the object, symbol lookup) are
+ * serialised by a mutex. Compiled code is kept in the code cache (cache.c)
+ * and lives as long as the JIT. */
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
@@ -25,25 +18,13 @@
 
 #include "cg_internal.h"
 
-typedef struct cache_entry {
-  uint64_t key;
-  int loop_pos;
-  fb_layout *layout; /* owned copy */
-  fb_kernel *ir;     /* owned clone, on layout */
-  fb_task_body_fn body;
-  fb_task_bounds_fn bounds;
-  struct cache_entry *next;
-} cache_entry;
-
 struct fb_cpu_jit {
   LLVMOrcLLJITRef jit;
   LLVMOrcJITDylibRef jd;
   char *triple, *cpu, *features, *layout;
   pthread_mutex_t jit_mu; /* naming, object add, lookup */
   uint64_t next_id;
-  pthread_mutex_t cache_mu;
-  cache_entry **buckets;
-  size_t nbuckets, nentries;
+  fb_code_cache *cache; /* body and bounds in val.a and val.b */
 };
 
 static double now_s(void) {
@@ -129,10 +110,8 @@ fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {
     return NULL;
   }
   pthread_mutex_init(&j->jit_mu, NULL);
-  pthread_mutex_init(&j->cache_mu, NULL);
-  j->nbuckets = 256;
-  j->buckets = calloc(j->nbuckets, sizeof *j->buckets);
-  if (!j->buckets || fb_cg_host_info(&j->triple, &j->cpu, &j->features)) {
+  j->cache = fb_code_cache_new();
+  if (!j->cache || fb_cg_host_info(&j->triple, &j->cpu, &j->features)) {
     fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
     fb_cpu_jit_free(j);
     return NULL;
@@ -146,15 +125,7 @@ fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {
 
 void fb_cpu_jit_free(fb_cpu_jit *j) {
   if (!j) return;
-  for (size_t b = 0; j->buckets && b < j->nbuckets; b++) {
-    for (cache_entry *c = j->buckets[b], *n; c; c = n) {
-      n = c->next;
-      fb_kernel_free(c->ir);
-      fb_layout_free(c->layout);
-      free(c);
-    }
-  }
-  free(j->buckets);
+  fb_code_cache_free(j->cache, NULL, NULL);
   if (j->jit) {
     LLVMErrorRef e = LLVMOrcDisposeLLJIT(j->jit);
     if (e) LLVMConsumeError(e);
@@ -164,77 +135,7 @@ void fb_cpu_jit_free(fb_cpu_jit *j) {
   free(j->features);
   free(j->layout);
   pthread_mutex_destroy(&j->jit_mu);
-  pthread_mutex_destroy(&j->cache_mu);
   free(j);
-}
-
-/* ---------------------------------------------------------------- cache */
-
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-/* Position of the loop statement in block 0 (-1 for a serial task). */
-static int loop_position(const fb_cg_task *t) {
-  if (t->loop < 0 || !t->ir || t->ir->nblocks < 1) return -1;
-  const fb_block *b0 = &t->ir->blocks[0];
-  for (int i = 0; i < b0->n; i++)
-    if (b0->ids[i] == t->loop) return i;
-  return -2; /* not top-level: the compile will refuse it */
-}
-
-static cache_entry *cache_find(fb_cpu_jit *j, uint64_t key, int pos, const fb_kernel *k) {
-  for (cache_entry *c = j->buckets[key % j->nbuckets]; c; c = c->next)
-    if (c->key == key && c->loop_pos == pos && fb_kernel_equal(c->ir, k))
-      return c;
-  return NULL;
-}
-
-static void cache_grow(fb_cpu_jit *j) {
-  size_t nb = j->nbuckets * 2;
-  cache_entry **v = calloc(nb, sizeof *v);
-  if (!v) return; /* keep the longer chains */
-  for (size_t b = 0; b < j->nbuckets; b++) {
-    for (cache_entry *c = j->buckets[b], *n; c; c = n) {
-      n = c->next;
-      c->next = v[c->key % nb];
-      v[c->key % nb] = c;
-    }
-  }
-  free(j->buckets);
-  j->buckets = v;
-  j->nbuckets = nb;
-}
-
-/* Remember compiled code (best effort: on allocation failure the code is
- * simply not cached). */
-static void cache_insert(fb_cpu_jit *j, uint64_t key, int pos, const fb_kernel *k,
-                         fb_task_body_fn body, fb_task_bounds_fn bounds) {
-  cache_entry *c = calloc(1, sizeof *c);
-  fb_layout *l = c ? fb_layout_clone(k->layout) : NULL;
-  fb_kernel *ir = l ? fb_kernel_clone_to(k, l) : NULL;
-  if (!ir) {
-    fb_layout_free(l);
-    free(c);
-    return;
-  }
-  *c = (cache_entry){key, pos, l, ir, body, bounds, NULL};
-  pthread_mutex_lock(&j->cache_mu);
-  if (cache_find(j, key, pos, k)) { /* another thread got there first */
-    pthread_mutex_unlock(&j->cache_mu);
-    fb_kernel_free(ir);
-    fb_layout_free(l);
-    free(c);
-    return;
-  }
-  if (j->nentries >= j->nbuckets) cache_grow(j);
-  c->next = j->buckets[key % j->nbuckets];
-  j->buckets[key % j->nbuckets] = c;
-  j->nentries++;
-  pthread_mutex_unlock(&j->cache_mu);
 }
 
 /* ---------------------------------------------------------------- compile */
@@ -293,18 +194,14 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     return fb_cg_fail(err, errlen, FB_EINVAL, "fb_cpu_jit_compile: missing JIT, task or output");
   memset(out, 0, sizeof *out);
   double t0 = now_s();
-  const fb_kernel *k = t->ir;
-  int pos = loop_position(t);
-  uint64_t key = mix64(fb_kernel_hash(k) ^ mix64((uint64_t)(int64_t)pos));
-  pthread_mutex_lock(&j->cache_mu);
-  cache_entry *hit = cache_find(j, key, pos, k);
-  if (hit) {
-    out->body = hit->body;
-    out->bounds = hit->bounds;
+  fb_code_key key = fb_code_cache_key(t);
+  fb_code_val hit;
+  if (fb_code_cache_get(j->cache, &key, t->ir, &hit)) {
+    memcpy(&out->body, &hit.a, sizeof out->body);
+    memcpy(&out->bounds, &hit.b, sizeof out->bounds);
     out->cache_hit = 1;
+    return 0;
   }
-  pthread_mutex_unlock(&j->cache_mu);
-  if (hit) return 0;
 
   char body_name[48], bounds_name[48];
   pthread_mutex_lock(&j->jit_mu);
@@ -320,7 +217,10 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     memset(out, 0, sizeof *out);
     return rc;
   }
-  cache_insert(j, key, pos, k, out->body, out->bounds);
+  fb_code_val v = {0}, kept;
+  memcpy(&v.a, &out->body, sizeof out->body);
+  memcpy(&v.b, &out->bounds, sizeof out->bounds);
+  fb_code_cache_put(j->cache, &key, t->ir, &v, &kept); /* JIT code is never freed */
   out->compile_s = now_s() - t0;
   return 0;
 }

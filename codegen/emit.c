@@ -737,7 +737,9 @@ static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned
   memset(e->done, 0, n);
   e->nloops = 0;
   e->c_root = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
-  e->c_args = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr));
+  /* args stay generic: on NVPTX the launch entry keeps them in registers
+   * (fb_gpu_entry), elsewhere they are host or global memory */
+  e->c_args = fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr);
   e->c_rets = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_RETS, e->t_ptr));
   e->c_gtmp = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_GTMP, e->t_ptr));
   e->c_error = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ERROR, e->t_ptr));
@@ -949,6 +951,69 @@ static void add_kernel_annotation(fb_emit *e, const char *name) {
                               LLVMMetadataAsValue(e->c, LLVMMDNodeInContext2(e->c, md, 3)));
 }
 
+/* NVPTX: the kernel the runtime launches, FB_GPU_ENTRY(root, rets, gtmp,
+ * error, seed, launch, runtime, lo, hi, arg 0, ..., arg n-1), every
+ * parameter 64 bits. It builds the task's context in local memory and calls
+ * the body (internal, so it is inlined and the context and the argument
+ * slots become registers): a launch needs no context in device memory and
+ * no copy before it, cuLaunchKernel carries everything. */
+static void emit_gpu_entry(fb_emit *e) {
+  LLVMValueRef body = LLVMGetNamedFunction(e->m, e->o->body_name);
+  if (!body) return;
+  LLVMSetLinkage(body, LLVMInternalLinkage);
+  unsigned np = FB_GPU_FIXED_PARAMS + (unsigned)e->k->nparams;
+  LLVMTypeRef *pt = malloc(sizeof *pt * np);
+  if (!pt) {
+    fb_emit_error(e, FB_ENOMEM, "out of memory");
+    return;
+  }
+  for (unsigned i = 0; i < np; i++) pt[i] = e->t_i64;
+  LLVMValueRef fn = LLVMAddFunction(e->m, FB_GPU_ENTRY, LLVMFunctionType(e->t_void, pt, np, 0));
+  free(pt);
+  LLVMBuilderRef b = e->b;
+  LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(e->c, fn, "entry"));
+  unsigned na = e->k->nparams ? (unsigned)e->k->nparams : 1;
+  LLVMValueRef args = LLVMBuildAlloca(b, LLVMArrayType2(e->t_i64, na), "args");
+  for (int i = 0; i < e->k->nparams; i++) {
+    LLVMValueRef idx = fb_emit_i64(e, i);
+    LLVMValueRef slot = LLVMBuildGEP2(b, e->t_i64, args, &idx, 1, "");
+    LLVMBuildStore(b, LLVMGetParam(fn, FB_GPU_FIXED_PARAMS + (unsigned)i), slot);
+  }
+  LLVMValueRef ctx = LLVMBuildAlloca(b, LLVMArrayType2(e->t_i64, 8), "ctx");
+  /* context field <- entry parameter (-1: the argument slots) */
+  static const struct { int field, param, ptr; } map[] = {
+      {FB_CTX_ROOT, 0, 1},  {FB_CTX_ARGS, -1, 1},  {FB_CTX_RETS, 1, 1},   {FB_CTX_GTMP, 2, 1},
+      {FB_CTX_ERROR, 3, 1}, {FB_CTX_SEED, 4, 0},   {FB_CTX_LAUNCH, 5, 0}, {FB_CTX_RUNTIME, 6, 1}};
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+    LLVMValueRef idx = fb_emit_i64(e, map[i].field);
+    LLVMValueRef slot = LLVMBuildGEP2(b, e->t_i64, ctx, &idx, 1, "");
+    LLVMValueRef v = map[i].param < 0 ? args : LLVMGetParam(fn, (unsigned)map[i].param);
+    if (map[i].ptr && map[i].param >= 0) v = LLVMBuildIntToPtr(b, v, e->t_ptr, "");
+    LLVMBuildStore(b, v, slot);
+  }
+  LLVMValueRef call[3] = {ctx, LLVMGetParam(fn, 7), LLVMGetParam(fn, 8)};
+  LLVMBuildCall2(b, LLVMGlobalGetValueType(body), body, call, 3, "");
+  LLVMBuildRetVoid(b);
+}
+
+int64_t fb_cg_static_count(const fb_cg_task *t) {
+  if (!t || !t->ir || t->loop < 0 || t->loop >= t->ir->nstmts) return -1;
+  const fb_kernel *k = t->ir;
+  const fb_stmt *s = &k->stmts[t->loop];
+  if (s->op == FB_OP_STRUCT_FOR) {
+    const fb_snode *sn = &k->layout->nodes[s->snode];
+    if (fb_cg_sparse_leaf(k->layout, sn->kind == FB_SN_PLACE ? sn->parent : sn->id)) return -1;
+    int64_t n = 1;
+    for (int d = 0; d < sn->ndim; d++) n *= sn->shape[sn->dim_axis[d]];
+    return n;
+  }
+  if (s->op != FB_OP_PAR_FOR || s->nargs < 2) return -1;
+  const fb_stmt *b = &k->stmts[s->args[0]], *en = &k->stmts[s->args[1]];
+  if (b->op != FB_OP_CONST || en->op != FB_OP_CONST) return -1;
+  int64_t n = (int64_t)en->imm.i - (int64_t)b->imm.i;
+  return n > 0 ? n : 0;
+}
+
 static void emit_init(fb_emit *e, LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
                       char *err, size_t errlen) {
   memset(e, 0, sizeof *e);
@@ -1012,7 +1077,8 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
   if (!e.rc) emit_body_fn(&e, t, loop_pos);
   if (!e.rc && t->loop >= 0) emit_bounds_fn(&e, t, loop_pos);
   if (!e.rc && o->target == FB_CG_NVPTX) {
-    add_kernel_annotation(&e, o->body_name);
+    emit_gpu_entry(&e);
+    add_kernel_annotation(&e, FB_GPU_ENTRY);
     if (t->loop >= 0) add_kernel_annotation(&e, o->bounds_name);
   }
   LLVMDisposeBuilder(e.b);

@@ -34,7 +34,7 @@ static int uses_libdevice(LLVMModuleRef m) {
 }
 
 static int is_entry(const char *name) {
-  return strcmp(name, "fb_body") == 0 || strcmp(name, "fb_bounds") == 0;
+  return strcmp(name, FB_GPU_ENTRY) == 0 || strcmp(name, "fb_bounds") == 0;
 }
 
 /* Everything but the entry points becomes internal: unused libdevice
@@ -95,6 +95,11 @@ static int emit_text(LLVMTargetMachineRef tm, LLVMModuleRef m, char **out, char 
 }
 
 int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size_t errlen) {
+  return fb_ptx_compile(t, sm, ptx, NULL, err, errlen);
+}
+
+int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, char *err,
+                   size_t errlen) {
   if (!t || !ptx) return fb_cg_fail(err, errlen, FB_EINVAL, "fb_ptx_emit: missing task or output");
   *ptx = NULL;
   LLVMTargetMachineRef tm;
@@ -105,9 +110,9 @@ int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size
   char *layout = fb_cg_tm_layout(tm);
   LLVMContextRef c = LLVMContextCreate();
   LLVMModuleRef m = NULL;
-  fb_cg_options o = {FB_CG_NVPTX, "fb_body", "fb_bounds", have_lib};
+  fb_cg_options o = {FB_CG_NVPTX, "fb_task", "fb_bounds", have_lib};
   rc = layout ? 0 : fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
-  if (!rc) rc = fb_cg_build(c, t, &o, "nvptx64-nvidia-cuda", layout, &m, NULL, err, errlen);
+  if (!rc) rc = fb_cg_build(c, t, &o, "nvptx64-nvidia-cuda", layout, &m, stmts, err, errlen);
   if (!rc) rc = fb_cg_verify(m, err, errlen);
   if (!rc) rc = fb_cg_link_rt(c, m, FB_CG_NVPTX, err, errlen);
   if (!rc && have_lib && uses_libdevice(m)) rc = link_libdevice(c, m, path, err, errlen);
@@ -138,7 +143,7 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   }
   char *triple = LLVMGetTargetMachineTriple(tm);
   char *layout = fb_cg_tm_layout(tm);
-  fb_cg_options o = {gpu ? FB_CG_NVPTX : FB_CG_CPU, "fb_body", "fb_bounds",
+  fb_cg_options o = {gpu ? FB_CG_NVPTX : FB_CG_CPU, gpu ? "fb_task" : "fb_body", "fb_bounds",
                      gpu && libdevice_path(path, sizeof path)};
   LLVMContextRef c = LLVMContextCreate();
   LLVMModuleRef m = NULL;

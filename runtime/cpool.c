@@ -18,7 +18,8 @@
 enum { JOB_QUEUED = 1, JOB_RUNNING, JOB_DONE };
 
 struct fb_cpool {
-  fb_cpu_jit *jit;
+  fb_compile_fn compile;
+  void *user;
   pthread_mutex_t mu;
   pthread_cond_t work_cv; /* threads: a job was queued, or stop */
   pthread_cond_t done_cv; /* waiters: a job is done */
@@ -36,8 +37,8 @@ typedef struct thread_arg {
 static void compile_job(fb_cpool *p, fb_cjob *j, int tid) {
   double t0 = fb_trace_clock();
   j->msg[0] = 0;
-  j->rc = fb_cpu_jit_compile(p->jit, &j->task, &j->code, j->msg, sizeof j->msg);
-  if (!j->rc && (!j->code.body || (j->task.loop >= 0 && !j->code.bounds))) {
+  j->rc = p->compile(p->user, &j->task, &j->code, j->msg, sizeof j->msg);
+  if (!j->rc && !j->code.gpu && (!j->code.body || (j->task.loop >= 0 && !j->code.bounds))) {
     j->rc = FB_EINTERNAL;
     snprintf(j->msg, sizeof j->msg, "the JIT returned no entry point");
   }
@@ -115,10 +116,20 @@ static int start_threads(fb_cpool *p, char *err, size_t errlen) {
   return 0;
 }
 
+static int jit_compile(void *jit, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                       size_t errlen) {
+  return fb_cpu_jit_compile(jit, t, out, err, errlen);
+}
+
 int fb_cpool_new(fb_cpu_jit *jit, int nthreads, fb_cpool **out, char *err, size_t errlen) {
+  return fb_cpool_new_with(jit ? jit_compile : NULL, jit, nthreads, out, err, errlen);
+}
+
+int fb_cpool_new_with(fb_compile_fn fn, void *user, int nthreads, fb_cpool **out, char *err,
+                      size_t errlen) {
   *out = NULL;
-  if (!jit || nthreads < 0) {
-    if (err && errlen) snprintf(err, errlen, "compile pool: no JIT, or %d threads", nthreads);
+  if (!fn || nthreads < 0) {
+    if (err && errlen) snprintf(err, errlen, "compile pool: no compiler, or %d threads", nthreads);
     return FB_EINVAL;
   }
   fb_cpool *p = calloc(1, sizeof *p);
@@ -129,7 +140,8 @@ int fb_cpool_new(fb_cpu_jit *jit, int nthreads, fb_cpool **out, char *err, size_
     if (err && errlen) snprintf(err, errlen, "compile pool: out of memory");
     return FB_ENOMEM;
   }
-  p->jit = jit;
+  p->compile = fn;
+  p->user = user;
   p->nthreads = n;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->work_cv, NULL);

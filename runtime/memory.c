@@ -1,4 +1,5 @@
-/* Device memory of one session on the CPU: the root buffer that holds the
+/* Device memory of one session (host memory on the CPU, fb_memsys memory
+ * on other devices): the root buffer that holds the
  * layout's dense storage, the scratch buffer (gtmp) the tasks of a launch
  * share, and the kernel return slots. Root and scratch (and the sparse
  * storage that fb_sparse reports in `extra`) count against the session's
@@ -43,9 +44,26 @@ static void *alloc_zeroed(size_t bytes) {
   return p;
 }
 
+void *fb_devmem_alloc(const fb_devmem *m, size_t bytes) {
+  if (m->ms) return m->ms->alloc(m->ms->user, round_up(bytes ? bytes : 1));
+  return alloc_zeroed(bytes);
+}
+
+void fb_devmem_free(const fb_devmem *m, void *p, size_t bytes) {
+  if (!p) return;
+  if (m->ms) m->ms->free(m->ms->user, p, round_up(bytes ? bytes : 1));
+  else free(p);
+}
+
 int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
                    size_t errlen) {
+  return fb_devmem_init_on(m, NULL, root_bytes, limit, err, errlen);
+}
+
+int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, uint64_t limit,
+                      char *err, size_t errlen) {
   memset(m, 0, sizeof *m);
+  m->ms = ms;
   m->limit = limit;
   int rc = over_limit(m, root_bytes, 0, err, errlen);
   if (rc) return rc;
@@ -55,7 +73,9 @@ int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
     return FB_ENOMEM;
   }
   size_t want = round_up((size_t)root_bytes ? (size_t)root_bytes : 1);
-  if (want >= MMAP_MIN) {
+  if (ms) {
+    m->root = ms->alloc(ms->user, want);
+  } else if (want >= MMAP_MIN) {
     void *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     m->root = p == MAP_FAILED ? NULL : p;
     m->root_mapped = 1;
@@ -74,12 +94,13 @@ int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
 
 static int grow_rets(fb_devmem *m, int nrets, char *err, size_t errlen) {
   if (nrets <= m->nrets) return 0;
-  uint64_t *r = realloc(m->rets, sizeof(uint64_t) * (size_t)nrets);
+  uint64_t *r = fb_devmem_alloc(m, sizeof(uint64_t) * (size_t)nrets);
   if (!r) {
     fb_errf(err, errlen, "cannot allocate %d return slots", nrets);
     return FB_ENOMEM;
   }
-  memset(r + m->nrets, 0, sizeof(uint64_t) * (size_t)(nrets - m->nrets));
+  if (m->nrets) memcpy(r, m->rets, sizeof(uint64_t) * (size_t)m->nrets);
+  fb_devmem_free(m, m->rets, sizeof(uint64_t) * (size_t)m->nrets);
   m->rets = r;
   m->nrets = nrets;
   return 0;
@@ -89,13 +110,13 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
   if (gtmp_bytes > m->gtmp_bytes) {
     int rc = over_limit(m, m->root_bytes, gtmp_bytes, err, errlen);
     if (rc) return rc;
-    uint8_t *g = alloc_zeroed(gtmp_bytes);
+    uint8_t *g = fb_devmem_alloc(m, gtmp_bytes);
     if (!g) {
       fb_errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
       return FB_ENOMEM;
     }
     if (m->gtmp_bytes) memcpy(g, m->gtmp, m->gtmp_bytes); /* slots keep their values */
-    free(m->gtmp);
+    fb_devmem_free(m, m->gtmp, m->gtmp_bytes);
     m->gtmp = g;
     m->gtmp_bytes = gtmp_bytes;
   }
@@ -106,10 +127,11 @@ uint64_t fb_devmem_used(const fb_devmem *m) { return m->root_bytes + m->gtmp_byt
 
 void fb_devmem_release(fb_devmem *m) {
   if (m->root) {
-    if (m->root_mapped) munmap(m->root, m->root_alloc);
+    if (m->ms) m->ms->free(m->ms->user, m->root, m->root_alloc);
+    else if (m->root_mapped) munmap(m->root, m->root_alloc);
     else free(m->root);
   }
-  free(m->gtmp);
-  free(m->rets);
+  fb_devmem_free(m, m->gtmp, m->gtmp_bytes);
+  fb_devmem_free(m, m->rets, sizeof(uint64_t) * (size_t)m->nrets);
   memset(m, 0, sizeof *m);
 }

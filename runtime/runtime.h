@@ -69,7 +69,26 @@ int fb_cpu_cores(void);
 
 /* ---------------------------------------------------------------- memory */
 
+/* Where a session's device memory comes from. NULL (the CPU): host memory.
+ * The CUDA device supplies managed memory, which the device and the host
+ * reach at the same address, so the host code that reads fields, sizes
+ * lists and walks sparse cells is the same on both devices (the caller
+ * makes the device idle first). */
+typedef struct fb_memsys {
+  /* zeroed, 64-byte aligned; NULL when it cannot */
+  void *(*alloc)(void *user, size_t bytes);
+  void (*free)(void *user, void *p, size_t bytes);
+  /* address space for a sparse block pool (not zeroed: the device runtime
+   * then zeroes each block it takes from the pool, fb_rt_state.zero_fresh)
+   * and its release; pool_max bounds its size (0: no bound) */
+  void *(*reserve)(void *user, size_t bytes);
+  void (*unreserve)(void *user, void *p, size_t bytes);
+  uint64_t pool_max;
+  void *user;
+} fb_memsys;
+
 typedef struct fb_devmem {
+  const fb_memsys *ms;  /* NULL: host memory */
   uint8_t *root;        /* layout->root_bytes, zeroed, 64-byte aligned */
   uint64_t root_bytes;
   uint8_t *gtmp;        /* scratch shared by the tasks of one launch */
@@ -86,6 +105,12 @@ typedef struct fb_devmem {
  * asked and the limit) when root_bytes exceeds limit. */
 int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
                    size_t errlen);
+/* The same with memory from ms (NULL: host memory). */
+int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, uint64_t limit,
+                      char *err, size_t errlen);
+/* Zeroed, 64-byte aligned memory of the session's kind, and its release. */
+void *fb_devmem_alloc(const fb_devmem *m, size_t bytes);
+void fb_devmem_free(const fb_devmem *m, void *p, size_t bytes);
 /* Grow scratch to at least gtmp_bytes and the return slots to at least
  * nrets (never shrinks; what they hold is kept, new bytes are zero).
  * Scratch counts against the limit (FB_EQUOTA). */
@@ -132,6 +157,7 @@ uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);
 typedef struct fb_rt_task {
   fb_task_body_fn body;
   fb_task_bounds_fn bounds; /* NULL: serial task */
+  void *gpu;                /* CUDA: the compiled task (fb_cpu_code.gpu) */
 } fb_rt_task;
 
 /* What the launcher needs to know of a task beyond its code. */
@@ -157,6 +183,56 @@ int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int nt
 int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
                       const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
                       char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- CUDA device
+ * The GPU through the CUDA Driver API loaded at run time (cuda_drv.h): one
+ * primary context per process on device 0, a queue (stream) per session,
+ * tasks compiled to PTX and loaded as modules cached by IR, launched with
+ * cuLaunchKernel on grid-stride kernels whose grid is sized from the
+ * device's SM count, device time from events. Session memory is managed
+ * memory (fb_memsys), so host access works on it once the queue is idle.
+ *
+ * Faults: a driver error fails the call with FB_EDEVICE and a message that
+ * names it. A sticky error (the context is unusable) ends every queue of
+ * that context (their calls return FB_EDEVICE from then on) and marks the
+ * device unhealthy; once the last of those queues is freed the context is
+ * reset and made again, and the device is healthy. */
+
+typedef struct fb_cuda_device fb_cuda_device;
+typedef struct fb_cuda_queue fb_cuda_queue;
+
+/* Load the driver, take device 0 (FB_CUDA_DEVICE picks another) and its
+ * primary context. FB_EDEVICE with a message when there is no driver, no
+ * device, or the device cannot share managed memory with the host. */
+int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen);
+void fb_cuda_device_free(fb_cuda_device *d);
+/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB, driver 12.4)" */
+const char *fb_cuda_device_name(const fb_cuda_device *d);
+const char *fb_cuda_device_sm(const fb_cuda_device *d); /* "sm_90" */
+/* 1 when healthy; else 0 and why (may be NULL) says what failed. */
+int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len);
+/* Compile task t to a module of the device (cached by IR): out->gpu. The
+ * signature of a compile pool's compiler (user = the device). */
+int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                    size_t errlen);
+
+int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t errlen);
+/* Waits for the queue's work, then frees it. */
+void fb_cuda_queue_free(fb_cuda_queue *q);
+const fb_memsys *fb_cuda_queue_memsys(fb_cuda_queue *q);
+/* 0 while usable; FB_EDEVICE once a sticky error ended it (message). */
+int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen);
+/* A batch: begin, launch each task (queued, not waited for; a listgen
+ * task first waits for the queue and sizes its list, see fb_cpu_run_sparse),
+ * then finish, which waits for the batch and gives each launch's error
+ * slot (one per fb_cuda_launch, in order; 0 = none) and the device time.
+ * fb_cuda_launch returns its slot number (>= 0) or an FB_E* code: a list
+ * that cannot be sized (code of fb_sparse_prepare_list), or FB_EDEVICE. */
+int fb_cuda_begin(fb_cuda_queue *q, char *err, size_t errlen);
+int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
+                   const fb_rt_hint *hint, fb_sparse *sp, char *err, size_t errlen);
+int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds,
+                   char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- timeline
  * Chrome trace-event JSON (the format Perfetto and chrome://tracing open):
@@ -208,8 +284,15 @@ typedef struct fb_cjob {
   struct fb_cjob *prev, *next;
 } fb_cjob;
 
-/* nthreads: 0 = one per core. */
+/* What the pool compiles with: fb_cpu_jit_compile's shape. */
+typedef int (*fb_compile_fn)(void *user, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                             size_t errlen);
+
+/* nthreads: 0 = one per core. Compiles with jit, or (fb_cpool_new_with)
+ * with fn(user, ...). */
 int fb_cpool_new(fb_cpu_jit *jit, int nthreads, fb_cpool **out, char *err, size_t errlen);
+int fb_cpool_new_with(fb_compile_fn fn, void *user, int nthreads, fb_cpool **out, char *err,
+                      size_t errlen);
 /* Joins the threads; no job may be waiting. */
 void fb_cpool_free(fb_cpool *p);
 int fb_cpool_threads(const fb_cpool *p);

@@ -26,7 +26,7 @@ _Static_assert(sizeof(fb_rt_elem) == 24, "list elements are 24 bytes");
 struct fb_sparse {
   const fb_layout *l;
   fb_devmem *mem;
-  fb_rt_state st;
+  fb_rt_state *st;      /* in device memory (fb_devmem_alloc) */
   uint64_t *per_parent; /* per SNode: list elements one parent element may add */
   uint64_t *total;      /* per SNode: cells in its whole index space */
   size_t pool_reserved;
@@ -45,14 +45,24 @@ static size_t physical_memory(void) {
  * without one (MAP_NORESERVE: pages exist once they are touched, so many
  * sessions can hold reservations at once). */
 static int reserve_pool(fb_sparse *sp, char *err, size_t errlen) {
+  const fb_memsys *ms = sp->mem->ms;
   size_t want = sp->mem->limit ? (size_t)sp->mem->limit : physical_memory();
   if (want > POOL_MAX) want = POOL_MAX;
+  if (ms && ms->pool_max && want > ms->pool_max) want = (size_t)ms->pool_max;
   want = (want + 4095) / 4096 * 4096;
-  for (; want >= 4096; want /= 2) {
+  for (; ms && want >= 4096; want /= 2) {
+    if ((sp->st->pool = ms->reserve(ms->user, want))) {
+      sp->pool_reserved = want;
+      sp->st->zero_fresh = 1;
+      return 0;
+    }
+    if (sp->mem->limit || want <= POOL_MIN) break;
+  }
+  for (; !ms && want >= 4096; want /= 2) {
     void *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p != MAP_FAILED) {
-      sp->st.pool = p;
+      sp->st->pool = p;
       sp->pool_reserved = want;
       return 0;
     }
@@ -74,8 +84,8 @@ static int init_tables(fb_sparse *sp, char *err, size_t errlen) {
     const fb_snode *n = &l->nodes[i];
     uint64_t bb = fb_cg_block_bytes(l, i);
     if (bb) {
-      sp->st.allocs[i].block_bytes = bb;
-      sp->st.allocs[i].stride = (bb + 7) / 8 * 8 + 8;
+      sp->st->allocs[i].block_bytes = bb;
+      sp->st->allocs[i].stride = (bb + 7) / 8 * 8 + 8;
     }
     if (!fb_cg_is_sparse(n->kind)) continue;
     fb_rt_lg d;
@@ -93,20 +103,23 @@ int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err
   fb_sparse *sp = calloc(1, sizeof *sp);
   size_t n = (size_t)l->nnodes;
   if (sp) {
-    sp->st.allocs = calloc(n, sizeof *sp->st.allocs);
-    sp->st.lists = calloc(n, sizeof *sp->st.lists);
+    sp->mem = mem;
+    sp->st = fb_devmem_alloc(mem, sizeof *sp->st);
+  }
+  if (sp && sp->st) {
+    sp->st->allocs = fb_devmem_alloc(mem, n * sizeof *sp->st->allocs);
+    sp->st->lists = fb_devmem_alloc(mem, n * sizeof *sp->st->lists);
     sp->per_parent = calloc(n, sizeof *sp->per_parent);
     sp->total = calloc(n, sizeof *sp->total);
   }
-  if (!sp || !sp->st.allocs || !sp->st.lists || !sp->per_parent || !sp->total) {
+  if (!sp || !sp->st || !sp->st->allocs || !sp->st->lists || !sp->per_parent || !sp->total) {
     fb_sparse_free(sp);
     fb_errf(err, errlen, "sparse runtime: out of memory");
     return FB_ENOMEM;
   }
   sp->l = l;
-  sp->mem = mem;
-  sp->st.nnodes = n;
-  sp->st.oom_snode = -1;
+  sp->st->nnodes = n;
+  sp->st->oom_snode = -1;
   int rc = init_tables(sp, err, errlen);
   if (!rc && has_allocating(l)) rc = reserve_pool(sp, err, errlen);
   if (rc) {
@@ -120,25 +133,34 @@ int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err
 
 void fb_sparse_free(fb_sparse *sp) {
   if (!sp) return;
-  if (sp->st.pool) munmap(sp->st.pool, sp->pool_reserved);
-  if (sp->st.lists)
-    for (uint64_t i = 0; i < sp->st.nnodes; i++) free(sp->st.lists[i].elems);
-  free(sp->st.allocs);
-  free(sp->st.lists);
+  const fb_memsys *ms = sp->mem ? sp->mem->ms : NULL;
+  fb_rt_state *st = sp->st;
+  if (st && st->pool) {
+    if (ms) ms->unreserve(ms->user, st->pool, sp->pool_reserved);
+    else munmap(st->pool, sp->pool_reserved);
+  }
+  if (st && st->lists)
+    for (uint64_t i = 0; i < st->nnodes; i++)
+      fb_devmem_free(sp->mem, st->lists[i].elems, st->lists[i].cap * sizeof(fb_rt_elem));
+  if (st) {
+    fb_devmem_free(sp->mem, st->allocs, st->nnodes * sizeof *st->allocs);
+    fb_devmem_free(sp->mem, st->lists, st->nnodes * sizeof *st->lists);
+    fb_devmem_free(sp->mem, st, sizeof *st);
+  }
   free(sp->per_parent);
   free(sp->total);
   free(sp);
 }
 
-fb_rt_state *fb_sparse_state(fb_sparse *sp) { return &sp->st; }
+fb_rt_state *fb_sparse_state(fb_sparse *sp) { return sp->st; }
 
 uint64_t fb_sparse_pool_used(const fb_sparse *sp) {
-  return __atomic_load_n(&sp->st.pool_used, __ATOMIC_RELAXED);
+  return __atomic_load_n(&sp->st->pool_used, __ATOMIC_RELAXED);
 }
 
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode) {
-  if (snode < 0 || (uint64_t)snode >= sp->st.nnodes) return 0;
-  return __atomic_load_n(&sp->st.allocs[snode].live, __ATOMIC_RELAXED);
+  if (snode < 0 || (uint64_t)snode >= sp->st->nnodes) return 0;
+  return __atomic_load_n(&sp->st->allocs[snode].live, __ATOMIC_RELAXED);
 }
 
 /* Everything but the pool: root, scratch and lists. */
@@ -155,7 +177,7 @@ void fb_sparse_begin(fb_sparse *sp) {
     uint64_t left = sp->mem->limit > o ? sp->mem->limit - o : 0;
     if (left < cap) cap = left;
   }
-  sp->st.pool_cap = cap;
+  sp->st->pool_cap = cap;
   fb_sparse_end(sp);
 }
 
@@ -166,11 +188,11 @@ static const char *label(const fb_snode *n, char *buf, size_t len) {
 }
 
 int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
-  fb_rt_list *list = &sp->st.lists[snode];
+  fb_rt_list *list = &sp->st->lists[snode];
   int parent = fb_cg_sparse_parent(sp->l, snode);
   uint64_t np = 1;
   if (parent) {
-    const fb_rt_list *pl = &sp->st.lists[parent];
+    const fb_rt_list *pl = &sp->st->lists[parent];
     np = pl->count < pl->cap ? pl->count : pl->cap;
   }
   uint64_t need = np * sp->per_parent[snode];
@@ -189,13 +211,13 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
          (unsigned long long)bytes, (unsigned long long)sp->mem->limit);
     return FB_EQUOTA;
   }
-  void *p = NULL;
-  if (posix_memalign(&p, 64, (size_t)bytes)) {
+  void *p = fb_devmem_alloc(sp->mem, (size_t)bytes);
+  if (!p) {
     fb_errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
          (unsigned long long)bytes, label(n, name, sizeof name));
     return FB_ENOMEM;
   }
-  free(list->elems);
+  fb_devmem_free(sp->mem, list->elems, (size_t)old);
   list->elems = p;
   list->cap = cap;
   sp->list_bytes = sp->list_bytes - old + bytes;
@@ -204,10 +226,10 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
 }
 
 int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes) {
-  int64_t s = __atomic_exchange_n(&sp->st.oom_snode, -1, __ATOMIC_RELAXED);
+  int64_t s = __atomic_exchange_n(&sp->st->oom_snode, -1, __ATOMIC_RELAXED);
   if (s < 0) return 0;
   *snode = (int)s;
-  *bytes = sp->st.oom_bytes;
+  *bytes = sp->st->oom_bytes;
   return 1;
 }
 
@@ -252,7 +274,7 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
   int n = fb_layout_path(l, place, path, 64);
   if (n < 0) return NULL;
   int32_t error = 0;
-  fb_rt_dctx ctx = {root, NULL, NULL, NULL, &error, 0, 0, &sp->st};
+  fb_rt_dctx ctx = {root, NULL, NULL, NULL, &error, 0, 0, sp->st};
   uint8_t *base = root;
   for (int i = 0; i < n && base; i++) {
     const fb_snode *c = &l->nodes[path[i]];

@@ -57,6 +57,7 @@
 struct fb_engine {
   fb_cpu_jit *jit;
   fb_cpu_device *dev;
+  fb_cuda_device *gpu;  /* the CUDA backend: sessions run there */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
@@ -145,6 +146,7 @@ struct fb_session {
   uint64_t launch_no;      /* launches so far: rand()'s launch number */
   fb_devmem mem;
   fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
+  fb_cuda_queue *q;        /* CUDA backend: the session's stream */
   sess_kernel *kernels;
   int nkernels, cap;
   uint64_t *args;          /* argument slots, nargs_cap of them */
@@ -186,11 +188,7 @@ static void set_err(char *err, size_t errlen, const char *msg) {
 int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen) {
   *out = NULL;
   const char *be = cfg && cfg->backend ? cfg->backend : "cpu";
-  if (strcmp(be, "cuda") == 0) {
-    set_err(err, errlen, "CUDA backend not available in this build (no GPU driver support yet)");
-    return FB_EUNSUPPORTED;
-  }
-  if (strcmp(be, "cpu") != 0 && strcmp(be, "auto") != 0) {
+  if (strcmp(be, "cpu") != 0 && strcmp(be, "auto") != 0 && strcmp(be, "cuda") != 0) {
     if (err && errlen) snprintf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
     return FB_EINVAL;
   }
@@ -204,13 +202,24 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     set_err(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
+  if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
+    char why[512];
+    int rc = fb_cuda_device_new(&e->gpu, why, sizeof why);
+    if (rc && strcmp(be, "cuda") == 0) {
+      set_err(err, errlen, why);
+      free(e);
+      return rc;
+    }
+  }
   int rc = fb_cpu_device_new(threads, &e->dev, err, errlen);
   if (rc) {
+    fb_cuda_device_free(e->gpu);
     free(e);
     return rc;
   }
   e->jit = fb_cpu_jit_new(err, errlen);
   if (!e->jit) {
+    fb_cuda_device_free(e->gpu);
     fb_cpu_device_free(e->dev);
     free(e);
     return FB_EDEVICE;
@@ -225,7 +234,10 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
   pthread_mutex_lock(&e->mu);
-  int rc = e->cpool ? 0 : fb_cpool_new(e->jit, e->compile_threads, &e->cpool, err, errlen);
+  int rc = e->cpool ? 0
+           : e->gpu ? fb_cpool_new_with(fb_cuda_compile, e->gpu, e->compile_threads, &e->cpool,
+                                        err, errlen)
+                    : fb_cpool_new(e->jit, e->compile_threads, &e->cpool, err, errlen);
   pthread_mutex_unlock(&e->mu);
   return rc;
 }
@@ -235,11 +247,24 @@ void fb_engine_destroy(fb_engine *e) {
   fb_cpool_free(e->cpool);
   fb_cpu_jit_free(e->jit);
   fb_cpu_device_free(e->dev);
+  fb_cuda_device_free(e->gpu);
   pthread_mutex_destroy(&e->mu);
   free(e);
 }
 
-const char *fb_engine_backend(const fb_engine *e) { return "cpu"; }
+const char *fb_engine_backend(const fb_engine *e) { return e && e->gpu ? "cuda" : "cpu"; }
+
+const char *fb_engine_device(const fb_engine *e) {
+  static char cpu[64];
+  if (e && e->gpu) return fb_cuda_device_name(e->gpu);
+  snprintf(cpu, sizeof cpu, "CPU (%d threads)", e ? fb_pool_threads(e->dev->pool) : 0);
+  return cpu;
+}
+
+int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
+  if (why && len) why[0] = 0;
+  return !e || !e->gpu || fb_cuda_device_healthy(e->gpu, why, len);
+}
 
 
 /* ---------------------------------------------------------------- sessions */
@@ -338,8 +363,10 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   pthread_mutex_lock(&e->mu);
   s->pid = e->next_pid++;
   pthread_mutex_unlock(&e->mu);
-  int rc = fb_devmem_init(&s->mem, s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg,
-                          sizeof msg);
+  int rc = e->gpu ? fb_cuda_queue_new(e->gpu, &s->q, msg, sizeof msg) : 0;
+  if (!rc)
+    rc = fb_devmem_init_on(&s->mem, s->q ? fb_cuda_queue_memsys(s->q) : NULL,
+                           s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg, sizeof msg);
   if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
   if (!rc && layout_is_sparse(s->layout))
     rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
@@ -393,6 +420,7 @@ void fb_session_destroy(fb_session *s) {
   }
   fb_sparse_free(s->sparse);
   fb_devmem_release(&s->mem);
+  fb_cuda_queue_free(s->q); /* after the memory it supplied */
   fb_layout_free(s->layout);
   pthread_mutex_destroy(&s->cmu);
   free(s);
@@ -500,19 +528,21 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   memset(&code, 0, sizeof code);
   msg[0] = 0;
   double t0 = s->trace ? fb_trace_clock() : 0;
-  int rc = fb_cpu_jit_compile(s->e->jit, &cg, &code, msg, sizeof msg);
+  int rc = s->e->gpu ? fb_cuda_compile(s->e->gpu, &cg, &code, msg, sizeof msg)
+                     : fb_cpu_jit_compile(s->e->jit, &cg, &code, msg, sizeof msg);
   if (s->trace) {
     char name[160];
     snprintf(name, sizeof name, "compile %s", task->ir->name);
     fb_trace_span(s->trace, FB_TRACK_CLIENT, "compile", name, t0, fb_trace_clock(),
                   code.cache_hit ? "{\"cache_hit\":1}" : "{\"cache_hit\":0}");
   }
-  if (!rc && (!code.body || (task->loop >= 0 && !code.bounds))) rc = FB_EINTERNAL;
+  if (!rc && !code.gpu && (!code.body || (task->loop >= 0 && !code.bounds))) rc = FB_EINTERNAL;
   if (rc)
     return fail(s, rc < 0 ? rc : FB_ECOMPILE, "kernel '%s': compiling task %d (%s) failed: %s",
                 sk->k->name, t, task->ir->name, msg[0] ? msg : fb_strerror(rc));
   sk->code[t].body = code.body;
   sk->code[t].bounds = task->loop >= 0 ? code.bounds : NULL;
+  sk->code[t].gpu = code.gpu;
   sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
   sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
   sk->irs[t] = task->ir;
@@ -727,6 +757,35 @@ static void trace_launch(fb_session *s, const sess_kernel *sk, double t0) {
 
 static int async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret);
 
+/* CUDA: the session's queue has failed (a sticky error) */
+static int gpu_dead(fb_session *s) {
+  char msg[ERRLEN];
+  if (!s->q || !fb_cuda_queue_alive(s->q, msg, sizeof msg)) return 0;
+  return fail(s, FB_EDEVICE, "%s", msg);
+}
+
+/* Sync mode on the GPU: the launch's tasks as one batch, waited for; the
+ * first task whose error slot is set (or that could not be queued). */
+static int gpu_run(fb_session *s, const fb_rt_ctx *ctx, const sess_kernel *sk, double *secs,
+                   int *failed, char *msg, size_t len) {
+  int rc = fb_cuda_begin(s->q, msg, len);
+  for (int i = 0; !rc && i < sk->tl.n; i++) {
+    int slot = fb_cuda_launch(s->q, ctx, &sk->code[i], &sk->hints[i], s->sparse, msg, len);
+    if (slot < 0) rc = slot, *failed = i;
+  }
+  const int32_t *errs = NULL;
+  int n = 0;
+  char fmsg[ERRLEN];
+  int frc = fb_cuda_finish(s->q, &errs, &n, secs, fmsg, sizeof fmsg);
+  if (frc && (!rc || frc == FB_EDEVICE)) {
+    snprintf(msg, len, "%s", fmsg);
+    return frc;
+  }
+  for (int i = 0; !rc && i < n; i++)
+    if (errs[i]) rc = errs[i], *failed = i;
+  return rc;
+}
+
 int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_value *ret) {
   if (!s) return FB_EINVAL;
   if (kernel < 0 || kernel >= s->nkernels)
@@ -734,6 +793,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   sess_kernel *sk = &s->kernels[kernel];
   int rc = pack_args(s, sk->k, args, nargs);
   if (rc) return rc;
+  if ((rc = gpu_dead(s))) return rc;
   if (s->as) return async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
   int32_t error = 0;
@@ -748,8 +808,11 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     ctx.runtime = fb_sparse_state(s->sparse);
   }
   double t0 = s->trace ? fb_trace_clock() : 0;
-  rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
-                         &failed, msg, sizeof msg);
+  if (s->q)
+    rc = gpu_run(s, &ctx, sk, &secs, &failed, msg, sizeof msg);
+  else
+    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
+                           &failed, msg, sizeof msg);
   if (s->trace) trace_launch(s, sk, t0);
   if (s->sparse) fb_sparse_end(s->sparse);
   s->launch_no++;
@@ -817,6 +880,8 @@ typedef struct batch_run {
   uint64_t failed_launch;  /* a launch an error stopped: its other tasks are skipped */
   uint64_t ran, hits;
   double backend_s;
+  const fb_opt_launch **slot; /* CUDA: the entry of each error slot of the batch */
+  int gpu_rc;                 /* CUDA: the batch could not start */
 } batch_run;
 
 static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
@@ -946,15 +1011,27 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
   int32_t error = 0;
   fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args, s->mem.rets, s->mem.gtmp,
                    &error, s->seed, L->launch, s->sparse ? fb_sparse_state(s->sparse) : NULL};
-  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL};
+  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu};
   int lg = L->kind == FB_TASK_LISTGEN;
   fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
   double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
   int failed = -1;
   char msg[ERRLEN];
   msg[0] = 0;
-  int rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, &rt, &hint, 1, &secs, &failed, msg,
-                             sizeof msg);
+  int rc;
+  if (s->q) { /* queued: its error slot is read when the batch finishes */
+    rc = r->gpu_rc ? r->gpu_rc
+                   : fb_cuda_launch(s->q, &ctx, &rt, &hint, s->sparse, msg, sizeof msg);
+    if (rc >= 0) {
+      r->slot[rc] = L;
+      rc = 0;
+    } else if (!msg[0]) {
+      snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
+    }
+  } else {
+    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, &rt, &hint, 1, &secs, &failed, msg,
+                           sizeof msg);
+  }
   if (s->trace) {
     char args[96];
     snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)L->launch,
@@ -992,7 +1069,7 @@ static void run_one(batch_run *r, int i) {
     r->failed_launch = L->launch;
     return;
   }
-  fb_rt_task code = {c->code.body, c->code.bounds};
+  fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
   run_entry(r, L, &code);
 }
 
@@ -1017,11 +1094,37 @@ static void add_batch_counters(batch_run *r) {
   pthread_mutex_unlock(&s->cmu);
 }
 
+/* CUDA: a batch's tasks are queued on the session's stream as their code
+ * is ready; its end waits for them and reads each one's error slot. */
+static void gpu_batch_begin(batch_run *r) {
+  char msg[ERRLEN];
+  r->slot = calloc((size_t)r->j->b->n + 1, sizeof *r->slot);
+  r->gpu_rc = r->slot ? fb_cuda_begin(r->s->q, msg, sizeof msg) : FB_ENOMEM;
+  if (r->gpu_rc)
+    bg_record(r->s, r->gpu_rc, NO_LAUNCH, -1, "flush %llu: %s; its %d tasks did not run",
+              (unsigned long long)r->j->flush, r->slot ? msg : "out of memory", r->j->b->n);
+}
+
+static void gpu_batch_end(batch_run *r) {
+  char msg[ERRLEN];
+  const int32_t *errs = NULL;
+  int n = 0;
+  double secs = 0;
+  int rc = r->gpu_rc ? 0 : fb_cuda_finish(r->s->q, &errs, &n, &secs, msg, sizeof msg);
+  if (rc)
+    bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
+  for (int i = 0; i < n && i < r->j->b->n; i++)
+    if (errs[i] && r->slot[i]) task_error(r, r->slot[i], errs[i], "");
+  r->backend_s += secs;
+  free(r->slot);
+  r->slot = NULL;
+}
+
 /* One flushed batch: compile jobs to the pool, then the tasks in order.
  * Return slots start at zero (a kernel with a return value is always the
  * last launch of its batch). */
 static void run_batch(fb_session *s, async_job *j) {
-  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0};
+  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, NULL, 0};
   double t0 = fb_trace_clock();
   if (plan_compiles(&r)) {
     bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "
@@ -1031,7 +1134,9 @@ static void run_batch(fb_session *s, async_job *j) {
   } else {
     memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
     if (s->sparse) fb_sparse_begin(s->sparse);
+    if (s->q) gpu_batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);
+    if (s->q) gpu_batch_end(&r);
     if (s->sparse) fb_sparse_end(s->sparse);
     add_batch_counters(&r);
     note_seen(&r);
@@ -1125,7 +1230,7 @@ static void free_job(fb_session *s, async_job *j) {
   async_state *a = s->as;
   for (int i = 0; j->which && i < j->b->n; i++) {
     const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
-    if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds});
+    if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
   }
   fb_opt_batch_free(a->o, j->b);
   free(j->launches);
@@ -1581,7 +1686,10 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
 }
 
 /* Async: host access waits for everything launched before it. */
-static int host_begin(fb_session *s) { return s && s->as ? async_wait_all(s) : 0; }
+static int host_begin(fb_session *s) {
+  int rc = s ? gpu_dead(s) : 0;
+  return rc ? rc : s && s->as ? async_wait_all(s) : 0;
+}
 
 /* Async: a write gives the states it touched a new version in the SFG (a
  * write below sparse containers also activates); then the access reports

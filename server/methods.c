@@ -109,9 +109,11 @@ static void health_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_call_finish(c, FB_ENOENT, "unknown service '%s'", m->service);
   } else if (m) {
     Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    r.status = atomic_load(&c->srv->stopping)
-                   ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
-                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    /* NOT_SERVING while stopping, or while a failed GPU context waits for
+     * the sessions it ended to close before it is made again */
+    int ok = !atomic_load(&c->srv->stopping) && fb_engine_healthy(c->srv->engine, NULL, 0);
+    r.status = ok ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                  : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     fbd_call_send_msg(c, &r.base);
     fbd_call_finish(c, FB_OK, NULL);
   }

@@ -22,7 +22,7 @@
 static fb_engine *eng;
 
 static fb_engine *new_engine(int compile_threads) {
-  fb_engine_config cfg = {.backend = "cpu", .compile_threads = compile_threads, .cpu_threads = 2};
+  fb_engine_config cfg = {.backend = fbt_backend(), .compile_threads = compile_threads, .cpu_threads = 2};
   fb_engine *e = NULL;
   char err[256];
   ck_assert_msg(fb_engine_create(&cfg, &e, err, sizeof err) == 0, "engine: %s", err);

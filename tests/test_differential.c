@@ -104,7 +104,7 @@ static int config_on(const dt_run *r, const dt_config *c) {
 
 static void dt_run_init(dt_run *r) {
   memset(r, 0, sizeof r[0]);
-  fb_engine_config ec = {"cpu", 2, 4}; /* 4 workers: large loops run in parallel */
+  fb_engine_config ec = {fbt_backend(), 2, 4}; /* 4 workers: large loops run in parallel */
   char err[256];
   ck_assert_msg(fb_engine_create(&ec, &r->env.eng, err, sizeof err) == 0, "engine: %s", err);
   r->env.verbose = (int)env_u64("FB_DIFF_VERBOSE", 0);

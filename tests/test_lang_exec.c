@@ -60,7 +60,7 @@ static void *icomp(fb_interp *in, fb_program *p, const char *name, int c) {
 }
 
 static fb_engine *engine(void) {
-  fb_engine_config cfg = {"cpu", 1, 2};
+  fb_engine_config cfg = {fbt_backend(), 1, 2};
   fb_engine *e = NULL;
   char err[256];
   int rc = fb_engine_create(&cfg, &e, err, sizeof err);
@@ -491,7 +491,7 @@ START_TEST(random_thread_counts) {
   float *out[2];
   int threads[2] = {1, 5};
   for (int t = 0; t < 2; t++) {
-    fb_engine_config cfg = {"cpu", 1, threads[t]};
+    fb_engine_config cfg = {fbt_backend(), 1, threads[t]};
     fb_engine *e = NULL;
     char err[256];
     ck_assert_int_eq(fb_engine_create(&cfg, &e, err, sizeof err), 0);

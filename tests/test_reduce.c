@@ -86,7 +86,7 @@ typedef struct duo {
 static void duo_open(duo *d) {
   memset(d, 0, sizeof *d);
   lay_build(&d->y);
-  fb_engine_config cfg = {.backend = "cpu", .compile_threads = 1, .cpu_threads = 4};
+  fb_engine_config cfg = {.backend = fbt_backend(), .compile_threads = 1, .cpu_threads = 4};
   char err[512];
   ck_assert_msg(fb_engine_create(&cfg, &d->e, err, sizeof err) == 0, "engine: %s", err);
   fb_session_config sc = {.mode = "sync", .seed = SEED};

@@ -33,7 +33,7 @@ typedef struct duo {
 
 static void duo_open(duo *d, const char *src, int threads, uint64_t limit) {
   memset(d, 0, sizeof *d);
-  fb_engine_config cfg = {"cpu", 1, threads};
+  fb_engine_config cfg = {fbt_backend(), 1, threads};
   char err[512];
   ck_assert_msg(fb_engine_create(&cfg, &d->e, err, sizeof err) == 0, "engine: %s", err);
   fb_diags dg;

@@ -210,7 +210,7 @@ START_TEST(launcher_runs_tasks_in_order) {
   uint64_t args[1] = {5000};
   int32_t error = 0;
   fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL};
-  fb_rt_task tasks[3] = {{serial_body, NULL}, {par_body, par_bounds}, {oob_body, NULL}};
+  fb_rt_task tasks[3] = {{serial_body, NULL, NULL}, {par_body, par_bounds, NULL}, {oob_body, NULL, NULL}};
   double secs = -1;
   int failed = 7;
   ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 2, &secs, &failed), 0);

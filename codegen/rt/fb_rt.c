@@ -69,6 +69,19 @@ static void out_of_memory(fb_rt_dctx *ctx, int32_t snode, uint64_t bytes) {
 
 /* ---------------------------------------------------------------- allocation */
 
+/* A block fresh from a pool whose memory is not zero (a GPU pool): zeroed
+ * by the thread that took it, and the stores made visible device-wide
+ * before the block can be published by its slot's compare-and-swap, so no
+ * thread that finds the block sees these stores land after its own. */
+static void clear_fresh(uint8_t *p, uint64_t n) {
+  for (uint64_t i = 0; i + 8 <= n; i += 8) *(uint64_t *)(p + i) = 0;
+#if defined(__NVPTX__)
+  __asm__ volatile("membar.gl;" ::: "memory");
+#else
+  __atomic_thread_fence(RELEASE);
+#endif
+}
+
 uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode) {
   fb_rt_state *rt = ctx->runtime;
   fb_rt_allocator *a = &rt->allocs[snode];
@@ -83,6 +96,7 @@ uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode) {
     } while (!__atomic_compare_exchange_n(&rt->pool_used, &used, used + a->stride, 1, RELAXED,
                                           RELAXED));
     h = (used + 8) / 8;
+    if (rt->zero_fresh) clear_fresh(rt->pool + h * 8, a->stride - 8);
   }
   __atomic_fetch_add(&a->live, 1, RELAXED);
   return rt->pool + h * 8;

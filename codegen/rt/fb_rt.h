@@ -71,6 +71,8 @@ typedef struct fb_rt_state {
   fb_rt_allocator *allocs; /* per SNode id */
   fb_rt_list *lists;   /* per SNode id */
   uint64_t nnodes;
+  uint64_t zero_fresh; /* 1: pool memory is not zero (GPU pools): blocks
+                        * taken from it are zeroed before they are used */
 } fb_rt_state;
 
 /* Mirror of fb_rt_ctx (codegen/codegen.h), which the runtime cannot include

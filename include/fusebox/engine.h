@@ -38,7 +38,7 @@ typedef struct fb_engine fb_engine;
 typedef struct fb_session fb_session;
 
 typedef struct fb_engine_config {
-  const char *backend;  /* "cpu" (default), "cuda", "auto" */
+  const char *backend;  /* "cpu" (default), "cuda", "auto" (see fb_engine_backend) */
   int compile_threads;  /* threads of the compile pool that async sessions
                            share; 0 = one per core */
   int cpu_threads;      /* 0 = one per core: workers for parallel tasks */
@@ -105,7 +105,19 @@ typedef struct fb_flush_stats {
 
 int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen);
 void fb_engine_destroy(fb_engine *e);
+/* backend: "cpu" runs on the CPU; "cuda" on the GPU through the CUDA
+ * driver (loaded at run time: without one fb_engine_create fails with
+ * FB_EDEVICE and a message saying so); "auto" on the GPU when the driver
+ * and a GPU are there, else on the CPU. */
 const char *fb_engine_backend(const fb_engine *e); /* "cpu" or "cuda" */
+/* The device in words: "CPU (2 threads)", or the GPU's name, SM and memory.
+ * The string lives as long as the engine (the CPU's: until the next call). */
+const char *fb_engine_device(const fb_engine *e);
+/* 1 while the engine's device works. 0 after a GPU context failure, until
+ * the sessions it ended are closed and the context is made again; why
+ * (may be NULL) then says what happened. Sessions of a failed context
+ * return FB_EDEVICE from every call. */
+int fb_engine_healthy(fb_engine *e, char *why, size_t len);
 
 /* The session copies the layout (which must be finalized). On failure err
  * (may be NULL) says why: an unfinalized layout, an unknown mode, or the

@@ -3,6 +3,24 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "fusebox/engine.h"
+
+const char *fbt_backend(void) {
+  const char *b = getenv("FB_TEST_BACKEND");
+  return b && *b ? b : "cpu";
+}
+
+/* Can this machine run the suite's backend? 1, or 0 with the reason. */
+static int backend_available(char *why, size_t len) {
+  if (strcmp(fbt_backend(), "cpu") == 0) return 1;
+  fb_engine_config cfg = {fbt_backend(), 1, 1};
+  fb_engine *e = NULL;
+  int rc = fb_engine_create(&cfg, &e, why, len);
+  fb_engine_destroy(e);
+  return rc == 0;
+}
 
 const char *fbt_path(const char *rel) {
   static char buf[4096];
@@ -27,6 +45,13 @@ char *fbt_read_file(const char *path, size_t *len) {
 }
 
 int fbt_run(Suite *s) {
+  char why[512] = "";
+  if (!backend_available(why, sizeof why)) {
+    printf("%s half skipped: %s\n", fbt_backend(), why);
+    srunner_free(srunner_create(s)); /* frees the suite */
+    return 77;
+  }
+  if (strcmp(fbt_backend(), "cpu") != 0) printf("running on the %s backend\n", fbt_backend());
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);

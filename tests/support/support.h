@@ -9,7 +9,12 @@
 const char *fbt_path(const char *rel);
 /* Whole file into a malloc'd NUL-terminated string, or NULL. */
 char *fbt_read_file(const char *path, size_t *len);
-/* Run one suite, print Check's summary, return the process exit status. */
+/* Run one suite, print Check's summary, return the process exit status.
+ * Under FB_TEST_BACKEND=cuda (the suites' CUDA half) a machine without a
+ * GPU and its driver runs nothing: it prints why and returns 77, which
+ * ctest reports as skipped. */
 int fbt_run(Suite *s);
+/* The backend the suite's engines use: $FB_TEST_BACKEND, else "cpu". */
+const char *fbt_backend(void);
 
 #endif

@@ -1,0 +1,496 @@
+/* The CUDA device (runtime.h "CUDA device"): the driver loaded with dlopen,
+ * one primary context, modules cached by task IR, a stream per session
+ * queue, managed memory for everything the host also reads, launches with
+ * cuLaunchKernel, device time from events, and sticky-error containment.
+ *
+ * A launch passes the task's whole context as kernel parameters (codegen.h
+ * FB_GPU_ENTRY), so it needs no copy before it and the host never waits
+ * between tasks; each launch's error word is a slot of a device array that
+ * the batch's finish copies back once, with the batch's end event. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/cuda_drv.h"
+#include "runtime/runtime.h"
+
+#define BLOCK 128        /* threads per block of a parallel task */
+#define SLOTS 4096       /* error slots on the device per drain */
+#define MAX_KPARAMS 512  /* kernel parameters (4 KiB of parameter space) */
+
+typedef struct gpu_fn {   /* a compiled task: kept in the code cache */
+  CUmodule mod;
+  CUfunction fn;
+  int nparams;            /* kernel parameters after the fixed ones */
+  int serial;
+  int64_t count;          /* iterations when known at compile time, else -1 */
+} gpu_fn;
+
+struct fb_cuda_device {
+  fb_cuda_api api;
+  CUdevice dev;
+  int ordinal;
+  char name[256], sm[16];
+  int sms, threads_per_sm;
+  size_t total_mem;
+  pthread_mutex_t mu;     /* everything below */
+  CUcontext ctx;
+  uint64_t gen;           /* context generation: bumps when it is made again */
+  int live;               /* queues of the current generation */
+  int broken;             /* a sticky error hit the current generation */
+  char why[300];
+  fb_code_cache *cache;   /* of the current generation (val.a: gpu_fn *) */
+};
+
+struct fb_cuda_queue {
+  fb_cuda_device *d;
+  uint64_t gen;
+  CUstream stream;
+  CUevent start, end;
+  CUdeviceptr slots;      /* SLOTS int32 error words on the device */
+  int32_t *pinned;        /* their host copy (page-locked) */
+  int32_t *errs;          /* every slot of the batch */
+  int nerrs, cap_errs;
+  int dev_used;           /* slots of `slots` in use since the last drain */
+  int dead;
+  char why[400];
+  fb_memsys ms;
+};
+
+/* ---------------------------------------------------------------- errors */
+
+/* A driver call failed: FB_EDEVICE with "what: NAME: text"; a sticky error
+ * breaks the context (its queues end; the device reports unhealthy). */
+static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char *what, char *err,
+                    size_t errlen) {
+  char es[200];
+  fb_cuda_errstr(&d->api, r, es, sizeof es);
+  if (fb_cuda_sticky(r)) {
+    pthread_mutex_lock(&d->mu);
+    if (!d->broken && (!q || q->gen == d->gen)) {
+      d->broken = 1;
+      snprintf(d->why, sizeof d->why, "the GPU context failed (%s during %s); it is made "
+               "again once the sessions it ended are closed", es, what);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (q && !q->dead) {
+      q->dead = 1;
+      snprintf(q->why, sizeof q->why, "the GPU context failed (%s during %s): this session's "
+               "device memory is lost; close it and open a new one", es, what);
+    }
+    if (q) return fb_errf(err, errlen, "%s", q->why), FB_EDEVICE;
+  }
+  fb_errf(err, errlen, "CUDA %s failed: %s", what, es);
+  return FB_EDEVICE;
+}
+
+#define CALL(d, q, expr, what)                                                                 \
+  do {                                                                                         \
+    CUresult r_ = (expr);                                                                      \
+    if (r_ != CUDA_SUCCESS) return drv_fail((d), (q), r_, (what), err, errlen);                \
+  } while (0)
+
+/* ---------------------------------------------------------------- device */
+
+static int attr(fb_cuda_device *d, int a, int *v, char *err, size_t errlen) {
+  CALL(d, NULL, d->api.DeviceGetAttribute(v, a, d->dev), "cuDeviceGetAttribute");
+  return 0;
+}
+
+static int probe(fb_cuda_device *d, char *err, size_t errlen) {
+  int n = 0, major = 0, minor = 0, managed = 0, concurrent = 0, version = 0;
+  CUresult r = d->api.Init(0);
+  if (r == CUDA_ERROR_NO_DEVICE || (r == CUDA_SUCCESS && d->api.DeviceGetCount(&n) == 0 && !n))
+    return fb_errf(err, errlen, "CUDA backend: the driver finds no GPU on this machine; use "
+                   "--backend cpu or auto"), FB_EDEVICE;
+  if (r != CUDA_SUCCESS) return drv_fail(d, NULL, r, "cuInit", err, errlen);
+  const char *ord = getenv("FB_CUDA_DEVICE");
+  d->ordinal = ord && *ord ? atoi(ord) : 0;
+  if (d->ordinal < 0 || d->ordinal >= n)
+    return fb_errf(err, errlen, "CUDA backend: FB_CUDA_DEVICE=%d, but there are %d GPUs",
+                   d->ordinal, n), FB_EDEVICE;
+  CALL(d, NULL, d->api.DeviceGet(&d->dev, d->ordinal), "cuDeviceGet");
+  char name[200] = "";
+  CALL(d, NULL, d->api.DeviceGetName(name, (int)sizeof name - 1, d->dev), "cuDeviceGetName");
+  int rc = attr(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &major, err, errlen);
+  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &minor, err, errlen);
+  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &d->sms, err, errlen);
+  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, &d->threads_per_sm,
+                     err, errlen);
+  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, &managed, err, errlen);
+  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, &concurrent, err, errlen);
+  if (rc) return rc;
+  CALL(d, NULL, d->api.DeviceTotalMem(&d->total_mem, d->dev), "cuDeviceTotalMem");
+  d->api.DriverGetVersion(&version);
+  if (!managed || !concurrent)
+    return fb_errf(err, errlen, "CUDA backend: %s cannot share managed memory with the host "
+                   "while kernels run (concurrentManagedAccess is 0), which Fusebox needs",
+                   name), FB_EDEVICE;
+  /* the newest SM our LLVM emits for: newer devices run its PTX through the driver's JIT */
+  int cc = major * 10 + minor;
+  if (cc > 90) cc = 90;
+  if (cc < 60)
+    return fb_errf(err, errlen, "CUDA backend: %s has compute capability %d.%d; Fusebox needs "
+                   "6.0 or newer", name, major, minor), FB_EDEVICE;
+  snprintf(d->sm, sizeof d->sm, "sm_%d", cc);
+  snprintf(d->name, sizeof d->name, "%s (sm_%d%d, %d SMs, %.1f GiB, driver %d.%d)", name, major,
+           minor, d->sms, (double)d->total_mem / (1u << 30), version / 1000, version % 1000 / 10);
+  if (d->threads_per_sm < BLOCK) d->threads_per_sm = BLOCK;
+  return 0;
+}
+
+static int make_context(fb_cuda_device *d, char *err, size_t errlen) {
+  CALL(d, NULL, d->api.PrimaryCtxRetain(&d->ctx, d->dev), "cuDevicePrimaryCtxRetain");
+  CALL(d, NULL, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+  if (!(d->cache = fb_code_cache_new()))
+    return fb_errf(err, errlen, "CUDA backend: out of memory"), FB_ENOMEM;
+  return 0;
+}
+
+int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen) {
+  *out = NULL;
+  fb_cuda_device *d = calloc(1, sizeof *d);
+  if (!d) return fb_errf(err, errlen, "CUDA backend: out of memory"), FB_ENOMEM;
+  pthread_mutex_init(&d->mu, NULL);
+  int rc = fb_cuda_api_load(&d->api, err, errlen);
+  if (!rc) rc = probe(d, err, errlen);
+  if (!rc) rc = make_context(d, err, errlen);
+  if (rc) {
+    fb_cuda_device_free(d);
+    return rc;
+  }
+  *out = d;
+  return 0;
+}
+
+static void drop_fn(void *user, fb_code_val *v) {
+  fb_cuda_device *d = user;
+  gpu_fn *f = v->a;
+  if (!f) return;
+  if (d && f->mod) d->api.ModuleUnload(f->mod);
+  free(f);
+}
+
+void fb_cuda_device_free(fb_cuda_device *d) {
+  if (!d) return;
+  if (d->api.lib) {
+    if (d->ctx) d->api.CtxSetCurrent(d->ctx);
+    fb_code_cache_free(d->cache, drop_fn, d->broken ? NULL : d);
+    if (d->ctx) d->api.PrimaryCtxRelease(d->dev);
+    fb_cuda_api_unload(&d->api);
+  }
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+}
+
+const char *fb_cuda_device_name(const fb_cuda_device *d) { return d->name; }
+const char *fb_cuda_device_sm(const fb_cuda_device *d) { return d->sm; }
+
+int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len) {
+  pthread_mutex_lock(&d->mu);
+  int ok = !d->broken;
+  if (!ok && why && len) snprintf(why, len, "%s", d->why);
+  pthread_mutex_unlock(&d->mu);
+  return ok;
+}
+
+/* The last queue of a broken context is gone: reset it and start again
+ * (its modules died with it). Called with d->mu held. */
+static void remake_context(fb_cuda_device *d) {
+  fb_code_cache_free(d->cache, drop_fn, NULL);
+  d->cache = NULL;
+  d->api.PrimaryCtxRelease(d->dev);
+  d->api.PrimaryCtxReset(d->dev);
+  d->ctx = NULL;
+  d->gen++;
+  char err[256];
+  if (make_context(d, err, sizeof err) == 0) {
+    d->broken = 0;
+    d->why[0] = 0;
+  } else {
+    snprintf(d->why, sizeof d->why, "the GPU context could not be made again: %s", err);
+  }
+}
+
+/* ---------------------------------------------------------------- compile */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu_fn *f,
+                       char *err, size_t errlen) {
+  char log[2048] = "";
+  CUjit_option opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *val[2] = {log, (void *)(uintptr_t)(sizeof log - 1)};
+  CUresult r = d->api.ModuleLoadDataEx(&f->mod, ptx, 2, opt, val);
+  if (r != CUDA_SUCCESS) {
+    char es[200];
+    fb_cuda_errstr(&d->api, r, es, sizeof es);
+    fb_errf(err, errlen, "loading the PTX of task %s failed: %s%s%s", task, es,
+            log[0] ? ": " : "", log);
+    return fb_cuda_sticky(r) ? drv_fail(d, NULL, r, "cuModuleLoadDataEx", NULL, 0), FB_EDEVICE
+                             : FB_ECOMPILE;
+  }
+  r = d->api.ModuleGetFunction(&f->fn, f->mod, FB_GPU_ENTRY);
+  if (r != CUDA_SUCCESS) {
+    d->api.ModuleUnload(f->mod);
+    return drv_fail(d, NULL, r, "cuModuleGetFunction", err, errlen);
+  }
+  return 0;
+}
+
+int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                    size_t errlen) {
+  fb_cuda_device *d = device;
+  if (!d || !t || !t->ir || !out)
+    return fb_errf(err, errlen, "fb_cuda_compile: missing device, task or output"), FB_EINVAL;
+  memset(out, 0, sizeof *out);
+  if (FB_GPU_FIXED_PARAMS + t->ir->nparams > MAX_KPARAMS)
+    return fb_errf(err, errlen, "task %s has %d parameters; a GPU launch takes at most %d",
+                   t->ir->name, t->ir->nparams, MAX_KPARAMS - FB_GPU_FIXED_PARAMS),
+           FB_EUNSUPPORTED;
+  double t0 = now_s();
+  fb_code_key key = fb_code_cache_key(t);
+  fb_code_val hit;
+  pthread_mutex_lock(&d->mu);
+  fb_code_cache *cache = d->broken ? NULL : d->cache;
+  CUcontext ctx = d->ctx;
+  pthread_mutex_unlock(&d->mu);
+  if (!cache) {
+    fb_cuda_device_healthy(d, err, errlen);
+    return FB_EDEVICE;
+  }
+  if (fb_code_cache_get(cache, &key, t->ir, &hit)) {
+    out->gpu = hit.a;
+    out->cache_hit = 1;
+    return 0;
+  }
+  char *ptx = NULL;
+  int rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
+  gpu_fn *f = rc ? NULL : calloc(1, sizeof *f);
+  if (!rc && !f) rc = (fb_errf(err, errlen, "out of memory"), FB_ENOMEM);
+  if (!rc) {
+    d->api.CtxSetCurrent(ctx);
+    rc = load_module(d, ptx, t->ir->name ? t->ir->name : "?", f, err, errlen);
+  }
+  free(ptx);
+  if (rc) {
+    free(f);
+    memset(out, 0, sizeof *out);
+    return rc;
+  }
+  f->nparams = t->ir->nparams;
+  f->serial = t->loop < 0;
+  f->count = fb_cg_static_count(t);
+  fb_code_val v = {f, NULL, 0, 0}, kept;
+  if (fb_code_cache_put(cache, &key, t->ir, &v, &kept)) drop_fn(d, &v); /* lost a race */
+  out->gpu = kept.a;
+  out->compile_s = now_s() - t0;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void *managed(fb_cuda_queue *q, size_t bytes, int zero) {
+  fb_cuda_device *d = q->d;
+  CUdeviceptr p = 0;
+  if (q->dead || d->api.CtxSetCurrent(d->ctx) != CUDA_SUCCESS) return NULL;
+  if (d->api.MemAllocManaged(&p, bytes ? bytes : 1, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
+    return NULL;
+  /* zeroed on the device before the host or a kernel sees it */
+  if (zero && (d->api.MemsetD8Async(p, 0, bytes, q->stream) != CUDA_SUCCESS ||
+               d->api.StreamSynchronize(q->stream) != CUDA_SUCCESS)) {
+    d->api.MemFree(p);
+    return NULL;
+  }
+  return (void *)(uintptr_t)p;
+}
+
+static void *ms_alloc(void *user, size_t bytes) { return managed(user, bytes, 1); }
+static void *ms_reserve(void *user, size_t bytes) { return managed(user, bytes, 0); }
+
+static void ms_free(void *user, void *p, size_t bytes) {
+  (void)bytes;
+  fb_cuda_queue *q = user;
+  if (p) q->d->api.MemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+/* ---------------------------------------------------------------- queues */
+
+int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t errlen) {
+  *out = NULL;
+  pthread_mutex_lock(&d->mu);
+  int broken = d->broken;
+  if (!broken) d->live++;
+  uint64_t gen = d->gen;
+  pthread_mutex_unlock(&d->mu);
+  if (broken) {
+    fb_cuda_device_healthy(d, err, errlen);
+    return FB_EDEVICE;
+  }
+  fb_cuda_queue *q = calloc(1, sizeof *q);
+  if (!q) {
+    pthread_mutex_lock(&d->mu);
+    d->live--;
+    pthread_mutex_unlock(&d->mu);
+    return fb_errf(err, errlen, "CUDA backend: out of memory"), FB_ENOMEM;
+  }
+  q->d = d;
+  q->gen = gen;
+  q->ms = (fb_memsys){ms_alloc, ms_free, ms_reserve, ms_free, d->total_mem, q};
+  *out = q; /* from here fb_cuda_queue_free undoes what was made */
+  CALL(d, q, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+  CALL(d, q, d->api.StreamCreate(&q->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  CALL(d, q, d->api.EventCreate(&q->start, CU_EVENT_DEFAULT), "cuEventCreate");
+  CALL(d, q, d->api.EventCreate(&q->end, CU_EVENT_DEFAULT), "cuEventCreate");
+  CALL(d, q, d->api.MemAlloc(&q->slots, SLOTS * sizeof(int32_t)), "cuMemAlloc");
+  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, SLOTS * sizeof(int32_t), q->stream),
+       "cuMemsetD8Async");
+  CALL(d, q, d->api.MemHostAlloc((void **)&q->pinned, SLOTS * sizeof(int32_t),
+                                 CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
+  return 0;
+}
+
+void fb_cuda_queue_free(fb_cuda_queue *q) {
+  if (!q) return;
+  fb_cuda_device *d = q->d;
+  pthread_mutex_lock(&d->mu);
+  int current = q->gen == d->gen;
+  pthread_mutex_unlock(&d->mu);
+  if (current) { /* the resources of an old generation died with its context */
+    d->api.CtxSetCurrent(d->ctx);
+    if (q->stream) d->api.StreamSynchronize(q->stream);
+    if (q->pinned) d->api.MemFreeHost(q->pinned);
+    if (q->slots) d->api.MemFree(q->slots);
+    if (q->start) d->api.EventDestroy(q->start);
+    if (q->end) d->api.EventDestroy(q->end);
+    if (q->stream) d->api.StreamDestroy(q->stream);
+  }
+  pthread_mutex_lock(&d->mu);
+  if (current && --d->live == 0 && d->broken) remake_context(d);
+  pthread_mutex_unlock(&d->mu);
+  free(q->errs);
+  free(q);
+}
+
+const fb_memsys *fb_cuda_queue_memsys(fb_cuda_queue *q) { return &q->ms; }
+
+int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen) {
+  if (!q->dead) {
+    pthread_mutex_lock(&q->d->mu);
+    if (q->d->broken || q->gen != q->d->gen) {
+      q->dead = 1;
+      snprintf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
+               "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
+    }
+    pthread_mutex_unlock(&q->d->mu);
+  }
+  if (!q->dead) return 0;
+  fb_errf(err, errlen, "%s", q->why);
+  return FB_EDEVICE;
+}
+
+/* Copy the device slots in use to q->errs and clear them; waits. */
+static int drain(fb_cuda_queue *q, char *err, size_t errlen) {
+  fb_cuda_device *d = q->d;
+  int n = q->dev_used;
+  if (n) CALL(d, q, d->api.MemcpyDtoHAsync(q->pinned, q->slots, (size_t)n * 4, q->stream),
+              "cuMemcpyDtoHAsync");
+  CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
+  if (!n) return 0;
+  if (q->nerrs + n > q->cap_errs) {
+    int cap = q->cap_errs ? q->cap_errs : SLOTS;
+    while (cap < q->nerrs + n) cap *= 2;
+    int32_t *e = realloc(q->errs, sizeof *e * (size_t)cap);
+    if (!e) return fb_errf(err, errlen, "out of memory"), FB_ENOMEM;
+    q->errs = e;
+    q->cap_errs = cap;
+  }
+  memcpy(q->errs + q->nerrs, q->pinned, (size_t)n * 4);
+  q->nerrs += n;
+  q->dev_used = 0;
+  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, (size_t)n * 4, q->stream), "cuMemsetD8Async");
+  return 0;
+}
+
+int fb_cuda_begin(fb_cuda_queue *q, char *err, size_t errlen) {
+  int rc = fb_cuda_queue_alive(q, err, errlen);
+  if (rc) return rc;
+  fb_cuda_device *d = q->d;
+  q->nerrs = 0;
+  q->dev_used = 0;
+  CALL(d, q, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+  CALL(d, q, d->api.EventRecord(q->start, q->stream), "cuEventRecord");
+  return 0;
+}
+
+/* Blocks for a task: one thread for a serial one; for a parallel one enough
+ * to cover its iterations when they are known, at most what fills the
+ * device (the kernel strides over the rest). */
+static unsigned grid_of(const fb_cuda_device *d, const gpu_fn *f) {
+  if (f->serial) return 1;
+  int64_t full = (int64_t)d->sms * (d->threads_per_sm / BLOCK);
+  if (full < 1) full = 1;
+  if (f->count < 0) return (unsigned)full;
+  int64_t want = (f->count + BLOCK - 1) / BLOCK;
+  if (want < 1) want = 1;
+  return (unsigned)(want < full ? want : full);
+}
+
+int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
+                   const fb_rt_hint *hint, fb_sparse *sp, char *err, size_t errlen) {
+  fb_cuda_device *d = q->d;
+  const gpu_fn *f = t->gpu;
+  if (!f) return fb_errf(err, errlen, "task has no GPU code"), FB_EINTERNAL;
+  int rc = fb_cuda_queue_alive(q, err, errlen);
+  if (rc) return rc;
+  if (sp && hint && hint->list_snode > 0) { /* the host sizes the list from the parent's */
+    CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
+    if ((rc = fb_sparse_prepare_list(sp, hint->list_snode, err, errlen))) return rc;
+  }
+  if (q->dev_used == SLOTS && (rc = drain(q, err, errlen))) return rc;
+  uint64_t val[MAX_KPARAMS];
+  void *ptr[MAX_KPARAMS];
+  int slot = q->nerrs + q->dev_used;
+  val[0] = (uint64_t)(uintptr_t)ctx->root;
+  val[1] = (uint64_t)(uintptr_t)ctx->rets;
+  val[2] = (uint64_t)(uintptr_t)ctx->gtmp;
+  val[3] = (uint64_t)q->slots + (uint64_t)q->dev_used * 4;
+  val[4] = ctx->seed;
+  val[5] = ctx->launch;
+  val[6] = (uint64_t)(uintptr_t)ctx->runtime;
+  val[7] = 0;
+  val[8] = (uint64_t)INT64_MAX;
+  for (int i = 0; i < f->nparams; i++) val[FB_GPU_FIXED_PARAMS + i] = ctx->args[i];
+  int np = FB_GPU_FIXED_PARAMS + f->nparams;
+  for (int i = 0; i < np; i++) ptr[i] = &val[i];
+  unsigned block = f->serial ? 1 : BLOCK;
+  CALL(d, q, d->api.LaunchKernel(f->fn, grid_of(d, f), 1, 1, block, 1, 1, 0, q->stream, ptr, NULL),
+       "cuLaunchKernel");
+  q->dev_used++;
+  return slot;
+}
+
+int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds,
+                   char *err, size_t errlen) {
+  fb_cuda_device *d = q->d;
+  *errs = NULL;
+  *nslots = 0;
+  if (seconds) *seconds = 0;
+  int rc = fb_cuda_queue_alive(q, err, errlen);
+  if (rc) return rc;
+  CALL(d, q, d->api.EventRecord(q->end, q->stream), "cuEventRecord");
+  if ((rc = drain(q, err, errlen))) return rc;
+  float ms = 0;
+  CALL(d, q, d->api.EventElapsedTime(&ms, q->start, q->end), "cuEventElapsedTime");
+  if (seconds) *seconds = (double)ms * 1e-3;
+  *errs = q->errs;
+  *nslots = q->nerrs;
+  return 0;
+}

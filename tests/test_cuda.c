@@ -1,0 +1,362 @@
+/* The CUDA backend's host side through the public engine API, against the
+ * fake driver of tests/fakecuda (FB_CUDA_LIBRARY names it): backend
+ * selection and the messages without a driver or a GPU, one stream per
+ * session, modules cached by IR, launch shapes, managed session memory,
+ * the memory limit, and driver failures: a plain launch error fails one
+ * launch, a sticky one ends the sessions of the context, marks the engine
+ * unhealthy and, once they are closed, the context is made again.
+ *
+ * The fake runs no kernel, so nothing here checks what kernels compute on
+ * a GPU: that is the CUDA half of the other suites (FB_TEST_BACKEND=cuda,
+ * run where a GPU is present). */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cuda.h"
+#include "fusebox/engine.h"
+#include "fusebox/lang.h"
+#include "support.h"
+
+static struct {
+  void (*reset)(void);
+  void (*fail_launch)(long, int);
+  void (*fail_alloc)(long);
+  void (*stats)(fakecuda_stats *);
+} fake;
+
+static void load_fake(void) {
+  const char *path = getenv("FB_CUDA_LIBRARY");
+  ck_assert_msg(path && *path, "FB_CUDA_LIBRARY must name libfakecuda.so");
+  void *h = dlopen(path, RTLD_NOW); /* the same handle the engine gets */
+  ck_assert_msg(h != NULL, "%s", dlerror());
+  *(void **)&fake.reset = dlsym(h, "fakecuda_reset");
+  *(void **)&fake.fail_launch = dlsym(h, "fakecuda_fail_launch");
+  *(void **)&fake.fail_alloc = dlsym(h, "fakecuda_fail_alloc");
+  *(void **)&fake.stats = dlsym(h, "fakecuda_get_stats");
+  ck_assert(fake.reset && fake.fail_launch && fake.fail_alloc && fake.stats);
+}
+
+static fakecuda_stats stats(void) {
+  fakecuda_stats st;
+  fake.stats(&st);
+  return st;
+}
+
+static const char *SRC =
+    "layout {\n"
+    "  dense(i: 1000) { place a: f32, b: f32 }\n"
+    "  place total: f32\n"
+    "}\n"
+    "kernel scale(k: f32) {\n"
+    "  for i in a { b[i] = a[i] * k }\n"
+    "}\n"
+    "kernel both(n: i32) {\n"
+    "  total[] = 0.0\n"
+    "  for i in 0 .. n { b[i] = 1.0 }\n"
+    "}\n";
+
+typedef struct env {
+  fb_engine *e;
+  fb_program *p;
+  fb_kernel *scale, *both;
+} env;
+
+static fb_kernel *inst(fb_program *p, const char *name) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, name, NULL, 0, &k, &d);
+  fb_diags_free(&d);
+  ck_assert_msg(rc == 0, "instantiate %s", name);
+  return k;
+}
+
+static void env_open(env *x, const char *backend) {
+  fake.reset();
+  char err[512] = "";
+  fb_engine_config cfg = {backend, 1, 1};
+  int rc = fb_engine_create(&cfg, &x->e, err, sizeof err);
+  ck_assert_msg(rc == 0, "engine: %s", err);
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_parse("cuda.fbk", SRC, &x->p, &d), 0);
+  fb_diags_free(&d);
+  x->scale = inst(x->p, "scale");
+  x->both = inst(x->p, "both");
+}
+
+static void env_close(env *x) {
+  fb_program_free(x->p); /* and its kernels */
+  fb_engine_destroy(x->e);
+}
+
+static fb_session *open_session(env *x, const char *mode, uint64_t limit) {
+  fb_session_config sc = {.mode = mode, .seed = 1, .memory_limit = limit};
+  fb_session *s = NULL;
+  char err[512] = "";
+  int rc = fb_session_create(x->e, &sc, fb_program_layout(x->p), &s, err, sizeof err);
+  ck_assert_msg(rc == 0, "session: %s", err);
+  return s;
+}
+
+static int add(fb_session *s, const fb_kernel *k) {
+  int id = fb_session_add_kernel(s, k);
+  ck_assert_msg(id >= 0, "add %s: %s", k->name, fb_session_errmsg(s));
+  return id;
+}
+
+static int field_id(env *x, const char *name) {
+  return fb_program_field(x->p, fb_program_find_field(x->p, name))->places[0];
+}
+
+/* ---------------------------------------------------------------- selection */
+
+START_TEST(backend_cuda_on_fake_driver) {
+  env x;
+  env_open(&x, "cuda");
+  ck_assert_str_eq(fb_engine_backend(x.e), "cuda");
+  const char *dev = fb_engine_device(x.e);
+  ck_assert_msg(strstr(dev, "Fusebox fake GPU") && strstr(dev, "sm_90") && strstr(dev, "132 SMs"),
+                "device: %s", dev);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  env_close(&x);
+  env_open(&x, "auto"); /* auto takes the GPU when there is one */
+  ck_assert_str_eq(fb_engine_backend(x.e), "cuda");
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(no_driver_is_a_clear_error) {
+  char *saved = strdup(getenv("FB_CUDA_LIBRARY"));
+  setenv("FB_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1);
+  fb_engine *e = NULL;
+  char err[512] = "";
+  fb_engine_config cuda = {"cuda", 1, 1};
+  ck_assert_int_eq(fb_engine_create(&cuda, &e, err, sizeof err), FB_EDEVICE);
+  ck_assert_ptr_null(e);
+  ck_assert_msg(strstr(err, "cannot load the CUDA driver /nonexistent/libcuda.so.1") &&
+                    strstr(err, "--backend cpu"),
+                "message: %s", err);
+  fb_engine_config autob = {"auto", 1, 1};
+  ck_assert_int_eq(fb_engine_create(&autob, &e, err, sizeof err), 0);
+  ck_assert_str_eq(fb_engine_backend(e), "cpu"); /* auto falls back to the CPU */
+  ck_assert_ptr_nonnull(strstr(fb_engine_device(e), "CPU"));
+  fb_engine_destroy(e);
+  setenv("FB_CUDA_LIBRARY", saved, 1);
+  free(saved);
+}
+END_TEST
+
+START_TEST(no_gpu_is_a_clear_error) {
+  setenv("FAKECUDA_NO_DEVICE", "1", 1);
+  fake.reset();
+  fb_engine *e = NULL;
+  char err[512] = "";
+  fb_engine_config cuda = {"cuda", 1, 1};
+  ck_assert_int_eq(fb_engine_create(&cuda, &e, err, sizeof err), FB_EDEVICE);
+  ck_assert_msg(strstr(err, "finds no GPU"), "message: %s", err);
+  fb_engine_config autob = {"auto", 1, 1};
+  ck_assert_int_eq(fb_engine_create(&autob, &e, err, sizeof err), 0);
+  ck_assert_str_eq(fb_engine_backend(e), "cpu");
+  fb_engine_destroy(e);
+  unsetenv("FAKECUDA_NO_DEVICE");
+  fake.reset();
+}
+END_TEST
+
+/* ---------------------------------------------------------------- sessions */
+
+START_TEST(stream_modules_and_launch_shapes) {
+  env x;
+  env_open(&x, "cuda");
+  fakecuda_stats st0 = stats();
+  fb_session *s = open_session(&x, "sync", 0);
+  ck_assert_int_eq(stats().streams_created - st0.streams_created, 1);
+  ck_assert_uint_gt(stats().bytes_in_use, st0.bytes_in_use); /* fields in device memory */
+  int ks = add(s, x.scale), kb = add(s, x.both);
+  long mods = stats().modules_loaded;
+  ck_assert_int_ge(mods - st0.modules_loaded, 3); /* scale: 1 task; both: a serial and a loop */
+
+  fb_value k = fb_value_f32(2.0f);
+  long l0 = stats().launches;
+  ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0);
+  ck_assert_int_eq(stats().launches - l0, 1);
+  ck_assert_uint_eq(stats().last_grid, (1000 + 127) / 128); /* 1000 cells, 128 per block */
+  ck_assert_uint_eq(stats().last_block, 128);
+  fb_value n = fb_value_i32(10);
+  ck_assert_int_eq(fb_launch(s, kb, &n, 1, NULL), 0);
+  ck_assert_int_eq(stats().launches - l0, 3);
+  ck_assert_uint_eq(stats().last_block, 128); /* the loop over 0 .. n: size unknown */
+  ck_assert_uint_eq(stats().last_grid, 132 * (2048 / 128)); /* fills the device */
+
+  /* the same kernel in a second session: modules come from the cache */
+  fb_session *s2 = open_session(&x, "sync", 0);
+  add(s2, x.scale);
+  ck_assert_int_eq(stats().modules_loaded, mods);
+  fb_counters c;
+  fb_session_counters(s2, &c);
+  ck_assert_uint_eq(c.cache_hits, 1);
+  ck_assert_uint_eq(c.tasks_compiled, 0);
+
+  /* host access: managed memory, written and read back */
+  float in[1000], out[1000];
+  for (int i = 0; i < 1000; i++) in[i] = (float)i * 0.5f;
+  ck_assert_int_eq(fb_field_write(s, field_id(&x, "a"), in, sizeof in), 0);
+  ck_assert_int_eq(fb_field_read(s, field_id(&x, "a"), out, sizeof out), 0);
+  ck_assert_int_eq(memcmp(in, out, sizeof in), 0);
+  fb_session_counters(s, &c);
+  ck_assert_uint_eq(c.tasks_launched, 3);
+  ck_assert_uint_ge(c.device_bytes, 2 * 1000 * 4);
+
+  fb_session_destroy(s2);
+  fb_session_destroy(s);
+  ck_assert_int_eq(stats().streams_destroyed - st0.streams_destroyed, 2);
+  ck_assert_uint_eq(stats().bytes_in_use, st0.bytes_in_use); /* all returned */
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(async_batches) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s = open_session(&x, "async", 0);
+  int ks = add(s, x.scale);
+  long l0 = stats().launches;
+  fb_value k = fb_value_f32(2.0f);
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_counters c;
+  fb_session_counters(s, &c);
+  ck_assert_uint_eq(c.launches, 5);
+  ck_assert_uint_eq(c.tasks_launched, (uint64_t)(stats().launches - l0));
+  ck_assert_uint_ge(c.tasks_launched, 1);
+  ck_assert_uint_le(c.tasks_launched, 5); /* the optimizer may merge them */
+  fb_session_destroy(s);
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(memory_limit_and_allocation_failure) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session_config sc = {.mode = "sync", .memory_limit = 1000};
+  fb_session *s = NULL;
+  char err[512] = "";
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err),
+                   FB_EQUOTA);
+  ck_assert_msg(strstr(err, "limit 1000 bytes"), "message: %s", err);
+  fake.fail_alloc(1); /* the session's stream state: a driver error, named */
+  sc.memory_limit = 0;
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err),
+                   FB_EDEVICE);
+  ck_assert_msg(strstr(err, "CUDA_ERROR_OUT_OF_MEMORY"), "message: %s", err);
+  fake.fail_alloc(2); /* then the fields' memory */
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err),
+                   FB_ENOMEM);
+  ck_assert_msg(strstr(err, "cannot allocate"), "message: %s", err);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  s = open_session(&x, "sync", 0); /* and then the engine goes on */
+  fb_value k = fb_value_f32(1.0f);
+  ck_assert_int_eq(fb_launch(s, add(s, x.scale), &k, 1, NULL), 0);
+  fb_session_destroy(s);
+  env_close(&x);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- faults */
+
+START_TEST(plain_launch_error_fails_one_launch) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s = open_session(&x, "sync", 0);
+  int ks = add(s, x.scale);
+  fb_value k = fb_value_f32(1.0f);
+  fake.fail_launch(1, 701); /* CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: not sticky */
+  ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), FB_EDEVICE);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES") &&
+                    strstr(fb_session_errmsg(s), "scale"),
+                "message: %s", fb_session_errmsg(s));
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0); /* the session goes on */
+  fb_session_destroy(s);
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(sticky_error_ends_sessions_then_recovers) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s1 = open_session(&x, "sync", 0);
+  fb_session *s2 = open_session(&x, "async", 0);
+  int k1 = add(s1, x.scale), k2 = add(s2, x.scale);
+  fb_value k = fb_value_f32(1.0f);
+  fake.fail_launch(1, 700); /* CUDA_ERROR_ILLEGAL_ADDRESS: the context is gone */
+  ck_assert_int_eq(fb_launch(s1, k1, &k, 1, NULL), FB_EDEVICE);
+  ck_assert_msg(strstr(fb_session_errmsg(s1), "CUDA_ERROR_ILLEGAL_ADDRESS") &&
+                    strstr(fb_session_errmsg(s1), "open a new one"),
+                "message: %s", fb_session_errmsg(s1));
+  char why[512] = "";
+  ck_assert_int_eq(fb_engine_healthy(x.e, why, sizeof why), 0);
+  ck_assert_msg(strstr(why, "CUDA_ERROR_ILLEGAL_ADDRESS"), "why: %s", why);
+  /* every session of the context has ended, with nothing half-done */
+  ck_assert_int_eq(fb_launch(s1, k1, &k, 1, NULL), FB_EDEVICE);
+  ck_assert_int_eq(fb_launch(s2, k2, &k, 1, NULL), FB_EDEVICE);
+  float buf[1000];
+  ck_assert_int_eq(fb_field_read(s2, field_id(&x, "a"), buf, sizeof buf), FB_EDEVICE);
+  fb_session_config sc = {.mode = "sync"};
+  fb_session *s3 = NULL;
+  char err[512] = "";
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s3, err, sizeof err),
+                   FB_EDEVICE);
+  long resets = stats().ctx_resets;
+  fb_session_destroy(s1);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 0); /* s2 still holds the context */
+  fb_session_destroy(s2);
+  ck_assert_int_eq(stats().ctx_resets, resets + 1);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  s3 = open_session(&x, "sync", 0);
+  int k3 = add(s3, x.scale); /* compiled again for the new context */
+  ck_assert_int_eq(fb_launch(s3, k3, &k, 1, NULL), 0);
+  fb_session_destroy(s3);
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(sticky_error_in_async_batch) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s = open_session(&x, "async", 0);
+  int ks = add(s, x.scale);
+  fb_value k = fb_value_f32(1.0f);
+  fake.fail_launch(1, 719); /* CUDA_ERROR_LAUNCH_FAILED */
+  ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0); /* queued */
+  ck_assert_int_eq(fb_sync(s), FB_EDEVICE);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "CUDA_ERROR_LAUNCH_FAILED"), "message: %s",
+                fb_session_errmsg(s));
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 0);
+  fb_session_destroy(s);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  env_close(&x);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("cuda");
+  TCase *t = tcase_create("fake driver");
+  tcase_add_checked_fixture(t, load_fake, NULL);
+  tcase_add_test(t, backend_cuda_on_fake_driver);
+  tcase_add_test(t, no_driver_is_a_clear_error);
+  tcase_add_test(t, no_gpu_is_a_clear_error);
+  tcase_add_test(t, stream_modules_and_launch_shapes);
+  tcase_add_test(t, async_batches);
+  tcase_add_test(t, memory_limit_and_allocation_failure);
+  tcase_add_test(t, plain_launch_error_fails_one_launch);
+  tcase_add_test(t, sticky_error_ends_sessions_then_recovers);
+  tcase_add_test(t, sticky_error_in_async_batch);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) { return fbt_run(suite()); }
