@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 #include "fusebox/engine.h"
@@ -163,6 +165,25 @@ START_TEST(no_gpu_is_a_clear_error) {
   fb_engine_destroy(e);
   unsetenv("FAKECUDA_NO_DEVICE");
   fake.reset();
+}
+END_TEST
+
+/* fuseboxd --backend cuda without a driver stops at once, saying why. */
+START_TEST(server_refuses_cuda_without_driver) {
+  const char *bdir = getenv("FB_BUILD_DIR");
+  ck_assert_ptr_nonnull(bdir);
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "FB_CUDA_LIBRARY=/nonexistent/libcuda.so.1 '%s/server/fuseboxd' "
+           "--backend cuda --listen unix:/tmp/fb_test_cuda_%d.sock 2>&1", bdir, (int)getpid());
+  FILE *p = popen(cmd, "r");
+  ck_assert_ptr_nonnull(p);
+  char out[4096] = "";
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "fuseboxd exited %d: %s", st, out);
+  ck_assert_msg(strstr(out, "cannot load the CUDA driver /nonexistent/libcuda.so.1"), "output: %s",
+                out);
 }
 END_TEST
 
@@ -349,6 +370,7 @@ static Suite *suite(void) {
   tcase_add_test(t, backend_cuda_on_fake_driver);
   tcase_add_test(t, no_driver_is_a_clear_error);
   tcase_add_test(t, no_gpu_is_a_clear_error);
+  tcase_add_test(t, server_refuses_cuda_without_driver);
   tcase_add_test(t, stream_modules_and_launch_shapes);
   tcase_add_test(t, async_batches);
   tcase_add_test(t, memory_limit_and_allocation_failure);
