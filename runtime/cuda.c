@@ -32,7 +32,7 @@ struct fb_cuda_device {
   fb_cuda_api api;
   CUdevice dev;
   int ordinal;
-  char name[256], sm[16];
+  char name[320], sm[16];
   int sms, threads_per_sm;
   size_t total_mem;
   pthread_mutex_t mu;     /* everything below */
@@ -71,14 +71,14 @@ static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char 
     pthread_mutex_lock(&d->mu);
     if (!d->broken && (!q || q->gen == d->gen)) {
       d->broken = 1;
-      snprintf(d->why, sizeof d->why, "the GPU context failed (%s during %s); it is made "
-               "again once the sessions it ended are closed", es, what);
+      snprintf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
+               "made again once the sessions it ended are closed", es, what);
     }
     pthread_mutex_unlock(&d->mu);
     if (q && !q->dead) {
       q->dead = 1;
-      snprintf(q->why, sizeof q->why, "the GPU context failed (%s during %s): this session's "
-               "device memory is lost; close it and open a new one", es, what);
+      snprintf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
+               "session's device memory is lost; close it and open a new one", es, what);
     }
     if (q) return fb_errf(err, errlen, "%s", q->why), FB_EDEVICE;
   }
@@ -153,7 +153,13 @@ int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen) {
   *out = NULL;
   fb_cuda_device *d = calloc(1, sizeof *d);
   if (!d) return fb_errf(err, errlen, "CUDA backend: out of memory"), FB_ENOMEM;
-  pthread_mutex_init(&d->mu, NULL);
+  /* recursive: remaking the context (under mu) may fail a call, and the
+   * failure path takes mu to record a sticky error */
+  pthread_mutexattr_t ma;
+  pthread_mutexattr_init(&ma);
+  pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&d->mu, &ma);
+  pthread_mutexattr_destroy(&ma);
   int rc = fb_cuda_api_load(&d->api, err, errlen);
   if (!rc) rc = probe(d, err, errlen);
   if (!rc) rc = make_context(d, err, errlen);
@@ -210,7 +216,7 @@ static void remake_context(fb_cuda_device *d) {
     d->broken = 0;
     d->why[0] = 0;
   } else {
-    snprintf(d->why, sizeof d->why, "the GPU context could not be made again: %s", err);
+    snprintf(d->why, sizeof d->why, "the GPU context could not be made again: %.250s", err);
   }
 }
 
