@@ -58,6 +58,7 @@ struct fb_engine {
   fb_cpu_jit *jit;
   fb_cpu_device *dev;
   fb_cuda_device *gpu;  /* the CUDA backend: sessions run there */
+  char cpu_name[64];    /* fb_engine_device of the CPU backend */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
@@ -225,6 +226,7 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     return FB_EDEVICE;
   }
   pthread_mutex_init(&e->mu, NULL);
+  snprintf(e->cpu_name, sizeof e->cpu_name, "CPU (%d threads)", fb_pool_threads(e->dev->pool));
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
   *out = e;
@@ -255,10 +257,8 @@ void fb_engine_destroy(fb_engine *e) {
 const char *fb_engine_backend(const fb_engine *e) { return e && e->gpu ? "cuda" : "cpu"; }
 
 const char *fb_engine_device(const fb_engine *e) {
-  static char cpu[64];
-  if (e && e->gpu) return fb_cuda_device_name(e->gpu);
-  snprintf(cpu, sizeof cpu, "CPU (%d threads)", e ? fb_pool_threads(e->dev->pool) : 0);
-  return cpu;
+  if (!e) return "none";
+  return e->gpu ? fb_cuda_device_name(e->gpu) : e->cpu_name;
 }
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {

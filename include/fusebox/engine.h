@@ -111,7 +111,7 @@ void fb_engine_destroy(fb_engine *e);
  * and a GPU are there, else on the CPU. */
 const char *fb_engine_backend(const fb_engine *e); /* "cpu" or "cuda" */
 /* The device in words: "CPU (2 threads)", or the GPU's name, SM and memory.
- * The string lives as long as the engine (the CPU's: until the next call). */
+ * The string lives as long as the engine. */
 const char *fb_engine_device(const fb_engine *e);
 /* 1 while the engine's device works. 0 after a GPU context failure, until
  * the sessions it ended are closed and the context is made again; why
