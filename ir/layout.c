@@ -114,48 +114,89 @@ int fb_layout_find(const fb_layout *l, const char *name) {
   return -1;
 }
 
-static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+/* Checked arithmetic on sizes: each returns 1 when the result would pass
+ * FB_LAYOUT_MAX_BYTES (or wrap), leaving *out unspecified. */
+static int size_mul(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_mul_overflow(a, b, out) || *out > FB_LAYOUT_MAX_BYTES;
+}
+
+static int size_add(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_add_overflow(a, b, out) || *out > FB_LAYOUT_MAX_BYTES;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; } /* x, a < 2^56 */
 
 /* Storage of one instance of s inside its parent cell. Sparse kinds keep
  * their metadata in front of the cells:
  *   bitmasked: one u32 mask word per 32 cells, then the cells;
  *   pointer:   one 8-byte slot per cell (child cell storage is allocated);
- *   dynamic:   an 8-byte length, then one 8-byte chunk pointer per chunk. */
-static uint64_t node_bytes(const fb_snode *s) {
-  uint64_t cells = (uint64_t)s->ncells;
+ *   dynamic:   an 8-byte length, then one 8-byte chunk pointer per chunk.
+ * Returns 1 when that passes FB_LAYOUT_MAX_BYTES. */
+static int node_bytes(const fb_snode *s, uint64_t *out) {
+  uint64_t cells = (uint64_t)s->ncells, data;
   switch (s->kind) {
-  case FB_SN_PLACE: return fb_type_size(s->type);
-  case FB_SN_DENSE: return cells * s->cell_bytes;
-  case FB_SN_BITMASKED: return align_up((cells + 31) / 32 * 4, 8) + cells * s->cell_bytes;
-  case FB_SN_POINTER: return cells * 8;
-  case FB_SN_DYNAMIC: return 8 + (cells + (uint64_t)s->chunk - 1) / (uint64_t)s->chunk * 8;
-  default: return s->cell_bytes;
+  case FB_SN_PLACE: *out = fb_type_size(s->type); return 0;
+  case FB_SN_DENSE: return size_mul(cells, s->cell_bytes, out);
+  case FB_SN_BITMASKED:
+    return size_mul(cells, s->cell_bytes, &data) ||
+           size_add(align_up((cells + 31) / 32 * 4, 8), data, out);
+  case FB_SN_POINTER: return size_mul(cells, 8, out);
+  case FB_SN_DYNAMIC: *out = 8 + (cells + (uint64_t)s->chunk - 1) / (uint64_t)s->chunk * 8; return 0;
+  default: *out = s->cell_bytes; return 0;
   }
+}
+
+static const char *label(const fb_snode *s) { return s->name ? s->name : ""; }
+
+static int too_big(const fb_snode *s, const char *what, char *err, size_t errlen) {
+  fb_errf(err, errlen, "SNode %d (%s%s%s): %s over the limit of 2^56 bytes", s->id,
+          fb_snode_kind_name(s->kind), s->name ? " " : "", label(s), what);
+  return FB_EINVAL;
+}
+
+/* Index space and cell count of s from its parent's, with every extent and
+ * product checked (sizes are positive, but any int64 may come in). */
+static int node_space(fb_layout *l, fb_snode *s, char *err, size_t errlen) {
+  const fb_snode *p = s->parent >= 0 ? &l->nodes[s->parent] : NULL;
+  uint64_t cells = 1;
+  s->space_axes = (p ? p->space_axes : 0) | s->axes;
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    uint64_t shape;
+    if (s->size[a] < 1 || s->size[a] > INT32_MAX ||
+        __builtin_mul_overflow((uint64_t)(p ? p->shape[a] : 1), (uint64_t)s->size[a], &shape) ||
+        shape > INT32_MAX) {
+      fb_errf(err, errlen, "SNode %d (%s%s%s): extent %s along axis %c exceeds 2^31-1", s->id,
+              fb_snode_kind_name(s->kind), s->name ? " " : "", label(s),
+              s->size[a] < 1 ? "(a size below 1)" : "of its index space", 'i' + a);
+      return FB_EINVAL;
+    }
+    s->shape[a] = (int64_t)shape;
+    if (size_mul(cells, (uint64_t)s->size[a], &cells)) return too_big(s, "its cell count is", err, errlen);
+  }
+  s->ncells = (int64_t)cells;
+  s->ndim = 0;
+  for (int a = 0; a < FB_MAX_AXES; a++)
+    if (s->space_axes & (1u << a)) s->dim_axis[s->ndim++] = a;
+  return 0;
+}
+
+/* A field's whole extent (what host reads and writes stage) must fit too. */
+static int field_extent(const fb_snode *s, char *err, size_t errlen) {
+  uint64_t bytes = fb_type_size(s->type);
+  for (int d = 0; d < s->ndim; d++)
+    if (size_mul(bytes, (uint64_t)s->shape[s->dim_axis[d]], &bytes))
+      return too_big(s, "the field's extent is", err, errlen);
+  return 0;
 }
 
 static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
   fb_snode *s = &l->nodes[id];
-  const fb_snode *p = s->parent >= 0 ? &l->nodes[s->parent] : NULL;
-  s->depth = p ? p->depth + 1 : 0;
-  s->space_axes = (p ? p->space_axes : 0) | s->axes;
-  s->ncells = 1;
-  for (int a = 0; a < FB_MAX_AXES; a++) {
-    s->shape[a] = (p ? p->shape[a] : 1) * s->size[a];
-    s->ncells *= s->size[a];
-  }
-  s->ndim = 0;
-  for (int a = 0; a < FB_MAX_AXES; a++)
-    if (s->space_axes & (1u << a)) s->dim_axis[s->ndim++] = a;
-  for (int a = 0; a < FB_MAX_AXES; a++)
-    if (s->shape[a] > INT32_MAX) {
-      fb_errf(err, errlen, "SNode %d: extent %lld along axis %c exceeds 2^31-1", id,
-           (long long)s->shape[a], 'i' + a);
-      return FB_EINVAL;
-    }
+  int rc = node_space(l, s, err, errlen);
+  if (rc) return rc;
   if (s->kind == FB_SN_PLACE) {
     s->cell_bytes = 0;
-    s->node_bytes = node_bytes(s);
-    return 0;
+    node_bytes(s, &s->node_bytes);
+    return field_extent(s, err, errlen);
   }
   if (s->kind != FB_SN_ROOT && s->nchildren == 0) {
     fb_errf(err, errlen, "%s SNode%s%s holds no fields", fb_snode_kind_name(s->kind),
@@ -176,18 +217,46 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
     uint64_t al = ch->kind == FB_SN_PLACE ? (ch->node_bytes ? ch->node_bytes : 1) : 8;
     off = align_up(off, al);
     ch->offset = off;
-    off += ch->node_bytes;
+    if (size_add(off, ch->node_bytes, &off)) return too_big(s, "one cell is", err, errlen);
     if (al > maxalign) maxalign = al;
   }
   s = &l->nodes[id]; /* children never reallocate nodes, but stay safe */
   s->cell_bytes = align_up(off, maxalign);
-  s->node_bytes = node_bytes(s);
+  if (node_bytes(s, &s->node_bytes)) return too_big(s, "its storage is", err, errlen);
+  return 0;
+}
+
+/* Depth of every node, without recursion (a parent's id is below its
+ * children's), so that the recursive walk below is bounded. */
+static int check_shape(fb_layout *l, char *err, size_t errlen) {
+  if (l->nnodes > FB_LAYOUT_MAX_NODES) {
+    fb_errf(err, errlen, "the layout has %d SNodes; at most %d are allowed", l->nnodes,
+            FB_LAYOUT_MAX_NODES);
+    return FB_EINVAL;
+  }
+  l->nodes[0].depth = 0;
+  for (int i = 1; i < l->nnodes; i++) {
+    fb_snode *s = &l->nodes[i];
+    if (s->parent < 0 || s->parent >= i) {
+      fb_errf(err, errlen, "SNode %d: parent %d is not an earlier SNode", i, s->parent);
+      return FB_EINVAL;
+    }
+    s->depth = l->nodes[s->parent].depth + 1;
+    if (s->depth > FB_LAYOUT_MAX_DEPTH) {
+      fb_errf(err, errlen, "SNode %d (%s%s%s) sits %d levels below the root; at most %d are "
+              "allowed", i, fb_snode_kind_name(s->kind), s->name ? " " : "", label(s), s->depth,
+              FB_LAYOUT_MAX_DEPTH);
+      return FB_EINVAL;
+    }
+  }
   return 0;
 }
 
 int fb_layout_finalize(fb_layout *l, char *err, size_t errlen) {
   if (!l || l->nnodes < 1) return FB_EINVAL;
-  int rc = finalize_node(l, 0, err, errlen);
+  l->finalized = 0;
+  int rc = check_shape(l, err, errlen);
+  if (!rc) rc = finalize_node(l, 0, err, errlen);
   if (rc) return rc;
   l->root_bytes = l->nodes[0].cell_bytes;
   l->finalized = 1;

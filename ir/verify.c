@@ -554,6 +554,30 @@ static void walk_block(vctx *v, int blk, int owner, const char *role) {
   v->bstate[blk] = BK_DONE;
 }
 
+/* ---------------------------------------------------------------- client kernels */
+
+int fb_kernel_check_public(const fb_kernel *k, int max_stmts, char *err, size_t errlen) {
+  const char *name = k && k->name ? k->name : "?";
+  if (!k || k->nstmts < 0 || (k->nstmts && !k->stmts)) {
+    fb_errf(err, errlen, "kernel '%s' is malformed (no statement list)", name);
+    return FB_EINVAL;
+  }
+  if (max_stmts > 0 && k->nstmts > max_stmts) {
+    fb_errf(err, errlen, "kernel '%s' has %d statements; this session compiles kernels of at "
+            "most %d (max_kernel_statements)", name, k->nstmts, max_stmts);
+    return FB_EQUOTA;
+  }
+  for (int i = 0; i < k->nstmts; i++) {
+    unsigned op = k->stmts[i].op;
+    if (op < FB_OP__COUNT && !(fb_op_table[op].flags & FB_OPF_INTERNAL)) continue;
+    fb_errf(err, errlen, "kernel '%s': %%%d %s: %s", name, i, op_name(op),
+            op < FB_OP__COUNT ? "is internal to the engine; client kernels may not use it"
+                              : "is not an op");
+    return FB_EVERIFY;
+  }
+  return 0;
+}
+
 /* ---------------------------------------------------------------- entry */
 
 int fb_verify(const fb_kernel *k, fb_diags *out) {

@@ -10,7 +10,7 @@
 #include "proto/convert.h"
 
 #define ARENA_BLOCK ((size_t)64 << 10)
-#define MAX_NODES (1 << 16)
+#define MAX_NODES FB_LAYOUT_MAX_NODES
 #define MAX_STMTS (1 << 22)
 
 /* ---------------------------------------------------------------- arena */

@@ -144,6 +144,8 @@ struct fb_session {
   fb_engine *e;
   fb_layout *layout;       /* the session's own copy */
   uint64_t seed;
+  int max_stmts;           /* compile budget per kernel, 0 = none */
+  int internal_ok;         /* fb_session_config.allow_internal_ops */
   uint64_t launch_no;      /* launches so far: rand()'s launch number */
   fb_devmem mem;
   fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
@@ -360,6 +362,10 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   pthread_mutex_init(&s->cmu, NULL);
   s->e = e;
   s->seed = cfg ? cfg->seed : 0;
+  s->max_stmts = !cfg || !cfg->max_kernel_statements ? FB_MAX_KERNEL_STATEMENTS_DEFAULT
+                 : cfg->max_kernel_statements < 0    ? 0
+                                                     : cfg->max_kernel_statements;
+  s->internal_ok = cfg && cfg->allow_internal_ops;
   pthread_mutex_lock(&e->mu);
   s->pid = e->next_pid++;
   pthread_mutex_unlock(&e->mu);
@@ -624,7 +630,10 @@ static int reserve_slots(fb_session *s, sess_kernel *sk) {
 static int build_kernel(fb_session *s, const fb_kernel *k, sess_kernel *sk) {
   if (!k->name || k->nparams < 0 || (k->nparams && !k->params))
     return fail(s, FB_EINVAL, "malformed kernel (no name or parameter list)");
-  int rc = check_snodes(s, k);
+  char why[512];
+  int rc = s->internal_ok ? 0 : fb_kernel_check_public(k, s->max_stmts, why, sizeof why);
+  if (rc) return fail(s, rc, "%s", why);
+  rc = check_snodes(s, k);
   if (rc) return rc;
   if (!(sk->k = fb_kernel_clone_to(k, s->layout)))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", k->name);

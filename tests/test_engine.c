@@ -697,6 +697,77 @@ START_TEST(verify_failure) {
 }
 END_TEST
 
+/* Kernels are untrusted: the engine's own ops (here gtmp_store, which
+ * writes an absolute scratch offset, and listgen) are refused with their
+ * name and statement, and so is a kernel over the compile budget; the
+ * session goes on working. */
+START_TEST(internal_ops_and_budget) {
+  fb_layout *l = fb_layout_new();
+  int a = place(l, dense(l, 0, "i", 8, 0), "a", FB_T_I32);
+  finalize(l);
+  fb_session_config sc = {.mode = "sync", .max_kernel_statements = 64};
+  fb_session *s = NULL;
+  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, NULL, 0), 0);
+  fb_kernel *k = fb_kernel_new(l, "escape", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int v = fb_b_const_i64(&b, 7);
+  int st = fb_b_gtmp_store(&b, v, 1 << 20);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EVERIFY);
+  char want[64];
+  snprintf(want, sizeof want, "%%%d gtmp_store: is internal", st);
+  ck_assert_msg(strstr(fb_session_errmsg(s), want), "message: %s", fb_session_errmsg(s));
+  fb_kernel_free(k);
+  k = fb_kernel_new(l, "bomb", 0, NULL, FB_T_VOID);
+  fb_builder_init(&b, k);
+  int x = fb_b_const_i32(&b, 1);
+  for (int i = 0; i < 100; i++) x = fb_b_binary(&b, FB_OP_ADD, x, x);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EQUOTA);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "max_kernel_statements"), "message: %s",
+                fb_session_errmsg(s));
+  fb_kernel_free(k);
+  still_works(s, l, a);
+  fb_session_destroy(s);
+  fb_layout_free(l);
+}
+END_TEST
+
+/* Layout sizes are checked arithmetic: a product that wraps (65536^4 cells
+ * of 4 bytes is 2^66, 0 mod 2^64) or an extent over 2^31-1 is refused with
+ * the SNode named; so is a tree deeper than the limit, checked without
+ * recursion. */
+START_TEST(layout_overflow_refused) {
+  char err[256];
+  fb_layout *l = fb_layout_new();
+  int64_t big[4] = {65536, 65536, 65536, 65536};
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "ijkl", big, 0, "huge");
+  place(l, d, "x", FB_T_I32);
+  ck_assert_int_eq(fb_layout_finalize(l, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "SNode 1 (dense huge)") && strstr(err, "2^56"), "%s", err);
+  fb_layout_free(l);
+  l = fb_layout_new();
+  int64_t three = 3, wrap = 0x5555555555555555ll;
+  int outer = fb_layout_add(l, 0, FB_SN_DENSE, "i", &three, 0, NULL);
+  int inner = fb_layout_add(l, outer, FB_SN_DENSE, "i", &wrap, 0, NULL);
+  place(l, inner, "y", FB_T_I32);
+  ck_assert_int_eq(fb_layout_finalize(l, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "SNode 2") && strstr(err, "2^31-1"), "%s", err);
+  fb_layout_free(l);
+  l = fb_layout_new();
+  int64_t two = 2;
+  int p = 0;
+  for (int i = 0; i < 100; i++) {
+    int c = fb_layout_add(l, p, FB_SN_DENSE, i % 2 ? "i" : "j", &two, 0, NULL);
+    ck_assert_int_ge(c, 0);
+    p = c;
+  }
+  place(l, p, "z", FB_T_I32);
+  ck_assert_int_eq(fb_layout_finalize(l, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "SNode 49 ") && strstr(err, "levels below the root"), "%s", err);
+  fb_layout_free(l);
+}
+END_TEST
+
 START_TEST(out_of_bounds) {
   fb_layout *l = fb_layout_new();
   int a = place(l, dense(l, 0, "i", 100, 0), "a", FB_T_I32);
@@ -900,6 +971,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, cell_read_write);
   tcase_add_test(tc, wrong_args);
   tcase_add_test(tc, verify_failure);
+  tcase_add_test(tc, internal_ops_and_budget);
+  tcase_add_test(tc, layout_overflow_refused);
   tcase_add_test(tc, out_of_bounds);
   tcase_add_test(tc, memory_limit);
   tcase_add_test(tc, bad_field_access);

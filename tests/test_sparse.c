@@ -43,7 +43,9 @@ static void duo_open(duo *d, const char *src, int threads, uint64_t limit) {
   ck_assert_msg(rc == 0, "parse failed:\n%s", r ? r : "");
   free(r);
   fb_diags_free(&dg);
-  fb_session_config sc = {.mode = "sync", .seed = 7, .memory_limit = limit};
+  /* demoted_writes launches the engine's own store_na directly */
+  fb_session_config sc = {.mode = "sync", .seed = 7, .memory_limit = limit,
+                          .allow_internal_ops = 1};
   rc = fb_session_create(d->e, &sc, fb_program_layout(d->p), &d->s, err, sizeof err);
   ck_assert_msg(rc == 0, "session: %s", err);
   d->in = fb_interp_new(fb_program_layout(d->p), 7);

@@ -58,12 +58,19 @@ enum {
 };
 
 #define FB_FLUSH_EVERY_DEFAULT 50 /* pending tasks */
+#define FB_MAX_KERNEL_STATEMENTS_DEFAULT 20000 /* the compile budget of a kernel */
 
 /* Zero-initialized fields take their defaults. */
 typedef struct fb_session_config {
   const char *mode;     /* "sync" (default) or "async" */
   uint64_t seed;        /* rand() seed */
   uint64_t memory_limit; /* bytes of device memory, 0 = unlimited */
+  int max_kernel_statements; /* compile budget: kernels with more statements
+                                are refused with FB_EQUOTA; 0 = the default
+                                FB_MAX_KERNEL_STATEMENTS_DEFAULT, < 0 = none */
+  int allow_internal_ops; /* accept kernels holding ops internal to the
+                             engine: only for tests of those ops' code
+                             generation; fuseboxd never sets it */
   /* async mode only */
   unsigned passes;      /* FB_PASSES_* bits (see FB_PASSES_EXACT); 0 = all */
   int flush_every;      /* flush once this many tasks are pending:
@@ -131,7 +138,10 @@ const fb_layout *fb_session_layout(const fb_session *s);
 /* Register a kernel: verified, copied and lowered to tasks (sync: each
  * task compiled now; async: put into the session's IR bank and compiled
  * when a flush hands it out). Its SNode ids refer to the session's
- * layout. Returns the kernel id (>= 0). */
+ * layout. Kernels are treated as untrusted: one holding an op internal to
+ * the engine (gtmp_*, list tasks, demoted stores: FB_OPF_INTERNAL) is
+ * refused with FB_EVERIFY, one over the compile budget with FB_EQUOTA.
+ * Returns the kernel id (>= 0). */
 int fb_session_add_kernel(fb_session *s, const fb_kernel *k);
 int fb_session_find_kernel(const fb_session *s, const char *name);
 /* The kernel's tasks as IR (owned by the session): for `fusebox ir`. */

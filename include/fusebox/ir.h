@@ -27,6 +27,15 @@ extern "C" {
 #define FB_MAX_AXES 4 /* i j k l */
 #define FB_MAX_ARGS 6 /* operands of one statement: 4 indices + value + 1 */
 
+/* Limits of a layout, checked by fb_layout_finalize (layouts come from
+ * clients, who may send anything): how many SNodes, how deep the tree (the
+ * root has depth 0), and the bytes any one node, cell or field may span.
+ * Below FB_LAYOUT_MAX_BYTES every product and sum of sizes that the IR, the
+ * code generator and the runtimes form fits in 64 bits without wrapping. */
+#define FB_LAYOUT_MAX_NODES 4096
+#define FB_LAYOUT_MAX_DEPTH 48
+#define FB_LAYOUT_MAX_BYTES ((uint64_t)1 << 56)
+
 /* ---------------------------------------------------------------- SNodes */
 
 typedef enum fb_snode_kind {
@@ -82,13 +91,18 @@ int fb_layout_add(fb_layout *l, int parent, fb_snode_kind kind, const char *axes
                   const int64_t *sizes, int64_t chunk, const char *name);
 int fb_layout_place(fb_layout *l, int parent, const char *name, fb_type t);
 /* Compute index spaces and the memory layout. Returns 0 or FB_EINVAL with a
- * message in err (e.g. an axis split twice on one path under a dynamic). */
+ * message in err naming the SNode (an axis split twice on one path under a
+ * dynamic, an extent over 2^31-1, storage over FB_LAYOUT_MAX_BYTES, more
+ * than FB_LAYOUT_MAX_NODES nodes or a tree deeper than FB_LAYOUT_MAX_DEPTH).
+ * Every size is computed with checked arithmetic; the depth is checked
+ * before anything recurses, so any layout is safe to finalize. */
 int fb_layout_finalize(fb_layout *l, char *err, size_t errlen);
 int fb_layout_find(const fb_layout *l, const char *name); /* id or -1 */
 /* Stride of axis a below node s on the way to descendant leaf: the product
  * of the sizes along a of the containers strictly between s and leaf. */
 int64_t fb_layout_stride(const fb_layout *l, int s, int leaf, int axis);
-/* Number of elements of a field (product of its shape). */
+/* Number of elements of a field (product of its shape; a finalized layout
+ * guarantees numel * element size <= FB_LAYOUT_MAX_BYTES). */
 int64_t fb_field_numel(const fb_layout *l, int place);
 /* Ids of the containers from the root's child down to the place's parent. */
 int fb_layout_path(const fb_layout *l, int node, int *out, int max);
@@ -124,7 +138,8 @@ enum {
   FB_OPF_BLOCK = 4,  /* owns body (and orelse) blocks */
   FB_OPF_SNODE = 8,  /* names an SNode in stmt.snode */
   FB_OPF_READS = 16, /* reads global state */
-  FB_OPF_WRITES = 32 /* writes global state */
+  FB_OPF_WRITES = 32, /* writes global state */
+  FB_OPF_INTERNAL = 64 /* made by the engine only; refused in client kernels */
 };
 
 typedef struct fb_op_info {
@@ -270,6 +285,12 @@ char *fb_diags_join(const fb_diags *d);
  * loop, arg numbers and types, and ret types. Every error is reported (as
  * "%<id> <op>: <rule>"), not only the first. Returns 0 or FB_EVERIFY. */
 int fb_verify(const fb_kernel *k, fb_diags *out);
+/* What a kernel from a client must also satisfy, whoever built it: no
+ * FB_OPF_INTERNAL op anywhere (FB_EVERIFY naming the first one and its
+ * statement), and at most max_stmts statements when max_stmts > 0
+ * (FB_EQUOTA). The verifier proper (fb_verify) accepts internal ops, since
+ * it also checks the engine's own tasks. */
+int fb_kernel_check_public(const fb_kernel *k, int max_stmts, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- text format
  * print(parse(print(x))) == print(x). See docs/ir.md for the grammar. */

@@ -8,6 +8,10 @@
  *        access (their count is the dimension of the SNode they name).
  * class: the verifier's type rule (see FB_OPC_* in include/fusebox/ir.h).
  * flags: FB_OPF_* bits (pure, side effect, block, names an SNode, ...).
+ *        FB_OPF_INTERNAL marks the ops that only the engine makes (lowering
+ *        and the optimizer): they address session scratch memory or runtime
+ *        lists directly, so kernels from clients may not contain them
+ *        (fb_kernel_check_public).
  *
  * Operand conventions (args[] holds statement ids):
  *   global ops  load/store/atomic_*:   snode = place; args = indices..., [value]
@@ -118,20 +122,20 @@ FB_OP(BREAK,       "break",       0, FB_OPC_JUMP,    FB_OPF_SIDE)
 FB_OP(CONTINUE,    "continue",    0, FB_OPC_JUMP,    FB_OPF_SIDE)
 FB_OP(LOOP_INDEX,  "loop_index",  1, FB_OPC_LOOPIDX, FB_OPF_PURE)
 FB_OP(RET,         "ret",         1, FB_OPC_RET,     FB_OPF_SIDE)
-FB_OP(GTMP_LOAD,   "gtmp_load",   0, FB_OPC_GTMP,    FB_OPF_READS)
-FB_OP(GTMP_STORE,  "gtmp_store",  1, FB_OPC_GTMP,    FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(GTMP_LOAD,   "gtmp_load",   0, FB_OPC_GTMP,    FB_OPF_READS | FB_OPF_INTERNAL)
+FB_OP(GTMP_STORE,  "gtmp_store",  1, FB_OPC_GTMP,    FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
 FB_OP(RAND,        "rand",        0, FB_OPC_RAND,    0)
 /* sparse runtime tasks */
-FB_OP(CLEAR_LIST,  "clear_list",  0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(LISTGEN,     "listgen",     0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(GC,          "gc",          0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
+FB_OP(CLEAR_LIST,  "clear_list",  0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(LISTGEN,     "listgen",     0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(GC,          "gc",          0, FB_OPC_LIST,    FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
 /* optimizer variants: demoted (non-activating) writes, fused rand() streams */
-FB_OP(STORE_NA,      "store_na",      -1, FB_OPC_GSTORE,  FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_ADD_NA, "atomic_add_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_SUB_NA, "atomic_sub_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_MIN_NA, "atomic_min_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_MAX_NA, "atomic_max_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_AND_NA, "atomic_and_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_OR_NA,  "atomic_or_na",  -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(ATOMIC_XOR_NA, "atomic_xor_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE)
-FB_OP(RAND_SEQ,      "rand_seq",       0, FB_OPC_RAND,    FB_OPF_SIDE)
+FB_OP(STORE_NA,      "store_na",      -1, FB_OPC_GSTORE,  FB_OPF_SNODE | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_ADD_NA, "atomic_add_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_SUB_NA, "atomic_sub_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_MIN_NA, "atomic_min_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_MAX_NA, "atomic_max_na", -1, FB_OPC_ATOMIC,  FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_AND_NA, "atomic_and_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_OR_NA,  "atomic_or_na",  -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(ATOMIC_XOR_NA, "atomic_xor_na", -1, FB_OPC_IATOMIC, FB_OPF_SNODE | FB_OPF_READS | FB_OPF_WRITES | FB_OPF_SIDE | FB_OPF_INTERNAL)
+FB_OP(RAND_SEQ,      "rand_seq",       0, FB_OPC_RAND,    FB_OPF_SIDE | FB_OPF_INTERNAL)
