@@ -39,7 +39,9 @@ static int help(FILE *f, int graph) {
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
-            "  2 when the session cannot run (the message names the problem).\n"
+            "  2 when the session cannot run or a launch fails (the message names\n"
+            "  the problem; for a launch, the kernel, the launch number and the JSON\n"
+            "  path of the action that launched it, on every path and in every mode).\n"
             "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH);\n"
             "  without it, on a private fuseboxd started for this run on a unix socket;\n"
             "  --local runs the engine inside this process instead.\n"
@@ -158,6 +160,7 @@ static int run_common(int argc, char **argv, int graph) {
   if (!rc) rc = observe(&a, r, &err);
   if (!rc) rc = fb_sess_actions(r, "setup", &err);
   if (!rc) rc = fb_sess_actions(r, "step", &err);
+  if (!rc) rc = fb_sess_sync(r, &err); /* every launch ran: a failed one fails the run */
   int failed = 0;
   if (!rc) {
     failed = fb_sess_checks(r, &err);

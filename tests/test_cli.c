@@ -285,9 +285,10 @@ START_TEST(graph_and_trace) {
 }
 END_TEST
 
-START_TEST(server_commands) {
-  char cmd[8192], *out, sock[512];
-  snprintf(sock, sizeof sock, "unix:%s/fbd.sock", tmpdir);
+/* Start a fuseboxd on unix:TMPDIR/NAME (sock gets the address); its pid. */
+static int start_fuseboxd(const char *name, char *sock, size_t n) {
+  char cmd[8192], *out;
+  snprintf(sock, n, "unix:%s/%s", tmpdir, name);
   const char *b = getenv("FB_BUILD_DIR");
   snprintf(cmd, sizeof cmd, "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!", b ? b : "build", sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
@@ -302,6 +303,62 @@ START_TEST(server_commands) {
     if (!up) usleep(50000);
   }
   ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
+  return pid;
+}
+
+/* A kernel that reads out of bounds fails `fusebox run` and `fusebox
+ * bench` on every path (in this process, on a private fuseboxd, on a
+ * running one), in sync and async mode, and every path says the same: the
+ * kernel, the launch number and the JSON path of the action. */
+START_TEST(launch_errors_fail_every_path) {
+  write_file("oob.fbk",
+             "layout { dense(ij: 8, 8) { place u: f32, v: f32 } }\n"
+             "kernel init() { for i, j in u { u[i, j] = 0.0\n v[i, j] = 1.0 } }\n"
+             "kernel drift() { for i, j in u { u[i, j] += v[i + 1, j] } }\n");
+  write_file("oob.json",
+             "{ \"name\": \"oob\", \"program\": \"oob.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+             "  \"step\": [ {\"launch\": \"init\"}, {\"repeat\": 2, \"do\": [{\"launch\": \"drift\"}]},\n"
+             "            {\"launch\": \"init\"} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+             "  \"checks\": [ {\"read\": \"v\", \"sum\": 64.0} ] }\n");
+  char sock[512], server[600], cmd[8192], *out;
+  int pid = start_fuseboxd("oob.sock", sock, sizeof sock);
+  snprintf(server, sizeof server, "--server %s", sock);
+  const char *paths[] = {"--local", "", server};
+  const char *modes[] = {"sync", "async"};
+  /* launch #3: setup's init, the step's init, then the first drift */
+  const char *want = "$.step[1].do[0]: kernel 'drift' (launch #3 of the session) indexed a field out of bounds";
+  for (int p = 0; p < 3; p++)
+    for (int m = 0; m < 2; m++) {
+      snprintf(cmd, sizeof cmd, "%s run %s/oob.json %s --mode %s", fusebox(), tmpdir, paths[p], modes[m]);
+      int rc = sh(cmd, &out);
+      ck_assert_msg(rc == 2 && strstr(out, want) && !strstr(out, "all checks passed"),
+                    "%s: rc %d\n%s", cmd, rc, out);
+      free(out);
+    }
+  /* -v waits for each return value: the same error */
+  snprintf(cmd, sizeof cmd, "%s run %s/oob.json -v --mode async", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, want), "%s", out);
+  free(out);
+  for (int p = 0; p < 3; p += 2) { /* bench: in this process and on a fuseboxd */
+    snprintf(cmd, sizeof cmd, "%s bench %s/oob.json %s --modes sync,async", fusebox(), tmpdir,
+             p ? server : "");
+    int rc = sh(cmd, &out);
+    char ws[512], wa[512];
+    snprintf(ws, sizeof ws, "oob, mode sync: %s", want);
+    snprintf(wa, sizeof wa, "oob, mode async: %s", want);
+    ck_assert_msg(rc == 2 && strstr(out, ws) && strstr(out, wa), "%s: rc %d\n%s", cmd, rc, out);
+    free(out);
+  }
+  snprintf(cmd, sizeof cmd, "kill %d", pid);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+}
+END_TEST
+
+START_TEST(server_commands) {
+  char cmd[8192], *out, sock[512];
+  int pid = start_fuseboxd("fbd.sock", sock, sizeof sock);
   snprintf(cmd, sizeof cmd, "%s run %s --server %s", fusebox(), fbt_path("../examples/life.json"), sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "all checks passed"), "%s", out);
@@ -336,6 +393,7 @@ int main(void) {
   tcase_add_test(tc, bench_modes_and_json);
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
+  tcase_add_test(tc, launch_errors_fail_every_path);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char cmd[512];
