@@ -42,9 +42,10 @@ static int help(FILE *f, int graph) {
             "  2 when the session cannot run or a launch fails (the message names\n"
             "  the problem; for a launch, the kernel, the launch number and the JSON\n"
             "  path of the action that launched it, on every path and in every mode).\n"
-            "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH);\n"
-            "  without it, on a private fuseboxd started for this run on a unix socket;\n"
-            "  --local runs the engine inside this process instead.\n"
+            "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH;\n"
+            "  default: $FUSEBOX_SERVER when set); without either, on a private fuseboxd\n"
+            "  started for this run on a unix socket; --local runs the engine inside this\n"
+            "  process instead (and ignores $FUSEBOX_SERVER).\n"
             "  --mode   override session.mode     -v  print kernel return values\n"
             "  --param  set a parameter (${NAME} in the program and the session)\n"
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
@@ -85,6 +86,7 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
     if (a->o.server) return -1;
     a->o.private_server = 0;
   }
+  if (!a->o.server && a->o.private_server) a->o.server = fb_cli_env_server(); /* FUSEBOX_SERVER */
   return a->file ? 0 : -1;
 }
 

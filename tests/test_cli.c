@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "support.h"
 
 static char tmpdir[256];
@@ -206,6 +208,68 @@ START_TEST(check_ir_and_help) {
 }
 END_TEST
 
+/* The conventions of a command line: --version, help COMMAND, check on a
+ * session, clear errors for unknown commands. */
+START_TEST(cli_conventions) {
+  char cmd[8192], *out;
+  const char *vs[] = {"--version", "-V", "version"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "%s %s", fusebox(), vs[i]);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    int maj = -1, min = -1;
+    ck_assert_msg(sscanf(out, "fusebox %d.%d", &maj, &min) == 2 && maj >= 0 && min >= 0, "%s", out);
+    free(out);
+  }
+  const char *cmds[] = {"check", "ir", "run", "bench", "graph", "ping", "stats"};
+  for (int i = 0; i < 7; i++) { /* help CMD: that command's help, on stdout */
+    snprintf(cmd, sizeof cmd, "{ %s help %s 2>/dev/null; }", fusebox(), cmds[i]);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    char want[64];
+    snprintf(want, sizeof want, "usage: fusebox %s ", cmds[i]);
+    ck_assert_msg(strstr(out, want), "help %s:\n%s", cmds[i], out);
+    free(out);
+  }
+  snprintf(cmd, sizeof cmd, "%s help frobnicate", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "unknown command 'frobnicate'") && strstr(out, "fusebox help"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s --frobnicate", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "unknown option '--frobnicate'"), "%s", out);
+  free(out);
+  /* check SESSION.json: the session and the program it names */
+  snprintf(cmd, sizeof cmd, "%s check %s", fusebox(), fbt_path("../examples/heat.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "heat.json: ok (program ") && strstr(out, "heat.fbk"), "%s", out);
+  free(out);
+  write_file("e.fbk", "layout { dense(i: 4) { place a: f32 } }\nkernel k() {\n  b[0] = 2.0\n}\n");
+  write_file("e.json", "{ \"program\": \"e.fbk\", \"step\": [ {\"launch\": \"k\"} ] }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/e.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "e.fbk:3:3: error: unknown field 'b'"), "%s", out);
+  free(out);
+  write_file("k.fbk", prog);
+  write_file("kk.json", "{ \"program\": \"k.fbk\", \"session\": {\"mdoe\": 1} }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/kk.json --param K=2", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "$.session.mdoe: unknown key"), "%s", out);
+  free(out);
+  write_file("kp.json", "{ \"program\": \"k.fbk\" }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/kp.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "${K} is not a parameter") && strstr(out, "--param"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s check %s/kp.json --param K=2", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  /* no server anywhere: ping says how to give one */
+  snprintf(cmd, sizeof cmd, "env -u FUSEBOX_SERVER %s ping", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "FUSEBOX_SERVER"), "%s", out);
+  free(out);
+}
+END_TEST
+
 START_TEST(bench_modes_and_json) {
   write_file("p.fbk", prog);
   write_file("b.json",
@@ -367,6 +431,38 @@ START_TEST(server_commands) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "1 created, 1 closed") && strstr(out, "launches "), "%s", out);
   free(out);
+  /* --json: the same figures, as JSON a program can read */
+  snprintf(cmd, sizeof cmd, "{ %s stats --server %s --json 2>/dev/null; }", fusebox(), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  json_error_t je;
+  json_t *js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "stats --json is not JSON (%s):\n%s", je.text, out);
+  json_t *ss = json_object_get(js, "sessions");
+  ck_assert_int_eq(json_integer_value(json_object_get(ss, "created")), 1);
+  ck_assert_int_eq(json_integer_value(json_object_get(ss, "closed")), 1);
+  ck_assert_int_gt(json_integer_value(json_object_get(js, "launches")), 0);
+  ck_assert(json_is_string(json_object_get(json_object_get(js, "server"), "version")));
+  ck_assert(json_is_array(json_object_get(js, "session_list")));
+  json_decref(js);
+  free(out);
+  /* FUSEBOX_SERVER stands for --server: run and stats both use it */
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s run %s", sock, fusebox(), fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s stats", sock, fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "2 created, 2 closed"), "%s", out);
+  free(out);
+  /* ... so a wrong one fails the run, naming it; --local ignores it */
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s", tmpdir, fusebox(),
+           fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "nobody.sock"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s --local", tmpdir, fusebox(),
+           fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
   /* the same session in this process gives the same answer */
   snprintf(cmd, sizeof cmd, "%s run %s --local", fusebox(), fbt_path("../examples/life.json"));
   ck_assert_int_eq(sh(cmd, &out), 0);
@@ -390,6 +486,7 @@ int main(void) {
   tcase_add_test(tc, failed_check_names_it);
   tcase_add_test(tc, bad_input_is_named);
   tcase_add_test(tc, check_ir_and_help);
+  tcase_add_test(tc, cli_conventions);
   tcase_add_test(tc, bench_modes_and_json);
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
