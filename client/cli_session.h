@@ -43,6 +43,7 @@ typedef struct fb_sess_opts {
   int verbose;       /* print each launch's return value */
   const char *server; /* run on this fuseboxd ("host:port", "unix:PATH") */
   int private_server; /* run on a private fuseboxd started for this run */
+  int progress;      /* a progress line on stderr (a terminal) during long lists */
   FILE *out;         /* where check outcomes go */
 } fb_sess_opts;
 

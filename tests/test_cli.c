@@ -262,6 +262,22 @@ START_TEST(cli_conventions) {
   snprintf(cmd, sizeof cmd, "%s check %s/kp.json --param K=2", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
+  /* the last line gives the time the run took; no progress line on a
+   * stderr that is not a terminal, nor with --quiet on one */
+  snprintf(cmd, sizeof cmd, "%s run %s --local", fusebox(), fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  double secs = -1;
+  const char *last = strstr(out, "saxpy: all checks passed (");
+  ck_assert_msg(last && sscanf(last, "saxpy: all checks passed (%lf s)", &secs) == 1 && secs >= 0, "%s", out);
+  ck_assert_msg(!strstr(out, " launches ("), "%s", out);
+  free(out);
+  if (sh("command -v script", NULL) == 0) {
+    snprintf(cmd, sizeof cmd, "script -qec '%s run %s --local --quiet' /dev/null", fusebox(),
+             fbt_path("../examples/saxpy.json"));
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "all checks passed (") && !strstr(out, " launches ("), "%s", out);
+    free(out);
+  }
   /* no server anywhere: ping says how to give one */
   snprintf(cmd, sizeof cmd, "env -u FUSEBOX_SERVER %s ping", fusebox());
   ck_assert_int_eq(sh(cmd, &out), 2);
