@@ -40,5 +40,7 @@ int fb_cli_stats(int argc, char **argv);
 char *fb_cli_read_file(const char *path, size_t *len);
 /* Whether argv has -h or --help. */
 int fb_cli_wants_help(int argc, char **argv);
+/* $FUSEBOX_SERVER (the default of --server) or NULL when unset or empty. */
+const char *fb_cli_env_server(void);
 
 #endif

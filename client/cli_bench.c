@@ -324,7 +324,7 @@ static int help(FILE *f) {
   fprintf(f,
           "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
           "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
-          "                     [--server ADDR]\n"
+          "                     [--server ADDR | --local]\n"
           "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
           "  sync,async) side by side: setup, one step (its counters are reported), the\n"
           "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock,\n"
@@ -332,9 +332,11 @@ static int help(FILE *f) {
           "  shared machine), tasks launched, statements emitted, tasks compiled\n"
           "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
           "  over several files. Checks run in every mode; a failed check or a field that\n"
-          "  differs between modes makes the exit status 1. --param sets a parameter of\n"
-          "  every file (e.g. --param scale=64 for GPU sizes). The engine runs in this\n"
-          "  process unless --server names a fuseboxd (then times include the transport).\n"
+          "  differs between modes makes the exit status 1, a launch that fails (named\n"
+          "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
+          "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
+          "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
+          "  (then times include the transport).\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
@@ -427,7 +429,7 @@ static int bench_file(const char *path, const char *server, json_t *params, cons
 
 int fb_cli_bench(int argc, char **argv) {
   const char *files[256], *cli_modes[MAXMODES], *json_out = NULL, *csv_out = NULL, *server = NULL;
-  int nfiles = 0, ncli = 0, warmup = -1, repeat = -1;
+  int nfiles = 0, ncli = 0, warmup = -1, repeat = -1, local = 0;
   json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
     int bad = 0;
@@ -439,6 +441,7 @@ int fb_cli_bench(int argc, char **argv) {
     else if (!strcmp(argv[i], "--modes") && i + 1 < argc) bad = (ncli = parse_modes(argv[++i], cli_modes)) < 0;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
     else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
+    else if (!strcmp(argv[i], "--local")) local = 1;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_out = argv[++i];
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
@@ -449,10 +452,11 @@ int fb_cli_bench(int argc, char **argv) {
       return bad < 0 ? help(stderr) : 2;
     }
   }
-  if (!nfiles) {
+  if (!nfiles || (local && server)) {
     json_decref(params);
     return help(stderr);
   }
+  if (!server && !local) server = fb_cli_env_server(); /* FUSEBOX_SERVER */
   case_result *cases = calloc((size_t)nfiles, sizeof *cases);
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;

@@ -44,6 +44,30 @@ static fb_program *load(const char *path, json_t *params, char **src_out) {
   return p;
 }
 
+/* `fusebox check SESSION.json`: the session file (keys, params) and its
+ * program, as `fusebox run` loads them, without running anything. */
+static int check_session(const char *file, json_t *params) {
+  fb_sess_file f;
+  char *err = NULL;
+  int rc = fb_sess_load(file, params, &f, &err);
+  json_decref(params);
+  if (rc) {
+    fprintf(stderr, "%s\n", err ? err : fb_strerror(rc));
+    if (err && strstr(err, "is not a parameter")) fprintf(stderr, "(give it with --param NAME=VALUE)\n");
+    free(err);
+    fb_sess_free(&f);
+    return 1;
+  }
+  fb_program *p = f.prog;
+  printf("%s: ok (program %s: %d field%s, %d kernel%s, %d func%s)\n", file,
+         f.program_path ? f.program_path : "inline source", fb_program_nfields(p),
+         fb_program_nfields(p) == 1 ? "" : "s", fb_program_nkernels(p),
+         fb_program_nkernels(p) == 1 ? "" : "s", fb_program_nfuncs(p),
+         fb_program_nfuncs(p) == 1 ? "" : "s");
+  fb_sess_free(&f);
+  return 0;
+}
+
 int fb_cli_check(int argc, char **argv) {
   const char *file = NULL;
   json_t *params = json_object();
@@ -56,17 +80,23 @@ int fb_cli_check(int argc, char **argv) {
   if (fb_cli_wants_help(argc, argv) || !file || bad) {
     int h = fb_cli_wants_help(argc, argv);
     fprintf(h ? stdout : stderr,
-            "usage: fusebox check FILE.fbk [--param NAME=VALUE]...\n"
+            "usage: fusebox check FILE.fbk|SESSION.json [--param NAME=VALUE]...\n"
             "  Parses and type-checks the program: every error is printed as\n"
             "  file:line:col: error: message, with the line and a caret.\n"
+            "  A JSON session (a file ending in .json) is checked as 'fusebox run'\n"
+            "  loads it: its keys and params, then the program it names (or its\n"
+            "  inline source); nothing runs.\n"
             "  --param gives a value for ${NAME} in the program text.\n"
             "  Exit status 0 only when the file is valid.\n"
             "examples:\n"
             "  fusebox check examples/heat.fbk\n"
+            "  fusebox check examples/heat.json\n"
             "  fusebox check bench/micro/chain_copy.fbk --param scale=2\n");
     json_decref(params);
     return h ? 0 : 2;
   }
+  size_t flen = strlen(file);
+  if (flen > 5 && !strcmp(file + flen - 5, ".json")) return check_session(file, params);
   char *src;
   fb_program *p = load(file, params, &src);
   free(src);
@@ -132,7 +162,7 @@ int fb_cli_ir(int argc, char **argv) {
     else file = NULL, i = argc;
   }
   if (fb_cli_wants_help(argc, argv) || !file) {
-    fprintf(file ? stdout : stderr,
+    fprintf(fb_cli_wants_help(argc, argv) ? stdout : stderr,
             "usage: fusebox ir FILE.fbk [--kernel NAME] [--bind F1,F2] [--no-tasks]\n"
             "                  [--param NAME=VALUE]...\n"
             "  Prints the layout and the IR of each kernel, then the tasks each kernel\n"

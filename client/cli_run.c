@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "client/cli.h"
 #include "client/cli_session.h"
@@ -17,7 +19,7 @@
 typedef struct run_args {
   const char *file, *graph_dir, *trace;
   uint64_t flush;
-  int graphs_written;
+  int graphs_written, quiet;
   fb_sess_opts o;
   json_t *params;
 } run_args;
@@ -35,15 +37,22 @@ static int help(FILE *f, int graph) {
   else
     fprintf(f,
             "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
-            "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE] [-v]\n"
+            "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE]\n"
+            "                   [-v] [-q]\n"
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
-            "  2 when the session cannot run (the message names the problem).\n"
-            "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH);\n"
-            "  without it, on a private fuseboxd started for this run on a unix socket;\n"
-            "  --local runs the engine inside this process instead.\n"
+            "  2 when the session cannot run or a launch fails (the message names\n"
+            "  the problem; for a launch, the kernel, the launch number and the JSON\n"
+            "  path of the action that launched it, on every path and in every mode).\n"
+            "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH;\n"
+            "  default: $FUSEBOX_SERVER when set); without either, on a private fuseboxd\n"
+            "  started for this run on a unix socket; --local runs the engine inside this\n"
+            "  process instead (and ignores $FUSEBOX_SERVER).\n"
             "  --mode   override session.mode     -v  print kernel return values\n"
+            "  -q, --quiet  no progress line (shown on a terminal's stderr during a long\n"
+            "           setup or step: launches done, rate, ETA)\n"
+            "  The last line gives the outcome and the time the whole run took.\n"
             "  --param  set a parameter (${NAME} in the program and the session)\n"
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
             "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
@@ -74,6 +83,7 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
     } else if (!strcmp(argv[i], "--flush") && v) a->flush = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--trace") && v) a->trace = argv[++i];
     else if (!strcmp(argv[i], "-v")) a->o.verbose = 1;
+    else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) a->quiet = 1;
     else if (!strcmp(argv[i], "--local")) a->o.private_server = 0;
     else if (!strcmp(argv[i], "--server") && v) a->o.server = argv[++i];
     else if (argv[i][0] != '-' && !a->file) a->file = argv[i];
@@ -83,6 +93,8 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
     if (a->o.server) return -1;
     a->o.private_server = 0;
   }
+  if (!a->o.server && a->o.private_server) a->o.server = fb_cli_env_server(); /* FUSEBOX_SERVER */
+  a->o.progress = !a->quiet && isatty(STDERR_FILENO);
   return a->file ? 0 : -1;
 }
 
@@ -152,12 +164,15 @@ static int run_common(int argc, char **argv, int graph) {
   fb_sess_file f;
   fb_sess_run *r = NULL;
   char *err = NULL;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = fb_sess_load(a.file, a.params, &f, &err);
   json_decref(a.params);
   if (!rc) rc = fb_sess_start(&f, &a.o, &r, &err);
   if (!rc) rc = observe(&a, r, &err);
   if (!rc) rc = fb_sess_actions(r, "setup", &err);
   if (!rc) rc = fb_sess_actions(r, "step", &err);
+  if (!rc) rc = fb_sess_sync(r, &err); /* every launch ran: a failed one fails the run */
   int failed = 0;
   if (!rc) {
     failed = fb_sess_checks(r, &err);
@@ -165,7 +180,11 @@ static int run_common(int argc, char **argv, int graph) {
   }
   if (finish_observe(&a, r) && !rc) rc = FB_EIO;
   if (rc) fprintf(stderr, "fusebox %s: %s\n", graph ? "graph" : "run", err ? err : fb_strerror(rc));
-  else printf("%s: %s\n", f.name, failed ? "checks FAILED" : "all checks passed");
+  else {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("%s: %s (%.2f s)\n", f.name, failed ? "checks FAILED" : "all checks passed",
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+  }
   free(err);
   fb_sess_stop(r);
   fb_sess_free(&f);

@@ -1,5 +1,6 @@
 /* `fusebox ping` and `fusebox stats`: the health check and the server's
  * counters, sessions and memory, from a running fuseboxd. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,14 +8,24 @@
 #include "client/cli.h"
 #include "fusebox/client.h"
 
-static int connect_to(int argc, char **argv, const char *usage, fb_client **c) {
+static int connect_to(int argc, char **argv, const char *usage, int *json, fb_client **c) {
   const char *server = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { fputs(usage, stdout); return 0; }
-    else { fputs(usage, stderr); return 2; }
+    else if (json && !strcmp(argv[i], "--json")) *json = 1;
+    else {
+      fprintf(stderr, "fusebox %s: unexpected argument '%s'\n", argv[0], argv[i]);
+      fputs(usage, stderr);
+      return 2;
+    }
   }
-  if (!server) { fputs(usage, stderr); return 2; }
+  if (!server) server = fb_cli_env_server();
+  if (!server) {
+    fprintf(stderr, "fusebox %s: no server: give --server ADDR or set FUSEBOX_SERVER\n", argv[0]);
+    fputs(usage, stderr);
+    return 2;
+  }
   char err[512];
   if (fb_client_connect(server, NULL, c, err, sizeof err)) {
     fprintf(stderr, "fusebox: cannot connect to %s: %s\n", server, err);
@@ -25,12 +36,13 @@ static int connect_to(int argc, char **argv, const char *usage, fb_client **c) {
 
 int fb_cli_ping(int argc, char **argv) {
   static const char usage[] =
-      "usage: fusebox ping --server ADDR\n"
+      "usage: fusebox ping [--server ADDR]\n"
       "  Sends the standard gRPC health check (grpc.health.v1.Health/Check) and\n"
       "  prints the status and the round trip. Exit 0 when the server is SERVING.\n"
+      "  --server defaults to $FUSEBOX_SERVER.\n"
       "example: fusebox ping --server unix:/run/fuseboxd.sock\n";
   fb_client *c;
-  int rc = connect_to(argc, argv, usage, &c);
+  int rc = connect_to(argc, argv, usage, NULL, &c);
   if (rc >= 0) return rc;
   int status = 0;
   double rtt = 0;
@@ -41,14 +53,59 @@ int fb_cli_ping(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
+static json_t *counters_json(const fb_counters *c) {
+  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "launches", (json_int_t)c->launches,
+                   "tasks_launched", (json_int_t)c->tasks_launched, "statements_emitted",
+                   (json_int_t)c->statements_emitted, "tasks_compiled", (json_int_t)c->tasks_compiled,
+                   "tasks_fused", (json_int_t)c->tasks_fused, "listgens_removed",
+                   (json_int_t)c->listgens_removed, "dead_stores_removed", (json_int_t)c->dead_stores_removed,
+                   "activations_demoted", (json_int_t)c->activations_demoted,
+                   "cache_hits", (json_int_t)c->cache_hits);
+}
+
+/* `stats --json`: the server, its counters and its sessions as one object. */
+static int print_json(const fb_server_info *info, const fb_server_stats *st) {
+  json_t *sessions = json_array();
+  for (int i = 0; i < st->nsessions; i++) {
+    const fb_session_stats *s = &st->sessions[i];
+    json_array_append_new(sessions, json_pack("{s:s, s:b, s:f, s:I, s:o}", "tag", s->tag, "attached",
+                                              s->attached, "idle_s", s->idle_s, "memory_bytes",
+                                              (json_int_t)s->memory_bytes, "counters",
+                                              counters_json(&s->counters)));
+  }
+  json_t *o = json_pack(
+      "{s:{s:s, s:s, s:s, s:i, s:I, s:I, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, s:I, "
+      "s:I, s:{s:I, s:I}, s:o}",
+      "server", "version", info->version, "listen", info->listen, "backend", info->backend, "cores",
+      info->cores, "max_sessions", (json_int_t)info->max_sessions, "session_memory_limit",
+      (json_int_t)info->session_memory_limit, "uptime_s", info->uptime_s,
+      "sessions", "active", (json_int_t)st->sessions_active, "created", (json_int_t)st->sessions_created,
+      "closed", (json_int_t)st->sessions_closed, "disconnected", (json_int_t)st->sessions_disconnected,
+      "reaped", (json_int_t)st->sessions_reaped, "failed", (json_int_t)st->sessions_failed,
+      "launches", (json_int_t)st->launches, "syncs", (json_int_t)st->syncs, "bad_requests",
+      (json_int_t)st->bad_requests, "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
+      (json_int_t)st->bytes_out, "memory", "bytes", (json_int_t)st->memory_bytes, "peak_bytes",
+      (json_int_t)st->memory_peak_bytes, "session_list", sessions);
+  if (!o) {
+    fprintf(stderr, "fusebox stats: cannot build the JSON output\n");
+    return 1;
+  }
+  int rc = json_dumpf(o, stdout, JSON_INDENT(2)) || fputc('\n', stdout) == EOF;
+  json_decref(o);
+  return rc ? 1 : 0;
+}
+
 int fb_cli_stats(int argc, char **argv) {
   static const char usage[] =
-      "usage: fusebox stats --server ADDR\n"
+      "usage: fusebox stats [--server ADDR] [--json]\n"
       "  Prints the server (version, backend, uptime), its counters (sessions,\n"
       "  launches, syncs, bad requests, bytes, memory) and one line per session.\n"
-      "example: fusebox stats --server 127.0.0.1:7070\n";
+      "  --json prints the same as one JSON object. --server defaults to\n"
+      "  $FUSEBOX_SERVER.\n"
+      "example: fusebox stats --server 127.0.0.1:7070 --json\n";
   fb_client *c;
-  int rc = connect_to(argc, argv, usage, &c);
+  int json = 0;
+  int rc = connect_to(argc, argv, usage, &json, &c);
   if (rc >= 0) return rc;
   fb_server_info info;
   fb_server_stats st;
@@ -56,6 +113,12 @@ int fb_cli_stats(int argc, char **argv) {
     fprintf(stderr, "fusebox stats: %s: %s\n", fb_client_target(c), fb_client_errmsg(c));
     fb_client_close(c);
     return 1;
+  }
+  if (json) {
+    int bad = print_json(&info, &st);
+    fb_server_stats_free(&st);
+    fb_client_close(c);
+    return bad;
   }
   printf("fuseboxd %s on %s, backend %s, %d cores, up %.0f s\n", info.version, info.listen,
          info.backend, info.cores, info.uptime_s);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
 #include <unistd.h>
 
 #include "client/cli.h"
@@ -374,6 +375,21 @@ struct fb_sess_run {
   int have_daemon;
   kcache *kc;
   int nkc, capkc;
+  /* Where each launch came from, so that an error found later (async, or
+   * on a server) names the action that launched it: launch n of the
+   * session (0-based, the engine's count; a server's seq is n + 1) was
+   * made by the action at paths[launch_path[n]]. */
+  char **paths;
+  uint32_t npaths, cappaths;
+  uint32_t *launch_path;
+  uint64_t nlaunch, caplaunch;
+  const char **rnames; /* kernel names by server kernel id (borrowed from the program) */
+  int nrnames;
+  /* the progress line (o.progress): launches of the running list */
+  const char *plist;
+  uint64_t pdone, ptotal;
+  double pstart, plast;
+  int pshown;
 };
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
@@ -389,9 +405,151 @@ static const char *sess_errmsg(const fb_sess_run *r) {
   return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
 }
 
+/* ---------------------------------------------------------------- launch errors */
+
+/* ---------------------------------------------------------------- progress */
+
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Launches an action list makes (repeats multiplied out; saturating). */
+static uint64_t count_launches(json_t *list) {
+  uint64_t n = 0;
+  size_t i;
+  json_t *a;
+  json_array_foreach(list, i, a) {
+    uint64_t k = 0;
+    if (json_object_get(a, "launch")) k = 1;
+    else if (json_object_get(a, "repeat")) {
+      uint64_t times = (uint64_t)json_integer_value(json_object_get(a, "repeat"));
+      uint64_t body = count_launches(json_object_get(a, "do"));
+      k = body && times > UINT64_MAX / body ? UINT64_MAX : times * body;
+    }
+    n = n > UINT64_MAX - k ? UINT64_MAX : n + k;
+  }
+  return n;
+}
+
+/* "step: 1200/5000 launches (24%), 310/s, ETA 12 s" on stderr, redrawn at
+ * most 4 times a second, from one second into the list. */
+static void progress(fb_sess_run *r) {
+  r->pdone++;
+  if (!r->o.progress || (r->pdone & 15)) return;
+  double t = mono_s();
+  if (t - r->pstart < 1.0 || t - r->plast < 0.25) return;
+  r->plast = t;
+  double rate = (double)r->pdone / (t - r->pstart);
+  double left = r->ptotal > r->pdone ? (double)(r->ptotal - r->pdone) / rate : 0;
+  fprintf(stderr, "\r\033[K%s: %llu/%llu launches (%.0f%%), %.0f/s, ETA %.0f s", r->plist,
+          (unsigned long long)r->pdone, (unsigned long long)r->ptotal,
+          r->ptotal ? 100.0 * (double)r->pdone / (double)r->ptotal : 100.0, rate, left);
+  r->pshown = 1;
+}
+
+/* Note that the next launch (number r->nlaunch) comes from the action at path. */
+static int note_launch(fb_sess_run *r, const char *path) {
+  progress(r);
+  uint32_t p = r->npaths;
+  for (uint32_t i = r->npaths; i-- > 0;)
+    if (!strcmp(r->paths[i], path)) { p = i; break; }
+  if (p == r->npaths) {
+    if (r->npaths == r->cappaths) {
+      uint32_t nc = r->cappaths ? r->cappaths * 2 : 16;
+      char **v = realloc(r->paths, sizeof *v * nc);
+      if (!v) return FB_ENOMEM;
+      r->paths = v;
+      r->cappaths = nc;
+    }
+    if (!(r->paths[p] = strdup(path))) return FB_ENOMEM;
+    r->npaths++;
+  }
+  if (r->nlaunch == r->caplaunch) {
+    uint64_t nc = r->caplaunch ? r->caplaunch * 2 : 256;
+    uint32_t *v = realloc(r->launch_path, sizeof *v * nc);
+    if (!v) return FB_ENOMEM;
+    r->launch_path = v;
+    r->caplaunch = nc;
+  }
+  r->launch_path[r->nlaunch++] = p;
+  return 0;
+}
+
+/* The action that made launch n (0-based), or NULL when unknown. */
+static const char *launch_action(const fb_sess_run *r, uint64_t n) {
+  return n < r->nlaunch ? r->paths[r->launch_path[n]] : NULL;
+}
+
+/* The error of launch n (0-based) of kernel kname, said one way on every
+ * path: "$.step[1].do[0]: kernel 'drift' (launch #3 of the session) ...",
+ * launches counted from 1 (as a server's seq). The engine's own
+ * "kernel 'K' (launch N)" opening, counted from 0, is replaced. */
+static int launch_error(fb_sess_run *r, int code, uint64_t n, const char *kname, const char *msg,
+                        char **err) {
+  const char *rest = msg ? msg : fb_strerror(code);
+  char head[256];
+  snprintf(head, sizeof head, "kernel '%s'", kname);
+  if (!strncmp(rest, head, strlen(head))) {
+    rest += strlen(head);
+    if (!strncmp(rest, " (launch ", 9) && strchr(rest, ')')) rest = strchr(rest, ')') + 1;
+  }
+  const char *path = launch_action(r, n);
+  int sep = rest[0] && rest[0] != ':' && rest[0] != ' ';
+  return errf(err, code, "%s: kernel '%s' (launch #%llu of the session)%s%s",
+              path ? path : "(unknown action)", kname, (unsigned long long)n + 1, sep ? ": " : "",
+              rest);
+}
+
+/* A kernel's name by its registered id (local sessions). */
+static const char *local_kernel_name(const fb_sess_run *r, int id) {
+  for (int i = 0; i < r->nkc; i++)
+    if (r->kc[i].id == id) return r->kc[i].ir->name;
+  return "?";
+}
+
+/* An error of the in-process session: the engine says when it belongs to
+ * an earlier launch (async); else it belongs to the action at path. */
+static int local_error(fb_sess_run *r, int rc, const char *path, const char *what, char **err) {
+  uint64_t n;
+  int kernel;
+  if (fb_session_error_launch(r->s, &n, &kernel) == 0)
+    return launch_error(r, rc, n, local_kernel_name(r, kernel), fb_session_errmsg(r->s), err);
+  return errf(err, rc, "%s: %s%s%s", path, what ? what : "", what ? ": " : "", fb_session_errmsg(r->s));
+}
+
+/* Wait for every launch sent to the server and fail on the first that
+ * failed, naming the action that launched it. */
+static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value *ret, char **err) {
+  fb_sync_result res;
+  int rc = fb_remote_sync(r->rem, &res);
+  if (ret) {
+    memset(ret, 0, sizeof *ret);
+    for (int i = 0; i < res.nreturns; i++)
+      if (res.returns[i].seq == seq) *ret = res.returns[i].value;
+  }
+  for (int i = 0; i < res.nerrors; i++) {
+    const fb_launch_error *e = &res.errors[i];
+    if (e->seq == 0) return errf(err, e->code, "%s: %s", path, e->msg);
+    /* the kernel's name as the engine's message gives it, else as registered */
+    char name[128];
+    const char *kn = sscanf(e->msg, "kernel '%127[^']'", name) == 1 ? name
+                     : e->kernel >= 0 && e->kernel < r->nrnames && r->rnames[e->kernel] ? r->rnames[e->kernel]
+                                                                                       : "?";
+    return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1, kn, e->msg, err);
+  }
+  if (!rc && res.errors_dropped)
+    rc = errf(err, FB_EINTERNAL, "%s: %llu launch errors (their details were dropped by the server)",
+              path, (unsigned long long)res.errors_dropped);
+  else if (rc) rc = errf(err, rc, "%s: %s", path, sess_errmsg(r));
+  return rc;
+}
+
 int fb_sess_sync(fb_sess_run *r, char **err) {
-  int rc = r->rem ? fb_remote_sync(r->rem, NULL) : fb_sync(r->s);
-  return rc ? errf(err, rc, "%s", sess_errmsg(r)) : 0;
+  if (r->rem) return remote_sync(r, "sync", 0, NULL, err);
+  int rc = fb_sync(r->s);
+  return rc ? local_error(r, rc, "sync", NULL, err) : 0;
 }
 
 void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
@@ -499,6 +657,10 @@ void fb_sess_stop(fb_sess_run *r) {
   if (r->s) fb_session_destroy(r->s);
   if (r->eng) fb_engine_destroy(r->eng);
   free(r->kc);
+  for (uint32_t i = 0; i < r->npaths; i++) free(r->paths[i]);
+  free(r->paths);
+  free(r->launch_path);
+  free(r->rnames);
   free(r);
 }
 
@@ -533,15 +695,28 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
                          const fb_value *vals, int nv, const char *path, char **err) {
   int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
   if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
-  if (r->o.verbose && lk->ret != FB_T_VOID) {
-    fb_value ret;
-    int rc = fb_remote_call(r->rem, id, vals, nv, &ret);
-    if (rc) return errf(err, rc, "%s: launching %s: %s", path, lk->name, sess_errmsg(r));
-    fprintf(r->o.out, "%s returned %.17g\n", lk->name, fb_value_as_f64(ret));
-    return 0;
+  if (id >= r->nrnames) {
+    const char **v = realloc(r->rnames, sizeof *v * (size_t)(id + 16));
+    if (!v) return FB_ENOMEM;
+    memset(v + r->nrnames, 0, sizeof *v * (size_t)(id + 16 - r->nrnames));
+    r->rnames = v;
+    r->nrnames = id + 16;
   }
+  r->rnames[id] = lk->name;
+  if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
   int64_t seq = fb_remote_launch(r->rem, id, vals, nv);
-  return seq < 0 ? errf(err, (int)seq, "%s: launching %s: %s", path, lk->name, sess_errmsg(r)) : 0;
+  if (seq < 0) {
+    r->nlaunch--; /* refused here: the server never saw it */
+    return errf(err, (int)seq, "%s: launching %s: %s", path, lk->name, sess_errmsg(r));
+  }
+  if ((uint64_t)seq != r->nlaunch) /* our count and the server's must agree */
+    return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
+                (unsigned long long)r->nlaunch);
+  if (!r->o.verbose || lk->ret == FB_T_VOID) return 0;
+  fb_value ret;
+  int rc = remote_sync(r, path, (uint64_t)seq, &ret, err);
+  if (!rc) fprintf(r->o.out, "%s returned %.17g\n", lk->name, fb_value_as_f64(ret));
+  return rc;
 }
 
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
@@ -585,8 +760,20 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   int id = kernel_id(r, ir, err);
   if (id < 0) return id;
   fb_value ret;
+  fb_counters before;
+  fb_session_counters(r->s, &before);
+  if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
   rc = fb_launch(r->s, id, vals, nv, &ret);
-  if (rc) return errf(err, rc, "%s: launching %s: %s", path, ir->name, fb_session_errmsg(r->s));
+  if (rc) {
+    uint64_t n;
+    if (fb_session_error_launch(r->s, &n, NULL) == 0) /* an earlier launch failed (async) */
+      return local_error(r, rc, path, NULL, err);
+    fb_counters after;
+    fb_session_counters(r->s, &after);
+    if (after.launches > before.launches) /* this launch ran and failed */
+      return launch_error(r, rc, r->nlaunch - 1, ir->name, fb_session_errmsg(r->s), err);
+    return errf(err, rc, "%s: launching %s: %s", path, ir->name, fb_session_errmsg(r->s));
+  }
   if (r->o.verbose && lk->ret != FB_T_VOID)
     fprintf(r->o.out, "%s returned %.17g\n", ir->name, fb_value_as_f64(ret));
   return 0;
@@ -647,6 +834,10 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   rc = fb_npy_read(file, &arr, msg, sizeof msg);
   free(file);
   if (rc) return errf(err, rc, "%s.from: %s", path, msg);
+  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err))) { /* launches before it failed? */
+    fb_npy_free(&arr);
+    return rc;
+  }
   if (arr.type != fld->type || fb_npy_numel(&arr) != cells * fld->ncomp) {
     errf(err, FB_ETYPE, "%s: field '%s' holds %lld %s values; the file has %lld %s values", path,
          name, (long long)(cells * fld->ncomp), fb_type_name(fld->type),
@@ -664,6 +855,7 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   }
   free(tmp);
   fb_npy_free(&arr);
+  if (rc && !r->rem) return local_error(r, rc, path, "writing", err);
   if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r));
   return tmp ? 0 : FB_ENOMEM;
 }
@@ -684,9 +876,14 @@ static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
     return 0;
   }
   int rc;
-  if (json_object_get(a, "flush")) rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
-  else rc = r->rem ? fb_remote_sync(r->rem, NULL) : fb_sync(r->s);
-  return rc ? errf(err, rc, "%s: %s", path, sess_errmsg(r)) : 0;
+  if (json_object_get(a, "flush")) {
+    rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
+    if (rc && r->rem) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
+    return rc ? local_error(r, rc, path, NULL, err) : 0;
+  }
+  if (r->rem) return remote_sync(r, path, 0, NULL, err);
+  rc = fb_sync(r->s);
+  return rc ? local_error(r, rc, path, NULL, err) : 0;
 }
 
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) {
@@ -706,7 +903,13 @@ int fb_sess_actions(fb_sess_run *r, const char *list, char **err) {
   if (!l) return 0;
   char path[64];
   snprintf(path, sizeof path, "$.%s", list);
-  return run_list(r, l, path, err);
+  r->plist = list;
+  r->pdone = r->pshown = 0;
+  r->ptotal = r->o.progress ? count_launches(l) : 0;
+  r->pstart = r->plast = mono_s();
+  int rc = run_list(r, l, path, err);
+  if (r->pshown) fprintf(stderr, "\r\033[K"); /* the line goes when the list is done */
+  return rc;
 }
 
 /* ---------------------------------------------------------------- checks */

@@ -43,6 +43,7 @@ typedef struct fb_sess_opts {
   int verbose;       /* print each launch's return value */
   const char *server; /* run on this fuseboxd ("host:port", "unix:PATH") */
   int private_server; /* run on a private fuseboxd started for this run */
+  int progress;      /* a progress line on stderr (a terminal) during long lists */
   FILE *out;         /* where check outcomes go */
 } fb_sess_opts;
 
@@ -60,7 +61,10 @@ int fb_sess_checks(fb_sess_run *r, char **err);
 fb_session *fb_sess_session(fb_sess_run *r);
 /* The backend the run's session is on ("cpu", "cuda"; "?" if unknown). */
 void fb_sess_backend(fb_sess_run *r, char *buf, size_t n);
-/* Wait for everything launched; counters so far (either kind of session). */
+/* Wait for everything launched; a launch that failed (now or in the
+ * background, in this process or on a server) fails it, the message naming
+ * the kernel, the launch number (from 1) and the JSON path of the action
+ * that launched it. Counters so far (either kind of session). */
 int fb_sess_sync(fb_sess_run *r, char **err);
 void fb_sess_counters(fb_sess_run *r, fb_counters *c);
 /* A field's contents as float64, components innermost (malloc'd). */

@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "support.h"
 
 static char tmpdir[256];
@@ -206,6 +208,84 @@ START_TEST(check_ir_and_help) {
 }
 END_TEST
 
+/* The conventions of a command line: --version, help COMMAND, check on a
+ * session, clear errors for unknown commands. */
+START_TEST(cli_conventions) {
+  char cmd[8192], *out;
+  const char *vs[] = {"--version", "-V", "version"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "%s %s", fusebox(), vs[i]);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    int maj = -1, min = -1;
+    ck_assert_msg(sscanf(out, "fusebox %d.%d", &maj, &min) == 2 && maj >= 0 && min >= 0, "%s", out);
+    free(out);
+  }
+  const char *cmds[] = {"check", "ir", "run", "bench", "graph", "ping", "stats"};
+  for (int i = 0; i < 7; i++) { /* help CMD: that command's help, on stdout */
+    snprintf(cmd, sizeof cmd, "{ %s help %s 2>/dev/null; }", fusebox(), cmds[i]);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    char want[64];
+    snprintf(want, sizeof want, "usage: fusebox %s ", cmds[i]);
+    ck_assert_msg(strstr(out, want), "help %s:\n%s", cmds[i], out);
+    free(out);
+  }
+  snprintf(cmd, sizeof cmd, "%s help frobnicate", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "unknown command 'frobnicate'") && strstr(out, "fusebox help"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s --frobnicate", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "unknown option '--frobnicate'"), "%s", out);
+  free(out);
+  /* check SESSION.json: the session and the program it names */
+  snprintf(cmd, sizeof cmd, "%s check %s", fusebox(), fbt_path("../examples/heat.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "heat.json: ok (program ") && strstr(out, "heat.fbk"), "%s", out);
+  free(out);
+  write_file("e.fbk", "layout { dense(i: 4) { place a: f32 } }\nkernel k() {\n  b[0] = 2.0\n}\n");
+  write_file("e.json", "{ \"program\": \"e.fbk\", \"step\": [ {\"launch\": \"k\"} ] }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/e.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "e.fbk:3:3: error: unknown field 'b'"), "%s", out);
+  free(out);
+  write_file("k.fbk", prog);
+  write_file("kk.json", "{ \"program\": \"k.fbk\", \"session\": {\"mdoe\": 1} }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/kk.json --param K=2", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "$.session.mdoe: unknown key"), "%s", out);
+  free(out);
+  write_file("kp.json", "{ \"program\": \"k.fbk\" }\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/kp.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  ck_assert_msg(strstr(out, "${K} is not a parameter") && strstr(out, "--param"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s check %s/kp.json --param K=2", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  /* the last line gives the time the run took; no progress line on a
+   * stderr that is not a terminal, nor with --quiet on one */
+  snprintf(cmd, sizeof cmd, "%s run %s --local", fusebox(), fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  double secs = -1;
+  const char *last = strstr(out, "saxpy: all checks passed (");
+  ck_assert_msg(last && sscanf(last, "saxpy: all checks passed (%lf s)", &secs) == 1 && secs >= 0, "%s", out);
+  ck_assert_msg(!strstr(out, " launches ("), "%s", out);
+  free(out);
+  if (sh("command -v script", NULL) == 0) {
+    snprintf(cmd, sizeof cmd, "script -qec '%s run %s --local --quiet' /dev/null", fusebox(),
+             fbt_path("../examples/saxpy.json"));
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "all checks passed (") && !strstr(out, " launches ("), "%s", out);
+    free(out);
+  }
+  /* no server anywhere: ping says how to give one */
+  snprintf(cmd, sizeof cmd, "env -u FUSEBOX_SERVER %s ping", fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "FUSEBOX_SERVER"), "%s", out);
+  free(out);
+}
+END_TEST
+
 START_TEST(bench_modes_and_json) {
   write_file("p.fbk", prog);
   write_file("b.json",
@@ -285,9 +365,10 @@ START_TEST(graph_and_trace) {
 }
 END_TEST
 
-START_TEST(server_commands) {
-  char cmd[8192], *out, sock[512];
-  snprintf(sock, sizeof sock, "unix:%s/fbd.sock", tmpdir);
+/* Start a fuseboxd on unix:TMPDIR/NAME (sock gets the address); its pid. */
+static int start_fuseboxd(const char *name, char *sock, size_t n) {
+  char cmd[8192], *out;
+  snprintf(sock, n, "unix:%s/%s", tmpdir, name);
   const char *b = getenv("FB_BUILD_DIR");
   snprintf(cmd, sizeof cmd, "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!", b ? b : "build", sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
@@ -302,6 +383,62 @@ START_TEST(server_commands) {
     if (!up) usleep(50000);
   }
   ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
+  return pid;
+}
+
+/* A kernel that reads out of bounds fails `fusebox run` and `fusebox
+ * bench` on every path (in this process, on a private fuseboxd, on a
+ * running one), in sync and async mode, and every path says the same: the
+ * kernel, the launch number and the JSON path of the action. */
+START_TEST(launch_errors_fail_every_path) {
+  write_file("oob.fbk",
+             "layout { dense(ij: 8, 8) { place u: f32, v: f32 } }\n"
+             "kernel init() { for i, j in u { u[i, j] = 0.0\n v[i, j] = 1.0 } }\n"
+             "kernel drift() { for i, j in u { u[i, j] += v[i + 1, j] } }\n");
+  write_file("oob.json",
+             "{ \"name\": \"oob\", \"program\": \"oob.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+             "  \"step\": [ {\"launch\": \"init\"}, {\"repeat\": 2, \"do\": [{\"launch\": \"drift\"}]},\n"
+             "            {\"launch\": \"init\"} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+             "  \"checks\": [ {\"read\": \"v\", \"sum\": 64.0} ] }\n");
+  char sock[512], server[600], cmd[8192], *out;
+  int pid = start_fuseboxd("oob.sock", sock, sizeof sock);
+  snprintf(server, sizeof server, "--server %s", sock);
+  const char *paths[] = {"--local", "", server};
+  const char *modes[] = {"sync", "async"};
+  /* launch #3: setup's init, the step's init, then the first drift */
+  const char *want = "$.step[1].do[0]: kernel 'drift' (launch #3 of the session) indexed a field out of bounds";
+  for (int p = 0; p < 3; p++)
+    for (int m = 0; m < 2; m++) {
+      snprintf(cmd, sizeof cmd, "%s run %s/oob.json %s --mode %s", fusebox(), tmpdir, paths[p], modes[m]);
+      int rc = sh(cmd, &out);
+      ck_assert_msg(rc == 2 && strstr(out, want) && !strstr(out, "all checks passed"),
+                    "%s: rc %d\n%s", cmd, rc, out);
+      free(out);
+    }
+  /* -v waits for each return value: the same error */
+  snprintf(cmd, sizeof cmd, "%s run %s/oob.json -v --mode async", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, want), "%s", out);
+  free(out);
+  for (int p = 0; p < 3; p += 2) { /* bench: in this process and on a fuseboxd */
+    snprintf(cmd, sizeof cmd, "%s bench %s/oob.json %s --modes sync,async", fusebox(), tmpdir,
+             p ? server : "");
+    int rc = sh(cmd, &out);
+    char ws[512], wa[512];
+    snprintf(ws, sizeof ws, "oob, mode sync: %s", want);
+    snprintf(wa, sizeof wa, "oob, mode async: %s", want);
+    ck_assert_msg(rc == 2 && strstr(out, ws) && strstr(out, wa), "%s: rc %d\n%s", cmd, rc, out);
+    free(out);
+  }
+  snprintf(cmd, sizeof cmd, "kill %d", pid);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+}
+END_TEST
+
+START_TEST(server_commands) {
+  char cmd[8192], *out, sock[512];
+  int pid = start_fuseboxd("fbd.sock", sock, sizeof sock);
   snprintf(cmd, sizeof cmd, "%s run %s --server %s", fusebox(), fbt_path("../examples/life.json"), sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "all checks passed"), "%s", out);
@@ -309,6 +446,38 @@ START_TEST(server_commands) {
   snprintf(cmd, sizeof cmd, "%s stats --server %s", fusebox(), sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "1 created, 1 closed") && strstr(out, "launches "), "%s", out);
+  free(out);
+  /* --json: the same figures, as JSON a program can read */
+  snprintf(cmd, sizeof cmd, "{ %s stats --server %s --json 2>/dev/null; }", fusebox(), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  json_error_t je;
+  json_t *js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "stats --json is not JSON (%s):\n%s", je.text, out);
+  json_t *ss = json_object_get(js, "sessions");
+  ck_assert_int_eq(json_integer_value(json_object_get(ss, "created")), 1);
+  ck_assert_int_eq(json_integer_value(json_object_get(ss, "closed")), 1);
+  ck_assert_int_gt(json_integer_value(json_object_get(js, "launches")), 0);
+  ck_assert(json_is_string(json_object_get(json_object_get(js, "server"), "version")));
+  ck_assert(json_is_array(json_object_get(js, "session_list")));
+  json_decref(js);
+  free(out);
+  /* FUSEBOX_SERVER stands for --server: run and stats both use it */
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s run %s", sock, fusebox(), fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s stats", sock, fusebox());
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "2 created, 2 closed"), "%s", out);
+  free(out);
+  /* ... so a wrong one fails the run, naming it; --local ignores it */
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s", tmpdir, fusebox(),
+           fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "nobody.sock"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s --local", tmpdir, fusebox(),
+           fbt_path("../examples/saxpy.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
   /* the same session in this process gives the same answer */
   snprintf(cmd, sizeof cmd, "%s run %s --local", fusebox(), fbt_path("../examples/life.json"));
@@ -333,9 +502,11 @@ int main(void) {
   tcase_add_test(tc, failed_check_names_it);
   tcase_add_test(tc, bad_input_is_named);
   tcase_add_test(tc, check_ir_and_help);
+  tcase_add_test(tc, cli_conventions);
   tcase_add_test(tc, bench_modes_and_json);
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
+  tcase_add_test(tc, launch_errors_fail_every_path);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char cmd[512];

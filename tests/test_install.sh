@@ -1,0 +1,48 @@
+#!/bin/sh
+# `cmake --install` into a temporary prefix: pkg-config finds libfusebox
+# there (fusebox.pc is relocatable: its paths come from where it lies, also
+# after the tree is moved), and examples/c/saxpy_client.c compiles against
+# the installed headers and library and runs against the installed fuseboxd.
+# usage: test_install.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS]
+set -eu
+build=$1 src=$2 extra=${3:-}
+tmp=$(mktemp -d /tmp/fbinstall.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cmake --install "$build" --prefix "$tmp/p" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; fail "cmake --install"; }
+pc=$(find "$tmp/p" -name fusebox.pc)
+[ -n "$pc" ] || fail "no fusebox.pc under $tmp/p"
+libdir=$(dirname "$(dirname "$pc")")
+
+# Every -I and -L of libfusebox itself lies inside the prefix.
+check_flags() { # PREFIX
+  flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs fusebox) || fail "pkg-config"
+  echo "pkg-config: $flags"
+  inc=$(printf '%s\n' $flags | sed -n 's/^-I//p' | head -1)
+  lib=$(printf '%s\n' $flags | sed -n 's/^-L//p' | head -1)
+  [ -n "$inc" ] && [ -n "$lib" ] || fail "no -I or -L in: $flags"
+  inc=$(realpath "$inc") lib=$(realpath "$lib") pre=$(realpath "$1")
+  case $inc in "$pre"/*) ;; *) fail "-I$inc is not inside $pre" ;; esac
+  case $lib in "$pre"/*) ;; *) fail "-L$lib is not inside $pre" ;; esac
+  [ -f "$inc/fusebox/client.h" ] || fail "no fusebox/client.h in $inc"
+  ls "$lib"/libfusebox.so* >/dev/null 2>&1 || fail "no libfusebox.so in $lib"
+}
+check_flags "$tmp/p"
+
+# The example client, built against the installed tree only.
+cc=${CC:-cc}
+# shellcheck disable=SC2086
+$cc -std=c11 -Wall -Werror $extra "$src/examples/c/saxpy_client.c" -o "$tmp/saxpy_client" \
+  $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs fusebox) -Wl,-rpath,"$libdir" \
+  || fail "examples/c/saxpy_client.c does not build against the installed tree"
+out=$(env -u FUSEBOX_SERVER FUSEBOXD="$tmp/p/bin/fuseboxd" "$tmp/saxpy_client" 2>&1) \
+  || { echo "$out"; fail "saxpy_client failed"; }
+echo "$out"
+case $out in *"sum(y) = 3072 "*) ;; *) fail "unexpected output from saxpy_client" ;; esac
+
+# Moved elsewhere, the tree still describes itself.
+mv "$tmp/p" "$tmp/moved"
+pc=$(find "$tmp/moved" -name fusebox.pc)
+check_flags "$tmp/moved"
+echo "ok"
