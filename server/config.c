@@ -4,7 +4,8 @@
  *   --listen / "listen" (string or array), --backend, --max-message-bytes,
  *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
- *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us.
+ *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
+ *   --max-kernel-statements.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -27,6 +28,7 @@ void fbd_config_defaults(fbd_config *c) {
   c->idle_timeout_s = 600;
   c->shutdown_grace_s = 10;
   c->worker_spin_us = 100;
+  c->max_kernel_statements = FB_MAX_KERNEL_STATEMENTS_DEFAULT;
   c->log_level = FBD_LOG_INFO;
   c->ready_fd = -1;
 }
@@ -55,8 +57,10 @@ void fbd_usage(FILE *f) {
           "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
           "  --log-level L              error|warn|info|debug (default info)\n"
           "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
+          "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
-          "  --help, --version\n");
+          "  --help, --version\n",
+          FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -105,6 +109,7 @@ static const opt opts[] = {
     {"shutdown_grace_s", OPT_SECS, OFF(shutdown_grace_s), 0},
     {"log_level", OPT_LEVEL, OFF(log_level), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
+    {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 

@@ -97,6 +97,27 @@ static int post(fbd_call *c, fbd_session *s, fbd_job *j) {
 
 static void free_session_ref(fbd_call *c) { fbd_session_unref(c->sess); }
 
+/* Bytes of a whole-field transfer, which the server stages in memory: a
+ * sparse field's extent can be far larger than what it holds, so a
+ * transfer is bounded by the session's memory limit. */
+static int transfer_bytes(fbd_call *c, fbd_session *s, int field, uint64_t *bytes,
+                          const char *what) {
+  char err[256];
+  int rc = fbd_field_bytes(s->layout, field, bytes, err, sizeof err);
+  uint64_t lim = s->ecfg.memory_limit;
+  if (!rc && lim && *bytes > lim) {
+    fb_errf(err, sizeof err, "field '%s' spans %llu bytes, more than the session's memory limit "
+            "(%llu bytes) lets the server stage", s->layout->nodes[field].name,
+            (unsigned long long)*bytes, (unsigned long long)lim);
+    rc = FB_EQUOTA;
+  }
+  if (rc) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, rc, "%s: %s", what, err);
+  }
+  return rc;
+}
+
 /* ---------------------------------------------------------------- health, info, stats */
 
 static void health_recv(fbd_call *c, grpc_byte_buffer *bb) {
@@ -240,6 +261,7 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   memset(ec, 0, sizeof *ec);
   ec->mode = "sync";
   ec->memory_limit = srv->cfg->session_memory_limit;
+  ec->max_kernel_statements = srv->cfg->max_kernel_statements;
   if (!o) return 0;
   const char *be = o->backend;
   if (be[0] && strcmp(be, "auto") && strcmp(be, "cpu") && strcmp(be, "cuda")) {
@@ -426,16 +448,11 @@ typedef struct wstate {
 
 /* The first chunk names the session and field; make the buffer. */
 static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
-  char err[256];
   uint64_t bytes = 0;
   fbd_session *s = named(c, ch->session_id, ch->session_id_len);
   if (!s) return NULL;
   c->sess = s;
-  int rc = fbd_field_bytes(s->layout, ch->field, &bytes, err, sizeof err);
-  if (rc) {
-    fbd_call_finish(c, rc, "WriteField: %s", err);
-    return NULL;
-  }
+  if (transfer_bytes(c, s, ch->field, &bytes, "WriteField")) return NULL;
   if (ch->total_bytes != bytes) {
     fbd_call_finish(c, FB_EINVAL, "WriteField: field '%s' holds %llu bytes; total_bytes says %llu",
                     s->layout->nodes[ch->field].name, (unsigned long long)bytes,
@@ -617,16 +634,11 @@ static void read_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (missing(c, bb)) return;
   fbp_arena a;
   fbp_arena_init(&a);
-  char err[256];
   uint64_t bytes;
   Fusebox__V1__ReadFieldRequest *m =
       decode(c, bb, &fusebox__v1__read_field_request__descriptor, &a);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
-  int rc = s ? fbd_field_bytes(s->layout, m->field, &bytes, err, sizeof err) : FB_ENOENT;
-  if (s && rc) {
-    fbd_count_bad(c->srv);
-    fbd_call_finish(c, rc, "ReadField: %s", err);
-  }
+  int rc = s ? transfer_bytes(c, s, m->field, &bytes, "ReadField") : FB_ENOENT;
   fbd_job *j = !rc ? fbd_job_new(FBD_J_READ, c) : NULL;
   if (j) {
     uint32_t ch = m->chunk_bytes ? m->chunk_bytes : DEFAULT_CHUNK;

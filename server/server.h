@@ -54,6 +54,7 @@ typedef struct fbd_config {
   double idle_timeout_s;         /* sessions idle this long are reaped */
   double shutdown_grace_s;       /* how long running work may finish on SIGTERM */
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
+  int max_kernel_statements;     /* compile budget of one kernel */
   int log_level;
   int ready_fd;                  /* -1, or write the bound addresses here when serving */
 } fbd_config;
