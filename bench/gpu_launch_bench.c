@@ -7,7 +7,7 @@
  *           off (one task per launch), then fb_sync;
  *   sync:   N launches in a sync session (each one waits for its task).
  *
- * Prints microseconds per launch and async / bare (the issue's target is
+ * Prints microseconds per launch and async / bare (the target, docs/gpu.md:
  * within 2x). Without a GPU (no driver, or none found) it says so and exits
  * 0 having measured nothing. Usage: gpu_launch_bench [N] */
 #include <stdio.h>

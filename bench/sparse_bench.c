@@ -1,4 +1,4 @@
-/* sparse_bench: performance figures of sparse SNodes (issue 5, README
+/* sparse_bench: performance figures of sparse SNodes (docs/sparse.md, README
  * "Performance"), through the whole engine (lowering, list tasks, JIT,
  * thread pool):
  *  1. Struct-for throughput. y = 2 x + 1 over every active cell of a 2-D

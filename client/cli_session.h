@@ -1,4 +1,4 @@
-/* JSON session files (SESSIONS.md): loading with strict key checking and
+/* JSON session files (docs/sessions.md): loading with strict key checking and
  * parameter substitution, and running setup / step / checks against an
  * engine session. `fusebox run` runs one mode; `fusebox bench` (later) runs
  * several modes side by side through the same functions. */

@@ -1,4 +1,4 @@
-/* SNode layouts: the tree, each node's index space (LANGUAGE.md: a field's
+/* SNode layouts: the tree, each node's index space (docs/language.md: a field's
  * extent along an axis is the product of its ancestors' sizes along it), and
  * a target-neutral memory layout shared by the CPU and CUDA runtimes. */
 #include <stdarg.h>

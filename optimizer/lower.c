@@ -1,4 +1,4 @@
-/* Kernel -> task lowering (DESIGN.md "lowering"): each top-level par_for or
+/* Kernel -> task lowering (docs/design.md): each top-level par_for or
  * struct_for becomes one parallel task, each run of other top-level
  * statements one serial task. Values crossing task boundaries are either
  * recomputed in the consumer (pure expressions over consts and args) or

@@ -1,6 +1,6 @@
 /* optimizer/sfg.h: the asynchronous engine's inter-kernel optimizer — the IR
- * bank, task metadata, the state-flow graph (SFG) and its passes (DESIGN.md
- * "SFG", "passes"; the AsyncTaichi paper, sections 3-6 and supplement).
+ * bank, task metadata, the state-flow graph (SFG) and its passes
+ * (docs/optimizer.md; the AsyncTaichi paper, sections 3-6 and supplement).
  *
  * The first part is the API the engine drives, one fb_opt context per
  * session (no globals):
@@ -10,7 +10,8 @@
  *   fb_opt_flush()  ->  batch of optimized task launches in SFG order
  *   fb_opt_batch_free(batch)       (once they are compiled and launched)
  *
- * A context is used by one thread at a time (the session's ordered worker);
+ * A context is used by one thread at a time (the engine's caller, which
+ * flushes and frees batches; the session's ordered worker only reads them);
  * IR handed out in a batch is immutable and stays valid until the batch is
  * freed. The second part (after "folder-internal") is shared by the files of
  * optimizer/ that implement it: bank.c, meta.c, sfg.c, opt.c, ir_edit.c and

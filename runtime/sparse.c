@@ -1,7 +1,9 @@
-/* Sparse SNodes of one session on the CPU (runtime.h "sparse"): the device
- * state of codegen/rt/fb_rt.h in host memory, the block pool (address space
- * reserved with mmap and handed out by the device runtime's bump allocator,
- * so untouched pages cost nothing), list storage sized before each listgen,
+/* Sparse SNodes of one session (runtime.h "sparse"): the device state of
+ * codegen/rt/fb_rt.h in the session's device memory (host memory on the CPU,
+ * managed memory on CUDA), the block pool (on the CPU address space reserved
+ * with mmap, so untouched pages cost nothing; on CUDA managed memory whose
+ * fresh blocks the device runtime zeroes; handed out by the device runtime's
+ * bump allocator), list storage sized before each listgen,
  * memory accounting against the session's limit, and host access to field
  * elements below sparse containers (reads of inactive cells are NULL;
  * writes activate, through the same runtime functions the tasks call). */

@@ -1,4 +1,4 @@
-/* The differential random-program tester (issue 6; docs/testing.md).
+/* The differential random-program tester (docs/testing.md).
  *
  * Random programs — random layouts (dense, pointer, bitmasked, dynamic),
  * random kernels (reads, writes, atomics, stencils, activation,
@@ -388,8 +388,8 @@ START_TEST(test_text_round_trip) {
 }
 END_TEST
 
-/* The generator covers what the issue asks for: over the fixed seeds, every
- * SNode kind, every kind of access and every step kind appears. */
+/* The generator covers what docs/testing.md promises: over the fixed seeds,
+ * every SNode kind, every kind of access and every step kind appears. */
 START_TEST(test_generator_coverage) {
   int kinds[FB_SN_PLACE + 1] = {0}, ops[FB_OP__COUNT] = {0}, steps[DT_STEP__COUNT] = {0}, rets = 0;
   for (uint64_t seed = 1; seed <= DT_FIXED; seed++) {

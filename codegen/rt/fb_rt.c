@@ -7,9 +7,11 @@
  * by clang-19 into bitcode for x86_64 and nvptx64 (codegen/CMakeLists.txt).
  * Atomics are the GCC __atomic builtins, which both compilers lower to
  * native atomic instructions on every target. Loads are relaxed and there
- * are no fences (NVPTX in LLVM 19 selects neither acquire loads nor fences):
- * a block is published by the compare-and-swap of its slot, and its bytes
- * were zeroed before the task started (fresh pool pages, or gc). */
+ * are no __atomic fences (NVPTX in LLVM 19 selects neither acquire loads nor
+ * fences): a block is published by the compare-and-swap of its slot, and its
+ * bytes were zeroed before the task started (fresh CPU pool pages, or gc),
+ * or, fresh from a GPU pool, by the thread that took it, which then fences
+ * with membar.gl (clear_fresh). */
 #include "fb_rt.h"
 
 #if defined(__clang__)

@@ -1,7 +1,7 @@
 /* The Fusebox kernel language (.fbk) front end: parse a source file into a
  * program (its layout, fields, funcs and kernels), instantiate kernels into
  * kernel IR, and render diagnostics. See docs/language.md for the language
- * and /work/shared/spec/LANGUAGE.md for its contract. libc only.
+ * and its contract. libc only.
  *
  * Invariants
  *  - A program owns a finalized fb_layout; every IR kernel it hands out refers
