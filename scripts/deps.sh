@@ -3,7 +3,8 @@
 # Skips apt when every package is already installed (fast re-runs).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libgrpc-dev libprotobuf-c-dev
-      protobuf-c-compiler libjansson-dev check)
+      protobuf-c-compiler libjansson-dev check
+      protobuf-compiler python3-grpcio python3-protobuf python3-pytest)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
