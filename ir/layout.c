@@ -141,7 +141,9 @@ static int node_bytes(const fb_snode *s, uint64_t *out) {
     return size_mul(cells, s->cell_bytes, &data) ||
            size_add(align_up((cells + 31) / 32 * 4, 8), data, out);
   case FB_SN_POINTER: return size_mul(cells, 8, out);
-  case FB_SN_DYNAMIC: *out = 8 + (cells + (uint64_t)s->chunk - 1) / (uint64_t)s->chunk * 8; return 0;
+  case FB_SN_DYNAMIC:
+    *out = 8 + (cells + (uint64_t)s->chunk - 1) / (uint64_t)s->chunk * 8;
+    return 0;
   default: *out = s->cell_bytes; return 0;
   }
 }
@@ -149,7 +151,7 @@ static int node_bytes(const fb_snode *s, uint64_t *out) {
 static const char *label(const fb_snode *s) { return s->name ? s->name : ""; }
 
 static int too_big(const fb_snode *s, const char *what, char *err, size_t errlen) {
-  fb_errf(err, errlen, "SNode %d (%s%s%s): %s over the limit of 2^56 bytes", s->id,
+  fb_errf(err, errlen, "SNode %d (%s%s%s): %s over the limit of 2^56", s->id,
           fb_snode_kind_name(s->kind), s->name ? " " : "", label(s), what);
   return FB_EINVAL;
 }
@@ -171,7 +173,8 @@ static int node_space(fb_layout *l, fb_snode *s, char *err, size_t errlen) {
       return FB_EINVAL;
     }
     s->shape[a] = (int64_t)shape;
-    if (size_mul(cells, (uint64_t)s->size[a], &cells)) return too_big(s, "its cell count is", err, errlen);
+    if (size_mul(cells, (uint64_t)s->size[a], &cells))
+      return too_big(s, "its cell count is", err, errlen);
   }
   s->ncells = (int64_t)cells;
   s->ndim = 0;
@@ -185,7 +188,7 @@ static int field_extent(const fb_snode *s, char *err, size_t errlen) {
   uint64_t bytes = fb_type_size(s->type);
   for (int d = 0; d < s->ndim; d++)
     if (size_mul(bytes, (uint64_t)s->shape[s->dim_axis[d]], &bytes))
-      return too_big(s, "the field's extent is", err, errlen);
+      return too_big(s, "the field's extent in bytes is", err, errlen);
   return 0;
 }
 
@@ -217,12 +220,13 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
     uint64_t al = ch->kind == FB_SN_PLACE ? (ch->node_bytes ? ch->node_bytes : 1) : 8;
     off = align_up(off, al);
     ch->offset = off;
-    if (size_add(off, ch->node_bytes, &off)) return too_big(s, "one cell is", err, errlen);
+    if (size_add(off, ch->node_bytes, &off))
+      return too_big(s, "one cell's size in bytes is", err, errlen);
     if (al > maxalign) maxalign = al;
   }
   s = &l->nodes[id]; /* children never reallocate nodes, but stay safe */
   s->cell_bytes = align_up(off, maxalign);
-  if (node_bytes(s, &s->node_bytes)) return too_big(s, "its storage is", err, errlen);
+  if (node_bytes(s, &s->node_bytes)) return too_big(s, "its storage in bytes is", err, errlen);
   return 0;
 }
 
