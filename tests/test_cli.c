@@ -250,6 +250,26 @@ START_TEST(bench_modes_and_json) {
 }
 END_TEST
 
+/* Issue 19: equal values agree across modes, infinities and NaN at the
+ * same place included (inf - inf is NaN, which once read as a difference). */
+START_TEST(bench_equal_infinities) {
+  write_file("inf.fbk",
+             "layout { dense(i: 4) { place q: f32 } }\n"
+             "kernel div(z: f32) { for i in q { q[i] = f32(i - 1) / z } }\n");
+  write_file("inf.json",
+             "{ \"name\": \"inf\", \"program\": \"inf.fbk\",\n"
+             "  \"step\": [ {\"launch\": \"div\", \"args\": [0.0]} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1, \"modes\": [\"sync\", \"async\"] },\n"
+             "  \"checks\": [ {\"same_across_modes\": [\"q\"]} ] }\n");
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "%s bench %s/inf.json", fusebox(), tmpdir);
+  int rc = sh(cmd, &out);
+  /* q = -inf, nan, inf, inf in both modes */
+  ck_assert_msg(rc == 0 && !strstr(out, "differs"), "rc %d\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
 START_TEST(graph_and_trace) {
   write_file("p.fbk", prog);
   write_file("g.json",
@@ -334,6 +354,7 @@ int main(void) {
   tcase_add_test(tc, bad_input_is_named);
   tcase_add_test(tc, check_ir_and_help);
   tcase_add_test(tc, bench_modes_and_json);
+  tcase_add_test(tc, bench_equal_infinities);
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   suite_add_tcase(s, tc);
