@@ -565,8 +565,9 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                     lk->params[i].name);
       binds[nb++] = json_string_value(x);
     } else if (nv >= 32 || scalar_arg(x, lk->params[i].type, &vals[nv++])) {
-      return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' needs a %s value", path, i,
-                  lk->params[i].name, fb_type_name(lk->params[i].type));
+      return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' needs %s %s value", path, i,
+                  lk->params[i].name, fb_type_article(lk->params[i].type),
+                  fb_type_name(lk->params[i].type));
     }
   }
   if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, path, err);

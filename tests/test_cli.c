@@ -146,7 +146,7 @@ START_TEST(bad_input_is_named) {
        "$.step[0].arg: unknown key"},
       {"{ \"program\": \"p.fbk\" }", "${K} is not a parameter"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", \"args\": [\"a\"]} ] }",
-       "$.step[0].args[0]: parameter 'v' needs a f32 value"},
+       "$.step[0].args[0]: parameter 'v' needs an f32 value"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"nope\"} ] }",
        "no kernel named 'nope'"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\"} ] }",
