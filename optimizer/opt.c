@@ -66,6 +66,8 @@ void fb_opt_options_default(fb_opt_options *o) {
   o->passes = FB_PASS_ALL;
   o->max_fuse_per_task = 1;
   o->max_fused_tasks = 256;
+  o->max_fused_stmts = 4096;
+  o->max_task_params = 0;
   o->max_iterations = 32;
   o->bank_bytes = (size_t)64 << 20;
 #ifdef FB_DEBUG
@@ -77,6 +79,8 @@ static void sanitize(fb_opt_options *o) {
   o->passes &= FB_PASS_ALL;
   if (o->max_fuse_per_task < 1) o->max_fuse_per_task = 1;
   if (o->max_fused_tasks < 0) o->max_fused_tasks = 0;
+  if (o->max_fused_stmts < 0) o->max_fused_stmts = 0;
+  if (o->max_task_params < 0) o->max_task_params = 0;
   if (o->max_iterations < 1) o->max_iterations = 1;
 }
 
@@ -391,6 +395,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->dead_stores += f->dead_stores;
   t->tasks_deleted += f->tasks_deleted;
   t->tasks_fused += f->tasks_fused;
+  t->fuse_refused += f->fuse_refused;
   t->simplified += f->simplified;
   t->iterations += f->iterations;
   t->memo_hits += f->memo_hits;

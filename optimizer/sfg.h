@@ -52,8 +52,18 @@ enum {
 typedef struct fb_opt_options {
   unsigned passes;       /* FB_PASS_* bits; FB_PASS_ALL by default */
   int max_fuse_per_task; /* fusions one task takes part in per fusion round (1) */
-  int max_fused_tasks;   /* launches one fused task may stand for, bounding its
-                            size and compile time (256; 0: no bound) */
+  int max_fused_tasks;   /* launches one fused task may stand for (256; 0: no
+                            bound) */
+  /* The fusion cost model: a fusion whose result would exceed one of these
+   * is refused (fb_opt_counters.fuse_refused). A task that is already over
+   * a bound is left as it is. */
+  int max_fused_stmts;   /* statement budget of a fused task, estimated as the
+                            sum of its parts' reachable statements: bounds its
+                            compile time (4096; 0: no bound) */
+  int max_task_params;   /* parameters one task launch can take on the backend
+                            (0: no bound). The engine sets it from its device
+                            (fb_cuda_max_task_params on CUDA; none on the CPU,
+                            whose tasks read arguments through a pointer) */
   int max_iterations;    /* cap of the pipeline's fixed-point loop (32) */
   size_t bank_bytes;     /* IR bank memory bound, evicting unused IR (64 MiB) */
   int check;             /* run fb_opt_check and fb_verify after every pass
@@ -72,6 +82,10 @@ typedef struct fb_opt_counters {
   uint64_t dead_stores;     /* task writes of a state removed as dead */
   uint64_t tasks_deleted;   /* tasks left without effect and deleted */
   uint64_t tasks_fused;     /* fusions (each removes one task) */
+  uint64_t fuse_refused;    /* tasks kept from a fusion that met every
+                               criterion by the cost model (max_fused_stmts,
+                               max_task_params, max_fused_tasks); once per
+                               task per fusion round */
   uint64_t simplified;      /* statements removed by intra-task simplification */
   uint64_t iterations;      /* pipeline iterations */
   uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */

@@ -313,6 +313,14 @@ static int check_async_config(const fb_session_config *cfg, char *msg, size_t le
   return 0;
 }
 
+/* What the backend imposes on one task, for fusion's cost model (the one
+ * place the optimizer learns it): a GPU launch takes a bounded number of
+ * kernel parameters; CPU tasks read their arguments through a pointer, so
+ * there the bound is none. The statement budget is the optimizer's default. */
+static void backend_fuse_limits(const fb_engine *e, fb_opt_options *o) {
+  o->max_task_params = e->gpu ? fb_cuda_max_task_params() : 0;
+}
+
 /* The optimizer context, the worker and the compile pool of an async session. */
 static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, size_t len) {
   int rc = check_async_config(cfg, msg, len);
@@ -330,6 +338,7 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   fb_opt_options_default(&o);
   o.passes = opt_passes(cfg->passes);
   o.max_fuse_per_task = cfg->max_fuse_per_task ? cfg->max_fuse_per_task : 1;
+  backend_fuse_limits(s->e, &o);
   if (!(a->o = fb_opt_new(s->layout, &o))) {
     snprintf(msg, len, "out of memory (optimizer context)");
     return FB_ENOMEM;
