@@ -203,9 +203,11 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   }
   uint64_t *args = realloc(a->args, sizeof *args * (size_t)(a->nargs + b->nargs + 1));
   fb_sfg_cert *certs = realloc(a->certs, sizeof *certs * (size_t)(a->ncerts + b->ncerts + 1));
+  fb_sfg_part *parts = realloc(a->parts, sizeof *parts * (size_t)(a->nparts + b->nparts + 1));
   if (args) a->args = args;
   if (certs) a->certs = certs;
-  if (!args || !certs) {
+  if (parts) a->parts = parts;
+  if (!args || !certs || !parts) {
     fb_bank_unref(c->bank, h);
     return FB_ENOMEM;
   }
@@ -215,6 +217,11 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
     a->certs[a->ncerts++].argoff += a->nargs;
   }
   b->ncerts = 0; /* the references moved with them */
+  for (int i = 0; i < b->nparts; i++) {
+    a->parts[a->nparts] = b->parts[i];
+    a->parts[a->nparts++].argoff += a->nargs;
+  }
+  b->nparts = 0;
   a->nargs += b->nargs;
   a->ntasks += b->ntasks;
   fb_bank_unref(c->bank, a->orig);

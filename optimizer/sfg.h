@@ -152,6 +152,16 @@ int fb_opt_host_write(fb_opt *o, int snode);
  * flush's counters. */
 int fb_opt_optimize(fb_opt *o);
 
+/* One inserted task launch that a handed-out task stands for: a fused task
+ * runs its parts in order. What the engine needs to name the part an error
+ * comes from, as sync mode would. */
+typedef struct fb_opt_part {
+  uint64_t launch;   /* its launch number */
+  const char *task;  /* its task IR's name as inserted ("bad.t0") */
+  int argoff, nargs; /* its arguments within the task's */
+  int inb;           /* every access provably in bounds: it cannot report FB_EBOUNDS */
+} fb_opt_part;
+
 /* One optimized task launch. Everything stays valid until the batch is freed. */
 typedef struct fb_opt_launch {
   fb_irh ir;
@@ -164,6 +174,8 @@ typedef struct fb_opt_launch {
   int nargs;
   uint64_t launch;     /* launch number to run it with (rand(), see rand_seq) */
   int ntasks;          /* inserted task launches it stands for (fusion) */
+  const fb_opt_part *parts; /* those launches, in the order it runs them */
+  int nparts;          /* = ntasks */
 } fb_opt_launch;
 
 typedef struct fb_opt_batch {
@@ -382,6 +394,14 @@ typedef struct fb_sfg_cert {
   int argoff, nargs;  /* its arguments within the node's */
 } fb_sfg_cert;
 
+/* An inserted task launch a node stands for (fb_opt_part). */
+typedef struct fb_sfg_part {
+  fb_irh orig;         /* task IR as inserted (the node holds the reference) */
+  uint64_t launch;
+  int argoff, nargs;
+  uint8_t inb;
+} fb_sfg_part;
+
 typedef struct fb_sfg_node {
   uint64_t serial;
   uint64_t order;      /* position stamp: grows along the topological order */
@@ -410,6 +430,8 @@ typedef struct fb_sfg_node {
   uint64_t list_ver;   /* struct_for: version of the list it iterates */
   fb_sfg_cert *certs;
   int ncerts;
+  fb_sfg_part *parts;  /* the inserted launches merged into it, in order */
+  int nparts;
   /* edges */
   fb_sfg_edge *in, *out;
   int nin, nout, capin, capout;
