@@ -168,8 +168,11 @@ static int compare_modes(const fb_sess_file *f, case_result *cr, int m, FILE *lo
     int64_t at = -1;
     for (int64_t k = 0; k < a->nvals[i]; k++) {
       double x = a->fields[i][k], y = b->fields[i][k];
-      double d = fabs(x - y), tol = atol + rtol * fmax(fabs(x), fabs(y));
-      if (!(d <= tol) && !(isnan(x) && isnan(y)) && (at < 0 || d > worst)) { worst = d; at = k; }
+      if (x == y || (isnan(x) && isnan(y))) continue; /* equal infinities too */
+      /* NaN against a number, or infinities of opposite signs: infinitely off */
+      double d = isnan(x) || isnan(y) || isinf(x) || isinf(y) ? INFINITY : fabs(x - y);
+      double tol = atol + rtol * fmax(fabs(x), fabs(y));
+      if (!(d <= tol) && (at < 0 || d > worst)) { worst = d; at = k; }
     }
     if (at >= 0) {
       fprintf(log, "FAIL  %s: field %s differs between %s and %s: [%lld] %.9g vs %.9g (off by %.3g)\n",

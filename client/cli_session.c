@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "client/cli_session.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -269,9 +270,14 @@ int fb_cli_add_param(json_t *params, const char *arg) {
   }
   char *name = strndup(arg, (size_t)(eq - arg)), *end;
   double d = strtod(eq + 1, &end);
+  errno = 0;
+  long long i = strtoll(eq + 1, NULL, 10);
+  /* an integer beyond JSON's (jansson's) range stays a decimal string, which
+   * integer parameters accept ("${N}" for a u64 above 2^63-1) */
   json_t *v = *end || end == eq + 1 ? json_string(eq + 1)
-              : strchr(eq + 1, '.') || strchr(eq + 1, 'e') ? json_real(d)
-                                                           : json_integer(strtoll(eq + 1, NULL, 10));
+              : strchr(eq + 1, '.') || strchr(eq + 1, 'e') || strchr(eq + 1, 'E') ? json_real(d)
+              : errno == ERANGE ? json_string(eq + 1)
+                                : json_integer(i);
   json_object_set_new(params, name, v);
   free(name);
   return 0;
@@ -679,7 +685,28 @@ static int kernel_id(fb_sess_run *r, const fb_kernel *ir, char **err) {
   return id;
 }
 
+/* An integer argument written as a decimal string ("18446744073709551615"):
+ * JSON numbers stop at 2^63-1 in jansson, so this is how a u64 above it is
+ * given. The whole string must be the number, within t's range. */
+static int decimal_arg(const char *s, fb_type t, fb_value *v) {
+  char *end;
+  errno = 0;
+  if (t == FB_T_U64 || t == FB_T_U32) {
+    while (isspace((unsigned char)*s)) s++;
+    if (*s == '-') return FB_ETYPE;
+    unsigned long long x = strtoull(s, &end, 10);
+    if (end == s || *end || errno || (t == FB_T_U32 && x > UINT32_MAX)) return FB_ETYPE;
+    *v = t == FB_T_U64 ? fb_value_u64(x) : fb_value_u32((uint32_t)x);
+    return 0;
+  }
+  long long x = strtoll(s, &end, 10);
+  if (end == s || *end || errno || (t == FB_T_I32 && (x < INT32_MIN || x > INT32_MAX))) return FB_ETYPE;
+  *v = t == FB_T_I64 ? fb_value_i64(x) : fb_value_i32((int32_t)x);
+  return 0;
+}
+
 static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
+  if (json_is_string(a) && fb_type_is_int(t)) return decimal_arg(json_string_value(a), t, v);
   if (json_is_boolean(a)) { *v = fb_value_cast(fb_value_bool(json_is_true(a)), t); return 0; }
   if (json_is_integer(a)) { *v = fb_value_cast(fb_value_i64(json_integer_value(a)), t); return 0; }
   if (json_is_real(a)) {
@@ -740,8 +767,9 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                     lk->params[i].name);
       binds[nb++] = json_string_value(x);
     } else if (nv >= 32 || scalar_arg(x, lk->params[i].type, &vals[nv++])) {
-      return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' needs a %s value", path, i,
-                  lk->params[i].name, fb_type_name(lk->params[i].type));
+      return errf(err, FB_ETYPE, "%s.args[%d]: parameter '%s' needs %s %s value", path, i,
+                  lk->params[i].name, fb_type_article(lk->params[i].type),
+                  fb_type_name(lk->params[i].type));
     }
   }
   if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, path, err);

@@ -927,7 +927,7 @@ static int check_task(const fb_cg_task *t, int *loop_pos, char *err, size_t errl
                       k->name, t->loop);
   const fb_stmt *s = &k->stmts[t->loop];
   if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR && s->op != FB_OP_LISTGEN)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a %s, not par_for, "
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a '%s' statement, not par_for, "
                       "struct_for or listgen", k->name, t->loop,
                       s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
   if ((s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_LISTGEN) &&

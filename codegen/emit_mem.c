@@ -41,8 +41,8 @@ static int var_of(fb_emit *e, const fb_stmt *s) {
 static int emit_lload(fb_emit *e, int id, const fb_stmt *s) {
   int v = var_of(e, s);
   if (v < 0 || (fb_type)e->k->stmts[v].type != (fb_type)s->type)
-    return fb_emit_error(e, FB_EINVAL, "%%%d lload: operand is not a %s variable", id,
-                         fb_type_name((fb_type)s->type));
+    return fb_emit_error(e, FB_EINVAL, "%%%d lload: operand is not %s %s variable", id,
+                         fb_type_article((fb_type)s->type), fb_type_name((fb_type)s->type));
   e->vals[id] = LLVMBuildLoad2(e->b, fb_emit_type(e, (fb_type)s->type), e->vals[v], "");
   return 0;
 }

@@ -728,8 +728,8 @@ static int exec_store(run *r, int id) {
       (rc = operand(r, id, sn->ndim, &v)) || (rc = read_indices(r, id, sn, gi, &flat, &inb)))
     return rc;
   if (v.type != sn->type)
-    return bad(r, FB_EINVAL, id, "storing %s into a %s field", fb_type_name(v.type),
-               fb_type_name(sn->type));
+    return bad(r, FB_EINVAL, id, "storing %s into %s %s field", fb_type_name(v.type),
+               fb_type_article(sn->type), fb_type_name(sn->type));
   if (inb && !(no_activation(s_op(r, id)) && !cell_active(r->in, sn->id, gi))) {
     activate_cell(r->in, sn->id, gi);
     fb_value_store(v, elem_ptr(r, sn, flat));
@@ -850,8 +850,8 @@ static int exec_dynamic(run *r, int id) {
       (rc = dyn_of(r, id, sn, &d)) || (append && (rc = operand(r, id, sn->ndim - 1, &v))))
     return rc;
   if (append && v.type != sn->type)
-    return bad(r, FB_EINVAL, id, "appending %s to a %s field", fb_type_name(v.type),
-               fb_type_name(sn->type));
+    return bad(r, FB_EINVAL, id, "appending %s to %s %s field", fb_type_name(v.type),
+               fb_type_article(sn->type), fb_type_name(sn->type));
   int ax = dyn_axis(d);
   if ((rc = list_indices(r, id, sn, ax, gi, &inb))) return rc;
   int64_t len = inb ? r->in->len[d->id][cell_number(&r->l->nodes[d->parent], gi)] : 0;
@@ -984,7 +984,8 @@ static int exec_local(run *r, int id) {
   }
   if ((rc = operand(r, id, 1, &v))) return rc;
   if (v.type != r->k->stmts[var].type)
-    return bad(r, FB_EINVAL, id, "storing %s into a %s variable", fb_type_name(v.type),
+    return bad(r, FB_EINVAL, id, "storing %s into %s %s variable", fb_type_name(v.type),
+               fb_type_article((fb_type)r->k->stmts[var].type),
                fb_type_name((fb_type)r->k->stmts[var].type));
   r->vals[var] = v;
   return 0;

@@ -43,6 +43,14 @@ const char *fb_type_name(fb_type t) {
   return (unsigned)t < FB_T__COUNT ? type_names[t] : "?";
 }
 
+/* By sound: "an i32", "an f32", "a u32" (you), "a bool". */
+const char *fb_type_article(fb_type t) {
+  switch (t) {
+  case FB_T_I32: case FB_T_I64: case FB_T_F32: case FB_T_F64: return "an";
+  default: return "a";
+  }
+}
+
 int fb_type_from_name(const char *s, size_t n) {
   for (int t = 0; t < FB_T__COUNT; t++)
     if (strlen(type_names[t]) == n && memcmp(type_names[t], s, n) == 0) return t;

@@ -8,6 +8,7 @@
  * ops, ids, counts, block cycles) gets diagnostics, never a crash. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ir_internal.h"
 
@@ -468,7 +469,7 @@ static void walk_block(vctx *v, int blk, int owner, const char *role);
 
 static int block_ref_ok(vctx *v, int id, int blk, int allowed, int required, const char *role) {
   if (blk == -1) {
-    if (required) verr(v, id, "needs a %s block", role);
+    if (required) verr(v, id, "needs %s %s block", strchr("aeiou", role[0]) ? "an" : "a", role);
     return 0;
   }
   if (!allowed) {

@@ -36,6 +36,9 @@ struct fb_opt {
 typedef struct batch_impl {
   fb_opt_batch pub;
   uint64_t *args;
+  fb_opt_part *parts;
+  fb_irh *part_ir; /* a reference each, for the parts' names */
+  int nparts;
 } batch_impl;
 
 static double now_s(void) {
@@ -66,6 +69,8 @@ void fb_opt_options_default(fb_opt_options *o) {
   o->passes = FB_PASS_ALL;
   o->max_fuse_per_task = 1;
   o->max_fused_tasks = 256;
+  o->max_fused_stmts = 4096;
+  o->max_task_params = 0;
   o->max_iterations = 32;
   o->bank_bytes = (size_t)64 << 20;
 #ifdef FB_DEBUG
@@ -77,6 +82,8 @@ static void sanitize(fb_opt_options *o) {
   o->passes &= FB_PASS_ALL;
   if (o->max_fuse_per_task < 1) o->max_fuse_per_task = 1;
   if (o->max_fused_tasks < 0) o->max_fused_tasks = 0;
+  if (o->max_fused_stmts < 0) o->max_fused_stmts = 0;
+  if (o->max_task_params < 0) o->max_task_params = 0;
   if (o->max_iterations < 1) o->max_iterations = 1;
 }
 
@@ -180,16 +187,20 @@ int fb_opt_insert(fb_opt *o, const fb_opt_task *t) {
   int rc = n->args ? 0 : FB_ENOMEM;
   if (!rc && t->nargs) memcpy(n->args, t->args, sizeof *n->args * (size_t)t->nargs);
   if (!rc && has_pure_activation(m) && !(n->certs = malloc(sizeof *n->certs))) rc = FB_ENOMEM;
+  if (!rc && !(n->parts = malloc(sizeof *n->parts))) rc = FB_ENOMEM;
   if (!rc) rc = fb_sfg_node_resolve(n, k);
   if (!rc) {
     fb_bank_ref(o->bank, t->ir);
     fb_bank_ref(o->bank, t->ir);
     n->ir = n->orig = t->ir;
+    fb_bank_ref(o->bank, t->ir); /* the part's */
+    n->parts[n->nparts++] = (fb_sfg_part){t->ir, t->launch, 0, t->nargs, 0};
     if (n->certs) { /* the certificate holds its own reference */
       fb_bank_ref(o->bank, t->ir);
       n->certs[n->ncerts++] = (fb_sfg_cert){t->ir, 0, t->nargs};
     }
     rc = fb_sfg_append(&o->g, n);
+    if (!rc) n->parts[0].inb = (uint8_t)n->all_inb; /* resolved by the append */
   }
   if (rc) {
     fb_sfg_node_free(n, o->bank);
@@ -341,15 +352,22 @@ int fb_pass_memo_put(fb_pass_ctx *c, const int64_t *key, int n, fb_kernel *k, fb
 /* ---------------------------------------------------------------- flush */
 
 static int make_batch(fb_opt *o, fb_opt_batch **out) {
-  int n = o->g.n - o->g.nret, nargs = 0;
-  for (int i = o->g.nret; i < o->g.n; i++) nargs += o->g.nodes[i]->nargs;
+  int n = o->g.n - o->g.nret, nargs = 0, nparts = 0;
+  for (int i = o->g.nret; i < o->g.n; i++) {
+    nargs += o->g.nodes[i]->nargs;
+    nparts += o->g.nodes[i]->nparts;
+  }
   batch_impl *b = calloc(1, sizeof *b);
   if (!b) return FB_ENOMEM;
   b->pub.v = calloc((size_t)(n ? n : 1), sizeof *b->pub.v);
   b->args = malloc(sizeof *b->args * (size_t)(nargs ? nargs : 1));
-  if (!b->pub.v || !b->args) {
+  b->parts = malloc(sizeof *b->parts * (size_t)(nparts ? nparts : 1));
+  b->part_ir = malloc(sizeof *b->part_ir * (size_t)(nparts ? nparts : 1));
+  if (!b->pub.v || !b->args || !b->parts || !b->part_ir) {
     free(b->pub.v);
     free(b->args);
+    free(b->parts);
+    free(b->part_ir);
     free(b);
     return FB_ENOMEM;
   }
@@ -369,6 +387,15 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
     ap += x->nargs;
     L->launch = x->launch;
     L->ntasks = x->ntasks;
+    L->parts = b->parts + b->nparts;
+    L->nparts = x->nparts;
+    for (int p = 0; p < x->nparts; p++) {
+      const fb_sfg_part *xp = &x->parts[p];
+      fb_bank_ref(o->bank, xp->orig);
+      b->part_ir[b->nparts] = xp->orig;
+      b->parts[b->nparts++] = (fb_opt_part){xp->launch, fb_bank_ir(o->bank, xp->orig)->name,
+                                            xp->argoff, xp->nargs, xp->inb};
+    }
   }
   *out = &b->pub;
   return 0;
@@ -378,8 +405,11 @@ void fb_opt_batch_free(fb_opt *o, fb_opt_batch *pub) {
   if (!pub) return;
   batch_impl *b = (batch_impl *)pub;
   for (int i = 0; i < pub->n; i++) fb_bank_unref(o->bank, pub->v[i].ir);
+  for (int i = 0; i < b->nparts; i++) fb_bank_unref(o->bank, b->part_ir[i]);
   free(pub->v);
   free(b->args);
+  free(b->parts);
+  free(b->part_ir);
   free(b);
 }
 
@@ -391,6 +421,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->dead_stores += f->dead_stores;
   t->tasks_deleted += f->tasks_deleted;
   t->tasks_fused += f->tasks_fused;
+  t->fuse_refused += f->fuse_refused;
   t->simplified += f->simplified;
   t->iterations += f->iterations;
   t->memo_hits += f->memo_hits;

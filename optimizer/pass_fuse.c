@@ -12,8 +12,14 @@
  *     inputs neither task writes); masks and allocators only through
  *     activation on write and activity checks of loads; never a list,
  *     gtmp slot or return slot;
- *  4. each task takes part in at most max_fuse_per_task fusions per round
- *     (and a fused task stands for at most max_fused_tasks launches).
+ *  4. each task takes part in at most max_fuse_per_task fusions per round.
+ * On top of the criteria, a cost model keeps each fused task within what
+ * the engine can compile and launch: at most max_fused_tasks launches,
+ * max_fused_stmts statements (the parts' reachable statements added up) and
+ * max_task_params parameters (the backend's limit, set by the engine). A
+ * pair that meets the criteria but not the budget is refused (fuse_refused
+ * counts the tasks that met such a refusal, once per task per round). The
+ * bounds come from fb_opt_options only.
  * The fused task runs A's part then B's part (per iteration); its
  * parameters are A's then B's, so two launches of one kernel with different
  * arguments keep both; B's rand() calls keep B's launch number (rand_seq).
@@ -174,6 +180,14 @@ static int rets_ok(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b) {
   return ra == FB_T_VOID || rb == FB_T_VOID || ra == rb;
 }
 
+/* The cost model: would the task fusing a and b stay within the budget? */
+static int within_budget(const fb_opt_options *o, const fb_sfg_node *a, const fb_sfg_node *b) {
+  if (o->max_fused_tasks && a->ntasks + b->ntasks > o->max_fused_tasks) return 0;
+  if (o->max_fused_stmts && a->m->nstmts + b->m->nstmts > o->max_fused_stmts) return 0;
+  if (o->max_task_params && a->nargs + b->nargs > o->max_task_params) return 0;
+  return 1;
+}
+
 /* ---------------------------------------------------------------- fusing */
 
 /* Fuse b into a: the IR (memoized), arguments, certificates. */
@@ -189,9 +203,11 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   }
   uint64_t *args = realloc(a->args, sizeof *args * (size_t)(a->nargs + b->nargs + 1));
   fb_sfg_cert *certs = realloc(a->certs, sizeof *certs * (size_t)(a->ncerts + b->ncerts + 1));
+  fb_sfg_part *parts = realloc(a->parts, sizeof *parts * (size_t)(a->nparts + b->nparts + 1));
   if (args) a->args = args;
   if (certs) a->certs = certs;
-  if (!args || !certs) {
+  if (parts) a->parts = parts;
+  if (!args || !certs || !parts) {
     fb_bank_unref(c->bank, h);
     return FB_ENOMEM;
   }
@@ -201,6 +217,11 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
     a->certs[a->ncerts++].argoff += a->nargs;
   }
   b->ncerts = 0; /* the references moved with them */
+  for (int i = 0; i < b->nparts; i++) {
+    a->parts[a->nparts] = b->parts[i];
+    a->parts[a->nparts++].argoff += a->nargs;
+  }
+  b->nparts = 0;
   a->nargs += b->nargs;
   a->ntasks += b->ntasks;
   fb_bank_unref(c->bank, a->orig);
@@ -244,18 +265,22 @@ static int topo_order(fctx *f, fb_sfg_node **order, int *norder) {
 }
 
 static int fuse_round(fctx *f) {
-  int max = f->c->opt->max_fuse_per_task, cap = f->c->opt->max_fused_tasks, fused = 0;
+  int max = f->c->opt->max_fuse_per_task, fused = 0;
   uint64_t *far = malloc(sizeof *far * (size_t)f->words);
   if (!far) return FB_ENOMEM;
   for (int ai = 0; ai < f->n; ai++) {
     fb_sfg_node *a = f->g->nodes[f->base + ai];
     if (!fusible_kind(a) || a->fused_now >= max) continue;
     far_from(f, ai, far);
+    int refused = 0;
     for (int bi = ai + 1; bi < f->n && a->fused_now < max; bi++) {
       fb_sfg_node *b = f->g->nodes[f->base + bi];
       if (!fusible_kind(b) || b->fused_now >= max || !same_group(a, b)) continue;
-      if (cap && a->ntasks + b->ntasks > cap) continue;
       if (!rets_ok(f->c->bank, a, b) || !path_ok(f, far, ai, bi) || !states_ok(a, b)) continue;
+      if (!within_budget(f->c->opt, a, b)) {
+        refused = 1;
+        continue;
+      }
       int rc = fuse_pair(f, a, b);
       if (rc) {
         free(far);
@@ -266,6 +291,7 @@ static int fuse_round(fctx *f) {
       a->fused_now++;
       fused++;
     }
+    f->c->cnt->fuse_refused += (uint64_t)refused;
   }
   free(far);
   return fused;

@@ -43,6 +43,8 @@ void fb_sfg_node_free(fb_sfg_node *n, fb_bank *bank) {
   fb_bank_unref(bank, n->ir);
   fb_bank_unref(bank, n->orig);
   for (int i = 0; i < n->ncerts; i++) fb_bank_unref(bank, n->certs[i].orig);
+  for (int i = 0; i < n->nparts; i++) fb_bank_unref(bank, n->parts[i].orig);
+  free(n->parts);
   if (n->host) fb_meta_free((fb_task_meta *)n->m);
   free(n->args);
   free(n->eflags);

@@ -53,8 +53,18 @@ enum {
 typedef struct fb_opt_options {
   unsigned passes;       /* FB_PASS_* bits; FB_PASS_ALL by default */
   int max_fuse_per_task; /* fusions one task takes part in per fusion round (1) */
-  int max_fused_tasks;   /* launches one fused task may stand for, bounding its
-                            size and compile time (256; 0: no bound) */
+  int max_fused_tasks;   /* launches one fused task may stand for (256; 0: no
+                            bound) */
+  /* The fusion cost model: a fusion whose result would exceed one of these
+   * is refused (fb_opt_counters.fuse_refused). A task that is already over
+   * a bound is left as it is. */
+  int max_fused_stmts;   /* statement budget of a fused task, estimated as the
+                            sum of its parts' reachable statements: bounds its
+                            compile time (4096; 0: no bound) */
+  int max_task_params;   /* parameters one task launch can take on the backend
+                            (0: no bound). The engine sets it from its device
+                            (fb_cuda_max_task_params on CUDA; none on the CPU,
+                            whose tasks read arguments through a pointer) */
   int max_iterations;    /* cap of the pipeline's fixed-point loop (32) */
   size_t bank_bytes;     /* IR bank memory bound, evicting unused IR (64 MiB) */
   int check;             /* run fb_opt_check and fb_verify after every pass
@@ -73,6 +83,10 @@ typedef struct fb_opt_counters {
   uint64_t dead_stores;     /* task writes of a state removed as dead */
   uint64_t tasks_deleted;   /* tasks left without effect and deleted */
   uint64_t tasks_fused;     /* fusions (each removes one task) */
+  uint64_t fuse_refused;    /* tasks kept from a fusion that met every
+                               criterion by the cost model (max_fused_stmts,
+                               max_task_params, max_fused_tasks); once per
+                               task per fusion round */
   uint64_t simplified;      /* statements removed by intra-task simplification */
   uint64_t iterations;      /* pipeline iterations */
   uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */
@@ -139,6 +153,16 @@ int fb_opt_host_write(fb_opt *o, int snode);
  * flush's counters. */
 int fb_opt_optimize(fb_opt *o);
 
+/* One inserted task launch that a handed-out task stands for: a fused task
+ * runs its parts in order. What the engine needs to name the part an error
+ * comes from, as sync mode would. */
+typedef struct fb_opt_part {
+  uint64_t launch;   /* its launch number */
+  const char *task;  /* its task IR's name as inserted ("bad.t0") */
+  int argoff, nargs; /* its arguments within the task's */
+  int inb;           /* every access provably in bounds: it cannot report FB_EBOUNDS */
+} fb_opt_part;
+
 /* One optimized task launch. Everything stays valid until the batch is freed. */
 typedef struct fb_opt_launch {
   fb_irh ir;
@@ -151,6 +175,8 @@ typedef struct fb_opt_launch {
   int nargs;
   uint64_t launch;     /* launch number to run it with (rand(), see rand_seq) */
   int ntasks;          /* inserted task launches it stands for (fusion) */
+  const fb_opt_part *parts; /* those launches, in the order it runs them */
+  int nparts;          /* = ntasks */
 } fb_opt_launch;
 
 typedef struct fb_opt_batch {
@@ -369,6 +395,14 @@ typedef struct fb_sfg_cert {
   int argoff, nargs;  /* its arguments within the node's */
 } fb_sfg_cert;
 
+/* An inserted task launch a node stands for (fb_opt_part). */
+typedef struct fb_sfg_part {
+  fb_irh orig;         /* task IR as inserted (the node holds the reference) */
+  uint64_t launch;
+  int argoff, nargs;
+  uint8_t inb;
+} fb_sfg_part;
+
 typedef struct fb_sfg_node {
   uint64_t serial;
   uint64_t order;      /* position stamp: grows along the topological order */
@@ -397,6 +431,8 @@ typedef struct fb_sfg_node {
   uint64_t list_ver;   /* struct_for: version of the list it iterates */
   fb_sfg_cert *certs;
   int ncerts;
+  fb_sfg_part *parts;  /* the inserted launches merged into it, in order */
+  int nparts;
   /* edges */
   fb_sfg_edge *in, *out;
   int nin, nout, capin, capout;

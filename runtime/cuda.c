@@ -250,15 +250,17 @@ static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu
   return 0;
 }
 
+int fb_cuda_max_task_params(void) { return MAX_KPARAMS - FB_GPU_FIXED_PARAMS; }
+
 int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,
                     size_t errlen) {
   fb_cuda_device *d = device;
   if (!d || !t || !t->ir || !out)
     return fb_errf(err, errlen, "fb_cuda_compile: missing device, task or output"), FB_EINVAL;
   memset(out, 0, sizeof *out);
-  if (FB_GPU_FIXED_PARAMS + t->ir->nparams > MAX_KPARAMS)
+  if (t->ir->nparams > fb_cuda_max_task_params())
     return fb_errf(err, errlen, "task %s has %d parameters; a GPU launch takes at most %d",
-                   t->ir->name, t->ir->nparams, MAX_KPARAMS - FB_GPU_FIXED_PARAMS),
+                   t->ir->name, t->ir->nparams, fb_cuda_max_task_params()),
            FB_EUNSUPPORTED;
   double t0 = now_s();
   fb_code_key key = fb_code_cache_key(t);

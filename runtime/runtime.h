@@ -211,6 +211,9 @@ const char *fb_cuda_device_name(const fb_cuda_device *d);
 const char *fb_cuda_device_sm(const fb_cuda_device *d); /* "sm_90" */
 /* 1 when healthy; else 0 and why (may be NULL) says what failed. */
 int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len);
+/* Kernel parameters one task launch can take on the GPU (the launch's fixed
+ * parameters excluded): what the optimizer's fusion cost model must respect. */
+int fb_cuda_max_task_params(void);
 /* Compile task t to a module of the device (cached by IR): out->gpu. The
  * signature of a compile pool's compiler (user = the device). */
 int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,

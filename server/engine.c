@@ -315,6 +315,14 @@ static int check_async_config(const fb_session_config *cfg, char *msg, size_t le
   return 0;
 }
 
+/* What the backend imposes on one task, for fusion's cost model (the one
+ * place the optimizer learns it): a GPU launch takes a bounded number of
+ * kernel parameters; CPU tasks read their arguments through a pointer, so
+ * there the bound is none. The statement budget is the optimizer's default. */
+static void backend_fuse_limits(const fb_engine *e, fb_opt_options *o) {
+  o->max_task_params = e->gpu ? fb_cuda_max_task_params() : 0;
+}
+
 /* The optimizer context, the worker and the compile pool of an async session. */
 static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, size_t len) {
   int rc = check_async_config(cfg, msg, len);
@@ -332,6 +340,7 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   fb_opt_options_default(&o);
   o.passes = opt_passes(cfg->passes);
   o.max_fuse_per_task = cfg->max_fuse_per_task ? cfg->max_fuse_per_task : 1;
+  backend_fuse_limits(s->e, &o);
   if (!(a->o = fb_opt_new(s->layout, &o))) {
     snprintf(msg, len, "out of memory (optimizer context)");
     return FB_ENOMEM;
@@ -984,26 +993,57 @@ static void note_seen(batch_run *r) {
       seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
 }
 
-/* A failed task, said as sync mode says it, with the launch number (a
- * fused task is named after its first launch; its IR name lists them). */
+/* The part of a (fused) task an error comes from: for FB_EBOUNDS, the one
+ * part whose accesses are not all provably in bounds when there is exactly
+ * one; otherwise the first part, and *others counts the parts it may also
+ * be (0 when the blame is certain). */
+static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int *others) {
+  *others = 0;
+  if (L->nparts <= 0) return NULL;
+  if (L->nparts == 1) return &L->parts[0];
+  if (rc == FB_EBOUNDS) {
+    const fb_opt_part *only = NULL;
+    int n = 0;
+    for (int i = 0; i < L->nparts; i++)
+      if (!L->parts[i].inb && !n++) only = &L->parts[i];
+    if (n == 1) return only;
+  }
+  *others = L->nparts - 1;
+  return &L->parts[0];
+}
+
+/* A failed task, said as sync mode says it, with the launch number. A
+ * fused task names the part the error comes from when that is certain;
+ * otherwise its first part, and how many launches were fused with it. */
 static void task_error(batch_run *r, const fb_opt_launch *L, int rc, const char *msg) {
   fb_session *s = r->s;
-  const launch_rec *lr = launch_of(r->j, L->launch);
-  const char *kn = lr ? lr->name : "?";
+  int others;
+  const fb_opt_part *p = blamed_part(L, rc, &others);
+  uint64_t launch = p ? p->launch : L->launch;
+  const char *task = p ? p->task : L->k->name;
+  const launch_rec *lr = launch_of(r->j, launch);
   int kid = lr ? lr->kernel : -1;
-  unsigned long long no = (unsigned long long)L->launch;
+  char who[ERRLEN];
+  if (others == 1)
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
+             lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
+  else if (others)
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or one of the %d launches fused with it "
+             "in task %s)", lr ? lr->name : "?", (unsigned long long)launch, others, L->k->name);
+  else
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
+             (unsigned long long)launch);
   char oom[512];
   if (oom_message(s, oom, sizeof oom))
-    bg_record(s, FB_EQUOTA, L->launch, kid, "kernel '%s' (launch %llu): %s; those accesses were "
-              "skipped", kn, no, oom);
+    bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
   else if (msg[0])
-    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu): %s", kn, no, msg);
+    bg_record(s, rc, launch, kid, "%s: %s", who, msg);
   else if (rc == FB_EBOUNDS)
-    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu) indexed a field out of bounds "
-              "(task %s); those accesses were skipped", kn, no, L->k->name);
+    bg_record(s, rc, launch, kid, "%s indexed a field out of bounds (task %s); those accesses "
+              "were skipped", who, task);
   else
-    bg_record(s, rc, L->launch, kid, "kernel '%s' (launch %llu): task %s failed on the device: "
-              "%s", kn, no, L->k->name, fb_strerror(rc));
+    bg_record(s, rc, launch, kid, "%s: task %s failed on the device: %s", who, task,
+              fb_strerror(rc));
 }
 
 static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {

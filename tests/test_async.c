@@ -840,6 +840,75 @@ START_TEST(background_errors) {
 }
 END_TEST
 
+/* Issue 19: an error in a fused task names the part it comes from, as sync
+ * mode does: `bad` overruns b; fused with `good` (whose accesses are all
+ * provably in bounds), before or after it, the message is sync's with the
+ * launch number added. Two parts that may both overrun are both owned up to. */
+static const char *blame_src =
+    "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
+    "kernel good() { for i in a { a[i] = 1 } }\n"
+    "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+    "kernel bad2() { for i in a { c[i + 2] = 3 } }\n";
+
+/* Launch first then second in a fresh session; the error message, with the
+ * async " (launch N)" taken out; *fused = tasks fused. */
+static char *blame_run(const char *mode, const char *first, const char *second, uint64_t *launch,
+                       int *kernel, int ids[2], uint64_t *fused) {
+  fb_program *p = parse(blame_src);
+  fb_session_config cfg = {.mode = mode, .seed = 7, .flush_every = -1};
+  fb_session *s = open_session(eng, p, &cfg);
+  int k1 = kernel_id(s, p, first, NULL), k2 = kernel_id(s, p, second, NULL);
+  ids[0] = k1;
+  ids[1] = k2;
+  int rc = fb_launch(s, k1, NULL, 0, NULL);
+  if (!rc) rc = fb_launch(s, k2, NULL, 0, NULL);
+  if (!rc) rc = fb_sync(s);
+  ck_assert_msg(rc == FB_EBOUNDS, "%s %s,%s: %s (%s)", mode, first, second, fb_strerror(rc),
+                fb_session_errmsg(s));
+  char *msg = strdup(fb_session_errmsg(s));
+  if (!strcmp(mode, "async")) {
+    ck_assert_int_eq(fb_session_error_launch(s, launch, kernel), 0);
+    char *at = strstr(msg, " (launch ");
+    ck_assert_msg(at != NULL, "%s", msg);
+    char *end = strchr(at + 1, ')');
+    if (end && end - at < 20) memmove(at, end + 1, strlen(end + 1) + 1);
+  }
+  fb_counters c;
+  fb_session_counters(s, &c);
+  *fused = c.tasks_fused;
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return msg;
+}
+
+START_TEST(fused_error_names_the_part) {
+  const char *order[2][2] = {{"good", "bad"}, {"bad", "good"}};
+  for (int o = 0; o < 2; o++) {
+    uint64_t launch = 99, fused = 0, none;
+    int kernel = -1, ids[2], ids_sync[2];
+    char *sync = blame_run("sync", order[o][0], order[o][1], NULL, NULL, ids_sync, &none);
+    char *async = blame_run("async", order[o][0], order[o][1], &launch, &kernel, ids, &fused);
+    ck_assert_uint_eq(fused, 1); /* the two ran as one task */
+    ck_assert_msg(strstr(sync, "kernel 'bad'") && !strcmp(sync, async), "sync: %s\nasync: %s", sync,
+                  async);
+    ck_assert_uint_eq(launch, o == 0 ? 1 : 0);
+    ck_assert_int_eq(kernel, ids[o == 0 ? 1 : 0]); /* bad's id */
+    free(sync);
+    free(async);
+  }
+  /* both parts may overrun: the first is named, and the other owned up to */
+  uint64_t launch = 99, fused = 0;
+  int kernel = -1, ids[2];
+  char *async = blame_run("async", "bad", "bad2", &launch, &kernel, ids, &fused);
+  ck_assert_uint_eq(fused, 1);
+  ck_assert_msg(strstr(async, "kernel 'bad' (launch 0, or the launch fused with it in task "
+                              "bad.t0+bad2.t0) indexed a field out of bounds"),
+                "%s", async);
+  ck_assert_uint_eq(launch, 0);
+  free(async);
+}
+END_TEST
+
 START_TEST(background_quota) {
   const char *src = "layout { pointer(i: 64) as blk { dense(i: 1024) { place f: f32 } } }\n"
                     "kernel paint(n: i32) { for i in 0 .. n { f[i * 1024] = 1.0 } }\n";
@@ -1278,6 +1347,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, minimal_example);
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
+  tcase_add_test(tc, fused_error_names_the_part);
   tcase_add_test(tc, background_quota);
   tcase_add_test(tc, bad_config);
   tcase_add_test(tc, flush_does_not_block);

@@ -148,7 +148,7 @@ START_TEST(bad_input_is_named) {
        "$.step[0].arg: unknown key"},
       {"{ \"program\": \"p.fbk\" }", "${K} is not a parameter"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", \"args\": [\"a\"]} ] }",
-       "$.step[0].args[0]: parameter 'v' needs a f32 value"},
+       "$.step[0].args[0]: parameter 'v' needs an f32 value"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"nope\"} ] }",
        "no kernel named 'nope'"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\"} ] }",
@@ -330,6 +330,85 @@ START_TEST(bench_modes_and_json) {
 }
 END_TEST
 
+/* Issue 19: equal values agree across modes, infinities and NaN at the
+ * same place included (inf - inf is NaN, which once read as a difference). */
+START_TEST(bench_equal_infinities) {
+  write_file("inf.fbk",
+             "layout { dense(i: 4) { place q: f32 } }\n"
+             "kernel div(z: f32) { for i in q { q[i] = f32(i - 1) / z } }\n");
+  write_file("inf.json",
+             "{ \"name\": \"inf\", \"program\": \"inf.fbk\",\n"
+             "  \"step\": [ {\"launch\": \"div\", \"args\": [0.0]} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1, \"modes\": [\"sync\", \"async\"] },\n"
+             "  \"checks\": [ {\"same_across_modes\": [\"q\"]} ] }\n");
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "%s bench %s/inf.json", fusebox(), tmpdir);
+  int rc = sh(cmd, &out);
+  /* q = -inf, nan, inf, inf in both modes */
+  ck_assert_msg(rc == 0 && !strstr(out, "differs"), "rc %d\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
+/* Issue 19: a u64 argument above 2^63-1, which a JSON number cannot carry,
+ * given as a decimal string, in the file and through --param; bad integer
+ * strings are refused naming the type with its article. */
+START_TEST(u64_beyond_json_integers) {
+  write_file("u.fbk",
+             "layout { dense(i: 2) { place r: i32 } }\n"
+             "kernel low(v: u64) { for i in r { r[i] = i32(v % u64(1000)) + i32(v >> u64(60)) } }\n"
+             "kernel neg(v: i32) { for i in r { r[i] = v } }\n");
+  char *out;
+  /* 18446744073709551615 % 1000 = 615, >> 60 = 15 (clamped to 2^63-1 it
+   * would give 807 + 7; rounded through a double, 616 + 0) */
+  int rc = run_session("u.json",
+                       "{ \"program\": \"u.fbk\",\n"
+                       "  \"step\": [ {\"launch\": \"low\", \"args\": [\"18446744073709551615\"]} ],\n"
+                       "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n",
+                       &out);
+  ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+  free(out);
+  write_file("up.json",
+             "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
+             "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]},\n"
+             "            {\"launch\": \"neg\", \"args\": [\"-2147483648\"]} ],\n"
+             "  \"checks\": [ {\"read\": \"r\", \"equals\": -2147483648} ] }\n");
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "%s run %s/up.json --param BIG=18446744073709551615", fusebox(), tmpdir);
+  rc = sh(cmd, &out);
+  ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+  free(out);
+  /* the same u64 through --param alone: r = 630 */
+  write_file("up2.json",
+             "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
+             "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]} ],\n"
+             "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n");
+  snprintf(cmd, sizeof cmd, "%s run %s/up2.json --param BIG=18446744073709551615", fusebox(), tmpdir);
+  rc = sh(cmd, &out);
+  ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
+  free(out);
+  struct { const char *arg, *want; } bad[] = {
+      {"\"18446744073709551616\"", "parameter 'v' needs a u64 value"},
+      {"\"-1\"", "parameter 'v' needs a u64 value"},
+      {"\"12abc\"", "parameter 'v' needs a u64 value"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{ \"program\": \"u.fbk\", \"step\": [ {\"launch\": \"low\", \"args\": [%s]} ] }\n",
+             bad[i].arg);
+    rc = run_session("ub.json", json, &out);
+    ck_assert_msg(rc == 2 && strstr(out, bad[i].want), "%s: rc %d: %s", bad[i].arg, rc, out);
+    free(out);
+  }
+  rc = run_session("ui.json",
+                   "{ \"program\": \"u.fbk\", \"step\": [ {\"launch\": \"neg\", \"args\": [\"2147483648\"]} ] }\n",
+                   &out);
+  ck_assert_msg(rc == 2 && strstr(out, "parameter 'v' needs an i32 value"), "rc %d: %s", rc, out);
+  free(out);
+}
+END_TEST
+
 START_TEST(graph_and_trace) {
   write_file("p.fbk", prog);
   write_file("g.json",
@@ -504,6 +583,8 @@ int main(void) {
   tcase_add_test(tc, check_ir_and_help);
   tcase_add_test(tc, cli_conventions);
   tcase_add_test(tc, bench_modes_and_json);
+  tcase_add_test(tc, bench_equal_infinities);
+  tcase_add_test(tc, u64_beyond_json_integers);
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);

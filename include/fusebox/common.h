@@ -52,6 +52,7 @@ typedef enum fb_type {
 } fb_type;
 
 const char *fb_type_name(fb_type t);          /* "f32"; "void" */
+const char *fb_type_article(fb_type t);       /* "an" (i32, f32 ...) or "a" (u32, bool) */
 int fb_type_from_name(const char *s, size_t n); /* -1 when unknown */
 size_t fb_type_size(fb_type t);               /* bool is stored as 1 byte */
 int fb_type_is_float(fb_type t);

@@ -23,7 +23,11 @@
  * (FB_EBOUNDS, FB_EQUOTA, ...) is returned by the next fb_sync, fb_flush,
  * host access (after it has done its work) or launch with a return value,
  * with a message naming the kernel and its launch number (the session's
- * launches count from 0); fb_session_error_launch() gives them as numbers. */
+ * launches count from 0); fb_session_error_launch() gives them as numbers.
+ * When launches ran fused into one task, the message names the one the
+ * error comes from when that is certain (an out-of-bounds access in the only
+ * part whose accesses are not all provably in bounds); otherwise the first,
+ * saying that it may be a launch fused with it. */
 #ifndef FUSEBOX_ENGINE_H
 #define FUSEBOX_ENGINE_H
 
