@@ -12,6 +12,7 @@
  * under load. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -843,7 +844,8 @@ END_TEST
 
 typedef struct load_arg {
   const char *addr;
-  long launches, syncs, failures;
+  long launches, failures;
+  atomic_long syncs; /* read by the test thread while the worker runs */
 } load_arg;
 
 static void *load_worker(void *p) {
@@ -877,7 +879,12 @@ START_TEST(sigterm_under_load) {
     args[i] = (load_arg){D.address, 0, 0, 0};
     ck_assert_int_eq(pthread_create(&th[i], NULL, load_worker, &args[i]), 0);
   }
-  usleep(400000);
+  /* SIGTERM once the load is flowing (a loaded machine may take a while) */
+  for (double until = now_s() + 60; now_s() < until; usleep(10000)) {
+    long flowing = 0;
+    for (int i = 0; i < N; i++) flowing += atomic_load(&args[i].syncs) > 0;
+    if (flowing == N) break;
+  }
   double t0 = now_s();
   int st = -1;
   fb_client_close(C);
@@ -887,7 +894,7 @@ START_TEST(sigterm_under_load) {
   ck_assert_msg(now_s() - t0 < 15, "shutdown took %.1f s", now_s() - t0);
   for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
   long total = 0;
-  for (int i = 0; i < N; i++) total += args[i].syncs;
+  for (int i = 0; i < N; i++) total += atomic_load(&args[i].syncs);
   ck_assert_msg(total > 0, "no load reached the server");
 }
 END_TEST
