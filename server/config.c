@@ -38,6 +38,7 @@ void fbd_config_free(fbd_config *c) {
   for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
   free(c->backend);
   free(c->socket_group);
+  free(c->config_path);
   memset(c, 0, sizeof *c);
 }
 
@@ -64,7 +65,9 @@ void fbd_usage(FILE *f) {
           "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
           "                             (default: the process's group, unchanged)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
-          "  --help, --version\n",
+          "  --help, --version\n"
+          "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
+          "shutdown_grace_s (flags still override the file); other changes need a restart.\n",
           FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
@@ -285,6 +288,8 @@ static int config_first(fbd_config *c, int argc, char **argv, char *err, size_t 
       fb_errf(err, errlen, "--config: missing file name");
       return FB_EINVAL;
     }
+    free(c->config_path);
+    if (!(c->config_path = strdup(path))) return FB_ENOMEM;
     return fbd_config_load(c, path, err, errlen);
   }
   return 0;

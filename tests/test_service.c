@@ -894,7 +894,7 @@ START_TEST(sigterm_under_load) {
 }
 END_TEST
 
-/* ---------------------------------------------------------------- unix socket access */
+/* ---------------------------------------------------------------- unix socket access, SIGHUP */
 
 /* Start fuseboxd with its log (stderr) going to log_path; 0 or the error. */
 static int start_logged(const char *listen, const char *const *args, const char *log_path, char *err,
@@ -917,6 +917,19 @@ static void write_text(const char *path, const char *text) {
   ck_assert_ptr_nonnull(f);
   fputs(text, f);
   fclose(f);
+}
+
+/* Whether the log holds needle; waits for it as long as the server lives
+ * (the signal is handled by its main thread within a tick). */
+static int log_has(const char *log_path, const char *needle) {
+  for (;;) {
+    char *text = fbt_read_file(log_path, NULL);
+    int found = text && strstr(text, needle) != NULL;
+    free(text);
+    if (found) return 1;
+    if (D.pid <= 0 || waitpid(D.pid, NULL, WNOHANG) != 0) return 0; /* it died */
+    usleep(20000);
+  }
 }
 
 START_TEST(unix_socket_mode_and_group) {
@@ -972,6 +985,40 @@ START_TEST(unix_socket_mode_and_group) {
 }
 END_TEST
 
+START_TEST(sighup_reloads) {
+  char cfg[128], log[128];
+  snprintf(cfg, sizeof cfg, "/tmp/fusebox-test-hup-%d.json", (int)getpid());
+  snprintf(log, sizeof log, "/tmp/fusebox-test-hup-%d.log", (int)getpid());
+  write_text(cfg, "{ \"log_level\": \"warn\", \"max_sessions\": 4 }\n");
+  const char *args[] = {"--config", cfg, NULL};
+  char err[512] = "";
+  ck_assert_msg(start_logged("127.0.0.1:0", args, log, err, sizeof err) == 0, "fuseboxd: %s", err);
+  ck_assert_int_eq(fb_client_connect(D.address, NULL, &C, err, sizeof err), 0);
+  /* log_level warn -> info (applied: the INFO line "reloaded" shows);
+   * max_sessions changed too, which needs a restart */
+  write_text(cfg, "{ \"log_level\": \"info\", \"max_sessions\": 5, \"idle_timeout_s\": 20 }\n");
+  ck_assert_int_eq(kill(D.pid, SIGHUP), 0);
+  ck_assert_msg(log_has(log, "SIGHUP: reloaded"), "fuseboxd died or never logged the reload");
+  ck_assert(log_has(log, "idle_timeout_s 20"));
+  ck_assert(log_has(log, "max_sessions changed"));
+  int st = 0;
+  ck_assert_int_eq(fb_client_ping(C, &st, NULL), 0);
+  ck_assert_int_eq(st, 1); /* SERVING */
+  fb_server_info info;
+  ck_assert_int_eq(fb_client_info(C, &info), 0);
+  ck_assert_uint_eq(info.max_sessions, 4); /* kept until a restart */
+  /* a broken file changes nothing and is reported */
+  write_text(cfg, "{ \"log_level\": \n");
+  ck_assert_int_eq(kill(D.pid, SIGHUP), 0);
+  ck_assert_msg(log_has(log, "reload failed, keeping the running settings"), "no failed reload");
+  ck_assert_int_eq(fb_client_ping(C, &st, NULL), 0);
+  ck_assert_int_eq(st, 1);
+  stop(); /* exit status 0, not killed by the signals */
+  unlink(cfg);
+  unlink(log);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
     return child_client(argv[2], atoi(argv[3]));
@@ -1013,6 +1060,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(ops, 60);
   tcase_add_checked_fixture(ops, NULL, teardown);
   tcase_add_test(ops, unix_socket_mode_and_group);
+  tcase_add_test(ops, sighup_reloads);
   suite_add_tcase(s, ops);
   return fbt_run(s);
 }
