@@ -5,7 +5,7 @@
  *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
- *   --max-kernel-statements.
+ *   --max-kernel-statements, --socket-mode (octal text), --socket-group.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -30,12 +30,15 @@ void fbd_config_defaults(fbd_config *c) {
   c->worker_spin_us = 100;
   c->max_kernel_statements = FB_MAX_KERNEL_STATEMENTS_DEFAULT;
   c->log_level = FBD_LOG_INFO;
+  c->socket_mode = 0660;
   c->ready_fd = -1;
 }
 
 void fbd_config_free(fbd_config *c) {
   for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
   free(c->backend);
+  free(c->socket_group);
+  free(c->config_path);
   memset(c, 0, sizeof *c);
 }
 
@@ -58,8 +61,13 @@ void fbd_usage(FILE *f) {
           "  --log-level L              error|warn|info|debug (default info)\n"
           "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
           "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
+          "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
+          "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
+          "                             (default: the process's group, unchanged)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
-          "  --help, --version\n",
+          "  --help, --version\n"
+          "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
+          "shutdown_grace_s (flags still override the file); other changes need a restart.\n",
           FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
@@ -83,7 +91,7 @@ int fbd_parse_bytes(const char *s, uint64_t *out) {
 
 /* ---------------------------------------------------------------- options */
 
-typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN } opt_kind;
+typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP } opt_kind;
 
 typedef struct opt {
   const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
@@ -110,6 +118,8 @@ static const opt opts[] = {
     {"log_level", OPT_LEVEL, OFF(log_level), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
+    {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
+    {"socket_group", OPT_GROUP, OFF(socket_group), 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -144,6 +154,23 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     if (!d) return FB_ENOMEM;
     free(*(char **)(base + o->off));
     *(char **)(base + o->off) = d;
+    return 0;
+  }
+  case OPT_GROUP: { /* "" leaves the group unchanged */
+    char *d = *v ? strdup(v) : NULL;
+    if (*v && !d) return FB_ENOMEM;
+    free(*(char **)(base + o->off));
+    *(char **)(base + o->off) = d;
+    return 0;
+  }
+  case OPT_MODE: { /* octal permission bits, no setuid/setgid/sticky */
+    long x = strtol(v, &end, 8);
+    if (end == v || *end || *v == '-' || *v == '+' || x < 0 || x > 0777) {
+      fb_errf(err, errlen, "%s: invalid value '%s' (octal permissions 0000..0777, e.g. 0660)",
+              o->name, v);
+      return FB_EINVAL;
+    }
+    *(int *)(base + o->off) = (int)x;
     return 0;
   }
   case OPT_LEVEL: {
@@ -188,6 +215,10 @@ static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t er
       if (rc) return rc;
     }
     return 0;
+  }
+  if (o->kind == OPT_MODE) { /* JSON has no octal numbers: 660 would be 0o1224 */
+    fb_errf(err, errlen, "%s: give the octal mode as a string, e.g. \"0660\"", o->name);
+    return FB_EINVAL;
   }
   if (json_is_integer(v) && o->kind != OPT_STR && o->kind != OPT_LISTEN && o->kind != OPT_LEVEL) {
     snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
@@ -257,6 +288,8 @@ static int config_first(fbd_config *c, int argc, char **argv, char *err, size_t 
       fb_errf(err, errlen, "--config: missing file name");
       return FB_EINVAL;
     }
+    free(c->config_path);
+    if (!(c->config_path = strdup(path))) return FB_ENOMEM;
     return fbd_config_load(c, path, err, errlen);
   }
   return 0;

@@ -1,7 +1,8 @@
 /* fuseboxd: the Fusebox server. Reads its settings, starts the engine and
  * the gRPC server, then waits for SIGTERM/SIGINT while reaping idle
  * sessions; on a signal it shuts down gracefully (work already received
- * finishes, sessions are freed) and exits 0. Exit 2 for bad settings, 1 when
+ * finishes, sessions are freed) and exits 0. SIGHUP re-reads the --config
+ * file and applies what can change at run time (reload()). Exit 2 for bad settings, 1 when
  * the server cannot start, 3 when a kernel still runs after the grace period. */
 #include <errno.h>
 #include <malloc.h>
@@ -20,6 +21,7 @@ static void block_signals(sigset_t *set) {
   sigemptyset(set);
   sigaddset(set, SIGTERM);
   sigaddset(set, SIGINT);
+  sigaddset(set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, set, NULL);
   signal(SIGPIPE, SIG_IGN);
 }
@@ -38,11 +40,75 @@ static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
   close(cfg->ready_fd);
 }
 
-static int wait_for_signal(fbd_server *srv, const sigset_t *set) {
+/* Append name to the list in buf when the running and reloaded values differ. */
+static void note(char *buf, size_t n, int differs, const char *name) {
+  size_t used = strlen(buf);
+  if (differs && used + 1 < n) snprintf(buf + used, n - used, "%s%s", used ? ", " : "", name);
+}
+
+static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+/* SIGHUP: read the settings again as at start-up (defaults, the --config
+ * file, then the flags, which still win) and apply those that the running
+ * server can change: log_level, idle_timeout_s (read by this thread's
+ * reaper) and shutdown_grace_s (read by this thread at shutdown). Any other
+ * change is named in a warning and waits for a restart. A file that does
+ * not parse changes nothing. */
+static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
+  if (!cfg->config_path) {
+    fbd_logf(log, FBD_LOG_WARN, "SIGHUP: no --config file, nothing to reload");
+    return;
+  }
+  fbd_config n;
+  char err[FBD_ERRLEN] = "";
+  fbd_config_defaults(&n);
+  if (fbd_config_args(&n, argc, argv, err, sizeof err) != 0) {
+    fbd_logf(log, FBD_LOG_ERROR, "SIGHUP: reload failed, keeping the running settings: %s", err);
+    fbd_config_free(&n);
+    return;
+  }
+  char fixed[512] = "";
+  int listen_differs = n.nlisten != cfg->nlisten;
+  for (int i = 0; !listen_differs && i < n.nlisten; i++)
+    listen_differs = strcmp(n.listen[i], cfg->listen[i]) != 0;
+  note(fixed, sizeof fixed, listen_differs, "listen");
+  note(fixed, sizeof fixed, !same_str(n.backend, cfg->backend), "backend");
+  note(fixed, sizeof fixed, n.max_message_bytes != cfg->max_message_bytes, "max_message_bytes");
+  note(fixed, sizeof fixed, n.keepalive_s != cfg->keepalive_s, "keepalive_s");
+  note(fixed, sizeof fixed, n.keepalive_timeout_s != cfg->keepalive_timeout_s, "keepalive_timeout_s");
+  note(fixed, sizeof fixed, n.max_sessions != cfg->max_sessions, "max_sessions");
+  note(fixed, sizeof fixed, n.session_memory_limit != cfg->session_memory_limit,
+       "session_memory_limit");
+  note(fixed, sizeof fixed, n.compile_threads != cfg->compile_threads, "compile_threads");
+  note(fixed, sizeof fixed, n.cpu_threads != cfg->cpu_threads, "cpu_threads");
+  note(fixed, sizeof fixed, n.cq_threads != cfg->cq_threads, "cq_threads");
+  note(fixed, sizeof fixed, n.worker_spin_us != cfg->worker_spin_us, "worker_spin_us");
+  note(fixed, sizeof fixed, n.max_kernel_statements != cfg->max_kernel_statements,
+       "max_kernel_statements");
+  note(fixed, sizeof fixed, n.socket_mode != cfg->socket_mode, "socket_mode");
+  note(fixed, sizeof fixed, !same_str(n.socket_group, cfg->socket_group), "socket_group");
+  cfg->log_level = n.log_level;
+  cfg->idle_timeout_s = n.idle_timeout_s;
+  cfg->shutdown_grace_s = n.shutdown_grace_s;
+  /* other threads read the level without the lock: one atomic store */
+  __atomic_store_n(&log->level, n.log_level, __ATOMIC_RELAXED);
+  if (*fixed)
+    fbd_logf(log, FBD_LOG_WARN, "SIGHUP: %s changed in %s: restart fuseboxd to apply (kept the "
+             "running values)", fixed, cfg->config_path);
+  static const char *const levels[] = {"error", "warn", "info", "debug"};
+  fbd_logf(log, FBD_LOG_INFO, "SIGHUP: reloaded %s: log_level %s, idle_timeout_s %g, "
+           "shutdown_grace_s %g", cfg->config_path, levels[cfg->log_level & 3],
+           cfg->idle_timeout_s, cfg->shutdown_grace_s);
+  fbd_config_free(&n);
+}
+
+static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const sigset_t *set,
+                           int argc, char **argv) {
   struct timespec tick = {0, 250 * 1000 * 1000};
   for (;;) {
     int sig = sigtimedwait(set, NULL, &tick);
     if (sig == SIGTERM || sig == SIGINT) return sig;
+    if (sig == SIGHUP) reload(cfg, log, argc, argv);
     fbd_server_tick(srv);
   }
 }
@@ -73,7 +139,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   announce(&cfg, srv, &log);
-  int sig = wait_for_signal(srv, &set);
+  int sig = wait_for_signal(srv, &cfg, &log, &set, argc, argv);
   fbd_logf(&log, FBD_LOG_INFO, "%s: shutting down (grace %.1f s)",
            sig == SIGTERM ? "SIGTERM" : "SIGINT", cfg.shutdown_grace_s);
   if (fbd_server_shutdown(srv)) {

@@ -6,8 +6,10 @@
  * A send batch carries the initial metadata (first time), the next queued
  * message, and the status once nothing else is queued; only one send batch
  * is in flight per call, as gRPC requires. */
+#include <errno.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -401,6 +403,49 @@ static int claim_socket(const char *addr, char *err, size_t errlen) {
   return 0;
 }
 
+/* The gid of socket_group: a group name, else a number. */
+static int socket_gid(const char *group, const char *addr, gid_t *gid, char *err, size_t errlen) {
+  char buf[16384];
+  struct group g, *found = NULL;
+  int e = getgrnam_r(group, &g, buf, sizeof buf, &found);
+  if (found) {
+    *gid = found->gr_gid;
+    return 0;
+  }
+  char *end = NULL;
+  unsigned long n = strtoul(group, &end, 10);
+  if (*group >= '0' && *group <= '9' && !*end && n < (gid_t)-1) {
+    *gid = (gid_t)n;
+    return 0;
+  }
+  snprintf(err, errlen, "cannot set the group of '%s' to '%s': %s", addr, group,
+           e ? strerror(e) : "no such group");
+  return FB_EINVAL;
+}
+
+/* Right after binding a unix socket: its group (socket_group) and mode
+ * (socket_mode). It was created 0600 (umask), so nobody else could connect
+ * before this. */
+static int socket_access(const fbd_config *cfg, const char *addr, char *err, size_t errlen) {
+  const char *path = addr + 5;
+  if (cfg->socket_group) {
+    gid_t gid;
+    int rc = socket_gid(cfg->socket_group, addr, &gid, err, errlen);
+    if (rc) return rc;
+    if (chown(path, (uid_t)-1, gid) != 0) {
+      snprintf(err, errlen, "cannot set the group of '%s' to '%s' (gid %lu): %s", addr,
+               cfg->socket_group, (unsigned long)gid, strerror(errno));
+      return FB_EIO;
+    }
+  }
+  if (chmod(path, (mode_t)cfg->socket_mode) != 0) {
+    snprintf(err, errlen, "cannot set the mode of '%s' to %04o: %s", addr, (unsigned)cfg->socket_mode,
+             strerror(errno));
+    return FB_EIO;
+  }
+  return 0;
+}
+
 static int bind_all(fbd_server *srv, char *err, size_t errlen) {
   const fbd_config *cfg = srv->cfg;
   size_t used = 0;
@@ -408,8 +453,11 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     const char *addr = cfg->listen[i];
     int rc = claim_socket(addr, err, errlen);
     if (rc) return rc;
+    int is_unix = strncmp(addr, "unix:", 5) == 0;
     grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
     int port = grpc_server_add_http2_port(srv->server, addr, cr);
+    if (is_unix) umask(old_mask);
     grpc_server_credentials_release(cr);
     if (port == 0) {
       snprintf(err, errlen, "cannot listen on '%s' (in use, or not host:port / unix:PATH)", addr);
@@ -423,7 +471,8 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     used += (size_t)snprintf(srv->addresses + used, sizeof srv->addresses - used, "%s%s",
                              used ? " " : "", bound);
     if (used >= sizeof srv->addresses) used = sizeof srv->addresses - 1;
-    srv->listen[srv->nlisten++] = strdup(bound);
+    srv->listen[srv->nlisten++] = strdup(bound); /* fbd_server_free removes socket files */
+    if (is_unix && (rc = socket_access(cfg, addr, err, errlen))) return rc;
   }
   return 0;
 }

@@ -56,6 +56,9 @@ typedef struct fbd_config {
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
   int log_level;
+  int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
+  char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
+  char *config_path;             /* --config FILE, or NULL (SIGHUP re-reads it) */
   int ready_fd;                  /* -1, or write the bound addresses here when serving */
 } fbd_config;
 

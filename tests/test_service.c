@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -899,6 +901,131 @@ START_TEST(sigterm_under_load) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- unix socket access, SIGHUP */
+
+/* Start fuseboxd with its log (stderr) going to log_path; 0 or the error. */
+static int start_logged(const char *listen, const char *const *args, const char *log_path, char *err,
+                        size_t errlen) {
+  fflush(stderr);
+  int saved = dup(2);
+  int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert_int_ge(saved, 0);
+  ck_assert_int_ge(fd, 0);
+  dup2(fd, 2);
+  close(fd);
+  int rc = fb_daemon_start(fuseboxd_path(), listen, args, &D, err, errlen);
+  dup2(saved, 2);
+  close(saved);
+  return rc;
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Whether the log holds needle; waits for it as long as the server lives
+ * (the signal is handled by its main thread within a tick). */
+static int log_has(const char *log_path, const char *needle) {
+  for (;;) {
+    char *text = fbt_read_file(log_path, NULL);
+    int found = text && strstr(text, needle) != NULL;
+    free(text);
+    if (found) return 1;
+    if (D.pid <= 0 || waitpid(D.pid, NULL, WNOHANG) != 0) return 0; /* it died */
+    usleep(20000);
+  }
+}
+
+START_TEST(unix_socket_mode_and_group) {
+  char path[128], addr[160], gid[32];
+  snprintf(path, sizeof path, "/tmp/fusebox-test-mode-%d.sock", (int)getpid());
+  snprintf(addr, sizeof addr, "unix:%s", path);
+  snprintf(gid, sizeof gid, "%lu", (unsigned long)getgid());
+  struct stat st;
+  /* default: 0660 */
+  start(addr, NULL);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert(S_ISSOCK(st.st_mode));
+  ck_assert_uint_eq(st.st_mode & 0777, 0660);
+  stop();
+  /* --socket-mode 0600, --socket-group as a numeric gid */
+  const char *f[] = {"--socket-mode", "0600", "--socket-group", gid, NULL};
+  start(addr, f);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 0777, 0600);
+  ck_assert_uint_eq(st.st_gid, getgid());
+  ck_assert_int_eq(fb_client_ping(C, NULL, NULL), 0);
+  stop();
+  /* the config file's socket_mode, as an octal string */
+  char cfg[128];
+  snprintf(cfg, sizeof cfg, "/tmp/fusebox-test-mode-%d.json", (int)getpid());
+  write_text(cfg, "{ \"socket_mode\": \"0640\", \"socket_group\": \"\" }\n");
+  const char *fc[] = {"--config", cfg, NULL};
+  start(addr, fc);
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 0777, 0640);
+  stop();
+  /* a JSON number is refused (JSON has no octal), exit status 2 */
+  char err[512] = "";
+  write_text(cfg, "{ \"socket_mode\": 640 }\n");
+  ck_assert_int_ne(fb_daemon_start(fuseboxd_path(), addr, fc, &D, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "exit status 2") != NULL, "%s", err);
+  unlink(cfg);
+  /* an unknown group stops start-up (exit 1) with a message naming the
+   * socket, and the socket file is removed */
+  char log[128];
+  snprintf(log, sizeof log, "/tmp/fusebox-test-mode-%d.log", (int)getpid());
+  const char *bad[] = {"--socket-group", "no-such-group-fusebox", NULL};
+  ck_assert_int_ne(start_logged(addr, bad, log, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "exit status 1") != NULL, "%s", err);
+  char *text = fbt_read_file(log, NULL);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(strstr(text, addr) && strstr(text, "no-such-group-fusebox") &&
+                    strstr(text, "no such group"),
+                "log: %s", text);
+  free(text);
+  unlink(log);
+  ck_assert_int_ne(lstat(path, &st), 0);
+}
+END_TEST
+
+START_TEST(sighup_reloads) {
+  char cfg[128], log[128];
+  snprintf(cfg, sizeof cfg, "/tmp/fusebox-test-hup-%d.json", (int)getpid());
+  snprintf(log, sizeof log, "/tmp/fusebox-test-hup-%d.log", (int)getpid());
+  write_text(cfg, "{ \"log_level\": \"warn\", \"max_sessions\": 4 }\n");
+  const char *args[] = {"--config", cfg, NULL};
+  char err[512] = "";
+  ck_assert_msg(start_logged("127.0.0.1:0", args, log, err, sizeof err) == 0, "fuseboxd: %s", err);
+  ck_assert_int_eq(fb_client_connect(D.address, NULL, &C, err, sizeof err), 0);
+  /* log_level warn -> info (applied: the INFO line "reloaded" shows);
+   * max_sessions changed too, which needs a restart */
+  write_text(cfg, "{ \"log_level\": \"info\", \"max_sessions\": 5, \"idle_timeout_s\": 20 }\n");
+  ck_assert_int_eq(kill(D.pid, SIGHUP), 0);
+  ck_assert_msg(log_has(log, "SIGHUP: reloaded"), "fuseboxd died or never logged the reload");
+  ck_assert(log_has(log, "idle_timeout_s 20"));
+  ck_assert(log_has(log, "max_sessions changed"));
+  int st = 0;
+  ck_assert_int_eq(fb_client_ping(C, &st, NULL), 0);
+  ck_assert_int_eq(st, 1); /* SERVING */
+  fb_server_info info;
+  ck_assert_int_eq(fb_client_info(C, &info), 0);
+  ck_assert_uint_eq(info.max_sessions, 4); /* kept until a restart */
+  /* a broken file changes nothing and is reported */
+  write_text(cfg, "{ \"log_level\": \n");
+  ck_assert_int_eq(kill(D.pid, SIGHUP), 0);
+  ck_assert_msg(log_has(log, "reload failed, keeping the running settings"), "no failed reload");
+  ck_assert_int_eq(fb_client_ping(C, &st, NULL), 0);
+  ck_assert_int_eq(st, 1);
+  stop(); /* exit status 0, not killed by the signals */
+  unlink(cfg);
+  unlink(log);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
     return child_client(argv[2], atoi(argv[3]));
@@ -936,5 +1063,11 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(idle, setup_idle, teardown);
   tcase_add_test(idle, idle_sessions_reaped);
   suite_add_tcase(s, idle);
+  TCase *ops = tcase_create("operations");
+  tcase_set_timeout(ops, 60);
+  tcase_add_checked_fixture(ops, NULL, teardown);
+  tcase_add_test(ops, unix_socket_mode_and_group);
+  tcase_add_test(ops, sighup_reloads);
+  suite_add_tcase(s, ops);
   return fbt_run(s);
 }
