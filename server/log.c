@@ -26,7 +26,7 @@ int fbd_log_level_from_name(const char *s) {
 }
 
 void fbd_logf(fbd_log *l, int level, const char *fmt, ...) {
-  if (!l || level > l->level) return;
+  if (!l || level > __atomic_load_n(&l->level, __ATOMIC_RELAXED)) return; /* SIGHUP may change it */
   char line[FBD_ERRLEN + 128];
   struct timespec ts;
   struct tm tm;
