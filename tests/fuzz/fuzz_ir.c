@@ -16,6 +16,9 @@
  * skipped before an interpreter is made (the interpreter allocates every
  * field in full), and each run stops after FUZZ_MAX_STEPS steps.
  *
+ * Mutation: a custom mutator (LLVMFuzzerCustomMutator) changes decoded
+ * inputs structurally half of the time; see below.
+ *
  * Seeds: `fuzz_ir --make-seeds DIR FILE.fbk...` parses each .fbk program with
  * the front end, instantiates its kernels that take no field parameters,
  * and writes one input per program into DIR (scripts/fuzz.sh does this, so
@@ -130,6 +133,210 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   fusebox__v1__create_session_request__free_unpacked(cs, NULL);
   return 0;
+}
+
+/* ---------------------------------------------------------------- structure-aware mutation
+ * Byte-level mutation of protobuf rarely makes a kernel that still decodes
+ * and verifies, so half the time the input is decoded, one to four of its
+ * statements, blocks, parameters or SNodes are changed the way a hostile
+ * client could (any op, operand, SNode, immediate, type or block), and it is
+ * encoded again. The other half, and for inputs that do not decode,
+ * libFuzzer's own byte mutations run. */
+
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+static uint64_t rng_below(uint64_t *s, uint64_t n) { return n ? rng_next(s) % n : 0; }
+
+/* A small or extreme integer: what breaks arithmetic. */
+static int64_t interesting(uint64_t *r) {
+  static const int64_t v[] = {0, 1, -1, 2, 3, 4, 7, 8, 31, 32, 33, 63, 64, 255, 256, 1024,
+                              65535, 65536, 1 << 20, INT32_MAX, INT32_MIN, (int64_t)INT32_MAX + 1,
+                              INT64_MAX, INT64_MIN, (int64_t)1 << 31, (int64_t)1 << 32,
+                              (int64_t)1 << 56, (int64_t)1 << 62};
+  if (rng_below(r, 4) == 0) return (int64_t)rng_next(r);
+  return v[rng_below(r, sizeof v / sizeof v[0])];
+}
+
+/* A statement, block or SNode id near the valid range (or just outside). */
+static int32_t some_id(uint64_t *r, size_t n) {
+  if (rng_below(r, 8) == 0) return (int32_t)interesting(r);
+  return (int32_t)rng_below(r, n + 2) - 1;
+}
+
+static void *grow(fbp_arena *a, const void *old, size_t n, size_t elem) {
+  void *p = fbp_alloc(a, (n + 1) * elem);
+  if (p && n) memcpy(p, old, n * elem);
+  return p;
+}
+
+static void mutate_stmt(fbp_arena *a, uint64_t *r, Fusebox__V1__Stmt *st, const Fusebox__V1__Kernel *k,
+                        size_t nnodes) {
+  switch (rng_below(r, 8)) {
+  case 0: st->op = (char *)fb_op_table[rng_below(r, FB_OP__COUNT)].name; break;
+  case 1: st->type = (Fusebox__V1__ScalarType)rng_below(r, 9); break;
+  case 2: st->snode = some_id(r, nnodes); break;
+  case 3:
+    if (st->n_args && rng_below(r, 3)) st->args[rng_below(r, st->n_args)] = some_id(r, k->n_stmts);
+    else if (st->n_args && rng_below(r, 2)) st->n_args--;
+    else if (st->n_args < 8) {
+      int32_t *na = grow(a, st->args, st->n_args, sizeof *na);
+      if (na) { na[st->n_args] = some_id(r, k->n_stmts); st->args = na; st->n_args++; }
+    }
+    break;
+  case 4: st->imm = (uint64_t)interesting(r); break;
+  case 5: st->body = some_id(r, k->n_blocks); break;
+  case 6: st->orelse = some_id(r, k->n_blocks); break;
+  default: { /* a float immediate */
+    static const double f[] = {0.0, -0.0, 1.0, -1.0, 0.5, 1e30, -1e30, 3e9, -3e9, 1.0 / 0.0,
+                               -1.0 / 0.0, 0.0 / 0.0, 2147483648.0, 9.3e18, 1e-40};
+    double d = f[rng_below(r, sizeof f / sizeof f[0])];
+    memcpy(&st->imm, &d, sizeof d);
+  }
+  }
+}
+
+static void mutate_kernel(fbp_arena *a, uint64_t *r, Fusebox__V1__Kernel *k, size_t nnodes) {
+  unsigned what = (unsigned)rng_below(r, 10);
+  if (what < 5 && k->n_stmts) {
+    mutate_stmt(a, r, k->stmts[rng_below(r, k->n_stmts)], k, nnodes);
+  } else if (what < 7 && k->n_blocks) { /* a block: change, drop, add or swap an id */
+    Fusebox__V1__Block *b = k->blocks[rng_below(r, k->n_blocks)];
+    unsigned how = (unsigned)rng_below(r, 4);
+    if (how == 0 && b->n_ids) b->ids[rng_below(r, b->n_ids)] = some_id(r, k->n_stmts);
+    else if (how == 1 && b->n_ids) {
+      size_t at = rng_below(r, b->n_ids);
+      memmove(&b->ids[at], &b->ids[at + 1], (b->n_ids - at - 1) * sizeof *b->ids);
+      b->n_ids--;
+    } else if (how == 2 && b->n_ids > 1) {
+      size_t x = rng_below(r, b->n_ids), y = rng_below(r, b->n_ids);
+      int32_t t = b->ids[x];
+      b->ids[x] = b->ids[y];
+      b->ids[y] = t;
+    } else {
+      int32_t *ni = grow(a, b->ids, b->n_ids, sizeof *ni);
+      if (ni) {
+        size_t at = rng_below(r, b->n_ids + 1);
+        memmove(&ni[at + 1], &ni[at], (b->n_ids - at) * sizeof *ni);
+        ni[at] = some_id(r, k->n_stmts);
+        b->ids = ni;
+        b->n_ids++;
+      }
+    }
+  } else if (what < 8 && k->n_stmts) { /* a copy of a statement, appended to a block */
+    Fusebox__V1__Stmt **ns = grow(a, k->stmts, k->n_stmts, sizeof *ns);
+    Fusebox__V1__Stmt *st = fbp_alloc(a, sizeof *st);
+    if (ns && st && k->n_blocks) {
+      *st = *k->stmts[rng_below(r, k->n_stmts)];
+      if (rng_below(r, 2)) mutate_stmt(a, r, st, k, nnodes);
+      ns[k->n_stmts] = st;
+      Fusebox__V1__Block *b = k->blocks[rng_below(r, k->n_blocks)];
+      int32_t *ni = grow(a, b->ids, b->n_ids, sizeof *ni);
+      if (ni) {
+        ni[b->n_ids] = (int32_t)k->n_stmts;
+        b->ids = ni;
+        b->n_ids++;
+      }
+      k->stmts = ns;
+      k->n_stmts++;
+    }
+  } else if (what < 9) { /* a new empty block */
+    Fusebox__V1__Block **nb = grow(a, k->blocks, k->n_blocks, sizeof *nb);
+    Fusebox__V1__Block *b = fbp_alloc(a, sizeof *b);
+    if (nb && b) {
+      fusebox__v1__block__init(b);
+      nb[k->n_blocks] = b;
+      k->blocks = nb;
+      k->n_blocks++;
+    }
+  } else { /* parameters and return type */
+    if (k->n_params && rng_below(r, 2))
+      k->params[rng_below(r, k->n_params)] = (Fusebox__V1__ScalarType)rng_below(r, 9);
+    else if (rng_below(r, 2)) k->ret = (Fusebox__V1__ScalarType)rng_below(r, 9);
+    else {
+      Fusebox__V1__ScalarType *np = grow(a, k->params, k->n_params, sizeof *np);
+      if (np) {
+        np[k->n_params] = (Fusebox__V1__ScalarType)(1 + rng_below(r, 7));
+        k->params = np;
+        k->n_params++;
+      }
+    }
+  }
+}
+
+static void mutate_node(fbp_arena *a, uint64_t *r, Fusebox__V1__Layout *l) {
+  if (!l->n_nodes) return;
+  Fusebox__V1__SNode *n = l->nodes[rng_below(r, l->n_nodes)];
+  switch (rng_below(r, 7)) {
+  case 0: n->kind = (Fusebox__V1__SNodeKind)rng_below(r, 7); break;
+  case 1: n->parent = some_id(r, l->n_nodes); break;
+  case 2: n->axes = (uint32_t)rng_below(r, 20); break;
+  case 3:
+    if (n->n_size) n->size[rng_below(r, n->n_size)] = interesting(r);
+    break;
+  case 4: n->chunk = interesting(r); break;
+  case 5: n->type = (Fusebox__V1__ScalarType)rng_below(r, 9); break;
+  default: { /* a copy of a node, appended */
+    Fusebox__V1__SNode **nn = grow(a, l->nodes, l->n_nodes, sizeof *nn);
+    Fusebox__V1__SNode *c = fbp_alloc(a, sizeof *c);
+    if (nn && c) {
+      *c = *l->nodes[rng_below(r, l->n_nodes)];
+      if (rng_below(r, 2)) c->parent = (int32_t)rng_below(r, l->n_nodes);
+      nn[l->n_nodes] = c;
+      l->nodes = nn;
+      l->n_nodes++;
+    }
+  }
+  }
+}
+
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
+  uint64_t r = (uint64_t)seed * 0x9e3779b97f4a7c15ull | 1;
+  if (rng_below(&r, 2) == 0 || size < 4) return LLVMFuzzerMutate(data, size, max_size);
+  size_t n1 = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
+              (size_t)data[3] << 24;
+  if (n1 > size - 4) return LLVMFuzzerMutate(data, size, max_size);
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CreateSessionRequest *cs =
+      fusebox__v1__create_session_request__unpack(&a.pb, n1, data + 4);
+  Fusebox__V1__RegisterKernelsRequest *rk =
+      fusebox__v1__register_kernels_request__unpack(&a.pb, size - 4 - n1, data + 4 + n1);
+  if (!cs || !cs->layout || !rk) {
+    fbp_arena_free(&a);
+    return LLVMFuzzerMutate(data, size, max_size);
+  }
+  int times = 1 + (int)rng_below(&r, 4);
+  for (int t = 0; t < times; t++) {
+    if (rk->n_kernels && rng_below(&r, 5)) {
+      mutate_kernel(&a, &r, rk->kernels[rng_below(&r, rk->n_kernels)], cs->layout->n_nodes);
+    } else if (rk->n_kernels > 1 && rng_below(&r, 4) == 0) { /* drop a kernel */
+      size_t at = rng_below(&r, rk->n_kernels);
+      memmove(&rk->kernels[at], &rk->kernels[at + 1],
+              (rk->n_kernels - at - 1) * sizeof *rk->kernels);
+      rk->n_kernels--;
+    } else {
+      mutate_node(&a, &r, cs->layout);
+    }
+  }
+  size_t m1 = fusebox__v1__create_session_request__get_packed_size(cs);
+  size_t m2 = fusebox__v1__register_kernels_request__get_packed_size(rk);
+  if (4 + m1 + m2 > max_size) {
+    fbp_arena_free(&a);
+    return LLVMFuzzerMutate(data, size, max_size);
+  }
+  for (int b = 0; b < 4; b++) data[b] = (uint8_t)(m1 >> (8 * b));
+  fusebox__v1__create_session_request__pack(cs, data + 4);
+  fusebox__v1__register_kernels_request__pack(rk, data + 4 + m1);
+  fbp_arena_free(&a);
+  return 4 + m1 + m2;
 }
 
 /* ---------------------------------------------------------------- seeds */
