@@ -26,7 +26,11 @@ CORPUS=$BUILD/fuzz-corpus
 ARTIFACTS=$BUILD/fuzz-artifacts
 rm -rf "$SEEDS"
 mkdir -p "$SEEDS" "$CORPUS" "$ARTIFACTS"
-"$FUZZER" --make-seeds "$SEEDS" examples/*.fbk 2>/dev/null
+if ! out=$("$FUZZER" --make-seeds "$SEEDS" examples/*.fbk 2>&1); then
+  printf '%s\n' "$out" >&2
+  echo "fuzz_ir: could not make the seeds" >&2
+  exit 1
+fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 before=$(ls "$ARTIFACTS" | wc -l)
