@@ -44,6 +44,7 @@ struct fb_interp {
   int64_t **len;     /* per dynamic SNode: a length per list (parent's cell) */
   uint8_t *scratch;  /* gtmp buffer, zero-filled as it grows */
   size_t scratch_bytes;
+  uint64_t max_steps; /* step budget of one run; 0: none */
   char err[256];
 };
 
@@ -64,6 +65,7 @@ typedef struct run {
   int bounds;                    /* FB_EBOUNDS once an access was skipped */
   int full;                      /* ... or an append found its list full */
   int depth;
+  uint64_t steps;                /* statements and loop iterations so far */
 } run;
 
 /* ---------------------------------------------------------------- errors */
@@ -102,6 +104,16 @@ INTERP_PRINTF(4, 5) static int bad(run *r, int code, int id, const char *fmt, ..
               op_name(r->k->stmts[id].op), what);
 }
 
+/* Count one step (a statement, or a loop iteration) of statement id against
+ * the run's budget: FB_EQUOTA once it is spent. */
+static int step(run *r, int id) {
+  uint64_t max = r->in->max_steps;
+  if (max && ++r->steps > max)
+    return bad(r, FB_EQUOTA, id, "kernel exceeded its step budget of %llu steps",
+               (unsigned long long)max);
+  return 0;
+}
+
 /* Not yet declared in include/fusebox/ir.h: the message of the last failed
  * run, and the launch number the next run keys rand() with (so that a
  * kernel's tasks can be run one by one as parts of one launch). */
@@ -109,6 +121,10 @@ const char *fb_interp_errmsg(const fb_interp *in) { return in ? in->err : ""; }
 
 void fb_interp_set_launch(fb_interp *in, uint64_t launch) {
   if (in) in->launches = launch;
+}
+
+void fb_interp_set_step_limit(fb_interp *in, uint64_t max_steps) {
+  if (in) in->max_steps = max_steps;
 }
 
 /* ---------------------------------------------------------------- values */
@@ -1089,6 +1105,7 @@ static int exec_range(run *r, int id, int top) {
   int rc;
   if ((rc = operand_i32(r, id, 0, &b)) || (rc = operand_i32(r, id, 1, &e))) return rc;
   for (int64_t i = b; i < e; i++) {
+    if ((rc = step(r, id))) return rc;
     r->lidx[id][0] = (int32_t)i;
     if (top) { r->iter = (uint64_t)(i - b); r->count = 0; }
     int f = loop_body(r, id, serial);
@@ -1129,6 +1146,7 @@ static int exec_struct_for(run *r, int id, int top) {
   if ((rc = active_snapshot(r, id, sn, total, &snap, &all))) return rc;
   int f = FLOW_NEXT;
   for (int64_t x = 0; x < total && f >= 0; x++) {
+    if ((f = step(r, id))) break;
     if (!all && !bit_get(snap, x)) continue;
     cell_indices(sn, x, gi);
     for (int d = 0; d < FB_MAX_AXES; d++)
@@ -1142,7 +1160,9 @@ static int exec_struct_for(run *r, int id, int top) {
 
 static int exec_while(run *r, int id) {
   for (;;) {
-    int f = loop_body(r, id, 1);
+    int f = step(r, id);
+    if (f) return f;
+    f = loop_body(r, id, 1);
     if (f < 0) return f;
     if (f == FLOW_BREAK) return FLOW_NEXT;
   }
@@ -1163,6 +1183,8 @@ static int exec_stmt(run *r, int id, int top) {
   const fb_stmt *s = &r->k->stmts[id];
   if (s->op >= FB_OP__COUNT) return fail(r->in, FB_EINVAL, "%%%d: unknown op %u", id, s->op);
   if (s->type >= FB_T__COUNT) return bad(r, FB_EINVAL, id, "unknown type %u", s->type);
+  int rc = step(r, id);
+  if (rc) return rc;
   switch (fb_op_table[s->op].cls) {
   case FB_OPC_CONST: return exec_const(r, id);
   case FB_OPC_ARG: return exec_arg(r, id);
@@ -1178,7 +1200,7 @@ static int exec_stmt(run *r, int id, int top) {
   case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: return exec_atomic(r, id);
   case FB_OPC_SPARSE: case FB_OPC_APPEND: case FB_OPC_LENGTH: return exec_sparse(r, id);
   case FB_OPC_HINT: {
-    int rc = operand(r, id, 0, &r->vals[id]);
+    rc = operand(r, id, 0, &r->vals[id]);
     return rc ? rc : result_type(r, id, r->vals[id].type);
   }
   case FB_OPC_IF: return exec_if(r, id);

@@ -192,9 +192,27 @@ static int field_extent(const fb_snode *s, char *err, size_t errlen) {
   return 0;
 }
 
+/* A dynamic SNode's lists are the cells of its parent, named by every index
+ * but the dynamic's own axis; so that axis must not be split above it, or no
+ * indices name a list (append and length could not address one). */
+static int dynamic_axis_fresh(const fb_layout *l, const fb_snode *s, char *err, size_t errlen) {
+  if (s->kind != FB_SN_DYNAMIC || s->parent < 0) return 0;
+  unsigned above = l->nodes[s->parent].space_axes & s->axes;
+  if (!above) return 0;
+  int a = 0;
+  while (!(above & (1u << a))) a++;
+  int by = s->parent;
+  while (by > 0 && l->nodes[l->nodes[by].parent].space_axes & (1u << a)) by = l->nodes[by].parent;
+  fb_errf(err, errlen, "dynamic SNode %d%s%s splits axis %c, already split above it by SNode %d: "
+          "a dynamic's axis must be split by nothing else on its path", s->id,
+          s->name ? " " : "", label(s), 'i' + a, by);
+  return FB_EINVAL;
+}
+
 static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
   fb_snode *s = &l->nodes[id];
   int rc = node_space(l, s, err, errlen);
+  if (!rc) rc = dynamic_axis_fresh(l, s, err, errlen);
   if (rc) return rc;
   if (s->kind == FB_SN_PLACE) {
     s->cell_bytes = 0;

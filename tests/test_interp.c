@@ -1195,6 +1195,56 @@ START_TEST(test_malformed) {
 }
 END_TEST
 
+/* An endless while (no break) stops at the step budget with FB_EQUOTA and
+ * says so; its effects so far stay, and without a limit (the default) a
+ * bounded loop runs as before. */
+START_TEST(test_step_budget) {
+  fb_layout *l = fb_layout_new();
+  int n = place(l, 0, "n", FB_T_I32);
+  finalize(l);
+  fb_kernel *k = fb_kernel_new(l, "forever", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int w = fb_b_while(&b);
+  int saved = fb_b_enter(&b, body(&b, w));
+  fb_b_global(&b, FB_OP_ATOMIC_ADD, n, NULL, 0, fb_b_const_i32(&b, 1));
+  fb_b_leave(&b, saved);
+  built(&b);
+  fb_interp *in = new_interp(l, 1);
+  fb_interp_set_step_limit(in, 1000);
+  int rc = fb_interp_run(in, k, NULL, 0, NULL);
+  ck_assert_int_eq(rc, FB_EQUOTA);
+  ck_assert_msg(strstr(fb_interp_errmsg(in), "exceeded its step budget of 1000 steps") != NULL,
+                "message: %s", fb_interp_errmsg(in));
+  ck_assert_msg(strstr(fb_interp_errmsg(in), "forever") != NULL, "message: %s",
+                fb_interp_errmsg(in));
+  int32_t got = *(int32_t *)fb_interp_field(in, n);
+  ck_assert_int_gt(got, 0);     /* it ran ... */
+  ck_assert_int_lt(got, 1000);  /* ... and stopped within the budget */
+  /* a long but finite range loop fits a large budget, and with none */
+  fb_kernel *k2 = fb_kernel_new(l, "count", 0, NULL, FB_T_VOID);
+  fb_builder_init(&b, k2);
+  open_range(&b, 0, 5000, 0, &saved);
+  fb_b_global(&b, FB_OP_ATOMIC_ADD, n, NULL, 0, fb_b_const_i32(&b, 1));
+  fb_b_leave(&b, saved);
+  built(&b);
+  *(int32_t *)fb_interp_field(in, n) = 0;
+  ck_assert_int_eq(fb_interp_run(in, k2, NULL, 0, NULL), FB_EQUOTA);
+  *(int32_t *)fb_interp_field(in, n) = 0;
+  fb_interp_set_step_limit(in, 1000000);
+  ck_assert_int_eq(run(in, k2, NULL, 0, NULL), 0);
+  ck_assert_int_eq(*(int32_t *)fb_interp_field(in, n), 5000);
+  fb_interp_set_step_limit(in, 0);
+  ck_assert_int_eq(run(in, k2, NULL, 0, NULL), 0);
+  ck_assert_int_eq(*(int32_t *)fb_interp_field(in, n), 10000);
+  ck_assert_str_eq(fb_interp_errmsg(in), "");
+  fb_interp_free(in);
+  fb_kernel_free(k2);
+  fb_kernel_free(k);
+  fb_layout_free(l);
+}
+END_TEST
+
 static Suite *interp_suite(void) {
   Suite *s = suite_create("interp");
   TCase *tc = tcase_create("core");
@@ -1218,6 +1268,7 @@ static Suite *interp_suite(void) {
   tcase_add_test(tc, test_sparse_runs);
   tcase_add_test(tc, test_args);
   tcase_add_test(tc, test_malformed);
+  tcase_add_test(tc, test_step_budget);
   suite_add_tcase(s, tc);
   return s;
 }

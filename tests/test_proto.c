@@ -212,6 +212,43 @@ START_TEST(layout_refusals) {
 }
 END_TEST
 
+/* Found by tests/fuzz/fuzz_ir.c: a dynamic SNode on an axis that a container
+ * above it already splits (dense(i: 4) > dynamic(i: 16)) was accepted, yet no
+ * indices name one of its lists: the verifier let append/length through, the
+ * interpreter refused them and generated code would have addressed the wrong
+ * list. fb_layout_finalize refuses it, naming both SNodes, directly and
+ * through the wire; the same dynamic on a fresh axis is fine. */
+START_TEST(dynamic_axis_split_above_refused) {
+  for (int fresh = 0; fresh < 2; fresh++) {
+    fb_layout *l = fb_layout_new();
+    int64_t four = 4, sixteen = 16;
+    int d = fb_layout_add(l, 0, FB_SN_DENSE, "i", &four, 0, "rows");
+    int dy = fb_layout_add(l, d, FB_SN_DYNAMIC, fresh ? "j" : "i", &sixteen, 4, "bag");
+    ck_assert_int_ge(dy, 0);
+    ck_assert_int_ge(fb_layout_place(l, dy, "v", FB_T_I32), 0);
+    char err[512] = "";
+    int rc = fb_layout_finalize(l, err, sizeof err);
+    fbp_arena a;
+    fbp_arena_init(&a);
+    Fusebox__V1__Layout *m = fbp_layout_to_pb(&a, l);
+    ck_assert_ptr_nonnull(m);
+    if (fresh) {
+      ck_assert_msg(rc == 0, "finalize: %s", err);
+      fb_layout *back = NULL;
+      ck_assert_int_eq(fbp_layout_from_pb(m, &back, err, sizeof err), 0);
+      fb_layout_free(back);
+    } else {
+      ck_assert_int_eq(rc, FB_EINVAL);
+      ck_assert_msg(strstr(err, "dynamic SNode 2 bag splits axis i, already split above it by "
+                                "SNode 1") != NULL, "message: %s", err);
+      expect_layout_refused(m, "already split above it");
+    }
+    fbp_arena_free(&a);
+    fb_layout_free(l);
+  }
+}
+END_TEST
+
 /* A kernel x[i] = f32(i) over a range, in protobuf form. */
 static Fusebox__V1__Kernel *small_kernel_pb(fbp_arena *a, fb_layout **lout) {
   fb_layout *l = fb_layout_new();
@@ -492,6 +529,7 @@ int main(void) {
   tcase_add_test(tc, ir_files_round_trip);
   tcase_add_test(tc, layout_kinds_round_trip);
   tcase_add_test(tc, layout_refusals);
+  tcase_add_test(tc, dynamic_axis_split_above_refused);
   tcase_add_test(tc, kernel_refusals);
   tcase_add_test(tc, kernel_semantics_left_to_verifier);
   tcase_add_test(tc, values_bit_exact);

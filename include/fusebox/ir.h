@@ -352,8 +352,9 @@ typedef struct fb_interp fb_interp;
 fb_interp *fb_interp_new(const fb_layout *l, uint64_t seed);
 void fb_interp_free(fb_interp *in);
 /* Run a kernel once. args: nparams values of the parameter types. ret may
- * be NULL. Returns 0, FB_EBOUNDS (the run completed, some access skipped)
- * or FB_EVERIFY/FB_EINVAL. Each call counts as one launch for rand(). */
+ * be NULL. Returns 0, FB_EBOUNDS (the run completed, some access skipped),
+ * FB_EQUOTA (over the step budget, see fb_interp_set_step_limit) or
+ * FB_EVERIFY/FB_EINVAL. Each call counts as one launch for rand(). */
 int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int nargs,
                   fb_value *ret);
 /* The field's flat host array (fb_field_numel elements of its type). */
@@ -362,6 +363,12 @@ void *fb_interp_field(fb_interp *in, int place);
 void *fb_interp_scratch(fb_interp *in, size_t *bytes);
 /* Message of the last failed run ("" when none). */
 const char *fb_interp_errmsg(const fb_interp *in);
+/* Step budget of each later run: every statement executed and every loop
+ * iteration (a struct_for's inactive cells included) is one step; a run that
+ * would take more than max_steps stops with FB_EQUOTA and a message saying it
+ * "exceeded its step budget" (its effects so far stay). 0, the default,
+ * means no limit. Lets untrusted kernels (an endless while) run safely. */
+void fb_interp_set_step_limit(fb_interp *in, uint64_t max_steps);
 /* Launch number the next run uses for rand(): lets a test run a kernel's
  * tasks one by one as a single launch. */
 void fb_interp_set_launch(fb_interp *in, uint64_t launch);
