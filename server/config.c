@@ -123,6 +123,36 @@ static const opt opts[] = {
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
+static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
+  const char *pa = (const char *)a + o->off, *pb = (const char *)b + o->off;
+  switch (o->kind) {
+  case OPT_LISTEN:
+    if (a->nlisten != b->nlisten) return 0;
+    for (int i = 0; i < a->nlisten; i++)
+      if (!same_str(a->listen[i], b->listen[i])) return 0;
+    return 1;
+  case OPT_STR: case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
+  case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
+  case OPT_SECS: return *(const double *)pa == *(const double *)pb;
+  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE */
+  }
+}
+
+void fbd_config_changed(const fbd_config *a, const fbd_config *b, const char *const *skip,
+                        char *out, size_t n) {
+  size_t used = 0;
+  if (n) out[0] = 0;
+  for (size_t i = 0; i < NOPTS; i++) {
+    int skipped = 0;
+    for (const char *const *s = skip; s && *s && !skipped; s++) skipped = !strcmp(*s, opts[i].name);
+    if (skipped || same_value(&opts[i], a, b) || used + 1 >= n) continue;
+    int w = snprintf(out + used, n - used, "%s%s", used ? ", " : "", opts[i].name);
+    used = w < 0 ? used : used + (size_t)w < n ? used + (size_t)w : n - 1;
+  }
+}
+
 static int add_listen(fbd_config *c, const char *addr, char *err, size_t errlen) {
   if (!addr || !*addr) {
     fb_errf(err, errlen, "listen: empty address");

@@ -40,14 +40,6 @@ static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
   close(cfg->ready_fd);
 }
 
-/* Append name to the list in buf when the running and reloaded values differ. */
-static void note(char *buf, size_t n, int differs, const char *name) {
-  size_t used = strlen(buf);
-  if (differs && used + 1 < n) snprintf(buf + used, n - used, "%s%s", used ? ", " : "", name);
-}
-
-static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
-
 /* SIGHUP: read the settings again as at start-up (defaults, the --config
  * file, then the flags, which still win) and apply those that the running
  * server can change: log_level, idle_timeout_s (read by this thread's
@@ -67,26 +59,10 @@ static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
     fbd_config_free(&n);
     return;
   }
-  char fixed[512] = "";
-  int listen_differs = n.nlisten != cfg->nlisten;
-  for (int i = 0; !listen_differs && i < n.nlisten; i++)
-    listen_differs = strcmp(n.listen[i], cfg->listen[i]) != 0;
-  note(fixed, sizeof fixed, listen_differs, "listen");
-  note(fixed, sizeof fixed, !same_str(n.backend, cfg->backend), "backend");
-  note(fixed, sizeof fixed, n.max_message_bytes != cfg->max_message_bytes, "max_message_bytes");
-  note(fixed, sizeof fixed, n.keepalive_s != cfg->keepalive_s, "keepalive_s");
-  note(fixed, sizeof fixed, n.keepalive_timeout_s != cfg->keepalive_timeout_s, "keepalive_timeout_s");
-  note(fixed, sizeof fixed, n.max_sessions != cfg->max_sessions, "max_sessions");
-  note(fixed, sizeof fixed, n.session_memory_limit != cfg->session_memory_limit,
-       "session_memory_limit");
-  note(fixed, sizeof fixed, n.compile_threads != cfg->compile_threads, "compile_threads");
-  note(fixed, sizeof fixed, n.cpu_threads != cfg->cpu_threads, "cpu_threads");
-  note(fixed, sizeof fixed, n.cq_threads != cfg->cq_threads, "cq_threads");
-  note(fixed, sizeof fixed, n.worker_spin_us != cfg->worker_spin_us, "worker_spin_us");
-  note(fixed, sizeof fixed, n.max_kernel_statements != cfg->max_kernel_statements,
-       "max_kernel_statements");
-  note(fixed, sizeof fixed, n.socket_mode != cfg->socket_mode, "socket_mode");
-  note(fixed, sizeof fixed, !same_str(n.socket_group, cfg->socket_group), "socket_group");
+  static const char *const reloadable[] = {"log_level", "idle_timeout_s", "shutdown_grace_s",
+                                            NULL};
+  char fixed[512];
+  fbd_config_changed(cfg, &n, reloadable, fixed, sizeof fixed);
   cfg->log_level = n.log_level;
   cfg->idle_timeout_s = n.idle_timeout_s;
   cfg->shutdown_grace_s = n.shutdown_grace_s;

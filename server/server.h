@@ -70,6 +70,10 @@ int fbd_config_load(fbd_config *c, const char *path, char *err, size_t errlen);
  * --help or --version was printed (exit 0), or FB_EINVAL with err. */
 int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errlen);
 int fbd_parse_bytes(const char *s, uint64_t *out); /* "64M", "1G", "4096" */
+/* The names of the options whose values differ between a and b (but those
+ * listed in skip, a NULL-terminated list), comma-separated into out. */
+void fbd_config_changed(const fbd_config *a, const fbd_config *b, const char *const *skip,
+                        char *out, size_t n);
 void fbd_usage(FILE *f);
 
 /* ---------------------------------------------------------------- log
