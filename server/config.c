@@ -5,7 +5,9 @@
  *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
- *   --max-kernel-statements, --socket-mode (octal text), --socket-group.
+ *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
+ *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
+ *   value; true/false in the file), --tenants, --metrics-listen.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -39,6 +41,11 @@ void fbd_config_free(fbd_config *c) {
   free(c->backend);
   free(c->socket_group);
   free(c->config_path);
+  free(c->tls_cert);
+  free(c->tls_key);
+  free(c->tls_client_ca);
+  free(c->tenants);
+  free(c->metrics_listen);
   memset(c, 0, sizeof *c);
 }
 
@@ -65,9 +72,17 @@ void fbd_usage(FILE *f) {
           "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
           "                             (default: the process's group, unchanged)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
+          "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
+          "  --tls-key FILE             PEM private key of --tls-cert\n"
+          "  --tls-client-ca FILE       PEM CA: clients must present a certificate it signed (mTLS)\n"
+          "  --insecure                 allow plain TCP on a non-loopback address (logs a warning)\n"
+          "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
+          "                             every call must authenticate; re-read on SIGHUP\n"
+          "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
           "  --help, --version\n"
           "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
-          "shutdown_grace_s (flags still override the file); other changes need a restart.\n",
+          "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
+          "other changes need a restart.\n",
           FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
@@ -91,7 +106,8 @@ int fbd_parse_bytes(const char *s, uint64_t *out) {
 
 /* ---------------------------------------------------------------- options */
 
-typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP } opt_kind;
+typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP,
+               OPT_BOOL } opt_kind;
 
 typedef struct opt {
   const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
@@ -120,6 +136,12 @@ static const opt opts[] = {
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
     {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
     {"socket_group", OPT_GROUP, OFF(socket_group), 0},
+    {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
+    {"tls_key", OPT_GROUP, OFF(tls_key), 0},
+    {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},
+    {"insecure", OPT_BOOL, OFF(insecure), 0},
+    {"tenants", OPT_GROUP, OFF(tenants), 0},
+    {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -136,7 +158,7 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
   case OPT_STR: case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
-  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE */
+  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL */
   }
 }
 
@@ -203,6 +225,11 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     *(int *)(base + o->off) = (int)x;
     return 0;
   }
+  case OPT_BOOL:
+    if (!strcmp(v, "true") || !strcmp(v, "1")) *(int *)(base + o->off) = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "0")) *(int *)(base + o->off) = 0;
+    else break;
+    return 0;
   case OPT_LEVEL: {
     int lv = fbd_log_level_from_name(v);
     if (lv < 0) break;
@@ -233,6 +260,8 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
 static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t errlen) {
   char num[64];
   if (json_is_string(v)) return set_text(c, o, json_string_value(v), err, errlen);
+  if (o->kind == OPT_BOOL && json_is_boolean(v))
+    return set_text(c, o, json_is_true(v) ? "true" : "false", err, errlen);
   if (o->kind == OPT_LISTEN && json_is_array(v)) {
     size_t i;
     json_t *x;
@@ -353,7 +382,8 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       fb_errf(err, errlen, "unknown option '--%s' (see --help)", name);
       return FB_EINVAL;
     }
-    const char *v = flag_value(argc, argv, &i, eq);
+    /* a boolean flag alone means true: --insecure */
+    const char *v = o && o->kind == OPT_BOOL && !eq ? "true" : flag_value(argc, argv, &i, eq);
     if (!v) {
       fb_errf(err, errlen, "--%s: missing value", name);
       return FB_EINVAL;

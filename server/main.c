@@ -84,7 +84,10 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
   for (;;) {
     int sig = sigtimedwait(set, NULL, &tick);
     if (sig == SIGTERM || sig == SIGINT) return sig;
-    if (sig == SIGHUP) reload(cfg, log, argc, argv);
+    if (sig == SIGHUP) {
+      reload(cfg, log, argc, argv);
+      fbd_auth_reload(srv); /* the tenants file, with or without --config */
+    }
     fbd_server_tick(srv);
   }
 }

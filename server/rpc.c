@@ -249,7 +249,8 @@ static void unknown_start(fbd_call *c) {
 static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL};
 
 /* A call arrived: wrap it and let its method begin. */
-static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d) {
+static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
+                       const grpc_metadata_array *md) {
   const fbd_method *m = fbd_method_find((const char *)GRPC_SLICE_START_PTR(d->method),
                                         GRPC_SLICE_LENGTH(d->method));
   fbd_call *c = calloc(1, sizeof *c);
@@ -284,7 +285,8 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d) {
     fbd_logf(srv->log, FBD_LOG_ERROR, "gRPC refused RECV_CLOSE_ON_SERVER");
     atomic_fetch_sub(&c->refs, 1);
   }
-  if (c->m->on_start) c->m->on_start(c);
+  if (fbd_auth_call(c, md)) { /* answered UNAUTHENTICATED */
+  } else if (c->m->on_start) c->m->on_start(c);
   else fbd_call_recv(c);
   fbd_call_unref(c);
 }
@@ -328,7 +330,7 @@ static void slot_gone(slot *sl) {
 static void on_new_call(void *obj, int ok) {
   slot *sl = obj;
   fbd_server *srv = sl->srv;
-  if (ok && sl->call) call_start(srv, sl->call, &sl->details);
+  if (ok && sl->call) call_start(srv, sl->call, &sl->details, &sl->md);
   grpc_call_details_destroy(&sl->details);
   grpc_metadata_array_destroy(&sl->md);
   if (!ok || atomic_load(&srv->stopping) || slot_arm(sl)) slot_gone(sl);
@@ -454,7 +456,8 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     int rc = claim_socket(addr, err, errlen);
     if (rc) return rc;
     int is_unix = strncmp(addr, "unix:", 5) == 0;
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *cr = fbd_tls_server_creds(cfg, srv->log, addr, err, errlen);
+    if (!cr) return FB_EINVAL;
     mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
     int port = grpc_server_add_http2_port(srv->server, addr, cr);
     if (is_unix) umask(old_mask);
@@ -533,7 +536,9 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
+  if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
+  if (!rc) rc = fbd_metrics_start(srv, err, errlen);
   if (rc) {
     fbd_server_shutdown(srv);
     fbd_server_free(srv);
@@ -623,6 +628,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     grpc_completion_queue_destroy(srv->cq);
     srv->cq = NULL;
   }
+  fbd_metrics_stop(srv); /* its handler reads the engine */
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
   return 0;
@@ -639,6 +645,7 @@ void fbd_server_free(fbd_server *srv) {
   }
   free(srv->sessions);
   free(srv->zombies);
+  fbd_auth_free(srv);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);
   free(srv);

@@ -59,6 +59,12 @@ typedef struct fbd_config {
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
   char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
   char *config_path;             /* --config FILE, or NULL (SIGHUP re-reads it) */
+  /* security and observability (server/tls.c, auth.c, metrics.c); NULL: off */
+  char *tls_cert, *tls_key;      /* PEM files: TLS on every host:port address */
+  char *tls_client_ca;           /* PEM file: client certificates required (mTLS) */
+  int insecure;                  /* allow plain TCP on a non-loopback address */
+  char *tenants;                 /* tenants file (JSON); NULL: one anonymous tenant */
+  char *metrics_listen;          /* host:port of the HTTP /metrics, /healthz, /readyz */
   int ready_fd;                  /* -1, or write the bound addresses here when serving */
 } fbd_config;
 
@@ -141,6 +147,8 @@ struct fbd_call {
   grpc_slice st_details;
   grpc_metadata st_md;
   char st_code[16];
+  struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
+  int admin;                /* sees and may touch every session */
   /* method state */
   fbd_session *sess;        /* attached or addressed session (ref held) */
   void *state;              /* method-specific, freed by on_free */
@@ -205,6 +213,8 @@ struct fbd_server {
   fbd_stats st;
   /* counted from any thread, under any lock: atomics */
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
+  struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
+  struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -266,6 +276,7 @@ struct fbd_session {
   fb_session_config ecfg;
   char mode[8];
   char *peer;
+  _Atomic(struct fbd_tenant *) owner; /* auth.c: set once at creation; NULL: anonymous */
   /* under mu */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -342,5 +353,9 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint3
 
 /* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- security (auth.h) */
+
+#include "server/auth.h"
 
 #endif
