@@ -7,7 +7,8 @@
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
- *   value; true/false in the file), --tenants, --metrics-listen.
+ *   value; true/false in the file), --tenants, --metrics-listen,
+ *   --log-format text|json.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -66,6 +67,7 @@ void fbd_usage(FILE *f) {
           "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
           "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
           "  --log-level L              error|warn|info|debug (default info)\n"
+          "  --log-format F             text|json: log lines as text or one JSON object (default text)\n"
           "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
           "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
           "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
@@ -107,7 +109,7 @@ int fbd_parse_bytes(const char *s, uint64_t *out) {
 /* ---------------------------------------------------------------- options */
 
 typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP,
-               OPT_BOOL } opt_kind;
+               OPT_BOOL, OPT_LOGFMT } opt_kind;
 
 typedef struct opt {
   const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
@@ -132,6 +134,7 @@ static const opt opts[] = {
     {"idle_timeout_s", OPT_SECS, OFF(idle_timeout_s), 0},
     {"shutdown_grace_s", OPT_SECS, OFF(shutdown_grace_s), 0},
     {"log_level", OPT_LEVEL, OFF(log_level), 0},
+    {"log_format", OPT_LOGFMT, OFF(log_json), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
     {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
@@ -158,7 +161,7 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
   case OPT_STR: case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
-  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL */
+  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL, LOGFMT */
   }
 }
 
@@ -225,6 +228,14 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     *(int *)(base + o->off) = (int)x;
     return 0;
   }
+  case OPT_LOGFMT:
+    if (!strcmp(v, "text")) *(int *)(base + o->off) = 0;
+    else if (!strcmp(v, "json")) *(int *)(base + o->off) = 1;
+    else {
+      fb_errf(err, errlen, "%s: invalid value '%s' (expected text or json)", o->name, v);
+      return FB_EINVAL;
+    }
+    return 0;
   case OPT_BOOL:
     if (!strcmp(v, "true") || !strcmp(v, "1")) *(int *)(base + o->off) = 1;
     else if (!strcmp(v, "false") || !strcmp(v, "0")) *(int *)(base + o->off) = 0;

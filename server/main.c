@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   fbd_log log;
   fbd_log_init(&log, stderr, cfg.log_level);
+  log.json = cfg.log_json;
   fbd_server *srv = NULL;
   if ((rc = fbd_server_start(&cfg, &log, &srv, err, sizeof err))) {
     fbd_logf(&log, FBD_LOG_ERROR, "cannot start: %s", err);

@@ -56,6 +56,7 @@ typedef struct fbd_config {
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
   int log_level;
+  int log_json;                  /* --log-format json: one JSON object per line */
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
   char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
   char *config_path;             /* --config FILE, or NULL (SIGHUP re-reads it) */
@@ -87,6 +88,7 @@ void fbd_usage(FILE *f);
 
 typedef struct fbd_log {
   int level;
+  int json;                 /* lines as {"time":...,"level":...,"msg":...} */
   pthread_mutex_t mu;
   FILE *f;
 } fbd_log;

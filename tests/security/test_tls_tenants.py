@@ -437,6 +437,20 @@ def test_bad_tenants_file_stops_start(daemons):
             assert w in d.logtext(), d.logtext()
 
 
+def test_json_log_lines(daemons):
+    tok = secrets.token_urlsafe(24)
+    d = daemons("unix", ["--log-format", "json"],
+                tenants=[{"name": "a", "token_sha256": [sha(tok)]}])
+    c = tenant_client(d.address, 'x"y\\z')
+    expect_error(lambda: c.new_session(dense_layout(8)), UNAUTH)
+    c.close()
+    d.wait_log(r"unknown token", "auth refusal")
+    lines = [json.loads(x) for x in d.logtext().splitlines() if x.strip()]
+    assert all(set(x) == {"time", "level", "msg"} for x in lines), lines
+    refusal = [x for x in lines if "unknown token" in x["msg"]]
+    assert refusal and refusal[0]["level"] == "warn" and "from unix:" in refusal[0]["msg"]
+
+
 # ---------------------------------------------------------------- metrics
 
 def _get(url):
