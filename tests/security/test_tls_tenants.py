@@ -29,7 +29,7 @@ UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-FUSEBOX = os.path.join(BUILD, "client", "fusebox")
+FUSEBOX = os.path.abspath(os.path.join(BUILD, "client", "fusebox"))
 PATTERN = bytes((i * 13 + 5) % 256 for i in range(4 * 64))
 
 
@@ -516,6 +516,13 @@ def test_fusebox_cli_with_tls_and_token(certs, daemons, tmp_path):
                                                         FUSEBOX_TLS_CA=certs["ca"] + ".pem"))
     assert r.returncode == 0, r.stderr
     assert "sessions" in r.stdout
+    # a whole session through libfusebox: the Session stream, field writes
+    # and reads all carry the token over TLS
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([FUSEBOX, "run", "examples/saxpy.json", "--server", d.address,
+                        "--tls-ca", certs["ca"] + ".pem", "--token-file", str(tokfile)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=repo)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
     # without the CA the TLS handshake fails
     r = subprocess.run([FUSEBOX, "stats", "--server", d.address, "--token-file", str(tokfile)],
                        capture_output=True, text=True, timeout=120, env=env)
