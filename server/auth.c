@@ -299,6 +299,7 @@ int fbd_auth_init(fbd_server *srv, char *err, size_t errlen) {
   if (!a) return FB_ENOMEM;
   pthread_mutex_init(&a->mu, NULL);
   pthread_mutex_init(&a->admit, NULL);
+  pthread_mutex_init(&a->logmu, NULL);
   atomic_init(&a->failures, 0);
   srv->auth = a;
   const char *path = srv->cfg->tenants;
@@ -324,6 +325,7 @@ void fbd_auth_free(fbd_server *srv) {
   free(a->t);
   pthread_mutex_destroy(&a->mu);
   pthread_mutex_destroy(&a->admit);
+  pthread_mutex_destroy(&a->logmu);
   free(a);
   srv->auth = NULL;
 }
@@ -403,10 +405,40 @@ static fbd_tenant *by_subject(fbd_auth *a, grpc_call *gc) {
   return found;
 }
 
+#define LOG_PER_SECOND 20
+
+/* May one more refusal be logged now? A client that hammers the server
+ * with bad tokens must not flood the log: past LOG_PER_SECOND lines in a
+ * second the rest are counted, and the count is logged with the next line
+ * of a later second. */
+static int log_allowed(fbd_auth *a, uint64_t *suppressed) {
+  double now = fbd_now();
+  pthread_mutex_lock(&a->logmu);
+  *suppressed = 0;
+  if (now - a->log_window >= 1.0) {
+    *suppressed = a->suppressed;
+    a->suppressed = 0;
+    a->logged = 0;
+    a->log_window = now;
+  }
+  int ok = a->logged < LOG_PER_SECOND;
+  if (ok) a->logged++;
+  else a->suppressed++;
+  pthread_mutex_unlock(&a->logmu);
+  return ok;
+}
+
 static void refuse(fbd_call *c, const char *why) {
-  atomic_fetch_add(&c->srv->auth->failures, 1);
-  fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %s refused from %s: %s", c->m->path + 1,
-           c->peer ? c->peer : "?", why);
+  fbd_auth *a = c->srv->auth;
+  atomic_fetch_add(&a->failures, 1);
+  uint64_t skipped;
+  if (log_allowed(a, &skipped)) {
+    if (skipped)
+      fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %llu more refusals not logged (over %d a "
+               "second)", (unsigned long long)skipped, LOG_PER_SECOND);
+    fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %s refused from %s: %s", c->m->path + 1,
+             c->peer ? c->peer : "?", why);
+  }
   fbd_call_finish_status(c, FBP_GRPC_UNAUTHENTICATED, FB_EINVAL, why);
 }
 
@@ -457,6 +489,12 @@ int fbd_auth_may_use(fbd_call *c, fbd_session *s) {
   fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
                          "this session belongs to another tenant");
   return FB_EINVAL;
+}
+
+void fbd_auth_count_stream(fbd_call *c, size_t launches, int sync) {
+  if (!c->tenant) return;
+  if (launches) atomic_fetch_add(&c->tenant->launches, launches);
+  if (sync) atomic_fetch_add(&c->tenant->syncs, 1);
 }
 
 int fbd_auth_sees(const fbd_call *c, fbd_session *s) {

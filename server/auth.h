@@ -32,6 +32,8 @@ typedef struct fbd_tenant {
   int nsubjects;
   /* counted from any thread */
   atomic_uint_fast64_t sessions_created, calls, denied, refused_sessions, refused_memory;
+  atomic_uint_fast64_t launches, syncs;  /* received on its Session streams */
+  atomic_uint_fast64_t bytes_in, bytes_out; /* message bytes of its calls */
 } fbd_tenant;
 
 typedef struct fbd_auth {
@@ -41,6 +43,11 @@ typedef struct fbd_auth {
   fbd_tenant **t;
   int n, cap;
   atomic_uint_fast64_t failures; /* calls refused UNAUTHENTICATED */
+  /* refusal log lines: at most a few per second, the rest counted */
+  pthread_mutex_t logmu;
+  double log_window;
+  int logged;
+  uint64_t suppressed;
 } fbd_auth;
 
 /* Start-up: read --tenants FILE if given. FB_EINVAL with err when it is
@@ -60,6 +67,9 @@ int fbd_auth_sees(const fbd_call *c, fbd_session *s);
 /* GetStats for a tenant that is not admin: the server-wide counters say
  * nothing about other tenants (r->sessions already filtered). */
 void fbd_auth_scope_stats(const fbd_call *c, Fusebox__V1__ServerStats *r);
+/* A Session stream message of c's tenant: launches and syncs it asked for
+ * (metrics). */
+void fbd_auth_count_stream(fbd_call *c, size_t launches, int sync);
 /* fbd_session_new for c's tenant: its session count and memory limits are
  * checked first (FB_EQUOTA with err naming the limit); the session's
  * memory limit is cut to what the tenant has left. */

@@ -431,6 +431,7 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_job_free(j);
     return;
   }
+  fbd_auth_count_stream(c, m->n_launches, m->sync != 0);
   if (m->n_launches || m->flush || m->sync) {
     if (post(c, c->sess, j)) return;
   } else {

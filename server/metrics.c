@@ -110,6 +110,10 @@ static void tenants_text(fbd_server *srv, text *t) {
       {"tenant_calls_total", "counter", "Authenticated calls of the tenant."},
       {"tenant_denied_total", "counter", "Calls on another tenant's session, denied."},
       {"tenant_refused_total", "counter", "Sessions refused at a tenant limit, by limit."},
+      {"tenant_launches_total", "counter", "Launches the tenant sent on its Session streams."},
+      {"tenant_syncs_total", "counter", "Syncs the tenant asked for."},
+      {"tenant_received_bytes_total", "counter", "Request message bytes of the tenant's calls."},
+      {"tenant_sent_bytes_total", "counter", "Response message bytes of the tenant's calls."},
   };
   for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {
     header(t, m[j].name, m[j].type, m[j].help);
@@ -128,6 +132,14 @@ static void tenants_text(fbd_server *srv, text *t) {
                   (unsigned long long)atomic_load(&x->calls)); break;
       case 7: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
                   (unsigned long long)atomic_load(&x->denied)); break;
+      case 9: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                  (unsigned long long)atomic_load(&x->launches)); break;
+      case 10: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->syncs)); break;
+      case 11: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->bytes_in)); break;
+      case 12: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->bytes_out)); break;
       default:
         put(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->refused_sessions));

@@ -78,6 +78,7 @@ static void on_recv_done(void *obj, int ok) {
     bb = NULL;
   }
   if (bb) count_bytes(c->srv, grpc_byte_buffer_length(bb), 0);
+  if (bb && c->tenant) atomic_fetch_add(&c->tenant->bytes_in, grpc_byte_buffer_length(bb));
   if (c->m->on_recv) c->m->on_recv(c, bb);
   if (bb) grpc_byte_buffer_destroy(bb);
   fbd_call_unref(c);
@@ -114,6 +115,7 @@ static void pump(fbd_call *c) {
     c->inflight = o->bb;
     free(o);
     count_bytes(c->srv, 0, grpc_byte_buffer_length(c->inflight)); /* gRPC may take its slices */
+    if (c->tenant) atomic_fetch_add(&c->tenant->bytes_out, grpc_byte_buffer_length(c->inflight));
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = c->inflight;
   }

@@ -451,6 +451,24 @@ def test_json_log_lines(daemons):
     assert refusal and refusal[0]["level"] == "warn" and "from unix:" in refusal[0]["msg"]
 
 
+def test_refusals_do_not_flood_the_log(daemons):
+    """Past 20 refusal lines a second the rest are only counted; every
+    refusal is either a line or in a later 'N more refusals' line."""
+    d = daemons("unix", tenants=[{"name": "a", "subjects": ["CN=a"]}])
+    c = tenant_client(d.address, "wrong")
+    n = 60
+    for _ in range(n):
+        expect_error(lambda: c.new_session(dense_layout(8)), UNAUTH)
+    time.sleep(1.1)  # into a new one-second window: the next line reports the count
+    expect_error(lambda: c.new_session(dense_layout(8)), UNAUTH)
+    c.close()
+    # (each line is written before its call is answered)
+    log = d.logtext()
+    lines = len(re.findall(r"CreateSession refused from", log))
+    skipped = sum(int(x) for x in re.findall(r"auth: (\d+) more refusals not logged", log))
+    assert lines + skipped == n + 1, log
+
+
 # ---------------------------------------------------------------- metrics
 
 def _get(url):
@@ -467,6 +485,12 @@ def test_metrics_endpoint(tenants):
     assert m, d.logtext()
     base = m.group(1)
     sid = cl["alice"].new_session(dense_layout(8))
+    sid2 = cl["alice"].new_session(dense_layout(8))
+    kid2 = cl["alice"].register(pb.RegisterKernelsRequest(session_id=sid2,
+                                                          kernels=[store_kernel(2)]),
+                                timeout=RPC_TIMEOUT).kernel_ids[0]
+    res = cl["alice"].run(sid2, [(kid2, [i32(1), i32(2)]), (kid2, [i32(2), i32(3)])])
+    assert list(res.errors) == []
     expect_error(lambda: tenant_client(d.address, "nope").new_session(dense_layout(8)), UNAUTH)
     expect_error(lambda: cl["bob"].read_field(sid, 2), DENIED)
     st, body = _get(base + "/metrics")
@@ -486,6 +510,11 @@ def test_metrics_endpoint(tenants):
     assert vals['fusebox_tenant_memory_limit_bytes{tenant="bob"}'] == 65536
     assert vals['fusebox_tenant_denied_total{tenant="bob"}'] == 1
     assert vals['fusebox_tenant_memory_bytes{tenant="alice"}'] > 0
+    assert vals['fusebox_tenant_launches_total{tenant="alice"}'] == 2
+    assert vals['fusebox_tenant_syncs_total{tenant="alice"}'] == 1
+    assert vals['fusebox_tenant_launches_total{tenant="bob"}'] == 0
+    assert vals['fusebox_tenant_received_bytes_total{tenant="alice"}'] > 0
+    assert vals['fusebox_tenant_sent_bytes_total{tenant="alice"}'] > 0
     assert "# TYPE fusebox_launches_total counter" in body
     assert sid not in body and sid[:8] not in body, "a session id or tag on /metrics"
     assert _get(base + "/healthz") == (200, "ok\n")
