@@ -257,6 +257,14 @@ out:
   return cr;
 }
 
+/* A target whose traffic stays on this machine: unix:PATH or loopback. */
+static int local_target(const char *t) {
+  if (!strncmp(t, "unix:", 5) || !strncmp(t, "unix-abstract:", 14)) return 1;
+  if (!strncmp(t, "dns:///", 7)) t += 7;
+  else if (!strncmp(t, "ipv4:", 5) || !strncmp(t, "ipv6:", 5)) t += 5;
+  return !strncmp(t, "127.", 4) || !strncmp(t, "localhost:", 10) || !strncmp(t, "[::1]:", 6);
+}
+
 /* The bearer token (from opt or FUSEBOX_TOKEN) as call metadata. */
 static int set_token(fb_client *c, const fb_client_options *opt, char *err, size_t errlen) {
   const char *tok = opt_or_env(opt ? opt->token : NULL, "FUSEBOX_TOKEN");
@@ -301,6 +309,17 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   c->batch = opt && opt->batch_launches > 0 ? opt->batch_launches : DEFAULT_BATCH;
   grpc_init();
   int rc = set_token(c, opt, err, errlen);
+  int tls = !strncmp(target, "unix:", 5) ? 0
+            : opt_or_env(opt ? opt->tls_ca : NULL, "FUSEBOX_TLS_CA") ||
+              opt_or_env(opt ? opt->tls_cert : NULL, "FUSEBOX_TLS_CERT");
+  const char *ins = getenv("FUSEBOX_INSECURE");
+  if (!rc && c->nauth && !tls && !local_target(target) && !(ins && !strcmp(ins, "1"))) {
+    /* as gRPC does for call credentials: no token in the clear off this machine */
+    if (err && errlen) snprintf(err, errlen, "refusing to send a token in the clear to '%s': "
+                                "use TLS (FUSEBOX_TLS_CA, --tls-ca), or set FUSEBOX_INSECURE=1",
+                                target);
+    rc = FB_EINVAL;
+  }
   grpc_channel_credentials *cr = rc ? NULL : channel_creds(target, opt, err, errlen);
   if (!cr) {
     if (c->nauth) grpc_slice_unref(c->auth.value);

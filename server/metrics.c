@@ -191,6 +191,7 @@ static void metrics_text(fbd_server *srv, text *t) {
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
                              char *body, size_t n) {
+  if (!body) return MHD_NO; /* out of memory: drop the connection */
   struct MHD_Response *r = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
   if (!r) {
     free(body);

@@ -52,7 +52,9 @@ typedef struct fb_client_options {
   int batch_launches;       /* launches per stream message at most; 0 = 4096 */
   /* Security (host:port targets; a unix: target is always plain). NULL
    * takes the environment: FUSEBOX_TLS_CA, FUSEBOX_TLS_CERT,
-   * FUSEBOX_TLS_KEY, FUSEBOX_TOKEN. */
+   * FUSEBOX_TLS_KEY, FUSEBOX_TOKEN. A token is not sent in the clear to a
+   * host:port off loopback: connecting fails then, unless
+   * FUSEBOX_INSECURE=1. */
   const char *tls_ca;       /* PEM file of the CA of the server's certificate: TLS */
   const char *tls_cert;     /* PEM client certificate and key, for mTLS */
   const char *tls_key;

@@ -552,6 +552,11 @@ def test_fusebox_cli_with_tls_and_token(certs, daemons, tmp_path):
                         "--tls-ca", certs["ca"] + ".pem", "--token-file", str(tokfile)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=repo)
     assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
+    # a token is not sent in the clear off loopback (192.0.2.1, TEST-NET-1:
+    # refused before any connection is made)
+    r = subprocess.run([FUSEBOX, "stats", "--server", "192.0.2.1:50051", "--token-file",
+                        str(tokfile)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "refusing to send a token in the clear" in r.stderr, r.stderr
     # without the CA the TLS handshake fails
     r = subprocess.run([FUSEBOX, "stats", "--server", d.address, "--token-file", str(tokfile)],
                        capture_output=True, text=True, timeout=120, env=env)
