@@ -531,6 +531,18 @@ def test_fusebox_cli_with_tls_and_token(certs, daemons, tmp_path):
                 tenants=[{"name": "ops", "role": "admin", "token_sha256": [sha(tok)]}])
     tokfile = tmp_path / "token"
     tokfile.write_text(tok + "\n")
+    # the stock way in grpcio: TLS channel credentials composed with an access token
+    opts = [("grpc.ssl_target_name_override", "localhost")]
+    for t, ok in ((tok, True), ("not-" + tok, False)):
+        creds = grpc.composite_channel_credentials(tls_creds(certs),
+                                                   grpc.access_token_call_credentials(t))
+        stock = Client(d.address, grpc.secure_channel(d.address, creds, opts))
+        if ok:
+            assert _stats(stock).sessions_active == 0
+            assert stock.new_session(dense_layout(8))
+        else:
+            expect_error(lambda: _stats(stock), UNAUTH, "unknown token")
+        stock.close()
     # the address is 127.0.0.1: the server's certificate names that IP
     base = [FUSEBOX, "stats", "--server", d.address, "--tls-ca", certs["ca"] + ".pem"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSEBOX_")}
