@@ -191,7 +191,8 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
     if (!d->msg) continue;
     d->seq = m->errors[i]->seq;
     d->kernel = m->errors[i]->kernel;
-    d->code = m->errors[i]->code < 0 ? m->errors[i]->code : FB_EINTERNAL;
+    d->code = m->errors[i]->code < 0 && m->errors[i]->code >= FB_ELAST ? m->errors[i]->code
+                                                                     : FB_EINTERNAL;
     r->nerrs++;
   }
   r->rets_dropped += m->returns_dropped;

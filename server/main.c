@@ -89,9 +89,28 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
   }
 }
 
+/* fuseboxd --session-worker FD [options]: a session's worker process
+ * (process isolation, server/proc.c), started by fuseboxd itself. */
+static int session_worker(int argc, char **argv) {
+  fbd_config cfg;
+  char err[FBD_ERRLEN] = "";
+  fbd_config_defaults(&cfg);
+  char *end = NULL;
+  long fd = strtol(argv[2], &end, 10);
+  argv[2] = argv[0];
+  if (end == argv[2] || *end || fd < 0 || fbd_config_args(&cfg, argc - 2, argv + 2, err,
+                                                          sizeof err)) {
+    fprintf(stderr, "fuseboxd --session-worker: %s\n", err[0] ? err : "bad descriptor");
+    return 2;
+  }
+  fbd_worker_process_main((int)fd, &cfg);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   fbd_config cfg;
   char err[FBD_ERRLEN] = "";
+  if (argc >= 3 && strcmp(argv[1], "--session-worker") == 0) return session_worker(argc, argv);
   fbd_config_defaults(&cfg);
   int rc = fbd_config_args(&cfg, argc, argv, err, sizeof err);
   if (rc) {

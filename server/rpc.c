@@ -530,9 +530,11 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   atomic_init(&srv->bad_requests, 0);
   atomic_init(&srv->bytes_in, 0);
   atomic_init(&srv->bytes_out, 0);
+  pthread_mutex_init(&srv->pmu, NULL);
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
+  if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (rc) {
     fbd_server_shutdown(srv);
@@ -623,6 +625,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     grpc_completion_queue_destroy(srv->cq);
     srv->cq = NULL;
   }
+  fbd_procs_stop(srv);
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
   return 0;
@@ -639,6 +642,7 @@ void fbd_server_free(fbd_server *srv) {
   }
   free(srv->sessions);
   free(srv->zombies);
+  pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);
   free(srv);
