@@ -476,6 +476,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   } else if (j->call && read) {
     fbd_read_begin(j->call, s, &j->buf, j->chunk);
   }
+  if (j->buf.p) fbd_stage_give(s, &j->buf); /* a write's buffer, for the next transfer */
   if (r.fatal && s->created && s->end_reason == FBD_END_CLOSED) s->end_reason = FBD_END_FAILED;
   *after = r.counters;
   if (!s->created || r.fatal) *after = s->snap;
@@ -519,13 +520,29 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
     fbd_job_free(j);
     return;
   }
-  fbd_job *rest = s->qh; /* dropped, not run */
+  /* queued work is dropped, not run; an END or CLOSE already queued stays
+   * (the session ends for the reason first given) */
+  fbd_job *rest = NULL, **tail = &rest, *keep = NULL;
+  for (fbd_job *q = s->qh, *n; q; q = n) {
+    n = q->next;
+    q->next = NULL;
+    if (!keep && (q->kind == FBD_J_END || q->kind == FBD_J_CLOSE)) keep = q;
+    else *tail = q, tail = &q->next;
+  }
   s->qh = s->qt = NULL;
   s->depth = 0;
   atomic_store(&s->queued, 0);
   s->abort_at = fbd_now();
   if (s->watch) atomic_store(&s->watch->cancel, 1); /* the running job stops at a task boundary */
-  post_locked(s, j);
+  if (keep) {
+    s->qh = s->qt = keep;
+    s->depth = 1;
+    atomic_store(&s->queued, 1);
+    pthread_cond_signal(&s->cv);
+    fbd_job_free(j);
+  } else {
+    post_locked(s, j);
+  }
   fbd_call *stream = s->stream;
   if (stream) fbd_call_ref(stream);
   pthread_mutex_unlock(&s->mu);

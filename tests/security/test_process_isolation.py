@@ -228,3 +228,27 @@ def test_disconnect_drops_queued_work(server):
         time.sleep(0.05)
     assert "disconnected" in server.logtext()
     server.assert_unharmed()
+
+
+def test_compile_timeout(make_server):
+    """A kernel within the statement budget whose compile takes longer than
+    --compile-timeout-s: DEADLINE_EXCEEDED naming the option, and the
+    server goes on."""
+    server = make_server("--compile-timeout-s", "0.2", "--max-kernel-statements", "40000")
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    stmts = [stmt("const", pb.T_I32, imm=3)]
+    for i in range(1, 30000):  # a chain LLVM must keep: each value is stored
+        stmts.append(stmt("mul", pb.T_I32, args=[i - 1, 0]) if i % 2 else
+                     stmt("add", pb.T_I32, args=[i - 1, i - 2]))
+    idx = len(stmts)
+    stmts.append(stmt("const", pb.T_I32, imm=1))
+    stmts.append(stmt("store", args=[idx, idx - 1], snode_id=2))
+    slow = kernel("slow", stmts)
+    try:
+        register(c, sid, slow)
+        raise AssertionError("the compile finished within 0.2 s; make the kernel bigger")
+    except grpc.RpcError as e:
+        assert e.code() == DEADLINE, f"{e.code()}: {e.details()}"
+        assert "compile_timeout_s" in e.details(), e.details()
+    server.assert_unharmed()
