@@ -531,6 +531,17 @@ int fb_remote_open_source(fb_client *c, const fb_remote_options *opt, const char
   return rc;
 }
 
+int fb_remote_cancel(fb_remote *r) {
+  if (!r) return FB_EINVAL;
+  Fusebox__V1__CancelRequest req = FUSEBOX__V1__CANCEL_REQUEST__INIT;
+  req.session_id = r->id;
+  grpc_slice resp = grpc_empty_slice();
+  char err[256];
+  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/Cancel", &req.base, &resp, err, sizeof err);
+  grpc_slice_unref(resp);
+  return rc;
+}
+
 int fb_remote_close(fb_remote *r) {
   if (!r) return 0;
   int rc = 0;
