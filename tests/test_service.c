@@ -70,8 +70,12 @@ static void stop(void) {
   ck_assert_msg(st == 0, "fuseboxd exited with status %d", st);
 }
 
+/* The tcp cases run sessions in worker processes (fuseboxd's default), the
+ * unix ones in threads (the CLI's private daemon), so every path of a
+ * session is tested under both isolation modes. */
 static void setup_tcp(void) {
-  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8", NULL};
+  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8",
+                                  "--isolation", "process", NULL};
   start("127.0.0.1:0", f);
 }
 
@@ -1087,6 +1091,8 @@ int main(int argc, char **argv) {
   tcase_add_test(ux, sessions_at_once);
   tcase_add_test(ux, malformed_to_every_method);
   tcase_add_test(ux, killed_client_frees_session);
+  tcase_add_test(ux, cancel_launches);
+  tcase_add_test(ux, launch_results);
   suite_add_tcase(s, ux);
   TCase *cfg = tcase_create("config");
   tcase_set_timeout(cfg, 60);
