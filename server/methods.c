@@ -514,6 +514,12 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (fbd_session_may_recv(c->sess)) fbd_call_recv(c);
 }
 
+/* Every response went out: a stream paused for its client's slowness may
+ * receive again. */
+static void stream_sent(fbd_call *c) {
+  if (c->sess) fbd_session_resume(c->sess);
+}
+
 static void stream_close(fbd_call *c, int cancelled) {
   if (cancelled) end_attached(c, FBD_END_DISCONNECTED);
 }
@@ -747,7 +753,8 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/Cancel", NULL, cancel_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, NULL, free_session_ref},
+    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent,
+     free_session_ref},
     {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},

@@ -416,6 +416,9 @@ int fbd_session_attach(fbd_session *s, fbd_call *c);
 /* After posting from a stream: 1 to receive the next message now, 0 when
  * the worker will resume receiving once it catches up. */
 int fbd_session_may_recv(fbd_session *s);
+/* A paused stream receives again once its request and response queues are
+ * short (called as jobs are taken and as responses go out). */
+int fbd_session_resume(fbd_session *s);
 void fbd_session_end_all(fbd_server *srv, int reason);
 int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
 void *fbd_worker_main(void *arg);

@@ -17,6 +17,9 @@
 
 #define RECV_HIGH 32 /* stream messages queued before the stream stops receiving */
 #define RECV_LOW 8   /* ... and resumes */
+#define SEND_HIGH 16 /* responses waiting to go out before the stream stops receiving */
+#define SEND_LOW 2   /* ... and resumes: a client that does not read its results
+                      * is held back by gRPC's flow control, not buffered for */
 #define STAGE_KEEP_S 2.0 /* an unused staging buffer is freed after this */
 
 static const char *const end_names[] = {"closed", "disconnected", "reaped", "shut down",
@@ -237,11 +240,40 @@ int fbd_session_attach(fbd_session *s, fbd_call *c) {
   return rc;
 }
 
-int fbd_session_may_recv(fbd_session *s) {
+static fbd_call *stream_ref(fbd_session *s) {
   pthread_mutex_lock(&s->mu);
-  int go = s->depth < RECV_HIGH;
+  fbd_call *st = s->stream;
+  if (st) fbd_call_ref(st);
+  pthread_mutex_unlock(&s->mu);
+  return st;
+}
+
+/* Receive on a paused stream again once both its request queue and its
+ * response queue are short. 1 when it did. */
+int fbd_session_resume(fbd_session *s) {
+  fbd_call *st = stream_ref(s);
+  if (!st) return 0;
+  int q = fbd_call_queued(st);
+  pthread_mutex_lock(&s->mu);
+  int go = s->recv_paused && s->depth <= RECV_LOW && q <= SEND_LOW && s->stream == st;
+  if (go) s->recv_paused = 0;
+  pthread_mutex_unlock(&s->mu);
+  if (go) fbd_call_recv(st);
+  fbd_call_unref(st);
+  return go;
+}
+
+int fbd_session_may_recv(fbd_session *s) {
+  fbd_call *st = stream_ref(s);
+  int q = st ? fbd_call_queued(st) : 0;
+  pthread_mutex_lock(&s->mu);
+  int go = s->depth < RECV_HIGH && q < SEND_HIGH;
   if (!go) s->recv_paused = 1;
   pthread_mutex_unlock(&s->mu);
+  if (st) fbd_call_unref(st);
+  /* the responses may have gone out meanwhile, their last send seeing no
+   * pause to lift: look again (fbd_session_resume receives when it lifts) */
+  if (!go && q >= SEND_HIGH) fbd_session_resume(s);
   return go;
 }
 
@@ -259,7 +291,6 @@ static void spin(fbd_session *s) {
 
 /* Worker: the next job, resuming a paused stream once the queue is short. */
 static fbd_job *next_job(fbd_session *s) {
-  fbd_call *resume = NULL;
   spin(s);
   pthread_mutex_lock(&s->mu);
   while (!s->qh) pthread_cond_wait(&s->cv, &s->mu);
@@ -269,16 +300,9 @@ static fbd_job *next_job(fbd_session *s) {
   s->depth--;
   atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
   s->busy = 1;
-  if (s->recv_paused && s->depth <= RECV_LOW && s->stream) {
-    s->recv_paused = 0;
-    resume = s->stream;
-    fbd_call_ref(resume);
-  }
+  int paused = s->recv_paused;
   pthread_mutex_unlock(&s->mu);
-  if (resume) {
-    fbd_call_recv(resume);
-    fbd_call_unref(resume);
-  }
+  if (paused) fbd_session_resume(s);
   return j;
 }
 

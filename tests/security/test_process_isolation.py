@@ -252,3 +252,41 @@ def test_compile_timeout(make_server):
         assert e.code() == DEADLINE, f"{e.code()}: {e.details()}"
         assert "compile_timeout_s" in e.details(), e.details()
     server.assert_unharmed()
+
+
+def _rss_kib(pid):
+    return int(status(pid)["VmRSS"].split()[0])
+
+
+def test_unread_results_do_not_pile_up(server):
+    """A client that sends syncs and never reads the results: the stream
+    stops receiving once a few responses wait to go out (gRPC's flow control
+    then holds the client back), instead of the server buffering them all."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    ret = pb.Kernel(name="five", params=[], ret=pb.T_I32,
+                    stmts=[stmt("const", pb.T_I32, imm=5), stmt("ret", args=[0], imm=0)],
+                    blocks=[pb.Block(ids=[0, 1])])
+    kid = register(c, sid, ret)[0]
+    batch = [pb.Launch(kernel=kid) for _ in range(1000)]  # each result ~20 KB
+    sent = [0]
+
+    def requests():
+        yield pb.SessionRequest(session_id=sid)
+        for i in range(1, 3001):  # 60 MB of results if all were buffered
+            sent[0] = i
+            yield pb.SessionRequest(launches=batch, sync=i)
+
+    before = _rss_kib(server.proc.pid)
+    call = c._stream(requests(), timeout=RPC_TIMEOUT)  # never read
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sent[0] < 3000:
+        time.sleep(0.1)
+    grown = _rss_kib(server.proc.pid) - before
+    call.cancel()
+    assert sent[0] < 3000, "the server took every request of a client that reads nothing"
+    # what may pile up is bounded by HTTP/2 windows and 16 queued responses
+    # (tens of MB, allocator and sanitizer slack included), not by the 60 MB
+    # of results the client asked for, nor by the server's memory
+    assert grown < 256 * 1024, f"fuseboxd grew by {grown} KiB"
+    server.assert_unharmed()
