@@ -116,16 +116,17 @@ def test_endless_kernel_times_out(make_server):
     never notice."""
     server = make_server("--kernel-timeout-s", "1")
     c = server.client
-    sid = c.new_session(dense_layout(16))
-    kid = register(c, sid, spin_kernel(2))[0]
-    t0 = time.monotonic()
-    try:
-        c.run(sid, [(kid, [])])
-        raise AssertionError("an endless kernel returned")
-    except grpc.RpcError as e:
-        assert e.code() == DEADLINE, f"{e.code()}: {e.details()}"
-        assert "'spin'" in e.details() and "kernel_timeout_s" in e.details(), e.details()
-    assert time.monotonic() - t0 < RPC_TIMEOUT
+    for mode in ("sync", "async"):  # a launch; a task of a flush
+        sid = c.new_session(dense_layout(16), mode=mode)
+        kid = register(c, sid, spin_kernel(2))[0]
+        t0 = time.monotonic()
+        try:
+            c.run(sid, [(kid, [])])
+            raise AssertionError("an endless kernel returned")
+        except grpc.RpcError as e:
+            assert e.code() == DEADLINE, f"{mode}: {e.code()}: {e.details()}"
+            assert "'spin'" in e.details() and "kernel_timeout_s" in e.details(), e.details()
+        assert time.monotonic() - t0 < RPC_TIMEOUT
     server.assert_unharmed()
     # the server goes on making sessions
     sid2 = c.new_session(dense_layout(16))
