@@ -80,6 +80,9 @@ void fbd_usage(FILE *f) {
           "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
           "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
           "                             limit by this much (RLIMIT_AS; default 4G)\n"
+          "  --memory-budget N          all sessions' memory together; a session that would\n"
+          "                             pass it is refused (default: 3/4 of the machine's or\n"
+          "                             the cgroup's memory, whichever is lower)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
           "  --help, --version\n"
           "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
@@ -141,6 +144,7 @@ static const opt opts[] = {
     {"compile_timeout_s", OPT_SECS, OFF(compile_timeout_s), 0},
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
+    {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
 };
 
 int fbd_isolated(const fbd_config *cfg) {

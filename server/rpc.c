@@ -477,6 +477,28 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
+/* The memory this process may use: the machine's, or its cgroup's limit
+ * when lower (cgroup v2, then v1). 0 when unknown. */
+static uint64_t memory_available(void) {
+  uint64_t total = 0, lim = 0;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    unsigned long long kib;
+    if (fscanf(f, "MemTotal: %llu kB", &kib) == 1) total = (uint64_t)kib << 10;
+    fclose(f);
+  }
+  static const char *const cg[] = {"/sys/fs/cgroup/memory.max",
+                                   "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  for (int i = 0; i < 2 && !lim; i++) {
+    unsigned long long v;
+    if ((f = fopen(cg[i], "r"))) {
+      if (fscanf(f, "%llu", &v) == 1) lim = v; /* "max" reads as nothing */
+      fclose(f);
+    }
+  }
+  return lim && (lim < total || !total) ? lim : total;
+}
+
 static int make_engine(fbd_server *srv, char *err, size_t errlen) {
   fb_engine_config ec = {srv->cfg->backend, srv->cfg->compile_threads, srv->cfg->cpu_threads};
   int rc = fb_engine_create(&ec, &srv->engine, err, errlen);
@@ -523,6 +545,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->cfg = cfg;
   srv->log = log;
   srv->started = fbd_now();
+  srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;
   srv->t_shutdown = (fbd_tag){on_shutdown_done, srv};
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);

@@ -60,6 +60,8 @@ typedef struct fbd_config {
   double compile_timeout_s;      /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
   int spare_workers;             /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
+  uint64_t memory_budget;        /* all sessions' memory together; 0 = 3/4 of the machine's
+                                    (or the cgroup's) memory */
   int log_level;
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
   char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
@@ -212,6 +214,7 @@ struct fbd_server {
   pthread_t *zombies;       /* finished workers to join */
   int nzombies, zcap;
   fbd_stats st;
+  uint64_t memory_budget;   /* admission control: sessions' memory together (0 = none) */
   /* process isolation (proc.c), under pmu */
   char exe[4096];           /* this fuseboxd, re-executed as each worker */
   pthread_mutex_t pmu;

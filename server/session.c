@@ -79,15 +79,24 @@ static int new_id(char *out) {
 static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
   int rc = FB_EQUOTA;
   pthread_mutex_lock(&srv->mu);
+  uint64_t budget = srv->memory_budget, used = srv->st.memory_bytes;
   if (atomic_load(&srv->stopping)) {
     snprintf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
+  } else if (budget && (s->mem_bytes > budget || used > budget - s->mem_bytes)) {
+    srv->st.sessions_failed++;
+    snprintf(err, errlen, "the server's memory budget is full: the session needs %llu bytes, "
+             "%llu of %llu bytes are in use by %d sessions (memory_budget)",
+             (unsigned long long)s->mem_bytes, (unsigned long long)used,
+             (unsigned long long)budget, srv->nsessions);
   } else {
     for (int i = 0; i < srv->cfg->max_sessions; i++) {
       if (srv->sessions[i]) continue;
       srv->sessions[i] = s;
       srv->nsessions++;
       srv->nworkers++;
+      srv->st.memory_bytes += s->mem_bytes; /* counted from admission on */
+      s->accounted = s->mem_bytes;
       rc = 0;
       break;
     }
@@ -139,6 +148,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
       if (srv->sessions[i] == s) srv->sessions[i] = NULL;
     srv->nsessions--;
     srv->nworkers--;
+    srv->st.memory_bytes -= s->accounted;
     pthread_mutex_unlock(&srv->mu);
     session_free(s);
     snprintf(err, errlen, "cannot start the session's worker thread");
@@ -511,20 +521,29 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
 void *fbd_worker_main(void *arg) {
   fbd_session *s = arg;
   fbd_server *srv = s->srv;
+  fbd_call *closer = NULL; /* a CloseSession is answered once the session is gone */
   for (;;) {
     fbd_job *j = next_job(s);
     int kind = j->kind;
     if (kind == FBD_J_END) s->end_reason = j->reason;
-    if (kind == FBD_J_CLOSE) s->end_reason = FBD_END_CLOSED;
+    if (kind == FBD_J_CLOSE) {
+      s->end_reason = FBD_END_CLOSED;
+      closer = j->call;
+      j->call = NULL;
+    }
     fb_counters after;
     memset(&after, 0, sizeof after);
-    if (kind != FBD_J_END) run_job(s, j, &after);
+    if (kind != FBD_J_END && kind != FBD_J_CLOSE) run_job(s, j, &after);
     else after = s->snap;
     fbd_job_free(j);
     job_done(s, &after);
     if (kind == FBD_J_END || kind == FBD_J_CLOSE || !s->created || s->dead) break;
   }
   session_end(s);
+  if (closer) {
+    fbd_call_finish(closer, FB_OK, NULL);
+    fbd_call_unref(closer);
+  }
   pthread_t th = s->th;
   fbd_session_unref(s); /* the table's */
   fbd_session_unref(s); /* the worker's */

@@ -291,3 +291,24 @@ def test_unread_results_do_not_pile_up(server):
     # of results the client asked for, nor by the server's memory
     assert grown < 256 * 1024, f"fuseboxd grew by {grown} KiB"
     server.assert_unharmed()
+
+
+def test_memory_budget(make_server):
+    """One budget for all sessions' memory: a session that would pass it is
+    refused with RESOURCE_EXHAUSTED naming the budget, and fits again once
+    another session has closed."""
+    server = make_server("--memory-budget", "3M")
+    c = server.client
+    big = dense_layout(256 * 1024)  # 1 MiB of i32
+    first = c.new_session(big)
+    second = c.new_session(big)
+    try:
+        c.new_session(big)
+        raise AssertionError("a session over the memory budget was admitted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+        assert "memory_budget" in e.details() and "3145728" in e.details(), e.details()
+    c.close_session(pb.CloseSessionRequest(session_id=first), timeout=RPC_TIMEOUT)
+    third = c.new_session(big)
+    assert third and second
+    server.assert_unharmed()
