@@ -8,8 +8,11 @@
  *     way, with the data checked.
  * Usage: service_bench [--server ADDR | --fuseboxd PATH] [--unix] [--launches N]
  *                      [--syncs N] [--mib N] [--repeat R] [--chunk-kib K]
+ *                      [--isolation both|process|thread]
  * Without --server it starts a private fuseboxd (TCP 127.0.0.1, or a unix
- * socket with --unix) found by fb_daemon_find (the build tree's server/). */
+ * socket with --unix) found by fb_daemon_find (the build tree's server/),
+ * once per isolation mode (both by default: a worker process per session,
+ * and sessions as threads of fuseboxd), and prints the figures side by side. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,19 +28,24 @@ static double now(void) {
 }
 
 typedef struct opts {
-  const char *server, *fuseboxd;
+  const char *server, *fuseboxd, *isolation;
   int unix_socket;
   long launches, syncs, mib, repeat, chunk_kib;
 } opts;
 
+typedef struct figures {
+  double rate, med, p99, wr, rd;
+} figures;
+
 static int usage(void) {
   fprintf(stderr, "usage: service_bench [--server ADDR | --fuseboxd PATH] [--unix] "
-                  "[--launches N] [--syncs N] [--mib N] [--repeat R]\n");
+                  "[--launches N] [--syncs N] [--mib N] [--repeat R] [--chunk-kib K]\n"
+                  "                     [--isolation both|process|thread]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  *o = (opts){NULL, NULL, 0, 1000000, 2000, 256, 3, 0};
+  *o = (opts){NULL, NULL, "both", 0, 1000000, 2000, 256, 3, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--unix") == 0) o->unix_socket = 1;
@@ -49,8 +57,12 @@ static int parse(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--mib") == 0) o->mib = atol(v), i++;
     else if (strcmp(a, "--repeat") == 0) o->repeat = atol(v), i++;
     else if (strcmp(a, "--chunk-kib") == 0) o->chunk_kib = atol(v), i++;
+    else if (strcmp(a, "--isolation") == 0) o->isolation = v, i++;
     else return usage();
   }
+  if (strcmp(o->isolation, "both") && strcmp(o->isolation, "process") &&
+      strcmp(o->isolation, "thread"))
+    return usage();
   if (o->launches < 1 || o->syncs < 1 || o->mib < 1 || o->repeat < 1) return usage();
   return 0;
 }
@@ -163,7 +175,7 @@ static int bench_bulk(bench *b, long mib, int repeat, double *wr, double *rd) {
 
 /* ---------------------------------------------------------------- main */
 
-static int run(const opts *o, const char *addr) {
+static int run(const opts *o, const char *addr, figures *f) {
   char err[512];
   bench b;
   memset(&b, 0, sizeof b);
@@ -182,6 +194,7 @@ static int run(const opts *o, const char *addr) {
     goto out;
   }
   double rate, med, p99, wr, rd;
+  fprintf(stderr, "service_bench: %s: launches...\n", addr);
   if (bench_launches(&b, o->launches, (int)o->repeat, &rate)) {
     fail("launches", fb_remote_errmsg(b.r));
     goto out;
@@ -194,14 +207,7 @@ static int run(const opts *o, const char *addr) {
     fail("bulk", fb_remote_errmsg(b.r));
     goto out;
   }
-  printf("server                 %s\n", addr);
-  printf("launches/s (pipelined) %.0f   (%ld launches of a trivial kernel, one sync, best of %ld)\n",
-         rate, o->launches, o->repeat);
-  printf("sync round trip        median %.1f us, p99 %.1f us   (%ld syncs)\n", med * 1e6,
-         p99 * 1e6, o->syncs);
-  printf("bulk write             %.2f GB/s   (%ld MiB field, best of %ld)\n", wr / 1e9, o->mib,
-         o->repeat);
-  printf("bulk read              %.2f GB/s\n", rd / 1e9);
+  *f = (figures){rate, med, p99, wr, rd};
   rc = 0;
 out:
   if (b.r) fb_remote_close(b.r);
@@ -211,20 +217,56 @@ out:
   return rc;
 }
 
-int main(int argc, char **argv) {
-  opts o;
-  if (parse(argc, argv, &o)) return 2;
-  if (o.server) return run(&o, o.server);
+static void print_figures(const opts *o, const char *const *names, const figures *f, int n) {
+  printf("%-24s", "");
+  for (int i = 0; i < n; i++) printf("%16s", names[i]);
+  printf("\n%-24s", "launches/s (pipelined)");
+  for (int i = 0; i < n; i++) printf("%16.0f", f[i].rate);
+  printf("\n%-24s", "sync round trip median");
+  for (int i = 0; i < n; i++) printf("%13.1f us", f[i].med * 1e6);
+  printf("\n%-24s", "sync round trip p99");
+  for (int i = 0; i < n; i++) printf("%13.1f us", f[i].p99 * 1e6);
+  printf("\n%-24s", "bulk write");
+  for (int i = 0; i < n; i++) printf("%11.2f GB/s", f[i].wr / 1e9);
+  printf("\n%-24s", "bulk read");
+  for (int i = 0; i < n; i++) printf("%11.2f GB/s", f[i].rd / 1e9);
+  printf("\n(%ld launches of a trivial kernel and one sync, %ld syncs, a %ld MiB field; "
+         "best of %ld)\n", o->launches, o->syncs, o->mib, o->repeat);
+}
+
+/* A private fuseboxd with the given isolation, measured. */
+static int run_private(const opts *o, const char *isolation, figures *f) {
   char exe[4096], err[512], sock[128];
   snprintf(sock, sizeof sock, "unix:/tmp/fusebox-bench-%d.sock", (int)getpid());
-  const char *extra[] = {"--log-level", "warn", NULL};
+  const char *extra[] = {"--log-level", "warn", "--isolation", isolation, NULL};
   fb_daemon d;
-  if (fb_daemon_start(o.fuseboxd ? o.fuseboxd : fb_daemon_find(exe, sizeof exe),
-                      o.unix_socket ? sock : "127.0.0.1:0", extra, &d, err, sizeof err))
+  if (fb_daemon_start(o->fuseboxd ? o->fuseboxd : fb_daemon_find(exe, sizeof exe),
+                      o->unix_socket ? sock : "127.0.0.1:0", extra, &d, err, sizeof err))
     return fail("fuseboxd", err);
-  int rc = run(&o, d.address);
+  int rc = run(o, d.address, f);
   int st = 0;
   fb_daemon_stop(&d, 30, &st);
   if (st != 0) fprintf(stderr, "service_bench: fuseboxd exited with status %d\n", st);
   return rc ? rc : st != 0;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  if (parse(argc, argv, &o)) return 2;
+  figures f[2];
+  memset(f, 0, sizeof f);
+  if (o.server) {
+    const char *names[] = {o.server};
+    int rc = run(&o, o.server, &f[0]);
+    if (!rc) print_figures(&o, names, f, 1);
+    return rc;
+  }
+  const char *both[] = {"process", "thread"}, *one[] = {o.isolation};
+  const char *const *names = strcmp(o.isolation, "both") ? one : both;
+  int n = strcmp(o.isolation, "both") ? 1 : 2;
+  for (int i = 0; i < n; i++)
+    if (run_private(&o, names[i], &f[i])) return 1;
+  printf("fuseboxd on %s, by isolation mode:\n", o.unix_socket ? "a unix socket" : "127.0.0.1");
+  print_figures(&o, names, f, n);
+  return 0;
 }

@@ -56,7 +56,7 @@ int fbc_end_code(const fbc_end *e, char *err, size_t errlen) {
     memcpy(num, GRPC_SLICE_START_PTR(m->value), n);
     num[n] = 0;
     int v = atoi(num);
-    if (v < 0 && v >= FB_EINTERNAL) code = v;
+    if (v < 0 && v >= FB_ELAST) code = v;
   }
   if (err && errlen) {
     size_t n = GRPC_SLICE_LENGTH(e->details);

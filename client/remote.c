@@ -191,7 +191,8 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
     if (!d->msg) continue;
     d->seq = m->errors[i]->seq;
     d->kernel = m->errors[i]->kernel;
-    d->code = m->errors[i]->code < 0 ? m->errors[i]->code : FB_EINTERNAL;
+    d->code = m->errors[i]->code < 0 && m->errors[i]->code >= FB_ELAST ? m->errors[i]->code
+                                                                     : FB_EINTERNAL;
     r->nerrs++;
   }
   r->rets_dropped += m->returns_dropped;
@@ -527,6 +528,17 @@ int fb_remote_open_source(fb_client *c, const fb_remote_options *opt, const char
   rc = fb_remote_open_program(c, opt, p, out);
   if (rc) fb_program_free(p);
   else (*out)->own_prog = 1;
+  return rc;
+}
+
+int fb_remote_cancel(fb_remote *r) {
+  if (!r) return FB_EINVAL;
+  Fusebox__V1__CancelRequest req = FUSEBOX__V1__CANCEL_REQUEST__INIT;
+  req.session_id = r->id;
+  grpc_slice resp = grpc_empty_slice();
+  char err[256];
+  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/Cancel", &req.base, &resp, err, sizeof err);
+  grpc_slice_unref(resp);
   return rc;
 }
 

@@ -24,6 +24,8 @@ const char *fb_strerror(int code) {
   case FB_EUNSUPPORTED: return "not supported";
   case FB_EIO: return "I/O error";
   case FB_EINTERNAL: return "internal error";
+  case FB_ECANCELLED: return "cancelled";
+  case FB_ETIMEOUT: return "time limit exceeded";
   default: return "unknown error";
   }
 }

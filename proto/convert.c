@@ -651,6 +651,8 @@ int fbp_status_of_code(int code) {
   case FB_EUNSUPPORTED: return FBP_GRPC_UNIMPLEMENTED;
   case FB_EIO: return FBP_GRPC_UNAVAILABLE;
   case FB_ECOMPILE: case FB_EDEVICE: case FB_EINTERNAL: return FBP_GRPC_INTERNAL;
+  case FB_ECANCELLED: return FBP_GRPC_CANCELLED;
+  case FB_ETIMEOUT: return FBP_GRPC_DEADLINE_EXCEEDED;
   default: return FBP_GRPC_UNKNOWN;
   }
 }
@@ -664,6 +666,8 @@ int fbp_code_of_status(int status) {
   case FBP_GRPC_OUT_OF_RANGE: return FB_EBOUNDS;
   case FBP_GRPC_UNIMPLEMENTED: return FB_EUNSUPPORTED;
   case FBP_GRPC_INTERNAL: case FBP_GRPC_DATA_LOSS: return FB_EINTERNAL;
+  case FBP_GRPC_CANCELLED: return FB_ECANCELLED;
+  case FBP_GRPC_DEADLINE_EXCEEDED: return FB_ETIMEOUT;
   default: return FB_EIO; /* unavailable, cancelled, deadline, unknown, ... */
   }
 }

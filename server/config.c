@@ -6,6 +6,8 @@
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
+ *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
+ *   --worker-overhead-bytes,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json.
@@ -35,12 +37,18 @@ void fbd_config_defaults(fbd_config *c) {
   c->log_level = FBD_LOG_INFO;
   c->socket_mode = 0660;
   c->ready_fd = -1;
+  c->isolation = strdup("process");
+  c->kernel_timeout_s = 60;
+  c->compile_timeout_s = 60;
+  c->spare_workers = 1;
+  c->worker_overhead_bytes = (uint64_t)4 << 30;
 }
 
 void fbd_config_free(fbd_config *c) {
   for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
   free(c->backend);
   free(c->socket_group);
+  free(c->isolation);
   free(c->config_path);
   free(c->tls_cert);
   free(c->tls_key);
@@ -73,6 +81,17 @@ void fbd_usage(FILE *f) {
           "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
           "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
           "                             (default: the process's group, unchanged)\n"
+          "  --isolation process|thread each session's engine in a worker process of its own,\n"
+          "                             locked down (default), or in a thread of fuseboxd\n"
+          "  --kernel-timeout-s S       process isolation: a launch (or an async task) running\n"
+          "                             longer ends its session, DEADLINE_EXCEEDED; 0 = none (default 60)\n"
+          "  --compile-timeout-s S      process isolation: the same for RegisterKernels (default 60)\n"
+          "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
+          "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
+          "                             limit by this much (RLIMIT_AS; default 4G)\n"
+          "  --memory-budget N          all sessions' memory together; a session that would\n"
+          "                             pass it is refused (default: 3/4 of the machine's or\n"
+          "                             the cgroup's memory, whichever is lower)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
           "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
           "  --tls-key FILE             PEM private key of --tls-cert\n"
@@ -139,6 +158,12 @@ static const opt opts[] = {
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
     {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
     {"socket_group", OPT_GROUP, OFF(socket_group), 0},
+    {"isolation", OPT_STR, OFF(isolation), 0},
+    {"kernel_timeout_s", OPT_SECS, OFF(kernel_timeout_s), 0},
+    {"compile_timeout_s", OPT_SECS, OFF(compile_timeout_s), 0},
+    {"spare_workers", OPT_INT, OFF(spare_workers), 0},
+    {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
+    {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
     {"tls_key", OPT_GROUP, OFF(tls_key), 0},
     {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},
@@ -146,6 +171,10 @@ static const opt opts[] = {
     {"tenants", OPT_GROUP, OFF(tenants), 0},
     {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
 };
+
+int fbd_isolated(const fbd_config *cfg) {
+  return cfg->isolation && strcmp(cfg->isolation, "process") == 0;
+}
 #define NOPTS (sizeof opts / sizeof opts[0])
 
 static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
@@ -416,6 +445,11 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       fb_errf(err, errlen, "--%s", why);
       return rc;
     }
+  }
+  if (!fbd_isolated(c) && strcmp(c->isolation, "thread") != 0) {
+    fb_errf(err, errlen, "isolation: invalid value '%s' (expected process or thread)",
+            c->isolation);
+    return FB_EINVAL;
   }
   if (c->nlisten == 0) return add_listen(c, "127.0.0.1:50051", err, errlen);
   return 0;

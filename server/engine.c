@@ -165,6 +165,8 @@ struct fb_session {
   uint64_t err_launch;     /* ... its launch number and kernel */
   int err_kernel;
   char err[ERRLEN];
+  fb_task_hook hook;       /* fb_session_set_task_hook, or NULL */
+  void *hook_user;
 };
 
 static int fail(fb_session *s, int code, const char *fmt, ...)
@@ -477,6 +479,12 @@ int fb_session_last_flush(const fb_session *s, fb_flush_stats *out) {
   if (!s->as || !s->as->flushes) return FB_ENOENT;
   *out = s->as->last;
   return 0;
+}
+
+void fb_session_set_task_hook(fb_session *s, fb_task_hook fn, void *user) {
+  if (!s) return;
+  s->hook = fn;
+  s->hook_user = user;
 }
 
 int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel) {
@@ -825,6 +833,12 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     fb_sparse_begin(s->sparse);
     ctx.runtime = fb_sparse_state(s->sparse);
   }
+  if (s->hook && s->hook(s->hook_user, sk->k->name, sk->k->name, s->launch_no)) {
+    if (s->sparse) fb_sparse_end(s->sparse);
+    s->hook(s->hook_user, NULL, NULL, s->launch_no);
+    return fail(s, FB_ECANCELLED, "kernel '%s' (launch %llu) was cancelled before it ran",
+                sk->k->name, (unsigned long long)s->launch_no);
+  }
   double t0 = s->trace ? fb_trace_clock() : 0;
   if (s->q)
     rc = gpu_run(s, &ctx, sk, &secs, &failed, msg, sizeof msg);
@@ -832,6 +846,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
     rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
                            &failed, msg, sizeof msg);
   if (s->trace) trace_launch(s, sk, t0);
+  if (s->hook) s->hook(s->hook_user, NULL, NULL, s->launch_no);
   if (s->sparse) fb_sparse_end(s->sparse);
   s->launch_no++;
   s->c.launches++;
@@ -898,6 +913,7 @@ typedef struct batch_run {
   uint64_t failed_launch;  /* a launch an error stopped: its other tasks are skipped */
   uint64_t ran, hits;
   double backend_s;
+  int cancelled;           /* the task hook cancelled: the rest of the batch is skipped */
   const fb_opt_launch **slot; /* CUDA: the entry of each error slot of the batch */
   int gpu_rc;                 /* CUDA: the batch could not start */
 } batch_run;
@@ -1094,13 +1110,32 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
   if (msg[0] || (rc != FB_EBOUNDS && rc != FB_EQUOTA)) r->failed_launch = L->launch;
 }
 
+/* The task hook before entry L: 1 when it cancels (then the first skipped
+ * launch is reported and nothing after it in the batch runs). */
+static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
+  fb_session *s = r->s;
+  if (r->cancelled) return 1;
+  if (!s->hook) return 0;
+  const launch_rec *lr = launch_of(r->j, L->launch);
+  if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, L->k->name, L->launch)) return 0;
+  s->hook(s->hook_user, NULL, NULL, L->launch);
+  r->cancelled = 1;
+  bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): "
+            "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
+            lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+            (unsigned long long)r->j->flush);
+  return 1;
+}
+
 /* Entry i: wait for its code (or compile it here), then run it. */
 static void run_one(batch_run *r, int i) {
   fb_session *s = r->s;
   async_job *j = r->j;
   const fb_opt_launch *L = &j->b->v[i];
+  if (hook_cancels(r, L)) return;
   if (j->which[i] < 0) {
     if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i]);
+    if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
     return;
   }
   fb_cjob *c = &j->cj[j->which[i]];
@@ -1120,6 +1155,7 @@ static void run_one(batch_run *r, int i) {
   }
   fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
   run_entry(r, L, &code);
+  if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
 }
 
 static void add_batch_counters(batch_run *r) {
@@ -1173,7 +1209,7 @@ static void gpu_batch_end(batch_run *r) {
  * Return slots start at zero (a kernel with a return value is always the
  * last launch of its batch). */
 static void run_batch(fb_session *s, async_job *j) {
-  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, NULL, 0};
+  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0};
   double t0 = fb_trace_clock();
   if (plan_compiles(&r)) {
     bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "

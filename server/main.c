@@ -29,9 +29,11 @@ static void block_signals(sigset_t *set) {
 static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
   fbd_logf(log, FBD_LOG_INFO,
            "fuseboxd %s serving on %s (backend %s on %s, max %d sessions, %llu bytes per "
-           "session, idle timeout %.0f s)", FBD_VERSION, srv->addresses, srv->backend,
-           fb_engine_device(srv->engine), cfg->max_sessions,
-           (unsigned long long)cfg->session_memory_limit, cfg->idle_timeout_s);
+           "session, memory budget %llu bytes, idle timeout %.0f s, %s)", FBD_VERSION,
+           srv->addresses, srv->backend, fb_engine_device(srv->engine), cfg->max_sessions,
+           (unsigned long long)cfg->session_memory_limit,
+           (unsigned long long)srv->memory_budget, cfg->idle_timeout_s,
+           fbd_isolated(cfg) ? "a worker process per session" : "sessions in threads");
   if (cfg->ready_fd < 0) return;
   char line[sizeof srv->addresses + 2];
   int n = snprintf(line, sizeof line, "%s\n", srv->addresses);
@@ -92,9 +94,28 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
   }
 }
 
+/* fuseboxd --session-worker FD [options]: a session's worker process
+ * (process isolation, server/proc.c), started by fuseboxd itself. */
+static int session_worker(int argc, char **argv) {
+  fbd_config cfg;
+  char err[FBD_ERRLEN] = "";
+  fbd_config_defaults(&cfg);
+  char *end = NULL;
+  long fd = strtol(argv[2], &end, 10);
+  argv[2] = argv[0];
+  if (end == argv[2] || *end || fd < 0 || fbd_config_args(&cfg, argc - 2, argv + 2, err,
+                                                          sizeof err)) {
+    fprintf(stderr, "fuseboxd --session-worker: %s\n", err[0] ? err : "bad descriptor");
+    return 2;
+  }
+  fbd_worker_process_main((int)fd, &cfg);
+  return 1;
+}
+
 int main(int argc, char **argv) {
   fbd_config cfg;
   char err[FBD_ERRLEN] = "";
+  if (argc >= 3 && strcmp(argv[1], "--session-worker") == 0) return session_worker(argc, argv);
   fbd_config_defaults(&cfg);
   int rc = fbd_config_args(&cfg, argc, argv, err, sizeof err);
   if (rc) {

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* memfd_create */
 /* The methods of fuseboxd, completion-queue side: decode each request,
  * refuse what is malformed or names nothing (INVALID_ARGUMENT, NOT_FOUND,
  * with a message), answer what needs no engine (health, info, stats) and
@@ -19,18 +20,44 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-uint8_t *fbd_stage_alloc(size_t n) {
-  if (n < STAGE_MMAP) return malloc(n ? n : 1);
+int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
+  *out = (fbd_buf){NULL, n, -1};
+  if (shared) { /* a memfd the session's worker process maps too */
+    int fd = memfd_create("fusebox-field", MFD_CLOEXEC);
+    if (fd < 0) return FB_ENOMEM;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)(n ? n : 1)) == 0)
+      p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      close(fd);
+      return FB_ENOMEM;
+    }
+    *out = (fbd_buf){p, n, fd};
+    return 0;
+  }
+  if (n < STAGE_MMAP) {
+    out->p = malloc(n ? n : 1);
+    return out->p ? 0 : FB_ENOMEM;
+  }
   void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
+  if (p == MAP_FAILED) return FB_ENOMEM;
   madvise(p, n, MADV_HUGEPAGE); /* a hint: fine if refused */
-  return p;
+  out->p = p;
+  return 0;
 }
 
-void fbd_stage_free(uint8_t *p, size_t n) {
-  if (!p) return;
-  if (n < STAGE_MMAP) free(p);
-  else munmap(p, n);
+void fbd_stage_free(fbd_buf *b) {
+  if (b->p) {
+    if (b->fd >= 0) {
+      munmap(b->p, b->len ? b->len : 1);
+      close(b->fd);
+    } else if (b->len < STAGE_MMAP) {
+      free(b->p);
+    } else {
+      munmap(b->p, b->len);
+    }
+  }
+  *b = (fbd_buf){NULL, 0, -1};
 }
 
 void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
@@ -53,12 +80,18 @@ void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
   grpc_byte_buffer_reader_destroy(&r);
 }
 
-static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
-                    fbp_arena *a) {
+/* Decode bb; keep, when given, keeps its bytes (for a worker process). */
+static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                         fbp_arena *a, grpc_slice *keep) {
   grpc_slice s = fbd_bb_slice(bb);
   void *m = protobuf_c_message_unpack(d, &a->pb, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
   size_t n = GRPC_SLICE_LENGTH(s);
-  grpc_slice_unref(s);
+  if (m && keep) {
+    grpc_slice_unref(*keep);
+    *keep = s;
+  } else {
+    grpc_slice_unref(s);
+  }
   if (!m) {
     fbd_count_bad(c->srv);
     fbd_logf(c->srv->log, FBD_LOG_WARN, "malformed %s (%zu bytes) on %s from %s", d->name, n,
@@ -67,6 +100,17 @@ static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDes
                     d->name);
   }
   return m;
+}
+
+static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                    fbp_arena *a) {
+  return decode_keep(c, bb, d, a, NULL);
+}
+
+/* A job's request, its bytes kept when a worker process will run it. */
+static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                        fbd_job *j) {
+  return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL);
 }
 
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
@@ -310,8 +354,10 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fb_session_config ec;
   fb_layout *l = NULL;
   fbd_session *s = NULL;
-  Fusebox__V1__CreateSessionRequest *m =
-      decode(c, bb, &fusebox__v1__create_session_request__descriptor, &a);
+  grpc_slice raw = grpc_empty_slice();
+  Fusebox__V1__CreateSessionRequest *m = decode_keep(
+      c, bb, &fusebox__v1__create_session_request__descriptor, &a,
+      fbd_isolated(srv->cfg) ? &raw : NULL);
   int rc = m ? 0 : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
@@ -326,6 +372,10 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   }
   if (!rc) {
     fbd_job *j = fbd_job_new(FBD_J_CREATE, c);
+    if (j) {
+      j->raw = raw;
+      raw = grpc_empty_slice();
+    }
     if (!j || fbd_session_post(s, j)) {
       fbd_job_free(j);
       fbd_job *end = fbd_job_new(FBD_J_END, NULL);
@@ -334,6 +384,7 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
     }
     fbd_session_unref(s);
   }
+  grpc_slice_unref(raw);
   fbp_arena_free(&a);
 }
 
@@ -353,6 +404,29 @@ static void close_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fbp_arena_free(&a);
 }
 
+static void cancel_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CancelRequest *m = decode(c, bb, &fusebox__v1__cancel_request__descriptor, &a);
+  fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
+  if (s) {
+    int pending = fbd_session_cancel(s);
+    if (pending < 0) {
+      fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
+    } else {
+      fbd_logf(c->srv->log, FBD_LOG_INFO, "session %s: cancelled by %s (%d requests pending)",
+               s->tag, c->peer ? c->peer : "?", pending);
+      Fusebox__V1__CancelResponse r = FUSEBOX__V1__CANCEL_RESPONSE__INIT;
+      r.requests_pending = (uint64_t)pending;
+      fbd_call_send_msg(c, &r.base);
+      fbd_call_finish(c, FB_OK, NULL);
+    }
+    fbd_session_unref(s);
+  }
+  fbp_arena_free(&a);
+}
+
 static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (missing(c, bb)) return;
   fbd_job *j = fbd_job_new(FBD_J_REGISTER, c);
@@ -361,7 +435,7 @@ static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
     return;
   }
   Fusebox__V1__RegisterKernelsRequest *m =
-      decode(c, bb, &fusebox__v1__register_kernels_request__descriptor, &j->arena);
+      decode_job(c, bb, &fusebox__v1__register_kernels_request__descriptor, j);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   j->msg = m;
   if (s) {
@@ -374,8 +448,14 @@ static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
 
 /* ---------------------------------------------------------------- the Session stream */
 
+/* The stream ends the session: a client that half-closed has its queued
+ * work run first; one that is gone has it dropped at once. */
 static void end_attached(fbd_call *c, int reason) {
   if (!c->sess) return;
+  if (reason == FBD_END_DISCONNECTED) {
+    fbd_session_abort(c->sess, reason, "its client disconnected");
+    return;
+  }
   fbd_job *j = fbd_job_new(FBD_J_END, NULL);
   if (!j) return;
   j->reason = reason;
@@ -412,7 +492,7 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
   }
   fbd_job *j = fbd_job_new(FBD_J_BATCH, c);
   Fusebox__V1__SessionRequest *m =
-      j ? decode(c, bb, &fusebox__v1__session_request__descriptor, &j->arena) : NULL;
+      j ? decode_job(c, bb, &fusebox__v1__session_request__descriptor, j) : NULL;
   if (!j) fbd_call_finish(c, FB_ENOMEM, "out of memory");
   if (!m) {
     end_attached(c, FBD_END_CLOSED);
@@ -440,6 +520,12 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (fbd_session_may_recv(c->sess)) fbd_call_recv(c);
 }
 
+/* Every response went out: a stream paused for its client's slowness may
+ * receive again. */
+static void stream_sent(fbd_call *c) {
+  if (c->sess) fbd_session_resume(c->sess);
+}
+
 static void stream_close(fbd_call *c, int cancelled) {
   if (cancelled) end_attached(c, FBD_END_DISCONNECTED);
 }
@@ -447,7 +533,7 @@ static void stream_close(fbd_call *c, int cancelled) {
 /* ---------------------------------------------------------------- WriteField */
 
 typedef struct wstate {
-  uint8_t *buf;
+  fbd_buf buf;
   uint64_t total, fill;
   int field;
 } wstate;
@@ -466,8 +552,8 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
     return NULL;
   }
   wstate *w = calloc(1, sizeof *w);
-  if (w) w->buf = fbd_stage_take(s, bytes);
-  if (!w || !w->buf) {
+  if (w && fbd_stage_take(s, bytes, &w->buf)) w->buf.p = NULL;
+  if (!w || !w->buf.p) {
     free(w);
     fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
                     (unsigned long long)bytes);
@@ -493,7 +579,7 @@ static uint8_t *write_target(fbd_call *c, const fbp_chunk *ch) {
                     ch->len, (unsigned long long)w->fill, (unsigned long long)w->total);
     return NULL;
   }
-  return w->buf + w->fill;
+  return w->buf.p + w->fill;
 }
 
 static void write_end(fbd_call *c) {
@@ -510,9 +596,8 @@ static void write_end(fbd_call *c) {
     return;
   }
   j->buf = w->buf;
-  j->len = w->total;
   j->field = w->field;
-  w->buf = NULL;
+  w->buf = (fbd_buf){NULL, 0, -1};
   post(c, c->sess, j);
 }
 
@@ -557,7 +642,7 @@ static void write_recv(fbd_call *c, grpc_byte_buffer *bb) {
 
 static void write_free(fbd_call *c) {
   wstate *w = c->state;
-  if (w && w->buf) fbd_stage_give(c->sess, w->buf, w->total);
+  if (w && w->buf.p) fbd_stage_give(c->sess, &w->buf);
   free(w);
   fbd_session_unref(c->sess);
 }
@@ -566,8 +651,7 @@ static void write_free(fbd_call *c) {
 
 typedef struct rbuf {
   atomic_int refs;
-  uint8_t *p;
-  size_t len;
+  fbd_buf b;
   fbd_session *sess; /* ref held: the buffer goes back to it */
 } rbuf;
 
@@ -581,7 +665,7 @@ typedef struct rstate {
 static void rbuf_unref(void *p) {
   rbuf *b = p;
   if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    fbd_stage_give(b->sess, b->p, b->len);
+    fbd_stage_give(b->sess, &b->b);
     fbd_session_unref(b->sess);
     free(b);
   }
@@ -601,7 +685,7 @@ static void read_next(fbd_call *c) {
   size_t hn = fbp_chunk_header(hdr, NULL, 0, r->off, r->len, n);
   atomic_fetch_add(&r->b->refs, 1);
   grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
-                      grpc_slice_new_with_user_data(r->b->p + r->off, n, rbuf_unref, r->b)};
+                      grpc_slice_new_with_user_data(r->b->b.p + r->off, n, rbuf_unref, r->b)};
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
   grpc_slice_unref(sl[0]);
   grpc_slice_unref(sl[1]);
@@ -612,19 +696,20 @@ static void read_next(fbd_call *c) {
   if (last) fbd_call_finish(c, FB_OK, NULL);
 }
 
-void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint32_t chunk) {
+void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk) {
   rstate *r = calloc(1, sizeof *r);
   rbuf *b = calloc(1, sizeof *b);
+  size_t len = buf->len;
   if (!r || !b) {
     free(r);
     free(b);
-    fbd_stage_give(s, buf, len);
+    fbd_stage_give(s, buf);
     fbd_call_finish(c, FB_ENOMEM, "out of memory");
     return;
   }
   atomic_init(&b->refs, 1);
-  b->p = buf;
-  b->len = len;
+  b->b = *buf;
+  *buf = (fbd_buf){NULL, 0, -1};
   b->sess = s;
   fbd_session_ref(s);
   pthread_mutex_init(&r->mu, NULL);
@@ -672,8 +757,10 @@ static const fbd_method methods[] = {
     {"/grpc.health.v1.Health/Check", NULL, health_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/CreateSession", NULL, create_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Cancel", NULL, cancel_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, NULL, free_session_ref},
+    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent,
+     free_session_ref},
     {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},

@@ -482,6 +482,28 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
+/* The memory this process may use: the machine's, or its cgroup's limit
+ * when lower (cgroup v2, then v1). 0 when unknown. */
+static uint64_t memory_available(void) {
+  uint64_t total = 0, lim = 0;
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    unsigned long long kib;
+    if (fscanf(f, "MemTotal: %llu kB", &kib) == 1) total = (uint64_t)kib << 10;
+    fclose(f);
+  }
+  static const char *const cg[] = {"/sys/fs/cgroup/memory.max",
+                                   "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  for (int i = 0; i < 2 && !lim; i++) {
+    unsigned long long v;
+    if ((f = fopen(cg[i], "r"))) {
+      if (fscanf(f, "%llu", &v) == 1) lim = v; /* "max" reads as nothing */
+      fclose(f);
+    }
+  }
+  return lim && (lim < total || !total) ? lim : total;
+}
+
 static int make_engine(fbd_server *srv, char *err, size_t errlen) {
   fb_engine_config ec = {srv->cfg->backend, srv->cfg->compile_threads, srv->cfg->cpu_threads};
   int rc = fb_engine_create(&ec, &srv->engine, err, errlen);
@@ -528,6 +550,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->cfg = cfg;
   srv->log = log;
   srv->started = fbd_now();
+  srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;
   srv->t_shutdown = (fbd_tag){on_shutdown_done, srv};
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);
@@ -535,10 +558,12 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   atomic_init(&srv->bad_requests, 0);
   atomic_init(&srv->bytes_in, 0);
   atomic_init(&srv->bytes_out, 0);
+  pthread_mutex_init(&srv->pmu, NULL);
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
+  if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (!rc) rc = fbd_metrics_start(srv, err, errlen);
   if (rc) {
@@ -631,6 +656,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     srv->cq = NULL;
   }
   fbd_metrics_stop(srv); /* its handler reads the engine */
+  fbd_procs_stop(srv);
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
   return 0;
@@ -648,6 +674,7 @@ void fbd_server_free(fbd_server *srv) {
   free(srv->sessions);
   free(srv->zombies);
   fbd_auth_free(srv);
+  pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);
   free(srv);

@@ -55,6 +55,13 @@ typedef struct fbd_config {
   double shutdown_grace_s;       /* how long running work may finish on SIGTERM */
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
+  char *isolation;               /* "process" (a worker process per session) or "thread" */
+  double kernel_timeout_s;       /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
+  double compile_timeout_s;      /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
+  int spare_workers;             /* process isolation: workers kept started for new sessions */
+  uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
+  uint64_t memory_budget;        /* all sessions' memory together; 0 = 3/4 of the machine's
+                                    (or the cgroup's) memory */
   int log_level;
   int log_json;                  /* --log-format json: one JSON object per line */
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
@@ -83,6 +90,9 @@ void fbd_config_changed(const fbd_config *a, const fbd_config *b, const char *co
                         char *out, size_t n);
 void fbd_usage(FILE *f);
 
+/* The isolation mode of cfg: 1 for process, 0 for thread. */
+int fbd_isolated(const fbd_config *cfg);
+
 /* ---------------------------------------------------------------- log
  * One line per event: "<UTC time> <LEVEL> <message>". Safe from any thread. */
 
@@ -107,6 +117,7 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
 typedef struct fbd_server fbd_server;
 typedef struct fbd_session fbd_session;
 typedef struct fbd_call fbd_call;
+typedef struct fbd_proc fbd_proc; /* a session's worker process (proc.c) */
 
 typedef struct fbd_tag {
   void (*fn)(void *obj, int ok);
@@ -213,6 +224,12 @@ struct fbd_server {
   pthread_t *zombies;       /* finished workers to join */
   int nzombies, zcap;
   fbd_stats st;
+  uint64_t memory_budget;   /* admission control: sessions' memory together (0 = none) */
+  /* process isolation (proc.c), under pmu */
+  char exe[4096];           /* this fuseboxd, re-executed as each worker */
+  pthread_mutex_t pmu;
+  fbd_proc **spares;
+  int nspares;
   /* counted from any thread, under any lock: atomics */
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
   struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
@@ -231,29 +248,34 @@ double fbd_now(void);                    /* monotonic seconds */
 const fbd_method *fbd_method_find(const char *path, size_t n);
 void fbd_count_bad(fbd_server *s);
 
-/* ---------------------------------------------------------------- sessions */
+/* ---------------------------------------------------------------- buffers
+ * Staging buffers for field transfers. Large ones are mapped with huge
+ * pages where the kernel offers them, so that filling them costs few page
+ * faults. Under process isolation every buffer is a memfd mapping (fd >= 0)
+ * that the session's worker process maps too: field bytes cross between
+ * the broker and the worker without a copy through a socket. */
 
-enum { FBD_LIVE = 0, FBD_ENDING, FBD_DEAD };
+typedef struct fbd_buf {
+  uint8_t *p;
+  size_t len;
+  int fd;                   /* the memfd, or -1 */
+} fbd_buf;
 
-/* Why a session ended (stats and logs). */
-enum { FBD_END_CLOSED = 0, FBD_END_DISCONNECTED, FBD_END_REAPED, FBD_END_SHUTDOWN,
-       FBD_END_FAILED };
+int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
+void fbd_stage_free(fbd_buf *b);                       /* and clears it */
+/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
+void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+
+/* ---------------------------------------------------------------- execution
+ * The engine side of a session: the jobs it runs against its fb_session,
+ * in order, each answered by a reply (exec.c). Under thread isolation the
+ * session's worker thread runs them in fuseboxd itself; under process
+ * isolation the session's worker process runs them (proc.c) and sends the
+ * replies back. Either way the broker side (session.c, methods.c) turns a
+ * reply into messages and the status of the job's call. */
 
 enum { FBD_J_CREATE, FBD_J_REGISTER, FBD_J_BATCH, FBD_J_WRITE, FBD_J_READ, FBD_J_CLOSE,
        FBD_J_END };
-
-typedef struct fbd_job {
-  struct fbd_job *next;
-  int kind;
-  fbd_call *call;           /* ref held; answered by the worker */
-  fbp_arena arena;          /* owns msg */
-  void *msg;                /* the decoded request */
-  uint8_t *buf;             /* WRITE: the field's bytes (fbd_stage_alloc) */
-  size_t len;
-  int field;
-  uint32_t chunk;
-  int reason;               /* END */
-} fbd_job;
 
 typedef struct fbd_ret {
   uint64_t seq;
@@ -267,6 +289,85 @@ typedef struct fbd_err {
   int code;
   char *msg;
 } fbd_err;
+
+/* What runs now, for kernel_timeout_s and Cancel: written by the engine's
+ * task hook in whichever thread runs a task, read by the broker. Under
+ * process isolation it lies in memory shared with the worker, so the
+ * broker can read it while the worker is busy (and trusts it no further
+ * than for a message: the deadline itself is the broker's). */
+typedef struct fbd_watch {
+  _Atomic uint64_t started_ns; /* CLOCK_MONOTONIC of the running task's start; 0 = idle */
+  _Atomic uint64_t tasks;      /* tasks started so far */
+  _Atomic int cancel;          /* set by the broker: the hook cancels the next task */
+  char kernel[64];             /* the running launch's kernel (NUL-terminated) */
+  char task[64];               /* and its task */
+} fbd_watch;
+
+typedef struct fbd_exec {
+  fb_engine *engine;
+  fb_session *es;           /* NULL until CREATE succeeded */
+  fb_layout *layout;        /* not owned */
+  fb_session_config ecfg;
+  char mode[8];
+  const char *tag;          /* for log lines */
+  fbd_log *log;
+  fbd_watch *watch;         /* not owned */
+  uint64_t seq;             /* launches received */
+  uint64_t eng_launches;    /* launches the engine accepted (its launch numbers) */
+  struct fbd_seqmap { uint64_t eng, seq; } *smap; /* where the two numberings part */
+  int nsmap, smcap;
+  fbd_ret *rets;
+  int nrets, rcap;
+  uint64_t rets_dropped;
+  fbd_err *errs;
+  int nerrs;
+  uint64_t errs_dropped;
+} fbd_exec;
+
+/* The answer to one job. */
+typedef struct fbd_reply {
+  int code;                 /* FB_OK or FB_E*: the call's status when finish is set */
+  int finish;               /* end the call with code (else only send pb) */
+  int fatal;                /* the session cannot go on (its engine session is gone) */
+  char msg[FBD_ERRLEN];
+  uint8_t *pb;              /* a packed response message to send first, or NULL (malloc) */
+  size_t pblen;
+  fb_counters counters;     /* the session's after the job */
+} fbd_reply;
+
+void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
+                   const char *tag, fbd_log *log, fbd_watch *watch);
+void fbd_exec_free(fbd_exec *x); /* destroys the engine session */
+/* Run one job: msg is the decoded request (CREATE: unused; REGISTER:
+ * RegisterKernelsRequest; BATCH: SessionRequest); buf the field's bytes of a
+ * WRITE, or where a READ puts them. */
+void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *buf, size_t len,
+                  fbd_reply *r);
+void fbd_reply_clear(fbd_reply *r);
+
+/* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
+int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------- sessions */
+
+enum { FBD_LIVE = 0, FBD_ENDING, FBD_DEAD };
+
+/* Why a session ended (stats and logs). */
+enum { FBD_END_CLOSED = 0, FBD_END_DISCONNECTED, FBD_END_REAPED, FBD_END_SHUTDOWN,
+       FBD_END_FAILED, FBD_END_CRASHED, FBD_END_TIMEOUT, FBD_END_CANCELLED };
+
+typedef struct fbd_job {
+  struct fbd_job *next;
+  int kind;
+  fbd_call *call;           /* ref held; answered by the worker */
+  fbp_arena arena;          /* owns msg */
+  void *msg;                /* the decoded request */
+  grpc_slice raw;           /* its bytes, for a worker process (empty when none) */
+  fbd_buf buf;              /* WRITE: the field's bytes */
+  int field;
+  uint32_t chunk;
+  int reason;               /* END */
+} fbd_job;
 
 struct fbd_session {
   fbd_server *srv;
@@ -292,24 +393,20 @@ struct fbd_session {
   int recv_paused;
   fbd_call *stream;         /* the attached Session stream (ref held) */
   double last_active;
+  double abort_at;          /* when fbd_session_abort ended it (0: not aborted) */
+  uint64_t cancel_upto;     /* jobs up to this number (posted) run cancelled */
   fb_counters snap;
-  struct fbd_stage { uint8_t *p; size_t len; double used; } stage[2]; /* kept for reuse */
-  /* worker only */
+  struct fbd_stage { fbd_buf b; double used; } stage[2]; /* kept for reuse */
+  /* the worker thread (and, for watch->cancel, Cancel) */
   pthread_t th;
-  fb_session *es;
+  fbd_watch *watch;         /* thread isolation: in the heap; process: shared with the worker */
+  fbd_exec x;               /* thread isolation: the engine side */
+  fbd_proc *proc;           /* process isolation: the worker process */
   int created;
-  uint64_t seq;             /* launches received */
-  uint64_t eng_launches;    /* launches the engine accepted (its launch numbers) */
-  struct fbd_seqmap { uint64_t eng, seq; } *smap; /* where the two numberings part */
-  int nsmap, smcap;
+  int dead;                 /* its engine side is gone: the worker ends the session */
   uint64_t accounted;       /* bytes counted in the server's memory_bytes */
-  fbd_ret *rets;
-  int nrets, rcap;
-  uint64_t rets_dropped;
-  fbd_err *errs;
-  int nerrs;
-  uint64_t errs_dropped;
   int end_reason;
+  char end_why[256];        /* a crashed or timed-out session: what happened */
 };
 
 fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
@@ -323,38 +420,57 @@ void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
 /* Queue a job; FB_ENOENT when the session has ended (job untouched). */
 int fbd_session_post(fbd_session *s, fbd_job *j);
+/* End the session now for reason: queued jobs are answered at once (not
+ * run), running work stops at its next task boundary (process isolation:
+ * its worker is killed when it does not stop within a second). */
+void fbd_session_abort(fbd_session *s, int reason, const char *why);
+/* Cancel: queued jobs are answered CANCELLED, the running one stops at its
+ * next task boundary; the session lives on. The number of jobs dropped. */
+int fbd_session_cancel(fbd_session *s);
 /* Attach c as the session's stream; FB_EINVAL if one is attached. */
 int fbd_session_attach(fbd_session *s, fbd_call *c);
 /* After posting from a stream: 1 to receive the next message now, 0 when
  * the worker will resume receiving once it catches up. */
 int fbd_session_may_recv(fbd_session *s);
+/* A paused stream receives again once its request and response queues are
+ * short (called as jobs are taken and as responses go out). */
+int fbd_session_resume(fbd_session *s);
 void fbd_session_end_all(fbd_server *srv, int reason);
 int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
 void *fbd_worker_main(void *arg);
-void fbd_worker_run(fbd_session *s, fbd_job *j); /* worker.c: one job */
 void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,
                           int full_id);
 
-/* Staging buffers for field transfers: large ones are mapped with huge
- * pages where the kernel offers them, so that filling them costs few page
- * faults. */
-uint8_t *fbd_stage_alloc(size_t n);
-void fbd_stage_free(uint8_t *p, size_t n);
 /* A session keeps its last two staging buffers for the next transfers of
  * the same size (a read's buffer may still be on its way out when the next
  * write begins), so repeated reads and writes of a field touch no fresh
  * pages; the reaper frees them after a short idle time. Thread-safe. */
-uint8_t *fbd_stage_take(fbd_session *s, size_t n);
-void fbd_stage_give(fbd_session *s, uint8_t *p, size_t n);
-/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
-void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out);
+void fbd_stage_give(fbd_session *s, fbd_buf *b); /* and clears *b */
 
 /* Stream a field's bytes (buf, staged for session s, taken) out on a ReadField
  * call; the buffer goes back to s when gRPC is done with it. */
-void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint32_t chunk);
+void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
 
-/* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
-int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
+/* ---------------------------------------------------------------- worker processes
+ * Process isolation (proc.c). The broker keeps spare_workers workers
+ * started (fuseboxd re-executed with --session-worker FD, the engine made,
+ * then locked down) so that a session gets one at once. */
+
+int fbd_procs_start(fbd_server *srv, char *err, size_t errlen); /* the spares */
+void fbd_procs_tick(fbd_server *srv);  /* reap dead spares, start missing ones */
+void fbd_procs_stop(fbd_server *srv);  /* kill and reap the spares */
+/* Give s a worker process and run CREATE in it. */
+int fbd_proc_attach(fbd_session *s, char *err, size_t errlen);
+/* CREATE in s's new worker: the session's settings and the request. */
+void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r);
+/* Run one job in s's worker: the reply, or FB_EIO/FB_ETIMEOUT with r->fatal
+ * set when the worker died or was killed (r->msg says why). */
+void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
+void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
+pid_t fbd_proc_pid(const fbd_proc *p);
+/* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
+void fbd_worker_process_main(int fd, const fbd_config *cfg);
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

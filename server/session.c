@@ -1,8 +1,11 @@
 /* fuseboxd sessions: the table (ids are 128-bit random hex, so one client
  * cannot guess another's), the ordered job queue and the worker thread of
- * each session, how a session ends (closed, disconnected, reaped, shutdown
- * or failed creation) and the idle reaper. The jobs themselves run in
- * worker.c. */
+ * each session, how a session ends (closed, disconnected, reaped, shutdown,
+ * failed creation, a crashed or timed-out worker, aborted) and the idle
+ * reaper. The worker thread hands each job to the engine side (exec.c): in
+ * this process under thread isolation, in the session's worker process
+ * (proc.c) under process isolation; and turns the reply into the call's
+ * messages and status. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +17,13 @@
 
 #define RECV_HIGH 32 /* stream messages queued before the stream stops receiving */
 #define RECV_LOW 8   /* ... and resumes */
+#define SEND_HIGH 16 /* responses waiting to go out before the stream stops receiving */
+#define SEND_LOW 2   /* ... and resumes: a client that does not read its results
+                      * is held back by gRPC's flow control, not buffered for */
 #define STAGE_KEEP_S 2.0 /* an unused staging buffer is freed after this */
 
 static const char *const end_names[] = {"closed", "disconnected", "reaped", "shut down",
-                                        "failed"};
+                                        "failed", "crashed", "timed out", "cancelled"};
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -26,6 +32,8 @@ fbd_job *fbd_job_new(int kind, fbd_call *call) {
   if (!j) return NULL;
   j->kind = kind;
   j->call = call;
+  j->raw = grpc_empty_slice();
+  j->buf.fd = -1;
   if (call) fbd_call_ref(call);
   fbp_arena_init(&j->arena);
   return j;
@@ -35,7 +43,8 @@ void fbd_job_free(fbd_job *j) {
   if (!j) return;
   if (j->call) fbd_call_unref(j->call);
   fbp_arena_free(&j->arena);
-  fbd_stage_free(j->buf, j->len);
+  grpc_slice_unref(j->raw);
+  fbd_stage_free(&j->buf);
   free(j);
 }
 
@@ -44,12 +53,11 @@ void fbd_job_free(fbd_job *j) {
 void fbd_session_ref(fbd_session *s) { atomic_fetch_add(&s->refs, 1); }
 
 static void session_free(fbd_session *s) {
-  for (int i = 0; i < 2; i++) fbd_stage_free(s->stage[i].p, s->stage[i].len);
+  for (int i = 0; i < 2; i++) fbd_stage_free(&s->stage[i].b);
+  fbd_exec_free(&s->x);
+  fbd_proc_free(s->proc); /* its watch page goes with it */
+  if (!fbd_isolated(s->srv->cfg)) free(s->watch);
   fb_layout_free(s->layout);
-  for (int i = 0; i < s->nerrs; i++) free(s->errs[i].msg);
-  free(s->errs);
-  free(s->rets);
-  free(s->smap);
   free(s->peer);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
@@ -71,15 +79,24 @@ static int new_id(char *out) {
 static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
   int rc = FB_EQUOTA;
   pthread_mutex_lock(&srv->mu);
+  uint64_t budget = srv->memory_budget, used = srv->st.memory_bytes;
   if (atomic_load(&srv->stopping)) {
     snprintf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
+  } else if (budget && (s->mem_bytes > budget || used > budget - s->mem_bytes)) {
+    srv->st.sessions_failed++;
+    snprintf(err, errlen, "the server's memory budget is full: the session needs %llu bytes, "
+             "%llu of %llu bytes are in use by %d sessions (memory_budget)",
+             (unsigned long long)s->mem_bytes, (unsigned long long)used,
+             (unsigned long long)budget, srv->nsessions);
   } else {
     for (int i = 0; i < srv->cfg->max_sessions; i++) {
       if (srv->sessions[i]) continue;
       srv->sessions[i] = s;
       srv->nsessions++;
       srv->nworkers++;
+      srv->st.memory_bytes += s->mem_bytes; /* counted from admission on */
+      s->accounted = s->mem_bytes;
       rc = 0;
       break;
     }
@@ -115,7 +132,9 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->last_active = fbd_now();
-  int rc = new_id(s->id);
+  int rc = 0;
+  if (!fbd_isolated(srv->cfg) && !(s->watch = calloc(1, sizeof *s->watch))) rc = FB_ENOMEM;
+  if (!rc) rc = new_id(s->id);
   if (rc) snprintf(err, errlen, "cannot draw a session id");
   memcpy(s->tag, s->id, 8);
   if (!rc) rc = table_add(srv, s, err, errlen);
@@ -129,6 +148,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
       if (srv->sessions[i] == s) srv->sessions[i] = NULL;
     srv->nsessions--;
     srv->nworkers--;
+    srv->st.memory_bytes -= s->accounted;
     pthread_mutex_unlock(&srv->mu);
     session_free(s);
     snprintf(err, errlen, "cannot start the session's worker thread");
@@ -155,38 +175,40 @@ fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n) {
 
 /* ---------------------------------------------------------------- staging */
 
-uint8_t *fbd_stage_take(fbd_session *s, size_t n) {
-  uint8_t *p = NULL;
+int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out) {
+  out->p = NULL;
   pthread_mutex_lock(&s->mu);
-  for (int i = 0; i < 2 && !p; i++)
-    if (s->stage[i].p && s->stage[i].len == n) {
-      p = s->stage[i].p;
-      s->stage[i].p = NULL;
+  for (int i = 0; i < 2 && !out->p; i++)
+    if (s->stage[i].b.p && s->stage[i].b.len == n) {
+      *out = s->stage[i].b;
+      s->stage[i].b = (fbd_buf){NULL, 0, -1};
     }
   pthread_mutex_unlock(&s->mu);
-  return p ? p : fbd_stage_alloc(n);
+  return out->p ? 0 : fbd_stage_alloc(n, fbd_isolated(s->srv->cfg), out);
 }
 
-void fbd_stage_give(fbd_session *s, uint8_t *p, size_t n) {
-  if (!p) return;
+void fbd_stage_give(fbd_session *s, fbd_buf *b) {
+  if (!b->p) return;
   pthread_mutex_lock(&s->mu);
-  int k = !s->stage[0].p ? 0 : !s->stage[1].p ? 1 : s->stage[0].used < s->stage[1].used ? 0 : 1;
+  int k = !s->stage[0].b.p ? 0 : !s->stage[1].b.p ? 1
+          : s->stage[0].used < s->stage[1].used ? 0 : 1;
   struct fbd_stage old = s->stage[k]; /* an empty slot, or the older buffer */
-  s->stage[k] = (struct fbd_stage){p, n, fbd_now()};
+  s->stage[k] = (struct fbd_stage){*b, fbd_now()};
   pthread_mutex_unlock(&s->mu);
-  fbd_stage_free(old.p, old.len);
+  *b = (fbd_buf){NULL, 0, -1};
+  fbd_stage_free(&old.b);
 }
 
 static void stage_expire(fbd_session *s, double now) {
-  struct fbd_stage gone[2] = {{NULL, 0, 0}, {NULL, 0, 0}};
+  struct fbd_stage gone[2] = {{{NULL, 0, -1}, 0}, {{NULL, 0, -1}, 0}};
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < 2; i++)
-    if (s->stage[i].p && now - s->stage[i].used > STAGE_KEEP_S) {
+    if (s->stage[i].b.p && now - s->stage[i].used > STAGE_KEEP_S) {
       gone[i] = s->stage[i];
-      s->stage[i].p = NULL;
+      s->stage[i].b = (fbd_buf){NULL, 0, -1};
     }
   pthread_mutex_unlock(&s->mu);
-  for (int i = 0; i < 2; i++) fbd_stage_free(gone[i].p, gone[i].len);
+  for (int i = 0; i < 2; i++) fbd_stage_free(&gone[i].b);
 }
 
 /* ---------------------------------------------------------------- queue */
@@ -228,11 +250,40 @@ int fbd_session_attach(fbd_session *s, fbd_call *c) {
   return rc;
 }
 
-int fbd_session_may_recv(fbd_session *s) {
+static fbd_call *stream_ref(fbd_session *s) {
   pthread_mutex_lock(&s->mu);
-  int go = s->depth < RECV_HIGH;
+  fbd_call *st = s->stream;
+  if (st) fbd_call_ref(st);
+  pthread_mutex_unlock(&s->mu);
+  return st;
+}
+
+/* Receive on a paused stream again once both its request queue and its
+ * response queue are short. 1 when it did. */
+int fbd_session_resume(fbd_session *s) {
+  fbd_call *st = stream_ref(s);
+  if (!st) return 0;
+  int q = fbd_call_queued(st);
+  pthread_mutex_lock(&s->mu);
+  int go = s->recv_paused && s->depth <= RECV_LOW && q <= SEND_LOW && s->stream == st;
+  if (go) s->recv_paused = 0;
+  pthread_mutex_unlock(&s->mu);
+  if (go) fbd_call_recv(st);
+  fbd_call_unref(st);
+  return go;
+}
+
+int fbd_session_may_recv(fbd_session *s) {
+  fbd_call *st = stream_ref(s);
+  int q = st ? fbd_call_queued(st) : 0;
+  pthread_mutex_lock(&s->mu);
+  int go = s->depth < RECV_HIGH && q < SEND_HIGH;
   if (!go) s->recv_paused = 1;
   pthread_mutex_unlock(&s->mu);
+  if (st) fbd_call_unref(st);
+  /* the responses may have gone out meanwhile, their last send seeing no
+   * pause to lift: look again (fbd_session_resume receives when it lifts) */
+  if (!go && q >= SEND_HIGH) fbd_session_resume(s);
   return go;
 }
 
@@ -250,7 +301,6 @@ static void spin(fbd_session *s) {
 
 /* Worker: the next job, resuming a paused stream once the queue is short. */
 static fbd_job *next_job(fbd_session *s) {
-  fbd_call *resume = NULL;
   spin(s);
   pthread_mutex_lock(&s->mu);
   while (!s->qh) pthread_cond_wait(&s->cv, &s->mu);
@@ -260,16 +310,9 @@ static fbd_job *next_job(fbd_session *s) {
   s->depth--;
   atomic_fetch_sub_explicit(&s->queued, 1, memory_order_relaxed);
   s->busy = 1;
-  if (s->recv_paused && s->depth <= RECV_LOW && s->stream) {
-    s->recv_paused = 0;
-    resume = s->stream;
-    fbd_call_ref(resume);
-  }
+  int paused = s->recv_paused;
   pthread_mutex_unlock(&s->mu);
-  if (resume) {
-    fbd_call_recv(resume);
-    fbd_call_unref(resume);
-  }
+  if (paused) fbd_session_resume(s);
   return j;
 }
 
@@ -285,15 +328,10 @@ static void account(fbd_session *s, uint64_t now_bytes) {
   s->accounted = now_bytes;
 }
 
-static void job_done(fbd_session *s) {
-  fb_counters c;
-  memset(&c, 0, sizeof c);
-  if (s->es) {
-    fb_session_counters(s->es, &c);
-    account(s, c.device_bytes ? c.device_bytes : s->mem_bytes);
-  }
+static void job_done(fbd_session *s, const fb_counters *c) {
+  if (s->created) account(s, c->device_bytes ? c->device_bytes : s->mem_bytes);
   pthread_mutex_lock(&s->mu);
-  s->snap = c;
+  if (s->created) s->snap = *c;
   s->busy = 0;
   s->done++;
   s->last_active = fbd_now();
@@ -308,7 +346,7 @@ static void count_end(fbd_server *srv, fbd_session *s) {
   switch (s->end_reason) {
   case FBD_END_DISCONNECTED: st->sessions_disconnected++; break;
   case FBD_END_REAPED: st->sessions_reaped++; break;
-  case FBD_END_FAILED: st->sessions_failed++; break;
+  case FBD_END_FAILED: case FBD_END_CRASHED: case FBD_END_TIMEOUT: st->sessions_failed++; break;
   default: st->sessions_closed++; break;
   }
   st->memory_bytes -= s->accounted;
@@ -339,11 +377,7 @@ static void worker_exit(fbd_server *srv, pthread_t th) {
 /* Free the engine session, refuse what is still queued, finish the stream. */
 static void session_end(fbd_session *s) {
   fbd_server *srv = s->srv;
-  if (s->es) {
-    fb_counters now;
-    fb_session_counters(s->es, &now);
-    if (now.device_bytes > s->mem_bytes) s->mem_bytes = now.device_bytes; /* for the log */
-  }
+  if (s->snap.device_bytes > s->mem_bytes) s->mem_bytes = s->snap.device_bytes; /* for the log */
   pthread_mutex_lock(&s->mu);
   s->state = FBD_DEAD;
   fbd_job *rest = s->qh;
@@ -354,21 +388,33 @@ static void session_end(fbd_session *s) {
   s->stream = NULL;
   atomic_store(&s->has_stream, 0);
   pthread_mutex_unlock(&s->mu);
-  fb_counters c;
-  memset(&c, 0, sizeof c);
-  if (s->es) fb_session_counters(s->es, &c);
-  fb_session_destroy(s->es);
-  s->es = NULL;
+  fb_counters c = s->snap;
+  fbd_exec_free(&s->x);
+  if (s->proc) {
+    fbd_proc_free(s->proc); /* the worker ends: the OS takes back all it held */
+    s->proc = NULL;
+    s->watch = NULL;
+  }
   for (fbd_job *j = rest, *n; j; j = n) {
     n = j->next;
-    if (j->call) fbd_call_finish(j->call, FB_ENOENT, "session %s was %s", s->tag,
-                                 end_names[s->end_reason]);
+    if (j->call && s->end_why[0])
+      fbd_call_finish(j->call, FB_ENOENT, "session %s was %s: %s", s->tag,
+                      end_names[s->end_reason], s->end_why);
+    else if (j->call)
+      fbd_call_finish(j->call, FB_ENOENT, "session %s was %s", s->tag, end_names[s->end_reason]);
     fbd_job_free(j);
   }
   count_end(srv, s); /* before the stream ends, so that its client sees the stats */
   if (stream) {
+    char why[400];
+    snprintf(why, sizeof why, "session %s%s%s", end_names[s->end_reason],
+             s->end_why[0] ? ": " : "", s->end_why);
     if (s->end_reason == FBD_END_CLOSED) fbd_call_finish(stream, FB_OK, NULL);
-    else fbd_call_finish_status(stream, FBP_GRPC_ABORTED, FB_ENOENT, end_names[s->end_reason]);
+    else if (s->end_reason == FBD_END_TIMEOUT)
+      fbd_call_finish_status(stream, FBP_GRPC_DEADLINE_EXCEEDED, FB_ETIMEOUT, why);
+    else if (s->end_reason == FBD_END_CRASHED)
+      fbd_call_finish_status(stream, FBP_GRPC_INTERNAL, FB_EINTERNAL, why);
+    else fbd_call_finish_status(stream, FBP_GRPC_ABORTED, FB_ENOENT, why);
     fbd_call_unref(stream);
   }
   if (s->created)
@@ -377,19 +423,127 @@ static void session_end(fbd_session *s) {
              (unsigned long long)s->mem_bytes);
 }
 
+/* ---------------------------------------------------------------- running a job */
+
+/* CREATE: the engine session, here or in a worker process. */
+static void run_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_server *srv = s->srv;
+  if (!fbd_isolated(srv->cfg)) {
+    fbd_exec_init(&s->x, srv->engine, s->layout, &s->ecfg, s->tag, srv->log, s->watch);
+    fbd_exec_run(&s->x, FBD_J_CREATE, NULL, 0, NULL, 0, r);
+    return;
+  }
+  int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+  if (rc) {
+    r->code = rc;
+    r->finish = r->fatal = 1;
+    return;
+  }
+  fbd_proc_create(s, j, r);
+}
+
+static void created(fbd_session *s, fbd_job *j) {
+  fbd_server *srv = s->srv;
+  s->created = 1;
+  pthread_mutex_lock(&srv->mu);
+  srv->st.sessions_created++;
+  pthread_mutex_unlock(&srv->mu);
+  fbd_logf(srv->log, FBD_LOG_INFO, "session %s created for %s: mode %s, %d SNodes, %llu bytes%s",
+           s->tag, s->peer, s->mode, s->layout->nnodes, (unsigned long long)s->mem_bytes,
+           s->proc ? ", own process" : "");
+  Fusebox__V1__CreateSessionResponse resp = FUSEBOX__V1__CREATE_SESSION_RESPONSE__INIT;
+  resp.session_id = s->id;
+  resp.backend = (char *)srv->backend;
+  resp.memory_bytes = s->mem_bytes;
+  fbd_call_send_msg(j->call, &resp.base);
+}
+
+/* Hand j to the engine side and answer its call with the reply. */
+static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
+  fbd_server *srv = s->srv;
+  fbd_reply r;
+  memset(&r, 0, sizeof r);
+  int read = j->kind == FBD_J_READ;
+  if (read) { /* where the worker puts the field's bytes */
+    uint64_t bytes = 0;
+    if (fbd_field_bytes(s->layout, j->field, &bytes, r.msg, sizeof r.msg)) r.finish = 1;
+    else if (fbd_stage_take(s, bytes, &j->buf)) {
+      r.code = FB_ENOMEM;
+      r.finish = 1;
+      snprintf(r.msg, sizeof r.msg, "cannot stage %llu bytes for reading", (unsigned long long)bytes);
+    }
+    if (r.finish && !r.code) r.code = FB_EINVAL;
+  }
+  pthread_mutex_lock(&s->mu);
+  int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0;
+  pthread_mutex_unlock(&s->mu);
+  if (s->watch) atomic_store(&s->watch->cancel, cancel);
+  if (r.finish) {
+  } else if (j->kind == FBD_J_CREATE) {
+    run_create(s, j, &r);
+  } else if (!fbd_isolated(srv->cfg)) {
+    fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
+  } else {
+    fbd_proc_run(s, j, &r);
+  }
+  if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
+  if (j->kind == FBD_J_CREATE && r.code) {
+    s->end_reason = FBD_END_FAILED;
+    fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);
+  }
+  if (j->kind == FBD_J_BATCH) {
+    const Fusebox__V1__SessionRequest *m = j->msg;
+    pthread_mutex_lock(&srv->mu);
+    srv->st.launches += m->n_launches;
+    if (m->sync) srv->st.syncs++;
+    pthread_mutex_unlock(&srv->mu);
+  }
+  if (j->call && r.pb) fbd_call_send(j->call, r.pb, r.pblen);
+  if (j->call && r.finish) {
+    const char *msg = r.msg[0] ? r.msg : r.code ? fb_strerror(r.code) : NULL;
+    if (r.code == FB_ETIMEOUT)
+      fbd_call_finish_status(j->call, FBP_GRPC_DEADLINE_EXCEEDED, r.code, msg);
+    else if (msg)
+      fbd_call_finish(j->call, r.code, "%s", msg);
+    else
+      fbd_call_finish(j->call, r.code, NULL);
+  } else if (j->call && read) {
+    fbd_read_begin(j->call, s, &j->buf, j->chunk);
+  }
+  if (j->buf.p) fbd_stage_give(s, &j->buf); /* a write's buffer, for the next transfer */
+  if (r.fatal && s->created && s->end_reason == FBD_END_CLOSED) s->end_reason = FBD_END_FAILED;
+  *after = r.counters;
+  if (!s->created || r.fatal) *after = s->snap;
+  if (r.fatal) s->dead = 1; /* no more jobs: the engine side is gone */
+  fbd_reply_clear(&r);
+}
+
 void *fbd_worker_main(void *arg) {
   fbd_session *s = arg;
   fbd_server *srv = s->srv;
+  fbd_call *closer = NULL; /* a CloseSession is answered once the session is gone */
   for (;;) {
     fbd_job *j = next_job(s);
     int kind = j->kind;
     if (kind == FBD_J_END) s->end_reason = j->reason;
-    fbd_worker_run(s, j);
+    if (kind == FBD_J_CLOSE) {
+      s->end_reason = FBD_END_CLOSED;
+      closer = j->call;
+      j->call = NULL;
+    }
+    fb_counters after;
+    memset(&after, 0, sizeof after);
+    if (kind != FBD_J_END && kind != FBD_J_CLOSE) run_job(s, j, &after);
+    else after = s->snap;
     fbd_job_free(j);
-    job_done(s);
-    if (kind == FBD_J_END || kind == FBD_J_CLOSE || (kind == FBD_J_CREATE && !s->created)) break;
+    job_done(s, &after);
+    if (kind == FBD_J_END || kind == FBD_J_CLOSE || !s->created || s->dead) break;
   }
   session_end(s);
+  if (closer) {
+    fbd_call_finish(closer, FB_OK, NULL);
+    fbd_call_unref(closer);
+  }
   pthread_t th = s->th;
   fbd_session_unref(s); /* the table's */
   fbd_session_unref(s); /* the worker's */
@@ -398,6 +552,70 @@ void *fbd_worker_main(void *arg) {
 }
 
 /* ---------------------------------------------------------------- server-wide */
+
+void fbd_session_abort(fbd_session *s, int reason, const char *why) {
+  fbd_job *j = fbd_job_new(FBD_J_END, NULL);
+  if (!j) return;
+  j->reason = reason;
+  pthread_mutex_lock(&s->mu);
+  if (s->state == FBD_DEAD || s->abort_at > 0) {
+    pthread_mutex_unlock(&s->mu);
+    fbd_job_free(j);
+    return;
+  }
+  /* queued work is dropped, not run; an END or CLOSE already queued stays
+   * (the session ends for the reason first given) */
+  fbd_job *rest = NULL, **tail = &rest, *keep = NULL;
+  for (fbd_job *q = s->qh, *n; q; q = n) {
+    n = q->next;
+    q->next = NULL;
+    if (!keep && (q->kind == FBD_J_END || q->kind == FBD_J_CLOSE)) keep = q;
+    else *tail = q, tail = &q->next;
+  }
+  s->qh = s->qt = NULL;
+  s->depth = 0;
+  atomic_store(&s->queued, 0);
+  s->abort_at = fbd_now();
+  if (s->watch) atomic_store(&s->watch->cancel, 1); /* the running job stops at a task boundary */
+  if (keep) {
+    s->qh = s->qt = keep;
+    s->depth = 1;
+    atomic_store(&s->queued, 1);
+    pthread_cond_signal(&s->cv);
+    fbd_job_free(j);
+  } else {
+    post_locked(s, j);
+  }
+  fbd_call *stream = s->stream;
+  if (stream) fbd_call_ref(stream);
+  pthread_mutex_unlock(&s->mu);
+  int dropped = 0;
+  for (fbd_job *n; rest; rest = n) {
+    n = rest->next;
+    if (rest->call) fbd_call_finish(rest->call, FB_ECANCELLED, "session %s was %s: %s", s->tag,
+                                    end_names[reason], why);
+    fbd_job_free(rest);
+    dropped++;
+  }
+  if (dropped)
+    fbd_logf(s->srv->log, FBD_LOG_INFO, "session %s %s: %d queued request%s dropped", s->tag,
+             end_names[reason], dropped, dropped == 1 ? "" : "s");
+  if (stream) {
+    if (reason != FBD_END_DISCONNECTED)
+      grpc_call_cancel_with_status(stream->gc, GRPC_STATUS_ABORTED, why, NULL);
+    fbd_call_unref(stream);
+  }
+}
+
+int fbd_session_cancel(fbd_session *s) {
+  pthread_mutex_lock(&s->mu);
+  int live = s->state == FBD_LIVE;
+  s->cancel_upto = s->posted; /* every job received so far runs cancelled */
+  int pending = (int)(s->posted - s->done);
+  if (live && s->watch) atomic_store(&s->watch->cancel, 1);
+  pthread_mutex_unlock(&s->mu);
+  return live ? pending : -1;
+}
 
 /* End s for a reason of the server's (reaping, shutdown). */
 static void end_session(fbd_session *s, int reason, const char *why) {
@@ -434,7 +652,7 @@ void fbd_session_end_all(fbd_server *srv, int reason) {
   if (!v) return;
   int n = snapshot(srv, v);
   for (int i = 0; i < n; i++) {
-    end_session(v[i], reason, "the server is shutting down");
+    fbd_session_abort(v[i], reason, "the server is shutting down");
     fbd_session_unref(v[i]);
   }
   free(v);
@@ -480,6 +698,7 @@ static void reap(fbd_server *srv) {
 
 void fbd_server_tick(fbd_server *srv) {
   reap(srv);
+  fbd_procs_tick(srv);
   for (;;) {
     pthread_mutex_lock(&srv->mu);
     int have = srv->nzombies > 0;

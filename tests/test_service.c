@@ -70,8 +70,12 @@ static void stop(void) {
   ck_assert_msg(st == 0, "fuseboxd exited with status %d", st);
 }
 
+/* The tcp cases run sessions in worker processes (fuseboxd's default), the
+ * unix ones in threads (the CLI's private daemon), so every path of a
+ * session is tested under both isolation modes. */
 static void setup_tcp(void) {
-  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8", NULL};
+  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8",
+                                  "--isolation", "process", NULL};
   start("127.0.0.1:0", f);
 }
 
@@ -333,6 +337,41 @@ static void *session_worker(void *p) {
   fb_client_close(c);
   return NULL;
 }
+
+/* Cancel (fb_remote_cancel) on launches the server has received: each one
+ * skipped is reported as FB_ECANCELLED under its own number, the session
+ * goes on and later launches run. */
+START_TEST(cancel_launches) {
+  static const char *const busy_prog =
+      "layout { dense(i: 256) { place v: i32 } }\n"
+      "kernel busy() {\n"
+      "  for i in 0 .. 1 { for j in 0 .. 1073741824 { v[j & 255] = j } }\n"
+      "}\n"
+      "kernel poke(k: i32) { v[k] = 7 }\n";
+  fb_remote *r = open_prog(C, busy_prog);
+  int kb = kernel(r, "busy"), kp = kernel(r, "poke");
+  for (int i = 0; i < 100; i++) ck_assert_int_gt(fb_remote_launch(r, kb, NULL, 0), 0);
+  ck_assert_int_eq(fb_remote_flush(r), 0);
+  ck_assert_int_eq(fb_remote_cancel(r), 0);
+  fb_sync_result res;
+  ck_assert_int_eq(fb_remote_sync(r, &res), FB_ECANCELLED);
+  ck_assert_uint_eq(res.seq, 100);
+  ck_assert_int_gt(res.nerrors, 0);
+  for (int i = 0; i < res.nerrors; i++) {
+    ck_assert_int_eq(res.errors[i].code, FB_ECANCELLED);
+    ck_assert_int_eq(res.errors[i].kernel, kb);
+    ck_assert(res.errors[i].seq >= 1 && res.errors[i].seq <= 100);
+    ck_assert(strstr(res.errors[i].msg, "cancelled") != NULL);
+  }
+  fb_value k = fb_value_i32(5);
+  ck_assert_int_eq(fb_remote_launch(r, kp, &k, 1), 101);
+  ck_assert_int_eq(fb_remote_sync(r, &res), 0);
+  int32_t v[256];
+  ck_assert_int_eq(fb_remote_field_read(r, field(r, "v"), v, sizeof v), 0);
+  ck_assert_int_eq(v[5], 7);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+}
+END_TEST
 
 START_TEST(sessions_at_once) {
   enum { N = 4 };
@@ -1036,6 +1075,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tcp, health_info_stats);
   tcase_add_test(tcp, launch_results);
   tcase_add_test(tcp, errors_in_both_modes);
+  tcase_add_test(tcp, cancel_launches);
   tcase_add_test(tcp, isolation);
   tcase_add_test(tcp, malformed_to_every_method);
   tcase_add_test(tcp, verifier_errors);
@@ -1051,6 +1091,8 @@ int main(int argc, char **argv) {
   tcase_add_test(ux, sessions_at_once);
   tcase_add_test(ux, malformed_to_every_method);
   tcase_add_test(ux, killed_client_frees_session);
+  tcase_add_test(ux, cancel_launches);
+  tcase_add_test(ux, launch_results);
   suite_add_tcase(s, ux);
   TCase *cfg = tcase_create("config");
   tcase_set_timeout(cfg, 60);

@@ -145,6 +145,13 @@ int fb_remote_open_program(fb_client *c, const fb_remote_options *opt, fb_progra
 /* Close the session (queued launches are sent and run first). Returns 0
  * when the server closed it cleanly. */
 int fb_remote_close(fb_remote *r);
+/* Cancel: the launches sent so far (queued on the server, or running) stop
+ * at their next task boundary, and the next sync reports each skipped one
+ * as FB_ECANCELLED; the session lives on. Launches still buffered in this
+ * client (not yet flushed) are not affected. Safe to call from a thread other than the one using r (a
+ * signal-handling thread): it touches only r's id and connection. 0, or
+ * the FB_E* code of the failure. */
+int fb_remote_cancel(fb_remote *r);
 
 const char *fb_remote_errmsg(const fb_remote *r);
 const char *fb_remote_id(const fb_remote *r);

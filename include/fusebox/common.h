@@ -26,7 +26,10 @@ enum {
   FB_ETYPE = -10,    /* wrong argument type or count */
   FB_EUNSUPPORTED = -11, /* valid request this build or backend cannot do */
   FB_EIO = -12,      /* file or network I/O failed */
-  FB_EINTERNAL = -13 /* a bug in Fusebox: please report */
+  FB_EINTERNAL = -13, /* a bug in Fusebox: please report */
+  FB_ECANCELLED = -14, /* the work was cancelled (Cancel, a closed stream) */
+  FB_ETIMEOUT = -15,   /* the work ran past its time limit (kernel_timeout_s) */
+  FB_ELAST = FB_ETIMEOUT /* the lowest code: every code is in [FB_ELAST, 0] */
 };
 
 const char *fb_strerror(int code);

@@ -181,6 +181,21 @@ int fb_session_last_flush(const fb_session *s, fb_flush_stats *out);
  * number and kernel id (0), else FB_ENOENT. */
 int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
 
+/* ---- watching and cancelling running work
+ *
+ * The hook is called before each task the session runs, from the thread that
+ * runs it (the caller's in sync mode, the async worker's in async mode):
+ * kernel is the name of the launch's kernel, task the task's name (a fused
+ * task names its parts), launch the engine's launch number. A non-zero
+ * return cancels: that task and every later task of the launch (sync) or of
+ * the flushed window (async) are skipped and the first skipped launch is
+ * reported as FB_ECANCELLED. After the task ran the hook is called again
+ * with kernel and task NULL. fuseboxd uses it to time kernels against
+ * kernel_timeout_s and to stop work at a task boundary on Cancel. Set it
+ * before the first launch; fn NULL removes it. */
+typedef int (*fb_task_hook)(void *user, const char *kernel, const char *task, uint64_t launch);
+void fb_session_set_task_hook(fb_session *s, fb_task_hook fn, void *user);
+
 /* ---- observability (async mode) */
 
 /* Called with the SFG as Graphviz DOT during flush number `flush` (0: every

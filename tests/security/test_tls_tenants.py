@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -489,8 +490,17 @@ def test_metrics_endpoint(tenants):
     kid2 = cl["alice"].register(pb.RegisterKernelsRequest(session_id=sid2,
                                                           kernels=[store_kernel(2)]),
                                 timeout=RPC_TIMEOUT).kernel_ids[0]
-    res = cl["alice"].run(sid2, [(kid2, [i32(1), i32(2)]), (kid2, [i32(2), i32(3)])])
-    assert list(res.errors) == []
+    # the stream stays open (and sid2 alive) until the metrics are read
+    release = threading.Event()
+
+    def requests():
+        yield pb.SessionRequest(session_id=sid2, sync=1, launches=[
+            pb.Launch(kernel=kid2, args=[i32(1), i32(2)]),
+            pb.Launch(kernel=kid2, args=[i32(2), i32(3)])])
+        release.wait(RPC_TIMEOUT)
+
+    stream = cl["alice"]._stream(requests(), timeout=RPC_TIMEOUT)
+    assert list(next(stream).sync.errors) == []
     expect_error(lambda: tenant_client(d.address, "nope").new_session(dense_layout(8)), UNAUTH)
     expect_error(lambda: cl["bob"].read_field(sid, 2), DENIED)
     st, body = _get(base + "/metrics")
@@ -501,10 +511,10 @@ def test_metrics_endpoint(tenants):
             k, v = line.rsplit(" ", 1)
             vals[k] = float(v)
     assert vals["fusebox_up"] == 1
-    assert vals["fusebox_sessions"] == 1
+    assert vals["fusebox_sessions"] == 2
     assert vals["fusebox_auth_failures_total"] >= 1
     assert vals["fusebox_received_bytes_total"] > 0
-    assert vals['fusebox_tenant_sessions{tenant="alice"}'] == 1
+    assert vals['fusebox_tenant_sessions{tenant="alice"}'] == 2
     assert vals['fusebox_tenant_sessions{tenant="bob"}'] == 0
     assert vals['fusebox_tenant_sessions_limit{tenant="alice"}'] == 3
     assert vals['fusebox_tenant_memory_limit_bytes{tenant="bob"}'] == 65536
@@ -520,6 +530,8 @@ def test_metrics_endpoint(tenants):
     assert _get(base + "/healthz") == (200, "ok\n")
     assert _get(base + "/readyz") == (200, "ready\n")
     assert _get(base + "/nope")[0] == 404
+    release.set()
+    assert list(stream) == []
 
 
 # ---------------------------------------------------------------- the C client

@@ -1,0 +1,435 @@
+/* The engine side of a session: the jobs it runs against its fb_session,
+ * in the order they were received: create the engine session, register
+ * kernels, run launch batches (recording each failed launch and each
+ * return value under its sequence number) and answer syncs, write and read
+ * fields, close. Each job ends in a reply (server.h) that the broker turns
+ * into messages and a status; nothing here touches a gRPC call, so the same
+ * code runs in fuseboxd's session thread (thread isolation) and in a
+ * session's worker process (process isolation). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/server.h"
+
+#define MAX_ERRS 64          /* launch errors kept per sync */
+#define MAX_RETS (1 << 20)   /* return values kept per sync */
+#define STACK_ARGS 16
+
+/* ---------------------------------------------------------------- replies */
+
+static void reply_finish(fbd_reply *r, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void reply_finish(fbd_reply *r, int code, const char *fmt, ...) {
+  r->code = code;
+  r->finish = 1;
+  r->msg[0] = 0;
+  if (fmt) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+  }
+}
+
+/* Pack m as the reply's message; FB_ENOMEM finishes the reply. */
+static int reply_msg(fbd_reply *r, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  free(r->pb);
+  r->pb = malloc(n ? n : 1);
+  r->pblen = 0;
+  if (!r->pb) {
+    reply_finish(r, FB_ENOMEM, "out of memory packing a %s", m->descriptor->name);
+    return FB_ENOMEM;
+  }
+  r->pblen = protobuf_c_message_pack(m, r->pb);
+  return 0;
+}
+
+void fbd_reply_clear(fbd_reply *r) {
+  free(r->pb);
+  memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- the watch */
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* The engine's task hook: note what runs (for kernel_timeout_s) and cancel
+ * at this task boundary when the broker asked to. */
+static int watch_hook(void *user, const char *kernel, const char *task, uint64_t launch) {
+  fbd_watch *w = user;
+  (void)launch;
+  if (!kernel) {
+    atomic_store_explicit(&w->started_ns, 0, memory_order_release);
+    return 0;
+  }
+  if (atomic_load_explicit(&w->cancel, memory_order_acquire)) return 1;
+  snprintf(w->kernel, sizeof w->kernel, "%s", kernel);
+  snprintf(w->task, sizeof w->task, "%s", task ? task : kernel);
+  atomic_fetch_add_explicit(&w->tasks, 1, memory_order_relaxed);
+  atomic_store_explicit(&w->started_ns, now_ns(), memory_order_release);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- create */
+
+/* Name the largest fields, so that an over-quota refusal says what is big. */
+static void largest_fields(const fb_layout *l, char *out, size_t n) {
+  int best[3] = {-1, -1, -1};
+  uint64_t size[3] = {0, 0, 0};
+  for (int i = 0; i < l->nnodes; i++) {
+    uint64_t b;
+    if (fbd_field_bytes(l, i, &b, NULL, 0)) continue;
+    for (int k = 0; k < 3; k++) {
+      if (best[k] >= 0 && b <= size[k]) continue;
+      for (int m = 2; m > k; m--) best[m] = best[m - 1], size[m] = size[m - 1];
+      best[k] = i;
+      size[k] = b;
+      break;
+    }
+  }
+  size_t used = (size_t)snprintf(out, n, "; largest fields:");
+  for (int k = 0; k < 3 && best[k] >= 0 && used < n; k++)
+    used += (size_t)snprintf(out + used, n - used, "%s '%s' (%llu bytes)", k ? "," : "",
+                             l->nodes[best[k]].name, (unsigned long long)size[k]);
+}
+
+static void run_create(fbd_exec *x, fbd_reply *r) {
+  char err[FBD_ERRLEN] = "", extra[512] = "";
+  int rc = fb_session_create(x->engine, &x->ecfg, x->layout, &x->es, err, sizeof err);
+  if (rc) {
+    if (rc == FB_EQUOTA) largest_fields(x->layout, extra, sizeof extra);
+    reply_finish(r, rc, "%s%s", err[0] ? err : fb_strerror(rc), extra);
+    r->fatal = 1;
+    return;
+  }
+  if (x->watch) fb_session_set_task_hook(x->es, watch_hook, x->watch);
+  reply_finish(r, FB_OK, NULL);
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, size_t n,
+                        int *id, char *err, size_t errlen) {
+  fb_kernel *k = NULL;
+  char why[FBD_ERRLEN - 128];
+  int rc = fbp_kernel_from_pb(m, x->layout, &k, why, sizeof why);
+  if (rc) {
+    snprintf(err, errlen, "kernel %zu of %zu: %s", i + 1, n, why);
+    return rc;
+  }
+  rc = fb_session_add_kernel(x->es, k);
+  fb_kernel_free(k);
+  if (rc < 0) {
+    snprintf(err, errlen, "%s", fb_session_errmsg(x->es));
+    return rc;
+  }
+  *id = rc;
+  return 0;
+}
+
+static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest *m,
+                         fbd_reply *r) {
+  int32_t *ids = calloc(m->n_kernels + 1, sizeof *ids);
+  if (!ids) {
+    reply_finish(r, FB_ENOMEM, "out of memory");
+    return;
+  }
+  char err[FBD_ERRLEN];
+  for (size_t i = 0; i < m->n_kernels; i++) {
+    int id = -1;
+    int rc = register_one(x, m->kernels[i], i, m->n_kernels, &id, err, sizeof err);
+    if (rc) {
+      if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: kernel refused: %s", x->tag, err);
+      reply_finish(r, rc, "%s", err);
+      free(ids);
+      return;
+    }
+    ids[i] = id;
+    if (x->log) fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d",
+                         x->tag, m->kernels[i]->name, id);
+  }
+  Fusebox__V1__RegisterKernelsResponse resp = FUSEBOX__V1__REGISTER_KERNELS_RESPONSE__INIT;
+  resp.n_kernel_ids = m->n_kernels;
+  resp.kernel_ids = ids;
+  if (!reply_msg(r, &resp.base)) reply_finish(r, FB_OK, NULL);
+  free(ids);
+}
+
+/* ---------------------------------------------------------------- launches */
+
+static void add_error(fbd_exec *x, uint64_t seq, int kernel, int code, const char *msg) {
+  if (!x->errs) x->errs = calloc(MAX_ERRS, sizeof *x->errs);
+  if (!x->errs || x->nerrs == MAX_ERRS) {
+    x->errs_dropped++;
+    return;
+  }
+  fbd_err *e = &x->errs[x->nerrs];
+  if (!(e->msg = strdup(msg ? msg : ""))) {
+    x->errs_dropped++;
+    return;
+  }
+  e->seq = seq;
+  e->kernel = kernel;
+  e->code = code;
+  x->nerrs++;
+}
+
+static void add_return(fbd_exec *x, uint64_t seq, int kernel, fb_value v) {
+  if (x->nrets == x->rcap) {
+    int nc = x->rcap ? x->rcap * 2 : 64;
+    fbd_ret *r = nc <= MAX_RETS ? realloc(x->rets, sizeof *r * (size_t)nc) : NULL;
+    if (!r) {
+      x->rets_dropped++;
+      return;
+    }
+    x->rets = r;
+    x->rcap = nc;
+  }
+  x->rets[x->nrets++] = (fbd_ret){seq, kernel, v};
+}
+
+/* Launch numbers: the engine numbers the launches it accepts from 0; ours
+ * (seq) count every launch received from 1. They part where the engine
+ * refused a launch outright; each such place is recorded, so that an error
+ * the engine reports later by launch number finds its seq. */
+static void seq_break(fbd_exec *x, uint64_t next_seq) {
+  if (x->nsmap == x->smcap) {
+    int nc = x->smcap ? x->smcap * 2 : 16;
+    struct fbd_seqmap *v = nc <= (1 << 16) ? realloc(x->smap, sizeof *v * (size_t)nc) : NULL;
+    if (!v) return; /* later errors may then name a nearby launch */
+    x->smap = v;
+    x->smcap = nc;
+  }
+  x->smap[x->nsmap++] = (struct fbd_seqmap){x->eng_launches, next_seq};
+}
+
+static uint64_t seq_of(const fbd_exec *x, uint64_t launch) {
+  uint64_t eng = 0, seq = 1;
+  for (int i = 0; i < x->nsmap && x->smap[i].eng <= launch; i++) {
+    eng = x->smap[i].eng;
+    seq = x->smap[i].seq;
+  }
+  return seq + (launch - eng);
+}
+
+/* An error the engine returned from a call that waits (sync, flush, host
+ * access): about a background launch when it says so. */
+static void engine_error(fbd_exec *x, int rc) {
+  uint64_t launch = 0;
+  int kernel = -1;
+  if (fb_session_error_launch(x->es, &launch, &kernel) == 0)
+    add_error(x, seq_of(x, launch), kernel, rc, fb_session_errmsg(x->es));
+  else add_error(x, 0, -1, rc, fb_session_errmsg(x->es));
+}
+
+static void run_launch(fbd_exec *x, const Fusebox__V1__Launch *l) {
+  uint64_t seq = ++x->seq;
+  fb_value stack[STACK_ARGS], *args = stack;
+  if (l->n_args > STACK_ARGS && !(args = malloc(sizeof *args * l->n_args))) {
+    add_error(x, seq, l->kernel, FB_ENOMEM, "out of memory");
+    seq_break(x, seq + 1);
+    return;
+  }
+  for (size_t a = 0; a < l->n_args; a++) {
+    if (!fbp_value_from_pb(l->args[a], &args[a])) continue;
+    char msg[128];
+    snprintf(msg, sizeof msg, "argument %zu has no valid type (%d)", a, (int)l->args[a]->type);
+    add_error(x, seq, l->kernel, FB_ETYPE, msg);
+    seq_break(x, seq + 1);
+    if (args != stack) free(args);
+    return;
+  }
+  fb_value ret;
+  memset(&ret, 0, sizeof ret);
+  int rc = fb_launch(x->es, l->kernel, l->n_args ? args : NULL, (int)l->n_args, &ret);
+  if (args != stack) free(args);
+  if (!rc) {
+    x->eng_launches++;
+    if (ret.type != FB_T_VOID) add_return(x, seq, l->kernel, ret);
+    return;
+  }
+  fb_counters c;
+  fb_session_counters(x->es, &c);
+  uint64_t launch = 0;
+  int kernel = -1;
+  if (c.launches > x->eng_launches) { /* it ran (or was queued) and failed */
+    x->eng_launches = c.launches;
+    if (fb_session_error_launch(x->es, &launch, &kernel) == 0 && seq_of(x, launch) != seq) {
+      add_error(x, seq_of(x, launch), kernel, rc, fb_session_errmsg(x->es)); /* an earlier one */
+      return;
+    }
+  } else {
+    seq_break(x, seq + 1);
+  }
+  add_error(x, seq, l->kernel, rc, fb_session_errmsg(x->es));
+}
+
+/* The SyncResult: everything recorded since the last one. */
+static void send_sync(fbd_exec *x, uint64_t id, fbd_reply *r) {
+  fbp_arena arena, *a = &arena;
+  fbp_arena_init(a);
+  Fusebox__V1__SyncResult *sr = fbp_alloc(a, sizeof *sr);
+  Fusebox__V1__Counters *c = fbp_alloc(a, sizeof *c);
+  Fusebox__V1__LaunchReturn **rv = fbp_alloc(a, sizeof *rv * (size_t)(x->nrets + 1));
+  Fusebox__V1__LaunchError **ev = fbp_alloc(a, sizeof *ev * (size_t)(x->nerrs + 1));
+  Fusebox__V1__LaunchReturn *rs = fbp_alloc(a, sizeof *rs * (size_t)(x->nrets + 1));
+  Fusebox__V1__Value *vs = fbp_alloc(a, sizeof *vs * (size_t)(x->nrets + 1));
+  Fusebox__V1__LaunchError *es = fbp_alloc(a, sizeof *es * (size_t)(x->nerrs + 1));
+  if (!sr || !c || !rv || !ev || !rs || !vs || !es) {
+    reply_finish(r, FB_ENOMEM, "out of memory building a sync result");
+    fbp_arena_free(a);
+    return;
+  }
+  fusebox__v1__sync_result__init(sr);
+  sr->sync_id = id;
+  sr->seq = x->seq;
+  for (int i = 0; i < x->nrets; i++) {
+    fusebox__v1__launch_return__init(&rs[i]);
+    rs[i].seq = x->rets[i].seq;
+    rs[i].kernel = x->rets[i].kernel;
+    fbp_value_to_pb(&vs[i], x->rets[i].v);
+    rs[i].value = &vs[i];
+    rv[i] = &rs[i];
+  }
+  for (int i = 0; i < x->nerrs; i++) {
+    fusebox__v1__launch_error__init(&es[i]);
+    es[i].seq = x->errs[i].seq;
+    es[i].kernel = x->errs[i].kernel;
+    es[i].code = x->errs[i].code;
+    es[i].message = x->errs[i].msg;
+    ev[i] = &es[i];
+  }
+  sr->n_returns = (size_t)x->nrets;
+  sr->returns = rv;
+  sr->n_errors = (size_t)x->nerrs;
+  sr->errors = ev;
+  sr->errors_dropped = x->errs_dropped;
+  sr->returns_dropped = x->rets_dropped;
+  fb_counters cn;
+  fb_session_counters(x->es, &cn);
+  fbp_counters_to_pb(c, &cn);
+  sr->counters = c;
+  Fusebox__V1__SessionResponse resp = FUSEBOX__V1__SESSION_RESPONSE__INIT;
+  resp.sync = sr;
+  reply_msg(r, &resp.base);
+  fbp_arena_free(a);
+  for (int i = 0; i < x->nerrs; i++) free(x->errs[i].msg);
+  x->nerrs = 0;
+  x->nrets = 0;
+  x->errs_dropped = x->rets_dropped = 0;
+}
+
+static void run_batch(fbd_exec *x, const Fusebox__V1__SessionRequest *m, fbd_reply *r) {
+  for (size_t i = 0; i < m->n_launches; i++) run_launch(x, m->launches[i]);
+  int rc = 0;
+  if (m->sync) rc = fb_sync(x->es);
+  else if (m->flush) rc = fb_flush(x->es);
+  if (rc) engine_error(x, rc);
+  if (m->sync) send_sync(x, m->sync, r);
+}
+
+/* ---------------------------------------------------------------- fields */
+
+static void run_write(fbd_exec *x, int field, const uint8_t *buf, size_t len, fbd_reply *r) {
+  int rc = fb_field_write(x->es, field, buf, len);
+  if (rc) {
+    reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
+    return;
+  }
+  Fusebox__V1__WriteFieldResponse resp = FUSEBOX__V1__WRITE_FIELD_RESPONSE__INIT;
+  resp.bytes = len;
+  if (!reply_msg(r, &resp.base)) reply_finish(r, FB_OK, NULL);
+}
+
+/* The bytes go to buf; the broker streams them out when the reply is OK and
+ * does not finish. */
+static void run_read(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply *r) {
+  uint64_t bytes = 0;
+  char err[256];
+  int rc = fbd_field_bytes(x->layout, field, &bytes, err, sizeof err);
+  if (!rc && bytes != len) {
+    snprintf(err, sizeof err, "field %d holds %llu bytes, not %zu", field,
+             (unsigned long long)bytes, len);
+    rc = FB_EINVAL;
+  }
+  if (rc) {
+    reply_finish(r, rc, "%s", err);
+    return;
+  }
+  if ((rc = fb_field_read(x->es, field, buf, len))) reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
+                   const char *tag, fbd_log *log, fbd_watch *watch) {
+  memset(x, 0, sizeof *x);
+  x->engine = e;
+  x->layout = l;
+  x->ecfg = *ecfg;
+  snprintf(x->mode, sizeof x->mode, "%s", ecfg->mode ? ecfg->mode : "sync");
+  x->ecfg.mode = x->mode;
+  x->tag = tag;
+  x->log = log;
+  x->watch = watch;
+}
+
+void fbd_exec_free(fbd_exec *x) {
+  fb_session_destroy(x->es);
+  x->es = NULL;
+  for (int i = 0; i < x->nerrs; i++) free(x->errs[i].msg);
+  free(x->errs);
+  free(x->rets);
+  free(x->smap);
+  x->errs = NULL;
+  x->rets = NULL;
+  x->smap = NULL;
+  x->nerrs = x->nrets = x->nsmap = 0;
+}
+
+void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *buf, size_t len,
+                  fbd_reply *r) {
+  if (kind != FBD_J_CREATE && kind != FBD_J_END && !x->es) {
+    reply_finish(r, FB_ENOENT, "session %s does not exist", x->tag);
+  }
+  if (!r->finish) switch (kind) {
+  case FBD_J_CREATE: run_create(x, r); break;
+  case FBD_J_REGISTER: run_register(x, msg, r); break;
+  case FBD_J_BATCH: run_batch(x, msg, r); break;
+  case FBD_J_WRITE: run_write(x, field, buf, len, r); break;
+  case FBD_J_READ: run_read(x, field, buf, len, r); break;
+  case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
+  case FBD_J_END: break;
+  }
+  if (x->es) fb_session_counters(x->es, &r->counters);
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen) {
+  if (field < 0 || field >= l->nnodes) {
+    if (err) snprintf(err, errlen, "no field with id %d (the layout has %d SNodes)", field,
+                      l->nnodes);
+    return FB_ENOENT;
+  }
+  const fb_snode *f = &l->nodes[field];
+  if (f->kind != FB_SN_PLACE) {
+    if (err) snprintf(err, errlen, "SNode %d (%s) is not a field", field,
+                      fb_snode_kind_name(f->kind));
+    return FB_EINVAL;
+  }
+  *bytes = (uint64_t)fb_field_numel(l, field) * fb_type_size(f->type);
+  return 0;
+}

@@ -1,0 +1,782 @@
+/* Process isolation: each session's engine (its JIT code, device memory and
+ * CUDA context) lives in a worker process of its own, so that a kernel that
+ * crashes, corrupts memory or never ends can only take its own session.
+ *
+ * A worker is fuseboxd re-executed with --session-worker (a fresh image:
+ * nothing of the broker's memory, no other session's descriptors). It makes
+ * its engine, closes every descriptor but its socket and its watch page,
+ * drops core dumps and ptrace access, caps its address space (RLIMIT_AS at
+ * the session's memory limit plus worker_overhead_bytes) and installs a
+ * seccomp filter that refuses opening files, executing programs, network
+ * sockets, signalling other processes and reading their memory. Only then
+ * does it read what a client sent. The broker keeps spare_workers of them
+ * started, so that creating a session costs no process start.
+ *
+ * Wire (a unix stream socket, both ends trusted no further than checked):
+ * the broker sends a request frame, the protobuf bytes of the client's
+ * request as received, and for a field transfer the staging buffer's memfd
+ * (SCM_RIGHTS), which the worker maps; the worker answers each request with
+ * one reply frame, a message and a packed response. The broker alone keeps
+ * time: a task running longer than kernel_timeout_s (the watch page, shared
+ * memory, says which), a RegisterKernels longer than compile_timeout_s, or
+ * an aborted session whose work does not stop within a second gets the
+ * worker SIGKILLed; a worker that dies ends only its session. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server.h"
+
+extern char **environ;
+
+#define WIRE_MAGIC 0x46425731u /* "FBW1" */
+#define WIRE_MAX_PAYLOAD ((uint64_t)1 << 31)
+#define WIRE_MAX_PB ((uint64_t)1 << 30)
+#define HELLO_TIMEOUT_S 60.0
+#define ABORT_GRACE_S 1.0
+#define WATCH_BYTES 4096
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FBD_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FBD_ASAN 1
+#endif
+#endif
+
+struct fbd_proc {
+  pid_t pid;
+  int fd;                   /* the socket to the worker */
+  fbd_watch *watch;         /* the page shared with it */
+  int reaped;
+};
+
+typedef struct wire_req {
+  uint32_t magic;
+  int32_t kind;
+  int32_t field;
+  uint32_t has_fd;
+  uint64_t len;             /* payload bytes that follow */
+  uint64_t buflen;          /* WRITE/READ: bytes of the memfd's field data */
+} wire_req;
+
+/* CREATE's payload starts with the session's settings, as the broker
+ * decided them (the server's limits applied); the CreateSessionRequest
+ * follows, whose layout the worker converts and checks itself. */
+typedef struct wire_create {
+  uint64_t seed, memory_limit;
+  uint32_t passes;
+  int32_t flush_every, max_fuse_per_task, max_kernel_statements;
+  char mode[8];
+  char tag[16];
+} wire_create;
+
+typedef struct wire_rep {
+  uint32_t magic;
+  int32_t code;
+  uint32_t finish, fatal;
+  uint64_t msglen, pblen;
+  fb_counters counters;
+} wire_rep;
+
+/* ---------------------------------------------------------------- I/O */
+
+static double mono(void) { return fbd_now(); }
+
+static int write_all(int fd, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      struct pollfd pf = {fd, POLLOUT, 0};
+      poll(&pf, 1, 100);
+      continue;
+    }
+    if (w <= 0) return FB_EIO;
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Send head (with fd attached when fd >= 0), then body. */
+static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const void *body,
+                      size_t bn) {
+  struct iovec iov = {(void *)head, hn};
+  union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (pass_fd >= 0) {
+    memset(&u, 0, sizeof u);
+    mh.msg_control = u.buf;
+    mh.msg_controllen = sizeof u.buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+  }
+  ssize_t w;
+  do w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+  while (w < 0 && errno == EINTR);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* nothing went: try blocking */
+    struct pollfd pf = {fd, POLLOUT, 0};
+    poll(&pf, 1, 1000);
+    do w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+  }
+  if (w <= 0) return FB_EIO;
+  if ((size_t)w < hn && write_all(fd, (const uint8_t *)head + w, hn - (size_t)w)) return FB_EIO;
+  return bn ? write_all(fd, body, bn) : 0;
+}
+
+/* Wait until fd is readable: spin (yielding) for spin_s first, then poll in
+ * steps of at most step_ms. 1 readable, 0 the step passed. */
+static int wait_readable(int fd, double spin_s, int step_ms) {
+  struct pollfd pf = {fd, POLLIN, 0};
+  if (spin_s > 0) {
+    double t0 = mono();
+    do {
+      if (poll(&pf, 1, 0) > 0) return 1;
+      sched_yield();
+    } while (mono() - t0 < spin_s);
+  }
+  int r = poll(&pf, 1, step_ms);
+  return r > 0 || (r < 0 && errno != EINTR);
+}
+
+/* Read exactly n bytes (blocking); *fdout gets an fd passed with them. */
+static int read_all(int fd, void *p, size_t n, int *fdout) {
+  uint8_t *b = p;
+  while (n) {
+    struct iovec iov = {b, n};
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (fdout) {
+      mh.msg_control = u.buf;
+      mh.msg_controllen = sizeof u.buf;
+    }
+    ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      struct pollfd pf = {fd, POLLIN, 0};
+      poll(&pf, 1, 100);
+      continue;
+    }
+    if (r <= 0) return FB_EIO;
+    if (fdout) {
+      for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+          int got;
+          memcpy(&got, CMSG_DATA(cm), sizeof got);
+          if (*fdout >= 0) close(got); /* one fd per frame */
+          else *fdout = got;
+        }
+    }
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- broker: processes */
+
+pid_t fbd_proc_pid(const fbd_proc *p) { return p ? p->pid : -1; }
+
+static void describe_exit(int st, char *out, size_t n) {
+  if (WIFSIGNALED(st)) {
+    const char *abbr = sigabbrev_np(WTERMSIG(st));
+    snprintf(out, n, "session worker died: SIG%s (signal %d)", abbr ? abbr : "?", WTERMSIG(st));
+  } else if (WIFEXITED(st)) {
+    snprintf(out, n, "session worker exited with status %d", WEXITSTATUS(st));
+  } else {
+    snprintf(out, n, "session worker ended");
+  }
+}
+
+/* Reap p (killing it first when kill_it); what ended it goes to why. */
+static void proc_reap(fbd_proc *p, int kill_it, char *why, size_t n) {
+  if (p->reaped) return;
+  if (kill_it) kill(p->pid, SIGKILL);
+  int st = 0;
+  pid_t r;
+  do r = waitpid(p->pid, &st, 0);
+  while (r < 0 && errno == EINTR);
+  p->reaped = 1;
+  if (why && n) {
+    if (r == p->pid) describe_exit(st, why, n);
+    else snprintf(why, n, "session worker lost (%s)", strerror(errno));
+  }
+}
+
+void fbd_proc_free(fbd_proc *p) {
+  if (!p) return;
+  if (p->fd >= 0) close(p->fd);
+  proc_reap(p, 1, NULL, 0);
+  if (p->watch) munmap(p->watch, WATCH_BYTES);
+  free(p);
+}
+
+static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
+
+/* Start a worker: fuseboxd --session-worker 3 with the settings it needs. */
+static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
+  const fbd_config *cfg = srv->cfg;
+  *out = NULL;
+  int sv[2] = {-1, -1}, wfd = -1;
+  fbd_proc *p = calloc(1, sizeof *p);
+  if (!p) return FB_ENOMEM;
+  p->fd = -1;
+  p->reaped = 1;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) ||
+      (wfd = memfd_create("fusebox-watch", MFD_CLOEXEC)) < 0 || ftruncate(wfd, WATCH_BYTES) ||
+      (p->watch = mmap(NULL, WATCH_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, wfd, 0)) ==
+          MAP_FAILED) {
+    fb_errf(err, errlen, "cannot set up a session worker: %s", strerror(errno));
+    if (p->watch == MAP_FAILED) p->watch = NULL;
+    goto fail;
+  }
+  char cpu[24], comp[24], lim[32], over[32], stm[24];
+  static const char *const levels[] = {"error", "warn", "info", "debug"};
+  arg_int(cpu, sizeof cpu, cfg->cpu_threads);
+  arg_int(comp, sizeof comp, cfg->compile_threads);
+  arg_int(lim, sizeof lim, (long long)cfg->session_memory_limit);
+  arg_int(over, sizeof over, (long long)cfg->worker_overhead_bytes);
+  arg_int(stm, sizeof stm, cfg->max_kernel_statements);
+  char *argv[] = {srv->exe, "--session-worker", "3", "--backend", (char *)srv->backend,
+                  "--cpu-threads", cpu, "--compile-threads", comp, "--session-memory-limit", lim,
+                  "--worker-overhead-bytes", over, "--max-kernel-statements", stm,
+                  "--log-level", (char *)levels[cfg->log_level & 3], NULL};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
+  posix_spawn_file_actions_adddup2(&fa, wfd, 4);
+  int rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc) {
+    fb_errf(err, errlen, "cannot start a session worker (%s): %s", srv->exe, strerror(rc));
+    goto fail;
+  }
+  p->reaped = 0;
+  close(sv[1]);
+  close(wfd);
+  p->fd = sv[0];
+  *out = p;
+  return 0;
+fail:
+  if (sv[0] >= 0) close(sv[0]);
+  if (sv[1] >= 0) close(sv[1]);
+  if (wfd >= 0) close(wfd);
+  fbd_proc_free(p);
+  return FB_EINTERNAL;
+}
+
+int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
+  ssize_t n = readlink("/proc/self/exe", srv->exe, sizeof srv->exe - 1);
+  if (n <= 0) {
+    fb_errf(err, errlen, "process isolation: cannot find this executable: %s", strerror(errno));
+    return FB_EIO;
+  }
+  srv->exe[n] = 0;
+  int want = srv->cfg->spare_workers;
+  srv->spares = calloc((size_t)want + 1, sizeof *srv->spares);
+  if (!srv->spares) return FB_ENOMEM;
+  for (int i = 0; i < want; i++) {
+    fbd_proc *p;
+    int rc = proc_spawn(srv, &p, err, errlen);
+    if (rc) return rc;
+    srv->spares[srv->nspares++] = p;
+  }
+  return 0;
+}
+
+/* Start spares until there are spare_workers of them; a spare that died
+ * (it should not) is replaced. Only the main thread starts spares: a
+ * worker's parent-death signal follows the thread that started it. */
+void fbd_procs_tick(fbd_server *srv) {
+  if (!fbd_isolated(srv->cfg) || !srv->spares || atomic_load(&srv->stopping)) return;
+  pthread_mutex_lock(&srv->pmu);
+  for (int i = 0; i < srv->nspares; i++) {
+    int st;
+    if (waitpid(srv->spares[i]->pid, &st, WNOHANG) != srv->spares[i]->pid) continue;
+    char why[128];
+    describe_exit(st, why, sizeof why);
+    fbd_logf(srv->log, FBD_LOG_WARN, "spare %s; starting another", why);
+    srv->spares[i]->reaped = 1;
+    fbd_proc_free(srv->spares[i]);
+    srv->spares[i--] = srv->spares[--srv->nspares];
+  }
+  while (srv->nspares < srv->cfg->spare_workers) {
+    fbd_proc *p;
+    char err[256];
+    if (proc_spawn(srv, &p, err, sizeof err)) {
+      fbd_logf(srv->log, FBD_LOG_ERROR, "%s", err);
+      break;
+    }
+    srv->spares[srv->nspares++] = p;
+  }
+  pthread_mutex_unlock(&srv->pmu);
+}
+
+void fbd_procs_stop(fbd_server *srv) {
+  pthread_mutex_lock(&srv->pmu);
+  for (int i = 0; i < srv->nspares; i++) fbd_proc_free(srv->spares[i]);
+  srv->nspares = 0;
+  free(srv->spares);
+  srv->spares = NULL;
+  pthread_mutex_unlock(&srv->pmu);
+}
+
+/* A spare, or a new worker when none is left. */
+static int proc_take(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
+  pthread_mutex_lock(&srv->pmu);
+  fbd_proc *p = srv->nspares ? srv->spares[--srv->nspares] : NULL;
+  pthread_mutex_unlock(&srv->pmu);
+  if (p) {
+    *out = p;
+    return 0;
+  }
+  return proc_spawn(srv, out, err, errlen);
+}
+
+/* ---------------------------------------------------------------- broker: running jobs */
+
+static void fatal_reply(fbd_reply *r, int code, const char *why) {
+  r->code = code;
+  r->finish = 1;
+  r->fatal = 1;
+  snprintf(r->msg, sizeof r->msg, "%s", why);
+}
+
+/* The worker stopped answering: learn why, and say it. */
+static void worker_lost(fbd_session *s, fbd_reply *r) {
+  char why[256];
+  proc_reap(s->proc, 0, why, sizeof why);
+  s->end_reason = FBD_END_CRASHED;
+  snprintf(s->end_why, sizeof s->end_why, "%s", why);
+  fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, why);
+  fatal_reply(r, FB_EINTERNAL, why);
+}
+
+/* Why the running job must stop now, or NULL: a task past
+ * kernel_timeout_s, a RegisterKernels past compile_timeout_s, or an
+ * aborted session that did not stop within ABORT_GRACE_S. */
+static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_t n, int *code) {
+  const fbd_config *cfg = s->srv->cfg;
+  double now = mono();
+  pthread_mutex_lock(&s->mu);
+  double abort_at = s->abort_at;
+  pthread_mutex_unlock(&s->mu);
+  if (abort_at > 0 && now - abort_at > ABORT_GRACE_S) {
+    *code = FB_ECANCELLED;
+    snprintf(buf, n, "the session ended and its running work did not stop within %.0f s",
+             ABORT_GRACE_S);
+    return buf;
+  }
+  if (kind == FBD_J_REGISTER && cfg->compile_timeout_s > 0 && now - t0 > cfg->compile_timeout_s) {
+    *code = FB_ETIMEOUT;
+    snprintf(buf, n, "compiling the kernels ran past compile_timeout_s (%g s)",
+             cfg->compile_timeout_s);
+    return buf;
+  }
+  uint64_t st = atomic_load_explicit(&s->watch->started_ns, memory_order_acquire);
+  double since = st ? now - (double)st * 1e-9 : 0;
+  if (since > now - t0) since = now - t0; /* the worker's clock is not trusted past the job */
+  if (kind != FBD_J_REGISTER && cfg->kernel_timeout_s > 0 && st && since > cfg->kernel_timeout_s) {
+    char kernel[64], task[64];
+    memcpy(kernel, s->watch->kernel, sizeof kernel);
+    memcpy(task, s->watch->task, sizeof task);
+    kernel[63] = task[63] = 0;
+    *code = FB_ETIMEOUT;
+    if (strcmp(kernel, task))
+      snprintf(buf, n, "kernel '%s' (task %s) ran past kernel_timeout_s (%g s)", kernel, task,
+               cfg->kernel_timeout_s);
+    else
+      snprintf(buf, n, "kernel '%s' ran past kernel_timeout_s (%g s)", kernel,
+               cfg->kernel_timeout_s);
+    return buf;
+  }
+  return NULL;
+}
+
+/* Receive the reply to the job just sent, keeping time meanwhile. */
+static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
+  fbd_proc *p = s->proc;
+  double t0 = mono(), spin = s->srv->cfg->worker_spin_us * 1e-6;
+  for (;;) {
+    if (wait_readable(p->fd, spin, 50)) break;
+    spin = 0;
+    char why[200];
+    int code = 0;
+    if (overdue(s, kind, t0, why, sizeof why, &code)) {
+      proc_reap(p, 1, NULL, 0);
+      s->end_reason = code == FB_ETIMEOUT ? FBD_END_TIMEOUT : FBD_END_CANCELLED;
+      snprintf(s->end_why, sizeof s->end_why, "%s: its session worker was stopped", why);
+      fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, s->end_why);
+      fatal_reply(r, code, s->end_why);
+      return;
+    }
+  }
+  wire_rep h;
+  if (read_all(p->fd, &h, sizeof h, NULL) || h.magic != WIRE_MAGIC || h.msglen >= FBD_ERRLEN ||
+      h.pblen > WIRE_MAX_PB || h.code > 0 || h.code < FB_ELAST) {
+    worker_lost(s, r);
+    return;
+  }
+  if (h.msglen && read_all(p->fd, r->msg, h.msglen, NULL)) {
+    worker_lost(s, r);
+    return;
+  }
+  r->msg[h.msglen] = 0;
+  if (h.pblen) {
+    if (!(r->pb = malloc(h.pblen)) || read_all(p->fd, r->pb, h.pblen, NULL)) {
+      worker_lost(s, r);
+      return;
+    }
+    r->pblen = h.pblen;
+  }
+  r->code = h.code;
+  r->finish = h.finish != 0;
+  r->fatal = h.fatal != 0;
+  r->counters = h.counters;
+}
+
+static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extralen,
+                     fbd_reply *r) {
+  size_t rawlen = GRPC_SLICE_LENGTH(j->raw);
+  wire_req q = {WIRE_MAGIC, j->kind, j->field, j->buf.fd >= 0, extralen + rawlen, j->buf.len};
+  /* header and settings first (the fd rides on them), then the request */
+  uint8_t head[sizeof q + sizeof(wire_create)];
+  memcpy(head, &q, sizeof q);
+  if (extralen) memcpy(head + sizeof q, extra, extralen);
+  if (send_frame(s->proc->fd, head, sizeof q + extralen, j->buf.fd, GRPC_SLICE_START_PTR(j->raw),
+                 rawlen)) {
+    worker_lost(s, r);
+    return;
+  }
+  await_reply(s, j->kind, r);
+}
+
+void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  if (!s->proc || s->proc->reaped) {
+    fatal_reply(r, FB_EINTERNAL, s->end_why[0] ? s->end_why : "the session has no worker");
+    return;
+  }
+  send_job(s, j, NULL, 0, r);
+}
+
+int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
+  int rc = proc_take(s->srv, &s->proc, err, errlen);
+  if (rc) return rc;
+  s->watch = s->proc->watch;
+  /* the hello: the worker made its engine (or says why not) */
+  double t0 = mono();
+  while (!wait_readable(s->proc->fd, 0, 100))
+    if (mono() - t0 > HELLO_TIMEOUT_S) {
+      fb_errf(err, errlen, "the session worker did not start within %.0f s", HELLO_TIMEOUT_S);
+      return FB_EINTERNAL;
+    }
+  wire_rep h;
+  char msg[FBD_ERRLEN] = "";
+  if (read_all(s->proc->fd, &h, sizeof h, NULL) || h.magic != WIRE_MAGIC ||
+      h.msglen >= sizeof msg || (h.msglen && read_all(s->proc->fd, msg, h.msglen, NULL))) {
+    char why[256];
+    proc_reap(s->proc, 1, why, sizeof why);
+    fb_errf(err, errlen, "%s before it was ready", why);
+    return FB_EINTERNAL;
+  }
+  if (h.code) {
+    fb_errf(err, errlen, "the session worker could not start: %s", msg);
+    return h.code < 0 && h.code >= FB_ELAST ? h.code : FB_EINTERNAL;
+  }
+  return 0;
+}
+
+/* CREATE: the settings, then the request as the client sent it. */
+void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  wire_create c;
+  memset(&c, 0, sizeof c);
+  c.seed = s->ecfg.seed;
+  c.memory_limit = s->ecfg.memory_limit;
+  c.passes = s->ecfg.passes;
+  c.flush_every = s->ecfg.flush_every;
+  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
+  c.max_kernel_statements = s->ecfg.max_kernel_statements;
+  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
+  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  send_job(s, j, &c, sizeof c, r);
+}
+
+/* ---------------------------------------------------------------- the worker process */
+
+static int reply(int fd, const fbd_reply *r) {
+  wire_rep h;
+  memset(&h, 0, sizeof h);
+  h.magic = WIRE_MAGIC;
+  h.code = r->code;
+  h.finish = (uint32_t)r->finish;
+  h.fatal = (uint32_t)r->fatal;
+  h.msglen = strnlen(r->msg, sizeof r->msg - 1);
+  h.pblen = r->pb ? r->pblen : 0;
+  h.counters = r->counters;
+  if (write_all(fd, &h, sizeof h) || (h.msglen && write_all(fd, r->msg, h.msglen)) ||
+      (h.pblen && write_all(fd, r->pb, h.pblen)))
+    return FB_EIO;
+  return 0;
+}
+
+/* The seccomp filter: what a tenant's code could use to reach outside its
+ * session once the engine is made. A deny list (every other call is
+ * allowed), because the JIT, the thread pools and the CUDA driver need a
+ * wide and version-dependent set of calls: no opening or creating files,
+ * no programs, no sockets, no signals to other processes, no reading or
+ * tracing other processes, no namespace, key, module or BPF calls. */
+static int lock_down(char *err, size_t errlen) {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) {
+    fb_errf(err, errlen, "seccomp_init failed");
+    return FB_EINTERNAL;
+  }
+  static const char *const denied[] = {
+      "open", "openat", "openat2", "creat", "execve", "execveat", "connect", "bind", "listen",
+      "accept", "accept4", "socket", "socketpair", "ptrace", "process_vm_readv",
+      "process_vm_writev", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "mount", "umount2",
+      "chroot", "pivot_root", "unshare", "setns", "keyctl", "add_key", "request_key", "bpf",
+      "perf_event_open", "userfaultfd", "init_module", "finit_module", "delete_module",
+      "kexec_load", "reboot", "swapon", "swapoff", "unlink", "unlinkat", "rename", "renameat",
+      "renameat2", "mkdir", "mkdirat", "rmdir", "symlink", "symlinkat", "link", "linkat",
+      "chmod", "fchmodat", "chown", "lchown", "fchownat", "truncate", "mknod", "mknodat",
+      "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "prctl_set_mm",
+      "fork", "vfork", "name_to_handle_at", "open_by_handle_at", "io_uring_setup", NULL};
+  int rc = 0;
+  for (const char *const *n = denied; *n && !rc; n++) {
+    int nr = seccomp_syscall_resolve_name(*n);
+    if (nr == __NR_SCMP_ERROR) continue; /* not on this architecture */
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+  }
+  /* signals only to itself: kill(0 or own pid), tgkill(own pid, ...) */
+  pid_t self = getpid();
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
+                                 SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
+                                 SCMP_A0(SCMP_CMP_LT, (scmp_datum_t)self));
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tgkill), 1,
+                                 SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tkill), 0);
+  /* clone may make threads, not processes */
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                                 SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  if (!rc) rc = seccomp_load(ctx);
+  seccomp_release(ctx);
+  if (rc) fb_errf(err, errlen, "cannot install the seccomp filter: %s", strerror(-rc));
+  return rc ? FB_EINTERNAL : 0;
+}
+
+static int limit_memory(const fbd_config *cfg, const char *backend) {
+  struct rlimit none = {0, 0};
+  setrlimit(RLIMIT_CORE, &none); /* a crash leaves no copy of a tenant's data */
+#ifdef FBD_ASAN
+  (void)cfg;
+  (void)backend;
+  return 0; /* the sanitizer's shadow memory needs terabytes of address space */
+#else
+  /* the CUDA driver maps device memory into the address space */
+  if (!cfg->session_memory_limit || strcmp(backend, "cpu") != 0) return 0;
+  uint64_t cap = cfg->session_memory_limit + cfg->worker_overhead_bytes;
+  if (cap < cfg->session_memory_limit) return 0;
+  struct rlimit as = {(rlim_t)cap, (rlim_t)cap};
+  return setrlimit(RLIMIT_AS, &as) ? FB_EINTERNAL : 0;
+#endif
+}
+
+typedef struct worker {
+  int fd;
+  fb_engine *engine;
+  fbd_watch *watch;
+  fbd_log log;
+  fbd_exec x;
+  fb_layout *layout;
+  int created;
+} worker;
+
+static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
+  wire_create c;
+  if (w->created || n < sizeof c) {
+    snprintf(r->msg, sizeof r->msg, "a second or malformed CREATE");
+    return FB_EINVAL;
+  }
+  memcpy(&c, p, sizeof c);
+  c.mode[sizeof c.mode - 1] = 0;
+  c.tag[sizeof c.tag - 1] = 0;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CreateSessionRequest *m = (Fusebox__V1__CreateSessionRequest *)
+      protobuf_c_message_unpack(&fusebox__v1__create_session_request__descriptor, &a.pb,
+                                n - sizeof c, p + sizeof c);
+  int rc = m ? fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg) : FB_EINVAL;
+  if (!m) snprintf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
+  fbp_arena_free(&a);
+  if (rc) return rc;
+  fb_session_config ec;
+  memset(&ec, 0, sizeof ec);
+  ec.mode = c.mode;
+  ec.seed = c.seed;
+  ec.memory_limit = c.memory_limit;
+  ec.passes = c.passes;
+  ec.flush_every = c.flush_every;
+  ec.max_fuse_per_task = c.max_fuse_per_task;
+  ec.max_kernel_statements = c.max_kernel_statements;
+  static char tag[16];
+  snprintf(tag, sizeof tag, "%s", c.tag);
+  fbd_exec_init(&w->x, w->engine, w->layout, &ec, tag, &w->log, w->watch);
+  w->created = 1;
+  fbd_exec_run(&w->x, FBD_J_CREATE, NULL, 0, NULL, 0, r);
+  return 0;
+}
+
+/* The memfds of field transfers, mapped. A session's broker reuses its
+ * last two staging buffers for transfers of the same size, so the worker
+ * keeps its last two mappings too (by inode): repeated reads and writes of
+ * a field map and fault in nothing. */
+typedef struct mapping {
+  ino_t ino;
+  uint64_t len;
+  uint8_t *p;
+  uint64_t used;
+} mapping;
+
+static mapping maps[2];
+static uint64_t map_clock;
+
+static uint8_t *map_buf(int fd, uint64_t len, char *err, size_t errlen) {
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) || (uint64_t)st.st_size < len || !len) {
+    fb_errf(err, errlen, "field transfer without a buffer of %llu bytes",
+            (unsigned long long)len);
+    return NULL;
+  }
+  for (int i = 0; i < 2; i++)
+    if (maps[i].p && maps[i].ino == st.st_ino && maps[i].len == len) {
+      maps[i].used = ++map_clock;
+      return maps[i].p;
+    }
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    fb_errf(err, errlen, "cannot map %llu bytes of field data: %s", (unsigned long long)len,
+            strerror(errno));
+    return NULL;
+  }
+  int k = !maps[0].p ? 0 : !maps[1].p ? 1 : maps[0].used < maps[1].used ? 0 : 1;
+  if (maps[k].p) munmap(maps[k].p, maps[k].len);
+  maps[k] = (mapping){st.st_ino, len, p, ++map_clock};
+  return p;
+}
+
+static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, fbd_reply *r) {
+  const ProtobufCMessageDescriptor *d =
+      q->kind == FBD_J_REGISTER ? &fusebox__v1__register_kernels_request__descriptor
+      : q->kind == FBD_J_BATCH  ? &fusebox__v1__session_request__descriptor
+                                : NULL;
+  if (q->kind == FBD_J_CREATE) {
+    int rc = worker_create(w, payload, q->len, r);
+    if (rc) {
+      r->code = rc;
+      r->finish = r->fatal = 1;
+    }
+    return;
+  }
+  fbp_arena a;
+  fbp_arena_init(&a);
+  void *m = NULL;
+  if (d && !(m = protobuf_c_message_unpack(d, &a.pb, q->len, payload))) {
+    r->code = FB_EINVAL;
+    r->finish = 1;
+    snprintf(r->msg, sizeof r->msg, "malformed %s", d->name);
+  } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ) {
+    uint8_t *buf = map_buf(fd, q->buflen, r->msg, sizeof r->msg);
+    if (!buf) {
+      r->code = FB_EINVAL;
+      r->finish = 1;
+    } else {
+      fbd_exec_run(&w->x, q->kind, NULL, q->field, buf, q->buflen, r);
+    }
+  } else {
+    fbd_exec_run(&w->x, q->kind, m, q->field, NULL, 0, r);
+  }
+  fbp_arena_free(&a);
+}
+
+static void worker_loop(worker *w, double spin_s) {
+  for (;;) {
+    if (!wait_readable(w->fd, spin_s, -1)) continue;
+    wire_req q;
+    int fd = -1;
+    if (read_all(w->fd, &q, sizeof q, &fd) || q.magic != WIRE_MAGIC || q.len > WIRE_MAX_PAYLOAD)
+      break; /* the broker is gone (or mad): nothing to answer */
+    uint8_t *payload = malloc(q.len ? q.len : 1);
+    if (!payload || (q.len && read_all(w->fd, payload, q.len, NULL))) break;
+    fbd_reply r;
+    memset(&r, 0, sizeof r);
+    worker_job(w, &q, payload, fd, &r);
+    free(payload);
+    if (fd >= 0) close(fd);
+    int end = q.kind == FBD_J_CLOSE || q.kind == FBD_J_END || r.fatal;
+    int bad = reply(w->fd, &r);
+    fbd_reply_clear(&r);
+    if (bad || end) break;
+  }
+}
+
+void fbd_worker_process_main(int fd, const fbd_config *cfg) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
+  if (getppid() == 1) _exit(1);
+  prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
+  signal(SIGPIPE, SIG_IGN);
+  worker w;
+  memset(&w, 0, sizeof w);
+  w.fd = fd;
+  fbd_log_init(&w.log, stderr, cfg->log_level);
+  fbd_reply hello;
+  memset(&hello, 0, sizeof hello);
+  w.watch = mmap(NULL, WATCH_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, 4, 0);
+  close_range(5, ~0u, 0);
+  close(4);
+  fb_engine_config ecfg = {cfg->backend, cfg->compile_threads, cfg->cpu_threads};
+  if (w.watch == MAP_FAILED) {
+    hello.code = FB_EINTERNAL;
+    snprintf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
+  } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
+  } else if (limit_memory(cfg, fb_engine_backend(w.engine))) {
+    hello.code = FB_EINTERNAL;
+    snprintf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
+  } else {
+    hello.code = lock_down(hello.msg, sizeof hello.msg);
+  }
+  if (reply(fd, &hello) || hello.code) _exit(1);
+  worker_loop(&w, cfg->worker_spin_us * 1e-6);
+  /* _exit: no destructors or leak checks, which would want files */
+  _exit(0);
+}

@@ -1,0 +1,314 @@
+"""The second wall: every session's engine runs in a worker process of its
+own (fuseboxd --isolation process, the default), locked down with seccomp,
+and the broker keeps time. Each test attacks through the public protocol,
+then checks that the server is SERVING and another tenant's field is
+unchanged (server.assert_unharmed)."""
+import os
+import queue
+import signal
+import threading
+import time
+
+import grpc
+
+from conftest import RPC_TIMEOUT, dense_layout, i32, kernel, pb, stmt, store_kernel
+
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+INTERNAL = grpc.StatusCode.INTERNAL
+FB_ECANCELLED = -14
+
+
+def spin_kernel(place):
+    """spin() { while { place[0] = 1 } }: never ends."""
+    return kernel("spin", [stmt("const", pb.T_I32, imm=0), stmt("const", pb.T_I32, imm=1),
+                           stmt("while", body=1), stmt("store", args=[0, 1], snode_id=place)],
+                  blocks=[[0, 1, 2], [3]])
+
+
+def busy_kernel(place, n=1 << 26):
+    """busy() { for i in 0..n: place[i & 255] = i }: tens of milliseconds."""
+    return kernel("busy", [stmt("const", pb.T_I32, imm=0), stmt("const", pb.T_I32, imm=n),
+                           stmt("range_for", args=[0, 1], body=1),
+                           stmt("loop_index", pb.T_I32, args=[2], imm=0),
+                           stmt("const", pb.T_I32, imm=255),
+                           stmt("and", pb.T_I32, args=[3, 4]),
+                           stmt("store", args=[5, 3], snode_id=place)],
+                  blocks=[[0, 1, 2], [3, 4, 5, 6]])
+
+
+def children(pid):
+    """The processes whose parent is pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def status(pid):
+    """/proc/PID/status as a dict; empty when the process has gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except FileNotFoundError:
+        return {}
+
+
+class Stream:
+    """A Session stream fed from a queue, so a test can act between messages."""
+
+    def __init__(self, client, sid):
+        self.q = queue.Queue()
+        self.q.put(pb.SessionRequest(session_id=sid))
+        self.it = client._stream(iter(self.q.get, None), timeout=RPC_TIMEOUT)
+
+    def send(self, **kw):
+        self.q.put(pb.SessionRequest(**kw))
+
+    def sync(self, n):
+        self.send(sync=n)
+        return next(self.it).sync
+
+    def close(self):
+        self.q.put(None)
+
+
+def register(c, sid, *kernels):
+    return list(c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=list(kernels)),
+                           timeout=RPC_TIMEOUT).kernel_ids)
+
+
+def test_workers_are_locked_down(server):
+    """Each session's worker is a child process under a seccomp filter with
+    no_new_privs; a spare is kept started. (Workers are not dumpable, so
+    even their command line is hidden from other processes of the user.)"""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    kid = register(c, sid, store_kernel(2))[0]
+    s = Stream(c, sid)
+    s.send(launches=[pb.Launch(kernel=kid, args=[i32(1), i32(5)])])
+    assert list(s.sync(1).errors) == []
+    kids = children(server.proc.pid)
+    assert len(kids) >= 3, "expected two sessions' workers and a spare"
+    deadline = time.monotonic() + RPC_TIMEOUT  # a spare may still be starting
+    while time.monotonic() < deadline and any(status(k).get("Seccomp", "2").strip() != "2"
+                                              for k in kids):
+        time.sleep(0.05)
+    s.close()
+    for k in kids:
+        st = status(k)
+        assert st["Seccomp"].strip() == "2", f"worker {k} has no seccomp filter: {st}"
+        assert st["NoNewPrivs"].strip() == "1"
+        assert st["Name"].strip() == "fuseboxd"
+    server.assert_unharmed()
+
+
+def test_endless_kernel_times_out(make_server):
+    """while without break: under --kernel-timeout-s 1 its worker is ended
+    and the stream gets DEADLINE_EXCEEDED naming the kernel; other tenants
+    never notice."""
+    server = make_server("--kernel-timeout-s", "1")
+    c = server.client
+    for mode in ("sync", "async"):  # a launch; a task of a flush
+        sid = c.new_session(dense_layout(16), mode=mode)
+        kid = register(c, sid, spin_kernel(2))[0]
+        t0 = time.monotonic()
+        try:
+            c.run(sid, [(kid, [])])
+            raise AssertionError("an endless kernel returned")
+        except grpc.RpcError as e:
+            assert e.code() == DEADLINE, f"{mode}: {e.code()}: {e.details()}"
+            assert "'spin'" in e.details() and "kernel_timeout_s" in e.details(), e.details()
+        assert time.monotonic() - t0 < RPC_TIMEOUT
+    server.assert_unharmed()
+    # the server goes on making sessions
+    sid2 = c.new_session(dense_layout(16))
+    kid2 = register(c, sid2, store_kernel(2))[0]
+    assert list(c.run(sid2, [(kid2, [i32(0), i32(9)])]).errors) == []
+    assert "timed out" in server.logtext()
+
+
+def test_worker_killed_mid_sync(make_server):
+    """SIGKILL to one session's worker while it computes: its client hears
+    "session worker died: SIGKILL", a second session keeps running."""
+    server = make_server("--kernel-timeout-s", "0", "--spare-workers", "0")
+    c = server.client
+    before = set(children(server.proc.pid))
+    sid = c.new_session(dense_layout(16))
+    mine = set(children(server.proc.pid)) - before
+    assert len(mine) == 1, mine
+    worker = mine.pop()
+    kid = register(c, sid, spin_kernel(2))[0]
+    result = {}
+
+    def run():
+        try:
+            c.run(sid, [(kid, [])])
+            result["error"] = None
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    # the second session computes while the first one spins
+    other = c.new_session(dense_layout(16))
+    okid = register(c, other, store_kernel(2))[0]
+    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
+    os.kill(worker, signal.SIGKILL)
+    th.join(RPC_TIMEOUT)
+    assert not th.is_alive()
+    err = result["error"]
+    assert err is not None and err.code() == INTERNAL, err
+    assert "session worker died: SIGKILL" in err.details(), err.details()
+    server.assert_unharmed()
+    # the dead session is gone; asking for it is NOT_FOUND, not a hang
+    try:
+        c.read_field(sid, 2)
+        raise AssertionError("a dead session answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+
+
+def test_cancel_stops_queued_launches(server):
+    """Cancel: the launches received so far stop at the next task boundary,
+    each is reported with FB_ECANCELLED under its own number, and the
+    session goes on."""
+    c = server.client
+    sid = c.new_session(dense_layout(256))
+    busy, poke = register(c, sid, busy_kernel(2), store_kernel(2))
+    cancel = c.channel.unary_unary("/fusebox.v1.Fusebox/Cancel",
+                                   request_serializer=pb.CancelRequest.SerializeToString,
+                                   response_deserializer=pb.CancelResponse.FromString)
+    s = Stream(c, sid)
+    n = 200
+    s.send(launches=[pb.Launch(kernel=busy) for _ in range(n)])
+    time.sleep(0.2)  # let the first launches start (not a timing assertion)
+    cancel(pb.CancelRequest(session_id=sid), timeout=RPC_TIMEOUT)
+    res = s.sync(1)
+    assert res.seq == n
+    cancelled = [e for e in res.errors if e.code == FB_ECANCELLED]
+    assert cancelled, list(res.errors)
+    assert all("cancelled" in e.message for e in cancelled)
+    assert all(e.seq >= 1 for e in cancelled)
+    # later work is not cancelled
+    s.send(launches=[pb.Launch(kernel=poke, args=[i32(7), i32(70)])])
+    res2 = s.sync(2)
+    assert list(res2.errors) == [] and res2.seq == n + 1
+    s.close()
+    assert c.read_field(sid, 2)[28:32] == (70).to_bytes(4, "little")
+    server.assert_unharmed()
+
+
+def test_disconnect_drops_queued_work(server):
+    """A client that vanishes with work queued: the server drops it at once
+    instead of running it for a client that is gone."""
+    c = server.client
+    sid = c.new_session(dense_layout(256))
+    busy = register(c, sid, busy_kernel(2))[0]
+    ch = grpc.insecure_channel("unix:" + server.sock)
+    stream = ch.stream_stream("/fusebox.v1.Fusebox/Session",
+                              request_serializer=pb.SessionRequest.SerializeToString,
+                              response_deserializer=pb.SessionResponse.FromString)
+    q = queue.Queue()
+    for _ in range(50):
+        q.put(pb.SessionRequest(session_id=sid if q.empty() else "",
+                                launches=[pb.Launch(kernel=busy) for _ in range(20)]))
+    it = stream(iter(q.get, None), timeout=RPC_TIMEOUT)
+    time.sleep(0.3)
+    it.cancel()
+    ch.close()
+    deadline = time.monotonic() + RPC_TIMEOUT
+    while "disconnected" not in server.logtext() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "disconnected" in server.logtext()
+    server.assert_unharmed()
+
+
+def test_compile_timeout(make_server):
+    """A kernel within the statement budget whose compile takes longer than
+    --compile-timeout-s: DEADLINE_EXCEEDED naming the option, and the
+    server goes on."""
+    server = make_server("--compile-timeout-s", "0.2", "--max-kernel-statements", "40000")
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    stmts = [stmt("const", pb.T_I32, imm=3)]
+    for i in range(1, 30000):  # a chain LLVM must keep: each value is stored
+        stmts.append(stmt("mul", pb.T_I32, args=[i - 1, 0]) if i % 2 else
+                     stmt("add", pb.T_I32, args=[i - 1, i - 2]))
+    idx = len(stmts)
+    stmts.append(stmt("const", pb.T_I32, imm=1))
+    stmts.append(stmt("store", args=[idx, idx - 1], snode_id=2))
+    slow = kernel("slow", stmts)
+    try:
+        register(c, sid, slow)
+        raise AssertionError("the compile finished within 0.2 s; make the kernel bigger")
+    except grpc.RpcError as e:
+        assert e.code() == DEADLINE, f"{e.code()}: {e.details()}"
+        assert "compile_timeout_s" in e.details(), e.details()
+    server.assert_unharmed()
+
+
+def _rss_kib(pid):
+    return int(status(pid)["VmRSS"].split()[0])
+
+
+def test_unread_results_do_not_pile_up(server):
+    """A client that sends syncs and never reads the results: the stream
+    stops receiving once a few responses wait to go out (gRPC's flow control
+    then holds the client back), instead of the server buffering them all."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    ret = pb.Kernel(name="five", params=[], ret=pb.T_I32,
+                    stmts=[stmt("const", pb.T_I32, imm=5), stmt("ret", args=[0], imm=0)],
+                    blocks=[pb.Block(ids=[0, 1])])
+    kid = register(c, sid, ret)[0]
+    batch = [pb.Launch(kernel=kid) for _ in range(1000)]  # each result ~20 KB
+    sent = [0]
+
+    def requests():
+        yield pb.SessionRequest(session_id=sid)
+        for i in range(1, 3001):  # 60 MB of results if all were buffered
+            sent[0] = i
+            yield pb.SessionRequest(launches=batch, sync=i)
+
+    before = _rss_kib(server.proc.pid)
+    call = c._stream(requests(), timeout=RPC_TIMEOUT)  # never read
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sent[0] < 3000:
+        time.sleep(0.1)
+    grown = _rss_kib(server.proc.pid) - before
+    call.cancel()
+    assert sent[0] < 3000, "the server took every request of a client that reads nothing"
+    # what may pile up is bounded by HTTP/2 windows and 16 queued responses
+    # (tens of MB, allocator and sanitizer slack included), not by the 60 MB
+    # of results the client asked for, nor by the server's memory
+    assert grown < 256 * 1024, f"fuseboxd grew by {grown} KiB"
+    server.assert_unharmed()
+
+
+def test_memory_budget(make_server):
+    """One budget for all sessions' memory: a session that would pass it is
+    refused with RESOURCE_EXHAUSTED naming the budget, and fits again once
+    another session has closed."""
+    server = make_server("--memory-budget", "3M")
+    c = server.client
+    big = dense_layout(256 * 1024)  # 1 MiB of i32
+    first = c.new_session(big)
+    second = c.new_session(big)
+    try:
+        c.new_session(big)
+        raise AssertionError("a session over the memory budget was admitted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+        assert "memory_budget" in e.details() and "3145728" in e.details(), e.details()
+    c.close_session(pb.CloseSessionRequest(session_id=first), timeout=RPC_TIMEOUT)
+    third = c.new_session(big)
+    assert third and second
+    server.assert_unharmed()
