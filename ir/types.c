@@ -9,20 +9,9 @@
 
 const char *fb_strerror(int code) {
   switch (code) {
-  case FB_OK: return "success";
-  case FB_EINVAL: return "invalid argument";
-  case FB_ENOMEM: return "out of memory";
-  case FB_EVERIFY: return "IR failed verification";
-  case FB_EPARSE: return "parse error";
-  case FB_ENOENT: return "no such object";
-  case FB_ECOMPILE: return "compilation failed";
-  case FB_EDEVICE: return "device error";
-  case FB_EQUOTA: return "over quota";
-  case FB_EBOUNDS: return "index out of bounds";
-  case FB_ETYPE: return "type mismatch";
-  case FB_EUNSUPPORTED: return "not supported";
-  case FB_EIO: return "I/O error";
-  case FB_EINTERNAL: return "internal error";
+#define FB_ERR(name, value, msg, grpc) case FB_##name: return msg;
+#include "fusebox/errors.h"
+#undef FB_ERR
   default: return "unknown error";
   }
 }
