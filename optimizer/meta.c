@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "ir/arith.h"
+#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 #define META_MAX_DEPTH 256
@@ -63,16 +64,6 @@ typedef struct mwalk {
 } mwalk;
 
 /* ---------------------------------------------------------------- helpers */
-
-static int grow(void **p, int n, int *cap, size_t elem) {
-  if (n < *cap) return 0;
-  int nc = *cap ? *cap * 2 : 16;
-  void *q = realloc(*p, (size_t)nc * elem);
-  if (!q) return FB_ENOMEM;
-  *p = q;
-  *cap = nc;
-  return 0;
-}
 
 static int is_sparse(fb_snode_kind k) {
   return k == FB_SN_BITMASKED || k == FB_SN_POINTER || k == FB_SN_DYNAMIC;
@@ -237,7 +228,7 @@ int fb_access_inbounds(const fb_kernel *k, int stmt) {
 /* ---------------------------------------------------------------- raw accesses */
 
 static raw *add_raw(mwalk *w, uint32_t key, int mode) {
-  if (grow((void **)&w->r, w->nr, &w->capr, sizeof *w->r)) {
+  if (FB_GROW(w->r, w->nr, w->capr)) {
     w->oom = 1;
     return NULL;
   }
@@ -314,7 +305,7 @@ static int pli(mwalk *w, int id, int depth) {
 static int add_udep(mwalk *w, uint32_t key) {
   for (int i = 0; i < w->nudeps; i++)
     if (w->udeps[i] == key) return 0;
-  if (grow((void **)&w->udeps, w->nudeps, &w->capudeps, sizeof *w->udeps)) return w->oom = 1;
+  if (FB_GROW(w->udeps, w->nudeps, w->capudeps)) return w->oom = 1;
   w->udeps[w->nudeps++] = key;
   return 0;
 }
