@@ -1157,7 +1157,7 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
   if (rc < 0) return rc;
   if (ret) *ret = r.ret;
   if (r.bounds)
-    snprintf(in->err, sizeof in->err, "kernel %s %s", k->name,
+    fb_errf(in->err, sizeof in->err, "kernel %s %s", k->name,
              r.full ? "appended to a full dynamic list (or indexed out of bounds)"
                     : "indexed a field out of bounds");
   return r.bounds;

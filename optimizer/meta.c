@@ -602,7 +602,7 @@ static int classify(mwalk *w, char *err, size_t errlen) {
     const fb_stmt *s = &k->stmts[b0->ids[i]];
     if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR) continue;
     if (m->loop >= 0) {
-      snprintf(err, errlen, "kernel %s: more than one parallel loop; not a task", k->name);
+      fb_errf(err, errlen, "kernel %s: more than one parallel loop; not a task", k->name);
       return FB_EINVAL;
     }
     m->loop = b0->ids[i];
@@ -794,7 +794,7 @@ int fb_meta_compute(const fb_kernel *k, fb_task_meta **out, char *err, size_t er
   free(w.act);
   free(w.actk);
   if (rc) {
-    if (rc == FB_ENOMEM && err && errlen) snprintf(err, errlen, "task metadata: out of memory");
+    if (rc == FB_ENOMEM) fb_errf(err, errlen, "task metadata: out of memory");
     fb_meta_free(w.m);
     return rc;
   }
@@ -843,7 +843,7 @@ int fb_meta_host(const fb_layout *l, int snode, fb_task_meta **out, char *err, s
   free(w.act);
   free(w.actk);
   if (rc) {
-    snprintf(err, errlen, "host write: out of memory");
+    fb_errf(err, errlen, "host write: out of memory");
     fb_meta_free(w.m);
     return rc;
   }
