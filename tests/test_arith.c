@@ -78,7 +78,11 @@ static const acase cases[] = {
     BIN(SHR, I64(-9), I64(1), I64(-5)),
     BIN(SHR, U32(0x80000000u), U32(63), U32(1)),
     BIN(SHR, U64(1ull << 63), U64(127), U64(1)),
-    /* min / max */
+    /* min / max. Not pinned: the sign of a zero result when the operands
+     * are +0 and -0. The semantics block leaves it open, and the two
+     * disagree today: min(+0.0, -0.0) is -0 from the interpreter (libm's
+     * fmin, as this build compiles it) and +0 from generated CPU code
+     * (llvm.minnum). */
     BIN(MIN, I32(-5), I32(3), I32(-5)),
     BIN(MAX, U32(1), U32(UINT32_MAX), U32(UINT32_MAX)),
     BIN(MIN, F32(NAN), F32(1.0f), F32(1.0f)),
