@@ -16,6 +16,7 @@
 
 #include "client/cli.h"
 #include "fusebox/client.h"
+#include "ir/base.h"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -675,12 +676,7 @@ static int kernel_id(fb_sess_run *r, const fb_kernel *ir, char **err) {
     if (r->kc[i].ir == ir) return r->kc[i].id;
   int id = fb_session_add_kernel(r->s, ir);
   if (id < 0) return errf(err, id, "kernel %s: %s", ir->name, fb_session_errmsg(r->s));
-  if (r->nkc == r->capkc) {
-    r->capkc = r->capkc ? r->capkc * 2 : 16;
-    kcache *n = realloc(r->kc, sizeof *n * (size_t)r->capkc);
-    if (!n) return FB_ENOMEM;
-    r->kc = n;
-  }
+  if (FB_GROW(r->kc, r->nkc, r->capkc)) return FB_ENOMEM;
   r->kc[r->nkc++] = (kcache){ir, id};
   return id;
 }

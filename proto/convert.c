@@ -643,16 +643,9 @@ int fbp_chunk_parse_head(const uint8_t *p, size_t avail, size_t total, fbp_chunk
 
 int fbp_status_of_code(int code) {
   switch (code) {
-  case FB_OK: return FBP_GRPC_OK;
-  case FB_EINVAL: case FB_EVERIFY: case FB_EPARSE: case FB_ETYPE: return FBP_GRPC_INVALID_ARGUMENT;
-  case FB_ENOENT: return FBP_GRPC_NOT_FOUND;
-  case FB_ENOMEM: case FB_EQUOTA: return FBP_GRPC_RESOURCE_EXHAUSTED;
-  case FB_EBOUNDS: return FBP_GRPC_OUT_OF_RANGE;
-  case FB_EUNSUPPORTED: return FBP_GRPC_UNIMPLEMENTED;
-  case FB_EIO: return FBP_GRPC_UNAVAILABLE;
-  case FB_ECOMPILE: case FB_EDEVICE: case FB_EINTERNAL: return FBP_GRPC_INTERNAL;
-  case FB_ECANCELLED: return FBP_GRPC_CANCELLED;
-  case FB_ETIMEOUT: return FBP_GRPC_DEADLINE_EXCEEDED;
+#define FB_ERR(name, value, msg, grpc) case FB_##name: return FBP_GRPC_##grpc;
+#include "fusebox/errors.h"
+#undef FB_ERR
   default: return FBP_GRPC_UNKNOWN;
   }
 }
@@ -668,6 +661,6 @@ int fbp_code_of_status(int status) {
   case FBP_GRPC_INTERNAL: case FBP_GRPC_DATA_LOSS: return FB_EINTERNAL;
   case FBP_GRPC_CANCELLED: return FB_ECANCELLED;
   case FBP_GRPC_DEADLINE_EXCEEDED: return FB_ETIMEOUT;
-  default: return FB_EIO; /* unavailable, cancelled, deadline, unknown, ... */
+  default: return FB_EIO; /* unavailable, unknown, ... */
   }
 }

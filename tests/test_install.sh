@@ -26,6 +26,12 @@ check_flags() { # PREFIX
   case $inc in "$pre"/*) ;; *) fail "-I$inc is not inside $pre" ;; esac
   case $lib in "$pre"/*) ;; *) fail "-L$lib is not inside $pre" ;; esac
   [ -f "$inc/fusebox/client.h" ] || fail "no fusebox/client.h in $inc"
+  # every header the public ones include is installed; the engine's is not
+  # (libfusebox does not link the engine)
+  for h in $(sed -n 's/^#include "\(fusebox\/[a-z]*\.h\)".*/\1/p' "$inc"/fusebox/*.h | sort -u); do
+    [ -f "$inc/$h" ] || fail "an installed header includes $h, which is not installed"
+  done
+  [ ! -e "$inc/fusebox/engine.h" ] || fail "fusebox/engine.h is installed, but libfusebox has no engine"
   ls "$lib"/libfusebox.so* >/dev/null 2>&1 || fail "no libfusebox.so in $lib"
 }
 check_flags "$tmp/p"

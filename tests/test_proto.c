@@ -495,11 +495,27 @@ START_TEST(status_mapping) {
   ck_assert_int_eq(fbp_status_of_code(FB_EQUOTA), FBP_GRPC_RESOURCE_EXHAUSTED);
   ck_assert_int_eq(fbp_status_of_code(FB_EBOUNDS), FBP_GRPC_OUT_OF_RANGE);
   ck_assert_int_eq(fbp_status_of_code(FB_EINTERNAL), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_ENOMEM), FBP_GRPC_RESOURCE_EXHAUSTED);
+  ck_assert_int_eq(fbp_status_of_code(FB_EPARSE), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_ETYPE), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_ECOMPILE), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_EDEVICE), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_EUNSUPPORTED), FBP_GRPC_UNIMPLEMENTED);
+  ck_assert_int_eq(fbp_status_of_code(FB_EIO), FBP_GRPC_UNAVAILABLE);
+  ck_assert_int_eq(fbp_status_of_code(-99), FBP_GRPC_UNKNOWN);
+  ck_assert_int_eq(fbp_status_of_code(FB_ECANCELLED), FBP_GRPC_CANCELLED);
+  ck_assert_int_eq(fbp_status_of_code(FB_ETIMEOUT), FBP_GRPC_DEADLINE_EXCEEDED);
   for (int code = FB_EINVAL; code >= FB_ELAST; code--) {
     int st = fbp_status_of_code(code);
     ck_assert_int_ne(st, FBP_GRPC_OK);
     ck_assert_int_ne(fbp_code_of_status(st), FB_OK);
+    /* every code of include/fusebox/errors.h has its own message */
+    ck_assert_str_ne(fb_strerror(code), "unknown error");
+    if (code < FB_EINVAL) ck_assert_str_ne(fb_strerror(code), fb_strerror(code + 1));
   }
+  ck_assert_str_eq(fb_strerror(FB_OK), "success");
+  ck_assert_str_eq(fb_strerror(FB_EBOUNDS), "index out of bounds");
+  ck_assert_str_eq(fb_strerror(-99), "unknown error");
   ck_assert_int_eq(fbp_code_of_status(FBP_GRPC_UNAVAILABLE), FB_EIO);
 }
 END_TEST

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "fusebox/common.h"
-#include "fusebox/engine.h" /* fb_counters (only the type: no engine code is linked) */
+#include "fusebox/counters.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
 
