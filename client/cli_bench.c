@@ -82,6 +82,8 @@ static fb_counters diff(const fb_counters *a, const fb_counters *b) {
   d.tasks_fused -= b->tasks_fused;
   d.dead_stores_removed -= b->dead_stores_removed;
   d.activations_demoted -= b->activations_demoted;
+  d.fuse_refused -= b->fuse_refused;
+  d.fuse_fallbacks -= b->fuse_fallbacks;
   d.optimizer_s -= b->optimizer_s;
   return d;
 }
@@ -257,6 +259,8 @@ static json_t *mode_json(const mode_result *r) {
   json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
   json_object_set_new(j, "cpu_s", json_real(r->cpu_s));
   json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
+  json_object_set_new(j, "fuse_refused", json_integer((json_int_t)r->first.fuse_refused));
+  json_object_set_new(j, "fuse_fallbacks", json_integer((json_int_t)r->first.fuse_fallbacks));
   return j;
 }
 
