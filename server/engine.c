@@ -19,7 +19,9 @@
  * (sync, host access, return value) runs on the caller's thread when the
  * worker is idle. Batches the worker finished are freed by the caller's
  * thread (fb_opt is used by that thread only). Errors of background launches are kept (the first, and a
- * count of the rest) and reported at the next sync point.
+ * count of the rest) and reported at the next sync point. A fused task
+ * that cannot be compiled or launched runs as its unfused parts instead
+ * (fall_back: no lost work, docs/optimizer.md).
  *   The device state the optimizer models: one scratch buffer (gtmp) and
  * one set of return slots per session, shared by every launch (FB_SK_GTMP
  * and FB_SK_RET states of 8-byte slots); rets are zeroed at the start of
