@@ -393,8 +393,11 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
       const fb_sfg_part *xp = &x->parts[p];
       fb_bank_ref(o->bank, xp->orig);
       b->part_ir[b->nparts] = xp->orig;
-      b->parts[b->nparts++] = (fb_opt_part){xp->launch, fb_bank_ir(o->bank, xp->orig)->name,
-                                            xp->argoff, xp->nargs, xp->inb};
+      const fb_kernel *pk = fb_bank_ir(o->bank, xp->orig);
+      const fb_task_meta *pm = fb_bank_meta(o->bank, xp->orig);
+      b->parts[b->nparts++] = (fb_opt_part){xp->launch, pk->name, xp->argoff, xp->nargs, xp->inb,
+                                            xp->orig, pm ? pk : NULL, pm ? pm->kind : x->m->kind,
+                                            pm ? list_loop(pm, pk) : -1, pm ? pm->snode : -1};
     }
   }
   *out = &b->pub;

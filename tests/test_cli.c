@@ -307,7 +307,8 @@ START_TEST(bench_modes_and_json) {
   ck_assert_ptr_nonnull(js);
   ck_assert_msg(strstr(js, "\"tasks_launched\": 4,") && strstr(js, "\"geomean\"") &&
                     strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\"") &&
-                    strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\""),
+                    strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\"") &&
+                    strstr(js, "\"fuse_refused\": 0") && strstr(js, "\"fuse_fallbacks\": 0"),
                 "%s", js);
   free(js);
   snprintf(path, sizeof path, "%s/out.csv", tmpdir);

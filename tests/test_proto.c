@@ -539,6 +539,26 @@ START_TEST(arena_reuse) {
 }
 END_TEST
 
+/* Counters cross the wire field by field, the fusion cost model's and the
+ * fallback's too (fields appended: 16, 17). */
+START_TEST(counters_round_trip) {
+  fb_counters c = {.launches = 9, .tasks_fused = 4, .tasks_pending = 2, .fuse_refused = 7,
+                   .fuse_fallbacks = 3, .optimizer_s = 0.25};
+  Fusebox__V1__Counters m;
+  fbp_counters_to_pb(&m, &c);
+  Fusebox__V1__Counters *back = wire(&m.base, &fusebox__v1__counters__descriptor);
+  fb_counters d;
+  fbp_counters_from_pb(back, &d);
+  ck_assert_mem_eq(&c, &d, sizeof c);
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_refused");
+  ck_assert(f && f->id == 16);
+  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_fallbacks");
+  ck_assert(f && f->id == 17);
+  protobuf_c_message_free_unpacked(&back->base, NULL);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("convert");
@@ -554,6 +574,7 @@ int main(void) {
   tcase_add_test(tc, chunk_malformed);
   tcase_add_test(tc, status_mapping);
   tcase_add_test(tc, arena_reuse);
+  tcase_add_test(tc, counters_round_trip);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

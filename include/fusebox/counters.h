@@ -31,6 +31,10 @@ typedef struct fb_counters {
                                 * by its pool, lists), what memory_limit bounds */
   uint64_t flushes;            /* async: flushes that handed tasks out */
   uint64_t tasks_pending;      /* not cumulative: async tasks waiting in the SFG */
+  uint64_t fuse_refused;       /* async: tasks fusion's cost model kept from a fusion
+                                * (docs/optimizer.md), once per task per round */
+  uint64_t fuse_fallbacks;     /* async: fused tasks that could not be compiled or
+                                * launched and ran as their unfused parts instead */
 } fb_counters;
 
 #ifdef __cplusplus
