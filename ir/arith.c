@@ -1,9 +1,8 @@
 /* The arithmetic of the IR, defined once (ir/arith.h says who uses it):
  * integer ops with their wrapping, division by zero and shift rules, float
- * ops in their own precision, comparisons and casts. Moved here from the
- * interpreter and ir/types.c so that the optimizer's constant evaluation
- * and the front end's literal folding compute exactly what the interpreter
- * does. */
+ * ops in their own precision, comparisons and casts: one definition, so
+ * that the optimizer's constant evaluation and the front end's literal
+ * folding compute exactly what the interpreter does. */
 #include <math.h>
 
 #include "arith.h"
@@ -100,7 +99,8 @@ int fb_arith_int_unop(fb_op op, fb_type t, uint64_t a, uint64_t *out) {
   }
   if (!fb_type_is_int(t)) return -1;
   if (op == FB_OP_NEG) *out = fb_arith_wrap(t, 0u - a);
-  else if (op == FB_OP_ABS) *out = fb_arith_wrap(t, fb_type_is_signed(t) && (int64_t)a < 0 ? 0u - a : a);
+  else if (op == FB_OP_ABS)
+    *out = fb_arith_wrap(t, fb_type_is_signed(t) && (int64_t)a < 0 ? 0u - a : a);
   else return -1;
   return 0;
 }

@@ -51,8 +51,8 @@ static int64_t ipow(int64_t b, int64_t e) {
   return (int64_t)r;
 }
 
-/* The IR op a binary operator folds as (-1: none; `/` on ints and `**`
- * on ints are special). */
+/* The IR op a binary operator folds as (FB_OP__COUNT: none; `/` and `**`
+ * on integers are special). */
 static fb_op fold_op(int op) {
   switch (op) {
   case T_PLUS: return FB_OP_ADD;
@@ -75,7 +75,7 @@ static fb_op fold_op(int op) {
   case T_GE: return FB_OP_GE;
   case LOP_MIN: return FB_OP_MIN;
   case LOP_MAX: return FB_OP_MAX;
-  default: return (fb_op)-1;
+  default: return FB_OP__COUNT;
   }
 }
 
