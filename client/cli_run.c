@@ -38,7 +38,7 @@ static int help(FILE *f, int graph) {
     fprintf(f,
             "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
             "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE]\n"
-            "                   [-v] [-q]\n"
+            "                   [-o DIR] [-v] [-q]\n"
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
@@ -53,11 +53,19 @@ static int help(FILE *f, int graph) {
             "  -q, --quiet  no progress line (shown on a terminal's stderr during a long\n"
             "           setup or step: launches done, rate, ETA)\n"
             "  The last line gives the outcome and the time the whole run took.\n"
+            "  -o, --output-dir DIR  write the files of \"save\" actions and \"to\" checks\n"
+            "           (relative names) into DIR, made if missing (default: beside\n"
+            "           SESSION.json); a name ending in .png is a picture of a 2-D field\n"
             "  --param  set a parameter (${NAME} in the program and the session)\n"
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
             "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
             "  (--graph and --trace look inside the engine, so they imply --local)\n"
-            "example: fusebox run examples/life.json\n");
+            "  Ctrl-C (or SIGTERM) stops the run at once: the private fuseboxd is\n"
+            "  stopped and its socket removed, a --server session is closed; it prints\n"
+            "  \"interrupted\" and exits 130 (143 for SIGTERM). A second Ctrl-C does\n"
+            "  not wait for the daemon.\n"
+            "examples: fusebox run examples/life.json\n"
+            "          fusebox run examples/wave.json -o frames/   # frames/wave_0040.png ...\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -82,6 +90,8 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
       a->graph_dir = argv[++i];
     } else if (!strcmp(argv[i], "--flush") && v) a->flush = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--trace") && v) a->trace = argv[++i];
+    else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output-dir")) && v && !graph)
+      a->o.outdir = argv[++i];
     else if (!strcmp(argv[i], "-v")) a->o.verbose = 1;
     else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) a->quiet = 1;
     else if (!strcmp(argv[i], "--local")) a->o.private_server = 0;
@@ -161,6 +171,7 @@ static int run_common(int argc, char **argv, int graph) {
     json_decref(a.params);
     return help(pr > 0 ? stdout : stderr, graph);
   }
+  fb_cli_on_interrupt(graph ? "graph" : "run", a.o.progress); /* Ctrl-C: stop, clean up, exit 130 */
   fb_sess_file f;
   fb_sess_run *r = NULL;
   char *err = NULL;
@@ -168,6 +179,10 @@ static int run_common(int argc, char **argv, int graph) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = fb_sess_load(a.file, a.params, &f, &err);
   json_decref(a.params);
+  if (!rc && a.o.outdir && mkdir(a.o.outdir, 0777) && errno != EEXIST) {
+    if (asprintf(&err, "--output-dir %s: %s", a.o.outdir, strerror(errno)) < 0) err = NULL;
+    rc = FB_EIO;
+  }
   if (!rc) rc = fb_sess_start(&f, &a.o, &r, &err);
   if (!rc) rc = observe(&a, r, &err);
   if (!rc) rc = fb_sess_actions(r, "setup", &err);

@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -570,6 +573,222 @@ START_TEST(server_commands) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- Ctrl-C */
+
+/* A session that runs for hours: a kernel launched a billion times. */
+static const char *long_session =
+    "{ \"source\": \"layout { dense(i: 4096) { place a: f32 } }\\n"
+    "kernel k() { for i in a { a[i] = a[i] * 0.5 + 1.0 } }\\n\",\n"
+    "  \"step\": [ {\"repeat\": 1000000000, \"do\": [ {\"launch\": \"k\"} ]} ] }\n";
+
+/* The fuseboxd whose parent is `parent` (from /proc), its socket path
+ * (from its --listen unix:PATH) into sock; 0 when there is none yet. */
+static int fuseboxd_child(int parent, char *sock, size_t n) {
+  DIR *d = opendir("/proc");
+  ck_assert_ptr_nonnull(d);
+  int found = 0;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    int pid = atoi(e->d_name), ppid = 0;
+    if (pid <= 0) continue;
+    char path[64], comm[64] = "", st;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int ok = fscanf(f, "%*d (%63[^)]) %c %d", comm, &st, &ppid) == 3;
+    fclose(f);
+    if (!ok || ppid != parent || strcmp(comm, "fuseboxd")) continue;
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    char cl[4096]; /* NUL-separated arguments (/proc files have no size) */
+    f = fopen(path, "r");
+    size_t len = f ? fread(cl, 1, sizeof cl - 1, f) : 0;
+    if (f) fclose(f);
+    cl[len] = 0;
+    sock[0] = 0;
+    for (size_t i = 0; i < len; i += strlen(cl + i) + 1)
+      if (!strcmp(cl + i, "--listen") && i + 9 < len && !strncmp(cl + i + 9, "unix:", 5))
+        snprintf(sock, n, "%s", cl + i + 14);
+    found = sock[0] ? pid : 0;
+  }
+  closedir(d);
+  return found;
+}
+
+/* Whether pid is gone (or a zombie nobody has reaped yet: it runs no more). */
+static int process_gone(int pid) {
+  char path[64], comm[64], st = 0;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 1;
+  int ok = fscanf(f, "%*d (%63[^)]) %c", comm, &st) == 2;
+  fclose(f);
+  return !ok || st == 'Z' || st == 'X';
+}
+
+/* Whether pid catches SIGINT yet (its handler is installed: before that,
+ * a SIGINT would kill it and say nothing about the handler). */
+static int catches_sigint(int pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", pid);
+  FILE *f = fopen(path, "r");
+  unsigned long long mask = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+  if (f) fclose(f);
+  return (mask >> (SIGINT - 1)) & 1;
+}
+
+static void wait_handler(int pid) {
+  for (int i = 0; i < 6000 && !catches_sigint(pid); i++) usleep(10000);
+  ck_assert_msg(catches_sigint(pid), "fusebox run never installed its SIGINT handler");
+}
+
+/* Start `fusebox run JSON EXTRA` with its output in OUT; its pid. */
+static int spawn_run(const char *json, const char *extra, const char *outfile) {
+  int pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    FILE *o = freopen(outfile, "w", stdout);
+    if (!o || dup2(fileno(o), 2) < 0) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves nothing running */
+    unsetenv("FUSEBOX_SERVER");
+    if (extra) execl(fusebox(), "fusebox", "run", json, extra, (char *)NULL);
+    else execl(fusebox(), "fusebox", "run", json, "-q", (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Wait (generously: this is no speed test) for pid to exit; its exit
+ * status, or 1000 + the signal that killed it. */
+static int wait_exit(int pid) {
+  int st = 0;
+  for (int i = 0; i < 6000; i++) {
+    int w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 1000 + WTERMSIG(st);
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  ck_abort_msg("fusebox run did not exit after the signal");
+  return -1;
+}
+
+/* The private daemon of a running `fusebox run` (waits for it to serve). */
+static int wait_daemon(int cli, char *sock, size_t n) {
+  int d = 0;
+  struct stat sb;
+  for (int i = 0; i < 6000 && !(d && stat(sock, &sb) == 0); i++) {
+    d = fuseboxd_child(cli, sock, n);
+    if (!(d && stat(sock, &sb) == 0)) usleep(10000);
+  }
+  ck_assert_msg(d > 0 && stat(sock, &sb) == 0, "no private fuseboxd serving under fusebox run");
+  wait_handler(cli);
+  usleep(300000); /* let launches flow */
+  return d;
+}
+
+/* Ctrl-C on `fusebox run` with its private fuseboxd: "interrupted", exit
+ * 130, the daemon gone (reaped), its socket and folder removed. Twice in a
+ * row: the same. */
+START_TEST(ctrl_c_stops_private_daemon) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512], dir[512], *out;
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/long.out", tmpdir);
+  for (int twice = 0; twice < 2; twice++) {
+    int cli = spawn_run(json, NULL, outfile);
+    int d = wait_daemon(cli, sock, sizeof sock);
+    snprintf(dir, sizeof dir, "%s", sock);
+    *strrchr(dir, '/') = 0;
+    kill(cli, SIGINT);
+    if (twice) kill(cli, SIGINT);
+    ck_assert_int_eq(wait_exit(cli), 130);
+    out = fbt_read_file(outfile, NULL);
+    ck_assert_msg(out && strstr(out, "fusebox run: interrupted"), "%s", out ? out : "(no output)");
+    free(out);
+    ck_assert_msg(process_gone(d), "the private fuseboxd (pid %d) still runs", d);
+    ck_assert_msg(access(sock, F_OK) != 0, "%s is left behind", sock);
+    ck_assert_msg(access(dir, F_OK) != 0, "%s is left behind", dir);
+  }
+}
+END_TEST
+
+/* SIGTERM too (128 + 15); in this process (--local) there is no daemon. */
+START_TEST(sigterm_and_local) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512];
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/term.out", tmpdir);
+  int cli = spawn_run(json, NULL, outfile);
+  int d = wait_daemon(cli, sock, sizeof sock);
+  kill(cli, SIGTERM);
+  ck_assert_int_eq(wait_exit(cli), 143);
+  ck_assert(process_gone(d));
+  ck_assert(access(sock, F_OK) != 0);
+  cli = spawn_run(json, "--local", outfile);
+  wait_handler(cli);
+  usleep(300000);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  char *out = fbt_read_file(outfile, NULL);
+  ck_assert_msg(out && strstr(out, "interrupted"), "%s", out ? out : "");
+  free(out);
+}
+END_TEST
+
+/* Killed outright (SIGKILL, no handler runs), fusebox run still takes its
+ * private fuseboxd with it (PR_SET_PDEATHSIG). */
+START_TEST(sigkill_takes_the_daemon) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512];
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/kill.out", tmpdir);
+  int cli = spawn_run(json, NULL, outfile);
+  int d = wait_daemon(cli, sock, sizeof sock);
+  kill(cli, SIGKILL);
+  ck_assert_int_eq(wait_exit(cli), 1000 + SIGKILL);
+  int gone = 0;
+  for (int i = 0; i < 3000 && !(gone = process_gone(d)); i++) usleep(10000);
+  ck_assert_msg(gone, "the private fuseboxd (pid %d) outlived fusebox run", d);
+  /* nobody is left to remove the socket: its folder is ours to clean */
+  *strrchr(sock, '/') = 0;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", sock);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* On a running fuseboxd (--server), Ctrl-C closes the connection: exit 130,
+ * and the server goes on serving. */
+START_TEST(ctrl_c_on_server) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512], cmd[1024], *out;
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/srv.out", tmpdir);
+  int pid = start_fuseboxd("int.sock", sock, sizeof sock);
+  int cli = fork();
+  ck_assert_int_ge(cli, 0);
+  if (cli == 0) {
+    FILE *o = freopen(outfile, "w", stdout);
+    if (!o || dup2(fileno(o), 2) < 0) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execl(fusebox(), "fusebox", "run", json, "--server", sock, "-q", (char *)NULL);
+    _exit(127);
+  }
+  wait_handler(cli);
+  usleep(500000);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  out = fbt_read_file(outfile, NULL);
+  ck_assert_msg(out && strstr(out, "interrupted"), "%s", out ? out : "");
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s ping --server %s", fusebox(), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  kill(pid, SIGKILL);
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -589,6 +808,13 @@ int main(void) {
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
   suite_add_tcase(s, tc);
+  TCase *ti = tcase_create("interrupt"); /* Ctrl-C, SIGTERM, SIGKILL */
+  tcase_set_timeout(ti, 300);
+  tcase_add_test(ti, ctrl_c_stops_private_daemon);
+  tcase_add_test(ti, sigterm_and_local);
+  tcase_add_test(ti, sigkill_takes_the_daemon);
+  tcase_add_test(ti, ctrl_c_on_server);
+  suite_add_tcase(s, ti);
   int rc = fbt_run(s);
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
