@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <png.h>
 
 #include "support.h"
 
@@ -573,6 +574,147 @@ START_TEST(server_commands) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- snapshots */
+
+static const char *snap_prog =
+    "layout { dense(ij: 3, 5) { place u: f32 }\n dense(k: 4) { place w: f32 } }\n"
+    "kernel init() { for i, j in u { u[i, j] = f32(i * 5 + j) } }\n"
+    "kernel bump() { for i, j in u { u[i, j] += 1.0 } }\n";
+
+/* The f32 values of a .npy file written by fusebox (n of them). */
+static void read_npy_f32(const char *path, float *v, size_t n) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s is missing", path);
+  unsigned char head[10];
+  ck_assert_int_eq(fread(head, 1, 10, f), 10);
+  ck_assert_int_eq(fseek(f, 10 + head[8] + 256 * head[9], SEEK_SET), 0);
+  ck_assert_int_eq(fread(v, sizeof *v, n, f), n);
+  fclose(f);
+}
+
+/* A PNG read back with libpng, as 8-bit RGB. */
+static unsigned char *read_png(const char *path, unsigned *w, unsigned *h) {
+  png_image img;
+  memset(&img, 0, sizeof img);
+  img.version = PNG_IMAGE_VERSION;
+  ck_assert_msg(png_image_begin_read_from_file(&img, path), "%s: %s", path, img.message);
+  img.format = PNG_FORMAT_RGB;
+  unsigned char *buf = malloc(PNG_IMAGE_SIZE(img));
+  ck_assert_msg(png_image_finish_read(&img, NULL, buf, 0, NULL), "%s: %s", path, img.message);
+  *w = img.width;
+  *h = img.height;
+  return buf;
+}
+
+static void assert_pixel(const unsigned char *buf, unsigned w, unsigned x, unsigned y, int r, int g, int b) {
+  const unsigned char *p = buf + 3 * (y * w + x);
+  ck_assert_msg(p[0] == r && p[1] == g && p[2] == b, "pixel (%u, %u) is (%d, %d, %d), expected (%d, %d, %d)",
+                x, y, p[0], p[1], p[2], r, g, b);
+}
+
+/* save ... every N: {step} and {step:03d} in the name, .npy arrays and .png
+ * pictures (a given range with the gray map: exact values; the automatic
+ * range with viridis: its ends and middle), on a private fuseboxd and in
+ * this process alike; --output-dir; bench skips saves. */
+START_TEST(snapshots_and_pictures) {
+  write_file("snap.fbk", snap_prog);
+  write_file("snap.json",
+             "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+             "  \"step\": [ {\"repeat\": 4, \"do\": [ {\"launch\": \"bump\"},\n"
+             "      {\"save\": \"u\", \"to\": \"u_{step:03d}.npy\", \"every\": 2},\n"
+             "      {\"save\": \"u\", \"to\": \"u_{step}.png\", \"range\": [0, 51], \"colormap\": \"gray\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"auto.png\"} ] }\n");
+  const char *paths[] = {"", "--local"};
+  for (int p = 0; p < 2; p++) {
+    char cmd[8192], dir[512], file[600], *out;
+    snprintf(dir, sizeof dir, "%s/out%d", tmpdir, p);
+    snprintf(cmd, sizeof cmd, "%s run %s/snap.json -o %s %s", fusebox(), tmpdir, dir, paths[p]);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* every 2: the 2nd and 4th time only, after 2 and 4 bumps */
+    snprintf(file, sizeof file, "%s/u_001.npy", dir);
+    ck_assert(access(file, F_OK) != 0);
+    snprintf(file, sizeof file, "%s/u_003.npy", dir);
+    ck_assert(access(file, F_OK) != 0);
+    float v[15];
+    for (int k = 2; k <= 4; k += 2) {
+      snprintf(file, sizeof file, "%s/u_%03d.npy", dir, k);
+      read_npy_f32(file, v, 15);
+      for (int i = 0; i < 15; i++) ck_assert_float_eq(v[i], (float)(i + k));
+    }
+    /* u_1.png .. u_4.png: 5 wide, 3 high; gray over [0, 51]: 5 per unit */
+    for (int k = 1; k <= 4; k++) {
+      unsigned w, h;
+      snprintf(file, sizeof file, "%s/u_%d.png", dir, k);
+      unsigned char *px = read_png(file, &w, &h);
+      ck_assert_uint_eq(w, 5);
+      ck_assert_uint_eq(h, 3);
+      for (unsigned y = 0; y < 3; y++)
+        for (unsigned x = 0; x < 5; x++) {
+          int g = 5 * (int)(y * 5 + x + (unsigned)k);
+          assert_pixel(px, w, x, y, g, g, g);
+        }
+      free(px);
+    }
+    /* viridis over the field's own range [4, 18]: row 0 on top */
+    unsigned w, h;
+    snprintf(file, sizeof file, "%s/auto.png", dir);
+    unsigned char *px = read_png(file, &w, &h);
+    assert_pixel(px, w, 0, 0, 68, 1, 84);     /* 4: the low end */
+    assert_pixel(px, w, 2, 1, 33, 145, 140);  /* 11: the middle */
+    assert_pixel(px, w, 4, 2, 253, 231, 37);  /* 18: the high end */
+    free(px);
+  }
+  /* the same arrays on both paths */
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "cmp %s/out0/u_004.npy %s/out1/u_004.npy && cmp %s/out0/u_3.png %s/out1/u_3.png",
+           tmpdir, tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+  /* bench times the step: no snapshots (they would land beside snap.json) */
+  snprintf(cmd, sizeof cmd, "%s bench %s/snap.json --local --modes sync --warmup 0 --repeat 1", fusebox(), tmpdir);
+  ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+  free(out);
+  char file[600];
+  snprintf(file, sizeof file, "%s/u_1.png", tmpdir);
+  ck_assert_msg(access(file, F_OK) != 0, "bench saved %s", file);
+}
+END_TEST
+
+/* `fusebox check` (and run) refuse a bad save with its JSON path. */
+START_TEST(bad_saves_are_named) {
+  write_file("snap.fbk", snap_prog);
+  struct { const char *action, *want; } cases[] = {
+      {"{\"save\": \"u\", \"to\": \"u.txt\"}", "$.step[0].to: 'u.txt': expected a file name ending in .npy or .png"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"every\": 0}", "$.step[0].every: expected a count >= 1"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"range\": [1, 0]}", "$.step[0].range: expected [lo, hi]"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"range\": [0, 1]}", "$.step[0].range: only for a picture"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"colormap\": \"jet\"}", "$.step[0].colormap: expected \"viridis\" or \"gray\""},
+      {"{\"save\": \"u\", \"to\": \"u_{stp}.png\"}", "$.step[0].to: 'u_{stp}.png': unknown placeholder"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"evry\": 2}", "$.step[0].evry: unknown key"},
+      {"{\"save\": 3, \"to\": \"u.npy\"}", "$.step[0].save: expected a field name"},
+      {"{\"save\": \"zz\", \"to\": \"u.npy\"}", "$.step[0].save: no field named 'zz'"},
+      {"{\"save\": \"w\", \"to\": \"w.png\"}", "$.step[0].to: a picture needs a 2-D field of scalars; 'w' has 1 index"},
+      {"{\"repeat\": 2, \"do\": [{\"launch\": \"bump\"}, {\"save\": \"w\", \"to\": \"w{step}.png\"}]}",
+       "$.step[0].do[1].to: a picture needs a 2-D field"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char json[1024], name[32], cmd[8192], *out;
+    snprintf(json, sizeof json, "{ \"program\": \"snap.fbk\", \"step\": [ %s ] }\n", cases[i].action);
+    snprintf(name, sizeof name, "bs%zu.json", i);
+    write_file(name, json);
+    snprintf(cmd, sizeof cmd, "%s check %s/%s", fusebox(), tmpdir, name);
+    ck_assert_msg(sh(cmd, &out) == 1, "case %zu:\n%s", i, out);
+    ck_assert_msg(strstr(out, cases[i].want), "case %zu: want '%s' in:\n%s", i, cases[i].want, out);
+    free(out);
+  }
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "%s run %s/bs9.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "'w' has 1 index"), "%s", out);
+  free(out);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- Ctrl-C */
 
 /* A session that runs for hours: a kernel launched a billion times. */
@@ -807,6 +949,8 @@ int main(void) {
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
+  tcase_add_test(tc, snapshots_and_pictures);
+  tcase_add_test(tc, bad_saves_are_named);
   suite_add_tcase(s, tc);
   TCase *ti = tcase_create("interrupt"); /* Ctrl-C, SIGTERM, SIGKILL */
   tcase_set_timeout(ti, 300);
