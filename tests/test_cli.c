@@ -908,7 +908,7 @@ END_TEST
  * and the server goes on serving. */
 START_TEST(ctrl_c_on_server) {
   write_file("long.json", long_session);
-  char json[512], outfile[512], sock[512], cmd[1024], *out;
+  char json[512], outfile[512], sock[512], cmd[8192], *out;
   snprintf(json, sizeof json, "%s/long.json", tmpdir);
   snprintf(outfile, sizeof outfile, "%s/srv.out", tmpdir);
   int pid = start_fuseboxd("int.sock", sock, sizeof sock);
