@@ -578,6 +578,52 @@ START_TEST(server_commands) {
 }
 END_TEST
 
+/* run --json: one object a program can read, for a pass, a failed check
+ * and an error alike. */
+START_TEST(run_json) {
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "{ %s run %s --json 2>/dev/null; }", fusebox(), fbt_path("../examples/heat.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  json_error_t je;
+  json_t *js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "run --json is not JSON (%s):\n%s", je.text, out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "passed");
+  ck_assert_int_eq(json_integer_value(json_object_get(js, "exit_status")), 0);
+  ck_assert(json_real_value(json_object_get(js, "elapsed_s")) > 0);
+  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(js, "counters"), "launches")), 201);
+  json_t *c0 = json_array_get(json_object_get(js, "checks"), 0);
+  ck_assert(json_is_true(json_object_get(c0, "ok")));
+  ck_assert_int_eq(json_integer_value(json_object_get(c0, "index")), 0);
+  ck_assert_msg(strstr(json_string_value(json_object_get(c0, "message")), "sum(T)"), "%s", out);
+  json_decref(js);
+  free(out);
+  write_file("p.fbk", prog);
+  write_file("jf.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
+                        "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]} ],\n"
+                        "  \"checks\": [ {\"read\": \"a\", \"sum\": 36.0}, {\"read\": \"a\", \"sum\": 99.0} ] }\n");
+  snprintf(cmd, sizeof cmd, "{ %s run %s/jf.json --json 2>/dev/null; }", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "failed");
+  json_t *checks = json_object_get(js, "checks");
+  ck_assert_int_eq(json_array_size(checks), 2);
+  ck_assert(json_is_true(json_object_get(json_array_get(checks, 0), "ok")));
+  ck_assert(json_is_false(json_object_get(json_array_get(checks, 1), "ok")));
+  json_decref(js);
+  free(out);
+  write_file("je.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2}, \"step\": [ {\"launch\": \"nope\"} ] }\n");
+  snprintf(cmd, sizeof cmd, "{ %s run %s/je.json --json 2>/dev/null; }", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "error");
+  ck_assert_msg(strstr(json_string_value(json_object_get(js, "error")), "no kernel named 'nope'"), "%s", out);
+  json_decref(js);
+  free(out);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- snapshots */
 
 static const char *snap_prog =
@@ -953,6 +999,7 @@ int main(void) {
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
+  tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, bad_saves_are_named);
   suite_add_tcase(s, tc);
