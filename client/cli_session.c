@@ -73,7 +73,8 @@ static int step_placeholder(const char *p, size_t *len) {
     return 0;
   }
   int width = 0, n = 0;
-  if (sscanf(p, "{step:0%2dd}%n", &width, &n) == 1 && n > 0 && width >= 1 && width <= 20) {
+  if (!strncmp(p, "{step:0", 7) && isdigit((unsigned char)p[7]) &&
+      sscanf(p, "{step:0%2dd}%n", &width, &n) == 1 && n > 0 && width >= 1 && width <= 20) {
     *len = (size_t)n;
     return width;
   }

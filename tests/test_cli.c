@@ -816,10 +816,17 @@ static int process_gone(int pid) {
   return !ok || st == 'Z' || st == 'X';
 }
 
-/* Whether pid catches SIGINT yet (its handler is installed: before that,
- * a SIGINT would kill it and say nothing about the handler). */
+/* Whether pid runs fusebox and catches SIGINT yet (its handler is
+ * installed: before that, a SIGINT would kill it and say nothing about the
+ * handler). Before the exec, the forked test process catches SIGINT too. */
 static int catches_sigint(int pid) {
-  char path[64], line[256];
+  char path[64], line[256], exe[1024];
+  snprintf(path, sizeof path, "/proc/%d/exe", pid);
+  ssize_t k = readlink(path, exe, sizeof exe - 1);
+  if (k <= 0) return 0;
+  exe[k] = 0;
+  const char *base = strrchr(exe, '/');
+  if (!base || strcmp(base, "/fusebox")) return 0;
   snprintf(path, sizeof path, "/proc/%d/status", pid);
   FILE *f = fopen(path, "r");
   unsigned long long mask = 0;
