@@ -113,7 +113,8 @@ static char bench_backend[16]; /* of the first session that started */
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
 static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
                     char **err) {
-  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server};
+  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server,
+                    .skip_saves = 1}; /* the step is timed: no snapshots */
   FILE *devnull = fopen("/dev/null", "w");
   o.out = devnull;
   fb_sess_run *r = NULL;
@@ -349,7 +350,8 @@ static int help(FILE *f) {
           "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
           "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
           "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
-          "  (then times include the transport).\n"
+          "  (then times include the transport). \"save\" actions are skipped (the step\n"
+          "  is timed). Ctrl-C stops it at once: \"interrupted\", exit status 130.\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
@@ -470,6 +472,7 @@ int fb_cli_bench(int argc, char **argv) {
     return help(stderr);
   }
   if (!server && !local) server = fb_cli_env_server(); /* FUSEBOX_SERVER */
+  fb_cli_on_interrupt("bench", 0); /* Ctrl-C: exit 130 (closing a --server session) */
   case_result *cases = calloc((size_t)nfiles, sizeof *cases);
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;
