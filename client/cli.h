@@ -26,6 +26,26 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen);
 void fb_npy_free(fb_npy *a);
 int64_t fb_npy_numel(const fb_npy *a);
 
+/* ---------------------------------------------------------------- .png */
+
+/* How values become colours: a colour map ("viridis", the default, or
+ * "gray") over [lo, hi] (has_range) or the field's finite min..max. */
+typedef struct fb_png_opts {
+  int has_range;
+  double lo, hi;
+  const char *colormap; /* NULL: viridis */
+} fb_png_opts;
+
+/* A 2-D field (h rows of w values, row-major) as an 8-bit RGB PNG, row 0
+ * on top; out-of-range values clamped, NaN magenta. 0 or FB_E* with err. */
+int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
+                 char *err, size_t errlen);
+/* The range fb_png_write maps over. */
+void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, double *hi);
+int fb_png_colormap_known(const char *name);
+/* Whether a file name ends in .png (any case). */
+int fb_png_is_name(const char *file);
+
 /* ---------------------------------------------------------------- commands */
 
 int fb_cli_check(int argc, char **argv);
@@ -40,6 +60,16 @@ int fb_cli_stats(int argc, char **argv);
 char *fb_cli_read_file(const char *path, size_t *len);
 /* Whether argv has -h or --help. */
 int fb_cli_wants_help(int argc, char **argv);
+/* Ctrl-C / SIGTERM (cli_interrupt.c): from now on a signal prints
+ * "fusebox CMD: interrupted", stops the registered private fuseboxd, removes
+ * its socket and folder and exits 128 + the signal (130 for Ctrl-C); a
+ * second signal exits at once. progress_line: clear a progress line first. */
+void fb_cli_on_interrupt(const char *cmd, int progress_line);
+/* The private daemon to stop on a signal: *pid is read when the signal
+ * comes (fb_daemon.pid, set as soon as it is forked); sock and dir (may be
+ * NULL) are removed. fb_cli_interrupt_forget() before *pid goes away. */
+void fb_cli_interrupt_daemon(volatile int *pid, const char *sock, const char *dir);
+void fb_cli_interrupt_forget(void);
 /* $FUSEBOX_SERVER (the default of --server) or NULL when unset or empty. */
 const char *fb_cli_env_server(void);
 

@@ -39,6 +39,7 @@ typedef struct mode_result {
   int checks_failed;
   double wall_s, backend_s;       /* per timed step */
   double cpu_s;                   /* process CPU time per timed step */
+  double first_s;                 /* wall-clock of the first step (compiling) */
   fb_counters first;              /* counters of the first step */
   fb_counters total;              /* the whole run */
   double tasks_per_step;          /* tasks launched per timed step */
@@ -82,6 +83,8 @@ static fb_counters diff(const fb_counters *a, const fb_counters *b) {
   d.tasks_fused -= b->tasks_fused;
   d.dead_stores_removed -= b->dead_stores_removed;
   d.activations_demoted -= b->activations_demoted;
+  d.fuse_refused -= b->fuse_refused;
+  d.fuse_fallbacks -= b->fuse_fallbacks;
   d.optimizer_s -= b->optimizer_s;
   return d;
 }
@@ -110,7 +113,8 @@ static char bench_backend[16]; /* of the first session that started */
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
 static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
                     char **err) {
-  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server};
+  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server,
+                    .skip_saves = 1}; /* the step is timed: no snapshots */
   FILE *devnull = fopen("/dev/null", "w");
   o.out = devnull;
   fb_sess_run *r = NULL;
@@ -120,7 +124,9 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
   if (!rc) rc = fb_sess_actions(r, "setup", err);
   if (!rc) rc = fb_sess_sync(r, err);
   if (!rc) fb_sess_counters(r, &c0);
+  double f0 = now();
   if (!rc) rc = step(r, err);
+  res->first_s = now() - f0;
   if (!rc) {
     fb_sess_counters(r, &c1);
     res->first = diff(&c1, &c0);
@@ -223,15 +229,15 @@ static int geomean(const case_result *cases, int ncases, const char *mode, doubl
 
 static void print_case(FILE *o, const case_result *cr) {
   fprintf(o, "\n%s\n", cr->name);
-  fprintf(o, "  %-17s %10s %6s %10s %6s %10s %8s %6s %9s %8s %7s %7s %6s %6s %6s %6s\n", "mode", "wall ms",
-          "x", "backend ms", "x", "cpu ms", "tasks", "x", "tasks/st", "stmts", "compld", "lg-rm", "fused",
-          "dse", "demot", "hits");
+  fprintf(o, "  %-17s %10s %6s %10s %6s %10s %8s %6s %9s %8s %7s %7s %6s %6s %6s %6s %9s %9s\n",
+          "mode", "wall ms", "x", "backend ms", "x", "cpu ms", "tasks", "x", "tasks/st", "stmts",
+          "compld", "lg-rm", "fused", "dse", "demot", "hits", "1st ms", "comp ms");
   const mode_result *s = mode_in(cr, "sync");
   for (int m = 0; m < cr->nmodes; m++) {
     const mode_result *r = &cr->m[m];
     if (!r->ok) { fprintf(o, "  %-17s (failed)\n", r->def->name); continue; }
     if (!s) s = r; /* no sync mode: ratios against the first mode */
-    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %10.3f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu\n",
+    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %10.3f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu %9.1f %9.1f\n",
             r->def->name, r->wall_s * 1e3, ratio(s->wall_s, r->wall_s), r->backend_s * 1e3,
             ratio(s->backend_s, r->backend_s), r->cpu_s * 1e3, (unsigned long long)r->first.tasks_launched,
             ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched), r->tasks_per_step,
@@ -239,7 +245,8 @@ static void print_case(FILE *o, const case_result *cr) {
             (unsigned long long)r->first.tasks_compiled,
             (unsigned long long)r->first.listgens_removed, (unsigned long long)r->first.tasks_fused,
             (unsigned long long)r->first.dead_stores_removed,
-            (unsigned long long)r->first.activations_demoted, (unsigned long long)r->first.cache_hits);
+            (unsigned long long)r->first.activations_demoted, (unsigned long long)r->first.cache_hits,
+            r->first_s * 1e3, r->first.compile_s * 1e3);
   }
 }
 
@@ -257,6 +264,10 @@ static json_t *mode_json(const mode_result *r) {
   json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
   json_object_set_new(j, "cpu_s", json_real(r->cpu_s));
   json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
+  json_object_set_new(j, "first_step_s", json_real(r->first_s));
+  json_object_set_new(j, "compile_s", json_real(r->first.compile_s));
+  json_object_set_new(j, "fuse_refused", json_integer((json_int_t)r->first.fuse_refused));
+  json_object_set_new(j, "fuse_fallbacks", json_integer((json_int_t)r->first.fuse_fallbacks));
   return j;
 }
 
@@ -339,7 +350,8 @@ static int help(FILE *f) {
           "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
           "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
           "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
-          "  (then times include the transport).\n"
+          "  (then times include the transport). \"save\" actions are skipped (the step\n"
+          "  is timed). Ctrl-C stops it at once: \"interrupted\", exit status 130.\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
@@ -460,6 +472,7 @@ int fb_cli_bench(int argc, char **argv) {
     return help(stderr);
   }
   if (!server && !local) server = fb_cli_env_server(); /* FUSEBOX_SERVER */
+  fb_cli_on_interrupt("bench", 0); /* Ctrl-C: exit 130 (closing a --server session) */
   case_result *cases = calloc((size_t)nfiles, sizeof *cases);
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;

@@ -19,7 +19,7 @@
 typedef struct run_args {
   const char *file, *graph_dir, *trace;
   uint64_t flush;
-  int graphs_written, quiet;
+  int graphs_written, quiet, json;
   fb_sess_opts o;
   json_t *params;
 } run_args;
@@ -38,7 +38,7 @@ static int help(FILE *f, int graph) {
     fprintf(f,
             "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
             "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE]\n"
-            "                   [-v] [-q]\n"
+            "                   [-o DIR] [-v] [-q] [--json]\n"
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
@@ -53,11 +53,22 @@ static int help(FILE *f, int graph) {
             "  -q, --quiet  no progress line (shown on a terminal's stderr during a long\n"
             "           setup or step: launches done, rate, ETA)\n"
             "  The last line gives the outcome and the time the whole run took.\n"
+            "  --json   print one JSON object instead (file, name, outcome: passed, failed\n"
+            "           or error, exit_status, elapsed_s, backend, counters, checks: each\n"
+            "           with index, ok and message, error: the message when one)\n"
+            "  -o, --output-dir DIR  write the files of \"save\" actions and \"to\" checks\n"
+            "           (relative names) into DIR, made if missing (default: beside\n"
+            "           SESSION.json); a name ending in .png is a picture of a 2-D field\n"
             "  --param  set a parameter (${NAME} in the program and the session)\n"
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
             "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
             "  (--graph and --trace look inside the engine, so they imply --local)\n"
-            "example: fusebox run examples/life.json\n");
+            "  Ctrl-C (or SIGTERM) stops the run at once: the private fuseboxd is\n"
+            "  stopped and its socket removed, a --server session is closed; it prints\n"
+            "  \"interrupted\" and exits 130 (143 for SIGTERM). A second Ctrl-C does\n"
+            "  not wait for the daemon.\n"
+            "examples: fusebox run examples/life.json\n"
+            "          fusebox run examples/wave.json -o frames/   # frames/wave_0040.png ...\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -82,8 +93,11 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
       a->graph_dir = argv[++i];
     } else if (!strcmp(argv[i], "--flush") && v) a->flush = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--trace") && v) a->trace = argv[++i];
+    else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--output-dir")) && v && !graph)
+      a->o.outdir = argv[++i];
     else if (!strcmp(argv[i], "-v")) a->o.verbose = 1;
     else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) a->quiet = 1;
+    else if (!strcmp(argv[i], "--json") && !graph) a->json = 1;
     else if (!strcmp(argv[i], "--local")) a->o.private_server = 0;
     else if (!strcmp(argv[i], "--server") && v) a->o.server = argv[++i];
     else if (argv[i][0] != '-' && !a->file) a->file = argv[i];
@@ -154,6 +168,59 @@ static int finish_observe(run_args *a, fb_sess_run *r) {
   return rc;
 }
 
+/* run --json: the outcome as one object. The check lines the runner wrote
+ * (into a memory stream) become {index, ok, message}; other lines (-v's
+ * return values) go to "output". */
+static void print_json(run_args *a, fb_sess_file *f, fb_sess_run *r, const char *lines, int status,
+                       double elapsed, const char *err) {
+  json_t *o = json_object(), *checks = json_array(), *output = json_array();
+  json_object_set_new(o, "file", json_string(a->file));
+  if (f->name) json_object_set_new(o, "name", json_string(f->name));
+  json_object_set_new(o, "outcome", json_string(status == 0 ? "passed" : status == 1 ? "failed" : "error"));
+  json_object_set_new(o, "exit_status", json_integer(status));
+  json_object_set_new(o, "elapsed_s", json_real(elapsed));
+  if (r) {
+    char backend[64];
+    fb_counters c;
+    fb_sess_backend(r, backend, sizeof backend);
+    fb_sess_counters(r, &c);
+    json_object_set_new(o, "backend", json_string(backend));
+    json_object_set_new(o, "counters",
+                        json_pack("{sI sI sI sI sI sI sI sI}", "launches", (json_int_t)c.launches,
+                                  "tasks_launched", (json_int_t)c.tasks_launched, "tasks_compiled",
+                                  (json_int_t)c.tasks_compiled, "cache_hits", (json_int_t)c.cache_hits,
+                                  "listgens_removed", (json_int_t)c.listgens_removed, "tasks_fused",
+                                  (json_int_t)c.tasks_fused, "dead_stores_removed",
+                                  (json_int_t)c.dead_stores_removed, "activations_demoted",
+                                  (json_int_t)c.activations_demoted));
+  }
+  for (const char *p = lines ? lines : ""; *p;) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    char *line = strndup(p, n);
+    unsigned long idx;
+    char word[8];
+    if (line && sscanf(line, "%7s checks[%lu]", word, &idx) == 2 &&
+        (!strcmp(word, "ok") || !strcmp(word, "FAIL"))) {
+      const char *msg = line + strlen(word);
+      while (*msg == ' ') msg++;
+      json_array_append_new(checks, json_pack("{sI sb ss}", "index", (json_int_t)idx, "ok",
+                                              !strcmp(word, "ok"), "message", msg));
+    } else if (line) {
+      json_array_append_new(output, json_string(line));
+    }
+    free(line);
+    p += n + (nl != NULL);
+  }
+  json_object_set_new(o, "checks", checks);
+  if (json_array_size(output)) json_object_set(o, "output", output);
+  json_decref(output);
+  if (err) json_object_set_new(o, "error", json_string(err));
+  json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
+  fputc('\n', stdout);
+  json_decref(o);
+}
+
 static int run_common(int argc, char **argv, int graph) {
   run_args a;
   int pr = parse_args(argc, argv, graph, &a);
@@ -161,13 +228,21 @@ static int run_common(int argc, char **argv, int graph) {
     json_decref(a.params);
     return help(pr > 0 ? stdout : stderr, graph);
   }
+  fb_cli_on_interrupt(graph ? "graph" : "run", a.o.progress); /* Ctrl-C: stop, clean up, exit 130 */
   fb_sess_file f;
   fb_sess_run *r = NULL;
-  char *err = NULL;
+  char *err = NULL, *lines = NULL;
+  size_t nlines = 0;
+  FILE *mem = a.json ? open_memstream(&lines, &nlines) : NULL;
+  if (mem) a.o.out = mem; /* the check lines, for print_json */
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = fb_sess_load(a.file, a.params, &f, &err);
   json_decref(a.params);
+  if (!rc && a.o.outdir && mkdir(a.o.outdir, 0777) && errno != EEXIST) {
+    if (asprintf(&err, "--output-dir %s: %s", a.o.outdir, strerror(errno)) < 0) err = NULL;
+    rc = FB_EIO;
+  }
   if (!rc) rc = fb_sess_start(&f, &a.o, &r, &err);
   if (!rc) rc = observe(&a, r, &err);
   if (!rc) rc = fb_sess_actions(r, "setup", &err);
@@ -179,16 +254,21 @@ static int run_common(int argc, char **argv, int graph) {
     if (failed < 0) rc = failed;
   }
   if (finish_observe(&a, r) && !rc) rc = FB_EIO;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double elapsed = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  int status = rc ? 2 : failed ? 1 : 0;
   if (rc) fprintf(stderr, "fusebox %s: %s\n", graph ? "graph" : "run", err ? err : fb_strerror(rc));
-  else {
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    printf("%s: %s (%.2f s)\n", f.name, failed ? "checks FAILED" : "all checks passed",
-           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+  if (mem) {
+    fclose(mem);
+    print_json(&a, &f, r, lines, status, elapsed, rc ? (err ? err : fb_strerror(rc)) : NULL);
+    free(lines);
+  } else if (!rc) {
+    printf("%s: %s (%.2f s)\n", f.name, failed ? "checks FAILED" : "all checks passed", elapsed);
   }
   free(err);
   fb_sess_stop(r);
   fb_sess_free(&f);
-  return rc ? 2 : failed ? 1 : 0;
+  return status;
 }
 
 int fb_cli_run(int argc, char **argv) { return run_common(argc, argv, 0); }

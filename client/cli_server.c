@@ -54,13 +54,15 @@ int fb_cli_ping(int argc, char **argv) {
 }
 
 static json_t *counters_json(const fb_counters *c) {
-  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "launches", (json_int_t)c->launches,
+  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "launches",
+                   (json_int_t)c->launches,
                    "tasks_launched", (json_int_t)c->tasks_launched, "statements_emitted",
                    (json_int_t)c->statements_emitted, "tasks_compiled", (json_int_t)c->tasks_compiled,
                    "tasks_fused", (json_int_t)c->tasks_fused, "listgens_removed",
                    (json_int_t)c->listgens_removed, "dead_stores_removed", (json_int_t)c->dead_stores_removed,
                    "activations_demoted", (json_int_t)c->activations_demoted,
-                   "cache_hits", (json_int_t)c->cache_hits);
+                   "cache_hits", (json_int_t)c->cache_hits, "fuse_refused",
+                   (json_int_t)c->fuse_refused, "fuse_fallbacks", (json_int_t)c->fuse_fallbacks);
 }
 
 /* `stats --json`: the server, its counters and its sessions as one object. */
@@ -134,10 +136,12 @@ int fb_cli_stats(int argc, char **argv) {
          (unsigned long long)st.memory_peak_bytes);
   for (int i = 0; i < st.nsessions; i++) {
     const fb_session_stats *s = &st.sessions[i];
-    printf("  session %-10s %s idle %6.1f s  %10llu B  launches %llu  tasks %llu  fused %llu\n", s->tag,
-           s->attached ? "attached" : "detached", s->idle_s, (unsigned long long)s->memory_bytes,
-           (unsigned long long)s->counters.launches, (unsigned long long)s->counters.tasks_launched,
-           (unsigned long long)s->counters.tasks_fused);
+    printf("  session %-10s %s idle %6.1f s  %10llu B  launches %llu  tasks %llu  fused %llu  "
+           "fuse refused %llu  fuse fallbacks %llu\n", s->tag, s->attached ? "attached" : "detached",
+           s->idle_s, (unsigned long long)s->memory_bytes, (unsigned long long)s->counters.launches,
+           (unsigned long long)s->counters.tasks_launched, (unsigned long long)s->counters.tasks_fused,
+           (unsigned long long)s->counters.fuse_refused,
+           (unsigned long long)s->counters.fuse_fallbacks);
   }
   fb_server_stats_free(&st);
   fb_client_close(c);

@@ -16,6 +16,7 @@
 
 #include "client/cli.h"
 #include "fusebox/client.h"
+#include "ir/base.h"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -64,13 +65,69 @@ static const char *const bench_keys[] = {"warmup", "repeat", "modes", NULL};
 
 static int check_actions(json_t *list, const char *path, char **err);
 
+/* The {step} placeholders of a save's file name: "{step}" or "{step:0Nd}"
+ * (zero-padded to N digits, as Python's format); the width, 0 for none,
+ * -1 when malformed. *len gets the placeholder's length. */
+static int step_placeholder(const char *p, size_t *len) {
+  if (!strncmp(p, "{step}", 6)) {
+    *len = 6;
+    return 0;
+  }
+  int width = 0, n = 0;
+  if (!strncmp(p, "{step:0", 7) && isdigit((unsigned char)p[7]) &&
+      sscanf(p, "{step:0%2dd}%n", &width, &n) == 1 && n > 0 && width >= 1 && width <= 20) {
+    *len = (size_t)n;
+    return width;
+  }
+  return -1;
+}
+
+/* "to", "range" and "colormap" of a save action or a check's "to". */
+static int check_output(json_t *a, const char *path, int require_ext, char **err) {
+  json_t *to = json_object_get(a, "to");
+  if (!json_is_string(to)) return errf(err, FB_EINVAL, "%s.to: expected a file name", path);
+  const char *t = json_string_value(to);
+  size_t n = strlen(t);
+  int png = fb_png_is_name(t);
+  if (require_ext && !png && !(n > 4 && !strcmp(t + n - 4, ".npy")))
+    return errf(err, FB_EINVAL, "%s.to: '%s': expected a file name ending in .npy or .png", path, t);
+  for (const char *p = strchr(t, '{'); require_ext && p; p = strchr(p + 1, '{')) {
+    size_t len;
+    if (step_placeholder(p, &len) < 0)
+      return errf(err, FB_EINVAL, "%s.to: '%s': unknown placeholder (use {step}, or {step:05d} for 00100)",
+                  path, t);
+  }
+  json_t *range = json_object_get(a, "range"), *cmap = json_object_get(a, "colormap");
+  if ((range || cmap) && !png)
+    return errf(err, FB_EINVAL, "%s.%s: only for a picture (\"to\" ending in .png)", path,
+                range ? "range" : "colormap");
+  if (range && (!json_is_array(range) || json_array_size(range) != 2 ||
+                !json_is_number(json_array_get(range, 0)) || !json_is_number(json_array_get(range, 1)) ||
+                !(json_number_value(json_array_get(range, 0)) < json_number_value(json_array_get(range, 1)))))
+    return errf(err, FB_EINVAL, "%s.range: expected [lo, hi], two numbers with lo < hi", path);
+  if (cmap && (!json_is_string(cmap) || !fb_png_colormap_known(json_string_value(cmap))))
+    return errf(err, FB_EINVAL, "%s.colormap: expected \"viridis\" or \"gray\"", path);
+  return 0;
+}
+
 static int check_action(json_t *a, const char *path, char **err) {
   static const char *const launch_k[] = {"launch", "args", NULL};
   static const char *const write_k[] = {"write", "from", NULL};
   static const char *const repeat_k[] = {"repeat", "do", NULL};
   static const char *const flush_k[] = {"flush", NULL};
   static const char *const sync_k[] = {"sync", NULL};
+  static const char *const save_k[] = {"save", "to", "every", "range", "colormap", NULL};
   if (!json_is_object(a)) return errf(err, FB_EINVAL, "%s: expected an action object", path);
+  if (json_object_get(a, "save")) {
+    int rc = only_keys(a, path, save_k, err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(a, "save")))
+      return errf(err, FB_EINVAL, "%s.save: expected a field name", path);
+    json_t *every = json_object_get(a, "every");
+    if (every && (!json_is_integer(every) || json_integer_value(every) < 1))
+      return errf(err, FB_EINVAL, "%s.every: expected a count >= 1 (save every N-th time)", path);
+    return check_output(a, path, 1, err);
+  }
   if (json_object_get(a, "launch")) {
     int rc = only_keys(a, path, launch_k, err);
     if (rc) return rc;
@@ -99,7 +156,7 @@ static int check_action(json_t *a, const char *path, char **err) {
   if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
   if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
   const char *k = json_object_iter_key(json_object_iter(a));
-  return errf(err, FB_EINVAL, "%s%s%s: unknown action (expected launch, write, repeat, flush or sync)",
+  return errf(err, FB_EINVAL, "%s%s%s: unknown action (expected launch, write, save, repeat, flush or sync)",
               path, k ? "." : "", k ? k : "");
 }
 
@@ -118,7 +175,8 @@ static int check_actions(json_t *list, const char *path, char **err) {
 }
 
 static int check_checks(json_t *list, char **err) {
-  static const char *const read_k[] = {"read", "sum", "equals", "min", "max", "rtol", "atol", "to", NULL};
+  static const char *const read_k[] = {"read", "sum", "equals", "min", "max", "rtol", "atol", "to",
+                                       "range", "colormap", NULL};
   static const char *const same_k[] = {"same_across_modes", "rtol", "atol", NULL};
   if (!list) return 0;
   if (!json_is_array(list)) return errf(err, FB_EINVAL, "$.checks: expected an array");
@@ -136,6 +194,9 @@ static int check_checks(json_t *list, char **err) {
     if (rc) return rc;
     if (!json_is_string(json_object_get(c, "read")))
       return errf(err, FB_EINVAL, "%s: a check needs \"read\": FIELD or \"same_across_modes\"", path);
+    if ((json_object_get(c, "to") || json_object_get(c, "range") || json_object_get(c, "colormap")) &&
+        (rc = check_output(c, path, 0, err)))
+      return rc;
   }
   return 0;
 }
@@ -320,6 +381,52 @@ static int load_program(fb_sess_file *f, json_t *params, char **err) {
   return rc;
 }
 
+/* What the program must have for an output: the field, and for a .png a
+ * 2-D field of scalars. */
+static int check_output_field(const fb_program *prog, json_t *a, const char *key, const char *path,
+                              char **err) {
+  const char *name = json_string_value(json_object_get(a, key));
+  json_t *to = json_object_get(a, "to");
+  if (!name || !to) return 0;
+  int fi = fb_program_find_field(prog, name);
+  if (fi < 0) return errf(err, FB_ENOENT, "%s.%s: no field named '%s' in the program", path, key, name);
+  const fb_lang_field *fld = fb_program_field(prog, fi);
+  if (fb_png_is_name(json_string_value(to)) && (fld->ndim != 2 || fld->ncomp != 1))
+    return errf(err, FB_EINVAL,
+                "%s.to: a picture needs a 2-D field of scalars; '%s' has %d ind%s%s", path, name,
+                fld->ndim, fld->ndim == 1 ? "ex" : "ices", fld->ncomp > 1 ? " and components" : "");
+  return 0;
+}
+
+static int check_saves(const fb_program *prog, json_t *list, const char *path, char **err) {
+  size_t i;
+  json_t *a;
+  json_array_foreach(list, i, a) {
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%.1000s[%zu]", path, i);
+    int rc = check_output_field(prog, a, "save", sub, err);
+    if (!rc && json_object_get(a, "repeat")) {
+      snprintf(sub + strlen(sub), sizeof sub - strlen(sub), ".do");
+      rc = check_saves(prog, json_object_get(a, "do"), sub, err);
+    }
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int check_outputs(const fb_program *prog, json_t *root, char **err) {
+  int rc = check_saves(prog, json_object_get(root, "setup"), "$.setup", err);
+  if (!rc) rc = check_saves(prog, json_object_get(root, "step"), "$.step", err);
+  size_t i;
+  json_t *c;
+  json_array_foreach(json_object_get(root, "checks"), i, c) {
+    char sub[64];
+    snprintf(sub, sizeof sub, "$.checks[%zu]", i);
+    if (!rc) rc = check_output_field(prog, c, "read", sub, err);
+  }
+  return rc;
+}
+
 int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *f, char **err) {
   memset(f, 0, sizeof *f);
   f->path = strdup(path);
@@ -344,6 +451,7 @@ int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *f, char **er
   int rc = check_schema(f->root, err);
   if (rc) { json_decref(raw); return errf(err, rc, "%s: %s", path, *err); }
   rc = load_program(f, params, err);
+  if (!rc && (rc = check_outputs(f->prog, f->root, err))) errf(err, rc, "%s: %s", path, *err);
   json_decref(raw);
   json_t *name = json_object_get(f->root, "name");
   f->name = strdup(json_is_string(name) ? json_string_value(name) : path);
@@ -379,6 +487,7 @@ struct fb_sess_run {
   fb_remote *rem;
   fb_daemon daemon;
   int have_daemon;
+  char sockdir[200], sockpath[256]; /* the private daemon's temp folder and socket */
   kcache *kc;
   int nkc, capkc;
   /* Where each launch came from, so that an error found later (async, or
@@ -391,6 +500,9 @@ struct fb_sess_run {
   uint64_t nlaunch, caplaunch;
   const char **rnames; /* kernel names by server kernel id (borrowed from the program) */
   int nrnames;
+  /* how many times each save action has come up (its {step}) */
+  struct { json_t *action; uint64_t n; } *saves;
+  int nsaves, capsaves;
   /* the progress line (o.progress): launches of the running list */
   const char *plist;
   uint64_t pdone, ptotal;
@@ -568,14 +680,24 @@ void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
  * socket that lives as long as this run. */
 static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
                         char **err) {
-  char msg[1024] = "", exe[1024], sock[256];
+  char msg[1024] = "", exe[1024], sock[320];
   const char *addr = r->o.server;
   if (!addr) {
-    snprintf(sock, sizeof sock, "unix:/tmp/fusebox-%d-%p.sock", (int)getpid(), (void *)r);
+    /* a folder of our own (0700) for the socket, removed at the end, also
+     * on Ctrl-C (cli_interrupt.c) */
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) > 80) tmp = "/tmp";
+    snprintf(r->sockdir, sizeof r->sockdir, "%s/fusebox-XXXXXX", tmp);
+    if (!mkdtemp(r->sockdir))
+      return errf(err, FB_EIO, "cannot make a folder for the private fuseboxd's socket (%s): %s",
+                  r->sockdir, strerror(errno));
+    snprintf(r->sockpath, sizeof r->sockpath, "%s/fuseboxd.sock", r->sockdir);
+    snprintf(sock, sizeof sock, "unix:%s", r->sockpath);
+    fb_cli_interrupt_daemon(&r->daemon.pid, r->sockpath, r->sockdir);
+    r->have_daemon = 1;
     const char *args[] = {"--log-level", "warn", NULL};
     int rc = fb_daemon_start(fb_daemon_find(exe, sizeof exe), sock, args, &r->daemon, msg, sizeof msg);
     if (rc) return errf(err, rc, "cannot start a private fuseboxd: %s (or use --local / --server)", msg);
-    r->have_daemon = 1;
     addr = r->daemon.address;
   }
   int rc = fb_client_connect(addr, NULL, &r->cli, msg, sizeof msg);
@@ -659,7 +781,12 @@ void fb_sess_stop(fb_sess_run *r) {
   if (!r) return;
   if (r->rem) fb_remote_close(r->rem);
   if (r->cli) fb_client_close(r->cli);
-  if (r->have_daemon) fb_daemon_stop(&r->daemon, 10.0, NULL);
+  if (r->have_daemon) {
+    if (r->daemon.pid > 0) fb_daemon_stop(&r->daemon, 10.0, NULL);
+    fb_cli_interrupt_forget();
+    unlink(r->sockpath); /* fuseboxd removes it, unless it was killed */
+    rmdir(r->sockdir);
+  }
   if (r->s) fb_session_destroy(r->s);
   if (r->eng) fb_engine_destroy(r->eng);
   free(r->kc);
@@ -667,6 +794,7 @@ void fb_sess_stop(fb_sess_run *r) {
   free(r->paths);
   free(r->launch_path);
   free(r->rnames);
+  free(r->saves);
   free(r);
 }
 
@@ -675,12 +803,7 @@ static int kernel_id(fb_sess_run *r, const fb_kernel *ir, char **err) {
     if (r->kc[i].ir == ir) return r->kc[i].id;
   int id = fb_session_add_kernel(r->s, ir);
   if (id < 0) return errf(err, id, "kernel %s: %s", ir->name, fb_session_errmsg(r->s));
-  if (r->nkc == r->capkc) {
-    r->capkc = r->capkc ? r->capkc * 2 : 16;
-    kcache *n = realloc(r->kc, sizeof *n * (size_t)r->capkc);
-    if (!n) return FB_ENOMEM;
-    r->kc = n;
-  }
+  if (FB_GROW(r->kc, r->nkc, r->capkc)) return FB_ENOMEM;
   r->kc[r->nkc++] = (kcache){ir, id};
   return id;
 }
@@ -888,10 +1011,96 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   return tmp ? 0 : FB_ENOMEM;
 }
 
+/* Where an output file goes: a relative name under --output-dir, else
+ * beside the JSON file (as the inputs). */
+static char *output_path(fb_sess_run *r, const char *name) {
+  return join_path(r->o.outdir ? r->o.outdir : r->f->dir, name);
+}
+
+/* Field `name` into file: a .png picture (2-D, a colour map over "range" of
+ * spec) or a .npy array. path: the JSON path of the action, for errors. */
+static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char *file, const char *path,
+                      char **err) {
+  char msg[512];
+  int rc;
+  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err))) return rc; /* launches before it failed? */
+  if (!fb_png_is_name(file)) {
+    fb_npy a;
+    if ((rc = read_field(r, name, &a, err))) return errf(err, rc, "%s: %s", path, *err);
+    rc = fb_npy_write(file, &a, msg, sizeof msg);
+    fb_npy_free(&a);
+    return rc ? errf(err, rc, "%s.to: %s", path, msg) : 0;
+  }
+  const fb_lang_field *fld = NULL;
+  int64_t cells = 0, n = 0;
+  if ((rc = field_info(r, name, &fld, &cells, err))) return errf(err, rc, "%s: %s", path, *err);
+  if (fld->ndim != 2 || fld->ncomp != 1)
+    return errf(err, FB_EINVAL, "%s.to: a picture needs a 2-D field of scalars ('%s' is not)", path, name);
+  double *v = NULL;
+  if ((rc = fb_sess_read_f64(r, name, &v, &n, err))) return errf(err, rc, "%s: %s", path, *err);
+  json_t *range = json_object_get(spec, "range"), *cmap = json_object_get(spec, "colormap");
+  fb_png_opts po = {.has_range = range != NULL,
+                    .lo = json_number_value(json_array_get(range, 0)),
+                    .hi = json_number_value(json_array_get(range, 1)),
+                    .colormap = json_string_value(cmap)};
+  rc = fb_png_write(file, v, fld->shape[0], fld->shape[1], &po, msg, sizeof msg);
+  free(v);
+  return rc ? errf(err, rc, "%s.to: %s", path, msg) : 0;
+}
+
+/* The file name of a save, its {step} placeholders replaced by n. */
+static char *save_name(const char *to, uint64_t n) {
+  size_t cap = strlen(to) + 1, o = 0;
+  for (const char *p = strchr(to, '{'); p; p = strchr(p + 1, '{')) cap += 24;
+  char *out = malloc(cap);
+  for (const char *p = to; out && *p;) {
+    size_t len = 0;
+    int width = *p == '{' ? step_placeholder(p, &len) : -1;
+    if (width < 0) {
+      out[o++] = *p++;
+      continue;
+    }
+    o += (size_t)snprintf(out + o, cap - o, "%0*llu", width, (unsigned long long)n);
+    p += len;
+  }
+  if (out) out[o] = 0;
+  return out;
+}
+
+/* {"save": F, "to": NAME, "every": K}: on every K-th time this action
+ * comes up (counted from 1 per run: that count is {step}), F to a file. */
+static int do_save(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  if (r->o.skip_saves) return 0;
+  int i = 0;
+  while (i < r->nsaves && r->saves[i].action != a) i++;
+  if (i == r->nsaves) {
+    if (r->nsaves == r->capsaves) {
+      int nc = r->capsaves ? 2 * r->capsaves : 8;
+      void *v = realloc(r->saves, sizeof *r->saves * (size_t)nc);
+      if (!v) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+      r->saves = v;
+      r->capsaves = nc;
+    }
+    r->saves[r->nsaves].action = a;
+    r->saves[r->nsaves++].n = 0;
+  }
+  uint64_t n = ++r->saves[i].n;
+  json_t *every = json_object_get(a, "every");
+  if (every && n % (uint64_t)json_integer_value(every)) return 0;
+  char *name = save_name(json_string_value(json_object_get(a, "to")), n);
+  char *file = name ? output_path(r, name) : NULL;
+  free(name);
+  if (!file) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  int rc = save_field(r, a, json_string_value(json_object_get(a, "save")), file, path, err);
+  free(file);
+  return rc;
+}
+
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
 
 static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (json_object_get(a, "launch")) return do_launch(r, a, path, err);
+  if (json_object_get(a, "save")) return do_save(r, a, path, err);
   if (json_object_get(a, "write")) return do_write(r, a, path, err);
   if (json_object_get(a, "repeat")) {
     json_int_t n = json_integer_value(json_object_get(a, "repeat"));
@@ -968,16 +1177,13 @@ static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
   FILE *o = r->o.out;
   json_t *to = json_object_get(c, "to");
   if (to) {
-    fb_npy a;
-    char msg[512];
-    int rc = read_field(r, name, &a, err);
-    if (rc) return errf(err, rc, "$.checks[%zu]: %s", idx, *err);
-    char *file = join_path(r->f->dir, json_string_value(to));
-    rc = fb_npy_write(file, &a, msg, sizeof msg);
-    fb_npy_free(&a);
-    if (rc) { free(file); return errf(err, rc, "$.checks[%zu].to: %s", idx, msg); }
-    fprintf(o, "ok    checks[%zu] %s saved to %s\n", idx, name, file);
+    char path[64];
+    snprintf(path, sizeof path, "$.checks[%zu]", idx);
+    char *file = output_path(r, json_string_value(to));
+    int rc = file ? save_field(r, c, name, file, path, err) : FB_ENOMEM;
+    if (!rc) fprintf(o, "ok    checks[%zu] %s saved to %s\n", idx, name, file);
     free(file);
+    if (rc) return rc;
   }
   json_t *sum = json_object_get(c, "sum"), *eq = json_object_get(c, "equals");
   json_t *mn = json_object_get(c, "min"), *mx = json_object_get(c, "max");

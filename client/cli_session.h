@@ -44,6 +44,8 @@ typedef struct fb_sess_opts {
   const char *server; /* run on this fuseboxd ("host:port", "unix:PATH") */
   int private_server; /* run on a private fuseboxd started for this run */
   int progress;      /* a progress line on stderr (a terminal) during long lists */
+  const char *outdir; /* relative output files ("to") go here; NULL: beside the JSON file */
+  int skip_saves;    /* ignore "save" actions (fusebox bench times the step) */
   FILE *out;         /* where check outcomes go */
 } fb_sess_opts;
 

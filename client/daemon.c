@@ -1,7 +1,9 @@
 /* A private fuseboxd as a child process: started with --ready-fd so that
  * the parent learns the bound address (a free port for "host:0") exactly
  * when the server serves, and stopped with SIGTERM (graceful) and, if it
- * hangs, SIGKILL. Used by the CLI's embedded mode and by the tests. */
+ * hangs, SIGKILL. The child has PR_SET_PDEATHSIG = SIGKILL, so it dies
+ * with the thread that started it, even when that is killed outright.
+ * Used by the CLI's embedded mode and by the tests. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,7 +30,10 @@ static double now_s(void) {
 }
 
 /* In the child, between fork and exec: async-signal-safe calls only. */
-static void child(int wfd, char *const *argv) {
+static void child(int wfd, char *const *argv, pid_t parent) {
+  /* the daemon must not outlive its parent, however the parent ends (a
+   * SIGKILL included); if the parent is already gone, stop here */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) _exit(127);
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
@@ -93,19 +99,19 @@ int fb_daemon_start(const char *exe, const char *listen, const char *const *extr
     snprintf(err, errlen, "pipe: %s", strerror(errno));
     return FB_EIO;
   }
-  pid_t pid = fork();
+  pid_t parent = getpid(), pid = fork();
   if (pid < 0) {
     snprintf(err, errlen, "fork: %s", strerror(errno));
     close(fds[0]);
     close(fds[1]);
     return FB_EIO;
   }
-  if (pid == 0) child(fds[1], argv);
+  if (pid == 0) child(fds[1], argv, parent);
+  out->pid = (int)pid; /* now, so that a signal handler can stop it while it starts */
   close(fds[1]);
   char line[sizeof out->address];
   int got = read_line(fds[0], line, sizeof line, START_TIMEOUT_MS);
   close(fds[0]);
-  out->pid = (int)pid;
   if (got <= 0) {
     int st = 0;
     fb_daemon_stop(out, 5, &st);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "ir/base.h"
 
 typedef struct entry {
   uint64_t key;
@@ -25,13 +26,6 @@ struct fb_code_cache {
   entry **buckets;
   size_t nbuckets, nentries;
 };
-
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 /* Position of the loop statement in block 0 (-1 for a serial task). */
 static int loop_position(const fb_cg_task *t) {
@@ -80,7 +74,7 @@ static entry *find(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir) 
 fb_code_key fb_code_cache_key(const fb_cg_task *t) {
   fb_code_key k;
   k.loop_pos = loop_position(t);
-  k.key = mix64(fb_kernel_hash(t->ir) ^ mix64((uint64_t)(int64_t)k.loop_pos));
+  k.key = fb__mix64(fb_kernel_hash(t->ir) ^ fb__mix64((uint64_t)(int64_t)k.loop_pos));
   return k;
 }
 

@@ -2,7 +2,8 @@
  * memory it owns (one flat, zero-initialised, row-major array per field). It
  * is deliberately slow and literal: it is the oracle the code generator is
  * tested against, so every rule in the semantics block of include/fusebox/ir.h
- * is spelled out here once, per type, with f32 math done in float.
+ * is spelled out literally; what each value op computes is ir/arith.c, which
+ * the optimizer and the front end share, with f32 math done in float.
  *
  * Safety: every run starts with fb_verify (FB_EVERIFY when it refuses), and
  * the interpreter still checks every operand, block, SNode and slot where it
@@ -20,6 +21,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "arith.h"
 #include "ir_internal.h"
 
 #define INTERP_MAX_DEPTH 256                 /* block nesting limit */
@@ -139,12 +141,7 @@ static fb_value zero_of(fb_type t) {
 /* An integer or bool of type t from raw bits, wrapped to t's width. */
 static fb_value mk_int(fb_type t, uint64_t bits) {
   fb_value v = zero_of(t);
-  switch (t) {
-  case FB_T_BOOL: v.v.u = bits != 0; break;
-  case FB_T_I32: v.v.i = (int32_t)(uint32_t)bits; break;
-  case FB_T_U32: v.v.u = (uint32_t)bits; break;
-  default: v.v.u = bits; break;
-  }
+  v.v.u = fb_arith_wrap(t, bits);
   return v;
 }
 
@@ -153,263 +150,6 @@ static fb_value mk_f64(double f) { return fb_value_f64(f); }
 
 static int is_num(fb_type t) { return fb_type_is_int(t) || fb_type_is_float(t); }
 static int valid_type(int t) { return t > FB_T_VOID && t < FB_T__COUNT; }
-
-/* ---------------------------------------------------------------- integer ops */
-
-/* Signed division and remainder on sign-extended values: x / 0 = 0,
- * MIN / -1 wraps to MIN (computed as 0 - x in unsigned arithmetic; for i32
- * the caller's wrap to 32 bits does the same), x % -1 = 0. */
-static int64_t sdiv(int64_t x, int64_t y) {
-  if (y == 0) return 0;
-  if (y == -1) return (int64_t)(0u - (uint64_t)x);
-  return x / y;
-}
-
-static int64_t srem(int64_t x, int64_t y) {
-  if (y == 0 || y == -1) return 0;
-  return x % y;
-}
-
-static int64_t sfloordiv(int64_t x, int64_t y) {
-  int64_t q = sdiv(x, y), r = srem(x, y);
-  if (r != 0 && (r < 0) != (y < 0)) q -= 1;
-  return q;
-}
-
-static int64_t sfloormod(int64_t x, int64_t y) {
-  int64_t r = srem(x, y);
-  if (r != 0 && (r < 0) != (y < 0)) r += y;
-  return r;
-}
-
-static uint64_t udiv(uint64_t x, uint64_t y) { return y ? x / y : 0; }
-static uint64_t urem(uint64_t x, uint64_t y) { return y ? x % y : 0; }
-
-/* Arithmetic shift right of a sign-extended value without relying on the
- * implementation-defined >> of negative numbers. */
-static uint64_t sar(int64_t x, unsigned c) {
-  uint64_t u = (uint64_t)x;
-  return x < 0 ? ~(~u >> c) : u >> c;
-}
-
-/* Binary op on integers (or bool for the bit ops) of type t. Returns 0, or
- * -1 when op does not apply to integers. */
-static int int_binop(fb_op op, fb_type t, fb_value a, fb_value b, fb_value *out) {
-  int sg = fb_type_is_signed(t);
-  uint64_t x = a.v.u, y = b.v.u;
-  int64_t sx = a.v.i, sy = b.v.i;
-  unsigned c = (unsigned)(y & (uint64_t)(fb_type_bits(t) - 1));
-  uint64_t r;
-  switch (op) {
-  case FB_OP_ADD: r = x + y; break;
-  case FB_OP_SUB: r = x - y; break;
-  case FB_OP_MUL: r = x * y; break;
-  case FB_OP_DIV: r = sg ? (uint64_t)sdiv(sx, sy) : udiv(x, y); break;
-  case FB_OP_REM: r = sg ? (uint64_t)srem(sx, sy) : urem(x, y); break;
-  case FB_OP_FLOORDIV: r = sg ? (uint64_t)sfloordiv(sx, sy) : udiv(x, y); break;
-  case FB_OP_FLOORMOD: r = sg ? (uint64_t)sfloormod(sx, sy) : urem(x, y); break;
-  case FB_OP_MIN: r = sg ? (sx < sy ? x : y) : (x < y ? x : y); break;
-  case FB_OP_MAX: r = sg ? (sx > sy ? x : y) : (x > y ? x : y); break;
-  case FB_OP_AND: r = x & y; break;
-  case FB_OP_OR: r = x | y; break;
-  case FB_OP_XOR: r = x ^ y; break;
-  case FB_OP_SHL: r = x << c; break;
-  case FB_OP_SHR: r = sg ? sar(sx, c) : x >> c; break;
-  default: return -1;
-  }
-  *out = mk_int(t, r);
-  return 0;
-}
-
-/* ---------------------------------------------------------------- float ops */
-
-/* Python's % on floats: fmod, then moved to the sign of the divisor. */
-static float floormod_f32(float a, float b) {
-  float r = fmodf(a, b);
-  if (r != 0 && (r < 0) != (b < 0)) r += b;
-  return r;
-}
-
-static double floormod_f64(double a, double b) {
-  double r = fmod(a, b);
-  if (r != 0 && (r < 0) != (b < 0)) r += b;
-  return r;
-}
-
-static int f32_binop(fb_op op, float a, float b, float *out) {
-  switch (op) {
-  case FB_OP_ADD: *out = a + b; break;
-  case FB_OP_SUB: *out = a - b; break;
-  case FB_OP_MUL: *out = a * b; break;
-  case FB_OP_DIV: *out = a / b; break;
-  case FB_OP_REM: *out = fmodf(a, b); break;
-  case FB_OP_FLOORDIV: { float q = a / b; *out = floorf(q); break; }
-  case FB_OP_FLOORMOD: *out = floormod_f32(a, b); break;
-  case FB_OP_MIN: *out = fminf(a, b); break;
-  case FB_OP_MAX: *out = fmaxf(a, b); break;
-  case FB_OP_POW: *out = powf(a, b); break;
-  case FB_OP_ATAN2: *out = atan2f(a, b); break;
-  default: return -1;
-  }
-  return 0;
-}
-
-static int f64_binop(fb_op op, double a, double b, double *out) {
-  switch (op) {
-  case FB_OP_ADD: *out = a + b; break;
-  case FB_OP_SUB: *out = a - b; break;
-  case FB_OP_MUL: *out = a * b; break;
-  case FB_OP_DIV: *out = a / b; break;
-  case FB_OP_REM: *out = fmod(a, b); break;
-  case FB_OP_FLOORDIV: { double q = a / b; *out = floor(q); break; }
-  case FB_OP_FLOORMOD: *out = floormod_f64(a, b); break;
-  case FB_OP_MIN: *out = fmin(a, b); break;
-  case FB_OP_MAX: *out = fmax(a, b); break;
-  case FB_OP_POW: *out = pow(a, b); break;
-  case FB_OP_ATAN2: *out = atan2(a, b); break;
-  default: return -1;
-  }
-  return 0;
-}
-
-static int f32_unop(fb_op op, float a, float *out) {
-  switch (op) {
-  case FB_OP_NEG: *out = -a; break;
-  case FB_OP_ABS: *out = fabsf(a); break;
-  case FB_OP_SQRT: *out = sqrtf(a); break;
-  case FB_OP_RSQRT: { float s = sqrtf(a); *out = 1.0f / s; break; }
-  case FB_OP_SIN: *out = sinf(a); break;
-  case FB_OP_COS: *out = cosf(a); break;
-  case FB_OP_TAN: *out = tanf(a); break;
-  case FB_OP_ASIN: *out = asinf(a); break;
-  case FB_OP_ACOS: *out = acosf(a); break;
-  case FB_OP_ATAN: *out = atanf(a); break;
-  case FB_OP_EXP: *out = expf(a); break;
-  case FB_OP_LOG: *out = logf(a); break;
-  case FB_OP_FLOOR: *out = floorf(a); break;
-  case FB_OP_CEIL: *out = ceilf(a); break;
-  case FB_OP_ROUND: *out = roundf(a); break;
-  default: return -1;
-  }
-  return 0;
-}
-
-static int f64_unop(fb_op op, double a, double *out) {
-  switch (op) {
-  case FB_OP_NEG: *out = -a; break;
-  case FB_OP_ABS: *out = fabs(a); break;
-  case FB_OP_SQRT: *out = sqrt(a); break;
-  case FB_OP_RSQRT: { double s = sqrt(a); *out = 1.0 / s; break; }
-  case FB_OP_SIN: *out = sin(a); break;
-  case FB_OP_COS: *out = cos(a); break;
-  case FB_OP_TAN: *out = tan(a); break;
-  case FB_OP_ASIN: *out = asin(a); break;
-  case FB_OP_ACOS: *out = acos(a); break;
-  case FB_OP_ATAN: *out = atan(a); break;
-  case FB_OP_EXP: *out = exp(a); break;
-  case FB_OP_LOG: *out = log(a); break;
-  case FB_OP_FLOOR: *out = floor(a); break;
-  case FB_OP_CEIL: *out = ceil(a); break;
-  case FB_OP_ROUND: *out = round(a); break;
-  default: return -1;
-  }
-  return 0;
-}
-
-/* ---------------------------------------------------------------- dispatch by type */
-
-/* Binary op on two values of type t (arithmetic, bits, shifts; the shift
- * count may be any integer type). Returns -1 when op does not apply to t. */
-static int binop(fb_op op, fb_type t, fb_value a, fb_value b, fb_value *out) {
-  int cls = fb_op_table[op].cls;
-  if (t == FB_T_BOOL) {
-    if (cls != FB_OPC_BITS) return -1;
-    return int_binop(op, t, a, b, out);
-  }
-  if (fb_type_is_int(t)) {
-    if (cls == FB_OPC_FARITH) return -1;
-    return int_binop(op, t, a, b, out);
-  }
-  if (cls != FB_OPC_ARITH && cls != FB_OPC_FARITH) return -1;
-  if (t == FB_T_F32) {
-    float f;
-    if (f32_binop(op, (float)a.v.f, (float)b.v.f, &f)) return -1;
-    *out = mk_f32(f);
-    return 0;
-  }
-  if (t == FB_T_F64) {
-    double f;
-    if (f64_binop(op, a.v.f, b.v.f, &f)) return -1;
-    *out = mk_f64(f);
-    return 0;
-  }
-  return -1;
-}
-
-/* Comparison of two values of type t; NaN compares unequal to everything
- * (C's operators: ne is true when either side is NaN). */
-static int compare(fb_op op, fb_type t, fb_value a, fb_value b) {
-  if (fb_type_is_float(t)) {
-    double x = a.v.f, y = b.v.f;
-    switch (op) {
-    case FB_OP_EQ: return x == y;
-    case FB_OP_NE: return x != y;
-    case FB_OP_LT: return x < y;
-    case FB_OP_LE: return x <= y;
-    case FB_OP_GT: return x > y;
-    default: return x >= y;
-    }
-  }
-  if (fb_type_is_signed(t)) {
-    int64_t x = a.v.i, y = b.v.i;
-    switch (op) {
-    case FB_OP_EQ: return x == y;
-    case FB_OP_NE: return x != y;
-    case FB_OP_LT: return x < y;
-    case FB_OP_LE: return x <= y;
-    case FB_OP_GT: return x > y;
-    default: return x >= y;
-    }
-  }
-  uint64_t x = a.v.u, y = b.v.u;
-  switch (op) {
-  case FB_OP_EQ: return x == y;
-  case FB_OP_NE: return x != y;
-  case FB_OP_LT: return x < y;
-  case FB_OP_LE: return x <= y;
-  case FB_OP_GT: return x > y;
-  default: return x >= y;
-  }
-}
-
-/* neg, abs, not and the float math functions. -1 when op does not apply. */
-static int unop(fb_op op, fb_type t, fb_value a, fb_value *out) {
-  if (op == FB_OP_NOT) {
-    if (t == FB_T_BOOL) { *out = mk_int(t, !a.v.u); return 0; }
-    if (!fb_type_is_int(t)) return -1;
-    *out = mk_int(t, ~a.v.u);
-    return 0;
-  }
-  if (fb_type_is_int(t)) {
-    if (op == FB_OP_NEG) *out = mk_int(t, 0u - a.v.u);
-    else if (op == FB_OP_ABS) *out = mk_int(t, fb_type_is_signed(t) && a.v.i < 0 ? 0u - a.v.u : a.v.u);
-    else return -1;
-    return 0;
-  }
-  if (t == FB_T_F32) {
-    float f;
-    if (f32_unop(op, (float)a.v.f, &f)) return -1;
-    *out = mk_f32(f);
-    return 0;
-  }
-  if (t == FB_T_F64) {
-    double f;
-    if (f64_unop(op, a.v.f, &f)) return -1;
-    *out = mk_f64(f);
-    return 0;
-  }
-  return -1;
-}
 
 /* ---------------------------------------------------------------- operands */
 
@@ -790,7 +530,7 @@ static int exec_atomic(run *r, int id) {
   }
   old = cell_active(r->in, sn->id, gi) ? fb_value_load(sn->type, elem_ptr(r, sn, flat))
                                        : zero_of(sn->type);
-  if (binop(base, sn->type, old, v, &nv)) return bad(r, FB_EINVAL, id, "bad operand type");
+  if (fb_arith_binop(base, sn->type, old, v, &nv)) return bad(r, FB_EINVAL, id, "bad operand type");
   activate_cell(r->in, sn->id, gi);
   fb_value_store(nv, elem_ptr(r, sn, flat));
   r->vals[id] = old;
@@ -946,7 +686,7 @@ static int exec_binary(run *r, int id) {
     return bad(r, FB_EINVAL, id, "operand types %s and %s", fb_type_name(a.type),
                fb_type_name(b.type));
   if ((rc = result_type(r, id, a.type))) return rc;
-  if (binop((fb_op)s->op, a.type, a, b, &r->vals[id]))
+  if (fb_arith_binop((fb_op)s->op, a.type, a, b, &r->vals[id]))
     return bad(r, FB_EINVAL, id, "not defined on %s", fb_type_name(a.type));
   return 0;
 }
@@ -959,7 +699,7 @@ static int exec_compare(run *r, int id) {
     return bad(r, FB_EINVAL, id, "operand types %s and %s", fb_type_name(a.type),
                fb_type_name(b.type));
   if ((rc = result_type(r, id, FB_T_BOOL))) return rc;
-  r->vals[id] = fb_value_bool(compare((fb_op)r->k->stmts[id].op, a.type, a, b));
+  r->vals[id] = fb_value_bool(fb_arith_compare((fb_op)r->k->stmts[id].op, a.type, a, b));
   return 0;
 }
 
@@ -967,7 +707,7 @@ static int exec_unary(run *r, int id) {
   fb_value a = {0};
   int rc;
   if ((rc = operand(r, id, 0, &a)) || (rc = result_type(r, id, a.type))) return rc;
-  if (unop((fb_op)r->k->stmts[id].op, a.type, a, &r->vals[id]))
+  if (fb_arith_unop((fb_op)r->k->stmts[id].op, a.type, a, &r->vals[id]))
     return bad(r, FB_EINVAL, id, "not defined on %s", fb_type_name(a.type));
   return 0;
 }
@@ -1417,7 +1157,7 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
   if (rc < 0) return rc;
   if (ret) *ret = r.ret;
   if (r.bounds)
-    snprintf(in->err, sizeof in->err, "kernel %s %s", k->name,
+    fb_errf(in->err, sizeof in->err, "kernel %s %s", k->name,
              r.full ? "appended to a full dynamic list (or indexed out of bounds)"
                     : "indexed a field out of bounds");
   return r.bounds;

@@ -1,46 +1,10 @@
-/* Internal helpers shared by the files of ir/: growable arrays and string
- * duplication. Nothing here aborts; growth failures are reported. */
+/* Internal helpers shared by the files of ir/: the shared base (ir/base.h:
+ * growable arrays, string duplication, hashing) and the text format. */
 #ifndef FB_IR_INTERNAL_H
 #define FB_IR_INTERNAL_H
 
-#include <stdlib.h>
-#include <string.h>
-
+#include "base.h"
 #include "fusebox/ir.h"
-
-/* Make room for one more element in *v (count n, capacity *cap). */
-static inline int fb__grow(void **v, int n, int *cap, size_t elem) {
-  if (n < *cap) return 0;
-  int nc = *cap ? *cap * 2 : 8;
-  void *p = realloc(*v, (size_t)nc * elem);
-  if (!p) return FB_ENOMEM;
-  *v = p;
-  *cap = nc;
-  return 0;
-}
-#define FB_GROW(v, n, cap) fb__grow((void **)&(v), (n), &(cap), sizeof(*(v)))
-
-static inline char *fb__strdup(const char *s) {
-  if (!s) return NULL;
-  size_t n = strlen(s) + 1;
-  char *d = malloc(n);
-  if (d) memcpy(d, s, n);
-  return d;
-}
-
-/* 64-bit FNV-1a step and a final mixer (splitmix64). */
-static inline uint64_t fb__fnv(uint64_t h, const void *p, size_t n) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-#define FB_FNV_INIT 0xcbf29ce484222325ull
-static inline uint64_t fb__mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 /* The text format (ir/print.c, shared with ir/parse.c): the operand form
  * of an op, derived from its op-table class, and the characters allowed in

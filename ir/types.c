@@ -1,7 +1,6 @@
 /* Scalar types, tagged values and error names: the vocabulary every layer
- * shares. Casts here follow the IR's rules exactly (they are the reference
- * the code generator is tested against). */
-#include <math.h>
+ * shares. Casts (fb_value_cast) follow the IR's rules and live with the
+ * rest of its arithmetic in ir/arith.c. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,22 +9,9 @@
 
 const char *fb_strerror(int code) {
   switch (code) {
-  case FB_OK: return "success";
-  case FB_EINVAL: return "invalid argument";
-  case FB_ENOMEM: return "out of memory";
-  case FB_EVERIFY: return "IR failed verification";
-  case FB_EPARSE: return "parse error";
-  case FB_ENOENT: return "no such object";
-  case FB_ECOMPILE: return "compilation failed";
-  case FB_EDEVICE: return "device error";
-  case FB_EQUOTA: return "over quota";
-  case FB_EBOUNDS: return "index out of bounds";
-  case FB_ETYPE: return "type mismatch";
-  case FB_EUNSUPPORTED: return "not supported";
-  case FB_EIO: return "I/O error";
-  case FB_EINTERNAL: return "internal error";
-  case FB_ECANCELLED: return "cancelled";
-  case FB_ETIMEOUT: return "time limit exceeded";
+#define FB_ERR(name, value, msg, grpc) case FB_##name: return msg;
+#include "fusebox/errors.h"
+#undef FB_ERR
   default: return "unknown error";
   }
 }
@@ -85,63 +71,7 @@ fb_value fb_value_f32(float x) { fb_value r = {FB_T_F32, {.f = x}}; return r; }
 fb_value fb_value_f64(double x) { fb_value r = {FB_T_F64, {.f = x}}; return r; }
 fb_value fb_value_bool(int x) { fb_value r = {FB_T_BOOL, {.u = x != 0}}; return r; }
 
-/* Saturating float -> integer conversion, NaN -> 0 (llvm.fpto[su]i.sat). */
-static int64_t sat_s(double f, int bits) {
-  if (isnan(f)) return 0;
-  double lo = -ldexp(1.0, bits - 1), hi = ldexp(1.0, bits - 1);
-  if (f <= lo) return bits == 64 ? INT64_MIN : (int64_t)lo;
-  if (f >= hi) return bits == 64 ? INT64_MAX : (int64_t)hi - 1;
-  return (int64_t)f;
-}
-static uint64_t sat_u(double f, int bits) {
-  if (isnan(f) || f <= 0) return 0;
-  double hi = ldexp(1.0, bits);
-  if (f >= hi) return bits == 64 ? UINT64_MAX : (uint64_t)hi - 1;
-  return (uint64_t)f;
-}
-
-fb_value fb_value_cast(fb_value x, fb_type to) {
-  fb_value r;
-  r.type = to;
-  r.v.u = 0;
-  if (fb_type_is_float(x.type)) {
-    double f = x.type == FB_T_F32 ? (double)(float)x.v.f : x.v.f;
-    switch (to) {
-    case FB_T_BOOL: r.v.u = f != 0; break;
-    case FB_T_I32: r.v.i = sat_s(f, 32); break;
-    case FB_T_I64: r.v.i = sat_s(f, 64); break;
-    case FB_T_U32: r.v.u = sat_u(f, 32); break;
-    case FB_T_U64: r.v.u = sat_u(f, 64); break;
-    case FB_T_F32: r.v.f = (float)f; break;
-    case FB_T_F64: r.v.f = f; break;
-    default: break;
-    }
-    return r;
-  }
-  /* integer or bool source: normalise to its own width first */
-  int sgn = fb_type_is_signed(x.type);
-  int64_t si = 0;
-  uint64_t ui = 0;
-  switch (x.type) {
-  case FB_T_BOOL: ui = x.v.u != 0; si = (int64_t)ui; break;
-  case FB_T_I32: si = (int32_t)x.v.i; ui = (uint64_t)si; break;
-  case FB_T_I64: si = x.v.i; ui = (uint64_t)si; break;
-  case FB_T_U32: ui = (uint32_t)x.v.u; si = (int64_t)ui; break;
-  case FB_T_U64: ui = x.v.u; si = (int64_t)ui; break;
-  default: break;
-  }
-  switch (to) {
-  case FB_T_BOOL: r.v.u = ui != 0; break;
-  case FB_T_I32: r.v.i = (int32_t)(uint32_t)ui; break;
-  case FB_T_I64: r.v.i = (int64_t)ui; break;
-  case FB_T_U32: r.v.u = (uint32_t)ui; break;
-  case FB_T_U64: r.v.u = ui; break;
-  case FB_T_F32: r.v.f = sgn ? (double)(float)si : (double)(float)ui; break;
-  case FB_T_F64: r.v.f = sgn ? (double)si : (double)ui; break;
-  default: break;
-  }
-  return r;
-}
+/* fb_value_cast, the IR's cast semantics, is in ir/arith.c. */
 
 double fb_value_as_f64(fb_value x) { return fb_value_cast(x, FB_T_F64).v.f; }
 int64_t fb_value_as_i64(fb_value x) { return fb_value_cast(x, FB_T_I64).v.i; }

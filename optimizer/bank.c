@@ -311,7 +311,7 @@ static int add_entry(fb_bank *b, fb_kernel *c, uint64_t h, fb_irh *out) {
 static int check_layout(fb_bank *b, const fb_kernel *k, char *err, size_t errlen) {
   if (k->layout == b->l) return 0;
   if (k->layout && fb_layout_hash(k->layout) == fb_layout_hash(b->l)) return 0;
-  snprintf(err, errlen, "kernel %s was built for another layout", k->name ? k->name : "?");
+  fb_errf(err, errlen, "kernel %s was built for another layout", k->name ? k->name : "?");
   return FB_EINVAL;
 }
 
@@ -325,7 +325,7 @@ static int intern(fb_bank *b, const fb_kernel *k, int verify, fb_irh *out, char 
     fb_diags_init(&d);
     rc = fb_verify(k, &d);
     if (rc) {
-      snprintf(err, errlen, "kernel %s: %s", k->name ? k->name : "?",
+      fb_errf(err, errlen, "kernel %s: %s", k->name ? k->name : "?",
                d.n ? d.v[0].msg : "refused by the verifier");
       fb_diags_free(&d);
       return rc;
@@ -342,14 +342,14 @@ static int intern(fb_bank *b, const fb_kernel *k, int verify, fb_irh *out, char 
   }
   fb_kernel *c = fb_kernel_compact(k);
   if (!c) {
-    snprintf(err, errlen, "IR bank: out of memory");
+    fb_errf(err, errlen, "IR bank: out of memory");
     return FB_ENOMEM;
   }
   c->layout = b->l;
   rc = add_entry(b, c, h, out);
   if (rc) {
     fb_kernel_free(c);
-    snprintf(err, errlen, "IR bank: out of memory");
+    fb_errf(err, errlen, "IR bank: out of memory");
   }
   return rc;
 }

@@ -7,18 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 /* ---------------------------------------------------------------- helpers */
 
 static int push_stmt(fb_kernel *k, const fb_stmt *s) {
-  if (k->nstmts == k->cap) {
-    int nc = k->cap ? k->cap * 2 : 16;
-    fb_stmt *p = realloc(k->stmts, sizeof *p * (size_t)nc);
-    if (!p) return FB_ENOMEM;
-    k->stmts = p;
-    k->cap = nc;
-  }
+  if (FB_GROW(k->stmts, k->nstmts, k->cap)) return FB_ENOMEM;
   k->stmts[k->nstmts] = *s;
   return k->nstmts++;
 }

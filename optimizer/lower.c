@@ -210,7 +210,7 @@ static int build_task(lower_ctx *c, int sg, fb_task *t, int index) {
     }
   }
   if (rc < 0 || c->b.err) {
-    snprintf(c->err, c->errlen, "lowering %s: out of memory", k->name);
+    fb_errf(c->err, c->errlen, "lowering %s: out of memory", k->name);
     return c->b.err ? c->b.err : rc;
   }
   return 0;
@@ -387,7 +387,7 @@ int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
   for (int i = 0; i < k->layout->nnodes && rc >= 0; i++)
     if (gc[i]) rc = add_list_task(&c, out, FB_TASK_GC, i);
 done:
-  if (rc == FB_ENOMEM && err && errlen && !err[0]) snprintf(err, errlen, "lowering: out of memory");
+  if (rc == FB_ENOMEM && err && errlen && !err[0]) fb_errf(err, errlen, "lowering: out of memory");
   free(c.seg);
   free(c.ext);
   free(c.slot);

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/arith.h"
+#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 #define META_MAX_DEPTH 256
@@ -62,16 +64,6 @@ typedef struct mwalk {
 } mwalk;
 
 /* ---------------------------------------------------------------- helpers */
-
-static int grow(void **p, int n, int *cap, size_t elem) {
-  if (n < *cap) return 0;
-  int nc = *cap ? *cap * 2 : 16;
-  void *q = realloc(*p, (size_t)nc * elem);
-  if (!q) return FB_ENOMEM;
-  *p = q;
-  *cap = nc;
-  return 0;
-}
 
 static int is_sparse(fb_snode_kind k) {
   return k == FB_SN_BITMASKED || k == FB_SN_POINTER || k == FB_SN_DYNAMIC;
@@ -117,51 +109,24 @@ static uint64_t hmix(uint64_t h, uint64_t x) {
 
 /* ---------------------------------------------------------------- evaluation */
 
+/* Integer constant evaluation: what the interpreter computes, through the
+ * IR's one definition of arithmetic (ir/arith.h). Values are int64 in
+ * fb_value's form (i32 sign-extended, u32 zero-extended). */
+
 /* Wrap an integer to the width and signedness of t. */
-static int64_t wrap(fb_type t, uint64_t x) {
-  switch (t) {
-  case FB_T_I32: return (int32_t)(uint32_t)x;
-  case FB_T_U32: return (int64_t)(uint32_t)x;
-  case FB_T_BOOL: return x != 0;
-  default: return (int64_t)x;
-  }
-}
+static int64_t wrap(fb_type t, uint64_t x) { return (int64_t)fb_arith_wrap(t, x); }
 
 static int eval_binop(fb_op op, fb_type t, int64_t a, int64_t b, int64_t *out) {
-  int sg = fb_type_is_signed(t);
-  uint64_t x = (uint64_t)a, y = (uint64_t)b, r;
-  unsigned c = (unsigned)(y & (uint64_t)(fb_type_bits(t) - 1));
-  switch (op) {
-  case FB_OP_ADD: r = x + y; break;
-  case FB_OP_SUB: r = x - y; break;
-  case FB_OP_MUL: r = x * y; break;
-  case FB_OP_DIV: case FB_OP_FLOORDIV: case FB_OP_REM: case FB_OP_FLOORMOD:
-    if (y == 0) { r = 0; break; }
-    if (!sg) {
-      r = (op == FB_OP_DIV || op == FB_OP_FLOORDIV) ? x / y : x % y;
-    } else if (b == -1) {
-      r = (op == FB_OP_DIV || op == FB_OP_FLOORDIV) ? 0u - x : 0;
-    } else {
-      int64_t q = a / b, m = a % b;
-      if ((op == FB_OP_FLOORDIV || op == FB_OP_FLOORMOD) && m != 0 && ((m < 0) != (b < 0))) {
-        q -= 1;
-        m += b;
-      }
-      r = (uint64_t)((op == FB_OP_DIV || op == FB_OP_FLOORDIV) ? q : m);
-    }
-    break;
-  case FB_OP_MIN: r = sg ? (a < b ? x : y) : (x < y ? x : y); break;
-  case FB_OP_MAX: r = sg ? (a > b ? x : y) : (x > y ? x : y); break;
-  case FB_OP_AND: r = x & y; break;
-  case FB_OP_OR: r = x | y; break;
-  case FB_OP_XOR: r = x ^ y; break;
-  case FB_OP_SHL: r = x << c; break;
-  case FB_OP_SHR:
-    r = sg ? (a < 0 ? ~(~x >> c) : x >> c) : (t == FB_T_U32 ? (uint32_t)x >> c : x >> c);
-    break;
-  default: return -1;
-  }
-  *out = wrap(t, r);
+  uint64_t r;
+  if (fb_arith_int_binop(op, t, (uint64_t)a, (uint64_t)b, &r)) return -1;
+  *out = (int64_t)r;
+  return 0;
+}
+
+static int eval_unop(fb_op op, fb_type t, int64_t a, int64_t *out) {
+  uint64_t r;
+  if (fb_arith_int_unop(op, t, (uint64_t)a, &r)) return -1;
+  *out = (int64_t)r;
   return 0;
 }
 
@@ -185,10 +150,7 @@ static int eval_rec(const fb_kernel *k, int id, const uint64_t *args, int nargs,
     return 0;
   case FB_OP_NEG: case FB_OP_NOT: case FB_OP_ABS:
     if (eval_rec(k, s->args[0], args, nargs, &a, depth + 1)) return -1;
-    if (s->op == FB_OP_NEG) *out = wrap(t, 0u - (uint64_t)a);
-    else if (s->op == FB_OP_NOT) *out = wrap(t, ~(uint64_t)a);
-    else *out = wrap(t, fb_type_is_signed(t) && a < 0 ? 0u - (uint64_t)a : (uint64_t)a);
-    return 0;
+    return eval_unop((fb_op)s->op, t, a, out);
   default:
     if (s->nargs != 2) return -1;
     if (eval_rec(k, s->args[0], args, nargs, &a, depth + 1) ||
@@ -266,7 +228,7 @@ int fb_access_inbounds(const fb_kernel *k, int stmt) {
 /* ---------------------------------------------------------------- raw accesses */
 
 static raw *add_raw(mwalk *w, uint32_t key, int mode) {
-  if (grow((void **)&w->r, w->nr, &w->capr, sizeof *w->r)) {
+  if (FB_GROW(w->r, w->nr, w->capr)) {
     w->oom = 1;
     return NULL;
   }
@@ -343,7 +305,7 @@ static int pli(mwalk *w, int id, int depth) {
 static int add_udep(mwalk *w, uint32_t key) {
   for (int i = 0; i < w->nudeps; i++)
     if (w->udeps[i] == key) return 0;
-  if (grow((void **)&w->udeps, w->nudeps, &w->capudeps, sizeof *w->udeps)) return w->oom = 1;
+  if (FB_GROW(w->udeps, w->nudeps, w->capudeps)) return w->oom = 1;
   w->udeps[w->nudeps++] = key;
   return 0;
 }
@@ -640,7 +602,7 @@ static int classify(mwalk *w, char *err, size_t errlen) {
     const fb_stmt *s = &k->stmts[b0->ids[i]];
     if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR) continue;
     if (m->loop >= 0) {
-      snprintf(err, errlen, "kernel %s: more than one parallel loop; not a task", k->name);
+      fb_errf(err, errlen, "kernel %s: more than one parallel loop; not a task", k->name);
       return FB_EINVAL;
     }
     m->loop = b0->ids[i];
@@ -832,7 +794,7 @@ int fb_meta_compute(const fb_kernel *k, fb_task_meta **out, char *err, size_t er
   free(w.act);
   free(w.actk);
   if (rc) {
-    if (rc == FB_ENOMEM && err && errlen) snprintf(err, errlen, "task metadata: out of memory");
+    if (rc == FB_ENOMEM) fb_errf(err, errlen, "task metadata: out of memory");
     fb_meta_free(w.m);
     return rc;
   }
@@ -881,7 +843,7 @@ int fb_meta_host(const fb_layout *l, int snode, fb_task_meta **out, char *err, s
   free(w.act);
   free(w.actk);
   if (rc) {
-    snprintf(err, errlen, "host write: out of memory");
+    fb_errf(err, errlen, "host write: out of memory");
     fb_meta_free(w.m);
     return rc;
   }

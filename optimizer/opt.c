@@ -318,7 +318,7 @@ fb_irh fb_pass_memo_get(fb_pass_ctx *c, const int64_t *key, int n) {
 int fb_pass_memo_put(fb_pass_ctx *c, const int64_t *key, int n, fb_kernel *k, fb_irh *out) {
   *out = FB_IRH_NONE;
   if (!k) {
-    snprintf(c->err, c->errlen, "out of memory building task IR");
+    fb_errf(c->err, c->errlen, "out of memory building task IR");
     return FB_ENOMEM;
   }
   if (c->opt->check) {
@@ -327,7 +327,7 @@ int fb_pass_memo_put(fb_pass_ctx *c, const int64_t *key, int n, fb_kernel *k, fb
     int rc = fb_verify(k, &d);
     if (rc) {
       char *text = fb_kernel_print(k);
-      snprintf(c->err, c->errlen, "made IR that fails verification (%s): %s\n%s",
+      fb_errf(c->err, c->errlen, "made IR that fails verification (%s): %s\n%s",
                d.n ? d.v[0].msg : "?", k->name, text ? text : "");
       free(text);
       fb_diags_free(&d);
@@ -342,7 +342,7 @@ int fb_pass_memo_put(fb_pass_ctx *c, const int64_t *key, int n, fb_kernel *k, fb
   if (rc) {
     fb_bank_unref(c->bank, *out);
     *out = FB_IRH_NONE;
-    if (!c->err[0]) snprintf(c->err, c->errlen, "out of memory banking task IR");
+    if (!c->err[0]) fb_errf(c->err, c->errlen, "out of memory banking task IR");
     return rc;
   }
   c->cnt->memo_misses++;
@@ -393,8 +393,11 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
       const fb_sfg_part *xp = &x->parts[p];
       fb_bank_ref(o->bank, xp->orig);
       b->part_ir[b->nparts] = xp->orig;
-      b->parts[b->nparts++] = (fb_opt_part){xp->launch, fb_bank_ir(o->bank, xp->orig)->name,
-                                            xp->argoff, xp->nargs, xp->inb};
+      const fb_kernel *pk = fb_bank_ir(o->bank, xp->orig);
+      const fb_task_meta *pm = fb_bank_meta(o->bank, xp->orig);
+      b->parts[b->nparts++] = (fb_opt_part){xp->launch, pk->name, xp->argoff, xp->nargs, xp->inb,
+                                            xp->orig, pm ? pk : NULL, pm ? pm->kind : x->m->kind,
+                                            pm ? list_loop(pm, pk) : -1, pm ? pm->snode : -1};
     }
   }
   *out = &b->pub;

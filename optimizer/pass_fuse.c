@@ -307,7 +307,7 @@ static int fuse_chunk(fb_pass_ctx *c, int base, int n, fb_sfg_node **order, int 
   int rc = build(&f), fused = 0, k = 0;
   if (!rc) rc = fused = fuse_round(&f);
   if (rc >= 0) rc = topo_order(&f, order + *norder, &k);
-  if (rc == FB_EINTERNAL) snprintf(c->err, c->errlen, "fusion made a cycle");
+  if (rc == FB_EINTERNAL) fb_errf(c->err, c->errlen, "fusion made a cycle");
   *norder += k;
   free(f.succ);
   free(f.reach);

@@ -14,17 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/base.h"
 #include "optimizer/sfg.h"
-
-static int grow(void **p, int n, int *cap, size_t elem) {
-  if (n < *cap) return 0;
-  int nc = *cap ? *cap * 2 : 8;
-  void *q = realloc(*p, (size_t)nc * elem);
-  if (!q) return FB_ENOMEM;
-  *p = q;
-  *cap = nc;
-  return 0;
-}
 
 int fb_sfg_init(fb_sfg *g, const fb_layout *l) {
   memset(g, 0, sizeof *g);
@@ -92,7 +83,7 @@ int fb_sfg_state_id(fb_sfg *g, uint32_t key) {
     slot = &g->sid_misc[m];
   }
   if (*slot >= 0) return *slot;
-  if (grow((void **)&g->st, g->nst, &g->capst, sizeof *g->st)) return -1;
+  if (FB_GROW(g->st, g->nst, g->capst)) return -1;
   fb_sfg_state *s = &g->st[g->nst];
   memset(s, 0, sizeof *s);
   s->key = key;
@@ -181,8 +172,8 @@ static void resolve_flags(fb_sfg_node *n) {
 
 static int add_edge(fb_sfg *g, int src, int dst, int sid, int kind) {
   fb_sfg_node *a = g->nodes[src], *b = g->nodes[dst];
-  if (grow((void **)&a->out, a->nout, &a->capout, sizeof *a->out) ||
-      grow((void **)&b->in, b->nin, &b->capin, sizeof *b->in))
+  if (FB_GROW(a->out, a->nout, a->capout) ||
+      FB_GROW(b->in, b->nin, b->capin))
     return FB_ENOMEM;
   a->out[a->nout++] = (fb_sfg_edge){dst, sid, (uint8_t)kind};
   b->in[b->nin++] = (fb_sfg_edge){src, sid, (uint8_t)kind};
@@ -204,7 +195,7 @@ static int add_edges(fb_sfg *g, fb_sfg_node *n) {
     if (m->acc[i].key == m->list_key) n->list_ver = s->owner_ver;
     if (e & FB_ACC_READ) {
       if (s->owner >= 0 && add_edge(g, s->owner, me, sid, FB_EDGE_FLOW)) return FB_ENOMEM;
-      if (grow((void **)&s->readers, s->nreaders, &s->capreaders, sizeof *s->readers))
+      if (FB_GROW(s->readers, s->nreaders, s->capreaders))
         return FB_ENOMEM;
       s->readers[s->nreaders++] = me;
     }
@@ -219,14 +210,14 @@ static int add_edges(fb_sfg *g, fb_sfg_node *n) {
       s->owner_order = n->order;
       s->nreaders = 0;
     }
-    if (grow((void **)&s->lane, s->nlane, &s->caplane, sizeof *s->lane)) return FB_ENOMEM;
+    if (FB_GROW(s->lane, s->nlane, s->caplane)) return FB_ENOMEM;
     s->lane[s->nlane++] = (fb_sfg_lane_ent){me, i};
   }
   return 0;
 }
 
 int fb_sfg_append(fb_sfg *g, fb_sfg_node *n) {
-  if (grow((void **)&g->nodes, g->n, &g->cap, sizeof *g->nodes)) return FB_ENOMEM;
+  if (FB_GROW(g->nodes, g->n, g->cap)) return FB_ENOMEM;
   resolve_flags(n);
   n->index = g->n;
   n->order = g->next_order++;

@@ -161,6 +161,13 @@ typedef struct fb_opt_part {
   const char *task;  /* its task IR's name as inserted ("bad.t0") */
   int argoff, nargs; /* its arguments within the task's */
   int inb;           /* every access provably in bounds: it cannot report FB_EBOUNDS */
+  /* its task IR as inserted, before any pass changed it: what the engine
+   * runs instead when the fused task cannot be compiled or launched */
+  fb_irh ir;
+  const fb_kernel *k;  /* NULL when its shape is unknown (out of memory) */
+  fb_task_kind kind;
+  int loop;          /* as fb_opt_launch.loop, of k */
+  int snode;
 } fb_opt_part;
 
 /* One optimized task launch. Everything stays valid until the batch is freed. */

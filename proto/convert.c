@@ -179,7 +179,8 @@ int fbp_value_from_pb(const Fusebox__V1__Value *m, fb_value *out) {
 #define FBP_COUNTERS(X)                                                                         \
   X(launches) X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits)          \
   X(backend_s) X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)          \
-  X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)
+  X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)            \
+  X(fuse_refused) X(fuse_fallbacks)
 
 void fbp_counters_to_pb(Fusebox__V1__Counters *m, const fb_counters *c) {
   fusebox__v1__counters__init(m);
@@ -643,16 +644,9 @@ int fbp_chunk_parse_head(const uint8_t *p, size_t avail, size_t total, fbp_chunk
 
 int fbp_status_of_code(int code) {
   switch (code) {
-  case FB_OK: return FBP_GRPC_OK;
-  case FB_EINVAL: case FB_EVERIFY: case FB_EPARSE: case FB_ETYPE: return FBP_GRPC_INVALID_ARGUMENT;
-  case FB_ENOENT: return FBP_GRPC_NOT_FOUND;
-  case FB_ENOMEM: case FB_EQUOTA: return FBP_GRPC_RESOURCE_EXHAUSTED;
-  case FB_EBOUNDS: return FBP_GRPC_OUT_OF_RANGE;
-  case FB_EUNSUPPORTED: return FBP_GRPC_UNIMPLEMENTED;
-  case FB_EIO: return FBP_GRPC_UNAVAILABLE;
-  case FB_ECOMPILE: case FB_EDEVICE: case FB_EINTERNAL: return FBP_GRPC_INTERNAL;
-  case FB_ECANCELLED: return FBP_GRPC_CANCELLED;
-  case FB_ETIMEOUT: return FBP_GRPC_DEADLINE_EXCEEDED;
+#define FB_ERR(name, value, msg, grpc) case FB_##name: return FBP_GRPC_##grpc;
+#include "fusebox/errors.h"
+#undef FB_ERR
   default: return FBP_GRPC_UNKNOWN;
   }
 }
@@ -668,6 +662,6 @@ int fbp_code_of_status(int status) {
   case FBP_GRPC_INTERNAL: case FBP_GRPC_DATA_LOSS: return FB_EINTERNAL;
   case FBP_GRPC_CANCELLED: return FB_ECANCELLED;
   case FBP_GRPC_DEADLINE_EXCEEDED: return FB_ETIMEOUT;
-  default: return FB_EIO; /* unavailable, cancelled, deadline, unknown, ... */
+  default: return FB_EIO; /* unavailable, unknown, ... */
   }
 }

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "fusebox/common.h"
-#include "fusebox/engine.h" /* fb_counters (a plain struct; no engine code is used) */
+#include "fusebox/counters.h"
 #include "fusebox/ir.h"
 #include "fusebox.pb-c.h"
 #include "health.pb-c.h"

@@ -3,7 +3,7 @@
 # Skips apt when every package is already installed (fast re-runs).
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libclang-rt-19-dev libgrpc-dev
-      libprotobuf-c-dev protobuf-c-compiler libjansson-dev check libseccomp-dev
+      libprotobuf-c-dev protobuf-c-compiler libjansson-dev libpng-dev check libseccomp-dev
       protobuf-compiler python3-grpcio python3-protobuf python3-pytest
       libssl-dev libmicrohttpd-dev openssl)
 missing=()

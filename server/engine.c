@@ -19,7 +19,9 @@
  * (sync, host access, return value) runs on the caller's thread when the
  * worker is idle. Batches the worker finished are freed by the caller's
  * thread (fb_opt is used by that thread only). Errors of background launches are kept (the first, and a
- * count of the rest) and reported at the next sync point.
+ * count of the rest) and reported at the next sync point. A fused task
+ * that cannot be compiled or launched runs as its unfused parts instead
+ * (fall_back: no lost work, docs/optimizer.md).
  *   The device state the optimizer models: one scratch buffer (gtmp) and
  * one set of return slots per session, shared by every launch (FB_SK_GTMP
  * and FB_SK_RET states of 8-byte slots); rets are zeroed at the start of
@@ -48,6 +50,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/sfg.h"
 #include "runtime/runtime.h"
+#include "server/engine_test.h"
 
 #define ERRLEN 2048
 #define MAX_RET_SLOTS 1024
@@ -63,6 +66,8 @@ struct fb_engine {
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
   int next_pid;        /* timeline process ids */
+  fb_compile_gate gate; /* tests: compiles it refuses (server/engine_test.h) */
+  void *gate_user;
 };
 
 typedef struct sess_kernel {
@@ -237,13 +242,27 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   return 0;
 }
 
+/* What the compile pool compiles with: the backend's compiler, behind the
+ * tests' gate. */
+static int engine_compile(void *user, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                          size_t errlen) {
+  fb_engine *e = user;
+  if (e->gate && e->gate(e->gate_user, t->ir, err, errlen)) return FB_ECOMPILE;
+  return e->gpu ? fb_cuda_compile(e->gpu, t, out, err, errlen)
+                : fb_cpu_jit_compile(e->jit, t, out, err, errlen);
+}
+
+void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) {
+  e->gate = gate;
+  e->gate_user = user;
+}
+
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
   pthread_mutex_lock(&e->mu);
   int rc = e->cpool ? 0
-           : e->gpu ? fb_cpool_new_with(fb_cuda_compile, e->gpu, e->compile_threads, &e->cpool,
-                                        err, errlen)
-                    : fb_cpool_new(e->jit, e->compile_threads, &e->cpool, err, errlen);
+                    : fb_cpool_new_with(engine_compile, e, e->compile_threads, &e->cpool, err,
+                                        errlen);
   pthread_mutex_unlock(&e->mu);
   return rc;
 }
@@ -458,6 +477,7 @@ static void async_counters(const fb_session *s, fb_counters *out) {
   const fb_opt_counters *t = &fb_opt_get_stats(s->as->o)->total;
   out->listgens_removed = t->listgen_removed;
   out->tasks_fused = t->tasks_fused;
+  out->fuse_refused = t->fuse_refused;
   out->dead_stores_removed = t->dead_stores + t->tasks_deleted;
   out->activations_demoted = t->demoted;
   out->optimizer_s = t->optimizer_s;
@@ -916,6 +936,8 @@ typedef struct batch_run {
   int cancelled;           /* the task hook cancelled: the rest of the batch is skipped */
   const fb_opt_launch **slot; /* CUDA: the entry of each error slot of the batch */
   int gpu_rc;                 /* CUDA: the batch could not start */
+  struct fallback *fallbacks; /* fused tasks run as their parts (fall_back) */
+  int extra_slots;            /* CUDA: slots for those parts past the batch's n + 1 */
 } batch_run;
 
 static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
@@ -1070,6 +1092,130 @@ static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c
             c->msg[0] ? c->msg : fb_strerror(rc));
 }
 
+/* ---------------------------------------------------------------- async: no lost work
+ *
+ * A fused task can fail where its parts would not: its compile (a GPU
+ * task's parameters, a compiler's resources) or its launch (registers per
+ * thread, the launch's parameter space) is refused because it is large.
+ * Such a task did not run at all, so nothing of it is lost by running its
+ * parts instead, one by one, exactly as the unfused launches would have
+ * run: each part's task IR as inserted, its own arguments and its own
+ * launch number. An error a part still hits is reported on that part's
+ * launch (the rest of that launch is skipped, as everywhere in a batch);
+ * the fallback itself is counted (fb_counters.fuse_fallbacks), not an
+ * error. Errors while a task runs (out of bounds, sticky device errors)
+ * are not fallen back from: the task ran, and they say so. */
+
+typedef struct fallback {
+  struct fallback *next;
+  int n;
+  fb_opt_launch v[];       /* one per part; CUDA error slots point here */
+} fallback;
+
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code);
+
+/* Every part of L can run alone (the optimizer knew each one's shape). */
+static int can_fall_back(const fb_opt_launch *L) {
+  if (L->nparts < 2 || !L->parts) return 0;
+  for (int i = 0; i < L->nparts; i++)
+    if (!L->parts[i].k) return 0;
+  return 1;
+}
+
+static void count_part_compile(fb_session *s, const fb_cjob *c) {
+  if (c->rc) return;
+  if (c->code.cache_hit) {
+    s->c.cache_hits++;
+  } else {
+    s->c.tasks_compiled++;
+    s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
+  }
+  s->c.compile_s += c->code.compile_s;
+}
+
+/* Part p of L as a launch of its own. */
+static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
+  const fb_opt_part *pt = &L->parts[p];
+  fb_opt_launch P = {pt->ir, pt->k, pt->kind, pt->loop, pt->snode,
+                     L->args ? L->args + pt->argoff : NULL, pt->nargs, pt->launch, 1, pt, 1};
+  return P;
+}
+
+/* CUDA: room in r->slot for n more launches than the batch has entries. */
+static int gpu_slots(batch_run *r, int n) {
+  if (!r->s->q || !r->slot) return 1;
+  size_t have = (size_t)r->j->b->n + 1 + (size_t)r->extra_slots;
+  const fb_opt_launch **v = realloc(r->slot, sizeof *v * (have + (size_t)n));
+  if (!v) return 0;
+  memset(v + have, 0, sizeof *v * (size_t)n);
+  r->slot = v;
+  r->extra_slots += n;
+  return 1;
+}
+
+/* Run the parts of fused task L, which did not run (its error rc).
+ * 0 when L cannot fall back (not fused, or out of memory): the caller
+ * reports the fused task's error as before. */
+static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
+  fb_session *s = r->s;
+  if (!can_fall_back(L) || !gpu_slots(r, L->nparts)) return 0;
+  fallback *f = calloc(1, sizeof *f + sizeof f->v[0] * (size_t)L->nparts);
+  fb_cjob *cj = calloc((size_t)L->nparts, sizeof *cj);
+  if (!f || !cj) {
+    free(f);
+    free(cj);
+    return 0;
+  }
+  f->n = L->nparts;
+  f->next = r->fallbacks;
+  r->fallbacks = f;
+  if (s->trace) {
+    char args[64];
+    snprintf(args, sizeof args, "{\"parts\":%d,\"code\":%d}", L->nparts, rc);
+    double t = fb_trace_clock();
+    fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "fallback", L->k->name, t, t, args);
+  }
+  for (int p = 0; p < L->nparts; p++) {
+    fb_opt_launch *P = &f->v[p];
+    *P = part_launch(L, p);
+    if (P->launch == r->failed_launch) continue;
+    fb_cjob *c = &cj[p];
+    c->task.ir = P->k;
+    c->task.loop = P->loop;
+    c->trace = s->trace;
+    fb_cpool_wait(s->e->cpool, c, FB_TRACK_LAUNCHER); /* compiled here */
+    if (c->rc) {
+      compile_error(r, P, c);
+      r->failed_launch = P->launch;
+      continue;
+    }
+    fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+    run_entry(r, P, &code);
+  }
+  pthread_mutex_lock(&s->cmu);
+  s->c.fuse_fallbacks++;
+  for (int p = 0; p < L->nparts; p++) count_part_compile(s, &cj[p]);
+  pthread_mutex_unlock(&s->cmu);
+  free(cj);
+  return 1;
+}
+
+/* CUDA: fb_cuda_launch refused fused task L before it was queued (rc < 0);
+ * unless the queue is gone (a sticky error), its parts run instead. */
+static int launch_refused(batch_run *r, const fb_opt_launch *L, int rc) {
+  char dead[ERRLEN];
+  if (!can_fall_back(L) || fb_cuda_queue_alive(r->s->q, dead, sizeof dead)) return 0;
+  return fall_back(r, L, rc);
+}
+
+static void free_fallbacks(batch_run *r) {
+  while (r->fallbacks) {
+    fallback *f = r->fallbacks;
+    r->fallbacks = f->next;
+    free(f);
+  }
+}
+
 /* Run one task of the batch on the device. */
 static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
   fb_session *s = r->s;
@@ -1090,6 +1236,8 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
     if (rc >= 0) {
       r->slot[rc] = L;
       rc = 0;
+    } else if (!r->gpu_rc && launch_refused(r, L, rc)) {
+      return;
     } else if (!msg[0]) {
       snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
     }
@@ -1149,6 +1297,7 @@ static void run_one(batch_run *r, int i) {
   }
   if (L->launch == r->failed_launch) return;
   if (c->rc) {
+    if (fall_back(r, L, c->rc)) return;
     compile_error(r, L, c);
     r->failed_launch = L->launch;
     return;
@@ -1198,7 +1347,7 @@ static void gpu_batch_end(batch_run *r) {
   int rc = r->gpu_rc ? 0 : fb_cuda_finish(r->s->q, &errs, &n, &secs, msg, sizeof msg);
   if (rc)
     bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
-  for (int i = 0; i < n && i < r->j->b->n; i++)
+  for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
     if (errs[i] && r->slot[i]) task_error(r, r->slot[i], errs[i], "");
   r->backend_s += secs;
   free(r->slot);
@@ -1209,7 +1358,7 @@ static void gpu_batch_end(batch_run *r) {
  * Return slots start at zero (a kernel with a return value is always the
  * last launch of its batch). */
 static void run_batch(fb_session *s, async_job *j) {
-  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0};
+  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0, NULL, 0};
   double t0 = fb_trace_clock();
   if (plan_compiles(&r)) {
     bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "
@@ -1222,6 +1371,7 @@ static void run_batch(fb_session *s, async_job *j) {
     if (s->q) gpu_batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);
     if (s->q) gpu_batch_end(&r);
+    free_fallbacks(&r);
     if (s->sparse) fb_sparse_end(s->sparse);
     add_batch_counters(&r);
     note_seen(&r);

@@ -17,6 +17,7 @@
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
+#include "server/engine_test.h"
 #include "support.h"
 
 static fb_engine *eng;
@@ -909,6 +910,139 @@ START_TEST(fused_error_names_the_part) {
 }
 END_TEST
 
+/* No lost work (issue 19): a fused task that cannot be compiled runs as
+ * its unfused parts. The gate refuses every fused task (its name joins the
+ * parts' with '+'), and, with refuse_bad, the parts of kernel `bad` too. */
+static int refuse_fused(void *user, const fb_kernel *task, char *err, size_t errlen) {
+  int refuse_bad = user != NULL;
+  if (strchr(task->name, '+') || (refuse_bad && !strncmp(task->name, "bad.", 4))) {
+    snprintf(err, errlen, "refused by the test's gate");
+    return 1;
+  }
+  return 0;
+}
+
+/* The scenarios of random_numbers and sparse_layouts (rand() launch
+ * numbers, arguments of the parts, sparse fields), every fused task
+ * refused: the same results as sync, and the fallback counted. */
+START_TEST(fused_compile_fallback) {
+  const char *src =
+      "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 }\n  place q: f32\n}\n"
+      "kernel noise() {\n"
+      "  q[] = random()\n"
+      "  for i in 0 .. 3000 { r[i] = random() + random() }\n"
+      "}\n"
+      "kernel count(k: i32) { for i in 0 .. 3000 { if random() < 0.5 { n[i] += k } } }\n";
+  const char *script = "launch noise\nlaunch count 1\nlaunch count 2\nlaunch noise\nread r\n"
+                       "launch count 3\nlaunch count 4\nlaunch count 5\n";
+  const char *srcs[2] = {src, sparse_src}, *scripts[2] = {script, sparse_script};
+  for (int t = 0; t < 2; t++) {
+    fb_session_config sync = {.mode = "sync", .seed = 7};
+    results want = {0}, plain = {0}, got = {0};
+    run_script(eng, srcs[t], scripts[t], &sync, &want);
+    fb_session_config cfg = async_cfg(0, -1);
+    run_script(eng, srcs[t], scripts[t], &cfg, &plain);
+    ck_assert_uint_gt(plain.c.tasks_fused, 0); /* there is fusion to refuse */
+    ck_assert_uint_eq(plain.c.fuse_fallbacks, 0);
+    fb_engine *e = new_engine(2);
+    fb_engine_set_compile_gate(e, refuse_fused, NULL);
+    run_script(e, srcs[t], scripts[t], &cfg, &got);
+    fb_engine_destroy(e);
+    same_results(&want, &got, "async, every fused task refused");
+    ck_assert_uint_gt(got.c.tasks_fused, 0);
+    ck_assert_uint_ge(got.c.fuse_fallbacks, 1);
+    ck_assert_uint_le(got.c.fuse_fallbacks, got.c.tasks_fused);
+    /* each fallback ran its parts: every fusion given back is a task more */
+    ck_assert_uint_gt(got.c.tasks_launched, plain.c.tasks_launched);
+    results_free(&want);
+    results_free(&plain);
+    results_free(&got);
+  }
+}
+END_TEST
+
+/* After a fallback, an error a part still hits is reported on that part's
+ * launch, as sync mode reports it; the launches around it still run. */
+static const char *fallback_src =
+    "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
+    "kernel good() { for i in a { a[i] += 1 } }\n"
+    "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+    "kernel after() { for i in a { c[i] += 3 } }\n";
+
+/* good, bad, after in a fresh session of e (async: one flush); the message
+ * (without the async " (launch N)"), and a, c read back. */
+static char *fallback_run(fb_engine *e, const char *mode, int want_rc, uint64_t *launch,
+                          int *kernel, int *bad_id, fb_counters *c, int32_t a[100],
+                          int32_t cc[100]) {
+  fb_program *p = parse(fallback_src);
+  fb_session_config cfg = {.mode = mode, .seed = 7, .flush_every = -1};
+  fb_session *s = open_session(e, p, &cfg);
+  int kg = kernel_id(s, p, "good", NULL), kb = kernel_id(s, p, "bad", NULL),
+      ka = kernel_id(s, p, "after", NULL);
+  *bad_id = kb;
+  int rc = fb_launch(s, kg, NULL, 0, NULL), first = rc;
+  char *msg = NULL;
+  rc = fb_launch(s, kb, NULL, 0, NULL);
+  if (rc && !msg) msg = strdup(fb_session_errmsg(s)), first = rc;
+  rc = fb_launch(s, ka, NULL, 0, NULL);
+  ck_assert_int_eq(rc, 0);
+  rc = fb_sync(s);
+  if (rc && !msg) msg = strdup(fb_session_errmsg(s)), first = rc;
+  ck_assert_msg(first == want_rc && msg, "%s: %s (%s)", mode, fb_strerror(first),
+                msg ? msg : "no error");
+  if (!strcmp(mode, "async")) {
+    ck_assert_int_eq(fb_session_error_launch(s, launch, kernel), 0);
+    char *at = strstr(msg, " (launch ");
+    ck_assert_msg(at != NULL, "%s", msg);
+    char *end = strchr(at + 1, ')');
+    if (end && end - at < 20) memmove(at, end + 1, strlen(end + 1) + 1);
+  }
+  ck_assert_int_eq(fb_field_read(s, field_place(p, "a"), a, 400), 0);
+  ck_assert_int_eq(fb_field_read(s, field_place(p, "c"), cc, 400), 0);
+  fb_session_counters(s, c);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return msg;
+}
+
+START_TEST(fallback_error_names_the_launch) {
+  uint64_t launch = 99;
+  int kernel = -1, bad_sync, bad_async;
+  fb_counters cs, ca;
+  int32_t a_sync[100], c_sync[100], a[100], c[100];
+  char *sync = fallback_run(eng, "sync", FB_EBOUNDS, NULL, NULL, &bad_sync, &cs, a_sync, c_sync);
+  fb_engine *e = new_engine(2);
+  fb_engine_set_compile_gate(e, refuse_fused, NULL);
+  char *async = fallback_run(e, "async", FB_EBOUNDS, &launch, &kernel, &bad_async, &ca, a, c);
+  fb_engine_destroy(e);
+  ck_assert_uint_ge(ca.tasks_fused, 1);
+  ck_assert_uint_eq(ca.fuse_fallbacks, 1);
+  ck_assert_msg(strstr(sync, "kernel 'bad'") && !strcmp(sync, async), "sync: %s\nasync: %s",
+                sync, async);
+  ck_assert_uint_eq(launch, 1);
+  ck_assert_int_eq(kernel, bad_async);
+  ck_assert_mem_eq(a, a_sync, sizeof a); /* good ran */
+  ck_assert_mem_eq(c, c_sync, sizeof c); /* and so did the launch after bad */
+  ck_assert_int_eq(a[5], 1);
+  ck_assert_int_eq(c[5], 3);
+  free(sync);
+  free(async);
+  /* a part that cannot be compiled either: its own launch is named */
+  e = new_engine(2);
+  fb_engine_set_compile_gate(e, refuse_fused, (void *)1);
+  async = fallback_run(e, "async", FB_ECOMPILE, &launch, &kernel, &bad_async, &ca, a, c);
+  fb_engine_destroy(e);
+  ck_assert_uint_eq(ca.fuse_fallbacks, 1);
+  ck_assert_msg(strstr(async, "kernel 'bad': compiling task bad.t0 failed: refused by the "
+                              "test's gate"), "%s", async);
+  ck_assert_uint_eq(launch, 1);
+  ck_assert_int_eq(kernel, bad_async);
+  ck_assert_int_eq(a[5], 1);
+  ck_assert_int_eq(c[5], 3);
+  free(async);
+}
+END_TEST
+
 START_TEST(background_quota) {
   const char *src = "layout { pointer(i: 64) as blk { dense(i: 1024) { place f: f32 } } }\n"
                     "kernel paint(n: i32) { for i in 0 .. n { f[i * 1024] = 1.0 } }\n";
@@ -1348,6 +1482,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
   tcase_add_test(tc, fused_error_names_the_part);
+  tcase_add_test(tc, fused_compile_fallback);
+  tcase_add_test(tc, fallback_error_names_the_launch);
   tcase_add_test(tc, background_quota);
   tcase_add_test(tc, bad_config);
   tcase_add_test(tc, flush_does_not_block);

@@ -7,10 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
+#include <png.h>
 
 #include "support.h"
 
@@ -82,7 +86,8 @@ START_TEST(examples_pass) {
     size_t n = strlen(e->d_name);
     if (n < 6 || strcmp(e->d_name + n - 5, ".json")) continue;
     char cmd[8192], *out;
-    snprintf(cmd, sizeof cmd, "%s run %s/%s", fusebox(), dir, e->d_name);
+    /* their saves (wave.json's pictures) go here, not into the source tree */
+    snprintf(cmd, sizeof cmd, "%s run %s/%s -o %s/examples-out", fusebox(), dir, e->d_name, tmpdir);
     int rc = sh(cmd, &out);
     /* every example passes, the sparse one (pointer, bitmasked, dynamic) too */
     ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", e->d_name, rc, out);
@@ -91,6 +96,9 @@ START_TEST(examples_pass) {
   }
   closedir(d);
   ck_assert_int_ge(ran, 6);
+  char png[600];
+  snprintf(png, sizeof png, "%s/examples-out/wave_080.png", tmpdir);
+  ck_assert_msg(access(png, F_OK) == 0, "examples/wave.json left no %s", png);
 }
 END_TEST
 
@@ -307,7 +315,8 @@ START_TEST(bench_modes_and_json) {
   ck_assert_ptr_nonnull(js);
   ck_assert_msg(strstr(js, "\"tasks_launched\": 4,") && strstr(js, "\"geomean\"") &&
                     strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\"") &&
-                    strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\""),
+                    strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\"") &&
+                    strstr(js, "\"fuse_refused\": 0") && strstr(js, "\"fuse_fallbacks\": 0"),
                 "%s", js);
   free(js);
   snprintf(path, sizeof path, "%s/out.csv", tmpdir);
@@ -570,6 +579,416 @@ START_TEST(server_commands) {
 }
 END_TEST
 
+/* run --json: one object a program can read, for a pass, a failed check
+ * and an error alike. */
+START_TEST(run_json) {
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "{ %s run %s --json 2>/dev/null; }", fusebox(), fbt_path("../examples/heat.json"));
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  json_error_t je;
+  json_t *js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "run --json is not JSON (%s):\n%s", je.text, out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "passed");
+  ck_assert_int_eq(json_integer_value(json_object_get(js, "exit_status")), 0);
+  ck_assert(json_real_value(json_object_get(js, "elapsed_s")) > 0);
+  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(js, "counters"), "launches")), 201);
+  json_t *c0 = json_array_get(json_object_get(js, "checks"), 0);
+  ck_assert(json_is_true(json_object_get(c0, "ok")));
+  ck_assert_int_eq(json_integer_value(json_object_get(c0, "index")), 0);
+  ck_assert_msg(strstr(json_string_value(json_object_get(c0, "message")), "sum(T)"), "%s", out);
+  json_decref(js);
+  free(out);
+  write_file("p.fbk", prog);
+  write_file("jf.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
+                        "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]} ],\n"
+                        "  \"checks\": [ {\"read\": \"a\", \"sum\": 36.0}, {\"read\": \"a\", \"sum\": 99.0} ] }\n");
+  snprintf(cmd, sizeof cmd, "{ %s run %s/jf.json --json 2>/dev/null; }", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 1);
+  js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "failed");
+  json_t *checks = json_object_get(js, "checks");
+  ck_assert_int_eq(json_array_size(checks), 2);
+  ck_assert(json_is_true(json_object_get(json_array_get(checks, 0), "ok")));
+  ck_assert(json_is_false(json_object_get(json_array_get(checks, 1), "ok")));
+  json_decref(js);
+  free(out);
+  write_file("je.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2}, \"step\": [ {\"launch\": \"nope\"} ] }\n");
+  snprintf(cmd, sizeof cmd, "{ %s run %s/je.json --json 2>/dev/null; }", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  js = json_loads(out, 0, &je);
+  ck_assert_msg(js, "%s", out);
+  ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "error");
+  ck_assert_msg(strstr(json_string_value(json_object_get(js, "error")), "no kernel named 'nope'"), "%s", out);
+  json_decref(js);
+  free(out);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- snapshots */
+
+static const char *snap_prog =
+    "layout { dense(ij: 3, 5) { place u: f32 }\n dense(k: 4) { place w: f32 } }\n"
+    "kernel init() { for i, j in u { u[i, j] = f32(i * 5 + j) } }\n"
+    "kernel bump() { for i, j in u { u[i, j] += 1.0 } }\n";
+
+/* The f32 values of a .npy file written by fusebox (n of them). */
+static void read_npy_f32(const char *path, float *v, size_t n) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "%s is missing", path);
+  unsigned char head[10];
+  ck_assert_int_eq(fread(head, 1, 10, f), 10);
+  ck_assert_int_eq(fseek(f, 10 + head[8] + 256 * head[9], SEEK_SET), 0);
+  ck_assert_int_eq(fread(v, sizeof *v, n, f), n);
+  fclose(f);
+}
+
+/* A PNG read back with libpng, as 8-bit RGB. */
+static unsigned char *read_png(const char *path, unsigned *w, unsigned *h) {
+  png_image img;
+  memset(&img, 0, sizeof img);
+  img.version = PNG_IMAGE_VERSION;
+  ck_assert_msg(png_image_begin_read_from_file(&img, path), "%s: %s", path, img.message);
+  img.format = PNG_FORMAT_RGB;
+  unsigned char *buf = malloc(PNG_IMAGE_SIZE(img));
+  ck_assert_msg(png_image_finish_read(&img, NULL, buf, 0, NULL), "%s: %s", path, img.message);
+  *w = img.width;
+  *h = img.height;
+  return buf;
+}
+
+static void assert_pixel(const unsigned char *buf, unsigned w, unsigned x, unsigned y, int r, int g, int b) {
+  const unsigned char *p = buf + 3 * (y * w + x);
+  ck_assert_msg(p[0] == r && p[1] == g && p[2] == b, "pixel (%u, %u) is (%d, %d, %d), expected (%d, %d, %d)",
+                x, y, p[0], p[1], p[2], r, g, b);
+}
+
+/* save ... every N: {step} and {step:03d} in the name, .npy arrays and .png
+ * pictures (a given range with the gray map: exact values; the automatic
+ * range with viridis: its ends and middle), on a private fuseboxd and in
+ * this process alike; --output-dir; bench skips saves. */
+START_TEST(snapshots_and_pictures) {
+  write_file("snap.fbk", snap_prog);
+  write_file("snap.json",
+             "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+             "  \"step\": [ {\"repeat\": 4, \"do\": [ {\"launch\": \"bump\"},\n"
+             "      {\"save\": \"u\", \"to\": \"u_{step:03d}.npy\", \"every\": 2},\n"
+             "      {\"save\": \"u\", \"to\": \"u_{step}.png\", \"range\": [0, 51], \"colormap\": \"gray\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"auto.png\"} ] }\n");
+  const char *paths[] = {"", "--local"};
+  for (int p = 0; p < 2; p++) {
+    char cmd[8192], dir[512], file[600], *out;
+    snprintf(dir, sizeof dir, "%s/out%d", tmpdir, p);
+    snprintf(cmd, sizeof cmd, "%s run %s/snap.json -o %s %s", fusebox(), tmpdir, dir, paths[p]);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* every 2: the 2nd and 4th time only, after 2 and 4 bumps */
+    snprintf(file, sizeof file, "%s/u_001.npy", dir);
+    ck_assert(access(file, F_OK) != 0);
+    snprintf(file, sizeof file, "%s/u_003.npy", dir);
+    ck_assert(access(file, F_OK) != 0);
+    float v[15];
+    for (int k = 2; k <= 4; k += 2) {
+      snprintf(file, sizeof file, "%s/u_%03d.npy", dir, k);
+      read_npy_f32(file, v, 15);
+      for (int i = 0; i < 15; i++) ck_assert_float_eq(v[i], (float)(i + k));
+    }
+    /* u_1.png .. u_4.png: 5 wide, 3 high; gray over [0, 51]: 5 per unit */
+    for (int k = 1; k <= 4; k++) {
+      unsigned w, h;
+      snprintf(file, sizeof file, "%s/u_%d.png", dir, k);
+      unsigned char *px = read_png(file, &w, &h);
+      ck_assert_uint_eq(w, 5);
+      ck_assert_uint_eq(h, 3);
+      for (unsigned y = 0; y < 3; y++)
+        for (unsigned x = 0; x < 5; x++) {
+          int g = 5 * (int)(y * 5 + x + (unsigned)k);
+          assert_pixel(px, w, x, y, g, g, g);
+        }
+      free(px);
+    }
+    /* viridis over the field's own range [4, 18]: row 0 on top */
+    unsigned w, h;
+    snprintf(file, sizeof file, "%s/auto.png", dir);
+    unsigned char *px = read_png(file, &w, &h);
+    assert_pixel(px, w, 0, 0, 68, 1, 84);     /* 4: the low end */
+    assert_pixel(px, w, 2, 1, 33, 145, 140);  /* 11: the middle */
+    assert_pixel(px, w, 4, 2, 253, 231, 37);  /* 18: the high end */
+    free(px);
+  }
+  /* the same arrays on both paths */
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "cmp %s/out0/u_004.npy %s/out1/u_004.npy && cmp %s/out0/u_3.png %s/out1/u_3.png",
+           tmpdir, tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+  /* bench times the step: no snapshots (they would land beside snap.json) */
+  snprintf(cmd, sizeof cmd, "%s bench %s/snap.json --local --modes sync --warmup 0 --repeat 1", fusebox(), tmpdir);
+  ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+  free(out);
+  char file[600];
+  snprintf(file, sizeof file, "%s/u_1.png", tmpdir);
+  ck_assert_msg(access(file, F_OK) != 0, "bench saved %s", file);
+}
+END_TEST
+
+/* `fusebox check` (and run) refuse a bad save with its JSON path. */
+START_TEST(bad_saves_are_named) {
+  write_file("snap.fbk", snap_prog);
+  struct { const char *action, *want; } cases[] = {
+      {"{\"save\": \"u\", \"to\": \"u.txt\"}", "$.step[0].to: 'u.txt': expected a file name ending in .npy or .png"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"every\": 0}", "$.step[0].every: expected a count >= 1"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"range\": [1, 0]}", "$.step[0].range: expected [lo, hi]"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"range\": [0, 1]}", "$.step[0].range: only for a picture"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"colormap\": \"jet\"}", "$.step[0].colormap: expected \"viridis\" or \"gray\""},
+      {"{\"save\": \"u\", \"to\": \"u_{stp}.png\"}", "$.step[0].to: 'u_{stp}.png': unknown placeholder"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"evry\": 2}", "$.step[0].evry: unknown key"},
+      {"{\"save\": 3, \"to\": \"u.npy\"}", "$.step[0].save: expected a field name"},
+      {"{\"save\": \"zz\", \"to\": \"u.npy\"}", "$.step[0].save: no field named 'zz'"},
+      {"{\"save\": \"w\", \"to\": \"w.png\"}", "$.step[0].to: a picture needs a 2-D field of scalars; 'w' has 1 index"},
+      {"{\"repeat\": 2, \"do\": [{\"launch\": \"bump\"}, {\"save\": \"w\", \"to\": \"w{step}.png\"}]}",
+       "$.step[0].do[1].to: a picture needs a 2-D field"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char json[1024], name[32], cmd[8192], *out;
+    snprintf(json, sizeof json, "{ \"program\": \"snap.fbk\", \"step\": [ %s ] }\n", cases[i].action);
+    snprintf(name, sizeof name, "bs%zu.json", i);
+    write_file(name, json);
+    snprintf(cmd, sizeof cmd, "%s check %s/%s", fusebox(), tmpdir, name);
+    ck_assert_msg(sh(cmd, &out) == 1, "case %zu:\n%s", i, out);
+    ck_assert_msg(strstr(out, cases[i].want), "case %zu: want '%s' in:\n%s", i, cases[i].want, out);
+    free(out);
+  }
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd, "%s run %s/bs9.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "'w' has 1 index"), "%s", out);
+  free(out);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- Ctrl-C */
+
+/* A session that runs for hours: a kernel launched a billion times. */
+static const char *long_session =
+    "{ \"source\": \"layout { dense(i: 4096) { place a: f32 } }\\n"
+    "kernel k() { for i in a { a[i] = a[i] * 0.5 + 1.0 } }\\n\",\n"
+    "  \"step\": [ {\"repeat\": 1000000000, \"do\": [ {\"launch\": \"k\"} ]} ] }\n";
+
+/* The fuseboxd whose parent is `parent` (from /proc), its socket path
+ * (from its --listen unix:PATH) into sock; 0 when there is none yet. */
+static int fuseboxd_child(int parent, char *sock, size_t n) {
+  DIR *d = opendir("/proc");
+  ck_assert_ptr_nonnull(d);
+  int found = 0;
+  for (struct dirent *e; !found && (e = readdir(d));) {
+    int pid = atoi(e->d_name), ppid = 0;
+    if (pid <= 0) continue;
+    char path[64], comm[64] = "", st;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int ok = fscanf(f, "%*d (%63[^)]) %c %d", comm, &st, &ppid) == 3;
+    fclose(f);
+    if (!ok || ppid != parent || strcmp(comm, "fuseboxd")) continue;
+    snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+    char cl[4096]; /* NUL-separated arguments (/proc files have no size) */
+    f = fopen(path, "r");
+    size_t len = f ? fread(cl, 1, sizeof cl - 1, f) : 0;
+    if (f) fclose(f);
+    cl[len] = 0;
+    sock[0] = 0;
+    for (size_t i = 0; i < len; i += strlen(cl + i) + 1)
+      if (!strcmp(cl + i, "--listen") && i + 9 < len && !strncmp(cl + i + 9, "unix:", 5))
+        snprintf(sock, n, "%s", cl + i + 14);
+    found = sock[0] ? pid : 0;
+  }
+  closedir(d);
+  return found;
+}
+
+/* Whether pid is gone (or a zombie nobody has reaped yet: it runs no more). */
+static int process_gone(int pid) {
+  char path[64], comm[64], st = 0;
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 1;
+  int ok = fscanf(f, "%*d (%63[^)]) %c", comm, &st) == 2;
+  fclose(f);
+  return !ok || st == 'Z' || st == 'X';
+}
+
+/* Whether pid runs fusebox and catches SIGINT yet (its handler is
+ * installed: before that, a SIGINT would kill it and say nothing about the
+ * handler). Before the exec, the forked test process catches SIGINT too. */
+static int catches_sigint(int pid) {
+  char path[64], line[256], exe[1024];
+  snprintf(path, sizeof path, "/proc/%d/exe", pid);
+  ssize_t k = readlink(path, exe, sizeof exe - 1);
+  if (k <= 0) return 0;
+  exe[k] = 0;
+  const char *base = strrchr(exe, '/');
+  if (!base || strcmp(base, "/fusebox")) return 0;
+  snprintf(path, sizeof path, "/proc/%d/status", pid);
+  FILE *f = fopen(path, "r");
+  unsigned long long mask = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "SigCgt: %llx", &mask) == 1) break;
+  if (f) fclose(f);
+  return (mask >> (SIGINT - 1)) & 1;
+}
+
+static void wait_handler(int pid) {
+  for (int i = 0; i < 6000 && !catches_sigint(pid); i++) usleep(10000);
+  ck_assert_msg(catches_sigint(pid), "fusebox run never installed its SIGINT handler");
+}
+
+/* Start `fusebox run JSON EXTRA` with its output in OUT; its pid. */
+static int spawn_run(const char *json, const char *extra, const char *outfile) {
+  int pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    FILE *o = freopen(outfile, "w", stdout);
+    if (!o || dup2(fileno(o), 2) < 0) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves nothing running */
+    unsetenv("FUSEBOX_SERVER");
+    if (extra) execl(fusebox(), "fusebox", "run", json, extra, (char *)NULL);
+    else execl(fusebox(), "fusebox", "run", json, "-q", (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Wait (generously: this is no speed test) for pid to exit; its exit
+ * status, or 1000 + the signal that killed it. */
+static int wait_exit(int pid) {
+  int st = 0;
+  for (int i = 0; i < 6000; i++) {
+    int w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 1000 + WTERMSIG(st);
+    usleep(10000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  ck_abort_msg("fusebox run did not exit after the signal");
+  return -1;
+}
+
+/* The private daemon of a running `fusebox run` (waits for it to serve). */
+static int wait_daemon(int cli, char *sock, size_t n) {
+  int d = 0;
+  struct stat sb;
+  for (int i = 0; i < 6000 && !(d && stat(sock, &sb) == 0); i++) {
+    d = fuseboxd_child(cli, sock, n);
+    if (!(d && stat(sock, &sb) == 0)) usleep(10000);
+  }
+  ck_assert_msg(d > 0 && stat(sock, &sb) == 0, "no private fuseboxd serving under fusebox run");
+  wait_handler(cli);
+  usleep(300000); /* let launches flow */
+  return d;
+}
+
+/* Ctrl-C on `fusebox run` with its private fuseboxd: "interrupted", exit
+ * 130, the daemon gone (reaped), its socket and folder removed. Twice in a
+ * row: the same. */
+START_TEST(ctrl_c_stops_private_daemon) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512], dir[512], *out;
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/long.out", tmpdir);
+  for (int twice = 0; twice < 2; twice++) {
+    int cli = spawn_run(json, NULL, outfile);
+    int d = wait_daemon(cli, sock, sizeof sock);
+    snprintf(dir, sizeof dir, "%s", sock);
+    *strrchr(dir, '/') = 0;
+    kill(cli, SIGINT);
+    if (twice) kill(cli, SIGINT);
+    ck_assert_int_eq(wait_exit(cli), 130);
+    out = fbt_read_file(outfile, NULL);
+    ck_assert_msg(out && strstr(out, "fusebox run: interrupted"), "%s", out ? out : "(no output)");
+    free(out);
+    ck_assert_msg(process_gone(d), "the private fuseboxd (pid %d) still runs", d);
+    ck_assert_msg(access(sock, F_OK) != 0, "%s is left behind", sock);
+    ck_assert_msg(access(dir, F_OK) != 0, "%s is left behind", dir);
+  }
+}
+END_TEST
+
+/* SIGTERM too (128 + 15); in this process (--local) there is no daemon. */
+START_TEST(sigterm_and_local) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512];
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/term.out", tmpdir);
+  int cli = spawn_run(json, NULL, outfile);
+  int d = wait_daemon(cli, sock, sizeof sock);
+  kill(cli, SIGTERM);
+  ck_assert_int_eq(wait_exit(cli), 143);
+  ck_assert(process_gone(d));
+  ck_assert(access(sock, F_OK) != 0);
+  cli = spawn_run(json, "--local", outfile);
+  wait_handler(cli);
+  usleep(300000);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  char *out = fbt_read_file(outfile, NULL);
+  ck_assert_msg(out && strstr(out, "interrupted"), "%s", out ? out : "");
+  free(out);
+}
+END_TEST
+
+/* Killed outright (SIGKILL, no handler runs), fusebox run still takes its
+ * private fuseboxd with it (PR_SET_PDEATHSIG). */
+START_TEST(sigkill_takes_the_daemon) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512];
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/kill.out", tmpdir);
+  int cli = spawn_run(json, NULL, outfile);
+  int d = wait_daemon(cli, sock, sizeof sock);
+  kill(cli, SIGKILL);
+  ck_assert_int_eq(wait_exit(cli), 1000 + SIGKILL);
+  int gone = 0;
+  for (int i = 0; i < 3000 && !(gone = process_gone(d)); i++) usleep(10000);
+  ck_assert_msg(gone, "the private fuseboxd (pid %d) outlived fusebox run", d);
+  /* nobody is left to remove the socket: its folder is ours to clean */
+  *strrchr(sock, '/') = 0;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", sock);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* On a running fuseboxd (--server), Ctrl-C closes the connection: exit 130,
+ * and the server goes on serving. */
+START_TEST(ctrl_c_on_server) {
+  write_file("long.json", long_session);
+  char json[512], outfile[512], sock[512], cmd[8192], *out;
+  snprintf(json, sizeof json, "%s/long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/srv.out", tmpdir);
+  int pid = start_fuseboxd("int.sock", sock, sizeof sock);
+  int cli = fork();
+  ck_assert_int_ge(cli, 0);
+  if (cli == 0) {
+    FILE *o = freopen(outfile, "w", stdout);
+    if (!o || dup2(fileno(o), 2) < 0) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    execl(fusebox(), "fusebox", "run", json, "--server", sock, "-q", (char *)NULL);
+    _exit(127);
+  }
+  wait_handler(cli);
+  usleep(500000);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  out = fbt_read_file(outfile, NULL);
+  ck_assert_msg(out && strstr(out, "interrupted"), "%s", out ? out : "");
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s ping --server %s", fusebox(), sock);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  free(out);
+  kill(pid, SIGKILL);
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -588,7 +1007,17 @@ int main(void) {
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
+  tcase_add_test(tc, run_json);
+  tcase_add_test(tc, snapshots_and_pictures);
+  tcase_add_test(tc, bad_saves_are_named);
   suite_add_tcase(s, tc);
+  TCase *ti = tcase_create("interrupt"); /* Ctrl-C, SIGTERM, SIGKILL */
+  tcase_set_timeout(ti, 300);
+  tcase_add_test(ti, ctrl_c_stops_private_daemon);
+  tcase_add_test(ti, sigterm_and_local);
+  tcase_add_test(ti, sigkill_takes_the_daemon);
+  tcase_add_test(ti, ctrl_c_on_server);
+  suite_add_tcase(s, ti);
   int rc = fbt_run(s);
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

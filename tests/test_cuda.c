@@ -57,6 +57,9 @@ static const char *SRC =
     "kernel both(n: i32) {\n"
     "  total[] = 0.0\n"
     "  for i in 0 .. n { b[i] = 1.0 }\n"
+    "}\n"
+    "kernel acc(k: f32) {\n"
+    "  for i in a { b[i] += a[i] * k }\n"
     "}\n";
 
 typedef struct env {
@@ -363,6 +366,41 @@ START_TEST(sticky_error_in_async_batch) {
 }
 END_TEST
 
+/* No lost work (issue 19): a fused task whose launch the driver refuses for
+ * its size (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: registers, parameter
+ * space) did not run, so its parts run instead, each a launch of its own. */
+START_TEST(fused_launch_refused_runs_the_parts) {
+  env x;
+  env_open(&x, "cuda");
+  fb_session_config sc = {.mode = "async", .seed = 1, .flush_every = -1};
+  fb_session *s = NULL;
+  char err[512] = "";
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err), 0);
+  fb_kernel *acc = inst(x.p, "acc");
+  int ks = add(s, acc);
+  fb_value k = fb_value_f32(2.0f);
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0); /* one fused task: the five launches */
+  fb_counters c0;
+  fb_session_counters(s, &c0);
+  ck_assert_uint_eq(c0.tasks_fused, 4);
+  ck_assert_uint_eq(c0.tasks_launched, 1);
+  long l0 = stats().launches;
+  fake.fail_launch(1, 701);
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0);
+  ck_assert_msg(fb_sync(s) == 0, "%s", fb_session_errmsg(s));
+  fb_counters c;
+  fb_session_counters(s, &c);
+  ck_assert_uint_eq(c.tasks_fused, 8);
+  ck_assert_uint_eq(c.fuse_fallbacks, 1);
+  ck_assert_uint_eq(c.tasks_launched - c0.tasks_launched, 5); /* every part, once */
+  ck_assert_int_eq(stats().launches - l0, 5);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  fb_session_destroy(s);
+  env_close(&x);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("cuda");
   TCase *t = tcase_create("fake driver");
@@ -377,6 +415,7 @@ static Suite *suite(void) {
   tcase_add_test(t, plain_launch_error_fails_one_launch);
   tcase_add_test(t, sticky_error_ends_sessions_then_recovers);
   tcase_add_test(t, sticky_error_in_async_batch);
+  tcase_add_test(t, fused_launch_refused_runs_the_parts);
   suite_add_tcase(s, t);
   return s;
 }

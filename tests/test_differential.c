@@ -20,6 +20,23 @@
  *   FB_DIFF_VERBOSE=1         print every program and its outcome
  *   FB_DIFF_THREADS=N         programs run on N threads at once (default 2)
  *   FB_DIFF_SCALE=K           programs K times as large (default 1)
+ *   FB_DIFF_BIG=N             big programs in the "big" case (default 2)
+ *   FB_DIFF_FAKE_DEVICE=1     the device runs no kernel (the fake CUDA driver
+ *                             of tests/fakecuda): the "big" case compares
+ *                             every configuration with sync mode instead of
+ *                             the oracle (what the host decides: return
+ *                             codes, errors, fusion within the GPU's limits)
+ *
+ * Big programs (case "big", dt_gen_prog_big): kernels of up to DT_MAXP
+ * parameters and large loop bodies, each launched many times in a row,
+ * under every fusion cap; fusion must meet its cost model (fuse_refused)
+ * and never hand out a task the backend refuses (fuse_fallbacks stays 0).
+ * ctest runs them on the CPU (test_differential_big) and, as
+ * test_differential_fakecuda, on the CUDA backend against the fake driver,
+ * where the parameter limit (503) applies; failing programs run as
+ * test_differential_errors. Failing programs (case "errors", dt_gen_prog_failing): async
+ * mode must report the errors sync mode reports (kernel, launch number,
+ * message).
  *
  * The sources of the tester live in tests/difftest/ and are compiled into
  * this one executable. */
@@ -65,6 +82,36 @@ static const dt_config dt_configs[] = {
      .passes = FB_PASS_FUSE | FB_PASS_SIMPLIFY},
 };
 #define DT_NCONFIGS ((int)(sizeof dt_configs / sizeof dt_configs[0]))
+
+#define DT_UNCAPPED 1000000 /* max_fuse_per_task: only the cost model stops fusion */
+
+/* Big programs: every fusion cap, and the cost model alone. */
+static const dt_config dt_big_configs[] = {
+    {.name = "sync", .kind = DT_CFG_SYNC},
+    {.name = "async:all", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1},
+    {.name = "async:all-fuse2", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1,
+     .max_fuse = 2},
+    {.name = "async:all-fuse8", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1,
+     .max_fuse = 8},
+    {.name = "async:all-uncapped", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
+     .flush_every = -1, .max_fuse = DT_UNCAPPED},
+    {.name = "async:all-flush16-uncapped", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
+     .flush_every = 16, .max_fuse = DT_UNCAPPED},
+    {.name = "opt-interp:all-uncapped", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_ALL,
+     .max_fuse = DT_UNCAPPED},
+};
+#define DT_NBIG ((int)(sizeof dt_big_configs / sizeof dt_big_configs[0]))
+
+/* Failing programs: sync against async with and without fusion. */
+static const dt_config dt_err_configs[] = {
+    {.name = "sync", .kind = DT_CFG_SYNC},
+    {.name = "async:all", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1},
+    {.name = "async:all-flush3-fuse4", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
+     .flush_every = 3, .max_fuse = 4},
+    {.name = "async:none", .kind = DT_CFG_ASYNC, .passes = 0, .flush_every = -1},
+    {.name = "async:fusion", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_FUSION, .flush_every = -1},
+};
+#define DT_NERR ((int)(sizeof dt_err_configs / sizeof dt_err_configs[0]))
 
 typedef struct dt_failure {
   dt_prog p;    /* a copy of the failing program */
@@ -354,6 +401,162 @@ START_TEST(test_programs) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- big programs */
+
+typedef struct big_totals {
+  uint64_t fused, refused, fallbacks, launched, programs;
+} big_totals;
+
+/* One big program in every configuration: against the oracle, or (fake
+ * device) against sync mode. */
+static int run_big(dt_env *env, const dt_prog *p, int fake, big_totals *t) {
+  dt_log want;
+  char msg[DT_ERRLEN];
+  int bad = 0;
+  if (fake) dt_run_config(env, p, &dt_big_configs[0], &want);
+  else dt_run_oracle(p, &want);
+  if (want.failed) {
+    fprintf(stderr, "difftest: FAIL big seed 0x%llx: %s failed: %s\n", (unsigned long long)p->seed,
+            fake ? "sync" : "the oracle", want.err);
+    dt_log_free(&want);
+    return 1;
+  }
+  t->programs++;
+  for (int i = fake ? 1 : 0; i < DT_NBIG; i++) {
+    const dt_config *c = &dt_big_configs[i];
+    if (fake && c->kind == DT_CFG_OPT_INTERP) continue; /* the interpreter runs kernels */
+    dt_log got;
+    dt_run_config(env, p, c, &got);
+    int b = dt_compare(p, &want, &got, c->kind == DT_CFG_SYNC, msg, sizeof msg);
+    if (env->verbose || b)
+      fprintf(stderr, "difftest: big seed 0x%llx %-30s %s (tasks %llu, fused %llu, refused %llu, "
+              "fallbacks %llu, compiled %llu in %.2f s)\n", (unsigned long long)p->seed, c->name,
+              b ? msg : "ok", (unsigned long long)got.counters.tasks_launched,
+              (unsigned long long)got.counters.tasks_fused,
+              (unsigned long long)got.counters.fuse_refused,
+              (unsigned long long)got.counters.fuse_fallbacks,
+              (unsigned long long)got.counters.tasks_compiled, got.counters.compile_s);
+    bad |= b;
+    if (c->kind == DT_CFG_ASYNC) {
+      t->fused += got.counters.tasks_fused;
+      t->refused += got.counters.fuse_refused;
+      t->fallbacks += got.counters.fuse_fallbacks;
+      t->launched += got.counters.tasks_launched;
+    }
+    dt_log_free(&got);
+  }
+  dt_log_free(&want);
+  return bad;
+}
+
+START_TEST(test_big_programs) {
+  dt_run r;
+  dt_run_init(&r);
+  int fake = (int)env_u64("FB_DIFF_FAKE_DEVICE", 0), n = (int)env_u64("FB_DIFF_BIG", 2);
+  uint64_t one = env_u64("FB_DIFF_SEED", 0);
+  big_totals t = {0};
+  int failures = 0, stmts = 0, params = 0;
+  for (int i = 0; i < (getenv("FB_DIFF_SEED") ? 1 : n); i++) {
+    uint64_t seed = getenv("FB_DIFF_SEED") ? one : (uint64_t)i + 1;
+    dt_prog p;
+    char err[4096];
+    ck_assert_msg(dt_gen_prog_big(seed, &p, err, sizeof err) == 0, "big seed %llu: %s",
+                  (unsigned long long)seed, err);
+    for (int k = 0; k < p.nk; k++) {
+      int c = fb_kernel_count_stmts(p.ks[k]);
+      if (c > stmts) stmts = c;
+      if (p.ks[k]->nparams > params) params = p.ks[k]->nparams;
+    }
+    failures += run_big(&r.env, &p, fake, &t);
+    dt_prog_free(&p);
+  }
+  fprintf(stderr, "difftest: %llu big programs on %s%s (kernels up to %d statements, %d "
+          "parameters): %llu fused, %llu refused by the cost model, %llu fallbacks, %d failures\n",
+          (unsigned long long)t.programs, fbt_backend(), fake ? " (fake device)" : "", stmts, params,
+          (unsigned long long)t.fused, (unsigned long long)t.refused,
+          (unsigned long long)t.fallbacks, failures);
+  dt_run_fini(&r);
+  ck_assert_int_eq(failures, 0);
+  ck_assert_uint_gt(t.fused, 0);
+  /* the caps and the cost model were both met, and the model alone kept
+   * every fused task one the backend compiles and launches */
+  ck_assert_uint_gt(t.refused, 0);
+  ck_assert_uint_eq(t.fallbacks, 0);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- failing programs */
+
+/* The first error as the configuration reports it against sync's. */
+static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t len) {
+  if (!sync->nerrs != !got->nerrs) {
+    snprintf(msg, len, "sync reported %d errors, this %d (%s)", sync->nerrs, got->nerrs,
+             got->nerrs ? got->err1 : sync->err1);
+    return 1;
+  }
+  if (!sync->nerrs) return 0;
+  if (sync->err1_launch != got->err1_launch) {
+    snprintf(msg, len, "first error on launch %lld, sync's on launch %lld: '%s' vs sync's '%s'",
+             (long long)got->err1_launch, (long long)sync->err1_launch, got->err1, sync->err1);
+    return 1;
+  }
+  /* a fused task whose parts may both have failed names its first part and
+   * owns up to the other: the kernel must still be sync's */
+  const char *q = strchr(sync->err1 + 8, '\'');
+  size_t head = q ? (size_t)(q - sync->err1) + 1 : strlen(sync->err1);
+  int ambiguous = strstr(got->err1, "fused with it") != NULL;
+  if (ambiguous ? strncmp(sync->err1, got->err1, head) != 0 : strcmp(sync->err1, got->err1) != 0) {
+    snprintf(msg, len, "first error '%s', sync's '%s'", got->err1, sync->err1);
+    return 1;
+  }
+  return 0;
+}
+
+START_TEST(test_failing_programs) {
+  if (env_u64("FB_DIFF_FAKE_DEVICE", 0)) return; /* no kernel runs there, so none fails */
+  dt_run r;
+  dt_run_init(&r);
+  int n = (int)env_u64("FB_DIFF_FAILING", 40), failing = 0, failures = 0, fused = 0;
+  for (uint64_t seed = 1; seed <= (uint64_t)n; seed++) {
+    dt_prog p;
+    char err[4096], msg[DT_ERRLEN];
+    ck_assert_msg(dt_gen_prog_failing(seed, &p, err, sizeof err) == 0, "%s", err);
+    dt_log want, sync;
+    dt_run_oracle(&p, &want);
+    dt_run_config(&r.env, &p, &dt_err_configs[0], &sync);
+    int bad = dt_compare(&p, &want, &sync, 1, msg, sizeof msg);
+    failing += sync.nerrs > 0;
+    for (int i = 1; !bad && i < DT_NERR; i++) {
+      dt_log got;
+      dt_run_config(&r.env, &p, &dt_err_configs[i], &got);
+      bad = dt_compare(&p, &want, &got, 0, msg, sizeof msg) ||
+            same_errors(&sync, &got, msg, sizeof msg);
+      fused += got.counters.tasks_fused > 0 && got.nerrs > 0;
+      if (bad || r.env.verbose)
+        fprintf(stderr, "difftest: failing seed 0x%llx %-24s %s\n", (unsigned long long)seed,
+                dt_err_configs[i].name, bad ? msg : got.nerrs ? got.err1 : "no error");
+      dt_log_free(&got);
+    }
+    if (bad) {
+      char *text = dt_prog_text(&p, NULL);
+      fprintf(stderr, "difftest: FAIL failing seed 0x%llx: %s\n%s", (unsigned long long)seed, msg,
+              text ? text : "");
+      free(text);
+    }
+    failures += bad;
+    dt_log_free(&want);
+    dt_log_free(&sync);
+    dt_prog_free(&p);
+  }
+  fprintf(stderr, "difftest: %d failing programs of %d (%d runs with fusion and errors), %d "
+          "mismatches\n", failing, n, fused, failures);
+  dt_run_fini(&r);
+  ck_assert_int_eq(failures, 0);
+  ck_assert_int_ge(failing, n / 4); /* most programs did fail */
+  ck_assert_int_gt(fused, 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- the tester itself */
 
 /* Programs print to text that parses back to a program with the same
@@ -507,6 +710,18 @@ static Suite *suite(void) {
   tcase_set_timeout(t, 900);
   tcase_add_test(t, test_programs);
   suite_add_tcase(s, t);
+  /* ctest runs these two as entries of their own (tag "edges"), so that
+   * test_differential's time stays what it was */
+  TCase *b = tcase_create("big");
+  tcase_set_tags(b, "edges");
+  tcase_set_timeout(b, 900);
+  tcase_add_test(b, test_big_programs);
+  suite_add_tcase(s, b);
+  TCase *e = tcase_create("errors");
+  tcase_set_tags(e, "edges");
+  tcase_set_timeout(e, 600);
+  tcase_add_test(e, test_failing_programs);
+  suite_add_tcase(s, e);
   TCase *u = tcase_create("tester");
   tcase_set_timeout(u, 300);
   tcase_add_test(u, test_text_round_trip);

@@ -72,23 +72,8 @@ static int open_range(fb_builder *b, int32_t lo, int32_t hi, int par, int *saved
 
 static void built(fb_builder *b) { ck_assert_int_eq(b->err, 0); }
 
-/* Bit-exact equality (NaNs of a type are all equal). */
-static int same(fb_value a, fb_value b) {
-  if (a.type != b.type) return 0;
-  if (a.type == FB_T_F32) {
-    float x = (float)a.v.f, y = (float)b.v.f;
-    return memcmp(&x, &y, sizeof x) == 0 || (isnan(x) && isnan(y));
-  }
-  if (a.type == FB_T_F64) return memcmp(&a.v.f, &b.v.f, 8) == 0 || (isnan(a.v.f) && isnan(b.v.f));
-  return a.v.u == b.v.u;
-}
-
-static const char *show(fb_value v, char *buf, size_t n) {
-  if (fb_type_is_float(v.type)) snprintf(buf, n, "%s %.17g", fb_type_name(v.type), v.v.f);
-  else if (fb_type_is_signed(v.type)) snprintf(buf, n, "%s %lld", fb_type_name(v.type), (long long)v.v.i);
-  else snprintf(buf, n, "%s %llu", fb_type_name(v.type), (unsigned long long)v.v.u);
-  return buf;
-}
+#define same fbt_value_same
+#define show fbt_value_show
 
 static void expect_value(fb_value got, fb_value want, int line, const char *what) {
   char g[64], w[64];

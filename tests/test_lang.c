@@ -458,7 +458,7 @@ START_TEST(examples) {
   static const char *const ex[][4] = {
       {"saxpy", "saxpy", "x", "y"}, {"heat", "step", "T", "U"}, {"life", "step", "a", "b"},
       {"divmod", NULL, NULL, NULL}, {"montecarlo", NULL, NULL, NULL}, {"deform", NULL, NULL, NULL},
-      {"sparse", NULL, NULL, NULL}};
+      {"sparse", NULL, NULL, NULL}, {"wave", NULL, NULL, NULL}};
   for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
     char rel[128];
     snprintf(rel, sizeof rel, "../examples/%s.fbk", ex[i][0]);

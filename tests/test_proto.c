@@ -495,11 +495,27 @@ START_TEST(status_mapping) {
   ck_assert_int_eq(fbp_status_of_code(FB_EQUOTA), FBP_GRPC_RESOURCE_EXHAUSTED);
   ck_assert_int_eq(fbp_status_of_code(FB_EBOUNDS), FBP_GRPC_OUT_OF_RANGE);
   ck_assert_int_eq(fbp_status_of_code(FB_EINTERNAL), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_ENOMEM), FBP_GRPC_RESOURCE_EXHAUSTED);
+  ck_assert_int_eq(fbp_status_of_code(FB_EPARSE), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_ETYPE), FBP_GRPC_INVALID_ARGUMENT);
+  ck_assert_int_eq(fbp_status_of_code(FB_ECOMPILE), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_EDEVICE), FBP_GRPC_INTERNAL);
+  ck_assert_int_eq(fbp_status_of_code(FB_EUNSUPPORTED), FBP_GRPC_UNIMPLEMENTED);
+  ck_assert_int_eq(fbp_status_of_code(FB_EIO), FBP_GRPC_UNAVAILABLE);
+  ck_assert_int_eq(fbp_status_of_code(-99), FBP_GRPC_UNKNOWN);
+  ck_assert_int_eq(fbp_status_of_code(FB_ECANCELLED), FBP_GRPC_CANCELLED);
+  ck_assert_int_eq(fbp_status_of_code(FB_ETIMEOUT), FBP_GRPC_DEADLINE_EXCEEDED);
   for (int code = FB_EINVAL; code >= FB_ELAST; code--) {
     int st = fbp_status_of_code(code);
     ck_assert_int_ne(st, FBP_GRPC_OK);
     ck_assert_int_ne(fbp_code_of_status(st), FB_OK);
+    /* every code of include/fusebox/errors.h has its own message */
+    ck_assert_str_ne(fb_strerror(code), "unknown error");
+    if (code < FB_EINVAL) ck_assert_str_ne(fb_strerror(code), fb_strerror(code + 1));
   }
+  ck_assert_str_eq(fb_strerror(FB_OK), "success");
+  ck_assert_str_eq(fb_strerror(FB_EBOUNDS), "index out of bounds");
+  ck_assert_str_eq(fb_strerror(-99), "unknown error");
   ck_assert_int_eq(fbp_code_of_status(FBP_GRPC_UNAVAILABLE), FB_EIO);
 }
 END_TEST
@@ -523,6 +539,26 @@ START_TEST(arena_reuse) {
 }
 END_TEST
 
+/* Counters cross the wire field by field, the fusion cost model's and the
+ * fallback's too (fields appended: 16, 17). */
+START_TEST(counters_round_trip) {
+  fb_counters c = {.launches = 9, .tasks_fused = 4, .tasks_pending = 2, .fuse_refused = 7,
+                   .fuse_fallbacks = 3, .optimizer_s = 0.25};
+  Fusebox__V1__Counters m;
+  fbp_counters_to_pb(&m, &c);
+  Fusebox__V1__Counters *back = wire(&m.base, &fusebox__v1__counters__descriptor);
+  fb_counters d;
+  fbp_counters_from_pb(back, &d);
+  ck_assert_mem_eq(&c, &d, sizeof c);
+  const ProtobufCFieldDescriptor *f =
+      protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_refused");
+  ck_assert(f && f->id == 16);
+  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_fallbacks");
+  ck_assert(f && f->id == 17);
+  protobuf_c_message_free_unpacked(&back->base, NULL);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("convert");
@@ -538,6 +574,7 @@ int main(void) {
   tcase_add_test(tc, chunk_malformed);
   tcase_add_test(tc, status_mapping);
   tcase_add_test(tc, arena_reuse);
+  tcase_add_test(tc, counters_round_trip);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #include "fusebox/common.h"
-#include "fusebox/engine.h" /* fb_counters (only the type: no engine code is linked) */
+#include "fusebox/counters.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
 
@@ -219,7 +219,10 @@ int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes
  * Start fuseboxd as a child process listening on listen ("unix:PATH" or
  * "127.0.0.1:0" for a free port), wait until it serves, and return its
  * address. exe NULL looks "fuseboxd" up in PATH; extra_args (NULL-ended,
- * may be NULL) are passed on. */
+ * may be NULL) are passed on. The child gets PR_SET_PDEATHSIG (SIGKILL):
+ * it dies when the thread that started it ends, or its process (killed
+ * too), so start it from a thread that outlives it. out->pid is set as
+ * soon as the child exists (for a signal handler to stop it). */
 
 typedef struct fb_daemon {
   int pid;

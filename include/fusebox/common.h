@@ -12,23 +12,11 @@
 extern "C" {
 #endif
 
+/* FB_OK and the FB_E* codes, from the table in fusebox/errors.h. */
 enum {
-  FB_OK = 0,
-  FB_EINVAL = -1,    /* bad argument or malformed input */
-  FB_ENOMEM = -2,    /* host allocation failed */
-  FB_EVERIFY = -3,   /* IR refused by the verifier */
-  FB_EPARSE = -4,    /* text (IR or .fbk) does not parse */
-  FB_ENOENT = -5,    /* no such kernel, field or session */
-  FB_ECOMPILE = -6,  /* code generation failed */
-  FB_EDEVICE = -7,   /* the device failed or is absent */
-  FB_EQUOTA = -8,    /* over a memory or session quota */
-  FB_EBOUNDS = -9,   /* a kernel indexed a field out of its bounds */
-  FB_ETYPE = -10,    /* wrong argument type or count */
-  FB_EUNSUPPORTED = -11, /* valid request this build or backend cannot do */
-  FB_EIO = -12,      /* file or network I/O failed */
-  FB_EINTERNAL = -13, /* a bug in Fusebox: please report */
-  FB_ECANCELLED = -14, /* the work was cancelled (Cancel, a closed stream) */
-  FB_ETIMEOUT = -15,   /* the work ran past its time limit (kernel_timeout_s) */
+#define FB_ERR(name, value, msg, grpc) FB_##name = value,
+#include "fusebox/errors.h"
+#undef FB_ERR
   FB_ELAST = FB_ETIMEOUT /* the lowest code: every code is in [FB_ELAST, 0] */
 };
 

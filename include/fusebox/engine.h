@@ -32,6 +32,7 @@
 #define FUSEBOX_ENGINE_H
 
 #include "fusebox/common.h"
+#include "fusebox/counters.h"
 #include "fusebox/ir.h"
 
 #ifdef __cplusplus
@@ -83,27 +84,7 @@ typedef struct fb_session_config {
                             round; 0 = default (1) */
 } fb_session_config;
 
-/* Counters, cumulative since the session was created. */
-typedef struct fb_counters {
-  uint64_t launches;           /* kernel launches requested */
-  uint64_t tasks_launched;     /* tasks run on the device */
-  uint64_t statements_emitted; /* IR statements handed to code generation */
-  uint64_t tasks_compiled;     /* tasks compiled (cache misses) */
-  uint64_t cache_hits;         /* tasks found in the code cache */
-  double backend_s;            /* device time spent running tasks */
-  double compile_s;            /* time spent compiling */
-  /* the asynchronous engine's optimizer (zero in sync mode) */
-  uint64_t listgens_removed;   /* list generations removed */
-  uint64_t tasks_fused;        /* tasks fused into others */
-  uint64_t dead_stores_removed; /* stores (and emptied tasks) removed */
-  uint64_t activations_demoted; /* activating accesses demoted */
-  double optimizer_s;          /* time spent in the SFG and its passes */
-  uint64_t device_bytes;       /* not cumulative: device memory the session holds
-                                * now (fields, scratch, sparse blocks handed out
-                                * by its pool, lists), what memory_limit bounds */
-  uint64_t flushes;            /* async: flushes that handed tasks out */
-  uint64_t tasks_pending;      /* not cumulative: async tasks waiting in the SFG */
-} fb_counters;
+/* fb_counters (fb_session_counters): see fusebox/counters.h. */
 
 /* One async flush (fb_session_last_flush). */
 typedef struct fb_flush_stats {

@@ -331,7 +331,8 @@ fb_kernel *fb_kernel_compact(const fb_kernel *k);
  *    on an inactive cell returns 0 and activates it; a struct_for visits a
  *    snapshot of the cells active when it starts, in row-major order of the
  *    cell space (rand()'s iter is the cell's row-major number there).
- * Arithmetic (exactly the same in generated code):
+ * Arithmetic (exactly the same in generated code; ir/arith.c is its one
+ * implementation on the host):
  *  - Integer add/sub/mul/neg/abs wrap; signed division overflow wraps
  *    (INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0).
  *  - floordiv on ints is Python's //, on floats floor(a / b); floormod is

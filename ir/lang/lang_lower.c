@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "../arith.h"
 #include "lang_internal.h"
 
 void lang_err(fb_diags *d, int line, int col, const char *fmt, ...) {
@@ -570,7 +571,9 @@ static int unary(lower *L, node *e, lval *out) {
   if (e->op == T_MINUS) {
     if (t == FB_T_BOOL) goto bad;
     for (int c = 0; c < a.n; c++) {
-      out->ci[c] = (int64_t)(0 - (uint64_t)a.ci[c]);
+      uint64_t u = 0;
+      fb_arith_int_unop(FB_OP_NEG, FB_T_I64, (uint64_t)a.ci[c], &u); /* a literal is an i64 */
+      out->ci[c] = (int64_t)u;
       out->cv[c] = -a.cv[c];
       if (!a.lit) out->id[c] = lw_un(L, FB_OP_NEG, a.id[c]);
     }
@@ -580,7 +583,9 @@ static int unary(lower *L, node *e, lval *out) {
   if (e->op == T_TILDE) {
     if (a.lit == LIT_FLOAT || !fb_type_is_int(t)) goto bad;
     for (int c = 0; c < a.n; c++) {
-      out->ci[c] = ~a.ci[c];
+      uint64_t u = 0;
+      fb_arith_int_unop(FB_OP_NOT, FB_T_I64, (uint64_t)a.ci[c], &u);
+      out->ci[c] = (int64_t)u;
       out->cv[c] = (double)out->ci[c];
       if (!a.lit) out->id[c] = lw_un(L, FB_OP_NOT, a.id[c]);
     }

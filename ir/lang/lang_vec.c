@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "../arith.h"
 #include "lang_internal.h"
 
 #define ERR(L, at, ...) ((L)->errors++, lang_err((L)->d, (at)->line, (at)->col, __VA_ARGS__))
@@ -40,14 +41,6 @@ static int is_cmp_op(int op) {
 
 /* ---------------------------------------------------------------- folding */
 
-static int64_t ifloordiv(int64_t a, int64_t b) {
-  if (b == 0) return 0;
-  if (b == -1) return (int64_t)(0 - (uint64_t)a);
-  int64_t q = a / b;
-  if ((a % b != 0) && ((a < 0) != (b < 0))) q--;
-  return q;
-}
-
 static int64_t ipow(int64_t b, int64_t e) {
   uint64_t r = 1, x = (uint64_t)b;
   while (e > 0) {
@@ -58,20 +51,31 @@ static int64_t ipow(int64_t b, int64_t e) {
   return (int64_t)r;
 }
 
-static double fmodpy(double a, double b) {
-  double r = fmod(a, b);
-  if (r != 0 && ((r < 0) != (b < 0))) r += b;
-  return r;
-}
-
-static int cmp_fold(int op, double x, double y) {
+/* The IR op a binary operator folds as (FB_OP__COUNT: none; `/` and `**`
+ * on integers are special). */
+static fb_op fold_op(int op) {
   switch (op) {
-  case T_EQ: return x == y;
-  case T_NE: return x != y;
-  case T_LT: return x < y;
-  case T_LE: return x <= y;
-  case T_GT: return x > y;
-  default: return x >= y;
+  case T_PLUS: return FB_OP_ADD;
+  case T_MINUS: return FB_OP_SUB;
+  case T_STAR: return FB_OP_MUL;
+  case T_SLASH: return FB_OP_DIV;
+  case T_SLASHSLASH: return FB_OP_FLOORDIV;
+  case T_PERCENT: return FB_OP_FLOORMOD;
+  case T_STARSTAR: return FB_OP_POW;
+  case T_AMP: return FB_OP_AND;
+  case T_PIPE: return FB_OP_OR;
+  case T_CARET: return FB_OP_XOR;
+  case T_SHL: return FB_OP_SHL;
+  case T_SHR: return FB_OP_SHR;
+  case T_EQ: return FB_OP_EQ;
+  case T_NE: return FB_OP_NE;
+  case T_LT: return FB_OP_LT;
+  case T_LE: return FB_OP_LE;
+  case T_GT: return FB_OP_GT;
+  case T_GE: return FB_OP_GE;
+  case LOP_MIN: return FB_OP_MIN;
+  case LOP_MAX: return FB_OP_MAX;
+  default: return FB_OP__COUNT;
   }
 }
 
@@ -94,29 +98,20 @@ static int fold(lower *L, int op, const lval *a, const lval *b, lval *out, node 
     double y = b->lit == LIT_INT ? (double)b->ci[ib] : b->cv[ib];
     int64_t i = a->ci[ia], j = b->ci[ib], ri = 0;
     double rf = 0;
+    fb_op fop = fold_op(op);
     if (is_cmp_op(op)) {
-      ri = isf ? cmp_fold(op, x, y) : cmp_fold(op, (double)(i > j) - (double)(i < j), 0);
+      ri = isf ? fb_arith_compare(fop, FB_T_F64, fb_value_f64(x), fb_value_f64(y))
+               : fb_arith_compare(fop, FB_T_I64, fb_value_i64(i), fb_value_i64(j));
       out->id[c] = lw_const(L, FB_T_BOOL, 0, ri);
       out->ci[c] = ri;
       continue;
     }
-    switch (op) {
-    case T_PLUS: ri = (int64_t)((uint64_t)i + (uint64_t)j); rf = x + y; break;
-    case T_MINUS: ri = (int64_t)((uint64_t)i - (uint64_t)j); rf = x - y; break;
-    case T_STAR: ri = (int64_t)((uint64_t)i * (uint64_t)j); rf = x * y; break;
-    case T_SLASH: rf = x / y; break;
-    case T_SLASHSLASH: ri = ifloordiv(i, j); rf = floor(x / y); break;
-    case T_PERCENT: ri = j == 0 ? 0 : (int64_t)((uint64_t)i - (uint64_t)j * (uint64_t)ifloordiv(i, j)); rf = fmodpy(x, y); break;
-    case T_STARSTAR: ri = ipow(i, j); rf = pow(x, y); break;
-    case T_AMP: ri = i & j; break;
-    case T_PIPE: ri = i | j; break;
-    case T_CARET: ri = i ^ j; break;
-    case T_SHL: ri = (int64_t)((uint64_t)i << (j & 63)); break;
-    case T_SHR: ri = i >> (j & 63); break;
-    case LOP_MIN: ri = i < j ? i : j; rf = fmin(x, y); break;
-    case LOP_MAX: ri = i > j ? i : j; rf = fmax(x, y); break;
-    default: break;
-    }
+    /* untyped literals are i64 and f64 values: the IR's arithmetic on those */
+    uint64_t u = 0;
+    if (op == T_STARSTAR) ri = ipow(i, j);
+    else if (op != T_SLASH && fb_arith_int_binop(fop, FB_T_I64, (uint64_t)i, (uint64_t)j, &u) == 0)
+      ri = (int64_t)u;
+    fb_arith_f64_binop(fop, x, y, &rf); /* not defined on the bit ops: rf stays 0 */
     if (out->lit == LIT_INT) {
       out->ci[c] = ri;
       out->cv[c] = (double)ri;

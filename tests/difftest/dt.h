@@ -26,7 +26,8 @@
 #include "fusebox/ir.h"
 
 #define DT_MAXN 64      /* SNodes in a generated layout, at most */
-#define DT_MAXP 3       /* kernel parameters, at most */
+#define DT_MAXP 128     /* kernel parameters, at most (big programs) */
+#define DT_GEN_MAXP 3   /* ... in the ordinary programs */
 #define DT_ERRLEN 1024
 
 /* ---------------------------------------------------------------- random */
@@ -88,6 +89,19 @@ int dt_gen_prog(uint64_t seed, dt_prog *out, char *err, size_t errlen);
 /* The same with programs `scale` times as large (kernels, steps, statements):
  * for long runs (FB_DIFF_SCALE); scale 1 is dt_gen_prog. */
 int dt_gen_prog_scaled(uint64_t seed, int scale, dt_prog *out, char *err, size_t errlen);
+/* A big program (dt_gen_prog_big): kernels of many parameters (up to
+ * DT_MAXP) and large loop bodies, each launched many times in a row with
+ * other arguments, so that fusion meets its cost model (the statement
+ * budget; on a GPU the parameter limit) under every cap. */
+int dt_gen_prog_big(uint64_t seed, dt_prog *out, char *err, size_t errlen);
+/* A failing program (dt_gen_prog_failing): an ordinary one with kernel
+ * `oob`, which stores past the end of a dense field, launched at a few
+ * places among its steps: every engine configuration must report its
+ * errors as sync mode does (kernel, launch number, message). */
+int dt_gen_prog_failing(uint64_t seed, dt_prog *out, char *err, size_t errlen);
+/* Big kernels: np parameters, loops of loop_stmts statements or more. */
+fb_kernel *dt_gen_kernel_big(dt_rng *r, const fb_layout *l, const char *name, int np,
+                             int loop_stmts, int items);
 /* Field contents of a DT_FIELD_WRITE: numel values of the field's type. */
 void dt_field_data(const fb_layout *l, int field, uint64_t seed, void *dst);
 
@@ -136,6 +150,13 @@ typedef struct dt_log {
   dt_obs *v;
   int n, cap;
   fb_counters counters;  /* engine runs: the session's counters at the end */
+  /* engine runs: the launch errors reported (sync: by the launch; async: by
+   * a later call, for the launch fb_session_error_launch names) */
+  int async;             /* the run was in async mode */
+  int nerrs;             /* error reports */
+  int64_t err1_launch;   /* the first one's launch number (-1: none) */
+  char err1[DT_ERRLEN];  /* its message, without async's " (launch N)" and
+                            "(and N more errors ...)" */
   int failed;            /* the run could not complete: err says why */
   char err[DT_ERRLEN];
 } dt_log;

@@ -80,6 +80,7 @@ typedef struct kg {
   int appval[DT_MAXN]; /* FM_APPEND: the loop's append value */
   kmap map[DT_MAXN];
   int budget, depth, site;
+  int loop_stmts;   /* big kernels: statements per parallel loop, at least (0: 2..6) */
 } kg;
 
 static const fb_snode *node(const kg *g, int id) { return &g->l->nodes[id]; }
@@ -851,7 +852,8 @@ static void gen_loop(kg *g) {
       int vary;
       g->appval[f] = expr(g, node(g, f)->type, 1, 1, &vary);
     }
-  int n = 2 + (int)dt_below(g->r, 5);
+  int n = g->loop_stmts ? g->loop_stmts + (int)dt_below(g->r, (uint32_t)g->loop_stmts)
+                       : 2 + (int)dt_below(g->r, 5);
   for (int i = 0; i < n && g->budget > 0; i++) gen_stmt(g);
   if (dt_chance(g->r, 85)) sink(g);
   g->in_loop = 0;
@@ -875,12 +877,12 @@ static void gen_ret(kg *g) {
   if (x < 90) fb_b_ret(&g->b, expr(g, t, 0, 2, &vary), 0);
 }
 
-fb_kernel *dt_gen_kernel(dt_rng *r, const fb_layout *l, const char *name, int scale) {
-  static const fb_type pts[] = {FB_T_I32, FB_T_I32, FB_T_I64, FB_T_U32, FB_T_F32};
-  fb_type params[DT_MAXP];
-  int np = (int)dt_below(r, DT_MAXP);
-  for (int i = 0; i < np; i++) params[i] = pts[dt_below(r, 5)];
-  fb_type ret = dt_chance(r, 30) ? pick_num_type(r) : FB_T_VOID;
+static const fb_type param_types[] = {FB_T_I32, FB_T_I32, FB_T_I64, FB_T_U32, FB_T_F32};
+
+/* The kernel's items: parallel loops and runs of serial statements. */
+static fb_kernel *gen_body(dt_rng *r, const fb_layout *l, const char *name, int np,
+                           const fb_type *params, fb_type ret, int budget, int items,
+                           int loop_stmts) {
   fb_kernel *k = fb_kernel_new(l, name, np, params, ret);
   if (!k) return NULL;
   kg *g = calloc(1, sizeof *g);
@@ -888,11 +890,10 @@ fb_kernel *dt_gen_kernel(dt_rng *r, const fb_layout *l, const char *name, int sc
   g->r = r;
   g->l = l;
   g->k = k;
-  g->budget = (6 + (int)dt_below(r, 14)) * scale;
+  g->budget = budget;
+  g->loop_stmts = loop_stmts;
   fb_builder_init(&g->b, k);
   for (int i = 0; i < np; i++) push(g, fb_b_arg(&g->b, i), params[i], 0);
-  uint32_t x = dt_below(r, 100);
-  int items = (x < 45 ? 1 : x < 85 ? 2 : 3) + (int)dt_below(r, (uint32_t)scale);
   for (int i = 0; i < items; i++) {
     if (dt_chance(r, 60)) {
       gen_loop(g);
@@ -907,6 +908,25 @@ fb_kernel *dt_gen_kernel(dt_rng *r, const fb_layout *l, const char *name, int sc
   free(g);
   if (err) { fb_kernel_free(k); return NULL; }
   return k;
+}
+
+fb_kernel *dt_gen_kernel(dt_rng *r, const fb_layout *l, const char *name, int scale) {
+  fb_type params[DT_GEN_MAXP];
+  int np = (int)dt_below(r, DT_GEN_MAXP);
+  for (int i = 0; i < np; i++) params[i] = param_types[dt_below(r, 5)];
+  fb_type ret = dt_chance(r, 30) ? pick_num_type(r) : FB_T_VOID;
+  int budget = (6 + (int)dt_below(r, 14)) * scale;
+  uint32_t x = dt_below(r, 100);
+  int items = (x < 45 ? 1 : x < 85 ? 2 : 3) + (int)dt_below(r, (uint32_t)scale);
+  return gen_body(r, l, name, np, params, ret, budget, items, 0);
+}
+
+fb_kernel *dt_gen_kernel_big(dt_rng *r, const fb_layout *l, const char *name, int np,
+                             int loop_stmts, int items) {
+  fb_type params[DT_MAXP];
+  if (np > DT_MAXP) np = DT_MAXP;
+  for (int i = 0; i < np; i++) params[i] = param_types[dt_below(r, 5)];
+  return gen_body(r, l, name, np, params, FB_T_VOID, 4 * loop_stmts * items, items, loop_stmts);
 }
 
 /* ---------------------------------------------------------------- the probe */

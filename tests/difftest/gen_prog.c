@@ -191,3 +191,114 @@ int dt_gen_prog_scaled(uint64_t seed, int scale, dt_prog *out, char *err, size_t
   gen_steps(&r, out, probe != NULL, scale);
   return 0;
 }
+
+/* ---------------------------------------------------------------- big programs */
+
+static dt_step *new_step(dt_prog *p) {
+  dt_step *s = &p->steps[p->nsteps++];
+  memset(s, 0, sizeof *s);
+  return s;
+}
+
+int dt_gen_prog_big(uint64_t seed, dt_prog *out, char *err, size_t errlen) {
+  dt_rng r = {seed ^ 0xb16b0d1e5ull}; /* not the ordinary program of the seed */
+  memset(out, 0, sizeof *out);
+  out->seed = seed;
+  out->l = dt_gen_layout(&r);
+  int nk = 1 + (int)dt_below(&r, 2), groups = 2 + (int)dt_below(&r, 3);
+  out->ks = calloc((size_t)nk + 2, sizeof *out->ks);
+  out->steps = calloc(4 + (size_t)groups * 48, sizeof *out->steps);
+  if (!out->l || !out->ks || !out->steps) { dt_prog_free(out); return FB_ENOMEM; }
+  for (int i = 0; i < nk; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "big%d", i);
+    /* 8..DT_MAXP parameters: a few launches of one pass the GPU's 503 */
+    int np = 8 + (int)dt_below(&r, DT_MAXP - 8 + 1);
+    fb_kernel *k = dt_gen_kernel_big(&r, out->l, name, np, 24 + (int)dt_below(&r, 24),
+                                     1 + (int)dt_below(&r, 2));
+    if (!k) { dt_prog_free(out); return FB_ENOMEM; }
+    out->ks[out->nk++] = k;
+    int rc = check_kernel(k, err, errlen);
+    if (rc) { dt_prog_free(out); return rc; }
+  }
+  fb_kernel *probe = dt_gen_probe(out->l);
+  if (probe) {
+    out->ks[out->nk++] = probe;
+    int rc = check_kernel(probe, err, errlen);
+    if (rc) { dt_prog_free(out); return rc; }
+  }
+  host_step(&r, out->l, DT_FIELD_WRITE, new_step(out));
+  for (int g = 0; g < groups; g++) {
+    /* one kernel many times in a row, other arguments each time: chains
+     * that only the cost model and the caps stop */
+    int kernel = (int)dt_below(&r, (uint32_t)nk), n = 6 + (int)dt_below(&r, 41);
+    for (int i = 0; i < n; i++) launch_step(&r, out, kernel, new_step(out));
+    uint32_t x = dt_below(&r, 4);
+    if (x == 0) host_step(&r, out->l, DT_FIELD_READ, new_step(out));
+    else if (x == 1) host_step(&r, out->l, DT_CELL_WRITE, new_step(out));
+    else if (x == 2) new_step(out)->kind = DT_FLUSH;
+  }
+  if (probe) launch_step(&r, out, out->nk - 1, new_step(out));
+  return 0;
+}
+
+/* ---------------------------------------------------------------- failing programs */
+
+/* A place whose SNodes above are all dense: a store past its first axis
+ * is out of bounds and nothing else. -1 when there is none. */
+static int dense_place(dt_rng *r, const fb_layout *l) {
+  int cand[DT_MAXN], n = 0;
+  for (int i = 1; i < l->nnodes; i++) {
+    if (l->nodes[i].kind != FB_SN_PLACE || l->nodes[i].ndim < 1) continue;
+    int ok = 1;
+    for (int a = l->nodes[i].parent; a > 0; a = l->nodes[a].parent)
+      if (l->nodes[a].kind != FB_SN_DENSE) ok = 0;
+    if (ok) cand[n++] = i;
+  }
+  return n ? cand[dt_below(r, (uint32_t)n)] : -1;
+}
+
+/* kernel oob(): for i in 0 .. 3 { f[extent + i, 0, ...] = 1 } */
+static fb_kernel *oob_kernel(const fb_layout *l, int f) {
+  const fb_snode *s = &l->nodes[f];
+  fb_kernel *k = fb_kernel_new(l, "oob", 0, NULL, FB_T_VOID);
+  if (!k) return NULL;
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int loop = fb_b_range_for(&b, fb_b_const_i32(&b, 0), fb_b_const_i32(&b, 3), 1);
+  fb_b_enter(&b, k->stmts[loop].body);
+  int ix[FB_MAX_AXES];
+  ix[0] = fb_b_binary(&b, FB_OP_ADD, fb_b_loop_index(&b, loop, 0),
+                      fb_b_const_i32(&b, (int32_t)s->shape[s->dim_axis[0]]));
+  for (int d = 1; d < s->ndim; d++) ix[d] = fb_b_const_i32(&b, 0);
+  fb_b_store(&b, f, ix, s->ndim, fb_b_const(&b, fb_value_cast(fb_value_i32(1), s->type)));
+  if (b.err) { fb_kernel_free(k); return NULL; }
+  return k;
+}
+
+int dt_gen_prog_failing(uint64_t seed, dt_prog *out, char *err, size_t errlen) {
+  int rc = dt_gen_prog(seed, out, err, errlen);
+  if (rc) return rc;
+  dt_rng r = {seed ^ 0xbadba5e5ull};
+  int f = dense_place(&r, out->l);
+  if (f < 0) return 0; /* no dense field: an ordinary program */
+  fb_kernel *k = oob_kernel(out->l, f);
+  fb_kernel **ks = realloc(out->ks, sizeof *ks * ((size_t)out->nk + 2));
+  dt_step *steps = realloc(out->steps, sizeof *steps * ((size_t)out->nsteps + 4));
+  if (ks) out->ks = ks;
+  if (steps) out->steps = steps;
+  if (!k || !ks || !steps) { fb_kernel_free(k); dt_prog_free(out); return FB_ENOMEM; }
+  if ((rc = check_kernel(k, err, errlen))) { fb_kernel_free(k); dt_prog_free(out); return rc; }
+  out->ks[out->nk++] = k; /* after the probe: no step names a kernel by position but launches */
+  int oob = out->nk - 1;
+  int n = 1 + (int)dt_below(&r, 3);
+  for (int i = 0; i < n; i++) {
+    int pos = (int)dt_below(&r, (uint32_t)out->nsteps); /* never after the last step */
+    memmove(&out->steps[pos + 1], &out->steps[pos], sizeof *out->steps * (size_t)(out->nsteps - pos));
+    out->nsteps++;
+    memset(&out->steps[pos], 0, sizeof out->steps[pos]);
+    out->steps[pos].kind = DT_LAUNCH;
+    out->steps[pos].kernel = oob;
+  }
+  return 0;
+}

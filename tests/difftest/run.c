@@ -222,12 +222,40 @@ static void session_config(const dt_config *c, fb_session_config *sc) {
  * a later call, which still did its own work. */
 static int deferred(int rc) { return rc == FB_EBOUNDS || rc == FB_EQUOTA; }
 
+/* Cut [at, at + n) out of s. */
+static void cut(char *s, char *at, size_t n) { memmove(at, at + n, strlen(at + n) + 1); }
+
+/* An error report: sync mode's for launch `launch` (its own), async mode's
+ * (launch < 0) for the launch the session names. The first is kept, in the
+ * words sync mode uses: async's " (launch N)" and " (and N more errors of
+ * background launches)" are taken out. */
+static void note_error(fb_session *s, dt_log *out, int64_t launch) {
+  out->nerrs++;
+  if (out->nerrs > 1) return;
+  uint64_t at = 0;
+  out->err1_launch = launch >= 0 ? launch
+                     : fb_session_error_launch(s, &at, NULL) == 0 ? (int64_t)at : -1;
+  snprintf(out->err1, sizeof out->err1, "%s", fb_session_errmsg(s));
+  if (launch >= 0) return;
+  char *p = strstr(out->err1, " (launch "), *q = p ? strchr(p + 1, ')') : NULL;
+  if (p && q && q - p < 32) cut(out->err1, p, (size_t)(q + 1 - p));
+  p = strstr(out->err1, " (and ");
+  q = p && strstr(p, "of background launches)") ? strchr(p + 1, ')') : NULL;
+  if (q) cut(out->err1, p, (size_t)(q + 1 - p));
+}
+
+/* A deferred error seen by an async call (a sync mode call reports none). */
+static void note_deferred(fb_session *s, dt_log *out, int step, int rc) {
+  log_rc(out, step, rc);
+  if (out->async) note_error(s, out, -1);
+}
+
 static void engine_read(fb_session *s, const fb_layout *l, int f, int step, int kind, dt_log *out) {
   size_t n = field_bytes(l, f);
   void *d = malloc(n ? n : 1);
   if (!d) { log_fail(out, "out of memory"); return; }
   int rc = fb_field_read(s, f, d, n);
-  if (deferred(rc)) log_rc(out, step, rc);
+  if (deferred(rc)) note_deferred(s, out, step, rc);
   else if (rc) {
     free(d);
     log_fail(out, "step %d: fb_field_read(%s): %s: %s", step, l->nodes[f].name, fb_strerror(rc),
@@ -242,7 +270,7 @@ static void engine_cell_read(fb_session *s, const fb_layout *l, const dt_step *s
   fb_value v;
   const fb_snode *f = &l->nodes[st->field];
   int rc = fb_cell_read(s, st->field, st->idx, f->ndim, &v);
-  if (deferred(rc)) log_rc(out, step, rc);
+  if (deferred(rc)) note_deferred(s, out, step, rc);
   else if (rc) {
     log_fail(out, "step %d: fb_cell_read(%s): %s: %s", step, f->name, fb_strerror(rc),
              fb_session_errmsg(s));
@@ -268,18 +296,19 @@ static void engine_write(fb_session *s, const fb_layout *l, const dt_step *st, i
     free(d);
   }
   if (deferred(rc))
-    log_rc(out, step, rc);
+    note_deferred(s, out, step, rc);
   else if (rc)
     log_fail(out, "step %d: %s(%s): %s: %s", step, dt_step_name(st->kind), f->name,
              fb_strerror(rc), fb_session_errmsg(s));
 }
 
 static void engine_launch(fb_session *s, const dt_prog *p, const int *ids, const dt_step *st,
-                          int step, dt_log *out) {
+                          int step, int64_t launch, dt_log *out) {
   const fb_kernel *k = p->ks[st->kernel];
   fb_value ret;
   memset(&ret, 0, sizeof ret);
   int rc = fb_launch(s, ids[st->kernel], st->args, st->nargs, &ret);
+  if (rc) note_error(s, out, out->async ? -1 : launch);
   if (rc != 0 && rc != FB_EBOUNDS && !out->err[0])
     snprintf(out->err, sizeof out->err, "step %d: launch of %s: %s: %s", step, k->name,
              fb_strerror(rc), fb_session_errmsg(s));
@@ -288,11 +317,12 @@ static void engine_launch(fb_session *s, const dt_prog *p, const int *ids, const
 }
 
 static void engine_steps(fb_session *s, const dt_prog *p, const int *ids, dt_log *out) {
+  int64_t launches = 0;
   for (int i = 0; i < p->nsteps && !out->failed; i++) {
     const dt_step *st = &p->steps[i];
     int rc = 0;
     switch (st->kind) {
-    case DT_LAUNCH: engine_launch(s, p, ids, st, i, out); break;
+    case DT_LAUNCH: engine_launch(s, p, ids, st, i, launches++, out); break;
     case DT_FIELD_READ: engine_read(s, p->l, st->field, i, DT_OBS_READ, out); break;
     case DT_CELL_READ: engine_cell_read(s, p->l, st, i, out); break;
     case DT_FIELD_WRITE:
@@ -301,12 +331,12 @@ static void engine_steps(fb_session *s, const dt_prog *p, const int *ids, dt_log
     case DT_SYNC: rc = fb_sync(s); break;
     default: break;
     }
-    if (deferred(rc)) log_rc(out, i, rc);
+    if (deferred(rc)) note_deferred(s, out, i, rc);
     else if (rc) log_fail(out, "step %d: %s: %s: %s", i, dt_step_name(st->kind), fb_strerror(rc),
                           fb_session_errmsg(s));
   }
   int rc = out->failed ? 0 : fb_sync(s);
-  if (deferred(rc)) log_rc(out, p->nsteps, rc);
+  if (deferred(rc)) note_deferred(s, out, p->nsteps, rc);
   else if (rc) log_fail(out, "final fb_sync: %s: %s", fb_strerror(rc), fb_session_errmsg(s));
   for (int f = 1; f < p->l->nnodes && !out->failed; f++)
     if (p->l->nodes[f].kind == FB_SN_PLACE) engine_read(s, p->l, f, p->nsteps, DT_OBS_FINAL, out);
@@ -315,6 +345,8 @@ static void engine_steps(fb_session *s, const dt_prog *p, const int *ids, dt_log
 static void run_engine(dt_env *env, const dt_prog *p, const dt_config *c, dt_log *out) {
   fb_session_config sc;
   session_config(c, &sc);
+  out->async = c->kind == DT_CFG_ASYNC;
+  out->err1_launch = -1;
   fb_session *s = NULL;
   char err[512] = "";
   int rc = fb_session_create(env->eng, &sc, p->l, &s, err, sizeof err);

@@ -1,6 +1,7 @@
 /* Helpers shared by the test suites. */
 #include "support.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,4 +58,21 @@ int fbt_run(Suite *s) {
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+int fbt_value_same(fb_value a, fb_value b) {
+  if (a.type != b.type) return 0;
+  if (a.type == FB_T_F32) {
+    float x = (float)a.v.f, y = (float)b.v.f;
+    return memcmp(&x, &y, sizeof x) == 0 || (isnan(x) && isnan(y));
+  }
+  if (a.type == FB_T_F64) return memcmp(&a.v.f, &b.v.f, 8) == 0 || (isnan(a.v.f) && isnan(b.v.f));
+  return a.v.u == b.v.u;
+}
+
+const char *fbt_value_show(fb_value v, char *buf, size_t n) {
+  if (fb_type_is_float(v.type)) snprintf(buf, n, "%s %.17g", fb_type_name(v.type), v.v.f);
+  else if (fb_type_is_signed(v.type)) snprintf(buf, n, "%s %lld", fb_type_name(v.type), (long long)v.v.i);
+  else snprintf(buf, n, "%s %llu", fb_type_name(v.type), (unsigned long long)v.v.u);
+  return buf;
 }

@@ -5,6 +5,8 @@
 #include <check.h>
 #include <stddef.h>
 
+#include "fusebox/common.h"
+
 /* Path of a file under tests/ (FB_TEST_DIR): static buffer, not reentrant. */
 const char *fbt_path(const char *rel);
 /* Whole file into a malloc'd NUL-terminated string, or NULL. */
@@ -16,5 +18,9 @@ char *fbt_read_file(const char *path, size_t *len);
 int fbt_run(Suite *s);
 /* The backend the suite's engines use: $FB_TEST_BACKEND, else "cpu". */
 const char *fbt_backend(void);
+/* Bit-exact equality of two values (any NaN equals any NaN of its type). */
+int fbt_value_same(fb_value a, fb_value b);
+/* The value with its type, "i32 -5", "f64 0.5", into buf. */
+const char *fbt_value_show(fb_value v, char *buf, size_t n);
 
 #endif

@@ -1,0 +1,19 @@
+/* Test hooks of the engine (server/engine.c), for tests only: nothing in
+ * fuseboxd or the CLI calls them, and the header is not installed. */
+#ifndef FB_ENGINE_TEST_H
+#define FB_ENGINE_TEST_H
+
+#include <stddef.h>
+
+#include "fusebox/engine.h"
+
+/* Called before the compile pool (async sessions) compiles task IR; a
+ * nonzero answer refuses the compile with FB_ECOMPILE and the message it
+ * wrote to err. Lets a test make a compile fail that would pass, e.g. every
+ * fused task (their names join the parts' with '+'), to reach the engine's
+ * fallback to the unfused parts without a GPU. Called from compile threads
+ * and the launcher; set it before the first async session, NULL to clear. */
+typedef int (*fb_compile_gate)(void *user, const fb_kernel *task, char *err, size_t errlen);
+void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
+
+#endif
