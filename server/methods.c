@@ -312,7 +312,8 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
     rc = FB_EIO;
   } else if (m && ((rc = check_options(srv, m->options, &ec, err, sizeof err)) ||
-                   (rc = fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
+                   (rc = m->source ? fbd_source_layout(m, &l, err, sizeof err)
+                                   : fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
     fbd_count_bad(srv);
     fbd_call_finish(c, rc, "%s", err);
   } else if (m && (rc = fbd_session_new(srv, l, &ec, c->peer, &s, err, sizeof err))) {
@@ -359,6 +360,7 @@ static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
       decode(c, bb, &fusebox__v1__register_kernels_request__descriptor, &j->arena);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   j->msg = m;
+  if (s && fbd_source_kernels(c, s, m, &j->arena)) fbd_session_unref(s), s = NULL;
   if (s) {
     post(c, s, j); /* frees j when it fails */
     j = NULL;
@@ -672,6 +674,7 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/DescribeSource", NULL, fbd_describe_recv, NULL, NULL, NULL},
 };
 
 const fbd_method *fbd_method_find(const char *path, size_t n) {

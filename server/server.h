@@ -340,6 +340,20 @@ void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
  * call; the buffer goes back to s when gRPC is done with it. */
 void fbd_read_begin(fbd_call *c, fbd_session *s, uint8_t *buf, size_t len, uint32_t chunk);
 
+/* ---------------------------------------------------------------- .fbk source (source.c)
+ * The front end on the server, completion-queue side. */
+
+/* CreateSession with a source: the program's layout (new), or FB_E* with
+ * the diagnostics in err. */
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
+                      size_t errlen);
+/* RegisterKernels: append the instances of m's source to m->kernels (in
+ * a); without a source, 0 unless instances were asked for. On failure the
+ * call is finished and FB_E* returned. */
+int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
+                       fbp_arena *a);
+void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb); /* DescribeSource */
+
 /* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
 
