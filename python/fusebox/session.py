@@ -659,7 +659,7 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"<fusebox session {getattr(self, 'id', '?')[:8]} ({self.mode}, "
+        return (f"<fusebox session {getattr(self, 'id', '?')[:8]} ({getattr(self, 'mode', '?')}, "
                 f"{getattr(self, 'backend', '?')})>")
 
 
