@@ -46,7 +46,8 @@ def _source_pb(source: str, params: Optional[Mapping[str, Any]], filename: str) 
         raise TypeError(f"source must be a str (the .fbk program), not {type(source).__name__}")
     ps = {}
     for k, v in (params or {}).items():
-        ps[str(k)] = v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
+        ps[str(k)] = (v if isinstance(v, str) else ("true" if v else "false")
+                      if isinstance(v, bool) else repr(v) if isinstance(v, float) else str(v))
     return pb.Source(text=source, filename=filename or "<source>", params=ps)
 
 
