@@ -16,10 +16,11 @@ from fusebox.errors import (ConnectionLostError, Error, LaunchError, NotFoundErr
                             ServerError)
 from fusebox.session import (Counters, Field, FieldInfo, Kernel, KernelInfo, LaunchFailure,
                              Param, Program, Session, SyncResult)
+from fusebox.tools import bench, plot
 
 __version__ = "0.1.0"
 __all__ = [
     "Client", "ServerInfo", "connect", "find_fuseboxd", "ConnectionLostError", "Error",
     "LaunchError", "NotFoundError", "ServerError", "Counters", "Field", "FieldInfo", "Kernel",
-    "KernelInfo", "LaunchFailure", "Param", "Program", "Session", "SyncResult",
+    "KernelInfo", "LaunchFailure", "Param", "Program", "Session", "SyncResult", "bench", "plot",
 ]

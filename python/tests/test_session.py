@@ -305,3 +305,13 @@ def test_life_as_fusebox_run(fb, tmp_path):
             s.kernels.step("b", "a")
         assert s.kernels.count() == 8
         assert np.array_equal(s.fields.a.to_numpy(), want["a"])
+
+
+def test_sparse_field_reads_whole_extent(fb):
+    with fb.session(example("sparse.fbk")) as s:
+        s.kernels.paint()  # rho[i, i + d] = 1 + d for d < 3 inside 128 x 128
+        r = s.fields.rho.to_numpy()
+        assert r.shape == (128, 128) and r.dtype == np.float32
+        i, j = np.nonzero(r)
+        assert len(i) == 128 + 127 + 126 and set(j - i) == {0, 1, 2}
+        assert np.array_equal(r[i, j], 1.0 + (j - i))
