@@ -23,6 +23,7 @@
 #define FBD_SOURCE_MAX ((size_t)1 << 20)
 #define MAX_INSTANCES 4096
 #define MAX_PARAM_NAME 128
+#define MAX_SHOWN_LINE 400 /* longer source lines are not quoted in messages */
 
 /* ---------------------------------------------------------------- parse */
 
@@ -89,6 +90,39 @@ static char *substitute(const Fusebox__V1__Source *m, char *err, size_t errlen) 
   return out;
 }
 
+/* The diagnostics into err, as many as fit: each with its source line and
+ * caret where the line is short, else with its position only (hostile
+ * source may put a megabyte on one line and an error on every token, so
+ * rendering them all, as fb_diags_render does, is not bounded). */
+static void render(const char *fname, const char *src, const fb_diags *d, int rc, char *err,
+                   size_t errlen) {
+  size_t used = 0;
+  int i = 0;
+  err[0] = 0;
+  for (; d && i < d->n && used + 1 < errlen; i++) {
+    const fb_diag *g = &d->v[i];
+    const char *ls = src;
+    for (int l = 1; ls && l < g->line; l++) {
+      ls = strchr(ls, '\n');
+      if (ls) ls++;
+    }
+    int short_line = ls && strcspn(ls, "\n") <= MAX_SHOWN_LINE && g->col <= MAX_SHOWN_LINE;
+    char *one = fb_diag_render(fname, short_line ? src : NULL, g);
+    if (!one) break;
+    size_t n = strlen(one);
+    if (used + n + 64 >= errlen && i) { /* keep room to say how many are left */
+      free(one);
+      break;
+    }
+    used += (size_t)snprintf(err + used, errlen - used, "%s", one);
+    if (used >= errlen) used = errlen - 1; /* truncated */
+    free(one);
+  }
+  if (d && i < d->n && used < errlen)
+    snprintf(err + used, errlen - used, "(and %d more errors)\n", d->n - i);
+  if (!err[0]) snprintf(err, errlen, "%s: %s", fname, fb_strerror(rc));
+}
+
 /* Parse m into *out, or FB_E* with the rendered diagnostics in err. */
 static int parse(const Fusebox__V1__Source *m, fb_program **out, char *err, size_t errlen) {
   *out = NULL;
@@ -97,11 +131,7 @@ static int parse(const Fusebox__V1__Source *m, fb_program **out, char *err, size
   fb_diags d;
   fb_diags_init(&d);
   int rc = fb_program_parse(src_name(m), src, out, &d);
-  if (rc) {
-    char *msg = fb_diags_render(src_name(m), src, &d);
-    snprintf(err, errlen, "%s", msg && *msg ? msg : fb_strerror(rc));
-    free(msg);
-  }
+  if (rc) render(src_name(m), src, &d, rc, err, errlen);
   fb_diags_free(&d);
   free(src);
   return rc;
@@ -150,11 +180,11 @@ static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp
   int rc = fb_program_instantiate(p, ki->kernel, (const char *const *)ki->fields,
                                   (int)ki->n_fields, &k, &d);
   if (rc) {
-    char *msg = fb_diags_render(fname, fb_program_source(p), &d);
-    snprintf(err, errlen, "kernel '%s': %s", ki->kernel,
-             msg && *msg ? msg
-             : rc == FB_ENOENT ? "no such kernel or field in the source" : fb_strerror(rc));
-    free(msg);
+    int n = snprintf(err, errlen, "kernel '%.128s': ", ki->kernel);
+    size_t k = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
+    if (d.n) render(fname, fb_program_source(p), &d, rc, err + k, errlen - k);
+    else snprintf(err + k, errlen - k, "%s", rc == FB_ENOENT
+                  ? "no such kernel, or no such field to bind, in the source" : fb_strerror(rc));
   } else if (!(*out = fbp_kernel_to_pb(a, k))) {
     rc = FB_ENOMEM;
     snprintf(err, errlen, "out of memory");

@@ -56,23 +56,37 @@ static int diag_before(const fb_diag *a, const fb_diag *b) {
   return a->line < b->line || (a->line == b->line && a->col < b->col);
 }
 
+typedef struct keyed_diag {
+  fb_diag d;
+  int i; /* where it was: keeps the sort stable */
+} keyed_diag;
+
+static int cmp_keyed(const void *pa, const void *pb) {
+  const keyed_diag *a = pa, *b = pb;
+  if (diag_before(&a->d, &b->d)) return -1;
+  if (diag_before(&b->d, &a->d)) return 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
 /* Stable sort by position and drop exact repeats (a func checked on its
- * own and at each call can report the same error more than once). */
+ * own and at each call can report the same error more than once). Both in
+ * O(n log n) for n errors: hostile source (fuseboxd parses clients' source)
+ * can have an error on every statement. Without memory for the sort the
+ * errors stay in the order found. */
 static void sort_unique(fb_diags *d) {
-  for (int i = 1; i < d->n; i++) {
-    fb_diag x = d->v[i];
-    int j = i;
-    while (j > 0 && diag_before(&x, &d->v[j - 1])) {
-      d->v[j] = d->v[j - 1];
-      j--;
-    }
-    d->v[j] = x;
+  keyed_diag *k = d->n > 1 ? malloc(sizeof *k * (size_t)d->n) : NULL;
+  if (k) {
+    for (int i = 0; i < d->n; i++) k[i] = (keyed_diag){d->v[i], i};
+    qsort(k, (size_t)d->n, sizeof *k, cmp_keyed);
+    for (int i = 0; i < d->n; i++) d->v[i] = k[i].d;
+    free(k);
   }
   int w = 0;
   for (int i = 0; i < d->n; i++) {
-    int dup = 0;
-    for (int j = 0; j < w && !dup; j++)
-      dup = d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col && !strcmp(d->v[j].msg, d->v[i].msg);
+    int dup = 0; /* repeats are at one position, so next to each other once sorted */
+    for (int j = w - 1; j >= 0 && !dup && d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col;
+         j--)
+      dup = !strcmp(d->v[j].msg, d->v[i].msg);
     if (dup) free(d->v[i].msg);
     else d->v[w++] = d->v[i];
   }

@@ -89,6 +89,14 @@ def test_source_limits(fb):
         text="layout { place x: i32 }\nkernel k() { x[] = " + "(" * 5000 + "1" + ")" * 5000
              + " }"))
     assert e.status == grpc.StatusCode.INVALID_ARGUMENT
+    # an error on every statement of a one-line megabyte: the message stays
+    # bounded (no source line quoted when it is long) and says how many more
+    line = "x[] = y; " * 110000
+    e = call(fb, "DescribeSource", pb.Source(
+        text="layout { place x: i32 }\nkernel k() { " + line + "}\n", filename="long.fbk"))
+    assert e.status == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.message.startswith("long.fbk:2:20: error: undefined variable 'y'\n")
+    assert len(e.message) <= 4096 and "more errors)" in e.message and line not in e.message
     assert fb.info().version  # and the server goes on
 
 
