@@ -235,6 +235,13 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *sessi
     fb_program_free(p);
     return snprintf(err, errlen, "out of memory"), rc;
   }
+  if (ni > MAX_INSTANCES) {
+    snprintf(err, errlen, "RegisterKernels: %s has %zu kernels without field parameters; at "
+             "most %d are registered per request (name them in instances)",
+             src_name(m->source), ni, MAX_INSTANCES);
+    fb_program_free(p);
+    return FB_EQUOTA;
+  }
   Fusebox__V1__Kernel **ks = fbp_alloc(a, sizeof *ks * (m->n_kernels + ni + 1));
   if (!ks) rc = FB_ENOMEM, snprintf(err, errlen, "out of memory");
   for (size_t i = 0; !rc && i < m->n_kernels; i++) ks[i] = m->kernels[i];

@@ -97,6 +97,19 @@ def test_source_limits(fb):
     assert e.status == grpc.StatusCode.INVALID_ARGUMENT
     assert e.message.startswith("long.fbk:2:20: error: undefined variable 'y'\n")
     assert len(e.message) <= 4096 and "more errors)" in e.message and line not in e.message
+    # many kernels: parsed in linear time; registered by name only past 4096
+    many = "layout { place x: i32 }\n" + "".join(f"kernel k{i}() {{ x[] = {i} }}\n"
+                                                  for i in range(4097))
+    assert len(fb._call("DescribeSource", pb.Source(text=many)).kernels) == 4097
+    sid = new_session(fb, many)
+    e = call(fb, "RegisterKernels", pb.RegisterKernelsRequest(session_id=sid,
+                                                             source=pb.Source(text=many)))
+    assert e.status == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most 4096" in e.message
+    r = fb._call("RegisterKernels", pb.RegisterKernelsRequest(
+        session_id=sid, source=pb.Source(text=many),
+        instances=[pb.KernelInstance(kernel="k4096")]))
+    assert len(r.kernel_ids) == 1
+    fb._call("CloseSession", pb.CloseSessionRequest(session_id=sid))
     assert fb.info().version  # and the server goes on
 
 
