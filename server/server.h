@@ -459,4 +459,19 @@ pid_t fbd_proc_pid(const fbd_proc *p);
 /* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
 void fbd_worker_process_main(int fd, const fbd_config *cfg);
 
+/* ---------------------------------------------------------------- .fbk source (source.c)
+ * The front end on the server, completion-queue side. */
+
+/* CreateSession with a source: the program's layout (new), or FB_E* with
+ * the diagnostics in err. */
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
+                      size_t errlen);
+/* RegisterKernels: append the instances of m's source to m->kernels (in
+ * a); without a source, 0 unless instances were asked for. On failure the
+ * call is finished and FB_E* returned. */
+int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
+                       fbp_arena *a);
+void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb); /* DescribeSource */
+
+
 #endif
