@@ -285,7 +285,6 @@ typedef struct fbd_err {
  * than for a message: the deadline itself is the broker's). */
 typedef struct fbd_watch {
   _Atomic uint64_t started_ns; /* CLOCK_MONOTONIC of the running task's start; 0 = idle */
-  _Atomic uint64_t tasks;      /* tasks started so far */
   _Atomic int cancel;          /* set by the broker: the hook cancels the next task */
   char kernel[64];             /* the running launch's kernel (NUL-terminated) */
   char task[64];               /* and its task */
