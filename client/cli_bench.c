@@ -128,6 +128,12 @@ static json_t *field_stats(json_t *same, double **fields, const int64_t *nvals) 
   return out;
 }
 
+/* A mode's --json object with its field statistics added (takes j). */
+static json_t *with_fields(json_t *j, const mode_result *r) {
+  if (j && r->stats) json_object_set(j, "fields", r->stats);
+  return j;
+}
+
 static char bench_backend[16]; /* of the first session that started */
 
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
@@ -281,7 +287,6 @@ static json_t *mode_json(const mode_result *r) {
   json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
   json_object_set_new(j, "cpu_s", json_real(r->cpu_s));
   json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
-  if (r->stats) json_object_set(j, "fields", r->stats);
   return j;
 }
 
@@ -294,7 +299,8 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
   for (int c = 0; c < ncases; c++) {
     json_t *jm = json_object();
     for (int m = 0; m < cases[c].nmodes; m++)
-      if (cases[c].m[m].ok) json_object_set_new(jm, cases[c].m[m].def->name, mode_json(&cases[c].m[m]));
+      if (cases[c].m[m].ok)
+        json_object_set_new(jm, cases[c].m[m].def->name, with_fields(mode_json(&cases[c].m[m]), &cases[c].m[m]));
     json_array_append_new(jc, json_pack("{s:s,s:b,s:o}", "name", cases[c].name, "checks_passed",
                                         cases[c].checks_passed, "modes", jm));
   }
