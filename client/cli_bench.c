@@ -370,12 +370,13 @@ static int help(FILE *f) {
           "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
           "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
           "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
-          "  (then times include the transport). --json also records, per mode, the count,\n"
-          "  sum, sum of |x|, min and max of each same_across_modes field (\"fields\").\n"
+          "  (then times include the transport).\n"
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
-          "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n");
+          "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n"
+          "--json also records, per mode, the count, sum, sum of |x|, min and max of each\n"
+          "same_across_modes field (\"fields\"; scripts/bench_peers.sh compares them).\n");
   return f == stdout ? 0 : 2;
 }
 
