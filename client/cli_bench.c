@@ -45,6 +45,7 @@ typedef struct mode_result {
   double tasks_per_step;          /* tasks launched per timed step */
   double **fields;                /* same_across_modes fields, as f64 */
   int64_t *nvals;
+  json_t *stats;                  /* per same_across_modes field: n, sum, abs_sum, min, max */
 } mode_result;
 
 typedef struct case_result {
@@ -108,6 +109,34 @@ static int step(fb_sess_run *r, char **err) {
   return rc;
 }
 
+/* Summary statistics of the fields compared between modes, for --json: they
+ * let a peer implementation (bench/peers/) check that it computed the same
+ * thing without writing whole fields out. */
+static json_t *field_stats(json_t *same, double **fields, const int64_t *nvals) {
+  json_t *out = json_object();
+  for (size_t i = 0; i < json_array_size(same); i++) {
+    double sum = 0, abs_sum = 0, lo = INFINITY, hi = -INFINITY;
+    for (int64_t k = 0; k < nvals[i]; k++) {
+      double x = fields[i][k];
+      sum += x;
+      abs_sum += fabs(x);
+      lo = fmin(lo, x);
+      hi = fmax(hi, x);
+    }
+    json_object_set_new(out, json_string_value(json_array_get(same, i)),
+                        json_pack("{s:I,s:f,s:f,s:f,s:f}", "n", (json_int_t)nvals[i], "sum", sum,
+                                  "abs_sum", abs_sum, "min", nvals[i] ? lo : 0.0,
+                                  "max", nvals[i] ? hi : 0.0));
+  }
+  return out;
+}
+
+/* A mode's --json object with its field statistics added (takes j). */
+static json_t *with_fields(json_t *j, const mode_result *r) {
+  if (j && r->stats) json_object_set(j, "fields", r->stats);
+  return j;
+}
+
 static char bench_backend[16]; /* of the first session that started */
 
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
@@ -153,6 +182,7 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
   for (size_t i = 0; !rc && i < n; i++)
     rc = fb_sess_read_f64(r, json_string_value(json_array_get(same, i)), &res->fields[i],
                           &res->nvals[i], err);
+  if (!rc && n) res->stats = field_stats(same, res->fields, res->nvals);
   res->ok = rc == 0;
   fb_sess_stop(r);
   fclose(devnull);
@@ -280,7 +310,8 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
   for (int c = 0; c < ncases; c++) {
     json_t *jm = json_object();
     for (int m = 0; m < cases[c].nmodes; m++)
-      if (cases[c].m[m].ok) json_object_set_new(jm, cases[c].m[m].def->name, mode_json(&cases[c].m[m]));
+      if (cases[c].m[m].ok)
+        json_object_set_new(jm, cases[c].m[m].def->name, with_fields(mode_json(&cases[c].m[m]), &cases[c].m[m]));
     json_array_append_new(jc, json_pack("{s:s,s:b,s:o}", "name", cases[c].name, "checks_passed",
                                         cases[c].checks_passed, "modes", jm));
   }
@@ -355,7 +386,9 @@ static int help(FILE *f) {
           "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
           "examples:\n"
           "  fusebox bench bench/micro/*.json\n"
-          "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n");
+          "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n"
+          "--json also records, per mode, the count, sum, sum of |x|, min and max of each\n"
+          "same_across_modes field (\"fields\"; scripts/bench_peers.sh compares them).\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -485,7 +518,10 @@ int fb_cli_bench(int argc, char **argv) {
   }
   print_geomeans(stdout, cases, nfiles);
   if ((json_out || csv_out) && write_outputs(json_out, csv_out, cases, nfiles)) status = 2;
-  for (int i = 0; i < nfiles; i++) free(cases[i].name);
+  for (int i = 0; i < nfiles; i++) {
+    for (int m = 0; m < cases[i].nmodes; m++) json_decref(cases[i].m[m].stats);
+    free(cases[i].name);
+  }
   free(cases);
   json_decref(params);
   printf("\n%s\n", status == 0 ? "all checks passed in every mode"

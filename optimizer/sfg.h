@@ -90,7 +90,7 @@ typedef struct fb_opt_counters {
   uint64_t simplified;      /* statements removed by intra-task simplification */
   uint64_t iterations;      /* pipeline iterations */
   uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */
-  double optimizer_s;       /* time in insert + flush (SFG and passes) */
+  double optimizer_s;       /* time in insert (sampled) + flush (SFG and passes) */
 } fb_opt_counters;
 
 typedef struct fb_opt_stats {

@@ -113,6 +113,17 @@ static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessag
   return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL);
 }
 
+/* A worker process runs what the job's bytes say: after the server has
+ * changed the decoded request (a source's kernels appended to it), those
+ * bytes are the changed request's. */
+static void repack(fbd_job *j, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  grpc_slice s = grpc_slice_malloc(n);
+  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  grpc_slice_unref(j->raw);
+  j->raw = s;
+}
+
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
   if (bb) return 0;
   if (!c->recv_failed) {
@@ -363,7 +374,8 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
     rc = FB_EIO;
   } else if (m && ((rc = check_options(srv, m->options, &ec, err, sizeof err)) ||
-                   (rc = fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
+                   (rc = m->source ? fbd_source_layout(m, &l, err, sizeof err)
+                                   : fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
     fbd_count_bad(srv);
     fbd_call_finish(c, rc, "%s", err);
   } else if (m && (rc = fbd_auth_session_new(c, l, &ec, &s, err, sizeof err))) {
@@ -438,6 +450,8 @@ static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
       decode_job(c, bb, &fusebox__v1__register_kernels_request__descriptor, j);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   j->msg = m;
+  if (s && fbd_source_kernels(c, s, m, &j->arena)) fbd_session_unref(s), s = NULL;
+  if (s && m->source && !GRPC_SLICE_IS_EMPTY(j->raw)) repack(j, &m->base);
   if (s) {
     post(c, s, j); /* frees j when it fails */
     j = NULL;
@@ -765,6 +779,7 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/DescribeSource", NULL, fbd_describe_recv, NULL, NULL, NULL},
 };
 
 const fbd_method *fbd_method_find(const char *path, size_t n) {

@@ -636,7 +636,9 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   Fusebox__V1__CreateSessionRequest *m = (Fusebox__V1__CreateSessionRequest *)
       protobuf_c_message_unpack(&fusebox__v1__create_session_request__descriptor, &a.pb,
                                 n - sizeof c, p + sizeof c);
-  int rc = m ? fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg) : FB_EINVAL;
+  int rc = !m          ? FB_EINVAL
+           : m->source ? fbd_source_layout(m, &w->layout, r->msg, sizeof r->msg) /* the front end, here too */
+                       : fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg);
   if (!m) snprintf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
   fbp_arena_free(&a);
   if (rc) return rc;

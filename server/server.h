@@ -297,7 +297,6 @@ typedef struct fbd_err {
  * than for a message: the deadline itself is the broker's). */
 typedef struct fbd_watch {
   _Atomic uint64_t started_ns; /* CLOCK_MONOTONIC of the running task's start; 0 = idle */
-  _Atomic uint64_t tasks;      /* tasks started so far */
   _Atomic int cancel;          /* set by the broker: the hook cancels the next task */
   char kernel[64];             /* the running launch's kernel (NUL-terminated) */
   char task[64];               /* and its task */
@@ -471,6 +470,20 @@ void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
 pid_t fbd_proc_pid(const fbd_proc *p);
 /* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
 void fbd_worker_process_main(int fd, const fbd_config *cfg);
+
+/* ---------------------------------------------------------------- .fbk source (source.c)
+ * The front end on the server, completion-queue side. */
+
+/* CreateSession with a source: the program's layout (new), or FB_E* with
+ * the diagnostics in err. */
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
+                      size_t errlen);
+/* RegisterKernels: append the instances of m's source to m->kernels (in
+ * a); without a source, 0 unless instances were asked for. On failure the
+ * call is finished and FB_E* returned. */
+int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
+                       fbp_arena *a);
+void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb); /* DescribeSource */
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

@@ -490,13 +490,13 @@ END_TEST
 /* The first error as the configuration reports it against sync's. */
 static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t len) {
   if (!sync->nerrs != !got->nerrs) {
-    snprintf(msg, len, "sync reported %d errors, this %d (%s)", sync->nerrs, got->nerrs,
+    snprintf(msg, len, "sync reported %d errors, this %d (%.800s)", sync->nerrs, got->nerrs,
              got->nerrs ? got->err1 : sync->err1);
     return 1;
   }
   if (!sync->nerrs) return 0;
   if (sync->err1_launch != got->err1_launch) {
-    snprintf(msg, len, "first error on launch %lld, sync's on launch %lld: '%s' vs sync's '%s'",
+    snprintf(msg, len, "first error on launch %lld, sync's on launch %lld: '%.400s' vs sync's '%.400s'",
              (long long)got->err1_launch, (long long)sync->err1_launch, got->err1, sync->err1);
     return 1;
   }
@@ -506,7 +506,7 @@ static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t 
   size_t head = q ? (size_t)(q - sync->err1) + 1 : strlen(sync->err1);
   int ambiguous = strstr(got->err1, "fused with it") != NULL;
   if (ambiguous ? strncmp(sync->err1, got->err1, head) != 0 : strcmp(sync->err1, got->err1) != 0) {
-    snprintf(msg, len, "first error '%s', sync's '%s'", got->err1, sync->err1);
+    snprintf(msg, len, "first error '%.450s', sync's '%.450s'", got->err1, sync->err1);
     return 1;
   }
   return 0;

@@ -56,23 +56,37 @@ static int diag_before(const fb_diag *a, const fb_diag *b) {
   return a->line < b->line || (a->line == b->line && a->col < b->col);
 }
 
+typedef struct keyed_diag {
+  fb_diag d;
+  int i; /* where it was: keeps the sort stable */
+} keyed_diag;
+
+static int cmp_keyed(const void *pa, const void *pb) {
+  const keyed_diag *a = pa, *b = pb;
+  if (diag_before(&a->d, &b->d)) return -1;
+  if (diag_before(&b->d, &a->d)) return 1;
+  return a->i < b->i ? -1 : a->i > b->i;
+}
+
 /* Stable sort by position and drop exact repeats (a func checked on its
- * own and at each call can report the same error more than once). */
+ * own and at each call can report the same error more than once). Both in
+ * O(n log n) for n errors: hostile source (fuseboxd parses clients' source)
+ * can have an error on every statement. Without memory for the sort the
+ * errors stay in the order found. */
 static void sort_unique(fb_diags *d) {
-  for (int i = 1; i < d->n; i++) {
-    fb_diag x = d->v[i];
-    int j = i;
-    while (j > 0 && diag_before(&x, &d->v[j - 1])) {
-      d->v[j] = d->v[j - 1];
-      j--;
-    }
-    d->v[j] = x;
+  keyed_diag *k = d->n > 1 ? malloc(sizeof *k * (size_t)d->n) : NULL;
+  if (k) {
+    for (int i = 0; i < d->n; i++) k[i] = (keyed_diag){d->v[i], i};
+    qsort(k, (size_t)d->n, sizeof *k, cmp_keyed);
+    for (int i = 0; i < d->n; i++) d->v[i] = k[i].d;
+    free(k);
   }
   int w = 0;
   for (int i = 0; i < d->n; i++) {
-    int dup = 0;
-    for (int j = 0; j < w && !dup; j++)
-      dup = d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col && !strcmp(d->v[j].msg, d->v[i].msg);
+    int dup = 0; /* repeats are at one position, so next to each other once sorted */
+    for (int j = w - 1; j >= 0 && !dup && d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col;
+         j--)
+      dup = !strcmp(d->v[j].msg, d->v[i].msg);
     if (dup) free(d->v[i].msg);
     else d->v[w++] = d->v[i];
   }
@@ -145,29 +159,67 @@ char *fb_diags_render(const char *filename, const char *src, const fb_diags *d) 
 
 /* ---------------------------------------------------------------- declarations */
 
-static int name_clash(fb_program *p, node *x, fb_diags *d) {
-  for (int i = 0; i < p->nfuncs; i++)
-    if (!strcmp(p->funcs[i].name, x->name)) {
-      lang_err(d, x->line, x->col, "'%s' is already defined as a func (at line %d)", x->name, p->funcs[i].decl->line);
-      return 1;
-    }
-  for (int i = 0; i < p->nkernels; i++)
-    if (!strcmp(p->kernels[i].pub.name, x->name)) {
-      lang_err(d, x->line, x->col, "'%s' is already defined as a kernel (at line %d)", x->name, p->kernels[i].pub.line);
-      return 1;
-    }
-  return 0;
+/* A set of names with a value each (open addressing, FNV-1a), so that the
+ * declaration checks stay linear in the number of names: fuseboxd parses
+ * clients' source, and a megabyte holds tens of thousands of kernels or
+ * parameters. */
+typedef struct nameset {
+  const char **k;
+  int *v;
+  size_t mask;
+} nameset;
+
+static int ns_init(nameset *s, size_t n) {
+  size_t cap = 16;
+  while (cap < 2 * n + 1) cap *= 2;
+  s->k = calloc(cap, sizeof *s->k);
+  s->v = calloc(cap, sizeof *s->v);
+  s->mask = cap - 1;
+  return s->k && s->v ? 0 : FB_ENOMEM;
+}
+
+static void ns_free(nameset *s) {
+  free(s->k);
+  free(s->v);
+}
+
+/* The value of name when present; else adds it with v and returns -1. The
+ * set never fills: it has room for twice the names it is made for. */
+static int ns_find_or_add(nameset *s, const char *name, int v) {
+  size_t i = (size_t)fb__mix64(fb__fnv(FB_FNV_INIT, name, strlen(name))) & s->mask;
+  for (; s->k[i]; i = (i + 1) & s->mask)
+    if (!strcmp(s->k[i], name)) return s->v[i];
+  s->k[i] = name;
+  s->v[i] = v;
+  return -1;
+}
+
+/* names maps each name declared so far to 2 * func index or 2 * kernel
+ * index + 1. */
+static int name_clash(fb_program *p, node *x, nameset *names, fb_diags *d) {
+  int kernel = x->kind == D_KERNEL;
+  int prev = ns_find_or_add(names, x->name, kernel ? 2 * p->nkernels + 1 : 2 * p->nfuncs);
+  if (prev < 0) return 0;
+  if (prev % 2 == 0)
+    lang_err(d, x->line, x->col, "'%s' is already defined as a func (at line %d)", x->name, p->funcs[prev / 2].decl->line);
+  else
+    lang_err(d, x->line, x->col, "'%s' is already defined as a kernel (at line %d)", x->name, p->kernels[prev / 2].pub.line);
+  return 1;
 }
 
 static int check_params(node *x, fb_diags *d) {
   int bad = 0;
+  nameset seen;
+  if (ns_init(&seen, (size_t)x->nkids)) {
+    ns_free(&seen);
+    return FB_ENOMEM;
+  }
   for (int i = 0; i < x->nkids; i++) {
     node *pm = x->kids[i];
-    for (int j = 0; j < i; j++)
-      if (!strcmp(x->kids[j]->name, pm->name)) {
-        lang_err(d, pm->line, pm->col, "parameter '%s' is declared twice", pm->name);
-        bad = 1;
-      }
+    if (ns_find_or_add(&seen, pm->name, i) >= 0) {
+      lang_err(d, pm->line, pm->col, "parameter '%s' is declared twice", pm->name);
+      bad = 1;
+    }
     if (x->kind != D_KERNEL || pm->is_field) continue;
     if (!pm->has_ty) {
       lang_err(d, pm->line, pm->col, "kernel parameter '%s' needs a type: a scalar type or 'field'", pm->name);
@@ -181,6 +233,7 @@ static int check_params(node *x, fb_diags *d) {
     lang_err(d, x->line, x->col, "kernel '%s' must return a scalar", x->name);
     bad = 1;
   }
+  ns_free(&seen);
   return bad;
 }
 
@@ -208,24 +261,26 @@ static int add_kernel(fb_program *p, node *x) {
 }
 
 static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
-  for (int i = 0; i < n; i++) {
+  nameset names;
+  int rc = ns_init(&names, (size_t)n);
+  for (int i = 0; !rc && i < n; i++) {
     node *x = decls[i];
     if (x->kind != D_FUNC && x->kind != D_KERNEL) continue;
     /* kernels with bad parameters are still checked (the bad ones are
      * unknown values), so that the errors in their bodies show too */
-    if (name_clash(p, x, d)) continue;
-    check_params(x, d);
-    if (x->kind == D_KERNEL) {
-      if (add_kernel(p, x) < 0) return FB_ENOMEM;
-      continue;
+    if (name_clash(p, x, &names, d)) continue;
+    if (check_params(x, d) == FB_ENOMEM) rc = FB_ENOMEM;
+    else if (x->kind == D_KERNEL) rc = add_kernel(p, x) < 0 ? FB_ENOMEM : 0;
+    else if (FB_GROW(p->funcs, p->nfuncs, p->fucap)) rc = FB_ENOMEM;
+    else {
+      memset(&p->funcs[p->nfuncs], 0, sizeof p->funcs[p->nfuncs]);
+      p->funcs[p->nfuncs].name = x->name;
+      p->funcs[p->nfuncs].decl = x;
+      p->nfuncs++;
     }
-    if (FB_GROW(p->funcs, p->nfuncs, p->fucap)) return FB_ENOMEM;
-    memset(&p->funcs[p->nfuncs], 0, sizeof p->funcs[p->nfuncs]);
-    p->funcs[p->nfuncs].name = x->name;
-    p->funcs[p->nfuncs].decl = x;
-    p->nfuncs++;
   }
-  return 0;
+  ns_free(&names);
+  return rc;
 }
 
 static int add_instance(fb_program *p, int ki, fb_kernel *k) {

@@ -633,8 +633,8 @@ static unsigned rc_set(const dt_log *g) {
 
 int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_exact, char *msg,
                size_t len) {
-  if (want->failed) { snprintf(msg, len, "oracle failed: %s", want->err); return 1; }
-  if (got->failed) { snprintf(msg, len, "run failed: %s", got->err); return 1; }
+  if (want->failed) { snprintf(msg, len, "oracle failed: %.900s", want->err); return 1; }
+  if (got->failed) { snprintf(msg, len, "run failed: %.900s", got->err); return 1; }
   int i = 0, j = 0;
   for (;;) {
     while (i < want->n && !rc_exact && want->v[i].kind == DT_OBS_RC) i++;
@@ -644,7 +644,7 @@ int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_e
     if (a->kind == DT_OBS_RC || b->kind == DT_OBS_RC) {
       if (a->kind != b->kind || a->step != b->step || a->rc != b->rc) {
         char what[160];
-        snprintf(msg, len, "%s: expected return code %s, got %s%s%s", obs_what(p, a, what, sizeof what),
+        snprintf(msg, len, "%s: expected return code %s, got %s%s%.700s", obs_what(p, a, what, sizeof what),
                  a->kind == DT_OBS_RC ? fb_strerror(a->rc) : "-",
                  b->kind == DT_OBS_RC ? fb_strerror(b->rc) : "-", got->err[0] ? "; " : "", got->err);
         return 1;
@@ -658,7 +658,7 @@ int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_e
     return 1;
   }
   if (!rc_exact && rc_set(want) != rc_set(got)) {
-    snprintf(msg, len, "launch return codes differ: expected set 0x%x, got 0x%x%s%s", rc_set(want),
+    snprintf(msg, len, "launch return codes differ: expected set 0x%x, got 0x%x%s%.700s", rc_set(want),
              rc_set(got), got->err[0] ? "; " : "", got->err);
     return 1;
   }
@@ -669,7 +669,7 @@ int dt_check(dt_env *env, const dt_prog *p, const dt_config *c, char *msg, size_
   dt_log want, got;
   dt_run_oracle(p, &want);
   if (want.failed) {
-    snprintf(msg, len, "oracle failed: %s", want.err);
+    snprintf(msg, len, "oracle failed: %.900s", want.err);
     dt_log_free(&want);
     return 2;
   }

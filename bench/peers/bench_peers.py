@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Fusebox against its peers (Taichi) on every case of bench/micro and
+bench/large: run by scripts/bench_peers.sh, which makes the peers' virtual
+environments and passes their interpreters here (--peer NAME=PYTHON[:FLAGS]).
+
+Per cycle and case, interleaved: `fusebox bench CASE.json --modes sync,async`
+(one process, both modes), then each peer's port of the case
+(taichi/harness.py, one process each), all with the same warm-up and timed
+step counts. After the last cycle: the median wall-clock per step of each
+engine, the ratio table (peer / Fusebox: above 1 means Fusebox is faster)
+with geometric means, and an agreement check of the final fields (count,
+sum, sum of |x|, min and max of every field the session compares between
+modes; within the tolerance each port declares). Exit status: 0 when every
+engine ran every case and all results agree, 1 when a result disagrees, 2
+when something could not run. Needs only the standard library.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CASES = ["micro/" + c for c in ("chain_copy", "increments", "fill_array", "sparse_saxpy", "autodiff",
+                                "stencil_reduction", "mpm_splitted", "simple_advection", "multires",
+                                "deep_hierarchy")] + \
+        ["large/" + c for c in ("maccormack", "mgpcg2d", "mgpcg3d", "mpm3d", "autodiff")]
+QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro and bench/large (bench/peers/README.md).",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="exit status: 0 all ran and agree, 1 a result differs, "
+                                        "2 something could not run")
+    ap.add_argument("--fusebox", required=True, help="the fusebox CLI (a Release build)")
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON[:async]",
+                    help="a peer: its name, its Python (with taichi installed), ':async' for "
+                         "Taichi 0.7's async_mode (repeatable)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: %d warm-up + %d timed steps, %d cycle" % QUICK)
+    ap.add_argument("--cycles", type=int, help="interleaved cycles; medians over them (default 3)")
+    ap.add_argument("--warmup", type=int, help="warm-up steps (default: each session's bench block)")
+    ap.add_argument("--repeat", type=int, help="timed steps (default: each session's bench block)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    ap.add_argument("--cases", help="comma-separated SUITE/CASE subset (default: all %d)" % len(CASES))
+    ap.add_argument("--json", metavar="OUT", help="also write every figure as JSON")
+    ap.add_argument("--check-args", action="store_true",
+                    help="only check the arguments and exit (scripts/bench_peers.sh does this "
+                         "before it installs anything)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.warmup = QUICK[0] if a.warmup is None else a.warmup
+        a.repeat = QUICK[1] if a.repeat is None else a.repeat
+        a.cycles = QUICK[2] if a.cycles is None else a.cycles
+    a.cycles = 3 if a.cycles is None else a.cycles
+    for name, v, lo in (("--cycles", a.cycles, 1), ("--warmup", a.warmup, 0), ("--repeat", a.repeat, 1),
+                        ("--threads", a.threads, 1)):
+        if v is not None and v < lo:
+            ap.error("%s must be >= %d, got %d" % (name, lo, v))
+    a.cases = CASES if not a.cases else a.cases.split(",")
+    for c in a.cases:
+        if c not in CASES:
+            ap.error("unknown case %r (known: %s)" % (c, " ".join(CASES)))
+    peers = []
+    for p in a.peer:
+        name, eq, rest = p.partition("=")
+        py, _, flag = rest.partition(":")
+        if not eq or not name or not py or flag not in ("", "async"):
+            ap.error("--peer wants NAME=PYTHON or NAME=PYTHON:async, got %r" % p)
+        peers.append((name, py, flag == "async"))
+    a.peers = peers
+    return a
+
+
+def bench_block(case):
+    with open(os.path.join(ROOT, "bench", case + ".json")) as f:
+        b = json.load(f).get("bench", {})
+    return b.get("warmup", 3), b.get("repeat", 10)
+
+
+def run(cmd, env=None):
+    t = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=env)
+    return p, time.time() - t
+
+
+def run_fusebox(a, case, warmup, repeat, env):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.json")
+        p, _ = run([a.fusebox, "bench", os.path.join(ROOT, "bench", case + ".json"), "--local",
+                    "--modes", "sync,async", "--warmup", str(warmup), "--repeat", str(repeat),
+                    "--json", out], env)
+        if not os.path.exists(out):
+            return None, "fusebox bench exited %d: %s" % (p.returncode, p.stderr.strip()[-600:])
+        with open(out) as f:
+            j = json.load(f)["cases"][0]
+    if p.returncode:
+        return None, "fusebox bench exited %d (checks): %s" % (p.returncode, p.stderr.strip()[-600:])
+    return j["modes"], None
+
+
+def run_peer(py, is_async, a, case, warmup, repeat, env):
+    cmd = [py, os.path.join(HERE, "taichi", "harness.py"), case, "--warmup", str(warmup),
+           "--repeat", str(repeat), "--threads", str(a.threads)] + (["--async"] if is_async else [])
+    p, _ = run(cmd, env)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode or not lines:
+        return None, "exited %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-600:])
+    return json.loads(lines[-1]), None
+
+
+def differs(ref, got, rtol, stats):
+    """The first statistic of got that is off ref by more than rtol (relative
+    to the field's magnitude), or None."""
+    for name, r in ref.items():
+        g = got.get(name)
+        if g is None:
+            return "%s: missing" % name
+        if g["n"] != r["n"]:
+            return "%s: %d values vs %d" % (name, g["n"], r["n"])
+        mag = max(r["abs_sum"], g["abs_sum"]) or 1.0
+        peak = max(abs(r["min"]), abs(r["max"]), abs(g["min"]), abs(g["max"])) or 1.0
+        for k, scale in (("sum", mag), ("abs_sum", mag), ("min", peak), ("max", peak)):
+            if k in stats and not abs(g[k] - r[k]) <= rtol * scale + 1e-12:
+                return "%s.%s: %.9g vs Fusebox %.9g (tolerance %.3g)" % (name, k, g[k], r[k], rtol * scale)
+    return None
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def main(argv):
+    a = parse_args(argv)
+    if a.check_args:
+        return 0
+    env = dict(os.environ)
+    env.pop("FUSEBOX_SERVER", None)
+    nproc = os.cpu_count() or 1
+    if nproc != a.threads:
+        print("note: Fusebox's CPU pool uses every online core (%d); the peers get --threads %d"
+              % (nproc, a.threads), file=sys.stderr)
+    engines = ["fusebox-sync", "fusebox-async"] + [p[0] for p in a.peers]
+    times = {c: {e: [] for e in engines} for c in a.cases}
+    fields, errors, disagree = {}, [], []
+    for cyc in range(a.cycles):
+        for case in a.cases:
+            w, r = bench_block(case)
+            w = a.warmup if a.warmup is not None else w
+            r = a.repeat if a.repeat is not None else r
+            print("[cycle %d/%d] %s: %d warm-up + %d timed steps" % (cyc + 1, a.cycles, case, w, r),
+                  file=sys.stderr, flush=True)
+            modes, err = run_fusebox(a, case, w, r, env)
+            if err:
+                errors.append("%s fusebox: %s" % (case, err))
+            else:
+                for m in ("sync", "async"):
+                    times[case]["fusebox-" + m].append(modes[m]["wall_s"])
+                fields.setdefault(case, {})["fusebox"] = modes["sync"].get("fields", {})
+            for name, py, is_async in a.peers:
+                res, err = run_peer(py, is_async, a, case, w, r, env)
+                if err:
+                    errors.append("%s %s: %s" % (case, name, err))
+                    continue
+                times[case][name].append(res["wall_s"])
+                ref = fields.get(case, {}).get("fusebox")
+                if ref is not None:
+                    d = differs(ref, res["fields"], res["rtol"], res["stats"])
+                    if d:
+                        disagree.append("%s %s (cycle %d): %s" % (case, name, cyc + 1, d))
+                fields.setdefault(case, {})[name] = res["fields"]
+    med = {c: {e: (statistics.median(v) if v else None) for e, v in t.items()} for c, t in times.items()}
+    report(a, engines, med, errors, disagree)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cycles": a.cycles, "threads": a.threads, "cores": nproc,
+                       "warmup": a.warmup, "repeat": a.repeat, "quick": a.quick,
+                       "loadavg": os.getloadavg(), "engines": engines,
+                       "peers": {n: {"python": py, "async_mode": asy} for n, py, asy in a.peers},
+                       "wall_s_per_step": times, "median_wall_s": med, "fields": fields,
+                       "ratios": ratios(a, engines, med), "errors": errors, "disagreements": disagree},
+                      f, indent=2)
+    return 2 if errors else 1 if disagree else 0
+
+
+def ratios(a, engines, med):
+    """For each peer: peer / fusebox-async and peer / fusebox-sync per case,
+    with geometric means over the cases every engine ran (plus sync / async)."""
+    out = {}
+    pairs = [("fusebox-sync", "fusebox-async")] + \
+            [(p, f) for p in engines[2:] for f in ("fusebox-async", "fusebox-sync")]
+    for num, den in pairs:
+        per = {c: med[c][num] / med[c][den] for c in a.cases if med[c][num] and med[c][den]}
+        out["%s / %s" % (num, den)] = {"cases": per, "geomean": geomean(per.values())}
+    return out
+
+
+def report(a, engines, med, errors, disagree):
+    rs = ratios(a, engines, med)
+    cols = list(rs)
+    print("\nmedian wall-clock ms per step over %d cycle%s (%s threads; load average %.2f %.2f %.2f)"
+          % (a.cycles, "" if a.cycles == 1 else "s", a.threads, *os.getloadavg()))
+    print("| case | " + " | ".join(engines) + " | " + " | ".join(cols) + " |")
+    print("|---" * (1 + len(engines) + len(cols)) + "|")
+    for c in a.cases:
+        ms = ["%.3f" % (med[c][e] * 1e3) if med[c][e] else "-" for e in engines]
+        rr = ["%.2f" % rs[k]["cases"][c] if c in rs[k]["cases"] else "-" for k in cols]
+        print("| %s | %s | %s |" % (c, " | ".join(ms), " | ".join(rr)))
+    for suite in ("micro", "large"):
+        sub = [c for c in a.cases if c.startswith(suite)]
+        if not sub:
+            continue
+        g = ["%.2f" % geomean([rs[k]["cases"][c] for c in sub if c in rs[k]["cases"]]) for k in cols]
+        print("| **geomean %s** | %s | %s |" % (suite, " | ".join([""] * len(engines)), " | ".join(g)))
+    print("| **geomean all** | %s | %s |" % (" | ".join([""] * len(engines)),
+                                              " | ".join("%.2f" % rs[k]["geomean"] for k in cols)))
+    print("\nratios: A / B = A's time over B's (above 1: B is faster)")
+    for e in errors:
+        print("ERROR " + e)
+    for d in disagree:
+        print("DIFFERS " + d)
+    if not errors and not disagree:
+        print("every engine ran every case; final fields agree within each case's tolerance")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

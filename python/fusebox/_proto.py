@@ -1,0 +1,46 @@
+"""The wire protocol: the generated message classes and the method paths.
+
+fusebox/_gen/fusebox_pb2.py is made by protoc from proto/fusebox.proto when
+the package is built (setup.py); gRPC method stubs are made here by hand
+with ``channel.unary_unary`` and friends, so no grpc_tools is needed.
+"""
+from __future__ import annotations
+
+import grpc
+
+try:
+    from fusebox._gen import fusebox_pb2 as pb  # noqa: F401
+except ImportError as e:  # pragma: no cover - a build problem
+    raise ImportError(
+        "fusebox: the protocol stubs (fusebox/_gen/fusebox_pb2.py) are missing; they are "
+        "generated from proto/fusebox.proto when the package is built: "
+        "pip install ./python") from e
+
+SERVICE = "/fusebox.v1.Fusebox/"
+
+
+class Stub:
+    """Callables for each method of the Fusebox service on one channel."""
+
+    def __init__(self, channel: grpc.Channel):
+        def uu(name, req, resp):
+            return channel.unary_unary(SERVICE + name, request_serializer=req.SerializeToString,
+                                       response_deserializer=resp.FromString)
+
+        self.CreateSession = uu("CreateSession", pb.CreateSessionRequest,
+                                pb.CreateSessionResponse)
+        self.CloseSession = uu("CloseSession", pb.CloseSessionRequest, pb.CloseSessionResponse)
+        self.RegisterKernels = uu("RegisterKernels", pb.RegisterKernelsRequest,
+                                  pb.RegisterKernelsResponse)
+        self.GetInfo = uu("GetInfo", pb.InfoRequest, pb.ServerInfo)
+        self.GetStats = uu("GetStats", pb.StatsRequest, pb.ServerStats)
+        self.DescribeSource = uu("DescribeSource", pb.Source, pb.SourceInfo)
+        self.Session = channel.stream_stream(
+            SERVICE + "Session", request_serializer=pb.SessionRequest.SerializeToString,
+            response_deserializer=pb.SessionResponse.FromString)
+        self.WriteField = channel.stream_unary(
+            SERVICE + "WriteField", request_serializer=pb.FieldChunk.SerializeToString,
+            response_deserializer=pb.WriteFieldResponse.FromString)
+        self.ReadField = channel.unary_stream(
+            SERVICE + "ReadField", request_serializer=pb.ReadFieldRequest.SerializeToString,
+            response_deserializer=pb.FieldChunk.FromString)

@@ -1,0 +1,310 @@
+"""Connections to fuseboxd: :func:`connect` and :class:`Client`.
+
+With no address, :func:`connect` starts a private fuseboxd on a unix socket
+in a fresh temporary folder, as the ``fusebox`` command line does, and
+stops it when the client is closed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import grpc
+
+from fusebox import _proto
+from fusebox._proto import pb
+from fusebox.errors import ConnectionLostError, Error, from_rpc
+
+#: Largest message either side accepts; field transfers are chunked under it.
+MAX_MESSAGE_BYTES = 4 << 20
+#: Seconds a unary call may take before it fails with DEADLINE_EXCEEDED.
+DEFAULT_TIMEOUT = 120.0
+START_TIMEOUT = 60.0
+
+TlsArg = Union[None, bool, bytes, str, grpc.ChannelCredentials]
+
+
+@dataclass
+class ServerInfo:
+    """What GetInfo answers."""
+    version: str
+    backend: str
+    cores: int
+    max_sessions: int
+    session_memory_limit: int
+    max_message_bytes: int
+    listen: List[str]
+    uptime_s: float
+
+
+def find_fuseboxd() -> str:
+    """The fuseboxd binary a private server is started from.
+
+    Looked for in this order: $FUSEBOXD; beside the package (an install that
+    ships it); a build folder of the checkout the package lies in
+    (build*/server/fuseboxd); PATH. Raises :class:`FileNotFoundError`
+    naming every place looked at when there is none.
+    """
+    env = os.environ.get("FUSEBOXD")
+    if env:
+        if os.access(env, os.X_OK):
+            return env
+        raise FileNotFoundError(f"$FUSEBOXD is {env!r}, which is not an executable file")
+    here = os.path.dirname(os.path.abspath(__file__))
+    tried = []
+    cands = [os.path.join(here, "bin", "fuseboxd"), os.path.join(here, "fuseboxd")]
+    root = os.path.dirname(os.path.dirname(here))  # python/fusebox -> checkout
+    try:
+        builds = sorted(d for d in os.listdir(root) if d.startswith("build"))
+    except OSError:
+        builds = []
+    cands += [os.path.join(root, d, "server", "fuseboxd") for d in builds]
+    for c in cands:
+        tried.append(c)
+        if os.access(c, os.X_OK):
+            return c
+    p = shutil.which("fuseboxd")
+    if p:
+        return p
+    raise FileNotFoundError(
+        "fusebox.connect(): no fuseboxd to start (looked at $FUSEBOXD, "
+        + ", ".join(tried) + " and PATH); build Fusebox (cmake --build build), install "
+        "fuseboxd, or pass connect(address=...) of a running server")
+
+
+class _Daemon:
+    """A private fuseboxd child on a unix socket, ready when it says so."""
+
+    def __init__(self, exe: str, extra_args: Sequence[str] = ()):
+        self.dir = tempfile.mkdtemp(prefix="fusebox-py-")
+        self.sock = os.path.join(self.dir, "fuseboxd.sock")
+        self.address = "unix:" + self.sock
+        rfd, wfd = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [exe, "--listen", self.address, "--ready-fd", str(wfd), *extra_args],
+                pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE)
+        except OSError as e:
+            os.close(rfd)
+            os.close(wfd)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise Error(f"cannot start {exe}: {e}") from e
+        os.close(wfd)
+        line = self._ready_line(rfd)
+        os.close(rfd)
+        if not line:
+            err = self.stop()
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise Error(f"{exe} did not start serving on {self.address} (exit status "
+                        f"{self.proc.returncode}): {err.strip()[-2000:]}")
+
+    @staticmethod
+    def _ready_line(fd: int) -> str:
+        import select
+        buf = b""
+        end = time.monotonic() + START_TIMEOUT
+        while b"\n" not in buf:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return ""
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return ""
+            buf += chunk
+        return buf.split(b"\n", 1)[0].decode()
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """SIGTERM (graceful), SIGKILL after timeout; returns its stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return (err or b"").decode(errors="replace")
+
+
+def _credentials(tls: TlsArg) -> Optional[grpc.ChannelCredentials]:
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    if isinstance(tls, grpc.ChannelCredentials):
+        return tls
+    if isinstance(tls, str):
+        with open(tls, "rb") as f:
+            return grpc.ssl_channel_credentials(root_certificates=f.read())
+    if isinstance(tls, bytes):
+        return grpc.ssl_channel_credentials(root_certificates=tls)
+    raise TypeError("tls must be None, True, a CA bundle (bytes or a file name) or "
+                    f"grpc.ChannelCredentials, not {type(tls).__name__}")
+
+
+class Client:
+    """A connection to one fuseboxd. Use :func:`connect` to make one.
+
+    A client is a context manager; closing it closes its sessions and stops
+    the private server it started, if any. A client and its sessions are
+    meant for one thread at a time.
+    """
+
+    def __init__(self, address: str, token: Optional[str] = None, tls: TlsArg = None,
+                 daemon: Optional[_Daemon] = None, timeout: float = DEFAULT_TIMEOUT):
+        self.address = address
+        self.timeout = timeout
+        self._daemon = daemon
+        opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        creds = _credentials(tls)
+        self._channel = (grpc.secure_channel(address, creds, options=opts) if creds
+                         else grpc.insecure_channel(address, options=opts))
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        self._stub = _proto.Stub(self._channel)
+        self._sessions: "list[Any]" = []
+        self.closed = False
+
+    # -- plumbing
+    def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+        if self.closed:
+            raise Error("the client is closed")
+        try:
+            return getattr(self._stub, method)(req, timeout=timeout or self.timeout,
+                                               metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc(method, e) from None
+
+    # -- the server
+    def info(self) -> ServerInfo:
+        """The server's version, backend and limits (GetInfo)."""
+        r = self._call("GetInfo", pb.InfoRequest())
+        return ServerInfo(r.version, r.backend, r.cores, r.max_sessions,
+                          r.session_memory_limit, r.max_message_bytes, list(r.listen),
+                          r.uptime_s)
+
+    def stats(self) -> Dict[str, Any]:
+        """The server's counters and its sessions (GetStats) as a dict."""
+        from google.protobuf.json_format import MessageToDict
+        r = self._call("GetStats", pb.StatsRequest())
+        return MessageToDict(r, preserving_proto_field_name=True)
+
+    def describe(self, source: str, params: Optional[Mapping[str, Any]] = None,
+                 filename: str = "") -> Any:
+        """Parse source on the server and return its fields and kernels
+        (a :class:`fusebox.session.Program`) without making a session.
+        Raises :class:`ServerError` (INVALID_ARGUMENT, file:line:col) when
+        it does not parse."""
+        from fusebox.session import Program, _source_pb
+        return Program(self._call("DescribeSource", _source_pb(source, params, filename)))
+
+    def session(self, source: Optional[str] = None, *, file: Optional[str] = None,
+                params: Optional[Mapping[str, Any]] = None, mode: str = "",
+                backend: str = "", passes: Union[None, Mapping[str, bool], Sequence[str]] = None,
+                flush_every: int = 0, max_fuse_per_task: int = 0, compile_threads: int = 0,
+                seed: int = 0, memory_limit: int = 0, filename: str = "",
+                batch: int = 1024) -> Any:
+        """Open a session on a ``.fbk`` program.
+
+        Args:
+            source: the program text (or give ``file``).
+            file: a ``.fbk`` file to read the program from.
+            params: values for ``${NAME}`` in the program text.
+            mode: "sync" or "async" ("" = the server's default, sync).
+            backend: "", "auto", "cpu" or "cuda".
+            passes: optimizer passes of async mode, as {"fusion": False, ...}
+                or the list of those to enable (listgen, demote, fusion, dse).
+            flush_every: async: flush after this many pending tasks (0 =
+                default, negative = never).
+            seed: seed of rand().
+            memory_limit: bytes of field storage (0 = the server's limit).
+            batch: launches sent to the server in one message at most.
+
+        Returns a :class:`fusebox.Session`, also a context manager.
+        """
+        from fusebox.session import Session
+        if file is not None:
+            if source is not None:
+                raise TypeError("session(): give source or file, not both")
+            with open(file) as f:
+                source = f.read()
+            filename = filename or os.path.basename(file)
+        if source is None:
+            raise TypeError("session(): the program's source (or file=) is required")
+        s = Session(self, source, params=params, filename=filename, mode=mode, backend=backend,
+                    passes=passes, flush_every=flush_every, max_fuse_per_task=max_fuse_per_task,
+                    compile_threads=compile_threads, seed=seed, memory_limit=memory_limit,
+                    batch=batch)
+        self._sessions.append(s)
+        return s
+
+    def close(self) -> None:
+        """Close every session, the channel and a private server."""
+        if self.closed:
+            return
+        for s in list(self._sessions):
+            try:
+                s.close()
+            except Error:
+                pass
+        self.closed = True
+        self._channel.close()
+        if self._daemon is not None:
+            self._daemon.stop()
+            self._daemon = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self.closed and self._daemon is not None:
+                self.close()
+        except Exception:
+            pass
+
+
+def connect(address: Optional[str] = None, token: Optional[str] = None, tls: TlsArg = None,
+            *, fuseboxd: Optional[str] = None, server_args: Sequence[str] = (),
+            timeout: float = DEFAULT_TIMEOUT) -> Client:
+    """Connect to fuseboxd.
+
+    Args:
+        address: "host:port" or "unix:PATH" of a running server. None starts
+            a private fuseboxd on a unix socket (found by
+            :func:`find_fuseboxd`, or the ``fuseboxd`` path given) that
+            lives until the client is closed.
+        token: sent as "authorization: Bearer TOKEN" on every call.
+        tls: None (plaintext), True (system roots), a CA bundle (bytes, or
+            a file name) or ``grpc.ChannelCredentials``.
+        server_args: extra flags for a private server.
+        timeout: seconds each unary call may take.
+
+    The server is asked for its info at once, so a wrong address fails
+    here with :class:`ConnectionLostError`.
+    """
+    daemon = None
+    if address is None:
+        daemon = _Daemon(fuseboxd or find_fuseboxd(), server_args)
+        address = daemon.address
+    elif fuseboxd is not None or server_args:
+        raise TypeError("connect(): fuseboxd and server_args are for a private server "
+                        "(address=None)")
+    c = Client(address, token=token, tls=tls, daemon=daemon, timeout=timeout)
+    try:
+        c._call("GetInfo", pb.InfoRequest(), timeout=min(timeout, 30.0))
+    except ConnectionLostError:
+        c.close()
+        raise
+    return c

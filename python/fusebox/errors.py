@@ -1,0 +1,95 @@
+"""Exceptions of the fusebox package.
+
+Every error the server sends back becomes a :class:`ServerError` carrying
+the gRPC status, the server's message (for ``.fbk`` source the rendered
+``file:line:col`` diagnostics) and the Fusebox error code of the
+``fusebox-code`` trailer. Mistakes caught before anything is sent are the
+usual Python exceptions (``TypeError``, ``ValueError``) or
+:class:`NotFoundError`, with a message that names the argument.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import grpc
+
+#: FB_E* codes of include/fusebox/common.h, by number.
+FB_CODES = {
+    -1: "FB_EINVAL", -2: "FB_ENOMEM", -3: "FB_EVERIFY", -4: "FB_EPARSE", -5: "FB_ENOENT",
+    -6: "FB_ECOMPILE", -7: "FB_EDEVICE", -8: "FB_EQUOTA", -9: "FB_EBOUNDS", -10: "FB_ETYPE",
+    -11: "FB_EUNSUPPORTED", -12: "FB_EIO", -13: "FB_EINTERNAL",
+}
+
+
+class Error(Exception):
+    """Base class of every exception raised by fusebox."""
+
+
+class NotFoundError(Error, LookupError, AttributeError):
+    """No kernel or field of that name (raised before anything is sent)."""
+
+
+class ServerError(Error):
+    """A call to fuseboxd failed.
+
+    Attributes:
+        status: the gRPC status code (``grpc.StatusCode``).
+        message: the server's message (diagnostics with file:line:col for
+            source that does not parse).
+        fb_code: the FB_E* code (a negative int) or None when the server
+            sent none (for instance when it could not be reached).
+        method: the RPC that failed.
+    """
+
+    def __init__(self, method: str, status: grpc.StatusCode, message: str,
+                 fb_code: Optional[int] = None):
+        self.method = method
+        self.status = status
+        self.message = message
+        self.fb_code = fb_code
+        name = FB_CODES.get(fb_code, "") if fb_code is not None else ""
+        super().__init__(f"{method}: {status.name}{' (' + name + ')' if name else ''}: "
+                         f"{message}")
+
+
+class ConnectionLostError(ServerError):
+    """The server is gone or cannot be reached (gRPC UNAVAILABLE)."""
+
+
+class LaunchError(Error):
+    """One or more launches failed; raised by :meth:`Session.sync`.
+
+    Attributes:
+        errors: every failed launch reported since the previous sync, as
+            :class:`fusebox.LaunchFailure` records (seq, kernel, code,
+            message).
+        dropped: failures the server did not list (it keeps 64 per sync).
+    """
+
+    def __init__(self, errors: List["object"], dropped: int = 0):
+        self.errors = errors
+        self.dropped = dropped
+        first = errors[0] if errors else None
+        more = len(errors) - 1 + dropped
+        msg = (f"launch {first.seq} of kernel '{first.kernel}' failed: {first.message}"
+               if first is not None and first.seq else
+               (first.message if first is not None else "launches failed"))
+        if more > 0:
+            msg += f" (and {more} more)"
+        super().__init__(msg)
+
+
+def from_rpc(method: str, e: grpc.RpcError) -> ServerError:
+    """A ServerError for a failed gRPC call."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = (e.details() if hasattr(e, "details") else str(e)) or ""
+    fb_code = None
+    md = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    for k, v in md or ():
+        if k == "fusebox-code":
+            try:
+                fb_code = int(v)
+            except ValueError:
+                pass
+    cls = ConnectionLostError if code == grpc.StatusCode.UNAVAILABLE else ServerError
+    return cls(method, code, details, fb_code)

@@ -1,0 +1,694 @@
+"""Sessions on fuseboxd: kernels as callables, fields as NumPy arrays.
+
+A session is made from ``.fbk`` source that the server parses
+(DescribeSource, CreateSession and RegisterKernels carry the source; see
+docs/python.md). Launches are batched on the session's stream and run in
+order; :meth:`Session.sync` waits for them and raises :class:`LaunchError`
+for any that failed. Field reads and writes first sync, so they see every
+launch made before them.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import struct
+import threading
+from dataclasses import dataclass, fields as dc_fields
+from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
+
+import grpc
+import numpy as np
+
+from fusebox._proto import pb
+from fusebox.errors import Error, LaunchError, NotFoundError, ServerError, from_rpc
+
+#: Bytes of field data per message (under the 4 MiB message limit).
+CHUNK_BYTES = 1 << 20
+
+# ScalarType numbers of the protocol (fb_type) -> (name, NumPy dtype)
+_TYPES = {
+    1: ("bool", np.dtype(np.bool_)), 2: ("i32", np.dtype(np.int32)),
+    3: ("i64", np.dtype(np.int64)), 4: ("u32", np.dtype(np.uint32)),
+    5: ("u64", np.dtype(np.uint64)), 6: ("f32", np.dtype(np.float32)),
+    7: ("f64", np.dtype(np.float64)),
+}
+_INT_RANGE = {2: (-2**31, 2**31 - 1), 3: (-2**63, 2**63 - 1), 4: (0, 2**32 - 1),
+              5: (0, 2**64 - 1)}
+
+
+def type_name(t: int) -> str:
+    """The .fbk name of a ScalarType number ("f32", ...; "void" for 0)."""
+    return _TYPES[t][0] if t in _TYPES else "void"
+
+
+def _source_pb(source: str, params: Optional[Mapping[str, Any]], filename: str) -> Any:
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a str (the .fbk program), not {type(source).__name__}")
+    ps = {}
+    for k, v in (params or {}).items():
+        ps[str(k)] = (v if isinstance(v, str) else ("true" if v else "false")
+                      if isinstance(v, bool) else repr(v) if isinstance(v, float) else str(v))
+    return pb.Source(text=source, filename=filename or "<source>", params=ps)
+
+
+# ------------------------------------------------------------------ records
+
+@dataclass
+class Counters:
+    """The session's counters (mirrors fb_counters): cumulative since the
+    session was made, except device_bytes and tasks_pending."""
+    launches: int = 0
+    tasks_launched: int = 0
+    statements_emitted: int = 0
+    tasks_compiled: int = 0
+    cache_hits: int = 0
+    backend_s: float = 0.0
+    compile_s: float = 0.0
+    listgens_removed: int = 0
+    tasks_fused: int = 0
+    dead_stores_removed: int = 0
+    activations_demoted: int = 0
+    optimizer_s: float = 0.0
+    device_bytes: int = 0
+    flushes: int = 0
+    tasks_pending: int = 0
+
+    @classmethod
+    def _from_pb(cls, m: Any) -> "Counters":
+        return cls(**{f.name: getattr(m, f.name) for f in dc_fields(cls)})
+
+
+@dataclass
+class LaunchFailure:
+    """One failed launch: its sequence number (1-based, 0 when the failure
+    is not about one launch), kernel name, FB_E* code and message."""
+    seq: int
+    kernel: str
+    code: int
+    message: str
+
+
+@dataclass
+class SyncResult:
+    """What a sync returns: launches completed so far, the return values of
+    kernels that return one as (seq, kernel, value), and the counters."""
+    seq: int
+    returns: List[Tuple[int, str, Any]]
+    counters: Counters
+
+
+@dataclass
+class Param:
+    """A kernel parameter: a ``field`` parameter, or a scalar of a type."""
+    name: str
+    is_field: bool
+    type: str  # "f32", ...; "field" for field parameters
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.type}"
+
+
+class FieldInfo:
+    """A field of a program: name, index shape, element shape and dtype."""
+
+    def __init__(self, m: Any):
+        self.name: str = m.name
+        self.dtype: np.dtype = _TYPES[m.type][1]
+        self.index_shape: Tuple[int, ...] = tuple(int(x) for x in m.shape)
+        self.element_shape: Tuple[int, ...] = (
+            () if not m.rows else (m.rows,) if not m.cols else (m.rows, m.cols))
+        #: the NumPy shape of the whole field: index shape then element shape
+        self.shape: Tuple[int, ...] = self.index_shape + self.element_shape
+        self.places: List[int] = list(m.places)
+
+    def __repr__(self) -> str:
+        return f"FieldInfo({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class KernelInfo:
+    """A kernel of a program: its parameters and return type."""
+
+    def __init__(self, m: Any):
+        self.name: str = m.name
+        self.params: List[Param] = [
+            Param(p.name, p.is_field, "field" if p.is_field else type_name(p.type))
+            for p in m.params]
+        self._types = [p.type for p in m.params]
+        self.ret: Optional[str] = None if m.ret == 0 else type_name(m.ret)
+        self._ret_type = m.ret
+
+    @property
+    def signature(self) -> str:
+        """"step(A: field, B: field, k: f32)" and " -> T" when it returns."""
+        s = f"{self.name}({', '.join(str(p) for p in self.params)})"
+        return s + (f" -> {self.ret}" if self.ret else "")
+
+    def __repr__(self) -> str:
+        return f"KernelInfo({self.signature})"
+
+
+class Program:
+    """Fields and kernels of a ``.fbk`` program, as the server parsed it."""
+
+    def __init__(self, m: Any):
+        self.fields: Dict[str, FieldInfo] = {f.name: FieldInfo(f) for f in m.fields}
+        self.kernels: Dict[str, KernelInfo] = {k.name: KernelInfo(k) for k in m.kernels}
+
+
+# ------------------------------------------------------------------ values
+
+def _value(k: KernelInfo, i: int, x: Any) -> Any:
+    """The wire Value of argument i of kernel k, checked against its type."""
+    t = k._types[i]
+    p = k.params[i]
+    where = f"{k.name}(): argument '{p.name}' ({p.type})"
+    if isinstance(x, np.generic):
+        x = x.item()
+    if t == 1:
+        if not isinstance(x, (bool, int)):
+            raise TypeError(f"{where} must be a bool, not {type(x).__name__}")
+        return pb.Value(type=t, i=int(bool(x)))
+    if t in _INT_RANGE:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{where} must be an int, not {type(x).__name__}")
+        lo, hi = _INT_RANGE[t]
+        if not lo <= x <= hi:
+            raise ValueError(f"{where}: {x} is out of range [{lo}, {hi}]")
+        return pb.Value(type=t, i=x) if t in (2, 3) else pb.Value(type=t, u=x)
+    if t in (6, 7):
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TypeError(f"{where} must be a number, not {type(x).__name__}")
+        v = float(x)
+        if t == 6:
+            v = float(np.float32(v)) if math.isfinite(v) and abs(v) <= 3.4028234663852886e38 \
+                else v
+        return pb.Value(type=t, f_bits=struct.unpack("<Q", struct.pack("<d", v))[0])
+    raise TypeError(f"{where}: parameter type {t} is not supported")
+
+
+def _from_value(v: Any) -> Any:
+    t = v.type
+    if t == 1:
+        return bool(v.i)
+    if t in (2, 3):
+        return int(v.i)
+    if t in (4, 5):
+        return int(v.u)
+    if t in (6, 7):
+        return struct.unpack("<d", struct.pack("<Q", v.f_bits))[0]
+    return None
+
+
+# ------------------------------------------------------------------ kernels
+
+class Kernel:
+    """A kernel of the session, callable: ``s.kernels.step(T, U, k=0.2)``.
+
+    Arguments are bound as in a Python call (positional, then by name) and
+    checked against the kernel's signature; ``field`` parameters take a
+    :class:`Field` or a field's name. A kernel that returns a value syncs
+    and returns it; others return None at once (async mode runs them later).
+    """
+
+    def __init__(self, session: "Session", info: KernelInfo):
+        self._s = session
+        self.info = info
+        self.__doc__ = f"Launch {info.signature}."
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Any]:
+        ps = self.info.params
+        if len(args) > len(ps):
+            raise TypeError(f"{self.info.signature} takes {len(ps)} argument"
+                            f"{'s' if len(ps) != 1 else ''} but {len(args)} were given")
+        bound: List[Any] = list(args) + [_MISSING] * (len(ps) - len(args))
+        names = [p.name for p in ps]
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"{self.info.signature} has no parameter '{k}'")
+            i = names.index(k)
+            if bound[i] is not _MISSING:
+                raise TypeError(f"{self.info.signature} got two values for '{k}'")
+            bound[i] = v
+        missing = [ps[i].name for i, v in enumerate(bound) if v is _MISSING]
+        if missing:
+            raise TypeError(f"{self.info.signature} is missing argument"
+                            f"{'s' if len(missing) > 1 else ''} "
+                            + ", ".join(f"'{m}'" for m in missing))
+        return bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._s._launch(self, self._bind(args, kwargs))
+
+    def __repr__(self) -> str:
+        return f"<fusebox kernel {self.info.signature}>"
+
+
+class _Missing:
+    pass
+
+
+_MISSING = _Missing()
+
+
+class _Namespace:
+    """Attribute and item access to a session's kernels or fields."""
+
+    def __init__(self, what: str, items: Dict[str, Any]):
+        object.__setattr__(self, "_what", what)
+        object.__setattr__(self, "_items", items)
+
+    def __getattr__(self, name: str) -> Any:
+        items = object.__getattribute__(self, "_items")
+        if name in items:
+            return items[name]
+        if name.startswith("__"):
+            raise AttributeError(name)
+        what = object.__getattribute__(self, "_what")
+        raise NotFoundError(f"no {what} '{name}' in the program (it has: "
+                            f"{', '.join(sorted(items)) or 'none'})")
+
+    __getitem__ = __getattr__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        f = self.__getattr__(name)
+        if not isinstance(f, Field):
+            raise AttributeError(f"cannot assign to {self._what} '{name}'")
+        f.from_numpy(value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __dir__(self) -> List[str]:
+        return sorted(self._items)
+
+    def __repr__(self) -> str:
+        return f"<{self._what}s: {', '.join(self._items)}>"
+
+
+# ------------------------------------------------------------------ fields
+
+class Field:
+    """A field of the session as a NumPy array on the server.
+
+    ``f.to_numpy()`` reads it; ``f.from_numpy(a)`` or ``f[:] = a`` writes
+    it (a scalar fills it); ``f[i, j]`` reads and indexes. Shapes must
+    match exactly; dtypes must convert with NumPy's "same_kind" casting
+    (float64 into an f32 field is fine, a float into an i32 field is not).
+    Transfers go in chunks of :data:`CHUNK_BYTES`.
+    """
+
+    def __init__(self, session: "Session", info: FieldInfo):
+        self._s = session
+        self.info = info
+
+    name = property(lambda self: self.info.name)
+    shape = property(lambda self: self.info.shape, doc="NumPy shape of the whole field")
+    dtype = property(lambda self: self.info.dtype, doc="NumPy dtype of an element")
+    ndim = property(lambda self: len(self.info.shape))
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    def to_numpy(self, progress: bool = False) -> np.ndarray:
+        """The field's contents, a new array of :attr:`shape` and :attr:`dtype`.
+        progress: show a tqdm bar (when tqdm is installed)."""
+        info = self.info
+        comps = [self._s._read(p, info.index_shape, info.dtype, progress)
+                 for p in info.places]
+        if not info.element_shape:
+            return comps[0]
+        return np.stack(comps, axis=-1).reshape(info.shape)
+
+    def from_numpy(self, a: Any, progress: bool = False) -> None:
+        """Write the whole field from an array of :attr:`shape` (or a scalar,
+        which fills it). Raises TypeError for a dtype that does not convert
+        and ValueError for a wrong shape, naming the field."""
+        info = self.info
+        if np.isscalar(a) or (isinstance(a, np.ndarray) and a.ndim == 0):
+            arr = np.asarray(a)
+            self._check_dtype(arr)
+            arr = np.full(info.shape, arr, dtype=info.dtype)
+        else:
+            arr = np.asarray(a)
+            self._check_dtype(arr)
+            if arr.shape != info.shape:
+                raise ValueError(f"field '{info.name}' has shape {info.shape}; the array's "
+                                 f"shape is {arr.shape}")
+            arr = np.ascontiguousarray(arr, dtype=info.dtype)
+        if not info.element_shape:
+            self._s._write(info.places[0], arr, progress)
+            return
+        flat = arr.reshape(info.index_shape + (len(info.places),))
+        for c, p in enumerate(info.places):
+            self._s._write(p, np.ascontiguousarray(flat[..., c]), progress)
+
+    def _check_dtype(self, arr: np.ndarray) -> None:
+        dt = self.info.dtype
+        if arr.dtype == dt:
+            return
+        if arr.dtype.kind in "OUSVmMc" or not np.can_cast(arr.dtype, dt, "same_kind"):
+            raise TypeError(f"field '{self.info.name}' holds {type_name_of(dt)} ({dt}); an "
+                            f"array of {arr.dtype} does not convert to it (same_kind casting)")
+
+    def fill(self, value: Any) -> None:
+        """Set every element to value."""
+        self.from_numpy(value)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.to_numpy()[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if isinstance(key, slice) and key == slice(None) or key is Ellipsis:
+            self.from_numpy(value)
+            return
+        a = self.to_numpy()  # a partial write: read, modify, write back
+        a[key] = value
+        self.from_numpy(a)
+
+    def __array__(self, dtype: Any = None) -> np.ndarray:
+        a = self.to_numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"<fusebox field {self.name}: shape {self.shape}, {self.dtype}>"
+
+
+def type_name_of(dt: np.dtype) -> str:
+    for name, d in _TYPES.values():
+        if d == dt:
+            return name
+    return str(dt)
+
+
+# ------------------------------------------------------------------ the session
+
+class Session:
+    """A session on fuseboxd; make it with :meth:`fusebox.Client.session`.
+
+    Attributes:
+        id: the server's session id.
+        backend: the backend it runs on ("cpu" or "cuda").
+        memory_bytes: field storage the server holds for it.
+        program: its :class:`Program` (fields and kernels with signatures).
+        kernels: the kernels, as attributes: ``s.kernels.step(...)``.
+        fields: the fields, as attributes: ``s.fields.T.to_numpy()``.
+    """
+
+    def __init__(self, client: Any, source: str, *, params: Optional[Mapping[str, Any]],
+                 filename: str, mode: str, backend: str,
+                 passes: Union[None, Mapping[str, bool], Sequence[str]], flush_every: int,
+                 max_fuse_per_task: int, compile_threads: int, seed: int, memory_limit: int,
+                 batch: int):
+        self._c = client
+        self._src = _source_pb(source, params, filename)
+        self._batch = max(1, int(batch))
+        self._pending: List[Any] = []
+        self._unsynced = False
+        self._sync_id = 0
+        self._stream: Any = None
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self.closed = False
+        self._seq = 0
+        self._names: Dict[int, str] = {}
+        self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}
+        self.program = Program(self._c._call("DescribeSource", self._src))
+        opts = pb.SessionOptions(backend=backend, mode=mode, flush_every=flush_every,
+                                 max_fuse_per_task=max_fuse_per_task,
+                                 compile_threads=compile_threads, seed=seed,
+                                 memory_limit=memory_limit)
+        for k, v in _passes(passes).items():
+            opts.passes[k] = v
+        r = self._c._call("CreateSession", pb.CreateSessionRequest(options=opts,
+                                                                   source=self._src))
+        self.id: str = r.session_id
+        self.backend: str = r.backend
+        self.memory_bytes: int = r.memory_bytes
+        self.mode = mode or "sync"
+        try:
+            self._open_stream()
+            plain = [k for k in self.program.kernels.values()
+                     if not any(p.is_field for p in k.params)]
+            if plain:
+                self._register([(k.name, ()) for k in plain])
+        except BaseException:
+            self.close()
+            raise
+        self.kernels = _Namespace("kernel", {n: Kernel(self, k)
+                                             for n, k in self.program.kernels.items()})
+        self.fields = _Namespace("field", {n: Field(self, f)
+                                           for n, f in self.program.fields.items()})
+
+    # -- plumbing
+    def _open_stream(self) -> None:
+        q = self._q
+
+        def requests() -> Iterator[Any]:
+            while True:
+                m = q.get()
+                if m is None:
+                    return
+                yield m
+
+        self._stream = self._c._stub.Session(requests(), metadata=self._c._metadata)
+        self._q.put(pb.SessionRequest(session_id=self.id))
+
+    def _register(self, insts: List[Tuple[str, Tuple[str, ...]]]) -> List[int]:
+        req = pb.RegisterKernelsRequest(session_id=self.id, source=self._src)
+        for name, fields in insts:
+            req.instances.add(kernel=name, fields=list(fields))
+        ids = list(self._c._call("RegisterKernels", req).kernel_ids)
+        for (name, fields), i in zip(insts, ids):
+            self._ids[(name, fields)] = i
+            self._names[i] = name + (f"[{','.join(fields)}]" if fields else "")
+        return ids
+
+    def _kernel_id(self, k: KernelInfo, fields: Tuple[str, ...]) -> int:
+        key = (k.name, fields)
+        if key not in self._ids:
+            self._register([key])
+        return self._ids[key]
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise Error(f"session {self.id[:8] if hasattr(self, 'id') else ''} is closed")
+
+    def _launch(self, k: Kernel, args: List[Any]) -> Any:
+        self._check_open()
+        info = k.info
+        fields: List[str] = []
+        values = []
+        for i, (p, a) in enumerate(zip(info.params, args)):
+            if p.is_field:
+                name = a.name if isinstance(a, Field) else a
+                if not isinstance(name, str):
+                    raise TypeError(f"{info.name}(): argument '{p.name}' (field) must be a "
+                                    f"field or a field's name, not {type(a).__name__}")
+                if isinstance(a, Field) and a._s is not self:
+                    raise ValueError(f"{info.name}(): argument '{p.name}' is a field of "
+                                     "another session")
+                fields.append(name)
+            else:
+                values.append(_value(info, i, a))
+        kid = self._kernel_id(info, tuple(fields))
+        self._pending.append(pb.Launch(kernel=kid, args=values))
+        self._unsynced = True
+        if info.ret is not None:
+            res = self.sync()
+            for seq, _, v in reversed(res.returns):
+                return v
+            raise Error(f"{info.name}(): the server sent no return value")
+        if len(self._pending) >= self._batch:
+            self._send()
+        return None
+
+    def _send(self, flush: bool = False, sync: int = 0) -> None:
+        if not self._pending and not flush and not sync:
+            return
+        m = pb.SessionRequest(flush=flush, sync=sync)
+        m.launches.extend(self._pending)
+        self._pending = []
+        self._q.put(m)
+
+    def _next(self) -> Any:
+        try:
+            return next(self._stream)
+        except grpc.RpcError as e:
+            self.closed = True
+            raise from_rpc("Session", e) from None
+        except StopIteration:
+            self.closed = True
+            raise Error("the server ended the session's stream") from None
+
+    # -- public
+    def launch(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
+        """Launch a kernel by name: ``s.launch("step", T, U, 0.2)``."""
+        k = self.kernels[kernel]
+        return k(*args, **kwargs)
+
+    def flush(self) -> None:
+        """Send pending launches and ask an async session to flush its window."""
+        self._check_open()
+        self._send(flush=True)
+
+    def sync(self) -> SyncResult:
+        """Wait for every launch so far. Returns the return values since the
+        previous sync and the counters; raises :class:`LaunchError` when a
+        launch failed (the session goes on)."""
+        self._check_open()
+        self._sync_id += 1
+        self._send(sync=self._sync_id)
+        while True:
+            r = self._next().sync
+            if r.sync_id == self._sync_id:
+                break
+        self._unsynced = False
+        if r.errors or r.errors_dropped:
+            raise LaunchError([LaunchFailure(e.seq, self._names.get(e.kernel, str(e.kernel)),
+                                             e.code, e.message) for e in r.errors],
+                              r.errors_dropped)
+        return SyncResult(r.seq, [(x.seq, self._names.get(x.kernel, str(x.kernel)),
+                                   _from_value(x.value)) for x in r.returns],
+                          Counters._from_pb(r.counters))
+
+    def counters(self) -> Counters:
+        """The session's counters (after a sync)."""
+        return self.sync().counters
+
+    def _before_io(self) -> None:
+        # field transfers are other calls than the stream: sync so that the
+        # server has every launch before the transfer is posted
+        self._check_open()
+        if self._unsynced or self._pending:
+            self.sync()
+
+    def _read(self, place: int, shape: Tuple[int, ...], dtype: np.dtype,
+              progress: bool) -> np.ndarray:
+        self._before_io()
+        out = np.empty(shape, dtype=dtype)
+        buf = memoryview(out.reshape(-1)).cast("B")
+        total = buf.nbytes
+        bar = _bar(progress, total, f"read {self._names.get(place, place)}")
+        got = 0
+        try:
+            for ch in self._c._stub.ReadField(
+                    pb.ReadFieldRequest(session_id=self.id, field=place,
+                                        chunk_bytes=CHUNK_BYTES),
+                    timeout=self._c.timeout, metadata=self._c._metadata):
+                if ch.total_bytes != total or ch.offset + len(ch.data) > total:
+                    raise Error(f"ReadField: the server sent {ch.total_bytes} bytes at offset "
+                                f"{ch.offset}; the field holds {total}")
+                buf[ch.offset:ch.offset + len(ch.data)] = ch.data
+                got += len(ch.data)
+                if bar:
+                    bar.update(len(ch.data))
+        except grpc.RpcError as e:
+            raise from_rpc("ReadField", e) from None
+        finally:
+            if bar:
+                bar.close()
+        if got != total:
+            raise Error(f"ReadField: {got} of {total} bytes arrived")
+        return out
+
+    def _write(self, place: int, arr: np.ndarray, progress: bool) -> None:
+        self._before_io()
+        data = memoryview(arr.reshape(-1)).cast("B")
+        total = data.nbytes
+        bar = _bar(progress, total, "write")
+        sid = self.id
+
+        def chunks() -> Iterator[Any]:
+            off = 0
+            while True:
+                n = min(CHUNK_BYTES, total - off)
+                m = pb.FieldChunk(offset=off, data=bytes(data[off:off + n]))
+                if off == 0:
+                    m.session_id, m.field, m.total_bytes = sid, place, total
+                yield m
+                if bar:
+                    bar.update(n)
+                off += n
+                if off >= total:
+                    return
+
+        try:
+            r = self._c._stub.WriteField(chunks(), timeout=self._c.timeout,
+                                         metadata=self._c._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc("WriteField", e) from None
+        finally:
+            if bar:
+                bar.close()
+        if r.bytes != total:
+            raise Error(f"WriteField: the server took {r.bytes} of {total} bytes")
+
+    def close(self) -> None:
+        """End the session (its stream and CloseSession); idempotent."""
+        if getattr(self, "_closing", False):
+            return
+        self._closing = True
+        try:
+            if self._stream is not None and not self.closed and self._pending:
+                self._send()
+            if hasattr(self, "id") and not self.closed:
+                try:
+                    self._c._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
+                except ServerError:
+                    pass  # the stream's end frees it as well
+        finally:
+            self.closed = True
+            self._q.put(None)
+            if self._stream is not None:
+                self._stream.cancel()
+            if self in getattr(self._c, "_sessions", []):
+                self._c._sessions.remove(self)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<fusebox session {getattr(self, 'id', '?')[:8]} ({getattr(self, 'mode', '?')}, "
+                f"{getattr(self, 'backend', '?')})>")
+
+
+def _passes(p: Union[None, Mapping[str, bool], Sequence[str]]) -> Dict[str, bool]:
+    allp = ("listgen", "demote", "fusion", "dse")
+    if p is None:
+        return {}
+    if isinstance(p, Mapping):
+        out = dict(p)
+    elif isinstance(p, str):
+        raise TypeError("passes: give a dict {'fusion': False} or a list of pass names")
+    else:
+        on = list(p)
+        out = {k: k in on for k in allp}
+        bad = [k for k in on if k not in allp]
+        if bad:
+            raise ValueError(f"passes: unknown pass '{bad[0]}' (known: {', '.join(allp)})")
+    for k in out:
+        if k not in allp:
+            raise ValueError(f"passes: unknown pass '{k}' (known: {', '.join(allp)})")
+    return {k: bool(v) for k, v in out.items()}
+
+
+def _bar(progress: bool, total: int, desc: str) -> Any:
+    if not progress:
+        return None
+    try:
+        from tqdm import tqdm  # type: ignore
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc)

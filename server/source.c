@@ -1,0 +1,359 @@
+/* .fbk source over the wire: fuseboxd runs the front end (ir/lang/) for
+ * clients that have none (Python, any gRPC client). Three entry points,
+ * all on the completion-queue side, none touching a session's engine:
+ *  - CreateSession with a Source: the session's layout is the program's;
+ *  - RegisterKernels with a Source: the named kernel instances become IR
+ *    kernels appended to the request, then registered as IR kernels are
+ *    (the worker checks them like any client's: fb_kernel_check_public);
+ *  - DescribeSource: the program's fields and kernels with their
+ *    signatures, so that a client can check its calls and shape its arrays.
+ * The source is hostile input: its size is capped (FBD_SOURCE_MAX, after
+ * ${NAME} substitution), the parser bounds its nesting and the statements a
+ * kernel inlines to (ir/lang/), and the layout it declares is finalized
+ * under the limits of ir/layout.c. The server keeps no program: a request
+ * that registers kernels carries its source again, and the program's
+ * layout must then be the session's. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusebox/lang.h"
+#include "server/server.h"
+
+#define FBD_SOURCE_MAX ((size_t)1 << 20)
+#define MAX_INSTANCES 4096
+#define MAX_PARAM_NAME 128
+#define MAX_SHOWN_LINE 400 /* longer source lines are not quoted in messages */
+
+/* ---------------------------------------------------------------- parse */
+
+static const char *src_name(const Fusebox__V1__Source *m) {
+  return m->filename && m->filename[0] ? m->filename : "<source>";
+}
+
+static const char *param_value(const Fusebox__V1__Source *m, const char *name, size_t n) {
+  for (size_t i = 0; i < m->n_params; i++) {
+    const char *k = m->params[i]->key;
+    if (strlen(k) == n && memcmp(k, name, n) == 0) return m->params[i]->value;
+  }
+  return NULL;
+}
+
+/* The text with every ${NAME} replaced (malloc'd), or NULL with err: an
+ * unknown name, or a result over FBD_SOURCE_MAX (checked before growing). */
+static char *substitute(const Fusebox__V1__Source *m, char *err, size_t errlen) {
+  const char *t = m->text ? m->text : "";
+  size_t cap = strlen(t) + 1, n = 0;
+  if (cap > FBD_SOURCE_MAX) {
+    snprintf(err, errlen, "%s: the source is %zu bytes; the server accepts at most %zu",
+             src_name(m), cap - 1, FBD_SOURCE_MAX);
+    return NULL;
+  }
+  char *out = malloc(cap);
+  if (!out) return snprintf(err, errlen, "out of memory"), NULL;
+  for (const char *p = t; *p;) {
+    const char *val = p, *q = p[0] == '$' && p[1] == '{' ? strchr(p + 2, '}') : NULL;
+    size_t vlen = 1;
+    if (q) {
+      size_t nl = (size_t)(q - p - 2);
+      if (!(val = param_value(m, p + 2, nl))) {
+        snprintf(err, errlen, "%s: ${%.*s} is not a parameter (the request's params name %zu)",
+                 src_name(m), (int)(nl > MAX_PARAM_NAME ? MAX_PARAM_NAME : nl), p + 2,
+                 m->n_params);
+        free(out);
+        return NULL;
+      }
+      vlen = strlen(val);
+    }
+    if (vlen > FBD_SOURCE_MAX - n - 1) {
+      snprintf(err, errlen, "%s: the source after substitution is over %zu bytes, the most the "
+               "server accepts", src_name(m), FBD_SOURCE_MAX);
+      free(out);
+      return NULL;
+    }
+    if (n + vlen + 1 > cap) {
+      size_t nc = cap * 2 < n + vlen + 1 ? n + vlen + 1 : cap * 2;
+      if (nc > FBD_SOURCE_MAX) nc = FBD_SOURCE_MAX;
+      char *g = realloc(out, nc);
+      if (!g) {
+        free(out);
+        return snprintf(err, errlen, "out of memory"), NULL;
+      }
+      out = g;
+      cap = nc;
+    }
+    memcpy(out + n, val, vlen);
+    n += vlen;
+    p = q ? q + 1 : p + 1;
+  }
+  out[n] = 0;
+  return out;
+}
+
+/* The diagnostics into err, as many as fit: each with its source line and
+ * caret where the line is short, else with its position only (hostile
+ * source may put a megabyte on one line and an error on every token, so
+ * rendering them all, as fb_diags_render does, is not bounded). */
+static void render(const char *fname, const char *src, const fb_diags *d, int rc, char *err,
+                   size_t errlen) {
+  size_t used = 0;
+  int i = 0;
+  err[0] = 0;
+  for (; d && i < d->n && used + 1 < errlen; i++) {
+    const fb_diag *g = &d->v[i];
+    const char *ls = src;
+    for (int l = 1; ls && l < g->line; l++) {
+      ls = strchr(ls, '\n');
+      if (ls) ls++;
+    }
+    int short_line = ls && strcspn(ls, "\n") <= MAX_SHOWN_LINE && g->col <= MAX_SHOWN_LINE;
+    char *one = fb_diag_render(fname, short_line ? src : NULL, g);
+    if (!one) break;
+    size_t n = strlen(one);
+    if (used + n + 64 >= errlen && i) { /* keep room to say how many are left */
+      free(one);
+      break;
+    }
+    used += (size_t)snprintf(err + used, errlen - used, "%s", one);
+    if (used >= errlen) used = errlen - 1; /* truncated */
+    free(one);
+  }
+  if (d && i < d->n && used < errlen)
+    snprintf(err + used, errlen - used, "(and %d more errors)\n", d->n - i);
+  if (!err[0]) snprintf(err, errlen, "%s: %s", fname, fb_strerror(rc));
+}
+
+/* Parse m into *out, or FB_E* with the rendered diagnostics in err. */
+static int parse(const Fusebox__V1__Source *m, fb_program **out, char *err, size_t errlen) {
+  *out = NULL;
+  char *src = substitute(m, err, errlen);
+  if (!src) return FB_EINVAL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse(src_name(m), src, out, &d);
+  if (rc) render(src_name(m), src, &d, rc, err, errlen);
+  fb_diags_free(&d);
+  free(src);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- CreateSession */
+
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
+                      size_t errlen) {
+  *out = NULL;
+  if (m->layout && m->layout->n_nodes) {
+    snprintf(err, errlen, "CreateSession: give a layout or a source, not both");
+    return FB_EINVAL;
+  }
+  fb_program *p = NULL;
+  int rc = parse(m->source, &p, err, errlen);
+  if (rc) return rc;
+  *out = fb_layout_clone(fb_program_layout(p));
+  fb_program_free(p);
+  if (!*out) return snprintf(err, errlen, "out of memory"), FB_ENOMEM;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- RegisterKernels */
+
+/* The layouts are the same when their wire forms are: the program's SNode
+ * ids then name the session's SNodes. */
+static int same_layout(const fb_layout *a, const fb_layout *b, fbp_arena *ar) {
+  Fusebox__V1__Layout *x = fbp_layout_to_pb(ar, a), *y = fbp_layout_to_pb(ar, b);
+  if (!x || !y) return 0;
+  size_t nx = protobuf_c_message_get_packed_size(&x->base);
+  size_t ny = protobuf_c_message_get_packed_size(&y->base);
+  if (nx != ny) return 0;
+  uint8_t *bx = fbp_alloc(ar, nx + 1), *by = fbp_alloc(ar, ny + 1);
+  if (!bx || !by) return 0;
+  protobuf_c_message_pack(&x->base, bx);
+  protobuf_c_message_pack(&y->base, by);
+  return memcmp(bx, by, nx) == 0;
+}
+
+static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp_arena *a,
+                       Fusebox__V1__Kernel **out, const char *fname, char *err, size_t errlen) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, ki->kernel, (const char *const *)ki->fields,
+                                  (int)ki->n_fields, &k, &d);
+  if (rc) {
+    int n = snprintf(err, errlen, "kernel '%.128s': ", ki->kernel);
+    size_t k = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
+    if (d.n) render(fname, fb_program_source(p), &d, rc, err + k, errlen - k);
+    else snprintf(err + k, errlen - k, "%s", rc == FB_ENOENT
+                  ? "no such kernel, or no such field to bind, in the source" : fb_strerror(rc));
+  } else if (!(*out = fbp_kernel_to_pb(a, k))) {
+    rc = FB_ENOMEM;
+    snprintf(err, errlen, "out of memory");
+  }
+  fb_diags_free(&d);
+  return rc;
+}
+
+/* The instances to register: those asked for, or every kernel without
+ * field parameters. */
+static int default_instances(const fb_program *p, fbp_arena *a,
+                             Fusebox__V1__KernelInstance ***out, size_t *n) {
+  int nk = fb_program_nkernels(p);
+  *out = fbp_alloc(a, sizeof **out * (size_t)(nk + 1));
+  if (!*out) return FB_ENOMEM;
+  *n = 0;
+  for (int i = 0; i < nk; i++) {
+    const fb_lang_kernel *k = fb_program_kernel(p, i);
+    if (k->nfield_params) continue;
+    Fusebox__V1__KernelInstance *ki = fbp_alloc(a, sizeof *ki);
+    if (!ki) return FB_ENOMEM;
+    fusebox__v1__kernel_instance__init(ki);
+    ki->kernel = (char *)k->name;
+    (*out)[(*n)++] = ki;
+  }
+  return 0;
+}
+
+static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *session_layout,
+                  fbp_arena *a, char *err, size_t errlen) {
+  if (m->n_instances > MAX_INSTANCES) {
+    snprintf(err, errlen, "RegisterKernels: %zu kernel instances; at most %d per request",
+             m->n_instances, MAX_INSTANCES);
+    return FB_EINVAL;
+  }
+  fb_program *p = NULL;
+  int rc = parse(m->source, &p, err, errlen);
+  if (rc) return rc;
+  if (!same_layout(fb_program_layout(p), session_layout, a)) {
+    snprintf(err, errlen, "RegisterKernels: the layout of %s is not the session's",
+             src_name(m->source));
+    fb_program_free(p);
+    return FB_EINVAL;
+  }
+  Fusebox__V1__KernelInstance **inst = m->instances;
+  size_t ni = m->n_instances;
+  if (!ni && (rc = default_instances(p, a, &inst, &ni))) {
+    fb_program_free(p);
+    return snprintf(err, errlen, "out of memory"), rc;
+  }
+  if (ni > MAX_INSTANCES) {
+    snprintf(err, errlen, "RegisterKernels: %s has %zu kernels without field parameters; at "
+             "most %d are registered per request (name them in instances)",
+             src_name(m->source), ni, MAX_INSTANCES);
+    fb_program_free(p);
+    return FB_EQUOTA;
+  }
+  Fusebox__V1__Kernel **ks = fbp_alloc(a, sizeof *ks * (m->n_kernels + ni + 1));
+  if (!ks) rc = FB_ENOMEM, snprintf(err, errlen, "out of memory");
+  for (size_t i = 0; !rc && i < m->n_kernels; i++) ks[i] = m->kernels[i];
+  for (size_t i = 0; !rc && i < ni; i++)
+    rc = instantiate(p, inst[i], a, &ks[m->n_kernels + i], src_name(m->source), err, errlen);
+  if (!rc) {
+    m->kernels = ks;
+    m->n_kernels += ni;
+  }
+  fb_program_free(p); /* the pb kernels live in the arena */
+  return rc;
+}
+
+int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
+                       fbp_arena *a) {
+  if (!m->source) {
+    if (!m->n_instances) return 0;
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "RegisterKernels: kernel instances need the source");
+    return FB_EINVAL;
+  }
+  char err[FBD_ERRLEN];
+  int rc = expand(m, s->layout, a, err, sizeof err);
+  if (rc) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, rc, "%s", err);
+  }
+  return rc;
+}
+
+/* ---------------------------------------------------------------- DescribeSource */
+
+static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_lang_field *f) {
+  Fusebox__V1__FieldInfo *fi = fbp_alloc(a, sizeof *fi);
+  int64_t *shape = fbp_alloc(a, sizeof *shape * (size_t)(f->ndim + 1));
+  int32_t *places = fbp_alloc(a, sizeof *places * (size_t)(f->ncomp + 1));
+  if (!fi || !shape || !places) return NULL;
+  fusebox__v1__field_info__init(fi);
+  fi->name = (char *)f->name;
+  fi->type = (Fusebox__V1__ScalarType)f->type;
+  memcpy(shape, f->shape, sizeof *shape * (size_t)f->ndim);
+  fi->shape = shape;
+  fi->n_shape = (size_t)f->ndim;
+  fi->rows = f->rows;
+  fi->cols = f->cols;
+  for (int i = 0; i < f->ncomp; i++) places[i] = f->places[i];
+  fi->places = places;
+  fi->n_places = (size_t)f->ncomp;
+  return fi;
+}
+
+static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *k) {
+  Fusebox__V1__KernelInfo *ki = fbp_alloc(a, sizeof *ki);
+  Fusebox__V1__ParamInfo **ps = fbp_alloc(a, sizeof *ps * (size_t)(k->nparams + 1));
+  if (!ki || !ps) return NULL;
+  fusebox__v1__kernel_info__init(ki);
+  ki->name = (char *)k->name;
+  ki->ret = (Fusebox__V1__ScalarType)k->ret;
+  for (int i = 0; i < k->nparams; i++) {
+    if (!(ps[i] = fbp_alloc(a, sizeof *ps[i]))) return NULL;
+    fusebox__v1__param_info__init(ps[i]);
+    ps[i]->name = (char *)k->params[i].name;
+    ps[i]->is_field = k->params[i].is_field != 0;
+    ps[i]->type = k->params[i].is_field ? FUSEBOX__V1__SCALAR_TYPE__T_VOID
+                                         : (Fusebox__V1__ScalarType)k->params[i].type;
+  }
+  ki->params = ps;
+  ki->n_params = (size_t)k->nparams;
+  return ki;
+}
+
+static int describe(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *r) {
+  int nf = fb_program_nfields(p), nk = fb_program_nkernels(p);
+  r->fields = fbp_alloc(a, sizeof *r->fields * (size_t)(nf + 1));
+  r->kernels = fbp_alloc(a, sizeof *r->kernels * (size_t)(nk + 1));
+  if (!r->fields || !r->kernels) return FB_ENOMEM;
+  for (int i = 0; i < nf; i++)
+    if (!(r->fields[r->n_fields++] = field_info(a, fb_program_field(p, i)))) return FB_ENOMEM;
+  for (int i = 0; i < nk; i++)
+    if (!(r->kernels[r->n_kernels++] = kernel_info(a, fb_program_kernel(p, i)))) return FB_ENOMEM;
+  return 0;
+}
+
+void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (!bb) {
+    if (!c->recv_failed) {
+      fbd_count_bad(c->srv);
+      fbd_call_finish(c, FB_EINVAL, "no request message");
+    }
+    return;
+  }
+  fbp_arena a;
+  fbp_arena_init(&a);
+  grpc_slice sl = fbd_bb_slice(bb);
+  size_t n = GRPC_SLICE_LENGTH(sl);
+  Fusebox__V1__Source *m = (Fusebox__V1__Source *)protobuf_c_message_unpack(
+      &fusebox__v1__source__descriptor, &a.pb, n, GRPC_SLICE_START_PTR(sl));
+  grpc_slice_unref(sl);
+  char err[FBD_ERRLEN];
+  fb_program *p = NULL;
+  int rc = m ? parse(m, &p, err, sizeof err) : FB_EINVAL;
+  if (!m) snprintf(err, sizeof err, "malformed request: %zu bytes that are not a valid "
+                   "fusebox.v1.Source", n);
+  Fusebox__V1__SourceInfo r = FUSEBOX__V1__SOURCE_INFO__INIT;
+  if (!rc && (rc = describe(p, &a, &r))) snprintf(err, sizeof err, "out of memory");
+  if (rc) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, rc, "%s", err);
+  } else {
+    fbd_call_send_msg(c, &r.base); /* packed now: p may go */
+    fbd_call_finish(c, FB_OK, NULL);
+  }
+  fb_program_free(p);
+  fbp_arena_free(&a);
+}
