@@ -181,7 +181,7 @@ static int run(const opts *o, const char *addr, figures *f) {
   memset(&b, 0, sizeof b);
   fb_client *c = NULL;
   if (build_layout(&b, o->mib)) return fail("layout", "cannot build");
-  fb_client_options co = {0, 0, (size_t)o->chunk_kib << 10, 0};
+  fb_client_options co = {.chunk_bytes = (size_t)o->chunk_kib << 10};
   if (fb_client_connect(addr, &co, &c, err, sizeof err)) return fail("connect", err);
   int rc = 1;
   fb_kernel *k = inc_kernel(&b);

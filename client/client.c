@@ -81,6 +81,12 @@ grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline) {
   return call;
 }
 
+void fbc_initial_md(fb_client *c, grpc_op *op) {
+  op->op = GRPC_OP_SEND_INITIAL_METADATA;
+  op->data.send_initial_metadata.count = c->nauth;
+  op->data.send_initial_metadata.metadata = c->nauth ? &c->auth : NULL;
+}
+
 int fbc_start(grpc_call *call, const grpc_op *ops, size_t n, void *tag) {
   return grpc_call_start_batch(call, ops, n, tag, NULL) == GRPC_CALL_OK ? 0 : FB_EINTERNAL;
 }
@@ -159,7 +165,7 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   grpc_byte_buffer *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  fbc_initial_md(c, &ops[0]);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = req;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -199,6 +205,90 @@ int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grp
 
 /* ---------------------------------------------------------------- connection */
 
+static const char *opt_or_env(const char *v, const char *env) {
+  if (v && *v) return v;
+  const char *e = getenv(env);
+  return e && *e ? e : NULL;
+}
+
+static char *read_pem(const char *path, const char *what, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  char *buf = f ? malloc((1 << 20) + 1) : NULL;
+  size_t n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+  int bad = !f || !buf || ferror(f) || !n;
+  if (f) fclose(f);
+  if (bad) {
+    free(buf);
+    if (err && errlen) snprintf(err, errlen, "%s: cannot read '%s'", what, path);
+    return NULL;
+  }
+  buf[n] = 0;
+  return buf;
+}
+
+/* The channel's credentials: TLS when a CA (or a client certificate) is
+ * given and the target is host:port; else plain. NULL with err. */
+static grpc_channel_credentials *channel_creds(const char *target, const fb_client_options *opt,
+                                               char *err, size_t errlen) {
+  const char *ca = opt_or_env(opt ? opt->tls_ca : NULL, "FUSEBOX_TLS_CA");
+  const char *cert = opt_or_env(opt ? opt->tls_cert : NULL, "FUSEBOX_TLS_CERT");
+  const char *key = opt_or_env(opt ? opt->tls_key : NULL, "FUSEBOX_TLS_KEY");
+  if (!strncmp(target, "unix:", 5) || (!ca && !cert && !key))
+    return grpc_insecure_credentials_create();
+  if (!cert != !key) {
+    if (err && errlen) snprintf(err, errlen, "a client certificate needs both its certificate "
+                                "and its key (FUSEBOX_TLS_CERT, FUSEBOX_TLS_KEY)");
+    return NULL;
+  }
+  char *ca_pem = NULL, *cert_pem = NULL, *key_pem = NULL;
+  grpc_channel_credentials *cr = NULL;
+  if ((ca && !(ca_pem = read_pem(ca, "TLS CA", err, errlen))) ||
+      (cert && !(cert_pem = read_pem(cert, "TLS certificate", err, errlen))) ||
+      (key && !(key_pem = read_pem(key, "TLS key", err, errlen))))
+    goto out;
+  grpc_ssl_pem_key_cert_pair pair = {key_pem, cert_pem};
+  cr = grpc_ssl_credentials_create(ca_pem, cert_pem ? &pair : NULL, NULL, NULL);
+  if (!cr && err && errlen) snprintf(err, errlen, "gRPC refused the TLS settings");
+out:
+  if (key_pem) memset(key_pem, 0, strlen(key_pem));
+  free(ca_pem);
+  free(cert_pem);
+  free(key_pem);
+  return cr;
+}
+
+/* A target whose traffic stays on this machine: unix:PATH or loopback. */
+static int local_target(const char *t) {
+  if (!strncmp(t, "unix:", 5) || !strncmp(t, "unix-abstract:", 14)) return 1;
+  if (!strncmp(t, "dns:///", 7)) t += 7;
+  else if (!strncmp(t, "ipv4:", 5) || !strncmp(t, "ipv6:", 5)) t += 5;
+  return !strncmp(t, "127.", 4) || !strncmp(t, "localhost:", 10) || !strncmp(t, "[::1]:", 6);
+}
+
+/* The bearer token (from opt or FUSEBOX_TOKEN) as call metadata. */
+static int set_token(fb_client *c, const fb_client_options *opt, char *err, size_t errlen) {
+  const char *tok = opt_or_env(opt ? opt->token : NULL, "FUSEBOX_TOKEN");
+  if (!tok) return 0;
+  size_t n = strlen(tok);
+  while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) n--;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)tok[i] < 0x21 || (unsigned char)tok[i] > 0x7e) {
+      if (err && errlen) snprintf(err, errlen, "the token holds a character that is not "
+                                  "printable ASCII (at byte %zu)", i);
+      return FB_EINVAL;
+    }
+  char *v = malloc(n + 8);
+  if (!v) return FB_ENOMEM;
+  memcpy(v, "Bearer ", 7);
+  memcpy(v + 7, tok, n);
+  c->auth.key = grpc_slice_from_static_string("authorization");
+  c->auth.value = grpc_slice_from_copied_buffer(v, n + 7);
+  memset(v, 0, n + 7);
+  free(v);
+  c->nauth = 1;
+  return 0;
+}
+
 int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out,
                       char *err, size_t errlen) {
   *out = NULL;
@@ -218,6 +308,26 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   if (c->chunk + 256 > c->max_msg) c->chunk = c->max_msg - 256;
   c->batch = opt && opt->batch_launches > 0 ? opt->batch_launches : DEFAULT_BATCH;
   grpc_init();
+  int rc = set_token(c, opt, err, errlen);
+  int tls = !strncmp(target, "unix:", 5) ? 0
+            : opt_or_env(opt ? opt->tls_ca : NULL, "FUSEBOX_TLS_CA") ||
+              opt_or_env(opt ? opt->tls_cert : NULL, "FUSEBOX_TLS_CERT");
+  const char *ins = getenv("FUSEBOX_INSECURE");
+  if (!rc && c->nauth && !tls && !local_target(target) && !(ins && !strcmp(ins, "1"))) {
+    /* as gRPC does for call credentials: no token in the clear off this machine */
+    if (err && errlen) snprintf(err, errlen, "refusing to send a token in the clear to '%s': "
+                                "use TLS (FUSEBOX_TLS_CA, --tls-ca), or set FUSEBOX_INSECURE=1",
+                                target);
+    rc = FB_EINVAL;
+  }
+  grpc_channel_credentials *cr = rc ? NULL : channel_creds(target, opt, err, errlen);
+  if (!cr) {
+    if (c->nauth) grpc_slice_unref(c->auth.value);
+    free(c->target);
+    free(c);
+    grpc_shutdown();
+    return rc ? rc : FB_EINVAL;
+  }
   grpc_arg a[2];
   a[0].type = a[1].type = GRPC_ARG_INTEGER;
   a[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -225,7 +335,6 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   a[1].key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH;
   a[1].value.integer = -1;
   grpc_channel_args args = {2, a};
-  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
   c->ch = grpc_channel_create(target, cr, &args);
   grpc_channel_credentials_release(cr);
   c->cq = grpc_completion_queue_create_for_pluck(NULL);
@@ -241,6 +350,7 @@ void fb_client_close(fb_client *c) {
              .type != GRPC_QUEUE_SHUTDOWN) {
   }
   grpc_completion_queue_destroy(c->cq);
+  if (c->nauth) grpc_slice_unref(c->auth.value);
   free(c->target);
   free(c);
   grpc_shutdown();
@@ -392,7 +502,7 @@ int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t
   grpc_byte_buffer *rq = fbc_bb(req, len), *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  fbc_initial_md(c, &ops[0]);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = rq;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

@@ -25,6 +25,8 @@ struct fb_client {
   size_t chunk;
   int batch;
   int limits_known;    /* the server's message limit was asked for */
+  grpc_metadata auth;  /* "authorization: Bearer TOKEN" when nauth */
+  size_t nauth;
   char err[FBC_ERRLEN];
 };
 
@@ -45,6 +47,8 @@ void fbc_end_free(fbc_end *e);
 int fbc_end_code(const fbc_end *e, char *err, size_t errlen);
 
 grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline);
+/* Make op (GRPC_OP_SEND_INITIAL_METADATA) carry the client's token, if any. */
+void fbc_initial_md(fb_client *c, grpc_op *op);
 /* Start a batch and wait for it. 1 when it succeeded, 0 when it failed,
  * -1 when it timed out (the call is then cancelled). wait = 0: start only. */
 int fbc_batch(fb_client *c, grpc_call *call, const grpc_op *ops, size_t n, void *tag);

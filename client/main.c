@@ -27,6 +27,12 @@ static void usage(FILE *f) {
           "environment:\n"
           "  FUSEBOX_SERVER=ADDR   the default of --server (run, bench, ping, stats);\n"
           "                        run --local / bench --local ignore it\n"
+          "  FUSEBOX_TLS_CA=FILE   TLS to a host:port server: the CA of its certificate\n"
+          "  FUSEBOX_TLS_CERT=FILE, FUSEBOX_TLS_KEY=FILE   a client certificate (mTLS)\n"
+          "  FUSEBOX_TOKEN=TOKEN   sent as 'authorization: Bearer TOKEN' (tenants); never in\n"
+          "                        the clear off loopback unless FUSEBOX_INSECURE=1\n"
+          "  Every command also takes --tls-ca FILE, --tls-cert FILE, --tls-key FILE and\n"
+          "  --token-file FILE (the token, read from a file), which set the variables above.\n"
           "examples:\n"
           "  fusebox check examples/heat.fbk\n"
           "  fusebox ir examples/saxpy.fbk --kernel init\n"
@@ -67,6 +73,52 @@ const char *fb_cli_env_server(void) {
   return s && *s ? s : NULL;
 }
 
+/* The security options every command takes: each sets its environment
+ * variable (which libfusebox reads) and leaves argv. 0, or 2 after an
+ * error message. */
+static int security_options(int *argc, char **argv) {
+  static const char *const flags[] = {"--tls-ca", "--tls-cert", "--tls-key", "--token-file"};
+  static const char *const envs[] = {"FUSEBOX_TLS_CA", "FUSEBOX_TLS_CERT", "FUSEBOX_TLS_KEY",
+                                     "FUSEBOX_TOKEN"};
+  int out = 1;
+  for (int i = 1; i < *argc; i++) {
+    int k = -1;
+    const char *v = NULL;
+    for (int f = 0; f < 4 && k < 0; f++) {
+      size_t n = strlen(flags[f]);
+      if (!strcmp(argv[i], flags[f])) k = f, v = i + 1 < *argc ? argv[++i] : NULL;
+      else if (!strncmp(argv[i], flags[f], n) && argv[i][n] == '=') k = f, v = argv[i] + n + 1;
+    }
+    if (k < 0) {
+      argv[out++] = argv[i];
+      continue;
+    }
+    if (!v || !*v) {
+      fprintf(stderr, "fusebox: %s: missing file name\n", flags[k]);
+      return 2;
+    }
+    char *tok = NULL;
+    if (k == 3) { /* the token itself never appears on the command line */
+      if (!(tok = fb_cli_read_file(v, NULL))) {
+        fprintf(stderr, "fusebox: --token-file: cannot read '%s': %s\n", v, strerror(errno));
+        return 2;
+      }
+      size_t n = strlen(tok);
+      while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) tok[--n] = 0;
+      if (!n) {
+        fprintf(stderr, "fusebox: --token-file: '%s' is empty\n", v);
+        free(tok);
+        return 2;
+      }
+    }
+    setenv(envs[k], tok ? tok : v, 1);
+    free(tok);
+  }
+  *argc = out;
+  argv[out] = NULL;
+  return 0;
+}
+
 typedef int (*command_fn)(int argc, char **argv);
 
 static const struct {
@@ -104,6 +156,7 @@ int main(int argc, char **argv) {
     return fn(2, args);
   }
   command_fn fn = find_command(cmd);
+  if (fn && security_options(&argc, argv)) return 2;
   if (fn) return fn(argc - 1, argv + 1);
   return unknown(cmd[0] == '-' ? "option" : "command", cmd);
 }

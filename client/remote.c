@@ -120,7 +120,7 @@ static int stream_send(fb_remote *r) {
   memset(ops, 0, sizeof ops);
   size_t n = 0;
   if (!r->md_sent) {
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    fbc_initial_md(r->c, &ops[n++]);
     r->md_sent = 1;
   }
   r->send_bb = fbc_bb(r->out.p, r->out.n);
@@ -635,7 +635,7 @@ static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     size_t k = 0;
-    if (!off) ops[k++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (!off) fbc_initial_md(r->c, &ops[k++]);
     ops[k].op = GRPC_OP_SEND_MESSAGE;
     ops[k++].data.send_message.send_message = bb;
     if (ok > 0) ok = fbc_start(call, ops, k, &tag) ? 0 : 1;
@@ -726,7 +726,7 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   grpc_metadata_array_init(&md);
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  fbc_initial_md(r->c, &ops[0]);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = rq;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;

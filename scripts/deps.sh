@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libclang-rt-19-dev libgrpc-dev
       libprotobuf-c-dev protobuf-c-compiler libjansson-dev libpng-dev check libseccomp-dev
       protobuf-compiler python3-grpcio python3-protobuf python3-pytest
-      python3-numpy python3-pip python3-setuptools python3-wheel)
+      python3-numpy python3-pip python3-setuptools python3-wheel
+      libssl-dev libmicrohttpd-dev openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

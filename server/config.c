@@ -7,7 +7,10 @@
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
- *   --worker-overhead-bytes.
+ *   --worker-overhead-bytes,
+ *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
+ *   value; true/false in the file), --tenants, --metrics-listen,
+ *   --log-format text|json.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -47,6 +50,11 @@ void fbd_config_free(fbd_config *c) {
   free(c->socket_group);
   free(c->isolation);
   free(c->config_path);
+  free(c->tls_cert);
+  free(c->tls_key);
+  free(c->tls_client_ca);
+  free(c->tenants);
+  free(c->metrics_listen);
   memset(c, 0, sizeof *c);
 }
 
@@ -67,6 +75,7 @@ void fbd_usage(FILE *f) {
           "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
           "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
           "  --log-level L              error|warn|info|debug (default info)\n"
+          "  --log-format F             text|json: log lines as text or one JSON object (default text)\n"
           "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
           "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
           "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
@@ -84,9 +93,17 @@ void fbd_usage(FILE *f) {
           "                             pass it is refused (default: 3/4 of the machine's or\n"
           "                             the cgroup's memory, whichever is lower)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
+          "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
+          "  --tls-key FILE             PEM private key of --tls-cert\n"
+          "  --tls-client-ca FILE       PEM CA: clients must present a certificate it signed (mTLS)\n"
+          "  --insecure                 allow plain TCP on a non-loopback address (logs a warning)\n"
+          "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
+          "                             every call must authenticate; re-read on SIGHUP\n"
+          "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
           "  --help, --version\n"
           "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
-          "shutdown_grace_s (flags still override the file); other changes need a restart.\n",
+          "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
+          "other changes need a restart.\n",
           FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
@@ -110,7 +127,8 @@ int fbd_parse_bytes(const char *s, uint64_t *out) {
 
 /* ---------------------------------------------------------------- options */
 
-typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP } opt_kind;
+typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP,
+               OPT_BOOL, OPT_LOGFMT } opt_kind;
 
 typedef struct opt {
   const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
@@ -135,6 +153,7 @@ static const opt opts[] = {
     {"idle_timeout_s", OPT_SECS, OFF(idle_timeout_s), 0},
     {"shutdown_grace_s", OPT_SECS, OFF(shutdown_grace_s), 0},
     {"log_level", OPT_LEVEL, OFF(log_level), 0},
+    {"log_format", OPT_LOGFMT, OFF(log_json), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
     {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
@@ -145,6 +164,12 @@ static const opt opts[] = {
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
+    {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
+    {"tls_key", OPT_GROUP, OFF(tls_key), 0},
+    {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},
+    {"insecure", OPT_BOOL, OFF(insecure), 0},
+    {"tenants", OPT_GROUP, OFF(tenants), 0},
+    {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
 };
 
 int fbd_isolated(const fbd_config *cfg) {
@@ -165,7 +190,7 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
   case OPT_STR: case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
-  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE */
+  default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL, LOGFMT */
   }
 }
 
@@ -232,6 +257,19 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     *(int *)(base + o->off) = (int)x;
     return 0;
   }
+  case OPT_LOGFMT:
+    if (!strcmp(v, "text")) *(int *)(base + o->off) = 0;
+    else if (!strcmp(v, "json")) *(int *)(base + o->off) = 1;
+    else {
+      fb_errf(err, errlen, "%s: invalid value '%s' (expected text or json)", o->name, v);
+      return FB_EINVAL;
+    }
+    return 0;
+  case OPT_BOOL:
+    if (!strcmp(v, "true") || !strcmp(v, "1")) *(int *)(base + o->off) = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "0")) *(int *)(base + o->off) = 0;
+    else break;
+    return 0;
   case OPT_LEVEL: {
     int lv = fbd_log_level_from_name(v);
     if (lv < 0) break;
@@ -262,6 +300,8 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
 static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t errlen) {
   char num[64];
   if (json_is_string(v)) return set_text(c, o, json_string_value(v), err, errlen);
+  if (o->kind == OPT_BOOL && json_is_boolean(v))
+    return set_text(c, o, json_is_true(v) ? "true" : "false", err, errlen);
   if (o->kind == OPT_LISTEN && json_is_array(v)) {
     size_t i;
     json_t *x;
@@ -382,7 +422,8 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       fb_errf(err, errlen, "unknown option '--%s' (see --help)", name);
       return FB_EINVAL;
     }
-    const char *v = flag_value(argc, argv, &i, eq);
+    /* a boolean flag alone means true: --insecure */
+    const char *v = o && o->kind == OPT_BOOL && !eq ? "true" : flag_value(argc, argv, &i, eq);
     if (!v) {
       fb_errf(err, errlen, "--%s: missing value", name);
       return FB_EINVAL;

@@ -86,7 +86,10 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
   for (;;) {
     int sig = sigtimedwait(set, NULL, &tick);
     if (sig == SIGTERM || sig == SIGINT) return sig;
-    if (sig == SIGHUP) reload(cfg, log, argc, argv);
+    if (sig == SIGHUP) {
+      reload(cfg, log, argc, argv);
+      fbd_auth_reload(srv); /* the tenants file, with or without --config */
+    }
     fbd_server_tick(srv);
   }
 }
@@ -128,6 +131,7 @@ int main(int argc, char **argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   fbd_log log;
   fbd_log_init(&log, stderr, cfg.log_level);
+  log.json = cfg.log_json;
   fbd_server *srv = NULL;
   if ((rc = fbd_server_start(&cfg, &log, &srv, err, sizeof err))) {
     fbd_logf(&log, FBD_LOG_ERROR, "cannot start: %s", err);

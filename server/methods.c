@@ -139,6 +139,9 @@ static fbd_session *named(fbd_call *c, const char *id, size_t n) {
   if (!s) {
     fbd_count_bad(c->srv);
     fbd_call_finish(c, FB_ENOENT, "no session '%.*s'", (int)(n > 64 ? 64 : n), id ? id : "");
+  } else if (fbd_auth_may_use(c, s)) { /* another tenant's: answered PERMISSION_DENIED */
+    fbd_session_unref(s);
+    s = NULL;
   }
   return s;
 }
@@ -239,7 +242,8 @@ static void fill_server_stats(fbd_server *srv, Fusebox__V1__ServerStats *r) {
 }
 
 /* Every live session, by tag only: ids are capabilities and stay secret. */
-static int list_sessions(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {
+static int list_sessions(fbd_call *c, fbp_arena *a, Fusebox__V1__ServerStats *r) {
+  fbd_server *srv = c->srv;
   int max = srv->cfg->max_sessions;
   fbd_session **v = fbp_alloc(a, sizeof *v * (size_t)max);
   r->sessions = fbp_alloc(a, sizeof *r->sessions * (size_t)max);
@@ -248,7 +252,7 @@ static int list_sessions(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
   int n = 0;
   pthread_mutex_lock(&srv->mu);
   for (int i = 0; i < max; i++)
-    if (srv->sessions[i]) {
+    if (srv->sessions[i] && fbd_auth_sees(c, srv->sessions[i])) {
       fbd_session_ref(srv->sessions[i]);
       v[n++] = srv->sessions[i];
     }
@@ -277,10 +281,11 @@ static void stats_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_session_stats_pb(s, &a, &one, 1);
     r.n_sessions = 1;
     r.sessions = &onep;
-  } else if (list_sessions(c->srv, &a, &r)) {
+  } else if (list_sessions(c, &a, &r)) {
     fbd_call_finish(c, FB_ENOMEM, "out of memory");
     goto out;
   }
+  fbd_auth_scope_stats(c, &r);
   fbd_call_send_msg(c, &r.base);
   fbd_call_finish(c, FB_OK, NULL);
 out:
@@ -373,7 +378,7 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
                                    : fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
     fbd_count_bad(srv);
     fbd_call_finish(c, rc, "%s", err);
-  } else if (m && (rc = fbd_session_new(srv, l, &ec, c->peer, &s, err, sizeof err))) {
+  } else if (m && (rc = fbd_auth_session_new(c, l, &ec, &s, err, sizeof err))) {
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", c->peer ? c->peer : "?", err);
     fbd_call_finish(c, rc, "%s", err);
   }
@@ -520,6 +525,7 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
     fbd_job_free(j);
     return;
   }
+  fbd_auth_count_stream(c, m->n_launches, m->sync != 0);
   if (m->n_launches || m->flush || m->sync) {
     if (post(c, c->sess, j)) return;
   } else {

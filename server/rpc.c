@@ -78,6 +78,7 @@ static void on_recv_done(void *obj, int ok) {
     bb = NULL;
   }
   if (bb) count_bytes(c->srv, grpc_byte_buffer_length(bb), 0);
+  if (bb && c->tenant) atomic_fetch_add(&c->tenant->bytes_in, grpc_byte_buffer_length(bb));
   if (c->m->on_recv) c->m->on_recv(c, bb);
   if (bb) grpc_byte_buffer_destroy(bb);
   fbd_call_unref(c);
@@ -114,6 +115,7 @@ static void pump(fbd_call *c) {
     c->inflight = o->bb;
     free(o);
     count_bytes(c->srv, 0, grpc_byte_buffer_length(c->inflight)); /* gRPC may take its slices */
+    if (c->tenant) atomic_fetch_add(&c->tenant->bytes_out, grpc_byte_buffer_length(c->inflight));
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = c->inflight;
   }
@@ -249,7 +251,8 @@ static void unknown_start(fbd_call *c) {
 static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL};
 
 /* A call arrived: wrap it and let its method begin. */
-static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d) {
+static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
+                       const grpc_metadata_array *md) {
   const fbd_method *m = fbd_method_find((const char *)GRPC_SLICE_START_PTR(d->method),
                                         GRPC_SLICE_LENGTH(d->method));
   fbd_call *c = calloc(1, sizeof *c);
@@ -284,7 +287,8 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d) {
     fbd_logf(srv->log, FBD_LOG_ERROR, "gRPC refused RECV_CLOSE_ON_SERVER");
     atomic_fetch_sub(&c->refs, 1);
   }
-  if (c->m->on_start) c->m->on_start(c);
+  if (fbd_auth_call(c, md)) { /* answered UNAUTHENTICATED */
+  } else if (c->m->on_start) c->m->on_start(c);
   else fbd_call_recv(c);
   fbd_call_unref(c);
 }
@@ -328,7 +332,7 @@ static void slot_gone(slot *sl) {
 static void on_new_call(void *obj, int ok) {
   slot *sl = obj;
   fbd_server *srv = sl->srv;
-  if (ok && sl->call) call_start(srv, sl->call, &sl->details);
+  if (ok && sl->call) call_start(srv, sl->call, &sl->details, &sl->md);
   grpc_call_details_destroy(&sl->details);
   grpc_metadata_array_destroy(&sl->md);
   if (!ok || atomic_load(&srv->stopping) || slot_arm(sl)) slot_gone(sl);
@@ -454,7 +458,8 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     int rc = claim_socket(addr, err, errlen);
     if (rc) return rc;
     int is_unix = strncmp(addr, "unix:", 5) == 0;
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *cr = fbd_tls_server_creds(cfg, srv->log, addr, err, errlen);
+    if (!cr) return FB_EINVAL;
     mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
     int port = grpc_server_add_http2_port(srv->server, addr, cr);
     if (is_unix) umask(old_mask);
@@ -557,8 +562,10 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
+  if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
+  if (!rc) rc = fbd_metrics_start(srv, err, errlen);
   if (rc) {
     fbd_server_shutdown(srv);
     fbd_server_free(srv);
@@ -648,6 +655,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     grpc_completion_queue_destroy(srv->cq);
     srv->cq = NULL;
   }
+  fbd_metrics_stop(srv); /* its handler reads the engine */
   fbd_procs_stop(srv);
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
@@ -665,6 +673,7 @@ void fbd_server_free(fbd_server *srv) {
   }
   free(srv->sessions);
   free(srv->zombies);
+  fbd_auth_free(srv);
   pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);

@@ -63,9 +63,16 @@ typedef struct fbd_config {
   uint64_t memory_budget;        /* all sessions' memory together; 0 = 3/4 of the machine's
                                     (or the cgroup's) memory */
   int log_level;
+  int log_json;                  /* --log-format json: one JSON object per line */
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
   char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
   char *config_path;             /* --config FILE, or NULL (SIGHUP re-reads it) */
+  /* security and observability (server/tls.c, auth.c, metrics.c); NULL: off */
+  char *tls_cert, *tls_key;      /* PEM files: TLS on every host:port address */
+  char *tls_client_ca;           /* PEM file: client certificates required (mTLS) */
+  int insecure;                  /* allow plain TCP on a non-loopback address */
+  char *tenants;                 /* tenants file (JSON); NULL: one anonymous tenant */
+  char *metrics_listen;          /* host:port of the HTTP /metrics, /healthz, /readyz */
   int ready_fd;                  /* -1, or write the bound addresses here when serving */
 } fbd_config;
 
@@ -91,6 +98,7 @@ int fbd_isolated(const fbd_config *cfg);
 
 typedef struct fbd_log {
   int level;
+  int json;                 /* lines as {"time":...,"level":...,"msg":...} */
   pthread_mutex_t mu;
   FILE *f;
 } fbd_log;
@@ -152,6 +160,8 @@ struct fbd_call {
   grpc_slice st_details;
   grpc_metadata st_md;
   char st_code[16];
+  struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
+  int admin;                /* sees and may touch every session */
   /* method state */
   fbd_session *sess;        /* attached or addressed session (ref held) */
   void *state;              /* method-specific, freed by on_free */
@@ -222,6 +232,8 @@ struct fbd_server {
   int nspares;
   /* counted from any thread, under any lock: atomics */
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
+  struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
+  struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -366,6 +378,7 @@ struct fbd_session {
   fb_session_config ecfg;
   char mode[8];
   char *peer;
+  _Atomic(struct fbd_tenant *) owner; /* auth.c: set once at creation; NULL: anonymous */
   /* under mu */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -472,5 +485,8 @@ int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernels
                        fbp_arena *a);
 void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb); /* DescribeSource */
 
+/* ---------------------------------------------------------------- security (auth.h) */
+
+#include "server/auth.h"
 
 #endif

@@ -893,7 +893,7 @@ static void *load_worker(void *p) {
   load_arg *a = p;
   char err[256];
   fb_client *c = NULL;
-  fb_client_options o = {5000, 0, 0, 0};
+  fb_client_options o = {.timeout_ms = 5000};
   if (fb_client_connect(a->addr, &o, &c, err, sizeof err)) return NULL;
   fb_remote *r = NULL;
   if (!fb_remote_open_source(c, NULL, "l.fbk", PROG, &r)) {

@@ -50,6 +50,15 @@ typedef struct fb_client_options {
   size_t max_message_bytes; /* largest message sent; 0 = 4 MiB */
   size_t chunk_bytes;       /* field transfer chunk; 0 = 1 MiB */
   int batch_launches;       /* launches per stream message at most; 0 = 4096 */
+  /* Security (host:port targets; a unix: target is always plain). NULL
+   * takes the environment: FUSEBOX_TLS_CA, FUSEBOX_TLS_CERT,
+   * FUSEBOX_TLS_KEY, FUSEBOX_TOKEN. A token is not sent in the clear to a
+   * host:port off loopback: connecting fails then, unless
+   * FUSEBOX_INSECURE=1. */
+  const char *tls_ca;       /* PEM file of the CA of the server's certificate: TLS */
+  const char *tls_cert;     /* PEM client certificate and key, for mTLS */
+  const char *tls_key;
+  const char *token;        /* sent as "authorization: Bearer TOKEN" on every call */
 } fb_client_options;
 
 /* Connect (lazily: the first call reaches the server). opt may be NULL. */

@@ -39,8 +39,8 @@ def _unary(channel, method, req_type, resp_type):
 class Client:
     """The Fusebox protocol by hand, as a stock gRPC client speaks it."""
 
-    def __init__(self, address):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address, channel=None):
+        self.channel = channel if channel is not None else grpc.insecure_channel(address)
         self.create = _unary(self.channel, "CreateSession", pb.CreateSessionRequest,
                              pb.CreateSessionResponse)
         self.register = _unary(self.channel, "RegisterKernels", pb.RegisterKernelsRequest,

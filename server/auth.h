@@ -1,0 +1,91 @@
+/* fuseboxd's security and observability side, kept apart from the call
+ * plumbing (rpc.c), the methods (methods.c) and the sessions (session.c),
+ * which only call the hooks below:
+ *  - auth.c: the tenants file, who a call is (a bearer token's SHA-256, or
+ *    the subject of its client certificate), whether it may touch a
+ *    session, per-tenant admission (sessions, memory) and what GetStats
+ *    shows it;
+ *  - tls.c: the credentials of each listening address (TLS, mTLS, or plain
+ *    where allowed);
+ *  - metrics.c: the HTTP endpoint /metrics (Prometheus text), /healthz and
+ *    /readyz on libmicrohttpd.
+ * Included by server.h; never on its own. */
+#ifndef FUSEBOX_SERVER_AUTH_H
+#define FUSEBOX_SERVER_AUTH_H
+
+#include <grpc/grpc_security.h>
+
+#define FBD_TENANT_NAME 64
+
+/* One tenant of the tenants file. Tenants are never freed while the server
+ * runs (a reload updates them in place by name, and marks those no longer
+ * in the file as removed), so sessions and calls keep plain pointers. */
+typedef struct fbd_tenant {
+  char name[FBD_TENANT_NAME];
+  /* under fbd_auth.mu: a reload changes them */
+  int admin, removed;
+  int max_sessions;         /* 0: only the server's limit */
+  uint64_t memory_bytes;    /* sum of its sessions' memory limits; 0: unlimited */
+  uint8_t (*hashes)[32];    /* SHA-256 of its tokens */
+  int nhashes;
+  char **subjects;          /* client-certificate subjects ("CN=alice,O=x") */
+  int nsubjects;
+  /* counted from any thread */
+  atomic_uint_fast64_t sessions_created, calls, denied, refused_sessions, refused_memory;
+  atomic_uint_fast64_t launches, syncs;  /* received on its Session streams */
+  atomic_uint_fast64_t bytes_in, bytes_out; /* message bytes of its calls */
+} fbd_tenant;
+
+typedef struct fbd_auth {
+  pthread_mutex_t mu;       /* the tenants and their settings */
+  pthread_mutex_t admit;    /* held across a tenant's limit check and the new session */
+  int enabled;              /* a tenants file was given */
+  fbd_tenant **t;
+  int n, cap;
+  atomic_uint_fast64_t failures; /* calls refused UNAUTHENTICATED */
+  /* refusal log lines: at most a few per second, the rest counted */
+  pthread_mutex_t logmu;
+  double log_window;
+  int logged;
+  uint64_t suppressed;
+} fbd_auth;
+
+/* Start-up: read --tenants FILE if given. FB_EINVAL with err when it is
+ * wrong. */
+int fbd_auth_init(fbd_server *srv, char *err, size_t errlen);
+void fbd_auth_free(fbd_server *srv);
+/* SIGHUP: read the tenants file again; on any error keep the running set
+ * (logged). */
+void fbd_auth_reload(fbd_server *srv);
+/* A call arrived with its request metadata: find its tenant. 0, or the
+ * call was answered UNAUTHENTICATED (the health check needs no identity). */
+int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md);
+/* May call c touch session s? 0, or c was answered PERMISSION_DENIED. */
+int fbd_auth_may_use(fbd_call *c, fbd_session *s);
+/* Does GetStats show s to c? */
+int fbd_auth_sees(const fbd_call *c, fbd_session *s);
+/* GetStats for a tenant that is not admin: the server-wide counters say
+ * nothing about other tenants (r->sessions already filtered). */
+void fbd_auth_scope_stats(const fbd_call *c, Fusebox__V1__ServerStats *r);
+/* A Session stream message of c's tenant: launches and syncs it asked for
+ * (metrics). */
+void fbd_auth_count_stream(fbd_call *c, size_t launches, int sync);
+/* fbd_session_new for c's tenant: its session count and memory limits are
+ * checked first (FB_EQUOTA with err naming the limit); the session's
+ * memory limit is cut to what the tenant has left. */
+int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
+                         char *err, size_t errlen);
+
+/* tls.c: the credentials for listening address addr (a unix socket is
+ * always plain). NULL with err when the settings or files are wrong, or
+ * when addr is plain TCP off loopback without --insecure. */
+grpc_server_credentials *fbd_tls_server_creds(const fbd_config *cfg, fbd_log *log,
+                                              const char *addr, char *err, size_t errlen);
+/* A whole file into a NUL-terminated string (for PEM files), or NULL. */
+char *fbd_read_text(const char *path, size_t max, char *err, size_t errlen);
+
+/* metrics.c */
+int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen);
+void fbd_metrics_stop(fbd_server *srv);
+
+#endif

@@ -1,0 +1,287 @@
+/* The HTTP side of fuseboxd (--metrics-listen host:port, libmicrohttpd with
+ * its own polling thread):
+ *   GET /metrics  Prometheus text exposition (version 0.0.4): the server's
+ *                 counters, and per tenant (with a tenants file) its
+ *                 sessions, memory against its limit, calls and refusals;
+ *   GET /healthz  200 while the process serves HTTP (liveness);
+ *   GET /readyz   200 when new sessions can be served, else 503 (readiness:
+ *                 not while shutting down or while the device is unhealthy).
+ * The endpoint carries no session ids, tags or tokens: only counts. Bind it
+ * to loopback or a network that only the monitoring reaches. */
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "server/server.h"
+
+struct fbd_metrics {
+  struct MHD_Daemon *d;
+};
+
+typedef struct text {
+  char *p;
+  size_t n, cap;
+  int oom;
+} text;
+
+static void put(text *t, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static void put(text *t, const char *fmt, ...) {
+  for (int tries = 0; tries < 2 && !t->oom; tries++) {
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(t->p ? t->p + t->n : NULL, t->p ? t->cap - t->n : 0, fmt, ap);
+    va_end(ap);
+    if (w < 0) { t->oom = 1; return; }
+    if (t->p && (size_t)w < t->cap - t->n) { t->n += (size_t)w; return; }
+    size_t nc = (t->cap ? t->cap : 4096) + (size_t)w + 4096;
+    char *np = realloc(t->p, nc);
+    if (!np) { t->oom = 1; return; }
+    t->p = np;
+    t->cap = nc;
+  }
+}
+
+static void metric(text *t, const char *name, const char *type, const char *help, uint64_t v) {
+  put(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\nfusebox_%s %llu\n", name, help, name, type,
+      name, (unsigned long long)v);
+}
+
+static void header(text *t, const char *name, const char *type, const char *help) {
+  put(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", name, help, name, type);
+}
+
+/* Per tenant, what the session table says now (under srv->mu). */
+typedef struct tenant_now {
+  fbd_tenant *t;
+  uint64_t sessions, memory, limits;
+} tenant_now;
+
+static uint64_t session_memory(fbd_session *s) {
+  pthread_mutex_lock(&s->mu);
+  uint64_t m = s->snap.device_bytes;
+  pthread_mutex_unlock(&s->mu);
+  return m ? m : s->mem_bytes;
+}
+
+static void tenants_text(fbd_server *srv, text *t) {
+  fbd_auth *a = srv->auth;
+  pthread_mutex_lock(&a->mu);
+  int n = a->n;
+  tenant_now *v = calloc((size_t)n + 1, sizeof *v);
+  uint64_t *max_s = calloc((size_t)n + 1, sizeof *max_s), *max_m = calloc((size_t)n + 1, 8);
+  for (int i = 0; v && max_s && max_m && i < n; i++) {
+    v[i].t = a->t[i];
+    max_s[i] = (uint64_t)a->t[i]->max_sessions;
+    max_m[i] = a->t[i]->memory_bytes;
+  }
+  pthread_mutex_unlock(&a->mu);
+  if (!v || !max_s || !max_m) {
+    t->oom = 1;
+    goto out;
+  }
+  pthread_mutex_lock(&srv->mu);
+  for (int k = 0; k < srv->cfg->max_sessions; k++) {
+    fbd_session *s = srv->sessions[k];
+    fbd_tenant *o = s ? atomic_load(&s->owner) : NULL;
+    for (int i = 0; o && i < n; i++)
+      if (v[i].t == o) {
+        v[i].sessions++;
+        v[i].memory += session_memory(s);
+        v[i].limits += s->ecfg.memory_limit;
+      }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  static const struct { const char *name, *type, *help; } m[] = {
+      {"tenant_sessions", "gauge", "Live sessions of the tenant."},
+      {"tenant_sessions_limit", "gauge", "The tenant's max_sessions (0: none of its own)."},
+      {"tenant_memory_bytes", "gauge", "Memory the tenant's sessions hold now."},
+      {"tenant_memory_reserved_bytes", "gauge", "Sum of the memory limits of the tenant's sessions."},
+      {"tenant_memory_limit_bytes", "gauge", "The tenant's memory_bytes (0: unlimited)."},
+      {"tenant_sessions_created_total", "counter", "Sessions the tenant created."},
+      {"tenant_calls_total", "counter", "Authenticated calls of the tenant."},
+      {"tenant_denied_total", "counter", "Calls on another tenant's session, denied."},
+      {"tenant_refused_total", "counter", "Sessions refused at a tenant limit, by limit."},
+      {"tenant_launches_total", "counter", "Launches the tenant sent on its Session streams."},
+      {"tenant_syncs_total", "counter", "Syncs the tenant asked for."},
+      {"tenant_received_bytes_total", "counter", "Request message bytes of the tenant's calls."},
+      {"tenant_sent_bytes_total", "counter", "Response message bytes of the tenant's calls."},
+  };
+  for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {
+    header(t, m[j].name, m[j].type, m[j].help);
+    for (int i = 0; i < n; i++) {
+      fbd_tenant *x = v[i].t;
+      const char *nm = x->name; /* [A-Za-z0-9_.-]: safe in a label */
+      switch (j) {
+      case 0: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].sessions); break;
+      case 1: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_s[i]); break;
+      case 2: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].memory); break;
+      case 3: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].limits); break;
+      case 4: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_m[i]); break;
+      case 5: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                  (unsigned long long)atomic_load(&x->sessions_created)); break;
+      case 6: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                  (unsigned long long)atomic_load(&x->calls)); break;
+      case 7: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                  (unsigned long long)atomic_load(&x->denied)); break;
+      case 9: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                  (unsigned long long)atomic_load(&x->launches)); break;
+      case 10: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->syncs)); break;
+      case 11: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->bytes_in)); break;
+      case 12: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+                   (unsigned long long)atomic_load(&x->bytes_out)); break;
+      default:
+        put(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->refused_sessions));
+        put(t, "fusebox_%s{tenant=\"%s\",limit=\"memory_bytes\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->refused_memory));
+      }
+    }
+  }
+out:
+  free(v);
+  free(max_s);
+  free(max_m);
+}
+
+static void metrics_text(fbd_server *srv, text *t) {
+  pthread_mutex_lock(&srv->mu);
+  fbd_stats st = srv->st;
+  int active = srv->nsessions;
+  pthread_mutex_unlock(&srv->mu);
+  metric(t, "up", "gauge", "1 while fuseboxd runs.", 1);
+  put(t, "# HELP fusebox_uptime_seconds Seconds since start.\n# TYPE fusebox_uptime_seconds gauge\n"
+      "fusebox_uptime_seconds %.3f\n", fbd_now() - srv->started);
+  metric(t, "sessions", "gauge", "Live sessions.", (uint64_t)active);
+  metric(t, "sessions_limit", "gauge", "max_sessions of the server.",
+         (uint64_t)srv->cfg->max_sessions);
+  header(t, "sessions_ended_total", "counter", "Sessions ended, by how.");
+  put(t, "fusebox_sessions_ended_total{reason=\"closed\"} %llu\n"
+      "fusebox_sessions_ended_total{reason=\"disconnected\"} %llu\n"
+      "fusebox_sessions_ended_total{reason=\"reaped\"} %llu\n"
+      "fusebox_sessions_ended_total{reason=\"failed\"} %llu\n",
+      (unsigned long long)st.sessions_closed, (unsigned long long)st.sessions_disconnected,
+      (unsigned long long)st.sessions_reaped, (unsigned long long)st.sessions_failed);
+  metric(t, "sessions_created_total", "counter", "Sessions created.", st.sessions_created);
+  metric(t, "launches_total", "counter", "Kernel launches received.", st.launches);
+  metric(t, "syncs_total", "counter", "Syncs answered.", st.syncs);
+  metric(t, "memory_bytes", "gauge", "Memory the sessions hold now.", st.memory_bytes);
+  metric(t, "memory_peak_bytes", "gauge", "Highest memory_bytes since start.",
+         st.memory_peak_bytes);
+  metric(t, "received_bytes_total", "counter", "Request message bytes received.",
+         atomic_load(&srv->bytes_in));
+  metric(t, "sent_bytes_total", "counter", "Response message bytes sent.",
+         atomic_load(&srv->bytes_out));
+  metric(t, "bad_requests_total", "counter", "Requests refused as malformed, naming nothing, "
+         "or touching another tenant's session.", atomic_load(&srv->bad_requests));
+  metric(t, "auth_failures_total", "counter", "Calls refused UNAUTHENTICATED.",
+         atomic_load(&srv->auth->failures));
+  if (srv->auth->enabled) tenants_text(srv, t);
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
+                             char *body, size_t n) {
+  if (!body) return MHD_NO; /* out of memory: drop the connection */
+  struct MHD_Response *r = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, "Content-Type", type);
+  enum MHD_Result ok = MHD_queue_response(conn, status, r);
+  MHD_destroy_response(r);
+  return ok;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_n, void **state) {
+  (void)version;
+  (void)upload;
+  (void)state;
+  fbd_server *srv = cls;
+  if (*upload_n) return MHD_NO; /* no request bodies here */
+  if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+    return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
+  if (!strcmp(url, "/metrics")) {
+    text t = {0};
+    metrics_text(srv, &t);
+    if (t.oom) {
+      free(t.p);
+      return reply(conn, 500, "text/plain", strdup("out of memory\n"), 14);
+    }
+    return reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", t.p, t.n);
+  }
+  if (!strcmp(url, "/healthz")) return reply(conn, 200, "text/plain", strdup("ok\n"), 3);
+  if (!strcmp(url, "/readyz")) {
+    char why[256] = "";
+    int ready = !atomic_load(&srv->stopping) && fb_engine_healthy(srv->engine, why, sizeof why);
+    if (ready) return reply(conn, 200, "text/plain", strdup("ready\n"), 6);
+    char *b = malloc(300);
+    if (!b) return MHD_NO;
+    int n = snprintf(b, 300, "not ready: %s\n", atomic_load(&srv->stopping) ? "shutting down"
+                                                   : *why ? why : "the device is unhealthy");
+    return reply(conn, 503, "text/plain", b, (size_t)(n < 300 ? n : 299));
+  }
+  return reply(conn, 404, "text/plain", strdup("not found (try /metrics, /healthz, /readyz)\n"),
+               44);
+}
+
+int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
+  const char *addr = srv->cfg->metrics_listen;
+  if (!addr || !*addr) return 0;
+  char host[256];
+  const char *colon = strrchr(addr, ':');
+  if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host || !colon[1]) {
+    fb_errf(err, errlen, "--metrics-listen '%s': expected host:port", addr);
+    return FB_EINVAL;
+  }
+  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') { /* [::1]:9090 */
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = 0;
+  }
+  struct addrinfo hints = {0}, *ai = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | AI_PASSIVE;
+  int e = getaddrinfo(host, colon + 1, &hints, &ai);
+  if (e) {
+    fb_errf(err, errlen, "--metrics-listen '%s': %s", addr, gai_strerror(e));
+    return FB_EINVAL;
+  }
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+  struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, handle, srv, MHD_OPTION_SOCK_ADDR,
+                                          ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64,
+                                          MHD_OPTION_CONNECTION_TIMEOUT, 10, MHD_OPTION_END);
+  freeaddrinfo(ai);
+  if (!d) {
+    fb_errf(err, errlen, "--metrics-listen '%s': cannot listen there (in use?)", addr);
+    return FB_EIO;
+  }
+  if (!(srv->metrics = calloc(1, sizeof *srv->metrics))) {
+    MHD_stop_daemon(d);
+    return FB_ENOMEM;
+  }
+  srv->metrics->d = d;
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  fbd_logf(srv->log, FBD_LOG_INFO, "metrics on http://%s:%u/metrics (also /healthz, /readyz)",
+           host, info ? (unsigned)info->port : 0);
+  return 0;
+}
+
+void fbd_metrics_stop(fbd_server *srv) {
+  if (!srv->metrics) return;
+  MHD_stop_daemon(srv->metrics->d);
+  free(srv->metrics);
+  srv->metrics = NULL;
+}
