@@ -1657,7 +1657,9 @@ static int async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_val
   if (rc) return rc;
   if (sk->k->ret != FB_T_VOID) return async_return(s, sk, ret);
   if (ret) memset(ret, 0, sizeof *ret);
-  if (a->flush_every && fb_opt_pending(a->o) >= a->flush_every) return async_flush(s, 0);
+  int pending = fb_opt_pending(a->o);
+  if ((a->flush_every && pending >= a->flush_every) || pending >= FB_MAX_PENDING_TASKS)
+    return async_flush(s, 0);
   return 0;
 }
 

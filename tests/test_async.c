@@ -601,6 +601,22 @@ START_TEST(pending_until_trigger) {
 }
 END_TEST
 
+/* flush_every -1 still flushes at FB_MAX_PENDING_TASKS: a stream that is
+ * never synced does not grow the SFG (and the server's memory) forever. */
+START_TEST(pending_tasks_capped) {
+  tsess t = trigger_session(-1);
+  incs(&t, FB_MAX_PENDING_TASKS - 1);
+  ck_assert_uint_eq(counters(t.s).flushes, 0);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, FB_MAX_PENDING_TASKS - 1);
+  incs(&t, 1);
+  ck_assert_uint_eq(counters(t.s).flushes, 1);
+  ck_assert_uint_eq(counters(t.s).tasks_pending, 0);
+  incs(&t, 10);
+  ck_assert_int_eq(x5(&t), FB_MAX_PENDING_TASKS + 10);
+  tsess_free(&t);
+}
+END_TEST
+
 START_TEST(trigger_host_read_and_sync) {
   tsess t = trigger_session(-1);
   incs(&t, 2);
@@ -1474,6 +1490,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, random_numbers);
   tcase_add_test(tc, sparse_layouts);
   tcase_add_test(tc, pending_until_trigger);
+  tcase_add_test(tc, pending_tasks_capped);
   tcase_add_test(tc, trigger_host_read_and_sync);
   tcase_add_test(tc, trigger_host_write);
   tcase_add_test(tc, trigger_return_value);

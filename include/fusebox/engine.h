@@ -63,6 +63,9 @@ enum {
 };
 
 #define FB_FLUSH_EVERY_DEFAULT 50 /* pending tasks */
+/* Pending tasks that force a flush whatever flush_every says (-1 included):
+ * the SFG of a stream that is never flushed would grow without bound. */
+#define FB_MAX_PENDING_TASKS 65536
 #define FB_MAX_KERNEL_STATEMENTS_DEFAULT 20000 /* the compile budget of a kernel */
 
 /* Zero-initialized fields take their defaults. */
@@ -79,7 +82,8 @@ typedef struct fb_session_config {
   /* async mode only */
   unsigned passes;      /* FB_PASSES_* bits (see FB_PASSES_EXACT); 0 = all */
   int flush_every;      /* flush once this many tasks are pending:
-                           0 = FB_FLUSH_EVERY_DEFAULT, < 0 = never */
+                           0 = FB_FLUSH_EVERY_DEFAULT, < 0 = only at
+                           FB_MAX_PENDING_TASKS and at host access or sync */
   int max_fuse_per_task; /* fusions one task takes part in per fusion
                             round; 0 = default (1) */
 } fb_session_config;
