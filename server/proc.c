@@ -203,8 +203,6 @@ static int read_all(int fd, void *p, size_t n, int *fdout) {
 
 /* ---------------------------------------------------------------- broker: processes */
 
-pid_t fbd_proc_pid(const fbd_proc *p) { return p ? p->pid : -1; }
-
 static void describe_exit(int st, char *out, size_t n) {
   if (WIFSIGNALED(st)) {
     const char *abbr = sigabbrev_np(WTERMSIG(st));

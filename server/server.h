@@ -467,7 +467,6 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r);
  * set when the worker died or was killed (r->msg says why). */
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
-pid_t fbd_proc_pid(const fbd_proc *p);
 /* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
 void fbd_worker_process_main(int fd, const fbd_config *cfg);
 

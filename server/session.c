@@ -466,13 +466,13 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   int read = j->kind == FBD_J_READ;
   if (read) { /* where the worker puts the field's bytes */
     uint64_t bytes = 0;
-    if (fbd_field_bytes(s->layout, j->field, &bytes, r.msg, sizeof r.msg)) r.finish = 1;
-    else if (fbd_stage_take(s, bytes, &j->buf)) {
+    if ((r.code = fbd_field_bytes(s->layout, j->field, &bytes, r.msg, sizeof r.msg))) {
+      r.finish = 1; /* its own code: NOT_FOUND for no such field */
+    } else if (fbd_stage_take(s, bytes, &j->buf)) {
       r.code = FB_ENOMEM;
       r.finish = 1;
       snprintf(r.msg, sizeof r.msg, "cannot stage %llu bytes for reading", (unsigned long long)bytes);
     }
-    if (r.finish && !r.code) r.code = FB_EINVAL;
   }
   pthread_mutex_lock(&s->mu);
   int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0;

@@ -140,6 +140,19 @@ def i32(v):
 VICTIM_BYTES = bytes((i * 37 + 11) % 256 for i in range(4 * 256))
 
 
+def terminate(proc, logtext):
+    """SIGTERM to a fuseboxd (unless it has ended), a bounded wait, and its
+    exit status; one that does not stop is killed and the test fails."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("fuseboxd did not stop on SIGTERM:\n" + logtext())
+
+
 class Server:
     def __init__(self, tmp, args=()):
         self.sock = os.path.join(tmp, "fuseboxd.sock")
@@ -176,15 +189,7 @@ class Server:
 
     def stop(self):
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                raise AssertionError("fuseboxd did not stop on SIGTERM:\n" + self.logtext())
-        else:
-            rc = self.proc.returncode
+        rc = terminate(self.proc, self.logtext)
         assert rc == 0, f"fuseboxd exited with {rc}:\n" + self.logtext()
         self.log.close()
 

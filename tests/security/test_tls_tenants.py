@@ -24,7 +24,7 @@ import grpc
 import pytest
 
 from conftest import (BUILD, FUSEBOXD, RPC_TIMEOUT, Client, dense_layout, expect_error, health_pb2,
-                      i32, pb, store_kernel)
+                      i32, pb, store_kernel, terminate)
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -168,15 +168,7 @@ class Daemon:
             time.sleep(0.05)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                rc = self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                raise AssertionError("fuseboxd did not stop on SIGTERM:\n" + self.logtext())
-        else:
-            rc = self.proc.returncode
+        rc = terminate(self.proc, self.logtext)
         self.log.close()
         if not self.expect_start:
             return  # a server that was meant not to start: its exit status was checked
