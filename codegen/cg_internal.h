@@ -111,6 +111,9 @@ typedef struct fb_emit {
   LLVMValueRef c_root, c_args, c_rets, c_gtmp, c_error, c_seed, c_launch; /* ctx fields */
   LLVMValueRef *vals;     /* per statement: its value (NULL until emitted) */
   LLVMValueRef (*lidx)[FB_MAX_AXES]; /* per loop statement: current indices */
+  LLVMValueRef (*lwide)[FB_MAX_AXES]; /* the same as exact i64 values (or NULL) */
+  LLVMValueRef *wide;     /* per i32 statement: its exact value as an i64, where
+                           * range.c made one (fb_cg_wide_note), else NULL */
   unsigned char *done;    /* per statement: emitted in this function */
   const unsigned char *keep; /* bounds function: statements to emit, or NULL */
   LLVMValueRef rand_count;   /* i64 alloca: rand() calls in this run */
@@ -209,6 +212,17 @@ void fb_reduce_free(fb_emit *e);
 
 /* range.c: is statement id an i32 whose value always lies in [min, max]? */
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max);
+/* range.c: index arithmetic in i64. After i32 statement id is emitted, give
+ * it an i64 twin (e->wide[id]) equal to the sign extension of its value,
+ * computed without any i32 step where that is exact: loop indices, constants,
+ * min, max and select of twins, +, -, * of twins where the range proves
+ * the i32 operation cannot wrap, and division and remainder of a
+ * non-negative twin by a positive one. Addresses built from twins are affine in
+ * the loop counter, so LLVM sees unit-stride accesses (vector loads) instead
+ * of a zext of a trunc. fb_cg_wide: the twin, or a sext at the current
+ * point when there is none. */
+void fb_cg_wide_note(fb_emit *e, int id);
+LLVMValueRef fb_cg_wide(fb_emit *e, int id);
 /* Check that every container on the path to snode is dense (FB_EUNSUPPORTED
  * otherwise, naming the statement). */
 int fb_emit_check_dense(fb_emit *e, int id, int snode);

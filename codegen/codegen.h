@@ -162,8 +162,11 @@ int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size
 int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, char *err,
                    size_t errlen);
 
-/* LLVM IR text of the task module for a target ("x86_64" or "nvptx64"),
- * before optimization: for `fusebox ir --llvm` and for debugging. */
+/* LLVM IR text of the task module for a target: "x86_64" or "nvptx64"
+ * before optimization, "x86_64-O3" after linking the sparse runtime and
+ * the O3 pipeline, the module the CPU JIT turns into code (its function
+ * names are fb_body and fb_bounds). For tests that check what LLVM makes
+ * of a loop (vector loads, atomics) and for debugging. */
 int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *err,
                     size_t errlen);
 

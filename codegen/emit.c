@@ -265,13 +265,14 @@ static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
   LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, i, end, ""), body, exit);
   LLVMPositionBuilderAtEnd(e->b, body);
   e->lidx[id][0] = i;
+  e->lwide[id][0] = LLVMBuildSExt(e->b, i, e->t_i64, "iw");
   if (push_loop(e, id, exit, latch)) return e->rc;
   emit_block(e, s->body);
   e->nloops--;
   if (e->rc) return e->rc;
   br_to(e, latch);
   LLVMPositionBuilderAtEnd(e->b, latch);
-  LLVMValueRef next = LLVMBuildAdd(e->b, i, fb_emit_i32(e, 1), "");
+  LLVMValueRef next = LLVMBuildNSWAdd(e->b, i, fb_emit_i32(e, 1), ""); /* i < end */
   LLVMAddIncoming(i, &next, &latch, 1);
   LLVMBuildBr(e->b, head);
   LLVMPositionBuilderAtEnd(e->b, exit);
@@ -383,6 +384,7 @@ static LLVMValueRef sfor_cell(fb_emit *e, int id, const fb_stmt *s, const sfor_g
   for (int d = 0; d < sn->ndim; d++) {
     int a = sn->dim_axis[d];
     e->lidx[id][d] = LLVMBuildTrunc(e->b, gi[a], e->t_i32, "idx");
+    e->lwide[id][d] = gi[a];
     iter = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, iter, fb_emit_i64(e, sn->shape[a]), ""), gi[a], "");
   }
   e->rand_iter = iter;
@@ -569,22 +571,86 @@ static LLVMValueRef par_count(fb_emit *e, int id, const fb_stmt *s) {
   return LLVMBuildSelect(e->b, pos, d, fb_emit_i64(e, 0), "");
 }
 
-/* Loop indices of iteration `it` (i64) of a parallel loop. */
-static void par_indices(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef it) {
-  if (s->op == FB_OP_PAR_FOR) {
-    LLVMValueRef b64 = LLVMBuildSExt(e->b, e->vals[s->args[0]], e->t_i64, "");
-    e->lidx[id][0] = LLVMBuildTrunc(e->b, LLVMBuildNSWAdd(e->b, b64, it, ""), e->t_i32, "idx");
-    return;
-  }
-  const fb_snode *sn = &e->l->nodes[s->snode];
-  LLVMValueRef rest = it;
-  for (int d = sn->ndim - 1; d >= 0; d--) {
+/* Indices 0..upto of a struct_for over sn from the row-major number `rest`
+ * of its first upto + 1 indices (i64): the i32 indices and their i64 twins. */
+static void struct_indices(fb_emit *e, int id, const fb_snode *sn, LLVMValueRef rest, int upto) {
+  for (int d = upto; d >= 0; d--) {
     LLVMValueRef ext = fb_emit_i64(e, sn->shape[sn->dim_axis[d]]);
     LLVMValueRef q = d > 0 ? LLVMBuildUDiv(e->b, rest, ext, "") : NULL;
     LLVMValueRef r = d > 0 ? LLVMBuildSub(e->b, rest, LLVMBuildMul(e->b, q, ext, ""), "") : rest;
     e->lidx[id][d] = LLVMBuildTrunc(e->b, r, e->t_i32, "idx");
+    e->lwide[id][d] = r;
     rest = q;
   }
+}
+
+/* Loop indices of iteration `it` (i64) of a parallel loop. */
+static void par_indices(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef it) {
+  if (s->op == FB_OP_PAR_FOR) {
+    /* begin + it < end: exact in i64, and the i64 value is the index's twin */
+    LLVMValueRef b64 = LLVMBuildSExt(e->b, e->vals[s->args[0]], e->t_i64, "");
+    e->lwide[id][0] = LLVMBuildNSWAdd(e->b, b64, it, "iw");
+    e->lidx[id][0] = LLVMBuildTrunc(e->b, e->lwide[id][0], e->t_i32, "idx");
+    return;
+  }
+  struct_indices(e, id, &e->l->nodes[s->snode], it, e->l->nodes[s->snode].ndim - 1);
+}
+
+/* A dense struct_for of two or more dimensions on the CPU, iterations
+ * [start, end): row by row, an inner loop over the last index, so that
+ * the last index is the inner loop's counter (affine: unit-stride loads
+ * and stores, vectorisable) rather than a division of the flat counter per
+ * iteration. Iteration numbers (rand()) are the flat ones as before. */
+static int emit_rows(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef start, LLVMValueRef end) {
+  const fb_snode *sn = &e->l->nodes[s->snode];
+  int last = sn->ndim - 1;
+  LLVMValueRef W = fb_emit_i64(e, sn->shape[sn->dim_axis[last]]);
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef rows = fb_emit_block(e, "rows"), row = fb_emit_block(e, "row");
+  LLVMBasicBlockRef cols = fb_emit_block(e, "cols"), body = fb_emit_block(e, "cols.body");
+  LLVMBasicBlockRef latch = fb_emit_block(e, "cols.next"), rnext = fb_emit_block(e, "rows.next");
+  LLVMBasicBlockRef exit = fb_emit_block(e, "endrows");
+  LLVMBuildBr(e->b, rows);
+  LLVMPositionBuilderAtEnd(e->b, rows);
+  LLVMValueRef it = LLVMBuildPhi(e->b, e->t_i64, "it");
+  LLVMAddIncoming(it, &start, &pre, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, it, end, ""), row, exit);
+  LLVMPositionBuilderAtEnd(e->b, row);
+  /* this row: columns [j0, j1), j1 = j0 + min(W - j0, end - it) */
+  LLVMValueRef q = LLVMBuildUDiv(e->b, it, W, "");
+  LLVMValueRef j0 = LLVMBuildNUWSub(e->b, it, LLVMBuildNUWMul(e->b, q, W, ""), "j0");
+  LLVMValueRef left = LLVMBuildNSWSub(e->b, W, j0, ""), rest = LLVMBuildNSWSub(e->b, end, it, "");
+  LLVMValueRef n = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, left, rest, ""), left,
+                                   rest, "n");
+  LLVMValueRef j1 = LLVMBuildNSWAdd(e->b, j0, n, "j1");
+  struct_indices(e, id, sn, q, last - 1);
+  LLVMBuildBr(e->b, cols);
+  LLVMPositionBuilderAtEnd(e->b, cols);
+  LLVMValueRef j = LLVMBuildPhi(e->b, e->t_i64, "j");
+  LLVMAddIncoming(j, &j0, &row, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, j, j1, ""), body, rnext);
+  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
+  LLVMValueRef saved_iter = e->rand_iter;
+  e->rand_iter = LLVMBuildNSWAdd(e->b, it, LLVMBuildNSWSub(e->b, j, j0, ""), "iter");
+  e->lidx[id][last] = LLVMBuildTrunc(e->b, j, e->t_i32, "idx");
+  e->lwide[id][last] = j;
+  if (push_loop(e, id, NULL, latch)) return e->rc;
+  emit_block(e, s->body);
+  e->nloops--;
+  e->rand_iter = saved_iter;
+  if (e->rc) return e->rc;
+  br_to(e, latch);
+  LLVMPositionBuilderAtEnd(e->b, latch);
+  LLVMValueRef jn = LLVMBuildNSWAdd(e->b, j, fb_emit_i64(e, 1), ""); /* j < j1 <= W */
+  LLVMAddIncoming(j, &jn, &latch, 1);
+  LLVMBuildBr(e->b, cols);
+  LLVMPositionBuilderAtEnd(e->b, rnext);
+  LLVMValueRef next = LLVMBuildNSWAdd(e->b, it, n, "");
+  LLVMAddIncoming(it, &next, &rnext, 1);
+  LLVMBuildBr(e->b, rows);
+  LLVMPositionBuilderAtEnd(e->b, exit);
+  return 0;
 }
 
 /* for (it = start; it < end; it += step) { count = 0; body }, it in i64. */
@@ -596,6 +662,9 @@ static int emit_iterations(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef st
     e->rand_iter = saved_iter;
     return e->rc;
   }
+  if (s->op == FB_OP_STRUCT_FOR && e->l->nodes[s->snode].ndim >= 2 &&
+      e->o->target == FB_CG_CPU && LLVMIsConstant(step) && LLVMConstIntGetSExtValue(step) == 1)
+    return emit_rows(e, id, s, start, end);
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
   LLVMBasicBlockRef head = fb_emit_block(e, "par");
   LLVMBasicBlockRef body = fb_emit_block(e, "par.body");
@@ -692,13 +761,17 @@ static int emit_stmt(fb_emit *e, int id) {
     return emit_serial_par(e, id, s);
   case FB_OPC_JUMP: return emit_jump(e, id, s);
   case FB_OPC_LIST: return emit_list_op(e, id, s);
-  case FB_OPC_LOOPIDX: return emit_loop_index(e, id, s);
+  case FB_OPC_LOOPIDX:
+    if (!emit_loop_index(e, id, s)) fb_cg_wide_note(e, id);
+    return e->rc;
   case FB_OPC_ALLOCA: case FB_OPC_LLOAD: case FB_OPC_LSTORE: case FB_OPC_GLOAD:
   case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: case FB_OPC_SPARSE:
   case FB_OPC_APPEND: case FB_OPC_LENGTH: case FB_OPC_RET: case FB_OPC_GTMP:
   case FB_OPC_RAND:
     return fb_emit_mem_op(e, id, s);
-  default: return fb_emit_value_op(e, id, s);
+  default:
+    if (!fb_emit_value_op(e, id, s)) fb_cg_wide_note(e, id);
+    return e->rc;
   }
 }
 
@@ -734,6 +807,8 @@ static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned
   size_t n = (size_t)e->k->nstmts;
   memset(e->vals, 0, n * sizeof *e->vals);
   memset(e->lidx, 0, n * sizeof *e->lidx);
+  memset(e->lwide, 0, n * sizeof *e->lwide);
+  memset(e->wide, 0, n * sizeof *e->wide);
   memset(e->done, 0, n);
   e->nloops = 0;
   e->c_root = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
@@ -1060,11 +1135,13 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
   size_t n = (size_t)t->ir->nstmts + 1;
   e.vals = calloc(n, sizeof *e.vals);
   e.lidx = calloc(n, sizeof *e.lidx);
+  e.lwide = calloc(n, sizeof *e.lwide);
+  e.wide = calloc(n, sizeof *e.wide);
   e.done = calloc(n, 1);
   e.rstate = calloc(n, 1);
   e.rlo = calloc(n, sizeof *e.rlo);
   e.rhi = calloc(n, sizeof *e.rhi);
-  if (!e.vals || !e.lidx || !e.done || !e.rstate || !e.rlo || !e.rhi) {
+  if (!e.vals || !e.lidx || !e.lwide || !e.wide || !e.done || !e.rstate || !e.rlo || !e.rhi) {
     rc = fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
     goto out;
   }
@@ -1094,6 +1171,8 @@ out:
   fb_reduce_free(&e);
   free(e.vals);
   free(e.lidx);
+  free(e.lwide);
+  free(e.wide);
   free(e.done);
   free(e.rstate);
   free(e.rlo);

@@ -82,7 +82,10 @@ static int dense_path(const fb_layout *l, int snode) {
 /* Operands 0..n-1 of s are indices of snode (n = its dimension, or less by
  * `drop` for append/length): check their count and type, and AND together
  * 0 <= I < shape (unsigned compares) for the indices not proven in range
- * (range.c). idx[d] is operand d; *inb is NULL when nothing needs checking.
+ * (range.c). idx[d] is operand d as an i64 (its sign extension: range.c's
+ * twin where there is one, so that addresses stay affine in the loop
+ * counter; the compare is on it too, which is the same test); *inb is NULL
+ * when nothing needs checking.
  * The indices of snode's axes are those of its dimensions in order, minus
  * the skipped axis `skip_axis` (-1: none). */
 static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
@@ -101,9 +104,12 @@ static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int e
     if (!idx[d]) return e->rc;
     if (fb_emit_argtype(e, s, d) != FB_T_I32)
       return fb_emit_error(e, FB_EINVAL, "%%%d %s: index %d is not i32", id, opname(s), d);
+    idx[d] = given ? LLVMBuildSExt(e->b, given[d], e->t_i64, "") : fb_cg_wide(e, s->args[d]);
     int64_t extent = sn->shape[axis[d]];
     if (fb_cg_in_range(e, s->args[d], 0, extent - 1)) continue;
-    LLVMValueRef ext = fb_emit_i32(e, (int32_t)extent);
+    /* a sign-extended i32 is below extent (< 2^31) unsigned exactly when
+     * the i32 is, unsigned */
+    LLVMValueRef ext = fb_emit_i64(e, (int64_t)(uint32_t)(int32_t)extent);
     LLVMValueRef ok = LLVMBuildICmp(e->b, LLVMIntULT, idx[d], ext, "");
     *inb = *inb ? LLVMBuildAnd(e->b, *inb, ok, "") : ok;
   }
@@ -116,11 +122,12 @@ static int index_check(fb_emit *e, int id, const fb_stmt *s, int snode, int extr
   return index_check_ex(e, id, s, snode, extra, -1, NULL, idx, axis, inb);
 }
 
-/* Global indices by axis (i64, 0 where absent) from checked indices. */
+/* Global indices by axis (i64, 0 where absent) from checked indices (i64:
+ * in bounds, their sign and zero extensions agree). */
 static void global_index(fb_emit *e, const LLVMValueRef idx[FB_MAX_AXES], const int *axis, int n,
                          LLVMValueRef gi[FB_MAX_AXES]) {
   for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = fb_emit_i64(e, 0);
-  for (int d = 0; d < n; d++) gi[axis[d]] = LLVMBuildZExt(e->b, idx[d], e->t_i64, "");
+  for (int d = 0; d < n; d++) gi[axis[d]] = idx[d];
 }
 
 /* Row-major local cell number, inside its node, of the cell of container c
@@ -157,17 +164,70 @@ static LLVMValueRef dense_step(fb_emit *e, const fb_snode *c, int leaf,
   return LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset), cell, "");
 }
 
-/* Address of place[idx] in the root buffer (dense path). */
+/* The one axis c splits, or -1 when it splits none or several. */
+static int single_axis(const fb_snode *c) {
+  for (int a = 0; a < FB_MAX_AXES; a++)
+    if (c->axes == (1u << a)) return a;
+  return -1;
+}
+
+/* Can container c and the next one on the path, d, be addressed as one?
+ * Both split only axis a, and c's cell is exactly d's cells along a:
+ * then (I / st_c % sz_c) * cb_c + (I / st_d % sz_d) * cb_d, with
+ * st_c = st_d * sz_d and cb_c = sz_d * cb_d, is (I / st_d % (sz_c * sz_d))
+ * * cb_d: one division and one multiplication instead of a chain, and
+ * plain I * cb_d when nothing else splits a (a field whose shape is
+ * written as nested dense SNodes, `dense(i: 3) { dense(i: 9000) }`). */
+static int merges(const fb_snode *c, const fb_snode *d) {
+  int a = single_axis(c);
+  return a >= 0 && single_axis(d) == a && c->cell_bytes == (uint64_t)d->size[a] * d->cell_bytes;
+}
+
+static LLVMValueRef nsw(LLVMValueRef v) {
+  if (LLVMIsAInstruction(v)) LLVMSetNSW(v, 1); /* constants were folded */
+  return v;
+}
+
+/* Address of place[idx] in the root buffer (dense path). The arithmetic
+ * cannot wrap: indices are checked (or proven) in bounds, and the layout's
+ * sizes are bounded (fb_layout_finalize), hence nuw/nsw and inbounds. */
 static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AXES]) {
   const fb_snode *f = &e->l->nodes[place];
   LLVMValueRef gi[FB_MAX_AXES];
   global_index(e, idx, f->dim_axis, f->ndim, gi);
   int path[64];
   int n = fb_layout_path(e->l, place, path, 64);
-  LLVMValueRef off = fb_emit_i64(e, (int64_t)f->offset);
-  for (int p = 0; p < n; p++)
-    off = LLVMBuildAdd(e->b, off, dense_step(e, &e->l->nodes[path[p]], place, gi), "");
-  return LLVMBuildGEP2(e->b, e->t_i8, e->c_root, &off, 1, "addr");
+  int64_t cst = (int64_t)f->offset;
+  LLVMValueRef off = NULL;
+  for (int p = 0; p < n; p++) {
+    const fb_snode *c = &e->l->nodes[path[p]];
+    LLVMValueRef step;
+    int q = p;
+    int64_t size = c->size[single_axis(c) < 0 ? 0 : single_axis(c)];
+    cst += (int64_t)c->offset;
+    while (q + 1 < n && merges(&e->l->nodes[path[q]], &e->l->nodes[path[q + 1]])) {
+      const fb_snode *d = &e->l->nodes[path[++q]];
+      size *= d->size[single_axis(d)];
+      cst += (int64_t)d->offset;
+    }
+    if (q == p) {
+      step = LLVMBuildMul(e->b, local_lin(e, c, place, gi), fb_emit_i64(e, (int64_t)c->cell_bytes), "");
+    } else {
+      const fb_snode *d = &e->l->nodes[path[q]];
+      int a = single_axis(c);
+      int64_t stride = fb_layout_stride(e->l, d->id, place, a);
+      LLVMValueRef local = gi[a];
+      if (stride != 1) local = LLVMBuildUDiv(e->b, local, fb_emit_i64(e, stride), "");
+      if (c->shape[a] != c->size[a]) /* an ancestor of the group splits a too */
+        local = LLVMBuildURem(e->b, local, fb_emit_i64(e, size), "");
+      step = nsw(LLVMBuildNUWMul(e->b, local, fb_emit_i64(e, (int64_t)d->cell_bytes), ""));
+      p = q;
+    }
+    off = off ? nsw(LLVMBuildNUWAdd(e->b, off, step, "")) : step;
+  }
+  LLVMValueRef k = fb_emit_i64(e, cst);
+  off = off ? nsw(LLVMBuildNUWAdd(e->b, off, k, "")) : k;
+  return LLVMBuildInBoundsGEP2(e->b, e->t_i8, e->c_root, &off, 1, "addr");
 }
 
 /* ---------------------------------------------------------------- sparse walk

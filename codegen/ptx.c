@@ -2,7 +2,8 @@
  * points fb_body, a grid-stride loop over [lo, hi), and fb_bounds), math
  * through libdevice when the CUDA toolkit has it (linked, then internalized
  * so that O3 drops what the task does not call), printed as PTX text. Also
- * fb_llvm_ir_text, the unoptimized module of either target as text. */
+ * fb_llvm_ir_text, the module of either target as text (unoptimized, or for
+ * the CPU also after linking the runtime and O3, as the JIT compiles it). */
 #include <llvm-c/BitReader.h>
 #include <llvm-c/Linker.h>
 #include <stdio.h>
@@ -130,9 +131,10 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   if (!t || !text || !target)
     return fb_cg_fail(err, errlen, FB_EINVAL, "fb_llvm_ir_text: missing task, target or output");
   *text = NULL;
-  int gpu = strcmp(target, "nvptx64") == 0;
-  if (!gpu && strcmp(target, "x86_64") != 0)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "unknown target '%s' (x86_64 or nvptx64)", target);
+  int gpu = strcmp(target, "nvptx64") == 0, opt = strcmp(target, "x86_64-O3") == 0;
+  if (!gpu && !opt && strcmp(target, "x86_64") != 0)
+    return fb_cg_fail(err, errlen, FB_EINVAL,
+                      "unknown target '%s' (x86_64, x86_64-O3 or nvptx64)", target);
   char path[4096];
   LLVMTargetMachineRef tm = NULL;
   if (gpu) {
@@ -149,6 +151,9 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   LLVMModuleRef m = NULL;
   int rc = layout ? 0 : fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   if (!rc) rc = fb_cg_build(c, t, &o, triple, layout, &m, NULL, err, errlen);
+  if (!rc && opt) rc = fb_cg_verify(m, err, errlen);
+  if (!rc && opt) rc = fb_cg_link_rt(c, m, FB_CG_CPU, err, errlen);
+  if (!rc && opt) rc = fb_cg_optimize(m, tm, err, errlen);
   if (!rc) {
     char *s = LLVMPrintModuleToString(m);
     *text = s ? strdup(s) : NULL;

@@ -133,3 +133,63 @@ int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max) {
   if (!e->rstate) return 0;
   return range_of(e, id, &lo, &hi, 0) && lo >= min && hi <= max;
 }
+
+/* ---------------------------------------------------------------- i64 twins */
+
+static LLVMValueRef twin(fb_emit *e, const fb_stmt *s, int i) {
+  if (i >= s->nargs || s->args[i] < 0 || s->args[i] >= e->k->nstmts) return NULL;
+  return e->wide[s->args[i]];
+}
+
+void fb_cg_wide_note(fb_emit *e, int id) {
+  if (!e->wide || e->rc || id < 0 || id >= e->k->nstmts || !e->vals[id]) return;
+  const fb_stmt *s = &e->k->stmts[id];
+  e->wide[id] = NULL;
+  if ((fb_type)s->type != FB_T_I32) return;
+  LLVMValueRef a = twin(e, s, 0), b = twin(e, s, 1), w = NULL;
+  switch (s->op) {
+  case FB_OP_CONST:
+    w = LLVMConstInt(e->t_i64, (unsigned long long)(int64_t)(int32_t)(uint32_t)s->imm.u, 1);
+    break;
+  case FB_OP_LOOP_INDEX: {
+    int loop = s->args[0], which = (int)s->imm.i;
+    if (e->lwide && which >= 0 && which < FB_MAX_AXES) w = e->lwide[loop][which];
+    break;
+  }
+  case FB_OP_ASSUME_UNIQUE: w = a; break;
+  /* sext is monotonic: min, max and select commute with it */
+  case FB_OP_MIN: case FB_OP_MAX:
+    if (a && b) {
+      LLVMIntPredicate p = s->op == FB_OP_MIN ? LLVMIntSLT : LLVMIntSGT;
+      w = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, p, a, b, ""), a, b, "w");
+    }
+    break;
+  case FB_OP_SELECT: {
+    LLVMValueRef c = e->vals[s->args[0]], x = twin(e, s, 1), y = twin(e, s, 2);
+    if (c && x && y && LLVMTypeOf(c) == e->t_i1) w = LLVMBuildSelect(e->b, c, x, y, "w");
+    break;
+  }
+  /* exact when the i32 operation cannot wrap, which a known range proves */
+  case FB_OP_ADD: case FB_OP_SUB: case FB_OP_MUL:
+    if (a && b && fb_cg_in_range(e, id, INT32_MIN, INT32_MAX))
+      w = s->op == FB_OP_ADD   ? LLVMBuildNSWAdd(e->b, a, b, "w")
+          : s->op == FB_OP_SUB ? LLVMBuildNSWSub(e->b, a, b, "w")
+                               : LLVMBuildNSWMul(e->b, a, b, "w");
+    break;
+  /* on a non-negative dividend and a positive divisor every flavour of
+   * division is the unsigned one */
+  case FB_OP_DIV: case FB_OP_FLOORDIV: case FB_OP_REM: case FB_OP_FLOORMOD:
+    if (a && b && fb_cg_in_range(e, s->args[0], 0, INT32_MAX) &&
+        fb_cg_in_range(e, s->args[1], 1, INT32_MAX))
+      w = s->op == FB_OP_DIV || s->op == FB_OP_FLOORDIV ? LLVMBuildUDiv(e->b, a, b, "w")
+                                                        : LLVMBuildURem(e->b, a, b, "w");
+    break;
+  default: break;
+  }
+  e->wide[id] = w;
+}
+
+LLVMValueRef fb_cg_wide(fb_emit *e, int id) {
+  if (e->wide && id >= 0 && id < e->k->nstmts && e->wide[id]) return e->wide[id];
+  return LLVMBuildSExt(e->b, e->vals[id], e->t_i64, "");
+}

@@ -3,7 +3,14 @@
  * calloc'd root buffer (parallel tasks chunked into pieces), and every field
  * element, the error flag, the return value and the scratch buffer are
  * compared with fb_interp_run. Also: the code cache, concurrent compiles,
- * refusals (deactivate on dense, malformed tasks) and the LLVM IR text. */
+ * refusals (deactivate on dense, malformed tasks) and the LLVM IR text.
+ * Code speed (test_fast_paths): dense loops written in the language are
+ * vectorised after O3 (vector loads and stores, no i64->i32->i64 round
+ * trip of the index, no division for a shape split into nested dense
+ * SNodes), scatter atomics are atomicrmw with monotonic ordering, and the
+ * same kernels, run chunked, agree exactly with the interpreter (nested
+ * dense groups with and without an ancestor splitting their axis, rows of
+ * 2-D struct-fors cut by chunk boundaries, the atomic scatter). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +18,8 @@
 #include <time.h>
 
 #include "codegen/codegen.h"
+#include "fusebox/lang.h"
+#include "optimizer/optimizer.h"
 #include "support/support.h"
 #include "cg_kernels.h"
 
@@ -395,6 +404,148 @@ START_TEST(test_ir_text) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- fast paths */
+
+static const char *FAST_SRC =
+    "layout {\n"
+    "  dense(i: 4096) { place x: f32 }\n"
+    "  dense(i: 4096) { place y: f32 }\n"
+    "  dense(i: 4) { dense(i: 1024) { place s: f32 } }\n"
+    "  dense(i: 4) { dense(i: 1024) { place t: f32 } }\n"
+    "  dense(ij: 48, 40) { place g: f32 }\n"
+    "  dense(ij: 48, 40) { place h: f32 }\n"
+    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place m: i32 } } } } }\n"
+    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place mm: i32 } } } } }\n"
+    "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place q: f32 } } } }\n"
+    "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place r: f32 } } } }\n"
+    "  dense(i: 8) { place acc: f32 }\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for i in 0 .. 4096 { x[i] = f32(i) * 0.5; y[i] = 1.0 }\n"
+    "  for i in s { s[i] = f32(i * 3 % 1000) }\n"
+    "  for i, j in g { g[i, j] = f32(i * 100 + j) }\n"
+    "  for i, j in m { m[i, j] = i * 7 + j }\n"
+    "  for i, j in q { q[i, j] = f32(i * 1000 + j) }\n"
+    "}\n"
+    "kernel saxpy() { for i in 0 .. 4096 { y[i] = 2.0 * x[i] + y[i] } }\n"
+    "kernel stencil() { for i in 1 .. 4095 { y[i] = x[i - 1] + x[i + 1] - 2.0 * x[i] } }\n"
+    "kernel split_copy() { for i in s { t[i] = s[i] } }\n"
+    "kernel copy2d() { for i, j in g { h[i, j] = g[i, j] } }\n"
+    "kernel grid_copy() { for i, j in q { r[i, j] = q[i, j] + q[(i + 5) % 24, j] } }\n"
+    "kernel groups() { for i, j in m { mm[i, j] = m[(i + 61) % 120, 1 - j] + m[i, j] } }\n"
+    "kernel scatter() { for i in 0 .. 4096 { acc[i % 8] += x[i] } }\n";
+
+/* The O3 IR of fb_body of the only parallel task of kernel k. */
+static char *fast_ir(fb_program *p, const char *kernel) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, kernel, NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
+  ck_assert_int_eq(tl.n, 1);
+  ck_assert_int_ge(tl.v[0].loop, 0);
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop};
+  char *text = NULL;
+  ck_assert_msg(fb_llvm_ir_text(&t, "x86_64-O3", &text, err, sizeof err) == 0, "IR of %s: %s",
+                kernel, err);
+  fb_task_list_free(&tl);
+  /* keep fb_body only: fb_bounds follows it */
+  char *body = strstr(text, "define void @fb_body(");
+  ck_assert_ptr_nonnull(body);
+  char *end = strstr(body, "\n}\n");
+  ck_assert_ptr_nonnull(end);
+  end[3] = 0;
+  char *r = strdup(body);
+  free(text);
+  return r;
+}
+
+static fb_program *fast_program(void) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  int rc = fb_program_parse("fast.fbk", FAST_SRC, &p, &d);
+  if (rc) {
+    char *msg = fb_diags_render("fast.fbk", FAST_SRC, &d);
+    ck_abort_msg("fast.fbk: %s", msg ? msg : "?");
+  }
+  fb_diags_free(&d);
+  return p;
+}
+
+START_TEST(test_fast_ir) {
+  fb_program *p = fast_program();
+  const char *vec[] = {"saxpy", "stencil", "split_copy", "copy2d", "grid_copy"};
+  for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
+    char *ir = fast_ir(p, vec[i]);
+    ck_assert_msg(strstr(ir, "load <") && strstr(ir, "store <"),
+                  "%s: no vector loads and stores after O3:\n%s", vec[i], ir);
+    /* the index is never narrowed to i32 and widened again on its way to
+     * an address (which LLVM cannot see through: scalar or gathered) */
+    ck_assert_msg(!strstr(ir, "trunc i64") && !strstr(ir, "gather"),
+                  "%s: index narrowed or gathered:\n%s", vec[i], ir);
+    if (i == 2) /* nested dense groups: one multiplication, no division (2-D
+                 * struct-fors divide once per row, outside the inner loop) */
+      ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"),
+                    "%s: division in the address:\n%s", vec[i], ir);
+    free(ir);
+  }
+  char *ir = fast_ir(p, "scatter");
+  ck_assert_msg(strstr(ir, "atomicrmw fadd ptr") && strstr(ir, " monotonic"),
+                "scatter: not a monotonic atomicrmw fadd:\n%s", ir);
+  ck_assert_msg(!strstr(ir, "seq_cst"), "scatter: seq_cst atomics:\n%s", ir);
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
+
+START_TEST(test_fast_results) {
+  fb_program *p = fast_program();
+  const fb_layout *l = fb_program_layout(p);
+  fb_interp *in = fb_interp_new(l, SEED);
+  ck_assert_ptr_nonnull(in);
+  jit_state *js = calloc(1, sizeof *js);
+  ck_assert_ptr_nonnull(js);
+  js->root = calloc(1, l->root_bytes);
+  ck_assert_ptr_nonnull(js->root);
+  fb_cpu_jit *j = new_jit();
+  const char *ks[] = {"init", "saxpy", "stencil", "split_copy", "copy2d", "grid_copy",
+                      "groups", "scatter", "saxpy", "scatter"};
+  for (size_t n = 0; n < sizeof ks / sizeof ks[0]; n++) {
+    fb_kernel *k = NULL;
+    fb_diags d;
+    fb_diags_init(&d);
+    ck_assert_int_eq(fb_program_instantiate(p, ks[n], NULL, 0, &k, &d), 0);
+    fb_diags_free(&d);
+    fb_task_list tl;
+    char err[512] = "";
+    ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", ks[n], err);
+    for (int t = 0; t < tl.n; t++) {
+      cg_step st = {tl.v[t].ir, tl.v[t].loop, {{0}}, 0};
+      fb_cpu_code code;
+      compile_ok(j, &st, &code);
+      run_code(&code, &st, js, (uint64_t)n);
+      ck_assert_msg(js->error == 0, "%s: error %d", ks[n], js->error);
+    }
+    fb_task_list_free(&tl);
+    fb_value ret;
+    ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, &ret), 0);
+    char what[64];
+    snprintf(what, sizeof what, "after %s", ks[n]);
+    /* exact: every float sum here is of multiples of 0.5 below 2^23 */
+    ck_assert_msg(compare_fields(l, in, js->root, 0, what) == 0, "%s: fields differ", what);
+  }
+  fb_cpu_jit_free(j);
+  free(js->root);
+  free(js);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("codegen");
   TCase *tc = tcase_create("cpu");
@@ -404,6 +555,8 @@ int main(void) {
   tcase_add_test(tc, test_concurrent);
   tcase_add_test(tc, test_refusals);
   tcase_add_test(tc, test_ir_text);
+  tcase_add_test(tc, test_fast_ir);
+  tcase_add_test(tc, test_fast_results);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }
