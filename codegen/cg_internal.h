@@ -112,6 +112,7 @@ typedef struct fb_emit {
   LLVMValueRef *vals;     /* per statement: its value (NULL until emitted) */
   LLVMValueRef (*lidx)[FB_MAX_AXES]; /* per loop statement: current indices */
   LLVMValueRef (*lwide)[FB_MAX_AXES]; /* the same as exact i64 values (or NULL) */
+  unsigned char *used;    /* per statement: some statement's operand */
   LLVMValueRef *wide;     /* per i32 statement: its exact value as an i64, where
                            * range.c made one (fb_cg_wide_note), else NULL */
   unsigned char *done;    /* per statement: emitted in this function */
@@ -197,6 +198,11 @@ LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char
  * operand); bounds check, activation and error latch as for s itself. */
 int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *given,
                       LLVMValueRef v);
+/* Atomics id and id2 (the next statement of the block) as one 64-bit
+ * compare-and-swap when they are f32 adds on the two halves of one aligned
+ * word (see emit_mem.c): 1 when emitted (both done), 0 when not pairable
+ * (nothing emitted), -1 on error (e->rc). */
+int fb_emit_try_pair(fb_emit *e, int id, int id2);
 
 /* reduce.c: reductions of a parallel task (see the file's comment).
  * plan: choose the atomics of loop `loop` to turn into reductions; open:

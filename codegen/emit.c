@@ -777,7 +777,18 @@ static int emit_stmt(fb_emit *e, int id) {
 
 static int emit_range(fb_emit *e, int blk, int from, int to) {
   const fb_block *b = &e->k->blocks[blk];
-  for (int i = from; i < to && i < b->n && !e->rc; i++) emit_stmt(e, b->ids[i]);
+  for (int i = from; i < to && i < b->n && !e->rc; i++) {
+    int id = b->ids[i];
+    if (i + 1 < to && i + 1 < b->n && id >= 0 && id < e->k->nstmts && !e->done[id] &&
+        e->k->stmts[id].op < FB_OP__COUNT && fb_op_table[e->k->stmts[id].op].cls == FB_OPC_ATOMIC) {
+      int r = fb_emit_try_pair(e, id, b->ids[i + 1]);
+      if (r) {
+        if (r > 0) e->done[id] = 1, e->stmts++, i++;
+        continue;
+      }
+    }
+    emit_stmt(e, id);
+  }
   return e->rc;
 }
 
@@ -1137,13 +1148,19 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
   e.lidx = calloc(n, sizeof *e.lidx);
   e.lwide = calloc(n, sizeof *e.lwide);
   e.wide = calloc(n, sizeof *e.wide);
+  e.used = calloc(n, 1);
   e.done = calloc(n, 1);
   e.rstate = calloc(n, 1);
   e.rlo = calloc(n, sizeof *e.rlo);
   e.rhi = calloc(n, sizeof *e.rhi);
-  if (!e.vals || !e.lidx || !e.lwide || !e.wide || !e.done || !e.rstate || !e.rlo || !e.rhi) {
+  if (!e.vals || !e.lidx || !e.lwide || !e.wide || !e.used || !e.done || !e.rstate || !e.rlo || !e.rhi) {
     rc = fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
     goto out;
+  }
+  for (int i = 0; i < t->ir->nstmts; i++) {
+    const fb_stmt *st = &t->ir->stmts[i];
+    for (int a = 0; a < st->nargs && a < FB_MAX_ARGS; a++)
+      if (st->args[a] >= 0 && st->args[a] < t->ir->nstmts) e.used[st->args[a]] = 1;
   }
   e.m = LLVMModuleCreateWithNameInContext(t->ir->name ? t->ir->name : "task", c);
   LLVMSetTarget(e.m, triple);
@@ -1173,6 +1190,7 @@ out:
   free(e.lidx);
   free(e.lwide);
   free(e.wide);
+  free(e.used);
   free(e.done);
   free(e.rstate);
   free(e.rlo);

@@ -388,6 +388,35 @@ static LLVMValueRef walk_to(fb_emit *e, walk *w, int last) {
   return base;
 }
 
+/* Type-based alias information: each field (place) its own TBAA type under
+ * a root of our own, so LLVM knows that an access to one field never
+ * touches another (all fields share the root buffer, which otherwise hides
+ * it): loads of v stay in registers across stores to new_x, and loops need
+ * no run-time overlap checks between fields. Sound because places occupy
+ * disjoint bytes (the layout's dense cells; sparse blocks come from one
+ * allocator per SNode and are never reused within a task, docs/sparse.md);
+ * what is not tagged (masks, the runtime's own accesses under clang's
+ * root, scratch, the paired 64-bit CAS) may alias anything. The error
+ * flag (another allocation) has a type of its own too, so that a latch on
+ * a cold out-of-bounds path does not make LLVM reload every field. */
+static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
+  LLVMMetadataRef root_s = LLVMMDStringInContext2(e->c, "fusebox fields", 14);
+  LLVMMetadataRef root = LLVMMDNodeInContext2(e->c, &root_s, 1);
+  LLVMMetadataRef ops[3] = {LLVMMDStringInContext2(e->c, name, n), root,
+                            LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
+  LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4),
+                  LLVMMetadataAsValue(e->c, tag));
+}
+
+static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
+  char name[32];
+  int n = snprintf(name, sizeof name, "fb.place.%d", place);
+  tag_named(e, inst, name, (size_t)n);
+}
+
 /* ---------------------------------------------------------------- bounds guard */
 
 typedef struct guard {
@@ -398,7 +427,7 @@ static void latch_error(fb_emit *e, int code) {
   LLVMValueRef x = LLVMBuildAtomicCmpXchg(e->b, e->c_error, fb_emit_i32(e, 0), fb_emit_i32(e, code),
                                           LLVMAtomicOrderingMonotonic,
                                           LLVMAtomicOrderingMonotonic, 0);
-  (void)x;
+  tag_named(e, x, "fb.error", 8);
 }
 
 /* Run what follows only when inb holds; otherwise latch FB_EBOUNDS. */
@@ -457,6 +486,7 @@ static int check_place(fb_emit *e, int id, const fb_stmt *s) {
 
 static void set_align(LLVMValueRef v, fb_type t) { LLVMSetAlignment(v, (unsigned)fb_type_size(t)); }
 
+
 /* Inside a sparse struct_for: is s's SNode (a field, or the container,
  * under the loop's container T) indexed by exactly the loop's indices? Then
  * the cell is the loop's own, active, and its storage is at hand. */
@@ -502,6 +532,7 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   if (!p) return e->rc;
   LLVMValueRef v = LLVMBuildLoad2(e->b, fb_emit_memtype(e, t), p, "");
   set_align(v, t);
+  tag_field(e, v, s->snode);
   v = fb_emit_from_mem(e, t, v);
   if (off) v = off_end(e, off, v, zero);
   e->vals[id] = guard_end(e, &g, v, zero);
@@ -538,6 +569,7 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
   if (!p) return e->rc;
   LLVMValueRef st = LLVMBuildStore(e->b, fb_emit_to_mem(e, t, v), p);
   set_align(st, t);
+  tag_field(e, st, s->snode);
   if (off) off_end(e, off, NULL, NULL);
   guard_end(e, &g, NULL, NULL);
   return 0;
@@ -586,10 +618,92 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
   LLVMValueRef old = LLVMBuildAtomicRMW(e->b, (LLVMAtomicRMWBinOp)bop, p, fb_emit_to_mem(e, t, v),
                                         LLVMAtomicOrderingMonotonic, 0);
   set_align(old, t);
+  tag_field(e, old, s->snode);
   old = fb_emit_from_mem(e, t, old);
   if (off) old = off_end(e, off, old, zero);
   e->vals[id] = guard_end(e, &g, old, zero);
   return 0;
+}
+
+/* Two f32 atomic adds on the two halves of one aligned 8-byte word: the
+ * components x, y of a vector field's cell (`grid_v[I] += v` in a P2G
+ * scatter), with the same index statements, neither's old value used,
+ * neither a reduction. On the CPU each f32 `atomicrmw fadd` is a
+ * compare-and-swap loop; both as one 64-bit compare-and-swap of the pair
+ * halve the locked operations, and each component is still updated
+ * atomically (both at once, which no other access can tell apart). Not
+ * on NVPTX, where f32 atomic adds are native. */
+static int pairable(fb_emit *e, int id, int id2) {
+  const fb_kernel *k = e->k;
+  if (e->o->target != FB_CG_CPU || e->bounds_fn || !e->used || id2 < 0 || id2 >= k->nstmts ||
+      e->done[id2] || e->used[id] || e->used[id2])
+    return 0;
+  if (e->red_of && (e->red_of[id] >= 0 || e->red_of[id2] >= 0)) return 0;
+  const fb_stmt *a = &k->stmts[id], *b = &k->stmts[id2];
+  if (a->op != FB_OP_ATOMIC_ADD || b->op != FB_OP_ATOMIC_ADD || a->nargs != b->nargs) return 0;
+  const fb_layout *l = e->l;
+  if (a->snode < 0 || a->snode >= l->nnodes || b->snode < 0 || b->snode >= l->nnodes) return 0;
+  const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
+  if (fa->kind != FB_SN_PLACE || fb->kind != FB_SN_PLACE || fa->type != FB_T_F32 ||
+      fb->type != FB_T_F32 || fa->parent != fb->parent || fa->ndim != fb->ndim ||
+      a->nargs != fa->ndim + 1 || fb->offset != fa->offset + 4 || fa->offset % 8 ||
+      !dense_path(l, fa->parent) || loop_cell(e, a))
+    return 0;
+  for (int d = 0; d < fa->ndim; d++)
+    if (a->args[d] != b->args[d]) return 0;
+  if (fb_emit_argtype(e, a, fa->ndim) != FB_T_F32 || fb_emit_argtype(e, b, fa->ndim) != FB_T_F32)
+    return 0;
+  int path[64];
+  int n = fb_layout_path(l, a->snode, path, 64);
+  if (n < 0) return 0;
+  for (int p = 0; p < n; p++) /* the root buffer is 8-aligned (malloc) */
+    if (l->nodes[path[p]].offset % 8 || l->nodes[path[p]].cell_bytes % 8) return 0;
+  return 1;
+}
+
+int fb_emit_try_pair(fb_emit *e, int id, int id2) {
+  if (!pairable(e, id, id2)) return 0;
+  const fb_stmt *a = &e->k->stmts[id], *b = &e->k->stmts[id2];
+  int nd = e->l->nodes[a->snode].ndim;
+  LLVMValueRef idx[FB_MAX_AXES], inb;
+  if (index_check(e, id, a, a->snode, 1, idx, &inb)) return -1;
+  LLVMValueRef x = fb_emit_arg(e, a, nd), y = fb_emit_arg(e, b, nd);
+  if (!x || !y) return -1;
+  e->done[id2] = 1;
+  e->stmts++;
+  guard g;
+  guard_begin(e, inb, &g);
+  LLVMBasicBlockRef off;
+  LLVMValueRef p = field_addr(e, a, idx, 1, &off);
+  if (!p) return -1;
+  LLVMTypeRef v2 = LLVMVectorType(e->t_f32, 2);
+  LLVMValueRef add = LLVMGetUndef(v2);
+  add = LLVMBuildInsertElement(e->b, add, x, fb_emit_i32(e, 0), "");
+  add = LLVMBuildInsertElement(e->b, add, y, fb_emit_i32(e, 1), "");
+  LLVMValueRef first = LLVMBuildLoad2(e->b, e->t_i64, p, "pair.old");
+  LLVMSetOrdering(first, LLVMAtomicOrderingMonotonic);
+  LLVMSetAlignment(first, 8);
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef loop = fb_emit_block(e, "pair.cas"), done = fb_emit_block(e, "pair.done");
+  LLVMBuildBr(e->b, loop);
+  LLVMPositionBuilderAtEnd(e->b, loop);
+  LLVMValueRef old = LLVMBuildPhi(e->b, e->t_i64, "");
+  LLVMAddIncoming(old, &first, &pre, 1);
+  LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, v2, ""), add, "");
+  LLVMValueRef x2 = LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, e->t_i64, ""),
+                                           LLVMAtomicOrderingMonotonic,
+                                           LLVMAtomicOrderingMonotonic, 0);
+  LLVMSetAlignment(x2, 8);
+  LLVMValueRef seen = LLVMBuildExtractValue(e->b, x2, 0, "");
+  LLVMAddIncoming(old, &seen, &loop, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildExtractValue(e->b, x2, 1, ""), done, loop);
+  LLVMPositionBuilderAtEnd(e->b, done);
+  if (off) off_end(e, off, NULL, NULL);
+  guard_end(e, &g, NULL, NULL);
+  /* the old values are unused: anything of the right type */
+  e->vals[id] = LLVMConstNull(e->t_f32);
+  e->vals[id2] = LLVMConstNull(e->t_f32);
+  return 1;
 }
 
 /* ---------------------------------------------------------------- sparse ops */

@@ -7,7 +7,8 @@
  * Code speed (test_fast_paths): dense loops written in the language are
  * vectorised after O3 (vector loads and stores, no i64->i32->i64 round
  * trip of the index, no division for a shape split into nested dense
- * SNodes), scatter atomics are atomicrmw with monotonic ordering, and the
+ * SNodes), scatter atomics are atomicrmw with monotonic ordering (the two
+ * f32 components of a vector cell one 64-bit compare-and-swap), and the
  * same kernels, run chunked, agree exactly with the interpreter (nested
  * dense groups with and without an ancestor splitting their axis, rows of
  * 2-D struct-fors cut by chunk boundaries, the atomic scatter). */
@@ -419,6 +420,7 @@ static const char *FAST_SRC =
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place q: f32 } } } }\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place r: f32 } } } }\n"
     "  dense(i: 8) { place acc: f32 }\n"
+    "  dense(i: 8) { place gv: f32[2] }\n"
     "}\n"
     "kernel init() {\n"
     "  for i in 0 .. 4096 { x[i] = f32(i) * 0.5; y[i] = 1.0 }\n"
@@ -433,7 +435,8 @@ static const char *FAST_SRC =
     "kernel copy2d() { for i, j in g { h[i, j] = g[i, j] } }\n"
     "kernel grid_copy() { for i, j in q { r[i, j] = q[i, j] + q[(i + 5) % 24, j] } }\n"
     "kernel groups() { for i, j in m { mm[i, j] = m[(i + 61) % 120, 1 - j] + m[i, j] } }\n"
-    "kernel scatter() { for i in 0 .. 4096 { acc[i % 8] += x[i] } }\n";
+    "kernel scatter() { for i in 0 .. 4096 { acc[i % 8] += x[i] } }\n"
+    "kernel scatter2() { for i in 0 .. 4096 { gv[i % 8] += [x[i], 0.5 * x[i] + 1.0] } }\n";
 
 /* The O3 IR of fb_body of the only parallel task of kernel k. */
 static char *fast_ir(fb_program *p, const char *kernel) {
@@ -487,6 +490,8 @@ START_TEST(test_fast_ir) {
      * an address (which LLVM cannot see through: scalar or gathered) */
     ck_assert_msg(!strstr(ir, "trunc i64") && !strstr(ir, "gather"),
                   "%s: index narrowed or gathered:\n%s", vec[i], ir);
+    /* each field its own alias class (they share the root buffer) */
+    ck_assert_msg(strstr(ir, "!tbaa"), "%s: field accesses without TBAA tags:\n%s", vec[i], ir);
     if (i == 2) /* nested dense groups: one multiplication, no division (2-D
                  * struct-fors divide once per row, outside the inner loop) */
       ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"),
@@ -497,6 +502,12 @@ START_TEST(test_fast_ir) {
   ck_assert_msg(strstr(ir, "atomicrmw fadd ptr") && strstr(ir, " monotonic"),
                 "scatter: not a monotonic atomicrmw fadd:\n%s", ir);
   ck_assert_msg(!strstr(ir, "seq_cst"), "scatter: seq_cst atomics:\n%s", ir);
+  free(ir);
+  /* both components of a vector cell in one 64-bit compare-and-swap */
+  ir = fast_ir(p, "scatter2");
+  ck_assert_msg(strstr(ir, "cmpxchg ptr") && strstr(ir, "i64") && strstr(ir, "fadd <2 x float>") &&
+                    !strstr(ir, "atomicrmw") && !strstr(ir, "seq_cst"),
+                "scatter2: not one monotonic 64-bit compare-and-swap per cell:\n%s", ir);
   free(ir);
   fb_program_free(p);
 }
@@ -513,7 +524,7 @@ START_TEST(test_fast_results) {
   ck_assert_ptr_nonnull(js->root);
   fb_cpu_jit *j = new_jit();
   const char *ks[] = {"init", "saxpy", "stencil", "split_copy", "copy2d", "grid_copy",
-                      "groups", "scatter", "saxpy", "scatter"};
+                      "groups", "scatter", "saxpy", "scatter", "scatter2", "scatter2"};
   for (size_t n = 0; n < sizeof ks / sizeof ks[0]; n++) {
     fb_kernel *k = NULL;
     fb_diags d;
