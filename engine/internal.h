@@ -130,6 +130,13 @@ typedef struct async_state {
   fb_opt *o;
   fb_ordq *q;              /* the ordered worker */
   int flush_every;         /* 0: never */
+  /* flush_every as the stream repeats (the default flush_every only):
+   * doubled after PLAN_STREAK flushes in a row reuse the optimizer's plan
+   * (up to FLUSH_AT_MAX), back to flush_every after a window the memo
+   * could not keep */
+  int flush_at;
+  int adapt;
+  int plan_streak;
   uint64_t flushes;
   /* the window: the kernel of every launch since the last flush */
   launch_rec *win;
