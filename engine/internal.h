@@ -137,6 +137,7 @@ typedef struct async_state {
   int flush_at;
   int adapt;
   int plan_streak;
+  uint64_t launches;       /* the caller's: launches so far (fb_counters.launches) */
   uint64_t flushes;
   /* the window: the kernel of every launch since the last flush */
   launch_rec *win;

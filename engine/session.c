@@ -282,6 +282,7 @@ static void async_counters(const fb_session *s, fb_counters *out) {
   *out = s->c;
   out->device_bytes = s->dev_bytes;
   pthread_mutex_unlock(&m->cmu);
+  out->launches += s->as->launches;
   const fb_opt_counters *t = &fb_opt_get_stats(s->as->o)->total;
   out->listgens_removed = t->listgen_removed;
   out->tasks_fused = t->tasks_fused;

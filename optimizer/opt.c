@@ -391,9 +391,12 @@ int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count) {
       changed = 1;
     }
   } else {
+    /* the mask may have changed at any point since the last observation
+       (or the session began): a content id nothing read before */
+    s->base_cont = s->owner_cont = s->obs_cont = o->g.next_serial++;
     s->obs_count = count;
-    s->obs_cont = s->base_cont;
     s->obs_valid = 1;
+    changed = 1;
   }
   s->cleared = 0;
   if (changed && canon_update(o)) o->ncanon = -1; /* no plan matches until the next flush */
