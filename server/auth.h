@@ -16,6 +16,7 @@
 #include <grpc/grpc_security.h>
 
 #define FBD_TENANT_NAME 64
+#define FBD_DEFAULT_MAX_COMPILES 2 /* a tenant's RegisterKernels at once, unless it says */
 
 /* One tenant of the tenants file. Tenants are never freed while the server
  * runs (a reload updates them in place by name, and marks those no longer
@@ -26,6 +27,8 @@ typedef struct fbd_tenant {
   int admin, removed;
   int max_sessions;         /* 0: only the server's limit */
   uint64_t memory_bytes;    /* sum of its sessions' memory limits; 0: unlimited */
+  atomic_int time_share;    /* its weight in the fair scheduler (sched.c), 1..1000 */
+  atomic_int max_compiles;  /* RegisterKernels running at once; 0: no limit */
   uint8_t (*hashes)[32];    /* SHA-256 of its tokens */
   int nhashes;
   char **subjects;          /* client-certificate subjects ("CN=alice,O=x") */

@@ -563,6 +563,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
+  if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (!rc) rc = fbd_metrics_start(srv, err, errlen);
@@ -657,6 +658,7 @@ int fbd_server_shutdown(fbd_server *srv) {
   }
   fbd_metrics_stop(srv); /* its handler reads the engine */
   fbd_procs_stop(srv);
+  fbd_sched_stop(srv);  /* no session thread is left to enter it */
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
   return 0;
