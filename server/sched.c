@@ -453,7 +453,21 @@ char *fbd_sched_metrics(fbd_server *srv) {
   struct fbd_sched *sc = srv->sched;
   buf b = {0};
   if (!sc) return calloc(1, 1);
+  /* every tenant of the file shows, whether or not it ran anything yet */
+  fbd_auth *a = srv->auth;
+  fbd_tenant **known = NULL;
+  int nknown = 0;
+  if (a && a->enabled) {
+    pthread_mutex_lock(&a->mu);
+    if ((known = calloc((size_t)a->n + 1, sizeof *known))) {
+      nknown = a->n;
+      memcpy(known, a->t, sizeof *known * (size_t)nknown);
+    }
+    pthread_mutex_unlock(&a->mu);
+  }
   pthread_mutex_lock(&sc->mu);
+  for (int i = 0; i < nknown; i++) share_of(sc, known[i]);
+  free(known);
   evaluate(sc, wall());
   int n = sc->n;
   struct fbd_share *v = calloc((size_t)n + 1, sizeof *v), **ptr = calloc((size_t)n + 1, sizeof *ptr);
