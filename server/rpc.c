@@ -458,7 +458,7 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     int rc = claim_socket(addr, err, errlen);
     if (rc) return rc;
     int is_unix = strncmp(addr, "unix:", 5) == 0;
-    grpc_server_credentials *cr = fbd_tls_server_creds(cfg, srv->log, addr, err, errlen);
+    grpc_server_credentials *cr = fbd_tls_server_creds(srv, addr, err, errlen);
     if (!cr) return FB_EINVAL;
     mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
     int port = grpc_server_add_http2_port(srv->server, addr, cr);
@@ -676,6 +676,7 @@ void fbd_server_free(fbd_server *srv) {
   free(srv->sessions);
   free(srv->zombies);
   fbd_auth_free(srv);
+  fbd_tls_free(srv);
   pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);

@@ -239,6 +239,7 @@ struct fbd_server {
   struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
   struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
   struct fbd_sched *sched;  /* the fair scheduler (sched.c) */
+  struct fbd_tls *tls;      /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
