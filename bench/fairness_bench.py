@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import secrets
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import grpc
 
@@ -45,6 +47,9 @@ def parse_args():
                    help="loop iterations of the flood kernel (one launch)")
     p.add_argument("--fair", default="on,off", help="the --fair-share settings to run")
     p.add_argument("--cpu-threads", type=int, default=0, help="fuseboxd --cpu-threads")
+    p.add_argument("--verbose", action="store_true", help="print the scheduler's metrics")
+    p.add_argument("--flood-child", nargs=2, metavar=("ADDRESS", "TOKEN"),
+                   help=argparse.SUPPRESS)  # the flood, in a process of its own
     return p.parse_args()
 
 
@@ -161,6 +166,25 @@ def flood(tenant, kid_q_it, stop, done_launches):
     q.put(None)
 
 
+def flood_child(address, token):
+    """The flood in a process of its own (no GIL shared with the light
+    tenant's timing): runs until stdin closes, then prints its launches."""
+    fl = Tenant(address, token)
+    sessions = [fl.session(heavy(ARGS.heavy_n)) for _ in range(ARGS.flood_sessions)]
+    stop = threading.Event()
+    counts = [[0] for _ in sessions]
+    threads = [threading.Thread(target=flood, args=(fl, s, stop, c))
+               for s, c in zip(sessions, counts)]
+    for t in threads:
+        t.start()
+    print("started", flush=True)
+    sys.stdin.read()
+    stop.set()
+    for t in threads:
+        t.join()
+    print(sum(c[0] for c in counts), flush=True)
+
+
 def run(fair):
     tmp = tempfile.TemporaryDirectory(prefix="fbfair-")
     toks = {"flood": secrets.token_urlsafe(16), "light": secrets.token_urlsafe(16)}
@@ -175,7 +199,7 @@ def run(fair):
                              "--backend", "cpu", "--tenants", path, "--isolation", ARGS.isolation,
                              "--fair-share", fair, "--spare-workers",
                              str(ARGS.flood_sessions + 1), "--cpu-threads",
-                             str(ARGS.cpu_threads), "--log-level", "warn"],
+                             str(ARGS.cpu_threads), "--metrics-listen", "127.0.0.1:0"],
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         health = grpc.insecure_channel(sock).unary_unary(
@@ -193,26 +217,35 @@ def run(fair):
                     raise SystemExit("fuseboxd did not start:\n" + log.read())
                 time.sleep(0.1)
         light = Tenant(sock, toks["light"])
-        fl = Tenant(sock, toks["flood"])
         kid, q, it = light.session(poke())
         round_trips(q, it, kid, 50, 1)  # warm up
         idle = round_trips(q, it, kid, ARGS.rounds, 1000)
-        sessions = [fl.session(heavy(ARGS.heavy_n)) for _ in range(ARGS.flood_sessions)]
-        stop = threading.Event()
-        counts = [[0] for _ in sessions]
-        threads = [threading.Thread(target=flood, args=(fl, s, stop, c))
-                   for s, c in zip(sessions, counts)]
-        for t in threads:
-            t.start()
+        child = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--flood-child", sock,
+                                  toks["flood"]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        assert child.stdout.readline().strip() == "started"
         time.sleep(1.0)  # the flood is under way
-        c0 = sum(c[0] for c in counts)
         t0 = time.perf_counter()
         flooded = round_trips(q, it, kid, ARGS.rounds, 100000)
         secs = time.perf_counter() - t0
-        flood_rate = (sum(c[0] for c in counts) - c0) / secs
-        stop.set()
-        for t in threads:
-            t.join()
+        child.stdin.close()
+        flood_rate = int(child.stdout.readline()) / (secs + 1.0)
+        child.wait(timeout=60)
+        log.flush()
+        log.seek(0)
+        m = re.search(r"metrics on (http://[0-9.:]+)/metrics", log.read())
+        sched = {}
+        if m:
+            with urllib.request.urlopen(m.group(1) + "/metrics", timeout=30) as r:
+                for line in r.read().decode().splitlines():
+                    x = re.match(r'fusebox_tenant_(sched_held_seconds_total|sched_held_jobs_total|'
+                                 r'sched_paused_total|device_seconds_total|'
+                                 r'sync_latency_seconds_sum|sync_latency_seconds_count)'
+                                 r'\{tenant="(\w+)"\} (\S+)', line)
+                    if x:
+                        sched[f"{x.group(2)}.{x.group(1)}"] = float(x.group(3))
+        if ARGS.verbose:
+            print("   ", " ".join(f"{k}={v:.4g}" for k, v in sorted(sched.items())))
         q.put(None)
         for _ in it:
             pass
@@ -225,6 +258,9 @@ def run(fair):
 
 
 def main():
+    if ARGS.flood_child:
+        flood_child(*ARGS.flood_child)
+        return
     print(f"isolation {ARGS.isolation}, {ARGS.flood_sessions} flood sessions x {ARGS.inflight} "
           f"in flight, heavy kernel {ARGS.heavy_n} iterations, {ARGS.rounds} round trips; "
           f"load average {os.getloadavg()[0]:.2f}")

@@ -18,11 +18,12 @@
  *    their next task boundary (both isolation modes), and under process
  *    isolation the worker is also stopped at once with SIGSTOP (sent
  *    through a pidfd, so never to a reused pid) and continued with SIGCONT.
- * A tenant that becomes active again starts at most two slices below m (a
- * light tenant's request runs ahead of a flooding one) and at most one
- * slice above it (time used while nobody else wanted the machine is not
- * held against it for long). With one active tenant nothing is ever held:
- * the scheduler is work-conserving.
+ * A virtual clock follows m (and never goes back). A tenant that becomes
+ * active again starts at most two slices below the clock (so a light
+ * tenant's request runs ahead of a flooding one, which is paused for it)
+ * and at most one slice above it (time used while nobody else wanted the
+ * machine is not held against it for long). With one active tenant
+ * nothing is ever held: the scheduler is work-conserving.
  *
  * Compile concurrency. A tenant has at most max_compiles RegisterKernels
  * running (default 2; 0: no limit); more wait at the gate, in order of
@@ -76,6 +77,7 @@ struct fbd_sched {
   struct fbd_share **v;
   int n, cap;
   fbd_run *running;         /* every job between enter and leave */
+  double vclock;            /* the least virtual time of the active tenants, never going back */
 };
 
 static double wall(void) { return fbd_now(); }
@@ -124,13 +126,11 @@ static double min_vtime(struct fbd_sched *sc, const struct fbd_share *skip, int 
   return m;
 }
 
-/* sh is about to become active: bound how far its past counts. */
+/* sh is about to become active: bound how far its past counts, against
+ * the virtual clock (where the least served active tenant has got to). */
 static void activate(struct fbd_sched *sc, struct fbd_share *sh) {
-  int any;
-  double m = min_vtime(sc, sh, &any);
-  if (!any) return;
-  if (sh->vtime < m - 2 * sc->slice) sh->vtime = m - 2 * sc->slice;
-  if (sh->vtime > m + sc->slice) sh->vtime = m + sc->slice;
+  if (sh->vtime < sc->vclock - 2 * sc->slice) sh->vtime = sc->vclock - 2 * sc->slice;
+  if (sh->vtime > sc->vclock + sc->slice) sh->vtime = sc->vclock + sc->slice;
 }
 
 static int held(struct fbd_sched *sc, const struct fbd_share *sh) {
@@ -175,6 +175,9 @@ static void evaluate(struct fbd_sched *sc, double now) {
     }
     r->last = now;
   }
+  int any;
+  double m = min_vtime(sc, NULL, &any);
+  if (any && m > sc->vclock) sc->vclock = m;
   for (fbd_run *r = sc->running; r; r = r->next) {
     int h = !r->exempt && held(sc, r->sh);
     if (h && !r->paused) pause_run(r, now);
