@@ -294,8 +294,9 @@ def test_flood_does_not_starve_another_tenant(daemons, isolation):
             r = s.next()
             assert r.sync_id == i + 1 and list(r.errors) == []
             want[i * 5 % 256 * 4:(i * 5 % 256 + 1) * 4] = (1000 + i).to_bytes(4, "little")
-        s.close()
+        # read while the stream is open: closing it ends the session
         assert li.read_field(sid, 2) == bytes(want)
+        s.close()
         assert serving(li)
     finally:
         stop.set()
