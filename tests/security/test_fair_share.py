@@ -242,14 +242,17 @@ def test_latency_histograms(daemons):
 
 # ---------------------------------------------------------------- the flood
 
-@pytest.mark.parametrize("isolation", ["process", "thread"])
-def test_flood_does_not_starve_another_tenant(daemons, isolation):
+@pytest.mark.parametrize("isolation,fair", [("process", "on"), ("thread", "on"),
+                                             ("process", "off")])
+def test_flood_does_not_starve_another_tenant(daemons, isolation, fair):
     """Tenant flood keeps two sessions busy with a heavy kernel, several
     batches in flight each; tenant light meanwhile writes, computes, syncs
     and reads its field back: all of it completes with the right bytes, the
     flood's results are right too, and the server stays SERVING. The flood
-    then vanishes mid-stream (and SIGTERM at the end must still exit 0)."""
-    d, cl, _ = two_tenants(daemons, ["--isolation", isolation, "--spare-workers", "3"],
+    then vanishes mid-stream (and SIGTERM at the end must still exit 0).
+    With --fair-share off the same holds, and nobody was held back."""
+    d, cl, _ = two_tenants(daemons, ["--isolation", isolation, "--spare-workers", "3",
+                                     "--fair-share", fair],
                            limits={"light": {"time_share": 2}})
     f, li = cl["flood"], cl["light"]
     floods = []
@@ -307,6 +310,11 @@ def test_flood_does_not_starve_another_tenant(daemons, isolation):
     vals = values(metrics(d))
     assert vals['fusebox_tenant_sync_latency_seconds_count{tenant="light"}'] == 40
     assert vals['fusebox_tenant_device_seconds_total{tenant="flood"}'] > 0
+    assert vals["fusebox_fair_share"] == (fair == "on")
+    if fair == "off":
+        for t in ("flood", "light"):
+            assert vals[f'fusebox_tenant_sched_paused_total{{tenant="{t}"}}'] == 0
+            assert vals[f'fusebox_tenant_sched_held_jobs_total{{tenant="{t}"}}'] == 0
     # the server goes on serving both tenants after the flood vanished
     sid2 = f.new_session(dense_layout(8))
     assert f.read_field(sid2, 2) == bytes(32)
