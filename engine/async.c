@@ -197,6 +197,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   a->nwin = a->capwin = 0;
   a->win_base = s->launch_no;
   if (!j) {
+    a->tainted = 1; /* the caller's thread; the worker is not running this */
     fb_opt_batch_free(a->o, b);
     free(launches);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
@@ -204,6 +205,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   }
   *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, NULL, NULL, 0, NULL};
   if (b && b->n && !(j->pre = known_code(a, b))) {
+    a->tainted = 1;
     free_job(s, j);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
@@ -275,10 +277,41 @@ static void observe_masks(fb_session *s) {
       return; /* out of memory: nothing is kept, which is always right */
 }
 
+/* Some flushed task may not have run (an error skipped the rest of its
+ * launch, the hook cancelled, a batch was dropped): the lists and masks the
+ * optimizer keeps as current may not be. Report a host write of every
+ * sparse container, as if the host had touched every cell, so that nothing
+ * made before is taken as current again (the next observation starts
+ * over). */
+static int forget_masks(fb_session *s) {
+  async_state *a = s->as;
+  if (!s->sparse) return 0;
+  if (fb_opt_pending(a->o)) return -1; /* at the next sync point */
+  for (int i = 1; i < s->layout->nnodes; i++) {
+    fb_snode_kind k = s->layout->nodes[i].kind;
+    if ((k == FB_SN_POINTER || k == FB_SN_BITMASKED || k == FB_SN_DYNAMIC) &&
+        fb_opt_host_write(a->o, i))
+      return -1;
+  }
+  return 0;
+}
+
 int fbe_async_wait_all(fb_session *s) {
+  async_state *a = s->as;
   int rc = async_flush(s, 1);
   fbe_quiesce(s);
-  if (!rc) observe_masks(s);
+  pthread_mutex_lock(&a->mu);
+  int tainted = a->tainted;
+  pthread_mutex_unlock(&a->mu);
+  if (tainted) {
+    if (!forget_masks(s)) {
+      pthread_mutex_lock(&a->mu);
+      a->tainted = 0;
+      pthread_mutex_unlock(&a->mu);
+    }
+  } else if (!rc) {
+    observe_masks(s);
+  }
   return rc;
 }
 

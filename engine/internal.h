@@ -150,6 +150,9 @@ typedef struct async_state {
   pthread_mutex_t mu;      /* guards done and err (shared with the worker) */
   async_job *done;         /* batches the worker finished, to free */
   bg_error err;
+  int tainted;             /* a flushed task may not have run as the
+                              optimizer assumed (an error, a skipped launch,
+                              a dropped batch) since the last sync point */
   /* the launcher's (the worker, or the caller while the worker is idle):
    * task IR it has had compiled, a hint that the code cache holds it, so
    * that it looks the code up itself instead of waking a compile thread */
