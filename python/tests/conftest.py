@@ -66,3 +66,22 @@ def server(fuseboxd):
 def example(name):
     with open(os.path.join(EXAMPLES, name)) as f:
         return f.read()
+
+
+@pytest.fixture
+def make_server(fuseboxd):
+    """make_server(*args, listen=None): a fuseboxd started by the test with
+    those flags (on a unix socket, or listen such as 127.0.0.1:0); each must
+    exit 0 on SIGTERM at the end."""
+    made = []
+
+    def make(*args, listen=None):
+        d = fusebox.client._Daemon(fuseboxd, args, listen=listen)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        if d.proc.poll() is None:
+            err = d.stop()
+            assert d.proc.returncode == 0, f"fuseboxd exited {d.proc.returncode}: {err[-2000:]}"
