@@ -599,11 +599,11 @@ class Session:
         self._pending = []
         self._q.put(m)
 
-    def _next(self, timeout: Optional[float]) -> Any:
+    def _next(self, left: Optional[float], timeout: Optional[float]) -> Any:
         if self._lost is not None:
             raise self._lost
         try:
-            m = self._resp.get(timeout=timeout)
+            m = self._resp.get(timeout=left)
         except queue.Empty:
             raise DeadlineExceededError(
                 "Session", grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -647,7 +647,7 @@ class Session:
         self._send(sync=self._sync_id)
         while True:
             left = None if end is None else max(0.0, end - time.monotonic())
-            r = self._next(left).sync
+            r = self._next(left, timeout).sync
             self._carry.append(r)  # the answers of syncs that timed out count too
             if r.sync_id == self._sync_id:
                 break
