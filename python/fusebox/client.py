@@ -10,17 +10,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import grpc
 
 from fusebox import _proto
 from fusebox._proto import pb
-from fusebox.errors import ConnectionLostError, Error, from_rpc
+from fusebox.errors import Error, from_rpc
 
 #: Largest message either side accepts; field transfers are chunked under it.
 MAX_MESSAGE_BYTES = 4 << 20
@@ -338,7 +337,7 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
     c = Client(address, token=token, tls=tls, daemon=daemon, timeout=timeout)
     try:
         c._call("GetInfo", pb.InfoRequest(), timeout=min(timeout, 30.0))
-    except ConnectionLostError:
-        c.close()
+    except BaseException:
+        c.close()  # and a private server with it
         raise
     return c
