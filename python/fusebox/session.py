@@ -30,6 +30,10 @@ CHUNK_BYTES = 1 << 20
 #: With progress=None, transfers of at least this many bytes show a tqdm
 #: bar (when tqdm is installed).
 PROGRESS_BYTES = 64 << 20
+#: A partial write (``f[key] = v``) of at most this many cells goes as cell
+#: writes (launches of a kernel the package adds); a larger one reads the
+#: field, changes it and writes it back whole, when every cell is active.
+CELL_WRITES = 4096
 
 # ScalarType numbers of the protocol (fb_type) -> (name, NumPy dtype)
 _TYPES = {
@@ -84,6 +88,18 @@ class Counters:
     @classmethod
     def _from_pb(cls, m: Any) -> "Counters":
         return cls(**{f.name: getattr(m, f.name) for f in dc_fields(cls)})
+
+    def since(self, earlier: "Counters") -> "Counters":
+        """What happened between earlier and these counters: each
+        cumulative figure less earlier's (device_bytes and tasks_pending
+        are kept, being levels). The flush figures of async mode (flushes,
+        tasks_fused, listgens_removed, dead_stores_removed,
+        activations_demoted, fuse_refused, fuse_fallbacks, optimizer_s)
+        then describe the flushes in between."""
+        return Counters(**{f.name: getattr(self, f.name) if f.name in ("device_bytes",
+                                                                      "tasks_pending")
+                           else getattr(self, f.name) - getattr(earlier, f.name)
+                           for f in dc_fields(Counters)})
 
 
 @dataclass
@@ -192,6 +208,21 @@ def _value(k: KernelInfo, i: int, x: Any) -> Any:
                 else v
         return pb.Value(type=t, f_bits=struct.unpack("<Q", struct.pack("<d", v))[0])
     raise TypeError(f"{where}: parameter type {t} is not supported")
+
+
+_DTYPE_TO_TYPE = {d: t for t, (_, d) in _TYPES.items()}
+
+
+def _np_value(t: int, x: Any) -> Any:
+    """The wire Value of type t holding x, already of the field's dtype."""
+    x = x.item() if isinstance(x, np.generic) else x
+    if t in (2, 3):
+        return pb.Value(type=t, i=int(x))
+    if t in (4, 5):
+        return pb.Value(type=t, u=int(x))
+    if t in (6, 7):
+        return pb.Value(type=t, f_bits=struct.unpack("<Q", struct.pack("<d", float(x)))[0])
+    return pb.Value(type=t, i=int(bool(x)))
 
 
 def _from_value(v: Any) -> Any:
@@ -426,16 +457,92 @@ class Field:
         values = self.to_numpy(timeout=timeout)[mask]
         return np.argwhere(mask).astype(np.int64, copy=False), values
 
+    def activate(self, indices: Any) -> None:
+        """Make cells active without changing them (``activate`` of the
+        language): indices is one cell's index tuple or an int array of
+        shape (n, index ndim), as :meth:`active` gives. Runs in order with
+        the launches (it is a launch of a kernel the package adds)."""
+        self._s._cells("activate", self.info, self._indices(indices), None)
+
+    def deactivate(self, indices: Any) -> None:
+        """Make cells inactive (``deactivate`` of the language): their
+        values are gone and read 0. indices as for :meth:`activate`. The
+        field must sit directly in a sparse container (bitmasked, pointer
+        or dynamic): otherwise the server refuses (ServerError
+        INVALID_ARGUMENT, naming the SNode)."""
+        self._s._cells("deactivate", self.info, self._indices(indices), None)
+
+    def deactivate_all(self) -> None:
+        """Deactivate every active cell (Taichi's ``deactivate_all``)."""
+        self.deactivate(np.argwhere(self.active_mask()))
+
+    def _indices(self, indices: Any) -> np.ndarray:
+        info = self.info
+        nd = len(info.index_shape)
+        if nd == 0:
+            raise ValueError(f"field '{info.name}' is 0-D: it has no cells to (de)activate")
+        a = np.asarray(indices)
+        if a.dtype.kind not in "iu" and a.size:
+            raise TypeError(f"field '{info.name}': cell indices must be integers, not {a.dtype}")
+        if a.ndim == 1 and a.shape[0] == nd:
+            a = a[None, :]
+        if a.ndim != 2 or a.shape[1] != nd:
+            raise ValueError(f"field '{info.name}' has {nd} indices: give one cell's {nd} "
+                             f"indices or an array of shape (n, {nd}), not {a.shape}")
+        a = a.astype(np.int64, copy=False)
+        bad = np.nonzero(((a < 0) | (a >= np.array(info.index_shape))).any(axis=1))[0]
+        if len(bad):
+            raise IndexError(f"field '{info.name}': index {tuple(a[bad[0]].tolist())} is out of "
+                             f"bounds of shape {info.index_shape}")
+        return a
+
     def __getitem__(self, key: Any) -> Any:
         return self.to_numpy()[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """``f[:] = a`` writes the whole field; ``f[key] = v`` writes the
+        cells key selects (NumPy indexing on the index dimensions) and
+        activates only those; see :data:`CELL_WRITES`."""
+        info = self.info
         if isinstance(key, slice) and key == slice(None) or key is Ellipsis:
             self.from_numpy(value)
             return
-        a = self.to_numpy()  # a partial write: read, modify, write back
+        arr = np.asarray(value)
+        self._check_dtype(arr)
+        nd = len(info.index_shape)
+        k = key if isinstance(key, tuple) else (key,)
+        if len(k) == nd and all(isinstance(x, (int, np.integer)) for x in k):
+            idx = np.array([[int(x) + (info.index_shape[d] if x < 0 else 0)
+                             for d, x in enumerate(k)]], dtype=np.int64)
+            self._s._cells("set", info, self._indices(idx) if nd else idx,
+                           self._values(arr, (1,)))
+            return
+        try:  # which cells key selects (an IndexError: it reaches into elements)
+            sel = np.asarray(np.arange(int(np.prod(info.index_shape)),
+                                       dtype=np.int64).reshape(info.index_shape)[key])
+        except IndexError:
+            sel = None
+        if sel is not None and (sel.size <= CELL_WRITES or not self.active_mask().all()):
+            lin = sel.reshape(-1)
+            idx = (np.stack(np.unravel_index(lin, info.index_shape), axis=-1) if nd
+                   else np.zeros((len(lin), 0), dtype=np.int64))
+            self._s._cells("set", info, idx, self._values(arr, sel.shape))
+            return
+        a = self.to_numpy()  # read, change, write back: every cell is active already
         a[key] = value
         self.from_numpy(a)
+
+    def _values(self, arr: np.ndarray, sel_shape: Tuple[int, ...]) -> np.ndarray:
+        """arr broadcast to the selected cells, as (n, components)."""
+        info = self.info
+        want = tuple(sel_shape) + info.element_shape
+        try:
+            v = np.broadcast_to(arr.astype(info.dtype), want)
+        except ValueError:
+            raise ValueError(f"field '{info.name}': a value of shape {arr.shape} does not fit "
+                             f"the {int(np.prod(sel_shape))} selected cells of shape {want}"
+                             ) from None
+        return v.reshape(int(np.prod(sel_shape)), len(info.places))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.to_numpy()
@@ -557,6 +664,50 @@ class Session:
         if key not in self._ids:
             self._register([key])
         return self._ids[key]
+
+    def _helper(self, kind: str, f: FieldInfo) -> int:
+        """The id of a kernel the package adds to the program to set,
+        activate or deactivate one cell of f (registered once, from the
+        session's source with the kernel appended: the layout is the same)."""
+        key = ("\0" + kind, (f.name,))
+        if key in self._ids:
+            return self._ids[key]
+        nd = len(f.index_shape)
+        params = [f"i{d}: i32" for d in range(nd)]
+        at = f"{f.name}[{', '.join(f'i{d}' for d in range(nd))}]"
+        if kind == "set":
+            t = type_name_of(f.dtype)
+            vs = [f"v{c}" for c in range(len(f.places))]
+            params += [f"{v}: {t}" for v in vs]
+            val = (vs[0] if not f.element_shape else
+                   t + "".join(f"[{e}]" for e in f.element_shape) + f"({', '.join(vs)})")
+            body = f"{at} = {val}"
+        else:
+            body = f"{kind}({f.name}, {', '.join(f'i{d}' for d in range(nd))})"
+        name = f"__fbpy_{kind}_{f.name}"
+        src = pb.Source(text=self._src.text + f"\nkernel {name}({', '.join(params)}) {{ {body} }}\n",
+                        filename=self._src.filename, params=self._src.params)
+        req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
+                                        instances=[pb.KernelInstance(kernel=name)])
+        kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+        self._ids[key] = kid
+        self._names[kid] = f"{kind} of field '{f.name}'"
+        return kid
+
+    def _cells(self, kind: str, f: FieldInfo, idx: np.ndarray,
+               values: Optional[np.ndarray]) -> None:
+        """One launch of the helper per cell, queued like any launch."""
+        self._check_open()
+        kid = self._helper(kind, f)
+        t = _DTYPE_TO_TYPE[f.dtype]
+        for r in range(len(idx)):
+            args = [pb.Value(type=2, i=int(x)) for x in idx[r]]
+            if values is not None:
+                args += [_np_value(t, x) for x in values[r]]
+            self._pending.append(pb.Launch(kernel=kid, args=args))
+            if len(self._pending) >= self._batch:
+                self._send()
+        self._unsynced = True
 
     def _check_open(self) -> None:
         if self.closed:

@@ -48,6 +48,9 @@ def fb(fuseboxd):
     c = fusebox.connect()
     d = c._daemon
     yield c
+    d.log.flush()
+    d.log.seek(0)
+    print("fuseboxd log:\n" + d.log.read().decode(errors="replace")[-20000:])  # shown on failure
     c.close()
     assert d.proc.returncode == 0, f"fuseboxd exited {d.proc.returncode}"
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import fusebox
+from fusebox._proto import pb
 
 # each launch runs a serial loop of n steps; thousands of them outlast any
 # short timeout on any machine, and cancel() makes the test end at once
@@ -65,15 +66,22 @@ def test_session_default_timeout_and_return_values(fb):
 
 
 def test_call_timeouts(fb):
-    # a deadline that has passed before the call is made: DEADLINE_EXCEEDED
-    with pytest.raises(fusebox.DeadlineExceededError) as e:
-        fb.info(timeout=1e-9)
-    assert e.value.status == grpc.StatusCode.DEADLINE_EXCEEDED and e.value.method == "GetInfo"
     with fb.session(SPIN) as s:
-        with pytest.raises(fusebox.DeadlineExceededError) as e:
-            s.fields.x.to_numpy(timeout=1e-9)
-        assert e.value.method == "ReadField"
+        for _ in range(LAUNCHES):
+            s.kernels.spin(200000)
         with pytest.raises(fusebox.DeadlineExceededError):
-            s.fields.x.from_numpy(np.float64(1.0), timeout=1e-9)
+            s.sync(timeout=0.05)
+        # a call the server queues behind those launches: its deadline passes
+        req = pb.RegisterKernelsRequest(session_id=s.id, source=s._src)
+        with pytest.raises(fusebox.DeadlineExceededError) as e:
+            fb._call("RegisterKernels", req, timeout=0.05)
+        assert e.value.status == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert e.value.method == "RegisterKernels" and "DEADLINE_EXCEEDED" in str(e.value)
+        with pytest.raises(fusebox.DeadlineExceededError):
+            s.fields.x.to_numpy(timeout=0.05)  # its sync first, under the same timeout
         assert s.cancel() >= 0
+        with pytest.raises(fusebox.LaunchError):
+            s.sync()
+        s.fields.x.from_numpy(np.float64(1.0), timeout=30)
+        assert s.fields.x.to_numpy(timeout=30) == 1.0
         assert fb.info(timeout=30).version

@@ -18,6 +18,7 @@ SPARSE = """
 layout {
   pointer(ij: 4, 4) as blocks { bitmasked(ij: 4, 4) { place rho: f32, vel: f64[2] } }
   dense(i: 5) { place plain: i32 }
+  place t: f32
 }
 kernel put(i: i32, j: i32, v: f32) { rho[i, j] = v }
 kernel putv(i: i32, j: i32) { vel[i, j] = [f64(i), f64(j)] }
@@ -173,3 +174,64 @@ def test_active_protocol_refusals(fb):
                                 timeout=30))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     fb._call("CloseSession", pb.CloseSessionRequest(session_id=sid))
+
+
+def test_sparse_cell_writes(fb):
+    with fb.session(SPARSE, mode="async") as s:
+        rho, vel, plain = s.fields.rho, s.fields.vel, s.fields.plain
+        rho[2, 3] = 4.5                       # one cell: only it becomes active
+        rho[-1, -2] = np.float32(1.0)         # negative indices count from the end
+        assert rho.active()[0].tolist() == [[2, 3], [15, 14]]
+        assert rho.active()[1].tolist() == [4.5, 1.0]
+        rho[0, 4:7] = [1, 2, 3]               # a slice: those three cells
+        assert rho.active_mask()[0].tolist() == [False] * 4 + [True] * 3 + [False] * 9
+        vel[1, 1] = [0.5, -0.5]               # a vector cell
+        assert vel.to_numpy()[1, 1].tolist() == [0.5, -0.5]
+        assert rho.active_mask().sum() == 6
+        rho.activate((9, 9))
+        rho.activate(np.array([[10, 10], [11, 11]]))
+        assert rho.active_mask().sum() == 9 and rho[9, 9] == 0.0
+        rho.deactivate([[2, 3], [9, 9]])
+        idx, _ = rho.active()
+        assert [2, 3] not in idx.tolist() and len(idx) == 7 and rho[2, 3] == 0.0
+        rho.deactivate_all()
+        assert rho.active()[0].shape == (0, 2)
+        # a dense field takes cell writes too; deactivate is refused by the server
+        plain[1] = 7
+        plain[[0, 4]] = -1
+        assert plain.to_numpy().tolist() == [-1, 7, 0, 0, -1]
+        with pytest.raises(fusebox.ServerError, match="deactivate needs a sparse SNode") as e:
+            plain.deactivate((0,))
+        assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT
+        # bad cells and values, refused before anything is sent
+        with pytest.raises(IndexError, match=r"index \(16, 0\) is out of bounds of shape "
+                                             r"\(16, 16\)"):
+            rho.activate((16, 0))
+        with pytest.raises(IndexError, match="out of bounds"):
+            rho[16, 0] = 1.0
+        with pytest.raises(ValueError, match="has 2 indices"):
+            rho.activate((1, 2, 3))
+        with pytest.raises(TypeError, match="must be integers"):
+            rho.deactivate([[0.5, 1.0]])
+        with pytest.raises(TypeError, match="holds i32"):
+            plain[0] = 1.5
+        with pytest.raises(ValueError, match="does not fit the 3 selected cells"):
+            rho[0, 0:3] = [1.0, 2.0]
+        with pytest.raises(ValueError, match="field 't' is 0-D"):
+            s.fields.t.activate(())
+        s.fields.t[()] = 2.5                  # a 0-D field: one cell, always active
+        assert s.fields.t.to_numpy() == 2.5 and s.fields.t.active()[0].shape == (1, 0)
+        r = s.sync()
+        assert r.counters.launches > 10  # the cell writes are launches
+
+
+def test_large_partial_write(fb, monkeypatch):
+    monkeypatch.setattr(fusebox.session, "CELL_WRITES", 4)
+    with fb.session(SPARSE) as s:
+        s.fields.plain[1:] = 5               # dense, over CELL_WRITES: read, change, write
+        assert s.fields.plain.to_numpy().tolist() == [0, 5, 5, 5, 5]
+        s.fields.rho[3, :] = 2.0             # sparse, not all active: cell writes still
+        m = s.fields.rho.active_mask()
+        assert m.sum() == 16 and m[3].all()
+        s.fields.vel[2, 2, 1] = 9.0          # into an element: the whole field
+        assert s.fields.vel.to_numpy()[2, 2].tolist() == [0.0, 9.0]
