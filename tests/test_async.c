@@ -17,7 +17,7 @@
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
-#include "server/engine_test.h"
+#include "engine/engine_test.h"
 #include "support.h"
 
 static fb_engine *eng;

@@ -1,4 +1,4 @@
-/* Test hooks of the engine (server/engine.c), for tests only: nothing in
+/* Test hooks of the engine (engine/), for tests only: nothing in
  * fuseboxd or the CLI calls them, and the header is not installed. */
 #ifndef FB_ENGINE_TEST_H
 #define FB_ENGINE_TEST_H

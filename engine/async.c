@@ -1,0 +1,287 @@
+/* The async caller's side: the launch window, flushes (optimize on the
+ * caller's thread, hand the batch to the worker), the caller's code map, and
+ * the sync points (fb_flush, fb_sync, return values). */
+#include "engine/internal.h"
+
+/* ---------------------------------------------------------------- async: the caller's side */
+
+/* ---- the caller's code map (task IR handle -> code) */
+
+#define CMAP_MAX 4096 /* entries; past it the map starts over */
+
+static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) {
+  if (!a->capcmap) return NULL;
+  for (int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));;
+       i = (i + 1) & (a->capcmap - 1)) {
+    if (a->cmap[i].h == h) return &a->cmap[i].code;
+    if (a->cmap[i].h == FB_IRH_NONE) return NULL;
+  }
+}
+
+/* Forget every entry, giving the references back. */
+void fbe_cmap_clear(async_state *a) {
+  for (int i = 0; i < a->capcmap; i++)
+    if (a->cmap[i].h != FB_IRH_NONE) fb_opt_release(a->o, a->cmap[i].h);
+  free(a->cmap);
+  a->cmap = NULL;
+  a->ncmap = a->capcmap = 0;
+}
+
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code);
+
+static int cmap_grow(async_state *a) {
+  if (a->capcmap >= 2 * CMAP_MAX) fbe_cmap_clear(a);
+  int old = a->capcmap, cap = old ? old * 2 : 256;
+  code_ent *prev = a->cmap, *v = malloc(sizeof *v * (size_t)cap);
+  if (!v) return 0;
+  for (int i = 0; i < cap; i++) v[i].h = FB_IRH_NONE;
+  a->cmap = v;
+  a->capcmap = cap;
+  a->ncmap = 0;
+  for (int i = 0; i < old; i++) /* the new entry takes a reference: drop the old one */
+    if (prev[i].h != FB_IRH_NONE) {
+      cmap_put(a, prev[i].h, &prev[i].code);
+      fb_opt_release(a->o, prev[i].h);
+    }
+  free(prev);
+  return 1;
+}
+
+/* Remember the code of h (taking a reference of the map's own). */
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
+  if (cmap_get(a, h)) return;
+  if ((a->ncmap + 1) * 2 > a->capcmap && !cmap_grow(a)) return;
+  int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));
+  while (a->cmap[i].h != FB_IRH_NONE) i = (i + 1) & (a->capcmap - 1);
+  fb_opt_retain(a->o, h);
+  a->cmap[i].h = h;
+  a->cmap[i].code = *code;
+  a->ncmap++;
+}
+
+/* The code of each entry, where the map has it. */
+static fb_rt_task *known_code(async_state *a, const fb_opt_batch *b) {
+  fb_rt_task *pre = calloc((size_t)(b && b->n ? b->n : 1), sizeof *pre);
+  for (int i = 0; pre && b && i < b->n; i++) {
+    const fb_rt_task *c = cmap_get(a, b->v[i].ir);
+    if (c) pre[i] = *c;
+  }
+  return pre;
+}
+
+/* A finished batch: learn its new code, then free it. */
+static void free_job(fb_session *s, async_job *j) {
+  async_state *a = s->as;
+  for (int i = 0; j->which && i < j->b->n; i++) {
+    const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
+    if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
+  }
+  fb_opt_batch_free(a->o, j->b);
+  free(j->launches);
+  free(j->pre);
+  free(j->cj);
+  free(j->which);
+  free(j);
+}
+
+/* Free the batches the worker finished (fb_opt is this thread's). */
+void fbe_reap(fb_session *s) {
+  async_state *a = s->as;
+  pthread_mutex_lock(&a->mu);
+  async_job *d = a->done;
+  a->done = NULL;
+  pthread_mutex_unlock(&a->mu);
+  while (d) {
+    async_job *n = d->done_next;
+    free_job(s, d);
+    d = n;
+  }
+}
+
+/* Wait until the worker has run everything handed to it. */
+void fbe_quiesce(fb_session *s) {
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_ordq_drain(s->as->q);
+  fbe_reap(s);
+  pthread_mutex_lock(&s->cmu);
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  pthread_mutex_unlock(&s->cmu);
+  if (s->trace) fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for the device", t0,
+                              fb_trace_clock(), NULL);
+}
+
+static int win_push(async_state *a, int kernel, const char *name) {
+  if (a->nwin == a->capwin) {
+    int nc = a->capwin ? a->capwin * 2 : 64;
+    launch_rec *v = realloc(a->win, sizeof *v * (size_t)nc);
+    if (!v) return FB_ENOMEM;
+    a->win = v;
+    a->capwin = nc;
+  }
+  a->win[a->nwin++] = (launch_rec){kernel, name};
+  return 0;
+}
+
+static void graph_cb(void *user, int iteration, const char *pass, const char *when,
+                     const char *dot) {
+  fb_session *s = user;
+  s->as->gfn(s->as->guser, s->as->gcur, iteration, pass, when, dot);
+}
+
+/* Optimize the window of flush `no` with the SFG trace on. */
+static int traced_optimize(fb_session *s, uint64_t no) {
+  async_state *a = s->as;
+  char *dot = fb_opt_dot(a->o, "window");
+  if (dot) a->gfn(a->guser, no, -1, "window", "before", dot);
+  free(dot);
+  a->gcur = no;
+  fb_opt_set_trace(a->o, graph_cb, s);
+  int rc = fb_opt_optimize(a->o);
+  fb_opt_set_trace(a->o, NULL, NULL);
+  if (rc) return rc;
+  dot = fb_opt_dot(a->o, "optimized");
+  if (dot) a->gfn(a->guser, no, -1, "window", "after", dot);
+  free(dot);
+  return 0;
+}
+
+/* The optimizer failed: hand the window out as it is (results stay right)
+ * and report the failure at the next sync point. */
+static int flush_plain(fb_session *s, uint64_t no, fb_opt_batch **b) {
+  async_state *a = s->as;
+  char why[512];
+  snprintf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
+  fb_opt_options saved = *fb_opt_get_options(a->o), plain = saved;
+  plain.passes = 0;
+  plain.check = 0;
+  fb_opt_set_options(a->o, &plain);
+  int rc = fb_opt_flush(a->o, b);
+  fb_opt_set_options(a->o, &saved);
+  if (rc)
+    return fail(s, rc, "flush %llu: the optimizer failed (%s), and again without passes: %s",
+                (unsigned long long)no, why, fb_opt_errmsg(a->o));
+  fbe_bg_record(s, FB_EINTERNAL, NO_LAUNCH, -1, "flush %llu: the optimizer failed (%s); its tasks "
+            "ran unoptimized", (unsigned long long)no, why);
+  return 0;
+}
+
+static void note_flush(fb_session *s, uint64_t no, double t0) {
+  const fb_opt_counters *f = &fb_opt_get_stats(s->as->o)->flush;
+  fb_flush_stats *l = &s->as->last;
+  l->flush = no;
+  l->tasks_in = f->tasks_in;
+  l->tasks_out = f->tasks_out;
+  l->listgens_removed = f->listgen_removed;
+  l->tasks_fused = f->tasks_fused;
+  l->dead_stores_removed = f->dead_stores + f->tasks_deleted;
+  l->activations_demoted = f->demoted;
+  l->optimizer_s = f->optimizer_s;
+  if (!s->trace) return;
+  char name[64], args[128];
+  snprintf(name, sizeof name, "flush %llu", (unsigned long long)no);
+  snprintf(args, sizeof args, "{\"tasks_in\":%llu,\"tasks_out\":%llu}",
+           (unsigned long long)l->tasks_in, (unsigned long long)l->tasks_out);
+  fb_trace_span(s->trace, FB_TRACK_CLIENT, "optimizer", name, t0, fb_trace_clock(), args);
+}
+
+/* Give the batch and the window's launches to the worker; or, when the
+ * caller is going to wait for it anyway and the worker is idle, run it on
+ * the caller's thread (two thread switches fewer). */
+static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
+  async_state *a = s->as;
+  async_job *j = calloc(1, sizeof *j);
+  launch_rec *launches = a->win;
+  int n = a->nwin;
+  uint64_t base = a->win_base;
+  a->win = NULL;
+  a->nwin = a->capwin = 0;
+  a->win_base = s->launch_no;
+  if (!j) {
+    fb_opt_batch_free(a->o, b);
+    free(launches);
+    return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
+                (unsigned long long)no);
+  }
+  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, NULL, NULL, 0, NULL};
+  if (b && b->n && !(j->pre = known_code(a, b))) {
+    free_job(s, j);
+    return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
+                (unsigned long long)no);
+  }
+  if (b && b->n && run_here && fb_ordq_idle(a->q)) fbe_run_batch(s, j);
+  else if (b && b->n) {
+    fb_ordq_push(a->q, &j->link);
+    return 0;
+  }
+  free_job(s, j);
+  return 0;
+}
+
+/* Optimize what is pending and hand it out; does not wait, unless run_here
+ * lets it run the batch itself (see hand_out). */
+static int async_flush(fb_session *s, int run_here) {
+  async_state *a = s->as;
+  fbe_reap(s);
+  if (!fb_opt_pending(a->o)) return 0;
+  uint64_t no = a->flushes + 1;
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_opt_batch *b = NULL;
+  int rc = a->gfn && (!a->gflush || a->gflush == no) ? traced_optimize(s, no) : 0;
+  if (!rc) rc = fb_opt_flush(a->o, &b);
+  if (rc && (rc = flush_plain(s, no, &b))) return rc;
+  a->flushes = no;
+  note_flush(s, no, t0);
+  return hand_out(s, b, no, run_here);
+}
+
+int fbe_async_wait_all(fb_session *s) {
+  int rc = async_flush(s, 1);
+  fbe_quiesce(s);
+  return rc;
+}
+
+static int async_return(fb_session *s, const sess_kernel *sk, fb_value *ret) {
+  int rc = fbe_async_wait_all(s);
+  if (ret) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
+  return rc ? rc : fbe_report_bg(s);
+}
+
+/* Insert the kernel's tasks into the SFG; flush when a trigger says so. */
+int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret) {
+  async_state *a = s->as;
+  fbe_reap(s);
+  if (win_push(a, kernel, sk->k->name))
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  int rc = 0;
+  for (int t = 0; t < sk->tl.n && !rc; t++) {
+    fb_opt_task ot = {sk->h[t], s->args ? s->args : no_args, sk->k->nparams, s->launch_no};
+    if ((rc = fb_opt_insert(a->o, &ot)))
+      fail(s, rc, "kernel '%s': queuing task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+           fb_opt_errmsg(a->o));
+  }
+  s->launch_no++;
+  pthread_mutex_lock(&s->cmu);
+  s->c.launches++;
+  pthread_mutex_unlock(&s->cmu);
+  if (rc) return rc;
+  if (sk->k->ret != FB_T_VOID) return async_return(s, sk, ret);
+  if (ret) memset(ret, 0, sizeof *ret);
+  int pending = fb_opt_pending(a->o);
+  if ((a->flush_every && pending >= a->flush_every) || pending >= FB_MAX_PENDING_TASKS)
+    return async_flush(s, 0);
+  return 0;
+}
+
+int fb_flush(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  if (!s->as) return 0; /* sync mode: nothing pending */
+  int rc = async_flush(s, 0);
+  return rc ? rc : fbe_report_bg(s);
+}
+
+int fb_sync(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  if (!s->as) return 0;
+  int rc = fbe_async_wait_all(s);
+  return rc ? rc : fbe_report_bg(s);
+}

@@ -1,0 +1,331 @@
+/* Host access to fields: whole-field reads and writes (dense copies walk
+ * rows; sparse fields go through the sparse runtime) and single cells. Every
+ * host access is a sync point of an async session. */
+#include "engine/internal.h"
+
+/* ---------------------------------------------------------------- host access
+ * A dense field's element address is separable by axis:
+ *   offset(idx) = base + sum_d g_d(idx[d]),
+ *   g_d(x) = sum over the containers t splitting that axis of
+ *            ((x / t.stride) % t.size) * t.mul
+ * (see fb_layout_dense_offset), so whole-field copies walk rows and only
+ * the last dimension is stepped per element (a plain memcpy when its rows
+ * are contiguous). */
+
+typedef struct axis_term {
+  int64_t stride, size;
+  uint64_t mul;
+} axis_term;
+
+typedef struct field_plan {
+  const fb_snode *f;
+  size_t esz;
+  int ndim;
+  int64_t shape[FB_MAX_AXES]; /* per index, in axis order */
+  int64_t numel;
+  uint64_t base;
+  int nterm[FB_MAX_AXES];
+  axis_term term[FB_MAX_AXES][MAX_PATH];
+} field_plan;
+
+static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool);
+
+static int check_field(fb_session *s, int field, const char *what) {
+  const fb_layout *l = s->layout;
+  if (field < 0 || field >= l->nnodes)
+    return fail(s, FB_ENOENT, "%s: no field with id %d (the layout has %d SNodes)", what, field,
+                l->nnodes);
+  const fb_snode *f = &l->nodes[field];
+  if (f->kind != FB_SN_PLACE)
+    return fail(s, FB_EINVAL, "%s: SNode %d (%s%s%s) is not a field", what, field,
+                fb_snode_kind_name(f->kind), f->name ? " " : "", f->name ? f->name : "");
+  return 0;
+}
+
+/* Does the field lie under a sparse container? */
+static int field_is_sparse(const fb_session *s, int field) {
+  return s->sparse && fb_cg_sparse_leaf(s->layout, s->layout->nodes[field].parent) != 0;
+}
+
+/* Host side of an out-of-memory while activating: FB_EQUOTA naming the SNode. */
+static int host_oom(fb_session *s, const char *what) {
+  char oom[512];
+  if (!fbe_oom_message(s, oom, sizeof oom)) snprintf(oom, sizeof oom, "out of device memory");
+  return fail(s, FB_EQUOTA, "%s: %s", what, oom);
+}
+
+/* Element by element through the sparse runtime: reads of inactive cells
+ * give 0, writes activate (every element of the field). */
+static int sparse_io(fb_session *s, const fb_snode *f, uint8_t *host, int write, const char *what) {
+  size_t esz = fb_type_size(f->type);
+  int64_t numel = fb_field_numel(s->layout, f->id), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  fb_sparse_begin(s->sparse);
+  for (int64_t e = 0; e < numel; e++) {
+    uint8_t *h = host + (size_t)e * esz;
+    uint8_t *d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
+    if (write && !d) return host_oom(s, what);
+    if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
+    else if (d) copy_elem(h, d, esz, 0);
+    else memset(h, 0, esz);
+    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
+      if (++idx[k] < f->shape[f->dim_axis[k]]) break;
+      idx[k] = 0;
+    }
+  }
+  return 0;
+}
+
+static int dim_of_axis(const fb_snode *f, int axis) {
+  for (int d = 0; d < f->ndim; d++)
+    if (f->dim_axis[d] == axis) return d;
+  return -1;
+}
+
+/* The terms container s adds to each dimension it splits. */
+static void plan_node(field_plan *p, const fb_layout *l, const fb_snode *s) {
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    if (!(s->axes & (1u << a))) continue;
+    int d = dim_of_axis(p->f, a);
+    if (d < 0 || p->nterm[d] >= MAX_PATH) continue;
+    uint64_t mul = s->cell_bytes;
+    for (int b = a + 1; b < FB_MAX_AXES; b++)
+      if (s->axes & (1u << b)) mul *= (uint64_t)s->size[b];
+    axis_term *t = &p->term[d][p->nterm[d]++];
+    t->stride = fb_layout_stride(l, s->id, p->f->id, a);
+    t->size = s->size[a];
+    t->mul = mul;
+  }
+}
+
+static void plan_field(field_plan *p, const fb_layout *l, int field) {
+  memset(p, 0, sizeof *p);
+  p->f = &l->nodes[field];
+  p->esz = fb_type_size(p->f->type);
+  p->ndim = p->f->ndim;
+  p->numel = 1;
+  for (int d = 0; d < p->ndim; d++) {
+    p->shape[d] = p->f->shape[p->f->dim_axis[d]];
+    p->numel *= p->shape[d];
+  }
+  int path[MAX_PATH];
+  int n = fb_layout_path(l, field, path, MAX_PATH);
+  p->base = p->f->offset;
+  for (int i = 0; i < n; i++) {
+    const fb_snode *s = &l->nodes[path[i]];
+    p->base += s->offset;
+    plan_node(p, l, s);
+  }
+}
+
+static uint64_t axis_offset(const field_plan *p, int d, int64_t x) {
+  uint64_t off = 0;
+  for (int t = 0; t < p->nterm[d]; t++) {
+    const axis_term *at = &p->term[d][t];
+    off += (uint64_t)((x / at->stride) % at->size) * at->mul;
+  }
+  return off;
+}
+
+static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool) {
+  switch (esz) {
+  case 1: *dst = to_bool ? *src != 0 : *src; break;
+  case 4: memcpy(dst, src, 4); break;
+  case 8: memcpy(dst, src, 8); break;
+  default: memcpy(dst, src, esz); break;
+  }
+}
+
+/* One row of the last dimension between device (dev) and host. */
+static void copy_row(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t len, int write) {
+  int last = p->ndim - 1;
+  size_t esz = p->esz;
+  int to_bool = write && p->f->type == FB_T_BOOL;
+  if (p->nterm[last] == 1 && p->term[last][0].mul == esz && !to_bool) {
+    if (write) memcpy(dev, host, (size_t)len * esz);
+    else memcpy(host, dev, (size_t)len * esz);
+    return;
+  }
+  int affine = p->nterm[last] == 1;
+  uint64_t step = affine ? p->term[last][0].mul : 0;
+  for (int64_t x = 0; x < len; x++) {
+    uint8_t *d = dev + (affine ? (uint64_t)x * step : axis_offset(p, last, x));
+    if (write) copy_elem(d, host + (size_t)x * esz, esz, to_bool);
+    else copy_elem(host + (size_t)x * esz, d, esz, 0);
+  }
+}
+
+static void copy_field(const field_plan *p, uint8_t *root, uint8_t *host, int write) {
+  if (p->ndim == 0) {
+    if (write) copy_elem(root + p->base, host, p->esz, p->f->type == FB_T_BOOL);
+    else copy_elem(host, root + p->base, p->esz, 0);
+    return;
+  }
+  int last = p->ndim - 1;
+  int64_t len = p->shape[last], rows = p->numel / len;
+  int64_t idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  for (int64_t r = 0; r < rows; r++) {
+    uint64_t off = p->base;
+    for (int d = 0; d < last; d++) off += axis_offset(p, d, idx[d]);
+    copy_row(p, root + off, host + (size_t)(r * len) * p->esz, len, write);
+    for (int d = last - 1; d >= 0; d--) { /* odometer over the outer dims */
+      if (++idx[d] < p->shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write) {
+  const char *what = write ? "field write" : "field read";
+  if (!s) return FB_EINVAL;
+  int rc = check_field(s, field, what);
+  if (rc) return rc;
+  field_plan *p = malloc(sizeof *p);
+  if (!p) return fail(s, FB_ENOMEM, "%s: out of memory", what);
+  plan_field(p, s->layout, field);
+  uint64_t want = (uint64_t)p->numel * p->esz;
+  if (bytes != want || !buf) {
+    rc = fail(s, FB_EINVAL, "%s: field '%s' holds %lld elements of %s (%llu bytes); %zu bytes "
+              "given%s", what, p->f->name, (long long)p->numel, fb_type_name(p->f->type),
+              (unsigned long long)want, bytes, buf ? "" : " with no buffer");
+  } else if (field_is_sparse(s, field)) {
+    rc = sparse_io(s, p->f, buf, write, what);
+  } else {
+    copy_field(p, s->mem.root, buf, write);
+  }
+  free(p);
+  return rc;
+}
+
+/* Async: host access waits for everything launched before it. */
+static int host_begin(fb_session *s) {
+  int rc = s ? fbe_gpu_dead(s) : 0;
+  return rc ? rc : s && s->as ? fbe_async_wait_all(s) : 0;
+}
+
+/* Async: a write gives the states it touched a new version in the SFG (a
+ * write below sparse containers also activates); then the access reports
+ * the errors of background launches, unless it failed itself. */
+static int host_end(fb_session *s, int field, int write, int rc) {
+  if (!s || !s->as) return rc;
+  const fb_layout *l = s->layout;
+  if (write && field > 0 && field < l->nnodes && l->nodes[field].kind == FB_SN_PLACE) {
+    if (fb_opt_host_write(s->as->o, field) && !rc)
+      rc = fail(s, FB_EINTERNAL, "host write of field '%s': the optimizer refused it: %s",
+                l->nodes[field].name, fb_opt_errmsg(s->as->o));
+    pthread_mutex_lock(&s->cmu);
+    s->dev_bytes = fb_devmem_used(&s->mem);
+    pthread_mutex_unlock(&s->cmu);
+  }
+  return rc ? rc : fbe_report_bg(s);
+}
+
+int fb_field_read(fb_session *s, int field, void *dst, size_t bytes) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, field_io(s, field, dst, bytes, 0));
+}
+
+int fb_field_write(fb_session *s, int field, const void *src, size_t bytes) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 1, field_io(s, field, (void *)src, bytes, 1));
+}
+
+/* One byte per element, 1 where the cell is active: sparse fields walk
+ * the sparse runtime without activating anything; a dense field is all
+ * active. */
+static int field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
+  if (!s) return FB_EINVAL;
+  int rc = check_field(s, field, "field activity");
+  if (rc) return rc;
+  const fb_snode *f = &s->layout->nodes[field];
+  int64_t numel = fb_field_numel(s->layout, field), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  if (!mask || n != (uint64_t)numel)
+    return fail(s, FB_EINVAL, "field activity: field '%s' holds %lld elements; %zu bytes given",
+                f->name, (long long)numel, n);
+  if (!field_is_sparse(s, field)) {
+    memset(mask, 1, n);
+    return 0;
+  }
+  fb_sparse_begin(s->sparse);
+  for (int64_t e = 0; e < numel; e++) {
+    mask[e] = fb_sparse_elem(s->sparse, s->mem.root, field, idx, 0) != NULL;
+    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
+      if (++idx[k] < f->shape[f->dim_axis[k]]) break;
+      idx[k] = 0;
+    }
+  }
+  return 0;
+}
+
+int fb_field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, field_active(s, field, mask, n));
+}
+
+/* Validate one element's index; returns its address through *addr (NULL:
+ * an inactive cell when reading). Writing activates the cell. */
+static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, const char *what,
+                     const fb_value *v, uint8_t **addr) {
+  int rc = check_field(s, field, what);
+  if (rc) return rc;
+  const fb_snode *f = &s->layout->nodes[field];
+  if (nidx != f->ndim || (nidx > 0 && !idx))
+    return fail(s, FB_EINVAL, "%s: field '%s' takes %d indices, %d given", what, f->name,
+                f->ndim, nidx);
+  for (int d = 0; d < nidx; d++) {
+    if (idx[d] >= 0 && idx[d] < f->shape[f->dim_axis[d]]) continue;
+    char ix[128] = "", sh[128] = "";
+    for (int e = 0; e < nidx; e++) {
+      size_t a = strlen(ix), b = strlen(sh);
+      snprintf(ix + a, sizeof ix - a, "%s%lld", e ? ", " : "", (long long)idx[e]);
+      snprintf(sh + b, sizeof sh - b, "%s%lld", e ? ", " : "",
+               (long long)f->shape[f->dim_axis[e]]);
+    }
+    return fail(s, FB_EBOUNDS, "%s: index (%s) is out of bounds of field '%s' of shape (%s)",
+                what, ix, f->name, sh);
+  }
+  if (v && !fbe_kinds_agree(f->type, v->type))
+    return fail(s, FB_ETYPE, "%s: field '%s' of type %s cannot take a value of type %s", what,
+                f->name, fb_type_name(f->type), fbe_type_name_safe(v->type));
+  int write = v != NULL;
+  if (!field_is_sparse(s, field)) {
+    *addr = s->mem.root + fb_layout_dense_offset(s->layout, field, idx);
+    return 0;
+  }
+  fb_sparse_begin(s->sparse);
+  *addr = fb_sparse_elem(s->sparse, s->mem.root, field, idx, write);
+  return write && !*addr ? host_oom(s, what) : 0;
+}
+
+static int cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
+  uint8_t *p = NULL;
+  if (!s) return FB_EINVAL;
+  int rc = cell_addr(s, field, idx, nidx, "cell read", NULL, &p);
+  if (rc) return rc;
+  fb_type t = s->layout->nodes[field].type;
+  if (p) {
+    *out = fb_value_load(t, p);
+  } else {
+    memset(out, 0, sizeof *out);
+    out->type = t;
+  }
+  return 0;
+}
+
+static int cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
+  uint8_t *p = NULL;
+  if (!s) return FB_EINVAL;
+  int rc = cell_addr(s, field, idx, nidx, "cell write", &v, &p);
+  if (rc) return rc;
+  fb_value_store(fb_value_cast(v, s->layout->nodes[field].type), p);
+  return 0;
+}
+
+int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, cell_read(s, field, idx, nidx, out));
+}
+
+int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 1, cell_write(s, field, idx, nidx, v));
+}

@@ -1,0 +1,233 @@
+/* The engine's private header: the state every engine/ file shares.
+ *
+ * The in-process engine (include/fusebox/engine.h): wires the verifier,
+ * lowering and the asynchronous optimizer (optimizer/), the CPU JIT
+ * (codegen/) and the CPU device (runtime/) together.
+ *
+ * Sync mode: a kernel is verified, copied onto the session's layout,
+ * lowered to tasks and every task compiled when it is registered; fb_launch
+ * runs its tasks at once.
+ *
+ * Async mode: registration lowers the kernel and interns its tasks in the
+ * session's IR bank (fb_opt, optimizer/sfg.h); fb_launch inserts them into
+ * the SFG with the packed arguments and the launch number. A flush (see
+ * engine.h for the triggers) optimizes the window on the caller's thread
+ * and hands the batch to the session's ordered worker (runtime fb_ordq),
+ * which queues one compile job per distinct task IR on the engine's compile
+ * pool and runs the tasks in SFG order as each one's code is ready (waiting
+ * on, or itself compiling, a job no pool thread has started; IR it had
+ * compiled before is looked up in the code cache by the launcher itself,
+ * without waking a compile thread). A flush the caller will wait for anyway
+ * (sync, host access, return value) runs on the caller's thread when the
+ * worker is idle. Batches the worker finished are freed by the caller's
+ * thread (fb_opt is used by that thread only). Errors of background launches are kept (the first, and a
+ * count of the rest) and reported at the next sync point. A fused task
+ * that cannot be compiled or launched runs as its unfused parts instead
+ * (fall_back: no lost work, docs/optimizer.md).
+ *   The device state the optimizer models: one scratch buffer (gtmp) and
+ * one set of return slots per session, shared by every launch (FB_SK_GTMP
+ * and FB_SK_RET states of 8-byte slots); rets are zeroed at the start of
+ * each batch, and a kernel with a return value always ends its batch.
+ *
+ * Layouts with sparse SNodes get the sparse runtime (runtime/sparse.c):
+ * its state is every task's ctx->runtime, list tasks are sized before they
+ * run, and a block that does not fit in the session's memory limit is
+ * reported as FB_EQUOTA naming the kernel and the SNode (docs/sparse.md).
+ *
+ * Sharing: an engine holds the JIT (and its code cache), the thread pool
+ * and the compile pool, all safe to use from several threads; everything
+ * else belongs to one session, and a session is used by one thread at a
+ * time (plus its own worker, which touches only device memory, the sparse
+ * runtime and what it shares under the session's mutexes). Sessions must be
+ * destroyed before their engine (their code lives in the engine's JIT). */
+#ifndef FB_ENGINE_INTERNAL_H
+#define FB_ENGINE_INTERNAL_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "fusebox/engine.h"
+#include "optimizer/optimizer.h"
+#include "optimizer/sfg.h"
+#include "runtime/runtime.h"
+#include "engine/engine_test.h"
+
+#define ERRLEN 2048
+#define MAX_RET_SLOTS 1024
+#define MAX_PATH 64
+#define NO_LAUNCH UINT64_MAX
+
+/* The argument block of a launch without arguments. */
+static const uint64_t no_args[1] = {0};
+
+struct fb_engine {
+  fb_cpu_jit *jit;
+  fb_cpu_device *dev;
+  fb_cuda_device *gpu;  /* the CUDA backend: sessions run there */
+  char cpu_name[64];    /* fb_engine_device of the CPU backend */
+  pthread_mutex_t mu;  /* guards cpool creation and next_pid */
+  int compile_threads; /* as configured (0 = one per core) */
+  fb_cpool *cpool;     /* made with the first async session */
+  int next_pid;        /* timeline process ids */
+  fb_compile_gate gate; /* tests: compiles it refuses (server/engine_test.h) */
+  void *gate_user;
+};
+
+typedef struct sess_kernel {
+  fb_kernel *k;            /* copy on the session's layout */
+  fb_task_list tl;         /* its tasks, in launch order */
+  const fb_kernel **irs;   /* tl.v[i].ir, for fb_session_kernel_tasks */
+  fb_rt_task *code;        /* sync: compiled entry points per task */
+  fb_rt_hint *hints;       /* sync: per task: list to size, chunk grain */
+  fb_irh *h;               /* async: banked IR per task (one reference each) */
+} sess_kernel;
+
+/* The kernel of one launch of a flushed window. */
+typedef struct launch_rec {
+  int kernel;
+  const char *name;        /* the session's copy of the kernel's name */
+} launch_rec;
+
+/* A flushed batch on its way through the worker. */
+typedef struct async_job {
+  fb_ordq_item link;       /* first: the queue's */
+  fb_session *s;
+  fb_opt_batch *b;
+  uint64_t flush;
+  uint64_t base;           /* launch number of launches[0] */
+  launch_rec *launches;
+  int nlaunches;
+  fb_rt_task *pre;         /* per entry: code the caller knew at the flush
+                              (body NULL: none) */
+  /* the launcher's; the caller learns the new code from them at the end */
+  fb_cjob *cj;             /* one compile job per distinct unknown IR */
+  int *which;              /* per entry: its job, -1 for known code */
+  int ncj;
+  struct async_job *done_next;
+} async_job;
+
+/* Compiled code of a banked task IR (async_state.cmap). */
+typedef struct code_ent {
+  fb_irh h;
+  fb_rt_task code;
+} code_ent;
+
+/* The first error of the background launches since the last report. */
+typedef struct bg_error {
+  int code;                /* 0: none */
+  uint64_t launch;         /* NO_LAUNCH: not tied to a launch */
+  int kernel;
+  uint64_t more;           /* errors after it */
+  char msg[ERRLEN];
+} bg_error;
+
+typedef struct async_state {
+  fb_opt *o;
+  fb_ordq *q;              /* the ordered worker */
+  int flush_every;         /* 0: never */
+  uint64_t flushes;
+  /* the window: the kernel of every launch since the last flush */
+  launch_rec *win;
+  int nwin, capwin;
+  uint64_t win_base;
+  fb_flush_stats last;
+  fb_graph_trace_fn gfn;   /* SFG trace */
+  void *guser;
+  uint64_t gflush, gcur;
+  pthread_mutex_t mu;      /* guards done and err (shared with the worker) */
+  async_job *done;         /* batches the worker finished, to free */
+  bg_error err;
+  /* the launcher's (the worker, or the caller while the worker is idle):
+   * task IR it has had compiled, a hint that the code cache holds it, so
+   * that it looks the code up itself instead of waking a compile thread */
+  uint64_t *seen;          /* open addressing; 0 = empty */
+  size_t nseen, capseen;
+  /* the caller's: code of task IR, by handle (each holds a reference, so
+   * a handle in the map always names the same IR) */
+  code_ent *cmap;          /* open addressing; h == FB_IRH_NONE: empty */
+  int ncmap, capcmap;
+} async_state;
+
+struct fb_session {
+  fb_engine *e;
+  fb_layout *layout;       /* the session's own copy */
+  uint64_t seed;
+  int max_stmts;           /* compile budget per kernel, 0 = none */
+  int internal_ok;         /* fb_session_config.allow_internal_ops */
+  uint64_t launch_no;      /* launches so far: rand()'s launch number */
+  fb_devmem mem;
+  fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
+  fb_cuda_queue *q;        /* CUDA backend: the session's stream */
+  sess_kernel *kernels;
+  int nkernels, cap;
+  uint64_t *args;          /* argument slots, nargs_cap of them */
+  int nargs_cap;
+  fb_counters c;           /* async: under cmu (the worker adds to it) */
+  pthread_mutex_t cmu;
+  uint64_t dev_bytes;      /* async: device_bytes at the last quiet point */
+  async_state *as;         /* NULL in sync mode */
+  fb_trace *trace;         /* timeline, NULL when off */
+  FILE *trace_file;
+  int pid;
+  int err_bg;              /* err is a background launch's: */
+  uint64_t err_launch;     /* ... its launch number and kernel */
+  int err_kernel;
+  char err[ERRLEN];
+  fb_task_hook hook;       /* fb_session_set_task_hook, or NULL */
+  void *hook_user;
+};
+
+static inline int fail(fb_session *s, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static inline int fail(fb_session *s, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  va_end(ap);
+  s->err_bg = 0;
+  return code;
+}
+
+static inline void set_err(char *err, size_t errlen, const char *msg) {
+  if (err && errlen) snprintf(err, errlen, "%s", msg);
+}
+
+
+/* ---- functions one engine file defines and another calls (fbe_: private to engine/) */
+
+/* launch.c */
+int fbe_kinds_agree(fb_type want, fb_type have);
+const char *fbe_type_name_safe(fb_type t);
+int fbe_oom_message(fb_session *s, char *buf, size_t len);
+int fbe_gpu_dead(fb_session *s);
+
+/* worker.c */
+void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 5, 6)))
+#endif
+    ;
+int fbe_report_bg(fb_session *s);
+void fbe_run_batch(fb_session *s, async_job *j);
+void fbe_worker_run(void *user, fb_ordq_item *it);
+
+/* async.c */
+void fbe_cmap_clear(async_state *a);
+void fbe_reap(fb_session *s);
+void fbe_quiesce(fb_session *s);
+int fbe_async_wait_all(fb_session *s);
+int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret);
+
+/* trace.c */
+void fbe_trace_close(fb_session *s);
+
+#endif

@@ -1,0 +1,164 @@
+/* Launches: argument packing and checks, the sync path (run a kernel's
+ * tasks at once, on the CPU device or the session's CUDA stream), and the
+ * messages that name a failed launch; async launches go to async.c. */
+#include "engine/internal.h"
+
+/* ---------------------------------------------------------------- launches */
+
+/* 0 bool, 1 integer, 2 float, -1 not a value type. */
+static int type_kind(fb_type t) {
+  if (t == FB_T_BOOL) return 0;
+  if (fb_type_is_int(t)) return 1;
+  if (fb_type_is_float(t)) return 2;
+  return -1;
+}
+
+/* Values cross between types of one kind, and between bool and integers. */
+int fbe_kinds_agree(fb_type want, fb_type have) {
+  int a = type_kind(want), b = type_kind(have);
+  if (a < 0 || b < 0) return 0;
+  return a == b || (a <= 1 && b <= 1);
+}
+
+const char *fbe_type_name_safe(fb_type t) {
+  return (unsigned)t < FB_T__COUNT ? fb_type_name(t) : "invalid";
+}
+
+static int pack_args(fb_session *s, const fb_kernel *k, const fb_value *args, int nargs) {
+  if (nargs != k->nparams)
+    return fail(s, FB_ETYPE, "kernel '%s' takes %d argument%s, %d given", k->name, k->nparams,
+                k->nparams == 1 ? "" : "s", nargs);
+  if (nargs > 0 && !args) return fail(s, FB_EINVAL, "kernel '%s': no argument values given", k->name);
+  for (int i = 0; i < nargs; i++) {
+    if (!fbe_kinds_agree(k->params[i], args[i].type))
+      return fail(s, FB_ETYPE, "kernel '%s': argument %d (parameter of type %s) cannot take "
+                  "a value of type %s", k->name, i, fbe_type_name_safe(k->params[i]),
+                  fbe_type_name_safe(args[i].type));
+    s->args[i] = fb_slot_pack(fb_value_cast(args[i], k->params[i]));
+  }
+  return 0;
+}
+
+static const char *snode_label(const fb_snode *n, char *buf, size_t len) {
+  if (n->name) snprintf(buf, len, "'%s'", n->name);
+  else snprintf(buf, len, "%d", n->id);
+  return buf;
+}
+
+/* "out of device memory allocating a block of SNode 'x' (pointer, N bytes;
+ * limit L bytes)" into buf, when the device ran out since the last call. */
+int fbe_oom_message(fb_session *s, char *buf, size_t len) {
+  int sn;
+  uint64_t bytes;
+  if (!s->sparse || !fb_sparse_take_oom(s->sparse, &sn, &bytes)) return 0;
+  const fb_snode *n = &s->layout->nodes[sn];
+  char name[160];
+  if (s->mem.limit)
+    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "limit %llu bytes)", snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+             (unsigned long long)bytes, (unsigned long long)s->mem.limit);
+  else
+    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "the block pool is exhausted)", snode_label(n, name, sizeof name),
+             fb_snode_kind_name(n->kind), (unsigned long long)bytes);
+  return 1;
+}
+
+static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed,
+                        const char *msg) {
+  const char *task = failed >= 0 && failed < sk->tl.n ? sk->tl.v[failed].ir->name : "?";
+  char oom[512];
+  if (fbe_oom_message(s, oom, sizeof oom))
+    return fail(s, FB_EQUOTA, "kernel '%s': %s; those accesses were skipped", sk->k->name, oom);
+  if (msg && msg[0]) return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
+  if (rc == FB_EBOUNDS)
+    return fail(s, FB_EBOUNDS, "kernel '%s' indexed a field out of bounds (task %s); those "
+                "accesses were skipped", sk->k->name, task);
+  return fail(s, rc, "kernel '%s': task %s failed on the device: %s", sk->k->name, task,
+              fb_strerror(rc));
+}
+
+/* Sync mode: a launch on the device track of the timeline. */
+static void trace_launch(fb_session *s, const sess_kernel *sk, double t0) {
+  char args[96];
+  snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)s->launch_no,
+           sk->tl.n);
+  fb_trace_span(s->trace, FB_TRACK_DEVICE, "launch", sk->k->name, t0, fb_trace_clock(), args);
+}
+
+
+/* CUDA: the session's queue has failed (a sticky error) */
+int fbe_gpu_dead(fb_session *s) {
+  char msg[ERRLEN];
+  if (!s->q || !fb_cuda_queue_alive(s->q, msg, sizeof msg)) return 0;
+  return fail(s, FB_EDEVICE, "%s", msg);
+}
+
+/* Sync mode on the GPU: the launch's tasks as one batch, waited for; the
+ * first task whose error slot is set (or that could not be queued). */
+static int gpu_run(fb_session *s, const fb_rt_ctx *ctx, const sess_kernel *sk, double *secs,
+                   int *failed, char *msg, size_t len) {
+  int rc = fb_cuda_begin(s->q, msg, len);
+  for (int i = 0; !rc && i < sk->tl.n; i++) {
+    int slot = fb_cuda_launch(s->q, ctx, &sk->code[i], &sk->hints[i], s->sparse, msg, len);
+    if (slot < 0) rc = slot, *failed = i;
+  }
+  const int32_t *errs = NULL;
+  int n = 0;
+  char fmsg[ERRLEN];
+  int frc = fb_cuda_finish(s->q, &errs, &n, secs, fmsg, sizeof fmsg);
+  if (frc && (!rc || frc == FB_EDEVICE)) {
+    snprintf(msg, len, "%s", fmsg);
+    return frc;
+  }
+  for (int i = 0; !rc && i < n; i++)
+    if (errs[i]) rc = errs[i], *failed = i;
+  return rc;
+}
+
+int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_value *ret) {
+  if (!s) return FB_EINVAL;
+  if (kernel < 0 || kernel >= s->nkernels)
+    return fail(s, FB_ENOENT, "no kernel with id %d (the session has %d)", kernel, s->nkernels);
+  sess_kernel *sk = &s->kernels[kernel];
+  int rc = pack_args(s, sk->k, args, nargs);
+  if (rc) return rc;
+  if ((rc = fbe_gpu_dead(s))) return rc;
+  if (s->as) return fbe_async_launch(s, kernel, sk, ret);
+  memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
+  int32_t error = 0;
+  fb_rt_ctx ctx = {s->mem.root, s->args ? s->args : no_args, s->mem.rets, s->mem.gtmp,
+                   &error, s->seed, s->launch_no, NULL};
+  double secs = 0;
+  int failed = -1;
+  char msg[ERRLEN];
+  msg[0] = 0;
+  if (s->sparse) {
+    fb_sparse_begin(s->sparse);
+    ctx.runtime = fb_sparse_state(s->sparse);
+  }
+  if (s->hook && s->hook(s->hook_user, sk->k->name, sk->k->name, s->launch_no)) {
+    if (s->sparse) fb_sparse_end(s->sparse);
+    s->hook(s->hook_user, NULL, NULL, s->launch_no);
+    return fail(s, FB_ECANCELLED, "kernel '%s' (launch %llu) was cancelled before it ran",
+                sk->k->name, (unsigned long long)s->launch_no);
+  }
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  if (s->q)
+    rc = gpu_run(s, &ctx, sk, &secs, &failed, msg, sizeof msg);
+  else
+    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
+                           &failed, msg, sizeof msg);
+  if (s->trace) trace_launch(s, sk, t0);
+  if (s->hook) s->hook(s->hook_user, NULL, NULL, s->launch_no);
+  if (s->sparse) fb_sparse_end(s->sparse);
+  s->launch_no++;
+  s->c.launches++;
+  s->c.tasks_launched += (uint64_t)sk->tl.n;
+  s->c.backend_s += secs;
+  if (ret) {
+    if (sk->k->ret != FB_T_VOID) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
+    else memset(ret, 0, sizeof *ret);
+  }
+  return rc ? launch_error(s, sk, rc, failed, msg) : 0;
+}

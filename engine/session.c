@@ -1,0 +1,523 @@
+/* The engine and its sessions: backend choice, the engine's pools, session
+ * create/destroy, counters, and kernel registration (verify, lower, compile
+ * or intern in the IR bank). The design of the whole engine is in
+ * engine/internal.h and docs/design.md. */
+#include "engine/internal.h"
+
+/* ---------------------------------------------------------------- engine */
+
+int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen) {
+  *out = NULL;
+  const char *be = cfg && cfg->backend ? cfg->backend : "cpu";
+  if (strcmp(be, "cpu") != 0 && strcmp(be, "auto") != 0 && strcmp(be, "cuda") != 0) {
+    if (err && errlen) snprintf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
+    return FB_EINVAL;
+  }
+  int threads = cfg ? cfg->cpu_threads : 0;
+  if (threads < 0 || (cfg && cfg->compile_threads < 0)) {
+    set_err(err, errlen, "thread counts must be >= 0 (0 = one per core)");
+    return FB_EINVAL;
+  }
+  fb_engine *e = calloc(1, sizeof *e);
+  if (!e) {
+    set_err(err, errlen, "out of memory");
+    return FB_ENOMEM;
+  }
+  if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
+    char why[512];
+    int rc = fb_cuda_device_new(&e->gpu, why, sizeof why);
+    if (rc && strcmp(be, "cuda") == 0) {
+      set_err(err, errlen, why);
+      free(e);
+      return rc;
+    }
+  }
+  int rc = fb_cpu_device_new(threads, &e->dev, err, errlen);
+  if (rc) {
+    fb_cuda_device_free(e->gpu);
+    free(e);
+    return rc;
+  }
+  e->jit = fb_cpu_jit_new(err, errlen);
+  if (!e->jit) {
+    fb_cuda_device_free(e->gpu);
+    fb_cpu_device_free(e->dev);
+    free(e);
+    return FB_EDEVICE;
+  }
+  pthread_mutex_init(&e->mu, NULL);
+  snprintf(e->cpu_name, sizeof e->cpu_name, "CPU (%d threads)", fb_pool_threads(e->dev->pool));
+  e->compile_threads = cfg ? cfg->compile_threads : 0;
+  e->next_pid = 1;
+  *out = e;
+  return 0;
+}
+
+/* What the compile pool compiles with: the backend's compiler, behind the
+ * tests' gate. */
+static int engine_compile(void *user, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                          size_t errlen) {
+  fb_engine *e = user;
+  if (e->gate && e->gate(e->gate_user, t->ir, err, errlen)) return FB_ECOMPILE;
+  return e->gpu ? fb_cuda_compile(e->gpu, t, out, err, errlen)
+                : fb_cpu_jit_compile(e->jit, t, out, err, errlen);
+}
+
+void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) {
+  e->gate = gate;
+  e->gate_user = user;
+}
+
+/* The compile pool, started with the first async session. */
+static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
+  pthread_mutex_lock(&e->mu);
+  int rc = e->cpool ? 0
+                    : fb_cpool_new_with(engine_compile, e, e->compile_threads, &e->cpool, err,
+                                        errlen);
+  pthread_mutex_unlock(&e->mu);
+  return rc;
+}
+
+void fb_engine_destroy(fb_engine *e) {
+  if (!e) return;
+  fb_cpool_free(e->cpool);
+  fb_cpu_jit_free(e->jit);
+  fb_cpu_device_free(e->dev);
+  fb_cuda_device_free(e->gpu);
+  pthread_mutex_destroy(&e->mu);
+  free(e);
+}
+
+const char *fb_engine_backend(const fb_engine *e) { return e && e->gpu ? "cuda" : "cpu"; }
+
+const char *fb_engine_device(const fb_engine *e) {
+  if (!e) return "none";
+  return e->gpu ? fb_cuda_device_name(e->gpu) : e->cpu_name;
+}
+
+int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
+  if (why && len) why[0] = 0;
+  return !e || !e->gpu || fb_cuda_device_healthy(e->gpu, why, len);
+}
+
+
+/* ---------------------------------------------------------------- sessions */
+
+static int layout_is_sparse(const fb_layout *l) {
+  for (int i = 0; i < l->nnodes; i++)
+    if (fb_cg_is_sparse(l->nodes[i].kind)) return 1;
+  return 0;
+}
+
+static int check_mode(const char *mode) {
+  return !mode || strcmp(mode, "sync") == 0 || strcmp(mode, "async") == 0;
+}
+
+static int is_async(const fb_session_config *cfg) {
+  return cfg && cfg->mode && strcmp(cfg->mode, "async") == 0;
+}
+
+
+/* Session bits to optimizer passes (fusion brings simplification). */
+static unsigned opt_passes(unsigned p) {
+  if (!(p & FB_PASSES_EXACT) && !(p & FB_PASSES_ALL)) p = FB_PASSES_ALL;
+  unsigned o = 0;
+  if (p & FB_PASSES_LISTGEN) o |= FB_PASS_LISTGEN;
+  if (p & FB_PASSES_DEMOTE) o |= FB_PASS_DEMOTE;
+  if (p & FB_PASSES_DSE) o |= FB_PASS_DSE;
+  if (p & FB_PASSES_FUSION) o |= FB_PASS_FUSE | FB_PASS_SIMPLIFY;
+  return o;
+}
+
+static int check_async_config(const fb_session_config *cfg, char *msg, size_t len) {
+  if (cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT)) {
+    snprintf(msg, len, "unknown pass bits 0x%x (expected FB_PASSES_* bits)",
+             cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT));
+    return FB_EINVAL;
+  }
+  if (cfg->max_fuse_per_task < 0) {
+    snprintf(msg, len, "max_fuse_per_task must be >= 0 (0 = default), not %d",
+             cfg->max_fuse_per_task);
+    return FB_EINVAL;
+  }
+  return 0;
+}
+
+/* What the backend imposes on one task, for fusion's cost model (the one
+ * place the optimizer learns it): a GPU launch takes a bounded number of
+ * kernel parameters; CPU tasks read their arguments through a pointer, so
+ * there the bound is none. The statement budget is the optimizer's default. */
+static void backend_fuse_limits(const fb_engine *e, fb_opt_options *o) {
+  o->max_task_params = e->gpu ? fb_cuda_max_task_params() : 0;
+}
+
+/* The optimizer context, the worker and the compile pool of an async session. */
+static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, size_t len) {
+  int rc = check_async_config(cfg, msg, len);
+  if (rc || (rc = engine_cpool(s->e, msg, len))) return rc;
+  async_state *a = calloc(1, sizeof *a);
+  if (!a) {
+    snprintf(msg, len, "out of memory");
+    return FB_ENOMEM;
+  }
+  pthread_mutex_init(&a->mu, NULL);
+  s->as = a;
+  a->flush_every = cfg->flush_every < 0 ? 0 : cfg->flush_every ? cfg->flush_every
+                                                               : FB_FLUSH_EVERY_DEFAULT;
+  fb_opt_options o;
+  fb_opt_options_default(&o);
+  o.passes = opt_passes(cfg->passes);
+  o.max_fuse_per_task = cfg->max_fuse_per_task ? cfg->max_fuse_per_task : 1;
+  backend_fuse_limits(s->e, &o);
+  if (!(a->o = fb_opt_new(s->layout, &o))) {
+    snprintf(msg, len, "out of memory (optimizer context)");
+    return FB_ENOMEM;
+  }
+  return fb_ordq_new(fbe_worker_run, s, &a->q, msg, len);
+}
+
+int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layout *layout,
+                      fb_session **out, char *err, size_t errlen) {
+  char msg[ERRLEN];
+  *out = NULL;
+  if (!e || !layout) return FB_EINVAL;
+  if (!layout->finalized) {
+    set_err(err, errlen, "the session's layout is not finalized");
+    return FB_EINVAL;
+  }
+  if (cfg && !check_mode(cfg->mode)) {
+    snprintf(msg, sizeof msg, "unknown session mode '%s' (expected sync or async)", cfg->mode);
+    set_err(err, errlen, msg);
+    return FB_EINVAL;
+  }
+  fb_session *s = calloc(1, sizeof *s);
+  if (!s || !(s->layout = fb_layout_clone(layout))) {
+    free(s);
+    set_err(err, errlen, "out of memory");
+    return FB_ENOMEM;
+  }
+  pthread_mutex_init(&s->cmu, NULL);
+  s->e = e;
+  s->seed = cfg ? cfg->seed : 0;
+  s->max_stmts = !cfg || !cfg->max_kernel_statements ? FB_MAX_KERNEL_STATEMENTS_DEFAULT
+                 : cfg->max_kernel_statements < 0    ? 0
+                                                     : cfg->max_kernel_statements;
+  s->internal_ok = cfg && cfg->allow_internal_ops;
+  pthread_mutex_lock(&e->mu);
+  s->pid = e->next_pid++;
+  pthread_mutex_unlock(&e->mu);
+  int rc = e->gpu ? fb_cuda_queue_new(e->gpu, &s->q, msg, sizeof msg) : 0;
+  if (!rc)
+    rc = fb_devmem_init_on(&s->mem, s->q ? fb_cuda_queue_memsys(s->q) : NULL,
+                           s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg, sizeof msg);
+  if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
+  if (!rc && layout_is_sparse(s->layout))
+    rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
+  if (!rc && is_async(cfg)) rc = async_init(s, cfg, msg, sizeof msg);
+  if (rc) {
+    set_err(err, errlen, msg);
+    fb_session_destroy(s);
+    return rc;
+  }
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  *out = s;
+  return 0;
+}
+
+static void kernel_free(fb_session *s, sess_kernel *k) {
+  for (int t = 0; k->h && t < k->tl.n; t++)
+    if (k->h[t] != FB_IRH_NONE) fb_opt_release(s->as->o, k->h[t]);
+  free(k->h);
+  fb_task_list_free(&k->tl);
+  fb_kernel_free(k->k);
+  free(k->irs);
+  free(k->code);
+  free(k->hints);
+  memset(k, 0, sizeof *k);
+}
+
+
+/* Stop the worker (it finishes what it was given) and free the rest. */
+static void async_free(fb_session *s) {
+  async_state *a = s->as;
+  if (a->q) fb_ordq_free(a->q);
+  a->q = NULL;
+  if (a->o) fbe_reap(s);
+  if (a->o) fbe_cmap_clear(a);
+}
+
+void fb_session_destroy(fb_session *s) {
+  if (!s) return;
+  if (s->as) async_free(s);
+  fbe_trace_close(s);
+  for (int i = 0; i < s->nkernels; i++) kernel_free(s, &s->kernels[i]);
+  free(s->kernels);
+  free(s->args);
+  if (s->as) {
+    fb_opt_free(s->as->o);
+    free(s->as->win);
+    free(s->as->seen);
+    pthread_mutex_destroy(&s->as->mu);
+    free(s->as);
+  }
+  fb_sparse_free(s->sparse);
+  fb_devmem_release(&s->mem);
+  fb_cuda_queue_free(s->q); /* after the memory it supplied */
+  fb_layout_free(s->layout);
+  pthread_mutex_destroy(&s->cmu);
+  free(s);
+}
+
+const char *fb_session_errmsg(const fb_session *s) { return s ? s->err : "no session"; }
+
+const fb_layout *fb_session_layout(const fb_session *s) { return s->layout; }
+
+/* Async: the optimizer's totals, the device bytes as of the last quiet
+ * point and the rest under the lock the worker takes. */
+static void async_counters(const fb_session *s, fb_counters *out) {
+  fb_session *m = (fb_session *)s;
+  pthread_mutex_lock(&m->cmu);
+  *out = s->c;
+  out->device_bytes = s->dev_bytes;
+  pthread_mutex_unlock(&m->cmu);
+  const fb_opt_counters *t = &fb_opt_get_stats(s->as->o)->total;
+  out->listgens_removed = t->listgen_removed;
+  out->tasks_fused = t->tasks_fused;
+  out->fuse_refused = t->fuse_refused;
+  out->dead_stores_removed = t->dead_stores + t->tasks_deleted;
+  out->activations_demoted = t->demoted;
+  out->optimizer_s = t->optimizer_s;
+  out->flushes = s->as->flushes;
+  out->tasks_pending = (uint64_t)fb_opt_pending(s->as->o);
+}
+
+void fb_session_counters(const fb_session *s, fb_counters *out) {
+  if (s->as) {
+    async_counters(s, out);
+    return;
+  }
+  *out = s->c;
+  out->device_bytes = fb_devmem_used(&s->mem);
+}
+
+int fb_session_last_flush(const fb_session *s, fb_flush_stats *out) {
+  if (!s || !out) return FB_EINVAL;
+  if (!s->as || !s->as->flushes) return FB_ENOENT;
+  *out = s->as->last;
+  return 0;
+}
+
+void fb_session_set_task_hook(fb_session *s, fb_task_hook fn, void *user) {
+  if (!s) return;
+  s->hook = fn;
+  s->hook_user = user;
+}
+
+int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel) {
+  if (!s || !s->err_bg) return FB_ENOENT;
+  if (launch) *launch = s->err_launch;
+  if (kernel) *kernel = s->err_kernel;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Every SNode a statement names must exist in the session's layout. */
+static int check_snodes(fb_session *s, const fb_kernel *k) {
+  for (int i = 0; i < k->nstmts; i++) {
+    const fb_stmt *st = &k->stmts[i];
+    if (st->op >= FB_OP__COUNT || !(fb_op_table[st->op].flags & FB_OPF_SNODE)) continue;
+    if (st->snode < 0 || st->snode >= s->layout->nnodes)
+      return fail(s, FB_ENOENT, "kernel '%s': %%%d %s names SNode %d, which the session's layout "
+                  "does not have (it has %d)", k->name, i, fb_op_table[st->op].name, st->snode,
+                  s->layout->nnodes);
+  }
+  return 0;
+}
+
+static int verify(fb_session *s, const fb_kernel *k) {
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_verify(k, &d);
+  if (rc) {
+    char *all = fb_diags_join(&d);
+    size_t n = all ? strlen(all) : 0;
+    if (n && all[n - 1] == '\n') all[n - 1] = 0;
+    fail(s, FB_EVERIFY, "kernel '%s' failed verification:\n%s", k->name,
+         all ? all : "(out of memory)");
+    free(all);
+  }
+  fb_diags_free(&d);
+  return rc ? FB_EVERIFY : 0;
+}
+
+/* Return slots the tasks write: one past the highest ret slot. */
+static int ret_slots(fb_session *s, const sess_kernel *sk, int *nrets) {
+  int n = sk->k->ret != FB_T_VOID;
+  for (int t = 0; t < sk->tl.n; t++) {
+    const fb_kernel *ir = sk->tl.v[t].ir;
+    for (int i = 0; i < ir->nstmts; i++) {
+      if (ir->stmts[i].op != FB_OP_RET) continue;
+      int64_t slot = ir->stmts[i].imm.i;
+      if (slot < 0 || slot >= MAX_RET_SLOTS)
+        return fail(s, FB_EINVAL, "kernel '%s': return slot %lld out of range [0, %d)",
+                    sk->k->name, (long long)slot, MAX_RET_SLOTS);
+      if (slot + 1 > n) n = (int)slot + 1;
+    }
+  }
+  *nrets = n;
+  return 0;
+}
+
+static int compile_task(fb_session *s, sess_kernel *sk, int t) {
+  char msg[ERRLEN];
+  const fb_task *task = &sk->tl.v[t];
+  fb_cg_task cg = {task->ir, task->loop};
+  fb_cpu_code code;
+  memset(&code, 0, sizeof code);
+  msg[0] = 0;
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  int rc = s->e->gpu ? fb_cuda_compile(s->e->gpu, &cg, &code, msg, sizeof msg)
+                     : fb_cpu_jit_compile(s->e->jit, &cg, &code, msg, sizeof msg);
+  if (s->trace) {
+    char name[160];
+    snprintf(name, sizeof name, "compile %s", task->ir->name);
+    fb_trace_span(s->trace, FB_TRACK_CLIENT, "compile", name, t0, fb_trace_clock(),
+                  code.cache_hit ? "{\"cache_hit\":1}" : "{\"cache_hit\":0}");
+  }
+  if (!rc && !code.gpu && (!code.body || (task->loop >= 0 && !code.bounds))) rc = FB_EINTERNAL;
+  if (rc)
+    return fail(s, rc < 0 ? rc : FB_ECOMPILE, "kernel '%s': compiling task %d (%s) failed: %s",
+                sk->k->name, t, task->ir->name, msg[0] ? msg : fb_strerror(rc));
+  sk->code[t].body = code.body;
+  sk->code[t].bounds = task->loop >= 0 ? code.bounds : NULL;
+  sk->code[t].gpu = code.gpu;
+  sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
+  sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
+  sk->irs[t] = task->ir;
+  if (code.cache_hit) s->c.cache_hits++;
+  else {
+    s->c.tasks_compiled++;
+    s->c.statements_emitted += (uint64_t)code.stmts_emitted;
+  }
+  s->c.compile_s += code.compile_s;
+  return 0;
+}
+
+static int lower_and_compile(fb_session *s, sess_kernel *sk) {
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
+  if (rc)
+    return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
+                msg[0] ? msg : fb_strerror(rc));
+  int n = sk->tl.n;
+  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  sk->code = calloc((size_t)(n ? n : 1), sizeof *sk->code);
+  sk->hints = calloc((size_t)(n ? n : 1), sizeof *sk->hints);
+  if (!sk->irs || !sk->code || !sk->hints)
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  for (int t = 0; t < n; t++)
+    if ((rc = compile_task(s, sk, t))) return rc;
+  return 0;
+}
+
+/* Async: lower the kernel and put its tasks into the session's IR bank
+ * (compiled when a flush hands them out). */
+static int lower_and_intern(fb_session *s, sess_kernel *sk) {
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
+  if (rc)
+    return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
+                msg[0] ? msg : fb_strerror(rc));
+  int n = sk->tl.n;
+  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  sk->h = malloc(sizeof *sk->h * (size_t)(n ? n : 1));
+  if (!sk->irs || !sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  for (int t = 0; t < n; t++) sk->h[t] = FB_IRH_NONE;
+  for (int t = 0; t < n; t++) {
+    sk->irs[t] = sk->tl.v[t].ir;
+    if ((rc = fb_opt_intern(s->as->o, sk->tl.v[t].ir, &sk->h[t])))
+      return fail(s, rc, "kernel '%s': task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+                  fb_opt_errmsg(s->as->o));
+  }
+  return 0;
+}
+
+/* Scratch, return and argument slots for the kernel. */
+static int reserve_slots(fb_session *s, sess_kernel *sk) {
+  char msg[ERRLEN];
+  int nrets = 0;
+  int rc = ret_slots(s, sk, &nrets);
+  if (rc) return rc;
+  /* async: the worker must not be using the buffers that grow */
+  int grows = sk->tl.gtmp_bytes > s->mem.gtmp_bytes || nrets > s->mem.nrets;
+  if (s->as && grows) fbe_quiesce(s);
+  if ((rc = fb_devmem_reserve(&s->mem, sk->tl.gtmp_bytes, nrets, msg, sizeof msg)))
+    return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
+  if (sk->k->nparams > s->nargs_cap) {
+    uint64_t *a = realloc(s->args, sizeof(uint64_t) * (size_t)sk->k->nparams);
+    if (!a) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+    s->args = a;
+    s->nargs_cap = sk->k->nparams;
+  }
+  if (s->as && grows) {
+    pthread_mutex_lock(&s->cmu);
+    s->dev_bytes = fb_devmem_used(&s->mem);
+    pthread_mutex_unlock(&s->cmu);
+  }
+  return 0;
+}
+
+static int build_kernel(fb_session *s, const fb_kernel *k, sess_kernel *sk) {
+  if (!k->name || k->nparams < 0 || (k->nparams && !k->params))
+    return fail(s, FB_EINVAL, "malformed kernel (no name or parameter list)");
+  char why[512];
+  int rc = s->internal_ok ? 0 : fb_kernel_check_public(k, s->max_stmts, why, sizeof why);
+  if (rc) return fail(s, rc, "%s", why);
+  rc = check_snodes(s, k);
+  if (rc) return rc;
+  if (!(sk->k = fb_kernel_clone_to(k, s->layout)))
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", k->name);
+  if ((rc = verify(s, sk->k))) return rc;
+  if ((rc = s->as ? lower_and_intern(s, sk) : lower_and_compile(s, sk))) return rc;
+  return reserve_slots(s, sk);
+}
+
+int fb_session_add_kernel(fb_session *s, const fb_kernel *k) {
+  if (!s) return FB_EINVAL;
+  if (!k) return fail(s, FB_EINVAL, "no kernel given");
+  if (s->nkernels == s->cap) {
+    int nc = s->cap ? s->cap * 2 : 8;
+    sess_kernel *v = realloc(s->kernels, sizeof *v * (size_t)nc);
+    if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", k->name ? k->name : "?");
+    s->kernels = v;
+    s->cap = nc;
+  }
+  sess_kernel sk;
+  memset(&sk, 0, sizeof sk);
+  int rc = build_kernel(s, k, &sk);
+  if (rc) {
+    kernel_free(s, &sk);
+    return rc;
+  }
+  s->kernels[s->nkernels] = sk;
+  return s->nkernels++;
+}
+
+/* The most recently registered kernel of that name. */
+int fb_session_find_kernel(const fb_session *s, const char *name) {
+  if (!s || !name) return FB_EINVAL;
+  for (int i = s->nkernels - 1; i >= 0; i--)
+    if (strcmp(s->kernels[i].k->name, name) == 0) return i;
+  return FB_ENOENT;
+}
+
+int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *const **tasks,
+                            int *ntasks) {
+  if (!s || kernel < 0 || kernel >= s->nkernels) return FB_ENOENT;
+  *tasks = (const fb_kernel *const *)s->kernels[kernel].irs;
+  *ntasks = s->kernels[kernel].tl.n;
+  return 0;
+}

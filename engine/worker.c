@@ -1,0 +1,525 @@
+/* The async worker's side: background errors (kept, reported at the next
+ * sync point), compile planning against the code cache, running a flushed
+ * batch in SFG order, and the fallback of a fused task to its unfused parts
+ * (no lost work). Runs on the session's ordered worker, or on the caller's
+ * thread when the caller would wait anyway. */
+#include "engine/internal.h"
+
+/* ---------------------------------------------------------------- async: errors */
+
+/* Keep the first error of the background launches (any thread). */
+#if defined(__GNUC__)
+__attribute__((format(printf, 5, 6)))
+#endif
+void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...) {
+  async_state *a = s->as;
+  pthread_mutex_lock(&a->mu);
+  if (a->err.code) {
+    a->err.more++;
+  } else {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->err.msg, sizeof a->err.msg, fmt, ap);
+    va_end(ap);
+    a->err.code = code;
+    a->err.launch = launch;
+    a->err.kernel = kernel;
+    a->err.more = 0;
+  }
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* The kept error becomes the call's error (0 when there is none). */
+int fbe_report_bg(fb_session *s) {
+  async_state *a = s->as;
+  bg_error e;
+  pthread_mutex_lock(&a->mu);
+  e = a->err;
+  a->err.code = 0;
+  pthread_mutex_unlock(&a->mu);
+  if (!e.code) return 0;
+  if (e.more)
+    fail(s, e.code, "%s (and %llu more error%s of background launches)", e.msg,
+         (unsigned long long)e.more, e.more == 1 ? "" : "s");
+  else
+    fail(s, e.code, "%s", e.msg);
+  if (e.launch != NO_LAUNCH) {
+    s->err_bg = 1;
+    s->err_launch = e.launch;
+    s->err_kernel = e.kernel;
+  }
+  return e.code;
+}
+
+/* ---------------------------------------------------------------- async: the worker */
+
+typedef struct batch_run {
+  fb_session *s;
+  async_job *j;
+  uint64_t failed_launch;  /* a launch an error stopped: its other tasks are skipped */
+  uint64_t ran, hits;
+  double backend_s;
+  int cancelled;           /* the task hook cancelled: the rest of the batch is skipped */
+  const fb_opt_launch **slot; /* CUDA: the entry of each error slot of the batch */
+  int gpu_rc;                 /* CUDA: the batch could not start */
+  struct fallback *fallbacks; /* fused tasks run as their parts (fall_back) */
+  int extra_slots;            /* CUDA: slots for those parts past the batch's n + 1 */
+} batch_run;
+
+static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
+  if (launch < j->base || launch - j->base >= (uint64_t)j->nlaunches) return NULL;
+  return &j->launches[launch - j->base];
+}
+
+#define SEEN_MAX ((size_t)1 << 16)
+
+static uint64_t seen_key(fb_irh h, const fb_kernel *k) {
+  uint64_t x = ((uint64_t)(uint32_t)h << 32) ^ (uint64_t)(uintptr_t)k;
+  x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ull;
+  x ^= x >> 29;
+  return x ? x : 1;
+}
+
+static int seen_has(const async_state *a, uint64_t key) {
+  if (!a->capseen) return 0;
+  for (size_t i = key & (a->capseen - 1);; i = (i + 1) & (a->capseen - 1)) {
+    if (a->seen[i] == key) return 1;
+    if (!a->seen[i]) return 0;
+  }
+}
+
+static void seen_put(async_state *a, uint64_t key);
+
+/* Grow (or, past SEEN_MAX, forget: it is only a hint). */
+static int seen_grow(async_state *a) {
+  size_t old = a->capseen, cap = old && old < SEEN_MAX ? old * 2 : 1024;
+  uint64_t *v = calloc(cap, sizeof *v), *prev = a->seen;
+  if (!v) return 0;
+  a->seen = v;
+  a->capseen = cap;
+  a->nseen = 0;
+  for (size_t i = 0; old < SEEN_MAX && i < old; i++)
+    if (prev[i]) seen_put(a, prev[i]);
+  free(prev);
+  return 1;
+}
+
+static void seen_put(async_state *a, uint64_t key) {
+  if ((a->nseen + 1) * 2 > a->capseen && !seen_grow(a)) return;
+  size_t i = key & (a->capseen - 1);
+  while (a->seen[i] && a->seen[i] != key) i = (i + 1) & (a->capseen - 1);
+  if (!a->seen[i]) a->nseen++;
+  a->seen[i] = key;
+}
+
+/* One compile job per distinct IR handle of the batch whose code the
+ * caller did not know when it flushed (a small open addressing table from
+ * the handle to its first entry); known code counts once per handle as a
+ * cache hit. Jobs for IR the launcher has had compiled before go to the
+ * pool only if it waits for them. */
+static int plan_compiles(batch_run *r) {
+  async_job *j = r->j;
+  int n = j->b->n, cap = 16;
+  while (cap < 2 * n) cap *= 2;
+  int *first = malloc(sizeof *first * (size_t)cap);
+  j->cj = calloc((size_t)n, sizeof *j->cj);
+  j->which = malloc(sizeof *j->which * (size_t)n);
+  int rc = first && j->cj && j->which ? 0 : FB_ENOMEM;
+  if (!rc) memset(first, 0xff, sizeof *first * (size_t)cap);
+  for (int i = 0; !rc && i < n; i++) {
+    const fb_opt_launch *L = &j->b->v[i];
+    unsigned h = ((unsigned)L->ir * 2654435761u) & (unsigned)(cap - 1);
+    while (first[h] >= 0 && j->b->v[first[h]].ir != L->ir) h = (h + 1) & (unsigned)(cap - 1);
+    if (first[h] >= 0) {
+      j->which[i] = j->which[first[h]];
+      continue;
+    }
+    first[h] = i;
+    j->which[i] = j->pre[i].body ? -1 : j->ncj++;
+    if (j->pre[i].body) {
+      r->hits++;
+      continue;
+    }
+    fb_cjob *c = &j->cj[j->which[i]];
+    c->task.ir = L->k;
+    c->task.loop = L->loop;
+    c->trace = r->s->trace;
+    if (!seen_has(r->s->as, seen_key(L->ir, L->k))) fb_cpool_submit(r->s->e->cpool, c, 1);
+  }
+  free(first);
+  return rc;
+}
+
+static void note_seen(batch_run *r) {
+  const async_job *j = r->j;
+  for (int i = 0; i < j->b->n; i++)
+    if (j->which[i] >= 0 && !j->cj[j->which[i]].rc)
+      seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
+}
+
+/* The part of a (fused) task an error comes from: for FB_EBOUNDS, the one
+ * part whose accesses are not all provably in bounds when there is exactly
+ * one; otherwise the first part, and *others counts the parts it may also
+ * be (0 when the blame is certain). */
+static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int *others) {
+  *others = 0;
+  if (L->nparts <= 0) return NULL;
+  if (L->nparts == 1) return &L->parts[0];
+  if (rc == FB_EBOUNDS) {
+    const fb_opt_part *only = NULL;
+    int n = 0;
+    for (int i = 0; i < L->nparts; i++)
+      if (!L->parts[i].inb && !n++) only = &L->parts[i];
+    if (n == 1) return only;
+  }
+  *others = L->nparts - 1;
+  return &L->parts[0];
+}
+
+/* A failed task, said as sync mode says it, with the launch number. A
+ * fused task names the part the error comes from when that is certain;
+ * otherwise its first part, and how many launches were fused with it. */
+static void task_error(batch_run *r, const fb_opt_launch *L, int rc, const char *msg) {
+  fb_session *s = r->s;
+  int others;
+  const fb_opt_part *p = blamed_part(L, rc, &others);
+  uint64_t launch = p ? p->launch : L->launch;
+  const char *task = p ? p->task : L->k->name;
+  const launch_rec *lr = launch_of(r->j, launch);
+  int kid = lr ? lr->kernel : -1;
+  char who[ERRLEN];
+  if (others == 1)
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
+             lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
+  else if (others)
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or one of the %d launches fused with it "
+             "in task %s)", lr ? lr->name : "?", (unsigned long long)launch, others, L->k->name);
+  else
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
+             (unsigned long long)launch);
+  char oom[512];
+  if (fbe_oom_message(s, oom, sizeof oom))
+    fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
+  else if (msg[0])
+    fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
+  else if (rc == FB_EBOUNDS)
+    fbe_bg_record(s, rc, launch, kid, "%s indexed a field out of bounds (task %s); those accesses "
+              "were skipped", who, task);
+  else
+    fbe_bg_record(s, rc, launch, kid, "%s: task %s failed on the device: %s", who, task,
+              fb_strerror(rc));
+}
+
+static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {
+  const launch_rec *lr = launch_of(r->j, L->launch);
+  int rc = c->rc > 0 ? FB_ECOMPILE : c->rc;
+  fbe_bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): compiling "
+            "task %s failed: %s", lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+            c->msg[0] ? c->msg : fb_strerror(rc));
+}
+
+/* ---------------------------------------------------------------- async: no lost work
+ *
+ * A fused task can fail where its parts would not: its compile (a GPU
+ * task's parameters, a compiler's resources) or its launch (registers per
+ * thread, the launch's parameter space) is refused because it is large.
+ * Such a task did not run at all, so nothing of it is lost by running its
+ * parts instead, one by one, exactly as the unfused launches would have
+ * run: each part's task IR as inserted, its own arguments and its own
+ * launch number. An error a part still hits is reported on that part's
+ * launch (the rest of that launch is skipped, as everywhere in a batch);
+ * the fallback itself is counted (fb_counters.fuse_fallbacks), not an
+ * error. Errors while a task runs (out of bounds, sticky device errors)
+ * are not fallen back from: the task ran, and they say so. */
+
+typedef struct fallback {
+  struct fallback *next;
+  int n;
+  fb_opt_launch v[];       /* one per part; CUDA error slots point here */
+} fallback;
+
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code);
+
+/* Every part of L can run alone (the optimizer knew each one's shape). */
+static int can_fall_back(const fb_opt_launch *L) {
+  if (L->nparts < 2 || !L->parts) return 0;
+  for (int i = 0; i < L->nparts; i++)
+    if (!L->parts[i].k) return 0;
+  return 1;
+}
+
+static void count_part_compile(fb_session *s, const fb_cjob *c) {
+  if (c->rc) return;
+  if (c->code.cache_hit) {
+    s->c.cache_hits++;
+  } else {
+    s->c.tasks_compiled++;
+    s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
+  }
+  s->c.compile_s += c->code.compile_s;
+}
+
+/* Part p of L as a launch of its own. */
+static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
+  const fb_opt_part *pt = &L->parts[p];
+  fb_opt_launch P = {pt->ir, pt->k, pt->kind, pt->loop, pt->snode,
+                     L->args ? L->args + pt->argoff : NULL, pt->nargs, pt->launch, 1, pt, 1};
+  return P;
+}
+
+/* CUDA: room in r->slot for n more launches than the batch has entries. */
+static int gpu_slots(batch_run *r, int n) {
+  if (!r->s->q || !r->slot) return 1;
+  size_t have = (size_t)r->j->b->n + 1 + (size_t)r->extra_slots;
+  const fb_opt_launch **v = realloc(r->slot, sizeof *v * (have + (size_t)n));
+  if (!v) return 0;
+  memset(v + have, 0, sizeof *v * (size_t)n);
+  r->slot = v;
+  r->extra_slots += n;
+  return 1;
+}
+
+/* Run the parts of fused task L, which did not run (its error rc).
+ * 0 when L cannot fall back (not fused, or out of memory): the caller
+ * reports the fused task's error as before. */
+static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
+  fb_session *s = r->s;
+  if (!can_fall_back(L) || !gpu_slots(r, L->nparts)) return 0;
+  fallback *f = calloc(1, sizeof *f + sizeof f->v[0] * (size_t)L->nparts);
+  fb_cjob *cj = calloc((size_t)L->nparts, sizeof *cj);
+  if (!f || !cj) {
+    free(f);
+    free(cj);
+    return 0;
+  }
+  f->n = L->nparts;
+  f->next = r->fallbacks;
+  r->fallbacks = f;
+  if (s->trace) {
+    char args[64];
+    snprintf(args, sizeof args, "{\"parts\":%d,\"code\":%d}", L->nparts, rc);
+    double t = fb_trace_clock();
+    fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "fallback", L->k->name, t, t, args);
+  }
+  for (int p = 0; p < L->nparts; p++) {
+    fb_opt_launch *P = &f->v[p];
+    *P = part_launch(L, p);
+    if (P->launch == r->failed_launch) continue;
+    fb_cjob *c = &cj[p];
+    c->task.ir = P->k;
+    c->task.loop = P->loop;
+    c->trace = s->trace;
+    fb_cpool_wait(s->e->cpool, c, FB_TRACK_LAUNCHER); /* compiled here */
+    if (c->rc) {
+      compile_error(r, P, c);
+      r->failed_launch = P->launch;
+      continue;
+    }
+    fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+    run_entry(r, P, &code);
+  }
+  pthread_mutex_lock(&s->cmu);
+  s->c.fuse_fallbacks++;
+  for (int p = 0; p < L->nparts; p++) count_part_compile(s, &cj[p]);
+  pthread_mutex_unlock(&s->cmu);
+  free(cj);
+  return 1;
+}
+
+/* CUDA: fb_cuda_launch refused fused task L before it was queued (rc < 0);
+ * unless the queue is gone (a sticky error), its parts run instead. */
+static int launch_refused(batch_run *r, const fb_opt_launch *L, int rc) {
+  char dead[ERRLEN];
+  if (!can_fall_back(L) || fb_cuda_queue_alive(r->s->q, dead, sizeof dead)) return 0;
+  return fall_back(r, L, rc);
+}
+
+static void free_fallbacks(batch_run *r) {
+  while (r->fallbacks) {
+    fallback *f = r->fallbacks;
+    r->fallbacks = f->next;
+    free(f);
+  }
+}
+
+/* Run one task of the batch on the device. */
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
+  fb_session *s = r->s;
+  int32_t error = 0;
+  fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args, s->mem.rets, s->mem.gtmp,
+                   &error, s->seed, L->launch, s->sparse ? fb_sparse_state(s->sparse) : NULL};
+  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu};
+  int lg = L->kind == FB_TASK_LISTGEN;
+  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
+  double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
+  int failed = -1;
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc;
+  if (s->q) { /* queued: its error slot is read when the batch finishes */
+    rc = r->gpu_rc ? r->gpu_rc
+                   : fb_cuda_launch(s->q, &ctx, &rt, &hint, s->sparse, msg, sizeof msg);
+    if (rc >= 0) {
+      r->slot[rc] = L;
+      rc = 0;
+    } else if (!r->gpu_rc && launch_refused(r, L, rc)) {
+      return;
+    } else if (!msg[0]) {
+      snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
+    }
+  } else {
+    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, &rt, &hint, 1, &secs, &failed, msg,
+                           sizeof msg);
+  }
+  if (s->trace) {
+    char args[96];
+    snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)L->launch,
+             L->ntasks);
+    fb_trace_span(s->trace, FB_TRACK_DEVICE, "task", L->k->name, t0, fb_trace_clock(), args);
+  }
+  r->ran++;
+  r->backend_s += secs;
+  if (!rc) return;
+  task_error(r, L, rc, msg);
+  if (msg[0] || (rc != FB_EBOUNDS && rc != FB_EQUOTA)) r->failed_launch = L->launch;
+}
+
+/* The task hook before entry L: 1 when it cancels (then the first skipped
+ * launch is reported and nothing after it in the batch runs). */
+static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
+  fb_session *s = r->s;
+  if (r->cancelled) return 1;
+  if (!s->hook) return 0;
+  const launch_rec *lr = launch_of(r->j, L->launch);
+  if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, L->k->name, L->launch)) return 0;
+  s->hook(s->hook_user, NULL, NULL, L->launch);
+  r->cancelled = 1;
+  fbe_bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): "
+            "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
+            lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+            (unsigned long long)r->j->flush);
+  return 1;
+}
+
+/* Entry i: wait for its code (or compile it here), then run it. */
+static void run_one(batch_run *r, int i) {
+  fb_session *s = r->s;
+  async_job *j = r->j;
+  const fb_opt_launch *L = &j->b->v[i];
+  if (hook_cancels(r, L)) return;
+  if (j->which[i] < 0) {
+    if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i]);
+    if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
+    return;
+  }
+  fb_cjob *c = &j->cj[j->which[i]];
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  fb_cpool_wait(s->e->cpool, c, FB_TRACK_LAUNCHER);
+  if (s->trace) {
+    double t1 = fb_trace_clock();
+    char name[160];
+    snprintf(name, sizeof name, "code for %s", L->k->name);
+    if (t1 - t0 > 2e-6) fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "wait", name, t0, t1, NULL);
+  }
+  if (L->launch == r->failed_launch) return;
+  if (c->rc) {
+    if (fall_back(r, L, c->rc)) return;
+    compile_error(r, L, c);
+    r->failed_launch = L->launch;
+    return;
+  }
+  fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+  run_entry(r, L, &code);
+  if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
+}
+
+static void add_batch_counters(batch_run *r) {
+  fb_session *s = r->s;
+  pthread_mutex_lock(&s->cmu);
+  for (int i = 0; i < r->j->ncj; i++) {
+    const fb_cjob *c = &r->j->cj[i];
+    if (c->rc) continue;
+    if (c->code.cache_hit) {
+      s->c.cache_hits++;
+    } else {
+      s->c.tasks_compiled++;
+      s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
+    }
+    s->c.compile_s += c->code.compile_s;
+  }
+  s->c.cache_hits += r->hits;
+  s->c.tasks_launched += r->ran;
+  s->c.backend_s += r->backend_s;
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  pthread_mutex_unlock(&s->cmu);
+}
+
+/* CUDA: a batch's tasks are queued on the session's stream as their code
+ * is ready; its end waits for them and reads each one's error slot. */
+static void gpu_batch_begin(batch_run *r) {
+  char msg[ERRLEN];
+  r->slot = calloc((size_t)r->j->b->n + 1, sizeof *r->slot);
+  r->gpu_rc = r->slot ? fb_cuda_begin(r->s->q, msg, sizeof msg) : FB_ENOMEM;
+  if (r->gpu_rc)
+    fbe_bg_record(r->s, r->gpu_rc, NO_LAUNCH, -1, "flush %llu: %s; its %d tasks did not run",
+              (unsigned long long)r->j->flush, r->slot ? msg : "out of memory", r->j->b->n);
+}
+
+static void gpu_batch_end(batch_run *r) {
+  char msg[ERRLEN];
+  const int32_t *errs = NULL;
+  int n = 0;
+  double secs = 0;
+  int rc = r->gpu_rc ? 0 : fb_cuda_finish(r->s->q, &errs, &n, &secs, msg, sizeof msg);
+  if (rc)
+    fbe_bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
+  for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
+    if (errs[i] && r->slot[i]) task_error(r, r->slot[i], errs[i], "");
+  r->backend_s += secs;
+  free(r->slot);
+  r->slot = NULL;
+}
+
+/* One flushed batch: compile jobs to the pool, then the tasks in order.
+ * Return slots start at zero (a kernel with a return value is always the
+ * last launch of its batch). */
+void fbe_run_batch(fb_session *s, async_job *j) {
+  batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0, NULL, 0};
+  double t0 = fb_trace_clock();
+  if (plan_compiles(&r)) {
+    fbe_bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "
+              "they did not run", (unsigned long long)j->flush, j->b->n);
+    free(j->which);
+    j->which = NULL; /* nothing for the caller to learn from it */
+  } else {
+    memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
+    if (s->sparse) fb_sparse_begin(s->sparse);
+    if (s->q) gpu_batch_begin(&r);
+    for (int i = 0; i < j->b->n; i++) run_one(&r, i);
+    /* cancelled: the skipped tasks' compile jobs must leave the pool before
+     * the batch is freed; those never compiled must not be learned */
+    for (int c = 0; r.cancelled && c < j->ncj; c++)
+      if (fb_cpool_withdraw(s->e->cpool, &j->cj[c])) j->cj[c].rc = FB_ECANCELLED;
+    if (s->q) gpu_batch_end(&r);
+    free_fallbacks(&r);
+    if (s->sparse) fb_sparse_end(s->sparse);
+    add_batch_counters(&r);
+    note_seen(&r);
+  }
+  if (s->trace) {
+    char name[64], args[96];
+    snprintf(name, sizeof name, "flush %llu", (unsigned long long)j->flush);
+    snprintf(args, sizeof args, "{\"tasks\":%d,\"compile_jobs\":%d}", j->b->n, j->ncj);
+    fb_trace_span(s->trace, FB_TRACK_LAUNCHER, "batch", name, t0, fb_trace_clock(), args);
+  }
+}
+
+void fbe_worker_run(void *user, fb_ordq_item *it) {
+  fb_session *s = user;
+  async_job *j = (async_job *)it;
+  fbe_run_batch(s, j);
+  pthread_mutex_lock(&s->as->mu);
+  j->done_next = s->as->done;
+  s->as->done = j;
+  pthread_mutex_unlock(&s->as->mu);
+}
