@@ -210,6 +210,23 @@ class Client:
             raise from_rpc(method, e) from None
 
     # -- the server
+    def ready(self, timeout: float = 5.0) -> bool:
+        """Whether the server answers its health check with SERVING
+        (``grpc.health.v1.Health/Check``), like Triton's
+        ``is_server_ready``. False when it cannot be reached or is not
+        serving (a server shutting down, for instance); never raises for
+        those."""
+        if self.closed:
+            return False
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            # HealthCheckRequest{service: ""} is empty on the wire; the
+            # answer is HealthCheckResponse{status}, SERVING = 1: b"\x08\x01"
+            r = check(b"", timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError:
+            return False
+        return r == b"\x08\x01"
+
     def info(self, timeout: Optional[float] = None) -> ServerInfo:
         """The server's version, backend and limits (GetInfo)."""
         r = self._call("GetInfo", pb.InfoRequest(), timeout)

@@ -256,6 +256,7 @@ class Kernel:
 
     @property
     def name(self) -> str:
+        """The kernel's name."""
         return self.info.name
 
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Any]:
@@ -553,6 +554,7 @@ class Field:
 
 
 def type_name_of(dt: np.dtype) -> str:
+    """The .fbk name of a NumPy dtype ("f32" for float32, ...)."""
     for name, d in _TYPES.values():
         if d == dt:
             return name

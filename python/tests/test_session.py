@@ -252,6 +252,7 @@ def test_closed_session(fb):
 
 def test_server_gone(server):
     c = fusebox.connect(server.address, timeout=20)
+    assert c.ready() is True
     s = c.session(VEC, params={"N": 2})
     s.kernels.scale(2)
     server.proc.send_signal(signal.SIGKILL)
@@ -261,7 +262,9 @@ def test_server_gone(server):
     assert e.value.status == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(fusebox.ConnectionLostError):
         c.info()
+    assert c.ready(timeout=5) is False
     c.close()
+    assert c.ready() is False
 
 
 # ------------------------------------------------------------------ as `fusebox run`
