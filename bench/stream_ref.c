@@ -2,7 +2,8 @@
  * dense kernels (bench/micro/stream/): McCalpin's copy (c = a) and triad
  * (a = b + 3c) on f32 arrays of n elements, split over T threads the way
  * the CPU pool splits a parallel task (one contiguous chunk each), compiled
- * by the C compiler (Release: -O3). Counted as STREAM counts: 8 bytes per
+ * by the C compiler for this machine (Release: -O3 -march=native, as the
+ * JIT targets the host CPU). Counted as STREAM counts: 8 bytes per
  * element for a copy, 12 for a triad (f32), no write-allocate traffic.
  * Each repetition does 10 passes, as one step of a stream_* session does,
  * so the ms per repetition compare directly with `fusebox bench`.
@@ -24,11 +25,15 @@ typedef struct job {
 
 static void *run(void *p) {
   job *j = p;
+  /* locals, restrict: the project builds with -fno-strict-aliasing, under
+   * which the compiler would reload j->a... every element */
+  float *restrict a = j->a, *restrict b = j->b, *restrict c = j->c;
+  size_t lo = j->lo, hi = j->hi;
   for (int pass = 0; pass < 10; pass++) {
     if (j->op == 0)
-      for (size_t i = j->lo; i < j->hi; i++) j->c[i] = j->a[i];
+      for (size_t i = lo; i < hi; i++) c[i] = a[i];
     else
-      for (size_t i = j->lo; i < j->hi; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
+      for (size_t i = lo; i < hi; i++) a[i] = b[i] + 3.0f * c[i];
     __asm__ volatile("" ::: "memory"); /* ten real passes, none merged */
   }
   return NULL;
