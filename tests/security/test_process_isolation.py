@@ -307,7 +307,8 @@ def test_memory_budget(make_server):
         raise AssertionError("a session over the memory budget was admitted")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
-        assert "memory_budget" in e.details() and "3145728" in e.details(), e.details()
+        assert "memory budget 3 MiB is full: sessions " in e.details(), e.details()
+        assert "CreateSession of" in e.details() and "memory_budget" in e.details(), e.details()
     c.close_session(pb.CloseSessionRequest(session_id=first), timeout=RPC_TIMEOUT)
     third = c.new_session(big)
     assert third and second
