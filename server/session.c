@@ -198,7 +198,9 @@ int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out, const char *what, cha
   pthread_mutex_unlock(&s->mu);
   if (out->p) return 0;
   if (stage_new(s, n, out, what, err, errlen) != FB_EQUOTA) return out->p ? 0 : FB_ENOMEM;
-  /* the buffers this session keeps for reuse count too: give them back first */
+  /* the buffers this session keeps for reuse count too: give them back and
+   * try once more (one request, one refusal in the count) */
+  atomic_fetch_sub(&s->srv->budget_refused, 1);
   stage_expire(s, 1e300);
   return stage_new(s, n, out, what, err, errlen);
 }
