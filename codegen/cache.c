@@ -49,6 +49,7 @@ struct fb_code_cache {
   size_t nbuckets, nentries;
   entry *newest, *oldest;
   uint64_t bytes, limit;   /* limit 0: none */
+  uint64_t pinned_bytes;   /* of bytes, in entries pinned now (kept as pins change) */
   uint64_t evictions;
   void (*drop)(void *user, fb_code_val *v);
   void *drop_user;
@@ -166,8 +167,7 @@ void fb_code_cache_stats(fb_code_cache *c, fb_code_cache_info *out) {
   out->limit = c->limit;
   out->entries = c->nentries;
   out->evictions = c->evictions;
-  for (entry *e = c->newest; e; e = e->older)
-    if (e->pins || e->forever) out->pinned_bytes += e->bytes;
+  out->pinned_bytes = c->pinned_bytes;
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -175,11 +175,21 @@ void fb_code_cache_stats(fb_code_cache *c, fb_code_cache_info *out) {
 
 fb_code_pins *fb_code_pins_new(void) { return calloc(1, sizeof(fb_code_pins)); }
 
+static int held(const entry *e) { return e->pins > 0 || e->forever; }
+
+/* Keep c->pinned_bytes as e goes from held (was) to held(e) or back. */
+static void note_held(fb_code_cache *c, entry *e, int was) {
+  if (!was && held(e)) c->pinned_bytes += e->bytes;
+  else if (was && !held(e)) c->pinned_bytes -= e->bytes;
+}
+
 /* Pin e for p (once per owner); without p, or when p cannot grow or
  * belongs to another cache, e is pinned for good. Under c->mu. */
 static void pin_locked(fb_code_cache *c, entry *e, fb_code_pins *p) {
+  int was = held(e);
   if (!p || (p->c && p->c != c)) {
     e->forever = 1;
+    note_held(c, e, was);
     return;
   }
   for (int i = 0; i < p->n; i++)
@@ -189,6 +199,7 @@ static void pin_locked(fb_code_cache *c, entry *e, fb_code_pins *p) {
     entry **v = realloc(p->v, sizeof *v * (size_t)nc);
     if (!v) {
       e->forever = 1;
+      note_held(c, e, was);
       return;
     }
     p->v = v;
@@ -197,6 +208,7 @@ static void pin_locked(fb_code_cache *c, entry *e, fb_code_pins *p) {
   p->c = c;
   p->v[p->n++] = e;
   e->pins++;
+  note_held(c, e, was);
 }
 
 void fb_code_pins_release(fb_code_pins *p) {
@@ -205,7 +217,10 @@ void fb_code_pins_release(fb_code_pins *p) {
   if (c) {
     entry *gone = NULL;
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < p->n; i++) p->v[i]->pins--;
+    for (int i = 0; i < p->n; i++) {
+      p->v[i]->pins--;
+      note_held(c, p->v[i], 1);
+    }
     evict_locked(c, &gone);
     pthread_mutex_unlock(&c->mu);
     drop_all(c, gone);
