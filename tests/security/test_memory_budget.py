@@ -301,7 +301,13 @@ def test_code_cache_is_no_oracle_across_tenants(daemons):  # noqa: F811 (the fix
         sid = client.new_session(dense_layout(16))
         client.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[_adder(7)]),
                         timeout=RPC_TIMEOUT)
-        n = _stats(client, sid).sessions[0].counters.cache_hits
+        # the session's counters follow a job just after its reply: wait until
+        # they show the registration's one task, compiled or found
+        def counters():
+            return _stats(client, sid).sessions[0].counters
+        _until("the registration's counters",
+               lambda: counters().tasks_compiled + counters().cache_hits >= 1)
+        n = counters().cache_hits
         client.close_session(pb.CloseSessionRequest(session_id=sid), timeout=RPC_TIMEOUT)
         return n
 
