@@ -14,6 +14,7 @@ __attribute__((format(printf, 5, 6)))
 void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...) {
   async_state *a = s->as;
   pthread_mutex_lock(&a->mu);
+  a->tainted = 1;
   if (a->err.code) {
     a->err.more++;
   } else {
@@ -500,6 +501,10 @@ void fbe_run_batch(fb_session *s, async_job *j) {
     if (s->sparse) fb_sparse_begin(s->sparse);
     if (s->q) gpu_batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);
+    /* cancelled: the skipped tasks' compile jobs must leave the pool before
+     * the batch is freed; those never compiled must not be learned */
+    for (int c = 0; r.cancelled && c < j->ncj; c++)
+      if (fb_cpool_withdraw(s->e->cpool, &j->cj[c])) j->cj[c].rc = FB_ECANCELLED;
     if (s->q) gpu_batch_end(&r);
     free_fallbacks(&r);
     if (s->sparse) fb_sparse_end(s->sparse);

@@ -151,6 +151,9 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
 /* Bytes the pool has handed out, and blocks live per SNode (for tests). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp);
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);
+/* Pointer SNode snode: cells activated or deactivated so far (each slot
+ * set or cleared counts; only while no task runs is it exact). */
+uint64_t fb_sparse_changes(const fb_sparse *sp, int snode);
 
 /* ---------------------------------------------------------------- launcher */
 
@@ -305,6 +308,10 @@ void fb_cpool_submit(fb_cpool *p, fb_cjob *jobs, int n);
  * zeroed, task and trace set) is compiled on the calling thread (its events
  * on track `tid`), so a waiter never waits for a job nobody works on. */
 void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid);
+/* Take back a job nobody will wait for (its batch was cancelled), so that
+ * its memory may be freed: one still queued (or never submitted) is dropped
+ * uncompiled and 1 returned; one being compiled is waited for (0). */
+int fb_cpool_withdraw(fb_cpool *p, fb_cjob *job);
 
 /* ---------------------------------------------------------------- ordered queue
  * One thread that runs pushed items one at a time in push order (a

@@ -77,14 +77,22 @@ static void note_name(char *slot, size_t n, const char *name) {
   slot[len] = 0;
 }
 
-/* The engine's task hook: note what runs (for kernel_timeout_s) and cancel
- * at this task boundary when the broker asked to. */
+/* The engine's task hook: note what runs (for kernel_timeout_s), wait while
+ * the scheduler holds the session, and cancel at this task boundary when
+ * the broker asked to. */
 static int watch_hook(void *user, const char *kernel, const char *task, uint64_t launch) {
   fbd_watch *w = user;
   (void)launch;
   if (!kernel) {
     atomic_store_explicit(&w->started_ns, 0, memory_order_release);
     return 0;
+  }
+  /* the fair scheduler holds this tenant back: wait here, between tasks,
+   * until it lets go (or the work is cancelled) */
+  while (atomic_load_explicit(&w->hold, memory_order_acquire) &&
+         !atomic_load_explicit(&w->cancel, memory_order_acquire)) {
+    struct timespec d = {0, 200000};
+    nanosleep(&d, NULL);
   }
   if (atomic_load_explicit(&w->cancel, memory_order_acquire)) return 1;
   note_name(w->kernel, sizeof w->kernel, kernel);
@@ -382,6 +390,25 @@ static void run_read(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply
   if ((rc = fb_field_read(x->es, field, buf, len))) reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
 }
 
+/* The field's activity mask (one byte per element) goes to buf, streamed out
+ * like a read. */
+static void run_active(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply *r) {
+  uint64_t bytes = 0;
+  char err[256];
+  int rc = fbd_field_bytes(x->layout, field, &bytes, err, sizeof err);
+  if (!rc && (uint64_t)fb_field_numel(x->layout, field) != len) {
+    snprintf(err, sizeof err, "field %d holds %lld elements, not %zu", field,
+             (long long)fb_field_numel(x->layout, field), len);
+    rc = FB_EINVAL;
+  }
+  if (rc) {
+    reply_finish(r, rc, "%s", err);
+    return;
+  }
+  if ((rc = fb_field_active(x->es, field, buf, len)))
+    reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
@@ -421,6 +448,7 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
   case FBD_J_BATCH: run_batch(x, msg, r); break;
   case FBD_J_WRITE: run_write(x, field, buf, len, r); break;
   case FBD_J_READ: run_read(x, field, buf, len, r); break;
+  case FBD_J_ACTIVE: run_active(x, field, buf, len, r); break;
   case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
   case FBD_J_END: break;
   }

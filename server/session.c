@@ -242,6 +242,7 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
   s->last_active = fbd_now();
+  j->posted_at = s->last_active;
   if (j->kind == FBD_J_END || j->kind == FBD_J_CLOSE) s->state = FBD_ENDING;
   pthread_cond_signal(&s->cv);
   return 0;
@@ -482,13 +483,16 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   fbd_server *srv = s->srv;
   fbd_reply r;
   memset(&r, 0, sizeof r);
-  int read = j->kind == FBD_J_READ;
-  if (read) { /* where the worker puts the field's bytes */
+  int read = j->kind == FBD_J_READ || j->kind == FBD_J_ACTIVE;
+  if (read) { /* where the worker puts the field's bytes (or its activity mask) */
     uint64_t bytes = 0;
     if ((r.code = fbd_field_bytes(s->layout, j->field, &bytes, r.msg, sizeof r.msg))) {
       r.finish = 1; /* its own code: NOT_FOUND for no such field */
-    } else if ((r.code = fbd_stage_take(s, bytes, &j->buf, "ReadField", r.msg, sizeof r.msg))) {
-      r.finish = 1;
+    } else {
+      /* the mask is one byte per element: never more than the values */
+      if (j->kind == FBD_J_ACTIVE) bytes = (uint64_t)fb_field_numel(s->layout, j->field);
+      if ((r.code = fbd_stage_take(s, bytes, &j->buf, "ReadField", r.msg, sizeof r.msg)))
+        r.finish = 1;
     }
   }
   pthread_mutex_lock(&s->mu);
@@ -500,10 +504,16 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);
-  } else if (!fbd_isolated(srv->cfg)) {
-    fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
   } else {
-    fbd_proc_run(s, j, &r);
+    /* the fair scheduler decides when this tenant's job may run */
+    fbd_run run;
+    fbd_sched_enter(s, j->kind, &run);
+    if (!fbd_isolated(srv->cfg))
+      fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
+    else
+      fbd_proc_run(s, j, &r);
+    int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
+    fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
   if (j->kind == FBD_J_CREATE && r.code) {
@@ -596,6 +606,7 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
   atomic_store(&s->queued, 0);
   s->abort_at = fbd_now();
   if (s->watch) atomic_store(&s->watch->cancel, 1); /* the running job stops at a task boundary */
+  fbd_sched_kick(s); /* ... even when the scheduler paused it */
   if (keep) {
     s->qh = s->qt = keep;
     s->depth = 1;
@@ -633,6 +644,7 @@ int fbd_session_cancel(fbd_session *s) {
   int pending = (int)(s->posted - s->done);
   if (live && s->watch) atomic_store(&s->watch->cancel, 1);
   pthread_mutex_unlock(&s->mu);
+  if (live) fbd_sched_kick(s);
   return live ? pending : -1;
 }
 
