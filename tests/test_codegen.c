@@ -450,7 +450,7 @@ static char *fast_ir(fb_program *p, const char *kernel) {
   ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
   ck_assert_int_eq(tl.n, 1);
   ck_assert_int_ge(tl.v[0].loop, 0);
-  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop};
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
   char *text = NULL;
   ck_assert_msg(fb_llvm_ir_text(&t, "x86_64-O3", &text, err, sizeof err) == 0, "IR of %s: %s",
                 kernel, err);
