@@ -513,3 +513,9 @@ int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *co
   *ntasks = s->kernels[kernel].tl.n;
   return 0;
 }
+
+const char *fb_session_task_kind(const fb_session *s, int kernel, int task) {
+  if (!s || kernel < 0 || kernel >= s->nkernels) return NULL;
+  const fb_task_list *tl = &s->kernels[kernel].tl;
+  return task >= 0 && task < tl->n ? fb_task_kind_name(tl->v[task].kind) : NULL;
+}

@@ -45,6 +45,8 @@ set(cases
   "fusebox_client runtime/runtime.h no"
   "fusebox_client engine/internal.h no"
   "fusebox_client server/server.h no"
+  "fusebox ir/base.h ok"
+  "fusebox optimizer/optimizer.h no"
   "fusebox runtime/runtime.h no"
   "fusebox engine/internal.h no"
   "fusebox codegen/codegen.h no")

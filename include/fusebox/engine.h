@@ -136,6 +136,9 @@ int fb_session_find_kernel(const fb_session *s, const char *name);
 /* The kernel's tasks as IR (owned by the session): for `fusebox ir`. */
 int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *const **tasks,
                             int *ntasks);
+/* The kind of the kernel's task `task`: "serial", "range_for", "struct_for",
+ * "clear_list", "listgen" or "gc"; NULL when there is no such task. */
+const char *fb_session_task_kind(const fb_session *s, int kernel, int task);
 
 /* Launch a kernel. args: one value per parameter, converted to the
  * parameter type when the kinds agree (int to int, float to float).
