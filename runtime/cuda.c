@@ -72,14 +72,14 @@ static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char 
     pthread_mutex_lock(&d->mu);
     if (!d->broken && (!q || q->gen == d->gen)) {
       d->broken = 1;
-      snprintf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
-               "made again once the sessions it ended are closed", es, what);
+      fb_errf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
+              "made again once the sessions it ended are closed", es, what);
     }
     pthread_mutex_unlock(&d->mu);
     if (q && !q->dead) {
       q->dead = 1;
-      snprintf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
-               "session's device memory is lost; close it and open a new one", es, what);
+      fb_errf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
+              "session's device memory is lost; close it and open a new one", es, what);
     }
     if (q) return fb_errf(err, errlen, "%s", q->why), FB_EDEVICE;
   }
@@ -198,7 +198,7 @@ const char *fb_cuda_device_sm(const fb_cuda_device *d) { return d->sm; }
 int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len) {
   pthread_mutex_lock(&d->mu);
   int ok = !d->broken;
-  if (!ok && why && len) snprintf(why, len, "%s", d->why);
+  if (!ok) fb_errf(why, len, "%s", d->why);
   pthread_mutex_unlock(&d->mu);
   return ok;
 }
@@ -217,7 +217,7 @@ static void remake_context(fb_cuda_device *d) {
     d->broken = 0;
     d->why[0] = 0;
   } else {
-    snprintf(d->why, sizeof d->why, "the GPU context could not be made again: %.250s", err);
+    fb_errf(d->why, sizeof d->why, "the GPU context could not be made again: %.250s", err);
   }
 }
 
@@ -395,8 +395,8 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen) {
     pthread_mutex_lock(&q->d->mu);
     if (q->d->broken || q->gen != q->d->gen) {
       q->dead = 1;
-      snprintf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
-               "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
+      fb_errf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
+              "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
     }
     pthread_mutex_unlock(&q->d->mu);
   }
@@ -552,7 +552,7 @@ static int cuda_run(void *vq, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *t
   char fmsg[2048];
   int frc = fb_cuda_finish(q, &errs, &n, secs, fmsg, sizeof fmsg);
   if (frc && (!rc || frc == FB_EDEVICE)) {
-    snprintf(msg, len, "%s", fmsg);
+    fb_errf(msg, len, "%s", fmsg);
     return frc;
   }
   for (int i = 0; !rc && i < n; i++)

@@ -16,7 +16,7 @@ int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen
   *out = NULL;
   fb_cpu_device *d = calloc(1, sizeof *d);
   if (!d) {
-    if (err && errlen) snprintf(err, errlen, "CPU device: out of memory");
+    fb_errf(err, errlen, "CPU device: out of memory");
     return FB_ENOMEM;
   }
   int rc = fb_pool_new(threads, 0, &d->pool, err, errlen);
