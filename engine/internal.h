@@ -37,12 +37,12 @@
  * run, and a block that does not fit in the session's memory limit is
  * reported as FB_EQUOTA naming the kernel and the SNode (docs/sparse.md).
  *
- * Sharing: an engine holds the JIT (and its code cache), the thread pool
- * and the compile pool, all safe to use from several threads; everything
- * else belongs to one session, and a session is used by one thread at a
- * time (plus its own worker, which touches only device memory, the sparse
- * runtime and what it shares under the session's mutexes). Sessions must be
- * destroyed before their engine (their code lives in the engine's JIT). */
+ * Sharing: the public threading contract is in include/fusebox/engine.h
+ * ("Threads"). Inside: an engine holds the JIT (and its code cache), the
+ * thread pool and the compile pool, all safe to use from several threads;
+ * everything else belongs to one session, used by its caller's thread and
+ * its own worker, which touches only device memory, the sparse runtime and
+ * what it shares under the session's mutexes (as, cmu). */
 #ifndef FB_ENGINE_INTERNAL_H
 #define FB_ENGINE_INTERNAL_H
 
