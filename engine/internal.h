@@ -76,7 +76,7 @@ struct fb_engine {
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
   int next_pid;        /* timeline process ids */
-  fb_compile_gate gate; /* tests: compiles it refuses (server/engine_test.h) */
+  fb_compile_gate gate; /* tests: compiles it refuses (engine/engine_test.h) */
   void *gate_user;
 };
 
