@@ -5,7 +5,8 @@
  *     {"name": "alice", "role": "user",
  *      "token_sha256": ["<64 hex digits: SHA-256 of the token>"],
  *      "subjects": ["CN=alice,O=Example"],
- *      "limits": {"max_sessions": 4, "memory_bytes": "8G"}}]}
+ *      "limits": {"max_sessions": 4, "memory_bytes": "8G", "time_share": 1,
+ *                 "max_compiles": 2}}]}
  * It holds hashes only, never tokens. A call names its tenant by a bearer
  * token ("authorization: Bearer TOKEN" metadata), whose SHA-256 (OpenSSL's
  * EVP) is compared in constant time with every hash in the file, or by the
@@ -93,9 +94,23 @@ static int limits_from_json(fbd_tenant *t, json_t *v, const char *where, char *e
                 "\"8G\")", where);
         return FB_EINVAL;
       }
+    } else if (!strcmp(key, "time_share")) {
+      if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 1000) {
+        fb_errf(err, errlen, "%s.limits.time_share: expected an integer 1..1000 (the tenant's "
+                "weight in the fair scheduler)", where);
+        return FB_EINVAL;
+      }
+      atomic_store(&t->time_share, (int)json_integer_value(x));
+    } else if (!strcmp(key, "max_compiles")) {
+      if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 1024) {
+        fb_errf(err, errlen, "%s.limits.max_compiles: expected an integer 0..1024 (0: no limit)",
+                where);
+        return FB_EINVAL;
+      }
+      atomic_store(&t->max_compiles, (int)json_integer_value(x));
     } else {
-      fb_errf(err, errlen, "%s.limits: unknown key '%s' (expected max_sessions, memory_bytes)",
-              where, key);
+      fb_errf(err, errlen, "%s.limits: unknown key '%s' (expected max_sessions, memory_bytes, "
+              "time_share, max_compiles)", where, key);
       return FB_EINVAL;
     }
   }
@@ -158,6 +173,8 @@ static int tenant_from_json(fbd_tenant *t, json_t *o, size_t idx, char *err, siz
     return FB_EINVAL;
   }
   t->admin = !strcmp(r, "admin");
+  atomic_store(&t->time_share, 1);
+  atomic_store(&t->max_compiles, FBD_DEFAULT_MAX_COMPILES);
   char **hex = NULL;
   int nhex = 0;
   int rc = strings_from_json(json_object_get(o, "token_sha256"), where, "token_sha256", &hex,
@@ -281,6 +298,8 @@ static int install(fbd_auth *a, fbd_tenant *v, int n) {
     t->admin = v[i].admin;
     t->max_sessions = v[i].max_sessions;
     t->memory_bytes = v[i].memory_bytes;
+    atomic_store(&t->time_share, atomic_load(&v[i].time_share));
+    atomic_store(&t->max_compiles, atomic_load(&v[i].max_compiles));
     t->hashes = v[i].hashes;
     t->nhashes = v[i].nhashes;
     t->subjects = v[i].subjects;

@@ -16,6 +16,7 @@
 #include <grpc/grpc_security.h>
 
 #define FBD_TENANT_NAME 64
+#define FBD_DEFAULT_MAX_COMPILES 2 /* a tenant's RegisterKernels at once, unless it says */
 
 /* One tenant of the tenants file. Tenants are never freed while the server
  * runs (a reload updates them in place by name, and marks those no longer
@@ -26,6 +27,8 @@ typedef struct fbd_tenant {
   int admin, removed;
   int max_sessions;         /* 0: only the server's limit */
   uint64_t memory_bytes;    /* sum of its sessions' memory limits; 0: unlimited */
+  atomic_int time_share;    /* its weight in the fair scheduler (sched.c), 1..1000 */
+  atomic_int max_compiles;  /* RegisterKernels running at once; 0: no limit */
   uint8_t (*hashes)[32];    /* SHA-256 of its tokens */
   int nhashes;
   char **subjects;          /* client-certificate subjects ("CN=alice,O=x") */
@@ -79,8 +82,12 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
 /* tls.c: the credentials for listening address addr (a unix socket is
  * always plain). NULL with err when the settings or files are wrong, or
  * when addr is plain TCP off loopback without --insecure. */
-grpc_server_credentials *fbd_tls_server_creds(const fbd_config *cfg, fbd_log *log,
-                                              const char *addr, char *err, size_t errlen);
+grpc_server_credentials *fbd_tls_server_creds(fbd_server *srv, const char *addr, char *err,
+                                              size_t errlen);
+/* SIGHUP: read the certificate, key and client CA again; new handshakes get
+ * them (a file that does not load changes nothing, logged). */
+void fbd_tls_reload(fbd_server *srv);
+void fbd_tls_free(fbd_server *srv); /* after the gRPC server is destroyed */
 /* A whole file into a NUL-terminated string (for PEM files), or NULL. */
 char *fbd_read_text(const char *path, size_t max, char *err, size_t errlen);
 

@@ -10,7 +10,7 @@
  *   --worker-overhead-bytes,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
- *   --log-format text|json.
+ *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -42,6 +42,8 @@ void fbd_config_defaults(fbd_config *c) {
   c->compile_timeout_s = 60;
   c->spare_workers = 1;
   c->worker_overhead_bytes = (uint64_t)4 << 30;
+  c->fair_share = strdup("on");
+  c->fair_slice_ms = 10;
 }
 
 void fbd_config_free(fbd_config *c) {
@@ -55,6 +57,7 @@ void fbd_config_free(fbd_config *c) {
   free(c->tls_client_ca);
   free(c->tenants);
   free(c->metrics_listen);
+  free(c->fair_share);
   memset(c, 0, sizeof *c);
 }
 
@@ -100,6 +103,10 @@ void fbd_usage(FILE *f) {
           "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
           "                             every call must authenticate; re-read on SIGHUP\n"
           "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
+          "  --fair-share on|off        hold back a tenant over its share of device time while\n"
+          "                             another tenant has work (default on)\n"
+          "  --fair-slice-ms N          how far a tenant may run ahead of the least served\n"
+          "                             one before it is held back (default 10)\n"
           "  --help, --version\n"
           "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
           "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
@@ -170,10 +177,16 @@ static const opt opts[] = {
     {"insecure", OPT_BOOL, OFF(insecure), 0},
     {"tenants", OPT_GROUP, OFF(tenants), 0},
     {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
+    {"fair_share", OPT_STR, OFF(fair_share), 0},
+    {"fair_slice_ms", OPT_INT, OFF(fair_slice_ms), 1},
 };
 
 int fbd_isolated(const fbd_config *cfg) {
   return cfg->isolation && strcmp(cfg->isolation, "process") == 0;
+}
+
+int fbd_fair_share_on(const fbd_config *cfg) {
+  return cfg->fair_share && strcmp(cfg->fair_share, "on") == 0;
 }
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -449,6 +462,10 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
   if (!fbd_isolated(c) && strcmp(c->isolation, "thread") != 0) {
     fb_errf(err, errlen, "isolation: invalid value '%s' (expected process or thread)",
             c->isolation);
+    return FB_EINVAL;
+  }
+  if (!fbd_fair_share_on(c) && strcmp(c->fair_share, "off") != 0) {
+    fb_errf(err, errlen, "fair_share: invalid value '%s' (expected on or off)", c->fair_share);
     return FB_EINVAL;
   }
   if (c->nlisten == 0) return add_listen(c, "127.0.0.1:50051", err, errlen);

@@ -77,14 +77,22 @@ static void note_name(char *slot, size_t n, const char *name) {
   slot[len] = 0;
 }
 
-/* The engine's task hook: note what runs (for kernel_timeout_s) and cancel
- * at this task boundary when the broker asked to. */
+/* The engine's task hook: note what runs (for kernel_timeout_s), wait while
+ * the scheduler holds the session, and cancel at this task boundary when
+ * the broker asked to. */
 static int watch_hook(void *user, const char *kernel, const char *task, uint64_t launch) {
   fbd_watch *w = user;
   (void)launch;
   if (!kernel) {
     atomic_store_explicit(&w->started_ns, 0, memory_order_release);
     return 0;
+  }
+  /* the fair scheduler holds this tenant back: wait here, between tasks,
+   * until it lets go (or the work is cancelled) */
+  while (atomic_load_explicit(&w->hold, memory_order_acquire) &&
+         !atomic_load_explicit(&w->cancel, memory_order_acquire)) {
+    struct timespec d = {0, 200000};
+    nanosleep(&d, NULL);
   }
   if (atomic_load_explicit(&w->cancel, memory_order_acquire)) return 1;
   note_name(w->kernel, sizeof w->kernel, kernel);

@@ -89,6 +89,7 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
     if (sig == SIGHUP) {
       reload(cfg, log, argc, argv);
       fbd_auth_reload(srv); /* the tenants file, with or without --config */
+      fbd_tls_reload(srv);  /* and the TLS certificate, key and client CA */
     }
     fbd_server_tick(srv);
   }

@@ -187,6 +187,10 @@ static void metrics_text(fbd_server *srv, text *t) {
   metric(t, "auth_failures_total", "counter", "Calls refused UNAUTHENTICATED.",
          atomic_load(&srv->auth->failures));
   if (srv->auth->enabled) tenants_text(srv, t);
+  char *sched = fbd_sched_metrics(srv); /* histograms and the fair scheduler, per tenant */
+  if (!sched) t->oom = 1;
+  else put(t, "%s", sched);
+  free(sched);
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,

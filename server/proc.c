@@ -37,6 +37,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +63,7 @@ extern char **environ;
 
 struct fbd_proc {
   pid_t pid;
+  int pidfd;                /* for the scheduler's SIGSTOP/SIGCONT; -1 when none */
   int fd;                   /* the socket to the worker */
   fbd_watch *watch;         /* the page shared with it */
   int reaped;
@@ -229,9 +231,19 @@ static void proc_reap(fbd_proc *p, int kill_it, char *why, size_t n) {
   }
 }
 
+void fbd_proc_signal(fbd_proc *p, int sig) {
+#ifdef SYS_pidfd_send_signal
+  if (p && p->pidfd >= 0) syscall(SYS_pidfd_send_signal, p->pidfd, sig, NULL, 0);
+#else
+  (void)p;
+  (void)sig;
+#endif
+}
+
 void fbd_proc_free(fbd_proc *p) {
   if (!p) return;
   if (p->fd >= 0) close(p->fd);
+  if (p->pidfd >= 0) close(p->pidfd);
   proc_reap(p, 1, NULL, 0);
   if (p->watch) munmap(p->watch, WATCH_BYTES);
   free(p);
@@ -247,6 +259,7 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   fbd_proc *p = calloc(1, sizeof *p);
   if (!p) return FB_ENOMEM;
   p->fd = -1;
+  p->pidfd = -1;
   p->reaped = 1;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) ||
       (wfd = memfd_create("fusebox-watch", MFD_CLOEXEC)) < 0 || ftruncate(wfd, WATCH_BYTES) ||
@@ -278,6 +291,9 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     goto fail;
   }
   p->reaped = 0;
+#ifdef SYS_pidfd_open
+  p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0); /* -1 on old kernels: no pausing */
+#endif
   close(sv[1]);
   close(wfd);
   p->fd = sv[0];
@@ -393,6 +409,8 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
              ABORT_GRACE_S);
     return buf;
   }
+  double held = fbd_sched_held(s); /* paused by the scheduler: not the job's time */
+  t0 += held;
   if (kind == FBD_J_REGISTER && cfg->compile_timeout_s > 0 && now - t0 > cfg->compile_timeout_s) {
     *code = FB_ETIMEOUT;
     snprintf(buf, n, "compiling the kernels ran past compile_timeout_s (%g s)",
@@ -400,7 +418,7 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
     return buf;
   }
   uint64_t st = atomic_load_explicit(&s->watch->started_ns, memory_order_acquire);
-  double since = st ? now - (double)st * 1e-9 : 0;
+  double since = st ? now - (double)st * 1e-9 - held : 0;
   if (since > now - t0) since = now - t0; /* the worker's clock is not trusted past the job */
   if (kind != FBD_J_REGISTER && cfg->kernel_timeout_s > 0 && st && since > cfg->kernel_timeout_s) {
     char kernel[64], task[64];

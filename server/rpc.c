@@ -458,7 +458,7 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     int rc = claim_socket(addr, err, errlen);
     if (rc) return rc;
     int is_unix = strncmp(addr, "unix:", 5) == 0;
-    grpc_server_credentials *cr = fbd_tls_server_creds(cfg, srv->log, addr, err, errlen);
+    grpc_server_credentials *cr = fbd_tls_server_creds(srv, addr, err, errlen);
     if (!cr) return FB_EINVAL;
     mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
     int port = grpc_server_add_http2_port(srv->server, addr, cr);
@@ -563,6 +563,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
+  if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (!rc) rc = fbd_metrics_start(srv, err, errlen);
@@ -657,6 +658,7 @@ int fbd_server_shutdown(fbd_server *srv) {
   }
   fbd_metrics_stop(srv); /* its handler reads the engine */
   fbd_procs_stop(srv);
+  fbd_sched_stop(srv);  /* no session thread is left to enter it */
   fb_engine_destroy(srv->engine);
   srv->engine = NULL;
   return 0;
@@ -674,6 +676,7 @@ void fbd_server_free(fbd_server *srv) {
   free(srv->sessions);
   free(srv->zombies);
   fbd_auth_free(srv);
+  fbd_tls_free(srv);
   pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);
   pthread_cond_destroy(&srv->cv);

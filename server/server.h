@@ -73,6 +73,8 @@ typedef struct fbd_config {
   int insecure;                  /* allow plain TCP on a non-loopback address */
   char *tenants;                 /* tenants file (JSON); NULL: one anonymous tenant */
   char *metrics_listen;          /* host:port of the HTTP /metrics, /healthz, /readyz */
+  char *fair_share;              /* "on": hold back tenants over their share (sched.c); "off" */
+  int fair_slice_ms;             /* how far a tenant may run ahead of the least served one */
   int ready_fd;                  /* -1, or write the bound addresses here when serving */
 } fbd_config;
 
@@ -92,6 +94,8 @@ void fbd_usage(FILE *f);
 
 /* The isolation mode of cfg: 1 for process, 0 for thread. */
 int fbd_isolated(const fbd_config *cfg);
+/* --fair-share: 1 for on. */
+int fbd_fair_share_on(const fbd_config *cfg);
 
 /* ---------------------------------------------------------------- log
  * One line per event: "<UTC time> <LEVEL> <message>". Safe from any thread. */
@@ -234,6 +238,8 @@ struct fbd_server {
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
   struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
   struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
+  struct fbd_sched *sched;  /* the fair scheduler (sched.c) */
+  struct fbd_tls *tls;      /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -298,6 +304,7 @@ typedef struct fbd_err {
 typedef struct fbd_watch {
   _Atomic uint64_t started_ns; /* CLOCK_MONOTONIC of the running task's start; 0 = idle */
   _Atomic int cancel;          /* set by the broker: the hook cancels the next task */
+  _Atomic int hold;            /* set by the scheduler: the hook waits before the next task */
   char kernel[64];             /* the running launch's kernel (NUL-terminated) */
   char task[64];               /* and its task */
 } fbd_watch;
@@ -366,6 +373,7 @@ typedef struct fbd_job {
   int field;
   uint32_t chunk;
   int reason;               /* END */
+  double posted_at;         /* when it was queued (sync latency) */
 } fbd_job;
 
 struct fbd_session {
@@ -406,6 +414,8 @@ struct fbd_session {
   uint64_t accounted;       /* bytes counted in the server's memory_bytes */
   int end_reason;
   char end_why[256];        /* a crashed or timed-out session: what happened */
+  struct fbd_share *share;  /* sched.c: its tenant's state (the session thread sets it) */
+  struct fbd_run *run;      /* sched.c, under its lock: the job running now, or NULL */
 };
 
 fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
@@ -467,8 +477,37 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r);
  * set when the worker died or was killed (r->msg says why). */
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
+/* Send sig to p's worker through its pidfd (never to a reused pid); a
+ * worker already gone, or no pidfd, is left alone. */
+void fbd_proc_signal(fbd_proc *p, int sig);
 /* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
 void fbd_worker_process_main(int fd, const fbd_config *cfg);
+
+/* ---------------------------------------------------------------- the fair scheduler (sched.c)
+ * Every job of a session passes fbd_sched_enter before it runs and
+ * fbd_sched_leave after: per-tenant compile slots (max_compiles), fair
+ * shares of device time between tenants (time_share), latency histograms. */
+
+typedef struct fbd_run {
+  struct fbd_run *next;
+  fbd_session *s;
+  struct fbd_share *sh;     /* NULL: not scheduled (no memory) */
+  double started, last;     /* admitted; charged up to */
+  double paused_at, held_s; /* paused since; paused in all */
+  int paused, exempt, compile;
+} fbd_run;
+
+int fbd_sched_start(fbd_server *srv, char *err, size_t errlen);
+void fbd_sched_stop(fbd_server *srv);
+/* Wait until s's tenant may run a job of this kind (blocks). */
+void fbd_sched_enter(fbd_session *s, int kind, fbd_run *r);
+void fbd_sched_leave(fbd_session *s, fbd_run *r, int kind, int sync, double posted_at);
+/* s is cancelled or ending: its job runs on unpaused, its waits end. */
+void fbd_sched_kick(fbd_session *s);
+/* Seconds the job s runs now was paused (not counted against timeouts). */
+double fbd_sched_held(fbd_session *s);
+/* The scheduler's part of /metrics (malloc'd), or NULL when out of memory. */
+char *fbd_sched_metrics(fbd_server *srv);
 
 /* ---------------------------------------------------------------- .fbk source (source.c)
  * The front end on the server, completion-queue side. */

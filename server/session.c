@@ -224,6 +224,7 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
   s->last_active = fbd_now();
+  j->posted_at = s->last_active;
   if (j->kind == FBD_J_END || j->kind == FBD_J_CLOSE) s->state = FBD_ENDING;
   pthread_cond_signal(&s->cv);
   return 0;
@@ -481,10 +482,16 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);
-  } else if (!fbd_isolated(srv->cfg)) {
-    fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
   } else {
-    fbd_proc_run(s, j, &r);
+    /* the fair scheduler decides when this tenant's job may run */
+    fbd_run run;
+    fbd_sched_enter(s, j->kind, &run);
+    if (!fbd_isolated(srv->cfg))
+      fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
+    else
+      fbd_proc_run(s, j, &r);
+    int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
+    fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
   if (j->kind == FBD_J_CREATE && r.code) {
@@ -577,6 +584,7 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
   atomic_store(&s->queued, 0);
   s->abort_at = fbd_now();
   if (s->watch) atomic_store(&s->watch->cancel, 1); /* the running job stops at a task boundary */
+  fbd_sched_kick(s); /* ... even when the scheduler paused it */
   if (keep) {
     s->qh = s->qt = keep;
     s->depth = 1;
@@ -614,6 +622,7 @@ int fbd_session_cancel(fbd_session *s) {
   int pending = (int)(s->posted - s->done);
   if (live && s->watch) atomic_store(&s->watch->cancel, 1);
   pthread_mutex_unlock(&s->mu);
+  if (live) fbd_sched_kick(s);
   return live ? pending : -1;
 }
 

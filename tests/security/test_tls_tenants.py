@@ -273,6 +273,45 @@ def test_tls_settings_are_checked(certs, daemons):
     assert "--tls-cert" in d.logtext() and "not PEM" in d.logtext()
 
 
+def test_tls_certificate_reloads_on_sighup(certs, daemons, tmp_path):
+    """SIGHUP re-reads the certificate and key: new connections get the new
+    one (signed by another CA), and a pair that does not fit is refused and
+    changes nothing."""
+    _issue(os.path.dirname(certs["rogue"]), "server2", "/CN=localhost", "rogue",
+           "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    cert, key = str(tmp_path / "tls.pem"), str(tmp_path / "tls.key")
+    shutil.copy(certs["server"] + ".pem", cert)
+    shutil.copy(certs["server"] + ".key", key)
+    d = daemons("127.0.0.1:0", ["--tls-cert", cert, "--tls-key", key])
+    opts = [("grpc.ssl_target_name_override", "localhost")]
+
+    def client(ca):
+        return Client(d.address, grpc.secure_channel(d.address, tls_creds(certs, ca=ca), opts))
+
+    old = client("ca")
+    sid = session_with_pattern(old)
+    expect_error(client("rogue").health, UNAVAILABLE)
+    server2 = os.path.join(os.path.dirname(certs["rogue"]), "server2")
+    shutil.copy(server2 + ".pem", cert)
+    shutil.copy(server2 + ".key", key)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"SIGHUP: TLS certificate reloaded from", "certificate reload")
+    new = client("rogue")
+    assert serving(new)  # the new certificate is served ...
+    expect_error(client("ca").health, UNAVAILABLE)  # ... and only it, to new connections
+    assert old.read_field(sid, 2) == PATTERN  # an open connection keeps going
+    # a key that is not the certificate's: refused, the running pair stays
+    shutil.copy(certs["server"] + ".key", key)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"TLS certificate not reloaded, keeping the running one: --tls-key does not "
+               r"belong to the --tls-cert certificate", "refused certificate reload")
+    assert serving(client("rogue"))
+    # at start the same check stops the server
+    bad = daemons("127.0.0.1:0", ["--tls-cert", cert, "--tls-key", key], expect_start=False)
+    assert bad.proc.wait(timeout=60) == 1
+    assert "--tls-key does not belong to the --tls-cert certificate" in bad.logtext()
+
+
 # ---------------------------------------------------------------- tokens and tenants
 
 @pytest.fixture
