@@ -229,6 +229,38 @@ int fb_field_write(fb_session *s, int field, const void *src, size_t bytes) {
   return rc ? rc : host_end(s, field, 1, field_io(s, field, (void *)src, bytes, 1));
 }
 
+/* One byte per element, 1 where the cell is active: sparse fields walk
+ * the sparse runtime without activating anything; a dense field is all
+ * active. */
+static int field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
+  if (!s) return FB_EINVAL;
+  int rc = check_field(s, field, "field activity");
+  if (rc) return rc;
+  const fb_snode *f = &s->layout->nodes[field];
+  int64_t numel = fb_field_numel(s->layout, field), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  if (!mask || n != (uint64_t)numel)
+    return fail(s, FB_EINVAL, "field activity: field '%s' holds %lld elements; %zu bytes given",
+                f->name, (long long)numel, n);
+  if (!field_is_sparse(s, field)) {
+    memset(mask, 1, n);
+    return 0;
+  }
+  fb_sparse_begin(s->sparse);
+  for (int64_t e = 0; e < numel; e++) {
+    mask[e] = fb_sparse_elem(s->sparse, s->mem.root, field, idx, 0) != NULL;
+    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
+      if (++idx[k] < f->shape[f->dim_axis[k]]) break;
+      idx[k] = 0;
+    }
+  }
+  return 0;
+}
+
+int fb_field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
+  int rc = host_begin(s);
+  return rc ? rc : host_end(s, field, 0, field_active(s, field, mask, n));
+}
+
 /* Validate one element's index; returns its address through *addr (NULL:
  * an inactive cell when reading). Writing activates the cell. */
 static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, const char *what,

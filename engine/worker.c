@@ -493,6 +493,10 @@ void fbe_run_batch(fb_session *s, async_job *j) {
     if (s->sparse) fb_sparse_begin(s->sparse);
     batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);
+    /* cancelled: the skipped tasks' compile jobs must leave the pool before
+     * the batch is freed; those never compiled must not be learned */
+    for (int c = 0; r.cancelled && c < j->ncj; c++)
+      if (fb_cpool_withdraw(s->e->cpool, &j->cj[c])) j->cj[c].rc = FB_ECANCELLED;
     batch_end(&r);
     free_fallbacks(&r);
     if (s->sparse) fb_sparse_end(s->sparse);

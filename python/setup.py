@@ -8,7 +8,6 @@ protobuf-compiler) where it is on PATH, else with grpc_tools.protoc.
 import os
 import shutil
 import subprocess
-import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py

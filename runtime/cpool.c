@@ -183,6 +183,16 @@ void fb_cpool_submit(fb_cpool *p, fb_cjob *jobs, int n) {
   pthread_mutex_unlock(&p->mu);
 }
 
+int fb_cpool_withdraw(fb_cpool *p, fb_cjob *job) {
+  pthread_mutex_lock(&p->mu);
+  int dropped = job->state == JOB_QUEUED || job->state == 0;
+  if (job->state == JOB_QUEUED) unlink_job(p, job);
+  if (dropped) job->state = JOB_DONE;
+  while (job->state != JOB_DONE) pthread_cond_wait(&p->done_cv, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+  return dropped;
+}
+
 void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid) {
   pthread_mutex_lock(&p->mu);
   if (job->state == JOB_QUEUED || job->state == 0) {

@@ -309,6 +309,10 @@ void fb_cpool_submit(fb_cpool *p, fb_cjob *jobs, int n);
  * zeroed, task and trace set) is compiled on the calling thread (its events
  * on track `tid`), so a waiter never waits for a job nobody works on. */
 void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid);
+/* Take back a job nobody will wait for (its batch was cancelled), so that
+ * its memory may be freed: one still queued (or never submitted) is dropped
+ * uncompiled and 1 returned; one being compiled is waited for (0). */
+int fb_cpool_withdraw(fb_cpool *p, fb_cjob *job);
 
 /* ---------------------------------------------------------------- ordered queue
  * One thread that runs pushed items one at a time in push order (a

@@ -390,6 +390,25 @@ static void run_read(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply
   if ((rc = fb_field_read(x->es, field, buf, len))) reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
 }
 
+/* The field's activity mask (one byte per element) goes to buf, streamed out
+ * like a read. */
+static void run_active(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply *r) {
+  uint64_t bytes = 0;
+  char err[256];
+  int rc = fbd_field_bytes(x->layout, field, &bytes, err, sizeof err);
+  if (!rc && (uint64_t)fb_field_numel(x->layout, field) != len) {
+    snprintf(err, sizeof err, "field %d holds %lld elements, not %zu", field,
+             (long long)fb_field_numel(x->layout, field), len);
+    rc = FB_EINVAL;
+  }
+  if (rc) {
+    reply_finish(r, rc, "%s", err);
+    return;
+  }
+  if ((rc = fb_field_active(x->es, field, buf, len)))
+    reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
@@ -429,6 +448,7 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
   case FBD_J_BATCH: run_batch(x, msg, r); break;
   case FBD_J_WRITE: run_write(x, field, buf, len, r); break;
   case FBD_J_READ: run_read(x, field, buf, len, r); break;
+  case FBD_J_ACTIVE: run_active(x, field, buf, len, r); break;
   case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
   case FBD_J_END: break;
   }

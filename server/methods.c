@@ -744,7 +744,7 @@ static void read_recv(fbd_call *c, grpc_byte_buffer *bb) {
       decode(c, bb, &fusebox__v1__read_field_request__descriptor, &a);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   int rc = s ? transfer_bytes(c, s, m->field, &bytes, "ReadField") : FB_ENOENT;
-  fbd_job *j = !rc ? fbd_job_new(FBD_J_READ, c) : NULL;
+  fbd_job *j = !rc ? fbd_job_new(m->active ? FBD_J_ACTIVE : FBD_J_READ, c) : NULL;
   if (j) {
     uint32_t ch = m->chunk_bytes ? m->chunk_bytes : DEFAULT_CHUNK;
     j->field = m->field;

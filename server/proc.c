@@ -733,7 +733,7 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
     r->code = FB_EINVAL;
     r->finish = 1;
     snprintf(r->msg, sizeof r->msg, "malformed %s", d->name);
-  } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ) {
+  } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
     uint8_t *buf = map_buf(fd, q->buflen, r->msg, sizeof r->msg);
     if (!buf) {
       r->code = FB_EINVAL;

@@ -281,7 +281,7 @@ void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
  * reply into messages and the status of the job's call. */
 
 enum { FBD_J_CREATE, FBD_J_REGISTER, FBD_J_BATCH, FBD_J_WRITE, FBD_J_READ, FBD_J_CLOSE,
-       FBD_J_END };
+       FBD_J_END, FBD_J_ACTIVE /* a read of the field's activity mask */ };
 
 typedef struct fbd_ret {
   uint64_t seq;

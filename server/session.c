@@ -464,15 +464,20 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   fbd_server *srv = s->srv;
   fbd_reply r;
   memset(&r, 0, sizeof r);
-  int read = j->kind == FBD_J_READ;
-  if (read) { /* where the worker puts the field's bytes */
+  int read = j->kind == FBD_J_READ || j->kind == FBD_J_ACTIVE;
+  if (read) { /* where the worker puts the field's bytes (or its activity mask) */
     uint64_t bytes = 0;
     if ((r.code = fbd_field_bytes(s->layout, j->field, &bytes, r.msg, sizeof r.msg))) {
       r.finish = 1; /* its own code: NOT_FOUND for no such field */
-    } else if (fbd_stage_take(s, bytes, &j->buf)) {
-      r.code = FB_ENOMEM;
-      r.finish = 1;
-      snprintf(r.msg, sizeof r.msg, "cannot stage %llu bytes for reading", (unsigned long long)bytes);
+    } else {
+      /* the mask is one byte per element: never more than the values */
+      if (j->kind == FBD_J_ACTIVE) bytes = (uint64_t)fb_field_numel(s->layout, j->field);
+      if (fbd_stage_take(s, bytes, &j->buf)) {
+        r.code = FB_ENOMEM;
+        r.finish = 1;
+        snprintf(r.msg, sizeof r.msg, "cannot stage %llu bytes for reading",
+                 (unsigned long long)bytes);
+      }
     }
   }
   pthread_mutex_lock(&s->mu);

@@ -1477,6 +1477,53 @@ START_TEST(timeline) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- cancel */
+
+static int cancel_all(void *user, const char *kernel, const char *task, uint64_t launch) {
+  (void)task;
+  (void)launch;
+  if (kernel) (*(int *)user)++;
+  return kernel != NULL; /* cancel every task */
+}
+
+/* A flush cancelled before its first task, with the compile jobs of its
+ * tasks still queued on (or running in) the engine's one compile thread:
+ * the batch is freed only once the pool has let go of them (ASan checks). */
+START_TEST(cancel_with_compiles_pending) {
+  fb_engine *e = new_engine(1);
+  char src[4096] = "layout { dense(i: 64) { place x: f32 } }\n";
+  for (int k = 0; k < 12; k++) {
+    size_t n = strlen(src);
+    snprintf(src + n, sizeof src - n,
+             "kernel k%d() { for i in x { x[i] = x[i] * %d.5 + f32(i + %d) } }\n", k, k + 2, k);
+  }
+  fb_program *p = parse(src);
+  fb_session_config cfg = {.mode = "async", .passes = FB_PASSES_EXACT, .flush_every = -1};
+  for (int round = 0; round < 3; round++) {
+    fb_session *s = open_session(e, p, &cfg);
+    int calls = 0;
+    fb_session_set_task_hook(s, cancel_all, &calls);
+    for (int k = 0; k < 12; k++) {
+      char name[8];
+      snprintf(name, sizeof name, "k%d", k);
+      ck_assert_int_eq(fb_launch(s, kernel_id(s, p, name, NULL), NULL, 0, NULL), 0);
+    }
+    ck_assert_int_eq(fb_sync(s), FB_ECANCELLED);
+    ck_assert_int_eq(calls, 1);
+    fb_session_set_task_hook(s, NULL, NULL);
+    /* the session goes on, and code compiled meanwhile is not mistaken */
+    ck_assert_int_eq(fb_launch(s, kernel_id(s, p, "k3", NULL), NULL, 0, NULL), 0);
+    ck_assert_int_eq(fb_sync(s), 0);
+    float x[64];
+    ck_assert_int_eq(fb_field_read(s, fb_program_field(p, 0)->places[0], x, sizeof x), 0);
+    for (int i = 0; i < 64; i++) ck_assert_float_eq(x[i], (float)(i + 3));
+    fb_session_destroy(s);
+  }
+  fb_program_free(p);
+  fb_engine_destroy(e);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("async");
   TCase *tc = tcase_create("async");
@@ -1507,6 +1554,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, compile_threads_agree);
   tcase_add_test(tc, two_sessions_two_threads);
   tcase_add_test(tc, destroy_with_work_pending);
+  tcase_add_test(tc, cancel_with_compiles_pending);
   tcase_add_test(tc, graph_trace);
   tcase_add_test(tc, timeline);
   suite_add_tcase(s, tc);

@@ -708,6 +708,23 @@ START_TEST(host_access) {
   for (int i = 0; i < 32; i++)
     for (int j = 0; j < 32; j++)
       ck_assert_int_eq(act[i * 32 + j], i == 9 && j == 13 ? 7 : i / 4 == 2 && j / 4 == 3 ? 4 : 0);
+  /* fb_field_active agrees with is_active(rho, i, j) and activates nothing;
+   * a dense field is all active; a wrong size or a container is refused */
+  uint8_t mask[1024];
+  memset(mask, 9, sizeof mask);
+  ck_assert_int_eq(fb_field_active(d.s, rho, mask, sizeof mask), 0);
+  for (int c = 0; c < 1024; c++) ck_assert_int_eq(mask[c], act[c] & 1);
+  ck_assert_int_eq(eng(&d, "census", NULL, 0, &v), 0);
+  ck_assert_int_eq(v.v.i, 1);
+  int dense = field(&d, "act")->places[0];
+  memset(mask, 0, sizeof mask);
+  ck_assert_int_eq(fb_field_active(d.s, dense, mask, sizeof mask), 0);
+  for (int c = 0; c < 1024; c++) ck_assert_int_eq(mask[c], 1);
+  ck_assert_int_eq(fb_field_active(d.s, rho, mask, 1023), FB_EINVAL);
+  ck_assert_ptr_nonnull(strstr(fb_session_errmsg(d.s), "holds 1024 elements"));
+  ck_assert_int_eq(fb_field_active(d.s, rho, NULL, 1024), FB_EINVAL);
+  ck_assert_int_eq(fb_field_active(d.s, 0, mask, 1), FB_EINVAL); /* the root */
+  ck_assert_int_eq(fb_field_active(d.s, 9999, mask, 1), FB_ENOENT);
   free(act);
   /* a whole-field write activates every cell; a read returns it */
   int32_t *all = malloc(1024 * 4), *back = malloc(1024 * 4);

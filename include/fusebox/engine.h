@@ -180,6 +180,10 @@ int fb_flush(fb_session *s);
  * numel * sizeof(type). */
 int fb_field_read(fb_session *s, int field, void *dst, size_t bytes);
 int fb_field_write(fb_session *s, int field, const void *src, size_t bytes);
+/* Which elements of a field are active (docs/sparse.md): mask gets one byte
+ * per element in the same order, 1 active, 0 not; n must equal numel. A
+ * field under no sparse container is all active. Activates nothing. */
+int fb_field_active(fb_session *s, int field, uint8_t *mask, size_t n);
 int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out);
 int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v);
 

@@ -12,15 +12,15 @@
 See docs/python.md.
 """
 from fusebox.client import Client, ServerInfo, connect, find_fuseboxd
-from fusebox.errors import (ConnectionLostError, Error, LaunchError, NotFoundError,
-                            ServerError)
+from fusebox.errors import (ConnectionLostError, DeadlineExceededError, Error, LaunchError,
+                            NotFoundError, ServerError)
 from fusebox.session import (Counters, Field, FieldInfo, Kernel, KernelInfo, LaunchFailure,
                              Param, Program, Session, SyncResult)
 from fusebox.tools import bench, plot
 
 __version__ = "0.1.0"
 __all__ = [
-    "Client", "ServerInfo", "connect", "find_fuseboxd", "ConnectionLostError", "Error",
+    "Client", "ServerInfo", "connect", "find_fuseboxd", "ConnectionLostError", "DeadlineExceededError", "Error",
     "LaunchError", "NotFoundError", "ServerError", "Counters", "Field", "FieldInfo", "Kernel",
     "KernelInfo", "LaunchFailure", "Param", "Program", "Session", "SyncResult", "bench", "plot",
 ]

@@ -10,17 +10,16 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import grpc
 
 from fusebox import _proto
 from fusebox._proto import pb
-from fusebox.errors import ConnectionLostError, Error, from_rpc
+from fusebox.errors import Error, from_rpc
 
 #: Largest message either side accepts; field transfers are chunked under it.
 MAX_MESSAGE_BYTES = 4 << 20
@@ -28,7 +27,7 @@ MAX_MESSAGE_BYTES = 4 << 20
 DEFAULT_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
 
-TlsArg = Union[None, bool, bytes, str, grpc.ChannelCredentials]
+TlsArg = Union[None, bool, bytes, str, Mapping[str, Union[str, bytes]], grpc.ChannelCredentials]
 
 
 @dataclass
@@ -80,21 +79,25 @@ def find_fuseboxd() -> str:
 
 
 class _Daemon:
-    """A private fuseboxd child on a unix socket, ready when it says so."""
+    """A private fuseboxd child, on a unix socket in a new temporary folder
+    (or on listen), ready when it says so (--ready-fd tells its address)."""
 
-    def __init__(self, exe: str, extra_args: Sequence[str] = ()):
+    def __init__(self, exe: str, extra_args: Sequence[str] = (), listen: Optional[str] = None):
         self.dir = tempfile.mkdtemp(prefix="fusebox-py-")
         self.sock = os.path.join(self.dir, "fuseboxd.sock")
-        self.address = "unix:" + self.sock
+        self.address = listen or "unix:" + self.sock
+        # its log goes to a file: a pipe nobody reads would fill and stop it
+        self.log = open(os.path.join(self.dir, "fuseboxd.log"), "w+b")
         rfd, wfd = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 [exe, "--listen", self.address, "--ready-fd", str(wfd), *extra_args],
                 pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE)
+                stderr=self.log)
         except OSError as e:
             os.close(rfd)
             os.close(wfd)
+            self.log.close()
             shutil.rmtree(self.dir, ignore_errors=True)
             raise Error(f"cannot start {exe}: {e}") from e
         os.close(wfd)
@@ -105,6 +108,8 @@ class _Daemon:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise Error(f"{exe} did not start serving on {self.address} (exit status "
                         f"{self.proc.returncode}): {err.strip()[-2000:]}")
+        if listen:
+            self.address = line.strip()  # a port 0 became a port
 
     @staticmethod
     def _ready_line(fd: int) -> str:
@@ -122,16 +127,21 @@ class _Daemon:
         return buf.split(b"\n", 1)[0].decode()
 
     def stop(self, timeout: float = 30.0) -> str:
-        """SIGTERM (graceful), SIGKILL after timeout; returns its stderr."""
+        """SIGTERM (graceful), SIGKILL after timeout; returns its log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            _, err = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
+            self.proc.wait()
+        err = b""
+        if not self.log.closed:
+            self.log.seek(0)
+            err = self.log.read()
+            self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
-        return (err or b"").decode(errors="replace")
+        return err.decode(errors="replace")
 
 
 def _credentials(tls: TlsArg) -> Optional[grpc.ChannelCredentials]:
@@ -141,13 +151,29 @@ def _credentials(tls: TlsArg) -> Optional[grpc.ChannelCredentials]:
         return grpc.ssl_channel_credentials()
     if isinstance(tls, grpc.ChannelCredentials):
         return tls
-    if isinstance(tls, str):
-        with open(tls, "rb") as f:
-            return grpc.ssl_channel_credentials(root_certificates=f.read())
-    if isinstance(tls, bytes):
-        return grpc.ssl_channel_credentials(root_certificates=tls)
-    raise TypeError("tls must be None, True, a CA bundle (bytes or a file name) or "
-                    f"grpc.ChannelCredentials, not {type(tls).__name__}")
+    if isinstance(tls, (str, bytes)):
+        return grpc.ssl_channel_credentials(root_certificates=_pem(tls))
+    if isinstance(tls, Mapping):
+        bad = sorted(set(tls) - {"ca", "cert", "key"})
+        if bad:
+            raise TypeError(f"tls: unknown key '{bad[0]}' (give ca, and cert with key for a "
+                            "client certificate)")
+        if ("cert" in tls) != ("key" in tls):
+            raise TypeError("tls: a client certificate needs both cert and key")
+        return grpc.ssl_channel_credentials(
+            root_certificates=_pem(tls["ca"]) if tls.get("ca") else None,
+            private_key=_pem(tls["key"]) if "key" in tls else None,
+            certificate_chain=_pem(tls["cert"]) if "cert" in tls else None)
+    raise TypeError("tls must be None, True, a CA bundle (bytes or a file name), a dict of "
+                    "ca/cert/key or grpc.ChannelCredentials, not " + type(tls).__name__)
+
+
+def _pem(x: Union[str, bytes]) -> bytes:
+    """PEM bytes as given, or read from a file name."""
+    if isinstance(x, bytes):
+        return x
+    with open(x, "rb") as f:
+        return f.read()
 
 
 class Client:
@@ -178,40 +204,57 @@ class Client:
         if self.closed:
             raise Error("the client is closed")
         try:
-            return getattr(self._stub, method)(req, timeout=timeout or self.timeout,
+            return getattr(self._stub, method)(req, timeout=self.timeout if timeout is None else timeout,
                                                metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc(method, e) from None
 
     # -- the server
-    def info(self) -> ServerInfo:
+    def ready(self, timeout: float = 5.0) -> bool:
+        """Whether the server answers its health check with SERVING
+        (``grpc.health.v1.Health/Check``), like Triton's
+        ``is_server_ready``. False when it cannot be reached or is not
+        serving (a server shutting down, for instance); never raises for
+        those."""
+        if self.closed:
+            return False
+        check = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        try:
+            # HealthCheckRequest{service: ""} is empty on the wire; the
+            # answer is HealthCheckResponse{status}, SERVING = 1: b"\x08\x01"
+            r = check(b"", timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError:
+            return False
+        return r == b"\x08\x01"
+
+    def info(self, timeout: Optional[float] = None) -> ServerInfo:
         """The server's version, backend and limits (GetInfo)."""
-        r = self._call("GetInfo", pb.InfoRequest())
+        r = self._call("GetInfo", pb.InfoRequest(), timeout)
         return ServerInfo(r.version, r.backend, r.cores, r.max_sessions,
                           r.session_memory_limit, r.max_message_bytes, list(r.listen),
                           r.uptime_s)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """The server's counters and its sessions (GetStats) as a dict."""
         from google.protobuf.json_format import MessageToDict
-        r = self._call("GetStats", pb.StatsRequest())
+        r = self._call("GetStats", pb.StatsRequest(), timeout)
         return MessageToDict(r, preserving_proto_field_name=True)
 
     def describe(self, source: str, params: Optional[Mapping[str, Any]] = None,
-                 filename: str = "") -> Any:
+                 filename: str = "", timeout: Optional[float] = None) -> Any:
         """Parse source on the server and return its fields and kernels
         (a :class:`fusebox.session.Program`) without making a session.
         Raises :class:`ServerError` (INVALID_ARGUMENT, file:line:col) when
         it does not parse."""
         from fusebox.session import Program, _source_pb
-        return Program(self._call("DescribeSource", _source_pb(source, params, filename)))
+        return Program(self._call("DescribeSource", _source_pb(source, params, filename), timeout))
 
     def session(self, source: Optional[str] = None, *, file: Optional[str] = None,
                 params: Optional[Mapping[str, Any]] = None, mode: str = "",
                 backend: str = "", passes: Union[None, Mapping[str, bool], Sequence[str]] = None,
                 flush_every: int = 0, max_fuse_per_task: int = 0, compile_threads: int = 0,
                 seed: int = 0, memory_limit: int = 0, filename: str = "",
-                batch: int = 1024) -> Any:
+                batch: int = 1024, timeout: Optional[float] = None) -> Any:
         """Open a session on a ``.fbk`` program.
 
         Args:
@@ -227,6 +270,9 @@ class Client:
             seed: seed of rand().
             memory_limit: bytes of field storage (0 = the server's limit).
             batch: launches sent to the server in one message at most.
+            timeout: seconds :meth:`Session.sync` (and a kernel that returns
+                a value) waits by default; None waits as long as it takes.
+                Other calls use the client's timeout.
 
         Returns a :class:`fusebox.Session`, also a context manager.
         """
@@ -242,7 +288,7 @@ class Client:
         s = Session(self, source, params=params, filename=filename, mode=mode, backend=backend,
                     passes=passes, flush_every=flush_every, max_fuse_per_task=max_fuse_per_task,
                     compile_threads=compile_threads, seed=seed, memory_limit=memory_limit,
-                    batch=batch)
+                    batch=batch, timeout=timeout)
         self._sessions.append(s)
         return s
 
@@ -287,9 +333,13 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
             lives until the client is closed.
         token: sent as "authorization: Bearer TOKEN" on every call.
         tls: None (plaintext), True (system roots), a CA bundle (bytes, or
-            a file name) or ``grpc.ChannelCredentials``.
+            a file name), a dict ``{"ca": ..., "cert": ..., "key": ...}``
+            (files or bytes; cert and key for mTLS) or
+            ``grpc.ChannelCredentials``.
         server_args: extra flags for a private server.
-        timeout: seconds each unary call may take.
+        timeout: seconds each call may take (a field transfer as a whole);
+            past it the call raises :class:`fusebox.DeadlineExceededError`
+            (gRPC DEADLINE_EXCEEDED). Each method also takes its own.
 
     The server is asked for its info at once, so a wrong address fails
     here with :class:`ConnectionLostError`.
@@ -304,7 +354,7 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
     c = Client(address, token=token, tls=tls, daemon=daemon, timeout=timeout)
     try:
         c._call("GetInfo", pb.InfoRequest(), timeout=min(timeout, 30.0))
-    except ConnectionLostError:
-        c.close()
+    except BaseException:
+        c.close()  # and a private server with it
         raise
     return c

@@ -17,7 +17,8 @@ import grpc
 FB_CODES = {
     -1: "FB_EINVAL", -2: "FB_ENOMEM", -3: "FB_EVERIFY", -4: "FB_EPARSE", -5: "FB_ENOENT",
     -6: "FB_ECOMPILE", -7: "FB_EDEVICE", -8: "FB_EQUOTA", -9: "FB_EBOUNDS", -10: "FB_ETYPE",
-    -11: "FB_EUNSUPPORTED", -12: "FB_EIO", -13: "FB_EINTERNAL",
+    -11: "FB_EUNSUPPORTED", -12: "FB_EIO", -13: "FB_EINTERNAL", -14: "FB_ECANCELLED",
+    -15: "FB_ETIMEOUT",
 }
 
 
@@ -56,6 +57,12 @@ class ConnectionLostError(ServerError):
     """The server is gone or cannot be reached (gRPC UNAVAILABLE)."""
 
 
+class DeadlineExceededError(ServerError, TimeoutError):
+    """A call, or a :meth:`Session.sync`, ran past its timeout (gRPC
+    DEADLINE_EXCEEDED). The work it waited for may still be running on
+    the server: :meth:`Session.cancel` stops it."""
+
+
 class LaunchError(Error):
     """One or more launches failed; raised by :meth:`Session.sync`.
 
@@ -91,5 +98,6 @@ def from_rpc(method: str, e: grpc.RpcError) -> ServerError:
                 fb_code = int(v)
             except ValueError:
                 pass
-    cls = ConnectionLostError if code == grpc.StatusCode.UNAVAILABLE else ServerError
+    cls = (ConnectionLostError if code == grpc.StatusCode.UNAVAILABLE else
+           DeadlineExceededError if code == grpc.StatusCode.DEADLINE_EXCEEDED else ServerError)
     return cls(method, code, details, fb_code)

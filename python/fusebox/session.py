@@ -13,17 +13,27 @@ import math
 import queue
 import struct
 import threading
+import time
 from dataclasses import dataclass, fields as dc_fields
 from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
 
 import grpc
 import numpy as np
 
+from fusebox import _wire
 from fusebox._proto import pb
-from fusebox.errors import Error, LaunchError, NotFoundError, ServerError, from_rpc
+from fusebox.errors import (DeadlineExceededError, Error, LaunchError, NotFoundError,
+                            ServerError, from_rpc)
 
 #: Bytes of field data per message (under the 4 MiB message limit).
 CHUNK_BYTES = 1 << 20
+#: With progress=None, transfers of at least this many bytes show a tqdm
+#: bar (when tqdm is installed).
+PROGRESS_BYTES = 64 << 20
+#: A partial write (``f[key] = v``) of at most this many cells goes as cell
+#: writes (launches of a kernel the package adds); a larger one reads the
+#: field, changes it and writes it back whole, when every cell is active.
+CELL_WRITES = 4096
 
 # ScalarType numbers of the protocol (fb_type) -> (name, NumPy dtype)
 _TYPES = {
@@ -72,10 +82,24 @@ class Counters:
     device_bytes: int = 0
     flushes: int = 0
     tasks_pending: int = 0
+    fuse_refused: int = 0
+    fuse_fallbacks: int = 0
 
     @classmethod
     def _from_pb(cls, m: Any) -> "Counters":
         return cls(**{f.name: getattr(m, f.name) for f in dc_fields(cls)})
+
+    def since(self, earlier: "Counters") -> "Counters":
+        """What happened between earlier and these counters: each
+        cumulative figure less earlier's (device_bytes and tasks_pending
+        are kept, being levels). The flush figures of async mode (flushes,
+        tasks_fused, listgens_removed, dead_stores_removed,
+        activations_demoted, fuse_refused, fuse_fallbacks, optimizer_s)
+        then describe the flushes in between."""
+        return Counters(**{f.name: getattr(self, f.name) if f.name in ("device_bytes",
+                                                                      "tasks_pending")
+                           else getattr(self, f.name) - getattr(earlier, f.name)
+                           for f in dc_fields(Counters)})
 
 
 @dataclass
@@ -186,6 +210,21 @@ def _value(k: KernelInfo, i: int, x: Any) -> Any:
     raise TypeError(f"{where}: parameter type {t} is not supported")
 
 
+_DTYPE_TO_TYPE = {d: t for t, (_, d) in _TYPES.items()}
+
+
+def _np_value(t: int, x: Any) -> Any:
+    """The wire Value of type t holding x, already of the field's dtype."""
+    x = x.item() if isinstance(x, np.generic) else x
+    if t in (2, 3):
+        return pb.Value(type=t, i=int(x))
+    if t in (4, 5):
+        return pb.Value(type=t, u=int(x))
+    if t in (6, 7):
+        return pb.Value(type=t, f_bits=struct.unpack("<Q", struct.pack("<d", float(x)))[0])
+    return pb.Value(type=t, i=int(bool(x)))
+
+
 def _from_value(v: Any) -> Any:
     t = v.type
     if t == 1:
@@ -217,6 +256,7 @@ class Kernel:
 
     @property
     def name(self) -> str:
+        """The kernel's name."""
         return self.info.name
 
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> List[Any]:
@@ -304,7 +344,8 @@ class Field:
     it (a scalar fills it); ``f[i, j]`` reads and indexes. Shapes must
     match exactly; dtypes must convert with NumPy's "same_kind" casting
     (float64 into an f32 field is fine, a float into an i32 field is not).
-    Transfers go in chunks of :data:`CHUNK_BYTES`.
+    Transfers go in chunks of :data:`CHUNK_BYTES`. For sparse fields,
+    :meth:`active` gives the active cells' indices and values.
     """
 
     def __init__(self, session: "Session", info: FieldInfo):
@@ -319,20 +360,52 @@ class Field:
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
 
-    def to_numpy(self, progress: bool = False) -> np.ndarray:
-        """The field's contents, a new array of :attr:`shape` and :attr:`dtype`.
-        progress: show a tqdm bar (when tqdm is installed)."""
-        info = self.info
-        comps = [self._s._read(p, info.index_shape, info.dtype, progress)
-                 for p in info.places]
-        if not info.element_shape:
-            return comps[0]
-        return np.stack(comps, axis=-1).reshape(info.shape)
+    def to_numpy(self, out: Optional[np.ndarray] = None, *, progress: Optional[bool] = None,
+                 timeout: Optional[float] = None) -> np.ndarray:
+        """The field's contents as an array of :attr:`shape` and :attr:`dtype`.
 
-    def from_numpy(self, a: Any, progress: bool = False) -> None:
+        Args:
+            out: a C-contiguous, writeable array of exactly that shape and
+                dtype to fill instead of a new one (it is returned).
+            progress: show a tqdm bar (when tqdm is installed); None shows
+                one for transfers of :data:`PROGRESS_BYTES` or more.
+            timeout: seconds the read may take (default: the client's).
+
+        Inactive cells of a sparse field read 0 (see :meth:`active`).
+        """
+        info = self.info
+        if out is not None:
+            self._check_out(out)
+        else:
+            out = np.empty(info.shape, dtype=info.dtype)
+        if not info.element_shape:
+            self._s._read(info.places[0], out, progress, timeout)
+            return out
+        flat = out.reshape(info.index_shape + (len(info.places),))
+        comp = np.empty(info.index_shape, dtype=info.dtype)
+        for c, p in enumerate(info.places):  # one transfer per component
+            self._s._read(p, comp, progress, timeout)
+            flat[..., c] = comp
+        return out
+
+    def _check_out(self, out: Any) -> None:
+        info = self.info
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"field '{info.name}': out must be a numpy.ndarray, not "
+                            f"{type(out).__name__}")
+        if out.shape != info.shape or out.dtype != info.dtype:
+            raise ValueError(f"field '{info.name}' is {info.shape} of {info.dtype}; out is "
+                             f"{out.shape} of {out.dtype}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"field '{info.name}': out must be C-contiguous and writeable")
+
+    def from_numpy(self, a: Any, *, progress: Optional[bool] = None,
+                   timeout: Optional[float] = None) -> None:
         """Write the whole field from an array of :attr:`shape` (or a scalar,
         which fills it). Raises TypeError for a dtype that does not convert
-        and ValueError for a wrong shape, naming the field."""
+        and ValueError for a wrong shape, naming the field. A C-contiguous
+        array of the field's dtype is sent from its own memory. Every cell
+        of a sparse field becomes active."""
         info = self.info
         if np.isscalar(a) or (isinstance(a, np.ndarray) and a.ndim == 0):
             arr = np.asarray(a)
@@ -344,13 +417,13 @@ class Field:
             if arr.shape != info.shape:
                 raise ValueError(f"field '{info.name}' has shape {info.shape}; the array's "
                                  f"shape is {arr.shape}")
-            arr = np.ascontiguousarray(arr, dtype=info.dtype)
+            arr = np.ascontiguousarray(arr, dtype=info.dtype)  # no copy when it already is
         if not info.element_shape:
-            self._s._write(info.places[0], arr, progress)
+            self._s._write(info.places[0], arr, progress, timeout)
             return
         flat = arr.reshape(info.index_shape + (len(info.places),))
         for c, p in enumerate(info.places):
-            self._s._write(p, np.ascontiguousarray(flat[..., c]), progress)
+            self._s._write(p, np.ascontiguousarray(flat[..., c]), progress, timeout)
 
     def _check_dtype(self, arr: np.ndarray) -> None:
         dt = self.info.dtype
@@ -364,18 +437,115 @@ class Field:
         """Set every element to value."""
         self.from_numpy(value)
 
+    def active_mask(self, *, timeout: Optional[float] = None) -> np.ndarray:
+        """A bool array of the field's index shape: True where the cell is
+        active. A field under no sparse container is all True. Reading it
+        activates nothing (ReadField with ``active``)."""
+        info = self.info
+        m = np.empty(info.index_shape, dtype=np.uint8)
+        self._s._read(info.places[0], m, False, timeout, active=True)
+        return m.view(np.bool_)
+
+    def active(self, *, timeout: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """The active cells of a sparse field: ``(indices, values)``.
+
+        indices is an int64 array of shape ``(n, index ndim)``, in row-major
+        order; values has shape ``(n,) + element shape`` and the field's
+        dtype, ``values[k]`` being the element at ``indices[k]``. A dense
+        field gives every cell. ``f.to_numpy()[tuple(indices.T)]`` is
+        values."""
+        mask = self.active_mask(timeout=timeout)
+        values = self.to_numpy(timeout=timeout)[mask]
+        return np.argwhere(mask).astype(np.int64, copy=False), values
+
+    def activate(self, indices: Any) -> None:
+        """Make cells active without changing them (``activate`` of the
+        language): indices is one cell's index tuple or an int array of
+        shape (n, index ndim), as :meth:`active` gives. Runs in order with
+        the launches (it is a launch of a kernel the package adds)."""
+        self._s._cells("activate", self.info, self._indices(indices), None)
+
+    def deactivate(self, indices: Any) -> None:
+        """Make cells inactive (``deactivate`` of the language): their
+        values are gone and read 0. indices as for :meth:`activate`. The
+        field must sit directly in a sparse container (bitmasked, pointer
+        or dynamic): otherwise the server refuses (ServerError
+        INVALID_ARGUMENT, naming the SNode)."""
+        self._s._cells("deactivate", self.info, self._indices(indices), None)
+
+    def deactivate_all(self) -> None:
+        """Deactivate every active cell (Taichi's ``deactivate_all``)."""
+        self.deactivate(np.argwhere(self.active_mask()))
+
+    def _indices(self, indices: Any) -> np.ndarray:
+        info = self.info
+        nd = len(info.index_shape)
+        if nd == 0:
+            raise ValueError(f"field '{info.name}' is 0-D: it has no cells to (de)activate")
+        a = np.asarray(indices)
+        if a.dtype.kind not in "iu" and a.size:
+            raise TypeError(f"field '{info.name}': cell indices must be integers, not {a.dtype}")
+        if a.ndim == 1 and a.shape[0] == nd:
+            a = a[None, :]
+        if a.ndim != 2 or a.shape[1] != nd:
+            raise ValueError(f"field '{info.name}' has {nd} indices: give one cell's {nd} "
+                             f"indices or an array of shape (n, {nd}), not {a.shape}")
+        a = a.astype(np.int64, copy=False)
+        bad = np.nonzero(((a < 0) | (a >= np.array(info.index_shape))).any(axis=1))[0]
+        if len(bad):
+            raise IndexError(f"field '{info.name}': index {tuple(a[bad[0]].tolist())} is out of "
+                             f"bounds of shape {info.index_shape}")
+        return a
+
     def __getitem__(self, key: Any) -> Any:
         return self.to_numpy()[key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """``f[:] = a`` writes the whole field; ``f[key] = v`` writes the
+        cells key selects (NumPy indexing on the index dimensions) and
+        activates only those; see :data:`CELL_WRITES`."""
+        info = self.info
         if isinstance(key, slice) and key == slice(None) or key is Ellipsis:
             self.from_numpy(value)
             return
-        a = self.to_numpy()  # a partial write: read, modify, write back
+        arr = np.asarray(value)
+        self._check_dtype(arr)
+        nd = len(info.index_shape)
+        k = key if isinstance(key, tuple) else (key,)
+        if len(k) == nd and all(isinstance(x, (int, np.integer)) for x in k):
+            idx = np.array([[int(x) + (info.index_shape[d] if x < 0 else 0)
+                             for d, x in enumerate(k)]], dtype=np.int64)
+            self._s._cells("set", info, self._indices(idx) if nd else idx,
+                           self._values(arr, (1,)))
+            return
+        try:  # which cells key selects (an IndexError: it reaches into elements)
+            sel = np.asarray(np.arange(int(np.prod(info.index_shape)),
+                                       dtype=np.int64).reshape(info.index_shape)[key])
+        except IndexError:
+            sel = None
+        if sel is not None and (sel.size <= CELL_WRITES or not self.active_mask().all()):
+            lin = sel.reshape(-1)
+            idx = (np.stack(np.unravel_index(lin, info.index_shape), axis=-1) if nd
+                   else np.zeros((len(lin), 0), dtype=np.int64))
+            self._s._cells("set", info, idx, self._values(arr, sel.shape))
+            return
+        a = self.to_numpy()  # read, change, write back: every cell is active already
         a[key] = value
         self.from_numpy(a)
 
-    def __array__(self, dtype: Any = None) -> np.ndarray:
+    def _values(self, arr: np.ndarray, sel_shape: Tuple[int, ...]) -> np.ndarray:
+        """arr broadcast to the selected cells, as (n, components)."""
+        info = self.info
+        want = tuple(sel_shape) + info.element_shape
+        try:
+            v = np.broadcast_to(arr.astype(info.dtype), want)
+        except ValueError:
+            raise ValueError(f"field '{info.name}': a value of shape {arr.shape} does not fit "
+                             f"the {int(np.prod(sel_shape))} selected cells of shape {want}"
+                             ) from None
+        return v.reshape(int(np.prod(sel_shape)), len(info.places))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         a = self.to_numpy()
         return a if dtype is None else a.astype(dtype)
 
@@ -384,6 +554,7 @@ class Field:
 
 
 def type_name_of(dt: np.dtype) -> str:
+    """The .fbk name of a NumPy dtype ("f32" for float32, ...)."""
     for name, d in _TYPES.values():
         if d == dt:
             return name
@@ -408,8 +579,13 @@ class Session:
                  filename: str, mode: str, backend: str,
                  passes: Union[None, Mapping[str, bool], Sequence[str]], flush_every: int,
                  max_fuse_per_task: int, compile_threads: int, seed: int, memory_limit: int,
-                 batch: int):
+                 batch: int, timeout: Optional[float] = None):
         self._c = client
+        #: default seconds of :meth:`sync` (None: no limit)
+        self.timeout = timeout
+        self._resp: "queue.Queue[Any]" = queue.Queue()
+        self._lost: Optional[BaseException] = None
+        self._carry: List[Any] = []  # SyncResults of syncs that timed out
         self._src = _source_pb(source, params, filename)
         self._batch = max(1, int(batch))
         self._pending: List[Any] = []
@@ -461,6 +637,19 @@ class Session:
 
         self._stream = self._c._stub.Session(requests(), metadata=self._c._metadata)
         self._q.put(pb.SessionRequest(session_id=self.id))
+        threading.Thread(target=self._pump, args=(self._stream, self._resp), daemon=True,
+                         name=f"fusebox-session-{self.id[:8]}").start()
+
+    @staticmethod
+    def _pump(stream: Any, out: "queue.Queue[Any]") -> None:
+        # the stream's answers, read on a thread of their own so that a sync
+        # can wait for them with a timeout
+        try:
+            for m in stream:
+                out.put(m)
+            out.put(StopIteration())
+        except grpc.RpcError as e:
+            out.put(e)
 
     def _register(self, insts: List[Tuple[str, Tuple[str, ...]]]) -> List[int]:
         req = pb.RegisterKernelsRequest(session_id=self.id, source=self._src)
@@ -477,6 +666,50 @@ class Session:
         if key not in self._ids:
             self._register([key])
         return self._ids[key]
+
+    def _helper(self, kind: str, f: FieldInfo) -> int:
+        """The id of a kernel the package adds to the program to set,
+        activate or deactivate one cell of f (registered once, from the
+        session's source with the kernel appended: the layout is the same)."""
+        key = ("\0" + kind, (f.name,))
+        if key in self._ids:
+            return self._ids[key]
+        nd = len(f.index_shape)
+        params = [f"i{d}: i32" for d in range(nd)]
+        at = f"{f.name}[{', '.join(f'i{d}' for d in range(nd))}]"
+        if kind == "set":
+            t = type_name_of(f.dtype)
+            vs = [f"v{c}" for c in range(len(f.places))]
+            params += [f"{v}: {t}" for v in vs]
+            val = (vs[0] if not f.element_shape else
+                   t + "".join(f"[{e}]" for e in f.element_shape) + f"({', '.join(vs)})")
+            body = f"{at} = {val}"
+        else:
+            body = f"{kind}({f.name}, {', '.join(f'i{d}' for d in range(nd))})"
+        name = f"__fbpy_{kind}_{f.name}"
+        src = pb.Source(text=self._src.text + f"\nkernel {name}({', '.join(params)}) {{ {body} }}\n",
+                        filename=self._src.filename, params=self._src.params)
+        req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
+                                        instances=[pb.KernelInstance(kernel=name)])
+        kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+        self._ids[key] = kid
+        self._names[kid] = f"{kind} of field '{f.name}'"
+        return kid
+
+    def _cells(self, kind: str, f: FieldInfo, idx: np.ndarray,
+               values: Optional[np.ndarray]) -> None:
+        """One launch of the helper per cell, queued like any launch."""
+        self._check_open()
+        kid = self._helper(kind, f)
+        t = _DTYPE_TO_TYPE[f.dtype]
+        for r in range(len(idx)):
+            args = [pb.Value(type=2, i=int(x)) for x in idx[r]]
+            if values is not None:
+                args += [_np_value(t, x) for x in values[r]]
+            self._pending.append(pb.Launch(kernel=kid, args=args))
+            if len(self._pending) >= self._batch:
+                self._send()
+        self._unsynced = True
 
     def _check_open(self) -> None:
         if self.closed:
@@ -519,15 +752,25 @@ class Session:
         self._pending = []
         self._q.put(m)
 
-    def _next(self) -> Any:
+    def _next(self, left: Optional[float], timeout: Optional[float]) -> Any:
+        if self._lost is not None:
+            raise self._lost
         try:
-            return next(self._stream)
-        except grpc.RpcError as e:
+            m = self._resp.get(timeout=left)
+        except queue.Empty:
+            raise DeadlineExceededError(
+                "Session", grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"sync {self._sync_id} not answered within {timeout:g} s; the launches go on "
+                "running (Session.cancel() stops them)") from None
+        if isinstance(m, grpc.RpcError):
             self.closed = True
-            raise from_rpc("Session", e) from None
-        except StopIteration:
+            self._lost = from_rpc("Session", m)
+            raise self._lost
+        if isinstance(m, StopIteration):
             self.closed = True
-            raise Error("the server ended the session's stream") from None
+            self._lost = Error("the server ended the session's stream")
+            raise self._lost
+        return m
 
     # -- public
     def launch(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
@@ -540,81 +783,107 @@ class Session:
         self._check_open()
         self._send(flush=True)
 
-    def sync(self) -> SyncResult:
-        """Wait for every launch so far. Returns the return values since the
-        previous sync and the counters; raises :class:`LaunchError` when a
-        launch failed (the session goes on)."""
+    def sync(self, timeout: Optional[float] = None) -> SyncResult:
+        """Wait for every launch so far.
+
+        Returns the return values since the previous sync and the counters;
+        raises :class:`LaunchError` when a launch failed (the session goes
+        on). timeout: seconds to wait (default: the session's ``timeout``,
+        None for no limit); past it :class:`fusebox.DeadlineExceededError`
+        (DEADLINE_EXCEEDED) is raised while the work goes on: a later sync
+        still reports it, and :meth:`cancel` stops it."""
         self._check_open()
+        if timeout is None:
+            timeout = self.timeout
+        end = None if timeout is None else time.monotonic() + timeout
         self._sync_id += 1
         self._send(sync=self._sync_id)
         while True:
-            r = self._next().sync
+            left = None if end is None else max(0.0, end - time.monotonic())
+            r = self._next(left, timeout).sync
+            self._carry.append(r)  # the answers of syncs that timed out count too
             if r.sync_id == self._sync_id:
                 break
+        got, self._carry = self._carry, []
         self._unsynced = False
-        if r.errors or r.errors_dropped:
+        errors = [e for x in got for e in x.errors]
+        dropped = sum(x.errors_dropped for x in got)
+        if errors or dropped:
             raise LaunchError([LaunchFailure(e.seq, self._names.get(e.kernel, str(e.kernel)),
-                                             e.code, e.message) for e in r.errors],
-                              r.errors_dropped)
+                                             e.code, e.message) for e in errors], dropped)
         return SyncResult(r.seq, [(x.seq, self._names.get(x.kernel, str(x.kernel)),
-                                   _from_value(x.value)) for x in r.returns],
+                                   _from_value(x.value)) for y in got for x in y.returns],
                           Counters._from_pb(r.counters))
 
-    def counters(self) -> Counters:
-        """The session's counters (after a sync)."""
-        return self.sync().counters
+    def cancel(self, timeout: Optional[float] = None) -> int:
+        """Stop the launches the server has received so far, at their next
+        task boundary (Cancel). Each launch it skips is reported by the next
+        :meth:`sync` as a :class:`LaunchFailure` with code -14
+        (FB_ECANCELLED) in a :class:`LaunchError`; writes, reads and later
+        launches run as usual. Returns the requests the server had pending.
+        """
+        self._check_open()
+        self._send()  # what is queued here goes first (the server cancels what it has)
+        r = self._c._call("Cancel", pb.CancelRequest(session_id=self.id), timeout)
+        return int(r.requests_pending)
 
-    def _before_io(self) -> None:
+    def counters(self, timeout: Optional[float] = None) -> Counters:
+        """The session's counters (after a sync)."""
+        return self.sync(timeout).counters
+
+    def _before_io(self, timeout: Optional[float]) -> None:
         # field transfers are other calls than the stream: sync so that the
         # server has every launch before the transfer is posted
         self._check_open()
         if self._unsynced or self._pending:
-            self.sync()
+            self.sync(self.timeout if timeout is None else timeout)
 
-    def _read(self, place: int, shape: Tuple[int, ...], dtype: np.dtype,
-              progress: bool) -> np.ndarray:
-        self._before_io()
-        out = np.empty(shape, dtype=dtype)
+    def _read(self, place: int, out: np.ndarray, progress: Optional[bool],
+              timeout: Optional[float], active: bool = False) -> None:
+        """Fill out (C-contiguous) with field place's bytes, or its activity."""
+        self._before_io(timeout)
         buf = memoryview(out.reshape(-1)).cast("B")
         total = buf.nbytes
         bar = _bar(progress, total, f"read {self._names.get(place, place)}")
         got = 0
+        what = "ReadField"
         try:
-            for ch in self._c._stub.ReadField(
+            for raw in self._c._stub.ReadField(
                     pb.ReadFieldRequest(session_id=self.id, field=place,
-                                        chunk_bytes=CHUNK_BYTES),
-                    timeout=self._c.timeout, metadata=self._c._metadata):
-                if ch.total_bytes != total or ch.offset + len(ch.data) > total:
-                    raise Error(f"ReadField: the server sent {ch.total_bytes} bytes at offset "
-                                f"{ch.offset}; the field holds {total}")
-                buf[ch.offset:ch.offset + len(ch.data)] = ch.data
-                got += len(ch.data)
+                                        chunk_bytes=CHUNK_BYTES, active=active),
+                    timeout=self._c.timeout if timeout is None else timeout,
+                    metadata=self._c._metadata):
+                off, tot, data = _wire.decode_chunk(raw)
+                if tot != total or off + data.nbytes > total:
+                    raise Error(f"ReadField: the server sent {tot} bytes at offset {off}; "
+                                f"{total} were expected")
+                buf[off:off + data.nbytes] = data  # the one copy, into the array
+                got += data.nbytes
                 if bar:
-                    bar.update(len(ch.data))
+                    bar.update(data.nbytes)
         except grpc.RpcError as e:
-            raise from_rpc("ReadField", e) from None
+            raise from_rpc(what, e) from None
         finally:
             if bar:
                 bar.close()
         if got != total:
             raise Error(f"ReadField: {got} of {total} bytes arrived")
-        return out
 
-    def _write(self, place: int, arr: np.ndarray, progress: bool) -> None:
-        self._before_io()
+    def _write(self, place: int, arr: np.ndarray, progress: Optional[bool],
+               timeout: Optional[float]) -> None:
+        self._before_io(timeout)
         data = memoryview(arr.reshape(-1)).cast("B")
         total = data.nbytes
         bar = _bar(progress, total, "write")
         sid = self.id
 
-        def chunks() -> Iterator[Any]:
+        def chunks() -> Iterator[bytes]:
             off = 0
             while True:
                 n = min(CHUNK_BYTES, total - off)
-                m = pb.FieldChunk(offset=off, data=bytes(data[off:off + n]))
-                if off == 0:
-                    m.session_id, m.field, m.total_bytes = sid, place, total
-                yield m
+                # a slice of the array's memory: copied once, into the message
+                yield (_wire.encode_chunk(data[off:off + n], off, sid, place, total)
+                       if off == 0 else _wire.encode_chunk(data[off:off + n], off))
                 if bar:
                     bar.update(n)
                 off += n
@@ -622,7 +891,8 @@ class Session:
                     return
 
         try:
-            r = self._c._stub.WriteField(chunks(), timeout=self._c.timeout,
+            r = self._c._stub.WriteField(chunks(),
+                                         timeout=self._c.timeout if timeout is None else timeout,
                                          metadata=self._c._metadata)
         except grpc.RpcError as e:
             raise from_rpc("WriteField", e) from None
@@ -684,8 +954,10 @@ def _passes(p: Union[None, Mapping[str, bool], Sequence[str]]) -> Dict[str, bool
     return {k: bool(v) for k, v in out.items()}
 
 
-def _bar(progress: bool, total: int, desc: str) -> Any:
-    if not progress:
+def _bar(progress: Optional[bool], total: int, desc: str) -> Any:
+    """A tqdm bar for a transfer, or None: progress True, or None and a
+    transfer of PROGRESS_BYTES or more; None too without tqdm."""
+    if not (progress or progress is None and total >= PROGRESS_BYTES):
         return None
     try:
         from tqdm import tqdm  # type: ignore

@@ -48,6 +48,9 @@ def fb(fuseboxd):
     c = fusebox.connect()
     d = c._daemon
     yield c
+    d.log.flush()
+    d.log.seek(0)
+    print("fuseboxd log:\n" + d.log.read().decode(errors="replace")[-20000:])  # shown on failure
     c.close()
     assert d.proc.returncode == 0, f"fuseboxd exited {d.proc.returncode}"
 
@@ -66,3 +69,22 @@ def server(fuseboxd):
 def example(name):
     with open(os.path.join(EXAMPLES, name)) as f:
         return f.read()
+
+
+@pytest.fixture
+def make_server(fuseboxd):
+    """make_server(*args, listen=None): a fuseboxd started by the test with
+    those flags (on a unix socket, or listen such as 127.0.0.1:0); each must
+    exit 0 on SIGTERM at the end."""
+    made = []
+
+    def make(*args, listen=None):
+        d = fusebox.client._Daemon(fuseboxd, args, listen=listen)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        if d.proc.poll() is None:
+            err = d.stop()
+            assert d.proc.returncode == 0, f"fuseboxd exited {d.proc.returncode}: {err[-2000:]}"

@@ -12,6 +12,7 @@ from conftest import FUSEBOX_CLI, PYROOT, _LIB
     ("heat.py", "sync and async agree"),
     ("life.py", "after 256 generations: population 8"),
     ("notebook.py", "async  wall"),
+    ("sparse.py", "after edits: 329 active cells (the kernel's count agrees)"),
 ])
 def test_example(fuseboxd, tmp_path, name, expect):
     r = subprocess.run([sys.executable, os.path.join(PYROOT, "examples", name)],

@@ -252,6 +252,7 @@ def test_closed_session(fb):
 
 def test_server_gone(server):
     c = fusebox.connect(server.address, timeout=20)
+    assert c.ready() is True
     s = c.session(VEC, params={"N": 2})
     s.kernels.scale(2)
     server.proc.send_signal(signal.SIGKILL)
@@ -261,7 +262,9 @@ def test_server_gone(server):
     assert e.value.status == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(fusebox.ConnectionLostError):
         c.info()
+    assert c.ready(timeout=5) is False
     c.close()
+    assert c.ready() is False
 
 
 # ------------------------------------------------------------------ as `fusebox run`
@@ -315,3 +318,17 @@ def test_sparse_field_reads_whole_extent(fb):
         i, j = np.nonzero(r)
         assert len(i) == 128 + 127 + 126 and set(j - i) == {0, 1, 2}
         assert np.array_equal(r[i, j], 1.0 + (j - i))
+
+
+def test_counters_since(fb):
+    with fb.session(example("heat.fbk"), mode="async", flush_every=4) as s:
+        s.kernels.init()
+        before = s.counters()
+        for _ in range(10):
+            s.kernels.step("T", "U", 0.2)
+            s.kernels.step("U", "T", 0.2)
+        after = s.counters()
+        d = after.since(before)
+        assert d.launches == 20 and d.flushes >= 5 and d.tasks_launched > 0
+        assert d.device_bytes == after.device_bytes and d.optimizer_s >= 0
+        assert after.fuse_refused >= 0 and isinstance(after.fuse_fallbacks, int)

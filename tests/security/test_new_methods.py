@@ -75,3 +75,35 @@ def test_source_hostile(make_server):
         session_id=server.victim, source=pb.Source(text=spin)), timeout=RPC_TIMEOUT), INVALID,
         "not the session's")
     server.assert_unharmed()
+
+
+def test_read_active_hostile(server):
+    """ReadField with active (a field's activity mask): junk, made-up and
+    truncated session ids, field ids that name nothing, the root or a
+    container, and a sparse field whose extent is far over the session's
+    memory limit (refused before anything is staged)."""
+    c = server.client
+    for junk in (b"\x20\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x22\x05ab", JUNK[0]):
+        expect_error(lambda: list(c.channel.unary_stream("/fusebox.v1.Fusebox/ReadField")(
+            junk, timeout=RPC_TIMEOUT)), INVALID, "malformed")
+    read = c.channel.unary_stream("/fusebox.v1.Fusebox/ReadField",
+                                  request_serializer=pb.ReadFieldRequest.SerializeToString,
+                                  response_deserializer=pb.FieldChunk.FromString)
+
+    def active(sid, field, chunk=0):
+        return b"".join(ch.data for ch in read(pb.ReadFieldRequest(
+            session_id=sid, field=field, active=True, chunk_bytes=chunk), timeout=RPC_TIMEOUT))
+
+    for sid in ("", "0" * 32, server.victim[:31]):
+        expect_error(lambda: active(sid, 2), NOT_FOUND)
+    for field, code in ((-1, NOT_FOUND), (2**31 - 1, NOT_FOUND), (0, INVALID), (1, INVALID)):
+        expect_error(lambda: active(server.victim, field), code)
+    assert active(server.victim, 2, chunk=1) == b"\x01" * 256  # dense: every cell
+    big = ("layout { dense(i: 1024) { dynamic(j: 1048576, chunk: 1024) { place x: i32 } } }\n"
+           "kernel k() { append(x, 3, 7) }\n")
+    sid = c.create(pb.CreateSessionRequest(options=pb.SessionOptions(memory_limit=64 << 20),
+                                           source=pb.Source(text=big)),
+                   timeout=RPC_TIMEOUT).session_id
+    expect_error(lambda: active(sid, 3), EXHAUSTED, "memory limit")  # x: SNode 3
+    c.close_session(pb.CloseSessionRequest(session_id=sid), timeout=RPC_TIMEOUT)
+    server.assert_unharmed()
