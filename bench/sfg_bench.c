@@ -10,10 +10,14 @@
  *                serial scalar tasks: demotion, listgen removal, fusion
  *
  * Usage: sfg_bench [flushes [tasks per flush]] (default 2000, 50). Prints,
- * per workload, the
+ * per workload, with the plan memo on and off, the
  * optimizer time per task in the first flush (everything built: fused IR,
  * metadata) and averaged over the later ones (the IR bank's memo hit), and
- * the tasks handed out per flush, in thread CPU time. Checks are off (as in
+ * the tasks handed out per flush, and for the later flushes the insert time
+ * per task and the flush time per flush (where the plan memo answers, a
+ * repeating window: the sparse_cg stream repeats every 20 tasks, so only
+ * flushes of a multiple of 20 tasks repeat), in thread CPU time. Checks are
+ * off (as in
  * a release engine). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,7 +111,7 @@ static int find(fb_kernel **ks, int n, const char *name) {
   return -1;
 }
 
-static int run(const workload *w, int flushes, int per) {
+static int run(const workload *w, int flushes, int per, int memo) {
   fb_layout *l = NULL;
   fb_kernel **ks = NULL;
   int nk = 0;
@@ -122,6 +126,7 @@ static int run(const workload *w, int flushes, int per) {
   fb_opt_options opts;
   fb_opt_options_default(&opts);
   opts.check = 0;
+  opts.plan_memo = memo;
   fb_opt *o = fb_opt_new(l, &opts);
   fb_irh h[32];
   for (int i = 0; i < nk; i++)
@@ -131,7 +136,7 @@ static int run(const workload *w, int flushes, int per) {
     }
   uint64_t launch = 0, args[1] = {1};
   int next = 0;
-  double first = 0, rest = 0;
+  double first = 0, rest = 0, ins = 0, fl = 0;
   uint64_t out_first = 0, out_rest = 0;
   for (int f = 0; f < flushes; f++) {
     double t0 = now_s();
@@ -144,6 +149,7 @@ static int run(const workload *w, int flushes, int per) {
         return 1;
       }
     }
+    double t1 = now_s();
     fb_opt_batch *b = NULL;
     if (fb_opt_flush(o, &b)) {
       fprintf(stderr, "%s: %s\n", w->name, fb_opt_errmsg(o));
@@ -155,17 +161,21 @@ static int run(const workload *w, int flushes, int per) {
       out_first = (uint64_t)b->n;
     } else {
       rest += dt;
+      ins += t1 - t0;
+      fl += now_s() - t1;
       out_rest += (uint64_t)b->n;
     }
     fb_opt_batch_free(o, b);
   }
   const fb_opt_stats *st = fb_opt_get_stats(o);
-  printf("%-12s first flush %7.2f us/task (%3llu tasks out)   later flushes %6.2f us/task "
-         "(%5.1f tasks out)   fused %llu, listgen removed %llu, demoted %llu, dead stores %llu, "
-         "deleted %llu\n",
-         w->name, first * 1e6 / per, (unsigned long long)out_first,
+  int later = flushes > 1 ? flushes - 1 : 1;
+  printf("%-12s memo %-3s first flush %7.2f us/task (%3llu tasks out)   later flushes %6.2f us/task "
+         "(%5.1f tasks out; insert %.3f us/task, flush %.2f us/flush; plans reused %llu)   "
+         "fused %llu, listgen removed %llu, demoted %llu, dead stores %llu, deleted %llu\n",
+         w->name, memo ? "on" : "off", first * 1e6 / per, (unsigned long long)out_first,
          flushes > 1 ? rest * 1e6 / ((double)per * (flushes - 1)) : 0.0,
-         flushes > 1 ? (double)out_rest / (flushes - 1) : 0.0,
+         flushes > 1 ? (double)out_rest / (flushes - 1) : 0.0, ins * 1e6 / ((double)per * later),
+         fl * 1e6 / later, (unsigned long long)st->total.plans_reused,
          (unsigned long long)st->total.tasks_fused, (unsigned long long)st->total.listgen_removed,
          (unsigned long long)st->total.demoted, (unsigned long long)st->total.dead_stores,
          (unsigned long long)st->total.tasks_deleted);
@@ -189,6 +199,7 @@ int main(int argc, char **argv) {
   };
   printf("sfg_bench: optimizer + SFG time per task, %d-task flushes, %d flushes\n", per, flushes);
   int rc = 0;
-  for (size_t i = 0; i < sizeof ws / sizeof *ws; i++) rc |= run(&ws[i], flushes, per);
+  for (size_t i = 0; i < sizeof ws / sizeof *ws; i++)
+    for (int memo = 1; memo >= 0; memo--) rc |= run(&ws[i], flushes, per, memo);
   return rc;
 }

@@ -86,6 +86,7 @@ static fb_counters diff(const fb_counters *a, const fb_counters *b) {
   d.activations_demoted -= b->activations_demoted;
   d.fuse_refused -= b->fuse_refused;
   d.fuse_fallbacks -= b->fuse_fallbacks;
+  d.plans_reused -= b->plans_reused;
   d.optimizer_s -= b->optimizer_s;
   return d;
 }
@@ -298,6 +299,7 @@ static json_t *mode_json(const mode_result *r) {
   json_object_set_new(j, "compile_s", json_real(r->first.compile_s));
   json_object_set_new(j, "fuse_refused", json_integer((json_int_t)r->first.fuse_refused));
   json_object_set_new(j, "fuse_fallbacks", json_integer((json_int_t)r->first.fuse_fallbacks));
+  json_object_set_new(j, "plans_reused", json_integer((json_int_t)r->total.plans_reused));
   return j;
 }
 

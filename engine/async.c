@@ -197,6 +197,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   a->nwin = a->capwin = 0;
   a->win_base = s->launch_no;
   if (!j) {
+    a->tainted = 1; /* the caller's thread; the worker is not running this */
     fb_opt_batch_free(a->o, b);
     free(launches);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
@@ -204,6 +205,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   }
   *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, NULL, NULL, 0, NULL};
   if (b && b->n && !(j->pre = known_code(a, b))) {
+    a->tainted = 1;
     free_job(s, j);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
@@ -215,6 +217,31 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   }
   free_job(s, j);
   return 0;
+}
+
+/* Flush less often while the stream repeats: a window the optimizer's plan
+ * memo answered costs no pass, and its batch is often a few tasks (the
+ * paper's flushing period is a trade of latency for window width, and a
+ * repeating stream has nothing more to show in a narrow one). After
+ * PLAN_STREAK reused plans in a row the automatic flush waits twice as
+ * long, up to FLUSH_AT_MAX tasks (the longest window the memo keeps); a
+ * window it could not keep (not a repeating one) goes back to flush_every.
+ * Only with the default flush_every: a session that set one gets it. */
+#define PLAN_STREAK 2
+#define FLUSH_AT_MAX 4096
+
+static void adapt_flush(async_state *a) {
+  if (!a->adapt || !a->flush_every) return;
+  const fb_opt_counters *f = &fb_opt_get_stats(a->o)->flush;
+  if (f->plans_reused) {
+    if (++a->plan_streak >= PLAN_STREAK && a->flush_at < FLUSH_AT_MAX) {
+      a->flush_at = a->flush_at * 2 > FLUSH_AT_MAX ? FLUSH_AT_MAX : a->flush_at * 2;
+      a->plan_streak = 0;
+    }
+    return;
+  }
+  a->plan_streak = 0;
+  if (!f->plans_stored) a->flush_at = a->flush_every;
 }
 
 /* Optimize what is pending and hand it out; does not wait, unless run_here
@@ -231,12 +258,60 @@ static int async_flush(fb_session *s, int run_here) {
   if (rc && (rc = flush_plain(s, no, &b))) return rc;
   a->flushes = no;
   note_flush(s, no, t0);
+  adapt_flush(a);
   return hand_out(s, b, no, run_here);
 }
 
+/* Every flushed task has run and nothing is pending: tell the optimizer
+ * how often each pointer SNode's cells changed, so that lists made from a
+ * mask that did not change stay current across flushes (the runtime counts
+ * every slot set or cleared; bitmasked and dynamic containers change cells
+ * without a count, so their lists are never kept this way). CPU only: on
+ * CUDA the count would be read from managed memory, untested. */
+static void observe_masks(fb_session *s) {
+  async_state *a = s->as;
+  if (!s->sparse || s->q || fb_opt_pending(a->o)) return;
+  for (int i = 1; i < s->layout->nnodes; i++)
+    if (s->layout->nodes[i].kind == FB_SN_POINTER &&
+        fb_opt_observe_mask(a->o, i, fb_sparse_changes(s->sparse, i)))
+      return; /* out of memory: nothing is kept, which is always right */
+}
+
+/* Some flushed task may not have run (an error skipped the rest of its
+ * launch, the hook cancelled, a batch was dropped): the lists and masks the
+ * optimizer keeps as current may not be. Report a host write of every
+ * sparse container, as if the host had touched every cell, so that nothing
+ * made before is taken as current again (the next observation starts
+ * over). */
+static int forget_masks(fb_session *s) {
+  async_state *a = s->as;
+  if (!s->sparse) return 0;
+  if (fb_opt_pending(a->o)) return -1; /* at the next sync point */
+  for (int i = 1; i < s->layout->nnodes; i++) {
+    fb_snode_kind k = s->layout->nodes[i].kind;
+    if ((k == FB_SN_POINTER || k == FB_SN_BITMASKED || k == FB_SN_DYNAMIC) &&
+        fb_opt_host_write(a->o, i))
+      return -1;
+  }
+  return 0;
+}
+
 int fbe_async_wait_all(fb_session *s) {
+  async_state *a = s->as;
   int rc = async_flush(s, 1);
   fbe_quiesce(s);
+  pthread_mutex_lock(&a->mu);
+  int tainted = a->tainted;
+  pthread_mutex_unlock(&a->mu);
+  if (tainted) {
+    if (!forget_masks(s)) {
+      pthread_mutex_lock(&a->mu);
+      a->tainted = 0;
+      pthread_mutex_unlock(&a->mu);
+    }
+  } else if (!rc) {
+    observe_masks(s);
+  }
   return rc;
 }
 
@@ -260,14 +335,12 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
            fb_opt_errmsg(a->o));
   }
   s->launch_no++;
-  pthread_mutex_lock(&s->cmu);
-  s->c.launches++;
-  pthread_mutex_unlock(&s->cmu);
+  a->launches++; /* the caller's own count: no lock per launch */
   if (rc) return rc;
   if (sk->k->ret != FB_T_VOID) return async_return(s, sk, ret);
   if (ret) memset(ret, 0, sizeof *ret);
   int pending = fb_opt_pending(a->o);
-  if ((a->flush_every && pending >= a->flush_every) || pending >= FB_MAX_PENDING_TASKS)
+  if ((a->flush_at && pending >= a->flush_at) || pending >= FB_MAX_PENDING_TASKS)
     return async_flush(s, 0);
   return 0;
 }

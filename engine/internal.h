@@ -132,6 +132,14 @@ typedef struct async_state {
   fb_opt *o;
   fb_ordq *q;              /* the ordered worker */
   int flush_every;         /* 0: never */
+  /* flush_every as the stream repeats (the default flush_every only):
+   * doubled after PLAN_STREAK flushes in a row reuse the optimizer's plan
+   * (up to FLUSH_AT_MAX), back to flush_every after a window the memo
+   * could not keep */
+  int flush_at;
+  int adapt;
+  int plan_streak;
+  uint64_t launches;       /* the caller's: launches so far (fb_counters.launches) */
   uint64_t flushes;
   /* the window: the kernel of every launch since the last flush */
   launch_rec *win;
@@ -144,6 +152,9 @@ typedef struct async_state {
   pthread_mutex_t mu;      /* guards done and err (shared with the worker) */
   async_job *done;         /* batches the worker finished, to free */
   bg_error err;
+  int tainted;             /* a flushed task may not have run as the
+                              optimizer assumed (an error, a skipped launch,
+                              a dropped batch) since the last sync point */
   /* the launcher's (the worker, or the caller while the worker is idle):
    * task IR it has had compiled, a hint that the code cache holds it, so
    * that it looks the code up itself instead of waking a compile thread */

@@ -157,6 +157,8 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   s->as = a;
   a->flush_every = cfg->flush_every < 0 ? 0 : cfg->flush_every ? cfg->flush_every
                                                                : FB_FLUSH_EVERY_DEFAULT;
+  a->flush_at = a->flush_every;
+  a->adapt = cfg->flush_every == 0;
   fb_opt_options o;
   fb_opt_options_default(&o);
   o.passes = opt_passes(cfg->passes);
@@ -273,10 +275,12 @@ static void async_counters(const fb_session *s, fb_counters *out) {
   *out = s->c;
   out->device_bytes = s->dev_bytes;
   pthread_mutex_unlock(&m->cmu);
+  out->launches += s->as->launches;
   const fb_opt_counters *t = &fb_opt_get_stats(s->as->o)->total;
   out->listgens_removed = t->listgen_removed;
   out->tasks_fused = t->tasks_fused;
   out->fuse_refused = t->fuse_refused;
+  out->plans_reused = t->plans_reused;
   out->dead_stores_removed = t->dead_stores + t->tasks_deleted;
   out->activations_demoted = t->demoted;
   out->optimizer_s = t->optimizer_s;

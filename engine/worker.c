@@ -14,6 +14,7 @@ __attribute__((format(printf, 5, 6)))
 void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...) {
   async_state *a = s->as;
   pthread_mutex_lock(&a->mu);
+  a->tainted = 1;
   if (a->err.code) {
     a->err.more++;
   } else {

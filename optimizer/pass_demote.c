@@ -37,7 +37,7 @@ static int same_list(const fb_sfg *g, uint64_t a, uint64_t b, int depth) {
     uint32_t key = x->m->acc[i].key;
     int j = acc_index(y->m, key);
     if (j < 0) return 0;
-    if (FB_SKEY_KIND(key) == FB_SK_MASK && x->ver[i] != y->ver[j]) return 0;
+    if (FB_SKEY_KIND(key) == FB_SK_MASK && x->cont[i] != y->cont[j]) return 0;
     if (FB_SKEY_KIND(key) == FB_SK_LIST && FB_SKEY_INDEX(key) != x->m->snode &&
         !same_list(g, x->ver[i], y->ver[j], depth + 1))
       return 0;

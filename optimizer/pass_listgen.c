@@ -4,7 +4,9 @@
  * inputs are exactly those of the listgen L1 that produced P's current list
  * (the list P's clear_list C2 is about to overwrite) is removed together
  * with C2; rebuilding the graph rewires L2's readers to L1's list. L1 may
- * be a retained task of an earlier flush. */
+ * be a retained task of an earlier flush. Masks are compared by content id
+ * (fb_sfg_node.cont): a later version of the mask that the engine observed
+ * to leave every cell as it was (fb_opt_observe_mask) counts as the same. */
 #include <stdio.h>
 
 #include "optimizer/sfg.h"
@@ -20,6 +22,13 @@ static uint64_t version(const fb_sfg_node *n, uint32_t key, int *ok) {
   int i = acc_index(n->m, key);
   *ok = i >= 0;
   return i >= 0 ? n->ver[i] : 0;
+}
+
+/* Content id of the version of `key` that node n read (see fb_sfg_node.cont). */
+static uint64_t content(const fb_sfg_node *n, uint32_t key, int *ok) {
+  int i = acc_index(n->m, key);
+  *ok = i >= 0;
+  return i >= 0 ? n->cont[i] : 0;
 }
 
 static int list_task(const fb_sfg_node *n, fb_task_kind kind, int p) {
@@ -44,7 +53,8 @@ static int removable(fb_sfg *g, fb_sfg_node *l2) {
   if (!adjacent(g, c2, l2, lkey)) return 0;
   fb_sfg_node *l1 = fb_sfg_find_serial(g, version(c2, lkey, &ok1));
   if (!ok1 || !list_task(l1, FB_TASK_LISTGEN, p)) return 0;
-  if (version(l1, mkey, &ok1) != version(l2, mkey, &ok2) || !ok1 || !ok2) return 0;
+  /* the same mask: the same version, or one the engine observed unchanged */
+  if (content(l1, mkey, &ok1) != content(l2, mkey, &ok2) || !ok1 || !ok2) return 0;
   int n = fb_sparse_path(g->l, g->l->nodes[p].parent, path, 32);
   if (n > 0) {
     uint32_t pkey = FB_SKEY(FB_SK_LIST, path[n - 1]);

@@ -136,12 +136,14 @@ int fb_sfg_node_resolve(fb_sfg_node *n, const fb_kernel *k) {
   n->eflags = NULL;
   n->eff = NULL;
   n->vorder = NULL;
+  n->cont = NULL;
   if (na > SIZE_MAX / 64) return FB_ENOMEM;
-  uint8_t *blk = calloc(1, na * (2 * sizeof(uint64_t) + sizeof(uint32_t) + 1));
+  uint8_t *blk = calloc(1, na * (3 * sizeof(uint64_t) + sizeof(uint32_t) + 1));
   n->ver = (uint64_t *)blk;
   if (!blk) return FB_ENOMEM;
   n->vorder = n->ver + na;
-  n->eflags = (uint32_t *)(n->vorder + na);
+  n->cont = n->vorder + na;
+  n->eflags = (uint32_t *)(n->cont + na);
   n->eff = (uint8_t *)(n->eflags + na);
   n->range_ok = 0;
   n->rbegin = n->rend = 0;
@@ -194,6 +196,7 @@ static int add_edges(fb_sfg *g, fb_sfg_node *n) {
     uint8_t e = n->eff[i];
     n->ver[i] = s->owner_ver;
     n->vorder[i] = s->owner_order;
+    n->cont[i] = s->owner_cont;
     if (m->acc[i].key == m->list_key) n->list_ver = s->owner_ver;
     if (e & FB_ACC_READ) {
       if (s->owner >= 0 && add_edge(g, s->owner, me, sid, FB_EDGE_FLOW)) return FB_ENOMEM;
@@ -210,6 +213,8 @@ static int add_edges(fb_sfg *g, fb_sfg_node *n) {
       s->owner = me;
       s->owner_ver = n->serial;
       s->owner_order = n->order;
+      s->owner_cont = n->serial;
+      if (FB_SKEY_KIND(s->key) == FB_SK_MASK && (n->eflags[i] & FB_AF_CLEAR)) s->cleared = 1;
       s->nreaders = 0;
     }
     if (FB_GROW(s->lane, s->nlane, s->caplane)) return FB_ENOMEM;
@@ -263,6 +268,7 @@ static void reset_states(fb_sfg *g) {
     s->owner = s->base_owner;
     s->owner_ver = s->base_ver;
     s->owner_order = s->base_order;
+    s->owner_cont = s->base_cont;
     s->nreaders = 0;
     s->nlane = 0;
   }
@@ -324,6 +330,7 @@ int fb_sfg_collect(fb_sfg *g, fb_bank *bank) {
     s->base_owner = s->owner >= 0 ? keep[s->owner] : -1;
     s->base_ver = s->owner_ver;
     s->base_order = s->owner_order;
+    s->base_cont = s->owner_cont;
     s->owner = s->base_owner;
     s->nreaders = s->nlane = 0;
   }

@@ -68,7 +68,12 @@ typedef struct fb_opt_options {
   int max_iterations;    /* cap of the pipeline's fixed-point loop (32) */
   size_t bank_bytes;     /* IR bank memory bound, evicting unused IR (64 MiB) */
   int check;             /* run fb_opt_check and fb_verify after every pass
-                            (default: on in FB_DEBUG builds) */
+                            (default: on in FB_DEBUG builds); a reused flush
+                            plan is then also checked against the pipeline */
+  int plan_memo;         /* reuse the optimized batch of an identical window
+                            met in an equivalent graph (1; 0: off). See
+                            fb_opt_flush */
+  int plan_memo_max;     /* plans kept (64) */
 } fb_opt_options;
 
 void fb_opt_options_default(fb_opt_options *o);
@@ -90,6 +95,10 @@ typedef struct fb_opt_counters {
   uint64_t simplified;      /* statements removed by intra-task simplification */
   uint64_t iterations;      /* pipeline iterations */
   uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */
+  uint64_t plans_reused;    /* flushes whose batch came from the plan memo */
+  uint64_t plans_stored;    /* plans added to the plan memo */
+  uint64_t masks_unchanged; /* (total only) observations that kept a mask's
+                               content across flushes (fb_opt_observe_mask) */
   double optimizer_s;       /* time in insert (sampled) + flush (SFG and passes) */
 } fb_opt_counters;
 
@@ -147,6 +156,17 @@ int fb_opt_pending(const fb_opt *o);
  * are pending (flush first). */
 int fb_opt_host_write(fb_opt *o, int snode);
 
+/* Lists that survive flushes. The engine observed, with nothing pending and
+ * every flushed task run, that sparse container `snode`'s cells have
+ * changed `count` times since the session began (activations and
+ * deactivations that took effect: a count the runtime keeps). When the
+ * count is the one of the previous observation and no task or host write
+ * in between cleared cells of it, the mask is as it was then, whatever
+ * activating writes ran: its current version gets the content id it had,
+ * so list-generation removal (and demotion) take the lists made from it as
+ * current. FB_EINVAL while tasks are pending. */
+int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count);
+
 /* Run the pass pipeline on the window now, without handing it out (for
  * `fusebox graph` and tests: the graph then shows the optimized window;
  * fb_opt_flush afterwards finds nothing more to do). Counts into the next
@@ -196,7 +216,18 @@ typedef struct fb_opt_batch {
  * the latest owner of each state (partial garbage collection): those tasks
  * have run; they are never handed out again but let the next window's
  * passes see which lists and masks are still current. *out is NULL when
- * nothing was pending. */
+ * nothing was pending.
+ *   The plan memo: inserts are logged and only built into the graph when
+ * needed. A flush whose window equals (task IR handles, argument values,
+ * launch numbers relative to its first) one met before, in a graph whose
+ * canonical form (the retained nodes and states with their serials and
+ * order stamps replaced by ranks: everything the passes read) equals the
+ * one it was optimized in, and which left the graph in that same canonical
+ * form, hands out a copy of that flush's batch (launch numbers rebased)
+ * without building the window or running the passes; the graph is kept as
+ * it is, being already what the flush would leave. Checked by equality,
+ * never by hash alone; options changes clear the memo. In check mode the
+ * pipeline still runs and must give the same batch. */
 int fb_opt_flush(fb_opt *o, fb_opt_batch **out);
 void fb_opt_batch_free(fb_opt *o, fb_opt_batch *b);
 
@@ -435,6 +466,10 @@ typedef struct fb_sfg_node {
   /* versions, per meta access: the version read or overwritten */
   uint64_t *ver;
   uint64_t *vorder;    /* order stamp of that version's writer */
+  uint64_t *cont;      /* content id of that version: its writer's serial,
+                          or (masks) an older version's id when the engine
+                          observed that the mask did not change
+                          (fb_opt_observe_mask) */
   uint64_t list_ver;   /* struct_for: version of the list it iterates */
   fb_sfg_cert *certs;
   int ncerts;
@@ -456,8 +491,14 @@ typedef struct fb_sfg_state {
   int32_t owner;       /* latest writer's node index, -1 for none in the graph */
   uint64_t owner_ver;  /* version of the latest writer (0 initial) */
   uint64_t owner_order;
+  uint64_t owner_cont; /* content id of the latest version (see fb_sfg_node.cont) */
   int32_t base_owner;  /* the same, as left by the last flush (retained nodes) */
-  uint64_t base_ver, base_order;
+  uint64_t base_ver, base_order, base_cont;
+  /* masks: the engine's last observation (fb_opt_observe_mask) */
+  uint64_t obs_count, obs_cont;
+  uint8_t obs_valid;
+  uint8_t cleared;     /* a task or host write that clears cells of it was
+                          added since that observation */
   int32_t *readers;    /* node indices reading the current version */
   int nreaders, capreaders;
   fb_sfg_lane_ent *lane; /* window accesses in order (passes read this) */

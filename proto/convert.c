@@ -180,7 +180,7 @@ int fbp_value_from_pb(const Fusebox__V1__Value *m, fb_value *out) {
   X(launches) X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits)          \
   X(backend_s) X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)          \
   X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)            \
-  X(fuse_refused) X(fuse_fallbacks)
+  X(fuse_refused) X(fuse_fallbacks) X(plans_reused)
 
 void fbp_counters_to_pb(Fusebox__V1__Counters *m, const fb_counters *c) {
   fusebox__v1__counters__init(m);

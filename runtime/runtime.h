@@ -155,6 +155,9 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
 /* Bytes the pool has handed out, and blocks live per SNode (for tests). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp);
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);
+/* Pointer SNode snode: cells activated or deactivated so far (each slot
+ * set or cleared counts; only while no task runs is it exact). */
+uint64_t fb_sparse_changes(const fb_sparse *sp, int snode);
 
 /* ---------------------------------------------------------------- launcher */
 

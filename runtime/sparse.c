@@ -165,6 +165,11 @@ uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode) {
   return __atomic_load_n(&sp->st->allocs[snode].live, __ATOMIC_RELAXED);
 }
 
+uint64_t fb_sparse_changes(const fb_sparse *sp, int snode) {
+  if (snode < 0 || (uint64_t)snode >= sp->st->nnodes) return 0;
+  return __atomic_load_n(&sp->st->allocs[snode].changes, __ATOMIC_RELAXED);
+}
+
 /* Everything but the pool: root, scratch and lists. */
 static uint64_t others(const fb_sparse *sp) {
   return sp->mem->root_bytes + sp->mem->gtmp_bytes + sp->list_bytes;

@@ -1477,6 +1477,101 @@ START_TEST(timeline) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- lists across flushes */
+
+/* MacCormack's pattern: each frame iterates its source field twice and
+ * writes the other (activating: the cells are active already after the
+ * first frames), a sync after each frame, the fields swapped. */
+static const char *frames_src =
+    "layout {\n"
+    "  pointer(i: 16) as p0 { dense(i: 8) { place q0: f32 } }\n"
+    "  pointer(i: 16) as p1 { dense(i: 8) { place q1: f32 } }\n"
+    "}\n"
+    "kernel init() { for i in 0 .. 128 { if (i // 8) % 3 == 0 { q0[i] = f32(i) } } }\n"
+    "kernel adv(A: field, B: field) {\n"
+    "  for i in A { B[i] = A[i] * 0.5 + 1.0 }\n"
+    "  for i in A { B[i] = B[i] + A[(i + 1) % 128] * 0.25 }\n"
+    "}\n"
+    "kernel drop0() { for i in p0 { if i >= 96 { deactivate(p0, i) } } }\n"
+    "kernel drop1() { for i in p1 { if i % 2 == 0 { deactivate(p1, i) } } }\n";
+
+static char *frames_script(int frames, const char *between) {
+  size_t cap = 64 + (size_t)frames * (96 + strlen(between));
+  char *s = malloc(cap), *w = s;
+  w += sprintf(w, "launch init\nsync\n");
+  for (int f = 0; f < frames; f++)
+    w += sprintf(w, "launch adv(q0,q1)\nsync\nlaunch adv(q1,q0)\nsync\n%s", f == frames / 2 ? between : "");
+  return s;
+}
+
+/* Lists stay current across the syncs: from the third frame on no list is
+ * generated (2 tasks a frame where sync mode launches 6), and the results
+ * are sync mode's in every mode. */
+START_TEST(lists_across_flushes) {
+  char *script = frames_script(8, "");
+  check_modes(frames_src, script);
+  fb_session_config sync = {.mode = "sync", .seed = 7}, cfg = async_cfg(0, 0);
+  results want = {0}, got = {0};
+  run_script(eng, frames_src, script, &sync, &want);
+  run_script(eng, frames_src, script, &cfg, &got);
+  ck_assert_uint_eq(want.c.tasks_launched, 1 + 16 * 6);
+  /* without lists kept across flushes it is 1 + 16 * 4 */
+  ck_assert_msg(got.c.tasks_launched <= 1 + 4 * 4 + 12 * 2, "async launched %llu tasks",
+                (unsigned long long)got.c.tasks_launched);
+  ck_assert_uint_ge(got.c.listgens_removed, 16 + 12); /* one a frame within it, one across */
+  results_free(&want);
+  results_free(&got);
+  free(script);
+}
+END_TEST
+
+/* Host writes and deactivation between frames: a cell written in a new
+ * block of q0, a field write of q1 (every cell: its whole index space
+ * activated), a kernel deactivating blocks of q0; the lists must follow.
+ * Every mode gives sync mode's fields. */
+START_TEST(lists_across_host_writes) {
+  static const char *const betweens[] = {
+      "cell q0 105 = 3.0\n",
+      "write q1 3\n",
+      "launch drop0\nsync\n",
+      "launch drop1\nlaunch adv(q0,q1)\ncell q1 9 = 1.0\nsync\n",
+  };
+  for (size_t i = 0; i < sizeof betweens / sizeof *betweens; i++) {
+    char *script = frames_script(6, betweens[i]);
+    check_modes(frames_src, script);
+    free(script);
+  }
+}
+END_TEST
+
+/* A repeating stream: the optimizer's plan memo answers its flushes, and
+ * the engine flushes less often (flush_every left at its default). */
+START_TEST(repeating_stream_plans) {
+  tsess t = trigger_session(0);
+  for (int step = 0; step < 10; step++) {
+    incs(&t, 400);
+    ck_assert_int_eq(fb_sync(t.s), 0);
+  }
+  fb_counters c = counters(t.s);
+  ck_assert_int_eq(x5(&t), 4000);
+  ck_assert_uint_ge(c.plans_reused, 5);
+  ck_assert_uint_lt(c.flushes, 4000 / 50); /* 80 at a fixed flush_every */
+  tsess_free(&t);
+  /* a flush_every the session chose stays: every 50 tasks */
+  t = trigger_session(50);
+  for (int step = 0; step < 4; step++) {
+    incs(&t, 400);
+    ck_assert_int_eq(fb_sync(t.s), 0);
+  }
+  c = counters(t.s);
+  ck_assert_int_eq(x5(&t), 1600);
+  ck_assert_uint_eq(c.flushes, 32);
+  ck_assert_uint_ge(c.plans_reused, 20);
+  tsess_free(&t);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- cancel */
 
 static int cancel_all(void *user, const char *kernel, const char *task, uint64_t launch) {
@@ -1557,6 +1652,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, cancel_with_compiles_pending);
   tcase_add_test(tc, graph_trace);
   tcase_add_test(tc, timeline);
+  tcase_add_test(tc, lists_across_flushes);
+  tcase_add_test(tc, lists_across_host_writes);
+  tcase_add_test(tc, repeating_stream_plans);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -539,11 +539,11 @@ START_TEST(arena_reuse) {
 }
 END_TEST
 
-/* Counters cross the wire field by field, the fusion cost model's and the
- * fallback's too (fields appended: 16, 17). */
+/* Counters cross the wire field by field, the fusion cost model's, the
+ * fallback's and the plan memo's too (fields appended: 16, 17, 18). */
 START_TEST(counters_round_trip) {
   fb_counters c = {.launches = 9, .tasks_fused = 4, .tasks_pending = 2, .fuse_refused = 7,
-                   .fuse_fallbacks = 3, .optimizer_s = 0.25};
+                   .fuse_fallbacks = 3, .plans_reused = 5, .optimizer_s = 0.25};
   Fusebox__V1__Counters m;
   fbp_counters_to_pb(&m, &c);
   Fusebox__V1__Counters *back = wire(&m.base, &fusebox__v1__counters__descriptor);
@@ -555,6 +555,8 @@ START_TEST(counters_round_trip) {
   ck_assert(f && f->id == 16);
   f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_fallbacks");
   ck_assert(f && f->id == 17);
+  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "plans_reused");
+  ck_assert(f && f->id == 18);
   protobuf_c_message_free_unpacked(&back->base, NULL);
 }
 END_TEST

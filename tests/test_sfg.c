@@ -518,6 +518,222 @@ START_TEST(api_refusals) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- the plan memo */
+
+/* A sparse stream: clear_list / listgen / struct_for triples over blocks,
+ * an activating write of t at the loop cells, a dense increment with an
+ * argument, a reduction. Demotion, list-generation removal, DSE and fusion
+ * all fire on it from the second window on. */
+static const char *const plan_kernels =
+    "kernel cl() {\n  clear_list blocks[]\n}\n"
+    "kernel lg() {\n  listgen blocks[]\n}\n"
+    "kernel sf() {\n  struct_for %0 over s {\n    %1 = loop_index.i32 %0, 0\n"
+    "    %2 = load.f32 s[%1]\n    %3 = const.f32 2.0\n    %4 = mul.f32 %2, %3\n"
+    "    store t[%1], %4\n  }\n}\n"
+    "kernel inc(i32) {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
+    "    %3 = loop_index.i32 %2, 0\n    %4 = arg.i32 0\n    %5 = atomic_add.i32 x[%3], %4\n  }\n}\n"
+    "kernel cp() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
+    "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 x[%3]\n    store y[%3], %4\n  }\n}\n"
+    "kernel sum() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
+    "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 y[%3]\n    %5 = atomic_add.i32 total[], %4\n  }\n}\n";
+
+static fb_opt *plan_opt(mod *m, fb_irh *h, int memo, int check) {
+  fb_opt_options o;
+  fb_opt_options_default(&o);
+  o.plan_memo = memo;
+  o.check = check;
+  fb_opt *opt = fb_opt_new(m->l, &o);
+  ck_assert_ptr_nonnull(opt);
+  for (int i = 0; i < m->nk; i++) ck_assert_int_eq(fb_opt_intern(opt, m->ks[i], &h[i]), 0);
+  return opt;
+}
+
+/* One window: 2 x (cl lg sf), inc(a) twice, cp, sum. */
+static void plan_window(fb_opt *o, const fb_irh *h, uint64_t *launch, uint64_t a) {
+  static const int seq[] = {0, 1, 2, 0, 1, 2, 3, 3, 4, 5};
+  for (size_t i = 0; i < sizeof seq / sizeof *seq; i++) {
+    uint64_t args[1] = {a};
+    fb_opt_task t = {h[seq[i]], seq[i] == 3 ? args : NULL, seq[i] == 3 ? 1 : 0, (*launch)++};
+    ck_assert_msg(fb_opt_insert(o, &t) == 0, "%s", fb_opt_errmsg(o));
+  }
+}
+
+/* Two batches hand out the same launches (the IR compared by content: the
+ * contexts have banks of their own). */
+static void same_batch(const fb_opt_batch *a, const fb_opt_batch *b) {
+  ck_assert_int_eq(a->n, b->n);
+  for (int i = 0; i < a->n; i++) {
+    const fb_opt_launch *x = &a->v[i], *y = &b->v[i];
+    ck_assert(fb_kernel_equal(x->k, y->k));
+    ck_assert_int_eq(x->kind, y->kind);
+    ck_assert_int_eq(x->loop, y->loop);
+    ck_assert_int_eq(x->snode, y->snode);
+    ck_assert_int_eq(x->nargs, y->nargs);
+    ck_assert_int_eq(x->launch, y->launch);
+    ck_assert_int_eq(x->ntasks, y->ntasks);
+    ck_assert_int_eq(x->nparts, y->nparts);
+    if (x->nargs) ck_assert(!memcmp(x->args, y->args, sizeof *x->args * (size_t)x->nargs));
+    for (int p = 0; p < x->nparts; p++) {
+      ck_assert_int_eq(x->parts[p].launch, y->parts[p].launch);
+      ck_assert_int_eq(x->parts[p].argoff, y->parts[p].argoff);
+      ck_assert_int_eq(x->parts[p].nargs, y->parts[p].nargs);
+      ck_assert_int_eq(x->parts[p].inb, y->parts[p].inb);
+      ck_assert_str_eq(x->parts[p].task, y->parts[p].task);
+      ck_assert(fb_kernel_equal(x->parts[p].k, y->parts[p].k));
+    }
+  }
+}
+
+/* A repeating window reuses its plan; the batches and the graph kept equal
+ * those of a context without the memo, window after window, through a
+ * host write (which changes the graph: no reuse until it repeats again), a
+ * window with other arguments and an options change (which clears it). In
+ * check mode every reuse is also checked against the pipeline. */
+START_TEST(plan_memo_reuse) {
+  mod m = parse(plan_kernels);
+  fb_irh ha[6], hb[6], hc[6];
+  fb_opt *a = plan_opt(&m, ha, 1, 0), *b = plan_opt(&m, hb, 0, 0), *c = plan_opt(&m, hc, 1, 1);
+  fb_opt *all[3] = {a, b, c};
+  fb_irh *hs[3] = {ha, hb, hc};
+  uint64_t launch[3] = {0, 0, 0}, reused_before = 0;
+  for (int f = 0; f < 14; f++) {
+    uint64_t arg = f == 9 ? 5 : 1;
+    fb_opt_batch *out[3];
+    for (int i = 0; i < 3; i++) {
+      if (f == 6) ck_assert_int_eq(fb_opt_host_write(all[i], fb_layout_find(m.l, "s")), 0);
+      if (f == 11) fb_opt_set_options(all[i], fb_opt_get_options(all[i]));
+      plan_window(all[i], hs[i], &launch[i], arg);
+      ck_assert_msg(fb_opt_flush(all[i], &out[i]) == 0, "flush %d: %s", f, fb_opt_errmsg(all[i]));
+    }
+    same_batch(out[0], out[1]);
+    same_batch(out[2], out[1]);
+    for (int i = 0; i < 3; i++) fb_opt_batch_free(all[i], out[i]);
+    char *ta = fb_opt_graph_text(a), *tb = fb_opt_graph_text(b);
+    ck_assert_str_eq(ta, tb);
+    free(ta);
+    free(tb);
+    uint64_t r = fb_opt_get_stats(a)->total.plans_reused;
+    ck_assert_uint_eq(fb_opt_get_stats(c)->total.plans_reused, r);
+    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.plans_reused, r - reused_before);
+    /* windows 0-2 reach the steady graph (the plan is stored at 2), 3-5
+       reuse it; the host write at 6 and the new argument at 9 (and its
+       graph at 10) change what the flush sees, the options change at 11
+       clears the memo, 12-13 reuse the plan stored at 11 */
+    if (f >= 3 && f <= 5) ck_assert_uint_eq(r - reused_before, 1);
+    if (f == 6 || f == 9 || f == 10 || f == 11) ck_assert_uint_eq(r - reused_before, 0);
+    if (f == 12 || f == 13) ck_assert_uint_eq(r - reused_before, 1);
+    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.tasks_in, 10);
+    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.listgen_removed,
+                      fb_opt_get_stats(b)->flush.listgen_removed);
+    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.tasks_fused, fb_opt_get_stats(b)->flush.tasks_fused);
+    reused_before = r;
+  }
+  ck_assert_uint_eq(fb_opt_get_stats(b)->total.plans_reused, 0);
+  ck_assert_uint_ge(fb_opt_get_stats(a)->total.plans_reused, 5);
+  ck_assert_uint_eq(fb_opt_get_stats(a)->total.tasks_out, fb_opt_get_stats(b)->total.tasks_out);
+  char err[200];
+  ck_assert_msg(fb_opt_check(a, err, sizeof err) == 0, "%s", err);
+  for (int i = 0; i < 3; i++) {
+    for (int k = 0; k < m.nk; k++) fb_opt_release(all[i], hs[i][k]);
+    fb_opt_free(all[i]);
+  }
+  mod_free(&m);
+}
+END_TEST
+
+/* Observing the window (its graph text) builds it: the flush then runs
+ * the pipeline and reuses nothing, and inserts after it keep their order. */
+START_TEST(plan_memo_observed) {
+  mod m = parse(plan_kernels);
+  fb_irh h[6];
+  fb_opt *o = plan_opt(&m, h, 1, 1);
+  uint64_t launch = 0;
+  for (int f = 0; f < 4; f++) {
+    plan_window(o, h, &launch, 1);
+    fb_opt_batch *b = NULL;
+    ck_assert_int_eq(fb_opt_flush(o, &b), 0);
+    fb_opt_batch_free(o, b);
+  }
+  uint64_t r = fb_opt_get_stats(o)->total.plans_reused;
+  ck_assert_uint_ge(r, 1);
+  plan_window(o, h, &launch, 1);
+  ck_assert_int_eq(fb_opt_pending(o), 10);
+  char *text = fb_opt_graph_text(o);
+  ck_assert_ptr_nonnull(strstr(text, "t"));
+  free(text);
+  uint64_t args[1] = {1};
+  fb_opt_task t = {h[3], args, 1, launch++};
+  ck_assert_int_eq(fb_opt_insert(o, &t), 0);
+  ck_assert_int_eq(fb_opt_pending(o), 11);
+  fb_opt_batch *b = NULL;
+  ck_assert_int_eq(fb_opt_flush(o, &b), 0);
+  ck_assert_uint_eq(fb_opt_get_stats(o)->total.plans_reused, r);
+  ck_assert_int_eq(fb_opt_pending(o), 0);
+  uint64_t last = 0;
+  for (int i = 0; i < b->n; i++)
+    for (int p = 0; p < b->v[i].nparts; p++)
+      if (b->v[i].parts[p].launch > last) last = b->v[i].parts[p].launch;
+  ck_assert_uint_eq(last, launch - 1); /* the late insert was handed out */
+  fb_opt_batch_free(o, b);
+  for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);
+  fb_opt_free(o);
+  mod_free(&m);
+}
+END_TEST
+
+/* The engine observed that the mask of blocks did not change between two
+ * quiet points (the same count): the next window's listgen reuses the list
+ * made in an earlier flush although struct_fors wrote (activating) into
+ * blocks since; a changed count, a pending window or a host write keeps
+ * the listgen. */
+static const char *const observe_kernels =
+    "kernel cl() {\n  clear_list blocks[]\n}\n"
+    "kernel lg() {\n  listgen blocks[]\n}\n"
+    "kernel sf() {\n  struct_for %0 over s {\n    %1 = loop_index.i32 %0, 0\n"
+    "    %2 = load.f32 s[%1]\n    store t[%1], %2\n  }\n}\n"
+    "kernel wr() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
+    "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 idx[%3]\n    %5 = const.f32 1.0\n"
+    "    store t[%4], %5\n  }\n}\n";
+
+START_TEST(observe_keeps_lists) {
+  mod m = parse(observe_kernels);
+  fb_irh h[4];
+  fb_opt *o = plan_opt(&m, h, 1, 1);
+  int blocks = fb_layout_find(m.l, "blocks");
+  uint64_t launch = 0;
+  static const int seq[] = {0, 1, 2, 3}; /* wr: an activating write of blocks
+                                           nothing can demote */
+  uint64_t removed[8];
+  static const uint64_t counts[8] = {5, 5, 5, 6, 6, 6, 6, 6};
+  for (int f = 0; f < 8; f++) {
+    for (int i = 0; i < 4; i++) {
+      fb_opt_task t = {h[seq[i]], NULL, 0, launch++};
+      ck_assert_int_eq(fb_opt_insert(o, &t), 0);
+    }
+    ck_assert_int_eq(fb_opt_observe_mask(o, blocks, counts[f]), FB_EINVAL); /* pending */
+    fb_opt_batch *b = NULL;
+    ck_assert_msg(fb_opt_flush(o, &b) == 0, "%s", fb_opt_errmsg(o));
+    removed[f] = fb_opt_get_stats(o)->flush.listgen_removed;
+    ck_assert_int_eq(b->n, removed[f] ? 2 : 4);
+    fb_opt_batch_free(o, b);
+    if (f == 5) ck_assert_int_eq(fb_opt_host_write(o, fb_layout_find(m.l, "s")), 0);
+    ck_assert_int_eq(fb_opt_observe_mask(o, blocks, counts[f]), 0);
+  }
+  /* 0: first flush; 1: one observation only; 2-3: unchanged since the one
+     before; 4: the count moved at 3; 5: unchanged again; 6: a host write
+     at 5; 7: unchanged since 6 */
+  static const uint64_t want[8] = {0, 0, 1, 1, 0, 1, 0, 1};
+  for (int f = 0; f < 8; f++) ck_assert_msg(removed[f] == want[f], "flush %d removed %llu", f,
+                                            (unsigned long long)removed[f]);
+  ck_assert_uint_eq(fb_opt_get_stats(o)->total.masks_unchanged, 5);
+  ck_assert_int_eq(fb_opt_observe_mask(o, 0, 1), FB_EINVAL);
+  for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);
+  fb_opt_free(o);
+  mod_free(&m);
+}
+END_TEST
+
 Suite *sfg_suite(void) {
   Suite *s = suite_create("sfg");
   TCase *tc = tcase_create("meta");
@@ -535,6 +751,11 @@ Suite *sfg_suite(void) {
   tc = tcase_create("bank");
   tcase_add_test(tc, bank_dedup_and_eviction);
   tcase_add_test(tc, api_refusals);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("plans");
+  tcase_add_test(tc, plan_memo_reuse);
+  tcase_add_test(tc, plan_memo_observed);
+  tcase_add_test(tc, observe_keeps_lists);
   suite_add_tcase(s, tc);
   return s;
 }

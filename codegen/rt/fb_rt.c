@@ -118,14 +118,17 @@ uint8_t *fb_rt_ptr_activate(fb_rt_dctx *ctx, int32_t snode, uint64_t *slot) {
   uint8_t *b = fb_rt_alloc(ctx, snode);
   if (!b) return 0;
   uint64_t expected = 0;
-  if (__atomic_compare_exchange_n(slot, &expected, (uint64_t)(uintptr_t)b, 0, ACQ_REL, ACQUIRE))
+  if (__atomic_compare_exchange_n(slot, &expected, (uint64_t)(uintptr_t)b, 0, ACQ_REL, ACQUIRE)) {
+    __atomic_fetch_add(&ctx->runtime->allocs[snode].changes, 1, RELAXED);
     return b;
+  }
   give_back(ctx->runtime, snode, b);
   return (uint8_t *)(uintptr_t)expected;
 }
 
 void fb_rt_release(fb_rt_dctx *ctx, int32_t snode, uint8_t *block) {
   fb_rt_state *rt = ctx->runtime;
+  __atomic_fetch_add(&rt->allocs[snode].changes, 1, RELAXED);
   push(rt, &rt->allocs[snode].pending, handle_of(rt, block));
 }
 

@@ -59,7 +59,10 @@ typedef struct fb_rt_allocator {
   uint64_t free_head;   /* tagged handle of the first free block */
   uint64_t pending;     /* tagged handle of the first deactivated block */
   uint64_t live;        /* blocks handed out and not yet returned */
-  uint64_t pad[3];
+  uint64_t changes;     /* pointer cells activated or deactivated so far (a
+                           slot set or cleared): the engine's evidence that
+                           a mask did not change (fb_opt_observe_mask) */
+  uint64_t pad[2];
 } fb_rt_allocator;
 
 typedef struct fb_rt_state {

@@ -35,6 +35,8 @@ typedef struct fb_counters {
                                 * (docs/optimizer.md), once per task per round */
   uint64_t fuse_fallbacks;     /* async: fused tasks that could not be compiled or
                                 * launched and ran as their unfused parts instead */
+  uint64_t plans_reused;       /* async: flushes whose optimized batch came from the
+                                * optimizer's plan memo (docs/optimizer.md) */
 } fb_counters;
 
 #ifdef __cplusplus
