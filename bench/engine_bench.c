@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nh; i++) fb_session_add_kernel(s, k);
   double reg_hit = (now() - t0) / nh;
   fb_cpu_jit *jit = fb_cpu_jit_new(err, sizeof err);
-  fb_cg_task t = {k, -1};
+  fb_cg_task t = {k, -1, 0, NULL};
   for (int i = 0; i < k->blocks[0].n; i++)
     if (k->stmts[k->blocks[0].ids[i]].op == FB_OP_PAR_FOR) t.loop = k->blocks[0].ids[i];
   fb_cpu_code code;

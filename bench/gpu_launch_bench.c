@@ -55,7 +55,7 @@ static int bare(const fb_kernel *task, int loop, int n, double *per) {
   char sm[16];
   int cc = major * 10 + minor;
   snprintf(sm, sizeof sm, "sm_%d", cc > 90 ? 90 : cc);
-  fb_cg_task t = {task, loop};
+  fb_cg_task t = {task, loop, 0, NULL};
   char *ptx = NULL;
   if (fb_ptx_emit(&t, sm, &ptx, err, sizeof err)) return die("ptx", err);
   int bad = api.ModuleLoadDataEx(&mod, ptx, 0, NULL, NULL) ||

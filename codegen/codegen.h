@@ -61,40 +61,71 @@ fb_value fb_slot_unpack(fb_type t, uint64_t slot);
 typedef void (*fb_task_body_fn)(fb_rt_ctx *ctx, int64_t lo, int64_t hi);
 typedef void (*fb_task_bounds_fn)(fb_rt_ctx *ctx, int64_t *n);
 
+typedef struct fb_code_pins fb_code_pins;
+
 typedef struct fb_cg_task {
   const fb_kernel *ir;
   int loop; /* statement id of the top-level parallel loop (par_for,
              * struct_for or listgen), -1 if serial */
+  /* code cache (below): code is shared only within one partition (0 by
+   * default; fuseboxd gives each tenant its own), and pins (NULL: the code
+   * is pinned for good) keeps the code from eviction for its owner */
+  uint64_t partition;
+  fb_code_pins *pins;
 } fb_cg_task;
 
 /* ---------------------------------------------------------------- code cache
  * Compiled code of every back end, keyed by the task's IR (structural hash
  * of the kernel and its layout, confirmed by structural equality on a
- * clone the cache owns). Thread-safe. */
+ * clone the cache owns) and its partition: code is never shared between
+ * partitions. Optionally bounded in bytes: past the limit the least
+ * recently used entries that no owner pins are dropped. An owner (an
+ * engine session) pins what it gets or puts through its fb_code_pins, and
+ * fb_code_pins_release unpins it all when the owner ends; what is got or
+ * put without pins stays pinned for good. Thread-safe. */
 
 typedef struct fb_code_cache fb_code_cache;
 typedef struct fb_code_key {
   uint64_t key;
   int loop_pos;
+  uint64_t partition;
 } fb_code_key;
 typedef struct fb_code_val { /* what a back end keeps per task */
   void *a, *b;
   int64_t n;
   int i;
+  void *c;
 } fb_code_val;
+typedef struct fb_code_cache_info {
+  uint64_t bytes;         /* what the entries count: code and the cache's own copies */
+  uint64_t pinned_bytes;  /* of which pinned (not evictable now) */
+  uint64_t limit;         /* 0: none */
+  uint64_t entries, evictions;
+} fb_code_cache_info;
 
-fb_code_cache *fb_code_cache_new(void); /* NULL: out of memory */
+fb_code_cache *fb_code_cache_new(void); /* NULL: out of memory; no limit */
 /* drop (may be NULL) is called on every value. */
 void fb_code_cache_free(fb_code_cache *c, void (*drop)(void *user, fb_code_val *v), void *user);
+/* Bound the cache to max_bytes (0: none); evicted values go to drop. */
+void fb_code_cache_set_limit(fb_code_cache *c, uint64_t max_bytes,
+                             void (*drop)(void *user, fb_code_val *v), void *user);
+void fb_code_cache_stats(fb_code_cache *c, fb_code_cache_info *out); /* zeros for NULL */
 fb_code_key fb_code_cache_key(const fb_cg_task *t);
-/* 1 and *out when ir is cached, else 0. */
+/* 1 and *out when ir is cached, else 0; a hit is pinned for pins and
+ * becomes the most recently used. */
 int fb_code_cache_get(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir,
-                      fb_code_val *out);
-/* Insert val for ir. *kept: the value now cached for ir: val, or (return
- * 1) what another thread put there first, in which case the caller drops
- * val. When the cache cannot allocate, val is returned uncached (0). */
+                      fb_code_pins *pins, fb_code_val *out);
+/* Insert val for ir (code_bytes: what the back end's code takes), pinned
+ * for pins; then evict past the limit. *kept: the value now cached for ir:
+ * val, or (return 1) what another thread put there first, in which case
+ * the caller drops val. When the cache cannot allocate, val is returned
+ * uncached (0). */
 int fb_code_cache_put(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir,
-                      const fb_code_val *val, fb_code_val *kept);
+                      const fb_code_val *val, uint64_t code_bytes, fb_code_pins *pins,
+                      fb_code_val *kept);
+fb_code_pins *fb_code_pins_new(void); /* NULL: out of memory */
+/* Unpin everything p holds (evicting past the limit) and free p. */
+void fb_code_pins_release(fb_code_pins *p);
 
 /* ---------------------------------------------------------------- CPU */
 
@@ -116,6 +147,10 @@ typedef struct fb_cpu_code {
  * confirmed by structural equality. */
 fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen);
 void fb_cpu_jit_free(fb_cpu_jit *j);
+/* Bound the JIT's code cache (0: none); evicted code is removed from the
+ * JIT. And what the cache holds now. */
+void fb_cpu_jit_set_cache_limit(fb_cpu_jit *j, uint64_t max_bytes);
+void fb_cpu_jit_cache_info(fb_cpu_jit *j, fb_code_cache_info *out); /* zeros for NULL */
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen);
 

@@ -4,8 +4,10 @@
  * Threads: every compile builds, optimises and emits its object with its own
  * LLVMContext and TargetMachine, so compiles run in parallel; only the JIT's
  * shared bits (symbol naming, adding the object, symbol lookup) are
- * serialised by a mutex. Compiled code is kept in the code cache (cache.c)
- * and lives as long as the JIT. */
+ * serialised by a mutex. Compiled code is kept in the code cache (cache.c):
+ * each object is added to the JIT under a resource tracker of its own, so
+ * that evicting its cache entry (past fb_cpu_jit_set_cache_limit) removes
+ * its code from the JIT and frees it. */
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
@@ -123,9 +125,35 @@ fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {
   return j;
 }
 
+/* A cached value's resource tracker (val.c): release it, or remove its
+ * code from the JIT first (an evicted entry, a lost race). */
+static void release_rt(void *user, fb_code_val *v) {
+  (void)user;
+  if (v->c) LLVMOrcReleaseResourceTracker(v->c);
+  v->c = NULL;
+}
+
+static void drop_code(void *user, fb_code_val *v) {
+  fb_cpu_jit *j = user;
+  if (!v->c) return;
+  pthread_mutex_lock(&j->jit_mu);
+  LLVMErrorRef e = LLVMOrcResourceTrackerRemove(v->c);
+  pthread_mutex_unlock(&j->jit_mu);
+  if (e) LLVMConsumeError(e); /* the code stays in the JIT: a leak, not a fault */
+  release_rt(NULL, v);
+}
+
+void fb_cpu_jit_set_cache_limit(fb_cpu_jit *j, uint64_t max_bytes) {
+  fb_code_cache_set_limit(j->cache, max_bytes, drop_code, j);
+}
+
+void fb_cpu_jit_cache_info(fb_cpu_jit *j, fb_code_cache_info *out) {
+  fb_code_cache_stats(j ? j->cache : NULL, out);
+}
+
 void fb_cpu_jit_free(fb_cpu_jit *j) {
   if (!j) return;
-  fb_code_cache_free(j->cache, NULL, NULL);
+  fb_code_cache_free(j->cache, release_rt, NULL); /* the JIT frees the code below */
   if (j->jit) {
     LLVMErrorRef e = LLVMOrcDisposeLLJIT(j->jit);
     if (e) LLVMConsumeError(e);
@@ -173,15 +201,22 @@ static int lookup(fb_cpu_jit *j, const char *name, void **fn, char *err, size_t 
 
 /* Add the object to the JIT and find the task's functions. */
 static int link_object(fb_cpu_jit *j, LLVMMemoryBufferRef obj, const fb_cg_options *o,
-                       int parallel, fb_cpu_code *out, char *err, size_t errlen) {
+                       int parallel, fb_cpu_code *out, LLVMOrcResourceTrackerRef *rt,
+                       char *err, size_t errlen) {
   void *body = NULL, *bounds = NULL;
   pthread_mutex_lock(&j->jit_mu);
-  LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, j->jd, obj);
+  *rt = LLVMOrcJITDylibCreateResourceTracker(j->jd);
+  LLVMErrorRef e = LLVMOrcLLJITAddObjectFileWithRT(j->jit, *rt, obj);
   int rc = e ? llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot add code to the JIT") : 0;
   if (!rc) rc = lookup(j, o->body_name, &body, err, errlen);
   if (!rc && parallel) rc = lookup(j, o->bounds_name, &bounds, err, errlen);
   pthread_mutex_unlock(&j->jit_mu);
-  if (rc) return rc;
+  if (rc) {
+    fb_code_val v = {.c = *rt};
+    drop_code(j, &v);
+    *rt = NULL;
+    return rc;
+  }
   /* object pointers to function pointers: POSIX guarantees this works */
   memcpy(&out->body, &body, sizeof body);
   if (parallel) memcpy(&out->bounds, &bounds, sizeof bounds);
@@ -196,7 +231,7 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
   double t0 = now_s();
   fb_code_key key = fb_code_cache_key(t);
   fb_code_val hit;
-  if (fb_code_cache_get(j->cache, &key, t->ir, &hit)) {
+  if (fb_code_cache_get(j->cache, &key, t->ir, t->pins, &hit)) {
     memcpy(&out->body, &hit.a, sizeof out->body);
     memcpy(&out->bounds, &hit.b, sizeof out->bounds);
     out->cache_hit = 1;
@@ -211,8 +246,11 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
   snprintf(bounds_name, sizeof bounds_name, "fb_bounds_%llu", id);
   fb_cg_options o = {FB_CG_CPU, body_name, bounds_name, 0};
   LLVMMemoryBufferRef obj = NULL;
+  LLVMOrcResourceTrackerRef rt = NULL;
   int rc = compile_object(j, t, &o, &obj, &out->stmts_emitted, err, errlen);
-  if (!rc) rc = link_object(j, obj, &o, t->loop >= 0, out, err, errlen);
+  /* the object's size stands for the code it links to (the JIT takes obj) */
+  uint64_t code_bytes = obj ? (uint64_t)LLVMGetBufferSize(obj) : 0;
+  if (!rc) rc = link_object(j, obj, &o, t->loop >= 0, out, &rt, err, errlen);
   if (rc) {
     memset(out, 0, sizeof *out);
     return rc;
@@ -220,7 +258,12 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
   fb_code_val v = {0}, kept;
   memcpy(&v.a, &out->body, sizeof out->body);
   memcpy(&v.b, &out->bounds, sizeof out->bounds);
-  fb_code_cache_put(j->cache, &key, t->ir, &v, &kept); /* JIT code is never freed */
+  v.c = rt;
+  if (fb_code_cache_put(j->cache, &key, t->ir, &v, code_bytes, t->pins, &kept)) {
+    drop_code(j, &v); /* another thread cached the same task first: use its code */
+    memcpy(&out->body, &kept.a, sizeof out->body);
+    memcpy(&out->bounds, &kept.b, sizeof out->bounds);
+  }
   out->compile_s = now_s() - t0;
   return 0;
 }

@@ -72,6 +72,8 @@ static fb_rt_task *known_code(async_state *a, const fb_opt_batch *b) {
 /* A finished batch: learn its new code, then free it. */
 static void free_job(fb_session *s, async_job *j) {
   async_state *a = s->as;
+  atomic_fetch_sub(&a->pending_bytes, j->bytes);
+  if (j->queued) a->inflight--;
   for (int i = 0; j->which && i < j->b->n; i++) {
     const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
     if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
@@ -197,13 +199,17 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   a->nwin = a->capwin = 0;
   a->win_base = s->launch_no;
   if (!j) {
+    atomic_fetch_sub(&a->pending_bytes, a->win_bytes);
+    a->win_bytes = 0;
     a->tainted = 1; /* the caller's thread; the worker is not running this */
     fb_opt_batch_free(a->o, b);
     free(launches);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
   }
-  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, NULL, NULL, 0, NULL};
+  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, 0, 0, NULL, NULL, 0, NULL};
+  j->bytes = a->win_bytes; /* its launches' share of pending_bytes, until freed */
+  a->win_bytes = 0;
   if (b && b->n && !(j->pre = known_code(a, b))) {
     a->tainted = 1;
     free_job(s, j);
@@ -212,7 +218,12 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
   }
   if (b && b->n && run_here && fb_ordq_idle(a->q)) fbe_run_batch(s, j);
   else if (b && b->n) {
+    j->queued = 1;
+    a->inflight++;
     fb_ordq_push(a->q, &j->link);
+    /* a stream of launches faster than the worker: wait for it rather
+     * than queue batches without bound */
+    if (a->inflight > FB_MAX_QUEUED_FLUSHES) fbe_quiesce(s);
     return 0;
   }
   free_job(s, j);
@@ -328,6 +339,10 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
   fbe_reap(s);
   if (win_push(a, kernel, sk->k->name))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  uint64_t held = sizeof(launch_rec) + (uint64_t)sk->tl.n * (FB_PENDING_TASK_BYTES +
+                  (uint64_t)sk->k->nparams * sizeof(uint64_t));
+  a->win_bytes += held;
+  atomic_fetch_add(&a->pending_bytes, held);
   int rc = 0;
   for (int t = 0; t < sk->tl.n && !rc; t++) {
     fb_opt_task ot = {sk->h[t], s->args ? s->args : no_args, sk->k->nparams, s->launch_no};
@@ -351,6 +366,14 @@ int fb_flush(fb_session *s) {
   if (!s->as) return 0; /* sync mode: nothing pending */
   int rc = async_flush(s, 0);
   return rc ? rc : fbe_report_bg(s);
+}
+
+int fb_session_drain(fb_session *s) {
+  if (!s || !s->as) return 0;
+  int rc = fbe_async_wait_all(s);
+  if (rc) /* the flush itself failed: keep its error for the next report */
+    fbe_bg_record(s, rc, NO_LAUNCH, -1, "%s", s->err);
+  return 0;
 }
 
 int fb_sync(fb_session *s) {

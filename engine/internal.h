@@ -48,6 +48,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,7 @@ struct fb_engine {
   const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
   void *dev;                /* ... opened by ops->open */
   void *cpu;                /* the CPU device (fb_cpu_ops), opened on every backend */
+  fb_cpu_jit *jit;          /* the CPU device's JIT (it owns it): its code cache */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
@@ -106,6 +108,8 @@ typedef struct async_job {
   int nlaunches;
   fb_rt_task *pre;         /* per entry: code the caller knew at the flush
                               (body NULL: none) */
+  uint64_t bytes;          /* what its launches count in pending_bytes */
+  int queued;              /* pushed to the worker: counted in a->inflight */
   /* the launcher's; the caller learns the new code from them at the end */
   fb_cjob *cj;             /* one compile job per distinct unknown IR */
   int *which;              /* per entry: its job, -1 for known code */
@@ -164,6 +168,10 @@ typedef struct async_state {
    * a handle in the map always names the same IR) */
   code_ent *cmap;          /* open addressing; h == FB_IRH_NONE: empty */
   int ncmap, capcmap;
+  /* the caller's: what pending launches hold (fb_session_pending_bytes) */
+  _Atomic uint64_t pending_bytes;
+  uint64_t win_bytes;      /* of it, the launches not yet flushed */
+  int inflight;            /* batches pushed to the worker and not yet reaped */
 } async_state;
 
 struct fb_session {
@@ -192,6 +200,8 @@ struct fb_session {
   uint64_t err_launch;     /* ... its launch number and kernel */
   int err_kernel;
   char err[ERRLEN];
+  uint64_t partition;      /* fb_session_config.cache_partition */
+  fb_code_pins *pins;      /* CPU code this session keeps: unpinned at destroy */
   fb_task_hook hook;       /* fb_session_set_task_hook, or NULL */
   void *hook_user;
 };

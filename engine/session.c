@@ -41,6 +41,8 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   }
   e->ops = gpu ? &fb_cuda_ops : &fb_cpu_ops;
   e->dev = gpu ? gpu : e->cpu;
+  e->jit = ((fb_cpu_device *)e->cpu)->jit;
+  fb_cpu_jit_set_cache_limit(e->jit, FB_CODE_CACHE_BYTES_DEFAULT);
   pthread_mutex_init(&e->mu, NULL);
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
@@ -86,6 +88,16 @@ const char *fb_engine_backend(const fb_engine *e) { return e ? e->ops->backend :
 const char *fb_engine_device(const fb_engine *e) {
   if (!e) return "none";
   return e->ops->name(e->dev);
+}
+
+void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out) {
+  fb_code_cache_info i;
+  fb_cpu_jit_cache_info(e ? e->jit : NULL, &i);
+  *out = (fb_code_cache_usage){i.bytes, i.pinned_bytes, i.limit, i.entries, i.evictions};
+}
+
+void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
+  if (e) fb_cpu_jit_set_cache_limit(e->jit, bytes);
 }
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
@@ -198,6 +210,8 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
                  : cfg->max_kernel_statements < 0    ? 0
                                                      : cfg->max_kernel_statements;
   s->internal_ok = cfg && cfg->allow_internal_ops;
+  s->partition = cfg ? cfg->cache_partition : 0;
+  s->pins = fb_code_pins_new(); /* NULL (out of memory): its code is pinned for good */
   pthread_mutex_lock(&e->mu);
   s->pid = e->next_pid++;
   pthread_mutex_unlock(&e->mu);
@@ -259,6 +273,7 @@ void fb_session_destroy(fb_session *s) {
   fb_devmem_release(&s->mem);
   if (s->q) s->e->ops->queue_free(s->q); /* after the memory it supplied */
   fb_layout_free(s->layout);
+  fb_code_pins_release(s->pins); /* last: nothing of the session runs its code now */
   pthread_mutex_destroy(&s->cmu);
   free(s);
 }
@@ -286,6 +301,10 @@ static void async_counters(const fb_session *s, fb_counters *out) {
   out->optimizer_s = t->optimizer_s;
   out->flushes = s->as->flushes;
   out->tasks_pending = (uint64_t)fb_opt_pending(s->as->o);
+}
+
+uint64_t fb_session_pending_bytes(const fb_session *s) {
+  return s && s->as ? atomic_load(&s->as->pending_bytes) : 0;
 }
 
 void fb_session_counters(const fb_session *s, fb_counters *out) {
@@ -369,7 +388,7 @@ static int ret_slots(fb_session *s, const sess_kernel *sk, int *nrets) {
 static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   char msg[ERRLEN];
   const fb_task *task = &sk->tl.v[t];
-  fb_cg_task cg = {task->ir, task->loop};
+  fb_cg_task cg = {task->ir, task->loop, s->partition, s->pins};
   fb_cpu_code code;
   memset(&code, 0, sizeof code);
   msg[0] = 0;

@@ -144,6 +144,8 @@ static int plan_compiles(batch_run *r) {
     fb_cjob *c = &j->cj[j->which[i]];
     c->task.ir = L->k;
     c->task.loop = L->loop;
+    c->task.partition = r->s->partition;
+    c->task.pins = r->s->pins;
     c->trace = r->s->trace;
     if (!seen_has(r->s->as, seen_key(L->ir, L->k))) fb_cpool_submit(r->s->e->cpool, c, 1);
   }
@@ -310,6 +312,8 @@ static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
     fb_cjob *c = &cj[p];
     c->task.ir = P->k;
     c->task.loop = P->loop;
+    c->task.partition = s->partition;
+    c->task.pins = s->pins;
     c->trace = s->trace;
     fb_cpool_wait(s->e->cpool, c, FB_TRACK_LAUNCHER); /* compiled here */
     if (c->rc) {

@@ -274,13 +274,16 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
     fb_cuda_device_healthy(d, err, errlen);
     return FB_EDEVICE;
   }
-  if (fb_code_cache_get(cache, &key, t->ir, &hit)) {
+  /* no pins: GPU modules stay loaded for the context's life (a context reset
+   * replaces the whole cache, which pins could not outlive) */
+  if (fb_code_cache_get(cache, &key, t->ir, NULL, &hit)) {
     out->gpu = hit.a;
     out->cache_hit = 1;
     return 0;
   }
   char *ptx = NULL;
   int rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
+  uint64_t code_bytes = ptx ? (uint64_t)strlen(ptx) : 0;
   gpu_fn *f = rc ? NULL : calloc(1, sizeof *f);
   if (!rc && !f) rc = (fb_errf(err, errlen, "out of memory"), FB_ENOMEM);
   if (!rc) {
@@ -296,8 +299,8 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
   f->nparams = t->ir->nparams;
   f->serial = t->loop < 0;
   f->count = fb_cg_static_count(t);
-  fb_code_val v = {f, NULL, 0, 0}, kept;
-  if (fb_code_cache_put(cache, &key, t->ir, &v, &kept)) drop_fn(d, &v); /* lost a race */
+  fb_code_val v = {.a = f}, kept;
+  if (fb_code_cache_put(cache, &key, t->ir, &v, code_bytes, NULL, &kept)) drop_fn(d, &v); /* lost a race */
   out->gpu = kept.a;
   out->compile_s = now_s() - t0;
   return 0;

@@ -530,6 +530,12 @@ void fbd_auth_scope_stats(const fbd_call *c, Fusebox__V1__ServerStats *r) {
   r->sessions_reaped = r->sessions_failed = 0;
   r->memory_peak_bytes = r->launches = r->syncs = 0;
   r->bad_requests = r->bytes_in = r->bytes_out = 0;
+  if (r->memory) { /* the budget, but not what other tenants make the server hold */
+    uint64_t budget = r->memory->budget_bytes, limit = r->memory->code_cache_limit_bytes;
+    fusebox__v1__memory_budget__init(r->memory);
+    r->memory->budget_bytes = budget;
+    r->memory->code_cache_limit_bytes = limit;
+  }
 }
 
 /* Under srv->mu: the sessions of t in the table and the sum of their
@@ -581,6 +587,14 @@ static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *e
   return 0;
 }
 
+/* A tenant's code cache partition (thread isolation shares one engine):
+ * from its name, so that it outlives a reload; never 0, the anonymous one. */
+static uint64_t partition_of(const fbd_tenant *t) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (const char *p = t->name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+  return h | 1;
+}
+
 int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
                          char *err, size_t errlen) {
   fbd_server *srv = c->srv;
@@ -589,6 +603,7 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
   /* one admission at a time, so that two creates cannot both take the last slot */
   pthread_mutex_lock(&srv->auth->admit);
   int rc = admit(c, l, ec, err, errlen);
+  ec->cache_partition = partition_of(c->tenant); /* no code shared across tenants */
   if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
   else rc = fbd_session_new(srv, l, ec, c->peer, out, err, errlen);
   if (!rc) {

@@ -92,9 +92,13 @@ void fbd_usage(FILE *f) {
           "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
           "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
           "                             limit by this much (RLIMIT_AS; default 4G)\n"
-          "  --memory-budget N          all sessions' memory together; a session that would\n"
-          "                             pass it is refused (default: 3/4 of the machine's or\n"
-          "                             the cgroup's memory, whichever is lower)\n"
+          "  --memory-budget N          everything clients make the server hold (sessions,\n"
+          "                             staging, queued responses, pending launches, JIT\n"
+          "                             code); what would pass it is refused (default: 3/4 of\n"
+          "                             the machine's or the cgroup's memory, whichever is lower)\n"
+          "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
+          "                             session holds is freed past it (default: memory budget\n"
+          "                             / 16, at most 256M)\n"
           "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
           "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
           "  --tls-key FILE             PEM private key of --tls-cert\n"
@@ -171,6 +175,7 @@ static const opt opts[] = {
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
+    {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
     {"tls_key", OPT_GROUP, OFF(tls_key), 0},
     {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},

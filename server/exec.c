@@ -452,7 +452,17 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
   case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
   case FBD_J_END: break;
   }
+  /* the memory budget: past the broker's cap, run what is pending now */
+  if (x->es && kind == FBD_J_BATCH && x->watch &&
+      fb_session_pending_bytes(x->es) > atomic_load(&x->watch->pending_cap))
+    fb_session_drain(x->es);
   if (x->es) fb_session_counters(x->es, &r->counters);
+  if (x->watch) { /* what the broker counts against the budget (budget.c) */
+    fb_code_cache_usage u;
+    fb_engine_code_cache(x->engine, &u);
+    atomic_store(&x->watch->pending_bytes, x->es ? fb_session_pending_bytes(x->es) : 0);
+    atomic_store(&x->watch->code_bytes, u.bytes);
+  }
 }
 
 /* ---------------------------------------------------------------- helpers */

@@ -20,7 +20,20 @@
 
 /* ---------------------------------------------------------------- helpers */
 
+/* Every staging buffer of the process, for the memory budget (budget.c). */
+static atomic_uint_fast64_t staged;
+
+uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
+
+static int stage_map(size_t n, int shared, fbd_buf *out);
+
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
+  int rc = stage_map(n, shared, out);
+  if (!rc) atomic_fetch_add(&staged, n);
+  return rc;
+}
+
+static int stage_map(size_t n, int shared, fbd_buf *out) {
   *out = (fbd_buf){NULL, n, -1};
   if (shared) { /* a memfd the session's worker process maps too */
     int fd = memfd_create("fusebox-field", MFD_CLOEXEC);
@@ -48,6 +61,7 @@ int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
 
 void fbd_stage_free(fbd_buf *b) {
   if (b->p) {
+    atomic_fetch_sub(&staged, b->len);
     if (b->fd >= 0) {
       munmap(b->p, b->len ? b->len : 1);
       close(b->fd);
@@ -276,6 +290,7 @@ static void stats_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fbd_session *s = NULL;
   if (!m) goto out;
   fill_server_stats(c->srv, &r);
+  fbd_budget_stats_pb(c->srv, &a, &r);
   if (m->session_id[0]) {
     if (!(s = named(c, m->session_id, strlen(m->session_id)))) goto out;
     fbd_session_stats_pb(s, &a, &one, 1);
@@ -566,11 +581,13 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
     return NULL;
   }
   wstate *w = calloc(1, sizeof *w);
-  if (w && fbd_stage_take(s, bytes, &w->buf)) w->buf.p = NULL;
-  if (!w || !w->buf.p) {
+  char err[FBD_ERRLEN];
+  int rc = w ? fbd_stage_take(s, bytes, &w->buf, "WriteField", err, sizeof err) : FB_ENOMEM;
+  if (rc) {
     free(w);
-    fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
-                    (unsigned long long)bytes);
+    if (rc == FB_EQUOTA) fbd_call_finish(c, rc, "%s", err);
+    else fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
+                         (unsigned long long)bytes);
     return NULL;
   }
   w->total = bytes;

@@ -154,6 +154,29 @@ out:
   free(max_m);
 }
 
+/* The memory budget and each part that counts against it (budget.c). */
+static void budget_text(fbd_server *srv, text *t) {
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage(srv, part);
+  fb_code_cache_usage u;
+  fb_engine_code_cache(srv->engine, &u);
+  metric(t, "memory_budget_bytes", "gauge", "The memory budget (memory_budget).",
+         srv->memory_budget);
+  header(t, "memory_budget_used_bytes", "gauge",
+         "What counts against the memory budget now, by part.");
+  for (int i = 0; i < FBD_MEM_NPARTS; i++)
+    put(t, "fusebox_memory_budget_used_bytes{part=\"%s\"} %llu\n", fbd_mem_part_keys[i],
+        (unsigned long long)part[i]);
+  metric(t, "memory_budget_refused_total", "counter",
+         "Requests refused RESOURCE_EXHAUSTED because the memory budget was full.",
+         atomic_load(&srv->budget_refused));
+  metric(t, "code_cache_limit_bytes", "gauge", "Each engine's code cache bound.",
+         srv->code_cache_bytes);
+  metric(t, "code_cache_evictions_total", "counter",
+         "Code cache entries evicted (the broker's engine: every session's under thread "
+         "isolation).", u.evictions);
+}
+
 static void metrics_text(fbd_server *srv, text *t) {
   pthread_mutex_lock(&srv->mu);
   fbd_stats st = srv->st;
@@ -186,6 +209,7 @@ static void metrics_text(fbd_server *srv, text *t) {
          "or touching another tenant's session.", atomic_load(&srv->bad_requests));
   metric(t, "auth_failures_total", "counter", "Calls refused UNAUTHENTICATED.",
          atomic_load(&srv->auth->failures));
+  budget_text(srv, t);
   if (srv->auth->enabled) tenants_text(srv, t);
   char *sched = fbd_sched_metrics(srv); /* histograms and the fair scheduler, per tenant */
   if (!sched) t->oom = 1;

@@ -269,16 +269,18 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     if (p->watch == MAP_FAILED) p->watch = NULL;
     goto fail;
   }
-  char cpu[24], comp[24], lim[32], over[32], stm[24];
+  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32];
   static const char *const levels[] = {"error", "warn", "info", "debug"};
   arg_int(cpu, sizeof cpu, cfg->cpu_threads);
   arg_int(comp, sizeof comp, cfg->compile_threads);
   arg_int(lim, sizeof lim, (long long)cfg->session_memory_limit);
   arg_int(over, sizeof over, (long long)cfg->worker_overhead_bytes);
   arg_int(stm, sizeof stm, cfg->max_kernel_statements);
+  arg_int(ccb, sizeof ccb, (long long)srv->code_cache_bytes);
   char *argv[] = {srv->exe, "--session-worker", "3", "--backend", (char *)srv->backend,
                   "--cpu-threads", cpu, "--compile-threads", comp, "--session-memory-limit", lim,
                   "--worker-overhead-bytes", over, "--max-kernel-statements", stm,
+                  "--code-cache-bytes", ccb,
                   "--log-level", (char *)levels[cfg->log_level & 3], NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -791,6 +793,7 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     hello.code = FB_EINTERNAL;
     snprintf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
   } else {
+    fb_engine_set_code_cache_bytes(w.engine, fbd_code_cache_bytes(cfg, 0)); /* the broker's */
     hello.code = lock_down(hello.msg, sizeof hello.msg);
   }
   if (reply(fd, &hello) || hello.code) _exit(1);

@@ -46,9 +46,11 @@ static void call_free(fbd_call *c) {
   if (c->m->on_free) c->m->on_free(c);
   for (fbd_out *o = c->qh, *n; o; o = n) {
     n = o->next;
+    atomic_fetch_sub(&c->srv->queued_bytes, o->counted);
     grpc_byte_buffer_destroy(o->bb);
     free(o);
   }
+  atomic_fetch_sub(&c->srv->queued_bytes, c->inflight_counted);
   if (c->inflight) grpc_byte_buffer_destroy(c->inflight);
   if (c->rbuf) grpc_byte_buffer_destroy(c->rbuf);
   grpc_slice_unref(c->st_details);
@@ -113,6 +115,7 @@ static void pump(fbd_call *c) {
     if (!c->qh) c->qt = NULL;
     c->qn--;
     c->inflight = o->bb;
+    c->inflight_counted = o->counted;
     free(o);
     count_bytes(c->srv, 0, grpc_byte_buffer_length(c->inflight)); /* gRPC may take its slices */
     if (c->tenant) atomic_fetch_add(&c->tenant->bytes_out, grpc_byte_buffer_length(c->inflight));
@@ -142,6 +145,8 @@ static void on_send_done(void *obj, int ok) {
   pthread_mutex_lock(&c->mu);
   grpc_byte_buffer *done = c->inflight; /* destroyed outside the lock: it may free a session's buffer */
   c->inflight = NULL;
+  atomic_fetch_sub(&c->srv->queued_bytes, c->inflight_counted);
+  c->inflight_counted = 0;
   c->sending = 0;
   if (!ok) c->send_dead = 1;
   int refill = ok && !c->qh && !c->status_set && c->m->on_sent;
@@ -154,7 +159,9 @@ static void on_send_done(void *obj, int ok) {
   fbd_call_unref(c);
 }
 
-void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb) {
+/* Queue bb; counted: bytes of it that are our own copy, held in
+ * srv->queued_bytes until gRPC is done sending it (the memory budget). */
+static void send_counted(fbd_call *c, grpc_byte_buffer *bb, size_t counted) {
   fbd_out *o = malloc(sizeof *o);
   pthread_mutex_lock(&c->mu);
   if (!o || c->status_set || c->send_dead) {
@@ -165,6 +172,8 @@ void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb) {
   }
   o->bb = bb;
   o->next = NULL;
+  o->counted = counted;
+  atomic_fetch_add(&c->srv->queued_bytes, counted);
   if (c->qt) c->qt->next = o;
   else c->qh = o;
   c->qt = o;
@@ -173,11 +182,13 @@ void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb) {
   pthread_mutex_unlock(&c->mu);
 }
 
+void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb) { send_counted(c, bb, 0); }
+
 void fbd_call_send(fbd_call *c, const void *p, size_t n) {
   grpc_slice s = grpc_slice_from_copied_buffer(p, n);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
   grpc_slice_unref(s);
-  fbd_call_send_bb(c, bb);
+  send_counted(c, bb, n);
 }
 
 void fbd_call_send_msg(fbd_call *c, const ProtobufCMessage *m) {
@@ -186,7 +197,7 @@ void fbd_call_send_msg(fbd_call *c, const ProtobufCMessage *m) {
   protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
   grpc_slice_unref(s);
-  fbd_call_send_bb(c, bb);
+  send_counted(c, bb, n);
 }
 
 int fbd_call_queued(fbd_call *c) {
@@ -508,6 +519,7 @@ static int make_engine(fbd_server *srv, char *err, size_t errlen) {
   fb_engine_config ec = {srv->cfg->backend, srv->cfg->compile_threads, srv->cfg->cpu_threads};
   int rc = fb_engine_create(&ec, &srv->engine, err, errlen);
   if (rc) return rc;
+  fb_engine_set_code_cache_bytes(srv->engine, srv->code_cache_bytes);
   srv->backend = fb_engine_backend(srv->engine);
   return 0;
 }
@@ -551,6 +563,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->log = log;
   srv->started = fbd_now();
   srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;
+  srv->code_cache_bytes = fbd_code_cache_bytes(cfg, srv->memory_budget);
   srv->t_shutdown = (fbd_tag){on_shutdown_done, srv};
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);

@@ -60,8 +60,10 @@ typedef struct fbd_config {
   double compile_timeout_s;      /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
   int spare_workers;             /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
-  uint64_t memory_budget;        /* all sessions' memory together; 0 = 3/4 of the machine's
-                                    (or the cgroup's) memory */
+  uint64_t memory_budget;        /* everything clients make the server hold (budget.c);
+                                    0 = 3/4 of the machine's (or the cgroup's) memory */
+  uint64_t code_cache_bytes;     /* each engine's code cache bound; 0 = memory_budget / 16,
+                                    at most 256M */
   int log_level;
   int log_json;                  /* --log-format json: one JSON object per line */
   int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
@@ -141,6 +143,7 @@ typedef struct fbd_method {
 typedef struct fbd_out {
   struct fbd_out *next;
   grpc_byte_buffer *bb;
+  size_t counted;           /* bytes counted in srv->queued_bytes (our own copies) */
 } fbd_out;
 
 struct fbd_call {
@@ -160,6 +163,7 @@ struct fbd_call {
   int qn;
   int sending, md_sent, status_set, status_sent, send_dead;
   grpc_byte_buffer *inflight;
+  size_t inflight_counted;  /* its bytes in srv->queued_bytes */
   int st_status;
   grpc_slice st_details;
   grpc_metadata st_md;
@@ -228,7 +232,10 @@ struct fbd_server {
   pthread_t *zombies;       /* finished workers to join */
   int nzombies, zcap;
   fbd_stats st;
-  uint64_t memory_budget;   /* admission control: sessions' memory together (0 = none) */
+  uint64_t memory_budget;   /* admission control (budget.c; 0 = none) */
+  uint64_t code_cache_bytes; /* as applied to the engines */
+  atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
+  atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* process isolation (proc.c), under pmu */
   char exe[4096];           /* this fuseboxd, re-executed as each worker */
   pthread_mutex_t pmu;
@@ -268,6 +275,7 @@ typedef struct fbd_buf {
 } fbd_buf;
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
+uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
 void fbd_stage_free(fbd_buf *b);                       /* and clears it */
 /* Copy n bytes starting at byte from of bb into dst, slice by slice. */
 void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
@@ -307,6 +315,10 @@ typedef struct fbd_watch {
   _Atomic int hold;            /* set by the scheduler: the hook waits before the next task */
   char kernel[64];             /* the running launch's kernel (NUL-terminated) */
   char task[64];               /* and its task */
+  /* the memory budget (budget.c): the engine side reports after each job */
+  _Atomic uint64_t pending_bytes; /* its async launches not yet run */
+  _Atomic uint64_t code_bytes;    /* its engine's code cache */
+  _Atomic uint64_t pending_cap;   /* set by the broker: past this, wait for the launches */
 } fbd_watch;
 
 typedef struct fbd_exec {
@@ -412,6 +424,7 @@ struct fbd_session {
   int created;
   int dead;                 /* its engine side is gone: the worker ends the session */
   uint64_t accounted;       /* bytes counted in the server's memory_bytes */
+  _Atomic uint64_t pending_bytes, code_bytes; /* from its watch after each job (budget.c) */
   int end_reason;
   char end_why[256];        /* a crashed or timed-out session: what happened */
   struct fbd_share *share;  /* sched.c: its tenant's state (the session thread sets it) */
@@ -454,7 +467,8 @@ void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStat
  * the same size (a read's buffer may still be on its way out when the next
  * write begins), so repeated reads and writes of a field touch no fresh
  * pages; the reaper frees them after a short idle time. Thread-safe. */
-int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out);
+int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out, const char *what, char *err,
+                   size_t errlen); /* FB_EQUOTA over the budget, FB_ENOMEM; err says */
 void fbd_stage_give(fbd_session *s, fbd_buf *b); /* and clears *b */
 
 /* Stream a field's bytes (buf, staged for session s, taken) out on a ReadField
@@ -482,6 +496,34 @@ void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
 void fbd_proc_signal(fbd_proc *p, int sig);
 /* The worker side: main() of fuseboxd --session-worker FD. Never returns. */
 void fbd_worker_process_main(int fd, const fbd_config *cfg);
+
+/* ---------------------------------------------------------------- the memory budget (budget.c)
+ * One budget for everything a client can make the server hold: session
+ * memory, staging buffers, queued responses, pending async launches and
+ * JIT code, in the broker and (process isolation) in the workers, which
+ * report theirs through the watch page after each job. */
+
+enum { FBD_MEM_SESSIONS = 0, FBD_MEM_STAGING, FBD_MEM_QUEUED, FBD_MEM_PENDING, FBD_MEM_CODE,
+       FBD_MEM_NPARTS };
+extern const char *const fbd_mem_part_names[FBD_MEM_NPARTS]; /* "sessions", ... */
+extern const char *const fbd_mem_part_keys[FBD_MEM_NPARTS];  /* metric labels */
+
+void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]); /* srv->mu held */
+void fbd_budget_usage(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]);
+/* Under srv->mu: 0 when need more bytes fit in the budget, else FB_EQUOTA
+ * and err: "memory budget 2.0 GiB is full: sessions 1.5 GiB, ...; WHAT of
+ * 512 MiB refused" (counted in budget_refused). */
+int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, char *err,
+                            size_t errlen);
+/* Before a job of an async session: how many bytes of pending launches it
+ * may hold (its own now plus what the budget has free). */
+uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s);
+void fbd_budget_note(fbd_session *s); /* after a job: take the watch's figures */
+void fbd_fmt_bytes(char *out, size_t n, uint64_t v); /* "2.0 GiB", "512 MiB", "0 B" */
+/* The code cache bound: code_cache_bytes, or budget / 16 at most 256M. */
+uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget);
+/* What GetStats says about the budget (into r, allocated in a). */
+void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r);
 
 /* ---------------------------------------------------------------- the fair scheduler (sched.c)
  * Every job of a session passes fbd_sched_enter before it runs and

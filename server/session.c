@@ -79,16 +79,11 @@ static int new_id(char *out) {
 static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
   int rc = FB_EQUOTA;
   pthread_mutex_lock(&srv->mu);
-  uint64_t budget = srv->memory_budget, used = srv->st.memory_bytes;
   if (atomic_load(&srv->stopping)) {
     snprintf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
-  } else if (budget && (s->mem_bytes > budget || used > budget - s->mem_bytes)) {
+  } else if (fbd_budget_admit_locked(srv, s->mem_bytes, "CreateSession", err, errlen)) {
     srv->st.sessions_failed++;
-    snprintf(err, errlen, "the server's memory budget is full: the session needs %llu bytes, "
-             "%llu of %llu bytes are in use by %d sessions (memory_budget)",
-             (unsigned long long)s->mem_bytes, (unsigned long long)used,
-             (unsigned long long)budget, srv->nsessions);
   } else {
     for (int i = 0; i < srv->cfg->max_sessions; i++) {
       if (srv->sessions[i]) continue;
@@ -175,7 +170,24 @@ fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n) {
 
 /* ---------------------------------------------------------------- staging */
 
-int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out) {
+static void stage_expire(fbd_session *s, double now);
+
+/* A new buffer, within the memory budget: admission and mapping under the
+ * server's lock, so that two transfers cannot both take the last room. */
+static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, char *err,
+                     size_t errlen) {
+  fbd_server *srv = s->srv;
+  pthread_mutex_lock(&srv->mu);
+  int rc = fbd_budget_admit_locked(srv, n, what, err, errlen);
+  if (!rc && (rc = fbd_stage_alloc(n, fbd_isolated(srv->cfg), out)))
+    snprintf(err, errlen, "%s: cannot stage %llu bytes: out of memory", what,
+             (unsigned long long)n);
+  pthread_mutex_unlock(&srv->mu);
+  return rc;
+}
+
+int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out, const char *what, char *err,
+                   size_t errlen) {
   out->p = NULL;
   pthread_mutex_lock(&s->mu);
   for (int i = 0; i < 2 && !out->p; i++)
@@ -184,7 +196,13 @@ int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out) {
       s->stage[i].b = (fbd_buf){NULL, 0, -1};
     }
   pthread_mutex_unlock(&s->mu);
-  return out->p ? 0 : fbd_stage_alloc(n, fbd_isolated(s->srv->cfg), out);
+  if (out->p) return 0;
+  if (stage_new(s, n, out, what, err, errlen) != FB_EQUOTA) return out->p ? 0 : FB_ENOMEM;
+  /* the buffers this session keeps for reuse count too: give them back and
+   * try once more (one request, one refusal in the count) */
+  atomic_fetch_sub(&s->srv->budget_refused, 1);
+  stage_expire(s, 1e300);
+  return stage_new(s, n, out, what, err, errlen);
 }
 
 void fbd_stage_give(fbd_session *s, fbd_buf *b) {
@@ -331,6 +349,7 @@ static void account(fbd_session *s, uint64_t now_bytes) {
 
 static void job_done(fbd_session *s, const fb_counters *c) {
   if (s->created) account(s, c->device_bytes ? c->device_bytes : s->mem_bytes);
+  if (s->created && !s->dead) fbd_budget_note(s);
   pthread_mutex_lock(&s->mu);
   if (s->created) s->snap = *c;
   s->busy = 0;
@@ -472,18 +491,16 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     } else {
       /* the mask is one byte per element: never more than the values */
       if (j->kind == FBD_J_ACTIVE) bytes = (uint64_t)fb_field_numel(s->layout, j->field);
-      if (fbd_stage_take(s, bytes, &j->buf)) {
-        r.code = FB_ENOMEM;
+      if ((r.code = fbd_stage_take(s, bytes, &j->buf, "ReadField", r.msg, sizeof r.msg)))
         r.finish = 1;
-        snprintf(r.msg, sizeof r.msg, "cannot stage %llu bytes for reading",
-                 (unsigned long long)bytes);
-      }
     }
   }
   pthread_mutex_lock(&s->mu);
   int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0;
   pthread_mutex_unlock(&s->mu);
   if (s->watch) atomic_store(&s->watch->cancel, cancel);
+  if (s->watch && j->kind == FBD_J_BATCH && s->ecfg.mode && !strcmp(s->ecfg.mode, "async"))
+    atomic_store(&s->watch->pending_cap, fbd_budget_pending_cap(srv, s));
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);

@@ -127,7 +127,7 @@ static void run_code(const fb_cpu_code *code, const cg_step *st, jit_state *js, 
 
 static void compile_ok(fb_cpu_jit *j, const cg_step *st, fb_cpu_code *code) {
   char err[512] = "";
-  fb_cg_task t = {st->k, st->loop};
+  fb_cg_task t = {st->k, st->loop, 0, NULL};
   int rc = fb_cpu_jit_compile(j, &t, code, err, sizeof err);
   ck_assert_msg(rc == 0, "compile %s: %s (%s)", st->k->name, fb_strerror(rc), err);
   ck_assert_ptr_nonnull(code->body);
@@ -272,7 +272,7 @@ static void *compile_all(void *arg) {
     const cg_case *cs = &job->cases[n];
     for (int s = 0; s < cs->nsteps; s++) {
       char err[256];
-      fb_cg_task t = {cs->steps[s].k, cs->steps[s].loop};
+      fb_cg_task t = {cs->steps[s].k, cs->steps[s].loop, 0, NULL};
       if (fb_cpu_jit_compile(job->j, &t, &job->code[n][s], err, sizeof err) ||
           !job->code[n][s].body)
         job->failures++;
@@ -334,7 +334,7 @@ START_TEST(test_refusals) {
   int lp = cg_for(b, K_I32(0), K_I32(32), 1, &i, &sv);
   cg_st(b, x, i, i);
   fb_b_leave(b, sv);
-  fb_cg_task t = {k, lp};
+  fb_cg_task t = {k, lp, 0, NULL};
   /* sparse containers compile (tests/test_sparse.c runs them) */
   ck_assert_int_eq(fb_cpu_jit_compile(j, &t, &code, err, sizeof err), 0);
   ck_assert_ptr_nonnull(code.body);
@@ -376,7 +376,7 @@ START_TEST(test_ir_text) {
   ck_assert_int_eq(cg_layout_build(&c), 0);
   cg_case cs;
   ck_assert_int_eq(cg_case_build(&c, 4, &cs), 0); /* math */
-  fb_cg_task t = {cs.steps[1].k, cs.steps[1].loop};
+  fb_cg_task t = {cs.steps[1].k, cs.steps[1].loop, 0, NULL};
   char *text = NULL, err[512] = "";
   ck_assert_int_eq(fb_llvm_ir_text(&t, "x86_64", &text, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(text, "define void @fb_body(ptr"));

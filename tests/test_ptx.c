@@ -65,7 +65,7 @@ static int assemble(const char *ptxas, const char *ptx, const char *arch, const 
 }
 
 static void check_ptx(const cg_step *st, const char *sm, const char *ptxas) {
-  fb_cg_task t = {st->k, st->loop};
+  fb_cg_task t = {st->k, st->loop, 0, NULL};
   char *ptx = NULL, err[512] = "";
   int rc = fb_ptx_emit(&t, sm, &ptx, err, sizeof err);
   ck_assert_msg(rc == 0, "fb_ptx_emit %s %s: %s (%s)", st->k->name, sm, fb_strerror(rc), err);
@@ -108,7 +108,7 @@ START_TEST(test_ptx_shape) {
   ck_assert_int_eq(cg_layout_build(&c), 0);
   cg_case cs;
   ck_assert_int_eq(cg_case_build(&c, 4, &cs), 0); /* math */
-  fb_cg_task t = {cs.steps[1].k, cs.steps[1].loop};
+  fb_cg_task t = {cs.steps[1].k, cs.steps[1].loop, 0, NULL};
   char *ptx = NULL, err[512] = "";
   ck_assert_int_eq(fb_ptx_emit(&t, "sm_80", &ptx, err, sizeof err), 0);
   ck_assert_ptr_nonnull(strstr(ptx, "%ctaid.x"));
@@ -172,7 +172,7 @@ START_TEST(test_ptx_sparse) {
       for (int a = 0; a < 2; a++) {
         check_ptx(&st, sms[a], ptxas);
         /* the runtime is linked and inlined: nothing is left to resolve */
-        fb_cg_task ct = {tl.v[t].ir, tl.v[t].loop};
+        fb_cg_task ct = {tl.v[t].ir, tl.v[t].loop, 0, NULL};
         char *ptx = NULL;
         ck_assert_int_eq(fb_ptx_emit(&ct, sms[a], &ptx, err, sizeof err), 0);
         ck_assert_msg(strstr(ptx, ".extern") == NULL, "%s: external symbols left:\n%s",

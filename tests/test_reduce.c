@@ -231,7 +231,7 @@ static int flushes(const fb_kernel *k) {
   int total = 0;
   for (int i = 0; i < tl.n; i++) {
     if (tl.v[i].loop < 0) continue;
-    fb_cg_task t = {tl.v[i].ir, tl.v[i].loop};
+    fb_cg_task t = {tl.v[i].ir, tl.v[i].loop, 0, NULL};
     int count[2] = {0, 0};
     const char *targets[2] = {"x86_64", "nvptx64"};
     for (int g = 0; g < 2; g++) {
@@ -274,7 +274,7 @@ static void ptx_ok(const fb_kernel *k) {
   ck_assert_int_eq(fb_lower(k, &tl, err, sizeof err), 0);
   for (int i = 0; i < tl.n; i++) {
     if (tl.v[i].loop < 0) continue;
-    fb_cg_task t = {tl.v[i].ir, tl.v[i].loop};
+    fb_cg_task t = {tl.v[i].ir, tl.v[i].loop, 0, NULL};
     char *ptx = NULL;
     int rc = fb_ptx_emit(&t, "sm_80", &ptx, err, sizeof err);
     ck_assert_msg(rc == 0, "PTX of %s: %s", k->name, err);

@@ -70,6 +70,9 @@ typedef struct fb_engine_config {
   int cpu_threads;      /* 0 = one per core: workers for parallel tasks */
 } fb_engine_config;
 
+/* The CPU code cache's bound until fb_engine_set_code_cache_bytes. */
+#define FB_CODE_CACHE_BYTES_DEFAULT (256ull << 20)
+
 /* Inter-kernel passes of async mode (fb_session_config.passes). Intra-task
  * simplification of fused tasks is part of fusion. */
 enum {
@@ -87,6 +90,14 @@ enum {
 /* Pending tasks that force a flush whatever flush_every says (-1 included):
  * the SFG of a stream that is never flushed would grow without bound. */
 #define FB_MAX_PENDING_TASKS 65536
+/* Flushed batches an async session may have waiting for its worker: the
+ * flush that hands out one more waits until the worker has run them all,
+ * so what a stream of launches holds is bounded too
+ * (fb_session_pending_bytes). */
+#define FB_MAX_QUEUED_FLUSHES 4
+/* What one pending task is counted as in fb_session_pending_bytes, besides
+ * its argument slots: an estimate of its SFG node and batch entry. */
+#define FB_PENDING_TASK_BYTES 512
 #define FB_MAX_KERNEL_STATEMENTS_DEFAULT 20000 /* the compile budget of a kernel */
 
 /* Zero-initialized fields take their defaults. */
@@ -107,6 +118,9 @@ typedef struct fb_session_config {
                            FB_MAX_PENDING_TASKS and at host access or sync */
   int max_fuse_per_task; /* fusions one task takes part in per fusion
                             round; 0 = default (1) */
+  uint64_t cache_partition; /* sessions share compiled code (and code cache
+                               hits) only with sessions of the same partition
+                               (fuseboxd: one per tenant); 0 by default */
 } fb_session_config;
 
 /* fb_counters (fb_session_counters): see fusebox/counters.h. */
@@ -135,6 +149,17 @@ const char *fb_engine_device(const fb_engine *e);
  * (may be NULL) then says what happened. Sessions of a failed context
  * return FB_EDEVICE from every call. */
 int fb_engine_healthy(fb_engine *e, char *why, size_t len);
+/* The engine's CPU code cache: bytes it holds (code and its keys), of
+ * which pinned by live sessions, its bound, entries, evictions so far. */
+typedef struct fb_code_cache_usage {
+  uint64_t bytes, pinned_bytes, limit, entries, evictions;
+} fb_code_cache_usage;
+void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out);
+/* Bound the CPU code cache to bytes (0: none): past it the least recently
+ * used code that no live session holds is removed from the JIT and freed.
+ * Code that live sessions hold is never evicted, so the cache may stand
+ * above its bound while they hold more. GPU modules are not bounded. */
+void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes);
 
 /* The session copies the layout (which must be finalized). On failure err
  * (may be NULL) says why: an unfinalized layout, an unknown mode, or the
@@ -188,6 +213,16 @@ int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_valu
 int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v);
 
 void fb_session_counters(const fb_session *s, fb_counters *out);
+/* Async: bytes the session's pending launches hold now, an estimate: each
+ * task waiting in the SFG or in a flushed batch not yet run counts
+ * FB_PENDING_TASK_BYTES plus its argument slots. 0 in sync mode. Safe to
+ * call from the session's thread. */
+uint64_t fb_session_pending_bytes(const fb_session *s);
+/* Async: flush and wait until every pending launch has run, as fb_sync
+ * does, but leave the errors of background launches for the next report
+ * (fb_sync, fb_flush, host access). For a caller that must bound what
+ * pending launches hold. 0 in sync mode. */
+int fb_session_drain(fb_session *s);
 /* The latest async flush: 0, or FB_ENOENT when none happened yet. */
 int fb_session_last_flush(const fb_session *s, fb_flush_stats *out);
 /* When fb_session_errmsg() is the error of a background launch: its launch

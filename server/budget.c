@@ -1,0 +1,135 @@
+/* The server's one memory budget (docs/security.md, "The memory budget"):
+ * what counts against it, the admission check that refuses with a message
+ * naming every part, and the cap on an async session's pending launches.
+ *
+ * Parts and where each figure comes from:
+ *  - sessions: the sessions' memory (srv->st.memory_bytes, session.c);
+ *  - staging: every staging buffer of field transfers (methods.c counts
+ *    them as they are mapped and unmapped);
+ *  - queued responses: the response copies waiting to go out on calls
+ *    (rpc.c; a ReadField's chunks point into its staging buffer and are
+ *    counted there);
+ *  - pending launches: each session's async launches not yet run, as its
+ *    engine side last reported them in the watch page;
+ *  - JIT code: the code cache of the broker's engine (shared by every
+ *    session under thread isolation) plus, under process isolation, what
+ *    each worker's own engine reported. */
+#include <stdio.h>
+#include <string.h>
+
+#include "server/server.h"
+
+const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {"sessions", "staging",
+                                                        "queued responses", "pending launches",
+                                                        "JIT code"};
+const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {"sessions", "staging", "queued_responses",
+                                                       "pending_launches", "jit_code"};
+
+uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
+  if (cfg->code_cache_bytes) return cfg->code_cache_bytes;
+  uint64_t b = budget ? budget / 16 : FB_CODE_CACHE_BYTES_DEFAULT;
+  return b < FB_CODE_CACHE_BYTES_DEFAULT ? (b ? b : 1) : FB_CODE_CACHE_BYTES_DEFAULT;
+}
+
+void fbd_fmt_bytes(char *out, size_t n, uint64_t v) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (v < 1024) {
+    snprintf(out, n, "%llu B", (unsigned long long)v);
+    return;
+  }
+  double x = (double)v / 1024;
+  int u = 0;
+  while (x >= 1024 && u < 3) {
+    x /= 1024;
+    u++;
+  }
+  if (x == (double)(uint64_t)x) snprintf(out, n, "%llu %s", (unsigned long long)x, units[u]);
+  else snprintf(out, n, "%.1f %s", x, units[u]);
+}
+
+void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
+  part[FBD_MEM_SESSIONS] = srv->st.memory_bytes;
+  part[FBD_MEM_STAGING] = fbd_stage_total();
+  part[FBD_MEM_QUEUED] = atomic_load(&srv->queued_bytes);
+  part[FBD_MEM_PENDING] = 0;
+  fb_code_cache_usage u;
+  fb_engine_code_cache(srv->engine, &u);
+  part[FBD_MEM_CODE] = u.bytes;
+  int isolated = fbd_isolated(srv->cfg);
+  for (int i = 0; i < srv->cfg->max_sessions; i++) {
+    fbd_session *s = srv->sessions[i];
+    if (!s) continue;
+    part[FBD_MEM_PENDING] += atomic_load(&s->pending_bytes);
+    if (isolated) part[FBD_MEM_CODE] += atomic_load(&s->code_bytes);
+  }
+}
+
+void fbd_budget_usage(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
+  pthread_mutex_lock(&srv->mu);
+  fbd_budget_usage_locked(srv, part);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+static uint64_t total(const uint64_t part[FBD_MEM_NPARTS]) {
+  uint64_t t = 0;
+  for (int i = 0; i < FBD_MEM_NPARTS; i++) t += part[i];
+  return t;
+}
+
+int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, char *err,
+                            size_t errlen) {
+  uint64_t budget = srv->memory_budget;
+  if (!budget) return 0;
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage_locked(srv, part);
+  uint64_t used = total(part);
+  if (need <= budget && used <= budget - need) return 0;
+  atomic_fetch_add(&srv->budget_refused, 1);
+  char b[32], v[32];
+  fbd_fmt_bytes(b, sizeof b, budget);
+  int n = snprintf(err, errlen, "memory budget %s is full:", b);
+  for (int i = 0; i < FBD_MEM_NPARTS && n > 0 && (size_t)n < errlen; i++) {
+    fbd_fmt_bytes(v, sizeof v, part[i]);
+    n += snprintf(err + n, errlen - (size_t)n, "%s %s %s", i ? "," : "", fbd_mem_part_names[i], v);
+  }
+  fbd_fmt_bytes(v, sizeof v, need);
+  if (n > 0 && (size_t)n < errlen)
+    snprintf(err + n, errlen - (size_t)n, "; %s of %s refused (memory_budget)", what, v);
+  return FB_EQUOTA;
+}
+
+uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
+  if (!srv->memory_budget) return UINT64_MAX;
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage(srv, part);
+  uint64_t used = total(part), mine = atomic_load(&s->pending_bytes);
+  uint64_t others = used > mine ? used - mine : 0;
+  return others < srv->memory_budget ? srv->memory_budget - others : 0;
+}
+
+void fbd_budget_note(fbd_session *s) {
+  fbd_watch *w = s->watch;
+  if (!w) return;
+  atomic_store(&s->pending_bytes, atomic_load(&w->pending_bytes));
+  atomic_store(&s->code_bytes, atomic_load(&w->code_bytes));
+}
+
+void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {
+  Fusebox__V1__MemoryBudget *m = fbp_alloc(a, sizeof *m);
+  if (!m) return;
+  fusebox__v1__memory_budget__init(m);
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage(srv, part);
+  fb_code_cache_usage u;
+  fb_engine_code_cache(srv->engine, &u);
+  m->budget_bytes = srv->memory_budget;
+  m->sessions_bytes = part[FBD_MEM_SESSIONS];
+  m->staging_bytes = part[FBD_MEM_STAGING];
+  m->queued_bytes = part[FBD_MEM_QUEUED];
+  m->pending_bytes = part[FBD_MEM_PENDING];
+  m->code_bytes = part[FBD_MEM_CODE];
+  m->code_cache_limit_bytes = srv->code_cache_bytes;
+  m->code_evictions = u.evictions;
+  m->refused = atomic_load(&srv->budget_refused);
+  r->memory = m;
+}
