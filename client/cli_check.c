@@ -1,5 +1,6 @@
 /* `fusebox check` and `fusebox ir`: the front end's diagnostics, and the IR
- * of each kernel and of the tasks it lowers to. */
+ * of each kernel and of the tasks it lowers to (as the engine registers it:
+ * an async session, which lowers a kernel without compiling it). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <jansson.h>
@@ -9,8 +10,8 @@
 
 #include "client/cli.h"
 #include "client/cli_session.h"
+#include "fusebox/engine.h"
 #include "fusebox/lang.h"
-#include "optimizer/optimizer.h"
 
 /* Parse FILE (after ${param} substitution); on failure print the rendered
  * diagnostics. */
@@ -110,7 +111,26 @@ int fb_cli_check(int argc, char **argv) {
   return 0;
 }
 
-static int print_kernel(fb_program *p, const fb_lang_kernel *lk, char **binds, int nb, int tasks) {
+/* An engine and an async session on the program's layout, for the tasks of
+ * its kernels (registration in async mode lowers; it compiles nothing). */
+static fb_session *task_session(fb_program *p, fb_engine **e) {
+  char err[512];
+  fb_engine_config ec = {"cpu", 1, 1};
+  fb_session_config sc = {.mode = "async", .max_kernel_statements = -1};
+  fb_session *s = NULL;
+  int rc = fb_engine_create(&ec, e, err, sizeof err);
+  if (!rc) rc = fb_session_create(*e, &sc, fb_program_layout(p), &s, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "fusebox ir: cannot start the engine for the tasks: %s\n", err);
+    fb_engine_destroy(*e);
+    *e = NULL;
+  }
+  return s;
+}
+
+/* The kernel's IR, then (with s) the tasks the engine lowers it to. */
+static int print_kernel(fb_program *p, fb_session *s, const fb_lang_kernel *lk, char **binds,
+                        int nb) {
   fb_kernel *k;
   fb_diags d;
   fb_diags_init(&d);
@@ -125,18 +145,16 @@ static int print_kernel(fb_program *p, const fb_lang_kernel *lk, char **binds, i
   fb_diags_free(&d);
   printf("\n");
   fb_kernel_fprint(stdout, k);
-  if (!tasks) return 0;
-  fb_task_list tl;
-  char err[256] = "";
-  if (fb_lower(k, &tl, err, sizeof err)) {
-    fprintf(stderr, "lowering %s: %s\n", k->name, err);
+  const fb_kernel *const *tasks = NULL;
+  int id = s ? fb_session_add_kernel(s, k) : 0, n = 0;
+  if (s && (id < 0 || fb_session_kernel_tasks(s, id, &tasks, &n))) {
+    fprintf(stderr, "%s\n", fb_session_errmsg(s));
     return 1;
   }
-  for (int t = 0; t < tl.n; t++) {
-    printf("\n# task %d of %s: %s\n", t, k->name, fb_task_kind_name(tl.v[t].kind));
-    fb_kernel_fprint(stdout, tl.v[t].ir);
+  for (int t = 0; t < n; t++) {
+    printf("\n# task %d of %s: %s\n", t, k->name, fb_session_task_kind(s, id, t));
+    fb_kernel_fprint(stdout, tasks[t]);
   }
-  fb_task_list_free(&tl);
   return 0;
 }
 
@@ -186,6 +204,12 @@ int fb_cli_ir(int argc, char **argv) {
   free(lay);
   char *binds[16];
   int nb = bind ? split_binds(bind, binds, 16) : 0, rc = 0, shown = 0;
+  fb_engine *e = NULL;
+  fb_session *s = tasks ? task_session(p, &e) : NULL;
+  if (tasks && !s) {
+    fb_program_free(p);
+    return 1;
+  }
   for (int i = 0; i < fb_program_nkernels(p); i++) {
     const fb_lang_kernel *lk = fb_program_kernel(p, i);
     if (only && strcmp(only, lk->name)) continue;
@@ -200,12 +224,14 @@ int fb_cli_ir(int argc, char **argv) {
       }
       continue;
     }
-    rc |= print_kernel(p, lk, binds, nb, tasks);
+    rc |= print_kernel(p, s, lk, binds, nb);
   }
   if (only && !shown) {
     fprintf(stderr, "%s: no kernel named '%s'\n", file, only);
     rc = 1;
   }
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
   fb_program_free(p);
   return rc;
 }

@@ -30,7 +30,7 @@ static const char *descr_of(fb_type t) {
 
 int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   const char *descr = descr_of(a->type);
-  if (!descr) { snprintf(err, errlen, "%s: no .npy dtype for %s", path, fb_type_name(a->type)); return FB_EUNSUPPORTED; }
+  if (!descr) { fb_errf(err, errlen, "%s: no .npy dtype for %s", path, fb_type_name(a->type)); return FB_EUNSUPPORTED; }
   char shape[256] = "";
   size_t o = 0;
   for (int d = 0; d < a->ndim; d++)
@@ -43,7 +43,7 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   int total = 10 + n + 1;
   int pad = (64 - total % 64) % 64;
   FILE *f = fopen(path, "wb");
-  if (!f) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
+  if (!f) { fb_errf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
   unsigned short hlen = (unsigned short)(n + pad + 1);
   fwrite("\x93NUMPY\x01\x00", 1, 8, f);
   fputc(hlen & 0xff, f);
@@ -53,7 +53,7 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   fputc('\n', f);
   size_t wrote = fwrite(a->data, 1, a->nbytes, f);
   if (fclose(f) != 0 || wrote != a->nbytes) {
-    snprintf(err, errlen, "%s: write failed", path);
+    fb_errf(err, errlen, "%s: write failed", path);
     return FB_EIO;
   }
   return 0;
@@ -76,18 +76,18 @@ static int parse_header(const char *path, const char *hdr, fb_npy *out, char *er
   const char *d = dict_value(hdr, "descr"), *fo = dict_value(hdr, "fortran_order"),
              *sh = dict_value(hdr, "shape");
   if (!d || !fo || !sh || *d != '\'' || *sh != '(') {
-    snprintf(err, errlen, "%s: malformed .npy header", path);
+    fb_errf(err, errlen, "%s: malformed .npy header", path);
     return FB_EPARSE;
   }
   if (strncmp(fo, "False", 5) != 0) {
-    snprintf(err, errlen, "%s: Fortran-order arrays are not supported (save with C order)", path);
+    fb_errf(err, errlen, "%s: Fortran-order arrays are not supported (save with C order)", path);
     return FB_EUNSUPPORTED;
   }
   out->type = FB_T_VOID;
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
     if (strncmp(d + 1, dtypes[i].descr, 3) == 0 && d[4] == '\'') out->type = dtypes[i].t;
   if (out->type == FB_T_VOID) {
-    snprintf(err, errlen, "%s: unsupported dtype %.8s (use <f4 <f8 <i4 <i8 <u4 <u8 |b1)", path, d);
+    fb_errf(err, errlen, "%s: unsupported dtype %.8s (use <f4 <f8 <i4 <i8 <u4 <u8 |b1)", path, d);
     return FB_EUNSUPPORTED;
   }
   const char *p = sh + 1;
@@ -98,7 +98,7 @@ static int parse_header(const char *path, const char *hdr, fb_npy *out, char *er
     char *end;
     long long v = strtoll(p, &end, 10);
     if (end == p || v < 0 || out->ndim >= 8) {
-      snprintf(err, errlen, "%s: malformed shape in .npy header", path);
+      fb_errf(err, errlen, "%s: malformed shape in .npy header", path);
       return FB_EPARSE;
     }
     out->shape[out->ndim++] = v;
@@ -111,30 +111,30 @@ int fb_npy_read(const char *path, fb_npy *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   size_t len;
   char *buf = fb_cli_read_file(path, &len);
-  if (!buf) { snprintf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
+  if (!buf) { fb_errf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
   int rc = FB_EPARSE;
   if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
-    snprintf(err, errlen, "%s: not a .npy file", path);
+    fb_errf(err, errlen, "%s: not a .npy file", path);
     goto done;
   }
   unsigned char major = (unsigned char)buf[6];
   size_t hl, off;
   if (major == 1) { hl = (unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8; off = 10; }
   else {
-    if (len < 12) { snprintf(err, errlen, "%s: truncated .npy header", path); goto done; }
+    if (len < 12) { fb_errf(err, errlen, "%s: truncated .npy header", path); goto done; }
     hl = (unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 |
          (size_t)(unsigned char)buf[10] << 16 | (size_t)(unsigned char)buf[11] << 24;
     off = 12;
   }
-  if (off + hl > len) { snprintf(err, errlen, "%s: truncated .npy header", path); goto done; }
+  if (off + hl > len) { fb_errf(err, errlen, "%s: truncated .npy header", path); goto done; }
   char *hdr = strndup(buf + off, hl);
   rc = hdr ? parse_header(path, hdr, out, err, errlen) : FB_ENOMEM;
   free(hdr);
   if (rc) goto done;
   size_t need = (size_t)fb_npy_numel(out) * fb_type_size(out->type);
   if (len - off - hl != need) {
-    snprintf(err, errlen, "%s: %zu bytes of data for a shape that needs %zu", path,
-             len - off - hl, need);
+    fb_errf(err, errlen, "%s: %zu bytes of data for a shape that needs %zu", path,
+            len - off - hl, need);
     rc = FB_EPARSE;
     goto done;
   }

@@ -58,19 +58,19 @@ void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, 
 int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
                  char *err, size_t errlen) {
   if (h < 1 || w < 1 || h > INT32_MAX || w > INT32_MAX || (uint64_t)w > SIZE_MAX / 3 / (uint64_t)h) {
-    snprintf(err, errlen, "%s: cannot make a %lld x %lld picture", path, (long long)h, (long long)w);
+    fb_errf(err, errlen, "%s: cannot make a %lld x %lld picture", path, (long long)h, (long long)w);
     return FB_EINVAL;
   }
   const char *cmap = o && o->colormap ? o->colormap : "viridis";
   if (!fb_png_colormap_known(cmap)) {
-    snprintf(err, errlen, "%s: unknown colour map '%s' (viridis or gray)", path, cmap);
+    fb_errf(err, errlen, "%s: unknown colour map '%s' (viridis or gray)", path, cmap);
     return FB_EINVAL;
   }
   int gray = !strcmp(cmap, "gray");
   size_t cells = (size_t)h * (size_t)w;
   uint8_t *buf = malloc(cells * 3);
   if (!buf) {
-    snprintf(err, errlen, "%s: out of memory", path);
+    fb_errf(err, errlen, "%s: out of memory", path);
     return FB_ENOMEM;
   }
   double lo, hi;
@@ -94,7 +94,7 @@ int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const 
   int ok = png_image_write_to_file(&img, path, 0, buf, 0, NULL);
   free(buf);
   if (!ok) {
-    snprintf(err, errlen, "%s: %s", path, img.message[0] ? img.message : "cannot write the PNG");
+    fb_errf(err, errlen, "%s: %s", path, img.message[0] ? img.message : "cannot write the PNG");
     png_image_free(&img);
     return FB_EIO;
   }

@@ -58,11 +58,9 @@ int fbc_end_code(const fbc_end *e, char *err, size_t errlen) {
     int v = atoi(num);
     if (v < 0 && v >= FB_ELAST) code = v;
   }
-  if (err && errlen) {
-    size_t n = GRPC_SLICE_LENGTH(e->details);
-    if (n) snprintf(err, errlen, "%.*s", (int)n, (const char *)GRPC_SLICE_START_PTR(e->details));
-    else snprintf(err, errlen, "%s (gRPC status %d)", fb_strerror(code), (int)e->status);
-  }
+  size_t n = GRPC_SLICE_LENGTH(e->details);
+  if (n) fb_errf(err, errlen, "%.*s", (int)n, (const char *)GRPC_SLICE_START_PTR(e->details));
+  else fb_errf(err, errlen, "%s (gRPC status %d)", fb_strerror(code), (int)e->status);
   return code;
 }
 
@@ -155,7 +153,7 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
                      char *err, size_t errlen) {
   grpc_call *call = fbc_call_new(c, method, 1);
   if (!call) {
-    snprintf(err, errlen, "cannot create a call to %s", method);
+    fb_errf(err, errlen, "cannot create a call to %s", method);
     return FB_EINTERNAL;
   }
   fbc_end e;
@@ -180,9 +178,9 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   int tag;
   int ok = fbc_batch(c, call, ops, 6, &tag);
   int rc = ok > 0 ? fbc_end_code(&e, err, errlen) : FB_EIO;
-  if (ok == 0) snprintf(err, errlen, "%s: the call failed", method);
-  if (ok < 0) snprintf(err, errlen, "%s: no answer within %lld ms", method,
-                       (long long)c->timeout_ms);
+  if (ok == 0) fb_errf(err, errlen, "%s: the call failed", method);
+  if (ok < 0) fb_errf(err, errlen, "%s: no answer within %lld ms", method,
+                      (long long)c->timeout_ms);
   if (resp) *resp = rc == 0 && rbb ? fbc_bb_slice(rbb) : grpc_empty_slice();
   if (rbb) grpc_byte_buffer_destroy(rbb);
   grpc_metadata_array_destroy(&init_md);
@@ -219,7 +217,7 @@ static char *read_pem(const char *path, const char *what, char *err, size_t errl
   if (f) fclose(f);
   if (bad) {
     free(buf);
-    if (err && errlen) snprintf(err, errlen, "%s: cannot read '%s'", what, path);
+    fb_errf(err, errlen, "%s: cannot read '%s'", what, path);
     return NULL;
   }
   buf[n] = 0;
@@ -236,8 +234,8 @@ static grpc_channel_credentials *channel_creds(const char *target, const fb_clie
   if (!strncmp(target, "unix:", 5) || (!ca && !cert && !key))
     return grpc_insecure_credentials_create();
   if (!cert != !key) {
-    if (err && errlen) snprintf(err, errlen, "a client certificate needs both its certificate "
-                                "and its key (FUSEBOX_TLS_CERT, FUSEBOX_TLS_KEY)");
+    fb_errf(err, errlen, "a client certificate needs both its certificate "
+            "and its key (FUSEBOX_TLS_CERT, FUSEBOX_TLS_KEY)");
     return NULL;
   }
   char *ca_pem = NULL, *cert_pem = NULL, *key_pem = NULL;
@@ -248,7 +246,7 @@ static grpc_channel_credentials *channel_creds(const char *target, const fb_clie
     goto out;
   grpc_ssl_pem_key_cert_pair pair = {key_pem, cert_pem};
   cr = grpc_ssl_credentials_create(ca_pem, cert_pem ? &pair : NULL, NULL, NULL);
-  if (!cr && err && errlen) snprintf(err, errlen, "gRPC refused the TLS settings");
+  if (!cr) fb_errf(err, errlen, "gRPC refused the TLS settings");
 out:
   if (key_pem) memset(key_pem, 0, strlen(key_pem));
   free(ca_pem);
@@ -273,8 +271,8 @@ static int set_token(fb_client *c, const fb_client_options *opt, char *err, size
   while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) n--;
   for (size_t i = 0; i < n; i++)
     if ((unsigned char)tok[i] < 0x21 || (unsigned char)tok[i] > 0x7e) {
-      if (err && errlen) snprintf(err, errlen, "the token holds a character that is not "
-                                  "printable ASCII (at byte %zu)", i);
+      fb_errf(err, errlen, "the token holds a character that is not "
+              "printable ASCII (at byte %zu)", i);
       return FB_EINVAL;
     }
   char *v = malloc(n + 8);
@@ -293,13 +291,13 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
                       char *err, size_t errlen) {
   *out = NULL;
   if (!target || !*target) {
-    if (err && errlen) snprintf(err, errlen, "no server address given");
+    fb_errf(err, errlen, "no server address given");
     return FB_EINVAL;
   }
   fb_client *c = calloc(1, sizeof *c);
   if (!c || !(c->target = strdup(target))) {
     free(c);
-    if (err && errlen) snprintf(err, errlen, "out of memory");
+    fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   c->timeout_ms = opt && opt->timeout_ms ? opt->timeout_ms : DEFAULT_TIMEOUT_MS;
@@ -315,9 +313,9 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   const char *ins = getenv("FUSEBOX_INSECURE");
   if (!rc && c->nauth && !tls && !local_target(target) && !(ins && !strcmp(ins, "1"))) {
     /* as gRPC does for call credentials: no token in the clear off this machine */
-    if (err && errlen) snprintf(err, errlen, "refusing to send a token in the clear to '%s': "
-                                "use TLS (FUSEBOX_TLS_CA, --tls-ca), or set FUSEBOX_INSECURE=1",
-                                target);
+    fb_errf(err, errlen, "refusing to send a token in the clear to '%s': "
+            "use TLS (FUSEBOX_TLS_CA, --tls-ca), or set FUSEBOX_INSECURE=1",
+            target);
     rc = FB_EINVAL;
   }
   grpc_channel_credentials *cr = rc ? NULL : channel_creds(target, opt, err, errlen);
@@ -454,7 +452,7 @@ int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, siz
                                                                    GRPC_SLICE_START_PTR(resp));
   grpc_slice_unref(resp);
   if (!m) {
-    snprintf(err, errlen, "malformed GetStats answer");
+    fb_errf(err, errlen, "malformed GetStats answer");
     return FB_EINTERNAL;
   }
   out->sessions_active = m->sessions_active;

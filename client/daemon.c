@@ -96,12 +96,12 @@ int fb_daemon_start(const char *exe, const char *listen, const char *const *extr
   build_argv(argv, exe, listen, extra_args);
   int fds[2];
   if (pipe2(fds, O_CLOEXEC)) {
-    snprintf(err, errlen, "pipe: %s", strerror(errno));
+    fb_errf(err, errlen, "pipe: %s", strerror(errno));
     return FB_EIO;
   }
   pid_t parent = getpid(), pid = fork();
   if (pid < 0) {
-    snprintf(err, errlen, "fork: %s", strerror(errno));
+    fb_errf(err, errlen, "fork: %s", strerror(errno));
     close(fds[0]);
     close(fds[1]);
     return FB_EIO;
@@ -115,8 +115,8 @@ int fb_daemon_start(const char *exe, const char *listen, const char *const *extr
   if (got <= 0) {
     int st = 0;
     fb_daemon_stop(out, 5, &st);
-    snprintf(err, errlen, "%s did not start serving on %s (%s; exit status %d)", exe, listen,
-             got < 0 ? "timed out" : "it exited", st);
+    fb_errf(err, errlen, "%s did not start serving on %s (%s; exit status %d)", exe, listen,
+            got < 0 ? "timed out" : "it exited", st);
     return FB_EIO;
   }
   char *sp = strchr(line, ' '); /* the first address when several */

@@ -480,7 +480,7 @@ int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *
                    fb_remote **out) {
   *out = NULL;
   if (!layout || !layout->finalized) {
-    snprintf(c->err, sizeof c->err, "the session's layout is missing or not finalized");
+    fb_errf(c->err, sizeof c->err, "the session's layout is missing or not finalized");
     return FB_EINVAL;
   }
   fb_remote *r = calloc(1, sizeof *r);
@@ -493,7 +493,7 @@ int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *
   if (!rc) rc = create_session(r, opt, layout);
   if (!rc) rc = stream_open(r); /* on failure the stream is already over */
   if (rc) {
-    snprintf(c->err, sizeof c->err, "%s", r->err);
+    fb_errf(c->err, sizeof c->err, "%s", r->err);
     remote_free(r);
     return rc;
   }
@@ -519,7 +519,7 @@ int fb_remote_open_source(fb_client *c, const fb_remote_options *opt, const char
   int rc = fb_program_parse(filename ? filename : "<source>", src ? src : "", &p, &d);
   if (rc) {
     char *msg = fb_diags_render(filename ? filename : "<source>", src, &d);
-    snprintf(c->err, sizeof c->err, "%s", msg ? msg : fb_strerror(rc));
+    fb_errf(c->err, sizeof c->err, "%s", msg ? msg : fb_strerror(rc));
     free(msg);
     fb_diags_free(&d);
     return rc;
@@ -562,7 +562,7 @@ int fb_remote_close(fb_remote *r) {
   char msg[FBC_ERRLEN] = "";
   int code = fbc_end_code(&r->end, msg, sizeof msg);
   if (code && !rc) rc = rerr(r, code, "closing session %.8s: %s", r->id, msg);
-  if (rc) snprintf(c->err, sizeof c->err, "%s", r->err);
+  if (rc) fb_errf(c->err, sizeof c->err, "%s", r->err);
   remote_free(r);
   return rc;
 }

@@ -277,11 +277,12 @@ static int async_flush(fb_session *s, int run_here) {
  * how often each pointer SNode's cells changed, so that lists made from a
  * mask that did not change stay current across flushes (the runtime counts
  * every slot set or cleared; bitmasked and dynamic containers change cells
- * without a count, so their lists are never kept this way). CPU only: on
- * CUDA the count would be read from managed memory, untested. */
+ * without a count, so their lists are never kept this way). Host memory
+ * only (the CPU): on CUDA the count would be read from managed memory,
+ * untested. */
 static void observe_masks(fb_session *s) {
   async_state *a = s->as;
-  if (!s->sparse || s->q || fb_opt_pending(a->o)) return;
+  if (!s->sparse || s->mem.ms || fb_opt_pending(a->o)) return; /* ms: device memory */
   for (int i = 1; i < s->layout->nnodes; i++)
     if (s->layout->nodes[i].kind == FB_SN_POINTER &&
         fb_opt_observe_mask(a->o, i, fb_sparse_changes(s->sparse, i)))

@@ -198,7 +198,7 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
 
 /* Async: host access waits for everything launched before it. */
 static int host_begin(fb_session *s) {
-  int rc = s ? fbe_gpu_dead(s) : 0;
+  int rc = s ? fbe_device_dead(s) : 0;
   return rc ? rc : s && s->as ? fbe_async_wait_all(s) : 0;
 }
 

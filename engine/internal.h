@@ -2,7 +2,10 @@
  *
  * The in-process engine (include/fusebox/engine.h): wires the verifier,
  * lowering and the asynchronous optimizer (optimizer/), the CPU JIT
- * (codegen/) and the CPU device (runtime/) together.
+ * (codegen/) and the devices (runtime/) together. The engine never asks
+ * which device it has: it calls the device's operations (fb_device_ops,
+ * runtime.h), which for CUDA queue a batch's tasks and report their errors
+ * when the batch finishes.
  *
  * Sync mode: a kernel is verified, copied onto the session's layout,
  * lowered to tasks and every task compiled when it is registered; fb_launch
@@ -34,12 +37,12 @@
  * run, and a block that does not fit in the session's memory limit is
  * reported as FB_EQUOTA naming the kernel and the SNode (docs/sparse.md).
  *
- * Sharing: an engine holds the JIT (and its code cache), the thread pool
- * and the compile pool, all safe to use from several threads; everything
- * else belongs to one session, and a session is used by one thread at a
- * time (plus its own worker, which touches only device memory, the sparse
- * runtime and what it shares under the session's mutexes). Sessions must be
- * destroyed before their engine (their code lives in the engine's JIT). */
+ * Sharing: the public threading contract is in include/fusebox/engine.h
+ * ("Threads"). Inside: an engine holds the JIT (and its code cache), the
+ * thread pool and the compile pool, all safe to use from several threads;
+ * everything else belongs to one session, used by its caller's thread and
+ * its own worker, which touches only device memory, the sparse runtime and
+ * what it shares under the session's mutexes (as, cmu). */
 #ifndef FB_ENGINE_INTERNAL_H
 #define FB_ENGINE_INTERNAL_H
 
@@ -67,15 +70,15 @@
 static const uint64_t no_args[1] = {0};
 
 struct fb_engine {
-  fb_cpu_jit *jit;
-  fb_cpu_device *dev;
-  fb_cuda_device *gpu;  /* the CUDA backend: sessions run there */
-  char cpu_name[64];    /* fb_engine_device of the CPU backend */
+  const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
+  void *dev;                /* ... opened by ops->open */
+  void *cpu;                /* the CPU device (fb_cpu_ops), opened on every backend */
+  fb_cpu_jit *jit;          /* the CPU device's JIT (it owns it): its code cache */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
   int next_pid;        /* timeline process ids */
-  fb_compile_gate gate; /* tests: compiles it refuses (server/engine_test.h) */
+  fb_compile_gate gate; /* tests: compiles it refuses (engine/engine_test.h) */
   void *gate_user;
 };
 
@@ -180,7 +183,8 @@ struct fb_session {
   uint64_t launch_no;      /* launches so far: rand()'s launch number */
   fb_devmem mem;
   fb_sparse *sparse;       /* NULL when the layout has no sparse SNode */
-  fb_cuda_queue *q;        /* CUDA backend: the session's stream */
+  void *q;                 /* the session's queue of the engine's device
+                              (e->ops->queue_new; CUDA: its stream) */
   sess_kernel *kernels;
   int nkernels, cap;
   uint64_t *args;          /* argument slots, nargs_cap of them */
@@ -228,7 +232,7 @@ static inline void set_err(char *err, size_t errlen, const char *msg) {
 int fbe_kinds_agree(fb_type want, fb_type have);
 const char *fbe_type_name_safe(fb_type t);
 int fbe_oom_message(fb_session *s, char *buf, size_t len);
-int fbe_gpu_dead(fb_session *s);
+int fbe_device_dead(fb_session *s);
 
 /* worker.c */
 void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...)

@@ -1,5 +1,5 @@
 /* Launches: argument packing and checks, the sync path (run a kernel's
- * tasks at once, on the CPU device or the session's CUDA stream), and the
+ * tasks at once, through the device's operations), and the
  * messages that name a failed launch; async launches go to async.c. */
 #include "engine/internal.h"
 
@@ -87,33 +87,11 @@ static void trace_launch(fb_session *s, const sess_kernel *sk, double t0) {
 }
 
 
-/* CUDA: the session's queue has failed (a sticky error) */
-int fbe_gpu_dead(fb_session *s) {
+/* The session's queue has failed (CUDA: a sticky error) */
+int fbe_device_dead(fb_session *s) {
   char msg[ERRLEN];
-  if (!s->q || !fb_cuda_queue_alive(s->q, msg, sizeof msg)) return 0;
+  if (!s->e->ops->alive(s->q, msg, sizeof msg)) return 0;
   return fail(s, FB_EDEVICE, "%s", msg);
-}
-
-/* Sync mode on the GPU: the launch's tasks as one batch, waited for; the
- * first task whose error slot is set (or that could not be queued). */
-static int gpu_run(fb_session *s, const fb_rt_ctx *ctx, const sess_kernel *sk, double *secs,
-                   int *failed, char *msg, size_t len) {
-  int rc = fb_cuda_begin(s->q, msg, len);
-  for (int i = 0; !rc && i < sk->tl.n; i++) {
-    int slot = fb_cuda_launch(s->q, ctx, &sk->code[i], &sk->hints[i], s->sparse, msg, len);
-    if (slot < 0) rc = slot, *failed = i;
-  }
-  const int32_t *errs = NULL;
-  int n = 0;
-  char fmsg[ERRLEN];
-  int frc = fb_cuda_finish(s->q, &errs, &n, secs, fmsg, sizeof fmsg);
-  if (frc && (!rc || frc == FB_EDEVICE)) {
-    snprintf(msg, len, "%s", fmsg);
-    return frc;
-  }
-  for (int i = 0; !rc && i < n; i++)
-    if (errs[i]) rc = errs[i], *failed = i;
-  return rc;
 }
 
 int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_value *ret) {
@@ -123,7 +101,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   sess_kernel *sk = &s->kernels[kernel];
   int rc = pack_args(s, sk->k, args, nargs);
   if (rc) return rc;
-  if ((rc = fbe_gpu_dead(s))) return rc;
+  if ((rc = fbe_device_dead(s))) return rc;
   if (s->as) return fbe_async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
   int32_t error = 0;
@@ -144,11 +122,8 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
                 sk->k->name, (unsigned long long)s->launch_no);
   }
   double t0 = s->trace ? fb_trace_clock() : 0;
-  if (s->q)
-    rc = gpu_run(s, &ctx, sk, &secs, &failed, msg, sizeof msg);
-  else
-    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs,
-                           &failed, msg, sizeof msg);
+  rc = s->e->ops->run(s->q, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs, &failed,
+                      msg, sizeof msg);
   if (s->trace) trace_launch(s, sk, t0);
   if (s->hook) s->hook(s->hook_user, NULL, NULL, s->launch_no);
   if (s->sparse) fb_sparse_end(s->sparse);

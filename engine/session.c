@@ -23,31 +23,27 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     set_err(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
+  void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
     char why[512];
-    int rc = fb_cuda_device_new(&e->gpu, why, sizeof why);
+    int rc = fb_cuda_ops.open(threads, &gpu, why, sizeof why);
     if (rc && strcmp(be, "cuda") == 0) {
       set_err(err, errlen, why);
       free(e);
       return rc;
     }
   }
-  int rc = fb_cpu_device_new(threads, &e->dev, err, errlen);
+  int rc = fb_cpu_ops.open(threads, &e->cpu, err, errlen);
   if (rc) {
-    fb_cuda_device_free(e->gpu);
+    if (gpu) fb_cuda_ops.close(gpu);
     free(e);
     return rc;
   }
-  e->jit = fb_cpu_jit_new(err, errlen);
-  if (!e->jit) {
-    fb_cuda_device_free(e->gpu);
-    fb_cpu_device_free(e->dev);
-    free(e);
-    return FB_EDEVICE;
-  }
+  e->ops = gpu ? &fb_cuda_ops : &fb_cpu_ops;
+  e->dev = gpu ? gpu : e->cpu;
+  e->jit = ((fb_cpu_device *)e->cpu)->jit;
   fb_cpu_jit_set_cache_limit(e->jit, FB_CODE_CACHE_BYTES_DEFAULT);
   pthread_mutex_init(&e->mu, NULL);
-  snprintf(e->cpu_name, sizeof e->cpu_name, "CPU (%d threads)", fb_pool_threads(e->dev->pool));
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
   *out = e;
@@ -60,8 +56,7 @@ static int engine_compile(void *user, const fb_cg_task *t, fb_cpu_code *out, cha
                           size_t errlen) {
   fb_engine *e = user;
   if (e->gate && e->gate(e->gate_user, t->ir, err, errlen)) return FB_ECOMPILE;
-  return e->gpu ? fb_cuda_compile(e->gpu, t, out, err, errlen)
-                : fb_cpu_jit_compile(e->jit, t, out, err, errlen);
+  return e->ops->compile(e->dev, t, out, err, errlen);
 }
 
 void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) {
@@ -82,18 +77,17 @@ static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
   fb_cpool_free(e->cpool);
-  fb_cpu_jit_free(e->jit);
-  fb_cpu_device_free(e->dev);
-  fb_cuda_device_free(e->gpu);
+  fb_cpu_ops.close(e->cpu);
+  if (e->dev != e->cpu) e->ops->close(e->dev);
   pthread_mutex_destroy(&e->mu);
   free(e);
 }
 
-const char *fb_engine_backend(const fb_engine *e) { return e && e->gpu ? "cuda" : "cpu"; }
+const char *fb_engine_backend(const fb_engine *e) { return e ? e->ops->backend : "cpu"; }
 
 const char *fb_engine_device(const fb_engine *e) {
   if (!e) return "none";
-  return e->gpu ? fb_cuda_device_name(e->gpu) : e->cpu_name;
+  return e->ops->name(e->dev);
 }
 
 void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out) {
@@ -108,7 +102,7 @@ void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
   if (why && len) why[0] = 0;
-  return !e || !e->gpu || fb_cuda_device_healthy(e->gpu, why, len);
+  return !e || e->ops->healthy(e->dev, why, len);
 }
 
 
@@ -157,9 +151,9 @@ static int check_async_config(const fb_session_config *cfg, char *msg, size_t le
 /* What the backend imposes on one task, for fusion's cost model (the one
  * place the optimizer learns it): a GPU launch takes a bounded number of
  * kernel parameters; CPU tasks read their arguments through a pointer, so
- * there the bound is none. The statement budget is the optimizer's default. */
+ * there the bound is none (0). The statement budget is the optimizer's default. */
 static void backend_fuse_limits(const fb_engine *e, fb_opt_options *o) {
-  o->max_task_params = e->gpu ? fb_cuda_max_task_params() : 0;
+  o->max_task_params = e->ops->max_task_params();
 }
 
 /* The optimizer context, the worker and the compile pool of an async session. */
@@ -221,10 +215,10 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   pthread_mutex_lock(&e->mu);
   s->pid = e->next_pid++;
   pthread_mutex_unlock(&e->mu);
-  int rc = e->gpu ? fb_cuda_queue_new(e->gpu, &s->q, msg, sizeof msg) : 0;
+  int rc = e->ops->queue_new(e->dev, &s->q, msg, sizeof msg);
   if (!rc)
-    rc = fb_devmem_init_on(&s->mem, s->q ? fb_cuda_queue_memsys(s->q) : NULL,
-                           s->layout->root_bytes, cfg ? cfg->memory_limit : 0, msg, sizeof msg);
+    rc = fb_devmem_init_on(&s->mem, e->ops->memsys(s->q), s->layout->root_bytes,
+                           cfg ? cfg->memory_limit : 0, msg, sizeof msg);
   if (!rc) rc = fb_devmem_reserve(&s->mem, 0, 1, msg, sizeof msg);
   if (!rc && layout_is_sparse(s->layout))
     rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
@@ -277,7 +271,7 @@ void fb_session_destroy(fb_session *s) {
   }
   fb_sparse_free(s->sparse);
   fb_devmem_release(&s->mem);
-  fb_cuda_queue_free(s->q); /* after the memory it supplied */
+  if (s->q) s->e->ops->queue_free(s->q); /* after the memory it supplied */
   fb_layout_free(s->layout);
   fb_code_pins_release(s->pins); /* last: nothing of the session runs its code now */
   pthread_mutex_destroy(&s->cmu);
@@ -399,8 +393,7 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   memset(&code, 0, sizeof code);
   msg[0] = 0;
   double t0 = s->trace ? fb_trace_clock() : 0;
-  int rc = s->e->gpu ? fb_cuda_compile(s->e->gpu, &cg, &code, msg, sizeof msg)
-                     : fb_cpu_jit_compile(s->e->jit, &cg, &code, msg, sizeof msg);
+  int rc = s->e->ops->compile(s->e->dev, &cg, &code, msg, sizeof msg);
   if (s->trace) {
     char name[160];
     snprintf(name, sizeof name, "compile %s", task->ir->name);
@@ -542,4 +535,10 @@ int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *co
   *tasks = (const fb_kernel *const *)s->kernels[kernel].irs;
   *ntasks = s->kernels[kernel].tl.n;
   return 0;
+}
+
+const char *fb_session_task_kind(const fb_session *s, int kernel, int task) {
+  if (!s || kernel < 0 || kernel >= s->nkernels) return NULL;
+  const fb_task_list *tl = &s->kernels[kernel].tl;
+  return task >= 0 && task < tl->n ? fb_task_kind_name(tl->v[task].kind) : NULL;
 }

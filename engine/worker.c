@@ -61,10 +61,10 @@ typedef struct batch_run {
   uint64_t ran, hits;
   double backend_s;
   int cancelled;           /* the task hook cancelled: the rest of the batch is skipped */
-  const fb_opt_launch **slot; /* CUDA: the entry of each error slot of the batch */
-  int gpu_rc;                 /* CUDA: the batch could not start */
+  const fb_opt_launch **slot; /* queued device: the entry of each error slot of the batch */
+  int dev_rc;                 /* the batch could not start on the device */
   struct fallback *fallbacks; /* fused tasks run as their parts (fall_back) */
-  int extra_slots;            /* CUDA: slots for those parts past the batch's n + 1 */
+  int extra_slots;            /* queued device: slots for those parts past the batch's n + 1 */
 } batch_run;
 
 static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
@@ -270,9 +270,10 @@ static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
   return P;
 }
 
-/* CUDA: room in r->slot for n more launches than the batch has entries. */
-static int gpu_slots(batch_run *r, int n) {
-  if (!r->s->q || !r->slot) return 1;
+/* A queued device: room in r->slot for n more launches than the batch has
+ * entries (none is kept for a device that runs each task at once). */
+static int more_slots(batch_run *r, int n) {
+  if (!r->slot) return 1;
   size_t have = (size_t)r->j->b->n + 1 + (size_t)r->extra_slots;
   const fb_opt_launch **v = realloc(r->slot, sizeof *v * (have + (size_t)n));
   if (!v) return 0;
@@ -287,7 +288,7 @@ static int gpu_slots(batch_run *r, int n) {
  * reports the fused task's error as before. */
 static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
   fb_session *s = r->s;
-  if (!can_fall_back(L) || !gpu_slots(r, L->nparts)) return 0;
+  if (!can_fall_back(L) || !more_slots(r, L->nparts)) return 0;
   fallback *f = calloc(1, sizeof *f + sizeof f->v[0] * (size_t)L->nparts);
   fb_cjob *cj = calloc((size_t)L->nparts, sizeof *cj);
   if (!f || !cj) {
@@ -331,11 +332,11 @@ static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
   return 1;
 }
 
-/* CUDA: fb_cuda_launch refused fused task L before it was queued (rc < 0);
+/* A queued device refused fused task L before it was queued (rc < 0);
  * unless the queue is gone (a sticky error), its parts run instead. */
 static int launch_refused(batch_run *r, const fb_opt_launch *L, int rc) {
   char dead[ERRLEN];
-  if (!can_fall_back(L) || fb_cuda_queue_alive(r->s->q, dead, sizeof dead)) return 0;
+  if (!can_fall_back(L) || r->s->e->ops->alive(r->s->q, dead, sizeof dead)) return 0;
   return fall_back(r, L, rc);
 }
 
@@ -357,24 +358,17 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
   int lg = L->kind == FB_TASK_LISTGEN;
   fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
   double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
-  int failed = -1;
   char msg[ERRLEN];
   msg[0] = 0;
-  int rc;
-  if (s->q) { /* queued: its error slot is read when the batch finishes */
-    rc = r->gpu_rc ? r->gpu_rc
-                   : fb_cuda_launch(s->q, &ctx, &rt, &hint, s->sparse, msg, sizeof msg);
-    if (rc >= 0) {
-      r->slot[rc] = L;
-      rc = 0;
-    } else if (!r->gpu_rc && launch_refused(r, L, rc)) {
-      return;
-    } else if (!msg[0]) {
-      snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
-    }
-  } else {
-    rc = fb_cpu_run_sparse(s->e->dev, &ctx, s->sparse, &rt, &hint, 1, &secs, &failed, msg,
-                           sizeof msg);
+  int slot = -1;
+  int rc = r->dev_rc ? r->dev_rc
+                     : s->e->ops->launch(s->q, &ctx, &rt, &hint, s->sparse, &slot, &secs, msg,
+                                         sizeof msg);
+  if (slot >= 0) { /* queued: its error slot is read when the batch finishes */
+    r->slot[slot] = L;
+  } else if (rc && s->e->ops->queued) { /* refused before it was queued */
+    if (!r->dev_rc && launch_refused(r, L, rc)) return;
+    if (!msg[0]) snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
   }
   if (s->trace) {
     char args[96];
@@ -459,23 +453,26 @@ static void add_batch_counters(batch_run *r) {
   pthread_mutex_unlock(&s->cmu);
 }
 
-/* CUDA: a batch's tasks are queued on the session's stream as their code
- * is ready; its end waits for them and reads each one's error slot. */
-static void gpu_batch_begin(batch_run *r) {
+/* On a queued device (CUDA) a batch's tasks are queued on the session's
+ * stream as their code is ready; its end waits for them and reads each
+ * one's error slot. A device that runs each task at once has none. */
+static void batch_begin(batch_run *r) {
   char msg[ERRLEN];
-  r->slot = calloc((size_t)r->j->b->n + 1, sizeof *r->slot);
-  r->gpu_rc = r->slot ? fb_cuda_begin(r->s->q, msg, sizeof msg) : FB_ENOMEM;
-  if (r->gpu_rc)
-    fbe_bg_record(r->s, r->gpu_rc, NO_LAUNCH, -1, "flush %llu: %s; its %d tasks did not run",
-              (unsigned long long)r->j->flush, r->slot ? msg : "out of memory", r->j->b->n);
+  const fb_device_ops *ops = r->s->e->ops;
+  if (ops->queued) r->slot = calloc((size_t)r->j->b->n + 1, sizeof *r->slot);
+  int oom = ops->queued && !r->slot;
+  r->dev_rc = oom ? FB_ENOMEM : ops->begin(r->s->q, msg, sizeof msg);
+  if (r->dev_rc)
+    fbe_bg_record(r->s, r->dev_rc, NO_LAUNCH, -1, "flush %llu: %s; its %d tasks did not run",
+              (unsigned long long)r->j->flush, oom ? "out of memory" : msg, r->j->b->n);
 }
 
-static void gpu_batch_end(batch_run *r) {
+static void batch_end(batch_run *r) {
   char msg[ERRLEN];
   const int32_t *errs = NULL;
   int n = 0;
   double secs = 0;
-  int rc = r->gpu_rc ? 0 : fb_cuda_finish(r->s->q, &errs, &n, &secs, msg, sizeof msg);
+  int rc = r->dev_rc ? 0 : r->s->e->ops->finish(r->s->q, &errs, &n, &secs, msg, sizeof msg);
   if (rc)
     fbe_bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
   for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
@@ -499,13 +496,13 @@ void fbe_run_batch(fb_session *s, async_job *j) {
   } else {
     memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
     if (s->sparse) fb_sparse_begin(s->sparse);
-    if (s->q) gpu_batch_begin(&r);
+    batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);
     /* cancelled: the skipped tasks' compile jobs must leave the pool before
      * the batch is freed; those never compiled must not be learned */
     for (int c = 0; r.cancelled && c < j->ncj; c++)
       if (fb_cpool_withdraw(s->e->cpool, &j->cj[c])) j->cj[c].rc = FB_ECANCELLED;
-    if (s->q) gpu_batch_end(&r);
+    batch_end(&r);
     free_fallbacks(&r);
     if (s->sparse) fb_sparse_end(s->sparse);
     add_batch_counters(&r);

@@ -40,7 +40,7 @@ static void compile_job(fb_cpool *p, fb_cjob *j, int tid) {
   j->rc = p->compile(p->user, &j->task, &j->code, j->msg, sizeof j->msg);
   if (!j->rc && !j->code.gpu && (!j->code.body || (j->task.loop >= 0 && !j->code.bounds))) {
     j->rc = FB_EINTERNAL;
-    snprintf(j->msg, sizeof j->msg, "the JIT returned no entry point");
+    fb_errf(j->msg, sizeof j->msg, "the JIT returned no entry point");
   }
   if (!j->trace) return;
   char name[160], args[96];
@@ -105,9 +105,8 @@ static int start_threads(fb_cpool *p, char *err, size_t errlen) {
       if (rc) free(a);
     }
     if (rc) {
-      if (err && errlen)
-        snprintf(err, errlen, "cannot start compile thread %d of %d: %s", i + 1, p->nthreads,
-                 strerror(rc));
+      fb_errf(err, errlen, "cannot start compile thread %d of %d: %s", i + 1, p->nthreads,
+              strerror(rc));
       stop_threads(p);
       return rc == EAGAIN ? FB_EDEVICE : FB_ENOMEM;
     }
@@ -129,7 +128,7 @@ int fb_cpool_new_with(fb_compile_fn fn, void *user, int nthreads, fb_cpool **out
                       size_t errlen) {
   *out = NULL;
   if (!fn || nthreads < 0) {
-    if (err && errlen) snprintf(err, errlen, "compile pool: no compiler, or %d threads", nthreads);
+    fb_errf(err, errlen, "compile pool: no compiler, or %d threads", nthreads);
     return FB_EINVAL;
   }
   fb_cpool *p = calloc(1, sizeof *p);
@@ -137,7 +136,7 @@ int fb_cpool_new_with(fb_compile_fn fn, void *user, int nthreads, fb_cpool **out
   if (p) p->th = calloc((size_t)n, sizeof *p->th);
   if (!p || !p->th) {
     free(p);
-    if (err && errlen) snprintf(err, errlen, "compile pool: out of memory");
+    fb_errf(err, errlen, "compile pool: out of memory");
     return FB_ENOMEM;
   }
   p->compile = fn;

@@ -6,7 +6,8 @@
  * A launch passes the task's whole context as kernel parameters (codegen.h
  * FB_GPU_ENTRY), so it needs no copy before it and the host never waits
  * between tasks; each launch's error word is a slot of a device array that
- * the batch's finish copies back once, with the batch's end event. */
+ * the batch's finish copies back once, with the batch's end event. At the
+ * end, the CUDA device's operations table (fb_cuda_ops, runtime.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,14 +72,14 @@ static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char 
     pthread_mutex_lock(&d->mu);
     if (!d->broken && (!q || q->gen == d->gen)) {
       d->broken = 1;
-      snprintf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
-               "made again once the sessions it ended are closed", es, what);
+      fb_errf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
+              "made again once the sessions it ended are closed", es, what);
     }
     pthread_mutex_unlock(&d->mu);
     if (q && !q->dead) {
       q->dead = 1;
-      snprintf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
-               "session's device memory is lost; close it and open a new one", es, what);
+      fb_errf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
+              "session's device memory is lost; close it and open a new one", es, what);
     }
     if (q) return fb_errf(err, errlen, "%s", q->why), FB_EDEVICE;
   }
@@ -197,7 +198,7 @@ const char *fb_cuda_device_sm(const fb_cuda_device *d) { return d->sm; }
 int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len) {
   pthread_mutex_lock(&d->mu);
   int ok = !d->broken;
-  if (!ok && why && len) snprintf(why, len, "%s", d->why);
+  if (!ok) fb_errf(why, len, "%s", d->why);
   pthread_mutex_unlock(&d->mu);
   return ok;
 }
@@ -216,7 +217,7 @@ static void remake_context(fb_cuda_device *d) {
     d->broken = 0;
     d->why[0] = 0;
   } else {
-    snprintf(d->why, sizeof d->why, "the GPU context could not be made again: %.250s", err);
+    fb_errf(d->why, sizeof d->why, "the GPU context could not be made again: %.250s", err);
   }
 }
 
@@ -397,8 +398,8 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen) {
     pthread_mutex_lock(&q->d->mu);
     if (q->d->broken || q->gen != q->d->gen) {
       q->dead = 1;
-      snprintf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
-               "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
+      fb_errf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
+              "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
     }
     pthread_mutex_unlock(&q->d->mu);
   }
@@ -505,3 +506,93 @@ int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *
   *nslots = q->nerrs;
   return 0;
 }
+
+/* ---------------------------------------------------------------- device operations */
+
+static int cuda_open(int cpu_threads, void **dev, char *err, size_t errlen) {
+  fb_cuda_device *d;
+  int rc = fb_cuda_device_new(&d, err, errlen);
+  *dev = d;
+  return rc;
+}
+
+static void cuda_close(void *dev) { fb_cuda_device_free(dev); }
+
+static const char *cuda_name(const void *dev) { return fb_cuda_device_name(dev); }
+
+static int cuda_healthy(void *dev, char *why, size_t len) {
+  return fb_cuda_device_healthy(dev, why, len);
+}
+
+static int cuda_queue_new(void *dev, void **q, char *err, size_t errlen) {
+  fb_cuda_queue *cq;
+  int rc = fb_cuda_queue_new(dev, &cq, err, errlen);
+  *q = cq;
+  return rc;
+}
+
+static void cuda_queue_free(void *q) { fb_cuda_queue_free(q); }
+
+static const fb_memsys *cuda_memsys(void *q) { return fb_cuda_queue_memsys(q); }
+
+static int cuda_alive(void *q, char *err, size_t errlen) {
+  return fb_cuda_queue_alive(q, err, errlen);
+}
+
+/* A sync launch: the tasks as one batch, waited for; the first task whose
+ * error slot is set (or that could not be queued). */
+static int cuda_run(void *vq, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
+                    const fb_rt_hint *hints, int ntasks, double *secs, int *failed, char *msg,
+                    size_t len) {
+  fb_cuda_queue *q = vq;
+  int rc = fb_cuda_begin(q, msg, len);
+  for (int i = 0; !rc && i < ntasks; i++) {
+    int slot = fb_cuda_launch(q, ctx, &tasks[i], &hints[i], sp, msg, len);
+    if (slot < 0) rc = slot, *failed = i;
+  }
+  const int32_t *errs = NULL;
+  int n = 0;
+  char fmsg[2048];
+  int frc = fb_cuda_finish(q, &errs, &n, secs, fmsg, sizeof fmsg);
+  if (frc && (!rc || frc == FB_EDEVICE)) {
+    fb_errf(msg, len, "%s", fmsg);
+    return frc;
+  }
+  for (int i = 0; !rc && i < n; i++)
+    if (errs[i]) rc = errs[i], *failed = i;
+  return rc;
+}
+
+static int cuda_begin(void *q, char *err, size_t errlen) { return fb_cuda_begin(q, err, errlen); }
+
+/* Queues the task: its slot, or the code that refused it. */
+static int cuda_launch(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint,
+                       fb_sparse *sp, int *slot, double *seconds, char *err, size_t errlen) {
+  int rc = fb_cuda_launch(q, ctx, t, hint, sp, err, errlen);
+  *slot = rc >= 0 ? rc : -1;
+  return rc >= 0 ? 0 : rc;
+}
+
+static int cuda_finish(void *q, const int32_t **errs, int *nslots, double *seconds, char *err,
+                       size_t errlen) {
+  return fb_cuda_finish(q, errs, nslots, seconds, err, errlen);
+}
+
+const fb_device_ops fb_cuda_ops = {
+    .backend = "cuda",
+    .queued = 1,
+    .open = cuda_open,
+    .close = cuda_close,
+    .name = cuda_name,
+    .healthy = cuda_healthy,
+    .max_task_params = fb_cuda_max_task_params,
+    .compile = fb_cuda_compile,
+    .queue_new = cuda_queue_new,
+    .queue_free = cuda_queue_free,
+    .memsys = cuda_memsys,
+    .alive = cuda_alive,
+    .run = cuda_run,
+    .begin = cuda_begin,
+    .launch = cuda_launch,
+    .finish = cuda_finish,
+};

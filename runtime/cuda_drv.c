@@ -45,9 +45,9 @@ const char *fb_cuda_errstr(const fb_cuda_api *api, CUresult r, char *buf, size_t
   const char *name = NULL, *text = NULL;
   if (api && api->GetErrorName && api->GetErrorName(r, &name) != CUDA_SUCCESS) name = NULL;
   if (api && api->GetErrorString && api->GetErrorString(r, &text) != CUDA_SUCCESS) text = NULL;
-  if (name && text) snprintf(buf, len, "%s: %s", name, text);
-  else if (name) snprintf(buf, len, "%s", name);
-  else snprintf(buf, len, "CUDA error %d", r);
+  if (name && text) fb_errf(buf, len, "%s: %s", name, text);
+  else if (name) fb_errf(buf, len, "%s", name);
+  else fb_errf(buf, len, "CUDA error %d", r);
   return buf;
 }
 

@@ -3,7 +3,8 @@
  * asks its bounds function for the iteration count and hands the range to
  * the thread pool (list generations in small chunks: their iterations are
  * whole blocks). Before a listgen task the host sizes its list. Backend
- * time is the CLOCK_MONOTONIC time around the device work. */
+ * time is the CLOCK_MONOTONIC time around the device work. At the end, the
+ * CPU device's operations table (fb_cpu_ops, runtime.h). */
 #include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,7 @@ int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen
   *out = NULL;
   fb_cpu_device *d = calloc(1, sizeof *d);
   if (!d) {
-    if (err && errlen) snprintf(err, errlen, "CPU device: out of memory");
+    fb_errf(err, errlen, "CPU device: out of memory");
     return FB_ENOMEM;
   }
   int rc = fb_pool_new(threads, 0, &d->pool, err, errlen);
@@ -29,6 +30,7 @@ int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen
 
 void fb_cpu_device_free(fb_cpu_device *d) {
   if (!d) return;
+  fb_cpu_jit_free(d->jit);
   fb_pool_free(d->pool);
   free(d);
 }
@@ -90,3 +92,90 @@ int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_
   if (failed) *failed = where;
   return first;
 }
+
+/* ---------------------------------------------------------------- device operations */
+
+/* The thread pool and the JIT that compiles for it. */
+static int cpu_open(int threads, void **dev, char *err, size_t errlen) {
+  fb_cpu_device *d;
+  *dev = NULL;
+  int rc = fb_cpu_device_new(threads, &d, err, errlen);
+  if (rc) return rc;
+  d->jit = fb_cpu_jit_new(err, errlen);
+  if (!d->jit) {
+    fb_cpu_device_free(d);
+    return FB_EDEVICE;
+  }
+  snprintf(d->name, sizeof d->name, "CPU (%d threads)", fb_pool_threads(d->pool));
+  *dev = d;
+  return 0;
+}
+
+static void cpu_close(void *dev) { fb_cpu_device_free(dev); }
+
+static const char *cpu_name(const void *dev) { return ((const fb_cpu_device *)dev)->name; }
+
+static int cpu_healthy(void *dev, char *why, size_t len) { return 1; }
+
+/* CPU tasks read their arguments through a pointer: no bound. */
+static int cpu_max_task_params(void) { return 0; }
+
+static int cpu_compile(void *dev, const fb_cg_task *t, fb_cpu_code *out, char *err,
+                       size_t errlen) {
+  return fb_cpu_jit_compile(((fb_cpu_device *)dev)->jit, t, out, err, errlen);
+}
+
+/* A session's queue is the device itself: it keeps nothing per session. */
+static int cpu_queue_new(void *dev, void **q, char *err, size_t errlen) {
+  *q = dev;
+  return 0;
+}
+
+static void cpu_queue_free(void *q) {}
+
+static const fb_memsys *cpu_memsys(void *q) { return NULL; }
+
+static int cpu_alive(void *q, char *err, size_t errlen) { return 0; }
+
+static int cpu_run(void *q, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
+                   const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
+                   size_t errlen) {
+  return fb_cpu_run_sparse(q, ctx, sp, tasks, hints, ntasks, seconds, failed, err, errlen);
+}
+
+static int cpu_begin(void *q, char *err, size_t errlen) { return 0; }
+
+/* Runs the task now: its error, no slot. */
+static int cpu_launch(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint,
+                      fb_sparse *sp, int *slot, double *seconds, char *err, size_t errlen) {
+  int failed = -1;
+  *slot = -1;
+  return fb_cpu_run_sparse(q, ctx, sp, t, hint, 1, seconds, &failed, err, errlen);
+}
+
+static int cpu_finish(void *q, const int32_t **errs, int *nslots, double *seconds, char *err,
+                      size_t errlen) {
+  *errs = NULL;
+  *nslots = 0;
+  if (seconds) *seconds = 0;
+  return 0;
+}
+
+const fb_device_ops fb_cpu_ops = {
+    .backend = "cpu",
+    .queued = 0,
+    .open = cpu_open,
+    .close = cpu_close,
+    .name = cpu_name,
+    .healthy = cpu_healthy,
+    .max_task_params = cpu_max_task_params,
+    .compile = cpu_compile,
+    .queue_new = cpu_queue_new,
+    .queue_free = cpu_queue_free,
+    .memsys = cpu_memsys,
+    .alive = cpu_alive,
+    .run = cpu_run,
+    .begin = cpu_begin,
+    .launch = cpu_launch,
+    .finish = cpu_finish,
+};

@@ -46,7 +46,7 @@ int fb_ordq_new(fb_ordq_fn fn, void *user, fb_ordq **out, char *err, size_t errl
   *out = NULL;
   fb_ordq *q = calloc(1, sizeof *q);
   if (!q) {
-    if (err && errlen) snprintf(err, errlen, "session worker: out of memory");
+    fb_errf(err, errlen, "session worker: out of memory");
     return FB_ENOMEM;
   }
   q->fn = fn;
@@ -56,7 +56,7 @@ int fb_ordq_new(fb_ordq_fn fn, void *user, fb_ordq **out, char *err, size_t errl
   pthread_cond_init(&q->idle_cv, NULL);
   int rc = pthread_create(&q->th, NULL, thread_main, q);
   if (rc) {
-    if (err && errlen) snprintf(err, errlen, "cannot start the session's worker thread: %s", strerror(rc));
+    fb_errf(err, errlen, "cannot start the session's worker thread: %s", strerror(rc));
     pthread_cond_destroy(&q->idle_cv);
     pthread_cond_destroy(&q->work_cv);
     pthread_mutex_destroy(&q->mu);

@@ -3,8 +3,10 @@
  * and for sparse SNodes the block pool, allocators and lists), the
  * launcher that runs a kernel's compiled tasks in order, and the pieces of
  * the asynchronous engine's threads: the shared compile pool, the ordered
- * worker queue of a session and the trace-event timeline. Internal header
- * of the folder; server/ uses it. Depends on ir/ and codegen/ only.
+ * worker queue of a session and the trace-event timeline; and the table of
+ * operations through which the engine drives either device (fb_device_ops,
+ * at the end). Internal header of the folder; engine/ uses it. Depends on
+ * ir/ and codegen/ only.
  *
  * Invariants
  *  - The pool owns its worker threads for its whole life: a parallel loop
@@ -59,6 +61,8 @@ void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void
 
 typedef struct fb_cpu_device {
   fb_pool *pool;
+  fb_cpu_jit *jit;    /* opened through fb_cpu_ops: its compiler (freed with it) */
+  char name[64];      /* opened through fb_cpu_ops: "CPU (N threads)" */
 } fb_cpu_device;
 
 /* threads: as fb_pool_new's nthreads (0 = one per core). */
@@ -331,5 +335,59 @@ void fb_ordq_push(fb_ordq *q, fb_ordq_item *item);
 void fb_ordq_drain(fb_ordq *q);
 /* Nothing queued or running right now. */
 int fb_ordq_idle(fb_ordq *q);
+
+/* ---------------------------------------------------------------- device operations
+ * What the engine needs of a device, as one table of operations per device
+ * (as QBE's Target): fb_cpu_ops (the CPU device: its thread pool and the
+ * JIT) and fb_cuda_ops (the CUDA device above). The engine keeps the table
+ * and the device it opened, each session keeps a queue of that device, and
+ * neither asks which device it has.
+ *
+ * Two kinds of device: one that runs a task when it is launched (the CPU:
+ * launch returns the task's error and its time), and one that queues it
+ * (`queued`, CUDA: launch returns the task's error slot, which finish reads
+ * for the whole batch with the batch's device time; a launch refused before
+ * it was queued returns its FB_E* code and no slot). A device object is
+ * the implementation's own (fb_cpu_device, fb_cuda_device), as is a queue
+ * (the CPU device itself; an fb_cuda_queue). */
+typedef struct fb_device_ops {
+  const char *backend;    /* "cpu" or "cuda" (fb_engine_backend) */
+  int queued;             /* tasks are queued; errors come back at finish */
+  /* the device: open (cpu_threads as fb_pool_new's nthreads; FB_E* code
+   * and a message on failure), close, its name, its health (1 healthy,
+   * else 0 and why), and the kernel parameters one task launch can take
+   * (0: no bound), what fusion's cost model must respect */
+  int (*open)(int cpu_threads, void **dev, char *err, size_t errlen);
+  void (*close)(void *dev);
+  const char *(*name)(const void *dev);
+  int (*healthy)(void *dev, char *why, size_t len);
+  int (*max_task_params)(void);
+  /* compile a task for the device (safe from several threads): the
+   * compile pool's compiler, with user = dev */
+  fb_compile_fn compile;
+  /* a session's queue and the memory it supplies (NULL: host memory);
+   * alive: 0 while usable, else FB_EDEVICE and a message (sticky error) */
+  int (*queue_new)(void *dev, void **q, char *err, size_t errlen);
+  void (*queue_free)(void *q);
+  const fb_memsys *(*memsys)(void *q);
+  int (*alive)(void *q, char *err, size_t errlen);
+  /* a sync launch: run the tasks in order and wait, as fb_cpu_run_sparse
+   * (the first error, *failed the task that raised it, device time) */
+  int (*run)(void *q, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
+             const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
+             size_t errlen);
+  /* an async batch: begin, launch each task (*slot: its error slot when
+   * queued, else -1; *seconds: its device time when run at once), finish
+   * (waits; the error slots, one per queued launch in order, 0 = none, and
+   * the batch's device time; none on a device that runs at once) */
+  int (*begin)(void *q, char *err, size_t errlen);
+  int (*launch)(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint,
+                fb_sparse *sp, int *slot, double *seconds, char *err, size_t errlen);
+  int (*finish)(void *q, const int32_t **errs, int *nslots, double *seconds, char *err,
+                size_t errlen);
+} fb_device_ops;
+
+extern const fb_device_ops fb_cpu_ops;  /* runtime/launch.c */
+extern const fb_device_ops fb_cuda_ops; /* runtime/cuda.c */
 
 #endif

@@ -857,7 +857,7 @@ START_TEST(background_errors) {
 }
 END_TEST
 
-/* Issue 19: an error in a fused task names the part it comes from, as sync
+/* An error in a fused task names the part it comes from, as sync
  * mode does: `bad` overruns b; fused with `good` (whose accesses are all
  * provably in bounds), before or after it, the message is sync's with the
  * launch number added. Two parts that may both overrun are both owned up to. */
@@ -926,7 +926,7 @@ START_TEST(fused_error_names_the_part) {
 }
 END_TEST
 
-/* No lost work (issue 19): a fused task that cannot be compiled runs as
+/* No lost work (docs/optimizer.md): a fused task that cannot be compiled runs as
  * its unfused parts. The gate refuses every fused task (its name joins the
  * parts' with '+'), and, with refuse_bad, the parts of kernel `bad` too. */
 static int refuse_fused(void *user, const fb_kernel *task, char *err, size_t errlen) {

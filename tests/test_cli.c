@@ -339,7 +339,7 @@ START_TEST(bench_modes_and_json) {
 }
 END_TEST
 
-/* Issue 19: equal values agree across modes, infinities and NaN at the
+/* Equal values agree across modes, infinities and NaN at the
  * same place included (inf - inf is NaN, which once read as a difference). */
 START_TEST(bench_equal_infinities) {
   write_file("inf.fbk",
@@ -359,7 +359,7 @@ START_TEST(bench_equal_infinities) {
 }
 END_TEST
 
-/* Issue 19: a u64 argument above 2^63-1, which a JSON number cannot carry,
+/* A u64 argument above 2^63-1, which a JSON number cannot carry,
  * given as a decimal string, in the file and through --param; bad integer
  * strings are refused naming the type with its article. */
 START_TEST(u64_beyond_json_integers) {

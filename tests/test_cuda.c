@@ -366,7 +366,7 @@ START_TEST(sticky_error_in_async_batch) {
 }
 END_TEST
 
-/* No lost work (issue 19): a fused task whose launch the driver refuses for
+/* No lost work (docs/optimizer.md): a fused task whose launch the driver refuses for
  * its size (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: registers, parameter
  * space) did not run, so its parts run instead, each a launch of its own. */
 START_TEST(fused_launch_refused_runs_the_parts) {

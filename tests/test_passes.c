@@ -619,7 +619,7 @@ START_TEST(fused_size_cap) {
 }
 END_TEST
 
-/* Issue 19: many launches of a many-parameter kernel (60 parameters, 40
+/* Many launches of a many-parameter kernel (60 parameters, 40
  * launches) with a GPU launch's limit of 503 parameters (what the engine
  * sets on CUDA): no fused task goes over it (run_script checks every task
  * handed out), fusion stops at eight parts (480), the refusals are counted,

@@ -27,7 +27,28 @@
  * When launches ran fused into one task, the message names the one the
  * error comes from when that is certain (an out-of-bounds access in the only
  * part whose accesses are not all provably in bounds); otherwise the first,
- * saying that it may be a launch fused with it. */
+ * saying that it may be a launch fused with it.
+ *
+ * Threads:
+ *  - An engine may be used from several threads at once: its sessions share
+ *    its JIT (and code cache), its CPU thread pool and its compile pool,
+ *    each safe to use from several threads. fb_engine_create and
+ *    fb_engine_destroy are the exceptions: nothing else may be using the
+ *    engine while it is destroyed, and its sessions must be destroyed
+ *    before it (their compiled code lives in the engine's JIT).
+ *  - A session is used by one thread at a time, its caller (every fb_session_*,
+ *    fb_launch, fb_flush, fb_sync and fb_field_* call on it); different
+ *    sessions of one engine may be used by different threads at once.
+ *  - An async session also has a thread of its own, its ordered worker,
+ *    which runs flushed batches in order; it touches only the session's
+ *    device memory and what it shares with the caller under the session's
+ *    locks, so the caller needs no locking of its own. fb_session_destroy
+ *    lets it finish what it was given, then stops it.
+ *  - Callbacks: the task hook (fb_session_set_task_hook) runs on the thread
+ *    that runs the task: the caller's in sync mode; in async mode the
+ *    session's worker, or the caller's thread when it runs a batch it would
+ *    wait for anyway. The SFG trace (fb_session_trace_graph) runs on the
+ *    caller's thread, inside the call that flushes. */
 #ifndef FUSEBOX_ENGINE_H
 #define FUSEBOX_ENGINE_H
 
@@ -161,6 +182,9 @@ int fb_session_find_kernel(const fb_session *s, const char *name);
 /* The kernel's tasks as IR (owned by the session): for `fusebox ir`. */
 int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *const **tasks,
                             int *ntasks);
+/* The kind of the kernel's task `task`: "serial", "range_for", "struct_for",
+ * "clear_list", "listgen" or "gc"; NULL when there is no such task. */
+const char *fb_session_task_kind(const fb_session *s, int kernel, int task);
 
 /* Launch a kernel. args: one value per parameter, converted to the
  * parameter type when the kinds agree (int to int, float to float).
@@ -208,7 +232,7 @@ int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
 /* ---- watching and cancelling running work
  *
  * The hook is called before each task the session runs, from the thread that
- * runs it (the caller's in sync mode, the async worker's in async mode):
+ * runs it (see "Threads" at the top):
  * kernel is the name of the launch's kernel, task the task's name (a fused
  * task names its parts), launch the engine's launch number. A non-zero
  * return cancels: that task and every later task of the launch (sync) or of

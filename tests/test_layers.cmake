@@ -1,0 +1,99 @@
+# test_layers: each library sees only the headers it may use (docs/design.md,
+# "Folders and what they may use"; fb_layer in the top CMakeLists.txt).
+# For each case, a file that includes one header is compiled (-fsyntax-only)
+# with the include directories of one target: a header the target may use
+# must compile, any other must fail for want of the file.
+#   cmake -DCC=compiler -DDIRS="target=dir|dir...;..." -P test_layers.cmake
+# DIRS gives each target's include directories (its INCLUDE_DIRECTORIES).
+
+# target  header  ok|no
+set(cases
+  "fusebox_ir fusebox/ir.h ok"
+  "fusebox_ir ir/base.h ok"
+  "fusebox_ir optimizer/optimizer.h no"
+  "fusebox_ir runtime/runtime.h no"
+  "fusebox_ir codegen/codegen.h no"
+  "fusebox_opt optimizer/sfg.h ok"
+  "fusebox_opt ir/arith.h ok"
+  "fusebox_opt ir/base.h ok"
+  "fusebox_opt codegen/codegen.h no"
+  "fusebox_opt runtime/runtime.h no"
+  "fusebox_opt ir/ir_internal.h no"
+  "fusebox_opt fusebox/engine.h ok"
+  "fusebox_codegen codegen/codegen.h ok"
+  "fusebox_codegen optimizer/optimizer.h no"
+  "fusebox_codegen runtime/runtime.h no"
+  "fusebox_runtime runtime/runtime.h ok"
+  "fusebox_runtime optimizer/optimizer.h no"
+  "fusebox_runtime codegen/cg_internal.h no"
+  "fusebox_runtime engine/internal.h no"
+  "fusebox_engine runtime/runtime.h ok"
+  "fusebox_engine optimizer/sfg.h ok"
+  "fusebox_engine codegen/codegen.h ok"
+  "fusebox_engine proto/convert.h no"
+  "fusebox_engine server/server.h no"
+  "fusebox_engine runtime/cuda_drv.h no"
+  "fusebox_proto ir/base.h ok"
+  "fusebox_proto runtime/runtime.h no"
+  "fusebox_proto optimizer/optimizer.h no"
+  "fusebox_server fusebox/engine.h ok"
+  "fusebox_server runtime/runtime.h no"
+  "fusebox_server optimizer/optimizer.h no"
+  "fusebox_server engine/internal.h no"
+  "fusebox_server client/client_internal.h no"
+  "fusebox_client ir/base.h ok"
+  "fusebox_client runtime/runtime.h no"
+  "fusebox_client engine/internal.h no"
+  "fusebox_client server/server.h no"
+  "fusebox ir/base.h ok"
+  "fusebox optimizer/optimizer.h no"
+  "fusebox runtime/runtime.h no"
+  "fusebox engine/internal.h no"
+  "fusebox codegen/codegen.h no")
+
+foreach(entry ${DIRS})
+  string(FIND "${entry}" "=" eq)
+  string(SUBSTRING "${entry}" 0 ${eq} t)
+  math(EXPR from "${eq} + 1")
+  string(SUBSTRING "${entry}" ${from} -1 dirs)
+  string(REPLACE "|" ";" dirs "${dirs}")
+  set(inc_${t})
+  foreach(d ${dirs})
+    list(APPEND inc_${t} "-I${d}")
+  endforeach()
+endforeach()
+
+set(work ${CMAKE_CURRENT_BINARY_DIR}/test_layers)
+file(MAKE_DIRECTORY ${work})
+set(failures 0)
+set(n 0)
+foreach(c ${cases})
+  string(REPLACE " " ";" c "${c}")
+  list(GET c 0 t)
+  list(GET c 1 h)
+  list(GET c 2 want)
+  if(NOT DEFINED inc_${t})
+    message(SEND_ERROR "no include directories given for target ${t}")
+    math(EXPR failures "${failures} + 1")
+    continue()
+  endif()
+  math(EXPR n "${n} + 1")
+  set(src ${work}/case${n}.c)
+  file(WRITE ${src} "#include \"${h}\"\nint fb_layers_case;\n")
+  execute_process(COMMAND ${CC} -fsyntax-only ${inc_${t}} ${src}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(want STREQUAL "ok" AND NOT rc EQUAL 0)
+    message(SEND_ERROR "${t} may include ${h}, but it does not compile:\n${out}")
+    math(EXPR failures "${failures} + 1")
+  elseif(want STREQUAL "no" AND rc EQUAL 0)
+    message(SEND_ERROR "${t} may not include ${h}, yet it compiles")
+    math(EXPR failures "${failures} + 1")
+  elseif(want STREQUAL "no" AND NOT out MATCHES "${h}: No such file")
+    message(SEND_ERROR "${t} including ${h} failed, but not for want of the file:\n${out}")
+    math(EXPR failures "${failures} + 1")
+  endif()
+endforeach()
+if(failures)
+  message(FATAL_ERROR "test_layers: ${failures} of ${n} cases failed")
+endif()
+message(STATUS "test_layers: ${n} cases, each library sees what it may use and nothing else")
