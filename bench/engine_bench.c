@@ -43,7 +43,8 @@ static double stream_copy(const float *a, float *b, size_t n, int threads, int r
   for (int r = 0; r < repeat; r++) {
     double t0 = now();
     for (int t = 0; t < threads; t++) {
-      jobs[t] = (copy_job){a, b, n * (size_t)t / (size_t)threads, n * (size_t)(t + 1) / (size_t)threads};
+      jobs[t] =
+          (copy_job){a, b, n * (size_t)t / (size_t)threads, n * (size_t)(t + 1) / (size_t)threads};
       if (t) pthread_create(&th[t], NULL, copy_worker, &jobs[t]);
     }
     copy_worker(&jobs[0]);
@@ -102,14 +103,23 @@ int main(int argc, char **argv) {
   int dy = fb_layout_add(l, 0, FB_SN_DENSE, "i", &n, 0, NULL);
   int y = fb_layout_place(l, dy, "y", FB_T_F32);
   char err[512] = "";
-  if (fb_layout_finalize(l, err, sizeof err)) { fprintf(stderr, "layout: %s\n", err); return 1; }
+  if (fb_layout_finalize(l, err, sizeof err)) {
+    fprintf(stderr, "layout: %s\n", err);
+    return 1;
+  }
 
   fb_engine_config ec = {.backend = "cpu", .cpu_threads = threads};
   fb_engine *e;
-  if (fb_engine_create(&ec, &e, err, sizeof err)) { fprintf(stderr, "engine: %s\n", err); return 1; }
+  if (fb_engine_create(&ec, &e, err, sizeof err)) {
+    fprintf(stderr, "engine: %s\n", err);
+    return 1;
+  }
   fb_session_config sc = {.mode = "sync", .seed = 1};
   fb_session *s;
-  if (fb_session_create(e, &sc, l, &s, NULL, 0)) { fprintf(stderr, "session failed\n"); return 1; }
+  if (fb_session_create(e, &sc, l, &s, NULL, 0)) {
+    fprintf(stderr, "session failed\n");
+    return 1;
+  }
 
   /* 1. bandwidth */
   float *host = malloc(sizeof(float) * (size_t)n), *host2 = malloc(sizeof(float) * (size_t)n);
@@ -118,12 +128,18 @@ int main(int argc, char **argv) {
   fb_field_write(s, x, host, sizeof(float) * (size_t)n);
   fb_kernel *k = axpb_kernel(l, x, y, n, 2.0f, 1.0f);
   int kid = fb_session_add_kernel(s, k);
-  if (kid < 0) { fprintf(stderr, "add_kernel: %s\n", fb_session_errmsg(s)); return 1; }
+  if (kid < 0) {
+    fprintf(stderr, "add_kernel: %s\n", fb_session_errmsg(s));
+    return 1;
+  }
   fb_launch(s, kid, NULL, 0, NULL); /* warm up: page in y */
   double best = 1e30;
   for (int r = 0; r < repeat; r++) {
     double t0 = now();
-    if (fb_launch(s, kid, NULL, 0, NULL)) { fprintf(stderr, "launch: %s\n", fb_session_errmsg(s)); return 1; }
+    if (fb_launch(s, kid, NULL, 0, NULL)) {
+      fprintf(stderr, "launch: %s\n", fb_session_errmsg(s));
+      return 1;
+    }
     double dt = now() - t0;
     if (dt < best) best = dt;
   }
@@ -135,7 +151,8 @@ int main(int argc, char **argv) {
   printf("dense element-wise kernel y[i] = 2*x[i] + 1 over 2^%d f32, %d threads, best of %d\n",
          log2n, threads, repeat);
   printf("  fusebox kernel      %8.3f ms  %7.2f GB/s\n", best * 1e3, bytes / best / 1e9);
-  printf("  C copy, %d threads   %8.3f ms  %7.2f GB/s\n", threads, c_best * 1e3, bytes / c_best / 1e9);
+  printf("  C copy, %d threads   %8.3f ms  %7.2f GB/s\n", threads, c_best * 1e3,
+         bytes / c_best / 1e9);
   printf("  C copy, 1 thread    %8.3f ms  %7.2f GB/s\n", c1_best * 1e3, bytes / c1_best / 1e9);
   printf("  kernel / C copy (same threads): %.0f%%\n", 100.0 * c_best / best);
 
@@ -146,12 +163,16 @@ int main(int argc, char **argv) {
   double t0 = now();
   for (int i = 0; i < nk; i++) {
     fb_kernel *ki = axpb_kernel(l, x, y, n, 3.0f + (float)i, 1.0f);
-    if (fb_session_add_kernel(s, ki) < 0) { fprintf(stderr, "%s\n", fb_session_errmsg(s)); return 1; }
+    if (fb_session_add_kernel(s, ki) < 0) {
+      fprintf(stderr, "%s\n", fb_session_errmsg(s));
+      return 1;
+    }
     fb_kernel_free(ki);
   }
   double reg_miss = (now() - t0) / nk;
   fb_session_counters(s, &c1);
-  double per_compile = (c1.compile_s - c0.compile_s) / (double)(c1.tasks_compiled - c0.tasks_compiled);
+  double per_compile =
+      (c1.compile_s - c0.compile_s) / (double)(c1.tasks_compiled - c0.tasks_compiled);
   /* cache hits: the same kernel registered again */
   t0 = now();
   int nh = 1000;

@@ -231,7 +231,8 @@ static void print_figures(const opts *o, const char *const *names, const figures
   printf("\n%-24s", "bulk read");
   for (int i = 0; i < n; i++) printf("%11.2f GB/s", f[i].rd / 1e9);
   printf("\n(%ld launches of a trivial kernel and one sync, %ld syncs, a %ld MiB field; "
-         "best of %ld)\n", o->launches, o->syncs, o->mib, o->repeat);
+         "best of %ld)\n",
+         o->launches, o->syncs, o->mib, o->repeat);
 }
 
 /* A private fuseboxd with the given isolation, measured. */

@@ -49,7 +49,8 @@ static const char *const autodiff_ir =
     "kernel init() {\n  %0 = const.f32 0.0\n  store loss[], %0\n  %2 = const.f32 1.0\n"
     "  store loss_grad[], %2\n}\n"
     "kernel forward() {\n  %0 = const.i32 0\n  %1 = const.i32 4096\n  par_for %2 in %0 .. %1 {\n"
-    "    %3 = loop_index.i32 %2, 0\n    %4 = load.f32 a[%3]\n    %5 = atomic_add.f32 loss[], %4\n  }\n}\n"
+    "    %3 = loop_index.i32 %2, 0\n    %4 = load.f32 a[%3]\n    %5 = atomic_add.f32 loss[], %4\n  "
+    "}\n}\n"
     "kernel backward() {\n  %0 = const.i32 0\n  %1 = const.i32 4096\n  par_for %2 in %0 .. %1 {\n"
     "    %3 = loop_index.i32 %2, 0\n    %4 = load.f32 loss_grad[]\n"
     "    %5 = atomic_add.f32 a_grad[%3], %4\n  }\n}\n"
@@ -61,13 +62,15 @@ static const char *const autodiff_ir =
  * clear_list and listgen, as lowering makes them. */
 static const char *const sparse_cg_ir =
     "layout {\n  pointer(ij: 16, 16) as blocks {\n    dense(ij: 8, 8) {\n"
-    "      place x: f32\n      place p: f32\n      place ap: f32\n      place r: f32\n      place z: f32\n"
+    "      place x: f32\n      place p: f32\n      place ap: f32\n      place r: f32\n      place "
+    "z: f32\n"
     "    }\n  }\n  place pap: f32\n  place rtr: f32\n  place alpha: f32\n  place beta: f32\n}\n"
     "kernel cl() {\n  clear_list blocks[]\n}\n"
     "kernel lg() {\n  listgen blocks[]\n}\n"
     "kernel compute_ap() {\n  struct_for %0 over p {\n    %1 = loop_index.i32 %0, 0\n"
     "    %2 = loop_index.i32 %0, 1\n    %3 = load.f32 p[%1, %2]\n    %4 = const.f32 4.0\n"
-    "    %5 = mul.f32 %3, %4\n    %6 = const.i32 1\n    %7 = sub.i32 %1, %6\n    %8 = load.f32 p[%7, %2]\n"
+    "    %5 = mul.f32 %3, %4\n    %6 = const.i32 1\n    %7 = sub.i32 %1, %6\n    %8 = load.f32 "
+    "p[%7, %2]\n"
     "    %9 = add.i32 %1, %6\n    %10 = load.f32 p[%9, %2]\n    %11 = sub.f32 %5, %8\n"
     "    %12 = sub.f32 %11, %10\n    store ap[%1, %2], %12\n  }\n}\n"
     "kernel reduce_pap() {\n  struct_for %0 over p {\n    %1 = loop_index.i32 %0, 0\n"
@@ -101,9 +104,9 @@ typedef struct workload {
 
 static const char *const inc_stream[] = {"inc"};
 static const char *const ad_stream[] = {"clear", "init", "forward", "backward", "update"};
-static const char *const cg_stream[] = {"cl", "lg", "compute_ap", "cl", "lg", "reduce_pap", "set_alpha",
-                                        "cl", "lg", "update_xr", "cl", "lg", "smooth", "cl", "lg",
-                                        "reduce_rtr", "set_beta", "cl", "lg", "update_p"};
+static const char *const cg_stream[] = {
+    "cl", "lg", "compute_ap", "cl", "lg", "reduce_pap", "set_alpha", "cl", "lg", "update_xr",
+    "cl", "lg", "smooth",     "cl", "lg", "reduce_rtr", "set_beta",  "cl", "lg", "update_p"};
 
 static int find(fb_kernel **ks, int n, const char *name) {
   for (int i = 0; i < n; i++)
@@ -169,16 +172,17 @@ static int run(const workload *w, int flushes, int per, int memo) {
   }
   const fb_opt_stats *st = fb_opt_get_stats(o);
   int later = flushes > 1 ? flushes - 1 : 1;
-  printf("%-12s memo %-3s first flush %7.2f us/task (%3llu tasks out)   later flushes %6.2f us/task "
-         "(%5.1f tasks out; insert %.3f us/task, flush %.2f us/flush; plans reused %llu)   "
-         "fused %llu, listgen removed %llu, demoted %llu, dead stores %llu, deleted %llu\n",
-         w->name, memo ? "on" : "off", first * 1e6 / per, (unsigned long long)out_first,
-         flushes > 1 ? rest * 1e6 / ((double)per * (flushes - 1)) : 0.0,
-         flushes > 1 ? (double)out_rest / (flushes - 1) : 0.0, ins * 1e6 / ((double)per * later),
-         fl * 1e6 / later, (unsigned long long)st->total.plans_reused,
-         (unsigned long long)st->total.tasks_fused, (unsigned long long)st->total.listgen_removed,
-         (unsigned long long)st->total.demoted, (unsigned long long)st->total.dead_stores,
-         (unsigned long long)st->total.tasks_deleted);
+  printf(
+      "%-12s memo %-3s first flush %7.2f us/task (%3llu tasks out)   later flushes %6.2f us/task "
+      "(%5.1f tasks out; insert %.3f us/task, flush %.2f us/flush; plans reused %llu)   "
+      "fused %llu, listgen removed %llu, demoted %llu, dead stores %llu, deleted %llu\n",
+      w->name, memo ? "on" : "off", first * 1e6 / per, (unsigned long long)out_first,
+      flushes > 1 ? rest * 1e6 / ((double)per * (flushes - 1)) : 0.0,
+      flushes > 1 ? (double)out_rest / (flushes - 1) : 0.0, ins * 1e6 / ((double)per * later),
+      fl * 1e6 / later, (unsigned long long)st->total.plans_reused,
+      (unsigned long long)st->total.tasks_fused, (unsigned long long)st->total.listgen_removed,
+      (unsigned long long)st->total.demoted, (unsigned long long)st->total.dead_stores,
+      (unsigned long long)st->total.tasks_deleted);
   for (int i = 0; i < nk; i++) fb_opt_release(o, h[i]);
   fb_opt_free(o);
   for (int i = 0; i < nk; i++) fb_kernel_free(ks[i]);

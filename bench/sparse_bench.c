@@ -90,14 +90,15 @@ static const char *const grid_fmt =
     "layout { %s(ij: %d, %d) as blocks { dense(ij: 16, 16) { place x: f32, y: f32 } } }\n"
     "kernel seed() {\n"
     "  for I in 0 .. %d { for J in 0 .. %d {\n"
-    "    if %s { for a in 0 .. 16 { for c in 0 .. 16 { x[I * 16 + a, J * 16 + c] = f32(a + c) } } }\n"
+    "    if %s { for a in 0 .. 16 { for c in 0 .. 16 { x[I * 16 + a, J * 16 + c] = f32(a + c) } } "
+    "}\n"
     "  } }\n"
     "}\n"
     "kernel axpb() { for i, j in x { y[i, j] = 2.0 * x[i, j] + 1.0 } }\n";
 
 /* Cells per second of axpb over the grid; *cells gets the active cells. */
-static double grid_rate(fb_engine *e, const char *kind, int blocks, const char *which,
-                        int repeat, double *cells) {
+static double grid_rate(fb_engine *e, const char *kind, int blocks, const char *which, int repeat,
+                        double *cells) {
   char src[2048];
   snprintf(src, sizeof src, grid_fmt, kind, blocks, blocks, blocks, blocks, which);
   bench b;
@@ -108,8 +109,7 @@ static double grid_rate(fb_engine *e, const char *kind, int blocks, const char *
     t = best_launch(&b, axpb, repeat);
   int active = 0;
   for (int I = 0; I < blocks; I++)
-    for (int J = 0; J < blocks; J++)
-      active += !strcmp(which, "true") || (I % 2 == 0 && J % 2 == 0);
+    for (int J = 0; J < blocks; J++) active += !strcmp(which, "true") || (I % 2 == 0 && J % 2 == 0);
   *cells = (double)active * 256;
   close_bench(&b);
   return t > 0 ? *cells / t : -1;
@@ -167,12 +167,13 @@ int main(int argc, char **argv) {
          threads ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
   printf("  dense %3dx%-3d blocks:          %8.0f Mcells/s (%.0f cells)\n", blocks, blocks,
          dense / 1e6, dc);
-  printf("  dense %3dx%-3d blocks:          %8.0f Mcells/s (%.0f cells)\n", blocks / 2,
-         blocks / 2, quarter / 1e6, qc);
+  printf("  dense %3dx%-3d blocks:          %8.0f Mcells/s (%.0f cells)\n", blocks / 2, blocks / 2,
+         quarter / 1e6, qc);
   printf("  flat dense %4dx%-4d cells:     %8.0f Mcells/s (%.0f cells)\n", blocks * 8, blocks * 8,
          flat / 1e6, (double)blocks * 8 * blocks * 8);
   printf("  pointer %3dx%-3d, 1/4 occupied: %8.0f Mcells/s (%.0f active cells, list tasks "
-         "included)\n", blocks, blocks, sparse / 1e6, sc);
+         "included)\n",
+         blocks, blocks, sparse / 1e6, sc);
   printf("  sparse per active cell / the fastest dense: %.0f%% (target >= 60%%)\n",
          100.0 * sparse / ref);
   bench b;
@@ -184,7 +185,8 @@ int main(int argc, char **argv) {
   if (t < 0) return 1;
   printf("list generation, pointer(64x64) > bitmasked(16x16), 2^20 active cells:\n");
   printf("  clear_list + listgen per level and an empty struct-for: %.2f ms per launch "
-         "(target <= 5 ms)\n", t * 1e3);
+         "(target <= 5 ms)\n",
+         t * 1e3);
   close_bench(&b);
   fb_engine_destroy(e);
   return 0;

@@ -31,7 +31,10 @@ static const mode_def known_modes[] = {
     {"async-no-fusion", "async", FB_SESS_NO_FUSION},
     {"async-no-dse", "async", FB_SESS_NO_DSE},
 };
-enum { NKNOWN = sizeof known_modes / sizeof known_modes[0], MAXMODES = 16 };
+enum {
+  NKNOWN = sizeof known_modes / sizeof known_modes[0],
+  MAXMODES = 16
+};
 
 typedef struct mode_result {
   const mode_def *def;
@@ -95,8 +98,7 @@ static json_t *same_check(const fb_sess_file *f) {
   json_t *checks = json_object_get(f->root, "checks");
   size_t i;
   json_t *c;
-  json_array_foreach(checks, i, c)
-    if (json_object_get(c, "same_across_modes")) return c;
+  json_array_foreach(checks, i, c) if (json_object_get(c, "same_across_modes")) return c;
   return NULL;
 }
 
@@ -126,8 +128,8 @@ static json_t *field_stats(json_t *same, double **fields, const int64_t *nvals) 
     }
     json_object_set_new(out, json_string_value(json_array_get(same, i)),
                         json_pack("{s:I,s:f,s:f,s:f,s:f}", "n", (json_int_t)nvals[i], "sum", sum,
-                                  "abs_sum", abs_sum, "min", nvals[i] ? lo : 0.0,
-                                  "max", nvals[i] ? hi : 0.0));
+                                  "abs_sum", abs_sum, "min", nvals[i] ? lo : 0.0, "max",
+                                  nvals[i] ? hi : 0.0));
   }
   return out;
 }
@@ -143,7 +145,9 @@ static char bench_backend[16]; /* of the first session that started */
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
 static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
                     char **err) {
-  fb_sess_opts o = {.mode = res->def->mode, .passes_off = res->def->passes_off, .server = server,
+  fb_sess_opts o = {.mode = res->def->mode,
+                    .passes_off = res->def->passes_off,
+                    .server = server,
                     .skip_saves = 1}; /* the step is timed: no snapshots */
   FILE *devnull = fopen("/dev/null", "w");
   o.out = devnull;
@@ -200,7 +204,10 @@ static int compare_modes(const fb_sess_file *f, case_result *cr, int m, FILE *lo
   for (size_t i = 0; same && i < json_array_size(same); i++) {
     const char *name = json_string_value(json_array_get(same, i));
     const mode_result *a = &cr->m[0], *b = &cr->m[m];
-    if (a->nvals[i] != b->nvals[i]) { bad = 1; continue; }
+    if (a->nvals[i] != b->nvals[i]) {
+      bad = 1;
+      continue;
+    }
     double worst = 0;
     int64_t at = -1;
     for (int64_t k = 0; k < a->nvals[i]; k++) {
@@ -209,10 +216,14 @@ static int compare_modes(const fb_sess_file *f, case_result *cr, int m, FILE *lo
       /* NaN against a number, or infinities of opposite signs: infinitely off */
       double d = isnan(x) || isnan(y) || isinf(x) || isinf(y) ? INFINITY : fabs(x - y);
       double tol = atol + rtol * fmax(fabs(x), fabs(y));
-      if (!(d <= tol) && (at < 0 || d > worst)) { worst = d; at = k; }
+      if (!(d <= tol) && (at < 0 || d > worst)) {
+        worst = d;
+        at = k;
+      }
     }
     if (at >= 0) {
-      fprintf(log, "FAIL  %s: field %s differs between %s and %s: [%lld] %.9g vs %.9g (off by %.3g)\n",
+      fprintf(log,
+              "FAIL  %s: field %s differs between %s and %s: [%lld] %.9g vs %.9g (off by %.3g)\n",
               cr->name, name, a->def->name, b->def->name, (long long)at, a->fields[i][at],
               b->fields[i][at], worst);
       bad = 1;
@@ -246,7 +257,8 @@ static int geomean(const case_result *cases, int ncases, const char *mode, doubl
   int n = 0;
   for (int c = 0; c < ncases; c++) {
     const mode_result *s = mode_in(&cases[c], "sync"), *r = mode_in(&cases[c], mode);
-    if (!s || !r || r->wall_s <= 0 || r->backend_s <= 0 || s->backend_s <= 0 || !r->first.tasks_launched)
+    if (!s || !r || r->wall_s <= 0 || r->backend_s <= 0 || s->backend_s <= 0 ||
+        !r->first.tasks_launched)
       continue;
     l[0] += log(s->wall_s / r->wall_s);
     l[1] += log(s->backend_s / r->backend_s);
@@ -266,32 +278,37 @@ static void print_case(FILE *o, const case_result *cr) {
   const mode_result *s = mode_in(cr, "sync");
   for (int m = 0; m < cr->nmodes; m++) {
     const mode_result *r = &cr->m[m];
-    if (!r->ok) { fprintf(o, "  %-17s (failed)\n", r->def->name); continue; }
+    if (!r->ok) {
+      fprintf(o, "  %-17s (failed)\n", r->def->name);
+      continue;
+    }
     if (!s) s = r; /* no sync mode: ratios against the first mode */
-    fprintf(o, "  %-17s %10.3f %6.2f %10.3f %6.2f %10.3f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu %6llu %6llu %6llu %9.1f %9.1f\n",
+    fprintf(o,
+            "  %-17s %10.3f %6.2f %10.3f %6.2f %10.3f %8llu %6.2f %9.1f %8llu %7llu %7llu %6llu "
+            "%6llu %6llu %6llu %9.1f %9.1f\n",
             r->def->name, r->wall_s * 1e3, ratio(s->wall_s, r->wall_s), r->backend_s * 1e3,
-            ratio(s->backend_s, r->backend_s), r->cpu_s * 1e3, (unsigned long long)r->first.tasks_launched,
-            ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched), r->tasks_per_step,
-            (unsigned long long)r->first.statements_emitted,
+            ratio(s->backend_s, r->backend_s), r->cpu_s * 1e3,
+            (unsigned long long)r->first.tasks_launched,
+            ratio((double)s->first.tasks_launched, (double)r->first.tasks_launched),
+            r->tasks_per_step, (unsigned long long)r->first.statements_emitted,
             (unsigned long long)r->first.tasks_compiled,
             (unsigned long long)r->first.listgens_removed, (unsigned long long)r->first.tasks_fused,
             (unsigned long long)r->first.dead_stores_removed,
-            (unsigned long long)r->first.activations_demoted, (unsigned long long)r->first.cache_hits,
-            r->first_s * 1e3, r->first.compile_s * 1e3);
+            (unsigned long long)r->first.activations_demoted,
+            (unsigned long long)r->first.cache_hits, r->first_s * 1e3, r->first.compile_s * 1e3);
   }
 }
 
 static json_t *mode_json(const mode_result *r) {
-  json_t *j = json_pack("{s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "wall_s", r->wall_s,
-                   "backend_s", r->backend_s, "tasks_launched", (json_int_t)r->first.tasks_launched,
-                   "statements_emitted", (json_int_t)r->first.statements_emitted, "tasks_compiled",
-                   (json_int_t)r->first.tasks_compiled, "listgens_removed",
-                   (json_int_t)r->first.listgens_removed, "tasks_fused",
-                   (json_int_t)r->first.tasks_fused, "dead_stores_removed",
-                   (json_int_t)r->first.dead_stores_removed, "activations_demoted",
-                   (json_int_t)r->first.activations_demoted, "cache_hits",
-                   (json_int_t)r->first.cache_hits, "total_tasks_launched",
-                   (json_int_t)r->total.tasks_launched);
+  json_t *j = json_pack(
+      "{s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "wall_s", r->wall_s, "backend_s",
+      r->backend_s, "tasks_launched", (json_int_t)r->first.tasks_launched, "statements_emitted",
+      (json_int_t)r->first.statements_emitted, "tasks_compiled",
+      (json_int_t)r->first.tasks_compiled, "listgens_removed",
+      (json_int_t)r->first.listgens_removed, "tasks_fused", (json_int_t)r->first.tasks_fused,
+      "dead_stores_removed", (json_int_t)r->first.dead_stores_removed, "activations_demoted",
+      (json_int_t)r->first.activations_demoted, "cache_hits", (json_int_t)r->first.cache_hits,
+      "total_tasks_launched", (json_int_t)r->total.tasks_launched);
   json_object_set_new(j, "tasks_per_timed_step", json_real(r->tasks_per_step));
   json_object_set_new(j, "cpu_s", json_real(r->cpu_s));
   json_object_set_new(j, "optimizer_s", json_real(r->total.optimizer_s));
@@ -303,17 +320,20 @@ static json_t *mode_json(const mode_result *r) {
   return j;
 }
 
-static int write_outputs(const char *json_out, const char *csv_out, case_result *cases, int ncases) {
+static int write_outputs(const char *json_out, const char *csv_out, case_result *cases,
+                         int ncases) {
   json_t *root = json_object(), *jc = json_array(), *geo = json_object();
   char host[256] = "";
   gethostname(host, sizeof host - 1);
-  json_object_set_new(root, "machine", json_pack("{s:s,s:s,s:i}", "backend", bench_backend[0] ? bench_backend : "?", "device", host,
-                                                 "cores", (int)sysconf(_SC_NPROCESSORS_ONLN)));
+  json_object_set_new(root, "machine",
+                      json_pack("{s:s,s:s,s:i}", "backend", bench_backend[0] ? bench_backend : "?",
+                                "device", host, "cores", (int)sysconf(_SC_NPROCESSORS_ONLN)));
   for (int c = 0; c < ncases; c++) {
     json_t *jm = json_object();
     for (int m = 0; m < cases[c].nmodes; m++)
       if (cases[c].m[m].ok)
-        json_object_set_new(jm, cases[c].m[m].def->name, with_fields(mode_json(&cases[c].m[m]), &cases[c].m[m]));
+        json_object_set_new(jm, cases[c].m[m].def->name,
+                            with_fields(mode_json(&cases[c].m[m]), &cases[c].m[m]));
     json_array_append_new(jc, json_pack("{s:s,s:b,s:o}", "name", cases[c].name, "checks_passed",
                                         cases[c].checks_passed, "modes", jm));
   }
@@ -321,8 +341,8 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
     double g[4];
     if (geomean(cases, ncases, known_modes[m].name, g))
       json_object_set_new(geo, known_modes[m].name,
-                          json_pack("{s:f,s:f,s:f,s:f}", "wall", g[0], "backend", g[1], "tasks", g[2],
-                                    "tasks_per_timed_step", g[3]));
+                          json_pack("{s:f,s:f,s:f,s:f}", "wall", g[0], "backend", g[1], "tasks",
+                                    g[2], "tasks_per_timed_step", g[3]));
   }
   json_object_set_new(root, "cases", jc);
   json_object_set_new(root, "geomean", geo);
@@ -334,7 +354,10 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
   json_decref(root);
   if (!csv_out) return rc;
   FILE *f = fopen(csv_out, "w");
-  if (!f) { fprintf(stderr, "fusebox bench: cannot write %s\n", csv_out); return FB_EIO; }
+  if (!f) {
+    fprintf(stderr, "fusebox bench: cannot write %s\n", csv_out);
+    return FB_EIO;
+  }
   fprintf(f, "case,mode,wall_s,backend_s,tasks_launched,statements_emitted,tasks_compiled,"
              "listgens_removed,tasks_fused,dead_stores_removed,activations_demoted,cache_hits\n");
   for (int c = 0; c < ncases; c++)
@@ -368,29 +391,28 @@ static void print_geomeans(FILE *o, case_result *cases, int ncases) {
 }
 
 static int help(FILE *f) {
-  fprintf(f,
-          "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
-          "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
-          "                     [--server ADDR | --local]\n"
-          "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
-          "  sync,async) side by side: setup, one step (its counters are reported), the\n"
-          "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock,\n"
-          "  backend and process CPU time per step (CPU time is the steadier figure on a\n"
-          "  shared machine), tasks launched, statements emitted, tasks compiled\n"
-          "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
-          "  over several files. Checks run in every mode; a failed check or a field that\n"
-          "  differs between modes makes the exit status 1, a launch that fails (named\n"
-          "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
-          "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
-          "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
-          "  (then times include the transport). \"save\" actions are skipped (the step\n"
-          "  is timed). Ctrl-C stops it at once: \"interrupted\", exit status 130.\n"
-          "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
-          "examples:\n"
-          "  fusebox bench bench/micro/*.json\n"
-          "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n"
-          "--json also records, per mode, the count, sum, sum of |x|, min and max of each\n"
-          "same_across_modes field (\"fields\"; scripts/bench_peers.sh compares them).\n");
+  fprintf(f, "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
+             "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
+             "                     [--server ADDR | --local]\n"
+             "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
+             "  sync,async) side by side: setup, one step (its counters are reported), the\n"
+             "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock,\n"
+             "  backend and process CPU time per step (CPU time is the steadier figure on a\n"
+             "  shared machine), tasks launched, statements emitted, tasks compiled\n"
+             "  and the optimizer counters, each mode's ratio to sync, and geometric means\n"
+             "  over several files. Checks run in every mode; a failed check or a field that\n"
+             "  differs between modes makes the exit status 1, a launch that fails (named\n"
+             "  with its JSON path) 2. --param sets a parameter of every file (e.g.\n"
+             "  --param scale=64 for GPU sizes). The engine runs in this process unless\n"
+             "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
+             "  (then times include the transport). \"save\" actions are skipped (the step\n"
+             "  is timed). Ctrl-C stops it at once: \"interrupted\", exit status 130.\n"
+             "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
+             "examples:\n"
+             "  fusebox bench bench/micro/*.json\n"
+             "  fusebox bench bench/micro/chain_copy.json --modes sync,async --json out.json\n"
+             "--json also records, per mode, the count, sum, sum of |x|, min and max of each\n"
+             "same_across_modes field (\"fields\"; scripts/bench_peers.sh compares them).\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -422,7 +444,11 @@ static int modes_of(const fb_sess_file *f, const char **cli, int ncli, const cha
     }
     out[n++] = s;
   }
-  if (n == 0) { out[0] = "sync"; out[1] = "async"; n = 2; }
+  if (n == 0) {
+    out[0] = "sync";
+    out[1] = "async";
+    n = 2;
+  }
   return n;
 }
 
@@ -434,8 +460,9 @@ static int bench_int(const fb_sess_file *f, const char *key, int dflt, int overr
 
 /* Run one file in its modes. Returns 0 when everything passed, 1 when a
  * check failed or modes disagree, 2 when the file could not run. */
-static int bench_file(const char *path, const char *server, json_t *params, const char **cli_modes, int ncli, int warmup_o, int repeat_o,
-                      case_result *cr, const char **modes_out, int *nmodes_out, int idx, int nfiles) {
+static int bench_file(const char *path, const char *server, json_t *params, const char **cli_modes,
+                      int ncli, int warmup_o, int repeat_o, case_result *cr, const char **modes_out,
+                      int *nmodes_out, int idx, int nfiles) {
   fb_sess_file f;
   char *err = NULL;
   int rc = fb_sess_load(path, params, &f, &err);
@@ -454,8 +481,8 @@ static int bench_file(const char *path, const char *server, json_t *params, cons
   int status = nm < 0 ? 2 : 0;
   for (int m = 0; m < cr->nmodes; m++) {
     cr->m[m].def = find_mode(modes_out[m]);
-    fprintf(stderr, "[%d/%d] %s: %s (%d/%d): %d warm-up + %d timed steps\n", idx + 1, nfiles, f.name,
-            cr->m[m].def->name, m + 1, cr->nmodes, warmup, repeat);
+    fprintf(stderr, "[%d/%d] %s: %s (%d/%d): %d warm-up + %d timed steps\n", idx + 1, nfiles,
+            f.name, cr->m[m].def->name, m + 1, cr->nmodes, warmup, repeat);
     rc = run_mode(&f, &cr->m[m], warmup, repeat, server, &err);
     if (rc) {
       fprintf(stderr, "fusebox bench: %s, mode %s: %s\n", f.name, cr->m[m].def->name,
@@ -488,7 +515,8 @@ int fb_cli_bench(int argc, char **argv) {
       return help(stdout);
     }
     if (!strcmp(argv[i], "--param") && i + 1 < argc) bad = fb_cli_add_param(params, argv[++i]);
-    else if (!strcmp(argv[i], "--modes") && i + 1 < argc) bad = (ncli = parse_modes(argv[++i], cli_modes)) < 0;
+    else if (!strcmp(argv[i], "--modes") && i + 1 < argc)
+      bad = (ncli = parse_modes(argv[++i], cli_modes)) < 0;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json_out = argv[++i];
     else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "--local")) local = 1;
@@ -512,8 +540,8 @@ int fb_cli_bench(int argc, char **argv) {
   const char *modes[MAXMODES] = {0};
   int nmodes = 0, status = 0;
   for (int i = 0; i < nfiles; i++) {
-    int s = bench_file(files[i], server, params, ncli ? cli_modes : NULL, ncli, warmup, repeat, &cases[i], modes,
-                       &nmodes, i, nfiles);
+    int s = bench_file(files[i], server, params, ncli ? cli_modes : NULL, ncli, warmup, repeat,
+                       &cases[i], modes, &nmodes, i, nfiles);
     if (s > status) status = s;
     print_case(stdout, &cases[i]);
     fflush(stdout);
@@ -526,7 +554,8 @@ int fb_cli_bench(int argc, char **argv) {
   }
   free(cases);
   json_decref(params);
-  printf("\n%s\n", status == 0 ? "all checks passed in every mode"
-                   : status == 1 ? "some checks FAILED (see above)" : "some sessions could not run (see above)");
+  printf("\n%s\n", status == 0   ? "all checks passed in every mode"
+                   : status == 1 ? "some checks FAILED (see above)"
+                                 : "some sessions could not run (see above)");
   return status;
 }

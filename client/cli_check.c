@@ -54,7 +54,8 @@ static int check_session(const char *file, json_t *params) {
   json_decref(params);
   if (rc) {
     fprintf(stderr, "%s\n", err ? err : fb_strerror(rc));
-    if (err && strstr(err, "is not a parameter")) fprintf(stderr, "(give it with --param NAME=VALUE)\n");
+    if (err && strstr(err, "is not a parameter"))
+      fprintf(stderr, "(give it with --param NAME=VALUE)\n");
     free(err);
     fb_sess_free(&f);
     return 1;
@@ -220,7 +221,8 @@ int fb_cli_ir(int argc, char **argv) {
                 lk->nfield_params, lk->nfield_params == 1 ? "" : "s");
         rc = 1;
       } else {
-        printf("\n# %s has field parameters: show it with --kernel %s --bind ...\n", lk->name, lk->name);
+        printf("\n# %s has field parameters: show it with --kernel %s --bind ...\n", lk->name,
+               lk->name);
       }
       continue;
     }

@@ -45,8 +45,7 @@ static void stop_daemon(int hard) {
     }
     if (!reaped) {
       kill(pid, SIGKILL);
-      while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
-      }
+      while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {}
     }
     *p = -1;
   }

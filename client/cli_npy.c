@@ -7,9 +7,11 @@
 
 #include "client/cli.h"
 
-static const struct { const char *descr; fb_type t; } dtypes[] = {
-    {"<f4", FB_T_F32}, {"<f8", FB_T_F64}, {"<i4", FB_T_I32}, {"<i8", FB_T_I64},
-    {"<u4", FB_T_U32}, {"<u8", FB_T_U64}, {"|b1", FB_T_BOOL}, {"|u1", FB_T_BOOL}};
+static const struct {
+  const char *descr;
+  fb_type t;
+} dtypes[] = {{"<f4", FB_T_F32}, {"<f8", FB_T_F64}, {"<i4", FB_T_I32},  {"<i8", FB_T_I64},
+              {"<u4", FB_T_U32}, {"<u8", FB_T_U64}, {"|b1", FB_T_BOOL}, {"|u1", FB_T_BOOL}};
 
 int64_t fb_npy_numel(const fb_npy *a) {
   int64_t n = 1;
@@ -30,7 +32,10 @@ static const char *descr_of(fb_type t) {
 
 int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   const char *descr = descr_of(a->type);
-  if (!descr) { fb_errf(err, errlen, "%s: no .npy dtype for %s", path, fb_type_name(a->type)); return FB_EUNSUPPORTED; }
+  if (!descr) {
+    fb_errf(err, errlen, "%s: no .npy dtype for %s", path, fb_type_name(a->type));
+    return FB_EUNSUPPORTED;
+  }
   char shape[256] = "";
   size_t o = 0;
   for (int d = 0; d < a->ndim; d++)
@@ -43,7 +48,10 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   int total = 10 + n + 1;
   int pad = (64 - total % 64) % 64;
   FILE *f = fopen(path, "wb");
-  if (!f) { fb_errf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
+  if (!f) {
+    fb_errf(err, errlen, "%s: %s", path, strerror(errno));
+    return FB_EIO;
+  }
   unsigned short hlen = (unsigned short)(n + pad + 1);
   fwrite("\x93NUMPY\x01\x00", 1, 8, f);
   fputc(hlen & 0xff, f);
@@ -111,7 +119,10 @@ int fb_npy_read(const char *path, fb_npy *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   size_t len;
   char *buf = fb_cli_read_file(path, &len);
-  if (!buf) { fb_errf(err, errlen, "%s: %s", path, strerror(errno)); return FB_EIO; }
+  if (!buf) {
+    fb_errf(err, errlen, "%s: %s", path, strerror(errno));
+    return FB_EIO;
+  }
   int rc = FB_EPARSE;
   if (len < 10 || memcmp(buf, "\x93NUMPY", 6) != 0) {
     fb_errf(err, errlen, "%s: not a .npy file", path);
@@ -119,27 +130,38 @@ int fb_npy_read(const char *path, fb_npy *out, char *err, size_t errlen) {
   }
   unsigned char major = (unsigned char)buf[6];
   size_t hl, off;
-  if (major == 1) { hl = (unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8; off = 10; }
-  else {
-    if (len < 12) { fb_errf(err, errlen, "%s: truncated .npy header", path); goto done; }
+  if (major == 1) {
+    hl = (unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8;
+    off = 10;
+  } else {
+    if (len < 12) {
+      fb_errf(err, errlen, "%s: truncated .npy header", path);
+      goto done;
+    }
     hl = (unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8 |
          (size_t)(unsigned char)buf[10] << 16 | (size_t)(unsigned char)buf[11] << 24;
     off = 12;
   }
-  if (off + hl > len) { fb_errf(err, errlen, "%s: truncated .npy header", path); goto done; }
+  if (off + hl > len) {
+    fb_errf(err, errlen, "%s: truncated .npy header", path);
+    goto done;
+  }
   char *hdr = strndup(buf + off, hl);
   rc = hdr ? parse_header(path, hdr, out, err, errlen) : FB_ENOMEM;
   free(hdr);
   if (rc) goto done;
   size_t need = (size_t)fb_npy_numel(out) * fb_type_size(out->type);
   if (len - off - hl != need) {
-    fb_errf(err, errlen, "%s: %zu bytes of data for a shape that needs %zu", path,
-            len - off - hl, need);
+    fb_errf(err, errlen, "%s: %zu bytes of data for a shape that needs %zu", path, len - off - hl,
+            need);
     rc = FB_EPARSE;
     goto done;
   }
   out->data = malloc(need ? need : 1);
-  if (!out->data) { rc = FB_ENOMEM; goto done; }
+  if (!out->data) {
+    rc = FB_ENOMEM;
+    goto done;
+  }
   memcpy(out->data, buf + off + hl, need);
   out->nbytes = need;
   rc = 0;

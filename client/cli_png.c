@@ -18,7 +18,7 @@
 /* matplotlib's viridis at 0, 0.1, ..., 1 (perceptually uniform, readable
  * in grey and by most colour-blind readers); linear between the stops */
 static const uint8_t viridis[11][3] = {
-    {68, 1, 84},    {72, 36, 117},  {65, 68, 135},  {53, 95, 141},   {42, 120, 142}, {33, 145, 140},
+    {68, 1, 84},    {72, 36, 117},  {65, 68, 135},  {53, 95, 141},  {42, 120, 142}, {33, 145, 140},
     {34, 168, 132}, {68, 191, 112}, {122, 209, 81}, {189, 223, 38}, {253, 231, 37}};
 
 int fb_png_colormap_known(const char *name) {
@@ -57,7 +57,8 @@ void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, 
 
 int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
                  char *err, size_t errlen) {
-  if (h < 1 || w < 1 || h > INT32_MAX || w > INT32_MAX || (uint64_t)w > SIZE_MAX / 3 / (uint64_t)h) {
+  if (h < 1 || w < 1 || h > INT32_MAX || w > INT32_MAX ||
+      (uint64_t)w > SIZE_MAX / 3 / (uint64_t)h) {
     fb_errf(err, errlen, "%s: cannot make a %lld x %lld picture", path, (long long)h, (long long)w);
     return FB_EINVAL;
   }

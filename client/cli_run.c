@@ -26,14 +26,13 @@ typedef struct run_args {
 
 static int help(FILE *f, int graph) {
   if (graph)
-    fprintf(f,
-            "usage: fusebox graph SESSION.json [--flush N] [--out DIR] [--param NAME=VALUE]...\n"
-            "  Runs the session in async mode and writes the state-flow graph of flush\n"
-            "  N (default 1; 0 = every flush) as Graphviz DOT, before and after each\n"
-            "  optimizer pass, into DIR (default: graphs/), one file per step, in order:\n"
-            "  flush<N>-<seq>-it<iteration>-<pass>-<before|after>.dot (pass \"window\":\n"
-            "  the graph as flushed and fully optimized). Render with dot -Tsvg.\n"
-            "example: fusebox graph bench/micro/chain_copy.json --out /tmp/g\n");
+    fprintf(f, "usage: fusebox graph SESSION.json [--flush N] [--out DIR] [--param NAME=VALUE]...\n"
+               "  Runs the session in async mode and writes the state-flow graph of flush\n"
+               "  N (default 1; 0 = every flush) as Graphviz DOT, before and after each\n"
+               "  optimizer pass, into DIR (default: graphs/), one file per step, in order:\n"
+               "  flush<N>-<seq>-it<iteration>-<pass>-<before|after>.dot (pass \"window\":\n"
+               "  the graph as flushed and fully optimized). Render with dot -Tsvg.\n"
+               "example: fusebox graph bench/micro/chain_copy.json --out /tmp/g\n");
   else
     fprintf(f,
             "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
@@ -112,8 +111,8 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
   return a->file ? 0 : -1;
 }
 
-static void write_graph(void *user, uint64_t flush, int iteration, const char *pass, const char *when,
-                        const char *dot) {
+static void write_graph(void *user, uint64_t flush, int iteration, const char *pass,
+                        const char *when, const char *dot) {
   run_args *a = user;
   char *path = NULL;
   if (asprintf(&path, "%s/flush%llu-%03d-it%02d-%s-%s.dot", a->graph_dir, (unsigned long long)flush,
@@ -140,7 +139,8 @@ static int observe(run_args *a, fb_sess_run *r, char **err) {
     }
     int rc = fb_session_trace_graph(s, a->flush, write_graph, a);
     if (rc) {
-      if (asprintf(err, "--graph: the SFG exists in async mode only (%s)", fb_strerror(rc)) < 0) *err = NULL;
+      if (asprintf(err, "--graph: the SFG exists in async mode only (%s)", fb_strerror(rc)) < 0)
+        *err = NULL;
       return rc;
     }
   }
@@ -160,11 +160,12 @@ static int finish_observe(run_args *a, fb_sess_run *r) {
     fb_sess_sync(r, &e);
     free(e);
     rc = fb_session_trace_end(s);
-    if (!rc) fprintf(stderr, "timeline written to %s (open it in https://ui.perfetto.dev)\n", a->trace);
+    if (!rc)
+      fprintf(stderr, "timeline written to %s (open it in https://ui.perfetto.dev)\n", a->trace);
   }
   if (a->graph_dir)
-    fprintf(stderr, "%d graph%s written to %s/\n", a->graphs_written, a->graphs_written == 1 ? "" : "s",
-            a->graph_dir);
+    fprintf(stderr, "%d graph%s written to %s/\n", a->graphs_written,
+            a->graphs_written == 1 ? "" : "s", a->graph_dir);
   return rc;
 }
 
@@ -176,7 +177,10 @@ static void print_json(run_args *a, fb_sess_file *f, fb_sess_run *r, const char 
   json_t *o = json_object(), *checks = json_array(), *output = json_array();
   json_object_set_new(o, "file", json_string(a->file));
   if (f->name) json_object_set_new(o, "name", json_string(f->name));
-  json_object_set_new(o, "outcome", json_string(status == 0 ? "passed" : status == 1 ? "failed" : "error"));
+  json_object_set_new(o, "outcome",
+                      json_string(status == 0   ? "passed"
+                                  : status == 1 ? "failed"
+                                                : "error"));
   json_object_set_new(o, "exit_status", json_integer(status));
   json_object_set_new(o, "elapsed_s", json_real(elapsed));
   if (r) {
@@ -185,14 +189,14 @@ static void print_json(run_args *a, fb_sess_file *f, fb_sess_run *r, const char 
     fb_sess_backend(r, backend, sizeof backend);
     fb_sess_counters(r, &c);
     json_object_set_new(o, "backend", json_string(backend));
-    json_object_set_new(o, "counters",
-                        json_pack("{sI sI sI sI sI sI sI sI}", "launches", (json_int_t)c.launches,
-                                  "tasks_launched", (json_int_t)c.tasks_launched, "tasks_compiled",
-                                  (json_int_t)c.tasks_compiled, "cache_hits", (json_int_t)c.cache_hits,
-                                  "listgens_removed", (json_int_t)c.listgens_removed, "tasks_fused",
-                                  (json_int_t)c.tasks_fused, "dead_stores_removed",
-                                  (json_int_t)c.dead_stores_removed, "activations_demoted",
-                                  (json_int_t)c.activations_demoted));
+    json_object_set_new(
+        o, "counters",
+        json_pack("{sI sI sI sI sI sI sI sI}", "launches", (json_int_t)c.launches, "tasks_launched",
+                  (json_int_t)c.tasks_launched, "tasks_compiled", (json_int_t)c.tasks_compiled,
+                  "cache_hits", (json_int_t)c.cache_hits, "listgens_removed",
+                  (json_int_t)c.listgens_removed, "tasks_fused", (json_int_t)c.tasks_fused,
+                  "dead_stores_removed", (json_int_t)c.dead_stores_removed, "activations_demoted",
+                  (json_int_t)c.activations_demoted));
   }
   for (const char *p = lines ? lines : ""; *p;) {
     const char *nl = strchr(p, '\n');

@@ -12,8 +12,10 @@ static int connect_to(int argc, char **argv, const char *usage, int *json, fb_cl
   const char *server = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
-    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { fputs(usage, stdout); return 0; }
-    else if (json && !strcmp(argv[i], "--json")) *json = 1;
+    else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (json && !strcmp(argv[i], "--json")) *json = 1;
     else {
       fprintf(stderr, "fusebox %s: unexpected argument '%s'\n", argv[0], argv[i]);
       fputs(usage, stderr);
@@ -47,22 +49,25 @@ int fb_cli_ping(int argc, char **argv) {
   int status = 0;
   double rtt = 0;
   rc = fb_client_ping(c, &status, &rtt);
-  if (rc && status == 0) fprintf(stderr, "fusebox ping: %s: %s\n", fb_client_target(c), fb_client_errmsg(c));
-  else printf("%s: %s (%.0f us)\n", fb_client_target(c), status == 1 ? "SERVING" : "NOT_SERVING", rtt * 1e6);
+  if (rc && status == 0)
+    fprintf(stderr, "fusebox ping: %s: %s\n", fb_client_target(c), fb_client_errmsg(c));
+  else
+    printf("%s: %s (%.0f us)\n", fb_client_target(c), status == 1 ? "SERVING" : "NOT_SERVING",
+           rtt * 1e6);
   fb_client_close(c);
   return rc ? 1 : 0;
 }
 
 static json_t *counters_json(const fb_counters *c) {
   return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "launches",
-                   (json_int_t)c->launches,
-                   "tasks_launched", (json_int_t)c->tasks_launched, "statements_emitted",
-                   (json_int_t)c->statements_emitted, "tasks_compiled", (json_int_t)c->tasks_compiled,
-                   "tasks_fused", (json_int_t)c->tasks_fused, "listgens_removed",
-                   (json_int_t)c->listgens_removed, "dead_stores_removed", (json_int_t)c->dead_stores_removed,
-                   "activations_demoted", (json_int_t)c->activations_demoted,
-                   "cache_hits", (json_int_t)c->cache_hits, "fuse_refused",
-                   (json_int_t)c->fuse_refused, "fuse_fallbacks", (json_int_t)c->fuse_fallbacks);
+                   (json_int_t)c->launches, "tasks_launched", (json_int_t)c->tasks_launched,
+                   "statements_emitted", (json_int_t)c->statements_emitted, "tasks_compiled",
+                   (json_int_t)c->tasks_compiled, "tasks_fused", (json_int_t)c->tasks_fused,
+                   "listgens_removed", (json_int_t)c->listgens_removed, "dead_stores_removed",
+                   (json_int_t)c->dead_stores_removed, "activations_demoted",
+                   (json_int_t)c->activations_demoted, "cache_hits", (json_int_t)c->cache_hits,
+                   "fuse_refused", (json_int_t)c->fuse_refused, "fuse_fallbacks",
+                   (json_int_t)c->fuse_fallbacks);
 }
 
 /* `stats --json`: the server, its counters and its sessions as one object. */
@@ -70,19 +75,20 @@ static int print_json(const fb_server_info *info, const fb_server_stats *st) {
   json_t *sessions = json_array();
   for (int i = 0; i < st->nsessions; i++) {
     const fb_session_stats *s = &st->sessions[i];
-    json_array_append_new(sessions, json_pack("{s:s, s:b, s:f, s:I, s:o}", "tag", s->tag, "attached",
-                                              s->attached, "idle_s", s->idle_s, "memory_bytes",
-                                              (json_int_t)s->memory_bytes, "counters",
-                                              counters_json(&s->counters)));
+    json_array_append_new(sessions, json_pack("{s:s, s:b, s:f, s:I, s:o}", "tag", s->tag,
+                                              "attached", s->attached, "idle_s", s->idle_s,
+                                              "memory_bytes", (json_int_t)s->memory_bytes,
+                                              "counters", counters_json(&s->counters)));
   }
   json_t *o = json_pack(
-      "{s:{s:s, s:s, s:s, s:i, s:I, s:I, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, s:I, "
+      "{s:{s:s, s:s, s:s, s:i, s:I, s:I, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, "
+      "s:I, "
       "s:I, s:{s:I, s:I}, s:o}",
       "server", "version", info->version, "listen", info->listen, "backend", info->backend, "cores",
       info->cores, "max_sessions", (json_int_t)info->max_sessions, "session_memory_limit",
-      (json_int_t)info->session_memory_limit, "uptime_s", info->uptime_s,
-      "sessions", "active", (json_int_t)st->sessions_active, "created", (json_int_t)st->sessions_created,
-      "closed", (json_int_t)st->sessions_closed, "disconnected", (json_int_t)st->sessions_disconnected,
+      (json_int_t)info->session_memory_limit, "uptime_s", info->uptime_s, "sessions", "active",
+      (json_int_t)st->sessions_active, "created", (json_int_t)st->sessions_created, "closed",
+      (json_int_t)st->sessions_closed, "disconnected", (json_int_t)st->sessions_disconnected,
       "reaped", (json_int_t)st->sessions_reaped, "failed", (json_int_t)st->sessions_failed,
       "launches", (json_int_t)st->launches, "syncs", (json_int_t)st->syncs, "bad_requests",
       (json_int_t)st->bad_requests, "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
@@ -124,10 +130,11 @@ int fb_cli_stats(int argc, char **argv) {
   }
   printf("fuseboxd %s on %s, backend %s, %d cores, up %.0f s\n", info.version, info.listen,
          info.backend, info.cores, info.uptime_s);
-  printf("sessions: %u active, %llu created, %llu closed, %llu disconnected, %llu reaped, %llu failed\n",
-         st.sessions_active, (unsigned long long)st.sessions_created, (unsigned long long)st.sessions_closed,
-         (unsigned long long)st.sessions_disconnected, (unsigned long long)st.sessions_reaped,
-         (unsigned long long)st.sessions_failed);
+  printf("sessions: %u active, %llu created, %llu closed, %llu disconnected, %llu reaped, %llu "
+         "failed\n",
+         st.sessions_active, (unsigned long long)st.sessions_created,
+         (unsigned long long)st.sessions_closed, (unsigned long long)st.sessions_disconnected,
+         (unsigned long long)st.sessions_reaped, (unsigned long long)st.sessions_failed);
   printf("launches %llu, syncs %llu, bad requests %llu, in %llu B, out %llu B\n",
          (unsigned long long)st.launches, (unsigned long long)st.syncs,
          (unsigned long long)st.bad_requests, (unsigned long long)st.bytes_in,
@@ -137,9 +144,11 @@ int fb_cli_stats(int argc, char **argv) {
   for (int i = 0; i < st.nsessions; i++) {
     const fb_session_stats *s = &st.sessions[i];
     printf("  session %-10s %s idle %6.1f s  %10llu B  launches %llu  tasks %llu  fused %llu  "
-           "fuse refused %llu  fuse fallbacks %llu\n", s->tag, s->attached ? "attached" : "detached",
-           s->idle_s, (unsigned long long)s->memory_bytes, (unsigned long long)s->counters.launches,
-           (unsigned long long)s->counters.tasks_launched, (unsigned long long)s->counters.tasks_fused,
+           "fuse refused %llu  fuse fallbacks %llu\n",
+           s->tag, s->attached ? "attached" : "detached", s->idle_s,
+           (unsigned long long)s->memory_bytes, (unsigned long long)s->counters.launches,
+           (unsigned long long)s->counters.tasks_launched,
+           (unsigned long long)s->counters.tasks_fused,
            (unsigned long long)s->counters.fuse_refused,
            (unsigned long long)s->counters.fuse_fallbacks);
   }

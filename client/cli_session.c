@@ -55,11 +55,11 @@ static int only_keys(json_t *obj, const char *path, const char *const *keys, cha
   return 0;
 }
 
-static const char *const top_keys[] = {"name", "program", "source", "params", "session", "setup",
-                                       "step", "bench", "checks", NULL};
-static const char *const session_keys[] = {"backend", "mode", "passes", "flush_every",
-                                           "max_fuse_per_task", "compile_threads", "seed",
-                                           "memory_limit", NULL};
+static const char *const top_keys[] = {"name",  "program", "source", "params", "session",
+                                       "setup", "step",    "bench",  "checks", NULL};
+static const char *const session_keys[] = {
+    "backend",         "mode", "passes",       "flush_every", "max_fuse_per_task",
+    "compile_threads", "seed", "memory_limit", NULL};
 static const char *const pass_keys[] = {"listgen", "demote", "fusion", "dse", NULL};
 static const char *const bench_keys[] = {"warmup", "repeat", "modes", NULL};
 
@@ -90,20 +90,24 @@ static int check_output(json_t *a, const char *path, int require_ext, char **err
   size_t n = strlen(t);
   int png = fb_png_is_name(t);
   if (require_ext && !png && !(n > 4 && !strcmp(t + n - 4, ".npy")))
-    return errf(err, FB_EINVAL, "%s.to: '%s': expected a file name ending in .npy or .png", path, t);
+    return errf(err, FB_EINVAL, "%s.to: '%s': expected a file name ending in .npy or .png", path,
+                t);
   for (const char *p = strchr(t, '{'); require_ext && p; p = strchr(p + 1, '{')) {
     size_t len;
     if (step_placeholder(p, &len) < 0)
-      return errf(err, FB_EINVAL, "%s.to: '%s': unknown placeholder (use {step}, or {step:05d} for 00100)",
-                  path, t);
+      return errf(err, FB_EINVAL,
+                  "%s.to: '%s': unknown placeholder (use {step}, or {step:05d} for 00100)", path,
+                  t);
   }
   json_t *range = json_object_get(a, "range"), *cmap = json_object_get(a, "colormap");
   if ((range || cmap) && !png)
     return errf(err, FB_EINVAL, "%s.%s: only for a picture (\"to\" ending in .png)", path,
                 range ? "range" : "colormap");
-  if (range && (!json_is_array(range) || json_array_size(range) != 2 ||
-                !json_is_number(json_array_get(range, 0)) || !json_is_number(json_array_get(range, 1)) ||
-                !(json_number_value(json_array_get(range, 0)) < json_number_value(json_array_get(range, 1)))))
+  if (range &&
+      (!json_is_array(range) || json_array_size(range) != 2 ||
+       !json_is_number(json_array_get(range, 0)) || !json_is_number(json_array_get(range, 1)) ||
+       !(json_number_value(json_array_get(range, 0)) <
+         json_number_value(json_array_get(range, 1)))))
     return errf(err, FB_EINVAL, "%s.range: expected [lo, hi], two numbers with lo < hi", path);
   if (cmap && (!json_is_string(cmap) || !fb_png_colormap_known(json_string_value(cmap))))
     return errf(err, FB_EINVAL, "%s.colormap: expected \"viridis\" or \"gray\"", path);
@@ -134,7 +138,8 @@ static int check_action(json_t *a, const char *path, char **err) {
     if (!json_is_string(json_object_get(a, "launch")))
       return errf(err, FB_EINVAL, "%s.launch: expected a kernel name", path);
     json_t *args = json_object_get(a, "args");
-    if (args && !json_is_array(args)) return errf(err, FB_EINVAL, "%s.args: expected an array", path);
+    if (args && !json_is_array(args))
+      return errf(err, FB_EINVAL, "%s.args: expected an array", path);
     return 0;
   }
   if (json_object_get(a, "write")) {
@@ -147,7 +152,8 @@ static int check_action(json_t *a, const char *path, char **err) {
   if (json_object_get(a, "repeat")) {
     int rc = only_keys(a, path, repeat_k, err);
     if (rc) return rc;
-    if (!json_is_integer(json_object_get(a, "repeat")) || json_integer_value(json_object_get(a, "repeat")) < 0)
+    if (!json_is_integer(json_object_get(a, "repeat")) ||
+        json_integer_value(json_object_get(a, "repeat")) < 0)
       return errf(err, FB_EINVAL, "%s.repeat: expected a count >= 0", path);
     char sub[1024];
     snprintf(sub, sizeof sub, "%.1000s.do", path);
@@ -156,8 +162,9 @@ static int check_action(json_t *a, const char *path, char **err) {
   if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
   if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
   const char *k = json_object_iter_key(json_object_iter(a));
-  return errf(err, FB_EINVAL, "%s%s%s: unknown action (expected launch, write, save, repeat, flush or sync)",
-              path, k ? "." : "", k ? k : "");
+  return errf(err, FB_EINVAL,
+              "%s%s%s: unknown action (expected launch, write, save, repeat, flush or sync)", path,
+              k ? "." : "", k ? k : "");
 }
 
 static int check_actions(json_t *list, const char *path, char **err) {
@@ -175,8 +182,8 @@ static int check_actions(json_t *list, const char *path, char **err) {
 }
 
 static int check_checks(json_t *list, char **err) {
-  static const char *const read_k[] = {"read", "sum", "equals", "min", "max", "rtol", "atol", "to",
-                                       "range", "colormap", NULL};
+  static const char *const read_k[] = {"read", "sum", "equals", "min",      "max", "rtol",
+                                       "atol", "to",  "range",  "colormap", NULL};
   static const char *const same_k[] = {"same_across_modes", "rtol", "atol", NULL};
   if (!list) return 0;
   if (!json_is_array(list)) return errf(err, FB_EINVAL, "$.checks: expected an array");
@@ -193,8 +200,10 @@ static int check_checks(json_t *list, char **err) {
     int rc = only_keys(c, path, read_k, err);
     if (rc) return rc;
     if (!json_is_string(json_object_get(c, "read")))
-      return errf(err, FB_EINVAL, "%s: a check needs \"read\": FIELD or \"same_across_modes\"", path);
-    if ((json_object_get(c, "to") || json_object_get(c, "range") || json_object_get(c, "colormap")) &&
+      return errf(err, FB_EINVAL, "%s: a check needs \"read\": FIELD or \"same_across_modes\"",
+                  path);
+    if ((json_object_get(c, "to") || json_object_get(c, "range") ||
+         json_object_get(c, "colormap")) &&
         (rc = check_output(c, path, 0, err)))
       return rc;
   }
@@ -257,7 +266,10 @@ char *fb_sess_subst(const char *text, json_t *params, const char *where, char **
     if (n + plen + 1 > cap) {
       cap = (n + plen + 1) * 2;
       char *o = realloc(out, cap);
-      if (!o) { free(out); return NULL; }
+      if (!o) {
+        free(out);
+        return NULL;
+      }
       out = o;
     }
     memcpy(out + n, piece, plen);
@@ -299,7 +311,10 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
       char sub[1024];
       snprintf(sub, sizeof sub, "%s[%zu]", path, i);
       json_t *c = subst_json(e, params, sub, err);
-      if (!c) { json_decref(r); return NULL; }
+      if (!c) {
+        json_decref(r);
+        return NULL;
+      }
       json_array_append_new(r, c);
     }
     return r;
@@ -312,7 +327,10 @@ static json_t *subst_json(json_t *v, json_t *params, const char *path, char **er
       char sub[1024];
       snprintf(sub, sizeof sub, "%s.%s", path, k);
       json_t *c = subst_json(e, params, sub, err);
-      if (!c) { json_decref(r); return NULL; }
+      if (!c) {
+        json_decref(r);
+        return NULL;
+      }
       json_object_set_new(r, k, c);
     }
     return r;
@@ -344,7 +362,6 @@ int fb_cli_add_param(json_t *params, const char *arg) {
   return 0;
 }
 
-
 static char *join_path(const char *dir, const char *rel) {
   char *p = NULL;
   if (rel[0] == '/' || !dir[0]) return strdup(rel);
@@ -359,7 +376,8 @@ static int load_program(fb_sess_file *f, json_t *params, char **err) {
     if (!json_is_string(prog)) return errf(err, FB_EINVAL, "$.program: expected a path");
     f->program_path = join_path(f->dir, json_string_value(prog));
     text = fb_cli_read_file(f->program_path, NULL);
-    if (!text) return errf(err, FB_EIO, "%s: %s (from $.program)", f->program_path, strerror(errno));
+    if (!text)
+      return errf(err, FB_EIO, "%s: %s (from $.program)", f->program_path, strerror(errno));
   } else {
     json_t *src = json_object_get(f->root, "source");
     if (!json_is_string(src)) return errf(err, FB_EINVAL, "$.source: expected program text");
@@ -389,7 +407,8 @@ static int check_output_field(const fb_program *prog, json_t *a, const char *key
   json_t *to = json_object_get(a, "to");
   if (!name || !to) return 0;
   int fi = fb_program_find_field(prog, name);
-  if (fi < 0) return errf(err, FB_ENOENT, "%s.%s: no field named '%s' in the program", path, key, name);
+  if (fi < 0)
+    return errf(err, FB_ENOENT, "%s.%s: no field named '%s' in the program", path, key, name);
   const fb_lang_field *fld = fb_program_field(prog, fi);
   if (fb_png_is_name(json_string_value(to)) && (fld->ndim != 2 || fld->ncomp != 1))
     return errf(err, FB_EINVAL,
@@ -434,7 +453,9 @@ int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *f, char **er
   f->dir = slash ? strndup(path, (size_t)(slash - path)) : strdup("");
   json_error_t je;
   json_t *raw = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-  if (!raw) return errf(err, je.line > 0 ? FB_EPARSE : FB_EIO, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+  if (!raw)
+    return errf(err, je.line > 0 ? FB_EPARSE : FB_EIO, "%s:%d:%d: %s", path, je.line, je.column,
+                je.text);
   json_t *params = json_is_object(raw) ? json_object_get(raw, "params") : NULL;
   if (params && !json_is_object(params)) {
     json_decref(raw);
@@ -447,9 +468,15 @@ int fb_sess_load(const char *path, json_t *overrides, fb_sess_file *f, char **er
   }
   /* Parameters first, so that "${N}" can stand where a number belongs. */
   f->root = subst_json(raw, params, "$", err);
-  if (!f->root) { json_decref(raw); return errf(err, FB_EINVAL, "%s: %s", path, *err); }
+  if (!f->root) {
+    json_decref(raw);
+    return errf(err, FB_EINVAL, "%s: %s", path, *err);
+  }
   int rc = check_schema(f->root, err);
-  if (rc) { json_decref(raw); return errf(err, rc, "%s: %s", path, *err); }
+  if (rc) {
+    json_decref(raw);
+    return errf(err, rc, "%s: %s", path, *err);
+  }
   rc = load_program(f, params, err);
   if (!rc && (rc = check_outputs(f->prog, f->root, err))) errf(err, rc, "%s: %s", path, *err);
   json_decref(raw);
@@ -501,7 +528,10 @@ struct fb_sess_run {
   const char **rnames; /* kernel names by server kernel id (borrowed from the program) */
   int nrnames;
   /* how many times each save action has come up (its {step}) */
-  struct { json_t *action; uint64_t n; } *saves;
+  struct {
+    json_t *action;
+    uint64_t n;
+  } *saves;
   int nsaves, capsaves;
   /* the progress line (o.progress): launches of the running list */
   const char *plist;
@@ -572,7 +602,10 @@ static int note_launch(fb_sess_run *r, const char *path) {
   progress(r);
   uint32_t p = r->npaths;
   for (uint32_t i = r->npaths; i-- > 0;)
-    if (!strcmp(r->paths[i], path)) { p = i; break; }
+    if (!strcmp(r->paths[i], path)) {
+      p = i;
+      break;
+    }
   if (p == r->npaths) {
     if (r->npaths == r->cappaths) {
       uint32_t nc = r->cappaths ? r->cappaths * 2 : 16;
@@ -634,7 +667,8 @@ static int local_error(fb_sess_run *r, int rc, const char *path, const char *wha
   int kernel;
   if (fb_session_error_launch(r->s, &n, &kernel) == 0)
     return launch_error(r, rc, n, local_kernel_name(r, kernel), fb_session_errmsg(r->s), err);
-  return errf(err, rc, "%s: %s%s%s", path, what ? what : "", what ? ": " : "", fb_session_errmsg(r->s));
+  return errf(err, rc, "%s: %s%s%s", path, what ? what : "", what ? ": " : "",
+              fb_session_errmsg(r->s));
 }
 
 /* Wait for every launch sent to the server and fail on the first that
@@ -653,13 +687,15 @@ static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value 
     /* the kernel's name as the engine's message gives it, else as registered */
     char name[128];
     const char *kn = sscanf(e->msg, "kernel '%127[^']'", name) == 1 ? name
-                     : e->kernel >= 0 && e->kernel < r->nrnames && r->rnames[e->kernel] ? r->rnames[e->kernel]
-                                                                                       : "?";
+                     : e->kernel >= 0 && e->kernel < r->nrnames && r->rnames[e->kernel]
+                         ? r->rnames[e->kernel]
+                         : "?";
     return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1, kn, e->msg, err);
   }
   if (!rc && res.errors_dropped)
-    rc = errf(err, FB_EINTERNAL, "%s: %llu launch errors (their details were dropped by the server)",
-              path, (unsigned long long)res.errors_dropped);
+    rc =
+        errf(err, FB_EINTERNAL, "%s: %llu launch errors (their details were dropped by the server)",
+             path, (unsigned long long)res.errors_dropped);
   else if (rc) rc = errf(err, rc, "%s: %s", path, sess_errmsg(r));
   return rc;
 }
@@ -696,8 +732,10 @@ static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_s
     fb_cli_interrupt_daemon(&r->daemon.pid, r->sockpath, r->sockdir);
     r->have_daemon = 1;
     const char *args[] = {"--log-level", "warn", NULL};
-    int rc = fb_daemon_start(fb_daemon_find(exe, sizeof exe), sock, args, &r->daemon, msg, sizeof msg);
-    if (rc) return errf(err, rc, "cannot start a private fuseboxd: %s (or use --local / --server)", msg);
+    int rc =
+        fb_daemon_start(fb_daemon_find(exe, sizeof exe), sock, args, &r->daemon, msg, sizeof msg);
+    if (rc)
+      return errf(err, rc, "cannot start a private fuseboxd: %s (or use --local / --server)", msg);
     addr = r->daemon.address;
   }
   int rc = fb_client_connect(addr, NULL, &r->cli, msg, sizeof msg);
@@ -719,25 +757,34 @@ static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_s
     ro.dse = !!(cfg->passes & FB_PASSES_DSE);
   }
   rc = fb_remote_open_program(r->cli, &ro, r->f->prog, &r->rem);
-  if (rc) return errf(err, rc, "%s: cannot open a session on %s: %s", r->f->path, addr, fb_client_errmsg(r->cli));
+  if (rc)
+    return errf(err, rc, "%s: cannot open a session on %s: %s", r->f->path, addr,
+                fb_client_errmsg(r->cli));
   return 0;
 }
 
 /* session.passes (each on unless false), minus the passes a bench mode
  * turns off; flush_every (0 in the file means never); max_fuse_per_task. */
 static void session_async_options(json_t *sc, unsigned off, fb_session_config *cfg) {
-  static const struct { const char *key; unsigned bit, off; } passes[] = {
-      {"listgen", FB_PASSES_LISTGEN, FB_SESS_NO_LISTGEN}, {"demote", FB_PASSES_DEMOTE, FB_SESS_NO_DEMOTE},
-      {"fusion", FB_PASSES_FUSION, FB_SESS_NO_FUSION}, {"dse", FB_PASSES_DSE, FB_SESS_NO_DSE}};
+  static const struct {
+    const char *key;
+    unsigned bit, off;
+  } passes[] = {{"listgen", FB_PASSES_LISTGEN, FB_SESS_NO_LISTGEN},
+                {"demote", FB_PASSES_DEMOTE, FB_SESS_NO_DEMOTE},
+                {"fusion", FB_PASSES_FUSION, FB_SESS_NO_FUSION},
+                {"dse", FB_PASSES_DSE, FB_SESS_NO_DSE}};
   json_t *jp = json_object_get(sc, "passes");
   unsigned bits = 0;
   for (size_t i = 0; i < sizeof passes / sizeof passes[0]; i++)
-    if (!json_is_false(json_object_get(jp, passes[i].key)) && !(off & passes[i].off)) bits |= passes[i].bit;
+    if (!json_is_false(json_object_get(jp, passes[i].key)) && !(off & passes[i].off))
+      bits |= passes[i].bit;
   cfg->passes = bits == FB_PASSES_ALL ? 0 : (bits | FB_PASSES_EXACT);
   json_t *fe = json_object_get(sc, "flush_every");
-  if (json_is_integer(fe)) cfg->flush_every = json_integer_value(fe) > 0 ? (int)json_integer_value(fe) : -1;
+  if (json_is_integer(fe))
+    cfg->flush_every = json_integer_value(fe) > 0 ? (int)json_integer_value(fe) : -1;
   json_t *mf = json_object_get(sc, "max_fuse_per_task");
-  if (json_is_integer(mf) && json_integer_value(mf) > 0) cfg->max_fuse_per_task = (int)json_integer_value(mf);
+  if (json_is_integer(mf) && json_integer_value(mf) > 0)
+    cfg->max_fuse_per_task = (int)json_integer_value(mf);
 }
 
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
@@ -748,25 +795,35 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   if (!r->o.out) r->o.out = stdout;
   json_t *sc = json_object_get(f->root, "session");
   const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
-                            ? json_string_value(json_object_get(sc, "backend")) : "auto";
+                            ? json_string_value(json_object_get(sc, "backend"))
+                            : "auto";
   const char *mode = o->mode ? o->mode
                      : sc && json_is_string(json_object_get(sc, "mode"))
-                         ? json_string_value(json_object_get(sc, "mode")) : "sync";
-  fb_session_config cfg = {.mode = mode,
-                           .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
-                           .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
+                         ? json_string_value(json_object_get(sc, "mode"))
+                         : "sync";
+  fb_session_config cfg = {
+      .mode = mode,
+      .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
+      .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
   session_async_options(sc, o->passes_off, &cfg);
   if (o->server || o->private_server) {
     int rc = start_remote(r, sc, mode, &cfg, err);
-    if (rc) { fb_sess_stop(r); return rc; }
+    if (rc) {
+      fb_sess_stop(r);
+      return rc;
+    }
     *out = r;
     return 0;
   }
-  fb_engine_config ec = {.backend = backend,
-                         .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
+  fb_engine_config ec = {
+      .backend = backend,
+      .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
   char msg[1024] = "";
   int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
-  if (rc) { free(r); return errf(err, rc, "%s: $.session.backend: %s", f->path, msg); }
+  if (rc) {
+    free(r);
+    return errf(err, rc, "%s: $.session.backend: %s", f->path, msg);
+  }
   rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
     fb_engine_destroy(r->eng);
@@ -823,15 +880,22 @@ static int decimal_arg(const char *s, fb_type t, fb_value *v) {
     return 0;
   }
   long long x = strtoll(s, &end, 10);
-  if (end == s || *end || errno || (t == FB_T_I32 && (x < INT32_MIN || x > INT32_MAX))) return FB_ETYPE;
+  if (end == s || *end || errno || (t == FB_T_I32 && (x < INT32_MIN || x > INT32_MAX)))
+    return FB_ETYPE;
   *v = t == FB_T_I64 ? fb_value_i64(x) : fb_value_i32((int32_t)x);
   return 0;
 }
 
 static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
   if (json_is_string(a) && fb_type_is_int(t)) return decimal_arg(json_string_value(a), t, v);
-  if (json_is_boolean(a)) { *v = fb_value_cast(fb_value_bool(json_is_true(a)), t); return 0; }
-  if (json_is_integer(a)) { *v = fb_value_cast(fb_value_i64(json_integer_value(a)), t); return 0; }
+  if (json_is_boolean(a)) {
+    *v = fb_value_cast(fb_value_bool(json_is_true(a)), t);
+    return 0;
+  }
+  if (json_is_integer(a)) {
+    *v = fb_value_cast(fb_value_i64(json_integer_value(a)), t);
+    return 0;
+  }
   if (json_is_real(a)) {
     double x = json_real_value(a);
     if (!fb_type_is_float(t) && x != floor(x)) return FB_ETYPE;
@@ -872,7 +936,8 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *name = json_string_value(json_object_get(a, "launch"));
   int ki = fb_program_find_kernel(r->f->prog, name);
-  if (ki < 0) return errf(err, FB_ENOENT, "%s.launch: no kernel named '%s' in the program", path, name);
+  if (ki < 0)
+    return errf(err, FB_ENOENT, "%s.launch: no kernel named '%s' in the program", path, name);
   const fb_lang_kernel *lk = fb_program_kernel(r->f->prog, ki);
   json_t *args = json_object_get(a, "args");
   size_t na = args ? json_array_size(args) : 0;
@@ -956,7 +1021,11 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
   out->nbytes = (size_t)cells * (size_t)fld->ncomp * es;
   out->data = malloc(out->nbytes ? out->nbytes : 1);
   uint8_t *tmp = fld->ncomp > 1 ? malloc((size_t)cells * es) : NULL;
-  if (!out->data || (fld->ncomp > 1 && !tmp)) { free(tmp); fb_npy_free(out); return FB_ENOMEM; }
+  if (!out->data || (fld->ncomp > 1 && !tmp)) {
+    free(tmp);
+    fb_npy_free(out);
+    return FB_ENOMEM;
+  }
   for (int c = 0; c < fld->ncomp; c++) {
     uint8_t *dst = fld->ncomp > 1 ? tmp : out->data;
     rc = r->rem ? fb_remote_field_read(r->rem, fld->places[c], dst, (size_t)cells * es)
@@ -967,7 +1036,8 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
       return errf(err, rc, "reading %s: %s", name, sess_errmsg(r));
     }
     for (int64_t i = 0; tmp && i < cells; i++)
-      memcpy((uint8_t *)out->data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, tmp + (size_t)i * es, es);
+      memcpy((uint8_t *)out->data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es,
+             tmp + (size_t)i * es, es);
   }
   free(tmp);
   return 0;
@@ -981,7 +1051,10 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   fb_npy arr;
   char msg[512];
   int rc = field_info(r, name, &fld, &cells, err);
-  if (rc) { free(file); return errf(err, rc, "%s.write: %s", path, *err); }
+  if (rc) {
+    free(file);
+    return errf(err, rc, "%s.write: %s", path, *err);
+  }
   rc = fb_npy_read(file, &arr, msg, sizeof msg);
   free(file);
   if (rc) return errf(err, rc, "%s.from: %s", path, msg);
@@ -1000,7 +1073,8 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   uint8_t *tmp = malloc((size_t)cells * es + 1);
   for (int c = 0; tmp && c < fld->ncomp && !rc; c++) {
     for (int64_t i = 0; i < cells; i++)
-      memcpy(tmp + (size_t)i * es, (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
+      memcpy(tmp + (size_t)i * es,
+             (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
     rc = r->rem ? fb_remote_field_write(r->rem, fld->places[c], tmp, (size_t)cells * es)
                 : fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
   }
@@ -1019,11 +1093,12 @@ static char *output_path(fb_sess_run *r, const char *name) {
 
 /* Field `name` into file: a .png picture (2-D, a colour map over "range" of
  * spec) or a .npy array. path: the JSON path of the action, for errors. */
-static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char *file, const char *path,
-                      char **err) {
+static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char *file,
+                      const char *path, char **err) {
   char msg[512];
   int rc;
-  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err))) return rc; /* launches before it failed? */
+  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err)))
+    return rc; /* launches before it failed? */
   if (!fb_png_is_name(file)) {
     fb_npy a;
     if ((rc = read_field(r, name, &a, err))) return errf(err, rc, "%s: %s", path, *err);
@@ -1035,7 +1110,8 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
   int64_t cells = 0, n = 0;
   if ((rc = field_info(r, name, &fld, &cells, err))) return errf(err, rc, "%s: %s", path, *err);
   if (fld->ndim != 2 || fld->ncomp != 1)
-    return errf(err, FB_EINVAL, "%s.to: a picture needs a 2-D field of scalars ('%s' is not)", path, name);
+    return errf(err, FB_EINVAL, "%s.to: a picture needs a 2-D field of scalars ('%s' is not)", path,
+                name);
   double *v = NULL;
   if ((rc = fb_sess_read_f64(r, name, &v, &n, err))) return errf(err, rc, "%s: %s", path, *err);
   json_t *range = json_object_get(spec, "range"), *cmap = json_object_get(spec, "colormap");
@@ -1164,7 +1240,9 @@ int fb_sess_read_f64(fb_sess_run *r, const char *field, double **vals, int64_t *
   return *vals ? 0 : FB_ENOMEM;
 }
 
-static double num(json_t *v, double dflt) { return v && json_is_number(v) ? json_number_value(v) : dflt; }
+static double num(json_t *v, double dflt) {
+  return v && json_is_number(v) ? json_number_value(v) : dflt;
+}
 
 static int close_enough(double got, double want, double rtol, double atol) {
   if (isnan(got) || isnan(want)) return isnan(got) && isnan(want);
@@ -1198,25 +1276,31 @@ static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += v[i];
     int ok = close_enough(s, json_number_value(sum), rtol, atol);
-    fprintf(o, "%s checks[%zu] sum(%s) = %.9g, expected %.9g (rtol %g, atol %g)\n", ok ? "ok   " : "FAIL ",
-            idx, name, s, json_number_value(sum), rtol, atol);
+    fprintf(o, "%s checks[%zu] sum(%s) = %.9g, expected %.9g (rtol %g, atol %g)\n",
+            ok ? "ok   " : "FAIL ", idx, name, s, json_number_value(sum), rtol, atol);
     failed |= !ok;
   }
   if (eq) {
     int64_t bad = -1;
     size_t ne = json_is_array(eq) ? json_array_size(eq) : 0;
     if (json_is_array(eq) && (int64_t)ne != n) {
-      fprintf(o, "FAIL  checks[%zu] %s has %lld values, expected %zu\n", idx, name, (long long)n, ne);
+      fprintf(o, "FAIL  checks[%zu] %s has %lld values, expected %zu\n", idx, name, (long long)n,
+              ne);
       failed = 1;
     } else {
       for (int64_t i = 0; i < n && bad < 0; i++) {
         double want = json_is_array(eq) ? num(json_array_get(eq, (size_t)i), NAN) : num(eq, NAN);
         if (!close_enough(v[i], want, rtol, atol)) bad = i;
       }
-      double want = bad < 0 ? 0 : json_is_array(eq) ? num(json_array_get(eq, (size_t)bad), NAN) : num(eq, NAN);
-      if (bad < 0) fprintf(o, "ok    checks[%zu] %s equals the expected value%s\n", idx, name, n > 1 ? "s" : "");
-      else fprintf(o, "FAIL  checks[%zu] %s[%lld] = %.9g, expected %.9g (off by %.3g, rtol %g)\n", idx,
-                   name, (long long)bad, v[bad], want, v[bad] - want, rtol);
+      double want = bad < 0             ? 0
+                    : json_is_array(eq) ? num(json_array_get(eq, (size_t)bad), NAN)
+                                        : num(eq, NAN);
+      if (bad < 0)
+        fprintf(o, "ok    checks[%zu] %s equals the expected value%s\n", idx, name,
+                n > 1 ? "s" : "");
+      else
+        fprintf(o, "FAIL  checks[%zu] %s[%lld] = %.9g, expected %.9g (off by %.3g, rtol %g)\n", idx,
+                name, (long long)bad, v[bad], want, v[bad] - want, rtol);
       failed |= bad >= 0;
     }
   }
@@ -1229,8 +1313,8 @@ static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
       vmax = fmax(vmax, v[i]);
     }
     int ok = !nan && vmin >= lo - atol && vmax <= hi + atol;
-    fprintf(o, "%s checks[%zu] %s in [%.9g, %.9g]: values span [%.9g, %.9g]%s\n", ok ? "ok   " : "FAIL ",
-            idx, name, lo, hi, vmin, vmax, nan ? " and include NaN" : "");
+    fprintf(o, "%s checks[%zu] %s in [%.9g, %.9g]: values span [%.9g, %.9g]%s\n",
+            ok ? "ok   " : "FAIL ", idx, name, lo, hi, vmin, vmax, nan ? " and include NaN" : "");
     failed |= !ok;
   }
   free(v);

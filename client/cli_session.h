@@ -35,7 +35,12 @@ char *fb_sess_subst(const char *text, json_t *params, const char *where, char **
 void fb_sess_free(fb_sess_file *f);
 
 /* Passes a mode turns off (fusebox bench's async-no-PASS modes). */
-enum { FB_SESS_NO_LISTGEN = 1, FB_SESS_NO_DEMOTE = 2, FB_SESS_NO_FUSION = 4, FB_SESS_NO_DSE = 8 };
+enum {
+  FB_SESS_NO_LISTGEN = 1,
+  FB_SESS_NO_DEMOTE = 2,
+  FB_SESS_NO_FUSION = 4,
+  FB_SESS_NO_DSE = 8
+};
 
 typedef struct fb_sess_opts {
   const char *mode;  /* overrides session.mode when not NULL */

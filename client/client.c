@@ -73,8 +73,8 @@ static gpr_timespec deadline(const fb_client *c) {
 grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline) {
   grpc_slice m = grpc_slice_from_static_string(method);
   gpr_timespec d = with_deadline ? deadline(c) : gpr_inf_future(GPR_CLOCK_REALTIME);
-  grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, m,
-                                             NULL, d, NULL);
+  grpc_call *call =
+      grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq, m, NULL, d, NULL);
   grpc_slice_unref(m);
   return call;
 }
@@ -179,8 +179,8 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   int ok = fbc_batch(c, call, ops, 6, &tag);
   int rc = ok > 0 ? fbc_end_code(&e, err, errlen) : FB_EIO;
   if (ok == 0) fb_errf(err, errlen, "%s: the call failed", method);
-  if (ok < 0) fb_errf(err, errlen, "%s: no answer within %lld ms", method,
-                      (long long)c->timeout_ms);
+  if (ok < 0)
+    fb_errf(err, errlen, "%s: no answer within %lld ms", method, (long long)c->timeout_ms);
   if (resp) *resp = rc == 0 && rbb ? fbc_bb_slice(rbb) : grpc_empty_slice();
   if (rbb) grpc_byte_buffer_destroy(rbb);
   grpc_metadata_array_destroy(&init_md);
@@ -234,7 +234,8 @@ static grpc_channel_credentials *channel_creds(const char *target, const fb_clie
   if (!strncmp(target, "unix:", 5) || (!ca && !cert && !key))
     return grpc_insecure_credentials_create();
   if (!cert != !key) {
-    fb_errf(err, errlen, "a client certificate needs both its certificate "
+    fb_errf(err, errlen,
+            "a client certificate needs both its certificate "
             "and its key (FUSEBOX_TLS_CERT, FUSEBOX_TLS_KEY)");
     return NULL;
   }
@@ -271,8 +272,10 @@ static int set_token(fb_client *c, const fb_client_options *opt, char *err, size
   while (n && (tok[n - 1] == '\n' || tok[n - 1] == '\r' || tok[n - 1] == ' ')) n--;
   for (size_t i = 0; i < n; i++)
     if ((unsigned char)tok[i] < 0x21 || (unsigned char)tok[i] > 0x7e) {
-      fb_errf(err, errlen, "the token holds a character that is not "
-              "printable ASCII (at byte %zu)", i);
+      fb_errf(err, errlen,
+              "the token holds a character that is not "
+              "printable ASCII (at byte %zu)",
+              i);
       return FB_EINVAL;
     }
   char *v = malloc(n + 8);
@@ -287,8 +290,8 @@ static int set_token(fb_client *c, const fb_client_options *opt, char *err, size
   return 0;
 }
 
-int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out,
-                      char *err, size_t errlen) {
+int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out, char *err,
+                      size_t errlen) {
   *out = NULL;
   if (!target || !*target) {
     fb_errf(err, errlen, "no server address given");
@@ -307,13 +310,15 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   c->batch = opt && opt->batch_launches > 0 ? opt->batch_launches : DEFAULT_BATCH;
   grpc_init();
   int rc = set_token(c, opt, err, errlen);
-  int tls = !strncmp(target, "unix:", 5) ? 0
-            : opt_or_env(opt ? opt->tls_ca : NULL, "FUSEBOX_TLS_CA") ||
-              opt_or_env(opt ? opt->tls_cert : NULL, "FUSEBOX_TLS_CERT");
+  int tls = !strncmp(target, "unix:", 5)
+                ? 0
+                : opt_or_env(opt ? opt->tls_ca : NULL, "FUSEBOX_TLS_CA") ||
+                      opt_or_env(opt ? opt->tls_cert : NULL, "FUSEBOX_TLS_CERT");
   const char *ins = getenv("FUSEBOX_INSECURE");
   if (!rc && c->nauth && !tls && !local_target(target) && !(ins && !strcmp(ins, "1"))) {
     /* as gRPC does for call credentials: no token in the clear off this machine */
-    fb_errf(err, errlen, "refusing to send a token in the clear to '%s': "
+    fb_errf(err, errlen,
+            "refusing to send a token in the clear to '%s': "
             "use TLS (FUSEBOX_TLS_CA, --tls-ca), or set FUSEBOX_INSECURE=1",
             target);
     rc = FB_EINVAL;
@@ -344,9 +349,8 @@ void fb_client_close(fb_client *c) {
   if (!c) return;
   grpc_channel_destroy(c->ch);
   grpc_completion_queue_shutdown(c->cq);
-  while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
-             .type != GRPC_QUEUE_SHUTDOWN) {
-  }
+  while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {}
   grpc_completion_queue_destroy(c->cq);
   if (c->nauth) grpc_slice_unref(c->auth.value);
   free(c->target);
@@ -386,7 +390,9 @@ int fb_client_ping(fb_client *c, int *status, double *rtt_s) {
   return 0;
 }
 
-static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
+static void copy_str(char *dst, size_t n, const char *src) {
+  snprintf(dst, n, "%s", src ? src : "");
+}
 
 int fb_client_info(fb_client *c, fb_server_info *out) {
   memset(out, 0, sizeof *out);
@@ -394,8 +400,8 @@ int fb_client_info(fb_client *c, fb_server_info *out) {
   grpc_slice resp;
   int rc = fbc_unary(c, "/fusebox.v1.Fusebox/GetInfo", &req.base, &resp, c->err, sizeof c->err);
   if (rc) return rc;
-  Fusebox__V1__ServerInfo *m = fusebox__v1__server_info__unpack(NULL, GRPC_SLICE_LENGTH(resp),
-                                                                 GRPC_SLICE_START_PTR(resp));
+  Fusebox__V1__ServerInfo *m =
+      fusebox__v1__server_info__unpack(NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
   grpc_slice_unref(resp);
   if (!m) {
     cerr(c, "malformed GetInfo answer");
@@ -410,8 +416,8 @@ int fb_client_info(fb_client *c, fb_server_info *out) {
   out->uptime_s = m->uptime_s;
   size_t used = 0;
   for (size_t i = 0; i < m->n_listen && used < sizeof out->listen; i++)
-    used += (size_t)snprintf(out->listen + used, sizeof out->listen - used, "%s%s",
-                             i ? " " : "", m->listen[i]);
+    used += (size_t)snprintf(out->listen + used, sizeof out->listen - used, "%s%s", i ? " " : "",
+                             m->listen[i]);
   fusebox__v1__server_info__free_unpacked(m, NULL);
   return 0;
 }
@@ -448,8 +454,8 @@ int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, siz
   grpc_slice resp;
   int rc = fbc_unary(c, "/fusebox.v1.Fusebox/GetStats", &req.base, &resp, err, errlen);
   if (rc) return rc;
-  Fusebox__V1__ServerStats *m = fusebox__v1__server_stats__unpack(NULL, GRPC_SLICE_LENGTH(resp),
-                                                                   GRPC_SLICE_START_PTR(resp));
+  Fusebox__V1__ServerStats *m =
+      fusebox__v1__server_stats__unpack(NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
   grpc_slice_unref(resp);
   if (!m) {
     fb_errf(err, errlen, "malformed GetStats answer");
@@ -488,8 +494,8 @@ void fb_server_stats_free(fb_server_stats *s) {
   s->nsessions = 0;
 }
 
-int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len,
-                       void **resp, size_t *resp_len, int *grpc_status) {
+int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len, void **resp,
+                       size_t *resp_len, int *grpc_status) {
   if (resp) *resp = NULL;
   if (resp_len) *resp_len = 0;
   grpc_call *call = fbc_call_new(c, method, 1);

@@ -72,12 +72,10 @@ static int read_line(int fd, char *buf, size_t n, int timeout_ms) {
   return 1;
 }
 
-static int build_argv(char **argv, const char *exe, const char *listen,
-                      const char *const *extra) {
+static int build_argv(char **argv, const char *exe, const char *listen, const char *const *extra) {
   /* a private daemon serves one user: its sessions share its process, as
    * an embedded engine would (fuseboxd's default is a process per session) */
-  static const char *const fixed[] = {"--listen", NULL, "--ready-fd", "3", "--isolation",
-                                      "thread"};
+  static const char *const fixed[] = {"--listen", NULL, "--ready-fd", "3", "--isolation", "thread"};
   int n = 0;
   argv[n++] = (char *)exe;
   for (int i = 0; i < 6; i++) argv[n++] = (char *)(i == 1 ? listen : fixed[i]);

@@ -50,13 +50,20 @@ char *fb_cli_read_file(const char *path, size_t *len) {
     n += got;
     if (cap - n - 1 == 0) {
       char *nb = realloc(buf, cap *= 2);
-      if (!nb) { free(buf); buf = NULL; }
+      if (!nb) {
+        free(buf);
+        buf = NULL;
+      }
       buf = nb;
     }
   }
   int e = ferror(f);
   fclose(f);
-  if (!buf || e) { free(buf); errno = e ? EIO : ENOMEM; return NULL; }
+  if (!buf || e) {
+    free(buf);
+    errno = e ? EIO : ENOMEM;
+    return NULL;
+  }
   buf[n] = 0;
   if (len) *len = n;
   return buf;
@@ -125,8 +132,9 @@ static const struct {
   const char *name;
   command_fn fn;
 } commands[] = {
-    {"check", fb_cli_check}, {"ir", fb_cli_ir},     {"run", fb_cli_run},    {"bench", fb_cli_bench},
-    {"graph", fb_cli_graph}, {"ping", fb_cli_ping}, {"stats", fb_cli_stats},
+    {"check", fb_cli_check}, {"ir", fb_cli_ir},       {"run", fb_cli_run},
+    {"bench", fb_cli_bench}, {"graph", fb_cli_graph}, {"ping", fb_cli_ping},
+    {"stats", fb_cli_stats},
 };
 
 static command_fn find_command(const char *name) {
@@ -136,20 +144,28 @@ static command_fn find_command(const char *name) {
 }
 
 static int unknown(const char *what, const char *name) {
-  fprintf(stderr, "fusebox: unknown %s '%s' (commands: check, ir, run, bench, graph, ping, stats, "
-          "help, version; run 'fusebox help' for more)\n", what, name);
+  fprintf(stderr,
+          "fusebox: unknown %s '%s' (commands: check, ir, run, bench, graph, ping, stats, "
+          "help, version; run 'fusebox help' for more)\n",
+          what, name);
   return 2;
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) { usage(stderr); return 2; }
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
     printf("fusebox %s\n", FB_VERSION);
     return 0;
   }
   if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
-    if (argc < 3) { usage(stdout); return 0; }
+    if (argc < 3) {
+      usage(stdout);
+      return 0;
+    }
     command_fn fn = find_command(argv[2]); /* fusebox help CMD: CMD --help */
     if (!fn) return unknown("command", argv[2]);
     char *args[] = {argv[2], "--help", NULL};

@@ -192,7 +192,7 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
     d->seq = m->errors[i]->seq;
     d->kernel = m->errors[i]->kernel;
     d->code = m->errors[i]->code < 0 && m->errors[i]->code >= FB_ELAST ? m->errors[i]->code
-                                                                     : FB_EINTERNAL;
+                                                                       : FB_EINTERNAL;
     r->nerrs++;
   }
   r->rets_dropped += m->returns_dropped;
@@ -215,13 +215,12 @@ static int recv_sync(fb_remote *r, uint64_t id) {
     }
     ops[n].op = GRPC_OP_RECV_MESSAGE;
     ops[n++].data.recv_message.recv_message = &r->recv_bb;
-    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb)
-      return stream_broken(r);
+    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb) return stream_broken(r);
     grpc_slice s = fbc_bb_slice(r->recv_bb);
     grpc_byte_buffer_destroy(r->recv_bb);
     r->recv_bb = NULL;
-    Fusebox__V1__SessionResponse *m = fusebox__v1__session_response__unpack(
-        NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    Fusebox__V1__SessionResponse *m =
+        fusebox__v1__session_response__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
     if (!m) return rerr(r, FB_EINTERNAL, "malformed SessionResponse from the server");
     int rc = 0, mine = m->sync && m->sync->sync_id == id;
@@ -409,7 +408,8 @@ int fb_remote_find_field(const fb_remote *r, const char *name, int comp) {
 
 /* ---------------------------------------------------------------- open and close */
 
-static void options_to_pb(fbp_arena *a, const fb_remote_options *o, Fusebox__V1__SessionOptions *m) {
+static void options_to_pb(fbp_arena *a, const fb_remote_options *o,
+                          Fusebox__V1__SessionOptions *m) {
   fusebox__v1__session_options__init(m);
   if (!o) return;
   m->backend = fbp_strdup(a, o->backend ? o->backend : "");
@@ -613,16 +613,15 @@ static void wait_lent(lent *l) {
   }
 }
 
-static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *src,
-                       size_t bytes, lent *l) {
+static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *src, size_t bytes,
+                       lent *l) {
   int tag, pending = 0, ok = 1;
   grpc_byte_buffer *bb = NULL;
   size_t chunk = r->c->chunk;
   for (size_t off = 0; off < bytes && ok > 0; off += chunk) {
     size_t n = bytes - off < chunk ? bytes - off : chunk;
     uint8_t hdr[FBP_CHUNK_HEADER_MAX];
-    size_t hn = fbp_chunk_header(hdr, off ? NULL : r->id, off ? 0 : field, off,
-                                 off ? 0 : bytes, n);
+    size_t hn = fbp_chunk_header(hdr, off ? NULL : r->id, off ? 0 : field, off, off ? 0 : bytes, n);
     atomic_fetch_add(&l->out, 1);
     grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
                         grpc_slice_new_with_user_data((void *)(src + off), n, lent_back, l)};
@@ -679,13 +678,14 @@ int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes
 
 static int chunk_fits(fb_remote *r, const fbp_chunk *ch, size_t bytes, size_t got) {
   if (ch->offset == got && ch->total_bytes == bytes && ch->len <= bytes - got) return 0;
-  return rerr(r, FB_EINTERNAL, "field read: chunk at %llu (%zu bytes) does not continue the "
-              "field (%zu of %zu bytes)", (unsigned long long)ch->offset, ch->len, got, bytes);
+  return rerr(r, FB_EINTERNAL,
+              "field read: chunk at %llu (%zu bytes) does not continue the "
+              "field (%zu of %zu bytes)",
+              (unsigned long long)ch->offset, ch->len, got, bytes);
 }
 
 /* One received chunk into dst, copied from the message's slices. */
-static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t bytes,
-                      size_t *got) {
+static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t bytes, size_t *got) {
   size_t total = grpc_byte_buffer_length(bb), at = 0;
   uint8_t head[FBP_CHUNK_HEADER_MAX];
   size_t hn = total < sizeof head ? total : sizeof head;

@@ -300,8 +300,13 @@ int fb_code_cache_put(fb_code_cache *c, const fb_code_key *k, const fb_kernel *i
     *kept = *val;
     return 0;
   }
-  *e = (entry){.key = k->key, .loop_pos = k->loop_pos, .partition = k->partition,
-               .layout = l, .ir = clone, .val = *val, .bytes = code_bytes + own_bytes(ir)};
+  *e = (entry){.key = k->key,
+               .loop_pos = k->loop_pos,
+               .partition = k->partition,
+               .layout = l,
+               .ir = clone,
+               .val = *val,
+               .bytes = code_bytes + own_bytes(ir)};
   entry *gone = NULL;
   pthread_mutex_lock(&c->mu);
   entry *old = find(c, k, ir);

@@ -31,8 +31,14 @@ typedef struct fb_cg_options {
 
 /* Offsets (bytes) of the fb_rt_ctx fields: every field is 8 bytes. */
 enum {
-  FB_CTX_ROOT = 0, FB_CTX_ARGS = 1, FB_CTX_RETS = 2, FB_CTX_GTMP = 3,
-  FB_CTX_ERROR = 4, FB_CTX_SEED = 5, FB_CTX_LAUNCH = 6, FB_CTX_RUNTIME = 7
+  FB_CTX_ROOT = 0,
+  FB_CTX_ARGS = 1,
+  FB_CTX_RETS = 2,
+  FB_CTX_GTMP = 3,
+  FB_CTX_ERROR = 4,
+  FB_CTX_SEED = 5,
+  FB_CTX_LAUNCH = 6,
+  FB_CTX_RUNTIME = 7
 };
 
 /* Build the (unoptimized) module of task t into a new module in c, with the
@@ -41,14 +47,12 @@ enum {
  * FB_EUNSUPPORTED (e.g. a layout deeper than the sparse runtime's limits)
  * or FB_ENOMEM, with a message. The module may call fb_rt_* functions:
  * link the runtime with fb_cg_link_rt before optimising it. */
-int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
-                const char *triple, const char *datalayout, LLVMModuleRef *out,
-                int *stmts, char *err, size_t errlen);
+int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o, const char *triple,
+                const char *datalayout, LLVMModuleRef *out, int *stmts, char *err, size_t errlen);
 
 /* rt_link.c: link the sparse runtime's bitcode (codegen/rt/fb_rt.c) for
  * the target into m when m calls it; its functions become internal. */
-int fb_cg_link_rt(LLVMContextRef c, LLVMModuleRef m, fb_cg_target target, char *err,
-                  size_t errlen);
+int fb_cg_link_rt(LLVMContextRef c, LLVMModuleRef m, fb_cg_target target, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- setup */
 
@@ -158,14 +162,14 @@ LLVMValueRef fb_emit_ctx_field(fb_emit *e, int field, LLVMTypeRef ty);
 LLVMValueRef fb_emit_i64(fb_emit *e, int64_t v);
 LLVMValueRef fb_emit_i32(fb_emit *e, int32_t v);
 /* Call an intrinsic overloaded on ty (or a plain intrinsic when ty NULL). */
-LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty,
-                               LLVMValueRef *args, unsigned n);
+LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty, LLVMValueRef *args,
+                               unsigned n);
 /* Call a one-operand intrinsic overloaded on its result and operand types. */
-LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret,
-                                LLVMTypeRef argty, LLVMValueRef arg);
+LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret, LLVMTypeRef argty,
+                                LLVMValueRef arg);
 /* Call a named external function ret(args...), declaring it when needed. */
-LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret,
-                          LLVMValueRef *args, unsigned n);
+LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret, LLVMValueRef *args,
+                          unsigned n);
 /* A new basic block in the current function. */
 LLVMBasicBlockRef fb_emit_block(fb_emit *e, const char *name);
 /* Is the current insertion block already terminated? */

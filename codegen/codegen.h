@@ -202,7 +202,6 @@ int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, 
  * the O3 pipeline, the module the CPU JIT turns into code (its function
  * names are fb_body and fb_bounds). For tests that check what LLVM makes
  * of a loop (vector loads, atomics) and for debugging. */
-int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *err,
-                    size_t errlen);
+int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *err, size_t errlen);
 
 #endif

@@ -54,24 +54,26 @@ typedef struct math_sym {
  * by name: the math functions the generator calls, by address. */
 static int define_math(fb_cpu_jit *j, char *err, size_t errlen) {
   const math_sym syms[] = {
-      {"sinf", (void *)sinf},   {"cosf", (void *)cosf},   {"tanf", (void *)tanf},
-      {"asinf", (void *)asinf}, {"acosf", (void *)acosf}, {"atanf", (void *)atanf},
-      {"expf", (void *)expf},   {"logf", (void *)logf},   {"powf", (void *)powf},
+      {"sinf", (void *)sinf},     {"cosf", (void *)cosf},   {"tanf", (void *)tanf},
+      {"asinf", (void *)asinf},   {"acosf", (void *)acosf}, {"atanf", (void *)atanf},
+      {"expf", (void *)expf},     {"logf", (void *)logf},   {"powf", (void *)powf},
       {"atan2f", (void *)atan2f}, {"fmodf", (void *)fmodf}, {"roundf", (void *)roundf},
       {"floorf", (void *)floorf}, {"ceilf", (void *)ceilf}, {"sqrtf", (void *)sqrtf},
-      {"sin", (void *)sin},     {"cos", (void *)cos},     {"tan", (void *)tan},
-      {"asin", (void *)asin},   {"acos", (void *)acos},   {"atan", (void *)atan},
-      {"exp", (void *)exp},     {"log", (void *)log},     {"pow", (void *)pow},
-      {"atan2", (void *)atan2}, {"fmod", (void *)fmod},   {"round", (void *)round},
-      {"floor", (void *)floor}, {"ceil", (void *)ceil},   {"sqrt", (void *)sqrt},
+      {"sin", (void *)sin},       {"cos", (void *)cos},     {"tan", (void *)tan},
+      {"asin", (void *)asin},     {"acos", (void *)acos},   {"atan", (void *)atan},
+      {"exp", (void *)exp},       {"log", (void *)log},     {"pow", (void *)pow},
+      {"atan2", (void *)atan2},   {"fmod", (void *)fmod},   {"round", (void *)round},
+      {"floor", (void *)floor},   {"ceil", (void *)ceil},   {"sqrt", (void *)sqrt},
   };
-  enum { N = sizeof syms / sizeof syms[0] };
+  enum {
+    N = sizeof syms / sizeof syms[0]
+  };
   LLVMOrcCSymbolMapPair pairs[N];
   for (int i = 0; i < N; i++) {
     pairs[i].Name = LLVMOrcLLJITMangleAndIntern(j->jit, syms[i].name);
     pairs[i].Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)syms[i].addr;
-    pairs[i].Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported |
-                                      LLVMJITSymbolGenericFlagsCallable;
+    pairs[i].Sym.Flags.GenericFlags =
+        LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable;
     pairs[i].Sym.Flags.TargetFlags = 0;
   }
   LLVMOrcMaterializationUnitRef mu = LLVMOrcAbsoluteSymbols(pairs, N);
@@ -87,7 +89,8 @@ static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
   LLVMTargetMachineRef tm = fb_cg_cpu_tm(j->triple, j->cpu, j->features, err, errlen);
   if (!tm) return FB_ECOMPILE;
   j->layout = fb_cg_tm_layout(tm);
-  LLVMOrcJITTargetMachineBuilderRef jtmb = LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm);
+  LLVMOrcJITTargetMachineBuilderRef jtmb =
+      LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm);
   LLVMOrcLLJITBuilderRef b = LLVMOrcCreateLLJITBuilder();
   LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(b, jtmb);
   LLVMErrorRef e = LLVMOrcCreateLLJIT(&j->jit, b);
@@ -98,8 +101,8 @@ static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
   if (!j->layout) return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   j->jd = LLVMOrcLLJITGetMainJITDylib(j->jit);
   LLVMOrcDefinitionGeneratorRef gen = NULL;
-  e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(j->jit),
-                                                           NULL, NULL);
+  e = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+      &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL);
   if (e) return llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot search the process for symbols");
   LLVMOrcJITDylibAddGenerator(j->jd, gen);
   return define_math(j, err, errlen);
@@ -200,9 +203,8 @@ static int lookup(fb_cpu_jit *j, const char *name, void **fn, char *err, size_t 
 }
 
 /* Add the object to the JIT and find the task's functions. */
-static int link_object(fb_cpu_jit *j, LLVMMemoryBufferRef obj, const fb_cg_options *o,
-                       int parallel, fb_cpu_code *out, LLVMOrcResourceTrackerRef *rt,
-                       char *err, size_t errlen) {
+static int link_object(fb_cpu_jit *j, LLVMMemoryBufferRef obj, const fb_cg_options *o, int parallel,
+                       fb_cpu_code *out, LLVMOrcResourceTrackerRef *rt, char *err, size_t errlen) {
   void *body = NULL, *bounds = NULL;
   pthread_mutex_lock(&j->jit_mu);
   *rt = LLVMOrcJITDylibCreateResourceTracker(j->jd);

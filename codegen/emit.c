@@ -35,8 +35,10 @@ int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
 LLVMTypeRef fb_emit_type(fb_emit *e, fb_type t) {
   switch (t) {
   case FB_T_BOOL: return e->t_i1;
-  case FB_T_I32: case FB_T_U32: return e->t_i32;
-  case FB_T_I64: case FB_T_U64: return e->t_i64;
+  case FB_T_I32:
+  case FB_T_U32: return e->t_i32;
+  case FB_T_I64:
+  case FB_T_U64: return e->t_i64;
   case FB_T_F32: return e->t_f32;
   case FB_T_F64: return e->t_f64;
   default: return NULL;
@@ -54,8 +56,8 @@ static const char *op_name(const fb_stmt *s) {
 LLVMValueRef fb_emit_arg(fb_emit *e, const fb_stmt *s, int i) {
   int a = i < FB_MAX_ARGS ? s->args[i] : -1;
   if (i >= s->nargs || a < 0 || a >= e->k->nstmts || !e->vals[a]) {
-    fb_emit_error(e, FB_EINVAL, "%s: operand %d (%%%d) is not defined before its use",
-                  op_name(s), i, a);
+    fb_emit_error(e, FB_EINVAL, "%s: operand %d (%%%d) is not defined before its use", op_name(s),
+                  i, a);
     return NULL;
   }
   return e->vals[a];
@@ -82,8 +84,8 @@ LLVMValueRef fb_emit_i32(fb_emit *e, int32_t v) {
   return LLVMConstInt(e->t_i32, (unsigned long long)(uint32_t)v, 0);
 }
 
-LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty,
-                               LLVMValueRef *args, unsigned n) {
+LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty, LLVMValueRef *args,
+                               unsigned n) {
   unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
   if (!id) {
     fb_emit_error(e, FB_EINTERNAL, "LLVM has no intrinsic %s", name);
@@ -94,8 +96,8 @@ LLVMValueRef fb_emit_intrinsic(fb_emit *e, const char *name, LLVMTypeRef ty,
   return LLVMBuildCall2(e->b, fty, fn, args, n, "");
 }
 
-LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret,
-                                LLVMTypeRef argty, LLVMValueRef arg) {
+LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret, LLVMTypeRef argty,
+                                LLVMValueRef arg) {
   unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
   LLVMTypeRef tys[2] = {ret, argty};
   if (!id) {
@@ -106,8 +108,8 @@ LLVMValueRef fb_emit_intrinsic2(fb_emit *e, const char *name, LLVMTypeRef ret,
   return LLVMBuildCall2(e->b, LLVMIntrinsicGetType(e->c, id, tys, 2), fn, &arg, 1, "");
 }
 
-LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret,
-                          LLVMValueRef *args, unsigned n) {
+LLVMValueRef fb_emit_call(fb_emit *e, const char *name, LLVMTypeRef ret, LLVMValueRef *args,
+                          unsigned n) {
   LLVMValueRef fn = LLVMGetNamedFunction(e->m, name);
   if (!fn) {
     LLVMTypeRef pt[8];
@@ -146,7 +148,8 @@ LLVMValueRef fb_emit_pack_slot(fb_emit *e, fb_type t, LLVMValueRef v) {
   switch (t) {
   case FB_T_F32: return LLVMBuildZExt(e->b, LLVMBuildBitCast(e->b, v, e->t_i32, ""), e->t_i64, "");
   case FB_T_F64: return LLVMBuildBitCast(e->b, v, e->t_i64, "");
-  case FB_T_BOOL: case FB_T_U32: return LLVMBuildZExt(e->b, v, e->t_i64, "");
+  case FB_T_BOOL:
+  case FB_T_U32: return LLVMBuildZExt(e->b, v, e->t_i64, "");
   case FB_T_I32: return LLVMBuildSExt(e->b, v, e->t_i64, "");
   default: return v;
   }
@@ -154,10 +157,12 @@ LLVMValueRef fb_emit_pack_slot(fb_emit *e, fb_type t, LLVMValueRef v) {
 
 LLVMValueRef fb_emit_unpack_slot(fb_emit *e, fb_type t, LLVMValueRef slot) {
   switch (t) {
-  case FB_T_F32: return LLVMBuildBitCast(e->b, LLVMBuildTrunc(e->b, slot, e->t_i32, ""), e->t_f32, "");
+  case FB_T_F32:
+    return LLVMBuildBitCast(e->b, LLVMBuildTrunc(e->b, slot, e->t_i32, ""), e->t_f32, "");
   case FB_T_F64: return LLVMBuildBitCast(e->b, slot, e->t_f64, "");
   case FB_T_BOOL: return LLVMBuildTrunc(e->b, slot, e->t_i1, "");
-  case FB_T_I32: case FB_T_U32: return LLVMBuildTrunc(e->b, slot, e->t_i32, "");
+  case FB_T_I32:
+  case FB_T_U32: return LLVMBuildTrunc(e->b, slot, e->t_i32, "");
   default: return slot;
   }
 }
@@ -302,8 +307,10 @@ static int sfor_geometry(fb_emit *e, int id, const fb_stmt *s, sfor_geom *g) {
   int up[FB_RT_MAX_LEVELS], n = 0;
   for (int c = g->T; c != g->pk; c = e->l->nodes[c].parent) {
     if (n == FB_RT_MAX_LEVELS)
-      return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d struct_for: more than %d dense levels below "
-                           "SNode %d", id, FB_RT_MAX_LEVELS, g->pk);
+      return fb_emit_error(e, FB_EUNSUPPORTED,
+                           "%%%d struct_for: more than %d dense levels below "
+                           "SNode %d",
+                           id, FB_RT_MAX_LEVELS, g->pk);
     up[n++] = c;
   }
   for (int i = 0; i < n; i++) {
@@ -314,7 +321,9 @@ static int sfor_geometry(fb_emit *e, int id, const fb_stmt *s, sfor_geom *g) {
   return 1;
 }
 
-static LLVMValueRef i32c(fb_emit *e, int v) { return LLVMConstInt(e->t_i32, (unsigned long long)v, 0); }
+static LLVMValueRef i32c(fb_emit *e, int v) {
+  return LLVMConstInt(e->t_i32, (unsigned long long)v, 0);
+}
 
 static LLVMValueRef listgen_desc(fb_emit *e, int snode) {
   fb_rt_lg d;
@@ -374,9 +383,11 @@ static LLVMValueRef sfor_cell(fb_emit *e, int id, const fb_stmt *s, const sfor_g
     }
     for (int a = 0; a < 4; a++)
       if (L->size[a] != 1)
-        gi[a] = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, gi[a], fb_emit_i64(e, L->size[a]), ""), loc[a], "");
-    LLVMValueRef off = LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)L->offset),
-                                    LLVMBuildMul(e->b, lin[i], fb_emit_i64(e, (int64_t)L->cell_bytes), ""), "");
+        gi[a] = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, gi[a], fb_emit_i64(e, L->size[a]), ""),
+                             loc[a], "");
+    LLVMValueRef off =
+        LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)L->offset),
+                     LLVMBuildMul(e->b, lin[i], fb_emit_i64(e, (int64_t)L->cell_bytes), ""), "");
     base = LLVMBuildGEP2(e->b, e->t_i8, base, &off, 1, "cell");
   }
   const fb_snode *sn = &e->l->nodes[s->snode];
@@ -385,7 +396,8 @@ static LLVMValueRef sfor_cell(fb_emit *e, int id, const fb_stmt *s, const sfor_g
     int a = sn->dim_axis[d];
     e->lidx[id][d] = LLVMBuildTrunc(e->b, gi[a], e->t_i32, "idx");
     e->lwide[id][d] = gi[a];
-    iter = LLVMBuildAdd(e->b, LLVMBuildMul(e->b, iter, fb_emit_i64(e, sn->shape[a]), ""), gi[a], "");
+    iter =
+        LLVMBuildAdd(e->b, LLVMBuildMul(e->b, iter, fb_emit_i64(e, sn->shape[a]), ""), gi[a], "");
   }
   e->rand_iter = iter;
   return base;
@@ -397,12 +409,14 @@ static LLVMValueRef list_elem(fb_emit *e, LLVMValueRef elems, LLVMValueRef el, L
   LLVMValueRef ep = LLVMBuildGEP2(e->b, e->t_i8, elems, &off, 1, "elem");
   for (int a = 0; a < 4; a++) {
     LLVMValueRef o = fb_emit_i64(e, 4 * a);
-    LLVMValueRef x = LLVMBuildLoad2(e->b, e->t_i32, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "");
+    LLVMValueRef x =
+        LLVMBuildLoad2(e->b, e->t_i32, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "");
     LLVMSetAlignment(x, 4);
     c[a] = LLVMBuildSExt(e->b, x, e->t_i64, "");
   }
   LLVMValueRef o = fb_emit_i64(e, 16);
-  LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "cptr");
+  LLVMValueRef p =
+      LLVMBuildLoad2(e->b, e->t_ptr, LLVMBuildGEP2(e->b, e->t_i8, ep, &o, 1, ""), "cptr");
   LLVMSetAlignment(p, 8);
   return fb_emit_global(e, p);
 }
@@ -435,7 +449,8 @@ typedef struct counted {
   LLVMValueRef x;
 } counted;
 
-static void loop_open(fb_emit *e, counted *lp, LLVMValueRef from, LLVMValueRef to, const char *name) {
+static void loop_open(fb_emit *e, counted *lp, LLVMValueRef from, LLVMValueRef to,
+                      const char *name) {
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
   lp->head = fb_emit_block(e, name);
   LLVMBasicBlockRef body = fb_emit_block(e, "body");
@@ -472,7 +487,8 @@ static int sfor_nested(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g,
                        LLVMValueRef start, LLVMValueRef end) {
   LLVMValueRef M = fb_emit_i64(e, g->M);
   LLVMValueRef e0 = LLVMBuildSDiv(e->b, start, M, "");
-  LLVMValueRef e1 = LLVMBuildSDiv(e->b, LLVMBuildAdd(e->b, end, fb_emit_i64(e, g->M - 1), ""), M, "");
+  LLVMValueRef e1 =
+      LLVMBuildSDiv(e->b, LLVMBuildAdd(e->b, end, fb_emit_i64(e, g->M - 1), ""), M, "");
   counted outer, inner;
   loop_open(e, &outer, e0, e1, "elem");
   LLVMValueRef c[4];
@@ -620,8 +636,8 @@ static int emit_rows(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef start, L
   LLVMValueRef q = LLVMBuildUDiv(e->b, it, W, "");
   LLVMValueRef j0 = LLVMBuildNUWSub(e->b, it, LLVMBuildNUWMul(e->b, q, W, ""), "j0");
   LLVMValueRef left = LLVMBuildNSWSub(e->b, W, j0, ""), rest = LLVMBuildNSWSub(e->b, end, it, "");
-  LLVMValueRef n = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, left, rest, ""), left,
-                                   rest, "n");
+  LLVMValueRef n =
+      LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, left, rest, ""), left, rest, "n");
   LLVMValueRef j1 = LLVMBuildNSWAdd(e->b, j0, n, "j1");
   struct_indices(e, id, sn, q, last - 1);
   LLVMBuildBr(e->b, cols);
@@ -662,8 +678,8 @@ static int emit_iterations(fb_emit *e, int id, const fb_stmt *s, LLVMValueRef st
     e->rand_iter = saved_iter;
     return e->rc;
   }
-  if (s->op == FB_OP_STRUCT_FOR && e->l->nodes[s->snode].ndim >= 2 &&
-      e->o->target == FB_CG_CPU && LLVMIsConstant(step) && LLVMConstIntGetSExtValue(step) == 1)
+  if (s->op == FB_OP_STRUCT_FOR && e->l->nodes[s->snode].ndim >= 2 && e->o->target == FB_CG_CPU &&
+      LLVMIsConstant(step) && LLVMConstIntGetSExtValue(step) == 1)
     return emit_rows(e, id, s, start, end);
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
   LLVMBasicBlockRef head = fb_emit_block(e, "par");
@@ -710,8 +726,7 @@ static int emit_jump(fb_emit *e, int id, const fb_stmt *s) {
   const fb_cg_loop *lp = &e->loops[e->nloops - 1];
   LLVMBasicBlockRef to = s->op == FB_OP_BREAK ? lp->brk : lp->cont;
   if (!to)
-    return fb_emit_error(e, FB_EINVAL, "%%%d %s: not allowed in a parallel loop", id,
-                         op_name(s));
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: not allowed in a parallel loop", id, op_name(s));
   LLVMBuildBr(e->b, to);
   /* statements after a jump are dead: give them a block of their own */
   LLVMPositionBuilderAtEnd(e->b, fb_emit_block(e, "dead"));
@@ -723,8 +738,10 @@ static int emit_loop_index(fb_emit *e, int id, const fb_stmt *s) {
   int which = (int)s->imm.i;
   if (loop < 0 || loop >= e->k->nstmts || which < 0 || which >= FB_MAX_AXES ||
       !e->lidx[loop][which])
-    return fb_emit_error(e, FB_EINVAL, "%%%d loop_index: %%%d is not an enclosing loop "
-                         "with index %d", id, loop, which);
+    return fb_emit_error(e, FB_EINVAL,
+                         "%%%d loop_index: %%%d is not an enclosing loop "
+                         "with index %d",
+                         id, loop, which);
   e->vals[id] = e->lidx[loop][which];
   return 0;
 }
@@ -740,8 +757,7 @@ static int emit_stmt(fb_emit *e, int id) {
     return fb_emit_error(e, FB_EINVAL, "block lists statement %d, which does not exist", id);
   const fb_stmt *s = &e->k->stmts[id];
   if (s->op >= FB_OP__COUNT) return fb_emit_error(e, FB_EINVAL, "%%%d: unknown op %u", id, s->op);
-  if (e->done[id])
-    return fb_emit_error(e, FB_EINVAL, "%%%d %s: listed twice", id, op_name(s));
+  if (e->done[id]) return fb_emit_error(e, FB_EINVAL, "%%%d %s: listed twice", id, op_name(s));
   e->done[id] = 1;
   if (e->bounds_fn && ((e->keep && !e->keep[id]) || has_global_effect(s))) {
     /* not needed by the bounds: leave a harmless value behind */
@@ -764,11 +780,19 @@ static int emit_stmt(fb_emit *e, int id) {
   case FB_OPC_LOOPIDX:
     if (!emit_loop_index(e, id, s)) fb_cg_wide_note(e, id);
     return e->rc;
-  case FB_OPC_ALLOCA: case FB_OPC_LLOAD: case FB_OPC_LSTORE: case FB_OPC_GLOAD:
-  case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: case FB_OPC_SPARSE:
-  case FB_OPC_APPEND: case FB_OPC_LENGTH: case FB_OPC_RET: case FB_OPC_GTMP:
-  case FB_OPC_RAND:
-    return fb_emit_mem_op(e, id, s);
+  case FB_OPC_ALLOCA:
+  case FB_OPC_LLOAD:
+  case FB_OPC_LSTORE:
+  case FB_OPC_GLOAD:
+  case FB_OPC_GSTORE:
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC:
+  case FB_OPC_SPARSE:
+  case FB_OPC_APPEND:
+  case FB_OPC_LENGTH:
+  case FB_OPC_RET:
+  case FB_OPC_GTMP:
+  case FB_OPC_RAND: return fb_emit_mem_op(e, id, s);
   default:
     if (!fb_emit_value_op(e, id, s)) fb_cg_wide_note(e, id);
     return e->rc;
@@ -805,8 +829,7 @@ typedef struct fn_frame {
 } fn_frame;
 
 /* Start a function: entry block for allocas, code block for statements. */
-static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned np,
-                     fn_frame *f) {
+static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned np, fn_frame *f) {
   LLVMTypeRef fty = LLVMFunctionType(e->t_void, params, np, 0);
   e->fn = LLVMAddFunction(e->m, name, fty);
   e->ctx = LLVMGetParam(e->fn, 0);
@@ -947,13 +970,19 @@ static unsigned char *bounds_keep(fb_emit *e, const fb_stmt *loop, int loop_pos)
   int n = e->k->nstmts;
   unsigned char *keep = calloc((size_t)n + 1, 1);
   int *stack = malloc(sizeof(int) * ((size_t)n + 1));
-  if (!keep || !stack) { free(keep); free(stack); return NULL; }
+  if (!keep || !stack) {
+    free(keep);
+    free(stack);
+    return NULL;
+  }
   int sp = 0;
-  for (int i = 0; i < loop->nargs && i < FB_MAX_ARGS; i++) keep_mark(e, keep, stack, &sp, loop->args[i]);
+  for (int i = 0; i < loop->nargs && i < FB_MAX_ARGS; i++)
+    keep_mark(e, keep, stack, &sp, loop->args[i]);
   const fb_block *b0 = &e->k->blocks[0];
   while (sp > 0) {
     const fb_stmt *s = &e->k->stmts[stack[--sp]];
-    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) keep_mark(e, keep, stack, &sp, s->args[i]);
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++)
+      keep_mark(e, keep, stack, &sp, s->args[i]);
     if (s->op != FB_OP_ALLOCA) continue;
     int var = (int)(s - e->k->stmts);
     for (int p = 0; p < loop_pos; p++) {
@@ -1013,16 +1042,19 @@ static int check_task(const fb_cg_task *t, int *loop_pos, char *err, size_t errl
                       k->name, t->loop);
   const fb_stmt *s = &k->stmts[t->loop];
   if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR && s->op != FB_OP_LISTGEN)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is a '%s' statement, not par_for, "
-                      "struct_for or listgen", k->name, t->loop,
-                      s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
+    return fb_cg_fail(err, errlen, FB_EINVAL,
+                      "task %s: loop %%%d is a '%s' statement, not par_for, "
+                      "struct_for or listgen",
+                      k->name, t->loop, s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
   if ((s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_LISTGEN) &&
       (s->snode <= 0 || s->snode >= k->layout->nnodes))
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: struct_for %%%d names no SNode",
-                      k->name, t->loop);
+    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: struct_for %%%d names no SNode", k->name,
+                      t->loop);
   if (pos != b0->n - 1)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: statements follow the parallel loop "
-                      "%%%d", k->name, t->loop);
+    return fb_cg_fail(err, errlen, FB_EINVAL,
+                      "task %s: statements follow the parallel loop "
+                      "%%%d",
+                      k->name, t->loop);
   *loop_pos = pos;
   return 0;
 }
@@ -1067,9 +1099,11 @@ static void emit_gpu_entry(fb_emit *e) {
   }
   LLVMValueRef ctx = LLVMBuildAlloca(b, LLVMArrayType2(e->t_i64, 8), "ctx");
   /* context field <- entry parameter (-1: the argument slots) */
-  static const struct { int field, param, ptr; } map[] = {
-      {FB_CTX_ROOT, 0, 1},  {FB_CTX_ARGS, -1, 1},  {FB_CTX_RETS, 1, 1},   {FB_CTX_GTMP, 2, 1},
-      {FB_CTX_ERROR, 3, 1}, {FB_CTX_SEED, 4, 0},   {FB_CTX_LAUNCH, 5, 0}, {FB_CTX_RUNTIME, 6, 1}};
+  static const struct {
+    int field, param, ptr;
+  } map[] = {{FB_CTX_ROOT, 0, 1},   {FB_CTX_ARGS, -1, 1},  {FB_CTX_RETS, 1, 1},
+             {FB_CTX_GTMP, 2, 1},   {FB_CTX_ERROR, 3, 1},  {FB_CTX_SEED, 4, 0},
+             {FB_CTX_LAUNCH, 5, 0}, {FB_CTX_RUNTIME, 6, 1}};
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
     LLVMValueRef idx = fb_emit_i64(e, map[i].field);
     LLVMValueRef slot = LLVMBuildGEP2(b, e->t_i64, ctx, &idx, 1, "");
@@ -1134,9 +1168,8 @@ static int verify_task(const fb_kernel *k, char *err, size_t errlen) {
   return rc;
 }
 
-int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
-                const char *triple, const char *datalayout, LLVMModuleRef *out,
-                int *stmts, char *err, size_t errlen) {
+int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o, const char *triple,
+                const char *datalayout, LLVMModuleRef *out, int *stmts, char *err, size_t errlen) {
   int loop_pos;
   int rc = check_task(t, &loop_pos, err, errlen);
   if (!rc) rc = verify_task(t->ir, err, errlen);
@@ -1153,7 +1186,8 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o,
   e.rstate = calloc(n, 1);
   e.rlo = calloc(n, sizeof *e.rlo);
   e.rhi = calloc(n, sizeof *e.rhi);
-  if (!e.vals || !e.lidx || !e.lwide || !e.wide || !e.used || !e.done || !e.rstate || !e.rlo || !e.rhi) {
+  if (!e.vals || !e.lidx || !e.lwide || !e.wide || !e.used || !e.done || !e.rstate || !e.rlo ||
+      !e.rhi) {
     rc = fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
     goto out;
   }

@@ -52,8 +52,10 @@ static int emit_lstore(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef x = fb_emit_arg(e, s, 1);
   if (!x) return e->rc;
   if (v < 0 || e->k->stmts[v].type != e->k->stmts[s->args[1]].type)
-    return fb_emit_error(e, FB_EINVAL, "%%%d lstore: operand 0 is not a variable of the "
-                         "value's type", id);
+    return fb_emit_error(e, FB_EINVAL,
+                         "%%%d lstore: operand 0 is not a variable of the "
+                         "value's type",
+                         id);
   LLVMBuildStore(e->b, x, e->vals[v]);
   return 0;
 }
@@ -66,8 +68,8 @@ int fb_emit_check_dense(fb_emit *e, int id, int snode) {
     fb_snode_kind k = l->nodes[n].kind;
     if (k != FB_SN_DENSE && k != FB_SN_PLACE)
       return fb_emit_error(e, FB_EUNSUPPORTED,
-                           "%%%d %s: SNode %d (%s) is sparse; this path needs a dense one",
-                           id, opname(&e->k->stmts[id]), n, fb_snode_kind_name(k));
+                           "%%%d %s: SNode %d (%s) is sparse; this path needs a dense one", id,
+                           opname(&e->k->stmts[id]), n, fb_snode_kind_name(k));
   }
   return 0;
 }
@@ -88,8 +90,8 @@ static int dense_path(const fb_layout *l, int snode) {
  * when nothing needs checking.
  * The indices of snode's axes are those of its dimensions in order, minus
  * the skipped axis `skip_axis` (-1: none). */
-static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int extra,
-                          int skip_axis, const LLVMValueRef *given, LLVMValueRef idx[FB_MAX_AXES],
+static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int extra, int skip_axis,
+                          const LLVMValueRef *given, LLVMValueRef idx[FB_MAX_AXES],
                           int axis[FB_MAX_AXES], LLVMValueRef *inb) {
   const fb_snode *sn = &e->l->nodes[snode];
   int n = 0;
@@ -97,8 +99,8 @@ static int index_check_ex(fb_emit *e, int id, const fb_stmt *s, int snode, int e
     if (sn->dim_axis[d] != skip_axis) axis[n++] = sn->dim_axis[d];
   *inb = NULL;
   if (s->nargs != n + extra)
-    return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d takes %d indices", id, opname(s),
-                         snode, n);
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d takes %d indices", id, opname(s), snode,
+                         n);
   for (int d = 0; d < n; d++) {
     idx[d] = given ? given[d] : fb_emit_arg(e, s, d);
     if (!idx[d]) return e->rc;
@@ -159,8 +161,8 @@ static LLVMValueRef byte_gepc(fb_emit *e, LLVMValueRef p, int64_t off) {
  * node offset + (row-major local cell index) * cell bytes. */
 static LLVMValueRef dense_step(fb_emit *e, const fb_snode *c, int leaf,
                                LLVMValueRef gi[FB_MAX_AXES]) {
-  LLVMValueRef cell = LLVMBuildMul(e->b, local_lin(e, c, leaf, gi),
-                                   fb_emit_i64(e, (int64_t)c->cell_bytes), "");
+  LLVMValueRef cell =
+      LLVMBuildMul(e->b, local_lin(e, c, leaf, gi), fb_emit_i64(e, (int64_t)c->cell_bytes), "");
   return LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset), cell, "");
 }
 
@@ -211,7 +213,8 @@ static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AX
       cst += (int64_t)d->offset;
     }
     if (q == p) {
-      step = LLVMBuildMul(e->b, local_lin(e, c, place, gi), fb_emit_i64(e, (int64_t)c->cell_bytes), "");
+      step = LLVMBuildMul(e->b, local_lin(e, c, place, gi), fb_emit_i64(e, (int64_t)c->cell_bytes),
+                          "");
     } else {
       const fb_snode *d = &e->l->nodes[path[q]];
       int a = single_axis(c);
@@ -275,10 +278,11 @@ static LLVMValueRef rt_ctx(fb_emit *e) { return e->ctx; }
 static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
   LLVMValueRef lin = local_lin(e, c, w->leaf, w->gi);
   LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
-  LLVMValueRef wordoff = LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""),
-                                      fb_emit_i64(e, 4), "");
+  LLVMValueRef wordoff =
+      LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""), fb_emit_i64(e, 4), "");
   LLVMValueRef wp = byte_gep(e, node, wordoff);
-  LLVMValueRef sh = LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
+  LLVMValueRef sh =
+      LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
   LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "bit");
   LLVMValueRef word = LLVMBuildLoad2(e->b, e->t_i32, wp, "mask");
   LLVMSetAlignment(word, 4);
@@ -291,8 +295,8 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
     LLVMBasicBlockRef on = fb_emit_block(e, "bm.on");
     LLVMBuildCondBr(e->b, set, on, act);
     LLVMPositionBuilderAtEnd(e->b, act);
-    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpOr, wp, bit,
-                                          LLVMAtomicOrderingMonotonic, 0);
+    LLVMValueRef old =
+        LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpOr, wp, bit, LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
     LLVMBuildBr(e->b, on);
     LLVMPositionBuilderAtEnd(e->b, on);
@@ -304,8 +308,9 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
 /* pointer: the slot holds the child block (one cell); writing allocates it. */
 static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRef base) {
   LLVMValueRef lin = local_lin(e, c, w->leaf, w->gi);
-  LLVMValueRef slot = byte_gep(e, base, LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset),
-                                                     LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""), ""));
+  LLVMValueRef slot = byte_gep(e, base,
+                               LLVMBuildAdd(e->b, fb_emit_i64(e, (int64_t)c->offset),
+                                            LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_i64, slot, "slot");
   LLVMSetAlignment(p, 8);
   LLVMValueRef live = LLVMBuildICmp(e->b, LLVMIntNE, p, fb_emit_i64(e, 0), "");
@@ -337,12 +342,14 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMSetAlignment(len, 8);
   LLVMValueRef ck = fb_emit_i64(e, c->chunk);
   LLVMValueRef q = LLVMBuildUDiv(e->b, n, ck, "");
-  LLVMValueRef slot = byte_gep(e, node, LLVMBuildAdd(e->b, fb_emit_i64(e, 8),
-                                                     LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
+  LLVMValueRef slot = byte_gep(
+      e, node,
+      LLVMBuildAdd(e->b, fb_emit_i64(e, 8), LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef chunk = LLVMBuildLoad2(e->b, e->t_i64, slot, "chunk");
   LLVMSetAlignment(chunk, 8);
-  LLVMValueRef live = LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, n, len, ""),
-                                   LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "");
+  LLVMValueRef live =
+      LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, n, len, ""),
+                   LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "");
   LLVMValueRef within = LLVMBuildMul(e->b, LLVMBuildURem(e->b, n, ck, ""),
                                      fb_emit_i64(e, (int64_t)c->cell_bytes), "");
   if (!w->write) {
@@ -356,8 +363,11 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef fp = byte_gep(e, ptr_of_i64(e, chunk), within);
   LLVMBasicBlockRef fast_end = LLVMGetInsertBlock(e->b);
   LLVMPositionBuilderAtEnd(e->b, slow);
-  LLVMValueRef args[6] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
-                          fb_emit_generic(e, node), n, ck,
+  LLVMValueRef args[6] = {rt_ctx(e),
+                          LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
+                          fb_emit_generic(e, node),
+                          n,
+                          ck,
                           fb_emit_i64(e, (int64_t)c->cell_bytes)};
   LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_activate", e->t_ptr, args, 6);
   continue_if(e, w, LLVMBuildIsNotNull(e->b, cell, ""), "dyn.got");
@@ -407,8 +417,7 @@ static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n)
   LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
   LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
   LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
-  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4),
-                  LLVMMetadataAsValue(e->c, tag));
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
 }
 
 static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
@@ -424,9 +433,9 @@ typedef struct guard {
 } guard;
 
 static void latch_error(fb_emit *e, int code) {
-  LLVMValueRef x = LLVMBuildAtomicCmpXchg(e->b, e->c_error, fb_emit_i32(e, 0), fb_emit_i32(e, code),
-                                          LLVMAtomicOrderingMonotonic,
-                                          LLVMAtomicOrderingMonotonic, 0);
+  LLVMValueRef x =
+      LLVMBuildAtomicCmpXchg(e->b, e->c_error, fb_emit_i32(e, 0), fb_emit_i32(e, code),
+                             LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
   tag_named(e, x, "fb.error", 8);
 }
 
@@ -485,7 +494,6 @@ static int check_place(fb_emit *e, int id, const fb_stmt *s) {
 }
 
 static void set_align(LLVMValueRef v, fb_type t) { LLVMSetAlignment(v, (unsigned)fb_type_size(t)); }
-
 
 /* Inside a sparse struct_for: is s's SNode (a field, or the container,
  * under the loop's container T) indexed by exactly the loop's indices? Then
@@ -581,17 +589,22 @@ static int atomic_binop(fb_op op, fb_type t) {
   if (t == FB_T_BOOL && op != FB_OP_ATOMIC_AND && op != FB_OP_ATOMIC_OR && op != FB_OP_ATOMIC_XOR)
     return -1;
   switch (op) {
-  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_ADD_NA:
-    return fl ? LLVMAtomicRMWBinOpFAdd : LLVMAtomicRMWBinOpAdd;
-  case FB_OP_ATOMIC_SUB: case FB_OP_ATOMIC_SUB_NA:
-    return fl ? LLVMAtomicRMWBinOpFSub : LLVMAtomicRMWBinOpSub;
-  case FB_OP_ATOMIC_MIN: case FB_OP_ATOMIC_MIN_NA:
+  case FB_OP_ATOMIC_ADD:
+  case FB_OP_ATOMIC_ADD_NA: return fl ? LLVMAtomicRMWBinOpFAdd : LLVMAtomicRMWBinOpAdd;
+  case FB_OP_ATOMIC_SUB:
+  case FB_OP_ATOMIC_SUB_NA: return fl ? LLVMAtomicRMWBinOpFSub : LLVMAtomicRMWBinOpSub;
+  case FB_OP_ATOMIC_MIN:
+  case FB_OP_ATOMIC_MIN_NA:
     return fl ? LLVMAtomicRMWBinOpFMin : sg ? LLVMAtomicRMWBinOpMin : LLVMAtomicRMWBinOpUMin;
-  case FB_OP_ATOMIC_MAX: case FB_OP_ATOMIC_MAX_NA:
+  case FB_OP_ATOMIC_MAX:
+  case FB_OP_ATOMIC_MAX_NA:
     return fl ? LLVMAtomicRMWBinOpFMax : sg ? LLVMAtomicRMWBinOpMax : LLVMAtomicRMWBinOpUMax;
-  case FB_OP_ATOMIC_AND: case FB_OP_ATOMIC_AND_NA: return fl ? -1 : LLVMAtomicRMWBinOpAnd;
-  case FB_OP_ATOMIC_OR: case FB_OP_ATOMIC_OR_NA: return fl ? -1 : LLVMAtomicRMWBinOpOr;
-  case FB_OP_ATOMIC_XOR: case FB_OP_ATOMIC_XOR_NA: return fl ? -1 : LLVMAtomicRMWBinOpXor;
+  case FB_OP_ATOMIC_AND:
+  case FB_OP_ATOMIC_AND_NA: return fl ? -1 : LLVMAtomicRMWBinOpAnd;
+  case FB_OP_ATOMIC_OR:
+  case FB_OP_ATOMIC_OR_NA: return fl ? -1 : LLVMAtomicRMWBinOpOr;
+  case FB_OP_ATOMIC_XOR:
+  case FB_OP_ATOMIC_XOR_NA: return fl ? -1 : LLVMAtomicRMWBinOpXor;
   default: return -1;
   }
 }
@@ -600,13 +613,13 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
                       LLVMValueRef v) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
   int axis[FB_MAX_AXES];
-  if (check_place(e, id, s) ||
-      index_check_ex(e, id, s, s->snode, 1, -1, given, idx, axis, &inb))
+  if (check_place(e, id, s) || index_check_ex(e, id, s, s->snode, 1, -1, given, idx, axis, &inb))
     return e->rc;
   fb_type t = e->l->nodes[s->snode].type;
   int bop = atomic_binop((fb_op)s->op, t);
-  if (bop < 0) return fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s),
-                                    fb_type_name(t));
+  if (bop < 0)
+    return fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s),
+                         fb_type_name(t));
   if (!v) v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
   if (!v) return e->rc;
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
@@ -690,9 +703,9 @@ int fb_emit_try_pair(fb_emit *e, int id, int id2) {
   LLVMValueRef old = LLVMBuildPhi(e->b, e->t_i64, "");
   LLVMAddIncoming(old, &first, &pre, 1);
   LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, v2, ""), add, "");
-  LLVMValueRef x2 = LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, e->t_i64, ""),
-                                           LLVMAtomicOrderingMonotonic,
-                                           LLVMAtomicOrderingMonotonic, 0);
+  LLVMValueRef x2 =
+      LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, e->t_i64, ""),
+                             LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
   LLVMSetAlignment(x2, 8);
   LLVMValueRef seen = LLVMBuildExtractValue(e->b, x2, 0, "");
   LLVMAddIncoming(old, &seen, &loop, 1);
@@ -715,15 +728,20 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
   LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
   char name[48];
   if (c->kind == FB_SN_BITMASKED) {
-    LLVMValueRef wp = byte_gep(e, node, LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""),
-                                                     fb_emit_i64(e, 4), ""));
-    LLVMValueRef sh = LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
+    LLVMValueRef wp = byte_gep(
+        e, node,
+        LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""), fb_emit_i64(e, 4), ""));
+    LLVMValueRef sh =
+        LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
     LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "");
-    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpAnd, wp, LLVMBuildNot(e->b, bit, ""),
-                                          LLVMAtomicOrderingMonotonic, 0);
+    LLVMValueRef old =
+        LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpAnd, wp, LLVMBuildNot(e->b, bit, ""),
+                           LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
-    continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, old, bit, ""),
-                                    fb_emit_i32(e, 0), ""), "bm.clear");
+    continue_if(
+        e, w,
+        LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, old, bit, ""), fb_emit_i32(e, 0), ""),
+        "bm.clear");
     fb_rt_cell d;
     char msg[256];
     if (fb_cg_cell_desc(e->l, c->id, &d, msg, sizeof msg)) {
@@ -732,8 +750,10 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
     }
     snprintf(name, sizeof name, "fb.cell.%d", c->id);
     LLVMValueRef cells = byte_gepc(e, node, (int64_t)fb_cg_mask_bytes(c));
-    LLVMValueRef cell = byte_gep(e, cells, LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), ""));
-    LLVMValueRef args[3] = {rt_ctx(e), fb_emit_desc(e, &d, sizeof d, name), fb_emit_generic(e, cell)};
+    LLVMValueRef cell =
+        byte_gep(e, cells, LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), ""));
+    LLVMValueRef args[3] = {rt_ctx(e), fb_emit_desc(e, &d, sizeof d, name),
+                            fb_emit_generic(e, cell)};
     fb_emit_call(e, "fb_rt_cell_clear", e->t_void, args, 3);
   } else if (c->kind == FB_SN_POINTER) {
     LLVMValueRef slot = byte_gep(e, node, LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""));
@@ -761,9 +781,10 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   const fb_snode *sn = &e->l->nodes[s->snode];
   int c = sn->kind == FB_SN_PLACE ? sn->parent : sn->id;
   if (s->op == FB_OP_DEACTIVATE && !fb_cg_is_sparse(e->l->nodes[c].kind))
-    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d deactivate: SNode %d is %s; deactivate needs a "
-                         "sparse (bitmasked, pointer or dynamic) SNode", id, c,
-                         fb_snode_kind_name(e->l->nodes[c].kind));
+    return fb_emit_error(e, FB_EUNSUPPORTED,
+                         "%%%d deactivate: SNode %d is %s; deactivate needs a "
+                         "sparse (bitmasked, pointer or dynamic) SNode",
+                         id, c, fb_snode_kind_name(e->l->nodes[c].kind));
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
   LLVMValueRef yes = LLVMConstInt(e->t_i1, 1, 0), no = LLVMConstInt(e->t_i1, 0, 0);
@@ -849,9 +870,12 @@ static int emit_append(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef base = walk_to(e, &w, d->parent);
   if (!base) return e->rc;
   LLVMValueRef node = byte_gepc(e, base, (int64_t)d->offset);
-  LLVMValueRef args[7] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)d->id, 0),
-                          fb_emit_generic(e, node), fb_emit_i64(e, d->ncells),
-                          fb_emit_i64(e, d->chunk), fb_emit_i64(e, (int64_t)d->cell_bytes),
+  LLVMValueRef args[7] = {rt_ctx(e),
+                          LLVMConstInt(e->t_i32, (unsigned long long)d->id, 0),
+                          fb_emit_generic(e, node),
+                          fb_emit_i64(e, d->ncells),
+                          fb_emit_i64(e, d->chunk),
+                          fb_emit_i64(e, (int64_t)d->cell_bytes),
                           nvar};
   LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_append", e->t_ptr, args, 7);
   LLVMValueRef n = LLVMBuildTrunc(e->b, LLVMBuildLoad2(e->b, e->t_i64, nvar, ""), e->t_i32, "slot");
@@ -934,7 +958,8 @@ LLVMValueRef fb_emit_rand_bits(fb_emit *e, LLVMValueRef seed, LLVMValueRef launc
 
 /* rand_seq: the rand() calls after it use launch + imm.i, counted from 0. */
 static int emit_rand_seq(fb_emit *e, const fb_stmt *s) {
-  LLVMBuildStore(e->b, LLVMBuildAdd(e->b, e->c_launch, fb_emit_i64(e, s->imm.i), ""), e->rand_launch);
+  LLVMBuildStore(e->b, LLVMBuildAdd(e->b, e->c_launch, fb_emit_i64(e, s->imm.i), ""),
+                 e->rand_launch);
   LLVMBuildStore(e->b, fb_emit_i64(e, 0), e->rand_count);
   return 0;
 }
@@ -946,8 +971,8 @@ static int emit_rand(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef count = LLVMBuildLoad2(e->b, e->t_i64, e->rand_count, "count");
   LLVMBuildStore(e->b, LLVMBuildAdd(e->b, count, fb_emit_i64(e, 1), ""), e->rand_count);
   LLVMValueRef launch = LLVMBuildLoad2(e->b, e->t_i64, e->rand_launch, "launch");
-  LLVMValueRef bits = fb_emit_rand_bits(e, e->c_seed, launch, fb_emit_i64(e, s->imm.i),
-                                        e->rand_iter, count);
+  LLVMValueRef bits =
+      fb_emit_rand_bits(e, e->c_seed, launch, fb_emit_i64(e, s->imm.i), e->rand_iter, count);
   LLVMValueRef top = LLVMBuildLShr(e->b, bits, LLVMConstInt(e->t_i64, 40, 0), "");
   LLVMValueRef f = LLVMBuildUIToFP(e->b, top, e->t_f32, "");
   e->vals[id] = LLVMBuildFMul(e->b, f, LLVMConstReal(e->t_f32, 1.0 / 16777216.0), "rand");
@@ -963,7 +988,8 @@ int fb_emit_mem_op(fb_emit *e, int id, const fb_stmt *s) {
   case FB_OPC_LSTORE: return emit_lstore(e, id, s);
   case FB_OPC_GLOAD: return emit_load(e, id, s);
   case FB_OPC_GSTORE: return emit_store(e, id, s);
-  case FB_OPC_ATOMIC: case FB_OPC_IATOMIC:
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC:
     if (e->red_of && e->red_of[id] >= 0) return fb_reduce_contribute(e, id, s);
     return fb_emit_atomic_at(e, id, s, NULL, NULL);
   case FB_OPC_SPARSE: return emit_sparse(e, id, s);

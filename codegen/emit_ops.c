@@ -20,8 +20,10 @@ static LLVMValueRef int_const(fb_emit *e, fb_type t, int64_t v) {
 static LLVMValueRef emit_const(fb_emit *e, const fb_stmt *s) {
   switch ((fb_type)s->type) {
   case FB_T_BOOL: return LLVMConstInt(e->t_i1, s->imm.u != 0, 0);
-  case FB_T_I32: case FB_T_U32: return LLVMConstInt(e->t_i32, (uint32_t)s->imm.u, 0);
-  case FB_T_I64: case FB_T_U64: return LLVMConstInt(e->t_i64, s->imm.u, 0);
+  case FB_T_I32:
+  case FB_T_U32: return LLVMConstInt(e->t_i32, (uint32_t)s->imm.u, 0);
+  case FB_T_I64:
+  case FB_T_U64: return LLVMConstInt(e->t_i64, s->imm.u, 0);
   case FB_T_F32: return LLVMConstReal(e->t_f32, (double)(float)s->imm.f);
   case FB_T_F64: return LLVMConstReal(e->t_f64, s->imm.f);
   default: return NULL;
@@ -48,8 +50,10 @@ static LLVMValueRef cast_from_float(fb_emit *e, fb_type from, fb_type to, LLVMVa
   LLVMTypeRef ty = fb_emit_type(e, to);
   switch (to) {
   case FB_T_BOOL: return LLVMBuildFCmp(e->b, LLVMRealUNE, v, LLVMConstNull(LLVMTypeOf(v)), "");
-  case FB_T_I32: case FB_T_I64: return fb_emit_intrinsic2(e, "llvm.fptosi.sat", ty, LLVMTypeOf(v), v);
-  case FB_T_U32: case FB_T_U64: return fb_emit_intrinsic2(e, "llvm.fptoui.sat", ty, LLVMTypeOf(v), v);
+  case FB_T_I32:
+  case FB_T_I64: return fb_emit_intrinsic2(e, "llvm.fptosi.sat", ty, LLVMTypeOf(v), v);
+  case FB_T_U32:
+  case FB_T_U64: return fb_emit_intrinsic2(e, "llvm.fptoui.sat", ty, LLVMTypeOf(v), v);
   case FB_T_F32: return from == FB_T_F32 ? v : LLVMBuildFPTrunc(e->b, v, ty, "");
   case FB_T_F64: return from == FB_T_F64 ? v : LLVMBuildFPExt(e->b, v, ty, "");
   default: return NULL;
@@ -63,8 +67,8 @@ static LLVMValueRef cast_value(fb_emit *e, fb_type from, fb_type to, LLVMValueRe
   int sgn = fb_type_is_signed(from); /* bool and unsigned widen with zeros */
   switch (to) {
   case FB_T_BOOL: return LLVMBuildICmp(e->b, LLVMIntNE, v, LLVMConstNull(LLVMTypeOf(v)), "");
-  case FB_T_F32: case FB_T_F64:
-    return sgn ? LLVMBuildSIToFP(e->b, v, ty, "") : LLVMBuildUIToFP(e->b, v, ty, "");
+  case FB_T_F32:
+  case FB_T_F64: return sgn ? LLVMBuildSIToFP(e->b, v, ty, "") : LLVMBuildUIToFP(e->b, v, ty, "");
   default: {
     unsigned fw = (unsigned)fb_type_bits(from), tw = (unsigned)fb_type_bits(to);
     if (fw == tw) return v;
@@ -84,8 +88,9 @@ static LLVMValueRef int_divrem(fb_emit *e, fb_type t, LLVMValueRef a, LLVMValueR
   LLVMValueRef r;
   if (fb_type_is_signed(t)) {
     int64_t mn = t == FB_T_I32 ? INT32_MIN : INT64_MIN;
-    LLVMValueRef ovf = LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntEQ, a, int_const(e, t, mn), ""),
-                                    LLVMBuildICmp(e->b, LLVMIntEQ, b, int_const(e, t, -1), ""), "");
+    LLVMValueRef ovf =
+        LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntEQ, a, int_const(e, t, mn), ""),
+                     LLVMBuildICmp(e->b, LLVMIntEQ, b, int_const(e, t, -1), ""), "");
     sb = LLVMBuildSelect(e->b, ovf, one, sb, "");
     r = rem ? LLVMBuildSRem(e->b, a, sb, "") : LLVMBuildSDiv(e->b, a, sb, "");
   } else {
@@ -101,9 +106,9 @@ static LLVMValueRef int_floordiv(fb_emit *e, fb_type t, LLVMValueRef a, LLVMValu
   if (!fb_type_is_signed(t)) return q;
   LLVMValueRef r = int_divrem(e, t, a, b, 1);
   LLVMValueRef zero = zero_of(e, t);
-  LLVMValueRef adj = LLVMBuildAnd(
-      e->b, LLVMBuildICmp(e->b, LLVMIntNE, r, zero, ""),
-      LLVMBuildICmp(e->b, LLVMIntSLT, LLVMBuildXor(e->b, r, b, ""), zero, ""), "");
+  LLVMValueRef adj =
+      LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntNE, r, zero, ""),
+                   LLVMBuildICmp(e->b, LLVMIntSLT, LLVMBuildXor(e->b, r, b, ""), zero, ""), "");
   return LLVMBuildSub(e->b, q, LLVMBuildZExt(e->b, adj, LLVMTypeOf(q), ""), "");
 }
 
@@ -113,9 +118,9 @@ static LLVMValueRef int_floormod(fb_emit *e, fb_type t, LLVMValueRef a, LLVMValu
   LLVMValueRef r = int_divrem(e, t, a, b, 1);
   if (!fb_type_is_signed(t)) return r;
   LLVMValueRef zero = zero_of(e, t);
-  LLVMValueRef adj = LLVMBuildAnd(
-      e->b, LLVMBuildICmp(e->b, LLVMIntNE, r, zero, ""),
-      LLVMBuildICmp(e->b, LLVMIntSLT, LLVMBuildXor(e->b, r, b, ""), zero, ""), "");
+  LLVMValueRef adj =
+      LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntNE, r, zero, ""),
+                   LLVMBuildICmp(e->b, LLVMIntSLT, LLVMBuildXor(e->b, r, b, ""), zero, ""), "");
   return LLVMBuildSelect(e->b, adj, LLVMBuildAdd(e->b, r, b, ""), r, "");
 }
 
@@ -141,13 +146,15 @@ static const char *math_name(fb_emit *e, const char *base, fb_type t, char *buf,
 /* Call math function `base` (1 or 2 operands). NVPTX without libdevice has
  * no exact implementation (its intrinsics would need fast-math), so the
  * statement is refused there. */
-static LLVMValueRef math_call(fb_emit *e, int id, const char *base, fb_type t,
-                              LLVMValueRef *args, unsigned n) {
+static LLVMValueRef math_call(fb_emit *e, int id, const char *base, fb_type t, LLVMValueRef *args,
+                              unsigned n) {
   char buf[32];
   const char *name = math_name(e, base, t, buf, sizeof buf);
   if (name) return fb_emit_call(e, name, fb_emit_type(e, t), args, n);
-  fb_emit_error(e, FB_EUNSUPPORTED, "%%%d %s: needs libdevice (nvvm/libdevice/libdevice.10.bc "
-                "of the CUDA toolkit) on this target", id, base);
+  fb_emit_error(e, FB_EUNSUPPORTED,
+                "%%%d %s: needs libdevice (nvvm/libdevice/libdevice.10.bc "
+                "of the CUDA toolkit) on this target",
+                id, base);
   return NULL;
 }
 
@@ -222,8 +229,8 @@ static LLVMValueRef emit_binary(fb_emit *e, int id, const fb_stmt *s) {
     return NULL;
   }
   LLVMValueRef r = fb_type_is_float(t) ? float_arith(e, id, s, a, b) : int_arith(e, s, a, b);
-  if (!r && !e->rc) fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s),
-                                  fb_type_name(t));
+  if (!r && !e->rc)
+    fb_emit_error(e, FB_EINVAL, "%%%d %s: not defined on %s", id, opname(s), fb_type_name(t));
   return r;
 }
 
@@ -243,9 +250,9 @@ static LLVMValueRef emit_cmp(fb_emit *e, int id, const fb_stmt *s) {
                                             LLVMRealOLE, LLVMRealOGT, LLVMRealOGE};
     return LLVMBuildFCmp(e->b, fp[k], a, b, "");
   }
-  static const LLVMIntPredicate sp[6] = {LLVMIntEQ, LLVMIntNE, LLVMIntSLT,
+  static const LLVMIntPredicate sp[6] = {LLVMIntEQ,  LLVMIntNE,  LLVMIntSLT,
                                          LLVMIntSLE, LLVMIntSGT, LLVMIntSGE};
-  static const LLVMIntPredicate up[6] = {LLVMIntEQ, LLVMIntNE, LLVMIntULT,
+  static const LLVMIntPredicate up[6] = {LLVMIntEQ,  LLVMIntNE,  LLVMIntULT,
                                          LLVMIntULE, LLVMIntUGT, LLVMIntUGE};
   return LLVMBuildICmp(e->b, fb_type_is_signed(t) ? sp[k] : up[k], a, b, "");
 }
@@ -276,8 +283,9 @@ static LLVMValueRef emit_shift(fb_emit *e, int id, const fb_stmt *s) {
     return NULL;
   }
   int w = fb_type_bits(t);
-  c = cast_value(e, ct, fb_type_is_signed(ct) ? (w == 64 ? FB_T_I64 : FB_T_I32)
-                                              : (w == 64 ? FB_T_U64 : FB_T_U32), c);
+  c = cast_value(
+      e, ct,
+      fb_type_is_signed(ct) ? (w == 64 ? FB_T_I64 : FB_T_I32) : (w == 64 ? FB_T_U64 : FB_T_U32), c);
   c = LLVMBuildAnd(e->b, c, int_const(e, t, w - 1), "");
   if (s->op == FB_OP_SHL) return LLVMBuildShl(e->b, a, c, "");
   return fb_type_is_signed(t) ? LLVMBuildAShr(e->b, a, c, "") : LLVMBuildLShr(e->b, a, c, "");
@@ -323,7 +331,8 @@ static LLVMValueRef emit_funary(fb_emit *e, int id, const fb_stmt *s) {
   switch (s->op) {
   case FB_OP_SQRT: return fb_emit_intrinsic(e, "llvm.sqrt", ty, &a, 1);
   case FB_OP_RSQRT:
-    return LLVMBuildFDiv(e->b, LLVMConstReal(ty, 1.0), fb_emit_intrinsic(e, "llvm.sqrt", ty, &a, 1), "");
+    return LLVMBuildFDiv(e->b, LLVMConstReal(ty, 1.0), fb_emit_intrinsic(e, "llvm.sqrt", ty, &a, 1),
+                         "");
   case FB_OP_FLOOR: return fb_emit_intrinsic(e, "llvm.floor", ty, &a, 1);
   case FB_OP_CEIL: return fb_emit_intrinsic(e, "llvm.ceil", ty, &a, 1);
   case FB_OP_ROUND: return fb_emit_intrinsic(e, "llvm.round", ty, &a, 1);
@@ -355,15 +364,18 @@ int fb_emit_value_op(fb_emit *e, int id, const fb_stmt *s) {
   case FB_OPC_SELECT: {
     LLVMValueRef c = fb_emit_arg(e, s, 0), a = fb_emit_arg(e, s, 1), b = fb_emit_arg(e, s, 2);
     if (c && a && b && fb_emit_argtype(e, s, 0) == FB_T_BOOL &&
-        fb_emit_argtype(e, s, 1) == (fb_type)s->type && fb_emit_argtype(e, s, 2) == (fb_type)s->type)
+        fb_emit_argtype(e, s, 1) == (fb_type)s->type &&
+        fb_emit_argtype(e, s, 2) == (fb_type)s->type)
       v = LLVMBuildSelect(e->b, c, a, b, "");
     break;
   }
-  case FB_OPC_ARITH: case FB_OPC_FARITH: v = emit_binary(e, id, s); break;
+  case FB_OPC_ARITH:
+  case FB_OPC_FARITH: v = emit_binary(e, id, s); break;
   case FB_OPC_CMP: v = emit_cmp(e, id, s); break;
   case FB_OPC_BITS: v = emit_bits(e, id, s); break;
   case FB_OPC_SHIFT: v = emit_shift(e, id, s); break;
-  case FB_OPC_NOT: case FB_OPC_UNARY: v = emit_unary(e, id, s); break;
+  case FB_OPC_NOT:
+  case FB_OPC_UNARY: v = emit_unary(e, id, s); break;
   case FB_OPC_FUNARY: v = emit_funary(e, id, s); break;
   case FB_OPC_HINT: v = fb_emit_arg(e, s, 0); break;
   default: break;

@@ -45,23 +45,20 @@ LLVMTargetMachineRef fb_cg_cpu_tm(const char *triple, const char *cpu, const cha
   LLVMTargetRef target = NULL;
   char *msg = NULL;
   if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
-    fb_cg_fail(err, errlen, FB_ECOMPILE, "no LLVM target for host %s: %s", triple,
-               msg ? msg : "?");
+    fb_cg_fail(err, errlen, FB_ECOMPILE, "no LLVM target for host %s: %s", triple, msg ? msg : "?");
     LLVMDisposeMessage(msg);
     return NULL;
   }
   /* small code model + PIC: the JIT links objects with GOT/PLT stubs */
-  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(target, triple, cpu, features,
-                                                    LLVMCodeGenLevelAggressive, LLVMRelocPIC,
-                                                    LLVMCodeModelSmall);
+  LLVMTargetMachineRef tm = LLVMCreateTargetMachine(
+      target, triple, cpu, features, LLVMCodeGenLevelAggressive, LLVMRelocPIC, LLVMCodeModelSmall);
   if (!tm) fb_cg_fail(err, errlen, FB_ECOMPILE, "cannot create a target machine for %s", triple);
   return tm;
 }
 
 int fb_cg_host_info(char **triple, char **cpu, char **features) {
   fb_cg_llvm_init();
-  char *t = LLVMGetDefaultTargetTriple(), *c = LLVMGetHostCPUName(),
-       *f = LLVMGetHostCPUFeatures();
+  char *t = LLVMGetDefaultTargetTriple(), *c = LLVMGetHostCPUName(), *f = LLVMGetHostCPUFeatures();
   *triple = t ? strdup(t) : NULL;
   *cpu = c ? strdup(c) : NULL;
   *features = f ? strdup(f) : NULL;
@@ -129,8 +126,7 @@ int fb_cg_nvptx_tm(const char *sm, LLVMTargetMachineRef *tm, char *err, size_t e
     return rc;
   }
   *tm = LLVMCreateTargetMachine(target, "nvptx64-nvidia-cuda", sm, ptx_features(num, arch),
-                                LLVMCodeGenLevelAggressive, LLVMRelocDefault,
-                                LLVMCodeModelDefault);
+                                LLVMCodeGenLevelAggressive, LLVMRelocDefault, LLVMCodeModelDefault);
   if (!*tm)
     return fb_cg_fail(err, errlen, FB_ECOMPILE, "cannot create an NVPTX target machine for %s", sm);
   return 0;
@@ -166,8 +162,8 @@ int fb_cg_verify(LLVMModuleRef m, char *err, size_t errlen) {
     LLVMDisposeMessage(msg);
     return 0;
   }
-  int rc = fb_cg_fail(err, errlen, FB_EINTERNAL, "generated LLVM IR is malformed: %s",
-                      msg ? msg : "?");
+  int rc =
+      fb_cg_fail(err, errlen, FB_EINTERNAL, "generated LLVM IR is malformed: %s", msg ? msg : "?");
   LLVMDisposeMessage(msg);
   return rc;
 }

@@ -133,8 +133,8 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   *text = NULL;
   int gpu = strcmp(target, "nvptx64") == 0, opt = strcmp(target, "x86_64-O3") == 0;
   if (!gpu && !opt && strcmp(target, "x86_64") != 0)
-    return fb_cg_fail(err, errlen, FB_EINVAL,
-                      "unknown target '%s' (x86_64, x86_64-O3 or nvptx64)", target);
+    return fb_cg_fail(err, errlen, FB_EINVAL, "unknown target '%s' (x86_64, x86_64-O3 or nvptx64)",
+                      target);
   char path[4096];
   LLVMTargetMachineRef tm = NULL;
   if (gpu) {

@@ -6,7 +6,12 @@
  * its check. Results are memoised per statement for one module. */
 #include "cg_internal.h"
 
-enum { R_UNSEEN = 0, R_BUSY, R_KNOWN, R_UNKNOWN };
+enum {
+  R_UNSEEN = 0,
+  R_BUSY,
+  R_KNOWN,
+  R_UNKNOWN
+};
 
 #define R_DEPTH 64
 
@@ -48,8 +53,14 @@ static int binary_range(fb_emit *e, const fb_stmt *s, int64_t *lo, int64_t *hi, 
   if (!arg_range(e, s, 0, &al, &ah, depth) || !arg_range(e, s, 1, &bl, &bh, depth)) return 0;
   int bconst = bl == bh && bl > 0;
   switch (s->op) {
-  case FB_OP_ADD: *lo = al + bl; *hi = ah + bh; break;
-  case FB_OP_SUB: *lo = al - bh; *hi = ah - bl; break;
+  case FB_OP_ADD:
+    *lo = al + bl;
+    *hi = ah + bh;
+    break;
+  case FB_OP_SUB:
+    *lo = al - bh;
+    *hi = ah - bl;
+    break;
   case FB_OP_MUL: {
     int64_t p[4] = {al * bl, al * bh, ah * bl, ah * bh}; /* |x| < 2^31: no overflow */
     *lo = *hi = p[0];
@@ -59,8 +70,14 @@ static int binary_range(fb_emit *e, const fb_stmt *s, int64_t *lo, int64_t *hi, 
     }
     break;
   }
-  case FB_OP_MIN: *lo = al < bl ? al : bl; *hi = ah < bh ? ah : bh; break;
-  case FB_OP_MAX: *lo = al > bl ? al : bl; *hi = ah > bh ? ah : bh; break;
+  case FB_OP_MIN:
+    *lo = al < bl ? al : bl;
+    *hi = ah < bh ? ah : bh;
+    break;
+  case FB_OP_MAX:
+    *lo = al > bl ? al : bl;
+    *hi = ah > bh ? ah : bh;
+    break;
   case FB_OP_DIV:
     if (!bconst) return 0;
     *lo = al / bl;
@@ -158,7 +175,8 @@ void fb_cg_wide_note(fb_emit *e, int id) {
   }
   case FB_OP_ASSUME_UNIQUE: w = a; break;
   /* sext is monotonic: min, max and select commute with it */
-  case FB_OP_MIN: case FB_OP_MAX:
+  case FB_OP_MIN:
+  case FB_OP_MAX:
     if (a && b) {
       LLVMIntPredicate p = s->op == FB_OP_MIN ? LLVMIntSLT : LLVMIntSGT;
       w = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, p, a, b, ""), a, b, "w");
@@ -170,7 +188,9 @@ void fb_cg_wide_note(fb_emit *e, int id) {
     break;
   }
   /* exact when the i32 operation cannot wrap, which a known range proves */
-  case FB_OP_ADD: case FB_OP_SUB: case FB_OP_MUL:
+  case FB_OP_ADD:
+  case FB_OP_SUB:
+  case FB_OP_MUL:
     if (a && b && fb_cg_in_range(e, id, INT32_MIN, INT32_MAX))
       w = s->op == FB_OP_ADD   ? LLVMBuildNSWAdd(e->b, a, b, "w")
           : s->op == FB_OP_SUB ? LLVMBuildNSWSub(e->b, a, b, "w")
@@ -178,7 +198,10 @@ void fb_cg_wide_note(fb_emit *e, int id) {
     break;
   /* on a non-negative dividend and a positive divisor every flavour of
    * division is the unsigned one */
-  case FB_OP_DIV: case FB_OP_FLOORDIV: case FB_OP_REM: case FB_OP_FLOORMOD:
+  case FB_OP_DIV:
+  case FB_OP_FLOORDIV:
+  case FB_OP_REM:
+  case FB_OP_FLOORMOD:
     if (a && b && fb_cg_in_range(e, s->args[0], 0, INT32_MAX) &&
         fb_cg_in_range(e, s->args[1], 1, INT32_MAX))
       w = s->op == FB_OP_DIV || s->op == FB_OP_FLOORDIV ? LLVMBuildUDiv(e->b, a, b, "w")

@@ -205,7 +205,8 @@ static LLVMValueRef identity(fb_emit *e, fb_op op, fb_type t) {
   int fl = fb_type_is_float(t), sg = fb_type_is_signed(t), bits = fb_type_bits(t);
   unsigned long long ones = bits == 64 ? ~0ull : (1ull << bits) - 1;
   switch (base_op(op)) {
-  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_SUB:
+  case FB_OP_ATOMIC_ADD:
+  case FB_OP_ATOMIC_SUB:
     return fl ? LLVMConstReal(ty, -0.0) : LLVMConstNull(ty); /* x + -0.0 == x, even -0.0 */
   case FB_OP_ATOMIC_MIN:
     if (fl) return LLVMConstReal(ty, NAN);
@@ -228,7 +229,8 @@ static LLVMValueRef minmax(fb_emit *e, const char *fname, const char *sname, con
 /* acc <op> v. */
 static LLVMValueRef combine(fb_emit *e, fb_op op, fb_type t, LLVMValueRef acc, LLVMValueRef v) {
   switch (base_op(op)) {
-  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_SUB:
+  case FB_OP_ATOMIC_ADD:
+  case FB_OP_ATOMIC_SUB:
     if (fb_type_is_float(t)) {
       LLVMValueRef x = LLVMBuildFAdd(e->b, acc, v, "red");
       /* the one freedom taken: this sum may be reordered */
@@ -289,8 +291,8 @@ static int flush(fb_emit *e, fb_cg_red *r) {
   LLVMValueRef hit = LLVMBuildLoad2(e->b, e->t_i8, r->hit, "");
   LLVMBasicBlockRef go = fb_emit_block(e, "reduce.flush");
   LLVMBasicBlockRef next = fb_emit_block(e, "reduce.next");
-  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntNE, hit, LLVMConstInt(e->t_i8, 0, 0), ""),
-                  go, next);
+  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntNE, hit, LLVMConstInt(e->t_i8, 0, 0), ""), go,
+                  next);
   LLVMPositionBuilderAtEnd(e->b, go);
   LLVMValueRef idx[FB_MAX_AXES];
   for (int d = 0; d < f->ndim; d++)

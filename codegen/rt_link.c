@@ -31,9 +31,9 @@ static int uses_rt(LLVMModuleRef m) {
  * task's target machine decides these, and "no-builtins" would spread to
  * the task's functions on inlining. */
 static void strip_attributes(LLVMModuleRef lib) {
-  static const char *const names[] = {"target-cpu", "target-features", "tune-cpu",
-                                      "no-builtins", "frame-pointer",
-                                      "stack-protector-buffer-size"};
+  static const char *const names[] = {"target-cpu",    "target-features",
+                                      "tune-cpu",      "no-builtins",
+                                      "frame-pointer", "stack-protector-buffer-size"};
   for (LLVMValueRef f = LLVMGetFirstFunction(lib); f; f = LLVMGetNextFunction(f))
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
       LLVMRemoveStringAttributeAtIndex(f, LLVMAttributeFunctionIndex, names[i],
@@ -49,7 +49,8 @@ int fb_cg_link_rt(LLVMContextRef c, LLVMModuleRef m, fb_cg_target target, char *
   LLVMModuleRef lib = NULL;
   int bad = LLVMParseBitcodeInContext2(c, buf, &lib);
   LLVMDisposeMemoryBuffer(buf);
-  if (bad) return fb_cg_fail(err, errlen, FB_EINTERNAL, "the embedded sparse runtime bitcode is invalid");
+  if (bad)
+    return fb_cg_fail(err, errlen, FB_EINTERNAL, "the embedded sparse runtime bitcode is invalid");
   strip_attributes(lib);
   LLVMSetTarget(lib, LLVMGetTarget(m));
   LLVMSetDataLayout(lib, LLVMGetDataLayoutStr(m));

@@ -76,7 +76,8 @@ static void free_job(fb_session *s, async_job *j) {
   if (j->queued) a->inflight--;
   for (int i = 0; j->which && i < j->b->n; i++) {
     const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
-    if (c && !c->rc) cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
+    if (c && !c->rc)
+      cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
   }
   fb_opt_batch_free(a->o, j->b);
   free(j->launches);
@@ -108,8 +109,9 @@ void fbe_quiesce(fb_session *s) {
   pthread_mutex_lock(&s->cmu);
   s->dev_bytes = fb_devmem_used(&s->mem);
   pthread_mutex_unlock(&s->cmu);
-  if (s->trace) fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for the device", t0,
-                              fb_trace_clock(), NULL);
+  if (s->trace)
+    fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for the device", t0, fb_trace_clock(),
+                  NULL);
 }
 
 static int win_push(async_state *a, int kernel, const char *name) {
@@ -162,8 +164,10 @@ static int flush_plain(fb_session *s, uint64_t no, fb_opt_batch **b) {
   if (rc)
     return fail(s, rc, "flush %llu: the optimizer failed (%s), and again without passes: %s",
                 (unsigned long long)no, why, fb_opt_errmsg(a->o));
-  fbe_bg_record(s, FB_EINTERNAL, NO_LAUNCH, -1, "flush %llu: the optimizer failed (%s); its tasks "
-            "ran unoptimized", (unsigned long long)no, why);
+  fbe_bg_record(s, FB_EINTERNAL, NO_LAUNCH, -1,
+                "flush %llu: the optimizer failed (%s); its tasks "
+                "ran unoptimized",
+                (unsigned long long)no, why);
   return 0;
 }
 
@@ -339,8 +343,9 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
   fbe_reap(s);
   if (win_push(a, kernel, sk->k->name))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
-  uint64_t held = sizeof(launch_rec) + (uint64_t)sk->tl.n * (FB_PENDING_TASK_BYTES +
-                  (uint64_t)sk->k->nparams * sizeof(uint64_t));
+  uint64_t held =
+      sizeof(launch_rec) +
+      (uint64_t)sk->tl.n * (FB_PENDING_TASK_BYTES + (uint64_t)sk->k->nparams * sizeof(uint64_t));
   a->win_bytes += held;
   atomic_fetch_add(&a->pending_bytes, held);
   int rc = 0;

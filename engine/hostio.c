@@ -184,8 +184,10 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
   plan_field(p, s->layout, field);
   uint64_t want = (uint64_t)p->numel * p->esz;
   if (bytes != want || !buf) {
-    rc = fail(s, FB_EINVAL, "%s: field '%s' holds %lld elements of %s (%llu bytes); %zu bytes "
-              "given%s", what, p->f->name, (long long)p->numel, fb_type_name(p->f->type),
+    rc = fail(s, FB_EINVAL,
+              "%s: field '%s' holds %lld elements of %s (%llu bytes); %zu bytes "
+              "given%s",
+              what, p->f->name, (long long)p->numel, fb_type_name(p->f->type),
               (unsigned long long)want, bytes, buf ? "" : " with no buffer");
   } else if (field_is_sparse(s, field)) {
     rc = sparse_io(s, p->f, buf, write, what);
@@ -269,19 +271,18 @@ static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, con
   if (rc) return rc;
   const fb_snode *f = &s->layout->nodes[field];
   if (nidx != f->ndim || (nidx > 0 && !idx))
-    return fail(s, FB_EINVAL, "%s: field '%s' takes %d indices, %d given", what, f->name,
-                f->ndim, nidx);
+    return fail(s, FB_EINVAL, "%s: field '%s' takes %d indices, %d given", what, f->name, f->ndim,
+                nidx);
   for (int d = 0; d < nidx; d++) {
     if (idx[d] >= 0 && idx[d] < f->shape[f->dim_axis[d]]) continue;
     char ix[128] = "", sh[128] = "";
     for (int e = 0; e < nidx; e++) {
       size_t a = strlen(ix), b = strlen(sh);
       snprintf(ix + a, sizeof ix - a, "%s%lld", e ? ", " : "", (long long)idx[e]);
-      snprintf(sh + b, sizeof sh - b, "%s%lld", e ? ", " : "",
-               (long long)f->shape[f->dim_axis[e]]);
+      snprintf(sh + b, sizeof sh - b, "%s%lld", e ? ", " : "", (long long)f->shape[f->dim_axis[e]]);
     }
-    return fail(s, FB_EBOUNDS, "%s: index (%s) is out of bounds of field '%s' of shape (%s)",
-                what, ix, f->name, sh);
+    return fail(s, FB_EBOUNDS, "%s: index (%s) is out of bounds of field '%s' of shape (%s)", what,
+                ix, f->name, sh);
   }
   if (v && !fbe_kinds_agree(f->type, v->type))
     return fail(s, FB_ETYPE, "%s: field '%s' of type %s cannot take a value of type %s", what,

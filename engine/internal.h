@@ -48,18 +48,18 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "codegen/codegen.h"
+#include "engine/engine_test.h"
 #include "fusebox/engine.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/sfg.h"
 #include "runtime/runtime.h"
-#include "engine/engine_test.h"
 
 #define ERRLEN 2048
 #define MAX_RET_SLOTS 1024
@@ -224,7 +224,6 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...) {
 static inline void set_err(char *err, size_t errlen, const char *msg) {
   if (err && errlen) snprintf(err, errlen, "%s", msg);
 }
-
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */
 

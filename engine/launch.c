@@ -28,12 +28,14 @@ static int pack_args(fb_session *s, const fb_kernel *k, const fb_value *args, in
   if (nargs != k->nparams)
     return fail(s, FB_ETYPE, "kernel '%s' takes %d argument%s, %d given", k->name, k->nparams,
                 k->nparams == 1 ? "" : "s", nargs);
-  if (nargs > 0 && !args) return fail(s, FB_EINVAL, "kernel '%s': no argument values given", k->name);
+  if (nargs > 0 && !args)
+    return fail(s, FB_EINVAL, "kernel '%s': no argument values given", k->name);
   for (int i = 0; i < nargs; i++) {
     if (!fbe_kinds_agree(k->params[i], args[i].type))
-      return fail(s, FB_ETYPE, "kernel '%s': argument %d (parameter of type %s) cannot take "
-                  "a value of type %s", k->name, i, fbe_type_name_safe(k->params[i]),
-                  fbe_type_name_safe(args[i].type));
+      return fail(s, FB_ETYPE,
+                  "kernel '%s': argument %d (parameter of type %s) cannot take "
+                  "a value of type %s",
+                  k->name, i, fbe_type_name_safe(k->params[i]), fbe_type_name_safe(args[i].type));
     s->args[i] = fb_slot_pack(fb_value_cast(args[i], k->params[i]));
   }
   return 0;
@@ -54,26 +56,31 @@ int fbe_oom_message(fb_session *s, char *buf, size_t len) {
   const fb_snode *n = &s->layout->nodes[sn];
   char name[160];
   if (s->mem.limit)
-    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
-             "limit %llu bytes)", snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+    snprintf(buf, len,
+             "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "limit %llu bytes)",
+             snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
              (unsigned long long)bytes, (unsigned long long)s->mem.limit);
   else
-    snprintf(buf, len, "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
-             "the block pool is exhausted)", snode_label(n, name, sizeof name),
-             fb_snode_kind_name(n->kind), (unsigned long long)bytes);
+    snprintf(buf, len,
+             "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+             "the block pool is exhausted)",
+             snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+             (unsigned long long)bytes);
   return 1;
 }
 
-static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed,
-                        const char *msg) {
+static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed, const char *msg) {
   const char *task = failed >= 0 && failed < sk->tl.n ? sk->tl.v[failed].ir->name : "?";
   char oom[512];
   if (fbe_oom_message(s, oom, sizeof oom))
     return fail(s, FB_EQUOTA, "kernel '%s': %s; those accesses were skipped", sk->k->name, oom);
   if (msg && msg[0]) return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
   if (rc == FB_EBOUNDS)
-    return fail(s, FB_EBOUNDS, "kernel '%s' indexed a field out of bounds (task %s); those "
-                "accesses were skipped", sk->k->name, task);
+    return fail(s, FB_EBOUNDS,
+                "kernel '%s' indexed a field out of bounds (task %s); those "
+                "accesses were skipped",
+                sk->k->name, task);
   return fail(s, rc, "kernel '%s': task %s failed on the device: %s", sk->k->name, task,
               fb_strerror(rc));
 }
@@ -85,7 +92,6 @@ static void trace_launch(fb_session *s, const sess_kernel *sk, double t0) {
            sk->tl.n);
   fb_trace_span(s->trace, FB_TRACK_DEVICE, "launch", sk->k->name, t0, fb_trace_clock(), args);
 }
-
 
 /* The session's queue has failed (CUDA: a sticky error) */
 int fbe_device_dead(fb_session *s) {
@@ -105,8 +111,10 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   if (s->as) return fbe_async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
   int32_t error = 0;
-  fb_rt_ctx ctx = {s->mem.root, s->args ? s->args : no_args, s->mem.rets, s->mem.gtmp,
-                   &error, s->seed, s->launch_no, NULL};
+  fb_rt_ctx ctx = {s->mem.root,  s->args ? s->args : no_args,
+                   s->mem.rets,  s->mem.gtmp,
+                   &error,       s->seed,
+                   s->launch_no, NULL};
   double secs = 0;
   int failed = -1;
   char msg[ERRLEN];
@@ -122,8 +130,8 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
                 sk->k->name, (unsigned long long)s->launch_no);
   }
   double t0 = s->trace ? fb_trace_clock() : 0;
-  rc = s->e->ops->run(s->q, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs, &failed,
-                      msg, sizeof msg);
+  rc = s->e->ops->run(s->q, &ctx, s->sparse, sk->code, sk->hints, sk->tl.n, &secs, &failed, msg,
+                      sizeof msg);
   if (s->trace) trace_launch(s, sk, t0);
   if (s->hook) s->hook(s->hook_user, NULL, NULL, s->launch_no);
   if (s->sparse) fb_sparse_end(s->sparse);

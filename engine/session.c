@@ -10,7 +10,8 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   *out = NULL;
   const char *be = cfg && cfg->backend ? cfg->backend : "cpu";
   if (strcmp(be, "cpu") != 0 && strcmp(be, "auto") != 0 && strcmp(be, "cuda") != 0) {
-    if (err && errlen) snprintf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
+    if (err && errlen)
+      snprintf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
     return FB_EINVAL;
   }
   int threads = cfg ? cfg->cpu_threads : 0;
@@ -67,9 +68,9 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) 
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
   pthread_mutex_lock(&e->mu);
-  int rc = e->cpool ? 0
-                    : fb_cpool_new_with(engine_compile, e, e->compile_threads, &e->cpool, err,
-                                        errlen);
+  int rc = e->cpool
+               ? 0
+               : fb_cpool_new_with(engine_compile, e, e->compile_threads, &e->cpool, err, errlen);
   pthread_mutex_unlock(&e->mu);
   return rc;
 }
@@ -105,7 +106,6 @@ int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
   return !e || e->ops->healthy(e->dev, why, len);
 }
 
-
 /* ---------------------------------------------------------------- sessions */
 
 static int layout_is_sparse(const fb_layout *l) {
@@ -121,7 +121,6 @@ static int check_mode(const char *mode) {
 static int is_async(const fb_session_config *cfg) {
   return cfg && cfg->mode && strcmp(cfg->mode, "async") == 0;
 }
-
 
 /* Session bits to optimizer passes (fusion brings simplification). */
 static unsigned opt_passes(unsigned p) {
@@ -167,8 +166,9 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   }
   pthread_mutex_init(&a->mu, NULL);
   s->as = a;
-  a->flush_every = cfg->flush_every < 0 ? 0 : cfg->flush_every ? cfg->flush_every
-                                                               : FB_FLUSH_EVERY_DEFAULT;
+  a->flush_every = cfg->flush_every < 0 ? 0
+                   : cfg->flush_every   ? cfg->flush_every
+                                        : FB_FLUSH_EVERY_DEFAULT;
   a->flush_at = a->flush_every;
   a->adapt = cfg->flush_every == 0;
   fb_opt_options o;
@@ -244,7 +244,6 @@ static void kernel_free(fb_session *s, sess_kernel *k) {
   free(k->hints);
   memset(k, 0, sizeof *k);
 }
-
 
 /* Stop the worker (it finishes what it was given) and free the rest. */
 static void async_free(fb_session *s) {
@@ -344,9 +343,10 @@ static int check_snodes(fb_session *s, const fb_kernel *k) {
     const fb_stmt *st = &k->stmts[i];
     if (st->op >= FB_OP__COUNT || !(fb_op_table[st->op].flags & FB_OPF_SNODE)) continue;
     if (st->snode < 0 || st->snode >= s->layout->nnodes)
-      return fail(s, FB_ENOENT, "kernel '%s': %%%d %s names SNode %d, which the session's layout "
-                  "does not have (it has %d)", k->name, i, fb_op_table[st->op].name, st->snode,
-                  s->layout->nnodes);
+      return fail(s, FB_ENOENT,
+                  "kernel '%s': %%%d %s names SNode %d, which the session's layout "
+                  "does not have (it has %d)",
+                  k->name, i, fb_op_table[st->op].name, st->snode, s->layout->nnodes);
   }
   return 0;
 }
@@ -376,8 +376,8 @@ static int ret_slots(fb_session *s, const sess_kernel *sk, int *nrets) {
       if (ir->stmts[i].op != FB_OP_RET) continue;
       int64_t slot = ir->stmts[i].imm.i;
       if (slot < 0 || slot >= MAX_RET_SLOTS)
-        return fail(s, FB_EINVAL, "kernel '%s': return slot %lld out of range [0, %d)",
-                    sk->k->name, (long long)slot, MAX_RET_SLOTS);
+        return fail(s, FB_EINVAL, "kernel '%s': return slot %lld out of range [0, %d)", sk->k->name,
+                    (long long)slot, MAX_RET_SLOTS);
       if (slot + 1 > n) n = (int)slot + 1;
     }
   }

@@ -6,7 +6,8 @@
 int fb_session_trace_graph(fb_session *s, uint64_t flush, fb_graph_trace_fn fn, void *user) {
   if (!s) return FB_EINVAL;
   if (!s->as)
-    return fail(s, FB_EUNSUPPORTED, "the state-flow graph exists in async mode only (this "
+    return fail(s, FB_EUNSUPPORTED,
+                "the state-flow graph exists in async mode only (this "
                 "session is sync)");
   s->as->gfn = fn;
   s->as->guser = user;
@@ -32,7 +33,8 @@ int fb_session_trace_begin(fb_session *s, const char *path) {
   if (!s) return FB_EINVAL;
   if (!path) return fail(s, FB_EINVAL, "trace: no file name given");
   if (s->as) fbe_quiesce(s); /* nothing may be recording while the recorder changes */
-  if (s->trace && trace_finish(s)) return fail(s, FB_EIO, "trace: writing the previous file failed");
+  if (s->trace && trace_finish(s))
+    return fail(s, FB_EIO, "trace: writing the previous file failed");
   FILE *f = fopen(path, "w");
   if (!f) return fail(s, FB_EIO, "trace: cannot open '%s' for writing: %s", path, strerror(errno));
   char name[96];

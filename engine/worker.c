@@ -42,8 +42,7 @@ int fbe_report_bg(fb_session *s) {
   if (e.more)
     fail(s, e.code, "%s (and %llu more error%s of background launches)", e.msg,
          (unsigned long long)e.more, e.more == 1 ? "" : "s");
-  else
-    fail(s, e.code, "%s", e.msg);
+  else fail(s, e.code, "%s", e.msg);
   if (e.launch != NO_LAUNCH) {
     s->err_bg = 1;
     s->err_launch = e.launch;
@@ -195,30 +194,35 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, const char 
     snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
              lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
   else if (others)
-    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or one of the %d launches fused with it "
-             "in task %s)", lr ? lr->name : "?", (unsigned long long)launch, others, L->k->name);
+    snprintf(who, sizeof who,
+             "kernel '%s' (launch %llu, or one of the %d launches fused with it "
+             "in task %s)",
+             lr ? lr->name : "?", (unsigned long long)launch, others, L->k->name);
   else
     snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
              (unsigned long long)launch);
   char oom[512];
   if (fbe_oom_message(s, oom, sizeof oom))
     fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
-  else if (msg[0])
-    fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
+  else if (msg[0]) fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
   else if (rc == FB_EBOUNDS)
-    fbe_bg_record(s, rc, launch, kid, "%s indexed a field out of bounds (task %s); those accesses "
-              "were skipped", who, task);
+    fbe_bg_record(s, rc, launch, kid,
+                  "%s indexed a field out of bounds (task %s); those accesses "
+                  "were skipped",
+                  who, task);
   else
     fbe_bg_record(s, rc, launch, kid, "%s: task %s failed on the device: %s", who, task,
-              fb_strerror(rc));
+                  fb_strerror(rc));
 }
 
 static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {
   const launch_rec *lr = launch_of(r->j, L->launch);
   int rc = c->rc > 0 ? FB_ECOMPILE : c->rc;
-  fbe_bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): compiling "
-            "task %s failed: %s", lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
-            c->msg[0] ? c->msg : fb_strerror(rc));
+  fbe_bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1,
+                "kernel '%s' (launch %llu): compiling "
+                "task %s failed: %s",
+                lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+                c->msg[0] ? c->msg : fb_strerror(rc));
 }
 
 /* ---------------------------------------------------------------- async: no lost work
@@ -265,8 +269,9 @@ static void count_part_compile(fb_session *s, const fb_cjob *c) {
 /* Part p of L as a launch of its own. */
 static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
   const fb_opt_part *pt = &L->parts[p];
-  fb_opt_launch P = {pt->ir, pt->k, pt->kind, pt->loop, pt->snode,
-                     L->args ? L->args + pt->argoff : NULL, pt->nargs, pt->launch, 1, pt, 1};
+  fb_opt_launch P = {
+      pt->ir,    pt->k,      pt->kind, pt->loop, pt->snode, L->args ? L->args + pt->argoff : NULL,
+      pt->nargs, pt->launch, 1,        pt,       1};
   return P;
 }
 
@@ -352,8 +357,10 @@ static void free_fallbacks(batch_run *r) {
 static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
   fb_session *s = r->s;
   int32_t error = 0;
-  fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args, s->mem.rets, s->mem.gtmp,
-                   &error, s->seed, L->launch, s->sparse ? fb_sparse_state(s->sparse) : NULL};
+  fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args,
+                   s->mem.rets, s->mem.gtmp,
+                   &error,      s->seed,
+                   L->launch,   s->sparse ? fb_sparse_state(s->sparse) : NULL};
   fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu};
   int lg = L->kind == FB_TASK_LISTGEN;
   fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
@@ -393,10 +400,11 @@ static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
   if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, L->k->name, L->launch)) return 0;
   s->hook(s->hook_user, NULL, NULL, L->launch);
   r->cancelled = 1;
-  fbe_bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1, "kernel '%s' (launch %llu): "
-            "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
-            lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
-            (unsigned long long)r->j->flush);
+  fbe_bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1,
+                "kernel '%s' (launch %llu): "
+                "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
+                lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+                (unsigned long long)r->j->flush);
   return 1;
 }
 
@@ -464,7 +472,7 @@ static void batch_begin(batch_run *r) {
   r->dev_rc = oom ? FB_ENOMEM : ops->begin(r->s->q, msg, sizeof msg);
   if (r->dev_rc)
     fbe_bg_record(r->s, r->dev_rc, NO_LAUNCH, -1, "flush %llu: %s; its %d tasks did not run",
-              (unsigned long long)r->j->flush, oom ? "out of memory" : msg, r->j->b->n);
+                  (unsigned long long)r->j->flush, oom ? "out of memory" : msg, r->j->b->n);
 }
 
 static void batch_end(batch_run *r) {
@@ -489,8 +497,10 @@ void fbe_run_batch(fb_session *s, async_job *j) {
   batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0, NULL, 0};
   double t0 = fb_trace_clock();
   if (plan_compiles(&r)) {
-    fbe_bg_record(s, FB_ENOMEM, NO_LAUNCH, -1, "flush %llu: out of memory starting its %d tasks; "
-              "they did not run", (unsigned long long)j->flush, j->b->n);
+    fbe_bg_record(s, FB_ENOMEM, NO_LAUNCH, -1,
+                  "flush %llu: out of memory starting its %d tasks; "
+                  "they did not run",
+                  (unsigned long long)j->flush, j->b->n);
     free(j->which);
     j->which = NULL; /* nothing for the caller to learn from it */
   } else {

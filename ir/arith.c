@@ -92,7 +92,10 @@ int fb_arith_int_binop(fb_op op, fb_type t, uint64_t x, uint64_t y, uint64_t *ou
 
 int fb_arith_int_unop(fb_op op, fb_type t, uint64_t a, uint64_t *out) {
   if (op == FB_OP_NOT) {
-    if (t == FB_T_BOOL) { *out = !a; return 0; }
+    if (t == FB_T_BOOL) {
+      *out = !a;
+      return 0;
+    }
     if (!fb_type_is_int(t)) return -1;
     *out = fb_arith_wrap(t, ~a);
     return 0;
@@ -127,7 +130,11 @@ int fb_arith_f32_binop(fb_op op, float a, float b, float *out) {
   case FB_OP_MUL: *out = a * b; break;
   case FB_OP_DIV: *out = a / b; break;
   case FB_OP_REM: *out = fmodf(a, b); break;
-  case FB_OP_FLOORDIV: { float q = a / b; *out = floorf(q); break; }
+  case FB_OP_FLOORDIV: {
+    float q = a / b;
+    *out = floorf(q);
+    break;
+  }
   case FB_OP_FLOORMOD: *out = floormod_f32(a, b); break;
   case FB_OP_MIN: *out = fminf(a, b); break;
   case FB_OP_MAX: *out = fmaxf(a, b); break;
@@ -145,7 +152,11 @@ int fb_arith_f64_binop(fb_op op, double a, double b, double *out) {
   case FB_OP_MUL: *out = a * b; break;
   case FB_OP_DIV: *out = a / b; break;
   case FB_OP_REM: *out = fmod(a, b); break;
-  case FB_OP_FLOORDIV: { double q = a / b; *out = floor(q); break; }
+  case FB_OP_FLOORDIV: {
+    double q = a / b;
+    *out = floor(q);
+    break;
+  }
   case FB_OP_FLOORMOD: *out = floormod_f64(a, b); break;
   case FB_OP_MIN: *out = fmin(a, b); break;
   case FB_OP_MAX: *out = fmax(a, b); break;
@@ -161,7 +172,11 @@ int fb_arith_f32_unop(fb_op op, float a, float *out) {
   case FB_OP_NEG: *out = -a; break;
   case FB_OP_ABS: *out = fabsf(a); break;
   case FB_OP_SQRT: *out = sqrtf(a); break;
-  case FB_OP_RSQRT: { float s = sqrtf(a); *out = 1.0f / s; break; }
+  case FB_OP_RSQRT: {
+    float s = sqrtf(a);
+    *out = 1.0f / s;
+    break;
+  }
   case FB_OP_SIN: *out = sinf(a); break;
   case FB_OP_COS: *out = cosf(a); break;
   case FB_OP_TAN: *out = tanf(a); break;
@@ -183,7 +198,11 @@ int fb_arith_f64_unop(fb_op op, double a, double *out) {
   case FB_OP_NEG: *out = -a; break;
   case FB_OP_ABS: *out = fabs(a); break;
   case FB_OP_SQRT: *out = sqrt(a); break;
-  case FB_OP_RSQRT: { double s = sqrt(a); *out = 1.0 / s; break; }
+  case FB_OP_RSQRT: {
+    double s = sqrt(a);
+    *out = 1.0 / s;
+    break;
+  }
   case FB_OP_SIN: *out = sin(a); break;
   case FB_OP_COS: *out = cos(a); break;
   case FB_OP_TAN: *out = tan(a); break;
@@ -332,11 +351,26 @@ fb_value fb_value_cast(fb_value x, fb_type to) {
   int64_t si = 0;
   uint64_t ui = 0;
   switch (x.type) {
-  case FB_T_BOOL: ui = x.v.u != 0; si = (int64_t)ui; break;
-  case FB_T_I32: si = (int32_t)x.v.i; ui = (uint64_t)si; break;
-  case FB_T_I64: si = x.v.i; ui = (uint64_t)si; break;
-  case FB_T_U32: ui = (uint32_t)x.v.u; si = (int64_t)ui; break;
-  case FB_T_U64: ui = x.v.u; si = (int64_t)ui; break;
+  case FB_T_BOOL:
+    ui = x.v.u != 0;
+    si = (int64_t)ui;
+    break;
+  case FB_T_I32:
+    si = (int32_t)x.v.i;
+    ui = (uint64_t)si;
+    break;
+  case FB_T_I64:
+    si = x.v.i;
+    ui = (uint64_t)si;
+    break;
+  case FB_T_U32:
+    ui = (uint32_t)x.v.u;
+    si = (int64_t)ui;
+    break;
+  case FB_T_U64:
+    ui = x.v.u;
+    si = (int64_t)ui;
+    break;
   default: break;
   }
   switch (to) {
@@ -351,4 +385,3 @@ fb_value fb_value_cast(fb_value x, fb_type to) {
   }
   return r;
 }
-

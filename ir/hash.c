@@ -13,7 +13,11 @@
 #define HMAX_DEPTH 256 /* as fb_kernel_block_of: deeper blocks are not walked */
 
 /* Markers for references that do not name a reachable statement or block. */
-enum { REF_NONE = -1, REF_BAD = -2, REF_UNREACHED = -3 };
+enum {
+  REF_NONE = -1,
+  REF_BAD = -2,
+  REF_UNREACHED = -3
+};
 
 typedef struct canon {
   const fb_kernel *k;
@@ -114,8 +118,7 @@ static void put_header(sink *o, const fb_kernel *k) {
   put(o, k->nparams);
   if (k->nparams > 0 && k->params)
     for (int i = 0; i < k->nparams; i++) put(o, (int64_t)k->params[i]);
-  else if (k->nparams > 0)
-    put(o, REF_BAD);
+  else if (k->nparams > 0) put(o, REF_BAD);
   put(o, (int64_t)k->ret);
 }
 
@@ -194,7 +197,8 @@ int fb_kernel_equal(const fb_kernel *a, const fb_kernel *b) {
   if (!a || !b || !layout_equal(a->layout, b->layout)) return 0;
   sink x, y;
   int rx = collect(&x, a), ry = collect(&y, b);
-  int eq = !rx && !ry && x.n == y.n && (x.n == 0 || memcmp(x.v, y.v, sizeof *x.v * (size_t)x.n) == 0);
+  int eq =
+      !rx && !ry && x.n == y.n && (x.n == 0 || memcmp(x.v, y.v, sizeof *x.v * (size_t)x.n) == 0);
   free(x.v);
   free(y.v);
   return eq;

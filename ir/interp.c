@@ -52,7 +52,11 @@ struct fb_interp {
 
 /* How a block ended: fell through, or left by break / continue. Errors are
  * negative FB_E* codes. */
-enum { FLOW_NEXT = 0, FLOW_BREAK = 1, FLOW_CONTINUE = 2 };
+enum {
+  FLOW_NEXT = 0,
+  FLOW_BREAK = 1,
+  FLOW_CONTINUE = 2
+};
 
 typedef struct run {
   fb_interp *in;
@@ -91,9 +95,7 @@ INTERP_PRINTF(3, 4) static int fail(fb_interp *in, int code, const char *fmt, ..
   return code;
 }
 
-static const char *op_name(unsigned op) {
-  return op < FB_OP__COUNT ? fb_op_table[op].name : "?";
-}
+static const char *op_name(unsigned op) { return op < FB_OP__COUNT ? fb_op_table[op].name : "?"; }
 
 /* An error at statement id, reported as "%<id> <op>: <what>". */
 INTERP_PRINTF(4, 5) static int bad(run *r, int code, int id, const char *fmt, ...) {
@@ -188,7 +190,8 @@ static int operand_i32(run *r, int id, int i, int64_t *out) {
 static int result_type(run *r, int id, fb_type want) {
   fb_type t = (fb_type)r->k->stmts[id].type;
   if (t != want)
-    return bad(r, FB_EINVAL, id, "result type %s, expected %s", fb_type_name(t), fb_type_name(want));
+    return bad(r, FB_EINVAL, id, "result type %s, expected %s", fb_type_name(t),
+               fb_type_name(want));
   return 0;
 }
 
@@ -289,8 +292,7 @@ static int cell_active(const fb_interp *in, int s, const int64_t *gi) {
 
 typedef void (*span_fn)(void *ctx, int64_t first, int64_t count);
 
-static void for_box(const fb_snode *s, const int64_t *lo, const int64_t *hi, span_fn f,
-                    void *ctx) {
+static void for_box(const fb_snode *s, const int64_t *lo, const int64_t *hi, span_fn f, void *ctx) {
   const int64_t *sh = s->shape;
   for (int a = 0; a < FB_MAX_AXES; a++)
     if (lo[a] >= hi[a]) return;
@@ -362,7 +364,10 @@ static void zero_below(fb_interp *in, int p, const int64_t *lo, const int64_t *h
  * is allocated zero-filled, a list grows by zero elements. */
 static void set_own_cell(fb_interp *in, const fb_snode *p, const int64_t *gp) {
   int64_t lo[FB_MAX_AXES], hi[FB_MAX_AXES];
-  for (int a = 0; a < FB_MAX_AXES; a++) { lo[a] = gp[a]; hi[a] = gp[a] + 1; }
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    lo[a] = gp[a];
+    hi[a] = gp[a] + 1;
+  }
   if (p->kind == FB_SN_DYNAMIC) {
     int64_t n, list = list_of(in, p, gp, &n), *len = &in->len[p->id][list];
     if (n < *len) return;
@@ -392,7 +397,10 @@ static void activate_cell(fb_interp *in, int s, const int64_t *gi) {
 static void deactivate_cell(fb_interp *in, const fb_snode *p, const int64_t *gp) {
   int64_t lo[FB_MAX_AXES], hi[FB_MAX_AXES];
   if (!cell_active(in, p->id, gp)) return;
-  for (int a = 0; a < FB_MAX_AXES; a++) { lo[a] = gp[a]; hi[a] = gp[a] + 1; }
+  for (int a = 0; a < FB_MAX_AXES; a++) {
+    lo[a] = gp[a];
+    hi[a] = gp[a] + 1;
+  }
   if (p->kind == FB_SN_DYNAMIC) {
     int ax = dyn_axis(p);
     int64_t n, list = list_of(in, p, gp, &n);
@@ -410,8 +418,7 @@ static void deactivate_cell(fb_interp *in, const fb_snode *p, const int64_t *gp)
 /* Read the first sn->ndim operands of id as indices of sn's index space
  * into gi (by axis). *inb is cleared (and FB_EBOUNDS latched) when one is
  * out of range; *flat is the cell number otherwise. */
-static int read_indices(run *r, int id, const fb_snode *sn, int64_t *gi, int64_t *flat,
-                        int *inb) {
+static int read_indices(run *r, int id, const fb_snode *sn, int64_t *gi, int64_t *flat, int *inb) {
   *inb = 1;
   for (int a = 0; a < FB_MAX_AXES; a++) gi[a] = 0;
   for (int d = 0; d < sn->ndim; d++) {
@@ -496,12 +503,18 @@ static int exec_store(run *r, int id) {
 /* The binary op an atomic applies (the optimizer's *_na variants too). */
 static fb_op atomic_base(fb_op op) {
   switch (op) {
-  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_ADD_NA: return FB_OP_ADD;
-  case FB_OP_ATOMIC_SUB: case FB_OP_ATOMIC_SUB_NA: return FB_OP_SUB;
-  case FB_OP_ATOMIC_MIN: case FB_OP_ATOMIC_MIN_NA: return FB_OP_MIN;
-  case FB_OP_ATOMIC_MAX: case FB_OP_ATOMIC_MAX_NA: return FB_OP_MAX;
-  case FB_OP_ATOMIC_AND: case FB_OP_ATOMIC_AND_NA: return FB_OP_AND;
-  case FB_OP_ATOMIC_OR: case FB_OP_ATOMIC_OR_NA: return FB_OP_OR;
+  case FB_OP_ATOMIC_ADD:
+  case FB_OP_ATOMIC_ADD_NA: return FB_OP_ADD;
+  case FB_OP_ATOMIC_SUB:
+  case FB_OP_ATOMIC_SUB_NA: return FB_OP_SUB;
+  case FB_OP_ATOMIC_MIN:
+  case FB_OP_ATOMIC_MIN_NA: return FB_OP_MIN;
+  case FB_OP_ATOMIC_MAX:
+  case FB_OP_ATOMIC_MAX_NA: return FB_OP_MAX;
+  case FB_OP_ATOMIC_AND:
+  case FB_OP_ATOMIC_AND_NA: return FB_OP_AND;
+  case FB_OP_ATOMIC_OR:
+  case FB_OP_ATOMIC_OR_NA: return FB_OP_OR;
   default: return FB_OP_XOR;
   }
 }
@@ -547,8 +560,7 @@ static int exec_activity(run *r, int id) {
   const fb_snode *sn = NULL;
   int64_t gi[FB_MAX_AXES], flat;
   int inb, rc;
-  if ((rc = stmt_snode(r, id, 0, &sn)) || (rc = check_nargs(r, id, sn, 0)))
-    return rc;
+  if ((rc = stmt_snode(r, id, 0, &sn)) || (rc = check_nargs(r, id, sn, 0))) return rc;
   if (sn->kind == FB_SN_ROOT) return bad(r, FB_EINVAL, id, "names the root SNode");
   const fb_snode *p = sn->kind == FB_SN_PLACE ? &r->l->nodes[sn->parent] : sn;
   if (s->op == FB_OP_DEACTIVATE && !sparse_kind(p->kind))
@@ -569,8 +581,10 @@ static int dyn_of(run *r, int id, const fb_snode *sn, const fb_snode **d) {
     return bad(r, FB_EINVAL, id, "SNode %d is not under a dynamic SNode", sn->id);
   int ax = dyn_axis(*d);
   if (r->l->nodes[(*d)->parent].space_axes & (1u << ax))
-    return bad(r, FB_EINVAL, id, "dynamic SNode %d splits axis %c, already split above it: "
-               "no indices name one of its lists", (*d)->id, 'i' + ax);
+    return bad(r, FB_EINVAL, id,
+               "dynamic SNode %d splits axis %c, already split above it: "
+               "no indices name one of its lists",
+               (*d)->id, 'i' + ax);
   int want = sn->ndim - 1 + (r->k->stmts[id].op == FB_OP_APPEND);
   if (r->k->stmts[id].nargs != want)
     return bad(r, FB_EINVAL, id, "%d operands, expected %d", r->k->stmts[id].nargs, want);
@@ -847,7 +861,10 @@ static int exec_range(run *r, int id, int top) {
   for (int64_t i = b; i < e; i++) {
     if ((rc = step(r, id))) return rc;
     r->lidx[id][0] = (int32_t)i;
-    if (top) { r->iter = (uint64_t)(i - b); r->count = 0; }
+    if (top) {
+      r->iter = (uint64_t)(i - b);
+      r->count = 0;
+    }
     int f = loop_body(r, id, serial);
     if (f < 0) return f;
     if (f == FLOW_BREAK) break;
@@ -891,7 +908,10 @@ static int exec_struct_for(run *r, int id, int top) {
     cell_indices(sn, x, gi);
     for (int d = 0; d < FB_MAX_AXES; d++)
       r->lidx[id][d] = d < sn->ndim ? (int32_t)gi[sn->dim_axis[d]] : 0;
-    if (top) { r->iter = (uint64_t)x; r->count = 0; }
+    if (top) {
+      r->iter = (uint64_t)x;
+      r->count = 0;
+    }
     f = loop_body(r, id, 0);
   }
   free(snap);
@@ -930,15 +950,24 @@ static int exec_stmt(run *r, int id, int top) {
   case FB_OPC_ARG: return exec_arg(r, id);
   case FB_OPC_CAST: return exec_cast(r, id);
   case FB_OPC_SELECT: return exec_select(r, id);
-  case FB_OPC_ARITH: case FB_OPC_FARITH: case FB_OPC_BITS: case FB_OPC_SHIFT:
-    return exec_binary(r, id);
+  case FB_OPC_ARITH:
+  case FB_OPC_FARITH:
+  case FB_OPC_BITS:
+  case FB_OPC_SHIFT: return exec_binary(r, id);
   case FB_OPC_CMP: return exec_compare(r, id);
-  case FB_OPC_NOT: case FB_OPC_UNARY: case FB_OPC_FUNARY: return exec_unary(r, id);
-  case FB_OPC_ALLOCA: case FB_OPC_LLOAD: case FB_OPC_LSTORE: return exec_local(r, id);
+  case FB_OPC_NOT:
+  case FB_OPC_UNARY:
+  case FB_OPC_FUNARY: return exec_unary(r, id);
+  case FB_OPC_ALLOCA:
+  case FB_OPC_LLOAD:
+  case FB_OPC_LSTORE: return exec_local(r, id);
   case FB_OPC_GLOAD: return exec_load(r, id);
   case FB_OPC_GSTORE: return exec_store(r, id);
-  case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: return exec_atomic(r, id);
-  case FB_OPC_SPARSE: case FB_OPC_APPEND: case FB_OPC_LENGTH: return exec_sparse(r, id);
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC: return exec_atomic(r, id);
+  case FB_OPC_SPARSE:
+  case FB_OPC_APPEND:
+  case FB_OPC_LENGTH: return exec_sparse(r, id);
   case FB_OPC_HINT: {
     rc = operand(r, id, 0, &r->vals[id]);
     return rc ? rc : result_type(r, id, r->vals[id].type);
@@ -952,7 +981,8 @@ static int exec_stmt(run *r, int id, int top) {
   case FB_OPC_RET: return exec_ret(r, id);
   case FB_OPC_GTMP: return exec_gtmp(r, id);
   case FB_OPC_RAND: return exec_rand(r, id);
-  case FB_OPC_LIST: return 0; /* lists are the runtime's: the interpreter
+  case FB_OPC_LIST:
+    return 0; /* lists are the runtime's: the interpreter
                                  walks the active cells directly */
   default: return bad(r, FB_EINVAL, id, "op class %d has no meaning", fb_op_table[s->op].cls);
   }
@@ -970,8 +1000,7 @@ static int exec_block(run *r, int block) {
     if (!stmt_ok(r, b->ids[i]))
       f = fail(r->in, FB_EINVAL, "kernel %s: block %d lists %%%d, not a statement", r->k->name,
                block, (int)b->ids[i]);
-    else
-      f = exec_stmt(r, b->ids[i], 0);
+    else f = exec_stmt(r, b->ids[i], 0);
   }
   r->depth--;
   return f;
@@ -1011,7 +1040,8 @@ static int convert_args(fb_interp *in, const fb_kernel *k, const fb_value *args,
   if (nargs > 0 && !args) return fail(in, FB_EINVAL, "kernel %s: no argument values", k->name);
   for (int i = 0; i < nargs; i++) {
     fb_type pt = k->params[i];
-    if (!valid_type(pt)) return fail(in, FB_EINVAL, "kernel %s: parameter %d has no type", k->name, i);
+    if (!valid_type(pt))
+      return fail(in, FB_EINVAL, "kernel %s: parameter %d has no type", k->name, i);
     if (kind_of(args[i].type) < 0 || kind_of(args[i].type) != kind_of(pt))
       return fail(in, FB_ETYPE, "kernel %s: argument %d is %s, parameter is %s", k->name, i,
                   fb_type_name(args[i].type), fb_type_name(pt));
@@ -1095,7 +1125,10 @@ fb_interp *fb_interp_new(const fb_layout *l, uint64_t seed) {
     return NULL;
   }
   for (int i = 0; i < l->nnodes; i++)
-    if (alloc_node(in, i)) { fb_interp_free(in); return NULL; }
+    if (alloc_node(in, i)) {
+      fb_interp_free(in);
+      return NULL;
+    }
   return in;
 }
 
@@ -1158,7 +1191,7 @@ int fb_interp_run(fb_interp *in, const fb_kernel *k, const fb_value *args, int n
   if (ret) *ret = r.ret;
   if (r.bounds)
     fb_errf(in->err, sizeof in->err, "kernel %s %s", k->name,
-             r.full ? "appended to a full dynamic list (or indexed out of bounds)"
-                    : "indexed a field out of bounds");
+            r.full ? "appended to a full dynamic list (or indexed out of bounds)"
+                   : "indexed a field out of bounds");
   return r.bounds;
 }

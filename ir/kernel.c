@@ -14,15 +14,14 @@ const fb_op_info fb_op_table[FB_OP__COUNT] = {
 
 int fb_op_from_name(const char *s, size_t n) {
   for (int op = 0; op < FB_OP__COUNT; op++)
-    if (strlen(fb_op_table[op].name) == n && memcmp(fb_op_table[op].name, s, n) == 0)
-      return op;
+    if (strlen(fb_op_table[op].name) == n && memcmp(fb_op_table[op].name, s, n) == 0) return op;
   return -1;
 }
 
 /* ---------------------------------------------------------------- kernels */
 
-fb_kernel *fb_kernel_new(const fb_layout *l, const char *name, int nparams,
-                         const fb_type *params, fb_type ret) {
+fb_kernel *fb_kernel_new(const fb_layout *l, const char *name, int nparams, const fb_type *params,
+                         fb_type ret) {
   fb_kernel *k = calloc(1, sizeof *k);
   if (!k) return NULL;
   k->layout = l;
@@ -75,7 +74,10 @@ fb_kernel *fb_kernel_clone_to(const fb_kernel *k, const fb_layout *l) {
     d->n = d->cap = s->n;
     if (s->n) {
       d->ids = malloc(sizeof(int32_t) * (size_t)s->n);
-      if (!d->ids) { fb_kernel_free(c); return NULL; }
+      if (!d->ids) {
+        fb_kernel_free(c);
+        return NULL;
+      }
       memcpy(d->ids, s->ids, sizeof(int32_t) * (size_t)s->n);
     }
   }
@@ -89,12 +91,19 @@ static int find_in(const fb_kernel *k, int blk, int stmt, int *pos, int depth) {
   const fb_block *b = &k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     int id = b->ids[i];
-    if (id == stmt) { if (pos) *pos = i; return blk; }
+    if (id == stmt) {
+      if (pos) *pos = i;
+      return blk;
+    }
     if (id < 0 || id >= k->nstmts) continue;
     const fb_stmt *s = &k->stmts[id];
     int r;
-    if (s->body >= 0 && s->body < k->nblocks && (r = find_in(k, s->body, stmt, pos, depth + 1)) >= 0) return r;
-    if (s->orelse >= 0 && s->orelse < k->nblocks && (r = find_in(k, s->orelse, stmt, pos, depth + 1)) >= 0) return r;
+    if (s->body >= 0 && s->body < k->nblocks &&
+        (r = find_in(k, s->body, stmt, pos, depth + 1)) >= 0)
+      return r;
+    if (s->orelse >= 0 && s->orelse < k->nblocks &&
+        (r = find_in(k, s->orelse, stmt, pos, depth + 1)) >= 0)
+      return r;
   }
   return -1;
 }
@@ -239,11 +248,16 @@ static fb_type global_result(fb_builder *b, fb_op op, int snode) {
   fb_type ft = l && snode >= 0 && snode < l->nnodes ? l->nodes[snode].type : FB_T_VOID;
   switch (op) {
   case FB_OP_LOAD:
-  case FB_OP_ATOMIC_ADD: case FB_OP_ATOMIC_SUB: case FB_OP_ATOMIC_MIN:
-  case FB_OP_ATOMIC_MAX: case FB_OP_ATOMIC_AND: case FB_OP_ATOMIC_OR:
+  case FB_OP_ATOMIC_ADD:
+  case FB_OP_ATOMIC_SUB:
+  case FB_OP_ATOMIC_MIN:
+  case FB_OP_ATOMIC_MAX:
+  case FB_OP_ATOMIC_AND:
+  case FB_OP_ATOMIC_OR:
   case FB_OP_ATOMIC_XOR: return ft;
   case FB_OP_IS_ACTIVE: return FB_T_BOOL;
-  case FB_OP_APPEND: case FB_OP_LENGTH: return FB_T_I32;
+  case FB_OP_APPEND:
+  case FB_OP_LENGTH: return FB_T_I32;
   default: return FB_T_VOID;
   }
 }

@@ -6,7 +6,7 @@
 
 #include "ir_internal.h"
 
-static const char *const kind_names[] = {"root", "dense", "bitmasked",
+static const char *const kind_names[] = {"root",    "dense",   "bitmasked",
                                          "pointer", "dynamic", "place"};
 
 const char *fb_snode_kind_name(fb_snode_kind k) {
@@ -25,7 +25,10 @@ static int new_node(fb_layout *l, fb_snode_kind kind, int parent, const char *na
   if (parent >= 0) {
     fb_snode *p = &l->nodes[parent];
     int *c = realloc(p->children, sizeof(int) * (size_t)(p->nchildren + 1));
-    if (!c) { free(s->name); return FB_ENOMEM; }
+    if (!c) {
+      free(s->name);
+      return FB_ENOMEM;
+    }
     c[p->nchildren++] = s->id;
     p->children = c;
   }
@@ -36,7 +39,10 @@ static int new_node(fb_layout *l, fb_snode_kind kind, int parent, const char *na
 fb_layout *fb_layout_new(void) {
   fb_layout *l = calloc(1, sizeof *l);
   if (!l) return NULL;
-  if (new_node(l, FB_SN_ROOT, -1, NULL) < 0) { free(l); return NULL; }
+  if (new_node(l, FB_SN_ROOT, -1, NULL) < 0) {
+    free(l);
+    return NULL;
+  }
   return l;
 }
 
@@ -54,7 +60,10 @@ fb_layout *fb_layout_clone(const fb_layout *l) {
   fb_layout *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->nodes = calloc((size_t)l->nnodes, sizeof *c->nodes);
-  if (!c->nodes) { free(c); return NULL; }
+  if (!c->nodes) {
+    free(c);
+    return NULL;
+  }
   c->nnodes = c->cap = l->nnodes;
   c->finalized = l->finalized;
   c->root_bytes = l->root_bytes;
@@ -203,9 +212,10 @@ static int dynamic_axis_fresh(const fb_layout *l, const fb_snode *s, char *err, 
   while (!(above & (1u << a))) a++;
   int by = s->parent;
   while (by > 0 && l->nodes[l->nodes[by].parent].space_axes & (1u << a)) by = l->nodes[by].parent;
-  fb_errf(err, errlen, "dynamic SNode %d%s%s splits axis %c, already split above it by SNode %d: "
-          "a dynamic's axis must be split by nothing else on its path", s->id,
-          s->name ? " " : "", label(s), 'i' + a, by);
+  fb_errf(err, errlen,
+          "dynamic SNode %d%s%s splits axis %c, already split above it by SNode %d: "
+          "a dynamic's axis must be split by nothing else on its path",
+          s->id, s->name ? " " : "", label(s), 'i' + a, by);
   return FB_EINVAL;
 }
 
@@ -221,7 +231,7 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
   }
   if (s->kind != FB_SN_ROOT && s->nchildren == 0) {
     fb_errf(err, errlen, "%s SNode%s%s holds no fields", fb_snode_kind_name(s->kind),
-         s->name ? " " : "", s->name ? s->name : "");
+            s->name ? " " : "", s->name ? s->name : "");
     return FB_EINVAL;
   }
   uint64_t off = 0, maxalign = 1;
@@ -229,7 +239,7 @@ static int finalize_node(fb_layout *l, int id, char *err, size_t errlen) {
     int cid = s->children[c];
     if (s->kind == FB_SN_DYNAMIC && l->nodes[cid].kind != FB_SN_PLACE) {
       fb_errf(err, errlen, "dynamic SNode%s%s may hold only fields", s->name ? " " : "",
-           s->name ? s->name : "");
+              s->name ? s->name : "");
       return FB_EINVAL;
     }
     int rc = finalize_node(l, cid, err, errlen);
@@ -265,8 +275,10 @@ static int check_shape(fb_layout *l, char *err, size_t errlen) {
     }
     s->depth = l->nodes[s->parent].depth + 1;
     if (s->depth > FB_LAYOUT_MAX_DEPTH) {
-      fb_errf(err, errlen, "SNode %d (%s%s%s) sits %d levels below the root; at most %d are "
-              "allowed", i, fb_snode_kind_name(s->kind), s->name ? " " : "", label(s), s->depth,
+      fb_errf(err, errlen,
+              "SNode %d (%s%s%s) sits %d levels below the root; at most %d are "
+              "allowed",
+              i, fb_snode_kind_name(s->kind), s->name ? " " : "", label(s), s->depth,
               FB_LAYOUT_MAX_DEPTH);
       return FB_EINVAL;
     }
@@ -334,8 +346,8 @@ uint64_t fb_layout_hash(const fb_layout *l) {
   uint64_t h = FB_FNV_INIT;
   for (int i = 0; i < l->nnodes; i++) {
     const fb_snode *s = &l->nodes[i];
-    int64_t rec[8] = {s->kind, s->parent, s->axes, s->size[0], s->size[1],
-                      s->size[2], s->size[3], s->chunk};
+    int64_t rec[8] = {s->kind,    s->parent,  s->axes,    s->size[0],
+                      s->size[1], s->size[2], s->size[3], s->chunk};
     h = fb__fnv(h, rec, sizeof rec);
     h = fb__fnv(h, &s->type, sizeof s->type);
     if (s->name) h = fb__fnv(h, s->name, strlen(s->name) + 1);

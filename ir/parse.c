@@ -14,7 +14,6 @@
 
 #include "ir_internal.h"
 
-
 #define MAX_ID (1 << 20)  /* largest statement id accepted */
 #define MAX_DEPTH 200     /* nesting of braces */
 #define MAX_ERRORS 50     /* then give up */
@@ -22,7 +21,14 @@
 
 /* ---------------------------------------------------------------- state */
 
-enum { TK_EOL, TK_NAME, TK_NUM, TK_ID, TK_STR, TK_PUNCT };
+enum {
+  TK_EOL,
+  TK_NAME,
+  TK_NUM,
+  TK_ID,
+  TK_STR,
+  TK_PUNCT
+};
 
 typedef struct tok {
   int kind;
@@ -32,7 +38,15 @@ typedef struct tok {
 } tok;
 
 /* What an open brace belongs to. */
-enum { FR_LAYOUT, FR_NODE, FR_KERNEL, FR_THEN, FR_ELSE, FR_BODY, FR_SKIP };
+enum {
+  FR_LAYOUT,
+  FR_NODE,
+  FR_KERNEL,
+  FR_THEN,
+  FR_ELSE,
+  FR_BODY,
+  FR_SKIP
+};
 
 typedef struct frame {
   int kind;
@@ -71,7 +85,9 @@ typedef struct parser {
   const fb_layout *layout;   /* what kernels resolve names against */
   int layout_seen, layout_bad;
   int lay_line, lay_col;
-  struct { int line, col; } *name_pos; /* per SNode: where its name is written */
+  struct {
+    int line, col;
+  } *name_pos; /* per SNode: where its name is written */
   int npos, poscap;
   char **lost;               /* names met on layout lines that failed */
   int nlost, lostcap;
@@ -169,14 +185,16 @@ static int lex_line(parser *P) {
     unsigned char c = (unsigned char)*p;
     const char *q = p + 1;
     int kind = TK_PUNCT;
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') { p++; continue; }
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') {
+      p++;
+      continue;
+    }
     if (c == '#') break;
     if (fb__text_name_char(c, 1)) {
       kind = TK_NAME;
       while (q < end && fb__text_name_char((unsigned char)*q, 0)) q++;
     } else if (is_digit(c) || (c == '.' && q < end && is_digit((unsigned char)*q)) ||
-               ((c == '-' || c == '+') && q < end &&
-                (fb__text_name_char((unsigned char)*q, 0)))) {
+               ((c == '-' || c == '+') && q < end && (fb__text_name_char((unsigned char)*q, 0)))) {
       kind = TK_NUM;
       while (q < end && fb__text_name_char((unsigned char)*q, 0)) q++;
     } else if (c == '%') {
@@ -223,14 +241,20 @@ static int is_word(const tok *t, const char *s) {
 
 static int expect_punct(parser *P, const char *s) {
   char what[8];
-  if (is_punct(cur(P), s)) { adv(P); return 0; }
+  if (is_punct(cur(P), s)) {
+    adv(P);
+    return 0;
+  }
   snprintf(what, sizeof what, "'%s'", s);
   return expected(P, cur(P), what);
 }
 
 static int expect_word(parser *P, const char *s) {
   char what[24];
-  if (is_word(cur(P), s)) { adv(P); return 0; }
+  if (is_word(cur(P), s)) {
+    adv(P);
+    return 0;
+  }
   snprintf(what, sizeof what, "'%s'", s);
   return expected(P, cur(P), what);
 }
@@ -287,7 +311,10 @@ static int parse_int_text(const char *s, int n, int64_t *out, uint64_t *uout, in
   int i = 0, base = 10;
   *neg = 0;
   if (i < n && (s[i] == '-' || s[i] == '+')) *neg = s[i++] == '-';
-  if (i + 1 < n && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) { base = 16; i += 2; }
+  if (i + 1 < n && s[i] == '0' && (s[i + 1] == 'x' || s[i + 1] == 'X')) {
+    base = 16;
+    i += 2;
+  }
   if (i >= n) return -1;
   uint64_t v = 0;
   for (; i < n; i++) {
@@ -363,7 +390,8 @@ static int layout_header(parser *P) {
   tok *t = cur(P);
   adv(P);
   if (!P->module)
-    return perr(P, t->col, "a layout block is not allowed here: kernels are parsed against a given layout");
+    return perr(P, t->col,
+                "a layout block is not allowed here: kernels are parsed against a given layout");
   if (P->layout_seen && !P->lay_line)
     return perr(P, t->col, "the layout block must come before the kernels");
   if (P->layout_seen) return perr(P, t->col, "only one layout block is allowed");
@@ -397,7 +425,10 @@ static int note_name(parser *P, int id, int col) {
  * get no "unknown field" error of their own. */
 static int lose_name(parser *P, const char *name) {
   char *c = fb__strdup(name);
-  if (!c || FB_GROW(P->lost, P->nlost, P->lostcap)) { free(c); return nomem(P); }
+  if (!c || FB_GROW(P->lost, P->nlost, P->lostcap)) {
+    free(c);
+    return nomem(P);
+  }
   P->lost[P->nlost++] = c;
   return 0;
 }
@@ -432,7 +463,8 @@ static int node_shape(parser *P, int kind, char *axes, int64_t *sizes, int64_t *
   for (int i = 0; i < t->n; i++) {
     int a = t->s[i] - 'i';
     if (t->n > FB_MAX_AXES || a < 0 || a >= FB_MAX_AXES || (mask & (1u << a)))
-      return perr(P, t->col, "bad axes '%.*s': use up to 4 of the letters ijkl, each once", t->n, t->s);
+      return perr(P, t->col, "bad axes '%.*s': use up to 4 of the letters ijkl, each once", t->n,
+                  t->s);
     mask |= 1u << a;
     axes[i] = t->s[i];
   }
@@ -461,8 +493,9 @@ static int node_shape(parser *P, int kind, char *axes, int64_t *sizes, int64_t *
   if (kind == FB_SN_DYNAMIC) {
     if (na != 1) return perr(P, t->col, "a dynamic SNode has exactly one axis");
     if (*chunk == 0) return expected(P, cur(P), "', chunk: N' for a dynamic SNode");
-    if (*chunk > sizes[0]) return perr(P, cur(P)->col, "chunk %lld is larger than the size %lld",
-                                       (long long)*chunk, (long long)sizes[0]);
+    if (*chunk > sizes[0])
+      return perr(P, cur(P)->col, "chunk %lld is larger than the size %lld", (long long)*chunk,
+                  (long long)sizes[0]);
   }
   return 0;
 }
@@ -476,7 +509,8 @@ static int layout_node(parser *P, int parent) {
   if (kind < 0) {
     char b[48];
     if (t->kind == TK_NAME) return perr(P, t->col, "unknown SNode kind '%.*s'", t->n, t->s);
-    return perr(P, t->col, "expected an SNode (dense, bitmasked, pointer, dynamic) or 'place', found %s",
+    return perr(P, t->col,
+                "expected an SNode (dense, bitmasked, pointer, dynamic) or 'place', found %s",
                 tokdesc(t, b, sizeof b));
   }
   adv(P);
@@ -615,9 +649,11 @@ static int take_id(parser *P, int *id) {
   long v = 0;
   if (t->n < 2) return perr(P, t->col, "expected digits after '%%'");
   for (int i = 1; i < t->n; i++) {
-    if (!is_digit((unsigned char)t->s[i])) return perr(P, t->col, "bad statement id '%.*s'", t->n, t->s);
+    if (!is_digit((unsigned char)t->s[i]))
+      return perr(P, t->col, "bad statement id '%.*s'", t->n, t->s);
     v = v * 10 + (t->s[i] - '0');
-    if (v >= MAX_ID) return perr(P, t->col, "statement id '%.*s' too large (at most %d)", t->n, t->s, MAX_ID - 1);
+    if (v >= MAX_ID)
+      return perr(P, t->col, "statement id '%.*s' too large (at most %d)", t->n, t->s, MAX_ID - 1);
   }
   *id = (int)v;
   adv(P);
@@ -626,7 +662,8 @@ static int take_id(parser *P, int *id) {
 
 static int take_operand(parser *P, pstmt *ps) {
   int col = cur(P)->col, v;
-  if (ps->s.nargs >= FB_MAX_ARGS) return perr(P, col, "too many operands (at most %d)", FB_MAX_ARGS);
+  if (ps->s.nargs >= FB_MAX_ARGS)
+    return perr(P, col, "too many operands (at most %d)", FB_MAX_ARGS);
   if (take_id(P, &v)) return -1;
   ps->acol[ps->s.nargs] = col;
   ps->s.args[ps->s.nargs++] = v;
@@ -732,7 +769,10 @@ static int float_syntax(const char *s, int n) {
 static int parse_float_lit(const char *s, int n, int f32, double *out) {
   char buf[80];
   int neg = n > 0 && s[0] == '-', sg = n > 0 && (s[0] == '-' || s[0] == '+');
-  if ((n - sg == 3 && memcmp(s + sg, "inf", 3) == 0)) { *out = neg ? -INFINITY : INFINITY; return 0; }
+  if ((n - sg == 3 && memcmp(s + sg, "inf", 3) == 0)) {
+    *out = neg ? -INFINITY : INFINITY;
+    return 0;
+  }
   if (n == 3 && memcmp(s, "nan", 3) == 0) {
     *out = f32 ? (double)NAN : NAN;
     return 0;
@@ -778,9 +818,11 @@ static int take_const(parser *P, pstmt *ps) {
     else if (n == 5 && memcmp(s, "false", 5) == 0) ps->s.imm.u = 0;
     else return perr(P, first->col, "bad bool '%.*s' (true or false)", n, s);
     return 0;
-  case FB_T_F32: case FB_T_F64:
+  case FB_T_F32:
+  case FB_T_F64:
     rc = parse_float_lit(s, n, ty == FB_T_F32, &ps->s.imm.f);
-    if (rc == -2) return perr(P, first->col, "number '%.*s' out of range for %s", n, s, fb_type_name(ty));
+    if (rc == -2)
+      return perr(P, first->col, "number '%.*s' out of range for %s", n, s, fb_type_name(ty));
     if (rc) return perr(P, first->col, "bad number '%.*s'", n, s);
     return 0;
   default:
@@ -794,7 +836,8 @@ static int take_const(parser *P, pstmt *ps) {
     case FB_T_U64: ok = ok && (!neg || u == 0); break;
     default: break; /* void and bad types keep the bits as written */
     }
-    if (!ok) return perr(P, first->col, "number '%.*s' out of range for %s", n, s, fb_type_name(ty));
+    if (!ok)
+      return perr(P, first->col, "number '%.*s' out of range for %s", n, s, fb_type_name(ty));
     ps->s.imm.u = neg ? (uint64_t)v : u;
     return 0;
   }
@@ -833,7 +876,8 @@ static int stmt_operands(parser *P, pstmt *ps, int form) {
   case 'f': return take_operand(P, ps);
   case 'w': return 0;
   case 'r':
-    return expect_word(P, "in") || take_operand(P, ps) || expect_punct(P, "..") || take_operand(P, ps);
+    return expect_word(P, "in") || take_operand(P, ps) || expect_punct(P, "..") ||
+           take_operand(P, ps);
   case 's':
     rc = expect_word(P, "over") || take_snode(P, &sn);
     ps->s.snode = sn;
@@ -870,8 +914,7 @@ static int stmt_head(parser *P, pstmt *ps, int *form, int *reg) {
   const char *name = fb_op_table[op].name;
   *form = fb__text_form(op);
   int loop = *form == 'r' || *form == 's';
-  if (loop && named)
-    return perr(P, col, "a loop names itself after the op: '%s %%N ...'", name);
+  if (loop && named) return perr(P, col, "a loop names itself after the op: '%s %%N ...'", name);
   if (named == 1 && ty < 0)
     return perr(P, opcol, "'%%%d =' needs a result type: '%s.TYPE'", id, name);
   if (named != 1 && !loop && ty >= 0)
@@ -950,10 +993,17 @@ static int resolve_ids(parser *P, kstate *K, int **fin_out, unsigned char **take
   size_t cap = (size_t)K->ndef + (size_t)K->nps + 1;
   unsigned char *taken = calloc(cap, 1);
   int *fin = malloc(sizeof(int) * (size_t)(K->nps ? K->nps : 1));
-  if (!taken || !fin) { free(taken); free(fin); return nomem(P); }
+  if (!taken || !fin) {
+    free(taken);
+    free(fin);
+    return nomem(P);
+  }
   int topid = -1, prev = -1;
   for (int id = 0; id < K->ndef; id++)
-    if (K->def[id]) { taken[id] = 1; topid = id; }
+    if (K->def[id]) {
+      taken[id] = 1;
+      topid = id;
+    }
   for (int i = 0; i < K->nps; i++) {
     int id = K->ps[i].id;
     if (id < 0) {
@@ -961,7 +1011,8 @@ static int resolve_ids(parser *P, kstate *K, int **fin_out, unsigned char **take
       if (taken[id]) id = topid + 1;
       taken[id] = 1;
       if (id >= MAX_ID) { /* keep every id the printer may write readable */
-        perr_at(P, K->ps[i].line, K->ps[i].col, "statement id %d too large (at most %d)", id, MAX_ID - 1);
+        perr_at(P, K->ps[i].line, K->ps[i].col, "statement id %d too large (at most %d)", id,
+                MAX_ID - 1);
         free(taken);
         free(fin);
         return -1;
@@ -991,7 +1042,10 @@ static void finish_kernel(parser *P) {
   unsigned char *taken = NULL;
   P->ks = NULL;
   if (!K) return;
-  if (P->gave_up || resolve_ids(P, K, &fin, &taken)) { kstate_free(K); return; }
+  if (P->gave_up || resolve_ids(P, K, &fin, &taken)) {
+    kstate_free(K);
+    return;
+  }
   fb_kernel *k = K->k;
   for (int b = 0; b < k->nblocks; b++)
     for (int j = 0; j < k->blocks[b].n; j++) k->blocks[b].ids[j] = fin[k->blocks[b].ids[j]];
@@ -1004,7 +1058,11 @@ static void finish_kernel(parser *P) {
   }
   free(fin);
   free(taken);
-  if (FB_GROW(P->out, P->nout, P->outcap)) { nomem(P); kstate_free(K); return; }
+  if (FB_GROW(P->out, P->nout, P->outcap)) {
+    nomem(P);
+    kstate_free(K);
+    return;
+  }
   P->out[P->nout++] = K->k;
   K->k = NULL;
   kstate_free(K);
@@ -1030,7 +1088,9 @@ static int starts_unit(parser *P) {
 
 static void close_all(parser *P, int line, int col, const char *why) {
   frame *f = top(P);
-  if (f) perr_at(P, line, col, "%smissing '}' to close %s opened at %d:%d", why, f->what, f->line, f->col);
+  if (f)
+    perr_at(P, line, col, "%smissing '}' to close %s opened at %d:%d", why, f->what, f->line,
+            f->col);
   while (P->nfr) pop_frame(P);
 }
 
@@ -1042,7 +1102,8 @@ static int dispatch(parser *P) {
   }
   if (!f) return top_line(P);
   switch (f->kind) {
-  case FR_LAYOUT: case FR_NODE: return layout_line(P);
+  case FR_LAYOUT:
+  case FR_NODE: return layout_line(P);
   case FR_SKIP:
     if (is_punct(cur(P), "}")) pop_frame(P);
     if (is_punct(&P->toks[P->ntok - 2], "{")) push_frame(P, FR_SKIP, -1, 1, "block");
@@ -1138,8 +1199,9 @@ static void sort_diags(fb_diags *d) {
   for (int i = 1; i < d->n; i++) {
     fb_diag x = d->v[i];
     int j = i;
-    for (; j > 0 && (d->v[j - 1].line > x.line ||
-                     (d->v[j - 1].line == x.line && d->v[j - 1].col > x.col)); j--)
+    for (; j > 0 &&
+           (d->v[j - 1].line > x.line || (d->v[j - 1].line == x.line && d->v[j - 1].col > x.col));
+         j--)
       d->v[j] = d->v[j - 1];
     d->v[j] = x;
   }

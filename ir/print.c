@@ -12,7 +12,6 @@
 
 #include "ir_internal.h"
 
-
 /* ---------------------------------------------------------------- syntax */
 
 /* The shape of a statement's operands, decided by the op's class so that a
@@ -26,10 +25,18 @@ int fb__text_form(int op) {
   if (op < 0 || op >= FB_OP__COUNT) return 0;
   switch (fb_op_table[op].cls) {
   case FB_OPC_CONST: return 'c';
-  case FB_OPC_ARG: case FB_OPC_RET: case FB_OPC_LOOPIDX:
-  case FB_OPC_GTMP: case FB_OPC_RAND: return 'i';
-  case FB_OPC_GLOAD: case FB_OPC_SPARSE: case FB_OPC_LENGTH: return 'g';
-  case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC: case FB_OPC_APPEND: return 'v';
+  case FB_OPC_ARG:
+  case FB_OPC_RET:
+  case FB_OPC_LOOPIDX:
+  case FB_OPC_GTMP:
+  case FB_OPC_RAND: return 'i';
+  case FB_OPC_GLOAD:
+  case FB_OPC_SPARSE:
+  case FB_OPC_LENGTH: return 'g';
+  case FB_OPC_GSTORE:
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC:
+  case FB_OPC_APPEND: return 'v';
   case FB_OPC_HINT: return 'h';
   case FB_OPC_IF: return 'f';
   case FB_OPC_LOOP: return 'w';
@@ -60,7 +67,10 @@ static void sb_putn(sbuf *b, const char *s, size_t n) {
     size_t nc = b->cap ? b->cap : 256;
     while (nc < b->n + n + 1) nc *= 2;
     char *q = realloc(b->p, nc);
-    if (!q) { b->oom = 1; return; }
+    if (!q) {
+      b->oom = 1;
+      return;
+    }
     b->p = q;
     b->cap = nc;
   }
@@ -83,9 +93,15 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
   va_end(ap);
   if (n < 0) return;
-  if ((size_t)n < sizeof tmp) { sb_putn(b, tmp, (size_t)n); return; }
+  if ((size_t)n < sizeof tmp) {
+    sb_putn(b, tmp, (size_t)n);
+    return;
+  }
   char *big = malloc((size_t)n + 1);
-  if (!big) { b->oom = 1; return; }
+  if (!big) {
+    b->oom = 1;
+    return;
+  }
   va_start(ap, fmt);
   vsnprintf(big, (size_t)n + 1, fmt, ap);
   va_end(ap);
@@ -94,8 +110,14 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 }
 
 static char *sb_finish(sbuf *b) {
-  if (b->oom) { free(b->p); return NULL; }
-  if (!b->p) { b->p = malloc(1); if (b->p) b->p[0] = 0; }
+  if (b->oom) {
+    free(b->p);
+    return NULL;
+  }
+  if (!b->p) {
+    b->p = malloc(1);
+    if (b->p) b->p[0] = 0;
+  }
   return b->p;
 }
 
@@ -108,7 +130,10 @@ static void indent(sbuf *b, int depth) {
 static void put_name(sbuf *b, const char *s) {
   int bare = s && *s;
   for (const char *c = s; bare && *c; c++) bare = fb__text_name_char((unsigned char)*c, c == s);
-  if (bare) { sb_puts(b, s); return; }
+  if (bare) {
+    sb_puts(b, s);
+    return;
+  }
   sb_putn(b, "\"", 1);
   for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
     if (*c == '"' || *c == '\\') sb_printf(b, "\\%c", *c);
@@ -123,16 +148,28 @@ static void put_type(sbuf *b, int t) { sb_puts(b, fb_type_name((fb_type)t)); }
 /* An SNode by its name when the name finds it, else by its path of child
  * positions from the root (@0.2); '?' when there is no such node. */
 static void put_snode(sbuf *b, const fb_layout *l, int id) {
-  if (!l || id < 0 || id >= l->nnodes) { sb_putn(b, "?", 1); return; }
+  if (!l || id < 0 || id >= l->nnodes) {
+    sb_putn(b, "?", 1);
+    return;
+  }
   const char *nm = l->nodes[id].name;
-  if (nm && fb_layout_find(l, nm) == id) { put_name(b, nm); return; }
+  if (nm && fb_layout_find(l, nm) == id) {
+    put_name(b, nm);
+    return;
+  }
   int path[64], n = 0;
   for (int s = id; s > 0; s = l->nodes[s].parent) {
     int p = l->nodes[s].parent, pos = -1;
-    if (p < 0 || p >= l->nnodes || n == 64) { sb_putn(b, "?", 1); return; }
+    if (p < 0 || p >= l->nnodes || n == 64) {
+      sb_putn(b, "?", 1);
+      return;
+    }
     for (int c = 0; c < l->nodes[p].nchildren; c++)
       if (l->nodes[p].children[c] == s) pos = c;
-    if (pos < 0) { sb_putn(b, "?", 1); return; }
+    if (pos < 0) {
+      sb_putn(b, "?", 1);
+      return;
+    }
     path[n++] = pos;
   }
   sb_putn(b, "@", 1);
@@ -171,7 +208,10 @@ static void put_float(sbuf *b, double v, int f32) {
     }
     return;
   }
-  if (isinf(v)) { sb_puts(b, v < 0 ? "-inf" : "inf"); return; }
+  if (isinf(v)) {
+    sb_puts(b, v < 0 ? "-inf" : "inf");
+    return;
+  }
   int maxp = f32 ? 9 : 17, p;
   char s[512], t[512]; /* %g of a double needs at most ~330 */
   for (p = 1; p < maxp; p++) {
@@ -197,7 +237,8 @@ static void put_const(sbuf *b, const fb_stmt *s) {
     if (s->imm.u <= 1) sb_puts(b, s->imm.u ? "true" : "false");
     else sb_printf(b, "%llu", (unsigned long long)s->imm.u);
     break;
-  case FB_T_U32: case FB_T_U64: sb_printf(b, "%llu", (unsigned long long)s->imm.u); break;
+  case FB_T_U32:
+  case FB_T_U64: sb_printf(b, "%llu", (unsigned long long)s->imm.u); break;
   case FB_T_F32: put_float(b, s->imm.f, 1); break;
   case FB_T_F64: put_float(b, s->imm.f, 0); break;
   default: sb_printf(b, "%lld", (long long)s->imm.i); break;
@@ -291,7 +332,10 @@ static void put_operands(kprint *P, const fb_stmt *s, int form, int nargs) {
     put_ids(b, s, 0, nargs, " ");
     sb_printf(b, "%s%lld", nargs ? ", " : " ", (long long)s->imm.i);
     break;
-  case 'c': sb_putn(b, " ", 1); put_const(b, s); break;
+  case 'c':
+    sb_putn(b, " ", 1);
+    put_const(b, s);
+    break;
   case 'g': put_access(P, s, nargs); break;
   case 'v':
     put_access(P, s, nargs ? nargs - 1 : 0);
@@ -313,21 +357,32 @@ static void put_operands(kprint *P, const fb_stmt *s, int form, int nargs) {
 }
 
 /* Blocks are printed by the ops that own them: if, while and the loops. */
-static int opens_block(int form) { return form == 'f' || form == 'w' || form == 'r' || form == 's'; }
+static int opens_block(int form) {
+  return form == 'f' || form == 'w' || form == 'r' || form == 's';
+}
 
 static void print_stmt(kprint *P, int id, int depth) {
   sbuf *b = P->b;
   const fb_kernel *k = P->k;
   indent(b, depth);
-  if (id < 0 || id >= k->nstmts) { sb_printf(b, "# bad statement id %d\n", id); return; }
+  if (id < 0 || id >= k->nstmts) {
+    sb_printf(b, "# bad statement id %d\n", id);
+    return;
+  }
   const fb_stmt *s = &k->stmts[id];
   int form = fb__text_form(s->op);
-  if (!form) { sb_printf(b, "# %%%d has unknown op %u\n", id, (unsigned)s->op); return; }
+  if (!form) {
+    sb_printf(b, "# %%%d has unknown op %u\n", id, (unsigned)s->op);
+    return;
+  }
   const char *name = fb_op_table[s->op].name;
   int nargs = s->nargs < FB_MAX_ARGS ? s->nargs : FB_MAX_ARGS;
   if (form == 'r' || form == 's') {
     sb_puts(b, name);
-    if (s->type != FB_T_VOID) { sb_putn(b, ".", 1); put_type(b, s->type); }
+    if (s->type != FB_T_VOID) {
+      sb_putn(b, ".", 1);
+      put_type(b, s->type);
+    }
     sb_printf(b, " %%%d", id);
   } else if (s->type != FB_T_VOID) {
     sb_printf(b, "%%%d = %s.", id, name);
@@ -338,7 +393,10 @@ static void print_stmt(kprint *P, int id, int depth) {
   }
   P->prev = id;
   put_operands(P, s, form, nargs);
-  if (!opens_block(form)) { sb_putn(b, "\n", 1); return; }
+  if (!opens_block(form)) {
+    sb_putn(b, "\n", 1);
+    return;
+  }
   sb_puts(b, " {\n");
   print_block(P, s->body, depth + 1);
   if (form == 'f' && s->orelse >= 0) {

@@ -14,9 +14,21 @@
 
 #define VMAX_DEPTH 256 /* deepest block nesting accepted (as fb_kernel_block_of) */
 
-enum { ST_UNSEEN = 0, ST_LIVE, ST_DEAD };    /* statement scope */
-enum { BK_UNSEEN = 0, BK_OPEN, BK_DONE };    /* block walk state */
-enum { K_VALUE = 0, K_VAR, K_LOOP };         /* what an operand slot expects */
+enum {
+  ST_UNSEEN = 0,
+  ST_LIVE,
+  ST_DEAD
+};    /* statement scope */
+enum {
+  BK_UNSEEN = 0,
+  BK_OPEN,
+  BK_DONE
+};    /* block walk state */
+enum {
+  K_VALUE = 0,
+  K_VAR,
+  K_LOOP
+};         /* what an operand slot expects */
 
 typedef struct vctx {
   const fb_kernel *k;
@@ -34,24 +46,21 @@ typedef struct vctx {
 
 static const char *plural(int n) { return n == 1 ? "" : "s"; }
 
-static const char *op_name(unsigned op) {
-  return op < FB_OP__COUNT ? fb_op_table[op].name : "?";
-}
+static const char *op_name(unsigned op) { return op < FB_OP__COUNT ? fb_op_table[op].name : "?"; }
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static void verr(vctx *v, int id, const char *fmt, ...) {
+static void
+verr(vctx *v, int id, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   v->nerr++;
-  if (id < 0)
-    fb_diags_add(v->out, -1, 0, 0, "kernel: %s", msg);
-  else
-    fb_diags_add(v->out, id, 0, 0, "%%%d %s: %s", id, op_name(v->k->stmts[id].op), msg);
+  if (id < 0) fb_diags_add(v->out, -1, 0, 0, "kernel: %s", msg);
+  else fb_diags_add(v->out, id, 0, 0, "%%%d %s: %s", id, op_name(v->k->stmts[id].op), msg);
 }
 
 /* ---------------------------------------------------------------- type helpers */
@@ -72,9 +81,14 @@ static unsigned otype(const vctx *v, const fb_stmt *s, int i) {
  * inside the mixed classes, by the table's flags and arity). */
 static int yields_value(const fb_op_info *oi) {
   switch (oi->cls) {
-  case FB_OPC_LSTORE: case FB_OPC_GSTORE: case FB_OPC_IF: case FB_OPC_LOOP:
-  case FB_OPC_RANGE: case FB_OPC_STRUCT: case FB_OPC_JUMP: case FB_OPC_RET:
-    return 0;
+  case FB_OPC_LSTORE:
+  case FB_OPC_GSTORE:
+  case FB_OPC_IF:
+  case FB_OPC_LOOP:
+  case FB_OPC_RANGE:
+  case FB_OPC_STRUCT:
+  case FB_OPC_JUMP:
+  case FB_OPC_RET: return 0;
   case FB_OPC_SPARSE: return !(oi->flags & FB_OPF_WRITES); /* is_active */
   case FB_OPC_GTMP: return oi->nargs == 0;                  /* gtmp_load */
   case FB_OPC_RAND: return !(oi->flags & FB_OPF_SIDE);      /* rand, not rand_seq */
@@ -127,12 +141,9 @@ static void check_kernel(vctx *v) {
     verr(v, -1, "return type %u is not a type", (unsigned)k->ret);
   if (k->nstmts < 0 || (k->nstmts > 0 && !k->stmts))
     verr(v, -1, "statement array is malformed (%d statements)", k->nstmts);
-  else
-    v->nstmts = k->nstmts;
-  if (k->nblocks < 1 || !k->blocks)
-    verr(v, -1, "no body block");
-  else
-    v->nblocks = k->nblocks;
+  else v->nstmts = k->nstmts;
+  if (k->nblocks < 1 || !k->blocks) verr(v, -1, "no body block");
+  else v->nblocks = k->nblocks;
 }
 
 /* ---------------------------------------------------------------- operands */
@@ -153,7 +164,10 @@ static int check_operands(vctx *v, int id, const fb_stmt *s, const fb_op_info *o
     else if (v->state[a] == ST_DEAD)
       verr(v, id, "operand %d (%%%d) is used outside the block that defines it", i, a);
     const fb_stmt *d = &v->k->stmts[a];
-    if (d->op >= FB_OP__COUNT) { ok = 0; continue; }
+    if (d->op >= FB_OP__COUNT) {
+      ok = 0;
+      continue;
+    }
     if (slot_kind(oi->cls, i) != K_VALUE) continue; /* checked by the class rule */
     if (d->op == FB_OP_ALLOCA) {
       verr(v, id, "operand %d (%%%d) is a local variable, not a value (read it with lload)", i, a);
@@ -292,10 +306,10 @@ static void check_dynamic(vctx *v, int id, const fb_stmt *s, int cls) {
 static void check_hint(vctx *v, int id, const fb_stmt *s) {
   const fb_snode *n = snode_of(v, s);
   if (n->kind != FB_SN_PLACE) verr(v, id, "SNode %d (%s) is not a field", s->snode, snode_label(n));
-  if (!t_int(otype(v, s, 0)))
-    verr(v, id, "value must be an integer, is %s", tname(otype(v, s, 0)));
+  if (!t_int(otype(v, s, 0))) verr(v, id, "value must be an integer, is %s", tname(otype(v, s, 0)));
   if (s->type != otype(v, s, 0))
-    verr(v, id, "result type %s differs from the value's %s", tname(s->type), tname(otype(v, s, 0)));
+    verr(v, id, "result type %s differs from the value's %s", tname(s->type),
+         tname(otype(v, s, 0)));
 }
 
 static void check_lvar(vctx *v, int id, const fb_stmt *s, int cls) {
@@ -327,7 +341,8 @@ static void check_loop_index(vctx *v, int id, const fb_stmt *s) {
   } else {
     int count = 1;
     if (l->op == FB_OP_STRUCT_FOR)
-      count = v->lay && l->snode >= 0 && l->snode < v->lay->nnodes ? v->lay->nodes[l->snode].ndim : -1;
+      count =
+          v->lay && l->snode >= 0 && l->snode < v->lay->nnodes ? v->lay->nodes[l->snode].ndim : -1;
     if (count >= 0 && (s->imm.i < 0 || s->imm.i >= count))
       verr(v, id, "index %lld is out of range; the loop has %d", (long long)s->imm.i, count);
   }
@@ -350,8 +365,7 @@ static void check_arg(vctx *v, int id, const fb_stmt *s) {
 static void check_ret(vctx *v, int id, const fb_stmt *s) {
   unsigned rt = (unsigned)v->k->ret;
   if (s->imm.i != 0) verr(v, id, "return slot %lld must be 0", (long long)s->imm.i);
-  if (rt == FB_T_VOID)
-    verr(v, id, "the kernel returns void");
+  if (rt == FB_T_VOID) verr(v, id, "the kernel returns void");
   else if (otype(v, s, 0) != rt)
     verr(v, id, "value type %s differs from the kernel's return type %s", tname(otype(v, s, 0)),
          tname(rt));
@@ -360,7 +374,8 @@ static void check_ret(vctx *v, int id, const fb_stmt *s) {
 static void check_struct_for(vctx *v, int id, const fb_stmt *s) {
   const fb_snode *n = snode_of(v, s);
   if (n->kind == FB_SN_ROOT) verr(v, id, "names the root SNode; struct_for needs a non-root SNode");
-  else if (n->ndim < 1) verr(v, id, "SNode %d (%s) has no index space (ndim 0)", s->snode, snode_label(n));
+  else if (n->ndim < 1)
+    verr(v, id, "SNode %d (%s) has no index space (ndim 0)", s->snode, snode_label(n));
 }
 
 static void check_gtmp(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
@@ -378,7 +393,8 @@ static void check_list(vctx *v, int id, const fb_stmt *s) {
     verr(v, id, "SNode %d (%s) allocates nothing; gc needs a pointer or dynamic SNode", s->snode,
          snode_label(n));
   else if (!sparse)
-    verr(v, id, "SNode %d (%s) is not sparse; lists exist for pointer, bitmasked and dynamic SNodes",
+    verr(v, id,
+         "SNode %d (%s) is not sparse; lists exist for pointer, bitmasked and dynamic SNodes",
          s->snode, snode_label(n));
 }
 
@@ -386,13 +402,15 @@ static void check_list(vctx *v, int id, const fb_stmt *s) {
  * SNode ops have a usable SNode; the arity matches. */
 static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
   switch (oi->cls) {
-  case FB_OPC_CONST: case FB_OPC_ALLOCA:
+  case FB_OPC_CONST:
+  case FB_OPC_ALLOCA:
     if (!t_valid(s->type)) verr(v, id, "needs a non-void type");
     break;
   case FB_OPC_ARG: check_arg(v, id, s); break;
   case FB_OPC_CAST:
     if (!t_valid(otype(v, s, 0)) || !t_valid(s->type))
-      verr(v, id, "casts need numeric or bool types (%s to %s)", tname(otype(v, s, 0)), tname(s->type));
+      verr(v, id, "casts need numeric or bool types (%s to %s)", tname(otype(v, s, 0)),
+           tname(s->type));
     break;
   case FB_OPC_SELECT:
     if (otype(v, s, 0) != FB_T_BOOL)
@@ -410,12 +428,15 @@ static void check_types(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi)
   case FB_OPC_NOT: one_type(v, id, s, 0, 1, 1, t_int_bool, "integer or bool "); break;
   case FB_OPC_UNARY: one_type(v, id, s, 0, 1, 1, t_num, "numeric "); break;
   case FB_OPC_FUNARY: one_type(v, id, s, 0, 1, 1, t_float, "float "); break;
-  case FB_OPC_LLOAD: case FB_OPC_LSTORE: check_lvar(v, id, s, oi->cls); break;
-  case FB_OPC_GLOAD: case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC:
-    check_global(v, id, s, oi->cls);
-    break;
+  case FB_OPC_LLOAD:
+  case FB_OPC_LSTORE: check_lvar(v, id, s, oi->cls); break;
+  case FB_OPC_GLOAD:
+  case FB_OPC_GSTORE:
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC: check_global(v, id, s, oi->cls); break;
   case FB_OPC_SPARSE: check_sparse(v, id, s, oi); break;
-  case FB_OPC_APPEND: case FB_OPC_LENGTH: check_dynamic(v, id, s, oi->cls); break;
+  case FB_OPC_APPEND:
+  case FB_OPC_LENGTH: check_dynamic(v, id, s, oi->cls); break;
   case FB_OPC_HINT: check_hint(v, id, s); break;
   case FB_OPC_IF:
     if (otype(v, s, 0) != FB_T_BOOL)
@@ -544,8 +565,7 @@ static void walk_block(vctx *v, int blk, int owner, const char *role) {
            id, v->nstmts);
     else if (v->state[id] != ST_UNSEEN)
       verr(v, id, "listed in more than one block (again in block %d)", blk);
-    else
-      check_stmt(v, id, blk);
+    else check_stmt(v, id, blk);
   }
   for (int i = 0; i < b->n; i++) { /* leaving the block ends its statements' scope */
     int id = b->ids[i];
@@ -564,8 +584,10 @@ int fb_kernel_check_public(const fb_kernel *k, int max_stmts, char *err, size_t 
     return FB_EINVAL;
   }
   if (max_stmts > 0 && k->nstmts > max_stmts) {
-    fb_errf(err, errlen, "kernel '%s' has %d statements; this session compiles kernels of at "
-            "most %d (max_kernel_statements)", name, k->nstmts, max_stmts);
+    fb_errf(err, errlen,
+            "kernel '%s' has %d statements; this session compiles kernels of at "
+            "most %d (max_kernel_statements)",
+            name, k->nstmts, max_stmts);
     return FB_EQUOTA;
   }
   for (int i = 0; i < k->nstmts; i++) {

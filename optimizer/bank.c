@@ -48,7 +48,8 @@ struct fb_bank {
 };
 
 static size_t kernel_bytes(const fb_kernel *k) {
-  size_t b = sizeof *k + (size_t)k->nstmts * sizeof(fb_stmt) + (size_t)k->nblocks * sizeof(fb_block);
+  size_t b =
+      sizeof *k + (size_t)k->nstmts * sizeof(fb_stmt) + (size_t)k->nblocks * sizeof(fb_block);
   for (int i = 0; i < k->nblocks; i++) b += (size_t)k->blocks[i].n * sizeof(int32_t);
   return b + (size_t)k->nparams * sizeof(fb_type);
 }
@@ -103,9 +104,7 @@ const fb_kernel *fb_bank_ir(const fb_bank *b, fb_irh h) {
   return fb_bank_valid(b, h) ? b->e[h].k : NULL;
 }
 
-uint64_t fb_bank_hash(const fb_bank *b, fb_irh h) {
-  return fb_bank_valid(b, h) ? b->e[h].hash : 0;
-}
+uint64_t fb_bank_hash(const fb_bank *b, fb_irh h) { return fb_bank_valid(b, h) ? b->e[h].hash : 0; }
 
 void fb_bank_stats(const fb_bank *b, size_t *entries, size_t *bytes, uint64_t *evictions) {
   if (entries) *entries = (size_t)b->nlive;
@@ -326,7 +325,7 @@ static int intern(fb_bank *b, const fb_kernel *k, int verify, fb_irh *out, char 
     rc = fb_verify(k, &d);
     if (rc) {
       fb_errf(err, errlen, "kernel %s: %s", k->name ? k->name : "?",
-               d.n ? d.v[0].msg : "refused by the verifier");
+              d.n ? d.v[0].msg : "refused by the verifier");
       fb_diags_free(&d);
       return rc;
     }

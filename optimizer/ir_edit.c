@@ -87,10 +87,13 @@ static int dead_removable(const fb_kernel *k, int id) {
   }
   if (fl & FB_OPF_PURE) return 1;
   switch (s->op) {
-  case FB_OP_LLOAD: case FB_OP_ALLOCA: case FB_OP_GTMP_LOAD: return 1;
+  case FB_OP_LLOAD:
+  case FB_OP_ALLOCA:
+  case FB_OP_GTMP_LOAD: return 1;
   /* an unused is_active stays: demotion leaves it to order the task with
      the writers of the mask it proved something about */
-  case FB_OP_LOAD: case FB_OP_LENGTH: return fb_access_inbounds(k, id);
+  case FB_OP_LOAD:
+  case FB_OP_LENGTH: return fb_access_inbounds(k, id);
   default: return 0;
   }
 }
@@ -202,7 +205,8 @@ static int fuse_parallel(fb_kernel *f, const fb_task_meta *ma, const fb_task_met
   int npa = 0, npb = 0, nba = 0, nbb = 0;
   int32_t *pa = copy_ids(&f->blocks[0], la, &npa), *pb = copy_ids(&f->blocks[bo], lb, &npb);
   int body_a = f->stmts[la].body, body_b = f->stmts[lb].body;
-  int32_t *ba = copy_ids(&f->blocks[body_a], -1, &nba), *bb = copy_ids(&f->blocks[body_b], -1, &nbb);
+  int32_t *ba = copy_ids(&f->blocks[body_a], -1, &nba),
+          *bb = copy_ids(&f->blocks[body_b], -1, &nbb);
   int rc = (pa && pb && ba && bb) ? 0 : FB_ENOMEM;
   if (!rc) {
     /* block 0: A's invariants, B's invariants, the loop */

@@ -19,7 +19,12 @@
 
 #include "optimizer/optimizer.h"
 
-enum { EXT_NONE = 0, EXT_REMAT, EXT_SPILL, EXT_SHARED_VAR };
+enum {
+  EXT_NONE = 0,
+  EXT_REMAT,
+  EXT_SPILL,
+  EXT_SHARED_VAR
+};
 
 typedef struct lower_ctx {
   const fb_kernel *k;
@@ -33,8 +38,8 @@ typedef struct lower_ctx {
   size_t errlen;
 } lower_ctx;
 
-static const char *const task_kind_names[] = {"serial", "range_for", "struct_for",
-                                              "clear_list", "listgen", "gc"};
+static const char *const task_kind_names[] = {"serial",     "range_for", "struct_for",
+                                              "clear_list", "listgen",   "gc"};
 
 const char *fb_task_kind_name(fb_task_kind k) {
   return (unsigned)k <= FB_TASK_GC ? task_kind_names[k] : "?";
@@ -256,7 +261,8 @@ static int sparse_loop_of(const lower_ctx *c, int sg) {
 static int add_list_task(lower_ctx *c, fb_task_list *out, fb_task_kind kind, int snode) {
   const fb_kernel *k = c->k;
   static const fb_op ops[] = {[FB_TASK_CLEAR_LIST] = FB_OP_CLEAR_LIST,
-                              [FB_TASK_LISTGEN] = FB_OP_LISTGEN, [FB_TASK_GC] = FB_OP_GC};
+                              [FB_TASK_LISTGEN] = FB_OP_LISTGEN,
+                              [FB_TASK_GC] = FB_OP_GC};
   char name[512];
   snprintf(name, sizeof name, "%s.t%d", k->name ? k->name : "kernel", out->n);
   fb_kernel *ir = fb_kernel_new(k->layout, name, k->nparams, k->params, k->ret);
@@ -341,7 +347,10 @@ int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
   c.slot = calloc(n, sizeof(int64_t));
   c.map = malloc(n * sizeof(int));
   int rc = 0, nseg = 0;
-  if (!c.seg || !c.ext || !c.slot || !c.map) { rc = FB_ENOMEM; goto done; }
+  if (!c.seg || !c.ext || !c.slot || !c.map) {
+    rc = FB_ENOMEM;
+    goto done;
+  }
   for (size_t i = 0; i < n; i++) c.seg[i] = -1;
   /* Segments: each parallel loop alone, each maximal run of others. */
   const fb_block *body = &k->blocks[0];
@@ -372,11 +381,17 @@ int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
     }
   out->gtmp_bytes = gtmp;
   gc = calloc((size_t)k->layout->nnodes, 1);
-  if (!gc) { rc = FB_ENOMEM; goto done; }
+  if (!gc) {
+    rc = FB_ENOMEM;
+    goto done;
+  }
   int ngc = gc_snodes(k, gc);
   int cap = nseg + extra_list_tasks(&c, nseg) + ngc;
   out->v = calloc((size_t)(cap ? cap : 1), sizeof(fb_task));
-  if (!out->v) { rc = FB_ENOMEM; goto done; }
+  if (!out->v) {
+    rc = FB_ENOMEM;
+    goto done;
+  }
   for (int sg = 0; sg < nseg && rc >= 0; sg++) {
     if (segment_is_pure(k, c.seg, c.ext, sg)) continue;
     int loop = sparse_loop_of(&c, sg);

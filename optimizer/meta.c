@@ -38,7 +38,11 @@ typedef struct raw {
   int64_t ext;
 } raw;
 
-enum { INB_NO = 0, INB_YES, INB_RANGE };
+enum {
+  INB_NO = 0,
+  INB_YES,
+  INB_RANGE
+};
 
 typedef struct mwalk {
   const fb_kernel *k;
@@ -148,7 +152,9 @@ static int eval_rec(const fb_kernel *k, int id, const uint64_t *args, int nargs,
     if (eval_rec(k, s->args[0], args, nargs, &a, depth + 1)) return -1;
     *out = wrap(t, (uint64_t)a);
     return 0;
-  case FB_OP_NEG: case FB_OP_NOT: case FB_OP_ABS:
+  case FB_OP_NEG:
+  case FB_OP_NOT:
+  case FB_OP_ABS:
     if (eval_rec(k, s->args[0], args, nargs, &a, depth + 1)) return -1;
     return eval_unop((fb_op)s->op, t, a, out);
   default:
@@ -186,7 +192,8 @@ static int index_inb(const fb_kernel *k, const fb_snode *sn, int d, int opnd, in
     return ax == sn->dim_axis[d] && t->shape[ax] <= shape ? INB_YES : INB_NO;
   }
   int64_t b = 0, e = 0;
-  if (fb_eval_int(k, lp->args[0], NULL, 0, &b) == 0 && fb_eval_int(k, lp->args[1], NULL, 0, &e) == 0)
+  if (fb_eval_int(k, lp->args[0], NULL, 0, &b) == 0 &&
+      fb_eval_int(k, lp->args[1], NULL, 0, &e) == 0)
     return (e <= b) || (b >= 0 && e <= shape) ? INB_YES : INB_NO;
   if (x->args[0] == task_loop) {
     *ext = shape;
@@ -320,8 +327,7 @@ static uint64_t usig(mwalk *w, int id, int depth) {
   const fb_stmt *s = &k->stmts[id];
   uint64_t h = hmix(hmix(0x51ed, s->op), s->type);
   if (s->op == FB_OP_CONST) return hmix(h, s->imm.u);
-  if (s->op == FB_OP_LOOP_INDEX)
-    return s->args[0] == w->m->loop ? hmix(h, (uint64_t)s->imm.i) : 0;
+  if (s->op == FB_OP_LOOP_INDEX) return s->args[0] == w->m->loop ? hmix(h, (uint64_t)s->imm.i) : 0;
   if (s->op == FB_OP_LOAD) {
     if (!ew_loop_indices(w, s, k->layout->nodes[s->snode].ndim)) return 0;
     add_udep(w, FB_SKEY(FB_SK_VALUE, s->snode));
@@ -431,10 +437,12 @@ static void visit_value(mwalk *w, int id) {
   note_inb(w, inb, ext);
   uint64_t sig = 0;
   int ew = ew_class(w, s, n, &sig);
-  int na = s->op == FB_OP_STORE_NA || (s->op >= FB_OP_ATOMIC_ADD_NA && s->op <= FB_OP_ATOMIC_XOR_NA);
+  int na =
+      s->op == FB_OP_STORE_NA || (s->op >= FB_OP_ATOMIC_ADD_NA && s->op <= FB_OP_ATOMIC_XOR_NA);
   int writes = cls != FB_OPC_GLOAD;
-  int mode = cls == FB_OPC_GLOAD ? FB_ACC_READ
-           : cls == FB_OPC_GSTORE ? FB_ACC_WRITE : FB_ACC_READ | FB_ACC_WRITE;
+  int mode = cls == FB_OPC_GLOAD    ? FB_ACC_READ
+             : cls == FB_OPC_GSTORE ? FB_ACC_WRITE
+                                    : FB_ACC_READ | FB_ACC_WRITE;
   raw *r = add_raw(w, FB_SKEY(FB_SK_VALUE, s->snode), mode);
   if (!r) return;
   r->ew = (uint8_t)ew;
@@ -451,7 +459,8 @@ static void visit_value(mwalk *w, int id) {
         r->cover = r->full = 1;
       } else if (ew == FB_EW_LOOP) {
         r->cover = 1;
-        if (dense && w->loop_sn && dense_path(w->l, w->loop_sn->id) && same_cells(w->l, s->snode, w->loop_sn))
+        if (dense && w->loop_sn && dense_path(w->l, w->loop_sn->id) &&
+            same_cells(w->l, s->snode, w->loop_sn))
           r->full = 1;
         else if (dense && !w->loop_sn && f->ndim == 1) {
           r->full_ifr = 1;
@@ -557,11 +566,13 @@ static void visit(mwalk *w, int id) {
   const fb_stmt *s = &w->k->stmts[id];
   w->seq++;
   switch (fb_op_table[s->op].cls) {
-  case FB_OPC_GLOAD: case FB_OPC_GSTORE: case FB_OPC_ATOMIC: case FB_OPC_IATOMIC:
-    visit_value(w, id);
-    break;
+  case FB_OPC_GLOAD:
+  case FB_OPC_GSTORE:
+  case FB_OPC_ATOMIC:
+  case FB_OPC_IATOMIC: visit_value(w, id); break;
   case FB_OPC_SPARSE: visit_activity(w, id); break;
-  case FB_OPC_APPEND: case FB_OPC_LENGTH: visit_dynamic(w, id); break;
+  case FB_OPC_APPEND:
+  case FB_OPC_LENGTH: visit_dynamic(w, id); break;
   case FB_OPC_GTMP: visit_gtmp(w, s); break;
   case FB_OPC_RET:
     add_raw(w, FB_SKEY(FB_SK_RET, s->imm.i), FB_ACC_WRITE);
@@ -612,7 +623,8 @@ static int classify(mwalk *w, char *err, size_t errlen) {
     if (b0->n == 1 && fb_op_table[k->stmts[b0->ids[0]].op].cls == FB_OPC_LIST) {
       const fb_stmt *s = &k->stmts[b0->ids[0]];
       m->kind = s->op == FB_OP_CLEAR_LIST ? FB_TASK_CLEAR_LIST
-              : s->op == FB_OP_LISTGEN ? FB_TASK_LISTGEN : FB_TASK_GC;
+                : s->op == FB_OP_LISTGEN  ? FB_TASK_LISTGEN
+                                          : FB_TASK_GC;
       m->snode = s->snode;
     }
     m->tflags |= FB_TF_FUSIBLE;
@@ -765,8 +777,8 @@ static int finish(mwalk *w) {
   m->nudeps = w->nudeps;
   w->udeps = NULL;
   m->nstmts = w->k ? fb_kernel_count_stmts(w->k) : 0;
-  m->bytes = sizeof *m + (size_t)m->nacc * sizeof *m->acc + (size_t)m->nact * 5 +
-             (size_t)m->nudeps * 4;
+  m->bytes =
+      sizeof *m + (size_t)m->nacc * sizeof *m->acc + (size_t)m->nact * 5 + (size_t)m->nudeps * 4;
   return 0;
 }
 

@@ -85,7 +85,9 @@ struct fb_opt {
  * two reads per task made async mode slower than sync on streams of tiny
  * tasks. optimizer_s stays an estimate of the same time; flushes are still
  * timed in full. */
-enum { INSERT_SAMPLE = 16 };
+enum {
+  INSERT_SAMPLE = 16
+};
 
 struct batch_impl {
   fb_opt_batch pub;
@@ -108,7 +110,8 @@ static double now_s(void) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int fail(fb_opt *o, int code, const char *fmt, ...) {
+static int
+fail(fb_opt *o, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(o->err, sizeof o->err, fmt, ap);
@@ -342,8 +345,7 @@ int fb_opt_insert(fb_opt *o, const fb_opt_task *t) {
   /* logged while the window may still turn out to be a known one: nothing
    * of it is in the graph yet */
   int logged = o->built < o->nlog || (o->opt.plan_memo && !o->optimized && o->g.n == o->g.nret);
-  int rc = logged ? log_insert(o, t)
-               : insert_node(o, t->ir, k, m, t->args, t->nargs, t->launch);
+  int rc = logged ? log_insert(o, t) : insert_node(o, t->ir, k, m, t->args, t->nargs, t->launch);
   if (rc) return rc;
   o->stats.total.tasks_in++;
   if (o->optimized) o->stats.flush.tasks_in++;
@@ -376,7 +378,8 @@ int fb_opt_host_write(fb_opt *o, int snode) {
 }
 
 int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count) {
-  if (fb_opt_pending(o)) return fail(o, FB_EINVAL, "mask observation with tasks pending: flush first");
+  if (fb_opt_pending(o))
+    return fail(o, FB_EINVAL, "mask observation with tasks pending: flush first");
   if (snode <= 0 || snode >= o->l->nnodes) return fail(o, FB_EINVAL, "no SNode %d", snode);
   int nst = o->g.nst, sid = fb_sfg_state_id(&o->g, FB_SKEY(FB_SK_MASK, snode));
   if (sid < 0) return fail(o, FB_ENOMEM, "SFG: out of memory");
@@ -438,7 +441,8 @@ static int check_after(fb_opt *o, const char *pass) {
 static int run_pass(fb_opt *o, fb_pass_ctx *c, int it, const char *name, pass_fn fn) {
   trace(o, it, name, "before");
   int rc = fn(c);
-  if (rc < 0) return c->err[0] ? fail(o, rc, "%s: %s", name, c->err) : fail(o, rc, "%s failed", name);
+  if (rc < 0)
+    return c->err[0] ? fail(o, rc, "%s: %s", name, c->err) : fail(o, rc, "%s failed", name);
   trace(o, it, name, "after");
   if (o->opt.check && rc > 0) {
     int crc = check_after(o, name);
@@ -457,7 +461,8 @@ static int pipeline(fb_opt *o, fb_opt_counters *cnt) {
     cnt->iterations++;
     if ((p & FB_PASS_DEMOTE) && (rc = run_pass(o, &c, it, "demote", fb_pass_demote)) < 0) return rc;
     sparse += rc;
-    if ((p & FB_PASS_LISTGEN) && (rc = run_pass(o, &c, it, "listgen", fb_pass_listgen)) < 0) return rc;
+    if ((p & FB_PASS_LISTGEN) && (rc = run_pass(o, &c, it, "listgen", fb_pass_listgen)) < 0)
+      return rc;
     sparse += (p & FB_PASS_LISTGEN) ? rc : 0;
     if ((p & FB_PASS_DSE) && (rc = run_pass(o, &c, it, "dse", fb_pass_dse)) < 0) return rc;
     sparse += (p & FB_PASS_DSE) ? rc : 0;
@@ -496,7 +501,7 @@ int fb_pass_memo_put(fb_pass_ctx *c, const int64_t *key, int n, fb_kernel *k, fb
     if (rc) {
       char *text = fb_kernel_print(k);
       fb_errf(c->err, c->errlen, "made IR that fails verification (%s): %s\n%s",
-               d.n ? d.v[0].msg : "?", k->name, text ? text : "");
+              d.n ? d.v[0].msg : "?", k->name, text ? text : "");
       free(text);
       fb_diags_free(&d);
       fb_kernel_free(k);
@@ -564,9 +569,16 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
       b->part_ir[b->nparts] = xp->orig;
       const fb_kernel *pk = fb_bank_ir(o->bank, xp->orig);
       const fb_task_meta *pm = fb_bank_meta(o->bank, xp->orig);
-      b->parts[b->nparts++] = (fb_opt_part){xp->launch, pk->name, xp->argoff, xp->nargs, xp->inb,
-                                            xp->orig, pm ? pk : NULL, pm ? pm->kind : x->m->kind,
-                                            pm ? list_loop(pm, pk) : -1, pm ? pm->snode : -1};
+      b->parts[b->nparts++] = (fb_opt_part){xp->launch,
+                                            pk->name,
+                                            xp->argoff,
+                                            xp->nargs,
+                                            xp->inb,
+                                            xp->orig,
+                                            pm ? pk : NULL,
+                                            pm ? pm->kind : x->m->kind,
+                                            pm ? list_loop(pm, pk) : -1,
+                                            pm ? pm->snode : -1};
     }
   }
   *out = &b->pub;
@@ -849,8 +861,8 @@ static plan *plan_find(fb_opt *o) {
   uint64_t key = plan_key(o), base = o->log[0].launch;
   for (int i = 0; i < o->nplans; i++) {
     plan *p = o->plans[i];
-    if (p->key != key || p->nwin != o->nlog || p->nwargs != o->nlargs ||
-        p->ncanon != o->ncanon || p->nret != o->g.nret)
+    if (p->key != key || p->nwin != o->nlog || p->nwargs != o->nlargs || p->ncanon != o->ncanon ||
+        p->nret != o->g.nret)
       continue;
     int same = !memcmp(p->canon, o->canon, sizeof *p->canon * (size_t)p->ncanon) &&
                (!p->nwargs || !memcmp(p->wargs, o->largs, sizeof *p->wargs * p->nwargs));
@@ -1046,7 +1058,8 @@ int fb_opt_flush(fb_opt *o, fb_opt_batch **out) {
               !memcmp(post.v, o->canon, sizeof *post.v * (size_t)post.n);
   if (!rc && known && (!fixed || !batch_same(&known->tmpl->pub, *out, base)))
     /* check mode: a reused plan must be what the pipeline makes */
-    rc = fail(o, FB_EINTERNAL, "flush: the plan memo's batch for this window differs from the "
+    rc = fail(o, FB_EINTERNAL,
+              "flush: the plan memo's batch for this window differs from the "
               "pipeline's");
   if (!rc) {
     cnt->tasks_out = (uint64_t)(*out)->n;

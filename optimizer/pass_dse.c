@@ -94,7 +94,8 @@ int fb_pass_dse(fb_pass_ctx *c) {
   int total = 0, changes = 0, rc = 0;
   for (int i = g->nret; i < g->n; i++) total += g->nodes[i]->m->nacc;
   uint32_t *keys = malloc(sizeof *keys * (size_t)(total ? total : 1));
-  int *off = calloc((size_t)(g->n + 1), sizeof *off), *cnt = calloc((size_t)(g->n + 1), sizeof *cnt);
+  int *off = calloc((size_t)(g->n + 1), sizeof *off),
+      *cnt = calloc((size_t)(g->n + 1), sizeof *cnt);
   if (!keys || !off || !cnt) {
     rc = FB_ENOMEM;
     goto done;

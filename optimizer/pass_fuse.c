@@ -124,7 +124,8 @@ static void merge_bits(fctx *f, int a, int b) {
 static int fusible_kind(const fb_sfg_node *x) {
   fb_task_kind k = x->m->kind;
   return !x->dead && !x->host && !x->retained && (x->m->tflags & FB_TF_FUSIBLE) &&
-         (k == FB_TASK_SERIAL || (k == FB_TASK_RANGE_FOR && x->range_ok) || k == FB_TASK_STRUCT_FOR);
+         (k == FB_TASK_SERIAL || (k == FB_TASK_RANGE_FOR && x->range_ok) ||
+          k == FB_TASK_STRUCT_FOR);
 }
 
 /* Criterion 2. */
@@ -146,8 +147,8 @@ static int writes(const fb_sfg_node *x, uint32_t key) {
 static int shared_ok(const fb_meta_acc *x, const fb_meta_acc *y) {
   switch (FB_SKEY_KIND(x->key)) {
   case FB_SK_VALUE: return x->ew != FB_EW_NONE && x->ew == y->ew && x->sig == y->sig;
-  case FB_SK_MASK: case FB_SK_ALLOC:
-    return (x->flags & FB_AF_IMPLICIT) && (y->flags & FB_AF_IMPLICIT);
+  case FB_SK_MASK:
+  case FB_SK_ALLOC: return (x->flags & FB_AF_IMPLICIT) && (y->flags & FB_AF_IMPLICIT);
   default: return 0;
   }
 }
@@ -166,8 +167,14 @@ static int states_ok(const fb_sfg_node *a, const fb_sfg_node *b) {
   int i = 0, j = 0;
   while (i < ma->nacc && j < mb->nacc) {
     const fb_meta_acc *x = &ma->acc[i], *y = &mb->acc[j];
-    if (x->key < y->key) { i++; continue; }
-    if (y->key < x->key) { j++; continue; }
+    if (x->key < y->key) {
+      i++;
+      continue;
+    }
+    if (y->key < x->key) {
+      j++;
+      continue;
+    }
     if (((x->mode | y->mode) & FB_ACC_WRITE) && !shared_ok(x, y)) return 0;
     i++;
     j++;
@@ -198,7 +205,8 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   fb_irh h = fb_pass_memo_get(c, key, 4);
   int rc = 0;
   if (h == FB_IRH_NONE) {
-    fb_kernel *k = fb_ir_fuse(fb_bank_ir(c->bank, a->ir), a->m, fb_bank_ir(c->bank, b->ir), b->m, delta);
+    fb_kernel *k =
+        fb_ir_fuse(fb_bank_ir(c->bank, a->ir), a->m, fb_bank_ir(c->bank, b->ir), b->m, delta);
     if ((rc = fb_pass_memo_put(c, key, 4, k, &h))) return rc;
   }
   uint64_t *args = realloc(a->args, sizeof *args * (size_t)(a->nargs + b->nargs + 1));
@@ -314,7 +322,9 @@ static int fuse_chunk(fb_pass_ctx *c, int base, int n, fb_sfg_node **order, int 
   return rc < 0 ? rc : fused;
 }
 
-enum { FUSE_CHUNK = 1024 };
+enum {
+  FUSE_CHUNK = 1024
+};
 
 int fb_pass_fuse(fb_pass_ctx *c) {
   fb_sfg *g = c->g;

@@ -129,7 +129,8 @@ static int expand_atomic(simp *s, int id, int32_t *out) {
   op.args[1] = at.args[nd];
   int nv = push_stmt(s, &op);
   if (nv < 0) return -1;
-  fb_stmt st = blank(at.op >= FB_OP_ATOMIC_ADD_NA ? FB_OP_STORE_NA : FB_OP_STORE, FB_T_VOID, at.snode);
+  fb_stmt st =
+      blank(at.op >= FB_OP_ATOMIC_ADD_NA ? FB_OP_STORE_NA : FB_OP_STORE, FB_T_VOID, at.snode);
   st.nargs = (uint8_t)(nd + 1);
   memcpy(st.args, at.args, sizeof *st.args * (size_t)nd);
   st.args[nd] = nv;
@@ -266,7 +267,8 @@ static int loc_of(const fb_kernel *k, const fb_stmt *t, loc *l) {
 }
 
 static int loc_eq(const loc *a, const loc *b) {
-  return a->field == b->field && a->n == b->n && !memcmp(a->idx, b->idx, sizeof *a->idx * (size_t)a->n);
+  return a->field == b->field && a->n == b->n &&
+         !memcmp(a->idx, b->idx, sizeof *a->idx * (size_t)a->n);
 }
 
 static fact *find(facts *f, const loc *l) {
@@ -436,7 +438,8 @@ int fb_pass_simplify(fb_pass_ctx *c) {
     int before = n->m->nstmts, removed = 0;
     fb_irh h = fb_pass_memo_get(c, key, 2);
     if (h == FB_IRH_NONE) {
-      int rc = fb_pass_memo_put(c, key, 2, fb_ir_simplify(fb_bank_ir(c->bank, n->ir), n->m, &removed), &h);
+      int rc = fb_pass_memo_put(c, key, 2,
+                                fb_ir_simplify(fb_bank_ir(c->bank, n->ir), n->m, &removed), &h);
       if (rc) return rc;
     }
     if (h == n->ir) {

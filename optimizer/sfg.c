@@ -169,16 +169,13 @@ static void resolve_flags(fb_sfg_node *n) {
     if ((e & FB_ACC_WRITE) && !(f & FB_AF_FULL)) e |= FB_ACC_READ;
     n->eff[i] = e;
   }
-  n->all_inb = (m->tflags & FB_TF_INB) ||
-               ((m->tflags & FB_TF_INB_IFRANGE) && fits &&
-                (n->rend <= n->rbegin || n->rend <= m->inb_ext));
+  n->all_inb = (m->tflags & FB_TF_INB) || ((m->tflags & FB_TF_INB_IFRANGE) && fits &&
+                                           (n->rend <= n->rbegin || n->rend <= m->inb_ext));
 }
 
 static int add_edge(fb_sfg *g, int src, int dst, int sid, int kind) {
   fb_sfg_node *a = g->nodes[src], *b = g->nodes[dst];
-  if (FB_GROW(a->out, a->nout, a->capout) ||
-      FB_GROW(b->in, b->nin, b->capin))
-    return FB_ENOMEM;
+  if (FB_GROW(a->out, a->nout, a->capout) || FB_GROW(b->in, b->nin, b->capin)) return FB_ENOMEM;
   a->out[a->nout++] = (fb_sfg_edge){dst, sid, (uint8_t)kind};
   b->in[b->nin++] = (fb_sfg_edge){src, sid, (uint8_t)kind};
   return 0;
@@ -200,8 +197,7 @@ static int add_edges(fb_sfg *g, fb_sfg_node *n) {
     if (m->acc[i].key == m->list_key) n->list_ver = s->owner_ver;
     if (e & FB_ACC_READ) {
       if (s->owner >= 0 && add_edge(g, s->owner, me, sid, FB_EDGE_FLOW)) return FB_ENOMEM;
-      if (FB_GROW(s->readers, s->nreaders, s->capreaders))
-        return FB_ENOMEM;
+      if (FB_GROW(s->readers, s->nreaders, s->capreaders)) return FB_ENOMEM;
       s->readers[s->nreaders++] = me;
     }
     if (e & FB_ACC_WRITE) {
@@ -371,19 +367,29 @@ typedef struct sbuf {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+static void
+sb_printf(sbuf *b, const char *fmt, ...) {
   if (b->oom) return;
   for (;;) {
     va_list ap;
     va_start(ap, fmt);
     int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
     va_end(ap);
-    if (k < 0) { b->oom = 1; return; }
-    if (b->p && b->n + (size_t)k < b->cap) { b->n += (size_t)k; return; }
+    if (k < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
     size_t nc = b->cap ? b->cap * 2 : 1024;
     while (nc < b->n + (size_t)k + 1) nc *= 2;
     char *q = realloc(b->p, nc);
-    if (!q) { b->oom = 1; return; }
+    if (!q) {
+      b->oom = 1;
+      return;
+    }
     b->p = q;
     b->cap = nc;
   }
@@ -487,7 +493,8 @@ char *fb_sfg_dot(const fb_sfg *g, fb_bank *bank, const char *title) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-static int bad(char *err, size_t n, const char *fmt, ...) {
+static int
+bad(char *err, size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   if (err && n) vsnprintf(err, n, fmt, ap);
@@ -501,12 +508,14 @@ static int check_structure(fb_sfg *g, char *err, size_t errlen) {
   for (int i = 0; i < g->n; i++) {
     const fb_sfg_node *n = g->nodes[i];
     if (n->index != i) return bad(err, errlen, "node %d has index %d", i, n->index);
-    if ((i < g->nret) != !!n->retained) return bad(err, errlen, "node %d: retained out of place", i);
+    if ((i < g->nret) != !!n->retained)
+      return bad(err, errlen, "node %d: retained out of place", i);
     if (n->dead) return bad(err, errlen, "node %d is dead but still in the graph", i);
     if (i > 0 && n->order <= g->nodes[i - 1]->order)
       return bad(err, errlen, "node %d: order stamps do not grow", i);
     for (int e = 0; e < n->nin; e++)
-      if (n->in[e].node >= i) return bad(err, errlen, "edge %d -> %d goes backwards", n->in[e].node, i);
+      if (n->in[e].node >= i)
+        return bad(err, errlen, "edge %d -> %d goes backwards", n->in[e].node, i);
     nin += n->nin;
     nout += n->nout;
   }
@@ -581,7 +590,8 @@ static int check_rebuild(fb_sfg *g, fb_bank *bank, char *err, size_t errlen) {
     int same = x->nin == s.nin[i];
     for (int e = 0; same && e < x->nin; e++) same = !edge_cmp(&x->in[e], &s.in[i][e]);
     if (!same)
-      rc = bad(err, errlen, "node %d: edges differ after a rebuild (%d, were %d)", i, x->nin, s.nin[i]);
+      rc = bad(err, errlen, "node %d: edges differ after a rebuild (%d, were %d)", i, x->nin,
+               s.nin[i]);
     else if (x->m->nacc && memcmp(x->ver, s.ver[i], sizeof *x->ver * (size_t)x->m->nacc))
       rc = bad(err, errlen, "node %d: versions differ after a rebuild", i);
   }

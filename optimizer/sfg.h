@@ -38,7 +38,7 @@
 /* ================================================================ API */
 
 typedef int32_t fb_irh; /* a handle into the session's IR bank */
-#define FB_IRH_NONE ((fb_irh)-1)
+#define FB_IRH_NONE ((fb_irh) - 1)
 
 /* Passes (fb_opt_options.passes), in pipeline order. */
 enum {
@@ -265,11 +265,18 @@ enum {
 #define FB_SKEY_NONE 0xffffffffu
 
 /* How a task touches a state (fb_meta_acc.mode). */
-enum { FB_ACC_READ = 1, FB_ACC_WRITE = 2 };
+enum {
+  FB_ACC_READ = 1,
+  FB_ACC_WRITE = 2
+};
 
 /* Element-wise class of every access to a state in a parallel task: the
  * same address in both tasks at each iteration, unique per iteration. */
-enum { FB_EW_NONE = 0, FB_EW_LOOP, FB_EW_UNIQUE };
+enum {
+  FB_EW_NONE = 0,
+  FB_EW_LOOP,
+  FB_EW_UNIQUE
+};
 
 /* fb_meta_acc.flags */
 enum {
@@ -382,7 +389,12 @@ uint64_t fb_bank_hash(const fb_bank *b, fb_irh h);
 const fb_task_meta *fb_bank_meta(fb_bank *b, fb_irh h);
 /* Memo: key = op code and operands (handles, numbers), compared exactly.
  * get returns the result with one new reference, or FB_IRH_NONE. */
-enum { FB_MEMO_FUSE = 1, FB_MEMO_DEMOTE, FB_MEMO_DSE, FB_MEMO_SIMPLIFY };
+enum {
+  FB_MEMO_FUSE = 1,
+  FB_MEMO_DEMOTE,
+  FB_MEMO_DSE,
+  FB_MEMO_SIMPLIFY
+};
 fb_irh fb_bank_memo_get(fb_bank *b, const int64_t *key, int n);
 int fb_bank_memo_put(fb_bank *b, const int64_t *key, int n, fb_irh result);
 void fb_bank_stats(const fb_bank *b, size_t *entries, size_t *bytes, uint64_t *evictions);
@@ -414,7 +426,11 @@ int32_t *fb_ir_use_counts(const fb_kernel *k);
 
 /* ---- sfg.c: the graph */
 
-enum { FB_EDGE_FLOW = 0, FB_EDGE_WAW, FB_EDGE_WAR };
+enum {
+  FB_EDGE_FLOW = 0,
+  FB_EDGE_WAW,
+  FB_EDGE_WAR
+};
 
 typedef struct fb_sfg_edge {
   int32_t node;  /* the other end (node index) */

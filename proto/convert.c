@@ -112,7 +112,12 @@ int fbp_buf_reserve(fbp_buf *b, size_t more) {
 
 /* ---------------------------------------------------------------- wire primitives */
 
-enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
+enum {
+  WT_VARINT = 0,
+  WT_I64 = 1,
+  WT_LEN = 2,
+  WT_I32 = 5
+};
 
 static size_t varint_len(uint64_t v) {
   size_t n = 1;
@@ -176,11 +181,12 @@ int fbp_value_from_pb(const Fusebox__V1__Value *m, fb_value *out) {
 }
 
 /* The counters, field by field: one list for both directions. */
-#define FBP_COUNTERS(X)                                                                         \
-  X(launches) X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits)          \
-  X(backend_s) X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)          \
-  X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)            \
-  X(fuse_refused) X(fuse_fallbacks) X(plans_reused)
+#define FBP_COUNTERS(X)                                                                            \
+  X(launches)                                                                                      \
+  X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits) X(backend_s)             \
+      X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)                       \
+          X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)        \
+              X(fuse_refused) X(fuse_fallbacks) X(plans_reused)
 
 void fbp_counters_to_pb(Fusebox__V1__Counters *m, const fb_counters *c) {
   fusebox__v1__counters__init(m);
@@ -244,7 +250,7 @@ static int add_node(fb_layout *l, int i, const Fusebox__V1__SNode *n, char *err,
   if (kind == FB_SN_PLACE) {
     if (!name || (int)n->type <= 0 || (int)n->type >= FB_T__COUNT) {
       fb_errf(err, errlen, "layout node %d: a place needs a name and a value type (got type %d)", i,
-           (int)n->type);
+              (int)n->type);
       return FB_EINVAL;
     }
     id = fb_layout_place(l, n->parent, name, (fb_type)n->type);
@@ -266,9 +272,11 @@ static int add_node(fb_layout *l, int i, const Fusebox__V1__SNode *n, char *err,
     return FB_EINVAL;
   }
   if (id != i) {
-    fb_errf(err, errlen, "layout node %d (%s%s%s) is malformed: check its parent (%d), axes (0x%x), "
-         "sizes (positive, one per axis) and chunk (%lld)", i, kind_name(kind),
-         name ? " " : "", name ? name : "", n->parent, n->axes, (long long)n->chunk);
+    fb_errf(err, errlen,
+            "layout node %d (%s%s%s) is malformed: check its parent (%d), axes (0x%x), "
+            "sizes (positive, one per axis) and chunk (%lld)",
+            i, kind_name(kind), name ? " " : "", name ? name : "", n->parent, n->axes,
+            (long long)n->chunk);
     return FB_EINVAL;
   }
   return 0;
@@ -278,7 +286,7 @@ int fbp_layout_from_pb(const Fusebox__V1__Layout *m, fb_layout **out, char *err,
   *out = NULL;
   if (!m || m->n_nodes == 0 || m->n_nodes > MAX_NODES) {
     fb_errf(err, errlen, "layout: %zu nodes (expected 1 to %d, node 0 the root)",
-         m ? m->n_nodes : (size_t)0, MAX_NODES);
+            m ? m->n_nodes : (size_t)0, MAX_NODES);
     return FB_EINVAL;
   }
   if (m->nodes[0]->kind != FUSEBOX__V1__SNODE_KIND__SN_ROOT) {
@@ -373,12 +381,14 @@ static int stmt_from_pb(const Fusebox__V1__Stmt *m, int i, int nblocks, fb_stmt 
   }
   if (!check_type((int)m->type, 1) || m->n_args > FB_MAX_ARGS) {
     fb_errf(err, errlen, "statement %%%d (%s): type %d or operand count %zu out of range", i,
-         fb_op_table[op].name, (int)m->type, m->n_args);
+            fb_op_table[op].name, (int)m->type, m->n_args);
     return FB_EINVAL;
   }
   if (m->body < -1 || m->body >= nblocks || m->orelse < -1 || m->orelse >= nblocks) {
-    fb_errf(err, errlen, "statement %%%d (%s): block ids %d, %d out of range (the kernel has %d "
-         "blocks)", i, fb_op_table[op].name, m->body, m->orelse, nblocks);
+    fb_errf(err, errlen,
+            "statement %%%d (%s): block ids %d, %d out of range (the kernel has %d "
+            "blocks)",
+            i, fb_op_table[op].name, m->body, m->orelse, nblocks);
     return FB_EINVAL;
   }
   memset(s, 0, sizeof *s);
@@ -398,17 +408,17 @@ static int check_kernel_shape(const Fusebox__V1__Kernel *m, char *err, size_t er
     fb_errf(err, errlen, "kernel: no name");
     return FB_EINVAL;
   }
-  if (m->n_stmts > MAX_STMTS || m->n_blocks < 1 || m->n_blocks > MAX_STMTS ||
-      m->n_params > 1024) {
-    fb_errf(err, errlen, "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
-         "%d statements, at least one block, at most 1024 parameters)", m->name, m->n_stmts,
-         m->n_blocks, m->n_params, MAX_STMTS);
+  if (m->n_stmts > MAX_STMTS || m->n_blocks < 1 || m->n_blocks > MAX_STMTS || m->n_params > 1024) {
+    fb_errf(err, errlen,
+            "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
+            "%d statements, at least one block, at most 1024 parameters)",
+            m->name, m->n_stmts, m->n_blocks, m->n_params, MAX_STMTS);
     return FB_EINVAL;
   }
   for (size_t i = 0; i < m->n_params; i++)
     if (!check_type((int)m->params[i], 0)) {
       fb_errf(err, errlen, "kernel '%s': parameter %zu has invalid type %d", m->name, i,
-           (int)m->params[i]);
+              (int)m->params[i]);
       return FB_EINVAL;
     }
   if (!check_type((int)m->ret, 1)) {
@@ -433,8 +443,10 @@ static int blocks_from_pb(const Fusebox__V1__Kernel *m, fb_kernel *k, char *err,
     blocks[b].n = blocks[b].cap = (int32_t)mb->n_ids;
     for (size_t j = 0; j < mb->n_ids; j++) {
       if (mb->ids[j] < 0 || (size_t)mb->ids[j] >= m->n_stmts) {
-        fb_errf(err, errlen, "kernel '%s': block %zu lists statement %d, which does not exist "
-             "(%zu statements)", m->name, b, mb->ids[j], m->n_stmts);
+        fb_errf(err, errlen,
+                "kernel '%s': block %zu lists statement %d, which does not exist "
+                "(%zu statements)",
+                m->name, b, mb->ids[j], m->n_stmts);
         return FB_EINVAL;
       }
       blocks[b].ids[j] = mb->ids[j];
@@ -443,8 +455,8 @@ static int blocks_from_pb(const Fusebox__V1__Kernel *m, fb_kernel *k, char *err,
   return 0;
 }
 
-int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kernel **out,
-                       char *err, size_t errlen) {
+int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kernel **out, char *err,
+                       size_t errlen) {
   *out = NULL;
   if (!m) {
     fb_errf(err, errlen, "kernel: missing");
@@ -644,7 +656,8 @@ int fbp_chunk_parse_head(const uint8_t *p, size_t avail, size_t total, fbp_chunk
 
 int fbp_status_of_code(int code) {
   switch (code) {
-#define FB_ERR(name, value, msg, grpc) case FB_##name: return FBP_GRPC_##grpc;
+#define FB_ERR(name, value, msg, grpc)                                                             \
+  case FB_##name: return FBP_GRPC_##grpc;
 #include "fusebox/errors.h"
 #undef FB_ERR
   default: return FBP_GRPC_UNKNOWN;
@@ -654,12 +667,14 @@ int fbp_status_of_code(int code) {
 int fbp_code_of_status(int status) {
   switch (status) {
   case FBP_GRPC_OK: return FB_OK;
-  case FBP_GRPC_INVALID_ARGUMENT: case FBP_GRPC_FAILED_PRECONDITION: return FB_EINVAL;
+  case FBP_GRPC_INVALID_ARGUMENT:
+  case FBP_GRPC_FAILED_PRECONDITION: return FB_EINVAL;
   case FBP_GRPC_NOT_FOUND: return FB_ENOENT;
   case FBP_GRPC_RESOURCE_EXHAUSTED: return FB_EQUOTA;
   case FBP_GRPC_OUT_OF_RANGE: return FB_EBOUNDS;
   case FBP_GRPC_UNIMPLEMENTED: return FB_EUNSUPPORTED;
-  case FBP_GRPC_INTERNAL: case FBP_GRPC_DATA_LOSS: return FB_EINTERNAL;
+  case FBP_GRPC_INTERNAL:
+  case FBP_GRPC_DATA_LOSS: return FB_EINTERNAL;
   case FBP_GRPC_CANCELLED: return FB_ECANCELLED;
   case FBP_GRPC_DEADLINE_EXCEEDED: return FB_ETIMEOUT;
   default: return FB_EIO; /* unavailable, unknown, ... */

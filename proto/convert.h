@@ -20,10 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fusebox.pb-c.h"
 #include "fusebox/common.h"
 #include "fusebox/counters.h"
 #include "fusebox/ir.h"
-#include "fusebox.pb-c.h"
 #include "health.pb-c.h"
 
 #ifdef __cplusplus
@@ -75,8 +75,8 @@ int fbp_layout_from_pb(const Fusebox__V1__Layout *m, fb_layout **out, char *err,
 Fusebox__V1__Kernel *fbp_kernel_to_pb(fbp_arena *a, const fb_kernel *k);
 /* A new kernel on layout l (not yet verified), or FB_EINVAL with the
  * reason in err. */
-int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kernel **out,
-                       char *err, size_t errlen);
+int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kernel **out, char *err,
+                       size_t errlen);
 
 /* ---------------------------------------------------------------- launch batches
  * A SessionRequest written field by field: append launches, then the tail.
@@ -122,12 +122,23 @@ int fbp_chunk_parse_head(const uint8_t *p, size_t avail, size_t total, fbp_chunk
  * repeated here so that proto/ needs no gRPC). */
 
 enum {
-  FBP_GRPC_OK = 0, FBP_GRPC_CANCELLED = 1, FBP_GRPC_UNKNOWN = 2,
-  FBP_GRPC_INVALID_ARGUMENT = 3, FBP_GRPC_DEADLINE_EXCEEDED = 4, FBP_GRPC_NOT_FOUND = 5,
-  FBP_GRPC_ALREADY_EXISTS = 6, FBP_GRPC_PERMISSION_DENIED = 7,
-  FBP_GRPC_RESOURCE_EXHAUSTED = 8, FBP_GRPC_FAILED_PRECONDITION = 9, FBP_GRPC_ABORTED = 10,
-  FBP_GRPC_OUT_OF_RANGE = 11, FBP_GRPC_UNIMPLEMENTED = 12, FBP_GRPC_INTERNAL = 13,
-  FBP_GRPC_UNAVAILABLE = 14, FBP_GRPC_DATA_LOSS = 15, FBP_GRPC_UNAUTHENTICATED = 16
+  FBP_GRPC_OK = 0,
+  FBP_GRPC_CANCELLED = 1,
+  FBP_GRPC_UNKNOWN = 2,
+  FBP_GRPC_INVALID_ARGUMENT = 3,
+  FBP_GRPC_DEADLINE_EXCEEDED = 4,
+  FBP_GRPC_NOT_FOUND = 5,
+  FBP_GRPC_ALREADY_EXISTS = 6,
+  FBP_GRPC_PERMISSION_DENIED = 7,
+  FBP_GRPC_RESOURCE_EXHAUSTED = 8,
+  FBP_GRPC_FAILED_PRECONDITION = 9,
+  FBP_GRPC_ABORTED = 10,
+  FBP_GRPC_OUT_OF_RANGE = 11,
+  FBP_GRPC_UNIMPLEMENTED = 12,
+  FBP_GRPC_INTERNAL = 13,
+  FBP_GRPC_UNAVAILABLE = 14,
+  FBP_GRPC_DATA_LOSS = 15,
+  FBP_GRPC_UNAUTHENTICATED = 16
 };
 
 #define FBP_CODE_KEY "fusebox-code" /* trailing metadata: the FB_E* code */

@@ -15,7 +15,11 @@
 
 #include "runtime/runtime.h"
 
-enum { JOB_QUEUED = 1, JOB_RUNNING, JOB_DONE };
+enum {
+  JOB_QUEUED = 1,
+  JOB_RUNNING,
+  JOB_DONE
+};
 
 struct fb_cpool {
   fb_compile_fn compile;
@@ -45,8 +49,8 @@ static void compile_job(fb_cpool *p, fb_cjob *j, int tid) {
   if (!j->trace) return;
   char name[160], args[96];
   snprintf(name, sizeof name, "compile %s", j->task.ir->name ? j->task.ir->name : "?");
-  snprintf(args, sizeof args, "{\"cache_hit\":%d,\"statements\":%d,\"ok\":%d}",
-           j->code.cache_hit, j->code.stmts_emitted, j->rc == 0);
+  snprintf(args, sizeof args, "{\"cache_hit\":%d,\"statements\":%d,\"ok\":%d}", j->code.cache_hit,
+           j->code.stmts_emitted, j->rc == 0);
   fb_trace_span(j->trace, tid, "compile", name, t0, fb_trace_clock(), args);
 }
 
@@ -115,8 +119,7 @@ static int start_threads(fb_cpool *p, char *err, size_t errlen) {
   return 0;
 }
 
-static int jit_compile(void *jit, const fb_cg_task *t, fb_cpu_code *out, char *err,
-                       size_t errlen) {
+static int jit_compile(void *jit, const fb_cg_task *t, fb_cpu_code *out, char *err, size_t errlen) {
   return fb_cpu_jit_compile(jit, t, out, err, errlen);
 }
 

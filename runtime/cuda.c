@@ -72,14 +72,18 @@ static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char 
     pthread_mutex_lock(&d->mu);
     if (!d->broken && (!q || q->gen == d->gen)) {
       d->broken = 1;
-      fb_errf(d->why, sizeof d->why, "the GPU context failed (%.150s during %.40s); it is "
-              "made again once the sessions it ended are closed", es, what);
+      fb_errf(d->why, sizeof d->why,
+              "the GPU context failed (%.150s during %.40s); it is "
+              "made again once the sessions it ended are closed",
+              es, what);
     }
     pthread_mutex_unlock(&d->mu);
     if (q && !q->dead) {
       q->dead = 1;
-      fb_errf(q->why, sizeof q->why, "the GPU context failed (%.150s during %.40s): this "
-              "session's device memory is lost; close it and open a new one", es, what);
+      fb_errf(q->why, sizeof q->why,
+              "the GPU context failed (%.150s during %.40s): this "
+              "session's device memory is lost; close it and open a new one",
+              es, what);
     }
     if (q) return fb_errf(err, errlen, "%s", q->why), FB_EDEVICE;
   }
@@ -87,10 +91,10 @@ static int drv_fail(fb_cuda_device *d, fb_cuda_queue *q, CUresult r, const char 
   return FB_EDEVICE;
 }
 
-#define CALL(d, q, expr, what)                                                                 \
-  do {                                                                                         \
-    CUresult r_ = (expr);                                                                      \
-    if (r_ != CUDA_SUCCESS) return drv_fail((d), (q), r_, (what), err, errlen);                \
+#define CALL(d, q, expr, what)                                                                     \
+  do {                                                                                             \
+    CUresult r_ = (expr);                                                                          \
+    if (r_ != CUDA_SUCCESS) return drv_fail((d), (q), r_, (what), err, errlen);                    \
   } while (0)
 
 /* ---------------------------------------------------------------- device */
@@ -104,37 +108,46 @@ static int probe(fb_cuda_device *d, char *err, size_t errlen) {
   int n = 0, major = 0, minor = 0, managed = 0, concurrent = 0, version = 0;
   CUresult r = d->api.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE || (r == CUDA_SUCCESS && d->api.DeviceGetCount(&n) == 0 && !n))
-    return fb_errf(err, errlen, "CUDA backend: the driver finds no GPU on this machine; use "
-                   "--backend cpu or auto"), FB_EDEVICE;
+    return fb_errf(err, errlen,
+                   "CUDA backend: the driver finds no GPU on this machine; use "
+                   "--backend cpu or auto"),
+           FB_EDEVICE;
   if (r != CUDA_SUCCESS) return drv_fail(d, NULL, r, "cuInit", err, errlen);
   const char *ord = getenv("FB_CUDA_DEVICE");
   d->ordinal = ord && *ord ? atoi(ord) : 0;
   if (d->ordinal < 0 || d->ordinal >= n)
     return fb_errf(err, errlen, "CUDA backend: FB_CUDA_DEVICE=%d, but there are %d GPUs",
-                   d->ordinal, n), FB_EDEVICE;
+                   d->ordinal, n),
+           FB_EDEVICE;
   CALL(d, NULL, d->api.DeviceGet(&d->dev, d->ordinal), "cuDeviceGet");
   char name[200] = "";
   CALL(d, NULL, d->api.DeviceGetName(name, (int)sizeof name - 1, d->dev), "cuDeviceGetName");
   int rc = attr(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &major, err, errlen);
   if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &minor, err, errlen);
   if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &d->sms, err, errlen);
-  if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, &d->threads_per_sm,
-                     err, errlen);
+  if (!rc)
+    rc = attr(d, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, &d->threads_per_sm, err,
+              errlen);
   if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, &managed, err, errlen);
   if (!rc) rc = attr(d, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, &concurrent, err, errlen);
   if (rc) return rc;
   CALL(d, NULL, d->api.DeviceTotalMem(&d->total_mem, d->dev), "cuDeviceTotalMem");
   d->api.DriverGetVersion(&version);
   if (!managed || !concurrent)
-    return fb_errf(err, errlen, "CUDA backend: %s cannot share managed memory with the host "
+    return fb_errf(err, errlen,
+                   "CUDA backend: %s cannot share managed memory with the host "
                    "while kernels run (concurrentManagedAccess is 0), which Fusebox needs",
-                   name), FB_EDEVICE;
+                   name),
+           FB_EDEVICE;
   /* the newest SM our LLVM emits for: newer devices run its PTX through the driver's JIT */
   int cc = major * 10 + minor;
   if (cc > 90) cc = 90;
   if (cc < 60)
-    return fb_errf(err, errlen, "CUDA backend: %s has compute capability %d.%d; Fusebox needs "
-                   "6.0 or newer", name, major, minor), FB_EDEVICE;
+    return fb_errf(err, errlen,
+                   "CUDA backend: %s has compute capability %d.%d; Fusebox needs "
+                   "6.0 or newer",
+                   name, major, minor),
+           FB_EDEVICE;
   snprintf(d->sm, sizeof d->sm, "sm_%d", cc);
   snprintf(d->name, sizeof d->name, "%s (sm_%d%d, %d SMs, %.1f GiB, driver %d.%d)", name, major,
            minor, d->sms, (double)d->total_mem / (1u << 30), version / 1000, version % 1000 / 10);
@@ -229,8 +242,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu_fn *f,
-                       char *err, size_t errlen) {
+static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu_fn *f, char *err,
+                       size_t errlen) {
   char log[2048] = "";
   CUjit_option opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void *val[2] = {log, (void *)(uintptr_t)(sizeof log - 1)};
@@ -238,10 +251,10 @@ static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu
   if (r != CUDA_SUCCESS) {
     char es[200];
     fb_cuda_errstr(&d->api, r, es, sizeof es);
-    fb_errf(err, errlen, "loading the PTX of task %s failed: %s%s%s", task, es,
-            log[0] ? ": " : "", log);
-    return fb_cuda_sticky(r) ? drv_fail(d, NULL, r, "cuModuleLoadDataEx", NULL, 0), FB_EDEVICE
-                             : FB_ECOMPILE;
+    fb_errf(err, errlen, "loading the PTX of task %s failed: %s%s%s", task, es, log[0] ? ": " : "",
+            log);
+    return fb_cuda_sticky(r) ? drv_fail(d, NULL, r, "cuModuleLoadDataEx", NULL, 0),
+           FB_EDEVICE        : FB_ECOMPILE;
   }
   r = d->api.ModuleGetFunction(&f->fn, f->mod, FB_GPU_ENTRY);
   if (r != CUDA_SUCCESS) {
@@ -253,8 +266,7 @@ static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu
 
 int fb_cuda_max_task_params(void) { return MAX_KPARAMS - FB_GPU_FIXED_PARAMS; }
 
-int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,
-                    size_t errlen) {
+int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err, size_t errlen) {
   fb_cuda_device *d = device;
   if (!d || !t || !t->ir || !out)
     return fb_errf(err, errlen, "fb_cuda_compile: missing device, task or output"), FB_EINVAL;
@@ -300,7 +312,8 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
   f->serial = t->loop < 0;
   f->count = fb_cg_static_count(t);
   fb_code_val v = {.a = f}, kept;
-  if (fb_code_cache_put(cache, &key, t->ir, &v, code_bytes, NULL, &kept)) drop_fn(d, &v); /* lost a race */
+  if (fb_code_cache_put(cache, &key, t->ir, &v, code_bytes, NULL, &kept))
+    drop_fn(d, &v); /* lost a race */
   out->gpu = kept.a;
   out->compile_s = now_s() - t0;
   return 0;
@@ -363,8 +376,9 @@ int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t 
   CALL(d, q, d->api.MemAlloc(&q->slots, SLOTS * sizeof(int32_t)), "cuMemAlloc");
   CALL(d, q, d->api.MemsetD8Async(q->slots, 0, SLOTS * sizeof(int32_t), q->stream),
        "cuMemsetD8Async");
-  CALL(d, q, d->api.MemHostAlloc((void **)&q->pinned, SLOTS * sizeof(int32_t),
-                                 CU_MEMHOSTALLOC_PORTABLE), "cuMemHostAlloc");
+  CALL(d, q,
+       d->api.MemHostAlloc((void **)&q->pinned, SLOTS * sizeof(int32_t), CU_MEMHOSTALLOC_PORTABLE),
+       "cuMemHostAlloc");
   CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
   return 0;
 }
@@ -398,8 +412,10 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen) {
     pthread_mutex_lock(&q->d->mu);
     if (q->d->broken || q->gen != q->d->gen) {
       q->dead = 1;
-      fb_errf(q->why, sizeof q->why, "%.300s; this session's device memory is lost: close it "
-              "and open a new one", q->d->broken ? q->d->why : "the GPU context was made again");
+      fb_errf(q->why, sizeof q->why,
+              "%.300s; this session's device memory is lost: close it "
+              "and open a new one",
+              q->d->broken ? q->d->why : "the GPU context was made again");
     }
     pthread_mutex_unlock(&q->d->mu);
   }
@@ -412,8 +428,9 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen) {
 static int drain(fb_cuda_queue *q, char *err, size_t errlen) {
   fb_cuda_device *d = q->d;
   int n = q->dev_used;
-  if (n) CALL(d, q, d->api.MemcpyDtoHAsync(q->pinned, q->slots, (size_t)n * 4, q->stream),
-              "cuMemcpyDtoHAsync");
+  if (n)
+    CALL(d, q, d->api.MemcpyDtoHAsync(q->pinned, q->slots, (size_t)n * 4, q->stream),
+         "cuMemcpyDtoHAsync");
   CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
   if (!n) return 0;
   if (q->nerrs + n > q->cap_errs) {
@@ -489,8 +506,8 @@ int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
   return slot;
 }
 
-int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds,
-                   char *err, size_t errlen) {
+int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds, char *err,
+                   size_t errlen) {
   fb_cuda_device *d = q->d;
   *errs = NULL;
   *nslots = 0;

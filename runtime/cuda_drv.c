@@ -23,13 +23,13 @@ int fb_cuda_api_load(fb_cuda_api *api, char *err, size_t errlen) {
             path, why ? why : "not found");
     return FB_EDEVICE;
   }
-#define FB_CUDA_RESOLVE(ret, name, sym, params)                                                  \
-  *(void **)&api->name = dlsym(api->lib, sym);                                                 \
-  if (!api->name) {                                                                            \
-    fb_errf(err, errlen, "CUDA backend: the driver %s has no entry point %s (driver too old?)", \
-            path, sym);                                                                        \
-    fb_cuda_api_unload(api);                                                                   \
-    return FB_EDEVICE;                                                                         \
+#define FB_CUDA_RESOLVE(ret, name, sym, params)                                                    \
+  *(void **)&api->name = dlsym(api->lib, sym);                                                     \
+  if (!api->name) {                                                                                \
+    fb_errf(err, errlen, "CUDA backend: the driver %s has no entry point %s (driver too old?)",    \
+            path, sym);                                                                            \
+    fb_cuda_api_unload(api);                                                                       \
+    return FB_EDEVICE;                                                                             \
   }
   FB_CUDA_FUNCS(FB_CUDA_RESOLVE)
 #undef FB_CUDA_RESOLVE

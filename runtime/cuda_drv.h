@@ -66,49 +66,47 @@ enum {
 #define CU_MEMHOSTALLOC_PORTABLE 0x1
 
 /* X(return, name, symbol, parameters): every entry point, once. */
-#define FB_CUDA_FUNCS(X)                                                                       \
-  X(CUresult, Init, "cuInit", (unsigned flags))                                                \
-  X(CUresult, DriverGetVersion, "cuDriverGetVersion", (int *v))                                \
-  X(CUresult, DeviceGetCount, "cuDeviceGetCount", (int *n))                                    \
-  X(CUresult, DeviceGet, "cuDeviceGet", (CUdevice * d, int ordinal))                           \
-  X(CUresult, DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice d))             \
-  X(CUresult, DeviceGetAttribute, "cuDeviceGetAttribute", (int *v, int attr, CUdevice d))      \
-  X(CUresult, DeviceTotalMem, "cuDeviceTotalMem_v2", (size_t * bytes, CUdevice d))             \
-  X(CUresult, PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * c, CUdevice d))       \
-  X(CUresult, PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice d))                 \
-  X(CUresult, PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2", (CUdevice d))                     \
-  X(CUresult, CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c))                                 \
-  X(CUresult, StreamCreate, "cuStreamCreate", (CUstream * s, unsigned flags))                  \
-  X(CUresult, StreamDestroy, "cuStreamDestroy_v2", (CUstream s))                               \
-  X(CUresult, StreamSynchronize, "cuStreamSynchronize", (CUstream s))                          \
-  X(CUresult, EventCreate, "cuEventCreate", (CUevent * e, unsigned flags))                     \
-  X(CUresult, EventDestroy, "cuEventDestroy_v2", (CUevent e))                                  \
-  X(CUresult, EventRecord, "cuEventRecord", (CUevent e, CUstream s))                           \
-  X(CUresult, EventElapsedTime, "cuEventElapsedTime", (float *ms, CUevent a, CUevent b))       \
-  X(CUresult, MemAlloc, "cuMemAlloc_v2", (CUdeviceptr * p, size_t bytes))                      \
-  X(CUresult, MemAllocManaged, "cuMemAllocManaged", (CUdeviceptr * p, size_t bytes,            \
-                                                     unsigned flags))                          \
-  X(CUresult, MemFree, "cuMemFree_v2", (CUdeviceptr p))                                        \
-  X(CUresult, MemHostAlloc, "cuMemHostAlloc", (void **p, size_t bytes, unsigned flags))        \
-  X(CUresult, MemFreeHost, "cuMemFreeHost", (void *p))                                         \
-  X(CUresult, MemGetInfo, "cuMemGetInfo_v2", (size_t * free_b, size_t * total_b))              \
-  X(CUresult, MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CUdeviceptr dst, const void *src,      \
-                                                        size_t bytes, CUstream s))             \
-  X(CUresult, MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *dst, CUdeviceptr src,            \
-                                                        size_t bytes, CUstream s))             \
-  X(CUresult, MemsetD8Async, "cuMemsetD8Async", (CUdeviceptr p, unsigned char v, size_t n,     \
-                                                 CUstream s))                                  \
-  X(CUresult, ModuleLoadDataEx, "cuModuleLoadDataEx", (CUmodule * m, const void *image,        \
-                                                       unsigned nopt, CUjit_option *opts,      \
-                                                       void **vals))                           \
-  X(CUresult, ModuleUnload, "cuModuleUnload", (CUmodule m))                                    \
-  X(CUresult, ModuleGetFunction, "cuModuleGetFunction", (CUfunction * f, CUmodule m,           \
-                                                         const char *name))                    \
-  X(CUresult, LaunchKernel, "cuLaunchKernel", (CUfunction f, unsigned gx, unsigned gy,         \
-                                               unsigned gz, unsigned bx, unsigned by,          \
-                                               unsigned bz, unsigned shmem, CUstream s,        \
-                                               void **params, void **extra))                   \
-  X(CUresult, GetErrorName, "cuGetErrorName", (CUresult r, const char **s))                    \
+#define FB_CUDA_FUNCS(X)                                                                           \
+  X(CUresult, Init, "cuInit", (unsigned flags))                                                    \
+  X(CUresult, DriverGetVersion, "cuDriverGetVersion", (int *v))                                    \
+  X(CUresult, DeviceGetCount, "cuDeviceGetCount", (int *n))                                        \
+  X(CUresult, DeviceGet, "cuDeviceGet", (CUdevice * d, int ordinal))                               \
+  X(CUresult, DeviceGetName, "cuDeviceGetName", (char *name, int len, CUdevice d))                 \
+  X(CUresult, DeviceGetAttribute, "cuDeviceGetAttribute", (int *v, int attr, CUdevice d))          \
+  X(CUresult, DeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, CUdevice d))                  \
+  X(CUresult, PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext * c, CUdevice d))           \
+  X(CUresult, PrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (CUdevice d))                     \
+  X(CUresult, PrimaryCtxReset, "cuDevicePrimaryCtxReset_v2", (CUdevice d))                         \
+  X(CUresult, CtxSetCurrent, "cuCtxSetCurrent", (CUcontext c))                                     \
+  X(CUresult, StreamCreate, "cuStreamCreate", (CUstream * s, unsigned flags))                      \
+  X(CUresult, StreamDestroy, "cuStreamDestroy_v2", (CUstream s))                                   \
+  X(CUresult, StreamSynchronize, "cuStreamSynchronize", (CUstream s))                              \
+  X(CUresult, EventCreate, "cuEventCreate", (CUevent * e, unsigned flags))                         \
+  X(CUresult, EventDestroy, "cuEventDestroy_v2", (CUevent e))                                      \
+  X(CUresult, EventRecord, "cuEventRecord", (CUevent e, CUstream s))                               \
+  X(CUresult, EventElapsedTime, "cuEventElapsedTime", (float *ms, CUevent a, CUevent b))           \
+  X(CUresult, MemAlloc, "cuMemAlloc_v2", (CUdeviceptr * p, size_t bytes))                          \
+  X(CUresult, MemAllocManaged, "cuMemAllocManaged",                                                \
+    (CUdeviceptr * p, size_t bytes, unsigned flags))                                               \
+  X(CUresult, MemFree, "cuMemFree_v2", (CUdeviceptr p))                                            \
+  X(CUresult, MemHostAlloc, "cuMemHostAlloc", (void **p, size_t bytes, unsigned flags))            \
+  X(CUresult, MemFreeHost, "cuMemFreeHost", (void *p))                                             \
+  X(CUresult, MemGetInfo, "cuMemGetInfo_v2", (size_t *free_b, size_t *total_b))                    \
+  X(CUresult, MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                             \
+    (CUdeviceptr dst, const void *src, size_t bytes, CUstream s))                                  \
+  X(CUresult, MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                             \
+    (void *dst, CUdeviceptr src, size_t bytes, CUstream s))                                        \
+  X(CUresult, MemsetD8Async, "cuMemsetD8Async",                                                    \
+    (CUdeviceptr p, unsigned char v, size_t n, CUstream s))                                        \
+  X(CUresult, ModuleLoadDataEx, "cuModuleLoadDataEx",                                              \
+    (CUmodule * m, const void *image, unsigned nopt, CUjit_option *opts, void **vals))             \
+  X(CUresult, ModuleUnload, "cuModuleUnload", (CUmodule m))                                        \
+  X(CUresult, ModuleGetFunction, "cuModuleGetFunction",                                            \
+    (CUfunction * f, CUmodule m, const char *name))                                                \
+  X(CUresult, LaunchKernel, "cuLaunchKernel",                                                      \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,   \
+     unsigned shmem, CUstream s, void **params, void **extra))                                     \
+  X(CUresult, GetErrorName, "cuGetErrorName", (CUresult r, const char **s))                        \
   X(CUresult, GetErrorString, "cuGetErrorString", (CUresult r, const char **s))
 
 typedef struct fb_cuda_api {

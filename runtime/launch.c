@@ -5,9 +5,9 @@
  * whole blocks). Before a listgen task the host sizes its list. Backend
  * time is the CLOCK_MONOTONIC time around the device work. At the end, the
  * CPU device's operations table (fb_cpu_ops, runtime.h). */
-#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "runtime/runtime.h"
@@ -69,8 +69,8 @@ int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int nt
 }
 
 int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
-                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
-                      char *err, size_t errlen) {
+                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
+                      size_t errlen) {
   int first = 0, where = -1;
   double t0 = now_s();
   for (int i = 0; i < ntasks; i++) {
@@ -120,8 +120,7 @@ static int cpu_healthy(void *dev, char *why, size_t len) { return 1; }
 /* CPU tasks read their arguments through a pointer: no bound. */
 static int cpu_max_task_params(void) { return 0; }
 
-static int cpu_compile(void *dev, const fb_cg_task *t, fb_cpu_code *out, char *err,
-                       size_t errlen) {
+static int cpu_compile(void *dev, const fb_cg_task *t, fb_cpu_code *out, char *err, size_t errlen) {
   return fb_cpu_jit_compile(((fb_cpu_device *)dev)->jit, t, out, err, errlen);
 }
 

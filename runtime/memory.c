@@ -18,22 +18,21 @@
 
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
-static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err,
-                      size_t errlen) {
+static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err, size_t errlen) {
   uint64_t fixed = root + m->extra;
   if (!m->limit || (fixed <= m->limit && gtmp <= m->limit - fixed)) return 0;
   if (m->extra)
     fb_errf(err, errlen,
-         "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
-         "scratch %llu), limit %llu bytes",
-         (unsigned long long)(fixed + gtmp), (unsigned long long)root,
-         (unsigned long long)m->extra, (unsigned long long)gtmp, (unsigned long long)m->limit);
+            "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
+            "scratch %llu), limit %llu bytes",
+            (unsigned long long)(fixed + gtmp), (unsigned long long)root,
+            (unsigned long long)m->extra, (unsigned long long)gtmp, (unsigned long long)m->limit);
   else
     fb_errf(err, errlen,
-         "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
-         "limit %llu bytes",
-         (unsigned long long)(root + gtmp), (unsigned long long)root,
-         (unsigned long long)gtmp, (unsigned long long)m->limit);
+            "session memory limit exceeded: %llu bytes asked (fields %llu + scratch %llu), "
+            "limit %llu bytes",
+            (unsigned long long)(root + gtmp), (unsigned long long)root, (unsigned long long)gtmp,
+            (unsigned long long)m->limit);
   return FB_EQUOTA;
 }
 
@@ -55,8 +54,7 @@ void fb_devmem_free(const fb_devmem *m, void *p, size_t bytes) {
   else free(p);
 }
 
-int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
-                   size_t errlen) {
+int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err, size_t errlen) {
   return fb_devmem_init_on(m, NULL, root_bytes, limit, err, errlen);
 }
 
@@ -69,7 +67,7 @@ int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, ui
   if (rc) return rc;
   if (root_bytes > SIZE_MAX - 2 * ALIGN) {
     fb_errf(err, errlen, "cannot allocate %llu bytes of device memory",
-         (unsigned long long)root_bytes);
+            (unsigned long long)root_bytes);
     return FB_ENOMEM;
   }
   size_t want = round_up((size_t)root_bytes ? (size_t)root_bytes : 1);
@@ -84,7 +82,7 @@ int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, ui
   }
   if (!m->root) {
     fb_errf(err, errlen, "cannot allocate %llu bytes of device memory",
-         (unsigned long long)root_bytes);
+            (unsigned long long)root_bytes);
     return FB_ENOMEM;
   }
   m->root_alloc = want;

@@ -126,7 +126,7 @@ static int start_workers(fb_pool *p, char *err, size_t errlen) {
     int rc = pthread_create(&p->workers[i], NULL, worker_main, p);
     if (rc) {
       fb_errf(err, errlen, "cannot start CPU worker thread %d of %d: %s", i + 1, p->nworkers,
-           strerror(rc));
+              strerror(rc));
       shutdown_workers(p);
       return rc == EAGAIN ? FB_EDEVICE : FB_ENOMEM;
     }
@@ -145,7 +145,7 @@ int fb_pool_new(int nthreads, int64_t min_chunk, fb_pool **out, char *err, size_
   *out = NULL;
   if (nthreads < 0 || min_chunk < 0) {
     fb_errf(err, errlen, "thread pool: bad size (threads %d, min chunk %lld)", nthreads,
-         (long long)min_chunk);
+            (long long)min_chunk);
     return FB_EINVAL;
   }
   fb_pool *p = calloc(1, sizeof *p);

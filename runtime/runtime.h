@@ -107,8 +107,7 @@ typedef struct fb_devmem {
 
 /* Allocate the zeroed root buffer. FB_EQUOTA (message naming the bytes
  * asked and the limit) when root_bytes exceeds limit. */
-int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err,
-                   size_t errlen);
+int fb_devmem_init(fb_devmem *m, uint64_t root_bytes, uint64_t limit, char *err, size_t errlen);
 /* The same with memory from ms (NULL: host memory). */
 int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, uint64_t limit,
                       char *err, size_t errlen);
@@ -188,8 +187,8 @@ int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int nt
  * message in err). FB_EQUOTA latched by the device (a block that did not
  * fit) lets the remaining tasks run, like FB_EBOUNDS. */
 int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
-                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed,
-                      char *err, size_t errlen);
+                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
+                      size_t errlen);
 
 /* ---------------------------------------------------------------- CUDA device
  * The GPU through the CUDA Driver API loaded at run time (cuda_drv.h): one
@@ -223,8 +222,7 @@ int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len);
 int fb_cuda_max_task_params(void);
 /* Compile task t to a module of the device (cached by IR): out->gpu. The
  * signature of a compile pool's compiler (user = the device). */
-int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err,
-                    size_t errlen);
+int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err, size_t errlen);
 
 int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t errlen);
 /* Waits for the queue's work, then frees it. */
@@ -241,8 +239,8 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen);
 int fb_cuda_begin(fb_cuda_queue *q, char *err, size_t errlen);
 int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
                    const fb_rt_hint *hint, fb_sparse *sp, char *err, size_t errlen);
-int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds,
-                   char *err, size_t errlen);
+int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds, char *err,
+                   size_t errlen);
 
 /* ---------------------------------------------------------------- timeline
  * Chrome trace-event JSON (the format Perfetto and chrome://tracing open):
@@ -381,8 +379,8 @@ typedef struct fb_device_ops {
    * (waits; the error slots, one per queued launch in order, 0 = none, and
    * the batch's device time; none on a device that runs at once) */
   int (*begin)(void *q, char *err, size_t errlen);
-  int (*launch)(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint,
-                fb_sparse *sp, int *slot, double *seconds, char *err, size_t errlen);
+  int (*launch)(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint, fb_sparse *sp,
+                int *slot, double *seconds, char *err, size_t errlen);
   int (*finish)(void *q, const int32_t **errs, int *nslots, double *seconds, char *err,
                 size_t errlen);
 } fb_device_ops;

@@ -18,7 +18,8 @@
 
 _Static_assert(FB_RT_EQUOTA == FB_EQUOTA && FB_RT_EBOUNDS == FB_EBOUNDS, "error codes");
 _Static_assert(FB_RT_BITMASKED == FB_SN_BITMASKED && FB_RT_POINTER == FB_SN_POINTER &&
-               FB_RT_DYNAMIC == FB_SN_DYNAMIC && FB_RT_DENSE == FB_SN_DENSE, "kinds");
+                   FB_RT_DYNAMIC == FB_SN_DYNAMIC && FB_RT_DENSE == FB_SN_DENSE,
+               "kinds");
 _Static_assert(sizeof(fb_rt_dctx) == sizeof(fb_rt_ctx), "fb_rt_dctx mirrors fb_rt_ctx");
 _Static_assert(sizeof(fb_rt_elem) == 24, "list elements are 24 bytes");
 
@@ -213,15 +214,17 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   const fb_snode *n = &sp->l->nodes[snode];
   char name[160];
   if (sp->mem->limit && after > sp->mem->limit) {
-    fb_errf(err, errlen, "out of device memory for the list of SNode %s (%s, %llu bytes; limit "
-         "%llu bytes)", label(n, name, sizeof name), fb_snode_kind_name(n->kind),
-         (unsigned long long)bytes, (unsigned long long)sp->mem->limit);
+    fb_errf(err, errlen,
+            "out of device memory for the list of SNode %s (%s, %llu bytes; limit "
+            "%llu bytes)",
+            label(n, name, sizeof name), fb_snode_kind_name(n->kind), (unsigned long long)bytes,
+            (unsigned long long)sp->mem->limit);
     return FB_EQUOTA;
   }
   void *p = fb_devmem_alloc(sp->mem, (size_t)bytes);
   if (!p) {
     fb_errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
-         (unsigned long long)bytes, label(n, name, sizeof name));
+            (unsigned long long)bytes, label(n, name, sizeof name));
     return FB_ENOMEM;
   }
   fb_devmem_free(sp->mem, list->elems, (size_t)old);
@@ -291,8 +294,9 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
     case FB_SN_BITMASKED: base = host_bitmasked(c, node, lin, write); break;
     case FB_SN_POINTER: {
       uint64_t *slot = (uint64_t *)node + lin;
-      base = *slot ? (uint8_t *)(uintptr_t)*slot
-                   : write ? fb_rt_ptr_activate(&ctx, c->id, slot) : NULL;
+      base = *slot   ? (uint8_t *)(uintptr_t)*slot
+             : write ? fb_rt_ptr_activate(&ctx, c->id, slot)
+                     : NULL;
       break;
     }
     case FB_SN_DYNAMIC: base = host_dynamic(&ctx, c, node, lin, write); break;

@@ -92,7 +92,11 @@ static int grow(fb_trace *t) {
 void fb_trace_span(fb_trace *t, int tid, const char *cat, const char *name, double t0, double t1,
                    const char *args) {
   if (!t) return;
-  tevent e = {tid, t0, t1 < t0 ? t0 : t1, strdup(cat ? cat : ""), strdup(name ? name : "?"),
+  tevent e = {tid,
+              t0,
+              t1 < t0 ? t0 : t1,
+              strdup(cat ? cat : ""),
+              strdup(name ? name : "?"),
               args ? strdup(args) : NULL};
   pthread_mutex_lock(&t->mu);
   int ok = e.cat && e.name && (!args || e.args) && grow(t);
@@ -133,17 +137,21 @@ static void track_name(int tid, char *buf, size_t n) {
 }
 
 static void put_meta(FILE *f, fb_trace *t) {
-  fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":", t->pid);
+  fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":",
+          t->pid);
   put_str(f, t->process);
   fprintf(f, "}}");
   for (int i = 0; i < t->ntids; i++) {
     char name[64];
     track_name(t->tids[i], name, sizeof name);
-    fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":",
+    fprintf(f,
+            ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":",
             t->pid, t->tids[i]);
     put_str(f, name);
-    fprintf(f, "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
-            "\"args\":{\"sort_index\":%d}}", t->pid, t->tids[i], t->tids[i]);
+    fprintf(f,
+            "}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+            "\"args\":{\"sort_index\":%d}}",
+            t->pid, t->tids[i], t->tids[i]);
   }
 }
 

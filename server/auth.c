@@ -90,14 +90,18 @@ static int limits_from_json(fbd_tenant *t, json_t *v, const char *where, char *e
         s = num;
       }
       if (!s || fbd_parse_bytes(s, &t->memory_bytes)) {
-        fb_errf(err, errlen, "%s.limits.memory_bytes: expected bytes (a number, or text like "
-                "\"8G\")", where);
+        fb_errf(err, errlen,
+                "%s.limits.memory_bytes: expected bytes (a number, or text like "
+                "\"8G\")",
+                where);
         return FB_EINVAL;
       }
     } else if (!strcmp(key, "time_share")) {
       if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 1000) {
-        fb_errf(err, errlen, "%s.limits.time_share: expected an integer 1..1000 (the tenant's "
-                "weight in the fair scheduler)", where);
+        fb_errf(err, errlen,
+                "%s.limits.time_share: expected an integer 1..1000 (the tenant's "
+                "weight in the fair scheduler)",
+                where);
         return FB_EINVAL;
       }
       atomic_store(&t->time_share, (int)json_integer_value(x));
@@ -109,8 +113,10 @@ static int limits_from_json(fbd_tenant *t, json_t *v, const char *where, char *e
       }
       atomic_store(&t->max_compiles, (int)json_integer_value(x));
     } else {
-      fb_errf(err, errlen, "%s.limits: unknown key '%s' (expected max_sessions, memory_bytes, "
-              "time_share, max_compiles)", where, key);
+      fb_errf(err, errlen,
+              "%s.limits: unknown key '%s' (expected max_sessions, memory_bytes, "
+              "time_share, max_compiles)",
+              where, key);
       return FB_EINVAL;
     }
   }
@@ -153,8 +159,10 @@ static int tenant_from_json(fbd_tenant *t, json_t *o, size_t idx, char *err, siz
     int k = 0;
     while (k < 5 && strcmp(key, known[k])) k++;
     if (k == 5) {
-      fb_errf(err, errlen, "%s: unknown key '%s' (expected name, role, token_sha256, subjects, "
-              "limits; plain tokens never go in this file)", where, key);
+      fb_errf(err, errlen,
+              "%s: unknown key '%s' (expected name, role, token_sha256, subjects, "
+              "limits; plain tokens never go in this file)",
+              where, key);
       return FB_EINVAL;
     }
   }
@@ -177,8 +185,8 @@ static int tenant_from_json(fbd_tenant *t, json_t *o, size_t idx, char *err, siz
   atomic_store(&t->max_compiles, FBD_DEFAULT_MAX_COMPILES);
   char **hex = NULL;
   int nhex = 0;
-  int rc = strings_from_json(json_object_get(o, "token_sha256"), where, "token_sha256", &hex,
-                             &nhex, err, errlen);
+  int rc = strings_from_json(json_object_get(o, "token_sha256"), where, "token_sha256", &hex, &nhex,
+                             err, errlen);
   if (!rc && nhex && !(t->hashes = calloc((size_t)nhex, sizeof *t->hashes))) rc = FB_ENOMEM;
   for (int i = 0; !rc && i < nhex; i++, t->nhashes++)
     if (parse_hash(hex[i], t->hashes[i])) {
@@ -216,8 +224,7 @@ static int load_file(const char *path, fbd_tenant **out, int *nout, char *err, s
   json_t *arr = json_is_object(root) ? json_object_get(root, "tenants") : NULL;
   const char *key;
   json_t *x;
-  if (json_is_object(root))
-    json_object_foreach(root, key, x) if (strcmp(key, "tenants")) {
+  if (json_is_object(root)) json_object_foreach(root, key, x) if (strcmp(key, "tenants")) {
       fb_errf(err, errlen, "%s: unknown key '%s' (expected \"tenants\")", path, key);
       rc = FB_EINVAL;
       break;
@@ -357,8 +364,10 @@ void fbd_auth_reload(fbd_server *srv) {
   fbd_tenant *v = NULL;
   int n = 0, rc = load_file(path, &v, &n, err, sizeof err);
   if (rc) {
-    fbd_logf(srv->log, FBD_LOG_ERROR, "SIGHUP: tenants file not reloaded, keeping the running "
-             "tenants: %s", err);
+    fbd_logf(srv->log, FBD_LOG_ERROR,
+             "SIGHUP: tenants file not reloaded, keeping the running "
+             "tenants: %s",
+             err);
     return;
   }
   pthread_mutex_lock(&a->mu);
@@ -453,8 +462,10 @@ static void refuse(fbd_call *c, const char *why) {
   uint64_t skipped;
   if (log_allowed(a, &skipped)) {
     if (skipped)
-      fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %llu more refusals not logged (over %d a "
-               "second)", (unsigned long long)skipped, LOG_PER_SECOND);
+      fbd_logf(c->srv->log, FBD_LOG_WARN,
+               "auth: %llu more refusals not logged (over %d a "
+               "second)",
+               (unsigned long long)skipped, LOG_PER_SECOND);
     fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %s refused from %s: %s", c->m->path + 1,
              c->peer ? c->peer : "?", why);
   }
@@ -485,8 +496,9 @@ int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md) {
   if (t) c->admin = t->admin;
   pthread_mutex_unlock(&a->mu);
   if (!t) {
-    refuse(c, has ? "unknown token" : "no credentials: send 'authorization: Bearer TOKEN' "
-                                      "metadata or a client certificate of a known subject");
+    refuse(c, has ? "unknown token"
+                  : "no credentials: send 'authorization: Bearer TOKEN' "
+                    "metadata or a client certificate of a known subject");
     return FB_EINVAL;
   }
   c->tenant = t;
@@ -502,9 +514,10 @@ int fbd_auth_may_use(fbd_call *c, fbd_session *s) {
   if (c->admin && !strcmp(c->m->path, STATS_PATH)) return 0; /* admins may look, not touch */
   atomic_fetch_add(&c->tenant->denied, 1);
   fbd_count_bad(c->srv);
-  fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %s from %s (tenant '%s') on session %s of another "
-           "tenant: denied", c->m->path + 1, c->peer ? c->peer : "?",
-           c->tenant ? c->tenant->name : "?", s->tag);
+  fbd_logf(c->srv->log, FBD_LOG_WARN,
+           "auth: %s from %s (tenant '%s') on session %s of another "
+           "tenant: denied",
+           c->m->path + 1, c->peer ? c->peer : "?", c->tenant ? c->tenant->name : "?", s->tag);
   fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
                          "this session belongs to another tenant");
   return FB_EINVAL;
@@ -551,8 +564,7 @@ static void usage(fbd_server *srv, const fbd_tenant *t, int *n, uint64_t *mem) {
   }
 }
 
-static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *err,
-                 size_t errlen) {
+static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *err, size_t errlen) {
   fbd_server *srv = c->srv;
   fbd_tenant *t = c->tenant;
   pthread_mutex_lock(&srv->auth->mu);
@@ -577,9 +589,11 @@ static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *e
   if (asked && ec->memory_limit > need) need = ec->memory_limit;
   if (left < need) {
     atomic_fetch_add(&t->refused_memory, 1);
-    fb_errf(err, errlen, "tenant '%s' is at its memory limit (memory_bytes %llu): its sessions "
-            "hold %llu bytes of limits, this one needs %llu", t->name, (unsigned long long)budget,
-            (unsigned long long)used, (unsigned long long)need);
+    fb_errf(err, errlen,
+            "tenant '%s' is at its memory limit (memory_bytes %llu): its sessions "
+            "hold %llu bytes of limits, this one needs %llu",
+            t->name, (unsigned long long)budget, (unsigned long long)used,
+            (unsigned long long)need);
     return FB_EQUOTA;
   }
   /* the server's default limit shrinks to what the tenant has left */

@@ -19,9 +19,8 @@
 
 #include "server/server.h"
 
-const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {"sessions", "staging",
-                                                        "queued responses", "pending launches",
-                                                        "JIT code"};
+const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {"sessions", "staging", "queued responses",
+                                                        "pending launches", "JIT code"};
 const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {"sessions", "staging", "queued_responses",
                                                        "pending_launches", "jit_code"};
 

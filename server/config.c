@@ -62,60 +62,64 @@ void fbd_config_free(fbd_config *c) {
 }
 
 void fbd_usage(FILE *f) {
-  fprintf(f,
-          "usage: fuseboxd [options]\n"
-          "  --listen ADDR              host:port or unix:PATH (repeatable; default 127.0.0.1:50051)\n"
-          "  --config FILE              JSON file with the options below (flags override it)\n"
-          "  --backend auto|cpu|cuda    device backend (default auto)\n"
-          "  --max-message-bytes N      largest request message (default 16M)\n"
-          "  --keepalive-s S            ping idle connections every S seconds (default 60)\n"
-          "  --keepalive-timeout-s S    drop a connection whose ping is unanswered (default 20)\n"
-          "  --max-sessions N           sessions at once (default 64)\n"
-          "  --session-memory-limit N   device memory per session, 0 = unlimited (default 4G)\n"
-          "  --compile-threads N        compile pool size, 0 = one per core (default 0)\n"
-          "  --cpu-threads N            CPU device threads, 0 = one per core (default 0)\n"
-          "  --cq-threads N             gRPC completion-queue threads (default 2)\n"
-          "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
-          "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
-          "  --log-level L              error|warn|info|debug (default info)\n"
-          "  --log-format F             text|json: log lines as text or one JSON object (default text)\n"
-          "  --worker-spin-us N         a session worker polls this long before sleeping (default 100)\n"
-          "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
-          "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
-          "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
-          "                             (default: the process's group, unchanged)\n"
-          "  --isolation process|thread each session's engine in a worker process of its own,\n"
-          "                             locked down (default), or in a thread of fuseboxd\n"
-          "  --kernel-timeout-s S       process isolation: a launch (or an async task) running\n"
-          "                             longer ends its session, DEADLINE_EXCEEDED; 0 = none (default 60)\n"
-          "  --compile-timeout-s S      process isolation: the same for RegisterKernels (default 60)\n"
-          "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
-          "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
-          "                             limit by this much (RLIMIT_AS; default 4G)\n"
-          "  --memory-budget N          everything clients make the server hold (sessions,\n"
-          "                             staging, queued responses, pending launches, JIT\n"
-          "                             code); what would pass it is refused (default: 3/4 of\n"
-          "                             the machine's or the cgroup's memory, whichever is lower)\n"
-          "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
-          "                             session holds is freed past it (default: memory budget\n"
-          "                             / 16, at most 256M)\n"
-          "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
-          "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
-          "  --tls-key FILE             PEM private key of --tls-cert\n"
-          "  --tls-client-ca FILE       PEM CA: clients must present a certificate it signed (mTLS)\n"
-          "  --insecure                 allow plain TCP on a non-loopback address (logs a warning)\n"
-          "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
-          "                             every call must authenticate; re-read on SIGHUP\n"
-          "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
-          "  --fair-share on|off        hold back a tenant over its share of device time while\n"
-          "                             another tenant has work (default on)\n"
-          "  --fair-slice-ms N          how far a tenant may run ahead of the least served\n"
-          "                             one before it is held back (default 10)\n"
-          "  --help, --version\n"
-          "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
-          "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
-          "other changes need a restart.\n",
-          FB_MAX_KERNEL_STATEMENTS_DEFAULT);
+  fprintf(
+      f,
+      "usage: fuseboxd [options]\n"
+      "  --listen ADDR              host:port or unix:PATH (repeatable; default 127.0.0.1:50051)\n"
+      "  --config FILE              JSON file with the options below (flags override it)\n"
+      "  --backend auto|cpu|cuda    device backend (default auto)\n"
+      "  --max-message-bytes N      largest request message (default 16M)\n"
+      "  --keepalive-s S            ping idle connections every S seconds (default 60)\n"
+      "  --keepalive-timeout-s S    drop a connection whose ping is unanswered (default 20)\n"
+      "  --max-sessions N           sessions at once (default 64)\n"
+      "  --session-memory-limit N   device memory per session, 0 = unlimited (default 4G)\n"
+      "  --compile-threads N        compile pool size, 0 = one per core (default 0)\n"
+      "  --cpu-threads N            CPU device threads, 0 = one per core (default 0)\n"
+      "  --cq-threads N             gRPC completion-queue threads (default 2)\n"
+      "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
+      "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
+      "  --log-level L              error|warn|info|debug (default info)\n"
+      "  --log-format F             text|json: log lines as text or one JSON object (default "
+      "text)\n"
+      "  --worker-spin-us N         a session worker polls this long before sleeping (default "
+      "100)\n"
+      "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
+      "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
+      "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
+      "                             (default: the process's group, unchanged)\n"
+      "  --isolation process|thread each session's engine in a worker process of its own,\n"
+      "                             locked down (default), or in a thread of fuseboxd\n"
+      "  --kernel-timeout-s S       process isolation: a launch (or an async task) running\n"
+      "                             longer ends its session, DEADLINE_EXCEEDED; 0 = none (default "
+      "60)\n"
+      "  --compile-timeout-s S      process isolation: the same for RegisterKernels (default 60)\n"
+      "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
+      "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
+      "                             limit by this much (RLIMIT_AS; default 4G)\n"
+      "  --memory-budget N          everything clients make the server hold (sessions,\n"
+      "                             staging, queued responses, pending launches, JIT\n"
+      "                             code); what would pass it is refused (default: 3/4 of\n"
+      "                             the machine's or the cgroup's memory, whichever is lower)\n"
+      "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
+      "                             session holds is freed past it (default: memory budget\n"
+      "                             / 16, at most 256M)\n"
+      "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
+      "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
+      "  --tls-key FILE             PEM private key of --tls-cert\n"
+      "  --tls-client-ca FILE       PEM CA: clients must present a certificate it signed (mTLS)\n"
+      "  --insecure                 allow plain TCP on a non-loopback address (logs a warning)\n"
+      "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
+      "                             every call must authenticate; re-read on SIGHUP\n"
+      "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
+      "  --fair-share on|off        hold back a tenant over its share of device time while\n"
+      "                             another tenant has work (default on)\n"
+      "  --fair-slice-ms N          how far a tenant may run ahead of the least served\n"
+      "                             one before it is held back (default 10)\n"
+      "  --help, --version\n"
+      "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
+      "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
+      "other changes need a restart.\n",
+      FB_MAX_KERNEL_STATEMENTS_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -138,8 +142,18 @@ int fbd_parse_bytes(const char *s, uint64_t *out) {
 
 /* ---------------------------------------------------------------- options */
 
-typedef enum { OPT_STR, OPT_INT, OPT_BYTES, OPT_SECS, OPT_LEVEL, OPT_LISTEN, OPT_MODE, OPT_GROUP,
-               OPT_BOOL, OPT_LOGFMT } opt_kind;
+typedef enum {
+  OPT_STR,
+  OPT_INT,
+  OPT_BYTES,
+  OPT_SECS,
+  OPT_LEVEL,
+  OPT_LISTEN,
+  OPT_MODE,
+  OPT_GROUP,
+  OPT_BOOL,
+  OPT_LOGFMT
+} opt_kind;
 
 typedef struct opt {
   const char *name; /* JSON key; the flag is "--" + name with '_' -> '-' */
@@ -205,7 +219,8 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
     for (int i = 0; i < a->nlisten; i++)
       if (!same_str(a->listen[i], b->listen[i])) return 0;
     return 1;
-  case OPT_STR: case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
+  case OPT_STR:
+  case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
   default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL, LOGFMT */

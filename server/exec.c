@@ -139,8 +139,8 @@ static void run_create(fbd_exec *x, fbd_reply *r) {
 
 /* ---------------------------------------------------------------- kernels */
 
-static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, size_t n,
-                        int *id, char *err, size_t errlen) {
+static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, size_t n, int *id,
+                        char *err, size_t errlen) {
   fb_kernel *k = NULL;
   char why[FBD_ERRLEN - 128];
   int rc = fbp_kernel_from_pb(m, x->layout, &k, why, sizeof why);
@@ -158,8 +158,7 @@ static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, siz
   return 0;
 }
 
-static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest *m,
-                         fbd_reply *r) {
+static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest *m, fbd_reply *r) {
   int32_t *ids = calloc(m->n_kernels + 1, sizeof *ids);
   if (!ids) {
     reply_finish(r, FB_ENOMEM, "out of memory");
@@ -176,8 +175,9 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
       return;
     }
     ids[i] = id;
-    if (x->log) fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d",
-                         x->tag, m->kernels[i]->name, id);
+    if (x->log)
+      fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d", x->tag,
+               m->kernels[i]->name, id);
   }
   Fusebox__V1__RegisterKernelsResponse resp = FUSEBOX__V1__REGISTER_KERNELS_RESPONSE__INIT;
   resp.n_kernel_ids = m->n_kernels;
@@ -387,7 +387,8 @@ static void run_read(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply
     reply_finish(r, rc, "%s", err);
     return;
   }
-  if ((rc = fb_field_read(x->es, field, buf, len))) reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
+  if ((rc = fb_field_read(x->es, field, buf, len)))
+    reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
 }
 
 /* The field's activity mask (one byte per element) goes to buf, streamed out
@@ -443,15 +444,15 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
     reply_finish(r, FB_ENOENT, "session %s does not exist", x->tag);
   }
   if (!r->finish) switch (kind) {
-  case FBD_J_CREATE: run_create(x, r); break;
-  case FBD_J_REGISTER: run_register(x, msg, r); break;
-  case FBD_J_BATCH: run_batch(x, msg, r); break;
-  case FBD_J_WRITE: run_write(x, field, buf, len, r); break;
-  case FBD_J_READ: run_read(x, field, buf, len, r); break;
-  case FBD_J_ACTIVE: run_active(x, field, buf, len, r); break;
-  case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
-  case FBD_J_END: break;
-  }
+    case FBD_J_CREATE: run_create(x, r); break;
+    case FBD_J_REGISTER: run_register(x, msg, r); break;
+    case FBD_J_BATCH: run_batch(x, msg, r); break;
+    case FBD_J_WRITE: run_write(x, field, buf, len, r); break;
+    case FBD_J_READ: run_read(x, field, buf, len, r); break;
+    case FBD_J_ACTIVE: run_active(x, field, buf, len, r); break;
+    case FBD_J_CLOSE: reply_finish(r, FB_OK, NULL); break;
+    case FBD_J_END: break;
+    }
   /* the memory budget: past the broker's cap, run what is pending now */
   if (x->es && kind == FBD_J_BATCH && x->watch &&
       fb_session_pending_bytes(x->es) > atomic_load(&x->watch->pending_cap))
@@ -469,14 +470,14 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
 
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen) {
   if (field < 0 || field >= l->nnodes) {
-    if (err) snprintf(err, errlen, "no field with id %d (the layout has %d SNodes)", field,
-                      l->nnodes);
+    if (err)
+      snprintf(err, errlen, "no field with id %d (the layout has %d SNodes)", field, l->nnodes);
     return FB_ENOENT;
   }
   const fb_snode *f = &l->nodes[field];
   if (f->kind != FB_SN_PLACE) {
-    if (err) snprintf(err, errlen, "SNode %d (%s) is not a field", field,
-                      fb_snode_kind_name(f->kind));
+    if (err)
+      snprintf(err, errlen, "SNode %d (%s) is not a field", field, fb_snode_kind_name(f->kind));
     return FB_EINVAL;
   }
   *bytes = (uint64_t)fb_field_numel(l, field) * fb_type_size(f->type);

@@ -23,8 +23,11 @@ void fbd_log_destroy(fbd_log *l) { pthread_mutex_destroy(&l->mu); }
 static void json_line(fbd_log *l, const char *line, const char *msg, int level) {
   static const char *const lower[] = {"error", "warn", "info", "debug"};
   char out[2 * (FBD_ERRLEN + 128) + 96];
-  size_t n = (size_t)snprintf(out, sizeof out, "{\"time\":\"%.24s\",\"level\":\"%s\",\"msg\":\"",
-                              line, lower[level < 0 ? 0 : level > 3 ? 3 : level]);
+  size_t n =
+      (size_t)snprintf(out, sizeof out, "{\"time\":\"%.24s\",\"level\":\"%s\",\"msg\":\"", line,
+                       lower[level < 0   ? 0
+                             : level > 3 ? 3
+                                         : level]);
   for (const unsigned char *p = (const unsigned char *)msg; *p && n + 8 < sizeof out; p++) {
     if (*p == '"' || *p == '\\') {
       out[n++] = '\\';
@@ -58,7 +61,9 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...) {
   gmtime_r(&ts.tv_sec, &tm);
   size_t n = strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
   n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ %-5s ", ts.tv_nsec / 1000000,
-                        level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
+                        level_names[level < 0   ? 0
+                                    : level > 3 ? 3
+                                                : level]);
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(line + n, sizeof line - n, fmt, ap);

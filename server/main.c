@@ -62,8 +62,7 @@ static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
     fbd_config_free(&n);
     return;
   }
-  static const char *const reloadable[] = {"log_level", "idle_timeout_s", "shutdown_grace_s",
-                                            NULL};
+  static const char *const reloadable[] = {"log_level", "idle_timeout_s", "shutdown_grace_s", NULL};
   char fixed[512];
   fbd_config_changed(cfg, &n, reloadable, fixed, sizeof fixed);
   cfg->log_level = n.log_level;
@@ -72,12 +71,16 @@ static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
   /* other threads read the level without the lock: one atomic store */
   __atomic_store_n(&log->level, n.log_level, __ATOMIC_RELAXED);
   if (*fixed)
-    fbd_logf(log, FBD_LOG_WARN, "SIGHUP: %s changed in %s: restart fuseboxd to apply (kept the "
-             "running values)", fixed, cfg->config_path);
+    fbd_logf(log, FBD_LOG_WARN,
+             "SIGHUP: %s changed in %s: restart fuseboxd to apply (kept the "
+             "running values)",
+             fixed, cfg->config_path);
   static const char *const levels[] = {"error", "warn", "info", "debug"};
-  fbd_logf(log, FBD_LOG_INFO, "SIGHUP: reloaded %s: log_level %s, idle_timeout_s %g, "
-           "shutdown_grace_s %g", cfg->config_path, levels[cfg->log_level & 3],
-           cfg->idle_timeout_s, cfg->shutdown_grace_s);
+  fbd_logf(log, FBD_LOG_INFO,
+           "SIGHUP: reloaded %s: log_level %s, idle_timeout_s %g, "
+           "shutdown_grace_s %g",
+           cfg->config_path, levels[cfg->log_level & 3], cfg->idle_timeout_s,
+           cfg->shutdown_grace_s);
   fbd_config_free(&n);
 }
 
@@ -105,8 +108,8 @@ static int session_worker(int argc, char **argv) {
   char *end = NULL;
   long fd = strtol(argv[2], &end, 10);
   argv[2] = argv[0];
-  if (end == argv[2] || *end || fd < 0 || fbd_config_args(&cfg, argc - 2, argv + 2, err,
-                                                          sizeof err)) {
+  if (end == argv[2] || *end || fd < 0 ||
+      fbd_config_args(&cfg, argc - 2, argv + 2, err, sizeof err)) {
     fprintf(stderr, "fuseboxd --session-worker: %s\n", err[0] ? err : "bad descriptor");
     return 2;
   }

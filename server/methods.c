@@ -178,9 +178,10 @@ static int transfer_bytes(fbd_call *c, fbd_session *s, int field, uint64_t *byte
   int rc = fbd_field_bytes(s->layout, field, bytes, err, sizeof err);
   uint64_t lim = s->ecfg.memory_limit;
   if (!rc && lim && *bytes > lim) {
-    fb_errf(err, sizeof err, "field '%s' spans %llu bytes, more than the session's memory limit "
-            "(%llu bytes) lets the server stage", s->layout->nodes[field].name,
-            (unsigned long long)*bytes, (unsigned long long)lim);
+    fb_errf(err, sizeof err,
+            "field '%s' spans %llu bytes, more than the session's memory limit "
+            "(%llu bytes) lets the server stage",
+            s->layout->nodes[field].name, (unsigned long long)*bytes, (unsigned long long)lim);
     rc = FB_EQUOTA;
   }
   if (rc) {
@@ -344,8 +345,8 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
     return FB_EINVAL;
   }
   if (be[0] && strcmp(be, "auto") && strcmp(be, srv->backend)) {
-    snprintf(err, errlen, "this server runs the %s backend; the session asked for %s",
-             srv->backend, be);
+    snprintf(err, errlen, "this server runs the %s backend; the session asked for %s", srv->backend,
+             be);
     return FB_EUNSUPPORTED;
   }
   if (o->mode[0] && strcmp(o->mode, "sync") && strcmp(o->mode, "async")) {
@@ -361,9 +362,10 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   ec->max_fuse_per_task = o->max_fuse_per_task;
   uint64_t lim = srv->cfg->session_memory_limit;
   if (o->memory_limit && lim && o->memory_limit > lim) {
-    snprintf(err, errlen, "the session asked for a memory limit of %llu bytes; this server "
-             "allows at most %llu bytes per session", (unsigned long long)o->memory_limit,
-             (unsigned long long)lim);
+    snprintf(err, errlen,
+             "the session asked for a memory limit of %llu bytes; this server "
+             "allows at most %llu bytes per session",
+             (unsigned long long)o->memory_limit, (unsigned long long)lim);
     return FB_EQUOTA;
   }
   if (o->memory_limit) ec->memory_limit = o->memory_limit;
@@ -381,9 +383,9 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fb_layout *l = NULL;
   fbd_session *s = NULL;
   grpc_slice raw = grpc_empty_slice();
-  Fusebox__V1__CreateSessionRequest *m = decode_keep(
-      c, bb, &fusebox__v1__create_session_request__descriptor, &a,
-      fbd_isolated(srv->cfg) ? &raw : NULL);
+  Fusebox__V1__CreateSessionRequest *m =
+      decode_keep(c, bb, &fusebox__v1__create_session_request__descriptor, &a,
+                  fbd_isolated(srv->cfg) ? &raw : NULL);
   int rc = m ? 0 : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
@@ -503,8 +505,8 @@ static int attach(fbd_call *c, const Fusebox__V1__SessionRequest *m) {
   int rc = fbd_session_attach(s, c);
   if (rc) {
     fbd_session_unref(s);
-    fbd_call_finish(c, rc, rc == FB_EINVAL ? "session already has a Session stream"
-                                           : "session has ended");
+    fbd_call_finish(c, rc,
+                    rc == FB_EINVAL ? "session already has a Session stream" : "session has ended");
     return rc;
   }
   c->sess = s;
@@ -586,8 +588,9 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
   if (rc) {
     free(w);
     if (rc == FB_EQUOTA) fbd_call_finish(c, rc, "%s", err);
-    else fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
-                         (unsigned long long)bytes);
+    else
+      fbd_call_finish(c, FB_ENOMEM, "WriteField: cannot stage %llu bytes",
+                      (unsigned long long)bytes);
     return NULL;
   }
   w->total = bytes;
@@ -600,14 +603,16 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
 static uint8_t *write_target(fbd_call *c, const fbp_chunk *ch) {
   wstate *w = c->state;
   if (!w && !(w = write_begin(c, ch))) return NULL;
-  if ((ch->session_id_len && (ch->session_id_len != 32 ||
-                              memcmp(ch->session_id, c->sess->id, 32))) ||
+  if ((ch->session_id_len &&
+       (ch->session_id_len != 32 || memcmp(ch->session_id, c->sess->id, 32))) ||
       (ch->field && ch->field != w->field) || ch->offset != w->fill ||
       ch->len > w->total - w->fill) {
     fbd_count_bad(c->srv);
-    fbd_call_finish(c, FB_EINVAL, "WriteField: chunk at offset %llu (%zu bytes) does not continue "
-                    "the field (%llu of %llu bytes received)", (unsigned long long)ch->offset,
-                    ch->len, (unsigned long long)w->fill, (unsigned long long)w->total);
+    fbd_call_finish(c, FB_EINVAL,
+                    "WriteField: chunk at offset %llu (%zu bytes) does not continue "
+                    "the field (%llu of %llu bytes received)",
+                    (unsigned long long)ch->offset, ch->len, (unsigned long long)w->fill,
+                    (unsigned long long)w->total);
     return NULL;
   }
   return w->buf.p + w->fill;
@@ -650,8 +655,7 @@ static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
     int rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), &ch, err, sizeof err);
     if (rc) {
       fbd_count_bad(c->srv);
-      fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err,
-               c->peer ? c->peer : "?");
+      fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err, c->peer ? c->peer : "?");
       fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
     } else if ((dst = write_target(c, &ch))) {
       memcpy(dst, ch.data, ch.len);
@@ -790,8 +794,7 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/Cancel", NULL, cancel_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent,
-     free_session_ref},
+    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent, free_session_ref},
     {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
@@ -801,7 +804,6 @@ static const fbd_method methods[] = {
 
 const fbd_method *fbd_method_find(const char *path, size_t n) {
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-    if (strlen(methods[i].path) == n && memcmp(methods[i].path, path, n) == 0)
-      return &methods[i];
+    if (strlen(methods[i].path) == n && memcmp(methods[i].path, path, n) == 0) return &methods[i];
   return NULL;
 }

@@ -40,11 +40,20 @@ static void put(text *t, const char *fmt, ...) {
     va_start(ap, fmt);
     int w = vsnprintf(t->p ? t->p + t->n : NULL, t->p ? t->cap - t->n : 0, fmt, ap);
     va_end(ap);
-    if (w < 0) { t->oom = 1; return; }
-    if (t->p && (size_t)w < t->cap - t->n) { t->n += (size_t)w; return; }
+    if (w < 0) {
+      t->oom = 1;
+      return;
+    }
+    if (t->p && (size_t)w < t->cap - t->n) {
+      t->n += (size_t)w;
+      return;
+    }
     size_t nc = (t->cap ? t->cap : 4096) + (size_t)w + 4096;
     char *np = realloc(t->p, nc);
-    if (!np) { t->oom = 1; return; }
+    if (!np) {
+      t->oom = 1;
+      return;
+    }
     t->p = np;
     t->cap = nc;
   }
@@ -100,11 +109,14 @@ static void tenants_text(fbd_server *srv, text *t) {
       }
   }
   pthread_mutex_unlock(&srv->mu);
-  static const struct { const char *name, *type, *help; } m[] = {
+  static const struct {
+    const char *name, *type, *help;
+  } m[] = {
       {"tenant_sessions", "gauge", "Live sessions of the tenant."},
       {"tenant_sessions_limit", "gauge", "The tenant's max_sessions (0: none of its own)."},
       {"tenant_memory_bytes", "gauge", "Memory the tenant's sessions hold now."},
-      {"tenant_memory_reserved_bytes", "gauge", "Sum of the memory limits of the tenant's sessions."},
+      {"tenant_memory_reserved_bytes", "gauge",
+       "Sum of the memory limits of the tenant's sessions."},
       {"tenant_memory_limit_bytes", "gauge", "The tenant's memory_bytes (0: unlimited)."},
       {"tenant_sessions_created_total", "counter", "Sessions the tenant created."},
       {"tenant_calls_total", "counter", "Authenticated calls of the tenant."},
@@ -121,25 +133,50 @@ static void tenants_text(fbd_server *srv, text *t) {
       fbd_tenant *x = v[i].t;
       const char *nm = x->name; /* [A-Za-z0-9_.-]: safe in a label */
       switch (j) {
-      case 0: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].sessions); break;
-      case 1: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_s[i]); break;
-      case 2: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].memory); break;
-      case 3: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].limits); break;
-      case 4: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_m[i]); break;
-      case 5: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                  (unsigned long long)atomic_load(&x->sessions_created)); break;
-      case 6: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                  (unsigned long long)atomic_load(&x->calls)); break;
-      case 7: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                  (unsigned long long)atomic_load(&x->denied)); break;
-      case 9: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                  (unsigned long long)atomic_load(&x->launches)); break;
-      case 10: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                   (unsigned long long)atomic_load(&x->syncs)); break;
-      case 11: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                   (unsigned long long)atomic_load(&x->bytes_in)); break;
-      case 12: put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-                   (unsigned long long)atomic_load(&x->bytes_out)); break;
+      case 0:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)v[i].sessions);
+        break;
+      case 1:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_s[i]);
+        break;
+      case 2:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].memory);
+        break;
+      case 3:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].limits);
+        break;
+      case 4:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_m[i]);
+        break;
+      case 5:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->sessions_created));
+        break;
+      case 6:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->calls));
+        break;
+      case 7:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->denied));
+        break;
+      case 9:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->launches));
+        break;
+      case 10:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->syncs));
+        break;
+      case 11:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->bytes_in));
+        break;
+      case 12:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->bytes_out));
+        break;
       default:
         put(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->refused_sessions));
@@ -174,7 +211,8 @@ static void budget_text(fbd_server *srv, text *t) {
          srv->code_cache_bytes);
   metric(t, "code_cache_evictions_total", "counter",
          "Code cache entries evicted (the broker's engine: every session's under thread "
-         "isolation).", u.evictions);
+         "isolation).",
+         u.evictions);
 }
 
 static void metrics_text(fbd_server *srv, text *t) {
@@ -183,13 +221,16 @@ static void metrics_text(fbd_server *srv, text *t) {
   int active = srv->nsessions;
   pthread_mutex_unlock(&srv->mu);
   metric(t, "up", "gauge", "1 while fuseboxd runs.", 1);
-  put(t, "# HELP fusebox_uptime_seconds Seconds since start.\n# TYPE fusebox_uptime_seconds gauge\n"
-      "fusebox_uptime_seconds %.3f\n", fbd_now() - srv->started);
+  put(t,
+      "# HELP fusebox_uptime_seconds Seconds since start.\n# TYPE fusebox_uptime_seconds gauge\n"
+      "fusebox_uptime_seconds %.3f\n",
+      fbd_now() - srv->started);
   metric(t, "sessions", "gauge", "Live sessions.", (uint64_t)active);
   metric(t, "sessions_limit", "gauge", "max_sessions of the server.",
          (uint64_t)srv->cfg->max_sessions);
   header(t, "sessions_ended_total", "counter", "Sessions ended, by how.");
-  put(t, "fusebox_sessions_ended_total{reason=\"closed\"} %llu\n"
+  put(t,
+      "fusebox_sessions_ended_total{reason=\"closed\"} %llu\n"
       "fusebox_sessions_ended_total{reason=\"disconnected\"} %llu\n"
       "fusebox_sessions_ended_total{reason=\"reaped\"} %llu\n"
       "fusebox_sessions_ended_total{reason=\"failed\"} %llu\n",
@@ -205,8 +246,10 @@ static void metrics_text(fbd_server *srv, text *t) {
          atomic_load(&srv->bytes_in));
   metric(t, "sent_bytes_total", "counter", "Response message bytes sent.",
          atomic_load(&srv->bytes_out));
-  metric(t, "bad_requests_total", "counter", "Requests refused as malformed, naming nothing, "
-         "or touching another tenant's session.", atomic_load(&srv->bad_requests));
+  metric(t, "bad_requests_total", "counter",
+         "Requests refused as malformed, naming nothing, "
+         "or touching another tenant's session.",
+         atomic_load(&srv->bad_requests));
   metric(t, "auth_failures_total", "counter", "Calls refused UNAUTHENTICATED.",
          atomic_load(&srv->auth->failures));
   budget_text(srv, t);
@@ -257,8 +300,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (ready) return reply(conn, 200, "text/plain", strdup("ready\n"), 6);
     char *b = malloc(300);
     if (!b) return MHD_NO;
-    int n = snprintf(b, 300, "not ready: %s\n", atomic_load(&srv->stopping) ? "shutting down"
-                                                   : *why ? why : "the device is unhealthy");
+    int n = snprintf(b, 300, "not ready: %s\n",
+                     atomic_load(&srv->stopping) ? "shutting down"
+                     : *why                      ? why
+                                                 : "the device is unhealthy");
     return reply(conn, 503, "text/plain", b, (size_t)(n < 300 ? n : 299));
   }
   return reply(conn, 404, "text/plain", strdup("not found (try /metrics, /healthz, /readyz)\n"),
@@ -302,8 +347,8 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
   }
   srv->metrics->d = d;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-  fbd_logf(srv->log, FBD_LOG_INFO, "metrics on http://%s:%u/metrics (also /healthz, /readyz)",
-           host, info ? (unsigned)info->port : 0);
+  fbd_logf(srv->log, FBD_LOG_INFO, "metrics on http://%s:%u/metrics (also /healthz, /readyz)", host,
+           info ? (unsigned)info->port : 0);
   return 0;
 }
 

@@ -122,7 +122,10 @@ static int write_all(int fd, const void *p, size_t n) {
 static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const void *body,
                       size_t bn) {
   struct iovec iov = {(void *)head, hn};
-  union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+  union {
+    char buf[CMSG_SPACE(sizeof(int))];
+    struct cmsghdr align;
+  } u;
   struct msghdr mh;
   memset(&mh, 0, sizeof mh);
   mh.msg_iov = &iov;
@@ -171,7 +174,10 @@ static int read_all(int fd, void *p, size_t n, int *fdout) {
   uint8_t *b = p;
   while (n) {
     struct iovec iov = {b, n};
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } u;
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = &iov;
@@ -277,11 +283,26 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   arg_int(over, sizeof over, (long long)cfg->worker_overhead_bytes);
   arg_int(stm, sizeof stm, cfg->max_kernel_statements);
   arg_int(ccb, sizeof ccb, (long long)srv->code_cache_bytes);
-  char *argv[] = {srv->exe, "--session-worker", "3", "--backend", (char *)srv->backend,
-                  "--cpu-threads", cpu, "--compile-threads", comp, "--session-memory-limit", lim,
-                  "--worker-overhead-bytes", over, "--max-kernel-statements", stm,
-                  "--code-cache-bytes", ccb,
-                  "--log-level", (char *)levels[cfg->log_level & 3], NULL};
+  char *argv[] = {srv->exe,
+                  "--session-worker",
+                  "3",
+                  "--backend",
+                  (char *)srv->backend,
+                  "--cpu-threads",
+                  cpu,
+                  "--compile-threads",
+                  comp,
+                  "--session-memory-limit",
+                  lim,
+                  "--worker-overhead-bytes",
+                  over,
+                  "--max-kernel-statements",
+                  stm,
+                  "--code-cache-bytes",
+                  ccb,
+                  "--log-level",
+                  (char *)levels[cfg->log_level & 3],
+                  NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
@@ -481,8 +502,7 @@ static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
   r->counters = h.counters;
 }
 
-static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extralen,
-                     fbd_reply *r) {
+static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extralen, fbd_reply *r) {
   size_t rawlen = GRPC_SLICE_LENGTH(j->raw);
   wire_req q = {WIRE_MAGIC, j->kind, j->field, j->buf.fd >= 0, extralen + rawlen, j->buf.len};
   /* header and settings first (the fd rides on them), then the request */
@@ -577,17 +597,77 @@ static int lock_down(char *err, size_t errlen) {
     fb_errf(err, errlen, "seccomp_init failed");
     return FB_EINTERNAL;
   }
-  static const char *const denied[] = {
-      "open", "openat", "openat2", "creat", "execve", "execveat", "connect", "bind", "listen",
-      "accept", "accept4", "socket", "socketpair", "ptrace", "process_vm_readv",
-      "process_vm_writev", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "mount", "umount2",
-      "chroot", "pivot_root", "unshare", "setns", "keyctl", "add_key", "request_key", "bpf",
-      "perf_event_open", "userfaultfd", "init_module", "finit_module", "delete_module",
-      "kexec_load", "reboot", "swapon", "swapoff", "unlink", "unlinkat", "rename", "renameat",
-      "renameat2", "mkdir", "mkdirat", "rmdir", "symlink", "symlinkat", "link", "linkat",
-      "chmod", "fchmodat", "chown", "lchown", "fchownat", "truncate", "mknod", "mknodat",
-      "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "prctl_set_mm",
-      "fork", "vfork", "name_to_handle_at", "open_by_handle_at", "io_uring_setup", NULL};
+  static const char *const denied[] = {"open",
+                                       "openat",
+                                       "openat2",
+                                       "creat",
+                                       "execve",
+                                       "execveat",
+                                       "connect",
+                                       "bind",
+                                       "listen",
+                                       "accept",
+                                       "accept4",
+                                       "socket",
+                                       "socketpair",
+                                       "ptrace",
+                                       "process_vm_readv",
+                                       "process_vm_writev",
+                                       "pidfd_open",
+                                       "pidfd_send_signal",
+                                       "pidfd_getfd",
+                                       "mount",
+                                       "umount2",
+                                       "chroot",
+                                       "pivot_root",
+                                       "unshare",
+                                       "setns",
+                                       "keyctl",
+                                       "add_key",
+                                       "request_key",
+                                       "bpf",
+                                       "perf_event_open",
+                                       "userfaultfd",
+                                       "init_module",
+                                       "finit_module",
+                                       "delete_module",
+                                       "kexec_load",
+                                       "reboot",
+                                       "swapon",
+                                       "swapoff",
+                                       "unlink",
+                                       "unlinkat",
+                                       "rename",
+                                       "renameat",
+                                       "renameat2",
+                                       "mkdir",
+                                       "mkdirat",
+                                       "rmdir",
+                                       "symlink",
+                                       "symlinkat",
+                                       "link",
+                                       "linkat",
+                                       "chmod",
+                                       "fchmodat",
+                                       "chown",
+                                       "lchown",
+                                       "fchownat",
+                                       "truncate",
+                                       "mknod",
+                                       "mknodat",
+                                       "setuid",
+                                       "setgid",
+                                       "setreuid",
+                                       "setregid",
+                                       "setresuid",
+                                       "setresgid",
+                                       "prctl_set_mm",
+                                       "fork",
+                                       "vfork",
+                                       "name_to_handle_at",
+                                       "open_by_handle_at",
+                                       "io_uring_setup",
+                                       NULL};
   int rc = 0;
   for (const char *const *n = denied; *n && !rc; n++) {
     int nr = seccomp_syscall_resolve_name(*n);
@@ -596,16 +676,20 @@ static int lock_down(char *err, size_t errlen) {
   }
   /* signals only to itself: kill(0 or own pid), tgkill(own pid, ...) */
   pid_t self = getpid();
-  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
-                                 SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
-  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
-                                 SCMP_A0(SCMP_CMP_LT, (scmp_datum_t)self));
-  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tgkill), 1,
-                                 SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
+                          SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
+                          SCMP_A0(SCMP_CMP_LT, (scmp_datum_t)self));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tgkill), 1,
+                          SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tkill), 0);
   /* clone may make threads, not processes */
-  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
-                                 SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                          SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
   if (!rc) rc = seccomp_load(ctx);
   seccomp_release(ctx);
@@ -651,11 +735,12 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   c.tag[sizeof c.tag - 1] = 0;
   fbp_arena a;
   fbp_arena_init(&a);
-  Fusebox__V1__CreateSessionRequest *m = (Fusebox__V1__CreateSessionRequest *)
-      protobuf_c_message_unpack(&fusebox__v1__create_session_request__descriptor, &a.pb,
-                                n - sizeof c, p + sizeof c);
+  Fusebox__V1__CreateSessionRequest *m =
+      (Fusebox__V1__CreateSessionRequest *)protobuf_c_message_unpack(
+          &fusebox__v1__create_session_request__descriptor, &a.pb, n - sizeof c, p + sizeof c);
   int rc = !m          ? FB_EINVAL
-           : m->source ? fbd_source_layout(m, &w->layout, r->msg, sizeof r->msg) /* the front end, here too */
+           : m->source ? fbd_source_layout(m, &w->layout, r->msg,
+                                           sizeof r->msg) /* the front end, here too */
                        : fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg);
   if (!m) snprintf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
   fbp_arena_free(&a);
@@ -694,8 +779,7 @@ static uint64_t map_clock;
 static uint8_t *map_buf(int fd, uint64_t len, char *err, size_t errlen) {
   struct stat st;
   if (fd < 0 || fstat(fd, &st) || (uint64_t)st.st_size < len || !len) {
-    fb_errf(err, errlen, "field transfer without a buffer of %llu bytes",
-            (unsigned long long)len);
+    fb_errf(err, errlen, "field transfer without a buffer of %llu bytes", (unsigned long long)len);
     return NULL;
   }
   for (int i = 0; i < 2; i++)

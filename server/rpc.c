@@ -7,16 +7,16 @@
  * message, and the status once nothing else is queued; only one send batch
  * is in flight per call, as gRPC requires. */
 #include <errno.h>
+#include <grp.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
-#include <grp.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -143,7 +143,8 @@ static void pump(fbd_call *c) {
 static void on_send_done(void *obj, int ok) {
   fbd_call *c = obj;
   pthread_mutex_lock(&c->mu);
-  grpc_byte_buffer *done = c->inflight; /* destroyed outside the lock: it may free a session's buffer */
+  grpc_byte_buffer *done =
+      c->inflight; /* destroyed outside the lock: it may free a session's buffer */
   c->inflight = NULL;
   atomic_fetch_sub(&c->srv->queued_bytes, c->inflight_counted);
   c->inflight_counted = 0;
@@ -232,8 +233,7 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...) {
   }
   if (code && code != FB_OK)
     fbd_logf(c->srv->log, code == FB_EINTERNAL ? FBD_LOG_ERROR : FBD_LOG_DEBUG,
-             "%s from %s: %s: %s", c->m->path + 1, c->peer ? c->peer : "?",
-             fb_strerror(code), msg);
+             "%s from %s: %s: %s", c->m->path + 1, c->peer ? c->peer : "?", fb_strerror(code), msg);
   fbd_call_finish_status(c, fbp_status_of_code(code), code, msg);
 }
 
@@ -264,8 +264,8 @@ static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL,
 /* A call arrived: wrap it and let its method begin. */
 static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
                        const grpc_metadata_array *md) {
-  const fbd_method *m = fbd_method_find((const char *)GRPC_SLICE_START_PTR(d->method),
-                                        GRPC_SLICE_LENGTH(d->method));
+  const fbd_method *m =
+      fbd_method_find((const char *)GRPC_SLICE_START_PTR(d->method), GRPC_SLICE_LENGTH(d->method));
   fbd_call *c = calloc(1, sizeof *c);
   if (!c) {
     grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);
@@ -372,15 +372,24 @@ static void on_shutdown_done(void *obj, int ok) {
 /* ---------------------------------------------------------------- start */
 
 static void server_args(const fbd_config *cfg, grpc_arg *a) {
-  static const char *const names[] = {
-      GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-      GRPC_ARG_KEEPALIVE_TIME_MS, GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-      GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-      GRPC_ARG_HTTP2_MAX_PING_STRIKES, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA};
+  static const char *const names[] = {GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+                                      GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+                                      GRPC_ARG_KEEPALIVE_TIME_MS,
+                                      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                                      GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
+                                      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                                      GRPC_ARG_HTTP2_MAX_PING_STRIKES,
+                                      GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA};
   /* keepalive pings go on while a stream idles, so that dead peers are found */
   int values[SERVER_ARGS] = {
       cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX : (int)cfg->max_message_bytes,
-      -1, cfg->keepalive_s * 1000, cfg->keepalive_timeout_s * 1000, 1, 5000, 0, 0};
+      -1,
+      cfg->keepalive_s * 1000,
+      cfg->keepalive_timeout_s * 1000,
+      1,
+      5000,
+      0,
+      0};
   for (int i = 0; i < SERVER_ARGS; i++) {
     a[i].type = GRPC_ARG_INTEGER;
     a[i].key = (char *)names[i];
@@ -454,8 +463,8 @@ static int socket_access(const fbd_config *cfg, const char *addr, char *err, siz
     }
   }
   if (chmod(path, (mode_t)cfg->socket_mode) != 0) {
-    snprintf(err, errlen, "cannot set the mode of '%s' to %04o: %s", addr, (unsigned)cfg->socket_mode,
-             strerror(errno));
+    snprintf(err, errlen, "cannot set the mode of '%s' to %04o: %s", addr,
+             (unsigned)cfg->socket_mode, strerror(errno));
     return FB_EIO;
   }
   return 0;
@@ -664,8 +673,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     srv->ncq = 0;
     /* without threads (a failed start) the queue still needs draining */
     while (grpc_completion_queue_next(srv->cq, gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL).type !=
-           GRPC_QUEUE_SHUTDOWN) {
-    }
+           GRPC_QUEUE_SHUTDOWN) {}
     grpc_completion_queue_destroy(srv->cq);
     srv->cq = NULL;
   }

@@ -413,11 +413,20 @@ static void put(buf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int w = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
     va_end(ap);
-    if (w < 0) { b->oom = 1; return; }
-    if (b->p && (size_t)w < b->cap - b->n) { b->n += (size_t)w; return; }
+    if (w < 0) {
+      b->oom = 1;
+      return;
+    }
+    if (b->p && (size_t)w < b->cap - b->n) {
+      b->n += (size_t)w;
+      return;
+    }
     size_t nc = b->cap + (size_t)w + 4096;
     char *np = realloc(b->p, nc);
-    if (!np) { b->oom = 1; return; }
+    if (!np) {
+      b->oom = 1;
+      return;
+    }
     b->p = np;
     b->cap = nc;
   }
@@ -473,7 +482,8 @@ char *fbd_sched_metrics(fbd_server *srv) {
   free(known);
   evaluate(sc, wall());
   int n = sc->n;
-  struct fbd_share *v = calloc((size_t)n + 1, sizeof *v), **ptr = calloc((size_t)n + 1, sizeof *ptr);
+  struct fbd_share *v = calloc((size_t)n + 1, sizeof *v),
+                   **ptr = calloc((size_t)n + 1, sizeof *ptr);
   int *w = calloc((size_t)n + 1, sizeof *w), *lim = calloc((size_t)n + 1, sizeof *lim);
   for (int i = 0; v && ptr && w && lim && i < n; i++) {
     v[i] = *sc->v[i];
@@ -492,36 +502,46 @@ char *fbd_sched_metrics(fbd_server *srv) {
     goto out;
   }
   queued_by_share(srv, ptr, n, queued);
-  put(&b, "# HELP fusebox_fair_share 1 when the fair scheduler holds back tenants over their "
-      "share (--fair-share on).\n# TYPE fusebox_fair_share gauge\nfusebox_fair_share %d\n", on);
-  put(&b, "# HELP fusebox_fair_slice_seconds How far a tenant may run ahead of the least served "
+  put(&b,
+      "# HELP fusebox_fair_share 1 when the fair scheduler holds back tenants over their "
+      "share (--fair-share on).\n# TYPE fusebox_fair_share gauge\nfusebox_fair_share %d\n",
+      on);
+  put(&b,
+      "# HELP fusebox_fair_slice_seconds How far a tenant may run ahead of the least served "
       "active one.\n# TYPE fusebox_fair_slice_seconds gauge\nfusebox_fair_slice_seconds %g\n",
       slice);
   /* "" names the anonymous tenant (no tenants file): every session */
 #define NAME(i) (v[i].t ? v[i].t->name : "")
   put(&b, "# HELP fusebox_tenant_sync_latency_seconds From a sync request's arrival to its "
-      "result.\n# TYPE fusebox_tenant_sync_latency_seconds histogram\n");
+          "result.\n# TYPE fusebox_tenant_sync_latency_seconds histogram\n");
   for (int i = 0; i < n; i++) hist_text(&b, "tenant_sync_latency_seconds", NAME(i), &v[i].sync);
   put(&b, "# HELP fusebox_tenant_compile_seconds Time a RegisterKernels ran (not waiting).\n"
-      "# TYPE fusebox_tenant_compile_seconds histogram\n");
+          "# TYPE fusebox_tenant_compile_seconds histogram\n");
   for (int i = 0; i < n; i++) hist_text(&b, "tenant_compile_seconds", NAME(i), &v[i].compile);
-  static const struct { const char *name, *type, *help; } m[] = {
+  static const struct {
+    const char *name, *type, *help;
+  } m[] = {
       {"tenant_time_share", "gauge", "The tenant's weight (time_share)."},
-      {"tenant_device_seconds_total", "counter", "Device time the tenant's jobs used (a job "
+      {"tenant_device_seconds_total", "counter",
+       "Device time the tenant's jobs used (a job "
        "running beside others is charged its part)."},
       {"tenant_sched_queued", "gauge", "Requests queued in the tenant's sessions."},
-      {"tenant_sched_waiting", "gauge", "Jobs of the tenant waiting at the scheduler (for its "
+      {"tenant_sched_waiting", "gauge",
+       "Jobs of the tenant waiting at the scheduler (for its "
        "share or a compile slot)."},
-      {"tenant_sched_held_seconds_total", "counter", "Time the tenant's jobs were held back "
+      {"tenant_sched_held_seconds_total", "counter",
+       "Time the tenant's jobs were held back "
        "(waiting for their share, or paused)."},
       {"tenant_sched_held_jobs_total", "counter", "Jobs that waited for the tenant's share."},
       {"tenant_sched_paused_total", "counter", "Times a running job of the tenant was paused."},
       {"tenant_max_compiles", "gauge", "The tenant's max_compiles (0: no limit)."},
       {"tenant_compiles_total", "counter", "RegisterKernels the tenant ran."},
       {"tenant_compiles_in_flight", "gauge", "RegisterKernels of the tenant running now."},
-      {"tenant_compiles_in_flight_peak", "gauge", "Most RegisterKernels of the tenant running "
+      {"tenant_compiles_in_flight_peak", "gauge",
+       "Most RegisterKernels of the tenant running "
        "at once since start."},
-      {"tenant_compile_waits_total", "counter", "RegisterKernels that waited for a compile "
+      {"tenant_compile_waits_total", "counter",
+       "RegisterKernels that waited for a compile "
        "slot."},
   };
   for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {

@@ -37,7 +37,12 @@
 
 /* ---------------------------------------------------------------- config */
 
-enum { FBD_LOG_ERROR = 0, FBD_LOG_WARN, FBD_LOG_INFO, FBD_LOG_DEBUG };
+enum {
+  FBD_LOG_ERROR = 0,
+  FBD_LOG_WARN,
+  FBD_LOG_INFO,
+  FBD_LOG_DEBUG
+};
 
 typedef struct fbd_config {
   char *listen[FBD_MAX_LISTEN];  /* "host:port" or "unix:PATH" */
@@ -56,28 +61,30 @@ typedef struct fbd_config {
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
   char *isolation;               /* "process" (a worker process per session) or "thread" */
-  double kernel_timeout_s;       /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
-  double compile_timeout_s;      /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
-  int spare_workers;             /* process isolation: workers kept started for new sessions */
+  double
+      kernel_timeout_s; /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
+  double
+      compile_timeout_s; /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
+  int spare_workers; /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
-  uint64_t memory_budget;        /* everything clients make the server hold (budget.c);
+  uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
-  uint64_t code_cache_bytes;     /* each engine's code cache bound; 0 = memory_budget / 16,
+  uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
                                     at most 256M */
   int log_level;
-  int log_json;                  /* --log-format json: one JSON object per line */
-  int socket_mode;               /* permissions of every unix:PATH socket (default 0660) */
-  char *socket_group;            /* group (name or gid) of those sockets; NULL: unchanged */
-  char *config_path;             /* --config FILE, or NULL (SIGHUP re-reads it) */
+  int log_json; /* --log-format json: one JSON object per line */
+  int socket_mode; /* permissions of every unix:PATH socket (default 0660) */
+  char *socket_group; /* group (name or gid) of those sockets; NULL: unchanged */
+  char *config_path; /* --config FILE, or NULL (SIGHUP re-reads it) */
   /* security and observability (server/tls.c, auth.c, metrics.c); NULL: off */
-  char *tls_cert, *tls_key;      /* PEM files: TLS on every host:port address */
-  char *tls_client_ca;           /* PEM file: client certificates required (mTLS) */
-  int insecure;                  /* allow plain TCP on a non-loopback address */
-  char *tenants;                 /* tenants file (JSON); NULL: one anonymous tenant */
-  char *metrics_listen;          /* host:port of the HTTP /metrics, /healthz, /readyz */
-  char *fair_share;              /* "on": hold back tenants over their share (sched.c); "off" */
-  int fair_slice_ms;             /* how far a tenant may run ahead of the least served one */
-  int ready_fd;                  /* -1, or write the bound addresses here when serving */
+  char *tls_cert, *tls_key; /* PEM files: TLS on every host:port address */
+  char *tls_client_ca; /* PEM file: client certificates required (mTLS) */
+  int insecure; /* allow plain TCP on a non-loopback address */
+  char *tenants; /* tenants file (JSON); NULL: one anonymous tenant */
+  char *metrics_listen; /* host:port of the HTTP /metrics, /healthz, /readyz */
+  char *fair_share; /* "on": hold back tenants over their share (sched.c); "off" */
+  int fair_slice_ms; /* how far a tenant may run ahead of the least served one */
+  int ready_fd; /* -1, or write the bound addresses here when serving */
 } fbd_config;
 
 void fbd_config_defaults(fbd_config *c);
@@ -104,7 +111,7 @@ int fbd_fair_share_on(const fbd_config *cfg);
 
 typedef struct fbd_log {
   int level;
-  int json;                 /* lines as {"time":...,"level":...,"msg":...} */
+  int json; /* lines as {"time":...,"level":...,"msg":...} */
   pthread_mutex_t mu;
   FILE *f;
 } fbd_log;
@@ -132,18 +139,18 @@ typedef struct fbd_tag {
 
 /* What a method does at each step of its calls (NULL: nothing). */
 typedef struct fbd_method {
-  const char *path;                                  /* "/fusebox.v1.Fusebox/Session" */
-  void (*on_start)(fbd_call *c);                     /* default: start receiving */
+  const char *path; /* "/fusebox.v1.Fusebox/Session" */
+  void (*on_start)(fbd_call *c); /* default: start receiving */
   void (*on_recv)(fbd_call *c, grpc_byte_buffer *bb); /* bb NULL: client done or failed */
   void (*on_close)(fbd_call *c, int cancelled);
-  void (*on_sent)(fbd_call *c);                      /* send queue ran empty */
+  void (*on_sent)(fbd_call *c); /* send queue ran empty */
   void (*on_free)(fbd_call *c);
 } fbd_method;
 
 typedef struct fbd_out {
   struct fbd_out *next;
   grpc_byte_buffer *bb;
-  size_t counted;           /* bytes counted in srv->queued_bytes (our own copies) */
+  size_t counted; /* bytes counted in srv->queued_bytes (our own copies) */
 } fbd_out;
 
 struct fbd_call {
@@ -155,24 +162,24 @@ struct fbd_call {
   pthread_mutex_t mu;
   fbd_tag t_recv, t_send, t_close;
   grpc_byte_buffer *rbuf;
-  int cancelled;            /* set by RECV_CLOSE_ON_SERVER */
-  int recv_failed;          /* the last receive failed (cancelled, connection lost) */
-  int closed;               /* that op completed */
+  int cancelled; /* set by RECV_CLOSE_ON_SERVER */
+  int recv_failed; /* the last receive failed (cancelled, connection lost) */
+  int closed; /* that op completed */
   /* sending, under mu */
   fbd_out *qh, *qt;
   int qn;
   int sending, md_sent, status_set, status_sent, send_dead;
   grpc_byte_buffer *inflight;
-  size_t inflight_counted;  /* its bytes in srv->queued_bytes */
+  size_t inflight_counted; /* its bytes in srv->queued_bytes */
   int st_status;
   grpc_slice st_details;
   grpc_metadata st_md;
   char st_code[16];
   struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
-  int admin;                /* sees and may touch every session */
+  int admin; /* sees and may touch every session */
   /* method state */
-  fbd_session *sess;        /* attached or addressed session (ref held) */
-  void *state;              /* method-specific, freed by on_free */
+  fbd_session *sess; /* attached or addressed session (ref held) */
+  void *state; /* method-specific, freed by on_free */
 };
 
 void fbd_call_ref(fbd_call *c);
@@ -215,7 +222,7 @@ struct fbd_server {
   pthread_t cq_threads[64];
   int ncq;
   double started;
-  char addresses[1024];     /* bound addresses, space-separated */
+  char addresses[1024]; /* bound addresses, space-separated */
   char *listen[FBD_MAX_LISTEN];
   int nlisten;
   fbd_tag t_shutdown;
@@ -224,40 +231,40 @@ struct fbd_server {
   pthread_cond_t cv;
   atomic_int stopping;
   int shutdown_done;
-  int nslots;               /* outstanding grpc_server_request_call */
-  int ncalls;               /* live call objects */
-  int nworkers;             /* live session workers */
-  fbd_session **sessions;   /* the table, max_sessions slots */
+  int nslots; /* outstanding grpc_server_request_call */
+  int ncalls; /* live call objects */
+  int nworkers; /* live session workers */
+  fbd_session **sessions; /* the table, max_sessions slots */
   int nsessions;
-  pthread_t *zombies;       /* finished workers to join */
+  pthread_t *zombies; /* finished workers to join */
   int nzombies, zcap;
   fbd_stats st;
-  uint64_t memory_budget;   /* admission control (budget.c; 0 = none) */
+  uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
   uint64_t code_cache_bytes; /* as applied to the engines */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* process isolation (proc.c), under pmu */
-  char exe[4096];           /* this fuseboxd, re-executed as each worker */
+  char exe[4096]; /* this fuseboxd, re-executed as each worker */
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;
   /* counted from any thread, under any lock: atomics */
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
-  struct fbd_auth *auth;    /* tenants, tokens (auth.c) */
+  struct fbd_auth *auth; /* tenants, tokens (auth.c) */
   struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
-  struct fbd_sched *sched;  /* the fair scheduler (sched.c) */
-  struct fbd_tls *tls;      /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
+  struct fbd_sched *sched; /* the fair scheduler (sched.c) */
+  struct fbd_tls *tls; /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
                      size_t errlen);
-void fbd_server_tick(fbd_server *s);     /* reap idle sessions, join finished workers */
+void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished workers */
 /* Graceful: drain, cancel, free everything. FB_EINTERNAL when a session's
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
 int fbd_server_shutdown(fbd_server *s);
 void fbd_server_free(fbd_server *s);
-double fbd_now(void);                    /* monotonic seconds */
+double fbd_now(void); /* monotonic seconds */
 const fbd_method *fbd_method_find(const char *path, size_t n);
 void fbd_count_bad(fbd_server *s);
 
@@ -271,12 +278,12 @@ void fbd_count_bad(fbd_server *s);
 typedef struct fbd_buf {
   uint8_t *p;
   size_t len;
-  int fd;                   /* the memfd, or -1 */
+  int fd; /* the memfd, or -1 */
 } fbd_buf;
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
 uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
-void fbd_stage_free(fbd_buf *b);                       /* and clears it */
+void fbd_stage_free(fbd_buf *b); /* and clears it */
 /* Copy n bytes starting at byte from of bb into dst, slice by slice. */
 void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
 
@@ -288,8 +295,16 @@ void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
  * replies back. Either way the broker side (session.c, methods.c) turns a
  * reply into messages and the status of the job's call. */
 
-enum { FBD_J_CREATE, FBD_J_REGISTER, FBD_J_BATCH, FBD_J_WRITE, FBD_J_READ, FBD_J_CLOSE,
-       FBD_J_END, FBD_J_ACTIVE /* a read of the field's activity mask */ };
+enum {
+  FBD_J_CREATE,
+  FBD_J_REGISTER,
+  FBD_J_BATCH,
+  FBD_J_WRITE,
+  FBD_J_READ,
+  FBD_J_CLOSE,
+  FBD_J_END,
+  FBD_J_ACTIVE /* a read of the field's activity mask */
+};
 
 typedef struct fbd_ret {
   uint64_t seq;
@@ -311,28 +326,30 @@ typedef struct fbd_err {
  * than for a message: the deadline itself is the broker's). */
 typedef struct fbd_watch {
   _Atomic uint64_t started_ns; /* CLOCK_MONOTONIC of the running task's start; 0 = idle */
-  _Atomic int cancel;          /* set by the broker: the hook cancels the next task */
-  _Atomic int hold;            /* set by the scheduler: the hook waits before the next task */
-  char kernel[64];             /* the running launch's kernel (NUL-terminated) */
-  char task[64];               /* and its task */
+  _Atomic int cancel; /* set by the broker: the hook cancels the next task */
+  _Atomic int hold; /* set by the scheduler: the hook waits before the next task */
+  char kernel[64]; /* the running launch's kernel (NUL-terminated) */
+  char task[64]; /* and its task */
   /* the memory budget (budget.c): the engine side reports after each job */
   _Atomic uint64_t pending_bytes; /* its async launches not yet run */
-  _Atomic uint64_t code_bytes;    /* its engine's code cache */
-  _Atomic uint64_t pending_cap;   /* set by the broker: past this, wait for the launches */
+  _Atomic uint64_t code_bytes; /* its engine's code cache */
+  _Atomic uint64_t pending_cap; /* set by the broker: past this, wait for the launches */
 } fbd_watch;
 
 typedef struct fbd_exec {
   fb_engine *engine;
-  fb_session *es;           /* NULL until CREATE succeeded */
-  fb_layout *layout;        /* not owned */
+  fb_session *es; /* NULL until CREATE succeeded */
+  fb_layout *layout; /* not owned */
   fb_session_config ecfg;
   char mode[8];
-  const char *tag;          /* for log lines */
+  const char *tag; /* for log lines */
   fbd_log *log;
-  fbd_watch *watch;         /* not owned */
-  uint64_t seq;             /* launches received */
-  uint64_t eng_launches;    /* launches the engine accepted (its launch numbers) */
-  struct fbd_seqmap { uint64_t eng, seq; } *smap; /* where the two numberings part */
+  fbd_watch *watch; /* not owned */
+  uint64_t seq; /* launches received */
+  uint64_t eng_launches; /* launches the engine accepted (its launch numbers) */
+  struct fbd_seqmap {
+    uint64_t eng, seq;
+  } *smap; /* where the two numberings part */
   int nsmap, smcap;
   fbd_ret *rets;
   int nrets, rcap;
@@ -344,13 +361,13 @@ typedef struct fbd_exec {
 
 /* The answer to one job. */
 typedef struct fbd_reply {
-  int code;                 /* FB_OK or FB_E*: the call's status when finish is set */
-  int finish;               /* end the call with code (else only send pb) */
-  int fatal;                /* the session cannot go on (its engine session is gone) */
+  int code; /* FB_OK or FB_E*: the call's status when finish is set */
+  int finish; /* end the call with code (else only send pb) */
+  int fatal; /* the session cannot go on (its engine session is gone) */
   char msg[FBD_ERRLEN];
-  uint8_t *pb;              /* a packed response message to send first, or NULL (malloc) */
+  uint8_t *pb; /* a packed response message to send first, or NULL (malloc) */
   size_t pblen;
-  fb_counters counters;     /* the session's after the job */
+  fb_counters counters; /* the session's after the job */
 } fbd_reply;
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
@@ -368,24 +385,36 @@ int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, s
 
 /* ---------------------------------------------------------------- sessions */
 
-enum { FBD_LIVE = 0, FBD_ENDING, FBD_DEAD };
+enum {
+  FBD_LIVE = 0,
+  FBD_ENDING,
+  FBD_DEAD
+};
 
 /* Why a session ended (stats and logs). */
-enum { FBD_END_CLOSED = 0, FBD_END_DISCONNECTED, FBD_END_REAPED, FBD_END_SHUTDOWN,
-       FBD_END_FAILED, FBD_END_CRASHED, FBD_END_TIMEOUT, FBD_END_CANCELLED };
+enum {
+  FBD_END_CLOSED = 0,
+  FBD_END_DISCONNECTED,
+  FBD_END_REAPED,
+  FBD_END_SHUTDOWN,
+  FBD_END_FAILED,
+  FBD_END_CRASHED,
+  FBD_END_TIMEOUT,
+  FBD_END_CANCELLED
+};
 
 typedef struct fbd_job {
   struct fbd_job *next;
   int kind;
-  fbd_call *call;           /* ref held; answered by the worker */
-  fbp_arena arena;          /* owns msg */
-  void *msg;                /* the decoded request */
-  grpc_slice raw;           /* its bytes, for a worker process (empty when none) */
-  fbd_buf buf;              /* WRITE: the field's bytes */
+  fbd_call *call; /* ref held; answered by the worker */
+  fbp_arena arena; /* owns msg */
+  void *msg; /* the decoded request */
+  grpc_slice raw; /* its bytes, for a worker process (empty when none) */
+  fbd_buf buf; /* WRITE: the field's bytes */
   int field;
   uint32_t chunk;
-  int reason;               /* END */
-  double posted_at;         /* when it was queued (sync latency) */
+  int reason; /* END */
+  double posted_at; /* when it was queued (sync latency) */
 } fbd_job;
 
 struct fbd_session {
@@ -393,7 +422,7 @@ struct fbd_session {
   char id[33];
   char tag[9];
   atomic_int refs;
-  fb_layout *layout;        /* immutable after creation: any thread may read it */
+  fb_layout *layout; /* immutable after creation: any thread may read it */
   uint64_t mem_bytes;
   fb_session_config ecfg;
   char mode[8];
@@ -404,31 +433,34 @@ struct fbd_session {
   pthread_cond_t cv;
   fbd_job *qh, *qt;
   int depth;
-  atomic_int queued;        /* depth, for the worker's spin without the lock */
+  atomic_int queued; /* depth, for the worker's spin without the lock */
   atomic_int has_stream;
   uint64_t posted, done;
   int state;
   int busy;
   int recv_paused;
-  fbd_call *stream;         /* the attached Session stream (ref held) */
+  fbd_call *stream; /* the attached Session stream (ref held) */
   double last_active;
-  double abort_at;          /* when fbd_session_abort ended it (0: not aborted) */
-  uint64_t cancel_upto;     /* jobs up to this number (posted) run cancelled */
+  double abort_at; /* when fbd_session_abort ended it (0: not aborted) */
+  uint64_t cancel_upto; /* jobs up to this number (posted) run cancelled */
   fb_counters snap;
-  struct fbd_stage { fbd_buf b; double used; } stage[2]; /* kept for reuse */
+  struct fbd_stage {
+    fbd_buf b;
+    double used;
+  } stage[2]; /* kept for reuse */
   /* the worker thread (and, for watch->cancel, Cancel) */
   pthread_t th;
-  fbd_watch *watch;         /* thread isolation: in the heap; process: shared with the worker */
-  fbd_exec x;               /* thread isolation: the engine side */
-  fbd_proc *proc;           /* process isolation: the worker process */
+  fbd_watch *watch; /* thread isolation: in the heap; process: shared with the worker */
+  fbd_exec x; /* thread isolation: the engine side */
+  fbd_proc *proc; /* process isolation: the worker process */
   int created;
-  int dead;                 /* its engine side is gone: the worker ends the session */
-  uint64_t accounted;       /* bytes counted in the server's memory_bytes */
+  int dead; /* its engine side is gone: the worker ends the session */
+  uint64_t accounted; /* bytes counted in the server's memory_bytes */
   _Atomic uint64_t pending_bytes, code_bytes; /* from its watch after each job (budget.c) */
   int end_reason;
-  char end_why[256];        /* a crashed or timed-out session: what happened */
-  struct fbd_share *share;  /* sched.c: its tenant's state (the session thread sets it) */
-  struct fbd_run *run;      /* sched.c, under its lock: the job running now, or NULL */
+  char end_why[256]; /* a crashed or timed-out session: what happened */
+  struct fbd_share *share; /* sched.c: its tenant's state (the session thread sets it) */
+  struct fbd_run *run; /* sched.c, under its lock: the job running now, or NULL */
 };
 
 fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
@@ -481,8 +513,8 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
  * then locked down) so that a session gets one at once. */
 
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen); /* the spares */
-void fbd_procs_tick(fbd_server *srv);  /* reap dead spares, start missing ones */
-void fbd_procs_stop(fbd_server *srv);  /* kill and reap the spares */
+void fbd_procs_tick(fbd_server *srv); /* reap dead spares, start missing ones */
+void fbd_procs_stop(fbd_server *srv); /* kill and reap the spares */
 /* Give s a worker process and run CREATE in it. */
 int fbd_proc_attach(fbd_session *s, char *err, size_t errlen);
 /* CREATE in s's new worker: the session's settings and the request. */
@@ -490,7 +522,7 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r);
 /* Run one job in s's worker: the reply, or FB_EIO/FB_ETIMEOUT with r->fatal
  * set when the worker died or was killed (r->msg says why). */
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
-void fbd_proc_free(fbd_proc *p);       /* kill (if alive) and reap */
+void fbd_proc_free(fbd_proc *p); /* kill (if alive) and reap */
 /* Send sig to p's worker through its pidfd (never to a reused pid); a
  * worker already gone, or no pidfd, is left alone. */
 void fbd_proc_signal(fbd_proc *p, int sig);
@@ -503,10 +535,16 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg);
  * JIT code, in the broker and (process isolation) in the workers, which
  * report theirs through the watch page after each job. */
 
-enum { FBD_MEM_SESSIONS = 0, FBD_MEM_STAGING, FBD_MEM_QUEUED, FBD_MEM_PENDING, FBD_MEM_CODE,
-       FBD_MEM_NPARTS };
+enum {
+  FBD_MEM_SESSIONS = 0,
+  FBD_MEM_STAGING,
+  FBD_MEM_QUEUED,
+  FBD_MEM_PENDING,
+  FBD_MEM_CODE,
+  FBD_MEM_NPARTS
+};
 extern const char *const fbd_mem_part_names[FBD_MEM_NPARTS]; /* "sessions", ... */
-extern const char *const fbd_mem_part_keys[FBD_MEM_NPARTS];  /* metric labels */
+extern const char *const fbd_mem_part_keys[FBD_MEM_NPARTS]; /* metric labels */
 
 void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]); /* srv->mu held */
 void fbd_budget_usage(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]);
@@ -533,8 +571,8 @@ void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
 typedef struct fbd_run {
   struct fbd_run *next;
   fbd_session *s;
-  struct fbd_share *sh;     /* NULL: not scheduled (no memory) */
-  double started, last;     /* admitted; charged up to */
+  struct fbd_share *sh; /* NULL: not scheduled (no memory) */
+  double started, last; /* admitted; charged up to */
   double paused_at, held_s; /* paused since; paused in all */
   int paused, exempt, compile;
 } fbd_run;

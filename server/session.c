@@ -6,10 +6,10 @@
  * this process under thread isolation, in the session's worker process
  * (proc.c) under process isolation; and turns the reply into the call's
  * messages and status. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <sys/random.h>
 #include <time.h>
 
@@ -18,12 +18,13 @@
 #define RECV_HIGH 32 /* stream messages queued before the stream stops receiving */
 #define RECV_LOW 8   /* ... and resumes */
 #define SEND_HIGH 16 /* responses waiting to go out before the stream stops receiving */
-#define SEND_LOW 2   /* ... and resumes: a client that does not read its results
+#define SEND_LOW                                                                                   \
+  2   /* ... and resumes: a client that does not read its results
                       * is held back by gRPC's flow control, not buffered for */
 #define STAGE_KEEP_S 2.0 /* an unused staging buffer is freed after this */
 
-static const char *const end_names[] = {"closed", "disconnected", "reaped", "shut down",
-                                        "failed", "crashed", "timed out", "cancelled"};
+static const char *const end_names[] = {"closed", "disconnected", "reaped",    "shut down",
+                                        "failed", "crashed",      "timed out", "cancelled"};
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -208,8 +209,7 @@ int fbd_stage_take(fbd_session *s, size_t n, fbd_buf *out, const char *what, cha
 void fbd_stage_give(fbd_session *s, fbd_buf *b) {
   if (!b->p) return;
   pthread_mutex_lock(&s->mu);
-  int k = !s->stage[0].b.p ? 0 : !s->stage[1].b.p ? 1
-          : s->stage[0].used < s->stage[1].used ? 0 : 1;
+  int k = !s->stage[0].b.p ? 0 : !s->stage[1].b.p ? 1 : s->stage[0].used < s->stage[1].used ? 0 : 1;
   struct fbd_stage old = s->stage[k]; /* an empty slot, or the older buffer */
   s->stage[k] = (struct fbd_stage){*b, fbd_now()};
   pthread_mutex_unlock(&s->mu);
@@ -366,7 +366,9 @@ static void count_end(fbd_server *srv, fbd_session *s) {
   switch (s->end_reason) {
   case FBD_END_DISCONNECTED: st->sessions_disconnected++; break;
   case FBD_END_REAPED: st->sessions_reaped++; break;
-  case FBD_END_FAILED: case FBD_END_CRASHED: case FBD_END_TIMEOUT: st->sessions_failed++; break;
+  case FBD_END_FAILED:
+  case FBD_END_CRASHED:
+  case FBD_END_TIMEOUT: st->sessions_failed++; break;
   default: st->sessions_closed++; break;
   }
   st->memory_bytes -= s->accounted;
@@ -418,8 +420,8 @@ static void session_end(fbd_session *s) {
   for (fbd_job *j = rest, *n; j; j = n) {
     n = j->next;
     if (j->call && s->end_why[0])
-      fbd_call_finish(j->call, FB_ENOENT, "session %s was %s: %s", s->tag,
-                      end_names[s->end_reason], s->end_why);
+      fbd_call_finish(j->call, FB_ENOENT, "session %s was %s: %s", s->tag, end_names[s->end_reason],
+                      s->end_why);
     else if (j->call)
       fbd_call_finish(j->call, FB_ENOENT, "session %s was %s", s->tag, end_names[s->end_reason]);
     fbd_job_free(j);
@@ -427,8 +429,8 @@ static void session_end(fbd_session *s) {
   count_end(srv, s); /* before the stream ends, so that its client sees the stats */
   if (stream) {
     char why[400];
-    snprintf(why, sizeof why, "session %s%s%s", end_names[s->end_reason],
-             s->end_why[0] ? ": " : "", s->end_why);
+    snprintf(why, sizeof why, "session %s%s%s", end_names[s->end_reason], s->end_why[0] ? ": " : "",
+             s->end_why);
     if (s->end_reason == FBD_END_CLOSED) fbd_call_finish(stream, FB_OK, NULL);
     else if (s->end_reason == FBD_END_TIMEOUT)
       fbd_call_finish_status(stream, FBP_GRPC_DEADLINE_EXCEEDED, FB_ETIMEOUT, why);
@@ -510,8 +512,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_sched_enter(s, j->kind, &run);
     if (!fbd_isolated(srv->cfg))
       fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
-    else
-      fbd_proc_run(s, j, &r);
+    else fbd_proc_run(s, j, &r);
     int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
@@ -532,10 +533,8 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     const char *msg = r.msg[0] ? r.msg : r.code ? fb_strerror(r.code) : NULL;
     if (r.code == FB_ETIMEOUT)
       fbd_call_finish_status(j->call, FBP_GRPC_DEADLINE_EXCEEDED, r.code, msg);
-    else if (msg)
-      fbd_call_finish(j->call, r.code, "%s", msg);
-    else
-      fbd_call_finish(j->call, r.code, NULL);
+    else if (msg) fbd_call_finish(j->call, r.code, "%s", msg);
+    else fbd_call_finish(j->call, r.code, NULL);
   } else if (j->call && read) {
     fbd_read_begin(j->call, s, &j->buf, j->chunk);
   }
@@ -622,8 +621,9 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
   int dropped = 0;
   for (fbd_job *n; rest; rest = n) {
     n = rest->next;
-    if (rest->call) fbd_call_finish(rest->call, FB_ECANCELLED, "session %s was %s: %s", s->tag,
-                                    end_names[reason], why);
+    if (rest->call)
+      fbd_call_finish(rest->call, FB_ECANCELLED, "session %s was %s: %s", s->tag, end_names[reason],
+                      why);
     fbd_job_free(rest);
     dropped++;
   }
@@ -716,7 +716,8 @@ static void reap(fbd_server *srv) {
     fbd_session *s = v[i];
     stage_expire(s, now);
     pthread_mutex_lock(&s->mu);
-    int idle = limit > 0 && s->state == FBD_LIVE && !s->busy && !s->qh && now - s->last_active > limit;
+    int idle =
+        limit > 0 && s->state == FBD_LIVE && !s->busy && !s->qh && now - s->last_active > limit;
     pthread_mutex_unlock(&s->mu);
     if (idle) {
       fbd_logf(srv->log, FBD_LOG_INFO, "session %s idle for %.0f s: reaping it", s->tag, limit);

@@ -58,16 +58,17 @@ static char *substitute(const Fusebox__V1__Source *m, char *err, size_t errlen) 
       size_t nl = (size_t)(q - p - 2);
       if (!(val = param_value(m, p + 2, nl))) {
         snprintf(err, errlen, "%s: ${%.*s} is not a parameter (the request's params name %zu)",
-                 src_name(m), (int)(nl > MAX_PARAM_NAME ? MAX_PARAM_NAME : nl), p + 2,
-                 m->n_params);
+                 src_name(m), (int)(nl > MAX_PARAM_NAME ? MAX_PARAM_NAME : nl), p + 2, m->n_params);
         free(out);
         return NULL;
       }
       vlen = strlen(val);
     }
     if (vlen > FBD_SOURCE_MAX - n - 1) {
-      snprintf(err, errlen, "%s: the source after substitution is over %zu bytes, the most the "
-               "server accepts", src_name(m), FBD_SOURCE_MAX);
+      snprintf(err, errlen,
+               "%s: the source after substitution is over %zu bytes, the most the "
+               "server accepts",
+               src_name(m), FBD_SOURCE_MAX);
       free(out);
       return NULL;
     }
@@ -177,14 +178,16 @@ static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp
   fb_kernel *k = NULL;
   fb_diags d;
   fb_diags_init(&d);
-  int rc = fb_program_instantiate(p, ki->kernel, (const char *const *)ki->fields,
-                                  (int)ki->n_fields, &k, &d);
+  int rc = fb_program_instantiate(p, ki->kernel, (const char *const *)ki->fields, (int)ki->n_fields,
+                                  &k, &d);
   if (rc) {
     int n = snprintf(err, errlen, "kernel '%.128s': ", ki->kernel);
     size_t k = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
     if (d.n) render(fname, fb_program_source(p), &d, rc, err + k, errlen - k);
-    else snprintf(err + k, errlen - k, "%s", rc == FB_ENOENT
-                  ? "no such kernel, or no such field to bind, in the source" : fb_strerror(rc));
+    else
+      snprintf(err + k, errlen - k, "%s",
+               rc == FB_ENOENT ? "no such kernel, or no such field to bind, in the source"
+                               : fb_strerror(rc));
   } else if (!(*out = fbp_kernel_to_pb(a, k))) {
     rc = FB_ENOMEM;
     snprintf(err, errlen, "out of memory");
@@ -195,8 +198,8 @@ static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp
 
 /* The instances to register: those asked for, or every kernel without
  * field parameters. */
-static int default_instances(const fb_program *p, fbp_arena *a,
-                             Fusebox__V1__KernelInstance ***out, size_t *n) {
+static int default_instances(const fb_program *p, fbp_arena *a, Fusebox__V1__KernelInstance ***out,
+                             size_t *n) {
   int nk = fb_program_nkernels(p);
   *out = fbp_alloc(a, sizeof **out * (size_t)(nk + 1));
   if (!*out) return FB_ENOMEM;
@@ -236,7 +239,8 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *sessi
     return snprintf(err, errlen, "out of memory"), rc;
   }
   if (ni > MAX_INSTANCES) {
-    snprintf(err, errlen, "RegisterKernels: %s has %zu kernels without field parameters; at "
+    snprintf(err, errlen,
+             "RegisterKernels: %s has %zu kernels without field parameters; at "
              "most %d are registered per request (name them in instances)",
              src_name(m->source), ni, MAX_INSTANCES);
     fb_program_free(p);
@@ -306,7 +310,7 @@ static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *
     ps[i]->name = (char *)k->params[i].name;
     ps[i]->is_field = k->params[i].is_field != 0;
     ps[i]->type = k->params[i].is_field ? FUSEBOX__V1__SCALAR_TYPE__T_VOID
-                                         : (Fusebox__V1__ScalarType)k->params[i].type;
+                                        : (Fusebox__V1__ScalarType)k->params[i].type;
   }
   ki->params = ps;
   ki->n_params = (size_t)k->nparams;
@@ -343,8 +347,11 @@ void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
   char err[FBD_ERRLEN];
   fb_program *p = NULL;
   int rc = m ? parse(m, &p, err, sizeof err) : FB_EINVAL;
-  if (!m) snprintf(err, sizeof err, "malformed request: %zu bytes that are not a valid "
-                   "fusebox.v1.Source", n);
+  if (!m)
+    snprintf(err, sizeof err,
+             "malformed request: %zu bytes that are not a valid "
+             "fusebox.v1.Source",
+             n);
   Fusebox__V1__SourceInfo r = FUSEBOX__V1__SOURCE_INFO__INIT;
   if (!rc && (rc = describe(p, &a, &r))) snprintf(err, sizeof err, "out of memory");
   if (rc) {

@@ -10,15 +10,15 @@
  * that belongs to the certificate) and re-read on SIGHUP: gRPC's
  * certificate-config fetcher hands the new ones to the next handshakes. */
 #include <errno.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "server/server.h"
 
@@ -37,7 +37,9 @@ char *fbd_read_text(const char *path, size_t max, char *err, size_t errlen) {
   if (!buf || bad || n > max) {
     free(buf);
     fb_errf(err, errlen, "cannot read '%s': %s", path,
-            !buf ? "out of memory" : bad ? "read error" : "file too large");
+            !buf  ? "out of memory"
+            : bad ? "read error"
+                  : "file too large");
     return NULL;
   }
   buf[n] = 0;
@@ -99,9 +101,10 @@ static int key_matches(const char *cert, const char *key, char *err, size_t errl
   EVP_PKEY *pk = kb ? PEM_read_bio_PrivateKey(kb, NULL, NULL, NULL) : NULL;
   int ok = x && pk && X509_check_private_key(x, pk) == 1;
   if (!ok)
-    fb_errf(err, errlen, "%s", !x ? "--tls-cert: no certificate can be read from it"
-                               : !pk ? "--tls-key: no private key can be read from it"
-                                     : "--tls-key does not belong to the --tls-cert certificate");
+    fb_errf(err, errlen, "%s",
+            !x    ? "--tls-cert: no certificate can be read from it"
+            : !pk ? "--tls-key: no private key can be read from it"
+                  : "--tls-key does not belong to the --tls-cert certificate");
   X509_free(x);
   EVP_PKEY_free(pk);
   BIO_free(cb);
@@ -181,12 +184,16 @@ grpc_server_credentials *fbd_tls_server_creds(fbd_server *srv, const char *addr,
   if (!tls) {
     if (loopback(addr)) return grpc_insecure_server_credentials_create();
     if (!cfg->insecure) {
-      fb_errf(err, errlen, "refusing plain TCP on '%s' (not loopback): give --tls-cert and "
-              "--tls-key, or --insecure to accept unencrypted, unauthenticated traffic", addr);
+      fb_errf(err, errlen,
+              "refusing plain TCP on '%s' (not loopback): give --tls-cert and "
+              "--tls-key, or --insecure to accept unencrypted, unauthenticated traffic",
+              addr);
       return NULL;
     }
-    fbd_logf(srv->log, FBD_LOG_WARN, "listening on %s WITHOUT TLS (--insecure): tokens and data "
-             "travel in the clear", addr);
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "listening on %s WITHOUT TLS (--insecure): tokens and data "
+             "travel in the clear",
+             addr);
     return grpc_insecure_server_credentials_create();
   }
   struct fbd_tls *t = tls_state(srv, err, errlen);
@@ -212,8 +219,10 @@ void fbd_tls_reload(fbd_server *srv) {
   if (!t) return;
   char err[FBD_ERRLEN] = "", *cert, *key, *ca;
   if (load(srv->cfg, &cert, &key, &ca, err, sizeof err)) {
-    fbd_logf(srv->log, FBD_LOG_ERROR, "SIGHUP: TLS certificate not reloaded, keeping the running "
-             "one: %s", err);
+    fbd_logf(srv->log, FBD_LOG_ERROR,
+             "SIGHUP: TLS certificate not reloaded, keeping the running "
+             "one: %s",
+             err);
     return;
   }
   pthread_mutex_lock(&t->mu);
@@ -226,9 +235,10 @@ void fbd_tls_reload(fbd_server *srv) {
   free(oc);
   free_key(ok);
   free(oa);
-  fbd_logf(srv->log, FBD_LOG_INFO, "SIGHUP: TLS certificate reloaded from %s%s%s; new connections "
-           "get it", srv->cfg->tls_cert, ca ? ", client CA from " : "",
-           ca ? srv->cfg->tls_client_ca : "");
+  fbd_logf(srv->log, FBD_LOG_INFO,
+           "SIGHUP: TLS certificate reloaded from %s%s%s; new connections "
+           "get it",
+           srv->cfg->tls_cert, ca ? ", client CA from " : "", ca ? srv->cfg->tls_client_ca : "");
 }
 
 void fbd_tls_free(fbd_server *srv) {

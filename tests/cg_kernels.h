@@ -240,9 +240,9 @@ static void cg_case_map_f32(const cg_layout *c, cg_case *cs) {
 
 /* Integer arithmetic of one type on fields (fa, fb) into result field r. */
 static void cg_int_ops(fb_builder *b, int i, int x, int y, int r) {
-  fb_op ops[] = {FB_OP_ADD, FB_OP_SUB, FB_OP_MUL, FB_OP_DIV, FB_OP_REM, FB_OP_FLOORDIV,
-                 FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX, FB_OP_AND, FB_OP_OR, FB_OP_XOR,
-                 FB_OP_SHL, FB_OP_SHR};
+  fb_op ops[] = {FB_OP_ADD,      FB_OP_SUB,      FB_OP_MUL, FB_OP_DIV, FB_OP_REM,
+                 FB_OP_FLOORDIV, FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX, FB_OP_AND,
+                 FB_OP_OR,       FB_OP_XOR,      FB_OP_SHL, FB_OP_SHR};
   int n = (int)(sizeof ops / sizeof ops[0]);
   for (int s = 0; s < n; s++) cg_res(b, r, i, s, fb_b_binary(b, ops[s], x, y));
   cg_res(b, r, i, n, K_UN(NEG, x));
@@ -267,8 +267,9 @@ static void cg_case_int_ops(const cg_layout *c, cg_case *cs) {
   fb_op cmps[] = {FB_OP_EQ, FB_OP_NE, FB_OP_LT, FB_OP_LE, FB_OP_GT, FB_OP_GE};
   for (int s = 0; s < 6; s++) {
     cg_res(b, c->rb, i, s, fb_b_binary(b, cmps[s], cg_ld(b, c->ia, i), cg_ld(b, c->ib, i)));
-    cg_res(b, c->rb, i, 6 + s, fb_b_binary(b, cmps[s], K_CAST(U32, cg_ld(b, c->ia, i)),
-                                           K_CAST(U32, cg_ld(b, c->ib, i))));
+    cg_res(
+        b, c->rb, i, 6 + s,
+        fb_b_binary(b, cmps[s], K_CAST(U32, cg_ld(b, c->ia, i)), K_CAST(U32, cg_ld(b, c->ib, i))));
   }
   cg_res(b, c->rb, i, 12, K_BIN(LT, cg_ld(b, c->lu, i), K_CAST(U64, cg_ld(b, c->la, i))));
   cg_res(b, c->rb, i, 13, K_BIN(GE, cg_ld(b, c->la, i), cg_ld(b, c->lb, i)));
@@ -279,13 +280,28 @@ static void cg_case_int_ops(const cg_layout *c, cg_case *cs) {
 /* Special values of every type, written by a serial kernel with constant
  * indices: NaN, infinities, values past every integer range, halves. */
 static void cg_k_cast_sources(const cg_layout *c, cg_case *cs) {
-  static const float f[16] = {0.0f, -0.0f, 1.5f, -1.5f, 2.5f, -2.5f, 1e10f, -1e10f, 3e9f,
-                              4.3e9f, NAN, INFINITY, -INFINITY, 2147483520.0f, 0.49999997f, 1e20f};
-  static const double d[16] = {0.0, -0.0, 1.5, -1.5, 2.5, -2.5, 9.3e18, -9.3e18, 1.9e19, 2.1e19,
-                               NAN, INFINITY, -INFINITY, 2147483647.5, -2147483648.7, 4294967295.9};
-  static const int64_t l[16] = {0, -1, 1, INT64_MIN, INT64_MAX, INT32_MIN, INT32_MAX, 4294967295ll,
-                                4294967296ll, -4294967297ll, 16777217, 9007199254740993ll,
-                                -123456789, 255, 256, (int64_t)0x8000000080000001ull};
+  static const float f[16] = {0.0f,      -0.0f,         1.5f,        -1.5f,  2.5f, -2.5f,
+                              1e10f,     -1e10f,        3e9f,        4.3e9f, NAN,  INFINITY,
+                              -INFINITY, 2147483520.0f, 0.49999997f, 1e20f};
+  static const double d[16] = {0.0,       -0.0,         1.5,           -1.5,        2.5, -2.5,
+                               9.3e18,    -9.3e18,      1.9e19,        2.1e19,      NAN, INFINITY,
+                               -INFINITY, 2147483647.5, -2147483648.7, 4294967295.9};
+  static const int64_t l[16] = {0,
+                                -1,
+                                1,
+                                INT64_MIN,
+                                INT64_MAX,
+                                INT32_MIN,
+                                INT32_MAX,
+                                4294967295ll,
+                                4294967296ll,
+                                -4294967297ll,
+                                16777217,
+                                9007199254740993ll,
+                                -123456789,
+                                255,
+                                256,
+                                (int64_t)0x8000000080000001ull};
   fb_builder bb, *b = &bb;
   fb_kernel *k = cg_new(c, "cast_sources", 0, NULL, FB_T_VOID, b);
   for (int s = 0; s < 16; s++) {
@@ -327,7 +343,9 @@ static void cg_float_exact(fb_builder *b, int i, int x, int y, int r, int rb, in
   cg_res(b, r, i, 7, K_UN(FLOOR, x));
   cg_res(b, r, i, 8, K_UN(CEIL, x));
   cg_res(b, r, i, 9, K_UN(ROUND, x));
-  cg_res(b, r, i, 10, K_UN(ROUND, K_BIN(MUL, y, fb_b_const(b, fb_value_cast(fb_value_f64(0.5), b->k->stmts[x].type)))));
+  cg_res(b, r, i, 10,
+         K_UN(ROUND,
+              K_BIN(MUL, y, fb_b_const(b, fb_value_cast(fb_value_f64(0.5), b->k->stmts[x].type)))));
   int nan = K_BIN(DIV, K_BIN(SUB, y, y), K_BIN(SUB, y, y)); /* 0/0 */
   cg_res(b, r, i, 11, K_BIN(MIN, nan, x));
   cg_res(b, r, i, 12, K_BIN(MAX, x, nan));
@@ -475,7 +493,7 @@ static void cg_case_atomics(const cg_layout *c, cg_case *cs) {
   int x = cg_ld(b, c->ia, i), f = cg_ld(b, c->fa, i), d = cg_ld(b, c->da, i);
   int l = cg_ld(b, c->la, i), u = cg_ld(b, c->ua, i), lu = cg_ld(b, c->lu, i);
   fb_op iops[] = {FB_OP_ATOMIC_ADD, FB_OP_ATOMIC_SUB, FB_OP_ATOMIC_MIN, FB_OP_ATOMIC_MAX,
-                  FB_OP_ATOMIC_AND, FB_OP_ATOMIC_OR, FB_OP_ATOMIC_XOR};
+                  FB_OP_ATOMIC_AND, FB_OP_ATOMIC_OR,  FB_OP_ATOMIC_XOR};
   for (int s = 0; s < 7; s++) {
     cg_res(b, c->ri, i, s, cg_atomic(b, iops[s], c->ai, K_I32(s), x));
     cg_res(b, c->ru, i, s, cg_atomic(b, iops[s], c->au, K_I32(s), u));
@@ -740,15 +758,15 @@ static const struct {
   const char *name;
   cg_case_fn fn;
 } cg_cases[] = {
-    {"map_f32", cg_case_map_f32}, {"int_ops", cg_case_int_ops},
-    {"casts", cg_case_casts},     {"float_ops", cg_case_float_ops},
-    {"math", cg_case_math},       {"struct_for", cg_case_struct_for},
-    {"nested", cg_case_nested},   {"stencil", cg_case_stencil},
-    {"atomics", cg_case_atomics}, {"loops", cg_case_loops},
-    {"while", cg_case_while},     {"if", cg_case_if},
-    {"oob", cg_case_oob},         {"ret", cg_case_ret},
-    {"args", cg_case_args},       {"gtmp", cg_case_gtmp},
-    {"rand", cg_case_rand},       {"whole", cg_case_whole},
+    {"map_f32", cg_case_map_f32},   {"int_ops", cg_case_int_ops},
+    {"casts", cg_case_casts},       {"float_ops", cg_case_float_ops},
+    {"math", cg_case_math},         {"struct_for", cg_case_struct_for},
+    {"nested", cg_case_nested},     {"stencil", cg_case_stencil},
+    {"atomics", cg_case_atomics},   {"loops", cg_case_loops},
+    {"while", cg_case_while},       {"if", cg_case_if},
+    {"oob", cg_case_oob},           {"ret", cg_case_ret},
+    {"args", cg_case_args},         {"gtmp", cg_case_gtmp},
+    {"rand", cg_case_rand},         {"whole", cg_case_whole},
     {"sfor_oob", cg_case_sfor_oob},
 };
 #define CG_NCASES ((int)(sizeof cg_cases / sizeof cg_cases[0]))

@@ -23,12 +23,30 @@
 #include "tests/support/support.h"
 
 /* fb_value initializers for the static tables */
-#define I32(x) {FB_T_I32, {.i = (int32_t)(x)}}
-#define I64(x) {FB_T_I64, {.i = (int64_t)(x)}}
-#define U32(x) {FB_T_U32, {.u = (uint32_t)(x)}}
-#define U64(x) {FB_T_U64, {.u = (uint64_t)(x)}}
-#define F32(x) {FB_T_F32, {.f = (double)(float)(x)}}
-#define F64(x) {FB_T_F64, {.f = (double)(x)}}
+#define I32(x)                                                                                     \
+  {                                                                                                \
+    FB_T_I32, { .i = (int32_t)(x) }                                                                \
+  }
+#define I64(x)                                                                                     \
+  {                                                                                                \
+    FB_T_I64, { .i = (int64_t)(x) }                                                                \
+  }
+#define U32(x)                                                                                     \
+  {                                                                                                \
+    FB_T_U32, { .u = (uint32_t)(x) }                                                               \
+  }
+#define U64(x)                                                                                     \
+  {                                                                                                \
+    FB_T_U64, { .u = (uint64_t)(x) }                                                               \
+  }
+#define F32(x)                                                                                     \
+  {                                                                                                \
+    FB_T_F32, { .f = (double)(float)(x) }                                                          \
+  }
+#define F64(x)                                                                                     \
+  {                                                                                                \
+    FB_T_F64, { .f = (double)(x) }                                                                 \
+  }
 #define BOOL(x) {FB_T_BOOL, {.u = (x) != 0}}
 
 typedef struct acase {
@@ -118,8 +136,8 @@ static const acase cases[] = {
 
 static void expect(fb_value got, const acase *c, const char *who) {
   char g[64], w[64];
-  ck_assert_msg(same(got, c->want), "%s: %s = %s, expected %s", who, c->what, show(got, g, sizeof g),
-                show(c->want, w, sizeof w));
+  ck_assert_msg(same(got, c->want), "%s: %s = %s, expected %s", who, c->what,
+                show(got, g, sizeof g), show(c->want, w, sizeof w));
 }
 
 /* ---------------------------------------------------------------- kernels */
@@ -225,7 +243,8 @@ START_TEST(test_codegen_cpu) {
     int id = fb_session_add_kernel(s, k);
     ck_assert_msg(id >= 0, "%s: %s", c->what, fb_session_errmsg(s));
     fb_value got;
-    ck_assert_msg(fb_launch(s, id, ops, c->nops, &got) == 0, "%s: %s", c->what, fb_session_errmsg(s));
+    ck_assert_msg(fb_launch(s, id, ops, c->nops, &got) == 0, "%s: %s", c->what,
+                  fb_session_errmsg(s));
     expect(got, c, "generated code (CPU)");
     fb_kernel_free(k);
   }
@@ -311,9 +330,17 @@ END_TEST
 /* The front end's folds agree with the hand-worked values too (so that the
  * table above is not only compared with itself). */
 START_TEST(test_front_end_by_hand) {
-  struct { const char *expr; int64_t want; } h[] = {
-      {"(-9) >> 1", -5}, {"(-8) >> 65", -4}, {"1 << 64", 1}, {"(-7) // 2", -4},
-      {"(-7) % 2", 1}, {"7 % 0", 0}, {"(-9223372036854775807 - 1) % 3", 1},
+  struct {
+    const char *expr;
+    int64_t want;
+  } h[] = {
+      {"(-9) >> 1", -5},
+      {"(-8) >> 65", -4},
+      {"1 << 64", 1},
+      {"(-7) // 2", -4},
+      {"(-7) % 2", 1},
+      {"7 % 0", 0},
+      {"(-9223372036854775807 - 1) % 3", 1},
   };
   for (size_t i = 0; i < sizeof h / sizeof h[0]; i++) {
     char src[256];

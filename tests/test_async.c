@@ -14,16 +14,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine_test.h"
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
-#include "engine/engine_test.h"
 #include "support.h"
 
 static fb_engine *eng;
 
 static fb_engine *new_engine(int compile_threads) {
-  fb_engine_config cfg = {.backend = fbt_backend(), .compile_threads = compile_threads, .cpu_threads = 2};
+  fb_engine_config cfg = {
+      .backend = fbt_backend(), .compile_threads = compile_threads, .cpu_threads = 2};
   fb_engine *e = NULL;
   char err[256];
   ck_assert_msg(fb_engine_create(&cfg, &e, err, sizeof err) == 0, "engine: %s", err);
@@ -134,8 +135,10 @@ static void same_results(const results *a, const results *b, const char *what) {
   ck_assert_msg(a->npc == b->npc, "%s: %d observations vs %d", what, a->npc, b->npc);
   for (int i = 0; i < a->npc; i++) {
     const piece *x = &a->pc[i], *y = &b->pc[i];
-    ck_assert_msg(x->len == y->len && strcmp(x->label, y->label) == 0, "%s: observation %d is %s "
-                  "vs %s", what, i, x->label, y->label);
+    ck_assert_msg(x->len == y->len && strcmp(x->label, y->label) == 0,
+                  "%s: observation %d is %s "
+                  "vs %s",
+                  what, i, x->label, y->label);
     if (memcmp(a->data + x->off, b->data + y->off, x->len) == 0) continue;
     size_t at = 0;
     while (at < x->len && a->data[x->off + at] == b->data[y->off + at]) at++;
@@ -259,7 +262,8 @@ static void act_cell(runner *u, const char *field, char **save) {
   int64_t idx[4];
   int n = 0;
   char *tok;
-  while ((tok = strtok_r(NULL, " ", save)) && strcmp(tok, "=") != 0) idx[n++] = strtoll(tok, NULL, 0);
+  while ((tok = strtok_r(NULL, " ", save)) && strcmp(tok, "=") != 0)
+    idx[n++] = strtoll(tok, NULL, 0);
   tok = strtok_r(NULL, " ", save);
   ck_assert_ptr_nonnull(tok);
   int rc = fb_cell_write(u->s, place, idx, n, fb_value_f64(strtod(tok, NULL)));
@@ -351,10 +355,13 @@ static void check_modes(const char *src, const char *script) {
     run_script(eng, src, script, &cfg, &got);
     same_results(&want, &got, modes[m].name);
     if (getenv("FB_TEST_VERBOSE"))
-      fprintf(stderr, "%-26s tasks %3llu (sync %3llu) fused %llu listgen %llu dse %llu demoted %llu flushes %llu compiled %llu hits %llu\n",
+      fprintf(stderr,
+              "%-26s tasks %3llu (sync %3llu) fused %llu listgen %llu dse %llu demoted %llu "
+              "flushes %llu compiled %llu hits %llu\n",
               modes[m].name, (unsigned long long)got.c.tasks_launched,
               (unsigned long long)want.c.tasks_launched, (unsigned long long)got.c.tasks_fused,
-              (unsigned long long)got.c.listgens_removed, (unsigned long long)got.c.dead_stores_removed,
+              (unsigned long long)got.c.listgens_removed,
+              (unsigned long long)got.c.dead_stores_removed,
               (unsigned long long)got.c.activations_demoted, (unsigned long long)got.c.flushes,
               (unsigned long long)got.c.tasks_compiled, (unsigned long long)got.c.cache_hits);
     ck_assert_uint_eq(got.c.launches, want.c.launches);
@@ -367,43 +374,40 @@ static void check_modes(const char *src, const char *script) {
 /* ---------------------------------------------------------------- scenarios */
 
 START_TEST(elementwise) {
-  const char *src =
-      "layout {\n"
-      "  dense(i: 4096) { place x: f32, y: f32 }\n"
-      "  dense(i: 4096) { place z: i32 }\n"
-      "}\n"
-      "kernel axpy(a: f32, m: i32) {\n"
-      "  for i in 0 .. 4096 {\n"
-      "    let xi = x[i]\n"
-      "    y[i] = a * xi + y[i]\n"
-      "    x[i] = xi * 0.5 + f32(i % 7)\n"
-      "    let r = (i * i) % m\n"
-      "    z[i] = i < 1000 ? r - i : r\n"
-      "  }\n"
-      "}\n"
-      "kernel shift() {\n"
-      "  for i in 1 .. 4096 { z[i] = z[i - 1] + 1 }\n"
-      "}\n";
-  const char *script =
-      "write x 1\nwrite y 2\n"
-      "launch axpy 1.75 -97\nlaunch axpy 1.75 -97\nlaunch axpy 0.5 13\n"
-      "read z\nlaunch shift\nlaunch axpy 2.0 5\n";
+  const char *src = "layout {\n"
+                    "  dense(i: 4096) { place x: f32, y: f32 }\n"
+                    "  dense(i: 4096) { place z: i32 }\n"
+                    "}\n"
+                    "kernel axpy(a: f32, m: i32) {\n"
+                    "  for i in 0 .. 4096 {\n"
+                    "    let xi = x[i]\n"
+                    "    y[i] = a * xi + y[i]\n"
+                    "    x[i] = xi * 0.5 + f32(i % 7)\n"
+                    "    let r = (i * i) % m\n"
+                    "    z[i] = i < 1000 ? r - i : r\n"
+                    "  }\n"
+                    "}\n"
+                    "kernel shift() {\n"
+                    "  for i in 1 .. 4096 { z[i] = z[i - 1] + 1 }\n"
+                    "}\n";
+  const char *script = "write x 1\nwrite y 2\n"
+                       "launch axpy 1.75 -97\nlaunch axpy 1.75 -97\nlaunch axpy 0.5 13\n"
+                       "read z\nlaunch shift\nlaunch axpy 2.0 5\n";
   check_modes(src, script);
 }
 END_TEST
 
 START_TEST(struct_for_dense) {
-  const char *src =
-      "layout {\n"
-      "  dense(ij: 64, 48) { place a: i32 }\n"
-      "  dense(ij: 4, 3) { dense(ij: 16, 8) { place h: i64 } }\n"
-      "}\n"
-      "kernel fill() {\n"
-      "  for i, j in a { a[i, j] = i * 1000 + j }\n"
-      "  for i, j in h { h[i, j] = i64(i) - i64(j) * 1048576 }\n"
-      "}\n"
-      "kernel bump(k: i32) { for i, j in a { a[i, j] += k } }\n"
-      "kernel mix() { for i, j in h { h[i, j] = h[i, j] * 3 + i64(a[i, j]) } }\n";
+  const char *src = "layout {\n"
+                    "  dense(ij: 64, 48) { place a: i32 }\n"
+                    "  dense(ij: 4, 3) { dense(ij: 16, 8) { place h: i64 } }\n"
+                    "}\n"
+                    "kernel fill() {\n"
+                    "  for i, j in a { a[i, j] = i * 1000 + j }\n"
+                    "  for i, j in h { h[i, j] = i64(i) - i64(j) * 1048576 }\n"
+                    "}\n"
+                    "kernel bump(k: i32) { for i, j in a { a[i, j] += k } }\n"
+                    "kernel mix() { for i, j in h { h[i, j] = h[i, j] * 3 + i64(a[i, j]) } }\n";
   const char *script = "launch fill\nlaunch bump 3\nlaunch bump 5\nread a\nlaunch bump -2\n"
                        "launch mix\nlaunch bump 1\nlaunch mix\n";
   check_modes(src, script);
@@ -411,14 +415,13 @@ START_TEST(struct_for_dense) {
 END_TEST
 
 START_TEST(reduction_returns) {
-  const char *src =
-      "layout {\n  dense(i: 10000) { place v: i32 }\n  place total: i64\n}\n"
-      "kernel sum() -> i64 {\n"
-      "  total[] = 0\n"
-      "  for i in 0 .. 10000 { total[] += i64(v[i]) }\n"
-      "  return total[]\n"
-      "}\n"
-      "kernel scale(k: i32) { for i in 0 .. 10000 { v[i] = v[i] * k + 1 } }\n";
+  const char *src = "layout {\n  dense(i: 10000) { place v: i32 }\n  place total: i64\n}\n"
+                    "kernel sum() -> i64 {\n"
+                    "  total[] = 0\n"
+                    "  for i in 0 .. 10000 { total[] += i64(v[i]) }\n"
+                    "  return total[]\n"
+                    "}\n"
+                    "kernel scale(k: i32) { for i in 0 .. 10000 { v[i] = v[i] * k + 1 } }\n";
   const char *script = "write v 3\nlaunch sum\nlaunch scale 2\nlaunch sum\nlaunch scale -1\n"
                        "launch scale 3\nlaunch sum\nlaunch scale 2\n";
   check_modes(src, script);
@@ -473,13 +476,13 @@ START_TEST(scratch_across_launches) {
 END_TEST
 
 START_TEST(random_numbers) {
-  const char *src =
-      "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 }\n  place q: f32\n}\n"
-      "kernel noise() {\n"
-      "  q[] = random()\n"
-      "  for i in 0 .. 3000 { r[i] = random() + random() }\n"
-      "}\n"
-      "kernel count() { for i in 0 .. 3000 { if random() < 0.5 { n[i] += 1 } } }\n";
+  const char *src = "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 "
+                    "}\n  place q: f32\n}\n"
+                    "kernel noise() {\n"
+                    "  q[] = random()\n"
+                    "  for i in 0 .. 3000 { r[i] = random() + random() }\n"
+                    "}\n"
+                    "kernel count() { for i in 0 .. 3000 { if random() < 0.5 { n[i] += 1 } } }\n";
   const char *script = "launch noise\nlaunch count\nlaunch count\nlaunch noise\nread r\n"
                        "launch count\nlaunch count\nlaunch count\n";
   check_modes(src, script);
@@ -532,10 +535,9 @@ END_TEST
 
 /* ---------------------------------------------------------------- triggers */
 
-static const char *inc_src =
-    "layout {\n  dense(i: 256) { place x: i32 }\n  place out: i32\n}\n"
-    "kernel inc() { for i in 0 .. 256 { x[i] += 1 } }\n"
-    "kernel get() -> i32 { return x[5] }\n";
+static const char *inc_src = "layout {\n  dense(i: 256) { place x: i32 }\n  place out: i32\n}\n"
+                             "kernel inc() { for i in 0 .. 256 { x[i] += 1 } }\n"
+                             "kernel get() -> i32 { return x[5] }\n";
 
 typedef struct tsess {
   fb_program *p;
@@ -789,12 +791,11 @@ END_TEST
 
 /* ---------------------------------------------------------------- errors */
 
-static const char *err_src =
-    "layout {\n  dense(i: 100) { place a: i32 }\n  place out: i32\n}\n"
-    "kernel ok(v: i32) { out[] = v }\n"
-    "kernel overrun() { for i in 0 .. 105 { a[i] = i + 1 } }\n"
-    "kernel poke() { a[200] = 1 }\n"
-    "kernel get() -> i32 { return out[] }\n";
+static const char *err_src = "layout {\n  dense(i: 100) { place a: i32 }\n  place out: i32\n}\n"
+                             "kernel ok(v: i32) { out[] = v }\n"
+                             "kernel overrun() { for i in 0 .. 105 { a[i] = i + 1 } }\n"
+                             "kernel poke() { a[200] = 1 }\n"
+                             "kernel get() -> i32 { return out[] }\n";
 
 START_TEST(background_errors) {
   fb_program *p = parse(err_src);
@@ -861,11 +862,10 @@ END_TEST
  * mode does: `bad` overruns b; fused with `good` (whose accesses are all
  * provably in bounds), before or after it, the message is sync's with the
  * launch number added. Two parts that may both overrun are both owned up to. */
-static const char *blame_src =
-    "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
-    "kernel good() { for i in a { a[i] = 1 } }\n"
-    "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
-    "kernel bad2() { for i in a { c[i + 2] = 3 } }\n";
+static const char *blame_src = "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
+                               "kernel good() { for i in a { a[i] = 1 } }\n"
+                               "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+                               "kernel bad2() { for i in a { c[i + 2] = 3 } }\n";
 
 /* Launch first then second in a fresh session; the error message, with the
  * async " (launch N)" taken out; *fused = tasks fused. */
@@ -943,7 +943,8 @@ static int refuse_fused(void *user, const fb_kernel *task, char *err, size_t err
  * refused: the same results as sync, and the fallback counted. */
 START_TEST(fused_compile_fallback) {
   const char *src =
-      "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 }\n  place q: f32\n}\n"
+      "layout {\n  dense(i: 3000) { place r: f32 }\n  dense(i: 3000) { place n: i32 }\n  place q: "
+      "f32\n}\n"
       "kernel noise() {\n"
       "  q[] = random()\n"
       "  for i in 0 .. 3000 { r[i] = random() + random() }\n"
@@ -979,11 +980,10 @@ END_TEST
 
 /* After a fallback, an error a part still hits is reported on that part's
  * launch, as sync mode reports it; the launches around it still run. */
-static const char *fallback_src =
-    "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
-    "kernel good() { for i in a { a[i] += 1 } }\n"
-    "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
-    "kernel after() { for i in a { c[i] += 3 } }\n";
+static const char *fallback_src = "layout { dense(i: 100) { place a: i32, b: i32, c: i32 } }\n"
+                                  "kernel good() { for i in a { a[i] += 1 } }\n"
+                                  "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+                                  "kernel after() { for i in a { c[i] += 3 } }\n";
 
 /* good, bad, after in a fresh session of e (async: one flush); the message
  * (without the async " (launch N)"), and a, c read back. */
@@ -1033,8 +1033,8 @@ START_TEST(fallback_error_names_the_launch) {
   fb_engine_destroy(e);
   ck_assert_uint_ge(ca.tasks_fused, 1);
   ck_assert_uint_eq(ca.fuse_fallbacks, 1);
-  ck_assert_msg(strstr(sync, "kernel 'bad'") && !strcmp(sync, async), "sync: %s\nasync: %s",
-                sync, async);
+  ck_assert_msg(strstr(sync, "kernel 'bad'") && !strcmp(sync, async), "sync: %s\nasync: %s", sync,
+                async);
   ck_assert_uint_eq(launch, 1);
   ck_assert_int_eq(kernel, bad_async);
   ck_assert_mem_eq(a, a_sync, sizeof a); /* good ran */
@@ -1050,7 +1050,8 @@ START_TEST(fallback_error_names_the_launch) {
   fb_engine_destroy(e);
   ck_assert_uint_eq(ca.fuse_fallbacks, 1);
   ck_assert_msg(strstr(async, "kernel 'bad': compiling task bad.t0 failed: refused by the "
-                              "test's gate"), "%s", async);
+                              "test's gate"),
+                "%s", async);
   ck_assert_uint_eq(launch, 1);
   ck_assert_int_eq(kernel, bad_async);
   ck_assert_int_eq(a[5], 1);
@@ -1065,8 +1066,8 @@ START_TEST(background_quota) {
   fb_program *p = parse(src);
   const fb_layout *l = fb_program_layout(p);
   /* room for a few blocks of 4 KiB besides the fields' own storage */
-  fb_session_config cfg = {.mode = "async", .memory_limit = l->root_bytes + 64 * 1024,
-                           .flush_every = -1};
+  fb_session_config cfg = {
+      .mode = "async", .memory_limit = l->root_bytes + 64 * 1024, .flush_every = -1};
   fb_session *s = open_session(eng, p, &cfg);
   int paint = kernel_id(s, p, "paint", NULL);
   fb_value n = fb_value_i32(64);
@@ -1110,24 +1111,23 @@ END_TEST
 /* ---------------------------------------------------------------- threads */
 
 /* A serial loop the compiler cannot shorten (an LCG). */
-static const char *spin_src =
-    "layout {\n  dense(i: 64) { place d: i32 }\n  place out: i32\n}\n"
-    "kernel scratchy(p: i32) {\n"
-    "  let c = out[]\n"
-    "  var v = c + p\n"
-    "  for i in 0 .. 64 { d[i] = i + v }\n"
-    "  v = v * 2\n"
-    "  out[] = v\n"
-    "}\n"
-    "kernel spin(n: i32) {\n"
-    "  var acc: i32 = 1\n"
-    "  var k: i32 = 0\n"
-    "  while k < n {\n"
-    "    acc = acc * 1103515245 + 12345\n"
-    "    k += 1\n"
-    "  }\n"
-    "  out[] = acc\n"
-    "}\n";
+static const char *spin_src = "layout {\n  dense(i: 64) { place d: i32 }\n  place out: i32\n}\n"
+                              "kernel scratchy(p: i32) {\n"
+                              "  let c = out[]\n"
+                              "  var v = c + p\n"
+                              "  for i in 0 .. 64 { d[i] = i + v }\n"
+                              "  v = v * 2\n"
+                              "  out[] = v\n"
+                              "}\n"
+                              "kernel spin(n: i32) {\n"
+                              "  var acc: i32 = 1\n"
+                              "  var k: i32 = 0\n"
+                              "  while k < n {\n"
+                              "    acc = acc * 1103515245 + 12345\n"
+                              "    k += 1\n"
+                              "  }\n"
+                              "  out[] = acc\n"
+                              "}\n";
 
 START_TEST(flush_does_not_block) {
   fb_program *p = parse(spin_src);
@@ -1191,9 +1191,11 @@ static void *session_thread(void *arg) {
   fb_program *p = NULL;
   fb_diags d;
   fb_diags_init(&d);
-  if (fb_program_parse("t.fbk", "layout { dense(i: 10000) { place a: i32 } }\n"
+  if (fb_program_parse("t.fbk",
+                       "layout { dense(i: 10000) { place a: i32 } }\n"
                        "kernel bump(k: i32) { for i in 0 .. 10000 { a[i] += k } }\n",
-                       &p, &d)) return NULL;
+                       &p, &d))
+    return NULL;
   fb_diags_free(&d);
   fb_session_config cfg = {.mode = "async", .flush_every = 7};
   fb_session *s = NULL;
@@ -1219,7 +1221,8 @@ static void *session_thread(void *arg) {
 START_TEST(two_sessions_two_threads) {
   worker w[2] = {{3, 0, ""}, {-5, 0, ""}};
   pthread_t th[2];
-  for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, session_thread, &w[t]), 0);
+  for (int t = 0; t < 2; t++)
+    ck_assert_int_eq(pthread_create(&th[t], NULL, session_thread, &w[t]), 0);
   for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
   ck_assert_msg(w[0].ok, "session 0: %s", w[0].msg);
   ck_assert_msg(w[1].ok, "session 1: %s", w[1].msg);
@@ -1259,8 +1262,8 @@ typedef struct graph_log {
   uint64_t flush_seen;
 } graph_log;
 
-static void on_graph(void *user, uint64_t flush, int iteration, const char *pass,
-                     const char *when, const char *dot) {
+static void on_graph(void *user, uint64_t flush, int iteration, const char *pass, const char *when,
+                     const char *dot) {
   graph_log *g = user;
   g->calls++;
   g->flush_seen = flush;
@@ -1477,7 +1480,6 @@ START_TEST(timeline) {
 }
 END_TEST
 
-
 /* ---------------------------------------------------------------- lists across flushes */
 
 /* MacCormack's pattern: each frame iterates its source field twice and
@@ -1501,7 +1503,8 @@ static char *frames_script(int frames, const char *between) {
   char *s = malloc(cap), *w = s;
   w += sprintf(w, "launch init\nsync\n");
   for (int f = 0; f < frames; f++)
-    w += sprintf(w, "launch adv(q0,q1)\nsync\nlaunch adv(q1,q0)\nsync\n%s", f == frames / 2 ? between : "");
+    w += sprintf(w, "launch adv(q0,q1)\nsync\nlaunch adv(q1,q0)\nsync\n%s",
+                 f == frames / 2 ? between : "");
   return s;
 }
 

@@ -4,10 +4,10 @@
  * check names the check and the values and exits 1; .npy files round-trip
  * through `write ... from` and `read ... to`; `check`, `ir` and --help. */
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -63,19 +63,18 @@ static int run_session(const char *name, const char *json, char **out) {
   return sh(cmd, out);
 }
 
-static const char *prog =
-    "layout {\n"
-    "  dense(i: 8) { place a: f32, n: i32 }\n"
-    "  place total: f32\n"
-    "}\n"
-    "kernel fill(v: f32) {\n"
-    "  for i in a { a[i] = v + f32(i); n[i] = i * ${K} }\n"
-    "}\n"
-    "kernel sum() -> f32 {\n"
-    "  total[] = 0.0\n"
-    "  for i in a { total[] += a[i] }\n"
-    "  return total[]\n"
-    "}\n";
+static const char *prog = "layout {\n"
+                          "  dense(i: 8) { place a: f32, n: i32 }\n"
+                          "  place total: f32\n"
+                          "}\n"
+                          "kernel fill(v: f32) {\n"
+                          "  for i in a { a[i] = v + f32(i); n[i] = i * ${K} }\n"
+                          "}\n"
+                          "kernel sum() -> f32 {\n"
+                          "  total[] = 0.0\n"
+                          "  for i in a { total[] += a[i] }\n"
+                          "  return total[]\n"
+                          "}\n";
 
 START_TEST(examples_pass) {
   const char *dir = fbt_path("../examples");
@@ -107,16 +106,17 @@ START_TEST(params_checks_and_npy) {
   snprintf(src, sizeof src, "%s", prog);
   write_file("p.fbk", src);
   char *out;
-  int rc = run_session("ok.json",
-                       "{ \"name\": \"p\", \"program\": \"p.fbk\", \"params\": {\"K\": 3, \"V\": 0.5, \"R\": 2},\n"
-                       "  \"step\": [ {\"launch\": \"fill\", \"args\": [\"${V}\"]},\n"
-                       "            {\"repeat\": \"${R}\", \"do\": [{\"launch\": \"sum\"}]}, {\"sync\": true} ],\n"
-                       "  \"checks\": [ {\"read\": \"a\", \"sum\": 32.0},\n"
-                       "              {\"read\": \"n\", \"equals\": [0,3,6,9,12,15,18,21]},\n"
-                       "              {\"read\": \"total\", \"equals\": 32.0},\n"
-                       "              {\"read\": \"a\", \"min\": 0.5, \"max\": 7.5},\n"
-                       "              {\"read\": \"a\", \"to\": \"a.npy\"} ] }\n",
-                       &out);
+  int rc = run_session(
+      "ok.json",
+      "{ \"name\": \"p\", \"program\": \"p.fbk\", \"params\": {\"K\": 3, \"V\": 0.5, \"R\": 2},\n"
+      "  \"step\": [ {\"launch\": \"fill\", \"args\": [\"${V}\"]},\n"
+      "            {\"repeat\": \"${R}\", \"do\": [{\"launch\": \"sum\"}]}, {\"sync\": true} ],\n"
+      "  \"checks\": [ {\"read\": \"a\", \"sum\": 32.0},\n"
+      "              {\"read\": \"n\", \"equals\": [0,3,6,9,12,15,18,21]},\n"
+      "              {\"read\": \"total\", \"equals\": 32.0},\n"
+      "              {\"read\": \"a\", \"min\": 0.5, \"max\": 7.5},\n"
+      "              {\"read\": \"a\", \"to\": \"a.npy\"} ] }\n",
+      &out);
   ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
   free(out);
   /* the saved array feeds a write in another session, whose sum proves it */
@@ -149,19 +149,24 @@ END_TEST
 
 START_TEST(bad_input_is_named) {
   write_file("p.fbk", prog);
-  struct { const char *json, *want; } cases[] = {
+  struct {
+    const char *json, *want;
+  } cases[] = {
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"session\": {\"mdoe\": \"sync\"} }",
        "$.session.mdoe: unknown key"},
-      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", \"arg\": [1]} ] }",
+      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", "
+       "\"arg\": [1]} ] }",
        "$.step[0].arg: unknown key"},
       {"{ \"program\": \"p.fbk\" }", "${K} is not a parameter"},
-      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", \"args\": [\"a\"]} ] }",
+      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\", "
+       "\"args\": [\"a\"]} ] }",
        "$.step[0].args[0]: parameter 'v' needs an f32 value"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"nope\"} ] }",
        "no kernel named 'nope'"},
       {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"step\": [ {\"launch\": \"fill\"} ] }",
        "takes 1 argument, 0 given"},
-      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"checks\": [ {\"read\": \"zz\", \"sum\": 1} ] }",
+      {"{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"checks\": [ {\"read\": \"zz\", "
+       "\"sum\": 1} ] }",
        "no field named 'zz'"},
       {"{ \"program\": \"missing.fbk\" }", "missing.fbk"},
       {"{ \"source\": \"kernel k() { x[0] = 1 }\" }", "<source>:1:14: error"},
@@ -185,7 +190,9 @@ START_TEST(check_ir_and_help) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "ok ("), "%s", out);
   free(out);
-  write_file("e.fbk", "layout { dense(i: 4) { place a: f32 } }\nkernel k() {\n  a[0, 1] = 1.0\n  b[0] = 2.0\n}\n");
+  write_file(
+      "e.fbk",
+      "layout { dense(i: 4) { place a: f32 } }\nkernel k() {\n  a[0, 1] = 1.0\n  b[0] = 2.0\n}\n");
   snprintf(cmd, sizeof cmd, "%s check %s/e.fbk", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 1);
   ck_assert_msg(strstr(out, "e.fbk:3:") && strstr(out, "e.fbk:4:") && strstr(out, "^"), "%s", out);
@@ -198,9 +205,12 @@ START_TEST(check_ir_and_help) {
   snprintf(cmd, sizeof cmd, "%s check %s/k.fbk --param K=4", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
-  snprintf(cmd, sizeof cmd, "%s ir %s --kernel saxpy --bind x,y", fusebox(), fbt_path("../examples/saxpy.fbk"));
+  snprintf(cmd, sizeof cmd, "%s ir %s --kernel saxpy --bind x,y", fusebox(),
+           fbt_path("../examples/saxpy.fbk"));
   ck_assert_int_eq(sh(cmd, &out), 0);
-  ck_assert_msg(strstr(out, "kernel \"saxpy[x,y]\"") && strstr(out, "# task 0 of saxpy[x,y]: struct_for"), "%s", out);
+  ck_assert_msg(strstr(out, "kernel \"saxpy[x,y]\"") &&
+                    strstr(out, "# task 0 of saxpy[x,y]: struct_for"),
+                "%s", out);
   free(out);
   const char *cmds[] = {"check", "ir", "run", "bench", "graph", "ping", "stats"};
   for (int i = 0; i < 7; i++) {
@@ -239,7 +249,8 @@ START_TEST(cli_conventions) {
   }
   snprintf(cmd, sizeof cmd, "%s help frobnicate", fusebox());
   ck_assert_int_eq(sh(cmd, &out), 2);
-  ck_assert_msg(strstr(out, "unknown command 'frobnicate'") && strstr(out, "fusebox help"), "%s", out);
+  ck_assert_msg(strstr(out, "unknown command 'frobnicate'") && strstr(out, "fusebox help"), "%s",
+                out);
   free(out);
   snprintf(cmd, sizeof cmd, "%s --frobnicate", fusebox());
   ck_assert_int_eq(sh(cmd, &out), 2);
@@ -276,7 +287,8 @@ START_TEST(cli_conventions) {
   ck_assert_int_eq(sh(cmd, &out), 0);
   double secs = -1;
   const char *last = strstr(out, "saxpy: all checks passed (");
-  ck_assert_msg(last && sscanf(last, "saxpy: all checks passed (%lf s)", &secs) == 1 && secs >= 0, "%s", out);
+  ck_assert_msg(last && sscanf(last, "saxpy: all checks passed (%lf s)", &secs) == 1 && secs >= 0,
+                "%s", out);
   ck_assert_msg(!strstr(out, " launches ("), "%s", out);
   free(out);
   if (sh("command -v script", NULL) == 0) {
@@ -307,7 +319,8 @@ START_TEST(bench_modes_and_json) {
            fusebox(), tmpdir, tmpdir, tmpdir, tmpdir);
   int rc = sh(cmd, &out);
   ck_assert_msg(rc == 0, "rc %d\n%s", rc, out);
-  ck_assert_msg(strstr(out, "geometric mean over 2 cases") && strstr(out, "[2/2] pb: async (2/2)"), "%s", out);
+  ck_assert_msg(strstr(out, "geometric mean over 2 cases") && strstr(out, "[2/2] pb: async (2/2)"),
+                "%s", out);
   free(out);
   char path[512];
   snprintf(path, sizeof path, "%s/out.json", tmpdir);
@@ -342,9 +355,8 @@ END_TEST
 /* Equal values agree across modes, infinities and NaN at the
  * same place included (inf - inf is NaN, which once read as a difference). */
 START_TEST(bench_equal_infinities) {
-  write_file("inf.fbk",
-             "layout { dense(i: 4) { place q: f32 } }\n"
-             "kernel div(z: f32) { for i in q { q[i] = f32(i - 1) / z } }\n");
+  write_file("inf.fbk", "layout { dense(i: 4) { place q: f32 } }\n"
+                        "kernel div(z: f32) { for i in q { q[i] = f32(i - 1) / z } }\n");
   write_file("inf.json",
              "{ \"name\": \"inf\", \"program\": \"inf.fbk\",\n"
              "  \"step\": [ {\"launch\": \"div\", \"args\": [0.0]} ],\n"
@@ -370,33 +382,36 @@ START_TEST(u64_beyond_json_integers) {
   char *out;
   /* 18446744073709551615 % 1000 = 615, >> 60 = 15 (clamped to 2^63-1 it
    * would give 807 + 7; rounded through a double, 616 + 0) */
-  int rc = run_session("u.json",
-                       "{ \"program\": \"u.fbk\",\n"
-                       "  \"step\": [ {\"launch\": \"low\", \"args\": [\"18446744073709551615\"]} ],\n"
-                       "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n",
-                       &out);
+  int rc =
+      run_session("u.json",
+                  "{ \"program\": \"u.fbk\",\n"
+                  "  \"step\": [ {\"launch\": \"low\", \"args\": [\"18446744073709551615\"]} ],\n"
+                  "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n",
+                  &out);
   ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
   free(out);
-  write_file("up.json",
-             "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
-             "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]},\n"
-             "            {\"launch\": \"neg\", \"args\": [\"-2147483648\"]} ],\n"
-             "  \"checks\": [ {\"read\": \"r\", \"equals\": -2147483648} ] }\n");
+  write_file("up.json", "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
+                        "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]},\n"
+                        "            {\"launch\": \"neg\", \"args\": [\"-2147483648\"]} ],\n"
+                        "  \"checks\": [ {\"read\": \"r\", \"equals\": -2147483648} ] }\n");
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "%s run %s/up.json --param BIG=18446744073709551615", fusebox(), tmpdir);
+  snprintf(cmd, sizeof cmd, "%s run %s/up.json --param BIG=18446744073709551615", fusebox(),
+           tmpdir);
   rc = sh(cmd, &out);
   ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
   free(out);
   /* the same u64 through --param alone: r = 630 */
-  write_file("up2.json",
-             "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
-             "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]} ],\n"
-             "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n");
-  snprintf(cmd, sizeof cmd, "%s run %s/up2.json --param BIG=18446744073709551615", fusebox(), tmpdir);
+  write_file("up2.json", "{ \"program\": \"u.fbk\", \"params\": {\"BIG\": 1},\n"
+                         "  \"step\": [ {\"launch\": \"low\", \"args\": [\"${BIG}\"]} ],\n"
+                         "  \"checks\": [ {\"read\": \"r\", \"equals\": 630} ] }\n");
+  snprintf(cmd, sizeof cmd, "%s run %s/up2.json --param BIG=18446744073709551615", fusebox(),
+           tmpdir);
   rc = sh(cmd, &out);
   ck_assert_msg(rc == 0, "rc %d: %s", rc, out);
   free(out);
-  struct { const char *arg, *want; } bad[] = {
+  struct {
+    const char *arg, *want;
+  } bad[] = {
       {"\"18446744073709551616\"", "parameter 'v' needs a u64 value"},
       {"\"-1\"", "parameter 'v' needs a u64 value"},
       {"\"12abc\"", "parameter 'v' needs a u64 value"},
@@ -411,7 +426,8 @@ START_TEST(u64_beyond_json_integers) {
     free(out);
   }
   rc = run_session("ui.json",
-                   "{ \"program\": \"u.fbk\", \"step\": [ {\"launch\": \"neg\", \"args\": [\"2147483648\"]} ] }\n",
+                   "{ \"program\": \"u.fbk\", \"step\": [ {\"launch\": \"neg\", \"args\": "
+                   "[\"2147483648\"]} ] }\n",
                    &out);
   ck_assert_msg(rc == 2 && strstr(out, "parameter 'v' needs an i32 value"), "rc %d: %s", rc, out);
   free(out);
@@ -420,11 +436,13 @@ END_TEST
 
 START_TEST(graph_and_trace) {
   write_file("p.fbk", prog);
-  write_file("g.json",
-             "{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"session\": {\"mode\": \"async\"},\n"
-             "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]}, {\"launch\": \"fill\", \"args\": [2.0]},\n"
-             "            {\"sync\": true} ],\n"
-             "  \"checks\": [ {\"read\": \"a\", \"sum\": 44.0} ] }\n");
+  write_file(
+      "g.json",
+      "{ \"program\": \"p.fbk\", \"params\": {\"K\": 1}, \"session\": {\"mode\": \"async\"},\n"
+      "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]}, {\"launch\": \"fill\", \"args\": "
+      "[2.0]},\n"
+      "            {\"sync\": true} ],\n"
+      "  \"checks\": [ {\"read\": \"a\", \"sum\": 44.0} ] }\n");
   char cmd[8192], *out;
   snprintf(cmd, sizeof cmd, "%s graph %s/g.json --out %s/graphs", fusebox(), tmpdir, tmpdir);
   ck_assert_msg(sh(cmd, &out) == 0 && strstr(out, "graphs written"), "%s", out);
@@ -443,10 +461,12 @@ START_TEST(graph_and_trace) {
   free(out);
   snprintf(path, sizeof path, "%s/t.json", tmpdir);
   char *tj = fbt_read_file(path, NULL);
-  ck_assert_msg(tj && strstr(tj, "\"traceEvents\"") && strstr(tj, "\"ph\""), "%s", tj ? tj : "none");
+  ck_assert_msg(tj && strstr(tj, "\"traceEvents\"") && strstr(tj, "\"ph\""), "%s",
+                tj ? tj : "none");
   free(tj);
   /* the graph exists in async mode only: sync refuses clearly */
-  snprintf(cmd, sizeof cmd, "%s run %s/g.json --mode sync --graph %s/g2", fusebox(), tmpdir, tmpdir);
+  snprintf(cmd, sizeof cmd, "%s run %s/g.json --mode sync --graph %s/g2", fusebox(), tmpdir,
+           tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 2);
   ck_assert_msg(strstr(out, "async mode only"), "%s", out);
   free(out);
@@ -458,7 +478,9 @@ static int start_fuseboxd(const char *name, char *sock, size_t n) {
   char cmd[8192], *out;
   snprintf(sock, n, "unix:%s/%s", tmpdir, name);
   const char *b = getenv("FB_BUILD_DIR");
-  snprintf(cmd, sizeof cmd, "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!", b ? b : "build", sock);
+  snprintf(cmd, sizeof cmd,
+           "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!",
+           b ? b : "build", sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   int pid = atoi(out);
   free(out);
@@ -479,26 +501,28 @@ static int start_fuseboxd(const char *name, char *sock, size_t n) {
  * running one), in sync and async mode, and every path says the same: the
  * kernel, the launch number and the JSON path of the action. */
 START_TEST(launch_errors_fail_every_path) {
-  write_file("oob.fbk",
-             "layout { dense(ij: 8, 8) { place u: f32, v: f32 } }\n"
-             "kernel init() { for i, j in u { u[i, j] = 0.0\n v[i, j] = 1.0 } }\n"
-             "kernel drift() { for i, j in u { u[i, j] += v[i + 1, j] } }\n");
-  write_file("oob.json",
-             "{ \"name\": \"oob\", \"program\": \"oob.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
-             "  \"step\": [ {\"launch\": \"init\"}, {\"repeat\": 2, \"do\": [{\"launch\": \"drift\"}]},\n"
-             "            {\"launch\": \"init\"} ],\n"
-             "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
-             "  \"checks\": [ {\"read\": \"v\", \"sum\": 64.0} ] }\n");
+  write_file("oob.fbk", "layout { dense(ij: 8, 8) { place u: f32, v: f32 } }\n"
+                        "kernel init() { for i, j in u { u[i, j] = 0.0\n v[i, j] = 1.0 } }\n"
+                        "kernel drift() { for i, j in u { u[i, j] += v[i + 1, j] } }\n");
+  write_file(
+      "oob.json",
+      "{ \"name\": \"oob\", \"program\": \"oob.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+      "  \"step\": [ {\"launch\": \"init\"}, {\"repeat\": 2, \"do\": [{\"launch\": \"drift\"}]},\n"
+      "            {\"launch\": \"init\"} ],\n"
+      "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+      "  \"checks\": [ {\"read\": \"v\", \"sum\": 64.0} ] }\n");
   char sock[512], server[600], cmd[8192], *out;
   int pid = start_fuseboxd("oob.sock", sock, sizeof sock);
   snprintf(server, sizeof server, "--server %s", sock);
   const char *paths[] = {"--local", "", server};
   const char *modes[] = {"sync", "async"};
   /* launch #3: setup's init, the step's init, then the first drift */
-  const char *want = "$.step[1].do[0]: kernel 'drift' (launch #3 of the session) indexed a field out of bounds";
+  const char *want =
+      "$.step[1].do[0]: kernel 'drift' (launch #3 of the session) indexed a field out of bounds";
   for (int p = 0; p < 3; p++)
     for (int m = 0; m < 2; m++) {
-      snprintf(cmd, sizeof cmd, "%s run %s/oob.json %s --mode %s", fusebox(), tmpdir, paths[p], modes[m]);
+      snprintf(cmd, sizeof cmd, "%s run %s/oob.json %s --mode %s", fusebox(), tmpdir, paths[p],
+               modes[m]);
       int rc = sh(cmd, &out);
       ck_assert_msg(rc == 2 && strstr(out, want) && !strstr(out, "all checks passed"),
                     "%s: rc %d\n%s", cmd, rc, out);
@@ -527,7 +551,8 @@ END_TEST
 START_TEST(server_commands) {
   char cmd[8192], *out, sock[512];
   int pid = start_fuseboxd("fbd.sock", sock, sizeof sock);
-  snprintf(cmd, sizeof cmd, "%s run %s --server %s", fusebox(), fbt_path("../examples/life.json"), sock);
+  snprintf(cmd, sizeof cmd, "%s run %s --server %s", fusebox(), fbt_path("../examples/life.json"),
+           sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "all checks passed"), "%s", out);
   free(out);
@@ -550,7 +575,8 @@ START_TEST(server_commands) {
   json_decref(js);
   free(out);
   /* FUSEBOX_SERVER stands for --server: run and stats both use it */
-  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s run %s", sock, fusebox(), fbt_path("../examples/saxpy.json"));
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s run %s", sock, fusebox(),
+           fbt_path("../examples/saxpy.json"));
   ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
   snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=%s %s stats", sock, fusebox());
@@ -563,8 +589,8 @@ START_TEST(server_commands) {
   ck_assert_int_eq(sh(cmd, &out), 2);
   ck_assert_msg(strstr(out, "nobody.sock"), "%s", out);
   free(out);
-  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s --local", tmpdir, fusebox(),
-           fbt_path("../examples/saxpy.json"));
+  snprintf(cmd, sizeof cmd, "FUSEBOX_SERVER=unix:%s/nobody.sock %s run %s --local", tmpdir,
+           fusebox(), fbt_path("../examples/saxpy.json"));
   ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
   /* the same session in this process gives the same answer */
@@ -583,7 +609,8 @@ END_TEST
  * and an error alike. */
 START_TEST(run_json) {
   char cmd[8192], *out;
-  snprintf(cmd, sizeof cmd, "{ %s run %s --json 2>/dev/null; }", fusebox(), fbt_path("../examples/heat.json"));
+  snprintf(cmd, sizeof cmd, "{ %s run %s --json 2>/dev/null; }", fusebox(),
+           fbt_path("../examples/heat.json"));
   ck_assert_int_eq(sh(cmd, &out), 0);
   json_error_t je;
   json_t *js = json_loads(out, 0, &je);
@@ -591,7 +618,8 @@ START_TEST(run_json) {
   ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "passed");
   ck_assert_int_eq(json_integer_value(json_object_get(js, "exit_status")), 0);
   ck_assert(json_real_value(json_object_get(js, "elapsed_s")) > 0);
-  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(js, "counters"), "launches")), 201);
+  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(js, "counters"), "launches")),
+                   201);
   json_t *c0 = json_array_get(json_object_get(js, "checks"), 0);
   ck_assert(json_is_true(json_object_get(c0, "ok")));
   ck_assert_int_eq(json_integer_value(json_object_get(c0, "index")), 0);
@@ -599,9 +627,11 @@ START_TEST(run_json) {
   json_decref(js);
   free(out);
   write_file("p.fbk", prog);
-  write_file("jf.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
-                        "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]} ],\n"
-                        "  \"checks\": [ {\"read\": \"a\", \"sum\": 36.0}, {\"read\": \"a\", \"sum\": 99.0} ] }\n");
+  write_file(
+      "jf.json",
+      "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"
+      "  \"step\": [ {\"launch\": \"fill\", \"args\": [1.0]} ],\n"
+      "  \"checks\": [ {\"read\": \"a\", \"sum\": 36.0}, {\"read\": \"a\", \"sum\": 99.0} ] }\n");
   snprintf(cmd, sizeof cmd, "{ %s run %s/jf.json --json 2>/dev/null; }", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 1);
   js = json_loads(out, 0, &je);
@@ -613,13 +643,16 @@ START_TEST(run_json) {
   ck_assert(json_is_false(json_object_get(json_array_get(checks, 1), "ok")));
   json_decref(js);
   free(out);
-  write_file("je.json", "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2}, \"step\": [ {\"launch\": \"nope\"} ] }\n");
+  write_file(
+      "je.json",
+      "{ \"program\": \"p.fbk\", \"params\": {\"K\": 2}, \"step\": [ {\"launch\": \"nope\"} ] }\n");
   snprintf(cmd, sizeof cmd, "{ %s run %s/je.json --json 2>/dev/null; }", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 2);
   js = json_loads(out, 0, &je);
   ck_assert_msg(js, "%s", out);
   ck_assert_str_eq(json_string_value(json_object_get(js, "outcome")), "error");
-  ck_assert_msg(strstr(json_string_value(json_object_get(js, "error")), "no kernel named 'nope'"), "%s", out);
+  ck_assert_msg(strstr(json_string_value(json_object_get(js, "error")), "no kernel named 'nope'"),
+                "%s", out);
   json_decref(js);
   free(out);
 }
@@ -657,10 +690,12 @@ static unsigned char *read_png(const char *path, unsigned *w, unsigned *h) {
   return buf;
 }
 
-static void assert_pixel(const unsigned char *buf, unsigned w, unsigned x, unsigned y, int r, int g, int b) {
+static void assert_pixel(const unsigned char *buf, unsigned w, unsigned x, unsigned y, int r, int g,
+                         int b) {
   const unsigned char *p = buf + 3 * (y * w + x);
-  ck_assert_msg(p[0] == r && p[1] == g && p[2] == b, "pixel (%u, %u) is (%d, %d, %d), expected (%d, %d, %d)",
-                x, y, p[0], p[1], p[2], r, g, b);
+  ck_assert_msg(p[0] == r && p[1] == g && p[2] == b,
+                "pixel (%u, %u) is (%d, %d, %d), expected (%d, %d, %d)", x, y, p[0], p[1], p[2], r,
+                g, b);
 }
 
 /* save ... every N: {step} and {step:03d} in the name, .npy arrays and .png
@@ -669,12 +704,12 @@ static void assert_pixel(const unsigned char *buf, unsigned w, unsigned x, unsig
  * this process alike; --output-dir; bench skips saves. */
 START_TEST(snapshots_and_pictures) {
   write_file("snap.fbk", snap_prog);
-  write_file("snap.json",
-             "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
-             "  \"step\": [ {\"repeat\": 4, \"do\": [ {\"launch\": \"bump\"},\n"
-             "      {\"save\": \"u\", \"to\": \"u_{step:03d}.npy\", \"every\": 2},\n"
-             "      {\"save\": \"u\", \"to\": \"u_{step}.png\", \"range\": [0, 51], \"colormap\": \"gray\"} ]} ],\n"
-             "  \"checks\": [ {\"read\": \"u\", \"to\": \"auto.png\"} ] }\n");
+  write_file("snap.json", "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+                          "  \"step\": [ {\"repeat\": 4, \"do\": [ {\"launch\": \"bump\"},\n"
+                          "      {\"save\": \"u\", \"to\": \"u_{step:03d}.npy\", \"every\": 2},\n"
+                          "      {\"save\": \"u\", \"to\": \"u_{step}.png\", \"range\": [0, 51], "
+                          "\"colormap\": \"gray\"} ]} ],\n"
+                          "  \"checks\": [ {\"read\": \"u\", \"to\": \"auto.png\"} ] }\n");
   const char *paths[] = {"", "--local"};
   for (int p = 0; p < 2; p++) {
     char cmd[8192], dir[512], file[600], *out;
@@ -718,11 +753,13 @@ START_TEST(snapshots_and_pictures) {
   }
   /* the same arrays on both paths */
   char cmd[8192], *out;
-  snprintf(cmd, sizeof cmd, "cmp %s/out0/u_004.npy %s/out1/u_004.npy && cmp %s/out0/u_3.png %s/out1/u_3.png",
-           tmpdir, tmpdir, tmpdir, tmpdir);
+  snprintf(cmd, sizeof cmd,
+           "cmp %s/out0/u_004.npy %s/out1/u_004.npy && cmp %s/out0/u_3.png %s/out1/u_3.png", tmpdir,
+           tmpdir, tmpdir, tmpdir);
   ck_assert_int_eq(sh(cmd, NULL), 0);
   /* bench times the step: no snapshots (they would land beside snap.json) */
-  snprintf(cmd, sizeof cmd, "%s bench %s/snap.json --local --modes sync --warmup 0 --repeat 1", fusebox(), tmpdir);
+  snprintf(cmd, sizeof cmd, "%s bench %s/snap.json --local --modes sync --warmup 0 --repeat 1",
+           fusebox(), tmpdir);
   ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
   free(out);
   char file[600];
@@ -734,23 +771,34 @@ END_TEST
 /* `fusebox check` (and run) refuse a bad save with its JSON path. */
 START_TEST(bad_saves_are_named) {
   write_file("snap.fbk", snap_prog);
-  struct { const char *action, *want; } cases[] = {
-      {"{\"save\": \"u\", \"to\": \"u.txt\"}", "$.step[0].to: 'u.txt': expected a file name ending in .npy or .png"},
-      {"{\"save\": \"u\", \"to\": \"u.npy\", \"every\": 0}", "$.step[0].every: expected a count >= 1"},
-      {"{\"save\": \"u\", \"to\": \"u.png\", \"range\": [1, 0]}", "$.step[0].range: expected [lo, hi]"},
-      {"{\"save\": \"u\", \"to\": \"u.npy\", \"range\": [0, 1]}", "$.step[0].range: only for a picture"},
-      {"{\"save\": \"u\", \"to\": \"u.png\", \"colormap\": \"jet\"}", "$.step[0].colormap: expected \"viridis\" or \"gray\""},
-      {"{\"save\": \"u\", \"to\": \"u_{stp}.png\"}", "$.step[0].to: 'u_{stp}.png': unknown placeholder"},
+  struct {
+    const char *action, *want;
+  } cases[] = {
+      {"{\"save\": \"u\", \"to\": \"u.txt\"}",
+       "$.step[0].to: 'u.txt': expected a file name ending in .npy or .png"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"every\": 0}",
+       "$.step[0].every: expected a count >= 1"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"range\": [1, 0]}",
+       "$.step[0].range: expected [lo, hi]"},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"range\": [0, 1]}",
+       "$.step[0].range: only for a picture"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"colormap\": \"jet\"}",
+       "$.step[0].colormap: expected \"viridis\" or \"gray\""},
+      {"{\"save\": \"u\", \"to\": \"u_{stp}.png\"}",
+       "$.step[0].to: 'u_{stp}.png': unknown placeholder"},
       {"{\"save\": \"u\", \"to\": \"u.npy\", \"evry\": 2}", "$.step[0].evry: unknown key"},
       {"{\"save\": 3, \"to\": \"u.npy\"}", "$.step[0].save: expected a field name"},
       {"{\"save\": \"zz\", \"to\": \"u.npy\"}", "$.step[0].save: no field named 'zz'"},
-      {"{\"save\": \"w\", \"to\": \"w.png\"}", "$.step[0].to: a picture needs a 2-D field of scalars; 'w' has 1 index"},
-      {"{\"repeat\": 2, \"do\": [{\"launch\": \"bump\"}, {\"save\": \"w\", \"to\": \"w{step}.png\"}]}",
+      {"{\"save\": \"w\", \"to\": \"w.png\"}",
+       "$.step[0].to: a picture needs a 2-D field of scalars; 'w' has 1 index"},
+      {"{\"repeat\": 2, \"do\": [{\"launch\": \"bump\"}, {\"save\": \"w\", \"to\": "
+       "\"w{step}.png\"}]}",
        "$.step[0].do[1].to: a picture needs a 2-D field"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char json[1024], name[32], cmd[8192], *out;
-    snprintf(json, sizeof json, "{ \"program\": \"snap.fbk\", \"step\": [ %s ] }\n", cases[i].action);
+    snprintf(json, sizeof json, "{ \"program\": \"snap.fbk\", \"step\": [ %s ] }\n",
+             cases[i].action);
     snprintf(name, sizeof name, "bs%zu.json", i);
     write_file(name, json);
     snprintf(cmd, sizeof cmd, "%s check %s/%s", fusebox(), tmpdir, name);

@@ -40,7 +40,10 @@ static fb_kernel *kernel_storing(int v) {
 
 /* ---------------------------------------------------------------- the cache */
 
-enum { NK = 12, CODE = 10000 };
+enum {
+  NK = 12,
+  CODE = 10000
+};
 
 typedef struct fixture {
   fb_code_cache *c;

@@ -18,11 +18,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "cg_kernels.h"
 #include "codegen/codegen.h"
 #include "fusebox/lang.h"
 #include "optimizer/optimizer.h"
 #include "support/support.h"
-#include "cg_kernels.h"
 
 #define SEED 0x5eed1234abcdull
 #define GTMP_BYTES 4096
@@ -169,8 +169,8 @@ static void check_case(fb_cpu_jit *j, const cg_layout *c, const cg_case *cs) {
       char w[64], g[64];
       show(w, sizeof w, ret);
       show(g, sizeof g, got);
-      ck_assert_msg(same_value(ret, got, cs->ulps), "%s: returned %s, interpreter %s",
-                    st->k->name, g, w);
+      ck_assert_msg(same_value(ret, got, cs->ulps), "%s: returned %s, interpreter %s", st->k->name,
+                    g, w);
     }
   }
   char what[96];
@@ -415,8 +415,10 @@ static const char *FAST_SRC =
     "  dense(i: 4) { dense(i: 1024) { place t: f32 } }\n"
     "  dense(ij: 48, 40) { place g: f32 }\n"
     "  dense(ij: 48, 40) { place h: f32 }\n"
-    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place m: i32 } } } } }\n"
-    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place mm: i32 } } } } }\n"
+    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place m: i32 } } } } "
+    "}\n"
+    "  dense(i: 2) { dense(i: 3) { dense(j: 2) { dense(i: 4) { dense(i: 5) { place mm: i32 } } } } "
+    "}\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place q: f32 } } } }\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place r: f32 } } } }\n"
     "  dense(i: 8) { place acc: f32 }\n"
@@ -494,8 +496,8 @@ START_TEST(test_fast_ir) {
     ck_assert_msg(strstr(ir, "!tbaa"), "%s: field accesses without TBAA tags:\n%s", vec[i], ir);
     if (i == 2) /* nested dense groups: one multiplication, no division (2-D
                  * struct-fors divide once per row, outside the inner loop) */
-      ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"),
-                    "%s: division in the address:\n%s", vec[i], ir);
+      ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"), "%s: division in the address:\n%s",
+                    vec[i], ir);
     free(ir);
   }
   char *ir = fast_ir(p, "scatter");
@@ -523,8 +525,8 @@ START_TEST(test_fast_results) {
   js->root = calloc(1, l->root_bytes);
   ck_assert_ptr_nonnull(js->root);
   fb_cpu_jit *j = new_jit();
-  const char *ks[] = {"init", "saxpy", "stencil", "split_copy", "copy2d", "grid_copy",
-                      "groups", "scatter", "saxpy", "scatter", "scatter2", "scatter2"};
+  const char *ks[] = {"init",   "saxpy",   "stencil", "split_copy", "copy2d",   "grid_copy",
+                      "groups", "scatter", "saxpy",   "scatter",    "scatter2", "scatter2"};
   for (size_t n = 0; n < sizeof ks / sizeof ks[0]; n++) {
     fb_kernel *k = NULL;
     fb_diags d;

@@ -46,21 +46,20 @@ static fakecuda_stats stats(void) {
   return st;
 }
 
-static const char *SRC =
-    "layout {\n"
-    "  dense(i: 1000) { place a: f32, b: f32 }\n"
-    "  place total: f32\n"
-    "}\n"
-    "kernel scale(k: f32) {\n"
-    "  for i in a { b[i] = a[i] * k }\n"
-    "}\n"
-    "kernel both(n: i32) {\n"
-    "  total[] = 0.0\n"
-    "  for i in 0 .. n { b[i] = 1.0 }\n"
-    "}\n"
-    "kernel acc(k: f32) {\n"
-    "  for i in a { b[i] += a[i] * k }\n"
-    "}\n";
+static const char *SRC = "layout {\n"
+                         "  dense(i: 1000) { place a: f32, b: f32 }\n"
+                         "  place total: f32\n"
+                         "}\n"
+                         "kernel scale(k: f32) {\n"
+                         "  for i in a { b[i] = a[i] * k }\n"
+                         "}\n"
+                         "kernel both(n: i32) {\n"
+                         "  total[] = 0.0\n"
+                         "  for i in 0 .. n { b[i] = 1.0 }\n"
+                         "}\n"
+                         "kernel acc(k: f32) {\n"
+                         "  for i in a { b[i] += a[i] * k }\n"
+                         "}\n";
 
 typedef struct env {
   fb_engine *e;
@@ -176,8 +175,10 @@ START_TEST(server_refuses_cuda_without_driver) {
   const char *bdir = getenv("FB_BUILD_DIR");
   ck_assert_ptr_nonnull(bdir);
   char cmd[4096];
-  snprintf(cmd, sizeof cmd, "FB_CUDA_LIBRARY=/nonexistent/libcuda.so.1 '%s/server/fuseboxd' "
-           "--backend cuda --listen unix:/tmp/fb_test_cuda_%d.sock 2>&1", bdir, (int)getpid());
+  snprintf(cmd, sizeof cmd,
+           "FB_CUDA_LIBRARY=/nonexistent/libcuda.so.1 '%s/server/fuseboxd' "
+           "--backend cuda --listen unix:/tmp/fb_test_cuda_%d.sock 2>&1",
+           bdir, (int)getpid());
   FILE *p = popen(cmd, "r");
   ck_assert_ptr_nonnull(p);
   char out[4096] = "";

@@ -64,8 +64,11 @@
 static const dt_config dt_configs[] = {
     {.name = "sync", .kind = DT_CFG_SYNC},
     {.name = "async:all", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1},
-    {.name = "async:all-flush3-fuse4", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
-     .flush_every = 3, .max_fuse = 4},
+    {.name = "async:all-flush3-fuse4",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = 3,
+     .max_fuse = 4},
     {.name = "async:none", .kind = DT_CFG_ASYNC, .passes = 0, .flush_every = -1},
     {.name = "async:listgen", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_LISTGEN},
     {.name = "async:demote", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_DEMOTE},
@@ -73,12 +76,16 @@ static const dt_config dt_configs[] = {
     {.name = "async:dse", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_DSE},
     {.name = "opt-interp:none", .kind = DT_CFG_OPT_INTERP, .passes = 0},
     {.name = "opt-interp:all", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_ALL},
-    {.name = "opt-interp:all-fuse4", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_ALL, .max_fuse = 4},
+    {.name = "opt-interp:all-fuse4",
+     .kind = DT_CFG_OPT_INTERP,
+     .passes = FB_PASS_ALL,
+     .max_fuse = 4},
     {.name = "opt-interp:demote", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_DEMOTE},
     {.name = "opt-interp:listgen", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_LISTGEN},
     {.name = "opt-interp:dse", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_DSE},
     {.name = "opt-interp:fuse", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_FUSE},
-    {.name = "opt-interp:fuse+simplify", .kind = DT_CFG_OPT_INTERP,
+    {.name = "opt-interp:fuse+simplify",
+     .kind = DT_CFG_OPT_INTERP,
      .passes = FB_PASS_FUSE | FB_PASS_SIMPLIFY},
 };
 #define DT_NCONFIGS ((int)(sizeof dt_configs / sizeof dt_configs[0]))
@@ -89,15 +96,29 @@ static const dt_config dt_configs[] = {
 static const dt_config dt_big_configs[] = {
     {.name = "sync", .kind = DT_CFG_SYNC},
     {.name = "async:all", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1},
-    {.name = "async:all-fuse2", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1,
+    {.name = "async:all-fuse2",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = -1,
      .max_fuse = 2},
-    {.name = "async:all-fuse8", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1,
+    {.name = "async:all-fuse8",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = -1,
      .max_fuse = 8},
-    {.name = "async:all-uncapped", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
-     .flush_every = -1, .max_fuse = DT_UNCAPPED},
-    {.name = "async:all-flush16-uncapped", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
-     .flush_every = 16, .max_fuse = DT_UNCAPPED},
-    {.name = "opt-interp:all-uncapped", .kind = DT_CFG_OPT_INTERP, .passes = FB_PASS_ALL,
+    {.name = "async:all-uncapped",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = -1,
+     .max_fuse = DT_UNCAPPED},
+    {.name = "async:all-flush16-uncapped",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = 16,
+     .max_fuse = DT_UNCAPPED},
+    {.name = "opt-interp:all-uncapped",
+     .kind = DT_CFG_OPT_INTERP,
+     .passes = FB_PASS_ALL,
      .max_fuse = DT_UNCAPPED},
 };
 #define DT_NBIG ((int)(sizeof dt_big_configs / sizeof dt_big_configs[0]))
@@ -106,8 +127,11 @@ static const dt_config dt_big_configs[] = {
 static const dt_config dt_err_configs[] = {
     {.name = "sync", .kind = DT_CFG_SYNC},
     {.name = "async:all", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL, .flush_every = -1},
-    {.name = "async:all-flush3-fuse4", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_ALL,
-     .flush_every = 3, .max_fuse = 4},
+    {.name = "async:all-flush3-fuse4",
+     .kind = DT_CFG_ASYNC,
+     .passes = FB_PASSES_ALL,
+     .flush_every = 3,
+     .max_fuse = 4},
     {.name = "async:none", .kind = DT_CFG_ASYNC, .passes = 0, .flush_every = -1},
     {.name = "async:fusion", .kind = DT_CFG_ASYNC, .passes = FB_PASSES_FUSION, .flush_every = -1},
 };
@@ -177,8 +201,8 @@ static void add_failure(dt_run *r, const dt_prog *p, int config, const char *msg
   r->failures++;
   size_t o = strlen(r->failed_list);
   if (o + 48 < sizeof r->failed_list)
-    snprintf(r->failed_list + o, sizeof r->failed_list - o, " 0x%llx/%s", (unsigned long long)p->seed,
-             cname);
+    snprintf(r->failed_list + o, sizeof r->failed_list - o, " 0x%llx/%s",
+             (unsigned long long)p->seed, cname);
   if (config >= 0 && r->nfails < DT_MAX_FAILURES && dt_prog_copy(p, &r->fails[r->nfails].p) == 0) {
     dt_failure *f = &r->fails[r->nfails++];
     f->config = config;
@@ -206,7 +230,8 @@ static void shrink_and_print(dt_run *r, dt_failure *fl) {
   FILE *f = fopen(path, "w");
   if (f && text) fputs(text, f);
   if (f) fclose(f);
-  fprintf(stderr, "---- shrunk program (saved as %s) ----\n%s---- end ----\n", path, text ? text : "");
+  fprintf(stderr, "---- shrunk program (saved as %s) ----\n%s---- end ----\n", path,
+          text ? text : "");
   free(text);
 }
 
@@ -239,11 +264,13 @@ static void count_run(dt_run *r, const dt_config *c, const dt_log *got, int bad,
   r->demoted += k->activations_demoted;
   r->listgens += k->listgens_removed;
   if (r->env.verbose)
-    fprintf(stderr, "  %-26s %s (compiled %llu in %.3f s, tasks %llu, fused %llu, dse %llu, "
-            "demoted %llu, listgen %llu)\n", c->name, bad ? msg : "ok",
-            (unsigned long long)k->tasks_compiled, k->compile_s, (unsigned long long)k->tasks_launched,
-            (unsigned long long)k->tasks_fused, (unsigned long long)k->dead_stores_removed,
-            (unsigned long long)k->activations_demoted, (unsigned long long)k->listgens_removed);
+    fprintf(stderr,
+            "  %-26s %s (compiled %llu in %.3f s, tasks %llu, fused %llu, dse %llu, "
+            "demoted %llu, listgen %llu)\n",
+            c->name, bad ? msg : "ok", (unsigned long long)k->tasks_compiled, k->compile_s,
+            (unsigned long long)k->tasks_launched, (unsigned long long)k->tasks_fused,
+            (unsigned long long)k->dead_stores_removed, (unsigned long long)k->activations_demoted,
+            (unsigned long long)k->listgens_removed);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -333,9 +360,11 @@ static uint64_t fresh_seed(int i) {
 static void finish(dt_run *r, const char *what) {
   fprintf(stderr, "difftest: %s: %d programs, %d configuration runs, %d failures%s%s\n", what,
           r->programs, r->checks, r->failures, r->failures ? ":" : "", r->failed_list);
-  fprintf(stderr, "difftest: optimizer counters over all runs: %llu fused, %llu dead stores, %llu demoted, "
-          "%llu listgens removed\n", (unsigned long long)r->fused, (unsigned long long)r->dse,
-          (unsigned long long)r->demoted, (unsigned long long)r->listgens);
+  fprintf(stderr,
+          "difftest: optimizer counters over all runs: %llu fused, %llu dead stores, %llu demoted, "
+          "%llu listgens removed\n",
+          (unsigned long long)r->fused, (unsigned long long)r->dse, (unsigned long long)r->demoted,
+          (unsigned long long)r->listgens);
   int failures = r->failures;
   char list[sizeof r->failed_list];
   memcpy(list, r->failed_list, sizeof list);
@@ -429,9 +458,11 @@ static int run_big(dt_env *env, const dt_prog *p, int fake, big_totals *t) {
     dt_run_config(env, p, c, &got);
     int b = dt_compare(p, &want, &got, c->kind == DT_CFG_SYNC, msg, sizeof msg);
     if (env->verbose || b)
-      fprintf(stderr, "difftest: big seed 0x%llx %-30s %s (tasks %llu, fused %llu, refused %llu, "
-              "fallbacks %llu, compiled %llu in %.2f s)\n", (unsigned long long)p->seed, c->name,
-              b ? msg : "ok", (unsigned long long)got.counters.tasks_launched,
+      fprintf(stderr,
+              "difftest: big seed 0x%llx %-30s %s (tasks %llu, fused %llu, refused %llu, "
+              "fallbacks %llu, compiled %llu in %.2f s)\n",
+              (unsigned long long)p->seed, c->name, b ? msg : "ok",
+              (unsigned long long)got.counters.tasks_launched,
               (unsigned long long)got.counters.tasks_fused,
               (unsigned long long)got.counters.fuse_refused,
               (unsigned long long)got.counters.fuse_fallbacks,
@@ -470,10 +501,11 @@ START_TEST(test_big_programs) {
     failures += run_big(&r.env, &p, fake, &t);
     dt_prog_free(&p);
   }
-  fprintf(stderr, "difftest: %llu big programs on %s%s (kernels up to %d statements, %d "
+  fprintf(stderr,
+          "difftest: %llu big programs on %s%s (kernels up to %d statements, %d "
           "parameters): %llu fused, %llu refused by the cost model, %llu fallbacks, %d failures\n",
-          (unsigned long long)t.programs, fbt_backend(), fake ? " (fake device)" : "", stmts, params,
-          (unsigned long long)t.fused, (unsigned long long)t.refused,
+          (unsigned long long)t.programs, fbt_backend(), fake ? " (fake device)" : "", stmts,
+          params, (unsigned long long)t.fused, (unsigned long long)t.refused,
           (unsigned long long)t.fallbacks, failures);
   dt_run_fini(&r);
   ck_assert_int_eq(failures, 0);
@@ -496,7 +528,8 @@ static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t 
   }
   if (!sync->nerrs) return 0;
   if (sync->err1_launch != got->err1_launch) {
-    snprintf(msg, len, "first error on launch %lld, sync's on launch %lld: '%.400s' vs sync's '%.400s'",
+    snprintf(msg, len,
+             "first error on launch %lld, sync's on launch %lld: '%.400s' vs sync's '%.400s'",
              (long long)got->err1_launch, (long long)sync->err1_launch, got->err1, sync->err1);
     return 1;
   }
@@ -534,7 +567,10 @@ START_TEST(test_failing_programs) {
       fused += got.counters.tasks_fused > 0 && got.nerrs > 0;
       if (bad || r.env.verbose)
         fprintf(stderr, "difftest: failing seed 0x%llx %-24s %s\n", (unsigned long long)seed,
-                dt_err_configs[i].name, bad ? msg : got.nerrs ? got.err1 : "no error");
+                dt_err_configs[i].name,
+                bad         ? msg
+                : got.nerrs ? got.err1
+                            : "no error");
       dt_log_free(&got);
     }
     if (bad) {
@@ -548,8 +584,10 @@ START_TEST(test_failing_programs) {
     dt_log_free(&sync);
     dt_prog_free(&p);
   }
-  fprintf(stderr, "difftest: %d failing programs of %d (%d runs with fusion and errors), %d "
-          "mismatches\n", failing, n, fused, failures);
+  fprintf(stderr,
+          "difftest: %d failing programs of %d (%d runs with fusion and errors), %d "
+          "mismatches\n",
+          failing, n, fused, failures);
   dt_run_fini(&r);
   ck_assert_int_eq(failures, 0);
   ck_assert_int_ge(failing, n / 4); /* most programs did fail */
@@ -603,7 +641,8 @@ START_TEST(test_generator_coverage) {
     for (int k = 0; k < p.nk; k++) {
       rets += p.ks[k]->ret != FB_T_VOID;
       for (int b = 0; b < p.ks[k]->nblocks; b++)
-        for (int i = 0; i < p.ks[k]->blocks[b].n; i++) ops[p.ks[k]->stmts[p.ks[k]->blocks[b].ids[i]].op]++;
+        for (int i = 0; i < p.ks[k]->blocks[b].n; i++)
+          ops[p.ks[k]->stmts[p.ks[k]->blocks[b].ids[i]].op]++;
     }
     for (int i = 0; i < p.nsteps; i++) steps[p.steps[i].kind]++;
     dt_prog_free(&p);
@@ -613,17 +652,21 @@ START_TEST(test_generator_coverage) {
       fprintf(stderr, "%s SNodes: %d\n", fb_snode_kind_name(k), kinds[k]);
     for (int o = 0; o < FB_OP__COUNT; o++)
       if (ops[o]) fprintf(stderr, "%s: %d\n", fb_op_table[o].name, ops[o]);
-    for (int st = 0; st < DT_STEP__COUNT; st++) fprintf(stderr, "step %s: %d\n", dt_step_name(st), steps[st]);
+    for (int st = 0; st < DT_STEP__COUNT; st++)
+      fprintf(stderr, "step %s: %d\n", dt_step_name(st), steps[st]);
   }
-  for (int k = FB_SN_DENSE; k <= FB_SN_PLACE; k++) ck_assert_msg(kinds[k] > 0, "no %s SNode", fb_snode_kind_name(k));
-  static const fb_op want[] = {FB_OP_LOAD, FB_OP_STORE, FB_OP_ATOMIC_ADD, FB_OP_ATOMIC_MIN,
-                               FB_OP_ATOMIC_XOR, FB_OP_IS_ACTIVE, FB_OP_ACTIVATE, FB_OP_DEACTIVATE,
-                               FB_OP_APPEND, FB_OP_LENGTH, FB_OP_PAR_FOR, FB_OP_STRUCT_FOR,
-                               FB_OP_RANGE_FOR, FB_OP_WHILE, FB_OP_IF, FB_OP_RET, FB_OP_RAND,
-                               FB_OP_ASSUME_UNIQUE, FB_OP_BREAK, FB_OP_CONTINUE, FB_OP_FLOORMOD};
+  for (int k = FB_SN_DENSE; k <= FB_SN_PLACE; k++)
+    ck_assert_msg(kinds[k] > 0, "no %s SNode", fb_snode_kind_name(k));
+  static const fb_op want[] = {
+      FB_OP_LOAD,      FB_OP_STORE,      FB_OP_ATOMIC_ADD,    FB_OP_ATOMIC_MIN, FB_OP_ATOMIC_XOR,
+      FB_OP_IS_ACTIVE, FB_OP_ACTIVATE,   FB_OP_DEACTIVATE,    FB_OP_APPEND,     FB_OP_LENGTH,
+      FB_OP_PAR_FOR,   FB_OP_STRUCT_FOR, FB_OP_RANGE_FOR,     FB_OP_WHILE,      FB_OP_IF,
+      FB_OP_RET,       FB_OP_RAND,       FB_OP_ASSUME_UNIQUE, FB_OP_BREAK,      FB_OP_CONTINUE,
+      FB_OP_FLOORMOD};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
     ck_assert_msg(ops[want[i]] > 0, "no %s statement generated", fb_op_table[want[i]].name);
-  for (int s = 0; s < DT_STEP__COUNT; s++) ck_assert_msg(steps[s] > 0, "no %s step", dt_step_name(s));
+  for (int s = 0; s < DT_STEP__COUNT; s++)
+    ck_assert_msg(steps[s] > 0, "no %s step", dt_step_name(s));
   ck_assert_int_gt(rets, 0);
 }
 END_TEST

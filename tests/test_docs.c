@@ -25,18 +25,10 @@ static const struct {
   const char *form;
   int letter;
 } forms[] = {
-    {"op %a, %b, ...", 'p'},
-    {"op %a, ..., INT", 'i'},
-    {"op INT", 'i'},
-    {"const.T LITERAL", 'c'},
-    {"op F[%i, ...]", 'g'},
-    {"op F[]", 'g'},
-    {"op F[%i, ...], %v", 'v'},
-    {"op %v covers F", 'h'},
-    {"if %c {", 'f'},
-    {"while {", 'w'},
-    {"op %N in %a .. %b {", 'r'},
-    {"struct_for %N over F {", 's'},
+    {"op %a, %b, ...", 'p'},    {"op %a, ..., INT", 'i'},     {"op INT", 'i'},
+    {"const.T LITERAL", 'c'},   {"op F[%i, ...]", 'g'},       {"op F[]", 'g'},
+    {"op F[%i, ...], %v", 'v'}, {"op %v covers F", 'h'},      {"if %c {", 'f'},
+    {"while {", 'w'},           {"op %N in %a .. %b {", 'r'}, {"struct_for %N over F {", 's'},
 };
 
 static int op_index(const char *name, size_t len) {
@@ -63,7 +55,7 @@ START_TEST(test_ir_md_lists_every_op) {
   int seen[NOPS];
   memset(seen, 0, sizeof seen);
   int rows = 0, bad = 0, in_table = 0;
-  for (p++; *p; ) {
+  for (p++; *p;) {
     const char *eol = strchr(p, '\n');
     size_t n = eol ? (size_t)(eol - p) : strlen(p);
     if (n > 0 && *p == '|') {
@@ -87,8 +79,8 @@ START_TEST(test_ir_md_lists_every_op) {
           if (e == w) break;
           int op = op_index(w, (size_t)(e - w));
           if (op < 0) {
-            fprintf(stderr, "docs/ir.md lists '%.*s', which is not an op of ops.h\n",
-                    (int)(e - w), w);
+            fprintf(stderr, "docs/ir.md lists '%.*s', which is not an op of ops.h\n", (int)(e - w),
+                    w);
             bad++;
           } else {
             if (seen[op]++) {
@@ -117,8 +109,7 @@ START_TEST(test_ir_md_lists_every_op) {
       bad++;
     }
   ck_assert_int_eq(NOPS, FB_OP__COUNT);
-  ck_assert_msg(bad == 0, "docs/ir.md and include/fusebox/ops.h disagree (%d problems above)",
-                bad);
+  ck_assert_msg(bad == 0, "docs/ir.md and include/fusebox/ops.h disagree (%d problems above)", bad);
   free(md);
 }
 END_TEST

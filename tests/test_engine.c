@@ -93,8 +93,8 @@ static void *read_field(fb_session *s, const fb_layout *l, int f) {
 static void same_as_interp(fb_session *s, fb_interp *in, const fb_layout *l, int f) {
   size_t bytes = (size_t)fb_field_numel(l, f) * fb_type_size(l->nodes[f].type);
   void *got = read_field(s, l, f);
-  ck_assert_msg(memcmp(got, fb_interp_field(in, f), bytes) == 0, "field %s differs from the interpreter",
-                l->nodes[f].name);
+  ck_assert_msg(memcmp(got, fb_interp_field(in, f), bytes) == 0,
+                "field %s differs from the interpreter", l->nodes[f].name);
   free(got);
 }
 
@@ -171,7 +171,8 @@ START_TEST(elementwise_matches_interpreter) {
   int xi = fb_b_load(&b, x, &i, 1), yi = fb_b_load(&b, y, &i, 1);
   fb_b_store(&b, y, &i, 1, fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, a, xi), yi));
   int fi = fb_b_cast(&b, FB_T_F32, i);
-  int sq = fb_b_unary(&b, FB_OP_SQRT, fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, xi, xi), fi));
+  int sq = fb_b_unary(&b, FB_OP_SQRT,
+                      fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, xi, xi), fi));
   fb_b_store(&b, x, &i, 1, sq);
   int ii = fb_b_binary(&b, FB_OP_MUL, i, i); /* wraps past 2^31 */
   int small = fb_b_binary(&b, FB_OP_LT, i, fb_b_const_i32(&b, 1000));
@@ -226,13 +227,16 @@ START_TEST(struct_for_2d) {
   int sf = fb_b_struct_for(&b, d);
   int saved = fb_b_enter(&b, k->stmts[sf].body);
   int ij[2] = {fb_b_loop_index(&b, sf, 0), fb_b_loop_index(&b, sf, 1)};
-  fb_b_store(&b, a, ij, 2, fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 1000)), ij[1]));
+  fb_b_store(&b, a, ij, 2,
+             fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 1000)),
+                         ij[1]));
   fb_b_leave(&b, saved);
   sf = fb_b_struct_for(&b, inner);
   saved = fb_b_enter(&b, k->stmts[sf].body);
   int hij[2] = {fb_b_loop_index(&b, sf, 0), fb_b_loop_index(&b, sf, 1)};
-  int v = fb_b_binary(&b, FB_OP_SUB, fb_b_cast(&b, FB_T_I64, hij[0]),
-                      fb_b_binary(&b, FB_OP_MUL, fb_b_cast(&b, FB_T_I64, hij[1]), fb_b_const_i64(&b, 1 << 20)));
+  int v = fb_b_binary(
+      &b, FB_OP_SUB, fb_b_cast(&b, FB_T_I64, hij[0]),
+      fb_b_binary(&b, FB_OP_MUL, fb_b_cast(&b, FB_T_I64, hij[1]), fb_b_const_i64(&b, 1 << 20)));
   fb_b_store(&b, h, hij, 2, v);
   fb_b_leave(&b, saved);
 
@@ -267,7 +271,9 @@ END_TEST
 /* ---------------------------------------------------------------- reduction */
 
 START_TEST(reduction_returns_value) {
-  enum { N = 100000 };
+  enum {
+    N = 100000
+  };
   fb_layout *l = fb_layout_new();
   int v = place(l, dense(l, 0, "i", N, 0), "v", FB_T_I32);
   int total = place(l, 0, "total", FB_T_I64); /* 0-D */
@@ -278,7 +284,8 @@ START_TEST(reduction_returns_value) {
   fb_b_store(&b, total, NULL, 0, fb_b_const_i64(&b, 0));
   int saved, loop = par_for(&b, N, &saved);
   int i = fb_b_loop_index(&b, loop, 0);
-  fb_b_global(&b, FB_OP_ATOMIC_ADD, total, NULL, 0, fb_b_cast(&b, FB_T_I64, fb_b_load(&b, v, &i, 1)));
+  fb_b_global(&b, FB_OP_ATOMIC_ADD, total, NULL, 0,
+              fb_b_cast(&b, FB_T_I64, fb_b_load(&b, v, &i, 1)));
   fb_b_leave(&b, saved);
   fb_b_ret(&b, fb_b_load(&b, total, NULL, 0), 0);
 
@@ -324,9 +331,10 @@ START_TEST(scalar_args_every_type) {
   fb_b_ret(&b, fb_b_arg(&b, 6), 0);
   fb_session *s = new_session(l, 0, 0);
   int kid = add_kernel(s, k);
-  fb_value a[7] = {fb_value_bool(1), fb_value_i32(INT32_MIN), fb_value_i64(INT64_MIN + 5),
-                   fb_value_u32(UINT32_MAX), fb_value_u64(UINT64_MAX - 2),
-                   fb_value_f32(-1.5e-3f), fb_value_f64(1e300)};
+  fb_value a[7] = {
+      fb_value_bool(1),         fb_value_i32(INT32_MIN),      fb_value_i64(INT64_MIN + 5),
+      fb_value_u32(UINT32_MAX), fb_value_u64(UINT64_MAX - 2), fb_value_f32(-1.5e-3f),
+      fb_value_f64(1e300)};
   fb_value r, c;
   launch_ok(s, kid, a, 7, &r);
   ck_assert_int_eq(r.type, FB_T_F64);
@@ -338,7 +346,7 @@ START_TEST(scalar_args_every_type) {
     else ck_assert_uint_eq(c.v.u, a[t].v.u);
   }
   /* conversions within a kind, and between bool and integers */
-  fb_value conv[7] = {fb_value_i32(5), fb_value_i64(-7), fb_value_u32(9), fb_value_i32(-1),
+  fb_value conv[7] = {fb_value_i32(5),  fb_value_i64(-7),  fb_value_u32(9),   fb_value_i32(-1),
                       fb_value_bool(1), fb_value_f64(0.1), fb_value_f32(2.5f)};
   launch_ok(s, kid, conv, 7, &r);
   ck_assert(r.v.f == 2.5);
@@ -361,9 +369,10 @@ END_TEST
 START_TEST(return_every_type) {
   fb_layout *l = finalize(fb_layout_new());
   fb_session *s = new_session(l, 0, 0);
-  fb_value vals[7] = {fb_value_bool(1), fb_value_i32(-123456), fb_value_i64(INT64_MAX - 1),
-                      fb_value_u32(4000000000u), fb_value_u64(UINT64_MAX),
-                      fb_value_f32(3.25f), fb_value_f64(-2.0e-200)};
+  fb_value vals[7] = {
+      fb_value_bool(1),          fb_value_i32(-123456),    fb_value_i64(INT64_MAX - 1),
+      fb_value_u32(4000000000u), fb_value_u64(UINT64_MAX), fb_value_f32(3.25f),
+      fb_value_f64(-2.0e-200)};
   for (int t = 0; t < 7; t++) {
     fb_kernel *k = fb_kernel_new(l, fb_type_name(all_types[t]), 1, &all_types[t], all_types[t]);
     fb_builder b;
@@ -386,7 +395,9 @@ END_TEST
 
 /* ---------------------------------------------------------------- lowering */
 
-enum { NR = 5000 };
+enum {
+  NR = 5000
+};
 
 /* Top-level serial statements and two par_fors using values computed at
  * the top level: a load (spilled to scratch), a pure expression over an
@@ -421,7 +432,8 @@ static fb_kernel *remat_kernel(const fb_layout *l, int fa, int fb, int c0, int o
   loop = par_for(&b, NR, &saved);
   i = fb_b_loop_index(&b, loop, 0);
   int ai = fb_b_load(&b, fa, &i, 1);
-  fb_b_store(&b, fb, &i, 1, fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ai, c), fb_b_lload(&b, var)));
+  fb_b_store(&b, fb, &i, 1,
+             fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ai, c), fb_b_lload(&b, var)));
   fb_b_leave(&b, saved);
   fb_b_lstore(&b, var, fb_b_binary(&b, FB_OP_MUL, fb_b_lload(&b, var), fb_b_const_i32(&b, 2)));
   fb_b_ret(&b, fb_b_lload(&b, var), 0);
@@ -592,7 +604,9 @@ START_TEST(field_round_trip) {
 END_TEST
 
 START_TEST(big_field_round_trip) {
-  enum { N = 1 << 24 };
+  enum {
+    N = 1 << 24
+  };
   fb_layout *l = fb_layout_new();
   int x = place(l, dense(l, 0, "ij", 4096, 4096), "x", FB_T_F32);
   finalize(l);
@@ -904,7 +918,8 @@ START_TEST(two_sessions_two_threads) {
   finalize(l);
   worker w[2] = {{l, a, 3, 0, ""}, {l, a, -5, 0, ""}};
   pthread_t th[2];
-  for (int t = 0; t < 2; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, session_thread, &w[t]), 0);
+  for (int t = 0; t < 2; t++)
+    ck_assert_int_eq(pthread_create(&th[t], NULL, session_thread, &w[t]), 0);
   for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
   ck_assert_msg(w[0].ok, "session 0: %s", w[0].msg);
   ck_assert_msg(w[1].ok, "session 1: %s", w[1].msg);

@@ -203,7 +203,8 @@ START_TEST(renumbered_equal) {
   ck_assert_int_eq(fb_verify(r, NULL), 0);
   /* the numbering really changed */
   int moved = 0;
-  for (int i = 0; i < r->nstmts; i++) moved += memcmp(&r->stmts[i], &a.k->stmts[i], sizeof(fb_stmt)) != 0;
+  for (int i = 0; i < r->nstmts; i++)
+    moved += memcmp(&r->stmts[i], &a.k->stmts[i], sizeof(fb_stmt)) != 0;
   ck_assert_int_gt(moved, r->nstmts / 2);
   assert_same(a.k, r);
   fb_kernel_free(r);
@@ -276,20 +277,20 @@ END_TEST
 /* ---------------------------------------------------------------- one field differs */
 
 /* Build the sample twice, poke the second (what), and compare. */
-#define POKE_TEST(tname, stmt_expr)                         \
-  START_TEST(tname) {                                       \
-    fx f;                                                   \
-    make_layout(8, &f);                                     \
-    sample a = build_sample(&f, "k", 0);                    \
-    sample b = build_sample(&f, "k", 0);                    \
-    assert_same(a.k, b.k);                                  \
-    fb_kernel *k = b.k;                                     \
-    stmt_expr;                                              \
-    assert_differ(a.k, b.k);                                \
-    fb_kernel_free(a.k);                                    \
-    fb_kernel_free(b.k);                                    \
-    fb_layout_free(f.l);                                    \
-  }                                                         \
+#define POKE_TEST(tname, stmt_expr)                                                                \
+  START_TEST(tname) {                                                                              \
+    fx f;                                                                                          \
+    make_layout(8, &f);                                                                            \
+    sample a = build_sample(&f, "k", 0);                                                           \
+    sample b = build_sample(&f, "k", 0);                                                           \
+    assert_same(a.k, b.k);                                                                         \
+    fb_kernel *k = b.k;                                                                            \
+    stmt_expr;                                                                                     \
+    assert_differ(a.k, b.k);                                                                       \
+    fb_kernel_free(a.k);                                                                           \
+    fb_kernel_free(b.k);                                                                           \
+    fb_layout_free(f.l);                                                                           \
+  }                                                                                                \
   END_TEST
 
 POKE_TEST(differ_op, k->stmts[b.sum].op = FB_OP_SUB)

@@ -77,8 +77,8 @@ static void built(fb_builder *b) { ck_assert_int_eq(b->err, 0); }
 
 static void expect_value(fb_value got, fb_value want, int line, const char *what) {
   char g[64], w[64];
-  ck_assert_msg(same(got, want), "line %d: %s = %s, expected %s", line, what, show(got, g, sizeof g),
-                show(want, w, sizeof w));
+  ck_assert_msg(same(got, want), "line %d: %s = %s, expected %s", line, what,
+                show(got, g, sizeof g), show(want, w, sizeof w));
 }
 
 /* Evaluate one op in a kernel, once with the operands passed as arguments
@@ -184,7 +184,8 @@ START_TEST(test_struct_for_2d) {
   int sf = fb_b_struct_for(&b, a);
   int saved = fb_b_enter(&b, body(&b, sf));
   int ij[2] = {fb_b_loop_index(&b, sf, 0), fb_b_loop_index(&b, sf, 1)};
-  int v = fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 100)), ij[1]);
+  int v =
+      fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 100)), ij[1]);
   fb_b_store(&b, a, ij, 2, v);
   int seq = fb_b_global(&b, FB_OP_ATOMIC_ADD, cnt, NULL, 0, fb_b_const_i32(&b, 1));
   fb_b_store(&b, order, ij, 2, seq);
@@ -253,7 +254,8 @@ START_TEST(test_nested_dense) {
   sf = fb_b_struct_for(&b, y);
   saved = fb_b_enter(&b, body(&b, sf));
   int ij[2] = {fb_b_loop_index(&b, sf, 0), fb_b_loop_index(&b, sf, 1)};
-  int v = fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 100)), ij[1]);
+  int v =
+      fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, ij[0], fb_b_const_i32(&b, 100)), ij[1]);
   fb_b_store(&b, y, ij, 2, fb_b_cast(&b, FB_T_I64, v));
   fb_b_leave(&b, saved);
   built(&b);
@@ -291,10 +293,13 @@ START_TEST(test_reductions) {
   fb_b_global(&b, FB_OP_ATOMIC_ADD, si, NULL, 0, i);
   fb_b_global(&b, FB_OP_ATOMIC_ADD, sf, NULL, 0, fb_b_const_f32(&b, 0.1f));
   int fi = fb_b_cast(&b, FB_T_F32, fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 37)));
-  fb_b_global(&b, FB_OP_ATOMIC_MAX, mx, NULL, 0, fb_b_unary(&b, FB_OP_NEG, fb_b_unary(&b, FB_OP_ABS, fi)));
-  fb_b_global(&b, FB_OP_ATOMIC_MIN, mn, NULL, 0,
-              fb_b_cast(&b, FB_T_I64, fb_b_binary(&b, FB_OP_MUL, fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 50)),
-                                                  fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 50)))));
+  fb_b_global(&b, FB_OP_ATOMIC_MAX, mx, NULL, 0,
+              fb_b_unary(&b, FB_OP_NEG, fb_b_unary(&b, FB_OP_ABS, fi)));
+  fb_b_global(
+      &b, FB_OP_ATOMIC_MIN, mn, NULL, 0,
+      fb_b_cast(&b, FB_T_I64,
+                fb_b_binary(&b, FB_OP_MUL, fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 50)),
+                            fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 50)))));
   fb_b_global(&b, FB_OP_ATOMIC_SUB, sub, NULL, 0, fb_b_const_f64(&b, 0.5));
   fb_b_leave(&b, saved);
   fb_b_global(&b, FB_OP_ATOMIC_OR, bits, NULL, 0, fb_b_const_u32(&b, 0xF0u));
@@ -867,7 +872,8 @@ START_TEST(test_gtmp) {
   fb_builder_init(&b, r);
   int i = fb_b_cast(&b, FB_T_F64, fb_b_gtmp_load(&b, FB_T_I32, 0));
   int f = fb_b_cast(&b, FB_T_F64, fb_b_gtmp_load(&b, FB_T_F32, 200));
-  int sum = fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_ADD, i, fb_b_gtmp_load(&b, FB_T_F64, 8)), f);
+  int sum =
+      fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_ADD, i, fb_b_gtmp_load(&b, FB_T_F64, 8)), f);
   fb_b_ret(&b, sum, 0);
   built(&b);
 
@@ -902,7 +908,9 @@ END_TEST
 /* rand() keyed by (seed, launch, site, iteration, count) exactly as ir.h
  * says: serial runs count from 0 between parallel loops; par_for iterations
  * are index - begin; struct_for iterations are linear cell numbers. */
-enum { RN = 64 };
+enum {
+  RN = 64
+};
 
 static fb_kernel *rand_kernel(fb_layout *l, int x, int y, int s, int z) {
   fb_kernel *k = fb_kernel_new(l, "rand", 0, NULL, FB_T_VOID);
@@ -922,7 +930,8 @@ static fb_kernel *rand_kernel(fb_layout *l, int x, int y, int s, int z) {
   int xi = fb_b_binary(&b, FB_OP_SUB, i, fb_b_const_i32(&b, 10));
   fb_b_store(&b, x, &xi, 1, fb_b_rand(&b, 3));
   int il = open_range(&b, 0, 2, 0, &s2); /* counts 1, 2 of the iteration */
-  int yi = fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, xi, c[2]), fb_b_loop_index(&b, il, 0));
+  int yi =
+      fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, xi, c[2]), fb_b_loop_index(&b, il, 0));
   fb_b_store(&b, y, &yi, 1, fb_b_rand(&b, 4));
   fb_b_leave(&b, s2);
   fb_b_leave(&b, saved);
@@ -965,7 +974,8 @@ static void check_rand(fb_interp *in, int x, int y, int s, int z, uint64_t seed,
 START_TEST(test_rand) {
   fb_layout *l = fb_layout_new();
   int d = add_node(l, 0, FB_SN_DENSE, "i", 2 * RN, 0);
-  int x = place(l, d, "x", FB_T_F32), y = place(l, d, "y", FB_T_F32), s = place(l, d, "s", FB_T_F32);
+  int x = place(l, d, "x", FB_T_F32), y = place(l, d, "y", FB_T_F32),
+      s = place(l, d, "s", FB_T_F32);
   int d2 = add_node(l, 0, FB_SN_DENSE, "ij", 3, 4);
   int z = place(l, d2, "z", FB_T_F32);
   finalize(l);
@@ -1158,7 +1168,7 @@ START_TEST(test_malformed) {
   fb_builder_init(&b, k);
   c = fb_b_const_i32(&b, 1);
   fb_b_store(&b, x, &c, 1, fb_b_const_f32(&b, 1.0f)); /* f32 into an i32 field */
-  fb_b_break(&b);                                      /* outside a loop */
+  fb_b_break(&b); /* outside a loop */
   rc = fb_interp_run(in, k, NULL, 0, NULL);
   ck_assert_msg(rc == FB_EVERIFY || rc == FB_EINVAL, "rc %d", rc);
   ck_assert_int_eq(((int32_t *)fb_interp_field(in, x))[1], 0);
@@ -1204,8 +1214,8 @@ START_TEST(test_step_budget) {
   ck_assert_msg(strstr(fb_interp_errmsg(in), "forever") != NULL, "message: %s",
                 fb_interp_errmsg(in));
   int32_t got = *(int32_t *)fb_interp_field(in, n);
-  ck_assert_int_gt(got, 0);     /* it ran ... */
-  ck_assert_int_lt(got, 1000);  /* ... and stopped within the budget */
+  ck_assert_int_gt(got, 0); /* it ran ... */
+  ck_assert_int_lt(got, 1000); /* ... and stopped within the budget */
   /* a long but finite range loop fits a large budget, and with none */
   fb_kernel *k2 = fb_kernel_new(l, "count", 0, NULL, FB_T_VOID);
   fb_builder_init(&b, k2);

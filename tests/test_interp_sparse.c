@@ -86,9 +86,11 @@ static int run(ctx *c, const fb_kernel *k, const fb_value *args, int nargs, fb_v
 
 static fb_type result_of(const fb_layout *l, fb_op op, int s) {
   switch (op) {
-  case FB_OP_LOAD: case FB_OP_ATOMIC_ADD: return l->nodes[s].type;
+  case FB_OP_LOAD:
+  case FB_OP_ATOMIC_ADD: return l->nodes[s].type;
   case FB_OP_IS_ACTIVE: return FB_T_BOOL;
-  case FB_OP_APPEND: case FB_OP_LENGTH: return FB_T_I32;
+  case FB_OP_APPEND:
+  case FB_OP_LENGTH: return FB_T_I32;
   default: return FB_T_VOID;
   }
 }

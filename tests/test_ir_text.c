@@ -196,7 +196,8 @@ START_TEST(test_goldens_cover_everything) {
     ck_assert_msg(kinds[k], "no golden file has a %s SNode", fb_snode_kind_name((fb_snode_kind)k));
   for (int t = 0; t < FB_T__COUNT; t++) {
     ck_assert_msg(types[t], "no golden statement has type %s", fb_type_name((fb_type)t));
-    if (t != FB_T_VOID) ck_assert_msg(fields[t], "no golden field has type %s", fb_type_name((fb_type)t));
+    if (t != FB_T_VOID)
+      ck_assert_msg(fields[t], "no golden field has type %s", fb_type_name((fb_type)t));
   }
   ck_assert(nested_else);
   ck_assert(quoted);
@@ -218,8 +219,8 @@ START_TEST(test_error_files) {
     ck_assert_ptr_null(m.l);
     ck_assert_ptr_null(m.ks);
     ck_assert_int_eq(m.n, 0);
-    ck_assert_msg(strcmp(m.diags, expected) == 0, "%s: diagnostics differ\n--- got\n%s--- expected\n%s",
-                  g.v[i], m.diags, expected);
+    ck_assert_msg(strcmp(m.diags, expected) == 0,
+                  "%s: diagnostics differ\n--- got\n%s--- expected\n%s", g.v[i], m.diags, expected);
     for (int d = 0; d < m.d.n; d++) { /* line and col are filled and match the text */
       char pre[32];
       snprintf(pre, sizeof pre, "%d:%d: ", m.d.v[d].line, m.d.v[d].col);
@@ -237,10 +238,9 @@ START_TEST(test_error_files) {
 END_TEST
 
 START_TEST(test_several_errors_reported) {
-  const char *text =
-      "layout {\n  place x: f32\n}\n\nkernel k() {\n"
-      "  %0 = const.i32 1\n  %1 = bogus.i32 %0\n  %2 = add.f99 %0, %0\n"
-      "  %3 = load.f32 y[]\n  %4 = add.i32 %0, %8\n  %0 = const.i32 2\n";
+  const char *text = "layout {\n  place x: f32\n}\n\nkernel k() {\n"
+                     "  %0 = const.i32 1\n  %1 = bogus.i32 %0\n  %2 = add.f99 %0, %0\n"
+                     "  %3 = load.f32 y[]\n  %4 = add.i32 %0, %8\n  %0 = const.i32 2\n";
   module m = parse_text(text);
   ck_assert_int_eq(m.rc, FB_EPARSE);
   ck_assert_str_eq(m.diags,
@@ -507,9 +507,25 @@ START_TEST(test_float_bits) {
   fb_kernel *k = fb_kernel_new(l, "floats", 0, NULL, FB_T_VOID);
   fb_builder b;
   fb_builder_init(&b, k);
-  const double specials[] = {0.0, -0.0, 1.0, -1.0, 0.1, 1e-310, 5e-324, 1.7976931348623157e308,
-                             INFINITY, -INFINITY, NAN, 100.0, 1e16, 1e17, 123456.789, 0.0001,
-                             0.00001, 2.2250738585072014e-308, 9007199254740993.0};
+  const double specials[] = {0.0,
+                             -0.0,
+                             1.0,
+                             -1.0,
+                             0.1,
+                             1e-310,
+                             5e-324,
+                             1.7976931348623157e308,
+                             INFINITY,
+                             -INFINITY,
+                             NAN,
+                             100.0,
+                             1e16,
+                             1e17,
+                             123456.789,
+                             0.0001,
+                             0.00001,
+                             2.2250738585072014e-308,
+                             9007199254740993.0};
   for (size_t i = 0; i < sizeof specials / sizeof *specials; i++) {
     fb_b_const_f64(&b, specials[i]);
     fb_b_const_f32(&b, (float)specials[i]);
@@ -542,7 +558,8 @@ START_TEST(test_float_bits) {
       float fx = (float)x->imm.f, fy = (float)y->imm.f;
       ck_assert_msg(memcmp(&fx, &fy, 4) == 0, "%%%d: f32 %a came back as %a", i, fx, fy);
     }
-    ck_assert_msg(memcmp(&x->imm, &y->imm, 8) == 0, "%%%d: %a came back as %a", i, x->imm.f, y->imm.f);
+    ck_assert_msg(memcmp(&x->imm, &y->imm, 8) == 0, "%%%d: %a came back as %a", i, x->imm.f,
+                  y->imm.f);
   }
   /* spot checks of the spelling */
   ck_assert_ptr_nonnull(strstr(text, "= const.f64 0.1\n"));
@@ -566,30 +583,29 @@ END_TEST
 /* Comments, blank lines, tabs, CRLF and spacing do not matter; the result
  * prints as the canonical golden. */
 START_TEST(test_comments_and_spacing) {
-  const char *messy =
-      "# a module with comments\r\n"
-      "\r\n"
-      "layout{# the layout\r\n"
-      "\tdense( ij :64,64 ){\r\n"
-      "    place x:f32   # first field\r\n"
-      "    place\ty : f32\r\n"
-      "  }\r\n"
-      "  place loss: f32\r\n"
-      "}\r\n"
-      "kernel saxpy( f32 ){\r\n"
-      "  %0=arg.f32 0\r\n"
-      "  %1 = const.i32 0x0\r\n"
-      "  %2 = const.i32 +64   # hex and signs are read too\r\n"
-      "  par_for %3 in %1..%2 {\r\n"
-      "    range_for %4 in %1 .. %2{\r\n"
-      "      %5 = loop_index.i32 %3,0\r\n"
-      "      %6 = loop_index.i32 %4 , 0\r\n"
-      "      %7 = load.f32 x[ %5,%6 ]\r\n"
-      "      %8 = mul.f32 %0, %7\r\n"
-      "      %9 = load.f32 y[%5, %6]\r\n"
-      "      %10 = add.f32 %8, %9\r\n"
-      "      store \"y\"[%5, %6], %10  # a quoted name is the same name\r\n"
-      "}}}\r\n";
+  const char *messy = "# a module with comments\r\n"
+                      "\r\n"
+                      "layout{# the layout\r\n"
+                      "\tdense( ij :64,64 ){\r\n"
+                      "    place x:f32   # first field\r\n"
+                      "    place\ty : f32\r\n"
+                      "  }\r\n"
+                      "  place loss: f32\r\n"
+                      "}\r\n"
+                      "kernel saxpy( f32 ){\r\n"
+                      "  %0=arg.f32 0\r\n"
+                      "  %1 = const.i32 0x0\r\n"
+                      "  %2 = const.i32 +64   # hex and signs are read too\r\n"
+                      "  par_for %3 in %1..%2 {\r\n"
+                      "    range_for %4 in %1 .. %2{\r\n"
+                      "      %5 = loop_index.i32 %3,0\r\n"
+                      "      %6 = loop_index.i32 %4 , 0\r\n"
+                      "      %7 = load.f32 x[ %5,%6 ]\r\n"
+                      "      %8 = mul.f32 %0, %7\r\n"
+                      "      %9 = load.f32 y[%5, %6]\r\n"
+                      "      %10 = add.f32 %8, %9\r\n"
+                      "      store \"y\"[%5, %6], %10  # a quoted name is the same name\r\n"
+                      "}}}\r\n";
   /* "}}}" is one line with three braces: not the line-per-brace form */
   module m = parse_text(messy);
   ck_assert_int_eq(m.rc, FB_EPARSE);
@@ -695,11 +711,13 @@ START_TEST(test_parse_kernels_mode) {
   ck_assert_int_eq(n, 0);
   ck_assert_int_eq(fb_ir_parse_kernels("# only a comment\n\n", l, &ks, &n, &d), 0);
   ck_assert_int_eq(d.n, 0);
-  ck_assert_int_eq(fb_ir_parse_kernels("layout {\n  place z: f32\n}\nkernel a() {\n}\n", l, &ks, &n, &d),
-                   FB_EPARSE);
+  ck_assert_int_eq(
+      fb_ir_parse_kernels("layout {\n  place z: f32\n}\nkernel a() {\n}\n", l, &ks, &n, &d),
+      FB_EPARSE);
   ck_assert_int_eq(d.n, 1);
-  ck_assert_str_eq(d.v[0].msg,
-                   "1:1: a layout block is not allowed here: kernels are parsed against a given layout");
+  ck_assert_str_eq(
+      d.v[0].msg,
+      "1:1: a layout block is not allowed here: kernels are parsed against a given layout");
   ck_assert_ptr_null(ks);
   fb_diags_free(&d);
   const char *two = "kernel a() {\n  %0 = const.i32 1\n  %1 = load.f32 u[%0, %0]\n}\n\n"
@@ -857,8 +875,15 @@ START_TEST(test_mutated_goldens) {
         char c = alphabet[lcg(&seed) % (sizeof alphabet - 1)];
         switch (lcg(&seed) % 3) {
         case 0: buf[at] = c; break;
-        case 1: memmove(buf + at, buf + at + 1, n - at); n--; break;
-        default: memmove(buf + at + 1, buf + at, n - at + 1); buf[at] = c; n++; break;
+        case 1:
+          memmove(buf + at, buf + at + 1, n - at);
+          n--;
+          break;
+        default:
+          memmove(buf + at + 1, buf + at, n - at + 1);
+          buf[at] = c;
+          n++;
+          break;
         }
       }
       int rc = parse_rc(buf);

@@ -193,10 +193,10 @@ END_TEST
 
 /* The error goldens the spec requires exist (and so are checked above). */
 START_TEST(required_error_goldens) {
-  static const char *const need[] = {
-      "err_unknown_field", "err_index_count", "err_type_mismatch", "err_break_outside",
-      "err_struct_for_0d", "err_append_dense", "err_recursion", "err_field_dim",
-      "err_undefined", "err_let_assign", "err_unknown_func", "err_arg_count"};
+  static const char *const need[] = {"err_unknown_field", "err_index_count",   "err_type_mismatch",
+                                     "err_break_outside", "err_struct_for_0d", "err_append_dense",
+                                     "err_recursion",     "err_field_dim",     "err_undefined",
+                                     "err_let_assign",    "err_unknown_func",  "err_arg_count"};
   for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
     char f[128];
     snprintf(f, sizeof f, "%s.err", need[i]);
@@ -240,7 +240,8 @@ START_TEST(api_tables) {
     ck_assert_int_eq(l->nodes[v->places[c]].kind, FB_SN_PLACE);
     ck_assert_int_eq(l->nodes[v->places[c]].parent, v->snode);
     int comp = -1;
-    ck_assert_int_eq(fb_program_field_of_place(p, v->places[c], &comp), fb_program_find_field(p, "v"));
+    ck_assert_int_eq(fb_program_field_of_place(p, v->places[c], &comp),
+                     fb_program_find_field(p, "v"));
     ck_assert_int_eq(comp, c);
   }
   const fb_lang_field *M = fb_program_field(p, fb_program_find_field(p, "M"));
@@ -379,26 +380,25 @@ START_TEST(truncated_input) {
 END_TEST
 
 START_TEST(lexer_corners) {
-  const char *src =
-      "layout { dense(i: 0x10) { place a: i32 } }\n"
-      "kernel k() {\n"
-      "  for i in 0..16 {\n"
-      "    var m = 1_000\n"
-      "    m min= a[i]\n"
-      "    m max= -3\n"
-      "    m //= 2\n"
-      "    m %= 5\n"
-      "    m <<= 1\n"
-      "    let f = 1e-4 + .5 + 2.\n"
-      "    a[i] = m +\n"
-      "      i32(f *\n"
-      "          100.0)\n"
-      "    a[i] = a[i]   # a next line that starts with an operator continues\n"
-      "\n"
-      "         # (blank and comment lines in between are fine)\n"
-      "         - 7\n"
-      "  }\n"
-      "}\n";
+  const char *src = "layout { dense(i: 0x10) { place a: i32 } }\n"
+                    "kernel k() {\n"
+                    "  for i in 0..16 {\n"
+                    "    var m = 1_000\n"
+                    "    m min= a[i]\n"
+                    "    m max= -3\n"
+                    "    m //= 2\n"
+                    "    m %= 5\n"
+                    "    m <<= 1\n"
+                    "    let f = 1e-4 + .5 + 2.\n"
+                    "    a[i] = m +\n"
+                    "      i32(f *\n"
+                    "          100.0)\n"
+                    "    a[i] = a[i]   # a next line that starts with an operator continues\n"
+                    "\n"
+                    "         # (blank and comment lines in between are fine)\n"
+                    "         - 7\n"
+                    "  }\n"
+                    "}\n";
   fb_program *p = parse_ok("lex.fbk", src);
   ck_assert_int_eq(fb_program_field(p, 0)->shape[0], 16);
   fb_kernel *k = NULL;
@@ -416,7 +416,6 @@ START_TEST(lexer_corners) {
   fb_program_free(p);
 }
 END_TEST
-
 
 /* Pathological input gets an error, not a stack overflow or a huge kernel. */
 START_TEST(limits) {
@@ -439,9 +438,11 @@ START_TEST(limits) {
 
   /* each func calls the next twice: 2^40 copies if nothing stopped it */
   char big[8192];
-  m = (size_t)snprintf(big, sizeof big, "layout { place x: f32 }\nfunc f40(v: f32) -> f32 { return v + 1.0 }\n");
+  m = (size_t)snprintf(big, sizeof big,
+                       "layout { place x: f32 }\nfunc f40(v: f32) -> f32 { return v + 1.0 }\n");
   for (int i = 39; i >= 0; i--)
-    m += (size_t)snprintf(big + m, sizeof big - m, "func f%d(v: f32) -> f32 { return f%d(v) * f%d(v) }\n", i, i + 1, i + 1);
+    m += (size_t)snprintf(big + m, sizeof big - m,
+                          "func f%d(v: f32) -> f32 { return f%d(v) * f%d(v) }\n", i, i + 1, i + 1);
   snprintf(big + m, sizeof big - m, "kernel k() { x[] = f0(x[]) }\n");
   ck_assert_int_eq(fb_program_parse("wide.fbk", big, &p, &d), FB_EPARSE);
   int found = 0;
@@ -456,7 +457,7 @@ END_TEST
  * (field kernels with the bindings its .json session uses) and verify. */
 START_TEST(examples) {
   static const char *const ex[][4] = {
-      {"saxpy", "saxpy", "x", "y"}, {"heat", "step", "T", "U"}, {"life", "step", "a", "b"},
+      {"saxpy", "saxpy", "x", "y"}, {"heat", "step", "T", "U"},       {"life", "step", "a", "b"},
       {"divmod", NULL, NULL, NULL}, {"montecarlo", NULL, NULL, NULL}, {"deform", NULL, NULL, NULL},
       {"sparse", NULL, NULL, NULL}, {"wave", NULL, NULL, NULL}};
   for (size_t i = 0; i < sizeof ex / sizeof ex[0]; i++) {
@@ -475,7 +476,8 @@ START_TEST(examples) {
       ck_assert_msg(strstr(json, quoted) != NULL, "%s.json never launches %s", ex[i][0], lk->name);
       if (lk->nfield_params && (!ex[i][1] || strcmp(ex[i][1], lk->name))) continue;
       fb_kernel *kk = NULL;
-      ck_assert_int_eq(fb_program_instantiate(p, lk->name, &ex[i][2], lk->nfield_params, &kk, NULL), 0);
+      ck_assert_int_eq(fb_program_instantiate(p, lk->name, &ex[i][2], lk->nfield_params, &kk, NULL),
+                       0);
       verify_ok(kk);
     }
     fb_program_free(p);

@@ -47,7 +47,8 @@ static const fb_lang_field *field(fb_program *p, const char *name) {
   return f;
 }
 
-static void irun(fb_interp *in, const fb_kernel *k, const fb_value *args, int nargs, fb_value *ret) {
+static void irun(fb_interp *in, const fb_kernel *k, const fb_value *args, int nargs,
+                 fb_value *ret) {
   int rc = fb_interp_run(in, k, args, nargs, ret);
   ck_assert_msg(rc == 0, "interp %s: %s", k->name, fb_strerror(rc));
 }
@@ -98,7 +99,8 @@ static void copy_inputs(fb_interp *in, fb_session *s, fb_program *p) {
     const fb_lang_field *fl = fb_program_field(p, f);
     for (int c = 0; c < fl->ncomp; c++) {
       size_t bytes = (size_t)fb_field_numel(l, fl->places[c]) * fb_type_size(fl->type);
-      ck_assert_int_eq(fb_field_write(s, fl->places[c], fb_interp_field(in, fl->places[c]), bytes), 0);
+      ck_assert_int_eq(fb_field_write(s, fl->places[c], fb_interp_field(in, fl->places[c]), bytes),
+                       0);
     }
   }
 }
@@ -117,8 +119,9 @@ static void same_fields(fb_interp *in, fb_session *s, fb_program *p, double rtol
       for (int64_t j = 0; j < n; j++) {
         double x = fb_value_as_f64(fb_value_load(fl->type, want + j * (int64_t)es));
         double y = fb_value_as_f64(fb_value_load(fl->type, got + j * (int64_t)es));
-        ck_assert_msg(x == y || fabs(x - y) <= rtol * fabs(x), "%s.%d[%lld]: interpreter %.9g, engine %.9g",
-                      fl->name, c, (long long)j, x, y);
+        ck_assert_msg(x == y || fabs(x - y) <= rtol * fabs(x),
+                      "%s.%d[%lld]: interpreter %.9g, engine %.9g", fl->name, c, (long long)j, x,
+                      y);
       }
       free(got);
     }
@@ -134,7 +137,8 @@ static double urand(uint64_t *s) { return (double)lcg(s) / 2147483648.0 * 2.0 - 
 /* ---------------------------------------------------------------- integer division */
 
 static const char *const divmod_src =
-    "layout { dense(ij: 17, 9) { place q: i32, r: i32, t: f32, fq: f32, fr: f32, lq: i64, lr: i64 } }\n"
+    "layout { dense(ij: 17, 9) { place q: i32, r: i32, t: f32, fq: f32, fr: f32, lq: i64, lr: i64 "
+    "} }\n"
     "kernel divmod() {\n"
     "  for i, j in q {\n"
     "    let a = i - 8\n"
@@ -227,7 +231,8 @@ static const char *const heat_src =
     "}\n"
     "kernel step(A: field, B: field, k: f32) {\n"
     "  for i, j in A {\n"
-    "    let lap = at(A, i - 1, j) + at(A, i + 1, j) + at(A, i, j - 1) + at(A, i, j + 1) - 4.0 * A[i, j]\n"
+    "    let lap = at(A, i - 1, j) + at(A, i + 1, j) + at(A, i, j - 1) + at(A, i, j + 1) - 4.0 * "
+    "A[i, j]\n"
     "    B[i, j] = A[i, j] + k * lap\n"
     "  }\n"
     "}\n";
@@ -237,7 +242,8 @@ static int clampi(int x) { return x < 0 ? 0 : x > HN - 1 ? HN - 1 : x; }
 static void heat_ref(float *T, int steps, float k) {
   float U[HN * HN];
   for (int i = 0; i < HN; i++)
-    for (int j = 0; j < HN; j++) T[i * HN + j] = (i - 12) * (i - 12) + (j - 12) * (j - 12) < 16 ? 100.0f : 0.0f;
+    for (int j = 0; j < HN; j++)
+      T[i * HN + j] = (i - 12) * (i - 12) + (j - 12) * (j - 12) < 16 ? 100.0f : 0.0f;
   for (int s = 0; s < steps; s++) {
     float *A = s % 2 ? U : T, *B = s % 2 ? T : U;
     for (int i = 0; i < HN; i++)
@@ -450,7 +456,8 @@ START_TEST(random_values) {
   fb_program *p = prog("layout { dense(i: 64) { place r: f32, s: f32 } }\n"
                        "kernel roll() { for i in r { r[i] = random()\n s[i] = random() } }\n");
   fb_kernel *k = inst(p, "roll", NULL, NULL);
-  fb_interp *a = fb_interp_new(fb_program_layout(p), 7), *b = fb_interp_new(fb_program_layout(p), 7);
+  fb_interp *a = fb_interp_new(fb_program_layout(p), 7),
+            *b = fb_interp_new(fb_program_layout(p), 7);
   irun(a, k, NULL, 0, NULL);
   irun(b, k, NULL, 0, NULL);
   const float *ra = icomp(a, p, "r", 0), *sa = icomp(a, p, "s", 0), *rb = icomp(b, p, "r", 0);
@@ -480,7 +487,9 @@ END_TEST
 /* random() must not depend on how the iterations are split between
  * threads: one worker and five workers give the same numbers. */
 START_TEST(random_thread_counts) {
-  enum { N = 1 << 16 };
+  enum {
+    N = 1 << 16
+  };
   fb_program *p = prog("layout { dense(i: 65536) { place r: f32 } }\n"
                        "kernel roll() { for i in r {\n"
                        "  var acc = 0.0\n"
@@ -508,7 +517,8 @@ START_TEST(random_thread_counts) {
   }
   int nonzero = 0;
   for (int i = 0; i < N; i++) {
-    ck_assert_msg(out[0][i] == out[1][i], "r[%d]: %g with 1 thread, %g with 5", i, out[0][i], out[1][i]);
+    ck_assert_msg(out[0][i] == out[1][i], "r[%d]: %g with 1 thread, %g with 5", i, out[0][i],
+                  out[1][i]);
     nonzero += out[0][i] != 0.0f;
   }
   ck_assert_int_gt(nonzero, N - 16);
@@ -598,8 +608,10 @@ START_TEST(vectors) {
       put(in, p, "a", c, i, D.a[i][c] = (float)urand(&seed));
       put(in, p, "b", c, i, D.b[i][c] = (float)urand(&seed));
     }
-    for (int c = 0; c < 9; c++) put(in, p, "M", c, i, D.M[i][c] = (float)(urand(&seed) + (c % 4 == 0 ? 2 : 0)));
-    for (int c = 0; c < 16; c++) put(in, p, "Q", c, i, D.Q[i][c] = urand(&seed) + (c % 5 == 0 ? 3 : 0));
+    for (int c = 0; c < 9; c++)
+      put(in, p, "M", c, i, D.M[i][c] = (float)(urand(&seed) + (c % 4 == 0 ? 2 : 0)));
+    for (int c = 0; c < 16; c++)
+      put(in, p, "Q", c, i, D.Q[i][c] = urand(&seed) + (c % 5 == 0 ? 3 : 0));
   }
   fb_engine *e = engine();
   fb_session *s = session(e, p);
@@ -617,11 +629,13 @@ START_TEST(vectors) {
     ck_assert_double_eq_tol(get(in, p, "c", 0, i), x[1] * y[2] - x[2] * y[1], 1e-5);
     ck_assert_double_eq_tol(get(in, p, "c", 1, i), x[2] * y[0] - x[0] * y[2], 1e-5);
     ck_assert_double_eq_tol(get(in, p, "c", 2, i), x[0] * y[1] - x[1] * y[0], 1e-5);
-    double nx = sqrt(x[0] * x[0] + x[1] * x[1] + x[2] * x[2]), ny2 = y[0] * y[0] + y[1] * y[1] + y[2] * y[2];
+    double nx = sqrt(x[0] * x[0] + x[1] * x[1] + x[2] * x[2]),
+           ny2 = y[0] * y[0] + y[1] * y[1] + y[2] * y[2];
     ck_assert_double_eq_tol(get(in, p, "n", 0, i), nx + ny2, 1e-5);
     for (int r = 0; r < 3; r++)
       for (int c = 0; c < 3; c++) {
-        ck_assert_double_eq_tol(get(in, p, "o", r * 3 + c, i), x[r] * y[c] + m[c * 3 + r] * 0.5, 1e-5);
+        ck_assert_double_eq_tol(get(in, p, "o", r * 3 + c, i), x[r] * y[c] + m[c * 3 + r] * 0.5,
+                                1e-5);
         double mm = 0;
         for (int t = 0; t < 3; t++) mm += m[r * 3 + t] * get(in, p, "Mi", t * 3 + c, i);
         ck_assert_double_eq_tol(mm, r == c, 1e-4); /* M @ inverse(M) = I */
@@ -647,9 +661,11 @@ START_TEST(vectors) {
         for (int t = 0; t < 4; t++) mm += D.Q[i][r * 4 + t] * get(in, p, "Qi", t * 4 + c, i);
         ck_assert_double_eq_tol(mm, r == c, 1e-10);
       }
-    double e = fmax(fmax(x[0], x[1]), x[2]) - fmin(y[0], y[1]) + fabs(x[2]) + (x[0] > y[0] ? 1.0 : 2.0);
+    double e =
+        fmax(fmax(x[0], x[1]), x[2]) - fmin(y[0], y[1]) + fabs(x[2]) + (x[0] > y[0] ? 1.0 : 2.0);
     ck_assert_double_eq_tol(get(in, p, "e", 0, i), e, 1e-5);
-    ck_assert_int_eq(((int32_t *)icomp(in, p, "ivs", 0))[i], (int32_t)(x[0] * 100.0f) + (int32_t)(x[1] * 100.0f) * 1000);
+    ck_assert_int_eq(((int32_t *)icomp(in, p, "ivs", 0))[i],
+                     (int32_t)(x[0] * 100.0f) + (int32_t)(x[1] * 100.0f) * 1000);
   }
   fb_interp_free(in);
   fb_program_free(p);
@@ -661,8 +677,10 @@ END_TEST
 #define NM 16
 static const char *const svd_src =
     "layout { dense(i: 16) {\n"
-    "  place A3: f32[3][3], U3: f32[3][3], S3: f32[3][3], V3: f32[3][3], R3: f32[3][3], P3: f32[3][3]\n"
-    "  place A2: f32[2][2], U2: f32[2][2], S2: f32[2][2], V2: f32[2][2], R2: f32[2][2], P2: f32[2][2]\n"
+    "  place A3: f32[3][3], U3: f32[3][3], S3: f32[3][3], V3: f32[3][3], R3: f32[3][3], P3: "
+    "f32[3][3]\n"
+    "  place A2: f32[2][2], U2: f32[2][2], S2: f32[2][2], V2: f32[2][2], R2: f32[2][2], P2: "
+    "f32[2][2]\n"
     "  place D3: f64[3][3], DU: f64[3][3], DS: f64[3][3], DV: f64[3][3]\n"
     "} }\n"
     "kernel decompose() {\n"
@@ -709,7 +727,8 @@ static void check_rotation(const double *R, int n, double tol, const char *what,
   mul_t(Rt, Rt, n, RtR, 1); /* R^T R */
   for (int r = 0; r < n; r++)
     for (int c = 0; c < n; c++)
-      ck_assert_msg(fabs(RtR[r * n + c] - (r == c)) < tol, "%s[%d] not orthonormal: %g", what, i, RtR[r * n + c]);
+      ck_assert_msg(fabs(RtR[r * n + c] - (r == c)) < tol, "%s[%d] not orthonormal: %g", what, i,
+                    RtR[r * n + c]);
   ck_assert_msg(fabs(det(R, n) - 1) < tol, "%s[%d] det %g", what, i, det(R, n));
 }
 
@@ -720,20 +739,23 @@ static void check_svd(fb_interp *in, fb_program *p, const char *A, const char *U
   mat_get(in, p, U, i, n, u);
   mat_get(in, p, S, i, n, s);
   mat_get(in, p, V, i, n, v);
-  for (int c = 0; c < n * n; c++) ck_assert_msg(isfinite(u[c]) && isfinite(s[c]) && isfinite(v[c]), "%s[%d]: not finite", A, i);
+  for (int c = 0; c < n * n; c++)
+    ck_assert_msg(isfinite(u[c]) && isfinite(s[c]) && isfinite(v[c]), "%s[%d]: not finite", A, i);
   for (int r = 0; r < n; r++)
     for (int c = 0; c < n; c++)
       if (r != c) ck_assert_msg(s[r * n + c] == 0, "S not diagonal");
   for (int r = 0; r + 1 < n; r++) {
     ck_assert(s[r * n + r] >= 0);
-    ck_assert_msg(s[r * n + r] + tol >= fabs(s[(r + 1) * n + r + 1]), "%s[%d]: sigma not sorted", A, i);
+    ck_assert_msg(s[r * n + r] + tol >= fabs(s[(r + 1) * n + r + 1]), "%s[%d]: sigma not sorted", A,
+                  i);
   }
   mul_t(u, s, n, us, 0);
   mul_t(us, v, n, usv, 1); /* U S V^T */
   double diff[9];
   for (int c = 0; c < n * n; c++) diff[c] = usv[c] - a[c];
   double scale = fro(a, n) > 1e-30 ? fro(a, n) : 1;
-  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - U S V^T| / |M| = %g", A, i, fro(diff, n) / scale);
+  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - U S V^T| / |M| = %g", A, i,
+                fro(diff, n) / scale);
   check_rotation(u, n, tol, U, i);
   check_rotation(v, n, tol, V, i);
 }
@@ -748,9 +770,11 @@ static void check_polar(fb_interp *in, fb_program *p, const char *A, const char 
   double diff[9];
   for (int c = 0; c < n * n; c++) diff[c] = rq[c] - a[c];
   double scale = fro(a, n) > 1e-30 ? fro(a, n) : 1;
-  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - R S| / |M| = %g", A, i, fro(diff, n) / scale);
+  ck_assert_msg(fro(diff, n) / scale < tol, "%s[%d]: |M - R S| / |M| = %g", A, i,
+                fro(diff, n) / scale);
   for (int x = 0; x < n; x++)
-    for (int y = 0; y < n; y++) ck_assert(fabs(q[x * n + y] - q[y * n + x]) < tol * (1 + fro(q, n)));
+    for (int y = 0; y < n; y++)
+      ck_assert(fabs(q[x * n + y] - q[y * n + x]) < tol * (1 + fro(q, n)));
   if (det(a, n) > 0) check_rotation(r, n, tol, R, i);
 }
 
@@ -759,14 +783,32 @@ static void check_polar(fb_interp *in, fb_program *p, const char *A, const char 
 static void make_matrix(int kind, int n, uint64_t *seed, double *m) {
   for (int c = 0; c < n * n; c++) m[c] = urand(seed);
   switch (kind) {
-  case 0: for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0; break;        /* identity */
-  case 1: for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0 ? (c ? 3 : 1) : 0; break;
-  case 2: for (int c = 0; c < n * n; c++) m[c] = 0; break;                       /* zero */
-  case 3: for (int r = 0; r < n; r++) for (int c = 0; c < n; c++) m[r * n + c] = (r + 1.0) * (c - 0.5); break; /* rank 1 */
-  case 4: for (int c = 0; c < n; c++) m[c] = -m[c]; m[0] = -fabs(m[0]) - 1; break; /* reflection-ish */
-  case 5: for (int c = 0; c < n * n; c++) m[c] *= 1e-3; break;
-  case 6: for (int c = 0; c < n * n; c++) m[c] *= 1e3; break;
-  case 7: for (int c = 0; c < n; c++) m[(n - 1) * n + c] = m[c] * 2; break;       /* rank n-1 */
+  case 0:
+    for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0;
+    break;        /* identity */
+  case 1:
+    for (int c = 0; c < n * n; c++) m[c] = c % (n + 1) == 0 ? (c ? 3 : 1) : 0;
+    break;
+  case 2:
+    for (int c = 0; c < n * n; c++) m[c] = 0;
+    break;                       /* zero */
+  case 3:
+    for (int r = 0; r < n; r++)
+      for (int c = 0; c < n; c++) m[r * n + c] = (r + 1.0) * (c - 0.5);
+    break; /* rank 1 */
+  case 4:
+    for (int c = 0; c < n; c++) m[c] = -m[c];
+    m[0] = -fabs(m[0]) - 1;
+    break; /* reflection-ish */
+  case 5:
+    for (int c = 0; c < n * n; c++) m[c] *= 1e-3;
+    break;
+  case 6:
+    for (int c = 0; c < n * n; c++) m[c] *= 1e3;
+    break;
+  case 7:
+    for (int c = 0; c < n; c++) m[(n - 1) * n + c] = m[c] * 2;
+    break;       /* rank n-1 */
   default: break;
   }
 }

@@ -12,7 +12,9 @@
 #include "optimizer/optimizer.h"
 #include "support.h"
 
-enum { N = 64 };
+enum {
+  N = 64
+};
 
 static fb_layout *mk_layout(int *x, int *y, int *s) {
   fb_layout *l = fb_layout_new();
@@ -229,7 +231,8 @@ START_TEST(sparse_list_tasks) {
   int sf = fb_b_struct_for(&b, x); /* y[i] = x[i] * 2 */
   sv = fb_b_enter(&b, k->stmts[sf].body);
   i = fb_b_loop_index(&b, sf, 0);
-  fb_b_store(&b, y, &i, 1, fb_b_binary(&b, FB_OP_MUL, fb_b_load(&b, x, &i, 1), fb_b_const_i32(&b, 2)));
+  fb_b_store(&b, y, &i, 1,
+             fb_b_binary(&b, FB_OP_MUL, fb_b_load(&b, x, &i, 1), fb_b_const_i32(&b, 2)));
   fb_b_leave(&b, sv);
   int sp = fb_b_struct_for(&b, P); /* deactivate the odd blocks */
   sv = fb_b_enter(&b, k->stmts[sp].body);
@@ -244,10 +247,9 @@ START_TEST(sparse_list_tasks) {
   fb_task_list tl;
   char err[128];
   ck_assert_int_eq(fb_lower(k, &tl, err, sizeof err), 0);
-  static const fb_task_kind want[] = {FB_TASK_RANGE_FOR, FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN,
-                                      FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_STRUCT_FOR,
-                                      FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_STRUCT_FOR,
-                                      FB_TASK_GC};
+  static const fb_task_kind want[] = {
+      FB_TASK_RANGE_FOR,  FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN,
+      FB_TASK_STRUCT_FOR, FB_TASK_CLEAR_LIST, FB_TASK_LISTGEN, FB_TASK_STRUCT_FOR, FB_TASK_GC};
   static const int on[] = {-1, 1, 1, 2, 2, 3, 1, 1, 1, 1}; /* SNode: P = 1, B = 2, x = 3 */
   ck_assert_int_eq(tl.n, 10);
   ck_assert_int_eq(P, 1);

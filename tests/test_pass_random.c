@@ -18,7 +18,11 @@
 #include "optimizer/sfg.h"
 #include "support.h"
 
-enum { N = 16, MAXT = 48, NPROG = 300 };
+enum {
+  N = 16,
+  MAXT = 48,
+  NPROG = 300
+};
 
 typedef struct rng {
   uint64_t s;
@@ -99,7 +103,9 @@ static int value_expr(gen *g) {
   switch (rnd(&g->r, 6)) {
   case 0: return c32(g, (int)rnd(&g->r, 9) - 4);
   case 1: return g->loop >= 0 ? fb_b_loop_index(b, g->loop, 0) : c32(g, 3);
-  case 2: if (b->k->nparams) return fb_b_arg(b, 0); return c32(g, 5);
+  case 2:
+    if (b->k->nparams) return fb_b_arg(b, 0);
+    return c32(g, 5);
   case 3: {
     int r = fb_b_rand(b, (int)rnd(&g->r, 4));
     return fb_b_cast(b, FB_T_I32, fb_b_binary(b, FB_OP_MUL, r, fb_b_const_f32(b, 100.0f)));
@@ -107,7 +113,8 @@ static int value_expr(gen *g) {
   default:
     if (g->nvals) {
       int v = g->vals[rnd(&g->r, (uint32_t)g->nvals)];
-      return fb_b_binary(b, rnd(&g->r, 2) ? FB_OP_ADD : FB_OP_MUL, v, c32(g, (int)rnd(&g->r, 3) + 1));
+      return fb_b_binary(b, rnd(&g->r, 2) ? FB_OP_ADD : FB_OP_MUL, v,
+                         c32(g, (int)rnd(&g->r, 3) + 1));
     }
     return c32(g, 7);
   }
@@ -117,26 +124,28 @@ static void statement(gen *g, int depth) {
   fb_builder *b = &g->b;
   int f = pick_field(g);
   switch (rnd(&g->r, depth ? 9 : 11)) {
-  case 0: case 1: case 2: {
+  case 0:
+  case 1:
+  case 2: {
     int idx = index_expr(g);
     fb_b_store(b, f, &idx, 1, value_expr(g));
     break;
   }
-  case 3: case 4: {
+  case 3:
+  case 4: {
     int idx = index_expr(g);
     int v = fb_b_global(b, FB_OP_ATOMIC_ADD, f, &idx, 1, value_expr(g));
     if (g->nvals < 16) g->vals[g->nvals++] = v;
     break;
   }
-  case 5: case 6: {
+  case 5:
+  case 6: {
     int idx = index_expr(g);
     int v = fb_b_load(b, f, &idx, 1);
     if (g->nvals < 16) g->vals[g->nvals++] = v;
     break;
   }
-  case 7: { /* s[] += v */
-    fb_b_global(b, FB_OP_ATOMIC_ADD, g->w->s, NULL, 0, value_expr(g));
-    break;
+  case 7: { /* s[] += v */ fb_b_global(b, FB_OP_ATOMIC_ADD, g->w->s, NULL, 0, value_expr(g)); break;
   }
   case 8: { /* activate a cell */
     int idx = index_expr(g);
@@ -177,7 +186,10 @@ typedef struct prog {
 
 static fb_kernel *list_task(const world *w, fb_op op, int snode, int nparams) {
   fb_type p = FB_T_I32;
-  fb_kernel *k = fb_kernel_new(w->l, op == FB_OP_GC ? "gc" : op == FB_OP_LISTGEN ? "listgen" : "clear",
+  fb_kernel *k = fb_kernel_new(w->l,
+                               op == FB_OP_GC        ? "gc"
+                               : op == FB_OP_LISTGEN ? "listgen"
+                                                     : "clear",
                                nparams, &p, FB_T_VOID);
   fb_builder b;
   fb_builder_init(&b, k);
@@ -213,7 +225,8 @@ static void kernel_launch(gen *g, prog *p, uint64_t launch) {
   g->deact = 0;
   int kind = (int)rnd(&g->r, 5), sparse = -1;
   if (kind <= 1) {
-    g->loop = fb_b_range_for(&g->b, c32(g, (int)rnd(&g->r, 2) * 2), c32(g, N - (int)rnd(&g->r, 2) * 4), 1);
+    g->loop = fb_b_range_for(&g->b, c32(g, (int)rnd(&g->r, 2) * 2),
+                             c32(g, N - (int)rnd(&g->r, 2) * 4), 1);
   } else if (kind <= 3) {
     const int over[] = {w->a, w->p, w->m, w->q};
     int s = over[rnd(&g->r, 4)];
@@ -238,7 +251,8 @@ static void kernel_launch(gen *g, prog *p, uint64_t launch) {
 /* Launch again the tasks [from, to) of an earlier launch (same IR: what
  * activation demotion and the IR bank look for), maybe with another arg. */
 static void relaunch(gen *g, prog *p, int from, int to, uint64_t launch) {
-  uint64_t arg = rnd(&g->r, 2) ? p->args[from] : fb_slot_pack(fb_value_i32((int32_t)rnd(&g->r, 7) - 3));
+  uint64_t arg =
+      rnd(&g->r, 2) ? p->args[from] : fb_slot_pack(fb_value_i32((int32_t)rnd(&g->r, 7) - 3));
   for (int t = from; t < to && p->nt < MAXT * 3; t++) {
     p->kernel[p->nt] = p->kernel[t];
     p->args[p->nt] = arg;
@@ -282,7 +296,8 @@ static void print_prog(const prog *p, uint64_t seed) {
 
 /* ---------------------------------------------------------------- running */
 
-static void run_one(fb_interp *in, const fb_kernel *k, const uint64_t *args, int nargs, uint64_t launch) {
+static void run_one(fb_interp *in, const fb_kernel *k, const uint64_t *args, int nargs,
+                    uint64_t launch) {
   fb_value v[MAXT * 3];
   ck_assert_int_le(nargs, MAXT * 3);
   for (int a = 0; a < nargs; a++) v[a] = fb_slot_unpack(k->params[a], args[a]);
@@ -382,8 +397,13 @@ static void check_seed(const world *w, uint64_t seed, fb_opt_counters *stats) {
   fb_interp *x = fb_interp_new(w->l, 3);
   for (int t = 0; t < p.nt; t++)
     run_one(x, p.k[p.kernel[t]], &p.args[t], p.k[p.kernel[t]]->nparams, p.launch[t]);
-  const unsigned modes[] = {FB_PASS_ALL, FB_PASS_DEMOTE, FB_PASS_LISTGEN, FB_PASS_DSE,
-                            FB_PASS_FUSE, FB_PASS_FUSE | FB_PASS_SIMPLIFY, 0};
+  const unsigned modes[] = {FB_PASS_ALL,
+                            FB_PASS_DEMOTE,
+                            FB_PASS_LISTGEN,
+                            FB_PASS_DSE,
+                            FB_PASS_FUSE,
+                            FB_PASS_FUSE | FB_PASS_SIMPLIFY,
+                            0};
   for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
     fb_interp *y = fb_interp_new(w->l, 3);
     char why[256] = "";
@@ -406,9 +426,10 @@ START_TEST(random_programs) {
   uint64_t first = env ? strtoull(env, NULL, 0) : 1;
   int count = env ? (cnt ? atoi(cnt) : 1) : NPROG;
   for (int i = 0; i < count; i++) check_seed(&w, first + (uint64_t)i, &c);
-  fprintf(stderr, "%d programs: tasks %llu -> %llu; fused %llu, dead stores %llu, deleted %llu, "
-          "listgen removed %llu, demoted %llu, simplified %llu\n", count,
-          (unsigned long long)c.tasks_in, (unsigned long long)c.tasks_out,
+  fprintf(stderr,
+          "%d programs: tasks %llu -> %llu; fused %llu, dead stores %llu, deleted %llu, "
+          "listgen removed %llu, demoted %llu, simplified %llu\n",
+          count, (unsigned long long)c.tasks_in, (unsigned long long)c.tasks_out,
           (unsigned long long)c.tasks_fused, (unsigned long long)c.dead_stores,
           (unsigned long long)c.tasks_deleted, (unsigned long long)c.listgen_removed,
           (unsigned long long)c.demoted, (unsigned long long)c.simplified);

@@ -20,8 +20,15 @@
 
 /* ---------------------------------------------------------------- scripts */
 
-enum { ST_TASK, ST_FLUSH, ST_HOST };
-enum { MAX_STEP_ARGS = 64, MAX_RUN_ARGS = 2560 }; /* a fused task's arguments */
+enum {
+  ST_TASK,
+  ST_FLUSH,
+  ST_HOST
+};
+enum {
+  MAX_STEP_ARGS = 64,
+  MAX_RUN_ARGS = 2560
+}; /* a fused task's arguments */
 
 typedef struct step {
   int kind;
@@ -85,13 +92,13 @@ static void task_step(script *s, int k, char *rest, uint64_t launch, const char 
       st->launch = strtoull(tok + 1, NULL, 0);
       continue;
     }
-    ck_assert_msg(st->nargs < s->ks[k]->nparams && st->nargs < MAX_STEP_ARGS, "%s: too many arguments for %s",
-                  file, s->ks[k]->name);
+    ck_assert_msg(st->nargs < s->ks[k]->nparams && st->nargs < MAX_STEP_ARGS,
+                  "%s: too many arguments for %s", file, s->ks[k]->name);
     st->args[st->nargs] = parse_arg(s->ks[k]->params[st->nargs], tok);
     st->nargs++;
   }
-  ck_assert_msg(st->nargs == s->ks[k]->nparams, "%s: %s needs %d arguments", file,
-                s->ks[k]->name, s->ks[k]->nparams);
+  ck_assert_msg(st->nargs == s->ks[k]->nparams, "%s: %s needs %d arguments", file, s->ks[k]->name,
+                s->ks[k]->nparams);
 }
 
 /* `run K args`: every task K.t0, K.t1, ... (or K itself) with one launch number. */
@@ -270,8 +277,9 @@ static void do_flush(fb_opt *o, result *r, tbuf *b, int nflush) {
   for (int i = 0; batch && i < batch->n; i++) {
     const fb_opt_launch *L = &batch->v[i];
     int maxp = fb_opt_get_options(o)->max_task_params;
-    ck_assert_msg(!maxp || L->nargs <= maxp, "task %d of flush %d has %d parameters, over the limit %d",
-                  i, nflush, L->nargs, maxp);
+    ck_assert_msg(!maxp || L->nargs <= maxp,
+                  "task %d of flush %d has %d parameters, over the limit %d", i, nflush, L->nargs,
+                  maxp);
     snprintf(line, sizeof line, "# task %d: %s, launch %llu, %d task%s\n", i,
              fb_task_kind_name(L->kind), (unsigned long long)L->launch, L->ntasks,
              L->ntasks == 1 ? "" : "s");
@@ -436,8 +444,8 @@ static void check_expect(const script *s, const result *r, const char *file) {
     ck_assert_msg(eq != NULL, "%s: bad expectation %s", file, s->expect[i]);
     *eq = 0;
     uint64_t want = strtoull(eq + 1, NULL, 0), got = counter(&r->total, name);
-    ck_assert_msg(got == want, "%s: %s is %llu, expected %llu", file, name,
-                  (unsigned long long)got, (unsigned long long)want);
+    ck_assert_msg(got == want, "%s: %s is %llu, expected %llu", file, name, (unsigned long long)got,
+                  (unsigned long long)want);
   }
 }
 
@@ -467,7 +475,9 @@ typedef struct names {
   int n;
 } names;
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
 
 static names list_cases(void) {
   names g = {0};
@@ -626,7 +636,10 @@ END_TEST
  * and the results are those of the launches run one by one. Without the
  * limit the same window fuses into one task of 2400 parameters. */
 static char *wide_script(void) {
-  enum { NP = 60, NL = 40 };
+  enum {
+    NP = 60,
+    NL = 40
+  };
   size_t cap = 64 << 10, n = 0;
   char *t = malloc(cap);
   n += (size_t)snprintf(t + n, cap - n, "#! max_fuse 64\n#! max_stmts 0\n");
@@ -635,19 +648,22 @@ static char *wide_script(void) {
     for (int a = 0; a < NP; a++) n += (size_t)snprintf(t + n, cap - n, " %d", l * 7 + a);
     n += (size_t)snprintf(t + n, cap - n, "\n");
   }
-  n += (size_t)snprintf(t + n, cap - n, "layout {\n  dense(i: 64) {\n    place x: i32\n  }\n}\n\nkernel wide(");
-  for (int a = 0; a < NP; a++) n += (size_t)snprintf(t + n, cap - n, "%si32", a ? ", " : "");
   n += (size_t)snprintf(t + n, cap - n,
-                        ") {\n  %%0 = const.i32 0\n  %%1 = const.i32 64\n  par_for %%2 in %%0 .. %%1 {\n"
-                        "    %%3 = loop_index.i32 %%2, 0\n    %%4 = arg.i32 0\n");
+                        "layout {\n  dense(i: 64) {\n    place x: i32\n  }\n}\n\nkernel wide(");
+  for (int a = 0; a < NP; a++) n += (size_t)snprintf(t + n, cap - n, "%si32", a ? ", " : "");
+  n += (size_t)snprintf(
+      t + n, cap - n,
+      ") {\n  %%0 = const.i32 0\n  %%1 = const.i32 64\n  par_for %%2 in %%0 .. %%1 {\n"
+      "    %%3 = loop_index.i32 %%2, 0\n    %%4 = arg.i32 0\n");
   int acc = 4, id = 5;
   for (int a = 1; a < NP; a++) {
-    n += (size_t)snprintf(t + n, cap - n, "    %%%d = arg.i32 %d\n    %%%d = add.i32 %%%d, %%%d\n", id, a,
-                          id + 1, acc, id);
+    n += (size_t)snprintf(t + n, cap - n, "    %%%d = arg.i32 %d\n    %%%d = add.i32 %%%d, %%%d\n",
+                          id, a, id + 1, acc, id);
     acc = id + 1;
     id += 2;
   }
-  n += (size_t)snprintf(t + n, cap - n, "    %%%d = atomic_add.i32 x[%%3], %%%d\n  }\n}\n", id, acc);
+  n +=
+      (size_t)snprintf(t + n, cap - n, "    %%%d = atomic_add.i32 x[%%3], %%%d\n  }\n}\n", id, acc);
   ck_assert_uint_lt(n, cap - 1);
   return t;
 }

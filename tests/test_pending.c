@@ -58,7 +58,9 @@ START_TEST(pending_counted_and_drained) {
   int kid;
   fb_session *s = async_session(&e, -1, &kid); /* never flushes by itself */
   ck_assert_uint_eq(fb_session_pending_bytes(s), 0);
-  enum { N = 1000 };
+  enum {
+    N = 1000
+  };
   for (int n = 0; n < N; n++) {
     fb_value a[2] = {fb_value_i32(n % 16), fb_value_i32(n)};
     ck_assert_int_eq(fb_launch(s, kid, a, 2, NULL), 0);

@@ -240,7 +240,8 @@ START_TEST(dynamic_axis_split_above_refused) {
     } else {
       ck_assert_int_eq(rc, FB_EINVAL);
       ck_assert_msg(strstr(err, "dynamic SNode 2 bag splits axis i, already split above it by "
-                                "SNode 1") != NULL, "message: %s", err);
+                                "SNode 1") != NULL,
+                    "message: %s", err);
       expect_layout_refused(m, "already split above it");
     }
     fbp_arena_free(&a);
@@ -347,10 +348,12 @@ static fb_value f64_bits(uint64_t bits) {
 }
 
 START_TEST(values_bit_exact) {
-  fb_value vs[] = {fb_value_bool(1), fb_value_i32(-7), fb_value_i32(INT32_MIN),
-                   fb_value_i64(INT64_MIN), fb_value_u32(UINT32_MAX), fb_value_u64(UINT64_MAX),
-                   fb_value_f32(-0.0f), fb_value_f32(1e-45f), fb_value_f64(-0.0),
-                   f64_bits(0x7ff8000000000123ull), fb_value_f64(INFINITY), fb_value_i64(0)};
+  fb_value vs[] = {fb_value_bool(1),         fb_value_i32(-7),
+                   fb_value_i32(INT32_MIN),  fb_value_i64(INT64_MIN),
+                   fb_value_u32(UINT32_MAX), fb_value_u64(UINT64_MAX),
+                   fb_value_f32(-0.0f),      fb_value_f32(1e-45f),
+                   fb_value_f64(-0.0),       f64_bits(0x7ff8000000000123ull),
+                   fb_value_f64(INFINITY),   fb_value_i64(0)};
   for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
     Fusebox__V1__Value m;
     fbp_value_to_pb(&m, vs[i]);
@@ -452,14 +455,20 @@ START_TEST(chunk_encoding_both_ways) {
   ck_assert_int_eq(memcmp(c.data, data, 300), 0);
   free(p);
   fusebox__v1__field_chunk__free_unpacked(m, NULL);
-  ck_assert_uint_eq(fbp_chunk_header(msg, "this id is far too long to be any session id at all, "
-                                          "really far too long", 0, 0, 0, 0), 0);
+  ck_assert_uint_eq(fbp_chunk_header(msg,
+                                     "this id is far too long to be any session id at all, "
+                                     "really far too long",
+                                     0, 0, 0, 0),
+                    0);
 }
 END_TEST
 
 /* Bytes that are not a FieldChunk: both parsers refuse them. */
 START_TEST(chunk_malformed) {
-  static const struct { const char *b; size_t n; } bad[] = {
+  static const struct {
+    const char *b;
+    size_t n;
+  } bad[] = {
       {"\x0a\x7f", 2},             /* field 1, length past the end */
       {"\x10", 1},                 /* field 2 varint, truncated */
       {"\x2a\x05\x01\x02", 4},     /* data longer than the message */
@@ -472,10 +481,12 @@ START_TEST(chunk_malformed) {
     fbp_chunk c;
     char err[128] = "";
     ck_assert_msg(fbp_chunk_parse((const uint8_t *)bad[i].b, bad[i].n, &c, err, sizeof err) ==
-                      FB_EINVAL, "case %zu accepted", i);
+                      FB_EINVAL,
+                  "case %zu accepted", i);
     ck_assert(strstr(err, "malformed FieldChunk") != NULL);
     ck_assert_msg(fusebox__v1__field_chunk__unpack(NULL, bad[i].n, (const uint8_t *)bad[i].b) ==
-                      NULL, "protobuf-c accepted case %zu", i);
+                      NULL,
+                  "protobuf-c accepted case %zu", i);
   }
   /* unknown fields are skipped by both */
   static const uint8_t unknown[] = {0x48, 0x05, 0x10, 0x03}; /* field 9 = 5, field 2 = 3 */
@@ -542,20 +553,27 @@ END_TEST
 /* Counters cross the wire field by field, the fusion cost model's, the
  * fallback's and the plan memo's too (fields appended: 16, 17, 18). */
 START_TEST(counters_round_trip) {
-  fb_counters c = {.launches = 9, .tasks_fused = 4, .tasks_pending = 2, .fuse_refused = 7,
-                   .fuse_fallbacks = 3, .plans_reused = 5, .optimizer_s = 0.25};
+  fb_counters c = {.launches = 9,
+                   .tasks_fused = 4,
+                   .tasks_pending = 2,
+                   .fuse_refused = 7,
+                   .fuse_fallbacks = 3,
+                   .plans_reused = 5,
+                   .optimizer_s = 0.25};
   Fusebox__V1__Counters m;
   fbp_counters_to_pb(&m, &c);
   Fusebox__V1__Counters *back = wire(&m.base, &fusebox__v1__counters__descriptor);
   fb_counters d;
   fbp_counters_from_pb(back, &d);
   ck_assert_mem_eq(&c, &d, sizeof c);
-  const ProtobufCFieldDescriptor *f =
-      protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_refused");
+  const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(
+      &fusebox__v1__counters__descriptor, "fuse_refused");
   ck_assert(f && f->id == 16);
-  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "fuse_fallbacks");
+  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor,
+                                                      "fuse_fallbacks");
   ck_assert(f && f->id == 17);
-  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor, "plans_reused");
+  f = protobuf_c_message_descriptor_get_field_by_name(&fusebox__v1__counters__descriptor,
+                                                      "plans_reused");
   ck_assert(f && f->id == 18);
   protobuf_c_message_free_unpacked(&back->base, NULL);
 }

@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cg_kernels.h"
 #include "codegen/codegen.h"
 #include "fusebox/lang.h"
 #include "optimizer/optimizer.h"
 #include "support/support.h"
-#include "cg_kernels.h"
 
 /* ptxas named by $FB_PTXAS (set it empty to skip assembly), else from
  * $CUDA_HOME, the usual install path, or PATH; NULL if none. */
@@ -140,8 +140,10 @@ static const char *const sparse_src =
     "}\n"
     "kernel paint() { for i in 0 .. 32 { rho[i, i] = 1.0\n x[i * 3] += i\n v[i] = 2.0 } }\n"
     "kernel visit() -> f32 { for i, j in rho { total[] += rho[i, j] * 2.0 }\n return total[] }\n"
-    "kernel count() { for I, J in blocks { n[] += 1 }\n for i in x { x[i] += 1 }\n for i in v { v[i] *= 2.0 } }\n"
-    "kernel push(m: i32) { for t in 0 .. m { let s = append(d, t % 16, t)\n if s < 0 { n[] += 1 } } }\n"
+    "kernel count() { for I, J in blocks { n[] += 1 }\n for i in x { x[i] += 1 }\n for i in v { "
+    "v[i] *= 2.0 } }\n"
+    "kernel push(m: i32) { for t in 0 .. m { let s = append(d, t % 16, t)\n if s < 0 { n[] += 1 } "
+    "} }\n"
     "kernel lists() { for k, m in d { n[] += d[k, m] + length(d, k) } }\n"
     "kernel prune() {\n"
     "  for I, J in blocks { if I != J { deactivate(blocks, I, J) } }\n"
@@ -149,7 +151,8 @@ static const char *const sparse_src =
     "  for i in v { if i % 3 == 0 { deactivate(bm, i) } }\n"
     "  for k, m in d { if m == 0 && k % 2 == 0 { deactivate(lists, k, m) } }\n"
     "}\n"
-    "kernel query() { for i in 0 .. 64 { if is_active(inner, i % 32) || is_active(rho, i % 32, 3) { activate(bm, i) } } }\n";
+    "kernel query() { for i in 0 .. 64 { if is_active(inner, i % 32) || is_active(rho, i % 32, 3) "
+    "{ activate(bm, i) } } }\n";
 
 START_TEST(test_ptx_sparse) {
   char buf[4096];

@@ -44,9 +44,8 @@ typedef struct lay {
 } lay;
 
 static const fb_type TYPES[3] = {FB_T_I32, FB_T_I64, FB_T_U32};
-static const fb_op OPS[7] = {FB_OP_ATOMIC_ADD, FB_OP_ATOMIC_SUB, FB_OP_ATOMIC_MIN,
-                             FB_OP_ATOMIC_MAX, FB_OP_ATOMIC_AND, FB_OP_ATOMIC_OR,
-                             FB_OP_ATOMIC_XOR};
+static const fb_op OPS[7] = {FB_OP_ATOMIC_ADD, FB_OP_ATOMIC_SUB, FB_OP_ATOMIC_MIN, FB_OP_ATOMIC_MAX,
+                             FB_OP_ATOMIC_AND, FB_OP_ATOMIC_OR,  FB_OP_ATOMIC_XOR};
 
 static void lay_build(lay *y) {
   fb_layout *l = fb_layout_new();
@@ -132,10 +131,10 @@ static void same_field(duo *d, int place, const char *what) {
   size_t n = field_bytes(d, place), sz = fb_type_size(t);
   for (size_t i = 0; i < n; i += sz) {
     if (memcmp(a + i, b + i, sz) == 0) continue;
-    int nans = t == FB_T_F32 && isnan(fb_value_load(t, a + i).v.f) &&
-               isnan(fb_value_load(t, b + i).v.f);
-    ck_assert_msg(nans, "%s: %s[%zu] differs from the interpreter", what,
-                  d->y.l->nodes[place].name, i / sz);
+    int nans =
+        t == FB_T_F32 && isnan(fb_value_load(t, a + i).v.f) && isnan(fb_value_load(t, b + i).v.f);
+    ck_assert_msg(nans, "%s: %s[%zu] differs from the interpreter", what, d->y.l->nodes[place].name,
+                  i / sz);
   }
   free(v);
 }

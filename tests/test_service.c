@@ -10,13 +10,13 @@
  * memory and session quotas; a client that dies mid-stream (its session
  * freed, counted in stats); idle sessions reaped; the config file; SIGTERM
  * under load. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -74,8 +74,8 @@ static void stop(void) {
  * unix ones in threads (the CLI's private daemon), so every path of a
  * session is tested under both isolation modes. */
 static void setup_tcp(void) {
-  static const char *const f[] = {"--session-memory-limit", "300M", "--max-sessions", "8",
-                                  "--isolation", "process", NULL};
+  static const char *const f[] = {
+      "--session-memory-limit", "300M", "--max-sessions", "8", "--isolation", "process", NULL};
   start("127.0.0.1:0", f);
 }
 
@@ -92,26 +92,25 @@ static void setup_idle(void) {
 
 static void teardown(void) { stop(); }
 
-static const char *PROG =
-    "layout {\n"
-    "  dense(i: 1024) { place x: f32 }\n"
-    "  dense(i: 16) { place n: i32 }\n"
-    "  place total: f32\n"
-    "}\n"
-    "kernel fill(v: f32) {\n"
-    "  for i in x { x[i] = v + f32(i) }\n"
-    "}\n"
-    "kernel count(k: i32) {\n"
-    "  for i in n { n[i] = n[i] + k }\n"
-    "}\n"
-    "kernel poke(i: i32) {\n"
-    "  x[i] = 1.0\n"
-    "}\n"
-    "kernel sum() -> f32 {\n"
-    "  total[] = 0.0\n"
-    "  for i in x { total[] += x[i] }\n"
-    "  return total[]\n"
-    "}\n";
+static const char *PROG = "layout {\n"
+                          "  dense(i: 1024) { place x: f32 }\n"
+                          "  dense(i: 16) { place n: i32 }\n"
+                          "  place total: f32\n"
+                          "}\n"
+                          "kernel fill(v: f32) {\n"
+                          "  for i in x { x[i] = v + f32(i) }\n"
+                          "}\n"
+                          "kernel count(k: i32) {\n"
+                          "  for i in n { n[i] = n[i] + k }\n"
+                          "}\n"
+                          "kernel poke(i: i32) {\n"
+                          "  x[i] = 1.0\n"
+                          "}\n"
+                          "kernel sum() -> f32 {\n"
+                          "  total[] = 0.0\n"
+                          "  for i in x { total[] += x[i] }\n"
+                          "  return total[]\n"
+                          "}\n";
 
 static fb_remote *open_prog(fb_client *c, const char *src) {
   fb_remote *r = NULL;
@@ -167,8 +166,8 @@ static char *raw_session(fb_client *c, const fb_layout *l) {
   uint8_t *p = packed(&req.base, &n);
   void *resp = NULL;
   int st = -1;
-  ck_assert_int_eq(fb_client_raw_call(c, "/fusebox.v1.Fusebox/CreateSession", p, n, &resp, &rn,
-                                      &st), 0);
+  ck_assert_int_eq(
+      fb_client_raw_call(c, "/fusebox.v1.Fusebox/CreateSession", p, n, &resp, &rn, &st), 0);
   ck_assert_int_eq(st, 0);
   Fusebox__V1__CreateSessionResponse *m =
       fusebox__v1__create_session_response__unpack(NULL, rn, resp);
@@ -221,8 +220,9 @@ START_TEST(health_info_stats) {
   grpc__health__v1__health_check_response__free_unpacked(hm, NULL);
   free(resp);
   free(p);
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/NoSuchMethod", "", 0, NULL, NULL,
-                                      &gs), FB_EUNSUPPORTED);
+  ck_assert_int_eq(
+      fb_client_raw_call(C, "/fusebox.v1.Fusebox/NoSuchMethod", "", 0, NULL, NULL, &gs),
+      FB_EUNSUPPORTED);
   ck_assert_int_eq(gs, 12);
 }
 END_TEST
@@ -374,7 +374,9 @@ START_TEST(cancel_launches) {
 END_TEST
 
 START_TEST(sessions_at_once) {
-  enum { N = 4 };
+  enum {
+    N = 4
+  };
   pthread_t th[N];
   worker_arg args[N];
   for (int i = 0; i < N; i++) {
@@ -409,8 +411,8 @@ START_TEST(isolation) {
   void *resp = NULL;
   size_t rn = 0;
   int gs = -1;
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", b.p, b.n, &resp, &rn,
-                                      &gs), 0);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", b.p, b.n, &resp, &rn, &gs),
+                   0);
   Fusebox__V1__SessionResponse *m = fusebox__v1__session_response__unpack(NULL, rn, resp);
   ck_assert_ptr_nonnull(m);
   ck_assert_ptr_nonnull(m->sync);
@@ -445,8 +447,8 @@ START_TEST(isolation) {
   fbp_buf t;
   memset(&t, 0, sizeof t);
   fbp_session_tail(&t, fb_remote_id(a), 0, 1);
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", t.p, t.n, NULL, NULL,
-                                      &gs), FB_EINVAL);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/Session", t.p, t.n, NULL, NULL, &gs),
+                   FB_EINVAL);
   ck_assert(strstr(fb_client_errmsg(C), "already has") != NULL);
   fbp_buf_free(&t);
   /* A still works */
@@ -467,15 +469,18 @@ END_TEST
 /* ---------------------------------------------------------------- bad input */
 
 static const char *const METHODS[] = {
-    "/grpc.health.v1.Health/Check",          "/fusebox.v1.Fusebox/CreateSession",
-    "/fusebox.v1.Fusebox/CloseSession",      "/fusebox.v1.Fusebox/RegisterKernels",
-    "/fusebox.v1.Fusebox/Session",           "/fusebox.v1.Fusebox/WriteField",
-    "/fusebox.v1.Fusebox/ReadField",         "/fusebox.v1.Fusebox/GetInfo",
+    "/grpc.health.v1.Health/Check",     "/fusebox.v1.Fusebox/CreateSession",
+    "/fusebox.v1.Fusebox/CloseSession", "/fusebox.v1.Fusebox/RegisterKernels",
+    "/fusebox.v1.Fusebox/Session",      "/fusebox.v1.Fusebox/WriteField",
+    "/fusebox.v1.Fusebox/ReadField",    "/fusebox.v1.Fusebox/GetInfo",
     "/fusebox.v1.Fusebox/GetStats",
 };
 
 START_TEST(malformed_to_every_method) {
-  static const struct { const char *b; size_t n; } junk[] = {
+  static const struct {
+    const char *b;
+    size_t n;
+  } junk[] = {
       {"\x0a\x7f", 2},                                   /* length past the end */
       {"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11}, /* endless varint */
       {"\x0b\x01", 2},                                   /* a group start */
@@ -485,8 +490,8 @@ START_TEST(malformed_to_every_method) {
     for (size_t j = 0; j < sizeof junk / sizeof junk[0]; j++) {
       int gs = -1;
       int rc = fb_client_raw_call(C, METHODS[m], junk[j].b, junk[j].n, NULL, NULL, &gs);
-      ck_assert_msg(gs == 3 && rc == FB_EINVAL, "%s, junk %zu: status %d (%s)", METHODS[m], j,
-                    gs, fb_client_errmsg(C));
+      ck_assert_msg(gs == 3 && rc == FB_EINVAL, "%s, junk %zu: status %d (%s)", METHODS[m], j, gs,
+                    fb_client_errmsg(C));
       ck_assert_msg(strstr(fb_client_errmsg(C), "malformed") != NULL, "%s: '%s'", METHODS[m],
                     fb_client_errmsg(C));
       refused++;
@@ -552,15 +557,17 @@ START_TEST(verifier_errors) {
   size_t n;
   uint8_t *p = packed(&req.base, &n);
   int gs = -1;
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL,
-                                      &gs), FB_EVERIFY);
+  ck_assert_int_eq(
+      fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL, &gs),
+      FB_EVERIFY);
   ck_assert_int_eq(gs, 3);
   free(p);
   /* structurally broken IR: refused before the verifier, naming the problem */
   km->stmts[0]->op = (char *)"no_such_op";
   p = packed(&req.base, &n);
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL,
-                                      &gs), FB_EINVAL);
+  ck_assert_int_eq(
+      fb_client_raw_call(C, "/fusebox.v1.Fusebox/RegisterKernels", p, n, NULL, NULL, &gs),
+      FB_EINVAL);
   ck_assert_int_eq(gs, 3);
   ck_assert(strstr(fb_client_errmsg(C), "unknown op 'no_such_op'") != NULL);
   free(p);
@@ -761,8 +768,8 @@ START_TEST(idle_sessions_reaped) {
   size_t n;
   uint8_t *p = packed(&rq.base, &n);
   int gs;
-  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/CloseSession", p, n, NULL, NULL,
-                                      &gs), FB_ENOENT);
+  ck_assert_int_eq(fb_client_raw_call(C, "/fusebox.v1.Fusebox/CloseSession", p, n, NULL, NULL, &gs),
+                   FB_ENOENT);
   free(p);
   free(id);
   /* an attached session left idle goes too, and its client is told why */
@@ -913,7 +920,9 @@ static void *load_worker(void *p) {
 }
 
 START_TEST(sigterm_under_load) {
-  enum { N = 3 };
+  enum {
+    N = 3
+  };
   pthread_t th[N];
   load_arg args[N];
   for (int i = 0; i < N; i++) {
@@ -943,8 +952,8 @@ END_TEST
 /* ---------------------------------------------------------------- unix socket access, SIGHUP */
 
 /* Start fuseboxd with its log (stderr) going to log_path; 0 or the error. */
-static int start_logged(const char *listen, const char *const *args, const char *log_path, char *err,
-                        size_t errlen) {
+static int start_logged(const char *listen, const char *const *args, const char *log_path,
+                        char *err, size_t errlen) {
   fflush(stderr);
   int saved = dup(2);
   int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);

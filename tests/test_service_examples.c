@@ -189,8 +189,8 @@ static int checks(run *x, json_t *list, const char *name) {
     double want = json_number_value(sum ? sum : eq);
     double rtol = rt ? json_number_value(rt) : sum ? 1e-6 : 0;
     ck_assert_msg(fabs(got - want) <= rtol * fabs(want) + (rtol ? 1e-9 : 0),
-                  "%s: check %zu on %s: got %.9g, want %.9g (rtol %g)", name, i, field, got,
-                  want, rtol);
+                  "%s: check %zu on %s: got %.9g, want %.9g (rtol %g)", name, i, field, got, want,
+                  rtol);
   }
   return all;
 }
@@ -241,8 +241,8 @@ static int run_example(const char *json_path, const char *name, const char *remo
   steps(&x, json_object_get(root, "step"));
   ck_assert_int_eq(fb_sync(x.s), 0);
   remote_sync(&x);
-  ck_assert_msg(x.nl == x.nr, "%s (%s): %d launches failed in process, %d through the server",
-                name, o.mode ? o.mode : "sync", x.nl, x.nr);
+  ck_assert_msg(x.nl == x.nr, "%s (%s): %d launches failed in process, %d through the server", name,
+                o.mode ? o.mode : "sync", x.nl, x.nr);
   for (int i = 0; i < x.nl; i++) {
     ck_assert_uint_eq(x.lseq[i], x.rseq[i]);
     ck_assert_int_eq(x.lcode[i], x.rcode[i]);

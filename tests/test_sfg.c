@@ -14,7 +14,8 @@
 static const char *const layout_text =
     "layout {\n"
     "  dense(i: 64) {\n    place x: i32\n    place y: i32\n    place idx: i32\n  }\n"
-    "  pointer(i: 8) as blocks {\n    dense(i: 8) {\n      place s: f32\n      place t: f32\n    }\n  }\n"
+    "  pointer(i: 8) as blocks {\n    dense(i: 8) {\n      place s: f32\n      place t: f32\n    "
+    "}\n  }\n"
     "  pointer(i: 4) as up {\n    bitmasked(i: 4) as mid {\n      place u: f32\n    }\n  }\n"
     "  dense(i: 4) {\n    dynamic(j: 16, chunk: 4) as lists {\n      place d: i32\n    }\n  }\n"
     "  place total: i32\n"
@@ -53,7 +54,8 @@ static fb_task_meta *meta_of(const fb_kernel *k) {
   return m;
 }
 
-static const fb_meta_acc *acc(const fb_task_meta *m, int kind, const fb_layout *l, const char *name) {
+static const fb_meta_acc *acc(const fb_task_meta *m, int kind, const fb_layout *l,
+                              const char *name) {
   int s = fb_layout_find(l, name);
   ck_assert_int_ge(s, 0);
   return fb_meta_find(m, FB_SKEY(kind, s));
@@ -139,17 +141,19 @@ START_TEST(meta_sparse) {
 END_TEST
 
 START_TEST(meta_nested_and_lists) {
-  mod m = parse("kernel nest() {\n  %0 = const.i32 0\n  %1 = const.i32 16\n"
-                "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = const.f32 2.0\n"
-                "    store u[%3], %4\n    %6 = is_active.bool mid[%3]\n    if %6 {\n"
-                "      store x[%3], %3\n    }\n  }\n}\n"
-                "kernel lg() {\n  listgen mid[]\n}\n"
-                "kernel cl() {\n  clear_list mid[]\n}\n"
-                "kernel gc() {\n  gc up[]\n}\n"
-                "kernel dyn() {\n  %0 = const.i32 1\n  %1 = const.i32 7\n"
-                "  %2 = append.i32 d[%0], %1\n  %3 = length.i32 d[%0]\n}\n"
-                "kernel unused() {\n  %0 = const.i32 1\n  %1 = is_active.bool up[%0]\n}\n");
-  int up = fb_layout_find(m.l, "up"), mid = fb_layout_find(m.l, "mid"), lists = fb_layout_find(m.l, "lists");
+  mod m =
+      parse("kernel nest() {\n  %0 = const.i32 0\n  %1 = const.i32 16\n"
+            "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = const.f32 2.0\n"
+            "    store u[%3], %4\n    %6 = is_active.bool mid[%3]\n    if %6 {\n"
+            "      store x[%3], %3\n    }\n  }\n}\n"
+            "kernel lg() {\n  listgen mid[]\n}\n"
+            "kernel cl() {\n  clear_list mid[]\n}\n"
+            "kernel gc() {\n  gc up[]\n}\n"
+            "kernel dyn() {\n  %0 = const.i32 1\n  %1 = const.i32 7\n"
+            "  %2 = append.i32 d[%0], %1\n  %3 = length.i32 d[%0]\n}\n"
+            "kernel unused() {\n  %0 = const.i32 1\n  %1 = is_active.bool up[%0]\n}\n");
+  int up = fb_layout_find(m.l, "up"), mid = fb_layout_find(m.l, "mid"),
+      lists = fb_layout_find(m.l, "lists");
   fb_task_meta *t = meta_of(m.ks[0]);
   const fb_meta_acc *mu = fb_meta_find(t, FB_SKEY(FB_SK_MASK, up));
   const fb_meta_acc *mm = fb_meta_find(t, FB_SKEY(FB_SK_MASK, mid));
@@ -196,14 +200,15 @@ START_TEST(meta_nested_and_lists) {
 END_TEST
 
 START_TEST(meta_scratch_ret_unique) {
-  mod m = parse("kernel sc() -> i32 {\n  %0 = const.i32 5\n  gtmp_store %0, 16\n"
-                "  %2 = gtmp_load.i32 8\n  ret %2, 0\n}\n"
-                "kernel uq() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n"
-                "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 idx[%3]\n"
-                "    %5 = assume_unique.i32 %4 covers x\n    %6 = load.i32 x[%5]\n"
-                "    store y[%5], %6\n  }\n}\n"
-                "kernel two() {\n  %0 = const.i32 0\n  %1 = const.i32 4\n"
-                "  par_for %2 in %0 .. %1 {\n  }\n  par_for %3 in %0 .. %1 {\n  }\n}\n");
+  mod m =
+      parse("kernel sc() -> i32 {\n  %0 = const.i32 5\n  gtmp_store %0, 16\n"
+            "  %2 = gtmp_load.i32 8\n  ret %2, 0\n}\n"
+            "kernel uq() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n"
+            "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 idx[%3]\n"
+            "    %5 = assume_unique.i32 %4 covers x\n    %6 = load.i32 x[%5]\n"
+            "    store y[%5], %6\n  }\n}\n"
+            "kernel two() {\n  %0 = const.i32 0\n  %1 = const.i32 4\n"
+            "  par_for %2 in %0 .. %1 {\n  }\n  par_for %3 in %0 .. %1 {\n  }\n}\n");
   fb_task_meta *t = meta_of(m.ks[0]);
   const fb_meta_acc *w = fb_meta_find(t, FB_SKEY(FB_SK_GTMP, 2));
   const fb_meta_acc *r = fb_meta_find(t, FB_SKEY(FB_SK_GTMP, 1));
@@ -518,7 +523,6 @@ START_TEST(api_refusals) {
 }
 END_TEST
 
-
 /* ---------------------------------------------------------------- the plan memo */
 
 /* A sparse stream: clear_list / listgen / struct_for triples over blocks,
@@ -536,7 +540,8 @@ static const char *const plan_kernels =
     "kernel cp() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
     "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 x[%3]\n    store y[%3], %4\n  }\n}\n"
     "kernel sum() {\n  %0 = const.i32 0\n  %1 = const.i32 64\n  par_for %2 in %0 .. %1 {\n"
-    "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 y[%3]\n    %5 = atomic_add.i32 total[], %4\n  }\n}\n";
+    "    %3 = loop_index.i32 %2, 0\n    %4 = load.i32 y[%3]\n    %5 = atomic_add.i32 total[], %4\n "
+    " }\n}\n";
 
 static fb_opt *plan_opt(mod *m, fb_irh *h, int memo, int check) {
   fb_opt_options o;
@@ -626,7 +631,8 @@ START_TEST(plan_memo_reuse) {
     ck_assert_uint_eq(fb_opt_get_stats(a)->flush.tasks_in, 10);
     ck_assert_uint_eq(fb_opt_get_stats(a)->flush.listgen_removed,
                       fb_opt_get_stats(b)->flush.listgen_removed);
-    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.tasks_fused, fb_opt_get_stats(b)->flush.tasks_fused);
+    ck_assert_uint_eq(fb_opt_get_stats(a)->flush.tasks_fused,
+                      fb_opt_get_stats(b)->flush.tasks_fused);
     reused_before = r;
   }
   ck_assert_uint_eq(fb_opt_get_stats(b)->total.plans_reused, 0);
@@ -724,8 +730,9 @@ START_TEST(observe_keeps_lists) {
      before; 4: the count moved at 3; 5: unchanged again; 6: a host write
      at 5; 7: unchanged since 6 */
   static const uint64_t want[8] = {0, 0, 1, 1, 0, 1, 0, 1};
-  for (int f = 0; f < 8; f++) ck_assert_msg(removed[f] == want[f], "flush %d removed %llu", f,
-                                            (unsigned long long)removed[f]);
+  for (int f = 0; f < 8; f++)
+    ck_assert_msg(removed[f] == want[f], "flush %d removed %llu", f,
+                  (unsigned long long)removed[f]);
   ck_assert_uint_eq(fb_opt_get_stats(o)->total.masks_unchanged, 5);
   ck_assert_int_eq(fb_opt_observe_mask(o, 0, 1), FB_EINVAL);
   for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);

@@ -44,8 +44,8 @@ static void duo_open(duo *d, const char *src, int threads, uint64_t limit) {
   free(r);
   fb_diags_free(&dg);
   /* demoted_writes launches the engine's own store_na directly */
-  fb_session_config sc = {.mode = "sync", .seed = 7, .memory_limit = limit,
-                          .allow_internal_ops = 1};
+  fb_session_config sc = {
+      .mode = "sync", .seed = 7, .memory_limit = limit, .allow_internal_ops = 1};
   rc = fb_session_create(d->e, &sc, fb_program_layout(d->p), &d->s, err, sizeof err);
   ck_assert_msg(rc == 0, "session: %s", err);
   d->in = fb_interp_new(fb_program_layout(d->p), 7);
@@ -178,7 +178,8 @@ static const char *const pd_src =
     "}\n"
     "kernel paint(step: i32, off: i32) {\n"
     "  for i in 0 .. 128 { if (i + off) % step == 0 { x[i] = i + 1 } }\n"
-    "  for i in 0 .. 32 { for j in 0 .. 32 { if (i * 3 + j + off) % step == 0 { g[i, j] = i - j } } }\n"
+    "  for i in 0 .. 32 { for j in 0 .. 32 { if (i * 3 + j + off) % step == 0 { g[i, j] = i - j } "
+    "} }\n"
     "}\n"
     "kernel activity() {\n"
     "  for i in 0 .. 128 {\n"
@@ -413,13 +414,16 @@ static const char *const bm_src =
     "  dense(ij: 32, 32) { place act: i32, vis: i32 }\n"
     "  place n: i32\n"
     "}\n"
-    "kernel checker() { for i in 0 .. 32 { for j in 0 .. 32 { if (i + j) % 2 == 0 { activate(bm, i, j) } } } }\n"
-    "kernel setv() { for i, j in v { vis[i, j] += 1\n v[i, j] += i * 32 + j + 1\n w[i, j] = 0.5 } }\n"
+    "kernel checker() { for i in 0 .. 32 { for j in 0 .. 32 { if (i + j) % 2 == 0 { activate(bm, "
+    "i, j) } } } }\n"
+    "kernel setv() { for i, j in v { vis[i, j] += 1\n v[i, j] += i * 32 + j + 1\n w[i, j] = 0.5 } "
+    "}\n"
     "kernel kill(k: i32) { for i, j in bm { if (i * 32 + j) % k == 0 { deactivate(bm, i, j) } } }\n"
     "kernel revive() { for i in 0 .. 32 { v[i, (i * 7) % 32] += 100 } }\n"
     "kernel activity() -> i32 {\n"
     "  n[] = 0\n"
-    "  for i in 0 .. 32 { for j in 0 .. 32 { act[i, j] = 0\n if is_active(w, i, j) { act[i, j] = 1\n n[] += 1 } } }\n"
+    "  for i in 0 .. 32 { for j in 0 .. 32 { act[i, j] = 0\n if is_active(w, i, j) { act[i, j] = "
+    "1\n n[] += 1 } } }\n"
     "  return n[]\n"
     "}\n";
 
@@ -478,7 +482,8 @@ static void dyn_stats_same(duo *d, const char *when) {
     int32_t *e = eread(d, f[i]);
     const int32_t *r = iread(d, f[i]);
     for (int k = 0; k < 16; k++)
-      ck_assert_msg(e[k] == r[k], "after %s: %s[%d] = %d, interpreter %d", when, f[i], k, e[k], r[k]);
+      ck_assert_msg(e[k] == r[k], "after %s: %s[%d] = %d, interpreter %d", when, f[i], k, e[k],
+                    r[k]);
     free(e);
   }
 }
@@ -584,9 +589,10 @@ START_TEST(deactivate_gc_reactivate) {
   for (int i = 0; i < 2048; i++) ck_assert_int_eq(x[i], i % 64 == 5);
   free(x);
   counters(&d, &c1);
-  ck_assert_msg(c1.device_bytes == c0.device_bytes, "blocks were not reused: %llu bytes, "
-                "%llu before", (unsigned long long)c1.device_bytes,
-                (unsigned long long)c0.device_bytes);
+  ck_assert_msg(c1.device_bytes == c0.device_bytes,
+                "blocks were not reused: %llu bytes, "
+                "%llu before",
+                (unsigned long long)c1.device_bytes, (unsigned long long)c0.device_bytes);
   for (int round = 0; round < 5; round++) { /* no growth round after round */
     k = i32v(round + 2);
     both(&d, "drop", &k, 1, 0);
@@ -668,7 +674,7 @@ START_TEST(task_counts) {
                             "listgen inner", "struct_for"};
   shape(&d, "visit", pp, 5);
   const char *const dropi[] = {"clear_list outer", "listgen outer", "clear_list inner",
-                               "listgen inner", "struct_for", "gc inner"};
+                               "listgen inner",    "struct_for",    "gc inner"};
   shape(&d, "drop_inner", dropi, 6);
   const char *const dropo[] = {"clear_list outer", "listgen outer", "struct_for", "gc outer",
                                "gc inner"};
@@ -770,7 +776,7 @@ START_TEST(out_of_memory) {
   ck_assert_int_eq(rc, FB_EQUOTA);
   const char *msg = fb_session_errmsg(d.s);
   ck_assert_msg(strstr(msg, "kernel 'fill'") && strstr(msg, "SNode 'blocks'") &&
-                strstr(msg, "pointer") && strstr(msg, "1024 bytes") && strstr(msg, "limit"),
+                    strstr(msg, "pointer") && strstr(msg, "1024 bytes") && strstr(msg, "limit"),
                 "message: %s", msg);
   fb_counters c;
   counters(&d, &c);

@@ -35,14 +35,14 @@ static void check_cover(fb_pool *p, int64_t n) {
   fb_pool_for(p, n, mark, &v);
   ck_assert_int_eq(atomic_load(&v.bad_chunk), 0);
   for (int64_t i = 0; i < n; i++)
-    ck_assert_msg(v.seen[i] == 1, "n=%lld: index %lld visited %d times", (long long)n,
-                  (long long)i, (int)v.seen[i]);
+    ck_assert_msg(v.seen[i] == 1, "n=%lld: index %lld visited %d times", (long long)n, (long long)i,
+                  (int)v.seen[i]);
   if (n == 0) ck_assert_int_eq(atomic_load(&v.calls), 0);
   free(v.seen);
 }
 
-static const int64_t sizes[] = {0, 1, 2, 3, 7, 13, 97, 1021, 1023, 1024, 1025,
-                                2047, 4099, 65537, 131071, 1000000};
+static const int64_t sizes[] = {0,    1,    2,    3,    7,    13,    97,     1021,
+                                1023, 1024, 1025, 2047, 4099, 65537, 131071, 1000000};
 
 START_TEST(cover_default_chunks) {
   fb_pool *p;
@@ -195,8 +195,7 @@ static void par_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
 
 static void oob_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
   int32_t zero = 0;
-  __atomic_compare_exchange_n(ctx->error, &zero, FB_EBOUNDS, 0, __ATOMIC_SEQ_CST,
-                              __ATOMIC_SEQ_CST);
+  __atomic_compare_exchange_n(ctx->error, &zero, FB_EBOUNDS, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
 START_TEST(launcher_runs_tasks_in_order) {
@@ -210,7 +209,8 @@ START_TEST(launcher_runs_tasks_in_order) {
   uint64_t args[1] = {5000};
   int32_t error = 0;
   fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL};
-  fb_rt_task tasks[3] = {{serial_body, NULL, NULL}, {par_body, par_bounds, NULL}, {oob_body, NULL, NULL}};
+  fb_rt_task tasks[3] = {
+      {serial_body, NULL, NULL}, {par_body, par_bounds, NULL}, {oob_body, NULL, NULL}};
   double secs = -1;
   int failed = 7;
   ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 2, &secs, &failed), 0);

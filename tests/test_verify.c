@@ -46,16 +46,16 @@ static fx fx_new(void) {
 }
 
 /* Open a test: fixture f, kernel k (params, ret), builder b into block 0. */
-#define BEGIN(np, params, ret)                                              \
-  fx f = fx_new();                                                          \
-  fb_kernel *k = fb_kernel_new(f.l, "t", (np), (params), (ret));            \
-  ck_assert_ptr_nonnull(k);                                                 \
-  fb_builder b_;                                                            \
-  fb_builder_init(&b_, k);                                                  \
-  fb_builder *b = &b_;                                                      \
+#define BEGIN(np, params, ret)                                                                     \
+  fx f = fx_new();                                                                                 \
+  fb_kernel *k = fb_kernel_new(f.l, "t", (np), (params), (ret));                                   \
+  ck_assert_ptr_nonnull(k);                                                                        \
+  fb_builder b_;                                                                                   \
+  fb_builder_init(&b_, k);                                                                         \
+  fb_builder *b = &b_;                                                                             \
   (void)b
-#define END()          \
-  fb_kernel_free(k);   \
+#define END()                                                                                      \
+  fb_kernel_free(k);                                                                               \
   fb_layout_free(f.l)
 #define S(id) (k->stmts[(id)])
 #define BODY(id) (k->stmts[(id)].body)
@@ -79,22 +79,22 @@ static void expect_ok_at(const char *file, int line, const fb_kernel *k) {
   fb_diags_init(&d);
   int rc = fb_verify(k, &d);
   char *all = fb_diags_join(&d);
-  ck_assert_msg(rc == 0 && d.n == 0, "%s:%d: expected a valid kernel, got %d:\n%s", file, line,
-                rc, all ? all : "");
+  ck_assert_msg(rc == 0 && d.n == 0, "%s:%d: expected a valid kernel, got %d:\n%s", file, line, rc,
+                all ? all : "");
   free(all);
   fb_diags_free(&d);
 }
 
 /* Some diagnostic is on statement id (-1: kernel-wide), starts with the
  * "%<id> <op>: " prefix (or "kernel: ") and contains rule. */
-static void expect_err_at(const char *file, int line, const fb_kernel *k, int id, const char *rule) {
+static void expect_err_at(const char *file, int line, const fb_kernel *k, int id,
+                          const char *rule) {
   fb_diags d;
   fb_diags_init(&d);
   int rc = fb_verify(k, &d);
   char *all = fb_diags_join(&d);
   char prefix[64];
-  if (id < 0)
-    snprintf(prefix, sizeof prefix, "kernel: ");
+  if (id < 0) snprintf(prefix, sizeof prefix, "kernel: ");
   else
     snprintf(prefix, sizeof prefix, "%%%d %s: ", id,
              k->stmts[id].op < FB_OP__COUNT ? fb_op_table[k->stmts[id].op].name : "?");
@@ -125,9 +125,9 @@ static void build_values(fb_builder *b) {
   fb_b_const_u64(b, 1);
   fb_b_const_f64(b, 0.5);
   int t = fb_b_const_bool(b, 1);
-  fb_op iops[] = {FB_OP_ADD, FB_OP_SUB, FB_OP_MUL, FB_OP_DIV, FB_OP_REM, FB_OP_FLOORDIV,
-                  FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX, FB_OP_AND, FB_OP_OR, FB_OP_XOR,
-                  FB_OP_SHL, FB_OP_SHR};
+  fb_op iops[] = {FB_OP_ADD,      FB_OP_SUB,      FB_OP_MUL, FB_OP_DIV, FB_OP_REM,
+                  FB_OP_FLOORDIV, FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX, FB_OP_AND,
+                  FB_OP_OR,       FB_OP_XOR,      FB_OP_SHL, FB_OP_SHR};
   for (size_t i = 0; i < sizeof iops / sizeof *iops; i++) fb_b_binary(b, iops[i], a, c3);
   fb_op fops[] = {FB_OP_ADD, FB_OP_DIV, FB_OP_POW, FB_OP_ATAN2, FB_OP_MIN};
   for (size_t i = 0; i < sizeof fops / sizeof *fops; i++) fb_b_binary(b, fops[i], x, cf);
@@ -1040,9 +1040,7 @@ static uint64_t xs(uint64_t *s) {
   *s ^= *s << 17;
   return *s;
 }
-static int rnd(uint64_t *s, int lo, int hi) {
-  return lo + (int)(xs(s) % (uint64_t)(hi - lo + 1));
-}
+static int rnd(uint64_t *s, int lo, int hi) { return lo + (int)(xs(s) % (uint64_t)(hi - lo + 1)); }
 
 /* One random corruption of a statement, a block list, params or ret. Block
  * lengths only shrink: a count beyond the array is memory corruption, not
@@ -1112,12 +1110,17 @@ START_TEST(fuzz_mutated_kernels) {
   fb_type pf[1] = {FB_T_F32};
   for (int i = 0; i < 5; i++) {
     bases[i] = fb_kernel_new(f.l, "base", i == 4 ? 1 : 2, i == 4 ? pf : P_I32_F32,
-                             i == 4 ? FB_T_F32 : i == 3 ? FB_T_I32 : FB_T_VOID);
+                             i == 4   ? FB_T_F32
+                             : i == 3 ? FB_T_I32
+                                      : FB_T_VOID);
     fb_builder bb;
     fb_builder_init(&bb, bases[i]);
     switch (i) {
     case 0: build_values(&bb); break;
-    case 1: build_globals(&bb, &f); build_locals(&bb); break;
+    case 1:
+      build_globals(&bb, &f);
+      build_locals(&bb);
+      break;
     case 2: build_sparse(&bb, &f); break;
     case 3: build_control(&bb, &f); break;
     default: build_misc(&bb); break;

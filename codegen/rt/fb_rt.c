@@ -29,9 +29,7 @@
 #define HANDLE_BITS 40
 #define HANDLE_MASK ((((uint64_t)1) << HANDLE_BITS) - 1)
 
-static uint64_t *header(fb_rt_state *rt, uint64_t h) {
-  return (uint64_t *)(rt->pool + h * 8 - 8);
-}
+static uint64_t *header(fb_rt_state *rt, uint64_t h) { return (uint64_t *)(rt->pool + h * 8 - 8); }
 
 static uint64_t handle_of(fb_rt_state *rt, const uint8_t *block) {
   return (uint64_t)(block - rt->pool) / 8;
@@ -95,8 +93,8 @@ uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode) {
         out_of_memory(ctx, snode, a->block_bytes);
         return 0;
       }
-    } while (!__atomic_compare_exchange_n(&rt->pool_used, &used, used + a->stride, 1, RELAXED,
-                                          RELAXED));
+    } while (
+        !__atomic_compare_exchange_n(&rt->pool_used, &used, used + a->stride, 1, RELAXED, RELAXED));
     h = (used + 8) / 8;
     if (rt->zero_fresh) clear_fresh(rt->pool + h * 8, a->stride - 8);
   }
@@ -136,12 +134,11 @@ void fb_rt_release(fb_rt_dctx *ctx, int32_t snode, uint8_t *block) {
 
 static void atomic_max_u64(uint64_t *p, uint64_t v) {
   uint64_t cur = __atomic_load_n(p, RELAXED);
-  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 1, RELAXED, RELAXED)) {
-  }
+  while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 1, RELAXED, RELAXED)) {}
 }
 
-uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n,
-                            int64_t chunk, int64_t cell_bytes) {
+uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n, int64_t chunk,
+                            int64_t cell_bytes) {
   uint64_t *slots = (uint64_t *)(node + 8);
   uint8_t *c = 0;
   for (int64_t k = 0; k <= n / chunk; k++)
@@ -150,8 +147,8 @@ uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64
   return c + (n % chunk) * cell_bytes;
 }
 
-uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max,
-                          int64_t chunk, int64_t cell_bytes, int64_t *n_out) {
+uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max, int64_t chunk,
+                          int64_t cell_bytes, int64_t *n_out) {
   uint64_t n = __atomic_fetch_add((uint64_t *)node, 1, RELAXED);
   *n_out = -1;
   if (n >= (uint64_t)max) {
@@ -275,8 +272,8 @@ static uint8_t *instance(fb_rt_dctx *ctx, const fb_rt_lg *d, int64_t e, int64_t 
   return base + d->p_off;
 }
 
-static void put(fb_rt_list *l, uint64_t pos, const int64_t g[4], const int64_t size[4],
-                int64_t lin, uint8_t *ptr) {
+static void put(fb_rt_list *l, uint64_t pos, const int64_t g[4], const int64_t size[4], int64_t lin,
+                uint8_t *ptr) {
   if (pos >= l->cap) return;
   int64_t loc[4];
   unlinear(lin, size, loc);

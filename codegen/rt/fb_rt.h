@@ -142,13 +142,13 @@ void fb_rt_release(fb_rt_dctx *ctx, int32_t snode, uint8_t *block);
 /* Dynamic node at `node` (length, then nchunk slots): cell n, allocating
  * chunks 0 .. n / chunk and raising the length to n + 1. NULL when out of
  * memory. */
-uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n,
-                            int64_t chunk, int64_t cell_bytes);
+uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n, int64_t chunk,
+                            int64_t cell_bytes);
 /* Append to the dynamic node: takes slot n = length++ and returns its cell
  * with *n_out = n; NULL with *n_out = -1 when the list is full (FB_RT_EBOUNDS
  * latched) or out of memory. */
-uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max,
-                          int64_t chunk, int64_t cell_bytes, int64_t *n_out);
+uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max, int64_t chunk,
+                          int64_t cell_bytes, int64_t *n_out);
 /* Deactivate a dynamic node: length 0, chunks onto the pending list. */
 void fb_rt_dyn_clear(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t nchunks);
 /* Deactivate the cell at `cell` described by d: nested blocks onto their

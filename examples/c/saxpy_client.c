@@ -11,10 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static const char *source =
-    "layout { dense(i: 1024) { place x: f32, y: f32 } }\n"
-    "kernel init() { for i in x { x[i] = 1.0\n y[i] = 0.0 } }\n"
-    "kernel saxpy(a: f32) { for i in x { y[i] = a * x[i] + y[i] } }\n";
+static const char *source = "layout { dense(i: 1024) { place x: f32, y: f32 } }\n"
+                            "kernel init() { for i in x { x[i] = 1.0\n y[i] = 0.0 } }\n"
+                            "kernel saxpy(a: f32) { for i in x { y[i] = a * x[i] + y[i] } }\n";
 
 int main(void) {
   char err[512];
@@ -22,7 +21,8 @@ int main(void) {
   const char *addr = getenv("FUSEBOX_SERVER");
   if (!addr || !*addr) { /* a private fuseboxd: $FUSEBOXD, next to us, or in PATH */
     char exe[1024];
-    if (fb_daemon_start(fb_daemon_find(exe, sizeof exe), "127.0.0.1:0", NULL, &d, err, sizeof err)) {
+    if (fb_daemon_start(fb_daemon_find(exe, sizeof exe), "127.0.0.1:0", NULL, &d, err,
+                        sizeof err)) {
       fprintf(stderr, "cannot start fuseboxd: %s\n", err);
       return 1;
     }
@@ -51,7 +51,8 @@ int main(void) {
   fb_sync_result res;
   if (fb_remote_sync(r, &res)) { /* every launch failure, each with its seq */
     for (int i = 0; i < res.nerrors; i++)
-      fprintf(stderr, "launch #%llu failed: %s\n", (unsigned long long)res.errors[i].seq, res.errors[i].msg);
+      fprintf(stderr, "launch #%llu failed: %s\n", (unsigned long long)res.errors[i].seq,
+              res.errors[i].msg);
     fprintf(stderr, "%s\n", fb_remote_errmsg(r));
     goto out_session;
   }

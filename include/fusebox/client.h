@@ -62,8 +62,8 @@ typedef struct fb_client_options {
 } fb_client_options;
 
 /* Connect (lazily: the first call reaches the server). opt may be NULL. */
-int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out,
-                      char *err, size_t errlen);
+int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out, char *err,
+                      size_t errlen);
 void fb_client_close(fb_client *c);
 const char *fb_client_errmsg(const fb_client *c);
 const char *fb_client_target(const fb_client *c);
@@ -112,8 +112,8 @@ void fb_server_stats_free(fb_server_stats *s);
  * "/fusebox.v1.Fusebox/GetInfo"), half-close, and return the first reply
  * message (malloc'd, may be NULL) and the gRPC status. For tools and tests:
  * returns the FB_E* code the status maps to. */
-int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len,
-                       void **resp, size_t *resp_len, int *grpc_status);
+int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t len, void **resp,
+                       size_t *resp_len, int *grpc_status);
 
 /* ---------------------------------------------------------------- sessions */
 

@@ -122,13 +122,39 @@ typedef enum fb_op {
 
 /* Op classes: the verifier's type rules. */
 enum {
-  FB_OPC_CONST, FB_OPC_ARG, FB_OPC_CAST, FB_OPC_SELECT, FB_OPC_ARITH,
-  FB_OPC_FARITH, FB_OPC_CMP, FB_OPC_BITS, FB_OPC_SHIFT, FB_OPC_NOT,
-  FB_OPC_UNARY, FB_OPC_FUNARY, FB_OPC_ALLOCA, FB_OPC_LLOAD, FB_OPC_LSTORE,
-  FB_OPC_GLOAD, FB_OPC_GSTORE, FB_OPC_ATOMIC, FB_OPC_IATOMIC, FB_OPC_SPARSE,
-  FB_OPC_APPEND, FB_OPC_LENGTH, FB_OPC_HINT, FB_OPC_IF, FB_OPC_LOOP,
-  FB_OPC_RANGE, FB_OPC_STRUCT, FB_OPC_JUMP, FB_OPC_LOOPIDX, FB_OPC_RET,
-  FB_OPC_GTMP, FB_OPC_RAND, FB_OPC_LIST
+  FB_OPC_CONST,
+  FB_OPC_ARG,
+  FB_OPC_CAST,
+  FB_OPC_SELECT,
+  FB_OPC_ARITH,
+  FB_OPC_FARITH,
+  FB_OPC_CMP,
+  FB_OPC_BITS,
+  FB_OPC_SHIFT,
+  FB_OPC_NOT,
+  FB_OPC_UNARY,
+  FB_OPC_FUNARY,
+  FB_OPC_ALLOCA,
+  FB_OPC_LLOAD,
+  FB_OPC_LSTORE,
+  FB_OPC_GLOAD,
+  FB_OPC_GSTORE,
+  FB_OPC_ATOMIC,
+  FB_OPC_IATOMIC,
+  FB_OPC_SPARSE,
+  FB_OPC_APPEND,
+  FB_OPC_LENGTH,
+  FB_OPC_HINT,
+  FB_OPC_IF,
+  FB_OPC_LOOP,
+  FB_OPC_RANGE,
+  FB_OPC_STRUCT,
+  FB_OPC_JUMP,
+  FB_OPC_LOOPIDX,
+  FB_OPC_RET,
+  FB_OPC_GTMP,
+  FB_OPC_RAND,
+  FB_OPC_LIST
 };
 
 /* Op flags. */
@@ -186,8 +212,8 @@ typedef struct fb_kernel {
   int32_t nblocks, bcap;
 } fb_kernel;
 
-fb_kernel *fb_kernel_new(const fb_layout *l, const char *name, int nparams,
-                         const fb_type *params, fb_type ret);
+fb_kernel *fb_kernel_new(const fb_layout *l, const char *name, int nparams, const fb_type *params,
+                         fb_type ret);
 void fb_kernel_free(fb_kernel *k);
 fb_kernel *fb_kernel_clone(const fb_kernel *k);
 /* Copy k with a new layout pointer (same SNode ids). */
@@ -300,11 +326,11 @@ void fb_kernel_fprint(FILE *f, const fb_kernel *k);
 /* Parse a module: one layout block followed by kernels. Returns 0 or
  * FB_EPARSE with line:col diagnostics in diags. On success *layout and the
  * kernels (malloc'd array of nkernels) belong to the caller. */
-int fb_ir_parse(const char *text, fb_layout **layout, fb_kernel ***kernels,
-                int *nkernels, fb_diags *diags);
+int fb_ir_parse(const char *text, fb_layout **layout, fb_kernel ***kernels, int *nkernels,
+                fb_diags *diags);
 /* Parse kernels against an existing (finalized) layout. */
-int fb_ir_parse_kernels(const char *text, const fb_layout *layout,
-                        fb_kernel ***kernels, int *nkernels, fb_diags *diags);
+int fb_ir_parse_kernels(const char *text, const fb_layout *layout, fb_kernel ***kernels,
+                        int *nkernels, fb_diags *diags);
 
 /* ---------------------------------------------------------------- hashing */
 /* Structural hash over the reachable statements (ids renumbered in walk
@@ -377,8 +403,7 @@ void fb_interp_set_launch(fb_interp *in, uint64_t launch);
 /* ---------------------------------------------------------------- rand()
  * Counter-based: the value depends on (seed, launch number, call site,
  * parallel iteration, per-iteration call count) only. */
-uint64_t fb_rand_bits(uint64_t seed, uint64_t launch, uint64_t site, uint64_t iter,
-                      uint64_t count);
+uint64_t fb_rand_bits(uint64_t seed, uint64_t launch, uint64_t site, uint64_t iter, uint64_t count);
 float fb_rand_f32(uint64_t bits); /* top 24 bits scaled into [0, 1) */
 
 #ifdef __cplusplus

@@ -59,8 +59,7 @@ typedef struct fb_lang_kernel {
  * success *out is a new program (free with fb_program_free). On failure
  * returns FB_EPARSE (or FB_ENOMEM), *out is NULL and diags holds every
  * error with its position (diags may be NULL). */
-int fb_program_parse(const char *filename, const char *src, fb_program **out,
-                     fb_diags *diags);
+int fb_program_parse(const char *filename, const char *src, fb_program **out, fb_diags *diags);
 void fb_program_free(fb_program *p);
 
 const char *fb_program_filename(const fb_program *p);
@@ -88,9 +87,8 @@ const char *fb_program_func_name(const fb_program *p, int i);
  * program and cached: the same binding gives the same pointer. Returns 0,
  * FB_ENOENT (no such kernel or field), FB_ETYPE (wrong binding count, or the
  * body does not type-check for this binding; diags say why) or FB_ENOMEM. */
-int fb_program_instantiate(fb_program *p, const char *kernel,
-                           const char *const *field_bindings, int nfield,
-                           fb_kernel **out, fb_diags *diags);
+int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
+                           int nfield, fb_kernel **out, fb_diags *diags);
 
 /* "file:line:col: error: message\n<source line>\n<caret>\n" (malloc'd).
  * Without a position: "file: error: message\n". src may be NULL. */

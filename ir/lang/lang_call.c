@@ -10,16 +10,20 @@
 
 #define ERR(L, at, ...) ((L)->errors++, lang_err((L)->d, (at)->line, (at)->col, __VA_ARGS__))
 
-static const struct { const char *name; int op; } math1[] = {
-    {"sqrt", FB_OP_SQRT}, {"rsqrt", FB_OP_RSQRT}, {"sin", FB_OP_SIN},   {"cos", FB_OP_COS},
-    {"tan", FB_OP_TAN},   {"asin", FB_OP_ASIN},   {"acos", FB_OP_ACOS}, {"atan", FB_OP_ATAN},
-    {"exp", FB_OP_EXP},   {"log", FB_OP_LOG},     {"floor", FB_OP_FLOOR}, {"ceil", FB_OP_CEIL},
-    {"round", FB_OP_ROUND}};
+static const struct {
+  const char *name;
+  int op;
+} math1[] = {{"sqrt", FB_OP_SQRT},  {"rsqrt", FB_OP_RSQRT}, {"sin", FB_OP_SIN},
+             {"cos", FB_OP_COS},    {"tan", FB_OP_TAN},     {"asin", FB_OP_ASIN},
+             {"acos", FB_OP_ACOS},  {"atan", FB_OP_ATAN},   {"exp", FB_OP_EXP},
+             {"log", FB_OP_LOG},    {"floor", FB_OP_FLOOR}, {"ceil", FB_OP_CEIL},
+             {"round", FB_OP_ROUND}};
 
 static const char *const pure_other[] = {
-    "abs", "pow", "atan2", "min", "max", "clamp", "select", "int", "float", "dot", "cross",
-    "norm", "norm_sqr", "normalized", "transpose", "outer", "trace", "determinant", "inverse",
-    "identity", "svd", "polar", "assume_unique"};
+    "abs",      "pow",        "atan2",     "min",   "max",          "clamp",
+    "select",   "int",        "float",     "dot",   "cross",        "norm",
+    "norm_sqr", "normalized", "transpose", "outer", "trace",        "determinant",
+    "inverse",  "identity",   "svd",       "polar", "assume_unique"};
 
 int lang_is_pure_builtin(const char *name) {
   for (size_t i = 0; i < sizeof math1 / sizeof math1[0]; i++)
@@ -48,8 +52,7 @@ static int math_unary(lower *L, node *e, int op, lval *a, lval *out) {
   if (!numeric(L, e, a)) return -1;
   fb_type t = lv_default_type(a);
   if (op != FB_OP_ABS) lv_materialize(L, a, fb_type_is_float(t) ? t : FB_T_F32);
-  else if (a->lit) { /* abs of a literal stays a literal */
-    *out = *a;
+  else if (a->lit) { /* abs of a literal stays a literal */ *out = *a;
     for (int i = 0; i < a->n; i++) {
       out->ci[i] = a->ci[i] < 0 ? (int64_t)(0 - (uint64_t)a->ci[i]) : a->ci[i];
       out->cv[i] = fabs(a->cv[i]);
@@ -86,7 +89,8 @@ static int select_call(lower *L, node *e, lval *args, lval *out) {
   char x[64], y[64];
   fb_type t;
   if (!lang_same_shape(a, b) || lang_common_type(a, b, &t) < 0) {
-    ERR(L, e, "select: the two values have different types: %s and %s", lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, e, "select: the two values have different types: %s and %s", lv_str(a, x, sizeof x),
+        lv_str(b, y, sizeof y));
     return -1;
   }
   lv_materialize(L, a, t);
@@ -94,7 +98,8 @@ static int select_call(lower *L, node *e, lval *args, lval *out) {
   lv_broadcast_like(a, b);
   lv_broadcast_like(b, a);
   if (c->kind != VK_SCALAR && !(c->kind == a->kind && c->rows == a->rows && c->cols == a->cols)) {
-    ERR(L, e, "select: the condition must be a scalar or match the values' shape, found %s", lv_str(c, x, sizeof x));
+    ERR(L, e, "select: the condition must be a scalar or match the values' shape, found %s",
+        lv_str(c, x, sizeof x));
     return -1;
   }
   fb_type ct = lv_default_type(c);
@@ -104,7 +109,8 @@ static int select_call(lower *L, node *e, lval *args, lval *out) {
   }
   *out = *a;
   out->has_const = 0;
-  for (int i = 0; i < a->n; i++) out->id[i] = lw_select(L, c->id[c->n == 1 ? 0 : i], a->id[i], b->id[i]);
+  for (int i = 0; i < a->n; i++)
+    out->id[i] = lw_select(L, c->id[c->n == 1 ? 0 : i], a->id[i], b->id[i]);
   return 0;
 }
 
@@ -126,10 +132,14 @@ static int minmax(lower *L, node *e, int op, lval *args, int n, lval *out) {
 static int math_call(lower *L, node *e, lval *args, int n, lval *out) {
   const char *nm = e->name;
   for (size_t i = 0; i < sizeof math1 / sizeof math1[0]; i++)
-    if (!strcmp(nm, math1[i].name)) return nargs_is(L, e, 1) ? math_unary(L, e, math1[i].op, &args[0], out) : -1;
-  if (!strcmp(nm, "abs")) return nargs_is(L, e, 1) ? math_unary(L, e, FB_OP_ABS, &args[0], out) : -1;
-  if (!strcmp(nm, "pow")) return nargs_is(L, e, 2) ? lv_binary(L, T_STARSTAR, &args[0], &args[1], out, e) : -1;
-  if (!strcmp(nm, "atan2")) return nargs_is(L, e, 2) ? atan2_call(L, e, &args[0], &args[1], out) : -1;
+    if (!strcmp(nm, math1[i].name))
+      return nargs_is(L, e, 1) ? math_unary(L, e, math1[i].op, &args[0], out) : -1;
+  if (!strcmp(nm, "abs"))
+    return nargs_is(L, e, 1) ? math_unary(L, e, FB_OP_ABS, &args[0], out) : -1;
+  if (!strcmp(nm, "pow"))
+    return nargs_is(L, e, 2) ? lv_binary(L, T_STARSTAR, &args[0], &args[1], out, e) : -1;
+  if (!strcmp(nm, "atan2"))
+    return nargs_is(L, e, 2) ? atan2_call(L, e, &args[0], &args[1], out) : -1;
   if (!strcmp(nm, "min")) return minmax(L, e, LOP_MIN, args, n, out);
   if (!strcmp(nm, "max")) return minmax(L, e, LOP_MAX, args, n, out);
   if (!strcmp(nm, "clamp")) {
@@ -156,7 +166,8 @@ int lang_ctor(lower *L, node *e, lval *out) {
   int n = e->nkids, unknown = 0;
   lv_unknown(out);
   if (n > LANG_MAX_COMP) {
-    ERR(L, e, "%s takes at most %d values, found %d", lang_ty_str(ty, b, sizeof b), LANG_MAX_COMP, n);
+    ERR(L, e, "%s takes at most %d values, found %d", lang_ty_str(ty, b, sizeof b), LANG_MAX_COMP,
+        n);
     return -1;
   }
   for (int i = 0; i < n; i++) {
@@ -199,9 +210,11 @@ int lang_ctor(lower *L, node *e, lval *out) {
   return 0;
 bad:
   if (ty.cols)
-    ERR(L, e, "%s expects %d scalars, %d rows of %s[%d], or one value to convert; found %d argument%s starting with %s",
-        lang_ty_str(ty, b, sizeof b), want, ty.rows, fb_type_name(ty.t), ty.cols, n, n == 1 ? "" : "s",
-        lv_str(&args[0], x, sizeof x));
+    ERR(L, e,
+        "%s expects %d scalars, %d rows of %s[%d], or one value to convert; found %d argument%s "
+        "starting with %s",
+        lang_ty_str(ty, b, sizeof b), want, ty.rows, fb_type_name(ty.t), ty.cols, n,
+        n == 1 ? "" : "s", lv_str(&args[0], x, sizeof x));
   else
     ERR(L, e, "%s expects %d scalars or one value to convert; found %d argument%s starting with %s",
         lang_ty_str(ty, b, sizeof b), want, n, n == 1 ? "" : "s", lv_str(&args[0], x, sizeof x));
@@ -236,8 +249,11 @@ static int index_args(lower *L, node *e, int from, int count, int *idx) {
 }
 
 static void count_error(lower *L, node *e, const char *what, int want, int got) {
-  ERR(L, e, "%s: '%s' has %d dimension%s but %d ind%s given (the index count must match the %s's dimension)",
-      e->name, e->kids[0]->name, want, want == 1 ? "" : "s", got, got == 1 ? "ex was" : "ices were", what);
+  ERR(L, e,
+      "%s: '%s' has %d dimension%s but %d ind%s given (the index count must match the %s's "
+      "dimension)",
+      e->name, e->kids[0]->name, want, want == 1 ? "" : "s", got, got == 1 ? "ex was" : "ices were",
+      what);
 }
 
 static int activity(lower *L, node *e, int op, lval *out) {
@@ -247,17 +263,24 @@ static int activity(lower *L, node *e, int op, lval *out) {
   if (target(L, e, &bd) < 0) return -1;
   int nidx = e->nkids - 1, sn, bad = 0;
   if (bd.kind == LB_UNKNOWN) {
-    for (int i = 1; i < e->nkids; i++) { lval v; lang_eval(L, e->kids[i], &v); }
+    for (int i = 1; i < e->nkids; i++) {
+      lval v;
+      lang_eval(L, e->kids[i], &v);
+    }
     return 0;
   }
   const char *what = bd.kind == LB_FIELD ? "field" : "SNode";
   sn = bd.kind == LB_FIELD ? L->p->fields[bd.index].pub.snode : L->p->snodes[bd.index].id;
   if (sn == 0) {
-    ERR(L, e->kids[0], "%s: '%s' is a 0-D field and has no SNode whose cells could be active", e->name, e->kids[0]->name);
+    ERR(L, e->kids[0], "%s: '%s' is a 0-D field and has no SNode whose cells could be active",
+        e->name, e->kids[0]->name);
     return -1;
   }
   int ndim = L->p->layout->nodes[sn].ndim;
-  if (nidx != ndim) { count_error(L, e, what, ndim, nidx); bad = 1; }
+  if (nidx != ndim) {
+    count_error(L, e, what, ndim, nidx);
+    bad = 1;
+  }
   if (nidx > FB_MAX_AXES) return -1;
   if (index_args(L, e, 1, nidx, idx) < 0 || bad) return -1;
   int id = fb_b_global(&L->b, (fb_op)op, sn, idx, nidx, -1);
@@ -275,19 +298,25 @@ static int dyn_place(lower *L, node *e, const lbind *bind, int *place, int *ndim
   if (bd->kind == LB_SNODE) {
     int sn = p->snodes[bd->index].id;
     if (for_append || p->layout->nodes[sn].kind != FB_SN_DYNAMIC) {
-      ERR(L, e->kids[0], "%s needs a field under a dynamic SNode, but '%s' is a %s SNode%s", e->name, nm,
-          fb_snode_kind_name(p->layout->nodes[sn].kind), for_append ? " (append to one of its fields)" : "");
+      ERR(L, e->kids[0], "%s needs a field under a dynamic SNode, but '%s' is a %s SNode%s",
+          e->name, nm, fb_snode_kind_name(p->layout->nodes[sn].kind),
+          for_append ? " (append to one of its fields)" : "");
       return -1;
     }
     for (int i = 0; i < p->nfields; i++)
-      if (p->fields[i].pub.snode == sn) { b.kind = LB_FIELD; b.index = i; break; }
+      if (p->fields[i].pub.snode == sn) {
+        b.kind = LB_FIELD;
+        b.index = i;
+        break;
+      }
     if (b.kind != LB_FIELD) return -1;
   }
   const lfield *f = &p->fields[bd->index];
   if (!f->dyn) {
     const fb_snode *s = &p->layout->nodes[f->pub.snode];
-    ERR(L, e->kids[0], "%s needs a field under a dynamic SNode, but '%s' is placed in %s %s SNode", e->name, nm,
-        s->kind == FB_SN_ROOT ? "the" : "a", s->kind == FB_SN_ROOT ? "root" : fb_snode_kind_name(s->kind));
+    ERR(L, e->kids[0], "%s needs a field under a dynamic SNode, but '%s' is placed in %s %s SNode",
+        e->name, nm, s->kind == FB_SN_ROOT ? "the" : "a",
+        s->kind == FB_SN_ROOT ? "root" : fb_snode_kind_name(s->kind));
     return -1;
   }
   if (for_append && f->pub.ncomp != 1) {
@@ -305,15 +334,19 @@ static int append_length(lower *L, node *e, int is_append, lval *out) {
   lv_unknown(out);
   if (target(L, e, &bd) < 0) return -1;
   if (bd.kind == LB_UNKNOWN) {
-    for (int i = 1; i < e->nkids; i++) { lval v; lang_eval(L, e->kids[i], &v); }
+    for (int i = 1; i < e->nkids; i++) {
+      lval v;
+      lang_eval(L, e->kids[i], &v);
+    }
     return 0;
   }
   if (dyn_place(L, e, &bd, &place, &ndim, is_append) < 0) return -1;
   int nidx = e->nkids - 1 - is_append;
   if (nidx != ndim - 1) {
-    ERR(L, e, "%s(%s, ...) expects %d ind%s (the axes above the dynamic one)%s, found %d argument%s",
-        e->name, e->kids[0]->name, ndim - 1, ndim - 1 == 1 ? "ex" : "ices", is_append ? " and a value" : "",
-        e->nkids - 1, e->nkids - 1 == 1 ? "" : "s");
+    ERR(L, e,
+        "%s(%s, ...) expects %d ind%s (the axes above the dynamic one)%s, found %d argument%s",
+        e->name, e->kids[0]->name, ndim - 1, ndim - 1 == 1 ? "ex" : "ices",
+        is_append ? " and a value" : "", e->nkids - 1, e->nkids - 1 == 1 ? "" : "s");
     return -1;
   }
   if (index_args(L, e, 1, nidx, idx) < 0) return -1;
@@ -336,13 +369,17 @@ static int assume_unique(lower *L, node *e, lval *out) {
   lbind bd;
   lv_unknown(out);
   if (!nargs_is(L, e, 1)) return -1;
-  if (!e->b || e->b->kind != E_NAME || !lang_resolve_field(L, e->b->name, &bd) || bd.kind == LB_SNODE) {
+  if (!e->b || e->b->kind != E_NAME || !lang_resolve_field(L, e->b->name, &bd) ||
+      bd.kind == LB_SNODE) {
     ERR(L, e->b ? e->b : e, "assume_unique(e, covers: FIELD) needs the field its index covers");
     return -1;
   }
   lval v;
   if (lang_eval(L, e->kids[0], &v) < 0) return -1;
-  if (v.kind == VK_UNKNOWN || bd.kind == LB_UNKNOWN) { *out = v; return 0; }
+  if (v.kind == VK_UNKNOWN || bd.kind == LB_UNKNOWN) {
+    *out = v;
+    return 0;
+  }
   char b[64];
   if (v.kind != VK_SCALAR || v.lit == LIT_FLOAT || (!v.lit && !fb_type_is_int(v.t))) {
     ERR(L, e->kids[0], "assume_unique expects an integer index, found %s", lv_str(&v, b, sizeof b));
@@ -395,7 +432,8 @@ int lang_call(lower *L, node *e, lval *out) {
     return -1;
   }
   if (fb_program_find_kernel(L->p, e->name) >= 0) {
-    ERR(L, e, "'%s' is a kernel: kernels are launched by the host, not called (use a func)", e->name);
+    ERR(L, e, "'%s' is a kernel: kernels are launched by the host, not called (use a func)",
+        e->name);
     return -1;
   }
   int rc = builtin_call(L, e, out);

@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "fusebox/lang.h"
 #include "../ir_internal.h"
+#include "fusebox/lang.h"
 
 /* ---------------------------------------------------------------- arena */
 
@@ -29,17 +29,77 @@ void la_free(lang_arena *a);
 /* ---------------------------------------------------------------- tokens */
 
 enum {
-  T_EOF = 0, T_NEWLINE, T_IDENT, T_INT, T_FLOAT,
-  T_LPAREN, T_RPAREN, T_LBRACE, T_RBRACE, T_LBRACK, T_RBRACK,
-  T_COMMA, T_COLON, T_SEMI, T_DOT, T_DOTDOT, T_ARROW, T_QUESTION,
-  T_PLUS, T_MINUS, T_STAR, T_SLASH, T_SLASHSLASH, T_PERCENT, T_STARSTAR, T_AT,
-  T_ASSIGN, T_EQ, T_NE, T_LT, T_LE, T_GT, T_GE, T_ANDAND, T_OROR, T_BANG,
-  T_AMP, T_PIPE, T_CARET, T_TILDE, T_SHL, T_SHR,
-  T_PLUSEQ, T_MINUSEQ, T_STAREQ, T_SLASHEQ, T_AMPEQ, T_PIPEEQ, T_CARETEQ,
-  T_MINEQ, T_MAXEQ, T_SLASHSLASHEQ, T_PERCENTEQ, T_STARSTAREQ, T_SHLEQ, T_SHREQ,
+  T_EOF = 0,
+  T_NEWLINE,
+  T_IDENT,
+  T_INT,
+  T_FLOAT,
+  T_LPAREN,
+  T_RPAREN,
+  T_LBRACE,
+  T_RBRACE,
+  T_LBRACK,
+  T_RBRACK,
+  T_COMMA,
+  T_COLON,
+  T_SEMI,
+  T_DOT,
+  T_DOTDOT,
+  T_ARROW,
+  T_QUESTION,
+  T_PLUS,
+  T_MINUS,
+  T_STAR,
+  T_SLASH,
+  T_SLASHSLASH,
+  T_PERCENT,
+  T_STARSTAR,
+  T_AT,
+  T_ASSIGN,
+  T_EQ,
+  T_NE,
+  T_LT,
+  T_LE,
+  T_GT,
+  T_GE,
+  T_ANDAND,
+  T_OROR,
+  T_BANG,
+  T_AMP,
+  T_PIPE,
+  T_CARET,
+  T_TILDE,
+  T_SHL,
+  T_SHR,
+  T_PLUSEQ,
+  T_MINUSEQ,
+  T_STAREQ,
+  T_SLASHEQ,
+  T_AMPEQ,
+  T_PIPEEQ,
+  T_CARETEQ,
+  T_MINEQ,
+  T_MAXEQ,
+  T_SLASHSLASHEQ,
+  T_PERCENTEQ,
+  T_STARSTAREQ,
+  T_SHLEQ,
+  T_SHREQ,
   /* keywords */
-  T_KERNEL, T_FUNC, T_LET, T_VAR, T_IF, T_ELSE, T_WHILE, T_FOR, T_IN,
-  T_BREAK, T_CONTINUE, T_RETURN, T_TRUE, T_FALSE,
+  T_KERNEL,
+  T_FUNC,
+  T_LET,
+  T_VAR,
+  T_IF,
+  T_ELSE,
+  T_WHILE,
+  T_FOR,
+  T_IN,
+  T_BREAK,
+  T_CONTINUE,
+  T_RETURN,
+  T_TRUE,
+  T_FALSE,
   T__COUNT
 };
 
@@ -71,13 +131,39 @@ typedef struct lty {
 
 enum {
   /* expressions */
-  E_INT = 1, E_FLOAT, E_BOOL, E_NAME, E_UNARY, E_BINARY, E_CMP, E_TERNARY,
-  E_CALL, E_INDEX, E_LIST, E_CTOR,
+  E_INT = 1,
+  E_FLOAT,
+  E_BOOL,
+  E_NAME,
+  E_UNARY,
+  E_BINARY,
+  E_CMP,
+  E_TERNARY,
+  E_CALL,
+  E_INDEX,
+  E_LIST,
+  E_CTOR,
   /* statements */
-  S_BLOCK, S_LET, S_LET_TUPLE, S_VAR, S_ASSIGN, S_EXPR, S_IF, S_WHILE,
-  S_FOR_RANGE, S_FOR_IN, S_BREAK, S_CONTINUE, S_RETURN,
+  S_BLOCK,
+  S_LET,
+  S_LET_TUPLE,
+  S_VAR,
+  S_ASSIGN,
+  S_EXPR,
+  S_IF,
+  S_WHILE,
+  S_FOR_RANGE,
+  S_FOR_IN,
+  S_BREAK,
+  S_CONTINUE,
+  S_RETURN,
   /* declarations */
-  D_LAYOUT, D_SNODE, D_PLACE, D_FUNC, D_KERNEL, D_PARAM
+  D_LAYOUT,
+  D_SNODE,
+  D_PLACE,
+  D_FUNC,
+  D_KERNEL,
+  D_PARAM
 };
 
 typedef struct node node;
@@ -104,8 +190,7 @@ struct node {
 };
 
 /* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */
-int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *ndecls,
-               fb_diags *d);
+int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *ndecls, fb_diags *d);
 
 /* ---------------------------------------------------------------- program */
 
@@ -162,7 +247,11 @@ int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d);
 int lang_find_snode(const fb_program *p, const char *name); /* index or -1 */
 
 /* How a `field` parameter is bound while lowering. */
-enum { LB_UNKNOWN = 0, LB_FIELD, LB_SNODE };
+enum {
+  LB_UNKNOWN = 0,
+  LB_FIELD,
+  LB_SNODE
+};
 typedef struct lbind {
   int kind;
   int index; /* into fields or snodes */
@@ -171,8 +260,7 @@ typedef struct lbind {
 /* Type check and lower kernel ki with the given field bindings (one per
  * field parameter). *out receives the kernel (NULL allowed: check only).
  * Returns the number of errors added to d. */
-int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out,
-                      fb_diags *d);
+int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out, fb_diags *d);
 /* "k" or "k[a,b]" (malloc'd). */
 char *lang_instance_name(fb_program *p, int ki, const lbind *binds);
 /* Type check a func on its own (field and untyped params unknown). */
@@ -186,8 +274,19 @@ void lang_err(fb_diags *d, int line, int col, const char *fmt, ...)
 
 /* ---------------------------------------------------------------- lowering */
 
-enum { VK_VOID = 0, VK_UNKNOWN, VK_SCALAR, VK_VEC, VK_MAT, VK_TUPLE };
-enum { LIT_NONE = 0, LIT_INT, LIT_FLOAT };
+enum {
+  VK_VOID = 0,
+  VK_UNKNOWN,
+  VK_SCALAR,
+  VK_VEC,
+  VK_MAT,
+  VK_TUPLE
+};
+enum {
+  LIT_NONE = 0,
+  LIT_INT,
+  LIT_FLOAT
+};
 
 /* A value while lowering: scalarized components (row-major) with their
  * statement ids, or untyped literals (lit != 0) whose ids are not yet
@@ -204,7 +303,11 @@ typedef struct lval {
   int64_t ci[LANG_MAX_COMP];
 } lval;
 
-enum { SYM_LET = 1, SYM_VAR, SYM_FIELD };
+enum {
+  SYM_LET = 1,
+  SYM_VAR,
+  SYM_FIELD
+};
 
 typedef struct lsym {
   const char *name;
@@ -216,9 +319,17 @@ typedef struct lsym {
   int line, col;
 } lsym;
 
-enum { ORIGIN_LET = 0, ORIGIN_LOOP, ORIGIN_PARAM };
+enum {
+  ORIGIN_LET = 0,
+  ORIGIN_LOOP,
+  ORIGIN_PARAM
+};
 
-enum { LOOP_PAR = 1, LOOP_SERIAL, LOOP_CONT_WRAP };
+enum {
+  LOOP_PAR = 1,
+  LOOP_SERIAL,
+  LOOP_CONT_WRAP
+};
 
 typedef struct lloop {
   int kind;
@@ -305,7 +416,12 @@ int lang_push_sym(lower *L, const char *name, int kind, const lval *v, int line,
 
 /* References: what an assignment may target and what a name or index
  * expression reads from. */
-enum { REF_UNKNOWN = 0, REF_VALUE, REF_VAR, REF_FIELD };
+enum {
+  REF_UNKNOWN = 0,
+  REF_VALUE,
+  REF_VAR,
+  REF_FIELD
+};
 typedef struct lsub {
   int dyn;  /* index known only at run time (id), else k */
   int k;
@@ -340,7 +456,10 @@ static inline int lw_div(lower *L, int a, int b) { return lw_bin(L, FB_OP_DIV, a
 static inline int64_t lang_f2i(double f) { return fb_value_cast(fb_value_f64(f), FB_T_I64).v.i; }
 
 /* Pseudo operator tokens for min / max (builtins and min= / max=). */
-enum { LOP_MIN = 1000, LOP_MAX };
+enum {
+  LOP_MIN = 1000,
+  LOP_MAX
+};
 
 /* lang_vec.c: vector / matrix operations on scalarized values. */
 int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at);

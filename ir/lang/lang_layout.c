@@ -32,7 +32,8 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
   for (int i = 0; i < n; i++) {
     int a = x->axes[i] - 'i';
     if (a < 0 || a >= FB_MAX_AXES) {
-      lang_err(d, x->line, x->col, "unknown axis '%c' in '%s': expected letters from 'ijkl'", x->axes[i], x->axes);
+      lang_err(d, x->line, x->col, "unknown axis '%c' in '%s': expected letters from 'ijkl'",
+               x->axes[i], x->axes);
       return -1;
     }
     if (seen & (1u << a)) {
@@ -43,13 +44,14 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
   }
   const char *kn = fb_snode_kind_name((fb_snode_kind)x->snode_kind);
   if (x->nsizes != n) {
-    lang_err(d, x->line, x->col, "%s(%s: ...) expects %d size%s (one per axis), found %d", kn, x->axes, n,
-             n == 1 ? "" : "s", x->nsizes);
+    lang_err(d, x->line, x->col, "%s(%s: ...) expects %d size%s (one per axis), found %d", kn,
+             x->axes, n, n == 1 ? "" : "s", x->nsizes);
     return -1;
   }
   for (int i = 0; i < n; i++)
     if (x->sizes[i] <= 0) {
-      lang_err(d, x->line, x->col, "%s: sizes must be positive, found %lld", kn, (long long)x->sizes[i]);
+      lang_err(d, x->line, x->col, "%s: sizes must be positive, found %lld", kn,
+               (long long)x->sizes[i]);
       bad = 1;
     }
   if (x->snode_kind == FB_SN_DYNAMIC) {
@@ -58,8 +60,9 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
       return -1;
     }
     if (!x->has_chunk || x->ival == 0 || (int64_t)x->ival > x->sizes[0]) {
-      lang_err(d, x->line, x->col, "dynamic(%s: %lld, chunk: C) needs a chunk size C from 1 to %lld",
-               x->axes, (long long)x->sizes[0], (long long)x->sizes[0]);
+      lang_err(d, x->line, x->col,
+               "dynamic(%s: %lld, chunk: C) needs a chunk size C from 1 to %lld", x->axes,
+               (long long)x->sizes[0], (long long)x->sizes[0]);
       bad = 1;
     }
   } else if (x->has_chunk) {
@@ -67,7 +70,8 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
     bad = 1;
   }
   if (parent_kind == FB_SN_DYNAMIC) {
-    lang_err(d, x->line, x->col, "a dynamic SNode may hold only fields (place), not a %s SNode", kn);
+    lang_err(d, x->line, x->col, "a dynamic SNode may hold only fields (place), not a %s SNode",
+             kn);
     bad = 1;
   }
   if (x->name && name_taken(p, x->name)) {
@@ -75,7 +79,8 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
     bad = 1;
   }
   if (x->nkids == 0) {
-    lang_err(d, x->line, x->col, "this %s SNode holds no fields: expected 'place' or an SNode inside", kn);
+    lang_err(d, x->line, x->col,
+             "this %s SNode holds no fields: expected 'place' or an SNode inside", kn);
     bad = 1;
   }
   return bad ? -1 : 0;
@@ -126,7 +131,8 @@ static int build_items(fb_program *p, int parent, int parent_kind, node **kids, 
                            (int64_t)x->ival, x->name);
     if (id == FB_ENOMEM) return id;
     if (id < 0) {
-      lang_err(d, x->line, x->col, "invalid %s SNode", fb_snode_kind_name((fb_snode_kind)x->snode_kind));
+      lang_err(d, x->line, x->col, "invalid %s SNode",
+               fb_snode_kind_name((fb_snode_kind)x->snode_kind));
       continue;
     }
     if (x->name) {
@@ -147,7 +153,10 @@ int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d) {
   int before = d ? d->n : 0, line = 0, col = 0;
   for (int i = 0; i < ndecls; i++) {
     if (decls[i]->kind != D_LAYOUT) continue;
-    if (!line) { line = decls[i]->line; col = decls[i]->col; }
+    if (!line) {
+      line = decls[i]->line;
+      col = decls[i]->col;
+    }
     int rc = build_items(p, 0, FB_SN_ROOT, decls[i]->kids, decls[i]->nkids, d);
     if (rc < 0) return rc;
   }

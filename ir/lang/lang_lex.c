@@ -11,34 +11,87 @@
 
 #include "lang_internal.h"
 
-static const struct { const char *s; int kind; } keywords[] = {
-    {"kernel", T_KERNEL}, {"func", T_FUNC},   {"let", T_LET},
-    {"var", T_VAR},       {"if", T_IF},       {"else", T_ELSE},
-    {"while", T_WHILE},   {"for", T_FOR},     {"in", T_IN},
-    {"break", T_BREAK},   {"continue", T_CONTINUE}, {"return", T_RETURN},
+static const struct {
+  const char *s;
+  int kind;
+} keywords[] = {
+    {"kernel", T_KERNEL}, {"func", T_FUNC},   {"let", T_LET},           {"var", T_VAR},
+    {"if", T_IF},         {"else", T_ELSE},   {"while", T_WHILE},       {"for", T_FOR},
+    {"in", T_IN},         {"break", T_BREAK}, {"continue", T_CONTINUE}, {"return", T_RETURN},
     {"true", T_TRUE},     {"false", T_FALSE},
 };
 
 static const char *const tok_names[T__COUNT] = {
-    [T_EOF] = "end of file", [T_NEWLINE] = "end of line", [T_IDENT] = "identifier",
-    [T_INT] = "integer", [T_FLOAT] = "number",
-    [T_LPAREN] = "'('", [T_RPAREN] = "')'", [T_LBRACE] = "'{'", [T_RBRACE] = "'}'",
-    [T_LBRACK] = "'['", [T_RBRACK] = "']'", [T_COMMA] = "','", [T_COLON] = "':'",
-    [T_SEMI] = "';'", [T_DOT] = "'.'", [T_DOTDOT] = "'..'", [T_ARROW] = "'->'",
-    [T_QUESTION] = "'?'", [T_PLUS] = "'+'", [T_MINUS] = "'-'", [T_STAR] = "'*'",
-    [T_SLASH] = "'/'", [T_SLASHSLASH] = "'//'", [T_PERCENT] = "'%'",
-    [T_STARSTAR] = "'**'", [T_AT] = "'@'", [T_ASSIGN] = "'='", [T_EQ] = "'=='",
-    [T_NE] = "'!='", [T_LT] = "'<'", [T_LE] = "'<='", [T_GT] = "'>'", [T_GE] = "'>='",
-    [T_ANDAND] = "'&&'", [T_OROR] = "'||'", [T_BANG] = "'!'", [T_AMP] = "'&'",
-    [T_PIPE] = "'|'", [T_CARET] = "'^'", [T_TILDE] = "'~'", [T_SHL] = "'<<'",
-    [T_SHR] = "'>>'", [T_PLUSEQ] = "'+='", [T_MINUSEQ] = "'-='", [T_STAREQ] = "'*='",
-    [T_SLASHEQ] = "'/='", [T_AMPEQ] = "'&='", [T_PIPEEQ] = "'|='", [T_CARETEQ] = "'^='",
-    [T_MINEQ] = "'min='", [T_MAXEQ] = "'max='", [T_SLASHSLASHEQ] = "'//='",
-    [T_PERCENTEQ] = "'%='", [T_STARSTAREQ] = "'**='", [T_SHLEQ] = "'<<='", [T_SHREQ] = "'>>='", [T_KERNEL] = "'kernel'",
-    [T_FUNC] = "'func'", [T_LET] = "'let'", [T_VAR] = "'var'", [T_IF] = "'if'",
-    [T_ELSE] = "'else'", [T_WHILE] = "'while'", [T_FOR] = "'for'", [T_IN] = "'in'",
-    [T_BREAK] = "'break'", [T_CONTINUE] = "'continue'", [T_RETURN] = "'return'",
-    [T_TRUE] = "'true'", [T_FALSE] = "'false'",
+    [T_EOF] = "end of file",
+    [T_NEWLINE] = "end of line",
+    [T_IDENT] = "identifier",
+    [T_INT] = "integer",
+    [T_FLOAT] = "number",
+    [T_LPAREN] = "'('",
+    [T_RPAREN] = "')'",
+    [T_LBRACE] = "'{'",
+    [T_RBRACE] = "'}'",
+    [T_LBRACK] = "'['",
+    [T_RBRACK] = "']'",
+    [T_COMMA] = "','",
+    [T_COLON] = "':'",
+    [T_SEMI] = "';'",
+    [T_DOT] = "'.'",
+    [T_DOTDOT] = "'..'",
+    [T_ARROW] = "'->'",
+    [T_QUESTION] = "'?'",
+    [T_PLUS] = "'+'",
+    [T_MINUS] = "'-'",
+    [T_STAR] = "'*'",
+    [T_SLASH] = "'/'",
+    [T_SLASHSLASH] = "'//'",
+    [T_PERCENT] = "'%'",
+    [T_STARSTAR] = "'**'",
+    [T_AT] = "'@'",
+    [T_ASSIGN] = "'='",
+    [T_EQ] = "'=='",
+    [T_NE] = "'!='",
+    [T_LT] = "'<'",
+    [T_LE] = "'<='",
+    [T_GT] = "'>'",
+    [T_GE] = "'>='",
+    [T_ANDAND] = "'&&'",
+    [T_OROR] = "'||'",
+    [T_BANG] = "'!'",
+    [T_AMP] = "'&'",
+    [T_PIPE] = "'|'",
+    [T_CARET] = "'^'",
+    [T_TILDE] = "'~'",
+    [T_SHL] = "'<<'",
+    [T_SHR] = "'>>'",
+    [T_PLUSEQ] = "'+='",
+    [T_MINUSEQ] = "'-='",
+    [T_STAREQ] = "'*='",
+    [T_SLASHEQ] = "'/='",
+    [T_AMPEQ] = "'&='",
+    [T_PIPEEQ] = "'|='",
+    [T_CARETEQ] = "'^='",
+    [T_MINEQ] = "'min='",
+    [T_MAXEQ] = "'max='",
+    [T_SLASHSLASHEQ] = "'//='",
+    [T_PERCENTEQ] = "'%='",
+    [T_STARSTAREQ] = "'**='",
+    [T_SHLEQ] = "'<<='",
+    [T_SHREQ] = "'>>='",
+    [T_KERNEL] = "'kernel'",
+    [T_FUNC] = "'func'",
+    [T_LET] = "'let'",
+    [T_VAR] = "'var'",
+    [T_IF] = "'if'",
+    [T_ELSE] = "'else'",
+    [T_WHILE] = "'while'",
+    [T_FOR] = "'for'",
+    [T_IN] = "'in'",
+    [T_BREAK] = "'break'",
+    [T_CONTINUE] = "'continue'",
+    [T_RETURN] = "'return'",
+    [T_TRUE] = "'true'",
+    [T_FALSE] = "'false'",
 };
 
 const char *lang_tok_name(int kind) {
@@ -46,19 +99,59 @@ const char *lang_tok_name(int kind) {
 }
 
 /* Operators, longest first. */
-static const struct { const char *s; int kind; } ops[] = {
-    {"//=", T_SLASHSLASHEQ}, {"**=", T_STARSTAREQ}, {"<<=", T_SHLEQ}, {">>=", T_SHREQ},
-    {"%=", T_PERCENTEQ}, {"**", T_STARSTAR}, {"//", T_SLASHSLASH}, {"..", T_DOTDOT}, {"->", T_ARROW},
-    {"==", T_EQ}, {"!=", T_NE}, {"<=", T_LE}, {">=", T_GE}, {"&&", T_ANDAND},
-    {"||", T_OROR}, {"<<", T_SHL}, {">>", T_SHR}, {"+=", T_PLUSEQ},
-    {"-=", T_MINUSEQ}, {"*=", T_STAREQ}, {"/=", T_SLASHEQ}, {"&=", T_AMPEQ},
-    {"|=", T_PIPEEQ}, {"^=", T_CARETEQ},
-    {"(", T_LPAREN}, {")", T_RPAREN}, {"{", T_LBRACE}, {"}", T_RBRACE},
-    {"[", T_LBRACK}, {"]", T_RBRACK}, {",", T_COMMA}, {":", T_COLON},
-    {";", T_SEMI}, {".", T_DOT}, {"?", T_QUESTION}, {"+", T_PLUS}, {"-", T_MINUS},
-    {"*", T_STAR}, {"/", T_SLASH}, {"%", T_PERCENT}, {"@", T_AT}, {"=", T_ASSIGN},
-    {"<", T_LT}, {">", T_GT}, {"!", T_BANG}, {"&", T_AMP}, {"|", T_PIPE},
-    {"^", T_CARET}, {"~", T_TILDE},
+static const struct {
+  const char *s;
+  int kind;
+} ops[] = {
+    {"//=", T_SLASHSLASHEQ},
+    {"**=", T_STARSTAREQ},
+    {"<<=", T_SHLEQ},
+    {">>=", T_SHREQ},
+    {"%=", T_PERCENTEQ},
+    {"**", T_STARSTAR},
+    {"//", T_SLASHSLASH},
+    {"..", T_DOTDOT},
+    {"->", T_ARROW},
+    {"==", T_EQ},
+    {"!=", T_NE},
+    {"<=", T_LE},
+    {">=", T_GE},
+    {"&&", T_ANDAND},
+    {"||", T_OROR},
+    {"<<", T_SHL},
+    {">>", T_SHR},
+    {"+=", T_PLUSEQ},
+    {"-=", T_MINUSEQ},
+    {"*=", T_STAREQ},
+    {"/=", T_SLASHEQ},
+    {"&=", T_AMPEQ},
+    {"|=", T_PIPEEQ},
+    {"^=", T_CARETEQ},
+    {"(", T_LPAREN},
+    {")", T_RPAREN},
+    {"{", T_LBRACE},
+    {"}", T_RBRACE},
+    {"[", T_LBRACK},
+    {"]", T_RBRACK},
+    {",", T_COMMA},
+    {":", T_COLON},
+    {";", T_SEMI},
+    {".", T_DOT},
+    {"?", T_QUESTION},
+    {"+", T_PLUS},
+    {"-", T_MINUS},
+    {"*", T_STAR},
+    {"/", T_SLASH},
+    {"%", T_PERCENT},
+    {"@", T_AT},
+    {"=", T_ASSIGN},
+    {"<", T_LT},
+    {">", T_GT},
+    {"!", T_BANG},
+    {"&", T_AMP},
+    {"|", T_PIPE},
+    {"^", T_CARET},
+    {"~", T_TILDE},
 };
 
 typedef struct lexer {
@@ -74,19 +167,28 @@ typedef struct lexer {
 
 static int ends_statement(int kind) {
   switch (kind) {
-  case T_IDENT: case T_INT: case T_FLOAT: case T_RPAREN: case T_RBRACK:
-  case T_RBRACE: case T_BREAK: case T_CONTINUE: case T_RETURN: case T_TRUE:
-  case T_FALSE:
-    return 1;
-  default:
-    return 0;
+  case T_IDENT:
+  case T_INT:
+  case T_FLOAT:
+  case T_RPAREN:
+  case T_RBRACK:
+  case T_RBRACE:
+  case T_BREAK:
+  case T_CONTINUE:
+  case T_RETURN:
+  case T_TRUE:
+  case T_FALSE: return 1;
+  default: return 0;
   }
 }
 
 static int col_of(const lexer *x, const char *at) { return (int)(at - x->line_start) + 1; }
 
 static token *push(lexer *x, int kind, const char *at, int len) {
-  if (FB_GROW(x->v, x->n, x->cap)) { x->nomem = 1; return NULL; }
+  if (FB_GROW(x->v, x->n, x->cap)) {
+    x->nomem = 1;
+    return NULL;
+  }
   token *t = &x->v[x->n++];
   memset(t, 0, sizeof *t);
   t->kind = kind;
@@ -152,7 +254,10 @@ static void lex_number(lexer *x) {
       is_float = 1;
       if (bn + 2 < sizeof buf) buf[bn++] = 'e';
       p++;
-      if (*p == '+' || *p == '-') { if (bn + 1 < sizeof buf) buf[bn++] = *p; p++; }
+      if (*p == '+' || *p == '-') {
+        if (bn + 1 < sizeof buf) buf[bn++] = *p;
+        p++;
+      }
       p = scan_digits(p, 0, buf, &bn, sizeof buf);
     }
   }
@@ -182,8 +287,8 @@ static void lex_ident(lexer *x) {
   for (size_t i = 0; i < sizeof keywords / sizeof keywords[0]; i++)
     if (strlen(keywords[i].s) == n && memcmp(keywords[i].s, s, n) == 0) kind = keywords[i].kind;
   /* min= / max= : augmented min and max (but not min== or a spaced '=') */
-  if (kind == T_IDENT && n == 3 && (!memcmp(s, "min", 3) || !memcmp(s, "max", 3)) &&
-      p[0] == '=' && p[1] != '=') {
+  if (kind == T_IDENT && n == 3 && (!memcmp(s, "min", 3) || !memcmp(s, "max", 3)) && p[0] == '=' &&
+      p[1] != '=') {
     push(x, s[1] == 'i' ? T_MINEQ : T_MAXEQ, s, 4);
     x->p = p + 1;
     return;
@@ -216,14 +321,31 @@ int lang_lex(const char *src, token **out, int *ntok, fb_diags *d) {
   x.d = d;
   while (*x.p && !x.nomem) {
     unsigned char c = (unsigned char)*x.p;
-    if (c == '\n') { newline(&x, x.p); x.p++; continue; }
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') { x.p++; continue; }
-    if (c == '#') { while (*x.p && *x.p != '\n') x.p++; continue; }
-    if (isdigit(c) || (c == '.' && isdigit((unsigned char)x.p[1]))) { lex_number(&x); continue; }
-    if (is_ident_start(c)) { lex_ident(&x); continue; }
+    if (c == '\n') {
+      newline(&x, x.p);
+      x.p++;
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v') {
+      x.p++;
+      continue;
+    }
+    if (c == '#') {
+      while (*x.p && *x.p != '\n') x.p++;
+      continue;
+    }
+    if (isdigit(c) || (c == '.' && isdigit((unsigned char)x.p[1]))) {
+      lex_number(&x);
+      continue;
+    }
+    if (is_ident_start(c)) {
+      lex_ident(&x);
+      continue;
+    }
     if (lex_op(&x)) continue;
     if (c >= 0x80) {
-      lang_err(d, x.line, col_of(&x, x.p), "unexpected byte 0x%02x (only ASCII is allowed outside comments)", c);
+      lang_err(d, x.line, col_of(&x, x.p),
+               "unexpected byte 0x%02x (only ASCII is allowed outside comments)", c);
     } else {
       lang_err(d, x.line, col_of(&x, x.p), "unexpected character '%c'", c);
     }

@@ -63,8 +63,14 @@ const char *lang_ty_str(lty t, char *buf, size_t n) {
 }
 
 const char *lv_str(const lval *v, char *buf, size_t n) {
-  if (v->kind == VK_VOID) { snprintf(buf, n, "no value"); return buf; }
-  if (v->kind == VK_TUPLE) { snprintf(buf, n, "a tuple"); return buf; }
+  if (v->kind == VK_VOID) {
+    snprintf(buf, n, "no value");
+    return buf;
+  }
+  if (v->kind == VK_TUPLE) {
+    snprintf(buf, n, "a tuple");
+    return buf;
+  }
   if (v->lit && v->kind == VK_SCALAR) {
     snprintf(buf, n, "%s literal", v->lit == LIT_INT ? "an integer" : "a float");
     return buf;
@@ -153,7 +159,8 @@ static int implicit_ok(fb_type from, fb_type to) {
   if (fb_type_is_float(from)) return 0;
   if (fb_type_is_signed(from) && !fb_type_is_signed(to)) return 0;
   return fb_type_bits(from) < fb_type_bits(to) ||
-         (fb_type_bits(from) == fb_type_bits(to) && fb_type_is_signed(from) == fb_type_is_signed(to));
+         (fb_type_bits(from) == fb_type_bits(to) &&
+          fb_type_is_signed(from) == fb_type_is_signed(to));
 }
 
 static void broadcast(lval *v, int rows, int cols) {
@@ -174,14 +181,19 @@ void lang_expr_pos(const node *e, int *line, int *col) {
   *col = e->col;
   const node *l = NULL;
   switch (e->kind) {
-  case E_BINARY: case E_TERNARY: case E_INDEX: l = e->a; break;
+  case E_BINARY:
+  case E_TERNARY:
+  case E_INDEX: l = e->a; break;
   case E_CMP: l = e->nkids ? e->kids[0] : NULL; break;
   default: break;
   }
   if (!l) return;
   int ll, lc;
   lang_expr_pos(l, &ll, &lc);
-  if (ll < *line || (ll == *line && lc < *col)) { *line = ll; *col = lc; }
+  if (ll < *line || (ll == *line && lc < *col)) {
+    *line = ll;
+    *col = lc;
+  }
 }
 
 int lv_convert(lower *L, lval *v, lty target, node *at, const char *what) {
@@ -204,7 +216,8 @@ int lv_convert(lower *L, lval *v, lty target, node *at, const char *what) {
     L->errors++;
     lang_err(L->d, line, col, "type mismatch in %s: expected %s, found %s%s", what,
              lang_ty_str(target, tb, sizeof tb), lv_str(v, fb, sizeof fb),
-             target.t != FB_T_BOOL && v->t != FB_T_BOOL ? " (convert explicitly, e.g. with a cast)" : "");
+             target.t != FB_T_BOOL && v->t != FB_T_BOOL ? " (convert explicitly, e.g. with a cast)"
+                                                        : "");
     return -1;
   }
   lv_materialize(L, v, target.t);
@@ -215,7 +228,10 @@ int lv_convert(lower *L, lval *v, lty target, node *at, const char *what) {
 /* ---------------------------------------------------------------- symbols */
 
 int lang_push_sym(lower *L, const char *name, int kind, const lval *v, int line, int col) {
-  if (FB_GROW(L->syms, L->nsyms, L->scap)) { L->b.err = FB_ENOMEM; return -1; }
+  if (FB_GROW(L->syms, L->nsyms, L->scap)) {
+    L->b.err = FB_ENOMEM;
+    return -1;
+  }
   lsym *s = &L->syms[L->nsyms];
   memset(s, 0, sizeof *s);
   s->name = name;
@@ -242,9 +258,17 @@ int lang_resolve_field(lower *L, const char *name, lbind *out) {
     return 1;
   }
   int f = fb_program_find_field(L->p, name);
-  if (f >= 0) { out->kind = LB_FIELD; out->index = f; return 1; }
+  if (f >= 0) {
+    out->kind = LB_FIELD;
+    out->index = f;
+    return 1;
+  }
   int sn = lang_find_snode(L->p, name);
-  if (sn >= 0) { out->kind = LB_SNODE; out->index = sn; return 1; }
+  if (sn >= 0) {
+    out->kind = LB_SNODE;
+    out->index = sn;
+    return 1;
+  }
   return 0;
 }
 
@@ -315,8 +339,11 @@ static int ref_field(lower *L, node *e, lbind bd, lref *r) {
   if (bd.kind == LB_FIELD) {
     const lfield *f = &L->p->fields[bd.index];
     if (f->pub.ndim != e->nkids) {
-      ERR(L, e, "field '%s' has %d dimension%s but %d ind%s given (the index count must match the field's dimension)",
-          name, f->pub.ndim, f->pub.ndim == 1 ? "" : "s", e->nkids, e->nkids == 1 ? "ex was" : "ices were");
+      ERR(L, e,
+          "field '%s' has %d dimension%s but %d ind%s given (the index count must match the "
+          "field's dimension)",
+          name, f->pub.ndim, f->pub.ndim == 1 ? "" : "s", e->nkids,
+          e->nkids == 1 ? "ex was" : "ices were");
       bad = 1;
     }
   } else if (bd.kind == LB_SNODE) {
@@ -344,14 +371,15 @@ static int ref_sub(lower *L, node *e, lref *r) {
   char b[64];
   int rank = rank_of(r->base);
   if (rank == 0) {
-    ERR(L, e, "cannot index %s%s%s: it is a scalar (%s)", r->name ? "'" : "this value", r->name ? r->name : "",
-        r->name ? "'" : "", lang_ty_str(r->base, b, sizeof b));
+    ERR(L, e, "cannot index %s%s%s: it is a scalar (%s)", r->name ? "'" : "this value",
+        r->name ? r->name : "", r->name ? "'" : "", lang_ty_str(r->base, b, sizeof b));
     return -1;
   }
   for (int i = 0; i < e->nkids; i++) {
     if (r->nsub >= rank) {
       ERR(L, e->kids[i], "wrong number of indices: %s takes %d ind%s, found %d",
-          lang_ty_str(r->base, b, sizeof b), rank, rank == 1 ? "ex" : "ices", r->nsub + e->nkids - i);
+          lang_ty_str(r->base, b, sizeof b), rank, rank == 1 ? "ex" : "ices",
+          r->nsub + e->nkids - i);
       return -1;
     }
     int dim = r->nsub == 0 ? r->base.rows : r->base.cols;
@@ -405,7 +433,10 @@ int lang_ref(lower *L, node *e, lref *r) {
   }
   r->kind = REF_VALUE;
   if (lang_eval(L, e, &r->v) < 0) return -1;
-  if (r->v.kind == VK_UNKNOWN) { r->kind = REF_UNKNOWN; return 0; }
+  if (r->v.kind == VK_UNKNOWN) {
+    r->kind = REF_UNKNOWN;
+    return 0;
+  }
   if (r->v.kind == VK_VOID || r->v.kind == VK_TUPLE) {
     char b[64];
     ERR(L, e, "expected a value, found %s", lv_str(&r->v, b, sizeof b));
@@ -418,7 +449,10 @@ int lang_ref(lower *L, node *e, lref *r) {
 lty lang_ref_type(const lref *r) {
   lty t = r->base;
   if (r->nsub == 0) return t;
-  if (t.cols == 0 || r->nsub == 2) { t.rows = t.cols = 0; return t; }
+  if (t.cols == 0 || r->nsub == 2) {
+    t.rows = t.cols = 0;
+    return t;
+  }
   t.rows = t.cols; /* a row of a matrix */
   t.cols = 0;
   return t;
@@ -477,8 +511,7 @@ static int slot_guard(lower *L, const lref *r, const lslot *s, int j) {
 static int load_comp(lower *L, const lref *r, const lval *v, int comp) {
   switch (r->kind) {
   case REF_VAR: return fb_b_lload(&L->b, v->id[comp]);
-  case REF_FIELD:
-    return fb_b_load(&L->b, L->p->fields[r->field].places[comp], r->idx, r->nidx);
+  case REF_FIELD: return fb_b_load(&L->b, L->p->fields[r->field].places[comp], r->idx, r->nidx);
   default: return v->id[comp];
   }
 }
@@ -493,7 +526,10 @@ static void shape_init(lval *out, lty t) {
 }
 
 void lang_ref_read(lower *L, const lref *r, lval *out) {
-  if (r->kind == REF_UNKNOWN) { lv_unknown(out); return; }
+  if (r->kind == REF_UNKNOWN) {
+    lv_unknown(out);
+    return;
+  }
   lslot s[LANG_MAX_COMP];
   int ns = ref_slots(r, s), dyn = 0;
   for (int i = 0; i < ns; i++) dyn |= s[i].n > 1;
@@ -516,8 +552,7 @@ void lang_ref_read(lower *L, const lref *r, lval *out) {
   for (int i = 0; i < ns; i++) {
     const lslot *sl = &s[i];
     int x = load_comp(L, r, &v, sl->comp[sl->n - 1]);
-    for (int j = sl->n - 2; j >= 0; j--)
-    {
+    for (int j = sl->n - 2; j >= 0; j--) {
       int g = slot_guard(L, r, sl, j), y = load_comp(L, r, &v, sl->comp[j]);
       x = lw_select(L, g, y, x);
     }
@@ -559,7 +594,10 @@ void lang_ref_write(lower *L, const lref *r, const lval *v, int op) {
 
 static int unary(lower *L, node *e, lval *out) {
   lval a;
-  if (lang_eval(L, e->a, &a) < 0 || a.kind == VK_UNKNOWN) { lv_unknown(out); return a.kind == VK_UNKNOWN ? 0 : -1; }
+  if (lang_eval(L, e->a, &a) < 0 || a.kind == VK_UNKNOWN) {
+    lv_unknown(out);
+    return a.kind == VK_UNKNOWN ? 0 : -1;
+  }
   char b[64];
   *out = a;
   if (a.kind == VK_VOID || a.kind == VK_TUPLE) {
@@ -672,7 +710,10 @@ static int compare_chain(lower *L, node *e, lval *out) {
     }
     prev = cur;
   }
-  if (unknown) { lv_unknown(out); return 0; }
+  if (unknown) {
+    lv_unknown(out);
+    return 0;
+  }
   lv_scalar(out, FB_T_BOOL, acc);
   return 0;
 }
@@ -683,7 +724,10 @@ static void move_before(lower *L, int blk, int id, int before) {
   if (b->n < 2 || b->ids[b->n - 1] != id) return;
   int pos = -1;
   for (int i = 0; i < b->n; i++)
-    if (b->ids[i] == before) { pos = i; break; }
+    if (b->ids[i] == before) {
+      pos = i;
+      break;
+    }
   if (pos < 0) return;
   memmove(&b->ids[pos + 1], &b->ids[pos], sizeof(int32_t) * (size_t)(b->n - 1 - pos));
   b->ids[pos] = id;
@@ -697,7 +741,9 @@ int lang_common_type(const lval *a, const lval *b, fb_type *out) {
   else if (ta == tb) t = ta;
   else if (ta == FB_T_BOOL || tb == FB_T_BOOL) return -1;
   else if (fb_type_is_float(ta) || fb_type_is_float(tb))
-    t = !fb_type_is_float(tb) ? ta : !fb_type_is_float(ta) ? tb : (fb_type_bits(ta) >= fb_type_bits(tb) ? ta : tb);
+    t = !fb_type_is_float(tb)   ? ta
+        : !fb_type_is_float(ta) ? tb
+                                : (fb_type_bits(ta) >= fb_type_bits(tb) ? ta : tb);
   else if (fb_type_bits(ta) != fb_type_bits(tb)) t = fb_type_bits(ta) > fb_type_bits(tb) ? ta : tb;
   else t = fb_type_is_signed(ta) ? tb : ta; /* same width: unsigned wins */
   if (t == FB_T_BOOL && (a->lit || b->lit)) return -1;
@@ -729,9 +775,15 @@ static int ternary(lower *L, node *e, lval *out) {
   lval a, b;
   if (!lang_has_effects(L, e->b) && !lang_has_effects(L, e->c)) {
     int ra = lang_eval(L, e->b, &a), rb = lang_eval(L, e->c, &b);
-    if (ra < 0 || rb < 0 || a.kind == VK_UNKNOWN || b.kind == VK_UNKNOWN) { lv_unknown(out); return 0; }
+    if (ra < 0 || rb < 0 || a.kind == VK_UNKNOWN || b.kind == VK_UNKNOWN) {
+      lv_unknown(out);
+      return 0;
+    }
     fb_type t;
-    if (branch_type(L, &a, &b, &t, e) < 0) { lv_unknown(out); return -1; }
+    if (branch_type(L, &a, &b, &t, e) < 0) {
+      lv_unknown(out);
+      return -1;
+    }
     lv_materialize(L, &a, t);
     lv_materialize(L, &b, t);
     lv_broadcast_like(&a, &b);
@@ -743,7 +795,10 @@ static int ternary(lower *L, node *e, lval *out) {
   }
   /* branches with effects: if / else into a local variable */
   int st = fb_b_if(&L->b, c, 1);
-  if (st < 0) { lv_unknown(out); return -1; }
+  if (st < 0) {
+    lv_unknown(out);
+    return -1;
+  }
   int outer = L->b.block;
   int tb = L->k->stmts[st].body, eb = L->k->stmts[st].orelse;
   int saved = fb_b_enter(&L->b, tb);
@@ -751,9 +806,15 @@ static int ternary(lower *L, node *e, lval *out) {
   fb_b_enter(&L->b, eb);
   int rb = lang_eval(L, e->c, &b);
   fb_b_leave(&L->b, saved);
-  if (ra < 0 || rb < 0 || a.kind == VK_UNKNOWN || b.kind == VK_UNKNOWN) { lv_unknown(out); return 0; }
+  if (ra < 0 || rb < 0 || a.kind == VK_UNKNOWN || b.kind == VK_UNKNOWN) {
+    lv_unknown(out);
+    return 0;
+  }
   fb_type t;
-  if (branch_type(L, &a, &b, &t, e) < 0) { lv_unknown(out); return -1; }
+  if (branch_type(L, &a, &b, &t, e) < 0) {
+    lv_unknown(out);
+    return -1;
+  }
   lval ua = a, ub = b;
   fb_b_enter(&L->b, tb);
   lv_materialize(L, &ua, t);
@@ -806,29 +867,29 @@ int lang_eval(lower *L, node *e, lval *out) {
     return 0;
   case E_NAME:
   case E_INDEX:
-    if (lang_ref(L, e, &r) < 0) { lv_unknown(out); return -1; }
+    if (lang_ref(L, e, &r) < 0) {
+      lv_unknown(out);
+      return -1;
+    }
     lang_ref_read(L, &r, out);
     return 0;
-  case E_UNARY:
-    return unary(L, e, out);
+  case E_UNARY: return unary(L, e, out);
   case E_BINARY: {
     if (e->op == T_ANDAND || e->op == T_OROR) return logic(L, e, out);
     lval a, b;
     int ra = lang_eval(L, e->a, &a), rb = lang_eval(L, e->b, &b);
-    if (ra < 0 || rb < 0) { lv_unknown(out); return -1; }
+    if (ra < 0 || rb < 0) {
+      lv_unknown(out);
+      return -1;
+    }
     if (e->op == T_AT) return lv_matmul(L, &a, &b, out, e);
     return lv_binary(L, e->op, &a, &b, out, e);
   }
-  case E_CMP:
-    return compare_chain(L, e, out);
-  case E_TERNARY:
-    return ternary(L, e, out);
-  case E_CALL:
-    return lang_call(L, e, out);
-  case E_LIST:
-    return lang_list(L, e, out);
-  case E_CTOR:
-    return lang_ctor(L, e, out);
+  case E_CMP: return compare_chain(L, e, out);
+  case E_TERNARY: return ternary(L, e, out);
+  case E_CALL: return lang_call(L, e, out);
+  case E_LIST: return lang_list(L, e, out);
+  case E_CTOR: return lang_ctor(L, e, out);
   default:
     ERR(L, e, "expected an expression");
     lv_unknown(out);
@@ -854,8 +915,7 @@ int lang_has_effects(lower *L, node *e) {
     for (int i = 0; i < L->p->nfuncs; i++)
       if (!strcmp(L->p->funcs[i].name, e->name)) return 1;
     break;
-  default:
-    break;
+  default: break;
   }
   for (int i = 0; i < e->nkids; i++)
     if (lang_has_effects(L, e->kids[i])) return 1;

@@ -36,7 +36,10 @@ typedef struct nlist {
 
 static void nl_push(nlist *l, node *x) {
   if (!x) return;
-  if (FB_GROW(l->v, l->n, l->cap)) { l->nomem = 1; return; }
+  if (FB_GROW(l->v, l->n, l->cap)) {
+    l->nomem = 1;
+    return;
+  }
   l->v[l->n++] = x;
 }
 
@@ -75,7 +78,8 @@ static int tok_is(const token *t, const char *s) {
 static const char *describe(const token *t, char *buf, size_t n) {
   switch (t->kind) {
   case T_IDENT: snprintf(buf, n, "identifier '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
-  case T_INT: case T_FLOAT: snprintf(buf, n, "number '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
+  case T_INT:
+  case T_FLOAT: snprintf(buf, n, "number '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
   default: snprintf(buf, n, "%s", lang_tok_name(t->kind)); break;
   }
   return buf;
@@ -131,7 +135,10 @@ static void sync_stmt(parser *P) {
   int depth = 0;
   while (!at(P, T_EOF)) {
     int k = peek(P)->kind;
-    if (depth == 0 && (k == T_NEWLINE || k == T_SEMI)) { next(P); break; }
+    if (depth == 0 && (k == T_NEWLINE || k == T_SEMI)) {
+      next(P);
+      break;
+    }
     if (k == T_RBRACE) {
       if (depth == 0) break;
       depth--;
@@ -151,7 +158,10 @@ static int is_type_name(const token *t) {
 
 static int parse_dim(parser *P, int *out) {
   const token *t = peek(P);
-  if (!at(P, T_INT)) { expected(P, "a vector size (an integer from 1 to 4)"); return 0; }
+  if (!at(P, T_INT)) {
+    expected(P, "a vector size (an integer from 1 to 4)");
+    return 0;
+  }
   next(P);
   if (t->ival < 1 || t->ival > 4) {
     errat(P, t, "vector and matrix sizes must be from 1 to 4, found %llu",
@@ -180,7 +190,10 @@ static int parse_dims(parser *P, lty *ty) {
 
 static int parse_type(parser *P, lty *ty) {
   const token *t = peek(P);
-  if (!is_type_name(t)) { expected(P, "a type (i32 i64 u32 u64 f32 f64 bool, optionally [n] or [n][m])"); return 0; }
+  if (!is_type_name(t)) {
+    expected(P, "a type (i32 i64 u32 u64 f32 f64 bool, optionally [n] or [n][m])");
+    return 0;
+  }
   next(P);
   memset(ty, 0, sizeof *ty);
   ty->t = (fb_type)fb_type_from_name(t->p, (size_t)t->len);
@@ -211,9 +224,9 @@ static node *parse_args(parser *P, node *call) {
       next(P);
       node *e = parse_expr(P);
       if (!tok_is(nt, "covers"))
-        errat(P, nt, "unknown named argument '%.*s' (only assume_unique takes 'covers:')", nt->len, nt->p);
-      else if (call->b)
-        errat(P, nt, "'covers:' given twice");
+        errat(P, nt, "unknown named argument '%.*s' (only assume_unique takes 'covers:')", nt->len,
+              nt->p);
+      else if (call->b) errat(P, nt, "'covers:' given twice");
       call->b = e;
     } else {
       nl_push(&l, parse_expr(P));
@@ -235,7 +248,8 @@ static node *parse_list(parser *P, const token *open) {
   if (x) x->kids = nl_finish(P, &l, &x->nkids);
   else free(l.v);
   expect(P, T_RBRACK, "to close the list");
-  if (x && x->nkids == 0 && !P->panic) errat(P, open, "expected at least one element in a vector literal");
+  if (x && x->nkids == 0 && !P->panic)
+    errat(P, open, "expected at least one element in a vector literal");
   return x;
 }
 
@@ -251,7 +265,8 @@ static node *parse_primary(parser *P) {
     next(P);
     if ((x = mk(P, E_FLOAT, t))) x->fval = t->fval;
     return x;
-  case T_TRUE: case T_FALSE:
+  case T_TRUE:
+  case T_FALSE:
     next(P);
     if ((x = mk(P, E_BOOL, t))) x->ival = t->kind == T_TRUE;
     return x;
@@ -264,9 +279,7 @@ static node *parse_primary(parser *P) {
             describe(peek(P), b, sizeof b));
     return x;
   }
-  case T_LBRACK:
-    next(P);
-    return parse_list(P, t);
+  case T_LBRACK: next(P); return parse_list(P, t);
   case T_IDENT:
     next(P);
     if (is_type_name(t)) {
@@ -288,7 +301,10 @@ static node *parse_primary(parser *P) {
 
 static node *member(parser *P, node *base, const token *dot) {
   const token *m = peek(P);
-  if (!at(P, T_IDENT)) { expected(P, "a member name after '.'"); return NULL; }
+  if (!at(P, T_IDENT)) {
+    expected(P, "a member name after '.'");
+    return NULL;
+  }
   next(P);
   if (at(P, T_LPAREN)) { /* method sugar: x.f(a) is f(x, a) */
     const token *open = next(P);
@@ -317,7 +333,8 @@ static node *member(parser *P, node *base, const token *dot) {
     x->nkids = 1;
     return x;
   }
-  errat(P, m, "unknown member '%.*s' (expected x, y, z, w or a method call like v.norm())", m->len, m->p);
+  errat(P, m, "unknown member '%.*s' (expected x, y, z, w or a method call like v.norm())", m->len,
+        m->p);
   return NULL;
 }
 
@@ -326,7 +343,10 @@ static node *parse_postfix(parser *P) {
   while (x && !P->panic) {
     const token *t = peek(P);
     if (t->kind == T_LPAREN) {
-      if (x->kind != E_NAME) { errat(P, t, "only functions can be called"); return NULL; }
+      if (x->kind != E_NAME) {
+        errat(P, t, "only functions can be called");
+        return NULL;
+      }
       next(P);
       x->kind = E_CALL;
       parse_args(P, x);
@@ -432,11 +452,17 @@ static node *parse_cmp(parser *P) {
   while (is_cmp(peek(P)->kind) && nops < 64) {
     ops[nops++] = next(P)->kind;
     node *y = parse_level(P, 5);
-    if (!y) { free(l.v); return NULL; }
+    if (!y) {
+      free(l.v);
+      return NULL;
+    }
     nl_push(&l, y);
   }
   node *c = mk(P, E_CMP, first);
-  if (!c) { free(l.v); return NULL; }
+  if (!c) {
+    free(l.v);
+    return NULL;
+  }
   c->line = x->line;
   c->col = x->col;
   c->kids = nl_finish(P, &l, &c->nkids);
@@ -492,7 +518,10 @@ static node *parse_stmt(parser *P);
 
 static node *name_node(parser *P, const char *what) {
   const token *t = peek(P);
-  if (!at(P, T_IDENT)) { expected(P, what); return NULL; }
+  if (!at(P, T_IDENT)) {
+    expected(P, what);
+    return NULL;
+  }
   next(P);
   node *x = mk(P, E_NAME, t);
   if (x) x->name = tok_str(P, t);
@@ -573,9 +602,15 @@ static node *parse_for(parser *P, const token *kw) {
   nlist l = {0};
   do nl_push(&l, name_node(P, "a loop variable name after 'for'"));
   while (!P->panic && accept(P, T_COMMA));
-  if (P->panic || !expect(P, T_IN, "after the loop variables")) { free(l.v); return NULL; }
+  if (P->panic || !expect(P, T_IN, "after the loop variables")) {
+    free(l.v);
+    return NULL;
+  }
   node *x = mk(P, S_FOR_IN, kw);
-  if (!x) { free(l.v); return NULL; }
+  if (!x) {
+    free(l.v);
+    return NULL;
+  }
   x->kids = nl_finish(P, &l, &x->nkids);
   node *e = parse_expr(P);
   if (!e) return NULL;
@@ -609,12 +644,22 @@ static node *parse_for(parser *P, const token *kw) {
 
 static int is_assign_op(int k) {
   switch (k) {
-  case T_ASSIGN: case T_PLUSEQ: case T_MINUSEQ: case T_STAREQ: case T_SLASHEQ:
-  case T_AMPEQ: case T_PIPEEQ: case T_CARETEQ: case T_MINEQ: case T_MAXEQ:
-  case T_SLASHSLASHEQ: case T_PERCENTEQ: case T_STARSTAREQ: case T_SHLEQ: case T_SHREQ:
-    return 1;
-  default:
-    return 0;
+  case T_ASSIGN:
+  case T_PLUSEQ:
+  case T_MINUSEQ:
+  case T_STAREQ:
+  case T_SLASHEQ:
+  case T_AMPEQ:
+  case T_PIPEEQ:
+  case T_CARETEQ:
+  case T_MINEQ:
+  case T_MAXEQ:
+  case T_SLASHSLASHEQ:
+  case T_PERCENTEQ:
+  case T_STARSTAREQ:
+  case T_SHLEQ:
+  case T_SHREQ: return 1;
+  default: return 0;
   }
 }
 
@@ -627,7 +672,8 @@ static node *parse_stmt(parser *P) {
   case T_IF: next(P); return parse_if(P, t);
   case T_WHILE:
     next(P);
-    if (!(x = mk(P, S_WHILE, t)) || !(x->a = parse_expr(P)) || !(x->b = parse_block(P))) return NULL;
+    if (!(x = mk(P, S_WHILE, t)) || !(x->a = parse_expr(P)) || !(x->b = parse_block(P)))
+      return NULL;
     return x;
   case T_FOR: next(P); return parse_for(P, t);
   case T_BREAK: next(P); return mk(P, S_BREAK, t);
@@ -638,10 +684,8 @@ static node *parse_stmt(parser *P) {
     if (!at(P, T_NEWLINE) && !at(P, T_SEMI) && !at(P, T_RBRACE) && !at(P, T_EOF))
       if (!(x->a = parse_expr(P))) return NULL;
     return x;
-  case T_LBRACE:
-    return parse_block(P);
-  default:
-    break;
+  case T_LBRACE: return parse_block(P);
+  default: break;
   }
   node *e = parse_expr(P);
   if (!e) return NULL;
@@ -676,7 +720,8 @@ static node *parse_block_inner(parser *P) {
     skip_seps(P);
     if (accept(P, T_RBRACE)) break;
     if (at(P, T_EOF)) {
-      errat(P, peek(P), "expected '}' to close the block opened at line %d, found end of file", open->line);
+      errat(P, peek(P), "expected '}' to close the block opened at line %d, found end of file",
+            open->line);
       break;
     }
     node *s = parse_stmt(P);
@@ -695,9 +740,13 @@ static node *parse_block_inner(parser *P) {
 
 /* ---------------------------------------------------------------- layout */
 
-static const struct { const char *s; int kind; } snode_kinds[] = {
-    {"dense", FB_SN_DENSE}, {"bitmasked", FB_SN_BITMASKED},
-    {"pointer", FB_SN_POINTER}, {"dynamic", FB_SN_DYNAMIC}};
+static const struct {
+  const char *s;
+  int kind;
+} snode_kinds[] = {{"dense", FB_SN_DENSE},
+                   {"bitmasked", FB_SN_BITMASKED},
+                   {"pointer", FB_SN_POINTER},
+                   {"dynamic", FB_SN_DYNAMIC}};
 
 static node *parse_litems(parser *P, node *parent, const token *open);
 
@@ -707,9 +756,15 @@ static node *parse_snode(parser *P, const token *kt, int kind) {
   x->snode_kind = kind;
   if (!expect(P, T_LPAREN, "after the SNode kind")) return NULL;
   const token *ax = peek(P);
-  if (!at(P, T_IDENT)) { expected(P, "axes like 'ij' (letters i j k l)"); return NULL; }
+  if (!at(P, T_IDENT)) {
+    expected(P, "axes like 'ij' (letters i j k l)");
+    return NULL;
+  }
   next(P);
-  if (ax->len > FB_MAX_AXES) { errat(P, ax, "at most %d axes, found '%.*s'", FB_MAX_AXES, ax->len, ax->p); return NULL; }
+  if (ax->len > FB_MAX_AXES) {
+    errat(P, ax, "at most %d axes, found '%.*s'", FB_MAX_AXES, ax->len, ax->p);
+    return NULL;
+  }
   memcpy(x->axes, ax->p, (size_t)ax->len);
   x->axes[ax->len] = 0;
   if (!expect(P, T_COLON, "after the axes")) return NULL;
@@ -718,14 +773,26 @@ static node *parse_snode(parser *P, const token *kt, int kind) {
     if (tok_is(st, "chunk") && peek2(P)->kind == T_COLON) {
       next(P);
       next(P);
-      if (!at(P, T_INT)) { expected(P, "the chunk size (an integer)"); return NULL; }
+      if (!at(P, T_INT)) {
+        expected(P, "the chunk size (an integer)");
+        return NULL;
+      }
       x->ival = next(P)->ival;
       x->has_chunk = 1;
     } else {
-      if (!at(P, T_INT)) { expected(P, "a size (an integer)"); return NULL; }
+      if (!at(P, T_INT)) {
+        expected(P, "a size (an integer)");
+        return NULL;
+      }
       next(P);
-      if (x->nsizes >= FB_MAX_AXES) { errat(P, st, "more than %d sizes", FB_MAX_AXES); return NULL; }
-      if (st->ival > INT32_MAX) { errat(P, st, "size %llu is too large", (unsigned long long)st->ival); return NULL; }
+      if (x->nsizes >= FB_MAX_AXES) {
+        errat(P, st, "more than %d sizes", FB_MAX_AXES);
+        return NULL;
+      }
+      if (st->ival > INT32_MAX) {
+        errat(P, st, "size %llu is too large", (unsigned long long)st->ival);
+        return NULL;
+      }
       x->sizes[x->nsizes++] = (int64_t)st->ival;
     }
     if (!accept(P, T_COMMA)) break;
@@ -734,7 +801,10 @@ static node *parse_snode(parser *P, const token *kt, int kind) {
   if (tok_is(peek(P), "as")) {
     next(P);
     const token *nt = peek(P);
-    if (!at(P, T_IDENT)) { expected(P, "a name after 'as'"); return NULL; }
+    if (!at(P, T_IDENT)) {
+      expected(P, "a name after 'as'");
+      return NULL;
+    }
     next(P);
     x->name = tok_str(P, nt);
   }
@@ -746,7 +816,10 @@ static node *parse_snode(parser *P, const token *kt, int kind) {
 static int parse_place(parser *P, nlist *out) {
   do {
     const token *nt = peek(P);
-    if (!at(P, T_IDENT)) { expected(P, "a field name after 'place'"); return 0; }
+    if (!at(P, T_IDENT)) {
+      expected(P, "a field name after 'place'");
+      return 0;
+    }
     next(P);
     node *x = mk(P, D_PLACE, nt);
     if (!x) return 0;
@@ -780,14 +853,16 @@ static node *parse_litems(parser *P, node *parent, const token *open) {
     skip_seps(P);
     if (accept(P, T_RBRACE)) break;
     if (at(P, T_EOF)) {
-      errat(P, peek(P), "expected '}' to close the block opened at line %d, found end of file", open->line);
+      errat(P, peek(P), "expected '}' to close the block opened at line %d, found end of file",
+            open->line);
       break;
     }
     if (enter(P)) parse_litem(P, &l);
     P->depth--;
     if (!P->panic && !at(P, T_NEWLINE) && !at(P, T_SEMI) && !at(P, T_RBRACE)) {
       char b[96];
-      errat(P, peek(P), "expected end of line after the layout item, found %s", describe(peek(P), b, sizeof b));
+      errat(P, peek(P), "expected end of line after the layout item, found %s",
+            describe(peek(P), b, sizeof b));
     }
     if (P->panic) sync_stmt(P);
   }
@@ -799,7 +874,10 @@ static node *parse_litems(parser *P, node *parent, const token *open) {
 
 static node *parse_param(parser *P) {
   const token *nt = peek(P);
-  if (!at(P, T_IDENT)) { expected(P, "a parameter name"); return NULL; }
+  if (!at(P, T_IDENT)) {
+    expected(P, "a parameter name");
+    return NULL;
+  }
   next(P);
   node *x = mk(P, D_PARAM, nt);
   if (!x) return NULL;
@@ -819,7 +897,10 @@ static node *parse_param(parser *P) {
 static node *parse_callable(parser *P, const token *kw) {
   node *x = mk(P, kw->kind == T_KERNEL ? D_KERNEL : D_FUNC, kw);
   const token *nt = peek(P);
-  if (!at(P, T_IDENT)) { expected(P, kw->kind == T_KERNEL ? "a kernel name" : "a func name"); return NULL; }
+  if (!at(P, T_IDENT)) {
+    expected(P, kw->kind == T_KERNEL ? "a kernel name" : "a func name");
+    return NULL;
+  }
   next(P);
   if (!x) return NULL;
   x->name = tok_str(P, nt);

@@ -22,7 +22,10 @@ void *la_alloc(lang_arena *a, size_t n) {
   if (!c || c->used + n > c->cap) {
     size_t cap = n > 16384 ? n : 16384;
     c = malloc(sizeof *c + cap);
-    if (!c) { a->failed = 1; return NULL; }
+    if (!c) {
+      a->failed = 1;
+      return NULL;
+    }
     c->next = a->head;
     c->used = 0;
     c->cap = cap;
@@ -84,8 +87,8 @@ static void sort_unique(fb_diags *d) {
   int w = 0;
   for (int i = 0; i < d->n; i++) {
     int dup = 0; /* repeats are at one position, so next to each other once sorted */
-    for (int j = w - 1; j >= 0 && !dup && d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col;
-         j--)
+    for (int j = w - 1;
+         j >= 0 && !dup && d->v[j].line == d->v[i].line && d->v[j].col == d->v[i].col; j--)
       dup = !strcmp(d->v[j].msg, d->v[i].msg);
     if (dup) free(d->v[i].msg);
     else d->v[w++] = d->v[i];
@@ -201,9 +204,11 @@ static int name_clash(fb_program *p, node *x, nameset *names, fb_diags *d) {
   int prev = ns_find_or_add(names, x->name, kernel ? 2 * p->nkernels + 1 : 2 * p->nfuncs);
   if (prev < 0) return 0;
   if (prev % 2 == 0)
-    lang_err(d, x->line, x->col, "'%s' is already defined as a func (at line %d)", x->name, p->funcs[prev / 2].decl->line);
+    lang_err(d, x->line, x->col, "'%s' is already defined as a func (at line %d)", x->name,
+             p->funcs[prev / 2].decl->line);
   else
-    lang_err(d, x->line, x->col, "'%s' is already defined as a kernel (at line %d)", x->name, p->kernels[prev / 2].pub.line);
+    lang_err(d, x->line, x->col, "'%s' is already defined as a kernel (at line %d)", x->name,
+             p->kernels[prev / 2].pub.line);
   return 1;
 }
 
@@ -222,10 +227,13 @@ static int check_params(node *x, fb_diags *d) {
     }
     if (x->kind != D_KERNEL || pm->is_field) continue;
     if (!pm->has_ty) {
-      lang_err(d, pm->line, pm->col, "kernel parameter '%s' needs a type: a scalar type or 'field'", pm->name);
+      lang_err(d, pm->line, pm->col, "kernel parameter '%s' needs a type: a scalar type or 'field'",
+               pm->name);
       bad = 1;
     } else if (pm->ty.rows) {
-      lang_err(d, pm->line, pm->col, "kernel parameter '%s' must be a scalar or 'field' (vectors are passed as fields)", pm->name);
+      lang_err(d, pm->line, pm->col,
+               "kernel parameter '%s' must be a scalar or 'field' (vectors are passed as fields)",
+               pm->name);
       bad = 1;
     }
   }
@@ -414,10 +422,16 @@ static int bind_names(fb_program *p, const lkernel *K, const char *const *names,
   for (int i = 0; i < n; i++) {
     const char *nm = names && names[i] ? names[i] : "";
     int f = fb_program_find_field(p, nm), s = lang_find_snode(p, nm);
-    if (f >= 0) { binds[i].kind = LB_FIELD; binds[i].index = f; }
-    else if (s >= 0) { binds[i].kind = LB_SNODE; binds[i].index = s; }
-    else {
-      fb_diags_add(diags, -1, 0, 0, "kernel '%s': no field or SNode named '%s' to bind to parameter %d", K->pub.name, nm, i + 1);
+    if (f >= 0) {
+      binds[i].kind = LB_FIELD;
+      binds[i].index = f;
+    } else if (s >= 0) {
+      binds[i].kind = LB_SNODE;
+      binds[i].index = s;
+    } else {
+      fb_diags_add(diags, -1, 0, 0,
+                   "kernel '%s': no field or SNode named '%s' to bind to parameter %d", K->pub.name,
+                   nm, i + 1);
       return FB_ENOENT;
     }
   }
@@ -451,7 +465,10 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
     }
   free(name);
   rc = lang_lower_kernel(p, ki, binds, &k, &D);
-  if (rc == FB_ENOMEM) { fb_diags_free(&D); return rc; }
+  if (rc == FB_ENOMEM) {
+    fb_diags_free(&D);
+    return rc;
+  }
   if (!k) {
     char prefix[256];
     snprintf(prefix, sizeof prefix, "in kernel '%s' with these fields: ", K->pub.name);

@@ -80,7 +80,10 @@ static void let_stmt(lower *L, node *s) {
 
 static void let_tuple(lower *L, node *s) {
   node *c = s->a;
-  int want = c->kind == E_CALL ? (!strcmp(c->name, "svd") ? 3 : !strcmp(c->name, "polar") ? 2 : 0) : 0;
+  int want = c->kind == E_CALL ? (!strcmp(c->name, "svd")     ? 3
+                                  : !strcmp(c->name, "polar") ? 2
+                                                              : 0)
+                               : 0;
   lval out[3];
   for (int i = 0; i < 3; i++) lv_unknown(&out[i]);
   if (!want) {
@@ -93,8 +96,10 @@ static void let_tuple(lower *L, node *s) {
     lval m;
     char b[64];
     if (lang_eval(L, c->kids[0], &m) == 0 && m.kind != VK_UNKNOWN) {
-      if (m.kind != VK_MAT || m.rows != m.cols || (m.rows != 2 && m.rows != 3) || lv_default_type(&m) == FB_T_BOOL) {
-        ERR(L, c->kids[0], "%s expects a 2x2 or 3x3 matrix, found %s", c->name, lv_str(&m, b, sizeof b));
+      if (m.kind != VK_MAT || m.rows != m.cols || (m.rows != 2 && m.rows != 3) ||
+          lv_default_type(&m) == FB_T_BOOL) {
+        ERR(L, c->kids[0], "%s expects a 2x2 or 3x3 matrix, found %s", c->name,
+            lv_str(&m, b, sizeof b));
       } else if (want == 3) {
         lang_svd(L, &m, &out[0], &out[1], &out[2]);
       } else {
@@ -103,7 +108,8 @@ static void let_tuple(lower *L, node *s) {
     }
   }
   for (int i = 0; i < s->nkids; i++)
-    lang_push_sym(L, s->kids[i]->name, SYM_LET, &out[i < 3 ? i : 0], s->kids[i]->line, s->kids[i]->col);
+    lang_push_sym(L, s->kids[i]->name, SYM_LET, &out[i < 3 ? i : 0], s->kids[i]->line,
+                  s->kids[i]->col);
 }
 
 static void zero_value(lower *L, lty t, lval *v) {
@@ -193,14 +199,20 @@ static void assign_stmt(lower *L, node *s) {
   int rc = lang_ref(L, s->a, &r);
   if (rc == 0 && r.kind == REF_VALUE) {
     static const char *const why[] = {"it is declared with let (use var for a variable)",
-                                      "it is a loop variable", "it is a parameter (copy it into a var)"};
+                                      "it is a loop variable",
+                                      "it is a parameter (copy it into a var)"};
     if (r.is_let) ERR(L, s->a, "cannot assign to '%s': %s", r.name, why[r.origin]);
-    else ERR(L, s->a, "cannot assign to this expression: expected a variable, a field element or a component of one");
+    else
+      ERR(L, s->a,
+          "cannot assign to this expression: expected a variable, a field element or a component "
+          "of one");
     rc = -1;
   }
   if (rc == 0 && r.kind == REF_VAR && r.par < L->par_depth) {
-    ERR(L, s->a, "cannot assign to '%s' inside a parallel loop: it is declared outside the loop "
-                 "(iterations run in parallel; accumulate into a field instead, e.g. with +=)", r.name);
+    ERR(L, s->a,
+        "cannot assign to '%s' inside a parallel loop: it is declared outside the loop "
+        "(iterations run in parallel; accumulate into a field instead, e.g. with +=)",
+        r.name);
     rc = -1;
   }
   if (lang_eval(L, s->b, &v) < 0 || rc < 0 || r.kind == REF_UNKNOWN) return;
@@ -213,7 +225,8 @@ static void assign_stmt(lower *L, node *s) {
   int op = aug_op(s->op), at = atomic_of(op);
   if (r.kind == REF_FIELD && L->par_depth > 0 && at >= 0) {
     if ((op == T_AMP || op == T_PIPE || op == T_CARET) && !fb_type_is_int(t.t)) {
-      ERR(L, s, "operator %s needs an integer field, '%s' holds %s", lang_tok_name(s->op), r.name, fb_type_name(t.t));
+      ERR(L, s, "operator %s needs an integer field, '%s' holds %s", lang_tok_name(s->op), r.name,
+          fb_type_name(t.t));
       return;
     }
     if (lv_convert(L, &v, t, s->b, what) == 0) lang_ref_write(L, &r, &v, at);
@@ -332,11 +345,16 @@ static void for_struct(lower *L, node *s, int top) {
     sn = bd.kind == LB_FIELD ? L->p->fields[bd.index].pub.snode : L->p->snodes[bd.index].id;
     int ndim = L->p->layout->nodes[sn].ndim;
     if (ndim == 0) {
-      ERR(L, it, "cannot loop over the 0-D field '%s': a struct-for needs a field with at least one dimension", it->name);
+      ERR(L, it,
+          "cannot loop over the 0-D field '%s': a struct-for needs a field with at least one "
+          "dimension",
+          it->name);
       return;
     }
     if (ndim != nvars) {
-      ERR(L, s, "the loop over %s '%s' needs %d loop variable%s (one per dimension), found %d (the index count must match the %s's dimension)",
+      ERR(L, s,
+          "the loop over %s '%s' needs %d loop variable%s (one per dimension), found %d (the index "
+          "count must match the %s's dimension)",
           what, it->name, ndim, ndim == 1 ? "" : "s", nvars, what);
       return;
     }
@@ -373,7 +391,9 @@ static void jump_stmt(lower *L, node *s) {
   lloop *lp = &L->loops[L->nloops - 1];
   if (lp->kind == LOOP_PAR) {
     if (s->kind == S_BREAK) {
-      ERR(L, s, "'break' is not allowed in a parallel loop (a top-level for runs its iterations in parallel)");
+      ERR(L, s,
+          "'break' is not allowed in a parallel loop (a top-level for runs its iterations in "
+          "parallel)");
       return;
     }
     fb_b_break(&L->b); /* leaves the one-trip wrapper: next iteration */
@@ -401,7 +421,9 @@ static void return_stmt(lower *L, node *s, int top) {
   }
   if (s->a && !has_ret) {
     if (fr)
-      ERR(L, s, "func '%s' returns from more than one place: declare its type as func %s(...) -> TYPE", name, name);
+      ERR(L, s,
+          "func '%s' returns from more than one place: declare its type as func %s(...) -> TYPE",
+          name, name);
     else
       ERR(L, s, "kernel '%s' has no return type: declare it as kernel %s(...) -> TYPE", name, name);
     return;
@@ -445,8 +467,10 @@ static void lower_stmt(lower *L, node *s) {
       int line, col;
       lang_expr_pos(s->a, &line, &col);
       L->errors++;
-      lang_err(L->d, line, col, "this expression's value is not used: a statement is an assignment, a declaration "
-                   "or a call (an expression continues on the next line after an operator, or when that line starts with one)");
+      lang_err(L->d, line, col,
+               "this expression's value is not used: a statement is an assignment, a declaration "
+               "or a call (an expression continues on the next line after an operator, or when "
+               "that line starts with one)");
       break;
     }
     lang_eval(L, s->a, &v);
@@ -456,7 +480,8 @@ static void lower_stmt(lower *L, node *s) {
   case S_WHILE: while_stmt(L, s); break;
   case S_FOR_RANGE: for_range(L, s, top); break;
   case S_FOR_IN: for_struct(L, s, top); break;
-  case S_BREAK: case S_CONTINUE: jump_stmt(L, s); break;
+  case S_BREAK:
+  case S_CONTINUE: jump_stmt(L, s); break;
   case S_RETURN: return_stmt(L, s, top); break;
   case S_BLOCK: lower_block(L, s); break;
   default: ERR(L, s, "expected a statement"); break;
@@ -530,7 +555,8 @@ static int inline_body(lower *L, int fi, lval *args, const lbind *binds, node *a
   L->nframes++;
   for (int i = 0; i < d->nkids; i++) {
     node *pm = d->kids[i];
-    int id = lang_push_sym(L, pm->name, pm->is_field ? SYM_FIELD : SYM_LET, &args[i], pm->line, pm->col);
+    int id =
+        lang_push_sym(L, pm->name, pm->is_field ? SYM_FIELD : SYM_LET, &args[i], pm->line, pm->col);
     if (id >= 0 && pm->is_field) L->syms[id].bind = binds[i];
     if (id >= 0) L->syms[id].origin = ORIGIN_PARAM;
   }
@@ -560,7 +586,8 @@ static int inline_body(lower *L, int fi, lval *args, const lbind *binds, node *a
       *out = fr->result;
     } else {
       char b[64];
-      ERR(L, d, "func '%s' must end with 'return' and a value of type %s", d->name, lang_ty_str(fr->ret, b, sizeof b));
+      ERR(L, d, "func '%s' must end with 'return' and a value of type %s", d->name,
+          lang_ty_str(fr->ret, b, sizeof b));
     }
   } else if (fr->have_result) {
     *out = fr->result;
@@ -578,16 +605,19 @@ int lang_inline(lower *L, int fi, node *call, lval *out) {
   lv_unknown(out);
   for (int i = 0; i < L->nframes; i++)
     if (L->frames[i].func == fi) {
-      ERR(L, call, "recursive call of func '%s': funcs are inlined, so recursion is not allowed", d->name);
+      ERR(L, call, "recursive call of func '%s': funcs are inlined, so recursion is not allowed",
+          d->name);
       return -1;
     }
   if (L->k->nstmts > LANG_MAX_STMTS || L->p->funcs[fi].too_large) {
-    ERR(L, call, "kernel too large: inlining '%s' would pass %d IR statements", d->name, LANG_MAX_STMTS);
+    ERR(L, call, "kernel too large: inlining '%s' would pass %d IR statements", d->name,
+        LANG_MAX_STMTS);
     for (int i = 0; i < L->nframes; i++) L->p->funcs[L->frames[i].func].too_large = 1;
     return -1;
   }
   if (call->nkids != d->nkids) {
-    ERR(L, call, "func '%s' takes %d argument%s, found %d", d->name, d->nkids, d->nkids == 1 ? "" : "s", call->nkids);
+    ERR(L, call, "func '%s' takes %d argument%s, found %d", d->name, d->nkids,
+        d->nkids == 1 ? "" : "s", call->nkids);
     return -1;
   }
   lval args[16];
@@ -601,12 +631,16 @@ int lang_inline(lower *L, int fi, node *call, lval *out) {
     lv_unknown(&args[i]);
     if (pm->is_field) {
       if (a->kind != E_NAME || !lang_resolve_field(L, a->name, &binds[i])) {
-        ERR(L, a, "argument %d of '%s' must be a field name (parameter '%s' is a field)", i + 1, d->name, pm->name);
+        ERR(L, a, "argument %d of '%s' must be a field name (parameter '%s' is a field)", i + 1,
+            d->name, pm->name);
         bad = 1;
       }
       continue;
     }
-    if (lang_eval(L, a, &args[i]) < 0) { bad = 1; continue; }
+    if (lang_eval(L, a, &args[i]) < 0) {
+      bad = 1;
+      continue;
+    }
     if (args[i].kind == VK_VOID || args[i].kind == VK_TUPLE) {
       ERR(L, a, "argument %d of '%s' has no value", i + 1, d->name);
       bad = 1;
@@ -633,8 +667,9 @@ char *lang_instance_name(fb_program *p, int ki, const lbind *binds) {
   const lkernel *K = &p->kernels[ki];
   size_t n = strlen(K->pub.name) + 3;
   for (int i = 0; i < K->pub.nfield_params; i++) {
-    const char *nm = binds[i].kind == LB_FIELD ? p->fields[binds[i].index].pub.name
-                   : binds[i].kind == LB_SNODE ? p->snodes[binds[i].index].name : "?";
+    const char *nm = binds[i].kind == LB_FIELD   ? p->fields[binds[i].index].pub.name
+                     : binds[i].kind == LB_SNODE ? p->snodes[binds[i].index].name
+                                                 : "?";
     n += strlen(nm) + 1;
   }
   char *s = malloc(n);
@@ -643,8 +678,9 @@ char *lang_instance_name(fb_program *p, int ki, const lbind *binds) {
   if (!K->pub.nfield_params) return s;
   strcat(s, "[");
   for (int i = 0; i < K->pub.nfield_params; i++) {
-    const char *nm = binds[i].kind == LB_FIELD ? p->fields[binds[i].index].pub.name
-                   : binds[i].kind == LB_SNODE ? p->snodes[binds[i].index].name : "?";
+    const char *nm = binds[i].kind == LB_FIELD   ? p->fields[binds[i].index].pub.name
+                     : binds[i].kind == LB_SNODE ? p->snodes[binds[i].index].name
+                                                 : "?";
     if (i) strcat(s, ",");
     strcat(s, nm);
   }

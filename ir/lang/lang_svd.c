@@ -73,7 +73,8 @@ static void order(svdc *c, int *B, int *V, int *len, int n, int p, int q) {
 
 /* Column p of B scaled to unit length, or fallback[] when it is (nearly)
  * zero: ok says whether it is long enough. */
-static void unit_col(svdc *c, const int *B, int n, int p, int len, int ok, const int *fallback, int *u) {
+static void unit_col(svdc *c, const int *B, int n, int p, int len, int ok, const int *fallback,
+                     int *u) {
   int inv = lw_div(c->L, c->one, lw_un(c->L, FB_OP_SQRT, len));
   for (int i = 0; i < n; i++) u[i] = sel(c, ok, mul(c, B[i * n + p], inv), fallback[i]);
 }
@@ -121,7 +122,8 @@ static void svd_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
     u[1][1] = u[0][0];
   } else {
     /* a unit vector perpendicular to u0 for a (nearly) rank-1 M */
-    int ex[3] = {c->one, c->zero, c->zero}, ey[3] = {c->zero, c->one, c->zero}, pa[3], pb[3], perp[3];
+    int ex[3] = {c->one, c->zero, c->zero}, ey[3] = {c->zero, c->one, c->zero}, pa[3], pb[3],
+        perp[3];
     cross3(c, u[0], ex, pa);
     cross3(c, u[0], ey, pb);
     int ax = lw_un(L, FB_OP_ABS, u[0][0]), lim = K(c, 0.6);

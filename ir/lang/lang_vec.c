@@ -86,7 +86,10 @@ static int fold(lower *L, int op, const lval *a, const lval *b, lval *out, node 
   *out = a->n >= b->n ? *a : *b;
   out->has_const = 1;
   out->lit = isf ? LIT_FLOAT : LIT_INT;
-  if (is_cmp_op(op)) { out->lit = LIT_NONE; out->t = FB_T_BOOL; }
+  if (is_cmp_op(op)) {
+    out->lit = LIT_NONE;
+    out->t = FB_T_BOOL;
+  }
   if (!isf && (op == T_SLASH || (op == T_STARSTAR && b->ci[0] < 0))) out->lit = LIT_FLOAT;
   if (isf && (op == T_AMP || op == T_PIPE || op == T_CARET || op == T_SHL || op == T_SHR)) {
     ERR(L, at, "operator %s needs integer operands, found a float literal", op_str(op));
@@ -206,14 +209,14 @@ static int scalar_op(lower *L, int op, fb_type t, int x, int y) {
 static const char *op_rejects(int op, fb_type t) {
   int isbool = t == FB_T_BOOL, isint = fb_type_is_int(t);
   switch (op) {
-  case T_AMP: case T_PIPE: case T_CARET:
-    return isbool || isint ? NULL : "integer or bool";
-  case T_SHL: case T_SHR:
-    return isint ? NULL : "integer";
-  case T_EQ: case T_NE:
-    return NULL;
-  default:
-    return isbool ? "numeric" : NULL;
+  case T_AMP:
+  case T_PIPE:
+  case T_CARET: return isbool || isint ? NULL : "integer or bool";
+  case T_SHL:
+  case T_SHR: return isint ? NULL : "integer";
+  case T_EQ:
+  case T_NE: return NULL;
+  default: return isbool ? "numeric" : NULL;
   }
 }
 
@@ -226,14 +229,19 @@ static int as_exponent(const lval *b, int64_t *k) {
 
 int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at) {
   char x[64], y[64];
-  if (a->kind == VK_UNKNOWN || b->kind == VK_UNKNOWN) { lv_unknown(out); return 0; }
+  if (a->kind == VK_UNKNOWN || b->kind == VK_UNKNOWN) {
+    lv_unknown(out);
+    return 0;
+  }
   if (a->kind == VK_VOID || a->kind == VK_TUPLE || b->kind == VK_VOID || b->kind == VK_TUPLE) {
-    ERR(L, at, "operator %s needs values, found %s and %s", op_str(op), lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, at, "operator %s needs values, found %s and %s", op_str(op), lv_str(a, x, sizeof x),
+        lv_str(b, y, sizeof y));
     lv_unknown(out);
     return -1;
   }
   if (!lang_same_shape(a, b)) {
-    ERR(L, at, "shape mismatch in %s: %s and %s", op_str(op), lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, at, "shape mismatch in %s: %s and %s", op_str(op), lv_str(a, x, sizeof x),
+        lv_str(b, y, sizeof y));
     lv_unknown(out);
     return -1;
   }
@@ -241,14 +249,18 @@ int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at) {
   fb_type t;
   const char *need = NULL;
   if (lang_common_type(a, b, &t) < 0 || (need = op_rejects(op, t))) {
-    if (need) ERR(L, at, "operator %s needs %s operands, found %s and %s", op_str(op), need, lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
-    else ERR(L, at, "operator %s cannot combine %s and %s", op_str(op), lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    if (need)
+      ERR(L, at, "operator %s needs %s operands, found %s and %s", op_str(op), need,
+          lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    else
+      ERR(L, at, "operator %s cannot combine %s and %s", op_str(op), lv_str(a, x, sizeof x),
+          lv_str(b, y, sizeof y));
     lv_unknown(out);
     return -1;
   }
   int64_t k;
-  int const_pow = op == T_STARSTAR && as_exponent(b, &k) && k >= 0 &&
-                  (fb_type_is_int(t) ? k <= 64 : k <= 4);
+  int const_pow =
+      op == T_STARSTAR && as_exponent(b, &k) && k >= 0 && (fb_type_is_int(t) ? k <= 64 : k <= 4);
   lv_materialize(L, a, t);
   if (!const_pow) lv_materialize(L, b, t);
   lv_broadcast_like(a, b);
@@ -268,7 +280,8 @@ int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at) {
 static int numeric_pair(lower *L, lval *a, lval *b, fb_type *t, node *at, const char *what) {
   char x[64], y[64];
   if (lang_common_type(a, b, t) < 0 || *t == FB_T_BOOL) {
-    ERR(L, at, "%s needs numeric operands, found %s and %s", what, lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, at, "%s needs numeric operands, found %s and %s", what, lv_str(a, x, sizeof x),
+        lv_str(b, y, sizeof y));
     return -1;
   }
   lv_materialize(L, a, *t);
@@ -285,17 +298,24 @@ static int dot_n(lower *L, const lval *a, int ai, int as, const lval *b, int bi,
 
 int lv_matmul(lower *L, lval *a, lval *b, lval *out, node *at) {
   char x[64], y[64];
-  if (a->kind == VK_UNKNOWN || b->kind == VK_UNKNOWN) { lv_unknown(out); return 0; }
+  if (a->kind == VK_UNKNOWN || b->kind == VK_UNKNOWN) {
+    lv_unknown(out);
+    return 0;
+  }
   int ok = (a->kind == VK_VEC || a->kind == VK_MAT) && (b->kind == VK_VEC || b->kind == VK_MAT);
   int ak = a->kind == VK_MAT ? a->cols : a->rows; /* inner dimension of a */
   int bk = b->rows;
   if (!ok || ak != bk) {
-    ERR(L, at, "operator '@' needs matching vector/matrix shapes, found %s @ %s", lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, at, "operator '@' needs matching vector/matrix shapes, found %s @ %s",
+        lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
     lv_unknown(out);
     return -1;
   }
   fb_type t;
-  if (numeric_pair(L, a, b, &t, at, "operator '@'") < 0) { lv_unknown(out); return -1; }
+  if (numeric_pair(L, a, b, &t, at, "operator '@'") < 0) {
+    lv_unknown(out);
+    return -1;
+  }
   int n = ak;
   if (a->kind == VK_VEC && b->kind == VK_VEC) {
     lv_scalar(out, t, dot_n(L, a, 0, 1, b, 0, 1, n));
@@ -329,11 +349,16 @@ int lang_list(lower *L, node *e, lval *out) {
     if (lang_eval(L, e->kids[i], &el[i]) < 0) bad = 1;
     else if (el[i].kind == VK_UNKNOWN) unknown = 1;
   }
-  if (bad || unknown) { lv_unknown(out); return bad ? -1 : 0; }
+  if (bad || unknown) {
+    lv_unknown(out);
+    return bad ? -1 : 0;
+  }
   int kind = el[0].kind, m = el[0].rows;
   for (int i = 0; i < e->nkids; i++) {
-    if (el[i].kind != kind || (kind == VK_VEC && el[i].rows != m) || (kind != VK_SCALAR && kind != VK_VEC)) {
-      ERR(L, e->kids[i], "a vector literal holds scalars and a matrix literal equal-length rows; found %s",
+    if (el[i].kind != kind || (kind == VK_VEC && el[i].rows != m) ||
+        (kind != VK_SCALAR && kind != VK_VEC)) {
+      ERR(L, e->kids[i],
+          "a vector literal holds scalars and a matrix literal equal-length rows; found %s",
           lv_str(&el[i], x, sizeof x));
       lv_unknown(out);
       return -1;
@@ -344,12 +369,15 @@ int lang_list(lower *L, node *e, lval *out) {
   fb_type t = lv_default_type(&acc);
   for (int i = 1; i < e->nkids; i++) {
     if (lang_common_type(&acc, &el[i], &t) < 0) {
-      ERR(L, e->kids[i], "elements of a vector literal must have one type; found %s", lv_str(&el[i], x, sizeof x));
+      ERR(L, e->kids[i], "elements of a vector literal must have one type; found %s",
+          lv_str(&el[i], x, sizeof x));
       lv_unknown(out);
       return -1;
     }
-    if (!(acc.lit && el[i].lit)) { acc.lit = LIT_NONE; acc.t = t; }
-    else if (el[i].lit == LIT_FLOAT) acc.lit = LIT_FLOAT;
+    if (!(acc.lit && el[i].lit)) {
+      acc.lit = LIT_NONE;
+      acc.t = t;
+    } else if (el[i].lit == LIT_FLOAT) acc.lit = LIT_FLOAT;
   }
   int lit = acc.lit;
   if (kind == VK_SCALAR) lv_vec_init(out, t, e->nkids);
@@ -422,7 +450,10 @@ static void inverse(lower *L, const lval *m, lval *out) {
   lv_mat_init(out, m->t, n, n);
   int det = determinant(L, m);
   int inv_det = lw_div(L, lw_const(L, m->t, 1, 1), det);
-  if (n == 1) { out->id[0] = inv_det; return; }
+  if (n == 1) {
+    out->id[0] = inv_det;
+    return;
+  }
   for (int i = 0; i < n; i++)
     for (int j = 0; j < n; j++) {
       /* inverse[j][i] = (-1)^(i+j) minor(i, j) / det */
@@ -455,7 +486,8 @@ static int identity(lower *L, node *call, lval *args, int nargs, lval *out) {
 }
 
 static int two_vectors(lower *L, node *call, lval *a, lval *b, fb_type *t) {
-  return need(L, call, a->kind == VK_VEC, "vectors", a) && need(L, call, b->kind == VK_VEC, "vectors", b) &&
+  return need(L, call, a->kind == VK_VEC, "vectors", a) &&
+         need(L, call, b->kind == VK_VEC, "vectors", b) &&
          numeric_pair(L, a, b, t, call, call->name) == 0;
 }
 
@@ -470,7 +502,8 @@ static int vec_builtin2(lower *L, node *call, const char *n, lval *a, lval *b, l
   }
   if (a->rows != b->rows) {
     char x[64], y[64];
-    ERR(L, call, "%s needs vectors of one length, found %s and %s", n, lv_str(a, x, sizeof x), lv_str(b, y, sizeof y));
+    ERR(L, call, "%s needs vectors of one length, found %s and %s", n, lv_str(a, x, sizeof x),
+        lv_str(b, y, sizeof y));
     return -1;
   }
   if (!strcmp(n, "dot")) {
@@ -484,7 +517,10 @@ static int vec_builtin2(lower *L, node *call, const char *n, lval *a, lval *b, l
     lv_scalar(out, t, lw_sub(L, p, q));
     return 0;
   }
-  if (a->rows != 3) { ERR(L, call, "cross needs 2- or 3-vectors"); return -1; }
+  if (a->rows != 3) {
+    ERR(L, call, "cross needs 2- or 3-vectors");
+    return -1;
+  }
   lv_vec_init(out, t, 3);
   for (int i = 0; i < 3; i++) {
     int j = (i + 1) % 3, k = (i + 2) % 3;
@@ -505,9 +541,15 @@ static int vec_builtin1(lower *L, node *call, const char *n, lval *a, lval *out)
     if (strcmp(n, "norm_sqr")) to_float(L, a);
     else lv_materialize(L, a, lv_default_type(a));
     int s = sum_sq(L, a);
-    if (!strcmp(n, "norm_sqr")) { lv_scalar(out, a->t, s); return 0; }
+    if (!strcmp(n, "norm_sqr")) {
+      lv_scalar(out, a->t, s);
+      return 0;
+    }
     int len = lw_un(L, FB_OP_SQRT, s);
-    if (!strcmp(n, "norm")) { lv_scalar(out, a->t, len); return 0; }
+    if (!strcmp(n, "norm")) {
+      lv_scalar(out, a->t, len);
+      return 0;
+    }
     *out = *a;
     out->has_const = 0;
     int inv = lw_div(L, lw_const(L, a->t, 1, 1), len);
@@ -538,8 +580,8 @@ static int vec_builtin1(lower *L, node *call, const char *n, lval *a, lval *out)
   return 0;
 }
 
-static const char *const vec1[] = {"norm", "norm_sqr", "normalized", "transpose", "trace",
-                                   "determinant", "inverse"};
+static const char *const vec1[] = {"norm",  "norm_sqr",    "normalized", "transpose",
+                                   "trace", "determinant", "inverse"};
 static const char *const vec2[] = {"dot", "cross", "outer"};
 
 int lang_vec_builtin(lower *L, node *call, lval *args, int nargs, lval *out) {
@@ -560,7 +602,10 @@ int lang_vec_builtin(lower *L, node *call, lval *args, int nargs, lval *out) {
     return 1;
   }
   for (int i = 0; i < nargs; i++)
-    if (args[i].kind == VK_UNKNOWN) { lv_unknown(out); return 1; }
+    if (args[i].kind == VK_UNKNOWN) {
+      lv_unknown(out);
+      return 1;
+    }
   int rc = arity == 1 ? vec_builtin1(L, call, n, &args[0], out)
                       : vec_builtin2(L, call, n, &args[0], &args[1], out);
   if (rc < 0) lv_unknown(out);

@@ -134,7 +134,12 @@ typedef struct dt_config {
   int mutation;          /* DT_CFG_MUTANT: enum dt_mutation */
 } dt_config;
 
-enum dt_obs_kind { DT_OBS_RC = 0, DT_OBS_RET, DT_OBS_READ, DT_OBS_FINAL };
+enum dt_obs_kind {
+  DT_OBS_RC = 0,
+  DT_OBS_RET,
+  DT_OBS_READ,
+  DT_OBS_FINAL
+};
 
 typedef struct dt_obs {
   int step;      /* step index; nsteps for the final state */

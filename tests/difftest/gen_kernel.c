@@ -39,10 +39,37 @@
 #define KG_MAXL 16
 #define KG_DEPTH 3
 
-enum { FM_NONE = 0, FM_READ, FM_OWN, FM_ACC, FM_APPEND, FM_APPEND_OWN };
-enum { SM_NONE = 0, SM_READ, SM_ACT, SM_APPENDING, SM_DEACT, SM_DEACT_OWN };
-enum { MAP_ID = 0, MAP_SHIFT, MAP_REV, MAP_CYC };
-enum { ACC_ADDSUB = 0, ACC_MIN, ACC_MAX, ACC_AND, ACC_OR, ACC_XOR, ACC__COUNT };
+enum {
+  FM_NONE = 0,
+  FM_READ,
+  FM_OWN,
+  FM_ACC,
+  FM_APPEND,
+  FM_APPEND_OWN
+};
+enum {
+  SM_NONE = 0,
+  SM_READ,
+  SM_ACT,
+  SM_APPENDING,
+  SM_DEACT,
+  SM_DEACT_OWN
+};
+enum {
+  MAP_ID = 0,
+  MAP_SHIFT,
+  MAP_REV,
+  MAP_CYC
+};
+enum {
+  ACC_ADDSUB = 0,
+  ACC_MIN,
+  ACC_MAX,
+  ACC_AND,
+  ACC_OR,
+  ACC_XOR,
+  ACC__COUNT
+};
 
 typedef struct kval {
   int id;
@@ -113,19 +140,27 @@ static int rand_const(kg *g, fb_type t) {
   dt_rng *r = g->r;
   if (is_float(t)) {
     uint32_t x = dt_below(r, 20);
-    double v = x < 14 ? (double)dt_range(r, -40, 40) / 2.0
-             : x < 16 ? 0.1 * (double)dt_range(r, -9, 9)
-             : x < 17 ? -0.0 : x < 18 ? 1e30 : x < 19 ? 3.0e9 : -7.25e10;
+    double v = x < 14   ? (double)dt_range(r, -40, 40) / 2.0
+               : x < 16 ? 0.1 * (double)dt_range(r, -9, 9)
+               : x < 17 ? -0.0
+               : x < 18 ? 1e30
+               : x < 19 ? 3.0e9
+                        : -7.25e10;
     return t == FB_T_F32 ? fb_b_const_f32(&g->b, (float)v) : fb_b_const_f64(&g->b, v);
   }
   uint32_t x = dt_below(r, 20);
-  int64_t v = x < 15 ? dt_range(r, -4, 20) : x < 16 ? INT32_MIN : x < 17 ? INT32_MAX
-            : x < 18 ? -1 : x < 19 ? (int64_t)1 << 40 : INT64_MIN;
+  int64_t v = x < 15   ? dt_range(r, -4, 20)
+              : x < 16 ? INT32_MIN
+              : x < 17 ? INT32_MAX
+              : x < 18 ? -1
+              : x < 19 ? (int64_t)1 << 40
+                       : INT64_MIN;
   return cst(g, t, v);
 }
 
 static fb_type pick_num_type(dt_rng *r) {
-  static const fb_type ts[] = {FB_T_I32, FB_T_I32, FB_T_I32, FB_T_I64, FB_T_U32, FB_T_F32, FB_T_F64};
+  static const fb_type ts[] = {FB_T_I32, FB_T_I32, FB_T_I32, FB_T_I64,
+                               FB_T_U32, FB_T_F32, FB_T_F64};
   return ts[dt_below(r, 7)];
 }
 
@@ -147,20 +182,20 @@ static int convert(kg *g, int id, fb_type from, fb_type to) {
 }
 
 static fb_op pick_binop(kg *g, fb_type t) {
-  static const fb_op iops[] = {FB_OP_ADD, FB_OP_SUB, FB_OP_MUL, FB_OP_DIV, FB_OP_REM,
-                               FB_OP_FLOORDIV, FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX,
-                               FB_OP_AND, FB_OP_OR, FB_OP_XOR, FB_OP_SHL, FB_OP_SHR,
-                               FB_OP_ADD, FB_OP_SUB, FB_OP_MUL};
-  static const fb_op fops[] = {FB_OP_ADD, FB_OP_SUB, FB_OP_MUL, FB_OP_DIV, FB_OP_MIN,
-                               FB_OP_MAX, FB_OP_REM, FB_OP_FLOORDIV, FB_OP_FLOORMOD,
-                               FB_OP_ADD, FB_OP_MUL};
+  static const fb_op iops[] = {FB_OP_ADD,      FB_OP_SUB,      FB_OP_MUL, FB_OP_DIV, FB_OP_REM,
+                               FB_OP_FLOORDIV, FB_OP_FLOORMOD, FB_OP_MIN, FB_OP_MAX, FB_OP_AND,
+                               FB_OP_OR,       FB_OP_XOR,      FB_OP_SHL, FB_OP_SHR, FB_OP_ADD,
+                               FB_OP_SUB,      FB_OP_MUL};
+  static const fb_op fops[] = {FB_OP_ADD,      FB_OP_SUB, FB_OP_MUL, FB_OP_DIV,
+                               FB_OP_MIN,      FB_OP_MAX, FB_OP_REM, FB_OP_FLOORDIV,
+                               FB_OP_FLOORMOD, FB_OP_ADD, FB_OP_MUL};
   if (is_float(t)) return fops[dt_below(g->r, sizeof fops / sizeof fops[0])];
   return iops[dt_below(g->r, sizeof iops / sizeof iops[0])];
 }
 
 static fb_op pick_unop(kg *g, fb_type t) {
   static const fb_op iops[] = {FB_OP_NEG, FB_OP_ABS, FB_OP_NOT};
-  static const fb_op fops[] = {FB_OP_NEG, FB_OP_ABS, FB_OP_FLOOR, FB_OP_CEIL,
+  static const fb_op fops[] = {FB_OP_NEG,   FB_OP_ABS,  FB_OP_FLOOR, FB_OP_CEIL,
                                FB_OP_ROUND, FB_OP_SQRT, FB_OP_RSQRT};
   if (is_float(t)) return fops[dt_below(g->r, sizeof fops / sizeof fops[0])];
   return iops[dt_below(g->r, 3)];
@@ -315,9 +350,9 @@ static void own_idxs(kg *g, const kmap *m, int n, int *out) {
       out[d] = fb_b_binary(b, FB_OP_SUB, fb_b_const_i32(b, (int32_t)(m->n[d] - 1)), li);
       break;
     case MAP_CYC:
-      out[d] = fb_b_binary(b, FB_OP_FLOORMOD,
-                           fb_b_binary(b, FB_OP_ADD, li, fb_b_const_i32(b, m->c[d])),
-                           fb_b_const_i32(b, (int32_t)m->n[d]));
+      out[d] =
+          fb_b_binary(b, FB_OP_FLOORMOD, fb_b_binary(b, FB_OP_ADD, li, fb_b_const_i32(b, m->c[d])),
+                      fb_b_const_i32(b, (int32_t)m->n[d]));
       break;
     default: out[d] = li; break;
     }
@@ -462,7 +497,8 @@ static void make_plan(kg *g) {
   if (dt_chance(g->r, 30)) { /* a subtree given over to deactivation */
     int cand[DT_MAXN], n = 0;
     for (int i = 1; i < l->nnodes; i++)
-      if (is_sparse(node(g, i)->kind) && !under_deact(g, i) && !has_deact_below(g, i)) cand[n++] = i;
+      if (is_sparse(node(g, i)->kind) && !under_deact(g, i) && !has_deact_below(g, i))
+        cand[n++] = i;
     if (n) g->smode[cand[dt_below(g->r, (uint32_t)n)]] = SM_DEACT;
   }
   for (int i = 1; i < l->nnodes; i++)
@@ -484,8 +520,7 @@ static void make_plan(kg *g) {
         subtree_quiet(g, i))
       g->smode[i] = SM_DEACT;
   for (int i = 1; i < l->nnodes; i++) /* activity reads */
-    if (g->smode[i] == SM_NONE && dt_chance(g->r, 25) && path_still(g, i))
-      g->smode[i] = SM_READ;
+    if (g->smode[i] == SM_NONE && dt_chance(g->r, 25) && path_still(g, i)) g->smode[i] = SM_READ;
 }
 
 /* ---------------------------------------------------------------- statements */
@@ -517,8 +552,7 @@ static int can_append(kg *g, int f) {
 }
 static int can_length(kg *g, int f) {
   return is_place(g, f) && dyn_parent(g->l, f) > 0 &&
-         (!g->in_loop || g->smode[dyn_parent(g->l, f)] == SM_READ ||
-          g->fmode[f] == FM_APPEND_OWN);
+         (!g->in_loop || g->smode[dyn_parent(g->l, f)] == SM_READ || g->fmode[f] == FM_APPEND_OWN);
 }
 static int can_is_active(kg *g, int x) { return !g->in_loop || g->smode[x] == SM_READ; }
 static int can_activate(kg *g, int x) { return !g->in_loop || act_ok(g, x); }
@@ -560,9 +594,11 @@ static void s_load(kg *g) {
     any_idxs(g, ext, n, idx);
     int d = (int)dt_below(g->r, (uint32_t)n);
     int base = d < g->loop.nd ? g->loop.idx[d] : val_i32(g, 0);
-    int j = fb_b_binary(&g->b, FB_OP_ADD, base, fb_b_const_i32(&g->b, (int32_t)dt_range(g->r, -2, 2)));
-    int in = fb_b_binary(&g->b, FB_OP_AND, fb_b_binary(&g->b, FB_OP_GE, j, fb_b_const_i32(&g->b, 0)),
-                         fb_b_binary(&g->b, FB_OP_LT, j, fb_b_const_i32(&g->b, (int32_t)ext[d])));
+    int j =
+        fb_b_binary(&g->b, FB_OP_ADD, base, fb_b_const_i32(&g->b, (int32_t)dt_range(g->r, -2, 2)));
+    int in =
+        fb_b_binary(&g->b, FB_OP_AND, fb_b_binary(&g->b, FB_OP_GE, j, fb_b_const_i32(&g->b, 0)),
+                    fb_b_binary(&g->b, FB_OP_LT, j, fb_b_const_i32(&g->b, (int32_t)ext[d])));
     idx[d] = j;
     int tmp = fb_b_alloca(&g->b, t);
     fb_b_lstore(&g->b, tmp, rand_const(g, t));
@@ -717,7 +753,8 @@ static void s_while(kg *g) {
   int w = fb_b_while(b);
   int saved = fb_b_enter(b, g->k->stmts[w].body);
   int c = fb_b_lload(b, cnt);
-  int iff = fb_b_if(b, fb_b_binary(b, FB_OP_GE, c, fb_b_const_i32(b, (int32_t)dt_range(g->r, 0, 3))), 0);
+  int iff =
+      fb_b_if(b, fb_b_binary(b, FB_OP_GE, c, fb_b_const_i32(b, (int32_t)dt_range(g->r, 0, 3))), 0);
   int s2 = fb_b_enter(b, g->k->stmts[iff].body);
   fb_b_break(b);
   fb_b_leave(b, s2);
@@ -779,10 +816,19 @@ static void gen_stmt(kg *g) {
   else if (x < 62) s_activity(g, 1);
   else if (x < 68) s_activity(g, 2);
   else if (x < 73) s_local(g);
-  else if (x < 81 && nest) { g->depth++; s_if(g); g->depth--; }
-  else if (x < 87 && nest) { g->depth++; s_for(g); g->depth--; }
-  else if (x < 89 && nest) { g->depth++; s_while(g); g->depth--; }
-  else if (x < 92 && g->jump_ok) s_jump(g);
+  else if (x < 81 && nest) {
+    g->depth++;
+    s_if(g);
+    g->depth--;
+  } else if (x < 87 && nest) {
+    g->depth++;
+    s_for(g);
+    g->depth--;
+  } else if (x < 89 && nest) {
+    g->depth++;
+    s_while(g);
+    g->depth--;
+  } else if (x < 92 && g->jump_ok) s_jump(g);
   else {
     int vary;
     expr(g, pick_num_type(g->r), 0, 2, &vary);
@@ -853,7 +899,7 @@ static void gen_loop(kg *g) {
       g->appval[f] = expr(g, node(g, f)->type, 1, 1, &vary);
     }
   int n = g->loop_stmts ? g->loop_stmts + (int)dt_below(g->r, (uint32_t)g->loop_stmts)
-                       : 2 + (int)dt_below(g->r, 5);
+                        : 2 + (int)dt_below(g->r, 5);
   for (int i = 0; i < n && g->budget > 0; i++) gen_stmt(g);
   if (dt_chance(g->r, 85)) sink(g);
   g->in_loop = 0;
@@ -886,7 +932,10 @@ static fb_kernel *gen_body(dt_rng *r, const fb_layout *l, const char *name, int 
   fb_kernel *k = fb_kernel_new(l, name, np, params, ret);
   if (!k) return NULL;
   kg *g = calloc(1, sizeof *g);
-  if (!g) { fb_kernel_free(k); return NULL; }
+  if (!g) {
+    fb_kernel_free(k);
+    return NULL;
+  }
   g->r = r;
   g->l = l;
   g->k = k;
@@ -906,7 +955,10 @@ static fb_kernel *gen_body(dt_rng *r, const fb_layout *l, const char *name, int 
   if (ret != FB_T_VOID) gen_ret(g);
   int err = g->b.err;
   free(g);
-  if (err) { fb_kernel_free(k); return NULL; }
+  if (err) {
+    fb_kernel_free(k);
+    return NULL;
+  }
   return k;
 }
 
@@ -980,6 +1032,9 @@ fb_kernel *dt_gen_probe(const fb_layout *l) {
     }
   }
   fb_b_ret(&b, fb_b_lload(&b, h), 0);
-  if (b.err) { fb_kernel_free(k); return NULL; }
+  if (b.err) {
+    fb_kernel_free(k);
+    return NULL;
+  }
   return k;
 }

@@ -36,8 +36,8 @@ static int add_place(lgen *g, int parent) {
   return fb_layout_place(g->l, parent, name, pick_type(g->r));
 }
 
-static int add_node(lgen *g, int parent, fb_snode_kind kind, const char *axes,
-                    const int64_t *sizes, int64_t chunk) {
+static int add_node(lgen *g, int parent, fb_snode_kind kind, const char *axes, const int64_t *sizes,
+                    int64_t chunk) {
   char name[16];
   snprintf(name, sizeof name, "n%d", g->nnamed++);
   return fb_layout_add(g->l, parent, kind, axes, sizes, chunk, name);

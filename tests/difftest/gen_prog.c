@@ -27,8 +27,8 @@ int64_t dt_range(dt_rng *r, int64_t lo, int64_t hi) {
 /* ---------------------------------------------------------------- programs */
 
 const char *dt_step_name(int kind) {
-  static const char *const names[DT_STEP__COUNT] = {"launch", "field_read", "field_write",
-                                                    "cell_read", "cell_write", "flush", "sync"};
+  static const char *const names[DT_STEP__COUNT] = {
+      "launch", "field_read", "field_write", "cell_read", "cell_write", "flush", "sync"};
   return kind >= 0 && kind < DT_STEP__COUNT ? names[kind] : "?";
 }
 
@@ -46,9 +46,15 @@ int dt_prog_copy(const dt_prog *p, dt_prog *out) {
   out->l = fb_layout_clone(p->l);
   out->ks = calloc((size_t)p->nk + 1, sizeof *out->ks);
   out->steps = malloc(sizeof *out->steps * ((size_t)p->nsteps + 1));
-  if (!out->l || !out->ks || !out->steps) { dt_prog_free(out); return FB_ENOMEM; }
+  if (!out->l || !out->ks || !out->steps) {
+    dt_prog_free(out);
+    return FB_ENOMEM;
+  }
   for (int i = 0; i < p->nk; i++) {
-    if (!(out->ks[i] = fb_kernel_clone_to(p->ks[i], out->l))) { dt_prog_free(out); return FB_ENOMEM; }
+    if (!(out->ks[i] = fb_kernel_clone_to(p->ks[i], out->l))) {
+      dt_prog_free(out);
+      return FB_ENOMEM;
+    }
     out->nk = i + 1;
   }
   if (p->nsteps) memcpy(out->steps, p->steps, sizeof *p->steps * (size_t)p->nsteps);
@@ -64,9 +70,12 @@ static fb_value rand_scalar(dt_rng *r, fb_type t) {
     double f = x < 16 ? (double)dt_range(r, -60, 60) / 4.0 : x < 18 ? 1e9 : -3.5;
     return t == FB_T_F32 ? fb_value_f32((float)f) : fb_value_f64(f);
   }
-  int64_t v = x < 14 ? dt_range(r, -5, 40)
-            : x < 16 ? (int64_t)dt_next(r)
-            : x < 17 ? INT32_MIN : x < 18 ? INT32_MAX : x < 19 ? -1 : (int64_t)1 << 33;
+  int64_t v = x < 14   ? dt_range(r, -5, 40)
+              : x < 16 ? (int64_t)dt_next(r)
+              : x < 17 ? INT32_MIN
+              : x < 18 ? INT32_MAX
+              : x < 19 ? -1
+                       : (int64_t)1 << 33;
   return fb_value_cast(fb_value_i64(v), t);
 }
 
@@ -75,7 +84,8 @@ void dt_field_data(const fb_layout *l, int field, uint64_t seed, void *dst) {
   size_t sz = fb_type_size(f->type);
   int64_t n = fb_field_numel(l, field);
   dt_rng r = {seed};
-  for (int64_t i = 0; i < n; i++) fb_value_store(rand_scalar(&r, f->type), (char *)dst + (size_t)i * sz);
+  for (int64_t i = 0; i < n; i++)
+    fb_value_store(rand_scalar(&r, f->type), (char *)dst + (size_t)i * sz);
 }
 
 /* ---------------------------------------------------------------- steps */
@@ -126,8 +136,7 @@ static void gen_steps(dt_rng *r, dt_prog *p, int has_probe, int scale) {
         launch_step(r, p, s->kernel, t);
         i++;
       }
-    }
-    else if (x < 68) host_step(r, p->l, DT_FIELD_READ, s);
+    } else if (x < 68) host_step(r, p->l, DT_FIELD_READ, s);
     else if (x < 74) host_step(r, p->l, DT_FIELD_WRITE, s);
     else if (x < 80) host_step(r, p->l, DT_CELL_READ, s);
     else if (x < 86) host_step(r, p->l, DT_CELL_WRITE, s);
@@ -172,21 +181,33 @@ int dt_gen_prog_scaled(uint64_t seed, int scale, dt_prog *out, char *err, size_t
   int nk = 1 + (int)dt_below(&r, 2 + (uint32_t)scale);
   out->ks = calloc((size_t)nk + 2, sizeof *out->ks);
   out->steps = calloc(16 + 10 * (size_t)scale, sizeof *out->steps);
-  if (!out->l || !out->ks || !out->steps) { dt_prog_free(out); return FB_ENOMEM; }
+  if (!out->l || !out->ks || !out->steps) {
+    dt_prog_free(out);
+    return FB_ENOMEM;
+  }
   for (int i = 0; i < nk; i++) {
     char name[16];
     snprintf(name, sizeof name, "k%d", i);
     fb_kernel *k = dt_gen_kernel(&r, out->l, name, scale);
-    if (!k) { dt_prog_free(out); return FB_ENOMEM; }
+    if (!k) {
+      dt_prog_free(out);
+      return FB_ENOMEM;
+    }
     out->ks[out->nk++] = k;
     int rc = check_kernel(k, err, errlen);
-    if (rc) { dt_prog_free(out); return rc; }
+    if (rc) {
+      dt_prog_free(out);
+      return rc;
+    }
   }
   fb_kernel *probe = dt_gen_probe(out->l);
   if (probe) {
     out->ks[out->nk++] = probe;
     int rc = check_kernel(probe, err, errlen);
-    if (rc) { dt_prog_free(out); return rc; }
+    if (rc) {
+      dt_prog_free(out);
+      return rc;
+    }
   }
   gen_steps(&r, out, probe != NULL, scale);
   return 0;
@@ -208,7 +229,10 @@ int dt_gen_prog_big(uint64_t seed, dt_prog *out, char *err, size_t errlen) {
   int nk = 1 + (int)dt_below(&r, 2), groups = 2 + (int)dt_below(&r, 3);
   out->ks = calloc((size_t)nk + 2, sizeof *out->ks);
   out->steps = calloc(4 + (size_t)groups * 48, sizeof *out->steps);
-  if (!out->l || !out->ks || !out->steps) { dt_prog_free(out); return FB_ENOMEM; }
+  if (!out->l || !out->ks || !out->steps) {
+    dt_prog_free(out);
+    return FB_ENOMEM;
+  }
   for (int i = 0; i < nk; i++) {
     char name[16];
     snprintf(name, sizeof name, "big%d", i);
@@ -216,16 +240,25 @@ int dt_gen_prog_big(uint64_t seed, dt_prog *out, char *err, size_t errlen) {
     int np = 8 + (int)dt_below(&r, DT_MAXP - 8 + 1);
     fb_kernel *k = dt_gen_kernel_big(&r, out->l, name, np, 24 + (int)dt_below(&r, 24),
                                      1 + (int)dt_below(&r, 2));
-    if (!k) { dt_prog_free(out); return FB_ENOMEM; }
+    if (!k) {
+      dt_prog_free(out);
+      return FB_ENOMEM;
+    }
     out->ks[out->nk++] = k;
     int rc = check_kernel(k, err, errlen);
-    if (rc) { dt_prog_free(out); return rc; }
+    if (rc) {
+      dt_prog_free(out);
+      return rc;
+    }
   }
   fb_kernel *probe = dt_gen_probe(out->l);
   if (probe) {
     out->ks[out->nk++] = probe;
     int rc = check_kernel(probe, err, errlen);
-    if (rc) { dt_prog_free(out); return rc; }
+    if (rc) {
+      dt_prog_free(out);
+      return rc;
+    }
   }
   host_step(&r, out->l, DT_FIELD_WRITE, new_step(out));
   for (int g = 0; g < groups; g++) {
@@ -272,7 +305,10 @@ static fb_kernel *oob_kernel(const fb_layout *l, int f) {
                       fb_b_const_i32(&b, (int32_t)s->shape[s->dim_axis[0]]));
   for (int d = 1; d < s->ndim; d++) ix[d] = fb_b_const_i32(&b, 0);
   fb_b_store(&b, f, ix, s->ndim, fb_b_const(&b, fb_value_cast(fb_value_i32(1), s->type)));
-  if (b.err) { fb_kernel_free(k); return NULL; }
+  if (b.err) {
+    fb_kernel_free(k);
+    return NULL;
+  }
   return k;
 }
 
@@ -287,14 +323,23 @@ int dt_gen_prog_failing(uint64_t seed, dt_prog *out, char *err, size_t errlen) {
   dt_step *steps = realloc(out->steps, sizeof *steps * ((size_t)out->nsteps + 4));
   if (ks) out->ks = ks;
   if (steps) out->steps = steps;
-  if (!k || !ks || !steps) { fb_kernel_free(k); dt_prog_free(out); return FB_ENOMEM; }
-  if ((rc = check_kernel(k, err, errlen))) { fb_kernel_free(k); dt_prog_free(out); return rc; }
+  if (!k || !ks || !steps) {
+    fb_kernel_free(k);
+    dt_prog_free(out);
+    return FB_ENOMEM;
+  }
+  if ((rc = check_kernel(k, err, errlen))) {
+    fb_kernel_free(k);
+    dt_prog_free(out);
+    return rc;
+  }
   out->ks[out->nk++] = k; /* after the probe: no step names a kernel by position but launches */
   int oob = out->nk - 1;
   int n = 1 + (int)dt_below(&r, 3);
   for (int i = 0; i < n; i++) {
     int pos = (int)dt_below(&r, (uint32_t)out->nsteps); /* never after the last step */
-    memmove(&out->steps[pos + 1], &out->steps[pos], sizeof *out->steps * (size_t)(out->nsteps - pos));
+    memmove(&out->steps[pos + 1], &out->steps[pos],
+            sizeof *out->steps * (size_t)(out->nsteps - pos));
     out->nsteps++;
     memset(&out->steps[pos], 0, sizeof out->steps[pos]);
     out->steps[pos].kind = DT_LAUNCH;

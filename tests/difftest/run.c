@@ -54,7 +54,8 @@ static dt_obs *log_add(dt_log *g, int step, int kind) {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void log_fail(dt_log *g, const char *fmt, ...) {
+static void
+log_fail(dt_log *g, const char *fmt, ...) {
   if (g->failed) return;
   g->failed = 1;
   va_list ap;
@@ -79,7 +80,10 @@ static void log_value(dt_log *g, int step, fb_value v) {
 /* Takes ownership of data (numel elements of the field's type). */
 static void log_data(dt_log *g, int step, int kind, int field, fb_type t, int64_t n, void *data) {
   dt_obs *o = log_add(g, step, kind);
-  if (!o) { free(data); return; }
+  if (!o) {
+    free(data);
+    return;
+  }
   o->field = field;
   o->type = t;
   o->n = n;
@@ -119,12 +123,16 @@ static fb_kernel *host_write_kernel(const fb_layout *l, int f, const int64_t *id
     ix[d] = fb_b_loop_index(&b, loop, 0);
   }
   fb_b_store(&b, f, ix, s->ndim, fb_b_const(&b, idx ? v : fb_value_cast(fb_value_i32(0), s->type)));
-  if (b.err) { fb_kernel_free(k); return NULL; }
+  if (b.err) {
+    fb_kernel_free(k);
+    return NULL;
+  }
   return k;
 }
 
 /* Host write into the interpreter; launch numbering is left as it was. */
-static int interp_host_write(fb_interp *in, const fb_layout *l, const dt_step *s, uint64_t launches) {
+static int interp_host_write(fb_interp *in, const fb_layout *l, const dt_step *s,
+                             uint64_t launches) {
   int cell = s->kind == DT_CELL_WRITE;
   fb_value v = fb_value_cast(s->val, l->nodes[s->field].type);
   fb_kernel *k = host_write_kernel(l, s->field, cell ? s->idx : NULL, v);
@@ -162,8 +170,7 @@ static void interp_final(fb_interp *in, const fb_layout *l, int step, dt_log *ou
 
 /* ---------------------------------------------------------------- the oracle */
 
-static int oracle_launch(fb_interp *in, const dt_prog *p, const dt_step *s, int step,
-                         dt_log *out) {
+static int oracle_launch(fb_interp *in, const dt_prog *p, const dt_step *s, int step, dt_log *out) {
   const fb_kernel *k = p->ks[s->kernel];
   fb_value ret;
   int rc = fb_interp_run(in, k, s->args, s->nargs, &ret);
@@ -180,7 +187,10 @@ static int oracle_launch(fb_interp *in, const dt_prog *p, const dt_step *s, int 
 void dt_run_oracle(const dt_prog *p, dt_log *out) {
   memset(out, 0, sizeof *out);
   fb_interp *in = fb_interp_new(p->l, DT_RAND_SEED);
-  if (!in) { log_fail(out, "out of memory"); return; }
+  if (!in) {
+    log_fail(out, "out of memory");
+    return;
+  }
   uint64_t launches = 0;
   for (int i = 0; i < p->nsteps && !out->failed; i++) {
     const dt_step *s = &p->steps[i];
@@ -195,8 +205,9 @@ void dt_run_oracle(const dt_prog *p, dt_log *out) {
     case DT_FIELD_WRITE:
     case DT_CELL_WRITE:
       rc = interp_host_write(in, p->l, s, launches);
-      if (rc) log_fail(out, "step %d: host write in the interpreter: %s (%s)", i,
-                       fb_interp_errmsg(in), fb_strerror(rc));
+      if (rc)
+        log_fail(out, "step %d: host write in the interpreter: %s (%s)", i, fb_interp_errmsg(in),
+                 fb_strerror(rc));
       break;
     default: break;
     }
@@ -233,8 +244,9 @@ static void note_error(fb_session *s, dt_log *out, int64_t launch) {
   out->nerrs++;
   if (out->nerrs > 1) return;
   uint64_t at = 0;
-  out->err1_launch = launch >= 0 ? launch
-                     : fb_session_error_launch(s, &at, NULL) == 0 ? (int64_t)at : -1;
+  out->err1_launch = launch >= 0                                  ? launch
+                     : fb_session_error_launch(s, &at, NULL) == 0 ? (int64_t)at
+                                                                  : -1;
   snprintf(out->err1, sizeof out->err1, "%s", fb_session_errmsg(s));
   if (launch >= 0) return;
   char *p = strstr(out->err1, " (launch "), *q = p ? strchr(p + 1, ')') : NULL;
@@ -253,7 +265,10 @@ static void note_deferred(fb_session *s, dt_log *out, int step, int rc) {
 static void engine_read(fb_session *s, const fb_layout *l, int f, int step, int kind, dt_log *out) {
   size_t n = field_bytes(l, f);
   void *d = malloc(n ? n : 1);
-  if (!d) { log_fail(out, "out of memory"); return; }
+  if (!d) {
+    log_fail(out, "out of memory");
+    return;
+  }
   int rc = fb_field_read(s, f, d, n);
   if (deferred(rc)) note_deferred(s, out, step, rc);
   else if (rc) {
@@ -290,16 +305,18 @@ static void engine_write(fb_session *s, const fb_layout *l, const dt_step *st, i
   } else {
     size_t n = field_bytes(l, st->field);
     void *d = malloc(n ? n : 1);
-    if (!d) { log_fail(out, "out of memory"); return; }
+    if (!d) {
+      log_fail(out, "out of memory");
+      return;
+    }
     dt_field_data(l, st->field, st->data, d);
     rc = fb_field_write(s, st->field, d, n);
     free(d);
   }
-  if (deferred(rc))
-    note_deferred(s, out, step, rc);
+  if (deferred(rc)) note_deferred(s, out, step, rc);
   else if (rc)
-    log_fail(out, "step %d: %s(%s): %s: %s", step, dt_step_name(st->kind), f->name,
-             fb_strerror(rc), fb_session_errmsg(s));
+    log_fail(out, "step %d: %s(%s): %s: %s", step, dt_step_name(st->kind), f->name, fb_strerror(rc),
+             fb_session_errmsg(s));
 }
 
 static void engine_launch(fb_session *s, const dt_prog *p, const int *ids, const dt_step *st,
@@ -313,7 +330,8 @@ static void engine_launch(fb_session *s, const dt_prog *p, const int *ids, const
     snprintf(out->err, sizeof out->err, "step %d: launch of %s: %s: %s", step, k->name,
              fb_strerror(rc), fb_session_errmsg(s));
   log_rc(out, step, rc);
-  if (k->ret != FB_T_VOID) log_value(out, step, rc == 0 || rc == FB_EBOUNDS ? ret : fb_value_i32(rc));
+  if (k->ret != FB_T_VOID)
+    log_value(out, step, rc == 0 || rc == FB_EBOUNDS ? ret : fb_value_i32(rc));
 }
 
 static void engine_steps(fb_session *s, const dt_prog *p, const int *ids, dt_log *out) {
@@ -332,8 +350,9 @@ static void engine_steps(fb_session *s, const dt_prog *p, const int *ids, dt_log
     default: break;
     }
     if (deferred(rc)) note_deferred(s, out, i, rc);
-    else if (rc) log_fail(out, "step %d: %s: %s: %s", i, dt_step_name(st->kind), fb_strerror(rc),
-                          fb_session_errmsg(s));
+    else if (rc)
+      log_fail(out, "step %d: %s: %s: %s", i, dt_step_name(st->kind), fb_strerror(rc),
+               fb_session_errmsg(s));
   }
   int rc = out->failed ? 0 : fb_sync(s);
   if (deferred(rc)) note_deferred(s, out, p->nsteps, rc);
@@ -350,7 +369,10 @@ static void run_engine(dt_env *env, const dt_prog *p, const dt_config *c, dt_log
   fb_session *s = NULL;
   char err[512] = "";
   int rc = fb_session_create(env->eng, &sc, p->l, &s, err, sizeof err);
-  if (rc) { log_fail(out, "fb_session_create: %s: %s", fb_strerror(rc), err); return; }
+  if (rc) {
+    log_fail(out, "fb_session_create: %s: %s", fb_strerror(rc), err);
+    return;
+  }
   int *ids = calloc((size_t)p->nk + 1, sizeof *ids);
   for (int i = 0; ids && i < p->nk && !out->failed; i++) {
     ids[i] = fb_session_add_kernel(s, p->ks[i]);
@@ -372,7 +394,7 @@ typedef struct optrun {
   fb_interp *in;
   fb_opt *o;
   fb_task_list *tl; /* per kernel */
-  fb_irh **h;       /* per kernel, per task */
+  fb_irh **h; /* per kernel, per task */
   uint64_t launches;
   dt_log *out;
 } optrun;
@@ -395,7 +417,10 @@ static int opt_flush(optrun *r, int step, fb_value *ret) {
   for (int i = 0; b && i < b->n && !r->out->failed; i++) {
     const fb_opt_launch *t = &b->v[i];
     fb_value v, *args = calloc((size_t)t->k->nparams + 1, sizeof *args);
-    if (!args) { log_fail(r->out, "out of memory"); break; }
+    if (!args) {
+      log_fail(r->out, "out of memory");
+      break;
+    }
     for (int a = 0; a < t->k->nparams; a++)
       args[a] = fb_slot_unpack(t->k->params[a], a < t->nargs ? t->args[a] : 0);
     fb_interp_set_launch(r->in, t->launch);
@@ -418,12 +443,15 @@ static int opt_flush(optrun *r, int step, fb_value *ret) {
 static void opt_launch(optrun *r, const dt_step *s, int step) {
   const fb_kernel *k = r->p->ks[s->kernel];
   uint64_t slots[DT_MAXP];
-  for (int a = 0; a < k->nparams; a++) slots[a] = fb_slot_pack(fb_value_cast(s->args[a], k->params[a]));
+  for (int a = 0; a < k->nparams; a++)
+    slots[a] = fb_slot_pack(fb_value_cast(s->args[a], k->params[a]));
   const fb_task_list *tl = &r->tl[s->kernel];
   for (int t = 0; t < tl->n && !r->out->failed; t++) {
     fb_opt_task task = {r->h[s->kernel][t], slots, k->nparams, r->launches};
     int rc = fb_opt_insert(r->o, &task);
-    if (rc) log_fail(r->out, "step %d: fb_opt_insert: %s: %s", step, fb_strerror(rc), fb_opt_errmsg(r->o));
+    if (rc)
+      log_fail(r->out, "step %d: fb_opt_insert: %s: %s", step, fb_strerror(rc),
+               fb_opt_errmsg(r->o));
   }
   r->launches++;
   log_rc(r->out, step, 0);
@@ -458,7 +486,8 @@ static void opt_steps(optrun *r) {
     default: break;
     }
   }
-  if (!r->out->failed && !opt_flush(r, p->nsteps, NULL)) interp_final(r->in, p->l, p->nsteps, r->out);
+  if (!r->out->failed && !opt_flush(r, p->nsteps, NULL))
+    interp_final(r->in, p->l, p->nsteps, r->out);
 }
 
 static int opt_prepare(optrun *r, const dt_config *c) {
@@ -472,13 +501,22 @@ static int opt_prepare(optrun *r, const dt_config *c) {
   r->in = fb_interp_new(p->l, DT_RAND_SEED);
   r->tl = calloc((size_t)p->nk + 1, sizeof *r->tl);
   r->h = calloc((size_t)p->nk + 1, sizeof *r->h);
-  if (!r->o || !r->in || !r->tl || !r->h) { log_fail(r->out, "out of memory"); return -1; }
+  if (!r->o || !r->in || !r->tl || !r->h) {
+    log_fail(r->out, "out of memory");
+    return -1;
+  }
   for (int i = 0; i < p->nk; i++) {
     char err[256] = "";
     int rc = fb_lower(p->ks[i], &r->tl[i], err, sizeof err);
-    if (rc) { log_fail(r->out, "fb_lower(%s): %s: %s", p->ks[i]->name, fb_strerror(rc), err); return rc; }
+    if (rc) {
+      log_fail(r->out, "fb_lower(%s): %s: %s", p->ks[i]->name, fb_strerror(rc), err);
+      return rc;
+    }
     r->h[i] = calloc((size_t)r->tl[i].n + 1, sizeof *r->h[i]);
-    if (!r->h[i]) { log_fail(r->out, "out of memory"); return -1; }
+    if (!r->h[i]) {
+      log_fail(r->out, "out of memory");
+      return -1;
+    }
     for (int t = 0; t < r->tl[i].n; t++) {
       rc = fb_opt_intern(r->o, r->tl[i].v[t].ir, &r->h[i][t]);
       if (rc) {
@@ -521,12 +559,15 @@ static void run_opt_interp(const dt_prog *p, const dt_config *c, dt_log *out) {
 
 static void run_mutant(const dt_prog *p, const dt_config *c, dt_log *out) {
   dt_prog m;
-  if (dt_prog_copy(p, &m)) { log_fail(out, "out of memory"); return; }
+  if (dt_prog_copy(p, &m)) {
+    log_fail(out, "out of memory");
+    return;
+  }
   if (c->mutation == DT_MUT_CELL_WRITE)
     for (int i = 0; i < m.nsteps; i++)
       if (m.steps[i].kind == DT_CELL_WRITE)
-        m.steps[i].val = fb_value_cast(fb_value_i64(fb_value_as_i64(m.steps[i].val) + 1),
-                                       m.steps[i].val.type);
+        m.steps[i].val =
+            fb_value_cast(fb_value_i64(fb_value_as_i64(m.steps[i].val) + 1), m.steps[i].val.type);
   if (c->mutation == DT_MUT_SUB_ADD)
     for (int k = 0; k < m.nk; k++)
       for (int i = 0; i < m.ks[k]->nstmts; i++)
@@ -598,14 +639,15 @@ static const char *obs_what(const dt_prog *p, const dt_obs *o, char *buf, size_t
 static int obs_differ(const dt_prog *p, const dt_obs *a, const dt_obs *b, char *msg, size_t len) {
   char what[160], x[48], y[48], ix[64];
   if (a->step != b->step || a->kind != b->kind || a->field != b->field || a->n != b->n) {
-    snprintf(msg, len, "expected an observation of %s, got one of %s", obs_what(p, a, what, sizeof what),
-             obs_what(p, b, ix, sizeof ix));
+    snprintf(msg, len, "expected an observation of %s, got one of %s",
+             obs_what(p, a, what, sizeof what), obs_what(p, b, ix, sizeof ix));
     return 1;
   }
   size_t sz = fb_type_size(a->type);
   int64_t bad = 0, first = -1;
   for (int64_t i = 0; i < a->n; i++)
-    if (!elem_equal(a->type, (char *)a->data + i * (int64_t)sz, (char *)b->data + i * (int64_t)sz)) {
+    if (!elem_equal(a->type, (char *)a->data + i * (int64_t)sz,
+                    (char *)b->data + i * (int64_t)sz)) {
       if (first < 0) first = i;
       bad++;
     }
@@ -633,8 +675,14 @@ static unsigned rc_set(const dt_log *g) {
 
 int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_exact, char *msg,
                size_t len) {
-  if (want->failed) { snprintf(msg, len, "oracle failed: %.900s", want->err); return 1; }
-  if (got->failed) { snprintf(msg, len, "run failed: %.900s", got->err); return 1; }
+  if (want->failed) {
+    snprintf(msg, len, "oracle failed: %.900s", want->err);
+    return 1;
+  }
+  if (got->failed) {
+    snprintf(msg, len, "run failed: %.900s", got->err);
+    return 1;
+  }
   int i = 0, j = 0;
   for (;;) {
     while (i < want->n && !rc_exact && want->v[i].kind == DT_OBS_RC) i++;
@@ -644,9 +692,10 @@ int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_e
     if (a->kind == DT_OBS_RC || b->kind == DT_OBS_RC) {
       if (a->kind != b->kind || a->step != b->step || a->rc != b->rc) {
         char what[160];
-        snprintf(msg, len, "%s: expected return code %s, got %s%s%.700s", obs_what(p, a, what, sizeof what),
-                 a->kind == DT_OBS_RC ? fb_strerror(a->rc) : "-",
-                 b->kind == DT_OBS_RC ? fb_strerror(b->rc) : "-", got->err[0] ? "; " : "", got->err);
+        snprintf(msg, len, "%s: expected return code %s, got %s%s%.700s",
+                 obs_what(p, a, what, sizeof what), a->kind == DT_OBS_RC ? fb_strerror(a->rc) : "-",
+                 b->kind == DT_OBS_RC ? fb_strerror(b->rc) : "-", got->err[0] ? "; " : "",
+                 got->err);
         return 1;
       }
       continue;
@@ -658,8 +707,8 @@ int dt_compare(const dt_prog *p, const dt_log *want, const dt_log *got, int rc_e
     return 1;
   }
   if (!rc_exact && rc_set(want) != rc_set(got)) {
-    snprintf(msg, len, "launch return codes differ: expected set 0x%x, got 0x%x%s%.700s", rc_set(want),
-             rc_set(got), got->err[0] ? "; " : "", got->err);
+    snprintf(msg, len, "launch return codes differ: expected set 0x%x, got 0x%x%s%.700s",
+             rc_set(want), rc_set(got), got->err[0] ? "; " : "", got->err);
     return 1;
   }
   return 0;

@@ -48,7 +48,10 @@ static int shrink_steps(shr *s, dt_prog *p) {
       if (dt_prog_copy(p, &q)) return changed;
       memmove(&q.steps[start], &q.steps[end], sizeof *q.steps * (size_t)(q.nsteps - end));
       q.nsteps -= end - start;
-      if (keep_if_fails(s, p, &q)) { changed = 1; end = start + chunk; }
+      if (keep_if_fails(s, p, &q)) {
+        changed = 1;
+        end = start + chunk;
+      }
     }
   }
   return changed;
@@ -58,7 +61,8 @@ static int shrink_kernels(shr *s, dt_prog *p) {
   int changed = 0;
   for (int k = p->nk - 1; k >= 0; k--) {
     int used = 0;
-    for (int i = 0; i < p->nsteps; i++) used |= p->steps[i].kind == DT_LAUNCH && p->steps[i].kernel == k;
+    for (int i = 0; i < p->nsteps; i++)
+      used |= p->steps[i].kind == DT_LAUNCH && p->steps[i].kernel == k;
     if (used) continue;
     dt_prog q;
     if (dt_prog_copy(p, &q)) return changed;
@@ -142,7 +146,10 @@ static int shrink_stmts(shr *s, dt_prog *p, int ki) {
       fb_block *blk = &q.ks[ki]->blocks[b];
       memmove(&blk->ids[pos], &blk->ids[pos + 1], sizeof *blk->ids * (size_t)(blk->n - pos - 1));
       blk->n--;
-      if (!verifies(q.ks[ki])) { dt_prog_free(&q); continue; }
+      if (!verifies(q.ks[ki])) {
+        dt_prog_free(&q);
+        continue;
+      }
       changed |= keep_if_fails(s, p, &q);
     }
   }
@@ -153,7 +160,9 @@ static int shrink_stmts(shr *s, dt_prog *p, int ki) {
 static int constable(const fb_stmt *s) {
   if (s->type == FB_T_VOID || s->body >= 0) return 0;
   switch ((fb_op)s->op) {
-  case FB_OP_CONST: case FB_OP_ALLOCA: case FB_OP_LOOP_INDEX: return 0;
+  case FB_OP_CONST:
+  case FB_OP_ALLOCA:
+  case FB_OP_LOOP_INDEX: return 0;
   default: return 1;
   }
 }
@@ -167,7 +176,8 @@ static int shrink_values(shr *s, dt_prog *p, int ki) {
   for (int id = p->ks[ki]->nstmts - 1; id >= 0; id--) {
     int pos = -1, b;
     if (!constable(&p->ks[ki]->stmts[id]) || feeds[id]) continue;
-    if ((b = fb_kernel_block_of(p->ks[ki], id, &pos)) < 0 || loop_control(p->ks[ki], b, pos)) continue;
+    if ((b = fb_kernel_block_of(p->ks[ki], id, &pos)) < 0 || loop_control(p->ks[ki], b, pos))
+      continue;
     dt_prog q;
     if (dt_prog_copy(p, &q)) return changed;
     fb_stmt *st = &q.ks[ki]->stmts[id];
@@ -175,7 +185,10 @@ static int shrink_values(shr *s, dt_prog *p, int ki) {
     st->nargs = 0;
     st->snode = -1;
     st->imm.u = 0;
-    if (!verifies(q.ks[ki])) { dt_prog_free(&q); continue; }
+    if (!verifies(q.ks[ki])) {
+      dt_prog_free(&q);
+      continue;
+    }
     if (keep_if_fails(s, p, &q)) { /* ids stay; the marks still hold */
       changed = 1;
       index_feeders(p->ks[ki], feeds);
@@ -199,7 +212,8 @@ static int node_used(const dt_prog *p, int node) {
 }
 
 /* Copy the subtree of old node o (not dropped) under new node np. */
-static int copy_nodes(const fb_layout *l, fb_layout *nl, int o, int np, const uint8_t *drop, int *map) {
+static int copy_nodes(const fb_layout *l, fb_layout *nl, int o, int np, const uint8_t *drop,
+                      int *map) {
   const fb_snode *s = &l->nodes[o];
   for (int c = 0; c < s->nchildren; c++) {
     const fb_snode *ch = &l->nodes[s->children[c]];
@@ -246,17 +260,24 @@ static int without_nodes(const dt_prog *p, const uint8_t *drop, dt_prog *q) {
     q->ks[k] = c ? fb_kernel_clone_to(c, q->l) : NULL;
     fb_kernel_free(c);
     q->nk = k + 1;
-    if (!q->ks[k]) { dt_prog_free(q); return -1; }
+    if (!q->ks[k]) {
+      dt_prog_free(q);
+      return -1;
+    }
     for (int i = 0; i < q->ks[k]->nstmts; i++) {
       int32_t *sn = &q->ks[k]->stmts[i].snode;
-      if (*sn >= 0 && (*sn >= p->l->nnodes || map[*sn] < 0)) { dt_prog_free(q); return -1; }
+      if (*sn >= 0 && (*sn >= p->l->nnodes || map[*sn] < 0)) {
+        dt_prog_free(q);
+        return -1;
+      }
       if (*sn >= 0) *sn = map[*sn];
     }
   }
   memcpy(q->steps, p->steps, sizeof *p->steps * (size_t)p->nsteps);
   q->nsteps = p->nsteps;
   for (int i = 0; i < q->nsteps; i++)
-    if (q->steps[i].kind != DT_LAUNCH && q->steps[i].kind != DT_FLUSH && q->steps[i].kind != DT_SYNC)
+    if (q->steps[i].kind != DT_LAUNCH && q->steps[i].kind != DT_FLUSH &&
+        q->steps[i].kind != DT_SYNC)
       q->steps[i].field = map[q->steps[i].field];
   return 0;
 }

@@ -26,7 +26,8 @@ typedef struct sbuf {
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))
 #endif
-static void sb_printf(sbuf *b, const char *fmt, ...) {
+static void
+sb_printf(sbuf *b, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int need = vsnprintf(NULL, 0, fmt, ap);
@@ -142,15 +143,25 @@ static int parse_step(dt_prog *p, const char *line, dt_step *s, char *err, size_
   s->kind = -1;
   for (int k = 0; k < DT_STEP__COUNT; k++)
     if (strcmp(tok, dt_step_name(k)) == 0) s->kind = k;
-  if (s->kind < 0) { snprintf(err, errlen, "unknown step '%s'", tok); return -1; }
+  if (s->kind < 0) {
+    snprintf(err, errlen, "unknown step '%s'", tok);
+    return -1;
+  }
   if (s->kind == DT_FLUSH || s->kind == DT_SYNC) return 0;
-  if (!next_tok(&line, tok, sizeof tok)) { snprintf(err, errlen, "%s: missing name", dt_step_name(s->kind)); return -1; }
+  if (!next_tok(&line, tok, sizeof tok)) {
+    snprintf(err, errlen, "%s: missing name", dt_step_name(s->kind));
+    return -1;
+  }
   if (s->kind == DT_LAUNCH) {
     s->kernel = find_kernel(p, tok);
-    if (s->kernel < 0) { snprintf(err, errlen, "launch: no kernel '%s'", tok); return -1; }
+    if (s->kernel < 0) {
+      snprintf(err, errlen, "launch: no kernel '%s'", tok);
+      return -1;
+    }
     const fb_kernel *k = p->ks[s->kernel];
     for (s->nargs = 0; s->nargs < k->nparams && s->nargs < DT_MAXP; s->nargs++)
-      if (!next_tok(&line, tok, sizeof tok) || parse_number(tok, k->params[s->nargs], &s->args[s->nargs])) {
+      if (!next_tok(&line, tok, sizeof tok) ||
+          parse_number(tok, k->params[s->nargs], &s->args[s->nargs])) {
         snprintf(err, errlen, "launch %s: argument %d missing or bad", k->name, s->nargs);
         return -1;
       }
@@ -162,10 +173,14 @@ static int parse_step(dt_prog *p, const char *line, dt_step *s, char *err, size_
     return -1;
   }
   const fb_snode *f = &p->l->nodes[s->field];
-  if (s->kind == DT_FIELD_WRITE && next_tok(&line, tok, sizeof tok)) s->data = strtoull(tok, NULL, 0);
+  if (s->kind == DT_FIELD_WRITE && next_tok(&line, tok, sizeof tok))
+    s->data = strtoull(tok, NULL, 0);
   if (s->kind == DT_CELL_READ || s->kind == DT_CELL_WRITE)
     for (int d = 0; d < f->ndim; d++) {
-      if (!next_tok(&line, tok, sizeof tok)) { snprintf(err, errlen, "%s %s: missing index", dt_step_name(s->kind), tok); return -1; }
+      if (!next_tok(&line, tok, sizeof tok)) {
+        snprintf(err, errlen, "%s %s: missing index", dt_step_name(s->kind), tok);
+        return -1;
+      }
       s->idx[d] = strtoll(tok, NULL, 0);
       if (s->idx[d] < 0 || s->idx[d] >= f->shape[f->dim_axis[d]]) {
         snprintf(err, errlen, "%s %s: index %d out of range", dt_step_name(s->kind), f->name, d);
@@ -173,8 +188,8 @@ static int parse_step(dt_prog *p, const char *line, dt_step *s, char *err, size_
       }
     }
   if (s->kind == DT_CELL_WRITE) {
-    if (!next_tok(&line, tok, sizeof tok) || strcmp(tok, "=") != 0 || !next_tok(&line, tok, sizeof tok) ||
-        parse_number(tok, f->type, &s->val)) {
+    if (!next_tok(&line, tok, sizeof tok) || strcmp(tok, "=") != 0 ||
+        !next_tok(&line, tok, sizeof tok) || parse_number(tok, f->type, &s->val)) {
       snprintf(err, errlen, "cell_write %s: expected '= value'", f->name);
       return -1;
     }
@@ -197,7 +212,8 @@ int dt_prog_parse(const char *text, dt_prog *out, char *err, size_t errlen) {
   fb_diags_free(&d);
   int cap = 16;
   out->steps = malloc(sizeof *out->steps * (size_t)cap);
-  for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+  for (const char *line = text; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
     if (strncmp(line, "#!", 2) != 0) continue;
     if (out->nsteps == cap) {
       cap *= 2;
@@ -205,9 +221,15 @@ int dt_prog_parse(const char *text, dt_prog *out, char *err, size_t errlen) {
       if (!v) break;
       out->steps = v;
     }
-    if (!out->steps) { dt_prog_free(out); return FB_ENOMEM; }
+    if (!out->steps) {
+      dt_prog_free(out);
+      return FB_ENOMEM;
+    }
     int r = parse_step(out, line + 2, &out->steps[out->nsteps], err, errlen);
-    if (r < 0) { dt_prog_free(out); return FB_EPARSE; }
+    if (r < 0) {
+      dt_prog_free(out);
+      return FB_EPARSE;
+    }
     if (r == 0) out->nsteps++;
   }
   return 0;

@@ -25,8 +25,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/cuda_drv.h"
 #include "fake_cuda.h"
+#include "runtime/cuda_drv.h"
 
 /* Real driver codes the header does not name; returned where the real
  * driver would return them. */
@@ -43,7 +43,11 @@ enum {
 #define FK_MAX_PTX_MINOR 5
 #define FK_MAX_SHMEM (48 * 1024) /* dynamic shared memory without an opt-in */
 
-enum { FK_DEVICE, FK_MANAGED, FK_HOST };
+enum {
+  FK_DEVICE,
+  FK_MANAGED,
+  FK_HOST
+};
 
 typedef struct fk_alloc {
   struct fk_alloc *next;
@@ -100,8 +104,8 @@ static CUresult fk_enter(int sticky_ok) {
 
 /* Every cu* entry point (but the lock-free few) starts with this: it declares
  * the result variable r and returns early when fk_enter refuses the call. */
-#define FK_ENTER(sticky_ok)         \
-  CUresult r = fk_enter(sticky_ok); \
+#define FK_ENTER(sticky_ok)                                                                        \
+  CUresult r = fk_enter(sticky_ok);                                                                \
   if (r) return r
 
 static CUresult fk_leave(CUresult r) {
@@ -258,9 +262,14 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
   /* The header's attributes and the launch limits, as an H100 reports them. */
   static const int table[][2] = {
       {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
-      {2, 1024}, {3, 1024}, {4, 64},         /* MAX_BLOCK_DIM_X/Y/Z */
-      {5, INT_MAX}, {6, 65535}, {7, 65535},  /* MAX_GRID_DIM_X/Y/Z */
-      {8, FK_MAX_SHMEM}, {10, 32},           /* MAX_SHARED_MEMORY_PER_BLOCK, WARP_SIZE */
+      {2, 1024},
+      {3, 1024},
+      {4, 64},         /* MAX_BLOCK_DIM_X/Y/Z */
+      {5, INT_MAX},
+      {6, 65535},
+      {7, 65535},  /* MAX_GRID_DIM_X/Y/Z */
+      {8, FK_MAX_SHMEM},
+      {10, 32},           /* MAX_SHARED_MEMORY_PER_BLOCK, WARP_SIZE */
       {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132},
       {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048},
       {41, 1}, /* UNIFIED_ADDRESSING */
@@ -662,8 +671,15 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   if (g.fail_launch_in > 0 && --g.fail_launch_in == 0) {
     r = g.fail_launch_code;
     switch (r) {
-    case 214: case 700: case 702: case 714: case 715: case 716: case 717: case 718: case 719:
-      g.sticky = r;
+    case 214:
+    case 700:
+    case 702:
+    case 714:
+    case 715:
+    case 716:
+    case 717:
+    case 718:
+    case 719: g.sticky = r;
     }
     return fk_leave(r);
   }
@@ -730,12 +746,37 @@ CUresult cuGetErrorString(CUresult r, const char **s) { return fk_error_text(r, 
 /* Compile-time check that every definition above has the header's signature
  * (an incompatible pointer warns, a missing one leaves a field short). The
  * names are checked by resolving FB_CUDA_FUNCS with dlsym in the self-test. */
-__attribute__((unused)) static const fb_cuda_api fk_signatures = {
-    NULL, cuInit, cuDriverGetVersion, cuDeviceGetCount, cuDeviceGet, cuDeviceGetName,
-    cuDeviceGetAttribute, cuDeviceTotalMem_v2, cuDevicePrimaryCtxRetain,
-    cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxReset_v2, cuCtxSetCurrent, cuStreamCreate,
-    cuStreamDestroy_v2, cuStreamSynchronize, cuEventCreate, cuEventDestroy_v2, cuEventRecord,
-    cuEventElapsedTime, cuMemAlloc_v2, cuMemAllocManaged, cuMemFree_v2, cuMemHostAlloc,
-    cuMemFreeHost, cuMemGetInfo_v2, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2, cuMemsetD8Async,
-    cuModuleLoadDataEx, cuModuleUnload, cuModuleGetFunction, cuLaunchKernel, cuGetErrorName,
-    cuGetErrorString};
+__attribute__((unused)) static const fb_cuda_api fk_signatures = {NULL,
+                                                                  cuInit,
+                                                                  cuDriverGetVersion,
+                                                                  cuDeviceGetCount,
+                                                                  cuDeviceGet,
+                                                                  cuDeviceGetName,
+                                                                  cuDeviceGetAttribute,
+                                                                  cuDeviceTotalMem_v2,
+                                                                  cuDevicePrimaryCtxRetain,
+                                                                  cuDevicePrimaryCtxRelease_v2,
+                                                                  cuDevicePrimaryCtxReset_v2,
+                                                                  cuCtxSetCurrent,
+                                                                  cuStreamCreate,
+                                                                  cuStreamDestroy_v2,
+                                                                  cuStreamSynchronize,
+                                                                  cuEventCreate,
+                                                                  cuEventDestroy_v2,
+                                                                  cuEventRecord,
+                                                                  cuEventElapsedTime,
+                                                                  cuMemAlloc_v2,
+                                                                  cuMemAllocManaged,
+                                                                  cuMemFree_v2,
+                                                                  cuMemHostAlloc,
+                                                                  cuMemFreeHost,
+                                                                  cuMemGetInfo_v2,
+                                                                  cuMemcpyHtoDAsync_v2,
+                                                                  cuMemcpyDtoHAsync_v2,
+                                                                  cuMemsetD8Async,
+                                                                  cuModuleLoadDataEx,
+                                                                  cuModuleUnload,
+                                                                  cuModuleGetFunction,
+                                                                  cuLaunchKernel,
+                                                                  cuGetErrorName,
+                                                                  cuGetErrorString};

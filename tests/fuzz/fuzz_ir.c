@@ -113,8 +113,8 @@ static void run_kernels(const fb_layout *l, const Fusebox__V1__RegisterKernelsRe
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 4) return 0;
-  size_t n1 = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
-              (size_t)data[3] << 24;
+  size_t n1 =
+      (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 | (size_t)data[3] << 24;
   if (n1 > size - 4) return 0;
   const uint8_t *p1 = data + 4, *p2 = p1 + n1;
   size_t n2 = size - 4 - n1;
@@ -157,10 +157,34 @@ static uint64_t rng_below(uint64_t *s, uint64_t n) { return n ? rng_next(s) % n 
 
 /* A small or extreme integer: what breaks arithmetic. */
 static int64_t interesting(uint64_t *r) {
-  static const int64_t v[] = {0, 1, -1, 2, 3, 4, 7, 8, 31, 32, 33, 63, 64, 255, 256, 1024,
-                              65535, 65536, 1 << 20, INT32_MAX, INT32_MIN, (int64_t)INT32_MAX + 1,
-                              INT64_MAX, INT64_MIN, (int64_t)1 << 31, (int64_t)1 << 32,
-                              (int64_t)1 << 56, (int64_t)1 << 62};
+  static const int64_t v[] = {0,
+                              1,
+                              -1,
+                              2,
+                              3,
+                              4,
+                              7,
+                              8,
+                              31,
+                              32,
+                              33,
+                              63,
+                              64,
+                              255,
+                              256,
+                              1024,
+                              65535,
+                              65536,
+                              1 << 20,
+                              INT32_MAX,
+                              INT32_MIN,
+                              (int64_t)INT32_MAX + 1,
+                              INT64_MAX,
+                              INT64_MIN,
+                              (int64_t)1 << 31,
+                              (int64_t)1 << 32,
+                              (int64_t)1 << 56,
+                              (int64_t)1 << 62};
   if (rng_below(r, 4) == 0) return (int64_t)rng_next(r);
   return v[rng_below(r, sizeof v / sizeof v[0])];
 }
@@ -177,8 +201,8 @@ static void *grow(fbp_arena *a, const void *old, size_t n, size_t elem) {
   return p;
 }
 
-static void mutate_stmt(fbp_arena *a, uint64_t *r, Fusebox__V1__Stmt *st, const Fusebox__V1__Kernel *k,
-                        size_t nnodes) {
+static void mutate_stmt(fbp_arena *a, uint64_t *r, Fusebox__V1__Stmt *st,
+                        const Fusebox__V1__Kernel *k, size_t nnodes) {
   switch (rng_below(r, 8)) {
   case 0: st->op = (char *)fb_op_table[rng_below(r, FB_OP__COUNT)].name; break;
   case 1: st->type = (Fusebox__V1__ScalarType)rng_below(r, 9); break;
@@ -188,14 +212,19 @@ static void mutate_stmt(fbp_arena *a, uint64_t *r, Fusebox__V1__Stmt *st, const 
     else if (st->n_args && rng_below(r, 2)) st->n_args--;
     else if (st->n_args < 8) {
       int32_t *na = grow(a, st->args, st->n_args, sizeof *na);
-      if (na) { na[st->n_args] = some_id(r, k->n_stmts); st->args = na; st->n_args++; }
+      if (na) {
+        na[st->n_args] = some_id(r, k->n_stmts);
+        st->args = na;
+        st->n_args++;
+      }
     }
     break;
   case 4: st->imm = (uint64_t)interesting(r); break;
   case 5: st->body = some_id(r, k->n_blocks); break;
   case 6: st->orelse = some_id(r, k->n_blocks); break;
   default: { /* a float immediate */
-    static const double f[] = {0.0, -0.0, 1.0, -1.0, 0.5, 1e30, -1e30, 3e9, -3e9, 1.0 / 0.0,
+    static const double f[] = {0.0,        -0.0,      1.0,          -1.0,   0.5,
+                               1e30,       -1e30,     3e9,          -3e9,   1.0 / 0.0,
                                -1.0 / 0.0, 0.0 / 0.0, 2147483648.0, 9.3e18, 1e-40};
     double d = f[rng_below(r, sizeof f / sizeof f[0])];
     memcpy(&st->imm, &d, sizeof d);
@@ -300,8 +329,8 @@ static void mutate_node(fbp_arena *a, uint64_t *r, Fusebox__V1__Layout *l) {
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
   uint64_t r = (uint64_t)seed * 0x9e3779b97f4a7c15ull | 1;
   if (rng_below(&r, 2) == 0 || size < 4) return LLVMFuzzerMutate(data, size, max_size);
-  size_t n1 = (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 |
-              (size_t)data[3] << 24;
+  size_t n1 =
+      (size_t)data[0] | (size_t)data[1] << 8 | (size_t)data[2] << 16 | (size_t)data[3] << 24;
   if (n1 > size - 4) return LLVMFuzzerMutate(data, size, max_size);
   fbp_arena a;
   fbp_arena_init(&a);
@@ -350,7 +379,11 @@ static char *read_file(const char *path) {
     if (n + 4096 + 1 > cap) {
       cap = (n + 4096 + 1) * 2;
       char *nb = realloc(buf, cap);
-      if (!nb) { free(buf); fclose(f); return NULL; }
+      if (!nb) {
+        free(buf);
+        fclose(f);
+        return NULL;
+      }
       buf = nb;
     }
     size_t got = fread(buf + n, 1, 4096, f);

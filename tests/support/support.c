@@ -37,7 +37,10 @@ char *fbt_read_file(const char *path, size_t *len) {
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
   char *s = malloc((size_t)n + 1);
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
+  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+    free(s);
+    s = NULL;
+  }
   fclose(f);
   if (!s) return NULL;
   s[n] = 0;
@@ -72,7 +75,8 @@ int fbt_value_same(fb_value a, fb_value b) {
 
 const char *fbt_value_show(fb_value v, char *buf, size_t n) {
   if (fb_type_is_float(v.type)) snprintf(buf, n, "%s %.17g", fb_type_name(v.type), v.v.f);
-  else if (fb_type_is_signed(v.type)) snprintf(buf, n, "%s %lld", fb_type_name(v.type), (long long)v.v.i);
+  else if (fb_type_is_signed(v.type))
+    snprintf(buf, n, "%s %lld", fb_type_name(v.type), (long long)v.v.i);
   else snprintf(buf, n, "%s %llu", fb_type_name(v.type), (unsigned long long)v.v.u);
   return buf;
 }
