@@ -37,6 +37,11 @@ typedef struct fbd_tenant {
   atomic_uint_fast64_t sessions_created, calls, denied, refused_sessions, refused_memory;
   atomic_uint_fast64_t launches, syncs;  /* received on its Session streams */
   atomic_uint_fast64_t bytes_in, bytes_out; /* message bytes of its calls */
+  /* what its sessions' engines did (job_done in session.c sums the counters'
+   * growth): tasks run and compiled, code-cache hits, and the optimizer's
+   * work by pass */
+  atomic_uint_fast64_t tasks_launched, tasks_compiled, cache_hits;
+  atomic_uint_fast64_t listgens_removed, tasks_fused, dead_stores_removed, activations_demoted;
 } fbd_tenant;
 
 typedef struct fbd_auth {

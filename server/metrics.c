@@ -126,6 +126,13 @@ static void tenants_text(fbd_server *srv, text *t) {
       {"tenant_syncs_total", "counter", "Syncs the tenant asked for."},
       {"tenant_received_bytes_total", "counter", "Request message bytes of the tenant's calls."},
       {"tenant_sent_bytes_total", "counter", "Response message bytes of the tenant's calls."},
+      {"tenant_tasks_launched_total", "counter", "Tasks the tenant's sessions ran on the device."},
+      {"tenant_tasks_compiled_total", "counter", "Tasks compiled for the tenant (cache misses)."},
+      {"tenant_cache_hits_total", "counter", "Tasks found in the tenant's code cache."},
+      {"tenant_optimized_total", "counter",
+       "The async optimizer's work for the tenant, by pass: list generations removed "
+       "(listgen), tasks fused away (fusion), stores removed (dse), activations demoted "
+       "(demotion)."},
   };
   for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {
     header(t, m[j].name, m[j].type, m[j].help);
@@ -176,6 +183,29 @@ static void tenants_text(fbd_server *srv, text *t) {
       case 12:
         put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->bytes_out));
+        break;
+      case 13:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->tasks_launched));
+        break;
+      case 14:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->tasks_compiled));
+        break;
+      case 15:
+        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+            (unsigned long long)atomic_load(&x->cache_hits));
+        break;
+      case 16:
+        put(t,
+            "fusebox_%s{tenant=\"%s\",pass=\"listgen\"} %llu\n"
+            "fusebox_%s{tenant=\"%s\",pass=\"fusion\"} %llu\n"
+            "fusebox_%s{tenant=\"%s\",pass=\"dse\"} %llu\n"
+            "fusebox_%s{tenant=\"%s\",pass=\"demotion\"} %llu\n",
+            m[j].name, nm, (unsigned long long)atomic_load(&x->listgens_removed), m[j].name, nm,
+            (unsigned long long)atomic_load(&x->tasks_fused), m[j].name, nm,
+            (unsigned long long)atomic_load(&x->dead_stores_removed), m[j].name, nm,
+            (unsigned long long)atomic_load(&x->activations_demoted));
         break;
       default:
         put(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
