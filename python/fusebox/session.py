@@ -84,6 +84,7 @@ class Counters:
     tasks_pending: int = 0
     fuse_refused: int = 0
     fuse_fallbacks: int = 0
+    plans_reused: int = 0  # async: flushes whose optimized batch a repeated window reused
 
     @classmethod
     def _from_pb(cls, m: Any) -> "Counters":
@@ -94,7 +95,7 @@ class Counters:
         cumulative figure less earlier's (device_bytes and tasks_pending
         are kept, being levels). The flush figures of async mode (flushes,
         tasks_fused, listgens_removed, dead_stores_removed,
-        activations_demoted, fuse_refused, fuse_fallbacks, optimizer_s)
+        activations_demoted, fuse_refused, fuse_fallbacks, plans_reused, optimizer_s)
         then describe the flushes in between."""
         return Counters(**{f.name: getattr(self, f.name) if f.name in ("device_bytes",
                                                                       "tasks_pending")

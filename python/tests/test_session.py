@@ -332,3 +332,5 @@ def test_counters_since(fb):
         assert d.launches == 20 and d.flushes >= 5 and d.tasks_launched > 0
         assert d.device_bytes == after.device_bytes and d.optimizer_s >= 0
         assert after.fuse_refused >= 0 and isinstance(after.fuse_fallbacks, int)
+        # the same four-launch window again and again: the plan memo answers it
+        assert d.plans_reused > 0 and d.plans_reused <= d.flushes
