@@ -106,11 +106,22 @@ uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
   return others < srv->memory_budget ? srv->memory_budget - others : 0;
 }
 
+/* A worker's own report, trusted no further than what its process could
+ * hold (its RLIMIT_AS: the session's memory limit plus the overhead): a
+ * compromised worker can neither wrap the budget's sums nor claim more of
+ * the budget than it could really use, which would refuse other tenants. */
+static uint64_t reported(const fbd_session *s, uint64_t v) {
+  uint64_t lim = s->ecfg.memory_limit, cap = lim + s->srv->cfg->worker_overhead_bytes;
+  if (!lim || cap < lim) cap = UINT64_MAX / 1024; /* unlimited, or the sum wrapped:
+                                                     still no wrap over all sessions */
+  return v < cap ? v : cap;
+}
+
 void fbd_budget_note(fbd_session *s) {
   fbd_watch *w = s->watch;
   if (!w) return;
-  atomic_store(&s->pending_bytes, atomic_load(&w->pending_bytes));
-  atomic_store(&s->code_bytes, atomic_load(&w->code_bytes));
+  atomic_store(&s->pending_bytes, reported(s, atomic_load(&w->pending_bytes)));
+  atomic_store(&s->code_bytes, reported(s, atomic_load(&w->code_bytes)));
 }
 
 void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {
