@@ -1,7 +1,8 @@
 /* Constant value ranges of i32 statements, so that bounds checks that can
  * never fail are not emitted: loop indices (from constant loop bounds or the
  * struct_for's shape) and what constants, +, -, *, min, max, select, and
- * division or remainder by positive constants make of them. Conservative:
+ * division or remainder by positive constants make of them, and casts of
+ * f32 values with a known range (see "f32 ranges" below). Conservative:
  * anything else, or anything that could wrap, has no known range and keeps
  * its check. Results are memoised per statement for one module. */
 #include <math.h>
@@ -281,6 +282,11 @@ static int range_of(fb_emit *e, int id, int64_t *lo, int64_t *hi, int depth) {
     e->rhi[id] = *hi;
   }
   return ok;
+}
+
+int fb_cg_f32_in_range(fb_emit *e, int id, double min, double max) {
+  double lo, hi;
+  return frange_of(e, id, &lo, &hi, 0) && lo >= min && hi <= max;
 }
 
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max) {

@@ -12,6 +12,9 @@
  *    value the element is known to hold), dead stores (a store overwritten
  *    at the same element before any possible read). Nested blocks, atomics
  *    and sparse operations end what is known;
+ *  - CSE and forwarding alternate until neither merges anything (at most
+ *    SIMP_ROUNDS rounds): a chain of dependent gathers that fused loops
+ *    repeat (an RK3 backtrace) merges one link per round;
  *  - dead code. */
 #include <stdlib.h>
 #include <string.h>
