@@ -202,11 +202,15 @@ LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char
  * operand); bounds check, activation and error latch as for s itself. */
 int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *given,
                       LLVMValueRef v);
-/* Atomics id and id2 (the next statement of the block) as one 64-bit
- * compare-and-swap when they are f32 adds on the two halves of one aligned
- * word (see emit_mem.c): 1 when emitted (both done), 0 when not pairable
- * (nothing emitted), -1 on error (e->rc). */
-int fb_emit_try_pair(fb_emit *e, int id, int id2);
+/* Atomic b->ids[i] of block blk and the f32 atomic adds on other
+ * components of its cell among the next statements (before `to`) as one
+ * group: one index check, one address, a 64-bit compare-and-swap per
+ * aligned pair (see emit_mem.c, "Grouped atomics"). Returns how many
+ * statements of the block it emitted (the members and the pure ops between
+ * them), 0 when there is no group (nothing emitted), -1 on error (e->rc). */
+int fb_emit_try_group(fb_emit *e, int blk, int i, int to);
+/* Emit statement id (emit.c's dispatcher). */
+int fb_emit_stmt(fb_emit *e, int id);
 
 /* reduce.c: reductions of a parallel task (see the file's comment).
  * plan: choose the atomics of loop `loop` to turn into reductions; open:

@@ -799,15 +799,18 @@ static int emit_stmt(fb_emit *e, int id) {
   }
 }
 
+int fb_emit_stmt(fb_emit *e, int id) { return emit_stmt(e, id); }
+
 static int emit_range(fb_emit *e, int blk, int from, int to) {
   const fb_block *b = &e->k->blocks[blk];
   for (int i = from; i < to && i < b->n && !e->rc; i++) {
     int id = b->ids[i];
     if (i + 1 < to && i + 1 < b->n && id >= 0 && id < e->k->nstmts && !e->done[id] &&
         e->k->stmts[id].op < FB_OP__COUNT && fb_op_table[e->k->stmts[id].op].cls == FB_OPC_ATOMIC) {
-      int r = fb_emit_try_pair(e, id, b->ids[i + 1]);
-      if (r) {
-        if (r > 0) e->done[id] = 1, e->stmts++, i++;
+      int r = fb_emit_try_group(e, blk, i, to);
+      if (r < 0) return e->rc;
+      if (r > 0) {
+        i += r - 1;
         continue;
       }
     }

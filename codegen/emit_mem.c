@@ -638,57 +638,123 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
   return 0;
 }
 
-/* Two f32 atomic adds on the two halves of one aligned 8-byte word: the
- * components x, y of a vector field's cell (`grid_v[I] += v` in a P2G
- * scatter), with the same index statements, neither's old value used,
- * neither a reduction. On the CPU each f32 `atomicrmw fadd` is a
- * compare-and-swap loop; both as one 64-bit compare-and-swap of the pair
- * halve the locked operations, and each component is still updated
- * atomically (both at once, which no other access can tell apart). Not
- * on NVPTX, where f32 atomic adds are native. */
-static int pairable(fb_emit *e, int id, int id2) {
-  const fb_kernel *k = e->k;
-  if (e->o->target != FB_CG_CPU || e->bounds_fn || !e->used || id2 < 0 || id2 >= k->nstmts ||
-      e->done[id2] || e->used[id] || e->used[id2])
+/* Grouped atomics. f32 atomic adds on several components of one cell,
+ * found a few statements apart in one block (`grid_v[I] += v` and
+ * `grid_m[I] += m` in a P2G scatter, when both fields are placed in one
+ * cell), share one index check and one address computation: on a sparse
+ * path that is one pointer walk (and at most one activation) instead of
+ * one per component. Components on the two halves of one aligned 8-byte
+ * word are added by one 64-bit compare-and-swap of a <2 x float> sum
+ * instead of two f32 compare-and-swap loops (on the CPU an f32 `atomicrmw
+ * fadd` is such a loop): half the locked operations, each component still
+ * updated atomically (both at once, which no other access can tell apart).
+ *
+ * Members: the same op (atomic_add, or all atomic_add_na), places of one
+ * cell (one parent) at distinct offsets, indices that are the same values
+ * (the same statements, or pure computations of the same ops over the same
+ * operands), results unused, none a reduction (reduce.c), not the loop's
+ * own cell. Between members only pure value ops and loads of dense fields
+ * that no member adds to may stand; they are emitted first, so the atomics
+ * move after them, which nothing can observe (the atomics' results are
+ * unused, pure ops touch no memory, and such a load reads a value the
+ * group's atomics leave alone; monotonic atomics promise no order with
+ * other locations).
+ * CPU only (f32 atomic adds are native on NVPTX); the cell's path holds
+ * dense and pointer containers only, whose storage is 8-aligned (the root
+ * buffer, and pool blocks: docs/sparse.md). */
+#define GROUP_MAX 4   /* components per group */
+#define GROUP_SCAN 32 /* statements looked at past the first member */
+
+/* Are statements a and b the same value wherever both are defined in one
+ * block? The same statement, or the same pure op with the same immediate,
+ * SNode and type over operands that are the same values. */
+static int same_value(const fb_kernel *k, int a, int b, int depth) {
+  if (a == b) return 1;
+  if (a < 0 || b < 0 || a >= k->nstmts || b >= k->nstmts || depth > 8) return 0;
+  const fb_stmt *x = &k->stmts[a], *y = &k->stmts[b];
+  if (x->op != y->op || x->type != y->type || x->nargs != y->nargs || x->snode != y->snode ||
+      x->imm.u != y->imm.u || x->body >= 0 || y->body >= 0 || x->op >= FB_OP__COUNT ||
+      !(fb_op_table[x->op].flags & FB_OPF_PURE))
     return 0;
-  if (e->red_of && (e->red_of[id] >= 0 || e->red_of[id2] >= 0)) return 0;
-  const fb_stmt *a = &k->stmts[id], *b = &k->stmts[id2];
-  if (a->op != FB_OP_ATOMIC_ADD || b->op != FB_OP_ATOMIC_ADD || a->nargs != b->nargs) return 0;
-  const fb_layout *l = e->l;
-  if (a->snode < 0 || a->snode >= l->nnodes || b->snode < 0 || b->snode >= l->nnodes) return 0;
-  const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
-  if (fa->kind != FB_SN_PLACE || fb->kind != FB_SN_PLACE || fa->type != FB_T_F32 ||
-      fb->type != FB_T_F32 || fa->parent != fb->parent || fa->ndim != fb->ndim ||
-      a->nargs != fa->ndim + 1 || fb->offset != fa->offset + 4 || fa->offset % 8 ||
-      !dense_path(l, fa->parent) || loop_cell(e, a))
-    return 0;
-  for (int d = 0; d < fa->ndim; d++)
-    if (a->args[d] != b->args[d]) return 0;
-  if (fb_emit_argtype(e, a, fa->ndim) != FB_T_F32 || fb_emit_argtype(e, b, fa->ndim) != FB_T_F32)
-    return 0;
-  int path[64];
-  int n = fb_layout_path(l, a->snode, path, 64);
-  if (n < 0) return 0;
-  for (int p = 0; p < n; p++) /* the root buffer is 8-aligned (malloc) */
-    if (l->nodes[path[p]].offset % 8 || l->nodes[path[p]].cell_bytes % 8) return 0;
+  for (int i = 0; i < x->nargs && i < FB_MAX_ARGS; i++)
+    if (!same_value(k, x->args[i], y->args[i], depth + 1)) return 0;
   return 1;
 }
 
-int fb_emit_try_pair(fb_emit *e, int id, int id2) {
-  if (!pairable(e, id, id2)) return 0;
-  const fb_stmt *a = &e->k->stmts[id], *b = &e->k->stmts[id2];
-  int nd = e->l->nodes[a->snode].ndim;
-  LLVMValueRef idx[FB_MAX_AXES], inb;
-  if (index_check(e, id, a, a->snode, 1, idx, &inb)) return -1;
-  LLVMValueRef x = fb_emit_arg(e, a, nd), y = fb_emit_arg(e, b, nd);
-  if (!x || !y) return -1;
-  e->done[id2] = 1;
-  e->stmts++;
-  guard g;
-  guard_begin(e, inb, &g);
-  LLVMBasicBlockRef off;
-  LLVMValueRef p = field_addr(e, a, idx, 1, &off);
-  if (!p) return -1;
+/* Is every container on the cell's path dense or pointer, each at an
+ * 8-aligned offset with 8-byte multiples for cells? */
+static int aligned_path(const fb_layout *l, int place) {
+  int path[64];
+  int n = fb_layout_path(l, place, path, 64);
+  if (n < 0) return 0;
+  for (int p = 0; p < n; p++) {
+    const fb_snode *c = &l->nodes[path[p]];
+    if (c->kind != FB_SN_DENSE && c->kind != FB_SN_POINTER && c->kind != FB_SN_PLACE &&
+        c->kind != FB_SN_ROOT)
+      return 0;
+    if (c->offset % 8 || c->cell_bytes % 8) return 0;
+  }
+  return 1;
+}
+
+/* Can atomic id lead or join a group? */
+static int group_member(fb_emit *e, int id) {
+  const fb_kernel *k = e->k;
+  if (id < 0 || id >= k->nstmts || e->done[id] || e->used[id]) return 0;
+  if (e->red_of && e->red_of[id] >= 0) return 0;
+  const fb_stmt *a = &k->stmts[id];
+  if (a->op != FB_OP_ATOMIC_ADD && a->op != FB_OP_ATOMIC_ADD_NA) return 0;
+  const fb_layout *l = e->l;
+  if (a->snode <= 0 || a->snode >= l->nnodes) return 0;
+  const fb_snode *f = &l->nodes[a->snode];
+  return f->kind == FB_SN_PLACE && f->type == FB_T_F32 && a->nargs == f->ndim + 1 &&
+         fb_emit_argtype(e, a, f->ndim) == FB_T_F32 && !loop_cell(e, a);
+}
+
+static int joins(fb_emit *e, const int *m, int n, int id) {
+  const fb_kernel *k = e->k;
+  const fb_stmt *a = &k->stmts[m[0]], *b = &k->stmts[id];
+  const fb_snode *fa = &e->l->nodes[a->snode], *fb = &e->l->nodes[b->snode];
+  if (b->op != a->op || fb->parent != fa->parent || fb->ndim != fa->ndim) return 0;
+  for (int i = 0; i < n; i++)
+    if (e->l->nodes[k->stmts[m[i]].snode].offset == fb->offset) return 0;
+  for (int d = 0; d < fa->ndim; d++)
+    if (!same_value(k, a->args[d], b->args[d], 0)) return 0;
+  return 1;
+}
+
+/* May statement id stand between members (emitted before the group)? */
+static int movable(fb_emit *e, int id) {
+  if (id < 0 || id >= e->k->nstmts || e->done[id]) return 0;
+  const fb_stmt *s = &e->k->stmts[id];
+  return s->op < FB_OP__COUNT && (fb_op_table[s->op].flags & FB_OPF_PURE) && s->body < 0 &&
+         s->orelse < 0;
+}
+
+static int listed(const int *v, int n, int x) {
+  for (int i = 0; i < n; i++)
+    if (v[i] == x) return 1;
+  return 0;
+}
+
+/* A load of a dense field that no member adds to (nor, checked as members
+ * join, any later member): it may move before the group's atomics, which
+ * leave its value alone (a thread of its own could tell the order only
+ * through an ordering that monotonic atomics do not give). */
+static int dense_load(fb_emit *e, int id, const int *m, int n) {
+  if (id < 0 || id >= e->k->nstmts || e->done[id]) return 0;
+  const fb_stmt *s = &e->k->stmts[id];
+  if (s->op != FB_OP_LOAD || s->snode <= 0 || s->snode >= e->l->nnodes ||
+      e->l->nodes[s->snode].kind != FB_SN_PLACE || !dense_path(e->l, e->l->nodes[s->snode].parent))
+    return 0;
+  for (int i = 0; i < n; i++)
+    if (e->k->stmts[m[i]].snode == s->snode) return 0;
+  return 1;
+}
+
+/* field[cell + offset] += {x, y} as one 64-bit compare-and-swap of the
+ * 8-aligned word at p. */
+static void pair_cas(fb_emit *e, LLVMValueRef p, LLVMValueRef x, LLVMValueRef y) {
   LLVMTypeRef v2 = LLVMVectorType(e->t_f32, 2);
   LLVMValueRef add = LLVMGetUndef(v2);
   add = LLVMBuildInsertElement(e->b, add, x, fb_emit_i32(e, 0), "");
@@ -711,12 +777,91 @@ int fb_emit_try_pair(fb_emit *e, int id, int id2) {
   LLVMAddIncoming(old, &seen, &loop, 1);
   LLVMBuildCondBr(e->b, LLVMBuildExtractValue(e->b, x2, 1, ""), done, loop);
   LLVMPositionBuilderAtEnd(e->b, done);
+}
+
+/* Emit the group m[0..n) (sorted by offset below): one check, one address. */
+static int emit_group(fb_emit *e, int *m, int n) {
+  const fb_kernel *k = e->k;
+  for (int i = 1; i < n; i++) /* by offset in the cell */
+    for (int j = i; j > 0 && e->l->nodes[k->stmts[m[j]].snode].offset <
+                                 e->l->nodes[k->stmts[m[j - 1]].snode].offset;
+         j--) {
+      int t = m[j];
+      m[j] = m[j - 1];
+      m[j - 1] = t;
+    }
+  const fb_stmt *a = &k->stmts[m[0]];
+  const fb_snode *fa = &e->l->nodes[a->snode];
+  LLVMValueRef idx[FB_MAX_AXES], inb, v[GROUP_MAX];
+  if (index_check(e, m[0], a, a->snode, 1, idx, &inb)) return -1;
+  for (int i = 0; i < n; i++) {
+    v[i] = fb_emit_arg(e, &k->stmts[m[i]], fa->ndim);
+    if (!v[i]) return -1;
+  }
+  guard g;
+  guard_begin(e, inb, &g);
+  LLVMBasicBlockRef off;
+  LLVMValueRef p = field_addr(e, a, idx, !no_activation((fb_op)a->op), &off);
+  if (!p) return -1;
+  LLVMValueRef cell = byte_gepc(e, p, -(int64_t)fa->offset);
+  for (int i = 0; i < n; i++) {
+    const fb_stmt *s = &k->stmts[m[i]];
+    int64_t o = (int64_t)e->l->nodes[s->snode].offset;
+    LLVMValueRef q = byte_gepc(e, cell, o);
+    if (o % 8 == 0 && i + 1 < n && (int64_t)e->l->nodes[k->stmts[m[i + 1]].snode].offset == o + 4) {
+      pair_cas(e, q, v[i], v[i + 1]);
+      i++;
+      continue;
+    }
+    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpFAdd, q, v[i],
+                                          LLVMAtomicOrderingMonotonic, 0);
+    set_align(old, FB_T_F32);
+    tag_field(e, old, s->snode);
+  }
   if (off) off_end(e, off, NULL, NULL);
   guard_end(e, &g, NULL, NULL);
-  /* the old values are unused: anything of the right type */
-  e->vals[id] = LLVMConstNull(e->t_f32);
-  e->vals[id2] = LLVMConstNull(e->t_f32);
-  return 1;
+  for (int i = 0; i < n; i++) { /* the old values are unused: anything of the right type */
+    e->vals[m[i]] = LLVMConstNull(e->t_f32);
+    e->done[m[i]] = 1;
+  }
+  e->stmts += n;
+  return 0;
+}
+
+int fb_emit_try_group(fb_emit *e, int blk, int i, int to) {
+  if (e->o->target != FB_CG_CPU || e->bounds_fn || !e->used) return 0;
+  const fb_block *b = &e->k->blocks[blk];
+  int first = b->ids[i];
+  if (!group_member(e, first) || !aligned_path(e->l, e->k->stmts[first].snode)) return 0;
+  int m[GROUP_MAX] = {first}, n = 1, last = i, loads[GROUP_SCAN + 1], nl = 0;
+  for (int j = i + 1; j < to && j < b->n && j - i <= GROUP_SCAN && n < GROUP_MAX; j++) {
+    int id = b->ids[j];
+    if (group_member(e, id) && joins(e, m, n, id) && !listed(loads, nl, e->k->stmts[id].snode)) {
+      m[n++] = id;
+      last = j;
+    } else if (dense_load(e, id, m, n))
+      loads[nl++] = e->k->stmts[id].snode;
+    else if (!movable(e, id))
+      break;
+  }
+  if (n < 2) return 0;
+  /* worth it: a pair to share a compare-and-swap, or a walk to share */
+  const fb_layout *l = e->l;
+  int pair = 0;
+  for (int x = 0; x < n; x++)
+    for (int y = 0; y < n; y++) {
+      int64_t ox = (int64_t)l->nodes[e->k->stmts[m[x]].snode].offset;
+      int64_t oy = (int64_t)l->nodes[e->k->stmts[m[y]].snode].offset;
+      if (ox % 8 == 0 && oy == ox + 4) pair = 1;
+    }
+  if (!pair && dense_path(l, l->nodes[e->k->stmts[first].snode].parent)) return 0;
+  for (int j = i + 1; j < last; j++) {
+    int id = b->ids[j], member = 0;
+    for (int x = 0; x < n; x++) member |= m[x] == id;
+    if (!member && fb_emit_stmt(e, id)) return -1;
+  }
+  if (emit_group(e, m, n)) return -1;
+  return last - i + 1;
 }
 
 /* ---------------------------------------------------------------- sparse ops */

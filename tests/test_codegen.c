@@ -546,6 +546,74 @@ START_TEST(test_fast_ir) {
 }
 END_TEST
 
+/* Grouped atomics (emit_mem.c): the four f32 adds into a cell holding a
+ * mass and a 3-vector (16 bytes) become two 64-bit compare-and-swaps of
+ * <2 x float> sums and no f32 atomicrmw, under a pointer (one walk per cell:
+ * a single activation path in the loop body, not one per component) and
+ * in a dense grid; a store between the mass's add and the vector's keeps
+ * them apart (the mass's add stays an f32 atomicrmw). */
+static const char *GROUP_SRC =
+    "layout {\n"
+    "  pointer(ij: 2, 2) { dense(ij: 8, 8) { place sm: f32, sv: f32[3] } }\n"
+    "  dense(ij: 16, 16) { place dm: f32, dv: f32[3] }\n"
+    "  dense(i: 64) { place px: f32[2] }\n"
+    "  dense(i: 64) { place out: f32 }\n"
+    "}\n"
+    "kernel sparse() {\n"
+    "  for p in px {\n"
+    "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+    "    for a in 0 .. 3 {\n"
+    "      sv[b[0] + a, b[1]] += px[p][0] * [1.0, 2.0, 3.0]\n"
+    "      sm[b[0] + a, b[1]] += px[p][1]\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "kernel dense() {\n"
+    "  for p in px {\n"
+    "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+    "    dv[b[0], b[1]] += px[p][0] * [1.0, 2.0, 3.0]\n"
+    "    dm[b[0], b[1]] += px[p][1]\n"
+    "  }\n"
+    "}\n"
+    "kernel apart() {\n"
+    "  for p in px {\n"
+    "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+    "    dm[b[0], b[1]] += px[p][1]\n"
+    "    out[p] = 1.0\n"
+    "    dv[b[0], b[1]] += px[p][0] * [1.0, 2.0, 3.0]\n"
+    "  }\n"
+    "}\n";
+
+static int count(const char *s, const char *what) {
+  int n = 0;
+  for (const char *q = strstr(s, what); q; q = strstr(q + 1, what)) n++;
+  return n;
+}
+
+START_TEST(test_group_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("group.fbk", GROUP_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  const char *ks[] = {"sparse", "dense"};
+  for (int i = 0; i < 2; i++) {
+    char *ir = fast_ir(p, ks[i]);
+    ck_assert_msg(count(ir, "fadd <2 x float>") >= 2 && !strstr(ir, "atomicrmw fadd"),
+                  "%s: the cell's four adds are not two paired compare-and-swaps:\n%s", ks[i], ir);
+    if (i == 0) /* one pointer walk per cell, not one per component */
+      ck_assert_msg(count(ir, "call ptr @fb_rt_ptr_activate") + count(ir, "fb_rt_ptr_activate.exit:") <= 1,
+                    "sparse: more than one activation per cell:\n%s", ir);
+    free(ir);
+  }
+  /* a store between them: no group across it (m and v.0 stay apart) */
+  char *ir = fast_ir(p, "apart");
+  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "apart: grouped across a store:\n%s", ir);
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(test_fast_results) {
   fb_program *p = fast_program();
   const fb_layout *l = fb_program_layout(p);
@@ -602,6 +670,7 @@ int main(void) {
   tcase_add_test(tc, test_ir_text);
   tcase_add_test(tc, test_fast_ir);
   tcase_add_test(tc, test_fast_results);
+  tcase_add_test(tc, test_group_ir);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -3,7 +3,8 @@
  * CPU, with results checked against values computed here in C: integer and
  * float floored division and modulo with negative operands, a heat
  * diffusion stencil, Game of Life on a torus, control flow and inlined
- * funcs, vectors and matrices with their builtins, svd and polar. */
+ * funcs, vectors and matrices with their builtins, svd and polar, and
+ * P2G-style scatters whose atomics codegen groups per cell. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -854,6 +855,68 @@ START_TEST(svd_polar) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- grouped atomics */
+
+/* P2G-style scatters into grids whose cells hold a mass and a 3-vector
+ * (place m: f32, v: f32[3]: 16 bytes, two aligned 8-byte words), one grid
+ * under a pointer and one dense: codegen groups the four f32 atomic adds
+ * of a cell (one index check, one walk, two 64-bit compare-and-swaps;
+ * emit_mem.c, "Grouped atomics"). Every contribution is a multiple of
+ * 1/8 and every sum stays far below 2^20, so the sums are exact in any
+ * order and the engine (two threads) must match the interpreter exactly. */
+#define GN 4000
+static const char *const group_src =
+    "layout {\n"
+    "  pointer(ij: 2, 2) { dense(ij: 8, 8) { place sm: f32, sv: f32[3] } }\n"
+    "  dense(ij: 16, 16) { place dm: f32, dv: f32[3] }\n"
+    "  dense(i: 4000) { place px: f32[2] }\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for p in px { px[p] = [f32(p % 13) + 0.5, f32(p // 13 % 13) + 0.25] }\n"
+    "}\n"
+    "kernel p2g() {\n"
+    "  for p in px {\n"
+    "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+    "    let w = f32(p % 5) * 0.25\n"
+    "    for a in 0 .. 3 {\n"
+    "      for c in 0 .. 3 {\n"
+    "        sv[b[0] + a, b[1] + c] += w * [1.0, 2.0, 3.0]\n"
+    "        sm[b[0] + a, b[1] + c] += w\n"
+    "        dv[b[0] + a, b[1] + c] += w * [1.0, -2.0, 0.5]\n"
+    "        dm[b[0] + a, b[1] + c] += w\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+START_TEST(grouped_atomics) {
+  fb_program *p = prog(group_src);
+  fb_kernel *ki = inst(p, "init", NULL, NULL), *kp = inst(p, "p2g", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, ki, NULL, 0, NULL);
+  irun(in, kp, NULL, 0, NULL);
+  irun(in, kp, NULL, 0, NULL);
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int a = add(s, ki), b = add(s, kp);
+  launch(s, a, NULL, 0, NULL);
+  launch(s, b, NULL, 0, NULL);
+  launch(s, b, NULL, 0, NULL);
+  same_fields(in, s, p, 0);
+  /* the sums are there: a particle's weight reached its 3x3 cells */
+  const float *dm = icomp(in, p, "dm", 0);
+  double total = 0;
+  for (int i = 0; i < 256; i++) total += dm[i];
+  double want = 0;
+  for (int q = 0; q < GN; q++) want += 2 * 9 * (q % 5) * 0.25;
+  ck_assert_msg(total == want, "dm sums to %g, want %g", total, want);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -866,6 +929,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, random_thread_counts);
   tcase_add_test(tc, vectors);
   tcase_add_test(tc, svd_polar);
+  tcase_add_test(tc, grouped_atomics);
   suite_add_tcase(s, tc);
   return s;
 }
