@@ -65,6 +65,8 @@ typedef struct fbd_config {
       kernel_timeout_s; /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
   double
       compile_timeout_s; /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
+  double worker_reply_timeout_s; /* process isolation: a frame to or from a worker, once
+                                    begun, is whole within this, or the worker is killed */
   int spare_workers; /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);

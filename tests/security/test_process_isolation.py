@@ -179,6 +179,54 @@ def test_worker_killed_mid_sync(make_server):
         assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
 
 
+def test_worker_stalled_mid_reply(make_server, monkeypatch):
+    """A worker that sends a reply's header and then nothing (a compromised
+    or stuck worker; the test hook FUSEBOXD_FAULT_INJECT, set only in the
+    server's environment, makes the worker that registers a kernel named
+    'stall_me' do so) must not hold a broker thread: past
+    --worker-reply-timeout-s the broker kills it and fails that session's
+    call naming the problem; another session computes meanwhile and after."""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "reply-stall:stall_me")
+    server = make_server("--worker-reply-timeout-s", "1", "--kernel-timeout-s", "0",
+                         "--compile-timeout-s", "0")
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    stall = store_kernel(2)
+    stall.name = "stall_me"
+    result = {}
+
+    def run():
+        try:
+            register(c, sid, stall)
+            result["error"] = None
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    # another session registers and computes while the first one's reply stalls
+    other = c.new_session(dense_layout(16))
+    okid = register(c, other, store_kernel(2))[0]
+    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
+    th.join(RPC_TIMEOUT)
+    assert not th.is_alive(), "a stalled worker held its call past the RPC timeout"
+    err = result["error"]
+    assert err is not None and err.code() == INTERNAL, err
+    assert "stalled in the middle of a reply" in err.details(), err.details()
+    assert "worker_reply_timeout_s" in err.details(), err.details()
+    assert "stalled in the middle of a reply" in server.logtext()
+    server.assert_unharmed()
+    try:
+        c.read_field(sid, 2)
+        raise AssertionError("the stalled session answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+    # the server goes on making sessions that compute
+    third = c.new_session(dense_layout(16))
+    tkid = register(c, third, store_kernel(2))[0]
+    assert list(c.run(third, [(tkid, [i32(1), i32(5)])]).errors) == []
+
+
 def test_cancel_stops_queued_launches(server):
     """Cancel: the launches received so far stop at the next task boundary,
     each is reported with FB_ECANCELLED under its own number, and the
