@@ -468,9 +468,11 @@ struct fbd_session {
 fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
 void fbd_job_free(fbd_job *j);
 /* Create a session (not yet in the engine) and its worker; it joins the
- * table. FB_EQUOTA at the session limit. Takes layout. */
+ * table, owned by owner (NULL: anonymous). FB_EQUOTA at the session limit
+ * or past the memory budget. Takes layout. */
 int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
-                    const char *peer, fbd_session **out, char *err, size_t errlen);
+                    struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
+                    size_t errlen);
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
 void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
@@ -551,10 +553,14 @@ extern const char *const fbd_mem_part_keys[FBD_MEM_NPARTS]; /* metric labels */
 void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]); /* srv->mu held */
 void fbd_budget_usage(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]);
 /* Under srv->mu: 0 when need more bytes fit in the budget, else FB_EQUOTA
- * and err: "memory budget 2.0 GiB is full: sessions 1.5 GiB, ...; WHAT of
- * 512 MiB refused" (counted in budget_refused). */
-int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, char *err,
-                            size_t errlen);
+ * (counted in budget_refused) and err for whom the bytes are (who, the
+ * owner tenant; NULL: anonymous). With all (fbd_auth_sees_all, asked
+ * before srv->mu is taken) it names every part: "memory budget 2.0 GiB is
+ * full: sessions 1.5 GiB, ...; WHAT of 512 MiB refused (memory_budget)";
+ * without, only what that tenant may know: the budget, what its own
+ * sessions hold, what was refused. The parts always go to the log. */
+int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
+                            const struct fbd_tenant *who, int all, char *err, size_t errlen);
 /* Before a job of an async session: how many bytes of pending launches it
  * may hold (its own now plus what the budget has free). */
 uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s);
