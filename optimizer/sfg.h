@@ -99,6 +99,10 @@ typedef struct fb_opt_counters {
   uint64_t plans_stored;    /* plans added to the plan memo */
   uint64_t masks_unchanged; /* (total only) observations that kept a mask's
                                content across flushes (fb_opt_observe_mask) */
+  uint64_t retained_proofs; /* list-generation removals and demotions that took
+                               a retained task (an earlier flush's) as run:
+                               the batch is right only if that flush ran whole */
+  uint64_t forgets;         /* (total only) fb_opt_forget calls */
   double optimizer_s;       /* time in insert (sampled) + flush (SFG and passes) */
 } fb_opt_counters;
 
@@ -166,6 +170,14 @@ int fb_opt_host_write(fb_opt *o, int snode);
  * so list-generation removal (and demotion) take the lists made from it as
  * current. FB_EINVAL while tasks are pending. */
 int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count);
+
+/* An earlier flush did not run whole (an error stopped a launch, a cancel,
+ * a batch that was dropped): nothing it left may be taken as current.
+ * Drops every retained task (the graph keeps only the pending window, whose
+ * reads of earlier state become unknown versions), every mask observation
+ * and the plan memo. Callable with tasks pending, but not once the window
+ * went through the passes (fb_opt_optimize): FB_EINVAL then. */
+int fb_opt_forget(fb_opt *o);
 
 /* Run the pass pipeline on the window now, without handing it out (for
  * `fusebox graph` and tests: the graph then shows the optimized window;
@@ -547,6 +559,9 @@ int fb_sfg_append(fb_sfg *g, fb_sfg_node *n);
 int fb_sfg_rebuild(fb_sfg *g, fb_bank *bank, fb_sfg_node **order, int norder);
 /* After a flush: keep the latest owners as retained roots, free the rest. */
 int fb_sfg_collect(fb_sfg *g, fb_bank *bank);
+/* Free every retained node: the window's reads of what they wrote become
+ * versions no node of the graph stands for (fb_opt_forget). */
+int fb_sfg_forget(fb_sfg *g, fb_bank *bank);
 void fb_sfg_node_free(fb_sfg_node *n, fb_bank *bank);
 fb_sfg_node *fb_sfg_find_serial(const fb_sfg *g, uint64_t serial);
 int fb_sfg_check(fb_sfg *g, fb_bank *bank, char *err, size_t errlen);
