@@ -417,6 +417,7 @@ typedef struct fbd_job {
   uint32_t chunk;
   int reason; /* END */
   double posted_at; /* when it was queued (sync latency) */
+  uint64_t first_launch; /* BATCH: the session's number of its first launch (0: none) */
 } fbd_job;
 
 struct fbd_session {
@@ -445,6 +446,9 @@ struct fbd_session {
   double last_active;
   double abort_at; /* when fbd_session_abort ended it (0: not aborted) */
   uint64_t cancel_upto; /* jobs up to this number (posted) run cancelled */
+  uint64_t launches_posted; /* launches in the jobs posted so far */
+  uint64_t cancel_launches; /* jobs holding a launch numbered up to this run cancelled
+                               (Cancel's through_launch: launches not received yet) */
   fb_counters snap;
   struct fbd_stage {
     fbd_buf b;
@@ -482,9 +486,11 @@ int fbd_session_post(fbd_session *s, fbd_job *j);
  * run), running work stops at its next task boundary (process isolation:
  * its worker is killed when it does not stop within a second). */
 void fbd_session_abort(fbd_session *s, int reason, const char *why);
-/* Cancel: queued jobs are answered CANCELLED, the running one stops at its
- * next task boundary; the session lives on. The number of jobs dropped. */
-int fbd_session_cancel(fbd_session *s);
+/* Cancel: queued jobs run cancelled, the running one stops at its next task
+ * boundary, and so do jobs holding launches numbered up to through_launch
+ * (0: none) that arrive later; the session lives on. The number of jobs
+ * pending, -1 when the session has ended. */
+int fbd_session_cancel(fbd_session *s, uint64_t through_launch);
 /* Attach c as the session's stream; FB_EINVAL if one is attached. */
 int fbd_session_attach(fbd_session *s, fbd_call *c);
 /* After posting from a stream: 1 to receive the next message now, 0 when

@@ -246,6 +246,11 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   s->depth++;
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
+  if (j->kind == FBD_J_BATCH && j->msg) { /* numbered as the client numbers them */
+    size_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+    j->first_launch = n ? s->launches_posted + 1 : 0;
+    s->launches_posted += n;
+  }
   s->last_active = fbd_now();
   j->posted_at = s->last_active;
   if (j->kind == FBD_J_END || j->kind == FBD_J_CLOSE) s->state = FBD_ENDING;
@@ -523,7 +528,8 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     }
   }
   pthread_mutex_lock(&s->mu);
-  int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0;
+  int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0 ||
+               (j->first_launch && j->first_launch <= s->cancel_launches);
   pthread_mutex_unlock(&s->mu);
   if (s->watch) atomic_store(&s->watch->cancel, cancel);
   if (s->watch && j->kind == FBD_J_BATCH && s->ecfg.mode && !strcmp(s->ecfg.mode, "async"))
@@ -662,10 +668,13 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
   }
 }
 
-int fbd_session_cancel(fbd_session *s) {
+int fbd_session_cancel(fbd_session *s, uint64_t through_launch) {
   pthread_mutex_lock(&s->mu);
   int live = s->state == FBD_LIVE;
   s->cancel_upto = s->posted; /* every job received so far runs cancelled */
+  /* and the launches the client sent before it, which a Cancel on another
+     call may overtake on their way in */
+  if (through_launch > s->cancel_launches) s->cancel_launches = through_launch;
   int pending = (int)(s->posted - s->done);
   if (live && s->watch) atomic_store(&s->watch->cancel, 1);
   pthread_mutex_unlock(&s->mu);

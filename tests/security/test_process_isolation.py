@@ -241,7 +241,7 @@ def test_cancel_stops_queued_launches(server):
     n = 200
     s.send(launches=[pb.Launch(kernel=busy) for _ in range(n)])
     time.sleep(0.2)  # let the first launches start (not a timing assertion)
-    cancel(pb.CancelRequest(session_id=sid), timeout=RPC_TIMEOUT)
+    cancel(pb.CancelRequest(session_id=sid, through_launch=n), timeout=RPC_TIMEOUT)
     res = s.sync(1)
     assert res.seq == n
     cancelled = [e for e in res.errors if e.code == FB_ECANCELLED]
@@ -254,6 +254,34 @@ def test_cancel_stops_queued_launches(server):
     assert list(res2.errors) == [] and res2.seq == n + 1
     assert c.read_field(sid, 2)[28:32] == (70).to_bytes(4, "little")
     s.close()  # (the stream's end ends the session)
+    server.assert_unharmed()
+
+
+def test_cancel_that_overtakes_its_launches(server):
+    """Cancel is a call of its own, so it may reach the server before the
+    launches sent just before it on the Session stream. With through_launch
+    (the client's count of launches sent) those launches run cancelled when
+    they arrive; here the Cancel is sent first on purpose. Later launches
+    run."""
+    c = server.client
+    sid = c.new_session(dense_layout(256))
+    busy, poke = register(c, sid, busy_kernel(2), store_kernel(2))
+    cancel = c.channel.unary_unary("/fusebox.v1.Fusebox/Cancel",
+                                   request_serializer=pb.CancelRequest.SerializeToString,
+                                   response_deserializer=pb.CancelResponse.FromString)
+    n = 50
+    cancel(pb.CancelRequest(session_id=sid, through_launch=n), timeout=RPC_TIMEOUT)
+    s = Stream(c, sid)
+    s.send(launches=[pb.Launch(kernel=busy) for _ in range(n)])
+    res = s.sync(1)
+    assert res.seq == n
+    assert res.errors and all(e.code == FB_ECANCELLED for e in res.errors), list(res.errors)
+    assert all(1 <= e.seq <= n for e in res.errors)
+    s.send(launches=[pb.Launch(kernel=poke, args=[i32(7), i32(70)])])
+    res2 = s.sync(2)
+    assert list(res2.errors) == [] and res2.seq == n + 1
+    assert c.read_field(sid, 2)[28:32] == (70).to_bytes(4, "little")
+    s.close()
     server.assert_unharmed()
 
 
