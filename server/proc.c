@@ -775,6 +775,9 @@ static int lock_down(char *err, size_t errlen) {
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                           SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  /* every thread: the engine's pools (which run the JIT code) started
+     before this, and a filter loaded without TSYNC binds only this thread */
+  if (!rc) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
   if (!rc) rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc) fb_errf(err, errlen, "cannot install the seccomp filter: %s", strerror(-rc));

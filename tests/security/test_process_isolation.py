@@ -87,7 +87,7 @@ def register(c, sid, *kernels):
 
 def test_workers_are_locked_down(server):
     """Each session's worker is a child process under a seccomp filter with
-    no_new_privs; a spare is kept started. (Workers are not dumpable, so
+    no_new_privs, in every thread; a spare is kept started. (Workers are not dumpable, so
     even their command line is hidden from other processes of the user.)"""
     c = server.client
     sid = c.new_session(dense_layout(16))
@@ -110,6 +110,13 @@ def test_workers_are_locked_down(server):
         assert st["Seccomp"].strip() == "2", f"worker {k} has no seccomp filter: {st}"
         assert st["NoNewPrivs"].strip() == "1"
         assert st["Name"].strip() == "fuseboxd"
+        # every thread, the engine's pools (started before the filter, and
+        # running the tenant's code) included
+        for t in os.listdir(f"/proc/{k}/task"):
+            tst = status(f"{k}/task/{t}")
+            assert not tst or tst["Seccomp"].strip() == "2", \
+                f"thread {t} of worker {k} runs without the seccomp filter: {tst}"
+            assert not tst or tst["NoNewPrivs"].strip() == "1"
     server.assert_unharmed()
 
 
