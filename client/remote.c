@@ -42,6 +42,7 @@ struct fb_remote {
   fbp_buf out;           /* the next SessionRequest */
   int nqueued;
   int64_t seq;           /* last sequence number given */
+  _Atomic int64_t sent_seq; /* the last one sent (fb_remote_cancel, any thread) */
   uint64_t next_sync;
   /* results since the last fb_remote_sync */
   fb_launch_return *rets;
@@ -131,6 +132,7 @@ static int stream_send(fb_remote *r) {
   r->nqueued = 0;
   if (fbc_start(r->call, ops, n, &r->tag_send)) return stream_broken(r);
   r->send_pending = 1;
+  atomic_store(&r->sent_seq, r->seq); /* every launch queued went with it */
   return 0;
 }
 
@@ -536,6 +538,8 @@ int fb_remote_cancel(fb_remote *r) {
   if (!r) return FB_EINVAL;
   Fusebox__V1__CancelRequest req = FUSEBOX__V1__CANCEL_REQUEST__INIT;
   req.session_id = r->id;
+  /* the launches sent so far, which this call may overtake on their way */
+  req.through_launch = (uint64_t)atomic_load(&r->sent_seq);
   grpc_slice resp = grpc_empty_slice();
   char err[256];
   int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/Cancel", &req.base, &resp, err, sizeof err);

@@ -211,7 +211,7 @@ static void note_flush(fb_session *s, uint64_t no, double t0) {
 /* Give the batch and the window's launches to the worker; or, when the
  * caller is going to wait for it anyway and the worker is idle, run it on
  * the caller's thread (two thread switches fewer). */
-static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
+static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, uint64_t basis, int run_here) {
   async_state *a = s->as;
   async_job *j = calloc(1, sizeof *j);
   launch_rec *launches = a->win;
@@ -224,16 +224,18 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
     atomic_fetch_sub(&a->pending_bytes, a->win_bytes);
     a->win_bytes = 0;
     a->tainted = 1; /* the caller's thread; the worker is not running this */
+    fbe_note_bad(a, no);
     fb_opt_batch_free(a->o, b);
     free(launches);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
   }
-  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, 0, 0, NULL, NULL, 0, NULL};
+  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, 0, 0, NULL, NULL, 0, NULL, basis};
   j->bytes = a->win_bytes; /* its launches' share of pending_bytes, until freed */
   a->win_bytes = 0;
   if (b && b->n && !(j->pre = known_code(a, b))) {
     a->tainted = 1;
+    fbe_note_bad(a, no);
     free_job(s, j);
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
@@ -286,13 +288,26 @@ static int async_flush(fb_session *s, int run_here) {
   uint64_t no = a->flushes + 1;
   double t0 = s->trace ? fb_trace_clock() : 0;
   fb_opt_batch *b = NULL;
-  int rc = a->gfn && (!a->gflush || a->gflush == no) ? traced_optimize(s, no) : 0;
+  /* A flush that stopped early (an error stopped a launch, a cancel, a
+   * dropped batch) did not leave the lists and activations the optimizer
+   * keeps from it: forget them before this window is optimized against
+   * them. What ran is read first: a flush it counts is in bad_flush too. */
+  uint64_t ran = atomic_load(&a->ran_upto);
+  int forget = atomic_load(&a->bad_flush) > a->forgot_upto;
+  int rc = forget ? fb_opt_forget(a->o) : 0;
+  if (forget && !rc) a->forgot_upto = no - 1;
+  if (!rc && a->gfn && (!a->gflush || a->gflush == no)) rc = traced_optimize(s, no);
   if (!rc) rc = fb_opt_flush(a->o, &b);
   if (rc && (rc = flush_plain(s, no, &b))) return rc;
+  /* what this batch relies on having run: flushes still running when it
+   * was optimized count only if a pass took their tasks as run */
+  uint64_t basis = fb_opt_get_stats(a->o)->flush.retained_proofs
+                       ? (ran > a->forgot_upto ? ran : a->forgot_upto)
+                       : no - 1;
   a->flushes = no;
   note_flush(s, no, t0);
   adapt_flush(a);
-  return hand_out(s, b, no, run_here);
+  return hand_out(s, b, no, basis, run_here);
 }
 
 /* Every flushed task has run and nothing is pending: tell the optimizer

@@ -114,6 +114,9 @@ typedef struct async_job {
   int *which;              /* per entry: its job, -1 for known code */
   int ncj;
   struct async_job *done_next;
+  uint64_t basis;          /* every flush up to this one had run whole (or was
+                              forgotten) when it was optimized; it relies on
+                              nothing later (fbe_run_batch checks) */
 } async_job;
 
 /* Compiled code of a banked task IR (async_state.cmap). */
@@ -155,6 +158,10 @@ typedef struct async_state {
   pthread_mutex_t mu;      /* guards done and err (shared with the worker) */
   async_job *done;         /* batches the worker finished, to free */
   bg_error err;
+  /* flushes that did not run whole, against what the optimizer keeps */
+  _Atomic uint64_t ran_upto;  /* the worker's: the last flush it finished */
+  _Atomic uint64_t bad_flush; /* the last flush that stopped early (0: none) */
+  uint64_t forgot_upto;       /* the caller's: fb_opt_forget covered flushes up to it */
   int tainted;             /* a flushed task may not have run as the
                               optimizer assumed (an error, a skipped launch,
                               a dropped batch) since the last sync point */
@@ -242,6 +249,12 @@ void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const c
 #endif
     ;
 int fbe_report_bg(fb_session *s);
+/* Flush `flush` did not run whole (any thread): raise a->bad_flush to it. */
+static inline void fbe_note_bad(async_state *a, uint64_t flush) {
+  uint64_t cur = atomic_load(&a->bad_flush);
+  while (cur < flush && !atomic_compare_exchange_weak(&a->bad_flush, &cur, flush)) {
+  }
+}
 void fbe_run_batch(fb_session *s, async_job *j);
 void fbe_worker_run(void *user, fb_ordq_item *it);
 

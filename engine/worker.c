@@ -493,10 +493,33 @@ static void batch_end(batch_run *r) {
 /* One flushed batch: compile jobs to the pool, then the tasks in order.
  * Return slots start at zero (a kernel with a return value is always the
  * last launch of its batch). */
+/* A batch optimized while an earlier flush was still running, taking that
+ * flush's lists or activations as made (fb_opt_counters.retained_proofs),
+ * when that flush then stopped early: run as optimized it could read a
+ * stale list or skip an activation. It is not run, and says so (the
+ * caller has forgotten what the optimizer kept, for the next windows). */
+static int optimized_against_bad(fb_session *s, async_job *j) {
+  uint64_t bad = atomic_load(&s->as->bad_flush);
+  if (bad <= j->basis) return 0;
+  const launch_rec *lr = j->nlaunches ? &j->launches[0] : NULL;
+  fbe_bg_record(s, FB_ECANCELLED, lr ? j->base : NO_LAUNCH, lr ? lr->kernel : -1,
+                "flush %llu (launches %llu..%llu) was skipped: it was optimized against the "
+                "lists and activations of flush %llu, which stopped early",
+                (unsigned long long)j->flush, (unsigned long long)j->base,
+                (unsigned long long)(j->base + (uint64_t)(j->nlaunches ? j->nlaunches - 1 : 0)),
+                (unsigned long long)bad);
+  return 1;
+}
+
 void fbe_run_batch(fb_session *s, async_job *j) {
   batch_run r = {s, j, NO_LAUNCH, 0, 0, 0, 0, NULL, 0, NULL, 0};
   double t0 = fb_trace_clock();
-  if (plan_compiles(&r)) {
+  if (optimized_against_bad(s, j)) {
+    fbe_note_bad(s->as, j->flush);
+    free(j->which);
+    j->which = NULL; /* nothing for the caller to learn from it */
+  } else if (plan_compiles(&r)) {
+    fbe_note_bad(s->as, j->flush);
     fbe_bg_record(s, FB_ENOMEM, NO_LAUNCH, -1,
                   "flush %llu: out of memory starting its %d tasks; "
                   "they did not run",
@@ -517,7 +540,10 @@ void fbe_run_batch(fb_session *s, async_job *j) {
     if (s->sparse) fb_sparse_end(s->sparse);
     add_batch_counters(&r);
     note_seen(&r);
+    /* a task was skipped: the optimizer took it as run */
+    if (r.cancelled || r.dev_rc || r.failed_launch != NO_LAUNCH) fbe_note_bad(s->as, j->flush);
   }
+  atomic_store(&s->as->ran_upto, j->flush);
   if (s->trace) {
     char name[64], args[96];
     snprintf(name, sizeof name, "flush %llu", (unsigned long long)j->flush);

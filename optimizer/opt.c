@@ -406,6 +406,16 @@ int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count) {
   return 0;
 }
 
+int fb_opt_forget(fb_opt *o) {
+  if (o->optimized)
+    return fail(o, FB_EINVAL, "forgetting earlier flushes after the window was optimized");
+  plans_clear(o);
+  o->ncanon = -1; /* no plan matches until the next flush */
+  o->stats.total.forgets++;
+  int rc = fb_sfg_forget(&o->g, o->bank);
+  return rc ? fail(o, rc, "SFG: out of memory") : 0;
+}
+
 /* ---------------------------------------------------------------- pipeline */
 
 typedef int (*pass_fn)(fb_pass_ctx *c);
@@ -612,6 +622,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->memo_misses += f->memo_misses;
   t->plans_reused += f->plans_reused;
   t->plans_stored += f->plans_stored;
+  t->retained_proofs += f->retained_proofs;
   t->optimizer_s += f->optimizer_s;
 }
 

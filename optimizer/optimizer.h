@@ -148,6 +148,10 @@ typedef struct fb_opt_counters {
   uint64_t plans_stored;    /* plans added to the plan memo */
   uint64_t masks_unchanged; /* (total only) observations that kept a mask's
                                content across flushes (fb_opt_observe_mask) */
+  uint64_t retained_proofs; /* list-generation removals and demotions that took
+                               a retained task (an earlier flush's) as run:
+                               the batch is right only if that flush ran whole */
+  uint64_t forgets;         /* (total only) fb_opt_forget calls */
   double optimizer_s;       /* time in insert (sampled) + flush (SFG and passes) */
 } fb_opt_counters;
 
@@ -210,6 +214,14 @@ int fb_opt_host_write(fb_opt *o, int snode);
  * so list-generation removal (and demotion) take the lists made from it as
  * current. FB_EINVAL while tasks are pending. */
 int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count);
+
+/* An earlier flush did not run whole (an error stopped a launch, a cancel,
+ * a batch that was dropped): nothing it left may be taken as current.
+ * Drops every retained task (the graph keeps only the pending window, whose
+ * reads of earlier state become unknown versions), every mask observation
+ * and the plan memo. Callable with tasks pending, but not once the window
+ * went through the passes (fb_opt_optimize): FB_EINVAL then. */
+int fb_opt_forget(fb_opt *o);
 
 /* Run the pass pipeline on the window now, without handing it out (for
  * `fusebox graph` and tests: the graph then shows the optimized window;

@@ -82,7 +82,8 @@ static int monotone_since(const fb_sfg *g, const fb_sfg_node *t, const fb_sfg_no
 }
 
 /* The FB_ACT_PURE activations of t (IR k) are proven redundant. */
-static int prove(const fb_sfg *g, const fb_sfg_node *t, const fb_kernel *k) {
+static int prove(const fb_sfg *g, const fb_sfg_node *t, const fb_kernel *k,
+                 fb_opt_counters *cnt) {
   if (t->ntasks != 1 || t->ncerts != 1 || t->certs[0].orig != t->orig) return 0;
   const fb_sfg_node *twin = find_twin(g, t);
   if (!twin) return 0;
@@ -93,6 +94,7 @@ static int prove(const fb_sfg *g, const fb_sfg_node *t, const fb_kernel *k) {
     for (int p = 0; p < n; p++)
       if (!monotone_since(g, t, twin, FB_SKEY(FB_SK_MASK, path[p]))) return 0;
   }
+  if (twin->retained) cnt->retained_proofs++; /* right only if twin's flush ran it */
   return 1;
 }
 
@@ -126,7 +128,7 @@ static int plan_node(const fb_pass_ctx *c, fb_sfg_node *t, int32_t *plan) {
     if (m->act_kind[i] == FB_ACT_SELF) plan[n++] = m->act[i];
     pure += m->act_kind[i] == FB_ACT_PURE;
   }
-  if (pure && prove(c->g, t, fb_bank_ir(c->bank, t->ir))) {
+  if (pure && prove(c->g, t, fb_bank_ir(c->bank, t->ir), c->cnt)) {
     for (int i = 0; i < m->nact; i++)
       if (m->act_kind[i] == FB_ACT_PURE) plan[n++] = m->act[i];
   }

@@ -45,7 +45,7 @@ static int adjacent(const fb_sfg *g, const fb_sfg_node *c2, const fb_sfg_node *l
   return 0;
 }
 
-static int removable(fb_sfg *g, fb_sfg_node *l2) {
+static int removable(fb_sfg *g, fb_sfg_node *l2, fb_opt_counters *cnt) {
   int p = l2->m->snode, ok1 = 0, ok2 = 0, path[32];
   uint32_t lkey = FB_SKEY(FB_SK_LIST, p), mkey = FB_SKEY(FB_SK_MASK, p);
   fb_sfg_node *c2 = fb_sfg_find_serial(g, version(l2, lkey, &ok1));
@@ -61,6 +61,7 @@ static int removable(fb_sfg *g, fb_sfg_node *l2) {
     if (version(l1, pkey, &ok1) != version(l2, pkey, &ok2) || !ok1 || !ok2) return 0;
   }
   c2->dead = l2->dead = 1;
+  if (l1->retained) cnt->retained_proofs++; /* right only if l1's flush ran it */
   return 1;
 }
 
@@ -69,7 +70,7 @@ int fb_pass_listgen(fb_pass_ctx *c) {
   int removed = 0;
   for (int i = g->nret; i < g->n; i++) {
     fb_sfg_node *l2 = g->nodes[i];
-    if (!l2->dead && !l2->host && l2->m->kind == FB_TASK_LISTGEN) removed += removable(g, l2);
+    if (!l2->dead && !l2->host && l2->m->kind == FB_TASK_LISTGEN) removed += removable(g, l2, c->cnt);
   }
   if (!removed) return 0;
   c->cnt->listgen_removed += (uint64_t)removed;

@@ -334,6 +334,20 @@ int fb_sfg_collect(fb_sfg *g, fb_bank *bank) {
   return 0;
 }
 
+int fb_sfg_forget(fb_sfg *g, fb_bank *bank) {
+  int nret = g->nret;
+  for (int i = 0; i < nret; i++) fb_sfg_node_free(g->nodes[i], bank);
+  memmove(g->nodes, g->nodes + nret, sizeof *g->nodes * (size_t)(g->n - nret));
+  g->n -= nret;
+  g->nret = 0;
+  for (int i = 0; i < g->nst; i++) {
+    fb_sfg_state *s = &g->st[i];
+    s->base_owner = -1; /* base_ver and base_cont stay: serials of no node now */
+    s->obs_valid = 0;
+  }
+  return fb_sfg_rebuild(g, bank, NULL, 0); /* the window's edges and versions anew */
+}
+
 /* ---------------------------------------------------------------- names */
 
 static const char *sn_label(const fb_layout *l, int s, char *buf, size_t n) {

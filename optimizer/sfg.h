@@ -330,6 +330,9 @@ int fb_sfg_append(fb_sfg *g, fb_sfg_node *n);
 int fb_sfg_rebuild(fb_sfg *g, fb_bank *bank, fb_sfg_node **order, int norder);
 /* After a flush: keep the latest owners as retained roots, free the rest. */
 int fb_sfg_collect(fb_sfg *g, fb_bank *bank);
+/* Free every retained node: the window's reads of what they wrote become
+ * versions no node of the graph stands for (fb_opt_forget). */
+int fb_sfg_forget(fb_sfg *g, fb_bank *bank);
 void fb_sfg_node_free(fb_sfg_node *n, fb_bank *bank);
 fb_sfg_node *fb_sfg_find_serial(const fb_sfg *g, uint64_t serial);
 int fb_sfg_check(fb_sfg *g, fb_bank *bank, char *err, size_t errlen);

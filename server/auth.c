@@ -529,6 +529,15 @@ void fbd_auth_count_stream(fbd_call *c, size_t launches, int sync) {
   if (sync) atomic_fetch_add(&c->tenant->syncs, 1);
 }
 
+int fbd_auth_sees_all(fbd_server *srv, const fbd_tenant *t) {
+  fbd_auth *a = srv->auth;
+  if (!a || !a->enabled || !t) return 1; /* one anonymous tenant: nobody else to hide */
+  pthread_mutex_lock(&a->mu);
+  int admin = t->admin;
+  pthread_mutex_unlock(&a->mu);
+  return admin;
+}
+
 int fbd_auth_sees(const fbd_call *c, fbd_session *s) {
   return c->admin || atomic_load(&s->owner) == c->tenant;
 }
@@ -613,15 +622,14 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
                          char *err, size_t errlen) {
   fbd_server *srv = c->srv;
   if (!srv->auth->enabled || !c->tenant)
-    return fbd_session_new(srv, l, ec, c->peer, out, err, errlen);
+    return fbd_session_new(srv, l, ec, NULL, c->peer, out, err, errlen);
   /* one admission at a time, so that two creates cannot both take the last slot */
   pthread_mutex_lock(&srv->auth->admit);
   int rc = admit(c, l, ec, err, errlen);
   ec->cache_partition = partition_of(c->tenant); /* no code shared across tenants */
   if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
-  else rc = fbd_session_new(srv, l, ec, c->peer, out, err, errlen);
+  else rc = fbd_session_new(srv, l, ec, c->tenant, c->peer, out, err, errlen);
   if (!rc) {
-    atomic_store(&(*out)->owner, c->tenant);
     atomic_fetch_add(&c->tenant->sessions_created, 1);
   }
   pthread_mutex_unlock(&srv->auth->admit);

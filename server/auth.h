@@ -70,6 +70,9 @@ void fbd_auth_reload(fbd_server *srv);
 int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md);
 /* May call c touch session s? 0, or c was answered PERMISSION_DENIED. */
 int fbd_auth_may_use(fbd_call *c, fbd_session *s);
+/* May tenant t (NULL: anonymous) see server-wide figures (an admin, or no
+ * tenants file)? Takes the auth lock: ask before taking srv->mu. */
+int fbd_auth_sees_all(fbd_server *srv, const fbd_tenant *t);
 /* Does GetStats show s to c? */
 int fbd_auth_sees(const fbd_call *c, fbd_session *s);
 /* GetStats for a tenant that is not admin: the server-wide counters say

@@ -1,6 +1,7 @@
 /* The server's one memory budget (docs/security.md, "The memory budget"):
  * what counts against it, the admission check that refuses with a message
- * naming every part, and the cap on an async session's pending launches.
+ * naming every part (to admins; a user tenant's names only its own usage),
+ * and the cap on an async session's pending launches.
  *
  * Parts and where each figure comes from:
  *  - sessions: the sessions' memory (srv->st.memory_bytes, session.c);
@@ -75,15 +76,23 @@ static uint64_t total(const uint64_t part[FBD_MEM_NPARTS]) {
   return t;
 }
 
-int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, char *err,
-                            size_t errlen) {
-  uint64_t budget = srv->memory_budget;
-  if (!budget) return 0;
-  uint64_t part[FBD_MEM_NPARTS];
-  fbd_budget_usage_locked(srv, part);
-  uint64_t used = total(part);
-  if (need <= budget && used <= budget - need) return 0;
-  atomic_fetch_add(&srv->budget_refused, 1);
+/* Under srv->mu: what who's own sessions hold (memory, pending launches,
+ * and under process isolation their workers' JIT code). */
+static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) {
+  uint64_t v = 0;
+  int isolated = fbd_isolated(srv->cfg);
+  for (int i = 0; i < srv->cfg->max_sessions; i++) {
+    fbd_session *s = srv->sessions[i];
+    if (!s || atomic_load(&s->owner) != who) continue;
+    v += s->accounted + atomic_load(&s->pending_bytes);
+    if (isolated) v += atomic_load(&s->code_bytes);
+  }
+  return v;
+}
+
+/* "memory budget B is full: sessions S, staging T, ...": the parts. */
+static int fmt_parts(char *err, size_t errlen, uint64_t budget,
+                     const uint64_t part[FBD_MEM_NPARTS]) {
   char b[32], v[32];
   fbd_fmt_bytes(b, sizeof b, budget);
   int n = snprintf(err, errlen, "memory budget %s is full:", b);
@@ -91,9 +100,38 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, ch
     fbd_fmt_bytes(v, sizeof v, part[i]);
     n += snprintf(err + n, errlen - (size_t)n, "%s %s %s", i ? "," : "", fbd_mem_part_names[i], v);
   }
+  return n;
+}
+
+int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
+                            const struct fbd_tenant *who, int all, char *err, size_t errlen) {
+  uint64_t budget = srv->memory_budget;
+  if (!budget) return 0;
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage_locked(srv, part);
+  uint64_t used = total(part);
+  if (need <= budget && used <= budget - need) return 0;
+  atomic_fetch_add(&srv->budget_refused, 1);
+  char v[32], parts[FBD_ERRLEN];
   fbd_fmt_bytes(v, sizeof v, need);
-  if (n > 0 && (size_t)n < errlen)
-    snprintf(err + n, errlen - (size_t)n, "; %s of %s refused (memory_budget)", what, v);
+  int n = fmt_parts(parts, sizeof parts, budget, part);
+  if (n > 0 && (size_t)n < sizeof parts)
+    snprintf(parts + n, sizeof parts - (size_t)n, "; %s of %s refused (memory_budget)", what, v);
+  /* the parts are server-wide: the log and admins see them; a user tenant
+   * sees only its own usage, as in GetStats (fbd_auth_scope_stats) */
+  fbd_logf(srv->log, FBD_LOG_WARN, "%s%s%s", parts, who ? " for tenant " : "",
+           who ? who->name : "");
+  if (all) {
+    snprintf(err, errlen, "%s", parts);
+    return FB_EQUOTA;
+  }
+  char b[32], mine[32];
+  fbd_fmt_bytes(b, sizeof b, budget);
+  fbd_fmt_bytes(mine, sizeof mine, own_usage_locked(srv, who));
+  snprintf(err, errlen,
+           "memory budget %s is full: your sessions hold %s of it (their memory, pending "
+           "launches and JIT code); %s of %s refused (memory_budget)",
+           b, mine, what, v);
   return FB_EQUOTA;
 }
 

@@ -7,6 +7,7 @@
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
+ *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
@@ -40,6 +41,7 @@ void fbd_config_defaults(fbd_config *c) {
   c->isolation = strdup("process");
   c->kernel_timeout_s = 60;
   c->compile_timeout_s = 60;
+  c->worker_reply_timeout_s = 10;
   c->spare_workers = 1;
   c->worker_overhead_bytes = (uint64_t)4 << 30;
   c->fair_share = strdup("on");
@@ -93,6 +95,8 @@ void fbd_usage(FILE *f) {
       "                             longer ends its session, DEADLINE_EXCEEDED; 0 = none (default "
       "60)\n"
       "  --compile-timeout-s S      process isolation: the same for RegisterKernels (default 60)\n"
+      "  --worker-reply-timeout-s S process isolation: a worker's reply, once begun, must be\n"
+      "                             whole within S, or the worker is killed (default 10)\n"
       "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
       "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
       "                             limit by this much (RLIMIT_AS; default 4G)\n"
@@ -186,6 +190,7 @@ static const opt opts[] = {
     {"isolation", OPT_STR, OFF(isolation), 0},
     {"kernel_timeout_s", OPT_SECS, OFF(kernel_timeout_s), 0},
     {"compile_timeout_s", OPT_SECS, OFF(compile_timeout_s), 0},
+    {"worker_reply_timeout_s", OPT_SECS, OFF(worker_reply_timeout_s), 1},
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},

@@ -421,7 +421,7 @@ static void cancel_recv(fbd_call *c, grpc_byte_buffer *bb) {
   Fusebox__V1__CancelRequest *m = decode(c, bb, &fusebox__v1__cancel_request__descriptor, &a);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   if (s) {
-    int pending = fbd_session_cancel(s);
+    int pending = fbd_session_cancel(s, m->through_launch);
     if (pending < 0) {
       fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
     } else {

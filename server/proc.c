@@ -52,6 +52,7 @@ extern char **environ;
 #define HELLO_TIMEOUT_S 60.0
 #define ABORT_GRACE_S 1.0
 #define WATCH_BYTES 4096
+#define FAULT_ENV "FUSEBOXD_FAULT_INJECT" /* a test hook: see fault_init */
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FBD_ASAN 1
@@ -101,14 +102,38 @@ typedef struct wire_rep {
 
 static double mono(void) { return fbd_now(); }
 
-static int write_all(int fd, const void *p, size_t n) {
+/* A broker's deadline for moving one frame to or from a worker. Once a reply
+ * has begun (or a request is being sent) its bytes are in memory at the
+ * other end, so a worker that stalls mid-frame is stuck or compromised: it
+ * must not hold a broker thread. Time the fair scheduler held the session
+ * (the worker SIGSTOPped) does not count. The worker's own reads and
+ * writes have no clock (NULL): they block, and the broker's end is its end. */
+typedef struct frame_clock {
+  fbd_session *s; /* whose held time is excluded; NULL: none */
+  double t0, held0, limit_s;
+} frame_clock;
+
+static frame_clock clock_start(fbd_session *s, double limit_s) {
+  frame_clock c = {s, mono(), s ? fbd_sched_held(s) : 0, limit_s};
+  return c;
+}
+
+static int clock_past(const frame_clock *c) {
+  if (!c) return 0;
+  double held = c->s ? fbd_sched_held(c->s) - c->held0 : 0;
+  return mono() - c->t0 - held > c->limit_s;
+}
+
+/* With a clock: FB_ETIMEOUT once it has passed. */
+static int write_all(int fd, const void *p, size_t n, const frame_clock *clk) {
   const uint8_t *b = p;
   while (n) {
-    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL | (clk ? MSG_DONTWAIT : 0));
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (clock_past(clk)) return FB_ETIMEOUT;
       struct pollfd pf = {fd, POLLOUT, 0};
-      poll(&pf, 1, 100);
+      poll(&pf, 1, 50);
       continue;
     }
     if (w <= 0) return FB_EIO;
@@ -118,9 +143,9 @@ static int write_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
-/* Send head (with fd attached when fd >= 0), then body. */
+/* Send head (with fd attached when fd >= 0), then body, within clk. */
 static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const void *body,
-                      size_t bn) {
+                      size_t bn, const frame_clock *clk) {
   struct iovec iov = {(void *)head, hn};
   union {
     char buf[CMSG_SPACE(sizeof(int))];
@@ -141,17 +166,21 @@ static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const vo
     memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
   }
   ssize_t w;
-  do w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-  while (w < 0 && errno == EINTR);
-  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* nothing went: try blocking */
+  for (;;) { /* nothing went yet: the fd rides on the first byte */
+    w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w >= 0 || errno == EINTR) {
+      if (w >= 0) break;
+      continue;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return FB_EIO;
+    if (clock_past(clk)) return FB_ETIMEOUT;
     struct pollfd pf = {fd, POLLOUT, 0};
-    poll(&pf, 1, 1000);
-    do w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (w < 0 && errno == EINTR);
+    poll(&pf, 1, 50);
   }
-  if (w <= 0) return FB_EIO;
-  if ((size_t)w < hn && write_all(fd, (const uint8_t *)head + w, hn - (size_t)w)) return FB_EIO;
-  return bn ? write_all(fd, body, bn) : 0;
+  if (w == 0) return FB_EIO;
+  int rc = 0;
+  if ((size_t)w < hn) rc = write_all(fd, (const uint8_t *)head + w, hn - (size_t)w, clk);
+  return rc ? rc : bn ? write_all(fd, body, bn, clk) : 0;
 }
 
 /* Wait until fd is readable: spin (yielding) for spin_s first, then poll in
@@ -169,8 +198,9 @@ static int wait_readable(int fd, double spin_s, int step_ms) {
   return r > 0 || (r < 0 && errno != EINTR);
 }
 
-/* Read exactly n bytes (blocking); *fdout gets an fd passed with them. */
-static int read_all(int fd, void *p, size_t n, int *fdout) {
+/* Read exactly n bytes; *fdout gets an fd passed with them. Without a clock
+ * it blocks; with one it gives FB_ETIMEOUT once the clock has passed. */
+static int read_all(int fd, void *p, size_t n, int *fdout, const frame_clock *clk) {
   uint8_t *b = p;
   while (n) {
     struct iovec iov = {b, n};
@@ -186,11 +216,12 @@ static int read_all(int fd, void *p, size_t n, int *fdout) {
       mh.msg_control = u.buf;
       mh.msg_controllen = sizeof u.buf;
     }
-    ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | (clk ? MSG_DONTWAIT : 0));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (clock_past(clk)) return FB_ETIMEOUT;
       struct pollfd pf = {fd, POLLIN, 0};
-      poll(&pf, 1, 100);
+      poll(&pf, 1, 50);
       continue;
     }
     if (r <= 0) return FB_EIO;
@@ -337,6 +368,9 @@ int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
     return FB_EIO;
   }
   srv->exe[n] = 0;
+  if (getenv(FAULT_ENV))
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "%s is set: session workers will misbehave on purpose (a test hook)", FAULT_ENV);
   int want = srv->cfg->spare_workers;
   srv->spares = calloc((size_t)want + 1, sizeof *srv->spares);
   if (!srv->spares) return FB_ENOMEM;
@@ -405,6 +439,19 @@ static void fatal_reply(fbd_reply *r, int code, const char *why) {
   r->finish = 1;
   r->fatal = 1;
   snprintf(r->msg, sizeof r->msg, "%s", why);
+}
+
+/* The worker began a frame and then stalled past worker_reply_timeout_s:
+ * stuck or compromised. Kill it; only its session ends. */
+static void worker_stalled(fbd_session *s, fbd_reply *r, const char *what) {
+  proc_reap(s->proc, 1, NULL, 0);
+  s->end_reason = FBD_END_CRASHED;
+  snprintf(s->end_why, sizeof s->end_why,
+           "the session worker stalled in the middle of a %s for worker_reply_timeout_s "
+           "(%g s): it was stopped",
+           what, s->srv->cfg->worker_reply_timeout_s);
+  fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, s->end_why);
+  fatal_reply(r, FB_EINTERNAL, s->end_why);
 }
 
 /* The worker stopped answering: learn why, and say it. */
@@ -478,23 +525,27 @@ static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
       return;
     }
   }
+  /* the reply has begun: all of it within worker_reply_timeout_s */
+  frame_clock clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
   wire_rep h;
-  if (read_all(p->fd, &h, sizeof h, NULL) || h.magic != WIRE_MAGIC || h.msglen >= FBD_ERRLEN ||
-      h.pblen > WIRE_MAX_PB || h.code > 0 || h.code < FB_ELAST) {
-    worker_lost(s, r);
-    return;
+  int rc = read_all(p->fd, &h, sizeof h, NULL, &clk);
+  if (!rc && (h.magic != WIRE_MAGIC || h.msglen >= FBD_ERRLEN || h.pblen > WIRE_MAX_PB ||
+              h.code > 0 || h.code < FB_ELAST))
+    rc = FB_EIO; /* lengths bounded before anything is allocated or read */
+  if (!rc && h.msglen) rc = read_all(p->fd, r->msg, h.msglen, NULL, &clk);
+  if (!rc) r->msg[h.msglen] = 0;
+  if (!rc && h.pblen) {
+    rc = (r->pb = malloc((size_t)h.pblen)) ? read_all(p->fd, r->pb, (size_t)h.pblen, NULL, &clk)
+                                           : FB_ENOMEM;
+    if (!rc) r->pblen = (size_t)h.pblen;
   }
-  if (h.msglen && read_all(p->fd, r->msg, h.msglen, NULL)) {
-    worker_lost(s, r);
+  if (rc) {
+    free(r->pb);
+    r->pb = NULL;
+    r->pblen = 0;
+    if (rc == FB_ETIMEOUT) worker_stalled(s, r, "reply");
+    else worker_lost(s, r);
     return;
-  }
-  r->msg[h.msglen] = 0;
-  if (h.pblen) {
-    if (!(r->pb = malloc(h.pblen)) || read_all(p->fd, r->pb, h.pblen, NULL)) {
-      worker_lost(s, r);
-      return;
-    }
-    r->pblen = h.pblen;
   }
   r->code = h.code;
   r->finish = h.finish != 0;
@@ -509,8 +560,14 @@ static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extra
   uint8_t head[sizeof q + sizeof(wire_create)];
   memcpy(head, &q, sizeof q);
   if (extralen) memcpy(head + sizeof q, extra, extralen);
-  if (send_frame(s->proc->fd, head, sizeof q + extralen, j->buf.fd, GRPC_SLICE_START_PTR(j->raw),
-                 rawlen)) {
+  frame_clock clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
+  int rc = send_frame(s->proc->fd, head, sizeof q + extralen, j->buf.fd,
+                      GRPC_SLICE_START_PTR(j->raw), rawlen, &clk);
+  if (rc == FB_ETIMEOUT) { /* a worker between jobs reads at once */
+    worker_stalled(s, r, "request (it stopped reading)");
+    return;
+  }
+  if (rc) {
     worker_lost(s, r);
     return;
   }
@@ -538,8 +595,9 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
     }
   wire_rep h;
   char msg[FBD_ERRLEN] = "";
-  if (read_all(s->proc->fd, &h, sizeof h, NULL) || h.magic != WIRE_MAGIC ||
-      h.msglen >= sizeof msg || (h.msglen && read_all(s->proc->fd, msg, h.msglen, NULL))) {
+  frame_clock clk = clock_start(NULL, HELLO_TIMEOUT_S); /* no scheduler yet */
+  if (read_all(s->proc->fd, &h, sizeof h, NULL, &clk) || h.magic != WIRE_MAGIC ||
+      h.msglen >= sizeof msg || (h.msglen && read_all(s->proc->fd, msg, h.msglen, NULL, &clk))) {
     char why[256];
     proc_reap(s->proc, 1, why, sizeof why);
     fb_errf(err, errlen, "%s before it was ready", why);
@@ -569,6 +627,31 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
 
 /* ---------------------------------------------------------------- the worker process */
 
+/* A test hook that no client can reach: FUSEBOXD_FAULT_INJECT in fuseboxd's
+ * environment (the operator's, inherited by its workers) makes a worker
+ * misbehave as a compromised one might, so that tests can check the
+ * broker's walls through the public protocol. "reply-stall:NAME": the
+ * reply to a RegisterKernels naming a kernel NAME stops after its header,
+ * for good (the broker must kill the worker). */
+static char fault_stall_kernel[64];
+static int fault_armed;
+
+static void fault_init(void) {
+  const char *f = getenv(FAULT_ENV);
+  if (f && !strncmp(f, "reply-stall:", 12))
+    snprintf(fault_stall_kernel, sizeof fault_stall_kernel, "%s", f + 12);
+}
+
+static void fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m) {
+  for (size_t i = 0; fault_stall_kernel[0] && i < m->n_kernels; i++)
+    if (m->kernels[i]->name && !strcmp(m->kernels[i]->name, fault_stall_kernel)) fault_armed = 1;
+}
+
+static int fault_stall(const wire_rep *h) {
+  if (!fault_armed || !h->pblen) return 0;
+  for (;;) pause(); /* the header went; the rest never comes */
+}
+
 static int reply(int fd, const fbd_reply *r) {
   wire_rep h;
   memset(&h, 0, sizeof h);
@@ -579,8 +662,9 @@ static int reply(int fd, const fbd_reply *r) {
   h.msglen = strnlen(r->msg, sizeof r->msg - 1);
   h.pblen = r->pb ? r->pblen : 0;
   h.counters = r->counters;
-  if (write_all(fd, &h, sizeof h) || (h.msglen && write_all(fd, r->msg, h.msglen)) ||
-      (h.pblen && write_all(fd, r->pb, h.pblen)))
+  if (write_all(fd, &h, sizeof h, NULL) || fault_stall(&h) ||
+      (h.msglen && write_all(fd, r->msg, h.msglen, NULL)) ||
+      (h.pblen && write_all(fd, r->pb, h.pblen, NULL)))
     return FB_EIO;
   return 0;
 }
@@ -691,6 +775,9 @@ static int lock_down(char *err, size_t errlen) {
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                           SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  /* every thread: the engine's pools (which run the JIT code) started
+     before this, and a filter loaded without TSYNC binds only this thread */
+  if (!rc) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
   if (!rc) rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc) fb_errf(err, errlen, "cannot install the seccomp filter: %s", strerror(-rc));
@@ -828,6 +915,7 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
       fbd_exec_run(&w->x, q->kind, NULL, q->field, buf, q->buflen, r);
     }
   } else {
+    if (q->kind == FBD_J_REGISTER) fault_check_register(m);
     fbd_exec_run(&w->x, q->kind, m, q->field, NULL, 0, r);
   }
   fbp_arena_free(&a);
@@ -838,10 +926,11 @@ static void worker_loop(worker *w, double spin_s) {
     if (!wait_readable(w->fd, spin_s, -1)) continue;
     wire_req q;
     int fd = -1;
-    if (read_all(w->fd, &q, sizeof q, &fd) || q.magic != WIRE_MAGIC || q.len > WIRE_MAX_PAYLOAD)
+    if (read_all(w->fd, &q, sizeof q, &fd, NULL) || q.magic != WIRE_MAGIC ||
+        q.len > WIRE_MAX_PAYLOAD)
       break; /* the broker is gone (or mad): nothing to answer */
     uint8_t *payload = malloc(q.len ? q.len : 1);
-    if (!payload || (q.len && read_all(w->fd, payload, q.len, NULL))) break;
+    if (!payload || (q.len && read_all(w->fd, payload, q.len, NULL, NULL))) break;
     fbd_reply r;
     memset(&r, 0, sizeof r);
     worker_job(w, &q, payload, fd, &r);
@@ -859,6 +948,7 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   if (getppid() == 1) _exit(1);
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
+  fault_init();
   worker w;
   memset(&w, 0, sizeof w);
   w.fd = fd;

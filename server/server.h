@@ -65,6 +65,8 @@ typedef struct fbd_config {
       kernel_timeout_s; /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
   double
       compile_timeout_s; /* RegisterKernels (where sync mode compiles) may take this long; 0 = none */
+  double worker_reply_timeout_s; /* process isolation: a frame to or from a worker, once
+                                    begun, is whole within this, or the worker is killed */
   int spare_workers; /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
@@ -413,6 +415,7 @@ typedef struct fbd_job {
   uint32_t chunk;
   int reason; /* END */
   double posted_at; /* when it was queued (sync latency) */
+  uint64_t first_launch; /* BATCH: the session's number of its first launch (0: none) */
 } fbd_job;
 
 struct fbd_session {
@@ -441,6 +444,9 @@ struct fbd_session {
   double last_active;
   double abort_at; /* when fbd_session_abort ended it (0: not aborted) */
   uint64_t cancel_upto; /* jobs up to this number (posted) run cancelled */
+  uint64_t launches_posted; /* launches in the jobs posted so far */
+  uint64_t cancel_launches; /* jobs holding a launch numbered up to this run cancelled
+                               (Cancel's through_launch: launches not received yet) */
   fb_counters snap;
   struct fbd_stage {
     fbd_buf b;
@@ -464,9 +470,11 @@ struct fbd_session {
 fbd_job *fbd_job_new(int kind, fbd_call *call); /* refs call (may be NULL) */
 void fbd_job_free(fbd_job *j);
 /* Create a session (not yet in the engine) and its worker; it joins the
- * table. FB_EQUOTA at the session limit. Takes layout. */
+ * table, owned by owner (NULL: anonymous). FB_EQUOTA at the session limit
+ * or past the memory budget. Takes layout. */
 int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
-                    const char *peer, fbd_session **out, char *err, size_t errlen);
+                    struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
+                    size_t errlen);
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
 void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
@@ -476,9 +484,11 @@ int fbd_session_post(fbd_session *s, fbd_job *j);
  * run), running work stops at its next task boundary (process isolation:
  * its worker is killed when it does not stop within a second). */
 void fbd_session_abort(fbd_session *s, int reason, const char *why);
-/* Cancel: queued jobs are answered CANCELLED, the running one stops at its
- * next task boundary; the session lives on. The number of jobs dropped. */
-int fbd_session_cancel(fbd_session *s);
+/* Cancel: queued jobs run cancelled, the running one stops at its next task
+ * boundary, and so do jobs holding launches numbered up to through_launch
+ * (0: none) that arrive later; the session lives on. The number of jobs
+ * pending, -1 when the session has ended. */
+int fbd_session_cancel(fbd_session *s, uint64_t through_launch);
 /* Attach c as the session's stream; FB_EINVAL if one is attached. */
 int fbd_session_attach(fbd_session *s, fbd_call *c);
 /* After posting from a stream: 1 to receive the next message now, 0 when
@@ -547,10 +557,14 @@ extern const char *const fbd_mem_part_keys[FBD_MEM_NPARTS]; /* metric labels */
 void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]); /* srv->mu held */
 void fbd_budget_usage(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]);
 /* Under srv->mu: 0 when need more bytes fit in the budget, else FB_EQUOTA
- * and err: "memory budget 2.0 GiB is full: sessions 1.5 GiB, ...; WHAT of
- * 512 MiB refused" (counted in budget_refused). */
-int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what, char *err,
-                            size_t errlen);
+ * (counted in budget_refused) and err for whom the bytes are (who, the
+ * owner tenant; NULL: anonymous). With all (fbd_auth_sees_all, asked
+ * before srv->mu is taken) it names every part: "memory budget 2.0 GiB is
+ * full: sessions 1.5 GiB, ...; WHAT of 512 MiB refused (memory_budget)";
+ * without, only what that tenant may know: the budget, what its own
+ * sessions hold, what was refused. The parts always go to the log. */
+int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
+                            const struct fbd_tenant *who, int all, char *err, size_t errlen);
 /* Before a job of an async session: how many bytes of pending launches it
  * may hold (its own now plus what the budget has free). */
 uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s);

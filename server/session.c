@@ -79,11 +79,13 @@ static int new_id(char *out) {
 /* Put s in the table; FB_EQUOTA when it is full. */
 static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
   int rc = FB_EQUOTA;
+  int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   pthread_mutex_lock(&srv->mu);
   if (atomic_load(&srv->stopping)) {
     snprintf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
-  } else if (fbd_budget_admit_locked(srv, s->mem_bytes, "CreateSession", err, errlen)) {
+  } else if (fbd_budget_admit_locked(srv, s->mem_bytes, "CreateSession", atomic_load(&s->owner),
+                                     all, err, errlen)) {
     srv->st.sessions_failed++;
   } else {
     for (int i = 0; i < srv->cfg->max_sessions; i++) {
@@ -107,7 +109,8 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
 }
 
 int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
-                    const char *peer, fbd_session **out, char *err, size_t errlen) {
+                    struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
+                    size_t errlen) {
   *out = NULL;
   fbd_session *s = calloc(1, sizeof *s);
   if (!s) {
@@ -122,6 +125,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   snprintf(s->mode, sizeof s->mode, "%s", ecfg->mode ? ecfg->mode : "sync");
   s->ecfg.mode = s->mode;
   s->peer = strdup(peer ? peer : "?");
+  atomic_init(&s->owner, owner); /* before the budget's admission, which names it */
   atomic_init(&s->refs, 3); /* table, worker, caller */
   atomic_init(&s->queued, 0);
   atomic_init(&s->has_stream, 0);
@@ -178,8 +182,9 @@ static void stage_expire(fbd_session *s, double now);
 static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, char *err,
                      size_t errlen) {
   fbd_server *srv = s->srv;
+  int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   pthread_mutex_lock(&srv->mu);
-  int rc = fbd_budget_admit_locked(srv, n, what, err, errlen);
+  int rc = fbd_budget_admit_locked(srv, n, what, atomic_load(&s->owner), all, err, errlen);
   if (!rc && (rc = fbd_stage_alloc(n, fbd_isolated(srv->cfg), out)))
     snprintf(err, errlen, "%s: cannot stage %llu bytes: out of memory", what,
              (unsigned long long)n);
@@ -241,6 +246,11 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   s->depth++;
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
+  if (j->kind == FBD_J_BATCH && j->msg) { /* numbered as the client numbers them */
+    size_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+    j->first_launch = n ? s->launches_posted + 1 : 0;
+    s->launches_posted += n;
+  }
   s->last_active = fbd_now();
   j->posted_at = s->last_active;
   if (j->kind == FBD_J_END || j->kind == FBD_J_CLOSE) s->state = FBD_ENDING;
@@ -518,7 +528,8 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     }
   }
   pthread_mutex_lock(&s->mu);
-  int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0;
+  int cancel = s->cancel_upto >= s->done + 1 || s->abort_at > 0 ||
+               (j->first_launch && j->first_launch <= s->cancel_launches);
   pthread_mutex_unlock(&s->mu);
   if (s->watch) atomic_store(&s->watch->cancel, cancel);
   if (s->watch && j->kind == FBD_J_BATCH && s->ecfg.mode && !strcmp(s->ecfg.mode, "async"))
@@ -657,10 +668,13 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
   }
 }
 
-int fbd_session_cancel(fbd_session *s) {
+int fbd_session_cancel(fbd_session *s, uint64_t through_launch) {
   pthread_mutex_lock(&s->mu);
   int live = s->state == FBD_LIVE;
   s->cancel_upto = s->posted; /* every job received so far runs cancelled */
+  /* and the launches the client sent before it, which a Cancel on another
+     call may overtake on their way in */
+  if (through_launch > s->cancel_launches) s->cancel_launches = through_launch;
   int pending = (int)(s->posted - s->done);
   if (live && s->watch) atomic_store(&s->watch->cancel, 1);
   pthread_mutex_unlock(&s->mu);

@@ -145,8 +145,9 @@ int fb_remote_open_program(fb_client *c, const fb_remote_options *opt, fb_progra
 /* Close the session (queued launches are sent and run first). Returns 0
  * when the server closed it cleanly. */
 int fb_remote_close(fb_remote *r);
-/* Cancel: the launches sent so far (queued on the server, or running) stop
- * at their next task boundary, and the next sync reports each skipped one
+/* Cancel: the launches sent so far (queued on the server, running, or still
+ * on their way: the request names the last one sent) stop at their next
+ * task boundary, and the next sync reports each skipped one
  * as FB_ECANCELLED; the session lives on. Launches still buffered in this
  * client (not yet flushed) are not affected. Safe to call from a thread other than the one using r (a
  * signal-handling thread): it touches only r's id and connection. 0, or

@@ -596,6 +596,7 @@ class Session:
         self._q: "queue.Queue[Any]" = queue.Queue()
         self.closed = False
         self._seq = 0
+        self._sent = 0  # launches handed to the stream (Cancel's through_launch)
         self._names: Dict[int, str] = {}
         self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}
         self.program = Program(self._c._call("DescribeSource", self._src))
@@ -750,6 +751,7 @@ class Session:
             return
         m = pb.SessionRequest(flush=flush, sync=sync)
         m.launches.extend(self._pending)
+        self._sent += len(self._pending)
         self._pending = []
         self._q.put(m)
 
@@ -817,15 +819,17 @@ class Session:
                           Counters._from_pb(r.counters))
 
     def cancel(self, timeout: Optional[float] = None) -> int:
-        """Stop the launches the server has received so far, at their next
+        """Stop the launches sent so far, at their next
         task boundary (Cancel). Each launch it skips is reported by the next
         :meth:`sync` as a :class:`LaunchFailure` with code -14
         (FB_ECANCELLED) in a :class:`LaunchError`; writes, reads and later
         launches run as usual. Returns the requests the server had pending.
         """
         self._check_open()
-        self._send()  # what is queued here goes first (the server cancels what it has)
-        r = self._c._call("Cancel", pb.CancelRequest(session_id=self.id), timeout)
+        self._send()  # what is queued here goes first
+        # naming the last launch sent: this call may overtake them on the way
+        r = self._c._call("Cancel", pb.CancelRequest(session_id=self.id,
+                                                     through_launch=self._sent), timeout)
         return int(r.requests_pending)
 
     def counters(self, timeout: Optional[float] = None) -> Counters:

@@ -171,6 +171,52 @@ def test_sessions_over_the_budget(make_server):
     server.assert_unharmed()
 
 
+def test_refusal_tells_a_user_tenant_only_its_own(daemons):  # noqa: F811 (the fixture)
+    """With a tenants file, a user tenant's refusal names the budget, what
+    its own sessions hold and what was refused, never the server-wide
+    parts (GetStats hides them from it too): how much other tenants hold
+    is not its business. An admin's refusal and the server log name every
+    part. The refusals harm nobody: the server serves, a's field is intact."""
+    toks = {n: "tok-%s-" % n + os.urandom(8).hex() for n in ("a", "b", "root")}
+    d = daemons("unix", ["--memory-budget", "20M"],
+                tenants=[{"name": "a", "token_sha256": [sha(toks["a"])]},
+                         {"name": "b", "role": "user", "token_sha256": [sha(toks["b"])]},
+                         {"name": "root", "role": "admin", "token_sha256": [sha(toks["root"])]}])
+    a, b, root = (tenant_client(d.address, toks[n]) for n in ("a", "b", "root"))
+    pattern = bytes((i * 7 + 3) % 256 for i in range(64))
+    small = a.new_session(dense_layout(16))
+    assert a.write_field(small, 2, pattern) == len(pattern)
+    big = [a.new_session(dense_layout(FIELD // 4)) for _ in range(2)]  # 16 MiB of a's
+    mine = b.new_session(dense_layout(16))  # 64 B of b's
+    msg = expect_error(lambda: b.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
+                       "memory budget 20 MiB is full", "your sessions hold 64 B",
+                       "CreateSession of 8 MiB refused (memory_budget)")
+    for part in ("staging", "queued responses", "sessions 16", "16.0 MiB", "16 MiB"):
+        assert part not in msg, f"a user tenant learns {part!r}: {msg}"
+    # a's own refusal tells a what a holds, still without the parts
+    msg = expect_error(lambda: a.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
+                       "memory budget 20 MiB is full: your sessions hold 16",
+                       "CreateSession of 8 MiB refused")
+    assert "staging" not in msg, msg
+    # an admin sees every part, as in its GetStats
+    expect_error(lambda: root.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
+                 "memory budget 20 MiB is full: sessions 16", "staging ",
+                 "CreateSession of 8 MiB refused")
+    log = d.logtext()
+    assert re.search(r"memory budget 20 MiB is full: sessions 16[^\n]*staging[^\n]*"
+                     r"CreateSession of 8 MiB refused \(memory_budget\) for tenant b", log), log
+    assert toks["b"] not in log
+    assert b.health() == 1  # SERVING
+    assert a.read_field(small, 2) == pattern
+    for sid in big:  # a's admitted sessions still compute
+        kid = a.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[store_kernel(2)]),
+                         timeout=RPC_TIMEOUT).kernel_ids[0]
+        assert not a.run(sid, [(kid, [i32(5), i32(7)])]).errors
+    assert b.read_field(mine, 2) == bytes(64)
+    for c in (a, b, root):
+        c.close()
+
+
 def test_unread_results_are_counted_and_bounded(make_server):
     """Sync results a client never reads: what waits to go out is counted in
     the budget's queued responses part, stays small (the stream stops

@@ -87,7 +87,7 @@ def register(c, sid, *kernels):
 
 def test_workers_are_locked_down(server):
     """Each session's worker is a child process under a seccomp filter with
-    no_new_privs; a spare is kept started. (Workers are not dumpable, so
+    no_new_privs, in every thread; a spare is kept started. (Workers are not dumpable, so
     even their command line is hidden from other processes of the user.)"""
     c = server.client
     sid = c.new_session(dense_layout(16))
@@ -110,6 +110,13 @@ def test_workers_are_locked_down(server):
         assert st["Seccomp"].strip() == "2", f"worker {k} has no seccomp filter: {st}"
         assert st["NoNewPrivs"].strip() == "1"
         assert st["Name"].strip() == "fuseboxd"
+        # every thread, the engine's pools (started before the filter, and
+        # running the tenant's code) included
+        for t in os.listdir(f"/proc/{k}/task"):
+            tst = status(f"{k}/task/{t}")
+            assert not tst or tst["Seccomp"].strip() == "2", \
+                f"thread {t} of worker {k} runs without the seccomp filter: {tst}"
+            assert not tst or tst["NoNewPrivs"].strip() == "1"
     server.assert_unharmed()
 
 
@@ -179,6 +186,54 @@ def test_worker_killed_mid_sync(make_server):
         assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
 
 
+def test_worker_stalled_mid_reply(make_server, monkeypatch):
+    """A worker that sends a reply's header and then nothing (a compromised
+    or stuck worker; the test hook FUSEBOXD_FAULT_INJECT, set only in the
+    server's environment, makes the worker that registers a kernel named
+    'stall_me' do so) must not hold a broker thread: past
+    --worker-reply-timeout-s the broker kills it and fails that session's
+    call naming the problem; another session computes meanwhile and after."""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "reply-stall:stall_me")
+    server = make_server("--worker-reply-timeout-s", "1", "--kernel-timeout-s", "0",
+                         "--compile-timeout-s", "0")
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    stall = store_kernel(2)
+    stall.name = "stall_me"
+    result = {}
+
+    def run():
+        try:
+            register(c, sid, stall)
+            result["error"] = None
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    # another session registers and computes while the first one's reply stalls
+    other = c.new_session(dense_layout(16))
+    okid = register(c, other, store_kernel(2))[0]
+    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
+    th.join(RPC_TIMEOUT)
+    assert not th.is_alive(), "a stalled worker held its call past the RPC timeout"
+    err = result["error"]
+    assert err is not None and err.code() == INTERNAL, err
+    assert "stalled in the middle of a reply" in err.details(), err.details()
+    assert "worker_reply_timeout_s" in err.details(), err.details()
+    assert "stalled in the middle of a reply" in server.logtext()
+    server.assert_unharmed()
+    try:
+        c.read_field(sid, 2)
+        raise AssertionError("the stalled session answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+    # the server goes on making sessions that compute
+    third = c.new_session(dense_layout(16))
+    tkid = register(c, third, store_kernel(2))[0]
+    assert list(c.run(third, [(tkid, [i32(1), i32(5)])]).errors) == []
+
+
 def test_cancel_stops_queued_launches(server):
     """Cancel: the launches received so far stop at the next task boundary,
     each is reported with FB_ECANCELLED under its own number, and the
@@ -193,7 +248,7 @@ def test_cancel_stops_queued_launches(server):
     n = 200
     s.send(launches=[pb.Launch(kernel=busy) for _ in range(n)])
     time.sleep(0.2)  # let the first launches start (not a timing assertion)
-    cancel(pb.CancelRequest(session_id=sid), timeout=RPC_TIMEOUT)
+    cancel(pb.CancelRequest(session_id=sid, through_launch=n), timeout=RPC_TIMEOUT)
     res = s.sync(1)
     assert res.seq == n
     cancelled = [e for e in res.errors if e.code == FB_ECANCELLED]
@@ -206,6 +261,34 @@ def test_cancel_stops_queued_launches(server):
     assert list(res2.errors) == [] and res2.seq == n + 1
     assert c.read_field(sid, 2)[28:32] == (70).to_bytes(4, "little")
     s.close()  # (the stream's end ends the session)
+    server.assert_unharmed()
+
+
+def test_cancel_that_overtakes_its_launches(server):
+    """Cancel is a call of its own, so it may reach the server before the
+    launches sent just before it on the Session stream. With through_launch
+    (the client's count of launches sent) those launches run cancelled when
+    they arrive; here the Cancel is sent first on purpose. Later launches
+    run."""
+    c = server.client
+    sid = c.new_session(dense_layout(256))
+    busy, poke = register(c, sid, busy_kernel(2), store_kernel(2))
+    cancel = c.channel.unary_unary("/fusebox.v1.Fusebox/Cancel",
+                                   request_serializer=pb.CancelRequest.SerializeToString,
+                                   response_deserializer=pb.CancelResponse.FromString)
+    n = 50
+    cancel(pb.CancelRequest(session_id=sid, through_launch=n), timeout=RPC_TIMEOUT)
+    s = Stream(c, sid)
+    s.send(launches=[pb.Launch(kernel=busy) for _ in range(n)])
+    res = s.sync(1)
+    assert res.seq == n
+    assert res.errors and all(e.code == FB_ECANCELLED for e in res.errors), list(res.errors)
+    assert all(1 <= e.seq <= n for e in res.errors)
+    s.send(launches=[pb.Launch(kernel=poke, args=[i32(7), i32(70)])])
+    res2 = s.sync(2)
+    assert list(res2.errors) == [] and res2.seq == n + 1
+    assert c.read_field(sid, 2)[28:32] == (70).to_bytes(4, "little")
+    s.close()
     server.assert_unharmed()
 
 
