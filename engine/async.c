@@ -154,7 +154,7 @@ static int traced_optimize(fb_session *s, uint64_t no) {
 static int flush_plain(fb_session *s, uint64_t no, fb_opt_batch **b) {
   async_state *a = s->as;
   char why[512];
-  snprintf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
+  fb_errf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
   fb_opt_options saved = *fb_opt_get_options(a->o), plain = saved;
   plain.passes = 0;
   plain.check = 0;

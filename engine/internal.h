@@ -215,14 +215,10 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...)
 static inline int fail(fb_session *s, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  fb_verrf(s->err, sizeof s->err, fmt, ap);
   va_end(ap);
   s->err_bg = 0;
   return code;
-}
-
-static inline void set_err(char *err, size_t errlen, const char *msg) {
-  if (err && errlen) snprintf(err, errlen, "%s", msg);
 }
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */

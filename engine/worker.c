@@ -20,7 +20,7 @@ void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const c
   } else {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->err.msg, sizeof a->err.msg, fmt, ap);
+    fb_verrf(a->err.msg, sizeof a->err.msg, fmt, ap);
     va_end(ap);
     a->err.code = code;
     a->err.launch = launch;
@@ -375,7 +375,7 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
     r->slot[slot] = L;
   } else if (rc && s->e->ops->queued) { /* refused before it was queued */
     if (!r->dev_rc && launch_refused(r, L, rc)) return;
-    if (!msg[0]) snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
+    if (!msg[0]) fb_errf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
   }
   if (s->trace) {
     char args[96];

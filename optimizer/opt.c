@@ -114,7 +114,7 @@ static int
 fail(fb_opt *o, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(o->err, sizeof o->err, fmt, ap);
+  fb_verrf(o->err, sizeof o->err, fmt, ap);
   va_end(ap);
   return code;
 }
@@ -1120,7 +1120,7 @@ void fb_opt_set_trace(fb_opt *o, fb_opt_trace_fn fn, void *user) {
 
 int fb_opt_check(fb_opt *o, char *err, size_t errlen) {
   if (materialize(o)) {
-    snprintf(err, errlen, "%s", o->err);
+    fb_errf(err, errlen, "%s", o->err);
     return FB_ENOMEM;
   }
   return fb_sfg_check(&o->g, o->bank, err, errlen);

@@ -497,7 +497,7 @@ static int
 bad(char *err, size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  if (err && n) vsnprintf(err, n, fmt, ap);
+  fb_verrf(err, n, fmt, ap);
   va_end(ap);
   return FB_EINTERNAL;
 }
