@@ -164,6 +164,8 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
     return FB_ENOMEM;
   }
   pthread_mutex_init(&a->mu, NULL);
+  fb_map_init(&a->seen, 0);
+  fb_map_init(&a->cmap, sizeof(fb_rt_task));
   s->as = a;
   a->flush_every = cfg->flush_every < 0 ? 0
                    : cfg->flush_every   ? cfg->flush_every
@@ -262,7 +264,7 @@ void fb_session_destroy(fb_session *s) {
   if (s->as) {
     fb_opt_free(s->as->o);
     free(s->as->win);
-    free(s->as->seen);
+    fb_map_free(&s->as->seen);
     pthread_mutex_destroy(&s->as->mu);
     free(s->as);
   }
