@@ -6,7 +6,10 @@
  * JIT targets the host CPU). Counted as STREAM counts: 8 bytes per
  * element for a copy, 12 for a triad (f32), no write-allocate traffic.
  * Each repetition does 10 passes, as one step of a stream_* session does,
- * so the ms per repetition compare directly with `fusebox bench`.
+ * so the ms per repetition compare directly with `fusebox bench`; so does
+ * the process CPU time per repetition (all threads), printed as `cpu`,
+ * with `fusebox bench`'s `cpu ms`: on a loaded machine, where the wall
+ * clock is mostly the scheduler, that is the figure to compare.
  *
  *   build-rel/bench/stream_ref [n (8388608)] [threads (online CPUs)] [reps (10)]
  */
@@ -39,9 +42,9 @@ static void *run(void *p) {
   return NULL;
 }
 
-static double now_s(void) {
+static double clock_s(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(id, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -62,8 +65,8 @@ int main(int argc, char **argv) {
         *c = malloc((size_t)n * sizeof *c);
   pthread_t *th = malloc((size_t)nt * sizeof *th);
   job *jobs = malloc((size_t)nt * sizeof *jobs);
-  double *t = malloc((size_t)reps * sizeof *t);
-  if (!a || !b || !c || !th || !jobs || !t) {
+  double *t = malloc((size_t)reps * sizeof *t), *cpu = malloc((size_t)reps * sizeof *cpu);
+  if (!a || !b || !c || !th || !jobs || !t || !cpu) {
     fprintf(stderr, "stream_ref: out of memory\n");
     return 1;
   }
@@ -74,7 +77,7 @@ int main(int argc, char **argv) {
   const double bytes[2] = {8.0, 12.0};
   for (int op = 0; op < 2; op++) {
     for (long r = 0; r < reps + 1; r++) { /* the first is a warm-up */
-      double t0 = now_s();
+      double t0 = clock_s(CLOCK_MONOTONIC), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
       for (long k = 0; k < nt; k++) {
         jobs[k] = (job){a, b, c, (size_t)(n * k / nt), (size_t)(n * (k + 1) / nt), op};
         if (pthread_create(&th[k], NULL, run, &jobs[k])) {
@@ -83,13 +86,18 @@ int main(int argc, char **argv) {
         }
       }
       for (long k = 0; k < nt; k++) pthread_join(th[k], NULL);
-      if (r) t[r - 1] = now_s() - t0;
+      if (r) {
+        t[r - 1] = clock_s(CLOCK_MONOTONIC) - t0;
+        cpu[r - 1] = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+      }
     }
     qsort(t, (size_t)reps, sizeof *t, cmp);
+    qsort(cpu, (size_t)reps, sizeof *cpu, cmp);
     double gb = 10.0 * bytes[op] * (double)n / 1e9;
-    printf("  %-5s  best %8.3f ms (%6.2f GB/s)  median %8.3f ms (%6.2f GB/s)\n", names[op],
-           t[0] * 1e3, gb / t[0], t[reps / 2] * 1e3, gb / t[reps / 2]);
+    printf("  %-5s  best %8.3f ms (%6.2f GB/s)  median %8.3f ms (%6.2f GB/s)  cpu median %8.3f ms\n",
+           names[op], t[0] * 1e3, gb / t[0], t[reps / 2] * 1e3, gb / t[reps / 2],
+           cpu[reps / 2] * 1e3);
   }
-  free(a), free(b), free(c), free(th), free(jobs), free(t);
+  free(a), free(b), free(c), free(th), free(jobs), free(t), free(cpu);
   return 0;
 }

@@ -222,6 +222,9 @@ void fb_reduce_free(fb_emit *e);
 
 /* range.c: is statement id an i32 whose value always lies in [min, max]? */
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max);
+/* range.c: is statement id an f32 that is never NaN and always lies in
+ * [min, max]? */
+int fb_cg_f32_in_range(fb_emit *e, int id, double min, double max);
 /* range.c: index arithmetic in i64. After i32 statement id is emitted, give
  * it an i64 twin (e->wide[id]) equal to the sign extension of its value,
  * computed without any i32 step where that is exact: loop indices, constants,

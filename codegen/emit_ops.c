@@ -358,7 +358,11 @@ int fb_emit_value_op(fb_emit *e, int id, const fb_stmt *s) {
   case FB_OPC_CAST: {
     LLVMValueRef a = fb_emit_arg(e, s, 0);
     fb_type from = fb_emit_argtype(e, s, 0);
-    if (a && from != FB_T_VOID) v = cast_value(e, from, (fb_type)s->type, a);
+    if (a && from == FB_T_F32 && (fb_type)s->type == FB_T_I32 &&
+        fb_cg_f32_in_range(e, s->args[0], -2147483648.0, 2147483647.0))
+      v = LLVMBuildFPToSI(e->b, a, e->t_i32, ""); /* proven in range, never NaN: no saturation */
+    else if (a && from != FB_T_VOID)
+      v = cast_value(e, from, (fb_type)s->type, a);
     break;
   }
   case FB_OPC_SELECT: {

@@ -1,9 +1,13 @@
 /* Constant value ranges of i32 statements, so that bounds checks that can
  * never fail are not emitted: loop indices (from constant loop bounds or the
  * struct_for's shape) and what constants, +, -, *, min, max, select, and
- * division or remainder by positive constants make of them. Conservative:
+ * division or remainder by positive constants make of them, and casts of
+ * f32 values with a known range (see "f32 ranges" below). Conservative:
  * anything else, or anything that could wrap, has no known range and keeps
  * its check. Results are memoised per statement for one module. */
+#include <math.h>
+#include <string.h>
+
 #include "cg_internal.h"
 
 enum {
@@ -18,6 +22,7 @@ enum {
 static int fits_i32(int64_t lo, int64_t hi) { return lo >= INT32_MIN && hi <= INT32_MAX; }
 
 static int range_of(fb_emit *e, int id, int64_t *lo, int64_t *hi, int depth);
+static int frange_of(fb_emit *e, int id, double *lo, double *hi, int depth);
 
 /* Range of operand i of s. */
 static int arg_range(fb_emit *e, const fb_stmt *s, int i, int64_t *lo, int64_t *hi, int depth) {
@@ -116,19 +121,153 @@ static int compute(fb_emit *e, const fb_stmt *s, int64_t *lo, int64_t *hi, int d
     *hi = ah > bh ? ah : bh;
     return 1;
   }
-  case FB_OP_CAST:
-    if (s->nargs < 1 || s->args[0] < 0 || s->args[0] >= e->k->nstmts ||
-        e->k->stmts[s->args[0]].type != FB_T_BOOL)
-      return 0;
+  case FB_OP_CAST: {
+    if (s->nargs < 1 || s->args[0] < 0 || s->args[0] >= e->k->nstmts) return 0;
+    fb_type from = (fb_type)e->k->stmts[s->args[0]].type;
+    double fl, fh;
+    if (from == FB_T_F32 && frange_of(e, s->args[0], &fl, &fh, depth + 1)) {
+      /* f32 -> i32 truncates and saturates (NaN gives 0, never in a
+       * range): monotone, so the ends map to the ends */
+      *lo = fl <= INT32_MIN ? INT32_MIN : fl >= INT32_MAX ? INT32_MAX : (int64_t)trunc(fl);
+      *hi = fh <= INT32_MIN ? INT32_MIN : fh >= INT32_MAX ? INT32_MAX : (int64_t)trunc(fh);
+      return 1;
+    }
+    if (from != FB_T_BOOL) return 0;
     *lo = 0;
     *hi = 1;
     return 1;
+  }
   default: return binary_range(e, s, lo, hi, depth);
   }
 }
 
+/* ---------------------------------------------------------------- f32 ranges
+ * Ranges of f32 statements, so that a float index clamped into a grid
+ * (`i32(floor(min(hi, max(p, lo)) * n - 0.5))`, a bilinear sample) has an
+ * i32 range and its bounds checks go. A range [lo, hi] (doubles holding
+ * f32 values, possibly infinite) promises the value is never NaN. The
+ * IR's f32 arithmetic rounds to nearest (no fast-math, no contraction),
+ * which is monotone: the result of x op y over the box lies between the
+ * f32 roundings of the exact extreme results. Those are exact in double
+ * for products; sums and quotients are checked to be exact and, when not,
+ * the rounded end is moved out by one f32 ulp (a double-rounded value is
+ * at most that far from the correctly rounded one). min and max are
+ * fmin/fmax: NaN gives the other operand, so max(anything, [l, h]) lies
+ * in [l, +inf]. Memoised in the same state arrays as the i32 ranges (a
+ * statement has one type); the ends are stored as the doubles' bits. */
+
+/* The f32 result of an operation whose double result is x: to nearest when
+ * x is the exact result (what the f32 operation gives), else one ulp
+ * further towards dir (-1 down, +1 up). */
+static double f32_round(double x, int exact, int dir) {
+  float f = (float)x;
+  if (!exact) f = nextafterf(f, dir < 0 ? -INFINITY : INFINITY);
+  return (double)f;
+}
+
+static double fbinop(int op, double a, double b, int *exact) {
+  double r;
+  switch (op) {
+  case FB_OP_ADD:
+  case FB_OP_SUB: {
+    double bb = op == FB_OP_ADD ? b : -b;
+    r = a + bb; /* TwoSum: is the double sum exact? */
+    double bv = r - a, av = r - bv;
+    *exact = (a - av) + (bb - bv) == 0;
+    return r;
+  }
+  case FB_OP_MUL: r = a * b; *exact = 1; return r; /* 24 + 24 bits */
+  default: r = a / b; *exact = fma(r, b, -a) == 0; return r;
+  }
+}
+
+static int farith_range(fb_emit *e, const fb_stmt *s, double *lo, double *hi, int depth) {
+  double al, ah, bl, bh;
+  int ka = s->nargs > 0 && frange_of(e, s->args[0], &al, &ah, depth + 1);
+  int kb = s->nargs > 1 && frange_of(e, s->args[1], &bl, &bh, depth + 1);
+  if (s->op == FB_OP_MIN || s->op == FB_OP_MAX) {
+    int mx = s->op == FB_OP_MAX;
+    if (!ka && !kb) return 0;
+    if (!ka || !kb) { /* the other may be anything, NaN included */
+      double l = ka ? al : bl, h = ka ? ah : bh;
+      *lo = mx ? l : -INFINITY;
+      *hi = mx ? INFINITY : h;
+      return 1;
+    }
+    *lo = mx ? fmax(al, bl) : fmin(al, bl);
+    *hi = mx ? fmax(ah, bh) : fmin(ah, bh);
+    return 1;
+  }
+  if (!ka || !kb || !isfinite(al) || !isfinite(ah) || !isfinite(bl) || !isfinite(bh)) return 0;
+  if (s->op == FB_OP_DIV && !(bl > 0 || bh < 0)) return 0;
+  double a[2] = {al, ah}, b[2] = {bl, bh};
+  *lo = INFINITY;
+  *hi = -INFINITY;
+  for (int i = 0; i < 4; i++) {
+    int exact;
+    double r = fbinop(s->op, a[i >> 1], b[i & 1], &exact);
+    double dn = f32_round(r, exact, -1), up = f32_round(r, exact, 1);
+    if (dn < *lo) *lo = dn;
+    if (up > *hi) *hi = up;
+  }
+  return isfinite(*lo) && isfinite(*hi); /* an overflow may give inf, or NaN */
+}
+
+static int fcompute(fb_emit *e, const fb_stmt *s, double *lo, double *hi, int depth) {
+  if ((fb_type)s->type != FB_T_F32) return 0;
+  switch (s->op) {
+  case FB_OP_CONST: {
+    double v = (double)(float)s->imm.f;
+    if (isnan(v)) return 0;
+    *lo = *hi = v;
+    return 1;
+  }
+  case FB_OP_CAST: { /* from i32: sitofp rounds to nearest, monotone */
+    int64_t il, ih;
+    if (s->nargs < 1 || s->args[0] < 0 || s->args[0] >= e->k->nstmts ||
+        e->k->stmts[s->args[0]].type != FB_T_I32 || !range_of(e, s->args[0], &il, &ih, depth + 1))
+      return 0;
+    *lo = (double)(float)il;
+    *hi = (double)(float)ih;
+    return 1;
+  }
+  case FB_OP_FLOOR:
+    if (!frange_of(e, s->args[0], lo, hi, depth + 1)) return 0;
+    *lo = floor(*lo);
+    *hi = floor(*hi);
+    return 1;
+  case FB_OP_ADD:
+  case FB_OP_SUB:
+  case FB_OP_MUL:
+  case FB_OP_DIV:
+  case FB_OP_MIN:
+  case FB_OP_MAX: return farith_range(e, s, lo, hi, depth);
+  default: return 0;
+  }
+}
+
+static int frange_of(fb_emit *e, int id, double *lo, double *hi, int depth) {
+  if (!e->rstate || id < 0 || id >= e->k->nstmts || depth > R_DEPTH) return 0;
+  if ((fb_type)e->k->stmts[id].type != FB_T_F32) return 0; /* i32 ranges share the memo */
+  if (e->rstate[id] == R_KNOWN) {
+    memcpy(lo, &e->rlo[id], sizeof *lo);
+    memcpy(hi, &e->rhi[id], sizeof *hi);
+    return 1;
+  }
+  if (e->rstate[id] != R_UNSEEN) return 0;
+  e->rstate[id] = R_BUSY;
+  int ok = fcompute(e, &e->k->stmts[id], lo, hi, depth);
+  e->rstate[id] = ok ? R_KNOWN : R_UNKNOWN;
+  if (ok) {
+    memcpy(&e->rlo[id], lo, sizeof *lo);
+    memcpy(&e->rhi[id], hi, sizeof *hi);
+  }
+  return ok;
+}
+
 static int range_of(fb_emit *e, int id, int64_t *lo, int64_t *hi, int depth) {
   if (id < 0 || id >= e->k->nstmts || depth > R_DEPTH) return 0;
+  if ((fb_type)e->k->stmts[id].type != FB_T_I32) return 0; /* f32 ranges share the memo */
   if (e->rstate[id] == R_KNOWN) {
     *lo = e->rlo[id];
     *hi = e->rhi[id];
@@ -143,6 +282,11 @@ static int range_of(fb_emit *e, int id, int64_t *lo, int64_t *hi, int depth) {
     e->rhi[id] = *hi;
   }
   return ok;
+}
+
+int fb_cg_f32_in_range(fb_emit *e, int id, double min, double max) {
+  double lo, hi;
+  return frange_of(e, id, &lo, &hi, 0) && lo >= min && hi <= max;
 }
 
 int fb_cg_in_range(fb_emit *e, int id, int64_t min, int64_t max) {

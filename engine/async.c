@@ -1,6 +1,7 @@
 /* The async caller's side: the launch window, flushes (optimize on the
  * caller's thread, hand the batch to the worker), the caller's code map, and
  * the sync points (fb_flush, fb_sync, return values). */
+#include "engine/engine_test.h"
 #include "engine/internal.h"
 
 /* ---------------------------------------------------------------- async: the caller's side */
@@ -86,6 +87,23 @@ void fbe_quiesce(fb_session *s) {
   if (s->trace)
     fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for the device", t0, fb_trace_clock(),
                   NULL);
+}
+
+/* Too many batches queued: wait until the worker has finished one, and
+ * free it. Not a drain: the worker keeps the batches behind it, so it
+ * never stands idle while the caller builds the next window (a drain here
+ * left it idle, and to be woken again, once every few flushes). */
+static void wait_one(fb_session *s) {
+  async_state *a = s->as;
+  double t0 = s->trace ? fb_trace_clock() : 0;
+  atomic_fetch_add(&a->waits, 1);
+  pthread_mutex_lock(&a->mu);
+  while (!a->done) pthread_cond_wait(&a->done_cv, &a->mu);
+  pthread_mutex_unlock(&a->mu);
+  fbe_reap(s);
+  if (s->trace)
+    fb_trace_span(s->trace, FB_TRACK_CLIENT, "wait", "wait for a queued batch", t0,
+                  fb_trace_clock(), NULL);
 }
 
 static int win_push(async_state *a, int kernel, const char *name) {
@@ -201,7 +219,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, int run_here) {
     fb_ordq_push(a->q, &j->link);
     /* a stream of launches faster than the worker: wait for it rather
      * than queue batches without bound */
-    if (a->inflight > FB_MAX_QUEUED_FLUSHES) fbe_quiesce(s);
+    while (a->inflight > FB_MAX_QUEUED_FLUSHES) wait_one(s);
     return 0;
   }
   free_job(s, j);
@@ -360,4 +378,8 @@ int fb_sync(fb_session *s) {
   if (!s->as) return 0;
   int rc = fbe_async_wait_all(s);
   return rc ? rc : fbe_report_bg(s);
+}
+
+uint64_t fb_session_test_queue_waits(const fb_session *s) {
+  return s && s->as ? atomic_load(&s->as->waits) : 0;
 }

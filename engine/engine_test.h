@@ -16,4 +16,9 @@
 typedef int (*fb_compile_gate)(void *user, const fb_kernel *task, char *err, size_t errlen);
 void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
 
+/* How many times an async session's caller waited for the worker to
+ * finish a batch because FB_MAX_QUEUED_FLUSHES were queued (0 in sync
+ * mode). Any thread may read it. */
+uint64_t fb_session_test_queue_waits(const fb_session *s);
+
 #endif

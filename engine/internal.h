@@ -164,6 +164,9 @@ typedef struct async_state {
   _Atomic uint64_t pending_bytes;
   uint64_t win_bytes;      /* of it, the launches not yet flushed */
   int inflight;            /* batches pushed to the worker and not yet reaped */
+  pthread_cond_t done_cv;  /* under mu: the worker finished a batch (done) */
+  _Atomic uint64_t waits;  /* flushes that waited for a batch to finish (too
+                              many queued; fb_session_test_queue_waits) */
 } async_state;
 
 struct fb_session {

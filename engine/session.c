@@ -165,6 +165,7 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
     return FB_ENOMEM;
   }
   pthread_mutex_init(&a->mu, NULL);
+  pthread_cond_init(&a->done_cv, NULL);
   fb_map_init(&a->seen, 0);
   fb_map_init(&a->cmap, sizeof(fb_rt_task));
   s->as = a;
@@ -266,6 +267,7 @@ void fb_session_destroy(fb_session *s) {
     fb_opt_free(s->as->o);
     free(s->as->win);
     fb_map_free(&s->as->seen);
+    pthread_cond_destroy(&s->as->done_cv);
     pthread_mutex_destroy(&s->as->mu);
     free(s->as);
   }

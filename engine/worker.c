@@ -507,5 +507,6 @@ void fbe_worker_run(void *user, fb_ordq_item *it) {
   pthread_mutex_lock(&s->as->mu);
   j->done_next = s->as->done;
   s->as->done = j;
+  pthread_cond_signal(&s->as->done_cv);
   pthread_mutex_unlock(&s->as->mu);
 }

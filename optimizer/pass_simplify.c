@@ -12,6 +12,9 @@
  *    value the element is known to hold), dead stores (a store overwritten
  *    at the same element before any possible read). Nested blocks, atomics
  *    and sparse operations end what is known;
+ *  - CSE and forwarding alternate until neither merges anything (at most
+ *    SIMP_ROUNDS rounds): a chain of dependent gathers that fused loops
+ *    repeat (an RK3 backtrace) merges one link per round;
  *  - dead code. */
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +49,7 @@ typedef struct simp {
   int nbuckets;
   int32_t *undo;
   int nundo, capundo;
+  int merged;     /* statements CSE or forwarding replaced or dropped */
   int oom;
 } simp;
 
@@ -209,6 +213,7 @@ static void cse_block(simp *s, int blk, int depth) {
         if (stmt_same(&s->k->stmts[e], t)) found = e;
       if (found >= 0) {
         s->rep[id] = found;
+        s->merged++;
         continue;
       }
       if (s->nundo == s->capundo) {
@@ -318,6 +323,7 @@ static void on_load(simp *s, int id, facts *known, facts *pending) {
   if (x && s->k->stmts[x->val].type == t->type) {
     s->rep[id] = x->val;
     s->drop[id] = 1;
+    s->merged++;
     return;
   }
   drop_field(pending, l.field);
@@ -379,6 +385,8 @@ static void forward_block(simp *s, int blk, int depth) {
 
 /* ---------------------------------------------------------------- driver */
 
+#define SIMP_ROUNDS 16
+
 static void rep_all(simp *s, int blk, int depth) {
   if (blk < 0 || depth > 256) return;
   const fb_block *b = &s->k->blocks[blk];
@@ -404,12 +412,19 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
   if (!s.rep || !s.drop) s.oom = 1;
   for (int i = 0; !s.oom && i < s.k->nstmts; i++) s.rep[i] = i;
   if (!s.oom) atomics_block(&s, 0, 0);
-  for (int round = 0; round < 2 && !s.oom; round++) {
+  /* CSE and load forwarding feed each other: merging two loads makes
+   * what is computed from them equal, which makes the loads at the indices
+   * computed from that equal (a chain of dependent gathers, as in an RK3
+   * backtrace repeated by fused loops, needs one round per link). Until
+   * nothing merges, at most SIMP_ROUNDS rounds. */
+  for (int round = 0, more = 1; more && round < SIMP_ROUNDS && !s.oom; round++) {
+    s.merged = 0;
     cse(&s);
     free(s.uses);
     s.uses = s.oom ? NULL : fb_ir_use_counts(s.k);
     if (!s.uses) s.oom = 1;
     if (!s.oom) forward_block(&s, 0, 0);
+    more = s.merged > 0;
   }
   if (!s.oom) rep_all(&s, 0, 0);
   fb_kernel *out = NULL;

@@ -9,6 +9,7 @@
  * agree; the SFG trace and the trace-event timeline come out well formed. */
 #include <ctype.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1575,6 +1576,53 @@ START_TEST(repeating_stream_plans) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- back-pressure */
+
+typedef struct gate {
+  fb_session *s;
+  atomic_int checked; /* the test has looked at the counters */
+} gate;
+
+/* Wait (bounded) until cond(g) holds. */
+static void gate_wait(gate *g, int which) {
+  for (int i = 0; i < 20000; i++) {
+    if (which == 0 && fb_session_test_queue_waits(g->s) >= 1) return;
+    if (which == 1 && atomic_load(&g->checked)) return;
+    usleep(1000);
+  }
+}
+
+/* Holds launch 0's task until the caller waits on the full queue, then
+ * launch 1's until the test has checked what ran. */
+static int hold_worker(void *user, const char *kernel, const char *task, uint64_t launch) {
+  (void)task;
+  if (kernel && launch <= 1) gate_wait(user, (int)launch);
+  return 0;
+}
+
+/* A caller faster than the worker waits, once FB_MAX_QUEUED_FLUSHES
+ * batches are queued, for one batch to finish, not for the queue to
+ * empty: the worker always has the next batch. */
+START_TEST(full_queue_waits_for_one_batch) {
+  tsess t = trigger_session(1); /* every launch is a flush */
+  gate g = {t.s, 0};
+  fb_session_set_task_hook(t.s, hold_worker, &g);
+  incs(&t, FB_MAX_QUEUED_FLUSHES + 1); /* the last one waited for batch 0 */
+  ck_assert_uint_eq(fb_session_test_queue_waits(t.s), 1);
+  fb_counters c = counters(t.s);
+  ck_assert_uint_eq(c.flushes, FB_MAX_QUEUED_FLUSHES + 1);
+  ck_assert_uint_eq(c.tasks_launched, 1); /* batch 1 and the rest still queued */
+  atomic_store(&g.checked, 1);
+  incs(&t, 20);
+  ck_assert_int_eq(fb_sync(t.s), 0);
+  fb_session_set_task_hook(t.s, NULL, NULL);
+  ck_assert_int_eq(x5(&t), FB_MAX_QUEUED_FLUSHES + 21);
+  ck_assert_uint_eq(counters(t.s).tasks_launched, FB_MAX_QUEUED_FLUSHES + 21);
+  ck_assert_uint_ge(fb_session_test_queue_waits(t.s), 1);
+  tsess_free(&t);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- cancel */
 
 static int cancel_all(void *user, const char *kernel, const char *task, uint64_t launch) {
@@ -1658,6 +1706,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, lists_across_flushes);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
+  tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -438,7 +438,25 @@ static const char *FAST_SRC =
     "kernel grid_copy() { for i, j in q { r[i, j] = q[i, j] + q[(i + 5) % 24, j] } }\n"
     "kernel groups() { for i, j in m { mm[i, j] = m[(i + 61) % 120, 1 - j] + m[i, j] } }\n"
     "kernel scatter() { for i in 0 .. 4096 { acc[i % 8] += x[i] } }\n"
-    "kernel scatter2() { for i in 0 .. 4096 { gv[i % 8] += [x[i], 0.5 * x[i] + 1.0] } }\n";
+    "kernel scatter2() { for i in 0 .. 4096 { gv[i % 8] += [x[i], 0.5 * x[i] + 1.0] } }\n"
+    /* a bilinear-style gather at a clamped float point: f32 ranges prove
+     * a in [0, 38] and b in [0, 38] (g is 48 x 40), so no bounds checks;
+     * the lower clamp hits 0.0 exactly (floor(0) = 0); NaN and inf
+     * inputs clamp too (fmax, fmin) */
+    "kernel bilerp() { for i, j in g {\n"
+    "  let p = min(38.9, max(g[i, j] * 0.02 - 3.0, 0.0))\n"
+    /* 0 / (i - 5) is NaN on row 5, which max() clamps to 0.25 */
+    "  let q = min(38.5, max(f32(j) * 1.5 - 20.0 + 0.0 / (f32(i) - 5.0), 0.25))\n"
+    "  let a = i32(floor(p))\n"
+    "  let b = i32(floor(q))\n"
+    "  h[i, j] = g[a, b] + g[a + 1, b + 1] * 0.5 + g[i32(floor(p * 0.5)), 39 - b]\n"
+    "} }\n"
+    /* the same with a clamp that lets a + 1 reach 48: that check stays */
+    "kernel bilerp_wide() { for i, j in g {\n"
+    "  let p = min(47.5, max(g[i, j] * 0.02 - 3.0, 0.0))\n"
+    "  let a = i32(floor(p))\n"
+    "  h[i, j] = g[a, j] + g[a + 1, j]\n"
+    "} }\n";
 
 /* The O3 IR of fb_body of the only parallel task of kernel k. */
 static char *fast_ir(fb_program *p, const char *kernel) {
@@ -511,6 +529,19 @@ START_TEST(test_fast_ir) {
                     !strstr(ir, "atomicrmw") && !strstr(ir, "seq_cst"),
                 "scatter2: not one monotonic 64-bit compare-and-swap per cell:\n%s", ir);
   free(ir);
+  /* indices from clamped floats: no bounds check, so no error latch (a
+   * compare-and-swap on the context's error word), where the clamp
+   * proves them in range; one where it does not */
+  ir = fast_ir(p, "bilerp");
+  ck_assert_msg(!strstr(ir, "cmpxchg") && !strstr(ir, "fb.error"),
+                "bilerp: bounds checks on proven float indices:\n%s", ir);
+  /* and the float -> int casts need no saturation (never NaN, in range) */
+  ck_assert_msg(strstr(ir, "fptosi") && !strstr(ir, "fptosi.sat"),
+                "bilerp: saturating casts of proven floats:\n%s", ir);
+  free(ir);
+  ir = fast_ir(p, "bilerp_wide");
+  ck_assert_msg(strstr(ir, "cmpxchg"), "bilerp_wide: the check a + 1 < 48 is gone:\n%s", ir);
+  free(ir);
   fb_program_free(p);
 }
 END_TEST
@@ -526,7 +557,8 @@ START_TEST(test_fast_results) {
   ck_assert_ptr_nonnull(js->root);
   fb_cpu_jit *j = new_jit();
   const char *ks[] = {"init",   "saxpy",   "stencil", "split_copy", "copy2d",   "grid_copy",
-                      "groups", "scatter", "saxpy",   "scatter",    "scatter2", "scatter2"};
+                      "groups", "scatter", "saxpy",   "scatter",    "scatter2", "scatter2",
+                      "bilerp", "saxpy",   "bilerp"};
   for (size_t n = 0; n < sizeof ks / sizeof ks[0]; n++) {
     fb_kernel *k = NULL;
     fb_diags d;
@@ -548,7 +580,7 @@ START_TEST(test_fast_results) {
     ck_assert_int_eq(fb_interp_run(in, k, NULL, 0, &ret), 0);
     char what[64];
     snprintf(what, sizeof what, "after %s", ks[n]);
-    /* exact: every float sum here is of multiples of 0.5 below 2^23 */
+    /* exact: the same IEEE f32 operations on both sides (no fast-math) */
     ck_assert_msg(compare_fields(l, in, js->root, 0, what) == 0, "%s: fields differ", what);
   }
   fb_cpu_jit_free(j);

@@ -91,8 +91,8 @@ enum {
  * the SFG of a stream that is never flushed would grow without bound. */
 #define FB_MAX_PENDING_TASKS 65536
 /* Flushed batches an async session may have waiting for its worker: the
- * flush that hands out one more waits until the worker has run them all,
- * so what a stream of launches holds is bounded too
+ * flush that hands out one more waits until the worker has finished one of
+ * them, so what a stream of launches holds is bounded too
  * (fb_session_pending_bytes). */
 #define FB_MAX_QUEUED_FLUSHES 4
 /* What one pending task is counted as in fb_session_pending_bytes, besides
