@@ -27,7 +27,7 @@ static void cerr(fb_client *c, const char *fmt, ...)
 static void cerr(fb_client *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  fb_verrf(c->err, sizeof c->err, fmt, ap);
   va_end(ap);
 }
 

@@ -65,7 +65,7 @@ static int rerr(fb_remote *r, int code, const char *fmt, ...)
 static int rerr(fb_remote *r, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(r->err, sizeof r->err, fmt, ap);
+  fb_verrf(r->err, sizeof r->err, fmt, ap);
   va_end(ap);
   return code;
 }

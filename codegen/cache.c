@@ -22,6 +22,7 @@
 
 #include "codegen/codegen.h"
 #include "ir/base.h"
+#include "ir/map.h"
 
 typedef struct entry {
   uint64_t key;
@@ -33,7 +34,7 @@ typedef struct entry {
   uint64_t bytes;    /* what it counts against the limit */
   int pins;          /* owners holding it; never evicted while > 0 */
   int forever;       /* got or put without pins: never evicted */
-  struct entry *next;            /* bucket chain */
+  struct entry *next;            /* evicted entries, to drop */
   struct entry *newer, *older;   /* LRU list */
 } entry;
 
@@ -45,8 +46,8 @@ struct fb_code_pins {
 
 struct fb_code_cache {
   pthread_mutex_t mu;
-  entry **buckets;
-  size_t nbuckets, nentries;
+  fb_map byk;              /* key -> entry * (several entries per key) */
+  size_t nentries;
   entry *newest, *oldest;
   uint64_t bytes, limit;   /* limit 0: none */
   uint64_t pinned_bytes;   /* of bytes, in entries pinned now (kept as pins change) */
@@ -67,12 +68,7 @@ static int loop_position(const fb_cg_task *t) {
 fb_code_cache *fb_code_cache_new(void) {
   fb_code_cache *c = calloc(1, sizeof *c);
   if (!c) return NULL;
-  c->nbuckets = 64;
-  c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
-  if (!c->buckets) {
-    free(c);
-    return NULL;
-  }
+  fb_map_init(&c->byk, sizeof(entry *));
   pthread_mutex_init(&c->mu, NULL);
   return c;
 }
@@ -85,14 +81,13 @@ static void entry_free(entry *e) {
 
 void fb_code_cache_free(fb_code_cache *c, void (*drop)(void *user, fb_code_val *v), void *user) {
   if (!c) return;
-  for (size_t b = 0; b < c->nbuckets; b++) {
-    for (entry *e = c->buckets[b], *n; e; e = n) {
-      n = e->next;
-      if (drop) drop(user, &e->val);
-      entry_free(e);
-    }
+  for (size_t i = 0; i < c->byk.cap; i++) {
+    entry **v = fb_map_at(&c->byk, i, NULL);
+    if (!v) continue;
+    if (drop) drop(user, &(*v)->val);
+    entry_free(*v);
   }
-  free(c->buckets);
+  fb_map_free(&c->byk);
   pthread_mutex_destroy(&c->mu);
   free(c);
 }
@@ -115,10 +110,11 @@ static void lru_push(fb_code_cache *c, entry *e) {
   if (!c->oldest) c->oldest = e;
 }
 
-static void bucket_unlink(fb_code_cache *c, entry *e) {
-  for (entry **p = &c->buckets[e->key % c->nbuckets]; *p; p = &(*p)->next)
-    if (*p == e) {
-      *p = e->next;
+static void index_unlink(fb_code_cache *c, entry *e) {
+  size_t it = 0;
+  for (entry **v; (v = fb_map_next(&c->byk, e->key, &it));)
+    if (*v == e) {
+      fb_map_del_at(&c->byk, it);
       return;
     }
 }
@@ -130,7 +126,7 @@ static void evict_locked(fb_code_cache *c, entry **out) {
     n = e->newer;
     if (e->pins || e->forever) continue;
     lru_unlink(c, e);
-    bucket_unlink(c, e);
+    index_unlink(c, e);
     c->bytes -= e->bytes;
     c->nentries--;
     c->evictions++;
@@ -232,10 +228,12 @@ void fb_code_pins_release(fb_code_pins *p) {
 /* ---------------------------------------------------------------- lookup */
 
 static entry *find(fb_code_cache *c, const fb_code_key *k, const fb_kernel *ir) {
-  for (entry *e = c->buckets[k->key % c->nbuckets]; e; e = e->next)
-    if (e->key == k->key && e->loop_pos == k->loop_pos && e->partition == k->partition &&
-        fb_kernel_equal(e->ir, ir))
+  size_t it = 0;
+  for (entry **v; (v = fb_map_next(&c->byk, k->key, &it));) {
+    entry *e = *v;
+    if (e->loop_pos == k->loop_pos && e->partition == k->partition && fb_kernel_equal(e->ir, ir))
       return e;
+  }
   return NULL;
 }
 
@@ -260,22 +258,6 @@ int fb_code_cache_get(fb_code_cache *c, const fb_code_key *k, const fb_kernel *i
   }
   pthread_mutex_unlock(&c->mu);
   return e != NULL;
-}
-
-static void grow(fb_code_cache *c) {
-  size_t nb = c->nbuckets * 2;
-  entry **v = calloc(nb, sizeof *v);
-  if (!v) return; /* keep the longer chains */
-  for (size_t b = 0; b < c->nbuckets; b++) {
-    for (entry *e = c->buckets[b], *n; e; e = n) {
-      n = e->next;
-      e->next = v[e->key % nb];
-      v[e->key % nb] = e;
-    }
-  }
-  free(c->buckets);
-  c->buckets = v;
-  c->nbuckets = nb;
 }
 
 /* What an entry holds besides the back end's code: itself, the IR clone and
@@ -319,9 +301,14 @@ int fb_code_cache_put(fb_code_cache *c, const fb_code_key *k, const fb_kernel *i
     entry_free(e);
     return 1;
   }
-  if (c->nentries >= c->nbuckets) grow(c);
-  e->next = c->buckets[k->key % c->nbuckets];
-  c->buckets[k->key % c->nbuckets] = e;
+  entry **slot = fb_map_add(&c->byk, k->key);
+  if (!slot) { /* out of memory: as above, the code is not cached */
+    pthread_mutex_unlock(&c->mu);
+    entry_free(e);
+    *kept = *val;
+    return 0;
+  }
+  *slot = e;
   c->nentries++;
   c->bytes += e->bytes;
   lru_push(c, e);

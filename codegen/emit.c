@@ -23,12 +23,10 @@ static int emit_block(fb_emit *e, int blk);
 
 int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
   if (e->rc) return e->rc;
-  if (e->err && e->errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->err, e->errlen, fmt, ap);
-    va_end(ap);
-  }
+  va_list ap;
+  va_start(ap, fmt);
+  fb_verrf(e->err, e->errlen, fmt, ap);
+  va_end(ap);
   return e->rc = code;
 }
 

@@ -30,12 +30,10 @@ static void llvm_init_targets(void) {
 void fb_cg_llvm_init(void) { pthread_once(&llvm_once, llvm_init_targets); }
 
 int fb_cg_fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
+  va_list ap;
+  va_start(ap, fmt);
+  fb_verrf(err, errlen, fmt, ap);
+  va_end(ap);
   return code;
 }
 

@@ -3,6 +3,7 @@
  * storage of a cell with the allocating SNodes nested in it (for
  * deactivation and gc). codegen/ bakes them into task modules as constant
  * arrays of i64; runtime/ uses them to size lists and allocators. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,8 +36,15 @@ uint64_t fb_cg_mask_bytes(const fb_snode *n) {
   return n->kind == FB_SN_BITMASKED ? n->node_bytes - (uint64_t)n->ncells * n->cell_bytes : 0;
 }
 
-static int fail(char *err, size_t errlen, const char *fmt, int a, int b) {
-  if (err && errlen) snprintf(err, errlen, fmt, a, b);
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static int
+fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fb_verrf(err, errlen, fmt, ap);
+  va_end(ap);
   return FB_EUNSUPPORTED;
 }
 

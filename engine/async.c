@@ -10,54 +10,28 @@
 
 #define CMAP_MAX 4096 /* entries; past it the map starts over */
 
+static uint64_t cmap_key(fb_irh h) { return (uint64_t)(uint32_t)h; }
+
 static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) {
-  if (!a->capcmap) return NULL;
-  for (int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));;
-       i = (i + 1) & (a->capcmap - 1)) {
-    if (a->cmap[i].h == h) return &a->cmap[i].code;
-    if (a->cmap[i].h == FB_IRH_NONE) return NULL;
-  }
+  return fb_map_get(&a->cmap, cmap_key(h));
 }
 
 /* Forget every entry, giving the references back. */
 void fbe_cmap_clear(async_state *a) {
-  for (int i = 0; i < a->capcmap; i++)
-    if (a->cmap[i].h != FB_IRH_NONE) fb_opt_release(a->o, a->cmap[i].h);
-  free(a->cmap);
-  a->cmap = NULL;
-  a->ncmap = a->capcmap = 0;
-}
-
-static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code);
-
-static int cmap_grow(async_state *a) {
-  if (a->capcmap >= 2 * CMAP_MAX) fbe_cmap_clear(a);
-  int old = a->capcmap, cap = old ? old * 2 : 256;
-  code_ent *prev = a->cmap, *v = malloc(sizeof *v * (size_t)cap);
-  if (!v) return 0;
-  for (int i = 0; i < cap; i++) v[i].h = FB_IRH_NONE;
-  a->cmap = v;
-  a->capcmap = cap;
-  a->ncmap = 0;
-  for (int i = 0; i < old; i++) /* the new entry takes a reference: drop the old one */
-    if (prev[i].h != FB_IRH_NONE) {
-      cmap_put(a, prev[i].h, &prev[i].code);
-      fb_opt_release(a->o, prev[i].h);
-    }
-  free(prev);
-  return 1;
+  uint64_t key;
+  for (size_t i = 0; i < a->cmap.cap; i++)
+    if (fb_map_at(&a->cmap, i, &key)) fb_opt_release(a->o, (fb_irh)(uint32_t)key);
+  fb_map_free(&a->cmap);
 }
 
 /* Remember the code of h (taking a reference of the map's own). */
 static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
   if (cmap_get(a, h)) return;
-  if ((a->ncmap + 1) * 2 > a->capcmap && !cmap_grow(a)) return;
-  int i = (int)(((unsigned)h * 2654435761u) & (unsigned)(a->capcmap - 1));
-  while (a->cmap[i].h != FB_IRH_NONE) i = (i + 1) & (a->capcmap - 1);
+  if (a->cmap.n >= CMAP_MAX) fbe_cmap_clear(a);
+  fb_rt_task *v = fb_map_put(&a->cmap, cmap_key(h), NULL);
+  if (!v) return; /* out of memory: the code is compiled again when needed */
   fb_opt_retain(a->o, h);
-  a->cmap[i].h = h;
-  a->cmap[i].code = *code;
-  a->ncmap++;
+  *v = *code;
 }
 
 /* The code of each entry, where the map has it. */
@@ -172,7 +146,7 @@ static int traced_optimize(fb_session *s, uint64_t no) {
 static int flush_plain(fb_session *s, uint64_t no, fb_opt_batch **b) {
   async_state *a = s->as;
   char why[512];
-  snprintf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
+  fb_errf(why, sizeof why, "%s", fb_opt_errmsg(a->o)[0] ? fb_opt_errmsg(a->o) : "no message");
   fb_opt_options saved = *fb_opt_get_options(a->o), plain = saved;
   plain.passes = 0;
   plain.check = 0;

@@ -57,6 +57,7 @@
 #include "codegen/codegen.h"
 #include "engine/engine_test.h"
 #include "fusebox/engine.h"
+#include "ir/map.h"
 #include "optimizer/optimizer.h"
 #include "runtime/runtime.h"
 
@@ -119,12 +120,6 @@ typedef struct async_job {
                               nothing later (fbe_run_batch checks) */
 } async_job;
 
-/* Compiled code of a banked task IR (async_state.cmap). */
-typedef struct code_ent {
-  fb_irh h;
-  fb_rt_task code;
-} code_ent;
-
 /* The first error of the background launches since the last report. */
 typedef struct bg_error {
   int code;                /* 0: none */
@@ -168,12 +163,10 @@ typedef struct async_state {
   /* the launcher's (the worker, or the caller while the worker is idle):
    * task IR it has had compiled, a hint that the code cache holds it, so
    * that it looks the code up itself instead of waking a compile thread */
-  uint64_t *seen;          /* open addressing; 0 = empty */
-  size_t nseen, capseen;
+  fb_map seen;             /* a set of (handle, IR) keys */
   /* the caller's: code of task IR, by handle (each holds a reference, so
    * a handle in the map always names the same IR) */
-  code_ent *cmap;          /* open addressing; h == FB_IRH_NONE: empty */
-  int ncmap, capcmap;
+  fb_map cmap;             /* handle -> fb_rt_task */
   /* the caller's: what pending launches hold (fb_session_pending_bytes) */
   _Atomic uint64_t pending_bytes;
   uint64_t win_bytes;      /* of it, the launches not yet flushed */
@@ -224,14 +217,10 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...)
 static inline int fail(fb_session *s, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(s->err, sizeof s->err, fmt, ap);
+  fb_verrf(s->err, sizeof s->err, fmt, ap);
   va_end(ap);
   s->err_bg = 0;
   return code;
-}
-
-static inline void set_err(char *err, size_t errlen, const char *msg) {
-  if (err && errlen) snprintf(err, errlen, "%s", msg);
 }
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */

@@ -56,17 +56,17 @@ int fbe_oom_message(fb_session *s, char *buf, size_t len) {
   const fb_snode *n = &s->layout->nodes[sn];
   char name[160];
   if (s->mem.limit)
-    snprintf(buf, len,
-             "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
-             "limit %llu bytes)",
-             snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
-             (unsigned long long)bytes, (unsigned long long)s->mem.limit);
+    fb_errf(buf, len,
+            "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+            "limit %llu bytes)",
+            snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+            (unsigned long long)bytes, (unsigned long long)s->mem.limit);
   else
-    snprintf(buf, len,
-             "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
-             "the block pool is exhausted)",
-             snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
-             (unsigned long long)bytes);
+    fb_errf(buf, len,
+            "out of device memory allocating a block of SNode %s (%s, %llu bytes; "
+            "the block pool is exhausted)",
+            snode_label(n, name, sizeof name), fb_snode_kind_name(n->kind),
+            (unsigned long long)bytes);
   return 1;
 }
 

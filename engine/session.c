@@ -10,18 +10,17 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   *out = NULL;
   const char *be = cfg && cfg->backend ? cfg->backend : "cpu";
   if (strcmp(be, "cpu") != 0 && strcmp(be, "auto") != 0 && strcmp(be, "cuda") != 0) {
-    if (err && errlen)
-      snprintf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
+    fb_errf(err, errlen, "unknown backend '%s' (expected cpu, cuda or auto)", be);
     return FB_EINVAL;
   }
   int threads = cfg ? cfg->cpu_threads : 0;
   if (threads < 0 || (cfg && cfg->compile_threads < 0)) {
-    set_err(err, errlen, "thread counts must be >= 0 (0 = one per core)");
+    fb_errf(err, errlen, "thread counts must be >= 0 (0 = one per core)");
     return FB_EINVAL;
   }
   fb_engine *e = calloc(1, sizeof *e);
   if (!e) {
-    set_err(err, errlen, "out of memory");
+    fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
@@ -30,7 +29,7 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     char why[512];
     int rc = cuda->open(threads, &gpu, why, sizeof why);
     if (rc && strcmp(be, "cuda") == 0) {
-      set_err(err, errlen, why);
+      fb_errf(err, errlen, "%s", why);
       free(e);
       return rc;
     }
@@ -136,13 +135,13 @@ static unsigned opt_passes(unsigned p) {
 
 static int check_async_config(const fb_session_config *cfg, char *msg, size_t len) {
   if (cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT)) {
-    snprintf(msg, len, "unknown pass bits 0x%x (expected FB_PASSES_* bits)",
-             cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT));
+    fb_errf(msg, len, "unknown pass bits 0x%x (expected FB_PASSES_* bits)",
+            cfg->passes & ~(unsigned)(FB_PASSES_ALL | FB_PASSES_EXACT));
     return FB_EINVAL;
   }
   if (cfg->max_fuse_per_task < 0) {
-    snprintf(msg, len, "max_fuse_per_task must be >= 0 (0 = default), not %d",
-             cfg->max_fuse_per_task);
+    fb_errf(msg, len, "max_fuse_per_task must be >= 0 (0 = default), not %d",
+            cfg->max_fuse_per_task);
     return FB_EINVAL;
   }
   return 0;
@@ -162,11 +161,13 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   if (rc || (rc = engine_cpool(s->e, msg, len))) return rc;
   async_state *a = calloc(1, sizeof *a);
   if (!a) {
-    snprintf(msg, len, "out of memory");
+    fb_errf(msg, len, "out of memory");
     return FB_ENOMEM;
   }
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->done_cv, NULL);
+  fb_map_init(&a->seen, 0);
+  fb_map_init(&a->cmap, sizeof(fb_rt_task));
   s->as = a;
   a->flush_every = cfg->flush_every < 0 ? 0
                    : cfg->flush_every   ? cfg->flush_every
@@ -179,7 +180,7 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   o.max_fuse_per_task = cfg->max_fuse_per_task ? cfg->max_fuse_per_task : 1;
   backend_fuse_limits(s->e, &o);
   if (!(a->o = fb_opt_new(s->layout, &o))) {
-    snprintf(msg, len, "out of memory (optimizer context)");
+    fb_errf(msg, len, "out of memory (optimizer context)");
     return FB_ENOMEM;
   }
   return fb_ordq_new(fbe_worker_run, s, &a->q, msg, len);
@@ -191,18 +192,17 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   *out = NULL;
   if (!e || !layout) return FB_EINVAL;
   if (!layout->finalized) {
-    set_err(err, errlen, "the session's layout is not finalized");
+    fb_errf(err, errlen, "the session's layout is not finalized");
     return FB_EINVAL;
   }
   if (cfg && !check_mode(cfg->mode)) {
-    snprintf(msg, sizeof msg, "unknown session mode '%s' (expected sync or async)", cfg->mode);
-    set_err(err, errlen, msg);
+    fb_errf(err, errlen, "unknown session mode '%s' (expected sync or async)", cfg->mode);
     return FB_EINVAL;
   }
   fb_session *s = calloc(1, sizeof *s);
   if (!s || !(s->layout = fb_layout_clone(layout))) {
     free(s);
-    set_err(err, errlen, "out of memory");
+    fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   pthread_mutex_init(&s->cmu, NULL);
@@ -226,7 +226,7 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
     rc = fb_sparse_new(s->layout, &s->mem, &s->sparse, msg, sizeof msg);
   if (!rc && is_async(cfg)) rc = async_init(s, cfg, msg, sizeof msg);
   if (rc) {
-    set_err(err, errlen, msg);
+    fb_errf(err, errlen, "%s", msg);
     fb_session_destroy(s);
     return rc;
   }
@@ -266,7 +266,7 @@ void fb_session_destroy(fb_session *s) {
   if (s->as) {
     fb_opt_free(s->as->o);
     free(s->as->win);
-    free(s->as->seen);
+    fb_map_free(&s->as->seen);
     pthread_cond_destroy(&s->as->done_cv);
     pthread_mutex_destroy(&s->as->mu);
     free(s->as);

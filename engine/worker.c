@@ -20,7 +20,7 @@ void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const c
   } else {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(a->err.msg, sizeof a->err.msg, fmt, ap);
+    fb_verrf(a->err.msg, sizeof a->err.msg, fmt, ap);
     va_end(ap);
     a->err.code = code;
     a->err.launch = launch;
@@ -71,70 +71,44 @@ static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
   return &j->launches[launch - j->base];
 }
 
-#define SEEN_MAX ((size_t)1 << 16)
+#define SEEN_MAX ((size_t)1 << 15) /* entries; past it the set starts over (it is only a hint) */
 
 static uint64_t seen_key(fb_irh h, const fb_kernel *k) {
-  uint64_t x = ((uint64_t)(uint32_t)h << 32) ^ (uint64_t)(uintptr_t)k;
-  x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ull;
-  x ^= x >> 29;
-  return x ? x : 1;
+  return ((uint64_t)(uint32_t)h << 32) ^ (uint64_t)(uintptr_t)k;
 }
 
 static int seen_has(const async_state *a, uint64_t key) {
-  if (!a->capseen) return 0;
-  for (size_t i = key & (a->capseen - 1);; i = (i + 1) & (a->capseen - 1)) {
-    if (a->seen[i] == key) return 1;
-    if (!a->seen[i]) return 0;
-  }
-}
-
-static void seen_put(async_state *a, uint64_t key);
-
-/* Grow (or, past SEEN_MAX, forget: it is only a hint). */
-static int seen_grow(async_state *a) {
-  size_t old = a->capseen, cap = old && old < SEEN_MAX ? old * 2 : 1024;
-  uint64_t *v = calloc(cap, sizeof *v), *prev = a->seen;
-  if (!v) return 0;
-  a->seen = v;
-  a->capseen = cap;
-  a->nseen = 0;
-  for (size_t i = 0; old < SEEN_MAX && i < old; i++)
-    if (prev[i]) seen_put(a, prev[i]);
-  free(prev);
-  return 1;
+  return fb_map_get(&a->seen, key) != NULL;
 }
 
 static void seen_put(async_state *a, uint64_t key) {
-  if ((a->nseen + 1) * 2 > a->capseen && !seen_grow(a)) return;
-  size_t i = key & (a->capseen - 1);
-  while (a->seen[i] && a->seen[i] != key) i = (i + 1) & (a->capseen - 1);
-  if (!a->seen[i]) a->nseen++;
-  a->seen[i] = key;
+  if (seen_has(a, key)) return;
+  if (a->seen.n >= SEEN_MAX) fb_map_free(&a->seen);
+  fb_map_put(&a->seen, key, NULL); /* out of memory: a hint less */
 }
 
 /* One compile job per distinct IR handle of the batch whose code the
- * caller did not know when it flushed (a small open addressing table from
- * the handle to its first entry); known code counts once per handle as a
- * cache hit. Jobs for IR the launcher has had compiled before go to the
- * pool only if it waits for them. */
+ * caller did not know when it flushed (a table from the handle to its
+ * first entry); known code counts once per handle as a cache hit. Jobs for
+ * IR the launcher has had compiled before go to the pool only if it waits
+ * for them. */
 static int plan_compiles(batch_run *r) {
   async_job *j = r->j;
-  int n = j->b->n, cap = 16;
-  while (cap < 2 * n) cap *= 2;
-  int *first = malloc(sizeof *first * (size_t)cap);
+  int n = j->b->n;
+  fb_map first;
+  fb_map_init(&first, sizeof(int));
   j->cj = calloc((size_t)n, sizeof *j->cj);
   j->which = malloc(sizeof *j->which * (size_t)n);
-  int rc = first && j->cj && j->which ? 0 : FB_ENOMEM;
-  if (!rc) memset(first, 0xff, sizeof *first * (size_t)cap);
+  int rc = j->cj && j->which ? fb_map_reserve(&first, (size_t)n) : FB_ENOMEM;
   for (int i = 0; !rc && i < n; i++) {
     const fb_opt_launch *L = &j->b->v[i];
-    unsigned h = ((unsigned)L->ir * 2654435761u) & (unsigned)(cap - 1);
-    while (first[h] >= 0 && j->b->v[first[h]].ir != L->ir) h = (h + 1) & (unsigned)(cap - 1);
-    if (first[h] >= 0) {
-      j->which[i] = j->which[first[h]];
+    int added;
+    int *f = fb_map_put(&first, (uint64_t)(uint32_t)L->ir, &added); /* reserved: never NULL */
+    if (!added) {
+      j->which[i] = j->which[*f];
       continue;
     }
-    first[h] = i;
+    *f = i;
     j->which[i] = j->pre[i].body ? -1 : j->ncj++;
     if (j->pre[i].body) {
       r->hits++;
@@ -148,7 +122,7 @@ static int plan_compiles(batch_run *r) {
     c->trace = r->s->trace;
     if (!seen_has(r->s->as, seen_key(L->ir, L->k))) fb_cpool_submit(r->s->e->cpool, c, 1);
   }
-  free(first);
+  fb_map_free(&first);
   return rc;
 }
 
@@ -375,7 +349,7 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
     r->slot[slot] = L;
   } else if (rc && s->e->ops->queued) { /* refused before it was queued */
     if (!r->dev_rc && launch_refused(r, L, rc)) return;
-    if (!msg[0]) snprintf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
+    if (!msg[0]) fb_errf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
   }
   if (s->trace) {
     char args[96];

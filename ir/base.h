@@ -1,7 +1,8 @@
 /* The small shared base of every folder: a growable array's growth step,
- * string duplication and the hash mixing used by the IR's structural hash
- * and the code cache. Header-only, libc only; nothing here aborts, and
- * growth failures are reported (FB_ENOMEM). Lives in ir/, the bottom layer,
+ * string duplication and the hash mixing used by the IR's structural hash,
+ * the code cache, the optimizer's keys and the one hash table (map.h).
+ * Header-only, libc only; nothing here aborts, and growth failures are
+ * reported (FB_ENOMEM). Lives in ir/, the bottom layer,
  * so that every other folder may include it ("ir/base.h"). */
 #ifndef FB_IR_BASE_H
 #define FB_IR_BASE_H
@@ -44,6 +45,12 @@ static inline uint64_t fb__mix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+/* Fold x into a hash h built from several values (a key made of parts). */
+static inline uint64_t fb__hcombine(uint64_t h, uint64_t x) {
+  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 31);
 }
 
 #endif

@@ -77,7 +77,7 @@ typedef struct run {
 /* ---------------------------------------------------------------- errors */
 
 static int failv(fb_interp *in, int code, const char *fmt, va_list ap) {
-  vsnprintf(in->err, sizeof in->err, fmt, ap);
+  fb_verrf(in->err, sizeof in->err, fmt, ap);
   return code;
 }
 

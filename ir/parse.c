@@ -112,7 +112,7 @@ static int perr_at(parser *P, int line, int col, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  fb_verrf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   for (char *c = msg; *c; c++) /* names and tokens may hold control bytes */
     if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = '?';

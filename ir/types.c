@@ -17,11 +17,24 @@ const char *fb_strerror(int code) {
   }
 }
 
+void fb_verrf(char *err, size_t errlen, const char *fmt, va_list ap) {
+  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+}
+
 void fb_errf(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
+  fb_verrf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+void fb_errcat(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  size_t used = strnlen(err, errlen);
+  if (used + 1 >= errlen) return; /* full (or not terminated): nothing more fits */
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err + used, errlen - used, fmt, ap);
   va_end(ap);
 }
 

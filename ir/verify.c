@@ -56,7 +56,7 @@ verr(vctx *v, int id, const char *fmt, ...) {
   char msg[256];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  fb_verrf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   v->nerr++;
   if (id < 0) fb_diags_add(v->out, -1, 0, 0, "kernel: %s", msg);
@@ -227,13 +227,10 @@ static void one_type(vctx *v, int id, const fb_stmt *s, int from, int n, int res
   for (int i = from + 1; i < from + n; i++) same &= otype(v, s, i) == t;
   if (res) same &= s->type == t;
   if (same && pred(t)) return;
-  char buf[96];
-  int len = 0;
-  for (int i = from; i < from + n && len < (int)sizeof buf; i++)
-    len += snprintf(buf + len, sizeof buf - (size_t)len, "%s%s", i > from ? ", " : "",
-                    tname(otype(v, s, i)));
-  if (res && len < (int)sizeof buf)
-    snprintf(buf + len, sizeof buf - (size_t)len, " -> %s", tname(s->type));
+  char buf[96] = "";
+  for (int i = from; i < from + n; i++)
+    fb_errcat(buf, sizeof buf, "%s%s", i > from ? ", " : "", tname(otype(v, s, i)));
+  if (res) fb_errcat(buf, sizeof buf, " -> %s", tname(s->type));
   verr(v, id, "%s must have one %stype (%s)", res ? "operands and result" : "operands", what, buf);
 }
 

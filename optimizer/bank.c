@@ -6,18 +6,22 @@
  * least recently used first. The memo maps a transformation and its inputs
  * (fuse A B delta, demote A stmts, dse A states, simplify A) to the
  * resulting entry, compared exactly; evicting an entry drops the memo
- * entries that mention it. Task metadata is computed once per entry. */
+ * entries that mention it. Task metadata is computed once per entry. Both
+ * are found through the shared table (ir/map.h), keyed by their hash, several
+ * entries to a hash, each confirmed before use. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/base.h"
+#include "ir/map.h"
 #include "optimizer/sfg.h"
 
 typedef struct bentry {
   fb_kernel *k;      /* NULL: a free slot */
   uint64_t hash;
   int32_t refs;
-  int32_t next;      /* hash chain, or free list */
+  int32_t next;      /* free list */
   uint64_t used;     /* LRU stamp */
   size_t bytes;
   fb_task_meta *meta;
@@ -28,7 +32,7 @@ typedef struct memo {
   int n;
   uint64_t h;
   fb_irh in[2], out;
-  int32_t next;
+  int32_t next;      /* free list */
 } memo;
 
 struct fb_bank {
@@ -36,13 +40,13 @@ struct fb_bank {
   bentry *e;
   int ne, cape;
   int32_t free_e;
-  int32_t *bucket;
-  int nbucket, nlive;
+  fb_map byhash;     /* entry hash -> entry index */
+  int nlive;
   memo *m;
   int nm, capm;
   int32_t free_m;
-  int32_t *mbucket;
-  int nmbucket, nmlive;
+  fb_map mbyhash;    /* memo key hash -> memo index */
+  int nmlive;
   size_t bytes, max_bytes;
   uint64_t tick, evictions;
 };
@@ -60,15 +64,8 @@ fb_bank *fb_bank_new(const fb_layout *l, size_t max_bytes) {
   b->l = l;
   b->max_bytes = max_bytes;
   b->free_e = b->free_m = -1;
-  b->nbucket = b->nmbucket = 256;
-  b->bucket = malloc(sizeof *b->bucket * (size_t)b->nbucket);
-  b->mbucket = malloc(sizeof *b->mbucket * (size_t)b->nmbucket);
-  if (!b->bucket || !b->mbucket) {
-    fb_bank_free(b);
-    return NULL;
-  }
-  memset(b->bucket, 0xff, sizeof *b->bucket * (size_t)b->nbucket);
-  memset(b->mbucket, 0xff, sizeof *b->mbucket * (size_t)b->nmbucket);
+  fb_map_init(&b->byhash, sizeof(int32_t));
+  fb_map_init(&b->mbyhash, sizeof(int32_t));
   return b;
 }
 
@@ -81,8 +78,8 @@ void fb_bank_free(fb_bank *b) {
   for (int i = 0; i < b->nm; i++) free(b->m[i].key);
   free(b->e);
   free(b->m);
-  free(b->bucket);
-  free(b->mbucket);
+  fb_map_free(&b->byhash);
+  fb_map_free(&b->mbyhash);
   free(b);
 }
 
@@ -115,19 +112,21 @@ void fb_bank_stats(const fb_bank *b, size_t *entries, size_t *bytes, uint64_t *e
 /* ---------------------------------------------------------------- memo */
 
 static uint64_t key_hash(const int64_t *key, int n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int i = 0; i < n; i++) {
-    h ^= (uint64_t)key[i];
-    h *= 0x100000001b3ull;
-    h ^= h >> 29;
-  }
-  return h;
+  return fb__fnv(FB_FNV_INIT, key, sizeof *key * (size_t)n);
+}
+
+/* Drop index i from the entries of hash h. */
+static void hash_unlink(fb_map *map, uint64_t h, int32_t i) {
+  size_t it = 0;
+  for (const int32_t *v; (v = fb_map_next(map, h, &it));)
+    if (*v == i) {
+      fb_map_del_at(map, it);
+      return;
+    }
 }
 
 static void memo_unlink(fb_bank *b, int32_t i) {
-  int32_t *p = &b->mbucket[b->m[i].h & (uint64_t)(b->nmbucket - 1)];
-  while (*p >= 0 && *p != i) p = &b->m[*p].next;
-  if (*p == i) *p = b->m[i].next;
+  hash_unlink(&b->mbyhash, b->m[i].h, i);
   free(b->m[i].key);
   b->m[i].key = NULL;
   b->m[i].next = b->free_m;
@@ -135,39 +134,30 @@ static void memo_unlink(fb_bank *b, int32_t i) {
   b->nmlive--;
 }
 
-fb_irh fb_bank_memo_get(fb_bank *b, const int64_t *key, int n) {
-  uint64_t h = key_hash(key, n);
-  for (int32_t i = b->mbucket[h & (uint64_t)(b->nmbucket - 1)]; i >= 0; i = b->m[i].next) {
-    const memo *m = &b->m[i];
-    if (m->h != h || m->n != n || memcmp(m->key, key, sizeof *key * (size_t)n)) continue;
-    if (!fb_bank_valid(b, m->out)) return FB_IRH_NONE;
-    b->e[m->out].refs++;
-    b->e[m->out].used = ++b->tick;
-    return m->out;
+/* The memo entry of key, or -1. */
+static int32_t memo_find(const fb_bank *b, const int64_t *key, int n, uint64_t h) {
+  size_t it = 0;
+  for (const int32_t *v; (v = fb_map_next(&b->mbyhash, h, &it));) {
+    const memo *m = &b->m[*v];
+    if (m->n == n && !memcmp(m->key, key, sizeof *key * (size_t)n)) return *v;
   }
-  return FB_IRH_NONE;
+  return -1;
 }
 
-static int memo_grow_buckets(fb_bank *b) {
-  int nb = b->nmbucket * 2;
-  int32_t *nbk = malloc(sizeof *nbk * (size_t)nb);
-  if (!nbk) return FB_ENOMEM;
-  memset(nbk, 0xff, sizeof *nbk * (size_t)nb);
-  for (int i = 0; i < b->nm; i++) {
-    if (!b->m[i].key) continue;
-    int32_t *slot = &nbk[b->m[i].h & (uint64_t)(nb - 1)];
-    b->m[i].next = *slot;
-    *slot = i;
-  }
-  free(b->mbucket);
-  b->mbucket = nbk;
-  b->nmbucket = nb;
-  return 0;
+fb_irh fb_bank_memo_get(fb_bank *b, const int64_t *key, int n) {
+  int32_t i = memo_find(b, key, n, key_hash(key, n));
+  if (i < 0 || !fb_bank_valid(b, b->m[i].out)) return FB_IRH_NONE;
+  const memo *m = &b->m[i];
+  b->e[m->out].refs++;
+  b->e[m->out].used = ++b->tick;
+  return m->out;
 }
 
 int fb_bank_memo_put(fb_bank *b, const int64_t *key, int n, fb_irh result) {
   if (n < 2 || !fb_bank_valid(b, result)) return FB_EINVAL;
-  if (b->nmlive + 1 > b->nmbucket && memo_grow_buckets(b)) return FB_ENOMEM;
+  int32_t old = memo_find(b, key, n, key_hash(key, n));
+  if (old >= 0) memo_unlink(b, old); /* the newest result is the one kept */
+  if (fb_map_reserve(&b->mbyhash, (size_t)b->nmlive + 1)) return FB_ENOMEM;
   int64_t *copy = malloc(sizeof *copy * (size_t)n);
   if (!copy) return FB_ENOMEM;
   memcpy(copy, key, sizeof *copy * (size_t)n);
@@ -194,20 +184,14 @@ int fb_bank_memo_put(fb_bank *b, const int64_t *key, int n, fb_irh result) {
   m->in[0] = (fb_irh)key[1];
   m->in[1] = key[0] == FB_MEMO_FUSE && n > 2 ? (fb_irh)key[2] : FB_IRH_NONE;
   m->out = result;
-  int32_t *slot = &b->mbucket[m->h & (uint64_t)(b->nmbucket - 1)];
-  m->next = *slot;
-  *slot = i;
+  *(int32_t *)fb_map_add(&b->mbyhash, m->h) = i; /* reserved above: never NULL */
   b->nmlive++;
   return 0;
 }
 
 /* ---------------------------------------------------------------- eviction */
 
-static void entry_unlink(fb_bank *b, fb_irh h) {
-  int32_t *p = &b->bucket[b->e[h].hash & (uint64_t)(b->nbucket - 1)];
-  while (*p >= 0 && *p != h) p = &b->e[*p].next;
-  if (*p == h) *p = b->e[h].next;
-}
+static void entry_unlink(fb_bank *b, fb_irh h) { hash_unlink(&b->byhash, b->e[h].hash, h); }
 
 static void evict(fb_bank *b, fb_irh h) {
   for (int i = 0; i < b->nm; i++)
@@ -251,32 +235,16 @@ static void enforce_limit(fb_bank *b) {
 
 /* ---------------------------------------------------------------- interning */
 
-static int grow_buckets(fb_bank *b) {
-  int nb = b->nbucket * 2;
-  int32_t *nbk = malloc(sizeof *nbk * (size_t)nb);
-  if (!nbk) return FB_ENOMEM;
-  memset(nbk, 0xff, sizeof *nbk * (size_t)nb);
-  for (int i = 0; i < b->ne; i++) {
-    if (!b->e[i].k) continue;
-    int32_t *slot = &nbk[b->e[i].hash & (uint64_t)(nb - 1)];
-    b->e[i].next = *slot;
-    *slot = i;
-  }
-  free(b->bucket);
-  b->bucket = nbk;
-  b->nbucket = nb;
-  return 0;
-}
-
 static fb_irh lookup(fb_bank *b, const fb_kernel *k, uint64_t h) {
-  for (int32_t i = b->bucket[h & (uint64_t)(b->nbucket - 1)]; i >= 0; i = b->e[i].next)
-    if (b->e[i].hash == h && fb_kernel_equal(b->e[i].k, k)) return i;
+  size_t it = 0;
+  for (const int32_t *v; (v = fb_map_next(&b->byhash, h, &it));)
+    if (fb_kernel_equal(b->e[*v].k, k)) return *v;
   return FB_IRH_NONE;
 }
 
 /* Store c (owned, compacted) under hash h. */
 static int add_entry(fb_bank *b, fb_kernel *c, uint64_t h, fb_irh *out) {
-  if (b->nlive + 1 > b->nbucket && grow_buckets(b)) return FB_ENOMEM;
+  if (fb_map_reserve(&b->byhash, (size_t)b->nlive + 1)) return FB_ENOMEM;
   int32_t i = b->free_e;
   if (i >= 0) {
     b->free_e = b->e[i].next;
@@ -297,9 +265,7 @@ static int add_entry(fb_bank *b, fb_kernel *c, uint64_t h, fb_irh *out) {
   e->refs = 1;
   e->used = ++b->tick;
   e->bytes = kernel_bytes(c);
-  int32_t *slot = &b->bucket[h & (uint64_t)(b->nbucket - 1)];
-  e->next = *slot;
-  *slot = i;
+  *(int32_t *)fb_map_add(&b->byhash, h) = i; /* reserved above: never NULL */
   b->bytes += e->bytes;
   b->nlive++;
   *out = i;

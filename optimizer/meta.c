@@ -105,11 +105,7 @@ const fb_meta_acc *fb_meta_find(const fb_task_meta *m, uint32_t key) {
   return NULL;
 }
 
-static uint64_t hmix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 31);
-}
+static uint64_t hmix(uint64_t h, uint64_t x) { return fb__hcombine(h, x); }
 
 /* ---------------------------------------------------------------- evaluation */
 

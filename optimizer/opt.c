@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 /* A logged insert (the plan memo's window, see fb_opt_flush). */
@@ -114,7 +115,7 @@ static int
 fail(fb_opt *o, int code, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(o->err, sizeof o->err, fmt, ap);
+  fb_verrf(o->err, sizeof o->err, fmt, ap);
   va_end(ap);
   return code;
 }
@@ -299,10 +300,7 @@ static int materialize(fb_opt *o) {
   return 0;
 }
 
-static uint64_t mix(uint64_t h, uint64_t x) {
-  h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdull;
-}
+static uint64_t mix(uint64_t h, uint64_t x) { return fb__hcombine(h, x); }
 
 /* Log a launch for the next flush (the plan memo's window). */
 static int log_insert(fb_opt *o, const fb_opt_task *t) {
@@ -1131,7 +1129,7 @@ void fb_opt_set_trace(fb_opt *o, fb_opt_trace_fn fn, void *user) {
 
 int fb_opt_check(fb_opt *o, char *err, size_t errlen) {
   if (materialize(o)) {
-    snprintf(err, errlen, "%s", o->err);
+    fb_errf(err, errlen, "%s", o->err);
     return FB_ENOMEM;
   }
   return fb_sfg_check(&o->g, o->bank, err, errlen);

@@ -19,6 +19,7 @@
 
 int fb_sfg_init(fb_sfg *g, const fb_layout *l) {
   memset(g, 0, sizeof *g);
+  fb_map_init(&g->smap, sizeof(int32_t));
   g->l = l;
   size_t n = (size_t)(FB_SK_RET * l->nnodes);
   g->sid_of = malloc(sizeof *g->sid_of * n);
@@ -55,7 +56,7 @@ void fb_sfg_fini(fb_sfg *g, fb_bank *bank) {
   free(g->st);
   free(g->sid_of);
   free(g->sid_misc);
-  free(g->smap);
+  fb_map_free(&g->smap);
   memset(g, 0, sizeof *g);
 }
 
@@ -90,37 +91,19 @@ int fb_sfg_state_id(fb_sfg *g, uint32_t key) {
 
 /* ---------------------------------------------------------------- serials */
 
-static uint32_t serial_slot(uint64_t serial, int cap) {
-  return (uint32_t)((serial * 0x9e3779b97f4a7c15ull) >> 32) & (uint32_t)(cap - 1);
-}
-
-static void smap_put(fb_sfg *g, int idx) {
-  uint32_t i = serial_slot(g->nodes[idx]->serial, g->smap_cap);
-  while (g->smap[i] >= 0 && g->nodes[g->smap[i]]->serial != g->nodes[idx]->serial)
-    i = (i + 1) & (uint32_t)(g->smap_cap - 1);
-  g->smap[i] = idx;
+/* Index node idx by its serial; 0 or FB_ENOMEM. */
+static int smap_add(fb_sfg *g, int idx) {
+  int32_t *v = fb_map_put(&g->smap, g->nodes[idx]->serial, NULL);
+  if (!v) return FB_ENOMEM;
+  *v = idx;
+  return 0;
 }
 
 /* Re-index every node (after the array changed); 0 or FB_ENOMEM. */
 static int smap_rebuild(fb_sfg *g) {
-  if (g->smap_cap < 2 * g->n + 2) {
-    int cap = 64;
-    while (cap < 4 * g->n + 4) cap *= 2;
-    int32_t *m = malloc(sizeof *m * (size_t)cap);
-    if (!m) return FB_ENOMEM;
-    free(g->smap);
-    g->smap = m;
-    g->smap_cap = cap;
-  }
-  memset(g->smap, 0xff, sizeof *g->smap * (size_t)g->smap_cap);
-  for (int i = 0; i < g->n; i++) smap_put(g, i);
-  return 0;
-}
-
-/* Index one appended node. */
-static int smap_add(fb_sfg *g, int idx) {
-  if (g->smap_cap < 2 * g->n + 2) return smap_rebuild(g);
-  smap_put(g, idx);
+  fb_map_clear(&g->smap);
+  if (fb_map_reserve(&g->smap, (size_t)g->n)) return FB_ENOMEM;
+  for (int i = 0; i < g->n; i++) smap_add(g, i); /* reserved: cannot fail */
   return 0;
 }
 
@@ -248,12 +231,9 @@ int fb_sfg_node_set_ir(fb_sfg_node *n, fb_bank *bank, fb_irh h) {
 }
 
 fb_sfg_node *fb_sfg_find_serial(const fb_sfg *g, uint64_t serial) {
-  if (!serial || !g->smap_cap) return NULL;
-  for (uint32_t i = serial_slot(serial, g->smap_cap);; i = (i + 1) & (uint32_t)(g->smap_cap - 1)) {
-    int32_t x = g->smap[i];
-    if (x < 0) return NULL;
-    if (x < g->n && g->nodes[x]->serial == serial) return g->nodes[x]->dead ? NULL : g->nodes[x];
-  }
+  const int32_t *x = serial ? fb_map_get(&g->smap, serial) : NULL;
+  if (!x || *x >= g->n || g->nodes[*x]->serial != serial) return NULL;
+  return g->nodes[*x]->dead ? NULL : g->nodes[*x];
 }
 
 /* ---------------------------------------------------------------- rebuild */
@@ -511,7 +491,7 @@ static int
 bad(char *err, size_t n, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  if (err && n) vsnprintf(err, n, fmt, ap);
+  fb_verrf(err, n, fmt, ap);
   va_end(ap);
   return FB_EINTERNAL;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "fusebox/ir.h"
+#include "ir/map.h"
 #include "optimizer/optimizer.h"
 
 /* ================================================================ tests and tools */
@@ -313,8 +314,7 @@ typedef struct fb_sfg {
   int32_t *sid_of;     /* key -> state id for SNode states ((kind * nnodes) + snode) */
   int32_t *sid_misc;   /* RET / GTMP slots: (slot * 2 + (kind == GTMP)) -> id */
   int nmisc;
-  int32_t *smap;       /* serial -> node index, open addressing (-1 empty) */
-  int smap_cap;        /* a power of two, at least twice the nodes */
+  fb_map smap;         /* serial -> node index (ir/map.h) */
   uint64_t next_serial, next_order;
 } fb_sfg;
 

@@ -245,13 +245,16 @@ void fbd_config_changed(const fbd_config *a, const fbd_config *b, const char *co
   }
 }
 
-static int add_listen(fbd_config *c, const char *addr, char *err, size_t errlen) {
+/* Errors name the option as the user gave it (shown): the JSON key in a
+ * config file, the flag as typed on the command line. */
+static int add_listen(fbd_config *c, const char *shown, const char *addr, char *err,
+                      size_t errlen) {
   if (!addr || !*addr) {
-    fb_errf(err, errlen, "listen: empty address");
+    fb_errf(err, errlen, "%s: empty address", shown);
     return FB_EINVAL;
   }
   if (c->nlisten == FBD_MAX_LISTEN) {
-    fb_errf(err, errlen, "listen: at most %d addresses", FBD_MAX_LISTEN);
+    fb_errf(err, errlen, "%s: at most %d addresses", shown, FBD_MAX_LISTEN);
     return FB_EINVAL;
   }
   if (!(c->listen[c->nlisten] = strdup(addr))) return FB_ENOMEM;
@@ -264,14 +267,27 @@ static void clear_listen(fbd_config *c) {
   c->nlisten = 0;
 }
 
-/* Set option o from text (flags, and JSON strings). */
-static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_t errlen) {
+/* The string options that take one of two values, checked as they are
+ * set, so that the error names the flag or the key that gave the value. */
+static const struct {
+  const char *name, *a, *b;
+} choices[] = {{"isolation", "process", "thread"}, {"fair_share", "on", "off"}};
+
+/* Set option o (named shown in errors) from text (flags, and JSON strings). */
+static int set_text(fbd_config *c, const opt *o, const char *shown, const char *v, char *err,
+                    size_t errlen) {
   char *base = (char *)c;
   uint64_t b = 0;
   char *end = NULL;
   switch (o->kind) {
-  case OPT_LISTEN: return add_listen(c, v, err, errlen);
+  case OPT_LISTEN: return add_listen(c, shown, v, err, errlen);
   case OPT_STR: {
+    for (size_t i = 0; i < sizeof choices / sizeof *choices; i++)
+      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b)) {
+        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s or %s)", shown, v, choices[i].a,
+                choices[i].b);
+        return FB_EINVAL;
+      }
     char *d = strdup(v);
     if (!d) return FB_ENOMEM;
     free(*(char **)(base + o->off));
@@ -289,7 +305,7 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     long x = strtol(v, &end, 8);
     if (end == v || *end || *v == '-' || *v == '+' || x < 0 || x > 0777) {
       fb_errf(err, errlen, "%s: invalid value '%s' (octal permissions 0000..0777, e.g. 0660)",
-              o->name, v);
+              shown, v);
       return FB_EINVAL;
     }
     *(int *)(base + o->off) = (int)x;
@@ -299,7 +315,7 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     if (!strcmp(v, "text")) *(int *)(base + o->off) = 0;
     else if (!strcmp(v, "json")) *(int *)(base + o->off) = 1;
     else {
-      fb_errf(err, errlen, "%s: invalid value '%s' (expected text or json)", o->name, v);
+      fb_errf(err, errlen, "%s: invalid value '%s' (expected text or json)", shown, v);
       return FB_EINVAL;
     }
     return 0;
@@ -331,15 +347,15 @@ static int set_text(fbd_config *c, const opt *o, const char *v, char *err, size_
     return 0;
   }
   }
-  fb_errf(err, errlen, "%s: invalid value '%s'", o->name, v);
+  fb_errf(err, errlen, "%s: invalid value '%s'", shown, v);
   return FB_EINVAL;
 }
 
 static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t errlen) {
   char num[64];
-  if (json_is_string(v)) return set_text(c, o, json_string_value(v), err, errlen);
+  if (json_is_string(v)) return set_text(c, o, o->name, json_string_value(v), err, errlen);
   if (o->kind == OPT_BOOL && json_is_boolean(v))
-    return set_text(c, o, json_is_true(v) ? "true" : "false", err, errlen);
+    return set_text(c, o, o->name, json_is_true(v) ? "true" : "false", err, errlen);
   if (o->kind == OPT_LISTEN && json_is_array(v)) {
     size_t i;
     json_t *x;
@@ -348,7 +364,7 @@ static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t er
         fb_errf(err, errlen, "listen[%zu]: expected a string", i);
         return FB_EINVAL;
       }
-      int rc = add_listen(c, json_string_value(x), err, errlen);
+      int rc = add_listen(c, o->name, json_string_value(x), err, errlen);
       if (rc) return rc;
     }
     return 0;
@@ -359,11 +375,11 @@ static int set_json(fbd_config *c, const opt *o, json_t *v, char *err, size_t er
   }
   if (json_is_integer(v) && o->kind != OPT_STR && o->kind != OPT_LISTEN && o->kind != OPT_LEVEL) {
     snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
-    return set_text(c, o, num, err, errlen);
+    return set_text(c, o, o->name, num, err, errlen);
   }
   if (json_is_real(v) && o->kind == OPT_SECS) {
     snprintf(num, sizeof num, "%.17g", json_real_value(v));
-    return set_text(c, o, num, err, errlen);
+    return set_text(c, o, o->name, num, err, errlen);
   }
   fb_errf(err, errlen, "%s: wrong JSON type", o->name);
   return FB_EINVAL;
@@ -478,21 +494,10 @@ int fbd_config_args(fbd_config *c, int argc, char **argv, char *err, size_t errl
       continue;
     }
     if (o->kind == OPT_LISTEN && !listen_seen++) clear_listen(c); /* flags replace the file's */
-    char why[512];
-    if ((rc = set_text(c, o, v, why, sizeof why))) {
-      fb_errf(err, errlen, "--%s", why);
-      return rc;
-    }
+    char flag[72];
+    snprintf(flag, sizeof flag, "--%s", name); /* as typed: --max-fuse-per-task */
+    if ((rc = set_text(c, o, flag, v, err, errlen))) return rc;
   }
-  if (!fbd_isolated(c) && strcmp(c->isolation, "thread") != 0) {
-    fb_errf(err, errlen, "isolation: invalid value '%s' (expected process or thread)",
-            c->isolation);
-    return FB_EINVAL;
-  }
-  if (!fbd_fair_share_on(c) && strcmp(c->fair_share, "off") != 0) {
-    fb_errf(err, errlen, "fair_share: invalid value '%s' (expected on or off)", c->fair_share);
-    return FB_EINVAL;
-  }
-  if (c->nlisten == 0) return add_listen(c, "127.0.0.1:50051", err, errlen);
+  if (c->nlisten == 0) return add_listen(c, "listen", "127.0.0.1:50051", err, errlen);
   return 0;
 }

@@ -33,7 +33,7 @@ static void reply_finish(fbd_reply *r, int code, const char *fmt, ...) {
   if (fmt) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    fb_verrf(r->msg, sizeof r->msg, fmt, ap);
     va_end(ap);
   }
 }
@@ -145,13 +145,13 @@ static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, siz
   char why[FBD_ERRLEN - 128];
   int rc = fbp_kernel_from_pb(m, x->layout, &k, why, sizeof why);
   if (rc) {
-    snprintf(err, errlen, "kernel %zu of %zu: %s", i + 1, n, why);
+    fb_errf(err, errlen, "kernel %zu of %zu: %s", i + 1, n, why);
     return rc;
   }
   rc = fb_session_add_kernel(x->es, k);
   fb_kernel_free(k);
   if (rc < 0) {
-    snprintf(err, errlen, "%s", fb_session_errmsg(x->es));
+    fb_errf(err, errlen, "%s", fb_session_errmsg(x->es));
     return rc;
   }
   *id = rc;
@@ -264,7 +264,7 @@ static void run_launch(fbd_exec *x, const Fusebox__V1__Launch *l) {
   for (size_t a = 0; a < l->n_args; a++) {
     if (!fbp_value_from_pb(l->args[a], &args[a])) continue;
     char msg[128];
-    snprintf(msg, sizeof msg, "argument %zu has no valid type (%d)", a, (int)l->args[a]->type);
+    fb_errf(msg, sizeof msg, "argument %zu has no valid type (%d)", a, (int)l->args[a]->type);
     add_error(x, seq, l->kernel, FB_ETYPE, msg);
     seq_break(x, seq + 1);
     if (args != stack) free(args);
@@ -379,8 +379,8 @@ static void run_read(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_reply
   char err[256];
   int rc = fbd_field_bytes(x->layout, field, &bytes, err, sizeof err);
   if (!rc && bytes != len) {
-    snprintf(err, sizeof err, "field %d holds %llu bytes, not %zu", field,
-             (unsigned long long)bytes, len);
+    fb_errf(err, sizeof err, "field %d holds %llu bytes, not %zu", field, (unsigned long long)bytes,
+            len);
     rc = FB_EINVAL;
   }
   if (rc) {
@@ -398,8 +398,8 @@ static void run_active(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_rep
   char err[256];
   int rc = fbd_field_bytes(x->layout, field, &bytes, err, sizeof err);
   if (!rc && (uint64_t)fb_field_numel(x->layout, field) != len) {
-    snprintf(err, sizeof err, "field %d holds %lld elements, not %zu", field,
-             (long long)fb_field_numel(x->layout, field), len);
+    fb_errf(err, sizeof err, "field %d holds %lld elements, not %zu", field,
+            (long long)fb_field_numel(x->layout, field), len);
     rc = FB_EINVAL;
   }
   if (rc) {
@@ -470,14 +470,12 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
 
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen) {
   if (field < 0 || field >= l->nnodes) {
-    if (err)
-      snprintf(err, errlen, "no field with id %d (the layout has %d SNodes)", field, l->nnodes);
+    fb_errf(err, errlen, "no field with id %d (the layout has %d SNodes)", field, l->nnodes);
     return FB_ENOENT;
   }
   const fb_snode *f = &l->nodes[field];
   if (f->kind != FB_SN_PLACE) {
-    if (err)
-      snprintf(err, errlen, "SNode %d (%s) is not a field", field, fb_snode_kind_name(f->kind));
+    fb_errf(err, errlen, "SNode %d (%s) is not a field", field, fb_snode_kind_name(f->kind));
     return FB_EINVAL;
   }
   *bytes = (uint64_t)fb_field_numel(l, field) * fb_type_size(f->type);

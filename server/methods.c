@@ -303,8 +303,8 @@ static int check_passes(const Fusebox__V1__SessionOptions *o, fb_session_config 
     int k = 0;
     while (k < 4 && strcmp(o->passes[i]->key, known[k]) != 0) k++;
     if (k == 4) {
-      snprintf(err, errlen, "unknown pass '%s' (expected listgen, demote, fusion or dse)",
-               o->passes[i]->key);
+      fb_errf(err, errlen, "unknown pass '%s' (expected listgen, demote, fusion or dse)",
+              o->passes[i]->key);
       return FB_EINVAL;
     }
     passes = o->passes[i]->value ? passes | bits[k] : passes & ~bits[k];
@@ -322,31 +322,31 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   if (!o) return 0;
   const char *be = o->backend;
   if (be[0] && strcmp(be, "auto") && strcmp(be, "cpu") && strcmp(be, "cuda")) {
-    snprintf(err, errlen, "unknown backend '%s' (expected auto, cpu or cuda)", be);
+    fb_errf(err, errlen, "unknown backend '%s' (expected auto, cpu or cuda)", be);
     return FB_EINVAL;
   }
   if (be[0] && strcmp(be, "auto") && strcmp(be, srv->backend)) {
-    snprintf(err, errlen, "this server runs the %s backend; the session asked for %s", srv->backend,
-             be);
+    fb_errf(err, errlen, "this server runs the %s backend; the session asked for %s", srv->backend,
+            be);
     return FB_EUNSUPPORTED;
   }
   if (o->mode[0] && strcmp(o->mode, "sync") && strcmp(o->mode, "async")) {
-    snprintf(err, errlen, "unknown mode '%s' (expected sync or async)", o->mode);
+    fb_errf(err, errlen, "unknown mode '%s' (expected sync or async)", o->mode);
     return FB_EINVAL;
   }
   if (o->mode[0]) ec->mode = strcmp(o->mode, "sync") ? "async" : "sync";
   if (o->max_fuse_per_task < 0 || o->compile_threads < 0) {
-    snprintf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
+    fb_errf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
     return FB_EINVAL;
   }
   ec->flush_every = o->flush_every;
   ec->max_fuse_per_task = o->max_fuse_per_task;
   uint64_t lim = srv->cfg->session_memory_limit;
   if (o->memory_limit && lim && o->memory_limit > lim) {
-    snprintf(err, errlen,
-             "the session asked for a memory limit of %llu bytes; this server "
-             "allows at most %llu bytes per session",
-             (unsigned long long)o->memory_limit, (unsigned long long)lim);
+    fb_errf(err, errlen,
+            "the session asked for a memory limit of %llu bytes; this server "
+            "allows at most %llu bytes per session",
+            (unsigned long long)o->memory_limit, (unsigned long long)lim);
     return FB_EQUOTA;
   }
   if (o->memory_limit) ec->memory_limit = o->memory_limit;

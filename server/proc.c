@@ -264,7 +264,7 @@ static void proc_reap(fbd_proc *p, int kill_it, char *why, size_t n) {
   p->reaped = 1;
   if (why && n) {
     if (r == p->pid) describe_exit(st, why, n);
-    else snprintf(why, n, "session worker lost (%s)", strerror(errno));
+    else fb_errf(why, n, "session worker lost (%s)", strerror(errno));
   }
 }
 
@@ -438,7 +438,7 @@ static void fatal_reply(fbd_reply *r, int code, const char *why) {
   r->code = code;
   r->finish = 1;
   r->fatal = 1;
-  snprintf(r->msg, sizeof r->msg, "%s", why);
+  fb_errf(r->msg, sizeof r->msg, "%s", why);
 }
 
 /* The worker began a frame and then stalled past worker_reply_timeout_s:
@@ -459,7 +459,7 @@ static void worker_lost(fbd_session *s, fbd_reply *r) {
   char why[256];
   proc_reap(s->proc, 0, why, sizeof why);
   s->end_reason = FBD_END_CRASHED;
-  snprintf(s->end_why, sizeof s->end_why, "%s", why);
+  fb_errf(s->end_why, sizeof s->end_why, "%s", why);
   fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, why);
   fatal_reply(r, FB_EINTERNAL, why);
 }
@@ -475,8 +475,8 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
   pthread_mutex_unlock(&s->mu);
   if (abort_at > 0 && now - abort_at > ABORT_GRACE_S) {
     *code = FB_ECANCELLED;
-    snprintf(buf, n, "the session ended and its running work did not stop within %.0f s",
-             ABORT_GRACE_S);
+    fb_errf(buf, n, "the session ended and its running work did not stop within %.0f s",
+            ABORT_GRACE_S);
     return buf;
   }
   double held = fbd_sched_held(s); /* paused by the scheduler: not the job's time */
@@ -519,7 +519,7 @@ static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
     if (overdue(s, kind, t0, why, sizeof why, &code)) {
       proc_reap(p, 1, NULL, 0);
       s->end_reason = code == FB_ETIMEOUT ? FBD_END_TIMEOUT : FBD_END_CANCELLED;
-      snprintf(s->end_why, sizeof s->end_why, "%s: its session worker was stopped", why);
+      fb_errf(s->end_why, sizeof s->end_why, "%s: its session worker was stopped", why);
       fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, s->end_why);
       fatal_reply(r, code, s->end_why);
       return;
@@ -814,7 +814,7 @@ typedef struct worker {
 static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   wire_create c;
   if (w->created || n < sizeof c) {
-    snprintf(r->msg, sizeof r->msg, "a second or malformed CREATE");
+    fb_errf(r->msg, sizeof r->msg, "a second or malformed CREATE");
     return FB_EINVAL;
   }
   memcpy(&c, p, sizeof c);
@@ -829,7 +829,7 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
            : m->source ? fbd_source_layout(m, &w->layout, r->msg,
                                            sizeof r->msg) /* the front end, here too */
                        : fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg);
-  if (!m) snprintf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
+  if (!m) fb_errf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
   fbp_arena_free(&a);
   if (rc) return rc;
   fb_session_config ec;
@@ -905,7 +905,7 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
   if (d && !(m = protobuf_c_message_unpack(d, &a.pb, q->len, payload))) {
     r->code = FB_EINVAL;
     r->finish = 1;
-    snprintf(r->msg, sizeof r->msg, "malformed %s", d->name);
+    fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
   } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
     uint8_t *buf = map_buf(fd, q->buflen, r->msg, sizeof r->msg);
     if (!buf) {
@@ -961,11 +961,11 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   fb_engine_config ecfg = {cfg->backend, cfg->compile_threads, cfg->cpu_threads};
   if (w.watch == MAP_FAILED) {
     hello.code = FB_EINTERNAL;
-    snprintf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
+    fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
   } else if (limit_memory(cfg, fb_engine_backend(w.engine))) {
     hello.code = FB_EINTERNAL;
-    snprintf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
+    fb_errf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
   } else {
     fb_engine_set_code_cache_bytes(w.engine, fbd_code_cache_bytes(cfg, 0)); /* the broker's */
     hello.code = lock_down(hello.msg, sizeof hello.msg);

@@ -228,7 +228,7 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...) {
   if (fmt) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    fb_verrf(msg, sizeof msg, fmt, ap);
     va_end(ap);
   }
   if (code && code != FB_OK)
@@ -416,11 +416,11 @@ static int claim_socket(const char *addr, char *err, size_t errlen) {
   struct stat st;
   if (strncmp(addr, "unix:", 5) != 0 || lstat(addr + 5, &st) != 0) return 0;
   if (!S_ISSOCK(st.st_mode)) {
-    snprintf(err, errlen, "cannot listen on '%s': the path exists and is not a socket", addr);
+    fb_errf(err, errlen, "cannot listen on '%s': the path exists and is not a socket", addr);
     return FB_EIO;
   }
   if (socket_in_use(addr + 5)) {
-    snprintf(err, errlen, "cannot listen on '%s': another server is listening there", addr);
+    fb_errf(err, errlen, "cannot listen on '%s': another server is listening there", addr);
     return FB_EIO;
   }
   unlink(addr + 5);
@@ -442,8 +442,8 @@ static int socket_gid(const char *group, const char *addr, gid_t *gid, char *err
     *gid = (gid_t)n;
     return 0;
   }
-  snprintf(err, errlen, "cannot set the group of '%s' to '%s': %s", addr, group,
-           e ? strerror(e) : "no such group");
+  fb_errf(err, errlen, "cannot set the group of '%s' to '%s': %s", addr, group,
+          e ? strerror(e) : "no such group");
   return FB_EINVAL;
 }
 
@@ -457,14 +457,14 @@ static int socket_access(const fbd_config *cfg, const char *addr, char *err, siz
     int rc = socket_gid(cfg->socket_group, addr, &gid, err, errlen);
     if (rc) return rc;
     if (chown(path, (uid_t)-1, gid) != 0) {
-      snprintf(err, errlen, "cannot set the group of '%s' to '%s' (gid %lu): %s", addr,
-               cfg->socket_group, (unsigned long)gid, strerror(errno));
+      fb_errf(err, errlen, "cannot set the group of '%s' to '%s' (gid %lu): %s", addr,
+              cfg->socket_group, (unsigned long)gid, strerror(errno));
       return FB_EIO;
     }
   }
   if (chmod(path, (mode_t)cfg->socket_mode) != 0) {
-    snprintf(err, errlen, "cannot set the mode of '%s' to %04o: %s", addr,
-             (unsigned)cfg->socket_mode, strerror(errno));
+    fb_errf(err, errlen, "cannot set the mode of '%s' to %04o: %s", addr,
+            (unsigned)cfg->socket_mode, strerror(errno));
     return FB_EIO;
   }
   return 0;
@@ -485,7 +485,7 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     if (is_unix) umask(old_mask);
     grpc_server_credentials_release(cr);
     if (port == 0) {
-      snprintf(err, errlen, "cannot listen on '%s' (in use, or not host:port / unix:PATH)", addr);
+      fb_errf(err, errlen, "cannot listen on '%s' (in use, or not host:port / unix:PATH)", addr);
       return FB_EIO;
     }
     char bound[512];
@@ -547,7 +547,7 @@ static int start_grpc(fbd_server *srv, char *err, size_t errlen) {
   int n = srv->cfg->cq_threads < 1 ? 1 : srv->cfg->cq_threads > 64 ? 64 : srv->cfg->cq_threads;
   for (; srv->ncq < n; srv->ncq++)
     if (pthread_create(&srv->cq_threads[srv->ncq], NULL, cq_main, srv)) {
-      snprintf(err, errlen, "cannot start completion-queue threads");
+      fb_errf(err, errlen, "cannot start completion-queue threads");
       return FB_EINTERNAL;
     }
   for (int i = 0; !rc && i < REQUEST_SLOTS; i++) {

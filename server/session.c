@@ -82,7 +82,7 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   pthread_mutex_lock(&srv->mu);
   if (atomic_load(&srv->stopping)) {
-    snprintf(err, errlen, "the server is shutting down");
+    fb_errf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
   } else if (fbd_budget_admit_locked(srv, s->mem_bytes, "CreateSession", atomic_load(&s->owner),
                                      all, err, errlen)) {
@@ -100,8 +100,8 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
     }
     if (rc) {
       srv->st.sessions_failed++;
-      snprintf(err, errlen, "the server is at its session limit (%d sessions)",
-               srv->cfg->max_sessions);
+      fb_errf(err, errlen, "the server is at its session limit (%d sessions)",
+              srv->cfg->max_sessions);
     }
   }
   pthread_mutex_unlock(&srv->mu);
@@ -115,7 +115,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   fbd_session *s = calloc(1, sizeof *s);
   if (!s) {
     fb_layout_free(layout);
-    snprintf(err, errlen, "out of memory");
+    fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   s->srv = srv;
@@ -135,7 +135,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   int rc = 0;
   if (!fbd_isolated(srv->cfg) && !(s->watch = calloc(1, sizeof *s->watch))) rc = FB_ENOMEM;
   if (!rc) rc = new_id(s->id);
-  if (rc) snprintf(err, errlen, "cannot draw a session id");
+  if (rc) fb_errf(err, errlen, "cannot draw a session id");
   memcpy(s->tag, s->id, 8);
   if (!rc) rc = table_add(srv, s, err, errlen);
   if (rc) {
@@ -151,7 +151,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
     srv->st.memory_bytes -= s->accounted;
     pthread_mutex_unlock(&srv->mu);
     session_free(s);
-    snprintf(err, errlen, "cannot start the session's worker thread");
+    fb_errf(err, errlen, "cannot start the session's worker thread");
     return FB_EINTERNAL;
   }
   *out = s;
@@ -186,8 +186,7 @@ static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, c
   pthread_mutex_lock(&srv->mu);
   int rc = fbd_budget_admit_locked(srv, n, what, atomic_load(&s->owner), all, err, errlen);
   if (!rc && (rc = fbd_stage_alloc(n, fbd_isolated(srv->cfg), out)))
-    snprintf(err, errlen, "%s: cannot stage %llu bytes: out of memory", what,
-             (unsigned long long)n);
+    fb_errf(err, errlen, "%s: cannot stage %llu bytes: out of memory", what, (unsigned long long)n);
   pthread_mutex_unlock(&srv->mu);
   return rc;
 }
@@ -459,8 +458,8 @@ static void session_end(fbd_session *s) {
   count_end(srv, s); /* before the stream ends, so that its client sees the stats */
   if (stream) {
     char why[400];
-    snprintf(why, sizeof why, "session %s%s%s", end_names[s->end_reason], s->end_why[0] ? ": " : "",
-             s->end_why);
+    fb_errf(why, sizeof why, "session %s%s%s", end_names[s->end_reason], s->end_why[0] ? ": " : "",
+            s->end_why);
     if (s->end_reason == FBD_END_CLOSED) fbd_call_finish(stream, FB_OK, NULL);
     else if (s->end_reason == FBD_END_TIMEOUT)
       fbd_call_finish_status(stream, FBP_GRPC_DEADLINE_EXCEEDED, FB_ETIMEOUT, why);

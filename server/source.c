@@ -45,30 +45,30 @@ static char *substitute(const Fusebox__V1__Source *m, char *err, size_t errlen) 
   const char *t = m->text ? m->text : "";
   size_t cap = strlen(t) + 1, n = 0;
   if (cap > FBD_SOURCE_MAX) {
-    snprintf(err, errlen, "%s: the source is %zu bytes; the server accepts at most %zu",
-             src_name(m), cap - 1, FBD_SOURCE_MAX);
+    fb_errf(err, errlen, "%s: the source is %zu bytes; the server accepts at most %zu", src_name(m),
+            cap - 1, FBD_SOURCE_MAX);
     return NULL;
   }
   char *out = malloc(cap);
-  if (!out) return snprintf(err, errlen, "out of memory"), NULL;
+  if (!out) return fb_errf(err, errlen, "out of memory"), NULL;
   for (const char *p = t; *p;) {
     const char *val = p, *q = p[0] == '$' && p[1] == '{' ? strchr(p + 2, '}') : NULL;
     size_t vlen = 1;
     if (q) {
       size_t nl = (size_t)(q - p - 2);
       if (!(val = param_value(m, p + 2, nl))) {
-        snprintf(err, errlen, "%s: ${%.*s} is not a parameter (the request's params name %zu)",
-                 src_name(m), (int)(nl > MAX_PARAM_NAME ? MAX_PARAM_NAME : nl), p + 2, m->n_params);
+        fb_errf(err, errlen, "%s: ${%.*s} is not a parameter (the request's params name %zu)",
+                src_name(m), (int)(nl > MAX_PARAM_NAME ? MAX_PARAM_NAME : nl), p + 2, m->n_params);
         free(out);
         return NULL;
       }
       vlen = strlen(val);
     }
     if (vlen > FBD_SOURCE_MAX - n - 1) {
-      snprintf(err, errlen,
-               "%s: the source after substitution is over %zu bytes, the most the "
-               "server accepts",
-               src_name(m), FBD_SOURCE_MAX);
+      fb_errf(err, errlen,
+              "%s: the source after substitution is over %zu bytes, the most the "
+              "server accepts",
+              src_name(m), FBD_SOURCE_MAX);
       free(out);
       return NULL;
     }
@@ -78,7 +78,7 @@ static char *substitute(const Fusebox__V1__Source *m, char *err, size_t errlen) 
       char *g = realloc(out, nc);
       if (!g) {
         free(out);
-        return snprintf(err, errlen, "out of memory"), NULL;
+        return fb_errf(err, errlen, "out of memory"), NULL;
       }
       out = g;
       cap = nc;
@@ -115,13 +115,12 @@ static void render(const char *fname, const char *src, const fb_diags *d, int rc
       free(one);
       break;
     }
-    used += (size_t)snprintf(err + used, errlen - used, "%s", one);
-    if (used >= errlen) used = errlen - 1; /* truncated */
+    fb_errcat(err, errlen, "%s", one);
+    used = strlen(err); /* errlen - 1 when it was cut */
     free(one);
   }
-  if (d && i < d->n && used < errlen)
-    snprintf(err + used, errlen - used, "(and %d more errors)\n", d->n - i);
-  if (!err[0]) snprintf(err, errlen, "%s: %s", fname, fb_strerror(rc));
+  if (d && i < d->n) fb_errcat(err, errlen, "(and %d more errors)\n", d->n - i);
+  if (!err[0]) fb_errf(err, errlen, "%s: %s", fname, fb_strerror(rc));
 }
 
 /* Parse m into *out, or FB_E* with the rendered diagnostics in err. */
@@ -144,7 +143,7 @@ int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **ou
                       size_t errlen) {
   *out = NULL;
   if (m->layout && m->layout->n_nodes) {
-    snprintf(err, errlen, "CreateSession: give a layout or a source, not both");
+    fb_errf(err, errlen, "CreateSession: give a layout or a source, not both");
     return FB_EINVAL;
   }
   fb_program *p = NULL;
@@ -152,7 +151,7 @@ int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **ou
   if (rc) return rc;
   *out = fb_layout_clone(fb_program_layout(p));
   fb_program_free(p);
-  if (!*out) return snprintf(err, errlen, "out of memory"), FB_ENOMEM;
+  if (!*out) return fb_errf(err, errlen, "out of memory"), FB_ENOMEM;
   return 0;
 }
 
@@ -181,16 +180,16 @@ static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp
   int rc = fb_program_instantiate(p, ki->kernel, (const char *const *)ki->fields, (int)ki->n_fields,
                                   &k, &d);
   if (rc) {
-    int n = snprintf(err, errlen, "kernel '%.128s': ", ki->kernel);
-    size_t k = n > 0 && (size_t)n < errlen ? (size_t)n : 0;
+    fb_errf(err, errlen, "kernel '%.128s': ", ki->kernel);
+    size_t k = strlen(err);
     if (d.n) render(fname, fb_program_source(p), &d, rc, err + k, errlen - k);
     else
-      snprintf(err + k, errlen - k, "%s",
-               rc == FB_ENOENT ? "no such kernel, or no such field to bind, in the source"
-                               : fb_strerror(rc));
+      fb_errcat(err, errlen, "%s",
+                rc == FB_ENOENT ? "no such kernel, or no such field to bind, in the source"
+                                : fb_strerror(rc));
   } else if (!(*out = fbp_kernel_to_pb(a, k))) {
     rc = FB_ENOMEM;
-    snprintf(err, errlen, "out of memory");
+    fb_errf(err, errlen, "out of memory");
   }
   fb_diags_free(&d);
   return rc;
@@ -219,16 +218,16 @@ static int default_instances(const fb_program *p, fbp_arena *a, Fusebox__V1__Ker
 static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *session_layout,
                   fbp_arena *a, char *err, size_t errlen) {
   if (m->n_instances > MAX_INSTANCES) {
-    snprintf(err, errlen, "RegisterKernels: %zu kernel instances; at most %d per request",
-             m->n_instances, MAX_INSTANCES);
+    fb_errf(err, errlen, "RegisterKernels: %zu kernel instances; at most %d per request",
+            m->n_instances, MAX_INSTANCES);
     return FB_EINVAL;
   }
   fb_program *p = NULL;
   int rc = parse(m->source, &p, err, errlen);
   if (rc) return rc;
   if (!same_layout(fb_program_layout(p), session_layout, a)) {
-    snprintf(err, errlen, "RegisterKernels: the layout of %s is not the session's",
-             src_name(m->source));
+    fb_errf(err, errlen, "RegisterKernels: the layout of %s is not the session's",
+            src_name(m->source));
     fb_program_free(p);
     return FB_EINVAL;
   }
@@ -236,18 +235,18 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *sessi
   size_t ni = m->n_instances;
   if (!ni && (rc = default_instances(p, a, &inst, &ni))) {
     fb_program_free(p);
-    return snprintf(err, errlen, "out of memory"), rc;
+    return fb_errf(err, errlen, "out of memory"), rc;
   }
   if (ni > MAX_INSTANCES) {
-    snprintf(err, errlen,
-             "RegisterKernels: %s has %zu kernels without field parameters; at "
-             "most %d are registered per request (name them in instances)",
-             src_name(m->source), ni, MAX_INSTANCES);
+    fb_errf(err, errlen,
+            "RegisterKernels: %s has %zu kernels without field parameters; at "
+            "most %d are registered per request (name them in instances)",
+            src_name(m->source), ni, MAX_INSTANCES);
     fb_program_free(p);
     return FB_EQUOTA;
   }
   Fusebox__V1__Kernel **ks = fbp_alloc(a, sizeof *ks * (m->n_kernels + ni + 1));
-  if (!ks) rc = FB_ENOMEM, snprintf(err, errlen, "out of memory");
+  if (!ks) rc = FB_ENOMEM, fb_errf(err, errlen, "out of memory");
   for (size_t i = 0; !rc && i < m->n_kernels; i++) ks[i] = m->kernels[i];
   for (size_t i = 0; !rc && i < ni; i++)
     rc = instantiate(p, inst[i], a, &ks[m->n_kernels + i], src_name(m->source), err, errlen);
@@ -348,12 +347,12 @@ void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fb_program *p = NULL;
   int rc = m ? parse(m, &p, err, sizeof err) : FB_EINVAL;
   if (!m)
-    snprintf(err, sizeof err,
-             "malformed request: %zu bytes that are not a valid "
-             "fusebox.v1.Source",
-             n);
+    fb_errf(err, sizeof err,
+            "malformed request: %zu bytes that are not a valid "
+            "fusebox.v1.Source",
+            n);
   Fusebox__V1__SourceInfo r = FUSEBOX__V1__SOURCE_INFO__INIT;
-  if (!rc && (rc = describe(p, &a, &r))) snprintf(err, sizeof err, "out of memory");
+  if (!rc && (rc = describe(p, &a, &r))) fb_errf(err, sizeof err, "out of memory");
   if (rc) {
     fbd_count_bad(c->srv);
     fbd_call_finish(c, rc, "%s", err);

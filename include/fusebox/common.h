@@ -5,6 +5,7 @@
 #ifndef FUSEBOX_COMMON_H
 #define FUSEBOX_COMMON_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,19 @@ const char *fb_strerror(int code);
  * nothing is written). The one helper every layer uses for its err/errlen
  * out-parameters. */
 void fb_errf(char *err, size_t errlen, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* fb_errf with a va_list, for a folder's own printf-like error helper. */
+void fb_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 0)))
+#endif
+    ;
+/* Append to the message already in err (a list built in parts); what does
+ * not fit is cut, as with fb_errf. */
+void fb_errcat(char *err, size_t errlen, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../ir_internal.h"
+#include "../map.h"
 #include "fusebox/lang.h"
 
 /* ---------------------------------------------------------------- arena */

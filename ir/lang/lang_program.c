@@ -162,38 +162,37 @@ char *fb_diags_render(const char *filename, const char *src, const fb_diags *d) 
 
 /* ---------------------------------------------------------------- declarations */
 
-/* A set of names with a value each (open addressing, FNV-1a), so that the
- * declaration checks stay linear in the number of names: fuseboxd parses
- * clients' source, and a megabyte holds tens of thousands of kernels or
- * parameters. */
+/* A set of names with a value each (the shared table, ir/map.h, keyed by
+ * the name's FNV-1a hash; each entry of a hash is confirmed by comparing
+ * the name, so colliding names stay apart), so that the declaration checks
+ * stay linear in the number of names: fuseboxd parses clients' source, and
+ * a megabyte holds tens of thousands of kernels or parameters. */
+typedef struct name_ent {
+  const char *name;
+  int v;
+} name_ent;
+
 typedef struct nameset {
-  const char **k;
-  int *v;
-  size_t mask;
+  fb_map m;
 } nameset;
 
 static int ns_init(nameset *s, size_t n) {
-  size_t cap = 16;
-  while (cap < 2 * n + 1) cap *= 2;
-  s->k = calloc(cap, sizeof *s->k);
-  s->v = calloc(cap, sizeof *s->v);
-  s->mask = cap - 1;
-  return s->k && s->v ? 0 : FB_ENOMEM;
+  fb_map_init(&s->m, sizeof(name_ent));
+  return fb_map_reserve(&s->m, n);
 }
 
-static void ns_free(nameset *s) {
-  free(s->k);
-  free(s->v);
-}
+static void ns_free(nameset *s) { fb_map_free(&s->m); }
 
 /* The value of name when present; else adds it with v and returns -1. The
- * set never fills: it has room for twice the names it is made for. */
+ * set never grows (so adding cannot fail): it has room for the names it is
+ * made for. */
 static int ns_find_or_add(nameset *s, const char *name, int v) {
-  size_t i = (size_t)fb__mix64(fb__fnv(FB_FNV_INIT, name, strlen(name))) & s->mask;
-  for (; s->k[i]; i = (i + 1) & s->mask)
-    if (!strcmp(s->k[i], name)) return s->v[i];
-  s->k[i] = name;
-  s->v[i] = v;
+  uint64_t h = fb__fnv(FB_FNV_INIT, name, strlen(name));
+  size_t it = 0;
+  for (const name_ent *e; (e = fb_map_next(&s->m, h, &it));)
+    if (!strcmp(e->name, name)) return e->v;
+  name_ent *e = fb_map_add(&s->m, h);
+  if (e) *e = (name_ent){name, v};
   return -1;
 }
 

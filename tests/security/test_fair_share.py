@@ -146,8 +146,8 @@ def test_scheduler_settings_are_checked(daemons):
                     expect_start=False)
         assert d.proc.wait(timeout=60) == 1
         assert words in d.logtext(), d.logtext()
-    for flags, words in [(["--fair-share", "maybe"], "fair_share: invalid value 'maybe'"),
-                         (["--fair-slice-ms", "0"], "fair_slice_ms: invalid value '0'")]:
+    for flags, words in [(["--fair-share", "maybe"], "--fair-share: invalid value 'maybe'"),
+                         (["--fair-slice-ms", "0"], "--fair-slice-ms: invalid value '0'")]:
         d = daemons("unix", flags, expect_start=False)
         assert d.proc.wait(timeout=60) == 2
         assert words in d.logtext(), d.logtext()
