@@ -91,16 +91,15 @@ static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) 
 }
 
 /* "memory budget B is full: sessions S, staging T, ...": the parts. */
-static int fmt_parts(char *err, size_t errlen, uint64_t budget,
-                     const uint64_t part[FBD_MEM_NPARTS]) {
+static void fmt_parts(char *err, size_t errlen, uint64_t budget,
+                      const uint64_t part[FBD_MEM_NPARTS]) {
   char b[32], v[32];
   fbd_fmt_bytes(b, sizeof b, budget);
-  int n = snprintf(err, errlen, "memory budget %s is full:", b);
-  for (int i = 0; i < FBD_MEM_NPARTS && n > 0 && (size_t)n < errlen; i++) {
+  fb_errf(err, errlen, "memory budget %s is full:", b);
+  for (int i = 0; i < FBD_MEM_NPARTS; i++) {
     fbd_fmt_bytes(v, sizeof v, part[i]);
-    n += snprintf(err + n, errlen - (size_t)n, "%s %s %s", i ? "," : "", fbd_mem_part_names[i], v);
+    fb_errcat(err, errlen, "%s %s %s", i ? "," : "", fbd_mem_part_names[i], v);
   }
-  return n;
 }
 
 int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
@@ -114,24 +113,23 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
   atomic_fetch_add(&srv->budget_refused, 1);
   char v[32], parts[FBD_ERRLEN];
   fbd_fmt_bytes(v, sizeof v, need);
-  int n = fmt_parts(parts, sizeof parts, budget, part);
-  if (n > 0 && (size_t)n < sizeof parts)
-    snprintf(parts + n, sizeof parts - (size_t)n, "; %s of %s refused (memory_budget)", what, v);
+  fmt_parts(parts, sizeof parts, budget, part);
+  fb_errcat(parts, sizeof parts, "; %s of %s refused (memory_budget)", what, v);
   /* the parts are server-wide: the log and admins see them; a user tenant
    * sees only its own usage, as in GetStats (fbd_auth_scope_stats) */
   fbd_logf(srv->log, FBD_LOG_WARN, "%s%s%s", parts, who ? " for tenant " : "",
            who ? who->name : "");
   if (all) {
-    snprintf(err, errlen, "%s", parts);
+    fb_errf(err, errlen, "%s", parts);
     return FB_EQUOTA;
   }
   char b[32], mine[32];
   fbd_fmt_bytes(b, sizeof b, budget);
   fbd_fmt_bytes(mine, sizeof mine, own_usage_locked(srv, who));
-  snprintf(err, errlen,
-           "memory budget %s is full: your sessions hold %s of it (their memory, pending "
-           "launches and JIT code); %s of %s refused (memory_budget)",
-           b, mine, what, v);
+  fb_errf(err, errlen,
+          "memory budget %s is full: your sessions hold %s of it (their memory, pending "
+          "launches and JIT code); %s of %s refused (memory_budget)",
+          b, mine, what, v);
   return FB_EQUOTA;
 }
 
