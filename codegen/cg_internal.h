@@ -202,11 +202,21 @@ LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char
  * operand); bounds check, activation and error latch as for s itself. */
 int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *given,
                       LLVMValueRef v);
+/* The read-only block of zeros that CPU loads of inactive sparse cells read
+ * (emit_mem.c, zero_block): its symbol, which the CPU JIT defines, and its
+ * size (virtual: untouched zero pages). */
+#define FB_CG_ZERO_SYM "fb_cg_zero"
+#define FB_CG_ZERO_BYTES ((int64_t)1 << 26)
 /* Atomics id and id2 (the next statement of the block) as one 64-bit
  * compare-and-swap when they are f32 adds on the two halves of one aligned
  * word (see emit_mem.c): 1 when emitted (both done), 0 when not pairable
  * (nothing emitted), -1 on error (e->rc). */
 int fb_emit_try_pair(fb_emit *e, int id, int id2);
+/* Loads ids[0..n) (the rest of a block) that read fields of one sparse
+ * container at the same indices, one walk for all (see emit_mem.c): the
+ * number emitted (all done), 0 when fewer than two qualify (nothing
+ * emitted), -1 on error (e->rc). */
+int fb_emit_try_loads(fb_emit *e, const int *ids, int n);
 
 /* reduce.c: reductions of a parallel task (see the file's comment).
  * plan: choose the atomics of loop `loop` to turn into reductions; open:

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cg_internal.h"
@@ -85,6 +86,38 @@ static int define_math(fb_cpu_jit *j, char *err, size_t errlen) {
   return 0;
 }
 
+/* The zero block that loads of inactive sparse cells read (emit_mem.c,
+ * zero_block): FB_CG_ZERO_BYTES of anonymous read-only pages, mapped once
+ * per process and never unmapped; reading it maps the kernel's zero page,
+ * so it costs address space, not memory, and a stray write faults. */
+static void *zero_pages;
+static pthread_once_t zero_once = PTHREAD_ONCE_INIT;
+
+static void map_zero(void) {
+  void *p = mmap(NULL, (size_t)FB_CG_ZERO_BYTES, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                 -1, 0);
+  zero_pages = p == MAP_FAILED ? NULL : p;
+}
+
+static int define_zero(fb_cpu_jit *j, char *err, size_t errlen) {
+  pthread_once(&zero_once, map_zero);
+  if (!zero_pages)
+    return fb_cg_fail(err, errlen, FB_ENOMEM, "cannot map the JIT's zero block (%lld bytes)",
+                      (long long)FB_CG_ZERO_BYTES);
+  LLVMOrcCSymbolMapPair pair;
+  pair.Name = LLVMOrcLLJITMangleAndIntern(j->jit, FB_CG_ZERO_SYM);
+  pair.Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)zero_pages;
+  pair.Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported;
+  pair.Sym.Flags.TargetFlags = 0;
+  LLVMOrcMaterializationUnitRef mu = LLVMOrcAbsoluteSymbols(&pair, 1);
+  LLVMErrorRef e = LLVMOrcJITDylibDefine(j->jd, mu);
+  if (e) {
+    LLVMOrcDisposeMaterializationUnit(mu);
+    return llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot define the zero block");
+  }
+  return 0;
+}
+
 static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
   LLVMTargetMachineRef tm = fb_cg_cpu_tm(j->triple, j->cpu, j->features, err, errlen);
   if (!tm) return FB_ECOMPILE;
@@ -105,7 +138,8 @@ static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
       &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL);
   if (e) return llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot search the process for symbols");
   LLVMOrcJITDylibAddGenerator(j->jd, gen);
-  return define_math(j, err, errlen);
+  int rc = define_math(j, err, errlen);
+  return rc ? rc : define_zero(j, err, errlen);
 }
 
 fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {
