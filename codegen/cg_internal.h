@@ -204,9 +204,9 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
                       LLVMValueRef v);
 /* The read-only block of zeros that CPU loads of inactive sparse cells read
  * (emit_mem.c, zero_block): its symbol, which the CPU JIT defines, and its
- * size (virtual: untouched zero pages). */
+ * size (untouched zero pages in .bss, cpu_jit.c). */
 #define FB_CG_ZERO_SYM "fb_cg_zero"
-#define FB_CG_ZERO_BYTES ((int64_t)1 << 26)
+#define FB_CG_ZERO_BYTES ((int64_t)1 << 24)
 /* Atomics id and id2 (the next statement of the block) as one 64-bit
  * compare-and-swap when they are f32 adds on the two halves of one aligned
  * word (see emit_mem.c): 1 when emitted (both done), 0 when not pairable

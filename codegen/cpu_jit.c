@@ -87,23 +87,17 @@ static int define_math(fb_cpu_jit *j, char *err, size_t errlen) {
 }
 
 /* The zero block that loads of inactive sparse cells read (emit_mem.c,
- * zero_block): FB_CG_ZERO_BYTES of anonymous read-only pages, mapped once
- * per process and never unmapped; reading it maps the kernel's zero page,
- * so it costs address space, not memory, and a stray write faults. */
-static void *zero_pages;
+ * zero_block): FB_CG_ZERO_BYTES of zero pages in .bss, made read-only at
+ * the first JIT (a stray write faults). Untouched pages cost address space,
+ * not memory; being part of the image it needs no mapping that a worker's
+ * address-space limit could refuse later. */
+static uint8_t zero_pages[FB_CG_ZERO_BYTES] __attribute__((aligned(4096)));
 static pthread_once_t zero_once = PTHREAD_ONCE_INIT;
 
-static void map_zero(void) {
-  void *p = mmap(NULL, (size_t)FB_CG_ZERO_BYTES, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  zero_pages = p == MAP_FAILED ? NULL : p;
-}
+static void protect_zero(void) { (void)mprotect(zero_pages, sizeof zero_pages, PROT_READ); }
 
 static int define_zero(fb_cpu_jit *j, char *err, size_t errlen) {
-  pthread_once(&zero_once, map_zero);
-  if (!zero_pages)
-    return fb_cg_fail(err, errlen, FB_ENOMEM, "cannot map the JIT's zero block (%lld bytes)",
-                      (long long)FB_CG_ZERO_BYTES);
+  pthread_once(&zero_once, protect_zero);
   LLVMOrcCSymbolMapPair pair;
   pair.Name = LLVMOrcLLJITMangleAndIntern(j->jit, FB_CG_ZERO_SYM);
   pair.Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)zero_pages;
