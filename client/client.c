@@ -120,26 +120,6 @@ grpc_byte_buffer *fbc_bb(const void *p, size_t n) {
   return bb;
 }
 
-void fbc_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
-  grpc_byte_buffer_reader r;
-  if (!n || !grpc_byte_buffer_reader_init(&r, bb)) return;
-  grpc_slice s;
-  size_t pos = 0;
-  while (n && grpc_byte_buffer_reader_next(&r, &s)) {
-    size_t len = GRPC_SLICE_LENGTH(s);
-    if (pos + len > from) {
-      size_t off = from - pos, k = len - off < n ? len - off : n;
-      memcpy(dst, GRPC_SLICE_START_PTR(s) + off, k);
-      dst += k;
-      n -= k;
-      from += k;
-    }
-    pos += len;
-    grpc_slice_unref(s);
-  }
-  grpc_byte_buffer_reader_destroy(&r);
-}
-
 grpc_slice fbc_bb_slice(grpc_byte_buffer *bb) {
   grpc_byte_buffer_reader r;
   if (!bb || !grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();

@@ -62,8 +62,6 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen);
 grpc_byte_buffer *fbc_bb(const void *p, size_t n);
-/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
-void fbc_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
 grpc_slice fbc_bb_slice(grpc_byte_buffer *bb);
 
 #endif

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "client/client_internal.h"
+#include "proto/wire.h"
 
 #define SESSION_PATH "/fusebox.v1.Fusebox/Session"
 #define LAUNCH_MAX_BYTES(nargs) (16 + (size_t)(nargs) * 24)
@@ -689,12 +690,12 @@ static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t b
   size_t total = grpc_byte_buffer_length(bb), at = 0;
   uint8_t head[FBP_CHUNK_HEADER_MAX];
   size_t hn = total < sizeof head ? total : sizeof head;
-  fbc_bb_copy(bb, 0, head, hn);
+  fbp_bb_copy(bb, 0, head, hn);
   fbp_chunk ch;
   int rc;
   if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
     if ((rc = chunk_fits(r, &ch, bytes, *got))) return rc;
-    fbc_bb_copy(bb, at, dst + *got, ch.len);
+    fbp_bb_copy(bb, at, dst + *got, ch.len);
   } else {
     grpc_slice s = fbc_bb_slice(bb);
     char err[256];

@@ -12,7 +12,7 @@
  * runs its tasks at once.
  *
  * Async mode: registration lowers the kernel and interns its tasks in the
- * session's IR bank (fb_opt, optimizer/sfg.h); fb_launch inserts them into
+ * session's IR bank (fb_opt, optimizer/optimizer.h); fb_launch inserts them into
  * the SFG with the packed arguments and the launch number. A flush (see
  * engine.h for the triggers) optimizes the window on the caller's thread
  * and hands the batch to the session's ordered worker (runtime fb_ordq),
@@ -58,7 +58,6 @@
 #include "engine/engine_test.h"
 #include "fusebox/engine.h"
 #include "optimizer/optimizer.h"
-#include "optimizer/sfg.h"
 #include "runtime/runtime.h"
 
 #define ERRLEN 2048
@@ -72,7 +71,7 @@ static const uint64_t no_args[1] = {0};
 struct fb_engine {
   const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
   void *dev;                /* ... opened by ops->open */
-  void *cpu;                /* the CPU device (fb_cpu_ops), opened on every backend */
+  void *cpu;                /* the CPU device (its ops: "cpu"), opened on every backend */
   fb_cpu_jit *jit;          /* the CPU device's JIT (it owns it): its code cache */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */

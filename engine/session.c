@@ -24,23 +24,24 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     set_err(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
+  const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
   void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
     char why[512];
-    int rc = fb_cuda_ops.open(threads, &gpu, why, sizeof why);
+    int rc = cuda->open(threads, &gpu, why, sizeof why);
     if (rc && strcmp(be, "cuda") == 0) {
       set_err(err, errlen, why);
       free(e);
       return rc;
     }
   }
-  int rc = fb_cpu_ops.open(threads, &e->cpu, err, errlen);
+  int rc = cpu->open(threads, &e->cpu, err, errlen);
   if (rc) {
-    if (gpu) fb_cuda_ops.close(gpu);
+    if (gpu) cuda->close(gpu);
     free(e);
     return rc;
   }
-  e->ops = gpu ? &fb_cuda_ops : &fb_cpu_ops;
+  e->ops = gpu ? cuda : cpu;
   e->dev = gpu ? gpu : e->cpu;
   e->jit = ((fb_cpu_device *)e->cpu)->jit;
   fb_cpu_jit_set_cache_limit(e->jit, FB_CODE_CACHE_BYTES_DEFAULT);
@@ -78,7 +79,7 @@ static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
   fb_cpool_free(e->cpool);
-  fb_cpu_ops.close(e->cpu);
+  fb_device_ops_for("cpu")->close(e->cpu);
   if (e->dev != e->cpu) e->ops->close(e->dev);
   pthread_mutex_destroy(&e->mu);
   free(e);

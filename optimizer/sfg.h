@@ -1,31 +1,11 @@
-/* optimizer/sfg.h: the asynchronous engine's inter-kernel optimizer — the IR
- * bank, task metadata, the state-flow graph (SFG) and its passes
- * (docs/optimizer.md; the AsyncTaichi paper, sections 3-6 and supplement).
- *
- * The first part is the API the engine drives, one fb_opt context per
- * session (no globals):
- *
- *   fb_opt_intern(kernel task IR)  ->  handle (once per lowered task)
- *   fb_opt_insert(handle, args, launch number)     (per task launch)
- *   fb_opt_flush()  ->  batch of optimized task launches in SFG order
- *   fb_opt_batch_free(batch)       (once they are compiled and launched)
- *
- * A context is used by one thread at a time (the engine's caller, which
- * flushes and frees batches; the session's ordered worker only reads them);
- * IR handed out in a batch is immutable and stays valid until the batch is
- * freed. The second part (after "folder-internal") is shared by the files of
- * optimizer/ that implement it: bank.c, meta.c, sfg.c, opt.c, ir_edit.c and
- * one pass_*.c per pass.
- *
- * Invariants
- *  - Results never depend on the optimizer: running the flushed batch gives
- *    the same fields, return values and rand() values as running the
- *    inserted launches one by one in insertion order.
- *  - IR in the bank never changes once interned; a hash match is confirmed
- *    with fb_kernel_equal. Every transformation makes a new bank entry.
- *  - The SFG is always consistent with the order of its window: rebuilding
- *    it from that order gives the same graph (fb_opt_check verifies this).
- */
+/* optimizer/sfg.h: the inside of the asynchronous engine's inter-kernel
+ * optimizer — task metadata, the IR bank, the state-flow graph (SFG) and its
+ * passes (docs/optimizer.md; the AsyncTaichi paper, sections 3-6 and
+ * supplement). Private to optimizer/ (and its tests and benches): the API
+ * these implement, and all that the engine sees, is the fb_opt part of
+ * optimizer/optimizer.h, with its invariants. This header is shared by the
+ * files of optimizer/ that implement it: bank.c, meta.c, sfg.c, opt.c,
+ * ir_edit.c and one pass_*.c per pass. */
 #ifndef FB_SFG_H
 #define FB_SFG_H
 
@@ -35,214 +15,17 @@
 #include "fusebox/ir.h"
 #include "optimizer/optimizer.h"
 
-/* ================================================================ API */
+/* ================================================================ tests and tools */
 
-typedef int32_t fb_irh; /* a handle into the session's IR bank */
-#define FB_IRH_NONE ((fb_irh) - 1)
-
-/* Passes (fb_opt_options.passes), in pipeline order. */
-enum {
-  FB_PASS_DEMOTE = 1,   /* activation demotion */
-  FB_PASS_LISTGEN = 2,  /* list-generation removal */
-  FB_PASS_DSE = 4,      /* dead-store elimination (and empty-task deletion) */
-  FB_PASS_FUSE = 8,     /* task fusion */
-  FB_PASS_SIMPLIFY = 16, /* intra-task simplification of fused tasks */
-  FB_PASS_ALL = 31
-};
-
-typedef struct fb_opt_options {
-  unsigned passes;       /* FB_PASS_* bits; FB_PASS_ALL by default */
-  int max_fuse_per_task; /* fusions one task takes part in per fusion round (1) */
-  int max_fused_tasks;   /* launches one fused task may stand for (256; 0: no
-                            bound) */
-  /* The fusion cost model: a fusion whose result would exceed one of these
-   * is refused (fb_opt_counters.fuse_refused). A task that is already over
-   * a bound is left as it is. */
-  int max_fused_stmts;   /* statement budget of a fused task, estimated as the
-                            sum of its parts' reachable statements: bounds its
-                            compile time (4096; 0: no bound) */
-  int max_task_params;   /* parameters one task launch can take on the backend
-                            (0: no bound). The engine sets it from its device
-                            (fb_cuda_max_task_params on CUDA; none on the CPU,
-                            whose tasks read arguments through a pointer) */
-  int max_iterations;    /* cap of the pipeline's fixed-point loop (32) */
-  size_t bank_bytes;     /* IR bank memory bound, evicting unused IR (64 MiB) */
-  int check;             /* run fb_opt_check and fb_verify after every pass
-                            (default: on in FB_DEBUG builds); a reused flush
-                            plan is then also checked against the pipeline */
-  int plan_memo;         /* reuse the optimized batch of an identical window
-                            met in an equivalent graph (1; 0: off). See
-                            fb_opt_flush */
-  int plan_memo_max;     /* plans kept (64) */
-} fb_opt_options;
-
-void fb_opt_options_default(fb_opt_options *o);
-
-/* Counters; "flush" holds the last flush's, "total" the session's. */
-typedef struct fb_opt_counters {
-  uint64_t flushes;
-  uint64_t tasks_in;        /* task launches inserted */
-  uint64_t tasks_out;       /* task launches handed out */
-  uint64_t listgen_removed; /* list generations removed (each with its clear_list) */
-  uint64_t demoted;         /* activating accesses demoted */
-  uint64_t dead_stores;     /* task writes of a state removed as dead */
-  uint64_t tasks_deleted;   /* tasks left without effect and deleted */
-  uint64_t tasks_fused;     /* fusions (each removes one task) */
-  uint64_t fuse_refused;    /* tasks kept from a fusion that met every
-                               criterion by the cost model (max_fused_stmts,
-                               max_task_params, max_fused_tasks); once per
-                               task per fusion round */
-  uint64_t simplified;      /* statements removed by intra-task simplification */
-  uint64_t iterations;      /* pipeline iterations */
-  uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */
-  uint64_t plans_reused;    /* flushes whose batch came from the plan memo */
-  uint64_t plans_stored;    /* plans added to the plan memo */
-  uint64_t masks_unchanged; /* (total only) observations that kept a mask's
-                               content across flushes (fb_opt_observe_mask) */
-  double optimizer_s;       /* time in insert (sampled) + flush (SFG and passes) */
-} fb_opt_counters;
-
-typedef struct fb_opt_stats {
-  fb_opt_counters flush, total;
-  size_t bank_entries, bank_bytes;
-  uint64_t bank_evictions;
-} fb_opt_stats;
-
-typedef struct fb_opt fb_opt;
-
-/* A context for one session's layout (which must outlive it). NULL when out
- * of memory or the layout is not finalized. opts may be NULL (defaults). */
-fb_opt *fb_opt_new(const fb_layout *l, const fb_opt_options *opts);
-void fb_opt_free(fb_opt *o); /* free its batches first */
-void fb_opt_set_options(fb_opt *o, const fb_opt_options *opts);
-const fb_opt_options *fb_opt_get_options(const fb_opt *o);
-/* Message of the last failed call ("" when none). */
-const char *fb_opt_errmsg(const fb_opt *o);
-
-/* ---- the IR bank */
-
-/* Put a copy of task IR k (a task as fb_lower makes them: serial statements,
- * or loop-invariant values and one top-level par_for/struct_for, or one
- * clear_list/listgen/gc statement) into the bank, or find the equal one
- * there. *out holds one reference: give it back with fb_opt_release. The
- * bank's copy is compacted, so statement ids may differ from k's: use
- * fb_opt_ir_info for the loop id. FB_EVERIFY (message) for IR the verifier
- * refuses, FB_EINVAL for IR of another layout. */
-int fb_opt_intern(fb_opt *o, const fb_kernel *k, fb_irh *out);
-void fb_opt_retain(fb_opt *o, fb_irh h);
-void fb_opt_release(fb_opt *o, fb_irh h);
-const fb_kernel *fb_opt_ir(const fb_opt *o, fb_irh h); /* NULL for a bad handle */
+/* The banked IR of a handle (NULL for a bad handle). */
+const fb_kernel *fb_opt_ir(const fb_opt *o, fb_irh h);
 /* Shape of a banked task: kind, statement id of its parallel loop (-1 if
  * serial; a listgen's own statement, as fb_lower gives it) and the SNode of
  * struct_for / list tasks (-1 otherwise). */
 int fb_opt_ir_info(fb_opt *o, fb_irh h, fb_task_kind *kind, int *loop, int *snode);
-
-/* ---- the window */
-
-typedef struct fb_opt_task {
-  fb_irh ir;             /* banked task IR */
-  const uint64_t *args;  /* one slot per parameter (codegen's fb_slot_pack) */
-  int nargs;             /* must equal the IR's parameter count */
-  uint64_t launch;       /* launch number: all tasks of one kernel launch share it */
-} fb_opt_task;
-
-/* Add a task launch to the SFG (it takes its own reference to t->ir). */
-int fb_opt_insert(fb_opt *o, const fb_opt_task *t);
-/* Number of task launches waiting for the next flush. */
-int fb_opt_pending(const fb_opt *o);
-/* The host wrote field `place` (or activated/deactivated below SNode
- * `snode`) between flushes: the states it touches get a new version, so
- * that no pass takes an old list or mask as current. FB_EINVAL while tasks
- * are pending (flush first). */
-int fb_opt_host_write(fb_opt *o, int snode);
-
-/* Lists that survive flushes. The engine observed, with nothing pending and
- * every flushed task run, that sparse container `snode`'s cells have
- * changed `count` times since the session began (activations and
- * deactivations that took effect: a count the runtime keeps). When the
- * count is the one of the previous observation and no task or host write
- * in between cleared cells of it, the mask is as it was then, whatever
- * activating writes ran: its current version gets the content id it had,
- * so list-generation removal (and demotion) take the lists made from it as
- * current. FB_EINVAL while tasks are pending. */
-int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count);
-
-/* Run the pass pipeline on the window now, without handing it out (for
- * `fusebox graph` and tests: the graph then shows the optimized window;
- * fb_opt_flush afterwards finds nothing more to do). Counts into the next
- * flush's counters. */
-int fb_opt_optimize(fb_opt *o);
-
-/* One inserted task launch that a handed-out task stands for: a fused task
- * runs its parts in order. What the engine needs to name the part an error
- * comes from, as sync mode would. */
-typedef struct fb_opt_part {
-  uint64_t launch;   /* its launch number */
-  const char *task;  /* its task IR's name as inserted ("bad.t0") */
-  int argoff, nargs; /* its arguments within the task's */
-  int inb;           /* every access provably in bounds: it cannot report FB_EBOUNDS */
-  /* its task IR as inserted, before any pass changed it: what the engine
-   * runs instead when the fused task cannot be compiled or launched */
-  fb_irh ir;
-  const fb_kernel *k;  /* NULL when its shape is unknown (out of memory) */
-  fb_task_kind kind;
-  int loop;          /* as fb_opt_launch.loop, of k */
-  int snode;
-} fb_opt_part;
-
-/* One optimized task launch. Everything stays valid until the batch is freed. */
-typedef struct fb_opt_launch {
-  fb_irh ir;
-  const fb_kernel *k;  /* the task IR to compile */
-  fb_task_kind kind;
-  int loop;            /* statement id of the parallel loop in k (a listgen's
-                          statement), -1 if serial */
-  int snode;           /* struct_for / list tasks: the SNode, else -1 */
-  const uint64_t *args;
-  int nargs;
-  uint64_t launch;     /* launch number to run it with (rand(), see rand_seq) */
-  int ntasks;          /* inserted task launches it stands for (fusion) */
-  const fb_opt_part *parts; /* those launches, in the order it runs them */
-  int nparts;          /* = ntasks */
-} fb_opt_launch;
-
-typedef struct fb_opt_batch {
-  fb_opt_launch *v;
-  int n;
-} fb_opt_batch;
-
-/* Optimize the window (the passes the options enable, to a fixed point)
- * and hand the result out in topological order. The graph then keeps only
- * the latest owner of each state (partial garbage collection): those tasks
- * have run; they are never handed out again but let the next window's
- * passes see which lists and masks are still current. *out is NULL when
- * nothing was pending.
- *   The plan memo: inserts are logged and only built into the graph when
- * needed. A flush whose window equals (task IR handles, argument values,
- * launch numbers relative to its first) one met before, in a graph whose
- * canonical form (the retained nodes and states with their serials and
- * order stamps replaced by ranks: everything the passes read) equals the
- * one it was optimized in, and which left the graph in that same canonical
- * form, hands out a copy of that flush's batch (launch numbers rebased)
- * without building the window or running the passes; the graph is kept as
- * it is, being already what the flush would leave. Checked by equality,
- * never by hash alone; options changes clear the memo. In check mode the
- * pipeline still runs and must give the same batch. */
-int fb_opt_flush(fb_opt *o, fb_opt_batch **out);
-void fb_opt_batch_free(fb_opt *o, fb_opt_batch *b);
-
-/* ---- observability */
-
-const fb_opt_stats *fb_opt_get_stats(fb_opt *o);
-/* The current SFG as Graphviz DOT, or as the text the golden tests compare
- * (malloc'd; NULL when out of memory). */
-char *fb_opt_dot(const fb_opt *o, const char *title);
+/* The current SFG as the text the golden tests compare (malloc'd; NULL when
+ * out of memory); fb_opt_dot gives it as Graphviz DOT. */
 char *fb_opt_graph_text(const fb_opt *o);
-/* Called before and after each pass of every flush while set: `when` is
- * "before" or "after", `dot` the graph. Pass a NULL fn to stop. */
-typedef void (*fb_opt_trace_fn)(void *user, int iteration, const char *pass, const char *when,
-                                const char *dot);
-void fb_opt_set_trace(fb_opt *o, fb_opt_trace_fn fn, void *user);
 /* Check every SFG invariant (topological order, edges, owners, readers,
  * versions, rebuild invariance). 0, or FB_EINTERNAL with a message. */
 int fb_opt_check(fb_opt *o, char *err, size_t errlen);

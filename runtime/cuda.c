@@ -1,4 +1,4 @@
-/* The CUDA device (runtime.h "CUDA device"): the driver loaded with dlopen,
+/* The CUDA device (runtime/cuda.h): the driver loaded with dlopen,
  * one primary context, modules cached by task IR, a stream per session
  * queue, managed memory for everything the host also reads, launches with
  * cuLaunchKernel, device time from events, and sticky-error containment.
@@ -7,13 +7,14 @@
  * FB_GPU_ENTRY), so it needs no copy before it and the host never waits
  * between tasks; each launch's error word is a slot of a device array that
  * the batch's finish copies back once, with the batch's end event. At the
- * end, the CUDA device's operations table (fb_cuda_ops, runtime.h). */
+ * end, the CUDA device's operations table (fb_cuda_ops, cuda.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "runtime/cuda.h"
 #include "runtime/cuda_drv.h"
 #include "runtime/runtime.h"
 

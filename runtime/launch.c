@@ -4,12 +4,14 @@
  * the thread pool (list generations in small chunks: their iterations are
  * whole blocks). Before a listgen task the host sizes its list. Backend
  * time is the CLOCK_MONOTONIC time around the device work. At the end, the
- * CPU device's operations table (fb_cpu_ops, runtime.h). */
+ * CPU device's operations table (fb_cpu_ops) and the choice of a table by
+ * name (fb_device_ops_for, runtime.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "runtime/cuda.h" /* fb_cuda_ops, for fb_device_ops_for */
 #include "runtime/runtime.h"
 
 int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen) {
@@ -160,7 +162,7 @@ static int cpu_finish(void *q, const int32_t **errs, int *nslots, double *second
   return 0;
 }
 
-const fb_device_ops fb_cpu_ops = {
+static const fb_device_ops fb_cpu_ops = {
     .backend = "cpu",
     .queued = 0,
     .open = cpu_open,
@@ -178,3 +180,9 @@ const fb_device_ops fb_cpu_ops = {
     .launch = cpu_launch,
     .finish = cpu_finish,
 };
+
+const fb_device_ops *fb_device_ops_for(const char *backend) {
+  if (backend && strcmp(backend, "cpu") == 0) return &fb_cpu_ops;
+  if (backend && strcmp(backend, "cuda") == 0) return &fb_cuda_ops;
+  return NULL;
+}

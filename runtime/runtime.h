@@ -5,8 +5,9 @@
  * the asynchronous engine's threads: the shared compile pool, the ordered
  * worker queue of a session and the trace-event timeline; and the table of
  * operations through which the engine drives either device (fb_device_ops,
- * at the end). Internal header of the folder; engine/ uses it. Depends on
- * ir/ and codegen/ only.
+ * at the end). The folder's interface: engine/ uses it, and reaches a device
+ * only through fb_device_ops (the CUDA backend's own functions are in
+ * runtime/cuda.h, private to the folder). Depends on ir/ and codegen/ only.
  *
  * Invariants
  *  - The pool owns its worker threads for its whole life: a parallel loop
@@ -190,58 +191,6 @@ int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_
                       const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
                       size_t errlen);
 
-/* ---------------------------------------------------------------- CUDA device
- * The GPU through the CUDA Driver API loaded at run time (cuda_drv.h): one
- * primary context per process on device 0, a queue (stream) per session,
- * tasks compiled to PTX and loaded as modules cached by IR, launched with
- * cuLaunchKernel on grid-stride kernels whose grid is sized from the
- * device's SM count, device time from events. Session memory is managed
- * memory (fb_memsys), so host access works on it once the queue is idle.
- *
- * Faults: a driver error fails the call with FB_EDEVICE and a message that
- * names it. A sticky error (the context is unusable) ends every queue of
- * that context (their calls return FB_EDEVICE from then on) and marks the
- * device unhealthy; once the last of those queues is freed the context is
- * reset and made again, and the device is healthy. */
-
-typedef struct fb_cuda_device fb_cuda_device;
-typedef struct fb_cuda_queue fb_cuda_queue;
-
-/* Load the driver, take device 0 (FB_CUDA_DEVICE picks another) and its
- * primary context. FB_EDEVICE with a message when there is no driver, no
- * device, or the device cannot share managed memory with the host. */
-int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen);
-void fb_cuda_device_free(fb_cuda_device *d);
-/* "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB, driver 12.4)" */
-const char *fb_cuda_device_name(const fb_cuda_device *d);
-const char *fb_cuda_device_sm(const fb_cuda_device *d); /* "sm_90" */
-/* 1 when healthy; else 0 and why (may be NULL) says what failed. */
-int fb_cuda_device_healthy(fb_cuda_device *d, char *why, size_t len);
-/* Kernel parameters one task launch can take on the GPU (the launch's fixed
- * parameters excluded): what the optimizer's fusion cost model must respect. */
-int fb_cuda_max_task_params(void);
-/* Compile task t to a module of the device (cached by IR): out->gpu. The
- * signature of a compile pool's compiler (user = the device). */
-int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *err, size_t errlen);
-
-int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t errlen);
-/* Waits for the queue's work, then frees it. */
-void fb_cuda_queue_free(fb_cuda_queue *q);
-const fb_memsys *fb_cuda_queue_memsys(fb_cuda_queue *q);
-/* 0 while usable; FB_EDEVICE once a sticky error ended it (message). */
-int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen);
-/* A batch: begin, launch each task (queued, not waited for; a listgen
- * task first waits for the queue and sizes its list, see fb_cpu_run_sparse),
- * then finish, which waits for the batch and gives each launch's error
- * slot (one per fb_cuda_launch, in order; 0 = none) and the device time.
- * fb_cuda_launch returns its slot number (>= 0) or an FB_E* code: a list
- * that cannot be sized (code of fb_sparse_prepare_list), or FB_EDEVICE. */
-int fb_cuda_begin(fb_cuda_queue *q, char *err, size_t errlen);
-int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
-                   const fb_rt_hint *hint, fb_sparse *sp, char *err, size_t errlen);
-int fb_cuda_finish(fb_cuda_queue *q, const int32_t **errs, int *nslots, double *seconds, char *err,
-                   size_t errlen);
-
 /* ---------------------------------------------------------------- timeline
  * Chrome trace-event JSON (the format Perfetto and chrome://tracing open):
  * complete events ("ph": "X") on tracks (tid) of one process (pid), with
@@ -337,7 +286,7 @@ int fb_ordq_idle(fb_ordq *q);
 /* ---------------------------------------------------------------- device operations
  * What the engine needs of a device, as one table of operations per device
  * (as QBE's Target): fb_cpu_ops (the CPU device: its thread pool and the
- * JIT) and fb_cuda_ops (the CUDA device above). The engine keeps the table
+ * JIT) and fb_cuda_ops (the CUDA device, runtime/cuda.h). The engine keeps the table
  * and the device it opened, each session keeps a queue of that device, and
  * neither asks which device it has.
  *
@@ -385,7 +334,10 @@ typedef struct fb_device_ops {
                 size_t errlen);
 } fb_device_ops;
 
-extern const fb_device_ops fb_cpu_ops;  /* runtime/launch.c */
-extern const fb_device_ops fb_cuda_ops; /* runtime/cuda.c */
+/* The operations table of the device named `backend` ("cpu": fb_cpu_ops,
+ * runtime/launch.c; "cuda": fb_cuda_ops, runtime/cuda.c), NULL for any other
+ * name. The engine's one route to a device: the tables and the CUDA
+ * backend's own functions are private to runtime/ (runtime/cuda.h). */
+const fb_device_ops *fb_device_ops_for(const char *backend);
 
 #endif

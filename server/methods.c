@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "proto/wire.h"
 #include "server/server.h"
 
 #define DEFAULT_CHUNK ((uint32_t)1 << 20)
@@ -72,26 +73,6 @@ void fbd_stage_free(fbd_buf *b) {
     }
   }
   *b = (fbd_buf){NULL, 0, -1};
-}
-
-void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
-  grpc_byte_buffer_reader r;
-  if (!n || !grpc_byte_buffer_reader_init(&r, bb)) return;
-  grpc_slice s;
-  size_t pos = 0;
-  while (n && grpc_byte_buffer_reader_next(&r, &s)) {
-    size_t len = GRPC_SLICE_LENGTH(s);
-    if (pos + len > from) {
-      size_t off = from - pos, k = len - off < n ? len - off : n;
-      memcpy(dst, GRPC_SLICE_START_PTR(s) + off, k);
-      dst += k;
-      n -= k;
-      from += k;
-    }
-    pos += len;
-    grpc_slice_unref(s);
-  }
-  grpc_byte_buffer_reader_destroy(&r);
 }
 
 /* Decode bb; keep, when given, keeps its bytes (for a worker process). */
@@ -643,12 +624,12 @@ static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
   size_t total = grpc_byte_buffer_length(bb), at = 0;
   uint8_t head[FBP_CHUNK_HEADER_MAX];
   size_t hn = total < sizeof head ? total : sizeof head;
-  fbd_bb_copy(bb, 0, head, hn);
+  fbp_bb_copy(bb, 0, head, hn);
   fbp_chunk ch;
   uint8_t *dst;
   if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
     if (!(dst = write_target(c, &ch))) return FB_EINVAL;
-    fbd_bb_copy(bb, at, dst, ch.len);
+    fbp_bb_copy(bb, at, dst, ch.len);
   } else {
     grpc_slice sl = fbd_bb_slice(bb);
     char err[256];

@@ -284,8 +284,6 @@ typedef struct fbd_buf {
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
 uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
 void fbd_stage_free(fbd_buf *b); /* and clears it */
-/* Copy n bytes starting at byte from of bb into dst, slice by slice. */
-void fbd_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
 
 /* ---------------------------------------------------------------- execution
  * The engine side of a session: the jobs it runs against its fb_session,

@@ -19,6 +19,7 @@
 #include "fake_cuda.h"
 #include "fusebox/engine.h"
 #include "fusebox/lang.h"
+#include "runtime/runtime.h"
 #include "support.h"
 
 static struct {
@@ -129,6 +130,20 @@ START_TEST(backend_cuda_on_fake_driver) {
   env_open(&x, "auto"); /* auto takes the GPU when there is one */
   ck_assert_str_eq(fb_engine_backend(x.e), "cuda");
   env_close(&x);
+}
+END_TEST
+
+/* The engine's one route to a device: its table by name (runtime.h). */
+START_TEST(device_tables_by_name) {
+  const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
+  ck_assert(cpu && cuda && cpu != cuda);
+  ck_assert_str_eq(cpu->backend, "cpu");
+  ck_assert_int_eq(cpu->queued, 0);
+  ck_assert_str_eq(cuda->backend, "cuda");
+  ck_assert_int_eq(cuda->queued, 1);
+  ck_assert_ptr_null(fb_device_ops_for("auto")); /* a choice, not a device */
+  ck_assert_ptr_null(fb_device_ops_for("gpu"));
+  ck_assert_ptr_null(fb_device_ops_for(NULL));
 }
 END_TEST
 
@@ -407,6 +422,7 @@ static Suite *suite(void) {
   TCase *t = tcase_create("fake driver");
   tcase_add_checked_fixture(t, load_fake, NULL);
   tcase_add_test(t, backend_cuda_on_fake_driver);
+  tcase_add_test(t, device_tables_by_name);
   tcase_add_test(t, no_driver_is_a_clear_error);
   tcase_add_test(t, no_gpu_is_a_clear_error);
   tcase_add_test(t, server_refuses_cuda_without_driver);

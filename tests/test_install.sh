@@ -73,9 +73,22 @@ if command -v bash >/dev/null 2>&1; then
   case $words in "run"*"--output-dir"*) ;; *) fail "completion gave: $words" ;; esac
 fi
 doc=$tmp/p/share/doc/fusebox
-for f in README.md sessions.md language.md examples/heat.json examples/c/saxpy_client.c; do
+for f in README.md docs/sessions.md docs/language.md docs/images/wave_080.png \
+         bench/RESULTS.md examples/heat.json examples/c/saxpy_client.c; do
   [ -s "$doc/$f" ] || fail "no $doc/$f"
 done
+# Every relative link of the installed documents (a path with a '/' or naming
+# a .md or .png file) resolves in the installed tree.
+nlinks=0
+for md in "$doc/README.md" "$doc"/docs/*.md; do
+  dir=$(dirname "$md")
+  for link in $(grep -o '](\([A-Za-z0-9_./-]*\))' "$md" | sed 's/^](//; s/)$//'); do
+    case $link in */*|*.md|*.png) ;; *) continue ;; esac
+    nlinks=$((nlinks + 1))
+    [ -e "$dir/$link" ] || fail "$(basename "$md") links to $link, which is not installed"
+  done
+done
+[ "$nlinks" -ge 5 ] || fail "found only $nlinks relative links in the installed documents"
 
 # Moved elsewhere, the tree still describes itself.
 mv "$tmp/p" "$tmp/moved"

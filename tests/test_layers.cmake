@@ -2,11 +2,14 @@
 # "Folders and what they may use"; fb_layer in the top CMakeLists.txt).
 # For each case, a file that includes one header is compiled (-fsyntax-only)
 # with the include directories of one target: a header the target may use
-# must compile, any other must fail for want of the file.
+# must compile, any other must fail for want of the file. A case that also
+# names a symbol takes its address after the include: "ok", the header
+# declares it; "no", the header compiles but does not declare it (an
+# interface header that keeps another folder's internals out of sight).
 #   cmake -DCC=compiler -DDIRS="target=dir|dir...;..." -P test_layers.cmake
 # DIRS gives each target's include directories (its INCLUDE_DIRECTORIES).
 
-# target  header  ok|no
+# target  header  ok|no  [symbol]
 set(cases
   "fusebox_ir fusebox/ir.h ok"
   "fusebox_ir ir/base.h ok"
@@ -24,11 +27,19 @@ set(cases
   "fusebox_codegen optimizer/optimizer.h no"
   "fusebox_codegen runtime/runtime.h no"
   "fusebox_runtime runtime/runtime.h ok"
+  "fusebox_runtime runtime/cuda.h ok fb_cuda_launch"
   "fusebox_runtime optimizer/optimizer.h no"
   "fusebox_runtime codegen/cg_internal.h no"
   "fusebox_runtime engine/internal.h no"
   "fusebox_engine runtime/runtime.h ok"
-  "fusebox_engine optimizer/sfg.h ok"
+  "fusebox_engine runtime/runtime.h ok fb_device_ops_for"
+  "fusebox_engine runtime/runtime.h no fb_cuda_ops"
+  "fusebox_engine runtime/runtime.h no fb_cuda_launch"
+  "fusebox_engine runtime/cuda.h no"
+  "fusebox_engine optimizer/optimizer.h ok fb_opt_flush"
+  "fusebox_engine optimizer/optimizer.h no fb_sfg_rebuild"
+  "fusebox_engine optimizer/optimizer.h no fb_bank_new"
+  "fusebox_engine optimizer/sfg.h no"
   "fusebox_engine codegen/codegen.h ok"
   "fusebox_engine proto/convert.h no"
   "fusebox_engine server/server.h no"
@@ -37,11 +48,15 @@ set(cases
   "fusebox_proto runtime/runtime.h no"
   "fusebox_proto optimizer/optimizer.h no"
   "fusebox_server fusebox/engine.h ok"
+  "fusebox_server proto/wire.h ok fbp_bb_copy"
   "fusebox_server runtime/runtime.h no"
+  "fusebox_server runtime/cuda.h no"
+  "fusebox_server optimizer/sfg.h no"
   "fusebox_server optimizer/optimizer.h no"
   "fusebox_server engine/internal.h no"
   "fusebox_server client/client_internal.h no"
   "fusebox_client ir/base.h ok"
+  "fusebox_client proto/wire.h ok fbp_bb_copy"
   "fusebox_client runtime/runtime.h no"
   "fusebox_client engine/internal.h no"
   "fusebox_client server/server.h no"
@@ -72,6 +87,11 @@ foreach(c ${cases})
   list(GET c 0 t)
   list(GET c 1 h)
   list(GET c 2 want)
+  list(LENGTH c len)
+  set(sym)
+  if(len GREATER 3)
+    list(GET c 3 sym)
+  endif()
   if(NOT DEFINED inc_${t})
     message(SEND_ERROR "no include directories given for target ${t}")
     math(EXPR failures "${failures} + 1")
@@ -79,10 +99,25 @@ foreach(c ${cases})
   endif()
   math(EXPR n "${n} + 1")
   set(src ${work}/case${n}.c)
-  file(WRITE ${src} "#include \"${h}\"\nint fb_layers_case;\n")
+  if(sym)
+    file(WRITE ${src} "#include \"${h}\"\nvoid *fb_layers_case(void) { return (void *)&${sym}; }\n")
+  else()
+    file(WRITE ${src} "#include \"${h}\"\nint fb_layers_case;\n")
+  endif()
   execute_process(COMMAND ${CC} -fsyntax-only ${inc_${t}} ${src}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
-  if(want STREQUAL "ok" AND NOT rc EQUAL 0)
+  if(sym)
+    if(want STREQUAL "ok" AND NOT rc EQUAL 0)
+      message(SEND_ERROR "${t}: ${h} should declare ${sym}, but this does not compile:\n${out}")
+      math(EXPR failures "${failures} + 1")
+    elseif(want STREQUAL "no" AND rc EQUAL 0)
+      message(SEND_ERROR "${t}: ${h} declares ${sym}, which it should keep out of sight")
+      math(EXPR failures "${failures} + 1")
+    elseif(want STREQUAL "no" AND NOT (out MATCHES "undeclared" AND out MATCHES "${sym}"))
+      message(SEND_ERROR "${t}: ${h} with ${sym} failed, but not for want of ${sym}:\n${out}")
+      math(EXPR failures "${failures} + 1")
+    endif()
+  elseif(want STREQUAL "ok" AND NOT rc EQUAL 0)
     message(SEND_ERROR "${t} may include ${h}, but it does not compile:\n${out}")
     math(EXPR failures "${failures} + 1")
   elseif(want STREQUAL "no" AND rc EQUAL 0)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "proto/convert.h"
+#include "proto/wire.h"
 #include "tests/support/support.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -579,6 +580,35 @@ START_TEST(counters_round_trip) {
 }
 END_TEST
 
+/* fbp_bb_copy (both ends' copy of a chunk's bytes): any range of a message
+ * split over several slices, the slices' edges included, and nothing past
+ * the end or for n = 0. */
+START_TEST(bb_copy_across_slices) {
+  const char *parts[] = {"abc", "defg", "h", "ijklm"};
+  const char *all = "abcdefghijklm";
+  grpc_slice sl[4];
+  for (int i = 0; i < 4; i++) sl[i] = grpc_slice_from_copied_string(parts[i]);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 4);
+  for (int i = 0; i < 4; i++) grpc_slice_unref(sl[i]);
+  size_t len = strlen(all);
+  ck_assert_uint_eq(grpc_byte_buffer_length(bb), len);
+  for (size_t from = 0; from <= len; from++) {
+    for (size_t n = 0; from + n <= len; n++) {
+      uint8_t dst[16];
+      memset(dst, '#', sizeof dst);
+      fbp_bb_copy(bb, from, dst, n);
+      ck_assert_msg(memcmp(dst, all + from, n) == 0, "from %zu, %zu bytes", from, n);
+      ck_assert_msg(dst[n] == '#', "from %zu, %zu bytes: wrote past n", from, n);
+    }
+  }
+  uint8_t tail[8];
+  memset(tail, '#', sizeof tail);
+  fbp_bb_copy(bb, len - 2, tail, 5); /* asks past the end: copies what there is */
+  ck_assert(memcmp(tail, "lm###", 5) == 0);
+  grpc_byte_buffer_destroy(bb);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("convert");
@@ -595,6 +625,7 @@ int main(void) {
   tcase_add_test(tc, status_mapping);
   tcase_add_test(tc, arena_reuse);
   tcase_add_test(tc, counters_round_trip);
+  tcase_add_test(tc, bb_copy_across_slices);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -127,7 +127,7 @@ enum dt_mutation {
 typedef struct dt_config {
   const char *name;
   int kind;
-  unsigned passes;       /* opt-interp: FB_PASS_* bits (optimizer/sfg.h);
+  unsigned passes;       /* opt-interp: FB_PASS_* bits (optimizer/optimizer.h);
                             async: FB_PASSES_* bits (fusebox/engine.h), exact */
   int flush_every;       /* async: fb_session_config.flush_every */
   int max_fuse;          /* max_fuse_per_task (0: default) */

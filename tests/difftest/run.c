@@ -8,7 +8,7 @@
  *
  *   sync        the engine in sync mode (lowering, codegen, the CPU runtime)
  *   async       the engine in async mode with a set of passes
- *   opt-interp  lowering + the SFG optimizer (optimizer/sfg.h) with a set of
+ *   opt-interp  lowering + the SFG optimizer (optimizer/optimizer.h) with a set of
  *               passes, every flushed batch run task by task in the
  *               interpreter: the optimizer checked without code generation
  *
@@ -23,7 +23,6 @@
 #include "codegen/codegen.h"
 #include "dt.h"
 #include "optimizer/optimizer.h"
-#include "optimizer/sfg.h"
 
 #define DT_RAND_SEED 0x5eedull
 

@@ -1,0 +1,20 @@
+/* proto/wire.h: gRPC byte buffers, the form in which the protocol's
+ * messages reach fuseboxd (server/) and libfusebox (client/). The one copy
+ * of what both ends do with a received message's bytes that the protobuf
+ * conversion (convert.h) does not: a field chunk's data goes from the
+ * message's slices straight to where it belongs, without one contiguous
+ * copy of the message first. Uses the gRPC C core's byte buffers only. */
+#ifndef FUSEBOX_PROTO_WIRE_H
+#define FUSEBOX_PROTO_WIRE_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Copy n bytes starting at byte `from` of bb into dst, slice by slice. The
+ * caller has checked from + n against grpc_byte_buffer_length(bb); bytes
+ * past the end are not copied. */
+void fbp_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+
+#endif
