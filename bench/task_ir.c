@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
   const char *bind[16];
   int nb = 0;
   char *list = argc > 3 && strcmp(argv[3], "-") ? strdup(argv[3]) : NULL;
-  for (char *t = list ? strtok(list, ",") : NULL; t && nb < 16; t = strtok(NULL, ",")) bind[nb++] = t;
+  for (char *t = list ? strtok(list, ",") : NULL; t && nb < 16; t = strtok(NULL, ","))
+    bind[nb++] = t;
   fb_kernel *k = NULL;
   if (fb_program_instantiate(p, argv[2], bind, nb, &k, &d)) {
     char *msg = fb_diags_render(argv[1], src, &d);

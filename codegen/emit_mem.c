@@ -607,7 +607,9 @@ static int same_load(fb_emit *e, const fb_stmt *a, int id2) {
 }
 
 int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
-  enum { MAXG = 16 };
+  enum {
+    MAXG = 16
+  };
   if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return 0;
   int id = ids[0];
   const fb_stmt *s = &e->k->stmts[id];
