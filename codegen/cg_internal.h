@@ -211,6 +211,16 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
 int fb_emit_try_group(fb_emit *e, int blk, int i, int to);
 /* Emit statement id (emit.c's dispatcher). */
 int fb_emit_stmt(fb_emit *e, int id);
+/* The read-only block of zeros that CPU loads of inactive sparse cells read
+ * (emit_mem.c, zero_block): its symbol, which the CPU JIT defines, and its
+ * size (untouched zero pages in .bss, cpu_jit.c). */
+#define FB_CG_ZERO_SYM "fb_cg_zero"
+#define FB_CG_ZERO_BYTES ((int64_t)1 << 24)
+/* Loads ids[0..n) (the rest of a block) that read fields of one sparse
+ * container at the same indices, one walk for all (see emit_mem.c): the
+ * number emitted (all done), 0 when fewer than two qualify (nothing
+ * emitted), -1 on error (e->rc). */
+int fb_emit_try_loads(fb_emit *e, const int *ids, int n);
 
 /* reduce.c: reductions of a parallel task (see the file's comment).
  * plan: choose the atomics of loop `loop` to turn into reductions; open:

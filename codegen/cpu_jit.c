@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cg_internal.h"
@@ -85,6 +86,32 @@ static int define_math(fb_cpu_jit *j, char *err, size_t errlen) {
   return 0;
 }
 
+/* The zero block that loads of inactive sparse cells read (emit_mem.c,
+ * zero_block): FB_CG_ZERO_BYTES of zero pages in .bss, made read-only at
+ * the first JIT (a stray write faults). Untouched pages cost address space,
+ * not memory; being part of the image it needs no mapping that a worker's
+ * address-space limit could refuse later. */
+static uint8_t zero_pages[FB_CG_ZERO_BYTES] __attribute__((aligned(4096)));
+static pthread_once_t zero_once = PTHREAD_ONCE_INIT;
+
+static void protect_zero(void) { (void)mprotect(zero_pages, sizeof zero_pages, PROT_READ); }
+
+static int define_zero(fb_cpu_jit *j, char *err, size_t errlen) {
+  pthread_once(&zero_once, protect_zero);
+  LLVMOrcCSymbolMapPair pair;
+  pair.Name = LLVMOrcLLJITMangleAndIntern(j->jit, FB_CG_ZERO_SYM);
+  pair.Sym.Address = (LLVMOrcExecutorAddress)(uintptr_t)zero_pages;
+  pair.Sym.Flags.GenericFlags = LLVMJITSymbolGenericFlagsExported;
+  pair.Sym.Flags.TargetFlags = 0;
+  LLVMOrcMaterializationUnitRef mu = LLVMOrcAbsoluteSymbols(&pair, 1);
+  LLVMErrorRef e = LLVMOrcJITDylibDefine(j->jd, mu);
+  if (e) {
+    LLVMOrcDisposeMaterializationUnit(mu);
+    return llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot define the zero block");
+  }
+  return 0;
+}
+
 static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
   LLVMTargetMachineRef tm = fb_cg_cpu_tm(j->triple, j->cpu, j->features, err, errlen);
   if (!tm) return FB_ECOMPILE;
@@ -105,7 +132,8 @@ static int jit_create(fb_cpu_jit *j, char *err, size_t errlen) {
       &gen, LLVMOrcLLJITGetGlobalPrefix(j->jit), NULL, NULL);
   if (e) return llvm_fail(e, err, errlen, FB_ECOMPILE, "cannot search the process for symbols");
   LLVMOrcJITDylibAddGenerator(j->jd, gen);
-  return define_math(j, err, errlen);
+  int rc = define_math(j, err, errlen);
+  return rc ? rc : define_zero(j, err, errlen);
 }
 
 fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {

@@ -812,6 +812,14 @@ static int emit_range(fb_emit *e, int blk, int from, int to) {
         continue;
       }
     }
+    if (i + 1 < to && i + 1 < b->n && id >= 0 && id < e->k->nstmts &&
+        e->k->stmts[id].op == FB_OP_LOAD) {
+      int r = fb_emit_try_loads(e, b->ids + i, (to < b->n ? to : b->n) - i);
+      if (r) {
+        if (r > 0) i += r - 1;
+        continue;
+      }
+    }
     emit_stmt(e, id);
   }
   return e->rc;

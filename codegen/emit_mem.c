@@ -243,7 +243,30 @@ typedef struct walk {
   LLVMValueRef gi[FB_MAX_AXES];
   int write;
   LLVMBasicBlockRef off;
+  int zero;                   /* a load's walk: inactive levels may go on in the zero block */
 } walk;
+
+/* A load's walk on the CPU goes on through an inactive level in a block of
+ * zeros (FB_CG_ZERO_SYM, FB_CG_ZERO_BYTES of read-only zero pages the JIT
+ * defines) instead of leaving: select(active, cell, zeros), no branch. The
+ * load then reads 0, as an inactive cell must; the levels below read null
+ * slots and zero lengths from it and stay in it. Without branches the walks
+ * of neighbouring accesses are straight-line code that LLVM merges and
+ * schedules together (a trilinear sample: 8 walks), as Taichi's reads of an
+ * "ambient" element are. Only where what lies below the level (a pointer's
+ * block, a dynamic chunk, a bitmasked cell) fits in the zero block; never
+ * for writes (store_na and atomics keep their exits), nor on NVPTX. */
+static LLVMValueRef zero_block(fb_emit *e, walk *w, int64_t bytes) {
+  if (!w->zero || w->write || e->o->target != FB_CG_CPU || bytes > FB_CG_ZERO_BYTES) return NULL;
+  LLVMValueRef g = LLVMGetNamedGlobal(e->m, FB_CG_ZERO_SYM);
+  if (!g) {
+    g = LLVMAddGlobal(e->m, LLVMArrayType2(e->t_i8, FB_CG_ZERO_BYTES), FB_CG_ZERO_SYM);
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMExternalLinkage);
+    LLVMSetAlignment(g, 64);
+  }
+  return g;
+}
 
 static LLVMValueRef ptr_of_i64(fb_emit *e, LLVMValueRef v) {
   return fb_emit_global(e, LLVMBuildIntToPtr(e->b, v, e->t_ptr, ""));
@@ -288,6 +311,13 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
   LLVMSetAlignment(word, 4);
   LLVMValueRef set = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, word, bit, ""),
                                    fb_emit_i32(e, 0), "active");
+  LLVMValueRef zero = w->write ? NULL : zero_block(e, w, (int64_t)c->cell_bytes);
+  if (zero) {
+    LLVMValueRef cells = byte_gepc(e, node, (int64_t)fb_cg_mask_bytes(c));
+    LLVMValueRef cell =
+        byte_gep(e, cells, LLVMBuildMul(e->b, lin, fb_emit_i64(e, (int64_t)c->cell_bytes), ""));
+    return LLVMBuildSelect(e->b, set, cell, zero, "bm.cell");
+  }
   if (!w->write) {
     continue_if(e, w, set, "bm.on");
   } else {
@@ -315,6 +345,8 @@ static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMSetAlignment(p, 8);
   LLVMValueRef live = LLVMBuildICmp(e->b, LLVMIntNE, p, fb_emit_i64(e, 0), "");
   if (!w->write) {
+    LLVMValueRef zero = zero_block(e, w, (int64_t)c->cell_bytes);
+    if (zero) return LLVMBuildSelect(e->b, live, ptr_of_i64(e, p), zero, "ptr.cell");
     continue_if(e, w, live, "ptr.on");
     return ptr_of_i64(e, p);
   }
@@ -353,6 +385,10 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef within = LLVMBuildMul(e->b, LLVMBuildURem(e->b, n, ck, ""),
                                      fb_emit_i64(e, (int64_t)c->cell_bytes), "");
   if (!w->write) {
+    LLVMValueRef zero = zero_block(e, w, c->chunk * (int64_t)c->cell_bytes);
+    if (zero)
+      return byte_gep(e, LLVMBuildSelect(e->b, live, ptr_of_i64(e, chunk), zero, "dyn.chunk"),
+                      within);
     continue_if(e, w, live, "dyn.on");
     return byte_gep(e, ptr_of_i64(e, chunk), within);
   }
@@ -513,15 +549,18 @@ static int loop_cell(fb_emit *e, const fb_stmt *s) {
 }
 
 /* Address of place[idx...] for s: directly in the loop's cell, through the
- * dense arithmetic, or through a sparse walk (activating when `write`). On
- * the sparse path *off receives the block an inactive cell leaves for. */
+ * dense arithmetic, or through a sparse walk (activating when `write` > 0;
+ * write < 0: for a load, which may read an inactive cell's 0 from the zero
+ * block). On the sparse path *off receives the block an inactive cell
+ * leaves for. */
 static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB_MAX_AXES],
                                int write, LLVMBasicBlockRef *off) {
   const fb_snode *f = &e->l->nodes[s->snode];
   *off = NULL;
   if (loop_cell(e, s)) return byte_gepc(e, e->sfor_cell, (int64_t)f->offset);
   if (dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
-  walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive")};
+  /* write < 0: a load, whose walk may go on in the zero block */
+  walk w = {s->snode, {0}, write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"), write < 0};
   global_index(e, idx, f->dim_axis, f->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f->parent);
   *off = w.off;
@@ -536,7 +575,7 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   guard g;
   guard_begin(e, inb, &g);
   LLVMBasicBlockRef off;
-  LLVMValueRef p = field_addr(e, s, idx, 0, &off);
+  LLVMValueRef p = field_addr(e, s, idx, -1, &off);
   if (!p) return e->rc;
   LLVMValueRef v = LLVMBuildLoad2(e->b, fb_emit_memtype(e, t), p, "");
   set_align(v, t);
@@ -545,6 +584,94 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   if (off) v = off_end(e, off, v, zero);
   e->vals[id] = guard_end(e, &g, v, zero);
   return 0;
+}
+
+/* Loads of several fields of one sparse container at the same indices, one
+ * after the other in a block (the components of a vector field: `v[I]` is
+ * v.0[I], v.1[I], v.2[I]): one bounds check and one walk, then a load of
+ * each field from the cell, each value joined on its own. Each load alone
+ * would walk the path again (LLVM does not merge walks whose inactive exits
+ * rejoin in between). The same values: the same cell, and the loads read
+ * memory that nothing writes in between. */
+static int same_load(fb_emit *e, const fb_stmt *a, int id2) {
+  if (id2 < 0 || id2 >= e->k->nstmts || e->done[id2]) return 0;
+  const fb_stmt *b = &e->k->stmts[id2];
+  const fb_layout *l = e->l;
+  if (b->op != FB_OP_LOAD || b->nargs != a->nargs || b->snode <= 0 || b->snode >= l->nnodes)
+    return 0;
+  const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
+  if (fb->kind != FB_SN_PLACE || fb->parent != fa->parent || fb->ndim != fa->ndim) return 0;
+  for (int d = 0; d < a->nargs; d++)
+    if (a->args[d] != b->args[d]) return 0;
+  return 1;
+}
+
+int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
+  enum {
+    MAXG = 16
+  };
+  if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return 0;
+  int id = ids[0];
+  const fb_stmt *s = &e->k->stmts[id];
+  const fb_layout *l = e->l;
+  if (s->op != FB_OP_LOAD || s->snode <= 0 || s->snode >= l->nnodes ||
+      l->nodes[s->snode].kind != FB_SN_PLACE || dense_path(l, l->nodes[s->snode].parent) ||
+      loop_cell(e, s))
+    return 0;
+  int m = 1;
+  while (m < n && m < MAXG && same_load(e, s, ids[m])) m++;
+  if (m < 2) return 0;
+  LLVMValueRef idx[FB_MAX_AXES], inb;
+  if (index_check(e, id, s, s->snode, 0, idx, &inb)) return -1;
+  guard g;
+  guard_begin(e, inb, &g);
+  const fb_snode *f0 = &l->nodes[s->snode];
+  walk w = {s->snode, {0}, 0, fb_emit_block(e, "inactive"), 1};
+  global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
+  LLVMValueRef cell = walk_to(e, &w, f0->parent);
+  if (!cell) return -1;
+  LLVMBasicBlockRef off = w.off;
+  LLVMValueRef v[MAXG], zero[MAXG];
+  for (int j = 0; j < m; j++) {
+    const fb_snode *f = &l->nodes[e->k->stmts[ids[j]].snode];
+    zero[j] = LLVMConstNull(fb_emit_type(e, f->type));
+    v[j] = LLVMBuildLoad2(e->b, fb_emit_memtype(e, f->type), byte_gepc(e, cell, (int64_t)f->offset),
+                          "");
+    set_align(v[j], f->type);
+    tag_field(e, v[j], f->id);
+    v[j] = fb_emit_from_mem(e, f->type, v[j]);
+  }
+  /* join: the inactive exit (zeros), then the bounds guard (zeros) */
+  LLVMBasicBlockRef on = LLVMGetInsertBlock(e->b), j1 = fb_emit_block(e, "sparse.done");
+  LLVMBuildBr(e->b, j1);
+  LLVMPositionBuilderAtEnd(e->b, off);
+  LLVMBuildBr(e->b, j1);
+  LLVMPositionBuilderAtEnd(e->b, j1);
+  for (int j = 0; j < m; j++) {
+    LLVMValueRef phi = LLVMBuildPhi(e->b, LLVMTypeOf(v[j]), "");
+    LLVMValueRef vals[2] = {v[j], zero[j]};
+    LLVMBasicBlockRef bbs[2] = {on, off};
+    LLVMAddIncoming(phi, vals, bbs, 2);
+    v[j] = phi;
+  }
+  if (g.join) {
+    LLVMBasicBlockRef ok = LLVMGetInsertBlock(e->b);
+    LLVMBuildBr(e->b, g.join);
+    LLVMPositionBuilderAtEnd(e->b, g.join);
+    for (int j = 0; j < m; j++) {
+      LLVMValueRef phi = LLVMBuildPhi(e->b, LLVMTypeOf(v[j]), "");
+      LLVMValueRef vals[2] = {v[j], zero[j]};
+      LLVMBasicBlockRef bbs[2] = {ok, g.bad};
+      LLVMAddIncoming(phi, vals, bbs, 2);
+      v[j] = phi;
+    }
+  }
+  for (int j = 0; j < m; j++) {
+    e->vals[ids[j]] = v[j];
+    e->done[ids[j]] = 1;
+  }
+  e->stmts += m;
+  return m;
 }
 
 /* The value operand (after the indices) of a store/atomic, of the field's type. */
@@ -939,7 +1066,7 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   if (s->op != FB_OP_DEACTIVATE && (dense_path(e->l, c) || loop_cell(e, s))) {
     /* always active, or the loop's own cell */
   } else {
-    walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive")};
+    walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive"), 0};
     global_index(e, idx, sn->dim_axis, sn->ndim, w.gi);
     if (s->op == FB_OP_DEACTIVATE) {
       LLVMValueRef base = walk_to(e, &w, e->l->nodes[c].parent);
@@ -975,6 +1102,7 @@ static const fb_snode *dynamic_node(fb_emit *e, int id, const fb_stmt *s, int ex
   w->leaf = s->snode;
   w->write = write;
   w->off = NULL;
+  w->zero = 0;
   global_index(e, idx, axis, f->ndim - 1, w->gi);
   return d; /* the caller walks after opening its guard */
 }

@@ -614,6 +614,87 @@ START_TEST(test_group_ir) {
 }
 END_TEST
 
+/* Loads through a sparse path (emit_mem.c): the three components of a
+ * vector cell in one walk, an inactive level read from the zero block by a
+ * select (no exit branch); writes (here atomics) never use the zero block.
+ * tests/test_sparse.c (neighbour_reads) checks the results on every
+ * sparse container kind, with neighbours in other and inactive blocks. */
+static const char *ZERO_SRC = "layout {\n"
+                              "  pointer(i: 8) { dense(i: 4) { place a: f32[3] } }\n"
+                              "  dense(i: 32) { place c: f32[3] }\n"
+                              "}\n"
+                              "kernel nb() { for i in 0 .. 32 { c[i] = a[(i + 1) % 32] } }\n"
+                              "kernel acc() { for i in 0 .. 32 { a[(i + 1) % 32] += [1.0, 2.0, "
+                              "3.0] } }\n";
+
+static char *task_ir(fb_program *p, const char *kernel, const char *target) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, kernel, NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
+  ck_assert_int_eq(tl.n, 1);
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
+  char *text = NULL;
+  ck_assert_msg(fb_llvm_ir_text(&t, target, &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
+                err);
+  fb_task_list_free(&tl);
+  return text;
+}
+
+/* Lines of s up to the end of its first function that contain a and b. */
+static int lines_with(const char *s, const char *a, const char *b) {
+  int n = 0;
+  while (*s) {
+    const char *nl = strchr(s, '\n');
+    size_t len = nl ? (size_t)(nl - s) : strlen(s);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)len, s);
+    if (!strcmp(line, "}")) break;
+    n += strstr(line, a) && strstr(line, b);
+    s += len + (nl != NULL);
+  }
+  return n;
+}
+
+START_TEST(test_zero_walk_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("zero.fbk", ZERO_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  char *ir = task_ir(p, "nb", "x86_64");
+  /* one walk (one pointer slot loaded) for the three components; its
+   * inactive level selects the zero block */
+  char *b0 = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(b0);
+  ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1,
+                "nb: not one walk for the components of a[i + 1]:\n%s", b0);
+  ck_assert_msg(strstr(ir, "@fb_cg_zero") && strstr(ir, "select i1"),
+                "nb: inactive cells not read from the zero block:\n%s", ir);
+  free(ir);
+  ir = task_ir(p, "nb", "x86_64-O3");
+  char *body = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(body);
+  /* straight-line: the walk's exits are gone (LLVM unrolls and vectorises
+   * the loads of the components) */
+  ck_assert_msg(strstr(body, "ptr @fb_cg_zero") && !strstr(body, "sparse.done") &&
+                    !strstr(body, "ptr.on") && count(body, "load float") >= 1,
+                "nb: loads not from a select of the cell and the zero block");
+  free(ir);
+  ir = task_ir(p, "acc", "x86_64");
+  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "acc: an atomic's walk uses the zero block:\n%s", ir);
+  free(ir);
+  ir = task_ir(p, "nb", "nvptx64");
+  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "nb: the zero block on NVPTX:\n%s", ir);
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(test_fast_results) {
   fb_program *p = fast_program();
   const fb_layout *l = fb_program_layout(p);
@@ -671,6 +752,7 @@ int main(void) {
   tcase_add_test(tc, test_fast_ir);
   tcase_add_test(tc, test_fast_results);
   tcase_add_test(tc, test_group_ir);
+  tcase_add_test(tc, test_zero_walk_ir);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -872,6 +872,74 @@ START_TEST(demoted_writes) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- neighbour reads
+ * Loads through sparse paths at neighbouring cells, as a trilinear sample
+ * does: the components of a vector field read in one walk, and (CPU) an
+ * inactive level read through the zero block instead of a branch
+ * (codegen/emit_mem.c). Neighbours in the same block, in another block, in
+ * inactive blocks (0), under pointer, pointer -> pointer, bitmasked and
+ * dynamic containers. */
+
+static const char *const nb_src =
+    "layout {\n"
+    "  pointer(i: 8) { dense(i: 4) { place pv: f32[3], pw: i32 } }\n"
+    "  pointer(i: 2) { pointer(i: 4) { dense(i: 4) { place qv: f32[3] } } }\n"
+    "  bitmasked(i: 32) { place bv: f32[2] }\n"
+    "  dense(i: 4) { dynamic(j: 8, chunk: 2) { place dv: i32 } }\n"
+    "  dense(i: 32) { place out: f32[3], cnt: i32, dout: i32 }\n"
+    "}\n"
+    "kernel fill(m: i32) {\n"
+    "  for i in 0 .. 32 {\n"
+    "    if (i // 4) % m == 1 { pv[i] = [f32(i), f32(i) + 0.25, -f32(i)]\n pw[i] = i + 1 }\n"
+    "    if (i // 4) % 3 != 2 && (m == 3 || i < 16) { qv[i] = [f32(i) * 2.0, 1.0, f32(i % 5)] }\n"
+    "    if i % 3 == 0 { bv[i] = [f32(i) + 0.5, 3.0] }\n"
+    "  }\n"
+    "  if m == 2 { for i in 0 .. 4 { for j in 0 .. i + 2 { append(dv, i, i * 10 + j + 1) } } }\n"
+    "}\n"
+    "func at(i: i32) -> i32 { return clamp(i, 0, 31) }\n"
+    "kernel look(d: i32) {\n"
+    "  for i in 0 .. 32 {\n"
+    "    let a = pv[at(i + d)] + pv[at(i - d)] + qv[at(i + d)] * 2.0\n"
+    "    let b = bv[at(i + d)]\n"
+    "    out[i] = a + [b[0], b[1], qv[at(i * 7 + d)][2]]\n"
+    "    cnt[i] = pw[at(i + d)] + pw[at(i - 1)]\n"
+    "    dout[i] = dv[i % 4, (i + d) % 8]\n"
+    "  }\n"
+    "}\n"
+    "kernel look_loop() {\n"
+    "  for i in pv { out[i] += pv[at(i + 1)] - pv[at(i + 4)] + qv[at(i - 4)] }\n"
+    "}\n";
+
+START_TEST(neighbour_reads) {
+  duo d;
+  duo_open(&d, nb_src, 2, 0);
+  for (int m = 2; m <= 3; m++) {
+    fb_value a = i32v(m);
+    both(&d, "fill", &a, 1, 0);
+    same(&d, "fill");
+    for (int dd = 0; dd <= 5; dd++) {
+      a = i32v(dd);
+      both(&d, "look", &a, 1, 0);
+      same(&d, "look");
+      /* independently: a pointer block not written reads 0 */
+      int32_t *cnt = eread(&d, "cnt");
+      for (int i = 0; i < 32; i++) {
+        int u = i + dd > 31 ? 31 : i + dd, w = i - 1 < 0 ? 0 : i - 1;
+        int want = ((u / 4) % m == 1 ? u + 1 : 0) + ((w / 4) % m == 1 ? w + 1 : 0);
+        if (m == 3) /* m = 2's blocks stay active (and written) */
+          want = ((u / 4) % 2 == 1 || (u / 4) % 3 == 1 ? u + 1 : 0) +
+                 ((w / 4) % 2 == 1 || (w / 4) % 3 == 1 ? w + 1 : 0);
+        ck_assert_msg(cnt[i] == want, "m %d d %d: cnt[%d] = %d, want %d", m, dd, i, cnt[i], want);
+      }
+      free(cnt);
+    }
+    both(&d, "look_loop", NULL, 0, 0);
+    same(&d, "look_loop");
+  }
+  duo_close(&d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sparse");
   TCase *tc = tcase_create("engine");
@@ -888,6 +956,7 @@ int main(void) {
   tcase_add_test(tc, out_of_memory);
   tcase_add_test(tc, rand_in_sparse_loops);
   tcase_add_test(tc, demoted_writes);
+  tcase_add_test(tc, neighbour_reads);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }
