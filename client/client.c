@@ -120,14 +120,6 @@ grpc_byte_buffer *fbc_bb(const void *p, size_t n) {
   return bb;
 }
 
-grpc_slice fbc_bb_slice(grpc_byte_buffer *bb) {
-  grpc_byte_buffer_reader r;
-  if (!bb || !grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
-  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
-  grpc_byte_buffer_reader_destroy(&r);
-  return s;
-}
-
 /* One message each way on a fresh call. */
 static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, grpc_slice *resp,
                      char *err, size_t errlen) {
@@ -161,7 +153,7 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   if (ok == 0) fb_errf(err, errlen, "%s: the call failed", method);
   if (ok < 0)
     fb_errf(err, errlen, "%s: no answer within %lld ms", method, (long long)c->timeout_ms);
-  if (resp) *resp = rc == 0 && rbb ? fbc_bb_slice(rbb) : grpc_empty_slice();
+  if (resp) *resp = rc == 0 && rbb ? fbp_bb_slice(rbb) : grpc_empty_slice();
   if (rbb) grpc_byte_buffer_destroy(rbb);
   grpc_metadata_array_destroy(&init_md);
   fbc_end_free(&e);
@@ -501,7 +493,7 @@ int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t
   int rc = fbc_end_code(&e, c->err, sizeof c->err);
   if (grpc_status) *grpc_status = (int)e.status;
   if (ok > 0 && rbb && resp) {
-    grpc_slice s = fbc_bb_slice(rbb);
+    grpc_slice s = fbp_bb_slice(rbb);
     size_t n = GRPC_SLICE_LENGTH(s);
     if ((*resp = malloc(n ? n : 1))) {
       memcpy(*resp, GRPC_SLICE_START_PTR(s), n);

@@ -13,6 +13,7 @@
 
 #include "fusebox/client.h"
 #include "proto/convert.h"
+#include "proto/wire.h"
 
 #define FBC_ERRLEN 4096
 
@@ -62,6 +63,5 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen);
 grpc_byte_buffer *fbc_bb(const void *p, size_t n);
-grpc_slice fbc_bb_slice(grpc_byte_buffer *bb);
 
 #endif

@@ -219,7 +219,7 @@ static int recv_sync(fb_remote *r, uint64_t id) {
     ops[n].op = GRPC_OP_RECV_MESSAGE;
     ops[n++].data.recv_message.recv_message = &r->recv_bb;
     if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb) return stream_broken(r);
-    grpc_slice s = fbc_bb_slice(r->recv_bb);
+    grpc_slice s = fbp_bb_slice(r->recv_bb);
     grpc_byte_buffer_destroy(r->recv_bb);
     r->recv_bb = NULL;
     Fusebox__V1__SessionResponse *m =
@@ -701,7 +701,7 @@ static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t b
     if ((rc = chunk_fits(r, &ch, bytes, *got))) return rc;
     fbp_bb_copy(bb, at, dst + *got, ch.len);
   } else {
-    grpc_slice s = fbc_bb_slice(bb);
+    grpc_slice s = fbp_bb_slice(bb);
     char err[256];
     rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), &ch, err, sizeof err);
     if (rc) rerr(r, FB_EINTERNAL, "field read: %s", err);

@@ -23,3 +23,11 @@ void fbp_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
   }
   grpc_byte_buffer_reader_destroy(&r);
 }
+
+grpc_slice fbp_bb_slice(grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader r;
+  if (!bb || !grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  return s;
+}

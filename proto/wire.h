@@ -16,5 +16,8 @@
  * caller has checked from + n against grpc_byte_buffer_length(bb); bytes
  * past the end are not copied. */
 void fbp_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
+/* The whole of bb as one slice (a received message, for unpacking); the
+ * empty slice for NULL or a buffer that cannot be read. The caller unrefs. */
+grpc_slice fbp_bb_slice(grpc_byte_buffer *bb);
 
 #endif

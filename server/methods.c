@@ -78,7 +78,7 @@ void fbd_stage_free(fbd_buf *b) {
 /* Decode bb; keep, when given, keeps its bytes (for a worker process). */
 static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                          fbp_arena *a, grpc_slice *keep) {
-  grpc_slice s = fbd_bb_slice(bb);
+  grpc_slice s = fbp_bb_slice(bb);
   void *m = protobuf_c_message_unpack(d, &a->pb, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
   size_t n = GRPC_SLICE_LENGTH(s);
   if (m && keep) {
@@ -631,7 +631,7 @@ static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
     if (!(dst = write_target(c, &ch))) return FB_EINVAL;
     fbp_bb_copy(bb, at, dst, ch.len);
   } else {
-    grpc_slice sl = fbd_bb_slice(bb);
+    grpc_slice sl = fbp_bb_slice(bb);
     char err[256];
     int rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), &ch, err, sizeof err);
     if (rc) {

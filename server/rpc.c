@@ -237,14 +237,6 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...) {
   fbd_call_finish_status(c, fbp_status_of_code(code), code, msg);
 }
 
-grpc_slice fbd_bb_slice(grpc_byte_buffer *bb) {
-  grpc_byte_buffer_reader r;
-  if (!grpc_byte_buffer_reader_init(&r, bb)) return grpc_empty_slice();
-  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
-  grpc_byte_buffer_reader_destroy(&r);
-  return s;
-}
-
 static void on_close_done(void *obj, int ok) {
   fbd_call *c = obj;
   pthread_mutex_lock(&c->mu);

@@ -30,6 +30,7 @@
 
 #include "fusebox/engine.h"
 #include "proto/convert.h"
+#include "proto/wire.h"
 
 #define FBD_VERSION "0.1.0"
 #define FBD_ERRLEN 4096
@@ -202,8 +203,6 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...)
     ;
 void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *msg);
 int fbd_call_queued(fbd_call *c); /* messages waiting to go out */
-/* The whole message as contiguous bytes (a slice the caller unrefs). */
-grpc_slice fbd_bb_slice(grpc_byte_buffer *bb);
 
 /* ---------------------------------------------------------------- server */
 

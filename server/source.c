@@ -338,7 +338,7 @@ void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
   }
   fbp_arena a;
   fbp_arena_init(&a);
-  grpc_slice sl = fbd_bb_slice(bb);
+  grpc_slice sl = fbp_bb_slice(bb);
   size_t n = GRPC_SLICE_LENGTH(sl);
   Fusebox__V1__Source *m = (Fusebox__V1__Source *)protobuf_c_message_unpack(
       &fusebox__v1__source__descriptor, &a.pb, n, GRPC_SLICE_START_PTR(sl));

@@ -605,7 +605,12 @@ START_TEST(bb_copy_across_slices) {
   memset(tail, '#', sizeof tail);
   fbp_bb_copy(bb, len - 2, tail, 5); /* asks past the end: copies what there is */
   ck_assert(memcmp(tail, "lm###", 5) == 0);
+  grpc_slice whole = fbp_bb_slice(bb); /* the four slices as one */
+  ck_assert_uint_eq(GRPC_SLICE_LENGTH(whole), len);
+  ck_assert(memcmp(GRPC_SLICE_START_PTR(whole), all, len) == 0);
+  grpc_slice_unref(whole);
   grpc_byte_buffer_destroy(bb);
+  ck_assert_uint_eq(GRPC_SLICE_LENGTH(fbp_bb_slice(NULL)), 0);
 }
 END_TEST
 
