@@ -422,7 +422,12 @@ static void cancel_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
   if (s) {
     int pending = fbd_session_cancel(s, m->through_launch);
-    if (pending < 0) {
+    if (pending == -2) {
+      fbd_call_finish(c, FB_EINVAL,
+                      "Cancel: through_launch %llu is more than %llu launches past those "
+                      "the session has received",
+                      (unsigned long long)m->through_launch, (unsigned long long)FBD_CANCEL_AHEAD);
+    } else if (pending < 0) {
       fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
     } else {
       fbd_logf(c->srv->log, FBD_LOG_INFO, "session %s: cancelled by %s (%d requests pending)",

@@ -486,7 +486,11 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why);
 /* Cancel: queued jobs run cancelled, the running one stops at its next task
  * boundary, and so do jobs holding launches numbered up to through_launch
  * (0: none) that arrive later; the session lives on. The number of jobs
- * pending, -1 when the session has ended. */
+ * pending, -1 when the session has ended, -2 (nothing done) when
+ * through_launch is more than FBD_CANCEL_AHEAD past the launches received:
+ * no client has that many on their way, and honouring it would cancel the
+ * session's launches for good. */
+#define FBD_CANCEL_AHEAD ((uint64_t)1 << 24)
 int fbd_session_cancel(fbd_session *s, uint64_t through_launch);
 /* Attach c as the session's stream; FB_EINVAL if one is attached. */
 int fbd_session_attach(fbd_session *s, fbd_call *c);

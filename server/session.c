@@ -669,6 +669,11 @@ void fbd_session_abort(fbd_session *s, int reason, const char *why) {
 
 int fbd_session_cancel(fbd_session *s, uint64_t through_launch) {
   pthread_mutex_lock(&s->mu);
+  if (through_launch > s->launches_posted &&
+      through_launch - s->launches_posted > FBD_CANCEL_AHEAD) {
+    pthread_mutex_unlock(&s->mu);
+    return -2;
+  }
   int live = s->state == FBD_LIVE;
   s->cancel_upto = s->posted; /* every job received so far runs cancelled */
   /* and the launches the client sent before it, which a Cancel on another

@@ -5,7 +5,7 @@ checks that the server is SERVING and another tenant's field is unchanged
 (server.assert_unharmed)."""
 import grpc
 
-from conftest import RPC_TIMEOUT, expect_error, pb
+from conftest import RPC_TIMEOUT, dense_layout, expect_error, i32, pb, store_kernel
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 NOT_FOUND = grpc.StatusCode.NOT_FOUND
@@ -33,6 +33,28 @@ def test_cancel_hostile(server):
     for sid in ("", "0" * 32, server.victim[:31], server.victim + "0", "\u00e9" * 32):
         expect_error(lambda: cancel(pb.CancelRequest(session_id=sid), timeout=RPC_TIMEOUT),
                      NOT_FOUND)
+    server.assert_unharmed()
+
+
+def test_cancel_through_launch_hostile(server):
+    """Cancel's through_launch (launches sent but maybe not yet received)
+    far past what any client can have on its way (the largest uint64, and
+    2^24 + 1 past none received) is refused naming the field, and cancels
+    nothing: the session's later launches run, on the session's own stream
+    and on the victim's. A Cancel naming the victim with such a value
+    leaves the victim's field as it was."""
+    c = server.client
+    cancel = _unary(c, "Cancel", pb.CancelRequest, pb.CancelResponse)
+    sid = c.new_session(dense_layout(16))
+    kid = c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[store_kernel(2)]),
+                     timeout=RPC_TIMEOUT).kernel_ids[0]
+    for far in ((1 << 64) - 1, (1 << 24) + 1):
+        for target in (sid, server.victim):
+            expect_error(lambda: cancel(pb.CancelRequest(session_id=target, through_launch=far),
+                                        timeout=RPC_TIMEOUT), INVALID, "through_launch")
+    # had either Cancel been taken, this launch (number 1) would run cancelled
+    res = c.run(sid, [(kid, [i32(3), i32(33)])])
+    assert res.seq == 1 and list(res.errors) == [], list(res.errors)
     server.assert_unharmed()
 
 
