@@ -196,10 +196,14 @@ static void add_error(fbd_exec *x, uint64_t seq, int kernel, int code, const cha
   }
   fbd_err *e = &x->errs[x->nerrs];
   /* under FBD_ERRLEN: the broker bounds a sync reply by it (proc.c reply_cap) */
-  if (!(e->msg = strndup(msg ? msg : "", FBD_ERRLEN - 1))) {
+  if (!msg) msg = "";
+  size_t n = strnlen(msg, FBD_ERRLEN - 1);
+  if (!(e->msg = malloc(n + 1))) {
     x->errs_dropped++;
     return;
   }
+  memcpy(e->msg, msg, n);
+  e->msg[n] = 0;
   e->seq = seq;
   e->kernel = kernel;
   e->code = code;
