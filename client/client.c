@@ -113,11 +113,19 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag) {
   return fbc_start(call, &op, 1, tag);
 }
 
-grpc_byte_buffer *fbc_bb(const void *p, size_t n) {
-  grpc_slice s = grpc_slice_from_copied_buffer(p, n);
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
-  return bb;
+/* The ops of one request and its reply on a fresh call (ops zeroed by the
+ * caller): initial metadata, the request, close, the reply's metadata and
+ * its message. */
+static void unary_ops(fb_client *c, grpc_op *ops, grpc_byte_buffer *req, grpc_metadata_array *md,
+                      grpc_byte_buffer **rbb) {
+  fbc_initial_md(c, &ops[0]);
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = req;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = rbb;
 }
 
 /* One message each way on a fresh call. */
@@ -135,14 +143,7 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   grpc_byte_buffer *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  fbc_initial_md(c, &ops[0]);
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = req;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &rbb;
+  unary_ops(c, ops, req, &init_md, &rbb);
   ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
   ops[5].data.recv_status_on_client.trailing_metadata = &e.trailing;
   ops[5].data.recv_status_on_client.status = &e.status;
@@ -163,11 +164,7 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
 
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen) {
-  size_t n = protobuf_c_message_get_packed_size(req);
-  grpc_slice s = grpc_slice_malloc(n);
-  protobuf_c_message_pack(req, GRPC_SLICE_START_PTR(s));
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
+  grpc_byte_buffer *bb = fbp_bb_pack(req, NULL);
   int rc = raw_unary(c, method, bb, resp, err, errlen);
   grpc_byte_buffer_destroy(bb);
   return rc;
@@ -475,17 +472,10 @@ int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t
   fbc_end_init(&e);
   grpc_metadata_array init_md;
   grpc_metadata_array_init(&init_md);
-  grpc_byte_buffer *rq = fbc_bb(req, len), *rbb = NULL;
+  grpc_byte_buffer *rq = fbp_bb_from(req, len), *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  fbc_initial_md(c, &ops[0]);
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = rq;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &rbb;
+  unary_ops(c, ops, rq, &init_md, &rbb);
   int tag, stag;
   int ok = fbc_batch(c, call, ops, 5, &tag);
   /* the status separately: a stream may answer with no message at all */

@@ -62,6 +62,5 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
  * (a slice to unref; may be NULL) and the message into err. */
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen);
-grpc_byte_buffer *fbc_bb(const void *p, size_t n);
 
 #endif

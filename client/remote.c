@@ -125,7 +125,7 @@ static int stream_send(fb_remote *r) {
     fbc_initial_md(r->c, &ops[n++]);
     r->md_sent = 1;
   }
-  r->send_bb = fbc_bb(r->out.p, r->out.n);
+  r->send_bb = fbp_bb_from(r->out.p, r->out.n);
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   ops[n++].data.send_message.send_message = r->send_bb;
   r->out.n = 0;
@@ -726,7 +726,7 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   req.field = field;
   req.chunk_bytes = (uint32_t)r->c->chunk;
   uint8_t buf[128];
-  grpc_byte_buffer *rq = fbc_bb(buf, fusebox__v1__read_field_request__pack(&req, buf));
+  grpc_byte_buffer *rq = fbp_bb_from(buf, fusebox__v1__read_field_request__pack(&req, buf));
   grpc_metadata_array md;
   grpc_metadata_array_init(&md);
   grpc_op ops[4];

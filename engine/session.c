@@ -42,8 +42,8 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   }
   e->ops = gpu ? cuda : cpu;
   e->dev = gpu ? gpu : e->cpu;
-  e->jit = ((fb_cpu_device *)e->cpu)->jit;
-  fb_cpu_jit_set_cache_limit(e->jit, FB_CODE_CACHE_BYTES_DEFAULT);
+  e->cpu_ops = cpu;
+  cpu->set_code_cache_bytes(e->cpu, FB_CODE_CACHE_BYTES_DEFAULT);
   pthread_mutex_init(&e->mu, NULL);
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
@@ -78,7 +78,7 @@ static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
   fb_cpool_free(e->cpool);
-  fb_device_ops_for("cpu")->close(e->cpu);
+  e->cpu_ops->close(e->cpu);
   if (e->dev != e->cpu) e->ops->close(e->dev);
   pthread_mutex_destroy(&e->mu);
   free(e);
@@ -92,13 +92,13 @@ const char *fb_engine_device(const fb_engine *e) {
 }
 
 void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out) {
-  fb_code_cache_info i;
-  fb_cpu_jit_cache_info(e ? e->jit : NULL, &i);
+  fb_code_cache_info i = {0};
+  if (e) e->cpu_ops->code_cache(e->cpu, &i);
   *out = (fb_code_cache_usage){i.bytes, i.pinned_bytes, i.limit, i.entries, i.evictions};
 }
 
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
-  if (e) fb_cpu_jit_set_cache_limit(e->jit, bytes);
+  if (e) e->cpu_ops->set_code_cache_bytes(e->cpu, bytes);
 }
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {

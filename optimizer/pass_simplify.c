@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 typedef struct loc {
@@ -44,9 +45,10 @@ typedef struct simp {
   int32_t *uses;  /* use counts, during forwarding */
   int32_t *rep;
   uint8_t *drop;
-  /* CSE: hash chains with an undo log for scopes */
-  int32_t *head, *next;
-  int nbuckets;
+  /* CSE: the pure statements in scope (ir/map.h, keyed by stmt_hash; the
+   * entries of one hash are confirmed with stmt_same), and the ids the open
+   * scopes added, newest last, so that leaving a block removes its own */
+  fb_map avail;   /* int32_t statement id */
   int32_t *undo;
   int nundo, capundo;
   int merged;     /* statements CSE or forwarding replaced or dropped */
@@ -208,26 +210,22 @@ static void cse_block(simp *s, int blk, int depth) {
     fb_stmt *t = &s->k->stmts[id];
     apply_rep(s, t);
     if (cse_able(t)) {
-      int bk = (int)(stmt_hash(t) & (uint64_t)(s->nbuckets - 1)), found = -1;
-      for (int e = s->head[bk]; e >= 0 && found < 0; e = s->next[e])
-        if (stmt_same(&s->k->stmts[e], t)) found = e;
+      uint64_t h = stmt_hash(t);
+      int found = -1;
+      size_t it = 0;
+      for (const int32_t *e; found < 0 && (e = fb_map_next(&s->avail, h, &it));)
+        if (stmt_same(&s->k->stmts[*e], t)) found = *e;
       if (found >= 0) {
         s->rep[id] = found;
         s->merged++;
         continue;
       }
-      if (s->nundo == s->capundo) {
-        int nc = s->capundo * 2 + 64;
-        int32_t *u = realloc(s->undo, sizeof *u * (size_t)nc);
-        if (!u) {
-          s->oom = 1;
-          return;
-        }
-        s->undo = u;
-        s->capundo = nc;
+      int32_t *v = FB_GROW(s->undo, s->nundo, s->capundo) ? NULL : fb_map_add(&s->avail, h);
+      if (!v) {
+        s->oom = 1;
+        return;
       }
-      s->next[id] = s->head[bk];
-      s->head[bk] = id;
+      *v = id;
       s->undo[s->nundo++] = id;
     }
     b->ids[w++] = id;
@@ -236,24 +234,22 @@ static void cse_block(simp *s, int blk, int depth) {
     b = &s->k->blocks[blk];
   }
   b->n = w;
-  while (s->nundo > mark) { /* leave the scope: newest entries head their chains */
-    int id = s->undo[--s->nundo];
-    int bk = (int)(stmt_hash(&s->k->stmts[id]) & (uint64_t)(s->nbuckets - 1));
-    s->head[bk] = s->next[id];
+  while (s->nundo > mark) { /* leave the scope: what it added goes */
+    int32_t id = s->undo[--s->nundo];
+    uint64_t h = stmt_hash(&s->k->stmts[id]);
+    size_t it = 0;
+    for (const int32_t *e; (e = fb_map_next(&s->avail, h, &it));)
+      if (*e == id) {
+        fb_map_del_at(&s->avail, it);
+        break;
+      }
   }
 }
 
+/* Every scope it opens it closes, so the table is empty again after. */
 static int cse(simp *s) {
-  s->nbuckets = 64;
-  while (s->nbuckets < s->k->nstmts * 2) s->nbuckets *= 2;
-  s->head = malloc(sizeof *s->head * (size_t)s->nbuckets);
-  s->next = malloc(sizeof *s->next * (size_t)(s->k->nstmts + 1));
-  if (!s->head || !s->next) return s->oom = 1;
-  memset(s->head, 0xff, sizeof *s->head * (size_t)s->nbuckets);
+  if (fb_map_reserve(&s->avail, (size_t)s->k->nstmts)) return s->oom = 1;
   cse_block(s, 0, 0);
-  free(s->head);
-  free(s->next);
-  s->head = s->next = NULL;
   return 0;
 }
 
@@ -402,6 +398,7 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
   simp s;
   memset(&s, 0, sizeof s);
   s.m = m;
+  fb_map_init(&s.avail, sizeof(int32_t));
   s.k = fb_kernel_clone(k);
   if (!s.k) return NULL;
   /* the clone's statement array is exactly nstmts long: push_stmt grows
@@ -436,6 +433,7 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
   fb_kernel_free(s.k);
   free(s.rep);
   free(s.drop);
+  fb_map_free(&s.avail);
   free(s.undo);
   free(s.uses);
   return out;

@@ -4,6 +4,23 @@
 #include <grpc/slice.h>
 #include <string.h>
 
+grpc_byte_buffer *fbp_bb_from(const void *p, size_t n) {
+  grpc_slice s = grpc_slice_from_copied_buffer(p, n);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  return bb;
+}
+
+grpc_byte_buffer *fbp_bb_pack(const ProtobufCMessage *m, size_t *n) {
+  size_t len = protobuf_c_message_get_packed_size(m);
+  grpc_slice s = grpc_slice_malloc(len);
+  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  if (n) *n = len;
+  return bb;
+}
+
 void fbp_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n) {
   grpc_byte_buffer_reader r;
   if (!n || !grpc_byte_buffer_reader_init(&r, bb)) return;

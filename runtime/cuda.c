@@ -542,6 +542,17 @@ static int cuda_healthy(void *dev, char *why, size_t len) {
   return fb_cuda_device_healthy(dev, why, len);
 }
 
+static void cuda_code_cache(void *dev, fb_code_cache_info *out) {
+  fb_cuda_device *d = dev;
+  pthread_mutex_lock(&d->mu); /* a context made again replaces the cache */
+  fb_code_cache_stats(d->cache, out);
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Unbounded: a module stays loaded for its context's life (compiles take
+ * no pins), so evicting one could unload a task a queued launch runs. */
+static void cuda_set_code_cache_bytes(void *dev, uint64_t bytes) {}
+
 static int cuda_queue_new(void *dev, void **q, char *err, size_t errlen) {
   fb_cuda_queue *cq;
   int rc = fb_cuda_queue_new(dev, &cq, err, errlen);
@@ -605,6 +616,8 @@ const fb_device_ops fb_cuda_ops = {
     .healthy = cuda_healthy,
     .max_task_params = fb_cuda_max_task_params,
     .compile = fb_cuda_compile,
+    .code_cache = cuda_code_cache,
+    .set_code_cache_bytes = cuda_set_code_cache_bytes,
     .queue_new = cuda_queue_new,
     .queue_free = cuda_queue_free,
     .memsys = cuda_memsys,

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/cpu.h"
 #include "runtime/cuda.h" /* fb_cuda_ops, for fb_device_ops_for */
-#include "runtime/runtime.h"
 
 int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen) {
   *out = NULL;
@@ -126,6 +126,15 @@ static int cpu_compile(void *dev, const fb_cg_task *t, fb_cpu_code *out, char *e
   return fb_cpu_jit_compile(((fb_cpu_device *)dev)->jit, t, out, err, errlen);
 }
 
+/* The cache is the JIT's: evicted code leaves the JIT. */
+static void cpu_code_cache(void *dev, fb_code_cache_info *out) {
+  fb_cpu_jit_cache_info(((fb_cpu_device *)dev)->jit, out);
+}
+
+static void cpu_set_code_cache_bytes(void *dev, uint64_t bytes) {
+  fb_cpu_jit_set_cache_limit(((fb_cpu_device *)dev)->jit, bytes);
+}
+
 /* A session's queue is the device itself: it keeps nothing per session. */
 static int cpu_queue_new(void *dev, void **q, char *err, size_t errlen) {
   *q = dev;
@@ -171,6 +180,8 @@ static const fb_device_ops fb_cpu_ops = {
     .healthy = cpu_healthy,
     .max_task_params = cpu_max_task_params,
     .compile = cpu_compile,
+    .code_cache = cpu_code_cache,
+    .set_code_cache_bytes = cpu_set_code_cache_bytes,
     .queue_new = cpu_queue_new,
     .queue_free = cpu_queue_free,
     .memsys = cpu_memsys,

@@ -6,8 +6,9 @@
  * worker queue of a session and the trace-event timeline; and the table of
  * operations through which the engine drives either device (fb_device_ops,
  * at the end). The folder's interface: engine/ uses it, and reaches a device
- * only through fb_device_ops (the CUDA backend's own functions are in
- * runtime/cuda.h, private to the folder). Depends on ir/ and codegen/ only.
+ * only through fb_device_ops (each device's own functions are in
+ * runtime/cpu.h and runtime/cuda.h, private to the folder). Depends on ir/
+ * and codegen/ only.
  *
  * Invariants
  *  - The pool owns its worker threads for its whole life: a parallel loop
@@ -57,18 +58,6 @@ void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx);
 /* The same with chunks of at least grain iterations (0: the pool's minimum),
  * for loops whose iterations are heavy (list generation). */
 void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx);
-
-/* ---------------------------------------------------------------- device */
-
-typedef struct fb_cpu_device {
-  fb_pool *pool;
-  fb_cpu_jit *jit;    /* opened through fb_cpu_ops: its compiler (freed with it) */
-  char name[64];      /* opened through fb_cpu_ops: "CPU (N threads)" */
-} fb_cpu_device;
-
-/* threads: as fb_pool_new's nthreads (0 = one per core). */
-int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen);
-void fb_cpu_device_free(fb_cpu_device *d);
 /* Online cores of this machine (at least 1). */
 int fb_cpu_cores(void);
 
@@ -172,24 +161,6 @@ typedef struct fb_rt_hint {
   int list_snode;           /* > 0: a listgen filling that SNode's list */
   int64_t grain;            /* parallel: smallest chunk (0: the pool's) */
 } fb_rt_hint;
-
-/* Run tasks in order on the CPU: a serial task as body(ctx, 0, 0) on the
- * calling thread, a parallel one as bounds(ctx, &n) then body over [0, n)
- * through the pool. *ctx->error is checked after each task: FB_EBOUNDS lets
- * the remaining tasks run (accesses were skipped, as in the interpreter),
- * any other error stops the launch. Returns 0 or the first error; *seconds
- * (may be NULL) gets the device time (CLOCK_MONOTONIC) and *failed (may be
- * NULL) the index of the task that raised the error, -1 when none. */
-int fb_cpu_run(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *tasks, int ntasks,
-               double *seconds, int *failed);
-/* The same with hints (one per task, or NULL) for a session with sparse
- * SNodes (sp may be NULL): a listgen task's list is sized first
- * (fb_sparse_prepare_list; on failure the launch stops with its code and
- * message in err). FB_EQUOTA latched by the device (a block that did not
- * fit) lets the remaining tasks run, like FB_EBOUNDS. */
-int fb_cpu_run_sparse(fb_cpu_device *d, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
-                      const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
-                      size_t errlen);
 
 /* ---------------------------------------------------------------- timeline
  * Chrome trace-event JSON (the format Perfetto and chrome://tracing open):
@@ -315,6 +286,10 @@ typedef struct fb_device_ops {
   /* compile a task for the device (safe from several threads): the
    * compile pool's compiler, with user = dev */
   fb_compile_fn compile;
+  /* the device's code cache: what it holds now, and its bound in bytes
+   * (0: none; evicts past it at once). Safe from several threads. */
+  void (*code_cache)(void *dev, fb_code_cache_info *out);
+  void (*set_code_cache_bytes)(void *dev, uint64_t bytes);
   /* a session's queue and the memory it supplies (NULL: host memory);
    * alive: 0 while usable, else FB_EDEVICE and a message (sticky error) */
   int (*queue_new)(void *dev, void **q, char *err, size_t errlen);
@@ -322,7 +297,7 @@ typedef struct fb_device_ops {
   const fb_memsys *(*memsys)(void *q);
   int (*alive)(void *q, char *err, size_t errlen);
   /* a sync launch: run the tasks in order and wait, as fb_cpu_run_sparse
-   * (the first error, *failed the task that raised it, device time) */
+   * (runtime/cpu.h: the first error, *failed the task that raised it, device time) */
   int (*run)(void *q, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *tasks,
              const fb_rt_hint *hints, int ntasks, double *seconds, int *failed, char *err,
              size_t errlen);
@@ -339,8 +314,8 @@ typedef struct fb_device_ops {
 
 /* The operations table of the device named `backend` ("cpu": fb_cpu_ops,
  * runtime/launch.c; "cuda": fb_cuda_ops, runtime/cuda.c), NULL for any other
- * name. The engine's one route to a device: the tables and the CUDA
- * backend's own functions are private to runtime/ (runtime/cuda.h). */
+ * name. The engine's one route to a device: the tables and each device's
+ * own functions are private to runtime/ (runtime/cpu.h, runtime/cuda.h). */
 const fb_device_ops *fb_device_ops_for(const char *backend);
 
 #endif

@@ -611,11 +611,18 @@ static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *e
 }
 
 /* A tenant's code cache partition (thread isolation shares one engine):
- * from its name, so that it outlives a reload; never 0, the anonymous one. */
-static uint64_t partition_of(const fbd_tenant *t) {
-  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
-  for (const char *p = t->name; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-  return h | 1;
+ * the first 8 bytes of its name's SHA-256, so that it outlives a reload
+ * and no two names share one by design; never 0, the anonymous one. */
+static int partition_of(const fbd_tenant *t, uint64_t *out, char *err, size_t errlen) {
+  uint8_t h[32];
+  if (sha256(t->name, strlen(t->name), h)) {
+    fb_errf(err, errlen, "cannot hash the name of tenant '%s' for its code cache", t->name);
+    return FB_EINTERNAL;
+  }
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | h[i];
+  *out = v | 1;
+  return 0;
 }
 
 int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
@@ -626,7 +633,8 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
   /* one admission at a time, so that two creates cannot both take the last slot */
   pthread_mutex_lock(&srv->auth->admit);
   int rc = admit(c, l, ec, err, errlen);
-  ec->cache_partition = partition_of(c->tenant); /* no code shared across tenants */
+  if (!rc) /* no code shared across tenants */
+    rc = partition_of(c->tenant, &ec->cache_partition, err, errlen);
   if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
   else rc = fbd_session_new(srv, l, ec, c->tenant, c->peer, out, err, errlen);
   if (!rc) {

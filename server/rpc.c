@@ -185,19 +185,11 @@ static void send_counted(fbd_call *c, grpc_byte_buffer *bb, size_t counted) {
 
 void fbd_call_send_bb(fbd_call *c, grpc_byte_buffer *bb) { send_counted(c, bb, 0); }
 
-void fbd_call_send(fbd_call *c, const void *p, size_t n) {
-  grpc_slice s = grpc_slice_from_copied_buffer(p, n);
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
-  send_counted(c, bb, n);
-}
+void fbd_call_send(fbd_call *c, const void *p, size_t n) { send_counted(c, fbp_bb_from(p, n), n); }
 
 void fbd_call_send_msg(fbd_call *c, const ProtobufCMessage *m) {
-  size_t n = protobuf_c_message_get_packed_size(m);
-  grpc_slice s = grpc_slice_malloc(n);
-  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
+  size_t n;
+  grpc_byte_buffer *bb = fbp_bb_pack(m, &n);
   send_counted(c, bb, n);
 }
 

@@ -147,6 +147,30 @@ START_TEST(device_tables_by_name) {
 }
 END_TEST
 
+/* Each device's code cache through its table (the engine's code cache is
+ * the CPU device's): the CPU's takes a bound, the GPU's stays unbounded
+ * (its modules live as long as their context). */
+START_TEST(device_code_caches_through_the_table) {
+  fake.reset();
+  const fb_device_ops *ops[2] = {fb_device_ops_for("cpu"), fb_device_ops_for("cuda")};
+  for (int i = 0; i < 2; i++) {
+    void *dev = NULL;
+    char err[512] = "";
+    ck_assert_msg(ops[i]->open(1, &dev, err, sizeof err) == 0, "%s: %s", ops[i]->backend, err);
+    fb_code_cache_info info;
+    memset(&info, 0xff, sizeof info);
+    ops[i]->code_cache(dev, &info);
+    ck_assert_uint_eq(info.entries, 0);
+    ck_assert_uint_eq(info.bytes, 0);
+    ck_assert_uint_eq(info.limit, 0);
+    ops[i]->set_code_cache_bytes(dev, 1 << 20);
+    ops[i]->code_cache(dev, &info);
+    ck_assert_uint_eq(info.limit, i == 0 ? 1 << 20 : 0);
+    ops[i]->close(dev);
+  }
+}
+END_TEST
+
 START_TEST(no_driver_is_a_clear_error) {
   char *saved = strdup(getenv("FB_CUDA_LIBRARY"));
   setenv("FB_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1);
@@ -423,6 +447,7 @@ static Suite *suite(void) {
   tcase_add_checked_fixture(t, load_fake, NULL);
   tcase_add_test(t, backend_cuda_on_fake_driver);
   tcase_add_test(t, device_tables_by_name);
+  tcase_add_test(t, device_code_caches_through_the_table);
   tcase_add_test(t, no_driver_is_a_clear_error);
   tcase_add_test(t, no_gpu_is_a_clear_error);
   tcase_add_test(t, server_refuses_cuda_without_driver);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/runtime.h"
+#include "runtime/cpu.h"
 #include "support.h"
 
 typedef struct visit {
