@@ -3,9 +3,9 @@
  *  1. no path of length >= 2 joins them in the SFG (found with the
  *     transitive closure in bitsets: B is not reachable from any other
  *     successor of A);
- *  2. both are serial, or both parallel over the same range (values
- *     evaluated with the launches' arguments) or the same struct_for SNode
- *     and list version;
+ *  2. both are serial (clear_list and gc tasks count as serial), or both
+ *     parallel over the same range (values evaluated with the launches'
+ *     arguments) or the same struct_for SNode and list version;
  *  3. parallel: every state one writes and the other touches is accessed
  *     element-wise by both (the same address each iteration, unique per
  *     iteration: the loop indices, or one assume_unique expression whose
@@ -121,8 +121,19 @@ static void merge_bits(fctx *f, int a, int b) {
 
 /* ---------------------------------------------------------------- criteria */
 
-static int fusible_kind(const fb_sfg_node *x) {
+/* A task's kind for fusion: clear_list and gc tasks are serial runtime
+ * calls (codegen emits them in any serial task; the interpreter skips
+ * them), so they fuse like serial tasks, one after the other: a struct_for
+ * two sparse levels deep clears both lists, and a deactivation is followed
+ * by a gc of each level. A listgen is a parallel loop over its parent's
+ * list, never fused. */
+static fb_task_kind fuse_kind(const fb_sfg_node *x) {
   fb_task_kind k = x->m->kind;
+  return k == FB_TASK_CLEAR_LIST || k == FB_TASK_GC ? FB_TASK_SERIAL : k;
+}
+
+static int fusible_kind(const fb_sfg_node *x) {
+  fb_task_kind k = fuse_kind(x);
   return !x->dead && !x->host && !x->retained && (x->m->tflags & FB_TF_FUSIBLE) &&
          (k == FB_TASK_SERIAL || (k == FB_TASK_RANGE_FOR && x->range_ok) ||
           k == FB_TASK_STRUCT_FOR);
@@ -130,8 +141,8 @@ static int fusible_kind(const fb_sfg_node *x) {
 
 /* Criterion 2. */
 static int same_group(const fb_sfg_node *a, const fb_sfg_node *b) {
-  if (a->m->kind != b->m->kind) return 0;
-  switch (a->m->kind) {
+  if (fuse_kind(a) != fuse_kind(b)) return 0;
+  switch (fuse_kind(a)) {
   case FB_TASK_SERIAL: return 1;
   case FB_TASK_RANGE_FOR: return a->rbegin == b->rbegin && a->rend == b->rend;
   default: return a->m->iter == b->m->iter && a->list_ver == b->list_ver;
@@ -163,7 +174,7 @@ static int udeps_ok(const fb_sfg_node *x, const fb_sfg_node *a, const fb_sfg_nod
 /* Criterion 3. */
 static int states_ok(const fb_sfg_node *a, const fb_sfg_node *b) {
   const fb_task_meta *ma = a->m, *mb = b->m;
-  if (ma->kind == FB_TASK_SERIAL) return 1;
+  if (fuse_kind(a) == FB_TASK_SERIAL) return 1;
   int i = 0, j = 0;
   while (i < ma->nacc && j < mb->nacc) {
     const fb_meta_acc *x = &ma->acc[i], *y = &mb->acc[j];
