@@ -261,8 +261,9 @@ static void adapt_flush(async_state *a) {
  * G2P and the P2G after it keeps the pair from fusing (only one of the two
  * pairs of its 12-launch period fused). So, with the default flush_every,
  * a flush that comes due while the launches repeat with a period of P
- * launches (the last 2P launches, kernel and argument values, are P
- * repeated twice; the shortest such P up to FB_PERIOD_MAX) waits until the
+ * launches (the last 2P launches, and at least the window's, kernel and
+ * argument values, repeat with period P; the shortest such P up to
+ * FB_PERIOD_MAX) waits until the
  * launches since the last sync point or fb_flush (the client's own frame
  * boundary) are a multiple of P; at most P - 1 more launches, and never
  * past FB_MAX_PENDING_TASKS. Every window then is whole periods cut at the
@@ -284,14 +285,20 @@ static uint64_t launch_key(int kernel, const uint64_t *args, int nargs) {
 
 #define KEY(a, n) ((a)->keys[(n) % (FB_PERIOD_MAX * 2)])
 
-/* The shortest period p <= FB_PERIOD_MAX of the last 2p launches (before
- * launch number n, across sync points); 0: none. */
-static int stream_period(const async_state *a, uint64_t n) {
+/* The shortest period p <= FB_PERIOD_MAX of the last launches before
+ * launch number n (across sync points): the last max(2p, span) of them,
+ * span being the window's launches, so that a group repeating inside a
+ * longer pattern (a solver's smoothing sweeps) is not taken for the
+ * stream's period; 0: none. */
+static int stream_period(const async_state *a, uint64_t n, int span) {
   int pmax = n / 2 < FB_PERIOD_MAX ? (int)(n / 2) : FB_PERIOD_MAX;
   for (int p = 1; p <= pmax; p++) {
+    int len = span > p ? span : p; /* compares of launch i with i - p */
+    if (len + p > FB_PERIOD_MAX * 2) len = FB_PERIOD_MAX * 2 - p; /* what the keys hold */
+    if ((uint64_t)(len + p) > n) continue;
     int i = 0;
-    while (i < p && KEY(a, n - 1 - (uint64_t)i) == KEY(a, n - 1 - (uint64_t)(i + p))) i++;
-    if (i == p) return p;
+    while (i < len && KEY(a, n - 1 - (uint64_t)i) == KEY(a, n - 1 - (uint64_t)(i + p))) i++;
+    if (i == len) return p;
   }
   return 0;
 }
@@ -301,7 +308,7 @@ static int stream_period(const async_state *a, uint64_t n) {
 static int cut_now(async_state *a, uint64_t n) {
   if (!a->adapt) return 1;
   if (!a->due) {
-    a->period = stream_period(a, n);
+    a->period = stream_period(a, n, a->nwin);
     if (!a->period || (n - a->mark) % (uint64_t)a->period == 0) return 1;
     a->due = n + (uint64_t)a->period - (n - a->mark) % (uint64_t)a->period;
     a->aligned++;
