@@ -286,16 +286,16 @@ static uint64_t launch_key(int kernel, const uint64_t *args, int nargs) {
 #define KEY(a, n) ((a)->keys[(n) % (FB_PERIOD_MAX * 2)])
 
 /* The shortest period p <= FB_PERIOD_MAX of the last launches before
- * launch number n (across sync points): the last max(2p, span) of them,
- * span being the window's launches, so that a group repeating inside a
+ * launch number n (across sync points): the last 2p of them and the
+ * window's (span launches) each equal to the one p before it, so that a group repeating inside a
  * longer pattern (a solver's smoothing sweeps) is not taken for the
  * stream's period; 0: none. */
 static int stream_period(const async_state *a, uint64_t n, int span) {
   int pmax = n / 2 < FB_PERIOD_MAX ? (int)(n / 2) : FB_PERIOD_MAX;
   for (int p = 1; p <= pmax; p++) {
-    int len = span > p ? span : p; /* compares of launch i with i - p */
+    int len = span - p > p ? span - p : p; /* compares of launch i with i - p */
     if (len + p > FB_PERIOD_MAX * 2) len = FB_PERIOD_MAX * 2 - p; /* what the keys hold */
-    if ((uint64_t)(len + p) > n) continue;
+    if ((uint64_t)(len + p) > n) len = (int)(n - (uint64_t)p); /* the launches there are */
     int i = 0;
     while (i < len && KEY(a, n - 1 - (uint64_t)i) == KEY(a, n - 1 - (uint64_t)(i + p))) i++;
     if (i == len) return p;
