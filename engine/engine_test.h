@@ -26,4 +26,9 @@ uint64_t fb_session_test_queue_waits(const fb_session *s);
  * stream's period"); 0 in sync mode. The session's thread only. */
 uint64_t fb_session_test_aligned_flushes(const fb_session *s);
 
+/* How many batch entries of an async session ran a stand-in's code (the
+ * task as inserted) while their own demoted code compiled in the
+ * background. Read on the session's calling thread. */
+uint64_t fb_session_test_standins(const fb_session *s);
+
 #endif
