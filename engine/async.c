@@ -383,12 +383,83 @@ static void adapt_flush(async_state *a) {
   if (!f->plans_stored) a->flush_at = a->flush_every;
 }
 
+/* ---- windows aligned to the stream's period
+ *
+ * The automatic flush cuts the window where the pending count crosses
+ * flush_at, which may fall inside a repeating group of launches: MLS-MPM's
+ * substep is clear, build lists, G2P, P2G, grid op, and a cut between a
+ * G2P and the P2G after it keeps the pair from fusing (only one of the two
+ * pairs of its 12-launch period fused). So, with the default flush_every,
+ * a flush that comes due while the launches repeat with a period of P
+ * launches (the last 2P launches, and at least the window's, kernel and
+ * argument values, repeat with period P; the shortest such P up to
+ * FB_PERIOD_MAX) waits until the
+ * launches since the last sync point or fb_flush (the client's own frame
+ * boundary) are a multiple of P; at most P - 1 more launches, and never
+ * past FB_MAX_PENDING_TASKS. Every window then is whole periods cut at the
+ * same phase, so the optimizer sees the same groups whole, and the graph
+ * each window leaves (the latest writer of each state, from its last
+ * period) is the one it found: a fixed point the plan memo keeps from the
+ * first window of each width on. Order and results do not depend on where
+ * a window is cut; only what the optimizer can see together does. */
+
+/* The launch's key: its kernel and argument values. */
+static uint64_t launch_key(int kernel, const uint64_t *args, int nargs) {
+  uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uint32_t)kernel;
+  for (int i = 0; i < nargs; i++) {
+    h ^= args[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+  }
+  return h ^ (h >> 29);
+}
+
+#define KEY(a, n) ((a)->keys[(n) % (FB_PERIOD_MAX * 2)])
+
+/* The shortest period p <= FB_PERIOD_MAX of the last launches before
+ * launch number n (across sync points): the last 2p of them and the
+ * window's (span launches) each equal to the one p before it, so that a group repeating inside a
+ * longer pattern (a solver's smoothing sweeps) is not taken for the
+ * stream's period; 0: none. */
+static int stream_period(const async_state *a, uint64_t n, int span) {
+  int pmax = n / 2 < FB_PERIOD_MAX ? (int)(n / 2) : FB_PERIOD_MAX;
+  for (int p = 1; p <= pmax; p++) {
+    int len = span - p > p ? span - p : p; /* compares of launch i with i - p */
+    if (len + p > FB_PERIOD_MAX * 2) len = FB_PERIOD_MAX * 2 - p; /* what the keys hold */
+    if ((uint64_t)(len + p) > n) len = (int)(n - (uint64_t)p); /* the launches there are */
+    int i = 0;
+    while (i < len && KEY(a, n - 1 - (uint64_t)i) == KEY(a, n - 1 - (uint64_t)(i + p))) i++;
+    if (i == len) return p;
+  }
+  return 0;
+}
+
+/* A flush is due at launch number n (launches so far): cut now, or wait
+ * for the period's boundary (a->due). */
+static int cut_now(async_state *a, uint64_t n) {
+  if (!a->adapt) return 1;
+  if (!a->due) {
+    a->period = stream_period(a, n, a->nwin);
+    if (!a->period || (n - a->mark) % (uint64_t)a->period == 0) return 1;
+    a->due = n + (uint64_t)a->period - (n - a->mark) % (uint64_t)a->period;
+    a->aligned++;
+    return 0;
+  }
+  /* the period broke while waiting: cut at once */
+  if (KEY(a, n - 1) != KEY(a, n - 1 - (uint64_t)a->period)) return 1;
+  return n >= a->due;
+}
+
+uint64_t fb_session_test_aligned_flushes(const fb_session *s) {
+  return s && s->as ? s->as->aligned : 0;
+}
+
 /* Optimize what is pending and hand it out; does not wait, unless run_here
  * lets it run the batch itself (see hand_out). */
 static int async_flush(fb_session *s, int run_here) {
   async_state *a = s->as;
   fbe_reap(s);
   if (!fb_opt_pending(a->o)) return 0;
+  a->due = 0;
   uint64_t no = a->flushes + 1;
   double t0 = s->trace ? fb_trace_clock() : 0;
   fb_opt_batch *b = NULL;
@@ -451,6 +522,7 @@ static int forget_masks(fb_session *s) {
 
 int fbe_async_wait_all(fb_session *s) {
   async_state *a = s->as;
+  a->mark = s->launch_no;
   int rc = async_flush(s, 1);
   fbe_quiesce(s);
   pthread_mutex_lock(&a->mu);
@@ -480,6 +552,7 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
   fbe_reap(s);
   if (win_push(a, kernel, sk->k->name))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  KEY(a, s->launch_no) = launch_key(kernel, s->args ? s->args : no_args, sk->k->nparams);
   uint64_t held =
       sizeof(launch_rec) +
       (uint64_t)sk->tl.n * (FB_PENDING_TASK_BYTES + (uint64_t)sk->k->nparams * sizeof(uint64_t));
@@ -498,7 +571,8 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
   if (sk->k->ret != FB_T_VOID) return async_return(s, sk, ret);
   if (ret) memset(ret, 0, sizeof *ret);
   int pending = fb_opt_pending(a->o);
-  if ((a->flush_at && pending >= a->flush_at) || pending >= FB_MAX_PENDING_TASKS)
+  if (pending >= FB_MAX_PENDING_TASKS ||
+      (a->flush_at && pending >= a->flush_at && cut_now(a, s->launch_no)))
     return async_flush(s, 0);
   return 0;
 }
@@ -506,6 +580,7 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
 int fb_flush(fb_session *s) {
   if (!s) return FB_EINVAL;
   if (!s->as) return 0; /* sync mode: nothing pending */
+  s->as->mark = s->launch_no;
   int rc = async_flush(s, 0);
   return rc ? rc : fbe_report_bg(s);
 }

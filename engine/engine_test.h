@@ -21,6 +21,11 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
  * mode). Any thread may read it. */
 uint64_t fb_session_test_queue_waits(const fb_session *s);
 
+/* How many automatic flushes of an async session waited for the launch
+ * stream's period boundary (engine/async.c, "Windows aligned to the
+ * stream's period"); 0 in sync mode. The session's thread only. */
+uint64_t fb_session_test_aligned_flushes(const fb_session *s);
+
 /* How many batch entries of an async session ran a stand-in's code (the
  * task as inserted) while their own demoted code compiled in the
  * background. Read on the session's calling thread. */

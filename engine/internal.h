@@ -129,6 +129,9 @@ typedef struct bg_error {
   char msg[ERRLEN];
 } bg_error;
 
+/* The longest period (launches) the automatic flush aligns its cuts to. */
+#define FB_PERIOD_MAX 256
+
 typedef struct async_state {
   fb_opt *o;
   fb_ordq *q;              /* the ordered worker */
@@ -140,6 +143,17 @@ typedef struct async_state {
   int flush_at;
   int adapt;
   int plan_streak;
+  /* the stream's repeating period, which the automatic flush aligns its
+   * cuts to (the default flush_every only; async.c, "Windows aligned to
+   * the stream's period"): a key per launch (kernel and argument values),
+   * the last FB_PERIOD_MAX * 2 of them by launch number */
+  uint64_t keys[FB_PERIOD_MAX * 2];
+  uint64_t mark;           /* launch number at the last sync point or fb_flush */
+  uint64_t due;            /* a deferred automatic flush happens at this launch
+                              number at the latest (0: none deferred) */
+  int period;              /* launches, found when the flush was deferred */
+  uint64_t aligned;        /* automatic flushes deferred to a period boundary
+                              (fb_session_test_aligned_flushes) */
   uint64_t launches;       /* the caller's: launches so far (fb_counters.launches) */
   uint64_t flushes;
   /* the window: the kernel of every launch since the last flush */

@@ -392,12 +392,14 @@ int fb_opt_observe_mask(fb_opt *o, int snode, uint64_t count) {
       changed = 1;
     }
   } else {
-    /* the mask may have changed at any point since the last observation
-       (or the session began): a content id nothing read before */
-    s->base_cont = s->owner_cont = s->obs_cont = o->g.next_serial++;
+    /* the mask changed since the last observation (or this is the first):
+       every change went through a writer the graph holds (a task, a host
+       write), so its current content is the current version's, which keeps
+       its content id (a list made from it after its last writer is still
+       current); the next observation compares against this one */
+    s->obs_cont = s->owner_cont;
     s->obs_count = count;
     s->obs_valid = 1;
-    changed = 1;
   }
   s->cleared = 0;
   if (changed && canon_update(o)) o->ncanon = -1; /* no plan matches until the next flush */

@@ -5,7 +5,8 @@
  *     successor of A);
  *  2. both are serial, or both parallel over the same range (values
  *     evaluated with the launches' arguments) or the same struct_for SNode
- *     and list version;
+ *     and list version; list upkeep (clear_list, gc) fuses only with list
+ *     upkeep, as serial tasks (list_upkeep);
  *  3. parallel: every state one writes and the other touches is accessed
  *     element-wise by both (the same address each iteration, unique per
  *     iteration: the loop indices, or one assume_unique expression whose
@@ -121,15 +122,37 @@ static void merge_bits(fctx *f, int a, int b) {
 
 /* ---------------------------------------------------------------- criteria */
 
+/* List upkeep: a clear_list or gc task, or a serial task fused from them.
+ * They are runtime calls that codegen emits in any serial task (the
+ * interpreter skips them), so they fuse with each other, one after the
+ * other: a struct_for two sparse levels deep clears both lists in one task,
+ * and a deactivation's gc of each level is one task. Only with each other:
+ * a clear_list taking the one fusion of a round from a serial kernel could
+ * keep that kernel from its own partner. A listgen is a parallel loop over
+ * its parent's list, never fused. */
+static int list_upkeep(fb_bank *bank, const fb_sfg_node *x) {
+  fb_task_kind k = x->m->kind;
+  if (k == FB_TASK_CLEAR_LIST || k == FB_TASK_GC) return 1;
+  const fb_kernel *ir = k == FB_TASK_SERIAL ? fb_bank_ir(bank, x->ir) : NULL;
+  if (!ir || ir->nblocks < 1 || ir->blocks[0].n < 1) return 0;
+  for (int i = 0; i < ir->blocks[0].n; i++) {
+    int op = ir->stmts[ir->blocks[0].ids[i]].op;
+    if (op != FB_OP_CLEAR_LIST && op != FB_OP_GC) return 0;
+  }
+  return 1;
+}
+
 static int fusible_kind(const fb_sfg_node *x) {
   fb_task_kind k = x->m->kind;
   return !x->dead && !x->host && !x->retained && (x->m->tflags & FB_TF_FUSIBLE) &&
-         (k == FB_TASK_SERIAL || (k == FB_TASK_RANGE_FOR && x->range_ok) ||
-          k == FB_TASK_STRUCT_FOR);
+         (k == FB_TASK_SERIAL || k == FB_TASK_CLEAR_LIST || k == FB_TASK_GC ||
+          (k == FB_TASK_RANGE_FOR && x->range_ok) || k == FB_TASK_STRUCT_FOR);
 }
 
 /* Criterion 2. */
-static int same_group(const fb_sfg_node *a, const fb_sfg_node *b) {
+static int same_group(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b) {
+  int la = list_upkeep(bank, a), lb = list_upkeep(bank, b);
+  if (la || lb) return la && lb; /* serial, one after the other */
   if (a->m->kind != b->m->kind) return 0;
   switch (a->m->kind) {
   case FB_TASK_SERIAL: return 1;
@@ -163,7 +186,7 @@ static int udeps_ok(const fb_sfg_node *x, const fb_sfg_node *a, const fb_sfg_nod
 /* Criterion 3. */
 static int states_ok(const fb_sfg_node *a, const fb_sfg_node *b) {
   const fb_task_meta *ma = a->m, *mb = b->m;
-  if (ma->kind == FB_TASK_SERIAL) return 1;
+  if (ma->kind != FB_TASK_RANGE_FOR && ma->kind != FB_TASK_STRUCT_FOR) return 1; /* serial */
   int i = 0, j = 0;
   while (i < ma->nacc && j < mb->nacc) {
     const fb_meta_acc *x = &ma->acc[i], *y = &mb->acc[j];
@@ -284,7 +307,8 @@ static int fuse_round(fctx *f) {
     int refused = 0;
     for (int bi = ai + 1; bi < f->n && a->fused_now < max; bi++) {
       fb_sfg_node *b = f->g->nodes[f->base + bi];
-      if (!fusible_kind(b) || b->fused_now >= max || !same_group(a, b)) continue;
+      if (!fusible_kind(b) || b->fused_now >= max || !same_group(f->c->bank, a, b))
+        continue;
       if (!rets_ok(f->c->bank, a, b) || !path_ok(f, far, ai, bi) || !states_ok(a, b)) continue;
       if (!within_budget(f->c->opt, a, b)) {
         refused = 1;

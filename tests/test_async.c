@@ -105,6 +105,7 @@ typedef struct results {
   piece *pc;
   int npc, cappc;
   fb_counters c;
+  uint64_t aligned; /* fb_session_test_aligned_flushes at the end */
 } results;
 
 static void add_piece(results *r, const char *label, const void *data, size_t len) {
@@ -322,6 +323,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   ck_assert_msg(fb_sync(u.s) == 0, "final sync: %s", fb_session_errmsg(u.s));
   read_all(u.s, p, r, "end:");
   fb_session_counters(u.s, &r->c);
+  r->aligned = fb_session_test_aligned_flushes(u.s);
   last_standins = fb_session_test_standins(u.s);
   fb_session_destroy(u.s);
   fb_program_free(p);
@@ -1630,6 +1632,56 @@ START_TEST(repeating_stream_plans) {
 }
 END_TEST
 
+/* A stream with a period of three launches, q p1 p2, where p1 and p2 fuse
+ * (element-wise) and q reads y and z at neighbours (no fusion across it:
+ * p2 of one period and p1 of the next are joined through q). With
+ * a sync after `init` the automatic flush at 50 pending tasks would cut
+ * after a p1 (50 launches after the sync), splitting that pair; aligned to
+ * the period every window is whole periods and every pair fuses. */
+static const char *period_src =
+    "layout { dense(i: 256) { place x: f32, y: f32, z: f32 } }\n"
+    "kernel init() { for i in x { x[i] = f32(i) * 0.5 } }\n"
+    "kernel q() { for i in x { x[i] = y[(i + 1) % 256] * 0.5 + z[(i + 7) % 256] * 0.001 } }\n"
+    "kernel p1() { for i in x { y[i] = x[i] + 1.0 } }\n"
+    "kernel p2() { for i in x { z[i] += y[i] * 2.0 } }\n";
+
+static char *period_script(int steps, int periods) {
+  char *s = malloc(32 + (size_t)steps * ((size_t)periods * 32 + 8)), *w = s;
+  w += sprintf(w, "launch init\nsync\n");
+  for (int k = 0; k < steps; k++) {
+    for (int i = 0; i < periods; i++) w += sprintf(w, "launch q\nlaunch p1\nlaunch p2\n");
+    w += sprintf(w, "sync\n");
+  }
+  return s;
+}
+
+START_TEST(period_aligned_flushes) {
+  char *script = period_script(4, 100);
+  check_modes(period_src, script); /* sync mode's fields in every mode */
+  fb_session_config sync = {.mode = "sync", .seed = 7}, dflt = async_cfg(0, 0),
+                    fixed = async_cfg(0, 50);
+  results want = {0}, got = {0}, cut = {0};
+  run_script(eng, period_src, script, &sync, &want);
+  run_script(eng, period_src, script, &dflt, &got);
+  run_script(eng, period_src, script, &fixed, &cut);
+  same_results(&want, &got, "async, aligned windows");
+  same_results(&want, &cut, "async, flush_every 50");
+  ck_assert_uint_eq(want.c.tasks_launched, 1 + 4 * 300);
+  /* the default flush waited for the period's end, and every p1/p2 pair
+     fused: one task a period fewer */
+  ck_assert_uint_ge(got.aligned, 1);
+  ck_assert_uint_eq(got.c.tasks_fused, 4 * 100);
+  ck_assert_uint_eq(got.c.tasks_launched, 1 + 4 * 200);
+  /* a flush_every the session chose cuts where it says, splitting pairs */
+  ck_assert_uint_eq(cut.aligned, 0);
+  ck_assert_uint_lt(cut.c.tasks_fused, 4 * 100);
+  results_free(&want);
+  results_free(&got);
+  results_free(&cut);
+  free(script);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- back-pressure */
 
 typedef struct gate {
@@ -1874,6 +1926,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, standin_while_demoted_compiles);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
+  tcase_add_test(tc, period_aligned_flushes);
   tcase_add_test(tc, lists_after_a_cancelled_flush);
   tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);

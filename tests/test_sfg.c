@@ -741,6 +741,45 @@ START_TEST(observe_keeps_lists) {
 }
 END_TEST
 
+/* A list made after the mask's last writer stays current across a quiet
+ * point whose observation saw the count move (the writer that moved it is
+ * the version the list was made from): MLS-MPM's grids are rebuilt every
+ * substep, and the first struct_fors after a sync reused no list. Windows:
+ * [wr cl lg sf] then [cl lg sf], observed between with a new count each
+ * time; the second window's listgen is removed, the first's never is (wr
+ * wrote since); a host write of the mask's field keeps it. */
+START_TEST(observe_keeps_lists_made_after_the_writer) {
+  mod m = parse(observe_kernels);
+  fb_irh h[4];
+  fb_opt *o = plan_opt(&m, h, 1, 1);
+  int blocks = fb_layout_find(m.l, "blocks");
+  uint64_t launch = 0;
+  static const int with_wr[] = {3, 0, 1, 2}, without[] = {0, 1, 2};
+  for (int f = 0; f < 6; f++) {
+    const int *seq = f % 2 ? without : with_wr;
+    int n = f % 2 ? 3 : 4;
+    for (int i = 0; i < n; i++) {
+      fb_opt_task t = {h[seq[i]], NULL, 0, launch++};
+      ck_assert_int_eq(fb_opt_insert(o, &t), 0);
+    }
+    fb_opt_batch *b = NULL;
+    ck_assert_msg(fb_opt_flush(o, &b) == 0, "%s", fb_opt_errmsg(o));
+    uint64_t removed = fb_opt_get_stats(o)->flush.listgen_removed;
+    int want = f % 2 == 1 && f != 5; /* 5: a host write before it */
+    ck_assert_msg(removed == (uint64_t)want, "flush %d removed %llu", f,
+                  (unsigned long long)removed);
+    ck_assert_int_eq(b->n, n - 2 * want);
+    fb_opt_batch_free(o, b);
+    if (f == 4) ck_assert_int_eq(fb_opt_host_write(o, fb_layout_find(m.l, "t")), 0);
+    ck_assert_int_eq(fb_opt_observe_mask(o, blocks, 10 + (uint64_t)f), 0);
+  }
+  ck_assert_uint_eq(fb_opt_get_stats(o)->total.masks_unchanged, 0);
+  for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);
+  fb_opt_free(o);
+  mod_free(&m);
+}
+END_TEST
+
 Suite *sfg_suite(void) {
   Suite *s = suite_create("sfg");
   TCase *tc = tcase_create("meta");
@@ -763,6 +802,7 @@ Suite *sfg_suite(void) {
   tcase_add_test(tc, plan_memo_reuse);
   tcase_add_test(tc, plan_memo_observed);
   tcase_add_test(tc, observe_keeps_lists);
+  tcase_add_test(tc, observe_keeps_lists_made_after_the_writer);
   suite_add_tcase(s, tc);
   return s;
 }
