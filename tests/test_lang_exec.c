@@ -683,6 +683,8 @@ static const char *const svd_src =
     "  place A2: f32[2][2], U2: f32[2][2], S2: f32[2][2], V2: f32[2][2], R2: f32[2][2], P2: "
     "f32[2][2]\n"
     "  place D3: f64[3][3], DU: f64[3][3], DS: f64[3][3], DV: f64[3][3]\n"
+    "  place D2: f64[2][2], EU: f64[2][2], ES: f64[2][2], EV: f64[2][2], ER: f64[2][2], EP: "
+    "f64[2][2]\n"
     "} }\n"
     "kernel decompose() {\n"
     "  for i in A3 {\n"
@@ -696,6 +698,10 @@ static const char *const svd_src =
     "    R2[i] = r2\n    P2[i] = q2\n"
     "    let (du, ds, dv) = svd(D3[i])\n"
     "    DU[i] = du\n    DS[i] = ds\n    DV[i] = dv\n"
+    "    let (eu, es, ev) = svd(D2[i])\n"
+    "    EU[i] = eu\n    ES[i] = es\n    EV[i] = ev\n"
+    "    let (er, ep) = polar(D2[i])\n"
+    "    ER[i] = er\n    EP[i] = ep\n"
     "  }\n"
     "}\n";
 
@@ -814,6 +820,14 @@ static void make_matrix(int kind, int n, uint64_t *seed, double *m) {
   }
 }
 
+/* 2x2 matrices where the closed form's Q = |(a+d, c-b)| / 2 or
+ * W = |(a-d, c+b)| / 2 vanishes (reflections, rotations, -I), or tau < 0
+ * (the other half-angle formula), or the scales are extreme. */
+static const double hard2[][4] = {
+    {1, 0, 0, -1}, {0, 1, 1, 0},   {-1, 0, 0, -1}, {0.6, -0.8, 0.8, 0.6}, {-2, 0, 0, 5},
+    {0, -3, 2, 0}, {1, 2, 2, 4},   {1e-12, 2e-12, -3e-12, 1e-12},         {3e4, -1, 2, -4e4},
+};
+
 START_TEST(svd_polar) {
   fb_program *p = prog(svd_src);
   fb_kernel *k = inst(p, "decompose", NULL, NULL);
@@ -828,7 +842,13 @@ START_TEST(svd_polar) {
       put(in, p, "A3", c, i, m3[c]);
       put(in, p, "D3", c, i, d3[c]);
     }
-    for (int c = 0; c < 4; c++) put(in, p, "A2", c, i, m2[c]);
+    /* rows 7.. (rank n-1 and random in make_matrix) get the hard 2x2 cases */
+    int h = i - 7, nh = (int)(sizeof hard2 / sizeof hard2[0]);
+    for (int c = 0; c < 4; c++) {
+      if (h >= 0 && h < nh) m2[c] = hard2[h][c];
+      put(in, p, "A2", c, i, m2[c]);
+      put(in, p, "D2", c, i, i % 2 ? m2[c] : d3[c] - 0.5);
+    }
   }
   fb_engine *e = engine();
   fb_session *s = session(e, p);
@@ -843,6 +863,8 @@ START_TEST(svd_polar) {
     check_svd(in, p, "A3", "U3", "S3", "V3", 3, i, 1e-5);
     check_svd(in, p, "A2", "U2", "S2", "V2", 2, i, 1e-5);
     check_svd(in, p, "D3", "DU", "DS", "DV", 3, i, 1e-12);
+    check_svd(in, p, "D2", "EU", "ES", "EV", 2, i, 1e-12);
+    check_polar(in, p, "D2", "ER", "EP", 2, i, 1e-12);
     check_polar(in, p, "A3", "R3", "P3", 3, i, 1e-5);
     check_polar(in, p, "A2", "R2", "P2", 2, i, 1e-5);
     double a[9];

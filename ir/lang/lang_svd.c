@@ -1,15 +1,31 @@
 /* svd(M) and polar(M) for 2x2 and 3x3 matrices, emitted as straight-line
  * IR (no loops, no branches: selects only).
  *
- * One-sided Jacobi (Hestenes): B = M, V = I; each rotation of a column pair
+ * 2x2: closed form (svd2_core), no iterations. Write M = [[a, b], [c, d]]
+ * as E = (a+d)/2, F = (a-d)/2, G = (c+b)/2, H = (c-b)/2, so that
+ * M = Q Rot(alpha) + W Refl(beta) with Q = |(E, H)|, W = |(F, G)|,
+ * Rot(alpha) = [[E, -H], [H, E]] / Q. R = Rot(alpha) is the polar rotation
+ * and S = R^T M = Q I + [[tau, q], [q, -tau]] with (tau, q) = (F, G)
+ * rotated by -alpha (so |(tau, q)| = W). S's eigenvalues are Q + W and
+ * Q - W, its leading eigenvector the half angle of (tau, q), found without
+ * trigonometry by normalizing (W + tau, q) (or (q, W - tau) when tau < 0,
+ * which avoids cancellation). So V = Rot(theta), U = R V, sigma = (Q + W,
+ * Q - W): sigma_0 >= |sigma_1|, and sigma_1 < 0 exactly when det M =
+ * Q^2 - W^2 < 0. Two square roots and two divisions, against about eleven
+ * for two Jacobi sweeps; a (near) zero Q or W (M a reflection-like or a
+ * multiple of a rotation) falls back to R = I or V = I, which is then exact
+ * to within that tiny Q or W.
+ *
+ * 3x3: one-sided Jacobi (Hestenes): B = M, V = I; each rotation of a column pair
  * (p, q) makes columns p and q of B orthogonal and applies the same rotation
  * to V, so B = M V holds throughout. After a fixed number of sweeps the
  * columns are sorted by length (a swap negates one column so det V stays
  * +1). Then sigma_i = |B_i| and U_i = B_i / sigma_i for the leading columns;
- * the last column of U completes a right-handed basis (perpendicular in 2-D,
- * cross product in 3-D) and its sigma is B_last . U_last, which is negative
- * when det M < 0. So U and V are rotations and M = U diag(sigma) V^T.
- * polar: R = U V^T (a rotation), S = V diag(sigma) V^T, M = R S. */
+ * the last column of U completes a right-handed basis (cross product) and
+ * its sigma is B_last . U_last, which is negative when det M < 0. So U and
+ * V are rotations and M = U diag(sigma) V^T.
+ * polar: R = U V^T (a rotation), S = V diag(sigma) V^T, M = R S (2x2: R
+ * and S = Q I + [[tau, q], [q, -tau]] straight from the closed form). */
 #include "lang_internal.h"
 
 typedef struct svdc {
@@ -94,33 +110,28 @@ static void cross3(svdc *c, const int *a, const int *b, int *r) {
   }
 }
 
-/* U (n x n, row-major), sigma[n], V from M (already of float type t). */
-static void svd_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
+/* 3x3: U (row-major), sigma[3], V from M (already of float type t). */
+static void svd3_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
   lower *L = c->L;
-  int n = m->rows, B[9], len[3];
+  int n = 3, B[9], len[3];
   for (int i = 0; i < n * n; i++) {
     B[i] = m->id[i];
     V[i] = i / n == i % n ? c->one : c->zero;
   }
-  int sweeps = n == 2 ? 2 : (c->t == FB_T_F64 ? 8 : 6);
+  int sweeps = c->t == FB_T_F64 ? 8 : 6;
   for (int s = 0; s < sweeps; s++)
     for (int p = 0; p < n; p++)
       for (int q = p + 1; q < n; q++) rotate(c, B, V, n, p, q);
   for (int p = 0; p < n; p++) len[p] = coldot(c, B, p, B, p, n);
   order(c, B, V, len, n, 0, 1);
-  if (n == 3) {
-    order(c, B, V, len, n, 1, 2);
-    order(c, B, V, len, n, 0, 1);
-  }
+  order(c, B, V, len, n, 1, 2);
+  order(c, B, V, len, n, 0, 1);
   int u[3][3];
   int tiny = K(c, c->t == FB_T_F64 ? 1e-300 : 1e-30);
   int e0[3] = {c->one, c->zero, c->zero};
   unit_col(c, B, n, 0, len[0], lw_bin(L, FB_OP_GT, len[0], tiny), e0, u[0]);
   sigma[0] = lw_un(L, FB_OP_SQRT, len[0]);
-  if (n == 2) {
-    u[1][0] = lw_un(L, FB_OP_NEG, u[0][1]);
-    u[1][1] = u[0][0];
-  } else {
+  {
     /* a unit vector perpendicular to u0 for a (nearly) rank-1 M */
     int ex[3] = {c->one, c->zero, c->zero}, ey[3] = {c->zero, c->one, c->zero}, pa[3], pb[3],
         perp[3];
@@ -146,6 +157,54 @@ static void svd_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
   sigma[last] = sl;
   for (int r = 0; r < n; r++)
     for (int col = 0; col < n; col++) U[r * n + col] = u[col][r];
+}
+
+/* 2x2 closed form (see the top of the file). R = [[cr, -sr], [sr, cr]];
+ * ps, when not NULL, gets polar's S = R^T M (row-major, symmetric). */
+static void svd2_core(svdc *c, const lval *m, int *U, int *sigma, int *V, int *cs, int *ps) {
+  lower *L = c->L;
+  int a = m->id[0], b = m->id[1], cc = m->id[2], d = m->id[3];
+  int half = K(c, 0.5);
+  int tiny = K(c, c->t == FB_T_F64 ? 1e-300 : 1e-30);
+  int E = mul(c, add(c, a, d), half), F = mul(c, sub(c, a, d), half);
+  int G = mul(c, add(c, cc, b), half), H = mul(c, sub(c, cc, b), half);
+  int q2 = add(c, mul(c, E, E), mul(c, H, H));
+  int w2 = add(c, mul(c, F, F), mul(c, G, G));
+  int Q = lw_un(L, FB_OP_SQRT, q2), W = lw_un(L, FB_OP_SQRT, w2);
+  /* polar rotation; R = I when Q is (nearly) zero */
+  int okq = lw_bin(L, FB_OP_GT, q2, tiny);
+  int invq = lw_div(L, c->one, sel(c, okq, Q, c->one));
+  int cr = sel(c, okq, mul(c, E, invq), c->one), sr = sel(c, okq, mul(c, H, invq), c->zero);
+  /* S = Q I + [[tau, q], [q, -tau]] */
+  int tau = add(c, mul(c, F, cr), mul(c, G, sr));
+  int q = sub(c, mul(c, G, cr), mul(c, F, sr));
+  /* half angle of (tau, q) / W: the eigenvector of S for Q + W */
+  int pos = lw_bin(L, FB_OP_GE, tau, c->zero);
+  int hx = sel(c, pos, add(c, W, tau), q), hy = sel(c, pos, q, sub(c, W, tau));
+  int h2 = add(c, mul(c, hx, hx), mul(c, hy, hy));
+  int okh = lw_bin(L, FB_OP_GT, h2, tiny);
+  int invh = lw_div(L, c->one, lw_un(L, FB_OP_SQRT, sel(c, okh, h2, c->one)));
+  int cv = sel(c, okh, mul(c, hx, invh), c->one), sv = sel(c, okh, mul(c, hy, invh), c->zero);
+  int cu = sub(c, mul(c, cr, cv), mul(c, sr, sv)), su = add(c, mul(c, sr, cv), mul(c, cr, sv));
+  int nsv = lw_un(L, FB_OP_NEG, sv), nsu = lw_un(L, FB_OP_NEG, su);
+  V[0] = cv, V[1] = nsv, V[2] = sv, V[3] = cv;
+  U[0] = cu, U[1] = nsu, U[2] = su, U[3] = cu;
+  sigma[0] = add(c, Q, W);
+  sigma[1] = sub(c, Q, W);
+  if (cs) cs[0] = cr, cs[1] = sr;
+  if (ps) {
+    ps[0] = add(c, Q, tau);
+    ps[1] = q;
+    ps[2] = q;
+    ps[3] = sub(c, Q, tau);
+  }
+}
+
+static void svd_core(svdc *c, const lval *m, int *U, int *sigma, int *V) {
+  if (m->rows == 2)
+    svd2_core(c, m, U, sigma, V, NULL, NULL);
+  else
+    svd3_core(c, m, U, sigma, V);
 }
 
 static void setup(svdc *c, lower *L, lval *m) {
@@ -180,7 +239,15 @@ int lang_polar(lower *L, lval *m, lval *r, lval *s) {
   svdc c;
   setup(&c, L, m);
   int n = m->rows, U[9], V[9], sig[3], R[9], S[9];
-  svd_core(&c, m, U, sig, V);
+  if (n == 2) {
+    int cs[2];
+    svd2_core(&c, m, U, sig, V, cs, S);
+    R[0] = cs[0], R[1] = lw_un(L, FB_OP_NEG, cs[1]), R[2] = cs[1], R[3] = cs[0];
+    as_matrix(r, c.t, n, R);
+    as_matrix(s, c.t, n, S);
+    return 0;
+  }
+  svd3_core(&c, m, U, sig, V);
   for (int i = 0; i < n; i++)
     for (int j = 0; j < n; j++) {
       int acc = -1, accs = -1;
