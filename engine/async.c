@@ -34,12 +34,137 @@ static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
   *v = *code;
 }
 
-/* The code of each entry, where the map has it. */
-static fb_rt_task *known_code(async_state *a, const fb_opt_batch *b) {
+/* ---- stand-ins while a demoted task compiles
+ *
+ * Activation demotion makes new task IR on the first flushes that prove a
+ * write's cell active (often several in turn, as proofs appear), and its
+ * compile would stall the batch (a large task compiles for a second or
+ * more). The task as inserted gives the same results there (its
+ * activations are proved no-ops; the optimizer says so with
+ * fb_opt_launch.standin), and its code is usually known: it runs in the
+ * demoted task's place while the demoted code compiles in the background,
+ * which later flushes then use. A compile that fails leaves the stand-in
+ * in place for good (no lost work, no error: the launch ran as asked). */
+
+#define SMAP_MAX 4096 /* entries; past it the map starts over */
+
+typedef struct bg_compile {
+  struct bg_compile *next;
+  fb_irh h;           /* the task compiled (a reference of its own) */
+  fb_rt_task standin; /* what runs in its place meanwhile */
+  fb_cjob c;
+} bg_compile;
+
+static const fb_rt_task *smap_get(const async_state *a, fb_irh h) {
+  return fb_map_get(&a->smap, cmap_key(h));
+}
+
+static void smap_clear(async_state *a) {
+  uint64_t key;
+  for (size_t i = 0; i < a->smap.cap; i++)
+    if (fb_map_at(&a->smap, i, &key)) fb_opt_release(a->o, (fb_irh)(uint32_t)key);
+  fb_map_free(&a->smap);
+}
+
+/* Code equal to task h without any proof (h itself, simplified). */
+static void smap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
+  if (smap_get(a, h)) return;
+  if (a->smap.n >= SMAP_MAX) smap_clear(a);
+  fb_rt_task *v = fb_map_put(&a->smap, cmap_key(h), NULL);
+  if (!v) return; /* out of memory: a stand-in less */
+  fb_opt_retain(a->o, h);
+  *v = *code;
+}
+
+static const fb_rt_task *standin_code(const async_state *a, fb_irh standin) {
+  const fb_rt_task *c = smap_get(a, standin);
+  return c ? c : cmap_get(a, standin);
+}
+
+static int bg_pending(const async_state *a, fb_irh h) {
+  for (const bg_compile *g = a->bg; g; g = g->next)
+    if (g->h == h) return 1;
+  return 0;
+}
+
+/* Compile L's own code on the compile pool; 0 when started. */
+static int bg_start(fb_session *s, const fb_opt_launch *L, const fb_rt_task *standin) {
+  async_state *a = s->as;
+  bg_compile *g = calloc(1, sizeof *g);
+  if (!g) return FB_ENOMEM;
+  fb_opt_retain(a->o, L->ir); /* keeps L->k alive until the compile is done */
+  g->h = L->ir;
+  g->standin = *standin;
+  g->c.task.ir = L->k;
+  g->c.task.loop = L->loop;
+  g->c.task.partition = s->partition;
+  g->c.task.pins = s->pins;
+  g->c.trace = s->trace;
+  g->next = a->bg;
+  a->bg = g;
+  fb_cpool_submit(s->e->cpool, &g->c, 1);
+  return 0;
+}
+
+/* Learn the code of the background compiles that finished (no wait). */
+static void bg_harvest(fb_session *s) {
+  async_state *a = s->as;
+  for (bg_compile **p = &a->bg; *p;) {
+    bg_compile *g = *p;
+    if (!fb_cpool_done(s->e->cpool, &g->c)) {
+      p = &g->next;
+      continue;
+    }
+    *p = g->next;
+    if (g->c.rc) {
+      cmap_put(a, g->h, &g->standin); /* not compiled again: the stand-in stays */
+    } else {
+      cmap_put(a, g->h, &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu});
+      pthread_mutex_lock(&s->cmu);
+      if (g->c.code.cache_hit) {
+        s->c.cache_hits++;
+      } else {
+        s->c.tasks_compiled++;
+        s->c.statements_emitted += (uint64_t)g->c.code.stmts_emitted;
+      }
+      s->c.compile_s += g->c.code.compile_s;
+      pthread_mutex_unlock(&s->cmu);
+    }
+    fb_opt_release(a->o, g->h);
+    free(g);
+  }
+}
+
+/* The session ends: take the background compiles back (waits for one
+ * being compiled) and forget the stand-ins. */
+void fbe_standins_free(fb_session *s) {
+  async_state *a = s->as;
+  while (a->bg) {
+    bg_compile *g = a->bg;
+    a->bg = g->next;
+    fb_cpool_withdraw(s->e->cpool, &g->c);
+    fb_opt_release(a->o, g->h);
+    free(g);
+  }
+  smap_clear(a);
+}
+
+/* The code of each entry, where the map has it; or a stand-in's, with the
+ * entry's own code compiling in the background. */
+static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b) {
+  async_state *a = s->as;
   fb_rt_task *pre = calloc((size_t)(b && b->n ? b->n : 1), sizeof *pre);
   for (int i = 0; pre && b && i < b->n; i++) {
-    const fb_rt_task *c = cmap_get(a, b->v[i].ir);
-    if (c) pre[i] = *c;
+    const fb_opt_launch *L = &b->v[i];
+    const fb_rt_task *c = cmap_get(a, L->ir), *sc;
+    if (c) {
+      pre[i] = *c;
+      if (L->standin_same) smap_put(a, L->standin, c);
+    } else if (L->standin != FB_IRH_NONE && (sc = standin_code(a, L->standin)) &&
+               (bg_pending(a, L->ir) || !bg_start(s, L, sc))) {
+      pre[i] = *sc;
+      a->standins++;
+    }
   }
   return pre;
 }
@@ -51,8 +176,12 @@ static void free_job(fb_session *s, async_job *j) {
   if (j->queued) a->inflight--;
   for (int i = 0; j->which && i < j->b->n; i++) {
     const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
-    if (c && !c->rc)
-      cmap_put(a, j->b->v[i].ir, &(fb_rt_task){c->code.body, c->code.bounds, c->code.gpu});
+    if (c && !c->rc) {
+      const fb_opt_launch *L = &j->b->v[i];
+      fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+      cmap_put(a, L->ir, &code);
+      if (L->standin_same) smap_put(a, L->standin, &code);
+    }
   }
   fb_opt_batch_free(a->o, j->b);
   free(j->launches);
@@ -74,6 +203,7 @@ void fbe_reap(fb_session *s) {
     free_job(s, d);
     d = n;
   }
+  if (a->bg) bg_harvest(s);
 }
 
 /* Wait until the worker has run everything handed to it. */
@@ -207,7 +337,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, uint64_t basis,
   *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, 0, 0, NULL, NULL, 0, NULL, basis};
   j->bytes = a->win_bytes; /* its launches' share of pending_bytes, until freed */
   a->win_bytes = 0;
-  if (b && b->n && !(j->pre = known_code(a, b))) {
+  if (b && b->n && !(j->pre = known_code(s, b))) {
     a->tainted = 1;
     fbe_note_bad(a, no);
     free_job(s, j);
@@ -393,6 +523,10 @@ int fb_sync(fb_session *s) {
   if (!s->as) return 0;
   int rc = fbe_async_wait_all(s);
   return rc ? rc : fbe_report_bg(s);
+}
+
+uint64_t fb_session_test_standins(const fb_session *s) {
+  return s && s->as ? s->as->standins : 0;
 }
 
 uint64_t fb_session_test_queue_waits(const fb_session *s) {

@@ -21,4 +21,9 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
  * mode). Any thread may read it. */
 uint64_t fb_session_test_queue_waits(const fb_session *s);
 
+/* How many batch entries of an async session ran a stand-in's code (the
+ * task as inserted) while their own demoted code compiled in the
+ * background. Read on the session's calling thread. */
+uint64_t fb_session_test_standins(const fb_session *s);
+
 #endif

@@ -167,6 +167,13 @@ typedef struct async_state {
   /* the caller's: code of task IR, by handle (each holds a reference, so
    * a handle in the map always names the same IR) */
   fb_map cmap;             /* handle -> fb_rt_task */
+  /* the caller's: code that may stand in for a task the optimizer only
+   * demoted and simplified (fb_opt_launch.standin), by the handle of the
+   * task as inserted (each holds a reference), and the compiles of such
+   * tasks' own code running in the background meanwhile */
+  fb_map smap;             /* standin handle -> fb_rt_task */
+  struct bg_compile *bg;
+  uint64_t standins;       /* entries run with a stand-in (a test hook) */
   /* the caller's: what pending launches hold (fb_session_pending_bytes) */
   _Atomic uint64_t pending_bytes;
   uint64_t win_bytes;      /* of it, the launches not yet flushed */
@@ -249,6 +256,7 @@ void fbe_worker_run(void *user, fb_ordq_item *it);
 
 /* async.c */
 void fbe_cmap_clear(async_state *a);
+void fbe_standins_free(fb_session *s);
 void fbe_reap(fb_session *s);
 void fbe_quiesce(fb_session *s);
 int fbe_async_wait_all(fb_session *s);

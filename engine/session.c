@@ -168,6 +168,7 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   pthread_cond_init(&a->done_cv, NULL);
   fb_map_init(&a->seen, 0);
   fb_map_init(&a->cmap, sizeof(fb_rt_task));
+  fb_map_init(&a->smap, sizeof(fb_rt_task));
   s->as = a;
   a->flush_every = cfg->flush_every < 0 ? 0
                    : cfg->flush_every   ? cfg->flush_every
@@ -253,6 +254,7 @@ static void async_free(fb_session *s) {
   if (a->q) fb_ordq_free(a->q);
   a->q = NULL;
   if (a->o) fbe_reap(s);
+  if (a->o) fbe_standins_free(s);
   if (a->o) fbe_cmap_clear(a);
 }
 

@@ -211,7 +211,9 @@ static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c
  * launch (the rest of that launch is skipped, as everywhere in a batch);
  * the fallback itself is counted (fb_counters.fuse_fallbacks), not an
  * error. Errors while a task runs (out of bounds, sticky device errors)
- * are not fallen back from: the task ran, and they say so. */
+ * are not fallen back from: the task ran, and they say so. A task whose
+ * activations were demoted (fb_opt_launch.standin) falls back alike, to
+ * the task as inserted: its activations are proved no-ops there. */
 
 typedef struct fallback {
   struct fallback *next;
@@ -221,9 +223,11 @@ typedef struct fallback {
 
 static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code);
 
-/* Every part of L can run alone (the optimizer knew each one's shape). */
+/* Every part of L can run alone (the optimizer knew each one's shape). A
+ * task that was only demoted and simplified (L->standin) falls back the
+ * same way to its one part, the task as inserted. */
 static int can_fall_back(const fb_opt_launch *L) {
-  if (L->nparts < 2 || !L->parts) return 0;
+  if ((L->nparts < 2 && L->standin == FB_IRH_NONE) || L->nparts < 1 || !L->parts) return 0;
   for (int i = 0; i < L->nparts; i++)
     if (!L->parts[i].k) return 0;
   return 1;
@@ -245,7 +249,7 @@ static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
   const fb_opt_part *pt = &L->parts[p];
   fb_opt_launch P = {
       pt->ir,    pt->k,      pt->kind, pt->loop, pt->snode, L->args ? L->args + pt->argoff : NULL,
-      pt->nargs, pt->launch, 1,        pt,       1};
+      pt->nargs, pt->launch, 1,        pt,       1,         FB_IRH_NONE, 0};
   return P;
 }
 

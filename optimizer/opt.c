@@ -571,6 +571,9 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
     L->ntasks = x->ntasks;
     L->parts = b->parts + b->nparts;
     L->nparts = x->nparts;
+    L->standin = x->nparts == 1 && !x->reshaped && x->parts[0].orig != x->ir ? x->parts[0].orig
+                                                                             : FB_IRH_NONE;
+    L->standin_same = L->standin != FB_IRH_NONE && !x->demoted;
     for (int p = 0; p < x->nparts; p++) {
       const fb_sfg_part *xp = &x->parts[p];
       fb_bank_ref(o->bank, xp->orig);

@@ -260,6 +260,13 @@ typedef struct fb_opt_launch {
   int ntasks;          /* inserted task launches it stands for (fusion) */
   const fb_opt_part *parts; /* those launches, in the order it runs them */
   int nparts;          /* = ntasks */
+  /* an IR that may run in its place with the same results, or FB_IRH_NONE:
+   * the task as inserted, when the passes only demoted its activations
+   * (proved no-ops) and simplified it; e.g. while ir's own code compiles */
+  fb_irh standin;
+  /* 1: only simplified (no demotion): ir is equal to standin without any
+   * proof, so ir's code may stand in wherever standin may */
+  uint8_t standin_same;
 } fb_opt_launch;
 
 typedef struct fb_opt_batch {

@@ -116,6 +116,7 @@ static int demote(fb_pass_ctx *c, fb_sfg_node *t, int32_t *plan, int n) {
   if (h == FB_IRH_NONE)
     rc = fb_pass_memo_put(c, key, n + 2, fb_ir_demote(fb_bank_ir(c->bank, t->ir), plan, n), &h);
   free(key);
+  if (!rc) t->demoted = 1;
   return rc ? rc : fb_sfg_node_set_ir(t, c->bank, h);
 }
 

@@ -67,6 +67,7 @@ static int strip(fb_pass_ctx *c, fb_sfg_node *n, const uint32_t *keys, int nk) {
     rc = fb_pass_memo_put(c, key, nk + 2, fb_ir_remove_writes(fb_bank_ir(c->bank, n->ir), keys, nk),
                           &h);
   free(key);
+  if (!rc) n->reshaped = 1;
   return rc ? rc : fb_sfg_node_set_ir(n, c->bank, h);
 }
 

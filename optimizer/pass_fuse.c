@@ -254,6 +254,7 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   fb_bank_ref(c->bank, h);
   a->orig = h;
   b->dead = 1;
+  a->reshaped = 1;
   return fb_sfg_node_set_ir(a, c->bank, h);
 }
 

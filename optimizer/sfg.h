@@ -260,6 +260,10 @@ typedef struct fb_sfg_node {
   uint8_t dead;        /* removed by a pass (until the next rebuild) */
   uint8_t simplified;  /* intra-task simplification done on this IR */
   uint8_t demote_done; /* demotion tried on this IR with nothing left to do */
+  uint8_t reshaped;    /* a pass other than demotion and simplification (DSE,
+                          fusion) changed its IR: the IR as inserted may no
+                          longer run in its place (fb_opt_launch.standin) */
+  uint8_t demoted;     /* demotion changed its IR (valid by a proof) */
   int fused_now;       /* fusions this round */
   /* resolved from meta and args at insert */
   int range_ok;

@@ -196,6 +196,13 @@ int fb_cpool_withdraw(fb_cpool *p, fb_cjob *job) {
   return dropped;
 }
 
+int fb_cpool_done(fb_cpool *p, fb_cjob *job) {
+  pthread_mutex_lock(&p->mu);
+  int done = job->state == JOB_DONE;
+  pthread_mutex_unlock(&p->mu);
+  return done;
+}
+
 void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid) {
   pthread_mutex_lock(&p->mu);
   if (job->state == JOB_QUEUED || job->state == 0) {

@@ -263,6 +263,9 @@ void fb_cpool_wait(fb_cpool *p, fb_cjob *job, int tid);
  * its memory may be freed: one still queued (or never submitted) is dropped
  * uncompiled and 1 returned; one being compiled is waited for (0). */
 int fb_cpool_withdraw(fb_cpool *p, fb_cjob *job);
+/* 1 once a submitted job is compiled (its results may be read); never
+ * waits (a background compile is polled with it). */
+int fb_cpool_done(fb_cpool *p, fb_cjob *job);
 
 /* ---------------------------------------------------------------- ordered queue
  * One thread that runs pushed items one at a time in push order (a

@@ -14,8 +14,8 @@
 
 #include "server/server.h"
 
-#define MAX_ERRS 64          /* launch errors kept per sync */
-#define MAX_RETS (1 << 20)   /* return values kept per sync */
+#define MAX_ERRS FBD_SYNC_MAX_ERRS
+#define MAX_RETS FBD_SYNC_MAX_RETS
 #define STACK_ARGS 16
 
 /* ---------------------------------------------------------------- replies */
@@ -195,10 +195,15 @@ static void add_error(fbd_exec *x, uint64_t seq, int kernel, int code, const cha
     return;
   }
   fbd_err *e = &x->errs[x->nerrs];
-  if (!(e->msg = strdup(msg ? msg : ""))) {
+  /* under FBD_ERRLEN: the broker bounds a sync reply by it (proc.c reply_cap) */
+  if (!msg) msg = "";
+  size_t n = strnlen(msg, FBD_ERRLEN - 1);
+  if (!(e->msg = malloc(n + 1))) {
     x->errs_dropped++;
     return;
   }
+  memcpy(e->msg, msg, n);
+  e->msg[n] = 0;
   e->seq = seq;
   e->kernel = kernel;
   e->code = code;

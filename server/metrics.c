@@ -9,7 +9,9 @@
  * The endpoint carries no session ids, tags or tokens: only counts. Bind it
  * to loopback or a network that only the monitoring reaches. */
 #include <microhttpd.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -340,6 +342,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
                44);
 }
 
+/* 127.0.0.0/8 or ::1 (also as ::ffff:127.x.y.z) */
+static int loopback_addr(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family != AF_INET6) return 0;
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
 int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
   const char *addr = srv->cfg->metrics_listen;
   if (!addr || !*addr) return 0;
@@ -366,6 +377,7 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
   struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, handle, srv, MHD_OPTION_SOCK_ADDR,
                                           ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64,
                                           MHD_OPTION_CONNECTION_TIMEOUT, 10, MHD_OPTION_END);
+  int local = loopback_addr(ai->ai_addr);
   freeaddrinfo(ai);
   if (!d) {
     fb_errf(err, errlen, "--metrics-listen '%s': cannot listen there (in use?)", addr);
@@ -379,6 +391,11 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   fbd_logf(srv->log, FBD_LOG_INFO, "metrics on http://%s:%u/metrics (also /healthz, /readyz)", host,
            info ? (unsigned)info->port : 0);
+  if (!local)
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "metrics on %s, not a loopback address: /metrics has no authentication, and whoever "
+             "reaches it reads every tenant's name, counters and latencies (docs/security.md)",
+             addr);
   return 0;
 }
 

@@ -7,7 +7,8 @@
  * its engine, closes every descriptor but its socket and its watch page,
  * drops core dumps and ptrace access, caps its address space (RLIMIT_AS at
  * the session's memory limit plus worker_overhead_bytes) and installs a
- * seccomp filter that refuses opening files, executing programs, network
+ * seccomp filter (lock_down: an allow list for CPU workers, a deny list for
+ * CUDA workers) that refuses opening files, executing programs, network
  * sockets, signalling other processes and reading their memory. Only then
  * does it read what a client sent. The broker keeps spare_workers of them
  * started, so that creating a session costs no process start.
@@ -16,7 +17,8 @@
  * the broker sends a request frame, the protobuf bytes of the client's
  * request as received, and for a field transfer the staging buffer's memfd
  * (SCM_RIGHTS), which the worker maps; the worker answers each request with
- * one reply frame, a message and a packed response. The broker alone keeps
+ * one reply frame, a message and a packed response, whose lengths the
+ * broker bounds by what it asked for (reply_cap). The broker alone keeps
  * time: a task running longer than kernel_timeout_s (the watch page, shared
  * memory, says which), a RegisterKernels longer than compile_timeout_s, or
  * an aborted session whose work does not stop within a second gets the
@@ -38,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +52,12 @@ extern char **environ;
 #define WIRE_MAGIC 0x46425731u /* "FBW1" */
 #define WIRE_MAX_PAYLOAD ((uint64_t)1 << 31)
 #define WIRE_MAX_PB ((uint64_t)1 << 30)
+#define PB_READ_STEP ((size_t)64 << 10) /* a reply's response is read in growing steps */
+/* Protobuf encodings at their largest (reply_cap): a field's tag is one
+ * byte (numbers under 16), a varint at most 10, a length prefix at most 5. */
+#define PB_RET_MAX 80                  /* LaunchReturn: seq, kernel, Value, its prefix */
+#define PB_ERR_MAX (64 + FBD_ERRLEN)   /* LaunchError: seq, kernel, code, message */
+#define PB_SYNC_FIXED 512              /* SessionResponse, SyncResult's scalars, Counters */
 #define HELLO_TIMEOUT_S 60.0
 #define ABORT_GRACE_S 1.0
 #define WATCH_BYTES 4096
@@ -68,6 +77,7 @@ struct fbd_proc {
   int fd;                   /* the socket to the worker */
   fbd_watch *watch;         /* the page shared with it */
   int reaped;
+  uint64_t unsynced;        /* launches sent since its last SyncResult (reply_cap) */
 };
 
 typedef struct wire_req {
@@ -507,9 +517,88 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
   return NULL;
 }
 
+/* The most bytes of packed response that a reply to j can legitimately
+ * hold, from what the broker asked for: a worker is not trusted to say how
+ * much the broker must allocate. RegisterKernels: one id per kernel sent;
+ * a batch with a sync: a SyncResult listing at most one return per launch
+ * sent since the last SyncResult and FBD_SYNC_MAX_ERRS errors of under
+ * FBD_ERRLEN bytes each (exec.c keeps no more); a WriteField: one count.
+ * Everything else answers with a status only (a read's bytes go through
+ * the staging buffer's memfd). */
+static uint64_t reply_cap(const fbd_proc *p, const fbd_job *j) {
+  switch (j->kind) {
+  case FBD_J_REGISTER: {
+    const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
+    return 16 + 10 * (uint64_t)(m ? m->n_kernels : 0);
+  }
+  case FBD_J_BATCH: {
+    const Fusebox__V1__SessionRequest *m = j->msg;
+    if (!m || !m->sync) return 0;
+    uint64_t rets = p->unsynced < FBD_SYNC_MAX_RETS ? p->unsynced : FBD_SYNC_MAX_RETS;
+    return PB_SYNC_FIXED + rets * PB_RET_MAX + (uint64_t)FBD_SYNC_MAX_ERRS * PB_ERR_MAX;
+  }
+  case FBD_J_WRITE: return 16;
+  default: return 0;
+  }
+}
+
+static const char *job_name(int kind) {
+  switch (kind) {
+  case FBD_J_CREATE: return "CreateSession";
+  case FBD_J_REGISTER: return "RegisterKernels";
+  case FBD_J_BATCH: return "batch of launches";
+  case FBD_J_WRITE: return "WriteField";
+  case FBD_J_READ: return "ReadField";
+  case FBD_J_ACTIVE: return "ReadField (active)";
+  default: return "request";
+  }
+}
+
+/* A reply that breaks the wire's rules: the worker is compromised (or
+ * broken). Kill it, since it may be alive and waiting; only its session
+ * ends. */
+static void worker_malformed(fbd_session *s, fbd_reply *r, const char *what) {
+  proc_reap(s->proc, 1, NULL, 0);
+  s->end_reason = FBD_END_CRASHED;
+  fb_errf(s->end_why, sizeof s->end_why,
+          "the session worker sent a malformed reply (%s): it was stopped", what);
+  fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, s->end_why);
+  fatal_reply(r, FB_EINTERNAL, s->end_why);
+}
+
+/* Read n bytes of packed response into a buffer that grows as they arrive
+ * (from PB_READ_STEP, doubling), so that the broker holds no more than the
+ * worker has sent even for a legitimately large reply. */
+static int read_pb(int fd, uint64_t n, uint8_t **out, const frame_clock *clk) {
+  size_t cap = n < PB_READ_STEP ? (size_t)n : PB_READ_STEP, got = 0;
+  uint8_t *b = malloc(cap);
+  int rc = b ? 0 : FB_ENOMEM;
+  while (!rc && got < n) {
+    if (got == cap) {
+      size_t nc = (uint64_t)cap * 2 < n ? cap * 2 : (size_t)n;
+      uint8_t *nb = realloc(b, nc);
+      if (!nb) {
+        rc = FB_ENOMEM;
+        break;
+      }
+      b = nb;
+      cap = nc;
+    }
+    rc = read_all(fd, b + got, cap - got, NULL, clk);
+    if (!rc) got = cap;
+  }
+  if (rc) {
+    free(b);
+    b = NULL;
+  }
+  *out = b;
+  return rc;
+}
+
 /* Receive the reply to the job just sent, keeping time meanwhile. */
-static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
+static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
   fbd_proc *p = s->proc;
+  int kind = j->kind;
   double t0 = mono(), spin = s->srv->cfg->worker_spin_us * 1e-6;
   for (;;) {
     if (wait_readable(p->fd, spin, 50)) break;
@@ -529,14 +618,30 @@ static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
   frame_clock clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
   wire_rep h;
   int rc = read_all(p->fd, &h, sizeof h, NULL, &clk);
-  if (!rc && (h.magic != WIRE_MAGIC || h.msglen >= FBD_ERRLEN || h.pblen > WIRE_MAX_PB ||
-              h.code > 0 || h.code < FB_ELAST))
-    rc = FB_EIO; /* lengths bounded before anything is allocated or read */
+  /* lengths bounded before anything is allocated or read */
+  uint64_t cap = reply_cap(p, j);
+  char bad[200] = "";
+  if (rc) {
+  } else if (h.magic != WIRE_MAGIC) {
+    fb_errf(bad, sizeof bad, "no frame header");
+  } else if (h.code > 0 || h.code < FB_ELAST) {
+    fb_errf(bad, sizeof bad, "status %d is no FB_E* code", h.code);
+  } else if (h.msglen >= FBD_ERRLEN) {
+    fb_errf(bad, sizeof bad, "a message of %llu bytes, over %d", (unsigned long long)h.msglen,
+            FBD_ERRLEN - 1);
+  } else if (h.pblen > cap || h.pblen > WIRE_MAX_PB) {
+    fb_errf(bad, sizeof bad,
+            "a response of %llu bytes to a %s, where at most %llu bytes can be legitimate",
+            (unsigned long long)h.pblen, job_name(kind), (unsigned long long)cap);
+  }
+  if (bad[0]) {
+    worker_malformed(s, r, bad);
+    return;
+  }
   if (!rc && h.msglen) rc = read_all(p->fd, r->msg, h.msglen, NULL, &clk);
   if (!rc) r->msg[h.msglen] = 0;
   if (!rc && h.pblen) {
-    rc = (r->pb = malloc((size_t)h.pblen)) ? read_all(p->fd, r->pb, (size_t)h.pblen, NULL, &clk)
-                                           : FB_ENOMEM;
+    rc = read_pb(p->fd, h.pblen, &r->pb, &clk);
     if (!rc) r->pblen = (size_t)h.pblen;
   }
   if (rc) {
@@ -551,6 +656,7 @@ static void await_reply(fbd_session *s, int kind, fbd_reply *r) {
   r->finish = h.finish != 0;
   r->fatal = h.fatal != 0;
   r->counters = h.counters;
+  if (kind == FBD_J_BATCH && r->pb) p->unsynced = 0; /* a SyncResult went: returns handed over */
 }
 
 static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extralen, fbd_reply *r) {
@@ -571,7 +677,11 @@ static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extra
     worker_lost(s, r);
     return;
   }
-  await_reply(s, j->kind, r);
+  if (j->kind == FBD_J_BATCH && j->msg) {
+    uint64_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+    s->proc->unsynced = s->proc->unsynced + n < n ? UINT64_MAX : s->proc->unsynced + n;
+  }
+  await_reply(s, j, r);
 }
 
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
@@ -627,29 +737,94 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
 
 /* ---------------------------------------------------------------- the worker process */
 
-/* A test hook that no client can reach: FUSEBOXD_FAULT_INJECT in fuseboxd's
- * environment (the operator's, inherited by its workers) makes a worker
- * misbehave as a compromised one might, so that tests can check the
- * broker's walls through the public protocol. "reply-stall:NAME": the
- * reply to a RegisterKernels naming a kernel NAME stops after its header,
- * for good (the broker must kill the worker). */
-static char fault_stall_kernel[64];
-static int fault_armed;
+/* A test hook that no client can reach: FUSEBOXD_FAULT_INJECT=KIND:NAME in
+ * fuseboxd's environment (the operator's, inherited by its workers) makes
+ * the worker that registers a kernel named NAME misbehave as a compromised
+ * one might, so that tests can check the walls through the public
+ * protocol. KIND:
+ *   reply-stall     its reply stops after the header, for good (the broker
+ *                   must kill it);
+ *   reply-oversize  its reply's header claims a 512 MiB response, the
+ *                   real one follows and then nothing (the broker must
+ *                   refuse the length before allocating anything);
+ *   syscall-probe   it tries calls its seccomp filter refuses (open a
+ *                   file, getcwd, uname) and answers FB_EINTERNAL with
+ *                   what each returned;
+ *   exec            it tries execve (the filter kills it). */
+enum { FAULT_NONE, FAULT_STALL, FAULT_OVERSIZE, FAULT_PROBE, FAULT_EXEC };
+static char fault_kernel[64];
+static int fault_kind, fault_armed;
 
 static void fault_init(void) {
+  static const struct {
+    const char *prefix;
+    int kind;
+  } kinds[] = {{"reply-stall:", FAULT_STALL},
+               {"reply-oversize:", FAULT_OVERSIZE},
+               {"syscall-probe:", FAULT_PROBE},
+               {"exec:", FAULT_EXEC}};
   const char *f = getenv(FAULT_ENV);
-  if (f && !strncmp(f, "reply-stall:", 12))
-    snprintf(fault_stall_kernel, sizeof fault_stall_kernel, "%s", f + 12);
+  for (size_t i = 0; f && i < sizeof kinds / sizeof kinds[0]; i++) {
+    size_t n = strlen(kinds[i].prefix);
+    if (strncmp(f, kinds[i].prefix, n)) continue;
+    fault_kind = kinds[i].kind;
+    snprintf(fault_kernel, sizeof fault_kernel, "%s", f + n);
+  }
 }
 
-static void fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m) {
-  for (size_t i = 0; fault_stall_kernel[0] && i < m->n_kernels; i++)
-    if (m->kernels[i]->name && !strcmp(m->kernels[i]->name, fault_stall_kernel)) fault_armed = 1;
+/* what a refused call gave: "EPERM" and the like */
+static void fault_note(char *out, size_t n, const char *call, long rc) {
+  size_t used = strlen(out);
+  const char *e = rc < 0 ? strerrorname_np(errno) : NULL;
+  snprintf(out + used, n - used, "%s%s: %s", used ? "; " : "", call,
+           rc >= 0 ? "allowed" : e ? e : "?");
+}
+
+/* The probe and exec faults act here; the others arm the reply. 1: the
+ * reply r was made here. */
+static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fbd_reply *r) {
+  int hit = 0;
+  for (size_t i = 0; fault_kernel[0] && i < m->n_kernels; i++)
+    if (m->kernels[i]->name && !strcmp(m->kernels[i]->name, fault_kernel)) hit = 1;
+  if (!hit) return 0;
+  if (fault_kind == FAULT_EXEC) {
+    char *const argv[] = {"/bin/true", NULL};
+    execve("/bin/true", argv, environ);
+    fb_errf(r->msg, sizeof r->msg, "fault exec: execve returned (%s)", strerrorname_np(errno));
+  } else if (fault_kind == FAULT_PROBE) {
+    char out[512] = "", cwd[256];
+    struct utsname u;
+    fault_note(out, sizeof out, "openat", (long)open("/etc/passwd", O_RDONLY | O_CLOEXEC));
+    fault_note(out, sizeof out, "getcwd", getcwd(cwd, sizeof cwd) ? 0 : -1);
+    fault_note(out, sizeof out, "uname", (long)uname(&u));
+    fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
+  } else {
+    fault_armed = 1;
+    return 0;
+  }
+  r->code = FB_EINTERNAL;
+  r->finish = 1;
+  return 1;
+}
+
+/* The header h is about to go: a stalled reply stops after it for good,
+ * an oversized one claims far more than it has. */
+static void fault_header(wire_rep *h) {
+  if (fault_armed && fault_kind == FAULT_OVERSIZE && h->pblen) h->pblen = (uint64_t)512 << 20;
+}
+
+/* Forever, asleep (pause is not on the allow list). */
+static void fault_hang(void) {
+  for (;;) {
+    struct timespec d = {3600, 0};
+    nanosleep(&d, NULL);
+  }
 }
 
 static int fault_stall(const wire_rep *h) {
-  if (!fault_armed || !h->pblen) return 0;
-  for (;;) pause(); /* the header went; the rest never comes */
+  if (!fault_armed || !h->pblen || fault_kind != FAULT_STALL) return 0;
+  fault_hang(); /* the header went; the rest never comes */
+  return 0;
 }
 
 static int reply(int fd, const fbd_reply *r) {
@@ -662,107 +837,116 @@ static int reply(int fd, const fbd_reply *r) {
   h.msglen = strnlen(r->msg, sizeof r->msg - 1);
   h.pblen = r->pb ? r->pblen : 0;
   h.counters = r->counters;
+  uint64_t real = h.pblen;
+  fault_header(&h);
   if (write_all(fd, &h, sizeof h, NULL) || fault_stall(&h) ||
       (h.msglen && write_all(fd, r->msg, h.msglen, NULL)) ||
-      (h.pblen && write_all(fd, r->pb, h.pblen, NULL)))
+      (real && write_all(fd, r->pb, real, NULL)))
     return FB_EIO;
+  if (real != h.pblen) fault_hang(); /* the fault: the rest of what it claimed never comes */
   return 0;
 }
 
 /* The seccomp filter: what a tenant's code could use to reach outside its
- * session once the engine is made. A deny list (every other call is
- * allowed), because the JIT, the thread pools and the CUDA driver need a
- * wide and version-dependent set of calls: no opening or creating files,
- * no programs, no sockets, no signals to other processes, no reading or
- * tracing other processes, no namespace, key, module or BPF calls. */
-static int lock_down(char *err, size_t errlen) {
-  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-  if (!ctx) {
-    fb_errf(err, errlen, "seccomp_init failed");
-    return FB_EINTERNAL;
-  }
-  static const char *const denied[] = {"open",
-                                       "openat",
-                                       "openat2",
-                                       "creat",
-                                       "execve",
-                                       "execveat",
-                                       "connect",
-                                       "bind",
-                                       "listen",
-                                       "accept",
-                                       "accept4",
-                                       "socket",
-                                       "socketpair",
-                                       "ptrace",
-                                       "process_vm_readv",
-                                       "process_vm_writev",
-                                       "pidfd_open",
-                                       "pidfd_send_signal",
-                                       "pidfd_getfd",
-                                       "mount",
-                                       "umount2",
-                                       "chroot",
-                                       "pivot_root",
-                                       "unshare",
-                                       "setns",
-                                       "keyctl",
-                                       "add_key",
-                                       "request_key",
-                                       "bpf",
-                                       "perf_event_open",
-                                       "userfaultfd",
-                                       "init_module",
-                                       "finit_module",
-                                       "delete_module",
-                                       "kexec_load",
-                                       "reboot",
-                                       "swapon",
-                                       "swapoff",
-                                       "unlink",
-                                       "unlinkat",
-                                       "rename",
-                                       "renameat",
-                                       "renameat2",
-                                       "mkdir",
-                                       "mkdirat",
-                                       "rmdir",
-                                       "symlink",
-                                       "symlinkat",
-                                       "link",
-                                       "linkat",
-                                       "chmod",
-                                       "fchmodat",
-                                       "chown",
-                                       "lchown",
-                                       "fchownat",
-                                       "truncate",
-                                       "mknod",
-                                       "mknodat",
-                                       "setuid",
-                                       "setgid",
-                                       "setreuid",
-                                       "setregid",
-                                       "setresuid",
-                                       "setresgid",
-                                       "prctl_set_mm",
-                                       "fork",
-                                       "vfork",
-                                       "name_to_handle_at",
-                                       "open_by_handle_at",
-                                       "io_uring_setup",
-                                       NULL};
+ * session once the engine is made. Two forms:
+ *
+ * - CPU workers get an allow list: the calls a worker was seen to make
+ *   after lock-down (strace of the test suites and `fusebox bench` against
+ *   process workers, Release and AddressSanitizer builds), every other call
+ *   failing with EPERM (opening a file among them), and the process killed
+ *   outright (SIGSYS) for the calls that only an attack would make:
+ *   programs, sockets, tracing, new processes and namespaces.
+ * - CUDA workers keep a deny list (every other call allowed), because what
+ *   the CUDA driver calls after it is loaded is not known without a GPU to
+ *   watch it on, and differs between driver versions.
+ *
+ * Both: signals only to itself, clone only for threads (no new process or
+ * namespace), clone3 ENOSYS (its flags are behind a pointer the filter
+ * cannot read; glibc then falls back to clone), on every thread (TSYNC). */
+static const char *const lock_allowed[] = {
+    /* the socket to the broker, the log (stderr), the staging buffers */
+    "read", "readv", "recvmsg", "recvfrom", "write", "writev", "sendmsg", "sendto", "poll",
+    "ppoll", "close", "fstat", "newfstatat", "statx", "lseek", "fcntl",
+    /* memory: the allocators and the JIT's code pages */
+    "mmap", "munmap", "mprotect", "madvise", "mremap", "brk", "msync", "mincore",
+    /* threads: the engine's pools, LLVM's compile threads */
+    "futex", "set_robust_list", "get_robust_list", "rseq", "sched_yield", "sched_getaffinity",
+    "getpid", "gettid", "membarrier",
+    /* signals (to itself: see below), time, randomness, ending */
+    "rt_sigprocmask", "rt_sigaction", "rt_sigreturn", "sigaltstack", "restart_syscall",
+    "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time",
+    "getrusage", "getrandom", "exit", "exit_group",
+    /* glibc's qsort asks for the machine's memory (sysconf _SC_PHYS_PAGES) */
+    "sysinfo", NULL};
+
+/* Calls only an attack would make: the worker is killed on the spot. */
+static const char *const lock_killed[] = {
+    "execve", "execveat", "fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev",
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "unshare", "setns",
+    "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open", "userfaultfd",
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "keyctl",
+    "add_key", "request_key", "pidfd_getfd", "pidfd_open", "io_uring_setup", "open_by_handle_at",
+    NULL};
+
+/* The deny list of CUDA workers: refused with EPERM, all else allowed. */
+static const char *const lock_denied[] = {
+    "open", "openat", "openat2", "creat", "execve", "execveat", "connect", "bind", "listen",
+    "accept", "accept4", "socket", "socketpair", "ptrace", "process_vm_readv",
+    "process_vm_writev", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "mount", "umount2",
+    "chroot", "pivot_root", "unshare", "setns", "keyctl", "add_key", "request_key", "bpf",
+    "perf_event_open", "userfaultfd", "init_module", "finit_module", "delete_module",
+    "kexec_load", "reboot", "swapon", "swapoff", "unlink", "unlinkat", "rename", "renameat",
+    "renameat2", "mkdir", "mkdirat", "rmdir", "symlink", "symlinkat", "link", "linkat", "chmod",
+    "fchmodat", "chown", "lchown", "fchownat", "truncate", "mknod", "mknodat", "setuid",
+    "setgid", "setreuid", "setregid", "setresuid", "setresgid", "prctl_set_mm", "fork", "vfork",
+    "name_to_handle_at", "open_by_handle_at", "io_uring_setup", NULL};
+
+/* The calls in names, each with action; names this architecture lacks are
+ * skipped. */
+static int lock_rules(scmp_filter_ctx ctx, const char *const *names, uint32_t action) {
   int rc = 0;
-  for (const char *const *n = denied; *n && !rc; n++) {
+  for (const char *const *n = names; *n && !rc; n++) {
     int nr = seccomp_syscall_resolve_name(*n);
     if (nr == __NR_SCMP_ERROR) continue; /* not on this architecture */
-    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0);
+    rc = seccomp_rule_add(ctx, action, nr, 0);
   }
-  /* signals only to itself: kill(0 or own pid), tgkill(own pid, ...) */
-  pid_t self = getpid();
+  return rc;
+}
+
+/* The allow list's calls that are allowed with some arguments only. */
+static int lock_allow_args(scmp_filter_ctx ctx, pid_t self) {
+  /* a thread shares memory, signal handlers and thread group, and makes
+     no namespace; anything without CLONE_THREAD is a new process */
+  const scmp_datum_t thread = CLONE_THREAD | CLONE_VM | CLONE_SIGHAND;
+  const scmp_datum_t ns = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC |
+                          CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET;
+  int rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(clone), 1,
+                            SCMP_A0(SCMP_CMP_MASKED_EQ, thread | ns, thread));
   if (!rc)
-    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
-                          SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
+    rc = seccomp_rule_add(ctx, SCMP_ACT_KILL_PROCESS, SCMP_SYS(clone), 1,
+                          SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+  /* abort() and raise() signal the process itself */
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(kill), 1,
+                          SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)self));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(tgkill), 1,
+                          SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)self));
+  /* thread names only: not PR_SET_DUMPABLE, PR_SET_SECCOMP or the like */
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
+                          SCMP_A0(SCMP_CMP_EQ, PR_SET_NAME));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
+                          SCMP_A0(SCMP_CMP_EQ, PR_GET_NAME));
+  return rc;
+}
+
+/* The deny list's calls that are refused with some arguments only. */
+static int lock_deny_args(scmp_filter_ctx ctx, pid_t self) {
+  /* signals only to itself: kill(own pid), tgkill(own pid, ...) */
+  int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
+                            SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
   if (!rc)
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(kill), 1,
                           SCMP_A0(SCMP_CMP_LT, (scmp_datum_t)self));
@@ -774,10 +958,28 @@ static int lock_down(char *err, size_t errlen) {
   if (!rc)
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
                           SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+  return rc;
+}
+
+static int lock_down(const char *backend, char *err, size_t errlen) {
+  int allow = !strcmp(backend, "cpu");
+  scmp_filter_ctx ctx = seccomp_init(allow ? SCMP_ACT_ERRNO(EPERM) : SCMP_ACT_ALLOW);
+  if (!ctx) {
+    fb_errf(err, errlen, "seccomp_init failed");
+    return FB_EINTERNAL;
+  }
+  pid_t self = getpid();
+  int rc = allow ? lock_rules(ctx, lock_allowed, SCMP_ACT_ALLOW)
+                 : lock_rules(ctx, lock_denied, SCMP_ACT_ERRNO(EPERM));
+  if (!rc && allow) rc = lock_rules(ctx, lock_killed, SCMP_ACT_KILL_PROCESS);
+  if (!rc) rc = allow ? lock_allow_args(ctx, self) : lock_deny_args(ctx, self);
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
   /* every thread: the engine's pools (which run the JIT code) started
      before this, and a filter loaded without TSYNC binds only this thread */
   if (!rc) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
+  /* a binary tree of syscall numbers rather than a list: the pools call
+     sched_yield and futex often (libseccomp 2.5; older ones keep the list) */
+  if (!rc) (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
   if (!rc) rc = seccomp_load(ctx);
   seccomp_release(ctx);
   if (rc) fb_errf(err, errlen, "cannot install the seccomp filter: %s", strerror(-rc));
@@ -915,8 +1117,8 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
       fbd_exec_run(&w->x, q->kind, NULL, q->field, buf, q->buflen, r);
     }
   } else {
-    if (q->kind == FBD_J_REGISTER) fault_check_register(m);
-    fbd_exec_run(&w->x, q->kind, m, q->field, NULL, 0, r);
+    if (q->kind != FBD_J_REGISTER || !fault_check_register(m, r))
+      fbd_exec_run(&w->x, q->kind, m, q->field, NULL, 0, r);
   }
   fbp_arena_free(&a);
 }
@@ -968,7 +1170,7 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     fb_errf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
   } else {
     fb_engine_set_code_cache_bytes(w.engine, fbd_code_cache_bytes(cfg, 0)); /* the broker's */
-    hello.code = lock_down(hello.msg, sizeof hello.msg);
+    hello.code = lock_down(fb_engine_backend(w.engine), hello.msg, sizeof hello.msg);
   }
   if (reply(fd, &hello) || hello.code) _exit(1);
   worker_loop(&w, cfg->worker_spin_us * 1e-6);

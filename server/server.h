@@ -358,6 +358,11 @@ typedef struct fbd_exec {
   uint64_t errs_dropped;
 } fbd_exec;
 
+/* What one SyncResult may list (exec.c keeps at most these; the broker
+ * bounds a worker's sync reply by them, proc.c reply_cap). */
+#define FBD_SYNC_MAX_ERRS 64 /* launch errors kept per sync */
+#define FBD_SYNC_MAX_RETS (1 << 20) /* return values kept per sync */
+
 /* The answer to one job. */
 typedef struct fbd_reply {
   int code; /* FB_OK or FB_E*: the call's status when finish is set */

@@ -306,6 +306,8 @@ static void run_line(runner *u, char *line) {
 }
 
 /* Run the script on a new session of engine e; results in *r. */
+static uint64_t last_standins; /* fb_session_test_standins of run_script's session */
+
 static void run_script(fb_engine *e, const char *src, const char *script,
                        const fb_session_config *cfg, results *r) {
   fb_program *p = parse(src);
@@ -320,6 +322,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   ck_assert_msg(fb_sync(u.s) == 0, "final sync: %s", fb_session_errmsg(u.s));
   read_all(u.s, p, r, "end:");
   fb_session_counters(u.s, &r->c);
+  last_standins = fb_session_test_standins(u.s);
   fb_session_destroy(u.s);
   fb_program_free(p);
 }
@@ -1530,6 +1533,57 @@ START_TEST(lists_across_flushes) {
 }
 END_TEST
 
+/* Refuses every task with a demoted activation (store_na, atomic_*_na). */
+static int refuse_demoted(void *user, const fb_kernel *task, char *err, size_t errlen) {
+  for (int i = 0; i < task->nstmts; i++) {
+    const char *name = fb_op_table[task->stmts[i].op].name;
+    size_t n = strlen(name);
+    if (n > 3 && !strcmp(name + n - 3, "_na")) {
+      snprintf(err, errlen, "refused by the test's gate");
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* A task demotion changed on a later frame runs the code of the task as
+ * inserted (known from the first frames) while its own code compiles in
+ * the background: the batch does not wait for that compile, and the
+ * results are sync mode's. When the demoted task cannot compile at all (a
+ * gate refuses every demoted task), the stand-in keeps running: no error
+ * reaches the caller (the launches ran as asked), every sync succeeds and
+ * the fields are still sync mode's. */
+START_TEST(standin_while_demoted_compiles) {
+  char *script = frames_script(6, "");
+  fb_session_config sync = {.mode = "sync", .seed = 7};
+  /* without fusion: the two loops of adv fuse, and a fused task has no
+   * stand-in (it falls back to its parts instead) */
+  fb_session_config cfgs[2] = {async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE | FB_PASSES_LISTGEN, 0),
+                               async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE, 0)};
+  results want = {0};
+  run_script(eng, frames_src, script, &sync, &want);
+  ck_assert_uint_eq(last_standins, 0); /* sync mode has none */
+  for (int c = 0; c < 2; c++) {
+    results got = {0}, refused = {0};
+    run_script(eng, frames_src, script, &cfgs[c], &got);
+    same_results(&want, &got, c ? "async, demote only" : "async, demote and listgen");
+    ck_assert_uint_ge(got.c.activations_demoted, 1);
+    ck_assert_msg(last_standins >= 1, "no stand-in ran (config %d)", c);
+    fb_engine *e = new_engine(2);
+    fb_engine_set_compile_gate(e, refuse_demoted, NULL);
+    run_script(e, frames_src, script, &cfgs[c], &refused); /* asserts every sync succeeds */
+    fb_engine_destroy(e);
+    same_results(&want, &refused, "async, every demoted task refused");
+    ck_assert_uint_ge(refused.c.activations_demoted, 1);
+    ck_assert_uint_ge(last_standins, 1);
+    results_free(&got);
+    results_free(&refused);
+  }
+  results_free(&want);
+  free(script);
+}
+END_TEST
+
 /* Host writes and deactivation between frames: a cell written in a new
  * block of q0, a field write of q1 (every cell: its whole index space
  * activated), a kernel deactivating blocks of q0; the lists must follow.
@@ -1817,6 +1871,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, graph_trace);
   tcase_add_test(tc, timeline);
   tcase_add_test(tc, lists_across_flushes);
+  tcase_add_test(tc, standin_while_demoted_compiles);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, lists_after_a_cancelled_flush);

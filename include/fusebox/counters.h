@@ -34,7 +34,8 @@ typedef struct fb_counters {
   uint64_t fuse_refused;       /* async: tasks fusion's cost model kept from a fusion
                                 * (docs/optimizer.md), once per task per round */
   uint64_t fuse_fallbacks;     /* async: fused tasks that could not be compiled or
-                                * launched and ran as their unfused parts instead */
+                                * launched and ran as their unfused parts instead
+                                * (and demoted tasks that ran as inserted) */
   uint64_t plans_reused;       /* async: flushes whose optimized batch came from the
                                 * optimizer's plan memo (docs/optimizer.md) */
 } fb_counters;

@@ -399,3 +399,128 @@ def test_memory_budget(make_server):
     third = c.new_session(big)
     assert third and second
     server.assert_unharmed()
+
+
+def _faulty_register(server, name):
+    """Register a kernel called name (the fault hook's trigger) on a new
+    session while another session registers and computes; the error its
+    call got (None: it succeeded) and the session id."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    k = store_kernel(2)
+    k.name = name
+    result = {}
+
+    def run():
+        try:
+            register(c, sid, k)
+            result["error"] = None
+        except grpc.RpcError as e:
+            result["error"] = e
+
+    th = threading.Thread(target=run)
+    th.start()
+    other = c.new_session(dense_layout(16))
+    okid = register(c, other, store_kernel(2))[0]
+    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
+    th.join(RPC_TIMEOUT)
+    assert not th.is_alive(), "the faulty worker held its call past the RPC timeout"
+    return result["error"], sid
+
+
+def test_worker_oversized_reply(make_server, monkeypatch):
+    """A compromised worker whose reply claims a 512 MiB response to a
+    RegisterKernels of one kernel: the broker refuses the length from the
+    header (at most what one kernel id can take), before allocating or
+    waiting for it, kills the worker and ends only that session."""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "reply-oversize:big_reply")
+    # a long reply timeout: refusing must not wait for the stall
+    server = make_server("--worker-reply-timeout-s", "120", "--kernel-timeout-s", "0",
+                         "--compile-timeout-s", "0")
+    err, sid = _faulty_register(server, "big_reply")
+    assert err is not None and err.code() == INTERNAL, err
+    d = err.details()
+    assert "malformed reply" in d and "536870912 bytes" in d, d
+    assert "RegisterKernels" in d and "at most 26 bytes can be legitimate" in d, d
+    assert "malformed reply" in server.logtext()
+    server.assert_unharmed()
+    try:
+        c = server.client
+        c.read_field(sid, 2)
+        raise AssertionError("the session of a worker that lied answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+
+
+def echo_kernel():
+    """echo(x: i64) -> i64 { return x }"""
+    k = kernel("echo", [stmt("arg", pb.T_I64, imm=0), stmt("ret", args=[0], imm=0)],
+               params=[pb.T_I64])
+    k.ret = pb.T_I64
+    return k
+
+
+def test_large_sync_result_within_its_bound(server):
+    """The broker bounds a sync reply by the launches sent since the last
+    SyncResult: a legitimate large one (4,000 returns of the widest values
+    over four batches, and more failed launches than a SyncResult lists)
+    still arrives whole."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    kid = register(c, sid, echo_kernel())[0]
+    s = Stream(c, sid)
+    vals = [(-1) ** i * (2 ** 62 + i) for i in range(4000)]
+    for b in range(4):
+        s.send(launches=[pb.Launch(kernel=kid, args=[pb.Value(type=pb.T_I64, i=v)])
+                         for v in vals[b * 1000:(b + 1) * 1000]])
+    # launches that fail: an argument of no valid type, each with a message
+    s.send(launches=[pb.Launch(kernel=kid, args=[pb.Value(type=99)]) for _ in range(100)])
+    r = s.sync(1)
+    assert [x.value.i for x in r.returns] == vals
+    assert [x.seq for x in r.returns] == list(range(1, 4001))
+    assert len(r.errors) == 64 and r.errors_dropped == 36, (len(r.errors), r.errors_dropped)
+    assert all("no valid type" in e.message for e in r.errors)
+    # the next sync lists only what came after
+    s.send(launches=[pb.Launch(kernel=kid, args=[pb.Value(type=pb.T_I64, i=7)])])
+    r2 = s.sync(2)
+    assert [x.value.i for x in r2.returns] == [7] and list(r2.errors) == []
+    s.close()
+    server.assert_unharmed()
+
+
+def test_worker_allow_list(make_server, monkeypatch):
+    """A CPU worker runs under an allow list: a call outside it fails with
+    EPERM (opening a file, and calls no worker needs, getcwd and uname,
+    that a deny list let through); the worker and the server go on. (The
+    fault hook makes the worker registering 'probe' try them.)"""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "syscall-probe:probe")
+    server = make_server()
+    err, sid = _faulty_register(server, "probe")
+    assert err is not None and err.code() == INTERNAL, err
+    assert "fault probe: openat: EPERM; getcwd: EPERM; uname: EPERM" in err.details(), \
+        err.details()
+    # the worker lives on and computes
+    c = server.client
+    kid = register(c, sid, store_kernel(2))[0]
+    assert list(c.run(sid, [(kid, [i32(3), i32(33)])]).errors) == []
+    server.assert_unharmed()
+
+
+def test_worker_exec_is_killed(make_server, monkeypatch):
+    """execve in a CPU worker is what only an attack does: seccomp kills the
+    worker (SIGSYS) on the spot; only its session ends."""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "exec:run_shell")
+    server = make_server()
+    err, sid = _faulty_register(server, "run_shell")
+    assert err is not None and err.code() == INTERNAL, err
+    assert "session worker died: SIGSYS" in err.details(), err.details()
+    server.assert_unharmed()
+    c = server.client
+    try:
+        c.read_field(sid, 2)
+        raise AssertionError("the killed session answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+    sid2 = c.new_session(dense_layout(16))
+    kid2 = register(c, sid2, store_kernel(2))[0]
+    assert list(c.run(sid2, [(kid2, [i32(1), i32(5)])]).errors) == []

@@ -512,7 +512,7 @@ def _get(url):
 
 
 def test_metrics_endpoint(tenants):
-    d, _, cl, _ = tenants
+    d, toks, cl, spec = tenants
     m = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", d.logtext())
     assert m, d.logtext()
     base = m.group(1)
@@ -574,6 +574,10 @@ def test_metrics_endpoint(tenants):
     assert vals['fusebox_tenant_sent_bytes_total{tenant="alice"}'] > 0
     assert "# TYPE fusebox_launches_total counter" in body
     assert sid not in body and sid[:8] not in body, "a session id or tag on /metrics"
+    for t in spec:  # no token, nor its hash, whoever reads it
+        assert toks[t["name"]] not in body and t["token_sha256"][0] not in body
+    # on loopback: no warning that every tenant's series are exposed
+    assert "not a loopback address" not in d.logtext()
     assert _get(base + "/healthz") == (200, "ok\n")
     assert _get(base + "/readyz") == (200, "ready\n")
     assert _get(base + "/nope")[0] == 404
