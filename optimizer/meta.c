@@ -689,6 +689,7 @@ static void merge(const raw *r, int n, fb_meta_acc *a, int parallel) {
   memset(a, 0, sizeof *a);
   a->key = r[0].key;
   int implicit = 1, wloop = 1, removable = 1, writes = 0, inb = INB_YES, same_ew = 1;
+  int wsame = 1, wfirst = -1; /* element-wise class of the writes alone */
   int cover = 0, full = 0, full_ifr = 0, clear = 0, act = 0, inloop = 0;
   int last_obs = -1, first_write = -1;
   int64_t ext = 0;
@@ -706,6 +707,8 @@ static void merge(const raw *r, int n, fb_meta_acc *a, int parallel) {
     act |= r[i].act;
     if (r[i].ew != r[0].ew || r[i].sig != r[0].sig) same_ew = 0;
     if (r[i].mode & FB_ACC_WRITE) {
+      if (wfirst < 0) wfirst = i;
+      else if (r[i].ew != r[wfirst].ew || r[i].sig != r[wfirst].sig) wsame = 0;
       writes = 1;
       wloop &= r[i].wloop;
       removable &= r[i].removable;
@@ -716,7 +719,9 @@ static void merge(const raw *r, int n, fb_meta_acc *a, int parallel) {
   }
   a->ew = same_ew ? r[0].ew : FB_EW_NONE;
   a->sig = same_ew ? r[0].sig : 0;
-  if (FB_SKEY_KIND(a->key) != FB_SK_VALUE) a->ew = FB_EW_NONE;
+  a->wew = wfirst >= 0 && wsame ? r[wfirst].ew : FB_EW_NONE;
+  a->wsig = a->wew != FB_EW_NONE ? r[wfirst].sig : 0;
+  if (FB_SKEY_KIND(a->key) != FB_SK_VALUE) a->ew = a->wew = FB_EW_NONE;
   a->ext = ext;
   uint32_t f = 0;
   if (implicit && !clear) f |= FB_AF_IMPLICIT;

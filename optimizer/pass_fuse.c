@@ -7,10 +7,12 @@
  *     evaluated with the launches' arguments) or the same struct_for SNode
  *     and list version; list upkeep (clear_list, gc) fuses only with list
  *     upkeep, as serial tasks (list_upkeep);
- *  3. parallel: every state one writes and the other touches is accessed
- *     element-wise by both (the same address each iteration, unique per
- *     iteration: the loop indices, or one assume_unique expression whose
- *     inputs neither task writes); masks and allocators only through
+ *  3. parallel: every state one writes and the other touches is written
+ *     element-wise by the writer and accessed element-wise by the other
+ *     (the same address each iteration, unique per iteration: the loop
+ *     indices, or one assume_unique expression whose inputs neither task
+ *     writes); a writer may read its own state elsewhere (a stencil) when
+ *     the other task only reads it there; masks and allocators only through
  *     activation on write and activity checks of loads; never a list,
  *     gtmp slot or return slot;
  *  4. each task takes part in at most max_fuse_per_task fusions per round.
@@ -166,10 +168,26 @@ static int writes(const fb_sfg_node *x, uint32_t key) {
   return a && (a->mode & FB_ACC_WRITE);
 }
 
-/* One shared state of two parallel tasks, at least one writing it. */
+/* Writes of state w (by one task) against every access o (by the other)
+ * of the same state: the writer's writes are element-wise (each iteration
+ * writes its own cell, no other iteration touches it) and the other task
+ * accesses the state at exactly that cell in the same iteration. The
+ * writer's own reads of the state may lie elsewhere (a stencil): the other
+ * task does not write it, so those reads see what they saw unfused. */
+static int ew_writes_ok(const fb_meta_acc *w, const fb_meta_acc *o) {
+  if (!(w->mode & FB_ACC_WRITE)) return 1;
+  return w->wew != FB_EW_NONE && o->ew == w->wew && o->sig == w->wsig;
+}
+
+/* One shared state of two parallel tasks, at least one writing it. Fused,
+ * iteration i runs A(i) then B(i) where unfused every A(j) runs before
+ * every B(i): a value state is safe when neither task can see the other's
+ * write at another iteration's cell, i.e. when each writer writes
+ * element-wise and the other task touches the state only at that cell.
+ * (When both write, every access of both is element-wise, as before.) */
 static int shared_ok(const fb_meta_acc *x, const fb_meta_acc *y) {
   switch (FB_SKEY_KIND(x->key)) {
-  case FB_SK_VALUE: return x->ew != FB_EW_NONE && x->ew == y->ew && x->sig == y->sig;
+  case FB_SK_VALUE: return ew_writes_ok(x, y) && ew_writes_ok(y, x);
   case FB_SK_MASK:
   case FB_SK_ALLOC: return (x->flags & FB_AF_IMPLICIT) && (y->flags & FB_AF_IMPLICIT);
   default: return 0;

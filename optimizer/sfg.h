@@ -89,6 +89,10 @@ typedef struct fb_meta_acc {
   uint8_t ew;     /* FB_EW_* */
   uint32_t flags; /* FB_AF_* */
   uint64_t sig;   /* FB_EW_UNIQUE: structural hash of the index expression */
+  uint8_t wew;    /* FB_EW_* of the writes alone (NONE without a write): a
+                     task may read a state it writes at other cells (a
+                     stencil) and still write it element-wise */
+  uint64_t wsig;  /* sig of the writes alone */
   int64_t ext;    /* FB_AF_*_IFRANGE: the 1-D field's extent */
 } fb_meta_acc;
 
