@@ -160,7 +160,8 @@ static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b) {
     if (c) {
       pre[i] = *c;
       if (L->standin_same) smap_put(a, L->standin, c);
-    } else if (L->standin != FB_IRH_NONE && (sc = standin_code(a, L->standin)) &&
+    } else if (L->standin != FB_IRH_NONE && L->k && L->k->nstmts >= s->e->standin_min_stmts &&
+               (sc = standin_code(a, L->standin)) &&
                (bg_pending(a, L->ir) || !bg_start(s, L, sc))) {
       pre[i] = *sc;
       a->standins++;

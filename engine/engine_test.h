@@ -31,4 +31,9 @@ uint64_t fb_session_test_aligned_flushes(const fb_session *s);
  * background. Read on the session's calling thread. */
 uint64_t fb_session_test_standins(const fb_session *s);
 
+/* The smallest task, in statements, that compiles in the background behind
+ * a stand-in (default FB_STANDIN_MIN_STMTS; smaller ones compile at once).
+ * Set it before the first async session. */
+void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n);
+
 #endif

@@ -80,6 +80,7 @@ struct fb_engine {
   int next_pid;        /* timeline process ids */
   fb_compile_gate gate; /* tests: compiles it refuses (engine/engine_test.h) */
   void *gate_user;
+  int standin_min_stmts; /* engine/async.c; tests lower it (engine_test.h) */
 };
 
 typedef struct sess_kernel {
@@ -131,6 +132,15 @@ typedef struct bg_error {
 
 /* The longest period (launches) the automatic flush aligns its cuts to. */
 #define FB_PERIOD_MAX 256
+
+/* Only a task of at least this many statements compiles in the background
+ * behind a stand-in: a small one compiles in milliseconds, and compiled at
+ * once it runs as optimized from this batch on, where in the background
+ * its compile would share the cores with the batches running meanwhile
+ * (micro/multires: 0.8 -> 2.0 ms per step, stand-ins for about ten steps).
+ * MacCormack's demoted loops, the case stand-ins are for, are 924 to 977
+ * statements and compile for a second or more. */
+#define FB_STANDIN_MIN_STMTS 256
 
 typedef struct async_state {
   fb_opt *o;

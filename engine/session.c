@@ -23,6 +23,7 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
+  e->standin_min_stmts = FB_STANDIN_MIN_STMTS;
   const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
   void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
@@ -63,6 +64,10 @@ static int engine_compile(void *user, const fb_cg_task *t, fb_cpu_code *out, cha
 void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) {
   e->gate = gate;
   e->gate_user = user;
+}
+
+void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n) {
+  e->standin_min_stmts = n;
 }
 
 /* The compile pool, started with the first async session. */

@@ -1563,15 +1563,19 @@ START_TEST(standin_while_demoted_compiles) {
   fb_session_config cfgs[2] = {async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE | FB_PASSES_LISTGEN, 0),
                                async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE, 0)};
   results want = {0};
-  run_script(eng, frames_src, script, &sync, &want);
+  /* frames_src's loops are small: stand in for them as for MacCormack's */
+  fb_engine *se = new_engine(2);
+  fb_engine_test_set_standin_min_stmts(se, 0);
+  run_script(se, frames_src, script, &sync, &want);
   ck_assert_uint_eq(last_standins, 0); /* sync mode has none */
   for (int c = 0; c < 2; c++) {
     results got = {0}, refused = {0};
-    run_script(eng, frames_src, script, &cfgs[c], &got);
+    run_script(se, frames_src, script, &cfgs[c], &got);
     same_results(&want, &got, c ? "async, demote only" : "async, demote and listgen");
     ck_assert_uint_ge(got.c.activations_demoted, 1);
     ck_assert_msg(last_standins >= 1, "no stand-in ran (config %d)", c);
     fb_engine *e = new_engine(2);
+    fb_engine_test_set_standin_min_stmts(e, 0);
     fb_engine_set_compile_gate(e, refuse_demoted, NULL);
     run_script(e, frames_src, script, &cfgs[c], &refused); /* asserts every sync succeeds */
     fb_engine_destroy(e);
@@ -1581,6 +1585,15 @@ START_TEST(standin_while_demoted_compiles) {
     results_free(&got);
     results_free(&refused);
   }
+  /* at the default size none of frames_src's tasks is large enough: each
+   * compiles at once, no stand-in runs, and the results are the same */
+  results dflt = {0};
+  run_script(eng, frames_src, script, &cfgs[0], &dflt);
+  same_results(&want, &dflt, "async, small tasks compiled at once");
+  ck_assert_uint_ge(dflt.c.activations_demoted, 1);
+  ck_assert_uint_eq(last_standins, 0);
+  results_free(&dflt);
+  fb_engine_destroy(se);
   results_free(&want);
   free(script);
 }
