@@ -601,9 +601,7 @@ int fb_sync(fb_session *s) {
   return rc ? rc : fbe_report_bg(s);
 }
 
-uint64_t fb_session_test_standins(const fb_session *s) {
-  return s && s->as ? s->as->standins : 0;
-}
+uint64_t fb_session_test_standins(const fb_session *s) { return s && s->as ? s->as->standins : 0; }
 
 uint64_t fb_session_test_queue_waits(const fb_session *s) {
   return s && s->as ? atomic_load(&s->as->waits) : 0;

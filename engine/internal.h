@@ -272,8 +272,7 @@ int fbe_report_bg(fb_session *s);
 /* Flush `flush` did not run whole (any thread): raise a->bad_flush to it. */
 static inline void fbe_note_bad(async_state *a, uint64_t flush) {
   uint64_t cur = atomic_load(&a->bad_flush);
-  while (cur < flush && !atomic_compare_exchange_weak(&a->bad_flush, &cur, flush)) {
-  }
+  while (cur < flush && !atomic_compare_exchange_weak(&a->bad_flush, &cur, flush)) {}
 }
 void fbe_run_batch(fb_session *s, async_job *j);
 void fbe_worker_run(void *user, fb_ordq_item *it);

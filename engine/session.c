@@ -66,9 +66,7 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) 
   e->gate_user = user;
 }
 
-void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n) {
-  e->standin_min_stmts = n;
-}
+void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n) { e->standin_min_stmts = n; }
 
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {

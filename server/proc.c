@@ -152,8 +152,8 @@ static int write_all(int fd, const void *p, size_t n, const frame_clock *clk) {
 }
 
 /* Send head (with fd attached when fd >= 0), then body, within clk. */
-static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const void *body,
-                      size_t bn, const frame_clock *clk) {
+static int send_frame(int fd, const void *head, size_t hn, int pass_fd, const void *body, size_t bn,
+                      const frame_clock *clk) {
   struct iovec iov = {(void *)head, hn};
   union {
     char buf[CMSG_SPACE(sizeof(int))];
@@ -821,7 +821,13 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
  *                   file, getcwd, uname) and answers FB_EINTERNAL with
  *                   what each returned;
  *   exec            it tries execve (the filter kills it). */
-enum { FAULT_NONE, FAULT_STALL, FAULT_OVERSIZE, FAULT_PROBE, FAULT_EXEC };
+enum {
+  FAULT_NONE,
+  FAULT_STALL,
+  FAULT_OVERSIZE,
+  FAULT_PROBE,
+  FAULT_EXEC
+};
 static char fault_kernel[64];
 static int fault_kind, fault_armed;
 
@@ -847,7 +853,9 @@ static void fault_note(char *out, size_t n, const char *call, long rc) {
   size_t used = strlen(out);
   const char *e = rc < 0 ? strerrorname_np(errno) : NULL;
   snprintf(out + used, n - used, "%s%s: %s", used ? "; " : "", call,
-           rc >= 0 ? "allowed" : e ? e : "?");
+           rc >= 0 ? "allowed"
+           : e     ? e
+                   : "?");
 }
 
 /* The probe and exec faults act here; the others arm the reply. 1: the
@@ -935,41 +943,130 @@ static int reply(int fd, const fbd_reply *r) {
  * cannot read; glibc then falls back to clone), on every thread (TSYNC). */
 static const char *const lock_allowed[] = {
     /* the socket to the broker, the log (stderr), the staging buffers */
-    "read", "readv", "recvmsg", "recvfrom", "write", "writev", "sendmsg", "sendto", "poll",
-    "ppoll", "close", "fstat", "newfstatat", "statx", "lseek", "fcntl",
+    "read", "readv", "recvmsg", "recvfrom", "write", "writev", "sendmsg", "sendto", "poll", "ppoll",
+    "close", "fstat", "newfstatat", "statx", "lseek", "fcntl",
     /* memory: the allocators and the JIT's code pages */
     "mmap", "munmap", "mprotect", "madvise", "mremap", "brk", "msync", "mincore",
     /* threads: the engine's pools, LLVM's compile threads */
     "futex", "set_robust_list", "get_robust_list", "rseq", "sched_yield", "sched_getaffinity",
     "getpid", "gettid", "membarrier",
     /* signals (to itself: see below), time, randomness, ending */
-    "rt_sigprocmask", "rt_sigaction", "rt_sigreturn", "sigaltstack", "restart_syscall",
-    "nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time",
-    "getrusage", "getrandom", "exit", "exit_group",
+    "rt_sigprocmask", "rt_sigaction", "rt_sigreturn", "sigaltstack", "restart_syscall", "nanosleep",
+    "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday", "time", "getrusage",
+    "getrandom", "exit", "exit_group",
     /* glibc's qsort asks for the machine's memory (sysconf _SC_PHYS_PAGES) */
     "sysinfo", NULL};
 
 /* Calls only an attack would make: the worker is killed on the spot. */
-static const char *const lock_killed[] = {
-    "execve", "execveat", "fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev",
-    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4", "unshare", "setns",
-    "mount", "umount2", "pivot_root", "chroot", "bpf", "perf_event_open", "userfaultfd",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "keyctl",
-    "add_key", "request_key", "pidfd_getfd", "pidfd_open", "io_uring_setup", "open_by_handle_at",
-    NULL};
+static const char *const lock_killed[] = {"execve",
+                                          "execveat",
+                                          "fork",
+                                          "vfork",
+                                          "ptrace",
+                                          "process_vm_readv",
+                                          "process_vm_writev",
+                                          "socket",
+                                          "socketpair",
+                                          "connect",
+                                          "bind",
+                                          "listen",
+                                          "accept",
+                                          "accept4",
+                                          "unshare",
+                                          "setns",
+                                          "mount",
+                                          "umount2",
+                                          "pivot_root",
+                                          "chroot",
+                                          "bpf",
+                                          "perf_event_open",
+                                          "userfaultfd",
+                                          "kexec_load",
+                                          "kexec_file_load",
+                                          "init_module",
+                                          "finit_module",
+                                          "delete_module",
+                                          "keyctl",
+                                          "add_key",
+                                          "request_key",
+                                          "pidfd_getfd",
+                                          "pidfd_open",
+                                          "io_uring_setup",
+                                          "open_by_handle_at",
+                                          NULL};
 
 /* The deny list of CUDA workers: refused with EPERM, all else allowed. */
-static const char *const lock_denied[] = {
-    "open", "openat", "openat2", "creat", "execve", "execveat", "connect", "bind", "listen",
-    "accept", "accept4", "socket", "socketpair", "ptrace", "process_vm_readv",
-    "process_vm_writev", "pidfd_open", "pidfd_send_signal", "pidfd_getfd", "mount", "umount2",
-    "chroot", "pivot_root", "unshare", "setns", "keyctl", "add_key", "request_key", "bpf",
-    "perf_event_open", "userfaultfd", "init_module", "finit_module", "delete_module",
-    "kexec_load", "reboot", "swapon", "swapoff", "unlink", "unlinkat", "rename", "renameat",
-    "renameat2", "mkdir", "mkdirat", "rmdir", "symlink", "symlinkat", "link", "linkat", "chmod",
-    "fchmodat", "chown", "lchown", "fchownat", "truncate", "mknod", "mknodat", "setuid",
-    "setgid", "setreuid", "setregid", "setresuid", "setresgid", "prctl_set_mm", "fork", "vfork",
-    "name_to_handle_at", "open_by_handle_at", "io_uring_setup", NULL};
+static const char *const lock_denied[] = {"open",
+                                          "openat",
+                                          "openat2",
+                                          "creat",
+                                          "execve",
+                                          "execveat",
+                                          "connect",
+                                          "bind",
+                                          "listen",
+                                          "accept",
+                                          "accept4",
+                                          "socket",
+                                          "socketpair",
+                                          "ptrace",
+                                          "process_vm_readv",
+                                          "process_vm_writev",
+                                          "pidfd_open",
+                                          "pidfd_send_signal",
+                                          "pidfd_getfd",
+                                          "mount",
+                                          "umount2",
+                                          "chroot",
+                                          "pivot_root",
+                                          "unshare",
+                                          "setns",
+                                          "keyctl",
+                                          "add_key",
+                                          "request_key",
+                                          "bpf",
+                                          "perf_event_open",
+                                          "userfaultfd",
+                                          "init_module",
+                                          "finit_module",
+                                          "delete_module",
+                                          "kexec_load",
+                                          "reboot",
+                                          "swapon",
+                                          "swapoff",
+                                          "unlink",
+                                          "unlinkat",
+                                          "rename",
+                                          "renameat",
+                                          "renameat2",
+                                          "mkdir",
+                                          "mkdirat",
+                                          "rmdir",
+                                          "symlink",
+                                          "symlinkat",
+                                          "link",
+                                          "linkat",
+                                          "chmod",
+                                          "fchmodat",
+                                          "chown",
+                                          "lchown",
+                                          "fchownat",
+                                          "truncate",
+                                          "mknod",
+                                          "mknodat",
+                                          "setuid",
+                                          "setgid",
+                                          "setreuid",
+                                          "setregid",
+                                          "setresuid",
+                                          "setresgid",
+                                          "prctl_set_mm",
+                                          "fork",
+                                          "vfork",
+                                          "name_to_handle_at",
+                                          "open_by_handle_at",
+                                          "io_uring_setup",
+                                          NULL};
 
 /* The calls in names, each with action; names this architecture lacks are
  * skipped. */

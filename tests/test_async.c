@@ -1796,8 +1796,8 @@ END_TEST
  * a later flush that took its list as current would read a stale list. */
 
 typedef struct stop_hook {
-  atomic_int armed;   /* cancel the first task of a launch of "inc" */
-  atomic_int hold;    /* before cancelling, wait until released */
+  atomic_int armed; /* cancel the first task of a launch of "inc" */
+  atomic_int hold; /* before cancelling, wait until released */
   atomic_int waiting; /* the hook is holding */
   atomic_int release;
 } stop_hook;
