@@ -197,27 +197,8 @@ def test_worker_stalled_mid_reply(make_server, monkeypatch):
     server = make_server("--worker-reply-timeout-s", "1", "--kernel-timeout-s", "0",
                          "--compile-timeout-s", "0")
     c = server.client
-    sid = c.new_session(dense_layout(16))
-    stall = store_kernel(2)
-    stall.name = "stall_me"
-    result = {}
-
-    def run():
-        try:
-            register(c, sid, stall)
-            result["error"] = None
-        except grpc.RpcError as e:
-            result["error"] = e
-
-    th = threading.Thread(target=run)
-    th.start()
     # another session registers and computes while the first one's reply stalls
-    other = c.new_session(dense_layout(16))
-    okid = register(c, other, store_kernel(2))[0]
-    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
-    th.join(RPC_TIMEOUT)
-    assert not th.is_alive(), "a stalled worker held its call past the RPC timeout"
-    err = result["error"]
+    err, sid = _faulty_register(server, "stall_me")
     assert err is not None and err.code() == INTERNAL, err
     assert "stalled in the middle of a reply" in err.details(), err.details()
     assert "worker_reply_timeout_s" in err.details(), err.details()
