@@ -1618,6 +1618,38 @@ START_TEST(lists_across_host_writes) {
 }
 END_TEST
 
+/* Fusion keeps to the session's compile budget: with max_kernel_statements
+ * at one inc kernel's size, every inc fits but no two fuse, and the result
+ * is the same; with the default budget they fuse. */
+START_TEST(fusion_within_the_compile_budget) {
+  fb_program *p = parse(inc_src);
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, "inc", NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  for (int tight = 0; tight < 2; tight++) {
+    fb_session_config cfg = async_cfg(FB_PASSES_EXACT | FB_PASSES_FUSION, 0);
+    if (tight) cfg.max_kernel_statements = k->nstmts;
+    fb_session *s = open_session(eng, p, &cfg);
+    int inc = kernel_id(s, p, "inc", NULL);
+    for (int i = 0; i < 10; i++) ck_assert_int_eq(fb_launch(s, inc, NULL, 0, NULL), 0);
+    ck_assert_int_eq(fb_sync(s), 0);
+    fb_counters c = counters(s);
+    int64_t i5 = 5;
+    fb_value v;
+    ck_assert_int_eq(fb_cell_read(s, field_place(p, "x"), &i5, 1, &v), 0);
+    ck_assert_int_eq(v.v.i, 10);
+    if (tight)
+      ck_assert_uint_eq(c.tasks_fused, 0);
+    else
+      ck_assert_uint_ge(c.tasks_fused, 1);
+    fb_session_destroy(s);
+  }
+  fb_program_free(p);
+}
+END_TEST
+
 /* A repeating stream: the optimizer's plan memo answers its flushes, and
  * the engine flushes less often (flush_every left at its default). */
 START_TEST(repeating_stream_plans) {
@@ -1937,6 +1969,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, timeline);
   tcase_add_test(tc, lists_across_flushes);
   tcase_add_test(tc, standin_while_demoted_compiles);
+  tcase_add_test(tc, fusion_within_the_compile_budget);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
