@@ -186,8 +186,8 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   /* a fused task is compiled like a kernel: it keeps to the session's
    * compile budget too (a tenant's kernels each within it must not add up
    * past it through fusion) */
-  int kmax = cfg->max_kernel_statements ? cfg->max_kernel_statements
-                                        : FB_MAX_KERNEL_STATEMENTS_DEFAULT;
+  int kmax =
+      cfg->max_kernel_statements ? cfg->max_kernel_statements : FB_MAX_KERNEL_STATEMENTS_DEFAULT;
   if (kmax > 0 && o.max_fused_stmts > kmax) o.max_fused_stmts = kmax;
   if (!(a->o = fb_opt_new(s->layout, &o))) {
     fb_errf(msg, len, "out of memory (optimizer context)");

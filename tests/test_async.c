@@ -1640,10 +1640,8 @@ START_TEST(fusion_within_the_compile_budget) {
     fb_value v;
     ck_assert_int_eq(fb_cell_read(s, field_place(p, "x"), &i5, 1, &v), 0);
     ck_assert_int_eq(v.v.i, 10);
-    if (tight)
-      ck_assert_uint_eq(c.tasks_fused, 0);
-    else
-      ck_assert_uint_ge(c.tasks_fused, 1);
+    if (tight) ck_assert_uint_eq(c.tasks_fused, 0);
+    else ck_assert_uint_ge(c.tasks_fused, 1);
     fb_session_destroy(s);
   }
   fb_program_free(p);
