@@ -156,25 +156,10 @@ def test_worker_killed_mid_sync(make_server):
     assert len(mine) == 1, mine
     worker = mine.pop()
     kid = register(c, sid, spin_kernel(2))[0]
-    result = {}
-
-    def run():
-        try:
-            c.run(sid, [(kid, [])])
-            result["error"] = None
-        except grpc.RpcError as e:
-            result["error"] = e
-
-    th = threading.Thread(target=run)
-    th.start()
-    # the second session computes while the first one spins
-    other = c.new_session(dense_layout(16))
-    okid = register(c, other, store_kernel(2))[0]
-    assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
+    # a second session computes while the first one spins
+    finish = _while_another_computes(c, lambda: c.run(sid, [(kid, [])]))
     os.kill(worker, signal.SIGKILL)
-    th.join(RPC_TIMEOUT)
-    assert not th.is_alive()
-    err = result["error"]
+    err = finish()
     assert err is not None and err.code() == INTERNAL, err
     assert "session worker died: SIGKILL" in err.details(), err.details()
     server.assert_unharmed()
@@ -204,15 +189,7 @@ def test_worker_stalled_mid_reply(make_server, monkeypatch):
     assert "worker_reply_timeout_s" in err.details(), err.details()
     assert "stalled in the middle of a reply" in server.logtext()
     server.assert_unharmed()
-    try:
-        c.read_field(sid, 2)
-        raise AssertionError("the stalled session answered")
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
-    # the server goes on making sessions that compute
-    third = c.new_session(dense_layout(16))
-    tkid = register(c, third, store_kernel(2))[0]
-    assert list(c.run(third, [(tkid, [i32(1), i32(5)])]).errors) == []
+    _ended_and_server_computes(c, sid, "stalled")
 
 
 def test_cancel_stops_queued_launches(server):
@@ -390,12 +367,19 @@ def _faulty_register(server, name):
     sid = c.new_session(dense_layout(16))
     k = store_kernel(2)
     k.name = name
-    result = {}
+    return _while_another_computes(c, lambda: register(c, sid, k))(), sid
+
+
+def _while_another_computes(c, call):
+    """Start call() on a thread while another session registers and
+    computes; returns a function that joins the thread (bounded: a call
+    held past the RPC timeout fails the test) and gives the RpcError the
+    call raised, or None."""
+    result = {"error": None}
 
     def run():
         try:
-            register(c, sid, k)
-            result["error"] = None
+            call()
         except grpc.RpcError as e:
             result["error"] = e
 
@@ -404,9 +388,24 @@ def _faulty_register(server, name):
     other = c.new_session(dense_layout(16))
     okid = register(c, other, store_kernel(2))[0]
     assert list(c.run(other, [(okid, [i32(4), i32(44)])]).errors) == []
-    th.join(RPC_TIMEOUT)
-    assert not th.is_alive(), "the faulty worker held its call past the RPC timeout"
-    return result["error"], sid
+
+    def finish():
+        th.join(RPC_TIMEOUT)
+        assert not th.is_alive(), "the worker held its call past the RPC timeout"
+        return result["error"]
+    return finish
+
+
+def _ended_and_server_computes(c, sid, what):
+    """Session sid is gone (NOT_FOUND), and new sessions still compute."""
+    try:
+        c.read_field(sid, 2)
+        raise AssertionError(f"the {what} session answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+    new = c.new_session(dense_layout(16))
+    kid = register(c, new, store_kernel(2))[0]
+    assert list(c.run(new, [(kid, [i32(1), i32(5)])]).errors) == []
 
 
 def test_worker_oversized_reply(make_server, monkeypatch):
@@ -425,12 +424,7 @@ def test_worker_oversized_reply(make_server, monkeypatch):
     assert "RegisterKernels" in d and "at most 26 bytes can be legitimate" in d, d
     assert "malformed reply" in server.logtext()
     server.assert_unharmed()
-    try:
-        c = server.client
-        c.read_field(sid, 2)
-        raise AssertionError("the session of a worker that lied answered")
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
+    _ended_and_server_computes(server.client, sid, "lying worker's")
 
 
 def echo_kernel():
@@ -496,12 +490,4 @@ def test_worker_exec_is_killed(make_server, monkeypatch):
     assert err is not None and err.code() == INTERNAL, err
     assert "session worker died: SIGSYS" in err.details(), err.details()
     server.assert_unharmed()
-    c = server.client
-    try:
-        c.read_field(sid, 2)
-        raise AssertionError("the killed session answered")
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.NOT_FOUND, e.details()
-    sid2 = c.new_session(dense_layout(16))
-    kid2 = register(c, sid2, store_kernel(2))[0]
-    assert list(c.run(sid2, [(kid2, [i32(1), i32(5)])]).errors) == []
+    _ended_and_server_computes(server.client, sid, "killed")
