@@ -10,6 +10,7 @@ byte for byte what it was. At the end the server gets SIGTERM and must exit
 0 within its grace period (under AddressSanitizer that also means no leak).
 """
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -98,6 +99,30 @@ class Client:
         for resp in self._stream(iter(msgs), timeout=RPC_TIMEOUT):
             return resp.sync
         raise AssertionError("the Session stream ended without a SyncResult")
+
+
+class Stream:
+    """A Session stream fed from a queue, so a test can act between
+    messages; the session ends when it is closed."""
+
+    def __init__(self, client, sid):
+        self.q = queue.Queue()
+        self.q.put(pb.SessionRequest(session_id=sid))
+        self.it = client._stream(iter(self.q.get, None), timeout=RPC_TIMEOUT)
+
+    def send(self, **kw):
+        self.q.put(pb.SessionRequest(**kw))
+
+    def next(self):
+        """The next SyncResult."""
+        return next(self.it).sync
+
+    def sync(self, n):
+        self.send(sync=n)
+        return self.next()
+
+    def close(self):
+        self.q.put(None)
 
 
 # ---------------------------------------------------------------- IR by hand

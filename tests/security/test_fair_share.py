@@ -7,7 +7,6 @@ No assertion here depends on timing: the compile limit is read from the
 completes with the right results, not how fast (bench/fairness_bench.py
 measures that)."""
 import json
-import queue
 import re
 import secrets
 import signal
@@ -17,7 +16,7 @@ import time
 import grpc
 import pytest
 
-from conftest import RPC_TIMEOUT, dense_layout, i32, kernel, pb, stmt, store_kernel
+from conftest import RPC_TIMEOUT, Stream, dense_layout, i32, kernel, pb, stmt, store_kernel
 from test_tls_tenants import _get, daemons, serving, sha, tenant_client  # noqa: F401
 
 assert daemons  # a fixture, used by name
@@ -75,24 +74,6 @@ def chain_kernel(name, n):
 def register(c, sid, *kernels):
     return list(c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=list(kernels)),
                            timeout=RPC_TIMEOUT).kernel_ids)
-
-
-class Stream:
-    """A Session stream fed from a queue."""
-
-    def __init__(self, client, sid):
-        self.q = queue.Queue()
-        self.q.put(pb.SessionRequest(session_id=sid))
-        self.it = client._stream(iter(self.q.get, None), timeout=RPC_TIMEOUT)
-
-    def send(self, **kw):
-        self.q.put(pb.SessionRequest(**kw))
-
-    def next(self):
-        return next(self.it).sync
-
-    def close(self):
-        self.q.put(None)
 
 
 # ---------------------------------------------------------------- compile slots

@@ -11,7 +11,7 @@ import time
 
 import grpc
 
-from conftest import RPC_TIMEOUT, dense_layout, i32, kernel, pb, stmt, store_kernel
+from conftest import RPC_TIMEOUT, Stream, dense_layout, i32, kernel, pb, stmt, store_kernel
 
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
 INTERNAL = grpc.StatusCode.INTERNAL
@@ -59,25 +59,6 @@ def status(pid):
             return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
     except FileNotFoundError:
         return {}
-
-
-class Stream:
-    """A Session stream fed from a queue, so a test can act between messages."""
-
-    def __init__(self, client, sid):
-        self.q = queue.Queue()
-        self.q.put(pb.SessionRequest(session_id=sid))
-        self.it = client._stream(iter(self.q.get, None), timeout=RPC_TIMEOUT)
-
-    def send(self, **kw):
-        self.q.put(pb.SessionRequest(**kw))
-
-    def sync(self, n):
-        self.send(sync=n)
-        return next(self.it).sync
-
-    def close(self):
-        self.q.put(None)
 
 
 def register(c, sid, *kernels):

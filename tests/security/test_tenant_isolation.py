@@ -4,7 +4,7 @@ then that the server is still SERVING and another tenant's field is
 unchanged."""
 import grpc
 
-from conftest import (dense_layout, expect_error, i32, kernel, pb, snode, stmt,
+from conftest import (Stream, dense_layout, expect_error, i32, kernel, pb, snode, stmt,
                       store_kernel)
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -114,6 +114,67 @@ def test_compile_bomb_under_budget(make_server):
     expect_error(lambda: c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[bomb]),
                                     timeout=60), EXHAUSTED, "bomb", "max_kernel_statements")
     server.assert_unharmed()
+
+
+def _chain_kernel(n):
+    """chain(a, i) { x = a; x = x + a, n times; v[i] = x }: n + 4
+    statements that no pass folds (each launch's args differ)."""
+    stmts = [stmt("arg", pb.T_I32, imm=0), stmt("arg", pb.T_I32, imm=1)]
+    prev = 0
+    for _ in range(n):
+        stmts.append(stmt("add", pb.T_I32, args=[prev, 0]))
+        prev = len(stmts) - 1
+    stmts.append(stmt("store", args=[1, prev], snode_id=2))
+    return kernel("chain", stmts, params=[pb.T_I32, pb.T_I32])
+
+
+def _get_kernel():
+    """get(i) -> i32 { return v[i] }"""
+    k = kernel("get", [stmt("arg", pb.T_I32, imm=0), stmt("load", pb.T_I32, args=[0], snode_id=2),
+                       stmt("ret", args=[1])], params=[pb.T_I32])
+    k.ret = pb.T_I32
+    return k
+
+
+def _chains(server, n_adds):
+    """Eight launches of a chain kernel in an async session that asks for
+    unbounded fusion, then a sync; the SyncResult of that sync, and the
+    values of the eight cells (read by launches after it)."""
+    c = server.client
+    sid = c.new_session(dense_layout(16), mode="async", max_fuse_per_task=2**31 - 1)
+    chain, get = c.register(pb.RegisterKernelsRequest(
+        session_id=sid, kernels=[_chain_kernel(n_adds), _get_kernel()]), timeout=60).kernel_ids
+    s = Stream(c, sid)
+    try:
+        s.send(launches=[pb.Launch(kernel=chain, args=[i32(a), i32(a)]) for a in range(1, 9)])
+        r = s.sync(1)
+        s.send(launches=[pb.Launch(kernel=get, args=[i32(a)]) for a in range(1, 9)])
+        got = s.sync(2)
+        assert list(got.errors) == [], got.errors
+        return r, [x.value.i for x in got.returns]
+    finally:
+        s.close()
+
+
+def test_fusion_keeps_to_the_compile_budget(make_server):
+    """Kernels each within --max-kernel-statements must not add up past it
+    through fusion, however high a client sets max_fuse_per_task: with a
+    budget of 2,000 statements, eight launches of a 1,203-statement kernel
+    run as eight tasks, each compiled within the budget, and right; under
+    the default budget the same launches fuse."""
+    for budget, fuses in (("2000", False), ("20000", True)):
+        server = make_server("--max-kernel-statements", budget)
+        r, cells = _chains(server, 1200)
+        assert list(r.errors) == [], r.errors
+        assert cells == [a * 1201 for a in range(1, 9)]
+        if fuses:
+            assert r.counters.tasks_fused >= 1, r.counters
+            assert r.counters.statements_emitted > 2000, r.counters
+        else:
+            assert r.counters.tasks_fused == 0, r.counters
+            assert r.counters.tasks_launched == 8, r.counters
+            assert r.counters.statements_emitted <= 2000, r.counters
+        server.assert_unharmed()
 
 
 def test_sparse_field_transfer_bounded(server):
