@@ -8,31 +8,41 @@
 
 /* ---- the caller's code map (task IR handle -> code) */
 
-#define CMAP_MAX 4096 /* entries; past it the map starts over */
+#define CMAP_MAX 4096 /* entries of a code map; past it the map starts over */
 
+/* A code map: task IR handle -> code, each entry holding a reference of
+ * the handle (so a handle in the map always names the same IR). The
+ * caller's code map (a->cmap) and the stand-ins' (a->smap) are two. */
 static uint64_t cmap_key(fb_irh h) { return (uint64_t)(uint32_t)h; }
 
-static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) {
-  return fb_map_get(&a->cmap, cmap_key(h));
-}
+static const fb_rt_task *code_get(const fb_map *m, fb_irh h) { return fb_map_get(m, cmap_key(h)); }
 
 /* Forget every entry, giving the references back. */
-void fbe_cmap_clear(async_state *a) {
+static void code_clear(async_state *a, fb_map *m) {
   uint64_t key;
-  for (size_t i = 0; i < a->cmap.cap; i++)
-    if (fb_map_at(&a->cmap, i, &key)) fb_opt_release(a->o, (fb_irh)(uint32_t)key);
-  fb_map_free(&a->cmap);
+  for (size_t i = 0; i < m->cap; i++)
+    if (fb_map_at(m, i, &key)) fb_opt_release(a->o, (fb_irh)(uint32_t)key);
+  fb_map_free(m);
 }
 
-/* Remember the code of h (taking a reference of the map's own). */
-static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
-  if (cmap_get(a, h)) return;
-  if (a->cmap.n >= CMAP_MAX) fbe_cmap_clear(a);
-  fb_rt_task *v = fb_map_put(&a->cmap, cmap_key(h), NULL);
-  if (!v) return; /* out of memory: the code is compiled again when needed */
+/* Remember the code of h (taking a reference of the map's own); out of
+ * memory, nothing is remembered (the code is compiled again when needed). */
+static void code_put(async_state *a, fb_map *m, fb_irh h, const fb_rt_task *code) {
+  if (code_get(m, h)) return;
+  if (m->n >= CMAP_MAX) code_clear(a, m);
+  fb_rt_task *v = fb_map_put(m, cmap_key(h), NULL);
+  if (!v) return;
   fb_opt_retain(a->o, h);
   *v = *code;
 }
+
+static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) { return code_get(&a->cmap, h); }
+
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
+  code_put(a, &a->cmap, h, code);
+}
+
+void fbe_cmap_clear(async_state *a) { code_clear(a, &a->cmap); }
 
 /* ---- stand-ins while a demoted task compiles
  *
@@ -46,8 +56,6 @@ static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
  * which later flushes then use. A compile that fails leaves the stand-in
  * in place for good (no lost work, no error: the launch ran as asked). */
 
-#define SMAP_MAX 4096 /* entries; past it the map starts over */
-
 typedef struct bg_compile {
   struct bg_compile *next;
   fb_irh h;           /* the task compiled (a reference of its own) */
@@ -55,29 +63,13 @@ typedef struct bg_compile {
   fb_cjob c;
 } bg_compile;
 
-static const fb_rt_task *smap_get(const async_state *a, fb_irh h) {
-  return fb_map_get(&a->smap, cmap_key(h));
-}
-
-static void smap_clear(async_state *a) {
-  uint64_t key;
-  for (size_t i = 0; i < a->smap.cap; i++)
-    if (fb_map_at(&a->smap, i, &key)) fb_opt_release(a->o, (fb_irh)(uint32_t)key);
-  fb_map_free(&a->smap);
-}
-
 /* Code equal to task h without any proof (h itself, simplified). */
 static void smap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
-  if (smap_get(a, h)) return;
-  if (a->smap.n >= SMAP_MAX) smap_clear(a);
-  fb_rt_task *v = fb_map_put(&a->smap, cmap_key(h), NULL);
-  if (!v) return; /* out of memory: a stand-in less */
-  fb_opt_retain(a->o, h);
-  *v = *code;
+  code_put(a, &a->smap, h, code);
 }
 
 static const fb_rt_task *standin_code(const async_state *a, fb_irh standin) {
-  const fb_rt_task *c = smap_get(a, standin);
+  const fb_rt_task *c = code_get(&a->smap, standin);
   return c ? c : cmap_get(a, standin);
 }
 
@@ -146,7 +138,7 @@ void fbe_standins_free(fb_session *s) {
     fb_opt_release(a->o, g->h);
     free(g);
   }
-  smap_clear(a);
+  code_clear(a, &a->smap);
 }
 
 /* The code of each entry, where the map has it; or a stand-in's, with the
