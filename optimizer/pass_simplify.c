@@ -32,6 +32,9 @@ typedef struct fact {
   loc at;
   int32_t val;    /* known: the value; pending: the store */
   int from_store;
+  int guarded;    /* known from a store not provably in bounds: the element
+                     holds val only where its indices are in bounds (an
+                     out-of-bounds store is skipped and a load there gives 0) */
 } fact;
 
 typedef struct facts {
@@ -285,7 +288,7 @@ static void drop_field(facts *f, int32_t field) {
   f->n = w;
 }
 
-static int put(facts *f, const loc *l, int32_t val, int from_store) {
+static int put(facts *f, const loc *l, int32_t val, int from_store, int guarded) {
   fact *x = find(f, l);
   if (!x) {
     if (f->n == f->cap) {
@@ -300,10 +303,79 @@ static int put(facts *f, const loc *l, int32_t val, int from_store) {
   }
   x->val = val;
   x->from_store = from_store;
+  x->guarded = guarded;
   return 0;
 }
 
-static void forward_block(simp *s, int blk, int depth);
+/* The statement ids of a block being rebuilt: forwarding may put new
+ * statements before the one it replaces. */
+typedef struct ivec {
+  int32_t *v;
+  int n, cap;
+} ivec;
+
+static int ivec_push(simp *s, ivec *a, int32_t id) {
+  if (a->n == a->cap) {
+    int nc = a->cap * 2 + 16;
+    int32_t *p = realloc(a->v, sizeof *p * (size_t)nc);
+    if (!p) return s->oom = 1;
+    a->v = p;
+    a->cap = nc;
+  }
+  a->v[a->n++] = id;
+  return 0;
+}
+
+/* Push statement st and list it in `out` (its block): its id, or -1. */
+static int32_t emit(simp *s, ivec *out, const fb_stmt *st) {
+  int32_t id = push_stmt(s, st);
+  if (id < 0 || ivec_push(s, out, id)) return -1;
+  return id;
+}
+
+static int32_t emit_const(simp *s, ivec *out, int type, int64_t v) {
+  fb_stmt c = blank(FB_OP_CONST, type, -1);
+  c.imm.i = v;
+  return emit(s, out, &c);
+}
+
+static int32_t emit2(simp *s, ivec *out, int op, int type, int32_t a, int32_t b) {
+  fb_stmt t = blank(op, type, -1);
+  t.nargs = 2;
+  t.args[0] = a;
+  t.args[1] = b;
+  return emit(s, out, &t);
+}
+
+/* The value a load of field l->field at l's indices gives when the element
+ * holds `val` wherever those indices are in bounds: in bounds ? val : 0,
+ * the bounds test being the one generated code makes (0 <= index < extent
+ * on each axis). Statements go to `out`; -1 on failure. */
+static int32_t guarded_value(simp *s, ivec *out, const loc *l, int32_t val, int type) {
+  const fb_snode *f = &s->k->layout->nodes[l->field];
+  int32_t cond = -1;
+  for (int d = 0; d < l->n && !s->oom; d++) {
+    int it = s->k->stmts[l->idx[d]].type;
+    int32_t zero = emit_const(s, out, it, 0);
+    int32_t ext = emit_const(s, out, it, f->shape[f->dim_axis[d]]);
+    if (zero < 0 || ext < 0) return -1;
+    int32_t ge = emit2(s, out, FB_OP_GE, FB_T_BOOL, l->idx[d], zero);
+    int32_t lt = emit2(s, out, FB_OP_LT, FB_T_BOOL, l->idx[d], ext);
+    int32_t both = ge < 0 || lt < 0 ? -1 : emit2(s, out, FB_OP_AND, FB_T_BOOL, ge, lt);
+    cond = both < 0 ? -1 : cond < 0 ? both : emit2(s, out, FB_OP_AND, FB_T_BOOL, cond, both);
+    if (cond < 0) return -1;
+  }
+  int32_t zero = emit_const(s, out, type, 0);
+  if (cond < 0 || zero < 0) return -1;
+  fb_stmt sel = blank(FB_OP_SELECT, type, -1);
+  sel.nargs = 3;
+  sel.args[0] = cond;
+  sel.args[1] = val;
+  sel.args[2] = zero;
+  return emit(s, out, &sel);
+}
+
+static void forward_block(simp *s, int blk, int depth, const facts *in);
 
 /* Nothing but dense storage: storing the loaded value back changes nothing. */
 static int plain_storage(const simp *s, const loc *l) {
@@ -311,19 +383,25 @@ static int plain_storage(const simp *s, const loc *l) {
   return l->field < 0 || fb_sparse_path(s->k->layout, l->field, path, 8) == 0;
 }
 
-static void on_load(simp *s, int id, facts *known, facts *pending) {
+/* Returns 1 when the load was replaced (it then must not be listed). */
+static int on_load(simp *s, int id, facts *known, facts *pending, ivec *out) {
   const fb_stmt *t = &s->k->stmts[id];
+  int type = t->type;
   loc l;
   loc_of(s->k, t, &l);
   fact *x = find(known, &l);
-  if (x && s->k->stmts[x->val].type == t->type) {
-    s->rep[id] = x->val;
+  if (x && s->k->stmts[x->val].type == type) {
+    int32_t v = x->guarded ? guarded_value(s, out, &l, x->val, type) : x->val;
+    if (v < 0) return 0;
+    s->rep[id] = v;
     s->drop[id] = 1;
     s->merged++;
-    return;
+    if (x->guarded) x->val = v, x->guarded = 0, x->from_store = 0; /* what loads give */
+    return 1;
   }
   drop_field(pending, l.field);
-  if (put(known, &l, id, 0)) s->oom = 1;
+  if (put(known, &l, id, 0, 0)) s->oom = 1;
+  return 0;
 }
 
 static void on_store(simp *s, int id, facts *known, facts *pending) {
@@ -332,7 +410,7 @@ static void on_store(simp *s, int id, facts *known, facts *pending) {
   loc_of(s->k, t, &l);
   int v = t->op == FB_OP_GTMP_STORE ? t->args[0] : t->args[t->nargs - 1];
   fact *x = find(known, &l);
-  if (x && x->val == v && (x->from_store || plain_storage(s, &l))) {
+  if (x && x->val == v && !x->guarded && (x->from_store || plain_storage(s, &l))) {
     s->drop[id] = 1; /* the element holds v already */
     return;
   }
@@ -342,12 +420,105 @@ static void on_store(simp *s, int id, facts *known, facts *pending) {
     s->drop[p->val] = 1;
   drop_field(known, l.field);
   int inb = t->op == FB_OP_GTMP_STORE || fb_access_inbounds(s->k, id);
-  if ((inb && put(known, &l, v, 1)) || put(pending, &l, id, 1)) s->oom = 1;
+  /* a dense store that may fall out of bounds is still known, guarded by
+     the bounds test (a sparse one may also fail to allocate) */
+  int guarded = !inb && plain_storage(s, &l);
+  if (((inb || guarded) && put(known, &l, v, 1, guarded)) || put(pending, &l, id, 1, 0))
+    s->oom = 1;
 }
 
-static void forward_block(simp *s, int blk, int depth) {
+/* What a block may write, anywhere inside it: fields (place ids, gtmp slots
+ * as loc fields), or everything (`all`) for an op that writes what no
+ * field names (sparse operations, lists) or reads a list's length. */
+typedef struct clob {
+  int32_t *f;
+  int n, cap;
+  int all;
+} clob;
+
+static void clob_add(simp *s, clob *c, int32_t field) {
+  for (int i = 0; i < c->n; i++)
+    if (c->f[i] == field) return;
+  if (c->n == c->cap) {
+    int nc = c->cap * 2 + 8;
+    int32_t *p = realloc(c->f, sizeof *p * (size_t)nc);
+    if (!p) {
+      s->oom = 1;
+      c->all = 1;
+      return;
+    }
+    c->f = p;
+    c->cap = nc;
+  }
+  c->f[c->n++] = field;
+}
+
+static void clobbers(simp *s, int blk, int depth, clob *c) {
+  if (blk < 0 || c->all) return;
+  if (depth > 256) {
+    c->all = 1;
+    return;
+  }
+  const fb_block *b = &s->k->blocks[blk];
+  for (int i = 0; i < b->n && !c->all; i++) {
+    const fb_stmt *t = &s->k->stmts[b->ids[i]];
+    int cls = fb_op_table[t->op].cls;
+    loc l;
+    if (s->drop[b->ids[i]]) continue;
+    if (cls == FB_OPC_GSTORE || is_atomic(t->op) || t->op == FB_OP_GTMP_STORE) {
+      loc_of(s->k, t, &l);
+      clob_add(s, c, l.field);
+    } else if (cls == FB_OPC_SPARSE || cls == FB_OPC_APPEND || cls == FB_OPC_LENGTH ||
+               cls == FB_OPC_LIST || (fb_op_table[t->op].flags & FB_OPF_WRITES)) {
+      c->all = 1;
+    }
+    clobbers(s, t->body, depth + 1, c);
+    clobbers(s, t->orelse, depth + 1, c);
+  }
+}
+
+static void drop_clobbered(facts *f, const clob *c) {
+  if (c->all) {
+    f->n = 0;
+    return;
+  }
+  for (int i = 0; i < c->n; i++) drop_field(f, c->f[i]);
+}
+
+/* Facts `in` (known before the block) minus what block `blk` may write:
+ * true on entry to it and after it, in every iteration when it is a loop
+ * body. */
+static facts survive(simp *s, const facts *in, int blk, int depth) {
+  facts f = {0};
+  if (!in || !in->n || blk < 0) return f;
+  clob c = {0};
+  clobbers(s, blk, depth, &c);
+  if (!c.all) {
+    f.v = malloc(sizeof *f.v * (size_t)in->n);
+    if (!f.v) s->oom = 1;
+    else {
+      memcpy(f.v, in->v, sizeof *f.v * (size_t)in->n);
+      f.n = f.cap = in->n;
+      drop_clobbered(&f, &c);
+    }
+  }
+  free(c.f);
+  return f;
+}
+
+static void forward_block(simp *s, int blk, int depth, const facts *in) {
   if (blk < 0 || depth > 256 || s->oom) return;
   facts known = {0}, pending = {0};
+  if (in && in->n) {
+    known.v = malloc(sizeof *known.v * (size_t)in->n);
+    if (!known.v) {
+      s->oom = 1;
+      return;
+    }
+    memcpy(known.v, in->v, sizeof *known.v * (size_t)in->n);
+    known.n = known.cap = in->n;
+  }
+  ivec out = {0};
   int n = s->k->blocks[blk].n;
   for (int i = 0; i < n && !s->oom; i++) {
     int id = s->k->blocks[blk].ids[i];
@@ -355,28 +526,57 @@ static void forward_block(simp *s, int blk, int depth) {
     apply_rep(s, t);
     int cls = fb_op_table[t->op].cls;
     if (t->op == FB_OP_LOAD || t->op == FB_OP_GTMP_LOAD) {
-      on_load(s, id, &known, &pending);
+      if (on_load(s, id, &known, &pending, &out)) continue;
     } else if (cls == FB_OPC_GSTORE || t->op == FB_OP_GTMP_STORE) {
       on_store(s, id, &known, &pending);
     } else if (is_atomic(t->op)) {
       drop_field(&known, t->snode);
       drop_field(&pending, t->snode);
     } else if (t->op == FB_OP_IS_ACTIVE && !s->uses[id]) {
-      continue; /* observes nothing (a demoted activate) */
-    } else if (t->body >= 0 || t->orelse >= 0 || cls == FB_OPC_SPARSE || cls == FB_OPC_APPEND ||
-               cls == FB_OPC_LENGTH || cls == FB_OPC_LIST) {
+      /* observes nothing (a demoted activate) */
+    } else if ((t->body >= 0 || t->orelse >= 0) && cls != FB_OPC_SPARSE &&
+               cls != FB_OPC_APPEND && cls != FB_OPC_LENGTH && cls != FB_OPC_LIST) {
+      /* what a nested block does not write stays known in it and after
+         it; a store before it may be read in it, so nothing is pending */
+      int body = t->body, orelse = t->orelse;
+      facts fb = survive(s, &known, body, depth + 1), fo = survive(s, &known, orelse, depth + 1);
+      forward_block(s, body, depth + 1, &fb);
+      forward_block(s, orelse, depth + 1, &fo);
+      free(fb.v);
+      free(fo.v);
+      clob c = {0};
+      clobbers(s, body, depth + 1, &c);
+      clobbers(s, orelse, depth + 1, &c);
+      drop_clobbered(&known, &c);
+      free(c.f);
+      pending.n = 0;
+    } else if (t->body >= 0 || t->orelse >= 0 || cls == FB_OPC_SPARSE ||
+               cls == FB_OPC_APPEND || cls == FB_OPC_LENGTH || cls == FB_OPC_LIST) {
+      int body = t->body, orelse = t->orelse;
       known.n = pending.n = 0;
-      forward_block(s, t->body, depth + 1);
-      forward_block(s, s->k->stmts[id].orelse, depth + 1);
+      forward_block(s, body, depth + 1, NULL);
+      forward_block(s, orelse, depth + 1, NULL);
     }
+    if (ivec_push(s, &out, id)) break;
   }
   free(known.v);
   free(pending.v);
   fb_block *b = &s->k->blocks[blk];
+  if (s->oom) {
+    free(out.v);
+    return;
+  }
   int w = 0;
-  for (int i = 0; i < b->n; i++)
-    if (!s->drop[b->ids[i]]) b->ids[w++] = b->ids[i];
+  for (int i = 0; i < out.n; i++)
+    if (!s->drop[out.v[i]]) out.v[w++] = out.v[i];
+  if (!out.v) {
+    b->n = 0;
+    return;
+  }
+  free(b->ids);
+  b->ids = out.v;
   b->n = w;
+  b->cap = out.cap;
 }
 
 /* ---------------------------------------------------------------- driver */
@@ -420,7 +620,7 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
     free(s.uses);
     s.uses = s.oom ? NULL : fb_ir_use_counts(s.k);
     if (!s.uses) s.oom = 1;
-    if (!s.oom) forward_block(&s, 0, 0);
+    if (!s.oom) forward_block(&s, 0, 0, NULL);
     more = s.merged > 0;
   }
   if (!s.oom) rep_all(&s, 0, 0);
