@@ -539,6 +539,46 @@ static const char *sparse_script =
 START_TEST(sparse_layouts) { check_modes(sparse_src, sparse_script); }
 END_TEST
 
+/* The MLS-MPM substep pattern: a gather writes v, c and x at
+ * assume_unique(ord[i]) after a loop over grid cells, a scatter reads them
+ * back inside its own loop. Fused, simplification forwards the stored
+ * values to the scatter's loads (through the loops, which write none of
+ * them) as select(index in bounds, value, 0); integer fields, so every mode
+ * must give the same bits whatever order the scatter's atomics run in. */
+START_TEST(gather_scatter_unique) {
+  const char *src = "layout {\n"
+                    "  dense(i: 64) { place g: i32, h: i32 }\n"
+                    "  dense(i: 512) { place ord: i32 }\n"
+                    "  dense(i: 512) { place x: i32, v: i32, c: i32 }\n"
+                    "}\n"
+                    "kernel perm(k: i32) { for i in 0 .. 512 { ord[i] = (i * 37 + k) % 512 } }\n"
+                    "kernel gather() {\n"
+                    "  for i in 0 .. 512 {\n"
+                    "    let p = assume_unique(ord[i], covers: x)\n"
+                    "    var s = 0\n"
+                    "    var t = 0\n"
+                    "    for a in 0 .. 3 { let w = g[(x[p] + a) % 64]\n s += w\n t += w * a }\n"
+                    "    v[p] = s\n"
+                    "    c[p] = t - v[p]\n"
+                    "    x[p] = (x[p] + s % 7 + 64) % 64\n"
+                    "  }\n"
+                    "}\n"
+                    "kernel scatter() {\n"
+                    "  for i in 0 .. 512 {\n"
+                    "    let p = assume_unique(ord[i], covers: x)\n"
+                    "    for a in 0 .. 3 { h[(x[p] + a) % 64] += v[p] % 5 + c[p] * a + x[p] }\n"
+                    "  }\n"
+                    "}\n"
+                    "kernel grid() { for i in 0 .. 64 { g[i] = h[i] % 97\n h[i] = 0 } }\n";
+  const char *script = "write g 1\nwrite x 2\nlaunch perm 11\n"
+                       "launch gather\nlaunch scatter\nlaunch grid\n"
+                       "launch gather\nlaunch scatter\nlaunch grid\nread v\n"
+                       "launch perm 5\nlaunch gather\nlaunch scatter\nlaunch grid\n"
+                       "launch gather\nlaunch scatter\nlaunch grid\n";
+  check_modes(src, script);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- triggers */
 
 static const char *inc_src = "layout {\n  dense(i: 256) { place x: i32 }\n  place out: i32\n}\n"
@@ -1944,6 +1984,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, scratch_across_launches);
   tcase_add_test(tc, random_numbers);
   tcase_add_test(tc, sparse_layouts);
+  tcase_add_test(tc, gather_scatter_unique);
   tcase_add_test(tc, pending_until_trigger);
   tcase_add_test(tc, pending_tasks_capped);
   tcase_add_test(tc, trigger_host_read_and_sync);
