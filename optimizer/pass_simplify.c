@@ -7,11 +7,14 @@
  *  - common subexpressions: pure statements equal in op, type, operands and
  *    immediate are computed once where the first dominates;
  *  - per block, in order: store-to-load forwarding (a load of the element a
- *    store wrote, in bounds, with no possibly aliasing write in between),
- *    identical load elimination, identical store elimination (storing the
- *    value the element is known to hold), dead stores (a store overwritten
- *    at the same element before any possible read). Nested blocks, atomics
- *    and sparse operations end what is known;
+ *    store wrote, with no possibly aliasing write in between; from a dense
+ *    store not provably in bounds the load becomes select(in bounds, value,
+ *    0), what the load gives either way), identical load elimination,
+ *    identical store elimination (storing the value the element is known
+ *    to hold), dead stores (a store overwritten at the same element before
+ *    any possible read). Atomics end what is known of their field, sparse
+ *    operations all of it; what is known before a nested block stays known
+ *    in it and after it for the fields nothing inside it writes;
  *  - CSE and forwarding alternate until neither merges anything (at most
  *    SIMP_ROUNDS rounds): a chain of dependent gathers that fused loops
  *    repeat (an RK3 backtrace) merges one link per round;
