@@ -13,8 +13,9 @@
  *    identical store elimination (storing the value the element is known
  *    to hold), dead stores (a store overwritten at the same element before
  *    any possible read). Atomics end what is known of their field, sparse
- *    operations all of it; what is known before a nested block stays known
- *    in it and after it for the fields nothing inside it writes;
+ *    operations and branches all of it; what is known before a serial loop
+ *    stays known in it and after it for the fields nothing inside it
+ *    writes;
  *  - CSE and forwarding alternate until neither merges anything (at most
  *    SIMP_ROUNDS rounds): a chain of dependent gathers that fused loops
  *    repeat (an RK3 backtrace) merges one link per round;
@@ -537,10 +538,11 @@ static void forward_block(simp *s, int blk, int depth, const facts *in) {
       drop_field(&pending, t->snode);
     } else if (t->op == FB_OP_IS_ACTIVE && !s->uses[id]) {
       /* observes nothing (a demoted activate) */
-    } else if ((t->body >= 0 || t->orelse >= 0) && cls != FB_OPC_SPARSE &&
-               cls != FB_OPC_APPEND && cls != FB_OPC_LENGTH && cls != FB_OPC_LIST) {
-      /* what a nested block does not write stays known in it and after
-         it; a store before it may be read in it, so nothing is pending */
+    } else if (t->op == FB_OP_RANGE_FOR || t->op == FB_OP_WHILE) {
+      /* what a loop does not write stays known in it and after it; a store
+         before it may be read in it, so nothing is pending. Only loops:
+         carried past mpm_splitted's branches, values loaded before them
+         stay live across its SVD, and its fused P2G measured slower */
       int body = t->body, orelse = t->orelse;
       facts fb = survive(s, &known, body, depth + 1), fo = survive(s, &known, orelse, depth + 1);
       forward_block(s, body, depth + 1, &fb);
