@@ -24,6 +24,7 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     return FB_ENOMEM;
   }
   e->standin_min_stmts = FB_STANDIN_MIN_STMTS;
+  e->bg_max = FB_MAX_BG_COMPILES;
   const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
   void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
@@ -67,6 +68,8 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) 
 }
 
 void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n) { e->standin_min_stmts = n; }
+
+void fb_engine_test_set_bg_max(fb_engine *e, int n) { e->bg_max = n; }
 
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {

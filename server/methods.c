@@ -313,6 +313,12 @@ static int check_passes(const Fusebox__V1__SessionOptions *o, fb_session_config 
   return 0;
 }
 
+/* max_fuse_per_task past this fuses no more: a fused task stands for at
+ * most the optimizer's max_fused_tasks (256) launches, so no task takes
+ * part in more than 255 fusions a round. A client's larger number (2^31-1)
+ * is refused by name rather than handed to the optimizer. */
+#define FBD_MAX_FUSE_PER_TASK 256
+
 static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
                          fb_session_config *ec, char *err, size_t errlen) {
   memset(ec, 0, sizeof *ec);
@@ -337,6 +343,13 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   if (o->mode[0]) ec->mode = strcmp(o->mode, "sync") ? "async" : "sync";
   if (o->max_fuse_per_task < 0 || o->compile_threads < 0) {
     fb_errf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
+    return FB_EINVAL;
+  }
+  if (o->max_fuse_per_task > FBD_MAX_FUSE_PER_TASK) {
+    fb_errf(err, errlen,
+            "max_fuse_per_task %d is over this server's limit of %d (a fused task stands for "
+            "at most 256 launches; 0 = the default, 1)",
+            o->max_fuse_per_task, FBD_MAX_FUSE_PER_TASK);
     return FB_EINVAL;
   }
   ec->flush_every = o->flush_every;
