@@ -1436,10 +1436,18 @@ static void worker_loop(worker *w, double spin_s) {
   }
 }
 
+/* The broker: the process that made the worker's socket pair (so a broker
+ * that is pid 1, in a container, is told apart from a reparented worker). */
+static pid_t broker_pid(int fd) {
+  struct ucred u;
+  socklen_t n = sizeof u;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
+}
+
 void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
-  pid_t parent = getppid();
-  if (parent == 1) _exit(1);
+  pid_t parent = broker_pid(fd);
+  if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();

@@ -8,13 +8,17 @@ then checks that the server is SERVING and another tenant's field is
 unchanged (server.assert_unharmed)."""
 import os
 import pwd
+import shutil
+import signal
 import subprocess
 import tempfile
 import time
 
+import grpc
 import pytest
 
-from conftest import FUSEBOXD, RPC_TIMEOUT, Stream, dense_layout, i32, pb, store_kernel
+from conftest import (FUSEBOXD, RPC_TIMEOUT, Client, Stream, dense_layout, health_pb2, i32, pb,
+                      store_kernel)
 from test_process_isolation import children, register, status
 
 ROOT_ONLY = pytest.mark.skipif(
@@ -148,3 +152,44 @@ def test_worker_user_not_root():
         pytest.skip("run as root: the switch itself is tested above")
     err = start_fails("--worker-user", "daemon")
     assert "cannot switch its workers to another user" in err, err
+
+
+@ROOT_ONLY
+def test_fuseboxd_as_pid_1():
+    """In a container fuseboxd is often pid 1 (the Dockerfile's ENTRYPOINT):
+    its workers must tell it from init (a worker whose broker died before it
+    set its parent-death signal is reparented, and leaves). Started as pid 1
+    of a new pid namespace, fuseboxd serves, and its workers compute."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare(1) to start fuseboxd as pid 1")
+    with tempfile.TemporaryDirectory(prefix="fbsec-") as tmp:
+        sock = os.path.join(tmp, "s")
+        log = open(os.path.join(tmp, "log"), "w+")
+        proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", FUSEBOXD, "--listen",
+                                 "unix:" + sock, "--backend", "cpu"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        c = Client("unix:" + sock)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if c.health() == health_pb2.HealthCheckResponse.SERVING:
+                        break
+                except grpc.RpcError:
+                    pass
+                log.seek(0)
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    "fuseboxd as pid 1 did not start:\n" + log.read()
+                time.sleep(0.05)
+            compute(c).close()
+            # SIGTERM to fuseboxd (unshare ignores it): a clean exit, which
+            # unshare passes on
+            for pid in children(proc.pid):
+                os.kill(pid, signal.SIGTERM)
+            assert proc.wait(timeout=RPC_TIMEOUT) == 0
+        finally:
+            c.close()
+            if proc.poll() is None:
+                proc.kill()  # --kill-child: fuseboxd goes with it
+                proc.wait(timeout=RPC_TIMEOUT)
+            log.close()
