@@ -133,3 +133,45 @@ def test_many_background_compiles(server):
     assert got == want
     assert counters.activations_demoted >= 1, counters
     server.assert_unharmed()
+
+
+def test_write_chunks_hostile(server):
+    """WriteField chunks whose sizes and offsets do not add up: a total that
+    is not the field's (2^64-1 too), a first chunk past the start, offsets
+    that wrap (2^63, 2^64-1), a gap, an overlap, a chunk past the end, one
+    naming another field or another session, data after the field is whole,
+    a stream that ends short. Each is INVALID_ARGUMENT naming the problem;
+    the field keeps what it held (a refused write stages nothing it could
+    apply), the server serves."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    good = bytes(range(64))
+    assert c.write_field(sid, 2, good) == 64
+
+    def chunk(offset, data, total=64, field=2, session=sid):
+        return pb.FieldChunk(session_id=session, field=field, offset=offset & (2**64 - 1),
+                             total_bytes=total & (2**64 - 1), data=data)
+
+    def write(*chunks):
+        return c._write(iter(chunks), timeout=RPC_TIMEOUT)
+
+    attacks = [
+        ((chunk(0, b"x" * 64, total=2**64 - 1),), "total_bytes says 18446744073709551615"),
+        ((chunk(0, b"x" * 64, total=65),), "holds 64 bytes"),
+        ((chunk(8, b"x" * 56),), "does not continue"),
+        ((chunk(2**63, b"x" * 8),), "does not continue"),
+        ((chunk(0, b"x" * 32), chunk(2**64 - 32, b"x" * 32)), "does not continue"),
+        ((chunk(0, b"x" * 16), chunk(32, b"x" * 32)), "does not continue"),  # a gap
+        ((chunk(0, b"x" * 32), chunk(16, b"x" * 48)), "does not continue"),  # an overlap
+        ((chunk(0, b"x" * 32), chunk(32, b"x" * 64)), "does not continue"),  # past the end
+        ((chunk(0, b"x" * 65),), "does not continue"),
+        ((chunk(0, b"x" * 64), chunk(64, b"y")), "does not continue"),  # after the whole
+        ((chunk(0, b"x" * 32), chunk(32, b"x" * 32, field=1)), "does not continue"),
+        ((chunk(0, b"x" * 32), chunk(32, b"x" * 32, session=server.victim)),
+         "does not continue"),
+        ((chunk(0, b"x" * 32),), "ended after 32 of 64 bytes"),
+    ]
+    for chunks, words in attacks:
+        expect_error(lambda: write(*chunks), INVALID, words)
+        assert c.read_field(sid, 2) == good
+    server.assert_unharmed()
