@@ -63,7 +63,7 @@ def test_hostile_streams_for_period_detection(server):
     launches back (every period scans to it and fails); a 256-launch period
     broken every 700 launches (deferred flushes cut where it breaks); every
     launch new. Every launch runs and the field holds the last values."""
-    n = 8192
+    n = 6000
     odd_far = [7 if i % 512 else 8 for i in range(n)]
     # the key is (kernel, cell i % 16, value): a period of 256 launches
     near = [(i % 256) if i % 700 else -1 for i in range(n)]
@@ -79,8 +79,8 @@ def test_hostile_streams_for_period_detection(server):
 # inserted runs in its place; a session has at most 8 such compiles at once
 # (FB_MAX_BG_COMPILES; past it an entry compiles in its batch), which
 # test_async's standin_while_demoted_compiles checks with the engine's test
-# hooks. Here a client makes twelve such tasks at once through fuseboxd.
-KERNELS = 12
+# hooks. Here a client makes ten such tasks at once through fuseboxd.
+KERNELS = 10
 TERMS = 90  # each term a load, a constant, a multiply and an add: > 256 statements
 
 
@@ -97,7 +97,7 @@ def _program():
 
 
 def _frames(server, mode):
-    """init, then six frames of every big kernel, each frame synced; the
+    """init, then four frames of every big kernel, each frame synced; the
     field b and the last SyncResult's counters."""
     c = server.client
     text = _program()
@@ -116,7 +116,7 @@ def _frames(server, mode):
     try:
         s.send(launches=[pb.Launch(kernel=ids[0])])
         r = s.sync(1)
-        for f in range(6):
+        for f in range(4):
             s.send(launches=[pb.Launch(kernel=k) for k in ids[1:]])
             r = s.sync(2 + f)
             assert list(r.errors) == [], (mode, f, r.errors)
@@ -126,7 +126,7 @@ def _frames(server, mode):
 
 
 def test_many_background_compiles(server):
-    """Twelve large tasks demoted on later frames of an async session: the
+    """Ten large tasks demoted on later frames of an async session: the
     results are sync mode's, and the server serves throughout."""
     want, _ = _frames(server, "sync")
     got, counters = _frames(server, "async")
