@@ -125,6 +125,15 @@ def test_worker_user_configurable(make_server):
     server.assert_unharmed()
 
 
+@ROOT_ONLY
+def test_thread_isolation_as_root_warns(make_server):
+    """--isolation thread has no workers to switch: a root fuseboxd runs
+    tenants' code as root, and its log says so at start."""
+    server = make_server("--isolation", "thread")
+    assert "isolation thread as root: tenants' JIT code runs as root" in server.logtext()
+    server.assert_unharmed()
+
+
 def start_fails(*args):
     """fuseboxd with args must refuse to start: its exit status and log."""
     with tempfile.TemporaryDirectory(prefix="fbsec-") as tmp:
