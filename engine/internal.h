@@ -71,9 +71,7 @@ static const uint64_t no_args[1] = {0};
 
 struct fb_engine {
   const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
-  void *dev;                /* ... opened by ops->open */
-  void *cpu;                /* the CPU device, opened on every backend */
-  const fb_device_ops *cpu_ops; /* its table; its code cache is the engine's */
+  void *dev;                /* ... opened by ops->open; its code cache is the engine's */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */

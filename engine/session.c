@@ -25,26 +25,25 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
   }
   e->standin_min_stmts = FB_STANDIN_MIN_STMTS;
   const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
-  void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
     char why[512];
-    int rc = cuda->open(threads, &gpu, why, sizeof why);
+    int rc = cuda->open(threads, &e->dev, why, sizeof why);
     if (rc && strcmp(be, "cuda") == 0) {
       fb_errf(err, errlen, "%s", why);
       free(e);
       return rc;
     }
   }
-  int rc = cpu->open(threads, &e->cpu, err, errlen);
-  if (rc) {
-    if (gpu) cuda->close(gpu);
-    free(e);
-    return rc;
+  e->ops = e->dev ? cuda : cpu;
+  if (!e->dev) {
+    int rc = cpu->open(threads, &e->dev, err, errlen);
+    if (rc) {
+      free(e);
+      return rc;
+    }
   }
-  e->ops = gpu ? cuda : cpu;
-  e->dev = gpu ? gpu : e->cpu;
-  e->cpu_ops = cpu;
-  cpu->set_code_cache_bytes(e->cpu, FB_CODE_CACHE_BYTES_DEFAULT);
+  /* the active device's code cache (the GPU's takes no bound) */
+  e->ops->set_code_cache_bytes(e->dev, FB_CODE_CACHE_BYTES_DEFAULT);
   pthread_mutex_init(&e->mu, NULL);
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
@@ -81,8 +80,7 @@ static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
   fb_cpool_free(e->cpool);
-  e->cpu_ops->close(e->cpu);
-  if (e->dev != e->cpu) e->ops->close(e->dev);
+  e->ops->close(e->dev);
   pthread_mutex_destroy(&e->mu);
   free(e);
 }
@@ -96,12 +94,12 @@ const char *fb_engine_device(const fb_engine *e) {
 
 void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out) {
   fb_code_cache_info i = {0};
-  if (e) e->cpu_ops->code_cache(e->cpu, &i);
+  if (e) e->ops->code_cache(e->dev, &i);
   *out = (fb_code_cache_usage){i.bytes, i.pinned_bytes, i.limit, i.entries, i.evictions};
 }
 
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
-  if (e) e->cpu_ops->set_code_cache_bytes(e->cpu, bytes);
+  if (e) e->ops->set_code_cache_bytes(e->dev, bytes);
 }
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {

@@ -149,8 +149,10 @@ const char *fb_engine_device(const fb_engine *e);
  * (may be NULL) then says what happened. Sessions of a failed context
  * return FB_EDEVICE from every call. */
 int fb_engine_healthy(fb_engine *e, char *why, size_t len);
-/* The engine's CPU code cache: bytes it holds (code and its keys), of
- * which pinned by live sessions, its bound, entries, evictions so far. */
+/* The code cache of the engine's device (the CPU JIT's code, or the CUDA
+ * device's loaded modules, counted by PTX size): bytes it holds (code and
+ * its keys), of which pinned by live sessions, its bound (0: none),
+ * entries, evictions so far. */
 typedef struct fb_code_cache_usage {
   uint64_t bytes, pinned_bytes, limit, entries, evictions;
 } fb_code_cache_usage;
@@ -158,7 +160,8 @@ void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out);
 /* Bound the CPU code cache to bytes (0: none): past it the least recently
  * used code that no live session holds is removed from the JIT and freed.
  * Code that live sessions hold is never evicted, so the cache may stand
- * above its bound while they hold more. GPU modules are not bounded. */
+ * above its bound while they hold more. On CUDA this does nothing: a module
+ * stays loaded for its context's life, and the bound reads 0. */
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes);
 
 /* The session copies the layout (which must be finalized). On failure err
