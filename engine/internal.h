@@ -252,6 +252,18 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...) {
   return code;
 }
 
+/* A compile's share of the counters c: a cache hit, or a task compiled
+ * with its statements; its time either way. */
+static inline void fbe_count_compile(fb_counters *c, const fb_cpu_code *code) {
+  if (code->cache_hit) {
+    c->cache_hits++;
+  } else {
+    c->tasks_compiled++;
+    c->statements_emitted += (uint64_t)code->stmts_emitted;
+  }
+  c->compile_s += code->compile_s;
+}
+
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */
 
 /* launch.c */

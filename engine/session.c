@@ -422,28 +422,28 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
   sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
   sk->irs[t] = task->ir;
-  if (code.cache_hit) s->c.cache_hits++;
-  else {
-    s->c.tasks_compiled++;
-    s->c.statements_emitted += (uint64_t)code.stmts_emitted;
-  }
-  s->c.compile_s += code.compile_s;
+  fbe_count_compile(&s->c, &code);
   return 0;
 }
 
-static int lower_and_compile(fb_session *s, sess_kernel *sk) {
+/* Lower the kernel into its tasks, with room for their IR (sk->irs). */
+static int lower_kernel(fb_session *s, sess_kernel *sk) {
   char msg[ERRLEN];
   msg[0] = 0;
   int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
   if (rc)
     return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
                 msg[0] ? msg : fb_strerror(rc));
-  int n = sk->tl.n;
-  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  sk->irs = calloc((size_t)(sk->tl.n ? sk->tl.n : 1), sizeof *sk->irs);
+  return sk->irs ? 0 : fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+}
+
+static int lower_and_compile(fb_session *s, sess_kernel *sk) {
+  int rc = lower_kernel(s, sk), n = sk->tl.n;
+  if (rc) return rc;
   sk->code = calloc((size_t)(n ? n : 1), sizeof *sk->code);
   sk->hints = calloc((size_t)(n ? n : 1), sizeof *sk->hints);
-  if (!sk->irs || !sk->code || !sk->hints)
-    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  if (!sk->code || !sk->hints) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   for (int t = 0; t < n; t++)
     if ((rc = compile_task(s, sk, t))) return rc;
   return 0;
@@ -452,16 +452,10 @@ static int lower_and_compile(fb_session *s, sess_kernel *sk) {
 /* Async: lower the kernel and put its tasks into the session's IR bank
  * (compiled when a flush hands them out). */
 static int lower_and_intern(fb_session *s, sess_kernel *sk) {
-  char msg[ERRLEN];
-  msg[0] = 0;
-  int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
-  if (rc)
-    return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
-                msg[0] ? msg : fb_strerror(rc));
-  int n = sk->tl.n;
-  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  int rc = lower_kernel(s, sk), n = sk->tl.n;
+  if (rc) return rc;
   sk->h = malloc(sizeof *sk->h * (size_t)(n ? n : 1));
-  if (!sk->irs || !sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  if (!sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   for (int t = 0; t < n; t++) sk->h[t] = FB_IRH_NONE;
   for (int t = 0; t < n; t++) {
     sk->irs[t] = sk->tl.v[t].ir;
