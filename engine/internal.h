@@ -71,9 +71,7 @@ static const uint64_t no_args[1] = {0};
 
 struct fb_engine {
   const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
-  void *dev;                /* ... opened by ops->open */
-  void *cpu;                /* the CPU device, opened on every backend */
-  const fb_device_ops *cpu_ops; /* its table; its code cache is the engine's */
+  void *dev;                /* ... opened by ops->open; its code cache is the engine's */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
@@ -265,6 +263,18 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...) {
   va_end(ap);
   s->err_bg = 0;
   return code;
+}
+
+/* A compile's share of the counters c: a cache hit, or a task compiled
+ * with its statements; its time either way. */
+static inline void fbe_count_compile(fb_counters *c, const fb_cpu_code *code) {
+  if (code->cache_hit) {
+    c->cache_hits++;
+  } else {
+    c->tasks_compiled++;
+    c->statements_emitted += (uint64_t)code->stmts_emitted;
+  }
+  c->compile_s += code->compile_s;
 }
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */

@@ -112,11 +112,8 @@ static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessag
  * changed the decoded request (a source's kernels appended to it), those
  * bytes are the changed request's. */
 static void repack(fbd_job *j, const ProtobufCMessage *m) {
-  size_t n = protobuf_c_message_get_packed_size(m);
-  grpc_slice s = grpc_slice_malloc(n);
-  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
   grpc_slice_unref(j->raw);
-  j->raw = s;
+  j->raw = fbp_slice_pack(m);
 }
 
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
@@ -599,7 +596,8 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
 }
 
 /* Where a chunk's data goes; NULL after refusing it. */
-static uint8_t *write_target(fbd_call *c, const fbp_chunk *ch) {
+static uint8_t *write_target(void *call, const fbp_chunk *ch) {
+  fbd_call *c = call;
   wstate *w = c->state;
   if (!w && !(w = write_begin(c, ch))) return NULL;
   if ((ch->session_id_len &&
@@ -639,29 +637,15 @@ static void write_end(fbd_call *c) {
 /* One chunk: its data is copied from the message's slices straight into
  * the staging buffer when it comes last (always, from Fusebox peers). */
 static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
-  size_t total = grpc_byte_buffer_length(bb), at = 0;
-  uint8_t head[FBP_CHUNK_HEADER_MAX];
-  size_t hn = total < sizeof head ? total : sizeof head;
-  fbp_bb_copy(bb, 0, head, hn);
   fbp_chunk ch;
-  uint8_t *dst;
-  if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
-    if (!(dst = write_target(c, &ch))) return FB_EINVAL;
-    fbp_bb_copy(bb, at, dst, ch.len);
-  } else {
-    grpc_slice sl = fbp_bb_slice(bb);
-    char err[256];
-    int rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), &ch, err, sizeof err);
-    if (rc) {
-      fbd_count_bad(c->srv);
-      fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err, c->peer ? c->peer : "?");
-      fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
-    } else if ((dst = write_target(c, &ch))) {
-      memcpy(dst, ch.data, ch.len);
-    }
-    grpc_slice_unref(sl);
-    if (rc || !dst) return FB_EINVAL;
+  char err[256];
+  int rc = fbp_bb_take_chunk(bb, &ch, write_target, c, err, sizeof err);
+  if (rc == FBP_CHUNK_MALFORMED) {
+    fbd_count_bad(c->srv);
+    fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err, c->peer ? c->peer : "?");
+    fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
   }
+  if (rc) return FB_EINVAL; /* refused: write_target answered */
   ((wstate *)c->state)->fill += ch.len;
   return 0;
 }

@@ -243,7 +243,7 @@ struct fbd_server {
   int nzombies, zcap;
   fbd_stats st;
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
-  uint64_t code_cache_bytes; /* as applied to the engines */
+  uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* process isolation (proc.c), under pmu */
