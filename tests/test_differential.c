@@ -38,6 +38,15 @@
  * mode must report the errors sync mode reports (kernel, launch number,
  * message).
  *
+ * Stream programs (case "stream", dt_gen_prog_stream, ctest
+ * test_differential_stream): periods of launches repeated past flush_every
+ * with syncs, every field read after them, (de)activation between frames,
+ * stencils with element-wise readers, stand-ins (the case's engine has a
+ * stand-in threshold of 0), and a failing variant; FB_DIFF_FAILING_STREAM=1
+ * with FB_DIFF_SEED picks the failing one. A fused task that cannot tell
+ * which of its parts failed names its first part (docs/testing.md, "Blame
+ * in fused tasks"): counted, or failed with FB_DIFF_STRICT_BLAME=1.
+ *
  * The sources of the tester live in tests/difftest/ and are compiled into
  * this one executable. */
 #include <pthread.h>
@@ -896,6 +905,83 @@ START_TEST(test_mutant_sub) {
 }
 END_TEST
 
+/* Regression (found by the stream programs): bad(a) reads w[i + a], out
+ * of bounds at one cell for a = 1, and its launches fuse (y written only
+ * at i, w only read). Sync mode blames launch 1 (bad(1)) for the first
+ * error and launch 3 for the second. Async without fusion must say the
+ * same; with fusion the fused task cannot tell its parts apart (neither is
+ * provably in bounds), so it must name a part no later than launch 1 and
+ * own up to the launches fused with it; the values match the oracle in
+ * every stream configuration. */
+static const char *blame_prog =
+    "layout {\n"
+    "  dense(i: 8) as n0 {\n"
+    "    place y: i64\n"
+    "    place w: i64\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "kernel bad(i32) {\n"
+    "  %0 = const.i32 8\n"
+    "  %1 = const.i32 0\n"
+    "  par_for %2 in %1 .. %0 {\n"
+    "    %3 = loop_index.i32 %2, 0\n"
+    "    %4 = arg.i32 0\n"
+    "    %5 = add.i32 %3, %4\n"
+    "    %6 = load.i64 w[%5]\n"
+    "    %7 = load.i64 y[%3]\n"
+    "    %8 = add.i64 %7, %6\n"
+    "    store y[%3], %8\n"
+    "  }\n"
+    "}\n"
+    "#! seed 0x0\n"
+    "#! field_write w 0x1\n"
+    "#! launch bad 0\n"
+    "#! launch bad 1\n"
+    "#! launch bad 0\n"
+    "#! launch bad 1\n"
+    "#! sync\n"
+    "#! field_read y\n";
+
+START_TEST(test_blame_in_fused_tasks) {
+  dt_run r;
+  dt_run_init(&r);
+  dt_prog p;
+  char err[512], msg[DT_ERRLEN];
+  ck_assert_msg(dt_prog_parse(blame_prog, &p, err, sizeof err) == 0, "%s", err);
+  dt_log want, sync;
+  dt_run_oracle(&p, &want);
+  ck_assert_msg(!want.failed, "%s", want.err);
+  dt_run_config(&r.env, &p, &dt_stream_configs[0], &sync);
+  ck_assert_int_eq(dt_compare(&p, &want, &sync, 1, msg, sizeof msg), 0);
+  ck_assert_int_eq(sync.nerrs, 2);
+  ck_assert_int_eq(sync.err1_launch, 1);
+  int fused = 0;
+  for (int i = 1; i < DT_NSTREAM; i++) {
+    const dt_config *c = &dt_stream_configs[i];
+    dt_log got;
+    dt_run_config(&r.env, &p, c, &got);
+    ck_assert_msg(dt_compare(&p, &want, &got, c->kind == DT_CFG_SYNC, msg, sizeof msg) == 0,
+                  "%s: %s", c->name, msg);
+    if (c->kind == DT_CFG_ASYNC) {
+      ck_assert_msg(got.nerrs >= 1, "%s reported no error", c->name);
+      ck_assert_msg(same_errors(&sync, &got, msg, sizeof msg) == 0, "%s: %s", c->name, msg);
+      if (!got.counters.tasks_fused) /* unfused: exactly sync's launch */
+        ck_assert_msg(got.err1_launch == 1, "%s: launch %lld", c->name,
+                      (long long)got.err1_launch);
+      else
+        fused++;
+    }
+    dt_log_free(&got);
+  }
+  ck_assert_int_gt(fused, 0);
+  dt_log_free(&want);
+  dt_log_free(&sync);
+  dt_prog_free(&p);
+  dt_run_fini(&r);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("differential");
   TCase *t = tcase_create("programs");
@@ -925,6 +1011,7 @@ static Suite *suite(void) {
   tcase_add_test(u, test_generator_coverage);
   tcase_add_test(u, test_mutant_host_write);
   tcase_add_test(u, test_mutant_sub);
+  tcase_add_test(u, test_blame_in_fused_tasks);
   suite_add_tcase(s, u);
   return s;
 }
