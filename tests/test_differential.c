@@ -982,6 +982,68 @@ START_TEST(test_blame_in_fused_tasks) {
 }
 END_TEST
 
+/* The stream programs' stencil kernels meet per-direction element-wise
+ * fusion as meant: in a window of two launches, sten then rd, and rd then
+ * sten, fuse (rd reads only z[i]); sten with nb (reads z[i + 1]) or wz
+ * (writes z[i]) never does, in either order; every result is the
+ * oracle's. */
+static int kernel_named(const dt_prog *p, const char *name) {
+  for (int k = 0; k < p->nk; k++)
+    if (!strcmp(p->ks[k]->name, name)) return k;
+  return -1;
+}
+
+START_TEST(test_stream_stencil_fusion) {
+  dt_run r;
+  dt_run_init(&r);
+  static const struct {
+    const char *a, *b;
+    int fuses;
+  } pairs[] = {{"sten", "rd", 1}, {"rd", "sten", 1}, {"sten", "nb", 0},
+               {"nb", "sten", 0}, {"sten", "wz", 0}, {"wz", "sten", 0}};
+  const dt_config *fusion = &dt_stream_configs[7];
+  ck_assert_str_eq(fusion->name, "async:fusion");
+  for (uint64_t seed = 1; seed <= 3; seed++) {
+    dt_prog p;
+    char err[4096], msg[DT_ERRLEN];
+    ck_assert_msg(dt_gen_prog_stream(seed, 0, &p, err, sizeof err) == 0, "%s", err);
+    dt_step writes[2] = {p.steps[0], p.steps[1]}; /* z and w from data */
+    ck_assert_int_eq(writes[0].kind, DT_FIELD_WRITE);
+    ck_assert_int_eq(writes[1].kind, DT_FIELD_WRITE);
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+      int ka = kernel_named(&p, pairs[i].a), kb = kernel_named(&p, pairs[i].b);
+      ck_assert(ka >= 0 && kb >= 0);
+      p.nsteps = 0;
+      p.steps[p.nsteps++] = writes[0];
+      p.steps[p.nsteps++] = writes[1];
+      for (int j = 0; j < 2; j++) {
+        dt_step *st = &p.steps[p.nsteps++];
+        memset(st, 0, sizeof *st);
+        st->kind = DT_LAUNCH;
+        st->kernel = j ? kb : ka;
+        st->nargs = p.ks[st->kernel]->nparams;
+        if (st->nargs) st->args[0] = fb_value_i32((int)seed & 1);
+      }
+      p.steps[p.nsteps].kind = DT_SYNC;
+      p.nsteps++;
+      dt_log want, got;
+      dt_run_oracle(&p, &want);
+      dt_run_config(&r.env, &p, fusion, &got);
+      ck_assert_msg(dt_compare(&p, &want, &got, 0, msg, sizeof msg) == 0, "seed %llu %s %s: %s",
+                    (unsigned long long)seed, pairs[i].a, pairs[i].b, msg);
+      ck_assert_msg(got.counters.tasks_fused == (uint64_t)pairs[i].fuses,
+                    "seed %llu: %s then %s: %llu fused, expected %d", (unsigned long long)seed,
+                    pairs[i].a, pairs[i].b, (unsigned long long)got.counters.tasks_fused,
+                    pairs[i].fuses);
+      dt_log_free(&want);
+      dt_log_free(&got);
+    }
+    dt_prog_free(&p);
+  }
+  dt_run_fini(&r);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("differential");
   TCase *t = tcase_create("programs");
@@ -1012,6 +1074,7 @@ static Suite *suite(void) {
   tcase_add_test(u, test_mutant_host_write);
   tcase_add_test(u, test_mutant_sub);
   tcase_add_test(u, test_blame_in_fused_tasks);
+  tcase_add_test(u, test_stream_stencil_fusion);
   suite_add_tcase(s, u);
   return s;
 }
