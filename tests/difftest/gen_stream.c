@@ -10,6 +10,9 @@
  *     earlier ones (the optimizer's plan memo); now and then one launch of
  *     a repetition has other arguments (the period breaks while a flush
  *     waits for it);
+ *   - a warm-up period and a sync before the frames (most programs): the
+ *     first frame's activations are demoted against its tasks, whose code
+ *     is known, so stand-ins run while the demoted code compiles;
  *   - frames end in a sync (most often), an fb_flush or nothing; after a
  *     sync, in most programs, every field is read (so every configuration
  *     is compared field by field after every sync), and between frames the
@@ -357,6 +360,12 @@ int dt_gen_prog_stream(uint64_t seed, int failing, dt_prog *out, char *err, size
   if (dt_chance(&r, 60)) put_host(&g, DT_FIELD_WRITE, g.y);
   for (int i = (int)dt_below(&r, 4); i > 0; i--) put_host(&g, DT_CELL_WRITE, g.q);
   if (dt_chance(&r, 50)) put_kind(&g, DT_SYNC);
+  if (dt_chance(&r, 70)) { /* a warm-up period and a sync: later windows demote against it,
+                              and its tasks' code stands in for theirs (stand-ins) */
+    for (int i = 0; i < plen; i++)
+      if (!failing || period[i].kernel != skid[SK_BAD]) put_launch(&g, &period[i]);
+    put_kind(&g, DT_SYNC);
+  }
   int frames = 2 + (int)dt_below(&r, 5);
   int reps_max = (g.e > 100 ? 20 : 80) / plen + 1;
   int bad_frame = failing ? (int)dt_below(&r, (uint32_t)frames) : -1;
