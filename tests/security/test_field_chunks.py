@@ -8,7 +8,7 @@ byte. After each, the session still takes a write and the other tenant is
 unharmed (server.assert_unharmed)."""
 import grpc
 
-from conftest import RPC_TIMEOUT, dense_layout, expect_error
+from conftest import RPC_TIMEOUT, dense_layout, expect_error, pb
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 FIELD = 2  # dense_layout's place
@@ -92,4 +92,38 @@ def test_write_field_data_first(server):
                chunk("", 1, data[1:700], data_first=True),
                chunk("", 700, data[700:])])
     assert c.read_field(sid, FIELD) == data
+    server.assert_unharmed()
+
+
+def test_write_field_sizes_that_do_not_add_up(server):
+    """Sizes and offsets that do not add up, as protobuf messages: a total
+    that is not the field's (2^64-1 too), a first chunk past the start,
+    offsets that wrap (2^63, 2^64-32), a chunk longer than the field, data
+    after the field is whole. Each is INVALID_ARGUMENT naming the problem and
+    the field keeps what it held (a refused write stages nothing it could
+    apply)."""
+    c = server.client
+    sid = c.new_session(dense_layout(16))
+    good = bytes(range(64))
+    assert c.write_field(sid, 2, good) == 64
+
+    def chunk(offset, data, total=64, field=2, session=sid):
+        return pb.FieldChunk(session_id=session, field=field, offset=offset & (2**64 - 1),
+                             total_bytes=total & (2**64 - 1), data=data)
+
+    def write(*chunks):
+        return c._write(iter(chunks), timeout=RPC_TIMEOUT)
+
+    attacks = [
+        ((chunk(0, b"x" * 64, total=2**64 - 1),), "total_bytes says 18446744073709551615"),
+        ((chunk(0, b"x" * 64, total=65),), "holds 64 bytes"),
+        ((chunk(8, b"x" * 56),), "does not continue"),
+        ((chunk(2**63, b"x" * 8),), "does not continue"),
+        ((chunk(0, b"x" * 32), chunk(2**64 - 32, b"x" * 32)), "does not continue"),
+        ((chunk(0, b"x" * 65),), "does not continue"),
+        ((chunk(0, b"x" * 64), chunk(64, b"y")), "does not continue"),  # after the whole
+    ]
+    for chunks, words in attacks:
+        expect_error(lambda: write(*chunks), INVALID, words)
+        assert c.read_field(sid, 2) == good
     server.assert_unharmed()
