@@ -817,7 +817,7 @@ static int emit_range(fb_emit *e, int blk, int from, int to) {
          e->k->stmts[id].op == FB_OP_STORE_NA)) {
       int n = (to < b->n ? to : b->n) - i;
       int r = e->k->stmts[id].op == FB_OP_LOAD ? fb_emit_try_loads(e, b->ids + i, n)
-                                                : fb_emit_try_stores(e, b->ids + i, n);
+                                               : fb_emit_try_stores(e, b->ids + i, n);
       if (r) {
         if (r > 0) i += r - 1;
         continue;

@@ -740,9 +740,9 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
   int id = ids[0];
   const fb_stmt *s = &e->k->stmts[id];
   const fb_layout *l = e->l;
-  if ((s->op != FB_OP_STORE && s->op != FB_OP_STORE_NA) || s->snode <= 0 ||
-      s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE ||
-      dense_path(l, l->nodes[s->snode].parent) || loop_cell(e, s))
+  if ((s->op != FB_OP_STORE && s->op != FB_OP_STORE_NA) || s->snode <= 0 || s->snode >= l->nnodes ||
+      l->nodes[s->snode].kind != FB_SN_PLACE || dense_path(l, l->nodes[s->snode].parent) ||
+      loop_cell(e, s))
     return 0;
   int m = 1;
   while (m < n && m < MAXG && same_store(e, s, ids[m])) m++;

@@ -729,8 +729,8 @@ static char *task_ir_na(fb_program *p, const char *kernel, int na) {
   ck_assert_int_eq(stores, 3);
   fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
   char *text = NULL;
-  ck_assert_msg(fb_llvm_ir_text(&t, "x86_64", &text, err, sizeof err) == 0, "IR of %s: %s",
-                kernel, err);
+  ck_assert_msg(fb_llvm_ir_text(&t, "x86_64", &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
+                err);
   fb_task_list_free(&tl);
   return text;
 }
@@ -751,8 +751,7 @@ START_TEST(test_store_walk_ir) {
       ck_assert_msg(lines_with(b0, "call ptr @fb_rt_ptr_activate", "") == 1,
                     "st: not one activation for the three components of a[I]:\n%s", b0);
     else
-      ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1 &&
-                        !strstr(b0, "fb_rt_ptr_activate"),
+      ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1 && !strstr(b0, "fb_rt_ptr_activate"),
                     "st (store_na): not one walk, without activation, for a[I]:\n%s", b0);
     ck_assert_msg(lines_with(b0, "icmp ult i64", "") == 1,
                   "st (na %d): not one bounds check for the three stores:\n%s", na, b0);
