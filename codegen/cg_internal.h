@@ -221,6 +221,10 @@ int fb_emit_stmt(fb_emit *e, int id);
  * number emitted (all done), 0 when fewer than two qualify (nothing
  * emitted), -1 on error (e->rc). */
 int fb_emit_try_loads(fb_emit *e, const int *ids, int n);
+/* Stores (store or store_na, one op) ids[0..n) that write fields of one
+ * sparse container at the same indices: one walk for all (emit_mem.c); the
+ * same returns as fb_emit_try_loads. */
+int fb_emit_try_stores(fb_emit *e, const int *ids, int n);
 
 /* reduce.c: reductions of a parallel task (see the file's comment).
  * plan: choose the atomics of loop `loop` to turn into reductions; open:

@@ -813,8 +813,11 @@ static int emit_range(fb_emit *e, int blk, int from, int to) {
       }
     }
     if (i + 1 < to && i + 1 < b->n && id >= 0 && id < e->k->nstmts &&
-        e->k->stmts[id].op == FB_OP_LOAD) {
-      int r = fb_emit_try_loads(e, b->ids + i, (to < b->n ? to : b->n) - i);
+        (e->k->stmts[id].op == FB_OP_LOAD || e->k->stmts[id].op == FB_OP_STORE ||
+         e->k->stmts[id].op == FB_OP_STORE_NA)) {
+      int n = (to < b->n ? to : b->n) - i;
+      int r = e->k->stmts[id].op == FB_OP_LOAD ? fb_emit_try_loads(e, b->ids + i, n)
+                                               : fb_emit_try_stores(e, b->ids + i, n);
       if (r) {
         if (r > 0) i += r - 1;
         continue;

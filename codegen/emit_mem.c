@@ -710,6 +710,78 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
   return 0;
 }
 
+/* Stores of several fields of one sparse container at the same indices,
+ * one after the other in a block, by the same op (the components of a
+ * vector field: `q[I] = r` is q.0[I] = r.0, q.1[I] = r.1, q.2[I] = r.2):
+ * one bounds check and one walk (activating for store, skipping an
+ * inactive cell for store_na), then a store of each field into the cell.
+ * Each store alone would walk the path again, and reload each level's
+ * slot after the previous store (the slots' loads are untagged, so they
+ * may alias the stored field). Same effect: the same cell is activated (or
+ * found inactive) once instead of once per field, and the values are
+ * computed before the first store. */
+static int same_store(fb_emit *e, const fb_stmt *a, int id2) {
+  if (id2 < 0 || id2 >= e->k->nstmts || e->done[id2]) return 0;
+  const fb_stmt *b = &e->k->stmts[id2];
+  const fb_layout *l = e->l;
+  if (b->op != a->op || b->nargs != a->nargs || b->snode <= 0 || b->snode >= l->nnodes) return 0;
+  const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
+  if (fb->kind != FB_SN_PLACE || fb->parent != fa->parent || fb->ndim != fa->ndim) return 0;
+  for (int d = 0; d < fa->ndim; d++)
+    if (a->args[d] != b->args[d]) return 0;
+  return 1;
+}
+
+int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
+  enum {
+    MAXG = 16
+  };
+  if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return 0;
+  int id = ids[0];
+  const fb_stmt *s = &e->k->stmts[id];
+  const fb_layout *l = e->l;
+  if ((s->op != FB_OP_STORE && s->op != FB_OP_STORE_NA) || s->snode <= 0 || s->snode >= l->nnodes ||
+      l->nodes[s->snode].kind != FB_SN_PLACE || dense_path(l, l->nodes[s->snode].parent) ||
+      loop_cell(e, s))
+    return 0;
+  int m = 1;
+  while (m < n && m < MAXG && same_store(e, s, ids[m])) m++;
+  if (m < 2) return 0;
+  LLVMValueRef idx[FB_MAX_AXES], inb, v[MAXG];
+  if (index_check(e, id, s, s->snode, 1, idx, &inb)) return -1;
+  for (int j = 0; j < m; j++) {
+    const fb_stmt *sj = &e->k->stmts[ids[j]];
+    const fb_snode *f = &l->nodes[sj->snode];
+    if (sj->nargs != f->ndim + 1) {
+      fb_emit_error(e, FB_EINVAL, "%%%d %s: SNode %d takes %d indices", ids[j], opname(sj),
+                    sj->snode, f->ndim);
+      return -1;
+    }
+    v[j] = value_operand(e, ids[j], sj, f->type, f->ndim);
+    if (!v[j]) return -1;
+  }
+  guard g;
+  guard_begin(e, inb, &g);
+  const fb_snode *f0 = &l->nodes[s->snode];
+  int write = s->op == FB_OP_STORE;
+  walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0};
+  global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
+  LLVMValueRef cell = walk_to(e, &w, f0->parent);
+  if (!cell) return -1;
+  for (int j = 0; j < m; j++) {
+    const fb_snode *f = &l->nodes[e->k->stmts[ids[j]].snode];
+    LLVMValueRef st = LLVMBuildStore(e->b, fb_emit_to_mem(e, f->type, v[j]),
+                                     byte_gepc(e, cell, (int64_t)f->offset));
+    set_align(st, f->type);
+    tag_field(e, st, f->id);
+  }
+  off_end(e, w.off, NULL, NULL);
+  guard_end(e, &g, NULL, NULL);
+  for (int j = 0; j < m; j++) e->done[ids[j]] = 1;
+  e->stmts += m;
+  return m;
+}
+
 /* The atomicrmw operation for op on type t, or -1 when undefined. */
 static int atomic_binop(fb_op op, fb_type t) {
   int fl = fb_type_is_float(t), sg = fb_type_is_signed(t);

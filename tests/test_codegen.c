@@ -695,6 +695,72 @@ START_TEST(test_zero_walk_ir) {
 }
 END_TEST
 
+/* Stores of the components of a vector cell through a sparse path
+ * (emit_mem.c, fb_emit_try_stores): one bounds check and one walk for the
+ * three, both for store (one activation) and for store_na (one skip).
+ * tests/test_sparse.c (neighbour_reads' fill, demoted_vector_writes)
+ * checks the results against the interpreter. */
+static const char *STORE_SRC = "layout {\n"
+                               "  pointer(i: 8) { dense(i: 4) { place a: f32[3] } }\n"
+                               "  pointer(i: 8) { dense(i: 4) { place b: f32 } }\n"
+                               "}\n"
+                               "kernel st(n: i32) {\n"
+                               "  for i in 0 .. 32 { a[(i + n) % 32] = [1.0, 2.0, f32(i)] }\n"
+                               "}\n";
+
+/* The pre-O3 IR of kernel's one task, its stores turned into store_na when
+ * na (as activation demotion does). */
+static char *task_ir_na(fb_program *p, const char *kernel, int na) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, kernel, NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
+  ck_assert_int_eq(tl.n, 1);
+  int stores = 0;
+  for (int j = 0; j < tl.v[0].ir->nstmts; j++)
+    if (tl.v[0].ir->stmts[j].op == FB_OP_STORE) {
+      stores++;
+      if (na) tl.v[0].ir->stmts[j].op = FB_OP_STORE_NA;
+    }
+  ck_assert_int_eq(stores, 3);
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
+  char *text = NULL;
+  ck_assert_msg(fb_llvm_ir_text(&t, "x86_64", &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
+                err);
+  fb_task_list_free(&tl);
+  return text;
+}
+
+START_TEST(test_store_walk_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("store.fbk", STORE_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  for (int na = 0; na <= 1; na++) {
+    char *ir = task_ir_na(p, "st", na);
+    char *b0 = strstr(ir, "define void @fb_body(");
+    ck_assert_ptr_nonnull(b0);
+    ck_assert_msg(lines_with(b0, "store float", "") == 3, "st (na %d): not three stores:\n%s", na,
+                  b0);
+    if (!na)
+      ck_assert_msg(lines_with(b0, "call ptr @fb_rt_ptr_activate", "") == 1,
+                    "st: not one activation for the three components of a[I]:\n%s", b0);
+    else
+      ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1 && !strstr(b0, "fb_rt_ptr_activate"),
+                    "st (store_na): not one walk, without activation, for a[I]:\n%s", b0);
+    ck_assert_msg(lines_with(b0, "icmp ult i64", "") == 1,
+                  "st (na %d): not one bounds check for the three stores:\n%s", na, b0);
+    free(ir);
+  }
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(test_fast_results) {
   fb_program *p = fast_program();
   const fb_layout *l = fb_program_layout(p);
@@ -753,6 +819,7 @@ int main(void) {
   tcase_add_test(tc, test_fast_results);
   tcase_add_test(tc, test_group_ir);
   tcase_add_test(tc, test_zero_walk_ir);
+  tcase_add_test(tc, test_store_walk_ir);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -940,6 +940,47 @@ START_TEST(neighbour_reads) {
 }
 END_TEST
 
+/* store_na into the three components of a vector cell under a pointer,
+ * one after the other (codegen emits them as one walk, emit_mem.c
+ * fb_emit_try_stores): active cells take the values, inactive ones stay
+ * inactive and read 0; the same as the interpreter. */
+START_TEST(demoted_vector_writes) {
+  duo d;
+  duo_open(&d, nb_src, 2, 0);
+  fb_value a = i32v(2);
+  both(&d, "fill", &a, 1, 0); /* pv's blocks 1, 3, 5, 7 active */
+  const fb_layout *l = fb_program_layout(d.p);
+  const fb_lang_field *pv = field(&d, "pv");
+  ck_assert_int_eq(pv->ncomp, 3);
+  fb_kernel *k = fb_kernel_new(l, "demoted3", 0, NULL, FB_T_VOID);
+  fb_builder bb, *b = &bb;
+  fb_builder_init(b, k);
+  int lp = fb_b_range_for(b, fb_b_const_i32(b, 0), fb_b_const_i32(b, 32), 1);
+  int sv = fb_b_enter(b, k->stmts[lp].body);
+  int i = fb_b_loop_index(b, lp, 0);
+  int x = fb_b_cast(b, FB_T_F32, i);
+  int val[3] = {fb_b_binary(b, FB_OP_MUL, x, fb_b_const_f32(b, 3.0f)),
+                fb_b_binary(b, FB_OP_ADD, x, fb_b_const_f32(b, 0.5f)), fb_b_const_f32(b, -2.0f)};
+  for (int c = 0; c < 3; c++) {
+    int st = fb_b_global(b, FB_OP_STORE, pv->places[c], &i, 1, val[c]);
+    k->stmts[st].op = FB_OP_STORE_NA;
+  }
+  fb_b_leave(b, sv);
+  int id = fb_session_add_kernel(d.s, k);
+  ck_assert_msg(id >= 0, "%s", fb_session_errmsg(d.s));
+  ck_assert_int_eq(fb_launch(d.s, id, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_interp_run(d.in, k, NULL, 0, NULL), 0);
+  same(&d, "demoted vector writes");
+  float got[32];
+  ck_assert_int_eq(fb_field_read(d.s, pv->places[1], got, sizeof got), 0);
+  for (int j = 0; j < 32; j++)
+    ck_assert_msg(got[j] == ((j / 4) % 2 == 1 ? (float)j + 0.5f : 0.0f), "pv.1[%d] = %g", j,
+                  (double)got[j]);
+  fb_kernel_free(k);
+  duo_close(&d);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sparse");
   TCase *tc = tcase_create("engine");
@@ -957,6 +998,7 @@ int main(void) {
   tcase_add_test(tc, rand_in_sparse_loops);
   tcase_add_test(tc, demoted_writes);
   tcase_add_test(tc, neighbour_reads);
+  tcase_add_test(tc, demoted_vector_writes);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }
