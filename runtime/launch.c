@@ -194,7 +194,7 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
                         int64_t grain) {
   const fb_cg_priv *pv = &t->priv;
   int64_t words_span = (pv->hi - pv->lo + 3) / 4, words = 0;
-  for (int r = 0; r < pv->n; r++) words += pv->bytes[r] / 4;
+  for (int r = 0; r < pv->n && r < FB_CG_PRIV_MAX; r++) words += pv->bytes[r] / 4;
   size_t stride = ((size_t)words_span + 15) & ~(size_t)15; /* 64-byte copies */
   int threads = fb_pool_threads(d->pool);
   int maxslots = threads < PRIV_MAX_SLOTS ? threads : PRIV_MAX_SLOTS;
@@ -220,9 +220,10 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
   priv_job j = {t->body, slots};
   int used = fb_pool_for_slots(d->pool, n, grain, maxslots, priv_chunk, &j);
   if (!buf) return;
-  priv_sum ps = {(uint32_t *)(void *)ctx->root, NULL, NULL, pv->n, pv->lo / 4, {0}, 0, stride};
+  int nr = pv->n < FB_CG_PRIV_MAX ? (int)pv->n : FB_CG_PRIV_MAX;
+  priv_sum ps = {(uint32_t *)(void *)ctx->root, NULL, NULL, nr, pv->lo / 4, {0}, 0, stride};
   int64_t first[FB_CG_PRIV_MAX], count[FB_CG_PRIV_MAX];
-  for (int r = 0; r < pv->n; r++) {
+  for (int r = 0; r < nr; r++) {
     first[r] = pv->off[r] / 4;
     count[r] = pv->bytes[r] / 4;
   }
