@@ -681,35 +681,33 @@ int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes
   return rc;
 }
 
-static int chunk_fits(fb_remote *r, const fbp_chunk *ch, size_t bytes, size_t got) {
-  if (ch->offset == got && ch->total_bytes == bytes && ch->len <= bytes - got) return 0;
-  return rerr(r, FB_EINTERNAL,
-              "field read: chunk at %llu (%zu bytes) does not continue the "
-              "field (%zu of %zu bytes)",
-              (unsigned long long)ch->offset, ch->len, got, bytes);
+/* Where a received chunk goes (fbp_bb_take_chunk): it must continue the
+ * field where the bytes so far end. */
+typedef struct chunk_to {
+  fb_remote *r;
+  uint8_t *dst;
+  size_t bytes, got;
+} chunk_to;
+
+static uint8_t *chunk_dst(void *user, const fbp_chunk *ch) {
+  chunk_to *t = user;
+  if (ch->offset == t->got && ch->total_bytes == t->bytes && ch->len <= t->bytes - t->got)
+    return t->dst + t->got;
+  rerr(t->r, FB_EINTERNAL,
+       "field read: chunk at %llu (%zu bytes) does not continue the "
+       "field (%zu of %zu bytes)",
+       (unsigned long long)ch->offset, ch->len, t->got, t->bytes);
+  return NULL;
 }
 
-/* One received chunk into dst, copied from the message's slices. */
-static int take_chunk(fb_remote *r, grpc_byte_buffer *bb, uint8_t *dst, size_t bytes, size_t *got) {
-  size_t total = grpc_byte_buffer_length(bb), at = 0;
-  uint8_t head[FBP_CHUNK_HEADER_MAX];
-  size_t hn = total < sizeof head ? total : sizeof head;
-  fbp_bb_copy(bb, 0, head, hn);
+/* One received chunk into its place, copied from the message's slices. */
+static int take_chunk(chunk_to *t, grpc_byte_buffer *bb) {
   fbp_chunk ch;
-  int rc;
-  if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
-    if ((rc = chunk_fits(r, &ch, bytes, *got))) return rc;
-    fbp_bb_copy(bb, at, dst + *got, ch.len);
-  } else {
-    grpc_slice s = fbp_bb_slice(bb);
-    char err[256];
-    rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), &ch, err, sizeof err);
-    if (rc) rerr(r, FB_EINTERNAL, "field read: %s", err);
-    else if (!(rc = chunk_fits(r, &ch, bytes, *got))) memcpy(dst + *got, ch.data, ch.len);
-    grpc_slice_unref(s);
-    if (rc) return FB_EINTERNAL;
-  }
-  *got += ch.len;
+  char err[256];
+  int rc = fbp_bb_take_chunk(bb, &ch, chunk_dst, t, err, sizeof err);
+  if (rc == FBP_CHUNK_MALFORMED) rerr(t->r, FB_EINTERNAL, "field read: %s", err);
+  if (rc) return FB_EINTERNAL; /* refused: chunk_dst said why */
+  t->got += ch.len;
   return 0;
 }
 
@@ -738,7 +736,7 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
   ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
   int ok = fbc_batch(r->c, call, ops, 4, &tag);
-  size_t got = 0;
+  chunk_to to = {r, dst, bytes, 0};
   while (ok > 0 && !rc) {
     grpc_byte_buffer *bb = NULL;
     grpc_op op;
@@ -747,14 +745,14 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
     op.data.recv_message.recv_message = &bb;
     ok = fbc_batch(r->c, call, &op, 1, &tag);
     if (ok <= 0 || !bb) break;
-    rc = take_chunk(r, bb, dst, bytes, &got);
+    rc = take_chunk(&to, bb);
     grpc_byte_buffer_destroy(bb);
   }
   grpc_byte_buffer_destroy(rq);
   grpc_metadata_array_destroy(&md);
   if (rc) grpc_call_cancel(call, NULL);
   rc = end_call(r, call, &e, &stag, rc, "field read");
-  if (!rc && got != bytes)
-    rc = rerr(r, FB_EIO, "field read: the stream ended after %zu of %zu bytes", got, bytes);
+  if (!rc && to.got != bytes)
+    rc = rerr(r, FB_EIO, "field read: the stream ended after %zu of %zu bytes", to.got, bytes);
   return rc;
 }

@@ -79,9 +79,12 @@ static int bg_pending(const async_state *a, fb_irh h) {
   return 0;
 }
 
-/* Compile L's own code on the compile pool; 0 when started. */
+/* Compile L's own code on the compile pool; 0 when started, FB_EQUOTA
+ * when the session has bg_max compiles already (the entry then compiles in
+ * its batch). */
 static int bg_start(fb_session *s, const fb_opt_launch *L, const fb_rt_task *standin) {
   async_state *a = s->as;
+  if (a->nbg >= s->e->bg_max) return FB_EQUOTA;
   bg_compile *g = calloc(1, sizeof *g);
   if (!g) return FB_ENOMEM;
   fb_opt_retain(a->o, L->ir); /* keeps L->k alive until the compile is done */
@@ -94,6 +97,7 @@ static int bg_start(fb_session *s, const fb_opt_launch *L, const fb_rt_task *sta
   g->c.trace = s->trace;
   g->next = a->bg;
   a->bg = g;
+  if (++a->nbg > a->nbg_peak) a->nbg_peak = a->nbg;
   fb_cpool_submit(s->e->cpool, &g->c, 1);
   return 0;
 }
@@ -108,6 +112,7 @@ static void bg_harvest(fb_session *s) {
       continue;
     }
     *p = g->next;
+    a->nbg--;
     if (g->c.rc) {
       cmap_put(a, g->h, &g->standin); /* not compiled again: the stand-in stays */
     } else {
@@ -134,6 +139,7 @@ void fbe_standins_free(fb_session *s) {
   while (a->bg) {
     bg_compile *g = a->bg;
     a->bg = g->next;
+    a->nbg--;
     fb_cpool_withdraw(s->e->cpool, &g->c);
     fb_opt_release(a->o, g->h);
     free(g);
@@ -594,6 +600,8 @@ int fb_sync(fb_session *s) {
 }
 
 uint64_t fb_session_test_standins(const fb_session *s) { return s && s->as ? s->as->standins : 0; }
+
+int fb_session_test_bg_peak(const fb_session *s) { return s && s->as ? s->as->nbg_peak : 0; }
 
 uint64_t fb_session_test_queue_waits(const fb_session *s) {
   return s && s->as ? atomic_load(&s->as->waits) : 0;

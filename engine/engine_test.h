@@ -36,4 +36,13 @@ uint64_t fb_session_test_standins(const fb_session *s);
  * Set it before the first async session. */
 void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n);
 
+/* Background compiles one async session may have at once (default
+ * FB_MAX_BG_COMPILES); past it an entry compiles in its batch. Set it
+ * before the first async session. */
+void fb_engine_test_set_bg_max(fb_engine *e, int n);
+
+/* The most background compiles the session had at once. The session's
+ * calling thread only. */
+int fb_session_test_bg_peak(const fb_session *s);
+
 #endif

@@ -71,9 +71,7 @@ static const uint64_t no_args[1] = {0};
 
 struct fb_engine {
   const fb_device_ops *ops; /* the device sessions run on (runtime.h) */
-  void *dev;                /* ... opened by ops->open */
-  void *cpu;                /* the CPU device, opened on every backend */
-  const fb_device_ops *cpu_ops; /* its table; its code cache is the engine's */
+  void *dev;                /* ... opened by ops->open; its code cache is the engine's */
   pthread_mutex_t mu;  /* guards cpool creation and next_pid */
   int compile_threads; /* as configured (0 = one per core) */
   fb_cpool *cpool;     /* made with the first async session */
@@ -81,6 +79,8 @@ struct fb_engine {
   fb_compile_gate gate; /* tests: compiles it refuses (engine/engine_test.h) */
   void *gate_user;
   int standin_min_stmts; /* engine/async.c; tests lower it (engine_test.h) */
+  int bg_max;            /* background compiles a session may have at once
+                            (FB_MAX_BG_COMPILES; tests change it) */
 };
 
 typedef struct sess_kernel {
@@ -142,6 +142,15 @@ typedef struct bg_error {
  * statements and compile for a second or more. */
 #define FB_STANDIN_MIN_STMTS 256
 
+/* Background compiles (behind stand-ins) one async session may have queued
+ * or running at once. Each is a task of its own demoted IR, and a client
+ * can make many (every kernel it registers, each demoted again as proofs
+ * appear): without a bound they queued without end on the compile pool
+ * (shared by every session under thread isolation), compiling outside any
+ * job's time. Past the bound an entry compiles in its batch, as it would
+ * without stand-ins: the same results, only the batch waits for it. */
+#define FB_MAX_BG_COMPILES 8
+
 typedef struct async_state {
   fb_opt *o;
   fb_ordq *q;              /* the ordered worker */
@@ -197,6 +206,8 @@ typedef struct async_state {
    * tasks' own code running in the background meanwhile */
   fb_map smap;             /* standin handle -> fb_rt_task */
   struct bg_compile *bg;
+  int nbg;                 /* entries of bg (at most the engine's bg_max) */
+  int nbg_peak;            /* the most at once (fb_session_test_bg_peak) */
   uint64_t standins;       /* entries run with a stand-in (a test hook) */
   /* the caller's: what pending launches hold (fb_session_pending_bytes) */
   _Atomic uint64_t pending_bytes;
@@ -252,6 +263,18 @@ static inline int fail(fb_session *s, int code, const char *fmt, ...) {
   va_end(ap);
   s->err_bg = 0;
   return code;
+}
+
+/* A compile's share of the counters c: a cache hit, or a task compiled
+ * with its statements; its time either way. */
+static inline void fbe_count_compile(fb_counters *c, const fb_cpu_code *code) {
+  if (code->cache_hit) {
+    c->cache_hits++;
+  } else {
+    c->tasks_compiled++;
+    c->statements_emitted += (uint64_t)code->stmts_emitted;
+  }
+  c->compile_s += code->compile_s;
 }
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */

@@ -24,27 +24,27 @@ int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, si
     return FB_ENOMEM;
   }
   e->standin_min_stmts = FB_STANDIN_MIN_STMTS;
+  e->bg_max = FB_MAX_BG_COMPILES;
   const fb_device_ops *cpu = fb_device_ops_for("cpu"), *cuda = fb_device_ops_for("cuda");
-  void *gpu = NULL;
   if (strcmp(be, "cpu") != 0) { /* auto: the GPU when there is one */
     char why[512];
-    int rc = cuda->open(threads, &gpu, why, sizeof why);
+    int rc = cuda->open(threads, &e->dev, why, sizeof why);
     if (rc && strcmp(be, "cuda") == 0) {
       fb_errf(err, errlen, "%s", why);
       free(e);
       return rc;
     }
   }
-  int rc = cpu->open(threads, &e->cpu, err, errlen);
-  if (rc) {
-    if (gpu) cuda->close(gpu);
-    free(e);
-    return rc;
+  e->ops = e->dev ? cuda : cpu;
+  if (!e->dev) {
+    int rc = cpu->open(threads, &e->dev, err, errlen);
+    if (rc) {
+      free(e);
+      return rc;
+    }
   }
-  e->ops = gpu ? cuda : cpu;
-  e->dev = gpu ? gpu : e->cpu;
-  e->cpu_ops = cpu;
-  cpu->set_code_cache_bytes(e->cpu, FB_CODE_CACHE_BYTES_DEFAULT);
+  /* the active device's code cache (the GPU's takes no bound) */
+  e->ops->set_code_cache_bytes(e->dev, FB_CODE_CACHE_BYTES_DEFAULT);
   pthread_mutex_init(&e->mu, NULL);
   e->compile_threads = cfg ? cfg->compile_threads : 0;
   e->next_pid = 1;
@@ -68,6 +68,8 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user) 
 
 void fb_engine_test_set_standin_min_stmts(fb_engine *e, int n) { e->standin_min_stmts = n; }
 
+void fb_engine_test_set_bg_max(fb_engine *e, int n) { e->bg_max = n; }
+
 /* The compile pool, started with the first async session. */
 static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
   pthread_mutex_lock(&e->mu);
@@ -81,8 +83,7 @@ static int engine_cpool(fb_engine *e, char *err, size_t errlen) {
 void fb_engine_destroy(fb_engine *e) {
   if (!e) return;
   fb_cpool_free(e->cpool);
-  e->cpu_ops->close(e->cpu);
-  if (e->dev != e->cpu) e->ops->close(e->dev);
+  e->ops->close(e->dev);
   pthread_mutex_destroy(&e->mu);
   free(e);
 }
@@ -96,12 +97,12 @@ const char *fb_engine_device(const fb_engine *e) {
 
 void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out) {
   fb_code_cache_info i = {0};
-  if (e) e->cpu_ops->code_cache(e->cpu, &i);
+  if (e) e->ops->code_cache(e->dev, &i);
   *out = (fb_code_cache_usage){i.bytes, i.pinned_bytes, i.limit, i.entries, i.evictions};
 }
 
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
-  if (e) e->cpu_ops->set_code_cache_bytes(e->cpu, bytes);
+  if (e) e->ops->set_code_cache_bytes(e->dev, bytes);
 }
 
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
@@ -425,28 +426,28 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
   sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
   sk->irs[t] = task->ir;
-  if (code.cache_hit) s->c.cache_hits++;
-  else {
-    s->c.tasks_compiled++;
-    s->c.statements_emitted += (uint64_t)code.stmts_emitted;
-  }
-  s->c.compile_s += code.compile_s;
+  fbe_count_compile(&s->c, &code);
   return 0;
 }
 
-static int lower_and_compile(fb_session *s, sess_kernel *sk) {
+/* Lower the kernel into its tasks, with room for their IR (sk->irs). */
+static int lower_kernel(fb_session *s, sess_kernel *sk) {
   char msg[ERRLEN];
   msg[0] = 0;
   int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
   if (rc)
     return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
                 msg[0] ? msg : fb_strerror(rc));
-  int n = sk->tl.n;
-  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  sk->irs = calloc((size_t)(sk->tl.n ? sk->tl.n : 1), sizeof *sk->irs);
+  return sk->irs ? 0 : fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+}
+
+static int lower_and_compile(fb_session *s, sess_kernel *sk) {
+  int rc = lower_kernel(s, sk), n = sk->tl.n;
+  if (rc) return rc;
   sk->code = calloc((size_t)(n ? n : 1), sizeof *sk->code);
   sk->hints = calloc((size_t)(n ? n : 1), sizeof *sk->hints);
-  if (!sk->irs || !sk->code || !sk->hints)
-    return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  if (!sk->code || !sk->hints) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   for (int t = 0; t < n; t++)
     if ((rc = compile_task(s, sk, t))) return rc;
   return 0;
@@ -455,16 +456,10 @@ static int lower_and_compile(fb_session *s, sess_kernel *sk) {
 /* Async: lower the kernel and put its tasks into the session's IR bank
  * (compiled when a flush hands them out). */
 static int lower_and_intern(fb_session *s, sess_kernel *sk) {
-  char msg[ERRLEN];
-  msg[0] = 0;
-  int rc = fb_lower(sk->k, &sk->tl, msg, sizeof msg);
-  if (rc)
-    return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
-                msg[0] ? msg : fb_strerror(rc));
-  int n = sk->tl.n;
-  sk->irs = calloc((size_t)(n ? n : 1), sizeof *sk->irs);
+  int rc = lower_kernel(s, sk), n = sk->tl.n;
+  if (rc) return rc;
   sk->h = malloc(sizeof *sk->h * (size_t)(n ? n : 1));
-  if (!sk->irs || !sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  if (!sk->h) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   for (int t = 0; t < n; t++) sk->h[t] = FB_IRH_NONE;
   for (int t = 0; t < n; t++) {
     sk->irs[t] = sk->tl.v[t].ir;

@@ -233,17 +233,6 @@ static int can_fall_back(const fb_opt_launch *L) {
   return 1;
 }
 
-static void count_part_compile(fb_session *s, const fb_cjob *c) {
-  if (c->rc) return;
-  if (c->code.cache_hit) {
-    s->c.cache_hits++;
-  } else {
-    s->c.tasks_compiled++;
-    s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
-  }
-  s->c.compile_s += c->code.compile_s;
-}
-
 /* Part p of L as a launch of its own. */
 static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
   const fb_opt_part *pt = &L->parts[p];
@@ -309,7 +298,8 @@ static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
   }
   pthread_mutex_lock(&s->cmu);
   s->c.fuse_fallbacks++;
-  for (int p = 0; p < L->nparts; p++) count_part_compile(s, &cj[p]);
+  for (int p = 0; p < L->nparts; p++)
+    if (!cj[p].rc) fbe_count_compile(&s->c, &cj[p].code);
   pthread_mutex_unlock(&s->cmu);
   free(cj);
   return 1;
@@ -424,14 +414,7 @@ static void add_batch_counters(batch_run *r) {
   pthread_mutex_lock(&s->cmu);
   for (int i = 0; i < r->j->ncj; i++) {
     const fb_cjob *c = &r->j->cj[i];
-    if (c->rc) continue;
-    if (c->code.cache_hit) {
-      s->c.cache_hits++;
-    } else {
-      s->c.tasks_compiled++;
-      s->c.statements_emitted += (uint64_t)c->code.stmts_emitted;
-    }
-    s->c.compile_s += c->code.compile_s;
+    if (!c->rc) fbe_count_compile(&s->c, &c->code);
   }
   s->c.cache_hits += r->hits;
   s->c.tasks_launched += r->ran;

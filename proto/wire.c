@@ -11,13 +11,17 @@ grpc_byte_buffer *fbp_bb_from(const void *p, size_t n) {
   return bb;
 }
 
-grpc_byte_buffer *fbp_bb_pack(const ProtobufCMessage *m, size_t *n) {
-  size_t len = protobuf_c_message_get_packed_size(m);
-  grpc_slice s = grpc_slice_malloc(len);
+grpc_slice fbp_slice_pack(const ProtobufCMessage *m) {
+  grpc_slice s = grpc_slice_malloc(protobuf_c_message_get_packed_size(m));
   protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+  return s;
+}
+
+grpc_byte_buffer *fbp_bb_pack(const ProtobufCMessage *m, size_t *n) {
+  grpc_slice s = fbp_slice_pack(m);
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  if (n) *n = GRPC_SLICE_LENGTH(s);
   grpc_slice_unref(s);
-  if (n) *n = len;
   return bb;
 }
 
@@ -47,4 +51,30 @@ grpc_slice fbp_bb_slice(grpc_byte_buffer *bb) {
   grpc_slice s = grpc_byte_buffer_reader_readall(&r);
   grpc_byte_buffer_reader_destroy(&r);
   return s;
+}
+
+int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst, void *user,
+                      char *err, size_t errlen) {
+  size_t total = grpc_byte_buffer_length(bb), at = 0;
+  uint8_t head[FBP_CHUNK_HEADER_MAX], *to;
+  size_t hn = total < sizeof head ? total : sizeof head;
+  fbp_bb_copy(bb, 0, head, hn);
+  if (fbp_chunk_parse_head(head, hn, total, ch, &at) == 0) {
+    /* at + ch->len == total: the copy stays inside bb */
+    if (!(to = dst(user, ch))) return FBP_CHUNK_REFUSED;
+    fbp_bb_copy(bb, at, to, ch->len);
+    return 0;
+  }
+  grpc_slice s = fbp_bb_slice(bb);
+  int rc = 0;
+  if (fbp_chunk_parse(GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), ch, err, errlen)) {
+    rc = FBP_CHUNK_MALFORMED;
+  } else {
+    const uint8_t *data = ch->data;
+    ch->data = NULL; /* it points into s, gone on return */
+    if ((to = dst(user, ch))) memcpy(to, data, ch->len);
+    else rc = FBP_CHUNK_REFUSED;
+  }
+  grpc_slice_unref(s);
+  return rc;
 }

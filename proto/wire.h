@@ -4,7 +4,8 @@
  * (convert.h) does not: a message to send made into a byte buffer, and a
  * received field chunk's data going from the message's slices straight to
  * where it belongs, without one contiguous copy of the message first. Uses
- * the gRPC C core's byte buffers and protobuf-c only. */
+ * the gRPC C core's byte buffers, protobuf-c and the chunk encoding of
+ * convert.h only. */
 #ifndef FUSEBOX_PROTO_WIRE_H
 #define FUSEBOX_PROTO_WIRE_H
 
@@ -14,11 +15,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/convert.h"
+
 /* A byte buffer to send holding a copy of the n bytes at p, or m packed
  * (*n, when n is not NULL: its packed size). The caller destroys it (or
  * hands it to gRPC's send, which then does). */
 grpc_byte_buffer *fbp_bb_from(const void *p, size_t n);
 grpc_byte_buffer *fbp_bb_pack(const ProtobufCMessage *m, size_t *n);
+/* m packed into a new slice of its packed size (the caller unrefs). */
+grpc_slice fbp_slice_pack(const ProtobufCMessage *m);
 /* Copy n bytes starting at byte `from` of bb into dst, slice by slice. The
  * caller has checked from + n against grpc_byte_buffer_length(bb); bytes
  * past the end are not copied. */
@@ -26,5 +31,22 @@ void fbp_bb_copy(grpc_byte_buffer *bb, size_t from, uint8_t *dst, size_t n);
 /* The whole of bb as one slice (a received message, for unpacking); the
  * empty slice for NULL or a buffer that cannot be read. The caller unrefs. */
 grpc_slice fbp_bb_slice(grpc_byte_buffer *bb);
+
+/* Where a received chunk's ch->len data bytes go: dst, or NULL to refuse
+ * the chunk (the callback has said why to its caller). ch->data is not
+ * set: the bytes may still lie in several slices. */
+typedef uint8_t *(*fbp_chunk_dst_fn)(void *user, const fbp_chunk *ch);
+enum {
+  FBP_CHUNK_MALFORMED = 1,
+  FBP_CHUNK_REFUSED = 2
+};
+/* Take one received FieldChunk: parse it, ask dst where its data goes and
+ * copy the data there from bb's slices. Only the head is parsed when the
+ * data comes last (as every Fusebox peer writes it); any other encoding is
+ * parsed whole from one contiguous copy (fbp_chunk_parse, the last word).
+ * 0 with *ch filled (ch->data NULL); FBP_CHUNK_MALFORMED when bb is not a
+ * FieldChunk (err says why); FBP_CHUNK_REFUSED when dst refused it. */
+int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst, void *user,
+                      char *err, size_t errlen);
 
 #endif

@@ -174,7 +174,7 @@ void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
   m->queued_bytes = part[FBD_MEM_QUEUED];
   m->pending_bytes = part[FBD_MEM_PENDING];
   m->code_bytes = part[FBD_MEM_CODE];
-  m->code_cache_limit_bytes = srv->code_cache_bytes;
+  m->code_cache_limit_bytes = u.limit; /* the device's: 0 on CUDA, whose modules are unbounded */
   m->code_evictions = u.evictions;
   m->refused = atomic_load(&srv->budget_refused);
   r->memory = m;

@@ -8,7 +8,7 @@
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
- *   --worker-overhead-bytes,
+ *   --worker-overhead-bytes, --worker-user,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
@@ -52,6 +52,7 @@ void fbd_config_free(fbd_config *c) {
   for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
   free(c->backend);
   free(c->socket_group);
+  free(c->worker_user);
   free(c->isolation);
   free(c->config_path);
   free(c->tls_cert);
@@ -100,6 +101,8 @@ void fbd_usage(FILE *f) {
       "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
       "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
       "                             limit by this much (RLIMIT_AS; default 4G)\n"
+      "  --worker-user USER         fuseboxd run as root: the user (name or uid) that session\n"
+      "                             workers switch to, never root (default nobody)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code); what would pass it is refused (default: 3/4 of\n"
@@ -193,6 +196,7 @@ static const opt opts[] = {
     {"worker_reply_timeout_s", OPT_SECS, OFF(worker_reply_timeout_s), 1},
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
+    {"worker_user", OPT_GROUP, OFF(worker_user), 0}, /* "" unsets: nobody */
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */

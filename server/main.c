@@ -27,13 +27,15 @@ static void block_signals(sigset_t *set) {
 }
 
 static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
+  fb_code_cache_usage u; /* the device's bound: none for CUDA modules */
+  fb_engine_code_cache(srv->engine, &u);
   fbd_logf(log, FBD_LOG_INFO,
            "fuseboxd %s serving on %s (backend %s on %s, max %d sessions, %llu bytes per "
-           "session, memory budget %llu bytes, code cache %llu bytes, idle timeout %.0f s, %s)",
+           "session, memory budget %llu bytes, code cache %llu bytes (0: unbounded), idle "
+           "timeout %.0f s, %s)",
            FBD_VERSION, srv->addresses, srv->backend, fb_engine_device(srv->engine),
            cfg->max_sessions, (unsigned long long)cfg->session_memory_limit,
-           (unsigned long long)srv->memory_budget, (unsigned long long)srv->code_cache_bytes,
-           cfg->idle_timeout_s,
+           (unsigned long long)srv->memory_budget, (unsigned long long)u.limit, cfg->idle_timeout_s,
            fbd_isolated(cfg) ? "a worker process per session" : "sessions in threads");
   if (cfg->ready_fd < 0) return;
   char line[sizeof srv->addresses + 2];

@@ -112,11 +112,8 @@ static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessag
  * changed the decoded request (a source's kernels appended to it), those
  * bytes are the changed request's. */
 static void repack(fbd_job *j, const ProtobufCMessage *m) {
-  size_t n = protobuf_c_message_get_packed_size(m);
-  grpc_slice s = grpc_slice_malloc(n);
-  protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
   grpc_slice_unref(j->raw);
-  j->raw = s;
+  j->raw = fbp_slice_pack(m);
 }
 
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
@@ -313,6 +310,12 @@ static int check_passes(const Fusebox__V1__SessionOptions *o, fb_session_config 
   return 0;
 }
 
+/* max_fuse_per_task past this fuses no more: a fused task stands for at
+ * most the optimizer's max_fused_tasks (256) launches, so no task takes
+ * part in more than 255 fusions a round. A client's larger number (2^31-1)
+ * is refused by name rather than handed to the optimizer. */
+#define FBD_MAX_FUSE_PER_TASK 256
+
 static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
                          fb_session_config *ec, char *err, size_t errlen) {
   memset(ec, 0, sizeof *ec);
@@ -337,6 +340,13 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   if (o->mode[0]) ec->mode = strcmp(o->mode, "sync") ? "async" : "sync";
   if (o->max_fuse_per_task < 0 || o->compile_threads < 0) {
     fb_errf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
+    return FB_EINVAL;
+  }
+  if (o->max_fuse_per_task > FBD_MAX_FUSE_PER_TASK) {
+    fb_errf(err, errlen,
+            "max_fuse_per_task %d is over this server's limit of %d (a fused task stands for "
+            "at most 256 launches; 0 = the default, 1)",
+            o->max_fuse_per_task, FBD_MAX_FUSE_PER_TASK);
     return FB_EINVAL;
   }
   ec->flush_every = o->flush_every;
@@ -586,7 +596,8 @@ static wstate *write_begin(fbd_call *c, const fbp_chunk *ch) {
 }
 
 /* Where a chunk's data goes; NULL after refusing it. */
-static uint8_t *write_target(fbd_call *c, const fbp_chunk *ch) {
+static uint8_t *write_target(void *call, const fbp_chunk *ch) {
+  fbd_call *c = call;
   wstate *w = c->state;
   if (!w && !(w = write_begin(c, ch))) return NULL;
   if ((ch->session_id_len &&
@@ -626,29 +637,15 @@ static void write_end(fbd_call *c) {
 /* One chunk: its data is copied from the message's slices straight into
  * the staging buffer when it comes last (always, from Fusebox peers). */
 static int write_chunk(fbd_call *c, grpc_byte_buffer *bb) {
-  size_t total = grpc_byte_buffer_length(bb), at = 0;
-  uint8_t head[FBP_CHUNK_HEADER_MAX];
-  size_t hn = total < sizeof head ? total : sizeof head;
-  fbp_bb_copy(bb, 0, head, hn);
   fbp_chunk ch;
-  uint8_t *dst;
-  if (fbp_chunk_parse_head(head, hn, total, &ch, &at) == 0) {
-    if (!(dst = write_target(c, &ch))) return FB_EINVAL;
-    fbp_bb_copy(bb, at, dst, ch.len);
-  } else {
-    grpc_slice sl = fbp_bb_slice(bb);
-    char err[256];
-    int rc = fbp_chunk_parse(GRPC_SLICE_START_PTR(sl), GRPC_SLICE_LENGTH(sl), &ch, err, sizeof err);
-    if (rc) {
-      fbd_count_bad(c->srv);
-      fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err, c->peer ? c->peer : "?");
-      fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
-    } else if ((dst = write_target(c, &ch))) {
-      memcpy(dst, ch.data, ch.len);
-    }
-    grpc_slice_unref(sl);
-    if (rc || !dst) return FB_EINVAL;
+  char err[256];
+  int rc = fbp_bb_take_chunk(bb, &ch, write_target, c, err, sizeof err);
+  if (rc == FBP_CHUNK_MALFORMED) {
+    fbd_count_bad(c->srv);
+    fbd_logf(c->srv->log, FBD_LOG_WARN, "%s on WriteField from %s", err, c->peer ? c->peer : "?");
+    fbd_call_finish(c, FB_EINVAL, "malformed request: %s", err);
   }
+  if (rc) return FB_EINVAL; /* refused: write_target answered */
   ((wstate *)c->state)->fill += ch.len;
   return 0;
 }

@@ -239,8 +239,8 @@ static void budget_text(fbd_server *srv, text *t) {
   metric(t, "memory_budget_refused_total", "counter",
          "Requests refused RESOURCE_EXHAUSTED because the memory budget was full.",
          atomic_load(&srv->budget_refused));
-  metric(t, "code_cache_limit_bytes", "gauge", "Each engine's code cache bound.",
-         srv->code_cache_bytes);
+  metric(t, "code_cache_limit_bytes", "gauge",
+         "Each engine's code cache bound (0: none, as for CUDA modules).", u.limit);
   metric(t, "code_cache_evictions_total", "counter",
          "Code cache entries evicted (the broker's engine: every session's under thread "
          "isolation).",

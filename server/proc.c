@@ -26,7 +26,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -341,6 +343,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   ccb,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
+                  srv->worker_ids[0] ? "--worker-user" : NULL, /* the worker's own form */
+                  srv->worker_ids,
                   NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -369,7 +373,71 @@ fail:
   return FB_EINTERNAL;
 }
 
+/* The user named by worker_user (a name, else a number): 0 and *pw, or
+ * FB_EINVAL naming it. */
+static int find_user(const char *name, struct passwd *pw, char *buf, size_t n, char *err,
+                     size_t errlen) {
+  struct passwd *found = NULL;
+  int e = getpwnam_r(name, pw, buf, n, &found);
+  if (!found) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long uid = strtoul(name, &end, 10);
+    if (*name >= '0' && *name <= '9' && !*end && !errno && uid < (uid_t)-1)
+      e = getpwuid_r((uid_t)uid, pw, buf, n, &found);
+  }
+  if (!found) {
+    fb_errf(err, errlen, "worker_user '%s': no such user%s%s", name, e ? ": " : "",
+            e ? strerror(e) : "");
+    return FB_EINVAL;
+  }
+  return 0;
+}
+
+/* Who the workers run as (srv->worker_ids). A worker runs a tenant's JIT
+ * code: started as root, fuseboxd has them switch to worker_user (default
+ * nobody), which must not be root's uid or gid; started as another user,
+ * the workers keep it (an unprivileged process cannot switch users), and a
+ * worker_user naming someone else is refused rather than ignored. */
+static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
+  const char *want = srv->cfg->worker_user;
+  srv->worker_ids[0] = 0;
+  if (geteuid() != 0 && !want) {
+    fbd_logf(srv->log, FBD_LOG_INFO,
+             "session workers run as fuseboxd's user (uid %lu): it was not started as root",
+             (unsigned long)geteuid());
+    return 0;
+  }
+  struct passwd pw;
+  char buf[4096];
+  int rc = find_user(want ? want : "nobody", &pw, buf, sizeof buf, err, errlen);
+  if (rc) return rc;
+  if (geteuid() != 0) {
+    if (pw.pw_uid == geteuid() && pw.pw_gid == getegid()) return 0;
+    fb_errf(err, errlen,
+            "worker_user '%s': fuseboxd runs as uid %lu, not root, and cannot switch its "
+            "workers to another user (leave worker_user unset)",
+            want, (unsigned long)geteuid());
+    return FB_EINVAL;
+  }
+  if (pw.pw_uid == 0 || pw.pw_gid == 0) {
+    fb_errf(err, errlen,
+            "worker_user '%s' is uid %lu, gid %lu: workers would run as root; name an "
+            "unprivileged user",
+            want ? want : "nobody", (unsigned long)pw.pw_uid, (unsigned long)pw.pw_gid);
+    return FB_EINVAL;
+  }
+  snprintf(srv->worker_ids, sizeof srv->worker_ids, "%lu:%lu", (unsigned long)pw.pw_uid,
+           (unsigned long)pw.pw_gid);
+  fbd_logf(srv->log, FBD_LOG_INFO,
+           "session workers run as user '%s' (uid %lu, gid %lu, no supplementary groups)",
+           pw.pw_name, (unsigned long)pw.pw_uid, (unsigned long)pw.pw_gid);
+  return 0;
+}
+
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
+  int urc = worker_identity(srv, err, errlen);
+  if (urc) return urc;
   ssize_t n = readlink("/proc/self/exe", srv->exe, sizeof srv->exe - 1);
   if (n <= 0) {
     fb_errf(err, errlen, "process isolation: cannot find this executable: %s", strerror(errno));
@@ -1170,6 +1238,62 @@ static int limit_memory(const fbd_config *cfg, const char *backend) {
 #endif
 }
 
+/* Open descriptors a worker may hold (RLIMIT_NOFILE): a CPU worker uses
+ * stdin to stderr, its socket and a staging buffer's memfd at a time (the
+ * watch page and the buffers it keeps are mappings, not descriptors); a
+ * CUDA worker also the driver's, opened before lock-down and not known
+ * without a GPU to count them on. */
+#define WORKER_NOFILE_CPU 64
+#define WORKER_NOFILE_CUDA 1024
+
+static int limit_files(const char *backend) {
+  rlim_t want = strcmp(backend, "cpu") ? WORKER_NOFILE_CUDA : WORKER_NOFILE_CPU;
+  struct rlimit cur;
+  if (getrlimit(RLIMIT_NOFILE, &cur)) return FB_EINTERNAL;
+  if (cur.rlim_max != RLIM_INFINITY && cur.rlim_max < want) want = cur.rlim_max;
+  struct rlimit lim = {want, want};
+  return setrlimit(RLIMIT_NOFILE, &lim) ? FB_EINTERNAL : 0;
+}
+
+/* Started by a root fuseboxd, the worker becomes the worker user ("UID:GID"
+ * from the broker, which resolved the name): no supplementary groups, the
+ * group before the user (a process that is no longer root cannot change
+ * its group), real, effective and saved ids all, on every thread (glibc
+ * applies set*id to the whole process). Then it checks that the switch
+ * took and cannot be undone. Changing ids clears the parent-death signal
+ * and makes the process dumpable again, so both are set anew; a broker that
+ * died meanwhile makes the worker leave. Before lock-down, which refuses
+ * these calls. */
+static int drop_user(const char *ids, pid_t parent, char *err, size_t errlen) {
+  if (!ids) return 0;
+  char *end = NULL;
+  errno = 0;
+  unsigned long uid = strtoul(ids, &end, 10), gid = 0;
+  if (!errno && *end == ':') gid = strtoul(end + 1, &end, 10);
+  if (errno || *end || !uid || !gid || uid >= (uid_t)-1 || gid >= (gid_t)-1) {
+    fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
+    return FB_EINVAL;
+  }
+  if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
+      setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)) {
+    fb_errf(err, errlen, "cannot switch to uid %lu, gid %lu: %s", uid, gid, strerror(errno));
+    return FB_EINTERNAL;
+  }
+  uid_t r, e, sv;
+  gid_t rg, eg, sg;
+  if (getresuid(&r, &e, &sv) || getresgid(&rg, &eg, &sg) || r != uid || e != uid || sv != uid ||
+      rg != gid || eg != gid || sg != gid || getgroups(0, NULL) != 0 || setresuid(0, 0, 0) == 0 ||
+      setresgid(0, 0, 0) == 0) {
+    fb_errf(err, errlen, "the switch to uid %lu, gid %lu did not take (or could be undone)", uid,
+            gid);
+    return FB_EINTERNAL;
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);
+  prctl(PR_SET_DUMPABLE, 0);
+  return 0;
+}
+
 typedef struct worker {
   int fd;
   fb_engine *engine;
@@ -1312,9 +1436,18 @@ static void worker_loop(worker *w, double spin_s) {
   }
 }
 
+/* The broker: the process that made the worker's socket pair (so a broker
+ * that is pid 1, in a container, is told apart from a reparented worker). */
+static pid_t broker_pid(int fd) {
+  struct ucred u;
+  socklen_t n = sizeof u;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
+}
+
 void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
-  if (getppid() == 1) _exit(1);
+  pid_t parent = broker_pid(fd);
+  if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();
@@ -1332,9 +1465,12 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
-  } else if (limit_memory(cfg, fb_engine_backend(w.engine))) {
+  } else if ((hello.code = drop_user(cfg->worker_user, parent, hello.msg, sizeof hello.msg))) {
+  } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
+             limit_files(fb_engine_backend(w.engine))) {
     hello.code = FB_EINTERNAL;
-    fb_errf(hello.msg, sizeof hello.msg, "cannot limit the address space: %s", strerror(errno));
+    fb_errf(hello.msg, sizeof hello.msg, "cannot set the worker's resource limits: %s",
+            strerror(errno));
   } else {
     fb_engine_set_code_cache_bytes(w.engine, fbd_code_cache_bytes(cfg, 0)); /* the broker's */
     hello.code = lock_down(fb_engine_backend(w.engine), hello.msg, sizeof hello.msg);

@@ -571,6 +571,10 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
+  else if (!rc && geteuid() == 0) /* no worker to switch users: the tenant's code is ours */
+    fbd_logf(log, FBD_LOG_WARN,
+             "isolation thread as root: tenants' JIT code runs as root inside fuseboxd "
+             "(process isolation runs it in workers as worker_user)");
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (!rc) rc = fbd_metrics_start(srv, err, errlen);
   if (rc) {

@@ -188,6 +188,16 @@ static void evaluate(struct fbd_sched *sc, double now) {
   }
 }
 
+/* Wait on sc->cv (sc->mu held) for at most step seconds. */
+static void wait_step(struct fbd_sched *sc, double step) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)(step * 1e9);
+  ts.tv_sec += ts.tv_nsec / 1000000000L;
+  ts.tv_nsec %= 1000000000L;
+  pthread_cond_timedwait(&sc->cv, &sc->mu, &ts);
+}
+
 /* Two or more active tenants: the ticker charges and re-decides every half
  * slice, so that a running tenant that pulls ahead is paused in time. */
 static void *ticker_main(void *arg) {
@@ -199,13 +209,7 @@ static void *ticker_main(void *arg) {
     if (nact >= 2 && sc->running) {
       evaluate(sc, wall());
       pthread_cond_broadcast(&sc->cv);
-      double step = sc->slice / 2;
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += (long)(step * 1e9);
-      ts.tv_sec += ts.tv_nsec / 1000000000L;
-      ts.tv_nsec %= 1000000000L;
-      pthread_cond_timedwait(&sc->cv, &sc->mu, &ts);
+      wait_step(sc, sc->slice / 2);
     } else {
       pthread_cond_wait(&sc->cv, &sc->mu);
     }
@@ -215,15 +219,6 @@ static void *ticker_main(void *arg) {
 }
 
 /* ---------------------------------------------------------------- the gates */
-
-static void wait_step(struct fbd_sched *sc, double step) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_nsec += (long)(step * 1e9);
-  ts.tv_sec += ts.tv_nsec / 1000000000L;
-  ts.tv_nsec %= 1000000000L;
-  pthread_cond_timedwait(&sc->cv, &sc->mu, &ts);
-}
 
 /* The session's next job will run cancelled, or the session is ending:
  * waiting for the gate serves nobody. */

@@ -70,6 +70,8 @@ typedef struct fbd_config {
                                     begun, is whole within this, or the worker is killed */
   int spare_workers; /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
+  char *worker_user; /* process isolation, fuseboxd run as root: the user (name or uid) workers
+                        become; NULL: nobody. A worker itself gets "UID:GID" (proc.c) */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -241,11 +243,12 @@ struct fbd_server {
   int nzombies, zcap;
   fbd_stats st;
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
-  uint64_t code_cache_bytes; /* as applied to the engines */
+  uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
+  char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;

@@ -308,6 +308,7 @@ static void run_line(runner *u, char *line) {
 
 /* Run the script on a new session of engine e; results in *r. */
 static uint64_t last_standins; /* fb_session_test_standins of run_script's session */
+static int last_bg_peak;        /* fb_session_test_bg_peak of run_script's session */
 
 static void run_script(fb_engine *e, const char *src, const char *script,
                        const fb_session_config *cfg, results *r) {
@@ -325,6 +326,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   fb_session_counters(u.s, &r->c);
   r->aligned = fb_session_test_aligned_flushes(u.s);
   last_standins = fb_session_test_standins(u.s);
+  last_bg_peak = fb_session_test_bg_peak(u.s);
   fb_session_destroy(u.s);
   fb_program_free(p);
 }
@@ -1574,6 +1576,23 @@ START_TEST(standin_while_demoted_compiles) {
     same_results(&want, &got, c ? "async, demote only" : "async, demote and listgen");
     ck_assert_uint_ge(got.c.activations_demoted, 1);
     ck_assert_msg(last_standins >= 1, "no stand-in ran (config %d)", c);
+    ck_assert_int_ge(last_bg_peak, 1);
+    ck_assert_int_le(last_bg_peak, 8); /* FB_MAX_BG_COMPILES, engine/internal.h */
+    /* the bound on background compiles at once: past it an entry compiles
+     * in its batch (no stand-in), with the same results */
+    for (int max = 0; max <= 1; max++) {
+      results capped = {0};
+      fb_engine *ce = new_engine(2);
+      fb_engine_test_set_standin_min_stmts(ce, 0);
+      fb_engine_test_set_bg_max(ce, max);
+      run_script(ce, frames_src, script, &cfgs[c], &capped);
+      fb_engine_destroy(ce);
+      same_results(&want, &capped, max ? "async, one background compile" : "async, none");
+      ck_assert_int_le(last_bg_peak, max);
+      if (!max) ck_assert_uint_eq(last_standins, 0);
+      else ck_assert_uint_ge(last_standins, 1);
+      results_free(&capped);
+    }
     fb_engine *e = new_engine(2);
     fb_engine_test_set_standin_min_stmts(e, 0);
     fb_engine_set_compile_gate(e, refuse_demoted, NULL);

@@ -147,9 +147,8 @@ START_TEST(device_tables_by_name) {
 }
 END_TEST
 
-/* Each device's code cache through its table (the engine's code cache is
- * the CPU device's): the CPU's takes a bound, the GPU's stays unbounded
- * (its modules live as long as their context). */
+/* Each device's code cache through its table: the CPU's takes a bound,
+ * the GPU's stays unbounded (its modules live as long as their context). */
 START_TEST(device_code_caches_through_the_table) {
   fake.reset();
   const fb_device_ops *ops[2] = {fb_device_ops_for("cpu"), fb_device_ops_for("cuda")};
@@ -167,6 +166,34 @@ START_TEST(device_code_caches_through_the_table) {
     ops[i]->code_cache(dev, &info);
     ck_assert_uint_eq(info.limit, i == 0 ? 1 << 20 : 0);
     ops[i]->close(dev);
+  }
+}
+END_TEST
+
+/* The engine's code cache is its device's: on CUDA the loaded modules
+ * (no bound, whatever is asked), on the CPU the JIT's (bounded). */
+START_TEST(engine_code_cache_is_the_devices) {
+  const char *backends[2] = {"cuda", "cpu"};
+  for (int i = 0; i < 2; i++) {
+    env x;
+    env_open(&x, backends[i]);
+    fb_code_cache_usage u;
+    fb_engine_set_code_cache_bytes(x.e, 1 << 20);
+    fb_engine_code_cache(x.e, &u);
+    ck_assert_uint_eq(u.entries, 0);
+    ck_assert_uint_eq(u.bytes, 0);
+    ck_assert_uint_eq(u.limit, i == 0 ? 0 : 1 << 20);
+    long mods = stats().modules_loaded;
+    fb_session *s = open_session(&x, "sync", 0);
+    add(s, x.scale);
+    add(s, x.both);
+    fb_engine_code_cache(x.e, &u);
+    ck_assert_uint_ge(u.entries, 3); /* scale: 1 task; both: a serial and a loop */
+    ck_assert_uint_gt(u.bytes, 0);
+    /* the modules loaded are the entries on CUDA; the CPU loads none */
+    ck_assert_int_eq(stats().modules_loaded - mods, i == 0 ? (long)u.entries : 0);
+    fb_session_destroy(s);
+    env_close(&x);
   }
 }
 END_TEST
@@ -448,6 +475,7 @@ static Suite *suite(void) {
   tcase_add_test(t, backend_cuda_on_fake_driver);
   tcase_add_test(t, device_tables_by_name);
   tcase_add_test(t, device_code_caches_through_the_table);
+  tcase_add_test(t, engine_code_cache_is_the_devices);
   tcase_add_test(t, no_driver_is_a_clear_error);
   tcase_add_test(t, no_gpu_is_a_clear_error);
   tcase_add_test(t, server_refuses_cuda_without_driver);

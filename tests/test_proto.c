@@ -614,6 +614,86 @@ START_TEST(bb_copy_across_slices) {
 }
 END_TEST
 
+/* fbp_bb_take_chunk's destination: a buffer, and what it was asked. */
+typedef struct take_dst {
+  uint8_t buf[64];
+  int calls, refuse;
+  uint64_t offset;
+  size_t len;
+} take_dst;
+
+static uint8_t *take_to(void *user, const fbp_chunk *ch) {
+  take_dst *d = user;
+  d->calls++;
+  d->offset = ch->offset;
+  d->len = ch->len;
+  ck_assert_ptr_null(ch->data); /* the data may lie in several slices */
+  return d->refuse || ch->len > sizeof d->buf ? NULL : d->buf;
+}
+
+/* A buffer of the n bytes at p, cut into slices of `cut` bytes. */
+static grpc_byte_buffer *bb_cut(const uint8_t *p, size_t n, size_t cut) {
+  grpc_slice sl[64];
+  size_t k = 0;
+  for (size_t at = 0; at < n; at += cut, k++)
+    sl[k] = grpc_slice_from_copied_buffer((const char *)p + at, n - at < cut ? n - at : cut);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, k);
+  for (size_t i = 0; i < k; i++) grpc_slice_unref(sl[i]);
+  return bb;
+}
+
+/* Both ends take a received chunk with fbp_bb_take_chunk: the data comes
+ * to where the callback says, whatever the slices (header and data split
+ * anywhere) and whether the data field comes last (the head alone is
+ * parsed) or not (the whole message is); a malformed chunk never reaches
+ * the callback, and a refused one is not copied. */
+/* The n-byte chunk at msg, cut into slices of every width, taken whole:
+ * offset `at`, the `len` bytes `data` copied; refused, nothing copied. */
+static void take_every_cut(const uint8_t *msg, size_t n, uint64_t at, const char *data,
+                           size_t len) {
+  for (size_t cut = 1; cut <= n; cut++) {
+    grpc_byte_buffer *bb = bb_cut(msg, n, cut);
+    take_dst d;
+    memset(&d, 0, sizeof d);
+    fbp_chunk ch;
+    char err[128] = "";
+    ck_assert_int_eq(fbp_bb_take_chunk(bb, &ch, take_to, &d, err, sizeof err), 0);
+    ck_assert_int_eq(d.calls, 1);
+    ck_assert_uint_eq(d.offset, at);
+    ck_assert_uint_eq(ch.len, len);
+    ck_assert_ptr_null(ch.data); /* in the full parse it pointed into a slice now gone */
+    ck_assert_msg(memcmp(d.buf, data, len) == 0, "cut %zu", cut);
+    d.refuse = 1;
+    memset(d.buf, 0, sizeof d.buf);
+    ck_assert_int_eq(fbp_bb_take_chunk(bb, &ch, take_to, &d, err, sizeof err), FBP_CHUNK_REFUSED);
+    ck_assert_int_eq(d.buf[0], 0); /* refused: nothing copied */
+    grpc_byte_buffer_destroy(bb);
+  }
+}
+
+START_TEST(take_chunk_both_paths) {
+  const char *data = "0123456789abcdefghij"; /* 20 bytes */
+  uint8_t msg[FBP_CHUNK_HEADER_MAX + 32];
+  size_t hn = fbp_chunk_header(msg, "sess", 3, 40, 60, 20);
+  memcpy(msg + hn, data, 20);
+  take_every_cut(msg, hn + 20, 40, data, 20); /* the data last: the head parse */
+  /* the data field first, then the offset: only the full parse takes it */
+  uint8_t odd[] = {0x2a, 3, 'x', 'y', 'z', 0x18, 7};
+  take_every_cut(odd, sizeof odd, 7, "xyz", 3);
+  /* the data's length says more than the message holds */
+  uint8_t bad[] = {0x18, 7, 0x2a, 9, 'x', 'y'};
+  grpc_byte_buffer *bb = bb_cut(bad, sizeof bad, 2);
+  take_dst d;
+  memset(&d, 0, sizeof d);
+  fbp_chunk ch;
+  char err[128] = "";
+  ck_assert_int_eq(fbp_bb_take_chunk(bb, &ch, take_to, &d, err, sizeof err), FBP_CHUNK_MALFORMED);
+  ck_assert_int_eq(d.calls, 0);
+  ck_assert_msg(strstr(err, "malformed FieldChunk") != NULL, "%s", err);
+  grpc_byte_buffer_destroy(bb);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("convert");
@@ -631,6 +711,7 @@ int main(void) {
   tcase_add_test(tc, arena_reuse);
   tcase_add_test(tc, counters_round_trip);
   tcase_add_test(tc, bb_copy_across_slices);
+  tcase_add_test(tc, take_chunk_both_paths);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -10,9 +10,12 @@
  *    (SFG) and optimized across kernel boundaries when it is flushed. A
  *    flush happens on fb_flush, fb_sync, a host read or write of a field, a
  *    launch of a kernel with a return value, and every flush_every pending
- *    tasks. A flush does not wait for the work: the session's ordered
- *    worker compiles the optimized tasks on the engine's compile pool and
- *    runs them in order as each one's code is ready. fb_sync, host access
+ *    tasks (with the default flush_every, at the boundary of the launch
+ *    stream's repeating period). A flush does not wait for the work: the
+ *    session's ordered worker compiles the optimized tasks on the engine's
+ *    compile pool and runs them in order as each one's code is ready (a
+ *    large task only demoted runs the code of the task as inserted while
+ *    its own compiles in the background). fb_sync, host access
  *    and return values wait for everything launched before them.
  * Both modes give the same field contents and return values.
  *
@@ -107,15 +110,18 @@ typedef struct fb_session_config {
   uint64_t memory_limit; /* bytes of device memory, 0 = unlimited */
   int max_kernel_statements; /* compile budget: kernels with more statements
                                 are refused with FB_EQUOTA; 0 = the default
-                                FB_MAX_KERNEL_STATEMENTS_DEFAULT, < 0 = none */
+                                FB_MAX_KERNEL_STATEMENTS_DEFAULT, < 0 = none;
+                                async fusion keeps each fused task within it */
   int allow_internal_ops; /* accept kernels holding ops internal to the
                              engine: only for tests of those ops' code
                              generation; fuseboxd never sets it */
   /* async mode only */
   unsigned passes;      /* FB_PASSES_* bits (see FB_PASSES_EXACT); 0 = all */
   int flush_every;      /* flush once this many tasks are pending:
-                           0 = FB_FLUSH_EVERY_DEFAULT, < 0 = only at
-                           FB_MAX_PENDING_TASKS and at host access or sync */
+                           0 = FB_FLUSH_EVERY_DEFAULT, doubled while the
+                           plan memo answers (up to 4096) and deferred to
+                           the launch stream's period boundary; < 0 = only
+                           at FB_MAX_PENDING_TASKS and at host access or sync */
   int max_fuse_per_task; /* fusions one task takes part in per fusion
                             round; 0 = default (1) */
   uint64_t cache_partition; /* sessions share compiled code (and code cache
@@ -149,8 +155,10 @@ const char *fb_engine_device(const fb_engine *e);
  * (may be NULL) then says what happened. Sessions of a failed context
  * return FB_EDEVICE from every call. */
 int fb_engine_healthy(fb_engine *e, char *why, size_t len);
-/* The engine's CPU code cache: bytes it holds (code and its keys), of
- * which pinned by live sessions, its bound, entries, evictions so far. */
+/* The code cache of the engine's device (the CPU JIT's code, or the CUDA
+ * device's loaded modules, counted by PTX size): bytes it holds (code and
+ * its keys), of which pinned by live sessions, its bound (0: none),
+ * entries, evictions so far. */
 typedef struct fb_code_cache_usage {
   uint64_t bytes, pinned_bytes, limit, entries, evictions;
 } fb_code_cache_usage;
@@ -158,7 +166,8 @@ void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out);
 /* Bound the CPU code cache to bytes (0: none): past it the least recently
  * used code that no live session holds is removed from the JIT and freed.
  * Code that live sessions hold is never evicted, so the cache may stand
- * above its bound while they hold more. GPU modules are not bounded. */
+ * above its bound while they hold more. On CUDA this does nothing: a module
+ * stays loaded for its context's life, and the bound reads 0. */
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes);
 
 /* The session copies the layout (which must be finalized). On failure err

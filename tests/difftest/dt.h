@@ -99,6 +99,13 @@ int dt_gen_prog_big(uint64_t seed, dt_prog *out, char *err, size_t errlen);
  * places among its steps: every engine configuration must report its
  * errors as sync mode does (kernel, launch number, message). */
 int dt_gen_prog_failing(uint64_t seed, dt_prog *out, char *err, size_t errlen);
+/* A stream program (dt_gen_prog_stream, tests/difftest/gen_stream.c): a
+ * period of launches repeated in frames longer than the default flush
+ * interval, syncs with every field read after them, host and kernel
+ * (de)activation of a pointer SNode between frames, a red-black stencil
+ * with element-wise and neighbour readers and writers of its field.
+ * failing: one launch of a later repetition indexes out of bounds. */
+int dt_gen_prog_stream(uint64_t seed, int failing, dt_prog *out, char *err, size_t errlen);
 /* Big kernels: np parameters, loops of loop_stmts statements or more. */
 fb_kernel *dt_gen_kernel_big(dt_rng *r, const fb_layout *l, const char *name, int np,
                              int loop_stmts, int items);
@@ -155,6 +162,8 @@ typedef struct dt_log {
   dt_obs *v;
   int n, cap;
   fb_counters counters;  /* engine runs: the session's counters at the end */
+  uint64_t aligned;      /* engine runs: flushes that waited for the period's end */
+  uint64_t standins;     /* engine runs: entries run by a stand-in's code */
   /* engine runs: the launch errors reported (sync: by the launch; async: by
    * a later call, for the launch fb_session_error_launch names) */
   int async;             /* the run was in async mode */

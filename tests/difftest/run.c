@@ -22,6 +22,7 @@
 
 #include "codegen/codegen.h"
 #include "dt.h"
+#include "engine/engine_test.h"
 #include "optimizer/optimizer.h"
 
 #define DT_RAND_SEED 0x5eedull
@@ -382,6 +383,8 @@ static void run_engine(dt_env *env, const dt_prog *p, const dt_config *c, dt_log
   if (!ids) log_fail(out, "out of memory");
   if (!out->failed) engine_steps(s, p, ids, out);
   fb_session_counters(s, &out->counters);
+  out->aligned = fb_session_test_aligned_flushes(s);
+  out->standins = fb_session_test_standins(s);
   free(ids);
   fb_session_destroy(s);
 }

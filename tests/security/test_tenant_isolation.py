@@ -138,10 +138,11 @@ def _get_kernel():
 
 def _chains(server, n_adds):
     """Eight launches of a chain kernel in an async session that asks for
-    unbounded fusion, then a sync; the SyncResult of that sync, and the
-    values of the eight cells (read by launches after it)."""
+    the most fusion the server allows (max_fuse_per_task 256), then a sync;
+    the SyncResult of that sync, and the values of the eight cells (read by
+    launches after it)."""
     c = server.client
-    sid = c.new_session(dense_layout(16), mode="async", max_fuse_per_task=2**31 - 1)
+    sid = c.new_session(dense_layout(16), mode="async", max_fuse_per_task=256)  # the most
     chain, get = c.register(pb.RegisterKernelsRequest(
         session_id=sid, kernels=[_chain_kernel(n_adds), _get_kernel()]), timeout=60).kernel_ids
     s = Stream(c, sid)
@@ -158,10 +159,10 @@ def _chains(server, n_adds):
 
 def test_fusion_keeps_to_the_compile_budget(make_server):
     """Kernels each within --max-kernel-statements must not add up past it
-    through fusion, however high a client sets max_fuse_per_task: with a
-    budget of 2,000 statements, eight launches of a 1,203-statement kernel
-    run as eight tasks, each compiled within the budget, and right; under
-    the default budget the same launches fuse."""
+    through fusion, however high a client sets max_fuse_per_task (the
+    server's most, 256): with a budget of 2,000 statements, eight launches
+    of a 1,203-statement kernel run as eight tasks, each compiled within the
+    budget, and right; under the default budget the same launches fuse."""
     for budget, fuses in (("2000", False), ("20000", True)):
         server = make_server("--max-kernel-statements", budget)
         r, cells = _chains(server, 1200)
