@@ -38,7 +38,8 @@ enum {
   FB_CTX_ERROR = 4,
   FB_CTX_SEED = 5,
   FB_CTX_LAUNCH = 6,
-  FB_CTX_RUNTIME = 7
+  FB_CTX_RUNTIME = 7,
+  FB_CTX_PRIV = 8
 };
 
 /* Build the (unoptimized) module of task t into a new module in c, with the
@@ -140,6 +141,10 @@ typedef struct fb_emit {
   fb_cg_red *reds;
   int nreds;
   int *red_of;
+  /* priv.c: per SNode, 1 for a place whose atomic adds go to the thread's
+   * private copy (NULL: none); c_priv its base (ctx->priv, or root) */
+  unsigned char *priv_place;
+  LLVMValueRef c_priv;
   int stmts;              /* statements lowered */
   int rc;                 /* first error, sticky */
   char *err;

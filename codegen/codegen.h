@@ -50,7 +50,32 @@ typedef struct fb_rt_ctx {
   void *runtime;         /* fb_rt_state * (codegen/rt/fb_rt.h): block pool,
                           * allocators and lists of sparse SNodes; may be
                           * NULL for layouts without sparse SNodes */
+  uint8_t *priv;         /* privatized scatter (fb_cg_priv): the base that
+                          * stands for root in this thread's private copy
+                          * (priv + off is the copy of root + off); NULL:
+                          * root itself (the body then runs on one thread) */
 } fb_rt_ctx;
+
+/* Privatized scatter (codegen/priv.c, CPU only). A parallel task whose only
+ * accesses to some all-dense, all-f32 top-level trees of the layout are f32
+ * atomic adds with unused results adds into a private copy instead, with
+ * plain loads and stores: each thread that runs chunks of the loop gets its
+ * own copy of root bytes [lo, hi) (ctx->priv), filled with -0.0 (the
+ * identity of +), one thread may use root itself, and after the loop the
+ * launcher adds every copy's words of ranges[0..n) into root. Only the
+ * order of the sums changes, as with atomics. The code is unsafe to run on
+ * several threads with one ctx->priv: launchers that do not privatize must
+ * run such a body on one thread (runtime/launch.c does it right). */
+#define FB_CG_PRIV_MAX 4
+#define FB_CG_PRIV_MAX_BYTES ((int64_t)16 << 20) /* bound on hi - lo */
+typedef struct fb_cg_priv {
+  int64_t n;                     /* privatized trees, 0: none */
+  int64_t lo, hi;                /* root bytes each private copy mirrors */
+  int64_t off[FB_CG_PRIV_MAX];   /* root offset of each tree (f32 words) */
+  int64_t bytes[FB_CG_PRIV_MAX]; /* its bytes */
+  int64_t sites;                 /* atomic statements that go private */
+} fb_cg_priv;
+
 
 /* How args and rets are packed into 8-byte slots: integers sign- or zero-
  * extended to 64 bits, bool as 0/1, f64 as its bits, f32 as its bits in the
@@ -73,6 +98,11 @@ typedef struct fb_cg_task {
   uint64_t partition;
   fb_code_pins *pins;
 } fb_cg_task;
+
+/* The plan for task t on the CPU; out->n = 0 when nothing is privatized.
+ * place (may be NULL; nnodes entries) gets 1 for each privatized place.
+ * Returns 0, or FB_ENOMEM (out->n = 0, place untouched). */
+int fb_cg_priv_plan(const fb_cg_task *t, fb_cg_priv *out, unsigned char *place);
 
 /* ---------------------------------------------------------------- code cache
  * Compiled code of every back end, keyed by the task's IR (structural hash
@@ -139,6 +169,7 @@ typedef struct fb_cpu_code {
   double compile_s;         /* 0 on a cache hit */
   void *gpu;                /* CUDA back end: its compiled task (runtime/cuda.c);
                              * body and bounds are then NULL */
+  fb_cg_priv priv;          /* CPU: privatized scatter (n = 0: none) */
 } fb_cpu_code;
 
 /* One JIT per engine; fb_cpu_jit_compile is safe to call from several

@@ -265,6 +265,11 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     memcpy(&out->body, &hit.a, sizeof out->body);
     memcpy(&out->bounds, &hit.b, sizeof out->bounds);
     out->cache_hit = 1;
+    /* what the code was built with; the launcher must know it */
+    if (fb_cg_priv_plan(t, &out->priv, NULL)) {
+      memset(out, 0, sizeof *out);
+      return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
+    }
     return 0;
   }
 
@@ -293,6 +298,10 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     drop_code(j, &v); /* another thread cached the same task first: use its code */
     memcpy(&out->body, &kept.a, sizeof out->body);
     memcpy(&out->bounds, &kept.b, sizeof out->bounds);
+  }
+  if (fb_cg_priv_plan(t, &out->priv, NULL)) { /* what fb_cg_build did */
+    memset(out, 0, sizeof *out); /* the code stays cached for a later call */
+    return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   }
   out->compile_s = now_s() - t0;
   return 0;

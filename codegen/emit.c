@@ -858,6 +858,12 @@ static void fn_begin(fb_emit *e, const char *name, LLVMTypeRef *params, unsigned
   memset(e->done, 0, n);
   e->nloops = 0;
   e->c_root = fb_emit_global(e, fb_emit_ctx_field(e, FB_CTX_ROOT, e->t_ptr));
+  e->c_priv = NULL;
+  if (e->priv_place) { /* ctx->priv, or root when the launcher gave none */
+    LLVMValueRef pv = fb_emit_ctx_field(e, FB_CTX_PRIV, e->t_ptr);
+    LLVMValueRef none = LLVMBuildICmp(e->b, LLVMIntEQ, pv, LLVMConstNull(e->t_ptr), "");
+    e->c_priv = LLVMBuildSelect(e->b, none, e->c_root, pv, "priv");
+  }
   /* args stay generic: on NVPTX the launch entry keeps them in registers
    * (fb_gpu_entry), elsewhere they are host or global memory */
   e->c_args = fb_emit_ctx_field(e, FB_CTX_ARGS, e->t_ptr);
@@ -1213,6 +1219,14 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o, c
   LLVMSetDataLayout(e.m, datalayout);
   e.b = LLVMCreateBuilderInContext(c);
   e.ab = LLVMCreateBuilderInContext(c);
+  if (o->target == FB_CG_CPU && t->loop >= 0) { /* privatized scatter (priv.c) */
+    fb_cg_priv plan;
+    e.priv_place = calloc((size_t)t->ir->layout->nnodes, 1); /* NULL: atomics stay */
+    if (e.priv_place && (fb_cg_priv_plan(t, &plan, e.priv_place) || !plan.n)) {
+      free(e.priv_place);
+      e.priv_place = NULL;
+    }
+  }
   if (t->loop >= 0) fb_reduce_plan(&e, t->loop);
   if (!e.rc) emit_body_fn(&e, t, loop_pos);
   if (!e.rc && t->loop >= 0) emit_bounds_fn(&e, t, loop_pos);
@@ -1232,6 +1246,7 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o, c
   }
 out:
   fb_reduce_free(&e);
+  free(e.priv_place);
   free(e.vals);
   free(e.lidx);
   free(e.lwide);

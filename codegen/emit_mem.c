@@ -193,7 +193,8 @@ static LLVMValueRef nsw(LLVMValueRef v) {
 /* Address of place[idx] in the root buffer (dense path). The arithmetic
  * cannot wrap: indices are checked (or proven) in bounds, and the layout's
  * sizes are bounded (fb_layout_finalize), hence nuw/nsw and inbounds. */
-static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AXES]) {
+static LLVMValueRef place_addr_in(fb_emit *e, LLVMValueRef root, int place,
+                                  LLVMValueRef idx[FB_MAX_AXES]) {
   const fb_snode *f = &e->l->nodes[place];
   LLVMValueRef gi[FB_MAX_AXES];
   global_index(e, idx, f->dim_axis, f->ndim, gi);
@@ -230,7 +231,13 @@ static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AX
   }
   LLVMValueRef k = fb_emit_i64(e, cst);
   off = off ? nsw(LLVMBuildNUWAdd(e->b, off, k, "")) : k;
-  return LLVMBuildInBoundsGEP2(e->b, e->t_i8, e->c_root, &off, 1, "addr");
+  /* a private copy's base (priv.c) is not an object of its own: no inbounds */
+  if (root != e->c_root) return LLVMBuildGEP2(e->b, e->t_i8, root, &off, 1, "paddr");
+  return LLVMBuildInBoundsGEP2(e->b, e->t_i8, root, &off, 1, "addr");
+}
+
+static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AXES]) {
+  return place_addr_in(e, e->c_root, place, idx);
 }
 
 /* ---------------------------------------------------------------- sparse walk
@@ -824,6 +831,18 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
   guard_begin(e, inb, &g);
+  if (e->priv_place && e->priv_place[s->snode] && e->c_priv) {
+    /* privatized scatter (priv.c): this thread's own copy, no lock */
+    LLVMValueRef p = place_addr_in(e, e->c_priv, s->snode, idx);
+    LLVMValueRef old = LLVMBuildLoad2(e->b, e->t_f32, p, "priv.old");
+    set_align(old, t);
+    tag_field(e, old, s->snode);
+    LLVMValueRef st = LLVMBuildStore(e->b, LLVMBuildFAdd(e->b, old, v, "priv.sum"), p);
+    set_align(st, t);
+    tag_field(e, st, s->snode);
+    e->vals[id] = guard_end(e, &g, old, zero);
+    return 0;
+  }
   LLVMBasicBlockRef off;
   LLVMValueRef p = field_addr(e, s, idx, !no_activation((fb_op)s->op), &off);
   if (!p) return e->rc;
@@ -902,6 +921,8 @@ static int group_member(fb_emit *e, int id) {
   if (id < 0 || id >= k->nstmts || e->done[id] || e->used[id]) return 0;
   if (e->red_of && e->red_of[id] >= 0) return 0;
   const fb_stmt *a = &k->stmts[id];
+  if (e->priv_place && a->snode >= 0 && a->snode < e->l->nnodes && e->priv_place[a->snode])
+    return 0; /* a private add needs no compare-and-swap */
   if (a->op != FB_OP_ATOMIC_ADD && a->op != FB_OP_ATOMIC_ADD_NA) return 0;
   const fb_layout *l = e->l;
   if (a->snode <= 0 || a->snode >= l->nnodes) return 0;

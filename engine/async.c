@@ -116,7 +116,7 @@ static void bg_harvest(fb_session *s) {
     if (g->c.rc) {
       cmap_put(a, g->h, &g->standin); /* not compiled again: the stand-in stays */
     } else {
-      cmap_put(a, g->h, &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu});
+      cmap_put(a, g->h, &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv});
       pthread_mutex_lock(&s->cmu);
       if (g->c.code.cache_hit) {
         s->c.cache_hits++;
@@ -177,7 +177,7 @@ static void free_job(fb_session *s, async_job *j) {
     const fb_cjob *c = j->which[i] >= 0 ? &j->cj[j->which[i]] : NULL;
     if (c && !c->rc) {
       const fb_opt_launch *L = &j->b->v[i];
-      fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+      fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
       cmap_put(a, L->ir, &code);
       if (L->standin_same) smap_put(a, L->standin, &code);
     }

@@ -114,7 +114,8 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   fb_rt_ctx ctx = {s->mem.root,  s->args ? s->args : no_args,
                    s->mem.rets,  s->mem.gtmp,
                    &error,       s->seed,
-                   s->launch_no, NULL};
+                   s->launch_no, NULL,
+                   NULL};
   double secs = 0;
   int failed = -1;
   char msg[ERRLEN];

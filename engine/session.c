@@ -422,6 +422,7 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   sk->code[t].body = code.body;
   sk->code[t].bounds = task->loop >= 0 ? code.bounds : NULL;
   sk->code[t].gpu = code.gpu;
+  sk->code[t].priv = code.priv;
   sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
   sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
   sk->irs[t] = task->ir;

@@ -293,7 +293,7 @@ static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
       r->failed_launch = P->launch;
       continue;
     }
-    fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+    fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
     run_entry(r, P, &code);
   }
   pthread_mutex_lock(&s->cmu);
@@ -328,8 +328,9 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
   fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args,
                    s->mem.rets, s->mem.gtmp,
                    &error,      s->seed,
-                   L->launch,   s->sparse ? fb_sparse_state(s->sparse) : NULL};
-  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu};
+                   L->launch,   s->sparse ? fb_sparse_state(s->sparse) : NULL,
+                   NULL};
+  fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu, code->priv};
   int lg = L->kind == FB_TASK_LISTGEN;
   fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
   double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
@@ -403,7 +404,7 @@ static void run_one(batch_run *r, int i) {
     r->failed_launch = L->launch;
     return;
   }
-  fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu};
+  fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
   run_entry(r, L, &code);
   if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
 }

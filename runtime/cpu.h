@@ -7,7 +7,9 @@
 #ifndef FB_RUNTIME_CPU_H
 #define FB_RUNTIME_CPU_H
 
+#include <pthread.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "runtime/runtime.h"
 
@@ -17,6 +19,13 @@ typedef struct fb_cpu_device {
   fb_pool *pool;
   fb_cpu_jit *jit;    /* opened through fb_cpu_ops: its compiler (freed with it) */
   char name[64];      /* opened through fb_cpu_ops: "CPU (N threads)" */
+  /* privatized scatter (launch.c): the threads' private copies, kept
+   * between launches filled with -0.0; one launch at a time uses them
+   * (another one meanwhile allocates its own) */
+  pthread_mutex_t priv_mu;
+  uint32_t *priv_buf;
+  size_t priv_words;
+  int priv_busy;
 } fb_cpu_device;
 
 /* threads: as fb_pool_new's nthreads (0 = one per core). */

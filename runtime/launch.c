@@ -26,6 +26,7 @@ int fb_cpu_device_new(int threads, fb_cpu_device **out, char *err, size_t errlen
     free(d);
     return rc;
   }
+  pthread_mutex_init(&d->priv_mu, NULL);
   *out = d;
   return 0;
 }
@@ -34,6 +35,8 @@ void fb_cpu_device_free(fb_cpu_device *d) {
   if (!d) return;
   fb_cpu_jit_free(d->jit);
   fb_pool_free(d->pool);
+  pthread_mutex_destroy(&d->priv_mu);
+  free(d->priv_buf);
   free(d);
 }
 
@@ -53,6 +56,185 @@ static void par_chunk(void *arg, int64_t lo, int64_t hi) {
   j->body(j->ctx, lo, hi);
 }
 
+/* ---------------------------------------------------------------- privatized scatter
+ * A task with t->priv.n > 0 (codegen/priv.c) adds into ctx->priv: each
+ * thread that joins the loop takes a slot; slot 0 adds into root itself,
+ * slot s > 0 into copy s - 1 of root bytes [lo, hi), which holds -0.0 in
+ * every word (x + -0.0 == x, bit for bit). After the loop every word a
+ * copy changed is added into root and set back to -0.0, so the copies are
+ * ready for the next launch. At most PRIV_MAX_TOTAL bytes of copies (fewer
+ * threads join beyond it), and none for a loop too short to pay for the
+ * sum (the loop then runs on one thread). */
+#define PRIV_MAX_TOTAL ((size_t)64 << 20)
+#define PRIV_NEG0 0x80000000u /* -0.0f */
+#define PRIV_MAX_SLOTS 64
+
+typedef struct priv_slot {
+  fb_rt_ctx ctx;
+  int ran;
+} priv_slot;
+
+typedef struct priv_job {
+  fb_task_body_fn body;
+  priv_slot *slots;
+} priv_job;
+
+static void priv_chunk(void *arg, int slot, int64_t lo, int64_t hi) {
+  const priv_job *j = arg;
+  j->slots[slot].ran = 1;
+  j->body(&j->slots[slot].ctx, lo, hi);
+}
+
+typedef struct priv_sum {
+  uint32_t *root;         /* root's word 0 */
+  const int64_t *first;   /* per range: its first word (in root) */
+  const int64_t *count;   /* per range: its words */
+  int nranges;
+  int64_t lo_word;        /* root word of each copy's word 0 */
+  uint32_t *copies[PRIV_MAX_SLOTS];
+  int ncopies;
+  size_t stride;          /* words between copies */
+} priv_sum;
+
+static float f32_of(uint32_t w) {
+  float f;
+  memcpy(&f, &w, sizeof f);
+  return f;
+}
+
+static uint32_t bits_of(float f) {
+  uint32_t w;
+  memcpy(&w, &f, sizeof w);
+  return w;
+}
+
+/* Root words [w, e) (copy word i - shift for root word i): root += copy
+ * where the copy is not -0.0, and the copy back to -0.0. Most of a grid is
+ * usually untouched: blocks of 16 words that are all -0.0 are skipped after
+ * one pass of 64-bit compares. */
+#define PRIV_BLOCK 16
+static void priv_add_words(uint32_t *root, uint32_t *copy, int64_t shift, int64_t w, int64_t e) {
+  const uint64_t neg2 = ((uint64_t)PRIV_NEG0 << 32) | PRIV_NEG0;
+  while (w < e) {
+    int64_t stop = w + PRIV_BLOCK < e ? w + PRIV_BLOCK : e;
+    if (stop - w == PRIV_BLOCK) {
+      uint64_t diff = 0, q[PRIV_BLOCK / 2];
+      memcpy(q, copy + (w - shift), sizeof q);
+      for (int i = 0; i < PRIV_BLOCK / 2; i++) diff |= q[i] ^ neg2;
+      if (!diff) {
+        w = stop;
+        continue;
+      }
+    }
+    for (; w < stop; w++) {
+      uint32_t *cw = &copy[w - shift];
+      if (*cw == PRIV_NEG0) continue;
+      root[w] = bits_of(f32_of(root[w]) + f32_of(*cw));
+      *cw = PRIV_NEG0;
+    }
+  }
+}
+
+/* Words [a, b) of the concatenated ranges: every copy into root. */
+static void priv_sum_chunk(void *arg, int64_t a, int64_t b) {
+  const priv_sum *ps = arg;
+  int64_t base = 0;
+  for (int r = 0; r < ps->nranges && base < b; r++) {
+    int64_t lo = a > base ? a - base : 0, hi = b - base < ps->count[r] ? b - base : ps->count[r];
+    if (lo < hi)
+      for (int c = 0; c < ps->ncopies; c++)
+        priv_add_words(ps->root, ps->copies[c], ps->lo_word, ps->first[r] + lo,
+                       ps->first[r] + hi);
+    base += ps->count[r];
+  }
+}
+
+static uint32_t *priv_alloc(size_t words) {
+  uint32_t *b = malloc(words * sizeof *b);
+  if (b)
+    for (size_t i = 0; i < words; i++) b[i] = PRIV_NEG0;
+  return b;
+}
+
+/* Copies for `words` words: the device's when free (grown if needed), else
+ * one of this launch's own (*own). NULL when there is no memory. */
+static uint32_t *priv_take(fb_cpu_device *d, size_t words, uint32_t **own) {
+  *own = NULL;
+  pthread_mutex_lock(&d->priv_mu);
+  if (!d->priv_busy) {
+    if (d->priv_words < words) {
+      uint32_t *b = priv_alloc(words);
+      if (!b) {
+        pthread_mutex_unlock(&d->priv_mu);
+        return NULL;
+      }
+      free(d->priv_buf);
+      d->priv_buf = b;
+      d->priv_words = words;
+    }
+    d->priv_busy = 1;
+    pthread_mutex_unlock(&d->priv_mu);
+    return d->priv_buf;
+  }
+  pthread_mutex_unlock(&d->priv_mu);
+  return *own = priv_alloc(words);
+}
+
+static void priv_give(fb_cpu_device *d, uint32_t *own) {
+  if (own) {
+    free(own);
+    return;
+  }
+  pthread_mutex_lock(&d->priv_mu);
+  d->priv_busy = 0;
+  pthread_mutex_unlock(&d->priv_mu);
+}
+
+static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, int64_t n,
+                        int64_t grain) {
+  const fb_cg_priv *pv = &t->priv;
+  int64_t words_span = (pv->hi - pv->lo + 3) / 4, words = 0;
+  for (int r = 0; r < pv->n && r < FB_CG_PRIV_MAX; r++) words += pv->bytes[r] / 4;
+  size_t stride = ((size_t)words_span + 15) & ~(size_t)15; /* 64-byte copies */
+  int threads = fb_pool_threads(d->pool);
+  int maxslots = threads < PRIV_MAX_SLOTS ? threads : PRIV_MAX_SLOTS;
+  size_t copy_bytes = stride * sizeof(uint32_t);
+  size_t fit = copy_bytes > 0 ? PRIV_MAX_TOTAL / copy_bytes : 0;
+  if ((size_t)(maxslots - 1) > fit) maxslots = (int)fit + 1;
+  /* the sum reads every copy's words: only for loops long enough to pay */
+  if (n < words / 16 || stride == 0) maxslots = 1;
+  priv_slot slots[PRIV_MAX_SLOTS];
+  uint32_t *own = NULL, *buf = NULL;
+  if (maxslots > 1) buf = priv_take(d, stride * (size_t)(maxslots - 1), &own);
+  if (!buf) maxslots = 1; /* no memory for copies: one thread, into root */
+  for (int s = 0; s < maxslots; s++) {
+    slots[s].ctx = *ctx;
+    slots[s].ran = 0;
+    /* priv + off is the copy of root + off: copy s - 1 holds root bytes
+     * [lo, hi) from its start (integer arithmetic: the base itself points
+     * outside the copy) */
+    slots[s].ctx.priv = s == 0 ? ctx->root
+                               : (uint8_t *)((uintptr_t)(buf + stride * (size_t)(s - 1)) -
+                                             (uintptr_t)pv->lo);
+  }
+  priv_job j = {t->body, slots};
+  int used = fb_pool_for_slots(d->pool, n, grain, maxslots, priv_chunk, &j);
+  if (!buf) return;
+  int nr = pv->n < FB_CG_PRIV_MAX ? (int)pv->n : FB_CG_PRIV_MAX;
+  priv_sum ps = {(uint32_t *)(void *)ctx->root, NULL, NULL, nr, pv->lo / 4, {0}, 0, stride};
+  int64_t first[FB_CG_PRIV_MAX], count[FB_CG_PRIV_MAX];
+  for (int r = 0; r < nr; r++) {
+    first[r] = pv->off[r] / 4;
+    count[r] = pv->bytes[r] / 4;
+  }
+  ps.first = first;
+  ps.count = count;
+  for (int s = 1; s < used && s < maxslots; s++)
+    if (slots[s].ran) ps.copies[ps.ncopies++] = buf + stride * (size_t)(s - 1);
+  if (ps.ncopies) fb_pool_for(d->pool, words, priv_sum_chunk, &ps);
+  priv_give(d, own);
+}
+
 static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, int64_t grain) {
   if (!t->bounds) {
     t->body(ctx, 0, 0);
@@ -61,6 +243,10 @@ static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, int6
   int64_t n = 0;
   t->bounds(ctx, &n);
   if (n <= 0) return;
+  if (t->priv.n > 0 && t->priv.hi > t->priv.lo) {
+    run_private(d, ctx, t, n, grain);
+    return;
+  }
   par_job j = {t->body, ctx};
   fb_pool_for_grain(d->pool, n, grain, par_chunk, &j);
 }

@@ -31,6 +31,9 @@
 
 typedef struct pool_job {
   fb_pool_fn fn;
+  fb_pool_slot_fn sfn; /* instead of fn: fb_pool_for_slots */
+  atomic_int slots;    /* sfn: slots handed out so far */
+  int maxslots;
   void *ctx;
   int64_t n, chunk, nchunks;
   atomic_llong next; /* next chunk to claim */
@@ -67,12 +70,19 @@ int fb_cpu_cores(void) {
 
 /* Claim and run chunks of j until none is left. */
 static void run_chunks(pool_job *j) {
+  int slot = -1;
   for (;;) {
+    if (j->sfn && slot < 0) { /* a slot before the first chunk claimed */
+      if (atomic_load_explicit(&j->next, memory_order_relaxed) >= j->nchunks) return;
+      slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
+      if (slot >= j->maxslots) return;
+    }
     int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
     if (c >= j->nchunks) return;
     int64_t lo = c * j->chunk;
     int64_t hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
-    j->fn(j->ctx, lo, hi);
+    if (j->sfn) j->sfn(j->ctx, slot, lo, hi);
+    else j->fn(j->ctx, lo, hi);
   }
 }
 
@@ -248,15 +258,20 @@ void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx) {
   fb_pool_for_grain(p, n, 0, fn, ctx);
 }
 
-void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx) {
-  if (n <= 0) return;
+static int pool_run(fb_pool *p, int64_t n, int64_t grain, int maxslots, fb_pool_fn fn,
+                    fb_pool_slot_fn sfn, void *ctx) {
+  if (n <= 0) return 0;
   int64_t chunk = chunk_size(p, n, grain > 0 ? grain : p->min_chunk);
-  if (p->nworkers == 0 || chunk >= n) {
-    fn(ctx, 0, n);
-    return;
+  if (p->nworkers == 0 || chunk >= n || (sfn && maxslots <= 1)) {
+    if (sfn) sfn(ctx, 0, 0, n);
+    else fn(ctx, 0, n);
+    return 1;
   }
   pool_job j;
   j.fn = fn;
+  j.sfn = sfn;
+  j.maxslots = maxslots;
+  atomic_init(&j.slots, 0);
   j.ctx = ctx;
   j.n = n;
   j.chunk = chunk;
@@ -266,4 +281,15 @@ void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void
   publish(p, &j);
   run_chunks(&j);
   retire(p, &j);
+  int used = atomic_load(&j.slots);
+  return used < maxslots ? used : maxslots;
+}
+
+void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx) {
+  pool_run(p, n, grain, 1, fn, NULL, ctx);
+}
+
+int fb_pool_for_slots(fb_pool *p, int64_t n, int64_t grain, int maxslots, fb_pool_slot_fn fn,
+                      void *ctx) {
+  return pool_run(p, n, grain, maxslots, NULL, fn, ctx);
 }

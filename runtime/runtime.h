@@ -58,6 +58,14 @@ void fb_pool_for(fb_pool *p, int64_t n, fb_pool_fn fn, void *ctx);
 /* The same with chunks of at least grain iterations (0: the pool's minimum),
  * for loops whose iterations are heavy (list generation). */
 void fb_pool_for_grain(fb_pool *p, int64_t n, int64_t grain, fb_pool_fn fn, void *ctx);
+/* Body of a parallel loop that knows its thread: slot is the same for every
+ * chunk one thread runs within one call, distinct between threads. */
+typedef void (*fb_pool_slot_fn)(void *ctx, int slot, int64_t lo, int64_t hi);
+/* fb_pool_for_grain whose threads each take a slot 0, 1, ... as they join;
+ * a thread that would get slot >= maxslots (>= 1) runs no chunk. Returns
+ * the number of slots handed out (at most min(maxslots, threads)). */
+int fb_pool_for_slots(fb_pool *p, int64_t n, int64_t grain, int maxslots, fb_pool_slot_fn fn,
+                      void *ctx);
 /* Online cores of this machine (at least 1). */
 int fb_cpu_cores(void);
 
@@ -154,6 +162,7 @@ typedef struct fb_rt_task {
   fb_task_body_fn body;
   fb_task_bounds_fn bounds; /* NULL: serial task */
   void *gpu;                /* CUDA: the compiled task (fb_cpu_code.gpu) */
+  fb_cg_priv priv;          /* CPU: privatized scatter (fb_cpu_code.priv) */
 } fb_rt_task;
 
 /* What the launcher needs to know of a task beyond its code. */

@@ -121,7 +121,7 @@ static void run_code(const fb_cpu_code *code, const cg_step *st, jit_state *js, 
   uint64_t args[8] = {0};
   for (int a = 0; a < st->nargs; a++)
     args[a] = fb_slot_pack(fb_value_cast(st->args[a], st->k->params[a]));
-  fb_rt_ctx ctx = {js->root, args, js->rets, js->gtmp, &js->error, SEED, launch, NULL};
+  fb_rt_ctx ctx = {js->root, args, js->rets, js->gtmp, &js->error, SEED, launch, NULL, NULL};
   js->error = 0;
   if (st->loop < 0) {
     ck_assert_ptr_null(code->bounds);
@@ -421,8 +421,10 @@ static const char *FAST_SRC =
     "}\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place q: f32 } } } }\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place r: f32 } } } }\n"
-    "  dense(i: 8) { place acc: f32 }\n"
-    "  dense(i: 8) { place gv: f32[2] }\n"
+    /* the i32 and i64 places keep acc and gv shared (not privatized:
+     * codegen/priv.c), so scatter and scatter2 show the atomics */
+    "  dense(i: 8) { place acc: f32, accn: i32 }\n"
+    "  dense(i: 8) { place gv: f32[2], gvn: i64 }\n"
     "}\n"
     "kernel init() {\n"
     "  for i in 0 .. 4096 { x[i] = f32(i) * 0.5; y[i] = 1.0 }\n"
@@ -570,6 +572,7 @@ static const char *GROUP_SRC =
     "}\n"
     "kernel dense() {\n"
     "  for p in px {\n"
+    "    out[p] = dm[0, 0]\n" /* a read: the grid stays shared (no privatized scatter) */
     "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
     "    dv[b[0], b[1]] += px[p][0] * [1.0, 2.0, 3.0]\n"
     "    dm[b[0], b[1]] += px[p][1]\n"
@@ -577,6 +580,7 @@ static const char *GROUP_SRC =
     "}\n"
     "kernel apart() {\n"
     "  for p in px {\n"
+    "    out[p] = dm[0, 0]\n" /* shared, as in dense() */
     "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
     "    dm[b[0], b[1]] += px[p][1]\n"
     "    out[p] = 1.0\n"
@@ -589,6 +593,105 @@ static int count(const char *s, const char *what) {
   for (const char *q = strstr(s, what); q; q = strstr(q + 1, what)) n++;
   return n;
 }
+
+/* Privatized scatter (codegen/priv.c): a parallel task whose only accesses
+ * to an all-dense, all-f32 tree are f32 atomic adds with unused results
+ * adds into the thread's copy (ctx->priv) with plain loads and stores; a
+ * tree that is also read, an i32 tree, a tree over the size bound, a
+ * serial task and NVPTX keep their atomics. The launcher's sums are
+ * checked against the interpreter in tests/test_lang_exec.c
+ * (private_scatter). */
+static const char *PRIV_SRC = "layout {\n"
+                              "  dense(ij: 16, 16) { place gm: f32, gv: f32[2] }\n"
+                              "  dense(ij: 16, 16) { place hm: f32 }\n"
+                              "  dense(ij: 16, 16) { place cnt: i32 }\n"
+                              "  dense(ij: 2100, 2100) { place big: f32 }\n"
+                              "  dense(i: 64) { place px: f32[2], out: f32 }\n"
+                              "}\n"
+                              "kernel scatter() {\n"
+                              "  for p in px {\n"
+                              "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+                              "    for a in 0 .. 3 {\n"
+                              "      gv[b[0] + a, b[1]] += px[p]\n"
+                              "      gm[b[0] + a, b[1]] += px[p][1]\n"
+                              "    }\n"
+                              "  }\n"
+                              "}\n"
+                              "kernel shared() {\n"
+                              "  for p in px {\n"
+                              "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+                              "    hm[b[0], b[1]] += 1.0\n"
+                              "    out[p] = hm[b[1], b[0]]\n"
+                              "    cnt[b[0], b[1]] += 1\n"
+                              "    big[b[0], b[1]] += 1.0\n"
+                              "  }\n"
+                              "}\n"
+                              "kernel serial() { gm[1, 2] += 1.0 }\n";
+
+static char *task_ir(fb_program *p, const char *kernel, const char *target);
+
+/* The plan of kernel's one task. */
+static void priv_plan_of(fb_program *p, const char *kernel, fb_cg_priv *plan) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, kernel, NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
+  ck_assert_int_eq(tl.n, 1);
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
+  ck_assert_int_eq(fb_cg_priv_plan(&t, plan, NULL), 0);
+  fb_task_list_free(&tl);
+}
+
+START_TEST(test_priv_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("priv.fbk", PRIV_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  const fb_layout *l = fb_program_layout(p);
+  fb_cg_priv plan;
+  priv_plan_of(p, "scatter", &plan);
+  ck_assert_int_eq(plan.n, 1);
+  ck_assert_int_eq(plan.sites, 3); /* gv.0, gv.1, gm */
+  ck_assert_int_ge(plan.bytes[0], 16 * 16 * 12);
+  ck_assert_int_eq(plan.lo, plan.off[0]);
+  ck_assert_int_eq(plan.hi, plan.off[0] + plan.bytes[0]);
+  ck_assert_int_le(plan.hi, (int64_t)l->root_bytes);
+  char *ir = fast_ir(p, "scatter");
+  /* (the only compare-and-swap left is the error latch's, an i32) */
+  ck_assert_msg(!strstr(ir, "atomicrmw") && !strstr(ir, "load atomic") &&
+                    count(ir, "store float") + count(ir, "store <2 x float>") >= 3,
+                "scatter: atomics left in a privatized scatter:\n%s", ir);
+  free(ir);
+  /* hm is read, cnt is i32, big is over FB_CG_PRIV_MAX_BYTES: atomics */
+  priv_plan_of(p, "shared", &plan);
+  ck_assert_int_eq(plan.n, 0);
+  ir = fast_ir(p, "shared");
+  ck_assert_msg(count(ir, "atomicrmw") >= 3, "shared: atomics missing:\n%s", ir);
+  free(ir);
+  /* a serial task runs on one thread: nothing to privatize */
+  fb_kernel *k = NULL;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_instantiate(p, "serial", NULL, 0, &k, &d), 0);
+  fb_diags_free(&d);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_int_eq(fb_lower(k, &tl, err, sizeof err), 0);
+  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
+  ck_assert_int_eq(fb_cg_priv_plan(&t, &plan, NULL), 0);
+  ck_assert_int_eq(plan.n, 0);
+  fb_task_list_free(&tl);
+  /* NVPTX keeps its (native) float atomics */
+  ir = task_ir(p, "scatter", "nvptx64");
+  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "scatter on NVPTX: no atomics:\n%s", ir);
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
 
 START_TEST(test_group_ir) {
   fb_diags d;
@@ -818,6 +921,7 @@ int main(void) {
   tcase_add_test(tc, test_fast_ir);
   tcase_add_test(tc, test_fast_results);
   tcase_add_test(tc, test_group_ir);
+  tcase_add_test(tc, test_priv_ir);
   tcase_add_test(tc, test_zero_walk_ir);
   tcase_add_test(tc, test_store_walk_ir);
   suite_add_tcase(s, tc);

@@ -939,6 +939,81 @@ START_TEST(grouped_atomics) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- privatized scatter */
+
+/* A P2G-style scatter into a grid that the loop only adds to (codegen/priv.c):
+ * each thread adds into its own copy, which the launcher sums into the grid
+ * afterwards (runtime/launch.c). Launched three times, so the copies are
+ * reused and must come back as -0.0 each time; the grid is all f32 (m and a
+ * 2-vector) and under the size bound, the loop long enough for copies. Every
+ * contribution is a multiple of 1/8 with sums far below 2^20: exact in any
+ * order, so the engine (two threads) must match the interpreter bit for bit,
+ * and a cell no particle reaches keeps its -0.0. */
+#define PN 6000
+static const char *const priv_src =
+    "layout {\n"
+    "  dense(ij: 32, 32) { place gm: f32, gv: f32[2] }\n"
+    "  dense(i: 6000) { place qx: f32[2] }\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for p in qx { qx[p] = [f32(p % 29) + 0.5, f32(p // 29 % 29) + 0.25] }\n"
+    "  gm[31, 31] = -0.0\n"
+    "  gv[31, 30] = [-0.0, 1.5]\n"
+    "}\n"
+    "kernel p2g() {\n"
+    "  for p in qx {\n"
+    "    let b = [i32(qx[p][0]), i32(qx[p][1])]\n"
+    "    let w = f32(p % 5) * 0.25\n"
+    "    for a in 0 .. 3 {\n"
+    "      for c in 0 .. 3 {\n"
+    "        gv[b[0] + a, b[1] + c] += w * [1.0, -0.5]\n"
+    "        gm[b[0] + a, b[1] + c] += w\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+START_TEST(private_scatter) {
+  fb_program *p = prog(priv_src);
+  fb_kernel *ki = inst(p, "init", NULL, NULL), *kp = inst(p, "p2g", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, ki, NULL, 0, NULL);
+  for (int r = 0; r < 3; r++) irun(in, kp, NULL, 0, NULL);
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int a = add(s, ki), b = add(s, kp);
+  launch(s, a, NULL, 0, NULL);
+  for (int r = 0; r < 3; r++) launch(s, b, NULL, 0, NULL);
+  same_fields(in, s, p, 0);
+  /* bit for bit: the untouched -0.0 cells, and every word */
+  const fb_lang_field *fm = field(p, "gm"), *fv = field(p, "gv");
+  uint32_t got[32 * 32], want[32 * 32];
+  for (int c = 0; c < 1 + fv->ncomp; c++) {
+    const fb_lang_field *f = c == 0 ? fm : fv;
+    int comp = c == 0 ? 0 : c - 1;
+    eread(s, f, comp, got, sizeof got);
+    memcpy(want, icomp(in, p, f->name, comp), sizeof want);
+    for (int i = 0; i < 32 * 32; i++)
+      ck_assert_msg(got[i] == want[i], "%s.%d[%d]: bits %08x, interpreter %08x", f->name, comp, i,
+                    got[i], want[i]);
+  }
+  eread(s, fm, 0, got, sizeof got);
+  ck_assert_uint_eq(got[31 * 32 + 31], 0x80000000u); /* gm[31, 31] = -0.0 */
+  eread(s, fv, 0, got, sizeof got);
+  ck_assert_uint_eq(got[31 * 32 + 30], 0x80000000u); /* gv[31, 30].0 = -0.0 */
+  /* the sums are there: each particle's weight reached its 3x3 cells */
+  const float *gm = icomp(in, p, "gm", 0);
+  double total = 0, want_total = 0;
+  for (int i = 0; i < 32 * 32; i++) total += gm[i];
+  for (int q = 0; q < PN; q++) want_total += 3 * 9 * (q % 5) * 0.25;
+  ck_assert_msg(total == want_total, "gm sums to %g, want %g", total, want_total);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -952,6 +1027,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, vectors);
   tcase_add_test(tc, svd_polar);
   tcase_add_test(tc, grouped_atomics);
+  tcase_add_test(tc, private_scatter);
   suite_add_tcase(s, tc);
   return s;
 }

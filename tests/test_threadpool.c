@@ -3,6 +3,8 @@
  * threads launching on one pool at once, nested loops, and the launcher
  * (serial and parallel tasks, error propagation). */
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,56 @@ START_TEST(cover_default_chunks) {
   ck_assert_int_eq(fb_pool_new(4, 0, &p, err, sizeof err), 0);
   ck_assert_int_eq(fb_pool_threads(p), 4);
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) check_cover(p, sizes[i]);
+  fb_pool_free(p);
+}
+END_TEST
+
+/* fb_pool_for_slots: every index once, each thread one slot for all its
+ * chunks (a chunk's slot is the same as its thread's), slots below
+ * maxslots, the count returned covers every slot seen. */
+typedef struct slot_visit {
+  atomic_uchar *seen;
+  int64_t n;
+  int maxslots;
+  atomic_int bad;              /* bad chunk or slot */
+  atomic_ullong owner[8];      /* per slot: thread id + 1 that used it */
+} slot_visit;
+
+static void mark_slot(void *arg, int slot, int64_t lo, int64_t hi) {
+  slot_visit *v = arg;
+  if (lo < 0 || hi > v->n || lo >= hi || slot < 0 || slot >= v->maxslots || slot >= 8) {
+    atomic_store(&v->bad, 1);
+    return;
+  }
+  unsigned long long me = (unsigned long long)pthread_self() + 1, none = 0;
+  if (!atomic_compare_exchange_strong(&v->owner[slot], &none, me) && none != me)
+    atomic_store(&v->bad, 2); /* two threads on one slot */
+  for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&v->seen[i], 1);
+}
+
+START_TEST(slots_per_thread) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(4, 1, &p, err, sizeof err), 0);
+  const int64_t ns[] = {0, 1, 5, 100, 4099, 100000};
+  for (int maxslots = 1; maxslots <= 5; maxslots++)
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+      slot_visit v;
+      memset(&v, 0, sizeof v);
+      v.n = ns[k];
+      v.maxslots = maxslots;
+      v.seen = calloc((size_t)(v.n ? v.n : 1), sizeof *v.seen);
+      ck_assert_ptr_nonnull(v.seen);
+      int used = fb_pool_for_slots(p, v.n, 0, maxslots, mark_slot, &v);
+      ck_assert_int_eq(atomic_load(&v.bad), 0);
+      ck_assert_int_le(used, maxslots < 4 ? maxslots : 4);
+      for (int s = used; s < 8; s++) ck_assert_uint_eq(atomic_load(&v.owner[s]), 0);
+      if (v.n > 0) ck_assert_int_ge(used, 1);
+      for (int64_t i = 0; i < v.n; i++)
+        ck_assert_msg(v.seen[i] == 1, "n=%lld maxslots=%d: index %lld visited %d times",
+                      (long long)v.n, maxslots, (long long)i, (int)v.seen[i]);
+      free(v.seen);
+    }
   fb_pool_free(p);
 }
 END_TEST
@@ -208,9 +260,9 @@ START_TEST(launcher_runs_tasks_in_order) {
   ck_assert_int_eq(fb_devmem_reserve(&m, 64, 1, err, sizeof err), 0);
   uint64_t args[1] = {5000};
   int32_t error = 0;
-  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL};
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
   fb_rt_task tasks[3] = {
-      {serial_body, NULL, NULL}, {par_body, par_bounds, NULL}, {oob_body, NULL, NULL}};
+      {serial_body, NULL, NULL, {0}}, {par_body, par_bounds, NULL, {0}}, {oob_body, NULL, NULL, {0}}};
   double secs = -1;
   int failed = 7;
   ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 2, &secs, &failed), 0);
@@ -227,6 +279,81 @@ START_TEST(launcher_runs_tasks_in_order) {
   ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 3, &secs, &failed), FB_EBOUNDS);
   ck_assert_int_eq(failed, 1);
   ck_assert_int_eq(cells[5000], 4999 * 3);
+  fb_devmem_release(&m);
+  fb_cpu_device_free(d);
+}
+END_TEST
+
+/* The launcher's privatized scatter (runtime/launch.c): a body that adds
+ * into ctx->priv as compiled code does (codegen/priv.c). Root holds a
+ * header word, the grid (PW f32 words at byte PRIV_OFF) and a guard word
+ * after it. Each body call waits (bounded) until two threads are inside, so
+ * that a private copy is used; the sums must then be exact (counts of
+ * 0.5), the word no iteration touches must keep its -0.0, the guard word
+ * must stay, and a second launch (copies reused) must add as much again. */
+#define PW 4096
+#define PRIV_OFF 64
+static atomic_uintptr_t priv_bases[2];
+
+static void priv_bounds(fb_rt_ctx *ctx, int64_t *n) { *n = 200000; }
+
+static void priv_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  uintptr_t me = (uintptr_t)ctx->priv, none = 0;
+  if (!atomic_compare_exchange_strong(&priv_bases[0], &none, me) && none != me) {
+    none = 0;
+    atomic_compare_exchange_strong(&priv_bases[1], &none, me);
+  }
+  /* the pool wakes its worker at once; 10 s only bounds a hung test */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!atomic_load(&priv_bases[1])) {
+    sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (t1.tv_sec - t0.tv_sec > 10) break;
+  }
+  float *g = (float *)(void *)(ctx->priv + PRIV_OFF);
+  for (int64_t i = lo; i < hi; i++) g[i % (PW - 1)] += 0.5f; /* word PW - 1: never */
+}
+
+START_TEST(launcher_private_copies) {
+  fb_cpu_device *d;
+  char err[256];
+  ck_assert_int_eq(fb_cpu_device_new(2, &d, err, sizeof err), 0);
+  fb_devmem m;
+  ck_assert_int_eq(fb_devmem_init(&m, PRIV_OFF + 4 * PW + 64, 0, err, sizeof err), 0);
+  uint32_t *words = (uint32_t *)(void *)m.root;
+  float *grid = (float *)(void *)(m.root + PRIV_OFF);
+  for (int i = 0; i < PW; i++) grid[i] = 1.0f;
+  grid[PW - 1] = -0.0f;
+  words[PRIV_OFF / 4 + PW] = 0xdeadbeefu; /* just past the grid */
+  int32_t error = 0;
+  uint64_t args[1] = {0};
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
+  fb_rt_task t = {priv_body, priv_bounds, NULL, {0}};
+  t.priv.n = 1;
+  t.priv.lo = PRIV_OFF;
+  t.priv.hi = PRIV_OFF + 4 * PW;
+  t.priv.off[0] = PRIV_OFF;
+  t.priv.bytes[0] = 4 * PW;
+  t.priv.sites = 1;
+  for (int run = 1; run <= 2; run++) {
+    atomic_store(&priv_bases[0], 0);
+    atomic_store(&priv_bases[1], 0);
+    ck_assert_int_eq(fb_cpu_run(d, &ctx, &t, 1, NULL, NULL), 0);
+    /* two threads, two bases: root itself and a copy */
+    ck_assert(atomic_load(&priv_bases[1]) != 0);
+    ck_assert(atomic_load(&priv_bases[0]) == (uintptr_t)m.root ||
+              atomic_load(&priv_bases[1]) == (uintptr_t)m.root);
+    /* 200000 iterations over PW - 1 words: 48 or 49 per word, 0.5 each */
+    for (int i = 0; i < PW - 1; i++) {
+      float per = (float)(200000 / (PW - 1) + (i < 200000 % (PW - 1)));
+      ck_assert_msg(grid[i] == 1.0f + run * 0.5f * per, "run %d: word %d = %g, want %g", run, i,
+                    grid[i], 1.0f + run * 0.5f * per);
+    }
+    ck_assert_uint_eq(words[PRIV_OFF / 4 + PW - 1], 0x80000000u);
+    ck_assert_uint_eq(words[PRIV_OFF / 4 + PW], 0xdeadbeefu);
+  }
+  ck_assert_int_eq(error, 0);
   fb_devmem_release(&m);
   fb_cpu_device_free(d);
 }
@@ -256,12 +383,14 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, cover_default_chunks);
   tcase_add_test(tc, cover_small_chunks);
+  tcase_add_test(tc, slots_per_thread);
   tcase_add_test(tc, cover_one_thread_and_default);
   tcase_add_test(tc, splits_into_chunks);
   tcase_add_test(tc, reuse_many_small_launches);
   tcase_add_test(tc, concurrent_callers);
   tcase_add_test(tc, nested_loops);
   tcase_add_test(tc, launcher_runs_tasks_in_order);
+  tcase_add_test(tc, launcher_private_copies);
   tcase_add_test(tc, devmem_quota);
   suite_add_tcase(s, tc);
   return s;

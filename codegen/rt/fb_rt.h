@@ -89,6 +89,7 @@ typedef struct fb_rt_dctx {
   uint64_t seed;
   uint64_t launch;
   fb_rt_state *runtime;
+  uint8_t *priv;
 } fb_rt_dctx;
 
 /* ---------------------------------------------------------------- descriptors */
