@@ -599,16 +599,17 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
  * each field from the cell, each value joined on its own. Each load alone
  * would walk the path again (LLVM does not merge walks whose inactive exits
  * rejoin in between). The same values: the same cell, and the loads read
- * memory that nothing writes in between. */
-static int same_load(fb_emit *e, const fb_stmt *a, int id2) {
+ * memory that nothing writes in between. same_cell: statement id2 is a's
+ * op on another field of a's container at a's first nidx arguments (its
+ * indices; a store's last argument is its value). */
+static int same_cell(fb_emit *e, const fb_stmt *a, int id2, int nidx) {
   if (id2 < 0 || id2 >= e->k->nstmts || e->done[id2]) return 0;
   const fb_stmt *b = &e->k->stmts[id2];
   const fb_layout *l = e->l;
-  if (b->op != FB_OP_LOAD || b->nargs != a->nargs || b->snode <= 0 || b->snode >= l->nnodes)
-    return 0;
+  if (b->op != a->op || b->nargs != a->nargs || b->snode <= 0 || b->snode >= l->nnodes) return 0;
   const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
   if (fb->kind != FB_SN_PLACE || fb->parent != fa->parent || fb->ndim != fa->ndim) return 0;
-  for (int d = 0; d < a->nargs; d++)
+  for (int d = 0; d < nidx; d++)
     if (a->args[d] != b->args[d]) return 0;
   return 1;
 }
@@ -626,7 +627,7 @@ int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
       loop_cell(e, s))
     return 0;
   int m = 1;
-  while (m < n && m < MAXG && same_load(e, s, ids[m])) m++;
+  while (m < n && m < MAXG && same_cell(e, s, ids[m], s->nargs)) m++;
   if (m < 2) return 0;
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (index_check(e, id, s, s->snode, 0, idx, &inb)) return -1;
@@ -727,18 +728,6 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
  * may alias the stored field). Same effect: the same cell is activated (or
  * found inactive) once instead of once per field, and the values are
  * computed before the first store. */
-static int same_store(fb_emit *e, const fb_stmt *a, int id2) {
-  if (id2 < 0 || id2 >= e->k->nstmts || e->done[id2]) return 0;
-  const fb_stmt *b = &e->k->stmts[id2];
-  const fb_layout *l = e->l;
-  if (b->op != a->op || b->nargs != a->nargs || b->snode <= 0 || b->snode >= l->nnodes) return 0;
-  const fb_snode *fa = &l->nodes[a->snode], *fb = &l->nodes[b->snode];
-  if (fb->kind != FB_SN_PLACE || fb->parent != fa->parent || fb->ndim != fa->ndim) return 0;
-  for (int d = 0; d < fa->ndim; d++)
-    if (a->args[d] != b->args[d]) return 0;
-  return 1;
-}
-
 int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
   enum {
     MAXG = 16
@@ -752,7 +741,7 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
       loop_cell(e, s))
     return 0;
   int m = 1;
-  while (m < n && m < MAXG && same_store(e, s, ids[m])) m++;
+  while (m < n && m < MAXG && same_cell(e, s, ids[m], l->nodes[s->snode].ndim)) m++;
   if (m < 2) return 0;
   LLVMValueRef idx[FB_MAX_AXES], inb, v[MAXG];
   if (index_check(e, id, s, s->snode, 1, idx, &inb)) return -1;
