@@ -76,7 +76,6 @@ typedef struct fb_cg_priv {
   int64_t sites;                 /* atomic statements that go private */
 } fb_cg_priv;
 
-
 /* How args and rets are packed into 8-byte slots: integers sign- or zero-
  * extended to 64 bits, bool as 0/1, f64 as its bits, f32 as its bits in the
  * low 32 bits (upper bits zero). */

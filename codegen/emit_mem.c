@@ -1022,8 +1022,8 @@ static int emit_group(fb_emit *e, int *m, int n) {
       i++;
       continue;
     }
-    LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpFAdd, q, v[i],
-                                          LLVMAtomicOrderingMonotonic, 0);
+    LLVMValueRef old =
+        LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpFAdd, q, v[i], LLVMAtomicOrderingMonotonic, 0);
     set_align(old, FB_T_F32);
     tag_field(e, old, s->snode);
   }
@@ -1048,10 +1048,8 @@ int fb_emit_try_group(fb_emit *e, int blk, int i, int to) {
     if (group_member(e, id) && joins(e, m, n, id) && !listed(loads, nl, e->k->stmts[id].snode)) {
       m[n++] = id;
       last = j;
-    } else if (dense_load(e, id, m, n))
-      loads[nl++] = e->k->stmts[id].snode;
-    else if (!movable(e, id))
-      break;
+    } else if (dense_load(e, id, m, n)) loads[nl++] = e->k->stmts[id].snode;
+    else if (!movable(e, id)) break;
   }
   if (n < 2) return 0;
   /* worth it: a pair to share a compare-and-swap, or a walk to share */

@@ -85,8 +85,7 @@ int fb_cg_priv_plan(const fb_cg_task *t, fb_cg_priv *out, unsigned char *place) 
     if (T <= 0) continue;
     if (private_add(k, used, i)) {
       if (!state[T]) state[T] = 1;
-    } else
-      state[T] = 2;
+    } else state[T] = 2;
   }
   for (int T = 1; T < l->nnodes && out->n < FB_CG_PRIV_MAX; T++) {
     if (state[T] != 1 || !tree_ok(l, T)) continue;

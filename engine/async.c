@@ -116,7 +116,8 @@ static void bg_harvest(fb_session *s) {
     if (g->c.rc) {
       cmap_put(a, g->h, &g->standin); /* not compiled again: the stand-in stays */
     } else {
-      cmap_put(a, g->h, &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv});
+      cmap_put(a, g->h,
+               &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv});
       pthread_mutex_lock(&s->cmu);
       if (g->c.code.cache_hit) {
         s->c.cache_hits++;

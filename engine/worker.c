@@ -238,7 +238,8 @@ static fb_opt_launch part_launch(const fb_opt_launch *L, int p) {
   const fb_opt_part *pt = &L->parts[p];
   fb_opt_launch P = {
       pt->ir,    pt->k,      pt->kind, pt->loop, pt->snode, L->args ? L->args + pt->argoff : NULL,
-      pt->nargs, pt->launch, 1,        pt,       1,         FB_IRH_NONE, 0};
+      pt->nargs, pt->launch, 1,        pt,       1,         FB_IRH_NONE,
+      0};
   return P;
 }
 

@@ -427,8 +427,7 @@ static void on_store(simp *s, int id, facts *known, facts *pending) {
   /* a dense store that may fall out of bounds is still known, guarded by
      the bounds test (a sparse one may also fail to allocate) */
   int guarded = !inb && plain_storage(s, &l);
-  if (((inb || guarded) && put(known, &l, v, 1, guarded)) || put(pending, &l, id, 1, 0))
-    s->oom = 1;
+  if (((inb || guarded) && put(known, &l, v, 1, guarded)) || put(pending, &l, id, 1, 0)) s->oom = 1;
 }
 
 /* What a block may write, anywhere inside it: fields (place ids, gtmp slots
@@ -555,8 +554,8 @@ static void forward_block(simp *s, int blk, int depth, const facts *in) {
       drop_clobbered(&known, &c);
       free(c.f);
       pending.n = 0;
-    } else if (t->body >= 0 || t->orelse >= 0 || cls == FB_OPC_SPARSE ||
-               cls == FB_OPC_APPEND || cls == FB_OPC_LENGTH || cls == FB_OPC_LIST) {
+    } else if (t->body >= 0 || t->orelse >= 0 || cls == FB_OPC_SPARSE || cls == FB_OPC_APPEND ||
+               cls == FB_OPC_LENGTH || cls == FB_OPC_LIST) {
       int body = t->body, orelse = t->orelse;
       known.n = pending.n = 0;
       forward_block(s, body, depth + 1, NULL);

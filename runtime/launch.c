@@ -143,8 +143,7 @@ static void priv_sum_chunk(void *arg, int64_t a, int64_t b) {
     int64_t lo = a > base ? a - base : 0, hi = b - base < ps->count[r] ? b - base : ps->count[r];
     if (lo < hi)
       for (int c = 0; c < ps->ncopies; c++)
-        priv_add_words(ps->root, ps->copies[c], ps->lo_word, ps->first[r] + lo,
-                       ps->first[r] + hi);
+        priv_add_words(ps->root, ps->copies[c], ps->lo_word, ps->first[r] + lo, ps->first[r] + hi);
     base += ps->count[r];
   }
 }
@@ -213,9 +212,9 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
     /* priv + off is the copy of root + off: copy s - 1 holds root bytes
      * [lo, hi) from its start (integer arithmetic: the base itself points
      * outside the copy) */
-    slots[s].ctx.priv = s == 0 ? ctx->root
-                               : (uint8_t *)((uintptr_t)(buf + stride * (size_t)(s - 1)) -
-                                             (uintptr_t)pv->lo);
+    slots[s].ctx.priv =
+        s == 0 ? ctx->root
+               : (uint8_t *)((uintptr_t)(buf + stride * (size_t)(s - 1)) - (uintptr_t)pv->lo);
   }
   priv_job j = {t->body, slots};
   int used = fb_pool_for_slots(d->pool, n, grain, maxslots, priv_chunk, &j);

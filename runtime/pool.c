@@ -25,7 +25,8 @@
 
 #define CHUNKS_PER_THREAD 4 /* several chunks per thread for balance */
 #define SPIN_PAUSES 64      /* idle polls with a pause before the yielding ones */
-#define SPIN_YIELDS 400     /* idle polls that yield the core (a system call each;
+#define SPIN_YIELDS                                                                                \
+  400     /* idle polls that yield the core (a system call each;
                                2.7 us apiece measured on the 2-core VM under load
                                15, where each one hands the core over), then sleep */
 

@@ -148,7 +148,8 @@ uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
  * the budget than it could really use, which would refuse other tenants. */
 static uint64_t reported(const fbd_session *s, uint64_t v) {
   uint64_t lim = s->ecfg.memory_limit, cap = lim + s->srv->cfg->worker_overhead_bytes;
-  if (!lim || cap < lim) cap = UINT64_MAX / 1024; /* unlimited, or the sum wrapped:
+  if (!lim || cap < lim)
+    cap = UINT64_MAX / 1024; /* unlimited, or the sum wrapped:
                                                      still no wrap over all sessions */
   return v < cap ? v : cap;
 }

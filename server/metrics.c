@@ -8,8 +8,8 @@
  *                 not while shutting down or while the device is unhealthy).
  * The endpoint carries no session ids, tags or tokens: only counts. Bind it
  * to loopback or a network that only the monitoring reaches. */
-#include <microhttpd.h>
 #include <arpa/inet.h>
+#include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>

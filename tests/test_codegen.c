@@ -705,8 +705,9 @@ START_TEST(test_group_ir) {
     ck_assert_msg(count(ir, "fadd <2 x float>") >= 2 && !strstr(ir, "atomicrmw fadd"),
                   "%s: the cell's four adds are not two paired compare-and-swaps:\n%s", ks[i], ir);
     if (i == 0) /* one pointer walk per cell, not one per component */
-      ck_assert_msg(count(ir, "call ptr @fb_rt_ptr_activate") + count(ir, "fb_rt_ptr_activate.exit:") <= 1,
-                    "sparse: more than one activation per cell:\n%s", ir);
+      ck_assert_msg(
+          count(ir, "call ptr @fb_rt_ptr_activate") + count(ir, "fb_rt_ptr_activate.exit:") <= 1,
+          "sparse: more than one activation per cell:\n%s", ir);
     free(ir);
   }
   /* a store between them: no group across it (m and v.0 stay apart) */
@@ -874,9 +875,9 @@ START_TEST(test_fast_results) {
   js->root = calloc(1, l->root_bytes);
   ck_assert_ptr_nonnull(js->root);
   fb_cpu_jit *j = new_jit();
-  const char *ks[] = {"init",   "saxpy",   "stencil", "split_copy", "copy2d",   "grid_copy",
-                      "groups", "scatter", "saxpy",   "scatter",    "scatter2", "scatter2",
-                      "bilerp", "saxpy",   "bilerp"};
+  const char *ks[] = {"init",      "saxpy",    "stencil", "split_copy", "copy2d",
+                      "grid_copy", "groups",   "scatter", "saxpy",      "scatter",
+                      "scatter2",  "scatter2", "bilerp",  "saxpy",      "bilerp"};
   for (size_t n = 0; n < sizeof ks / sizeof ks[0]; n++) {
     fb_kernel *k = NULL;
     fb_diags d;

@@ -171,7 +171,11 @@ static const dt_config dt_stream_configs[] = {
 };
 #define DT_NSTREAM ((int)(sizeof dt_stream_configs / sizeof dt_stream_configs[0]))
 
-enum { DT_GEN_ORDINARY = 0, DT_GEN_STREAM, DT_GEN_STREAM_FAILING };
+enum {
+  DT_GEN_ORDINARY = 0,
+  DT_GEN_STREAM,
+  DT_GEN_STREAM_FAILING
+};
 
 typedef struct dt_failure {
   dt_prog p;    /* a copy of the failing program */
@@ -913,35 +917,34 @@ END_TEST
  * provably in bounds), so it must name a part no later than launch 1 and
  * own up to the launches fused with it; the values match the oracle in
  * every stream configuration. */
-static const char *blame_prog =
-    "layout {\n"
-    "  dense(i: 8) as n0 {\n"
-    "    place y: i64\n"
-    "    place w: i64\n"
-    "  }\n"
-    "}\n"
-    "\n"
-    "kernel bad(i32) {\n"
-    "  %0 = const.i32 8\n"
-    "  %1 = const.i32 0\n"
-    "  par_for %2 in %1 .. %0 {\n"
-    "    %3 = loop_index.i32 %2, 0\n"
-    "    %4 = arg.i32 0\n"
-    "    %5 = add.i32 %3, %4\n"
-    "    %6 = load.i64 w[%5]\n"
-    "    %7 = load.i64 y[%3]\n"
-    "    %8 = add.i64 %7, %6\n"
-    "    store y[%3], %8\n"
-    "  }\n"
-    "}\n"
-    "#! seed 0x0\n"
-    "#! field_write w 0x1\n"
-    "#! launch bad 0\n"
-    "#! launch bad 1\n"
-    "#! launch bad 0\n"
-    "#! launch bad 1\n"
-    "#! sync\n"
-    "#! field_read y\n";
+static const char *blame_prog = "layout {\n"
+                                "  dense(i: 8) as n0 {\n"
+                                "    place y: i64\n"
+                                "    place w: i64\n"
+                                "  }\n"
+                                "}\n"
+                                "\n"
+                                "kernel bad(i32) {\n"
+                                "  %0 = const.i32 8\n"
+                                "  %1 = const.i32 0\n"
+                                "  par_for %2 in %1 .. %0 {\n"
+                                "    %3 = loop_index.i32 %2, 0\n"
+                                "    %4 = arg.i32 0\n"
+                                "    %5 = add.i32 %3, %4\n"
+                                "    %6 = load.i64 w[%5]\n"
+                                "    %7 = load.i64 y[%3]\n"
+                                "    %8 = add.i64 %7, %6\n"
+                                "    store y[%3], %8\n"
+                                "  }\n"
+                                "}\n"
+                                "#! seed 0x0\n"
+                                "#! field_write w 0x1\n"
+                                "#! launch bad 0\n"
+                                "#! launch bad 1\n"
+                                "#! launch bad 0\n"
+                                "#! launch bad 1\n"
+                                "#! sync\n"
+                                "#! field_read y\n";
 
 START_TEST(test_blame_in_fused_tasks) {
   dt_run r;
@@ -967,10 +970,8 @@ START_TEST(test_blame_in_fused_tasks) {
       ck_assert_msg(got.nerrs >= 1, "%s reported no error", c->name);
       ck_assert_msg(same_errors(&sync, &got, msg, sizeof msg) == 0, "%s: %s", c->name, msg);
       if (!got.counters.tasks_fused) /* unfused: exactly sync's launch */
-        ck_assert_msg(got.err1_launch == 1, "%s: launch %lld", c->name,
-                      (long long)got.err1_launch);
-      else
-        fused++;
+        ck_assert_msg(got.err1_launch == 1, "%s: launch %lld", c->name, (long long)got.err1_launch);
+      else fused++;
     }
     dt_log_free(&got);
   }

@@ -824,8 +824,9 @@ static void make_matrix(int kind, int n, uint64_t *seed, double *m) {
  * W = |(a-d, c+b)| / 2 vanishes (reflections, rotations, -I), or tau < 0
  * (the other half-angle formula), or the scales are extreme. */
 static const double hard2[][4] = {
-    {1, 0, 0, -1}, {0, 1, 1, 0},   {-1, 0, 0, -1}, {0.6, -0.8, 0.8, 0.6}, {-2, 0, 0, 5},
-    {0, -3, 2, 0}, {1, 2, 2, 4},   {1e-12, 2e-12, -3e-12, 1e-12},         {3e4, -1, 2, -4e4},
+    {1, 0, 0, -1},      {0, 1, 1, 0},  {-1, 0, 0, -1}, {0.6, -0.8, 0.8, 0.6},
+    {-2, 0, 0, 5},      {0, -3, 2, 0}, {1, 2, 2, 4},   {1e-12, 2e-12, -3e-12, 1e-12},
+    {3e4, -1, 2, -4e4},
 };
 
 START_TEST(svd_polar) {

@@ -4,10 +4,10 @@
  * (serial and parallel tasks, error propagation). */
 #include <pthread.h>
 #include <sched.h>
-#include <time.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/cpu.h"
 #include "support.h"
@@ -261,8 +261,9 @@ START_TEST(launcher_runs_tasks_in_order) {
   uint64_t args[1] = {5000};
   int32_t error = 0;
   fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
-  fb_rt_task tasks[3] = {
-      {serial_body, NULL, NULL, {0}}, {par_body, par_bounds, NULL, {0}}, {oob_body, NULL, NULL, {0}}};
+  fb_rt_task tasks[3] = {{serial_body, NULL, NULL, {0}},
+                         {par_body, par_bounds, NULL, {0}},
+                         {oob_body, NULL, NULL, {0}}};
   double secs = -1;
   int failed = 7;
   ck_assert_int_eq(fb_cpu_run(d, &ctx, tasks, 2, &secs, &failed), 0);

@@ -115,7 +115,17 @@ static int open_range(fb_builder *b, fb_kernel *k, int64_t e) {
   return fb_b_loop_index(b, loop, 0);
 }
 
-enum { SK_STEN = 0, SK_RD, SK_WZ, SK_NB, SK_ACT, SK_GROW, SK_DROP, SK_BAD, SK__COUNT };
+enum {
+  SK_STEN = 0,
+  SK_RD,
+  SK_WZ,
+  SK_NB,
+  SK_ACT,
+  SK_GROW,
+  SK_DROP,
+  SK_BAD,
+  SK__COUNT
+};
 static const char *const sk_names[SK__COUNT] = {"sten", "rd",   "wz",   "nb",
                                                 "act",  "grow", "drop", "bad"};
 
@@ -344,7 +354,8 @@ int dt_gen_prog_stream(uint64_t seed, int failing, dt_prog *out, char *err, size
   for (int i = 0; i < plen; i++) {
     int x = (int)dt_below(&r, 12), k = (int)dt_below(&r, (uint32_t)nrand);
     /* a random kernel with a return value would make every period a sync */
-    if (x < 9 || out->ks[k]->ret != FB_T_VOID) draw_launch(&g, skid[pick[x % 9]], pick[x % 9], &period[i]);
+    if (x < 9 || out->ks[k]->ret != FB_T_VOID)
+      draw_launch(&g, skid[pick[x % 9]], pick[x % 9], &period[i]);
     else draw_launch(&g, k, -1, &period[i]);
   }
   if (failing) { /* bad(0) in the period, next to an element-wise neighbour */
