@@ -1,9 +1,9 @@
 """Engine paths a session's client drives, with what bounds them
 (docs/security.md, "Execution limits"): max_fuse_per_task, the automatic
 flush's period detection on hostile streams, background compiles behind
-stand-ins, and the privatized scatter's copies. Each test goes through a running fuseboxd, checks the
-results, and ends with the server SERVING and another tenant's field
-unchanged (server.assert_unharmed)."""
+stand-ins, and the privatized scatter's copies. Each test goes through a
+running fuseboxd, checks the results, and ends with the server SERVING and
+another tenant's field unchanged (server.assert_unharmed)."""
 import grpc
 
 from conftest import RPC_TIMEOUT, Stream, dense_layout, expect_error, i32, pb, store_kernel
