@@ -448,24 +448,29 @@ static void finish(dt_run *r, const char *what) {
 
 /* ---------------------------------------------------------------- CI set and replays */
 
+/* FB_DIFF_FILE names a saved program: run it verbosely on r and finish (1),
+ * or 0 when it names none. */
+static int replay_file(dt_run *r) {
+  const char *file = getenv("FB_DIFF_FILE");
+  if (!file || !*file) return 0;
+  char *text = fbt_read_file(file, NULL);
+  ck_assert_msg(text != NULL, "cannot read %s", file);
+  dt_prog p;
+  char err[512];
+  int rc = dt_prog_parse(text, &p, err, sizeof err);
+  free(text);
+  ck_assert_msg(rc == 0, "%s: %s", file, err);
+  r->env.verbose = 1;
+  run_prog(r, &p);
+  dt_prog_free(&p);
+  finish(r, file);
+  return 1;
+}
+
 START_TEST(test_programs) {
   dt_run r;
   dt_run_init(&r);
-  const char *file = getenv("FB_DIFF_FILE");
-  if (file && *file) {
-    char *text = fbt_read_file(file, NULL);
-    ck_assert_msg(text != NULL, "cannot read %s", file);
-    dt_prog p;
-    char err[512];
-    int rc = dt_prog_parse(text, &p, err, sizeof err);
-    free(text);
-    ck_assert_msg(rc == 0, "%s: %s", file, err);
-    r.env.verbose = 1;
-    run_prog(&r, &p);
-    dt_prog_free(&p);
-    finish(&r, file);
-    return;
-  }
+  if (replay_file(&r)) return;
   uint64_t one = env_u64("FB_DIFF_SEED", 0), count = env_u64("FB_DIFF_COUNT", 0);
   if (getenv("FB_DIFF_SEED")) {
     r.env.verbose = 1;
@@ -520,21 +525,7 @@ START_TEST(test_stream_programs) {
   r.configs = dt_stream_configs;
   r.nconfigs = DT_NSTREAM;
   r.replay_case = "stream";
-  const char *file = getenv("FB_DIFF_FILE");
-  if (file && *file) {
-    char *text = fbt_read_file(file, NULL);
-    ck_assert_msg(text != NULL, "cannot read %s", file);
-    dt_prog p;
-    char err[512];
-    int rc = dt_prog_parse(text, &p, err, sizeof err);
-    free(text);
-    ck_assert_msg(rc == 0, "%s: %s", file, err);
-    r.env.verbose = 1;
-    run_prog(&r, &p);
-    dt_prog_free(&p);
-    finish(&r, file);
-    return;
-  }
+  if (replay_file(&r)) return;
   if (getenv("FB_DIFF_SEED")) {
     uint64_t one = env_u64("FB_DIFF_SEED", 0);
     r.env.verbose = 1;
