@@ -475,15 +475,34 @@ typedef struct guard {
   LLVMBasicBlockRef bad, join;
 } guard;
 
-static void latch_error(fb_emit *e, int code) {
+/* FB_EBOUNDS into error[0] (the first error wins) and the access's fused
+ * part into the blame word error[1] (the earliest part wins: atomic max of
+ * FB_RT_BLAME(part), codegen/rt/fb_rt.h), on the cold path only. */
+static void latch_bounds(fb_emit *e, int part) {
   LLVMValueRef x =
-      LLVMBuildAtomicCmpXchg(e->b, e->c_error, fb_emit_i32(e, 0), fb_emit_i32(e, code),
+      LLVMBuildAtomicCmpXchg(e->b, e->c_error, fb_emit_i32(e, 0), fb_emit_i32(e, FB_EBOUNDS),
                              LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
   tag_named(e, x, "fb.error", 8);
+  LLVMValueRef one = fb_emit_i64(e, 1);
+  LLVMValueRef word = LLVMBuildGEP2(e->b, e->t_i32, e->c_error, &one, 1, "blame");
+  LLVMValueRef m = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpMax, word,
+                                      fb_emit_i32(e, FB_RT_BLAME(part)),
+                                      LLVMAtomicOrderingMonotonic, 0);
+  tag_named(e, m, "fb.error", 8);
 }
 
-/* Run what follows only when inb holds; otherwise latch FB_EBOUNDS. */
-static void guard_begin(fb_emit *e, LLVMValueRef inb, guard *g) {
+/* The smallest fused part among statements ids[0..n) (one access made of
+ * several statements answers for the earliest). */
+static int min_part(const fb_emit *e, const int *ids, int n) {
+  int p = e->k->stmts[ids[0]].part;
+  for (int i = 1; i < n; i++)
+    if (e->k->stmts[ids[i]].part < p) p = e->k->stmts[ids[i]].part;
+  return p;
+}
+
+/* Run what follows only when inb holds; otherwise latch FB_EBOUNDS, blaming
+ * fused part `part`. */
+static void guard_begin(fb_emit *e, LLVMValueRef inb, int part, guard *g) {
   g->bad = g->join = NULL;
   if (!inb) return;
   LLVMBasicBlockRef ok = fb_emit_block(e, "inbounds");
@@ -491,7 +510,7 @@ static void guard_begin(fb_emit *e, LLVMValueRef inb, guard *g) {
   g->join = fb_emit_block(e, "access.done");
   LLVMBuildCondBr(e->b, inb, ok, g->bad);
   LLVMPositionBuilderAtEnd(e->b, g->bad);
-  latch_error(e, FB_EBOUNDS);
+  latch_bounds(e, part);
   LLVMBuildBr(e->b, g->join);
   LLVMPositionBuilderAtEnd(e->b, ok);
 }
@@ -580,7 +599,7 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   fb_type t = e->l->nodes[s->snode].type;
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   LLVMBasicBlockRef off;
   LLVMValueRef p = field_addr(e, s, idx, -1, &off);
   if (!p) return e->rc;
@@ -632,7 +651,7 @@ int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (index_check(e, id, s, s->snode, 0, idx, &inb)) return -1;
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, min_part(e, ids, m), &g);
   const fb_snode *f0 = &l->nodes[s->snode];
   walk w = {s->snode, {0}, 0, fb_emit_block(e, "inactive"), 1};
   global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
@@ -706,7 +725,7 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef v = value_operand(e, id, s, t, e->l->nodes[s->snode].ndim);
   if (!v) return e->rc;
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   LLVMBasicBlockRef off;
   LLVMValueRef p = field_addr(e, s, idx, !no_activation((fb_op)s->op), &off);
   if (!p) return e->rc;
@@ -757,7 +776,7 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
     if (!v[j]) return -1;
   }
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, min_part(e, ids, m), &g);
   const fb_snode *f0 = &l->nodes[s->snode];
   int write = s->op == FB_OP_STORE;
   walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0};
@@ -819,7 +838,7 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
   if (!v) return e->rc;
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   if (e->priv_place && e->priv_place[s->snode] && e->c_priv) {
     /* privatized scatter (priv.c): this thread's own copy, no lock */
     LLVMValueRef p = place_addr_in(e, e->c_priv, s->snode, idx);
@@ -1008,7 +1027,7 @@ static int emit_group(fb_emit *e, int *m, int n) {
     if (!v[i]) return -1;
   }
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, min_part(e, m, n), &g);
   LLVMBasicBlockRef off;
   LLVMValueRef p = field_addr(e, a, idx, !no_activation((fb_op)a->op), &off);
   if (!p) return -1;
@@ -1141,7 +1160,7 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   if (index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
   LLVMValueRef yes = LLVMConstInt(e->t_i1, 1, 0), no = LLVMConstInt(e->t_i1, 0, 0);
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   LLVMValueRef r = yes;
   if (s->op != FB_OP_DEACTIVATE && (dense_path(e->l, c) || loop_cell(e, s))) {
     /* always active, or the loop's own cell */
@@ -1194,7 +1213,7 @@ static int emit_length(fb_emit *e, int id, const fb_stmt *s) {
   if (!d) return e->rc;
   LLVMValueRef zero = fb_emit_i32(e, 0);
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   w.off = fb_emit_block(e, "inactive");
   LLVMValueRef base = walk_to(e, &w, d->parent);
   if (!base) return e->rc;
@@ -1218,19 +1237,20 @@ static int emit_append(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef fail = fb_emit_i32(e, -1);
   LLVMValueRef nvar = LLVMBuildAlloca(e->ab, e->t_i64, "append.n");
   guard g;
-  guard_begin(e, inb, &g);
+  guard_begin(e, inb, s->part, &g);
   w.off = fb_emit_block(e, "skip");
   LLVMValueRef base = walk_to(e, &w, d->parent);
   if (!base) return e->rc;
   LLVMValueRef node = byte_gepc(e, base, (int64_t)d->offset);
-  LLVMValueRef args[7] = {rt_ctx(e),
+  LLVMValueRef args[8] = {rt_ctx(e),
                           LLVMConstInt(e->t_i32, (unsigned long long)d->id, 0),
                           fb_emit_generic(e, node),
                           fb_emit_i64(e, d->ncells),
                           fb_emit_i64(e, d->chunk),
                           fb_emit_i64(e, (int64_t)d->cell_bytes),
-                          nvar};
-  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_append", e->t_ptr, args, 7);
+                          nvar,
+                          fb_emit_i32(e, s->part)};
+  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_append", e->t_ptr, args, 8);
   LLVMValueRef n = LLVMBuildTrunc(e->b, LLVMBuildLoad2(e->b, e->t_i64, nvar, ""), e->t_i32, "slot");
   LLVMBasicBlockRef put = fb_emit_block(e, "append.put");
   LLVMBasicBlockRef done = fb_emit_block(e, "append.done");

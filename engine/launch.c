@@ -110,10 +110,10 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   if ((rc = fbe_device_dead(s))) return rc;
   if (s->as) return fbe_async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
-  int32_t error = 0;
+  int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   fb_rt_ctx ctx = {s->mem.root,  s->args ? s->args : no_args,
                    s->mem.rets,  s->mem.gtmp,
-                   &error,       s->seed,
+                   error,        s->seed,
                    s->launch_no, NULL,
                    NULL};
   double secs = 0;

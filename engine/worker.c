@@ -133,15 +133,19 @@ static void note_seen(batch_run *r) {
       seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
 }
 
-/* The part of a (fused) task an error comes from: for FB_EBOUNDS, the one
- * part whose accesses are not all provably in bounds when there is exactly
- * one; otherwise the first part, and *others counts the parts it may also
- * be (0 when the blame is certain). */
-static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int *others) {
+/* The part of a (fused) task an error comes from: for FB_EBOUNDS, the part
+ * the generated code latched in the blame word (the earliest part whose
+ * access failed, codegen/rt/fb_rt.h), or else the one part whose accesses
+ * are not all provably in bounds when there is exactly one; otherwise the
+ * first part, and *others counts the parts it may also be (0 when the
+ * blame is certain). */
+static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int32_t blame, int *others) {
   *others = 0;
   if (L->nparts <= 0) return NULL;
   if (L->nparts == 1) return &L->parts[0];
   if (rc == FB_EBOUNDS) {
+    int p = FB_RT_BLAMED_PART(blame);
+    if (p >= 0 && p < L->nparts) return &L->parts[p];
     const fb_opt_part *only = NULL;
     int n = 0;
     for (int i = 0; i < L->nparts; i++)
@@ -154,11 +158,13 @@ static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int *other
 
 /* A failed task, said as sync mode says it, with the launch number. A
  * fused task names the part the error comes from when that is certain;
- * otherwise its first part, and how many launches were fused with it. */
-static void task_error(batch_run *r, const fb_opt_launch *L, int rc, const char *msg) {
+ * otherwise its first part, and how many launches were fused with it.
+ * blame: the task's blame word (0 when none). */
+static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t blame,
+                       const char *msg) {
   fb_session *s = r->s;
   int others;
-  const fb_opt_part *p = blamed_part(L, rc, &others);
+  const fb_opt_part *p = blamed_part(L, rc, blame, &others);
   uint64_t launch = p ? p->launch : L->launch;
   const char *task = p ? p->task : L->k->name;
   const launch_rec *lr = launch_of(r->j, launch);
@@ -325,10 +331,10 @@ static void free_fallbacks(batch_run *r) {
 /* Run one task of the batch on the device. */
 static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
   fb_session *s = r->s;
-  int32_t error = 0;
+  int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args,
                    s->mem.rets, s->mem.gtmp,
-                   &error,      s->seed,
+                   error,       s->seed,
                    L->launch,   s->sparse ? fb_sparse_state(s->sparse) : NULL,
                    NULL};
   fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu, code->priv};
@@ -356,7 +362,7 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
   r->ran++;
   r->backend_s += secs;
   if (!rc) return;
-  task_error(r, L, rc, msg);
+  task_error(r, L, rc, error[1], msg);
   if (msg[0] || (rc != FB_EBOUNDS && rc != FB_EQUOTA)) r->failed_launch = L->launch;
 }
 
@@ -447,7 +453,7 @@ static void batch_end(batch_run *r) {
   if (rc)
     fbe_bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
   for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
-    if (errs[i] && r->slot[i]) task_error(r, r->slot[i], errs[i], "");
+    if (errs[2 * i] && r->slot[i]) task_error(r, r->slot[i], errs[2 * i], errs[2 * i + 1], "");
   r->backend_s += secs;
   free(r->slot);
   r->slot = NULL;

@@ -125,7 +125,7 @@ static void put_header(sink *o, const fb_kernel *k) {
 static void put_stmt(sink *o, const canon *c, const fb_stmt *s) {
   put(o, s->op);
   put(o, s->type);
-  put(o, s->nargs);
+  put(o, s->nargs | (int64_t)s->part << 8); /* nargs < 256: the same token unfused */
   put(o, s->snode);
   put(o, (int64_t)s->imm.u);
   for (int j = 0; j < stmt_nargs(s); j++) put(o, map_stmt(c, s->args[j]));

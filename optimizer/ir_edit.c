@@ -148,9 +148,11 @@ static char *fused_name(const char *a, const char *b) {
 }
 
 /* Append b's statements and blocks to f, remapped; returns 0 or FB_ENOMEM. */
-static int append_kernel(fb_kernel *f, const fb_kernel *b, int so, int bo, int na, int64_t delta) {
+static int append_kernel(fb_kernel *f, const fb_kernel *b, int so, int bo, int na, int po,
+                         int64_t delta) {
   for (int i = 0; i < b->nstmts; i++) {
     fb_stmt s = b->stmts[i];
+    s.part += po;
     for (int a = 0; a < s.nargs; a++)
       if (s.args[a] >= 0) s.args[a] += so;
     if (s.body >= 0) s.body += bo;
@@ -231,7 +233,7 @@ static int starts_with_seq(const fb_kernel *k, int blk) {
   return k->blocks[blk].n > 0 && k->stmts[k->blocks[blk].ids[0]].op == FB_OP_RAND_SEQ;
 }
 
-fb_kernel *fb_ir_fuse(const fb_kernel *a, const fb_task_meta *ma, const fb_kernel *b,
+fb_kernel *fb_ir_fuse(const fb_kernel *a, const fb_task_meta *ma, int aparts, const fb_kernel *b,
                       const fb_task_meta *mb, int64_t delta) {
   fb_kernel *f = fb_kernel_clone(a);
   if (!f) return NULL;
@@ -251,7 +253,7 @@ fb_kernel *fb_ir_fuse(const fb_kernel *a, const fb_task_meta *ma, const fb_kerne
   if (f->ret == FB_T_VOID) f->ret = b->ret;
   int so = f->nstmts, bo = f->nblocks, par = ma->loop >= 0;
   int brand = (mb->tflags & FB_TF_RAND) != 0, arand = (ma->tflags & FB_TF_RAND) != 0;
-  int rc = append_kernel(f, b, so, bo, a->nparams, delta);
+  int rc = append_kernel(f, b, so, bo, a->nparams, aparts, delta);
   int body_a = par ? f->stmts[ma->loop].body : 0;
   int seqa = -1, seqb = -1;
   if (!rc && brand && arand && !starts_with_seq(f, body_a)) {

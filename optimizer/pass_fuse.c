@@ -242,13 +242,13 @@ static int within_budget(const fb_opt_options *o, const fb_sfg_node *a, const fb
 static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   fb_pass_ctx *c = f->c;
   int64_t delta = (b->m->tflags & FB_TF_RAND) ? (int64_t)(b->launch - a->launch) : 0;
-  int64_t key[4] = {FB_MEMO_FUSE, a->ir, b->ir, delta};
-  fb_irh h = fb_pass_memo_get(c, key, 4);
+  int64_t key[5] = {FB_MEMO_FUSE, a->ir, b->ir, delta, a->nparts};
+  fb_irh h = fb_pass_memo_get(c, key, 5);
   int rc = 0;
   if (h == FB_IRH_NONE) {
-    fb_kernel *k =
-        fb_ir_fuse(fb_bank_ir(c->bank, a->ir), a->m, fb_bank_ir(c->bank, b->ir), b->m, delta);
-    if ((rc = fb_pass_memo_put(c, key, 4, k, &h))) return rc;
+    fb_kernel *k = fb_ir_fuse(fb_bank_ir(c->bank, a->ir), a->m, a->nparts,
+                              fb_bank_ir(c->bank, b->ir), b->m, delta);
+    if ((rc = fb_pass_memo_put(c, key, 5, k, &h))) return rc;
   }
   uint64_t *args = realloc(a->args, sizeof *args * (size_t)(a->nargs + b->nargs + 1));
   fb_sfg_cert *certs = realloc(a->certs, sizeof *certs * (size_t)(a->ncerts + b->ncerts + 1));

@@ -35,6 +35,7 @@ typedef struct loc {
 typedef struct fact {
   loc at;
   int32_t val;    /* known: the value; pending: the store */
+  int32_t src;    /* the access it comes from (a load or a store) */
   int from_store;
   int guarded;    /* known from a store not provably in bounds: the element
                      holds val only where its indices are in bounds (an
@@ -132,6 +133,7 @@ static int expand_atomic(simp *s, int id, int32_t *out) {
   int nd = at.nargs - 1;
   fb_type ft = s->k->layout->nodes[at.snode].type;
   fb_stmt ld = blank(FB_OP_LOAD, ft, at.snode);
+  ld.part = at.part;
   ld.nargs = (uint8_t)nd;
   memcpy(ld.args, at.args, sizeof *ld.args * (size_t)nd);
   int old = push_stmt(s, &ld);
@@ -144,6 +146,7 @@ static int expand_atomic(simp *s, int id, int32_t *out) {
   if (nv < 0) return -1;
   fb_stmt st =
       blank(at.op >= FB_OP_ATOMIC_ADD_NA ? FB_OP_STORE_NA : FB_OP_STORE, FB_T_VOID, at.snode);
+  st.part = at.part;
   st.nargs = (uint8_t)(nd + 1);
   memcpy(st.args, at.args, sizeof *st.args * (size_t)nd);
   st.args[nd] = nv;
@@ -292,7 +295,7 @@ static void drop_field(facts *f, int32_t field) {
   f->n = w;
 }
 
-static int put(facts *f, const loc *l, int32_t val, int from_store, int guarded) {
+static int put(facts *f, const loc *l, int32_t val, int32_t src, int from_store, int guarded) {
   fact *x = find(f, l);
   if (!x) {
     if (f->n == f->cap) {
@@ -306,6 +309,7 @@ static int put(facts *f, const loc *l, int32_t val, int from_store, int guarded)
     x->at = *l;
   }
   x->val = val;
+  x->src = src;
   x->from_store = from_store;
   x->guarded = guarded;
   return 0;
@@ -381,6 +385,13 @@ static int32_t guarded_value(simp *s, ivec *out, const loc *l, int32_t val, int 
 
 static void forward_block(simp *s, int blk, int depth, const facts *in);
 
+/* Access `keep` stands in for a dropped one of the same element (forwarded
+ * or overwritten): it fails where that one would, so it answers for the
+ * earlier of their fused parts (docs/optimizer.md, "Blame"). */
+static void keep_part(simp *s, int32_t keep, int32_t part) {
+  if (keep >= 0 && s->k->stmts[keep].part > part) s->k->stmts[keep].part = part;
+}
+
 /* Nothing but dense storage: storing the loaded value back changes nothing. */
 static int plain_storage(const simp *s, const loc *l) {
   int path[8];
@@ -390,13 +401,14 @@ static int plain_storage(const simp *s, const loc *l) {
 /* Returns 1 when the load was replaced (it then must not be listed). */
 static int on_load(simp *s, int id, facts *known, facts *pending, ivec *out) {
   const fb_stmt *t = &s->k->stmts[id];
-  int type = t->type;
+  int type = t->type, part = t->part;
   loc l;
   loc_of(s->k, t, &l);
   fact *x = find(known, &l);
   if (x && s->k->stmts[x->val].type == type) {
     int32_t v = x->guarded ? guarded_value(s, out, &l, x->val, type) : x->val;
     if (v < 0) return 0;
+    keep_part(s, x->src, part);
     s->rep[id] = v;
     s->drop[id] = 1;
     s->merged++;
@@ -404,7 +416,7 @@ static int on_load(simp *s, int id, facts *known, facts *pending, ivec *out) {
     return 1;
   }
   drop_field(pending, l.field);
-  if (put(known, &l, id, 0, 0)) s->oom = 1;
+  if (put(known, &l, id, id, 0, 0)) s->oom = 1;
   return 0;
 }
 
@@ -416,18 +428,22 @@ static void on_store(simp *s, int id, facts *known, facts *pending) {
   fact *x = find(known, &l);
   if (x && x->val == v && !x->guarded && (x->from_store || plain_storage(s, &l))) {
     s->drop[id] = 1; /* the element holds v already */
+    keep_part(s, x->src, t->part);
     return;
   }
   fact *p = find(pending, &l);
   /* overwritten before any read; unless it activates and this one does not */
-  if (p && (plain_storage(s, &l) || s->k->stmts[p->val].op != FB_OP_STORE || t->op == FB_OP_STORE))
+  if (p && (plain_storage(s, &l) || s->k->stmts[p->val].op != FB_OP_STORE || t->op == FB_OP_STORE)) {
     s->drop[p->val] = 1;
+    keep_part(s, id, s->k->stmts[p->val].part);
+  }
   drop_field(known, l.field);
   int inb = t->op == FB_OP_GTMP_STORE || fb_access_inbounds(s->k, id);
   /* a dense store that may fall out of bounds is still known, guarded by
      the bounds test (a sparse one may also fail to allocate) */
   int guarded = !inb && plain_storage(s, &l);
-  if (((inb || guarded) && put(known, &l, v, 1, guarded)) || put(pending, &l, id, 1, 0)) s->oom = 1;
+  if (((inb || guarded) && put(known, &l, v, id, 1, guarded)) || put(pending, &l, id, id, 1, 0))
+    s->oom = 1;
 }
 
 /* What a block may write, anywhere inside it: fields (place ids, gtmp slots

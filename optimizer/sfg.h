@@ -193,8 +193,9 @@ void fb_bank_stats(const fb_bank *b, size_t *entries, size_t *bytes, uint64_t *e
  * parallel: B's loop-invariant values before the loop, B's loop body after
  * A's in the same loop. When B calls rand(), its part starts with
  * rand_seq(delta = B's launch - A's launch); A's part then starts with
- * rand_seq 0; B's own rand_seq offsets are shifted by delta. */
-fb_kernel *fb_ir_fuse(const fb_kernel *a, const fb_task_meta *ma, const fb_kernel *b,
+ * rand_seq 0; B's own rand_seq offsets are shifted by delta. A stands for
+ * aparts fused parts: B's statements' parts (fb_stmt.part) come after. */
+fb_kernel *fb_ir_fuse(const fb_kernel *a, const fb_task_meta *ma, int aparts, const fb_kernel *b,
                       const fb_task_meta *mb, int64_t delta);
 /* Demote the activating statements listed (store -> store_na, atomic_* ->
  * atomic_*_na, activate -> an unused is_active: it still reads the mask). */

@@ -5,7 +5,8 @@
  *
  * A launch passes the task's whole context as kernel parameters (codegen.h
  * FB_GPU_ENTRY), so it needs no copy before it and the host never waits
- * between tasks; each launch's error word is a slot of a device array that
+ * between tasks; each launch's error words (the error and the fused part
+ * to blame, codegen/rt/fb_rt.h) are a slot of a device array that
  * the batch's finish copies back once, with the batch's end event. At the
  * end, the CUDA device's operations table (fb_cuda_ops, cuda.h). */
 #include <pthread.h>
@@ -20,6 +21,7 @@
 
 #define BLOCK 128        /* threads per block of a parallel task */
 #define SLOTS 4096       /* error slots on the device per drain */
+#define SLOT_BYTES 8     /* one slot: the error word and the blame word (fb_rt.h) */
 #define MAX_KPARAMS 512  /* kernel parameters (4 KiB of parameter space) */
 
 typedef struct gpu_fn {   /* a compiled task: kept in the code cache */
@@ -51,9 +53,9 @@ struct fb_cuda_queue {
   uint64_t gen;
   CUstream stream;
   CUevent start, end;
-  CUdeviceptr slots;      /* SLOTS int32 error words on the device */
+  CUdeviceptr slots;      /* SLOTS slots of two int32 words on the device */
   int32_t *pinned;        /* their host copy (page-locked) */
-  int32_t *errs;          /* every slot of the batch */
+  int32_t *errs;          /* every slot of the batch (two words each) */
   int nerrs, cap_errs;
   int dev_used;           /* slots of `slots` in use since the last drain */
   int dead;
@@ -374,11 +376,9 @@ int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t 
   CALL(d, q, d->api.StreamCreate(&q->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CALL(d, q, d->api.EventCreate(&q->start, CU_EVENT_DEFAULT), "cuEventCreate");
   CALL(d, q, d->api.EventCreate(&q->end, CU_EVENT_DEFAULT), "cuEventCreate");
-  CALL(d, q, d->api.MemAlloc(&q->slots, SLOTS * sizeof(int32_t)), "cuMemAlloc");
-  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, SLOTS * sizeof(int32_t), q->stream),
-       "cuMemsetD8Async");
-  CALL(d, q,
-       d->api.MemHostAlloc((void **)&q->pinned, SLOTS * sizeof(int32_t), CU_MEMHOSTALLOC_PORTABLE),
+  CALL(d, q, d->api.MemAlloc(&q->slots, SLOTS * SLOT_BYTES), "cuMemAlloc");
+  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, SLOTS * SLOT_BYTES, q->stream), "cuMemsetD8Async");
+  CALL(d, q, d->api.MemHostAlloc((void **)&q->pinned, SLOTS * SLOT_BYTES, CU_MEMHOSTALLOC_PORTABLE),
        "cuMemHostAlloc");
   CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
   return 0;
@@ -430,22 +430,23 @@ static int drain(fb_cuda_queue *q, char *err, size_t errlen) {
   fb_cuda_device *d = q->d;
   int n = q->dev_used;
   if (n)
-    CALL(d, q, d->api.MemcpyDtoHAsync(q->pinned, q->slots, (size_t)n * 4, q->stream),
+    CALL(d, q, d->api.MemcpyDtoHAsync(q->pinned, q->slots, (size_t)n * SLOT_BYTES, q->stream),
          "cuMemcpyDtoHAsync");
   CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
   if (!n) return 0;
   if (q->nerrs + n > q->cap_errs) {
     int cap = q->cap_errs ? q->cap_errs : SLOTS;
     while (cap < q->nerrs + n) cap *= 2;
-    int32_t *e = realloc(q->errs, sizeof *e * (size_t)cap);
+    int32_t *e = realloc(q->errs, (size_t)cap * SLOT_BYTES);
     if (!e) return fb_errf(err, errlen, "out of memory"), FB_ENOMEM;
     q->errs = e;
     q->cap_errs = cap;
   }
-  memcpy(q->errs + q->nerrs, q->pinned, (size_t)n * 4);
+  memcpy(q->errs + 2 * (size_t)q->nerrs, q->pinned, (size_t)n * SLOT_BYTES);
   q->nerrs += n;
   q->dev_used = 0;
-  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, (size_t)n * 4, q->stream), "cuMemsetD8Async");
+  CALL(d, q, d->api.MemsetD8Async(q->slots, 0, (size_t)n * SLOT_BYTES, q->stream),
+       "cuMemsetD8Async");
   return 0;
 }
 
@@ -491,7 +492,7 @@ int fb_cuda_launch(fb_cuda_queue *q, const fb_rt_ctx *ctx, const fb_rt_task *t,
   val[0] = (uint64_t)(uintptr_t)ctx->root;
   val[1] = (uint64_t)(uintptr_t)ctx->rets;
   val[2] = (uint64_t)(uintptr_t)ctx->gtmp;
-  val[3] = (uint64_t)q->slots + (uint64_t)q->dev_used * 4;
+  val[3] = (uint64_t)q->slots + (uint64_t)q->dev_used * SLOT_BYTES;
   val[4] = ctx->seed;
   val[5] = ctx->launch;
   val[6] = (uint64_t)(uintptr_t)ctx->runtime;
@@ -588,7 +589,7 @@ static int cuda_run(void *vq, fb_rt_ctx *ctx, fb_sparse *sp, const fb_rt_task *t
     return frc;
   }
   for (int i = 0; !rc && i < n; i++)
-    if (errs[i]) rc = errs[i], *failed = i;
+    if (errs[2 * i]) rc = errs[2 * i], *failed = i;
   return rc;
 }
 

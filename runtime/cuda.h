@@ -54,7 +54,8 @@ int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen);
 /* A batch: begin, launch each task (queued, not waited for; a listgen
  * task first waits for the queue and sizes its list, see fb_cpu_run_sparse),
  * then finish, which waits for the batch and gives each launch's error
- * slot (one per fb_cuda_launch, in order; 0 = none) and the device time.
+ * slot (one per fb_cuda_launch, in order: two words, the error, 0 = none,
+ * and the blame word of codegen/rt/fb_rt.h) and the device time.
  * fb_cuda_launch returns its slot number (>= 0) or an FB_E* code: a list
  * that cannot be sized (code of fb_sparse_prepare_list), or FB_EDEVICE. */
 int fb_cuda_begin(fb_cuda_queue *q, char *err, size_t errlen);

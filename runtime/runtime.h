@@ -312,8 +312,10 @@ typedef struct fb_device_ops {
              size_t errlen);
   /* an async batch: begin, launch each task (*slot: its error slot when
    * queued, else -1; *seconds: its device time when run at once), finish
-   * (waits; the error slots, one per queued launch in order, 0 = none, and
-   * the batch's device time; none on a device that runs at once) */
+   * (waits; the error slots, one per queued launch in order, each two
+   * words: errs[2 * slot] the error, 0 = none, errs[2 * slot + 1] the
+   * blame word of codegen/rt/fb_rt.h; and the batch's device time; none on
+   * a device that runs at once) */
   int (*begin)(void *q, char *err, size_t errlen);
   int (*launch)(void *q, fb_rt_ctx *ctx, const fb_rt_task *t, const fb_rt_hint *hint, fb_sparse *sp,
                 int *slot, double *seconds, char *err, size_t errlen);

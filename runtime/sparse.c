@@ -283,8 +283,8 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
   int path[64];
   int n = fb_layout_path(l, place, path, 64);
   if (n < 0) return NULL;
-  int32_t error = 0;
-  fb_rt_dctx ctx = {root, NULL, NULL, NULL, &error, 0, 0, sp->st, NULL};
+  int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
+  fb_rt_dctx ctx = {root, NULL, NULL, NULL, error, 0, 0, sp->st, NULL};
   uint8_t *base = root;
   for (int i = 0; i < n && base; i++) {
     const fb_snode *c = &l->nodes[path[i]];

@@ -257,8 +257,8 @@ START_TEST(jit_evicts_and_recompiles) {
       /* the code of the others was evicted: each compile is a miss, and
        * the new code runs (storing its value) */
       ck_assert_int_eq(code.cache_hit, round == 0 && i == 0);
-      int32_t x[16] = {0}, e32 = 0;
-      fb_rt_ctx ctx = {.root = (uint8_t *)x, .error = &e32};
+      int32_t x[16] = {0}, e32[2] = {0, 0};
+      fb_rt_ctx ctx = {.root = (uint8_t *)x, .error = e32};
       code.body(&ctx, 0, 0);
       ck_assert_int_eq(x[0], 100 + i);
       fb_code_pins_release(p);

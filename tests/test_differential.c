@@ -43,9 +43,9 @@
  * with syncs, every field read after them, (de)activation between frames,
  * stencils with element-wise readers, stand-ins (the case's engine has a
  * stand-in threshold of 0), and a failing variant; FB_DIFF_FAILING_STREAM=1
- * with FB_DIFF_SEED picks the failing one. A fused task that cannot tell
- * which of its parts failed names its first part (docs/testing.md, "Blame
- * in fused tasks"): counted, or failed with FB_DIFF_STRICT_BLAME=1.
+ * with FB_DIFF_SEED picks the failing one. Every async run must name the
+ * launch and kernel sync mode names, fused tasks included (docs/testing.md,
+ * "Blame in fused tasks").
  *
  * The sources of the tester live in tests/difftest/ and are compiled into
  * this one executable. */
@@ -328,9 +328,6 @@ static void count_run(dt_run *r, const dt_config *c, const dt_log *got, int bad,
 }
 
 static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t len);
-/* Runs whose first error named the first part of a fused task where sync
- * mode names a later launch fused into it (same_errors). */
-static uint64_t dt_ambiguous_blames;
 
 /* Oracle once, then every configuration; the first error of each async
  * run against sync mode's (the first configuration) where sync reported
@@ -554,11 +551,9 @@ START_TEST(test_stream_programs) {
   free(seeds);
   fprintf(stderr,
           "difftest: stream programs: %llu aligned flushes, %llu stand-ins, %llu plans reused, "
-          "%llu programs whose sync run failed, %llu runs blamed a fused task's first part "
-          "for a later part's error\n",
+          "%llu programs whose sync run failed\n",
           (unsigned long long)r.aligned, (unsigned long long)r.standins,
-          (unsigned long long)r.plans, (unsigned long long)r.errors,
-          (unsigned long long)__atomic_load_n(&dt_ambiguous_blames, __ATOMIC_RELAXED));
+          (unsigned long long)r.plans, (unsigned long long)r.errors);
   if (!r.only && !count) { /* what the stream programs are there for happened */
     ck_assert_uint_gt(r.aligned, 0);
     ck_assert_uint_gt(r.standins, 0);
@@ -669,29 +664,15 @@ static int same_errors(const dt_log *sync, const dt_log *got, char *msg, size_t 
     return 1;
   }
   if (!sync->nerrs) return 0;
-  int ambiguous = strstr(got->err1, "fused with it") != NULL;
-  if (sync->err1_launch != got->err1_launch && ambiguous && got->err1_launch >= 0 &&
-      got->err1_launch < sync->err1_launch && !env_u64("FB_DIFF_STRICT_BLAME", 0)) {
-    /* A known limit of the engine (docs/testing.md, "Blame in fused
-     * tasks"): a fused task with two or more parts whose accesses are not
-     * all provably in bounds cannot tell which part failed, so it names
-     * its first part and owns up to the others. The launch sync mode
-     * names must then be a later one of them; counted, not failed, unless
-     * FB_DIFF_STRICT_BLAME=1. */
-    __atomic_fetch_add(&dt_ambiguous_blames, 1, __ATOMIC_RELAXED);
-    return 0;
-  }
+  /* a fused task names the part whose access failed (the earliest, as
+   * latched by the generated code): exactly sync's launch and message */
   if (sync->err1_launch != got->err1_launch) {
     snprintf(msg, len,
              "first error on launch %lld, sync's on launch %lld: '%.400s' vs sync's '%.400s'",
              (long long)got->err1_launch, (long long)sync->err1_launch, got->err1, sync->err1);
     return 1;
   }
-  /* a fused task whose parts may both have failed names its first part and
-   * owns up to the other: the kernel must still be sync's */
-  const char *q = strchr(sync->err1 + 8, '\'');
-  size_t head = q ? (size_t)(q - sync->err1) + 1 : strlen(sync->err1);
-  if (ambiguous ? strncmp(sync->err1, got->err1, head) != 0 : strcmp(sync->err1, got->err1) != 0) {
+  if (strcmp(sync->err1, got->err1) != 0) {
     snprintf(msg, len, "first error '%.450s', sync's '%.450s'", got->err1, sync->err1);
     return 1;
   }
@@ -903,11 +884,12 @@ END_TEST
 /* Regression (found by the stream programs): bad(a) reads w[i + a], out
  * of bounds at one cell for a = 1, and its launches fuse (y written only
  * at i, w only read). Sync mode blames launch 1 (bad(1)) for the first
- * error and launch 3 for the second. Async without fusion must say the
- * same; with fusion the fused task cannot tell its parts apart (neither is
- * provably in bounds), so it must name a part no later than launch 1 and
- * own up to the launches fused with it; the values match the oracle in
- * every stream configuration. */
+ * error and launch 3 for the second. Every async configuration, fused or
+ * not, must name launch 1 with sync's very message: neither part of a
+ * fused task is provably in bounds, so only the part the generated code
+ * latched with the error (fb_stmt.part, the blame word of fb_rt.h) tells
+ * that the failing access is launch 1's, not launch 0's; the values match
+ * the oracle in every stream configuration. */
 static const char *blame_prog = "layout {\n"
                                 "  dense(i: 8) as n0 {\n"
                                 "    place y: i64\n"
@@ -959,10 +941,12 @@ START_TEST(test_blame_in_fused_tasks) {
                   "%s: %s", c->name, msg);
     if (c->kind == DT_CFG_ASYNC) {
       ck_assert_msg(got.nerrs >= 1, "%s reported no error", c->name);
+      ck_assert_msg(got.err1_launch == 1, "%s: launch %lld: %s", c->name,
+                    (long long)got.err1_launch, got.err1);
+      ck_assert_msg(!strstr(got.err1, "fused with it") && !strcmp(got.err1, sync.err1),
+                    "%s: '%s', sync's '%s'", c->name, got.err1, sync.err1);
       ck_assert_msg(same_errors(&sync, &got, msg, sizeof msg) == 0, "%s: %s", c->name, msg);
-      if (!got.counters.tasks_fused) /* unfused: exactly sync's launch */
-        ck_assert_msg(got.err1_launch == 1, "%s: launch %lld", c->name, (long long)got.err1_launch);
-      else fused++;
+      if (got.counters.tasks_fused) fused++;
     }
     dt_log_free(&got);
   }

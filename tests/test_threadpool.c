@@ -259,8 +259,8 @@ START_TEST(launcher_runs_tasks_in_order) {
   ck_assert_int_eq((uintptr_t)m.root % 64, 0);
   ck_assert_int_eq(fb_devmem_reserve(&m, 64, 1, err, sizeof err), 0);
   uint64_t args[1] = {5000};
-  int32_t error = 0;
-  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
+  int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, error, 1, 0, NULL, NULL};
   fb_rt_task tasks[3] = {{serial_body, NULL, NULL, {0}},
                          {par_body, par_bounds, NULL, {0}},
                          {oob_body, NULL, NULL, {0}}};
@@ -327,9 +327,9 @@ START_TEST(launcher_private_copies) {
   for (int i = 0; i < PW; i++) grid[i] = 1.0f;
   grid[PW - 1] = -0.0f;
   words[PRIV_OFF / 4 + PW] = 0xdeadbeefu; /* just past the grid */
-  int32_t error = 0;
+  int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   uint64_t args[1] = {0};
-  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, error, 1, 0, NULL, NULL};
   fb_rt_task t = {priv_body, priv_bounds, NULL, {0}};
   t.priv.n = 1;
   t.priv.lo = PRIV_OFF;
@@ -354,7 +354,7 @@ START_TEST(launcher_private_copies) {
     ck_assert_uint_eq(words[PRIV_OFF / 4 + PW - 1], 0x80000000u);
     ck_assert_uint_eq(words[PRIV_OFF / 4 + PW], 0xdeadbeefu);
   }
-  ck_assert_int_eq(error, 0);
+  ck_assert_int_eq(error[0], 0);
   fb_devmem_release(&m);
   fb_cpu_device_free(d);
 }

@@ -40,6 +40,12 @@ static void latch(fb_rt_dctx *ctx, int32_t code) {
   __atomic_compare_exchange_n(ctx->error, &none, code, 0, RELAXED, RELAXED);
 }
 
+/* An out-of-bounds access of fused part `part`: the earliest part wins. */
+static void blame(fb_rt_dctx *ctx, int32_t part) {
+  int32_t w = FB_RT_BLAME(part), cur = __atomic_load_n(&ctx->error[1], RELAXED);
+  while (cur < w && !__atomic_compare_exchange_n(&ctx->error[1], &cur, w, 1, RELAXED, RELAXED)) {}
+}
+
 static void push(fb_rt_state *rt, uint64_t *head, uint64_t h) {
   uint64_t old = __atomic_load_n(head, RELAXED);
   for (;;) {
@@ -148,11 +154,12 @@ uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64
 }
 
 uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max, int64_t chunk,
-                          int64_t cell_bytes, int64_t *n_out) {
+                          int64_t cell_bytes, int64_t *n_out, int32_t part) {
   uint64_t n = __atomic_fetch_add((uint64_t *)node, 1, RELAXED);
   *n_out = -1;
   if (n >= (uint64_t)max) {
     latch(ctx, FB_RT_EBOUNDS);
+    blame(ctx, part);
     return 0;
   }
   uint64_t *slots = (uint64_t *)(node + 8);

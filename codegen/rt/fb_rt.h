@@ -33,6 +33,16 @@
 #define FB_RT_EBOUNDS (-9)
 #define FB_RT_EQUOTA (-8)
 
+/* A task's error words (fb_rt_dctx.error, two int32_t, zero before the
+ * task): error[0] the first error latched (compare-and-swap from 0);
+ * error[1] the blame word: which part of a fused task (fb_stmt.part, parts
+ * in stream order) an access that latched FB_RT_EBOUNDS came from, the
+ * earliest when several failed. Kept as FB_RT_BLAME(part) by atomic max,
+ * so that 0 means none and the largest word is the smallest part; written
+ * only on the failure path. */
+#define FB_RT_BLAME(part) ((int32_t)(0x7fffffff - (part)))
+#define FB_RT_BLAMED_PART(word) ((word) > 0 ? 0x7fffffff - (word) : -1)
+
 /* SNode kinds (equal to fb_snode_kind). */
 #define FB_RT_DENSE 1
 #define FB_RT_BITMASKED 2
@@ -85,7 +95,7 @@ typedef struct fb_rt_dctx {
   const uint64_t *args;
   uint64_t *rets;
   uint8_t *gtmp;
-  int32_t *error;
+  int32_t *error; /* two words: the error and the blame word */
   uint64_t seed;
   uint64_t launch;
   fb_rt_state *runtime;
@@ -147,9 +157,9 @@ uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64
                             int64_t cell_bytes);
 /* Append to the dynamic node: takes slot n = length++ and returns its cell
  * with *n_out = n; NULL with *n_out = -1 when the list is full (FB_RT_EBOUNDS
- * latched) or out of memory. */
+ * latched, blaming fused part `part`) or out of memory. */
 uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max, int64_t chunk,
-                          int64_t cell_bytes, int64_t *n_out);
+                          int64_t cell_bytes, int64_t *n_out, int32_t part);
 /* Deactivate a dynamic node: length 0, chunks onto the pending list. */
 void fb_rt_dyn_clear(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t nchunks);
 /* Deactivate the cell at `cell` described by d: nested blocks onto their

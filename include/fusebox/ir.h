@@ -193,6 +193,12 @@ typedef struct fb_stmt {
   fb_imm imm;      /* const value, arg number, slot, axis, offset, site */
   int32_t body;    /* block id, -1 when none */
   int32_t orelse;  /* block id, -1 when none */
+  /* the part of a fused task the statement comes from (0-based, in the
+   * order the task runs its parts; 0 outside fused tasks): fb_ir_fuse adds
+   * A's part count to B's statements, a pass that merges statements keeps
+   * the smallest, and code generation latches it with an access's
+   * FB_EBOUNDS so that the engine names the launch that failed. */
+  int32_t part;
 } fb_stmt;
 
 typedef struct fb_block {
