@@ -192,6 +192,56 @@ START_TEST(test_ptx_sparse) {
 }
 END_TEST
 
+/* Blame in fused tasks (docs/optimizer.md): an access of fused part p
+ * latches FB_RT_BLAME(p) into the blame word by an atomic max on its
+ * out-of-bounds path, a full list's append passes its part to the runtime
+ * (linked and inlined), and the PTX still assembles. The parts are set by
+ * hand here (the store part 2, the append part 5), as fusion would. */
+static const char *const blame_src =
+    "layout {\n"
+    "  dense(i: 16) { place a: i32 }\n"
+    "  dense(i: 16) { dynamic(j: 4, chunk: 4) as lists { place d: i32 } }\n"
+    "}\n"
+    "kernel two(o: i32) { for i in 0 .. 16 { a[i + o] = 1\n let s = append(d, i, i)\n"
+    "  if s < 0 { a[0] = 2 } } }\n";
+
+START_TEST(test_ptx_blame) {
+  char buf[4096];
+  const char *ptxas = find_ptxas(buf, sizeof buf);
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_parse("blame.fbk", blame_src, &p, &d), 0);
+  fb_kernel *ir = NULL;
+  ck_assert_int_eq(fb_program_instantiate(p, "two", NULL, 0, &ir, &d), 0);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_int_eq(fb_lower(ir, &tl, err, sizeof err), 0);
+  ck_assert_int_eq(tl.n, 1);
+  fb_kernel *k = (fb_kernel *)tl.v[0].ir;
+  int stores = 0, appends = 0;
+  for (int i = 0; i < k->nstmts; i++) {
+    if (k->stmts[i].op == FB_OP_STORE) k->stmts[i].part = 2, stores++;
+    if (k->stmts[i].op == FB_OP_APPEND) k->stmts[i].part = 5, appends++;
+  }
+  ck_assert_int_ge(stores, 1);
+  ck_assert_int_eq(appends, 1);
+  fb_cg_task t = {k, tl.v[0].loop, 0, NULL};
+  char *ptx = NULL;
+  ck_assert_msg(fb_ptx_emit(&t, "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+  char w2[16], w5[16];
+  snprintf(w2, sizeof w2, "%d", (int)FB_RT_BLAME(2));
+  snprintf(w5, sizeof w5, "%d", (int)FB_RT_BLAME(5));
+  ck_assert_msg(strstr(ptx, ".max.s32") && strstr(ptx, w2), "no blame of part 2:\n%s", ptx);
+  ck_assert_msg(strstr(ptx, w5), "the append's part 5 is not passed:\n%s", ptx);
+  if (ptxas) ck_assert_int_eq(assemble(ptxas, ptx, "sm_80", "two (blame)"), 0);
+  free(ptx);
+  fb_task_list_free(&tl);
+  fb_diags_free(&d);
+  fb_program_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ptx");
   TCase *tc = tcase_create("nvptx");
@@ -199,6 +249,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_ptx_case, 0, CG_NCASES);
   tcase_add_test(tc, test_ptx_shape);
   tcase_add_test(tc, test_ptx_sparse);
+  tcase_add_test(tc, test_ptx_blame);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char buf[4096];
