@@ -65,13 +65,13 @@ fake="$src/tests/bench_peers/fake_engine.py"
 printf '#!/bin/sh\nexec "%s" "%s" "%s" fusebox "$@"\n' "$py" "$fake" "$tmp/log" > "$tmp/fusebox"
 printf '#!/bin/sh\nexec "%s" "%s" "%s" peer "$@"\n' "$py" "$fake" "$tmp/log" > "$tmp/peerpy"
 chmod +x "$tmp/fusebox" "$tmp/peerpy"
-drive() { # drive JSON_OUT -- extra driver arguments
+drive() { # drive JSON_OUT -- extra driver arguments (later ones win)
   out="$1"; shift
   rm -f "$tmp/log"
   "$py" "$src/bench/peers/bench_peers.py" --fusebox "$tmp/fusebox" --peer "fake=$tmp/peerpy" \
-    --cases micro/fill_array,large/mpm3d --cycles 3 --warmup 0 --repeat 1 --json "$out" "$@"
+    --cases micro/fill_array --cycles 1 --warmup 0 --repeat 1 --json "$out" "$@"
 }
-check run 0 "every engine ran every case" -- drive "$tmp/run.json"
+check run 0 "every engine ran every case" -- drive "$tmp/run.json" --cases micro/fill_array,large/mpm3d --cycles 3
 cp "$tmp/out" "$tmp/run.txt"
 cp "$tmp/log" "$tmp/run.log"
 FAKE_PEER_THREADS=3 drive "$tmp/threads.json" >"$tmp/threads.txt" 2>&1; st=$?
