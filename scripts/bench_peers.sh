@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fusebox against Taichi on every case of bench/micro and bench/large, in one
 # run, interleaved, with the same thread count; checks that the final fields
-# agree and prints a ratio table with geometric means (bench/peers/README.md).
+# agree and prints two ratio tables with geometric means, wall-clock and
+# process CPU time per step (read the CPU one on a loaded machine), with each
+# engine's thread count and the load average (bench/peers/README.md).
 #
 #   bash scripts/bench_peers.sh --quick             # smoke run (1 cycle, 1 + 2 steps)
 #   bash scripts/bench_peers.sh --json peers.json   # 3 cycles, the sessions' step counts
@@ -26,7 +28,7 @@ args=()
 for a in "$@"; do
   case "$a" in
     -h|--help)
-      sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
       echo "script options: --no-taichi07 (skip the Taichi 0.7 async peer)"
       echo
       exec "$host_py" "$driver" --help ;;

@@ -1,7 +1,10 @@
 #!/bin/sh
 # scripts/bench_peers.sh without Taichi and without the network: its argument
 # handling (help, bad arguments refused before anything is installed), the
-# driver's agreement check, and that every bench session has a Taichi port.
+# driver's agreement check, that every bench session has a Taichi port, and
+# a whole driver run against canned engines (tests/bench_peers/fake_engine.py):
+# interleaving, medians, the wall and CPU tables and ratios, threads, load
+# average, the JSON, and the exit status on a disagreement or a failure.
 # Usage: test_bench_peers_args.sh SOURCE_DIR PYTHON
 set -u
 src="$1"
@@ -55,6 +58,76 @@ for c in bp.CASES:
     if not os.path.exists(port): bad.append("no Taichi port " + port)
 for b in bad: print("FAIL " + b)
 print("ok   agreement check and ports" if not bad else "")
+sys.exit(1 if bad else 0)
+PYEOF
+# A whole run of the driver with fake engines: 3 cycles, a micro and a large case.
+fake="$src/tests/bench_peers/fake_engine.py"
+printf '#!/bin/sh\nexec "%s" "%s" "%s" fusebox "$@"\n' "$py" "$fake" "$tmp/log" > "$tmp/fusebox"
+printf '#!/bin/sh\nexec "%s" "%s" "%s" peer "$@"\n' "$py" "$fake" "$tmp/log" > "$tmp/peerpy"
+chmod +x "$tmp/fusebox" "$tmp/peerpy"
+drive() { # drive JSON_OUT -- extra driver arguments (later ones win)
+  out="$1"; shift
+  rm -f "$tmp/log"
+  "$py" "$src/bench/peers/bench_peers.py" --fusebox "$tmp/fusebox" --peer "fake=$tmp/peerpy" \
+    --cases micro/fill_array --cycles 1 --warmup 0 --repeat 1 --json "$out" "$@"
+}
+check run 0 "every engine ran every case" -- drive "$tmp/run.json" --cases micro/fill_array,large/mpm3d --cycles 3
+cp "$tmp/out" "$tmp/run.txt"
+cp "$tmp/log" "$tmp/run.log"
+FAKE_PEER_THREADS=3 drive "$tmp/threads.json" >"$tmp/threads.txt" 2>&1; st=$?
+if [ $st != 0 ] || ! grep -q "WARNING: the engines did not all run 2 threads" "$tmp/threads.txt"; then
+  echo "FAIL run-threads-differ: status $st"; cat "$tmp/threads.txt"; fail=1
+else echo "ok   run-threads-differ"; fi
+FAKE_OFF=1 drive "$tmp/off.json" >"$tmp/off.txt" 2>&1; st=$?
+if [ $st != 1 ] || ! grep -q "DIFFERS micro/fill_array fake (cycle 1): x.sum" "$tmp/off.txt"; then
+  echo "FAIL run-differs: status $st (want 1)"; cat "$tmp/off.txt"; fail=1
+else echo "ok   run-differs"; fi
+FAKE_FAIL=1 drive "$tmp/fail.json" >"$tmp/fail.txt" 2>&1; st=$?
+if [ $st != 2 ] || ! grep -q "ERROR micro/fill_array fusebox: fusebox bench exited 1" "$tmp/fail.txt"; then
+  echo "FAIL run-fails: status $st (want 2)"; cat "$tmp/fail.txt"; fail=1
+else echo "ok   run-fails"; fi
+
+"$py" - "$tmp" <<'PYEOF' || fail=1
+import json, os, sys
+tmp = sys.argv[1]
+txt = open(os.path.join(tmp, "run.txt")).read()
+j = json.load(open(os.path.join(tmp, "run.json")))
+bad = []
+def want(cond, what):
+    if not cond: bad.append(what)
+# Interleaved: per cycle and case, Fusebox then the peer.
+calls = open(os.path.join(tmp, "run.log")).read().split("\n")[:-1]
+want(calls == ["fusebox micro/fill_array", "peer micro/fill_array",
+               "fusebox large/mpm3d", "peer large/mpm3d"] * 3, "call order %r" % calls)
+# Wall: the peer's median of 10, 30, 20 ms is 20 ms; 4x on the large case.
+want(j["wall_s_per_step"]["micro/fill_array"]["fake"] == [0.01, 0.03, 0.02], "per-cycle walls kept in order")
+want("| micro/fill_array | 4.000 | 2.000 | 20.000 | 2.00 | 10.00 | 5.00 |" in txt, "wall row micro")
+want("| large/mpm3d | 4.000 | 2.000 | 80.000 | 2.00 | 40.00 | 20.00 |" in txt, "wall row large")
+want("| **geomean all** |  |  |  | 2.00 | 20.00 | 10.00 |" in txt, "wall geomean row")
+# CPU: its own table, ratios and geomeans.
+want("median process CPU ms per step over 3 cycles" in txt, "CPU table title")
+want("| micro/fill_array | 8.000 | 3.000 | 6.000 | 2.67 | 2.00 | 0.75 |" in txt, "CPU row micro")
+want("| large/mpm3d | 8.000 | 3.000 | 24.000 | 2.67 | 8.00 | 3.00 |" in txt, "CPU row large")
+want("| **geomean all** |  |  |  | 2.67 | 4.00 | 1.50 |" in txt, "CPU geomean row")
+want("| **CPU / wall geomean** | 2.00 | 1.50 | 0.30 |" in txt, "CPU / wall row")
+near = lambda x, y: abs(x - y) < 1e-9 * max(1, abs(y))
+want(near(j["ratios"]["fake / fusebox-async"]["geomean"], 20.0), "JSON wall geomean")
+want(near(j["cpu_ratios"]["fake / fusebox-async"]["geomean"], 4.0), "JSON CPU geomean")
+want(near(j["cpu_ratios"]["fusebox-sync / fusebox-async"]["cases"]["large/mpm3d"], 8 / 3), "JSON CPU ratio")
+want(near(j["median_cpu_s"]["large/mpm3d"]["fake"], 0.024), "JSON median CPU")
+want(near(j["cpu_per_wall"]["fusebox-sync"], 2.0), "JSON CPU / wall")
+# Threads and load average.
+want(j["engine_threads"] == {"fusebox-sync": 2, "fusebox-async": 2, "fake": 2}, "threads %r" % j["engine_threads"])
+want(j["threads_match"] is True and "WARNING" not in txt, "threads match")
+want("threads: fusebox-sync 2, fusebox-async 2, fake 2 (asked: 2;" in txt, "threads line")
+want(len(j["loadavg_start"]) == 3 and len(j["loadavg_end"]) == 3, "load averages")
+want("load average: " in txt and " at the start, " in txt, "load average line")
+want(j["fields"]["large/mpm3d"]["fake"]["x"]["n"] == 4 and not j["errors"] and not j["disagreements"], "fields")
+t = json.load(open(os.path.join(tmp, "threads.json")))
+want(t["engine_threads"]["fake"] == 3 and t["threads_match"] is False, "threads differ in JSON")
+for b in bad: print("FAIL run: " + b)
+if bad: print(txt)
+else: print("ok   run figures, tables and JSON")
 sys.exit(1 if bad else 0)
 PYEOF
 exit $fail

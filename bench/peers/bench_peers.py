@@ -6,11 +6,14 @@ environments and passes their interpreters here (--peer NAME=PYTHON[:FLAGS]).
 Per cycle and case, interleaved: `fusebox bench CASE.json --modes sync,async`
 (one process, both modes), then each peer's port of the case
 (taichi/harness.py, one process each), all with the same warm-up and timed
-step counts. After the last cycle: the median wall-clock per step of each
-engine, the ratio table (peer / Fusebox: above 1 means Fusebox is faster)
-with geometric means, and an agreement check of the final fields (count,
-sum, sum of |x|, min and max of every field the session compares between
-modes; within the tolerance each port declares). Exit status: 0 when every
+step counts. After the last cycle: the median wall-clock and the median
+process CPU time (every thread) per step of each engine, two ratio tables
+(peer / Fusebox: above 1 means Fusebox is faster) with geometric means, each
+engine's thread count, the load average at the start and at the end, and
+an agreement check of the final fields (count, sum, sum of |x|, min and max
+of every field the session compares between modes; within the tolerance
+each port declares). On a shared machine read the CPU ratios: wall-clock
+counts the time other jobs held the cores, CPU time only the engine's work. Exit status: 0 when every
 engine ran every case and all results agree, 1 when a result disagrees, 2
 when something could not run. Needs only the standard library.
 """
@@ -34,7 +37,9 @@ QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro and bench/large (bench/peers/README.md).",
+    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro and bench/large: wall-clock and "
+                                             "process CPU time per step, ratios and geomeans "
+                                             "(bench/peers/README.md).",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="exit status: 0 all ran and agree, 1 a result differs, "
                                         "2 something could not run")
@@ -47,9 +52,12 @@ def parse_args(argv):
     ap.add_argument("--cycles", type=int, help="interleaved cycles; medians over them (default 3)")
     ap.add_argument("--warmup", type=int, help="warm-up steps (default: each session's bench block)")
     ap.add_argument("--repeat", type=int, help="timed steps (default: each session's bench block)")
-    ap.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="the peers' threads (Taichi's cpu_max_num_threads; default 2); Fusebox's "
+                         "CPU pool has one per online core, and the report warns when an "
+                         "engine's count differs")
     ap.add_argument("--cases", help="comma-separated SUITE/CASE subset (default: all %d)" % len(CASES))
-    ap.add_argument("--json", metavar="OUT", help="also write every figure as JSON")
+    ap.add_argument("--json", metavar="OUT", help="also write every figure as JSON: wall-clock and CPU time per step of "
+                         "each cycle, medians, ratios, threads, load averages, field statistics")
     ap.add_argument("--check-args", action="store_true",
                     help="only check the arguments and exit (scripts/bench_peers.sh does this "
                          "before it installs anything)")
@@ -91,18 +99,22 @@ def run(cmd, env=None):
 
 
 def run_fusebox(a, case, warmup, repeat, env):
+    """Both modes of one case in one `fusebox bench` process: (modes, cores,
+    None) or (None, None, error)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.json")
         p, _ = run([a.fusebox, "bench", os.path.join(ROOT, "bench", case + ".json"), "--local",
                     "--modes", "sync,async", "--warmup", str(warmup), "--repeat", str(repeat),
                     "--json", out], env)
         if not os.path.exists(out):
-            return None, "fusebox bench exited %d: %s" % (p.returncode, p.stderr.strip()[-600:])
+            return None, None, "fusebox bench exited %d: %s" % (p.returncode, p.stderr.strip()[-600:])
         with open(out) as f:
-            j = json.load(f)["cases"][0]
+            j = json.load(f)
     if p.returncode:
-        return None, "fusebox bench exited %d (checks): %s" % (p.returncode, p.stderr.strip()[-600:])
-    return j["modes"], None
+        return None, None, "fusebox bench exited %d (checks): %s" % (p.returncode, p.stderr.strip()[-600:])
+    # `fusebox bench --local` opens its engine with cpu_threads 0: a CPU pool
+    # of one thread per online core, the count its JSON records as cores.
+    return j["cases"][0]["modes"], j.get("machine", {}).get("cores"), None
 
 
 def run_peer(py, is_async, a, case, warmup, repeat, env):
@@ -137,6 +149,10 @@ def geomean(xs):
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
 
 
+def loadavg():
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def main(argv):
     a = parse_args(argv)
     if a.check_args:
@@ -148,8 +164,11 @@ def main(argv):
         print("note: Fusebox's CPU pool uses every online core (%d); the peers get --threads %d"
               % (nproc, a.threads), file=sys.stderr)
     engines = ["fusebox-sync", "fusebox-async"] + [p[0] for p in a.peers]
-    times = {c: {e: [] for e in engines} for c in a.cases}
-    fields, errors, disagree = {}, [], []
+    wall = {c: {e: [] for e in engines} for c in a.cases}
+    cpu = {c: {e: [] for e in engines} for c in a.cases}
+    threads = {e: [] for e in engines}  # as each run reported it
+    fields, errors, disagree, seen = {}, [], [], {}
+    load_start = loadavg()
     for cyc in range(a.cycles):
         for case in a.cases:
             w, r = bench_block(case)
@@ -157,77 +176,127 @@ def main(argv):
             r = a.repeat if a.repeat is not None else r
             print("[cycle %d/%d] %s: %d warm-up + %d timed steps" % (cyc + 1, a.cycles, case, w, r),
                   file=sys.stderr, flush=True)
-            modes, err = run_fusebox(a, case, w, r, env)
+            modes, cores, err = run_fusebox(a, case, w, r, env)
             if err:
                 errors.append("%s fusebox: %s" % (case, err))
             else:
                 for m in ("sync", "async"):
-                    times[case]["fusebox-" + m].append(modes[m]["wall_s"])
+                    wall[case]["fusebox-" + m].append(modes[m]["wall_s"])
+                    cpu[case]["fusebox-" + m].append(modes[m].get("cpu_s"))
+                    threads["fusebox-" + m].append(cores)
                 fields.setdefault(case, {})["fusebox"] = modes["sync"].get("fields", {})
             for name, py, is_async in a.peers:
                 res, err = run_peer(py, is_async, a, case, w, r, env)
                 if err:
                     errors.append("%s %s: %s" % (case, name, err))
                     continue
-                times[case][name].append(res["wall_s"])
+                wall[case][name].append(res["wall_s"])
+                cpu[case][name].append(res.get("cpu_s"))
+                threads[name].append(res.get("threads"))
+                # the version and the process's OS threads, for the record
+                seen[name] = {k: res[k] for k in ("taichi", "os_threads") if k in res}
                 ref = fields.get(case, {}).get("fusebox")
                 if ref is not None:
                     d = differs(ref, res["fields"], res["rtol"], res["stats"])
                     if d:
                         disagree.append("%s %s (cycle %d): %s" % (case, name, cyc + 1, d))
                 fields.setdefault(case, {})[name] = res["fields"]
-    med = {c: {e: (statistics.median(v) if v else None) for e, v in t.items()} for c, t in times.items()}
-    report(a, engines, med, errors, disagree)
+    out = summarize(a, engines, wall, cpu, threads)
+    out.update({"cores": nproc, "warmup": a.warmup, "repeat": a.repeat, "quick": a.quick,
+                "loadavg_start": load_start, "loadavg_end": loadavg(),
+                "peers": {n: dict(seen.get(n, {}), python=py, async_mode=asy) for n, py, asy in a.peers},
+                "fields": fields, "errors": errors, "disagreements": disagree})
+    report(out, sys.stdout)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cycles": a.cycles, "threads": a.threads, "cores": nproc,
-                       "warmup": a.warmup, "repeat": a.repeat, "quick": a.quick,
-                       "loadavg": os.getloadavg(), "engines": engines,
-                       "peers": {n: {"python": py, "async_mode": asy} for n, py, asy in a.peers},
-                       "wall_s_per_step": times, "median_wall_s": med, "fields": fields,
-                       "ratios": ratios(a, engines, med), "errors": errors, "disagreements": disagree},
-                      f, indent=2)
+            json.dump(out, f, indent=2)
     return 2 if errors else 1 if disagree else 0
 
 
-def ratios(a, engines, med):
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(a, engines, wall, cpu, threads):
+    """Medians over the cycles, ratios and geomeans of wall-clock and of CPU
+    time, and each engine's thread count: the JSON that report() prints."""
+    mw = {c: {e: median(v) for e, v in t.items()} for c, t in wall.items()}
+    mc = {c: {e: median(v) for e, v in t.items()} for c, t in cpu.items()}
+    # CPU / wall: the cores an engine kept busy on average (at most its threads).
+    busy = {e: geomean([mc[c][e] / mw[c][e] for c in a.cases if mc[c][e] and mw[c][e]])
+            for e in engines}
+    th = {}
+    for e, v in threads.items():
+        seen = sorted(set(x for x in v if x is not None))
+        th[e] = seen[0] if len(seen) == 1 else (seen or None)
+    return {"cycles": a.cycles, "threads": a.threads, "engines": engines, "cases": a.cases,
+            "engine_threads": th, "threads_match": all(t == a.threads for t in th.values()),
+            "wall_s_per_step": wall, "cpu_s_per_step": cpu,
+            "median_wall_s": mw, "median_cpu_s": mc, "cpu_per_wall": busy,
+            "ratios": ratios(a.cases, engines, mw), "cpu_ratios": ratios(a.cases, engines, mc)}
+
+
+def ratios(cases, engines, med):
     """For each peer: peer / fusebox-async and peer / fusebox-sync per case,
-    with geometric means over the cases every engine ran (plus sync / async)."""
+    with geometric means over the cases both engines ran (plus sync / async)."""
     out = {}
     pairs = [("fusebox-sync", "fusebox-async")] + \
             [(p, f) for p in engines[2:] for f in ("fusebox-async", "fusebox-sync")]
     for num, den in pairs:
-        per = {c: med[c][num] / med[c][den] for c in a.cases if med[c][num] and med[c][den]}
+        per = {c: med[c][num] / med[c][den] for c in cases if med[c][num] and med[c][den]}
         out["%s / %s" % (num, den)] = {"cases": per, "geomean": geomean(per.values())}
     return out
 
 
-def report(a, engines, med, errors, disagree):
-    rs = ratios(a, engines, med)
+def table(out, f, title, med, rs, extra=None):
+    engines, cases = out["engines"], out["cases"]
     cols = list(rs)
-    print("\nmedian wall-clock ms per step over %d cycle%s (%s threads; load average %.2f %.2f %.2f)"
-          % (a.cycles, "" if a.cycles == 1 else "s", a.threads, *os.getloadavg()))
-    print("| case | " + " | ".join(engines) + " | " + " | ".join(cols) + " |")
-    print("|---" * (1 + len(engines) + len(cols)) + "|")
-    for c in a.cases:
+    blank = " | ".join([""] * len(engines))
+    print("\n" + title, file=f)
+    print("| case | " + " | ".join(engines) + " | " + " | ".join(cols) + " |", file=f)
+    print("|---" * (1 + len(engines) + len(cols)) + "|", file=f)
+    for c in cases:
         ms = ["%.3f" % (med[c][e] * 1e3) if med[c][e] else "-" for e in engines]
         rr = ["%.2f" % rs[k]["cases"][c] if c in rs[k]["cases"] else "-" for k in cols]
-        print("| %s | %s | %s |" % (c, " | ".join(ms), " | ".join(rr)))
+        print("| %s | %s | %s |" % (c, " | ".join(ms), " | ".join(rr)), file=f)
     for suite in ("micro", "large"):
-        sub = [c for c in a.cases if c.startswith(suite)]
-        if not sub:
-            continue
-        g = ["%.2f" % geomean([rs[k]["cases"][c] for c in sub if c in rs[k]["cases"]]) for k in cols]
-        print("| **geomean %s** | %s | %s |" % (suite, " | ".join([""] * len(engines)), " | ".join(g)))
-    print("| **geomean all** | %s | %s |" % (" | ".join([""] * len(engines)),
-                                              " | ".join("%.2f" % rs[k]["geomean"] for k in cols)))
-    print("\nratios: A / B = A's time over B's (above 1: B is faster)")
-    for e in errors:
-        print("ERROR " + e)
-    for d in disagree:
-        print("DIFFERS " + d)
-    if not errors and not disagree:
-        print("every engine ran every case; final fields agree within each case's tolerance")
+        sub = [c for c in cases if c.startswith(suite)]
+        if sub:
+            g = ["%.2f" % geomean([rs[k]["cases"][c] for c in sub if c in rs[k]["cases"]]) for k in cols]
+            print("| **geomean %s** | %s | %s |" % (suite, blank, " | ".join(g)), file=f)
+    print("| **geomean all** | %s | %s |" % (blank, " | ".join("%.2f" % rs[k]["geomean"] for k in cols)),
+          file=f)
+    if extra:
+        print("| %s | %s | %s |" % (extra[0], " | ".join(extra[1]), " | ".join([""] * len(cols))), file=f)
+
+
+def report(out, f):
+    n = out["cycles"]
+    over = "over %d cycle%s" % (n, "" if n == 1 else "s")
+    th = out["engine_threads"]
+    print("\nthreads: %s (asked: %d; Fusebox's CPU pool has one per online core, Taichi's is "
+          "cpu_max_num_threads)" % (", ".join("%s %s" % (e, th[e]) for e in out["engines"]),
+                                     out["threads"]), file=f)
+    if not out["threads_match"]:
+        print("WARNING: the engines did not all run %d threads, so the ratios compare unequal "
+              "machines (on a machine with N cores, pass --threads N)" % out["threads"], file=f)
+    print("load average: %s at the start, %s at the end" % (
+        " ".join("%.2f" % x for x in out["loadavg_start"]),
+        " ".join("%.2f" % x for x in out["loadavg_end"])), file=f)
+    table(out, f, "median wall-clock ms per step " + over, out["median_wall_s"], out["ratios"])
+    busy = ["%.2f" % out["cpu_per_wall"][e] if out["cpu_per_wall"][e] == out["cpu_per_wall"][e]
+            else "-" for e in out["engines"]]
+    table(out, f, "median process CPU ms per step " + over + " (every thread of the engine's process)",
+          out["median_cpu_s"], out["cpu_ratios"], ("**CPU / wall geomean**", busy))
+    print("\nratios: A / B = A's time over B's (above 1: B is faster); CPU / wall: the cores an "
+          "engine kept busy on average", file=f)
+    for e in out["errors"]:
+        print("ERROR " + e, file=f)
+    for d in out["disagreements"]:
+        print("DIFFERS " + d, file=f)
+    if not out["errors"] and not out["disagreements"]:
+        print("every engine ran every case; final fields agree within each case's tolerance", file=f)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """The paper's harness for the Taichi ports, the same as `fusebox bench`'s:
 setup, one step and a sync (compilation), W warm-up steps, then R timed steps
 with a sync after each; wall-clock is the mean of the timed steps. After the
-last step it prints one JSON object: the time per step and, for each field the
+last step it prints one JSON object: the wall-clock and the process CPU time
+(every thread of this process: time.process_time, the clock `fusebox bench`'s
+`cpu ms` reads) per timed step, the compute threads Taichi was configured
+with (cpu_max_num_threads, read back after ti.init) and, for each field the
 Fusebox session compares between modes (its `same_across_modes`), the count,
 sum, sum of |x|, min and max, so that bench_peers.py can check that both
 engines computed the same thing: within the port's "rtol" (default 1e-4,
@@ -28,6 +31,21 @@ def field_stats(a):
         return {"n": 0, "sum": 0.0, "abs_sum": 0.0, "min": 0.0, "max": 0.0}
     return {"n": int(a.size), "sum": float(a.sum()), "abs_sum": float(np.abs(a).sum()),
             "min": float(a.min()), "max": float(a.max())}
+
+
+def configured_threads(ti):
+    """The CPU thread count Taichi runs kernels with, as it took it from
+    ti.init (the same attribute in 0.7 and 1.7)."""
+    return int(ti.lang.impl.current_cfg().cpu_max_num_threads)
+
+
+def os_threads():
+    """Threads this process has now (Python, Taichi's pool, its compiler's
+    and, with async_mode, the async engine's): only for the record."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def main():
@@ -63,17 +81,19 @@ def main():
     for _ in range(args.warmup):
         case["step"]()
         ti.sync()
-    t0 = time.perf_counter()
+    t0, u0 = time.perf_counter(), time.process_time()
     for _ in range(args.repeat):
         case["step"]()
         ti.sync()
     wall_s = (time.perf_counter() - t0) / args.repeat
+    cpu_s = (time.process_time() - u0) / args.repeat
     fields = {k: field_stats(f.to_numpy()) for k, f in case["fields"].items()}
     print(json.dumps({"case": name, "rtol": case.get("rtol", 1e-4),
                       "stats": case.get("stats", ["sum", "abs_sum", "min", "max"]), "taichi": ".".join(map(str, ti.__version__)),
-                      "async_mode": args.async_mode, "threads": args.threads,
+                      "async_mode": args.async_mode,
                       "warmup": args.warmup, "repeat": args.repeat,
-                      "first_step_s": first_s, "wall_s": wall_s, "fields": fields}))
+                      "threads": configured_threads(ti), "os_threads": os_threads(),
+                      "first_step_s": first_s, "wall_s": wall_s, "cpu_s": cpu_s, "fields": fields}))
 
 
 if __name__ == "__main__":
