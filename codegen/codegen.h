@@ -57,13 +57,15 @@ typedef struct fb_rt_ctx {
 } fb_rt_ctx;
 
 /* Privatized scatter (codegen/priv.c, CPU only). A parallel task whose only
- * accesses to some all-dense, all-f32 top-level trees of the layout are f32
- * atomic adds with unused results adds into a private copy instead, with
- * plain loads and stores: each thread that runs chunks of the loop gets its
- * own copy of root bytes [lo, hi) (ctx->priv), filled with -0.0 (the
- * identity of +), one thread may use root itself, and after the loop the
- * launcher adds every copy's words of ranges[0..n) into root. Only the
- * order of the sums changes, as with atomics. The code is unsafe to run on
+ * accesses to some all-dense top-level trees of the layout, all f32 or all
+ * i32/u32, are atomic adds with unused results adds into a private copy
+ * instead, with plain loads and stores: each thread that runs chunks of the
+ * loop gets its own copy of root bytes [lo, hi) (ctx->priv), every word
+ * 0x80000000 (-0.0, the identity of f32 +; an integer word holds
+ * 0x80000000 + the thread's sum), one thread may use root itself, and
+ * after the loop the launcher adds every copy's words of ranges[0..n) into
+ * root. Only the order of the sums changes, as with atomics (integer sums
+ * are exact in any order). The code is unsafe to run on
  * several threads with one ctx->priv: launchers that do not privatize must
  * run such a body on one thread (runtime/launch.c does it right). */
 #define FB_CG_PRIV_MAX 4
@@ -71,8 +73,10 @@ typedef struct fb_rt_ctx {
 typedef struct fb_cg_priv {
   int64_t n;                     /* privatized trees, 0: none */
   int64_t lo, hi;                /* root bytes each private copy mirrors */
-  int64_t off[FB_CG_PRIV_MAX];   /* root offset of each tree (f32 words) */
+  int64_t off[FB_CG_PRIV_MAX];   /* root offset of each tree (4-byte words) */
   int64_t bytes[FB_CG_PRIV_MAX]; /* its bytes */
+  int64_t i32[FB_CG_PRIV_MAX];   /* 1: its words are i32/u32 (summed
+                                  * modulo 2^32), 0: f32 */
   int64_t sites;                 /* atomic statements that go private */
 } fb_cg_priv;
 

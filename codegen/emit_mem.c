@@ -821,12 +821,16 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
   guard g;
   guard_begin(e, inb, &g);
   if (e->priv_place && e->priv_place[s->snode] && e->c_priv) {
-    /* privatized scatter (priv.c): this thread's own copy, no lock */
+    /* privatized scatter (priv.c): this thread's own copy, no lock; an
+     * f32 or a 32-bit integer (modulo 2^32) */
     LLVMValueRef p = place_addr_in(e, e->c_priv, s->snode, idx);
-    LLVMValueRef old = LLVMBuildLoad2(e->b, e->t_f32, p, "priv.old");
+    LLVMValueRef mv = fb_emit_to_mem(e, t, v);
+    LLVMValueRef old = LLVMBuildLoad2(e->b, LLVMTypeOf(mv), p, "priv.old");
     set_align(old, t);
     tag_field(e, old, s->snode);
-    LLVMValueRef st = LLVMBuildStore(e->b, LLVMBuildFAdd(e->b, old, v, "priv.sum"), p);
+    LLVMValueRef sum = t == FB_T_F32 ? LLVMBuildFAdd(e->b, old, mv, "priv.sum")
+                                     : LLVMBuildAdd(e->b, old, mv, "priv.sum");
+    LLVMValueRef st = LLVMBuildStore(e->b, sum, p);
     set_align(st, t);
     tag_field(e, st, s->snode);
     e->vals[id] = guard_end(e, &g, old, zero);

@@ -9,20 +9,34 @@
  * the per-thread accumulation Taichi's CPU back end does not have.
  *
  * Sound when, for a tree T (a child of the root):
- *  - every container in T is dense and every place f32, so T is one range
- *    of root bytes whose words are f32 values or padding;
- *  - every statement of the task that names an SNode of T is an f32
- *    atomic_add (or atomic_add_na: no activation on a dense path) with an
- *    unused result: nothing reads T's values during the loop, so no one
- *    can see a partial sum, and addition is the only update, so summing
- *    the copies afterwards gives the same sums in another order (which
- *    atomics leave unspecified anyway);
+ *  - every container in T is dense and every place of one word class, f32
+ *    or 32-bit integer (i32, u32), so T is one range of root bytes whose
+ *    words are all f32 or all integers (padding is never touched);
+ *  - every statement of the task that names an SNode of T is an atomic_add
+ *    (or atomic_add_na: no activation on a dense path) with an unused
+ *    result: nothing reads T's values during the loop, so no one can see a
+ *    partial sum, and addition is the only update, so summing the copies
+ *    afterwards gives the same sums in another order (which atomics leave
+ *    unspecified anyway);
  *  - the task is a parallel par_for or struct_for (not a list task).
- * The copies start as -0.0, the identity of + (x + -0.0 == x for every x,
- * -0.0 included), so a word no thread touched leaves root's word as it was,
- * bit for bit. The copies are bounded: hi - lo <= FB_CG_PRIV_MAX_BYTES
- * (trees over the bound keep their atomics), and the launcher bounds the
- * copies' total (runtime/launch.c). */
+ * Every word of a copy starts as 0x80000000 and is set back to it after the
+ * sum (runtime/launch.c), whatever the tree's class:
+ *  - f32: 0x80000000 is -0.0, the identity of + (x + -0.0 == x for every
+ *    x, -0.0 included), so a word no thread touched leaves root's word as
+ *    it was, bit for bit; a touched word adds the thread's partial sum.
+ *    Results equal the atomic path's up to the order of the f32 additions,
+ *    which atomics leave unspecified (bit for bit when the sums are exact).
+ *  - integers: a thread adds modulo 2^32 into a word that holds
+ *    0x80000000 + its partial sum, and the launcher adds the word minus
+ *    0x80000000 into root, modulo 2^32: the same residue as every atomic
+ *    add done on root, since addition modulo 2^32 is associative and
+ *    commutative (the language's i32 + wraps, ir/arith.c). The results are
+ *    bit for bit the atomic path's and the interpreter's, in any order; a
+ *    word whose partial sum is 0 (untouched, or adds that cancel) leaves
+ *    root as it was, so the launcher may skip it.
+ * The copies are bounded: hi - lo <= FB_CG_PRIV_MAX_BYTES (trees over the
+ * bound keep their atomics), and the launcher bounds the copies' total
+ * (runtime/launch.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,23 +52,39 @@ static int tree_of(const fb_layout *l, int sn) {
   return 0;
 }
 
-/* Is every container of tree T dense and every place f32? */
-static int tree_ok(const fb_layout *l, int T) {
-  if (l->nodes[T].kind != FB_SN_DENSE) return 0;
+/* A place type privatized scatter handles: f32, or a 32-bit integer
+ * (i32 and u32 add alike: modulo 2^32). FB_T_VOID: none. */
+static fb_type word_class(fb_type t) {
+  return t == FB_T_F32 ? FB_T_F32 : t == FB_T_I32 || t == FB_T_U32 ? FB_T_I32 : FB_T_VOID;
+}
+
+/* The word class of tree T when every container of T is dense and every
+ * place of one class, else FB_T_VOID. */
+static fb_type tree_type(const fb_layout *l, int T) {
+  if (l->nodes[T].kind != FB_SN_DENSE) return FB_T_VOID;
+  fb_type ty = FB_T_VOID;
   for (int i = 1; i < l->nnodes; i++) {
     if (tree_of(l, i) != T) continue;
     const fb_snode *n = &l->nodes[i];
-    if (n->kind == FB_SN_PLACE ? n->type != FB_T_F32 : n->kind != FB_SN_DENSE) return 0;
+    if (n->kind != FB_SN_PLACE) {
+      if (n->kind != FB_SN_DENSE) return FB_T_VOID;
+      continue;
+    }
+    fb_type c = word_class(n->type);
+    if (c == FB_T_VOID || (ty != FB_T_VOID && c != ty)) return FB_T_VOID;
+    ty = c;
   }
-  return 1;
+  return ty;
 }
 
-/* Is statement id an f32 atomic add into a place whose result is unused? */
+/* Is statement id an atomic add into an f32, i32 or u32 place whose result
+ * is unused? */
 static int private_add(const fb_kernel *k, const unsigned char *used, int id) {
   const fb_stmt *s = &k->stmts[id];
   if (s->op != FB_OP_ATOMIC_ADD && s->op != FB_OP_ATOMIC_ADD_NA) return 0;
   const fb_snode *f = &k->layout->nodes[s->snode];
-  return f->kind == FB_SN_PLACE && f->type == FB_T_F32 && s->nargs == f->ndim + 1 && !used[id];
+  return f->kind == FB_SN_PLACE && word_class(f->type) != FB_T_VOID && s->nargs == f->ndim + 1 &&
+         !used[id];
 }
 
 int fb_cg_priv_plan(const fb_cg_task *t, fb_cg_priv *out, unsigned char *place) {
@@ -88,7 +118,8 @@ int fb_cg_priv_plan(const fb_cg_task *t, fb_cg_priv *out, unsigned char *place) 
     } else state[T] = 2;
   }
   for (int T = 1; T < l->nnodes && out->n < FB_CG_PRIV_MAX; T++) {
-    if (state[T] != 1 || !tree_ok(l, T)) continue;
+    fb_type ty = state[T] == 1 ? tree_type(l, T) : FB_T_VOID;
+    if (ty == FB_T_VOID) continue;
     int64_t off = (int64_t)l->nodes[T].offset, bytes = (int64_t)l->nodes[T].node_bytes;
     if (off % 4 || bytes % 4 || bytes <= 0) continue;
     int64_t lo = out->n && out->lo < off ? out->lo : off;
@@ -98,6 +129,7 @@ int fb_cg_priv_plan(const fb_cg_task *t, fb_cg_priv *out, unsigned char *place) 
     out->hi = hi;
     out->off[out->n] = off;
     out->bytes[out->n] = bytes;
+    out->i32[out->n] = ty == FB_T_I32;
     out->n++;
     for (int i = 0; i < k->nstmts; i++)
       if (private_add(k, used, i) && tree_of(l, k->stmts[i].snode) == T) {

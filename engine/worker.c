@@ -348,9 +348,9 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
     if (!msg[0]) fb_errf(msg, sizeof msg, "the GPU batch did not start: %s", fb_strerror(rc));
   }
   if (s->trace) {
-    char args[96];
-    snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d}", (unsigned long long)L->launch,
-             L->ntasks);
+    char args[128]; /* priv: atomics privatized (codegen/priv.c) */
+    snprintf(args, sizeof args, "{\"launch\":%llu,\"tasks\":%d,\"priv\":%lld}",
+             (unsigned long long)L->launch, L->ntasks, (long long)code->priv.sites);
     fb_trace_span(s->trace, FB_TRACK_DEVICE, "task", L->k->name, t0, fb_trace_clock(), args);
   }
   r->ran++;

@@ -59,14 +59,17 @@ static void par_chunk(void *arg, int64_t lo, int64_t hi) {
 /* ---------------------------------------------------------------- privatized scatter
  * A task with t->priv.n > 0 (codegen/priv.c) adds into ctx->priv: each
  * thread that joins the loop takes a slot; slot 0 adds into root itself,
- * slot s > 0 into copy s - 1 of root bytes [lo, hi), which holds -0.0 in
- * every word (x + -0.0 == x, bit for bit). After the loop every word a
- * copy changed is added into root and set back to -0.0, so the copies are
- * ready for the next launch. At most PRIV_MAX_TOTAL bytes of copies (fewer
+ * slot s > 0 into copy s - 1 of root bytes [lo, hi), which holds
+ * 0x80000000 in every word: -0.0 for an f32 tree (x + -0.0 == x, bit for
+ * bit), a bias for an i32/u32 tree (the word holds 0x80000000 + the
+ * thread's sum modulo 2^32). After the loop every word a copy changed is
+ * added into root (f32: root + word; integers: root + word - 0x80000000,
+ * modulo 2^32) and set back to 0x80000000, so the copies are ready for the
+ * next launch, whichever trees it privatizes. At most PRIV_MAX_TOTAL bytes of copies (fewer
  * threads join beyond it), and none for a loop too short to pay for the
  * sum (the loop then runs on one thread). */
 #define PRIV_MAX_TOTAL ((size_t)64 << 20)
-#define PRIV_NEG0 0x80000000u /* -0.0f */
+#define PRIV_NEG0 0x80000000u /* -0.0f, and the integer words' bias */
 #define PRIV_MAX_SLOTS 64
 
 typedef struct priv_slot {
@@ -89,6 +92,7 @@ typedef struct priv_sum {
   uint32_t *root;         /* root's word 0 */
   const int64_t *first;   /* per range: its first word (in root) */
   const int64_t *count;   /* per range: its words */
+  const int64_t *i32;     /* per range: 1 for integer words */
   int nranges;
   int64_t lo_word;        /* root word of each copy's word 0 */
   uint32_t *copies[PRIV_MAX_SLOTS];
@@ -109,11 +113,13 @@ static uint32_t bits_of(float f) {
 }
 
 /* Root words [w, e) (copy word i - shift for root word i): root += copy
- * where the copy is not -0.0, and the copy back to -0.0. Most of a grid is
- * usually untouched: blocks of 16 words that are all -0.0 are skipped after
- * one pass of 64-bit compares. */
+ * where the copy is not 0x80000000 (f32: -0.0, the identity; integers:
+ * root += copy - 0x80000000, unsigned, so modulo 2^32), and the copy back
+ * to 0x80000000. Most of a grid is usually untouched: blocks of 16 words
+ * that are all 0x80000000 are skipped after one pass of 64-bit compares. */
 #define PRIV_BLOCK 16
-static void priv_add_words(uint32_t *root, uint32_t *copy, int64_t shift, int64_t w, int64_t e) {
+static void priv_add_words(uint32_t *root, uint32_t *copy, int64_t shift, int64_t w, int64_t e,
+                           int ints) {
   const uint64_t neg2 = ((uint64_t)PRIV_NEG0 << 32) | PRIV_NEG0;
   while (w < e) {
     int64_t stop = w + PRIV_BLOCK < e ? w + PRIV_BLOCK : e;
@@ -129,7 +135,7 @@ static void priv_add_words(uint32_t *root, uint32_t *copy, int64_t shift, int64_
     for (; w < stop; w++) {
       uint32_t *cw = &copy[w - shift];
       if (*cw == PRIV_NEG0) continue;
-      root[w] = bits_of(f32_of(root[w]) + f32_of(*cw));
+      root[w] = ints ? root[w] + (*cw - PRIV_NEG0) : bits_of(f32_of(root[w]) + f32_of(*cw));
       *cw = PRIV_NEG0;
     }
   }
@@ -143,7 +149,8 @@ static void priv_sum_chunk(void *arg, int64_t a, int64_t b) {
     int64_t lo = a > base ? a - base : 0, hi = b - base < ps->count[r] ? b - base : ps->count[r];
     if (lo < hi)
       for (int c = 0; c < ps->ncopies; c++)
-        priv_add_words(ps->root, ps->copies[c], ps->lo_word, ps->first[r] + lo, ps->first[r] + hi);
+        priv_add_words(ps->root, ps->copies[c], ps->lo_word, ps->first[r] + lo, ps->first[r] + hi,
+                       ps->i32[r] != 0);
     base += ps->count[r];
   }
 }
@@ -220,7 +227,8 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
   int used = fb_pool_for_slots(d->pool, n, grain, maxslots, priv_chunk, &j);
   if (!buf) return;
   int nr = pv->n < FB_CG_PRIV_MAX ? (int)pv->n : FB_CG_PRIV_MAX;
-  priv_sum ps = {(uint32_t *)(void *)ctx->root, NULL, NULL, nr, pv->lo / 4, {0}, 0, stride};
+  priv_sum ps = {
+      (uint32_t *)(void *)ctx->root, NULL, NULL, pv->i32, nr, pv->lo / 4, {0}, 0, stride};
   int64_t first[FB_CG_PRIV_MAX], count[FB_CG_PRIV_MAX];
   for (int r = 0; r < nr; r++) {
     first[r] = pv->off[r] / 4;

@@ -421,8 +421,9 @@ static const char *FAST_SRC =
     "}\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place q: f32 } } } }\n"
     "  dense(i: 3) { dense(i: 8) { dense(j: 3) { dense(j: 8) { place r: f32 } } } }\n"
-    /* the i32 and i64 places keep acc and gv shared (not privatized:
-     * codegen/priv.c), so scatter and scatter2 show the atomics */
+    /* trees that mix f32 with i32 or i64 places keep acc and gv shared
+     * (not privatized: codegen/priv.c), so scatter and scatter2 show the
+     * atomics */
     "  dense(i: 8) { place acc: f32, accn: i32 }\n"
     "  dense(i: 8) { place gv: f32[2], gvn: i64 }\n"
     "}\n"
@@ -595,16 +596,18 @@ static int count(const char *s, const char *what) {
 }
 
 /* Privatized scatter (codegen/priv.c): a parallel task whose only accesses
- * to an all-dense, all-f32 tree are f32 atomic adds with unused results
- * adds into the thread's copy (ctx->priv) with plain loads and stores; a
- * tree that is also read, an i32 tree, a tree over the size bound, a
- * serial task and NVPTX keep their atomics. The launcher's sums are
- * checked against the interpreter in tests/test_lang_exec.c
- * (private_scatter). */
+ * to an all-dense tree, all f32 or all i32/u32, are atomic adds with
+ * unused results adds into the thread's copy (ctx->priv) with plain loads
+ * and stores; a tree that is also read, an i64 tree, a tree mixing f32 and
+ * i32, a tree over the size bound, a serial task and NVPTX keep their
+ * atomics. The launcher's sums are checked against the interpreter in
+ * tests/test_lang_exec.c (private_scatter, private_scatter_i32). */
 static const char *PRIV_SRC = "layout {\n"
                               "  dense(ij: 16, 16) { place gm: f32, gv: f32[2] }\n"
                               "  dense(ij: 16, 16) { place hm: f32 }\n"
-                              "  dense(ij: 16, 16) { place cnt: i32 }\n"
+                              "  dense(ij: 16, 16) { place cnt: i32, ucnt: u32 }\n"
+                              "  dense(ij: 16, 16) { place cnt64: i64 }\n"
+                              "  dense(ij: 16, 16) { place mf: f32, mn: i32 }\n"
                               "  dense(ij: 2100, 2100) { place big: f32 }\n"
                               "  dense(i: 64) { place px: f32[2], out: f32 }\n"
                               "}\n"
@@ -622,8 +625,17 @@ static const char *PRIV_SRC = "layout {\n"
                               "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
                               "    hm[b[0], b[1]] += 1.0\n"
                               "    out[p] = hm[b[1], b[0]]\n"
-                              "    cnt[b[0], b[1]] += 1\n"
+                              "    cnt64[b[0], b[1]] += 1\n"
+                              "    mf[b[0], b[1]] += 1.0\n"
+                              "    mn[b[0], b[1]] += 1\n"
                               "    big[b[0], b[1]] += 1.0\n"
+                              "  }\n"
+                              "}\n"
+                              "kernel count() {\n"
+                              "  for p in px {\n"
+                              "    let b = [i32(px[p][0]), i32(px[p][1])]\n"
+                              "    cnt[b[0], b[1]] += 1\n"
+                              "    ucnt[b[1], b[0]] += u32(p)\n"
                               "  }\n"
                               "}\n"
                               "kernel serial() { gm[1, 2] += 1.0 }\n";
@@ -667,11 +679,24 @@ START_TEST(test_priv_ir) {
                     count(ir, "store float") + count(ir, "store <2 x float>") >= 3,
                 "scatter: atomics left in a privatized scatter:\n%s", ir);
   free(ir);
-  /* hm is read, cnt is i32, big is over FB_CG_PRIV_MAX_BYTES: atomics */
+  ck_assert_int_eq(plan.i32[0], 0);
+  /* i32 and u32 adds: integer adds into the copy, no atomics */
+  priv_plan_of(p, "count", &plan);
+  ck_assert_int_eq(plan.n, 1);
+  ck_assert_int_eq(plan.sites, 2);
+  ck_assert_int_eq(plan.i32[0], 1);
+  ck_assert_int_ge(plan.bytes[0], 16 * 16 * 8);
+  ir = fast_ir(p, "count");
+  ck_assert_msg(!strstr(ir, "atomicrmw") && !strstr(ir, "load atomic") &&
+                    count(ir, "store i32") >= 2 && count(ir, "store float") == 0,
+                "count: atomics left in a privatized i32 scatter:\n%s", ir);
+  free(ir);
+  /* hm is read, cnt64 is i64, mf/mn mix f32 and i32, big is over
+   * FB_CG_PRIV_MAX_BYTES: atomics */
   priv_plan_of(p, "shared", &plan);
   ck_assert_int_eq(plan.n, 0);
   ir = fast_ir(p, "shared");
-  ck_assert_msg(count(ir, "atomicrmw") >= 3, "shared: atomics missing:\n%s", ir);
+  ck_assert_msg(count(ir, "atomicrmw") >= 5, "shared: atomics missing:\n%s", ir);
   free(ir);
   /* a serial task runs on one thread: nothing to privatize */
   fb_kernel *k = NULL;

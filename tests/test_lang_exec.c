@@ -1015,6 +1015,108 @@ START_TEST(private_scatter) {
 }
 END_TEST
 
+/* The integer case (codegen/priv.c): i32 and u32 grids that a loop only
+ * adds to, with an f32 grid in the same task (two trees, two word
+ * classes, one set of copies). An integer word of a copy holds 0x80000000
+ * plus the thread's sum and goes back to 0x80000000 after the launch, the
+ * f32 words to -0.0, so the copies serve every launch of either kind.
+ * Integer sums are exact in any order (modulo 2^32), so the engine must
+ * match the interpreter bit for bit whatever the contributions: negative
+ * ones, ones that cancel, and products that wrap past 2^31 and 2^32. */
+static const char *const priv_int_src =
+    "layout {\n"
+    "  dense(ij: 32, 32) { place cnt: i32, hsh: u32 }\n"
+    "  dense(ij: 32, 32) { place gm: f32 }\n"
+    "  dense(i: 6000) { place qx: f32[2] }\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for p in qx { qx[p] = [f32(p % 29) + 0.5, f32(p // 29 % 29) + 0.25] }\n"
+    "  cnt[31, 31] = -7\n"
+    "  hsh[30, 31] = u32(4000000000)\n"
+    "}\n"
+    "kernel count() {\n"
+    "  for p in qx {\n"
+    "    let b = [i32(qx[p][0]), i32(qx[p][1])]\n"
+    "    for a in 0 .. 3 {\n"
+    "      for c in 0 .. 3 {\n"
+    "        cnt[b[0] + a, b[1] + c] += (p % 7 - 3) * 1000003 * (a + 1)\n"
+    "        hsh[b[0] + a, b[1] + c] += u32(p) * u32(2654435) + u32(c)\n"
+    "        gm[b[0] + a, b[1] + c] += f32(p % 5) * 0.25\n"
+    "      }\n"
+    "    }\n"
+    "  }\n"
+    "}\n";
+
+START_TEST(private_scatter_i32) {
+  fb_program *p = prog(priv_int_src);
+  fb_kernel *ki = inst(p, "init", NULL, NULL), *kc = inst(p, "count", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, ki, NULL, 0, NULL);
+  for (int r = 0; r < 3; r++) irun(in, kc, NULL, 0, NULL);
+  /* the privatized f32 kernel of private_scatter in the same engine: its
+   * copies are the same device buffer, so each kind must leave it as the
+   * other expects */
+  fb_program *pf = prog(priv_src);
+  fb_kernel *kfi = inst(pf, "init", NULL, NULL), *kfp = inst(pf, "p2g", NULL, NULL);
+  fb_interp *inf = fb_interp_new(fb_program_layout(pf), 1);
+  irun(inf, kfi, NULL, 0, NULL);
+  for (int r = 0; r < 3; r++) irun(inf, kfp, NULL, 0, NULL);
+  fb_engine *e = engine();
+  const char *modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    fb_session_config sc = {.mode = modes[m], .seed = 1};
+    fb_session *s = NULL, *sf = NULL;
+    ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s, NULL, 0), 0);
+    ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(pf), &sf, NULL, 0), 0);
+    int a = add(s, ki), c = add(s, kc), fa = add(sf, kfi), fp = add(sf, kfp);
+    launch(s, a, NULL, 0, NULL);
+    launch(sf, fa, NULL, 0, NULL);
+    for (int r = 0; r < 3; r++) { /* alternated: integer, f32, integer ... */
+      launch(s, c, NULL, 0, NULL);
+      ck_assert_int_eq(fb_sync(s), 0);
+      launch(sf, fp, NULL, 0, NULL);
+      ck_assert_int_eq(fb_sync(sf), 0);
+    }
+    const char *names[] = {"cnt", "hsh", "gm"};
+    uint32_t got[32 * 32], want[32 * 32];
+    for (int f = 0; f < 3; f++) {
+      eread(s, field(p, names[f]), 0, got, sizeof got);
+      memcpy(want, icomp(in, p, names[f], 0), sizeof want);
+      for (int i = 0; i < 32 * 32; i++)
+        ck_assert_msg(got[i] == want[i], "%s %s[%d]: %08x, interpreter %08x", modes[m], names[f], i,
+                      got[i], want[i]);
+    }
+    const fb_lang_field *fm = field(pf, "gm"), *fv = field(pf, "gv");
+    for (int f = 0; f < 1 + fv->ncomp; f++) {
+      const fb_lang_field *fl = f == 0 ? fm : fv;
+      int comp = f == 0 ? 0 : f - 1;
+      eread(sf, fl, comp, got, sizeof got);
+      memcpy(want, icomp(inf, pf, fl->name, comp), sizeof want);
+      for (int i = 0; i < 32 * 32; i++)
+        ck_assert_msg(got[i] == want[i], "%s f32 %s.%d[%d]: %08x, interpreter %08x", modes[m],
+                      fl->name, comp, i, got[i], want[i]);
+    }
+    /* untouched cells kept their values; the sums wrapped */
+    eread(s, field(p, "cnt"), 0, got, sizeof got);
+    ck_assert_int_eq((int32_t)got[31 * 32 + 31], -7);
+    eread(s, field(p, "hsh"), 0, got, sizeof got);
+    ck_assert_uint_eq(got[30 * 32 + 31], 4000000000u);
+    fb_session_destroy(s);
+    fb_session_destroy(sf);
+  }
+  /* the interpreter's integer sums did wrap (else the case shows less) */
+  const int32_t *cnt = icomp(in, p, "cnt", 0);
+  int64_t wide = 0;
+  for (int i = 0; i < 32 * 32; i++) wide += cnt[i];
+  ck_assert_msg(wide != 0, "cnt is all zero");
+  fb_engine_destroy(e);
+  fb_interp_free(in);
+  fb_interp_free(inf);
+  fb_program_free(p);
+  fb_program_free(pf);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -1029,6 +1131,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, svd_polar);
   tcase_add_test(tc, grouped_atomics);
   tcase_add_test(tc, private_scatter);
+  tcase_add_test(tc, private_scatter_i32);
   suite_add_tcase(s, tc);
   return s;
 }

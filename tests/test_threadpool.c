@@ -316,6 +316,13 @@ static void priv_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
   for (int64_t i = lo; i < hi; i++) g[i % (PW - 1)] += 0.5f; /* word PW - 1: never */
 }
 
+/* priv_body for u32 words: + 0x40000001, modulo 2^32 */
+static void priv_body_u32(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  priv_body(ctx, lo, lo); /* joins the two-thread rendezvous, adds nothing */
+  uint32_t *g = (uint32_t *)(void *)(ctx->priv + PRIV_OFF);
+  for (int64_t i = lo; i < hi; i++) g[i % (PW - 1)] += 0x40000001u;
+}
+
 START_TEST(launcher_private_copies) {
   fb_cpu_device *d;
   char err[256];
@@ -354,6 +361,41 @@ START_TEST(launcher_private_copies) {
     ck_assert_uint_eq(words[PRIV_OFF / 4 + PW - 1], 0x80000000u);
     ck_assert_uint_eq(words[PRIV_OFF / 4 + PW], 0xdeadbeefu);
   }
+  /* the same grid as u32 words (priv.i32): each iteration adds
+   * 0x40000001 modulo 2^32 into a copy word that holds 0x80000000 + the
+   * thread's sum; the launcher adds word - 0x80000000 into root. The
+   * copies come from the f32 runs above, so they must be back at
+   * 0x80000000, and go back to it for the next run. */
+  uint32_t *ugrid = words + PRIV_OFF / 4;
+  for (int i = 0; i < PW; i++) ugrid[i] = 0x7ffffff0u + (uint32_t)i;
+  t.body = priv_body_u32;
+  t.priv.i32[0] = 1;
+  for (int run = 1; run <= 2; run++) {
+    atomic_store(&priv_bases[0], 0);
+    atomic_store(&priv_bases[1], 0);
+    ck_assert_int_eq(fb_cpu_run(d, &ctx, &t, 1, NULL, NULL), 0);
+    ck_assert(atomic_load(&priv_bases[1]) != 0);
+    for (int i = 0; i < PW - 1; i++) {
+      uint32_t per = (uint32_t)(200000 / (PW - 1) + (i < 200000 % (PW - 1)));
+      uint32_t want = 0x7ffffff0u + (uint32_t)i + (uint32_t)run * per * 0x40000001u;
+      ck_assert_msg(ugrid[i] == want, "u32 run %d: word %d = %08x, want %08x", run, i, ugrid[i],
+                    want);
+    }
+    ck_assert_uint_eq(ugrid[PW - 1], 0x7ffffff0u + (uint32_t)(PW - 1));
+    ck_assert_uint_eq(words[PRIV_OFF / 4 + PW], 0xdeadbeefu);
+  }
+  /* and back to f32: the copies hold -0.0 again */
+  for (int i = 0; i < PW; i++) grid[i] = 2.0f;
+  t.body = priv_body;
+  t.priv.i32[0] = 0;
+  atomic_store(&priv_bases[0], 0);
+  atomic_store(&priv_bases[1], 0);
+  ck_assert_int_eq(fb_cpu_run(d, &ctx, &t, 1, NULL, NULL), 0);
+  for (int i = 0; i < PW - 1; i++) {
+    float per = (float)(200000 / (PW - 1) + (i < 200000 % (PW - 1)));
+    ck_assert_msg(grid[i] == 2.0f + 0.5f * per, "f32 after u32: word %d = %g", i, grid[i]);
+  }
+  ck_assert(grid[PW - 1] == 2.0f);
   ck_assert_int_eq(error, 0);
   fb_devmem_release(&m);
   fb_cpu_device_free(d);

@@ -5,6 +5,7 @@ stand-ins, and the privatized scatter's copies. Each test goes through a
 running fuseboxd, checks the results, and ends with the server SERVING and
 another tenant's field unchanged (server.assert_unharmed)."""
 import grpc
+import pytest
 
 from conftest import RPC_TIMEOUT, Stream, dense_layout, expect_error, i32, pb, store_kernel
 from test_process_isolation import register
@@ -135,10 +136,10 @@ def test_many_background_compiles(server):
     server.assert_unharmed()
 
 
-# The privatized scatter (codegen/priv.c, runtime/launch.c): f32 atomic adds
-# into a dense top-level grid become plain adds into per-thread copies of
-# it, summed into the grid after the loop. A client decides the indices:
-# here a fifth of them fall outside the grid on either side.
+# The privatized scatter (codegen/priv.c, runtime/launch.c): f32 and i32
+# atomic adds into a dense top-level grid become plain adds into per-thread
+# copies of it, summed into the grid after the loop. A client decides the
+# indices: here a fifth of them fall outside the grid on either side.
 SCATTER = """layout {
   dense(ij: 64, 64) { place g: f32 }
   dense(i: 20000) { place q: i32 }
@@ -146,6 +147,9 @@ SCATTER = """layout {
 kernel init() { for p in q { q[p] = p } }
 kernel scatter() { for p in q { g[q[p] % 80 - 8, q[p] // 80 % 64] += 1.0 } }
 """
+SCATTERS = {"f32": (SCATTER, "<4096f"),
+            "i32": (SCATTER.replace("place g: f32", "place g: i32").replace("+= 1.0", "+= 1"),
+                    "<4096i")}
 
 
 def _scatter_counts():
@@ -158,26 +162,28 @@ def _scatter_counts():
     return want
 
 
-def test_private_scatter_out_of_bounds(server):
+@pytest.mark.parametrize("kind", sorted(SCATTERS))
+def test_private_scatter_out_of_bounds(server, kind):
     """Three scatters whose indices go out of the grid on both sides, in
-    sync and async sessions: the launches are reported out of bounds by
-    name, every in-bounds cell holds exactly three times its count (no add
-    lost or doubled between the threads' copies), and the server and the
-    other tenant are unharmed."""
+    sync and async sessions, into an f32 grid and into an i32 one: the
+    launches are reported out of bounds by name, every in-bounds cell holds
+    exactly three times its count (no add lost or doubled between the
+    threads' copies), and the server and the other tenant are unharmed."""
     import struct
+    src, layout = SCATTERS[kind]
     c = server.client
     describe = c.channel.unary_unary("/fusebox.v1.Fusebox/DescribeSource",
                                      request_serializer=pb.Source.SerializeToString,
                                      response_deserializer=pb.SourceInfo.FromString)
-    g = [f.places[0] for f in describe(pb.Source(text=SCATTER), timeout=RPC_TIMEOUT).fields
+    g = [f.places[0] for f in describe(pb.Source(text=src), timeout=RPC_TIMEOUT).fields
          if f.name == "g"][0]
     want = [3.0 * n for n in _scatter_counts()]
     for mode in ("sync", "async"):
         sid = c.create(pb.CreateSessionRequest(options=pb.SessionOptions(mode=mode),
-                                               source=pb.Source(text=SCATTER)),
+                                               source=pb.Source(text=src)),
                        timeout=RPC_TIMEOUT).session_id
         ids = list(c.register(pb.RegisterKernelsRequest(session_id=sid,
-                                                        source=pb.Source(text=SCATTER)),
+                                                        source=pb.Source(text=src)),
                               timeout=RPC_TIMEOUT).kernel_ids)
         s = Stream(c, sid)
         try:
@@ -189,7 +195,7 @@ def test_private_scatter_out_of_bounds(server):
             assert len(r.errors) == 3 or "2 more errors" in r.errors[0].message, (mode, r.errors)
             for e in r.errors:
                 assert "'scatter'" in e.message and "out of bounds" in e.message, (mode, e)
-            got = struct.unpack("<4096f", c.read_field(sid, g))
+            got = struct.unpack(layout, c.read_field(sid, g))
             assert list(got) == want, mode
         finally:
             s.close()
