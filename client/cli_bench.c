@@ -6,6 +6,7 @@
  * compares fields between modes. Prints a table with each mode's ratio to
  * sync, geometric means over files, and optionally --json / --csv. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -141,6 +142,8 @@ static json_t *with_fields(json_t *j, const mode_result *r) {
 }
 
 static char bench_backend[16]; /* of the first session that started */
+static char bench_device[128]; /* in words, of the first in-process engine ("" on a server) */
+static int bench_threads; /* --threads: the in-process engine's CPU threads (0: one per core) */
 
 /* Run one mode of one file; fills res. Returns 0 or a negative code. */
 static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, const char *server,
@@ -148,12 +151,16 @@ static int run_mode(fb_sess_file *f, mode_result *res, int warmup, int repeat, c
   fb_sess_opts o = {.mode = res->def->mode,
                     .passes_off = res->def->passes_off,
                     .server = server,
-                    .skip_saves = 1}; /* the step is timed: no snapshots */
+                    .skip_saves = 1, /* the step is timed: no snapshots */
+                    .cpu_threads = bench_threads};
   FILE *devnull = fopen("/dev/null", "w");
   o.out = devnull;
   fb_sess_run *r = NULL;
   int rc = fb_sess_start(f, &o, &r, err);
-  if (!rc && !bench_backend[0]) fb_sess_backend(r, bench_backend, sizeof bench_backend);
+  if (!rc && !bench_backend[0]) {
+    fb_sess_backend(r, bench_backend, sizeof bench_backend);
+    fb_sess_device(r, bench_device, sizeof bench_device);
+  }
   fb_counters c0, c1, c2;
   if (!rc) rc = fb_sess_actions(r, "setup", err);
   if (!rc) rc = fb_sess_sync(r, err);
@@ -326,8 +333,10 @@ static int write_outputs(const char *json_out, const char *csv_out, case_result 
   char host[256] = "";
   gethostname(host, sizeof host - 1);
   json_object_set_new(root, "machine",
-                      json_pack("{s:s,s:s,s:i}", "backend", bench_backend[0] ? bench_backend : "?",
-                                "device", host, "cores", (int)sysconf(_SC_NPROCESSORS_ONLN)));
+                      json_pack("{s:s,s:s,s:i,s:i,s:s}", "backend",
+                                bench_backend[0] ? bench_backend : "?", "device", host, "cores",
+                                (int)sysconf(_SC_NPROCESSORS_ONLN), "cpu_threads", bench_threads,
+                                "engine_device", bench_device));
   for (int c = 0; c < ncases; c++) {
     json_t *jm = json_object();
     for (int m = 0; m < cases[c].nmodes; m++)
@@ -393,7 +402,7 @@ static void print_geomeans(FILE *o, case_result *cases, int ncases) {
 static int help(FILE *f) {
   fprintf(f, "usage: fusebox bench FILE.json... [--modes LIST] [--warmup N] [--repeat N]\n"
              "                     [--param NAME=VALUE]... [--json OUT] [--csv OUT]\n"
-             "                     [--server ADDR | --local]\n"
+             "                     [--server ADDR | --local [--threads N]]\n"
              "  Runs each JSON session in every mode (default: the file's bench.modes, else\n"
              "  sync,async) side by side: setup, one step (its counters are reported), the\n"
              "  warm-up steps, then the timed steps with a sync after each. Prints wall-clock,\n"
@@ -407,6 +416,8 @@ static int help(FILE *f) {
              "  --server (default: $FUSEBOX_SERVER; --local ignores it) names a fuseboxd\n"
              "  (then times include the transport). \"save\" actions are skipped (the step\n"
              "  is timed). Ctrl-C stops it at once: \"interrupted\", exit status 130.\n"
+             "  --threads N (with --local) gives the in-process CPU device N threads (default:\n"
+             "  one per online core; a fuseboxd uses its own cpu_threads setting).\n"
              "  modes: sync async async-no-listgen async-no-demote async-no-fusion async-no-dse\n"
              "examples:\n"
              "  fusebox bench bench/micro/*.json\n"
@@ -504,9 +515,23 @@ static int bench_file(const char *path, const char *server, json_t *params, cons
   return status;
 }
 
+/* A whole decimal number >= min for option opt, or 1 (after a message). */
+static int count_arg(const char *opt, const char *text, int min, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < min || v > 1000000) {
+    fprintf(stderr, "fusebox bench: %s: '%s' is not a whole number from %d to 1000000\n", opt, text,
+            min);
+    return 1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
 int fb_cli_bench(int argc, char **argv) {
   const char *files[256], *cli_modes[MAXMODES], *json_out = NULL, *csv_out = NULL, *server = NULL;
-  int nfiles = 0, ncli = 0, warmup = -1, repeat = -1, local = 0;
+  int nfiles = 0, ncli = 0, warmup = -1, repeat = -1, local = 0, threads = 0;
   json_t *params = json_object();
   for (int i = 1; i < argc; i++) {
     int bad = 0;
@@ -521,8 +546,12 @@ int fb_cli_bench(int argc, char **argv) {
     else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
     else if (!strcmp(argv[i], "--local")) local = 1;
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv_out = argv[++i];
-    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) repeat = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
+      bad = count_arg("--warmup", argv[++i], 0, &warmup);
+    else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+      bad = count_arg("--repeat", argv[++i], 1, &repeat);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      bad = count_arg("--threads", argv[++i], 1, &threads);
     else if (argv[i][0] != '-' && nfiles < 256) files[nfiles++] = argv[i];
     else bad = -1;
     if (bad) {
@@ -535,6 +564,13 @@ int fb_cli_bench(int argc, char **argv) {
     return help(stderr);
   }
   if (!server && !local) server = fb_cli_env_server(); /* FUSEBOX_SERVER */
+  if (threads && server) {
+    fprintf(stderr, "fusebox bench: --threads sets the in-process engine's threads; with "
+                    "--server the server's cpu_threads setting applies (use --local)\n");
+    json_decref(params);
+    return 2;
+  }
+  bench_threads = threads;
   fb_cli_on_interrupt("bench", 0); /* Ctrl-C: exit 130 (closing a --server session) */
   case_result *cases = calloc((size_t)nfiles, sizeof *cases);
   const char *modes[MAXMODES] = {0};

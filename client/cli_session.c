@@ -549,6 +549,10 @@ void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) {
   else snprintf(buf, n, "?");
 }
 
+void fb_sess_device(fb_sess_run *r, char *buf, size_t n) {
+  snprintf(buf, n, "%s", r->eng ? fb_engine_device(r->eng) : "");
+}
+
 static const char *sess_errmsg(const fb_sess_run *r) {
   return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
 }
@@ -817,6 +821,7 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   }
   fb_engine_config ec = {
       .backend = backend,
+      .cpu_threads = o->cpu_threads,
       .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
   char msg[1024] = "";
   int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);

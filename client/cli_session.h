@@ -52,6 +52,7 @@ typedef struct fb_sess_opts {
   const char *outdir; /* relative output files ("to") go here; NULL: beside the JSON file */
   int skip_saves;    /* ignore "save" actions (fusebox bench times the step) */
   FILE *out;         /* where check outcomes go */
+  int cpu_threads;   /* in-process engine: the CPU device's threads (0: one per core) */
 } fb_sess_opts;
 
 /* A running session: the engine objects and the kernel cache. */
@@ -68,6 +69,8 @@ int fb_sess_checks(fb_sess_run *r, char **err);
 fb_session *fb_sess_session(fb_sess_run *r);
 /* The backend the run's session is on ("cpu", "cuda"; "?" if unknown). */
 void fb_sess_backend(fb_sess_run *r, char *buf, size_t n);
+/* The in-process engine's device in words ("CPU (2 threads)"); "" on a server. */
+void fb_sess_device(fb_sess_run *r, char *buf, size_t n);
 /* Wait for everything launched; a launch that failed (now or in the
  * background, in this process or on a server) fails it, the message naming
  * the kernel, the launch number (from 1) and the JSON path of the action

@@ -619,6 +619,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->tasks_deleted += f->tasks_deleted;
   t->tasks_fused += f->tasks_fused;
   t->fuse_refused += f->fuse_refused;
+  t->fuse_pairs += f->fuse_pairs;
   t->simplified += f->simplified;
   t->iterations += f->iterations;
   t->memo_hits += f->memo_hits;
@@ -1042,6 +1043,7 @@ static int plan_use(fb_opt *o, plan *p, fb_opt_batch **out, double t0) {
   cnt->tasks_in = (uint64_t)o->nlog;
   cnt->tasks_out = (uint64_t)b->pub.n;
   cnt->iterations = cnt->memo_hits = cnt->memo_misses = cnt->plans_stored = 0;
+  cnt->fuse_pairs = 0; /* no pass ran */
   cnt->plans_reused = 1;
   p->used = ++o->plan_clock;
   log_clear(o);

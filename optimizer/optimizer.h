@@ -141,6 +141,8 @@ typedef struct fb_opt_counters {
                                criterion by the cost model (max_fused_stmts,
                                max_task_params, max_fused_tasks); once per
                                task per fusion round */
+  uint64_t fuse_pairs;      /* pairs fusion tested (B not reached from A over
+                               a path of length >= 2: the others are skipped) */
   uint64_t simplified;      /* statements removed by intra-task simplification */
   uint64_t iterations;      /* pipeline iterations */
   uint64_t memo_hits, memo_misses; /* transformations found in / added to the bank */

@@ -281,37 +281,67 @@ static int fuse_pair(fctx *f, fb_sfg_node *a, fb_sfg_node *b) {
   return fb_sfg_node_set_ir(a, c->bank, h);
 }
 
-/* Kahn's algorithm over the merged graph, earliest first. */
+/* Kahn's algorithm over the merged graph, earliest first: the ready nodes
+ * in a bitset, the earliest taken each time (the order the linear scan for
+ * the first ready node gave), edges walked by word (both were O(n^2) bit
+ * tests per chunk, the most of a long window's flush). */
 static int topo_order(fctx *f, fb_sfg_node **order, int *norder) {
   int *indeg = calloc((size_t)f->n, sizeof *indeg);
-  char *placed = calloc((size_t)f->n, 1);
-  if (!indeg || !placed) {
+  uint64_t *ready = calloc((size_t)f->words ? (size_t)f->words : 1, sizeof *ready);
+  if (!indeg || !ready) {
     free(indeg);
-    free(placed);
+    free(ready);
     return FB_ENOMEM;
   }
   int alive = 0;
   for (int i = 0; i < f->n; i++) {
     if (f->g->nodes[f->base + i]->dead) continue;
     alive++;
-    for (int j = 0; j < f->n; j++)
-      if (bit(row(f->succ, f, i), j)) indeg[j]++;
+    const uint64_t *s = row(f->succ, f, i);
+    for (int w = 0; w < f->words; w++)
+      for (uint64_t m = s[w]; m; m &= m - 1) indeg[w * 64 + __builtin_ctzll(m)]++;
   }
+  for (int i = 0; i < f->n; i++)
+    if (!f->g->nodes[f->base + i]->dead && indeg[i] == 0) set_bit(ready, i);
   *norder = 0;
   while (*norder < alive) {
     int pick = -1;
-    for (int i = 0; i < f->n && pick < 0; i++)
-      if (!placed[i] && !f->g->nodes[f->base + i]->dead && indeg[i] == 0) pick = i;
+    /* from word 0: a merge can give a node an edge to an earlier one */
+    for (int w = 0; w < f->words && pick < 0; w++)
+      if (ready[w]) pick = w * 64 + __builtin_ctzll(ready[w]);
     if (pick < 0) break; /* a cycle: cannot happen after path_ok */
-    placed[pick] = 1;
+    clr_bit(ready, pick);
     order[(*norder)++] = f->g->nodes[f->base + pick];
-    for (int j = 0; j < f->n; j++)
-      if (bit(row(f->succ, f, pick), j)) indeg[j]--;
+    const uint64_t *s = row(f->succ, f, pick);
+    for (int w = 0; w < f->words; w++)
+      for (uint64_t m = s[w]; m; m &= m - 1) {
+        int j = w * 64 + __builtin_ctzll(m);
+        /* a dead node has no edges (merge_bits cleared them) and is never
+           ready: only live successors count down */
+        if (--indeg[j] == 0 && !f->g->nodes[f->base + j]->dead) set_bit(ready, j);
+      }
   }
   int rc = *norder == alive ? 0 : FB_EINTERNAL;
   free(indeg);
-  free(placed);
+  free(ready);
   return rc;
+}
+
+/* The first node at or after `from` that is not in far: B in far is reached
+ * from A over a path of length >= 2 (criterion 1), so the pair loop never
+ * looks at it. On a chain of dependent tasks (a solver's sweeps) that is
+ * nearly every later node, and the loop is linear instead of quadratic. */
+static int next_candidate(const fctx *f, const uint64_t *far, int from) {
+  if (from >= f->n) return f->n;
+  for (int w = from >> 6; w < f->words; w++) {
+    uint64_t m = ~far[w];
+    if (w == from >> 6) m &= ~0ull << (from & 63);
+    if (m) {
+      int j = w * 64 + __builtin_ctzll(m);
+      return j < f->n ? j : f->n;
+    }
+  }
+  return f->n;
 }
 
 static int fuse_round(fctx *f) {
@@ -323,8 +353,10 @@ static int fuse_round(fctx *f) {
     if (!fusible_kind(a) || a->fused_now >= max) continue;
     far_from(f, ai, far);
     int refused = 0;
-    for (int bi = ai + 1; bi < f->n && a->fused_now < max; bi++) {
+    for (int bi = next_candidate(f, far, ai + 1); bi < f->n && a->fused_now < max;
+         bi = next_candidate(f, far, bi + 1)) {
       fb_sfg_node *b = f->g->nodes[f->base + bi];
+      f->c->cnt->fuse_pairs++;
       if (!fusible_kind(b) || b->fused_now >= max || !same_group(f->c->bank, a, b))
         continue;
       if (!rets_ok(f->c->bank, a, b) || !path_ok(f, far, ai, bi) || !states_ok(a, b)) continue;

@@ -21,11 +21,13 @@ typedef struct fb_cpu_device {
   char name[64];      /* opened through fb_cpu_ops: "CPU (N threads)" */
   /* privatized scatter (launch.c): the threads' private copies, kept
    * between launches filled with -0.0; one launch at a time uses them
-   * (another one meanwhile allocates its own) */
+   * (another one meanwhile allocates its own, while all such own copies
+   * together stay within PRIV_MAX_TOTAL: priv_own_words) */
   pthread_mutex_t priv_mu;
   uint32_t *priv_buf;
   size_t priv_words;
   int priv_busy;
+  size_t priv_own_words;
 } fb_cpu_device;
 
 /* threads: as fb_pool_new's nthreads (0 = one per core). */

@@ -67,7 +67,10 @@ static void par_chunk(void *arg, int64_t lo, int64_t hi) {
  * modulo 2^32) and set back to 0x80000000, so the copies are ready for the
  * next launch, whichever trees it privatizes. At most PRIV_MAX_TOTAL bytes of copies (fewer
  * threads join beyond it), and none for a loop too short to pay for the
- * sum (the loop then runs on one thread). */
+ * sum (the loop then runs on one thread). A launch that finds the device's
+ * copies in use takes its own, all such own copies together at most
+ * PRIV_MAX_TOTAL too (priv_take), so a device shared by every session
+ * holds at most twice PRIV_MAX_TOTAL of copies. */
 #define PRIV_MAX_TOTAL ((size_t)64 << 20)
 #define PRIV_NEG0 0x80000000u /* -0.0f, and the integer words' bias */
 #define PRIV_MAX_SLOTS 64
@@ -163,7 +166,11 @@ static uint32_t *priv_alloc(size_t words) {
 }
 
 /* Copies for `words` words: the device's when free (grown if needed), else
- * one of this launch's own (*own). NULL when there is no memory. */
+ * one of this launch's own (*own). NULL when there is no memory, or when
+ * the own copies of the launches running now would pass PRIV_MAX_TOTAL
+ * with this one's: the sessions of a server share one device, and each
+ * concurrent launch taking PRIV_MAX_TOTAL of its own would make the
+ * device hold that much per session, outside every budget. */
 static uint32_t *priv_take(fb_cpu_device *d, size_t words, uint32_t **own) {
   *own = NULL;
   pthread_mutex_lock(&d->priv_mu);
@@ -182,17 +189,27 @@ static uint32_t *priv_take(fb_cpu_device *d, size_t words, uint32_t **own) {
     pthread_mutex_unlock(&d->priv_mu);
     return d->priv_buf;
   }
+  if (words > PRIV_MAX_TOTAL / sizeof(uint32_t) - d->priv_own_words) {
+    pthread_mutex_unlock(&d->priv_mu);
+    return NULL;
+  }
+  d->priv_own_words += words;
   pthread_mutex_unlock(&d->priv_mu);
-  return *own = priv_alloc(words);
+  *own = priv_alloc(words);
+  if (!*own) {
+    pthread_mutex_lock(&d->priv_mu);
+    d->priv_own_words -= words;
+    pthread_mutex_unlock(&d->priv_mu);
+  }
+  return *own;
 }
 
-static void priv_give(fb_cpu_device *d, uint32_t *own) {
-  if (own) {
-    free(own);
-    return;
-  }
+/* Back: the device's copies, or this launch's own (own, words). */
+static void priv_give(fb_cpu_device *d, uint32_t *own, size_t words) {
+  free(own);
   pthread_mutex_lock(&d->priv_mu);
-  d->priv_busy = 0;
+  if (own) d->priv_own_words -= words;
+  else d->priv_busy = 0;
   pthread_mutex_unlock(&d->priv_mu);
 }
 
@@ -211,7 +228,8 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
   if (n < words / 16 || stride == 0) maxslots = 1;
   priv_slot slots[PRIV_MAX_SLOTS];
   uint32_t *own = NULL, *buf = NULL;
-  if (maxslots > 1) buf = priv_take(d, stride * (size_t)(maxslots - 1), &own);
+  size_t total = stride * (size_t)(maxslots - 1);
+  if (maxslots > 1) buf = priv_take(d, total, &own);
   if (!buf) maxslots = 1; /* no memory for copies: one thread, into root */
   for (int s = 0; s < maxslots; s++) {
     slots[s].ctx = *ctx;
@@ -239,7 +257,7 @@ static void run_private(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, i
   for (int s = 1; s < used && s < maxslots; s++)
     if (slots[s].ran) ps.copies[ps.ncopies++] = buf + stride * (size_t)(s - 1);
   if (ps.ncopies) fb_pool_for(d->pool, words, priv_sum_chunk, &ps);
-  priv_give(d, own);
+  priv_give(d, own, total);
 }
 
 static void run_task(fb_cpu_device *d, fb_rt_ctx *ctx, const fb_rt_task *t, int64_t grain) {

@@ -339,7 +339,9 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   }
   if (o->mode[0]) ec->mode = strcmp(o->mode, "sync") ? "async" : "sync";
   if (o->max_fuse_per_task < 0 || o->compile_threads < 0) {
-    fb_errf(err, errlen, "max_fuse_per_task and compile_threads must be >= 0");
+    fb_errf(err, errlen, "%s %d must be >= 0",
+            o->max_fuse_per_task < 0 ? "max_fuse_per_task" : "compile_threads",
+            o->max_fuse_per_task < 0 ? o->max_fuse_per_task : o->compile_threads);
     return FB_EINVAL;
   }
   if (o->max_fuse_per_task > FBD_MAX_FUSE_PER_TASK) {

@@ -336,6 +336,28 @@ START_TEST(bench_modes_and_json) {
   char *csv = fbt_read_file(path, NULL);
   ck_assert_msg(csv && strstr(csv, "case,mode,wall_s") && strstr(csv, "\npb,async,"), "%s", csv);
   free(csv);
+  /* --threads: the in-process CPU device gets that many threads, and the
+   * JSON says so; refused with a server, and a count that is not one */
+  snprintf(cmd, sizeof cmd, "%s bench %s/b.json --local --threads 1 --modes sync --json %s/t.json",
+           fusebox(), tmpdir, tmpdir);
+  rc = sh(cmd, &out);
+  ck_assert_msg(rc == 0, "rc %d\n%s", rc, out);
+  free(out);
+  snprintf(path, sizeof path, "%s/t.json", tmpdir);
+  js = fbt_read_file(path, NULL);
+  ck_assert_msg(js && strstr(js, "\"engine_device\": \"CPU (1 threads)\"") &&
+                    strstr(js, "\"cpu_threads\": 1"),
+                "%s", js);
+  free(js);
+  snprintf(cmd, sizeof cmd, "%s bench %s/b.json --threads 2 --server unix:%s/none.sock", fusebox(),
+           tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "--threads sets the in-process engine's threads"), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s bench %s/b.json --local --repeat 2x", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "--repeat: '2x' is not a whole number from 1"), "%s", out);
+  free(out);
   /* a check failing in every mode: exit 1, naming the case and the mode */
   write_file("bf.json",
              "{ \"name\": \"bad\", \"program\": \"p.fbk\", \"params\": {\"K\": 2},\n"

@@ -402,6 +402,72 @@ START_TEST(launcher_private_copies) {
 }
 END_TEST
 
+/* The own copies of concurrent privatized launches are bounded together
+ * (runtime/launch.c priv_take): while another launch holds the device's
+ * copies (priv_busy), a launch allocates its own only while all such own
+ * copies stay within PRIV_MAX_TOTAL (64 MiB, PRIV_CAP_WORDS words here);
+ * past it the loop runs on one thread into root. The body looks at the
+ * device's count of own words while it runs: at the cap nothing is taken
+ * (and every body call adds into root), below it one copy (2 threads: PW
+ * words) is, and the count comes back after the launch. The sums are
+ * exact either way. */
+#define PRIV_CAP_WORDS (((size_t)64 << 20) / 4)
+static fb_cpu_device *own_dev;
+static atomic_size_t own_seen;
+static atomic_int own_copy_used; /* a body ran on a copy, not on root */
+
+static void own_body(fb_rt_ctx *ctx, int64_t lo, int64_t hi) {
+  pthread_mutex_lock(&own_dev->priv_mu);
+  size_t w = own_dev->priv_own_words;
+  pthread_mutex_unlock(&own_dev->priv_mu);
+  atomic_store(&own_seen, w);
+  if (ctx->priv != ctx->root) atomic_store(&own_copy_used, 1);
+  float *g = (float *)(void *)(ctx->priv + PRIV_OFF);
+  for (int64_t i = lo; i < hi; i++) g[i % PW] += 1.0f;
+}
+
+START_TEST(launcher_own_copies_bounded) {
+  char err[256];
+  ck_assert_int_eq(fb_cpu_device_new(2, &own_dev, err, sizeof err), 0);
+  fb_devmem m;
+  ck_assert_int_eq(fb_devmem_init(&m, PRIV_OFF + 4 * PW + 64, 0, err, sizeof err), 0);
+  float *grid = (float *)(void *)(m.root + PRIV_OFF);
+  int32_t error = 0;
+  uint64_t args[1] = {0};
+  fb_rt_ctx ctx = {m.root, args, m.rets, m.gtmp, &error, 1, 0, NULL, NULL};
+  fb_rt_task t = {own_body, priv_bounds, NULL, {0}};
+  t.priv.n = 1;
+  t.priv.lo = PRIV_OFF;
+  t.priv.hi = PRIV_OFF + 4 * PW;
+  t.priv.off[0] = PRIV_OFF;
+  t.priv.bytes[0] = 4 * PW;
+  t.priv.sites = 1;
+  own_dev->priv_busy = 1; /* another launch holds the device's copies */
+  size_t before[2] = {PRIV_CAP_WORDS - PW + 1, 0}, want[2] = {PRIV_CAP_WORDS - PW + 1, PW};
+  for (int run = 0; run < 2; run++) {
+    own_dev->priv_own_words = before[run];
+    atomic_store(&own_seen, 0);
+    atomic_store(&own_copy_used, 0);
+    ck_assert_int_eq(fb_cpu_run(own_dev, &ctx, &t, 1, NULL, NULL), 0);
+    size_t seen = atomic_load(&own_seen);
+    int on_copy = atomic_load(&own_copy_used);
+    ck_assert_uint_eq(seen, want[run]);
+    if (run == 0) ck_assert_int_eq(on_copy, 0); /* one thread, into root */
+    ck_assert_uint_eq(own_dev->priv_own_words, before[run]);
+    ck_assert_int_eq(own_dev->priv_busy, 1);
+    /* 200000 iterations over PW words: 48 or 49 per word */
+    for (int i = 0; i < PW; i++) {
+      float per = (float)(200000 / PW + (i < 200000 % PW));
+      ck_assert_msg(grid[i] == (run + 1) * per, "run %d: word %d = %g", run, i, grid[i]);
+    }
+  }
+  ck_assert_int_eq(error, 0);
+  own_dev->priv_busy = 0;
+  fb_devmem_release(&m);
+  fb_cpu_device_free(own_dev);
+}
+END_TEST
+
 START_TEST(devmem_quota) {
   fb_devmem m;
   char err[256];
@@ -434,6 +500,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, nested_loops);
   tcase_add_test(tc, launcher_runs_tasks_in_order);
   tcase_add_test(tc, launcher_private_copies);
+  tcase_add_test(tc, launcher_own_copies_bounded);
   tcase_add_test(tc, devmem_quota);
   suite_add_tcase(s, tc);
   return s;

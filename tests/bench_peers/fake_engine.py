@@ -10,7 +10,7 @@ Each call appends "ROLE CASE" to LOG. Canned figures (seconds per step):
 Fusebox sync wall 4e-3, CPU 8e-3; async wall 2e-3, CPU 3e-3; the peer's wall
 is 10e-3, 30e-3, 20e-3 on its 1st, 2nd, 3rd call for a case (median 20e-3)
 and its CPU 6e-3, both times 4 on large/ cases. Environment: FAKE_CORES
-(Fusebox's machine.cores, default 2), FAKE_PEER_THREADS (default: --threads),
+(Fusebox's machine.cpu_threads, default: the --threads it was given; fails without one), FAKE_PEER_THREADS (default: --threads),
 FAKE_OFF=1 (the peer's sum is off by 1%), FAKE_FAIL=1 (Fusebox exits 1).
 """
 import json
@@ -35,7 +35,8 @@ def main():
         modes = {"sync": {"wall_s": 4e-3, "cpu_s": 8e-3, "fields": STATS},
                  "async": {"wall_s": 2e-3, "cpu_s": 3e-3, "fields": STATS}}
         with open(args[args.index("--json") + 1], "w") as f:
-            json.dump({"machine": {"cores": int(os.environ.get("FAKE_CORES", "2"))},
+            threads = int(os.environ.get("FAKE_CORES", args[args.index("--threads") + 1]))
+            json.dump({"machine": {"cores": 2, "cpu_threads": threads},
                        "cases": [{"name": case, "checks_passed": True, "modes": modes}]}, f)
         return 0
     threads = int(os.environ.get("FAKE_PEER_THREADS", args[args.index("--threads") + 1]))
