@@ -485,9 +485,9 @@ static void latch_bounds(fb_emit *e, int part) {
   tag_named(e, x, "fb.error", 8);
   LLVMValueRef one = fb_emit_i64(e, 1);
   LLVMValueRef word = LLVMBuildGEP2(e->b, e->t_i32, e->c_error, &one, 1, "blame");
-  LLVMValueRef m = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpMax, word,
-                                      fb_emit_i32(e, FB_RT_BLAME(part)),
-                                      LLVMAtomicOrderingMonotonic, 0);
+  LLVMValueRef m =
+      LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpMax, word, fb_emit_i32(e, FB_RT_BLAME(part)),
+                         LLVMAtomicOrderingMonotonic, 0);
   tag_named(e, m, "fb.error", 8);
 }
 

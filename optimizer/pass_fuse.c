@@ -357,8 +357,7 @@ static int fuse_round(fctx *f) {
          bi = next_candidate(f, far, bi + 1)) {
       fb_sfg_node *b = f->g->nodes[f->base + bi];
       f->c->cnt->fuse_pairs++;
-      if (!fusible_kind(b) || b->fused_now >= max || !same_group(f->c->bank, a, b))
-        continue;
+      if (!fusible_kind(b) || b->fused_now >= max || !same_group(f->c->bank, a, b)) continue;
       if (!rets_ok(f->c->bank, a, b) || !path_ok(f, far, ai, bi) || !states_ok(a, b)) continue;
       if (!within_budget(f->c->opt, a, b)) {
         refused = 1;

@@ -433,7 +433,8 @@ static void on_store(simp *s, int id, facts *known, facts *pending) {
   }
   fact *p = find(pending, &l);
   /* overwritten before any read; unless it activates and this one does not */
-  if (p && (plain_storage(s, &l) || s->k->stmts[p->val].op != FB_OP_STORE || t->op == FB_OP_STORE)) {
+  if (p &&
+      (plain_storage(s, &l) || s->k->stmts[p->val].op != FB_OP_STORE || t->op == FB_OP_STORE)) {
     s->drop[p->val] = 1;
     keep_part(s, id, s->k->stmts[p->val].part);
   }

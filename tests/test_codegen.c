@@ -696,8 +696,8 @@ START_TEST(test_priv_ir) {
   ck_assert_int_eq(plan.i32[0], 1);
   ck_assert_int_ge(plan.bytes[0], 16 * 16 * 8);
   ir = fast_ir(p, "count");
-  ck_assert_msg(!data_atomics(ir) && !strstr(ir, "load atomic") &&
-                    count(ir, "store i32") >= 2 && count(ir, "store float") == 0,
+  ck_assert_msg(!data_atomics(ir) && !strstr(ir, "load atomic") && count(ir, "store i32") >= 2 &&
+                    count(ir, "store float") == 0,
                 "count: atomics left in a privatized i32 scatter:\n%s", ir);
   free(ir);
   /* hm is read, cnt64 is i64, mf/mn mix f32 and i32, big is over

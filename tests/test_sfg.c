@@ -548,7 +548,9 @@ static const char *const chain_kernels =
 static fb_opt *plan_opt(mod *m, fb_irh *h, int memo, int check);
 
 START_TEST(fuse_tests_only_unjoined_pairs) {
-  enum { K = 300 };
+  enum {
+    K = 300
+  };
   mod m = parse(chain_kernels);
   fb_irh h[3];
   fb_opt *o = plan_opt(&m, h, 0, 1); /* check mode: the SFG checker after each pass */
