@@ -60,6 +60,7 @@ class Client:
             "/fusebox.v1.Fusebox/Session",
             request_serializer=pb.SessionRequest.SerializeToString,
             response_deserializer=pb.SessionResponse.FromString)
+        self._describe = _unary(self.channel, "DescribeSource", pb.Source, pb.SourceInfo)
         self._health = self.channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -67,6 +68,11 @@ class Client:
 
     def close(self):
         self.channel.close()
+
+    def places(self, text):
+        """DescribeSource of program text: {field name: [its places]}."""
+        info = self._describe(pb.Source(text=text), timeout=RPC_TIMEOUT)
+        return {f.name: list(f.places) for f in info.fields}
 
     def health(self):
         r = self._health(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT)

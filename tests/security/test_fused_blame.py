@@ -17,11 +17,7 @@ kernel spill(k: i32) {{ for i in a {{ c[i + k] = i + 2 }} }}
 
 
 def _places(c):
-    describe = c.channel.unary_unary("/fusebox.v1.Fusebox/DescribeSource",
-                                     request_serializer=pb.Source.SerializeToString,
-                                     response_deserializer=pb.SourceInfo.FromString)
-    fields = describe(pb.Source(text=PROGRAM), timeout=RPC_TIMEOUT).fields
-    return {f.name: f.places[0] for f in fields}
+    return {k: v[0] for k, v in c.places(PROGRAM).items()}
 
 
 def _run(server, mode):

@@ -47,11 +47,7 @@ def _expect(k, d, v):
 
 
 def _places(c):
-    describe = c.channel.unary_unary("/fusebox.v1.Fusebox/DescribeSource",
-                                     request_serializer=pb.Source.SerializeToString,
-                                     response_deserializer=pb.SourceInfo.FromString)
-    info = describe(pb.Source(text=SOURCE), timeout=RPC_TIMEOUT)
-    return {f.name: list(f.places) for f in info.fields}
+    return c.places(SOURCE)
 
 
 def _run(c, places, mode, k, d, v):

@@ -42,11 +42,7 @@ def _counts():
 
 
 def _places(c):
-    describe = c.channel.unary_unary("/fusebox.v1.Fusebox/DescribeSource",
-                                     request_serializer=pb.Source.SerializeToString,
-                                     response_deserializer=pb.SourceInfo.FromString)
-    info = describe(pb.Source(text=SOURCE), timeout=RPC_TIMEOUT)
-    return {f.name: f.places[0] for f in info.fields}
+    return {k: v[0] for k, v in c.places(SOURCE).items()}
 
 
 def _session(c, mode):
