@@ -633,18 +633,29 @@ static int same_cell(fb_emit *e, const fb_stmt *a, int id2, int nidx) {
   return 1;
 }
 
+/* The first statement of a group of loads (store 0) or stores (store 1)
+ * that fb_emit_try_loads / fb_emit_try_stores may take: an access not yet
+ * emitted to a place under a sparse path, outside a cell loop's own cell,
+ * with at least one more in ids; NULL when the group does not apply. */
+static const fb_stmt *group_lead(fb_emit *e, const int *ids, int n, int store) {
+  if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return NULL;
+  const fb_stmt *s = &e->k->stmts[ids[0]];
+  const fb_layout *l = e->l;
+  int op_ok = store ? s->op == FB_OP_STORE || s->op == FB_OP_STORE_NA : s->op == FB_OP_LOAD;
+  if (!op_ok || s->snode <= 0 || s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE ||
+      dense_path(l, l->nodes[s->snode].parent) || loop_cell(e, s))
+    return NULL;
+  return s;
+}
+
 int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
   enum {
     MAXG = 16
   };
-  if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return 0;
+  const fb_stmt *s = group_lead(e, ids, n, 0);
+  if (!s) return 0;
   int id = ids[0];
-  const fb_stmt *s = &e->k->stmts[id];
   const fb_layout *l = e->l;
-  if (s->op != FB_OP_LOAD || s->snode <= 0 || s->snode >= l->nnodes ||
-      l->nodes[s->snode].kind != FB_SN_PLACE || dense_path(l, l->nodes[s->snode].parent) ||
-      loop_cell(e, s))
-    return 0;
   int m = 1;
   while (m < n && m < MAXG && same_cell(e, s, ids[m], s->nargs)) m++;
   if (m < 2) return 0;
@@ -751,14 +762,10 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
   enum {
     MAXG = 16
   };
-  if (n < 2 || e->bounds_fn || ids[0] < 0 || ids[0] >= e->k->nstmts || e->done[ids[0]]) return 0;
+  const fb_stmt *s = group_lead(e, ids, n, 1);
+  if (!s) return 0;
   int id = ids[0];
-  const fb_stmt *s = &e->k->stmts[id];
   const fb_layout *l = e->l;
-  if ((s->op != FB_OP_STORE && s->op != FB_OP_STORE_NA) || s->snode <= 0 || s->snode >= l->nnodes ||
-      l->nodes[s->snode].kind != FB_SN_PLACE || dense_path(l, l->nodes[s->snode].parent) ||
-      loop_cell(e, s))
-    return 0;
   int m = 1;
   while (m < n && m < MAXG && same_cell(e, s, ids[m], l->nodes[s->snode].ndim)) m++;
   if (m < 2) return 0;
