@@ -26,6 +26,8 @@ def test_options_out_of_range_named(make_server):
     before = _active(c)
     cases = [
         (dict(backend="tpu"), INVALID, ["unknown backend 'tpu'"]),
+        # a CPU server refuses a CUDA session: UNIMPLEMENTED is gRPC's code for
+        # "not supported by this service" (FB_EUNSUPPORTED), and the reply says why
         (dict(backend="cuda"), grpc.StatusCode.UNIMPLEMENTED, ["cpu backend", "asked for cuda"]),
         (dict(mode="turbo"), INVALID, ["unknown mode 'turbo'"]),
         (dict(passes={"fuse": True}), INVALID, ["unknown pass 'fuse'"]),
