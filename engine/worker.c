@@ -494,6 +494,11 @@ static void batch_end(batch_run *r) {
     fbe_bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
   for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
     if (errs[2 * i] && r->slot[i]) task_error(r, r->slot[i], errs[2 * i], errs[2 * i + 1], "");
+  /* a record no report took is a task's of this batch blamed on out of
+   * bounds (oom_of): drop it, so the next batch's first task to run out
+   * owns the record afresh (slots are reused) */
+  char stale[512];
+  fbe_oom_message(r->s, stale, sizeof stale);
   r->backend_s += secs;
   free(r->slot);
   r->slot = NULL;
