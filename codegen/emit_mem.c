@@ -251,7 +251,7 @@ typedef struct walk {
   int write;
   LLVMBasicBlockRef off;
   int zero;                   /* a load's walk: inactive levels may go on in the zero block */
-  int part;                   /* fused part an activation's out of memory blames */
+  int part; /* fused part an activation's out of memory blames */
 } walk;
 
 /* A load's walk on the CPU goes on through an inactive level in a block of
@@ -590,8 +590,8 @@ static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB
   if (loop_cell(e, s)) return byte_gepc(e, e->sfor_cell, (int64_t)f->offset);
   if (dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
   /* write < 0: a load, whose walk may go on in the zero block */
-  walk w = {s->snode, {0}, write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"), write < 0,
-            s->part};
+  walk w = {s->snode,  {0},    write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"),
+            write < 0, s->part};
   global_index(e, idx, f->dim_axis, f->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f->parent);
   *off = w.off;
@@ -792,7 +792,7 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
   const fb_snode *f0 = &l->nodes[s->snode];
   int write = s->op == FB_OP_STORE;
   /* a group's walk activates for its earliest part, which writes first */
-  walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0,
+  walk w = {s->snode,           {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0,
             min_part(e, ids, m)};
   global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f0->parent);

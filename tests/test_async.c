@@ -981,14 +981,13 @@ END_TEST
  * (`hog2`, another pointer field) share the pool interleaved, so the
  * earlier may have run out on the later's blocks: that one case names the
  * earlier and says the later may be it. */
-static const char *quota_src =
-    "layout {\n  dense(i: 100) { place a: i32, b: i32 }\n"
-    "  pointer(i: 128) as blk { dense(i: 1024) { place f: f32 } }\n"
-    "  pointer(i: 128) as blk2 { dense(i: 1024) { place g: f32 } }\n}\n"
-    "kernel good() { for i in a { a[i] = 1 } }\n"
-    "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
-    "kernel hog() { for i in a { f[i * 1024] = 1.0 } }\n"
-    "kernel hog2() { for i in a { g[i * 1024] = 2.0 } }\n";
+static const char *quota_src = "layout {\n  dense(i: 100) { place a: i32, b: i32 }\n"
+                               "  pointer(i: 128) as blk { dense(i: 1024) { place f: f32 } }\n"
+                               "  pointer(i: 128) as blk2 { dense(i: 1024) { place g: f32 } }\n}\n"
+                               "kernel good() { for i in a { a[i] = 1 } }\n"
+                               "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+                               "kernel hog() { for i in a { f[i * 1024] = 1.0 } }\n"
+                               "kernel hog2() { for i in a { g[i * 1024] = 2.0 } }\n";
 
 static char *quota_run(const char *mode, const char *first, const char *second, int want,
                        uint64_t *launch, int *kernel, int ids[2], uint64_t *fused) {
@@ -1037,8 +1036,8 @@ START_TEST(fused_quota_names_the_part) {
     int kernel = -1, ids[2], ids_sync[2];
     char *sync = quota_run("sync", order[o].first, order[o].second, order[o].rc, NULL, NULL,
                            ids_sync, &none);
-    char *async = quota_run("async", order[o].first, order[o].second, order[o].rc, &launch,
-                            &kernel, ids, &fused);
+    char *async = quota_run("async", order[o].first, order[o].second, order[o].rc, &launch, &kernel,
+                            ids, &fused);
     ck_assert_uint_eq(fused, 1); /* the two ran as one task */
     char who[64];
     snprintf(who, sizeof who, "kernel '%s'", order[o].named);

@@ -135,7 +135,6 @@ static char *check_fixed_point(const char *text, const char *what) {
   return p1;
 }
 
-
 /* ---------------------------------------------------------------- fused parts */
 
 static const char *const fused_text =
@@ -218,8 +217,8 @@ END_TEST
 /* "part N" takes 0 to FB_IR_MAX_PART, and says so; the verifier refuses a
  * part out of that range made by other means. */
 START_TEST(test_part_prefix_errors) {
-  static const char *const bad[] = {"part -1 store x[%0], %0\n", "part 1073741823 store x[%0], %0\n",
-                                    "part store x[%0], %0\n"};
+  static const char *const bad[] = {"part -1 store x[%0], %0\n",
+                                    "part 1073741823 store x[%0], %0\n", "part store x[%0], %0\n"};
   for (int i = 0; i < 3; i++) {
     char text[512];
     snprintf(text, sizeof text,

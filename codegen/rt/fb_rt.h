@@ -98,7 +98,7 @@ typedef struct fb_rt_state {
                         * taken from it are zeroed before they are used */
 } fb_rt_state;
 
-#define FB_RT_OOM_WORD(part, snode) \
+#define FB_RT_OOM_WORD(part, snode)                                                                \
   (((uint64_t)(uint32_t)FB_RT_BLAME_OOM(part) << 32) | (uint64_t)(uint32_t)(snode))
 
 /* Mirror of fb_rt_ctx (codegen/codegen.h), which the runtime cannot include
