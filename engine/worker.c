@@ -225,7 +225,10 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
   if (oom_of(s, blame, oom, sizeof oom))
     fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
   else if (msg[0]) fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
-  else if (rc == FB_EBOUNDS || (blame && !FB_RT_BLAMED_OOM(blame)))
+  else if (FB_RT_BLAMED_OOM(blame)) /* the record is an earlier task's (a queued device) */
+    fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: task %s failed on the device: %s", who, task,
+                  fb_strerror(FB_EQUOTA));
+  else if (rc == FB_EBOUNDS || blame)
     fbe_bg_record(s, FB_EBOUNDS, launch, kid,
                   "%s indexed a field out of bounds (task %s); those accesses "
                   "were skipped",
