@@ -8,7 +8,8 @@
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
- *   --worker-overhead-bytes, --worker-user,
+ *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
+ *   --worker-uid-count,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
@@ -103,6 +104,12 @@ void fbd_usage(FILE *f) {
       "                             limit by this much (RLIMIT_AS; default 4G)\n"
       "  --worker-user USER         fuseboxd run as root: the user (name or uid) that session\n"
       "                             workers switch to, never root (default nobody)\n"
+      "  --worker-uid-base UID      fuseboxd run as root: workers of each tenant run as a\n"
+      "                             uid (and gid) of their own, UID + the tenant's number\n"
+      "                             (UID itself: sessions without a tenant); instead of\n"
+      "                             --worker-user (default 0: off)\n"
+      "  --worker-uid-count N       how many uids from --worker-uid-base are fuseboxd's:\n"
+      "                             one more than the tenants it may ever load (default 0)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code); what would pass it is refused (default: 3/4 of\n"
@@ -159,7 +166,8 @@ typedef enum {
   OPT_MODE,
   OPT_GROUP,
   OPT_BOOL,
-  OPT_LOGFMT
+  OPT_LOGFMT,
+  OPT_ID
 } opt_kind;
 
 typedef struct opt {
@@ -197,6 +205,8 @@ static const opt opts[] = {
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
     {"worker_user", OPT_GROUP, OFF(worker_user), 0}, /* "" unsets: nobody */
+    {"worker_uid_base", OPT_ID, OFF(worker_uid_base), 0},
+    {"worker_uid_count", OPT_INT, OFF(worker_uid_count), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
@@ -232,6 +242,7 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
   case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
+  case OPT_ID: return *(const uint32_t *)pa == *(const uint32_t *)pb;
   default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL, LOGFMT */
   }
 }
@@ -342,6 +353,13 @@ static int set_text(fbd_config *c, const opt *o, const char *shown, const char *
     long x = strtol(v, &end, 10);
     if (end == v || *end || x < o->min || x > 1 << 20) break;
     *(int *)(base + o->off) = (int)x;
+    return 0;
+  }
+  case OPT_ID: { /* a uid or gid: 0 (off) .. 2^32-2 ((uid_t)-1 means "unchanged") */
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || *end || *v == '-' || *v == '+' || errno || x >= 0xffffffffull) break;
+    *(uint32_t *)(base + o->off) = (uint32_t)x;
     return 0;
   }
   case OPT_SECS: {
