@@ -9,7 +9,7 @@
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
- *   --worker-uid-count,
+ *   --worker-uid-count, --worker-namespaces auto|on|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
@@ -46,6 +46,7 @@ void fbd_config_defaults(fbd_config *c) {
   c->spare_workers = 1;
   c->worker_overhead_bytes = (uint64_t)4 << 30;
   c->fair_share = strdup("on");
+  c->worker_namespaces = strdup("auto");
   c->fair_slice_ms = 10;
 }
 
@@ -55,6 +56,7 @@ void fbd_config_free(fbd_config *c) {
   free(c->socket_group);
   free(c->worker_user);
   free(c->isolation);
+  free(c->worker_namespaces);
   free(c->config_path);
   free(c->tls_cert);
   free(c->tls_key);
@@ -110,6 +112,9 @@ void fbd_usage(FILE *f) {
       "                             --worker-user (default 0: off)\n"
       "  --worker-uid-count N       how many uids from --worker-uid-base are fuseboxd's:\n"
       "                             one more than the tenants it may ever load (default 0)\n"
+      "  --worker-namespaces auto|on|off  each worker in a network and an IPC namespace of\n"
+      "                             its own: auto where the kernel allows it (root with\n"
+      "                             CAP_SYS_ADMIN), on: or refuse to start (default auto)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code); what would pass it is refused (default: 3/4 of\n"
@@ -207,6 +212,7 @@ static const opt opts[] = {
     {"worker_user", OPT_GROUP, OFF(worker_user), 0}, /* "" unsets: nobody */
     {"worker_uid_base", OPT_ID, OFF(worker_uid_base), 0},
     {"worker_uid_count", OPT_INT, OFF(worker_uid_count), 0},
+    {"worker_namespaces", OPT_STR, OFF(worker_namespaces), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
@@ -285,8 +291,10 @@ static void clear_listen(fbd_config *c) {
 /* The string options that take one of two values, checked as they are
  * set, so that the error names the flag or the key that gave the value. */
 static const struct {
-  const char *name, *a, *b;
-} choices[] = {{"isolation", "process", "thread"}, {"fair_share", "on", "off"}};
+  const char *name, *a, *b, *c; /* c: NULL where there are two */
+} choices[] = {{"isolation", "process", "thread", NULL},
+               {"fair_share", "on", "off", NULL},
+               {"worker_namespaces", "auto", "on", "off"}};
 
 /* Set option o (named shown in errors) from text (flags, and JSON strings). */
 static int set_text(fbd_config *c, const opt *o, const char *shown, const char *v, char *err,
@@ -298,9 +306,11 @@ static int set_text(fbd_config *c, const opt *o, const char *shown, const char *
   case OPT_LISTEN: return add_listen(c, shown, v, err, errlen);
   case OPT_STR: {
     for (size_t i = 0; i < sizeof choices / sizeof *choices; i++)
-      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b)) {
-        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s or %s)", shown, v, choices[i].a,
-                choices[i].b);
+      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b) &&
+          (!choices[i].c || strcmp(v, choices[i].c))) {
+        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s%s%s or %s)", shown, v,
+                choices[i].a, choices[i].c ? ", " : "", choices[i].c ? choices[i].b : "",
+                choices[i].c ? choices[i].c : choices[i].b);
         return FB_EINVAL;
       }
     char *d = strdup(v);

@@ -62,6 +62,9 @@ extern char **environ;
 #define ABORT_GRACE_S 1.0
 #define WATCH_BYTES 4096
 #define FAULT_ENV "FUSEBOXD_FAULT_INJECT" /* a test hook: see fault_init */
+/* A worker's own namespaces: no network interface but a loopback that is
+ * down, and no System V IPC or POSIX message queue of anyone else. */
+#define WORKER_NS (CLONE_NEWNET | CLONE_NEWIPC)
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FBD_ASAN 1
@@ -354,10 +357,14 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   ccb,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
-                  per_tenant ? "--worker-uid-base" : srv->worker_ids[0] ? "--worker-user" : NULL,
+                  per_tenant           ? "--worker-uid-base"
+                  : srv->worker_ids[0] ? "--worker-user"
+                                       : NULL,
                   per_tenant ? ubase : srv->worker_ids, /* the worker's own form: UID:GID */
                   "--worker-uid-count",
                   ucount,
+                  "--worker-namespaces",
+                  srv->worker_ns ? "on" : "off",
                   NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -407,12 +414,9 @@ static int find_user(const char *name, struct passwd *pw, char *buf, size_t n, c
   return 0;
 }
 
-/* Who the workers run as (srv->worker_ids). A worker runs a tenant's JIT
- * code: started as root, fuseboxd has them switch to worker_user (default
- * nobody), which must not be root's uid or gid; started as another user,
- * the workers keep it (an unprivileged process cannot switch users), and a
- * worker_user naming someone else is refused rather than ignored. */
-/* A passwd or group entry whose id is in [lo, hi]: its name and id, or 0. */
+/* A passwd or group entry whose id is in [lo, hi]: its name and id, or 0.
+ * What getpwent and getgrent enumerate: the local files, and a directory
+ * service only where it is set to enumerate. */
 static int id_taken(uint32_t lo, uint32_t hi, const char **what, char *name, size_t n,
                     unsigned long *id) {
   int found = 0;
@@ -502,6 +506,12 @@ int fbd_procs_check(const fbd_config *cfg, char *err, size_t errlen) {
   return 0;
 }
 
+/* Who the workers run as (srv->worker_ids). A worker runs a tenant's JIT
+ * code: started as root, fuseboxd has them switch to worker_user (default
+ * nobody), which must not be root's uid or gid; started as another user,
+ * the workers keep it (an unprivileged process cannot switch users), and a
+ * worker_user naming someone else is refused rather than ignored.
+ * With worker_uid_base, worker_range instead. */
 static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   const char *want = srv->cfg->worker_user;
   srv->worker_ids[0] = 0;
@@ -539,8 +549,51 @@ static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
+/* Whether this process may make the workers' namespaces: a child cloned
+ * into new ones that leaves at once (0, or why not: EPERM without
+ * CAP_SYS_ADMIN, EINVAL on a kernel without them). Raw clone: the child
+ * runs nothing but its exit, so no fork handler of a threaded process. */
+static int ns_probe(void) {
+  long pid = syscall(SYS_clone, (unsigned long)(WORKER_NS | SIGCHLD), NULL, NULL, NULL, NULL);
+  if (pid < 0) return errno;
+  if (pid == 0) syscall(SYS_exit_group, 0);
+  int st;
+  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+  return 0;
+}
+
+/* worker_namespaces: "off", "on" (the kernel must allow it, or no start)
+ * or "auto" (where it allows it: root with CAP_SYS_ADMIN). A worker needs
+ * no network (its socket to the broker was made before) and no System V
+ * IPC; its own namespaces take those from a worker that got past its
+ * seccomp filter (the CUDA workers' is a deny list). */
+static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
+  const char *want = srv->cfg->worker_namespaces ? srv->cfg->worker_namespaces : "auto";
+  srv->worker_ns = 0;
+  if (!strcmp(want, "off")) return 0;
+  int e = ns_probe();
+  if (e && !strcmp(want, "on")) {
+    fb_errf(err, errlen,
+            "worker_namespaces on: cannot make a network and an IPC namespace: %s (they need "
+            "root with CAP_SYS_ADMIN; worker_namespaces auto runs workers without them there)",
+            strerror(e));
+    return FB_EINVAL;
+  }
+  if (e)
+    fbd_logf(srv->log, geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO,
+             "session workers share fuseboxd's network and IPC namespaces: cannot make their "
+             "own: %s",
+             strerror(e));
+  else
+    fbd_logf(srv->log, FBD_LOG_INFO,
+             "session workers run in a network and an IPC namespace of their own each");
+  srv->worker_ns = !e;
+  return 0;
+}
+
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
   int urc = worker_identity(srv, err, errlen);
+  if (!urc) urc = worker_namespaces(srv, err, errlen);
   if (urc) return urc;
   ssize_t n = readlink("/proc/self/exe", srv->exe, sizeof srv->exe - 1);
   if (n <= 0) {
@@ -1583,6 +1636,10 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
   pid_t parent = broker_pid(fd);
   if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
+  /* first, while one thread: unshare moves only the calling thread */
+  int ns_err = cfg->worker_namespaces && !strcmp(cfg->worker_namespaces, "on") && unshare(WORKER_NS)
+                   ? errno
+                   : 0;
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();
@@ -1599,6 +1656,10 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   if (w.watch == MAP_FAILED) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
+  } else if (ns_err) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "cannot enter a network and an IPC namespace: %s",
+            strerror(ns_err));
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
   } else if ((hello.code = drop_user(cfg, fd, parent, hello.msg, sizeof hello.msg))) {
   } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
