@@ -534,11 +534,11 @@ class Stream:
     """A Session stream on raw bytes fed from a queue, read by a thread:
     a test sends messages and waits for SyncResults with a bound."""
 
-    def __init__(self, wire, first):
+    def __init__(self, wire, first, timeout=CALL_TIMEOUT * 4):
         self.q = queue.Queue()
         self.q.put(first)
         call = wire.d.channel.stream_stream(SERVICE + "Session")
-        self.it = call(iter(self.q.get, None), timeout=CALL_TIMEOUT * 4, metadata=wire.md)
+        self.it = call(iter(self.q.get, None), timeout=timeout, metadata=wire.md)
         self.results = queue.Queue()
         self.end = None  # Outcome once the stream ended
         self.t = threading.Thread(target=self._reader, daemon=True)
@@ -611,7 +611,9 @@ class Fuzzer:
         o = self.vw.register(self.victim, [base.kernels[1][0]])  # get(i) -> i32
         assert o.ok, o
         self.vget = o.value[0]
-        self.vstream = Stream(self.vw, pb.SessionRequest(session_id=self.victim).SerializeToString())
+        # the victim's stream lives as long as the run (each wait on it is bounded)
+        self.vstream = Stream(self.vw, pb.SessionRequest(session_id=self.victim).SerializeToString(),
+                              timeout=None)
         self.vsync = 0
 
     def check(self, where=""):
@@ -843,6 +845,8 @@ def semantic_mutation(f, k, base):
         p = r.choice(places)
         k.stmts.add().CopyFrom(stmt("store", args=[r.randrange(n)] * r.randrange(0, 4),
                                     snode_id=p))
+        if not k.blocks:
+            k.blocks.add()
         k.blocks[0].ids.append(n)
     elif x == 6:
         # a statement in two blocks, or its own body
@@ -1052,8 +1056,9 @@ def a_launch(f, ctx):
     f.cases += 1
     st.send(data)
     if mangled:
-        # the sync may be gone or changed: a clean sync of its own follows
-        ctx["sync"] += 1
+        # the sync may be gone or changed: a clean sync of its own follows,
+        # with an id that no mangled one is likely to have
+        ctx["sync"] += 1 << 40
         st.send(pb.SessionRequest(sync=ctx["sync"]).SerializeToString())
     while True:
         try:
@@ -1066,8 +1071,8 @@ def a_launch(f, ctx):
             return
         if res.sync.sync_id == ctx["sync"]:
             return
-        if not mangled:
-            raise Finding(f"SyncResult {res.sync.sync_id} answers sync {ctx['sync']}")
+        # else the answer to an earlier mangled message's sync (its id may
+        # have been changed by the mangling): skip it
 
 
 ARITH2 = ["add", "sub", "mul", "div", "rem", "floordiv", "floormod", "min", "max", "pow",
@@ -1146,6 +1151,172 @@ def a_arith(f, ctx):
         f.judge("arith launch", Outcome(SC.INVALID_ARGUMENT, res.sync.errors[0].message))
     else:
         f.judge("arith launch", Outcome())
+
+
+def random_layout(r):
+    """A random tree of containers of every kind with places under them;
+    mostly valid (small sizes), sometimes not. Returns the layout and, per
+    place, (id, type, path of container ids from the top)."""
+    nodes = [snode(pb.SN_ROOT, -1)]
+    conts = [0]
+    paths = {0: []}
+    for _ in range(r.randrange(1, 5)):
+        parent = r.choice(conts)
+        kind = r.choice([pb.SN_DENSE, pb.SN_DENSE, pb.SN_BITMASKED, pb.SN_POINTER,
+                         pb.SN_DYNAMIC])
+        if kind == pb.SN_DYNAMIC:
+            axes = 1 << r.randrange(4)
+        else:
+            axes = r.randrange(1, 16)
+        size = [r.choice([1, 2, 3, 4, 8]) if axes >> a & 1 else 1 for a in range(4)]
+        chunk = 0
+        if kind == pb.SN_DYNAMIC:
+            a = axes.bit_length() - 1
+            size[a] = r.choice([4, 8, 16])
+            chunk = r.choice([1, 2, size[a]])
+        if r.random() < 0.1:
+            size[r.randrange(4)] = r.choice([0, -1, 2**31, 2**20])
+        nodes.append(snode(kind, parent, axes=axes, size=size, chunk=chunk,
+                           name=r.choice(["", "c%d" % len(nodes)])))
+        paths[len(nodes) - 1] = paths[parent] + [len(nodes) - 1]
+        conts.append(len(nodes) - 1)
+    places = []
+    leaves = [c for c in conts[1:] if not any(n.parent == c for n in nodes)]
+    extra = [r.choice(conts[1:]) for _ in range(r.randrange(0, 2))]
+    for i, parent in enumerate(leaves + extra if r.random() < 0.9 else extra or leaves):
+        t = r.choice([pb.T_I32, pb.T_I64, pb.T_U32, pb.T_F32, pb.T_F64, pb.T_BOOL])
+        nodes.append(snode(pb.SN_PLACE, parent, name="p%d" % i, type=t))
+        places.append((len(nodes) - 1, t, paths[parent]))
+    return pb.Layout(nodes=nodes), places
+
+
+def place_shape(layout, path):
+    """The extent of each axis the place's containers split, in axis
+    order; and whether a dynamic container is among them."""
+    ext = [1, 1, 1, 1]
+    used = 0
+    dyn = False
+    for c in path:
+        n = layout.nodes[c]
+        used |= n.axes
+        dyn = dyn or n.kind == pb.SN_DYNAMIC
+        for a in range(4):
+            if n.axes >> a & 1:
+                ext[a] *= n.size[a]
+    return [ext[a] for a in range(4) if used >> a & 1], dyn
+
+
+def f32_round(bits):
+    """The f64 bits of the f32 nearest to the f64 of these bits (as the
+    server narrows a launch argument); out of f32 range: infinity."""
+    import struct
+    x = struct.unpack("<d", struct.pack("<Q", bits))[0]
+    try:
+        y = struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        y = float("inf") if x > 0 else float("-inf")
+    return struct.unpack("<Q", struct.pack("<d", y))[0]
+
+
+def a_layout(f, ctx):
+    """A session of a random layout (every container kind, nested): pokes
+    and gets at indices in and off the field, whole-field transfers, the
+    activity mask, a struct_for; an in-range store must read back."""
+    r = f.r
+    layout, places = random_layout(r)
+    mode = r.choice(["sync", "async"])
+    o = f.judge("layout create", f.fz.create(layout, mode=mode))
+    if not o.ok:
+        return
+    sid = o.value
+    ks, meta = [], []
+    for pid, t, path in places:
+        shape, dyn = place_shape(layout, path)
+        k1, _ = k_poke(pid, t, len(shape))
+        k2, _ = k_get(pid, t, len(shape))
+        ks += [k1, k2]
+        meta.append((pid, t, shape, dyn))
+        if dyn and t == pb.T_I32 and len(shape) >= 1:
+            k3, _ = k_append(pid, pid)
+            # append and length take one index fewer (not the dynamic axis)
+            k3.params[:] = [pb.T_I32] * (len(shape) - 1) + [pb.T_I32]
+            st = [stmt("arg", pb.T_I32, imm=a) for a in range(len(shape))]
+            st += [stmt("append", pb.T_I32, args=list(range(len(shape))), snode_id=pid),
+                   stmt("length", pb.T_I32, args=list(range(len(shape) - 1)), snode_id=pid),
+                   stmt("ret", args=[len(shape) + 1])]
+            ks.append(kernel("push", st, params=[pb.T_I32] * len(shape), ret=pb.T_I32))
+    if meta and meta[0][1] == pb.T_I32 and len(meta[0][2]) == 1:
+        ks.append(k_sum(meta[0][0])[0])
+    reg = f.judge("layout register", f.fz.register(sid, ks))
+    st = Stream(f.fz, pb.SessionRequest(session_id=sid).SerializeToString())
+    try:
+        for pid, t, shape, dyn in meta:
+            ro = f.judge("layout read", f.fz.read(sid, pid))
+            if ro.ok and r.random() < 0.7:
+                data = bytes(r.randrange(256) for _ in range(len(ro.value)))
+                if t == pb.T_BOOL:
+                    data = bytes(b & 1 for b in data)
+                f.judge("layout write", f.fz.write(sid, pid, data))
+            f.judge("layout active", f.fz.server_stream("ReadField", pb.ReadFieldRequest(
+                session_id=sid, field=pid, active=True).SerializeToString()))
+        if not reg.ok:
+            return
+        ids = reg.value
+        launches, expect = [], []
+        ki = 0
+        for pid, t, shape, dyn in meta:
+            poke, get = ids[ki], ids[ki + 1]
+            ki += 2 + (1 if dyn and t == pb.T_I32 and len(shape) >= 1 else 0)
+            for _ in range(r.randrange(1, 6)):
+                inside = r.random() < 0.7
+                idx = [r.randrange(e) if inside else r.choice([-1, e, 2**31 - 1, -2**31])
+                       for e in shape]
+                inside = inside or all(0 <= i < e for i, e in zip(idx, shape))
+                v = edge_value(f, t) if t != pb.T_BOOL else pb.Value(type=t, i=1)
+                args = [pb.Value(type=pb.T_I32, i=i) for i in idx]
+                launches.append(pb.Launch(kernel=poke, args=args + [v]))
+                launches.append(pb.Launch(kernel=get, args=args))
+                if inside and not dyn:
+                    expect.append((len(launches), t, v))
+        launches += [pb.Launch(kernel=k, args=[pb.Value(type=pb.T_I32, i=r.randrange(-1, 9))
+                                               for _ in range(r.randrange(0, 3))])
+                     for k in ids[ki:]]
+        f.cases += 1
+        st.send(pb.SessionRequest(launches=launches, sync=1).SerializeToString())
+        try:
+            res = st.wait()
+        except TimeoutError as e:
+            raise Finding(f"layout launches: {e}")
+        if res is None:
+            f.cases -= 1
+            f.judge("Session", st.end)
+            return
+        rets = {x.seq: x.value for x in res.sync.returns}
+        errs = {x.seq for x in res.sync.errors}
+        for seq, t, v in expect:
+            if seq in errs or seq - 1 in errs:
+                continue
+            got = rets.get(seq)
+            want = imm_of(v) if t not in FLOAT_T else v.f_bits
+            if t == pb.T_F32:
+                want = f32_round(v.f_bits)
+            have = None if got is None else (got.f_bits if t in FLOAT_T else imm_of(got))
+            if t == pb.T_I32:
+                want &= 2**32 - 1
+                have = None if have is None else have & (2**32 - 1)
+            if t == pb.T_U32:
+                want &= 2**32 - 1
+            nan = t in FLOAT_T and (want & 0x7FF0000000000000) == 0x7FF0000000000000 and \
+                want & 0xFFFFFFFFFFFFF
+            if have != want and not nan and t != pb.T_BOOL:
+                raise Finding(f"layout {layout}: launch {seq} read {have!r}, stored {want!r} "
+                              f"({pb.ScalarType.Name(t)}); errors {res.sync.errors}")
+        f.judge("layout launches", Outcome() if not res.sync.errors else
+                Outcome(SC.INVALID_ARGUMENT, res.sync.errors[0].message))
+    finally:
+        st.close()
+        if st.end is not None and not st.end.ok:
+            f.judge("layout stream end", st.end)
 
 
 def a_cancel(f, ctx):
@@ -1231,7 +1402,7 @@ def a_close_other(f, ctx):
         session_id=sid).SerializeToString()), must_fail=True)
 
 
-ACTIONS = [(a_arith, 10), (a_create, 12), (a_register, 20), (a_write, 16), (a_read, 10), (a_launch, 22),
+ACTIONS = [(a_layout, 8), (a_arith, 10), (a_create, 12), (a_register, 20), (a_write, 16), (a_read, 10), (a_launch, 22),
            (a_cancel, 5), (a_misc, 5), (a_raw, 6), (a_options, 6), (a_close_other, 2)]
 
 
@@ -1246,6 +1417,8 @@ def main(argv):
     ap.add_argument("--tcp", action="store_true", help="listen on 127.0.0.1:0, not a unix socket")
     ap.add_argument("--seconds", type=float, default=0, help="stop after this long")
     a = ap.parse_args(argv)
+    # SIGTERM ends the run like ^C: the server is stopped and the summary printed
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with tempfile.TemporaryDirectory(prefix="fbfuzz-") as tmp:
         d = Daemon(tmp, a.isolation, a.tcp)
         t0 = time.monotonic()
@@ -1256,6 +1429,9 @@ def main(argv):
         except Finding as e:
             print("FINDING:", e)
             status = 1
+            import shutil
+            shutil.copy(d.logpath, f"/tmp/protofuzz-{a.seed}-{a.isolation}.log")
+            print(f"the server's log: /tmp/protofuzz-{a.seed}-{a.isolation}.log")
         finally:
             f.close()
             rc = d.stop()
