@@ -653,7 +653,10 @@ class Fuzzer:
                 self.log(f"FINDING {what}: accepted")
             return o
         self.errors_by_code[o.code.name] = self.errors_by_code.get(o.code.name, 0) + 1
-        if o.code not in ALLOWED:
+        # the server's own deadlines (kernel_timeout_s) name the kernel; a
+        # bare "Deadline Exceeded" is the client's: the server hung
+        server_deadline = o.code == SC.DEADLINE_EXCEEDED and o.details != "Deadline Exceeded"
+        if o.code not in ALLOWED and not server_deadline:
             raise Finding(f"{what}: {o.code.name}: {o.details}")
         if not o.details:
             raise Finding(f"{what}: {o.code.name} without a message")
@@ -1251,6 +1254,13 @@ def a_layout(f, ctx):
     st = Stream(f.fz, pb.SessionRequest(session_id=sid).SerializeToString())
     try:
         for pid, t, shape, dyn in meta:
+            cells = 1
+            for e in shape:
+                cells *= e
+            if cells > 1 << 16:
+                # whole-field transfers of a big sparse field take seconds in
+                # a sanitizer build (a cell at a time): not what is fuzzed here
+                continue
             ro = f.judge("layout read", f.fz.read(sid, pid))
             if ro.ok and r.random() < 0.7:
                 data = bytes(r.randrange(256) for _ in range(len(ro.value)))
