@@ -1011,7 +1011,6 @@ def a_launch(f, ctx):
     r = f.r
     st = ctx["stream"]
     launches = []
-    base = ctx["base"]
     for _ in range(r.randrange(1, 12)):
         ki = r.randrange(len(ctx["kids"]) + 1)
         if ki < len(ctx["kids"]):
