@@ -16,13 +16,34 @@
 /* ---------------------------------------------------------------- arena */
 
 struct fbp_arena_block {
-  fbp_arena_block *next;
+  fbp_arena_block *next, *prev;
   size_t used, cap;
   max_align_t data[];
 };
 
+static void held_add(fbp_arena *a, size_t n, int sign);
+
 static void *pb_alloc(void *ctx, size_t n) { return fbp_alloc(ctx, n); }
-static void pb_free(void *ctx, void *p) { (void)ctx, (void)p; }
+
+/* protobuf-c frees what it allocated for itself while unpacking (its
+ * scanned-member slabs, as large as a tenth of a big message's decoded
+ * form): a block of its own (larger than ordinary ones) that one of the
+ * last few made is given back at once. Any other free is a no-op: the
+ * arena frees everything at the end. */
+static void pb_free(void *ctx, void *p) {
+  fbp_arena *a = ctx;
+  for (int i = 0; p && i < FBP_ARENA_BIG; i++) {
+    fbp_arena_block *b = a->big[i];
+    if (!b || (void *)b->data != p) continue;
+    a->big[i] = NULL;
+    if (b->prev) b->prev->next = b->next;
+    else a->head = b->next;
+    if (b->next) b->next->prev = b->prev;
+    held_add(a, sizeof *b + b->cap, -1);
+    free(b);
+    return;
+  }
+}
 
 void fbp_arena_init(fbp_arena *a) {
   memset(a, 0, sizeof *a);
@@ -32,18 +53,39 @@ void fbp_arena_init(fbp_arena *a) {
   a->pb.allocator_data = a;
 }
 
+static void held_add(fbp_arena *a, size_t n, int sign) {
+  a->held = sign > 0 ? a->held + n : a->held - n;
+  if (a->count) a->count(a->count_ctx, sign > 0 ? (int64_t)n : -(int64_t)n);
+}
+
 static fbp_arena_block *new_block(fbp_arena *a, size_t n) {
   size_t cap = n > a->block_bytes ? n : a->block_bytes;
-  fbp_arena_block *b = malloc(sizeof *b + cap);
+  size_t whole = sizeof(fbp_arena_block) + cap;
+  if (whole < cap) return NULL;
+  if (a->limit && (whole > a->limit || a->held > a->limit - whole)) {
+    /* a last block that fits what is left, for a message just under the limit */
+    if (n < cap && a->held < a->limit && a->limit - a->held >= sizeof(fbp_arena_block) + n)
+      cap = n, whole = sizeof(fbp_arena_block) + n;
+    else {
+      a->over = 1;
+      return NULL;
+    }
+  }
+  fbp_arena_block *b = malloc(whole);
   if (!b) return NULL;
   b->used = 0;
   b->cap = cap;
+  b->prev = NULL;
   b->next = a->head;
+  if (a->head) a->head->prev = b;
   a->head = b;
+  if (cap > a->block_bytes) a->big[a->nbig++ % FBP_ARENA_BIG] = b;
+  held_add(a, whole, 1);
   return b;
 }
 
 void *fbp_alloc(fbp_arena *a, size_t n) {
+  if (n > SIZE_MAX - 16) return NULL;
   size_t want = (n + 15) & ~(size_t)15;
   if (!want) want = 16;
   fbp_arena_block *b = a->head;
@@ -71,21 +113,31 @@ void fbp_arena_reset(fbp_arena *a) {
       keep = b;
       continue;
     }
+    held_add(a, sizeof *b + b->cap, -1);
     free(b);
   }
   a->head = keep;
   if (keep) {
-    keep->next = NULL;
+    keep->next = keep->prev = NULL;
     keep->used = 0;
   }
+  memset(a->big, 0, sizeof a->big);
 }
 
 void fbp_arena_free(fbp_arena *a) {
   for (fbp_arena_block *b = a->head, *next; b; b = next) {
     next = b->next;
+    held_add(a, sizeof *b + b->cap, -1);
     free(b);
   }
   a->head = NULL;
+  memset(a->big, 0, sizeof a->big);
+}
+
+void fbp_arena_count(fbp_arena *a, void (*count)(void *, int64_t), void *ctx) {
+  a->count = count;
+  a->count_ctx = ctx;
+  if (count && a->held) count(ctx, (int64_t)a->held);
 }
 
 /* ---------------------------------------------------------------- byte buffer */

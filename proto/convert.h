@@ -32,14 +32,30 @@ extern "C" {
 
 /* ---------------------------------------------------------------- arena
  * Bump allocation in blocks; also a ProtobufCAllocator so that unpacking a
- * request costs no per-submessage free. Not thread-safe (one owner). */
+ * request costs no per-submessage free. Not thread-safe (one owner).
+ *
+ * A limit bounds what a decode may make of hostile bytes: protobuf-c's form
+ * of a message repeating empty sub-messages is tens of times its wire size.
+ * Past limit (bytes of blocks held; 0 = none) an allocation fails, so
+ * protobuf_c_message_unpack fails cleanly, and over is set to tell that
+ * failure from a malformed message. count, when set, is told of every
+ * change in held (+ new blocks, - freed ones), for a server's budget. */
 
 typedef struct fbp_arena_block fbp_arena_block;
+
+#define FBP_ARENA_BIG 8
 
 typedef struct fbp_arena {
   fbp_arena_block *head;
   size_t block_bytes;       /* size of ordinary blocks */
   ProtobufCAllocator pb;    /* allocates from this arena; free is a no-op */
+  size_t held;              /* bytes of blocks held (headers included) */
+  size_t limit;             /* 0: none */
+  int over;                 /* an allocation failed for the limit */
+  void (*count)(void *ctx, int64_t delta); /* NULL: none */
+  void *count_ctx;
+  fbp_arena_block *big[FBP_ARENA_BIG]; /* the last blocks made for one large allocation */
+  unsigned nbig;
 } fbp_arena;
 
 void fbp_arena_init(fbp_arena *a);
@@ -47,6 +63,13 @@ void *fbp_alloc(fbp_arena *a, size_t n);  /* zeroed; NULL when out of memory */
 char *fbp_strdup(fbp_arena *a, const char *s);
 void fbp_arena_reset(fbp_arena *a);       /* keeps one block for reuse */
 void fbp_arena_free(fbp_arena *a);
+/* The most fuseboxd lets one request decode to: this many times
+ * max_message_bytes. Legitimate requests decode to far less
+ * (tests/test_proto.c legitimate_decoded_ratio measures them); empty
+ * sub-messages repeated decode to tens of times their bytes. */
+#define FBP_DECODE_FACTOR 32
+/* Start telling count of held (told the bytes already held at once). */
+void fbp_arena_count(fbp_arena *a, void (*count)(void *, int64_t), void *ctx);
 
 /* ---------------------------------------------------------------- byte buffer */
 

@@ -14,16 +14,21 @@
  *    engine side last reported them in the watch page;
  *  - JIT code: the code cache of the broker's engine (shared by every
  *    session under thread isolation) plus, under process isolation, what
- *    each worker's own engine reported. */
+ *    each worker's own engine reported;
+ *  - decoded requests: the arenas that hold decoded requests, from the
+ *    start of their decode until the request is done (methods.c
+ *    decode_keep: a decode may take only what the budget has free). */
 #include <stdio.h>
 #include <string.h>
 
 #include "server/server.h"
 
 const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {"sessions", "staging", "queued responses",
-                                                        "pending launches", "JIT code"};
+                                                        "pending launches", "JIT code",
+                                                        "decoded requests"};
 const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {"sessions", "staging", "queued_responses",
-                                                       "pending_launches", "jit_code"};
+                                                       "pending_launches", "jit_code",
+                                                       "decoded_requests"};
 
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
   if (cfg->code_cache_bytes) return cfg->code_cache_bytes;
@@ -52,6 +57,7 @@ void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
   part[FBD_MEM_STAGING] = fbd_stage_total();
   part[FBD_MEM_QUEUED] = atomic_load(&srv->queued_bytes);
   part[FBD_MEM_PENDING] = 0;
+  part[FBD_MEM_DECODED] = atomic_load(&srv->decoded_bytes);
   fb_code_cache_usage u;
   fb_engine_code_cache(srv->engine, &u);
   part[FBD_MEM_CODE] = u.bytes;
@@ -175,6 +181,7 @@ void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
   m->queued_bytes = part[FBD_MEM_QUEUED];
   m->pending_bytes = part[FBD_MEM_PENDING];
   m->code_bytes = part[FBD_MEM_CODE];
+  m->decoded_bytes = part[FBD_MEM_DECODED];
   m->code_cache_limit_bytes = u.limit; /* the device's: 0 on CUDA, whose modules are unbounded */
   m->code_evictions = u.evictions;
   m->refused = atomic_load(&srv->budget_refused);

@@ -75,19 +75,91 @@ void fbd_stage_free(fbd_buf *b) {
   *b = (fbd_buf){NULL, 0, -1};
 }
 
-/* Decode bb; keep, when given, keeps its bytes (for a worker process). */
+/* Every arena holding a decoded request counts in the budget's "decoded
+ * requests" part from its decode's first block to its free. */
+static void count_decoded(void *ctx, int64_t d) {
+  fbd_server *srv = ctx;
+  if (d >= 0) atomic_fetch_add(&srv->decoded_bytes, (uint64_t)d);
+  else atomic_fetch_sub(&srv->decoded_bytes, (uint64_t)-d);
+}
+
+/* A decode that fits one arena block is never refused by the budget: a
+ * session's queue holds at most 32 such, and a full budget must not end a
+ * stream's small syncs. */
+#define DECODE_FLOOR ((uint64_t)80 << 10)
+
+/* How much a's decode may take: FBP_DECODE_FACTOR x max_message_bytes, and
+ * for a request that lives past its decode (lives) no more than the memory
+ * budget has free, so that its decoded form is admitted as it is made. */
+static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
+  uint64_t mm = srv->cfg->max_message_bytes, cap = mm * FBP_DECODE_FACTOR;
+  if (cap / FBP_DECODE_FACTOR != mm) cap = UINT64_MAX;
+  *by_budget = 0;
+  if (!lives || !srv->memory_budget) return cap;
+  uint64_t part[FBD_MEM_NPARTS], used = 0;
+  fbd_budget_usage(srv, part);
+  for (int i = 0; i < FBD_MEM_NPARTS; i++) used += part[i];
+  uint64_t room = used < srv->memory_budget ? srv->memory_budget - used : 0;
+  if (room < DECODE_FLOOR) room = DECODE_FLOOR;
+  if (room < cap) *by_budget = 1;
+  return room < cap ? room : cap;
+}
+
+/* A decode refused for its size: RESOURCE_EXHAUSTED naming the request,
+ * its wire size and the limit it passed. */
+static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, size_t n,
+                           uint64_t limit, uint64_t tried, int by_budget) {
+  fbd_server *srv = c->srv;
+  char w[32], l[32], mm[32], err[FBD_ERRLEN], what[160];
+  fbd_fmt_bytes(w, sizeof w, n);
+  fbd_fmt_bytes(l, sizeof l, limit);
+  fbd_fmt_bytes(mm, sizeof mm, srv->cfg->max_message_bytes);
+  if (by_budget) {
+    snprintf(what, sizeof what, "decoding %s (%s on the wire)", d->name, w);
+    int all = fbd_auth_sees_all(srv, c->tenant); /* before srv->mu */
+    pthread_mutex_lock(&srv->mu);
+    int rc = fbd_budget_admit_locked(srv, tried, what, c->tenant, all, err, sizeof err);
+    pthread_mutex_unlock(&srv->mu);
+    if (rc) {
+      fbd_call_finish(c, FB_EQUOTA, "%s", err);
+      return;
+    }
+  }
+  fbd_logf(srv->log, FBD_LOG_WARN, "%s of %s on %s from %s decodes to more than %s: refused", d->name,
+           w, c->m->path + 1, c->peer ? c->peer : "?", l);
+  fbd_call_finish(c, FB_EQUOTA,
+                  "%s of %s decodes to more than %s, the most one request may decode to "
+                  "(%d x max_message_bytes %s; repeated empty sub-messages decode to tens "
+                  "of times their bytes)",
+                  d->name, w, l, FBP_DECODE_FACTOR, mm);
+}
+
+/* Decode bb, under decode_limit; keep, when given, keeps its bytes (for a
+ * worker process); lives: the request outlives this call (a job). */
 static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
-                         fbp_arena *a, grpc_slice *keep) {
+                         fbp_arena *a, grpc_slice *keep, int lives) {
   grpc_slice s = fbp_bb_slice(bb);
-  void *m = protobuf_c_message_unpack(d, &a->pb, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  int by_budget;
   size_t n = GRPC_SLICE_LENGTH(s);
+  if (!a->count) fbp_arena_count(a, count_decoded, c->srv);
+  uint64_t limit = decode_limit(c->srv, lives, &by_budget);
+  a->limit = limit > SIZE_MAX - a->held ? 0 : a->held + (size_t)limit;
+  a->over = 0;
+  size_t before = a->held;
+  void *m = protobuf_c_message_unpack(d, &a->pb, n, GRPC_SLICE_START_PTR(s));
+  a->limit = 0; /* what the server adds later (a source's kernels) is its own */
   if (m && keep) {
     grpc_slice_unref(*keep);
     *keep = s;
   } else {
     grpc_slice_unref(s);
   }
-  if (!m) {
+  if (!m && a->over) {
+    uint64_t tried = a->held - before + ((size_t)64 << 10);
+    fbp_arena_free(a); /* nothing of it is used: give its bytes back before refusing */
+    fbd_count_bad(c->srv);
+    refuse_decoded(c, d, n, limit, tried, by_budget);
+  } else if (!m) {
     fbd_count_bad(c->srv);
     fbd_logf(c->srv->log, FBD_LOG_WARN, "malformed %s (%zu bytes) on %s from %s", d->name, n,
              c->m->path + 1, c->peer ? c->peer : "?");
@@ -99,13 +171,13 @@ static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessa
 
 static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                     fbp_arena *a) {
-  return decode_keep(c, bb, d, a, NULL);
+  return decode_keep(c, bb, d, a, NULL, 0);
 }
 
 /* A job's request, its bytes kept when a worker process will run it. */
 static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                         fbd_job *j) {
-  return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL);
+  return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL, 1);
 }
 
 /* A worker process runs what the job's bytes say: after the server has
@@ -378,7 +450,7 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   grpc_slice raw = grpc_empty_slice();
   Fusebox__V1__CreateSessionRequest *m =
       decode_keep(c, bb, &fusebox__v1__create_session_request__descriptor, &a,
-                  fbd_isolated(srv->cfg) ? &raw : NULL);
+                  fbd_isolated(srv->cfg) ? &raw : NULL, 0);
   int rc = m ? 0 : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");

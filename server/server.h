@@ -251,6 +251,7 @@ struct fbd_server {
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
   uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
+  atomic_uint_fast64_t decoded_bytes; /* decoded requests' arenas (methods.c decode_keep) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
@@ -560,9 +561,9 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg);
 
 /* ---------------------------------------------------------------- the memory budget (budget.c)
  * One budget for everything a client can make the server hold: session
- * memory, staging buffers, queued responses, pending async launches and
- * JIT code, in the broker and (process isolation) in the workers, which
- * report theirs through the watch page after each job. */
+ * memory, staging buffers, queued responses, pending async launches,
+ * JIT code and decoded requests, in the broker and (process isolation) in
+ * the workers, which report theirs through the watch page after each job. */
 
 enum {
   FBD_MEM_SESSIONS = 0,
@@ -570,6 +571,7 @@ enum {
   FBD_MEM_QUEUED,
   FBD_MEM_PENDING,
   FBD_MEM_CODE,
+  FBD_MEM_DECODED,
   FBD_MEM_NPARTS
 };
 extern const char *const fbd_mem_part_names[FBD_MEM_NPARTS]; /* "sessions", ... */

@@ -551,6 +551,131 @@ START_TEST(arena_reuse) {
 }
 END_TEST
 
+
+/* The limit: allocations past it fail and say so, held and the count
+ * callback follow every block, and protobuf-c's unpack fails cleanly under
+ * it (a batch of empty launches decodes to tens of times its bytes). */
+static int64_t counted;
+static void count_cb(void *ctx, int64_t d) {
+  ck_assert_ptr_eq(ctx, &counted);
+  counted += d;
+}
+
+START_TEST(arena_limit) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  fbp_arena_count(&a, count_cb, &counted);
+  a.limit = 256 << 10;
+  size_t got = 0;
+  while (fbp_alloc(&a, 1000)) got += 1000;
+  ck_assert(a.over);
+  ck_assert_uint_le(a.held, a.limit);
+  ck_assert_uint_ge(got, (size_t)200 << 10); /* the last block shrinks to fit */
+  ck_assert_int_eq(counted, (int64_t)a.held);
+  ck_assert_ptr_null(fbp_alloc(&a, (size_t)1 << 20));
+  ck_assert_ptr_null(fbp_alloc(&a, SIZE_MAX - 4));
+  fbp_arena_reset(&a);
+  ck_assert_int_eq(counted, (int64_t)a.held);
+  fbp_arena_free(&a);
+  ck_assert_int_eq(counted, 0);
+  ck_assert_uint_eq(a.held, 0);
+
+  /* 200,000 empty launches: 400 KB on the wire */
+  fbp_buf b;
+  memset(&b, 0, sizeof b);
+  for (int k = 0; k < 200000; k++) fbp_buf_reserve(&b, 2), b.p[b.n++] = 0x12, b.p[b.n++] = 0;
+  fbp_session_tail(&b, "s", 0, 1);
+  fbp_arena_init(&a);
+  a.limit = 4 * b.n;
+  ck_assert_ptr_null(protobuf_c_message_unpack(&fusebox__v1__session_request__descriptor, &a.pb,
+                                               b.n, b.p));
+  ck_assert(a.over);
+  ck_assert_uint_le(a.held, a.limit);
+  fbp_arena_free(&a);
+  fbp_arena_init(&a); /* unlimited: the same bytes decode, to far more */
+  Fusebox__V1__SessionRequest *m = (Fusebox__V1__SessionRequest *)protobuf_c_message_unpack(
+      &fusebox__v1__session_request__descriptor, &a.pb, b.n, b.p);
+  ck_assert_ptr_nonnull(m);
+  ck_assert_uint_eq(m->n_launches, 200000);
+  ck_assert_uint_gt(a.held, 16 * b.n);
+  fbp_arena_free(&a);
+  fbp_buf_free(&b);
+}
+END_TEST
+
+/* What legitimate large requests decode to, against FBP_DECODE_FACTOR:
+ * launch batches as the client encodes them, and kernels of every shape
+ * in tests/ir. The factor must leave them a wide margin. */
+static double decoded_ratio(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  ck_assert_ptr_nonnull(protobuf_c_message_unpack(d, &a.pb, n, p));
+  double r = (double)a.held / (double)n;
+  fbp_arena_free(&a);
+  return r;
+}
+
+START_TEST(legitimate_decoded_ratio) {
+  fb_value args[5] = {fb_value_i32(7), fb_value_u64(1ull << 40), fb_value_f32(2.5f),
+                      fb_value_f64(-1.25), fb_value_bool(1)};
+  double worst = 0;
+  for (int nargs = 0; nargs <= 5; nargs++) {
+    fbp_buf b;
+    memset(&b, 0, sizeof b);
+    while (b.n < ((size_t)4 << 20)) fbp_launch_append(&b, 3, args, nargs);
+    fbp_session_tail(&b, "0123456789abcdef0123456789abcdef", 0, 1);
+    double r = decoded_ratio(&fusebox__v1__session_request__descriptor, b.p, b.n);
+    printf("launch batch of %zu bytes, %d args a launch: decodes to %.1fx\n", b.n, nargs, r);
+    fflush(stdout);
+    if (r > worst) worst = r;
+    fbp_buf_free(&b);
+  }
+  /* every kernel of tests/ir, many times over in one RegisterKernels */
+  DIR *dir = opendir(fbt_path("ir"));
+  ck_assert_ptr_nonnull(dir);
+  struct dirent *e;
+  while ((e = readdir(dir))) {
+    size_t n = strlen(e->d_name);
+    if (n < 4 || strcmp(e->d_name + n - 3, ".ir") != 0) continue;
+    char rel[512];
+    snprintf(rel, sizeof rel, "ir/%s", e->d_name);
+    char *text = fbt_read_file(fbt_path(rel), NULL);
+    fb_layout *l = NULL;
+    fb_kernel **ks = NULL;
+    int nk = 0;
+    fb_diags d;
+    fb_diags_init(&d);
+    if (text && fb_ir_parse(text, &l, &ks, &nk, &d) == 0 && nk > 0) {
+      fbp_arena a;
+      fbp_arena_init(&a);
+      Fusebox__V1__RegisterKernelsRequest r = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
+      r.session_id = "0123456789abcdef0123456789abcdef";
+      r.n_kernels = 2000;
+      r.kernels = fbp_alloc(&a, r.n_kernels * sizeof *r.kernels);
+      for (size_t i = 0; i < r.n_kernels; i++) r.kernels[i] = fbp_kernel_to_pb(&a, ks[i % nk]);
+      size_t sz = fusebox__v1__register_kernels_request__get_packed_size(&r);
+      uint8_t *p = malloc(sz);
+      fusebox__v1__register_kernels_request__pack(&r, p);
+      double ratio = decoded_ratio(&fusebox__v1__register_kernels_request__descriptor, p, sz);
+      printf("RegisterKernels of %zu bytes (%s): decodes to %.1fx\n", sz, e->d_name, ratio);
+      fflush(stdout);
+      if (ratio > worst) worst = ratio;
+      free(p);
+      fbp_arena_free(&a);
+    }
+    for (int i = 0; i < nk; i++) fb_kernel_free(ks[i]);
+    free(ks);
+    fb_layout_free(l);
+    fb_diags_free(&d);
+    free(text);
+  }
+  closedir(dir);
+  printf("worst legitimate ratio %.1fx; FBP_DECODE_FACTOR %d\n", worst, FBP_DECODE_FACTOR);
+  fflush(stdout);
+  ck_assert_double_lt(worst * 2, FBP_DECODE_FACTOR);
+}
+END_TEST
+
 /* Counters cross the wire field by field, the fusion cost model's, the
  * fallback's and the plan memo's too (fields appended: 16, 17, 18). */
 START_TEST(counters_round_trip) {
@@ -709,6 +834,8 @@ int main(void) {
   tcase_add_test(tc, chunk_malformed);
   tcase_add_test(tc, status_mapping);
   tcase_add_test(tc, arena_reuse);
+  tcase_add_test(tc, arena_limit);
+  tcase_add_test(tc, legitimate_decoded_ratio);
   tcase_add_test(tc, counters_round_trip);
   tcase_add_test(tc, bb_copy_across_slices);
   tcase_add_test(tc, take_chunk_both_paths);
