@@ -115,15 +115,19 @@ static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, siz
   fbd_fmt_bytes(l, sizeof l, limit);
   fbd_fmt_bytes(mm, sizeof mm, srv->cfg->max_message_bytes);
   if (by_budget) {
+    /* refused for the room the budget had: the standard refusal, naming
+     * the parts (or, to a user tenant, its own share) */
     snprintf(what, sizeof what, "decoding %s (%s on the wire)", d->name, w);
     int all = fbd_auth_sees_all(srv, c->tenant); /* before srv->mu */
     pthread_mutex_lock(&srv->mu);
     int rc = fbd_budget_admit_locked(srv, tried, what, c->tenant, all, err, sizeof err);
     pthread_mutex_unlock(&srv->mu);
-    if (rc) {
-      fbd_call_finish(c, FB_EQUOTA, "%s", err);
-      return;
-    }
+    if (!rc) /* room came free since the decode began */
+      fb_errf(err, sizeof err,
+              "%s of %s decodes to more than %s, what the memory budget had free (memory_budget)",
+              d->name, w, l);
+    fbd_call_finish(c, FB_EQUOTA, "%s", err);
+    return;
   }
   fbd_logf(srv->log, FBD_LOG_WARN, "%s of %s on %s from %s decodes to more than %s: refused", d->name,
            w, c->m->path + 1, c->peer ? c->peer : "?", l);
@@ -141,11 +145,10 @@ static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessa
   grpc_slice s = fbp_bb_slice(bb);
   int by_budget;
   size_t n = GRPC_SLICE_LENGTH(s);
-  if (!a->count) fbp_arena_count(a, count_decoded, c->srv);
+  if (lives && !a->count) fbp_arena_count(a, count_decoded, c->srv);
   uint64_t limit = decode_limit(c->srv, lives, &by_budget);
   a->limit = limit > SIZE_MAX - a->held ? 0 : a->held + (size_t)limit;
   a->over = 0;
-  size_t before = a->held;
   void *m = protobuf_c_message_unpack(d, &a->pb, n, GRPC_SLICE_START_PTR(s));
   a->limit = 0; /* what the server adds later (a source's kernels) is its own */
   if (m && keep) {
@@ -155,7 +158,7 @@ static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessa
     grpc_slice_unref(s);
   }
   if (!m && a->over) {
-    uint64_t tried = a->held - before + ((size_t)64 << 10);
+    uint64_t tried = limit + 1; /* it needed more than its limit */
     fbp_arena_free(a); /* nothing of it is used: give its bytes back before refusing */
     fbd_count_bad(c->srv);
     refuse_decoded(c, d, n, limit, tried, by_budget);
