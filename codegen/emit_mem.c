@@ -240,6 +240,47 @@ static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AX
   return place_addr_in(e, e->c_root, place, idx);
 }
 
+/* Type-based alias information: each field (place) its own TBAA type under
+ * a root of our own, so LLVM knows that an access to one field never
+ * touches another (all fields share the root buffer, which otherwise hides
+ * it): loads of v stay in registers across stores to new_x, and loops need
+ * no run-time overlap checks between fields. Sound because places occupy
+ * disjoint bytes (the layout's dense cells; sparse blocks come from one
+ * allocator per SNode and are never reused within a task, docs/sparse.md);
+ * what is not tagged (masks, the runtime's own accesses under clang's
+ * root, scratch, the paired 64-bit CAS) may alias anything. The error
+ * flag (another allocation) has a type of its own too, so that a latch on
+ * a cold out-of-bounds path does not make LLVM reload every field. */
+static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
+  LLVMMetadataRef root_s = LLVMMDStringInContext2(e->c, "fusebox fields", 14);
+  LLVMMetadataRef root = LLVMMDNodeInContext2(e->c, &root_s, 1);
+  LLVMMetadataRef ops[3] = {LLVMMDStringInContext2(e->c, name, n), root,
+                            LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
+  LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
+}
+
+static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
+  char name[32];
+  int n = snprintf(name, sizeof name, "fb.place.%d", place);
+  tag_named(e, inst, name, (size_t)n);
+}
+
+/* The structure of sparse containers (pointer slots, bitmask words, a
+ * dynamic node's length and chunk slots) has a type of its own, apart from
+ * every field: a walk's slot loads then stay valid across field stores,
+ * so LLVM reuses them (the components of a cell stored one after the
+ * other, the next cell's walk) and hoists those whose address is invariant
+ * out of a cell loop. Every access of ours to that memory carries this tag
+ * (loads, activation's atomic or, deactivation's and/exchange), so none
+ * moves past another; the runtime's (activation, append, clear, release,
+ * list generation: calls, or code inlined under clang's root) may alias
+ * anything. Sound for the reason above: slots and masks occupy bytes of
+ * their own in the layout, apart from every place's. */
+static void tag_slots(fb_emit *e, LLVMValueRef inst) { tag_named(e, inst, "fb.slots", 8); }
+
 /* ---------------------------------------------------------------- sparse walk
  * From the root down a path of containers, one step per container kind.
  * Reading, an inactive level leaves for w->off; writing, each level is
@@ -316,6 +357,7 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
   LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "bit");
   LLVMValueRef word = LLVMBuildLoad2(e->b, e->t_i32, wp, "mask");
   LLVMSetAlignment(word, 4);
+  tag_slots(e, word);
   LLVMValueRef set = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, word, bit, ""),
                                    fb_emit_i32(e, 0), "active");
   LLVMValueRef zero = w->write ? NULL : zero_block(e, w, (int64_t)c->cell_bytes);
@@ -335,6 +377,7 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
     LLVMValueRef old =
         LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpOr, wp, bit, LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
+    tag_slots(e, old);
     LLVMBuildBr(e->b, on);
     LLVMPositionBuilderAtEnd(e->b, on);
   }
@@ -350,6 +393,7 @@ static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
                                             LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_i64, slot, "slot");
   LLVMSetAlignment(p, 8);
+  tag_slots(e, p);
   LLVMValueRef live = LLVMBuildICmp(e->b, LLVMIntNE, p, fb_emit_i64(e, 0), "");
   if (!w->write) {
     LLVMValueRef zero = zero_block(e, w, (int64_t)c->cell_bytes);
@@ -379,6 +423,7 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
   LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
   LLVMSetAlignment(len, 8);
+  tag_slots(e, len);
   LLVMValueRef ck = fb_emit_i64(e, c->chunk);
   LLVMValueRef q = LLVMBuildUDiv(e->b, n, ck, "");
   LLVMValueRef slot = byte_gep(
@@ -386,6 +431,7 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
       LLVMBuildAdd(e->b, fb_emit_i64(e, 8), LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef chunk = LLVMBuildLoad2(e->b, e->t_i64, slot, "chunk");
   LLVMSetAlignment(chunk, 8);
+  tag_slots(e, chunk);
   LLVMValueRef live =
       LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, n, len, ""),
                    LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "");
@@ -439,34 +485,6 @@ static LLVMValueRef walk_to(fb_emit *e, walk *w, int last) {
     }
   }
   return base;
-}
-
-/* Type-based alias information: each field (place) its own TBAA type under
- * a root of our own, so LLVM knows that an access to one field never
- * touches another (all fields share the root buffer, which otherwise hides
- * it): loads of v stay in registers across stores to new_x, and loops need
- * no run-time overlap checks between fields. Sound because places occupy
- * disjoint bytes (the layout's dense cells; sparse blocks come from one
- * allocator per SNode and are never reused within a task, docs/sparse.md);
- * what is not tagged (masks, the runtime's own accesses under clang's
- * root, scratch, the paired 64-bit CAS) may alias anything. The error
- * flag (another allocation) has a type of its own too, so that a latch on
- * a cold out-of-bounds path does not make LLVM reload every field. */
-static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
-  LLVMMetadataRef root_s = LLVMMDStringInContext2(e->c, "fusebox fields", 14);
-  LLVMMetadataRef root = LLVMMDNodeInContext2(e->c, &root_s, 1);
-  LLVMMetadataRef ops[3] = {LLVMMDStringInContext2(e->c, name, n), root,
-                            LLVMValueAsMetadata(fb_emit_i64(e, 0))};
-  LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
-  LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
-  LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
-  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
-}
-
-static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
-  char name[32];
-  int n = snprintf(name, sizeof name, "fb.place.%d", place);
-  tag_named(e, inst, name, (size_t)n);
 }
 
 /* ---------------------------------------------------------------- bounds guard */
@@ -1120,6 +1138,7 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
         LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpAnd, wp, LLVMBuildNot(e->b, bit, ""),
                            LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
+    tag_slots(e, old);
     continue_if(
         e, w,
         LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, old, bit, ""), fb_emit_i32(e, 0), ""),
@@ -1142,12 +1161,14 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
     LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpXchg, slot, fb_emit_i64(e, 0),
                                           LLVMAtomicOrderingAcquireRelease, 0);
     LLVMSetAlignment(old, 8);
+    tag_slots(e, old);
     continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntNE, old, fb_emit_i64(e, 0), ""), "ptr.release");
     LLVMValueRef args[3] = {rt_ctx(e), sid, LLVMBuildIntToPtr(e->b, old, e->t_ptr, "")};
     fb_emit_call(e, "fb_rt_release", e->t_void, args, 3);
   } else {
     LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
     LLVMSetAlignment(len, 8);
+    tag_slots(e, len);
     continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntULT, lin, len, ""), "dyn.clear");
     int64_t nch = (c->ncells + c->chunk - 1) / c->chunk;
     LLVMValueRef args[4] = {rt_ctx(e), sid, fb_emit_generic(e, node), fb_emit_i64(e, nch)};
@@ -1230,6 +1251,7 @@ static int emit_length(fb_emit *e, int id, const fb_stmt *s) {
   if (!base) return e->rc;
   LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, base, (int64_t)d->offset), "len");
   LLVMSetAlignment(len, 8);
+  tag_slots(e, len);
   LLVMValueRef max = fb_emit_i64(e, d->ncells);
   len = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntULT, len, max, ""), len, max, "");
   LLVMValueRef v = off_end(e, w.off, LLVMBuildTrunc(e->b, len, e->t_i32, ""), zero);
