@@ -247,8 +247,9 @@ static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AX
  * no run-time overlap checks between fields. Sound because places occupy
  * disjoint bytes (the layout's dense cells; sparse blocks come from one
  * allocator per SNode and are never reused within a task, docs/sparse.md);
- * what is not tagged (masks, the runtime's own accesses under clang's
- * root, scratch, the paired 64-bit CAS) may alias anything. The error
+ * what is not tagged (the runtime's own accesses under clang's root,
+ * scratch, the paired 64-bit CAS) may alias anything; the sparse
+ * structure (slots, masks) has a type of its own, tag_slots below. The error
  * flag (another allocation) has a type of its own too, so that a latch on
  * a cold out-of-bounds path does not make LLVM reload every field. */
 static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
@@ -771,9 +772,9 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
  * vector field: `q[I] = r` is q.0[I] = r.0, q.1[I] = r.1, q.2[I] = r.2):
  * one bounds check and one walk (activating for store, skipping an
  * inactive cell for store_na), then a store of each field into the cell.
- * Each store alone would walk the path again, and reload each level's
- * slot after the previous store (the slots' loads are untagged, so they
- * may alias the stored field). Same effect: the same cell is activated (or
+ * Each store alone would walk the path again (and, before slot loads had
+ * a TBAA type of their own, reload each level's slot after the previous
+ * store). Same effect: the same cell is activated (or
  * found inactive) once instead of once per field, and the values are
  * computed before the first store. */
 int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
