@@ -986,7 +986,8 @@ START_TEST(test_slot_tbaa_ir) {
   /* after O3: where the loop's counter is (its phi), and what is loaded
    * after it */
   const char *kern[3] = {"hoist", "kept", "dea"};
-  const char *what[3][2] = {{"%slot", "= load i64"}, {"%mask", "= load i32"}, {"%slot", "= load i64"}};
+  const char *what[3][2] = {
+      {"%slot", "= load i64"}, {"%mask", "= load i32"}, {"%slot", "= load i64"}};
   for (int n = 0; n < 3; n++) {
     ir = task_ir_n(p, kern[n], "x86_64-O3", n == 2 ? 2 : 1);
     b0 = strstr(ir, "define void @fb_body(");
