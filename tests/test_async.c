@@ -975,6 +975,98 @@ START_TEST(fused_error_names_the_part) {
 }
 END_TEST
 
+/* Out of memory in a fused task names the launch sync mode names, with
+ * sync's message: `hog` activates 100 blocks of 4 KiB of a pointer field
+ * where the memory limit leaves room for a few; `good` takes none, `bad`
+ * overruns b. Fused before or after `good`, the hog is named; fused with
+ * `bad`, the earlier of the two, each with its own message. Two hogs fused
+ * (`hog2`, another pointer field) share the pool interleaved, so the
+ * earlier may have run out on the later's blocks: that one case names the
+ * earlier and says the later may be it. */
+static const char *quota_src = "layout {\n  dense(i: 100) { place a: i32, b: i32 }\n"
+                               "  pointer(i: 128) as blk { dense(i: 1024) { place f: f32 } }\n"
+                               "  pointer(i: 128) as blk2 { dense(i: 1024) { place g: f32 } }\n}\n"
+                               "kernel good() { for i in a { a[i] = 1 } }\n"
+                               "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+                               "kernel hog() { for i in a { f[i * 1024] = 1.0 } }\n"
+                               "kernel hog2() { for i in a { g[i * 1024] = 2.0 } }\n";
+
+static char *quota_run(const char *mode, const char *first, const char *second, int want,
+                       uint64_t *launch, int *kernel, int ids[2], uint64_t *fused) {
+  fb_program *p = parse(quota_src);
+  const fb_layout *l = fb_program_layout(p);
+  fb_session_config cfg = {
+      .mode = mode, .seed = 7, .flush_every = -1, .memory_limit = l->root_bytes + 64 * 1024};
+  fb_session *s = open_session(eng, p, &cfg);
+  ids[0] = kernel_id(s, p, first, NULL);
+  ids[1] = kernel_id(s, p, second, NULL);
+  int rc = fb_launch(s, ids[0], NULL, 0, NULL);
+  if (!rc) rc = fb_launch(s, ids[1], NULL, 0, NULL);
+  if (!rc) rc = fb_sync(s);
+  ck_assert_msg(rc == want, "%s %s,%s: %s (%s)", mode, first, second, fb_strerror(rc),
+                fb_session_errmsg(s));
+  char *msg = strdup(fb_session_errmsg(s));
+  if (!strcmp(mode, "async")) {
+    ck_assert_int_eq(fb_session_error_launch(s, launch, kernel), 0);
+    char *at = strstr(msg, " (launch ");
+    ck_assert_msg(at != NULL, "%s", msg);
+    char *end = strchr(at + 1, ')');
+    if (end && end - at < 20) memmove(at, end + 1, strlen(end + 1) + 1);
+  }
+  fb_counters c;
+  fb_session_counters(s, &c);
+  *fused = c.tasks_fused;
+  /* the session works on: a write that takes no block */
+  ck_assert_int_eq(fb_launch(s, kernel_id(s, p, "good", NULL), NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return msg;
+}
+
+START_TEST(fused_quota_names_the_part) {
+  /* first, second, the kernel sync mode names, its error */
+  struct {
+    const char *first, *second, *named;
+    int rc;
+  } order[] = {{"good", "hog", "hog", FB_EQUOTA},
+               {"hog", "good", "hog", FB_EQUOTA},
+               {"bad", "hog", "bad", FB_EBOUNDS},
+               {"hog", "bad", "hog", FB_EQUOTA}};
+  for (int o = 0; o < (int)(sizeof order / sizeof order[0]); o++) {
+    uint64_t launch = 99, fused = 0, none;
+    int kernel = -1, ids[2], ids_sync[2];
+    char *sync = quota_run("sync", order[o].first, order[o].second, order[o].rc, NULL, NULL,
+                           ids_sync, &none);
+    char *async = quota_run("async", order[o].first, order[o].second, order[o].rc, &launch, &kernel,
+                            ids, &fused);
+    ck_assert_uint_eq(fused, 1); /* the two ran as one task */
+    char who[64];
+    snprintf(who, sizeof who, "kernel '%s'", order[o].named);
+    ck_assert_msg(strstr(sync, who) && !strcmp(sync, async) && !strstr(async, "fused with it"),
+                  "%s,%s: sync: %s\nasync: %s", order[o].first, order[o].second, sync, async);
+    if (order[o].rc == FB_EQUOTA)
+      ck_assert_msg(strstr(sync, "out of device memory allocating a block of SNode 'blk'"), "%s",
+                    sync);
+    int second = !strcmp(order[o].second, order[o].named);
+    ck_assert_uint_eq(launch, second ? 1 : 0);
+    ck_assert_int_eq(kernel, ids[second]);
+    free(sync);
+    free(async);
+  }
+  /* two parts taking blocks, interleaved: the earlier part that ran out,
+   * and the later one it may be */
+  uint64_t launch = 99, fused = 0;
+  int kernel = -1, ids[2];
+  char *async = quota_run("async", "hog", "hog2", FB_EQUOTA, &launch, &kernel, ids, &fused);
+  ck_assert_uint_eq(fused, 1);
+  ck_assert_msg(strstr(async, "or the later launch fused with it in task hog.t0+hog2.t0, which "
+                              "also takes blocks from the pool"),
+                "%s", async);
+  free(async);
+}
+END_TEST
+
 /* No lost work (docs/optimizer.md): a fused task that cannot be compiled runs as
  * its unfused parts. The gate refuses every fused task (its name joins the
  * parts' with '+'), and, with refuse_bad, the parts of kernel `bad` too. */
@@ -2053,6 +2145,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
   tcase_add_test(tc, fused_error_names_the_part);
+  tcase_add_test(tc, fused_quota_names_the_part);
   tcase_add_test(tc, fused_compile_fallback);
   tcase_add_test(tc, fallback_error_names_the_launch);
   tcase_add_test(tc, background_quota);
