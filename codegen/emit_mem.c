@@ -293,6 +293,7 @@ typedef struct walk {
   int write;
   LLVMBasicBlockRef off;
   int zero;                   /* a load's walk: inactive levels may go on in the zero block */
+  int part; /* fused part an activation's out of memory blames */
 } walk;
 
 /* A load's walk on the CPU goes on through an inactive level in a block of
@@ -409,9 +410,9 @@ static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef fp = ptr_of_i64(e, p);
   LLVMBasicBlockRef fast_end = LLVMGetInsertBlock(e->b);
   LLVMPositionBuilderAtEnd(e->b, slow);
-  LLVMValueRef args[3] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
-                          fb_emit_generic(e, slot)};
-  LLVMValueRef q = fb_emit_call(e, "fb_rt_ptr_activate", e->t_ptr, args, 3);
+  LLVMValueRef args[4] = {rt_ctx(e), LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
+                          fb_emit_generic(e, slot), fb_emit_i32(e, w->part)};
+  LLVMValueRef q = fb_emit_call(e, "fb_rt_ptr_activate", e->t_ptr, args, 4);
   continue_if(e, w, LLVMBuildIsNotNull(e->b, q, ""), "ptr.got");
   LLVMValueRef sp = fb_emit_global(e, q);
   return join2(e, fp, fast_end, sp, LLVMGetInsertBlock(e->b), "ptr.cell");
@@ -453,13 +454,14 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef fp = byte_gep(e, ptr_of_i64(e, chunk), within);
   LLVMBasicBlockRef fast_end = LLVMGetInsertBlock(e->b);
   LLVMPositionBuilderAtEnd(e->b, slow);
-  LLVMValueRef args[6] = {rt_ctx(e),
+  LLVMValueRef args[7] = {rt_ctx(e),
                           LLVMConstInt(e->t_i32, (unsigned long long)c->id, 0),
                           fb_emit_generic(e, node),
                           n,
                           ck,
-                          fb_emit_i64(e, (int64_t)c->cell_bytes)};
-  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_activate", e->t_ptr, args, 6);
+                          fb_emit_i64(e, (int64_t)c->cell_bytes),
+                          fb_emit_i32(e, w->part)};
+  LLVMValueRef cell = fb_emit_call(e, "fb_rt_dyn_activate", e->t_ptr, args, 7);
   continue_if(e, w, LLVMBuildIsNotNull(e->b, cell, ""), "dyn.got");
   LLVMValueRef sp = fb_emit_global(e, cell);
   return join2(e, fp, fast_end, sp, LLVMGetInsertBlock(e->b), "dyn.cell");
@@ -489,6 +491,8 @@ static LLVMValueRef walk_to(fb_emit *e, walk *w, int last) {
 }
 
 /* ---------------------------------------------------------------- bounds guard */
+
+_Static_assert(FB_IR_MAX_PART == FB_RT_MAX_PART, "the blame word holds every fused part");
 
 typedef struct guard {
   LLVMBasicBlockRef bad, join;
@@ -605,7 +609,8 @@ static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB
   if (loop_cell(e, s)) return byte_gepc(e, e->sfor_cell, (int64_t)f->offset);
   if (dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
   /* write < 0: a load, whose walk may go on in the zero block */
-  walk w = {s->snode, {0}, write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"), write < 0};
+  walk w = {s->snode,  {0},    write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"),
+            write < 0, s->part};
   global_index(e, idx, f->dim_axis, f->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f->parent);
   *off = w.off;
@@ -683,7 +688,7 @@ int fb_emit_try_loads(fb_emit *e, const int *ids, int n) {
   guard g;
   guard_begin(e, inb, min_part(e, ids, m), &g);
   const fb_snode *f0 = &l->nodes[s->snode];
-  walk w = {s->snode, {0}, 0, fb_emit_block(e, "inactive"), 1};
+  walk w = {s->snode, {0}, 0, fb_emit_block(e, "inactive"), 1, s->part};
   global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f0->parent);
   if (!cell) return -1;
@@ -805,7 +810,9 @@ int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
   guard_begin(e, inb, min_part(e, ids, m), &g);
   const fb_snode *f0 = &l->nodes[s->snode];
   int write = s->op == FB_OP_STORE;
-  walk w = {s->snode, {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0};
+  /* a group's walk activates for its earliest part, which writes first */
+  walk w = {s->snode,           {0}, write, fb_emit_block(e, write ? "skip" : "inactive"), 0,
+            min_part(e, ids, m)};
   global_index(e, idx, f0->dim_axis, f0->ndim, w.gi);
   LLVMValueRef cell = walk_to(e, &w, f0->parent);
   if (!cell) return -1;
@@ -1198,7 +1205,7 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   if (s->op != FB_OP_DEACTIVATE && (dense_path(e->l, c) || loop_cell(e, s))) {
     /* always active, or the loop's own cell */
   } else {
-    walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive"), 0};
+    walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive"), 0, s->part};
     global_index(e, idx, sn->dim_axis, sn->ndim, w.gi);
     if (s->op == FB_OP_DEACTIVATE) {
       LLVMValueRef base = walk_to(e, &w, e->l->nodes[c].parent);
@@ -1235,6 +1242,7 @@ static const fb_snode *dynamic_node(fb_emit *e, int id, const fb_stmt *s, int ex
   w->write = write;
   w->off = NULL;
   w->zero = 0;
+  w->part = s->part;
   global_index(e, idx, axis, f->ndim - 1, w->gi);
   return d; /* the caller walks after opening its guard */
 }

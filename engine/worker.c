@@ -133,19 +133,37 @@ static void note_seen(batch_run *r) {
       seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
 }
 
-/* The part of a (fused) task an error comes from: for FB_EBOUNDS, the part
- * the generated code latched in the blame word (the earliest part whose
- * access failed, codegen/rt/fb_rt.h), or else the one part whose accesses
- * are not all provably in bounds when there is exactly one; otherwise the
- * first part, and *others counts the parts it may also be (0 when the
- * blame is certain). */
-static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int32_t blame, int *others) {
-  *others = 0;
+/* Parts after p of L that may run out of memory too. */
+static int later_allocating(const fb_opt_launch *L, int p) {
+  int n = 0;
+  for (int i = p + 1; i < L->nparts; i++) n += L->parts[i].alloc != 0;
+  return n;
+}
+
+/* The part of a (fused) task an error comes from: the part the generated
+ * code latched in the blame word (the earliest part whose access went out
+ * of bounds or whose block did not fit, codegen/rt/fb_rt.h); for an
+ * FB_EBOUNDS no access latched, the one part whose accesses are not all
+ * provably in bounds when there is exactly one; otherwise the first part,
+ * and *others counts the parts it may also be (0 when the blame is
+ * certain). One latched case stays uncertain: out of memory in a parallel
+ * task with a later part that also takes blocks. Its iterations ran both
+ * parts interleaved on one pool, so the earliest part may have run out on
+ * blocks a later part took first, where sync mode, running the earlier
+ * launch whole first, names the later launch; *others counts those later
+ * parts and *later says so. A device error (a fault the device reports
+ * for the whole kernel) has no part: the first, with the count. */
+static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int32_t blame, int *others,
+                                      int *later) {
+  *others = *later = 0;
   if (L->nparts <= 0) return NULL;
   if (L->nparts == 1) return &L->parts[0];
+  int p = FB_RT_BLAMED_PART(blame);
+  if (p >= 0 && p < L->nparts) {
+    if (FB_RT_BLAMED_OOM(blame) && L->loop >= 0) *later = *others = later_allocating(L, p);
+    return &L->parts[p];
+  }
   if (rc == FB_EBOUNDS) {
-    int p = FB_RT_BLAMED_PART(blame);
-    if (p >= 0 && p < L->nparts) return &L->parts[p];
     const fb_opt_part *only = NULL;
     int n = 0;
     for (int i = 0; i < L->nparts; i++)
@@ -156,21 +174,43 @@ static const fb_opt_part *blamed_part(const fb_opt_launch *L, int rc, int32_t bl
   return &L->parts[0];
 }
 
+/* The session's record of a block that did not fit (fbe_oom_message) when
+ * this task's blamed part ran out of memory, or, with no part latched, as
+ * before blame words. A part blamed for out of bounds leaves the record to
+ * whichever task owns it on a queued device (the first task of the batch
+ * that ran out, fb_rt.h); on a device that runs each task at once it is
+ * this task's (a later part's), and is dropped so no later error takes it. */
+static int oom_of(fb_session *s, int32_t blame, char *buf, size_t len) {
+  if (!blame || FB_RT_BLAMED_OOM(blame)) return fbe_oom_message(s, buf, len);
+  if (!s->e->ops->queued) fbe_oom_message(s, buf, len);
+  return 0;
+}
+
 /* A failed task, said as sync mode says it, with the launch number. A
  * fused task names the part the error comes from when that is certain;
- * otherwise its first part, and how many launches were fused with it.
- * blame: the task's blame word (0 when none). */
+ * otherwise that part (or its first), and how many launches it may also
+ * be. blame: the task's blame word (0 when none). */
 static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t blame,
                        const char *msg) {
   fb_session *s = r->s;
-  int others;
-  const fb_opt_part *p = blamed_part(L, rc, blame, &others);
+  int others, later;
+  const fb_opt_part *p = blamed_part(L, rc, blame, &others, &later);
   uint64_t launch = p ? p->launch : L->launch;
   const char *task = p ? p->task : L->k->name;
   const launch_rec *lr = launch_of(r->j, launch);
   int kid = lr ? lr->kernel : -1;
   char who[ERRLEN];
-  if (others == 1)
+  if (later == 1)
+    snprintf(who, sizeof who,
+             "kernel '%s' (launch %llu, or the later launch fused with it in task %s, which "
+             "also takes blocks from the pool: their iterations ran interleaved)",
+             lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
+  else if (later)
+    snprintf(who, sizeof who,
+             "kernel '%s' (launch %llu, or one of the %d later launches fused with it in "
+             "task %s, which also take blocks from the pool: their iterations ran interleaved)",
+             lr ? lr->name : "?", (unsigned long long)launch, later, L->k->name);
+  else if (others == 1)
     snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
              lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
   else if (others)
@@ -182,11 +222,14 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
     snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
              (unsigned long long)launch);
   char oom[512];
-  if (fbe_oom_message(s, oom, sizeof oom))
+  if (oom_of(s, blame, oom, sizeof oom))
     fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
   else if (msg[0]) fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
-  else if (rc == FB_EBOUNDS)
-    fbe_bg_record(s, rc, launch, kid,
+  else if (FB_RT_BLAMED_OOM(blame)) /* the record is an earlier task's (a queued device) */
+    fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: task %s failed on the device: %s", who, task,
+                  fb_strerror(FB_EQUOTA));
+  else if (rc == FB_EBOUNDS || blame)
+    fbe_bg_record(s, FB_EBOUNDS, launch, kid,
                   "%s indexed a field out of bounds (task %s); those accesses "
                   "were skipped",
                   who, task);
@@ -454,6 +497,11 @@ static void batch_end(batch_run *r) {
     fbe_bg_record(r->s, rc, NO_LAUNCH, -1, "flush %llu: %s", (unsigned long long)r->j->flush, msg);
   for (int i = 0; i < n && i < r->j->b->n + r->extra_slots; i++)
     if (errs[2 * i] && r->slot[i]) task_error(r, r->slot[i], errs[2 * i], errs[2 * i + 1], "");
+  /* a record no report took is a task's of this batch blamed on out of
+   * bounds (oom_of): drop it, so the next batch's first task to run out
+   * owns the record afresh (slots are reused) */
+  char stale[512];
+  fbe_oom_message(r->s, stale, sizeof stale);
   r->backend_s += secs;
   free(r->slot);
   r->slot = NULL;

@@ -16,7 +16,12 @@
  * of inactive cells give 0, writes activate, deactivation zeroes the values
  * below the cell in the flat field arrays, and struct_for walks a snapshot
  * of the active cells. There is no allocator and no memory limit here; the
- * list tasks (clear_list, listgen, gc) are no-ops. */
+ * list tasks (clear_list, listgen, gc) are no-ops.
+ *
+ * fb_stmt.part is ignored: the interpreter is the differential tester's
+ * oracle for values and return codes, and runs each launch unfused; which
+ * launch an error is blamed on is checked engine against engine (async
+ * against sync; docs/optimizer.md, "Blame in fused tasks"). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -935,7 +935,13 @@ static int stmt_line(parser *P) {
   pstmt ps;
   int form = 0, reg = 0, rc;
   memset(&ps, 0, sizeof ps);
+  int64_t part = 0; /* "part N" before the statement: its fused part */
+  if (is_word(cur(P), "part")) {
+    adv(P);
+    if (take_int(P, 0, FB_IR_MAX_PART, &part, "a fused part")) return -1;
+  }
   rc = stmt_head(P, &ps, &form, &reg);
+  ps.s.part = (int32_t)part;
   if (!rc) rc = stmt_operands(P, &ps, form);
   int blocky = form == 'f' || form == 'w' || form == 'r' || form == 's';
   if (!rc && blocky) rc = expect_punct(P, "{");

@@ -375,6 +375,8 @@ static void print_stmt(kprint *P, int id, int depth) {
     sb_printf(b, "# %%%d has unknown op %u\n", id, (unsigned)s->op);
     return;
   }
+  /* the fused part (fb_stmt.part) as a prefix, only where it is not 0 */
+  if (s->part) sb_printf(b, "part %d ", (int)s->part);
   const char *name = fb_op_table[s->op].name;
   int nargs = s->nargs < FB_MAX_ARGS ? s->nargs : FB_MAX_ARGS;
   if (form == 'r' || form == 's') {

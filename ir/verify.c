@@ -152,6 +152,8 @@ static void check_kernel(vctx *v) {
  * Returns 0 when the operands cannot be type-checked. */
 static int check_operands(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi) {
   int ok = 1, n = s->nargs < FB_MAX_ARGS ? s->nargs : FB_MAX_ARGS;
+  if (s->part < 0 || s->part > FB_IR_MAX_PART)
+    verr(v, id, "fused part %d is out of range (0 to %d)", (int)s->part, FB_IR_MAX_PART);
   for (int i = 0; i < n; i++) {
     int a = s->args[i];
     if (a < 0 || a >= v->nstmts) {

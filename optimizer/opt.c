@@ -120,6 +120,14 @@ fail(fb_opt *o, int code, const char *fmt, ...) {
   return code;
 }
 
+/* The task writes a node allocator's state: it may take blocks from the
+ * pool (conservative: a deactivation or gc writes it too). */
+static int takes_blocks(const fb_task_meta *m) {
+  for (int i = 0; i < m->nacc; i++)
+    if (FB_SKEY_KIND(m->acc[i].key) == FB_SK_ALLOC && (m->acc[i].mode & FB_ACC_WRITE)) return 1;
+  return 0;
+}
+
 /* The loop id codegen wants: the parallel loop, or a listgen's statement
  * (listgen tasks run in parallel over their parent's list). */
 static int list_loop(const fb_task_meta *m, const fb_kernel *k) {
@@ -591,7 +599,8 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
                                             pm ? pk : NULL,
                                             pm ? pm->kind : x->m->kind,
                                             pm ? list_loop(pm, pk) : -1,
-                                            pm ? pm->snode : -1};
+                                            pm ? pm->snode : -1,
+                                            !pm || takes_blocks(pm)};
     }
   }
   *out = &b->pub;

@@ -246,6 +246,9 @@ typedef struct fb_opt_part {
   fb_task_kind kind;
   int loop;          /* as fb_opt_launch.loop, of k */
   int snode;
+  /* it may take blocks from the session's pool (activates a pointer or
+   * dynamic cell; 1 when its shape is unknown): it can run out of memory */
+  int alloc;
 } fb_opt_part;
 
 /* One optimized task launch. Everything stays valid until the batch is freed. */

@@ -72,8 +72,10 @@ int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst,
   } else {
     const uint8_t *data = ch->data;
     ch->data = NULL; /* it points into s, gone on return */
-    if ((to = dst(user, ch))) memcpy(to, data, ch->len);
-    else rc = FBP_CHUNK_REFUSED;
+    /* a chunk without data (a header chunk: protobuf omits empty bytes)
+     * has data NULL, which memcpy may not be given even for 0 bytes */
+    if (!(to = dst(user, ch))) rc = FBP_CHUNK_REFUSED;
+    else if (ch->len) memcpy(to, data, ch->len);
   }
   grpc_slice_unref(s);
   return rc;

@@ -142,7 +142,8 @@ void fb_sparse_end(fb_sparse *sp);
  * FB_EQUOTA (or FB_ENOMEM) with a message naming the SNode. */
 int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen);
 /* The SNode whose block did not fit since the last call (and the block's
- * size): returns 1 and clears it, or 0 when none. */
+ * size): returns 1 and clears it, or 0 when none. The record is the first
+ * task's to run out, and of that task's earliest fused part (fb_rt.h). */
 int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes);
 /* Storage of field element place[idx] (indices by dimension, in bounds) in
  * the session's root buffer: reading, NULL when the cell is inactive;

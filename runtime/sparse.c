@@ -122,7 +122,7 @@ int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err
   }
   sp->l = l;
   sp->st->nnodes = n;
-  sp->st->oom_snode = -1;
+  sp->st->oom = sp->st->oom_owner = 0;
   int rc = init_tables(sp, err, errlen);
   if (!rc && has_allocating(l)) rc = reserve_pool(sp, err, errlen);
   if (rc) {
@@ -236,10 +236,11 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
 }
 
 int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes) {
-  int64_t s = __atomic_exchange_n(&sp->st->oom_snode, -1, __ATOMIC_RELAXED);
-  if (s < 0) return 0;
-  *snode = (int)s;
-  *bytes = sp->st->oom_bytes;
+  uint64_t w = __atomic_exchange_n(&sp->st->oom, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&sp->st->oom_owner, 0, __ATOMIC_RELAXED);
+  if (!w) return 0;
+  *snode = (int)(uint32_t)w;
+  *bytes = sp->st->allocs[*snode].block_bytes;
   return 1;
 }
 
@@ -272,7 +273,7 @@ static uint8_t *host_dynamic(fb_rt_dctx *ctx, const fb_snode *c, uint8_t *node, 
   if ((uint64_t)n < len && chunk)
     return (uint8_t *)(uintptr_t)chunk + (n % c->chunk) * (int64_t)c->cell_bytes;
   if (!write) return NULL;
-  return fb_rt_dyn_activate(ctx, c->id, node, n, c->chunk, (int64_t)c->cell_bytes);
+  return fb_rt_dyn_activate(ctx, c->id, node, n, c->chunk, (int64_t)c->cell_bytes, 0);
 }
 
 uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write) {
@@ -295,7 +296,7 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
     case FB_SN_POINTER: {
       uint64_t *slot = (uint64_t *)node + lin;
       base = *slot   ? (uint8_t *)(uintptr_t)*slot
-             : write ? fb_rt_ptr_activate(&ctx, c->id, slot)
+             : write ? fb_rt_ptr_activate(&ctx, c->id, slot, 0)
                      : NULL;
       break;
     }

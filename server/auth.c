@@ -281,9 +281,27 @@ static fbd_tenant *find_by_name(fbd_auth *a, const char *name) {
   return NULL;
 }
 
+/* With --worker-uid-base, every name ever loaded needs a uid of its own
+ * (worker_slot: a->n + 1 for a new name, and 0 stays the anonymous one):
+ * a set whose new names would run past worker_uid_count is refused whole,
+ * before anything changes, rather than have two tenants share a uid. */
+static int slots_fit(fbd_auth *a, const fbd_config *cfg, fbd_tenant *v, int n, char *err,
+                     size_t errlen) {
+  if (!cfg->worker_uid_base) return 0;
+  long need = a->n;
+  for (int i = 0; i < n; i++) need += find_by_name(a, v[i].name) == NULL;
+  if (need + 1 <= (long)cfg->worker_uid_count) return 0;
+  fb_errf(err, errlen,
+          "worker_uid_count %d is too small: %ld tenants (every name loaded since the start, "
+          "removed ones included) need %ld uids from worker_uid_base %lu, one each and one for "
+          "sessions without a tenant; no two tenants share a uid",
+          cfg->worker_uid_count, need, need + 1, (unsigned long)cfg->worker_uid_base);
+  return FB_EINVAL;
+}
+
 /* Install a loaded set (under a->mu): update tenants by name, add new ones,
  * mark the missing ones removed (their sessions live on; nobody can
- * authenticate as them any more). */
+ * authenticate as them any more). slots_fit was checked. */
 static int install(fbd_auth *a, fbd_tenant *v, int n) {
   for (int i = 0; i < a->n; i++) a->t[i]->removed = 1;
   for (int i = 0; i < n; i++) {
@@ -299,6 +317,7 @@ static int install(fbd_auth *a, fbd_tenant *v, int n) {
       if (!(t = calloc(1, sizeof *t))) return FB_ENOMEM;
       snprintf(t->name, sizeof t->name, "%s", v[i].name);
       a->t[a->n++] = t;
+      t->worker_slot = a->n; /* never reused: a->n only grows */
     }
     tenant_clear(t);
     t->removed = 0;
@@ -333,7 +352,8 @@ int fbd_auth_init(fbd_server *srv, char *err, size_t errlen) {
   fbd_tenant *v = NULL;
   int n = 0, rc = load_file(path, &v, &n, err, errlen);
   if (rc) return rc;
-  rc = install(a, v, n);
+  rc = slots_fit(a, srv->cfg, v, n, err, errlen);
+  if (!rc) rc = install(a, v, n);
   tenants_free(v, n);
   a->enabled = 1;
   if (!rc)
@@ -371,10 +391,14 @@ void fbd_auth_reload(fbd_server *srv) {
     return;
   }
   pthread_mutex_lock(&a->mu);
-  rc = install(a, v, n);
+  rc = slots_fit(a, srv->cfg, v, n, err, sizeof err);
+  if (!rc) rc = install(a, v, n);
   pthread_mutex_unlock(&a->mu);
   tenants_free(v, n);
-  if (rc) fbd_logf(srv->log, FBD_LOG_ERROR, "SIGHUP: tenants: out of memory");
+  if (rc == FB_EINVAL)
+    fbd_logf(srv->log, FBD_LOG_ERROR,
+             "SIGHUP: tenants file not reloaded, keeping the running tenants: %s", err);
+  else if (rc) fbd_logf(srv->log, FBD_LOG_ERROR, "SIGHUP: tenants: out of memory");
   else fbd_logf(srv->log, FBD_LOG_INFO, "SIGHUP: reloaded %d tenants from %s", n, path);
 }
 

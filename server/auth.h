@@ -23,6 +23,10 @@
  * in the file as removed), so sessions and calls keep plain pointers. */
 typedef struct fbd_tenant {
   char name[FBD_TENANT_NAME];
+  /* its number for --worker-uid-base (its workers run as base + slot): 1 for
+   * the first name ever loaded, 2 for the next new one; set once, kept
+   * across reloads and after removal, never given to another name */
+  int worker_slot;
   /* under fbd_auth.mu: a reload changes them */
   int admin, removed;
   int max_sessions;         /* 0: only the server's limit */
@@ -49,7 +53,7 @@ typedef struct fbd_auth {
   pthread_mutex_t admit;    /* held across a tenant's limit check and the new session */
   int enabled;              /* a tenants file was given */
   fbd_tenant **t;
-  int n, cap;
+  int n, cap;               /* n: every name ever loaded (worker slots 1..n) */
   atomic_uint_fast64_t failures; /* calls refused UNAUTHENTICATED */
   /* refusal log lines: at most a few per second, the rest counted */
   pthread_mutex_t logmu;

@@ -8,7 +8,8 @@
  *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
- *   --worker-overhead-bytes, --worker-user,
+ *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
+ *   --worker-uid-count, --worker-namespaces auto|on|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
@@ -45,6 +46,7 @@ void fbd_config_defaults(fbd_config *c) {
   c->spare_workers = 1;
   c->worker_overhead_bytes = (uint64_t)4 << 30;
   c->fair_share = strdup("on");
+  c->worker_namespaces = strdup("auto");
   c->fair_slice_ms = 10;
 }
 
@@ -54,6 +56,7 @@ void fbd_config_free(fbd_config *c) {
   free(c->socket_group);
   free(c->worker_user);
   free(c->isolation);
+  free(c->worker_namespaces);
   free(c->config_path);
   free(c->tls_cert);
   free(c->tls_key);
@@ -103,6 +106,15 @@ void fbd_usage(FILE *f) {
       "                             limit by this much (RLIMIT_AS; default 4G)\n"
       "  --worker-user USER         fuseboxd run as root: the user (name or uid) that session\n"
       "                             workers switch to, never root (default nobody)\n"
+      "  --worker-uid-base UID      fuseboxd run as root: workers of each tenant run as a\n"
+      "                             uid (and gid) of their own, UID + the tenant's number\n"
+      "                             (UID itself: sessions without a tenant); instead of\n"
+      "                             --worker-user (default 0: off)\n"
+      "  --worker-uid-count N       how many uids from --worker-uid-base are fuseboxd's:\n"
+      "                             one more than the tenants it may ever load (default 0)\n"
+      "  --worker-namespaces auto|on|off  each worker in a network and an IPC namespace of\n"
+      "                             its own: auto where the kernel allows it (root with\n"
+      "                             CAP_SYS_ADMIN), on: or refuse to start (default auto)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code); what would pass it is refused (default: 3/4 of\n"
@@ -159,7 +171,8 @@ typedef enum {
   OPT_MODE,
   OPT_GROUP,
   OPT_BOOL,
-  OPT_LOGFMT
+  OPT_LOGFMT,
+  OPT_ID
 } opt_kind;
 
 typedef struct opt {
@@ -197,6 +210,9 @@ static const opt opts[] = {
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
     {"worker_user", OPT_GROUP, OFF(worker_user), 0}, /* "" unsets: nobody */
+    {"worker_uid_base", OPT_ID, OFF(worker_uid_base), 0},
+    {"worker_uid_count", OPT_INT, OFF(worker_uid_count), 0},
+    {"worker_namespaces", OPT_STR, OFF(worker_namespaces), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
@@ -232,6 +248,7 @@ static int same_value(const opt *o, const fbd_config *a, const fbd_config *b) {
   case OPT_GROUP: return same_str(*(char *const *)pa, *(char *const *)pb);
   case OPT_BYTES: return *(const uint64_t *)pa == *(const uint64_t *)pb;
   case OPT_SECS: return *(const double *)pa == *(const double *)pb;
+  case OPT_ID: return *(const uint32_t *)pa == *(const uint32_t *)pb;
   default: return *(const int *)pa == *(const int *)pb; /* INT, LEVEL, MODE, BOOL, LOGFMT */
   }
 }
@@ -274,8 +291,10 @@ static void clear_listen(fbd_config *c) {
 /* The string options that take one of two values, checked as they are
  * set, so that the error names the flag or the key that gave the value. */
 static const struct {
-  const char *name, *a, *b;
-} choices[] = {{"isolation", "process", "thread"}, {"fair_share", "on", "off"}};
+  const char *name, *a, *b, *c; /* c: NULL where there are two */
+} choices[] = {{"isolation", "process", "thread", NULL},
+               {"fair_share", "on", "off", NULL},
+               {"worker_namespaces", "auto", "on", "off"}};
 
 /* Set option o (named shown in errors) from text (flags, and JSON strings). */
 static int set_text(fbd_config *c, const opt *o, const char *shown, const char *v, char *err,
@@ -287,9 +306,11 @@ static int set_text(fbd_config *c, const opt *o, const char *shown, const char *
   case OPT_LISTEN: return add_listen(c, shown, v, err, errlen);
   case OPT_STR: {
     for (size_t i = 0; i < sizeof choices / sizeof *choices; i++)
-      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b)) {
-        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s or %s)", shown, v, choices[i].a,
-                choices[i].b);
+      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b) &&
+          (!choices[i].c || strcmp(v, choices[i].c))) {
+        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s%s%s or %s)", shown, v,
+                choices[i].a, choices[i].c ? ", " : "", choices[i].c ? choices[i].b : "",
+                choices[i].c ? choices[i].c : choices[i].b);
         return FB_EINVAL;
       }
     char *d = strdup(v);
@@ -342,6 +363,13 @@ static int set_text(fbd_config *c, const opt *o, const char *shown, const char *
     long x = strtol(v, &end, 10);
     if (end == v || *end || x < o->min || x > 1 << 20) break;
     *(int *)(base + o->off) = (int)x;
+    return 0;
+  }
+  case OPT_ID: { /* a uid or gid: 0 (off) .. 2^32-2 ((uid_t)-1 means "unchanged") */
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v || *end || *v == '-' || *v == '+' || errno || x >= 0xffffffffull) break;
+    *(uint32_t *)(base + o->off) = (uint32_t)x;
     return 0;
   }
   case OPT_SECS: {

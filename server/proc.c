@@ -62,6 +62,9 @@ extern char **environ;
 #define ABORT_GRACE_S 1.0
 #define WATCH_BYTES 4096
 #define FAULT_ENV "FUSEBOXD_FAULT_INJECT" /* a test hook: see fault_init */
+/* A worker's own namespaces: no network interface but a loopback that is
+ * down, and no System V IPC or POSIX message queue of anyone else. */
+#define WORKER_NS (CLONE_NEWNET | CLONE_NEWIPC)
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FBD_ASAN 1
@@ -99,6 +102,14 @@ typedef struct wire_create {
   char mode[8];
   char tag[16];
 } wire_create;
+
+/* With --worker-uid-base, the first frame a spare reads, when a session
+ * takes it: the ids of the session's tenant (the broker's word; the worker
+ * checks them against the range it was started with). */
+#define IDENT_MAGIC 0x46424931u /* "FBI1" */
+typedef struct wire_ident {
+  uint32_t magic, uid, gid, pad;
+} wire_ident;
 
 typedef struct wire_rep {
   uint32_t magic;
@@ -316,7 +327,7 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     if (p->watch == MAP_FAILED) p->watch = NULL;
     goto fail;
   }
-  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32];
+  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32], ubase[24], ucount[24];
   static const char *const levels[] = {"error", "warn", "info", "debug"};
   arg_int(cpu, sizeof cpu, cfg->cpu_threads);
   arg_int(comp, sizeof comp, cfg->compile_threads);
@@ -324,6 +335,9 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   arg_int(over, sizeof over, (long long)cfg->worker_overhead_bytes);
   arg_int(stm, sizeof stm, cfg->max_kernel_statements);
   arg_int(ccb, sizeof ccb, (long long)srv->code_cache_bytes);
+  arg_int(ubase, sizeof ubase, (long long)cfg->worker_uid_base);
+  arg_int(ucount, sizeof ucount, cfg->worker_uid_count);
+  int per_tenant = cfg->worker_uid_base != 0;
   char *argv[] = {srv->exe,
                   "--session-worker",
                   "3",
@@ -343,8 +357,14 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   ccb,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
-                  srv->worker_ids[0] ? "--worker-user" : NULL, /* the worker's own form */
-                  srv->worker_ids,
+                  per_tenant           ? "--worker-uid-base"
+                  : srv->worker_ids[0] ? "--worker-user"
+                                       : NULL,
+                  per_tenant ? ubase : srv->worker_ids, /* the worker's own form: UID:GID */
+                  "--worker-uid-count",
+                  ucount,
+                  "--worker-namespaces",
+                  srv->worker_ns ? "on" : "off",
                   NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -394,14 +414,108 @@ static int find_user(const char *name, struct passwd *pw, char *buf, size_t n, c
   return 0;
 }
 
+/* A passwd or group entry whose id is in [lo, hi]: its name and id, or 0.
+ * What getpwent and getgrent enumerate: the local files, and a directory
+ * service only where it is set to enumerate. */
+static int id_taken(uint32_t lo, uint32_t hi, const char **what, char *name, size_t n,
+                    unsigned long *id) {
+  int found = 0;
+  setpwent();
+  for (struct passwd *pw; !found && (pw = getpwent());)
+    if (pw->pw_uid >= lo && pw->pw_uid <= hi) {
+      snprintf(name, n, "%s", pw->pw_name);
+      *id = pw->pw_uid;
+      *what = "uid";
+      found = 1;
+    }
+  endpwent();
+  setgrent();
+  for (struct group *gr; !found && (gr = getgrent());)
+    if (gr->gr_gid >= lo && gr->gr_gid <= hi) {
+      snprintf(name, n, "%s", gr->gr_name);
+      *id = gr->gr_gid;
+      *what = "gid";
+      found = 1;
+    }
+  endgrent();
+  return found;
+}
+
+/* --worker-uid-base: workers of tenant k (auth.c's worker_slot) run as uid
+ * and gid base + k, so that one tenant's worker cannot signal or trace
+ * another's even past a hole in its seccomp filter. The range must be
+ * fuseboxd's alone: ids of no user or group in passwd and group (another
+ * process with such a uid could signal the workers), never 0, and only a
+ * root fuseboxd can hand them out. The tenants' count against it is
+ * checked as the tenants file is read (auth.c). */
+static int worker_range(fbd_server *srv, char *err, size_t errlen) {
+  const fbd_config *cfg = srv->cfg;
+  uint64_t base = cfg->worker_uid_base, count = (uint64_t)cfg->worker_uid_count;
+  if (cfg->worker_user) {
+    fb_errf(err, errlen,
+            "worker_user '%s' and worker_uid_base %lu both name the workers' user: give one",
+            cfg->worker_user, (unsigned long)base);
+    return FB_EINVAL;
+  }
+  if (geteuid() != 0) {
+    fb_errf(err, errlen,
+            "worker_uid_base %lu: fuseboxd runs as uid %lu, not root, and cannot switch its "
+            "workers to other users (leave worker_uid_base unset)",
+            (unsigned long)base, (unsigned long)geteuid());
+    return FB_EINVAL;
+  }
+  if (count < 1 || base + count - 1 >= 0xffffffffull) {
+    fb_errf(err, errlen,
+            "worker_uid_count %lu: give how many uids from worker_uid_base %lu fuseboxd may "
+            "use, at least 1 (sessions without a tenant) and at most %llu",
+            (unsigned long)count, (unsigned long)base, 0xfffffffeull - base + 1);
+    return FB_EINVAL;
+  }
+  const char *what = "";
+  char name[256];
+  unsigned long id = 0;
+  uint32_t hi = (uint32_t)(base + count - 1);
+  if (id_taken((uint32_t)base, hi, &what, name, sizeof name, &id)) {
+    fb_errf(err, errlen,
+            "worker_uid_base %lu, worker_uid_count %lu: %s %lu ('%s') is in the range %lu..%lu; "
+            "the workers' ids must be no user's or group's (its processes could signal them)",
+            (unsigned long)base, (unsigned long)count, what, id, name, (unsigned long)base,
+            (unsigned long)hi);
+    return FB_EINVAL;
+  }
+  fbd_logf(srv->log, FBD_LOG_INFO,
+           "session workers run as a uid and gid of their tenant's own: %lu..%lu (%lu for "
+           "sessions without a tenant), no supplementary groups",
+           (unsigned long)base, (unsigned long)hi, (unsigned long)base);
+  return 0;
+}
+
+int fbd_procs_check(const fbd_config *cfg, char *err, size_t errlen) {
+  if (cfg->worker_uid_count && !cfg->worker_uid_base) {
+    fb_errf(err, errlen, "worker_uid_count %d without worker_uid_base: give both, or neither",
+            cfg->worker_uid_count);
+    return FB_EINVAL;
+  }
+  if (cfg->worker_uid_base && !fbd_isolated(cfg)) {
+    fb_errf(err, errlen,
+            "worker_uid_base %lu needs isolation process: under isolation thread there are no "
+            "workers to run as tenants' users",
+            (unsigned long)cfg->worker_uid_base);
+    return FB_EINVAL;
+  }
+  return 0;
+}
+
 /* Who the workers run as (srv->worker_ids). A worker runs a tenant's JIT
  * code: started as root, fuseboxd has them switch to worker_user (default
  * nobody), which must not be root's uid or gid; started as another user,
  * the workers keep it (an unprivileged process cannot switch users), and a
- * worker_user naming someone else is refused rather than ignored. */
+ * worker_user naming someone else is refused rather than ignored.
+ * With worker_uid_base, worker_range instead. */
 static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   const char *want = srv->cfg->worker_user;
   srv->worker_ids[0] = 0;
+  if (srv->cfg->worker_uid_base) return worker_range(srv, err, errlen);
   if (geteuid() != 0 && !want) {
     fbd_logf(srv->log, FBD_LOG_INFO,
              "session workers run as fuseboxd's user (uid %lu): it was not started as root",
@@ -435,8 +549,51 @@ static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
+/* Whether this process may make the workers' namespaces: a child cloned
+ * into new ones that leaves at once (0, or why not: EPERM without
+ * CAP_SYS_ADMIN, EINVAL on a kernel without them). Raw clone: the child
+ * runs nothing but its exit, so no fork handler of a threaded process. */
+static int ns_probe(void) {
+  long pid = syscall(SYS_clone, (unsigned long)(WORKER_NS | SIGCHLD), NULL, NULL, NULL, NULL);
+  if (pid < 0) return errno;
+  if (pid == 0) syscall(SYS_exit_group, 0);
+  int st;
+  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+  return 0;
+}
+
+/* worker_namespaces: "off", "on" (the kernel must allow it, or no start)
+ * or "auto" (where it allows it: root with CAP_SYS_ADMIN). A worker needs
+ * no network (its socket to the broker was made before) and no System V
+ * IPC; its own namespaces take those from a worker that got past its
+ * seccomp filter (the CUDA workers' is a deny list). */
+static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
+  const char *want = srv->cfg->worker_namespaces ? srv->cfg->worker_namespaces : "auto";
+  srv->worker_ns = 0;
+  if (!strcmp(want, "off")) return 0;
+  int e = ns_probe();
+  if (e && !strcmp(want, "on")) {
+    fb_errf(err, errlen,
+            "worker_namespaces on: cannot make a network and an IPC namespace: %s (they need "
+            "root with CAP_SYS_ADMIN; worker_namespaces auto runs workers without them there)",
+            strerror(e));
+    return FB_EINVAL;
+  }
+  if (e)
+    fbd_logf(srv->log, geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO,
+             "session workers share fuseboxd's network and IPC namespaces: cannot make their "
+             "own: %s",
+             strerror(e));
+  else
+    fbd_logf(srv->log, FBD_LOG_INFO,
+             "session workers run in a network and an IPC namespace of their own each");
+  srv->worker_ns = !e;
+  return 0;
+}
+
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
   int urc = worker_identity(srv, err, errlen);
+  if (!urc) urc = worker_namespaces(srv, err, errlen);
   if (urc) return urc;
   ssize_t n = readlink("/proc/self/exe", srv->exe, sizeof srv->exe - 1);
   if (n <= 0) {
@@ -834,7 +991,17 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
   int rc = proc_take(s->srv, &s->proc, err, errlen);
   if (rc) return rc;
   s->watch = s->proc->watch;
-  /* the hello: the worker made its engine (or says why not) */
+  if (s->srv->cfg->worker_uid_base) { /* the tenant's ids: the spare waits for them */
+    const fbd_tenant *t = atomic_load(&s->owner);
+    uint32_t id = s->srv->cfg->worker_uid_base + (uint32_t)(t ? t->worker_slot : 0);
+    wire_ident w = {IDENT_MAGIC, id, id, 0};
+    frame_clock clk = clock_start(NULL, HELLO_TIMEOUT_S);
+    if (write_all(s->proc->fd, &w, sizeof w, &clk)) {
+      fb_errf(err, errlen, "the session worker did not take its tenant's user");
+      return FB_EINTERNAL;
+    }
+  }
+  /* the hello: the worker made its engine and became its user (or says why not) */
   double t0 = mono();
   while (!wait_readable(s->proc->fd, 0, 100))
     if (mono() - t0 > HELLO_TIMEOUT_S) {
@@ -1264,16 +1431,7 @@ static int limit_files(const char *backend) {
  * and makes the process dumpable again, so both are set anew; a broker that
  * died meanwhile makes the worker leave. Before lock-down, which refuses
  * these calls. */
-static int drop_user(const char *ids, pid_t parent, char *err, size_t errlen) {
-  if (!ids) return 0;
-  char *end = NULL;
-  errno = 0;
-  unsigned long uid = strtoul(ids, &end, 10), gid = 0;
-  if (!errno && *end == ':') gid = strtoul(end + 1, &end, 10);
-  if (errno || *end || !uid || !gid || uid >= (uid_t)-1 || gid >= (gid_t)-1) {
-    fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
-    return FB_EINVAL;
-  }
+static int drop_ids(unsigned long uid, unsigned long gid, pid_t parent, char *err, size_t errlen) {
   if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
       setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)) {
     fb_errf(err, errlen, "cannot switch to uid %lu, gid %lu: %s", uid, gid, strerror(errno));
@@ -1292,6 +1450,36 @@ static int drop_user(const char *ids, pid_t parent, char *err, size_t errlen) {
   if (getppid() != parent) _exit(1);
   prctl(PR_SET_DUMPABLE, 0);
   return 0;
+}
+
+/* The worker user's ids: "UID:GID" (--worker-user, as the broker hands it
+ * on), or with --worker-uid-base the ids of the tenant whose session takes
+ * this worker, the first frame the broker sends (a spare waits for it, as
+ * root, having read nothing a client sent), within the range. */
+static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, size_t errlen) {
+  unsigned long uid = 0, gid = 0;
+  if (cfg->worker_uid_base) {
+    wire_ident w;
+    if (read_all(fd, &w, sizeof w, NULL, NULL) || w.magic != IDENT_MAGIC) _exit(1);
+    uint64_t lo = cfg->worker_uid_base, hi = lo + (uint64_t)cfg->worker_uid_count;
+    if (w.uid < lo || w.uid >= hi || w.gid < lo || w.gid >= hi) {
+      fb_errf(err, errlen, "the tenant's uid %lu, gid %lu: not in worker_uid_base's range",
+              (unsigned long)w.uid, (unsigned long)w.gid);
+      return FB_EINVAL;
+    }
+    return drop_ids(w.uid, w.gid, parent, err, errlen);
+  }
+  const char *ids = cfg->worker_user;
+  if (!ids) return 0;
+  char *end = NULL;
+  errno = 0;
+  uid = strtoul(ids, &end, 10);
+  if (!errno && *end == ':') gid = strtoul(end + 1, &end, 10);
+  if (errno || *end || !uid || !gid || uid >= (uid_t)-1 || gid >= (gid_t)-1) {
+    fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
+    return FB_EINVAL;
+  }
+  return drop_ids(uid, gid, parent, err, errlen);
 }
 
 typedef struct worker {
@@ -1448,6 +1636,10 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
   pid_t parent = broker_pid(fd);
   if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
+  /* first, while one thread: unshare moves only the calling thread */
+  int ns_err = cfg->worker_namespaces && !strcmp(cfg->worker_namespaces, "on") && unshare(WORKER_NS)
+                   ? errno
+                   : 0;
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();
@@ -1464,8 +1656,12 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   if (w.watch == MAP_FAILED) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
+  } else if (ns_err) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "cannot enter a network and an IPC namespace: %s",
+            strerror(ns_err));
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
-  } else if ((hello.code = drop_user(cfg->worker_user, parent, hello.msg, sizeof hello.msg))) {
+  } else if ((hello.code = drop_user(cfg, fd, parent, hello.msg, sizeof hello.msg))) {
   } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
              limit_files(fb_engine_backend(w.engine))) {
     hello.code = FB_EINTERNAL;

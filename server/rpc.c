@@ -568,6 +568,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
+  if (!rc) rc = fbd_procs_check(cfg, err, errlen);
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);

@@ -72,6 +72,12 @@ typedef struct fbd_config {
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
   char *worker_user; /* process isolation, fuseboxd run as root: the user (name or uid) workers
                         become; NULL: nobody. A worker itself gets "UID:GID" (proc.c) */
+  uint32_t worker_uid_base; /* fuseboxd run as root: workers of tenant k (auth.c's
+                               worker_slot, 0 for no tenant) run as uid and gid base + k;
+                               0: off (worker_user) */
+  int worker_uid_count; /* the uids base .. base + count - 1 are fuseboxd's */
+  char *worker_namespaces; /* "auto", "on", "off": a network and an IPC namespace per
+                              worker (proc.c); a worker itself gets "on" or "off" */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -249,6 +255,7 @@ struct fbd_server {
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
+  int worker_ns; /* workers enter a network and an IPC namespace of their own (proc.c) */
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;
@@ -531,6 +538,9 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
  * started (fuseboxd re-executed with --session-worker FD, the engine made,
  * then locked down) so that a session gets one at once. */
 
+/* Settings that only make sense together (--worker-uid-base needs process
+ * isolation and a count): FB_EINVAL naming the option. */
+int fbd_procs_check(const fbd_config *cfg, char *err, size_t errlen);
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen); /* the spares */
 void fbd_procs_tick(fbd_server *srv); /* reap dead spares, start missing ones */
 void fbd_procs_stop(fbd_server *srv); /* kill and reap the spares */

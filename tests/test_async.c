@@ -106,6 +106,7 @@ typedef struct results {
   int npc, cappc;
   fb_counters c;
   uint64_t aligned; /* fb_session_test_aligned_flushes at the end */
+  uint64_t capped;  /* fb_session_test_capped_widths at the end */
 } results;
 
 static void add_piece(results *r, const char *label, const void *data, size_t len) {
@@ -325,6 +326,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   read_all(u.s, p, r, "end:");
   fb_session_counters(u.s, &r->c);
   r->aligned = fb_session_test_aligned_flushes(u.s);
+  r->capped = fb_session_test_capped_widths(u.s);
   last_standins = fb_session_test_standins(u.s);
   last_bg_peak = fb_session_test_bg_peak(u.s);
   fb_session_destroy(u.s);
@@ -970,6 +972,98 @@ START_TEST(fused_error_names_the_part) {
     free(sync);
     free(async);
   }
+}
+END_TEST
+
+/* Out of memory in a fused task names the launch sync mode names, with
+ * sync's message: `hog` activates 100 blocks of 4 KiB of a pointer field
+ * where the memory limit leaves room for a few; `good` takes none, `bad`
+ * overruns b. Fused before or after `good`, the hog is named; fused with
+ * `bad`, the earlier of the two, each with its own message. Two hogs fused
+ * (`hog2`, another pointer field) share the pool interleaved, so the
+ * earlier may have run out on the later's blocks: that one case names the
+ * earlier and says the later may be it. */
+static const char *quota_src = "layout {\n  dense(i: 100) { place a: i32, b: i32 }\n"
+                               "  pointer(i: 128) as blk { dense(i: 1024) { place f: f32 } }\n"
+                               "  pointer(i: 128) as blk2 { dense(i: 1024) { place g: f32 } }\n}\n"
+                               "kernel good() { for i in a { a[i] = 1 } }\n"
+                               "kernel bad() { for i in a { b[i + 1] = 2 } }\n"
+                               "kernel hog() { for i in a { f[i * 1024] = 1.0 } }\n"
+                               "kernel hog2() { for i in a { g[i * 1024] = 2.0 } }\n";
+
+static char *quota_run(const char *mode, const char *first, const char *second, int want,
+                       uint64_t *launch, int *kernel, int ids[2], uint64_t *fused) {
+  fb_program *p = parse(quota_src);
+  const fb_layout *l = fb_program_layout(p);
+  fb_session_config cfg = {
+      .mode = mode, .seed = 7, .flush_every = -1, .memory_limit = l->root_bytes + 64 * 1024};
+  fb_session *s = open_session(eng, p, &cfg);
+  ids[0] = kernel_id(s, p, first, NULL);
+  ids[1] = kernel_id(s, p, second, NULL);
+  int rc = fb_launch(s, ids[0], NULL, 0, NULL);
+  if (!rc) rc = fb_launch(s, ids[1], NULL, 0, NULL);
+  if (!rc) rc = fb_sync(s);
+  ck_assert_msg(rc == want, "%s %s,%s: %s (%s)", mode, first, second, fb_strerror(rc),
+                fb_session_errmsg(s));
+  char *msg = strdup(fb_session_errmsg(s));
+  if (!strcmp(mode, "async")) {
+    ck_assert_int_eq(fb_session_error_launch(s, launch, kernel), 0);
+    char *at = strstr(msg, " (launch ");
+    ck_assert_msg(at != NULL, "%s", msg);
+    char *end = strchr(at + 1, ')');
+    if (end && end - at < 20) memmove(at, end + 1, strlen(end + 1) + 1);
+  }
+  fb_counters c;
+  fb_session_counters(s, &c);
+  *fused = c.tasks_fused;
+  /* the session works on: a write that takes no block */
+  ck_assert_int_eq(fb_launch(s, kernel_id(s, p, "good", NULL), NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return msg;
+}
+
+START_TEST(fused_quota_names_the_part) {
+  /* first, second, the kernel sync mode names, its error */
+  struct {
+    const char *first, *second, *named;
+    int rc;
+  } order[] = {{"good", "hog", "hog", FB_EQUOTA},
+               {"hog", "good", "hog", FB_EQUOTA},
+               {"bad", "hog", "bad", FB_EBOUNDS},
+               {"hog", "bad", "hog", FB_EQUOTA}};
+  for (int o = 0; o < (int)(sizeof order / sizeof order[0]); o++) {
+    uint64_t launch = 99, fused = 0, none;
+    int kernel = -1, ids[2], ids_sync[2];
+    char *sync = quota_run("sync", order[o].first, order[o].second, order[o].rc, NULL, NULL,
+                           ids_sync, &none);
+    char *async = quota_run("async", order[o].first, order[o].second, order[o].rc, &launch, &kernel,
+                            ids, &fused);
+    ck_assert_uint_eq(fused, 1); /* the two ran as one task */
+    char who[64];
+    snprintf(who, sizeof who, "kernel '%s'", order[o].named);
+    ck_assert_msg(strstr(sync, who) && !strcmp(sync, async) && !strstr(async, "fused with it"),
+                  "%s,%s: sync: %s\nasync: %s", order[o].first, order[o].second, sync, async);
+    if (order[o].rc == FB_EQUOTA)
+      ck_assert_msg(strstr(sync, "out of device memory allocating a block of SNode 'blk'"), "%s",
+                    sync);
+    int second = !strcmp(order[o].second, order[o].named);
+    ck_assert_uint_eq(launch, second ? 1 : 0);
+    ck_assert_int_eq(kernel, ids[second]);
+    free(sync);
+    free(async);
+  }
+  /* two parts taking blocks, interleaved: the earlier part that ran out,
+   * and the later one it may be */
+  uint64_t launch = 99, fused = 0;
+  int kernel = -1, ids[2];
+  char *async = quota_run("async", "hog", "hog2", FB_EQUOTA, &launch, &kernel, ids, &fused);
+  ck_assert_uint_eq(fused, 1);
+  ck_assert_msg(strstr(async, "or the later launch fused with it in task hog.t0+hog2.t0, which "
+                              "also takes blocks from the pool"),
+                "%s", async);
+  free(async);
 }
 END_TEST
 
@@ -1783,6 +1877,44 @@ START_TEST(period_aligned_flushes) {
 }
 END_TEST
 
+/* A stream whose doubled window the plan memo cannot keep: three serial
+ * updates of one scalar (a b c, repeated, no sync). Fusion pairs them
+ * greedily across the window, so the task that last writes s (what the
+ * next window meets) depends on the window's width: the first window at a
+ * doubled width leaves a graph other than the one it found, and neither
+ * hits nor stores a plan (MGPCG's two-iteration window, small). Before
+ * the cap, the width fell back to flush_every and doubled into the same
+ * failure every few flushes, each one optimized afresh; now a failed
+ * width is not tried again for a while (engine/async.c, adapt_flush). */
+static const char *serial_src = "layout {\n  dense(i: 4) { place x: f32 }\n  place s: f32\n}\n"
+                                "kernel a() { s[] = s[] * 0.5 + 1.0 }\n"
+                                "kernel b() { s[] = s[] + 0.25 }\n"
+                                "kernel c() { s[] = s[] * 0.75 }\n";
+
+START_TEST(failed_width_capped) {
+  enum { PERIODS = 1500 };
+  char *script = malloc(16 + PERIODS * 30), *w = script;
+  for (int i = 0; i < PERIODS; i++) w += sprintf(w, "launch a\nlaunch b\nlaunch c\n");
+  fb_session_config sync = {.mode = "sync", .seed = 7}, dflt = async_cfg(0, 0);
+  results want = {0}, got = {0};
+  run_script(eng, serial_src, script, &sync, &want);
+  run_script(eng, serial_src, script, &dflt, &got);
+  same_results(&want, &got, "async, capped width");
+  /* the doubled width failed its probe and was capped */
+  ck_assert_uint_ge(got.capped, 1);
+  ck_assert_uint_ge(got.c.flushes, 3 * PERIODS / 102); /* the width stayed below 100 */
+  /* and the windows the optimizer ran its passes on (no plan reused):
+   * the first few and a probe or two; not every other flush (38 of 72
+   * before) */
+  uint64_t fresh = got.c.flushes - got.c.plans_reused;
+  ck_assert_msg(fresh <= 10, "%llu of %llu flushes optimized afresh", (unsigned long long)fresh,
+                (unsigned long long)got.c.flushes);
+  results_free(&want);
+  results_free(&got);
+  free(script);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- back-pressure */
 
 typedef struct gate {
@@ -2013,6 +2145,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
   tcase_add_test(tc, fused_error_names_the_part);
+  tcase_add_test(tc, fused_quota_names_the_part);
   tcase_add_test(tc, fused_compile_fallback);
   tcase_add_test(tc, fallback_error_names_the_launch);
   tcase_add_test(tc, background_quota);
@@ -2030,6 +2163,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
+  tcase_add_test(tc, failed_width_capped);
   tcase_add_test(tc, lists_after_a_cancelled_flush);
   tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "fusebox/ir.h"
+#include "optimizer/sfg.h"
 #include "support/support.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -133,6 +134,118 @@ static char *check_fixed_point(const char *text, const char *what) {
   module_free(&m2);
   return p1;
 }
+
+/* ---------------------------------------------------------------- fused parts */
+
+static const char *const fused_text =
+    "layout {\n"
+    "  dense(i: 64) {\n    place x: i32\n    place y: f32\n  }\n"
+    "  pointer(i: 8) as blocks {\n    dense(i: 8) {\n      place s: f32\n    }\n  }\n"
+    "}\n\n"
+    "kernel a(i32) {\n  %0 = const.i32 0\n  %1 = arg.i32 0\n"
+    "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    store x[%3], %3\n  }\n}\n\n"
+    "kernel b(i32) {\n  %0 = const.i32 0\n  %1 = arg.i32 0\n"
+    "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = const.f32 1.5\n"
+    "    store s[%3], %4\n  }\n}\n\n"
+    "kernel c(i32) {\n  %0 = const.i32 0\n  %1 = arg.i32 0\n"
+    "  par_for %2 in %0 .. %1 {\n    %3 = loop_index.i32 %2, 0\n    %4 = load.f32 s[%3]\n"
+    "    %5 = const.f32 2\n    %6 = atomic_add.f32 s[%3], %5\n    store y[%3], %4\n  }\n}\n";
+
+static fb_task_meta *meta_or_die(const fb_kernel *k) {
+  fb_task_meta *m = NULL;
+  char err[160];
+  ck_assert_msg(fb_meta_compute(k, &m, err, sizeof err) == 0, "%s", err);
+  return m;
+}
+
+/* A kernel fused from three launches keeps each statement's part (fb_stmt.part)
+ * through print -> parse: fb_kernel_equal holds (it compares parts), the
+ * text says "part N" only where N is not 0, and the reparsed kernel prints
+ * the same. Unfused texts stay as they were (no "part" anywhere). */
+START_TEST(test_fused_parts_round_trip) {
+  module m = parse_text(fused_text);
+  ck_assert_msg(m.rc == 0, "%s", m.diags);
+  ck_assert_int_eq(m.n, 3);
+  fb_task_meta *ma = meta_or_die(m.ks[0]), *mb = meta_or_die(m.ks[1]), *mc = meta_or_die(m.ks[2]);
+  fb_kernel *ab = fb_ir_fuse(m.ks[0], ma, 1, m.ks[1], mb, 0);
+  ck_assert_ptr_nonnull(ab);
+  fb_task_meta *mab = meta_or_die(ab);
+  fb_kernel *abc = fb_ir_fuse(ab, mab, 2, m.ks[2], mc, 0);
+  ck_assert_ptr_nonnull(abc);
+  int seen[3] = {0, 0, 0};
+  for (int i = 0; i < abc->nstmts; i++)
+    if (abc->stmts[i].part >= 0 && abc->stmts[i].part < 3) seen[abc->stmts[i].part]++;
+  ck_assert_msg(seen[0] && seen[1] && seen[2], "parts %d %d %d", seen[0], seen[1], seen[2]);
+
+  char *text = fb_kernel_print(abc);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(strstr(text, "part 1 store s[") && strstr(text, "part 2 %") &&
+                    !strstr(text, "part 0"),
+                "%s", text);
+  fb_kernel **ks = NULL;
+  int n = 0;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_ir_parse_kernels(text, m.l, &ks, &n, &d);
+  char *dj = fb_diags_join(&d);
+  ck_assert_msg(rc == 0 && n == 1, "%s\n%s", dj, text);
+  free(dj);
+  ck_assert_msg(fb_kernel_equal(abc, ks[0]), "parse(print(fused)) != fused:\n%s", text);
+  for (int i = 0; i < abc->nstmts && i < ks[0]->nstmts; i++)
+    ck_assert_int_eq(ks[0]->stmts[i].part, abc->stmts[i].part);
+  char *again = fb_kernel_print(ks[0]);
+  ck_assert_str_eq(again, text);
+  free(again);
+  free_kernels(ks, n);
+  fb_diags_free(&d);
+
+  /* the parts printed unfused are all 0: no prefix */
+  char *plain = print_module(m.l, m.ks, m.n);
+  ck_assert_ptr_null(strstr(plain, "part"));
+  free(plain);
+  free(text);
+  fb_kernel_free(abc);
+  fb_kernel_free(ab);
+  fb_meta_free(ma);
+  fb_meta_free(mb);
+  fb_meta_free(mc);
+  fb_meta_free(mab);
+  module_free(&m);
+}
+END_TEST
+
+/* "part N" takes 0 to FB_IR_MAX_PART, and says so; the verifier refuses a
+ * part out of that range made by other means. */
+START_TEST(test_part_prefix_errors) {
+  static const char *const bad[] = {"part -1 store x[%0], %0\n",
+                                    "part 1073741823 store x[%0], %0\n", "part store x[%0], %0\n"};
+  for (int i = 0; i < 3; i++) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "layout {\n  dense(i: 4) {\n    place x: i32\n  }\n}\n\n"
+             "kernel k() {\n  %%0 = const.i32 1\n  %s}\n",
+             bad[i]);
+    module m = parse_text(text);
+    ck_assert_msg(m.rc == FB_EPARSE, "%s: rc %d", bad[i], m.rc);
+    ck_assert_msg(strstr(m.diags, "a fused part"), "%s: %s", bad[i], m.diags);
+    module_free(&m);
+  }
+  module m = parse_text("layout {\n  dense(i: 4) {\n    place x: i32\n  }\n}\n\n"
+                        "kernel k() {\n  %0 = const.i32 1\n  part 3 store x[%0], %0\n}\n");
+  ck_assert_msg(m.rc == 0, "%s", m.diags);
+  ck_assert_int_eq(m.ks[0]->stmts[1].part, 3);
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_verify(m.ks[0], &d), 0);
+  m.ks[0]->stmts[1].part = -2;
+  ck_assert_int_ne(fb_verify(m.ks[0], &d), 0);
+  char *dj = fb_diags_join(&d);
+  ck_assert_msg(strstr(dj, "fused part -2 is out of range"), "%s", dj);
+  free(dj);
+  fb_diags_free(&d);
+  module_free(&m);
+}
+END_TEST
 
 /* ---------------------------------------------------------------- goldens */
 
@@ -960,6 +1073,8 @@ static Suite *suite(void) {
   tcase_add_test(t, test_truncated_goldens);
   tcase_add_test(t, test_mutated_goldens);
   tcase_add_test(t, test_noise);
+  tcase_add_test(t, test_fused_parts_round_trip);
+  tcase_add_test(t, test_part_prefix_errors);
   suite_add_tcase(s, t);
   return s;
 }

@@ -242,6 +242,54 @@ START_TEST(test_ptx_blame) {
 }
 END_TEST
 
+/* Out of memory in fused tasks (docs/optimizer.md): a store that
+ * activates a pointer cell passes its part to the runtime, which (linked
+ * and inlined) latches FB_RT_BLAME_OOM(part) in the blame word where the
+ * pool has no room; the PTX still assembles. The part (3) is set by hand,
+ * as fusion would. */
+static const char *const quota_src =
+    "layout { pointer(i: 16) as blk { dense(i: 4) { place f: f32 } } }\n"
+    "kernel paint() { for i in 0 .. 64 { f[i] = 1.0 } }\n";
+
+START_TEST(test_ptx_quota_blame) {
+  char buf[4096];
+  const char *ptxas = find_ptxas(buf, sizeof buf);
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_parse("quota.fbk", quota_src, &p, &d), 0);
+  fb_kernel *ir = NULL;
+  ck_assert_int_eq(fb_program_instantiate(p, "paint", NULL, 0, &ir, &d), 0);
+  fb_task_list tl;
+  char err[512] = "";
+  ck_assert_int_eq(fb_lower(ir, &tl, err, sizeof err), 0);
+  ck_assert_int_eq(tl.n, 1);
+  fb_kernel *k = (fb_kernel *)tl.v[0].ir;
+  int stores = 0;
+  for (int i = 0; i < k->nstmts; i++)
+    if (k->stmts[i].op == FB_OP_STORE) k->stmts[i].part = 3, stores++;
+  ck_assert_int_eq(stores, 1);
+  fb_cg_task t = {k, tl.v[0].loop, 0, NULL};
+  char *ptx = NULL;
+  ck_assert_msg(fb_ptx_emit(&t, "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+  char w3[16];
+  snprintf(w3, sizeof w3, "%d", (int)FB_RT_BLAME_OOM(3));
+  if (!strstr(ptx, w3) || !strstr(ptx, "atom.cas.b32")) fprintf(stderr, "%s\n", ptx);
+  /* the runtime's atomic max (a compare-and-swap loop) of the word */
+  ck_assert_msg(strstr(ptx, w3) && strstr(ptx, "atom.cas.b32"),
+                "no out-of-memory blame of part 3 (%s), PTX above", w3);
+  ck_assert_int_eq(FB_RT_BLAMED_PART(FB_RT_BLAME_OOM(3)), 3);
+  ck_assert(FB_RT_BLAMED_OOM(FB_RT_BLAME_OOM(3)) && !FB_RT_BLAMED_OOM(FB_RT_BLAME(3)));
+  ck_assert_int_gt(FB_RT_BLAME_OOM(3), FB_RT_BLAME(3)); /* out of memory first in a part */
+  ck_assert_int_gt(FB_RT_BLAME(2), FB_RT_BLAME_OOM(3)); /* an earlier part first */
+  if (ptxas) ck_assert_int_eq(assemble(ptxas, ptx, "sm_80", "paint (quota blame)"), 0);
+  free(ptx);
+  fb_task_list_free(&tl);
+  fb_diags_free(&d);
+  fb_program_free(p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ptx");
   TCase *tc = tcase_create("nvptx");
@@ -250,6 +298,7 @@ int main(void) {
   tcase_add_test(tc, test_ptx_shape);
   tcase_add_test(tc, test_ptx_sparse);
   tcase_add_test(tc, test_ptx_blame);
+  tcase_add_test(tc, test_ptx_quota_blame);
   suite_add_tcase(s, tc);
   int rc = fbt_run(s);
   char buf[4096];

@@ -40,9 +40,10 @@ static void latch(fb_rt_dctx *ctx, int32_t code) {
   __atomic_compare_exchange_n(ctx->error, &none, code, 0, RELAXED, RELAXED);
 }
 
-/* An out-of-bounds access of fused part `part`: the earliest part wins. */
-static void blame(fb_rt_dctx *ctx, int32_t part) {
-  int32_t w = FB_RT_BLAME(part), cur = __atomic_load_n(&ctx->error[1], RELAXED);
+/* A failure of a fused part, w = FB_RT_BLAME(part) or FB_RT_BLAME_OOM(part):
+ * the earliest part wins (fb_rt.h). */
+static void blame(fb_rt_dctx *ctx, int32_t w) {
+  int32_t cur = __atomic_load_n(&ctx->error[1], RELAXED);
   while (cur < w && !__atomic_compare_exchange_n(&ctx->error[1], &cur, w, 1, RELAXED, RELAXED)) {}
 }
 
@@ -65,12 +66,22 @@ static uint64_t pop(fb_rt_state *rt, uint64_t *head) {
   return 0;
 }
 
-static void out_of_memory(fb_rt_dctx *ctx, int32_t snode, uint64_t bytes) {
+/* Snode's block did not fit, in fused part `part`. The state's oom word
+ * keeps one record for the host: the first task to run out owns it (a queued
+ * device runs a batch's tasks before the host reads any), and in that task
+ * the earliest part replaces a later part's record (the first SNode a part
+ * ran out on stays), as sync mode would report the earliest launch. */
+static void out_of_memory(fb_rt_dctx *ctx, int32_t snode, int32_t part) {
   fb_rt_state *rt = ctx->runtime;
-  int64_t none = -1;
-  if (__atomic_compare_exchange_n(&rt->oom_snode, &none, (int64_t)snode, 0, RELAXED, RELAXED))
-    __atomic_store_n(&rt->oom_bytes, bytes, RELAXED);
+  uint64_t me = (uint64_t)(uintptr_t)ctx->error, owner = 0;
+  if (__atomic_compare_exchange_n(&rt->oom_owner, &owner, me, 0, RELAXED, RELAXED)) owner = me;
+  if (owner == me) {
+    uint64_t w = FB_RT_OOM_WORD(part, snode), cur = __atomic_load_n(&rt->oom, RELAXED);
+    while ((cur >> 32) < (w >> 32) &&
+           !__atomic_compare_exchange_n(&rt->oom, &cur, w, 1, RELAXED, RELAXED)) {}
+  }
   latch(ctx, FB_RT_EQUOTA);
+  blame(ctx, FB_RT_BLAME_OOM(part));
 }
 
 /* ---------------------------------------------------------------- allocation */
@@ -88,7 +99,7 @@ static void clear_fresh(uint8_t *p, uint64_t n) {
 #endif
 }
 
-uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode) {
+uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode, int32_t part) {
   fb_rt_state *rt = ctx->runtime;
   fb_rt_allocator *a = &rt->allocs[snode];
   uint64_t h = pop(rt, &a->free_head);
@@ -96,7 +107,7 @@ uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode) {
     uint64_t used = __atomic_load_n(&rt->pool_used, RELAXED);
     do {
       if (used + a->stride > rt->pool_cap) {
-        out_of_memory(ctx, snode, a->block_bytes);
+        out_of_memory(ctx, snode, part);
         return 0;
       }
     } while (
@@ -116,10 +127,10 @@ static void give_back(fb_rt_state *rt, int32_t snode, uint8_t *block) {
   push(rt, &a->free_head, handle_of(rt, block));
 }
 
-uint8_t *fb_rt_ptr_activate(fb_rt_dctx *ctx, int32_t snode, uint64_t *slot) {
+uint8_t *fb_rt_ptr_activate(fb_rt_dctx *ctx, int32_t snode, uint64_t *slot, int32_t part) {
   uint64_t cur = __atomic_load_n(slot, RELAXED);
   if (cur) return (uint8_t *)(uintptr_t)cur;
-  uint8_t *b = fb_rt_alloc(ctx, snode);
+  uint8_t *b = fb_rt_alloc(ctx, snode, part);
   if (!b) return 0;
   uint64_t expected = 0;
   if (__atomic_compare_exchange_n(slot, &expected, (uint64_t)(uintptr_t)b, 0, ACQ_REL, ACQUIRE)) {
@@ -144,11 +155,11 @@ static void atomic_max_u64(uint64_t *p, uint64_t v) {
 }
 
 uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n, int64_t chunk,
-                            int64_t cell_bytes) {
+                            int64_t cell_bytes, int32_t part) {
   uint64_t *slots = (uint64_t *)(node + 8);
   uint8_t *c = 0;
   for (int64_t k = 0; k <= n / chunk; k++)
-    if (!(c = fb_rt_ptr_activate(ctx, snode, &slots[k]))) return 0;
+    if (!(c = fb_rt_ptr_activate(ctx, snode, &slots[k], part))) return 0;
   atomic_max_u64((uint64_t *)node, (uint64_t)n + 1);
   return c + (n % chunk) * cell_bytes;
 }
@@ -159,11 +170,11 @@ uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t
   *n_out = -1;
   if (n >= (uint64_t)max) {
     latch(ctx, FB_RT_EBOUNDS);
-    blame(ctx, part);
+    blame(ctx, FB_RT_BLAME(part));
     return 0;
   }
   uint64_t *slots = (uint64_t *)(node + 8);
-  uint8_t *c = fb_rt_ptr_activate(ctx, snode, &slots[n / (uint64_t)chunk]);
+  uint8_t *c = fb_rt_ptr_activate(ctx, snode, &slots[n / (uint64_t)chunk], part);
   if (!c) return 0;
   *n_out = (int64_t)n;
   return c + (int64_t)(n % (uint64_t)chunk) * cell_bytes;

@@ -36,12 +36,18 @@
 /* A task's error words (fb_rt_dctx.error, two int32_t, zero before the
  * task): error[0] the first error latched (compare-and-swap from 0);
  * error[1] the blame word: which part of a fused task (fb_stmt.part, parts
- * in stream order) an access that latched FB_RT_EBOUNDS came from, the
- * earliest when several failed. Kept as FB_RT_BLAME(part) by atomic max,
- * so that 0 means none and the largest word is the smallest part; written
- * only on the failure path. */
-#define FB_RT_BLAME(part) ((int32_t)(0x7fffffff - (part)))
-#define FB_RT_BLAMED_PART(word) ((word) > 0 ? 0x7fffffff - (word) : -1)
+ * in stream order) failed first in stream order, and how. An access out of
+ * bounds (or a full dynamic list) keeps FB_RT_BLAME(part), a block that did
+ * not fit in the pool (FB_RT_EQUOTA) FB_RT_BLAME_OOM(part), by atomic max:
+ * 0 means none, and the largest word is the smallest part, out of memory
+ * before out of bounds within one part (sync mode reports a launch's out of
+ * memory first). Written only on the failure path. Parts up to
+ * FB_RT_MAX_PART (no fused task has that many). */
+#define FB_RT_MAX_PART 0x3ffffffe
+#define FB_RT_BLAME_OOM(part) ((int32_t)(0x7fffffff - 2 * (part)))
+#define FB_RT_BLAME(part) ((int32_t)(0x7fffffff - 2 * (part) - 1))
+#define FB_RT_BLAMED_PART(word) ((word) > 0 ? (0x7fffffff - (word)) / 2 : -1)
+#define FB_RT_BLAMED_OOM(word) ((word) > 0 && ((0x7fffffff - (word)) & 1) == 0)
 
 /* SNode kinds (equal to fb_snode_kind). */
 #define FB_RT_DENSE 1
@@ -79,14 +85,21 @@ typedef struct fb_rt_state {
   uint8_t *pool;       /* base of the session's block pool */
   uint64_t pool_used;  /* bytes handed out, headers included (atomic) */
   uint64_t pool_cap;   /* bytes the pool may hand out: set before each launch */
-  int64_t oom_snode;   /* first SNode whose block did not fit, -1 none */
-  uint64_t oom_bytes;  /* size of that block */
+  /* The first block that did not fit: 0 none, else FB_RT_OOM_WORD(part,
+   * snode) of the first task that ran out (oom_owner: its error words'
+   * address), and within that task of its earliest part (the first SNode
+   * that part ran out on); the host reads it (fb_sparse_take_oom) */
+  uint64_t oom;
+  uint64_t oom_owner;
   fb_rt_allocator *allocs; /* per SNode id */
   fb_rt_list *lists;   /* per SNode id */
   uint64_t nnodes;
   uint64_t zero_fresh; /* 1: pool memory is not zero (GPU pools): blocks
                         * taken from it are zeroed before they are used */
 } fb_rt_state;
+
+#define FB_RT_OOM_WORD(part, snode)                                                                \
+  (((uint64_t)(uint32_t)FB_RT_BLAME_OOM(part) << 32) | (uint64_t)(uint32_t)(snode))
 
 /* Mirror of fb_rt_ctx (codegen/codegen.h), which the runtime cannot include
  * on the device; the host checks that the two agree. */
@@ -143,21 +156,22 @@ typedef struct fb_rt_cell {
  * ctx is the task's context; snode ids index the state's tables. */
 
 /* A zero-filled block of snode's allocator, or NULL when the pool is full
- * (then oom_snode is recorded and FB_RT_EQUOTA latched). */
-uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode);
+ * (then FB_RT_EQUOTA is latched, blaming fused part `part`, and the block
+ * recorded in the state's oom word). */
+uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode, int32_t part);
 /* The child block in pointer slot `slot`, allocating it (compare-and-swap)
- * when the slot is empty. NULL when out of memory. */
-uint8_t *fb_rt_ptr_activate(fb_rt_dctx *ctx, int32_t snode, uint64_t *slot);
+ * when the slot is empty. NULL when out of memory (blaming `part`). */
+uint8_t *fb_rt_ptr_activate(fb_rt_dctx *ctx, int32_t snode, uint64_t *slot, int32_t part);
 /* Put a block that was unlinked from its slot on snode's pending list. */
 void fb_rt_release(fb_rt_dctx *ctx, int32_t snode, uint8_t *block);
 /* Dynamic node at `node` (length, then nchunk slots): cell n, allocating
  * chunks 0 .. n / chunk and raising the length to n + 1. NULL when out of
- * memory. */
+ * memory (blaming `part`). */
 uint8_t *fb_rt_dyn_activate(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t n, int64_t chunk,
-                            int64_t cell_bytes);
+                            int64_t cell_bytes, int32_t part);
 /* Append to the dynamic node: takes slot n = length++ and returns its cell
  * with *n_out = n; NULL with *n_out = -1 when the list is full (FB_RT_EBOUNDS
- * latched, blaming fused part `part`) or out of memory. */
+ * latched, blaming fused part `part`) or out of memory (blaming it too). */
 uint8_t *fb_rt_dyn_append(fb_rt_dctx *ctx, int32_t snode, uint8_t *node, int64_t max, int64_t chunk,
                           int64_t cell_bytes, int64_t *n_out, int32_t part);
 /* Deactivate a dynamic node: length 0, chunks onto the pending list. */

@@ -197,9 +197,15 @@ typedef struct fb_stmt {
    * order the task runs its parts; 0 outside fused tasks): fb_ir_fuse adds
    * A's part count to B's statements, a pass that merges statements keeps
    * the smallest, and code generation latches it with an access's
-   * FB_EBOUNDS so that the engine names the launch that failed. */
+   * FB_EBOUNDS or FB_EQUOTA so that the engine names the launch that
+   * failed. 0 to FB_IR_MAX_PART (the verifier checks it); the text form
+   * writes it as a "part N" prefix where it is not 0 (docs/ir.md). */
   int32_t part;
 } fb_stmt;
+
+/* The largest fb_stmt.part: what the generated code's blame word holds
+ * (codegen/rt/fb_rt.h, FB_RT_MAX_PART); no fused task has that many. */
+#define FB_IR_MAX_PART 0x3ffffffe
 
 typedef struct fb_block {
   int32_t *ids;
