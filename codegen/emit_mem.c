@@ -240,6 +240,48 @@ static LLVMValueRef place_addr(fb_emit *e, int place, LLVMValueRef idx[FB_MAX_AX
   return place_addr_in(e, e->c_root, place, idx);
 }
 
+/* Type-based alias information: each field (place) its own TBAA type under
+ * a root of our own, so LLVM knows that an access to one field never
+ * touches another (all fields share the root buffer, which otherwise hides
+ * it): loads of v stay in registers across stores to new_x, and loops need
+ * no run-time overlap checks between fields. Sound because places occupy
+ * disjoint bytes (the layout's dense cells; sparse blocks come from one
+ * allocator per SNode and are never reused within a task, docs/sparse.md);
+ * what is not tagged (the runtime's own accesses under clang's root,
+ * scratch, the paired 64-bit CAS) may alias anything; the sparse
+ * structure (slots, masks) has a type of its own, tag_slots below. The error
+ * flag (another allocation) has a type of its own too, so that a latch on
+ * a cold out-of-bounds path does not make LLVM reload every field. */
+static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
+  LLVMMetadataRef root_s = LLVMMDStringInContext2(e->c, "fusebox fields", 14);
+  LLVMMetadataRef root = LLVMMDNodeInContext2(e->c, &root_s, 1);
+  LLVMMetadataRef ops[3] = {LLVMMDStringInContext2(e->c, name, n), root,
+                            LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
+  LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
+  LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
+}
+
+static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
+  char name[32];
+  int n = snprintf(name, sizeof name, "fb.place.%d", place);
+  tag_named(e, inst, name, (size_t)n);
+}
+
+/* The structure of sparse containers (pointer slots, bitmask words, a
+ * dynamic node's length and chunk slots) has a type of its own, apart from
+ * every field: a walk's slot loads then stay valid across field stores,
+ * so LLVM reuses them (the components of a cell stored one after the
+ * other, the next cell's walk) and hoists those whose address is invariant
+ * out of a cell loop. Every access of ours to that memory carries this tag
+ * (loads, activation's atomic or, deactivation's and/exchange), so none
+ * moves past another; the runtime's (activation, append, clear, release,
+ * list generation: calls, or code inlined under clang's root) may alias
+ * anything. Sound for the reason above: slots and masks occupy bytes of
+ * their own in the layout, apart from every place's. */
+static void tag_slots(fb_emit *e, LLVMValueRef inst) { tag_named(e, inst, "fb.slots", 8); }
+
 /* ---------------------------------------------------------------- sparse walk
  * From the root down a path of containers, one step per container kind.
  * Reading, an inactive level leaves for w->off; writing, each level is
@@ -317,6 +359,7 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
   LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "bit");
   LLVMValueRef word = LLVMBuildLoad2(e->b, e->t_i32, wp, "mask");
   LLVMSetAlignment(word, 4);
+  tag_slots(e, word);
   LLVMValueRef set = LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, word, bit, ""),
                                    fb_emit_i32(e, 0), "active");
   LLVMValueRef zero = w->write ? NULL : zero_block(e, w, (int64_t)c->cell_bytes);
@@ -336,6 +379,7 @@ static LLVMValueRef bitmasked_step(fb_emit *e, walk *w, const fb_snode *c, LLVMV
     LLVMValueRef old =
         LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpOr, wp, bit, LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
+    tag_slots(e, old);
     LLVMBuildBr(e->b, on);
     LLVMPositionBuilderAtEnd(e->b, on);
   }
@@ -351,6 +395,7 @@ static LLVMValueRef pointer_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
                                             LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef p = LLVMBuildLoad2(e->b, e->t_i64, slot, "slot");
   LLVMSetAlignment(p, 8);
+  tag_slots(e, p);
   LLVMValueRef live = LLVMBuildICmp(e->b, LLVMIntNE, p, fb_emit_i64(e, 0), "");
   if (!w->write) {
     LLVMValueRef zero = zero_block(e, w, (int64_t)c->cell_bytes);
@@ -380,6 +425,7 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
   LLVMValueRef node = byte_gepc(e, base, (int64_t)c->offset);
   LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
   LLVMSetAlignment(len, 8);
+  tag_slots(e, len);
   LLVMValueRef ck = fb_emit_i64(e, c->chunk);
   LLVMValueRef q = LLVMBuildUDiv(e->b, n, ck, "");
   LLVMValueRef slot = byte_gep(
@@ -387,6 +433,7 @@ static LLVMValueRef dynamic_step(fb_emit *e, walk *w, const fb_snode *c, LLVMVal
       LLVMBuildAdd(e->b, fb_emit_i64(e, 8), LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
   LLVMValueRef chunk = LLVMBuildLoad2(e->b, e->t_i64, slot, "chunk");
   LLVMSetAlignment(chunk, 8);
+  tag_slots(e, chunk);
   LLVMValueRef live =
       LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, n, len, ""),
                    LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "");
@@ -441,34 +488,6 @@ static LLVMValueRef walk_to(fb_emit *e, walk *w, int last) {
     }
   }
   return base;
-}
-
-/* Type-based alias information: each field (place) its own TBAA type under
- * a root of our own, so LLVM knows that an access to one field never
- * touches another (all fields share the root buffer, which otherwise hides
- * it): loads of v stay in registers across stores to new_x, and loops need
- * no run-time overlap checks between fields. Sound because places occupy
- * disjoint bytes (the layout's dense cells; sparse blocks come from one
- * allocator per SNode and are never reused within a task, docs/sparse.md);
- * what is not tagged (masks, the runtime's own accesses under clang's
- * root, scratch, the paired 64-bit CAS) may alias anything. The error
- * flag (another allocation) has a type of its own too, so that a latch on
- * a cold out-of-bounds path does not make LLVM reload every field. */
-static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n) {
-  LLVMMetadataRef root_s = LLVMMDStringInContext2(e->c, "fusebox fields", 14);
-  LLVMMetadataRef root = LLVMMDNodeInContext2(e->c, &root_s, 1);
-  LLVMMetadataRef ops[3] = {LLVMMDStringInContext2(e->c, name, n), root,
-                            LLVMValueAsMetadata(fb_emit_i64(e, 0))};
-  LLVMMetadataRef type = LLVMMDNodeInContext2(e->c, ops, 3);
-  LLVMMetadataRef tag_ops[3] = {type, type, LLVMValueAsMetadata(fb_emit_i64(e, 0))};
-  LLVMMetadataRef tag = LLVMMDNodeInContext2(e->c, tag_ops, 3);
-  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
-}
-
-static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
-  char name[32];
-  int n = snprintf(name, sizeof name, "fb.place.%d", place);
-  tag_named(e, inst, name, (size_t)n);
 }
 
 /* ---------------------------------------------------------------- bounds guard */
@@ -758,9 +777,9 @@ static int emit_store(fb_emit *e, int id, const fb_stmt *s) {
  * vector field: `q[I] = r` is q.0[I] = r.0, q.1[I] = r.1, q.2[I] = r.2):
  * one bounds check and one walk (activating for store, skipping an
  * inactive cell for store_na), then a store of each field into the cell.
- * Each store alone would walk the path again, and reload each level's
- * slot after the previous store (the slots' loads are untagged, so they
- * may alias the stored field). Same effect: the same cell is activated (or
+ * Each store alone would walk the path again (and, before slot loads had
+ * a TBAA type of their own, reload each level's slot after the previous
+ * store). Same effect: the same cell is activated (or
  * found inactive) once instead of once per field, and the values are
  * computed before the first store. */
 int fb_emit_try_stores(fb_emit *e, const int *ids, int n) {
@@ -1127,6 +1146,7 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
         LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpAnd, wp, LLVMBuildNot(e->b, bit, ""),
                            LLVMAtomicOrderingMonotonic, 0);
     LLVMSetAlignment(old, 4);
+    tag_slots(e, old);
     continue_if(
         e, w,
         LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, old, bit, ""), fb_emit_i32(e, 0), ""),
@@ -1149,12 +1169,14 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
     LLVMValueRef old = LLVMBuildAtomicRMW(e->b, LLVMAtomicRMWBinOpXchg, slot, fb_emit_i64(e, 0),
                                           LLVMAtomicOrderingAcquireRelease, 0);
     LLVMSetAlignment(old, 8);
+    tag_slots(e, old);
     continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntNE, old, fb_emit_i64(e, 0), ""), "ptr.release");
     LLVMValueRef args[3] = {rt_ctx(e), sid, LLVMBuildIntToPtr(e->b, old, e->t_ptr, "")};
     fb_emit_call(e, "fb_rt_release", e->t_void, args, 3);
   } else {
     LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
     LLVMSetAlignment(len, 8);
+    tag_slots(e, len);
     continue_if(e, w, LLVMBuildICmp(e->b, LLVMIntULT, lin, len, ""), "dyn.clear");
     int64_t nch = (c->ncells + c->chunk - 1) / c->chunk;
     LLVMValueRef args[4] = {rt_ctx(e), sid, fb_emit_generic(e, node), fb_emit_i64(e, nch)};
@@ -1238,6 +1260,7 @@ static int emit_length(fb_emit *e, int id, const fb_stmt *s) {
   if (!base) return e->rc;
   LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, base, (int64_t)d->offset), "len");
   LLVMSetAlignment(len, 8);
+  tag_slots(e, len);
   LLVMValueRef max = fb_emit_i64(e, d->ncells);
   len = LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntULT, len, max, ""), len, max, "");
   LLVMValueRef v = off_end(e, w.off, LLVMBuildTrunc(e->b, len, e->t_i32, ""), zero);

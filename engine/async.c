@@ -365,22 +365,52 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, uint64_t basis,
  * PLAN_STREAK reused plans in a row the automatic flush waits twice as
  * long, up to FLUSH_AT_MAX tasks (the longest window the memo keeps); a
  * window it could not keep (not a repeating one) goes back to flush_every.
- * Only with the default flush_every: a session that set one gets it. */
+ * Only with the default flush_every: a session that set one gets it.
+ *
+ * A doubled width can fail for good: the first window at it neither hits
+ * nor stores a plan (MGPCG's two-iteration window, 1,066 tasks: the graph
+ * it leaves is not the one the one-iteration windows left, so it is no
+ * fixed point the memo keeps). Falling back to flush_every and doubling
+ * again re-optimized that window from scratch every few flushes (and
+ * cost the window after it a miss too): once a step on mgpcg2d, 3-47 ms
+ * each. So a probe that fails caps the width below it (flush_cap) for
+ * CAP_FLUSHES flushes; the cap then expires, so that a stream that
+ * changes can grow again (a probe costs two misses, CAP_FLUSHES flushes
+ * are a few solver steps). Only the first window at a new width, cut by
+ * the width (tasks_in >= flush_at), counts as its probe: a miss at a new
+ * frame, after a host write, or a window a sync cut short says nothing
+ * about the width. */
 #define PLAN_STREAK 2
 #define FLUSH_AT_MAX 4096
+#define CAP_FLUSHES 128
 
 static void adapt_flush(async_state *a) {
   if (!a->adapt || !a->flush_every) return;
   const fb_opt_counters *f = &fb_opt_get_stats(a->o)->flush;
+  int probe = a->probe;
+  a->probe = 0;
+  if (a->flush_cap && a->flushes >= a->cap_until) a->flush_cap = 0;
   if (f->plans_reused) {
-    if (++a->plan_streak >= PLAN_STREAK && a->flush_at < FLUSH_AT_MAX) {
+    if (++a->plan_streak >= PLAN_STREAK && a->flush_at < FLUSH_AT_MAX &&
+        (!a->flush_cap || a->flush_at * 2 < a->flush_cap)) {
       a->flush_at = a->flush_at * 2 > FLUSH_AT_MAX ? FLUSH_AT_MAX : a->flush_at * 2;
       a->plan_streak = 0;
+      a->probe = 1;
     }
     return;
   }
   a->plan_streak = 0;
-  if (!f->plans_stored) a->flush_at = a->flush_every;
+  if (f->plans_stored) return;
+  if (probe && f->tasks_in >= (uint64_t)a->flush_at) {
+    a->flush_cap = a->flush_at;
+    a->cap_until = a->flushes + CAP_FLUSHES;
+    a->capped++;
+  }
+  a->flush_at = a->flush_every;
+}
+
+uint64_t fb_session_test_capped_widths(const fb_session *s) {
+  return s && s->as ? s->as->capped : 0;
 }
 
 /* ---- windows aligned to the stream's period

@@ -26,6 +26,12 @@ uint64_t fb_session_test_queue_waits(const fb_session *s);
  * stream's period"); 0 in sync mode. The session's thread only. */
 uint64_t fb_session_test_aligned_flushes(const fb_session *s);
 
+/* How many doubled flush widths of an async session failed their first
+ * window (the plan memo neither hit nor stored it) and capped the width
+ * (engine/async.c, adapt_flush); 0 in sync mode. The session's thread
+ * only. */
+uint64_t fb_session_test_capped_widths(const fb_session *s);
+
 /* How many batch entries of an async session ran a stand-in's code (the
  * task as inserted) while their own demoted code compiled in the
  * background. Read on the session's calling thread. */

@@ -162,6 +162,13 @@ typedef struct async_state {
   int flush_at;
   int adapt;
   int plan_streak;
+  /* a doubled width whose first window the memo could not keep: flush_at
+   * stays below flush_cap (0: none) until flush number cap_until
+   * (adapt_flush); probe: the last flush doubled flush_at */
+  int flush_cap, probe;
+  uint64_t cap_until;
+  uint64_t capped;         /* probes that set flush_cap
+                              (fb_session_test_capped_widths) */
   /* the stream's repeating period, which the automatic flush aligns its
    * cuts to (the default flush_every only; async.c, "Windows aligned to
    * the stream's period"): a key per launch (kernel and argument values),

@@ -106,6 +106,7 @@ typedef struct results {
   int npc, cappc;
   fb_counters c;
   uint64_t aligned; /* fb_session_test_aligned_flushes at the end */
+  uint64_t capped;  /* fb_session_test_capped_widths at the end */
 } results;
 
 static void add_piece(results *r, const char *label, const void *data, size_t len) {
@@ -325,6 +326,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   read_all(u.s, p, r, "end:");
   fb_session_counters(u.s, &r->c);
   r->aligned = fb_session_test_aligned_flushes(u.s);
+  r->capped = fb_session_test_capped_widths(u.s);
   last_standins = fb_session_test_standins(u.s);
   last_bg_peak = fb_session_test_bg_peak(u.s);
   fb_session_destroy(u.s);
@@ -1875,6 +1877,44 @@ START_TEST(period_aligned_flushes) {
 }
 END_TEST
 
+/* A stream whose doubled window the plan memo cannot keep: three serial
+ * updates of one scalar (a b c, repeated, no sync). Fusion pairs them
+ * greedily across the window, so the task that last writes s (what the
+ * next window meets) depends on the window's width: the first window at a
+ * doubled width leaves a graph other than the one it found, and neither
+ * hits nor stores a plan (MGPCG's two-iteration window, small). Before
+ * the cap, the width fell back to flush_every and doubled into the same
+ * failure every few flushes, each one optimized afresh; now a failed
+ * width is not tried again for a while (engine/async.c, adapt_flush). */
+static const char *serial_src = "layout {\n  dense(i: 4) { place x: f32 }\n  place s: f32\n}\n"
+                                "kernel a() { s[] = s[] * 0.5 + 1.0 }\n"
+                                "kernel b() { s[] = s[] + 0.25 }\n"
+                                "kernel c() { s[] = s[] * 0.75 }\n";
+
+START_TEST(failed_width_capped) {
+  enum { PERIODS = 1500 };
+  char *script = malloc(16 + PERIODS * 30), *w = script;
+  for (int i = 0; i < PERIODS; i++) w += sprintf(w, "launch a\nlaunch b\nlaunch c\n");
+  fb_session_config sync = {.mode = "sync", .seed = 7}, dflt = async_cfg(0, 0);
+  results want = {0}, got = {0};
+  run_script(eng, serial_src, script, &sync, &want);
+  run_script(eng, serial_src, script, &dflt, &got);
+  same_results(&want, &got, "async, capped width");
+  /* the doubled width failed its probe and was capped */
+  ck_assert_uint_ge(got.capped, 1);
+  ck_assert_uint_ge(got.c.flushes, 3 * PERIODS / 102); /* the width stayed below 100 */
+  /* and the windows the optimizer ran its passes on (no plan reused):
+   * the first few and a probe or two; not every other flush (38 of 72
+   * before) */
+  uint64_t fresh = got.c.flushes - got.c.plans_reused;
+  ck_assert_msg(fresh <= 10, "%llu of %llu flushes optimized afresh", (unsigned long long)fresh,
+                (unsigned long long)got.c.flushes);
+  results_free(&want);
+  results_free(&got);
+  free(script);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- back-pressure */
 
 typedef struct gate {
@@ -2123,6 +2163,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
+  tcase_add_test(tc, failed_width_capped);
   tcase_add_test(tc, lists_after_a_cancelled_flush);
   tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);

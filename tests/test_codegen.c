@@ -765,7 +765,8 @@ static const char *ZERO_SRC = "layout {\n"
                               "kernel acc() { for i in 0 .. 32 { a[(i + 1) % 32] += [1.0, 2.0, "
                               "3.0] } }\n";
 
-static char *task_ir(fb_program *p, const char *kernel, const char *target) {
+/* The IR of the first of kernel's ntasks tasks. */
+static char *task_ir_n(fb_program *p, const char *kernel, const char *target, int ntasks) {
   fb_kernel *k = NULL;
   fb_diags d;
   fb_diags_init(&d);
@@ -774,13 +775,17 @@ static char *task_ir(fb_program *p, const char *kernel, const char *target) {
   fb_task_list tl;
   char err[512] = "";
   ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
-  ck_assert_int_eq(tl.n, 1);
+  ck_assert_int_eq(tl.n, ntasks);
   fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
   char *text = NULL;
   ck_assert_msg(fb_llvm_ir_text(&t, target, &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
                 err);
   fb_task_list_free(&tl);
   return text;
+}
+
+static char *task_ir(fb_program *p, const char *kernel, const char *target) {
+  return task_ir_n(p, kernel, target, 1);
 }
 
 /* Lines of s up to the end of its first function that contain a and b. */
@@ -899,6 +904,109 @@ START_TEST(test_store_walk_ir) {
 }
 END_TEST
 
+/* Loads of sparse structure (pointer slots, bitmask words) carry a TBAA
+ * type of their own (emit_mem.c, tag_slots), apart from every field's: a
+ * slot whose address is invariant leaves a loop that only stores fields
+ * (hoist). Our own writes to structure carry the same type, so a load
+ * that such a write may change stays in the loop: a bitmasked store's
+ * activation (an atomic or of the mask word, kept) and deactivation's
+ * exchange of a pointer slot (dea). */
+static const char *SLOT_SRC = "layout {\n"
+                              "  pointer(i: 4) as pa { dense(i: 8) { place a: f32 } }\n"
+                              "  bitmasked(i: 4) { dense(i: 8) { place m: f32 } }\n"
+                              "  dense(i: 64) { place b: f32 }\n"
+                              "}\n"
+                              "kernel hoist() { for i in 0 .. 64 { b[i] = a[3] + f32(i) } }\n"
+                              "kernel kept() {\n"
+                              "  for i in 0 .. 64 {\n"
+                              "    b[i] = m[3] + f32(i)\n"
+                              "    m[(i * 7) % 32] = 1.0\n"
+                              "  }\n"
+                              "}\n"
+                              "kernel dea() {\n"
+                              "  for i in 0 .. 64 {\n"
+                              "    b[i] = a[3] + f32(i)\n"
+                              "    deactivate(pa, (i * 3) % 4)\n"
+                              "  }\n"
+                              "}\n";
+
+/* The first line of s, up to the end of its function, containing a and b. */
+static const char *line_with(const char *s, const char *a, const char *b) {
+  while (*s) {
+    const char *nl = strchr(s, '\n');
+    size_t len = nl ? (size_t)(nl - s) : strlen(s);
+    char line[512];
+    snprintf(line, sizeof line, "%.*s", (int)len, s);
+    if (!strcmp(line, "}")) return NULL;
+    if (strstr(line, a) && strstr(line, b)) return s;
+    s += len + (nl != NULL);
+  }
+  return NULL;
+}
+
+/* The N of "!tbaa !N" on the line at s, or -1. */
+static int tbaa_of(const char *s) {
+  const char *nl = strchr(s, '\n');
+  const char *t = strstr(s, "!tbaa !");
+  return t && (!nl || t < nl) ? atoi(t + 7) : -1;
+}
+
+START_TEST(test_slot_tbaa_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("slot.fbk", SLOT_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  /* before optimization: the slot, the mask word and the writes to them
+   * share one type, which is not the fields' */
+  char *ir = task_ir(p, "hoist", "x86_64");
+  char *b0 = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(b0);
+  const char *ld = line_with(b0, "%slot", "= load i64"), *fl = line_with(b0, "= load float", "");
+  ck_assert_msg(ld && fl && tbaa_of(ld) >= 0 && tbaa_of(fl) >= 0 && tbaa_of(ld) != tbaa_of(fl),
+                "hoist: the slot load has no type of its own:\n%s", b0);
+  ck_assert_msg(strstr(ir, "!\"fb.slots\""), "hoist: no fb.slots type:\n%s", ir);
+  free(ir);
+  ir = task_ir(p, "kept", "x86_64");
+  b0 = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(b0);
+  ld = line_with(b0, "%mask", "= load i32");
+  const char *wr = line_with(b0, "atomicrmw or", "");
+  ck_assert_msg(ld && wr && tbaa_of(ld) >= 0 && tbaa_of(ld) == tbaa_of(wr),
+                "kept: the mask load and the activation's atomic or differ in type:\n%s", b0);
+  free(ir);
+  ir = task_ir_n(p, "dea", "x86_64", 2); /* the loop, then gc */
+  b0 = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(b0);
+  ld = line_with(b0, "%slot", "= load i64");
+  wr = line_with(b0, "atomicrmw xchg", "");
+  ck_assert_msg(ld && wr && tbaa_of(ld) >= 0 && tbaa_of(ld) == tbaa_of(wr),
+                "dea: the slot load and deactivation's exchange differ in type:\n%s", b0);
+  free(ir);
+  /* after O3: where the loop's counter is (its phi), and what is loaded
+   * after it */
+  const char *kern[3] = {"hoist", "kept", "dea"};
+  const char *what[3][2] = {
+      {"%slot", "= load i64"}, {"%mask", "= load i32"}, {"%slot", "= load i64"}};
+  for (int n = 0; n < 3; n++) {
+    ir = task_ir_n(p, kern[n], "x86_64-O3", n == 2 ? 2 : 1);
+    b0 = strstr(ir, "define void @fb_body(");
+    ck_assert_ptr_nonnull(b0);
+    const char *head = line_with(b0, "%it", "= phi");
+    ck_assert_msg(head != NULL, "%s: no loop:\n%s", kern[n], b0);
+    const char *in_loop = line_with(head, what[n][0], what[n][1]);
+    if (n == 0)
+      ck_assert_msg(!in_loop && line_with(b0, what[n][0], what[n][1]),
+                    "hoist: the invariant slot load is not hoisted out of the loop:\n%s", b0);
+    else
+      ck_assert_msg(in_loop != NULL, "%s: a load hoisted past a write to its slot:\n%s", kern[n],
+                    b0);
+    free(ir);
+  }
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(test_fast_results) {
   fb_program *p = fast_program();
   const fb_layout *l = fb_program_layout(p);
@@ -959,6 +1067,7 @@ int main(void) {
   tcase_add_test(tc, test_priv_ir);
   tcase_add_test(tc, test_zero_walk_ir);
   tcase_add_test(tc, test_store_walk_ir);
+  tcase_add_test(tc, test_slot_tbaa_ir);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }
