@@ -90,7 +90,8 @@ static void count_decoded(void *ctx, int64_t d) {
 
 /* How much a's decode may take: FBP_DECODE_FACTOR x max_message_bytes, and
  * for a request that lives past its decode (lives) no more than the memory
- * budget has free, so that its decoded form is admitted as it is made. */
+ * budget has free (pending launches aside), so that its decoded form is
+ * admitted as it is made. */
 static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
   uint64_t mm = srv->cfg->max_message_bytes, cap = mm * FBP_DECODE_FACTOR;
   if (cap / FBP_DECODE_FACTOR != mm) cap = UINT64_MAX;
@@ -98,7 +99,9 @@ static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
   if (!lives || !srv->memory_budget) return cap;
   uint64_t part[FBD_MEM_NPARTS], used = 0;
   fbd_budget_usage(srv, part);
-  for (int i = 0; i < FBD_MEM_NPARTS; i++) used += part[i];
+  /* pending launches give way: past the budget they are run before the
+   * stream goes on (fbd_budget_pending_cap counts these bytes as others') */
+  for (int i = 0; i < FBD_MEM_NPARTS; i++) used += i == FBD_MEM_PENDING ? 0 : part[i];
   uint64_t room = used < srv->memory_budget ? srv->memory_budget - used : 0;
   if (room < DECODE_FLOOR) room = DECODE_FLOOR;
   if (room < cap) *by_budget = 1;
