@@ -23,12 +23,10 @@
 
 #include "server/server.h"
 
-const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {"sessions", "staging", "queued responses",
-                                                        "pending launches", "JIT code",
-                                                        "decoded requests"};
-const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {"sessions", "staging", "queued_responses",
-                                                       "pending_launches", "jit_code",
-                                                       "decoded_requests"};
+const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {
+    "sessions", "staging", "queued responses", "pending launches", "JIT code", "decoded requests"};
+const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {
+    "sessions", "staging", "queued_responses", "pending_launches", "jit_code", "decoded_requests"};
 
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
   if (cfg->code_cache_bytes) return cfg->code_cache_bytes;

@@ -132,8 +132,8 @@ static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, siz
     fbd_call_finish(c, FB_EQUOTA, "%s", err);
     return;
   }
-  fbd_logf(srv->log, FBD_LOG_WARN, "%s of %s on %s from %s decodes to more than %s: refused", d->name,
-           w, c->m->path + 1, c->peer ? c->peer : "?", l);
+  fbd_logf(srv->log, FBD_LOG_WARN, "%s of %s on %s from %s decodes to more than %s: refused",
+           d->name, w, c->m->path + 1, c->peer ? c->peer : "?", l);
   fbd_call_finish(c, FB_EQUOTA,
                   "%s of %s decodes to more than %s, the most one request may decode to "
                   "(%d x max_message_bytes %s; repeated empty sub-messages decode to tens "

@@ -551,7 +551,6 @@ START_TEST(arena_reuse) {
 }
 END_TEST
 
-
 /* The limit: allocations past it fail and say so, held and the count
  * callback follow every block, and protobuf-c's unpack fails cleanly under
  * it (a batch of empty launches decodes to tens of times its bytes). */
@@ -587,8 +586,8 @@ START_TEST(arena_limit) {
   fbp_session_tail(&b, "s", 0, 1);
   fbp_arena_init(&a);
   a.limit = 4 * b.n;
-  ck_assert_ptr_null(protobuf_c_message_unpack(&fusebox__v1__session_request__descriptor, &a.pb,
-                                               b.n, b.p));
+  ck_assert_ptr_null(
+      protobuf_c_message_unpack(&fusebox__v1__session_request__descriptor, &a.pb, b.n, b.p));
   ck_assert(a.over);
   ck_assert_uint_le(a.held, a.limit);
   fbp_arena_free(&a);
