@@ -54,6 +54,8 @@ TRACE = bool(os.environ.get("FB_FUZZ_TRACE"))
 
 SC = grpc.StatusCode
 # statuses a hostile request may get; anything else is a finding
+# (UNIMPLEMENTED is gRPC's code for a method path or a backend this server
+# does not serve, e.g. a CUDA session on a CPU-only fuseboxd: not unfinished work)
 ALLOWED = {SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.RESOURCE_EXHAUSTED, SC.OUT_OF_RANGE,
            SC.FAILED_PRECONDITION, SC.PERMISSION_DENIED, SC.UNIMPLEMENTED, SC.ABORTED,
            SC.ALREADY_EXISTS, SC.CANCELLED}
