@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -63,8 +64,17 @@ extern char **environ;
 #define WATCH_BYTES 4096
 #define FAULT_ENV "FUSEBOXD_FAULT_INJECT" /* a test hook: see fault_init */
 /* A worker's own namespaces: no network interface but a loopback that is
- * down, and no System V IPC or POSIX message queue of anyone else. */
-#define WORKER_NS (CLONE_NEWNET | CLONE_NEWIPC)
+ * down, and no System V IPC or POSIX message queue of anyone else
+ * (WORKER_NS_NET); with WORKER_NS_ROOT also a mount namespace whose root,
+ * once the engine is made, is an empty read-only tmpfs (empty_root). */
+#define WORKER_NS_NET 1
+#define WORKER_NS_ROOT 2
+#define NS_FLAGS(level) \
+  (CLONE_NEWNET | CLONE_NEWIPC | ((level) >= WORKER_NS_ROOT ? CLONE_NEWNS : 0))
+/* Where the empty root is mounted before pivot_root moves it to "/": a
+ * directory every Linux host has, covered only in the worker's own mount
+ * namespace (private: nothing it mounts shows outside). */
+#define ROOT_STAGE "/tmp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FBD_ASAN 1
@@ -364,7 +374,9 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   "--worker-uid-count",
                   ucount,
                   "--worker-namespaces",
-                  srv->worker_ns ? "on" : "off",
+                  srv->worker_ns >= WORKER_NS_ROOT  ? "on"
+                  : srv->worker_ns >= WORKER_NS_NET ? "net"
+                                                    : "off",
                   NULL};
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -549,45 +561,140 @@ static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
-/* Whether this process may make the workers' namespaces: a child cloned
- * into new ones that leaves at once (0, or why not: EPERM without
- * CAP_SYS_ADMIN, EINVAL on a kernel without them). Raw clone: the child
- * runs nothing but its exit, so no fork handler of a threaded process. */
-static int ns_probe(void) {
-  long pid = syscall(SYS_clone, (unsigned long)(WORKER_NS | SIGCHLD), NULL, NULL, NULL, NULL);
-  if (pid < 0) return errno;
-  if (pid == 0) syscall(SYS_exit_group, 0);
-  int st;
-  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+/* The worker's side of its namespaces, in two steps. ns_enter, first thing,
+ * while the worker is one thread (unshare moves only the calling thread;
+ * the engine's threads, made later, inherit): the new namespaces, and for
+ * a mount namespace every mount made private, so that what the worker
+ * mounts never shows in fuseboxd's namespace. empty_root, once everything
+ * the worker reads from disk is open (the engine made: LLVM, the CUDA
+ * driver and what it opens), while it is still root: a tmpfs with nothing
+ * in it becomes the root of the mount namespace (pivot_root moves every
+ * thread's root and working directory), the host's root is detached, and
+ * the tmpfs made read-only. Past seccomp, a worker then finds no file of
+ * the host by path: no /proc, /dev, /etc or /home. Descriptors opened
+ * before (a CUDA driver's /dev/nvidia*) stay open. Plain syscalls only:
+ * ns_probe runs both in a child cloned from a threaded process. 0, or
+ * errno with *step an index of ns_steps, naming what failed. */
+static const char *const ns_steps[] = {"unshare",
+                                       "make the mounts private",
+                                       "mount a tmpfs on " ROOT_STAGE,
+                                       "pivot_root",
+                                       "detach the host's root",
+                                       "make the root read-only"};
+#define NS_NSTEPS ((int)(sizeof ns_steps / sizeof *ns_steps))
+
+static int ns_enter(int level, int *step) {
+  *step = 0;
+  if (unshare(NS_FLAGS(level))) return errno;
+  *step = 1;
+  if (level >= WORKER_NS_ROOT && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) return errno;
   return 0;
 }
 
-/* worker_namespaces: "off", "on" (the kernel must allow it, or no start)
- * or "auto" (where it allows it: root with CAP_SYS_ADMIN). A worker needs
- * no network (its socket to the broker was made before) and no System V
- * IPC; its own namespaces take those from a worker that got past its
- * seccomp filter (the CUDA workers' is a deny list). */
+static int empty_root(int *step) {
+  const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  *step = 2;
+  if (mount("fusebox-empty", ROOT_STAGE, "tmpfs", flags, "size=4k,nr_inodes=2,mode=0555"))
+    return errno;
+  /* pivot_root(2)'s own recipe: the old root goes on top of the new one,
+     and is detached from there */
+  *step = 3;
+  if (chdir(ROOT_STAGE) || syscall(SYS_pivot_root, ".", ".")) return errno;
+  *step = 4;
+  if (umount2(".", MNT_DETACH) || chdir("/")) return errno;
+  *step = 5;
+  if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, NULL)) return errno;
+  return 0;
+}
+
+/* Whether this process may give workers the namespaces of level: a child
+ * cloned into them that makes its empty root and leaves (0, or why not:
+ * EPERM without CAP_SYS_ADMIN, EINVAL on a kernel without them or with
+ * its root on the initial ramfs, which pivot_root cannot move). Raw clone:
+ * the child runs nothing but syscalls, so no fork handler of a threaded
+ * process. */
+static int ns_probe(int level, const char **step) {
+  *step = ns_steps[0];
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) return errno;
+  long pid = syscall(SYS_clone, (unsigned long)(SIGCHLD), NULL, NULL, NULL, NULL);
+  if (pid < 0) {
+    int e = errno;
+    close(pfd[0]);
+    close(pfd[1]);
+    return e;
+  }
+  if (pid == 0) { /* the step, then errno */
+    int msg[2] = {0, 0};
+    msg[1] = ns_enter(level, &msg[0]);
+    if (!msg[1] && level >= WORKER_NS_ROOT) msg[1] = empty_root(&msg[0]);
+    if (write(pfd[1], msg, sizeof msg) < 0) syscall(SYS_exit_group, 1);
+    syscall(SYS_exit_group, 0);
+  }
+  close(pfd[1]);
+  int msg[2] = {0, ECHILD};
+  ssize_t got;
+  do got = read(pfd[0], msg, sizeof msg);
+  while (got < 0 && errno == EINTR);
+  close(pfd[0]);
+  int st;
+  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+  if (got != (ssize_t)sizeof msg) return ECHILD;
+  *step = ns_steps[msg[0] >= 0 && msg[0] < NS_NSTEPS ? msg[0] : 0];
+  return msg[1];
+}
+
+/* worker_namespaces: "off"; "net" (a network and an IPC namespace); "on"
+ * (those and a mount namespace with an empty root: the kernel must allow
+ * it, or no start); "auto" (as much of "on" as it allows: root with
+ * CAP_SYS_ADMIN, and a root that pivot_root can move). A worker needs no
+ * network (its socket to the broker was made before), no System V IPC and
+ * no file once its engine is made (seccomp refuses opening one anyway);
+ * its own namespaces take those from a worker that got past its seccomp
+ * filter (the CUDA workers' is a deny list). */
 static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
   const char *want = srv->cfg->worker_namespaces ? srv->cfg->worker_namespaces : "auto";
   srv->worker_ns = 0;
   if (!strcmp(want, "off")) return 0;
-  int e = ns_probe();
-  if (e && !strcmp(want, "on")) {
+  int top = !strcmp(want, "net") ? WORKER_NS_NET : WORKER_NS_ROOT;
+  const char *step = "", *root_step = "";
+  int e = ns_probe(top, &step), root_e = 0;
+  if (e && top == WORKER_NS_ROOT && strcmp(want, "on")) { /* auto: the network ones alone? */
+    root_e = e;
+    root_step = step;
+    top = WORKER_NS_NET;
+    e = ns_probe(top, &step);
+  }
+  if (e && strcmp(want, "auto")) {
     fb_errf(err, errlen,
-            "worker_namespaces on: cannot make a network and an IPC namespace: %s (they need "
-            "root with CAP_SYS_ADMIN; worker_namespaces auto runs workers without them there)",
-            strerror(e));
+            "worker_namespaces %s: cannot make %s: %s: %s (they need root with CAP_SYS_ADMIN; "
+            "worker_namespaces auto runs workers without what the kernel refuses)",
+            want,
+            top == WORKER_NS_ROOT ? "a network, an IPC and a mount namespace with an empty root"
+                                  : "a network and an IPC namespace",
+            step, strerror(e));
     return FB_EINVAL;
   }
+  int warn = geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO;
   if (e)
-    fbd_logf(srv->log, geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO,
-             "session workers share fuseboxd's network and IPC namespaces: cannot make their "
-             "own: %s",
-             strerror(e));
+    fbd_logf(srv->log, warn,
+             "session workers share fuseboxd's network, IPC and mount namespaces: cannot make "
+             "their own: %s: %s",
+             step, strerror(e));
+  else if (top == WORKER_NS_ROOT)
+    fbd_logf(srv->log, FBD_LOG_INFO,
+             "session workers run in a network, an IPC and a mount namespace of their own each, "
+             "the mount namespace's root an empty read-only directory");
+  else if (root_e)
+    fbd_logf(srv->log, warn,
+             "session workers run in a network and an IPC namespace of their own each, but see "
+             "fuseboxd's files: cannot give them an empty root: %s: %s",
+             root_step, strerror(root_e));
   else
     fbd_logf(srv->log, FBD_LOG_INFO,
-             "session workers run in a network and an IPC namespace of their own each");
-  srv->worker_ns = !e;
+             "session workers run in a network and an IPC namespace of their own each, and see "
+             "fuseboxd's files (worker_namespaces net)");
+  srv->worker_ns = e ? 0 : top;
   return 0;
 }
 
@@ -1637,9 +1744,9 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   pid_t parent = broker_pid(fd);
   if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
   /* first, while one thread: unshare moves only the calling thread */
-  int ns_err = cfg->worker_namespaces && !strcmp(cfg->worker_namespaces, "on") && unshare(WORKER_NS)
-                   ? errno
-                   : 0;
+  const char *nsw = cfg->worker_namespaces ? cfg->worker_namespaces : "off";
+  int ns_level = !strcmp(nsw, "on") ? WORKER_NS_ROOT : !strcmp(nsw, "net") ? WORKER_NS_NET : 0;
+  int ns_step = 0, ns_err = ns_level ? ns_enter(ns_level, &ns_step) : 0;
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();
@@ -1658,9 +1765,13 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
   } else if (ns_err) {
     hello.code = FB_EINTERNAL;
-    fb_errf(hello.msg, sizeof hello.msg, "cannot enter a network and an IPC namespace: %s",
+    fb_errf(hello.msg, sizeof hello.msg, "cannot enter its namespaces: %s: %s", ns_steps[ns_step],
             strerror(ns_err));
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
+  } else if (ns_level >= WORKER_NS_ROOT && (ns_err = empty_root(&ns_step))) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "cannot make its root an empty directory: %s: %s",
+            ns_steps[ns_step], strerror(ns_err));
   } else if ((hello.code = drop_user(cfg, fd, parent, hello.msg, sizeof hello.msg))) {
   } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
              limit_files(fb_engine_backend(w.engine))) {
