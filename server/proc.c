@@ -66,7 +66,9 @@ extern char **environ;
 /* A worker's own namespaces: no network interface but a loopback that is
  * down, and no System V IPC or POSIX message queue of anyone else
  * (WORKER_NS_NET); with WORKER_NS_ROOT also a mount namespace whose root,
- * once the engine is made, is an empty read-only tmpfs (empty_root). */
+ * once the engine is made, is an empty read-only tmpfs (empty_root), and
+ * a PID namespace, which the broker starts it in (spawn_in_pid_ns): the
+ * worker is its pid 1 and sees no other process. */
 #define WORKER_NS_NET 1
 #define WORKER_NS_ROOT 2
 #define NS_FLAGS(level) \
@@ -319,6 +321,55 @@ void fbd_proc_free(fbd_proc *p) {
 
 static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
 
+/* What posix_spawn does for a worker (sock on 3, the watch page's memfd
+ * on 4, then exec), in a new PID namespace: posix_spawn has no way to ask
+ * for one, and unshare(CLONE_NEWPID) would move the calling broker
+ * thread's later children instead. A raw clone, fork-like (no shared
+ * memory, so no signal handler of the broker can run on a stack it
+ * shares): the child of a threaded process makes only system calls, then
+ * execs. A failed exec is told through a close-on-exec pipe, as
+ * posix_spawn tells it. 0, or an errno. */
+/* fd to fd `to`, open across exec: dup3, or where it is there already
+ * what dup2 would do (close-on-exec cleared). Raw: spawn_in_pid_ns's child. */
+static int move_fd(int fd, int to) {
+  if (fd == to) return syscall(SYS_fcntl, fd, F_SETFD, 0) < 0;
+  return syscall(SYS_dup3, fd, to, 0) < 0;
+}
+
+static int spawn_in_pid_ns(pid_t *pid, const char *exe, int sock, int wfd, char *const argv[]) {
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) return errno;
+  long r = syscall(SYS_clone, (unsigned long)(CLONE_NEWPID | SIGCHLD), NULL, NULL, NULL, NULL);
+  if (r == 0) {
+    int e = 0;
+    if (wfd == 3) wfd = (int)syscall(SYS_fcntl, wfd, F_DUPFD_CLOEXEC, 5); /* sock goes there */
+    if (wfd < 0 || move_fd(sock, 3) || move_fd(wfd, 4)) e = errno;
+    if (!e) {
+      syscall(SYS_execve, exe, argv, environ);
+      e = errno;
+    }
+    if (syscall(SYS_write, pfd[1], &e, sizeof e) < 0) {}
+    syscall(SYS_exit_group, 127);
+  }
+  int e = r < 0 ? errno : 0;
+  close(pfd[1]);
+  if (r > 0) {
+    int child_e = 0;
+    ssize_t got;
+    do got = read(pfd[0], &child_e, sizeof child_e);
+    while (got < 0 && errno == EINTR);
+    if (got == (ssize_t)sizeof child_e) { /* it never ran fuseboxd */
+      int st;
+      while (waitpid((pid_t)r, &st, 0) < 0 && errno == EINTR) {}
+      e = child_e ? child_e : EIO;
+    } else {
+      *pid = (pid_t)r;
+    }
+  }
+  close(pfd[0]);
+  return e;
+}
+
 /* Start a worker: fuseboxd --session-worker 3 with the settings it needs. */
 static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
   const fbd_config *cfg = srv->cfg;
@@ -378,12 +429,17 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   : srv->worker_ns >= WORKER_NS_NET ? "net"
                                                     : "off",
                   NULL};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
-  posix_spawn_file_actions_adddup2(&fa, wfd, 4);
-  int rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
+  int rc;
+  if (srv->worker_ns >= WORKER_NS_ROOT) {
+    rc = spawn_in_pid_ns(&p->pid, srv->exe, sv[1], wfd, argv);
+  } else {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, wfd, 4);
+    rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+  }
   if (rc) {
     fb_errf(err, errlen, "cannot start a session worker (%s): %s", srv->exe, strerror(rc));
     goto fail;
@@ -617,7 +673,15 @@ static int ns_probe(int level, const char **step) {
   *step = ns_steps[0];
   int pfd[2];
   if (pipe2(pfd, O_CLOEXEC)) return errno;
-  long pid = syscall(SYS_clone, (unsigned long)(SIGCHLD), NULL, NULL, NULL, NULL);
+  unsigned long pidns = level >= WORKER_NS_ROOT ? CLONE_NEWPID : 0; /* spawn_in_pid_ns's */
+  long pid = syscall(SYS_clone, pidns | SIGCHLD, NULL, NULL, NULL, NULL);
+  if (pid < 0 && pidns) {
+    int e = errno;
+    close(pfd[0]);
+    close(pfd[1]);
+    *step = "clone into a PID namespace";
+    return e;
+  }
   if (pid < 0) {
     int e = errno;
     close(pfd[0]);
@@ -1529,6 +1593,27 @@ static int limit_files(const char *backend) {
   return setrlimit(RLIMIT_NOFILE, &lim) ? FB_EINTERNAL : 0;
 }
 
+/* The broker: the process that made the worker's socket pair (so a broker
+ * that is pid 1, in a container, is told apart from a reparented worker).
+ * 0 for a worker in a PID namespace of its own: the broker is outside it,
+ * and has no pid there (nor has its parent: getppid() is 0 too). */
+static pid_t broker_pid(int fd) {
+  struct ucred u;
+  socklen_t n = sizeof u;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
+}
+
+/* Whether the broker still lives, once the parent-death signal is set (a
+ * broker that dies later kills the worker): its pid is still the parent's,
+ * or, in a PID namespace where neither has a pid, its end of the socket is
+ * still open. */
+static int broker_alive(int fd, pid_t parent) {
+  if (parent > 0) return getppid() == parent;
+  if (parent < 0 || getpid() != 1 || getppid() != 0) return 0;
+  struct pollfd pf = {fd, POLLRDHUP, 0};
+  return poll(&pf, 1, 0) == 0;
+}
+
 /* Started by a root fuseboxd, the worker becomes the worker user ("UID:GID"
  * from the broker, which resolved the name): no supplementary groups, the
  * group before the user (a process that is no longer root cannot change
@@ -1538,7 +1623,8 @@ static int limit_files(const char *backend) {
  * and makes the process dumpable again, so both are set anew; a broker that
  * died meanwhile makes the worker leave. Before lock-down, which refuses
  * these calls. */
-static int drop_ids(unsigned long uid, unsigned long gid, pid_t parent, char *err, size_t errlen) {
+static int drop_ids(unsigned long uid, unsigned long gid, int fd, pid_t parent, char *err,
+                    size_t errlen) {
   if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
       setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)) {
     fb_errf(err, errlen, "cannot switch to uid %lu, gid %lu: %s", uid, gid, strerror(errno));
@@ -1554,7 +1640,7 @@ static int drop_ids(unsigned long uid, unsigned long gid, pid_t parent, char *er
     return FB_EINTERNAL;
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(1);
+  if (!broker_alive(fd, parent)) _exit(1);
   prctl(PR_SET_DUMPABLE, 0);
   return 0;
 }
@@ -1574,7 +1660,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
               (unsigned long)w.uid, (unsigned long)w.gid);
       return FB_EINVAL;
     }
-    return drop_ids(w.uid, w.gid, parent, err, errlen);
+    return drop_ids(w.uid, w.gid, fd, parent, err, errlen);
   }
   const char *ids = cfg->worker_user;
   if (!ids) return 0;
@@ -1586,7 +1672,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
     fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
     return FB_EINVAL;
   }
-  return drop_ids(uid, gid, parent, err, errlen);
+  return drop_ids(uid, gid, fd, parent, err, errlen);
 }
 
 typedef struct worker {
@@ -1731,18 +1817,10 @@ static void worker_loop(worker *w, double spin_s) {
   }
 }
 
-/* The broker: the process that made the worker's socket pair (so a broker
- * that is pid 1, in a container, is told apart from a reparented worker). */
-static pid_t broker_pid(int fd) {
-  struct ucred u;
-  socklen_t n = sizeof u;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
-}
-
 void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
   pid_t parent = broker_pid(fd);
-  if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
+  if (!broker_alive(fd, parent)) _exit(1); /* it died before the line above */
   /* first, while one thread: unshare moves only the calling thread */
   const char *nsw = cfg->worker_namespaces ? cfg->worker_namespaces : "off";
   int ns_level = !strcmp(nsw, "on") ? WORKER_NS_ROOT : !strcmp(nsw, "net") ? WORKER_NS_NET : 0;
@@ -1767,6 +1845,9 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot enter its namespaces: %s: %s", ns_steps[ns_step],
             strerror(ns_err));
+  } else if (ns_level >= WORKER_NS_ROOT && parent != 0) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "not started in a PID namespace of its own");
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
   } else if (ns_level >= WORKER_NS_ROOT && (ns_err = empty_root(&ns_step))) {
     hello.code = FB_EINTERNAL;

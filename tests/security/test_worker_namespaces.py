@@ -16,7 +16,7 @@ import os
 import pytest
 
 from conftest import BUILD, Stream, dense_layout, i32, pb, store_kernel
-from test_process_isolation import register
+from test_process_isolation import register, status
 from test_worker_privileges import compute, start_fails, workers_of
 
 FAKE_CUDA = os.path.join(BUILD, "tests", "fakecuda", "libfakecuda.so")
@@ -55,6 +55,13 @@ def assert_empty_root(pid):
     assert not os.path.exists(f"/proc/{pid}/root/proc/self")
 
 
+def assert_pid_1(pid):
+    """Worker pid is pid 1 of a PID namespace of its own (NSpid: its pid
+    here, then 1 there) and has no pid for its parent there."""
+    st = status(pid)
+    assert st["NSpid"].split()[-1] == "1" and len(st["NSpid"].split()) >= 2, st["NSpid"]
+
+
 def assert_host_untouched(server):
     """What the workers mounted stays in their namespaces: fuseboxd's (and
     this test's) mounts show no tmpfs of theirs."""
@@ -91,7 +98,9 @@ def test_workers_get_their_own_namespaces(server):
             assert_empty_root(k)
         assert_host_untouched(server)
         assert os.listdir(f"/proc/{broker}/root"), "fuseboxd itself lost its files"
-        for kind in ("net", "ipc", "mnt"):
+        for k in kids:
+            assert_pid_1(k)
+        for kind in ("net", "ipc", "mnt", "pid"):
             seen = {ns(k, kind) for k in kids}
             assert ns(broker, kind) not in seen, f"a worker shares fuseboxd's {kind} namespace"
             assert len(seen) == len(kids), f"two workers share a {kind} namespace: {seen}"
@@ -132,9 +141,10 @@ def test_cuda_worker_in_namespaces(make_server, monkeypatch):
         assert list(s.sync(1).errors) == []
         assert c.read_field(sid, 2) == data  # the fake driver runs no kernel
         for k in workers_of(server, 2):
-            for kind in ("net", "ipc", "mnt"):
+            for kind in ("net", "ipc", "mnt", "pid"):
                 assert ns(k, kind) != ns(server.proc.pid, kind)
             assert_empty_root(k)
+            assert_pid_1(k)
         # and the next request still reaches the driver from the empty root
         assert c.write_field(sid, 2, data[::-1]) == len(data)
         assert c.read_field(sid, 2) == data[::-1]
@@ -156,11 +166,12 @@ def test_namespaces_on(make_server):
     s = compute(server.client)
     try:
         kids = workers_of(server, 2)
-        for kind in ("net", "ipc", "mnt"):
+        for kind in ("net", "ipc", "mnt", "pid"):
             seen = {ns(k, kind) for k in kids}
             assert ns(server.proc.pid, kind) not in seen and len(seen) == len(kids), (kind, seen)
         for k in kids:
             assert_empty_root(k)
+            assert_pid_1(k)
         assert_host_untouched(server)
     finally:
         s.close()
@@ -183,6 +194,7 @@ def test_namespaces_net(make_server):
         for k in workers_of(server, 2):
             assert ns(k, "net") != ns(server.proc.pid, "net")
             assert ns(k, "mnt") == ns(server.proc.pid, "mnt")
+            assert ns(k, "pid") == ns(server.proc.pid, "pid")
             assert sorted(os.listdir(f"/proc/{k}/root")) == sorted(os.listdir("/"))
     finally:
         s.close()
@@ -197,7 +209,7 @@ def test_namespaces_off(make_server):
     s = compute(server.client)
     try:
         for k in workers_of(server, 2):
-            for kind in ("net", "ipc", "mnt"):
+            for kind in ("net", "ipc", "mnt", "pid"):
                 assert ns(k, kind) == ns(server.proc.pid, kind)
             assert os.listdir(f"/proc/{k}/root")
     finally:
