@@ -324,49 +324,74 @@ static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld",
 /* What posix_spawn does for a worker (sock on 3, the watch page's memfd
  * on 4, then exec), in a new PID namespace: posix_spawn has no way to ask
  * for one, and unshare(CLONE_NEWPID) would move the calling broker
- * thread's later children instead. A raw clone, fork-like (no shared
- * memory, so no signal handler of the broker can run on a stack it
- * shares): the child of a threaded process makes only system calls, then
- * execs. A failed exec is told through a close-on-exec pipe, as
- * posix_spawn tells it. 0, or an errno. */
+ * thread's later children instead. As posix_spawn does it: clone with
+ * CLONE_VM | CLONE_VFORK on a stack of its own (a fork-like clone would
+ * copy the broker's page tables under its mmap lock: 10 to 140 ms for 50
+ * to 500 MiB of heap, every broker thread's page faults waiting), every
+ * signal blocked across it. The child shares the broker's memory, so it
+ * makes system calls only (raw: no libc or sanitizer state touched, and
+ * not instrumented), sets every caught signal back to its default (a
+ * broker handler must not run on its stack), unblocks, and execs; the
+ * broker waits (CLONE_VFORK) until it has. */
+typedef struct spawn_args {
+  const char *exe;
+  char *const *argv;
+  int sock, wfd, err;
+  sigset_t mask; /* the broker thread's, for the worker */
+} spawn_args;
+
+#define SPAWN_STACK ((size_t)64 << 10)
+
+/* The kernel's struct sigaction, x86-64's and arm64's (the generic one). */
+typedef struct ksigaction {
+  unsigned long handler, flags, restorer, mask;
+} ksigaction;
+
 /* fd to fd `to`, open across exec: dup3, or where it is there already
- * what dup2 would do (close-on-exec cleared). Raw: spawn_in_pid_ns's child. */
-static int move_fd(int fd, int to) {
+ * what dup2 would do (close-on-exec cleared). */
+__attribute__((no_sanitize("address", "undefined"))) static int move_fd(int fd, int to) {
   if (fd == to) return syscall(SYS_fcntl, fd, F_SETFD, 0) < 0;
   return syscall(SYS_dup3, fd, to, 0) < 0;
 }
 
+__attribute__((no_sanitize("address", "undefined"))) static int spawn_child(void *v) {
+  spawn_args *a = v;
+  for (int sig = 1; sig < 65; sig++) {
+    ksigaction cur = {0, 0, 0, 0}, dfl = {0, 0, 0, 0}; /* SIG_DFL is 0 */
+    if (sig == SIGKILL || sig == SIGSTOP ||
+        syscall(SYS_rt_sigaction, sig, NULL, &cur, sizeof(uint64_t)) < 0)
+      continue;
+    if (cur.handler != (unsigned long)SIG_DFL && cur.handler != (unsigned long)SIG_IGN)
+      syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(uint64_t));
+  }
+  int wfd = a->wfd;
+  if (wfd == 3) wfd = (int)syscall(SYS_fcntl, wfd, F_DUPFD_CLOEXEC, 5); /* sock goes there */
+  if (wfd >= 0 && !move_fd(a->sock, 3) && !move_fd(wfd, 4) &&
+      syscall(SYS_rt_sigprocmask, SIG_SETMASK, &a->mask, NULL, sizeof(uint64_t)) == 0)
+    syscall(SYS_execve, a->exe, a->argv, environ);
+  a->err = errno ? errno : EIO; /* the broker's errno too: it is waiting, and reads this */
+  syscall(SYS_exit_group, 127);
+  return 0;
+}
+
 static int spawn_in_pid_ns(pid_t *pid, const char *exe, int sock, int wfd, char *const argv[]) {
-  int pfd[2];
-  if (pipe2(pfd, O_CLOEXEC)) return errno;
-  long r = syscall(SYS_clone, (unsigned long)(CLONE_NEWPID | SIGCHLD), NULL, NULL, NULL, NULL);
-  if (r == 0) {
-    int e = 0;
-    if (wfd == 3) wfd = (int)syscall(SYS_fcntl, wfd, F_DUPFD_CLOEXEC, 5); /* sock goes there */
-    if (wfd < 0 || move_fd(sock, 3) || move_fd(wfd, 4)) e = errno;
-    if (!e) {
-      syscall(SYS_execve, exe, argv, environ);
-      e = errno;
-    }
-    if (syscall(SYS_write, pfd[1], &e, sizeof e) < 0) {}
-    syscall(SYS_exit_group, 127);
+  spawn_args a = {exe, argv, sock, wfd, 0, {{0}}};
+  uint8_t *stack =
+      mmap(NULL, SPAWN_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return errno;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &a.mask);
+  pid_t r = clone(spawn_child, stack + SPAWN_STACK, CLONE_VM | CLONE_VFORK | CLONE_NEWPID | SIGCHLD,
+                  &a);
+  int e = r < 0 ? errno : a.err;
+  pthread_sigmask(SIG_SETMASK, &a.mask, NULL);
+  munmap(stack, SPAWN_STACK);
+  if (r > 0 && e) { /* it never ran fuseboxd */
+    int st;
+    while (waitpid(r, &st, 0) < 0 && errno == EINTR) {}
   }
-  int e = r < 0 ? errno : 0;
-  close(pfd[1]);
-  if (r > 0) {
-    int child_e = 0;
-    ssize_t got;
-    do got = read(pfd[0], &child_e, sizeof child_e);
-    while (got < 0 && errno == EINTR);
-    if (got == (ssize_t)sizeof child_e) { /* it never ran fuseboxd */
-      int st;
-      while (waitpid((pid_t)r, &st, 0) < 0 && errno == EINTR) {}
-      e = child_e ? child_e : EIO;
-    } else {
-      *pid = (pid_t)r;
-    }
-  }
-  close(pfd[0]);
+  if (!e) *pid = r;
   return e;
 }
 
@@ -709,8 +734,8 @@ static int ns_probe(int level, const char **step) {
 }
 
 /* worker_namespaces: "off"; "net" (a network and an IPC namespace); "on"
- * (those and a mount namespace with an empty root: the kernel must allow
- * it, or no start); "auto" (as much of "on" as it allows: root with
+ * (those, a mount namespace with an empty root and a PID namespace: the
+ * kernel must allow it, or no start); "auto" (as much of "on" as it allows: root with
  * CAP_SYS_ADMIN, and a root that pivot_root can move). A worker needs no
  * network (its socket to the broker was made before), no System V IPC and
  * no file once its engine is made (seccomp refuses opening one anyway);
@@ -734,7 +759,8 @@ static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
             "worker_namespaces %s: cannot make %s: %s: %s (they need root with CAP_SYS_ADMIN; "
             "worker_namespaces auto runs workers without what the kernel refuses)",
             want,
-            top == WORKER_NS_ROOT ? "a network, an IPC and a mount namespace with an empty root"
+            top == WORKER_NS_ROOT ? "a network, an IPC, a mount (with an empty root) and a PID "
+                                    "namespace"
                                   : "a network and an IPC namespace",
             step, strerror(e));
     return FB_EINVAL;
@@ -742,13 +768,13 @@ static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
   int warn = geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO;
   if (e)
     fbd_logf(srv->log, warn,
-             "session workers share fuseboxd's network, IPC and mount namespaces: cannot make "
-             "their own: %s: %s",
+             "session workers share fuseboxd's network, IPC, mount and PID namespaces: cannot "
+             "make their own: %s: %s",
              step, strerror(e));
   else if (top == WORKER_NS_ROOT)
     fbd_logf(srv->log, FBD_LOG_INFO,
-             "session workers run in a network, an IPC and a mount namespace of their own each, "
-             "the mount namespace's root an empty read-only directory");
+             "session workers run in a network, an IPC, a mount and a PID namespace of their own "
+             "each, the mount namespace's root an empty read-only directory");
   else if (root_e)
     fbd_logf(srv->log, warn,
              "session workers run in a network and an IPC namespace of their own each, but see "

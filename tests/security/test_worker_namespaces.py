@@ -82,14 +82,14 @@ def test_workers_get_their_own_namespaces(server):
     and an IPC namespace that is neither fuseboxd's nor another worker's,
     sees only lo, and still computes."""
     log = server.logtext()
-    if "session workers share fuseboxd's network, IPC and mount namespaces" in log:
+    if "session workers share fuseboxd's network, IPC, mount and PID namespaces" in log:
         pytest.skip("this kernel or container refuses new namespaces to root: "
                     + log.split("cannot make their own: ", 1)[1].split("\n")[0])
     if "cannot give them an empty root" in log:
         pytest.skip("this kernel or container refuses root a mount namespace with an empty "
                     "root: " + log.split("cannot give them an empty root: ", 1)[1].split("\n")[0])
-    assert "session workers run in a network, an IPC and a mount namespace of their own each, " \
-        "the mount namespace's root an empty read-only directory" in log
+    assert "session workers run in a network, an IPC, a mount and a PID namespace of their own " \
+        "each, the mount namespace's root an empty read-only directory" in log
     s = compute(server.client)
     try:
         kids = workers_of(server, 2)  # the victim's and this session's
@@ -126,8 +126,8 @@ def test_cuda_worker_in_namespaces(make_server, monkeypatch):
     try:
         server = make_server("--backend", "cuda", "--worker-namespaces", "on")
     except AssertionError as e:
-        assert "worker_namespaces on: cannot make a network, an IPC and a mount namespace" \
-            in str(e), e
+        assert "worker_namespaces on: cannot make a network, an IPC, a mount (with an empty " \
+            "root) and a PID" in str(e), e
         pytest.skip("this kernel or container refuses the namespaces to root")
     assert "backend cuda on Fusebox fake GPU" in server.logtext()
     c = server.client
@@ -160,8 +160,8 @@ def test_namespaces_on(make_server):
     try:
         server = make_server("--worker-namespaces", "on")
     except AssertionError as e:
-        assert "worker_namespaces on: cannot make a network, an IPC and a mount namespace" \
-            in str(e), e
+        assert "worker_namespaces on: cannot make a network, an IPC, a mount (with an empty " \
+            "root) and a PID" in str(e), e
         pytest.skip("this kernel or container refuses new namespaces to root")
     s = compute(server.client)
     try:
@@ -228,8 +228,8 @@ def test_namespaces_on_without_privilege():
     if os.geteuid() == 0:
         pytest.skip("run as root: 'on' works, tested above through auto")
     err = start_fails("--worker-namespaces", "on")
-    assert "worker_namespaces on: cannot make a network, an IPC and a mount namespace with an " \
-        "empty root: unshare: " in err, err
+    assert "worker_namespaces on: cannot make a network, an IPC, a mount (with an empty root) " \
+        "and a PID namespace: " in err, err
     err = start_fails("--worker-namespaces", "net")
     assert "worker_namespaces net: cannot make a network and an IPC namespace: unshare: " \
         in err, err
