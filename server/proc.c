@@ -1250,8 +1250,10 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
  *                   real one follows and then nothing (the broker must
  *                   refuse the length before allocating anything);
  *   syscall-probe   it tries calls its seccomp filter refuses (open a
- *                   file, getcwd, uname) and answers FB_EINTERNAL with
- *                   what each returned;
+ *                   file, getcwd, uname), and one it allows that takes a
+ *                   path (stat: only an empty root hides the host's
+ *                   files from it), and answers FB_EINTERNAL with what
+ *                   each returned;
  *   exec            it tries execve (the filter kills it). */
 enum {
   FAULT_NONE,
@@ -1304,9 +1306,11 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
   } else if (fault_kind == FAULT_PROBE) {
     char out[512] = "", cwd[256];
     struct utsname u;
+    struct stat st;
     fault_note(out, sizeof out, "openat", (long)open("/etc/passwd", O_RDONLY | O_CLOEXEC));
     fault_note(out, sizeof out, "getcwd", getcwd(cwd, sizeof cwd) ? 0 : -1);
     fault_note(out, sizeof out, "uname", (long)uname(&u));
+    fault_note(out, sizeof out, "stat /etc/passwd", (long)stat("/etc/passwd", &st));
     fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
   } else {
     fault_armed = 1;

@@ -13,10 +13,11 @@ SERVING, and that another tenant's field is unchanged
 (server.assert_unharmed)."""
 import os
 
+import grpc
 import pytest
 
 from conftest import BUILD, Stream, dense_layout, i32, pb, store_kernel
-from test_process_isolation import register, status
+from test_process_isolation import INTERNAL, _faulty_register, register, status
 from test_worker_privileges import compute, start_fails, workers_of
 
 FAKE_CUDA = os.path.join(BUILD, "tests", "fakecuda", "libfakecuda.so")
@@ -113,6 +114,30 @@ def test_workers_get_their_own_namespaces(server):
 
 
 @ROOT_ONLY
+@pytest.mark.parametrize("setting,seen", [("on", "stat /etc/passwd: ENOENT"),
+                                          ("net", "stat /etc/passwd: allowed")])
+def test_worker_stat_sees_no_host_file(make_server, monkeypatch, setting, seen):
+    """From inside: a worker's own stat("/etc/passwd") (a call its allow
+    list lets through: it takes a path but opens nothing) finds nothing
+    from the empty root, and the host's file under 'net' (the check can
+    fail). The fault hook makes the worker registering 'probe' try it;
+    the worker and the server go on."""
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "syscall-probe:probe")
+    try:
+        server = make_server("--worker-namespaces", setting)
+    except AssertionError as e:
+        assert f"worker_namespaces {setting}: cannot make" in str(e), e
+        pytest.skip("this kernel or container refuses the namespaces to root")
+    err, sid = _faulty_register(server, "probe")
+    assert err is not None and err.code() == INTERNAL, err
+    assert "openat: EPERM" in err.details() and seen in err.details(), err.details()
+    c = server.client
+    kid = register(c, sid, store_kernel(2))[0]
+    assert list(c.run(sid, [(kid, [i32(3), i32(33)])]).errors) == []
+    server.assert_unharmed()
+
+
+@ROOT_ONLY
 def test_cuda_worker_in_namespaces(make_server, monkeypatch):
     """The CUDA path in principle: a CUDA worker (the fake driver,
     tests/fakecuda: the host side only, it runs no kernel) loads its driver,
@@ -123,6 +148,7 @@ def test_cuda_worker_in_namespaces(make_server, monkeypatch):
     if not os.path.exists(FAKE_CUDA):
         pytest.skip(f"the fake CUDA driver is not built ({FAKE_CUDA})")
     monkeypatch.setenv("FB_CUDA_LIBRARY", os.path.abspath(FAKE_CUDA))
+    monkeypatch.setenv("FUSEBOXD_FAULT_INJECT", "syscall-probe:probe")
     try:
         server = make_server("--backend", "cuda", "--worker-namespaces", "on")
     except AssertionError as e:
@@ -148,6 +174,13 @@ def test_cuda_worker_in_namespaces(make_server, monkeypatch):
         # and the next request still reaches the driver from the empty root
         assert c.write_field(sid, 2, data[::-1]) == len(data)
         assert c.read_field(sid, 2) == data[::-1]
+        # the deny list lets getcwd and stat through: they find the empty root
+        probe = store_kernel(2)
+        probe.name = "probe"
+        with pytest.raises(grpc.RpcError) as e:
+            register(c, c.new_session(dense_layout(16)), probe)
+        assert "getcwd: allowed" in e.value.details() and \
+            "stat /etc/passwd: ENOENT" in e.value.details(), e.value.details()
     finally:
         s.close()
     server.assert_unharmed()
