@@ -700,17 +700,11 @@ static int ns_probe(int level, const char **step) {
   if (pipe2(pfd, O_CLOEXEC)) return errno;
   unsigned long pidns = level >= WORKER_NS_ROOT ? CLONE_NEWPID : 0; /* spawn_in_pid_ns's */
   long pid = syscall(SYS_clone, pidns | SIGCHLD, NULL, NULL, NULL, NULL);
-  if (pid < 0 && pidns) {
-    int e = errno;
-    close(pfd[0]);
-    close(pfd[1]);
-    *step = "clone into a PID namespace";
-    return e;
-  }
   if (pid < 0) {
     int e = errno;
     close(pfd[0]);
     close(pfd[1]);
+    if (pidns) *step = "clone into a PID namespace";
     return e;
   }
   if (pid == 0) { /* the step, then errno */
@@ -735,8 +729,8 @@ static int ns_probe(int level, const char **step) {
 
 /* worker_namespaces: "off"; "net" (a network and an IPC namespace); "on"
  * (those, a mount namespace with an empty root and a PID namespace: the
- * kernel must allow it, or no start); "auto" (as much of "on" as it allows: root with
- * CAP_SYS_ADMIN, and a root that pivot_root can move). A worker needs no
+ * kernel must allow it, or no start); "auto" (as much of "on" as it
+ * allows: root with CAP_SYS_ADMIN, and a root that pivot_root can move). A worker needs no
  * network (its socket to the broker was made before), no System V IPC and
  * no file once its engine is made (seccomp refuses opening one anyway);
  * its own namespaces take those from a worker that got past its seccomp
@@ -778,7 +772,8 @@ static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
   else if (root_e)
     fbd_logf(srv->log, warn,
              "session workers run in a network and an IPC namespace of their own each, but see "
-             "fuseboxd's files: cannot give them an empty root: %s: %s",
+             "fuseboxd's files and processes: cannot give them a mount namespace with an empty "
+             "root and a PID namespace: %s: %s",
              root_step, strerror(root_e));
   else
     fbd_logf(srv->log, FBD_LOG_INFO,
