@@ -13,9 +13,9 @@
  * table, read before the JIT takes the object; addresses from the body's
  * address after linking (the JIT keeps a section in one piece).
  *
- * The file is opened when a JIT is made (fb_cpu_jit_new), which in a
- * fuseboxd worker is before its seccomp filter refuses open; a process that
- * forks reopens it under its own pid. Code evicted from the cache keeps its
+ * The file is opened (and emptied: pids are reused) when a JIT is made
+ * (fb_cpu_jit_new), which in a fuseboxd worker is before its seccomp
+ * filter refuses open; a process that forks reopens it under its own pid. Code evicted from the cache keeps its
  * lines (perf has no way to forget one). Off by default: it costs a parse
  * of each object and a write per compile. */
 #include <errno.h>
@@ -71,6 +71,9 @@ static int map_open_locked(void) {
   if (!why && (fstat(map_fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
                st.st_nlink != 1))
     why = "not a plain file of this user";
+  /* a file of an earlier process with this pid (pids are reused): its
+   * lines name code that is not ours */
+  if (!why && ftruncate(map_fd, 0)) why = strerror(errno);
   if (why) {
     if (map_fd >= 0) close(map_fd);
     map_fd = -1;

@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -1074,6 +1075,15 @@ static void perf_map_path(int pid, char *path, size_t n) {
   snprintf(path, n, "/tmp/perf-%d.map", pid);
 }
 
+/* Whether pid's perf map was written at or after since (a file of an
+ * earlier process with the same pid, pids being reused, is older). */
+static int perf_map_written(int pid, time_t since) {
+  char path[64];
+  struct stat st;
+  perf_map_path(pid, path, sizeof path);
+  return stat(path, &st) == 0 && st.st_mtime >= since;
+}
+
 /* Start `fusebox run JSON ARGS...` (at most two extra arguments, NULL-ended)
  * with FB_PERF_MAP=perf (NULL: unset); its pid. */
 static int spawn_perf(const char *perf, const char *json, const char *a1, const char *a2,
@@ -1158,17 +1168,17 @@ START_TEST(perf_map) {
   /* unset, and 0: no file */
   const char *off[] = {NULL, "0"};
   for (int i = 0; i < 2; i++) {
+    time_t t0 = time(NULL) - 1; /* file times come from a coarser clock */
     int cli = spawn_perf(off[i], json, "--local", NULL, outfile);
     ck_assert_int_eq(wait_exit(cli), 0);
-    perf_map_path(cli, path, sizeof path);
-    ck_assert_msg(access(path, F_OK) != 0, "FB_PERF_MAP=%s wrote %s", off[i] ? off[i] : "(unset)",
-                  path);
+    ck_assert_msg(!perf_map_written(cli, t0), "FB_PERF_MAP=%s wrote /tmp/perf-%d.map",
+                  off[i] ? off[i] : "(unset)", cli);
   }
   /* a value that is neither 0 nor 1 is named, and writes nothing */
+  time_t t0 = time(NULL) - 1;
   int cli = spawn_perf("yes", json, "--local", NULL, outfile);
   ck_assert_int_eq(wait_exit(cli), 0);
-  perf_map_path(cli, path, sizeof path);
-  ck_assert(access(path, F_OK) != 0);
+  ck_assert(!perf_map_written(cli, t0));
   char *out = fbt_read_file(outfile, NULL);
   ck_assert_msg(out && strstr(out, "FB_PERF_MAP=yes: expected 0 or 1"), "%s", out ? out : "");
   free(out);
@@ -1179,20 +1189,21 @@ START_TEST(perf_map) {
   int n = wait_perf_map(cli, v, 256);
   char maps_path[64];
   snprintf(maps_path, sizeof maps_path, "/proc/%d/maps", cli);
-  char *maps = fbt_read_file(maps_path, NULL);
-  ck_assert_ptr_nonnull(maps);
   for (int i = 0; i < n; i++) {
+    FILE *maps = fopen(maps_path, "r"); /* /proc files have no size: read by line */
+    ck_assert_ptr_nonnull(maps);
     int inside = 0;
-    for (char *l = maps; l && *l && !inside; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+    char l[512];
+    while (!inside && fgets(l, sizeof l, maps)) {
       unsigned long long lo, hi;
       char perms[8];
       if (sscanf(l, "%llx-%llx %7s", &lo, &hi, perms) == 3)
         inside = perms[2] == 'x' && lo <= v[i].start && v[i].start + v[i].size <= hi;
     }
+    fclose(maps);
     ck_assert_msg(inside, "%llx %llx %s is in no executable mapping", v[i].start, v[i].size,
                   v[i].name);
   }
-  free(maps);
   /* the same body is not named twice (the code cache reuses it) */
   for (int i = 0; i < n; i++)
     for (int k = i + 1; k < n; k++)
