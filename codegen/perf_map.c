@@ -54,15 +54,29 @@ static void read_env(void) {
   else fprintf(stderr, "fusebox: FB_PERF_MAP=%s: expected 0 or 1; no perf map is written\n", v);
 }
 
+/* This process's pid as perf sees it: the host's. A fuseboxd worker in a
+ * PID namespace of its own is pid 1 to getpid(), but the /proc it still
+ * sees when its JIT is made is the host's, where "self" names the host pid.
+ * getpid() where that link cannot be read. */
+static long host_pid(pid_t pid) {
+  char buf[32];
+  ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+  if (n <= 0) return (long)pid;
+  buf[n] = 0;
+  char *end;
+  long v = strtol(buf, &end, 10);
+  return *end || v <= 0 ? (long)pid : v;
+}
+
 /* The open map of this process; -1 when off or it cannot be opened (said
  * once on stderr). Call with map_mu held. */
 static int map_open_locked(void) {
-  pid_t pid = getpid();
+  pid_t pid = getpid(); /* tells a forked child, which needs a file of its own */
   if (map_fd >= 0 && map_pid == pid) return map_fd;
   if (map_fd >= 0) close(map_fd); /* inherited over fork: the parent's file */
   map_fd = -1;
   char path[64];
-  snprintf(path, sizeof path, "/tmp/perf-%ld.map", (long)pid);
+  snprintf(path, sizeof path, "/tmp/perf-%ld.map", host_pid(pid));
   /* /tmp is shared: never follow a link someone planted, never append to a
    * file that is not a plain one of ours (perf wants that owner, too) */
   map_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
