@@ -191,9 +191,15 @@ static void free_job(fb_session *s, async_job *j) {
   free(j);
 }
 
-/* Free the batches the worker finished (fb_opt is this thread's). */
+/* Free the batches the worker finished (fb_opt is this thread's). With
+ * none handed to it (inflight counts every queued batch until it is freed
+ * here), there is none to free: no lock (this runs at every launch). */
 void fbe_reap(fb_session *s) {
   async_state *a = s->as;
+  if (!a->inflight) {
+    if (a->bg) bg_harvest(s);
+    return;
+  }
   pthread_mutex_lock(&a->mu);
   async_job *d = a->done;
   a->done = NULL;
@@ -633,6 +639,10 @@ int fb_sync(fb_session *s) {
 uint64_t fb_session_test_standins(const fb_session *s) { return s && s->as ? s->as->standins : 0; }
 
 int fb_session_test_bg_peak(const fb_session *s) { return s && s->as ? s->as->nbg_peak : 0; }
+
+uint64_t fb_session_test_lean_batches(const fb_session *s) {
+  return s && s->as ? atomic_load(&s->as->lean) : 0;
+}
 
 uint64_t fb_session_test_queue_waits(const fb_session *s) {
   return s && s->as ? atomic_load(&s->as->waits) : 0;

@@ -21,6 +21,12 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
  * mode). Any thread may read it. */
 uint64_t fb_session_test_queue_waits(const fb_session *s);
 
+/* How many batches of an async session were planned without a compile
+ * job or a table (engine/worker.c, plan_compiles: the caller knew every
+ * entry's code, and the batch is small); 0 in sync mode. Any thread may
+ * read it. */
+uint64_t fb_session_test_lean_batches(const fb_session *s);
+
 /* How many automatic flushes of an async session waited for the launch
  * stream's period boundary (engine/async.c, "Windows aligned to the
  * stream's period"); 0 in sync mode. The session's thread only. */

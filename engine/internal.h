@@ -223,6 +223,9 @@ typedef struct async_state {
   pthread_cond_t done_cv;  /* under mu: the worker finished a batch (done) */
   _Atomic uint64_t waits;  /* flushes that waited for a batch to finish (too
                               many queued; fb_session_test_queue_waits) */
+  _Atomic uint64_t lean;   /* batches planned with every entry's code known
+                              and no compile job or table made
+                              (fb_session_test_lean_batches) */
 } async_state;
 
 struct fb_session {

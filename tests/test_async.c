@@ -107,6 +107,7 @@ typedef struct results {
   fb_counters c;
   uint64_t aligned; /* fb_session_test_aligned_flushes at the end */
   uint64_t capped;  /* fb_session_test_capped_widths at the end */
+  uint64_t lean;    /* fb_session_test_lean_batches at the end */
 } results;
 
 static void add_piece(results *r, const char *label, const void *data, size_t len) {
@@ -327,6 +328,7 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   fb_session_counters(u.s, &r->c);
   r->aligned = fb_session_test_aligned_flushes(u.s);
   r->capped = fb_session_test_capped_widths(u.s);
+  r->lean = fb_session_test_lean_batches(u.s);
   last_standins = fb_session_test_standins(u.s);
   last_bg_peak = fb_session_test_bg_peak(u.s);
   fb_session_destroy(u.s);
@@ -1917,6 +1919,39 @@ START_TEST(failed_width_capped) {
 }
 END_TEST
 
+/* A small batch whose code the caller knew at the flush (a repeating
+ * stream, once compiled) is planned without a compile job or a table of
+ * its handles (engine/worker.c, plan_compiles); a larger one, or one with
+ * code to compile, the usual way. Results are sync mode's either way. */
+START_TEST(lean_batches) {
+  char *small = period_script(6, 5), *big = period_script(6, 20);
+  fb_session_config sync = {.mode = "sync", .seed = 7}, dflt = async_cfg(0, 0),
+                    wide = async_cfg(FB_PASSES_EXACT, 1000); /* no pass, a batch per step */
+  results want = {0}, got = {0}, want_big = {0}, plain = {0};
+  run_script(eng, period_src, small, &sync, &want);
+  run_script(eng, period_src, small, &dflt, &got);
+  run_script(eng, period_src, big, &sync, &want_big);
+  run_script(eng, period_src, big, &wide, &plain);
+  same_results(&want, &got, "async, lean batches");
+  same_results(&want_big, &plain, "async, no pass");
+  ck_assert_uint_eq(want.lean, 0); /* sync mode has no batches */
+  /* fused, a step is one batch of 10 tasks; from the second step on its
+     code is known */
+  ck_assert_uint_eq(got.c.tasks_launched, 1 + 6 * 10);
+  ck_assert_uint_ge(got.lean, 4);
+  /* unoptimized, a step is one batch of 60 entries: past the scan's reach,
+     planned with the table */
+  ck_assert_uint_eq(plain.c.tasks_launched, 1 + 6 * 60);
+  ck_assert_uint_eq(plain.lean, 0);
+  results_free(&want);
+  results_free(&got);
+  results_free(&want_big);
+  results_free(&plain);
+  free(small);
+  free(big);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- back-pressure */
 
 typedef struct gate {
@@ -2166,6 +2201,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
   tcase_add_test(tc, failed_width_capped);
+  tcase_add_test(tc, lean_batches);
   tcase_add_test(tc, lists_after_a_cancelled_flush);
   tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);
