@@ -383,7 +383,7 @@ def test_budget_on_metrics(make_server):
     assert f"fusebox_memory_budget_bytes {48 * MIB}" in body
     parts = dict(re.findall(r'fusebox_memory_budget_used_bytes\{part="(\w+)"\} (\d+)', body))
     assert set(parts) == {"sessions", "staging", "queued_responses", "pending_launches",
-                          "jit_code", "decoded_requests"}, body
+                          "jit_code", "decoded_requests", "kernels"}, body
     assert int(parts["staging"]) >= FIELD and int(parts["sessions"]) >= FIELD
     assert "fusebox_memory_budget_refused_total 0" in body
     assert "fusebox_code_cache_limit_bytes " in body
