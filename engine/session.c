@@ -604,6 +604,15 @@ int fb_session_add_kernel(fb_session *s, const fb_kernel *k) {
   }
   sess_kernel sk;
   memset(&sk, 0, sizeof sk);
+  /* the session's copy alone takes its statements: a kernel that cannot
+   * fit is refused before it is lowered and compiled */
+  uint64_t least = k->nstmts > 0 ? (uint64_t)k->nstmts * sizeof(fb_stmt) : 0;
+  if (s->kernel_cap != UINT64_MAX && sat_add(fb_session_kernel_bytes(s), least) > s->kernel_cap)
+    return fail(s, FB_EQUOTA,
+                "kernel '%s': its %d statements take at least %llu bytes, which the memory "
+                "budget has no room for (the session's kernels hold %llu bytes) (memory_budget)",
+                k->name ? k->name : "?", k->nstmts, (unsigned long long)least,
+                (unsigned long long)fb_session_kernel_bytes(s));
   int rc = build_kernel(s, k, &sk);
   if (!rc) {
     /* the memory budget's share for kernels (fb_session_set_kernel_cap) */

@@ -778,7 +778,15 @@ static void kernel_bytes_case(const char *mode) {
   ck_assert_int_eq(add_kernel(s, k), 0);
   uint64_t first = fb_session_kernel_bytes(s);
   ck_assert_uint_ge(first, 2 * (uint64_t)k->nstmts * sizeof(fb_stmt));
+  /* no room for even its statements: refused before it is lowered */
   fb_session_set_kernel_cap(s, first);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EQUOTA);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "kernel 'chain': its 302 statements take at least") &&
+                    strstr(fb_session_errmsg(s), "(memory_budget)"),
+                "message: %s", fb_session_errmsg(s));
+  ck_assert_uint_eq(fb_session_kernel_bytes(s), first);
+  /* room for its statements, not for all it retains once lowered */
+  fb_session_set_kernel_cap(s, first + (uint64_t)k->nstmts * sizeof(fb_stmt));
   ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EQUOTA);
   ck_assert_msg(strstr(fb_session_errmsg(s), "kernel 'chain': its IR takes") &&
                     strstr(fb_session_errmsg(s), "(memory_budget)"),
