@@ -55,6 +55,19 @@ int fb_cg_build(LLVMContextRef c, const fb_cg_task *t, const fb_cg_options *o, c
  * the target into m when m calls it; its functions become internal. */
 int fb_cg_link_rt(LLVMContextRef c, LLVMModuleRef m, fb_cg_target target, char *err, size_t errlen);
 
+/* perf_map.c: the perf map of JIT'd code (FB_PERF_MAP=1). fb_cg_perf_map_on
+ * says whether it is on (and opens this process's /tmp/perf-PID.map);
+ * fb_cg_perf_syms reads the code symbols of an object before the JIT takes
+ * it (NULL when off); fb_cg_perf_announce appends their lines, placed by
+ * the body's address after linking, named fb:LABEL, fb:LABEL:bounds and
+ * fb:LABEL:SYMBOL. */
+typedef struct fb_perf_syms fb_perf_syms;
+int fb_cg_perf_map_on(void);
+fb_perf_syms *fb_cg_perf_syms(LLVMMemoryBufferRef obj);
+void fb_cg_perf_announce(const fb_perf_syms *s, const char *body_sym, const char *bounds_sym,
+                         uint64_t body_addr, const char *label);
+void fb_cg_perf_syms_free(fb_perf_syms *s);
+
 /* ---------------------------------------------------------------- setup */
 
 void fb_cg_llvm_init(void);

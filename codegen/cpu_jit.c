@@ -153,6 +153,7 @@ fb_cpu_jit *fb_cpu_jit_new(char *err, size_t errlen) {
     fb_cpu_jit_free(j);
     return NULL;
   }
+  (void)fb_cg_perf_map_on(); /* opens the map now: a worker cannot later */
   return j;
 }
 
@@ -285,8 +286,10 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
   int rc = compile_object(j, t, &o, &obj, &out->stmts_emitted, err, errlen);
   /* the object's size stands for the code it links to (the JIT takes obj) */
   uint64_t code_bytes = obj ? (uint64_t)LLVMGetBufferSize(obj) : 0;
+  fb_perf_syms *perf = rc ? NULL : fb_cg_perf_syms(obj); /* NULL unless FB_PERF_MAP=1 */
   if (!rc) rc = link_object(j, obj, &o, t->loop >= 0, out, &rt, err, errlen);
   if (rc) {
+    fb_cg_perf_syms_free(perf);
     memset(out, 0, sizeof *out);
     return rc;
   }
@@ -298,7 +301,14 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     drop_code(j, &v); /* another thread cached the same task first: use its code */
     memcpy(&out->body, &kept.a, sizeof out->body);
     memcpy(&out->bounds, &kept.b, sizeof out->bounds);
+  } else {
+    if (perf) { /* kernel.tN#ID: ID tells a recompiled (e.g. demoted) variant apart */
+      char label[256];
+      snprintf(label, sizeof label, "%.200s#%llu", t->ir->name ? t->ir->name : "task", id);
+      fb_cg_perf_announce(perf, body_name, bounds_name, (uint64_t)(uintptr_t)v.a, label);
+    }
   }
+  fb_cg_perf_syms_free(perf);
   if (fb_cg_priv_plan(t, &out->priv, NULL)) { /* what fb_cg_build did */
     memset(out, 0, sizeof *out); /* the code stays cached for a later call */
     return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");

@@ -624,6 +624,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->flushes += f->flushes;
   t->tasks_out += f->tasks_out;
   t->listgen_removed += f->listgen_removed;
+  t->clears_removed += f->clears_removed;
   t->demoted += f->demoted;
   t->dead_stores += f->dead_stores;
   t->tasks_deleted += f->tasks_deleted;
@@ -735,7 +736,7 @@ static void state_base(const fb_sfg_state *st, int post, const int *keep, int64_
  * mentions. */
 static int canon_values(const fb_sfg *g, int post, const int *keep, const fb_sfg_node **nodes,
                         int nn, uint64_t **sv, size_t *ns, uint64_t **ov, size_t *no) {
-  size_t cap = 3 * (size_t)g->nst + 2;
+  size_t cap = 3 * (size_t)g->nst + 3;
   for (int i = 0; i < nn; i++) cap += 2 + 3 * (size_t)nodes[i]->m->nacc;
   uint64_t *s = malloc(sizeof *s * cap), *o = malloc(sizeof *o * cap);
   if (!s || !o) {
@@ -744,6 +745,10 @@ static int canon_values(const fb_sfg *g, int post, const int *keep, const fb_sfg
     return FB_ENOMEM;
   }
   size_t a = 0, b = 0;
+  /* version 0 (the state as the session began) always ranks 0: a pass
+   * compares it with 0 itself (an empty list, pass_listgen.c), so it must
+   * not share a rank with the serial of a task fb_opt_forget dropped */
+  s[a++] = 0;
   for (int i = 0; i < g->nst; i++) {
     int64_t owner;
     state_base(&g->st[i], post, keep, &owner, &s[a++], &o[b++]);

@@ -133,6 +133,8 @@ typedef struct fb_opt_counters {
   uint64_t tasks_in;        /* task launches inserted */
   uint64_t tasks_out;       /* task launches handed out */
   uint64_t listgen_removed; /* list generations removed (each with its clear_list) */
+  uint64_t clears_removed;  /* clear_list tasks of a list no task has filled
+                               yet (empty: the clear changes nothing) removed */
   uint64_t demoted;         /* activating accesses demoted */
   uint64_t dead_stores;     /* task writes of a state removed as dead */
   uint64_t tasks_deleted;   /* tasks left without effect and deleted */

@@ -65,15 +65,28 @@ static int removable(fb_sfg *g, fb_sfg_node *l2, fb_opt_counters *cnt) {
   return 1;
 }
 
+/* A clear_list (unfused: its one statement) of a list at version 0. */
+static int clears_empty(fb_sfg_node *c) {
+  int ok = 0;
+  if (!list_task(c, FB_TASK_CLEAR_LIST, c->m->snode) || c->retained || c->ntasks != 1) return 0;
+  uint64_t v = version(c, FB_SKEY(FB_SK_LIST, c->m->snode), &ok);
+  if (!ok || v != 0) return 0;
+  c->dead = 1;
+  return 1;
+}
+
 int fb_pass_listgen(fb_pass_ctx *c) {
   fb_sfg *g = c->g;
-  int removed = 0;
+  int removed = 0, clears = 0;
   for (int i = g->nret; i < g->n; i++) {
-    fb_sfg_node *l2 = g->nodes[i];
-    if (!l2->dead && !l2->host && l2->m->kind == FB_TASK_LISTGEN) removed += removable(g, l2, c->cnt);
+    fb_sfg_node *n = g->nodes[i];
+    if (n->dead || n->host) continue;
+    if (n->m->kind == FB_TASK_LISTGEN) removed += removable(g, n, c->cnt);
+    else if (n->m->kind == FB_TASK_CLEAR_LIST) clears += clears_empty(n);
   }
-  if (!removed) return 0;
+  if (!removed && !clears) return 0;
   c->cnt->listgen_removed += (uint64_t)removed;
+  c->cnt->clears_removed += (uint64_t)clears;
   int rc = fb_sfg_rebuild(g, c->bank, NULL, 0);
-  return rc ? rc : removed;
+  return rc ? rc : removed + clears;
 }

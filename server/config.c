@@ -9,7 +9,7 @@
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
- *   --worker-uid-count, --worker-namespaces auto|on|off,
+ *   --worker-uid-count, --worker-namespaces auto|on|net|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
@@ -116,9 +116,11 @@ void fbd_usage(FILE *f) {
       "                             --worker-user (default 0: off)\n"
       "  --worker-uid-count N       how many uids from --worker-uid-base are fuseboxd's:\n"
       "                             one more than the tenants it may ever load (default 0)\n"
-      "  --worker-namespaces auto|on|off  each worker in a network and an IPC namespace of\n"
-      "                             its own: auto where the kernel allows it (root with\n"
-      "                             CAP_SYS_ADMIN), on: or refuse to start (default auto)\n"
+      "  --worker-namespaces auto|on|net|off  each worker in a network, an IPC, a mount\n"
+      "                             (its root an empty read-only directory) and a PID\n"
+      "                             namespace of its own (net: the network and IPC ones\n"
+      "                             only); auto: what the kernel allows (root with\n"
+      "                             CAP_SYS_ADMIN), on: all or refuse to start (default auto)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code); what would pass it is refused (default: 3/4 of\n"
@@ -293,13 +295,28 @@ static void clear_listen(fbd_config *c) {
   c->nlisten = 0;
 }
 
-/* The string options that take one of two values, checked as they are
+/* The string options that take one of a few values, checked as they are
  * set, so that the error names the flag or the key that gave the value. */
 static const struct {
-  const char *name, *a, *b, *c; /* c: NULL where there are two */
-} choices[] = {{"isolation", "process", "thread", NULL},
-               {"fair_share", "on", "off", NULL},
-               {"worker_namespaces", "auto", "on", "off"}};
+  const char *name, *v[5]; /* v: NULL-terminated */
+} choices[] = {{"isolation", {"process", "thread", NULL}},
+               {"fair_share", {"on", "off", NULL}},
+               {"worker_namespaces", {"auto", "on", "net", "off", NULL}}};
+
+/* Whether v is one of choice i's values; else the error "expected a, b or c". */
+static int choice_ok(size_t i, const char *shown, const char *v, char *err, size_t errlen) {
+  size_t n = 0;
+  while (choices[i].v[n])
+    if (!strcmp(v, choices[i].v[n++])) return 1;
+  char list[128] = "";
+  for (size_t k = 0; k < n; k++) {
+    size_t used = strlen(list);
+    snprintf(list + used, sizeof list - used, "%s%s", k == 0 ? "" : k + 1 < n ? ", " : " or ",
+             choices[i].v[k]);
+  }
+  fb_errf(err, errlen, "%s: invalid value '%s' (expected %s)", shown, v, list);
+  return 0;
+}
 
 /* Set option o (named shown in errors) from text (flags, and JSON strings). */
 static int set_text(fbd_config *c, const opt *o, const char *shown, const char *v, char *err,
@@ -311,13 +328,8 @@ static int set_text(fbd_config *c, const opt *o, const char *shown, const char *
   case OPT_LISTEN: return add_listen(c, shown, v, err, errlen);
   case OPT_STR: {
     for (size_t i = 0; i < sizeof choices / sizeof *choices; i++)
-      if (!strcmp(o->name, choices[i].name) && strcmp(v, choices[i].a) && strcmp(v, choices[i].b) &&
-          (!choices[i].c || strcmp(v, choices[i].c))) {
-        fb_errf(err, errlen, "%s: invalid value '%s' (expected %s%s%s or %s)", shown, v,
-                choices[i].a, choices[i].c ? ", " : "", choices[i].c ? choices[i].b : "",
-                choices[i].c ? choices[i].c : choices[i].b);
+      if (!strcmp(o->name, choices[i].name) && !choice_ok(i, shown, v, err, errlen))
         return FB_EINVAL;
-      }
     char *d = strdup(v);
     if (!d) return FB_ENOMEM;
     free(*(char **)(base + o->off));

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -63,8 +64,19 @@ extern char **environ;
 #define WATCH_BYTES 4096
 #define FAULT_ENV "FUSEBOXD_FAULT_INJECT" /* a test hook: see fault_init */
 /* A worker's own namespaces: no network interface but a loopback that is
- * down, and no System V IPC or POSIX message queue of anyone else. */
-#define WORKER_NS (CLONE_NEWNET | CLONE_NEWIPC)
+ * down, and no System V IPC or POSIX message queue of anyone else
+ * (WORKER_NS_NET); with WORKER_NS_ROOT also a mount namespace whose root,
+ * once the engine is made, is an empty read-only tmpfs (empty_root), and
+ * a PID namespace, which the broker starts it in (spawn_in_pid_ns): the
+ * worker is its pid 1 and sees no other process. */
+#define WORKER_NS_NET 1
+#define WORKER_NS_ROOT 2
+#define NS_FLAGS(level) \
+  (CLONE_NEWNET | CLONE_NEWIPC | ((level) >= WORKER_NS_ROOT ? CLONE_NEWNS : 0))
+/* Where the empty root is mounted before pivot_root moves it to "/": a
+ * directory every Linux host has, covered only in the worker's own mount
+ * namespace (private: nothing it mounts shows outside). */
+#define ROOT_STAGE "/tmp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define FBD_ASAN 1
@@ -309,6 +321,80 @@ void fbd_proc_free(fbd_proc *p) {
 
 static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
 
+/* What posix_spawn does for a worker (sock on 3, the watch page's memfd
+ * on 4, then exec), in a new PID namespace: posix_spawn has no way to ask
+ * for one, and unshare(CLONE_NEWPID) would move the calling broker
+ * thread's later children instead. As posix_spawn does it: clone with
+ * CLONE_VM | CLONE_VFORK on a stack of its own (a fork-like clone would
+ * copy the broker's page tables under its mmap lock: 10 to 140 ms for 50
+ * to 500 MiB of heap, every broker thread's page faults waiting), every
+ * signal blocked across it. The child shares the broker's memory, so it
+ * makes system calls only (raw: no libc or sanitizer state touched, and
+ * not instrumented), sets every caught signal back to its default (a
+ * broker handler must not run on its stack), unblocks, and execs; the
+ * broker waits (CLONE_VFORK) until it has. */
+typedef struct spawn_args {
+  const char *exe;
+  char *const *argv;
+  int sock, wfd, err;
+  sigset_t mask; /* the broker thread's, for the worker */
+} spawn_args;
+
+#define SPAWN_STACK ((size_t)64 << 10)
+
+/* The kernel's struct sigaction, x86-64's and arm64's (the generic one). */
+typedef struct ksigaction {
+  unsigned long handler, flags, restorer, mask;
+} ksigaction;
+
+/* fd to fd `to`, open across exec: dup3, or where it is there already
+ * what dup2 would do (close-on-exec cleared). */
+__attribute__((no_sanitize("address", "undefined"))) static int move_fd(int fd, int to) {
+  if (fd == to) return syscall(SYS_fcntl, fd, F_SETFD, 0) < 0;
+  return syscall(SYS_dup3, fd, to, 0) < 0;
+}
+
+__attribute__((no_sanitize("address", "undefined"))) static int spawn_child(void *v) {
+  spawn_args *a = v;
+  for (int sig = 1; sig < 65; sig++) {
+    ksigaction cur = {0, 0, 0, 0}, dfl = {0, 0, 0, 0}; /* SIG_DFL is 0 */
+    if (sig == SIGKILL || sig == SIGSTOP ||
+        syscall(SYS_rt_sigaction, sig, NULL, &cur, sizeof(uint64_t)) < 0)
+      continue;
+    if (cur.handler != (unsigned long)SIG_DFL && cur.handler != (unsigned long)SIG_IGN)
+      syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof(uint64_t));
+  }
+  int wfd = a->wfd;
+  if (wfd == 3) wfd = (int)syscall(SYS_fcntl, wfd, F_DUPFD_CLOEXEC, 5); /* sock goes there */
+  if (wfd >= 0 && !move_fd(a->sock, 3) && !move_fd(wfd, 4) &&
+      syscall(SYS_rt_sigprocmask, SIG_SETMASK, &a->mask, NULL, sizeof(uint64_t)) == 0)
+    syscall(SYS_execve, a->exe, a->argv, environ);
+  a->err = errno ? errno : EIO; /* the broker's errno too: it is waiting, and reads this */
+  syscall(SYS_exit_group, 127);
+  return 0;
+}
+
+static int spawn_in_pid_ns(pid_t *pid, const char *exe, int sock, int wfd, char *const argv[]) {
+  spawn_args a = {exe, argv, sock, wfd, 0, {{0}}};
+  uint8_t *stack =
+      mmap(NULL, SPAWN_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) return errno;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &a.mask);
+  pid_t r = clone(spawn_child, stack + SPAWN_STACK, CLONE_VM | CLONE_VFORK | CLONE_NEWPID | SIGCHLD,
+                  &a);
+  int e = r < 0 ? errno : a.err;
+  pthread_sigmask(SIG_SETMASK, &a.mask, NULL);
+  munmap(stack, SPAWN_STACK);
+  if (r > 0 && e) { /* it never ran fuseboxd */
+    int st;
+    while (waitpid(r, &st, 0) < 0 && errno == EINTR) {}
+  }
+  if (!e) *pid = r;
+  return e;
+}
+
 /* Start a worker: fuseboxd --session-worker 3 with the settings it needs. */
 static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
   const fbd_config *cfg = srv->cfg;
@@ -364,14 +450,21 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   "--worker-uid-count",
                   ucount,
                   "--worker-namespaces",
-                  srv->worker_ns ? "on" : "off",
+                  srv->worker_ns >= WORKER_NS_ROOT  ? "on"
+                  : srv->worker_ns >= WORKER_NS_NET ? "net"
+                                                    : "off",
                   NULL};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
-  posix_spawn_file_actions_adddup2(&fa, wfd, 4);
-  int rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
+  int rc;
+  if (srv->worker_ns >= WORKER_NS_ROOT) {
+    rc = spawn_in_pid_ns(&p->pid, srv->exe, sv[1], wfd, argv);
+  } else {
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
+    posix_spawn_file_actions_adddup2(&fa, wfd, 4);
+    rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+  }
   if (rc) {
     fb_errf(err, errlen, "cannot start a session worker (%s): %s", srv->exe, strerror(rc));
     goto fail;
@@ -549,45 +642,144 @@ static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
-/* Whether this process may make the workers' namespaces: a child cloned
- * into new ones that leaves at once (0, or why not: EPERM without
- * CAP_SYS_ADMIN, EINVAL on a kernel without them). Raw clone: the child
- * runs nothing but its exit, so no fork handler of a threaded process. */
-static int ns_probe(void) {
-  long pid = syscall(SYS_clone, (unsigned long)(WORKER_NS | SIGCHLD), NULL, NULL, NULL, NULL);
-  if (pid < 0) return errno;
-  if (pid == 0) syscall(SYS_exit_group, 0);
-  int st;
-  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+/* The worker's side of its namespaces, in two steps. ns_enter, first thing,
+ * while the worker is one thread (unshare moves only the calling thread;
+ * the engine's threads, made later, inherit): the new namespaces, and for
+ * a mount namespace every mount made private, so that what the worker
+ * mounts never shows in fuseboxd's namespace. empty_root, once everything
+ * the worker reads from disk is open (the engine made: LLVM, the CUDA
+ * driver and what it opens), while it is still root: a tmpfs with nothing
+ * in it becomes the root of the mount namespace (pivot_root moves every
+ * thread's root and working directory), the host's root is detached, and
+ * the tmpfs made read-only. Past seccomp, a worker then finds no file of
+ * the host by path: no /proc, /dev, /etc or /home. Descriptors opened
+ * before (a CUDA driver's /dev/nvidia*) stay open. Plain syscalls only:
+ * ns_probe runs both in a child cloned from a threaded process. 0, or
+ * errno with *step an index of ns_steps, naming what failed. */
+static const char *const ns_steps[] = {"unshare",
+                                       "make the mounts private",
+                                       "mount a tmpfs on " ROOT_STAGE,
+                                       "pivot_root",
+                                       "detach the host's root",
+                                       "make the root read-only"};
+#define NS_NSTEPS ((int)(sizeof ns_steps / sizeof *ns_steps))
+
+static int ns_enter(int level, int *step) {
+  *step = 0;
+  if (unshare(NS_FLAGS(level))) return errno;
+  *step = 1;
+  if (level >= WORKER_NS_ROOT && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) return errno;
   return 0;
 }
 
-/* worker_namespaces: "off", "on" (the kernel must allow it, or no start)
- * or "auto" (where it allows it: root with CAP_SYS_ADMIN). A worker needs
- * no network (its socket to the broker was made before) and no System V
- * IPC; its own namespaces take those from a worker that got past its
- * seccomp filter (the CUDA workers' is a deny list). */
+static int empty_root(int *step) {
+  const unsigned long flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  *step = 2;
+  if (mount("fusebox-empty", ROOT_STAGE, "tmpfs", flags, "size=4k,nr_inodes=2,mode=0555"))
+    return errno;
+  /* pivot_root(2)'s own recipe: the old root goes on top of the new one,
+     and is detached from there */
+  *step = 3;
+  if (chdir(ROOT_STAGE) || syscall(SYS_pivot_root, ".", ".")) return errno;
+  *step = 4;
+  if (umount2(".", MNT_DETACH) || chdir("/")) return errno;
+  *step = 5;
+  if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, NULL)) return errno;
+  return 0;
+}
+
+/* Whether this process may give workers the namespaces of level: a child
+ * cloned into them that makes its empty root and leaves (0, or why not:
+ * EPERM without CAP_SYS_ADMIN, EINVAL on a kernel without them or with
+ * its root on the initial ramfs, which pivot_root cannot move). Raw clone:
+ * the child runs nothing but syscalls, so no fork handler of a threaded
+ * process. */
+static int ns_probe(int level, const char **step) {
+  *step = ns_steps[0];
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) return errno;
+  unsigned long pidns = level >= WORKER_NS_ROOT ? CLONE_NEWPID : 0; /* spawn_in_pid_ns's */
+  long pid = syscall(SYS_clone, pidns | SIGCHLD, NULL, NULL, NULL, NULL);
+  if (pid < 0) {
+    int e = errno;
+    close(pfd[0]);
+    close(pfd[1]);
+    if (pidns) *step = "clone into a PID namespace";
+    return e;
+  }
+  if (pid == 0) { /* the step, then errno */
+    int msg[2] = {0, 0};
+    msg[1] = ns_enter(level, &msg[0]);
+    if (!msg[1] && level >= WORKER_NS_ROOT) msg[1] = empty_root(&msg[0]);
+    if (write(pfd[1], msg, sizeof msg) < 0) syscall(SYS_exit_group, 1);
+    syscall(SYS_exit_group, 0);
+  }
+  close(pfd[1]);
+  int msg[2] = {0, ECHILD};
+  ssize_t got;
+  do got = read(pfd[0], msg, sizeof msg);
+  while (got < 0 && errno == EINTR);
+  close(pfd[0]);
+  int st;
+  while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+  if (got != (ssize_t)sizeof msg) return ECHILD;
+  *step = ns_steps[msg[0] >= 0 && msg[0] < NS_NSTEPS ? msg[0] : 0];
+  return msg[1];
+}
+
+/* worker_namespaces: "off"; "net" (a network and an IPC namespace); "on"
+ * (those, a mount namespace with an empty root and a PID namespace: the
+ * kernel must allow it, or no start); "auto" (as much of "on" as it
+ * allows: root with CAP_SYS_ADMIN, and a root that pivot_root can move). A worker needs no
+ * network (its socket to the broker was made before), no System V IPC and
+ * no file once its engine is made (seccomp refuses opening one anyway);
+ * its own namespaces take those from a worker that got past its seccomp
+ * filter (the CUDA workers' is a deny list). */
 static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
   const char *want = srv->cfg->worker_namespaces ? srv->cfg->worker_namespaces : "auto";
   srv->worker_ns = 0;
   if (!strcmp(want, "off")) return 0;
-  int e = ns_probe();
-  if (e && !strcmp(want, "on")) {
+  int top = !strcmp(want, "net") ? WORKER_NS_NET : WORKER_NS_ROOT;
+  const char *step = "", *root_step = "";
+  int e = ns_probe(top, &step), root_e = 0;
+  if (e && top == WORKER_NS_ROOT && strcmp(want, "on")) { /* auto: the network ones alone? */
+    root_e = e;
+    root_step = step;
+    top = WORKER_NS_NET;
+    e = ns_probe(top, &step);
+  }
+  if (e && strcmp(want, "auto")) {
     fb_errf(err, errlen,
-            "worker_namespaces on: cannot make a network and an IPC namespace: %s (they need "
-            "root with CAP_SYS_ADMIN; worker_namespaces auto runs workers without them there)",
-            strerror(e));
+            "worker_namespaces %s: cannot make %s: %s: %s (they need root with CAP_SYS_ADMIN; "
+            "worker_namespaces auto runs workers without what the kernel refuses)",
+            want,
+            top == WORKER_NS_ROOT ? "a network, an IPC, a mount (with an empty root) and a PID "
+                                    "namespace"
+                                  : "a network and an IPC namespace",
+            step, strerror(e));
     return FB_EINVAL;
   }
+  int warn = geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO;
   if (e)
-    fbd_logf(srv->log, geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO,
-             "session workers share fuseboxd's network and IPC namespaces: cannot make their "
-             "own: %s",
-             strerror(e));
+    fbd_logf(srv->log, warn,
+             "session workers share fuseboxd's network, IPC, mount and PID namespaces: cannot "
+             "make their own: %s: %s",
+             step, strerror(e));
+  else if (top == WORKER_NS_ROOT)
+    fbd_logf(srv->log, FBD_LOG_INFO,
+             "session workers run in a network, an IPC, a mount and a PID namespace of their own "
+             "each, the mount namespace's root an empty read-only directory");
+  else if (root_e)
+    fbd_logf(srv->log, warn,
+             "session workers run in a network and an IPC namespace of their own each, but see "
+             "fuseboxd's files and processes: cannot give them a mount namespace with an empty "
+             "root and a PID namespace: %s: %s",
+             root_step, strerror(root_e));
   else
     fbd_logf(srv->log, FBD_LOG_INFO,
-             "session workers run in a network and an IPC namespace of their own each");
-  srv->worker_ns = !e;
+             "session workers run in a network and an IPC namespace of their own each, and see "
+             "fuseboxd's files (worker_namespaces net)");
+  srv->worker_ns = e ? 0 : top;
   return 0;
 }
 
@@ -1053,8 +1245,10 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
  *                   real one follows and then nothing (the broker must
  *                   refuse the length before allocating anything);
  *   syscall-probe   it tries calls its seccomp filter refuses (open a
- *                   file, getcwd, uname) and answers FB_EINTERNAL with
- *                   what each returned;
+ *                   file, getcwd, uname), and one it allows that takes a
+ *                   path (stat: only an empty root hides the host's
+ *                   files from it), and answers FB_EINTERNAL with what
+ *                   each returned;
  *   exec            it tries execve (the filter kills it). */
 enum {
   FAULT_NONE,
@@ -1107,9 +1301,11 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
   } else if (fault_kind == FAULT_PROBE) {
     char out[512] = "", cwd[256];
     struct utsname u;
+    struct stat st;
     fault_note(out, sizeof out, "openat", (long)open("/etc/passwd", O_RDONLY | O_CLOEXEC));
     fault_note(out, sizeof out, "getcwd", getcwd(cwd, sizeof cwd) ? 0 : -1);
     fault_note(out, sizeof out, "uname", (long)uname(&u));
+    fault_note(out, sizeof out, "stat /etc/passwd", (long)stat("/etc/passwd", &st));
     fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
   } else {
     fault_armed = 1;
@@ -1422,6 +1618,27 @@ static int limit_files(const char *backend) {
   return setrlimit(RLIMIT_NOFILE, &lim) ? FB_EINTERNAL : 0;
 }
 
+/* The broker: the process that made the worker's socket pair (so a broker
+ * that is pid 1, in a container, is told apart from a reparented worker).
+ * 0 for a worker in a PID namespace of its own: the broker is outside it,
+ * and has no pid there (nor has its parent: getppid() is 0 too). */
+static pid_t broker_pid(int fd) {
+  struct ucred u;
+  socklen_t n = sizeof u;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
+}
+
+/* Whether the broker still lives, once the parent-death signal is set (a
+ * broker that dies later kills the worker): its pid is still the parent's,
+ * or, in a PID namespace where neither has a pid, its end of the socket is
+ * still open. */
+static int broker_alive(int fd, pid_t parent) {
+  if (parent > 0) return getppid() == parent;
+  if (parent < 0 || getpid() != 1 || getppid() != 0) return 0;
+  struct pollfd pf = {fd, POLLRDHUP, 0};
+  return poll(&pf, 1, 0) == 0;
+}
+
 /* Started by a root fuseboxd, the worker becomes the worker user ("UID:GID"
  * from the broker, which resolved the name): no supplementary groups, the
  * group before the user (a process that is no longer root cannot change
@@ -1431,7 +1648,8 @@ static int limit_files(const char *backend) {
  * and makes the process dumpable again, so both are set anew; a broker that
  * died meanwhile makes the worker leave. Before lock-down, which refuses
  * these calls. */
-static int drop_ids(unsigned long uid, unsigned long gid, pid_t parent, char *err, size_t errlen) {
+static int drop_ids(unsigned long uid, unsigned long gid, int fd, pid_t parent, char *err,
+                    size_t errlen) {
   if (setgroups(0, NULL) || setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) ||
       setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid)) {
     fb_errf(err, errlen, "cannot switch to uid %lu, gid %lu: %s", uid, gid, strerror(errno));
@@ -1447,7 +1665,7 @@ static int drop_ids(unsigned long uid, unsigned long gid, pid_t parent, char *er
     return FB_EINTERNAL;
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(1);
+  if (!broker_alive(fd, parent)) _exit(1);
   prctl(PR_SET_DUMPABLE, 0);
   return 0;
 }
@@ -1467,7 +1685,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
               (unsigned long)w.uid, (unsigned long)w.gid);
       return FB_EINVAL;
     }
-    return drop_ids(w.uid, w.gid, parent, err, errlen);
+    return drop_ids(w.uid, w.gid, fd, parent, err, errlen);
   }
   const char *ids = cfg->worker_user;
   if (!ids) return 0;
@@ -1479,7 +1697,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
     fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
     return FB_EINVAL;
   }
-  return drop_ids(uid, gid, parent, err, errlen);
+  return drop_ids(uid, gid, fd, parent, err, errlen);
 }
 
 typedef struct worker {
@@ -1624,22 +1842,14 @@ static void worker_loop(worker *w, double spin_s) {
   }
 }
 
-/* The broker: the process that made the worker's socket pair (so a broker
- * that is pid 1, in a container, is told apart from a reparented worker). */
-static pid_t broker_pid(int fd) {
-  struct ucred u;
-  socklen_t n = sizeof u;
-  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &u, &n) ? -1 : u.pid;
-}
-
 void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   prctl(PR_SET_PDEATHSIG, SIGKILL); /* the broker's end is our end */
   pid_t parent = broker_pid(fd);
-  if (parent <= 0 || getppid() != parent) _exit(1); /* it died before the line above */
+  if (!broker_alive(fd, parent)) _exit(1); /* it died before the line above */
   /* first, while one thread: unshare moves only the calling thread */
-  int ns_err = cfg->worker_namespaces && !strcmp(cfg->worker_namespaces, "on") && unshare(WORKER_NS)
-                   ? errno
-                   : 0;
+  const char *nsw = cfg->worker_namespaces ? cfg->worker_namespaces : "off";
+  int ns_level = !strcmp(nsw, "on") ? WORKER_NS_ROOT : !strcmp(nsw, "net") ? WORKER_NS_NET : 0;
+  int ns_step = 0, ns_err = ns_level ? ns_enter(ns_level, &ns_step) : 0;
   prctl(PR_SET_DUMPABLE, 0);        /* no ptrace, no /proc/PID/mem for anyone else */
   signal(SIGPIPE, SIG_IGN);
   fault_init();
@@ -1658,9 +1868,16 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
   } else if (ns_err) {
     hello.code = FB_EINTERNAL;
-    fb_errf(hello.msg, sizeof hello.msg, "cannot enter a network and an IPC namespace: %s",
+    fb_errf(hello.msg, sizeof hello.msg, "cannot enter its namespaces: %s: %s", ns_steps[ns_step],
             strerror(ns_err));
+  } else if (ns_level >= WORKER_NS_ROOT && parent != 0) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "not started in a PID namespace of its own");
   } else if ((hello.code = fb_engine_create(&ecfg, &w.engine, hello.msg, sizeof hello.msg))) {
+  } else if (ns_level >= WORKER_NS_ROOT && (ns_err = empty_root(&ns_step))) {
+    hello.code = FB_EINTERNAL;
+    fb_errf(hello.msg, sizeof hello.msg, "cannot make its root an empty directory: %s: %s",
+            ns_steps[ns_step], strerror(ns_err));
   } else if ((hello.code = drop_user(cfg, fd, parent, hello.msg, sizeof hello.msg))) {
   } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
              limit_files(fb_engine_backend(w.engine))) {

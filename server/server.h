@@ -78,8 +78,9 @@ typedef struct fbd_config {
                                worker_slot, 0 for no tenant) run as uid and gid base + k;
                                0: off (worker_user) */
   int worker_uid_count; /* the uids base .. base + count - 1 are fuseboxd's */
-  char *worker_namespaces; /* "auto", "on", "off": a network and an IPC namespace per
-                              worker (proc.c); a worker itself gets "on" or "off" */
+  char *worker_namespaces; /* "auto", "on", "net", "off": a network, an IPC, a mount (with
+                              an empty root) and a PID namespace per worker, or (net) the
+                              first two (proc.c); a worker itself gets "on", "net" or "off" */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -258,7 +259,7 @@ struct fbd_server {
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
-  int worker_ns; /* workers enter a network and an IPC namespace of their own (proc.c) */
+  int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (proc.c) */
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;

@@ -804,7 +804,9 @@ START_TEST(minimal_example) {
   pair_run sy = run_step(src, "sync", "init", step, 2, "x");
   pair_run as = run_step(src, "async", "init", step, 2, "x");
   ck_assert_uint_eq(DELTA(sy, tasks_launched), 6);
-  ck_assert_uint_eq(DELTA(as, tasks_launched), 3);
+  /* the paper's 3 less the first clear_list: no task had filled its list
+     (optimizer/pass_listgen.c), so the listgen runs on an empty list */
+  ck_assert_uint_eq(DELTA(as, tasks_launched), 2);
   ck_assert_uint_ge(DELTA(as, listgens_removed), 1);
   ck_assert_uint_ge(DELTA(as, tasks_fused), 1);
   ck_assert_uint_ge(DELTA(as, activations_demoted), 1);

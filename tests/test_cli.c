@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -496,13 +497,14 @@ START_TEST(graph_and_trace) {
 END_TEST
 
 /* Start a fuseboxd on unix:TMPDIR/NAME (sock gets the address); its pid. */
-static int start_fuseboxd(const char *name, char *sock, size_t n) {
+/* env: assignments for its environment ("" for none). */
+static int start_fuseboxd_env(const char *env, const char *name, char *sock, size_t n) {
   char cmd[8192], *out;
   snprintf(sock, n, "unix:%s/%s", tmpdir, name);
   const char *b = getenv("FB_BUILD_DIR");
   snprintf(cmd, sizeof cmd,
-           "%s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!",
-           b ? b : "build", sock);
+           "%s %s/server/fuseboxd --listen %s --log-level warn </dev/null >/dev/null 2>&1 & echo $!",
+           env, b ? b : "build", sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   int pid = atoi(out);
   free(out);
@@ -516,6 +518,10 @@ static int start_fuseboxd(const char *name, char *sock, size_t n) {
   }
   ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
   return pid;
+}
+
+static int start_fuseboxd(const char *name, char *sock, size_t n) {
+  return start_fuseboxd_env("", name, sock, n);
 }
 
 /* A kernel that reads out of bounds fails `fusebox run` and `fusebox
@@ -1059,6 +1065,194 @@ START_TEST(ctrl_c_on_server) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- perf map */
+
+static const char *perf_prog = "layout { dense(i: 4096) { place a: f32 }\n place total: f32 }\n"
+                               "kernel fill(v: f32) { for i in a { a[i] = a[i] * 0.5 + v } }\n"
+                               "kernel sum() { total[] = 0.0\n for i in a { total[] += a[i] } }\n";
+
+static void perf_map_path(int pid, char *path, size_t n) {
+  snprintf(path, n, "/tmp/perf-%d.map", pid);
+}
+
+/* Whether pid's perf map was written at or after since (a file of an
+ * earlier process with the same pid, pids being reused, is older). */
+static int perf_map_written(int pid, time_t since) {
+  char path[64];
+  struct stat st;
+  perf_map_path(pid, path, sizeof path);
+  return stat(path, &st) == 0 && st.st_mtime >= since;
+}
+
+/* Start `fusebox run JSON ARGS...` (at most two extra arguments, NULL-ended)
+ * with FB_PERF_MAP=perf (NULL: unset); its pid. */
+static int spawn_perf(const char *perf, const char *json, const char *a1, const char *a2,
+                      const char *outfile) {
+  int pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    FILE *o = freopen(outfile, "w", stdout);
+    if (!o || dup2(fileno(o), 2) < 0) _exit(126);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    unsetenv("FUSEBOX_SERVER");
+    if (perf) setenv("FB_PERF_MAP", perf, 1);
+    else unsetenv("FB_PERF_MAP");
+    execl(fusebox(), "fusebox", "run", json, "-q", a1, a2, (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+typedef struct perf_line {
+  unsigned long long start, size;
+  char name[600];
+} perf_line;
+
+/* The lines of a perf map (at most max); each must be "START SIZE fb:NAME",
+ * hex, both non-zero. Returns how many. */
+static int read_perf_map(const char *path, perf_line *v, int max) {
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  int n = 0;
+  char line[700];
+  while (n < max && fgets(line, sizeof line, f)) {
+    if (!strchr(line, '\n')) break; /* a line being written */
+    perf_line *p = &v[n];
+    ck_assert_msg(sscanf(line, "%llx %llx %599[^\n]", &p->start, &p->size, p->name) == 3,
+                  "%s: bad line: %s", path, line);
+    ck_assert_msg(p->start && p->size && !strncmp(p->name, "fb:", 3), "%s: %s", path, line);
+    n++;
+  }
+  fclose(f);
+  return n;
+}
+
+static int perf_map_has(const perf_line *v, int n, const char *what) {
+  for (int i = 0; i < n; i++)
+    if (strstr(v[i].name, what)) return 1;
+  return 0;
+}
+
+/* Wait for pid's perf map to name both kernels; its lines. */
+static int wait_perf_map(int pid, perf_line *v, int max) {
+  char path[64];
+  perf_map_path(pid, path, sizeof path);
+  int n = 0;
+  for (int i = 0; i < 6000; i++) {
+    n = read_perf_map(path, v, max);
+    if (perf_map_has(v, n, "fill.t") && perf_map_has(v, n, "sum.t")) return n;
+    usleep(10000);
+  }
+  ck_abort_msg("%s never named the tasks of fill and sum (%d lines)", path, n);
+  return 0;
+}
+
+/* FB_PERF_MAP=1: the JIT announces every task's code to perf in
+ * /tmp/perf-PID.map of the process that runs it, under the kernels' task
+ * names, at addresses inside its executable mappings; under process
+ * isolation the worker's map (opened before its seccomp filter). Unset: no
+ * file. */
+START_TEST(perf_map) {
+  write_file("perf.fbk", perf_prog);
+  write_file("perf.json", "{ \"program\": \"perf.fbk\",\n"
+                          "  \"step\": [ {\"repeat\": 3, \"do\": [ {\"launch\": \"fill\", "
+                          "\"args\": [1.0]}, {\"launch\": \"sum\"} ]} ],\n"
+                          "  \"checks\": [ {\"read\": \"total\", \"min\": 1.0} ] }\n");
+  write_file("perf_long.json", "{ \"program\": \"perf.fbk\",\n"
+                               "  \"step\": [ {\"repeat\": 1000000000, \"do\": [ {\"launch\": "
+                               "\"fill\", \"args\": [1.0]}, {\"launch\": \"sum\"} ]} ] }\n");
+  char json[512], longjson[512], outfile[512], path[64], sock[512];
+  snprintf(json, sizeof json, "%s/perf.json", tmpdir);
+  snprintf(longjson, sizeof longjson, "%s/perf_long.json", tmpdir);
+  snprintf(outfile, sizeof outfile, "%s/perf.out", tmpdir);
+  /* unset, and 0: no file */
+  const char *off[] = {NULL, "0"};
+  for (int i = 0; i < 2; i++) {
+    time_t t0 = time(NULL) - 1; /* file times come from a coarser clock */
+    int cli = spawn_perf(off[i], json, "--local", NULL, outfile);
+    ck_assert_int_eq(wait_exit(cli), 0);
+    ck_assert_msg(!perf_map_written(cli, t0), "FB_PERF_MAP=%s wrote /tmp/perf-%d.map",
+                  off[i] ? off[i] : "(unset)", cli);
+  }
+  /* a value that is neither 0 nor 1 is named, and writes nothing */
+  time_t t0 = time(NULL) - 1;
+  int cli = spawn_perf("yes", json, "--local", NULL, outfile);
+  ck_assert_int_eq(wait_exit(cli), 0);
+  ck_assert(!perf_map_written(cli, t0));
+  char *out = fbt_read_file(outfile, NULL);
+  ck_assert_msg(out && strstr(out, "FB_PERF_MAP=yes: expected 0 or 1"), "%s", out ? out : "");
+  free(out);
+
+  /* --local: this process's map, every line inside an executable mapping */
+  static perf_line v[256];
+  cli = spawn_perf("1", longjson, "--local", NULL, outfile);
+  int n = wait_perf_map(cli, v, 256);
+  char maps_path[64];
+  snprintf(maps_path, sizeof maps_path, "/proc/%d/maps", cli);
+  for (int i = 0; i < n; i++) {
+    FILE *maps = fopen(maps_path, "r"); /* /proc files have no size: read by line */
+    ck_assert_ptr_nonnull(maps);
+    int inside = 0;
+    char l[512];
+    while (!inside && fgets(l, sizeof l, maps)) {
+      unsigned long long lo, hi;
+      char perms[8];
+      if (sscanf(l, "%llx-%llx %7s", &lo, &hi, perms) == 3)
+        inside = perms[2] == 'x' && lo <= v[i].start && v[i].start + v[i].size <= hi;
+    }
+    fclose(maps);
+    ck_assert_msg(inside, "%llx %llx %s is in no executable mapping", v[i].start, v[i].size,
+                  v[i].name);
+  }
+  /* the same body is not named twice (the code cache reuses it) */
+  for (int i = 0; i < n; i++)
+    for (int k = i + 1; k < n; k++)
+      ck_assert_msg(v[i].start + v[i].size <= v[k].start || v[k].start + v[k].size <= v[i].start,
+                    "%s and %s overlap", v[i].name, v[k].name);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  perf_map_path(cli, path, sizeof path);
+  unlink(path);
+
+  /* process isolation: the session's worker (a child of fuseboxd) */
+  int d = start_fuseboxd_env("FB_PERF_MAP=1", "perf.sock", sock, sizeof sock);
+  cli = spawn_perf(NULL, longjson, "--server", sock, outfile);
+  int worker = 0, kids[64], nkids = 0;
+  for (int i = 0; i < 6000 && !worker; i++) {
+    nkids = 0;
+    DIR *dir = opendir("/proc");
+    ck_assert_ptr_nonnull(dir);
+    for (struct dirent *e; !worker && (e = readdir(dir));) {
+      int pid = atoi(e->d_name), ppid = 0;
+      char sp[64], st;
+      snprintf(sp, sizeof sp, "/proc/%d/stat", pid);
+      FILE *f = pid > 0 ? fopen(sp, "r") : NULL;
+      if (!f) continue;
+      int ok = fscanf(f, "%*d (%*[^)]) %c %d", &st, &ppid) == 2;
+      fclose(f);
+      if (!ok || ppid != d) continue;
+      if (nkids < 64) kids[nkids++] = pid; /* spare workers write (empty) maps too */
+      perf_map_path(pid, path, sizeof path);
+      if (read_perf_map(path, v, 256) > 0) worker = pid;
+    }
+    closedir(dir);
+    if (!worker) usleep(10000);
+  }
+  ck_assert_msg(worker, "no worker of fuseboxd %d wrote a perf map", d);
+  wait_perf_map(worker, v, 256);
+  kill(cli, SIGINT);
+  ck_assert_int_eq(wait_exit(cli), 130);
+  kill(d, SIGKILL);
+  /* the maps of fuseboxd (its own engine's JIT: empty) and its workers */
+  perf_map_path(d, path, sizeof path);
+  unlink(path);
+  for (int i = 0; i < nkids; i++) {
+    perf_map_path(kids[i], path, sizeof path);
+    unlink(path);
+  }
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -1080,6 +1274,7 @@ int main(void) {
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, bad_saves_are_named);
+  tcase_add_test(tc, perf_map);
   suite_add_tcase(s, tc);
   TCase *ti = tcase_create("interrupt"); /* Ctrl-C, SIGTERM, SIGKILL */
   tcase_set_timeout(ti, 300);

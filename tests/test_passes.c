@@ -252,6 +252,9 @@ static void counters_text(tbuf *b, const fb_opt_counters *c) {
   /* only where the cost model refused something (the older goldens stay) */
   snprintf(line, sizeof line, ", fusions refused %llu", (unsigned long long)c->fuse_refused);
   tb_add(b, c->fuse_refused ? line : "");
+  /* likewise: clear_lists of lists no task had filled (pass_listgen.c) */
+  snprintf(line, sizeof line, ", empty clears removed %llu", (unsigned long long)c->clears_removed);
+  tb_add(b, c->clears_removed ? line : "");
   tb_add(b, "\n");
 }
 
@@ -426,6 +429,7 @@ static uint64_t counter(const fb_opt_counters *c, const char *name) {
   if (!strcmp(name, "tasks_in")) return c->tasks_in;
   if (!strcmp(name, "tasks_out")) return c->tasks_out;
   if (!strcmp(name, "listgen")) return c->listgen_removed;
+  if (!strcmp(name, "clears")) return c->clears_removed;
   if (!strcmp(name, "demoted")) return c->demoted;
   if (!strcmp(name, "dead_stores")) return c->dead_stores;
   if (!strcmp(name, "deleted")) return c->tasks_deleted;

@@ -776,7 +776,9 @@ START_TEST(observe_keeps_lists) {
     fb_opt_batch *b = NULL;
     ck_assert_msg(fb_opt_flush(o, &b) == 0, "%s", fb_opt_errmsg(o));
     removed[f] = fb_opt_get_stats(o)->flush.listgen_removed;
-    ck_assert_int_eq(b->n, removed[f] ? 2 : 4);
+    /* the first flush's cl clears a list no task filled: removed too */
+    ck_assert_uint_eq(fb_opt_get_stats(o)->flush.clears_removed, f == 0);
+    ck_assert_int_eq(b->n, removed[f] ? 2 : 4 - (f == 0));
     fb_opt_batch_free(o, b);
     if (f == 5) ck_assert_int_eq(fb_opt_host_write(o, fb_layout_find(m.l, "s")), 0);
     ck_assert_int_eq(fb_opt_observe_mask(o, blocks, counts[f]), 0);
@@ -823,12 +825,61 @@ START_TEST(observe_keeps_lists_made_after_the_writer) {
     int want = f % 2 == 1 && f != 5; /* 5: a host write before it */
     ck_assert_msg(removed == (uint64_t)want, "flush %d removed %llu", f,
                   (unsigned long long)removed);
-    ck_assert_int_eq(b->n, n - 2 * want);
+    ck_assert_uint_eq(fb_opt_get_stats(o)->flush.clears_removed, f == 0); /* an empty list */
+    ck_assert_int_eq(b->n, n - 2 * want - (f == 0));
     fb_opt_batch_free(o, b);
     if (f == 4) ck_assert_int_eq(fb_opt_host_write(o, fb_layout_find(m.l, "t")), 0);
     ck_assert_int_eq(fb_opt_observe_mask(o, blocks, 10 + (uint64_t)f), 0);
   }
   ck_assert_uint_eq(fb_opt_get_stats(o)->total.masks_unchanged, 0);
+  for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);
+  fb_opt_free(o);
+  mod_free(&m);
+}
+END_TEST
+
+/* A clear_list of a list no task has filled yet is removed (the list is
+ * empty: clearing it changes nothing); one of a list a listgen filled, in
+ * the same window or an earlier flush, stays, and so does one after
+ * fb_opt_forget (the list's version is then the serial of a dropped task,
+ * not the session's initial state). Windows, with the plan memo on:
+ * [cl lg sf wr cl lg sf] [wr cl lg sf], forget, [cl lg sf] [cl lg sf]. */
+START_TEST(clears_of_empty_lists_only) {
+  mod m = parse(observe_kernels);
+  fb_irh h[4];
+  fb_opt *o = plan_opt(&m, h, 1, 1);
+  uint64_t launch = 0;
+  static const int w0[] = {0, 1, 2, 3, 0, 1, 2}, w1[] = {3, 0, 1, 2}, w2[] = {0, 1, 2};
+  static const struct {
+    const int *seq;
+    int n, forget_before;
+    uint64_t clears, listgens;
+    int out, cls;
+  } win[] = {
+      {w0, 7, 0, 1, 0, 6, 1}, /* the first cl goes; the second (after lg) stays */
+      {w1, 4, 0, 0, 0, 4, 1}, /* wr changed the mask: lg stays, and its cl */
+      {w2, 3, 1, 0, 0, 3, 1}, /* after forget: nothing known, all stay */
+      {w2, 3, 0, 0, 1, 1, 0}, /* cl lg go against the last window's lg */
+  };
+  for (int f = 0; f < 4; f++) {
+    if (win[f].forget_before) ck_assert_int_eq(fb_opt_forget(o), 0);
+    for (int i = 0; i < win[f].n; i++) {
+      fb_opt_task t = {h[win[f].seq[i]], NULL, 0, launch++};
+      ck_assert_int_eq(fb_opt_insert(o, &t), 0);
+    }
+    fb_opt_batch *b = NULL;
+    ck_assert_msg(fb_opt_flush(o, &b) == 0, "%s", fb_opt_errmsg(o));
+    const fb_opt_counters *c = &fb_opt_get_stats(o)->flush;
+    ck_assert_msg(c->clears_removed == win[f].clears, "window %d: %llu empty clears removed", f,
+                  (unsigned long long)c->clears_removed);
+    ck_assert_uint_eq(c->listgen_removed, win[f].listgens);
+    ck_assert_int_eq(b->n, win[f].out);
+    int cls = 0;
+    for (int i = 0; i < b->n; i++) cls += b->v[i].kind == FB_TASK_CLEAR_LIST;
+    ck_assert_int_eq(cls, win[f].cls);
+    fb_opt_batch_free(o, b);
+  }
+  ck_assert_uint_eq(fb_opt_get_stats(o)->total.clears_removed, 1);
   for (int k = 0; k < m.nk; k++) fb_opt_release(o, h[k]);
   fb_opt_free(o);
   mod_free(&m);
@@ -859,6 +910,7 @@ Suite *sfg_suite(void) {
   tcase_add_test(tc, fuse_tests_only_unjoined_pairs);
   tcase_add_test(tc, observe_keeps_lists);
   tcase_add_test(tc, observe_keeps_lists_made_after_the_writer);
+  tcase_add_test(tc, clears_of_empty_lists_only);
   suite_add_tcase(s, tc);
   return s;
 }
