@@ -90,6 +90,7 @@ typedef struct sess_kernel {
   fb_rt_task *code;        /* sync: compiled entry points per task */
   fb_rt_hint *hints;       /* sync: per task: list to size, chunk grain */
   fb_irh *h;               /* async: banked IR per task (one reference each) */
+  uint64_t bytes;          /* what it retains, as counted in kernel_bytes */
 } sess_kernel;
 
 /* The kernel of one launch of a flushed window. */
@@ -241,6 +242,8 @@ struct fb_session {
                               (e->ops->queue_new; CUDA: its stream) */
   sess_kernel *kernels;
   int nkernels, cap;
+  uint64_t kernel_bytes;   /* what kernels[0..nkernels) retain (kernel_retained) */
+  uint64_t kernel_cap;     /* fb_session_set_kernel_cap; UINT64_MAX: none */
   uint64_t *args;          /* argument slots, nargs_cap of them */
   int nargs_cap;
   fb_counters c;           /* async: under cmu (the worker adds to it) */

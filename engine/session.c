@@ -4,6 +4,8 @@
  * engine/internal.h and docs/design.md. */
 #include "engine/internal.h"
 
+#include <limits.h>
+
 /* ---------------------------------------------------------------- engine */
 
 int fb_engine_create(const fb_engine_config *cfg, fb_engine **out, char *err, size_t errlen) {
@@ -223,6 +225,7 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
                  : cfg->max_kernel_statements < 0    ? 0
                                                      : cfg->max_kernel_statements;
   s->internal_ok = cfg && cfg->allow_internal_ops;
+  s->kernel_cap = UINT64_MAX;
   s->partition = cfg ? cfg->cache_partition : 0;
   s->pins = fb_code_pins_new(); /* NULL (out of memory): its code is pinned for good */
   pthread_mutex_lock(&e->mu);
@@ -357,7 +360,13 @@ static int check_snodes(fb_session *s, const fb_kernel *k) {
   for (int i = 0; i < k->nstmts; i++) {
     const fb_stmt *st = &k->stmts[i];
     if (st->op >= FB_OP__COUNT || !(fb_op_table[st->op].flags & FB_OPF_SNODE)) continue;
-    if (st->snode < 0 || st->snode >= s->layout->nnodes)
+    /* a negative id is malformed, not a node the layout lacks */
+    if (st->snode < 0)
+      return fail(s, FB_EINVAL,
+                  "kernel '%s': %%%d %s names SNode %d, which is not an SNode id (ids are 0 "
+                  "to %d in the session's layout)",
+                  k->name, i, fb_op_table[st->op].name, st->snode, s->layout->nnodes - 1);
+    if (st->snode >= s->layout->nnodes)
       return fail(s, FB_ENOENT,
                   "kernel '%s': %%%d %s names SNode %d, which the session's layout "
                   "does not have (it has %d)",
@@ -510,10 +519,83 @@ static int build_kernel(fb_session *s, const fb_kernel *k, sess_kernel *sk) {
   return reserve_slots(s, sk);
 }
 
+/* ---- what registered kernels retain (fb_session_kernel_bytes)
+ * Saturating: the figure is compared with a cap, never wraps. */
+
+#define ALLOC_OVERHEAD 16 /* malloc's header and rounding, per allocation */
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
+static uint64_t sat_mul(uint64_t a, uint64_t b) {
+  return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+/* One allocation of n items of size each. */
+static uint64_t alloc_bytes(uint64_t n, uint64_t size) {
+  return n ? sat_add(sat_mul(n, size), ALLOC_OVERHEAD) : 0;
+}
+
+/* A kernel's IR as allocated: capacities, not counts. */
+static uint64_t kernel_ir_bytes(const fb_kernel *k) {
+  if (!k) return 0;
+  uint64_t b = alloc_bytes(1, sizeof *k);
+  b = sat_add(b, alloc_bytes(k->name ? strlen(k->name) + 1 : 0, 1));
+  b = sat_add(b, alloc_bytes(k->nparams > 0 ? (uint64_t)k->nparams : 0, sizeof(fb_type)));
+  uint64_t nst = (uint64_t)(k->cap > k->nstmts ? k->cap : k->nstmts);
+  b = sat_add(b, alloc_bytes(nst, sizeof(fb_stmt)));
+  uint64_t nbl = (uint64_t)(k->bcap > k->nblocks ? k->bcap : k->nblocks);
+  b = sat_add(b, alloc_bytes(nbl, sizeof(fb_block)));
+  for (int i = 0; k->blocks && i < k->nblocks; i++) {
+    const fb_block *bl = &k->blocks[i];
+    b = sat_add(b, alloc_bytes((uint64_t)(bl->cap > bl->n ? bl->cap : bl->n), sizeof(int32_t)));
+  }
+  return b;
+}
+
+/* What one registered kernel holds: its copy, its tasks and their IR, the
+ * per-task records, and (async) the bank's entry of each task, counted
+ * once per task even where tasks share one (on the high side). */
+static uint64_t kernel_retained(const fb_session *s, const sess_kernel *sk) {
+  uint64_t n = (uint64_t)(sk->tl.n > 0 ? sk->tl.n : 1);
+  uint64_t b = kernel_ir_bytes(sk->k);
+  b = sat_add(b, alloc_bytes(n, sizeof(fb_task)));
+  b = sat_add(b, alloc_bytes(n, sizeof *sk->irs));
+  if (sk->code) b = sat_add(b, alloc_bytes(n, sizeof *sk->code));
+  if (sk->hints) b = sat_add(b, alloc_bytes(n, sizeof *sk->hints));
+  if (sk->h) b = sat_add(b, alloc_bytes(n, sizeof *sk->h));
+  for (int t = 0; t < sk->tl.n; t++) {
+    b = sat_add(b, kernel_ir_bytes(sk->tl.v[t].ir));
+    if (sk->h && sk->h[t] != FB_IRH_NONE)
+      b = sat_add(b, sat_add(fb_opt_ir_bytes(s->as->o, sk->h[t]), ALLOC_OVERHEAD * 8));
+  }
+  return b;
+}
+
+uint64_t fb_session_kernel_bytes(const fb_session *s) {
+  if (!s) return 0;
+  return sat_add(s->kernel_bytes, alloc_bytes((uint64_t)s->cap, sizeof(sess_kernel)));
+}
+
+void fb_session_set_kernel_cap(fb_session *s, uint64_t cap) {
+  if (s) s->kernel_cap = cap;
+}
+
+void fb_session_drop_kernels(fb_session *s, int keep) {
+  if (!s || keep < 0) return;
+  while (s->nkernels > keep) {
+    sess_kernel *sk = &s->kernels[--s->nkernels];
+    s->kernel_bytes = s->kernel_bytes > sk->bytes ? s->kernel_bytes - sk->bytes : 0;
+    kernel_free(s, sk);
+  }
+}
+
 int fb_session_add_kernel(fb_session *s, const fb_kernel *k) {
   if (!s) return FB_EINVAL;
   if (!k) return fail(s, FB_EINVAL, "no kernel given");
   if (s->nkernels == s->cap) {
+    if (s->cap > INT_MAX / 2)
+      return fail(s, FB_EQUOTA, "kernel '%s': the session has %d kernels, the most it can hold",
+                  k->name ? k->name : "?", s->nkernels);
     int nc = s->cap ? s->cap * 2 : 8;
     sess_kernel *v = realloc(s->kernels, sizeof *v * (size_t)nc);
     if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", k->name ? k->name : "?");
@@ -522,7 +604,26 @@ int fb_session_add_kernel(fb_session *s, const fb_kernel *k) {
   }
   sess_kernel sk;
   memset(&sk, 0, sizeof sk);
+  /* the session's copy alone takes its statements: a kernel that cannot
+   * fit is refused before it is lowered and compiled */
+  uint64_t least = k->nstmts > 0 ? (uint64_t)k->nstmts * sizeof(fb_stmt) : 0;
+  if (s->kernel_cap != UINT64_MAX && sat_add(fb_session_kernel_bytes(s), least) > s->kernel_cap)
+    return fail(s, FB_EQUOTA,
+                "kernel '%s': its %d statements take at least %llu bytes, which the memory "
+                "budget has no room for (the session's kernels hold %llu bytes) (memory_budget)",
+                k->name ? k->name : "?", k->nstmts, (unsigned long long)least,
+                (unsigned long long)fb_session_kernel_bytes(s));
   int rc = build_kernel(s, k, &sk);
+  if (!rc) {
+    /* the memory budget's share for kernels (fb_session_set_kernel_cap) */
+    uint64_t b = kernel_retained(s, &sk), held = fb_session_kernel_bytes(s);
+    if (sat_add(held, b) > s->kernel_cap)
+      rc = fail(s, FB_EQUOTA,
+                "kernel '%s': its IR takes %llu bytes, which the memory budget has no room "
+                "for (the session's kernels hold %llu bytes) (memory_budget)",
+                k->name, (unsigned long long)b, (unsigned long long)held);
+    else s->kernel_bytes = sat_add(s->kernel_bytes, sk.bytes = b);
+  }
   if (rc) {
     kernel_free(s, &sk);
     return rc;

@@ -102,6 +102,7 @@ const fb_kernel *fb_bank_ir(const fb_bank *b, fb_irh h) {
 }
 
 uint64_t fb_bank_hash(const fb_bank *b, fb_irh h) { return fb_bank_valid(b, h) ? b->e[h].hash : 0; }
+size_t fb_bank_bytes(const fb_bank *b, fb_irh h) { return fb_bank_valid(b, h) ? b->e[h].bytes : 0; }
 
 void fb_bank_stats(const fb_bank *b, size_t *entries, size_t *bytes, uint64_t *evictions) {
   if (entries) *entries = (size_t)b->nlive;

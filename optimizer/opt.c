@@ -231,6 +231,7 @@ int fb_opt_intern(fb_opt *o, const fb_kernel *k, fb_irh *out) {
 void fb_opt_retain(fb_opt *o, fb_irh h) { fb_bank_ref(o->bank, h); }
 void fb_opt_release(fb_opt *o, fb_irh h) { fb_bank_unref(o->bank, h); }
 const fb_kernel *fb_opt_ir(const fb_opt *o, fb_irh h) { return fb_bank_ir(o->bank, h); }
+size_t fb_opt_ir_bytes(const fb_opt *o, fb_irh h) { return fb_bank_bytes(o->bank, h); }
 
 int fb_opt_ir_info(fb_opt *o, fb_irh h, fb_task_kind *kind, int *loop, int *snode) {
   const fb_task_meta *m = fb_bank_meta(o->bank, h);

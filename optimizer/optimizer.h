@@ -188,6 +188,9 @@ const char *fb_opt_errmsg(const fb_opt *o);
 int fb_opt_intern(fb_opt *o, const fb_kernel *k, fb_irh *out);
 void fb_opt_retain(fb_opt *o, fb_irh h);
 void fb_opt_release(fb_opt *o, fb_irh h);
+/* Bytes the bank holds for h: its IR and the IR's metadata (0 for a bad
+ * handle). */
+size_t fb_opt_ir_bytes(const fb_opt *o, fb_irh h);
 
 /* ---- the window */
 

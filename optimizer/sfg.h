@@ -173,6 +173,7 @@ void fb_bank_ref(fb_bank *b, fb_irh h);
 void fb_bank_unref(fb_bank *b, fb_irh h);
 const fb_kernel *fb_bank_ir(const fb_bank *b, fb_irh h);
 uint64_t fb_bank_hash(const fb_bank *b, fb_irh h);
+size_t fb_bank_bytes(const fb_bank *b, fb_irh h); /* its IR and metadata; 0: bad handle */
 /* Metadata of a banked IR, computed once (NULL when out of memory). */
 const fb_task_meta *fb_bank_meta(fb_bank *b, fb_irh h);
 /* Memo: key = op code and operands (handles, numbers), compared exactly.

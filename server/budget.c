@@ -17,16 +17,23 @@
  *    each worker's own engine reported;
  *  - decoded requests: the arenas that hold decoded requests, from the
  *    start of their decode until the request is done (methods.c
- *    decode_keep: a decode may take only what the budget has free). */
+ *    decode_keep: a decode may take only what the budget has free);
+ *  - kernels: the IR each session's registered kernels retain (their
+ *    copies, lowered tasks, the async bank's entries: the engine's
+ *    fb_session_kernel_bytes), as its engine side last reported it; a
+ *    RegisterKernels may add only what the budget has free
+ *    (fbd_budget_kernel_cap, checked by the engine per kernel). */
 #include <stdio.h>
 #include <string.h>
 
 #include "server/server.h"
 
 const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {
-    "sessions", "staging", "queued responses", "pending launches", "JIT code", "decoded requests"};
+    "sessions", "staging", "queued responses", "pending launches",
+    "JIT code", "decoded requests", "kernels"};
 const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {
-    "sessions", "staging", "queued_responses", "pending_launches", "jit_code", "decoded_requests"};
+    "sessions", "staging", "queued_responses", "pending_launches",
+    "jit_code", "decoded_requests", "kernels"};
 
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
   if (cfg->code_cache_bytes) return cfg->code_cache_bytes;
@@ -56,6 +63,7 @@ void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
   part[FBD_MEM_QUEUED] = atomic_load(&srv->queued_bytes);
   part[FBD_MEM_PENDING] = 0;
   part[FBD_MEM_DECODED] = atomic_load(&srv->decoded_bytes);
+  part[FBD_MEM_KERNELS] = 0;
   fb_code_cache_usage u;
   fb_engine_code_cache(srv->engine, &u);
   part[FBD_MEM_CODE] = u.bytes;
@@ -64,6 +72,7 @@ void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
     fbd_session *s = srv->sessions[i];
     if (!s) continue;
     part[FBD_MEM_PENDING] += atomic_load(&s->pending_bytes);
+    part[FBD_MEM_KERNELS] += atomic_load(&s->kernel_bytes);
     if (isolated) part[FBD_MEM_CODE] += atomic_load(&s->code_bytes);
   }
 }
@@ -81,14 +90,14 @@ static uint64_t total(const uint64_t part[FBD_MEM_NPARTS]) {
 }
 
 /* Under srv->mu: what who's own sessions hold (memory, pending launches,
- * and under process isolation their workers' JIT code). */
+ * kernels, and under process isolation their workers' JIT code). */
 static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) {
   uint64_t v = 0;
   int isolated = fbd_isolated(srv->cfg);
   for (int i = 0; i < srv->cfg->max_sessions; i++) {
     fbd_session *s = srv->sessions[i];
     if (!s || atomic_load(&s->owner) != who) continue;
-    v += s->accounted + atomic_load(&s->pending_bytes);
+    v += s->accounted + atomic_load(&s->pending_bytes) + atomic_load(&s->kernel_bytes);
     if (isolated) v += atomic_load(&s->code_bytes);
   }
   return v;
@@ -132,7 +141,7 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
   fbd_fmt_bytes(mine, sizeof mine, own_usage_locked(srv, who));
   fb_errf(err, errlen,
           "memory budget %s is full: your sessions hold %s of it (their memory, pending "
-          "launches and JIT code); %s of %s refused (memory_budget)",
+          "launches, kernels and JIT code); %s of %s refused (memory_budget)",
           b, mine, what, v);
   return FB_EQUOTA;
 }
@@ -142,6 +151,15 @@ uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
   uint64_t part[FBD_MEM_NPARTS];
   fbd_budget_usage(srv, part);
   uint64_t used = total(part), mine = atomic_load(&s->pending_bytes);
+  uint64_t others = used > mine ? used - mine : 0;
+  return others < srv->memory_budget ? srv->memory_budget - others : 0;
+}
+
+uint64_t fbd_budget_kernel_cap(fbd_server *srv, fbd_session *s) {
+  if (!srv->memory_budget) return UINT64_MAX;
+  uint64_t part[FBD_MEM_NPARTS];
+  fbd_budget_usage(srv, part);
+  uint64_t used = total(part), mine = atomic_load(&s->kernel_bytes);
   uint64_t others = used > mine ? used - mine : 0;
   return others < srv->memory_budget ? srv->memory_budget - others : 0;
 }
@@ -163,6 +181,7 @@ void fbd_budget_note(fbd_session *s) {
   if (!w) return;
   atomic_store(&s->pending_bytes, reported(s, atomic_load(&w->pending_bytes)));
   atomic_store(&s->code_bytes, reported(s, atomic_load(&w->code_bytes)));
+  atomic_store(&s->kernel_bytes, reported(s, atomic_load(&w->kernel_bytes)));
 }
 
 void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {
@@ -180,6 +199,7 @@ void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
   m->pending_bytes = part[FBD_MEM_PENDING];
   m->code_bytes = part[FBD_MEM_CODE];
   m->decoded_bytes = part[FBD_MEM_DECODED];
+  m->kernels_bytes = part[FBD_MEM_KERNELS];
   m->code_cache_limit_bytes = u.limit; /* the device's: 0 on CUDA, whose modules are unbounded */
   m->code_evictions = u.evictions;
   m->refused = atomic_load(&srv->budget_refused);

@@ -5,7 +5,7 @@
  *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
- *   --max-kernel-statements, --socket-mode (octal text), --socket-group,
+ *   --max-kernel-statements, --max-kernels-per-session, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
@@ -36,6 +36,7 @@ void fbd_config_defaults(fbd_config *c) {
   c->shutdown_grace_s = 10;
   c->worker_spin_us = 100;
   c->max_kernel_statements = FB_MAX_KERNEL_STATEMENTS_DEFAULT;
+  c->max_kernels_per_session = FBD_MAX_KERNELS_PER_SESSION_DEFAULT;
   c->log_level = FBD_LOG_INFO;
   c->socket_mode = 0660;
   c->ready_fd = -1;
@@ -90,6 +91,9 @@ void fbd_usage(FILE *f) {
       "  --worker-spin-us N         a session worker polls this long before sleeping (default "
       "100)\n"
       "  --max-kernel-statements N  compile budget: larger kernels are refused (default %d)\n"
+      "  --max-kernels-per-session N  kernels a session may register in all (re-registering\n"
+      "                             a name adds one); a RegisterKernels past it is refused\n"
+      "                             (default %d)\n"
       "  --socket-mode MODE         permissions of unix:PATH sockets, octal (default 0660)\n"
       "  --socket-group GROUP       group (name or numeric gid) of unix:PATH sockets\n"
       "                             (default: the process's group, unchanged)\n"
@@ -140,7 +144,7 @@ void fbd_usage(FILE *f) {
       "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
       "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
       "other changes need a restart.\n",
-      FB_MAX_KERNEL_STATEMENTS_DEFAULT);
+      FB_MAX_KERNEL_STATEMENTS_DEFAULT, FBD_MAX_KERNELS_PER_SESSION_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -203,6 +207,7 @@ static const opt opts[] = {
     {"log_format", OPT_LOGFMT, OFF(log_json), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},
     {"max_kernel_statements", OPT_INT, OFF(max_kernel_statements), 1},
+    {"max_kernels_per_session", OPT_INT, OFF(max_kernels_per_session), 1},
     {"socket_mode", OPT_MODE, OFF(socket_mode), 0},
     {"socket_group", OPT_GROUP, OFF(socket_group), 0},
     {"isolation", OPT_STR, OFF(isolation), 0},

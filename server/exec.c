@@ -165,15 +165,23 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
     return;
   }
   char err[FBD_ERRLEN];
+  /* the memory budget's room for the session's kernels (budget.c) */
+  if (x->watch) fb_session_set_kernel_cap(x->es, atomic_load(&x->watch->kernel_cap));
+  int before = x->nkernels;
   for (size_t i = 0; i < m->n_kernels; i++) {
     int id = -1;
     int rc = register_one(x, m->kernels[i], i, m->n_kernels, &id, err, sizeof err);
     if (rc) {
       if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: kernel refused: %s", x->tag, err);
+      /* a refused request registers nothing: its client never learns the
+       * ids of those before the refusal, which would hold memory for good */
+      fb_session_drop_kernels(x->es, before);
+      x->nkernels = before;
       reply_finish(r, rc, "%s", err);
       free(ids);
       return;
     }
+    x->nkernels = id + 1;
     ids[i] = id;
     if (x->log)
       fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d", x->tag,
@@ -468,6 +476,7 @@ void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *bu
     fb_engine_code_cache(x->engine, &u);
     atomic_store(&x->watch->pending_bytes, x->es ? fb_session_pending_bytes(x->es) : 0);
     atomic_store(&x->watch->code_bytes, u.bytes);
+    atomic_store(&x->watch->kernel_bytes, x->es ? fb_session_kernel_bytes(x->es) : 0);
   }
 }
 

@@ -35,6 +35,7 @@
 #define FBD_VERSION "0.1.0"
 #define FBD_ERRLEN 4096
 #define FBD_MAX_LISTEN 8
+#define FBD_MAX_KERNELS_PER_SESSION_DEFAULT 4096 /* --max-kernels-per-session */
 
 /* ---------------------------------------------------------------- config */
 
@@ -61,6 +62,7 @@ typedef struct fbd_config {
   double shutdown_grace_s;       /* how long running work may finish on SIGTERM */
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
+  int max_kernels_per_session;   /* kernels a session may register in all */
   char *isolation;               /* "process" (a worker process per session) or "thread" */
   double
       kernel_timeout_s; /* a launch (sync) or a flush's task (async) may run this long; 0 = none */
@@ -345,6 +347,8 @@ typedef struct fbd_watch {
   _Atomic uint64_t pending_bytes; /* its async launches not yet run */
   _Atomic uint64_t code_bytes; /* its engine's code cache */
   _Atomic uint64_t pending_cap; /* set by the broker: past this, wait for the launches */
+  _Atomic uint64_t kernel_bytes; /* its registered kernels' IR (fb_session_kernel_bytes) */
+  _Atomic uint64_t kernel_cap; /* set by the broker before a register: the most they may hold */
 } fbd_watch;
 
 typedef struct fbd_exec {
@@ -358,6 +362,7 @@ typedef struct fbd_exec {
   fbd_watch *watch; /* not owned */
   uint64_t seq; /* launches received */
   uint64_t eng_launches; /* launches the engine accepted (its launch numbers) */
+  int nkernels; /* kernels registered in es (ids 0 .. nkernels - 1) */
   struct fbd_seqmap {
     uint64_t eng, seq;
   } *smap; /* where the two numberings part */
@@ -477,6 +482,8 @@ struct fbd_session {
   int dead; /* its engine side is gone: the worker ends the session */
   uint64_t accounted; /* bytes counted in the server's memory_bytes */
   _Atomic uint64_t pending_bytes, code_bytes; /* from its watch after each job (budget.c) */
+  _Atomic uint64_t kernel_bytes; /* the same: its kernels' IR */
+  int nkernels; /* kernels its RegisterKernels registered (the session thread's) */
   int end_reason;
   char end_why[256]; /* a crashed or timed-out session: what happened */
   struct fbd_share *share; /* sched.c: its tenant's state (the session thread sets it) */
@@ -563,7 +570,7 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg);
 /* ---------------------------------------------------------------- the memory budget (budget.c)
  * One budget for everything a client can make the server hold: session
  * memory, staging buffers, queued responses, pending async launches,
- * JIT code and decoded requests, in the broker and (process isolation) in
+ * JIT code, decoded requests and registered kernels, in the broker and (process isolation) in
  * the workers, which report theirs through the watch page after each job. */
 
 enum {
@@ -573,6 +580,7 @@ enum {
   FBD_MEM_PENDING,
   FBD_MEM_CODE,
   FBD_MEM_DECODED,
+  FBD_MEM_KERNELS,
   FBD_MEM_NPARTS
 };
 extern const char *const fbd_mem_part_names[FBD_MEM_NPARTS]; /* "sessions", ... */
@@ -592,6 +600,9 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
 /* Before a job of an async session: how many bytes of pending launches it
  * may hold (its own now plus what the budget has free). */
 uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s);
+/* Before a RegisterKernels: how many bytes s's kernels may hold in all
+ * (what they hold now plus what the budget has free). */
+uint64_t fbd_budget_kernel_cap(fbd_server *srv, fbd_session *s);
 void fbd_budget_note(fbd_session *s); /* after a job: take the watch's figures */
 void fbd_fmt_bytes(char *out, size_t n, uint64_t v); /* "2.0 GiB", "512 MiB", "0 B" */
 /* The code cache bound: code_cache_bytes, or budget / 16 at most 256M. */

@@ -509,6 +509,39 @@ static void created(fbd_session *s, fbd_job *j) {
   fbd_call_send_msg(j->call, &resp.base);
 }
 
+/* Before a RegisterKernels: the session's cap on kernels (the broker
+ * counts them: a worker's word is not needed), and the memory budget's
+ * room for their IR, which the engine side checks kernel by kernel. */
+static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
+  int max = s->srv->cfg->max_kernels_per_session;
+  if (max > 0 && (s->nkernels >= max || m->n_kernels > (size_t)(max - s->nkernels))) {
+    size_t first = (size_t)(max - (s->nkernels < max ? s->nkernels : max));
+    const char *name = first < m->n_kernels && m->kernels[first] && m->kernels[first]->name
+                           ? m->kernels[first]->name
+                           : "?";
+    r->code = FB_EQUOTA;
+    r->finish = 1;
+    fb_errf(r->msg, sizeof r->msg,
+            "RegisterKernels: kernel '%s' would be the session's kernel number %lld, past "
+            "the %d a session may register (max_kernels_per_session; registering a name "
+            "again adds a kernel): the session has %d, this request adds %zu",
+            name, (long long)max + 1, max, s->nkernels, m->n_kernels);
+    return;
+  }
+  if (s->watch) atomic_store(&s->watch->kernel_cap, fbd_budget_kernel_cap(s->srv, s));
+}
+
+/* After a RegisterKernels: what it added (a refused one adds nothing). */
+static void registered(fbd_session *s, fbd_job *j, const fbd_reply *r) {
+  const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
+  if (!r->code) s->nkernels += (int)m->n_kernels; /* at most max_kernels_per_session */
+  if (r->code == FB_EQUOTA && strstr(r->msg, "(memory_budget)")) {
+    atomic_fetch_add(&s->srv->budget_refused, 1);
+    fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, r->msg);
+  }
+}
+
 /* Hand j to the engine side and answer its call with the reply. */
 static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   fbd_server *srv = s->srv;
@@ -533,6 +566,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   if (s->watch) atomic_store(&s->watch->cancel, cancel);
   if (s->watch && j->kind == FBD_J_BATCH && s->ecfg.mode && !strcmp(s->ecfg.mode, "async"))
     atomic_store(&s->watch->pending_cap, fbd_budget_pending_cap(srv, s));
+  if (!r.finish && j->kind == FBD_J_REGISTER) register_limits(s, j, &r);
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);
@@ -547,6 +581,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
+  if (j->kind == FBD_J_REGISTER) registered(s, j, &r);
   if (j->kind == FBD_J_CREATE && r.code) {
     s->end_reason = FBD_END_FAILED;
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);

@@ -702,8 +702,17 @@ START_TEST(verify_failure) {
   fb_builder_init(&b, k);
   int z = fb_b_const_i32(&b, 0);
   fb_b_store(&b, 77, &z, 1, z);
-  ck_assert_int_lt(fb_session_add_kernel(s, k), 0);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_ENOENT);
   ck_assert_ptr_nonnull(strstr(fb_session_errmsg(s), "77"));
+  fb_kernel_free(k);
+  /* a negative one is malformed: INVALID, not a node the layout lacks */
+  k = fb_kernel_new(l, "minus", 0, NULL, FB_T_VOID);
+  fb_builder_init(&b, k);
+  z = fb_b_const_i32(&b, 0);
+  fb_b_store(&b, -1, &z, 1, z);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EINVAL);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "names SNode -1, which is not an SNode id"),
+                "message: %s", fb_session_errmsg(s));
   fb_kernel_free(k);
   still_works(s, l, a);
   fb_session_destroy(s);
@@ -743,6 +752,68 @@ START_TEST(internal_ops_and_budget) {
   still_works(s, l, a);
   fb_session_destroy(s);
   fb_layout_free(l);
+}
+END_TEST
+
+/* What registered kernels retain is counted (fb_session_kernel_bytes): at
+ * least the IR copies the session keeps (its copy and each task's), and a
+ * kernel past the cap is refused naming it and memory_budget, leaving the
+ * count and the earlier kernels as they were; fb_session_drop_kernels gives
+ * back what the dropped ones held. Sync and async (whose IR bank holds
+ * each task once more). */
+static void kernel_bytes_case(const char *mode) {
+  fb_layout *l = fb_layout_new();
+  int a = place(l, dense(l, 0, "i", 8, 0), "a", FB_T_I32);
+  finalize(l);
+  fb_session_config sc = {.mode = mode};
+  fb_session *s = NULL;
+  ck_assert_int_eq(fb_session_create(eng, &sc, l, &s, NULL, 0), 0);
+  ck_assert_uint_eq(fb_session_kernel_bytes(s), 0);
+  fb_kernel *k = fb_kernel_new(l, "chain", 0, NULL, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int x = fb_b_const_i32(&b, 1), one = x;
+  for (int i = 0; i < 300; i++) x = fb_b_binary(&b, FB_OP_ADD, x, one);
+  fb_b_store(&b, a, &one, 1, x);
+  ck_assert_int_eq(add_kernel(s, k), 0);
+  uint64_t first = fb_session_kernel_bytes(s);
+  ck_assert_uint_ge(first, 2 * (uint64_t)k->nstmts * sizeof(fb_stmt));
+  /* no room for even its statements: refused before it is lowered */
+  fb_session_set_kernel_cap(s, first);
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EQUOTA);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "kernel 'chain': its 302 statements take at least") &&
+                    strstr(fb_session_errmsg(s), "(memory_budget)"),
+                "message: %s", fb_session_errmsg(s));
+  ck_assert_uint_eq(fb_session_kernel_bytes(s), first);
+  /* room for its statements, not for all it retains once lowered */
+  fb_session_set_kernel_cap(s, first + (uint64_t)k->nstmts * sizeof(fb_stmt));
+  ck_assert_int_eq(fb_session_add_kernel(s, k), FB_EQUOTA);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "kernel 'chain': its IR takes") &&
+                    strstr(fb_session_errmsg(s), "(memory_budget)"),
+                "message: %s", fb_session_errmsg(s));
+  ck_assert_uint_eq(fb_session_kernel_bytes(s), first);
+  fb_session_set_kernel_cap(s, UINT64_MAX);
+  ck_assert_int_eq(add_kernel(s, k), 1);
+  ck_assert_int_eq(add_kernel(s, k), 2);
+  ck_assert_uint_gt(fb_session_kernel_bytes(s), first);
+  fb_session_drop_kernels(s, 1);
+  ck_assert_uint_eq(fb_session_kernel_bytes(s), first);
+  ck_assert_int_eq(fb_session_find_kernel(s, "chain"), 0);
+  fb_kernel_free(k);
+  launch_ok(s, 0, NULL, 0, NULL);
+  ck_assert_int_eq(fb_sync(s), 0);
+  fb_value got;
+  int64_t idx[FB_MAX_AXES] = {1, 0, 0, 0};
+  ck_assert_int_eq(fb_cell_read(s, a, idx, 1, &got), 0);
+  ck_assert_int_eq(got.v.i, 301);
+  ck_assert_int_eq(store_kernel(s, l, a), 1); /* the next id after the dropped ones */
+  fb_session_destroy(s);
+  fb_layout_free(l);
+}
+
+START_TEST(kernel_bytes_counted_and_capped) {
+  kernel_bytes_case("sync");
+  kernel_bytes_case("async");
 }
 END_TEST
 
@@ -987,6 +1058,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, wrong_args);
   tcase_add_test(tc, verify_failure);
   tcase_add_test(tc, internal_ops_and_budget);
+  tcase_add_test(tc, kernel_bytes_counted_and_capped);
   tcase_add_test(tc, layout_overflow_refused);
   tcase_add_test(tc, out_of_bounds);
   tcase_add_test(tc, memory_limit);

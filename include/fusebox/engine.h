@@ -227,6 +227,23 @@ void fb_session_counters(const fb_session *s, fb_counters *out);
  * FB_PENDING_TASK_BYTES plus its argument slots. 0 in sync mode. Safe to
  * call from the session's thread. */
 uint64_t fb_session_pending_bytes(const fb_session *s);
+/* Bytes the session's registered kernels hold in host memory, an
+ * estimate meant to be on the high side: each kernel's copy, its lowered
+ * tasks' IR and, async, the optimizer bank's copy of each task and its
+ * metadata, with their per-kernel records and allocator overhead (JIT code
+ * is the code cache's, not counted here). Safe to call from the session's
+ * thread. */
+uint64_t fb_session_kernel_bytes(const fb_session *s);
+/* The most fb_session_kernel_bytes may reach: fb_session_add_kernel
+ * refuses a kernel that would take it past cap with FB_EQUOTA, "kernel
+ * 'k': its IR takes N bytes ... (memory_budget)". UINT64_MAX (the
+ * default): no cap. */
+void fb_session_set_kernel_cap(fb_session *s, uint64_t cap);
+/* Forget the kernels registered after the first keep (ids keep and up),
+ * newest first: for a caller whose request registered some kernels and
+ * then failed, and whose client never learnt their ids, so that a refused
+ * request registers nothing. They must not have been launched. */
+void fb_session_drop_kernels(fb_session *s, int keep);
 /* Async: flush and wait until every pending launch has run, as fb_sync
  * does, but leave the errors of background launches for the next report
  * (fb_sync, fb_flush, host access). For a caller that must bound what
