@@ -146,22 +146,23 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
   return FB_EQUOTA;
 }
 
-uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
+/* The budget's room for one of a session's own parts (mine): what the
+ * budget has left once everything else in it is counted. */
+static uint64_t room_for(fbd_server *srv, const _Atomic uint64_t *mine_part) {
   if (!srv->memory_budget) return UINT64_MAX;
   uint64_t part[FBD_MEM_NPARTS];
   fbd_budget_usage(srv, part);
-  uint64_t used = total(part), mine = atomic_load(&s->pending_bytes);
+  uint64_t used = total(part), mine = atomic_load(mine_part);
   uint64_t others = used > mine ? used - mine : 0;
   return others < srv->memory_budget ? srv->memory_budget - others : 0;
 }
 
+uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s) {
+  return room_for(srv, &s->pending_bytes);
+}
+
 uint64_t fbd_budget_kernel_cap(fbd_server *srv, fbd_session *s) {
-  if (!srv->memory_budget) return UINT64_MAX;
-  uint64_t part[FBD_MEM_NPARTS];
-  fbd_budget_usage(srv, part);
-  uint64_t used = total(part), mine = atomic_load(&s->kernel_bytes);
-  uint64_t others = used > mine ? used - mine : 0;
-  return others < srv->memory_budget ? srv->memory_budget - others : 0;
+  return room_for(srv, &s->kernel_bytes);
 }
 
 /* A worker's own report, trusted no further than what its process could
