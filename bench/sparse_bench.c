@@ -14,7 +14,15 @@
  *     2^20 cells active; a kernel whose only loop is an empty struct-for over
  *     the cells launches clear_list + listgen for both levels and the (empty)
  *     loop. Reported: time per launch (target: <= 5 ms).
- * Each figure is the best of R launches after a warm-up.
+ *  3. Host transfers. A whole-field fb_field_write and fb_field_read of an
+ *     f32 field of 128^3 cells under pointer(ijk: 1, 1, 1) > pointer(ijk:
+ *     4, 4, 4) > dense(ijk: 32, 32, 32) (MacCormack's tree; the write
+ *     activates every block, the first time), and of one under
+ *     pointer > pointer > dense where one block in eight is active (a
+ *     read), against the same field stored densely. Reported: cells per
+ *     second of each (what a client's ReadField and WriteField of a sparse
+ *     field cost on the server, outside any kernel).
+ * Each figure is the best of R launches (transfers) after a warm-up.
  * Usage: sparse_bench [--grid LOG2] [--repeat R] [--threads T] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,6 +148,67 @@ static const char *const lg_src =
     "kernel fill() { for i in 0 .. 1024 { for j in 0 .. 1024 { v[i, j] = 1.0 } } }\n"
     "kernel lists() { for i, j in v { } }\n";
 
+/* ------------------------------------------------------------ 3. host transfers */
+
+static const char *const io_fmt =
+    "layout { %s(ijk: 1, 1, 1) { %s(ijk: 4, 4, 4) { dense(ijk: 32, 32, 32) { place q: f32 } } } }\n"
+    "kernel seed() { for i in 0 .. 128 { for j in 0 .. 128 { for k in 0 .. 128 {\n"
+    "  if (i // 32 + j // 32 + k // 32) %% 2 == 0 && i // 32 %% 2 == 0 { q[i, j, k] = 1.0 } } } } }\n";
+
+/* Seconds of whole-field transfers of q in one session: *first the first
+ * write (which activates every block of a sparse tree), then the best of
+ * R writes and the best of R reads after it; with seed, the session only
+ * runs seed (one block in eight active) and *first is the first read. */
+static int io_times(fb_engine *e, const char *kind, int seed, int repeat, float *host,
+                    double *first, double *wbest, double *rbest) {
+  char src[1024];
+  snprintf(src, sizeof src, io_fmt, kind, kind);
+  bench b;
+  if (open_bench(e, src, &b)) return -1;
+  int q = fb_layout_find(fb_program_layout(b.p), "q");
+  size_t bytes = sizeof(float) * 128 * 128 * 128;
+  int k = seed ? kernel(&b, "seed") : 0;
+  if (k < 0 || (seed && fb_launch(b.s, k, NULL, 0, NULL)) || fb_sync(b.s))
+    return die("host transfers", fb_session_errmsg(b.s)), -1;
+  *wbest = *rbest = 1e30;
+  for (int r = 0; r <= repeat; r++) {
+    for (int w = seed ? 0 : 1; w >= 0; w--) {
+      double t0 = now();
+      int rc = w ? fb_field_write(b.s, q, host, bytes) : fb_field_read(b.s, q, host, bytes);
+      double dt = now() - t0;
+      if (rc) return die("host transfers", fb_session_errmsg(b.s)), -1;
+      if (r == 0 && w == !seed) *first = dt;
+      else if (w && dt < *wbest) *wbest = dt;
+      else if (!w && dt < *rbest) *rbest = dt;
+    }
+  }
+  close_bench(&b);
+  return 0;
+}
+
+static int host_transfers(fb_engine *e, int repeat) {
+  size_t n = (size_t)128 * 128 * 128;
+  float *host = malloc(sizeof(float) * n);
+  if (!host) return die("host transfers", "out of memory");
+  for (size_t i = 0; i < n; i++) host[i] = (float)(i % 1000);
+  double f[3], w[3], r[3];
+  if (io_times(e, "dense", 0, repeat, host, &f[0], &w[0], &r[0]) ||
+      io_times(e, "pointer", 0, repeat, host, &f[1], &w[1], &r[1]) ||
+      io_times(e, "pointer", 1, repeat, host, &f[2], &w[2], &r[2]))
+    return free(host), 1;
+  double m = (double)n / 1e6;
+  printf("host transfers, whole field, f32 128^3 (%zu cells), Mcells/s:\n", n);
+  printf("  dense(ijk: 128, 128, 128) as ...:      write %7.1f, read %7.1f\n", m / w[0],
+         m / r[0]);
+  printf("  pointer > pointer > dense, all active: write %7.1f (first, activating: %.1f), read "
+         "%7.1f\n",
+         m / w[1], m / f[1], m / r[1]);
+  printf("  pointer > pointer > dense, 1/8 active: read %7.1f (first %.1f)\n", m / r[2],
+         m / f[2]);
+  free(host);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int g = 12, repeat = 10, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -188,6 +257,7 @@ int main(int argc, char **argv) {
          "(target <= 5 ms)\n",
          t * 1e3);
   close_bench(&b);
+  if (host_transfers(e, repeat)) return 1;
   fb_engine_destroy(e);
   return 0;
 }

@@ -8,13 +8,19 @@
  *   offset(idx) = base + sum_d g_d(idx[d]),
  *   g_d(x) = sum over the containers t splitting that axis of
  *            ((x / t.stride) % t.size) * t.mul
- * (see fb_layout_dense_offset), so whole-field copies walk rows and only
- * the last dimension is stepped per element (a plain memcpy when its rows
- * are contiguous). */
+ * (see fb_layout_dense_offset), so whole-field copies walk rows, and each
+ * row in runs: the innermost container that splits the last dimension (its
+ * term has stride 1) is the only term whose digit changes across an
+ * aligned run of its size, so a run's elements lie `mul` bytes apart (a
+ * plain memcpy when that is the element size). A sparse field's rows take
+ * the same runs where that container and everything below it on the path
+ * is dense: one walk of the sparse runtime per run (which activates its
+ * block, or finds it inactive) instead of one per element. */
 
 typedef struct axis_term {
   int64_t stride, size;
   uint64_t mul;
+  int depth; /* the container's place in the path from the root (0 first) */
 } axis_term;
 
 typedef struct field_plan {
@@ -26,9 +32,16 @@ typedef struct field_plan {
   uint64_t base;
   int nterm[FB_MAX_AXES];
   axis_term term[FB_MAX_AXES][MAX_PATH];
+  /* the last dimension's runs: elements per run (1: element by element),
+   * bytes between a run's elements; sparse_runs: a sparse field may copy
+   * in these runs too (the run's container and all below it are dense) */
+  int64_t run;
+  uint64_t run_step;
+  int sparse_runs;
 } field_plan;
 
 static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool);
+static void copy_run(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t n, int write);
 
 static int check_field(fb_session *s, int field, const char *what) {
   const fb_layout *l = s->layout;
@@ -54,20 +67,39 @@ static int host_oom(fb_session *s, const char *what) {
   return fail(s, FB_EQUOTA, "%s: %s", what, oom);
 }
 
-/* Element by element through the sparse runtime: reads of inactive cells
- * give 0, writes activate (every element of the field). */
-static int sparse_io(fb_session *s, const fb_snode *f, uint8_t *host, int write, const char *what) {
-  size_t esz = fb_type_size(f->type);
-  int64_t numel = fb_field_numel(s->layout, f->id), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+/* Through the sparse runtime, a run of the last dimension per walk where
+ * the plan allows (else element by element): reads of inactive cells give
+ * 0, writes activate (every element of the field), IO_ACTIVE writes one
+ * byte per element, 1 where the cell is active (and activates nothing). A
+ * run lies in one block of its dense container, so its first element's
+ * walk finds (or makes) the whole run's storage. */
+enum { IO_READ, IO_WRITE, IO_ACTIVE };
+static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode,
+                     const char *what) {
+  int write = mode == IO_WRITE;
+  const fb_snode *f = p->f;
+  size_t esz = p->esz;
+  int64_t numel = p->numel, idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  int last = f->ndim - 1;
+  int64_t run = p->sparse_runs && last >= 0 ? p->run : 1;
   fb_sparse_begin(s->sparse);
-  for (int64_t e = 0; e < numel; e++) {
-    uint8_t *h = host + (size_t)e * esz;
+  for (int64_t e = 0; e < numel;) {
+    int64_t n = 1;
+    if (last >= 0) {
+      int64_t left = p->shape[last] - idx[last];
+      n = run < left ? run : left;
+    }
     uint8_t *d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
+    uint8_t *h = host + (size_t)e * (mode == IO_ACTIVE ? 1 : esz);
     if (write && !d) return host_oom(s, what);
-    if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
+    if (mode == IO_ACTIVE) memset(h, d != NULL, (size_t)n);
+    else if (d && n > 1) copy_run(p, d, h, n, write);
+    else if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
     else if (d) copy_elem(h, d, esz, 0);
-    else memset(h, 0, esz);
-    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
+    else memset(h, 0, (size_t)n * esz);
+    e += n;
+    if (last >= 0) idx[last] += n - 1;
+    for (int k = last; k >= 0; k--) { /* odometer */
       if (++idx[k] < f->shape[f->dim_axis[k]]) break;
       idx[k] = 0;
     }
@@ -82,7 +114,7 @@ static int dim_of_axis(const fb_snode *f, int axis) {
 }
 
 /* The terms container s adds to each dimension it splits. */
-static void plan_node(field_plan *p, const fb_layout *l, const fb_snode *s) {
+static void plan_node(field_plan *p, const fb_layout *l, const fb_snode *s, int depth) {
   for (int a = 0; a < FB_MAX_AXES; a++) {
     if (!(s->axes & (1u << a))) continue;
     int d = dim_of_axis(p->f, a);
@@ -94,6 +126,7 @@ static void plan_node(field_plan *p, const fb_layout *l, const fb_snode *s) {
     t->stride = fb_layout_stride(l, s->id, p->f->id, a);
     t->size = s->size[a];
     t->mul = mul;
+    t->depth = depth;
   }
 }
 
@@ -113,8 +146,18 @@ static void plan_field(field_plan *p, const fb_layout *l, int field) {
   for (int i = 0; i < n; i++) {
     const fb_snode *s = &l->nodes[path[i]];
     p->base += s->offset;
-    plan_node(p, l, s);
+    plan_node(p, l, s, i);
   }
+  p->run = 1;
+  int last = p->ndim - 1;
+  if (last < 0 || p->nterm[last] == 0) return;
+  const axis_term *in = &p->term[last][p->nterm[last] - 1];
+  if (in->stride != 1 || in->size < 1) return;
+  p->run = in->size;
+  p->run_step = in->mul;
+  p->sparse_runs = n > 0;
+  for (int i = in->depth; i < n; i++)
+    if (l->nodes[path[i]].kind != FB_SN_DENSE) p->sparse_runs = 0;
 }
 
 static uint64_t axis_offset(const field_plan *p, int d, int64_t x) {
@@ -135,22 +178,34 @@ static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool)
   }
 }
 
-/* One row of the last dimension between device (dev) and host. */
-static void copy_row(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t len, int write) {
-  int last = p->ndim - 1;
+/* n elements step bytes apart on the device (dev), packed on the host. */
+static void copy_run(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t n, int write) {
   size_t esz = p->esz;
+  uint64_t step = p->run_step;
   int to_bool = write && p->f->type == FB_T_BOOL;
-  if (p->nterm[last] == 1 && p->term[last][0].mul == esz && !to_bool) {
-    if (write) memcpy(dev, host, (size_t)len * esz);
-    else memcpy(host, dev, (size_t)len * esz);
+  if (step == esz && !to_bool) {
+    if (write) memcpy(dev, host, (size_t)n * esz);
+    else memcpy(host, dev, (size_t)n * esz);
     return;
   }
-  int affine = p->nterm[last] == 1;
-  uint64_t step = affine ? p->term[last][0].mul : 0;
-  for (int64_t x = 0; x < len; x++) {
-    uint8_t *d = dev + (affine ? (uint64_t)x * step : axis_offset(p, last, x));
-    if (write) copy_elem(d, host + (size_t)x * esz, esz, to_bool);
-    else copy_elem(host + (size_t)x * esz, d, esz, 0);
+  for (int64_t x = 0; x < n; x++) {
+    if (write) copy_elem(dev + (uint64_t)x * step, host + (size_t)x * esz, esz, to_bool);
+    else copy_elem(host + (size_t)x * esz, dev + (uint64_t)x * step, esz, 0);
+  }
+}
+
+/* One row of the last dimension between device (dev) and host, in runs. */
+static void copy_row(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t len, int write) {
+  int last = p->ndim - 1;
+  for (int64_t x = 0; x < len; x += p->run) {
+    int64_t n = len - x < p->run ? len - x : p->run;
+    uint8_t *d = dev + axis_offset(p, last, x), *h = host + (size_t)x * p->esz;
+    if (n == 1) {
+      if (write) copy_elem(d, h, p->esz, p->f->type == FB_T_BOOL);
+      else copy_elem(h, d, p->esz, 0);
+    } else {
+      copy_run(p, d, h, n, write);
+    }
   }
 }
 
@@ -190,7 +245,7 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
               what, p->f->name, (long long)p->numel, fb_type_name(p->f->type),
               (unsigned long long)want, bytes, buf ? "" : " with no buffer");
   } else if (field_is_sparse(s, field)) {
-    rc = sparse_io(s, p->f, buf, write, what);
+    rc = sparse_io(s, p, buf, write ? IO_WRITE : IO_READ, what);
   } else {
     copy_field(p, s->mem.root, buf, write);
   }
@@ -239,7 +294,7 @@ static int field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
   int rc = check_field(s, field, "field activity");
   if (rc) return rc;
   const fb_snode *f = &s->layout->nodes[field];
-  int64_t numel = fb_field_numel(s->layout, field), idx[FB_MAX_AXES] = {0, 0, 0, 0};
+  int64_t numel = fb_field_numel(s->layout, field);
   if (!mask || n != (uint64_t)numel)
     return fail(s, FB_EINVAL, "field activity: field '%s' holds %lld elements; %zu bytes given",
                 f->name, (long long)numel, n);
@@ -247,15 +302,12 @@ static int field_active(fb_session *s, int field, uint8_t *mask, size_t n) {
     memset(mask, 1, n);
     return 0;
   }
-  fb_sparse_begin(s->sparse);
-  for (int64_t e = 0; e < numel; e++) {
-    mask[e] = fb_sparse_elem(s->sparse, s->mem.root, field, idx, 0) != NULL;
-    for (int k = f->ndim - 1; k >= 0; k--) { /* odometer */
-      if (++idx[k] < f->shape[f->dim_axis[k]]) break;
-      idx[k] = 0;
-    }
-  }
-  return 0;
+  field_plan *p = malloc(sizeof *p);
+  if (!p) return fail(s, FB_ENOMEM, "field activity: out of memory");
+  plan_field(p, s->layout, field);
+  rc = sparse_io(s, p, mask, IO_ACTIVE, "field activity");
+  free(p);
+  return rc;
 }
 
 int fb_field_active(fb_session *s, int field, uint8_t *mask, size_t n) {

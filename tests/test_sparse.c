@@ -748,6 +748,120 @@ START_TEST(host_access) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- whole-field transfers in runs */
+
+/* Whole-field reads and writes copy a row's last dimension in runs (one
+ * walk of the sparse runtime per run of the innermost dense container,
+ * engine/hostio.c); each element must agree with a cell access, which
+ * walks per cell. Three places share a cell (a run's elements are a cell
+ * apart; one place is 8 bytes among 4-byte ones), the runs are 5 long in rows of 20, the bitmasked tree copies
+ * element by element, and a field with some blocks active reads 0 in the
+ * others. */
+static const char *const runs_src =
+    "layout {\n"
+    "  pointer(ijk: 2, 3, 2) { pointer(ijk: 2, 2, 2) {\n"
+    "    dense(ijk: 3, 2, 5) { place a: f32, w: i32, c: f64 } } }\n"
+    "  pointer(ij: 3, 2) { bitmasked(ij: 4, 4) { place m: f32 } }\n"
+    "}\n"
+    "kernel touch() { for i in 0 .. 12 { for j in 0 .. 12 { for k in 0 .. 20 {\n"
+    "  if (i + 2 * j + k) % 29 == 0 { w[i, j, k] = i * 400 + j * 20 + k + 1 } } } } }\n";
+
+/* Every element of place f (shape n0 x n1 [x n2]) read whole equals its cell. */
+static void cells_agree(duo *d, int f, const int64_t *shape, int nd, const void *whole) {
+  fb_type t = fb_program_layout(d->p)->nodes[f].type;
+  size_t es = fb_type_size(t);
+  int64_t n = shape[0] * shape[1] * (nd > 2 ? shape[2] : 1);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t idx[3] = {nd > 2 ? e / (shape[1] * shape[2]) : e / shape[1],
+                      nd > 2 ? e / shape[2] % shape[1] : e % shape[1], e % (nd > 2 ? shape[2] : 1)};
+    fb_value c;
+    ck_assert_int_eq(fb_cell_read(d->s, f, idx, nd, &c), 0);
+    fb_value w = fb_value_load(t, (const unsigned char *)whole + (size_t)e * es);
+    ck_assert_msg(c.v.u == w.v.u, "element %lld: whole-field read %llx, cell %llx", (long long)e,
+                  (unsigned long long)w.v.u, (unsigned long long)c.v.u);
+  }
+}
+
+START_TEST(host_transfer_runs) {
+  duo d;
+  duo_open(&d, runs_src, 2, 0);
+  int a = field(&d, "a")->places[0], w = field(&d, "w")->places[0];
+  int c = field(&d, "c")->places[0], m = field(&d, "m")->places[0];
+  const int64_t sh3[3] = {12, 12, 20}, sh2[2] = {12, 8};
+  enum { N = 12 * 12 * 20 };
+  /* some blocks active: the rest read 0, the written cells their values */
+  ck_assert_int_eq(eng(&d, "touch", NULL, 0, NULL), 0);
+  int32_t *wv = malloc(N * 4);
+  memset(wv, 0x55, N * 4);
+  ck_assert_int_eq(fb_field_read(d.s, w, wv, N * 4), 0);
+  int written = 0, zeros = 0;
+  for (int e = 0; e < N; e++) {
+    int i = e / 240, j = e / 20 % 12, k = e % 20;
+    if ((i + 2 * j + k) % 29 == 0) {
+      ck_assert_int_eq(wv[e], i * 400 + j * 20 + k + 1);
+      written++;
+    } else {
+      ck_assert_int_eq(wv[e], 0);
+      zeros++;
+    }
+  }
+  ck_assert_int_gt(written, 0);
+  ck_assert_int_gt(zeros, 0);
+  cells_agree(&d, w, sh3, 3, wv);
+  /* activity in the same runs: a cell is active iff its 3x2x5 block is,
+   * the block of a written cell is, and some blocks are not */
+  uint8_t *act = malloc(N);
+  memset(act, 9, N);
+  ck_assert_int_eq(fb_field_active(d.s, w, act, N), 0);
+  int inactive = 0;
+  for (int e = 0; e < N; e++) {
+    int i = e / 240, j = e / 20 % 12, k = e % 20, blk = 0;
+    for (int e2 = 0; e2 < N; e2++)
+      if (e2 / 240 / 3 == i / 3 && e2 / 20 % 12 / 2 == j / 2 && e2 % 20 / 5 == k / 5 && wv[e2])
+        blk = 1;
+    ck_assert_int_eq(act[e], blk);
+    inactive += !blk;
+  }
+  ck_assert_int_gt(inactive, 0);
+  free(act);
+  /* a whole-field write activates every block and reads back */
+  float *av = malloc(N * 4), *back = malloc(N * 4);
+  for (int e = 0; e < N; e++) av[e] = (float)e * 0.25f - 100.0f;
+  ck_assert_int_eq(fb_field_write(d.s, a, av, N * 4), 0);
+  memset(back, 0x55, N * 4);
+  ck_assert_int_eq(fb_field_read(d.s, a, back, N * 4), 0);
+  ck_assert_mem_eq(av, back, N * 4);
+  cells_agree(&d, a, sh3, 3, back);
+  /* w kept its cells, the newly active blocks read 0 */
+  ck_assert_int_eq(fb_field_read(d.s, w, (int32_t *)back, N * 4), 0);
+  ck_assert_mem_eq(wv, back, N * 4);
+  /* an f64 place (8 bytes among 4-byte ones) */
+  double *cv = malloc(N * 8), *cr = malloc(N * 8);
+  for (int e = 0; e < N; e++) cv[e] = 1.0 / (e + 1);
+  ck_assert_int_eq(fb_field_write(d.s, c, cv, N * 8), 0);
+  ck_assert_int_eq(fb_field_read(d.s, c, cr, N * 8), 0);
+  ck_assert_mem_eq(cv, cr, N * 8);
+  cells_agree(&d, c, sh3, 3, cr);
+  free(cv);
+  free(cr);
+  /* bitmasked leaf: element by element, inactive cells 0 */
+  float mv[96], mb[96];
+  int64_t one[2] = {5, 6};
+  ck_assert_int_eq(fb_cell_write(d.s, m, one, 2, fb_value_f32(2.5f)), 0);
+  ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0);
+  for (int e = 0; e < 96; e++) ck_assert(mb[e] == (e == 5 * 8 + 6 ? 2.5f : 0.0f));
+  for (int e = 0; e < 96; e++) mv[e] = (float)(e + 1);
+  ck_assert_int_eq(fb_field_write(d.s, m, mv, sizeof mv), 0);
+  ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0);
+  ck_assert_mem_eq(mv, mb, sizeof mv);
+  cells_agree(&d, m, sh2, 2, mb);
+  free(wv);
+  free(av);
+  free(back);
+  duo_close(&d);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- out of memory */
 
 static const char *const oom_src =
@@ -994,6 +1108,7 @@ int main(void) {
   tcase_add_test(tc, downsample);
   tcase_add_test(tc, task_counts);
   tcase_add_test(tc, host_access);
+  tcase_add_test(tc, host_transfer_runs);
   tcase_add_test(tc, out_of_memory);
   tcase_add_test(tc, rand_in_sparse_loops);
   tcase_add_test(tc, demoted_writes);
