@@ -94,13 +94,28 @@ static void seen_put(async_state *a, uint64_t key) {
  * for them. A batch the caller knew all the code of (a repeating stream's,
  * once compiled) needs no job: no job array is made, and a small batch
  * finds its repeated handles by a scan, not a table (no allocation but
- * `which` per batch on that path). */
+ * `which` per batch on that path).
+ *
+ * Entries of one handle need not agree on whether their code is known: a
+ * demoted task runs a stand-in's code (known) while a task that dead-store
+ * elimination reshaped into the same IR has no stand-in (unknown). An
+ * entry with known code runs its own (or shares the handle's job); one
+ * without never takes an entry's "known" code for its own, which it does
+ * not have (that was a call through a NULL pointer): it shares the
+ * handle's job, or makes it, and the table then names it, so that later
+ * entries of the handle share its job. */
 #define SCAN_MAX 16 /* entries up to which repeated handles are found by a scan */
 
+/* The earlier entry of i's handle whose job i may share: one with a job,
+ * else the first; -1 for none. */
 static int first_scan(const async_job *j, int i) {
+  int first = -1;
   for (int k = 0; k < i; k++)
-    if (j->b->v[k].ir == j->b->v[i].ir) return k;
-  return -1;
+    if (j->b->v[k].ir == j->b->v[i].ir) {
+      if (j->which[k] >= 0) return k;
+      if (first < 0) first = k;
+    }
+  return first;
 }
 
 static int plan_compiles(batch_run *r) {
@@ -119,11 +134,14 @@ static int plan_compiles(batch_run *r) {
     int added = 1, k = scan ? first_scan(j, i) : -1, *f = NULL;
     if (scan) added = k < 0;
     else f = fb_map_put(&first, (uint64_t)(uint32_t)L->ir, &added); /* reserved: never NULL */
-    if (!added) {
-      j->which[i] = j->which[scan ? k : *f];
+    if (!added && !scan) k = *f;
+    /* share k's job, or (both known) run its own code; an entry without
+       code whose k had known code makes the handle's job below */
+    if (!added && (j->pre[i].body || j->which[k] >= 0)) {
+      j->which[i] = j->which[k];
       continue;
     }
-    if (f) *f = i;
+    if (f) *f = i; /* the handle's first entry, or its first with a job */
     j->which[i] = j->pre[i].body ? -1 : j->ncj++;
     if (j->pre[i].body) {
       r->hits++;

@@ -1755,6 +1755,50 @@ START_TEST(standin_while_demoted_compiles) {
 }
 END_TEST
 
+/* Two entries of one batch with the same task IR, the flush knowing the
+ * code of one and not of the other (worker.c plan_compiles): w1's store,
+ * demoted once the first flush proved its cells active, runs w1's code as
+ * inserted (a stand-in) while its own compiles in the background; w2 is
+ * w1 with a write to g that kg overwrites unread, and dead-store
+ * elimination strips it, so that demotion makes of w2 the same IR, but a
+ * reshaped task has no stand-in. The planning took the second entry for a
+ * repeat of the first and ran it with the first's "known" code, which it
+ * did not have: a call through a NULL pointer. Each round twice in a
+ * flush (rd reads q between, so w1's store is not dead); the results must
+ * be sync mode's. */
+static const char *same_ir_src =
+    "layout {\n"
+    "  pointer(i: 16) as p0 { dense(i: 8) { place q: f32 } }\n"
+    "  dense(i: 128) { place g: f32, h: f32 }\n"
+    "}\n"
+    "kernel w1() { for i in 0 .. 128 { q[i] = f32(i) * 0.5 + 1.0 } }\n"
+    "kernel w2() { for i in 0 .. 128 { q[i] = f32(i) * 0.5 + 1.0\n g[i] = 2.0 } }\n"
+    "kernel rd() { for i in 0 .. 128 { h[i] = h[i] + q[i] } }\n"
+    "kernel kg() { for i in 0 .. 128 { g[i] = 3.0 } }\n";
+
+START_TEST(same_ir_known_and_unknown) {
+  const char *round = "launch w1\nlaunch rd\nlaunch w2\nlaunch kg\n"
+                      "launch w1\nlaunch rd\nlaunch w2\nlaunch kg\nsync\n";
+  char script[512];
+  snprintf(script, sizeof script, "launch w1\nsync\n%s%s%s", round, round, round);
+  fb_session_config sync = {.mode = "sync", .seed = 7};
+  /* fusion would merge the entries; listgen removal does not matter */
+  fb_session_config cfg = async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE | FB_PASSES_DSE, 0);
+  results want = {0}, got = {0};
+  fb_engine *e = new_engine(2);
+  fb_engine_test_set_standin_min_stmts(e, 0); /* these tasks are small */
+  run_script(e, same_ir_src, script, &sync, &want);
+  run_script(e, same_ir_src, script, &cfg, &got);
+  same_results(&want, &got, "async, demote and dse");
+  ck_assert_uint_ge(got.c.activations_demoted, 1);
+  ck_assert_uint_ge(got.c.dead_stores_removed, 1);
+  ck_assert_uint_ge(last_standins, 1);
+  fb_engine_destroy(e);
+  results_free(&want);
+  results_free(&got);
+}
+END_TEST
+
 /* Host writes and deactivation between frames: a cell written in a new
  * block of q0, a field write of q1 (every cell: its whole index space
  * activated), a kernel deactivating blocks of q0; the lists must follow.
@@ -2196,6 +2240,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, timeline);
   tcase_add_test(tc, lists_across_flushes);
   tcase_add_test(tc, standin_while_demoted_compiles);
+  tcase_add_test(tc, same_ir_known_and_unknown);
   tcase_add_test(tc, fusion_within_the_compile_budget);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, repeating_stream_plans);
