@@ -532,11 +532,19 @@ static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
   if (s->watch) atomic_store(&s->watch->kernel_cap, fbd_budget_kernel_cap(s->srv, s));
 }
 
-/* After a RegisterKernels: what it added (a refused one adds nothing). */
-static void registered(fbd_session *s, fbd_job *j, const fbd_reply *r) {
+/* After a RegisterKernels: what it added (a refused one adds nothing).
+ * limited: register_limits refused it here. A refusal by the memory
+ * budget comes from the engine side, whose message ends with
+ * "(memory_budget)"; the tenant's kernel names are inside the messages, so
+ * neither the text alone nor a name can make a refusal count as the
+ * budget's (GetStats' refused, the log's WARN). */
+static void registered(fbd_session *s, fbd_job *j, const fbd_reply *r, int limited) {
   const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
   if (!r->code) s->nkernels += (int)m->n_kernels; /* at most max_kernels_per_session */
-  if (r->code == FB_EQUOTA && strstr(r->msg, "(memory_budget)")) {
+  static const char tail[] = "(memory_budget)";
+  size_t len = strlen(r->msg);
+  if (!limited && r->code == FB_EQUOTA && len >= sizeof tail - 1 &&
+      !strcmp(r->msg + len - (sizeof tail - 1), tail)) {
     atomic_fetch_add(&s->srv->budget_refused, 1);
     fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, r->msg);
   }
@@ -566,7 +574,11 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   if (s->watch) atomic_store(&s->watch->cancel, cancel);
   if (s->watch && j->kind == FBD_J_BATCH && s->ecfg.mode && !strcmp(s->ecfg.mode, "async"))
     atomic_store(&s->watch->pending_cap, fbd_budget_pending_cap(srv, s));
-  if (!r.finish && j->kind == FBD_J_REGISTER) register_limits(s, j, &r);
+  int limited = 0;
+  if (!r.finish && j->kind == FBD_J_REGISTER) {
+    register_limits(s, j, &r);
+    limited = r.finish;
+  }
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);
@@ -581,7 +593,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
-  if (j->kind == FBD_J_REGISTER) registered(s, j, &r);
+  if (j->kind == FBD_J_REGISTER) registered(s, j, &r, limited);
   if (j->kind == FBD_J_CREATE && r.code) {
     s->end_reason = FBD_END_FAILED;
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);

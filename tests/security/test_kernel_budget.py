@@ -152,6 +152,28 @@ def test_refused_request_registers_nothing(make_server):
     server.assert_unharmed()
 
 
+def test_kernel_name_cannot_pose_as_a_budget_refusal(make_server):
+    """A refusal past --max-kernels-per-session quotes the tenant's kernel
+    name; a name that holds "(memory_budget)" must not make it count as a
+    refusal by the memory budget (GetStats' refused, a WARN line)."""
+    server = make_server("--max-kernels-per-session", "2", "--isolation", "thread",
+                         "--log-level", "info")
+    c = server.client
+    sid = c.new_session(dense_layout(64))
+    assert _register(c, sid, [store_kernel(2)] * 2) == [0, 1]
+    for name in ("x (memory_budget)", "(memory_budget)"):
+        k = store_kernel(2)
+        k.name = name
+        code, details = _call(lambda: _register(c, sid, [k]))
+        assert code == EXHAUSTED and "max_kernels_per_session" in details, details
+        assert details.endswith("adds 1"), details
+    assert _stats(c).memory.refused == 0, _stats(c).memory
+    assert "(memory_budget)' would be" not in server.logtext(), server.logtext()
+    sync = c.run(sid, [(1, [i32(3), i32(33)])])
+    assert not sync.errors and sync.seq == 1, sync
+    server.assert_unharmed()
+
+
 @pytest.mark.parametrize("snode_id", [-1, -7, -2**31])
 def test_negative_snode_is_invalid(server, snode_id):
     """A negative SNode id is malformed (INVALID_ARGUMENT naming it), not an
