@@ -78,8 +78,10 @@ static int map_open_locked(void) {
   char path[64];
   snprintf(path, sizeof path, "/tmp/perf-%ld.map", host_pid(pid));
   /* /tmp is shared: never follow a link someone planted, never append to a
-   * file that is not a plain one of ours (perf wants that owner, too) */
-  map_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+   * file that is not a plain one of ours (perf wants that owner, too), and
+   * let no other user read it (task names and code addresses of tenants'
+   * kernels: perf runs as this user or root) */
+  map_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
   struct stat st;
   const char *why = map_fd < 0 ? strerror(errno) : NULL;
   if (!why && (fstat(map_fd, &st) || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
@@ -87,7 +89,7 @@ static int map_open_locked(void) {
     why = "not a plain file of this user";
   /* a file of an earlier process with this pid (pids are reused): its
    * lines name code that is not ours */
-  if (!why && ftruncate(map_fd, 0)) why = strerror(errno);
+  if (!why && (ftruncate(map_fd, 0) || fchmod(map_fd, 0600))) why = strerror(errno);
   if (why) {
     if (map_fd >= 0) close(map_fd);
     map_fd = -1;

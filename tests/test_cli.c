@@ -1187,6 +1187,10 @@ START_TEST(perf_map) {
   static perf_line v[256];
   cli = spawn_perf("1", longjson, "--local", NULL, outfile);
   int n = wait_perf_map(cli, v, 256);
+  struct stat lst;
+  perf_map_path(cli, path, sizeof path);
+  ck_assert_int_eq(stat(path, &lst), 0);
+  ck_assert_msg((lst.st_mode & 0077) == 0, "%s has mode %o", path, (unsigned)(lst.st_mode & 0777));
   char maps_path[64];
   snprintf(maps_path, sizeof maps_path, "/proc/%d/maps", cli);
   for (int i = 0; i < n; i++) {
@@ -1240,6 +1244,11 @@ START_TEST(perf_map) {
   }
   ck_assert_msg(worker, "no worker of fuseboxd %d wrote a perf map", d);
   wait_perf_map(worker, v, 256);
+  /* tenants' task names and code addresses: no other user may read them */
+  struct stat ms;
+  perf_map_path(worker, path, sizeof path);
+  ck_assert_int_eq(stat(path, &ms), 0);
+  ck_assert_msg((ms.st_mode & 0077) == 0, "%s has mode %o", path, (unsigned)(ms.st_mode & 0777));
   kill(cli, SIGINT);
   ck_assert_int_eq(wait_exit(cli), 130);
   kill(d, SIGKILL);
