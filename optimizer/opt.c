@@ -705,16 +705,18 @@ static void iv_push(ivec *x, int64_t val) {
 
 /* The nodes and state bases of the graph between flushes: as it is
  * (post = 0: no window), or as fb_sfg_collect will leave it after this
- * flush (post = 1: the latest owner of each state, in order). nodes gets
+ * flush (post = 1: the nodes fb_sfg_mark_kept marks, in order). nodes gets
  * the kept nodes, keep (g->n) each one's index among them. */
 static int canon_nodes(const fb_sfg *g, int post, const fb_sfg_node ***nodes, int *nn, int **keep) {
   *nodes = malloc(sizeof **nodes * (size_t)(g->n ? g->n : 1));
   *keep = malloc(sizeof **keep * (size_t)(g->n ? g->n : 1));
   if (!*nodes || !*keep) return FB_ENOMEM;
-  for (int i = 0; i < g->n; i++) (*keep)[i] = post ? -1 : i;
-  if (post)
-    for (int i = 0; i < g->nst; i++)
-      if (g->st[i].owner >= 0) (*keep)[g->st[i].owner] = 0;
+  if (post) { /* what fb_sfg_collect keeps */
+    fb_sfg_mark_kept(g, *keep);
+    for (int i = 0; i < g->n; i++) (*keep)[i] = (*keep)[i] ? 0 : -1;
+  } else {
+    for (int i = 0; i < g->n; i++) (*keep)[i] = i;
+  }
   int n = 0;
   for (int i = 0; i < g->n; i++)
     if ((*keep)[i] >= 0) {

@@ -13,6 +13,9 @@
  *    cells were activated, or proven active, there),
  *    and every writer of each mask involved between that node and this one
  *    only activates (none clears cells): walked back along the versions.
+ *    The earlier node may be one a flush kept as an earlier activating
+ *    writer of a mask (fb_sfg_mark_kept): launches that alternate, each
+ *    writing the same field, find their twin two flushes back.
  * Unlike the paper's code, nothing is demoted on similarity alone. */
 #include <stdlib.h>
 #include <string.h>

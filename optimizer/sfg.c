@@ -7,7 +7,9 @@
  * topological order; passes change the window and call fb_sfg_rebuild,
  * which re-inserts the window in order (reconstruction invariance: any
  * topological order rebuilds the same graph). After a flush fb_sfg_collect
- * keeps only the latest owners, as retained roots of the next window.
+ * keeps only the latest owners, as retained roots of the next window, and
+ * up to FB_SFG_MASK_HISTORY earlier writers of each mask while they only
+ * activate (twins for activation demotion).
  * Versions are the serial numbers of the writers (0: the initial state). */
 #include <stdarg.h>
 #include <stdio.h>
@@ -277,11 +279,39 @@ int fb_sfg_rebuild(fb_sfg *g, fb_bank *bank, fb_sfg_node **order, int norder) {
   return 0;
 }
 
+/* The writer of the version of mask `key` that node w read or overwrote,
+ * when both only activate cells of it (neither clears any); else NULL. */
+static const fb_sfg_node *earlier_activator(const fb_sfg *g, const fb_sfg_node *w,
+                                            uint32_t key) {
+  const fb_meta_acc *a = fb_meta_find(w->m, key);
+  if (!a || (a->flags & FB_AF_CLEAR)) return NULL;
+  const fb_sfg_node *p = fb_sfg_find_serial(g, w->ver[a - w->m->acc]);
+  if (!p || p->host) return NULL;
+  const fb_meta_acc *pa = fb_meta_find(p->m, key);
+  return pa && !(pa->flags & FB_AF_CLEAR) ? p : NULL;
+}
+
+void fb_sfg_mark_kept(const fb_sfg *g, int *keep) {
+  for (int i = 0; i < g->n; i++) keep[i] = 0;
+  for (int i = 0; i < g->nst; i++) {
+    const fb_sfg_state *s = &g->st[i];
+    if (s->owner < 0) continue;
+    keep[s->owner] = 1;
+    if (FB_SKEY_KIND(s->key) != FB_SK_MASK) continue;
+    /* the mask's earlier writers, while each only activates: a later
+     * launch of the same task finds its twin among them (pass_demote.c)
+     * when launches alternate (MacCormack's two instantiations both
+     * write qt) */
+    const fb_sfg_node *w = g->nodes[s->owner];
+    for (int d = 0; d < FB_SFG_MASK_HISTORY && w; d++)
+      if ((w = earlier_activator(g, w, s->key))) keep[w->index] = 1;
+  }
+}
+
 int fb_sfg_collect(fb_sfg *g, fb_bank *bank) {
   int *keep = calloc((size_t)(g->n ? g->n : 1), sizeof *keep);
   if (!keep) return FB_ENOMEM;
-  for (int i = 0; i < g->nst; i++)
-    if (g->st[i].owner >= 0) keep[g->st[i].owner] = 1;
+  fb_sfg_mark_kept(g, keep);
   int w = 0;
   for (int i = 0; i < g->n; i++) {
     fb_sfg_node *n = g->nodes[i];

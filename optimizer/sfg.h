@@ -338,7 +338,17 @@ int fb_sfg_append(fb_sfg *g, fb_sfg_node *n);
 /* Drop dead nodes, put the window in `order` (node pointers, NULL to keep
  * the current order) and recompute every edge and version. */
 int fb_sfg_rebuild(fb_sfg *g, fb_bank *bank, fb_sfg_node **order, int norder);
-/* After a flush: keep the latest owners as retained roots, free the rest. */
+/* How many writers of a mask before its latest one a flush keeps, while
+ * each only activates cells (no clearing writer at or after it): demotion's
+ * "earlier identical task" may be one of them (pass_demote.c). */
+#define FB_SFG_MASK_HISTORY 2
+/* The nodes fb_sfg_collect keeps: keep[i] = 1 for each (g->n entries):
+ * the latest owner of every state, and for a mask its earlier writers back
+ * to FB_SFG_MASK_HISTORY of them, while each and the writer after it only
+ * activate. */
+void fb_sfg_mark_kept(const fb_sfg *g, int *keep);
+/* After a flush: keep the nodes fb_sfg_mark_kept marks as retained roots,
+ * free the rest. */
 int fb_sfg_collect(fb_sfg *g, fb_bank *bank);
 /* Free every retained node: the window's reads of what they wrote become
  * versions no node of the graph stands for (fb_opt_forget). */

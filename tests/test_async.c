@@ -1818,6 +1818,94 @@ START_TEST(lists_across_host_writes) {
 }
 END_TEST
 
+/* MacCormack's three loops (bench/large/maccormack.fbk): forward into B,
+ * backward into the scratch field T from B's neighbours, correction into
+ * B; the host swaps q0 and q1, and both instantiations write qt. */
+static const char *mac_src =
+    "layout {\n"
+    "  pointer(i: 16) as p0 { dense(i: 8) { place q0: f32 } }\n"
+    "  pointer(i: 16) as p1 { dense(i: 8) { place q1: f32 } }\n"
+    "  pointer(i: 16) as pt { dense(i: 8) { place qt: f32 } }\n"
+    "}\n"
+    "kernel init() { for i in 0 .. 128 { if (i // 8) % 3 == 0 { q0[i] = f32(i) } } }\n"
+    "kernel adv(A: field, B: field, T: field) {\n"
+    "  for i in A { B[i] = A[i] * 0.5 + A[(i + 1) % 128] * 0.25 }\n"
+    "  for i in A { T[i] = B[i] - B[(i + 127) % 128] * 0.5 }\n"
+    "  for i in A { B[i] = B[i] + 0.5 * (A[i] - T[i]) }\n"
+    "}\n"
+    "kernel dropt() { for i in pt { if i % 16 < 8 { deactivate(pt, i) } } }\n";
+
+static char *mac_script(int frames, const char *between) {
+  size_t cap = 64 + (size_t)frames * (96 + strlen(between));
+  char *s = malloc(cap), *w = s;
+  w += sprintf(w, "launch init\nsync\n");
+  for (int f = 0; f < frames; f++)
+    w += sprintf(w, "launch adv(q0,q1,qt)\nsync\nlaunch adv(q1,q0,qt)\nsync\n%s",
+                 f == frames / 2 ? between : "");
+  return s;
+}
+
+/* Counts the tasks compiled with a store_na into the place *user. */
+static int count_na_stores(void *user, const fb_kernel *task, char *err, size_t errlen) {
+  int *c = user;
+  (void)err;
+  (void)errlen;
+  int place = c[0];
+  for (int i = 0; i < task->nstmts; i++)
+    if (task->stmts[i].op == FB_OP_STORE_NA && task->stmts[i].snode == place) {
+      __atomic_fetch_add(&c[1], 1, __ATOMIC_RELAXED);
+      break;
+    }
+  return 0;
+}
+
+/* The scratch field's loop (T[i] = ...) is demoted too: its twin is the
+ * same instantiation's launch two frames back, which the flushes keep as an
+ * earlier activating writer of qt's mask (FB_SFG_MASK_HISTORY); until
+ * 2026-12-02 only the loops writing B were (their twin is B's latest
+ * writer). Each instantiation's T loop compiles a variant with a store_na
+ * into qt. The fields are sync mode's in every mode, also when the frame
+ * in the middle deactivates half of qt's blocks (the proofs across it
+ * stop: the frames after it activate again). */
+START_TEST(scratch_field_demoted_across_frames) {
+  static const char *const betweens[] = {"", "launch dropt\nsync\n"};
+  for (size_t b = 0; b < sizeof betweens / sizeof *betweens; b++) {
+    char *script = mac_script(6, betweens[b]);
+    check_modes(mac_src, script);
+    free(script);
+  }
+  fb_program *p = parse(mac_src);
+  int gate[2] = {field_place(p, "qt"), 0};
+  fb_program_free(p);
+  fb_engine *ge = new_engine(2);
+  fb_engine_set_compile_gate(ge, count_na_stores, gate);
+  char *script = mac_script(6, "");
+  fb_session_config sync = {.mode = "sync", .seed = 7},
+                    cfg = async_cfg(FB_PASSES_EXACT | FB_PASSES_DEMOTE | FB_PASSES_LISTGEN, 0);
+  results want = {0}, got = {0};
+  run_script(ge, mac_src, script, &sync, &want);
+  ck_assert_int_eq(__atomic_load_n(&gate[1], __ATOMIC_RELAXED), 0);
+  run_script(ge, mac_src, script, &cfg, &got);
+  same_results(&want, &got, "async, demote and listgen");
+  if (getenv("FB_TEST_VERBOSE"))
+    fprintf(stderr, "scratch field: %d store_na tasks into qt, %llu activations demoted\n",
+            gate[1], (unsigned long long)got.c.activations_demoted);
+  ck_assert_msg(__atomic_load_n(&gate[1], __ATOMIC_RELAXED) == 2,
+                "%d tasks compiled with a store_na into qt", gate[1]);
+  /* 12 launches of 3 stores, each demoted from the third launch on (its
+     twin two frames back is kept): 3 x 10. With the latest writers alone
+     kept it was 18: the correction's from the third launch, the forward
+     loop's from the fifth (once the correction no longer activates), T's
+     never, and no store_na into qt was compiled. */
+  ck_assert_msg(got.c.activations_demoted == 30, "%llu activations demoted",
+                (unsigned long long)got.c.activations_demoted);
+  results_free(&want);
+  results_free(&got);
+  free(script);
+  fb_engine_destroy(ge);
+}
+END_TEST
+
 /* Fusion keeps to the session's compile budget: with max_kernel_statements
  * at one inc kernel's size, every inc fits but no two fuse, and the result
  * is the same; with the default budget they fuse. */
@@ -2243,6 +2331,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, same_ir_known_and_unknown);
   tcase_add_test(tc, fusion_within_the_compile_budget);
   tcase_add_test(tc, lists_across_host_writes);
+  tcase_add_test(tc, scratch_field_demoted_across_frames);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
   tcase_add_test(tc, failed_width_capped);
