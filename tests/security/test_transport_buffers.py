@@ -8,10 +8,11 @@ them (Release, 8 connections x 16 calls of 4 MiB: VmHWM +516 MiB); and
 before --max-calls and --max-calls-per-tenant, calls with small messages
 held open grew it by about 13 KiB each (16,000 calls: +205 MiB).
 
-HTTP/2 by hand (h2raw.py), as any tenant could write it. Each test checks
-fuseboxd's peak growth (VmHWM) against a bound the old code passed, that
-another tenant's calls and field are unharmed and that the server is
-SERVING, within a few seconds."""
+HTTP/2 by hand (h2raw.py), as any tenant could write it. The tests check
+fuseboxd's peak growth (VmHWM) against bounds the old code passed (under
+AddressSanitizer with an 8 MiB quarantine), the refusals, that another
+tenant's calls and field are unharmed and that the server is SERVING,
+within a few seconds each."""
 import os
 import time
 
@@ -21,7 +22,7 @@ import pytest
 from conftest import RPC_TIMEOUT, VICTIM_BYTES, dense_layout, i32, pb, store_kernel
 from h2raw import Conn
 from test_decoded_requests import _hwm_kib
-from test_memory_budget import small_quarantine  # noqa: F401 (a fixture)
+from test_memory_budget import _kib, _status, small_quarantine  # noqa: F401 (a fixture)
 from test_tls_tenants import daemons, sha, tenant_client  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
@@ -193,5 +194,4 @@ def test_max_calls(make_server):
 
 
 def _kib_hwm(pid):
-    from test_memory_budget import _kib, _status
     return _kib(_status(pid), "VmHWM")
