@@ -39,6 +39,7 @@ typedef struct fbd_tenant {
   int nsubjects;
   /* counted from any thread */
   atomic_uint_fast64_t sessions_created, calls, denied, refused_sessions, refused_memory;
+  atomic_int open_calls; /* its calls now open (rpc.c: at most max_calls_per_tenant) */
   atomic_uint_fast64_t launches, syncs;  /* received on its Session streams */
   atomic_uint_fast64_t bytes_in, bytes_out; /* message bytes of its calls */
   /* what its sessions' engines did (job_done in session.c sums the counters'

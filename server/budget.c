@@ -41,6 +41,16 @@ uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
   return b < FB_CODE_CACHE_BYTES_DEFAULT ? (b ? b : 1) : FB_CODE_CACHE_BYTES_DEFAULT;
 }
 
+uint64_t fbd_transport_memory_bytes(const fbd_config *cfg, uint64_t budget) {
+  if (cfg->transport_memory_bytes) return cfg->transport_memory_bytes;
+  uint64_t b = budget / 8;
+  b = b < FBD_TRANSPORT_MEMORY_MIN ? FBD_TRANSPORT_MEMORY_MIN
+      : b > FBD_TRANSPORT_MEMORY_MAX ? FBD_TRANSPORT_MEMORY_MAX
+                                     : b;
+  uint64_t four = cfg->max_message_bytes > UINT64_MAX / 4 ? UINT64_MAX : 4 * cfg->max_message_bytes;
+  return b < four ? four : b;
+}
+
 void fbd_fmt_bytes(char *out, size_t n, uint64_t v) {
   static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
   if (v < 1024) {

@@ -30,6 +30,8 @@ void fbd_config_defaults(fbd_config *c) {
   c->keepalive_s = 60;
   c->keepalive_timeout_s = 20;
   c->max_sessions = 64;
+  c->max_calls = FBD_MAX_CALLS_DEFAULT;
+  c->max_calls_per_tenant = FBD_MAX_CALLS_PER_TENANT_DEFAULT;
   c->session_memory_limit = (uint64_t)4 << 30;
   c->cq_threads = 2;
   c->idle_timeout_s = 600;
@@ -128,6 +130,15 @@ void fbd_usage(FILE *f) {
       "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
       "                             session holds is freed past it (default: memory budget\n"
       "                             / 16, at most 256M)\n"
+      "  --transport-memory-bytes N what gRPC's transports may hold (read buffers, messages\n"
+      "                             received but not yet whole); past it gRPC shrinks its\n"
+      "                             windows and cancels streams, RESOURCE_EXHAUSTED, and\n"
+      "                             closes idle connections (default: memory budget / 8\n"
+      "                             within 64M..1G, at least 4 x --max-message-bytes; less\n"
+      "                             than 2 x --max-message-bytes stops the start)\n"
+      "  --max-calls N              calls open at once, all clients together; past it a\n"
+      "                             call is refused RESOURCE_EXHAUSTED (default %d)\n"
+      "  --max-calls-per-tenant N   the same for each tenant of --tenants (default %d)\n"
       "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
       "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
       "  --tls-key FILE             PEM private key of --tls-cert\n"
@@ -144,7 +155,8 @@ void fbd_usage(FILE *f) {
       "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
       "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
       "other changes need a restart.\n",
-      FB_MAX_KERNEL_STATEMENTS_DEFAULT, FBD_MAX_KERNELS_PER_SESSION_DEFAULT);
+      FB_MAX_KERNEL_STATEMENTS_DEFAULT, FBD_MAX_KERNELS_PER_SESSION_DEFAULT,
+      FBD_MAX_CALLS_DEFAULT, FBD_MAX_CALLS_PER_TENANT_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -222,6 +234,9 @@ static const opt opts[] = {
     {"worker_namespaces", OPT_STR, OFF(worker_namespaces), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
+    {"transport_memory_bytes", OPT_BYTES, OFF(transport_memory_bytes), 0},
+    {"max_calls", OPT_INT, OFF(max_calls), 1},
+    {"max_calls_per_tenant", OPT_INT, OFF(max_calls_per_tenant), 1},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
     {"tls_key", OPT_GROUP, OFF(tls_key), 0},
     {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},

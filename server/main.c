@@ -31,11 +31,12 @@ static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
   fb_engine_code_cache(srv->engine, &u);
   fbd_logf(log, FBD_LOG_INFO,
            "fuseboxd %s serving on %s (backend %s on %s, max %d sessions, %llu bytes per "
-           "session, memory budget %llu bytes, code cache %llu bytes (0: unbounded), idle "
-           "timeout %.0f s, %s)",
+           "session, memory budget %llu bytes, code cache %llu bytes (0: unbounded), "
+           "transport memory %llu bytes, max %d calls, idle timeout %.0f s, %s)",
            FBD_VERSION, srv->addresses, srv->backend, fb_engine_device(srv->engine),
            cfg->max_sessions, (unsigned long long)cfg->session_memory_limit,
-           (unsigned long long)srv->memory_budget, (unsigned long long)u.limit, cfg->idle_timeout_s,
+           (unsigned long long)srv->memory_budget, (unsigned long long)u.limit,
+           (unsigned long long)srv->transport_memory_bytes, cfg->max_calls, cfg->idle_timeout_s,
            fbd_isolated(cfg) ? "a worker process per session" : "sessions in threads");
   if (cfg->ready_fd < 0) return;
   char line[sizeof srv->addresses + 2];

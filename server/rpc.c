@@ -23,7 +23,7 @@
 #include "server/server.h"
 
 #define REQUEST_SLOTS 8
-#define SERVER_ARGS 8
+#define SERVER_ARGS 8 /* the integer ones; then the resource quota */
 
 double fbd_now(void) {
   struct timespec ts;
@@ -56,6 +56,7 @@ static void call_free(fbd_call *c) {
   grpc_slice_unref(c->st_details);
   grpc_slice_unref(c->st_md.value);
   if (c->peer) gpr_free(c->peer);
+  if (c->tenant_open) atomic_fetch_sub(&c->tenant->open_calls, 1);
   grpc_call_unref(c->gc);
   pthread_mutex_destroy(&c->mu);
   fbd_server *srv = c->srv;
@@ -245,6 +246,14 @@ static void unknown_start(fbd_call *c) {
 
 static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL};
 
+/* Whether the call's tenant already has max_calls_per_tenant calls open;
+ * the call counts in its open_calls from here until it is freed. */
+static int tenant_full(fbd_call *c) {
+  if (!c->tenant) return 0;
+  c->tenant_open = 1;
+  return atomic_fetch_add(&c->tenant->open_calls, 1) >= c->srv->cfg->max_calls_per_tenant;
+}
+
 /* A call arrived: wrap it and let its method begin. */
 static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
                        const grpc_metadata_array *md) {
@@ -268,8 +277,23 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   c->st_details = grpc_empty_slice();
   c->st_md.value = grpc_empty_slice();
   pthread_mutex_lock(&srv->mu);
-  srv->ncalls++;
+  int full = srv->ncalls >= srv->cfg->max_calls; /* each holds gRPC's call state: ~13 KiB */
+  if (!full) srv->ncalls++;
   pthread_mutex_unlock(&srv->mu);
+  if (full) {
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "fuseboxd has %d calls open, the most it takes at once (max_calls); try again later",
+             srv->cfg->max_calls);
+    fbd_logf(srv->log, FBD_LOG_DEBUG, "%.*s from %s refused: %s", (int)GRPC_SLICE_LENGTH(d->method),
+             (const char *)GRPC_SLICE_START_PTR(d->method), c->peer ? c->peer : "?", msg);
+    grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
+    grpc_call_unref(gc);
+    if (c->peer) gpr_free(c->peer);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return;
+  }
   if (!m)
     fbd_logf(srv->log, FBD_LOG_WARN, "unknown method %.*s from %s",
              (int)GRPC_SLICE_LENGTH(d->method), (const char *)GRPC_SLICE_START_PTR(d->method),
@@ -283,6 +307,11 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
     atomic_fetch_sub(&c->refs, 1);
   }
   if (fbd_auth_call(c, md)) { /* answered UNAUTHENTICATED */
+  } else if (tenant_full(c)) {
+    fbd_call_finish(c, FB_EQUOTA,
+                    "tenant '%s' has %d calls open, the most a tenant may (max_calls_per_tenant); "
+                    "try again later",
+                    c->tenant->name, srv->cfg->max_calls_per_tenant);
   } else if (c->m->on_start) c->m->on_start(c);
   else fbd_call_recv(c);
   fbd_call_unref(c);
@@ -520,10 +549,21 @@ static int make_engine(fbd_server *srv, char *err, size_t errlen) {
 /* The server starts even when a bind failed, so that the one shutdown path
  * (fbd_server_shutdown) can take it down again. */
 static int start_grpc(fbd_server *srv, char *err, size_t errlen) {
-  grpc_arg a[SERVER_ARGS];
+  grpc_arg a[SERVER_ARGS + 1];
   server_args(srv->cfg, a);
-  grpc_channel_args args = {SERVER_ARGS, a};
+  /* what gRPC's transports hold (read buffers, messages received but not
+   * yet whole) comes out of one quota of the whole server; past it gRPC
+   * shrinks its flow-control windows and cancels streams ("The memory
+   * budget", transport buffers) */
+  grpc_resource_quota *quota = grpc_resource_quota_create("fuseboxd");
+  grpc_resource_quota_resize(quota, (size_t)srv->transport_memory_bytes);
+  a[SERVER_ARGS].type = GRPC_ARG_POINTER;
+  a[SERVER_ARGS].key = (char *)GRPC_ARG_RESOURCE_QUOTA;
+  a[SERVER_ARGS].value.pointer.p = quota;
+  a[SERVER_ARGS].value.pointer.vtable = grpc_resource_quota_arg_vtable();
+  grpc_channel_args args = {SERVER_ARGS + 1, a};
   srv->server = grpc_server_create(&args, NULL);
+  grpc_resource_quota_unref(quota); /* the server holds its own reference */
   srv->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
   int rc = bind_all(srv, err, errlen);
@@ -547,6 +587,21 @@ static int start_grpc(fbd_server *srv, char *err, size_t errlen) {
   return rc;
 }
 
+/* An explicit transport_memory_bytes must leave gRPC room for two messages
+ * of max_message_bytes, or it would cancel calls it may receive. */
+static int check_transport(const fbd_config *cfg, char *err, size_t errlen) {
+  if (!cfg->transport_memory_bytes || cfg->transport_memory_bytes / 2 >= cfg->max_message_bytes)
+    return 0;
+  char t[32], m[32];
+  fbd_fmt_bytes(t, sizeof t, cfg->transport_memory_bytes);
+  fbd_fmt_bytes(m, sizeof m, cfg->max_message_bytes);
+  fb_errf(err, errlen,
+          "transport_memory_bytes %s is less than twice max_message_bytes %s: gRPC would cancel "
+          "calls whose messages it may receive",
+          t, m);
+  return FB_EINVAL;
+}
+
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
                      size_t errlen) {
   *out = NULL;
@@ -557,6 +612,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->started = fbd_now();
   srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;
   srv->code_cache_bytes = fbd_code_cache_bytes(cfg, srv->memory_budget);
+  srv->transport_memory_bytes = fbd_transport_memory_bytes(cfg, srv->memory_budget);
   srv->t_shutdown = (fbd_tag){on_shutdown_done, srv};
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);
@@ -567,7 +623,8 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   pthread_mutex_init(&srv->pmu, NULL);
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
-  int rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
+  int rc = check_transport(cfg, err, errlen);
+  if (!rc) rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_procs_check(cfg, err, errlen);
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc) rc = fbd_sched_start(srv, err, errlen);

@@ -36,6 +36,11 @@
 #define FBD_ERRLEN 4096
 #define FBD_MAX_LISTEN 8
 #define FBD_MAX_KERNELS_PER_SESSION_DEFAULT 4096 /* --max-kernels-per-session */
+/* the default of --transport-memory-bytes: memory_budget / 8 within these */
+#define FBD_TRANSPORT_MEMORY_MIN (64ull << 20)
+#define FBD_TRANSPORT_MEMORY_MAX (1ull << 30)
+#define FBD_MAX_CALLS_DEFAULT 4096 /* --max-calls */
+#define FBD_MAX_CALLS_PER_TENANT_DEFAULT 1024 /* --max-calls-per-tenant */
 
 /* ---------------------------------------------------------------- config */
 
@@ -85,6 +90,11 @@ typedef struct fbd_config {
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
                                     at most 256M */
+  int max_calls; /* calls open at once; past it a call is refused RESOURCE_EXHAUSTED */
+  int max_calls_per_tenant; /* the same for each tenant of a tenants file */
+  uint64_t transport_memory_bytes; /* gRPC's resource quota: what its transports may hold
+                                      (received messages not yet whole among it);
+                                      0 = memory_budget / 8, within [64M, 1G] */
   int log_level;
   int log_json; /* --log-format json: one JSON object per line */
   int socket_mode; /* permissions of every unix:PATH socket (default 0660) */
@@ -190,6 +200,7 @@ struct fbd_call {
   grpc_metadata st_md;
   char st_code[16];
   struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
+  int tenant_open;           /* counted in tenant->open_calls */
   int admin; /* sees and may touch every session */
   /* method state */
   fbd_session *sess; /* attached or addressed session (ref held) */
@@ -253,6 +264,7 @@ struct fbd_server {
   fbd_stats st;
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
   uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
+  uint64_t transport_memory_bytes; /* gRPC's resource quota */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t decoded_bytes; /* decoded requests' arenas (methods.c decode_keep) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
@@ -607,6 +619,8 @@ void fbd_budget_note(fbd_session *s); /* after a job: take the watch's figures *
 void fbd_fmt_bytes(char *out, size_t n, uint64_t v); /* "2.0 GiB", "512 MiB", "0 B" */
 /* The code cache bound: code_cache_bytes, or budget / 16 at most 256M. */
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget);
+/* gRPC's resource quota: transport_memory_bytes, or budget / 8 within [64M, 1G]. */
+uint64_t fbd_transport_memory_bytes(const fbd_config *cfg, uint64_t budget);
 /* What GetStats says about the budget (into r, allocated in a). */
 void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r);
 
