@@ -94,7 +94,6 @@ def test_partial_messages_held_by_grpc(small_quarantine, make_server):  # noqa: 
     serves."""
     server = make_server("--max-message-bytes", str(MAXMSG), "--transport-memory-bytes", str(QUOTA),
                          "--isolation", "thread")
-    t0 = time.monotonic()
     before = _hwm_kib(server)
     cs, calls = _flood(server.sock, 8, 8, [REGISTER, SESSION], MAXMSG - 64)
     grew = (_hwm_kib(server) - before) // 1024
@@ -109,7 +108,6 @@ def test_partial_messages_held_by_grpc(small_quarantine, make_server):  # noqa: 
             c.close()
     _works(server.client, server.victim)
     server.assert_unharmed()
-    assert time.monotonic() - t0 < 40
 
 
 def test_unknown_method_holds_nothing(small_quarantine, make_server):  # noqa: F811
