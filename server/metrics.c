@@ -274,6 +274,14 @@ static void metrics_text(fbd_server *srv, text *t) {
   metric(t, "memory_bytes", "gauge", "Memory the sessions hold now.", st.memory_bytes);
   metric(t, "memory_peak_bytes", "gauge", "Highest memory_bytes since start.",
          st.memory_peak_bytes);
+  header(t, "calls_refused_total", "counter",
+         "Calls refused RESOURCE_EXHAUSTED at their start, by the limit they met (max_calls: "
+         "calls open at once in all; max_calls_per_tenant: of one tenant).");
+  put(t,
+      "fusebox_calls_refused_total{limit=\"max_calls\"} %llu\n"
+      "fusebox_calls_refused_total{limit=\"max_calls_per_tenant\"} %llu\n",
+      (unsigned long long)atomic_load(&srv->calls_refused),
+      (unsigned long long)atomic_load(&srv->tenant_calls_refused));
   metric(t, "received_bytes_total", "counter", "Request message bytes received.",
          atomic_load(&srv->bytes_in));
   metric(t, "sent_bytes_total", "counter", "Response message bytes sent.",

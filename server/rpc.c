@@ -281,6 +281,7 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   if (!full) srv->ncalls++;
   pthread_mutex_unlock(&srv->mu);
   if (full) {
+    atomic_fetch_add(&srv->calls_refused, 1);
     char msg[160];
     snprintf(msg, sizeof msg,
              "fuseboxd has %d calls open, the most it takes at once (max_calls); try again later",
@@ -308,6 +309,7 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   }
   if (fbd_auth_call(c, md)) { /* answered UNAUTHENTICATED */
   } else if (tenant_full(c)) {
+    atomic_fetch_add(&srv->tenant_calls_refused, 1);
     fbd_call_finish(c, FB_EQUOTA,
                     "tenant '%s' has %d calls open, the most a tenant may (max_calls_per_tenant); "
                     "try again later",

@@ -268,6 +268,8 @@ struct fbd_server {
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t decoded_bytes; /* decoded requests' arenas (methods.c decode_keep) */
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
+  /* calls refused at their start: past max_calls, past max_calls_per_tenant */
+  atomic_uint_fast64_t calls_refused, tenant_calls_refused;
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */

@@ -14,6 +14,7 @@ AddressSanitizer with an 8 MiB quarantine), the refusals, that another
 tenant's calls and field are unharmed and that the server is SERVING,
 within a few seconds each."""
 import os
+import re
 import time
 
 import grpc
@@ -23,6 +24,7 @@ from conftest import RPC_TIMEOUT, VICTIM_BYTES, dense_layout, i32, pb, store_ker
 from h2raw import Conn
 from test_decoded_requests import _hwm_kib
 from test_memory_budget import _kib, _status, small_quarantine  # noqa: F401 (a fixture)
+from test_fair_share import metrics
 from test_tls_tenants import daemons, sha, tenant_client  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
@@ -136,7 +138,7 @@ def test_calls_held_open_per_tenant(small_quarantine, daemons):  # noqa: F811 (f
     and its field is unchanged."""
     toks = {n: "tok-%s-" % n + os.urandom(8).hex() for n in ("a", "b")}
     d = daemons("unix", ["--max-calls-per-tenant", "200", "--max-calls", "1000",
-                         "--isolation", "thread"],
+                         "--isolation", "thread", "--metrics-listen", "127.0.0.1:0"],
                 tenants=[{"name": n, "token_sha256": [sha(toks[n])]} for n in ("a", "b")])
     b = tenant_client(d.address, toks["b"])
     pattern = bytes((i * 13 + 5) % 256 for i in range(64))
@@ -160,6 +162,9 @@ def test_calls_held_open_per_tenant(small_quarantine, daemons):  # noqa: F811 (f
         assert "tenant 'a' has 200 calls open" in ei.value.details(), ei.value.details()
         assert "(max_calls_per_tenant)" in ei.value.details(), ei.value.details()
         a.close()
+        # the operator sees the refusals, by limit (a's 5,800 or so, and the one above)
+        n = _refused(metrics(d))
+        assert n["max_calls_per_tenant"] >= 5000 and n["max_calls"] == 0, n
         # b is another tenant: its calls are not a's to use up
         _works(b, mine, pattern)
     finally:
@@ -172,7 +177,8 @@ def test_max_calls(make_server):
     """Without a tenants file every client is one tenant: --max-calls bounds
     the calls open at once, all together. Past it a call is refused
     RESOURCE_EXHAUSTED naming the option; once they close, calls go on."""
-    server = make_server("--max-calls", "100", "--isolation", "thread")
+    server = make_server("--max-calls", "100", "--isolation", "thread",
+                         "--metrics-listen", "127.0.0.1:0")
     cs, calls = _flood(server.sock, 2, 150, [REGISTER], 1000, wait=1.0)
     time.sleep(0.3)
     states = _states(calls)
@@ -183,12 +189,22 @@ def test_max_calls(make_server):
         assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, ei.value
         assert "fuseboxd has 100 calls open" in ei.value.details(), ei.value.details()
         assert "(max_calls)" in ei.value.details(), ei.value.details()
+        # /metrics is not a gRPC call: it answers while every call slot is taken
+        n = _refused(metrics(server))
+        assert n["max_calls"] >= 150 and n["max_calls_per_tenant"] == 0, n
     finally:
         for c in cs:
             c.close()
     time.sleep(0.3)
     _works(server.client, server.victim)
     server.assert_unharmed()
+
+
+def _refused(body):
+    """fusebox_calls_refused_total by limit, from a /metrics page."""
+    got = dict(re.findall(r'^fusebox_calls_refused_total\{limit="(\w+)"\} (\d+)$', body, re.M))
+    assert set(got) == {"max_calls", "max_calls_per_tenant"}, body
+    return {k: int(v) for k, v in got.items()}
 
 
 def _kib_hwm(pid):
