@@ -1643,14 +1643,20 @@ static const char *frames_src =
     "kernel drop0() { for i in p0 { if i >= 96 { deactivate(p0, i) } } }\n"
     "kernel drop1() { for i in p1 { if i % 2 == 0 { deactivate(p1, i) } } }\n";
 
-static char *frames_script(int frames, const char *between) {
-  size_t cap = 64 + (size_t)frames * (96 + strlen(between));
+/* init, then frames pairs of the two launches (the host's swap), each
+ * synced; `between` once, after the middle pair. */
+static char *swap_script(int frames, const char *even, const char *odd, const char *between) {
+  size_t cap = 64 + (size_t)frames * (32 + strlen(even) + strlen(odd) + strlen(between));
   char *s = malloc(cap), *w = s;
   w += sprintf(w, "launch init\nsync\n");
   for (int f = 0; f < frames; f++)
-    w += sprintf(w, "launch adv(q0,q1)\nsync\nlaunch adv(q1,q0)\nsync\n%s",
+    w += sprintf(w, "launch %s\nsync\nlaunch %s\nsync\n%s", even, odd,
                  f == frames / 2 ? between : "");
   return s;
+}
+
+static char *frames_script(int frames, const char *between) {
+  return swap_script(frames, "adv(q0,q1)", "adv(q1,q0)", between);
 }
 
 /* Lists stay current across the syncs: from the third frame on no list is
@@ -1836,13 +1842,7 @@ static const char *mac_src =
     "kernel dropt() { for i in pt { if i % 16 < 8 { deactivate(pt, i) } } }\n";
 
 static char *mac_script(int frames, const char *between) {
-  size_t cap = 64 + (size_t)frames * (96 + strlen(between));
-  char *s = malloc(cap), *w = s;
-  w += sprintf(w, "launch init\nsync\n");
-  for (int f = 0; f < frames; f++)
-    w += sprintf(w, "launch adv(q0,q1,qt)\nsync\nlaunch adv(q1,q0,qt)\nsync\n%s",
-                 f == frames / 2 ? between : "");
-  return s;
+  return swap_script(frames, "adv(q0,q1,qt)", "adv(q1,q0,qt)", between);
 }
 
 /* Counts the tasks compiled with a store_na into the place *user. */
