@@ -27,6 +27,7 @@ typedef struct fb_cg_options {
   const char *body_name;   /* symbol of the body function */
   const char *bounds_name; /* symbol of the bounds function */
   int libdevice;           /* NVPTX: call __nv_* math (libdevice linked later) */
+  int cas16;               /* CPU: the target has a 16-byte compare-and-swap (x86 cx16) */
 } fb_cg_options;
 
 /* Offsets (bytes) of the fb_rt_ctx fields: every field is 8 bytes. */
@@ -79,6 +80,9 @@ int fb_cg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
     ;
 /* The host's triple, CPU name and feature string (malloc'd each). */
 int fb_cg_host_info(char **triple, char **cpu, char **features);
+/* Whether a CPU target (triple, LLVM feature string "+a,-b,...") has a
+ * 16-byte compare-and-swap: x86-64 with cx16 (cmpxchg16b). */
+int fb_cg_has_cas16(const char *triple, const char *features);
 /* CPU target machine: aggressive optimisation, PIC, small code model. */
 LLVMTargetMachineRef fb_cg_cpu_tm(const char *triple, const char *cpu, const char *features,
                                   char *err, size_t errlen);

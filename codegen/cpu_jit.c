@@ -280,7 +280,7 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
   pthread_mutex_unlock(&j->jit_mu);
   snprintf(body_name, sizeof body_name, "fb_body_%llu", id);
   snprintf(bounds_name, sizeof bounds_name, "fb_bounds_%llu", id);
-  fb_cg_options o = {FB_CG_CPU, body_name, bounds_name, 0};
+  fb_cg_options o = {FB_CG_CPU, body_name, bounds_name, 0, fb_cg_has_cas16(j->triple, j->features)};
   LLVMMemoryBufferRef obj = NULL;
   LLVMOrcResourceTrackerRef rt = NULL;
   int rc = compile_object(j, t, &o, &obj, &out->stmts_emitted, err, errlen);

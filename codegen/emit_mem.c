@@ -911,6 +911,9 @@ int fb_emit_atomic_at(fb_emit *e, int id, const fb_stmt *s, const LLVMValueRef *
  * instead of two f32 compare-and-swap loops (on the CPU an f32 `atomicrmw
  * fadd` is such a loop): half the locked operations, each component still
  * updated atomically (both at once, which no other access can tell apart).
+ * Four components filling a 16-aligned block (mpm3d's `m: f32, v: f32[3]`
+ * cell) are one 16-byte compare-and-swap where the target has cmpxchg16b
+ * (fb_cg_options.cas16): a quarter of the locked operations.
  *
  * Members: the same op (atomic_add, or all atomic_add_na), places of one
  * cell (one parent) at distinct offsets, indices that are the same values
@@ -1044,6 +1047,63 @@ static void pair_cas(fb_emit *e, LLVMValueRef p, LLVMValueRef x, LLVMValueRef y)
   LLVMPositionBuilderAtEnd(e->b, done);
 }
 
+/* Is every container above the place's cell 16-aligned (offsets and cell
+ * sizes multiples of 16)? Then so is the cell: the root buffer is
+ * 64-aligned and pool blocks' data 16-aligned (runtime/sparse.c). */
+static int aligned16_path(const fb_layout *l, int place) {
+  int path[64];
+  int n = fb_layout_path(l, place, path, 64);
+  if (n < 0) return 0;
+  for (int p = 0; p < n; p++) {
+    const fb_snode *c = &l->nodes[path[p]];
+    if (c->kind != FB_SN_PLACE && (c->offset % 16 || c->cell_bytes % 16)) return 0;
+  }
+  return 1;
+}
+
+/* field[cell + offset + 4i] += x[i] for i < 4 as one 16-byte
+ * compare-and-swap (x86 cmpxchg16b) of the 16-aligned block at p. The
+ * first guess is two 8-byte reads, which may tear: a torn guess only fails
+ * the compare-and-swap, which returns the block as it is. */
+static void quad_cas(fb_emit *e, LLVMValueRef p, const LLVMValueRef *x) {
+  LLVMTypeRef v4 = LLVMVectorType(e->t_f32, 4), i128 = LLVMIntTypeInContext(e->c, 128);
+  LLVMValueRef add = LLVMGetUndef(v4);
+  for (int i = 0; i < 4; i++) add = LLVMBuildInsertElement(e->b, add, x[i], fb_emit_i32(e, i), "");
+  LLVMValueRef half[2];
+  for (int h = 0; h < 2; h++) {
+    half[h] = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, p, 8 * h), "quad.old");
+    LLVMSetOrdering(half[h], LLVMAtomicOrderingMonotonic);
+    LLVMSetAlignment(half[h], 8);
+    half[h] = LLVMBuildZExt(e->b, half[h], i128, "");
+  }
+  LLVMValueRef first = LLVMBuildOr(
+      e->b, half[0], LLVMBuildShl(e->b, half[1], LLVMConstInt(i128, 64, 0), ""), "");
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
+  LLVMBasicBlockRef loop = fb_emit_block(e, "quad.cas"), done = fb_emit_block(e, "quad.done");
+  LLVMBuildBr(e->b, loop);
+  LLVMPositionBuilderAtEnd(e->b, loop);
+  LLVMValueRef old = LLVMBuildPhi(e->b, i128, "");
+  LLVMAddIncoming(old, &first, &pre, 1);
+  LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, v4, ""), add, "");
+  LLVMValueRef x2 = LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, i128, ""),
+                                           LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
+  LLVMSetAlignment(x2, 16);
+  LLVMValueRef seen = LLVMBuildExtractValue(e->b, x2, 0, "");
+  LLVMAddIncoming(old, &seen, &loop, 1);
+  LLVMBuildCondBr(e->b, LLVMBuildExtractValue(e->b, x2, 1, ""), done, loop);
+  LLVMPositionBuilderAtEnd(e->b, done);
+}
+
+/* Do members m[i..i+4) sit at offsets o, o+4, o+8, o+12 of a 16-aligned cell? */
+static int quad_at(fb_emit *e, const int *m, int n, int i, int quad_ok) {
+  if (!quad_ok || i + 4 > n) return 0;
+  int64_t o = (int64_t)e->l->nodes[e->k->stmts[m[i]].snode].offset;
+  if (o % 16) return 0;
+  for (int j = 1; j < 4; j++)
+    if ((int64_t)e->l->nodes[e->k->stmts[m[i + j]].snode].offset != o + 4 * j) return 0;
+  return 1;
+}
+
 /* Emit the group m[0..n) (sorted by offset below): one check, one address. */
 static int emit_group(fb_emit *e, int *m, int n) {
   const fb_kernel *k = e->k;
@@ -1069,10 +1129,16 @@ static int emit_group(fb_emit *e, int *m, int n) {
   LLVMValueRef p = field_addr(e, a, idx, !no_activation((fb_op)a->op), &off);
   if (!p) return -1;
   LLVMValueRef cell = byte_gepc(e, p, -(int64_t)fa->offset);
+  int quad_ok = e->o->cas16 && aligned16_path(e->l, a->snode);
   for (int i = 0; i < n; i++) {
     const fb_stmt *s = &k->stmts[m[i]];
     int64_t o = (int64_t)e->l->nodes[s->snode].offset;
     LLVMValueRef q = byte_gepc(e, cell, o);
+    if (quad_at(e, m, n, i, quad_ok)) {
+      quad_cas(e, q, v + i);
+      i += 3;
+      continue;
+    }
     if (o % 8 == 0 && i + 1 < n && (int64_t)e->l->nodes[k->stmts[m[i + 1]].snode].offset == o + 4) {
       pair_cas(e, q, v[i], v[i + 1]);
       i++;

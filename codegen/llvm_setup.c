@@ -54,6 +54,13 @@ LLVMTargetMachineRef fb_cg_cpu_tm(const char *triple, const char *cpu, const cha
   return tm;
 }
 
+int fb_cg_has_cas16(const char *triple, const char *features) {
+  if (!triple || !features || strncmp(triple, "x86_64", 6)) return 0;
+  for (const char *f = features; (f = strstr(f, "+cx16")); f += 5)
+    if ((f == features || f[-1] == ',') && (f[5] == ',' || f[5] == 0)) return 1;
+  return 0;
+}
+
 int fb_cg_host_info(char **triple, char **cpu, char **features) {
   fb_cg_llvm_init();
   char *t = LLVMGetDefaultTargetTriple(), *c = LLVMGetHostCPUName(), *f = LLVMGetHostCPUFeatures();

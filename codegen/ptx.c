@@ -111,7 +111,7 @@ int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, 
   char *layout = fb_cg_tm_layout(tm);
   LLVMContextRef c = LLVMContextCreate();
   LLVMModuleRef m = NULL;
-  fb_cg_options o = {FB_CG_NVPTX, "fb_task", "fb_bounds", have_lib};
+  fb_cg_options o = {FB_CG_NVPTX, "fb_task", "fb_bounds", have_lib, 0};
   rc = layout ? 0 : fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   if (!rc) rc = fb_cg_build(c, t, &o, "nvptx64-nvidia-cuda", layout, &m, stmts, err, errlen);
   if (!rc) rc = fb_cg_verify(m, err, errlen);
@@ -145,8 +145,11 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   }
   char *triple = LLVMGetTargetMachineTriple(tm);
   char *layout = fb_cg_tm_layout(tm);
+  char *features = gpu ? NULL : LLVMGetTargetMachineFeatureString(tm);
   fb_cg_options o = {gpu ? FB_CG_NVPTX : FB_CG_CPU, gpu ? "fb_task" : "fb_body", "fb_bounds",
-                     gpu && libdevice_path(path, sizeof path)};
+                     gpu && libdevice_path(path, sizeof path),
+                     !gpu && fb_cg_has_cas16(triple, features)};
+  LLVMDisposeMessage(features);
   LLVMContextRef c = LLVMContextCreate();
   LLVMModuleRef m = NULL;
   int rc = layout ? 0 : fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");

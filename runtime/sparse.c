@@ -88,7 +88,10 @@ static int init_tables(fb_sparse *sp, char *err, size_t errlen) {
     uint64_t bb = fb_cg_block_bytes(l, i);
     if (bb) {
       sp->st->allocs[i].block_bytes = bb;
-      sp->st->allocs[i].stride = (bb + 7) / 8 * 8 + 8;
+      /* 8 bytes unused, the header, then the data: 16-aligned (the pool
+       * base is page-aligned and every stride a multiple of 16), which a
+       * 16-byte compare-and-swap into a cell needs (codegen/emit_mem.c) */
+      sp->st->allocs[i].stride = ((bb + 7) / 8 * 8 + 16 + 15) / 16 * 16;
     }
     if (!fb_cg_is_sparse(n->kind)) continue;
     fb_rt_lg d;

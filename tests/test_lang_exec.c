@@ -882,9 +882,11 @@ END_TEST
 
 /* P2G-style scatters into grids whose cells hold a mass and a 3-vector
  * (place m: f32, v: f32[3]: 16 bytes, two aligned 8-byte words), one grid
- * under a pointer and one dense: codegen groups the four f32 atomic adds
- * of a cell (one index check, one walk, two 64-bit compare-and-swaps;
- * emit_mem.c, "Grouped atomics"). Every contribution is a multiple of
+ * under a pointer and one dense, both 16-byte cells, and one dense of
+ * 24-byte cells: codegen groups the four f32 atomic adds of a cell (one
+ * index check, one walk, and one 16-byte compare-and-swap for a 16-aligned
+ * cell on x86, two 64-bit ones for the 24-byte cell; emit_mem.c, "Grouped
+ * atomics"). Every contribution is a multiple of
  * 1/8 and every sum stays far below 2^20, so the sums are exact in any
  * order and the engine (two threads) must match the interpreter exactly. */
 #define GN 4000
@@ -892,6 +894,7 @@ static const char *const group_src =
     "layout {\n"
     "  pointer(ij: 2, 2) { dense(ij: 8, 8) { place sm: f32, sv: f32[3] } }\n"
     "  dense(ij: 16, 16) { place dm: f32, dv: f32[3] }\n"
+    "  dense(ij: 16, 16) { place om: f32, ov: f32[3], opad: f32[2] }\n"
     "  dense(i: 4000) { place px: f32[2] }\n"
     "}\n"
     "kernel init() {\n"
@@ -907,6 +910,8 @@ static const char *const group_src =
     "        sm[b[0] + a, b[1] + c] += w\n"
     "        dv[b[0] + a, b[1] + c] += w * [1.0, -2.0, 0.5]\n"
     "        dm[b[0] + a, b[1] + c] += w\n"
+    "        ov[b[0] + a, b[1] + c] += w * [0.5, 4.0, -1.0]\n"
+    "        om[b[0] + a, b[1] + c] += w\n"
     "      }\n"
     "    }\n"
     "  }\n"

@@ -112,8 +112,8 @@ uint8_t *fb_rt_alloc(fb_rt_dctx *ctx, int32_t snode, int32_t part) {
       }
     } while (
         !__atomic_compare_exchange_n(&rt->pool_used, &used, used + a->stride, 1, RELAXED, RELAXED));
-    h = (used + 8) / 8;
-    if (rt->zero_fresh) clear_fresh(rt->pool + h * 8, a->stride - 8);
+    h = (used + 16) / 8; /* data 16-aligned: see the stride (runtime/sparse.c) */
+    if (rt->zero_fresh) clear_fresh(rt->pool + h * 8, a->stride - 16);
   }
   __atomic_fetch_add(&a->live, 1, RELAXED);
   return rt->pool + h * 8;

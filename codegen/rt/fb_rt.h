@@ -71,7 +71,7 @@ typedef struct fb_rt_list {
 
 typedef struct fb_rt_allocator {
   uint64_t block_bytes; /* data bytes of one block (0: SNode allocates nothing) */
-  uint64_t stride;      /* pool bytes per block: header + data, 8-aligned */
+  uint64_t stride;      /* pool bytes per block: 8 unused, header, data (16-aligned); x16 */
   uint64_t free_head;   /* tagged handle of the first free block */
   uint64_t pending;     /* tagged handle of the first deactivated block */
   uint64_t live;        /* blocks handed out and not yet returned */
