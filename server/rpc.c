@@ -56,7 +56,7 @@ static void call_free(fbd_call *c) {
   grpc_slice_unref(c->st_details);
   grpc_slice_unref(c->st_md.value);
   if (c->peer) gpr_free(c->peer);
-  if (c->tenant_open) atomic_fetch_sub(&c->tenant->open_calls, 1);
+  if (c->open_count) atomic_fetch_sub(c->open_count, 1);
   grpc_call_unref(c->gc);
   pthread_mutex_destroy(&c->mu);
   fbd_server *srv = c->srv;
@@ -247,11 +247,17 @@ static void unknown_start(fbd_call *c) {
 static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL};
 
 /* Whether the call's tenant already has max_calls_per_tenant calls open;
- * the call counts in its open_calls from here until it is freed. */
+ * the call counts in its open_calls from here until it is freed. With a
+ * tenants file, calls with no identity (health checks: fbd_auth_call lets
+ * them through) count together as one more tenant, so that a client with
+ * no token cannot hold every one of max_calls open (a Check whose request
+ * never finishes arriving stays open). Without a tenants file every client
+ * is one tenant and only max_calls holds. */
 static int tenant_full(fbd_call *c) {
-  if (!c->tenant) return 0;
-  c->tenant_open = 1;
-  return atomic_fetch_add(&c->tenant->open_calls, 1) >= c->srv->cfg->max_calls_per_tenant;
+  if (c->tenant) c->open_count = &c->tenant->open_calls;
+  else if (c->srv->auth && c->srv->auth->enabled) c->open_count = &c->srv->probe_open_calls;
+  else return 0;
+  return atomic_fetch_add(c->open_count, 1) >= c->srv->cfg->max_calls_per_tenant;
 }
 
 /* A call arrived: wrap it and let its method begin. */
@@ -310,10 +316,16 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   if (fbd_auth_call(c, md)) { /* answered UNAUTHENTICATED */
   } else if (tenant_full(c)) {
     atomic_fetch_add(&srv->tenant_calls_refused, 1);
-    fbd_call_finish(c, FB_EQUOTA,
-                    "tenant '%s' has %d calls open, the most a tenant may (max_calls_per_tenant); "
-                    "try again later",
-                    c->tenant->name, srv->cfg->max_calls_per_tenant);
+    if (c->tenant)
+      fbd_call_finish(c, FB_EQUOTA,
+                      "tenant '%s' has %d calls open, the most a tenant may "
+                      "(max_calls_per_tenant); try again later",
+                      c->tenant->name, srv->cfg->max_calls_per_tenant);
+    else
+      fbd_call_finish(c, FB_EQUOTA,
+                      "calls with no credentials (health checks) have %d open, the most they "
+                      "may together (max_calls_per_tenant); try again later",
+                      srv->cfg->max_calls_per_tenant);
   } else if (c->m->on_start) c->m->on_start(c);
   else fbd_call_recv(c);
   fbd_call_unref(c);

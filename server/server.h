@@ -200,7 +200,7 @@ struct fbd_call {
   grpc_metadata st_md;
   char st_code[16];
   struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
-  int tenant_open;           /* counted in tenant->open_calls */
+  atomic_int *open_count;    /* counted there: tenant->open_calls or probe_open_calls (rpc.c) */
   int admin; /* sees and may touch every session */
   /* method state */
   fbd_session *sess; /* attached or addressed session (ref held) */
@@ -270,6 +270,9 @@ struct fbd_server {
   atomic_uint_fast64_t budget_refused; /* requests refused for the budget */
   /* calls refused at their start: past max_calls, past max_calls_per_tenant */
   atomic_uint_fast64_t calls_refused, tenant_calls_refused;
+  /* with a tenants file, the calls open with no identity (health checks,
+   * which need none): one more tenant for max_calls_per_tenant (rpc.c) */
+  atomic_int probe_open_calls;
   /* process isolation (proc.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */

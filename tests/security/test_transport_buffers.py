@@ -173,6 +173,52 @@ def test_calls_held_open_per_tenant(small_quarantine, daemons):  # noqa: F811 (f
     _works(b, mine, pattern)
 
 
+HEALTH = "/grpc.health.v1.Health/Check"
+
+
+def test_health_checks_without_credentials_held_open(daemons):  # noqa: F811 (a fixture)
+    """With a tenants file a health check needs no credentials, so before
+    they counted as a tenant a client with no token could hold max_calls
+    Check calls open (each request all but its last byte) and every tenant's
+    next call was refused (max_calls). Together they may hold
+    max_calls_per_tenant (100) now; the rest are refused naming the option,
+    and tenant b's calls, its field and SERVING are unharmed meanwhile."""
+    tok = "tok-b-" + os.urandom(8).hex()
+    d = daemons("unix", ["--max-calls-per-tenant", "100", "--max-calls", "300",
+                         "--isolation", "thread", "--metrics-listen", "127.0.0.1:0"],
+                tenants=[{"name": "b", "token_sha256": [sha(tok)]}])
+    b = tenant_client(d.address, tok)
+    pattern = bytes((i * 29 + 3) % 256 for i in range(64))
+    mine = b.new_session(dense_layout(16))
+    assert b.write_field(mine, 2, pattern) == len(pattern)
+    cs, calls = _flood(d.address[len("unix:"):], 4, 100, [HEALTH], 100, wait=1.0)
+    time.sleep(0.5)
+    states = _states(calls)
+    print("health checks held open:", states)
+    try:
+        assert states.get("open", 0) <= 100 and states.get("ended", 0) >= 300, states
+        # one more from a client with no token is refused, naming the option
+        anon = tenant_client(d.address)
+        with pytest.raises(grpc.RpcError) as ei:
+            anon.health()
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, ei.value
+        assert "no credentials" in ei.value.details(), ei.value.details()
+        assert "(max_calls_per_tenant)" in ei.value.details(), ei.value.details()
+        anon.close()
+        n = _refused(metrics(d))
+        assert n["max_calls_per_tenant"] >= 300 and n["max_calls"] == 0, n
+        # b's calls were never the probes' to use up (its health check too)
+        _works(b, mine, pattern)
+    finally:
+        for c in cs:
+            c.close()
+    time.sleep(0.3)
+    anon = tenant_client(d.address)
+    assert anon.health() == 1  # once they close, probes go on
+    anon.close()
+    _works(b, mine, pattern)
+
+
 def test_max_calls(make_server):
     """Without a tenants file every client is one tenant: --max-calls bounds
     the calls open at once, all together. Past it a call is refused
