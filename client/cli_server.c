@@ -83,7 +83,7 @@ static int print_json(const fb_server_info *info, const fb_server_stats *st) {
   json_t *o = json_pack(
       "{s:{s:s, s:s, s:s, s:i, s:I, s:I, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, "
       "s:I, "
-      "s:I, s:{s:I, s:I}, s:o}",
+      "s:I, s:{s:I, s:I}, s:{s:I, s:I}, s:o}",
       "server", "version", info->version, "listen", info->listen, "backend", info->backend, "cores",
       info->cores, "max_sessions", (json_int_t)info->max_sessions, "session_memory_limit",
       (json_int_t)info->session_memory_limit, "uptime_s", info->uptime_s, "sessions", "active",
@@ -93,7 +93,9 @@ static int print_json(const fb_server_info *info, const fb_server_stats *st) {
       "launches", (json_int_t)st->launches, "syncs", (json_int_t)st->syncs, "bad_requests",
       (json_int_t)st->bad_requests, "bytes_in", (json_int_t)st->bytes_in, "bytes_out",
       (json_int_t)st->bytes_out, "memory", "bytes", (json_int_t)st->memory_bytes, "peak_bytes",
-      (json_int_t)st->memory_peak_bytes, "session_list", sessions);
+      (json_int_t)st->memory_peak_bytes, "calls_refused", "max_calls",
+      (json_int_t)st->calls_refused, "max_calls_per_tenant", (json_int_t)st->tenant_calls_refused,
+      "session_list", sessions);
   if (!o) {
     fprintf(stderr, "fusebox stats: cannot build the JSON output\n");
     return 1;
@@ -107,7 +109,8 @@ int fb_cli_stats(int argc, char **argv) {
   static const char usage[] =
       "usage: fusebox stats [--server ADDR] [--json]\n"
       "  Prints the server (version, backend, uptime), its counters (sessions,\n"
-      "  launches, syncs, bad requests, bytes, memory) and one line per session.\n"
+      "  launches, syncs, bad requests, bytes, memory, calls refused past\n"
+      "  max_calls / max_calls_per_tenant) and one line per session.\n"
       "  --json prints the same as one JSON object. --server defaults to\n"
       "  $FUSEBOX_SERVER.\n"
       "example: fusebox stats --server 127.0.0.1:7070 --json\n";
@@ -141,6 +144,8 @@ int fb_cli_stats(int argc, char **argv) {
          (unsigned long long)st.bytes_out);
   printf("memory: %llu B now, %llu B peak\n", (unsigned long long)st.memory_bytes,
          (unsigned long long)st.memory_peak_bytes);
+  printf("calls refused at their start: %llu past max_calls, %llu past max_calls_per_tenant\n",
+         (unsigned long long)st.calls_refused, (unsigned long long)st.tenant_calls_refused);
   for (int i = 0; i < st.nsessions; i++) {
     const fb_session_stats *s = &st.sessions[i];
     printf("  session %-10s %s idle %6.1f s  %10llu B  launches %llu  tasks %llu  fused %llu  "

@@ -443,6 +443,8 @@ int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, siz
   out->bad_requests = m->bad_requests;
   out->bytes_in = m->bytes_in;
   out->bytes_out = m->bytes_out;
+  out->calls_refused = m->calls_refused;
+  out->tenant_calls_refused = m->tenant_calls_refused;
   out->uptime_s = m->uptime_s;
   if (m->n_sessions && (out->sessions = calloc(m->n_sessions, sizeof *out->sessions))) {
     for (size_t i = 0; i < m->n_sessions; i++) session_stats(&out->sessions[i], m->sessions[i]);

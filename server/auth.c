@@ -582,6 +582,7 @@ void fbd_auth_scope_stats(const fbd_call *c, Fusebox__V1__ServerStats *r) {
   r->sessions_reaped = r->sessions_failed = 0;
   r->memory_peak_bytes = r->launches = r->syncs = 0;
   r->bad_requests = r->bytes_in = r->bytes_out = 0;
+  r->calls_refused = r->tenant_calls_refused = 0; /* others' calls too */
   if (r->memory) { /* the budget, but not what other tenants make the server hold */
     uint64_t budget = r->memory->budget_bytes, limit = r->memory->code_cache_limit_bytes;
     fusebox__v1__memory_budget__init(r->memory);

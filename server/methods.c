@@ -309,6 +309,8 @@ static void fill_server_stats(fbd_server *srv, Fusebox__V1__ServerStats *r) {
   r->bad_requests = atomic_load(&srv->bad_requests);
   r->bytes_in = atomic_load(&srv->bytes_in);
   r->bytes_out = atomic_load(&srv->bytes_out);
+  r->calls_refused = atomic_load(&srv->calls_refused);
+  r->tenant_calls_refused = atomic_load(&srv->tenant_calls_refused);
   r->uptime_s = fbd_now() - srv->started;
 }
 

@@ -587,6 +587,9 @@ START_TEST(server_commands) {
   snprintf(cmd, sizeof cmd, "%s stats --server %s", fusebox(), sock);
   ck_assert_int_eq(sh(cmd, &out), 0);
   ck_assert_msg(strstr(out, "1 created, 1 closed") && strstr(out, "launches "), "%s", out);
+  ck_assert_msg(strstr(out, "calls refused at their start: 0 past max_calls, 0 past "
+                            "max_calls_per_tenant"),
+                "%s", out);
   free(out);
   /* --json: the same figures, as JSON a program can read */
   snprintf(cmd, sizeof cmd, "{ %s stats --server %s --json 2>/dev/null; }", fusebox(), sock);
@@ -600,6 +603,9 @@ START_TEST(server_commands) {
   ck_assert_int_gt(json_integer_value(json_object_get(js, "launches")), 0);
   ck_assert(json_is_string(json_object_get(json_object_get(js, "server"), "version")));
   ck_assert(json_is_array(json_object_get(js, "session_list")));
+  json_t *cr = json_object_get(js, "calls_refused");
+  ck_assert(json_is_integer(json_object_get(cr, "max_calls")));
+  ck_assert_int_eq(json_integer_value(json_object_get(cr, "max_calls_per_tenant")), 0);
   json_decref(js);
   free(out);
   /* FUSEBOX_SERVER stands for --server: run and stats both use it */

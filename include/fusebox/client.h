@@ -100,6 +100,8 @@ typedef struct fb_server_stats {
       sessions_failed;
   uint64_t memory_bytes, memory_peak_bytes; /* field storage of live sessions */
   uint64_t launches, syncs, bad_requests, bytes_in, bytes_out;
+  /* calls refused at their start: past max_calls, past max_calls_per_tenant */
+  uint64_t calls_refused, tenant_calls_refused;
   double uptime_s;
   fb_session_stats *sessions; /* malloc'd: free with fb_server_stats_free */
   int nsessions;

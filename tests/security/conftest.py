@@ -61,6 +61,7 @@ class Client:
             request_serializer=pb.SessionRequest.SerializeToString,
             response_deserializer=pb.SessionResponse.FromString)
         self._describe = _unary(self.channel, "DescribeSource", pb.Source, pb.SourceInfo)
+        self._stats = _unary(self.channel, "GetStats", pb.StatsRequest, pb.ServerStats)
         self._health = self.channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -73,6 +74,10 @@ class Client:
         """DescribeSource of program text: {field name: [its places]}."""
         info = self._describe(pb.Source(text=text), timeout=RPC_TIMEOUT)
         return {f.name: list(f.places) for f in info.fields}
+
+    def stats(self):
+        """GetStats: the server's counters (and the sessions this client sees)."""
+        return self._stats(pb.StatsRequest(), timeout=RPC_TIMEOUT)
 
     def health(self):
         r = self._health(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT)

@@ -184,9 +184,11 @@ def test_health_checks_without_credentials_held_open(daemons):  # noqa: F811 (a 
     max_calls_per_tenant (100) now; the rest are refused naming the option,
     and tenant b's calls, its field and SERVING are unharmed meanwhile."""
     tok = "tok-b-" + os.urandom(8).hex()
+    ops = "tok-ops-" + os.urandom(8).hex()
     d = daemons("unix", ["--max-calls-per-tenant", "100", "--max-calls", "300",
                          "--isolation", "thread", "--metrics-listen", "127.0.0.1:0"],
-                tenants=[{"name": "b", "token_sha256": [sha(tok)]}])
+                tenants=[{"name": "b", "token_sha256": [sha(tok)]},
+                         {"name": "ops", "role": "admin", "token_sha256": [sha(ops)]}])
     b = tenant_client(d.address, tok)
     pattern = bytes((i * 29 + 3) % 256 for i in range(64))
     mine = b.new_session(dense_layout(16))
@@ -216,6 +218,14 @@ def test_health_checks_without_credentials_held_open(daemons):  # noqa: F811 (a 
     anon = tenant_client(d.address)
     assert anon.health() == 1  # once they close, probes go on
     anon.close()
+    # GetStats counts the refusals by limit, for an admin; a user tenant's
+    # server-wide counters are its own or zero, these (others' calls) zero
+    admin = tenant_client(d.address, ops)
+    st = admin.stats()
+    assert st.tenant_calls_refused >= 300 and st.calls_refused == 0, st
+    admin.close()
+    st = b.stats()
+    assert st.tenant_calls_refused == 0 and st.calls_refused == 0, st
     _works(b, mine, pattern)
 
 
@@ -242,6 +252,9 @@ def test_max_calls(make_server):
         for c in cs:
             c.close()
     time.sleep(0.3)
+    # GetStats counts them too, once a call can be made again
+    st = _retry(server.client.stats)
+    assert st.calls_refused >= 150 and st.tenant_calls_refused == 0, st
     _works(server.client, server.victim)
     server.assert_unharmed()
 
