@@ -153,6 +153,10 @@ typedef struct fb_emit {
   int sfor_loop, sfor_T;
   LLVMValueRef sfor_cell;
   int has_deactivate;     /* the task deactivates: no direct addressing */
+  /* a sparse struct_for's cell loop marked parallel (emit.c, "Parallel
+   * cell loops"): its access group, which every field and slot access
+   * emitted meanwhile joins (emit_mem.c tag_named); NULL otherwise */
+  LLVMMetadataRef access_group;
   /* reduce.c: the reductions of the task's loop; red_of[id] is the index
    * into reds of atomic id, -1 (or red_of NULL) for a plain atomic */
   fb_cg_red *reds;

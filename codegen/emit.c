@@ -17,6 +17,9 @@
 
 #include "cg_internal.h"
 
+#include <llvm-c/DebugInfo.h>
+#include <llvm-c/IRReader.h>
+
 static int emit_block(fb_emit *e, int blk);
 
 /* ---------------------------------------------------------------- helpers */
@@ -478,6 +481,132 @@ static LLVMValueRef smin(fb_emit *e, LLVMValueRef a, LLVMValueRef b) {
   return LLVMBuildSelect(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, a, b, ""), a, b, "");
 }
 
+/* ---- Parallel cell loops
+ *
+ * A sparse struct_for's cell loop reads its neighbours through pointer
+ * slots, so LLVM's dependence analysis cannot bound the loop's accesses
+ * and leaves it scalar (a MacCormack backtrace: 24 sparse reads a cell).
+ * Where no iteration can see another's writes, the loop is marked
+ * parallel (`llvm.loop.parallel_accesses` over an access group that every
+ * field and slot access of the body joins), and LLVM may vectorize it
+ * with gathers when its cost model says so. Sound when, in the loop's
+ * body (every nested block):
+ *  - the only writes are stores of a place with as many dimensions as the
+ *    loop at exactly the loop's indices (loop_index 0..n-1 of this loop),
+ *    so each iteration writes cells no other iteration writes; a store that may activate must lie on a
+ *    dense path (an activating store under a pointer or bitmasked
+ *    container writes shared structure: not marked);
+ *  - a place that is stored is read only at the loop's indices too;
+ *  - nothing else writes (no atomic, sparse op, list op, scratch store,
+ *    ret) and nothing else reads an SNode (is_active, length), and no
+ *    rand() (its per-iteration counter is one stack slot).
+ * Then no memory access of one iteration depends on another's, which is
+ * what the metadata claims; results are what the scalar loop gives. */
+static int at_loop_indices(const fb_kernel *k, const fb_stmt *s, int loop, int ndim) {
+  const fb_snode *p = &k->layout->nodes[s->snode];
+  int lsn = k->stmts[loop].snode;
+  if (lsn <= 0 || lsn >= k->layout->nnodes || p->ndim != ndim ||
+      k->layout->nodes[lsn].ndim != ndim || s->nargs < ndim)
+    return 0;
+  for (int d = 0; d < ndim; d++) {
+    int a = s->args[d];
+    if (a < 0 || a >= k->nstmts) return 0;
+    const fb_stmt *ix = &k->stmts[a];
+    if (ix->op != FB_OP_LOOP_INDEX || ix->args[0] != loop || ix->imm.i != d) return 0;
+  }
+  return 1;
+}
+
+static int dense_only(const fb_layout *l, int place) {
+  int path[64];
+  int n = fb_layout_path(l, place, path, 64);
+  if (n < 0) return 0;
+  for (int i = 0; i < n; i++) {
+    int kind = l->nodes[path[i]].kind;
+    if (kind != FB_SN_ROOT && kind != FB_SN_DENSE && kind != FB_SN_PLACE) return 0;
+  }
+  return 1;
+}
+
+/* Visit the statements of block blk and its nested blocks: 0 = refused,
+ * 1 = every statement allowed so far. stored[place] marks stores seen;
+ * pass 0 collects stores and checks writes, pass 1 checks reads. */
+static int par_scan(const fb_kernel *k, int blk, int loop, unsigned char *stored, int pass,
+                    int depth) {
+  if (blk < 0 || blk >= k->nblocks || depth > 64) return blk < 0;
+  const fb_block *b = &k->blocks[blk];
+  const fb_layout *l = k->layout;
+  for (int i = 0; i < b->n; i++) {
+    int id = b->ids[i];
+    if (id < 0 || id >= k->nstmts) return 0;
+    const fb_stmt *s = &k->stmts[id];
+    if (s->op >= FB_OP__COUNT) return 0;
+    unsigned f = fb_op_table[s->op].flags;
+    if (s->op == FB_OP_RAND || s->op == FB_OP_RAND_SEQ || s->op == FB_OP_RET) return 0;
+    if (s->op == FB_OP_STORE || s->op == FB_OP_STORE_NA) {
+      if (s->snode <= 0 || s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE)
+        return 0;
+      if (!at_loop_indices(k, s, loop, l->nodes[s->snode].ndim)) return 0;
+      if (s->op == FB_OP_STORE && !dense_only(l, s->snode)) return 0;
+      if (pass == 0) stored[s->snode] = 1;
+    } else if (s->op == FB_OP_LOAD) {
+      if (s->snode <= 0 || s->snode >= l->nnodes) return 0;
+      if (pass == 1 && stored[s->snode] && !at_loop_indices(k, s, loop, l->nodes[s->snode].ndim))
+        return 0;
+    } else if ((f & FB_OPF_WRITES) || (f & FB_OPF_SNODE)) {
+      return 0;
+    }
+    if (s->body >= 0 && !par_scan(k, s->body, loop, stored, pass, depth + 1)) return 0;
+    if (s->orelse >= 0 && !par_scan(k, s->orelse, loop, stored, pass, depth + 1)) return 0;
+  }
+  return 1;
+}
+
+static int cell_loop_parallel(fb_emit *e, int id, const fb_stmt *s) {
+  if (e->o->target != FB_CG_CPU || e->bounds_fn) return 0;
+  unsigned char *stored = calloc((size_t)e->l->nnodes + 1, 1);
+  if (!stored) return 0;
+  int ok = par_scan(e->k, s->body, id, stored, 0, 0) && par_scan(e->k, s->body, id, stored, 1, 0);
+  free(stored);
+  return ok;
+}
+
+/* A new access group: a distinct metadata node without operands, which
+ * the C API cannot make, so it is read from IR text into this context
+ * (metadata belongs to the context, not to the module read). NULL if
+ * that fails: the loop is then left unmarked. */
+static LLVMMetadataRef new_access_group(fb_emit *e) {
+  static const char text[] = "!fb.group = !{!0}\n!0 = distinct !{}\n";
+  LLVMMemoryBufferRef buf =
+      LLVMCreateMemoryBufferWithMemoryRangeCopy(text, sizeof text - 1, "fb.group");
+  LLVMModuleRef m = NULL;
+  char *msg = NULL;
+  if (!buf || LLVMParseIRInContext(e->c, buf, &m, &msg)) { /* takes buf */
+    LLVMDisposeMessage(msg);
+    return NULL;
+  }
+  LLVMMetadataRef g = NULL;
+  if (LLVMGetNamedMetadataNumOperands(m, "fb.group") == 1) {
+    LLVMValueRef v = NULL;
+    LLVMGetNamedMetadataOperands(m, "fb.group", &v);
+    if (v) g = LLVMValueAsMetadata(v);
+  }
+  LLVMDisposeModule(m);
+  return g;
+}
+
+/* latch's branch back: the loop's id, {self, parallel_accesses group}. */
+static void mark_parallel(fb_emit *e, LLVMBasicBlockRef latch, LLVMMetadataRef group) {
+  LLVMValueRef br = LLVMGetBasicBlockTerminator(latch);
+  if (!br) return;
+  LLVMMetadataRef pa[2] = {LLVMMDStringInContext2(e->c, "llvm.loop.parallel_accesses", 27), group};
+  LLVMMetadataRef tmp = LLVMTemporaryMDNode(e->c, NULL, 0);
+  LLVMMetadataRef ops[2] = {tmp, LLVMMDNodeInContext2(e->c, pa, 2)};
+  LLVMMetadataRef id = LLVMMDNodeInContext2(e->c, ops, 2);
+  LLVMMetadataReplaceAllUsesWith(tmp, id); /* disposes tmp */
+  LLVMSetMetadata(br, LLVMGetMDKindIDInContext(e->c, "llvm.loop", 9), LLVMMetadataAsValue(e->c, id));
+}
+
 /* Iterations [start, end) step 1: elements start/M .. ceil(end/M), and in
  * each the cells of [start, end) it holds. The inner loop's element is
  * invariant, so accesses to the loop's own cell are affine in r. */
@@ -494,9 +623,15 @@ static int sfor_nested(fb_emit *e, int id, const fb_stmt *s, const sfor_geom *g,
   LLVMValueRef first = LLVMBuildMul(e->b, outer.x, M, "");
   LLVMValueRef rlo = smax(e, LLVMBuildSub(e->b, start, first, ""), fb_emit_i64(e, 0));
   LLVMValueRef rhi = smin(e, LLVMBuildSub(e->b, end, first, ""), M);
+  LLVMMetadataRef group = cell_loop_parallel(e, id, s) ? new_access_group(e) : NULL;
+  LLVMMetadataRef saved_group = e->access_group;
+  e->access_group = group;
   loop_open(e, &inner, rlo, rhi, "cell");
-  if (sfor_body(e, id, s, g, cptr, c, inner.x, inner.latch)) return e->rc;
+  int rc = sfor_body(e, id, s, g, cptr, c, inner.x, inner.latch);
+  e->access_group = saved_group;
+  if (rc) return e->rc;
   loop_close(e, &inner, fb_emit_i64(e, 1));
+  if (group) mark_parallel(e, inner.latch, group);
   LLVMBuildBr(e->b, outer.latch);
   loop_close(e, &outer, fb_emit_i64(e, 1));
   return 0;

@@ -263,10 +263,20 @@ static void tag_named(fb_emit *e, LLVMValueRef inst, const char *name, size_t n)
   LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "tbaa", 4), LLVMMetadataAsValue(e->c, tag));
 }
 
+/* A field or slot access inside a cell loop marked parallel joins its
+ * access group (emit.c, "Parallel cell loops"); the error word's atomics
+ * and everything untagged stay out of it. */
+static void join_group(fb_emit *e, LLVMValueRef inst) {
+  if (!e->access_group) return;
+  LLVMSetMetadata(inst, LLVMGetMDKindIDInContext(e->c, "llvm.access.group", 17),
+                  LLVMMetadataAsValue(e->c, e->access_group));
+}
+
 static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
   char name[32];
   int n = snprintf(name, sizeof name, "fb.place.%d", place);
   tag_named(e, inst, name, (size_t)n);
+  join_group(e, inst);
 }
 
 /* The structure of sparse containers (pointer slots, bitmask words, a
@@ -280,7 +290,10 @@ static void tag_field(fb_emit *e, LLVMValueRef inst, int place) {
  * list generation: calls, or code inlined under clang's root) may alias
  * anything. Sound for the reason above: slots and masks occupy bytes of
  * their own in the layout, apart from every place's. */
-static void tag_slots(fb_emit *e, LLVMValueRef inst) { tag_named(e, inst, "fb.slots", 8); }
+static void tag_slots(fb_emit *e, LLVMValueRef inst) {
+  tag_named(e, inst, "fb.slots", 8);
+  join_group(e, inst);
+}
 
 /* ---------------------------------------------------------------- sparse walk
  * From the root down a path of containers, one step per container kind.
