@@ -889,13 +889,13 @@ START_TEST(test_parallel_cell_loop_ir) {
                       lines_with(body, "%slot", "llvm.access.group") >= 1 &&
                       lines_with(body, "load float", "llvm.access.group") >= 2 &&
                       lines_with(body, "store float", "llvm.access.group") >= 1,
-                  "%s: the cell loop is not marked parallel:\n%s", yes[i], ir);
+                  "%s: the cell loop is not marked parallel:\n%.3000s", yes[i], ir);
     free(ir);
     /* LLVM keeps the claim through O3 (vectorized or not: its cost model's
      * choice on this CPU) and the module verifies */
     ir = loop_task_ir(p, yes[i], "x86_64-O3");
     ck_assert_msg(strstr(ir, "llvm.loop.parallel_accesses") || strstr(ir, "isvectorized"),
-                  "%s: O3 lost the loop's metadata:\n%s", yes[i], ir);
+                  "%s: O3 lost the loop's metadata:\n%.3000s", yes[i], ir);
     free(ir);
   }
   /* a stored place read elsewhere, an atomic, an activating store under a
@@ -904,12 +904,12 @@ START_TEST(test_parallel_cell_loop_ir) {
   for (int i = 0; i < 5; i++) {
     char *ir = loop_task_ir(p, no[i], "x86_64");
     ck_assert_msg(!strstr(ir, "parallel_accesses") && !strstr(ir, "llvm.access.group"),
-                  "%s: marked parallel, but an iteration may see another's writes:\n%s", no[i],
+                  "%s: marked parallel, but an iteration may see another's writes:\n%.3000s", no[i],
                   ir);
     free(ir);
   }
   char *ir = loop_task_ir(p, "gather", "nvptx64");
-  ck_assert_msg(!strstr(ir, "parallel_accesses"), "gather: marked on NVPTX:\n%s", ir);
+  ck_assert_msg(!strstr(ir, "parallel_accesses"), "gather: marked on NVPTX:\n%.3000s", ir);
   free(ir);
   fb_program_free(p);
 }
