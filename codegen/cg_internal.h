@@ -183,6 +183,8 @@ LLVMTypeRef fb_emit_memtype(fb_emit *e, fb_type t);  /* memory type (bool: i8) *
 /* Value of operand i of s, checked to exist (NULL after an error). */
 LLVMValueRef fb_emit_arg(fb_emit *e, const fb_stmt *s, int i);
 fb_type fb_emit_argtype(fb_emit *e, const fb_stmt *s, int i);
+/* Is every container from the root down to snode (inclusive) dense? */
+int fb_emit_dense_path(const fb_layout *l, int snode);
 /* Load the 8-byte field number `field` of the context. */
 LLVMValueRef fb_emit_ctx_field(fb_emit *e, int field, LLVMTypeRef ty);
 LLVMValueRef fb_emit_i64(fb_emit *e, int64_t v);

@@ -517,17 +517,6 @@ static int at_loop_indices(const fb_kernel *k, const fb_stmt *s, int loop, int n
   return 1;
 }
 
-static int dense_only(const fb_layout *l, int place) {
-  int path[64];
-  int n = fb_layout_path(l, place, path, 64);
-  if (n < 0) return 0;
-  for (int i = 0; i < n; i++) {
-    int kind = l->nodes[path[i]].kind;
-    if (kind != FB_SN_ROOT && kind != FB_SN_DENSE && kind != FB_SN_PLACE) return 0;
-  }
-  return 1;
-}
-
 /* Visit the statements of block blk and its nested blocks: 0 = refused,
  * 1 = every statement allowed so far. stored[place] marks stores seen;
  * pass 0 collects stores and checks writes, pass 1 checks reads. */
@@ -547,7 +536,7 @@ static int par_scan(const fb_kernel *k, int blk, int loop, unsigned char *stored
       if (s->snode <= 0 || s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE)
         return 0;
       if (!at_loop_indices(k, s, loop, l->nodes[s->snode].ndim)) return 0;
-      if (s->op == FB_OP_STORE && !dense_only(l, s->snode)) return 0;
+      if (s->op == FB_OP_STORE && !fb_emit_dense_path(l, s->snode)) return 0;
       if (pass == 0) stored[s->snode] = 1;
     } else if (s->op == FB_OP_LOAD) {
       if (s->snode <= 0 || s->snode >= l->nnodes) return 0;

@@ -75,7 +75,7 @@ int fb_emit_check_dense(fb_emit *e, int id, int snode) {
 }
 
 /* Is every container from the root down to snode (inclusive) dense? */
-static int dense_path(const fb_layout *l, int snode) {
+int fb_emit_dense_path(const fb_layout *l, int snode) {
   for (int n = snode; n > 0; n = l->nodes[n].parent)
     if (fb_cg_is_sparse(l->nodes[n].kind)) return 0;
   return 1;
@@ -620,7 +620,7 @@ static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB
   const fb_snode *f = &e->l->nodes[s->snode];
   *off = NULL;
   if (loop_cell(e, s)) return byte_gepc(e, e->sfor_cell, (int64_t)f->offset);
-  if (dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
+  if (fb_emit_dense_path(e->l, f->parent)) return place_addr(e, s->snode, idx);
   /* write < 0: a load, whose walk may go on in the zero block */
   walk w = {s->snode,  {0},    write > 0, fb_emit_block(e, write > 0 ? "skip" : "inactive"),
             write < 0, s->part};
@@ -680,7 +680,7 @@ static const fb_stmt *group_lead(fb_emit *e, const int *ids, int n, int store) {
   const fb_layout *l = e->l;
   int op_ok = store ? s->op == FB_OP_STORE || s->op == FB_OP_STORE_NA : s->op == FB_OP_LOAD;
   if (!op_ok || s->snode <= 0 || s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE ||
-      dense_path(l, l->nodes[s->snode].parent) || loop_cell(e, s))
+      fb_emit_dense_path(l, l->nodes[s->snode].parent) || loop_cell(e, s))
     return NULL;
   return s;
 }
@@ -1026,34 +1026,47 @@ static int dense_load(fb_emit *e, int id, const int *m, int n) {
   if (id < 0 || id >= e->k->nstmts || e->done[id]) return 0;
   const fb_stmt *s = &e->k->stmts[id];
   if (s->op != FB_OP_LOAD || s->snode <= 0 || s->snode >= e->l->nnodes ||
-      e->l->nodes[s->snode].kind != FB_SN_PLACE || !dense_path(e->l, e->l->nodes[s->snode].parent))
+      e->l->nodes[s->snode].kind != FB_SN_PLACE || !fb_emit_dense_path(e->l, e->l->nodes[s->snode].parent))
     return 0;
   for (int i = 0; i < n; i++)
     if (e->k->stmts[m[i]].snode == s->snode) return 0;
   return 1;
 }
 
-/* field[cell + offset] += {x, y} as one 64-bit compare-and-swap of the
- * 8-aligned word at p. */
-static void pair_cas(fb_emit *e, LLVMValueRef p, LLVMValueRef x, LLVMValueRef y) {
-  LLVMTypeRef v2 = LLVMVectorType(e->t_f32, 2);
-  LLVMValueRef add = LLVMGetUndef(v2);
-  add = LLVMBuildInsertElement(e->b, add, x, fb_emit_i32(e, 0), "");
-  add = LLVMBuildInsertElement(e->b, add, y, fb_emit_i32(e, 1), "");
-  LLVMValueRef first = LLVMBuildLoad2(e->b, e->t_i64, p, "pair.old");
-  LLVMSetOrdering(first, LLVMAtomicOrderingMonotonic);
-  LLVMSetAlignment(first, 8);
+/* *p += {x[0], ..., x[n-1]} (n = 2 or 4 f32 in one aligned 8- or 16-byte
+ * block at p) by a compare-and-swap loop on the block as one integer:
+ * each component updated atomically, all at once. The first guess is
+ * read in 8-byte halves, which may tear: a torn guess only fails the
+ * swap, which returns the block as it is. */
+static void vector_cas(fb_emit *e, LLVMValueRef p, const LLVMValueRef *x, int n) {
+  unsigned bytes = 4u * (unsigned)n;
+  LLVMTypeRef vt = LLVMVectorType(e->t_f32, (unsigned)n);
+  LLVMTypeRef it = LLVMIntTypeInContext(e->c, 8 * bytes);
+  LLVMValueRef add = LLVMGetUndef(vt);
+  for (int i = 0; i < n; i++) add = LLVMBuildInsertElement(e->b, add, x[i], fb_emit_i32(e, i), "");
+  LLVMValueRef first = NULL;
+  for (unsigned h = 0; h < bytes / 8; h++) {
+    LLVMValueRef half = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, p, 8 * (int64_t)h), "cas.old");
+    LLVMSetOrdering(half, LLVMAtomicOrderingMonotonic);
+    LLVMSetAlignment(half, 8);
+    if (bytes == 8) {
+      first = half;
+      break;
+    }
+    half = LLVMBuildZExt(e->b, half, it, "");
+    if (h) half = LLVMBuildShl(e->b, half, LLVMConstInt(it, 64 * h, 0), "");
+    first = first ? LLVMBuildOr(e->b, first, half, "") : half;
+  }
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
-  LLVMBasicBlockRef loop = fb_emit_block(e, "pair.cas"), done = fb_emit_block(e, "pair.done");
+  LLVMBasicBlockRef loop = fb_emit_block(e, "cas.loop"), done = fb_emit_block(e, "cas.done");
   LLVMBuildBr(e->b, loop);
   LLVMPositionBuilderAtEnd(e->b, loop);
-  LLVMValueRef old = LLVMBuildPhi(e->b, e->t_i64, "");
+  LLVMValueRef old = LLVMBuildPhi(e->b, it, "");
   LLVMAddIncoming(old, &first, &pre, 1);
-  LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, v2, ""), add, "");
-  LLVMValueRef x2 =
-      LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, e->t_i64, ""),
-                             LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
-  LLVMSetAlignment(x2, 8);
+  LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, vt, ""), add, "");
+  LLVMValueRef x2 = LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, it, ""),
+                                           LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
+  LLVMSetAlignment(x2, bytes);
   LLVMValueRef seen = LLVMBuildExtractValue(e->b, x2, 0, "");
   LLVMAddIncoming(old, &seen, &loop, 1);
   LLVMBuildCondBr(e->b, LLVMBuildExtractValue(e->b, x2, 1, ""), done, loop);
@@ -1072,39 +1085,6 @@ static int aligned16_path(const fb_layout *l, int place) {
     if (c->kind != FB_SN_PLACE && (c->offset % 16 || c->cell_bytes % 16)) return 0;
   }
   return 1;
-}
-
-/* field[cell + offset + 4i] += x[i] for i < 4 as one 16-byte
- * compare-and-swap (x86 cmpxchg16b) of the 16-aligned block at p. The
- * first guess is two 8-byte reads, which may tear: a torn guess only fails
- * the compare-and-swap, which returns the block as it is. */
-static void quad_cas(fb_emit *e, LLVMValueRef p, const LLVMValueRef *x) {
-  LLVMTypeRef v4 = LLVMVectorType(e->t_f32, 4), i128 = LLVMIntTypeInContext(e->c, 128);
-  LLVMValueRef add = LLVMGetUndef(v4);
-  for (int i = 0; i < 4; i++) add = LLVMBuildInsertElement(e->b, add, x[i], fb_emit_i32(e, i), "");
-  LLVMValueRef half[2];
-  for (int h = 0; h < 2; h++) {
-    half[h] = LLVMBuildLoad2(e->b, e->t_i64, byte_gepc(e, p, 8 * h), "quad.old");
-    LLVMSetOrdering(half[h], LLVMAtomicOrderingMonotonic);
-    LLVMSetAlignment(half[h], 8);
-    half[h] = LLVMBuildZExt(e->b, half[h], i128, "");
-  }
-  LLVMValueRef first = LLVMBuildOr(
-      e->b, half[0], LLVMBuildShl(e->b, half[1], LLVMConstInt(i128, 64, 0), ""), "");
-  LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
-  LLVMBasicBlockRef loop = fb_emit_block(e, "quad.cas"), done = fb_emit_block(e, "quad.done");
-  LLVMBuildBr(e->b, loop);
-  LLVMPositionBuilderAtEnd(e->b, loop);
-  LLVMValueRef old = LLVMBuildPhi(e->b, i128, "");
-  LLVMAddIncoming(old, &first, &pre, 1);
-  LLVMValueRef sum = LLVMBuildFAdd(e->b, LLVMBuildBitCast(e->b, old, v4, ""), add, "");
-  LLVMValueRef x2 = LLVMBuildAtomicCmpXchg(e->b, p, old, LLVMBuildBitCast(e->b, sum, i128, ""),
-                                           LLVMAtomicOrderingMonotonic, LLVMAtomicOrderingMonotonic, 0);
-  LLVMSetAlignment(x2, 16);
-  LLVMValueRef seen = LLVMBuildExtractValue(e->b, x2, 0, "");
-  LLVMAddIncoming(old, &seen, &loop, 1);
-  LLVMBuildCondBr(e->b, LLVMBuildExtractValue(e->b, x2, 1, ""), done, loop);
-  LLVMPositionBuilderAtEnd(e->b, done);
 }
 
 /* Do members m[i..i+4) sit at offsets o, o+4, o+8, o+12 of a 16-aligned cell? */
@@ -1148,12 +1128,12 @@ static int emit_group(fb_emit *e, int *m, int n) {
     int64_t o = (int64_t)e->l->nodes[s->snode].offset;
     LLVMValueRef q = byte_gepc(e, cell, o);
     if (quad_at(e, m, n, i, quad_ok)) {
-      quad_cas(e, q, v + i);
+      vector_cas(e, q, v + i, 4); /* cmpxchg16b */
       i += 3;
       continue;
     }
     if (o % 8 == 0 && i + 1 < n && (int64_t)e->l->nodes[k->stmts[m[i + 1]].snode].offset == o + 4) {
-      pair_cas(e, q, v[i], v[i + 1]);
+      vector_cas(e, q, v + i, 2);
       i++;
       continue;
     }
@@ -1196,7 +1176,7 @@ int fb_emit_try_group(fb_emit *e, int blk, int i, int to) {
       int64_t oy = (int64_t)l->nodes[e->k->stmts[m[y]].snode].offset;
       if (ox % 8 == 0 && oy == ox + 4) pair = 1;
     }
-  if (!pair && dense_path(l, l->nodes[e->k->stmts[first].snode].parent)) return 0;
+  if (!pair && fb_emit_dense_path(l, l->nodes[e->k->stmts[first].snode].parent)) return 0;
   for (int j = i + 1; j < last; j++) {
     int id = b->ids[j], member = 0;
     for (int x = 0; x < n; x++) member |= m[x] == id;
@@ -1281,7 +1261,7 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   guard g;
   guard_begin(e, inb, s->part, &g);
   LLVMValueRef r = yes;
-  if (s->op != FB_OP_DEACTIVATE && (dense_path(e->l, c) || loop_cell(e, s))) {
+  if (s->op != FB_OP_DEACTIVATE && (fb_emit_dense_path(e->l, c) || loop_cell(e, s))) {
     /* always active, or the loop's own cell */
   } else {
     walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive"), 0, s->part};

@@ -798,7 +798,8 @@ static const char *ZERO_SRC = "layout {\n"
                               "kernel acc() { for i in 0 .. 32 { a[(i + 1) % 32] += [1.0, 2.0, "
                               "3.0] } }\n";
 
-/* The IR of the first of kernel's ntasks tasks. */
+/* The IR of one of kernel's tasks: the first of exactly ntasks, or
+ * (ntasks < 0) the last, whose loop must be a struct_for. */
 static char *task_ir_n(fb_program *p, const char *kernel, const char *target, int ntasks) {
   fb_kernel *k = NULL;
   fb_diags d;
@@ -808,8 +809,15 @@ static char *task_ir_n(fb_program *p, const char *kernel, const char *target, in
   fb_task_list tl;
   char err[512] = "";
   ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
-  ck_assert_int_eq(tl.n, ntasks);
-  fb_cg_task t = {tl.v[0].ir, tl.v[0].loop, 0, NULL};
+  int which = 0;
+  if (ntasks >= 0) {
+    ck_assert_int_eq(tl.n, ntasks);
+  } else {
+    which = tl.n - 1;
+    ck_assert_int_ge(which, 0);
+    ck_assert_int_eq(tl.v[which].ir->stmts[tl.v[which].loop].op, FB_OP_STRUCT_FOR);
+  }
+  fb_cg_task t = {tl.v[which].ir, tl.v[which].loop, 0, NULL};
   char *text = NULL;
   ck_assert_msg(fb_llvm_ir_text(&t, target, &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
                 err);
@@ -855,23 +863,7 @@ static const char *PAR_SRC =
 
 /* The IR of kernel's struct_for task (the last of its tasks). */
 static char *loop_task_ir(fb_program *p, const char *kernel, const char *target) {
-  fb_kernel *k = NULL;
-  fb_diags d;
-  fb_diags_init(&d);
-  ck_assert_int_eq(fb_program_instantiate(p, kernel, NULL, 0, &k, &d), 0);
-  fb_diags_free(&d);
-  fb_task_list tl;
-  char err[512] = "";
-  ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower %s: %s", kernel, err);
-  int last = tl.n - 1;
-  ck_assert_int_ge(last, 0);
-  ck_assert_int_eq(tl.v[last].ir->stmts[tl.v[last].loop].op, FB_OP_STRUCT_FOR);
-  fb_cg_task t = {tl.v[last].ir, tl.v[last].loop, 0, NULL};
-  char *text = NULL;
-  ck_assert_msg(fb_llvm_ir_text(&t, target, &text, err, sizeof err) == 0, "IR of %s: %s", kernel,
-                err);
-  fb_task_list_free(&tl);
-  return text;
+  return task_ir_n(p, kernel, target, -1);
 }
 
 START_TEST(test_parallel_cell_loop_ir) {
