@@ -493,20 +493,21 @@ static LLVMValueRef smin(fb_emit *e, LLVMValueRef a, LLVMValueRef b) {
  * body (every nested block):
  *  - the only writes are stores of a place with as many dimensions as the
  *    loop at exactly the loop's indices (loop_index 0..n-1 of this loop),
- *    so each iteration writes cells no other iteration writes; a store that may activate must lie on a
- *    dense path (an activating store under a pointer or bitmasked
- *    container writes shared structure: not marked);
+ *    so each iteration writes cells no other iteration writes; a store
+ *    that may activate must lie on a dense path (an activating store under
+ *    a pointer or bitmasked container writes shared structure);
  *  - a place that is stored is read only at the loop's indices too;
  *  - nothing else writes (no atomic, sparse op, list op, scratch store,
  *    ret) and nothing else reads an SNode (is_active, length), and no
  *    rand() (its per-iteration counter is one stack slot).
  * Then no memory access of one iteration depends on another's, which is
  * what the metadata claims; results are what the scalar loop gives. */
-static int at_loop_indices(const fb_kernel *k, const fb_stmt *s, int loop, int ndim) {
-  const fb_snode *p = &k->layout->nodes[s->snode];
-  int lsn = k->stmts[loop].snode;
-  if (lsn <= 0 || lsn >= k->layout->nnodes || p->ndim != ndim ||
-      k->layout->nodes[lsn].ndim != ndim || s->nargs < ndim)
+/* Is place access s at exactly the indices of struct_for `loop`, and of
+ * its dimension? */
+static int at_loop_indices(const fb_kernel *k, const fb_stmt *s, int loop) {
+  int ndim = k->layout->nodes[s->snode].ndim, lsn = k->stmts[loop].snode;
+  if (lsn <= 0 || lsn >= k->layout->nnodes || k->layout->nodes[lsn].ndim != ndim ||
+      s->nargs < ndim)
     return 0;
   for (int d = 0; d < ndim; d++) {
     int a = s->args[d];
@@ -519,10 +520,15 @@ static int at_loop_indices(const fb_kernel *k, const fb_stmt *s, int loop, int n
 
 /* Visit the statements of block blk and its nested blocks: 0 = refused,
  * 1 = every statement allowed so far. stored[place] marks stores seen;
- * pass 0 collects stores and checks writes, pass 1 checks reads. */
-static int par_scan(const fb_kernel *k, int blk, int loop, unsigned char *stored, int pass,
-                    int depth) {
-  if (blk < 0 || blk >= k->nblocks || depth > 64) return blk < 0;
+ * pass 0 collects stores and checks writes, pass 1 checks reads. seen[b]
+ * marks the blocks visited in this pass: a block met twice (IR that is
+ * not a tree) refuses, so the scan is linear in the body whatever a
+ * client sent. */
+static int par_scan(const fb_kernel *k, int blk, int loop, unsigned char *stored,
+                    unsigned char *seen, int pass, int depth) {
+  if (blk < 0) return 1;
+  if (blk >= k->nblocks || depth > 64 || seen[blk]) return 0;
+  seen[blk] = 1;
   const fb_block *b = &k->blocks[blk];
   const fb_layout *l = k->layout;
   for (int i = 0; i < b->n; i++) {
@@ -535,28 +541,32 @@ static int par_scan(const fb_kernel *k, int blk, int loop, unsigned char *stored
     if (s->op == FB_OP_STORE || s->op == FB_OP_STORE_NA) {
       if (s->snode <= 0 || s->snode >= l->nnodes || l->nodes[s->snode].kind != FB_SN_PLACE)
         return 0;
-      if (!at_loop_indices(k, s, loop, l->nodes[s->snode].ndim)) return 0;
+      if (!at_loop_indices(k, s, loop)) return 0;
       if (s->op == FB_OP_STORE && !fb_emit_dense_path(l, s->snode)) return 0;
       if (pass == 0) stored[s->snode] = 1;
     } else if (s->op == FB_OP_LOAD) {
       if (s->snode <= 0 || s->snode >= l->nnodes) return 0;
-      if (pass == 1 && stored[s->snode] && !at_loop_indices(k, s, loop, l->nodes[s->snode].ndim))
-        return 0;
+      if (pass == 1 && stored[s->snode] && !at_loop_indices(k, s, loop)) return 0;
     } else if ((f & FB_OPF_WRITES) || (f & FB_OPF_SNODE)) {
       return 0;
     }
-    if (s->body >= 0 && !par_scan(k, s->body, loop, stored, pass, depth + 1)) return 0;
-    if (s->orelse >= 0 && !par_scan(k, s->orelse, loop, stored, pass, depth + 1)) return 0;
+    if (!par_scan(k, s->body, loop, stored, seen, pass, depth + 1) ||
+        !par_scan(k, s->orelse, loop, stored, seen, pass, depth + 1))
+      return 0;
   }
   return 1;
 }
 
 static int cell_loop_parallel(fb_emit *e, int id, const fb_stmt *s) {
   if (e->o->target != FB_CG_CPU || e->bounds_fn) return 0;
+  const fb_kernel *k = e->k;
   unsigned char *stored = calloc((size_t)e->l->nnodes + 1, 1);
-  if (!stored) return 0;
-  int ok = par_scan(e->k, s->body, id, stored, 0, 0) && par_scan(e->k, s->body, id, stored, 1, 0);
+  unsigned char *seen = calloc((size_t)k->nblocks + 1, 1);
+  int ok = stored && seen && par_scan(k, s->body, id, stored, seen, 0, 0);
+  if (ok) memset(seen, 0, (size_t)k->nblocks + 1);
+  ok = ok && par_scan(k, s->body, id, stored, seen, 1, 0);
   free(stored);
+  free(seen);
   return ok;
 }
 
