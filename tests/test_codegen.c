@@ -534,42 +534,42 @@ START_TEST(test_fast_ir) {
   for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
     char *ir = fast_ir(p, vec[i]);
     ck_assert_msg(strstr(ir, "load <") && strstr(ir, "store <"),
-                  "%s: no vector loads and stores after O3:\n%s", vec[i], ir);
+                  "%s: no vector loads and stores after O3:\n%.3000s", vec[i], ir);
     /* the index is never narrowed to i32 and widened again on its way to
      * an address (which LLVM cannot see through: scalar or gathered) */
     ck_assert_msg(!strstr(ir, "trunc i64") && !strstr(ir, "gather"),
-                  "%s: index narrowed or gathered:\n%s", vec[i], ir);
+                  "%s: index narrowed or gathered:\n%.3000s", vec[i], ir);
     /* each field its own alias class (they share the root buffer) */
-    ck_assert_msg(strstr(ir, "!tbaa"), "%s: field accesses without TBAA tags:\n%s", vec[i], ir);
+    ck_assert_msg(strstr(ir, "!tbaa"), "%s: field accesses without TBAA tags:\n%.3000s", vec[i], ir);
     if (i == 2) /* nested dense groups: one multiplication, no division (2-D
                  * struct-fors divide once per row, outside the inner loop) */
-      ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"), "%s: division in the address:\n%s",
+      ck_assert_msg(!strstr(ir, "udiv") && !strstr(ir, "urem"), "%s: division in the address:\n%.3000s",
                     vec[i], ir);
     free(ir);
   }
   char *ir = fast_ir(p, "scatter");
   ck_assert_msg(strstr(ir, "atomicrmw fadd ptr") && strstr(ir, " monotonic"),
-                "scatter: not a monotonic atomicrmw fadd:\n%s", ir);
-  ck_assert_msg(!strstr(ir, "seq_cst"), "scatter: seq_cst atomics:\n%s", ir);
+                "scatter: not a monotonic atomicrmw fadd:\n%.3000s", ir);
+  ck_assert_msg(!strstr(ir, "seq_cst"), "scatter: seq_cst atomics:\n%.3000s", ir);
   free(ir);
   /* both components of a vector cell in one 64-bit compare-and-swap */
   ir = fast_ir(p, "scatter2");
   ck_assert_msg(strstr(ir, "cmpxchg ptr") && strstr(ir, "i64") && strstr(ir, "fadd <2 x float>") &&
                     !data_atomics(ir) && !strstr(ir, "seq_cst"),
-                "scatter2: not one monotonic 64-bit compare-and-swap per cell:\n%s", ir);
+                "scatter2: not one monotonic 64-bit compare-and-swap per cell:\n%.3000s", ir);
   free(ir);
   /* indices from clamped floats: no bounds check, so no error latch (a
    * compare-and-swap on the context's error word), where the clamp
    * proves them in range; one where it does not */
   ir = fast_ir(p, "bilerp");
   ck_assert_msg(!strstr(ir, "cmpxchg") && !strstr(ir, "fb.error"),
-                "bilerp: bounds checks on proven float indices:\n%s", ir);
+                "bilerp: bounds checks on proven float indices:\n%.3000s", ir);
   /* and the float -> int casts need no saturation (never NaN, in range) */
   ck_assert_msg(strstr(ir, "fptosi") && !strstr(ir, "fptosi.sat"),
-                "bilerp: saturating casts of proven floats:\n%s", ir);
+                "bilerp: saturating casts of proven floats:\n%.3000s", ir);
   free(ir);
   ir = fast_ir(p, "bilerp_wide");
-  ck_assert_msg(strstr(ir, "cmpxchg"), "bilerp_wide: the check a + 1 < 48 is gone:\n%s", ir);
+  ck_assert_msg(strstr(ir, "cmpxchg"), "bilerp_wide: the check a + 1 < 48 is gone:\n%.3000s", ir);
   free(ir);
   fb_program_free(p);
 }
@@ -707,7 +707,7 @@ START_TEST(test_priv_ir) {
    * blame word's max, both i32 and on the out-of-bounds path) */
   ck_assert_msg(!data_atomics(ir) && !strstr(ir, "load atomic") &&
                     count(ir, "store float") + count(ir, "store <2 x float>") >= 3,
-                "scatter: atomics left in a privatized scatter:\n%s", ir);
+                "scatter: atomics left in a privatized scatter:\n%.3000s", ir);
   free(ir);
   ck_assert_int_eq(plan.i32[0], 0);
   /* i32 and u32 adds: integer adds into the copy, no atomics */
@@ -719,14 +719,14 @@ START_TEST(test_priv_ir) {
   ir = fast_ir(p, "count");
   ck_assert_msg(!data_atomics(ir) && !strstr(ir, "load atomic") && count(ir, "store i32") >= 2 &&
                     count(ir, "store float") == 0,
-                "count: atomics left in a privatized i32 scatter:\n%s", ir);
+                "count: atomics left in a privatized i32 scatter:\n%.3000s", ir);
   free(ir);
   /* hm is read, cnt64 is i64, mf/mn mix f32 and i32, big is over
    * FB_CG_PRIV_MAX_BYTES: atomics */
   priv_plan_of(p, "shared", &plan);
   ck_assert_int_eq(plan.n, 0);
   ir = fast_ir(p, "shared");
-  ck_assert_msg(data_atomics(ir) >= 5, "shared: atomics missing:\n%s", ir);
+  ck_assert_msg(data_atomics(ir) >= 5, "shared: atomics missing:\n%.3000s", ir);
   free(ir);
   /* a serial task runs on one thread: nothing to privatize */
   fb_kernel *k = NULL;
@@ -742,7 +742,7 @@ START_TEST(test_priv_ir) {
   fb_task_list_free(&tl);
   /* NVPTX keeps its (native) float atomics */
   ir = task_ir(p, "scatter", "nvptx64");
-  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "scatter on NVPTX: no atomics:\n%s", ir);
+  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "scatter on NVPTX: no atomics:\n%.3000s", ir);
   free(ir);
   fb_program_free(p);
 }
@@ -761,25 +761,25 @@ START_TEST(test_group_ir) {
   const char *ks[] = {"sparse", "dense", "odd"};
   for (int i = 0; i < 3; i++) {
     char *ir = fast_ir(p, ks[i]);
-    ck_assert_msg(!strstr(ir, "atomicrmw fadd"), "%s: an f32 add left alone:\n%s", ks[i], ir);
+    ck_assert_msg(!strstr(ir, "atomicrmw fadd"), "%s: an f32 add left alone:\n%.3000s", ks[i], ir);
     if (quad && i < 2)
       ck_assert_msg(count(ir, "fadd <4 x float>") >= 1 && count(ir, "cmpxchg ptr") >= 1 &&
                         strstr(ir, "i128") && !strstr(ir, "fadd <2 x float>"),
-                    "%s: the cell's four adds are not one 16-byte compare-and-swap:\n%s", ks[i],
+                    "%s: the cell's four adds are not one 16-byte compare-and-swap:\n%.3000s", ks[i],
                     ir);
     else
       ck_assert_msg(count(ir, "fadd <2 x float>") >= 2 && !strstr(ir, "i128"),
-                    "%s: the cell's four adds are not two paired compare-and-swaps:\n%s", ks[i],
+                    "%s: the cell's four adds are not two paired compare-and-swaps:\n%.3000s", ks[i],
                     ir);
     if (i == 0) /* one pointer walk per cell, not one per component */
       ck_assert_msg(
           count(ir, "call ptr @fb_rt_ptr_activate") + count(ir, "fb_rt_ptr_activate.exit:") <= 1,
-          "sparse: more than one activation per cell:\n%s", ir);
+          "sparse: more than one activation per cell:\n%.3000s", ir);
     free(ir);
   }
   /* a store between them: no group across it (m and v.0 stay apart) */
   char *ir = fast_ir(p, "apart");
-  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "apart: grouped across a store:\n%s", ir);
+  ck_assert_msg(strstr(ir, "atomicrmw fadd"), "apart: grouped across a store:\n%.3000s", ir);
   free(ir);
   fb_program_free(p);
 }
@@ -919,9 +919,9 @@ START_TEST(test_zero_walk_ir) {
   char *b0 = strstr(ir, "define void @fb_body(");
   ck_assert_ptr_nonnull(b0);
   ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1,
-                "nb: not one walk for the components of a[i + 1]:\n%s", b0);
+                "nb: not one walk for the components of a[i + 1]:\n%.3000s", b0);
   ck_assert_msg(strstr(ir, "@fb_cg_zero") && strstr(ir, "select i1"),
-                "nb: inactive cells not read from the zero block:\n%s", ir);
+                "nb: inactive cells not read from the zero block:\n%.3000s", ir);
   free(ir);
   ir = task_ir(p, "nb", "x86_64-O3");
   char *body = strstr(ir, "define void @fb_body(");
@@ -933,10 +933,10 @@ START_TEST(test_zero_walk_ir) {
                 "nb: loads not from a select of the cell and the zero block");
   free(ir);
   ir = task_ir(p, "acc", "x86_64");
-  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "acc: an atomic's walk uses the zero block:\n%s", ir);
+  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "acc: an atomic's walk uses the zero block:\n%.3000s", ir);
   free(ir);
   ir = task_ir(p, "nb", "nvptx64");
-  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "nb: the zero block on NVPTX:\n%s", ir);
+  ck_assert_msg(!strstr(ir, "fb_cg_zero"), "nb: the zero block on NVPTX:\n%.3000s", ir);
   free(ir);
   fb_program_free(p);
 }
@@ -992,16 +992,16 @@ START_TEST(test_store_walk_ir) {
     char *ir = task_ir_na(p, "st", na);
     char *b0 = strstr(ir, "define void @fb_body(");
     ck_assert_ptr_nonnull(b0);
-    ck_assert_msg(lines_with(b0, "store float", "") == 3, "st (na %d): not three stores:\n%s", na,
+    ck_assert_msg(lines_with(b0, "store float", "") == 3, "st (na %d): not three stores:\n%.3000s", na,
                   b0);
     if (!na)
       ck_assert_msg(lines_with(b0, "call ptr @fb_rt_ptr_activate", "") == 1,
-                    "st: not one activation for the three components of a[I]:\n%s", b0);
+                    "st: not one activation for the three components of a[I]:\n%.3000s", b0);
     else
       ck_assert_msg(lines_with(b0, "%slot", "= load i64") == 1 && !strstr(b0, "fb_rt_ptr_activate"),
-                    "st (store_na): not one walk, without activation, for a[I]:\n%s", b0);
+                    "st (store_na): not one walk, without activation, for a[I]:\n%.3000s", b0);
     ck_assert_msg(lines_with(b0, "icmp ult i64", "") == 1,
-                  "st (na %d): not one bounds check for the three stores:\n%s", na, b0);
+                  "st (na %d): not one bounds check for the three stores:\n%.3000s", na, b0);
     free(ir);
   }
   fb_program_free(p);
@@ -1068,8 +1068,8 @@ START_TEST(test_slot_tbaa_ir) {
   ck_assert_ptr_nonnull(b0);
   const char *ld = line_with(b0, "%slot", "= load i64"), *fl = line_with(b0, "= load float", "");
   ck_assert_msg(ld && fl && tbaa_of(ld) >= 0 && tbaa_of(fl) >= 0 && tbaa_of(ld) != tbaa_of(fl),
-                "hoist: the slot load has no type of its own:\n%s", b0);
-  ck_assert_msg(strstr(ir, "!\"fb.slots\""), "hoist: no fb.slots type:\n%s", ir);
+                "hoist: the slot load has no type of its own:\n%.3000s", b0);
+  ck_assert_msg(strstr(ir, "!\"fb.slots\""), "hoist: no fb.slots type:\n%.3000s", ir);
   free(ir);
   ir = task_ir(p, "kept", "x86_64");
   b0 = strstr(ir, "define void @fb_body(");
@@ -1077,7 +1077,7 @@ START_TEST(test_slot_tbaa_ir) {
   ld = line_with(b0, "%mask", "= load i32");
   const char *wr = line_with(b0, "atomicrmw or", "");
   ck_assert_msg(ld && wr && tbaa_of(ld) >= 0 && tbaa_of(ld) == tbaa_of(wr),
-                "kept: the mask load and the activation's atomic or differ in type:\n%s", b0);
+                "kept: the mask load and the activation's atomic or differ in type:\n%.3000s", b0);
   free(ir);
   ir = task_ir_n(p, "dea", "x86_64", 2); /* the loop, then gc */
   b0 = strstr(ir, "define void @fb_body(");
@@ -1085,7 +1085,7 @@ START_TEST(test_slot_tbaa_ir) {
   ld = line_with(b0, "%slot", "= load i64");
   wr = line_with(b0, "atomicrmw xchg", "");
   ck_assert_msg(ld && wr && tbaa_of(ld) >= 0 && tbaa_of(ld) == tbaa_of(wr),
-                "dea: the slot load and deactivation's exchange differ in type:\n%s", b0);
+                "dea: the slot load and deactivation's exchange differ in type:\n%.3000s", b0);
   free(ir);
   /* after O3: where the loop's counter is (its phi), and what is loaded
    * after it */
@@ -1097,13 +1097,13 @@ START_TEST(test_slot_tbaa_ir) {
     b0 = strstr(ir, "define void @fb_body(");
     ck_assert_ptr_nonnull(b0);
     const char *head = line_with(b0, "%it", "= phi");
-    ck_assert_msg(head != NULL, "%s: no loop:\n%s", kern[n], b0);
+    ck_assert_msg(head != NULL, "%s: no loop:\n%.3000s", kern[n], b0);
     const char *in_loop = line_with(head, what[n][0], what[n][1]);
     if (n == 0)
       ck_assert_msg(!in_loop && line_with(b0, what[n][0], what[n][1]),
-                    "hoist: the invariant slot load is not hoisted out of the loop:\n%s", b0);
+                    "hoist: the invariant slot load is not hoisted out of the loop:\n%.3000s", b0);
     else
-      ck_assert_msg(in_loop != NULL, "%s: a load hoisted past a write to its slot:\n%s", kern[n],
+      ck_assert_msg(in_loop != NULL, "%s: a load hoisted past a write to its slot:\n%.3000s", kern[n],
                     b0);
     free(ir);
   }
