@@ -330,7 +330,13 @@ START_TEST(bench_modes_and_json) {
   ck_assert_msg(strstr(js, "\"tasks_launched\": 4,") && strstr(js, "\"geomean\"") &&
                     strstr(js, "\"checks_passed\": true") && strstr(js, "\"statements_emitted\"") &&
                     strstr(js, "\"cpu_s\"") && strstr(js, "\"tasks_per_timed_step\"") &&
-                    strstr(js, "\"fuse_refused\": 0") && strstr(js, "\"fuse_fallbacks\": 0"),
+                    strstr(js, "\"fuse_refused\": 0") && strstr(js, "\"fuse_fallbacks\": 0") &&
+                    strstr(js, "\"timed_compile_s\""),
+                "%s", js);
+  /* every kernel compiled in the first step: the timed steps compiled none
+   * (the counters of the timed steps alone, not of the whole run) */
+  ck_assert_msg(!strstr(js, "\"timed_tasks_compiled\": 1") &&
+                    strstr(js, "\"timed_tasks_compiled\": 0,"),
                 "%s", js);
   free(js);
   snprintf(path, sizeof path, "%s/out.csv", tmpdir);
