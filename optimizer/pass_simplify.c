@@ -660,21 +660,81 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
   return out;
 }
 
+/* ---------------------------------------------------------------- shared arguments */
+
+/* The parameters of fused task k whose launches pass the same value: for
+ * each parameter i, the first parameter j <= i of the same type whose
+ * argument has the same bits (-0.0 and 0.0 differ, a NaN equals only its
+ * own bits). Appends (i, j) for each i with j < i to key; returns how many
+ * it appended. Two launches of one kernel with the same scalar (the same
+ * dt for three channels) then read one parameter, and CSE merges what they
+ * compute from it. Exact for these arguments only: the plan memo replays a
+ * window only when its arguments are the same bits (plan_find), and every
+ * other flush runs this pass on the arguments it has. */
+static int shared_args(const fb_kernel *k, const fb_sfg_node *n, int64_t *key) {
+  if (n->nargs != k->nparams) return 0;
+  int w = 0;
+  for (int i = 1; i < n->nargs; i++)
+    for (int j = 0; j < i; j++)
+      if (k->params[j] == k->params[i] && n->args[j] == n->args[i]) {
+        key[w++] = i;
+        key[w++] = j;
+        break;
+      }
+  return w;
+}
+
+/* A copy of k whose arg statements read parameter j in place of i, for
+ * each pair (i, j) of map. */
+static fb_kernel *share_args(const fb_kernel *k, const int64_t *map, int nmap) {
+  fb_kernel *c = fb_kernel_clone(k);
+  if (!c) return NULL;
+  for (int s = 0; s < c->nstmts; s++) {
+    fb_stmt *t = &c->stmts[s];
+    if (t->op != FB_OP_ARG) continue;
+    for (int p = 0; p < nmap; p += 2)
+      if (t->imm.i == map[p]) {
+        t->imm.i = map[p + 1];
+        break;
+      }
+  }
+  return c;
+}
+
 /* ---------------------------------------------------------------- the pass */
 
 int fb_pass_simplify(fb_pass_ctx *c) {
   fb_sfg *g = c->g;
   int changed = 0;
+  int64_t *key = NULL;
+  int capkey = 0;
   for (int i = g->nret; i < g->n; i++) {
     fb_sfg_node *n = g->nodes[i];
     if (n->dead || n->host || n->simplified || n->ntasks < 2) continue;
-    int64_t key[2] = {FB_MEMO_SIMPLIFY, n->ir};
+    if (2 + 2 * n->nargs > capkey) {
+      int64_t *nk = realloc(key, sizeof *nk * (size_t)(2 + 2 * n->nargs));
+      if (!nk) {
+        free(key);
+        return FB_ENOMEM;
+      }
+      key = nk;
+      capkey = 2 + 2 * n->nargs;
+    }
+    const fb_kernel *k = fb_bank_ir(c->bank, n->ir);
+    key[0] = FB_MEMO_SIMPLIFY;
+    key[1] = n->ir;
+    int nkey = 2 + shared_args(k, n, key + 2);
     int before = n->m->nstmts, removed = 0;
-    fb_irh h = fb_pass_memo_get(c, key, 2);
+    fb_irh h = fb_pass_memo_get(c, key, nkey);
     if (h == FB_IRH_NONE) {
-      int rc = fb_pass_memo_put(c, key, 2,
-                                fb_ir_simplify(fb_bank_ir(c->bank, n->ir), n->m, &removed), &h);
-      if (rc) return rc;
+      fb_kernel *shared = nkey > 2 ? share_args(k, key + 2, nkey - 2) : NULL;
+      fb_kernel *out = nkey > 2 && !shared ? NULL : fb_ir_simplify(shared ? shared : k, n->m, &removed);
+      fb_kernel_free(shared);
+      int rc = fb_pass_memo_put(c, key, nkey, out, &h);
+      if (rc) {
+        free(key);
+        return rc;
+      }
     }
     if (h == n->ir) {
       fb_bank_unref(c->bank, h);
@@ -682,11 +742,15 @@ int fb_pass_simplify(fb_pass_ctx *c) {
       continue;
     }
     int rc = fb_sfg_node_set_ir(n, c->bank, h);
-    if (rc) return rc;
+    if (rc) {
+      free(key);
+      return rc;
+    }
     n->simplified = 1;
     if (before > n->m->nstmts) c->cnt->simplified += (uint64_t)(before - n->m->nstmts);
     changed++;
   }
+  free(key);
   if (!changed) return 0;
   int rc = fb_sfg_rebuild(g, c->bank, NULL, 0);
   return rc ? rc : changed;
