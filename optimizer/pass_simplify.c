@@ -1,6 +1,10 @@
 /* Intra-task simplification of fused tasks (paper section 6.3 and
  * supplement section 3). Every rewrite is exact: the simplified task gives
  * the same fields, return value and rand() values as the fused one.
+ *  - shared arguments: a parameter whose argument has the bits and type of
+ *    an earlier one is read through the earlier one (for these arguments
+ *    only: the memo key holds the pairs), so what two launches with the
+ *    same dt compute is common to both;
  *  - atomics on a field that every access in the task reaches element-wise
  *    (or in a serial task) become load, op, store: no other iteration
  *    touches that element, and the op is the same one the atomic applies;

@@ -1906,6 +1906,97 @@ START_TEST(scratch_field_demoted_across_frames) {
 }
 END_TEST
 
+/* The paper's multi-kernel MacCormack (bench/large/maccormack_channels):
+ * one scalar kernel launched per dye channel, each launch with its own dt.
+ * The channels sit in one dense block, so their struct-fors fuse; the
+ * backtrace reads v at an index computed from dt. */
+static const char *chan_src =
+    "layout {\n"
+    "  dense(i: 128) { place v: f32 }\n"
+    "  pointer(i: 16) as p0 { dense(i: 8) { place qa: f32, qb: f32, qc: f32 } }\n"
+    "  pointer(i: 16) as p1 { dense(i: 8) { place ra: f32, rb: f32, rc: f32 } }\n"
+    "}\n"
+    "kernel init() {\n"
+    "  for i in 0 .. 128 {\n"
+    "    v[i] = f32(i % 7) * 1.5\n"
+    "    if (i // 8) % 3 == 0 {\n"
+    "      qa[i] = f32(i)\n"
+    "      qb[i] = f32(2 * i) + 0.5\n"
+    "      qc[i] = 1.0\n"
+    "    }\n"
+    "  }\n"
+    "}\n"
+    "kernel adv(A: field, B: field, dt: f32) {\n"
+    "  for i in A {\n"
+    "    let x = f32(i) - dt * v[i]\n"
+    "    let y = x - dt * v[clamp(i32(x), 0, 127)]\n"
+    "    B[i] = A[clamp(i32(y), 0, 127)] + dt\n"
+    "  }\n"
+    "}\n";
+
+/* Per compiled task of three parts (two '+' in its name): how many loads of
+ * v (place c[0]) it has, counted in c[1 + loads] (loads up to 8). */
+static int count_v_loads(void *user, const fb_kernel *task, char *err, size_t errlen) {
+  int *c = user;
+  (void)err;
+  (void)errlen;
+  const char *a = strchr(task->name, '+');
+  if (!a || !strchr(a + 1, '+') || strchr(strchr(a + 1, '+') + 1, '+')) return 0;
+  int loads = 0;
+  for (int i = 0; i < task->nstmts; i++)
+    if (task->stmts[i].op == FB_OP_LOAD && task->stmts[i].snode == c[0]) loads++;
+  if (fb_kernel_count_stmts(task) > 0 && loads <= 8)
+    __atomic_fetch_add(&c[1 + loads], 1, __ATOMIC_RELAXED);
+  return 0;
+}
+
+/* Shared arguments (pass_simplify.c): when the three launches pass the
+ * same dt, the fused task reads one parameter and CSE loads v at the
+ * backtraced index once (2 loads of v: v[i] and v[x]); when one launch
+ * passes another dt, that part keeps its own (3 loads). The fields are
+ * sync mode's in every mode, in both cases. */
+START_TEST(shared_dt_merges_fused_backtraces) {
+  static const char *const dts[][3] = {{"0.5", "0.5", "0.5"}, {"0.5", "0.5", "0.25"}};
+  static const int want_loads[] = {2, 3};
+  for (int d = 0; d < 2; d++) {
+    char even[160], odd[160];
+    snprintf(even, sizeof even, "adv(qa,ra) %s\nlaunch adv(qb,rb) %s\nlaunch adv(qc,rc) %s",
+             dts[d][0], dts[d][1], dts[d][2]);
+    snprintf(odd, sizeof odd, "adv(ra,qa) %s\nlaunch adv(rb,qb) %s\nlaunch adv(rc,qc) %s",
+             dts[d][0], dts[d][1], dts[d][2]);
+    char *script = swap_script(4, even, odd, "");
+    check_modes(chan_src, script);
+    fb_program *p = parse(chan_src);
+    int gate[10] = {field_place(p, "v")};
+    fb_program_free(p);
+    fb_engine *ge = new_engine(2);
+    fb_engine_set_compile_gate(ge, count_v_loads, gate);
+    fb_session_config sync = {.mode = "sync", .seed = 7}, cfg = async_cfg(0, 0);
+    results want = {0}, got = {0};
+    run_script(ge, chan_src, script, &sync, &want);
+    run_script(ge, chan_src, script, &cfg, &got);
+    same_results(&want, &got, "async, all passes");
+    int n3 = 0, at = 0;
+    for (int l = 0; l <= 8; l++) {
+      int c = __atomic_load_n(&gate[1 + l], __ATOMIC_RELAXED);
+      if (getenv("FB_TEST_VERBOSE") && c)
+        fprintf(stderr, "dts %s %s %s: %d three-part tasks with %d loads of v\n", dts[d][0],
+                dts[d][1], dts[d][2], c, l);
+      n3 += c;
+      if (l == want_loads[d]) at = c;
+    }
+    ck_assert_msg(n3 > 0, "no task of three parts compiled (dts %s %s %s)", dts[d][0], dts[d][1],
+                  dts[d][2]);
+    ck_assert_msg(at == n3, "%d of %d three-part tasks have %d loads of v (dts %s %s %s)", at, n3,
+                  want_loads[d], dts[d][0], dts[d][1], dts[d][2]);
+    results_free(&want);
+    results_free(&got);
+    free(script);
+    fb_engine_destroy(ge);
+  }
+}
+END_TEST
+
 /* Fusion keeps to the session's compile budget: with max_kernel_statements
  * at one inc kernel's size, every inc fits but no two fuse, and the result
  * is the same; with the default budget they fuse. */
@@ -2332,6 +2423,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, fusion_within_the_compile_budget);
   tcase_add_test(tc, lists_across_host_writes);
   tcase_add_test(tc, scratch_field_demoted_across_frames);
+  tcase_add_test(tc, shared_dt_merges_fused_backtraces);
   tcase_add_test(tc, repeating_stream_plans);
   tcase_add_test(tc, period_aligned_flushes);
   tcase_add_test(tc, failed_width_capped);

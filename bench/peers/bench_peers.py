@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CASES = ["micro/" + c for c in ("chain_copy", "increments", "fill_array", "sparse_saxpy", "autodiff",
                                 "stencil_reduction", "mpm_splitted", "simple_advection", "multires",
                                 "deep_hierarchy")] + \
-        ["large/" + c for c in ("maccormack", "mgpcg2d", "mgpcg3d", "mpm3d", "autodiff")]
+        ["large/" + c for c in ("maccormack", "maccormack_channels", "mgpcg2d", "mgpcg3d", "mpm3d", "autodiff")]
 QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
 
 
