@@ -669,22 +669,49 @@ fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *remove
 /* The parameters of fused task k whose launches pass the same value: for
  * each parameter i, the first parameter j <= i of the same type whose
  * argument has the same bits (-0.0 and 0.0 differ, a NaN equals only its
- * own bits). Appends (i, j) for each i with j < i to key; returns how many
- * it appended. Two launches of one kernel with the same scalar (the same
- * dt for three channels) then read one parameter, and CSE merges what they
- * compute from it. Exact for these arguments only: the plan memo replays a
- * window only when its arguments are the same bits (plan_find), and every
- * other flush runs this pass on the arguments it has. */
+ * own bits). Writes (i, j) to key for each i with j < i, in increasing i;
+ * returns how many values it wrote, or -1 out of memory. Two launches of
+ * one kernel with the same scalar (the same dt for three channels) then
+ * read one parameter, and CSE merges what they compute from it. Exact for
+ * these arguments only: the plan memo replays a window only when its
+ * arguments are the same bits (plan_find), and every other flush runs this
+ * pass on the arguments it has. Sorting keeps it O(n log n): a fused task
+ * may have 256 parts of 1024 parameters, all from a client. */
+typedef struct argkey {
+  uint64_t bits;
+  int32_t type, idx;
+} argkey;
+
+static int cmp_argkey(const void *pa, const void *pb) {
+  const argkey *x = pa, *y = pb;
+  if (x->bits != y->bits) return x->bits < y->bits ? -1 : 1;
+  if (x->type != y->type) return x->type < y->type ? -1 : 1;
+  return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
 static int shared_args(const fb_kernel *k, const fb_sfg_node *n, int64_t *key) {
-  if (n->nargs != k->nparams) return 0;
+  if (n->nargs != k->nparams || n->nargs < 2) return 0;
+  argkey *v = malloc(sizeof *v * (size_t)n->nargs);
+  int32_t *first = malloc(sizeof *first * (size_t)n->nargs);
+  if (!v || !first) {
+    free(v);
+    free(first);
+    return -1;
+  }
+  for (int i = 0; i < n->nargs; i++) v[i] = (argkey){n->args[i], (int32_t)k->params[i], i};
+  qsort(v, (size_t)n->nargs, sizeof *v, cmp_argkey);
+  for (int i = 0, lead = 0; i < n->nargs; i++) {
+    if (i && (v[i].bits != v[i - 1].bits || v[i].type != v[i - 1].type)) lead = i;
+    first[v[i].idx] = v[lead].idx; /* the smallest index of its run */
+  }
   int w = 0;
-  for (int i = 1; i < n->nargs; i++)
-    for (int j = 0; j < i; j++)
-      if (k->params[j] == k->params[i] && n->args[j] == n->args[i]) {
-        key[w++] = i;
-        key[w++] = j;
-        break;
-      }
+  for (int i = 0; i < n->nargs; i++)
+    if (first[i] != i) {
+      key[w++] = i;
+      key[w++] = first[i];
+    }
+  free(v);
+  free(first);
   return w;
 }
 
@@ -692,16 +719,18 @@ static int shared_args(const fb_kernel *k, const fb_sfg_node *n, int64_t *key) {
  * each pair (i, j) of map. */
 static fb_kernel *share_args(const fb_kernel *k, const int64_t *map, int nmap) {
   fb_kernel *c = fb_kernel_clone(k);
-  if (!c) return NULL;
+  int32_t *to = c ? malloc(sizeof *to * (size_t)(c->nparams ? c->nparams : 1)) : NULL;
+  if (!to) {
+    fb_kernel_free(c);
+    return NULL;
+  }
+  for (int i = 0; i < c->nparams; i++) to[i] = i;
+  for (int p = 0; p < nmap; p += 2) to[map[p]] = (int32_t)map[p + 1];
   for (int s = 0; s < c->nstmts; s++) {
     fb_stmt *t = &c->stmts[s];
-    if (t->op != FB_OP_ARG) continue;
-    for (int p = 0; p < nmap; p += 2)
-      if (t->imm.i == map[p]) {
-        t->imm.i = map[p + 1];
-        break;
-      }
+    if (t->op == FB_OP_ARG && t->imm.i >= 0 && t->imm.i < c->nparams) t->imm.i = to[t->imm.i];
   }
+  free(to);
   return c;
 }
 
@@ -727,7 +756,12 @@ int fb_pass_simplify(fb_pass_ctx *c) {
     const fb_kernel *k = fb_bank_ir(c->bank, n->ir);
     key[0] = FB_MEMO_SIMPLIFY;
     key[1] = n->ir;
-    int nkey = 2 + shared_args(k, n, key + 2);
+    int nshared = shared_args(k, n, key + 2);
+    if (nshared < 0) {
+      free(key);
+      return FB_ENOMEM;
+    }
+    int nkey = 2 + nshared;
     int before = n->m->nstmts, removed = 0;
     fb_irh h = fb_pass_memo_get(c, key, nkey);
     if (h == FB_IRH_NONE) {
