@@ -351,6 +351,7 @@ typedef struct lframe {   /* one inlined func call */
   const lbind *binds;
 } lframe;
 
+#define LANG_MAX_KPARAMS 64 /* scalar parameters of a kernel, and field parameters */
 #define LANG_MAX_LOOPS 64
 #define LANG_MAX_FRAMES 32
 #define LANG_MAX_STMTS 100000 /* per kernel, so that inlining cannot explode */

@@ -236,6 +236,16 @@ static int check_params(node *x, fb_diags *d) {
       bad = 1;
     }
   }
+  if (x->kind == D_KERNEL) {
+    int nfield = 0, nscalar = 0;
+    for (int i = 0; i < x->nkids; i++) x->kids[i]->is_field ? nfield++ : nscalar++;
+    if (nscalar > LANG_MAX_KPARAMS || nfield > LANG_MAX_KPARAMS) {
+      lang_err(d, x->line, x->col, "kernel '%s' has %d %s parameters; at most %d", x->name,
+               nscalar > LANG_MAX_KPARAMS ? nscalar : nfield,
+               nscalar > LANG_MAX_KPARAMS ? "scalar" : "field", LANG_MAX_KPARAMS);
+      bad = 1;
+    }
+  }
   if (x->kind == D_KERNEL && x->has_ty && x->ty.rows) {
     lang_err(d, x->line, x->col, "kernel '%s' must return a scalar", x->name);
     bad = 1;
@@ -303,10 +313,10 @@ static int add_instance(fb_program *p, int ki, fb_kernel *k) {
 static int check_all(fb_program *p, fb_diags *d) {
   for (int i = 0; i < p->nfuncs; i++)
     if (lang_check_func(p, i, d) == FB_ENOMEM) return FB_ENOMEM;
-  lbind unknown[64];
+  lbind unknown[LANG_MAX_KPARAMS];
   memset(unknown, 0, sizeof unknown);
   for (int i = 0; i < p->nkernels; i++) {
-    if (p->kernels[i].pub.nfield_params > 64) continue;
+    if (p->kernels[i].pub.nfield_params > LANG_MAX_KPARAMS) continue; /* reported */
     int keep = p->kernels[i].pub.nfield_params == 0;
     fb_kernel *k = NULL;
     int rc = lang_lower_kernel(p, i, unknown, keep ? &k : NULL, d);

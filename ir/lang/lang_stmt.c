@@ -691,10 +691,10 @@ char *lang_instance_name(fb_program *p, int ki, const lbind *binds) {
 int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out, fb_diags *d) {
   lkernel *K = &p->kernels[ki];
   node *decl = K->decl;
-  fb_type types[64];
+  fb_type types[LANG_MAX_KPARAMS];
   int ns = 0;
   if (out) *out = NULL;
-  for (int i = 0; i < K->pub.nparams && ns < 64; i++)
+  for (int i = 0; i < K->pub.nparams && ns < LANG_MAX_KPARAMS; i++)
     if (!K->params[i].is_field && decl->kids[i]->has_ty && !decl->kids[i]->ty.rows)
       types[ns++] = K->params[i].type;
   char *name = lang_instance_name(p, ki, binds);
@@ -715,8 +715,8 @@ int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out
       fi++;
       continue;
     }
-    if (pm->has_ty && !pm->ty.rows) lv_scalar(&v, K->params[i].type, fb_b_arg(&L.b, si++));
-    else lv_unknown(&v); /* reported when the program was parsed */
+    if (pm->has_ty && !pm->ty.rows && si < ns) lv_scalar(&v, K->params[i].type, fb_b_arg(&L.b, si++));
+    else lv_unknown(&v); /* reported when the program was parsed (too many too) */
     int id = lang_push_sym(&L, pm->name, SYM_LET, &v, pm->line, pm->col);
     if (id >= 0) L.syms[id].origin = ORIGIN_PARAM;
   }
