@@ -13,7 +13,9 @@ ran past the 60 s RPC deadline here (the sync never came back); the
 sorted one answers in about 3 s."""
 import struct
 
-from conftest import RPC_TIMEOUT, Stream, dense_layout, kernel, pb, stmt
+import grpc
+
+from conftest import RPC_TIMEOUT, Stream, dense_layout, expect_error, kernel, pb, stmt
 
 N = 8
 NPARAMS = 1024    # what a kernel sent as IR may have (proto/convert.c)
@@ -73,4 +75,31 @@ def test_many_fused_parameters(server):
     assert got == want, "async fields differ from a sync session's"
     v = struct.unpack(f"<{N}f", got)
     assert v[0] > LAUNCHES, v  # every launch added its 1.0 and more
+    server.assert_unharmed()
+
+
+def test_source_kernel_with_too_many_parameters(server):
+    """The language allows 64 scalar and 64 field parameters a kernel; a
+    source over either limit is INVALID_ARGUMENT naming the kernel and the
+    count (it used to drop the 65th on silently, then fail verification
+    with a line per parameter), and the session goes on."""
+    c = server.client
+    scalars = ", ".join(f"a{p}: f32" for p in range(65))
+    fields = ", ".join(f"F{p}: field" for p in range(65))
+    layout = "layout { dense(i: 8) { place v: f32 } }\n"
+    sid = c.create(pb.CreateSessionRequest(source=pb.Source(text=layout)),
+                   timeout=RPC_TIMEOUT).session_id
+    for text, words in ((f"kernel many({scalars}) {{ for i in 0 .. 8 {{ v[i] = a64 }} }}",
+                         ("kernel 'many' has 65 scalar parameters; at most 64",)),
+                        (f"kernel wide({fields}) {{ for i in 0 .. 8 {{ v[i] = 1.0 }} }}",
+                         ("kernel 'wide' has 65 field parameters; at most 64",))):
+        msg = expect_error(lambda: c.register(pb.RegisterKernelsRequest(
+            session_id=sid, source=pb.Source(text=layout + text)), timeout=RPC_TIMEOUT),
+            grpc.StatusCode.INVALID_ARGUMENT, *words)
+        assert msg.count("\n") < 8, msg  # one diagnostic, not one per parameter
+    ok = "kernel ok(b: f32) { for i in 0 .. 8 { v[i] = b } }"
+    (kid,) = c.register(pb.RegisterKernelsRequest(session_id=sid, source=pb.Source(text=layout + ok)),
+                        timeout=RPC_TIMEOUT).kernel_ids
+    r = c.run(sid, [(kid, [_f32(2.5)])])
+    assert not r.errors, [e.message for e in r.errors]
     server.assert_unharmed()
