@@ -19,7 +19,9 @@
  *     4, 4, 4) > dense(ijk: 32, 32, 32) (MacCormack's tree; the write
  *     activates every block, the first time), and of one under
  *     pointer > pointer > dense where one block in eight is active (a
- *     read), against the same field stored densely. Reported: cells per
+ *     read), and of one under pointer > pointer > bitmasked(ijk: 32, 32,
+ *     32) (every cell activated by the first write), against the same
+ *     field stored densely. Reported: cells per
  *     second of each (what a client's ReadField and WriteField of a sparse
  *     field cost on the server, outside any kernel).
  * Each figure is the best of R launches (transfers) after a warm-up.
@@ -151,7 +153,7 @@ static const char *const lg_src =
 /* ------------------------------------------------------------ 3. host transfers */
 
 static const char *const io_fmt =
-    "layout { %s(ijk: 1, 1, 1) { %s(ijk: 4, 4, 4) { dense(ijk: 32, 32, 32) { place q: f32 } } } }\n"
+    "layout { %s(ijk: 1, 1, 1) { %s(ijk: 4, 4, 4) { %s(ijk: 32, 32, 32) { place q: f32 } } } }\n"
     "kernel seed() { for i in 0 .. 128 { for j in 0 .. 128 { for k in 0 .. 128 {\n"
     "  if (i // 32 + j // 32 + k // 32) %% 2 == 0 && i // 32 %% 2 == 0 { q[i, j, k] = 1.0 } } } } }\n";
 
@@ -159,10 +161,10 @@ static const char *const io_fmt =
  * write (which activates every block of a sparse tree), then the best of
  * R writes and the best of R reads after it; with seed, the session only
  * runs seed (one block in eight active) and *first is the first read. */
-static int io_times(fb_engine *e, const char *kind, int seed, int repeat, float *host,
-                    double *first, double *wbest, double *rbest) {
+static int io_times(fb_engine *e, const char *kind, const char *leaf, int seed, int repeat,
+                    float *host, double *first, double *wbest, double *rbest) {
   char src[1024];
-  snprintf(src, sizeof src, io_fmt, kind, kind);
+  snprintf(src, sizeof src, io_fmt, kind, kind, leaf);
   bench b;
   if (open_bench(e, src, &b)) return -1;
   int q = fb_layout_find(fb_program_layout(b.p), "q");
@@ -191,10 +193,11 @@ static int host_transfers(fb_engine *e, int repeat) {
   float *host = malloc(sizeof(float) * n);
   if (!host) return die("host transfers", "out of memory");
   for (size_t i = 0; i < n; i++) host[i] = (float)(i % 1000);
-  double f[3], w[3], r[3];
-  if (io_times(e, "dense", 0, repeat, host, &f[0], &w[0], &r[0]) ||
-      io_times(e, "pointer", 0, repeat, host, &f[1], &w[1], &r[1]) ||
-      io_times(e, "pointer", 1, repeat, host, &f[2], &w[2], &r[2]))
+  double f[4], w[4], r[4];
+  if (io_times(e, "dense", "dense", 0, repeat, host, &f[0], &w[0], &r[0]) ||
+      io_times(e, "pointer", "dense", 0, repeat, host, &f[1], &w[1], &r[1]) ||
+      io_times(e, "pointer", "dense", 1, repeat, host, &f[2], &w[2], &r[2]) ||
+      io_times(e, "pointer", "bitmasked", 0, repeat, host, &f[3], &w[3], &r[3]))
     return free(host), 1;
   double m = (double)n / 1e6;
   printf("host transfers, whole field, f32 128^3 (%zu cells), Mcells/s:\n", n);
@@ -205,6 +208,9 @@ static int host_transfers(fb_engine *e, int repeat) {
          m / w[1], m / f[1], m / r[1]);
   printf("  pointer > pointer > dense, 1/8 active: read %7.1f (first %.1f)\n", m / r[2],
          m / f[2]);
+  printf("  pointer > pointer > bitmasked, all active: write %7.1f (first, activating: %.1f), "
+         "read %7.1f\n",
+         m / w[3], m / f[3], m / r[3]);
   free(host);
   return 0;
 }

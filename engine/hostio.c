@@ -15,7 +15,9 @@
  * plain memcpy when that is the element size). A sparse field's rows take
  * the same runs where that container and everything below it on the path
  * is dense: one walk of the sparse runtime per run (which activates its
- * block, or finds it inactive) instead of one per element. */
+ * block, or finds it inactive) instead of one per element. So do the rows
+ * of a field placed directly in a bitmasked container that splits the last
+ * dimension: one walk to the container a run, then its cells' bits. */
 
 typedef struct axis_term {
   int64_t stride, size;
@@ -34,10 +36,13 @@ typedef struct field_plan {
   axis_term term[FB_MAX_AXES][MAX_PATH];
   /* the last dimension's runs: elements per run (1: element by element),
    * bytes between a run's elements; sparse_runs: a sparse field may copy
-   * in these runs too (the run's container and all below it are dense) */
+   * in these runs too (the run's container and all below it are dense,
+   * or bits_runs: the run's container is bitmasked and holds the field,
+   * its elements lin_step cells apart) */
   int64_t run;
   uint64_t run_step;
-  int sparse_runs;
+  int sparse_runs, bits_runs;
+  int64_t lin_step;
 } field_plan;
 
 static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool);
@@ -82,6 +87,10 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
   int64_t numel = p->numel, idx[FB_MAX_AXES] = {0, 0, 0, 0};
   int last = f->ndim - 1;
   int64_t run = p->sparse_runs && last >= 0 ? p->run : 1;
+  uint8_t *bits = NULL; /* a run's cells' activity (bits_runs) */
+  int oom = 0;
+  if (p->bits_runs && run > 1 && !(bits = malloc((size_t)run)))
+    return fail(s, FB_ENOMEM, "%s: out of memory", what);
   fb_sparse_begin(s->sparse);
   for (int64_t e = 0; e < numel;) {
     int64_t n = 1;
@@ -89,14 +98,37 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
       int64_t left = p->shape[last] - idx[last];
       n = run < left ? run : left;
     }
-    uint8_t *d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
     uint8_t *h = host + (size_t)e * (mode == IO_ACTIVE ? 1 : esz);
-    if (write && !d) return host_oom(s, what);
-    if (mode == IO_ACTIVE) memset(h, d != NULL, (size_t)n);
-    else if (d && n > 1) copy_run(p, d, h, n, write);
-    else if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
-    else if (d) copy_elem(h, d, esz, 0);
-    else memset(h, 0, (size_t)n * esz);
+    uint8_t *d;
+    if (bits && n > 1) {
+      d = fb_sparse_bits_run(s->sparse, s->mem.root, f->id, idx, n, p->lin_step, bits, write);
+      if (write && !d) {
+        oom = 1;
+        break;
+      }
+      int64_t on = 0;
+      for (int64_t k = 0; d && !write && k < n; k++) on += bits[k];
+      if (write) copy_run(p, d, h, n, 1);
+      else if (mode == IO_ACTIVE && d) memcpy(h, bits, (size_t)n);
+      else if (mode == IO_ACTIVE) memset(h, 0, (size_t)n);
+      else if (on == n) copy_run(p, d, h, n, 0);
+      else
+        for (int64_t k = 0; k < n; k++) {
+          if (d && bits[k]) copy_elem(h + (size_t)k * esz, d + (uint64_t)k * p->run_step, esz, 0);
+          else memset(h + (size_t)k * esz, 0, esz);
+        }
+    } else {
+      d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
+      if (write && !d) {
+        oom = 1;
+        break;
+      }
+      if (mode == IO_ACTIVE) memset(h, d != NULL, (size_t)n);
+      else if (d && n > 1) copy_run(p, d, h, n, write);
+      else if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
+      else if (d) copy_elem(h, d, esz, 0);
+      else memset(h, 0, (size_t)n * esz);
+    }
     e += n;
     if (last >= 0) idx[last] += n - 1;
     for (int k = last; k >= 0; k--) { /* odometer */
@@ -104,7 +136,8 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
       idx[k] = 0;
     }
   }
-  return 0;
+  free(bits);
+  return oom ? host_oom(s, what) : 0;
 }
 
 static int dim_of_axis(const fb_snode *f, int axis) {
@@ -156,8 +189,16 @@ static void plan_field(field_plan *p, const fb_layout *l, int field) {
   p->run = in->size;
   p->run_step = in->mul;
   p->sparse_runs = n > 0;
-  for (int i = in->depth; i < n; i++)
-    if (l->nodes[path[i]].kind != FB_SN_DENSE) p->sparse_runs = 0;
+  for (int i = in->depth; i < n; i++) {
+    const fb_snode *c = &l->nodes[path[i]];
+    if (c->kind == FB_SN_BITMASKED && i == in->depth && i == n - 1 && c->cell_bytes > 0) {
+      p->bits_runs = 1;
+      p->lin_step = (int64_t)(in->mul / c->cell_bytes);
+    } else if (c->kind != FB_SN_DENSE) {
+      p->sparse_runs = 0;
+    }
+  }
+  if (!p->sparse_runs) p->bits_runs = 0;
 }
 
 static uint64_t axis_offset(const field_plan *p, int d, int64_t x) {

@@ -150,6 +150,15 @@ int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes);
  * writing, the cell and its ancestors are activated (NULL: out of memory,
  * see fb_sparse_take_oom). */
 uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write);
+/* A run of n elements of place along its last index, from idx, in one
+ * bitmasked container that holds place directly (consecutive elements are
+ * lin_step cells apart in it): the first element's storage (the others
+ * follow at the container's cell stride), NULL when an ancestor is inactive
+ * (reading) or out of memory (writing). Reading sets active[k] to 1 where
+ * element k's cell is active, 0 elsewhere; writing activates all n. NULL
+ * too when place's container is not bitmasked. */
+uint8_t *fb_sparse_bits_run(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx,
+                            int64_t n, int64_t lin_step, uint8_t *active, int write);
 /* Bytes the pool has handed out, and blocks live per SNode (for tests). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp);
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);

@@ -279,34 +279,82 @@ static uint8_t *host_dynamic(fb_rt_dctx *ctx, const fb_snode *c, uint8_t *node, 
   return fb_rt_dyn_activate(ctx, c->id, node, n, c->chunk, (int64_t)c->cell_bytes, 0);
 }
 
-uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write) {
+/* Walk place[idx]'s path (npath containers from the root): the element's
+ * cell storage, or, with 0 <= upto < npath, the address of container
+ * path[upto]'s node and the element's cell number in it (*lin). NULL: an
+ * inactive container when reading, out of memory when writing; writing
+ * activates on the way. */
+static uint8_t *walk(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write,
+                     const int *path, int npath, int upto, int64_t *lin) {
   const fb_layout *l = sp->l;
   const fb_snode *f = &l->nodes[place];
   int64_t gi[FB_MAX_AXES] = {0, 0, 0, 0};
   for (int d = 0; d < f->ndim; d++) gi[f->dim_axis[d]] = idx[d];
-  int path[64];
-  int n = fb_layout_path(l, place, path, 64);
-  if (n < 0) return NULL;
   int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   fb_rt_dctx ctx = {root, NULL, NULL, NULL, error, 0, 0, sp->st, NULL};
   uint8_t *base = root;
-  for (int i = 0; i < n && base; i++) {
+  for (int i = 0; i < npath && base; i++) {
     const fb_snode *c = &l->nodes[path[i]];
-    int64_t lin = local_lin(l, c, place, gi);
+    int64_t cl = local_lin(l, c, place, gi);
     uint8_t *node = base + c->offset;
+    if (i == upto) {
+      *lin = cl;
+      return node;
+    }
     switch (c->kind) {
-    case FB_SN_BITMASKED: base = host_bitmasked(c, node, lin, write); break;
+    case FB_SN_BITMASKED: base = host_bitmasked(c, node, cl, write); break;
     case FB_SN_POINTER: {
-      uint64_t *slot = (uint64_t *)node + lin;
+      uint64_t *slot = (uint64_t *)node + cl;
       base = *slot   ? (uint8_t *)(uintptr_t)*slot
              : write ? fb_rt_ptr_activate(&ctx, c->id, slot, 0)
                      : NULL;
       break;
     }
-    case FB_SN_DYNAMIC: base = host_dynamic(&ctx, c, node, lin, write); break;
-    default: base = node + (uint64_t)lin * c->cell_bytes; break;
+    case FB_SN_DYNAMIC: base = host_dynamic(&ctx, c, node, cl, write); break;
+    default: base = node + (uint64_t)cl * c->cell_bytes; break;
     }
   }
+  return base;
+}
+
+uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write) {
+  int path[64];
+  int n = fb_layout_path(sp->l, place, path, 64);
+  if (n < 0) return NULL;
+  int64_t lin = 0;
+  uint8_t *base = walk(sp, root, place, idx, write, path, n, -1, &lin);
   if (write) fb_sparse_end(sp);
-  return base ? base + f->offset : NULL;
+  return base ? base + sp->l->nodes[place].offset : NULL;
+}
+
+uint8_t *fb_sparse_bits_run(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx,
+                            int64_t n, int64_t lin_step, uint8_t *active, int write) {
+  const fb_layout *l = sp->l;
+  int path[64];
+  int depth = fb_layout_path(l, place, path, 64);
+  if (depth < 1) return NULL;
+  const fb_snode *c = &l->nodes[path[depth - 1]];
+  if (c->kind != FB_SN_BITMASKED) return NULL;
+  int64_t lin = 0;
+  uint8_t *node = walk(sp, root, place, idx, write, path, depth, depth - 1, &lin);
+  if (node) { /* one atomic per mask word the run touches, not per cell */
+    uint32_t *words = (uint32_t *)node, acc = 0, cur = 0;
+    int64_t at = -1;
+    for (int64_t k = 0; k < n; k++) {
+      int64_t b = lin + k * lin_step;
+      if (b / 32 != at) {
+        if (write && acc) __atomic_fetch_or(&words[at], acc, __ATOMIC_RELAXED);
+        at = b / 32;
+        acc = 0;
+        if (!write) cur = __atomic_load_n(&words[at], __ATOMIC_RELAXED);
+      }
+      uint32_t bit = 1u << (b % 32);
+      if (write) acc |= bit;
+      else active[k] = (cur & bit) != 0;
+    }
+    if (write && acc) __atomic_fetch_or(&words[at], acc, __ATOMIC_RELAXED);
+  }
+  if (write) fb_sparse_end(sp);
+  if (!node) return NULL;
+  return node + fb_cg_mask_bytes(c) + (uint64_t)lin * c->cell_bytes + l->nodes[place].offset;
 }

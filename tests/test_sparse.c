@@ -761,10 +761,11 @@ static const char *const runs_src =
     "layout {\n"
     "  pointer(ijk: 2, 3, 2) { pointer(ijk: 2, 2, 2) {\n"
     "    dense(ijk: 3, 2, 5) { place a: f32, w: i32, c: f64 } } }\n"
-    "  pointer(ij: 3, 2) { bitmasked(ij: 4, 4) { place m: f32 } }\n"
+    "  pointer(ij: 3, 2) { bitmasked(ij: 4, 4) { place m: f32, n: i32 } }\n"
     "}\n"
     "kernel touch() { for i in 0 .. 12 { for j in 0 .. 12 { for k in 0 .. 20 {\n"
-    "  if (i + 2 * j + k) % 29 == 0 { w[i, j, k] = i * 400 + j * 20 + k + 1 } } } } }\n";
+    "  if (i + 2 * j + k) % 29 == 0 { w[i, j, k] = i * 400 + j * 20 + k + 1 } } } } }\n"
+    "kernel thin_m() { for i, j in m { if (i + j) % 3 == 0 { deactivate(m, i, j) } } }\n";
 
 /* Every element of place f (shape n0 x n1 [x n2]) read whole equals its cell. */
 static void cells_agree(duo *d, int f, const int64_t *shape, int nd, const void *whole) {
@@ -787,6 +788,7 @@ START_TEST(host_transfer_runs) {
   duo_open(&d, runs_src, 2, 0);
   int a = field(&d, "a")->places[0], w = field(&d, "w")->places[0];
   int c = field(&d, "c")->places[0], m = field(&d, "m")->places[0];
+  int nf = field(&d, "n")->places[0];
   const int64_t sh3[3] = {12, 12, 20}, sh2[2] = {12, 8};
   enum { N = 12 * 12 * 20 };
   /* some blocks active: the rest read 0, the written cells their values */
@@ -844,16 +846,47 @@ START_TEST(host_transfer_runs) {
   cells_agree(&d, c, sh3, 3, cr);
   free(cv);
   free(cr);
-  /* bitmasked leaf: element by element, inactive cells 0 */
+  /* bitmasked leaf, in runs of its 4 cells a row: one walk to the
+   * container, then the cells' bits; inactive cells (in an allocated block
+   * or not) read 0 and are inactive, a sibling place shares the bits */
   float mv[96], mb[96];
   int64_t one[2] = {5, 6};
   ck_assert_int_eq(fb_cell_write(d.s, m, one, 2, fb_value_f32(2.5f)), 0);
   ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0);
   for (int e = 0; e < 96; e++) ck_assert(mb[e] == (e == 5 * 8 + 6 ? 2.5f : 0.0f));
+  cells_agree(&d, m, sh2, 2, mb);
+  uint8_t mact[96];
+  memset(mact, 9, sizeof mact);
+  ck_assert_int_eq(fb_field_active(d.s, m, mact, sizeof mact), 0);
+  for (int e = 0; e < 96; e++) ck_assert_int_eq(mact[e], e == 5 * 8 + 6);
+  int32_t nv[96], nb[96];
+  memset(nb, 0x55, sizeof nb);
+  ck_assert_int_eq(fb_field_read(d.s, nf, nb, sizeof nb), 0);
+  for (int e = 0; e < 96; e++) ck_assert_int_eq(nb[e], 0);
+  for (int e = 0; e < 96; e++) nv[e] = -3 * e - 1; /* 8-byte cells: a strided run */
+  ck_assert_int_eq(fb_field_write(d.s, nf, nv, sizeof nv), 0);
+  ck_assert_int_eq(fb_field_read(d.s, nf, nb, sizeof nb), 0);
+  ck_assert_mem_eq(nv, nb, sizeof nv);
+  cells_agree(&d, nf, sh2, 2, nb);
+  ck_assert_int_eq(fb_field_active(d.s, m, mact, sizeof mact), 0);
+  for (int e = 0; e < 96; e++) ck_assert_int_eq(mact[e], 1);
+  ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0); /* m's cells kept */
+  for (int e = 0; e < 96; e++) ck_assert(mb[e] == (e == 5 * 8 + 6 ? 2.5f : 0.0f));
   for (int e = 0; e < 96; e++) mv[e] = (float)(e + 1);
   ck_assert_int_eq(fb_field_write(d.s, m, mv, sizeof mv), 0);
   ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0);
   ck_assert_mem_eq(mv, mb, sizeof mv);
+  cells_agree(&d, m, sh2, 2, mb);
+  /* cells deactivated in allocated blocks read 0 and inactive, and the
+   * rest of their rows keep their values */
+  ck_assert_int_eq(eng(&d, "thin_m", NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_field_read(d.s, m, mb, sizeof mb), 0);
+  ck_assert_int_eq(fb_field_active(d.s, m, mact, sizeof mact), 0);
+  for (int e = 0; e < 96; e++) {
+    int gone = (e / 8 + e % 8) % 3 == 0;
+    ck_assert(mb[e] == (gone ? 0.0f : mv[e]));
+    ck_assert_int_eq(mact[e], !gone);
+  }
   cells_agree(&d, m, sh2, 2, mb);
   free(wv);
   free(av);
