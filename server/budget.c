@@ -176,23 +176,26 @@ uint64_t fbd_budget_kernel_cap(fbd_server *srv, fbd_session *s) {
 }
 
 /* A worker's own report, trusted no further than what its process could
- * hold (its RLIMIT_AS: the session's memory limit plus the overhead): a
+ * hold (its RLIMIT_AS: the session's memory limit plus the overhead; the
+ * whole budget for a session without a limit): a
  * compromised worker can neither wrap the budget's sums nor claim more of
  * the budget than it could really use, which would refuse other tenants. */
-static uint64_t reported(const fbd_session *s, uint64_t v) {
+uint64_t fbd_budget_reported(const fbd_session *s, uint64_t v) {
   uint64_t lim = s->ecfg.memory_limit, cap = lim + s->srv->cfg->worker_overhead_bytes;
-  if (!lim || cap < lim)
-    cap = UINT64_MAX / 1024; /* unlimited, or the sum wrapped:
-                                                     still no wrap over all sessions */
+  if (!lim || cap < lim) /* unlimited, or the sum wrapped: the whole budget at most,
+                             and still no wrap of the sum over all sessions */
+    cap = s->srv->memory_budget && s->srv->memory_budget < UINT64_MAX / 1024
+              ? s->srv->memory_budget
+              : UINT64_MAX / 1024;
   return v < cap ? v : cap;
 }
 
 void fbd_budget_note(fbd_session *s) {
   fbd_watch *w = s->watch;
   if (!w) return;
-  atomic_store(&s->pending_bytes, reported(s, atomic_load(&w->pending_bytes)));
-  atomic_store(&s->code_bytes, reported(s, atomic_load(&w->code_bytes)));
-  atomic_store(&s->kernel_bytes, reported(s, atomic_load(&w->kernel_bytes)));
+  atomic_store(&s->pending_bytes, fbd_budget_reported(s, atomic_load(&w->pending_bytes)));
+  atomic_store(&s->code_bytes, fbd_budget_reported(s, atomic_load(&w->code_bytes)));
+  atomic_store(&s->kernel_bytes, fbd_budget_reported(s, atomic_load(&w->kernel_bytes)));
 }
 
 void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats *r) {

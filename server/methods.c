@@ -5,6 +5,7 @@
  * post the rest to the session's worker. Also the streaming of field
  * contents in both directions: WriteField gathers chunks into one buffer,
  * ReadField sends a buffer out in chunks straight from where it lies. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,15 @@ uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
 
 static int stage_map(size_t n, int shared, fbd_buf *out);
 
+/* A memfd shared with a worker keeps its size for good: a compromised
+ * worker could otherwise shrink it under the broker's mapping (the
+ * broker's next copy into it would fault: SIGBUS, every tenant's server
+ * gone) or grow it past its memory limit with write, which no budget or
+ * rlimit counts. */
+int fbd_memfd_seal(int fd) {
+  return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ? FB_EINTERNAL : 0;
+}
+
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
   int rc = stage_map(n, shared, out);
   if (!rc) atomic_fetch_add(&staged, n);
@@ -37,10 +47,10 @@ int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
 static int stage_map(size_t n, int shared, fbd_buf *out) {
   *out = (fbd_buf){NULL, n, -1};
   if (shared) { /* a memfd the session's worker process maps too */
-    int fd = memfd_create("fusebox-field", MFD_CLOEXEC);
+    int fd = memfd_create("fusebox-field", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return FB_ENOMEM;
     void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)(n ? n : 1)) == 0)
+    if (ftruncate(fd, (off_t)(n ? n : 1)) == 0 && fbd_memfd_seal(fd) == 0)
       p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       close(fd);

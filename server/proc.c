@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -301,6 +302,40 @@ static void proc_reap(fbd_proc *p, int kill_it, char *why, size_t n) {
   }
 }
 
+/* Reap a worker that stopped answering (end of file or an error on its
+ * socket). An honest worker is then already exiting: it closes its socket
+ * only by ending. A compromised one may have closed the socket and gone on
+ * living; a blocking waitpid would hang the session thread for good (no
+ * Close, reaper or shutdown could end it). So wait at most LOST_GRACE_MS
+ * for an exit of its own, then kill it; why says which it was. */
+#define LOST_GRACE_MS 1000
+static void proc_reap_lost(fbd_proc *p, char *why, size_t n) {
+  if (p->reaped) return;
+  for (int waited = 0;; waited += 10) {
+    int st = 0;
+    pid_t r = waitpid(p->pid, &st, WNOHANG);
+    if (r == p->pid) {
+      p->reaped = 1;
+      describe_exit(st, why, n);
+      return;
+    }
+    if (r < 0 && errno != EINTR) break; /* not our child any more: let proc_reap say it */
+    if (waited >= LOST_GRACE_MS) {
+      proc_reap(p, 1, NULL, 0);
+      fb_errf(why, n,
+              "the session worker closed its socket to the server without exiting: "
+              "it was stopped");
+      return;
+    }
+    struct pollfd pf = {p->pidfd, POLLIN, 0}; /* readable once it exits */
+    if (p->pidfd < 0 || poll(&pf, 1, 10) < 0) {
+      struct timespec d = {0, 10 * 1000 * 1000};
+      nanosleep(&d, NULL);
+    }
+  }
+  proc_reap(p, 0, why, n);
+}
+
 void fbd_proc_signal(fbd_proc *p, int sig) {
 #ifdef SYS_pidfd_send_signal
   if (p && p->pidfd >= 0) syscall(SYS_pidfd_send_signal, p->pidfd, sig, NULL, 0);
@@ -322,7 +357,7 @@ void fbd_proc_free(fbd_proc *p) {
 static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
 
 /* What posix_spawn does for a worker (sock on 3, the watch page's memfd
- * on 4, then exec), in a new PID namespace: posix_spawn has no way to ask
+ * on 4, a session of its own, then exec), in a new PID namespace: posix_spawn has no way to ask
  * for one, and unshare(CLONE_NEWPID) would move the calling broker
  * thread's later children instead. As posix_spawn does it: clone with
  * CLONE_VM | CLONE_VFORK on a stack of its own (a fork-like clone would
@@ -366,7 +401,7 @@ __attribute__((no_sanitize("address", "undefined"))) static int spawn_child(void
   }
   int wfd = a->wfd;
   if (wfd == 3) wfd = (int)syscall(SYS_fcntl, wfd, F_DUPFD_CLOEXEC, 5); /* sock goes there */
-  if (wfd >= 0 && !move_fd(a->sock, 3) && !move_fd(wfd, 4) &&
+  if (wfd >= 0 && !move_fd(a->sock, 3) && !move_fd(wfd, 4) && syscall(SYS_setsid) >= 0 &&
       syscall(SYS_rt_sigprocmask, SIG_SETMASK, &a->mask, NULL, sizeof(uint64_t)) == 0)
     syscall(SYS_execve, a->exe, a->argv, environ);
   a->err = errno ? errno : EIO; /* the broker's errno too: it is waiting, and reads this */
@@ -406,7 +441,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   p->pidfd = -1;
   p->reaped = 1;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) ||
-      (wfd = memfd_create("fusebox-watch", MFD_CLOEXEC)) < 0 || ftruncate(wfd, WATCH_BYTES) ||
+      (wfd = memfd_create("fusebox-watch", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0 ||
+      ftruncate(wfd, WATCH_BYTES) || fbd_memfd_seal(wfd) ||
       (p->watch = mmap(NULL, WATCH_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, wfd, 0)) ==
           MAP_FAILED) {
     fb_errf(err, errlen, "cannot set up a session worker: %s", strerror(errno));
@@ -462,7 +498,14 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], 3); /* dup2 clears close-on-exec */
     posix_spawn_file_actions_adddup2(&fa, wfd, 4);
-    rc = posix_spawn(&p->pid, srv->exe, &fa, NULL, argv, environ);
+    /* a session of its own: not in the broker's process group, so no
+       signal to that group (a terminal's ^C, or one a worker contrives)
+       reaches the other workers with it */
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSID);
+    rc = posix_spawn(&p->pid, srv->exe, &fa, &at, argv, environ);
+    posix_spawnattr_destroy(&at);
     posix_spawn_file_actions_destroy(&fa);
   }
   if (rc) {
@@ -882,7 +925,7 @@ static void worker_stalled(fbd_session *s, fbd_reply *r, const char *what) {
 /* The worker stopped answering: learn why, and say it. */
 static void worker_lost(fbd_session *s, fbd_reply *r) {
   char why[256];
-  proc_reap(s->proc, 0, why, sizeof why);
+  proc_reap_lost(s->proc, why, sizeof why);
   s->end_reason = FBD_END_CRASHED;
   fb_errf(s->end_why, sizeof s->end_why, "%s", why);
   fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s", s->tag, why);
@@ -1375,7 +1418,7 @@ static int reply(int fd, const fbd_reply *r) {
 static const char *const lock_allowed[] = {
     /* the socket to the broker, the log (stderr), the staging buffers */
     "read", "readv", "recvmsg", "recvfrom", "write", "writev", "sendmsg", "sendto", "poll", "ppoll",
-    "close", "fstat", "newfstatat", "statx", "lseek", "fcntl",
+    "close", "fstat", "newfstatat", "statx", "lseek", /* fcntl: some commands, below */
     /* memory: the allocators and the JIT's code pages */
     "mmap", "munmap", "mprotect", "madvise", "mremap", "brk", "msync", "mincore",
     /* threads: the engine's pools, LLVM's compile threads */
@@ -1530,6 +1573,19 @@ static int lock_allow_args(scmp_filter_ctx ctx, pid_t self) {
   if (!rc)
     rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(tgkill), 1,
                           SCMP_A0(SCMP_CMP_EQ, (scmp_datum_t)self));
+  /* fcntl: descriptor flags, status flags without O_ASYNC, duplicates. Not
+     F_SETOWN, F_SETSIG and O_ASYNC: with them the kernel would send a
+     signal of the worker's choosing (SIGKILL) to a process of its choosing
+     (the broker, another worker of the same uid) whenever its socket
+     became readable, past the rule that it signals only itself. */
+  static const int fcntl_ok[] = {F_GETFD, F_SETFD, F_GETFL, F_DUPFD, F_DUPFD_CLOEXEC, F_GET_SEALS};
+  for (size_t i = 0; !rc && i < sizeof fcntl_ok / sizeof *fcntl_ok; i++)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(fcntl), 1,
+                          SCMP_A1(SCMP_CMP_EQ, (scmp_datum_t)fcntl_ok[i]));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(fcntl), 2,
+                          SCMP_A1(SCMP_CMP_EQ, (scmp_datum_t)F_SETFL),
+                          SCMP_A2(SCMP_CMP_MASKED_EQ, (scmp_datum_t)O_ASYNC, 0));
   /* thread names only: not PR_SET_DUMPABLE, PR_SET_SECCOMP or the like */
   if (!rc)
     rc = seccomp_rule_add(ctx, SCMP_ACT_ALLOW, SCMP_SYS(prctl), 1,
@@ -1552,6 +1608,41 @@ static int lock_deny_args(scmp_filter_ctx ctx, pid_t self) {
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tgkill), 1,
                           SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
   if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(tkill), 0);
+  /* queued signals: to itself only, as kill */
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(rt_sigqueueinfo), 1,
+                          SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(rt_tgsigqueueinfo), 1,
+                          SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  /* signals the kernel sends on its behalf: no owner for SIGIO (F_SETOWN,
+     FIOSETOWN, SIOCSPGRP), no signal of its choosing for it (F_SETSIG), no
+     O_ASYNC, no lease or directory-notify signals. The kernel reads these
+     commands as 32-bit, so the rules look at the low 32 bits only. */
+  static const int fcntl_no[] = {F_SETOWN, F_SETOWN_EX, F_SETSIG, F_SETLEASE, F_NOTIFY};
+  for (size_t i = 0; !rc && i < sizeof fcntl_no / sizeof *fcntl_no; i++)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(fcntl), 1,
+                          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, (scmp_datum_t)fcntl_no[i]));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(fcntl), 2,
+                          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, (scmp_datum_t)F_SETFL),
+                          SCMP_A2(SCMP_CMP_MASKED_EQ, (scmp_datum_t)O_ASYNC, (scmp_datum_t)O_ASYNC));
+  /* ioctl: the same SIGIO owner and O_ASYNC, and no typing into the
+     broker's terminal (its stderr may be one) */
+  static const unsigned long ioctl_no[] = {FIOSETOWN, SIOCSPGRP, FIOASYNC, TIOCSTI, TIOCSPGRP};
+  for (size_t i = 0; !rc && i < sizeof ioctl_no / sizeof *ioctl_no; i++)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffu, (scmp_datum_t)ioctl_no[i]));
+  /* resource limits were set before lock-down: none may change after it,
+     and no other process's may be read (a worker of fuseboxd's uid could
+     otherwise shrink the broker's open-file limit) */
+  if (!rc) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(setrlimit), 0);
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prlimit64), 1,
+                          SCMP_A2(SCMP_CMP_NE, 0));
+  if (!rc)
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(prlimit64), 1,
+                          SCMP_A0(SCMP_CMP_GT, (scmp_datum_t)self));
   /* clone may make threads, not processes */
   if (!rc)
     rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,

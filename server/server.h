@@ -314,6 +314,7 @@ typedef struct fbd_buf {
 } fbd_buf;
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
+int fbd_memfd_seal(int fd); /* size sealed for good (shrink, grow, seal): FB_EINTERNAL */
 uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
 void fbd_stage_free(fbd_buf *b); /* and clears it */
 
@@ -621,6 +622,8 @@ uint64_t fbd_budget_pending_cap(fbd_server *srv, fbd_session *s);
  * (what they hold now plus what the budget has free). */
 uint64_t fbd_budget_kernel_cap(fbd_server *srv, fbd_session *s);
 void fbd_budget_note(fbd_session *s); /* after a job: take the watch's figures */
+/* a figure a worker reported, capped at what its process could hold */
+uint64_t fbd_budget_reported(const fbd_session *s, uint64_t v);
 void fbd_fmt_bytes(char *out, size_t n, uint64_t v); /* "2.0 GiB", "512 MiB", "0 B" */
 /* The code cache bound: code_cache_bytes, or budget / 16 at most 256M. */
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget);

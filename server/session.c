@@ -375,7 +375,12 @@ static void tenant_counts(fbd_session *s, const fb_counters *c) {
 #undef FBD_GREW
 }
 
-static void job_done(fbd_session *s, const fb_counters *c) {
+static void job_done(fbd_session *s, const fb_counters *reply) {
+  /* under process isolation the counters are the worker's word: its
+     device memory is trusted no further than its process could hold, or
+     one worker could fill (or wrap) the server's memory budget */
+  fb_counters cc = *reply, *c = &cc;
+  c->device_bytes = fbd_budget_reported(s, c->device_bytes);
   if (s->created) account(s, c->device_bytes ? c->device_bytes : s->mem_bytes);
   if (s->created && !s->dead) fbd_budget_note(s);
   if (s->created) tenant_counts(s, c);
