@@ -62,6 +62,33 @@ typedef struct fb_lang_kernel {
 int fb_program_parse(const char *filename, const char *src, fb_program **out, fb_diags *diags);
 void fb_program_free(fb_program *p);
 
+/* What one program may cost its host: a source is hostile input where a
+ * server parses it for a tenant, and inlining can make a small source
+ * costly (a func that calls the previous one twice, 14 deep, is 2^14
+ * copies of the first one's body).
+ *  - max_work: the expressions and statements that all lowerings of the
+ *    program may visit together, each inlined copy of a func counted
+ *    (checking each func and kernel at parse, and every instantiation after
+ *    it); 0 means FB_LANG_PROGRAM_WORK. The examples visit 50 to 2000.
+ *    Each kernel is also held to 100000 IR statements on its own.
+ *  - stop: polled before each func is inlined, before each kernel or func
+ *    is checked and every 1024 units of work; a non-NULL result ends the
+ *    work at once with an error quoting it (a deadline passed, the client
+ *    went away). NULL: never.
+ * Past either, parsing or instantiation fails with FB_EQUOTA (or
+ * FB_ECANCELLED for stop) and a diagnostic saying which. */
+#define FB_LANG_PROGRAM_WORK 2000000L
+typedef struct fb_lang_budget {
+  long max_work;
+  const char *(*stop)(void *arg);
+  void *arg;
+} fb_lang_budget;
+
+/* fb_program_parse within a budget (NULL: the default one), which the
+ * program keeps for its instantiations. */
+int fb_program_parse_within(const char *filename, const char *src, const fb_lang_budget *budget,
+                            fb_program **out, fb_diags *diags);
+
 const char *fb_program_filename(const fb_program *p);
 const char *fb_program_source(const fb_program *p);
 const fb_layout *fb_program_layout(const fb_program *p);

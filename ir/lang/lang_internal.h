@@ -241,7 +241,23 @@ struct fb_program {
   int nkernels, kcap;
   linst *insts;
   int ninsts, icap;
+  /* the budget (fusebox/lang.h): expressions and statements lowered so far
+   * by every lowering, each inlined copy counted, and why the work was
+   * ended (set once: everything after it returns at once) */
+  fb_lang_budget budget;
+  long work;
+  int spent; /* 0, FB_EQUOTA or FB_ECANCELLED */
 };
+
+/* Whether lowering may go on: 0, or -1 after the one diagnostic saying why
+ * the program's budget is spent (at line:col when line > 0). */
+int lang_budget_check(fb_program *p, fb_diags *d, int line, int col);
+/* One more expression or statement lowered: 0, or -1 when the budget is
+ * spent (checked every 1024 units, and at once after it was spent). */
+static inline int lang_budget_step(fb_program *p, fb_diags *d, int line, int col) {
+  if (p->spent) return -1;
+  return (++p->work & 1023) ? 0 : lang_budget_check(p, d, line, col);
+}
 
 /* Build the layout and the field / SNode tables from the D_LAYOUT decls. */
 int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d);

@@ -841,6 +841,11 @@ static int ternary(lower *L, node *e, lval *out) {
 
 int lang_eval(lower *L, node *e, lval *out) {
   lref r;
+  if (lang_budget_step(L->p, L->d, e->line, e->col)) {
+    lv_unknown(out);
+    L->errors++;
+    return -1;
+  }
   switch (e->kind) {
   case E_INT:
     memset(out, 0, sizeof *out);

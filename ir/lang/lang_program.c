@@ -309,13 +309,34 @@ static int add_instance(fb_program *p, int ki, fb_kernel *k) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- budget */
+
+int lang_budget_check(fb_program *p, fb_diags *d, int line, int col) {
+  if (p->spent) return -1;
+  const char *why = p->budget.stop ? p->budget.stop(p->budget.arg) : NULL;
+  if (why) {
+    p->spent = FB_ECANCELLED;
+    fb_diags_add(d, -1, line, col, "the program was not finished: %s", why);
+    return -1;
+  }
+  if (p->work > p->budget.max_work) {
+    p->spent = FB_EQUOTA;
+    fb_diags_add(d, -1, line, col,
+                 "program too large: checking its funcs and kernels, with every func copied "
+                 "into each of its calls, passes %ld statements and expressions in all",
+                 p->budget.max_work);
+    return -1;
+  }
+  return 0;
+}
+
 /* Check every func and kernel; kernels without field params are kept. */
 static int check_all(fb_program *p, fb_diags *d) {
-  for (int i = 0; i < p->nfuncs; i++)
+  for (int i = 0; i < p->nfuncs && !lang_budget_check(p, d, 0, 0); i++)
     if (lang_check_func(p, i, d) == FB_ENOMEM) return FB_ENOMEM;
   lbind unknown[LANG_MAX_KPARAMS];
   memset(unknown, 0, sizeof unknown);
-  for (int i = 0; i < p->nkernels; i++) {
+  for (int i = 0; i < p->nkernels && !lang_budget_check(p, d, 0, 0); i++) {
     if (p->kernels[i].pub.nfield_params > LANG_MAX_KPARAMS) continue; /* reported */
     int keep = p->kernels[i].pub.nfield_params == 0;
     fb_kernel *k = NULL;
@@ -330,10 +351,17 @@ static int check_all(fb_program *p, fb_diags *d) {
 }
 
 int fb_program_parse(const char *filename, const char *src, fb_program **out, fb_diags *diags) {
+  return fb_program_parse_within(filename, src, NULL, out, diags);
+}
+
+int fb_program_parse_within(const char *filename, const char *src, const fb_lang_budget *budget,
+                            fb_program **out, fb_diags *diags) {
   if (out) *out = NULL;
   if (!src || !out) return FB_EINVAL;
   fb_program *p = calloc(1, sizeof *p);
   if (!p) return FB_ENOMEM;
+  if (budget) p->budget = *budget;
+  if (p->budget.max_work <= 0) p->budget.max_work = FB_LANG_PROGRAM_WORK;
   p->filename = fb__strdup(filename ? filename : "<input>");
   p->src = fb__strdup(src);
   fb_diags D;
@@ -351,7 +379,7 @@ int fb_program_parse(const char *filename, const char *src, fb_program **out, fb
   if (!rc) rc = register_decls(p, decls, ndecls, &D);
   if (!rc && !layout_errors) rc = check_all(p, &D);
   sort_unique(&D);
-  if (rc == 0 && D.n) rc = FB_EPARSE;
+  if (rc == 0 && D.n) rc = p->spent ? p->spent : FB_EPARSE;
   move_diags(&D, diags, NULL);
   if (rc) {
     fb_program_free(p);
@@ -473,10 +501,14 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
       return 0;
     }
   free(name);
-  rc = lang_lower_kernel(p, ki, binds, &k, &D);
+  rc = lang_budget_check(p, &D, 0, 0) ? p->spent : lang_lower_kernel(p, ki, binds, &k, &D);
   if (rc == FB_ENOMEM) {
     fb_diags_free(&D);
     return rc;
+  }
+  if (!k && p->spent) {
+    move_diags(&D, diags, NULL);
+    return p->spent;
   }
   if (!k) {
     char prefix[256];

@@ -454,6 +454,10 @@ static void return_stmt(lower *L, node *s, int top) {
 }
 
 static void lower_stmt(lower *L, node *s) {
+  if (lang_budget_step(L->p, L->d, s->line, s->col)) {
+    L->errors++;
+    return;
+  }
   int top = L->top;
   L->top = 0;
   switch (s->kind) {
@@ -609,6 +613,10 @@ int lang_inline(lower *L, int fi, node *call, lval *out) {
           d->name);
       return -1;
     }
+  if (lang_budget_check(L->p, L->d, call->line, call->col)) {
+    L->errors++;
+    return -1;
+  }
   if (L->k->nstmts > LANG_MAX_STMTS || L->p->funcs[fi].too_large) {
     ERR(L, call, "kernel too large: inlining '%s' would pass %d IR statements", d->name,
         LANG_MAX_STMTS);
