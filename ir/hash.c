@@ -167,7 +167,7 @@ static int str_equal(const char *a, const char *b) {
 }
 
 /* The fields fb_layout_hash covers, compared exactly. */
-static int layout_equal(const fb_layout *a, const fb_layout *b) {
+int fb_layout_equal(const fb_layout *a, const fb_layout *b) {
   if (a == b) return 1;
   if (!a || !b || a->nnodes != b->nnodes) return 0;
   for (int i = 0; i < a->nnodes; i++) {
@@ -194,7 +194,7 @@ static int collect(sink *o, const fb_kernel *k) {
 
 int fb_kernel_equal(const fb_kernel *a, const fb_kernel *b) {
   if (a == b) return 1;
-  if (!a || !b || !layout_equal(a->layout, b->layout)) return 0;
+  if (!a || !b || !fb_layout_equal(a->layout, b->layout)) return 0;
   sink x, y;
   int rx = collect(&x, a), ry = collect(&y, b);
   int eq =

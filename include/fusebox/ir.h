@@ -110,6 +110,9 @@ int fb_layout_path(const fb_layout *l, int node, int *out, int max);
  * containers on the path dense): used by the host read/write paths. */
 uint64_t fb_layout_dense_offset(const fb_layout *l, int place, const int64_t *idx);
 uint64_t fb_layout_hash(const fb_layout *l);
+/* Whether two layouts are the same tree: kinds, parents, axes, sizes,
+ * chunks, types and names of every SNode, in order (what the hash covers). */
+int fb_layout_equal(const fb_layout *a, const fb_layout *b);
 
 /* ---------------------------------------------------------------- kernels */
 
