@@ -623,7 +623,9 @@ static int admit(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *e
   }
   if (!budget) return 0;
   uint64_t left = used < budget ? budget - used : 0;
-  uint64_t need = l->root_bytes ? l->root_bytes : 1;
+  /* a source's layout is not known yet: its dense storage is checked
+     against the session's memory limit when it is (session.c) */
+  uint64_t need = l && l->root_bytes ? l->root_bytes : 1;
   /* a limit the client asked for must fit; the server's default is cut below */
   int asked = ec->memory_limit && ec->memory_limit != srv->cfg->session_memory_limit;
   if (asked && ec->memory_limit > need) need = ec->memory_limit;

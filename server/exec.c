@@ -158,19 +158,48 @@ static int register_one(fbd_exec *x, const Fusebox__V1__Kernel *m, size_t i, siz
   return 0;
 }
 
+/* How long a parse may take here: a little less than compile_timeout_s,
+ * so that a parse past it ends with its own error (and the session lives
+ * on) before the broker stops the whole job. */
+static double parse_time(const fbd_exec *x) {
+  double t = x->parse_timeout_s;
+  return t <= 0 ? 0 : t > 2 ? t - 1 : t / 2;
+}
+
 static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest *m, fbd_reply *r) {
-  int32_t *ids = calloc(m->n_kernels + 1, sizeof *ids);
-  if (!ids) {
-    reply_finish(r, FB_ENOMEM, "out of memory");
+  char err[FBD_ERRLEN];
+  /* a source's kernels, parsed here: in the tenant's worker (or session
+   * thread), within the parse's budget */
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__Kernel **ks;
+  size_t n;
+  fbd_parse_limits pl;
+  fbd_parse_limits_init(&pl, parse_time(x), x->watch ? &x->watch->cancel : NULL, x->gone);
+  int rc = fbd_source_expand(m, x->layout, &pl, &a, &ks, &n, err, sizeof err);
+  int64_t left = x->watch ? atomic_load(&x->watch->kernels_left) : -1;
+  if (!rc && left >= 0 && n > (uint64_t)left) {
+    size_t first = (size_t)left;
+    rc = FB_EQUOTA;
+    fb_errf(err, sizeof err,
+            "RegisterKernels: kernel '%s' would be past the kernels the session may still "
+            "register (%lld more; max_kernels_per_session; registering a name again adds a "
+            "kernel): this request adds %zu",
+            first < n && ks[first]->name ? ks[first]->name : "?", (long long)left, n);
+  }
+  int32_t *ids = rc ? NULL : calloc(n + 1, sizeof *ids);
+  if (!rc && !ids) rc = FB_ENOMEM, fb_errf(err, sizeof err, "out of memory");
+  if (rc) {
+    reply_finish(r, rc, "%s", err);
+    fbp_arena_free(&a);
     return;
   }
-  char err[FBD_ERRLEN];
   /* the memory budget's room for the session's kernels (budget.c) */
   if (x->watch) fb_session_set_kernel_cap(x->es, atomic_load(&x->watch->kernel_cap));
   int before = x->nkernels;
-  for (size_t i = 0; i < m->n_kernels; i++) {
+  for (size_t i = 0; i < n; i++) {
     int id = -1;
-    int rc = register_one(x, m->kernels[i], i, m->n_kernels, &id, err, sizeof err);
+    rc = register_one(x, ks[i], i, n, &id, err, sizeof err);
     if (rc) {
       if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: kernel refused: %s", x->tag, err);
       /* a refused request registers nothing: its client never learns the
@@ -179,19 +208,49 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
       x->nkernels = before;
       reply_finish(r, rc, "%s", err);
       free(ids);
+      fbp_arena_free(&a);
       return;
     }
     x->nkernels = id + 1;
     ids[i] = id;
     if (x->log)
       fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d", x->tag,
-               m->kernels[i]->name, id);
+               ks[i]->name, id);
   }
   Fusebox__V1__RegisterKernelsResponse resp = FUSEBOX__V1__REGISTER_KERNELS_RESPONSE__INIT;
-  resp.n_kernel_ids = m->n_kernels;
+  resp.n_kernel_ids = n;
   resp.kernel_ids = ids;
   if (!reply_msg(r, &resp.base)) reply_finish(r, FB_OK, NULL);
+  r->registered = (uint32_t)n;
   free(ids);
+  fbp_arena_free(&a);
+}
+
+void fbd_exec_describe(fbd_exec *x, const uint8_t *bytes, size_t n, fbd_reply *r) {
+  fbd_parse_limits pl;
+  fbd_parse_limits_init(&pl, parse_time(x), x->watch ? &x->watch->cancel : NULL, x->gone);
+  fbd_source_describe(bytes, n, &pl, r);
+}
+
+int fbd_exec_parse(fbd_exec *x, const uint8_t *bytes, size_t n, fb_layout **out, char *err,
+                   size_t errlen) {
+  *out = NULL;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CreateSessionRequest *m =
+      (Fusebox__V1__CreateSessionRequest *)protobuf_c_message_unpack(
+          &fusebox__v1__create_session_request__descriptor, &a.pb, n, bytes);
+  int rc = FB_EINVAL;
+  if (!m) {
+    fb_errf(err, errlen, "malformed request: %zu bytes that are not a valid "
+            "fusebox.v1.CreateSessionRequest", n);
+  } else {
+    fbd_parse_limits pl;
+    fbd_parse_limits_init(&pl, parse_time(x), x->watch ? &x->watch->cancel : NULL, x->gone);
+    rc = fbd_source_layout(m, &pl, out, err, errlen);
+  }
+  fbp_arena_free(&a);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- launches */

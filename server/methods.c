@@ -196,14 +196,6 @@ static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessag
   return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL, 1);
 }
 
-/* A worker process runs what the job's bytes say: after the server has
- * changed the decoded request (a source's kernels appended to it), those
- * bytes are the changed request's. */
-static void repack(fbd_job *j, const ProtobufCMessage *m) {
-  grpc_slice_unref(j->raw);
-  j->raw = fbp_slice_pack(m);
-}
-
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
   if (bb) return 0;
   if (!c->recv_failed) {
@@ -466,16 +458,19 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fb_layout *l = NULL;
   fbd_session *s = NULL;
   grpc_slice raw = grpc_empty_slice();
-  Fusebox__V1__CreateSessionRequest *m =
-      decode_keep(c, bb, &fusebox__v1__create_session_request__descriptor, &a,
-                  fbd_isolated(srv->cfg) ? &raw : NULL, 0);
+  /* the bytes go on to the worker process, or (a source) to the session's
+     thread, which parses it: never here, on a completion-queue thread */
+  Fusebox__V1__CreateSessionRequest *m = decode_keep(
+      c, bb, &fusebox__v1__create_session_request__descriptor, &a, &raw, 0);
   int rc = m ? 0 : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
     rc = FB_EIO;
+  } else if (m && m->source && m->layout && m->layout->n_nodes) {
+    fbd_count_bad(srv);
+    fbd_call_finish(c, rc = FB_EINVAL, "CreateSession: give a layout or a source, not both");
   } else if (m && ((rc = check_options(srv, m->options, &ec, err, sizeof err)) ||
-                   (rc = m->source ? fbd_source_layout(m, &l, err, sizeof err)
-                                   : fbp_layout_from_pb(m->layout, &l, err, sizeof err)))) {
+                   (!m->source && (rc = fbp_layout_from_pb(m->layout, &l, err, sizeof err))))) {
     fbd_count_bad(srv);
     fbd_call_finish(c, rc, "%s", err);
   } else if (m && (rc = fbd_auth_session_new(c, l, &ec, &s, err, sizeof err))) {
@@ -554,14 +549,50 @@ static void register_recv(fbd_call *c, grpc_byte_buffer *bb) {
   Fusebox__V1__RegisterKernelsRequest *m =
       decode_job(c, bb, &fusebox__v1__register_kernels_request__descriptor, j);
   fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
-  j->msg = m;
-  if (s && fbd_source_kernels(c, s, m, &j->arena)) fbd_session_unref(s), s = NULL;
-  if (s && m->source && !GRPC_SLICE_IS_EMPTY(j->raw)) repack(j, &m->base);
+  j->msg = m; /* a source in it is parsed by the session's worker (exec.c) */
   if (s) {
     post(c, s, j); /* frees j when it fails */
     j = NULL;
   }
   fbd_session_unref(s);
+  fbd_job_free(j);
+}
+
+/* DescribeSource: a session of its own whose one job parses the source in
+ * a sandbox (the worker process; the session thread under thread
+ * isolation) and answers; it counts against the tenant's sessions while it
+ * runs, takes one of its compile slots, and ends with its answer. */
+static void describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbd_server *srv = c->srv;
+  fbd_job *j = fbd_job_new(FBD_J_DESCRIBE, c);
+  if (!j) {
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    return;
+  }
+  Fusebox__V1__Source *m =
+      decode_keep(c, bb, &fusebox__v1__source__descriptor, &j->arena, &j->raw, 1);
+  char err[FBD_ERRLEN];
+  fb_session_config ec;
+  fbd_session *s = NULL;
+  int rc = m ? check_options(srv, NULL, &ec, err, sizeof err) : FB_EINVAL;
+  if (m && atomic_load(&srv->stopping)) {
+    fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
+    rc = FB_EIO;
+  } else if (m && !rc && (rc = fbd_auth_session_new(c, NULL, &ec, &s, err, sizeof err))) {
+    fbd_call_finish(c, rc, "DescribeSource: %s", err);
+  }
+  if (!rc) {
+    s->describe = 1;
+    if (fbd_session_post(s, j)) { /* the session ends at once */
+      fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+      if (end && fbd_session_post(s, end)) fbd_job_free(end);
+      fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    } else {
+      j = NULL;
+    }
+    fbd_session_unref(s);
+  }
   fbd_job_free(j);
 }
 
@@ -874,7 +905,7 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/DescribeSource", NULL, fbd_describe_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/DescribeSource", NULL, describe_recv, NULL, NULL, NULL},
 };
 
 const fbd_method *fbd_method_find(const char *path, size_t n) {

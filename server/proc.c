@@ -128,6 +128,7 @@ typedef struct wire_rep {
   uint32_t magic;
   int32_t code;
   uint32_t finish, fatal;
+  uint32_t registered, pad; /* RegisterKernels: how many it registered */
   uint64_t msglen, pblen;
   fb_counters counters;
 } wire_rep;
@@ -449,7 +450,7 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     if (p->watch == MAP_FAILED) p->watch = NULL;
     goto fail;
   }
-  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32], ubase[24], ucount[24];
+  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32], ubase[24], ucount[24], cto[32];
   static const char *const levels[] = {"error", "warn", "info", "debug"};
   arg_int(cpu, sizeof cpu, cfg->cpu_threads);
   arg_int(comp, sizeof comp, cfg->compile_threads);
@@ -459,6 +460,7 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   arg_int(ccb, sizeof ccb, (long long)srv->code_cache_bytes);
   arg_int(ubase, sizeof ubase, (long long)cfg->worker_uid_base);
   arg_int(ucount, sizeof ucount, cfg->worker_uid_count);
+  snprintf(cto, sizeof cto, "%.17g", cfg->compile_timeout_s); /* a source's parse (exec.c) */
   int per_tenant = cfg->worker_uid_base != 0;
   char *argv[] = {srv->exe,
                   "--session-worker",
@@ -477,6 +479,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   stm,
                   "--code-cache-bytes",
                   ccb,
+                  "--compile-timeout-s",
+                  cto,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
                   per_tenant           ? "--worker-uid-base"
@@ -949,16 +953,19 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
   }
   double held = fbd_sched_held(s); /* paused by the scheduler: not the job's time */
   t0 += held;
-  if (kind == FBD_J_REGISTER && cfg->compile_timeout_s > 0 && now - t0 > cfg->compile_timeout_s) {
+  int parse = kind == FBD_J_PARSE || kind == FBD_J_DESCRIBE;
+  if ((kind == FBD_J_REGISTER || parse) && cfg->compile_timeout_s > 0 &&
+      now - t0 > cfg->compile_timeout_s) {
     *code = FB_ETIMEOUT;
-    snprintf(buf, n, "compiling the kernels ran past compile_timeout_s (%g s)",
-             cfg->compile_timeout_s);
+    snprintf(buf, n, "%s ran past compile_timeout_s (%g s)",
+             parse ? "parsing the source" : "compiling the kernels", cfg->compile_timeout_s);
     return buf;
   }
   uint64_t st = atomic_load_explicit(&s->watch->started_ns, memory_order_acquire);
   double since = st ? now - (double)st * 1e-9 - held : 0;
   if (since > now - t0) since = now - t0; /* the worker's clock is not trusted past the job */
-  if (kind != FBD_J_REGISTER && cfg->kernel_timeout_s > 0 && st && since > cfg->kernel_timeout_s) {
+  if (kind != FBD_J_REGISTER && !parse && cfg->kernel_timeout_s > 0 && st &&
+      since > cfg->kernel_timeout_s) {
     char kernel[64], task[64];
     memcpy(kernel, s->watch->kernel, sizeof kernel);
     memcpy(task, s->watch->task, sizeof task);
@@ -1056,10 +1063,14 @@ static void pb_bounds(void) {
 
 static uint64_t reply_cap(const fbd_proc *p, const fbd_job *j) {
   switch (j->kind) {
-  case FBD_J_REGISTER: {
+  case FBD_J_REGISTER: { /* a source adds at most FBD_SOURCE_INSTANCES instances */
     const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
-    return 16 + 10 * (uint64_t)(m ? m->n_kernels : 0);
+    uint64_t n = m ? m->n_kernels + (m->source ? FBD_SOURCE_INSTANCES : 0) : 0;
+    return 16 + 10 * n;
   }
+  case FBD_J_PARSE: /* a layout: at most FB_LAYOUT_MAX_NODES SNodes named in the source */
+  case FBD_J_DESCRIBE: /* its fields and kernels, named in the source */
+    return FBD_SOURCE_REPLY_MAX;
   case FBD_J_BATCH: {
     const Fusebox__V1__SessionRequest *m = j->msg;
     if (!m || !m->sync) return 0;
@@ -1080,6 +1091,8 @@ static const char *job_name(int kind) {
   case FBD_J_WRITE: return "WriteField";
   case FBD_J_READ: return "ReadField";
   case FBD_J_ACTIVE: return "ReadField (active)";
+  case FBD_J_PARSE: return "CreateSession (its source)";
+  case FBD_J_DESCRIBE: return "DescribeSource";
   default: return "request";
   }
 }
@@ -1133,6 +1146,11 @@ static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
   for (;;) {
     if (wait_readable(p->fd, spin, 50)) break;
     spin = 0;
+    /* a parse (of a register too) whose client went away stops: the
+       worker's front end polls this flag */
+    if ((kind == FBD_J_REGISTER || kind == FBD_J_PARSE || kind == FBD_J_DESCRIBE) && j->call &&
+        atomic_load(&j->call->gone))
+      atomic_store(&s->watch->cancel, 1);
     char why[200];
     int code = 0;
     if (overdue(s, kind, t0, why, sizeof why, &code)) {
@@ -1185,6 +1203,7 @@ static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
   r->code = h.code;
   r->finish = h.finish != 0;
   r->fatal = h.fatal != 0;
+  r->registered = h.registered;
   r->counters = h.counters;
   if (kind == FBD_J_BATCH && r->pb) p->unsynced = 0; /* a SyncResult went: returns handed over */
 }
@@ -1273,6 +1292,42 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   snprintf(c.mode, sizeof c.mode, "%s", s->mode);
   snprintf(c.tag, sizeof c.tag, "%s", s->tag);
   send_job(s, j, &c, sizeof c, r);
+}
+
+/* PARSE: the worker parses the CreateSession's source and keeps the
+ * layout for the CREATE that follows; the broker takes it as protobuf and
+ * checks it as it checks a client's layout (a compromised worker can only
+ * describe its own session wrongly). A failed parse ends the session. */
+int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
+  *out = NULL;
+  j->kind = FBD_J_PARSE; /* the CREATE's bytes, under another kind */
+  send_job(s, j, NULL, 0, r);
+  j->kind = FBD_J_CREATE;
+  int rc = r->code;
+  if (!rc && !r->pb) {
+    rc = FB_EINTERNAL;
+    fb_errf(r->msg, sizeof r->msg, "the session worker answered the parse without a layout");
+  }
+  if (!rc) {
+    fbp_arena a;
+    fbp_arena_init(&a);
+    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
+    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
+        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
+    char why[FBD_ERRLEN - 64];
+    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
+    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
+    if (rc) fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
+    fbp_arena_free(&a);
+  }
+  free(r->pb); /* the layout is the broker's, not the client's answer */
+  r->pb = NULL;
+  r->pblen = 0;
+  if (rc) {
+    r->code = rc;
+    r->finish = r->fatal = 1;
+  }
+  return rc;
 }
 
 /* ---------------------------------------------------------------- the worker process */
@@ -1386,6 +1441,7 @@ static int reply(int fd, const fbd_reply *r) {
   h.code = r->code;
   h.finish = (uint32_t)r->finish;
   h.fatal = (uint32_t)r->fatal;
+  h.registered = r->registered;
   h.msglen = strnlen(r->msg, sizeof r->msg - 1);
   h.pblen = r->pb ? r->pblen : 0;
   h.counters = r->counters;
@@ -1797,8 +1853,9 @@ typedef struct worker {
   fbd_watch *watch;
   fbd_log log;
   fbd_exec x;
-  fb_layout *layout;
+  fb_layout *layout; /* the session's: from CREATE, or from the PARSE before it */
   int created;
+  const fbd_config *cfg;
 } worker;
 
 static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
@@ -1815,11 +1872,14 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   Fusebox__V1__CreateSessionRequest *m =
       (Fusebox__V1__CreateSessionRequest *)protobuf_c_message_unpack(
           &fusebox__v1__create_session_request__descriptor, &a.pb, n - sizeof c, p + sizeof c);
-  int rc = !m          ? FB_EINVAL
-           : m->source ? fbd_source_layout(m, &w->layout, r->msg,
-                                           sizeof r->msg) /* the front end, here too */
-                       : fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg);
+  /* a source's layout came with the PARSE before */
+  int rc = w->layout ? 0
+           : !m      ? FB_EINVAL
+                     : fbp_layout_from_pb(m->layout, &w->layout, r->msg, sizeof r->msg);
+  if (!w->layout && !rc && m && m->source) rc = FB_EINVAL;
   if (!m) fb_errf(r->msg, sizeof r->msg, "malformed CreateSessionRequest");
+  else if (rc == FB_EINVAL && m->source && !w->layout)
+    fb_errf(r->msg, sizeof r->msg, "CREATE of a source without its PARSE");
   fbp_arena_free(&a);
   if (rc) return rc;
   fb_session_config ec;
@@ -1834,6 +1894,7 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   static char tag[16];
   snprintf(tag, sizeof tag, "%s", c.tag);
   fbd_exec_init(&w->x, w->engine, w->layout, &ec, tag, &w->log, w->watch);
+  w->x.parse_timeout_s = w->cfg->compile_timeout_s; /* its kernels' sources */
   w->created = 1;
   fbd_exec_run(&w->x, FBD_J_CREATE, NULL, 0, NULL, 0, r);
   return 0;
@@ -1876,11 +1937,45 @@ static uint8_t *map_buf(int fd, uint64_t len, char *err, size_t errlen) {
   return p;
 }
 
+/* A tenant's source, parsed here in its sandbox: the layout for the CREATE
+ * to come (sent back as protobuf), or DescribeSource's answer. */
+static void worker_parse(worker *w, int kind, const uint8_t *p, size_t n, fbd_reply *r) {
+  w->x.watch = w->watch; /* the limits of the parse (exec.c) */
+  w->x.parse_timeout_s = w->cfg->compile_timeout_s;
+  r->finish = 1;
+  if (w->created || w->layout) {
+    r->code = FB_EINVAL;
+    fb_errf(r->msg, sizeof r->msg, "a parse after the session's layout was set");
+    return;
+  }
+  if (kind == FBD_J_DESCRIBE) {
+    fbd_exec_describe(&w->x, p, n, r);
+    return;
+  }
+  r->code = fbd_exec_parse(&w->x, p, n, &w->layout, r->msg, sizeof r->msg);
+  if (r->code) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__Layout *m = fbp_layout_to_pb(&a, w->layout);
+  size_t len = m ? protobuf_c_message_get_packed_size(&m->base) : 0;
+  if (!m || !(r->pb = malloc(len ? len : 1))) {
+    r->code = FB_ENOMEM;
+    fb_errf(r->msg, sizeof r->msg, "out of memory packing the layout");
+  } else {
+    r->pblen = protobuf_c_message_pack(&m->base, r->pb);
+  }
+  fbp_arena_free(&a);
+}
+
 static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, fbd_reply *r) {
   const ProtobufCMessageDescriptor *d =
       q->kind == FBD_J_REGISTER ? &fusebox__v1__register_kernels_request__descriptor
       : q->kind == FBD_J_BATCH  ? &fusebox__v1__session_request__descriptor
                                 : NULL;
+  if (q->kind == FBD_J_PARSE || q->kind == FBD_J_DESCRIBE) { /* before CREATE, if at all */
+    worker_parse(w, q->kind, payload, q->len, r);
+    return;
+  }
   if (q->kind == FBD_J_CREATE) {
     int rc = worker_create(w, payload, q->len, r);
     if (rc) {
@@ -1947,6 +2042,7 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   worker w;
   memset(&w, 0, sizeof w);
   w.fd = fd;
+  w.cfg = cfg;
   fbd_log_init(&w.log, stderr, cfg->log_level);
   fbd_reply hello;
   memset(&hello, 0, sizeof hello);

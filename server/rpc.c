@@ -235,6 +235,7 @@ static void on_close_done(void *obj, int ok) {
   pthread_mutex_lock(&c->mu);
   c->closed = 1;
   pthread_mutex_unlock(&c->mu);
+  if (c->cancelled || !ok) atomic_store(&c->gone, 1);
   if (c->m->on_close) c->m->on_close(c, c->cancelled || !ok);
   fbd_call_unref(c); /* the creation reference */
 }

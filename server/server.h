@@ -189,6 +189,7 @@ struct fbd_call {
   int cancelled; /* set by RECV_CLOSE_ON_SERVER */
   int recv_failed; /* the last receive failed (cancelled, connection lost) */
   int closed; /* that op completed */
+  _Atomic int gone; /* that op completed as cancelled: the client went away, or the call failed */
   /* sending, under mu */
   fbd_out *qh, *qt;
   int qn;
@@ -334,7 +335,9 @@ enum {
   FBD_J_READ,
   FBD_J_CLOSE,
   FBD_J_END,
-  FBD_J_ACTIVE /* a read of the field's activity mask */
+  FBD_J_ACTIVE, /* a read of the field's activity mask */
+  FBD_J_PARSE, /* process isolation, before CREATE: the source's layout, parsed by the worker */
+  FBD_J_DESCRIBE /* DescribeSource: the session's only job */
 };
 
 typedef struct fbd_ret {
@@ -367,6 +370,8 @@ typedef struct fbd_watch {
   _Atomic uint64_t pending_cap; /* set by the broker: past this, wait for the launches */
   _Atomic uint64_t kernel_bytes; /* its registered kernels' IR (fb_session_kernel_bytes) */
   _Atomic uint64_t kernel_cap; /* set by the broker before a register: the most they may hold */
+  _Atomic int64_t kernels_left; /* set by the broker before a register: how many more the
+                                   session may register (max_kernels_per_session); -1: any */
 } fbd_watch;
 
 typedef struct fbd_exec {
@@ -391,6 +396,11 @@ typedef struct fbd_exec {
   fbd_err *errs;
   int nerrs;
   uint64_t errs_dropped;
+  /* a source's parse (source.c): how long it may take (0: no bound), and the
+   * flag that says its client went away (thread isolation: the running
+   * job's call; NULL in a worker process, whose broker sets watch->cancel) */
+  double parse_timeout_s;
+  _Atomic int *gone;
 } fbd_exec;
 
 /* What one SyncResult may list (exec.c keeps at most these; the broker
@@ -407,6 +417,7 @@ typedef struct fbd_reply {
   uint8_t *pb; /* a packed response message to send first, or NULL (malloc) */
   size_t pblen;
   fb_counters counters; /* the session's after the job */
+  uint32_t registered; /* RegisterKernels: the kernels it registered (source instances too) */
 } fbd_reply;
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
@@ -418,6 +429,12 @@ void fbd_exec_free(fbd_exec *x); /* destroys the engine session */
 void fbd_exec_run(fbd_exec *x, int kind, const void *msg, int field, uint8_t *buf, size_t len,
                   fbd_reply *r);
 void fbd_reply_clear(fbd_reply *r);
+/* The parses of a source (source.c) within x's limits, for the jobs that
+ * run before an engine session exists: DescribeSource's reply, and the
+ * layout of a CreateSessionRequest (its bytes; its source's, or its own). */
+void fbd_exec_describe(fbd_exec *x, const uint8_t *bytes, size_t n, fbd_reply *r);
+int fbd_exec_parse(fbd_exec *x, const uint8_t *bytes, size_t n, fb_layout **out, char *err,
+                   size_t errlen);
 
 /* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
@@ -497,6 +514,7 @@ struct fbd_session {
   fbd_exec x; /* thread isolation: the engine side */
   fbd_proc *proc; /* process isolation: the worker process */
   int created;
+  int describe; /* a DescribeSource's session: one job, never created, not counted */
   int dead; /* its engine side is gone: the worker ends the session */
   uint64_t accounted; /* bytes counted in the server's memory_bytes */
   _Atomic uint64_t pending_bytes, code_bytes; /* from its watch after each job (budget.c) */
@@ -575,6 +593,9 @@ void fbd_procs_stop(fbd_server *srv); /* kill and reap the spares */
 int fbd_proc_attach(fbd_session *s, char *err, size_t errlen);
 /* CREATE in s's new worker: the session's settings and the request. */
 void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r);
+/* PARSE (before CREATE, for a source): the layout the worker parsed, checked
+ * (*out new), or FB_E* with r finished as fatal. */
+int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
 /* Run one job in s's worker: the reply, or FB_EIO/FB_ETIMEOUT with r->fatal
  * set when the worker died or was killed (r->msg says why). */
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
@@ -659,18 +680,40 @@ double fbd_sched_held(fbd_session *s);
 char *fbd_sched_metrics(fbd_server *srv);
 
 /* ---------------------------------------------------------------- .fbk source (source.c)
- * The front end on the server, completion-queue side. */
+ * The front end on the server: run where the tenant's work runs (its
+ * worker process, or its session thread), never on a completion-queue
+ * thread. */
 
-/* CreateSession with a source: the program's layout (new), or FB_E* with
- * the diagnostics in err. */
-int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
-                      size_t errlen);
-/* RegisterKernels: append the instances of m's source to m->kernels (in
- * a); without a source, 0 unless instances were asked for. On failure the
- * call is finished and FB_E* returned. */
-int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
-                       fbp_arena *a);
-void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb); /* DescribeSource */
+#define FBD_SOURCE_INSTANCES 4096 /* kernel instances one RegisterKernels may make of a source */
+/* the most bytes a worker's answer to a parse may have: a layout or a
+ * SourceInfo, whose names all come from a source of at most 1 MiB */
+#define FBD_SOURCE_REPLY_MAX ((uint64_t)8 << 20)
+
+/* What one parse may take besides the front end's own limits: a deadline
+ * (0: none) and two flags that stop it (NULL: none). */
+typedef struct fbd_parse_limits {
+  double deadline; /* fbd_now() seconds */
+  char deadline_why[96];
+  _Atomic int *cancel; /* the watch page's: Cancel, the session's end */
+  _Atomic int *gone; /* the call's: its client went away (thread isolation) */
+} fbd_parse_limits;
+void fbd_parse_limits_init(fbd_parse_limits *pl, double timeout_s, _Atomic int *cancel,
+                           _Atomic int *gone);
+
+/* CreateSession: the layout of the request's source, or its layout when it
+ * has none (new), or FB_E* with the diagnostics in err. */
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, const fbd_parse_limits *pl,
+                      fb_layout **out, char *err, size_t errlen);
+/* RegisterKernels: the kernels to register, m's own followed by the
+ * instances of its source (allocated in a; m's own array when it has no
+ * source), or FB_E* with the diagnostics in err. */
+int fbd_source_expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *session_layout,
+                      const fbd_parse_limits *pl, fbp_arena *a, Fusebox__V1__Kernel ***out,
+                      size_t *nout, char *err, size_t errlen);
+/* DescribeSource: bytes are a fusebox.v1.Source; the reply carries the
+ * packed SourceInfo, or the error. */
+void fbd_source_describe(const uint8_t *bytes, size_t n, const fbd_parse_limits *pl,
+                         fbd_reply *r);
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

@@ -7,6 +7,7 @@
  * (proc.c) under process isolation; and turns the reply into the call's
  * messages and status. */
 #include <sched.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,8 +120,8 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
     return FB_ENOMEM;
   }
   s->srv = srv;
-  s->layout = layout;
-  s->mem_bytes = layout->root_bytes;
+  s->layout = layout; /* NULL: a source's, parsed by the CREATE job (run_create) */
+  s->mem_bytes = layout ? layout->root_bytes : 0;
   s->ecfg = *ecfg;
   snprintf(s->mode, sizeof s->mode, "%s", ecfg->mode ? ecfg->mode : "sync");
   s->ecfg.mode = s->mode;
@@ -397,7 +398,7 @@ static void job_done(fbd_session *s, const fb_counters *reply) {
 static void count_end(fbd_server *srv, fbd_session *s) {
   pthread_mutex_lock(&srv->mu);
   fbd_stats *st = &srv->st;
-  switch (s->end_reason) {
+  if (!s->describe) switch (s->end_reason) {
   case FBD_END_DISCONNECTED: st->sessions_disconnected++; break;
   case FBD_END_REAPED: st->sessions_reaped++; break;
   case FBD_END_FAILED:
@@ -481,21 +482,96 @@ static void session_end(fbd_session *s) {
 
 /* ---------------------------------------------------------------- running a job */
 
-/* CREATE: the engine session, here or in a worker process. */
+static void fail(fbd_reply *r, int code) {
+  r->code = code;
+  r->finish = r->fatal = 1;
+}
+
+/* A layout parsed from a tenant's source: checked against the memory
+ * budget as CreateSession checks a client's layout (table_add), then the
+ * session's. Takes l. */
+static int admit_layout(fbd_session *s, fb_layout *l, fbd_reply *r) {
+  fbd_server *srv = s->srv;
+  int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
+  pthread_mutex_lock(&srv->mu);
+  int rc = fbd_budget_admit_locked(srv, l->root_bytes, "CreateSession", atomic_load(&s->owner),
+                                   all, r->msg, sizeof r->msg);
+  if (rc) srv->st.sessions_failed++;
+  pthread_mutex_unlock(&srv->mu);
+  if (rc) {
+    fb_layout_free(l);
+    fail(r, rc);
+    return rc;
+  }
+  s->layout = l;
+  s->mem_bytes = l->root_bytes;
+  account(s, s->mem_bytes);
+  return 0;
+}
+
+/* The engine side's limits on a source's parse (source.c), for a job of
+ * this thread: under thread isolation the parse runs right here. */
+static void parse_limits(fbd_session *s, fbd_job *j) {
+  s->x.watch = s->watch;
+  s->x.parse_timeout_s = s->srv->cfg->compile_timeout_s;
+  s->x.gone = j && j->call ? &j->call->gone : NULL;
+}
+
+/* A source's parse holds one of its tenant's compile slots (sched.c), as a
+ * RegisterKernels does. */
+static int parse_layout(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_run run;
+  fbd_sched_enter(s, FBD_J_REGISTER, &run);
+  fb_layout *l = NULL;
+  int rc;
+  if (fbd_isolated(s->srv->cfg)) {
+    rc = fbd_proc_parse(s, j, &l, r);
+  } else {
+    parse_limits(s, j);
+    rc = fbd_exec_parse(&s->x, GRPC_SLICE_START_PTR(j->raw), GRPC_SLICE_LENGTH(j->raw), &l, r->msg,
+                        sizeof r->msg);
+    if (rc) fail(r, rc);
+  }
+  fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
+  return rc ? rc : admit_layout(s, l, r);
+}
+
+/* CREATE: the engine session, here or in a worker process; first the
+ * layout of a source (s->layout NULL), parsed where the session's work
+ * runs. */
 static void run_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fbd_server *srv = s->srv;
   if (!fbd_isolated(srv->cfg)) {
+    if (!s->layout && parse_layout(s, j, r)) return;
     fbd_exec_init(&s->x, srv->engine, s->layout, &s->ecfg, s->tag, srv->log, s->watch);
+    s->x.parse_timeout_s = srv->cfg->compile_timeout_s; /* the sources of its kernels */
     fbd_exec_run(&s->x, FBD_J_CREATE, NULL, 0, NULL, 0, r);
     return;
   }
   int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
   if (rc) {
-    r->code = rc;
-    r->finish = r->fatal = 1;
+    fail(r, rc);
     return;
   }
+  if (!s->layout && parse_layout(s, j, r)) return;
   fbd_proc_create(s, j, r);
+}
+
+/* DESCRIBE: a source's fields and kernels, told by a sandboxed parse (the
+ * session's worker process, which ends with the session) or, under thread
+ * isolation, by this thread; within a compile slot of the tenant's. */
+static void run_describe(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_run run;
+  fbd_sched_enter(s, FBD_J_REGISTER, &run);
+  if (!fbd_isolated(s->srv->cfg)) {
+    parse_limits(s, j);
+    fbd_exec_describe(&s->x, GRPC_SLICE_START_PTR(j->raw), GRPC_SLICE_LENGTH(j->raw), r);
+  } else {
+    int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+    if (rc) fail(r, rc);
+    else fbd_proc_run(s, j, r);
+  }
+  fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
 }
 
 static void created(fbd_session *s, fbd_job *j) {
@@ -520,7 +596,10 @@ static void created(fbd_session *s, fbd_job *j) {
 static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
   const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
   int max = s->srv->cfg->max_kernels_per_session;
-  if (max > 0 && (s->nkernels >= max || m->n_kernels > (size_t)(max - s->nkernels))) {
+  /* a source's instances are counted where they are made (exec.c), against
+   * kernels_left; those the request names count here already */
+  size_t asked = m->n_kernels + (m->n_instances < (size_t)INT_MAX ? m->n_instances : INT_MAX);
+  if (max > 0 && (s->nkernels >= max || asked > (size_t)(max - s->nkernels))) {
     size_t first = (size_t)(max - (s->nkernels < max ? s->nkernels : max));
     const char *name = first < m->n_kernels && m->kernels[first] && m->kernels[first]->name
                            ? m->kernels[first]->name
@@ -531,10 +610,13 @@ static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
             "RegisterKernels: kernel '%s' would be the session's kernel number %lld, past "
             "the %d a session may register (max_kernels_per_session; registering a name "
             "again adds a kernel): the session has %d, this request adds %zu",
-            name, (long long)max + 1, max, s->nkernels, m->n_kernels);
+            name, (long long)max + 1, max, s->nkernels, asked);
     return;
   }
-  if (s->watch) atomic_store(&s->watch->kernel_cap, fbd_budget_kernel_cap(s->srv, s));
+  if (s->watch) {
+    atomic_store(&s->watch->kernel_cap, fbd_budget_kernel_cap(s->srv, s));
+    atomic_store(&s->watch->kernels_left, max > 0 ? (int64_t)(max - s->nkernels) : -1);
+  }
 }
 
 /* After a RegisterKernels: what it added (a refused one adds nothing).
@@ -544,8 +626,12 @@ static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
  * neither the text alone nor a name can make a refusal count as the
  * budget's (GetStats' refused, the log's WARN). */
 static void registered(fbd_session *s, fbd_job *j, const fbd_reply *r, int limited) {
-  const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
-  if (!r->code) s->nkernels += (int)m->n_kernels; /* at most max_kernels_per_session */
+  /* the engine side's count, trusted no further than what this request
+     could add: at most max_kernels_per_session in all (register_limits) */
+  int max = s->srv->cfg->max_kernels_per_session;
+  uint64_t n = r->registered, most = max > 0 ? (uint64_t)(max - s->nkernels) : (uint64_t)INT_MAX;
+  if (!r->code && s->nkernels < INT_MAX) s->nkernels += (int)(n < most ? n : most);
+  (void)j;
   static const char tail[] = "(memory_budget)";
   size_t len = strlen(r->msg);
   if (!limited && r->code == FB_EQUOTA && len >= sizeof tail - 1 &&
@@ -587,13 +673,19 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   if (r.finish) {
   } else if (j->kind == FBD_J_CREATE) {
     run_create(s, j, &r);
+  } else if (j->kind == FBD_J_DESCRIBE) {
+    run_describe(s, j, &r);
   } else {
     /* the fair scheduler decides when this tenant's job may run */
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
-    if (!fbd_isolated(srv->cfg))
+    if (!fbd_isolated(srv->cfg)) {
+      s->x.gone = j->call ? &j->call->gone : NULL; /* a source's parse stops when it goes */
       fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
-    else fbd_proc_run(s, j, &r);
+      s->x.gone = NULL;
+    } else {
+      fbd_proc_run(s, j, &r);
+    }
     int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }

@@ -1,18 +1,26 @@
 /* .fbk source over the wire: fuseboxd runs the front end (ir/lang/) for
- * clients that have none (Python, any gRPC client). Three entry points,
- * all on the completion-queue side, none touching a session's engine:
- *  - CreateSession with a Source: the session's layout is the program's;
- *  - RegisterKernels with a Source: the named kernel instances become IR
- *    kernels appended to the request, then registered as IR kernels are
- *    (the worker checks them like any client's: fb_kernel_check_public);
+ * clients that have none (Python, any gRPC client). The source is hostile
+ * input, so it is parsed only where the tenant's own work runs: in the
+ * session's worker process under process isolation (and, under thread
+ * isolation, on the session's thread), never on a completion-queue thread
+ * and never in the broker. Three uses, called from exec.c, proc.c and
+ * session.c:
+ *  - CreateSession with a Source: the program's layout (fbd_source_layout),
+ *    which the broker then receives as protobuf and checks as it checks a
+ *    client's layout;
+ *  - RegisterKernels with a Source: the IR kernels of the request, its own
+ *    followed by the named instances (fbd_source_expand), registered as IR
+ *    kernels are (fb_kernel_check_public and the rest);
  *  - DescribeSource: the program's fields and kernels with their
- *    signatures, so that a client can check its calls and shape its arrays.
- * The source is hostile input: its size is capped (FBD_SOURCE_MAX, after
- * ${NAME} substitution), the parser bounds its nesting and the statements a
- * kernel inlines to (ir/lang/), and the layout it declares is finalized
- * under the limits of ir/layout.c. The server keeps no program: a request
- * that registers kernels carries its source again, and the program's
- * layout must then be the session's. */
+ *    signatures (fbd_source_describe), in a session that lives for that one
+ *    request.
+ * Every parse runs within a budget (fbd_parse_limits): the source's size
+ * (FBD_SOURCE_MAX, after ${NAME} substitution), the front end's nesting and
+ * per-kernel limits, the work of the whole program after inlining
+ * (FB_LANG_PROGRAM_WORK), a deadline, and a stop when the request is
+ * cancelled or its client has gone. The server keeps no program: a
+ * request that registers kernels carries its source again, and the
+ * program's layout must then be the session's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +29,7 @@
 #include "server/server.h"
 
 #define FBD_SOURCE_MAX ((size_t)1 << 20)
-#define MAX_INSTANCES 4096
+#define MAX_INSTANCES FBD_SOURCE_INSTANCES
 #define MAX_PARAM_NAME 128
 #define MAX_SHOWN_LINE 400 /* longer source lines are not quoted in messages */
 
@@ -123,14 +131,37 @@ static void render(const char *fname, const char *src, const fb_diags *d, int rc
   if (!err[0]) fb_errf(err, errlen, "%s: %s", fname, fb_strerror(rc));
 }
 
+/* The budget's stop: why the parse must end, or NULL. */
+static const char *parse_stop(void *arg) {
+  const fbd_parse_limits *pl = arg;
+  if (pl->cancel && atomic_load(pl->cancel)) return "the request was cancelled";
+  if (pl->gone && atomic_load(pl->gone)) return "its client went away";
+  if (pl->deadline > 0 && fbd_now() > pl->deadline) return pl->deadline_why;
+  return NULL;
+}
+
+void fbd_parse_limits_init(fbd_parse_limits *pl, double timeout_s, _Atomic int *cancel,
+                           _Atomic int *gone) {
+  memset(pl, 0, sizeof *pl);
+  pl->cancel = cancel;
+  pl->gone = gone;
+  if (timeout_s > 0) {
+    pl->deadline = fbd_now() + timeout_s;
+    fb_errf(pl->deadline_why, sizeof pl->deadline_why,
+            "parsing the source ran past its %g s (compile_timeout_s)", timeout_s);
+  }
+}
+
 /* Parse m into *out, or FB_E* with the rendered diagnostics in err. */
-static int parse(const Fusebox__V1__Source *m, fb_program **out, char *err, size_t errlen) {
+static int parse(const Fusebox__V1__Source *m, const fbd_parse_limits *pl, fb_program **out,
+                 char *err, size_t errlen) {
   *out = NULL;
   char *src = substitute(m, err, errlen);
   if (!src) return FB_EINVAL;
   fb_diags d;
   fb_diags_init(&d);
-  int rc = fb_program_parse(src_name(m), src, out, &d);
+  fb_lang_budget b = {0, parse_stop, (void *)pl};
+  int rc = fb_program_parse_within(src_name(m), src, &b, out, &d);
   if (rc) render(src_name(m), src, &d, rc, err, errlen);
   fb_diags_free(&d);
   free(src);
@@ -139,15 +170,16 @@ static int parse(const Fusebox__V1__Source *m, fb_program **out, char *err, size
 
 /* ---------------------------------------------------------------- CreateSession */
 
-int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **out, char *err,
-                      size_t errlen) {
+int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, const fbd_parse_limits *pl,
+                      fb_layout **out, char *err, size_t errlen) {
   *out = NULL;
+  if (!m->source) return fbp_layout_from_pb(m->layout, out, err, errlen);
   if (m->layout && m->layout->n_nodes) {
     fb_errf(err, errlen, "CreateSession: give a layout or a source, not both");
     return FB_EINVAL;
   }
   fb_program *p = NULL;
-  int rc = parse(m->source, &p, err, errlen);
+  int rc = parse(m->source, pl, &p, err, errlen);
   if (rc) return rc;
   *out = fb_layout_clone(fb_program_layout(p));
   fb_program_free(p);
@@ -156,21 +188,6 @@ int fbd_source_layout(const Fusebox__V1__CreateSessionRequest *m, fb_layout **ou
 }
 
 /* ---------------------------------------------------------------- RegisterKernels */
-
-/* The layouts are the same when their wire forms are: the program's SNode
- * ids then name the session's SNodes. */
-static int same_layout(const fb_layout *a, const fb_layout *b, fbp_arena *ar) {
-  Fusebox__V1__Layout *x = fbp_layout_to_pb(ar, a), *y = fbp_layout_to_pb(ar, b);
-  if (!x || !y) return 0;
-  size_t nx = protobuf_c_message_get_packed_size(&x->base);
-  size_t ny = protobuf_c_message_get_packed_size(&y->base);
-  if (nx != ny) return 0;
-  uint8_t *bx = fbp_alloc(ar, nx + 1), *by = fbp_alloc(ar, ny + 1);
-  if (!bx || !by) return 0;
-  protobuf_c_message_pack(&x->base, bx);
-  protobuf_c_message_pack(&y->base, by);
-  return memcmp(bx, by, nx) == 0;
-}
 
 static int instantiate(fb_program *p, const Fusebox__V1__KernelInstance *ki, fbp_arena *a,
                        Fusebox__V1__Kernel **out, const char *fname, char *err, size_t errlen) {
@@ -215,17 +232,25 @@ static int default_instances(const fb_program *p, fbp_arena *a, Fusebox__V1__Ker
   return 0;
 }
 
-static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *session_layout,
-                  fbp_arena *a, char *err, size_t errlen) {
+int fbd_source_expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *session_layout,
+                      const fbd_parse_limits *pl, fbp_arena *a, Fusebox__V1__Kernel ***out,
+                      size_t *nout, char *err, size_t errlen) {
+  *out = m->kernels;
+  *nout = m->n_kernels;
+  if (!m->source) {
+    if (!m->n_instances) return 0;
+    fb_errf(err, errlen, "RegisterKernels: kernel instances need the source");
+    return FB_EINVAL;
+  }
   if (m->n_instances > MAX_INSTANCES) {
     fb_errf(err, errlen, "RegisterKernels: %zu kernel instances; at most %d per request",
             m->n_instances, MAX_INSTANCES);
     return FB_EINVAL;
   }
   fb_program *p = NULL;
-  int rc = parse(m->source, &p, err, errlen);
+  int rc = parse(m->source, pl, &p, err, errlen);
   if (rc) return rc;
-  if (!same_layout(fb_program_layout(p), session_layout, a)) {
+  if (!fb_layout_equal(fb_program_layout(p), session_layout)) {
     fb_errf(err, errlen, "RegisterKernels: the layout of %s is not the session's",
             src_name(m->source));
     fb_program_free(p);
@@ -251,27 +276,10 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *sessi
   for (size_t i = 0; !rc && i < ni; i++)
     rc = instantiate(p, inst[i], a, &ks[m->n_kernels + i], src_name(m->source), err, errlen);
   if (!rc) {
-    m->kernels = ks;
-    m->n_kernels += ni;
+    *out = ks;
+    *nout = m->n_kernels + ni;
   }
   fb_program_free(p); /* the pb kernels live in the arena */
-  return rc;
-}
-
-int fbd_source_kernels(fbd_call *c, fbd_session *s, Fusebox__V1__RegisterKernelsRequest *m,
-                       fbp_arena *a) {
-  if (!m->source) {
-    if (!m->n_instances) return 0;
-    fbd_count_bad(c->srv);
-    fbd_call_finish(c, FB_EINVAL, "RegisterKernels: kernel instances need the source");
-    return FB_EINVAL;
-  }
-  char err[FBD_ERRLEN];
-  int rc = expand(m, s->layout, a, err, sizeof err);
-  if (rc) {
-    fbd_count_bad(c->srv);
-    fbd_call_finish(c, rc, "%s", err);
-  }
   return rc;
 }
 
@@ -328,38 +336,27 @@ static int describe(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *
   return 0;
 }
 
-void fbd_describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
-  if (!bb) {
-    if (!c->recv_failed) {
-      fbd_count_bad(c->srv);
-      fbd_call_finish(c, FB_EINVAL, "no request message");
-    }
-    return;
-  }
+void fbd_source_describe(const uint8_t *bytes, size_t n, const fbd_parse_limits *pl,
+                         fbd_reply *r) {
   fbp_arena a;
   fbp_arena_init(&a);
-  grpc_slice sl = fbp_bb_slice(bb);
-  size_t n = GRPC_SLICE_LENGTH(sl);
   Fusebox__V1__Source *m = (Fusebox__V1__Source *)protobuf_c_message_unpack(
-      &fusebox__v1__source__descriptor, &a.pb, n, GRPC_SLICE_START_PTR(sl));
-  grpc_slice_unref(sl);
-  char err[FBD_ERRLEN];
+      &fusebox__v1__source__descriptor, &a.pb, n, bytes);
   fb_program *p = NULL;
-  int rc = m ? parse(m, &p, err, sizeof err) : FB_EINVAL;
+  int rc = m ? parse(m, pl, &p, r->msg, sizeof r->msg) : FB_EINVAL;
   if (!m)
-    fb_errf(err, sizeof err,
-            "malformed request: %zu bytes that are not a valid "
-            "fusebox.v1.Source",
+    fb_errf(r->msg, sizeof r->msg, "malformed request: %zu bytes that are not a valid fusebox.v1.Source",
             n);
-  Fusebox__V1__SourceInfo r = FUSEBOX__V1__SOURCE_INFO__INIT;
-  if (!rc && (rc = describe(p, &a, &r))) fb_errf(err, sizeof err, "out of memory");
-  if (rc) {
-    fbd_count_bad(c->srv);
-    fbd_call_finish(c, rc, "%s", err);
-  } else {
-    fbd_call_send_msg(c, &r.base); /* packed now: p may go */
-    fbd_call_finish(c, FB_OK, NULL);
+  Fusebox__V1__SourceInfo info = FUSEBOX__V1__SOURCE_INFO__INIT;
+  if (!rc && (rc = describe(p, &a, &info))) fb_errf(r->msg, sizeof r->msg, "out of memory");
+  if (!rc) {
+    size_t len = protobuf_c_message_get_packed_size(&info.base);
+    if (!(r->pb = malloc(len ? len : 1))) rc = FB_ENOMEM, fb_errf(r->msg, sizeof r->msg, "out of memory");
+    else r->pblen = protobuf_c_message_pack(&info.base, r->pb);
   }
+  if (!rc) r->msg[0] = 0;
+  r->code = rc;
+  r->finish = 1;
   fb_program_free(p);
   fbp_arena_free(&a);
 }
