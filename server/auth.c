@@ -465,7 +465,7 @@ static int peer_subject(fbd_call *c, fbd_subject *out, char *why, size_t whylen)
   const grpc_auth_property *prop = grpc_auth_property_iterator_next(&it);
   int rc = 0;
   if (prop) {
-    char e[FBD_ERRLEN];
+    char e[FBD_ERRLEN] = "out of memory";
     rc = fbd_subject_from_pem(prop->value, prop->value_length, out, e, sizeof e) ? -1 : 1;
     if (rc < 0) fb_errf(why, whylen, "client certificate refused: %s", e);
   }
