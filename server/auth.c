@@ -10,8 +10,11 @@
  * It holds hashes only, never tokens. A call names its tenant by a bearer
  * token ("authorization: Bearer TOKEN" metadata), whose SHA-256 (OpenSSL's
  * EVP) is compared in constant time with every hash in the file, or by the
- * subject of its verified client certificate (mTLS). A token, when sent,
- * decides; a wrong token is refused even with a good certificate.
+ * subject of its verified client certificate (mTLS, with --tls-client-ca):
+ * the certificate's PEM from gRPC's auth context is parsed with OpenSSL and
+ * its subject compared attribute by attribute with each configured subject,
+ * parsed once when the file is loaded (subject.c; never as text). A token,
+ * when sent, decides; a wrong token is refused even with a good certificate.
  *
  * Without a tenants file nothing changes: every call is the one anonymous
  * tenant, which sees and may touch every session. */
@@ -32,7 +35,7 @@
 /* ---------------------------------------------------------------- the file */
 
 static void tenant_clear(fbd_tenant *t) {
-  for (int i = 0; i < t->nsubjects; i++) free(t->subjects[i]);
+  for (int i = 0; i < t->nsubjects; i++) fbd_subject_clear(&t->subjects[i]);
   free(t->subjects);
   free(t->hashes);
   t->subjects = NULL;
@@ -196,9 +199,19 @@ static int tenant_from_json(fbd_tenant *t, json_t *o, size_t idx, char *err, siz
     }
   for (int i = 0; hex && hex[i]; i++) free(hex[i]);
   free(hex);
+  char **subj = NULL;
+  int nsubj = 0;
   if (!rc)
-    rc = strings_from_json(json_object_get(o, "subjects"), where, "subjects", &t->subjects,
-                           &t->nsubjects, err, errlen);
+    rc = strings_from_json(json_object_get(o, "subjects"), where, "subjects", &subj, &nsubj, err,
+                           errlen);
+  if (!rc && nsubj && !(t->subjects = calloc((size_t)nsubj, sizeof *t->subjects))) rc = FB_ENOMEM;
+  for (int i = 0; !rc && i < nsubj; i++, t->nsubjects++) {
+    char why[FBD_ERRLEN];
+    if ((rc = fbd_subject_parse(subj[i], &t->subjects[i], why, sizeof why)) == FB_EINVAL)
+      fb_errf(err, errlen, "%s.subjects[%d] '%s': %s", where, i, subj[i], why);
+  }
+  for (int i = 0; subj && subj[i]; i++) free(subj[i]);
+  free(subj);
   if (!rc) rc = limits_from_json(t, json_object_get(o, "limits"), where, err, errlen);
   if (!rc && !t->nhashes && !t->nsubjects) {
     fb_errf(err, errlen, "%s: no token_sha256 and no subjects: nobody could be this tenant", where);
@@ -259,9 +272,11 @@ static int load_file(const char *path, fbd_tenant **out, int *nout, char *err, s
           }
       for (int a = 0; !rc && a < v[i].nsubjects; a++)
         for (int b = 0; !rc && b < v[j].nsubjects; b++)
-          if (!strcmp(v[i].subjects[a], v[j].subjects[b])) {
-            fb_errf(err, errlen, "%s: tenants '%s' and '%s' share the subject '%s'", path,
-                    v[j].name, v[i].name, v[i].subjects[a]);
+          if (fbd_subject_equal(&v[i].subjects[a], &v[j].subjects[b])) {
+            const char *x = v[j].subjects[b].text, *y = v[i].subjects[a].text;
+            fb_errf(err, errlen, "%s: tenants '%s' and '%s' share the subject '%s'%s%s%s", path,
+                    v[j].name, v[i].name, x, strcmp(x, y) ? " (written '" : "",
+                    strcmp(x, y) ? y : "", strcmp(x, y) ? "' the second time)" : "");
             rc = FB_EINVAL;
           }
     }
@@ -435,26 +450,35 @@ static fbd_tenant *by_hash(fbd_auth *a, const uint8_t h[32]) {
   return found;
 }
 
-/* Under a->mu: the tenant of the call's verified client certificate. */
-static fbd_tenant *by_subject(fbd_auth *a, grpc_call *gc) {
-  grpc_auth_context *ctx = grpc_call_auth_context(gc);
-  if (!ctx) return NULL;
-  fbd_tenant *found = NULL;
-  const char *names[] = {GRPC_X509_SUBJECT_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME};
-  for (int p = 0; p < 2 && !found; p++) {
-    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, names[p]);
-    const grpc_auth_property *prop;
-    while (!found && (prop = grpc_auth_property_iterator_next(&it))) {
-      char want[512];
-      /* the whole subject, or "CN=name" for the common name alone */
-      snprintf(want, sizeof want, "%s%.*s", p ? "CN=" : "", (int)prop->value_length, prop->value);
-      for (int i = 0; i < a->n && !found; i++)
-        for (int k = 0; k < a->t[i]->nsubjects && !found; k++)
-          if (!strcmp(a->t[i]->subjects[k], want)) found = a->t[i];
-    }
+/* The subject of the call's verified client certificate, when the server
+ * verifies them (--tls-client-ca: the handshake refused every client
+ * without a certificate from that CA), into *out: 1 when there is one, 0
+ * when there is none, -1 (and why) when it is one no configured subject
+ * can be (subject.c: a NUL or non-text value, too many attributes). */
+static int peer_subject(fbd_call *c, fbd_subject *out, char *why, size_t whylen) {
+  const char *ca = c->srv->cfg->tls_client_ca;
+  if (!ca || !*ca) return 0;
+  grpc_auth_context *ctx = grpc_call_auth_context(c->gc);
+  if (!ctx) return 0;
+  grpc_auth_property_iterator it =
+      grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  const grpc_auth_property *prop = grpc_auth_property_iterator_next(&it);
+  int rc = 0;
+  if (prop) {
+    char e[FBD_ERRLEN] = "out of memory";
+    rc = fbd_subject_from_pem(prop->value, prop->value_length, out, e, sizeof e) ? -1 : 1;
+    if (rc < 0) fb_errf(why, whylen, "client certificate refused: %s", e);
   }
   grpc_auth_context_release(ctx);
-  return found;
+  return rc;
+}
+
+/* Under a->mu: the tenant one of whose subjects is s. */
+static fbd_tenant *by_subject(fbd_auth *a, const fbd_subject *s) {
+  for (int i = 0; i < a->n; i++)
+    for (int k = 0; k < a->t[i]->nsubjects; k++)
+      if (fbd_subject_equal(&a->t[i]->subjects[k], s)) return a->t[i];
+  return NULL;
 }
 
 #define LOG_PER_SECOND 20
@@ -520,15 +544,26 @@ int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md) {
     refuse(c, "cannot hash the token");
     return FB_EINTERNAL;
   }
+  /* a certificate is parsed before the lock, and only without a token */
+  fbd_subject subj = {0};
+  char why[FBD_ERRLEN] = "";
+  int cert = has ? 0 : peer_subject(c, &subj, why, sizeof why);
   pthread_mutex_lock(&a->mu);
-  fbd_tenant *t = has ? by_hash(a, h) : by_subject(a, c->gc);
+  fbd_tenant *t = has ? by_hash(a, h) : cert > 0 ? by_subject(a, &subj) : NULL;
   if (t) c->admin = t->admin;
   pthread_mutex_unlock(&a->mu);
+  if (!t && !probe) {
+    if (cert > 0) /* what the operator would write in "subjects", escaped, at most ~300 bytes */
+      fb_errf(why, sizeof why, "client certificate subject '%.300s%s' is no tenant's subject",
+              subj.text, strlen(subj.text) > 300 ? "..." : "");
+    else if (!cert)
+      snprintf(why, sizeof why, "no credentials: send 'authorization: Bearer TOKEN' "
+                                "metadata or a client certificate of a known subject");
+  }
+  fbd_subject_clear(&subj);
   if (!t && probe) return 0;
   if (!t) {
-    refuse(c, has ? "unknown token"
-                  : "no credentials: send 'authorization: Bearer TOKEN' "
-                    "metadata or a client certificate of a known subject");
+    refuse(c, has ? "unknown token" : why);
     return FB_EINVAL;
   }
   c->tenant = t;

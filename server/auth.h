@@ -15,6 +15,8 @@
 
 #include <grpc/grpc_security.h>
 
+#include "server/subject.h"
+
 #define FBD_TENANT_NAME 64
 #define FBD_DEFAULT_MAX_COMPILES 2 /* a tenant's RegisterKernels at once, unless it says */
 
@@ -35,7 +37,7 @@ typedef struct fbd_tenant {
   atomic_int max_compiles;  /* RegisterKernels running at once; 0: no limit */
   uint8_t (*hashes)[32];    /* SHA-256 of its tokens */
   int nhashes;
-  char **subjects;          /* client-certificate subjects ("CN=alice,O=x") */
+  fbd_subject *subjects;    /* client-certificate subjects, parsed (subject.h) */
   int nsubjects;
   /* counted from any thread */
   atomic_uint_fast64_t sessions_created, calls, denied, refused_sessions, refused_memory;
