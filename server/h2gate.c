@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -77,6 +78,7 @@ struct gate_conn {
   gate_end client, grpc;
   gate_peer *peer;
   char addr[80]; /* for the log */
+  int grpc_fd;    /* gRPC's end of the pair: its calls' peer is "fd:N" (fbd_gate_peer) */
   /* client -> gRPC: [off, len) not yet written; [off, checked) may go */
   unsigned char up[GATE_BUF];
   size_t up_off, up_len, checked;
@@ -104,7 +106,7 @@ struct fbd_gate {
   atomic_int stop;
   gate_conn *conns, *graves; /* graves: closed this round, freed after it */
   int nconns;
-  pthread_mutex_t mu; /* accepting vs fbd_gate_stop_accepting */
+  pthread_mutex_t mu; /* the list of conns (read by fbd_gate_peer); closed_to_new */
   int closed_to_new;
   gate_peer peers[GATE_PEERS];
   double last_warn[3]; /* a warning of each kind at most once a second */
@@ -194,14 +196,16 @@ static void warn(struct fbd_gate *g, int kind, const char *what, const char *add
 /* Close both sockets; c itself is freed after this round of events (one
  * of them may still name it). */
 static void conn_close(struct fbd_gate *g, gate_conn *c) {
+  pthread_mutex_lock(&g->mu);
+  if (c->prev) c->prev->next = c->next;
+  else g->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  pthread_mutex_unlock(&g->mu);
   epoll_ctl(g->ep, EPOLL_CTL_DEL, c->client.fd, NULL);
   if (c->grpc_watched) epoll_ctl(g->ep, EPOLL_CTL_DEL, c->grpc.fd, NULL);
   close(c->client.fd);
   close(c->grpc.fd); /* gRPC reads EOF and ends the transport and its calls */
   if (c->peer) c->peer->conns--;
-  if (c->prev) c->prev->next = c->next;
-  else g->conns = c->next;
-  if (c->next) c->next->prev = c->prev;
   g->nconns--;
   c->dead = 1;
   c->next = g->graves;
@@ -383,10 +387,13 @@ static int accept_one(struct fbd_gate *g, int lfd) {
   c->peer = p;
   p->conns++;
   snprintf(c->addr, sizeof c->addr, "%s", shown);
+  c->grpc_fd = pair[1];
   c->preface_left = PREFACE_LEN;
+  pthread_mutex_lock(&g->mu);
   c->next = g->conns;
   if (g->conns) g->conns->prev = c;
   g->conns = c;
+  pthread_mutex_unlock(&g->mu);
   g->nconns++;
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->client};
   epoll_ctl(g->ep, EPOLL_CTL_ADD, fd, &ev);
@@ -440,6 +447,27 @@ static void *gate_main(void *arg) {
     bury(g);
   }
   return NULL;
+}
+
+/* A call's peer as gRPC names it ("fd:N" on a gated connection): the
+ * client's address instead ("ipv4:A:PORT", "ipv6:[A]:PORT"), in a copy
+ * from gpr_malloc; NULL when the peer is not a gated connection. */
+char *fbd_gate_peer(fbd_server *srv, const char *peer) {
+  struct fbd_gate *g = srv->gate;
+  if (!g || !peer || strncmp(peer, "fd:", 3) != 0) return NULL;
+  char *end = NULL;
+  long fd = strtol(peer + 3, &end, 10);
+  if (end == peer + 3 || *end) return NULL;
+  char *out = NULL;
+  pthread_mutex_lock(&g->mu);
+  for (gate_conn *c = g->conns; c && !out; c = c->next)
+    if (c->grpc_fd == fd) {
+      size_t n = strlen(c->addr) + 6;
+      if ((out = gpr_malloc(n)))
+        snprintf(out, n, "%s:%s", c->addr[0] == '[' ? "ipv6" : "ipv4", c->addr);
+    }
+  pthread_mutex_unlock(&g->mu);
+  return out;
 }
 
 /* ---------------------------------------------------------------- setup */

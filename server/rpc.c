@@ -275,6 +275,11 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   c->m = m ? m : &unknown_method;
   c->gc = gc;
   c->peer = grpc_call_get_peer(gc);
+  char *client = fbd_gate_peer(srv, c->peer); /* a gated connection: its client's address */
+  if (client) {
+    gpr_free(c->peer);
+    c->peer = client;
+  }
   atomic_init(&c->refs, 2); /* the close op, and ours until started */
   pthread_mutex_init(&c->mu, NULL);
   c->t_recv = (fbd_tag){on_recv_done, c};

@@ -315,6 +315,7 @@ int fbd_gate_listen(fbd_server *s, const char *addr, char *bound, size_t bn, cha
 int fbd_gate_start(fbd_server *s, char *err, size_t errlen);
 void fbd_gate_stop_accepting(fbd_server *s);
 void fbd_gate_free(fbd_server *s);
+char *fbd_gate_peer(fbd_server *s, const char *peer); /* "fd:N" -> the client's address */
 void fbd_server_free(fbd_server *s);
 double fbd_now(void); /* monotonic seconds */
 const fbd_method *fbd_method_find(const char *path, size_t n);

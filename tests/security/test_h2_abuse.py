@@ -134,46 +134,67 @@ def test_rapid_reset_no_credentials(small_quarantine, daemons):  # noqa: F811
     c.close()
 
 
-def _stream_flood(addr, conns, extra, streams, seconds):
-    """conns connections that each open streams streams (HEADERS only,
-    never finished; the first 50 before the server's SETTINGS are
-    acknowledged, the rest after) and hold them for seconds; extra more
-    connections tried meanwhile. Returns ({state: streams}, connections the
-    server closed at once)."""
-    cs = [Conn(addr) for _ in range(conns)]
-    sids = {k: k.flood(READ, 50) for k in cs}
-    time.sleep(0.2)
-    for k in cs:
-        sids[k] += k.flood(READ, streams - 50)
-    more = [Conn(addr) for _ in range(extra)]
-    time.sleep(seconds)
-    states = {}
-    for k, ss in sids.items():
+def _states(pairs):
+    out = {}
+    for k, ss in pairs:
         for s in ss:
             st = k.state(s)
-            states[st] = states.get(st, 0) + 1
+            out[st] = out.get(st, 0) + 1
+    return out
+
+
+def _open_streams(k, n):
+    """n streams on k, HEADERS only, never finished: the first 50 at once,
+    the rest once the server's SETTINGS have surely been acknowledged."""
+    sids = k.flood(READ, min(n, 50))
+    time.sleep(0.2)
+    return sids + (k.flood(READ, n - 50) if n > 50 else [])
+
+
+def _stream_flood(addr, over, held, extra, seconds):
+    """Two waves from one address: over connections of 2,000 streams each
+    (past max_streams_per_connection), until the server has closed them or
+    seconds passed; then held connections of 100 streams each, held, and
+    extra more connections tried. Returns ({state: streams} of the first
+    wave, of the second, and the extra connections the server closed)."""
+    big = [Conn(addr) for _ in range(over)]
+    first = [(k, _open_streams(k, 2000)) for k in big]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not all(k.closed for k in big):
+        time.sleep(0.05)
+    s1 = _states(first)
+    for k in big:
+        k.close()
+    cs = [Conn(addr) for _ in range(held)]
+    second = [(k, _open_streams(k, 100)) for k in cs]
+    more = [Conn(addr) for _ in range(extra)]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and sum(1 for k in more if k.closed) < extra - (16 - held):
+        time.sleep(0.05)
+    s2 = _states(second)
     shut = sum(1 for k in more if k.closed)
     for k in cs + more:
         k.close()
-    return states, shut
+    return s1, s2, shut
 
 
 def test_stream_flood_many_connections(small_quarantine, daemons):  # noqa: F811
-    """No tenants file (every client alike): 12 connections open 2,000
-    streams each and never finish them, and 30 more connections are tried,
-    for 3 s. gRPC takes max_streams_per_connection (100) of each and
-    refuses the rest; the gate refuses connections past
-    max_connections_per_ip (16). The 1,200 calls are far from max_calls:
-    the bystander's reads and a new client's calls go on, and fuseboxd
-    grows less than RSS_BOUND_MIB."""
+    """No tenants file (every client alike). First 2 connections open 2,000
+    streams each and never finish them: past max_streams_per_connection
+    (100) gRPC closes them. Then 12 connections hold 100 streams each and 30
+    more connections are tried: the gate refuses those past
+    max_connections_per_ip (16). The 1,200 calls held are far from
+    max_calls: the bystander's reads and a new client's calls go on, and
+    fuseboxd grows less than RSS_BOUND_MIB."""
     d = daemons("127.0.0.1:0", ["--isolation", "thread"])
     c, sid = _bystander(d)
-    (states, shut), reads, grew = _during(
-        lambda: _stream_flood(d.address, 12, 30, 2000, 3.0), c, sid, d)
-    print(f"stream flood: {states}, {shut} of 30 more connections closed, {reads} reads "
+    (s1, s2, shut), reads, grew = _during(
+        lambda: _stream_flood(d.address, 2, 12, 30, 3.0), c, sid, d)
+    print(f"stream flood: {s1} then {s2}, {shut} of 30 more connections closed, {reads} reads "
           f"meanwhile, VmRSS +{grew} MiB")
     assert reads >= 1
-    assert states.get("open", 0) <= 12 * 100, states
+    assert s1.get("open", 0) == 0, s1  # their connections were closed
+    assert s2.get("open", 0) == 12 * 100, s2  # the ones within the limits are served
     assert shut >= 30 - (16 - 12), shut  # 127.0.0.1 may hold 16 (the bystander one of them)
     assert grew < RSS_BOUND_MIB, f"fuseboxd grew by {grew} MiB"
     _after(d, c, sid)
