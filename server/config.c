@@ -12,7 +12,9 @@
  *   --worker-uid-count, --worker-namespaces auto|on|net|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
- *   --log-format text|json, --fair-share on|off, --fair-slice-ms.
+ *   --log-format text|json, --fair-share on|off, --fair-slice-ms,
+ *   --max-streams-per-connection, --max-connections, --max-connections-per-ip,
+ *   --stream-rate, --reset-rate.
  * Byte sizes accept K, M and G suffixes (powers of 1024). */
 #include <errno.h>
 #include <jansson.h>
@@ -32,6 +34,11 @@ void fbd_config_defaults(fbd_config *c) {
   c->max_sessions = 64;
   c->max_calls = FBD_MAX_CALLS_DEFAULT;
   c->max_calls_per_tenant = FBD_MAX_CALLS_PER_TENANT_DEFAULT;
+  c->max_streams_per_connection = FBD_MAX_STREAMS_PER_CONNECTION_DEFAULT;
+  c->max_connections = FBD_MAX_CONNECTIONS_DEFAULT;
+  c->max_connections_per_ip = FBD_MAX_CONNECTIONS_PER_IP_DEFAULT;
+  c->stream_rate = FBD_STREAM_RATE_DEFAULT;
+  c->reset_rate = FBD_RESET_RATE_DEFAULT;
   c->session_memory_limit = (uint64_t)4 << 30;
   c->cq_threads = 2;
   c->idle_timeout_s = 600;
@@ -142,6 +149,17 @@ void fbd_usage(FILE *f) {
       "                             call is refused RESOURCE_EXHAUSTED (default %d)\n"
       "  --max-calls-per-tenant N   the same for each tenant of --tenants, and for calls\n"
       "                             with no credentials (health checks) together (default %d)\n"
+      "  --max-streams-per-connection N  HTTP/2 streams a connection may have open at\n"
+      "                             once (SETTINGS_MAX_CONCURRENT_STREAMS; default %d)\n"
+      "  --max-connections N        plain host:port listeners (the HTTP/2 gate): connections\n"
+      "                             at once, all clients together (default %d)\n"
+      "  --max-connections-per-ip N the same for one client address, an IPv6 one by its\n"
+      "                             /64 (default %d)\n"
+      "  --stream-rate N            new streams a second one client address may open, in\n"
+      "                             bursts of N; past it its connections wait (default %d)\n"
+      "  --reset-rate N             streams a second one client address may cancel\n"
+      "                             (RST_STREAM), in bursts of 2N; a connection past it is\n"
+      "                             closed: HTTP/2 rapid reset (default %d)\n"
       "  --ready-fd FD              write the bound addresses and a newline to FD when serving\n"
       "  --tls-cert FILE            PEM certificate chain: TLS on every host:port address\n"
       "  --tls-key FILE             PEM private key of --tls-cert\n"
@@ -159,7 +177,9 @@ void fbd_usage(FILE *f) {
       "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
       "other changes need a restart.\n",
       FB_MAX_KERNEL_STATEMENTS_DEFAULT, FBD_MAX_KERNELS_PER_SESSION_DEFAULT,
-      FBD_MAX_CALLS_DEFAULT, FBD_MAX_CALLS_PER_TENANT_DEFAULT);
+      FBD_MAX_CALLS_DEFAULT, FBD_MAX_CALLS_PER_TENANT_DEFAULT,
+      FBD_MAX_STREAMS_PER_CONNECTION_DEFAULT, FBD_MAX_CONNECTIONS_DEFAULT,
+      FBD_MAX_CONNECTIONS_PER_IP_DEFAULT, FBD_STREAM_RATE_DEFAULT, FBD_RESET_RATE_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -240,6 +260,11 @@ static const opt opts[] = {
     {"transport_memory_bytes", OPT_BYTES, OFF(transport_memory_bytes), 0},
     {"max_calls", OPT_INT, OFF(max_calls), 1},
     {"max_calls_per_tenant", OPT_INT, OFF(max_calls_per_tenant), 1},
+    {"max_streams_per_connection", OPT_INT, OFF(max_streams_per_connection), 1},
+    {"max_connections", OPT_INT, OFF(max_connections), 1},
+    {"max_connections_per_ip", OPT_INT, OFF(max_connections_per_ip), 1},
+    {"stream_rate", OPT_INT, OFF(stream_rate), 1},
+    {"reset_rate", OPT_INT, OFF(reset_rate), 1},
     {"tls_cert", OPT_GROUP, OFF(tls_cert), 0},      /* paths: "" unsets, as for a group */
     {"tls_key", OPT_GROUP, OFF(tls_key), 0},
     {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},

@@ -23,7 +23,7 @@
 #include "server/server.h"
 
 #define REQUEST_SLOTS 8
-#define SERVER_ARGS 8 /* the integer ones; then the resource quota */
+#define SERVER_ARGS 9 /* the integer ones; then the resource quota */
 
 double fbd_now(void) {
   struct timespec ts;
@@ -276,6 +276,11 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   c->m = m ? m : &unknown_method;
   c->gc = gc;
   c->peer = grpc_call_get_peer(gc);
+  char *client = fbd_gate_peer(srv, c->peer); /* a gated connection: its client's address */
+  if (client) {
+    gpr_free(c->peer);
+    c->peer = client;
+  }
   atomic_init(&c->refs, 2); /* the close op, and ours until started */
   pthread_mutex_init(&c->mu, NULL);
   c->t_recv = (fbd_tag){on_recv_done, c};
@@ -407,7 +412,8 @@ static void server_args(const fbd_config *cfg, grpc_arg *a) {
                                       GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS,
                                       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                                       GRPC_ARG_HTTP2_MAX_PING_STRIKES,
-                                      GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA};
+                                      GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA,
+                                      GRPC_ARG_MAX_CONCURRENT_STREAMS};
   /* keepalive pings go on while a stream idles, so that dead peers are found */
   int values[SERVER_ARGS] = {
       cfg->max_message_bytes > (uint64_t)INT32_MAX ? INT32_MAX : (int)cfg->max_message_bytes,
@@ -417,7 +423,8 @@ static void server_args(const fbd_config *cfg, grpc_arg *a) {
       1,
       5000,
       0,
-      0};
+      0,
+      cfg->max_streams_per_connection};
   for (int i = 0; i < SERVER_ARGS; i++) {
     a[i].type = GRPC_ARG_INTEGER;
     a[i].key = (char *)names[i];
@@ -508,19 +515,25 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     int is_unix = strncmp(addr, "unix:", 5) == 0;
     grpc_server_credentials *cr = fbd_tls_server_creds(srv, addr, err, errlen);
     if (!cr) return FB_EINVAL;
-    mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
-    int port = grpc_server_add_http2_port(srv->server, addr, cr);
-    if (is_unix) umask(old_mask);
-    grpc_server_credentials_release(cr);
-    if (port == 0) {
-      fb_errf(err, errlen, "cannot listen on '%s' (in use, or not host:port / unix:PATH)", addr);
-      return FB_EIO;
-    }
     char bound[512];
-    const char *colon = strrchr(addr, ':');
-    if (strncmp(addr, "unix:", 5) != 0 && colon && strcmp(colon, ":0") == 0)
-      snprintf(bound, sizeof bound, "%.*s:%d", (int)(colon - addr), addr, port);
-    else snprintf(bound, sizeof bound, "%s", addr);
+    if (!is_unix && !cfg->tls_cert) { /* plain TCP: through the HTTP/2 gate (h2gate.c) */
+      grpc_server_credentials_release(cr);
+      if ((rc = fbd_gate_listen(srv, addr, bound, sizeof bound, err, errlen))) return rc;
+    } else {
+      mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
+      int port = grpc_server_add_http2_port(srv->server, addr, cr);
+      if (is_unix) umask(old_mask);
+      grpc_server_credentials_release(cr);
+      if (port == 0) {
+        fb_errf(err, errlen, "cannot listen on '%s' (in use, or not host:port / unix:PATH)",
+                addr);
+        return FB_EIO;
+      }
+      const char *colon = strrchr(addr, ':');
+      if (strncmp(addr, "unix:", 5) != 0 && colon && strcmp(colon, ":0") == 0)
+        snprintf(bound, sizeof bound, "%.*s:%d", (int)(colon - addr), addr, port);
+      else snprintf(bound, sizeof bound, "%s", addr);
+    }
     used += (size_t)snprintf(srv->addresses + used, sizeof srv->addresses - used, "%s%s",
                              used ? " " : "", bound);
     if (used >= sizeof srv->addresses) used = sizeof srv->addresses - 1;
@@ -583,6 +596,7 @@ static int start_grpc(fbd_server *srv, char *err, size_t errlen) {
   grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
   int rc = bind_all(srv, err, errlen);
   grpc_server_start(srv->server);
+  if (!rc) rc = fbd_gate_start(srv, err, errlen);
   int n = srv->cfg->cq_threads < 1 ? 1 : srv->cfg->cq_threads > 64 ? 64 : srv->cfg->cq_threads;
   for (; srv->ncq < n; srv->ncq++)
     if (pthread_create(&srv->cq_threads[srv->ncq], NULL, cq_main, srv)) {
@@ -705,6 +719,7 @@ static void drain(fbd_server *srv) {
 int fbd_server_shutdown(fbd_server *srv) {
   if (!srv) return 0;
   atomic_store(&srv->stopping, 1);
+  fbd_gate_stop_accepting(srv);
   if (srv->server) {
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->t_shutdown);
     drain(srv);
@@ -728,6 +743,7 @@ int fbd_server_shutdown(fbd_server *srv) {
     grpc_server_destroy(srv->server);
     srv->server = NULL;
   }
+  fbd_gate_free(srv); /* after gRPC: it relayed the last answers and GOAWAYs */
   if (srv->cq) {
     grpc_completion_queue_shutdown(srv->cq);
     for (int i = 0; i < srv->ncq; i++) pthread_join(srv->cq_threads[i], NULL);

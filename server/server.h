@@ -40,6 +40,12 @@
 #define FBD_TRANSPORT_MEMORY_MIN (64ull << 20)
 #define FBD_TRANSPORT_MEMORY_MAX (1ull << 30)
 #define FBD_MAX_CALLS_DEFAULT 4096 /* --max-calls */
+/* the transport's limits (h2gate.c, rpc.c): docs/security.md "The transport" */
+#define FBD_MAX_CONNECTIONS_DEFAULT 1024
+#define FBD_MAX_CONNECTIONS_PER_IP_DEFAULT 16
+#define FBD_MAX_STREAMS_PER_CONNECTION_DEFAULT 100
+#define FBD_STREAM_RATE_DEFAULT 1000
+#define FBD_RESET_RATE_DEFAULT 100
 #define FBD_MAX_CALLS_PER_TENANT_DEFAULT 1024 /* --max-calls-per-tenant */
 
 /* ---------------------------------------------------------------- config */
@@ -92,6 +98,11 @@ typedef struct fbd_config {
                                     at most 256M */
   int max_calls; /* calls open at once; past it a call is refused RESOURCE_EXHAUSTED */
   int max_calls_per_tenant; /* the same for each tenant of a tenants file */
+  int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, every listener */
+  /* the HTTP/2 gate on plain host:port listeners (h2gate.c) */
+  int max_connections, max_connections_per_ip; /* connections at once */
+  int stream_rate; /* new streams a second from one client address (a burst of as many) */
+  int reset_rate;  /* RST_STREAMs a second from one client address (a burst of twice) */
   uint64_t transport_memory_bytes; /* gRPC's resource quota: what its transports may hold
                                       (received messages not yet whole among it);
                                       0 = memory_budget / 8, within [64M, 1G] */
@@ -287,6 +298,7 @@ struct fbd_server {
   struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
   struct fbd_sched *sched; /* the fair scheduler (sched.c) */
   struct fbd_tls *tls; /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
+  struct fbd_gate *gate; /* the HTTP/2 gate of plain host:port listeners (h2gate.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -296,6 +308,15 @@ void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished worker
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
 int fbd_server_shutdown(fbd_server *s);
+/* The HTTP/2 gate (h2gate.c): listen on a plain host:port (bound: the
+ * address with the port it got), start its thread once gRPC has started,
+ * stop taking connections (shutdown begins), free it once gRPC is gone. */
+int fbd_gate_listen(fbd_server *s, const char *addr, char *bound, size_t bn, char *err,
+                    size_t errlen);
+int fbd_gate_start(fbd_server *s, char *err, size_t errlen);
+void fbd_gate_stop_accepting(fbd_server *s);
+void fbd_gate_free(fbd_server *s);
+char *fbd_gate_peer(fbd_server *s, const char *peer); /* "fd:N" -> the client's address */
 void fbd_server_free(fbd_server *s);
 double fbd_now(void); /* monotonic seconds */
 const fbd_method *fbd_method_find(const char *path, size_t n);

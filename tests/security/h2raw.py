@@ -46,15 +46,32 @@ def _headers(path, token=None):
     return bytes(out)
 
 
+def connect(where, timeout=30):
+    """A socket to a unix socket path, or to 'HOST:PORT' where HOST is a
+    loopback address (127.0.0.1, [::1]): these tests talk to nothing else."""
+    if where.startswith("/"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(where)
+        return sock
+    host, _, port = where.rpartition(":")
+    host = host.strip("[]")
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        raise ValueError(f"h2raw talks to loopback only, not {host!r}")
+    fam = socket.AF_INET6 if host == "::1" else socket.AF_INET
+    sock = socket.socket(fam, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect((host if host != "localhost" else "127.0.0.1", int(port)))
+    return sock
+
+
 class Conn:
-    """One HTTP/2 connection to a unix socket; token: sent as 'authorization:
-    Bearer TOKEN' on every call."""
+    """One HTTP/2 connection to a unix socket path or a loopback HOST:PORT;
+    token: sent as 'authorization: Bearer TOKEN' on every call."""
 
     def __init__(self, path, token=None):
         self.token = token
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(path)
+        self.sock = connect(path)
         self.mu = threading.Condition()
         self.conn_window = 65535
         self.init_window = 65535
@@ -156,6 +173,39 @@ class Conn:
                     return False
             off += n
         return True
+
+    def rapid_reset(self, path, n):
+        """n calls on path, each HEADERS then at once RST_STREAM (CANCEL),
+        written together (CVE-2023-44487). Returns the bytes written, or 0
+        where the server had closed the connection."""
+        block = _headers(path, self.token)
+        out = bytearray()
+        for _ in range(n):
+            sid = self.next_id
+            self.next_id += 2
+            out += _frame(HEADERS, END_HEADERS, sid, block)
+            out += _frame(RST_STREAM, 0, sid, struct.pack(">I", 8))  # CANCEL
+        with self.mu:
+            if self.closed or self.goaway:
+                return 0
+        self._send(bytes(out))
+        return 0 if self.closed else len(out)
+
+    def flood(self, path, n):
+        """n calls on path whose HEADERS come and nothing else: streams held
+        open. Returns their stream ids (none once the connection closed)."""
+        block = _headers(path, self.token)
+        out, sids = bytearray(), []
+        for _ in range(n):
+            sid = self.next_id
+            self.next_id += 2
+            sids.append(sid)
+            out += _frame(HEADERS, END_HEADERS, sid, block)
+        with self.mu:
+            if self.closed or self.goaway:
+                return []
+        self._send(bytes(out))
+        return [] if self.closed else sids
 
     def state(self, sid):
         with self.mu:

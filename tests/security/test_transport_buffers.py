@@ -138,7 +138,8 @@ def test_calls_held_open_per_tenant(small_quarantine, daemons):  # noqa: F811 (f
     and its field is unchanged."""
     toks = {n: "tok-%s-" % n + os.urandom(8).hex() for n in ("a", "b")}
     d = daemons("unix", ["--max-calls-per-tenant", "200", "--max-calls", "1000",
-                         "--isolation", "thread", "--metrics-listen", "127.0.0.1:0"],
+                         "--isolation", "thread", "--metrics-listen", "127.0.0.1:0",
+                         "--max-streams-per-connection", "1000"],  # 1,000 a connection
                 tenants=[{"name": n, "token_sha256": [sha(toks[n])]} for n in ("a", "b")])
     b = tenant_client(d.address, toks["b"])
     pattern = bytes((i * 13 + 5) % 256 for i in range(64))
@@ -234,7 +235,8 @@ def test_max_calls(make_server):
     the calls open at once, all together. Past it a call is refused
     RESOURCE_EXHAUSTED naming the option; once they close, calls go on."""
     server = make_server("--max-calls", "100", "--isolation", "thread",
-                         "--metrics-listen", "127.0.0.1:0")
+                         "--metrics-listen", "127.0.0.1:0",
+                         "--max-streams-per-connection", "1000")  # 150 a connection
     cs, calls = _flood(server.sock, 2, 150, [REGISTER], 1000, wait=1.0)
     time.sleep(0.3)
     states = _states(calls)
