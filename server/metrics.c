@@ -32,6 +32,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -427,7 +428,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **ctx,
     return;
   }
   if (what != MHD_CONNECTION_NOTIFY_STARTED) return;
-  const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *fd =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   const union MHD_ConnectionInfo *addr =
       MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
   *ctx = NULL;
@@ -662,6 +664,17 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
     return FB_EIO;
   }
   m->d = d;
+  /* The kernel hands a connection over only once its first bytes arrived
+   * (or the timeout passed): a probe is then accepted with its whole
+   * request already waiting, which request_waiting() sees, and a client
+   * that connects and sends nothing holds no slot meanwhile. */
+  const union MHD_DaemonInfo *lfd = MHD_get_daemon_info(d, MHD_DAEMON_INFO_LISTEN_FD);
+  int defer = (int)idle;
+  if (!lfd || setsockopt(lfd->listen_fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof defer))
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "metrics on %s: cannot set TCP_DEFER_ACCEPT: under a flood of connections a "
+             "probe may be shut down before its request arrives",
+             addr);
   if (pthread_create(&m->reaper, NULL, reaper_main, m)) {
     MHD_stop_daemon(d);
     guard_free(m);
