@@ -12,6 +12,8 @@
  *   --worker-uid-count, --worker-namespaces auto|on|net|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
+ *   --metrics-max-connections, --metrics-max-connections-per-ip,
+ *   --metrics-request-timeout-s,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms,
  *   --max-streams-per-connection, --max-connections, --max-connections-per-ip,
  *   --stream-rate, --reset-rate.
@@ -58,6 +60,9 @@ void fbd_config_defaults(fbd_config *c) {
   c->fair_share = strdup("on");
   c->worker_namespaces = strdup("auto");
   c->fair_slice_ms = 10;
+  c->metrics_max_connections = FBD_METRICS_MAX_CONNECTIONS_DEFAULT;
+  c->metrics_max_connections_per_ip = FBD_METRICS_MAX_CONNECTIONS_PER_IP_DEFAULT;
+  c->metrics_request_timeout_s = FBD_METRICS_REQUEST_TIMEOUT_S_DEFAULT;
 }
 
 void fbd_config_free(fbd_config *c) {
@@ -168,6 +173,14 @@ void fbd_usage(FILE *f) {
       "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
       "                             every call must authenticate; re-read on SIGHUP\n"
       "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
+      "  --metrics-max-connections N  connections the metrics port holds at once; past it\n"
+      "                             the oldest one that has not sent its whole request is\n"
+      "                             closed to make room (default %d)\n"
+      "  --metrics-max-connections-per-ip N  the same for one client address, an IPv6\n"
+      "                             /64 counted as one (default %d)\n"
+      "  --metrics-request-timeout-s S  a metrics connection not done (request received,\n"
+      "                             answer sent) S seconds after it was accepted is\n"
+      "                             closed, however it trickles bytes (default %g)\n"
       "  --fair-share on|off        hold back a tenant over its share of device time while\n"
       "                             another tenant has work (default on)\n"
       "  --fair-slice-ms N          how far a tenant may run ahead of the least served\n"
@@ -179,7 +192,9 @@ void fbd_usage(FILE *f) {
       FB_MAX_KERNEL_STATEMENTS_DEFAULT, FBD_MAX_KERNELS_PER_SESSION_DEFAULT,
       FBD_MAX_CALLS_DEFAULT, FBD_MAX_CALLS_PER_TENANT_DEFAULT,
       FBD_MAX_STREAMS_PER_CONNECTION_DEFAULT, FBD_MAX_CONNECTIONS_DEFAULT,
-      FBD_MAX_CONNECTIONS_PER_IP_DEFAULT, FBD_STREAM_RATE_DEFAULT, FBD_RESET_RATE_DEFAULT);
+      FBD_MAX_CONNECTIONS_PER_IP_DEFAULT, FBD_STREAM_RATE_DEFAULT, FBD_RESET_RATE_DEFAULT,
+      FBD_METRICS_MAX_CONNECTIONS_DEFAULT, FBD_METRICS_MAX_CONNECTIONS_PER_IP_DEFAULT,
+      FBD_METRICS_REQUEST_TIMEOUT_S_DEFAULT);
 }
 
 int fbd_parse_bytes(const char *s, uint64_t *out) {
@@ -271,6 +286,9 @@ static const opt opts[] = {
     {"insecure", OPT_BOOL, OFF(insecure), 0},
     {"tenants", OPT_GROUP, OFF(tenants), 0},
     {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
+    {"metrics_max_connections", OPT_INT, OFF(metrics_max_connections), 1},
+    {"metrics_max_connections_per_ip", OPT_INT, OFF(metrics_max_connections_per_ip), 1},
+    {"metrics_request_timeout_s", OPT_SECS, OFF(metrics_request_timeout_s), 1},
     {"fair_share", OPT_STR, OFF(fair_share), 0},
     {"fair_slice_ms", OPT_INT, OFF(fair_slice_ms), 1},
 };

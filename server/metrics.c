@@ -7,21 +7,71 @@
  *   GET /readyz   200 when new sessions can be served, else 503 (readiness:
  *                 not while shutting down or while the device is unhealthy).
  * The endpoint carries no session ids, tags or tokens: only counts. Bind it
- * to loopback or a network that only the monitoring reaches. */
+ * to loopback or a network that only the monitoring reaches.
+ *
+ * Whoever reaches the port may be hostile (slowloris: many connections, each
+ * sending a byte now and then). libmicrohttpd's own timeout is an idle one
+ * that every byte resets, and its per-address limit refuses newcomers, the
+ * kubelet's probe among them. So this file keeps its own table of the open
+ * connections (MHD_OPTION_NOTIFY_CONNECTION), and
+ *   - every connection serves one request (Connection: close) and is shut
+ *     down metrics_request_timeout_s after it was accepted, whatever it
+ *     sends (a reaper thread sleeping until the earliest deadline);
+ *   - a new connection is always taken: past metrics_max_connections_per_ip
+ *     connections of its address (an IPv6 /64 counts as one), or past
+ *     metrics_max_connections in all, the oldest connection of that address
+ *     (or of all) that has not yet sent its whole request is shut down to
+ *     make room. A probe sends its request at once and is answered in the
+ *     same poll round, so slow clients cannot starve it: they are the
+ *     oldest, and go first.
+ * shutdown() leaves the descriptor to libmicrohttpd, which sees the end of
+ * the stream and closes it; it closes a descriptor only after telling us
+ * (MHD_CONNECTION_NOTIFY_CLOSED, under our lock), so a number we shut down
+ * is never one reused elsewhere in fuseboxd. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "server/server.h"
 
+/* libmicrohttpd's own connection limit is ours plus this: connections shut
+ * down to make room are closed by it a poll round later, and it accepts at
+ * most 10 connections a round; at its limit it would stop accepting. */
+#define MHD_LIMIT_SLACK 32
+
+/* One open connection of the metrics port (c NULL: a free slot). */
+typedef struct conn_slot {
+  struct MHD_Connection *c;
+  MHD_socket fd;
+  unsigned char who[16]; /* the client's address (IPv4 as ::ffff:a.b.c.d, IPv6 its /64) */
+  double start;          /* fbd_now() when accepted */
+  int answered;          /* its request arrived whole: the handler ran */
+  int cut;               /* shut down by us; libmicrohttpd has yet to close it */
+} conn_slot;
+
+enum { CUT_TIMEOUT, CUT_PER_IP, CUT_LIMIT, NCUT };
+static const char *const cut_reasons[NCUT] = {"request_timeout", "per_ip", "limit"};
+
 struct fbd_metrics {
   struct MHD_Daemon *d;
+  fbd_server *srv;
+  pthread_mutex_t mu; /* the table, and the reaper's state */
+  pthread_cond_t cv;  /* the reaper's (CLOCK_MONOTONIC): a first connection, or stop */
+  pthread_t reaper;
+  int reaper_started, reaper_idle, stopping;
+  conn_slot *slot;
+  int nslot;        /* max_conn + MHD_LIMIT_SLACK: libmicrohttpd never holds more */
+  int max_conn, max_per_ip;
+  double timeout_s; /* metrics_request_timeout_s */
+  uint64_t accepted, cuts[NCUT];
 };
 
 typedef struct text {
@@ -300,6 +350,172 @@ static void metrics_text(fbd_server *srv, text *t) {
   free(sched);
 }
 
+/* ---------------------------------------------------------------- the connection table */
+
+/* The key an address is counted under: IPv4 (also as ::ffff:a.b.c.d) whole,
+ * IPv6 by its /64, since one host commonly holds a whole /64. */
+static void address_key(const struct sockaddr *sa, unsigned char out[16]) {
+  memset(out, 0, 16);
+  if (!sa) return;
+  if (sa->sa_family == AF_INET) {
+    out[10] = out[11] = 0xff;
+    memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    memcpy(out, a->s6_addr, IN6_IS_ADDR_V4MAPPED(a) ? 16 : 8);
+  }
+}
+
+/* Shut a connection down (m->mu held): libmicrohttpd reads the end of the
+ * stream on its next round and closes it. */
+static void cut(struct fbd_metrics *m, conn_slot *s, int why) {
+  shutdown(s->fd, SHUT_RDWR);
+  s->cut = 1;
+  m->cuts[why]++;
+}
+
+/* Whether the whole head of a request ("\r\n\r\n" ends it) already waits in
+ * s's socket, unread: libmicrohttpd reads and answers it in this poll round,
+ * so s is as good as answered. A probe sends its request right after its
+ * connect; a connection accepted just before a burst of others may not have
+ * been read yet. Called on libmicrohttpd's thread (the only reader). */
+static int request_waiting(const conn_slot *s) {
+  char buf[4096];
+  ssize_t n = recv(s->fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+  for (ssize_t i = 0; i + 3 < n; i++)
+    if (buf[i] == '\r' && buf[i + 1] == '\n' && buf[i + 2] == '\r' && buf[i + 3] == '\n')
+      return 1;
+  return 0;
+}
+
+/* Past limit open connections (of address who, or of all when who is NULL),
+ * shut down the oldest that has not sent its whole request, else the oldest;
+ * never the newest (m->mu held, on libmicrohttpd's thread). */
+static void make_room(struct fbd_metrics *m, const conn_slot *newest, const unsigned char *who,
+                      int limit, int why) {
+  for (;;) {
+    int open = 0;
+    conn_slot *pending = NULL, *any = NULL;
+    for (int i = 0; i < m->nslot; i++) {
+      conn_slot *s = &m->slot[i];
+      if (!s->c || s->cut || (who && memcmp(s->who, who, 16))) continue;
+      open++;
+      if (s == newest) continue;
+      if (!s->answered && (!pending || s->start < pending->start)) pending = s;
+      if (!any || s->start < any->start) any = s;
+    }
+    if (open <= limit) return;
+    if (pending && request_waiting(pending)) {
+      pending->answered = 1; /* look again, for the next oldest */
+      continue;
+    }
+    conn_slot *victim = pending ? pending : any;
+    if (!victim) return;
+    cut(m, victim, why);
+  }
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **ctx,
+                          enum MHD_ConnectionNotificationCode what) {
+  struct fbd_metrics *m = cls;
+  if (what == MHD_CONNECTION_NOTIFY_CLOSED) {
+    conn_slot *s = *ctx;
+    if (!s) return;
+    pthread_mutex_lock(&m->mu);
+    memset(s, 0, sizeof *s); /* before libmicrohttpd closes the descriptor */
+    pthread_mutex_unlock(&m->mu);
+    *ctx = NULL;
+    return;
+  }
+  if (what != MHD_CONNECTION_NOTIFY_STARTED) return;
+  const union MHD_ConnectionInfo *fd =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *addr =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  *ctx = NULL;
+  if (!fd) return; /* cannot happen: libmicrohttpd has just accepted it */
+  pthread_mutex_lock(&m->mu);
+  m->accepted++;
+  conn_slot *s = NULL;
+  for (int i = 0; i < m->nslot && !s; i++)
+    if (!m->slot[i].c) s = &m->slot[i];
+  if (!s) { /* cannot happen: libmicrohttpd holds at most nslot connections */
+    shutdown(fd->connect_fd, SHUT_RDWR);
+    m->cuts[CUT_LIMIT]++;
+    pthread_mutex_unlock(&m->mu);
+    return;
+  }
+  *s = (conn_slot){.c = c, .fd = fd->connect_fd, .start = fbd_now()};
+  address_key(addr ? addr->client_addr : NULL, s->who);
+  *ctx = s;
+  make_room(m, s, s->who, m->max_per_ip, CUT_PER_IP);
+  make_room(m, s, NULL, m->max_conn, CUT_LIMIT);
+  /* a newcomer's deadline is the latest of all: the reaper needs waking only
+   * when it sleeps with nothing to wait for */
+  if (m->reaper_idle) pthread_cond_signal(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* Shuts down every connection older than the request timeout, then sleeps
+ * until the next one is due (or, with none open, until one opens). */
+static void *reaper_main(void *arg) {
+  struct fbd_metrics *m = arg;
+  pthread_mutex_lock(&m->mu);
+  while (!m->stopping) {
+    double now = fbd_now(), next = 0;
+    for (int i = 0; i < m->nslot; i++) {
+      conn_slot *s = &m->slot[i];
+      if (!s->c || s->cut) continue;
+      double due = s->start + m->timeout_s;
+      if (due <= now) cut(m, s, CUT_TIMEOUT);
+      else if (!next || due < next) next = due;
+    }
+    m->reaper_idle = !next;
+    if (!next) {
+      pthread_cond_wait(&m->cv, &m->mu);
+      continue;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)next;
+    ts.tv_nsec = (long)((next - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    pthread_cond_timedwait(&m->cv, &m->mu, &ts);
+  }
+  pthread_mutex_unlock(&m->mu);
+  return NULL;
+}
+
+/* Its request arrived whole: no longer the first to go when room is made. */
+static void mark_answered(struct fbd_metrics *m, struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  conn_slot *s = ci ? ci->socket_context : NULL;
+  if (!s) return;
+  pthread_mutex_lock(&m->mu);
+  s->answered = 1;
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* The port's own part of /metrics. */
+static void port_text(struct fbd_metrics *m, text *t) {
+  pthread_mutex_lock(&m->mu);
+  uint64_t open = 0, accepted = m->accepted, cuts[NCUT];
+  for (int i = 0; i < m->nslot; i++) open += m->slot[i].c && !m->slot[i].cut;
+  memcpy(cuts, m->cuts, sizeof cuts);
+  pthread_mutex_unlock(&m->mu);
+  metric(t, "metrics_connections", "gauge", "Connections open on the metrics port now.", open);
+  metric(t, "metrics_connections_total", "counter", "Connections the metrics port accepted.",
+         accepted);
+  header(t, "metrics_connections_cut_total", "counter",
+         "Metrics port connections shut down by fuseboxd, by why: request_timeout (not done "
+         "within metrics_request_timeout_s of being accepted), per_ip (room made for a newer "
+         "one of the same address, past metrics_max_connections_per_ip), limit (the same past "
+         "metrics_max_connections).");
+  for (int i = 0; i < NCUT; i++)
+    put(t, "fusebox_metrics_connections_cut_total{reason=\"%s\"} %llu\n", cut_reasons[i],
+        (unsigned long long)cuts[i]);
+}
+
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
                              char *body, size_t n) {
   if (!body) return MHD_NO; /* out of memory: drop the connection */
@@ -309,6 +525,8 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
     return MHD_NO;
   }
   MHD_add_response_header(r, "Content-Type", type);
+  /* one request a connection: its deadline counts from its accept */
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
   enum MHD_Result ok = MHD_queue_response(conn, status, r);
   MHD_destroy_response(r);
   return ok;
@@ -320,13 +538,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
   (void)version;
   (void)upload;
   (void)state;
-  fbd_server *srv = cls;
+  struct fbd_metrics *m = cls;
+  fbd_server *srv = m->srv;
+  mark_answered(m, conn);
   if (*upload_n) return MHD_NO; /* no request bodies here */
   if (strcmp(method, "GET") && strcmp(method, "HEAD"))
     return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
   if (!strcmp(url, "/metrics")) {
     text t = {0};
     metrics_text(srv, &t);
+    port_text(m, &t);
     if (t.oom) {
       free(t.p);
       return reply(conn, 500, "text/plain", strdup("out of memory\n"), 14);
@@ -359,6 +580,47 @@ static int loopback_addr(const struct sockaddr *sa) {
   return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
 }
 
+/* The table and the reaper's lock, sized from the settings; NULL with err
+ * set for a setting out of range, NULL alone when out of memory. */
+static struct fbd_metrics *guard_new(fbd_server *srv, char *err, size_t errlen) {
+  const fbd_config *cfg = srv->cfg;
+  if (err && errlen) *err = 0;
+  if (cfg->metrics_max_connections > FBD_METRICS_MAX_CONNECTIONS_LIMIT) {
+    fb_errf(err, errlen, "--metrics-max-connections (metrics_max_connections) %d: at most %d",
+            cfg->metrics_max_connections, FBD_METRICS_MAX_CONNECTIONS_LIMIT);
+    return NULL;
+  }
+  struct fbd_metrics *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->srv = srv;
+  m->max_conn = cfg->metrics_max_connections > 0 ? cfg->metrics_max_connections
+                                                 : FBD_METRICS_MAX_CONNECTIONS_DEFAULT;
+  m->max_per_ip = cfg->metrics_max_connections_per_ip > 0
+                      ? cfg->metrics_max_connections_per_ip
+                      : FBD_METRICS_MAX_CONNECTIONS_PER_IP_DEFAULT;
+  m->timeout_s = cfg->metrics_request_timeout_s > 0 ? cfg->metrics_request_timeout_s
+                                                    : FBD_METRICS_REQUEST_TIMEOUT_S_DEFAULT;
+  m->nslot = m->max_conn + MHD_LIMIT_SLACK;
+  if (!(m->slot = calloc((size_t)m->nslot, sizeof *m->slot))) {
+    free(m);
+    return NULL;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* fbd_now()'s clock */
+  pthread_cond_init(&m->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&m->mu, NULL);
+  return m;
+}
+
+static void guard_free(struct fbd_metrics *m) {
+  pthread_cond_destroy(&m->cv);
+  pthread_mutex_destroy(&m->mu);
+  free(m->slot);
+  free(m);
+}
+
 int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
   const char *addr = srv->cfg->metrics_listen;
   if (!addr || !*addr) return 0;
@@ -381,21 +643,46 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
     fb_errf(err, errlen, "--metrics-listen '%s': %s", addr, gai_strerror(e));
     return FB_EINVAL;
   }
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
-  struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, handle, srv, MHD_OPTION_SOCK_ADDR,
-                                          ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64,
-                                          MHD_OPTION_CONNECTION_TIMEOUT, 10, MHD_OPTION_END);
+  struct fbd_metrics *m = guard_new(srv, err, errlen);
+  if (!m) {
+    freeaddrinfo(ai);
+    return *err ? FB_EINVAL : FB_ENOMEM;
+  }
+  /* epoll (MHD_USE_AUTO): select() could not take a descriptor past 1023,
+   * and fuseboxd holds one per gRPC connection and worker */
+  unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+  unsigned idle = (unsigned)(m->timeout_s + 0.999); /* idle timeout: a backstop to ours */
+  struct MHD_Daemon *d = MHD_start_daemon(
+      flags, 0, NULL, NULL, handle, m, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)m->nslot, MHD_OPTION_CONNECTION_TIMEOUT, idle,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, m, MHD_OPTION_END);
   int local = loopback_addr(ai->ai_addr);
   freeaddrinfo(ai);
   if (!d) {
+    guard_free(m);
     fb_errf(err, errlen, "--metrics-listen '%s': cannot listen there (in use?)", addr);
     return FB_EIO;
   }
-  if (!(srv->metrics = calloc(1, sizeof *srv->metrics))) {
+  m->d = d;
+  /* The kernel hands a connection over only once its first bytes arrived
+   * (or the timeout passed): a probe is then accepted with its whole
+   * request already waiting, which request_waiting() sees, and a client
+   * that connects and sends nothing holds no slot meanwhile. */
+  const union MHD_DaemonInfo *lfd = MHD_get_daemon_info(d, MHD_DAEMON_INFO_LISTEN_FD);
+  int defer = (int)idle;
+  if (!lfd || setsockopt(lfd->listen_fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof defer))
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "metrics on %s: cannot set TCP_DEFER_ACCEPT: under a flood of connections a "
+             "probe may be shut down before its request arrives",
+             addr);
+  if (pthread_create(&m->reaper, NULL, reaper_main, m)) {
     MHD_stop_daemon(d);
-    return FB_ENOMEM;
+    guard_free(m);
+    fb_errf(err, errlen, "--metrics-listen '%s': cannot start a thread", addr);
+    return FB_EIO;
   }
-  srv->metrics->d = d;
+  m->reaper_started = 1;
+  srv->metrics = m;
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   fbd_logf(srv->log, FBD_LOG_INFO, "metrics on http://%s:%u/metrics (also /healthz, /readyz)", host,
            info ? (unsigned)info->port : 0);
@@ -408,8 +695,14 @@ int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen) {
 }
 
 void fbd_metrics_stop(fbd_server *srv) {
-  if (!srv->metrics) return;
-  MHD_stop_daemon(srv->metrics->d);
-  free(srv->metrics);
+  struct fbd_metrics *m = srv->metrics;
+  if (!m) return;
+  pthread_mutex_lock(&m->mu);
+  m->stopping = 1;
+  pthread_cond_signal(&m->cv);
+  pthread_mutex_unlock(&m->mu);
+  if (m->reaper_started) pthread_join(m->reaper, NULL);
+  MHD_stop_daemon(m->d); /* closes the rest, telling on_connection */
+  guard_free(m);
   srv->metrics = NULL;
 }

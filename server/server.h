@@ -47,6 +47,13 @@
 #define FBD_STREAM_RATE_DEFAULT 1000
 #define FBD_RESET_RATE_DEFAULT 100
 #define FBD_MAX_CALLS_PER_TENANT_DEFAULT 1024 /* --max-calls-per-tenant */
+/* the metrics port (metrics.c): connections at once, of one client address, and
+ * how long one may live (--metrics-max-connections, --metrics-max-connections-per-ip,
+ * --metrics-request-timeout-s) */
+#define FBD_METRICS_MAX_CONNECTIONS_DEFAULT 128
+#define FBD_METRICS_MAX_CONNECTIONS_PER_IP_DEFAULT 16
+#define FBD_METRICS_MAX_CONNECTIONS_LIMIT 65536
+#define FBD_METRICS_REQUEST_TIMEOUT_S_DEFAULT 5.0
 
 /* ---------------------------------------------------------------- config */
 
@@ -117,6 +124,11 @@ typedef struct fbd_config {
   int insecure; /* allow plain TCP on a non-loopback address */
   char *tenants; /* tenants file (JSON); NULL: one anonymous tenant */
   char *metrics_listen; /* host:port of the HTTP /metrics, /healthz, /readyz */
+  int metrics_max_connections; /* connections the metrics port holds at once; past it
+                                  the oldest one still sending its request is closed */
+  int metrics_max_connections_per_ip; /* the same for one client address (IPv6: a /64) */
+  double metrics_request_timeout_s; /* a metrics connection is closed this long after it
+                                       was accepted, however it trickles bytes */
   char *fair_share; /* "on": hold back tenants over their share (sched.c); "off" */
   int fair_slice_ms; /* how far a tenant may run ahead of the least served one */
   int ready_fd; /* -1, or write the bound addresses here when serving */
