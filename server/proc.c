@@ -94,6 +94,7 @@ struct fbd_proc {
   fbd_watch *watch;         /* the page shared with it */
   int reaped;
   uint64_t unsynced;        /* launches sent since its last SyncResult (reply_cap) */
+  uint64_t own_bytes;       /* a spare's: its last measure (fbd_proc_measure), under pmu */
 };
 
 typedef struct wire_req {
@@ -352,6 +353,59 @@ void fbd_proc_free(fbd_proc *p) {
   proc_reap(p, 1, NULL, 0);
   if (p->watch) munmap(p->watch, WATCH_BYTES);
   free(p);
+}
+
+int fbd_proc_measure(fbd_proc *p, uint64_t *bytes) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%ld/statm", (long)p->pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC); /* statm is readable by all, even for a worker
+                                                that is not dumpable (smaps_rollup is not) */
+  if (fd < 0) return FB_EIO;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  unsigned long long size = 0, resident = 0, shared = 0;
+  if (n <= 0) return FB_EIO;
+  buf[n] = 0;
+  if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3) return FB_EIO;
+  /* the pid was this worker's when read: still alive now (its pidfd not
+     readable), it cannot have been reaped and the pid reused */
+  struct pollfd pf = {p->pidfd, POLLIN, 0};
+  if (p->reaped || (p->pidfd >= 0 && poll(&pf, 1, 0) != 0)) return FB_EIO;
+  long page = sysconf(_SC_PAGESIZE);
+  /* resident less file-backed and shmem pages: its anonymous memory */
+  *bytes = (resident > shared ? resident - shared : 0) * (uint64_t)(page > 0 ? page : 4096);
+  return 0;
+}
+
+void fbd_proc_sample(fbd_session *s) {
+  uint64_t v;
+  pthread_mutex_lock(&s->mu);
+  if (s->proc && !fbd_proc_measure(s->proc, &v)) atomic_store(&s->worker_rss, v);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Whether a spare said its hello (readable, not read: the session that
+ * takes it reads it), so that its measure is a fresh worker's. */
+static int proc_ready(fbd_proc *p) {
+  struct pollfd pf = {p->fd, POLLIN, 0};
+  return poll(&pf, 1, 0) > 0 && (pf.revents & POLLIN);
+}
+
+/* Under pmu: measure the spares (the budget's workers part); a ready
+ * spare's measure is also the charge of the next new session's worker. */
+static void spares_measure(fbd_server *srv) {
+  uint64_t sum = 0, fixed = srv->cfg->worker_memory_bytes;
+  for (int i = 0; i < srv->nspares; i++) {
+    fbd_proc *p = srv->spares[i];
+    uint64_t v;
+    if (fixed) p->own_bytes = fixed;
+    else if (!fbd_proc_measure(p, &v)) {
+      p->own_bytes = v;
+      if (proc_ready(p)) atomic_store(&srv->worker_charge, v);
+    }
+    sum += p->own_bytes;
+  }
+  atomic_store(&srv->spare_bytes, sum);
 }
 
 static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
@@ -848,6 +902,19 @@ int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
     if (rc) return rc;
     srv->spares[srv->nspares++] = p;
   }
+  /* a measure of a fresh worker before the first session is admitted, so
+     that its worker is charged too: the first spare's, once it is ready
+     (a spare with --worker-uid-base makes its engine only when taken) */
+  if (want && !srv->cfg->worker_memory_bytes && !srv->cfg->worker_uid_base) {
+    double t0 = mono();
+    while (!proc_ready(srv->spares[0]) && mono() - t0 < 10) {
+      struct pollfd pf = {srv->spares[0]->fd, POLLIN, 0};
+      poll(&pf, 1, 50);
+    }
+  }
+  pthread_mutex_lock(&srv->pmu);
+  spares_measure(srv);
+  pthread_mutex_unlock(&srv->pmu);
   return 0;
 }
 
@@ -876,6 +943,7 @@ void fbd_procs_tick(fbd_server *srv) {
     }
     srv->spares[srv->nspares++] = p;
   }
+  spares_measure(srv);
   pthread_mutex_unlock(&srv->pmu);
 }
 
@@ -892,6 +960,7 @@ void fbd_procs_stop(fbd_server *srv) {
 static int proc_take(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
   pthread_mutex_lock(&srv->pmu);
   fbd_proc *p = srv->nspares ? srv->spares[--srv->nspares] : NULL;
+  if (p) atomic_fetch_sub(&srv->spare_bytes, p->own_bytes); /* the session counts it now */
   pthread_mutex_unlock(&srv->pmu);
   if (p) {
     *out = p;
@@ -1223,8 +1292,12 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
 }
 
 int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
-  int rc = proc_take(s->srv, &s->proc, err, errlen);
+  fbd_proc *taken;
+  int rc = proc_take(s->srv, &taken, err, errlen);
   if (rc) return rc;
+  pthread_mutex_lock(&s->mu); /* fbd_proc_sample reads it under s->mu */
+  s->proc = taken;
+  pthread_mutex_unlock(&s->mu);
   s->watch = s->proc->watch;
   if (s->srv->cfg->worker_uid_base) { /* the tenant's ids: the spare waits for them */
     const fbd_tenant *t = atomic_load(&s->owner);
@@ -1256,6 +1329,15 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
   if (h.code) {
     fb_errf(err, errlen, "the session worker could not start: %s", msg);
     return h.code < 0 && h.code >= FB_ELAST ? h.code : FB_EINTERNAL;
+  }
+  /* a fresh worker, its engine made and nothing of the session's in it
+     yet: its measure is what the session's worker counts at least, and
+     the charge of the next one admitted */
+  uint64_t v;
+  if (!s->srv->cfg->worker_memory_bytes && !fbd_proc_measure(s->proc, &v)) {
+    atomic_store(&s->worker_base, v);
+    atomic_store(&s->worker_rss, v);
+    atomic_store(&s->srv->worker_charge, v);
   }
   return 0;
 }
