@@ -1374,13 +1374,43 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
  *                   path (stat: only an empty root hides the host's
  *                   files from it), and answers FB_EINTERNAL with what
  *                   each returned;
- *   exec            it tries execve (the filter kills it). */
+ *   exec            it tries execve (the filter kills it);
+ *   sigio-probe     it tries to have the kernel signal for it: an owner
+ *                   for SIGIO on its socket (F_SETOWN, F_SETOWN_EX,
+ *                   FIOSETOWN, SIOCSPGRP), a signal of its choosing
+ *                   (F_SETSIG), O_ASYNC (F_SETFL, FIOASYNC), typing into a
+ *                   terminal (TIOCSTI), and answers with what each
+ *                   returned (the owner is itself and the signal SIGURG,
+ *                   which it ignores: harmless were a call let through);
+ *   rlimit-probe    it tries to change its resource limits (setrlimit,
+ *                   prlimit of itself) and to read the broker's (prlimit),
+ *                   reads its own (allowed), and answers with each;
+ *   signal-probe    it tries SIGCONT (harmless) to its process group
+ *                   (kill 0, kill -pgid), a queued one to the broker
+ *                   (rt_sigqueueinfo, rt_tgsigqueueinfo) and a queued
+ *                   SIGURG to itself (allowed), and answers with each and
+ *                   whether it leads a session of its own;
+ *   memfd-resize    at its next field transfer it tries to shrink the
+ *                   staging buffer's memfd (ftruncate) and to grow it
+ *                   (write past its end), reads its seals, and answers
+ *                   with each instead of moving the data;
+ *   close-socket    it closes its socket to the broker and lives on,
+ *                   asleep (the broker must kill it after a grace);
+ *   device-bytes    its replies from then on claim 2^62 bytes of device
+ *                   memory (the broker caps the claim at what its
+ *                   process could hold). */
 enum {
   FAULT_NONE,
   FAULT_STALL,
   FAULT_OVERSIZE,
   FAULT_PROBE,
-  FAULT_EXEC
+  FAULT_EXEC,
+  FAULT_SIGIO,
+  FAULT_RLIMIT,
+  FAULT_SIGNAL,
+  FAULT_MEMFD,
+  FAULT_CLOSE,
+  FAULT_DEVICE
 };
 static char fault_kernel[64];
 static int fault_kind, fault_armed;
@@ -1392,7 +1422,13 @@ static void fault_init(void) {
   } kinds[] = {{"reply-stall:", FAULT_STALL},
                {"reply-oversize:", FAULT_OVERSIZE},
                {"syscall-probe:", FAULT_PROBE},
-               {"exec:", FAULT_EXEC}};
+               {"exec:", FAULT_EXEC},
+               {"sigio-probe:", FAULT_SIGIO},
+               {"rlimit-probe:", FAULT_RLIMIT},
+               {"signal-probe:", FAULT_SIGNAL},
+               {"memfd-resize:", FAULT_MEMFD},
+               {"close-socket:", FAULT_CLOSE},
+               {"device-bytes:", FAULT_DEVICE}};
   const char *f = getenv(FAULT_ENV);
   for (size_t i = 0; f && i < sizeof kinds / sizeof kinds[0]; i++) {
     size_t n = strlen(kinds[i].prefix);
@@ -1410,6 +1446,74 @@ static void fault_note(char *out, size_t n, const char *call, long rc) {
            rc >= 0 ? "allowed"
            : e     ? e
                    : "?");
+}
+
+static void fault_hang(void);
+
+/* The walls against signals the kernel sends on a worker's behalf. */
+static void fault_sigio(char *out, size_t n) {
+  int sock = 3, one = 1, self = getpid();
+  struct f_owner_ex ex = {F_OWNER_PID, self};
+  signal(SIGURG, SIG_IGN);
+  fault_note(out, n, "F_SETOWN", (long)fcntl(sock, F_SETOWN, self));
+  fault_note(out, n, "F_SETOWN_EX", (long)fcntl(sock, F_SETOWN_EX, &ex));
+  fault_note(out, n, "F_SETSIG", (long)fcntl(sock, F_SETSIG, SIGURG));
+  int fl = fcntl(sock, F_GETFL);
+  fault_note(out, n, "F_SETFL O_ASYNC", fl < 0 ? -1 : (long)fcntl(sock, F_SETFL, fl | O_ASYNC));
+  fault_note(out, n, "FIOSETOWN", (long)ioctl(sock, FIOSETOWN, &self));
+  fault_note(out, n, "SIOCSPGRP", (long)ioctl(sock, SIOCSPGRP, &self));
+  fault_note(out, n, "FIOASYNC", (long)ioctl(sock, FIOASYNC, &one));
+  char c = '\n';
+  fault_note(out, n, "TIOCSTI", (long)ioctl(2, TIOCSTI, &c));
+  fault_note(out, n, "F_GETFL", (long)fl); /* allowed: the filter is not a blanket refusal */
+}
+
+static void fault_rlimit(char *out, size_t n) {
+  struct rlimit cur, none = {0, 0};
+  pid_t broker = getppid(); /* 0 in a PID namespace of its own: then no process 2 either */
+  fault_note(out, n, "setrlimit", (long)setrlimit(RLIMIT_CORE, &none)); /* already 0 */
+  fault_note(out, n, "prlimit self set", (long)prlimit(0, RLIMIT_CORE, &none, NULL));
+  fault_note(out, n, "prlimit broker get",
+             (long)prlimit(broker > 0 ? broker : 2, RLIMIT_NOFILE, NULL, &cur));
+  fault_note(out, n, "prlimit self get", (long)prlimit(0, RLIMIT_NOFILE, NULL, &cur));
+}
+
+static void fault_signal(char *out, size_t n) {
+  pid_t self = getpid(), broker = getppid();
+  if (broker <= 0) broker = 2; /* a PID namespace of its own: outside it, unseen */
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  si.si_signo = SIGCONT;
+  si.si_code = SI_QUEUE;
+  si.si_pid = self;
+  signal(SIGURG, SIG_IGN);
+  fault_note(out, n, "kill 0", (long)kill(0, SIGCONT));
+  fault_note(out, n, "kill -pgid", (long)kill(-self, SIGCONT));
+  fault_note(out, n, "rt_sigqueueinfo broker",
+             syscall(SYS_rt_sigqueueinfo, broker, SIGCONT, &si));
+  fault_note(out, n, "rt_tgsigqueueinfo broker",
+             syscall(SYS_rt_tgsigqueueinfo, broker, broker, SIGCONT, &si));
+  si.si_signo = SIGURG;
+  fault_note(out, n, "rt_sigqueueinfo self", syscall(SYS_rt_sigqueueinfo, self, SIGURG, &si));
+}
+
+/* At a field transfer: resize the staging buffer's memfd fd of len bytes. */
+static void fault_memfd(int fd, uint64_t len, fbd_reply *r) {
+  char out[512] = "";
+  fault_note(out, sizeof out, "ftruncate shrink", (long)ftruncate(fd, 0));
+  long grow = lseek(fd, (off_t)len, SEEK_SET) < 0 ? -1 : (long)write(fd, "x", 1);
+  fault_note(out, sizeof out, "write past the end", grow);
+  int seals = fcntl(fd, F_GET_SEALS);
+  fault_note(out, sizeof out, "F_GET_SEALS", (long)seals);
+  struct stat st;
+  snprintf(out + strlen(out), sizeof out - strlen(out), "; seals %s%s%s; size %lld",
+           seals > 0 && (seals & F_SEAL_SHRINK) ? "shrink " : "",
+           seals > 0 && (seals & F_SEAL_GROW) ? "grow " : "",
+           seals > 0 && (seals & F_SEAL_SEAL) ? "seal" : "",
+           fstat(fd, &st) ? -1LL : (long long)st.st_size);
+  fb_errf(r->msg, sizeof r->msg, "fault memfd: %s", out);
+  r->code = FB_EINTERNAL;
+  r->finish = 1;
 }
 
 /* The probe and exec faults act here; the others arm the reply. 1: the
@@ -1432,6 +1536,16 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
     fault_note(out, sizeof out, "uname", (long)uname(&u));
     fault_note(out, sizeof out, "stat /etc/passwd", (long)stat("/etc/passwd", &st));
     fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
+  } else if (fault_kind == FAULT_SIGIO || fault_kind == FAULT_RLIMIT ||
+             fault_kind == FAULT_SIGNAL) {
+    char out[600] = "";
+    if (fault_kind == FAULT_SIGIO) fault_sigio(out, sizeof out);
+    else if (fault_kind == FAULT_RLIMIT) fault_rlimit(out, sizeof out);
+    else fault_signal(out, sizeof out);
+    fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
+  } else if (fault_kind == FAULT_CLOSE) {
+    close(3); /* its socket: the broker reads end of file, the worker lives on */
+    fault_hang();
   } else {
     fault_armed = 1;
     return 0;
@@ -1445,6 +1559,7 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
  * an oversized one claims far more than it has. */
 static void fault_header(wire_rep *h) {
   if (fault_armed && fault_kind == FAULT_OVERSIZE && h->pblen) h->pblen = (uint64_t)512 << 20;
+  if (fault_armed && fault_kind == FAULT_DEVICE) h->counters.device_bytes = (uint64_t)1 << 62;
 }
 
 /* Forever, asleep (pause is not on the allow list). */
@@ -1979,8 +2094,12 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
     r->finish = 1;
     fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
   } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
-    uint8_t *buf = map_buf(fd, q->buflen, r->msg, sizeof r->msg);
-    if (!buf) {
+    uint8_t *buf = fault_armed && fault_kind == FAULT_MEMFD && fd >= 0
+                       ? NULL
+                       : map_buf(fd, q->buflen, r->msg, sizeof r->msg);
+    if (!buf && fault_armed && fault_kind == FAULT_MEMFD && fd >= 0) {
+      fault_memfd(fd, q->buflen, r);
+    } else if (!buf) {
       r->code = FB_EINVAL;
       r->finish = 1;
     } else {

@@ -144,7 +144,7 @@ def test_unread_readfields_are_refused(make_server, isolation):
     expect_error(lambda: c.write_field(sid, 2, bytes(FIELD)), EXHAUSTED,
                  "memory budget 44 MiB is full", "WriteField of 8 MiB refused")
     expect_error(lambda: c.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                 "memory budget 44 MiB is full", "staging 32", "CreateSession of 8 MiB refused")
+                 "memory budget 44 MiB is full", "staging 32", "CreateSession of 8.1 MiB refused")
     grown = held_kib(server.proc.pid) - before
     assert grown <= budget // 1024 + SLACK_KIB, f"fuseboxd grew by {grown} KiB"
     server.assert_unharmed()
@@ -164,7 +164,7 @@ def test_sessions_over_the_budget(make_server):
     kept = [c.new_session(dense_layout(FIELD // 4)) for _ in range(2)]
     before = held_kib(server.proc.pid)
     msg = expect_error(lambda: c.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                       "memory budget 20 MiB is full: sessions 16", "CreateSession of 8 MiB")
+                       "memory budget 20 MiB is full: sessions 16", "CreateSession of 8.1 MiB")
     assert "memory_budget" in msg
     for sid in kept:  # the admitted sessions still compute
         kid = c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[store_kernel(2)]),
@@ -191,24 +191,24 @@ def test_refusal_tells_a_user_tenant_only_its_own(daemons):  # noqa: F811 (the f
     small = a.new_session(dense_layout(16))
     assert a.write_field(small, 2, pattern) == len(pattern)
     big = [a.new_session(dense_layout(FIELD // 4)) for _ in range(2)]  # 16 MiB of a's
-    mine = b.new_session(dense_layout(16))  # 64 B of b's
+    mine = b.new_session(dense_layout(16))  # 64 B of b's, and its worker's 64 KiB
     msg = expect_error(lambda: b.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                       "memory budget 20 MiB is full", "your sessions hold 64 B",
-                       "CreateSession of 8 MiB refused (memory_budget)")
+                       "memory budget 20 MiB is full", "your sessions hold 64.1 KiB",
+                       "CreateSession of 8.1 MiB refused (memory_budget)")
     for part in ("staging", "queued responses", "sessions 16", "16.0 MiB", "16 MiB"):
         assert part not in msg, f"a user tenant learns {part!r}: {msg}"
     # a's own refusal tells a what a holds, still without the parts
     msg = expect_error(lambda: a.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
                        "memory budget 20 MiB is full: your sessions hold 16",
-                       "CreateSession of 8 MiB refused")
+                       "CreateSession of 8.1 MiB refused")
     assert "staging" not in msg, msg
     # an admin sees every part, as in its GetStats
     expect_error(lambda: root.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
                  "memory budget 20 MiB is full: sessions 16", "staging ",
-                 "CreateSession of 8 MiB refused")
+                 "CreateSession of 8.1 MiB refused")
     log = d.logtext()
     assert re.search(r"memory budget 20 MiB is full: sessions 16[^\n]*staging[^\n]*"
-                     r"CreateSession of 8 MiB refused \(memory_budget\) for tenant b", log), log
+                     r"CreateSession of 8.1 MiB refused \(memory_budget\) for tenant b", log), log
     assert toks["b"] not in log
     assert b.health() == 1  # SERVING
     assert a.read_field(small, 2) == pattern
