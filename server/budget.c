@@ -22,7 +22,17 @@
  *    copies, lowered tasks, the async bank's entries: the engine's
  *    fb_session_kernel_bytes), as its engine side last reported it; a
  *    RegisterKernels may add only what the budget has free
- *    (fbd_budget_kernel_cap, checked by the engine per kernel). */
+ *    (fbd_budget_kernel_cap, checked by the engine per kernel);
+ *  - workers: under process isolation, each worker process's own memory
+ *    (its engine, LLVM, heap, thread stacks), as the broker measures it
+ *    (never the worker's word: fbd_proc_measure reads /proc/PID/statm).
+ *    A session counts the larger of its worker's measure when fresh and
+ *    its resident private memory now less what the session's other parts
+ *    already count (the field storage, kernels, pending launches and JIT
+ *    code lie in that memory too); a new session is admitted with the last
+ *    fresh worker's measure before it has a worker (fbd_worker_charge), and
+ *    each spare counts its own. worker_memory_bytes replaces every
+ *    measure with one fixed charge. */
 #include <stdio.h>
 #include <string.h>
 
@@ -30,10 +40,10 @@
 
 const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {
     "sessions", "staging", "queued responses", "pending launches",
-    "JIT code", "decoded requests", "kernels"};
+    "JIT code", "decoded requests", "kernels", "workers"};
 const char *const fbd_mem_part_keys[FBD_MEM_NPARTS] = {
     "sessions", "staging", "queued_responses", "pending_launches",
-    "jit_code", "decoded_requests", "kernels"};
+    "jit_code", "decoded_requests", "kernels", "workers"};
 
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget) {
   if (cfg->code_cache_bytes) return cfg->code_cache_bytes;
@@ -67,6 +77,24 @@ void fbd_fmt_bytes(char *out, size_t n, uint64_t v) {
   else snprintf(out, n, "%.1f %s", x, units[u]);
 }
 
+uint64_t fbd_worker_charge(fbd_server *srv) {
+  if (!fbd_isolated(srv->cfg)) return 0; /* no worker processes: nothing to add */
+  if (srv->cfg->worker_memory_bytes) return srv->cfg->worker_memory_bytes;
+  return atomic_load(&srv->worker_charge);
+}
+
+/* Under srv->mu: session s's worker (process isolation): its fresh
+ * measure, or what it holds now beyond the session's other parts. */
+static uint64_t worker_part_locked(fbd_server *srv, fbd_session *s) {
+  uint64_t base = atomic_load(&s->worker_base);
+  if (srv->cfg->worker_memory_bytes) return base; /* the fixed charge */
+  uint64_t rss = atomic_load(&s->worker_rss);
+  uint64_t others = s->accounted + atomic_load(&s->pending_bytes) +
+                    atomic_load(&s->kernel_bytes) + atomic_load(&s->code_bytes);
+  uint64_t beyond = rss > others ? rss - others : 0;
+  return beyond > base ? beyond : base;
+}
+
 void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
   part[FBD_MEM_SESSIONS] = srv->st.memory_bytes;
   part[FBD_MEM_STAGING] = fbd_stage_total();
@@ -78,12 +106,14 @@ void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
   fb_engine_code_cache(srv->engine, &u);
   part[FBD_MEM_CODE] = u.bytes;
   int isolated = fbd_isolated(srv->cfg);
+  part[FBD_MEM_WORKERS] = isolated ? atomic_load(&srv->spare_bytes) : 0;
   for (int i = 0; i < srv->cfg->max_sessions; i++) {
     fbd_session *s = srv->sessions[i];
     if (!s) continue;
     part[FBD_MEM_PENDING] += atomic_load(&s->pending_bytes);
     part[FBD_MEM_KERNELS] += atomic_load(&s->kernel_bytes);
     if (isolated) part[FBD_MEM_CODE] += atomic_load(&s->code_bytes);
+    if (isolated) part[FBD_MEM_WORKERS] += worker_part_locked(srv, s);
   }
 }
 
@@ -100,7 +130,8 @@ static uint64_t total(const uint64_t part[FBD_MEM_NPARTS]) {
 }
 
 /* Under srv->mu: what who's own sessions hold (memory, pending launches,
- * kernels, and under process isolation their workers' JIT code). */
+ * kernels, and under process isolation their workers' JIT code and own
+ * memory). */
 static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) {
   uint64_t v = 0;
   int isolated = fbd_isolated(srv->cfg);
@@ -108,7 +139,7 @@ static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) 
     fbd_session *s = srv->sessions[i];
     if (!s || atomic_load(&s->owner) != who) continue;
     v += s->accounted + atomic_load(&s->pending_bytes) + atomic_load(&s->kernel_bytes);
-    if (isolated) v += atomic_load(&s->code_bytes);
+    if (isolated) v += atomic_load(&s->code_bytes) + worker_part_locked(srv, s);
   }
   return v;
 }
@@ -151,7 +182,7 @@ int fbd_budget_admit_locked(fbd_server *srv, uint64_t need, const char *what,
   fbd_fmt_bytes(mine, sizeof mine, own_usage_locked(srv, who));
   fb_errf(err, errlen,
           "memory budget %s is full: your sessions hold %s of it (their memory, pending "
-          "launches, kernels and JIT code); %s of %s refused (memory_budget)",
+          "launches, kernels, JIT code and workers); %s of %s refused (memory_budget)",
           b, mine, what, v);
   return FB_EQUOTA;
 }
@@ -214,6 +245,7 @@ void fbd_budget_stats_pb(fbd_server *srv, fbp_arena *a, Fusebox__V1__ServerStats
   m->code_bytes = part[FBD_MEM_CODE];
   m->decoded_bytes = part[FBD_MEM_DECODED];
   m->kernels_bytes = part[FBD_MEM_KERNELS];
+  m->workers_bytes = part[FBD_MEM_WORKERS];
   m->code_cache_limit_bytes = u.limit; /* the device's: 0 on CUDA, whose modules are unbounded */
   m->code_evictions = u.evictions;
   m->refused = atomic_load(&srv->budget_refused);

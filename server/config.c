@@ -8,7 +8,7 @@
  *   --max-kernel-statements, --max-kernels-per-session, --socket-mode (octal text), --socket-group,
  *   --isolation, --kernel-timeout-s, --compile-timeout-s, --spare-workers,
  *   --worker-reply-timeout-s,
- *   --worker-overhead-bytes, --worker-user, --worker-uid-base,
+ *   --worker-overhead-bytes, --worker-memory-bytes, --worker-user, --worker-uid-base,
  *   --worker-uid-count, --worker-namespaces auto|on|net|off,
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
  *   value; true/false in the file), --tenants, --metrics-listen,
@@ -124,6 +124,8 @@ void fbd_usage(FILE *f) {
       "  --spare-workers N          worker processes kept started for new sessions (default 1)\n"
       "  --worker-overhead-bytes N  a worker's address space may exceed the session memory\n"
       "                             limit by this much (RLIMIT_AS; default 4G)\n"
+      "  --worker-memory-bytes N    what each worker process (spares too) counts in the\n"
+      "                             memory budget (default 0: as fuseboxd measures it)\n"
       "  --worker-user USER         fuseboxd run as root: the user (name or uid) that session\n"
       "                             workers switch to, never root (default nobody)\n"
       "  --worker-uid-base UID      fuseboxd run as root: workers of each tenant run as a\n"
@@ -139,7 +141,8 @@ void fbd_usage(FILE *f) {
       "                             CAP_SYS_ADMIN), on: all or refuse to start (default auto)\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
-      "                             code); what would pass it is refused (default: 3/4 of\n"
+      "                             code, kernels, the worker processes' own memory);\n"
+      "                             what would pass it is refused (default: 3/4 of\n"
       "                             the machine's or the cgroup's memory, whichever is lower)\n"
       "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
       "                             session holds is freed past it (default: memory budget\n"
@@ -266,6 +269,7 @@ static const opt opts[] = {
     {"worker_reply_timeout_s", OPT_SECS, OFF(worker_reply_timeout_s), 1},
     {"spare_workers", OPT_INT, OFF(spare_workers), 0},
     {"worker_overhead_bytes", OPT_BYTES, OFF(worker_overhead_bytes), 0},
+    {"worker_memory_bytes", OPT_BYTES, OFF(worker_memory_bytes), 0},
     {"worker_user", OPT_GROUP, OFF(worker_user), 0}, /* "" unsets: nobody */
     {"worker_uid_base", OPT_ID, OFF(worker_uid_base), 0},
     {"worker_uid_count", OPT_INT, OFF(worker_uid_count), 0},

@@ -94,6 +94,7 @@ struct fbd_proc {
   fbd_watch *watch;         /* the page shared with it */
   int reaped;
   uint64_t unsynced;        /* launches sent since its last SyncResult (reply_cap) */
+  uint64_t own_bytes;       /* a spare's: its last measure (fbd_proc_measure), under pmu */
 };
 
 typedef struct wire_req {
@@ -353,6 +354,59 @@ void fbd_proc_free(fbd_proc *p) {
   proc_reap(p, 1, NULL, 0);
   if (p->watch) munmap(p->watch, WATCH_BYTES);
   free(p);
+}
+
+int fbd_proc_measure(fbd_proc *p, uint64_t *bytes) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%ld/statm", (long)p->pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC); /* statm is readable by all, even for a worker
+                                                that is not dumpable (smaps_rollup is not) */
+  if (fd < 0) return FB_EIO;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  unsigned long long size = 0, resident = 0, shared = 0;
+  if (n <= 0) return FB_EIO;
+  buf[n] = 0;
+  if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3) return FB_EIO;
+  /* the pid was this worker's when read: still alive now (its pidfd not
+     readable), it cannot have been reaped and the pid reused */
+  struct pollfd pf = {p->pidfd, POLLIN, 0};
+  if (p->reaped || (p->pidfd >= 0 && poll(&pf, 1, 0) != 0)) return FB_EIO;
+  long page = sysconf(_SC_PAGESIZE);
+  /* resident less file-backed and shmem pages: its anonymous memory */
+  *bytes = (resident > shared ? resident - shared : 0) * (uint64_t)(page > 0 ? page : 4096);
+  return 0;
+}
+
+void fbd_proc_sample(fbd_session *s) {
+  uint64_t v;
+  pthread_mutex_lock(&s->mu);
+  if (s->proc && !fbd_proc_measure(s->proc, &v)) atomic_store(&s->worker_rss, v);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Whether a spare said its hello (readable, not read: the session that
+ * takes it reads it), so that its measure is a fresh worker's. */
+static int proc_ready(fbd_proc *p) {
+  struct pollfd pf = {p->fd, POLLIN, 0};
+  return poll(&pf, 1, 0) > 0 && (pf.revents & POLLIN);
+}
+
+/* Under pmu: measure the spares (the budget's workers part); a ready
+ * spare's measure is also the charge of the next new session's worker. */
+static void spares_measure(fbd_server *srv) {
+  uint64_t sum = 0, fixed = srv->cfg->worker_memory_bytes;
+  for (int i = 0; i < srv->nspares; i++) {
+    fbd_proc *p = srv->spares[i];
+    uint64_t v;
+    if (fixed) p->own_bytes = fixed;
+    else if (!fbd_proc_measure(p, &v)) {
+      p->own_bytes = v;
+      if (proc_ready(p)) atomic_store(&srv->worker_charge, v);
+    }
+    sum += p->own_bytes;
+  }
+  atomic_store(&srv->spare_bytes, sum);
 }
 
 static void arg_int(char *buf, size_t n, long long v) { snprintf(buf, n, "%lld", v); }
@@ -852,6 +906,19 @@ int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
     if (rc) return rc;
     srv->spares[srv->nspares++] = p;
   }
+  /* a measure of a fresh worker before the first session is admitted, so
+     that its worker is charged too: the first spare's, once it is ready
+     (a spare with --worker-uid-base makes its engine only when taken) */
+  if (want && !srv->cfg->worker_memory_bytes && !srv->cfg->worker_uid_base) {
+    double t0 = mono();
+    while (!proc_ready(srv->spares[0]) && mono() - t0 < 10) {
+      struct pollfd pf = {srv->spares[0]->fd, POLLIN, 0};
+      poll(&pf, 1, 50);
+    }
+  }
+  pthread_mutex_lock(&srv->pmu);
+  spares_measure(srv);
+  pthread_mutex_unlock(&srv->pmu);
   return 0;
 }
 
@@ -880,6 +947,7 @@ void fbd_procs_tick(fbd_server *srv) {
     }
     srv->spares[srv->nspares++] = p;
   }
+  spares_measure(srv);
   pthread_mutex_unlock(&srv->pmu);
 }
 
@@ -896,6 +964,7 @@ void fbd_procs_stop(fbd_server *srv) {
 static int proc_take(fbd_server *srv, fbd_proc **out, char *err, size_t errlen) {
   pthread_mutex_lock(&srv->pmu);
   fbd_proc *p = srv->nspares ? srv->spares[--srv->nspares] : NULL;
+  if (p) atomic_fetch_sub(&srv->spare_bytes, p->own_bytes); /* the session counts it now */
   pthread_mutex_unlock(&srv->pmu);
   if (p) {
     *out = p;
@@ -1242,8 +1311,12 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
 }
 
 int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
-  int rc = proc_take(s->srv, &s->proc, err, errlen);
+  fbd_proc *taken;
+  int rc = proc_take(s->srv, &taken, err, errlen);
   if (rc) return rc;
+  pthread_mutex_lock(&s->mu); /* fbd_proc_sample reads it under s->mu */
+  s->proc = taken;
+  pthread_mutex_unlock(&s->mu);
   s->watch = s->proc->watch;
   if (s->srv->cfg->worker_uid_base) { /* the tenant's ids: the spare waits for them */
     const fbd_tenant *t = atomic_load(&s->owner);
@@ -1275,6 +1348,15 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
   if (h.code) {
     fb_errf(err, errlen, "the session worker could not start: %s", msg);
     return h.code < 0 && h.code >= FB_ELAST ? h.code : FB_EINTERNAL;
+  }
+  /* a fresh worker, its engine made and nothing of the session's in it
+     yet: its measure is what the session's worker counts at least, and
+     the charge of the next one admitted */
+  uint64_t v;
+  if (!s->srv->cfg->worker_memory_bytes && !fbd_proc_measure(s->proc, &v)) {
+    atomic_store(&s->worker_base, v);
+    atomic_store(&s->worker_rss, v);
+    atomic_store(&s->srv->worker_charge, v);
   }
   return 0;
 }
@@ -1347,13 +1429,43 @@ int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
  *                   path (stat: only an empty root hides the host's
  *                   files from it), and answers FB_EINTERNAL with what
  *                   each returned;
- *   exec            it tries execve (the filter kills it). */
+ *   exec            it tries execve (the filter kills it);
+ *   sigio-probe     it tries to have the kernel signal for it: an owner
+ *                   for SIGIO on its socket (F_SETOWN, F_SETOWN_EX,
+ *                   FIOSETOWN, SIOCSPGRP), a signal of its choosing
+ *                   (F_SETSIG), O_ASYNC (F_SETFL, FIOASYNC), typing into a
+ *                   terminal (TIOCSTI), and answers with what each
+ *                   returned (the owner is itself and the signal SIGURG,
+ *                   which it ignores: harmless were a call let through);
+ *   rlimit-probe    it tries to change its resource limits (setrlimit,
+ *                   prlimit of itself) and to read the broker's (prlimit),
+ *                   reads its own (allowed), and answers with each;
+ *   signal-probe    it tries SIGCONT (harmless) to its process group
+ *                   (kill 0, kill -pgid), a queued one to the broker
+ *                   (rt_sigqueueinfo, rt_tgsigqueueinfo) and a queued
+ *                   SIGURG to itself (allowed), and answers with each and
+ *                   whether it leads a session of its own;
+ *   memfd-resize    at its next field transfer it tries to shrink the
+ *                   staging buffer's memfd (ftruncate) and to grow it
+ *                   (write past its end), reads its seals, and answers
+ *                   with each instead of moving the data;
+ *   close-socket    it closes its socket to the broker and lives on,
+ *                   asleep (the broker must kill it after a grace);
+ *   device-bytes    its replies from then on claim 2^62 bytes of device
+ *                   memory (the broker caps the claim at what its
+ *                   process could hold). */
 enum {
   FAULT_NONE,
   FAULT_STALL,
   FAULT_OVERSIZE,
   FAULT_PROBE,
-  FAULT_EXEC
+  FAULT_EXEC,
+  FAULT_SIGIO,
+  FAULT_RLIMIT,
+  FAULT_SIGNAL,
+  FAULT_MEMFD,
+  FAULT_CLOSE,
+  FAULT_DEVICE
 };
 static char fault_kernel[64];
 static int fault_kind, fault_armed;
@@ -1365,7 +1477,13 @@ static void fault_init(void) {
   } kinds[] = {{"reply-stall:", FAULT_STALL},
                {"reply-oversize:", FAULT_OVERSIZE},
                {"syscall-probe:", FAULT_PROBE},
-               {"exec:", FAULT_EXEC}};
+               {"exec:", FAULT_EXEC},
+               {"sigio-probe:", FAULT_SIGIO},
+               {"rlimit-probe:", FAULT_RLIMIT},
+               {"signal-probe:", FAULT_SIGNAL},
+               {"memfd-resize:", FAULT_MEMFD},
+               {"close-socket:", FAULT_CLOSE},
+               {"device-bytes:", FAULT_DEVICE}};
   const char *f = getenv(FAULT_ENV);
   for (size_t i = 0; f && i < sizeof kinds / sizeof kinds[0]; i++) {
     size_t n = strlen(kinds[i].prefix);
@@ -1383,6 +1501,74 @@ static void fault_note(char *out, size_t n, const char *call, long rc) {
            rc >= 0 ? "allowed"
            : e     ? e
                    : "?");
+}
+
+static void fault_hang(void);
+
+/* The walls against signals the kernel sends on a worker's behalf. */
+static void fault_sigio(char *out, size_t n) {
+  int sock = 3, one = 1, self = getpid();
+  struct f_owner_ex ex = {F_OWNER_PID, self};
+  signal(SIGURG, SIG_IGN);
+  fault_note(out, n, "F_SETOWN", (long)fcntl(sock, F_SETOWN, self));
+  fault_note(out, n, "F_SETOWN_EX", (long)fcntl(sock, F_SETOWN_EX, &ex));
+  fault_note(out, n, "F_SETSIG", (long)fcntl(sock, F_SETSIG, SIGURG));
+  int fl = fcntl(sock, F_GETFL);
+  fault_note(out, n, "F_SETFL O_ASYNC", fl < 0 ? -1 : (long)fcntl(sock, F_SETFL, fl | O_ASYNC));
+  fault_note(out, n, "FIOSETOWN", (long)ioctl(sock, FIOSETOWN, &self));
+  fault_note(out, n, "SIOCSPGRP", (long)ioctl(sock, SIOCSPGRP, &self));
+  fault_note(out, n, "FIOASYNC", (long)ioctl(sock, FIOASYNC, &one));
+  char c = '\n';
+  fault_note(out, n, "TIOCSTI", (long)ioctl(2, TIOCSTI, &c));
+  fault_note(out, n, "F_GETFL", (long)fl); /* allowed: the filter is not a blanket refusal */
+}
+
+static void fault_rlimit(char *out, size_t n) {
+  struct rlimit cur, none = {0, 0};
+  pid_t broker = getppid(); /* 0 in a PID namespace of its own: then no process 2 either */
+  fault_note(out, n, "setrlimit", (long)setrlimit(RLIMIT_CORE, &none)); /* already 0 */
+  fault_note(out, n, "prlimit self set", (long)prlimit(0, RLIMIT_CORE, &none, NULL));
+  fault_note(out, n, "prlimit broker get",
+             (long)prlimit(broker > 0 ? broker : 2, RLIMIT_NOFILE, NULL, &cur));
+  fault_note(out, n, "prlimit self get", (long)prlimit(0, RLIMIT_NOFILE, NULL, &cur));
+}
+
+static void fault_signal(char *out, size_t n) {
+  pid_t self = getpid(), broker = getppid();
+  if (broker <= 0) broker = 2; /* a PID namespace of its own: outside it, unseen */
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  si.si_signo = SIGCONT;
+  si.si_code = SI_QUEUE;
+  si.si_pid = self;
+  signal(SIGURG, SIG_IGN);
+  fault_note(out, n, "kill 0", (long)kill(0, SIGCONT));
+  fault_note(out, n, "kill -pgid", (long)kill(-self, SIGCONT));
+  fault_note(out, n, "rt_sigqueueinfo broker",
+             syscall(SYS_rt_sigqueueinfo, broker, SIGCONT, &si));
+  fault_note(out, n, "rt_tgsigqueueinfo broker",
+             syscall(SYS_rt_tgsigqueueinfo, broker, broker, SIGCONT, &si));
+  si.si_signo = SIGURG;
+  fault_note(out, n, "rt_sigqueueinfo self", syscall(SYS_rt_sigqueueinfo, self, SIGURG, &si));
+}
+
+/* At a field transfer: resize the staging buffer's memfd fd of len bytes. */
+static void fault_memfd(int fd, uint64_t len, fbd_reply *r) {
+  char out[512] = "";
+  fault_note(out, sizeof out, "ftruncate shrink", (long)ftruncate(fd, 0));
+  long grow = lseek(fd, (off_t)len, SEEK_SET) < 0 ? -1 : (long)write(fd, "x", 1);
+  fault_note(out, sizeof out, "write past the end", grow);
+  int seals = fcntl(fd, F_GET_SEALS);
+  fault_note(out, sizeof out, "F_GET_SEALS", (long)seals);
+  struct stat st;
+  snprintf(out + strlen(out), sizeof out - strlen(out), "; seals %s%s%s; size %lld",
+           seals > 0 && (seals & F_SEAL_SHRINK) ? "shrink " : "",
+           seals > 0 && (seals & F_SEAL_GROW) ? "grow " : "",
+           seals > 0 && (seals & F_SEAL_SEAL) ? "seal" : "",
+           fstat(fd, &st) ? -1LL : (long long)st.st_size);
+  fb_errf(r->msg, sizeof r->msg, "fault memfd: %s", out);
+  r->code = FB_EINTERNAL;
+  r->finish = 1;
 }
 
 /* The probe and exec faults act here; the others arm the reply. 1: the
@@ -1405,6 +1591,16 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
     fault_note(out, sizeof out, "uname", (long)uname(&u));
     fault_note(out, sizeof out, "stat /etc/passwd", (long)stat("/etc/passwd", &st));
     fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
+  } else if (fault_kind == FAULT_SIGIO || fault_kind == FAULT_RLIMIT ||
+             fault_kind == FAULT_SIGNAL) {
+    char out[600] = "";
+    if (fault_kind == FAULT_SIGIO) fault_sigio(out, sizeof out);
+    else if (fault_kind == FAULT_RLIMIT) fault_rlimit(out, sizeof out);
+    else fault_signal(out, sizeof out);
+    fb_errf(r->msg, sizeof r->msg, "fault probe: %s", out);
+  } else if (fault_kind == FAULT_CLOSE) {
+    close(3); /* its socket: the broker reads end of file, the worker lives on */
+    fault_hang();
   } else {
     fault_armed = 1;
     return 0;
@@ -1418,6 +1614,7 @@ static int fault_check_register(const Fusebox__V1__RegisterKernelsRequest *m, fb
  * an oversized one claims far more than it has. */
 static void fault_header(wire_rep *h) {
   if (fault_armed && fault_kind == FAULT_OVERSIZE && h->pblen) h->pblen = (uint64_t)512 << 20;
+  if (fault_armed && fault_kind == FAULT_DEVICE) h->counters.device_bytes = (uint64_t)1 << 62;
 }
 
 /* Forever, asleep (pause is not on the allow list). */
@@ -1992,8 +2189,12 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
     r->finish = 1;
     fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
   } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
-    uint8_t *buf = map_buf(fd, q->buflen, r->msg, sizeof r->msg);
-    if (!buf) {
+    uint8_t *buf = fault_armed && fault_kind == FAULT_MEMFD && fd >= 0
+                       ? NULL
+                       : map_buf(fd, q->buflen, r->msg, sizeof r->msg);
+    if (!buf && fault_armed && fault_kind == FAULT_MEMFD && fd >= 0) {
+      fault_memfd(fd, q->buflen, r);
+    } else if (!buf) {
       r->code = FB_EINVAL;
       r->finish = 1;
     } else {

@@ -90,6 +90,8 @@ typedef struct fbd_config {
                                     begun, is whole within this, or the worker is killed */
   int spare_workers; /* process isolation: workers kept started for new sessions */
   uint64_t worker_overhead_bytes; /* process isolation: RLIMIT_AS = session memory limit + this */
+  uint64_t worker_memory_bytes; /* process isolation: what each worker counts in the memory
+                                   budget; 0 = measured by the broker (budget.c) */
   char *worker_user; /* process isolation, fuseboxd run as root: the user (name or uid) workers
                         become; NULL: nobody. A worker itself gets "UID:GID" (proc.c) */
   uint32_t worker_uid_base; /* fuseboxd run as root: workers of tenant k (auth.c's
@@ -304,6 +306,10 @@ struct fbd_server {
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;
+  /* the memory budget's "workers" part (budget.c): the spares' own memory,
+     and the charge of a fresh worker (its measure after its hello), which a
+     new session is admitted with before it has a worker */
+  _Atomic uint64_t spare_bytes, worker_charge;
   /* counted from any thread, under any lock: atomics */
   atomic_uint_fast64_t bad_requests, bytes_in, bytes_out;
   struct fbd_auth *auth; /* tenants, tokens (auth.c) */
@@ -552,6 +558,10 @@ struct fbd_session {
   uint64_t accounted; /* bytes counted in the server's memory_bytes */
   _Atomic uint64_t pending_bytes, code_bytes; /* from its watch after each job (budget.c) */
   _Atomic uint64_t kernel_bytes; /* the same: its kernels' IR */
+  /* process isolation, the broker's measures of its worker (never the
+     worker's word): its memory when fresh (the charge it was admitted with
+     until its hello), and its resident private memory now (0: not yet) */
+  _Atomic uint64_t worker_base, worker_rss;
   int nkernels; /* kernels its RegisterKernels registered (the session thread's) */
   int end_reason;
   char end_why[256]; /* a crashed or timed-out session: what happened */
@@ -633,6 +643,19 @@ int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
  * set when the worker died or was killed (r->msg says why). */
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_free(fbd_proc *p); /* kill (if alive) and reap */
+/* The resident private memory of p's worker (anonymous pages: its heap,
+ * stacks, engine and JIT code; not the shared libraries' pages nor the
+ * memfds it shares with the broker), read by the broker from
+ * /proc/PID/statm: 0 and *bytes, or FB_EIO when it cannot be read (the
+ * worker is gone). */
+int fbd_proc_measure(fbd_proc *p, uint64_t *bytes);
+/* Measure s's worker into s->worker_rss (the reaper's tick, any thread:
+ * s->mu guards s->proc against the session's end). */
+void fbd_proc_sample(fbd_session *s);
+/* What a new session's worker is charged in the budget before it has one:
+ * worker_memory_bytes, else the last fresh worker's measure (0 under thread
+ * isolation). */
+uint64_t fbd_worker_charge(fbd_server *srv);
 /* Send sig to p's worker through its pidfd (never to a reused pid); a
  * worker already gone, or no pidfd, is left alone. */
 void fbd_proc_signal(fbd_proc *p, int sig);
@@ -653,6 +676,7 @@ enum {
   FBD_MEM_CODE,
   FBD_MEM_DECODED,
   FBD_MEM_KERNELS,
+  FBD_MEM_WORKERS,
   FBD_MEM_NPARTS
 };
 extern const char *const fbd_mem_part_names[FBD_MEM_NPARTS]; /* "sessions", ... */

@@ -81,12 +81,17 @@ static int new_id(char *out) {
 static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) {
   int rc = FB_EQUOTA;
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
+  /* its memory and (process isolation) its worker's, charged before the
+     worker is taken or started: the charge counts from admission on */
+  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  if (need < charge) need = UINT64_MAX;
+  atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
   if (atomic_load(&srv->stopping)) {
     fb_errf(err, errlen, "the server is shutting down");
     rc = FB_EIO;
-  } else if (fbd_budget_admit_locked(srv, s->mem_bytes, "CreateSession", atomic_load(&s->owner),
-                                     all, err, errlen)) {
+  } else if (fbd_budget_admit_locked(srv, need, "CreateSession", atomic_load(&s->owner), all, err,
+                                     errlen)) {
     srv->st.sessions_failed++;
   } else {
     for (int i = 0; i < srv->cfg->max_sessions; i++) {
@@ -184,6 +189,11 @@ static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, c
                      size_t errlen) {
   fbd_server *srv = s->srv;
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
+  /* its memory and (process isolation) its worker's, charged before the
+     worker is taken or started: the charge counts from admission on */
+  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  if (need < charge) need = UINT64_MAX;
+  atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
   int rc = fbd_budget_admit_locked(srv, n, what, atomic_load(&s->owner), all, err, errlen);
   if (!rc && (rc = fbd_stage_alloc(n, fbd_isolated(srv->cfg), out)))
@@ -447,9 +457,12 @@ static void session_end(fbd_session *s) {
   pthread_mutex_unlock(&s->mu);
   fb_counters c = s->snap;
   fbd_exec_free(&s->x);
-  if (s->proc) {
-    fbd_proc_free(s->proc); /* the worker ends: the OS takes back all it held */
-    s->proc = NULL;
+  pthread_mutex_lock(&s->mu); /* the reaper's fbd_proc_sample reads s->proc under it */
+  fbd_proc *proc = s->proc;
+  s->proc = NULL;
+  pthread_mutex_unlock(&s->mu);
+  if (proc) {
+    fbd_proc_free(proc); /* the worker ends: the OS takes back all it held */
     s->watch = NULL;
   }
   for (fbd_job *j = rest, *n; j; j = n) {
@@ -897,6 +910,7 @@ static void reap(fbd_server *srv) {
   for (int i = 0; i < n; i++) {
     fbd_session *s = v[i];
     stage_expire(s, now);
+    if (fbd_isolated(srv->cfg)) fbd_proc_sample(s); /* the budget's workers part */
     pthread_mutex_lock(&s->mu);
     int idle =
         limit > 0 && s->state == FBD_LIVE && !s->busy && !s->qh && now - s->last_active > limit;

@@ -61,7 +61,8 @@ def _kernels_bytes_back_to_zero(c):
 
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_many_kernels_refused_by_the_budget(make_server, isolation):
-    server = make_server("--memory-budget", str(BUDGET), "--isolation", isolation)
+    server = make_server("--memory-budget", str(BUDGET), "--isolation", isolation,
+                         "--worker-memory-bytes", "64K")  # not the workers' measure
     c = server.client
     sid = c.new_session(dense_layout(64), mode="async")
     before = _hwm_kib(server)

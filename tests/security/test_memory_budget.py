@@ -23,6 +23,10 @@ EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 MIB = 1 << 20
 FIELD = 8 * MIB  # the big field of these tests: 2 Mi i32
 SLACK_KIB = 48 * 1024  # allocator, sanitizer and gRPC buffers beyond what is counted
+# a fixed charge for each worker process in place of its measured memory
+# (tens of MiB under the sanitizer), so that these budgets of a few MiB
+# admit what the tests count on; test_worker_budget.py tests the measure
+WORKER_64K = ("--worker-memory-bytes", "64K")
 
 
 def _status(pid):
@@ -105,7 +109,7 @@ def test_unread_readfields_are_refused(make_server, isolation):
     session are refused naming the staging part, and the memory held stays
     within the budget. Once the calls go, the room comes back."""
     budget = 44 * MIB
-    server = make_server("--memory-budget", "44M", "--isolation", isolation)
+    server = make_server("--memory-budget", "44M", "--isolation", isolation, *WORKER_64K)
     # HTTP/2 windows of 64 KiB (no BDP probing), so that no call's 8 MiB
     # can reach the client's buffers unread: every staged call holds its buffer
     c = Client("unix:" + server.sock,
@@ -140,7 +144,7 @@ def test_unread_readfields_are_refused(make_server, isolation):
     expect_error(lambda: c.write_field(sid, 2, bytes(FIELD)), EXHAUSTED,
                  "memory budget 44 MiB is full", "WriteField of 8 MiB refused")
     expect_error(lambda: c.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                 "memory budget 44 MiB is full", "staging 32", "CreateSession of 8 MiB refused")
+                 "memory budget 44 MiB is full", "staging 32", "CreateSession of 8")
     grown = held_kib(server.proc.pid) - before
     assert grown <= budget // 1024 + SLACK_KIB, f"fuseboxd grew by {grown} KiB"
     server.assert_unharmed()
@@ -155,12 +159,12 @@ def test_unread_readfields_are_refused(make_server, isolation):
 def test_sessions_over_the_budget(make_server):
     """Sessions alone: the budget refuses the one that would pass it, naming
     the sessions part; the refusal leaves the others working."""
-    server = make_server("--memory-budget", "20M")
+    server = make_server("--memory-budget", "20M", *WORKER_64K)
     c = server.client
     kept = [c.new_session(dense_layout(FIELD // 4)) for _ in range(2)]
     before = held_kib(server.proc.pid)
     msg = expect_error(lambda: c.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                       "memory budget 20 MiB is full: sessions 16", "CreateSession of 8 MiB")
+                       "memory budget 20 MiB is full: sessions 16", "CreateSession of 8.1 MiB")
     assert "memory_budget" in msg
     for sid in kept:  # the admitted sessions still compute
         kid = c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[store_kernel(2)]),
@@ -178,7 +182,7 @@ def test_refusal_tells_a_user_tenant_only_its_own(daemons):  # noqa: F811 (the f
     is not its business. An admin's refusal and the server log name every
     part. The refusals harm nobody: the server serves, a's field is intact."""
     toks = {n: "tok-%s-" % n + os.urandom(8).hex() for n in ("a", "b", "root")}
-    d = daemons("unix", ["--memory-budget", "20M"],
+    d = daemons("unix", ["--memory-budget", "20M", *WORKER_64K],
                 tenants=[{"name": "a", "token_sha256": [sha(toks["a"])]},
                          {"name": "b", "role": "user", "token_sha256": [sha(toks["b"])]},
                          {"name": "root", "role": "admin", "token_sha256": [sha(toks["root"])]}])
@@ -187,24 +191,24 @@ def test_refusal_tells_a_user_tenant_only_its_own(daemons):  # noqa: F811 (the f
     small = a.new_session(dense_layout(16))
     assert a.write_field(small, 2, pattern) == len(pattern)
     big = [a.new_session(dense_layout(FIELD // 4)) for _ in range(2)]  # 16 MiB of a's
-    mine = b.new_session(dense_layout(16))  # 64 B of b's
+    mine = b.new_session(dense_layout(16))  # 64 B of b's, and its worker's 64 KiB
     msg = expect_error(lambda: b.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
-                       "memory budget 20 MiB is full", "your sessions hold 64 B",
-                       "CreateSession of 8 MiB refused (memory_budget)")
+                       "memory budget 20 MiB is full", "your sessions hold 64.1 KiB",
+                       "CreateSession of 8.1 MiB refused (memory_budget)")
     for part in ("staging", "queued responses", "sessions 16", "16.0 MiB", "16 MiB"):
         assert part not in msg, f"a user tenant learns {part!r}: {msg}"
     # a's own refusal tells a what a holds, still without the parts
     msg = expect_error(lambda: a.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
                        "memory budget 20 MiB is full: your sessions hold 16",
-                       "CreateSession of 8 MiB refused")
+                       "CreateSession of 8.1 MiB refused")
     assert "staging" not in msg, msg
     # an admin sees every part, as in its GetStats
     expect_error(lambda: root.new_session(dense_layout(FIELD // 4)), EXHAUSTED,
                  "memory budget 20 MiB is full: sessions 16", "staging ",
-                 "CreateSession of 8 MiB refused")
+                 "CreateSession of 8.1 MiB refused")
     log = d.logtext()
     assert re.search(r"memory budget 20 MiB is full: sessions 16[^\n]*staging[^\n]*"
-                     r"CreateSession of 8 MiB refused \(memory_budget\) for tenant b", log), log
+                     r"CreateSession of 8.1 MiB refused \(memory_budget\) for tenant b", log), log
     assert toks["b"] not in log
     assert b.health() == 1  # SERVING
     assert a.read_field(small, 2) == pattern
@@ -222,7 +226,7 @@ def test_unread_results_are_counted_and_bounded(make_server):
     the budget's queued responses part, stays small (the stream stops
     receiving after a few queued responses), and is given back when the
     client goes."""
-    server = make_server("--memory-budget", "64M")
+    server = make_server("--memory-budget", "64M", *WORKER_64K)
     c = server.client
     sid = c.new_session(dense_layout(16))
     ret = pb.Kernel(name="five", params=[], ret=pb.T_I32,
@@ -260,7 +264,7 @@ def test_pending_async_launches_are_bounded(make_server, isolation):
     session's worker falls behind on a loaded machine: with 8 MiB the last
     decode found no room and the stream was refused."""
     budget = 12 * MIB
-    server = make_server("--memory-budget", "12M", "--isolation", isolation)
+    server = make_server("--memory-budget", "12M", "--isolation", isolation, *WORKER_64K)
     c = server.client
     sid = c.new_session(dense_layout(64), mode="async", flush_every=-1)
     r = c.register(pb.RegisterKernelsRequest(session_id=sid, kernels=[store_kernel(2)]),
@@ -371,7 +375,8 @@ def test_code_cache_is_no_oracle_across_tenants(daemons):  # noqa: F811 (the fix
 
 def test_budget_on_metrics(make_server):
     """/metrics: the budget and a gauge per part."""
-    server = make_server("--memory-budget", "48M", "--metrics-listen", "127.0.0.1:0")
+    server = make_server("--memory-budget", "48M", "--metrics-listen", "127.0.0.1:0",
+                         *WORKER_64K)
     m = None
     deadline = time.monotonic() + 30
     while not m:
@@ -387,7 +392,7 @@ def test_budget_on_metrics(make_server):
     assert f"fusebox_memory_budget_bytes {48 * MIB}" in body
     parts = dict(re.findall(r'fusebox_memory_budget_used_bytes\{part="(\w+)"\} (\d+)', body))
     assert set(parts) == {"sessions", "staging", "queued_responses", "pending_launches",
-                          "jit_code", "decoded_requests", "kernels"}, body
+                          "jit_code", "decoded_requests", "kernels", "workers"}, body
     assert int(parts["staging"]) >= FIELD and int(parts["sessions"]) >= FIELD
     assert "fusebox_memory_budget_refused_total 0" in body
     assert "fusebox_code_cache_limit_bytes " in body

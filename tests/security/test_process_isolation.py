@@ -322,7 +322,7 @@ def test_memory_budget(make_server):
     """One budget for all sessions' memory: a session that would pass it is
     refused with RESOURCE_EXHAUSTED naming the budget, and fits again once
     another session has closed."""
-    server = make_server("--memory-budget", "3M")
+    server = make_server("--memory-budget", "3M", "--worker-memory-bytes", "64K")
     c = server.client
     big = dense_layout(256 * 1024)  # 1 MiB of i32
     first = c.new_session(big)
