@@ -41,8 +41,8 @@ typedef struct fb_png_opts {
 /* A 2-D field (h rows of w values, row-major) as an 8-bit RGB PNG, row 0
  * on top; out-of-range values clamped, NaN magenta, written to f (not
  * closed here; path names it in errors). 0 or FB_E* with err. */
-int fb_png_write(FILE *f, const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
-                 char *err, size_t errlen);
+int fb_png_write(FILE *f, const char *path, const double *v, int64_t h, int64_t w,
+                 const fb_png_opts *o, char *err, size_t errlen);
 /* The range fb_png_write maps over. */
 void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, double *hi);
 int fb_png_colormap_known(const char *name);

@@ -32,9 +32,11 @@
 
 int fb_out_try_openat2 = 1;
 
-#define RULE "output names must stay inside the output directory (-o DIR; default: the session file's folder)"
+static const char rule[] =
+    "output names must stay inside the output directory (-o DIR; default: the session file's "
+    "folder)";
 
-const char *fb_out_rule(void) { return RULE; }
+const char *fb_out_rule(void) { return rule; }
 
 const char *fb_out_name_problem(const char *name) {
   if (!name || !name[0]) return "is empty";
@@ -210,7 +212,7 @@ static void explain(int root, const char *name, int e, char *err, size_t n) {
 FILE *fb_out_open(const char *dir, const char *name, char *err, size_t n) {
   const char *why = fb_out_name_problem(name);
   if (why) {
-    errf(err, n, "'%s' %s; %s", name ? name : "", why, RULE);
+    errf(err, n, "'%s' %s; %s", name ? name : "", why, rule);
     return NULL;
   }
   const char *d = dir && dir[0] ? dir : ".";

@@ -884,8 +884,8 @@ static void assert_holds(const char *path, const char *text) {
 /* `fusebox run` of a session whose step saves u to `to` (and whose check
  * writes u to `check_to` when not NULL); returns the exit status and the
  * output. */
-static int run_saving(const char *dir, const char *to, const char *check_to, const char *outdir,
-                      char **out) {
+static int run_saving_on(const char *dir, const char *to, const char *check_to, const char *outdir,
+                         int local, char **out) {
   char json[1024], path[600], cmd[8192];
   int n = snprintf(json, sizeof json,
                    "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
@@ -896,9 +896,15 @@ static int run_saving(const char *dir, const char *to, const char *check_to, con
   snprintf(json + n, sizeof json - (size_t)n, " }\n");
   snprintf(path, sizeof path, "%s/s.json", dir);
   write_path(path, json);
-  snprintf(cmd, sizeof cmd, "%s run %s --local -q%s%s", fusebox(), path, outdir ? " -o " : "",
-           outdir ? outdir : "");
+  snprintf(cmd, sizeof cmd, "%s run %s%s -q%s%s", fusebox(), path, local ? " --local" : "",
+           outdir ? " -o " : "", outdir ? outdir : "");
   return sh(cmd, out);
+}
+
+/* The same in this process (--local). */
+static int run_saving(const char *dir, const char *to, const char *check_to, const char *outdir,
+                      char **out) {
+  return run_saving_on(dir, to, check_to, outdir, 1, out);
 }
 
 /* Names that leave the output directory are refused when the file is
@@ -964,6 +970,11 @@ START_TEST(outputs_stay_inside) {
   ck_assert_int_eq(run_saving(base, "ok.npy", "link/sub/c_{step}.npy", outd, &out), 2);
   ck_assert_msg(strstr(out, "$.checks[0].to: 'link/sub/c_{step}.npy': 'link' is a symbolic link"),
                 "%s", out);
+  free(out);
+  /* the same on a private fuseboxd (the default): the client opens the file */
+  ck_assert_int_eq(run_saving_on(base, "link/u.npy", NULL, outd, 0, &out), 2);
+  ck_assert_msg(strstr(out, "$.step[0].do[0].to: 'link/u.npy': 'link' is a symbolic link"), "%s",
+                out);
   free(out);
   assert_holds(target, "OUTSIDE");
   snprintf(name, sizeof name, "%s/sub", outside);
