@@ -22,7 +22,9 @@ typedef struct fb_npy {
 /* Read a .npy file (format 1.0-3.0; C order; <f4 <f8 <i4 <i8 <u4 <u8 |b1).
  * Returns 0 or FB_EIO / FB_EPARSE / FB_EUNSUPPORTED with err filled. */
 int fb_npy_read(const char *path, fb_npy *out, char *err, size_t errlen);
-int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen);
+/* Write a .npy array to f (opened by fb_out_open; not closed here); path
+ * names it in errors. */
+int fb_npy_write(FILE *f, const char *path, const fb_npy *a, char *err, size_t errlen);
 void fb_npy_free(fb_npy *a);
 int64_t fb_npy_numel(const fb_npy *a);
 
@@ -37,14 +39,34 @@ typedef struct fb_png_opts {
 } fb_png_opts;
 
 /* A 2-D field (h rows of w values, row-major) as an 8-bit RGB PNG, row 0
- * on top; out-of-range values clamped, NaN magenta. 0 or FB_E* with err. */
-int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
-                 char *err, size_t errlen);
+ * on top; out-of-range values clamped, NaN magenta, written to f (not
+ * closed here; path names it in errors). 0 or FB_E* with err. */
+int fb_png_write(FILE *f, const char *path, const double *v, int64_t h, int64_t w,
+                 const fb_png_opts *o, char *err, size_t errlen);
 /* The range fb_png_write maps over. */
 void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, double *hi);
 int fb_png_colormap_known(const char *name);
 /* Whether a file name ends in .png (any case). */
 int fb_png_is_name(const char *file);
+
+/* ---------------------------------------------------------------- outputs */
+
+/* Files a session writes (cli_outfile.c) stay inside the output directory.
+ * Why name cannot be an output name ("is an absolute path", "has a '..'
+ * component", ...), or NULL when it is a relative name of a file that
+ * stays beneath the directory. */
+const char *fb_out_name_problem(const char *name);
+/* The rule, for messages: "output names must stay inside ..." */
+const char *fb_out_rule(void);
+/* Open dir/name ("" or NULL dir: the current folder) for writing: name must
+ * pass fb_out_name_problem; it is resolved beneath dir following no
+ * symbolic link (openat2 RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS, or an
+ * O_NOFOLLOW openat walk), missing folders on the way are made, and the
+ * file is created or, when it is a regular file with one link, truncated.
+ * NULL with err naming the problem ("'a/x.npy': 'a' is a symbolic link; ..."). */
+FILE *fb_out_open(const char *dir, const char *name, char *err, size_t errlen);
+/* 1 (default): use openat2 when the kernel has it; 0: the walk only (tests). */
+extern int fb_out_try_openat2;
 
 /* ---------------------------------------------------------------- commands */
 

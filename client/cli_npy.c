@@ -30,7 +30,7 @@ static const char *descr_of(fb_type t) {
   return NULL;
 }
 
-int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
+int fb_npy_write(FILE *f, const char *path, const fb_npy *a, char *err, size_t errlen) {
   const char *descr = descr_of(a->type);
   if (!descr) {
     fb_errf(err, errlen, "%s: no .npy dtype for %s", path, fb_type_name(a->type));
@@ -47,11 +47,6 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
                    descr, shape);
   int total = 10 + n + 1;
   int pad = (64 - total % 64) % 64;
-  FILE *f = fopen(path, "wb");
-  if (!f) {
-    fb_errf(err, errlen, "%s: %s", path, strerror(errno));
-    return FB_EIO;
-  }
   unsigned short hlen = (unsigned short)(n + pad + 1);
   fwrite("\x93NUMPY\x01\x00", 1, 8, f);
   fputc(hlen & 0xff, f);
@@ -60,7 +55,7 @@ int fb_npy_write(const char *path, const fb_npy *a, char *err, size_t errlen) {
   for (int i = 0; i < pad; i++) fputc(' ', f);
   fputc('\n', f);
   size_t wrote = fwrite(a->data, 1, a->nbytes, f);
-  if (fclose(f) != 0 || wrote != a->nbytes) {
+  if (fflush(f) != 0 || ferror(f) || wrote != a->nbytes) {
     fb_errf(err, errlen, "%s: write failed", path);
     return FB_EIO;
   }

@@ -55,8 +55,8 @@ void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, 
   if (*lo > *hi) *lo = *hi = 0; /* nothing finite */
 }
 
-int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const fb_png_opts *o,
-                 char *err, size_t errlen) {
+int fb_png_write(FILE *f, const char *path, const double *v, int64_t h, int64_t w,
+                 const fb_png_opts *o, char *err, size_t errlen) {
   if (h < 1 || w < 1 || h > INT32_MAX || w > INT32_MAX ||
       (uint64_t)w > SIZE_MAX / 3 / (uint64_t)h) {
     fb_errf(err, errlen, "%s: cannot make a %lld x %lld picture", path, (long long)h, (long long)w);
@@ -92,7 +92,7 @@ int fb_png_write(const char *path, const double *v, int64_t h, int64_t w, const 
   img.width = (png_uint_32)w;
   img.height = (png_uint_32)h;
   img.format = PNG_FORMAT_RGB;
-  int ok = png_image_write_to_file(&img, path, 0, buf, 0, NULL);
+  int ok = png_image_write_to_stdio(&img, f, 0, buf, 0, NULL) && fflush(f) == 0;
   free(buf);
   if (!ok) {
     fb_errf(err, errlen, "%s: %s", path, img.message[0] ? img.message : "cannot write the PNG");

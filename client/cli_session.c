@@ -89,6 +89,9 @@ static int check_output(json_t *a, const char *path, int require_ext, char **err
   const char *t = json_string_value(to);
   size_t n = strlen(t);
   int png = fb_png_is_name(t);
+  const char *why = fb_out_name_problem(t);
+  if (why) /* a shared session file must not write outside -o DIR */
+    return errf(err, FB_EINVAL, "%s.to: '%s' %s; %s", path, t, why, fb_out_rule());
   if (require_ext && !png && !(n > 4 && !strcmp(t + n - 4, ".npy")))
     return errf(err, FB_EINVAL, "%s.to: '%s': expected a file name ending in .npy or .png", path,
                 t);
@@ -1090,43 +1093,77 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   return tmp ? 0 : FB_ENOMEM;
 }
 
-/* Where an output file goes: a relative name under --output-dir, else
- * beside the JSON file (as the inputs). */
-static char *output_path(fb_sess_run *r, const char *name) {
-  return join_path(r->o.outdir ? r->o.outdir : r->f->dir, name);
+/* The output directory: --output-dir, else the JSON file's folder ("":
+ * the current one). Names under it are opened by fb_out_open. */
+static const char *output_dir(fb_sess_run *r) { return r->o.outdir ? r->o.outdir : r->f->dir; }
+
+/* How a file under the output directory is shown in messages. */
+static char *output_shown(fb_sess_run *r, const char *name) {
+  const char *d = output_dir(r);
+  char *p = NULL;
+  if (!d[0]) return strdup(name);
+  if (asprintf(&p, "%s/%s", d, name) < 0) return NULL;
+  return p;
 }
 
-/* Field `name` into file: a .png picture (2-D, a colour map over "range" of
- * spec) or a .npy array. path: the JSON path of the action, for errors. */
+/* Close an output file; an error (a full disk) fails the save. */
+static int close_output(FILE *f, int rc, const char *shown, const char *path, char **err) {
+  int bad = fclose(f) != 0;
+  if (!rc && bad) return errf(err, FB_EIO, "%s.to: %s: %s", path, shown, strerror(errno));
+  return rc;
+}
+
+/* Field `name` into the file `file` (a name under the output directory,
+ * opened by fb_out_open: it stays inside): a .png picture (2-D, a colour
+ * map over "range" of spec) or a .npy array. path: the JSON path of the
+ * action, for errors. */
 static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char *file,
                       const char *path, char **err) {
-  char msg[512];
+  char msg[1024];
   int rc;
   if (r->rem && (rc = remote_sync(r, path, 0, NULL, err)))
     return rc; /* launches before it failed? */
+  char *shown = output_shown(r, file);
+  if (!shown) return errf(err, FB_ENOMEM, "%s: out of memory", path);
   if (!fb_png_is_name(file)) {
     fb_npy a;
-    if ((rc = read_field(r, name, &a, err))) return errf(err, rc, "%s: %s", path, *err);
-    rc = fb_npy_write(file, &a, msg, sizeof msg);
+    if ((rc = read_field(r, name, &a, err))) {
+      free(shown);
+      return errf(err, rc, "%s: %s", path, *err);
+    }
+    FILE *f = fb_out_open(output_dir(r), file, msg, sizeof msg);
+    rc = f ? fb_npy_write(f, shown, &a, msg, sizeof msg) : FB_EIO;
     fb_npy_free(&a);
-    return rc ? errf(err, rc, "%s.to: %s", path, msg) : 0;
+    if (rc) errf(err, rc, "%s.to: %s", path, msg);
+    if (f) rc = close_output(f, rc, shown, path, err);
+    free(shown);
+    return rc;
   }
   const fb_lang_field *fld = NULL;
   int64_t cells = 0, n = 0;
-  if ((rc = field_info(r, name, &fld, &cells, err))) return errf(err, rc, "%s: %s", path, *err);
-  if (fld->ndim != 2 || fld->ncomp != 1)
+  double *v = NULL;
+  if ((rc = field_info(r, name, &fld, &cells, err)) ||
+      (fld->ndim == 2 && fld->ncomp == 1 && (rc = fb_sess_read_f64(r, name, &v, &n, err)))) {
+    free(shown);
+    return errf(err, rc, "%s: %s", path, *err);
+  }
+  if (fld->ndim != 2 || fld->ncomp != 1) {
+    free(shown);
     return errf(err, FB_EINVAL, "%s.to: a picture needs a 2-D field of scalars ('%s' is not)", path,
                 name);
-  double *v = NULL;
-  if ((rc = fb_sess_read_f64(r, name, &v, &n, err))) return errf(err, rc, "%s: %s", path, *err);
+  }
   json_t *range = json_object_get(spec, "range"), *cmap = json_object_get(spec, "colormap");
   fb_png_opts po = {.has_range = range != NULL,
                     .lo = json_number_value(json_array_get(range, 0)),
                     .hi = json_number_value(json_array_get(range, 1)),
                     .colormap = json_string_value(cmap)};
-  rc = fb_png_write(file, v, fld->shape[0], fld->shape[1], &po, msg, sizeof msg);
+  FILE *f = fb_out_open(output_dir(r), file, msg, sizeof msg);
+  rc = f ? fb_png_write(f, shown, v, fld->shape[0], fld->shape[1], &po, msg, sizeof msg) : FB_EIO;
   free(v);
-  return rc ? errf(err, rc, "%s.to: %s", path, msg) : 0;
+  if (rc) errf(err, rc, "%s.to: %s", path, msg);
+  if (f) rc = close_output(f, rc, shown, path, err);
+  free(shown);
+  return rc;
 }
 
 /* The file name of a save, its {step} placeholders replaced by n. */
@@ -1169,11 +1206,9 @@ static int do_save(fb_sess_run *r, json_t *a, const char *path, char **err) {
   json_t *every = json_object_get(a, "every");
   if (every && n % (uint64_t)json_integer_value(every)) return 0;
   char *name = save_name(json_string_value(json_object_get(a, "to")), n);
-  char *file = name ? output_path(r, name) : NULL;
+  if (!name) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  int rc = save_field(r, a, json_string_value(json_object_get(a, "save")), name, path, err);
   free(name);
-  if (!file) return errf(err, FB_ENOMEM, "%s: out of memory", path);
-  int rc = save_field(r, a, json_string_value(json_object_get(a, "save")), file, path, err);
-  free(file);
   return rc;
 }
 
@@ -1262,10 +1297,11 @@ static int run_check(fb_sess_run *r, json_t *c, size_t idx, char **err) {
   if (to) {
     char path[64];
     snprintf(path, sizeof path, "$.checks[%zu]", idx);
-    char *file = output_path(r, json_string_value(to));
-    int rc = file ? save_field(r, c, name, file, path, err) : FB_ENOMEM;
-    if (!rc) fprintf(o, "ok    checks[%zu] %s saved to %s\n", idx, name, file);
-    free(file);
+    const char *file = json_string_value(to);
+    int rc = save_field(r, c, name, file, path, err);
+    char *shown = rc ? NULL : output_shown(r, file);
+    if (!rc) fprintf(o, "ok    checks[%zu] %s saved to %s\n", idx, name, shown ? shown : file);
+    free(shown);
     if (rc) return rc;
   }
   json_t *sum = json_object_get(c, "sum"), *eq = json_object_get(c, "equals");

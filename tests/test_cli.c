@@ -2,7 +2,8 @@
  * passing; bad input (unknown JSON keys, unknown params, wrong argument
  * kinds, parse errors) gives a clear message and exit status 2; a failed
  * check names the check and the values and exits 1; .npy files round-trip
- * through `write ... from` and `read ... to`; `check`, `ir` and --help. */
+ * through `write ... from` and `read ... to`; `check`, `ir` and --help;
+ * the files a session writes stay inside the output directory. */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <jansson.h>
 #include <png.h>
 
+#include "client/cli.h"
 #include "support.h"
 
 static char tmpdir[256];
@@ -856,6 +858,243 @@ START_TEST(bad_saves_are_named) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- outputs */
+
+/* Files a session writes stay inside the output directory (issue 38,
+ * attack 5: a shared session file wrote ../../.ssh/authorized_keys). */
+
+static void write_path(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_msg(f != NULL, "%s", path);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* The file at path holds exactly text (a victim left untouched). */
+static void assert_holds(const char *path, const char *text) {
+  char buf[256] = "";
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "%s is gone", path);
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = 0;
+  fclose(f);
+  ck_assert_msg(!strcmp(buf, text), "%s was overwritten: it holds '%s'", path, buf);
+}
+
+/* `fusebox run` of a session whose step saves u to `to` (and whose check
+ * writes u to `check_to` when not NULL); returns the exit status and the
+ * output. */
+static int run_saving_on(const char *dir, const char *to, const char *check_to, const char *outdir,
+                         int local, char **out) {
+  char json[1024], path[600], cmd[8192];
+  int n = snprintf(json, sizeof json,
+                   "{ \"program\": \"snap.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+                   "  \"step\": [ {\"repeat\": 2, \"do\": [ {\"save\": \"u\", \"to\": \"%s\"} ]} ]",
+                   to);
+  if (check_to) n += snprintf(json + n, sizeof json - (size_t)n,
+                              ",\n  \"checks\": [ {\"read\": \"u\", \"to\": \"%s\"} ]", check_to);
+  snprintf(json + n, sizeof json - (size_t)n, " }\n");
+  snprintf(path, sizeof path, "%s/s.json", dir);
+  write_path(path, json);
+  snprintf(cmd, sizeof cmd, "%s run %s%s -q%s%s", fusebox(), path, local ? " --local" : "",
+           outdir ? " -o " : "", outdir ? outdir : "");
+  return sh(cmd, out);
+}
+
+/* The same in this process (--local). */
+static int run_saving(const char *dir, const char *to, const char *check_to, const char *outdir,
+                      char **out) {
+  return run_saving_on(dir, to, check_to, outdir, 1, out);
+}
+
+/* Names that leave the output directory are refused when the file is
+ * loaded (by check and run, before anything runs), naming the entry; a
+ * link inside it (a folder on the way, or the file itself) is never
+ * followed, nor a hard link overwritten; nested names work. */
+START_TEST(outputs_stay_inside) {
+  char base[300], outd[400], victim[500], name[600], cmd[8192], *out;
+  snprintf(base, sizeof base, "%s/oi", tmpdir);
+  snprintf(outd, sizeof outd, "%s/out", base);
+  ck_assert_int_eq(mkdir(base, 0777), 0);
+  ck_assert_int_eq(mkdir(outd, 0777), 0);
+  snprintf(name, sizeof name, "%s/snap.fbk", base);
+  write_path(name, snap_prog);
+  snprintf(victim, sizeof victim, "%s/victim.npy", base);
+  write_path(victim, "VICTIM");
+
+  /* refused statically: absolute, '..' (also after a folder, or with a
+   * {step} pattern), in a save or a check, with -o or beside the file */
+  struct {
+    const char *to, *check_to, *want;
+    int with_o;
+  } bad[] = {
+      {"VICTIM_ABS", NULL, "$.step[0].do[0].to: '%s' is an absolute path; output names must stay "
+                           "inside the output directory (-o DIR",
+       1},
+      {"../victim.npy", NULL, "$.step[0].do[0].to: '../victim.npy' has a '..' component", 1},
+      {"x/../../victim.npy", NULL, "'x/../../victim.npy' has a '..' component", 1},
+      {"../v_{step}.npy", NULL, "'../v_{step}.npy' has a '..' component", 1},
+      {"u.npy", "../victim.npy", "$.checks[0].to: '../victim.npy' has a '..' component", 1},
+      {"../oi/victim.npy", NULL, "has a '..' component", 0},
+      {"frames/", NULL, "'frames/' names a folder, not a file", 1},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char to[600], want[1200];
+    snprintf(to, sizeof to, "%s", strcmp(bad[i].to, "VICTIM_ABS") ? bad[i].to : victim);
+    snprintf(want, sizeof want, bad[i].want, victim);
+    int st = run_saving(base, to, bad[i].check_to, bad[i].with_o ? outd : NULL, &out);
+    ck_assert_msg(st == 2, "case %zu: exit %d:\n%s", i, st, out);
+    ck_assert_msg(strstr(out, want), "case %zu: want '%s' in:\n%s", i, want, out);
+    ck_assert_msg(strstr(out, "s.json: "), "case %zu: the file is not named:\n%s", i, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s check %s/s.json", fusebox(), base);
+    ck_assert_msg(sh(cmd, &out) == 1, "case %zu: check passed:\n%s", i, out);
+    ck_assert_msg(strstr(out, want), "case %zu: check: want '%s' in:\n%s", i, want, out);
+    free(out);
+    assert_holds(victim, "VICTIM");
+  }
+
+  /* a folder inside OUT that is a link to a folder outside: not followed */
+  char outside[500], target[600];
+  snprintf(outside, sizeof outside, "%s/outside", base);
+  ck_assert_int_eq(mkdir(outside, 0777), 0);
+  snprintf(target, sizeof target, "%s/u.npy", outside);
+  write_path(target, "OUTSIDE");
+  snprintf(name, sizeof name, "%s/link", outd);
+  ck_assert_int_eq(symlink(outside, name), 0);
+  ck_assert_int_eq(run_saving(base, "link/u.npy", NULL, outd, &out), 2);
+  ck_assert_msg(strstr(out, "$.step[0].do[0].to: 'link/u.npy': 'link' is a symbolic link; output "
+                            "files are never written through links"),
+                "%s", out);
+  free(out);
+  ck_assert_int_eq(run_saving(base, "ok.npy", "link/sub/c_{step}.npy", outd, &out), 2);
+  ck_assert_msg(strstr(out, "$.checks[0].to: 'link/sub/c_{step}.npy': 'link' is a symbolic link"),
+                "%s", out);
+  free(out);
+  /* the same on a private fuseboxd (the default): the client opens the file */
+  ck_assert_int_eq(run_saving_on(base, "link/u.npy", NULL, outd, 0, &out), 2);
+  ck_assert_msg(strstr(out, "$.step[0].do[0].to: 'link/u.npy': 'link' is a symbolic link"), "%s",
+                out);
+  free(out);
+  assert_holds(target, "OUTSIDE");
+  snprintf(name, sizeof name, "%s/sub", outside);
+  ck_assert_msg(access(name, F_OK) != 0, "a folder was made through the link");
+
+  /* the file's own name a link to a file outside: not followed, kept */
+  snprintf(name, sizeof name, "%s/u_2.npy", outd);
+  ck_assert_int_eq(symlink(victim, name), 0);
+  ck_assert_int_eq(run_saving(base, "u_{step}.npy", NULL, outd, &out), 2);
+  ck_assert_msg(strstr(out, "$.step[0].do[0].to: 'u_2.npy' is a symbolic link"), "%s", out);
+  free(out);
+  assert_holds(victim, "VICTIM");
+  struct stat st;
+  ck_assert_int_eq(lstat(name, &st), 0);
+  ck_assert(S_ISLNK(st.st_mode));
+
+  /* a hard link to a file outside: not overwritten */
+  snprintf(name, sizeof name, "%s/h.npy", outd);
+  ck_assert_int_eq(link(victim, name), 0);
+  ck_assert_int_eq(run_saving(base, "ok.npy", "h.npy", outd, &out), 2);
+  ck_assert_msg(strstr(out, "$.checks[0].to: 'h.npy' has other hard links"), "%s", out);
+  free(out);
+  assert_holds(victim, "VICTIM");
+
+  /* nested and relative names: folders made inside OUT, files rewritten */
+  snprintf(name, sizeof name, "%s/again.npy", outd);
+  write_path(name, "OLD");
+  for (int k = 0; k < 2; k++) {
+    ck_assert_msg(run_saving(base, "frames/sub/u_{step:02d}.png", "./again.npy", outd, &out) == 0,
+                  "%s", out);
+    free(out);
+    float v[15];
+    read_npy_f32(name, v, 15);
+    ck_assert_float_eq(v[14], 14.0f);
+    snprintf(target, sizeof target, "%s/frames/sub/u_02.png", outd);
+    unsigned w, h;
+    free(read_png(target, &w, &h));
+    ck_assert_uint_eq(w, 5);
+  }
+  /* beside the JSON file (no -o): a nested name there works too */
+  ck_assert_msg(run_saving(base, "beside/u.npy", NULL, NULL, &out) == 0, "%s", out);
+  free(out);
+  snprintf(name, sizeof name, "%s/beside/u.npy", base);
+  ck_assert_int_eq(access(name, F_OK), 0);
+  /* bench writes the checks' files beside the JSON file: the same rule */
+  run_saving(base, "ok.npy", "../victim.npy", NULL, &out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s bench %s/s.json --local --modes sync --warmup 0 --repeat 1",
+           fusebox(), base);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "$.checks[0].to: '../victim.npy' has a '..' component"), "%s", out);
+  free(out);
+  assert_holds(victim, "VICTIM");
+}
+END_TEST
+
+/* fb_out_open itself (client/cli_outfile.c, linked into this test), both
+ * ways: openat2 and the O_NOFOLLOW walk that stands in where the kernel
+ * lacks it. */
+START_TEST(out_open_both_ways) {
+  for (int way = 0; way < 2; way++) {
+    fb_out_try_openat2 = way == 0;
+    char root[300], p[600], err[1024];
+    snprintf(root, sizeof root, "%s/ow%d", tmpdir, way);
+    ck_assert_int_eq(mkdir(root, 0777), 0);
+    snprintf(p, sizeof p, "%s/victim", tmpdir);
+    if (way == 0) write_path(p, "VICTIM");
+    /* nested: folders made, the file created, then rewritten shorter */
+    for (int k = 0; k < 2; k++) {
+      FILE *f = fb_out_open(root, "a/./b//c.txt", err, sizeof err);
+      ck_assert_msg(f != NULL, "way %d: %s", way, err);
+      fputs(k ? "new" : "older text", f);
+      ck_assert_int_eq(fclose(f), 0);
+    }
+    snprintf(p, sizeof p, "%s/a/b/c.txt", root);
+    assert_holds(p, "new");
+    /* refused by name */
+    const char *names[] = {"/etc/x", "..", "a/../../x", "", "a/b/", "a/."};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+      ck_assert_msg(fb_out_open(root, names[i], err, sizeof err) == NULL, "way %d: '%s' opened",
+                    way, names[i]);
+      ck_assert_msg(strstr(err, "output names must stay inside"), "%s", err);
+    }
+    /* a link on the way, at the end, and a dangling one: not followed */
+    snprintf(p, sizeof p, "%s/dirlink", root);
+    ck_assert_int_eq(symlink(tmpdir, p), 0);
+    ck_assert(fb_out_open(root, "dirlink/victim", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "'dirlink' is a symbolic link"), "%s", err);
+    snprintf(p, sizeof p, "%s/a/b/filelink", root);
+    char v[400];
+    snprintf(v, sizeof v, "%s/victim", tmpdir);
+    ck_assert_int_eq(symlink(v, p), 0);
+    ck_assert(fb_out_open(root, "a/b/filelink", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "'a/b/filelink' is a symbolic link"), "%s", err);
+    snprintf(p, sizeof p, "%s/dangling", root);
+    snprintf(v, sizeof v, "%s/made-through-a-link", tmpdir);
+    ck_assert_int_eq(symlink(v, p), 0);
+    ck_assert(fb_out_open(root, "dangling", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "'dangling' is a symbolic link"), "%s", err);
+    ck_assert_msg(access(v, F_OK) != 0, "way %d: created %s through a dangling link", way, v);
+    snprintf(v, sizeof v, "%s/victim", tmpdir);
+    assert_holds(v, "VICTIM");
+    /* a file where a folder belongs */
+    ck_assert(fb_out_open(root, "a/b/c.txt/d", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "'a/b/c.txt' is not a folder"), "%s", err);
+    /* a FIFO (no reader: must not block) and a hard link: refused */
+    snprintf(p, sizeof p, "%s/fifo", root);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    ck_assert(fb_out_open(root, "fifo", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "is not a regular file"), "%s", err);
+    snprintf(p, sizeof p, "%s/hard", root);
+    ck_assert_int_eq(link(v, p), 0);
+    ck_assert(fb_out_open(root, "hard", err, sizeof err) == NULL);
+    ck_assert_msg(strstr(err, "has other hard links"), "%s", err);
+    assert_holds(v, "VICTIM");
+  }
+  fb_out_try_openat2 = 1;
+}
+END_TEST
+
 /* ---------------------------------------------------------------- Ctrl-C */
 
 /* A session that runs for hours: a kernel launched a billion times. */
@@ -1297,6 +1536,8 @@ int main(void) {
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, bad_saves_are_named);
+  tcase_add_test(tc, outputs_stay_inside);
+  tcase_add_test(tc, out_open_both_ways);
   tcase_add_test(tc, perf_map);
   suite_add_tcase(s, tc);
   TCase *ti = tcase_create("interrupt"); /* Ctrl-C, SIGTERM, SIGKILL */
