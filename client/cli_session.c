@@ -1238,7 +1238,8 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
   json_t *pt = json_object_get(spec, "particles");
   if (pt) { /* checked when loaded: a field of 2-vectors */
     fb_png_particles ps;
-    if ((rc = particles_spec(pt, path, &ps, err)) || (rc = field_info(r, name, &fld, &cells, err)) ||
+    if ((rc = particles_spec(pt, path, &ps, err)) ||
+        (rc = field_info(r, name, &fld, &cells, err)) ||
         (fld->rows == 2 && !fld->cols && (rc = fb_sess_read_f64(r, name, &v, &n, err)))) {
       free(shown);
       return errf(err, rc, "%s: %s", path, *err);

