@@ -31,18 +31,39 @@ int64_t fb_npy_numel(const fb_npy *a);
 /* ---------------------------------------------------------------- .png */
 
 /* How values become colours: a colour map ("viridis", the default, or
- * "gray") over [lo, hi] (has_range) or the field's finite min..max. */
+ * "gray") over [lo, hi] (has_range) or the field's finite min..max; and
+ * how indices become pixels (taichi: 0, "matrix", row i of the field is
+ * picture row i from the top; 1, "taichi", v[i][j] is i along x, j up). */
 typedef struct fb_png_opts {
   int has_range;
   double lo, hi;
   const char *colormap; /* NULL: viridis */
+  int taichi;
 } fb_png_opts;
 
-/* A 2-D field (h rows of w values, row-major) as an 8-bit RGB PNG, row 0
- * on top; out-of-range values clamped, NaN magenta, written to f (not
- * closed here; path names it in errors). 0 or FB_E* with err. */
-int fb_png_write(FILE *f, const char *path, const double *v, int64_t h, int64_t w,
+/* A 2-D field (n0 x n1 values, row-major) as an 8-bit RGB PNG: n0 rows of
+ * n1 pixels, row 0 on top, or with o->taichi n1 rows of n0 pixels, v[i][j]
+ * at column i, row n1-1-j; out-of-range values clamped, NaN magenta,
+ * written to f (not closed here; path names it in errors). 0 or FB_E*
+ * with err. */
+int fb_png_write(FILE *f, const char *path, const double *v, int64_t n0, int64_t n1,
                  const fb_png_opts *o, char *err, size_t errlen);
+
+/* Particles as discs on a w x h picture, as Taichi's gui.circles: n
+ * positions (x, y pairs in xy) over [0, 1]^2, x from the left and y from
+ * the bottom; a pixel is painted when its centre lies within radius
+ * pixels of a particle's centre (the pixel under the centre always is),
+ * later particles over earlier ones, no antialiasing. */
+#define FB_PNG_MAX_SIDE 16384
+typedef struct fb_png_particles {
+  int64_t w, h;
+  double radius;
+  uint8_t color[3], background[3];
+} fb_png_particles;
+/* A position that is not finite is an error naming the particle (its
+ * flat index; field names the field). 0 or FB_E* with err. */
+int fb_png_write_particles(FILE *f, const char *path, const char *field, const double *xy,
+                           int64_t n, const fb_png_particles *p, char *err, size_t errlen);
 /* The range fb_png_write maps over. */
 void fb_png_range(const double *v, int64_t n, const fb_png_opts *o, double *lo, double *hi);
 int fb_png_colormap_known(const char *name);

@@ -82,7 +82,74 @@ static int step_placeholder(const char *p, size_t *len) {
   return -1;
 }
 
-/* "to", "range" and "colormap" of a save action or a check's "to". */
+/* A colour: "#rrggbb" or [r, g, b], integers 0..255. */
+static int parse_rgb(json_t *v, uint8_t rgb[3]) {
+  if (json_is_string(v)) {
+    const char *s = json_string_value(v);
+    unsigned c[3];
+    int n = 0;
+    if (strlen(s) != 7 || s[0] != '#' || strspn(s + 1, "0123456789abcdefABCDEF") != 6 ||
+        sscanf(s + 1, "%2x%2x%2x%n", &c[0], &c[1], &c[2], &n) != 3 || n != 6)
+      return -1;
+    for (int i = 0; i < 3; i++) rgb[i] = (uint8_t)c[i];
+    return 0;
+  }
+  if (!json_is_array(v) || json_array_size(v) != 3) return -1;
+  for (size_t i = 0; i < 3; i++) {
+    json_t *c = json_array_get(v, i);
+    if (!json_is_integer(c) || json_integer_value(c) < 0 || json_integer_value(c) > 255) return -1;
+    rgb[i] = (uint8_t)json_integer_value(c);
+  }
+  return 0;
+}
+
+/* "particles" of a save (or a check's "to"): {"size": [w, h], "radius": r,
+ * "color": C, "background": C}, all optional; defaults as Taichi's GUI:
+ * 512 x 512, radius 1, white on black. */
+static int particles_spec(json_t *pt, const char *path, fb_png_particles *out, char **err) {
+  static const char *const keys[] = {"size", "radius", "color", "background", NULL};
+  char sub[1100];
+  snprintf(sub, sizeof sub, "%.1000s.particles", path);
+  int rc = only_keys(pt, sub, keys, err);
+  if (rc) return rc;
+  *out = (fb_png_particles){.w = 512, .h = 512, .radius = 1, .color = {255, 255, 255}};
+  json_t *size = json_object_get(pt, "size"), *rad = json_object_get(pt, "radius");
+  if (size) {
+    json_t *w = json_array_get(size, 0), *h = json_array_get(size, 1);
+    if (!json_is_array(size) || json_array_size(size) != 2 || !json_is_integer(w) ||
+        !json_is_integer(h) || json_integer_value(w) < 1 || json_integer_value(h) < 1 ||
+        json_integer_value(w) > FB_PNG_MAX_SIDE || json_integer_value(h) > FB_PNG_MAX_SIDE)
+      return errf(err, FB_EINVAL,
+                  "%s.size: expected [width, height] in pixels, each 1 to %d", sub,
+                  FB_PNG_MAX_SIDE);
+    out->w = json_integer_value(w);
+    out->h = json_integer_value(h);
+  }
+  if (rad) {
+    if (!json_is_number(rad) || !(json_number_value(rad) >= 0) ||
+        !isfinite(json_number_value(rad)))
+      return errf(err, FB_EINVAL, "%s.radius: expected a number of pixels >= 0", sub);
+    out->radius = json_number_value(rad);
+  }
+  static const char *const cols[] = {"color", "background"};
+  for (int i = 0; i < 2; i++) {
+    json_t *c = json_object_get(pt, cols[i]);
+    if (c && parse_rgb(c, i ? out->background : out->color))
+      return errf(err, FB_EINVAL, "%s.%s: expected \"#rrggbb\" or [r, g, b] (0 to 255)", sub,
+                  cols[i]);
+  }
+  return 0;
+}
+
+/* "orientation": 1 for "taichi", 0 for "matrix" or none, -1 otherwise. */
+static int orientation_taichi(json_t *o) {
+  if (!o) return 0;
+  const char *s = json_string_value(o);
+  return s && !strcmp(s, "taichi") ? 1 : s && !strcmp(s, "matrix") ? 0 : -1;
+}
+
+/* "to", "range", "colormap", "orientation" and "particles" of a save
+ * action or a check's "to". */
 static int check_output(json_t *a, const char *path, int require_ext, char **err) {
   json_t *to = json_object_get(a, "to");
   if (!json_is_string(to)) return errf(err, FB_EINVAL, "%s.to: expected a file name", path);
@@ -103,9 +170,25 @@ static int check_output(json_t *a, const char *path, int require_ext, char **err
                   t);
   }
   json_t *range = json_object_get(a, "range"), *cmap = json_object_get(a, "colormap");
-  if ((range || cmap) && !png)
+  json_t *orient = json_object_get(a, "orientation"), *pt = json_object_get(a, "particles");
+  if ((range || cmap || orient || pt) && !png)
     return errf(err, FB_EINVAL, "%s.%s: only for a picture (\"to\" ending in .png)", path,
-                range ? "range" : "colormap");
+                range ? "range" : cmap ? "colormap" : orient ? "orientation" : "particles");
+  if (orient && orientation_taichi(orient) < 0)
+    return errf(err, FB_EINVAL,
+                "%s.orientation: expected \"matrix\" (first index down the rows, the "
+                "default) or \"taichi\" (first index along x, second upward)",
+                path);
+  if (pt) {
+    fb_png_particles spec;
+    int rc = particles_spec(pt, path, &spec, err);
+    if (rc) return rc;
+    if (range || cmap || orient)
+      return errf(err, FB_EINVAL,
+                  "%s.%s: not for particles (they are drawn in one colour, x from the left and "
+                  "y from the bottom)",
+                  path, range ? "range" : cmap ? "colormap" : "orientation");
+  }
   if (range &&
       (!json_is_array(range) || json_array_size(range) != 2 ||
        !json_is_number(json_array_get(range, 0)) || !json_is_number(json_array_get(range, 1)) ||
@@ -123,7 +206,8 @@ static int check_action(json_t *a, const char *path, char **err) {
   static const char *const repeat_k[] = {"repeat", "do", NULL};
   static const char *const flush_k[] = {"flush", NULL};
   static const char *const sync_k[] = {"sync", NULL};
-  static const char *const save_k[] = {"save", "to", "every", "range", "colormap", NULL};
+  static const char *const save_k[] = {"save",     "to",          "every",     "range",
+                                       "colormap", "orientation", "particles", NULL};
   if (!json_is_object(a)) return errf(err, FB_EINVAL, "%s: expected an action object", path);
   if (json_object_get(a, "save")) {
     int rc = only_keys(a, path, save_k, err);
@@ -185,8 +269,9 @@ static int check_actions(json_t *list, const char *path, char **err) {
 }
 
 static int check_checks(json_t *list, char **err) {
-  static const char *const read_k[] = {"read", "sum", "equals", "min",      "max", "rtol",
-                                       "atol", "to",  "range",  "colormap", NULL};
+  static const char *const read_k[] = {"read",     "sum",         "equals",    "min", "max",
+                                       "rtol",     "atol",        "to",        "range",
+                                       "colormap", "orientation", "particles", NULL};
   static const char *const same_k[] = {"same_across_modes", "rtol", "atol", NULL};
   if (!list) return 0;
   if (!json_is_array(list)) return errf(err, FB_EINVAL, "$.checks: expected an array");
@@ -206,7 +291,8 @@ static int check_checks(json_t *list, char **err) {
       return errf(err, FB_EINVAL, "%s: a check needs \"read\": FIELD or \"same_across_modes\"",
                   path);
     if ((json_object_get(c, "to") || json_object_get(c, "range") ||
-         json_object_get(c, "colormap")) &&
+         json_object_get(c, "colormap") || json_object_get(c, "orientation") ||
+         json_object_get(c, "particles")) &&
         (rc = check_output(c, path, 0, err)))
       return rc;
   }
@@ -413,6 +499,13 @@ static int check_output_field(const fb_program *prog, json_t *a, const char *key
   if (fi < 0)
     return errf(err, FB_ENOENT, "%s.%s: no field named '%s' in the program", path, key, name);
   const fb_lang_field *fld = fb_program_field(prog, fi);
+  if (json_object_get(a, "particles")) {
+    if (fld->rows != 2 || fld->cols != 0)
+      return errf(err, FB_EINVAL,
+                  "%s.particles: particles need a field of 2-vectors (x, y); '%s' holds %s", path,
+                  name, fld->cols ? "matrices" : fld->rows ? "vectors of another size" : "scalars");
+    return 0;
+  }
   if (fb_png_is_name(json_string_value(to)) && (fld->ndim != 2 || fld->ncomp != 1))
     return errf(err, FB_EINVAL,
                 "%s.to: a picture needs a 2-D field of scalars; '%s' has %d ind%s%s", path, name,
@@ -1142,6 +1235,27 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
   const fb_lang_field *fld = NULL;
   int64_t cells = 0, n = 0;
   double *v = NULL;
+  json_t *pt = json_object_get(spec, "particles");
+  if (pt) { /* checked when loaded: a field of 2-vectors */
+    fb_png_particles ps;
+    if ((rc = particles_spec(pt, path, &ps, err)) ||
+        (rc = field_info(r, name, &fld, &cells, err)) ||
+        (fld->rows == 2 && !fld->cols && (rc = fb_sess_read_f64(r, name, &v, &n, err)))) {
+      free(shown);
+      return errf(err, rc, "%s: %s", path, *err);
+    }
+    if (fld->rows != 2 || fld->cols) {
+      free(shown);
+      return errf(err, FB_EINVAL, "%s.particles: '%s' is not a field of 2-vectors", path, name);
+    }
+    FILE *f = fb_out_open(output_dir(r), file, msg, sizeof msg);
+    rc = f ? fb_png_write_particles(f, shown, name, v, n / 2, &ps, msg, sizeof msg) : FB_EIO;
+    free(v);
+    if (rc) errf(err, rc, "%s.to: %s", path, msg);
+    if (f) rc = close_output(f, rc, shown, path, err);
+    free(shown);
+    return rc;
+  }
   if ((rc = field_info(r, name, &fld, &cells, err)) ||
       (fld->ndim == 2 && fld->ncomp == 1 && (rc = fb_sess_read_f64(r, name, &v, &n, err)))) {
     free(shown);
@@ -1156,7 +1270,8 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
   fb_png_opts po = {.has_range = range != NULL,
                     .lo = json_number_value(json_array_get(range, 0)),
                     .hi = json_number_value(json_array_get(range, 1)),
-                    .colormap = json_string_value(cmap)};
+                    .colormap = json_string_value(cmap),
+                    .taichi = orientation_taichi(json_object_get(spec, "orientation")) == 1};
   FILE *f = fb_out_open(output_dir(r), file, msg, sizeof msg);
   rc = f ? fb_png_write(f, shown, v, fld->shape[0], fld->shape[1], &po, msg, sizeof msg) : FB_EIO;
   free(v);

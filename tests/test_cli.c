@@ -858,6 +858,128 @@ START_TEST(bad_saves_are_named) {
 }
 END_TEST
 
+/* "orientation": "taichi" (first index along x, second upward, as
+ * Taichi's GUI) and "particles" (a field of 2-vectors as discs, as
+ * gui.circles: x from the left, y from the bottom), read back with libpng,
+ * on a private fuseboxd and in this process; and their bad forms named. */
+static const char *parts_prog =
+    "layout { dense(ij: 3, 5) { place u: f32 }\n dense(k: 3) { place p: f32[2] } }\n"
+    "kernel init() { for i, j in u { u[i, j] = f32(i * 5 + j) }\n"
+    "  p[0] = [0.25, 0.5625]\n p[1] = [0.95, 0.95]\n p[2] = [-1.0, -1.0] }\n";
+
+START_TEST(orientation_and_particles) {
+  write_file("parts.fbk", parts_prog);
+  write_file("parts.json",
+             "{ \"program\": \"parts.fbk\", \"setup\": [ {\"launch\": \"init\"} ],\n"
+             "  \"step\": [ {\"save\": \"u\", \"to\": \"ut.png\", \"range\": [0, 51], "
+             "\"colormap\": \"gray\", \"orientation\": \"taichi\"},\n"
+             "    {\"save\": \"u\", \"to\": \"um.png\", \"range\": [0, 51], "
+             "\"colormap\": \"gray\", \"orientation\": \"matrix\"},\n"
+             "    {\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"size\": [10, 8], "
+             "\"radius\": 1, \"color\": \"#ff0000\", \"background\": [0, 0, 255]}} ],\n"
+             "  \"checks\": [ {\"read\": \"p\", \"to\": \"dflt.png\", \"particles\": {}} ] }\n");
+  const char *paths[] = {"", "--local"};
+  for (int q = 0; q < 2; q++) {
+    char cmd[8192], dir[512], file[600], *out;
+    unsigned w, h;
+    snprintf(dir, sizeof dir, "%s/parts%d", tmpdir, q);
+    snprintf(cmd, sizeof cmd, "%s run %s/parts.json -o %s %s", fusebox(), tmpdir, dir, paths[q]);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* taichi: 3 wide, 5 high; u[i, j] at column i, row 4 - j (j upward) */
+    snprintf(file, sizeof file, "%s/ut.png", dir);
+    unsigned char *px = read_png(file, &w, &h);
+    ck_assert_uint_eq(w, 3);
+    ck_assert_uint_eq(h, 5);
+    for (unsigned i = 0; i < 3; i++)
+      for (unsigned j = 0; j < 5; j++) {
+        int g = 5 * (int)(i * 5 + j);
+        assert_pixel(px, w, i, 4 - j, g, g, g);
+      }
+    free(px);
+    /* matrix, said out loud: as without the key, 5 wide and 3 high */
+    snprintf(file, sizeof file, "%s/um.png", dir);
+    px = read_png(file, &w, &h);
+    ck_assert_uint_eq(w, 5);
+    ck_assert_uint_eq(h, 3);
+    assert_pixel(px, w, 4, 0, 20, 20, 20);
+    assert_pixel(px, w, 0, 2, 50, 50, 50);
+    free(px);
+    /* particles on 10 x 8: p[0] is the centre of pixel (2, 4) (y up): a
+     * plus of 5 pixels at radius 1; p[1] only the pixel (9, 7) under it,
+     * the top right; p[2] lies off the picture */
+    snprintf(file, sizeof file, "%s/p.png", dir);
+    px = read_png(file, &w, &h);
+    ck_assert_uint_eq(w, 10);
+    ck_assert_uint_eq(h, 8);
+    static const int lit[][2] = {{2, 4}, {1, 4}, {3, 4}, {2, 3}, {2, 5}, {9, 7}};
+    int red = 0;
+    for (unsigned y = 0; y < h; y++)
+      for (unsigned x = 0; x < w; x++) {
+        const unsigned char *c = px + 3 * (y * w + x);
+        red += c[0] == 255 && c[1] == 0 && c[2] == 0;
+        ck_assert_msg((c[0] == 255 && !c[1] && !c[2]) || (!c[0] && !c[1] && c[2] == 255),
+                      "pixel (%u, %u) is neither red nor blue", x, y);
+      }
+    ck_assert_int_eq(red, 6);
+    for (size_t k = 0; k < sizeof lit / sizeof lit[0]; k++)
+      assert_pixel(px, w, (unsigned)lit[k][0], 7 - (unsigned)lit[k][1], 255, 0, 0);
+    free(px);
+    /* a check's picture, the defaults: 512 x 512, white on black */
+    snprintf(file, sizeof file, "%s/dflt.png", dir);
+    px = read_png(file, &w, &h);
+    ck_assert_uint_eq(w, 512);
+    ck_assert_uint_eq(h, 512);
+    assert_pixel(px, w, 128, 511 - 288, 255, 255, 255); /* p[0]: (128, 288) */
+    assert_pixel(px, w, 0, 0, 0, 0, 0);
+    free(px);
+  }
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd,
+           "cmp %s/parts0/p.png %s/parts1/p.png && cmp %s/parts0/ut.png %s/parts1/ut.png", tmpdir,
+           tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+
+  struct {
+    const char *action, *want;
+  } cases[] = {
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"orientation\": \"xy\"}",
+       "$.step[0].orientation: expected \"matrix\""},
+      {"{\"save\": \"u\", \"to\": \"u.npy\", \"orientation\": \"taichi\"}",
+       "$.step[0].orientation: only for a picture"},
+      {"{\"save\": \"u\", \"to\": \"u.png\", \"particles\": {}}",
+       "$.step[0].particles: particles need a field of 2-vectors (x, y); 'u' holds scalars"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {}, \"range\": [0, 1]}",
+       "$.step[0].range: not for particles"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {}, \"orientation\": \"taichi\"}",
+       "$.step[0].orientation: not for particles"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"size\": [0, 5]}}",
+       "$.step[0].particles.size: expected [width, height] in pixels, each 1 to 16384"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"radius\": -1}}",
+       "$.step[0].particles.radius: expected a number of pixels >= 0"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"color\": \"red\"}}",
+       "$.step[0].particles.color: expected \"#rrggbb\" or [r, g, b]"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"background\": [0, 0, 256]}}",
+       "$.step[0].particles.background: expected"},
+      {"{\"save\": \"p\", \"to\": \"p.png\", \"particles\": {\"radus\": 2}}",
+       "$.step[0].particles.radus: unknown key"},
+      {"{\"save\": \"p\", \"to\": \"p.png\"}",
+       "$.step[0].to: a picture needs a 2-D field of scalars; 'p' has 1 index and components"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char json[1024], name[32], *out;
+    snprintf(json, sizeof json, "{ \"program\": \"parts.fbk\", \"step\": [ %s ] }\n",
+             cases[i].action);
+    snprintf(name, sizeof name, "bp%zu.json", i);
+    write_file(name, json);
+    snprintf(cmd, sizeof cmd, "%s check %s/%s", fusebox(), tmpdir, name);
+    ck_assert_msg(sh(cmd, &out) == 1, "case %zu:\n%s", i, out);
+    ck_assert_msg(strstr(out, cases[i].want), "case %zu: want '%s' in:\n%s", i, cases[i].want, out);
+    free(out);
+  }
+}
+END_TEST
+
 /* ---------------------------------------------------------------- outputs */
 
 /* Files a session writes stay inside the output directory (issue 38,
@@ -1536,6 +1658,7 @@ int main(void) {
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, bad_saves_are_named);
+  tcase_add_test(tc, orientation_and_particles);
   tcase_add_test(tc, outputs_stay_inside);
   tcase_add_test(tc, out_open_both_ways);
   tcase_add_test(tc, perf_map);

@@ -16,6 +16,7 @@ from fusebox.errors import (ConnectionLostError, DeadlineExceededError, Error, L
                             NotFoundError, ServerError)
 from fusebox.session import (Counters, Field, FieldInfo, Kernel, KernelInfo, LaunchFailure,
                              Param, Program, Session, SyncResult)
+from fusebox.picture import encode_png, splat, to_pixels, write_png
 from fusebox.tools import bench, plot
 
 __version__ = "0.1.0"
@@ -23,4 +24,5 @@ __all__ = [
     "Client", "ServerInfo", "connect", "find_fuseboxd", "ConnectionLostError", "DeadlineExceededError", "Error",
     "LaunchError", "NotFoundError", "ServerError", "Counters", "Field", "FieldInfo", "Kernel",
     "KernelInfo", "LaunchFailure", "Param", "Program", "Session", "SyncResult", "bench", "plot",
+    "encode_png", "splat", "to_pixels", "write_png",
 ]

@@ -21,3 +21,5 @@ def test_example(fuseboxd, tmp_path, name, expect):
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert expect in r.stdout
+    if name == "notebook.py":  # its picture, written without matplotlib
+        assert (tmp_path / "heat.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
