@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "tests/support/support.h"
 
@@ -598,46 +599,47 @@ END_TEST
 /* U = sum over ordered pairs i != j of -1 / sqrt(|p_i - p_j|^2 + eps), one
  * par_for over the pairs; its gradient against the formula by hand:
  * dU/dp_i = 2 sum_{j != i} (p_i - p_j) / (|p_i - p_j|^2 + eps)^(3/2). */
+static const char *gravity_text = "layout {\n"
+                          "  dense(i: 9) {\n"
+                          "    place px: f64\n"
+                          "    place px.grad: f64\n"
+                          "    place py: f64\n"
+                          "    place py.grad: f64\n"
+                          "  }\n"
+                          "  place U: f64\n"
+                          "  place U.grad: f64\n"
+                          "}\n"
+                          "kernel k(f64) {\n"
+                          "  %0 = arg.f64 0\n"
+                          "  %1 = const.i32 0\n"
+                          "  %2 = const.i32 81\n"
+                          "  %3 = const.i32 9\n"
+                          "  par_for %4 in %1 .. %2 {\n"
+                          "    %5 = loop_index.i32 %4, 0\n"
+                          "    %6 = div.i32 %5, %3\n"
+                          "    %7 = rem.i32 %5, %3\n"
+                          "    %8 = load.f64 px[%6]\n"
+                          "    %9 = load.f64 px[%7]\n"
+                          "    %10 = load.f64 py[%6]\n"
+                          "    %11 = load.f64 py[%7]\n"
+                          "    %12 = sub.f64 %8, %9\n"
+                          "    %13 = sub.f64 %10, %11\n"
+                          "    %14 = mul.f64 %12, %12\n"
+                          "    %15 = mul.f64 %13, %13\n"
+                          "    %16 = add.f64 %14, %15\n"
+                          "    %17 = add.f64 %16, %0\n"
+                          "    %18 = rsqrt.f64 %17\n"
+                          "    %19 = neg.f64 %18\n"
+                          "    %20 = ne.bool %6, %7\n"
+                          "    %21 = const.f64 0.0\n"
+                          "    %22 = select.f64 %20, %19, %21\n"
+                          "    %23 = atomic_add.f64 U[], %22\n"
+                          "  }\n"
+                          "}\n";
 START_TEST(gravity_energy_against_hand_gradient) {
-  static const char *text = "layout {\n"
-                            "  dense(i: 9) {\n"
-                            "    place px: f64\n"
-                            "    place px.grad: f64\n"
-                            "    place py: f64\n"
-                            "    place py.grad: f64\n"
-                            "  }\n"
-                            "  place U: f64\n"
-                            "  place U.grad: f64\n"
-                            "}\n"
-                            "kernel k(f64) {\n"
-                            "  %0 = arg.f64 0\n"
-                            "  %1 = const.i32 0\n"
-                            "  %2 = const.i32 81\n"
-                            "  %3 = const.i32 9\n"
-                            "  par_for %4 in %1 .. %2 {\n"
-                            "    %5 = loop_index.i32 %4, 0\n"
-                            "    %6 = div.i32 %5, %3\n"
-                            "    %7 = rem.i32 %5, %3\n"
-                            "    %8 = load.f64 px[%6]\n"
-                            "    %9 = load.f64 px[%7]\n"
-                            "    %10 = load.f64 py[%6]\n"
-                            "    %11 = load.f64 py[%7]\n"
-                            "    %12 = sub.f64 %8, %9\n"
-                            "    %13 = sub.f64 %10, %11\n"
-                            "    %14 = mul.f64 %12, %12\n"
-                            "    %15 = mul.f64 %13, %13\n"
-                            "    %16 = add.f64 %14, %15\n"
-                            "    %17 = add.f64 %16, %0\n"
-                            "    %18 = rsqrt.f64 %17\n"
-                            "    %19 = neg.f64 %18\n"
-                            "    %20 = ne.bool %6, %7\n"
-                            "    %21 = const.f64 0.0\n"
-                            "    %22 = select.f64 %20, %19, %21\n"
-                            "    %23 = atomic_add.f64 U[], %22\n"
-                            "  }\n"
-                            "}\n";
+
   prob p;
-  setup(&p, text);
+  setup(&p, gravity_text);
   const double eps = 0.01;
   p.args[0] = fb_value_f64(eps);
   p.nargs = 1;
@@ -670,6 +672,77 @@ START_TEST(gravity_energy_against_hand_gradient) {
   /* the adjoint read U.grad and left it (U is only added to) */
   ck_assert_double_eq(fld(&p, fid(&p, "U.grad"))[0], 1.0);
   teardown(&p);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- the JIT */
+
+/* The forward kernel and its adjoint registered with a CPU engine (sync and
+ * async) and run from the same random state as on the interpreter (every
+ * f64 field random, gradients too: the outputs' gradients are the seeds,
+ * the inputs' a sum the adjoint adds to): every field the same after both
+ * launches. */
+static void jit_case(const char *text, const char *mode, double arg) {
+  prob p;
+  setup(&p, text);
+  p.args[0] = fb_value_f64(arg);
+  p.nargs = p.k->nparams;
+  rng_state = 2024;
+  double *init[64] = {0};
+  ck_assert_int_le(p.l->nnodes, 64);
+  for (int f = 0; f < p.l->nnodes; f++) {
+    if (p.l->nodes[f].kind != FB_SN_PLACE) continue;
+    int64_t n = numel(&p, f);
+    init[f] = malloc(sizeof(double) * (size_t)n);
+    for (int64_t e = 0; e < n; e++) init[f][e] = uniform(-1, 1);
+    memcpy(fld(&p, f), init[f], sizeof(double) * (size_t)n);
+  }
+  run(&p, p.k);
+  run(&p, p.adj);
+  fb_engine_config ec = {.backend = "cpu", .compile_threads = 1, .cpu_threads = 1};
+  fb_engine *e = NULL;
+  char err[256] = "";
+  ck_assert_msg(fb_engine_create(&ec, &e, err, sizeof err) == 0, "engine: %s", err);
+  fb_session_config sc = {.mode = mode};
+  fb_session *s = NULL;
+  ck_assert_msg(fb_session_create(e, &sc, p.l, &s, err, sizeof err) == 0, "session: %s", err);
+  int kid = fb_session_add_kernel(s, p.k), aid = fb_session_add_kernel(s, p.adj);
+  ck_assert_msg(kid >= 0 && aid >= 0, "add: %s", fb_session_errmsg(s));
+  for (int f = 0; f < p.l->nnodes; f++)
+    if (init[f])
+      ck_assert_int_eq(fb_field_write(s, f, init[f], sizeof(double) * (size_t)numel(&p, f)), 0);
+  ck_assert_msg(fb_launch(s, kid, p.args, p.nargs, NULL) == 0, "%s", fb_session_errmsg(s));
+  ck_assert_msg(fb_launch(s, aid, p.args, p.nargs, NULL) == 0, "%s", fb_session_errmsg(s));
+  ck_assert_int_eq(fb_sync(s), 0);
+  int compared = 0;
+  for (int f = 0; f < p.l->nnodes; f++) {
+    if (!init[f]) continue;
+    int64_t n = numel(&p, f);
+    double *got = malloc(sizeof(double) * (size_t)n);
+    ck_assert_int_eq(fb_field_read(s, f, got, sizeof(double) * (size_t)n), 0);
+    for (int64_t i = 0; i < n; i++) {
+      double want = fld(&p, f)[i];
+      ck_assert_msg(fabs(got[i] - want) <= 1e-11 * (1 + fabs(want)),
+                    "%s: %s[%lld]: JIT %.17g, interpreter %.17g", mode, p.l->nodes[f].name,
+                    (long long)i, got[i], want);
+      compared += got[i] != init[f][i];
+    }
+    free(got);
+    free(init[f]);
+  }
+  ck_assert_int_gt(compared, 0);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  teardown(&p);
+}
+
+START_TEST(jit_matches_interpreter) {
+  static const char *const modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    jit_case(lin_text, modes[m], 0.75);
+    jit_case(nonlin_text, modes[m], 0);
+    jit_case(gravity_text, modes[m], 0.01);
+  }
 }
 END_TEST
 
@@ -1038,6 +1111,9 @@ static Suite *autodiff_suite(void) {
   tcase_add_test(id, gravity_energy_against_hand_gradient);
   tcase_add_test(id, sparse_gradient_follows_activity);
   suite_add_tcase(s, id);
+  TCase *jit = tcase_create("jit");
+  tcase_add_test(jit, jit_matches_interpreter);
+  suite_add_tcase(s, jit);
   TCase *lay = tcase_create("layouts");
   tcase_add_test(lay, layout_add_grad);
   tcase_add_test(lay, layout_convention_is_strict);
