@@ -581,7 +581,7 @@ static int region_matters(const actx *a, int id) {
 int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
                       size_t errlen) {
   if (out) *out = NULL;
-  if (!k || !out) {
+  if (!k || !k->name || !out) {
     fb_errf(err, errlen, "fb_kernel_adjoint: no kernel");
     return FB_EINVAL;
   }
@@ -595,8 +595,8 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
   fb_diags_init(&d);
   int rc = fb_verify(k, &d);
   if (rc) {
-    fb_errf(err, errlen, "cannot differentiate kernel '%s': it does not verify: %s",
-            k->name ? k->name : "?", d.n ? d.v[0].msg : fb_strerror(rc));
+    fb_errf(err, errlen, "cannot differentiate kernel '%s': it does not verify: %s", k->name,
+            d.n ? d.v[0].msg : fb_strerror(rc));
     fb_diags_free(&d);
     return rc;
   }
