@@ -356,6 +356,52 @@ int fb_kernel_equal(const fb_kernel *a, const fb_kernel *b);
 /* Compacting copy: only reachable statements, renumbered in walk order. */
 fb_kernel *fb_kernel_compact(const fb_kernel *k);
 
+/* ---------------------------------------------------------------- automatic differentiation
+ * Reverse mode, the foundation (docs/autodiff.md). A gradient map says, for
+ * each place that has a gradient, which place holds it: a place of the same
+ * float type and the same index space (shape). The layout convention that
+ * fills one: the gradient of place N is a place named "N.grad" in the same
+ * container (fb_layout_add_grad makes it; sharing the container, it has
+ * the primal's shape and, on sparse layouts, the primal's activity). */
+
+typedef struct fb_grad_map {
+  int n;          /* entries: the layout's node count */
+  int32_t *grad;  /* per SNode id: the place holding its gradient, -1 when none */
+} fb_grad_map;
+
+/* A map of n entries, all -1. Returns 0 or FB_ENOMEM / FB_EINVAL. */
+int fb_grad_map_init(fb_grad_map *g, int n);
+void fb_grad_map_free(fb_grad_map *g);
+/* Add the place "<name>.grad" next to place (same parent, same type)
+ * before the layout is finalized. Returns its id, or FB_EINVAL with a
+ * message in err (not a place, not a float field, finalized layout, the
+ * name already taken). */
+int fb_layout_add_grad(fb_layout *l, int place, char *err, size_t errlen);
+/* The map of the layout convention: each place P with a sibling place
+ * named "<P's name>.grad" of P's type. g is initialised here. */
+int fb_grad_map_from_layout(const fb_layout *l, fb_grad_map *g);
+
+/* The adjoint of kernel k: a new kernel "<k's name>.grad" with k's
+ * parameters and no return value that, run after k on the same state,
+ * adds to the gradient of every place k reads (that has one in g) the
+ * gradient that flows back from the gradients of the places k writes:
+ *   load x[i]            -> atomic_add x.grad[i], (adjoint of the load)
+ *   atomic_add y[i], v   -> adjoint of v += y.grad[i]
+ *   store y[i], v        -> adjoint of v += y.grad[i]; y.grad[i] = 0
+ * with values recomputed from the fields, which k must leave unchanged:
+ * the scope (docs/autodiff.md) is straight-line code in par_for /
+ * struct_for bodies and the kernel body, over + - * / rem floordiv
+ * floormod min max pow atan2 neg abs and every float math op, casts,
+ * select, constants, parameters, loop indices, loads, stores and atomic
+ * adds. Anything else (if, while, serial loops, local variables, rand,
+ * sparse ops, a field both read and written, a used atomic result, an
+ * active value written to a float field without a gradient, a bad map) is
+ * refused: FB_EVERIFY (FB_EINVAL for a bad map) with a message in err that
+ * names the kernel, the statement and what to change. The result passes
+ * fb_verify. */
+int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
+                      size_t errlen);
+
 /* ---------------------------------------------------------------- interpreter
  * The reference interpreter runs IR on host memory it owns: one flat array
  * per field, indexed row-major by the field's global index (dims in axis
