@@ -675,9 +675,9 @@ END_TEST
 
 /* ---------------------------------------------------------------- svd and polar */
 
-#define NM 16
+#define NM 20
 static const char *const svd_src =
-    "layout { dense(i: 16) {\n"
+    "layout { dense(i: 20) {\n"
     "  place A3: f32[3][3], U3: f32[3][3], S3: f32[3][3], V3: f32[3][3], R3: f32[3][3], P3: "
     "f32[3][3]\n"
     "  place A2: f32[2][2], U2: f32[2][2], S2: f32[2][2], V2: f32[2][2], R2: f32[2][2], P2: "
@@ -785,6 +785,56 @@ static void check_polar(fb_interp *in, fb_program *p, const char *A, const char 
   if (det(a, n) > 0) check_rotation(r, n, tol, R, i);
 }
 
+/* Where M is diagonal the answer is representable and must be exact
+ * (docs/language.md): sigma is |diag| in decreasing order with the last
+ * negated when det M < 0, U and V are signed permutations, U S V^T == M
+ * bit for bit; polar of a positive diagonal is R = I, S = M. */
+static void check_exact_diag(fb_interp *in, fb_program *p, const char *A, const char *U,
+                             const char *S, const char *V, const char *R, const char *P, int n,
+                             int i) {
+  double a[9], u[9], s[9], v[9], us[9], usv[9];
+  mat_get(in, p, A, i, n, a);
+  for (int r = 0; r < n; r++)
+    for (int c = 0; c < n; c++)
+      if (r != c && a[r * n + c] != 0) return;
+  mat_get(in, p, U, i, n, u);
+  mat_get(in, p, S, i, n, s);
+  mat_get(in, p, V, i, n, v);
+  double want[3], sign = 1;
+  for (int k = 0; k < n; k++) {
+    want[k] = fabs(a[k * n + k]);
+    if (a[k * n + k] < 0) sign = -sign;
+  }
+  for (int k = 0; k < n; k++) /* sort decreasing */
+    for (int j = k + 1; j < n; j++)
+      if (want[j] > want[k]) {
+        double t = want[k];
+        want[k] = want[j];
+        want[j] = t;
+      }
+  want[n - 1] *= sign;
+  for (int k = 0; k < n; k++)
+    ck_assert_msg(s[k * n + k] == want[k], "%s[%d] diagonal: sigma_%d = %.17g, want %.17g", A, i,
+                  k, s[k * n + k], want[k]);
+  for (int c = 0; c < n * n; c++)
+    ck_assert_msg((u[c] == 0 || fabs(u[c]) == 1) && (v[c] == 0 || fabs(v[c]) == 1),
+                  "%s[%d] diagonal: U, V not signed permutations", A, i);
+  mul_t(u, s, n, us, 0);
+  mul_t(us, v, n, usv, 1);
+  for (int c = 0; c < n * n; c++)
+    ck_assert_msg(usv[c] == a[c], "%s[%d] diagonal: U S V^T inexact", A, i);
+  int pos = 1;
+  for (int k = 0; k < n; k++) pos &= a[k * n + k] > 0;
+  if (!R || !pos) return;
+  double r[9], q[9];
+  mat_get(in, p, R, i, n, r);
+  mat_get(in, p, P, i, n, q);
+  for (int c = 0; c < n * n; c++) {
+    ck_assert_msg(r[c] == (c % (n + 1) == 0), "%s[%d] positive diagonal: R != I", A, i);
+    ck_assert_msg(q[c] == a[c], "%s[%d] positive diagonal: S != M", A, i);
+  }
+}
+
 /* Test matrices: random, and the hard cases (identity, repeated and zero
  * singular values, reflections, tiny and large scales). */
 static void make_matrix(int kind, int n, uint64_t *seed, double *m) {
@@ -827,6 +877,8 @@ static const double hard2[][4] = {
     {1, 0, 0, -1},      {0, 1, 1, 0},  {-1, 0, 0, -1}, {0.6, -0.8, 0.8, 0.6},
     {-2, 0, 0, 5},      {0, -3, 2, 0}, {1, 2, 2, 4},   {1e-12, 2e-12, -3e-12, 1e-12},
     {3e4, -1, 2, -4e4},
+    /* near identity, diagonal: the exact answer is representable in f32 */
+    {1 + 0x1p-23, 0, 0, 1 - 0x1p-24}, {1.1, 0, 0, 0.9},
 };
 
 START_TEST(svd_polar) {
@@ -856,11 +908,18 @@ START_TEST(svd_polar) {
   copy_inputs(in, s, p);
   launch(s, add(s, k), NULL, 0, NULL);
   irun(in, k, NULL, 0, NULL);
-  same_fields(in, s, p, 1e-6);
+  same_fields(in, s, p, 0); /* the same IEEE operations: bit for bit */
   fb_session_destroy(s);
   fb_engine_destroy(e);
-  int negdet = 0;
+  int negdet = 0, ndiag = 0;
   for (int i = 0; i < NM; i++) {
+    check_exact_diag(in, p, "A3", "U3", "S3", "V3", "R3", "P3", 3, i);
+    check_exact_diag(in, p, "A2", "U2", "S2", "V2", "R2", "P2", 2, i);
+    check_exact_diag(in, p, "D3", "DU", "DS", "DV", NULL, NULL, 3, i);
+    check_exact_diag(in, p, "D2", "EU", "ES", "EV", "ER", "EP", 2, i);
+    double a2[4];
+    mat_get(in, p, "A2", i, 2, a2);
+    ndiag += a2[1] == 0 && a2[2] == 0;
     check_svd(in, p, "A3", "U3", "S3", "V3", 3, i, 1e-5);
     check_svd(in, p, "A2", "U2", "S2", "V2", 2, i, 1e-5);
     check_svd(in, p, "D3", "DU", "DS", "DV", 3, i, 1e-12);
@@ -873,6 +932,7 @@ START_TEST(svd_polar) {
     negdet += det3(a) < 0;
   }
   ck_assert_int_gt(negdet, 0); /* reflections were among the inputs */
+  ck_assert_int_ge(ndiag, 6);  /* and diagonal matrices */
   fb_interp_free(in);
   fb_program_free(p);
 }
