@@ -4,7 +4,8 @@
  * float floored division and modulo with negative operands, a heat
  * diffusion stencil, Game of Life on a torus, control flow and inlined
  * funcs, vectors and matrices with their builtins, svd and polar, and
- * P2G-style scatters whose atomics codegen groups per cell. */
+ * P2G-style scatters whose atomics codegen groups per cell; and every
+ * compile-time fold against the same operation at run time. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
