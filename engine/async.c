@@ -242,7 +242,7 @@ static void wait_one(fb_session *s) {
                   fb_trace_clock(), NULL);
 }
 
-static int win_push(async_state *a, int kernel, const char *name) {
+static int win_push(async_state *a, int kernel, const sess_kernel *sk) {
   if (a->nwin == a->capwin) {
     int nc = a->capwin ? a->capwin * 2 : 64;
     launch_rec *v = realloc(a->win, sizeof *v * (size_t)nc);
@@ -250,7 +250,7 @@ static int win_push(async_state *a, int kernel, const char *name) {
     a->win = v;
     a->capwin = nc;
   }
-  a->win[a->nwin++] = (launch_rec){kernel, name};
+  a->win[a->nwin++] = (launch_rec){kernel, sk->k->name, sk->irs, sk->tl.n};
   return 0;
 }
 
@@ -586,7 +586,7 @@ static int async_return(fb_session *s, const sess_kernel *sk, fb_value *ret) {
 int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret) {
   async_state *a = s->as;
   fbe_reap(s);
-  if (win_push(a, kernel, sk->k->name))
+  if (win_push(a, kernel, sk))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
   KEY(a, s->launch_no) = launch_key(kernel, s->args ? s->args : no_args, sk->k->nparams);
   uint64_t held =

@@ -97,6 +97,11 @@ typedef struct sess_kernel {
 typedef struct launch_rec {
   int kernel;
   const char *name;        /* the session's copy of the kernel's name */
+  /* its tasks (sess_kernel.irs, which live as long as the session): an
+   * error names the launch's own task by fb_opt_part.index, not the banked
+   * IR's name, which may be another kernel's with an equal body */
+  const fb_kernel *const *tasks;
+  int ntasks;
 } launch_rec;
 
 /* A flushed batch on its way through the worker. */

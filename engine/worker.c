@@ -71,6 +71,40 @@ static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
   return &j->launches[launch - j->base];
 }
 
+/* Part p's name as its own launch's kernel names it ("k2.t0"). The banked
+ * IR's name (p->task) is the first equal task's interned, another
+ * kernel's when two kernels have the same body: the IR and its code stay
+ * shared, only the name comes from the launch. */
+static const char *part_name(const async_job *j, const fb_opt_part *p) {
+  const launch_rec *lr = launch_of(j, p->launch);
+  if (lr && lr->tasks && p->index >= 0 && p->index < lr->ntasks && lr->tasks[p->index])
+    return lr->tasks[p->index]->name;
+  return p->task;
+}
+
+#define TASK_NAME_MAX 120 /* as fusion cuts a fused task's name (optimizer/ir_edit.c) */
+
+/* Task L's name in messages: its one part's own name; a fused task's, its
+ * parts' joined by '+' as fusion joins them, cut with "+more" past about
+ * TASK_NAME_MAX characters. buf: at least TASK_NAME_MAX + 8 bytes. */
+static const char *task_name(const async_job *j, const fb_opt_launch *L, char *buf, size_t n) {
+  if (!L->parts || L->nparts < 1) return L->k->name;
+  if (L->nparts == 1) return part_name(j, &L->parts[0]);
+  size_t at = 0;
+  buf[0] = 0;
+  for (int i = 0; i < L->nparts; i++) {
+    const char *pn = part_name(j, &L->parts[i]);
+    size_t len = strlen(pn);
+    if (i && at + 1 + len > TASK_NAME_MAX) {
+      snprintf(buf + at, n - at, "+more");
+      break;
+    }
+    int k = snprintf(buf + at, n - at, "%s%.*s", i ? "+" : "", TASK_NAME_MAX, pn);
+    at = k < 0 ? at : at + (size_t)k < n ? at + (size_t)k : n - 1;
+  }
+  return buf;
+}
+
 #define SEEN_MAX ((size_t)1 << 15) /* entries; past it the set starts over (it is only a hint) */
 
 static uint64_t seen_key(fb_irh h, const fb_kernel *k) {
@@ -230,7 +264,9 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
   int others, later;
   const fb_opt_part *p = blamed_part(L, rc, blame, &others, &later);
   uint64_t launch = p ? p->launch : L->launch;
-  const char *task = p ? p->task : L->k->name;
+  char fused[TASK_NAME_MAX + 8];
+  const char *whole = task_name(r->j, L, fused, sizeof fused);
+  const char *task = p ? part_name(r->j, p) : whole;
   const launch_rec *lr = launch_of(r->j, launch);
   int kid = lr ? lr->kernel : -1;
   char who[ERRLEN];
@@ -238,20 +274,20 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
     snprintf(who, sizeof who,
              "kernel '%s' (launch %llu, or the later launch fused with it in task %s, which "
              "also takes blocks from the pool: their iterations ran interleaved)",
-             lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
+             lr ? lr->name : "?", (unsigned long long)launch, whole);
   else if (later)
     snprintf(who, sizeof who,
              "kernel '%s' (launch %llu, or one of the %d later launches fused with it in "
              "task %s, which also take blocks from the pool: their iterations ran interleaved)",
-             lr ? lr->name : "?", (unsigned long long)launch, later, L->k->name);
+             lr ? lr->name : "?", (unsigned long long)launch, later, whole);
   else if (others == 1)
     snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
-             lr ? lr->name : "?", (unsigned long long)launch, L->k->name);
+             lr ? lr->name : "?", (unsigned long long)launch, whole);
   else if (others)
     snprintf(who, sizeof who,
              "kernel '%s' (launch %llu, or one of the %d launches fused with it "
              "in task %s)",
-             lr ? lr->name : "?", (unsigned long long)launch, others, L->k->name);
+             lr ? lr->name : "?", (unsigned long long)launch, others, whole);
   else
     snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
              (unsigned long long)launch);
@@ -274,12 +310,13 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
 
 static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {
   const launch_rec *lr = launch_of(r->j, L->launch);
+  char name[TASK_NAME_MAX + 8];
   int rc = c->rc > 0 ? FB_ECOMPILE : c->rc;
   fbe_bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1,
                 "kernel '%s' (launch %llu): compiling "
                 "task %s failed: %s",
-                lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
-                c->msg[0] ? c->msg : fb_strerror(rc));
+                lr ? lr->name : "?", (unsigned long long)L->launch,
+                task_name(r->j, L, name, sizeof name), c->msg[0] ? c->msg : fb_strerror(rc));
 }
 
 /* ---------------------------------------------------------------- async: no lost work
@@ -450,13 +487,15 @@ static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
   if (r->cancelled) return 1;
   if (!s->hook) return 0;
   const launch_rec *lr = launch_of(r->j, L->launch);
-  if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, L->k->name, L->launch)) return 0;
+  char name[TASK_NAME_MAX + 8];
+  const char *task = task_name(r->j, L, name, sizeof name);
+  if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, task, L->launch)) return 0;
   s->hook(s->hook_user, NULL, NULL, L->launch);
   r->cancelled = 1;
   fbe_bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1,
                 "kernel '%s' (launch %llu): "
                 "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
-                lr ? lr->name : "?", (unsigned long long)L->launch, L->k->name,
+                lr ? lr->name : "?", (unsigned long long)L->launch, task,
                 (unsigned long long)r->j->flush);
   return 1;
 }

@@ -28,6 +28,7 @@ typedef struct wlog_ent {
   int nargs;
   size_t argoff;   /* into the log's argument array */
   uint64_t launch; /* as inserted (in a plan: relative to the window's first) */
+  int index;       /* fb_opt_part.index */
 } wlog_ent;
 
 typedef struct batch_impl batch_impl;
@@ -64,6 +65,10 @@ struct fb_opt {
   void *trace_user;
   int optimized; /* the window went through the pipeline (fb_opt_optimize) */
   uint64_t inserts; /* fb_opt_insert calls, for sampling their time */
+  /* the last insert's launch number and its index in that launch
+   * (fb_opt_part.index); last_index -1 before the first insert */
+  uint64_t last_launch;
+  int last_index;
   /* the insert log: the window's launches not yet built into the graph */
   wlog_ent *log;
   int nlog, caplog, built;  /* built: log entries already in the graph */
@@ -165,6 +170,7 @@ fb_opt *fb_opt_new(const fb_layout *l, const fb_opt_options *opts) {
   fb_opt *o = calloc(1, sizeof *o);
   if (!o) return NULL;
   o->l = l;
+  o->last_index = -1;
   if (opts) o->opt = *opts;
   else fb_opt_options_default(&o->opt);
   sanitize(&o->opt);
@@ -261,7 +267,7 @@ static int has_pure_activation(const fb_task_meta *m) {
 
 /* Build one launch into the window's graph (k, m: its IR and metadata). */
 static int insert_node(fb_opt *o, fb_irh ir, const fb_kernel *k, const fb_task_meta *m,
-                       const uint64_t *args, int nargs, uint64_t launch) {
+                       const uint64_t *args, int nargs, uint64_t launch, int index) {
   fb_sfg_node *n = new_node(o);
   if (!n) return fail(o, FB_ENOMEM, "SFG: out of memory");
   n->m = m;
@@ -278,7 +284,7 @@ static int insert_node(fb_opt *o, fb_irh ir, const fb_kernel *k, const fb_task_m
     fb_bank_ref(o->bank, ir);
     n->ir = n->orig = ir;
     fb_bank_ref(o->bank, ir); /* the part's */
-    n->parts[n->nparts++] = (fb_sfg_part){ir, launch, 0, nargs, 0};
+    n->parts[n->nparts++] = (fb_sfg_part){ir, launch, 0, nargs, 0, index};
     if (n->certs) { /* the certificate holds its own reference */
       fb_bank_ref(o->bank, ir);
       n->certs[n->ncerts++] = (fb_sfg_cert){ir, 0, nargs};
@@ -301,7 +307,7 @@ static int materialize(fb_opt *o) {
     const fb_kernel *k = fb_bank_ir(o->bank, e->ir);
     const fb_task_meta *m = fb_bank_meta(o->bank, e->ir);
     if (!k || !m) return fail(o, FB_ENOMEM, "task metadata: out of memory");
-    int rc = insert_node(o, e->ir, k, m, o->largs + e->argoff, e->nargs, e->launch);
+    int rc = insert_node(o, e->ir, k, m, o->largs + e->argoff, e->nargs, e->launch, e->index);
     if (rc) return rc;
     fb_bank_unref(o->bank, e->ir); /* the log's reference */
     o->built++;
@@ -312,7 +318,7 @@ static int materialize(fb_opt *o) {
 static uint64_t mix(uint64_t h, uint64_t x) { return fb__hcombine(h, x); }
 
 /* Log a launch for the next flush (the plan memo's window). */
-static int log_insert(fb_opt *o, const fb_opt_task *t) {
+static int log_insert(fb_opt *o, const fb_opt_task *t, int index) {
   if (o->nlog == o->caplog) {
     int nc = o->caplog ? o->caplog * 2 : 64;
     wlog_ent *v = realloc(o->log, sizeof *v * (size_t)nc);
@@ -330,7 +336,7 @@ static int log_insert(fb_opt *o, const fb_opt_task *t) {
   }
   if (t->nargs) memcpy(o->largs + o->nlargs, t->args, sizeof *t->args * (size_t)t->nargs);
   fb_bank_ref(o->bank, t->ir);
-  o->log[o->nlog] = (wlog_ent){t->ir, t->nargs, o->nlargs, t->launch};
+  o->log[o->nlog] = (wlog_ent){t->ir, t->nargs, o->nlargs, t->launch, index};
   uint64_t h = mix(mix(o->lhash, (uint64_t)(uint32_t)t->ir), t->launch - o->log[0].launch);
   for (int i = 0; i < t->nargs; i++) h = mix(h, t->args[i]);
   o->lhash = h;
@@ -352,8 +358,15 @@ int fb_opt_insert(fb_opt *o, const fb_opt_task *t) {
   /* logged while the window may still turn out to be a known one: nothing
    * of it is in the graph yet */
   int logged = o->built < o->nlog || (o->opt.plan_memo && !o->optimized && o->g.n == o->g.nret);
-  int rc = logged ? log_insert(o, t) : insert_node(o, t->ir, k, m, t->args, t->nargs, t->launch);
+  /* its index in its launch: a launch's tasks are inserted one after the
+     other, so the index follows from the launch numbers, and equal windows
+     (the plan memo's) have equal indices */
+  int index = o->last_index >= 0 && t->launch == o->last_launch ? o->last_index + 1 : 0;
+  int rc = logged ? log_insert(o, t, index)
+                  : insert_node(o, t->ir, k, m, t->args, t->nargs, t->launch, index);
   if (rc) return rc;
+  o->last_launch = t->launch;
+  o->last_index = index;
   o->stats.total.tasks_in++;
   if (o->optimized) o->stats.flush.tasks_in++;
   if (timed) o->stats.total.optimizer_s += (now_s() - t0) * INSERT_SAMPLE;
@@ -592,6 +605,7 @@ static int make_batch(fb_opt *o, fb_opt_batch **out) {
       const fb_kernel *pk = fb_bank_ir(o->bank, xp->orig);
       const fb_task_meta *pm = fb_bank_meta(o->bank, xp->orig);
       b->parts[b->nparts++] = (fb_opt_part){xp->launch,
+                                            xp->index,
                                             pk->name,
                                             xp->argoff,
                                             xp->nargs,
@@ -901,7 +915,7 @@ static plan *plan_find(fb_opt *o) {
     for (int k = 0; same && k < p->nwin; k++) {
       const wlog_ent *a = &p->win[k], *b = &o->log[k];
       same = a->ir == b->ir && a->nargs == b->nargs && a->argoff == b->argoff &&
-             a->launch == b->launch - base;
+             a->launch == b->launch - base && a->index == b->index;
     }
     if (same) return p;
   }
@@ -1034,7 +1048,7 @@ static int batch_same(const fb_opt_batch *a, const fb_opt_batch *b, uint64_t bas
     for (int p = 0; p < x->nparts; p++) {
       const fb_opt_part *u = &x->parts[p], *v = &y->parts[p];
       if (u->launch + base != v->launch || u->argoff != v->argoff || u->nargs != v->nargs ||
-          u->inb != v->inb || u->ir != v->ir)
+          u->inb != v->inb || u->ir != v->ir || u->index != v->index)
         return 0;
     }
   }

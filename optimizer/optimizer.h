@@ -241,7 +241,14 @@ int fb_opt_optimize(fb_opt *o);
  * comes from, as sync mode would. */
 typedef struct fb_opt_part {
   uint64_t launch;   /* its launch number */
-  const char *task;  /* its task IR's name as inserted ("bad.t0") */
+  /* its index in its launch: how many task launches were inserted with
+   * that launch number before it, one after the other; the engine inserts
+   * a kernel's tasks in order, so this is the task's index in the kernel's
+   * task list, which names it ("k2.t0") where task cannot: */
+  int index;
+  /* the banked IR's name, the first interned task equal to it: another
+   * kernel's when two kernels lower to equal tasks ("k1.t0" for k2's) */
+  const char *task;
   int argoff, nargs; /* its arguments within the task's */
   int inb;           /* every access provably in bounds: it cannot report FB_EBOUNDS */
   /* its task IR as inserted, before any pass changed it: what the engine

@@ -245,6 +245,7 @@ typedef struct fb_sfg_part {
   uint64_t launch;
   int argoff, nargs;
   uint8_t inb;
+  int index;           /* fb_opt_part.index */
 } fb_sfg_part;
 
 typedef struct fb_sfg_node {

@@ -75,7 +75,11 @@ static void on_recv_done(void *obj, int ok) {
   fbd_call *c = obj;
   grpc_byte_buffer *bb = c->rbuf;
   c->rbuf = NULL;
-  c->recv_failed = !ok;
+  /* gRPC ends a receive without a message both when the client half-closed
+   * (it is done) and when the call failed under it (cancelled, the
+   * connection gone: a killed client), with ok set either way; only
+   * grpc_call_failed_before_recv_message says which */
+  c->recv_failed = !ok || (!bb && grpc_call_failed_before_recv_message(c->gc));
   if (!ok && bb) {
     grpc_byte_buffer_destroy(bb);
     bb = NULL;

@@ -212,7 +212,8 @@ struct fbd_call {
   fbd_tag t_recv, t_send, t_close;
   grpc_byte_buffer *rbuf;
   int cancelled; /* set by RECV_CLOSE_ON_SERVER */
-  int recv_failed; /* the last receive failed (cancelled, connection lost) */
+  int recv_failed; /* the last receive failed (cancelled, connection lost),
+                      not a half-close: see on_recv_done */
   int closed; /* that op completed */
   _Atomic int gone; /* that op completed as cancelled: the client went away, or the call failed */
   /* sending, under mu */

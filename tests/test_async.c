@@ -979,6 +979,58 @@ START_TEST(fused_error_names_the_part) {
 }
 END_TEST
 
+/* Two kernels with the same body lower to equal task IR, which the
+ * session's IR bank keeps once, under the name of the first one interned
+ * (twin1.t0). An out-of-bounds error of a launch of twin2 must name
+ * twin2's own task and launch, as sync mode does: alone in its batch
+ * (fusion off, or fused with twin1's in-bounds launch), after twin1's
+ * launch in the same batch and in the batch after it. */
+static const char *twin_src = "layout { dense(i: 100) { place a: i32, b: i32 } }\n"
+                              "kernel twin1(o: i32) { for i in a { b[i + o] = 2 } }\n"
+                              "kernel twin2(o: i32) { for i in a { b[i + o] = 2 } }\n";
+
+static char *twin_run(const char *mode, unsigned passes, int split, uint64_t *launch,
+                      int *kernel, int *k2) {
+  fb_program *p = parse(twin_src);
+  fb_session_config cfg = {.mode = mode, .seed = 7, .flush_every = -1, .passes = passes};
+  fb_session *s = open_session(eng, p, &cfg);
+  int k1 = kernel_id(s, p, "twin1", NULL);
+  *k2 = kernel_id(s, p, "twin2", NULL);
+  fb_value in = fb_value_i32(0), out = fb_value_i32(1);
+  int rc = fb_launch(s, k1, &in, 1, NULL);
+  if (!rc && split) rc = fb_sync(s);
+  if (!rc) rc = fb_launch(s, *k2, &out, 1, NULL);
+  if (!rc) rc = fb_sync(s);
+  ck_assert_msg(rc == FB_EBOUNDS, "%s: %s (%s)", mode, fb_strerror(rc), fb_session_errmsg(s));
+  char *msg = strdup(fb_session_errmsg(s));
+  if (launch) ck_assert_int_eq(fb_session_error_launch(s, launch, kernel), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  return msg;
+}
+
+START_TEST(twin_kernels_error_names_their_own_task) {
+  int k2 = -1;
+  char *sync = twin_run("sync", 0, 0, NULL, NULL, &k2);
+  ck_assert_msg(strstr(sync, "kernel 'twin2'") && strstr(sync, "(task twin2.t0)"), "%s", sync);
+  const unsigned passes[] = {FB_PASSES_EXACT, FB_PASSES_ALL};
+  for (int pi = 0; pi < 2; pi++)
+    for (int split = 0; split < 2; split++) {
+      uint64_t launch = 99;
+      int kernel = -1;
+      char *async = twin_run("async", passes[pi], split, &launch, &kernel, &k2);
+      ck_assert_msg(strstr(async, "kernel 'twin2' (launch 1)") &&
+                        strstr(async, "(task twin2.t0)") && !strstr(async, "twin1"),
+                    "passes %#x, %s: async: %s\nsync: %s", passes[pi],
+                    split ? "two batches" : "one batch", async, sync);
+      ck_assert_uint_eq(launch, 1);
+      ck_assert_int_eq(kernel, k2);
+      free(async);
+    }
+  free(sync);
+}
+END_TEST
+
 /* Out of memory in a fused task names the launch sync mode names, with
  * sync's message: `hog` activates 100 blocks of 4 KiB of a pointer field
  * where the memory limit leaves room for a few; `good` takes none, `bad`
@@ -2405,6 +2457,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
   tcase_add_test(tc, fused_error_names_the_part);
+  tcase_add_test(tc, twin_kernels_error_names_their_own_task);
   tcase_add_test(tc, fused_quota_names_the_part);
   tcase_add_test(tc, fused_compile_fallback);
   tcase_add_test(tc, fallback_error_names_the_launch);

@@ -4,8 +4,10 @@
  * float floored division and modulo with negative operands, a heat
  * diffusion stencil, Game of Life on a torus, control flow and inlined
  * funcs, vectors and matrices with their builtins, svd and polar, and
- * P2G-style scatters whose atomics codegen groups per cell. */
+ * P2G-style scatters whose atomics codegen groups per cell; and every
+ * compile-time fold against the same operation at run time. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1247,6 +1249,277 @@ START_TEST(private_scatter_i32) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- folding agrees with run time */
+
+/* What the front end computes while compiling (a cast of a literal, an
+ * operator between literals) must be what the same operation gives at run
+ * time on the literal's i64 or f64 value read from a field: one kernel
+ * holds every expression folded, another computes it from fields, and
+ * both run in the interpreter and the engine. */
+
+typedef struct dlit {
+  const char *text;
+  double v;
+} dlit;
+typedef struct ilit {
+  const char *text;
+  int64_t v;
+} ilit;
+
+static const dlit fold_f[] = {
+    {"1e300", 1e300},
+    {"-1e300", -1e300},
+    {"(0.0 / 0.0)", NAN},
+    {"(1.0 / 0.0)", INFINITY},
+    {"(-1.0 / 0.0)", -INFINITY},
+    {"2147483647.5", 2147483647.5},
+    {"2147483648.0", 2147483648.0},
+    {"-2147483648.5", -2147483648.5},
+    {"-2147483649.0", -2147483649.0},
+    {"4294967295.5", 4294967295.5},
+    {"4294967296.0", 4294967296.0},
+    {"-0.75", -0.75},
+    {"-1.0", -1.0},
+    {"0.5", 0.5},
+    {"9223372036854775807.0", 9223372036854775807.0},
+    {"-9223372036854775808.0", -9223372036854775808.0},
+    {"18446744073709551615.0", 18446744073709551615.0},
+    {"16777217.0", 16777217.0},
+    {"3.5e38", 3.5e38},
+    {"1e-50", 1e-50},
+    {"-1e-50", -1e-50},
+};
+#define NFF ((int)(sizeof fold_f / sizeof fold_f[0]))
+
+static const ilit fold_i[] = {
+    {"0", 0},
+    {"1", 1},
+    {"-1", -1},
+    {"7", 7},
+    {"-7", -7},
+    {"64", 64},
+    {"65", 65},
+    {"2147483648", 2147483648LL},
+    {"-2147483649", -2147483649LL},
+    {"4294967296", 4294967296LL},
+    {"9223372036854775807", INT64_MAX},
+    {"(-9223372036854775807 - 1)", INT64_MIN},
+    {"9007199254740993", 9007199254740993LL},
+};
+#define NFI ((int)(sizeof fold_i / sizeof fold_i[0]))
+
+static const char *const fold_types[] = {"i32", "i64", "u32", "u64", "f32", "f64"};
+static const char *const fold_iops[] = {"//", "%", "<<", ">>", "*", "+", "-", "&", "|", "^"};
+static const char *const fold_iop_names[] = {"fdiv", "mod", "shl", "shr", "mul",
+                                             "add",  "sub", "and", "or",  "xor"};
+static const char *const fold_fops[] = {"//", "%", "/", "*", "+", "-"};
+static const char *const fold_fop_names[] = {"fdiv", "mod", "div", "mul", "add", "sub"};
+#define FOLD_N 192 /* cells per field: at least NFI * NFI and NFF * NFF */
+#define NFX 9      /* the float operands of the binary operators: fold_f's first NFX */
+
+typedef struct sbuf {
+  char *p;
+  size_t n, cap;
+} sbuf;
+
+static void sb(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb(sbuf *b, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+    va_end(ap);
+    ck_assert_int_ge(k, 0);
+    if (b->p && b->n + (size_t)k < b->cap) {
+      b->n += (size_t)k;
+      return;
+    }
+    b->cap = (b->cap + (size_t)k + 1) * 2;
+    b->p = realloc(b->p, b->cap);
+    ck_assert_ptr_nonnull(b->p);
+  }
+}
+
+/* One compared pair: field `folded`[i] against `run`[i], both of type t,
+ * for expression `what` (the first `n` cells). */
+typedef struct fold_cmp {
+  char folded[24], run[24];
+  int n;
+} fold_cmp;
+
+static char *fold_source(fold_cmp *cmp, int *ncmp) {
+  sbuf b = {NULL, 0, 0};
+  int nc = 0;
+  sb(&b, "layout { dense(i: %d) {\n  place fsrc: f64, isrc: i64, pa: i64, pb: i64, xa: f64, xb: f64\n",
+     FOLD_N);
+  for (int t = 0; t < 6; t++)
+    sb(&b, "  place cf_%s: %s, uf_%s: %s, ci_%s: %s, ui_%s: %s\n", fold_types[t], fold_types[t],
+       fold_types[t], fold_types[t], fold_types[t], fold_types[t], fold_types[t], fold_types[t]);
+  sb(&b, "  place cf_bool: i32, uf_bool: i32, ci_bool: i32, ui_bool: i32, kc_div: f32, ku_div: f32\n");
+  for (int o = 0; o < 10; o++) sb(&b, "  place kc_%s: i64, ku_%s: i64\n", fold_iop_names[o], fold_iop_names[o]);
+  for (int o = 0; o < 6; o++) sb(&b, "  place xc_%s: f64, xu_%s: f64\n", fold_fop_names[o], fold_fop_names[o]);
+  sb(&b, "  place xc_min: f64, xu_min: f64, xc_max: f64, xu_max: f64, xc_lt: i32, xu_lt: i32\n");
+  sb(&b, "  place xc_ne: i32, xu_ne: i32\n} }\n");
+  /* folded: every cell a constant expression */
+  sb(&b, "kernel folded() {\n");
+  for (int t = 0; t < 6; t++) {
+    for (int v = 0; v < NFF; v++) sb(&b, "  cf_%s[%d] = %s(%s)\n", fold_types[t], v, fold_types[t], fold_f[v].text);
+    for (int v = 0; v < NFI; v++) sb(&b, "  ci_%s[%d] = %s(%s)\n", fold_types[t], v, fold_types[t], fold_i[v].text);
+  }
+  for (int v = 0; v < NFF; v++) sb(&b, "  cf_bool[%d] = i32(bool(%s))\n", v, fold_f[v].text);
+  for (int v = 0; v < NFI; v++) sb(&b, "  ci_bool[%d] = i32(bool(%s))\n", v, fold_i[v].text);
+  for (int x = 0; x < NFI; x++)
+    for (int y = 0; y < NFI; y++) {
+      int c = x * NFI + y;
+      for (int o = 0; o < 10; o++)
+        sb(&b, "  kc_%s[%d] = %s %s %s\n", fold_iop_names[o], c, fold_i[x].text, fold_iops[o], fold_i[y].text);
+      sb(&b, "  kc_div[%d] = %s / %s\n", c, fold_i[x].text, fold_i[y].text);
+    }
+  for (int x = 0; x < NFX; x++)
+    for (int y = 0; y < NFX; y++) {
+      int c = x * NFX + y;
+      const char *a = fold_f[x].text, *d = fold_f[y].text;
+      for (int o = 0; o < 6; o++) sb(&b, "  xc_%s[%d] = %s %s %s\n", fold_fop_names[o], c, a, fold_fops[o], d);
+      sb(&b, "  xc_min[%d] = min(%s, %s)\n  xc_max[%d] = max(%s, %s)\n", c, a, d, c, a, d);
+      sb(&b, "  xc_lt[%d] = i32(%s < %s)\n  xc_ne[%d] = i32(%s != %s)\n", c, a, d, c, a, d);
+    }
+  sb(&b, "}\n");
+  /* at run time: the same operations on the values read from fields */
+  sb(&b, "kernel at_run_time() {\n  for i in fsrc {\n");
+  for (int t = 0; t < 6; t++)
+    sb(&b, "    uf_%s[i] = %s(fsrc[i])\n    ui_%s[i] = %s(isrc[i])\n", fold_types[t], fold_types[t],
+       fold_types[t], fold_types[t]);
+  sb(&b, "    uf_bool[i] = i32(bool(fsrc[i]))\n    ui_bool[i] = i32(bool(isrc[i]))\n");
+  for (int o = 0; o < 10; o++) sb(&b, "    ku_%s[i] = pa[i] %s pb[i]\n", fold_iop_names[o], fold_iops[o]);
+  sb(&b, "    ku_div[i] = pa[i] / pb[i]\n");
+  for (int o = 0; o < 6; o++) sb(&b, "    xu_%s[i] = xa[i] %s xb[i]\n", fold_fop_names[o], fold_fops[o]);
+  sb(&b, "    xu_min[i] = min(xa[i], xb[i])\n    xu_max[i] = max(xa[i], xb[i])\n");
+  sb(&b, "    xu_lt[i] = i32(xa[i] < xb[i])\n    xu_ne[i] = i32(xa[i] != xb[i])\n  }\n}\n");
+  for (int t = 0; t < 6; t++) {
+    snprintf(cmp[nc].folded, 24, "cf_%s", fold_types[t]);
+    snprintf(cmp[nc].run, 24, "uf_%s", fold_types[t]);
+    cmp[nc++].n = NFF;
+    snprintf(cmp[nc].folded, 24, "ci_%s", fold_types[t]);
+    snprintf(cmp[nc].run, 24, "ui_%s", fold_types[t]);
+    cmp[nc++].n = NFI;
+  }
+  cmp[nc++] = (fold_cmp){"cf_bool", "uf_bool", NFF};
+  cmp[nc++] = (fold_cmp){"ci_bool", "ui_bool", NFI};
+  cmp[nc++] = (fold_cmp){"kc_div", "ku_div", NFI * NFI};
+  for (int o = 0; o < 10; o++) {
+    snprintf(cmp[nc].folded, 24, "kc_%s", fold_iop_names[o]);
+    snprintf(cmp[nc].run, 24, "ku_%s", fold_iop_names[o]);
+    cmp[nc++].n = NFI * NFI;
+  }
+  for (int o = 0; o < 6; o++) {
+    snprintf(cmp[nc].folded, 24, "xc_%s", fold_fop_names[o]);
+    snprintf(cmp[nc].run, 24, "xu_%s", fold_fop_names[o]);
+    cmp[nc++].n = NFX * NFX;
+  }
+  cmp[nc++] = (fold_cmp){"xc_min", "xu_min", NFX * NFX};
+  cmp[nc++] = (fold_cmp){"xc_max", "xu_max", NFX * NFX};
+  cmp[nc++] = (fold_cmp){"xc_lt", "xu_lt", NFX * NFX};
+  cmp[nc++] = (fold_cmp){"xc_ne", "xu_ne", NFX * NFX};
+  *ncmp = nc;
+  return b.p;
+}
+
+/* The expression cell c of field `folded` holds, for messages. */
+static void fold_what(const char *folded, int c, char *buf, size_t n) {
+  const char *op = strchr(folded, '_') + 1;
+  if (folded[0] == 'c' && folded[1] == 'f') snprintf(buf, n, "%s(%s)", op, fold_f[c].text);
+  else if (folded[0] == 'c') snprintf(buf, n, "%s(%s)", op, fold_i[c].text);
+  else if (folded[0] == 'k') snprintf(buf, n, "%s %s %s", fold_i[c / NFI].text, op, fold_i[c % NFI].text);
+  else snprintf(buf, n, "%s %s %s", fold_f[c / NFX].text, op, fold_f[c % NFX].text);
+}
+
+static void fold_check(fb_program *p, const fold_cmp *cmp, int ncmp, const char *by,
+                       const void *(*get)(void *, fb_program *, const char *), void *user) {
+  for (int k = 0; k < ncmp; k++) {
+    fb_type t = field(p, cmp[k].folded)->type;
+    size_t es = fb_type_size(t);
+    const char *a = get(user, p, cmp[k].folded), *r = get(user, p, cmp[k].run);
+    for (int c = 0; c < cmp[k].n; c++) {
+      fb_value x = fb_value_load(t, a + (size_t)c * es), y = fb_value_load(t, r + (size_t)c * es);
+      int nan = fb_type_is_float(t) && isnan(x.v.f) && isnan(y.v.f);
+      if (nan || !memcmp(a + (size_t)c * es, r + (size_t)c * es, es)) continue;
+      char what[160];
+      fold_what(cmp[k].folded, c, what, sizeof what);
+      if (fb_type_is_float(t))
+        ck_abort_msg("%s: %s folds to %.17g, at run time it is %.17g (%s)", by, what, x.v.f, y.v.f,
+                     cmp[k].folded);
+      ck_abort_msg("%s: %s folds to %lld (0x%llx), at run time it is %lld (0x%llx) (%s)", by, what,
+                   (long long)x.v.i, (unsigned long long)x.v.u, (long long)y.v.i,
+                   (unsigned long long)y.v.u, cmp[k].folded);
+    }
+  }
+}
+
+static const void *fold_interp_get(void *user, fb_program *p, const char *name) {
+  return icomp(user, p, name, 0);
+}
+
+typedef struct fold_eng {
+  fb_session *s;
+  char *bufs[96];
+  int n;
+} fold_eng;
+
+static const void *fold_engine_get(void *user, fb_program *p, const char *name) {
+  fold_eng *e = user;
+  ck_assert_int_lt(e->n, 96);
+  const fb_lang_field *f = field(p, name);
+  size_t bytes = (size_t)FOLD_N * fb_type_size(f->type);
+  char *buf = e->bufs[e->n++] = malloc(bytes);
+  eread(e->s, f, 0, buf, bytes);
+  return buf;
+}
+
+START_TEST(folds_match_run_time) {
+  fold_cmp cmp[64];
+  int ncmp = 0;
+  char *src = fold_source(cmp, &ncmp);
+  fb_program *p = prog(src);
+  free(src);
+  fb_kernel *kf = inst(p, "folded", NULL, NULL), *kr = inst(p, "at_run_time", NULL, NULL);
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  double *fsrc = icomp(in, p, "fsrc", 0), *xa = icomp(in, p, "xa", 0), *xb = icomp(in, p, "xb", 0);
+  int64_t *isrc = icomp(in, p, "isrc", 0), *pa = icomp(in, p, "pa", 0), *pb = icomp(in, p, "pb", 0);
+  for (int v = 0; v < NFF; v++) fsrc[v] = fold_f[v].v;
+  for (int v = 0; v < NFI; v++) isrc[v] = fold_i[v].v;
+  for (int x = 0; x < NFI; x++)
+    for (int y = 0; y < NFI; y++) {
+      pa[x * NFI + y] = fold_i[x].v;
+      pb[x * NFI + y] = fold_i[y].v;
+    }
+  for (int x = 0; x < NFX; x++)
+    for (int y = 0; y < NFX; y++) {
+      xa[x * NFX + y] = fold_f[x].v;
+      xb[x * NFX + y] = fold_f[y].v;
+    }
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  copy_inputs(in, s, p);
+  irun(in, kf, NULL, 0, NULL);
+  irun(in, kr, NULL, 0, NULL);
+  launch(s, add(s, kf), NULL, 0, NULL);
+  launch(s, add(s, kr), NULL, 0, NULL);
+  fold_check(p, cmp, ncmp, "interpreter", fold_interp_get, in);
+  fold_eng fe = {s, {NULL}, 0};
+  fold_check(p, cmp, ncmp, "engine", fold_engine_get, &fe);
+  /* the edge cases the issue named, spelled out */
+  const int32_t *ci32 = icomp(in, p, "cf_i32", 0);
+  ck_assert_int_eq(ci32[0], INT32_MAX); /* i32(1e300) */
+  ck_assert_int_eq(ci32[1], INT32_MIN); /* i32(-1e300) */
+  ck_assert_int_eq(ci32[2], 0);         /* i32(NaN) */
+  for (int i = 0; i < fe.n; i++) free(fe.bufs[i]);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -1263,6 +1536,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, parallel_cell_loop);
   tcase_add_test(tc, private_scatter);
   tcase_add_test(tc, private_scatter_i32);
+  tcase_add_test(tc, folds_match_run_time);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "../arith.h"
 #include "lang_internal.h"
 
 #define ERR(L, at, ...) ((L)->errors++, lang_err((L)->d, (at)->line, (at)->col, __VA_ARGS__))
@@ -52,10 +53,15 @@ static int math_unary(lower *L, node *e, int op, lval *a, lval *out) {
   if (!numeric(L, e, a)) return -1;
   fb_type t = lv_default_type(a);
   if (op != FB_OP_ABS) lv_materialize(L, a, fb_type_is_float(t) ? t : FB_T_F32);
-  else if (a->lit) { /* abs of a literal stays a literal */ *out = *a;
+  else if (a->lit) { /* abs of a literal stays a literal: the i64 or f64 abs */
+    *out = *a;
     for (int i = 0; i < a->n; i++) {
-      out->ci[i] = a->ci[i] < 0 ? (int64_t)(0 - (uint64_t)a->ci[i]) : a->ci[i];
-      out->cv[i] = fabs(a->cv[i]);
+      uint64_t u = 0;
+      double f = 0;
+      fb_arith_int_unop(FB_OP_ABS, FB_T_I64, (uint64_t)a->ci[i], &u);
+      fb_arith_f64_unop(FB_OP_ABS, a->cv[i], &f);
+      out->ci[i] = (int64_t)u;
+      out->cv[i] = f;
     }
     return 0;
   }

@@ -89,18 +89,11 @@ fb_type lw_type(lower *L, int id) {
   return id >= 0 && id < L->k->nstmts ? (fb_type)L->k->stmts[id].type : FB_T_VOID;
 }
 
+/* A constant of type t: from f when t is a float type, else from i, each
+ * converted as the IR converts (fb_value_cast: the arithmetic run time uses). */
 int lw_const(lower *L, fb_type t, double f, int64_t i) {
-  fb_value v;
-  switch (t) {
-  case FB_T_F32: v = fb_value_f32((float)f); break;
-  case FB_T_F64: v = fb_value_f64(f); break;
-  case FB_T_BOOL: v = fb_value_bool(i != 0); break;
-  case FB_T_I32: v = fb_value_i32((int32_t)i); break;
-  case FB_T_U32: v = fb_value_u32((uint32_t)i); break;
-  case FB_T_U64: v = fb_value_u64((uint64_t)i); break;
-  default: v = fb_value_i64(i); break;
-  }
-  return fb_b_const(&L->b, v);
+  fb_value v = fb_type_is_float(t) ? fb_value_f64(f) : fb_value_i64(i);
+  return fb_b_const(&L->b, fb_value_cast(v, t));
 }
 
 int lw_bin(lower *L, int op, int a, int c) { return fb_b_binary(&L->b, (fb_op)op, a, c); }
@@ -118,19 +111,25 @@ int lw_cast(lower *L, fb_type to, int a) {
   return fb_b_cast(&L->b, to, a);
 }
 
-static int64_t lit_as_int(const lval *v, int c) {
-  return v->lit == LIT_FLOAT ? fb_value_cast(fb_value_f64(v->cv[c]), FB_T_I64).v.i : v->ci[c];
+/* Component c of an untyped literal as the value it stands for: an i64 or
+ * an f64 (literals compute in those, docs/language.md). */
+static fb_value lit_value(const lval *v, int c) {
+  return v->lit == LIT_FLOAT ? fb_value_f64(v->cv[c]) : fb_value_i64(v->ci[c]);
 }
 
+/* A literal becomes a constant of type t by the cast run time does on that
+ * i64 or f64 (fb_value_cast in ir/arith.c: floats saturate into integers,
+ * NaN is 0, integers wrap, non-zero is true), straight from the literal's
+ * own value, never through another integer type first; ci and cv then
+ * hold that constant's value. */
 void lv_materialize(lower *L, lval *v, fb_type t) {
   if (v->kind < VK_SCALAR || v->kind == VK_TUPLE) return;
   if (v->lit) {
     for (int c = 0; c < v->n; c++) {
-      double f = v->lit == LIT_INT ? (double)v->ci[c] : v->cv[c];
-      int64_t i = lit_as_int(v, c);
-      v->id[c] = lw_const(L, t, f, i);
-      v->ci[c] = i;
-      v->cv[c] = f;
+      fb_value x = fb_value_cast(lit_value(v, c), t);
+      v->id[c] = fb_b_const(&L->b, x);
+      v->ci[c] = fb_value_as_i64(x);
+      v->cv[c] = fb_value_as_f64(x);
     }
     v->lit = LIT_NONE;
     v->t = t;
@@ -143,13 +142,9 @@ void lv_materialize(lower *L, lval *v, fb_type t) {
   v->has_const = 0;
 }
 
-void lv_cast(lower *L, lval *v, fb_type t) {
-  if (v->lit && (t == FB_T_BOOL || fb_type_is_int(t)) && v->lit == LIT_FLOAT) {
-    for (int c = 0; c < v->n; c++) v->ci[c] = lit_as_int(v, c);
-    v->lit = LIT_INT;
-  }
-  lv_materialize(L, v, t);
-}
+/* An explicit cast: of a literal, folded as run time casts its i64 or f64
+ * (lv_materialize); of anything else, the IR's cast. */
+void lv_cast(lower *L, lval *v, fb_type t) { lv_materialize(L, v, t); }
 
 /* Implicit conversions: never lose the kind of value (bool, int, float). */
 static int implicit_ok(fb_type from, fb_type to) {
@@ -653,7 +648,7 @@ static int to_bool(lower *L, lval *v, node *at) {
     ERR(L, at, "a condition must be a scalar, found %s", lv_str(v, b, sizeof b));
     return lw_const(L, FB_T_BOOL, 0, 0);
   }
-  if (v->lit) return lw_const(L, FB_T_BOOL, 0, v->lit == LIT_INT ? v->ci[0] != 0 : v->cv[0] != 0);
+  if (v->lit) return fb_b_const(&L->b, fb_value_cast(lit_value(v, 0), FB_T_BOOL));
   if (v->t == FB_T_BOOL) return v->id[0];
   return lw_bin(L, FB_OP_NE, v->id[0], lw_const(L, v->t, 0, 0));
 }

@@ -115,6 +115,12 @@ static int fold(lower *L, int op, const lval *a, const lval *b, lval *out, node 
     else if (op != T_SLASH && fb_arith_int_binop(fop, FB_T_I64, (uint64_t)i, (uint64_t)j, &u) == 0)
       ri = (int64_t)u;
     fb_arith_f64_binop(fop, x, y, &rf); /* not defined on the bit ops: rf stays 0 */
+    if (!isf && op == T_SLASH) { /* true division of integers is in f32, as at run time */
+      float q = 0;
+      fb_arith_f32_binop(FB_OP_DIV, (float)fb_value_cast(fb_value_i64(i), FB_T_F32).v.f,
+                         (float)fb_value_cast(fb_value_i64(j), FB_T_F32).v.f, &q);
+      rf = q;
+    }
     if (out->lit == LIT_INT) {
       out->ci[c] = ri;
       out->cv[c] = (double)ri;
