@@ -11,24 +11,12 @@ import time
 
 import grpc
 from conftest import RPC_TIMEOUT, dense_layout, expect_error, pb
+from test_memory_budget import _children
 from test_tls_tenants import _get
 
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
 MIB = 1 << 20
 TINY = dense_layout(4)  # 16 bytes of field
-
-
-def _children(pid):
-    kids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        kids.append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    return kids
 
 
 def _anon_bytes(pid):
