@@ -79,6 +79,14 @@ fuzz_one() {
   local t=$1 show=$2; shift 2
   local fuzzer=$BUILD/tests/fuzz/$t pfx; pfx=$(prefix "$t")
   local seeds=$pfx-seeds corpus=$pfx-corpus artifacts=$pfx-artifacts log=$pfx-last.log
+  # one run per target and build directory: a second would share its
+  # seeds, log and findings (use another FB_FUZZ_BUILD)
+  local lock
+  exec {lock}>"$pfx.lock"
+  if ! flock -n "$lock"; then
+    echo "$t: another run of $t is using $BUILD (its lock: $pfx.lock); wait for it or set FB_FUZZ_BUILD" >&2
+    return 1
+  fi
   rm -rf "$seeds"
   mkdir -p "$seeds" "$corpus" "$artifacts"
   if [ "$t" = fuzz_lang ]; then
@@ -86,6 +94,7 @@ fuzz_one() {
   elif ! out=$("$fuzzer" --make-seeds "$seeds" examples/*.fbk 2>&1); then
     printf '%s\n' "$out" >&2
     echo "$t: could not make the seeds" >&2
+    exec {lock}>&-
     return 1
   fi
   local args=(-max_total_time="$SECONDS_" -timeout="$TIMEOUT" -rss_limit_mb=2048
@@ -112,9 +121,11 @@ fuzz_one() {
       echo "$t:   rerun with: $fuzzer $f" >&2
       echo "$t:   minimize:   $fuzzer -minimize_crash=1 -runs=10000 -exact_artifact_path=$f.min $f" >&2
     done
+    exec {lock}>&-
     return 1
   fi
   echo "$t: no finding" >&2
+  exec {lock}>&-
 }
 
 failed=()
