@@ -16,10 +16,12 @@
  * What runs, per type (the server's order, the server's limits):
  *   every message   protobuf_c_message_unpack on an fbp_arena with the
  *                   limit above (over set only when it fails)
- *   CreateSession   a layout or a source, not both; fbp_layout_from_pb or
- *                   the source's program's layout
+ *   CreateSession   a layout or a source, not both; fbp_layout_from_pb, or
+ *                   the source's program's layout as the worker that parsed
+ *                   it sends it to the broker (fbp_layout_to_pb, packed,
+ *                   decoded, fbp_layout_from_pb)
  *   RegisterKernels no more than 4096 instances; the source's layout must
- *                   be the session's; its instances (or every kernel without
+ *                   be the session's (fb_layout_equal); its instances (or every kernel without
  *                   field parameters) instantiated and converted with
  *                   fbp_kernel_to_pb; then, as the worker does, every kernel
  *                   through fbp_kernel_from_pb, fb_kernel_check_public
@@ -32,8 +34,10 @@
  *   others          decoded only (the server looks at their strings)
  * A source is handled as server/source.c does: at most 1 MiB before and
  * after ${NAME} substitution (an unknown name is refused), "<source>" when
- * it has no filename, fb_program_parse, and its diagnostics rendered one by
- * one (a line over 400 bytes without its text).
+ * it has no filename, fb_program_parse_within the language's default work
+ * budget (the server's deadline and cancellation are left to libFuzzer's
+ * -timeout), and its diagnostics rendered one by one (a line over 400 bytes
+ * without its text).
  *
  * Beyond ASan and UBSan, it aborts when an invariant that the code documents
  * fails:
@@ -41,7 +45,7 @@
  *   - a layout or kernel that fbp_*_from_pb accepts converts back with
  *     fbp_*_to_pb and is accepted again, to the same wire form
  *     (proto/convert.h: x_from_pb(x_to_pb(x)) reproduces x);
- *   - a kernel the front end made is accepted by fbp_kernel_from_pb;
+ *   - a kernel or layout the front end made is accepted by fbp_*_from_pb;
  *   - fbp_chunk_parse accepts exactly what protobuf-c accepts as a
  *     FieldChunk, with the same fields; fbp_bb_take_chunk agrees with both.
  *
@@ -138,11 +142,11 @@ static int has_unknown(const ProtobufCMessage *m) {
   return 0;
 }
 
-/* A decoded message packs, and decodes again to the same bytes. Unknown
- * fields are left out of it: protobuf-c 1.4 keeps a key that no protobuf
- * encoder writes (field number 0 in an over-long key, or the low 32 bits of
- * a field number over 2^29 - 1) and packs it as it read it, into bytes that
- * it then refuses (or reads as another field); see docs/testing.md. */
+/* A decoded message packs, and decodes again to the same bytes. Messages
+ * that kept unknown fields are left out: protobuf-c 1.4 keeps a key that no
+ * protobuf encoder writes (field number 0 in an over-long key, or the low
+ * 32 bits of a field number over 2^29 - 1) and packs it again as a key it
+ * then refuses (or reads as another field); see docs/testing.md. */
 static void check_repack(const ProtobufCMessage *m) {
   if (!protobuf_c_message_check(m)) FAIL("%s: decoded message fails its check", m->descriptor->name);
   if (has_unknown(m)) return;
@@ -309,7 +313,8 @@ static fb_program *parse(const Fusebox__V1__Source *m) {
   fb_diags d;
   fb_diags_init(&d);
   fb_program *p = NULL;
-  if (fb_program_parse(src_name(m), src, &p, &d)) {
+  fb_lang_budget b = {0, NULL, NULL}; /* the server's work budget; its deadline is libFuzzer's */
+  if (fb_program_parse_within(src_name(m), src, &b, &p, &d)) {
     render(src_name(m), src, &d);
     p = NULL;
   }
@@ -336,7 +341,9 @@ static void describe(const fb_program *p) {
   if (sum == 1) fputs("", stderr); /* keep the reads */
 }
 
-/* The session's layout from a CreateSessionRequest, or NULL. */
+/* The session's layout from a CreateSessionRequest, or NULL. A source's
+ * layout comes from the worker that parsed it to the broker as protobuf,
+ * and the broker converts it as it converts a client's. */
 static fb_layout *session_layout(const Fusebox__V1__CreateSessionRequest *m) {
   char err[ERRLEN];
   fb_layout *l = NULL;
@@ -344,8 +351,18 @@ static fb_layout *session_layout(const Fusebox__V1__CreateSessionRequest *m) {
     if (m->layout && m->layout->n_nodes) return NULL; /* a layout or a source, not both */
     fb_program *p = parse(m->source);
     if (!p) return NULL;
-    l = fb_layout_clone(fb_program_layout(p));
-    if (!l) FAIL("out of memory");
+    fbp_arena a;
+    fbp_arena_init(&a);
+    Fusebox__V1__Layout *pl = fbp_layout_to_pb(&a, fb_program_layout(p));
+    if (!pl) FAIL("out of memory");
+    uint8_t *bytes;
+    size_t n = packed(&pl->base, &bytes);
+    Fusebox__V1__Layout *back = fusebox__v1__layout__unpack(&a.pb, n, bytes);
+    if (!back) FAIL("a source's layout does not decode from its own packing");
+    if (fbp_layout_from_pb(back, &l, err, sizeof err))
+      FAIL("the layout of a source that parsed is refused by fbp_layout_from_pb: %s", err);
+    free(bytes);
+    fbp_arena_free(&a);
     fb_program_free(p);
   } else if (fbp_layout_from_pb(m->layout, &l, err, sizeof err)) {
     return NULL;
@@ -354,21 +371,12 @@ static fb_layout *session_layout(const Fusebox__V1__CreateSessionRequest *m) {
   return l;
 }
 
-static int same_layout(const fb_layout *x, const fb_layout *y, fbp_arena *a) {
-  Fusebox__V1__Layout *mx = fbp_layout_to_pb(a, x), *my = fbp_layout_to_pb(a, y);
-  if (!mx || !my) FAIL("out of memory");
-  uint8_t *bx, *by;
-  size_t nx = packed(&mx->base, &bx), ny = packed(&my->base, &by);
-  int same = nx == ny && memcmp(bx, by, nx) == 0;
-  free(bx);
-  free(by);
-  return same;
-}
-
-/* server/source.c expand: the source's kernel instances appended to m's
- * kernels. 0 when they were (or there is no source). */
-static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *l, fbp_arena *a,
-                  size_t *from_source) {
+/* server/source.c fbd_source_expand: m's kernels followed by its source's
+ * instances in *out. 0 when they are (or there is no source). */
+static int expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *l, fbp_arena *a,
+                  Fusebox__V1__Kernel ***out, size_t *nout, size_t *from_source) {
+  *out = m->kernels;
+  *nout = m->n_kernels;
   *from_source = 0;
   if (!m->source) return m->n_instances ? -1 : 0;
   if (m->n_instances > MAX_INSTANCES) return -1;
@@ -377,7 +385,7 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *l, fb
   int rc = -1;
   Fusebox__V1__KernelInstance **inst = m->instances, *dflt = NULL;
   size_t ni = m->n_instances;
-  if (!same_layout(fb_program_layout(p), l, a)) goto out;
+  if (!fb_layout_equal(fb_program_layout(p), l)) goto out;
   if (!ni) { /* every kernel without field parameters */
     int nk = fb_program_nkernels(p);
     inst = fbp_alloc(a, sizeof *inst * (size_t)(nk + 1));
@@ -408,8 +416,8 @@ static int expand(Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *l, fb
     ks[m->n_kernels + i] = fbp_kernel_to_pb(a, k); /* k is the program's */
     if (!ks[m->n_kernels + i]) FAIL("out of memory");
   }
-  m->kernels = ks;
-  m->n_kernels += ni;
+  *out = ks;
+  *nout = m->n_kernels + ni;
   *from_source = ni;
   rc = 0;
 out:
@@ -431,15 +439,11 @@ static void register_kernels(const uint8_t *p, size_t n, int floor) {
   fbp_arena_init(&a);
   Fusebox__V1__RegisterKernelsRequest *m = (Fusebox__V1__RegisterKernelsRequest *)decode(
       types[T_REGISTER], &a, p + 4 + n1, n - 4 - n1, floor);
-  size_t from_source = 0;
+  size_t from_source = 0, nk = 0;
+  Fusebox__V1__Kernel **ks = NULL;
   if (m) check_repack(&m->base);
-  if (m && !expand(m, l, &a, &from_source)) {
-    /* a worker process decodes the request again, its source's kernels
-     * appended (server/methods.c repack) */
-    if (from_source) check_repack(&m->base);
-    for (size_t i = 0; i < m->n_kernels; i++)
-      register_kernel(m->kernels[i], l, i >= m->n_kernels - from_source);
-  }
+  if (m && !expand(m, l, &a, &ks, &nk, &from_source))
+    for (size_t i = 0; i < nk; i++) register_kernel(ks[i], l, i >= nk - from_source);
   fbp_arena_free(&a);
   fb_layout_free(l);
 }
