@@ -111,8 +111,8 @@ fuzz_one() {
   fi
   local new; new=$(comm -13 <(printf '%s\n' "$before") <(find "$artifacts" -type f | sort) | sed '/^$/d')
   local execs; execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-  [ -n "$execs" ] || execs=$(grep -o '^#[0-9][0-9]*' "$log" | tail -n 1 | tr -d '#')
-  local cov; cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)
+  [ -n "$execs" ] || execs=$(grep -ao '^#[0-9][0-9]*' "$log" | tail -n 1 | tr -d '#')
+  local cov; cov=$(grep -ao 'cov: [0-9]*' "$log" | tail -n 1)
   echo "$t: ${execs:-0} executions in $((SECONDS - start))s, ${cov:-cov: ?}, corpus $(find "$corpus" -type f | wc -l) files" >&2
   if [ "$rc" -ne 0 ] || [ -n "$new" ]; then
     echo "$t: FAILED (exit $rc; the log: $log)" >&2

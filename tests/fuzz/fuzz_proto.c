@@ -481,18 +481,19 @@ static uint8_t *chunk_dst(void *user, const fbp_chunk *ch) {
 }
 
 /* Whether a key in the n bytes at p, read as far as they are well formed,
- * has a field number over 2^29 - 1, the most the protobuf encoding allows.
- * fbp_chunk_parse refuses those; protobuf-c (1.4) keeps only the low 32
- * bits of a key of up to 5 bytes and takes it as an unknown field: a
- * laxity of protobuf-c, not a disagreement to report. */
-static int big_field_number(const uint8_t *p, size_t n) {
+ * has a field number the protobuf encoding does not allow: 0, or over
+ * 2^29 - 1. fbp_chunk_parse refuses those; protobuf-c (1.4) takes field 0
+ * in an over-long key (0x80 0x00) and keeps only the low 32 bits of a key
+ * of up to 5 bytes, as an unknown field: a laxity of protobuf-c, not a
+ * disagreement to report. */
+static int odd_field_number(const uint8_t *p, size_t n) {
   const uint8_t *end = p + n;
   while (p < end) {
     uint64_t key = 0, v = 0;
     int shift = 0;
     do key |= (uint64_t)(*p & 0x7f) << shift, shift += 7;
     while (*p++ & 0x80 && p < end && shift < 64);
-    if (key >> 3 > 0x1fffffff) return 1;
+    if (key >> 3 == 0 || key >> 3 > 0x1fffffff) return 1;
     switch (key & 7) {
     case 0:
       while (p < end && *p & 0x80) p++;
@@ -522,7 +523,7 @@ static void field_chunk(const uint8_t *p, size_t n, unsigned cuts, int floor) {
   fbp_chunk c;
   int rc = fbp_chunk_parse(p, n, &c, err, sizeof err);
   if (m) check_repack(&m->base);
-  if (rc && m && big_field_number(p, n)) m = NULL; /* protobuf-c's laxity: compare no further */
+  if (rc && m && odd_field_number(p, n)) m = NULL; /* protobuf-c's laxity: compare no further */
   if (!rc != !!m)
     FAIL("fbp_chunk_parse %s %zu bytes that protobuf-c %s", rc ? "refuses" : "accepts", n,
          m ? "accepts" : "refuses");
