@@ -114,6 +114,11 @@ fuzz_one() {
   [ -n "$execs" ] || execs=$(grep -ao '^#[0-9][0-9]*' "$log" | tail -n 1 | tr -d '#')
   local cov; cov=$(grep -ao 'cov: [0-9]*' "$log" | tail -n 1)
   echo "$t: ${execs:-0} executions in $((SECONDS - start))s, ${cov:-cov: ?}, corpus $(find "$corpus" -type f | wc -l) files" >&2
+  if [ "$rc" -eq 72 ] && [ -z "$new" ]; then # libFuzzer's code for SIGINT/SIGTERM
+    echo "$t: interrupted before its end, no finding" >&2
+    exec {lock}>&-
+    return 1
+  fi
   if [ "$rc" -ne 0 ] || [ -n "$new" ]; then
     echo "$t: FAILED (exit $rc; the log: $log)" >&2
     for f in $new; do
@@ -138,7 +143,7 @@ else
   for t in "${TARGETS[@]}"; do fuzz_one "$t" "$show" "$@" || failed+=("$t"); done
 fi
 if [ "${#failed[@]}" -gt 0 ]; then
-  echo "fuzz.sh: findings in ${failed[*]} (see above)" >&2
+  echo "fuzz.sh: not clean: ${failed[*]} (see above)" >&2
   exit 1
 fi
 echo "fuzz.sh: ${TARGETS[*]}: no finding" >&2
