@@ -61,7 +61,10 @@ int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst,
   fbp_bb_copy(bb, 0, head, hn);
   if (fbp_chunk_parse_head(head, hn, total, ch, &at) == 0) {
     /* at + ch->len == total: the copy stays inside bb */
-    if (!(to = dst(user, ch))) return FBP_CHUNK_REFUSED;
+    to = dst(user, ch);
+    ch->session_id = NULL; /* it points into head, gone on return */
+    ch->session_id_len = 0;
+    if (!to) return FBP_CHUNK_REFUSED;
     fbp_bb_copy(bb, at, to, ch->len);
     return 0;
   }
@@ -76,6 +79,8 @@ int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst,
      * has data NULL, which memcpy may not be given even for 0 bytes */
     if (!(to = dst(user, ch))) rc = FBP_CHUNK_REFUSED;
     else if (ch->len) memcpy(to, data, ch->len);
+    ch->session_id = NULL; /* it points into s too */
+    ch->session_id_len = 0;
   }
   grpc_slice_unref(s);
   return rc;

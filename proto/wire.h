@@ -45,7 +45,9 @@ enum {
  * data comes last (as every Fusebox peer writes it); any other encoding is
  * parsed whole from one contiguous copy (fbp_chunk_parse, the last word).
  * 0 with *ch filled (ch->data NULL); FBP_CHUNK_MALFORMED when bb is not a
- * FieldChunk (err says why); FBP_CHUNK_REFUSED when dst refused it. */
+ * FieldChunk (err says why); FBP_CHUNK_REFUSED when dst refused it. The
+ * session id points into a copy that is gone on return: dst reads it; on
+ * return ch->session_id is NULL and session_id_len 0. */
 int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst, void *user,
                       char *err, size_t errlen);
 

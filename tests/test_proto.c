@@ -744,6 +744,7 @@ typedef struct take_dst {
   int calls, refuse;
   uint64_t offset;
   size_t len;
+  char id[16]; /* the session id as dst saw it */
 } take_dst;
 
 static uint8_t *take_to(void *user, const fbp_chunk *ch) {
@@ -751,6 +752,7 @@ static uint8_t *take_to(void *user, const fbp_chunk *ch) {
   d->calls++;
   d->offset = ch->offset;
   d->len = ch->len;
+  snprintf(d->id, sizeof d->id, "%.*s", (int)ch->session_id_len, ch->session_id);
   ck_assert_ptr_null(ch->data); /* the data may lie in several slices */
   return d->refuse || ch->len > sizeof d->buf ? NULL : d->buf;
 }
@@ -772,9 +774,10 @@ static grpc_byte_buffer *bb_cut(const uint8_t *p, size_t n, size_t cut) {
  * parsed) or not (the whole message is); a malformed chunk never reaches
  * the callback, and a refused one is not copied. */
 /* The n-byte chunk at msg, cut into slices of every width, taken whole:
- * offset `at`, the `len` bytes `data` copied; refused, nothing copied. */
-static void take_every_cut(const uint8_t *msg, size_t n, uint64_t at, const char *data,
-                           size_t len) {
+ * session id `id` seen by dst, offset `at`, the `len` bytes `data` copied;
+ * refused, nothing copied. */
+static void take_every_cut(const uint8_t *msg, size_t n, const char *id, uint64_t at,
+                           const char *data, size_t len) {
   for (size_t cut = 1; cut <= n; cut++) {
     grpc_byte_buffer *bb = bb_cut(msg, n, cut);
     take_dst d;
@@ -786,6 +789,10 @@ static void take_every_cut(const uint8_t *msg, size_t n, uint64_t at, const char
     ck_assert_uint_eq(d.offset, at);
     ck_assert_uint_eq(ch.len, len);
     ck_assert_ptr_null(ch.data); /* in the full parse it pointed into a slice now gone */
+    ck_assert_str_eq(d.id, id);
+    /* the id pointed into a copy now gone (found by tests/fuzz/fuzz_proto.c) */
+    ck_assert_ptr_null(ch.session_id);
+    ck_assert_uint_eq(ch.session_id_len, 0);
     ck_assert_msg(memcmp(d.buf, data, len) == 0, "cut %zu", cut);
     d.refuse = 1;
     memset(d.buf, 0, sizeof d.buf);
@@ -800,10 +807,10 @@ START_TEST(take_chunk_both_paths) {
   uint8_t msg[FBP_CHUNK_HEADER_MAX + 32];
   size_t hn = fbp_chunk_header(msg, "sess", 3, 40, 60, 20);
   memcpy(msg + hn, data, 20);
-  take_every_cut(msg, hn + 20, 40, data, 20); /* the data last: the head parse */
+  take_every_cut(msg, hn + 20, "sess", 40, data, 20); /* the data last: the head parse */
   /* the data field first, then the offset: only the full parse takes it */
-  uint8_t odd[] = {0x2a, 3, 'x', 'y', 'z', 0x18, 7};
-  take_every_cut(odd, sizeof odd, 7, "xyz", 3);
+  uint8_t odd[] = {0x2a, 3, 'x', 'y', 'z', 0x18, 7, 0x0a, 2, 'i', 'd'};
+  take_every_cut(odd, sizeof odd, "id", 7, "xyz", 3);
   /* the data's length says more than the message holds */
   uint8_t bad[] = {0x18, 7, 0x2a, 9, 'x', 'y'};
   grpc_byte_buffer *bb = bb_cut(bad, sizeof bad, 2);
