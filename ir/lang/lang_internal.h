@@ -101,6 +101,7 @@ enum {
   T_RETURN,
   T_TRUE,
   T_FALSE,
+  T_NOT,   /* `not`; `and` and `or` lex as T_ANDAND and T_OROR */
   T__COUNT
 };
 

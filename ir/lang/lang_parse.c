@@ -80,6 +80,8 @@ static const char *describe(const token *t, char *buf, size_t n) {
   case T_IDENT: snprintf(buf, n, "identifier '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
   case T_INT:
   case T_FLOAT: snprintf(buf, n, "number '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
+  case T_ANDAND:
+  case T_OROR: snprintf(buf, n, "'%.*s'", t->len > 3 ? 3 : t->len, t->p); break; /* && or and */
   default: snprintf(buf, n, "%s", lang_tok_name(t->kind)); break;
   }
   return buf;
@@ -204,6 +206,7 @@ static int parse_type(parser *P, lty *ty) {
 
 static node *parse_expr(parser *P);
 static node *parse_unary(parser *P);
+static node *parse_not(parser *P);
 
 static node *binary(parser *P, const token *op, node *a, node *b) {
   if (!a || !b) return NULL;
@@ -472,11 +475,31 @@ static node *parse_cmp(parser *P) {
   return c;
 }
 
+/* `not x` binds more loosely than comparisons, as in Python: `not a < b`
+ * is `!(a < b)`. It means what `!` means (E_UNARY with op T_NOT). */
+static node *parse_not_inner(parser *P) {
+  if (!at(P, T_NOT)) return parse_cmp(P);
+  const token *t = next(P);
+  node *a = parse_not(P);
+  if (!a) return NULL;
+  node *x = mk(P, E_UNARY, t);
+  if (!x) return NULL;
+  x->op = T_NOT;
+  x->a = a;
+  return x;
+}
+
+static node *parse_not(parser *P) {
+  node *x = enter(P) ? parse_not_inner(P) : NULL;
+  P->depth--;
+  return x;
+}
+
 static node *parse_and(parser *P) {
-  node *x = parse_cmp(P);
+  node *x = parse_not(P);
   while (x && at(P, T_ANDAND)) {
     const token *op = next(P);
-    x = binary(P, op, x, parse_cmp(P));
+    x = binary(P, op, x, parse_not(P));
   }
   return x;
 }
