@@ -1187,11 +1187,75 @@ START_TEST(private_scatter_i32) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- constants */
+
+/* Module-level constants are computed when the program is compiled; they
+ * must agree with the same operators at run time (ir/arith.c): floored
+ * `//` and `%` with every sign, shifts, powers and 64-bit wrap-around. A
+ * constant also sizes a layout. */
+START_TEST(const_arith) {
+  static const int64_t as[] = {-7, 7, -8, 9, -1, 0, 1000000007, INT64_MAX};
+  static const int64_t bs[] = {2, -2, 3, -3, 1, -1, 7};
+  static const char *const ops[] = {"//", "%", "+", "*", "-", "<<", ">>"};
+  enum { NA = sizeof as / sizeof as[0], NB = sizeof bs / sizeof bs[0], NO = 7, N = NA * NB * NO };
+  size_t cap = 200000, m = 0;
+  char *src = malloc(cap);
+  ck_assert_ptr_nonnull(src);
+  m += (size_t)snprintf(src + m, cap - m,
+                        "const n = %d\nconst half = n // 2\nconst four = (-130) %% 7 + 1\n", N);
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    m += (size_t)snprintf(src + m, cap - m, "const c%d = (%lld) %s (%lld)\n", k, (long long)as[a],
+                          ops[o], (long long)bs[b]);
+  }
+  m += (size_t)snprintf(src + m, cap - m,
+                        "layout {\n  dense(i: half * 2) { place cv: i64, rv: i64 }\n"
+                        "  dense(i: four) { place s: i32 }\n}\n"
+                        "kernel consts() {\n");
+  for (int k = 0; k < N; k++) m += (size_t)snprintf(src + m, cap - m, "  cv[%d] = c%d\n", k, k);
+  m += (size_t)snprintf(src + m, cap - m, "}\n");
+  for (int o = 0; o < NO; o++)
+    m += (size_t)snprintf(src + m, cap - m,
+                          "kernel run%d(k: i32, a: i64, b: i64) { rv[k] = a %s b }\n", o, ops[o]);
+  ck_assert_uint_lt(m, cap);
+  fb_program *p = prog(src);
+  ck_assert_int_eq(field(p, "cv")->shape[0], N);
+  ck_assert_int_eq(field(p, "s")->shape[0], 4); /* Python: -130 % 7 == 3 */
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, inst(p, "consts", NULL, NULL), NULL, 0, NULL);
+  fb_kernel *run[NO];
+  for (int o = 0; o < NO; o++) {
+    char name[16];
+    snprintf(name, sizeof name, "run%d", o);
+    run[o] = inst(p, name, NULL, NULL);
+  }
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    fb_value args[3] = {fb_value_i32(k), fb_value_i64(as[a]), fb_value_i64(bs[b])};
+    irun(in, run[o], args, 3, NULL);
+  }
+  const int64_t *cv = icomp(in, p, "cv", 0), *rv = icomp(in, p, "rv", 0);
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    ck_assert_msg(cv[k] == rv[k], "const (%lld) %s (%lld) = %lld, at run time %lld",
+                  (long long)as[a], ops[o], (long long)bs[b], (long long)cv[k], (long long)rv[k]);
+  }
+  /* and Python's answers where they are known */
+  ck_assert_int_eq(cv[0 * NB * NO + 0 * NO + 0], -4); /* -7 // 2 */
+  ck_assert_int_eq(cv[0 * NB * NO + 0 * NO + 1], 1);  /* -7 % 2 */
+  ck_assert_int_eq(cv[1 * NB * NO + 1 * NO + 1], -1); /* 7 % -2 */
+  fb_interp_free(in);
+  fb_program_free(p);
+  free(src);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, int_divmod);
+  tcase_add_test(tc, const_arith);
   tcase_add_test(tc, heat);
   tcase_add_test(tc, life);
   tcase_add_test(tc, control_flow);

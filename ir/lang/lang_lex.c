@@ -22,7 +22,7 @@ static const struct {
     {"if", T_IF},         {"else", T_ELSE},   {"while", T_WHILE},       {"for", T_FOR},
     {"in", T_IN},         {"break", T_BREAK}, {"continue", T_CONTINUE}, {"return", T_RETURN},
     {"true", T_TRUE},     {"false", T_FALSE}, {"and", T_ANDAND},        {"or", T_OROR},
-    {"not", T_NOT},
+    {"not", T_NOT},       {"const", T_CONST},
 };
 
 static const char *const tok_names[T__COUNT] = {
@@ -97,6 +97,7 @@ static const char *const tok_names[T__COUNT] = {
     [T_TRUE] = "'true'",
     [T_FALSE] = "'false'",
     [T_NOT] = "'not'",
+    [T_CONST] = "'const'",
 };
 
 const char *lang_tok_name(int kind) {

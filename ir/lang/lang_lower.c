@@ -311,6 +311,7 @@ static void field_error(lower *L, node *at, const char *name, lbind bd) {
 static int ref_name(lower *L, node *e, lref *r) {
   lsym *s = lang_lookup(L, e->name);
   lbind bd;
+  const lconst *c;
   if (s && s->kind == SYM_LET) {
     r->kind = REF_VALUE;
     r->v = s->v;
@@ -323,6 +324,18 @@ static int ref_name(lower *L, node *e, lref *r) {
   } else if (lang_resolve_field(L, e->name, &bd)) {
     if (bd.kind != LB_UNKNOWN) field_error(L, e, e->name, bd);
     return -1;
+  } else if ((c = lang_find_const(L->p, e->name))) { /* an untyped literal */
+    if (!c->ok) return -1;                            /* its error is reported */
+    memset(&r->v, 0, sizeof r->v);
+    r->kind = REF_VALUE;
+    r->v.kind = VK_SCALAR;
+    r->v.lit = c->is_float ? LIT_FLOAT : LIT_INT;
+    r->v.n = 1;
+    r->v.has_const = 1;
+    r->v.ci[0] = c->i;
+    r->v.cv[0] = c->f;
+    r->is_let = 1;
+    r->origin = ORIGIN_CONST;
   } else {
     ERR(L, e, "undefined variable '%s'", e->name);
     return -1;
