@@ -277,12 +277,12 @@ static int activity(lower *L, node *e, int op, lval *out) {
     return -1;
   }
   int ndim = L->p->layout->nodes[sn].ndim;
+  if (lang_indices(L, e->kids + 1, e->nkids - 1, idx, &nidx) < 0) return -1;
   if (nidx != ndim) {
     count_error(L, e, what, ndim, nidx);
     bad = 1;
   }
-  if (nidx > FB_MAX_AXES) return -1;
-  if (index_args(L, e, 1, nidx, idx) < 0 || bad) return -1;
+  if (bad) return -1;
   int id = fb_b_global(&L->b, (fb_op)op, sn, idx, nidx, -1);
   if (op == FB_OP_IS_ACTIVE) lv_scalar(out, FB_T_BOOL, id);
   else out->kind = VK_VOID;

@@ -453,6 +453,8 @@ int lang_eval(lower *L, node *e, lval *out);      /* 0, or -1 (out unknown) */
 int lang_cond(lower *L, node *e);                  /* a bool statement id */
 /* An integer index expression as an i32 statement; *is_const/k when known. */
 int lang_index(lower *L, node *e, int *id, int *is_const, int64_t *k);
+/* Field / sparse-builtin indices, integer vectors expanded (lang_lower.c). */
+int lang_indices(lower *L, node **kids, int n, int *idx, int *count);
 int lang_has_effects(lower *L, node *e);
 lsym *lang_lookup(lower *L, const char *name);
 /* Resolve a name to a field / SNode binding (locals shadow fields);
