@@ -1301,6 +1301,48 @@ START_TEST(vector_index) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- bool as integer */
+
+/* A bool next to a number is 0 or 1 (Taichi's `t += ti.is_active(...)`,
+ * `sum += x > 0`), also assigned to a number; bool with bool stays logic for
+ * & | ^ == and counts for arithmetic. */
+START_TEST(bool_as_int) {
+  fb_program *p = prog("layout {\n"
+                       "  dense(i: 8) { place x: f32, n: i32 }\n"
+                       "  pointer(i: 8) { place s: i32 }\n"
+                       "  place t: i32, sum: f32\n"
+                       "}\n"
+                       "kernel init() { for i in 0 .. 8 {\n"
+                       "  x[i] = f32(i) - 3.5\n"
+                       "  if i % 2 == 0 { s[i] = 1 }\n"
+                       "} }\n"
+                       "kernel k() {\n"
+                       "  for i in 0 .. 8 {\n"
+                       "    t[] += is_active(s, i)\n"
+                       "    sum[] += (x[i] > 0)\n"
+                       "    n[i] = i32(i < 3) + (i > 5) * 10 + (i == 2)\n"
+                       "    var c: i32 = (i > 1)\n"
+                       "    c += (i > 1) + (i > 2)\n"
+                       "    n[i] += c * 1000\n"
+                       "    if ((i > 1) & (i > 2)) == 1 { n[i] += 100 }\n"
+                       "  }\n"
+                       "}\n");
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, inst(p, "init", NULL, NULL), NULL, 0, NULL);
+  irun(in, inst(p, "k", NULL, NULL), NULL, 0, NULL);
+  ck_assert_int_eq(*(const int32_t *)icomp(in, p, "t", 0), 4);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "sum", 0), 4.0f);
+  const int32_t *n = icomp(in, p, "n", 0);
+  for (int i = 0; i < 8; i++) {
+    int c = (i > 1) + (i > 1) + (i > 2);
+    int want = (i < 3) + (i > 5) * 10 + (i == 2) + c * 1000 + ((i > 1) && (i > 2)) * 100;
+    ck_assert_int_eq(n[i], want);
+  }
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -1308,6 +1350,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, int_divmod);
   tcase_add_test(tc, const_arith);
   tcase_add_test(tc, vector_index);
+  tcase_add_test(tc, bool_as_int);
   tcase_add_test(tc, heat);
   tcase_add_test(tc, life);
   tcase_add_test(tc, control_flow);

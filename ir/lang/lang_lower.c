@@ -211,7 +211,7 @@ int lv_convert(lower *L, lval *v, lty target, node *at, const char *what) {
   int ok;
   if (v->lit == LIT_INT) ok = target.t != FB_T_BOOL;
   else if (v->lit == LIT_FLOAT) ok = fb_type_is_float(target.t);
-  else ok = implicit_ok(v->t, target.t);
+  else ok = implicit_ok(v->t, target.t) || v->t == FB_T_BOOL; /* a bool is 0 or 1 */
   if (!ok) {
     L->errors++;
     lang_err(L->d, line, col, "type mismatch in %s: expected %s, found %s%s", what,
