@@ -417,6 +417,43 @@ START_TEST(lexer_corners) {
 }
 END_TEST
 
+/* The IR of kernel kname of src (which must parse and instantiate). */
+static char *kernel_text(const char *src, const char *kname) {
+  fb_program *p = parse_ok("t.fbk", src);
+  fb_kernel *k = NULL;
+  ck_assert_int_eq(fb_program_instantiate(p, kname, NULL, 0, &k, NULL), 0);
+  verify_ok(k);
+  char *t = fb_kernel_print(k);
+  ck_assert_ptr_nonnull(t);
+  fb_program_free(p);
+  return t;
+}
+
+/* `and`, `or`, `not` are `&&`, `||`, `!`; `not` binds like Python's (more
+ * loosely than comparisons), and a line ending in `and` goes on. */
+START_TEST(word_operators) {
+  const char *words = "kernel k(a: i32, b: i32) -> i32 {\n"
+                      "  var r = 0\n"
+                      "  if a > 0 and b > 0 or not a == b { r = 1 }\n"
+                      "  if not a < b and not false { r += 2 }\n"
+                      "  if not not (a > 1) or a > 2 and\n"
+                      "     b > 3 { r += 4 }\n"
+                      "  return r\n"
+                      "}\n";
+  const char *symbols = "kernel k(a: i32, b: i32) -> i32 {\n"
+                        "  var r = 0\n"
+                        "  if a > 0 && b > 0 || !(a == b) { r = 1 }\n"
+                        "  if !(a < b) && !false { r += 2 }\n"
+                        "  if !!(a > 1) || a > 2 && b > 3 { r += 4 }\n"
+                        "  return r\n"
+                        "}\n";
+  char *w = kernel_text(words, "k"), *s = kernel_text(symbols, "k");
+  ck_assert_msg(strcmp(w, s) == 0, "words:\n%s\nsymbols:\n%s", w, s);
+  free(w);
+  free(s);
+}
+END_TEST
+
 /* Pathological input gets an error, not a stack overflow or a huge kernel. */
 START_TEST(limits) {
   size_t n = 100000;
@@ -500,6 +537,7 @@ static Suite *suite(void) {
   tcase_add_test(api, render);
   tcase_add_test(api, truncated_input);
   tcase_add_test(api, lexer_corners);
+  tcase_add_test(api, word_operators);
   tcase_add_test(api, limits);
   tcase_add_test(api, examples);
   suite_add_tcase(s, api);

@@ -1520,11 +1520,170 @@ START_TEST(folds_match_run_time) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- constants */
+
+/* Module-level constants are computed when the program is compiled; they
+ * must agree with the same operators at run time (ir/arith.c): floored
+ * `//` and `%` with every sign, shifts, powers and 64-bit wrap-around. A
+ * constant also sizes a layout. */
+START_TEST(const_arith) {
+  static const int64_t as[] = {-7, 7, -8, 9, -1, 0, 1000000007, INT64_MAX};
+  static const int64_t bs[] = {2, -2, 3, -3, 1, -1, 7};
+  static const char *const ops[] = {"//", "%", "+", "*", "-", "<<", ">>"};
+  enum { NA = sizeof as / sizeof as[0], NB = sizeof bs / sizeof bs[0], NO = 7, N = NA * NB * NO };
+  size_t cap = 200000, m = 0;
+  char *src = malloc(cap);
+  ck_assert_ptr_nonnull(src);
+  m += (size_t)snprintf(src + m, cap - m,
+                        "const n = %d\nconst half = n // 2\nconst four = (-130) %% 7 + 1\n", N);
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    m += (size_t)snprintf(src + m, cap - m, "const c%d = (%lld) %s (%lld)\n", k, (long long)as[a],
+                          ops[o], (long long)bs[b]);
+  }
+  m += (size_t)snprintf(src + m, cap - m,
+                        "layout {\n  dense(i: half * 2) { place cv: i64, rv: i64 }\n"
+                        "  dense(i: four) { place s: i32 }\n}\n"
+                        "kernel consts() {\n");
+  for (int k = 0; k < N; k++) m += (size_t)snprintf(src + m, cap - m, "  cv[%d] = c%d\n", k, k);
+  m += (size_t)snprintf(src + m, cap - m, "}\n");
+  for (int o = 0; o < NO; o++)
+    m += (size_t)snprintf(src + m, cap - m,
+                          "kernel run%d(k: i32, a: i64, b: i64) { rv[k] = a %s b }\n", o, ops[o]);
+  ck_assert_uint_lt(m, cap);
+  fb_program *p = prog(src);
+  ck_assert_int_eq(field(p, "cv")->shape[0], N);
+  ck_assert_int_eq(field(p, "s")->shape[0], 4); /* Python: -130 % 7 == 3 */
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, inst(p, "consts", NULL, NULL), NULL, 0, NULL);
+  fb_kernel *run[NO];
+  for (int o = 0; o < NO; o++) {
+    char name[16];
+    snprintf(name, sizeof name, "run%d", o);
+    run[o] = inst(p, name, NULL, NULL);
+  }
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    fb_value args[3] = {fb_value_i32(k), fb_value_i64(as[a]), fb_value_i64(bs[b])};
+    irun(in, run[o], args, 3, NULL);
+  }
+  const int64_t *cv = icomp(in, p, "cv", 0), *rv = icomp(in, p, "rv", 0);
+  for (int k = 0; k < N; k++) {
+    int a = k / (NB * NO), b = k / NO % NB, o = k % NO;
+    ck_assert_msg(cv[k] == rv[k], "const (%lld) %s (%lld) = %lld, at run time %lld",
+                  (long long)as[a], ops[o], (long long)bs[b], (long long)cv[k], (long long)rv[k]);
+  }
+  /* and Python's answers where they are known */
+  ck_assert_int_eq(cv[0 * NB * NO + 0 * NO + 0], -4); /* -7 // 2 */
+  ck_assert_int_eq(cv[0 * NB * NO + 0 * NO + 1], 1);  /* -7 % 2 */
+  ck_assert_int_eq(cv[1 * NB * NO + 1 * NO + 1], -1); /* 7 % -2 */
+  fb_interp_free(in);
+  fb_program_free(p);
+  free(src);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- vector indices */
+
+/* x[base + offset] with integer vectors (an MLS-MPM style scatter) does what
+ * the same program with every component written out does. */
+START_TEST(vector_index) {
+  static const char *const fmt =
+      "layout { dense(ij: 8, 8) { place gv: f32[2], gm: f32 }\n"
+      "         dense(i: 64) { place px: f32[2] } }\n"
+      "kernel init() { for p in 0 .. 64 { px[p] = [f32(p %% 8) * 0.8 + 0.3, f32(p // 8) * 0.7 + 0.2] } }\n"
+      "kernel p2g() {\n"
+      "  for p in 0 .. 64 {\n"
+      "    let base = i32[2](i32(px[p][0]), i32(px[p][1]))\n"
+      "    for a in 0 .. 2 { for b in 0 .. 2 {\n"
+      "      let off = i32[2](a, b)\n"
+      "      let w = f32(a + 1) * f32(2 * b + 1)\n"
+      "      %s\n"
+      "    } }\n"
+      "  }\n"
+      "}\n";
+  static const char *const vec = "gm[(base + off) % 8] += w\n"
+                                 "      gv[(base + off) % 8] += w * px[p]";
+  static const char *const comp = "gm[(base[0] + a) % 8, (base[1] + b) % 8] += w\n"
+                                  "      gv[(base[0] + a) % 8, (base[1] + b) % 8] += w * px[p]";
+  char sv[2048], sc[2048];
+  snprintf(sv, sizeof sv, fmt, vec);
+  snprintf(sc, sizeof sc, fmt, comp);
+  fb_program *pv = prog(sv), *pc = prog(sc);
+  fb_interp *iv = fb_interp_new(fb_program_layout(pv), 1);
+  fb_interp *ic = fb_interp_new(fb_program_layout(pc), 1);
+  irun(iv, inst(pv, "init", NULL, NULL), NULL, 0, NULL);
+  irun(iv, inst(pv, "p2g", NULL, NULL), NULL, 0, NULL);
+  irun(ic, inst(pc, "init", NULL, NULL), NULL, 0, NULL);
+  irun(ic, inst(pc, "p2g", NULL, NULL), NULL, 0, NULL);
+  const char *names[] = {"gm", "gv", "gv"};
+  double total = 0;
+  for (int f = 0; f < 3; f++) {
+    const float *a = icomp(iv, pv, names[f], f == 2), *b = icomp(ic, pc, names[f], f == 2);
+    for (int i = 0; i < 64; i++) {
+      ck_assert_msg(fabsf(a[i] - b[i]) <= 1e-5f * fabsf(b[i]), "%s.%d[%d]: %g vs %g", names[f],
+                    f == 2, i, a[i], b[i]);
+      total += b[i];
+    }
+  }
+  ck_assert(total > 100.0); /* the scatter did happen */
+  fb_interp_free(iv);
+  fb_interp_free(ic);
+  fb_program_free(pv);
+  fb_program_free(pc);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- bool as integer */
+
+/* A bool next to a number is 0 or 1 (Taichi's `t += ti.is_active(...)`,
+ * `sum += x > 0`), also assigned to a number; bool with bool stays logic for
+ * & | ^ == and counts for arithmetic. */
+START_TEST(bool_as_int) {
+  fb_program *p = prog("layout {\n"
+                       "  dense(i: 8) { place x: f32, n: i32 }\n"
+                       "  pointer(i: 8) { place s: i32 }\n"
+                       "  place t: i32, sum: f32\n"
+                       "}\n"
+                       "kernel init() { for i in 0 .. 8 {\n"
+                       "  x[i] = f32(i) - 3.5\n"
+                       "  if i % 2 == 0 { s[i] = 1 }\n"
+                       "} }\n"
+                       "kernel k() {\n"
+                       "  for i in 0 .. 8 {\n"
+                       "    t[] += is_active(s, i)\n"
+                       "    sum[] += (x[i] > 0)\n"
+                       "    n[i] = i32(i < 3) + (i > 5) * 10 + (i == 2)\n"
+                       "    var c: i32 = (i > 1)\n"
+                       "    c += (i > 1) + (i > 2)\n"
+                       "    n[i] += c * 1000\n"
+                       "    if ((i > 1) & (i > 2)) == 1 { n[i] += 100 }\n"
+                       "  }\n"
+                       "}\n");
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  irun(in, inst(p, "init", NULL, NULL), NULL, 0, NULL);
+  irun(in, inst(p, "k", NULL, NULL), NULL, 0, NULL);
+  ck_assert_int_eq(*(const int32_t *)icomp(in, p, "t", 0), 4);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "sum", 0), 4.0f);
+  const int32_t *n = icomp(in, p, "n", 0);
+  for (int i = 0; i < 8; i++) {
+    int c = (i > 1) + (i > 1) + (i > 2);
+    int want = (i < 3) + (i > 5) * 10 + (i == 2) + c * 1000 + ((i > 1) && (i > 2)) * 100;
+    ck_assert_int_eq(n[i], want);
+  }
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, int_divmod);
+  tcase_add_test(tc, const_arith);
+  tcase_add_test(tc, vector_index);
+  tcase_add_test(tc, bool_as_int);
   tcase_add_test(tc, heat);
   tcase_add_test(tc, life);
   tcase_add_test(tc, control_flow);

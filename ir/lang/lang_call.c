@@ -282,13 +282,23 @@ static int activity(lower *L, node *e, int op, lval *out) {
         e->name, e->kids[0]->name);
     return -1;
   }
-  int ndim = L->p->layout->nodes[sn].ndim;
+  const fb_snode *cell = &L->p->layout->nodes[sn];
+  if (op == FB_OP_DEACTIVATE && cell->kind != FB_SN_BITMASKED && cell->kind != FB_SN_POINTER &&
+      cell->kind != FB_SN_DYNAMIC) {
+    /* said here in the program's terms, not by the IR verifier */
+    ERR(L, e->kids[0],
+        "deactivate: %s '%s' %s a %s SNode, whose cells are always active; only bitmasked, "
+        "pointer and dynamic cells can be deactivated (to clear a value, write 0 to it)",
+        what, e->kids[0]->name, bd.kind == LB_FIELD ? "is in" : "is", fb_snode_kind_name(cell->kind));
+    return -1;
+  }
+  int ndim = cell->ndim;
+  if (lang_indices(L, e->kids + 1, e->nkids - 1, idx, &nidx) < 0) return -1;
   if (nidx != ndim) {
     count_error(L, e, what, ndim, nidx);
     bad = 1;
   }
-  if (nidx > FB_MAX_AXES) return -1;
-  if (index_args(L, e, 1, nidx, idx) < 0 || bad) return -1;
+  if (bad) return -1;
   int id = fb_b_global(&L->b, (fb_op)op, sn, idx, nidx, -1);
   if (op == FB_OP_IS_ACTIVE) lv_scalar(out, FB_T_BOOL, id);
   else out->kind = VK_VOID;

@@ -101,6 +101,8 @@ enum {
   T_RETURN,
   T_TRUE,
   T_FALSE,
+  T_NOT,   /* `not`; `and` and `or` lex as T_ANDAND and T_OROR */
+  T_CONST,
   T__COUNT
 };
 
@@ -164,7 +166,8 @@ enum {
   D_PLACE,
   D_FUNC,
   D_KERNEL,
-  D_PARAM
+  D_PARAM,
+  D_CONST
 };
 
 typedef struct node node;
@@ -188,6 +191,9 @@ struct node {
   int64_t sizes[FB_MAX_AXES];
   int nsizes;
   int has_chunk;
+  node *size_e[FB_MAX_AXES]; /* the sizes as written (constant expressions) */
+  node *chunk_e;
+  int size_bad;              /* a size or the chunk is not a valid constant (reported) */
 };
 
 /* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */
@@ -227,6 +233,15 @@ typedef struct linst {
   fb_kernel *k;
 } linst;
 
+typedef struct lconst {  /* a module-level `const NAME = e` */
+  char *name;
+  int line, col;
+  int ok;        /* 0: its expression had an error (reported) */
+  int is_float;  /* the value is an untyped float literal, else an integer one */
+  int64_t i;
+  double f;
+} lconst;
+
 struct fb_program {
   lang_arena arena;
   char *filename, *src;
@@ -239,6 +254,9 @@ struct fb_program {
   int nfuncs, fucap;
   lkernel *kernels;
   int nkernels, kcap;
+  lconst *consts;
+  int nconsts, ccap;
+  fb_map const_names; /* FNV-1a of the name -> index into consts */
   linst *insts;
   int ninsts, icap;
   /* the budget (fusebox/lang.h): expressions and statements lowered so far
@@ -258,6 +276,15 @@ static inline int lang_budget_step(fb_program *p, fb_diags *d, int line, int col
   if (p->spent) return -1;
   return (++p->work & 1023) ? 0 : lang_budget_check(p, d, line, col);
 }
+
+/* lang_const.c: evaluate the D_CONST decls in order (0 or FB_ENOMEM), then
+ * the sizes of every SNode in the D_LAYOUT decls (x->sizes, x->ival;
+ * x->size_bad on error). Errors go to d. */
+int lang_eval_consts(fb_program *p, node **decls, int ndecls, fb_diags *d);
+void lang_eval_sizes(fb_program *p, node **decls, int ndecls, fb_diags *d);
+/* After the layout: a const named like a field or SNode is an error. */
+void lang_check_const_names(fb_program *p, fb_diags *d);
+const lconst *lang_find_const(const fb_program *p, const char *name); /* or NULL */
 
 /* Build the layout and the field / SNode tables from the D_LAYOUT decls. */
 int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d);
@@ -339,7 +366,8 @@ typedef struct lsym {
 enum {
   ORIGIN_LET = 0,
   ORIGIN_LOOP,
-  ORIGIN_PARAM
+  ORIGIN_PARAM,
+  ORIGIN_CONST
 };
 
 enum {
@@ -425,6 +453,8 @@ int lang_eval(lower *L, node *e, lval *out);      /* 0, or -1 (out unknown) */
 int lang_cond(lower *L, node *e);                  /* a bool statement id */
 /* An integer index expression as an i32 statement; *is_const/k when known. */
 int lang_index(lower *L, node *e, int *id, int *is_const, int64_t *k);
+/* Field / sparse-builtin indices, integer vectors expanded (lang_lower.c). */
+int lang_indices(lower *L, node **kids, int n, int *idx, int *count);
 int lang_has_effects(lower *L, node *e);
 lsym *lang_lookup(lower *L, const char *name);
 /* Resolve a name to a field / SNode binding (locals shadow fields);

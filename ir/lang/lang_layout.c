@@ -48,12 +48,7 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
              x->axes, n, n == 1 ? "" : "s", x->nsizes);
     return -1;
   }
-  for (int i = 0; i < n; i++)
-    if (x->sizes[i] <= 0) {
-      lang_err(d, x->line, x->col, "%s: sizes must be positive, found %lld", kn,
-               (long long)x->sizes[i]);
-      bad = 1;
-    }
+  if (x->size_bad) return -1; /* reported where the size is written */
   if (x->snode_kind == FB_SN_DYNAMIC) {
     if (n != 1) {
       lang_err(d, x->line, x->col, "dynamic takes exactly one axis, found '%s'", x->axes);
@@ -151,6 +146,7 @@ static int build_items(fb_program *p, int parent, int parent_kind, node **kids, 
 int lang_build_layout(fb_program *p, node **decls, int ndecls, fb_diags *d) {
   if (!(p->layout = fb_layout_new())) return FB_ENOMEM;
   int before = d ? d->n : 0, line = 0, col = 0;
+  lang_eval_sizes(p, decls, ndecls, d); /* sizes are constant expressions */
   for (int i = 0; i < ndecls; i++) {
     if (decls[i]->kind != D_LAYOUT) continue;
     if (!line) {

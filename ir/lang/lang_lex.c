@@ -3,7 +3,10 @@
  * becomes a T_NEWLINE token only where it can end a statement, so that long
  * expressions may continue on the next line after an operator or inside
  * brackets, or on a next line that starts with a binary operator.
- * `min=` and `max=` are the augmented min/max operators. */
+ * `min=` and `max=` are the augmented min/max operators. The words `and`
+ * and `or` are the tokens of `&&` and `||` (a token keeps its text, so
+ * messages quote what was written); `not` is a token of its own because it
+ * binds more loosely than `!` (as in Python). */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -18,7 +21,8 @@ static const struct {
     {"kernel", T_KERNEL}, {"func", T_FUNC},   {"let", T_LET},           {"var", T_VAR},
     {"if", T_IF},         {"else", T_ELSE},   {"while", T_WHILE},       {"for", T_FOR},
     {"in", T_IN},         {"break", T_BREAK}, {"continue", T_CONTINUE}, {"return", T_RETURN},
-    {"true", T_TRUE},     {"false", T_FALSE},
+    {"true", T_TRUE},     {"false", T_FALSE}, {"and", T_ANDAND},        {"or", T_OROR},
+    {"not", T_NOT},       {"const", T_CONST},
 };
 
 static const char *const tok_names[T__COUNT] = {
@@ -92,6 +96,8 @@ static const char *const tok_names[T__COUNT] = {
     [T_RETURN] = "'return'",
     [T_TRUE] = "'true'",
     [T_FALSE] = "'false'",
+    [T_NOT] = "'not'",
+    [T_CONST] = "'const'",
 };
 
 const char *lang_tok_name(int kind) {

@@ -206,7 +206,7 @@ int lv_convert(lower *L, lval *v, lty target, node *at, const char *what) {
   int ok;
   if (v->lit == LIT_INT) ok = target.t != FB_T_BOOL;
   else if (v->lit == LIT_FLOAT) ok = fb_type_is_float(target.t);
-  else ok = implicit_ok(v->t, target.t);
+  else ok = implicit_ok(v->t, target.t) || v->t == FB_T_BOOL; /* a bool is 0 or 1 */
   if (!ok) {
     L->errors++;
     lang_err(L->d, line, col, "type mismatch in %s: expected %s, found %s%s", what,
@@ -289,6 +289,36 @@ int lang_index(lower *L, node *e, int *id, int *is_const, int64_t *k) {
   return 0;
 }
 
+/* The indices of a field element or a sparse builtin: each expression an
+ * integer, or an integer vector that gives one index per component (Taichi's
+ * x[I] with I = base + offset), so x[v] with v: i32[2] is x[v[0], v[1]] and
+ * x[v, k] is x[v[0], v[1], k]. Fills idx (room for FB_MAX_AXES) with i32
+ * statements and *count with how many the expressions give (even past
+ * FB_MAX_AXES); -1 after an error in an expression (reported). */
+int lang_indices(lower *L, node **kids, int n, int *idx, int *count) {
+  int bad = 0;
+  *count = 0;
+  for (int i = 0; i < n; i++) {
+    lval v;
+    if (lang_eval(L, kids[i], &v) < 0 || v.kind == VK_UNKNOWN) {
+      bad = 1;
+      continue;
+    }
+    char b[64];
+    int is_int = v.lit ? v.lit == LIT_INT : fb_type_is_int(v.t);
+    if ((v.kind != VK_SCALAR && v.kind != VK_VEC) || !is_int) {
+      ERR(L, kids[i], "an index must be an integer or a vector of integers, found %s",
+          lv_str(&v, b, sizeof b));
+      bad = 1;
+      continue;
+    }
+    if (v.lit) lv_materialize(L, &v, FB_T_I32);
+    for (int c = 0; c < v.n; c++, (*count)++)
+      if (*count < FB_MAX_AXES) idx[*count] = lw_cast(L, FB_T_I32, v.id[c]);
+  }
+  return bad ? -1 : 0;
+}
+
 /* ---------------------------------------------------------------- references */
 
 static int rank_of(lty t) { return t.rows == 0 ? 0 : t.cols == 0 ? 1 : 2; }
@@ -306,6 +336,7 @@ static void field_error(lower *L, node *at, const char *name, lbind bd) {
 static int ref_name(lower *L, node *e, lref *r) {
   lsym *s = lang_lookup(L, e->name);
   lbind bd;
+  const lconst *c;
   if (s && s->kind == SYM_LET) {
     r->kind = REF_VALUE;
     r->v = s->v;
@@ -318,6 +349,18 @@ static int ref_name(lower *L, node *e, lref *r) {
   } else if (lang_resolve_field(L, e->name, &bd)) {
     if (bd.kind != LB_UNKNOWN) field_error(L, e, e->name, bd);
     return -1;
+  } else if ((c = lang_find_const(L->p, e->name))) { /* an untyped literal */
+    if (!c->ok) return -1;                            /* its error is reported */
+    memset(&r->v, 0, sizeof r->v);
+    r->kind = REF_VALUE;
+    r->v.kind = VK_SCALAR;
+    r->v.lit = c->is_float ? LIT_FLOAT : LIT_INT;
+    r->v.n = 1;
+    r->v.has_const = 1;
+    r->v.ci[0] = c->i;
+    r->v.cv[0] = c->f;
+    r->is_let = 1;
+    r->origin = ORIGIN_CONST;
   } else {
     ERR(L, e, "undefined variable '%s'", e->name);
     return -1;
@@ -330,31 +373,29 @@ static int ref_name(lower *L, node *e, lref *r) {
 
 static int ref_field(lower *L, node *e, lbind bd, lref *r) {
   const char *name = e->a->name;
-  int bad = 0;
-  if (bd.kind == LB_FIELD) {
-    const lfield *f = &L->p->fields[bd.index];
-    if (f->pub.ndim != e->nkids) {
-      ERR(L, e,
-          "field '%s' has %d dimension%s but %d ind%s given (the index count must match the "
-          "field's dimension)",
-          name, f->pub.ndim, f->pub.ndim == 1 ? "" : "s", e->nkids,
-          e->nkids == 1 ? "ex was" : "ices were");
-      bad = 1;
-    }
-  } else if (bd.kind == LB_SNODE) {
+  int bad = 0, nidx = 0;
+  if (bd.kind == LB_SNODE) {
     ERR(L, e, "'%s' is an SNode, not a field: it has no values to index", name);
     bad = 1;
   }
-  for (int i = 0; i < e->nkids && i < FB_MAX_AXES; i++) {
-    int c;
-    int64_t k;
-    if (lang_index(L, e->kids[i], &r->idx[i], &c, &k) < 0) bad = 1;
+  if (lang_indices(L, e->kids, e->nkids, r->idx, &nidx) < 0) bad = 1;
+  if (!bad && bd.kind == LB_FIELD) {
+    const lfield *f = &L->p->fields[bd.index];
+    if (f->pub.ndim != nidx) {
+      int vec = nidx != e->nkids;
+      ERR(L, e,
+          "field '%s' has %d dimension%s but %d ind%s given (the index count must match the "
+          "field's dimension%s)",
+          name, f->pub.ndim, f->pub.ndim == 1 ? "" : "s", nidx, nidx == 1 ? "ex was" : "ices were",
+          vec ? "; a vector index counts one per component" : "");
+      bad = 1;
+    }
   }
   if (bad || bd.kind != LB_FIELD) return -1;
   const lfield *f = &L->p->fields[bd.index];
   r->kind = REF_FIELD;
   r->field = bd.index;
-  r->nidx = e->nkids;
+  r->nidx = nidx;
   r->name = name;
   r->base.t = f->pub.type;
   r->base.rows = (uint8_t)f->pub.rows;

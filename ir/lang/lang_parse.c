@@ -11,7 +11,8 @@
  *   S_WHILE a b; S_FOR_RANGE kids[0] in a .. b, body c; S_FOR_IN kids in a,
  *   body c; S_RETURN [a]; S_BLOCK kids.
  *   D_LAYOUT kids; D_SNODE snode_kind axes sizes chunk(ival) [name] kids;
- *   D_PLACE name ty; D_FUNC/D_KERNEL name kids(D_PARAM) [ty] a(body). */
+ *   D_PLACE name ty; D_FUNC/D_KERNEL name kids(D_PARAM) [ty] a(body);
+ *   D_CONST name = a. SNode sizes are expressions (size_e, chunk_e). */
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -80,6 +81,8 @@ static const char *describe(const token *t, char *buf, size_t n) {
   case T_IDENT: snprintf(buf, n, "identifier '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
   case T_INT:
   case T_FLOAT: snprintf(buf, n, "number '%.*s'", t->len > 40 ? 40 : t->len, t->p); break;
+  case T_ANDAND:
+  case T_OROR: snprintf(buf, n, "'%.*s'", t->len > 3 ? 3 : t->len, t->p); break; /* && or and */
   default: snprintf(buf, n, "%s", lang_tok_name(t->kind)); break;
   }
   return buf;
@@ -204,6 +207,7 @@ static int parse_type(parser *P, lty *ty) {
 
 static node *parse_expr(parser *P);
 static node *parse_unary(parser *P);
+static node *parse_not(parser *P);
 
 static node *binary(parser *P, const token *op, node *a, node *b) {
   if (!a || !b) return NULL;
@@ -472,11 +476,31 @@ static node *parse_cmp(parser *P) {
   return c;
 }
 
+/* `not x` binds more loosely than comparisons, as in Python: `not a < b`
+ * is `!(a < b)`. It means what `!` means (E_UNARY with op T_NOT). */
+static node *parse_not_inner(parser *P) {
+  if (!at(P, T_NOT)) return parse_cmp(P);
+  const token *t = next(P);
+  node *a = parse_not(P);
+  if (!a) return NULL;
+  node *x = mk(P, E_UNARY, t);
+  if (!x) return NULL;
+  x->op = T_NOT;
+  x->a = a;
+  return x;
+}
+
+static node *parse_not(parser *P) {
+  node *x = enter(P) ? parse_not_inner(P) : NULL;
+  P->depth--;
+  return x;
+}
+
 static node *parse_and(parser *P) {
-  node *x = parse_cmp(P);
+  node *x = parse_not(P);
   while (x && at(P, T_ANDAND)) {
     const token *op = next(P);
-    x = binary(P, op, x, parse_cmp(P));
+    x = binary(P, op, x, parse_not(P));
   }
   return x;
 }
@@ -685,6 +709,11 @@ static node *parse_stmt(parser *P) {
       if (!(x->a = parse_expr(P))) return NULL;
     return x;
   case T_LBRACE: return parse_block(P);
+  case T_CONST:
+    errat(P, t,
+          "'const' declares a constant of the whole program: write it outside kernels and funcs "
+          "(here, use 'let')");
+    return NULL;
   default: break;
   }
   node *e = parse_expr(P);
@@ -769,31 +798,19 @@ static node *parse_snode(parser *P, const token *kt, int kind) {
   x->axes[ax->len] = 0;
   if (!expect(P, T_COLON, "after the axes")) return NULL;
   for (;;) {
+    /* sizes are constant expressions, evaluated by lang_eval_consts */
     const token *st = peek(P);
     if (tok_is(st, "chunk") && peek2(P)->kind == T_COLON) {
       next(P);
       next(P);
-      if (!at(P, T_INT)) {
-        expected(P, "the chunk size (an integer)");
-        return NULL;
-      }
-      x->ival = next(P)->ival;
+      if (!(x->chunk_e = parse_expr(P))) return NULL;
       x->has_chunk = 1;
     } else {
-      if (!at(P, T_INT)) {
-        expected(P, "a size (an integer)");
-        return NULL;
-      }
-      next(P);
       if (x->nsizes >= FB_MAX_AXES) {
         errat(P, st, "more than %d sizes", FB_MAX_AXES);
         return NULL;
       }
-      if (st->ival > INT32_MAX) {
-        errat(P, st, "size %llu is too large", (unsigned long long)st->ival);
-        return NULL;
-      }
-      x->sizes[x->nsizes++] = (int64_t)st->ival;
+      if (!(x->size_e[x->nsizes++] = parse_expr(P))) return NULL;
     }
     if (!accept(P, T_COMMA)) break;
   }
@@ -922,12 +939,32 @@ static node *parse_callable(parser *P, const token *kw) {
   return x->a ? x : NULL;
 }
 
+/* const NAME = expr (at the top level) */
+static node *parse_const(parser *P, const token *kw) {
+  node *nm = name_node(P, "a name after 'const'");
+  if (!nm) return NULL;
+  node *x = mk(P, D_CONST, kw);
+  if (!x) return NULL;
+  x->name = nm->name;
+  x->line = nm->line;
+  x->col = nm->col;
+  if (!expect(P, T_ASSIGN, "after the name in 'const' (a constant needs a value)")) return NULL;
+  if (!(x->a = parse_expr(P))) return NULL;
+  if (!at(P, T_NEWLINE) && !at(P, T_SEMI) && !at(P, T_EOF)) {
+    expected(P, "end of line after the constant");
+    return NULL;
+  }
+  return x;
+}
+
 /* Skip to the next top-level declaration. */
 static void sync_top(parser *P) {
   int depth = 0;
   while (!at(P, T_EOF)) {
     const token *t = peek(P);
-    if (depth == 0 && (t->kind == T_KERNEL || t->kind == T_FUNC || tok_is(t, "layout"))) break;
+    if (depth == 0 && (t->kind == T_KERNEL || t->kind == T_FUNC || t->kind == T_CONST ||
+                       tok_is(t, "layout")))
+      break;
     if (t->kind == T_LBRACE) depth++;
     if (t->kind == T_RBRACE && depth > 0) depth--;
     next(P);
@@ -952,8 +989,11 @@ int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *n
     } else if (t->kind == T_KERNEL || t->kind == T_FUNC) {
       next(&P);
       nl_push(&l, parse_callable(&P, t));
+    } else if (t->kind == T_CONST) {
+      next(&P);
+      nl_push(&l, parse_const(&P, t));
     } else {
-      expected(&P, "'layout', 'func' or 'kernel' at the top level");
+      expected(&P, "'layout', 'const', 'func' or 'kernel' at the top level");
     }
     if (P.panic || P.pos == start) {
       if (P.pos == start) next(&P);

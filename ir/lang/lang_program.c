@@ -373,9 +373,12 @@ int fb_program_parse_within(const char *filename, const char *src, const fb_lang
   if (!rc) rc = lang_lex(p->src, &toks, &ntok, &D);
   if (!rc) rc = lang_parse(&p->arena, toks, ntok, &decls, &ndecls, &D);
   free(toks);
+  fb_map_init(&p->const_names, sizeof(int));
+  if (!rc) rc = lang_eval_consts(p, decls, ndecls, &D);
   int layout_errors = D.n;
   if (!rc) rc = lang_build_layout(p, decls, ndecls, &D);
   layout_errors = D.n - layout_errors;
+  if (!rc) lang_check_const_names(p, &D);
   if (!rc) rc = register_decls(p, decls, ndecls, &D);
   if (!rc && !layout_errors) rc = check_all(p, &D);
   sort_unique(&D);
@@ -395,6 +398,8 @@ void fb_program_free(fb_program *p) {
   free(p->insts);
   free(p->kernels);
   free(p->funcs);
+  free(p->consts);
+  fb_map_free(&p->const_names);
   free(p->snodes);
   free(p->fields);
   fb_layout_free(p->layout);

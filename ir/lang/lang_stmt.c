@@ -200,7 +200,8 @@ static void assign_stmt(lower *L, node *s) {
   if (rc == 0 && r.kind == REF_VALUE) {
     static const char *const why[] = {"it is declared with let (use var for a variable)",
                                       "it is a loop variable",
-                                      "it is a parameter (copy it into a var)"};
+                                      "it is a parameter (copy it into a var)",
+                                      "it is a constant (declared with const)"};
     if (r.is_let) ERR(L, s->a, "cannot assign to '%s': %s", r.name, why[r.origin]);
     else
       ERR(L, s->a,

@@ -252,6 +252,13 @@ int lv_binary(lower *L, int op, lval *a, lval *b, lval *out, node *at) {
     return -1;
   }
   if (a->lit && b->lit) return fold(L, op, a, b, out, at) < 0 ? (lv_unknown(out), -1) : 0;
+  /* a bool counts as the integer 0 or 1 (as in Python and Taichi) next to a
+   * number, and on both sides of an operator that needs numbers */
+  int ab = !a->lit && a->t == FB_T_BOOL, bb = !b->lit && b->t == FB_T_BOOL;
+  if (ab != bb || (ab && bb && op_rejects(op, FB_T_BOOL))) {
+    if (ab) lv_materialize(L, a, FB_T_I32);
+    if (bb) lv_materialize(L, b, FB_T_I32);
+  }
   fb_type t;
   const char *need = NULL;
   if (lang_common_type(a, b, &t) < 0 || (need = op_rejects(op, t))) {

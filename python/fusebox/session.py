@@ -693,7 +693,19 @@ class Session:
                         filename=self._src.filename, params=self._src.params)
         req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
                                         instances=[pb.KernelInstance(kernel=name)])
-        kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+        try:
+            kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+        except ServerError as e:
+            if e.status != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            # the kernel is the package's own: say what the user asked for
+            # and why, not its name or its source line
+            why = next((ln.split(" error: ", 1)[1] for ln in e.message.splitlines()
+                        if " error: " in ln), "the server refused it")
+            what = {"set": "setting cells of", "activate": "activate on",
+                    "deactivate": "deactivate on"}[kind]
+            raise ServerError("RegisterKernels", e.status, f"{what} field '{f.name}': {why}",
+                              e.fb_code) from None
         self._ids[key] = kid
         self._names[kid] = f"{kind} of field '{f.name}'"
         return kid

@@ -320,6 +320,23 @@ def test_sparse_field_reads_whole_extent(fb):
         assert np.array_equal(r[i, j], 1.0 + (j - i))
 
 
+def test_deactivate_dense_field_error_in_user_terms(fb):
+    # the package adds a kernel of its own for deactivate; a mistake in the
+    # request is reported about the field, never with that kernel's name or IR
+    src = ("layout {\n  dense(i: 8) { place x: f32 }\n"
+           "  pointer(i: 8) { place y: f32 }\n}\n"
+           "kernel put() { y[3] = 1.0 }\n")
+    with fb.session(src) as s:
+        with pytest.raises(fusebox.ServerError) as ei:
+            s.fields.x.deactivate([[3]])
+        msg = str(ei.value)
+        assert "deactivate on field 'x'" in msg and "dense SNode" in msg, msg
+        assert "__fbpy_" not in msg and "%" not in msg and "verification" not in msg, msg
+        s.kernels.put()  # the session goes on; a sparse field deactivates
+        s.fields.y.deactivate([[3]])
+        assert s.fields.y.to_numpy()[3] == 0.0
+
+
 def test_counters_since(fb):
     with fb.session(example("heat.fbk"), mode="async", flush_every=4) as s:
         s.kernels.init()

@@ -200,9 +200,11 @@ def test_sparse_cell_writes(fb):
         plain[1] = 7
         plain[[0, 4]] = -1
         assert plain.to_numpy().tolist() == [-1, 7, 0, 0, -1]
-        with pytest.raises(fusebox.ServerError, match="deactivate needs a sparse SNode") as e:
+        with pytest.raises(fusebox.ServerError,
+                           match="deactivate on field 'plain': .* dense SNode") as e:
             plain.deactivate((0,))
         assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT
+        assert "__fbpy_" not in str(e.value) and "%" not in str(e.value)  # the user's terms
         # bad cells and values, refused before anything is sent
         with pytest.raises(IndexError, match=r"index \(16, 0\) is out of bounds of shape "
                                              r"\(16, 16\)"):
