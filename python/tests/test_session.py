@@ -272,7 +272,8 @@ def test_server_gone(server):
 def run_cli(tmp_path, fbk, setup, step, reads, mode):
     sess = {"name": "py", "program": os.path.join(EXAMPLES, fbk),
             "session": {"mode": mode, "seed": 1}, "setup": setup, "step": step,
-            "checks": [{"read": f, "to": str(tmp_path / f"{f}.npy")} for f in reads]}
+            # names relative to the session file's folder (tmp_path): outputs stay inside it
+            "checks": [{"read": f, "to": f"{f}.npy"} for f in reads]}
     p = tmp_path / "s.json"
     p.write_text(json.dumps(sess))
     r = subprocess.run([FUSEBOX_CLI, "run", str(p), "-q"], capture_output=True, text=True,
