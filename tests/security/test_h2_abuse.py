@@ -21,6 +21,8 @@ see TLS clients' frames too): before, gRPC's own TLS took the attack
 unbounded; and TLS handshakes that never finish are cut and count against
 max_connections_per_ip."""
 import os
+import shutil
+import signal
 import socket
 import ssl
 import threading
@@ -29,7 +31,7 @@ import warnings
 
 import grpc
 
-from conftest import Client, dense_layout, health_pb2, pb
+from conftest import Client, dense_layout, expect_error, health_pb2, pb
 from h2raw import Conn, connect
 from test_memory_budget import _kib, _status, small_quarantine  # noqa: F401 (a fixture)
 from test_tls_tenants import (_Token, certs, daemons, sha,  # noqa: F401 (fixtures)
@@ -256,6 +258,42 @@ def test_tls_handshakes_bounded(certs, daemons):  # noqa: F811
     assert "its TLS handshake was not done within 5 s" in log, log
     assert "max_connections_per_ip" in log, log
     assert "TLS handshake failed with" in log, log
+
+
+def test_mtls_subjects_and_client_ca_reload_through_the_gate(certs, daemons, tmp_path):  # noqa: F811
+    """mTLS terminated by the gate: the certificate it verified names the
+    tenant (alice by "CN=alice"; bob, a valid certificate of no tenant's
+    subject, is refused UNAUTHENTICATED naming it). SIGHUP with another
+    client CA: new handshakes need a certificate from it (mallory, "CN=alice"
+    from the rogue CA, is now alice; the real alice gets no handshake),
+    alice's open connection goes on."""
+    ca = str(tmp_path / "client-ca.pem")
+    shutil.copy(certs["ca"] + ".pem", ca)
+    d = daemons("127.0.0.1:0", ["--tls-cert", certs["server"] + ".pem",
+                                "--tls-key", certs["server"] + ".key", "--tls-client-ca", ca],
+                tenants=[{"name": "alice", "subjects": ["CN=alice"]}])
+    opts = [("grpc.ssl_target_name_override", "localhost")]
+
+    def client(who):
+        return Client(d.address, grpc.secure_channel(d.address, tls_creds(certs, who), opts))
+
+    alice = client("alice")
+    sid = alice.new_session(dense_layout(64))
+    assert alice.write_field(sid, 2, PATTERN) == len(PATTERN)
+    bob = client("bob")
+    expect_error(lambda: bob.new_session(dense_layout(8)), grpc.StatusCode.UNAUTHENTICATED,
+                 "is no tenant's subject")
+    expect_error(client("mallory").health, grpc.StatusCode.UNAVAILABLE)
+    shutil.copy(certs["rogue"] + ".pem", ca)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"SIGHUP: TLS certificate reloaded from .*client CA from", "client CA reload")
+    mallory = client("mallory")  # "CN=alice" from the CA now configured: alice
+    assert mallory.read_field(sid, 2) == PATTERN
+    expect_error(client("alice").health, grpc.StatusCode.UNAVAILABLE)  # a new handshake
+    assert alice.read_field(sid, 2) == PATTERN  # the open connection keeps its handshake
+    for c in (alice, bob, mallory):
+        c.close()
+    assert "TLS handshake failed with" in d.logtext()
 
 
 def _states(pairs):
