@@ -11,9 +11,10 @@
  * token ("authorization: Bearer TOKEN" metadata), whose SHA-256 (OpenSSL's
  * EVP) is compared in constant time with every hash in the file, or by the
  * subject of its verified client certificate (mTLS, with --tls-client-ca):
- * the certificate's PEM from gRPC's auth context is parsed with OpenSSL and
- * its subject compared attribute by attribute with each configured subject,
- * parsed once when the file is loaded (subject.c; never as text). A token,
+ * the certificate's PEM, kept by the HTTP/2 gate's TLS handshake
+ * (h2gate.c), is parsed with OpenSSL and its subject compared attribute
+ * by attribute with each configured subject, parsed once when the file is
+ * loaded (subject.c; never as text). A token,
  * when sent, decides; a wrong token is refused even with a good certificate.
  *
  * Without a tenants file nothing changes: every call is the one anonymous
@@ -451,26 +452,18 @@ static fbd_tenant *by_hash(fbd_auth *a, const uint8_t h[32]) {
 }
 
 /* The subject of the call's verified client certificate, when the server
- * verifies them (--tls-client-ca: the handshake refused every client
- * without a certificate from that CA), into *out: 1 when there is one, 0
- * when there is none, -1 (and why) when it is one no configured subject
- * can be (subject.c: a NUL or non-text value, too many attributes). */
+ * verifies them (--tls-client-ca: the gate's TLS handshake refused every
+ * client without a certificate from that CA and kept the one it verified
+ * with the connection, rpc.c took it from there), into *out: 1 when there
+ * is one, 0 when there is none, -1 (and why) when it is one no configured
+ * subject can be (subject.c: a NUL or non-text value, too many attributes). */
 static int peer_subject(fbd_call *c, fbd_subject *out, char *why, size_t whylen) {
   const char *ca = c->srv->cfg->tls_client_ca;
-  if (!ca || !*ca) return 0;
-  grpc_auth_context *ctx = grpc_call_auth_context(c->gc);
-  if (!ctx) return 0;
-  grpc_auth_property_iterator it =
-      grpc_auth_context_find_properties_by_name(ctx, GRPC_X509_PEM_CERT_PROPERTY_NAME);
-  const grpc_auth_property *prop = grpc_auth_property_iterator_next(&it);
-  int rc = 0;
-  if (prop) {
-    char e[FBD_ERRLEN] = "out of memory";
-    rc = fbd_subject_from_pem(prop->value, prop->value_length, out, e, sizeof e) ? -1 : 1;
-    if (rc < 0) fb_errf(why, whylen, "client certificate refused: %s", e);
-  }
-  grpc_auth_context_release(ctx);
-  return rc;
+  if (!ca || !*ca || !c->peer_cert) return 0;
+  char e[FBD_ERRLEN] = "out of memory";
+  if (!fbd_subject_from_pem(c->peer_cert, strlen(c->peer_cert), out, e, sizeof e)) return 1;
+  fb_errf(why, whylen, "client certificate refused: %s", e);
+  return -1;
 }
 
 /* Under a->mu: the tenant one of whose subjects is s. */

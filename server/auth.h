@@ -96,9 +96,11 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
 
 /* tls.c: the credentials for listening address addr (a unix socket is
  * always plain). NULL with err when the settings or files are wrong, or
- * when addr is plain TCP off loopback without --insecure. */
+ * when addr is plain TCP off loopback without --insecure. On TLS gRPC gets
+ * plaintext from the HTTP/2 gate, whose SSL_CTX fbd_tls_gate installs. */
 grpc_server_credentials *fbd_tls_server_creds(fbd_server *srv, const char *addr, char *err,
                                               size_t errlen);
+int fbd_tls_gate(fbd_server *srv, char *err, size_t errlen);
 /* SIGHUP: read the certificate, key and client CA again; new handshakes get
  * them (a file that does not load changes nothing, logged). */
 void fbd_tls_reload(fbd_server *srv);

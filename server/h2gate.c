@@ -26,11 +26,22 @@
  *
  * A client's bytes are read only while gRPC has taken the last ones, and
  * gRPC's only while the client has taken the last ones: the gate holds at
- * most two buffers a connection. TLS listeners stay gRPC's own (the gate
- * cannot read their frames): docs/security.md "The transport". */
+ * most two buffers a connection.
+ *
+ * On a TLS listener (--tls-cert/--tls-key) the gate terminates TLS itself
+ * with OpenSSL (non-blocking, on the same thread): TLS 1.2 or later, ALPN
+ * "h2" as gRPC's own server demands, and with --tls-client-ca a client
+ * certificate from that CA required and verified. A handshake counts as a
+ * connection of its address and must end within GATE_HANDSHAKE_S; only then
+ * does gRPC get its end of the pair, and the plaintext HTTP/2 passes the
+ * same budgets as on a plain listener. The verified client certificate is
+ * kept with the connection for auth.c (fbd_gate_peer). The SSL_CTX is
+ * replaced on SIGHUP (fbd_gate_set_tls, from tls.c): new handshakes use the
+ * new one, open connections keep theirs. docs/security.md "The transport". */
 #define _GNU_SOURCE 1 /* accept4 */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
@@ -38,6 +49,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +66,7 @@
 #define GATE_BUF 16384 /* each way, a connection: 1024 of them hold 32 MiB */
 #define GATE_PEERS 4096 /* client addresses remembered at once */
 #define PREFACE_LEN 24
+#define GATE_HANDSHAKE_S 5.0 /* a TLS handshake not done by then is cut */
 #define F_HEADERS 1
 #define F_RST_STREAM 3
 #define F_SETTINGS 4
@@ -72,6 +87,7 @@ typedef struct gate_end {
   int kind;
   int fd;
   gate_conn *c; /* NULL for a listener or the wake-up */
+  int tls;      /* a listener: TLS terminated here */
 } gate_end;
 
 struct gate_conn {
@@ -92,6 +108,13 @@ struct gate_conn {
   unsigned char down[GATE_BUF];
   size_t down_off, down_len;
   int grpc_eof, grpc_watched, dead;
+  /* TLS: ssl NULL on a plain listener; ready once the handshake is done
+   * and gRPC has its end (at once on a plain one) */
+  SSL *ssl;
+  int ready;
+  double hs_deadline;
+  int hs_wants_write, rd_wants_write, wr_wants_read; /* what OpenSSL waits for */
+  char *cert_pem; /* the verified client certificate (mTLS); set before ready, read under mu */
   gate_conn *prev, *next;
 };
 
@@ -106,12 +129,13 @@ struct fbd_gate {
   atomic_int stop;
   gate_conn *conns, *graves; /* graves: closed this round, freed after it */
   int nconns;
-  pthread_mutex_t mu; /* the list of conns (read by fbd_gate_peer); closed_to_new */
+  pthread_mutex_t mu; /* the list of conns (read by fbd_gate_peer); closed_to_new; tls_ctx */
   int closed_to_new;
+  SSL_CTX *tls_ctx; /* for new handshakes on TLS listeners (fbd_gate_set_tls) */
   gate_peer peers[GATE_PEERS];
-  double last_warn[3]; /* a warning of each kind at most once a second */
+  double last_warn[5]; /* a warning of each kind at most once a second */
   /* counted for the log and tests */
-  uint64_t refused_conns, closed_resets, closed_early, paused;
+  uint64_t refused_conns, closed_resets, closed_early, paused, tls_failed, tls_slow;
 };
 
 /* ---------------------------------------------------------------- peers */
@@ -205,6 +229,9 @@ static void conn_close(struct fbd_gate *g, gate_conn *c) {
   if (c->grpc_watched) epoll_ctl(g->ep, EPOLL_CTL_DEL, c->grpc.fd, NULL);
   close(c->client.fd);
   close(c->grpc.fd); /* gRPC reads EOF and ends the transport and its calls */
+  if (!c->ready) close(c->grpc_fd); /* never handed to gRPC (a TLS handshake) */
+  SSL_free(c->ssl);
+  c->ssl = NULL;
   if (c->peer) c->peer->conns--;
   g->nconns--;
   c->dead = 1;
@@ -216,17 +243,32 @@ static void bury(struct fbd_gate *g) {
   while (g->graves) {
     gate_conn *c = g->graves;
     g->graves = c->next;
+    free(c->cert_pem); /* out of the list since conn_close: no fbd_gate_peer sees it */
     free(c);
   }
+}
+
+/* May the client's bytes be read now? */
+static int may_read(const gate_conn *c) {
+  return !c->paused_until && c->up_len < GATE_BUF && c->up_off == c->checked;
+}
+
+/* Plaintext OpenSSL decrypted and holds, that no epoll event will announce. */
+static int tls_pending(const gate_conn *c) {
+  return c->ssl && c->ready && may_read(c) && SSL_pending(c->ssl) > 0;
 }
 
 static void watch(struct fbd_gate *g, gate_conn *c) {
   struct epoll_event ev;
   int up_pending = c->up_off < c->checked, down_pending = c->down_off < c->down_len;
-  ev.events = (!c->paused_until && c->up_len < GATE_BUF && !up_pending ? EPOLLIN : 0) |
-              (down_pending ? EPOLLOUT : 0);
+  if (!c->ready) /* a TLS handshake: what it waits for */
+    ev.events = c->hs_wants_write ? EPOLLOUT : EPOLLIN;
+  else
+    ev.events = (may_read(c) || c->wr_wants_read ? EPOLLIN : 0) |
+                (down_pending || c->rd_wants_write ? EPOLLOUT : 0);
   ev.data.ptr = &c->client;
   epoll_ctl(g->ep, EPOLL_CTL_MOD, c->client.fd, &ev);
+  if (!c->grpc_watched && !c->grpc_eof) return; /* gRPC has no end yet */
   if (c->grpc_eof) { /* its hang-up would be reported again and again */
     if (c->grpc_watched) epoll_ctl(g->ep, EPOLL_CTL_DEL, c->grpc.fd, NULL);
     c->grpc_watched = 0;
@@ -304,6 +346,125 @@ static int flush(int fd, const unsigned char *buf, size_t *off, size_t end) {
   return 0;
 }
 
+/* Read the client's bytes (plaintext on TLS): >0 bytes, 0 none yet, -1
+ * when the client is gone (EOF, TLS close_notify, a bad record). */
+static ssize_t client_read(gate_conn *c, unsigned char *buf, size_t n) {
+  if (!c->ssl) {
+    ssize_t r = recv(c->client.fd, buf, n, 0);
+    if (r > 0) return r;
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+  }
+  c->rd_wants_write = 0;
+  ERR_clear_error();
+  int r = SSL_read(c->ssl, buf, n > INT_MAX ? INT_MAX : (int)n);
+  if (r > 0) return r;
+  switch (SSL_get_error(c->ssl, r)) {
+  case SSL_ERROR_WANT_READ: return 0;
+  case SSL_ERROR_WANT_WRITE: c->rd_wants_write = 1; return 0;
+  default: ERR_clear_error(); return -1;
+  }
+}
+
+/* Write the down buffer to the client (encrypted on TLS); -1 when it is gone. */
+static int client_flush(gate_conn *c) {
+  if (!c->ssl) return flush(c->client.fd, c->down, &c->down_off, c->down_len);
+  c->wr_wants_read = 0;
+  while (c->down_off < c->down_len) {
+    size_t n = c->down_len - c->down_off;
+    ERR_clear_error();
+    int r = SSL_write(c->ssl, c->down + c->down_off, n > INT_MAX ? INT_MAX : (int)n);
+    if (r > 0) {
+      c->down_off += (size_t)r;
+      continue;
+    }
+    switch (SSL_get_error(c->ssl, r)) {
+    case SSL_ERROR_WANT_WRITE: return 0; /* retried with the same bytes when writable */
+    case SSL_ERROR_WANT_READ: c->wr_wants_read = 1; return 0;
+    default: ERR_clear_error(); return -1;
+    }
+  }
+  return 0;
+}
+
+/* Give gRPC its end of the pair: the connection is gRPC's from now on. */
+static void hand_to_grpc(struct fbd_gate *g, gate_conn *c) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->grpc};
+  epoll_ctl(g->ep, EPOLL_CTL_ADD, c->grpc.fd, &ev);
+  c->grpc_watched = 1;
+  pthread_mutex_lock(&g->mu);
+  c->ready = 1;
+  if (g->closed_to_new) close(c->grpc_fd); /* shutting down: the relay ends at EOF */
+  else {
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    grpc_server_add_channel_from_fd(g->srv->server, c->grpc_fd, cr); /* gRPC owns it now */
+    grpc_server_credentials_release(cr);
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* The PEM of the client's verified certificate, or NULL (none, or no memory). */
+static char *peer_pem(SSL *ssl) {
+  X509 *x = SSL_get1_peer_certificate(ssl);
+  if (!x) return NULL;
+  char *out = NULL;
+  BIO *b = BIO_new(BIO_s_mem());
+  if (b && PEM_write_bio_X509(b, x)) {
+    char *p;
+    long n = BIO_get_mem_data(b, &p);
+    if (n > 0 && (out = malloc((size_t)n + 1))) {
+      memcpy(out, p, (size_t)n);
+      out[n] = 0;
+    }
+  }
+  BIO_free(b);
+  X509_free(x);
+  return out;
+}
+
+/* Go on with c's TLS handshake: 0 while it goes on or once done, -1 to close. */
+static int handshake(struct fbd_gate *g, gate_conn *c) {
+  ERR_clear_error();
+  int r = SSL_do_handshake(c->ssl);
+  c->hs_wants_write = 0;
+  if (r != 1) {
+    int e = SSL_get_error(c->ssl, r);
+    if (e == SSL_ERROR_WANT_READ) return 0;
+    if (e == SSL_ERROR_WANT_WRITE) {
+      c->hs_wants_write = 1;
+      return 0;
+    }
+    char why[160] = "the client hung up";
+    unsigned long oe = ERR_peek_error();
+    if (oe) ERR_error_string_n(oe, why, sizeof why);
+    long v = SSL_get_verify_result(c->ssl);
+    if (v != X509_V_OK)
+      snprintf(why, sizeof why, "client certificate: %s", X509_verify_cert_error_string(v));
+    ERR_clear_error();
+    g->tls_failed++;
+    warn(g, 3, "TLS handshake failed with", c->addr, why);
+    return -1;
+  }
+  const unsigned char *alpn = NULL;
+  unsigned alen = 0;
+  SSL_get0_alpn_selected(c->ssl, &alpn, &alen);
+  if (alen != 2 || memcmp(alpn, "h2", 2) != 0) { /* gRPC's own server refuses these too */
+    g->tls_failed++;
+    warn(g, 3, "TLS handshake failed with", c->addr, "the client offered no ALPN \"h2\"");
+    return -1;
+  }
+  char *pem = peer_pem(c->ssl); /* verified by the handshake (SSL_VERIFY_PEER) */
+  if (SSL_get_verify_mode(c->ssl) & SSL_VERIFY_FAIL_IF_NO_PEER_CERT && !pem) {
+    g->tls_failed++;
+    warn(g, 3, "TLS handshake failed with", c->addr, "no client certificate kept");
+    return -1;
+  }
+  pthread_mutex_lock(&g->mu);
+  c->cert_pem = pem;
+  pthread_mutex_unlock(&g->mu);
+  hand_to_grpc(g, c);
+  return 0;
+}
+
 /* Bytes written to gRPC leave the up buffer; an incomplete frame header
  * moves to its start. */
 static void up_compact(gate_conn *c) {
@@ -318,11 +479,19 @@ static void up_compact(gate_conn *c) {
 /* Move what can move on c; -1 when it is to be closed. */
 static int pump_conn(struct fbd_gate *g, gate_conn *c, int client_in, int grpc_in) {
   double now = fbd_now();
-  if (client_in && !c->paused_until && c->up_len < GATE_BUF && c->up_off == c->checked) {
-    ssize_t n = recv(c->client.fd, c->up + c->up_len, GATE_BUF - c->up_len, 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-      return -1;
-    if (n > 0) c->up_len += (size_t)n;
+  if (!c->ready) {
+    if (handshake(g, c)) return -1;
+    if (!c->ready) {
+      watch(g, c);
+      return 0;
+    }
+    client_in = 1; /* application data may have come with the handshake's last flight */
+  }
+  /* on TLS, tried on any event: OpenSSL may wait on a write, or hold plaintext */
+  if ((client_in || c->ssl) && may_read(c)) {
+    ssize_t n = client_read(c, c->up + c->up_len, GATE_BUF - c->up_len);
+    if (n < 0) return -1;
+    c->up_len += (size_t)n;
   }
   if (c->paused_until && now >= c->paused_until) c->paused_until = 0;
   if (!c->paused_until) {
@@ -343,15 +512,16 @@ static int pump_conn(struct fbd_gate *g, gate_conn *c, int client_in, int grpc_i
       c->down_len = (size_t)n;
     }
   }
-  if (flush(c->client.fd, c->down, &c->down_off, c->down_len)) return -1;
+  if (client_flush(c)) return -1;
   if (c->grpc_eof && c->down_off == c->down_len) return -1; /* gRPC ended it */
   watch(g, c);
   return 0;
 }
 
 /* -1 when there was none to accept */
-static int accept_one(struct fbd_gate *g, int lfd) {
+static int accept_one(struct fbd_gate *g, const gate_end *le) {
   const fbd_config *cfg = g->srv->cfg;
+  int lfd = le->fd;
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
   int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -370,6 +540,15 @@ static int accept_one(struct fbd_gate *g, int lfd) {
                                                               : NULL;
   int pair[2] = {-1, -1};
   gate_conn *c = NULL;
+  SSL *ssl = NULL;
+  if (!why && le->tls) {
+    pthread_mutex_lock(&g->mu);
+    ssl = g->tls_ctx ? SSL_new(g->tls_ctx) : NULL; /* holds its own reference to the context */
+    pthread_mutex_unlock(&g->mu);
+    if (!ssl || !SSL_set_fd(ssl, fd)) why = "out of resources (TLS)";
+    else SSL_set_accept_state(ssl);
+    ERR_clear_error();
+  }
   if (!why && (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0 ||
                !(c = calloc(1, sizeof *c))))
     why = "out of resources";
@@ -377,18 +556,21 @@ static int accept_one(struct fbd_gate *g, int lfd) {
     g->refused_conns++;
     warn(g, 0, "refused a connection from", shown, why);
     if (pair[0] >= 0) close(pair[0]), close(pair[1]);
+    SSL_free(ssl);
     close(fd);
     return 0;
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  c->client = (gate_end){END_CLIENT, fd, c};
-  c->grpc = (gate_end){END_GRPC, pair[0], c};
+  c->client = (gate_end){END_CLIENT, fd, c, 0};
+  c->grpc = (gate_end){END_GRPC, pair[0], c, 0};
   c->peer = p;
   p->conns++;
   snprintf(c->addr, sizeof c->addr, "%s", shown);
   c->grpc_fd = pair[1];
   c->preface_left = PREFACE_LEN;
+  c->ssl = ssl;
+  c->hs_deadline = now + GATE_HANDSHAKE_S;
   pthread_mutex_lock(&g->mu);
   c->next = g->conns;
   if (g->conns) g->conns->prev = c;
@@ -397,17 +579,7 @@ static int accept_one(struct fbd_gate *g, int lfd) {
   g->nconns++;
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &c->client};
   epoll_ctl(g->ep, EPOLL_CTL_ADD, fd, &ev);
-  ev.data.ptr = &c->grpc;
-  epoll_ctl(g->ep, EPOLL_CTL_ADD, pair[0], &ev);
-  c->grpc_watched = 1;
-  pthread_mutex_lock(&g->mu);
-  if (g->closed_to_new) close(pair[1]); /* shutting down: the relay ends at EOF */
-  else {
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
-    grpc_server_add_channel_from_fd(g->srv->server, pair[1], cr); /* gRPC owns pair[1] now */
-    grpc_server_credentials_release(cr);
-  }
-  pthread_mutex_unlock(&g->mu);
+  if (!ssl) hand_to_grpc(g, c); /* TLS: once the handshake is done (handshake) */
   return 0;
 }
 
@@ -417,16 +589,20 @@ static void *gate_main(void *arg) {
   while (!atomic_load(&g->stop)) {
     /* the soonest paused connection to resume */
     double now = fbd_now(), next = 0;
-    for (gate_conn *c = g->conns; c; c = c->next)
+    int pending = 0;
+    for (gate_conn *c = g->conns; c; c = c->next) {
       if (c->paused_until && (!next || c->paused_until < next)) next = c->paused_until;
+      if (!c->ready && (!next || c->hs_deadline < next)) next = c->hs_deadline;
+      pending |= tls_pending(c);
+    }
     int timeout = next ? (int)ceil((next - now) * 1000) : -1;
-    if (next && timeout < 0) timeout = 0;
+    if ((next && timeout < 0) || pending) timeout = 0;
     int n = epoll_wait(g->ep, evs, 64, timeout);
     for (int i = 0; i < n; i++) {
       gate_end *e = evs[i].data.ptr;
       if (e->kind == END_WAKE) continue;
       if (e->kind == END_LISTEN) {
-        for (int k = 0; k < 64 && !accept_one(g, e->fd); k++) {} /* a few at a time */
+        for (int k = 0; k < 64 && !accept_one(g, e); k++) {} /* a few at a time */
         continue;
       }
       gate_conn *c = e->c;
@@ -442,7 +618,18 @@ static void *gate_main(void *arg) {
     now = fbd_now();
     for (gate_conn *c = g->conns, *nx; c; c = nx) {
       nx = c->next;
-      if (c->paused_until && now >= c->paused_until && pump_conn(g, c, 0, 0)) conn_close(g, c);
+      if (c->dead) continue;
+      if (!c->ready && now >= c->hs_deadline) { /* a slow handshake holds a connection */
+        g->tls_slow++;
+        char why[96];
+        snprintf(why, sizeof why, "its TLS handshake was not done within %.0f s",
+                 GATE_HANDSHAKE_S);
+        warn(g, 4, "closed the connection of", c->addr, why);
+        conn_close(g, c);
+        continue;
+      }
+      if (((c->paused_until && now >= c->paused_until) || tls_pending(c)) && pump_conn(g, c, 0, 0))
+        conn_close(g, c);
     }
     bury(g);
   }
@@ -451,20 +638,32 @@ static void *gate_main(void *arg) {
 
 /* A call's peer as gRPC names it ("fd:N" on a gated connection): the
  * client's address instead ("ipv4:A:PORT", "ipv6:[A]:PORT"), in a copy
- * from gpr_malloc; NULL when the peer is not a gated connection. */
-char *fbd_gate_peer(fbd_server *srv, const char *peer) {
+ * from gpr_malloc; NULL when the peer is not a gated connection. With
+ * cert_pem: *cert_pem the PEM of the client's certificate as the TLS
+ * handshake verified it (--tls-client-ca), a copy from malloc, else NULL. */
+char *fbd_gate_peer(fbd_server *srv, const char *peer, char **cert_pem) {
   struct fbd_gate *g = srv->gate;
+  if (cert_pem) *cert_pem = NULL;
   if (!g || !peer || strncmp(peer, "fd:", 3) != 0) return NULL;
   char *end = NULL;
   long fd = strtol(peer + 3, &end, 10);
   if (end == peer + 3 || *end) return NULL;
   char *out = NULL;
   pthread_mutex_lock(&g->mu);
-  for (gate_conn *c = g->conns; c && !out; c = c->next)
-    if (c->grpc_fd == fd) {
+  /* two with fd N: gRPC closed the older one's end and the number went to
+   * a newer one before the gate saw that; which one the call came on is
+   * unknown, so neither (the call gets no address and no certificate) */
+  int matches = 0;
+  for (gate_conn *c = g->conns; c; c = c->next) matches += c->ready && c->grpc_fd == fd;
+  for (gate_conn *c = g->conns; c && !out && matches == 1; c = c->next)
+    if (c->ready && c->grpc_fd == fd) { /* ready: gRPC has this fd, so it is this one */
       size_t n = strlen(c->addr) + 6;
       if ((out = gpr_malloc(n)))
         snprintf(out, n, "%s:%s", c->addr[0] == '[' ? "ipv6" : "ipv4", c->addr);
+      if (out && cert_pem && c->cert_pem && !(*cert_pem = strdup(c->cert_pem))) {
+        gpr_free(out); /* no identity without its certificate: the call fails as unknown */
+        out = NULL;
+      }
     }
   pthread_mutex_unlock(&g->mu);
   return out;
@@ -472,8 +671,21 @@ char *fbd_gate_peer(fbd_server *srv, const char *peer) {
 
 /* ---------------------------------------------------------------- setup */
 
-int fbd_gate_listen(fbd_server *srv, const char *addr, char *bound, size_t bn, char *err,
-                    size_t errlen) {
+void fbd_gate_set_tls(fbd_server *srv, SSL_CTX *ctx) {
+  struct fbd_gate *g = srv->gate;
+  if (!g) {
+    SSL_CTX_free(ctx);
+    return;
+  }
+  pthread_mutex_lock(&g->mu);
+  SSL_CTX *old = g->tls_ctx;
+  g->tls_ctx = ctx;
+  pthread_mutex_unlock(&g->mu);
+  SSL_CTX_free(old); /* open connections' SSLs hold their own references */
+}
+
+int fbd_gate_listen(fbd_server *srv, const char *addr, int tls, char *bound, size_t bn,
+                    char *err, size_t errlen) {
   struct fbd_gate *g = srv->gate;
   if (!g) {
     if (!(g = calloc(1, sizeof *g))) return FB_ENOMEM;
@@ -482,7 +694,7 @@ int fbd_gate_listen(fbd_server *srv, const char *addr, char *bound, size_t bn, c
     pthread_mutex_init(&g->mu, NULL);
     g->ep = epoll_create1(EPOLL_CLOEXEC);
     g->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    g->wake_end = (gate_end){END_WAKE, g->wake, NULL};
+    g->wake_end = (gate_end){END_WAKE, g->wake, NULL, 0};
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &g->wake_end};
     if (g->ep < 0 || g->wake < 0 || epoll_ctl(g->ep, EPOLL_CTL_ADD, g->wake, &ev)) {
       fb_errf(err, errlen, "cannot listen on '%s': %s", addr, strerror(errno));
@@ -534,7 +746,7 @@ int fbd_gate_listen(fbd_server *srv, const char *addr, char *bound, size_t bn, c
       chosen = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
                                              : ((struct sockaddr_in6 *)&ss)->sin6_port);
     gate_end *le = &g->listeners[g->nlisteners++];
-    *le = (gate_end){END_LISTEN, fd, NULL};
+    *le = (gate_end){END_LISTEN, fd, NULL, tls};
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = le};
     epoll_ctl(g->ep, EPOLL_CTL_ADD, fd, &ev);
     nbound++;
@@ -580,16 +792,19 @@ void fbd_gate_free(fbd_server *srv) {
   }
   while (g->conns) conn_close(g, g->conns);
   bury(g);
-  if (g->refused_conns || g->closed_resets || g->closed_early)
+  if (g->refused_conns || g->closed_resets || g->closed_early || g->tls_failed || g->tls_slow)
     fbd_logf(srv->log, FBD_LOG_INFO,
              "HTTP/2 gate: %llu connections refused (max_connections, max_connections_per_ip), "
              "%llu closed for rapid reset (reset_rate), %llu for streams before SETTINGS; "
-             "new streams held back %llu times (stream_rate)",
+             "new streams held back %llu times (stream_rate); TLS handshakes: %llu failed, "
+             "%llu cut for taking too long",
              (unsigned long long)g->refused_conns, (unsigned long long)g->closed_resets,
-             (unsigned long long)g->closed_early, (unsigned long long)g->paused);
+             (unsigned long long)g->closed_early, (unsigned long long)g->paused,
+             (unsigned long long)g->tls_failed, (unsigned long long)g->tls_slow);
   for (int i = 0; i < g->nlisteners; i++) close(g->listeners[i].fd);
   if (g->wake >= 0) close(g->wake);
   if (g->ep >= 0) close(g->ep);
+  SSL_CTX_free(g->tls_ctx);
   pthread_mutex_destroy(&g->mu);
   free(g);
   srv->gate = NULL;

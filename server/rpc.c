@@ -56,6 +56,7 @@ static void call_free(fbd_call *c) {
   grpc_slice_unref(c->st_details);
   grpc_slice_unref(c->st_md.value);
   if (c->peer) gpr_free(c->peer);
+  free(c->peer_cert);
   if (c->open_count) atomic_fetch_sub(c->open_count, 1);
   grpc_call_unref(c->gc);
   pthread_mutex_destroy(&c->mu);
@@ -280,7 +281,8 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   c->m = m ? m : &unknown_method;
   c->gc = gc;
   c->peer = grpc_call_get_peer(gc);
-  char *client = fbd_gate_peer(srv, c->peer); /* a gated connection: its client's address */
+  /* a gated connection: its client's address, and certificate (mTLS) */
+  char *client = fbd_gate_peer(srv, c->peer, &c->peer_cert);
   if (client) {
     gpr_free(c->peer);
     c->peer = client;
@@ -307,6 +309,7 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
     grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED, msg, NULL);
     grpc_call_unref(gc);
     if (c->peer) gpr_free(c->peer);
+    free(c->peer_cert);
     pthread_mutex_destroy(&c->mu);
     free(c);
     return;
@@ -520,9 +523,11 @@ static int bind_all(fbd_server *srv, char *err, size_t errlen) {
     grpc_server_credentials *cr = fbd_tls_server_creds(srv, addr, err, errlen);
     if (!cr) return FB_EINVAL;
     char bound[512];
-    if (!is_unix && !cfg->tls_cert) { /* plain TCP: through the HTTP/2 gate (h2gate.c) */
+    if (!is_unix) { /* TCP, plain or TLS: through the HTTP/2 gate (h2gate.c) */
       grpc_server_credentials_release(cr);
-      if ((rc = fbd_gate_listen(srv, addr, bound, sizeof bound, err, errlen))) return rc;
+      int tls = cfg->tls_cert && *cfg->tls_cert;
+      if ((rc = fbd_gate_listen(srv, addr, tls, bound, sizeof bound, err, errlen))) return rc;
+      if (tls && (rc = fbd_tls_gate(srv, err, errlen))) return rc;
     } else {
       mode_t old_mask = is_unix ? umask(0177) : 0; /* the socket file starts 0600 */
       int port = grpc_server_add_http2_port(srv->server, addr, cr);

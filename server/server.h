@@ -207,6 +207,7 @@ struct fbd_call {
   const fbd_method *m;
   grpc_call *gc;
   char *peer;
+  char *peer_cert; /* PEM of the client certificate the gate's TLS verified (mTLS), or NULL */
   atomic_int refs;
   pthread_mutex_t mu;
   fbd_tag t_recv, t_send, t_close;
@@ -317,7 +318,7 @@ struct fbd_server {
   struct fbd_metrics *metrics; /* the HTTP endpoint (metrics.c), or NULL */
   struct fbd_sched *sched; /* the fair scheduler (sched.c) */
   struct fbd_tls *tls; /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
-  struct fbd_gate *gate; /* the HTTP/2 gate of plain host:port listeners (h2gate.c), or NULL */
+  struct fbd_gate *gate; /* the HTTP/2 gate of every host:port listener (h2gate.c), or NULL */
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -327,15 +328,20 @@ void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished worker
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
 int fbd_server_shutdown(fbd_server *s);
-/* The HTTP/2 gate (h2gate.c): listen on a plain host:port (bound: the
- * address with the port it got), start its thread once gRPC has started,
- * stop taking connections (shutdown begins), free it once gRPC is gone. */
-int fbd_gate_listen(fbd_server *s, const char *addr, char *bound, size_t bn, char *err,
+/* The HTTP/2 gate (h2gate.c): listen on a host:port (tls: TLS terminated
+ * by the gate; bound: the address with the port it got), start its thread
+ * once gRPC has started, stop taking connections (shutdown begins), free it
+ * once gRPC is gone. fbd_gate_set_tls: the SSL_CTX for new TLS handshakes
+ * (taken over; the one it replaces is released). */
+int fbd_gate_listen(fbd_server *s, const char *addr, int tls, char *bound, size_t bn, char *err,
                     size_t errlen);
 int fbd_gate_start(fbd_server *s, char *err, size_t errlen);
 void fbd_gate_stop_accepting(fbd_server *s);
 void fbd_gate_free(fbd_server *s);
-char *fbd_gate_peer(fbd_server *s, const char *peer); /* "fd:N" -> the client's address */
+struct ssl_ctx_st;
+void fbd_gate_set_tls(fbd_server *s, struct ssl_ctx_st *ctx);
+/* "fd:N" -> the client's address; *cert_pem: its verified certificate (mTLS) or NULL */
+char *fbd_gate_peer(fbd_server *s, const char *peer, char **cert_pem);
 void fbd_server_free(fbd_server *s);
 double fbd_now(void); /* monotonic seconds */
 const fbd_method *fbd_method_find(const char *path, size_t n);

@@ -1,20 +1,24 @@
-/* The credentials of each listening address, on the gRPC C core's SSL
- * credentials:
+/* The credentials of each listening address:
  *  - unix:PATH is always plain (the socket file's mode and group guard it);
  *  - host:port with --tls-cert/--tls-key is TLS; with --tls-client-ca too,
  *    every client must present a certificate signed by that CA (mTLS), and
  *    its subject may name a tenant (auth.c);
  *  - host:port without TLS is allowed on loopback; anywhere else only with
  *    --insecure, and then with a warning in the log.
+ * TLS is not gRPC's: the HTTP/2 gate (h2gate.c) terminates it with the
+ * OpenSSL SSL_CTX made here (TLS 1.2+, ALPN "h2", client certificates
+ * verified against the client CA), so that its budgets see the plaintext
+ * HTTP/2 of TLS clients too; gRPC gets the plaintext over a socket pair.
  * The certificate, key and client CA are checked at start (PEM, and a key
- * that belongs to the certificate) and re-read on SIGHUP: gRPC's
- * certificate-config fetcher hands the new ones to the next handshakes. */
+ * that belongs to the certificate) and re-read on SIGHUP: a new SSL_CTX is
+ * made and handed to the gate for the next handshakes. */
 #include <errno.h>
 #include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,21 +76,9 @@ static int pem(const char *path, const char *what, const char *marker, char **ou
   return 0;
 }
 
-/* The certificates served now, re-read on SIGHUP (fbd_tls_reload). gRPC
- * asks each listening address's fetcher at every new handshake; a fetcher
- * that has not yet handed out the current generation hands it out, so new
- * connections get the new certificate and open ones keep theirs. */
-struct fbd_tls_addr {
-  struct fbd_tls *tls;
-  uint64_t seen;            /* the generation this address serves */
-};
-
+/* The certificates served now (PEM text), re-read on SIGHUP (fbd_tls_reload). */
 struct fbd_tls {
-  pthread_mutex_t mu;
-  char *cert, *key, *ca;    /* PEM text; ca NULL without mTLS */
-  uint64_t gen;
-  struct fbd_tls_addr addrs[FBD_MAX_LISTEN];
-  int naddrs;
+  char *cert, *key, *ca; /* ca NULL without mTLS */
 };
 
 static void free_key(char *key) {
@@ -131,24 +123,82 @@ static int load(const fbd_config *cfg, char **cert, char **key, char **ca, char 
   return rc;
 }
 
-static grpc_ssl_certificate_config_reload_status fetch(void *user,
-                                                       grpc_ssl_server_certificate_config **out) {
-  struct fbd_tls_addr *a = user;
-  struct fbd_tls *t = a->tls;
-  grpc_ssl_certificate_config_reload_status st = GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_UNCHANGED;
-  pthread_mutex_lock(&t->mu);
-  if (a->seen != t->gen) {
-    grpc_ssl_pem_key_cert_pair pair = {t->key, t->cert};
-    /* gRPC 1.51 asserts root certificates in a fetched config even when it
-     * requests no client certificate; without --tls-client-ca it gets the
-     * server's own chain, which is then never used (no CertificateRequest
-     * is sent, so no client certificate is asked for or verified) */
-    *out = grpc_ssl_server_certificate_config_create(t->ca ? t->ca : t->cert, &pair, 1);
-    st = *out ? GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_NEW : GRPC_SSL_CERTIFICATE_CONFIG_RELOAD_FAIL;
-    if (*out) a->seen = t->gen;
+/* ALPN: "h2" or no handshake (gRPC clients offer it; gRPC's own server
+ * refused a client that did not). */
+static int alpn_h2(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                   const unsigned char *in, unsigned int inlen, void *arg) {
+  (void)ssl, (void)arg;
+  for (unsigned int i = 0; i < inlen && i + 1u + in[i] <= inlen; i += 1u + in[i])
+    if (in[i] == 2 && !memcmp(in + i + 1, "h2", 2)) {
+      *out = in + i + 1;
+      *outlen = 2;
+      return SSL_TLSEXT_ERR_OK;
+    }
+  return SSL_TLSEXT_ERR_ALERT_FATAL;
+}
+
+/* The certificates of PEM text: into the context as its chain (chain: the
+ * first is the server's, the rest its chain) or as the CAs that client
+ * certificates must come from. The number read. */
+static int add_certs(SSL_CTX *ctx, const char *pem, int chain) {
+  BIO *b = BIO_new_mem_buf(pem, -1);
+  int n = 0;
+  X509 *x;
+  while (b && (x = PEM_read_bio_X509(b, NULL, NULL, NULL))) {
+    int ok = chain ? (n == 0 ? SSL_CTX_use_certificate(ctx, x) : SSL_CTX_add1_chain_cert(ctx, x))
+                   : X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), x) &&
+                         SSL_CTX_add_client_CA(ctx, x);
+    X509_free(x);
+    if (!ok) break;
+    n++;
   }
-  pthread_mutex_unlock(&t->mu);
-  return st;
+  BIO_free(b);
+  ERR_clear_error(); /* the end of the text reads as an error */
+  return n;
+}
+
+/* The gate's SSL_CTX for cert, key and ca (NULL: no client certificates). */
+static SSL_CTX *make_ctx(const char *cert, const char *key, const char *ca, char *err,
+                         size_t errlen) {
+  SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+  const char *bad = !ctx ? "out of memory" : NULL;
+  if (!bad) {
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET |
+                                 SSL_OP_CIPHER_SERVER_PREFERENCE);
+    /* TLS 1.2: the AEAD suites gRPC offers (RFC 7540 9.2.2 forbids the rest) */
+    SSL_CTX_set_cipher_list(ctx, "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES256-GCM-SHA384:"
+                                 "ECDHE-RSA-AES128-GCM-SHA256:ECDHE-RSA-AES256-GCM-SHA384:"
+                                 "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305");
+    /* no resumption: each connection is verified against the CA of now */
+    SSL_CTX_set_num_tickets(ctx, 0);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"fuseboxd", 8);
+    SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                              SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_alpn_select_cb(ctx, alpn_h2, NULL);
+    if (add_certs(ctx, cert, 1) < 1) bad = "--tls-cert: no certificate can be read from it";
+  }
+  if (!bad) {
+    BIO *kb = BIO_new_mem_buf(key, -1);
+    EVP_PKEY *pk = kb ? PEM_read_bio_PrivateKey(kb, NULL, NULL, NULL) : NULL;
+    if (!pk) bad = "--tls-key: no private key can be read from it";
+    else if (SSL_CTX_use_PrivateKey(ctx, pk) != 1 || SSL_CTX_check_private_key(ctx) != 1)
+      bad = "--tls-key does not belong to the --tls-cert certificate";
+    EVP_PKEY_free(pk);
+    BIO_free(kb);
+  }
+  if (!bad && ca) {
+    if (add_certs(ctx, ca, 0) < 1) bad = "--tls-client-ca: no certificate can be read from it";
+    else SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+  }
+  ERR_clear_error();
+  if (bad) {
+    fb_errf(err, errlen, "%s", bad);
+    SSL_CTX_free(ctx);
+    return NULL;
+  }
+  return ctx;
 }
 
 static struct fbd_tls *tls_state(fbd_server *srv, char *err, size_t errlen) {
@@ -162,8 +212,6 @@ static struct fbd_tls *tls_state(fbd_server *srv, char *err, size_t errlen) {
     free(t);
     return NULL;
   }
-  pthread_mutex_init(&t->mu, NULL);
-  t->gen = 1;
   srv->tls = t;
   return t;
 }
@@ -196,22 +244,20 @@ grpc_server_credentials *fbd_tls_server_creds(fbd_server *srv, const char *addr,
              addr);
     return grpc_insecure_server_credentials_create();
   }
-  struct fbd_tls *t = tls_state(srv, err, errlen);
-  if (!t) return NULL;
-  if (t->naddrs == FBD_MAX_LISTEN) {
-    fb_errf(err, errlen, "too many TLS addresses");
-    return NULL;
+  /* TLS: the gate's (fbd_tls_gate); gRPC gets plaintext from it */
+  return tls_state(srv, err, errlen) ? grpc_insecure_server_credentials_create() : NULL;
+}
+
+int fbd_tls_gate(fbd_server *srv, char *err, size_t errlen) {
+  struct fbd_tls *t = srv->tls;
+  if (!t) {
+    fb_errf(err, errlen, "TLS needs both --tls-cert and --tls-key");
+    return FB_EINVAL;
   }
-  struct fbd_tls_addr *a = &t->addrs[t->naddrs++];
-  a->tls = t;
-  grpc_ssl_server_credentials_options *o =
-      grpc_ssl_server_credentials_create_options_using_config_fetcher(
-          t->ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-          fetch, a);
-  grpc_server_credentials *cr = o ? grpc_ssl_server_credentials_create_with_options(o) : NULL;
-  if (!cr) fb_errf(err, errlen, "gRPC refused the TLS certificate or key");
-  return cr;
+  SSL_CTX *ctx = make_ctx(t->cert, t->key, t->ca, err, errlen);
+  if (!ctx) return FB_EINVAL;
+  fbd_gate_set_tls(srv, ctx);
+  return 0;
 }
 
 void fbd_tls_reload(fbd_server *srv) {
@@ -225,13 +271,20 @@ void fbd_tls_reload(fbd_server *srv) {
              err);
     return;
   }
-  pthread_mutex_lock(&t->mu);
+  SSL_CTX *ctx = make_ctx(cert, key, ca, err, sizeof err);
+  if (!ctx) {
+    fbd_logf(srv->log, FBD_LOG_ERROR,
+             "SIGHUP: TLS certificate not reloaded, keeping the running one: %s", err);
+    free(cert);
+    free_key(key);
+    free(ca);
+    return;
+  }
+  fbd_gate_set_tls(srv, ctx); /* the next handshakes; open connections keep theirs */
   char *oc = t->cert, *ok = t->key, *oa = t->ca;
   t->cert = cert;
   t->key = key;
   t->ca = ca;
-  t->gen++;
-  pthread_mutex_unlock(&t->mu);
   free(oc);
   free_key(ok);
   free(oa);
@@ -247,7 +300,6 @@ void fbd_tls_free(fbd_server *srv) {
   free(t->cert);
   free_key(t->key);
   free(t->ca);
-  pthread_mutex_destroy(&t->mu);
   free(t);
   srv->tls = NULL;
 }

@@ -5,7 +5,11 @@ waits for the rest (a stock gRPC client sends a message only whole).
 
 Frames are written within the flow-control windows the server grants; a
 reader answers SETTINGS and PING, and follows WINDOW_UPDATE, RST_STREAM and
-GOAWAY. Used by test_transport_buffers.py."""
+GOAWAY. Over TLS too (tls: an ssl.SSLContext; ALPN "h2" as gRPC asks):
+then the reader reads only under the connection's lock, one TLS record at
+a time, as OpenSSL's connection state is not for two threads at once.
+Used by test_transport_buffers.py and test_h2_abuse.py."""
+import select
 import socket
 import struct
 import threading
@@ -35,9 +39,9 @@ def _hpack_len(n):
     return bytes(out)
 
 
-def _headers(path, token=None):
+def _headers(path, token=None, scheme="http"):
     out = bytearray()
-    hs = [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+    hs = [(":method", "POST"), (":scheme", scheme), (":path", path), (":authority", "localhost"),
           ("content-type", "application/grpc"), ("te", "trailers")]
     if token is not None:
         hs.append(("authorization", "Bearer " + token))
@@ -46,9 +50,10 @@ def _headers(path, token=None):
     return bytes(out)
 
 
-def connect(where, timeout=30):
+def connect(where, timeout=30, tls=None):
     """A socket to a unix socket path, or to 'HOST:PORT' where HOST is a
-    loopback address (127.0.0.1, [::1]): these tests talk to nothing else."""
+    loopback address (127.0.0.1, [::1]): these tests talk to nothing else.
+    tls: an ssl.SSLContext to wrap it in (server name "localhost")."""
     if where.startswith("/"):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -62,16 +67,22 @@ def connect(where, timeout=30):
     sock = socket.socket(fam, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     sock.connect((host if host != "localhost" else "127.0.0.1", int(port)))
+    if tls is not None:
+        tls.set_alpn_protocols(["h2"])
+        sock = tls.wrap_socket(sock, server_hostname="localhost")
     return sock
 
 
 class Conn:
     """One HTTP/2 connection to a unix socket path or a loopback HOST:PORT;
-    token: sent as 'authorization: Bearer TOKEN' on every call."""
+    token: sent as 'authorization: Bearer TOKEN' on every call; tls: an
+    ssl.SSLContext (HOST:PORT only)."""
 
-    def __init__(self, path, token=None):
+    def __init__(self, path, token=None, tls=None):
         self.token = token
-        self.sock = connect(path)
+        self.tls = tls is not None
+        self.scheme = "https" if self.tls else "http"
+        self.sock = connect(path, tls=tls)
         self.mu = threading.Condition()
         self.conn_window = 65535
         self.init_window = 65535
@@ -84,10 +95,22 @@ class Conn:
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
+    def _recv_some(self, n):
+        if not self.tls:
+            return self.sock.recv(n)
+        while True:  # TLS: wait outside the lock, read under it
+            if not self.sock.pending():
+                select.select([self.sock], [], [], 0.05)
+            with self.mu:
+                if self.closed:
+                    return b""
+                if self.sock.pending() or select.select([self.sock], [], [], 0)[0]:
+                    return self.sock.recv(n)
+
     def _recv(self, n):
         buf = bytearray()
         while len(buf) < n:
-            b = self.sock.recv(n - len(buf))
+            b = self._recv_some(n - len(buf))
             if not b:
                 raise EOFError
             buf += b
@@ -131,7 +154,7 @@ class Conn:
                     elif ftype == GOAWAY:
                         self.goaway = True
                     self.mu.notify_all()
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):  # ValueError: the socket closed under it
             with self.mu:
                 self.closed = True
                 self.mu.notify_all()
@@ -143,7 +166,7 @@ class Conn:
         self.next_id += 2
         with self.mu:
             self.windows[sid] = self.init_window
-        self._send(_frame(HEADERS, END_HEADERS, sid, _headers(path, self.token)))
+        self._send(_frame(HEADERS, END_HEADERS, sid, _headers(path, self.token, self.scheme)))
         self.send(sid, b"\x00" + struct.pack(">I", length))
         return sid
 
@@ -178,7 +201,7 @@ class Conn:
         """n calls on path, each HEADERS then at once RST_STREAM (CANCEL),
         written together (CVE-2023-44487). Returns the bytes written, or 0
         where the server had closed the connection."""
-        block = _headers(path, self.token)
+        block = _headers(path, self.token, self.scheme)
         out = bytearray()
         for _ in range(n):
             sid = self.next_id
@@ -194,7 +217,7 @@ class Conn:
     def flood(self, path, n):
         """n calls on path whose HEADERS come and nothing else: streams held
         open. Returns their stream ids (none once the connection closed)."""
-        block = _headers(path, self.token)
+        block = _headers(path, self.token, self.scheme)
         out, sids = bytearray(), []
         for _ in range(n):
             sid = self.next_id

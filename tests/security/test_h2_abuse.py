@@ -14,15 +14,28 @@ max_calls, so another client's calls were refused.
 Each test attacks for a few seconds on loopback only, and checks during and
 right after it: a bystander's ReadField completes within BOUND seconds, a
 new client's calls are accepted, fuseboxd's VmRSS grew by less than
-RSS_BOUND_MIB, it is SERVING and the bystander's field is unchanged."""
+RSS_BOUND_MIB, it is SERVING and the bystander's field is unchanged.
+
+The same attack over TLS (the gate terminates TLS itself, so its budgets
+see TLS clients' frames too): before, gRPC's own TLS took the attack
+unbounded; and TLS handshakes that never finish are cut and count against
+max_connections_per_ip."""
 import os
+import shutil
+import signal
+import socket
+import ssl
 import threading
 import time
+import warnings
 
-from conftest import dense_layout, health_pb2, pb
-from h2raw import Conn
+import grpc
+
+from conftest import Client, dense_layout, expect_error, health_pb2, pb
+from h2raw import Conn, connect
 from test_memory_budget import _kib, _status, small_quarantine  # noqa: F401 (a fixture)
-from test_tls_tenants import daemons, sha, tenant_client  # noqa: F401 (a fixture)
+from test_tls_tenants import (_Token, certs, daemons, sha,  # noqa: F401 (fixtures)
+                              tenant_client, tls_creds)
 
 BOUND = 10.0  # seconds: generous, a shared and noisy machine
 RSS_BOUND_MIB = 150
@@ -35,10 +48,22 @@ def _rss_mib(pid):
     return _kib(_status(pid), "VmRSS") // 1024
 
 
+def _client(d, token=None):
+    """A stock grpcio client of d, over TLS where d.certs is set."""
+    certs = getattr(d, "certs", None)
+    if certs is None:
+        return tenant_client(d.address, token)
+    ch = grpc.secure_channel(d.address, tls_creds(certs),
+                             [("grpc.ssl_target_name_override", "localhost")])
+    if token is not None:
+        ch = grpc.intercept_channel(ch, _Token("Bearer " + token))
+    return Client(d.address, ch)
+
+
 def _bystander(d, token=None):
     """A client (with token: an authenticated tenant) and its session whose
     field holds PATTERN."""
-    c = tenant_client(d.address, token)
+    c = _client(d, token)
     sid = c.new_session(dense_layout(64))
     assert c.write_field(sid, 2, PATTERN) == len(PATTERN)
     return c, sid
@@ -79,7 +104,7 @@ def _after(d, c, sid, token=None):
     made, written and read), SERVING, each within BOUND."""
     t = time.monotonic()
     assert _read(c, sid) == PATTERN
-    n = tenant_client(d.address, token)
+    n = _client(d, token)
     mine = n.create(pb.CreateSessionRequest(
         options=pb.SessionOptions(mode="sync"), layout=dense_layout(16)),
         timeout=BOUND).session_id
@@ -91,12 +116,15 @@ def _after(d, c, sid, token=None):
     assert time.monotonic() - t < 4 * BOUND
 
 
-def _rapid_reset(addr, conns, seconds, path):
-    """conns connections, each writing HEADERS + RST_STREAM pairs in
-    batches of 500 for seconds; a connection the server closes is opened
-    again at once, as an attacker would. Returns (streams sent,
-    connections closed by the server)."""
-    cs = [Conn(addr) for _ in range(conns)]
+def _rapid_reset(addr, conns, seconds, path, tls=None):
+    """conns connections (tls: a function making an ssl.SSLContext for
+    each), each writing HEADERS + RST_STREAM pairs in batches of 500 for
+    seconds; a connection the server closes is opened again at once, as an
+    attacker would. Returns (streams sent, connections closed by the
+    server)."""
+    def conn():
+        return Conn(addr, tls=tls() if tls else None)
+    cs = [conn() for _ in range(conns)]
     sent = closed = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -104,7 +132,7 @@ def _rapid_reset(addr, conns, seconds, path):
             if k.closed or k.goaway:
                 closed += 1
                 k.close()
-                cs[i] = k = Conn(addr)
+                cs[i] = k = conn()
             if k.rapid_reset(path, 500):
                 sent += 500
     for k in cs:
@@ -132,6 +160,140 @@ def test_rapid_reset_no_credentials(small_quarantine, daemons):  # noqa: F811
     _after(d, c, sid, tok)
     assert "faster than reset_rate allows (rapid reset)" in d.logtext()
     c.close()
+
+
+def _tls_context(certs):
+    """What a TLS client with no certificate has: the server's CA."""
+    return lambda: ssl.create_default_context(cafile=certs["ca"] + ".pem")
+
+
+def test_rapid_reset_over_tls(small_quarantine, certs, daemons):  # noqa: F811
+    """The attack of test_rapid_reset_no_credentials on a TLS listener with
+    a tenants file and token auth, as the Kubernetes example runs: any
+    client can complete a server-only TLS handshake and reset streams on a
+    health check. The gate terminates TLS, so reset_rate holds: it closes
+    the connections, tenant b's reads (over TLS) go on, fuseboxd grows
+    less than RSS_BOUND_MIB. (Before, on gRPC's own TLS, no connection was
+    ever closed and fuseboxd grew without bound.)"""
+    tok = "tok-b-" + os.urandom(8).hex()
+    d = daemons("127.0.0.1:0", ["--isolation", "thread", "--tls-cert", certs["server"] + ".pem",
+                                "--tls-key", certs["server"] + ".key"],
+                tenants=[{"name": "b", "token_sha256": [sha(tok)]}])
+    d.certs = certs
+    c, sid = _bystander(d, tok)
+    (sent, closed), reads, grew = _during(
+        lambda: _rapid_reset(d.address, 4, 3.0, HEALTH, _tls_context(certs)), c, sid, d)
+    print(f"rapid reset over TLS: {sent} streams sent, {closed} connections closed, "
+          f"{reads} reads meanwhile, VmRSS +{grew} MiB")
+    assert sent >= 2000 and reads >= 1
+    assert closed >= 4, "the server never closed a TLS connection that reset streams"
+    assert grew < RSS_BOUND_MIB, f"fuseboxd grew by {grew} MiB"
+    _after(d, c, sid, tok)
+    assert "faster than reset_rate allows (rapid reset)" in d.logtext()
+    c.close()
+
+
+def _closed_within(sock, seconds):
+    """Does the server close sock (EOF or reset) within seconds?"""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def _handshake_error(addr, ctx):
+    """The error of a TLS handshake with ctx that must fail."""
+    raw = connect(addr)
+    try:
+        ctx.wrap_socket(raw, server_hostname="localhost").close()
+    except ssl.SSLError as e:
+        return str(e)
+    finally:
+        raw.close()
+    raise AssertionError("the handshake succeeded")
+
+
+def test_tls_handshakes_bounded(certs, daemons):  # noqa: F811
+    """TLS handshakes that never finish (a TCP connection that says
+    nothing, one that sends half a ClientHello) are cut after the gate's
+    handshake deadline (5 s), and while they last they count against
+    max_connections_per_ip: past it a new connection is closed at once. A
+    client that does not offer ALPN "h2", or offers only TLS 1.1, gets no
+    handshake. Through it all a TLS client is served."""
+    d = daemons("127.0.0.1:0", ["--tls-cert", certs["server"] + ".pem",
+                                "--tls-key", certs["server"] + ".key",
+                                "--max-connections-per-ip", "4"])
+    d.certs = certs
+    silent = [connect(d.address) for _ in range(3)]
+    half = connect(d.address)
+    half.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+    over = connect(d.address)  # the 5th from 127.0.0.1: refused at once
+    assert _closed_within(over, 10.0), "a 5th connection from one address was accepted"
+    start = time.monotonic()
+    for s in silent + [half]:
+        assert _closed_within(s, 30.0), "a handshake that never finished was not cut"
+        s.close()
+    assert time.monotonic() - start < 30.0
+    over.close()
+    # no "h2" in ALPN, or TLS 1.1 only: the server refuses the handshake
+    # (its alert, not the client's own refusal)
+    ctx = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+    ctx.set_alpn_protocols(["http/1.1"])
+    assert "alert no application protocol" in _handshake_error(d.address, ctx)
+    old = ssl.create_default_context(cafile=certs["ca"] + ".pem")
+    old.set_ciphers("DEFAULT:@SECLEVEL=0")  # lets this client offer TLS 1.1 at all
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old.minimum_version = old.maximum_version = ssl.TLSVersion.TLSv1_1
+    assert "ALERT_PROTOCOL_VERSION" in _handshake_error(d.address, old)
+    c = _client(d)
+    assert c._health(health_pb2.HealthCheckRequest(service=""), timeout=BOUND).status == 1
+    c.close()
+    log = d.logtext()
+    assert "its TLS handshake was not done within 5 s" in log, log
+    assert "max_connections_per_ip" in log, log
+    assert "TLS handshake failed with" in log, log
+
+
+def test_mtls_subjects_and_client_ca_reload_through_the_gate(certs, daemons, tmp_path):  # noqa: F811
+    """mTLS terminated by the gate: the certificate it verified names the
+    tenant (alice by "CN=alice"; bob, a valid certificate of no tenant's
+    subject, is refused UNAUTHENTICATED naming it). SIGHUP with another
+    client CA: new handshakes need a certificate from it (mallory, "CN=alice"
+    from the rogue CA, is now alice; the real alice gets no handshake),
+    alice's open connection goes on."""
+    ca = str(tmp_path / "client-ca.pem")
+    shutil.copy(certs["ca"] + ".pem", ca)
+    d = daemons("127.0.0.1:0", ["--tls-cert", certs["server"] + ".pem",
+                                "--tls-key", certs["server"] + ".key", "--tls-client-ca", ca],
+                tenants=[{"name": "alice", "subjects": ["CN=alice"]}])
+    opts = [("grpc.ssl_target_name_override", "localhost")]
+
+    def client(who):
+        return Client(d.address, grpc.secure_channel(d.address, tls_creds(certs, who), opts))
+
+    alice = client("alice")
+    sid = alice.new_session(dense_layout(64))
+    assert alice.write_field(sid, 2, PATTERN) == len(PATTERN)
+    bob = client("bob")
+    expect_error(lambda: bob.new_session(dense_layout(8)), grpc.StatusCode.UNAUTHENTICATED,
+                 "is no tenant's subject")
+    expect_error(client("mallory").health, grpc.StatusCode.UNAVAILABLE)
+    shutil.copy(certs["rogue"] + ".pem", ca)
+    d.proc.send_signal(signal.SIGHUP)
+    d.wait_log(r"SIGHUP: TLS certificate reloaded from .*client CA from", "client CA reload")
+    mallory = client("mallory")  # "CN=alice" from the CA now configured: alice
+    assert mallory.read_field(sid, 2) == PATTERN
+    expect_error(client("alice").health, grpc.StatusCode.UNAVAILABLE)  # a new handshake
+    assert alice.read_field(sid, 2) == PATTERN  # the open connection keeps its handshake
+    for c in (alice, bob, mallory):
+        c.close()
+    assert "TLS handshake failed with" in d.logtext()
 
 
 def _states(pairs):
