@@ -54,7 +54,9 @@ typedef struct svdc {
   int zero, one, two, mone;
 } svdc;
 
-static int K(svdc *c, double f) { return lw_const(c->L, c->t, f, (int64_t)f); }
+/* a constant of the matrix's type: converted as at run time (fb_value_cast
+ * saturates; a C cast of 2^64 to an integer would be undefined) */
+static int K(svdc *c, double f) { return fb_b_const(&c->L->b, fb_value_cast(fb_value_f64(f), c->t)); }
 static int add(svdc *c, int a, int b) { return lw_add(c->L, a, b); }
 static int sub(svdc *c, int a, int b) { return lw_sub(c->L, a, b); }
 static int mul(svdc *c, int a, int b) { return lw_mul(c->L, a, b); }

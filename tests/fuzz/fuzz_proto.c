@@ -17,27 +17,24 @@
  *   every message   protobuf_c_message_unpack on an fbp_arena with the
  *                   limit above (over set only when it fails)
  *   CreateSession   a layout or a source, not both; fbp_layout_from_pb, or
- *                   the source's program's layout as the worker that parsed
- *                   it sends it to the broker (fbp_layout_to_pb, packed,
- *                   decoded, fbp_layout_from_pb)
- *   RegisterKernels no more than 4096 instances; the source's layout must
- *                   be the session's (fb_layout_equal); its instances (or every kernel without
- *                   field parameters) instantiated and converted with
- *                   fbp_kernel_to_pb; then, as the worker does, every kernel
+ *                   the source's layout (fbd_source_layout) as the worker
+ *                   that parsed it sends it to the broker (fbp_layout_to_pb,
+ *                   packed, decoded, fbp_layout_from_pb)
+ *   RegisterKernels fbd_source_expand (no more than 4096 instances; the
+ *                   source's layout must be the session's); then, as the
+ *                   worker does, every kernel
  *                   through fbp_kernel_from_pb, fb_kernel_check_public
  *                   (20,000 statements, the engine's default) and fb_verify
  *   Session         every launch's arguments through fbp_value_from_pb
  *   WriteField      fbp_bb_take_chunk on a gRPC byte buffer of one to four
  *                   slices (fbp_chunk_parse_head, then fbp_chunk_parse)
- *   DescribeSource  the source parsed; the program's fields and kernels read
- *                   as the server's reply does
- *   others          decoded only (the server looks at their strings)
- * A source is handled as server/source.c does: at most 1 MiB before and
- * after ${NAME} substitution (an unknown name is refused), "<source>" when
- * it has no filename, fb_program_parse_within the language's default work
- * budget (the server's deadline and cancellation are left to libFuzzer's
- * -timeout), and its diagnostics rendered one by one (a line over 400 bytes
- * without its text).
+ *   DescribeSource  server/source.c fbd_source_describe, and its reply
+ *                   decoded as a SourceInfo
+ * Sources go through server/source.c itself, linked in (fbd_source_layout,
+ * fbd_source_expand, fbd_source_describe: the ${NAME} substitution, the
+ * 1 MiB caps, the language's work budget and the rendering of diagnostics
+ * as the worker runs them); the server's deadline and cancellation are left
+ * to libFuzzer's -timeout (no limits given).
  *
  * Beyond ASan and UBSan, it aborts when an invariant that the code documents
  * fails:
@@ -61,12 +58,10 @@
 #include "fusebox/lang.h"
 #include "proto/convert.h"
 #include "proto/wire.h"
+#include "server/server.h"
 
 #define MAX_MESSAGE_BYTES ((size_t)16 << 20) /* server/config.c's default */
 #define DECODE_FLOOR ((size_t)80 << 10)      /* server/methods.c */
-#define SOURCE_MAX ((size_t)1 << 20)         /* server/source.c FBD_SOURCE_MAX */
-#define MAX_INSTANCES 4096                   /* server/source.c */
-#define MAX_SHOWN_LINE 400                   /* server/source.c */
 #define MAX_STMTS 20000                      /* FB_MAX_KERNEL_STATEMENTS_DEFAULT */
 #define ERRLEN 4096
 
@@ -239,190 +234,38 @@ static void register_kernel(const Fusebox__V1__Kernel *m, const fb_layout *l, in
 
 /* ---------------------------------------------------------------- sources (server/source.c) */
 
-static const char *src_name(const Fusebox__V1__Source *m) {
-  return m->filename && m->filename[0] ? m->filename : "<source>";
-}
+/* server/source.c's one outside need: the clock of a parse's deadline
+ * (none is set here). */
+double fbd_now(void) { return 0; }
 
-/* The text with every ${NAME} replaced by the request's param of that name;
- * NULL when a name is not a param or the text passes SOURCE_MAX. */
-static char *substitute(const Fusebox__V1__Source *m) {
-  const char *t = m->text ? m->text : "";
-  size_t n = 0, cap = strlen(t) + 1;
-  if (cap > SOURCE_MAX) return NULL;
-  char *out = malloc(cap);
-  if (!out) FAIL("out of memory");
-  for (const char *p = t; *p;) {
-    const char *q = p[0] == '$' && p[1] == '{' ? strchr(p + 2, '}') : NULL;
-    const char *val = p;
-    size_t vlen = 1;
-    if (q) {
-      size_t nl = (size_t)(q - p - 2);
-      val = NULL;
-      for (size_t i = 0; i < m->n_params && !val; i++)
-        if (strlen(m->params[i]->key) == nl && memcmp(m->params[i]->key, p + 2, nl) == 0)
-          val = m->params[i]->value;
-      if (!val) {
-        free(out);
-        return NULL;
-      }
-      vlen = strlen(val);
-    }
-    if (vlen > SOURCE_MAX - n - 1) {
-      free(out);
-      return NULL;
-    }
-    if (n + vlen + 1 > cap) {
-      size_t nc = cap * 2 < n + vlen + 1 ? n + vlen + 1 : cap * 2;
-      char *g = realloc(out, nc);
-      if (!g) FAIL("out of memory");
-      out = g;
-      cap = nc;
-    }
-    memcpy(out + n, val, vlen);
-    n += vlen;
-    p = q ? q + 1 : p + 1;
-  }
-  out[n] = 0;
-  return out;
-}
-
-/* The diagnostics rendered as the server's reply does: one by one, the
- * source line quoted only when it is short, until about ERRLEN bytes. */
-static void render(const char *fname, const char *src, const fb_diags *d) {
-  size_t used = 0;
-  for (int i = 0; i < d->n && used < ERRLEN; i++) {
-    const fb_diag *g = &d->v[i];
-    const char *ls = src;
-    for (int l = 1; ls && l < g->line; l++) {
-      ls = strchr(ls, '\n');
-      if (ls) ls++;
-    }
-    int short_line = ls && strcspn(ls, "\n") <= MAX_SHOWN_LINE && g->col <= MAX_SHOWN_LINE;
-    char *one = fb_diag_render(fname, short_line ? src : NULL, g);
-    if (!one) break;
-    used += strlen(one);
-    free(one);
-  }
-}
-
-/* The source's program, or NULL when it is refused. */
-static fb_program *parse(const Fusebox__V1__Source *m) {
-  if (!m) return NULL;
-  char *src = substitute(m);
-  if (!src) return NULL;
-  fb_diags d;
-  fb_diags_init(&d);
-  fb_program *p = NULL;
-  fb_lang_budget b = {0, NULL, NULL}; /* the server's work budget; its deadline is libFuzzer's */
-  if (fb_program_parse_within(src_name(m), src, &b, &p, &d)) {
-    render(src_name(m), src, &d);
-    p = NULL;
-  }
-  fb_diags_free(&d);
-  free(src);
-  return p;
-}
-
-/* DescribeSource's reply: every field and kernel of the program, read. */
-static void describe(const fb_program *p) {
-  size_t sum = 0;
-  for (int i = 0; i < fb_program_nfields(p); i++) {
-    const fb_lang_field *f = fb_program_field(p, i);
-    sum += strlen(f->name) + (size_t)f->type + (size_t)f->rows + (size_t)f->cols;
-    for (int a = 0; a < f->ndim; a++) sum += (size_t)f->shape[a];
-    for (int c = 0; c < f->ncomp; c++) sum += (size_t)f->places[c];
-  }
-  for (int i = 0; i < fb_program_nkernels(p); i++) {
-    const fb_lang_kernel *k = fb_program_kernel(p, i);
-    sum += strlen(k->name) + (size_t)k->ret;
-    for (int a = 0; a < k->nparams; a++)
-      sum += strlen(k->params[a].name) + (size_t)k->params[a].is_field + (size_t)k->params[a].type;
-  }
-  if (sum == 1) fputs("", stderr); /* keep the reads */
-}
+static const fbd_parse_limits no_limits; /* libFuzzer's -timeout stands for them */
 
 /* The session's layout from a CreateSessionRequest, or NULL. A source's
  * layout comes from the worker that parsed it to the broker as protobuf,
  * and the broker converts it as it converts a client's. */
 static fb_layout *session_layout(const Fusebox__V1__CreateSessionRequest *m) {
-  char err[ERRLEN];
+  char err[FBD_ERRLEN];
   fb_layout *l = NULL;
-  if (m->source) {
-    if (m->layout && m->layout->n_nodes) return NULL; /* a layout or a source, not both */
-    fb_program *p = parse(m->source);
-    if (!p) return NULL;
+  if (fbd_source_layout(m, &no_limits, &l, err, sizeof err)) return NULL;
+  if (m->source) { /* what the broker receives from the worker */
     fbp_arena a;
     fbp_arena_init(&a);
-    Fusebox__V1__Layout *pl = fbp_layout_to_pb(&a, fb_program_layout(p));
+    Fusebox__V1__Layout *pl = fbp_layout_to_pb(&a, l);
     if (!pl) FAIL("out of memory");
     uint8_t *bytes;
     size_t n = packed(&pl->base, &bytes);
     Fusebox__V1__Layout *back = fusebox__v1__layout__unpack(&a.pb, n, bytes);
     if (!back) FAIL("a source's layout does not decode from its own packing");
-    if (fbp_layout_from_pb(back, &l, err, sizeof err))
+    fb_layout *b = NULL;
+    if (fbp_layout_from_pb(back, &b, err, sizeof err))
       FAIL("the layout of a source that parsed is refused by fbp_layout_from_pb: %s", err);
     free(bytes);
     fbp_arena_free(&a);
-    fb_program_free(p);
-  } else if (fbp_layout_from_pb(m->layout, &l, err, sizeof err)) {
-    return NULL;
+    fb_layout_free(l);
+    l = b;
   }
   check_layout_roundtrip(l);
   return l;
-}
-
-/* server/source.c fbd_source_expand: m's kernels followed by its source's
- * instances in *out. 0 when they are (or there is no source). */
-static int expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_layout *l, fbp_arena *a,
-                  Fusebox__V1__Kernel ***out, size_t *nout, size_t *from_source) {
-  *out = m->kernels;
-  *nout = m->n_kernels;
-  *from_source = 0;
-  if (!m->source) return m->n_instances ? -1 : 0;
-  if (m->n_instances > MAX_INSTANCES) return -1;
-  fb_program *p = parse(m->source);
-  if (!p) return -1;
-  int rc = -1;
-  Fusebox__V1__KernelInstance **inst = m->instances, *dflt = NULL;
-  size_t ni = m->n_instances;
-  if (!fb_layout_equal(fb_program_layout(p), l)) goto out;
-  if (!ni) { /* every kernel without field parameters */
-    int nk = fb_program_nkernels(p);
-    inst = fbp_alloc(a, sizeof *inst * (size_t)(nk + 1));
-    dflt = fbp_alloc(a, sizeof *dflt * (size_t)(nk + 1));
-    if (!inst || !dflt) FAIL("out of memory");
-    for (int i = 0; i < nk; i++) {
-      const fb_lang_kernel *k = fb_program_kernel(p, i);
-      if (k->nfield_params) continue;
-      fusebox__v1__kernel_instance__init(&dflt[ni]);
-      dflt[ni].kernel = (char *)k->name;
-      inst[ni] = &dflt[ni];
-      ni++;
-    }
-    if (ni > MAX_INSTANCES) goto out;
-  }
-  Fusebox__V1__Kernel **ks = fbp_alloc(a, sizeof *ks * (m->n_kernels + ni + 1));
-  if (!ks) FAIL("out of memory");
-  for (size_t i = 0; i < m->n_kernels; i++) ks[i] = m->kernels[i];
-  for (size_t i = 0; i < ni; i++) {
-    fb_kernel *k = NULL;
-    fb_diags d;
-    fb_diags_init(&d);
-    int bad = fb_program_instantiate(p, inst[i]->kernel, (const char *const *)inst[i]->fields,
-                                     (int)inst[i]->n_fields, &k, &d);
-    if (bad) render(src_name(m->source), fb_program_source(p), &d);
-    fb_diags_free(&d);
-    if (bad) goto out;
-    ks[m->n_kernels + i] = fbp_kernel_to_pb(a, k); /* k is the program's */
-    if (!ks[m->n_kernels + i]) FAIL("out of memory");
-  }
-  *out = ks;
-  *nout = m->n_kernels + ni;
-  *from_source = ni;
-  rc = 0;
-out:
-  fb_program_free(p);
-  return rc;
 }
 
 static void register_kernels(const uint8_t *p, size_t n, int floor) {
@@ -439,11 +282,12 @@ static void register_kernels(const uint8_t *p, size_t n, int floor) {
   fbp_arena_init(&a);
   Fusebox__V1__RegisterKernelsRequest *m = (Fusebox__V1__RegisterKernelsRequest *)decode(
       types[T_REGISTER], &a, p + 4 + n1, n - 4 - n1, floor);
-  size_t from_source = 0, nk = 0;
+  size_t nk = 0;
   Fusebox__V1__Kernel **ks = NULL;
+  char err[FBD_ERRLEN];
   if (m) check_repack(&m->base);
-  if (m && !expand(m, l, &a, &ks, &nk, &from_source))
-    for (size_t i = 0; i < nk; i++) register_kernel(ks[i], l, i >= nk - from_source);
+  if (m && !fbd_source_expand(m, l, &no_limits, &a, &ks, &nk, err, sizeof err))
+    for (size_t i = 0; i < nk; i++) register_kernel(ks[i], l, i >= m->n_kernels);
   fbp_arena_free(&a);
   fb_layout_free(l);
 }
@@ -600,9 +444,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           fbp_value_from_pb(s->launches[i]->args[j], &v);
         }
     } else if (type == T_SOURCE) {
-      fb_program *prog = parse((const Fusebox__V1__Source *)m);
-      if (prog) describe(prog);
-      fb_program_free(prog);
+      fbd_reply r;
+      memset(&r, 0, sizeof r);
+      fbd_source_describe(p, n, &no_limits, &r);
+      if (!r.code) { /* the reply a client gets decodes */
+        fbp_arena b;
+        fbp_arena_init(&b);
+        if (!r.pb || !fusebox__v1__source_info__unpack(&b.pb, r.pblen, r.pb))
+          FAIL("DescribeSource's reply is not a SourceInfo");
+        fbp_arena_free(&b);
+      }
+      free(r.pb);
     }
   }
   fbp_arena_free(&a);
