@@ -509,8 +509,7 @@ static int admit_layout(fbd_session *s, fb_layout *l, fbd_reply *r) {
   pthread_mutex_lock(&srv->mu);
   int rc = fbd_budget_admit_locked(srv, l->root_bytes, "CreateSession", atomic_load(&s->owner),
                                    all, r->msg, sizeof r->msg);
-  if (rc) srv->st.sessions_failed++;
-  pthread_mutex_unlock(&srv->mu);
+  pthread_mutex_unlock(&srv->mu); /* a refusal counts as failed when the session ends */
   if (rc) {
     fb_layout_free(l);
     fail(r, rc);
@@ -638,13 +637,12 @@ static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
  * "(memory_budget)"; the tenant's kernel names are inside the messages, so
  * neither the text alone nor a name can make a refusal count as the
  * budget's (GetStats' refused, the log's WARN). */
-static void registered(fbd_session *s, fbd_job *j, const fbd_reply *r, int limited) {
+static void registered(fbd_session *s, const fbd_reply *r, int limited) {
   /* the engine side's count, trusted no further than what this request
      could add: at most max_kernels_per_session in all (register_limits) */
   int max = s->srv->cfg->max_kernels_per_session;
   uint64_t n = r->registered, most = max > 0 ? (uint64_t)(max - s->nkernels) : (uint64_t)INT_MAX;
   if (!r->code && s->nkernels < INT_MAX) s->nkernels += (int)(n < most ? n : most);
-  (void)j;
   static const char tail[] = "(memory_budget)";
   size_t len = strlen(r->msg);
   if (!limited && r->code == FB_EQUOTA && len >= sizeof tail - 1 &&
@@ -703,7 +701,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
-  if (j->kind == FBD_J_REGISTER) registered(s, j, &r, limited);
+  if (j->kind == FBD_J_REGISTER) registered(s, &r, limited);
   if (j->kind == FBD_J_CREATE && r.code) {
     s->end_reason = FBD_END_FAILED;
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);
