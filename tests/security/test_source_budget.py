@@ -117,9 +117,10 @@ def test_abandoned_bombs_do_not_stall_others(make_server, isolation):
         t.join(timeout=RPC_TIMEOUT)
     assert not errors, errors[:3]
     assert probes >= 5
-    # a generous bound: these calls never wait for a parse (they waited
-    # tens of seconds when parsing ran on the completion-queue threads)
-    assert worst < 5.0, f"a bystander's call took {worst:.1f} s during the attack"
+    # a generous bound, for a loaded 2-core machine: these calls never wait
+    # for a parse (they waited 30 s when parsing ran on the completion-queue
+    # threads); under thread isolation the parses share the process's CPUs
+    assert worst < 10.0, f"a bystander's call took {worst:.1f} s during the attack"
     # every abandoned parse ends: only the victim's session remains
     deadline = time.monotonic() + 30
     while c.stats().sessions_active != 1:
