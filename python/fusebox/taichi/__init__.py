@@ -97,7 +97,10 @@ class _Math:
     distance, reflect, log2 = _ops.distance, _ops.reflect, _ops.log2
 
 
-math = _Math()
+import types as _pytypes  # noqa: E402
+
+math = _pytypes.SimpleNamespace(**{k: v for k, v in vars(_Math).items()
+                                   if not k.startswith("__")})
 
 
 class _Ad:

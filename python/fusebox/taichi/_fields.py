@@ -39,15 +39,28 @@ i, j, k, l = Axes(0), Axes(1), Axes(2), Axes(3)
 ij, ik, jk, ijk, ijkl = Axes(0, 1), Axes(0, 2), Axes(1, 2), Axes(0, 1, 2), Axes(0, 1, 2, 3)
 
 
-def _where(depth: int = 3) -> Tuple[str, int, dict]:
-    """The user's file, line and globals a declaration came from (the
-    first frame outside this package)."""
+def _where(depth: int = 3) -> Tuple[Any, ...]:
+    """The user's file, line, globals and frame a declaration came from
+    (the first frame outside this package); the frame, kept until the
+    layout is made, gives the name of a field declared in a function."""
     f: Any = sys._getframe(1)
     while f is not None and f.f_globals.get("__name__", "").startswith("fusebox.taichi"):
         f = f.f_back
     if f is None:
-        return "<unknown>", 0, {}
-    return f.f_code.co_filename, f.f_lineno, f.f_globals
+        return "<unknown>", 0, {}, None
+    return f.f_code.co_filename, f.f_lineno, f.f_globals, f
+
+
+def _names_of(obj: Any, where: Tuple[Any, ...]) -> str:
+    """The variable of the declaring scope that holds obj ("" if none)."""
+    fr = where[3]
+    scopes = ([fr.f_locals] if fr is not None and fr.f_locals is not where[2] else []) + \
+        [where[2]]
+    for sc in scopes:
+        for nm, v in list(sc.items()):
+            if v is obj and not nm.startswith("__"):
+                return nm
+    return ""
 
 
 class SNode:
@@ -148,12 +161,23 @@ class SNode:
         return self.name
 
     def deactivate_all(self) -> None:
-        """Deactivate every cell of this SNode (through its fields)."""
+        """Deactivate every cell of this SNode (a kernel of the package's
+        own: a struct-for over the SNode that deactivates each cell); on a
+        dense SNode, the sparse SNodes below it."""
         rt = self._rt
         rt._materialize()
-        for f in self._fields_below():
-            rt.session.fields[f.name].deactivate_all()
-            break
+        if self.kind in ("root", "dense"):
+            for c in self.children:
+                if isinstance(c, SNode):
+                    c.deactivate_all()
+            return
+        nm = self._need_name()
+        idx = ", ".join(f"i{d}" for d in range(len(self.shape)))
+        kname = f"deactivate_all_{nm}"
+        rt.launch_helper(("deactivate_all", nm), kname,
+                         [f"kernel {kname}() {{", f"  for {idx} in {nm} {{",
+                          f"    deactivate({nm}, {idx})", "  }", "}"],
+                         f"deactivate_all of {self.kind} SNode")
 
     def _fields_below(self) -> List["Field"]:
         out: List[Field] = []
@@ -277,18 +301,11 @@ def name_fields(fields: Sequence[Field], snodes: Sequence[SNode]) -> None:
         return n
 
     for f in fields:
-        base = ""
-        g = f.where[2]
-        for nm, v in list(g.items()):
-            if v is f and not nm.startswith("__"):
-                base = nm
-                break
-        f.name = free(base or f.hint or f"f{len(taken)}")
+        f.name = free(f.hint or _names_of(f, f.where) or f"f{len(taken)}")
+        f.where = f.where[:3]  # the frame is not needed any more
     for s in snodes:
-        g = s.where[2]
-        base = next((nm for nm, v in list(g.items()) if v is s and not nm.startswith("__")),
-                    "")
-        s.name = free(base or f"block{len(taken)}")
+        s.name = free(_names_of(s, s.where) or f"block{len(taken)}")
+        s.where = s.where[:3]
 
 
 def layout_lines(root: SNode) -> List[Tuple[str, Tuple[str, int]]]:

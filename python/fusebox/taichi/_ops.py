@@ -273,11 +273,20 @@ _T[id(cast)] = ("cast", None)
 
 
 # ------------------------------------------------------------------ vectors & matrices
+class TiArray(np.ndarray):
+    """What ti.Vector / ti.Matrix make in Python scope: a NumPy array that
+    kernels may capture as a constant (a plain NumPy array may not)."""
+
+
+def _tiarray(a: Any, dt: Any = None) -> Any:
+    return np.array(a, dtype=None if dt is None else _types.resolve(dt).np).view(TiArray)
+
+
 class Vector:
     """ti.Vector: ``ti.Vector([a, b])`` in kernels, ``ti.Vector.field``."""
 
     def __new__(cls, arr: Any, dt: Any = None) -> Any:  # Python scope: a NumPy array
-        return np.array(arr, dtype=None if dt is None else _types.resolve(dt).np)
+        return _tiarray(arr, dt)
 
     @staticmethod
     def field(n: int, dtype: Any = None, shape: Any = None, name: str = "",
@@ -304,7 +313,7 @@ class Matrix:
     """ti.Matrix: ``ti.Matrix([[a, b], [c, d]])`` in kernels, ``ti.Matrix.field``."""
 
     def __new__(cls, arr: Any, dt: Any = None) -> Any:
-        return np.array(arr, dtype=None if dt is None else _types.resolve(dt).np)
+        return _tiarray(arr, dt)
 
     @staticmethod
     def field(n: int, m: int, dtype: Any = None, shape: Any = None, name: str = "",
@@ -398,7 +407,7 @@ PY_BUILTIN = {id(builtins.abs): "abs", id(builtins.min): "min", id(builtins.max)
 
 
 def call(t: Translator, n: ast.Call, f: Any) -> Any:
-    from fusebox.taichi._fields import Field
+    from fusebox.taichi._fields import Field, SNode
     kw = {k.arg: t.expr(k.value) for k in n.keywords if k.arg}
     if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
         raise t.unsupported(n, "*args / **kwargs in a call", "pass each argument")
@@ -436,6 +445,9 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
         if f is builtins.int:
             tn = _types.defaults.ip.fbk
         return f"{tn}({t.code(a, n.args[0])})"
+    owner = getattr(f, "__self__", None)
+    if isinstance(owner, (Field, SNode)) and getattr(f, "__name__", "") in ("parent", "snode_"):
+        return Static(f())
     if f in (Vector, Matrix):
         return _vec_ctor(t, n, [], {k: v for k, v in kw.items()}, f is Matrix)
     if isinstance(f, (_types.VectorType, _types.MatrixType)):
@@ -554,6 +566,9 @@ def call_stmt(t: Translator, n: ast.Call) -> Optional[str]:
                           "after the launch", stacklevel=2)
         return ""
     if f in (loop_config, block_local, no_activate, static_assert):
+        if f is loop_config:
+            kw = {k.arg: t.static_eval(k.value, "ti.loop_config") for k in n.keywords}
+            t.serialize_next = bool(kw.get("serialize"))
         if f is static_assert:
             vals = [t.static_eval(a, "ti.static_assert") for a in n.args]
             if not vals[0]:

@@ -54,6 +54,7 @@ class Runtime:
         self.prog = Program(self)
         self.layout: List[Tuple[str, Tuple[str, int]]] = []
         self.where_materialized = ""
+        self.helpers: Dict[Any, int] = {}
 
     # ---------------------------------------------------------------- layout
     def _check_open_layout(self, what: str) -> None:
@@ -109,8 +110,7 @@ class Runtime:
                     walk(c)
         walk(self.root)
         placed = [c for c in self._placed()]
-        name_fields(placed, [s for s in snodes if s.kind != "dense" or
-                             any(v is s for v in s.where[2].values())])
+        name_fields(placed, snodes)
         self.field_names = {f.name for f in placed} | {s.name for s in snodes if s.name}
         self.layout = layout_lines(self.root)
         self._connect()
@@ -151,6 +151,43 @@ class Runtime:
         addr = srv or os.environ.get("FUSEBOX_SERVER") or None
         self.client = fusebox.connect(addr)
         self.own_client = True
+
+    def register(self, lines: List[Tuple[str, Tuple[str, int]]], name: str, label: str) -> int:
+        """Register kernel name of the program lines (the layout first) on
+        the session; a refusal is raised at the user's lines."""
+        from fusebox._proto import pb
+        from fusebox.errors import ServerError
+        text = "\n".join(t for t, _ in lines) + "\n"
+        if os.environ.get("FUSEBOX_TAICHI_SHOW"):  # the generated program, for debugging
+            import sys
+            sys.stderr.write(f"--- {FILENAME} for {label}\n{text}")
+        s = self.session
+        req = pb.RegisterKernelsRequest(session_id=s.id,
+                                        source=pb.Source(text=text, filename=FILENAME),
+                                        instances=[pb.KernelInstance(kernel=name)])
+        try:
+            kid = s._c._call("RegisterKernels", req).kernel_ids[0]
+        except ServerError as e:
+            raise self._mapped(e, lines) from None
+        s._names[kid] = label
+        return kid
+
+    def launch(self, kid: int, values: List[Any]) -> None:
+        from fusebox._proto import pb
+        s = self.session
+        s._pending.append(pb.Launch(kernel=kid, args=values))
+        s._unsynced = True
+        if len(s._pending) >= s._batch:
+            s._send()
+
+    def launch_helper(self, key: Any, name: str, body: List[str], label: str) -> None:
+        """A kernel of the package's own (deactivate_all, ...), once per key."""
+        self._materialize()
+        kid = self.helpers.get(key)
+        if kid is None:
+            kid = self.helpers[key] = self.register(
+                self.layout + [(ln, ("", 0)) for ln in body], name, label)
+        self.launch(kid, [])
 
     # ---------------------------------------------------------------- errors
     def _mapped(self, e: Exception, lines: List[Tuple[str, Tuple[str, int]]]) -> Exception:
@@ -333,22 +370,14 @@ class Kernel:
         if inst is None:
             inst = self._cache[k] = self._compile(r, statics, params)
         kid, _, ret = inst
-        s = r.session
-        from fusebox._proto import pb
-        s._pending.append(pb.Launch(kernel=kid, args=values))
-        s._unsynced = True
+        r.launch(kid, values)
         if ret is not None:
-            res = s.sync()
-            v = res.returns[-1][2] if res.returns else None
-            return v
-        if len(s._pending) >= s._batch:
-            s._send()
+            res = r.session.sync()
+            return res.returns[-1][2] if res.returns else None
         return None
 
     def _compile(self, r: Runtime, statics: Dict[str, Any],
                  params: List[Tuple[str, str]]) -> Tuple[int, List[str], Optional[str]]:
-        from fusebox._proto import pb
-        from fusebox.errors import ServerError
         prog = r.prog
         ret = None
         ra = self.sig.return_annotation
@@ -362,23 +391,10 @@ class Kernel:
         n_func_lines = len(prog.func_lines)
         try:
             klines = translate_kernel(prog, self.fn, name, statics, params, ret)
-            lines = r.layout + prog.func_lines + klines
-            text = "\n".join(t for t, _ in lines) + "\n"
-            if os.environ.get("FUSEBOX_TAICHI_SHOW"):  # the generated program, for debugging
-                import sys
-                sys.stderr.write(f"--- {FILENAME} for kernel {self.fn.__name__}\n{text}")
-            s = r.session
-            req = pb.RegisterKernelsRequest(
-                session_id=s.id, source=pb.Source(text=text, filename=FILENAME),
-                instances=[pb.KernelInstance(kernel=name)])
-            try:
-                kid = s._c._call("RegisterKernels", req).kernel_ids[0]
-            except ServerError as e:
-                raise r._mapped(e, lines) from None
+            kid = r.register(r.layout + prog.func_lines + klines, name, self.fn.__name__)
         except BaseException:
             for fk in prog.new_funcs:  # the funcs of a refused kernel go with it
                 prog.funcs.pop(fk, None)
             del prog.func_lines[n_func_lines:]
             raise
-        s._names[kid] = self.fn.__name__
         return kid, [p for _, p in params], ret

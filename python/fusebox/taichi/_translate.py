@@ -171,6 +171,14 @@ BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv:
 CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
           ast.GtE: ">="}
 
+EXPR_NAMES = {
+    "ListComp": "a list comprehension", "DictComp": "a dict comprehension",
+    "SetComp": "a set comprehension", "GeneratorExp": "a generator expression",
+    "Lambda": "a lambda", "Dict": "a dict", "Set": "a set", "NamedExpr": "':='",
+    "Await": "await", "Yield": "yield", "YieldFrom": "yield", "Starred": "a starred expression",
+    "Slice": "a slice",
+}
+
 UNSUPPORTED_STMT = {
     ast.FunctionDef: ("a nested def", "move it to module level and decorate it with @ti.func"),
     ast.ClassDef: ("a class definition", "define classes outside kernels"),
@@ -254,7 +262,9 @@ class Translator:
         if isinstance(x, (int, np.integer)):
             return str(int(x))
         if isinstance(x, (float, np.floating)):
-            return fmt_float(float(x))
+            lit = fmt_float(float(x))
+            # Taichi's float literals have the default float type
+            return lit if _types.defaults.fp.fbk == "f32" else f"{_types.defaults.fp.fbk}({lit})"
         if isinstance(x, Field):
             if not x.name:
                 raise self.err(node, "this field is not part of the layout (it was declared "
@@ -262,9 +272,10 @@ class Translator:
             return x.name
         if isinstance(x, SNode):
             return x._need_name()
+        from fusebox.taichi._ops import TiArray
+        if isinstance(x, TiArray) and x.ndim in (1, 2) and x.size <= 16:
+            return self.code(Static(x.tolist()), node)  # a ti.Vector/ti.Matrix constant
         if isinstance(x, np.ndarray):
-            if x.ndim in (1, 2) and x.size <= 16 and x.dtype.kind in "iufb":
-                return self.code(Static(x.tolist()), node)
             raise self.err(node, "a NumPy array cannot be used inside a kernel (only Python "
                                  "numbers are captured as constants); put the data in a field "
                                  "with from_numpy() and read the field")
@@ -294,8 +305,11 @@ class Translator:
     def expr(self, node: Any) -> Any:
         m = getattr(self, "e_" + type(node).__name__, None)
         if m is None:
-            raise self.unsupported(node, f"the Python expression '{type(node).__name__}'",
-                                   "write it with arithmetic, ti.* functions and fields")
+            what = EXPR_NAMES.get(type(node).__name__, f"the Python expression "
+                                                        f"'{type(node).__name__}'")
+            raise self.unsupported(node, what, "write a loop, or use ti.static([...]) for a "
+                                   "list of compile-time values, arithmetic, ti.* functions "
+                                   "and fields")
         return m(node)
 
     def e_Constant(self, n: ast.Constant) -> Any:
@@ -408,6 +422,9 @@ class Translator:
             return f"{name}[{', '.join(self.expr_code(i) for i in idx)}]"
         idx_nodes = sl.elts if isinstance(sl, ast.Tuple) else [sl]
         idx = [self.expr(i) for i in idx_nodes]
+        if isinstance(base, Static) and isinstance(base.v, np.ndarray) and not isinstance(
+                base.v, __import__("fusebox.taichi._ops", fromlist=["TiArray"]).TiArray):
+            self.code(base, n.value)  # the NumPy array error
         if isinstance(base, Static) and all(isinstance(i, Static) for i in idx):
             try:
                 v = base.v
@@ -649,6 +666,17 @@ class Translator:
         from fusebox.taichi import _ops
         if st.orelse:
             raise self.unsupported(st, "for ... else", "use a flag variable")
+        if getattr(self, "serialize_next", False):
+            # ti.loop_config(serialize=True): a loop inside a block runs serially
+            self.serialize_next = False
+            self.emit("if true {", st)
+            self.depth += 1
+            try:
+                _ops.for_loop(self, st)
+            finally:
+                self.depth -= 1
+            self.emit("}", st)
+            return
         _ops.for_loop(self, st)
 
 
