@@ -735,6 +735,47 @@ def test_bitmasked_struct_for_visits_active_only(tinit):
     np.testing.assert_array_equal(m.to_numpy(), want)
 
 
+def test_data_oriented_class(tinit):
+    @ti.data_oriented
+    class Heat:
+        def __init__(self, n, k):
+            self.n = n
+            self.k = k
+            self.t = ti.field(ti.f32, shape=n)
+            self.u = ti.field(ti.f32, shape=n)
+
+        @ti.func
+        def at(self, i):
+            return self.t[ti.max(0, ti.min(i, self.n - 1))]
+
+        @ti.kernel
+        def step(self):
+            for i in self.t:
+                self.u[i] = self.t[i] + self.k * (self.at(i - 1) + self.at(i + 1) - 2 * self.t[i])
+            for i in self.t:
+                self.t[i] = self.u[i]
+
+    a = Heat(16, 0.25)
+    b = Heat(8, 0.1)
+    a.t[8] = 1.0
+    b.t[0] = 2.0
+    for _ in range(3):
+        a.step()
+        b.step()
+
+    def ref(t, k):
+        for _ in range(3):
+            p = np.pad(t, 1, mode="edge")
+            t = t + k * (p[:-2] + p[2:] - 2 * t)
+        return t
+    ta = np.zeros(16)
+    ta[8] = 1
+    tb = np.zeros(8)
+    tb[0] = 2
+    np.testing.assert_allclose(a.t.to_numpy(), ref(ta, 0.25), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(b.t.to_numpy(), ref(tb, 0.1), rtol=1e-6, atol=1e-7)
+
+
 # ---------------------------------------------------------------- errors
 
 def test_unsupported_construct_names_file_line_and_construct(tinit):

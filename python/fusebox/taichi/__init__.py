@@ -58,8 +58,9 @@ def func(fn: Any) -> Func:
 
 
 def data_oriented(cls: Any) -> Any:
-    """@ti.data_oriented is accepted; kernels that are methods are not
-    supported (their self is not a compile-time value yet)."""
+    """@ti.data_oriented: kernels and funcs that are methods take self as
+    a compile-time argument (its fields and numbers are read when the
+    kernel is compiled, once per object)."""
     return cls
 
 

@@ -60,6 +60,13 @@ def _names_of(obj: Any, where: Tuple[Any, ...]) -> str:
         for nm, v in list(sc.items()):
             if v is obj and not nm.startswith("__"):
                 return nm
+    if fr is not None and fr.f_locals is not where[2]:
+        for v in list(fr.f_locals.values()):  # self.x = ti.field(...) in a method
+            d = getattr(v, "__dict__", None)
+            if isinstance(d, dict):
+                for nm, a in list(d.items()):
+                    if a is obj and not nm.startswith("_"):
+                        return nm
     return ""
 
 

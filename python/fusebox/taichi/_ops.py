@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from fusebox.taichi import _types
-from fusebox.taichi._translate import (Func, Grouped, NDRange, Static, Translator, fmt_float)
+from fusebox.taichi._translate import (BoundFunc, Func, Grouped, NDRange, Static, Translator, fmt_float)
 
 # ------------------------------------------------------------------ registry
 # id(python object) -> translation: a .fbk builtin name (its arguments
@@ -417,6 +417,8 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
         return Static(tuple(t.static_eval(a) for a in n.args))
     if isinstance(f, Func):
         return _call_func(t, n, f)
+    if isinstance(f, BoundFunc):
+        return _call_func(t, n, f.func, (f.obj,))
     from fusebox.taichi._runtime import Kernel
     if isinstance(f, Kernel):
         raise t.unsupported(n, f"calling the kernel '{f.fn.__name__}' from a kernel",
@@ -651,14 +653,14 @@ def _field_subscript(t: Translator, sub: ast.Subscript) -> Any:
 
 
 # ------------------------------------------------------------------ funcs
-def _call_func(t: Translator, n: ast.Call, f: Func) -> str:
+def _call_func(t: Translator, n: ast.Call, f: Func, bound: tuple = ()) -> str:
     import inspect
     from fusebox.taichi._fields import Field, SNode
     from fusebox.taichi._translate import translate_func
     prog = t.prog
     sig = inspect.signature(f.fn)
     try:
-        ba = sig.bind(*n.args, **{k.arg: k.value for k in n.keywords})
+        ba = sig.bind(*bound, *n.args, **{k.arg: k.value for k in n.keywords})
     except TypeError as e:
         raise t.err(n, f"calling ti.func '{f.fn.__name__}': {e}")
     ba.apply_defaults()

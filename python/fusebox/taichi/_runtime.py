@@ -318,6 +318,14 @@ class Kernel:
         self._cache: Dict[Any, Tuple[int, List[str], Optional[str]]] = {}
         self._rt: Optional[Runtime] = None
 
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        """A kernel that is a method (@ti.data_oriented): self is a
+        compile-time argument, its attributes (fields, numbers) constants."""
+        if obj is None:
+            return self
+        import functools
+        return functools.partial(self.__call__, obj)
+
     @property
     def grad(self) -> Any:
         raise TaichiRuntimeError(f"{self.fn.__name__}.grad: automatic differentiation is not "
@@ -350,13 +358,10 @@ class Kernel:
                                       "pass the components as scalars or put it in a field")
             if ann is inspect.Parameter.empty or isinstance(ann, _types.Template) or \
                     ann is _types.Template:
-                if isinstance(val, (Field, SNode)):
-                    key.append(("f", id(val)))
-                elif isinstance(val, (bool, int, float, np.number)):
+                if isinstance(val, (bool, int, float, np.number)):
                     key.append(("n", type(val).__name__, val))
-                else:
-                    raise TaichiTypeError(f"{where} (ti.template()) takes a field or a Python "
-                                          f"number, not {type(val).__name__}")
+                else:  # a field, an SNode, a @ti.data_oriented object ...: by identity
+                    key.append(("o", id(val)))
                 statics[pname] = val
                 continue
             try:

@@ -98,6 +98,20 @@ class Func:
         raise TaichiSyntaxError(f"ti.func '{self.fn.__name__}' can only be called from a "
                                 "@ti.kernel or another @ti.func")
 
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        return self if obj is None else BoundFunc(self, obj)
+
+
+class BoundFunc:
+    """A @ti.func that is a method, with its object."""
+
+    def __init__(self, func: Func, obj: Any):
+        self.func = func
+        self.obj = obj
+
+    def __call__(self, *a: Any, **k: Any) -> Any:
+        return self.func(*a, **k)
+
 
 class Parsed:
     """The parsed source of a Python function, with its file and lines."""
