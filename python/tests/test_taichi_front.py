@@ -865,6 +865,24 @@ def test_field_after_first_launch_is_refused(tinit):
     assert "before the first kernel launch" in str(e.value)
 
 
+def test_field_of_an_earlier_init_is_refused(tinit):
+    x = ti.field(ti.f32, shape=4)
+    x.fill(1)
+    tinit()  # ti.init again: a new layout and session
+    with pytest.raises(ti.TaichiRuntimeError, match="earlier ti.init"):
+        x.to_numpy()
+    y = ti.field(ti.f32, shape=4)
+
+    @ti.kernel
+    def k():
+        for i in y:
+            y[i] = x[i]  # OLD-FIELD
+
+    with pytest.raises(ti.TaichiSyntaxError) as e:
+        k()
+    assert f":{line_of('OLD-FIELD')}:" in str(e.value)
+
+
 def test_needs_grad_and_tape_not_yet(tinit):
     with pytest.raises(ti.TaichiRuntimeError, match="not yet supported"):
         ti.field(ti.f32, shape=4, needs_grad=True)

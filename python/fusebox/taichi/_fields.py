@@ -231,6 +231,11 @@ class Field:
         return self.dtype.fbk + "".join(f"[{e}]" for e in self.elem)
 
     def _f(self) -> Any:
+        from fusebox.taichi import _runtime
+        if self._rt is not _runtime.rt() or self._rt.closed:
+            raise TaichiRuntimeError(f"field '{self.name or self.hint or '?'}' belongs to an "
+                                     "earlier ti.init() (or ti.reset()): declare the fields "
+                                     "again after ti.init")
         self._rt._materialize()
         return self._rt.session.fields[self.name]
 

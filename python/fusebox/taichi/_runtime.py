@@ -55,6 +55,7 @@ class Runtime:
         self.layout: List[Tuple[str, Tuple[str, int]]] = []
         self.where_materialized = ""
         self.helpers: Dict[Any, int] = {}
+        self.closed = False
 
     # ---------------------------------------------------------------- layout
     def _check_open_layout(self, what: str) -> None:
@@ -90,6 +91,9 @@ class Runtime:
     def _materialize(self) -> None:
         if self.session is not None:
             return
+        if self.closed:
+            raise TaichiRuntimeError("this program's runtime was ended by ti.init() or "
+                                     "ti.reset(): declare fields and kernels again")
         import sys
         fr: Any = sys._getframe(1)
         while fr is not None and fr.f_globals.get("__name__", "").startswith("fusebox.taichi"):
@@ -197,6 +201,7 @@ class Runtime:
         return TaichiCompilationError(map_diagnostics(e.message, lines))
 
     def close(self) -> None:
+        self.closed = True
         if self.session is not None:
             try:
                 self.session.close()

@@ -280,6 +280,9 @@ class Translator:
             # Taichi's float literals have the default float type
             return lit if _types.defaults.fp.fbk == "f32" else f"{_types.defaults.fp.fbk}({lit})"
         if isinstance(x, Field):
+            if x._rt is not self.prog.rt:
+                raise self.err(node, "this field belongs to an earlier ti.init(): declare it "
+                                     "again after ti.init")
             if not x.name:
                 raise self.err(node, "this field is not part of the layout (it was declared "
                                      "after the layout was sent)")
