@@ -269,6 +269,9 @@ class Field:
     def fill(self, value: Any) -> None:
         self._f().fill(np.asarray(value).astype(self.dtype.np))
 
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.to_numpy(dtype)
+
     def copy_from(self, other: "Field") -> None:
         self.from_numpy(other.to_numpy())
 
