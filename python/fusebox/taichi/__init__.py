@@ -20,7 +20,6 @@ package is needed.
 """
 from __future__ import annotations
 
-import math as _pymath
 from typing import Any
 
 from fusebox.taichi import _ops, _types
@@ -32,7 +31,7 @@ from fusebox.taichi._ops import (Matrix, Vector, abs, acos, activate, append, as
                                  atan2, atomic_add, atomic_and, atomic_max, atomic_min,
                                  atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil,
                                  cos, deactivate, exp, floor, grouped, is_active, log,
-                                 loop_config, max, min, ndrange, no_activate, polar_decompose,
+                                 loop_config, max, min, ndrange, no_activate, one, zero, polar_decompose,
                                  pow, random, rescale_index, round, rsqrt, select, sin, sqrt,
                                  static, static_assert, static_print, svd, tan, tanh)
 from fusebox.taichi._ops import length_of as length
@@ -57,6 +56,12 @@ def func(fn: Any) -> Func:
     return Func(fn)
 
 
+def deactivate_all_snodes() -> None:
+    """Deactivate every cell of every sparse SNode."""
+    from fusebox.taichi import _runtime
+    _runtime.rt().root.deactivate_all()
+
+
 def data_oriented(cls: Any) -> Any:
     """@ti.data_oriented: kernels and funcs that are methods take self as
     a compile-time argument (its fields and numbers are read when the
@@ -73,35 +78,8 @@ def field(dtype: Any, shape: Any = None, name: str = "", offset: Any = None,
     return _runtime.rt().make_field(dtype, (), shape, name, needs_grad, {"offset": offset})
 
 
-class _Math:
-    """ti.math: GLSL-style helpers and vector types."""
-    pi = _pymath.pi
-    e = _pymath.e
-    inf = float("inf")
-    nan = float("nan")
-    vec2 = _types.VectorType(2, None)
-    vec3 = _types.VectorType(3, None)
-    vec4 = _types.VectorType(4, None)
-    ivec2 = _types.VectorType(2, int)
-    ivec3 = _types.VectorType(3, int)
-    ivec4 = _types.VectorType(4, int)
-    mat2 = _types.MatrixType(2, 2, None)
-    mat3 = _types.MatrixType(3, 3, None)
-    mat4 = _types.MatrixType(4, 4, None)
-    sqrt, sin, cos, tan, asin, acos, atan = sqrt, sin, cos, tan, asin, acos, atan
-    atan2, exp, log, floor, ceil, round, pow = atan2, exp, log, floor, ceil, round, pow
-    abs, min, max, clamp, tanh = abs, min, max, _ops.clamp, tanh
-    dot, cross, length, normalize = _ops.dot, _ops.cross, _ops.length, _ops.normalize
-    determinant, inverse, transpose = _ops.determinant, _ops.inverse, _ops.transpose
-    fract, mix, sign, step, smoothstep = _ops.fract, _ops.mix, _ops.sign, _ops.step, \
-        _ops.smoothstep
-    distance, reflect, log2 = _ops.distance, _ops.reflect, _ops.log2
+from fusebox.taichi import math  # noqa: E402  (ti.math; also importable as taichi.math)
 
-
-import types as _pytypes  # noqa: E402
-
-math = _pytypes.SimpleNamespace(**{k: v for k, v in vars(_Math).items()
-                                   if not k.startswith("__")})
 
 
 class _Ad:
@@ -118,6 +96,17 @@ class _Ad:
 
 ad = _Ad()
 Tape = _Ad.Tape
+
+
+class _Profiler:
+    """ti.profiler: Fusebox has no kernel profiler in this module; its calls
+    do nothing (the session's counters are fusebox.Session.counters())."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **kw: None
+
+
+profiler = _Profiler()
 
 
 class Layout:

@@ -95,6 +95,8 @@ class SNode:
             raise TypeError(f"{kind}(): the first argument is the axes (ti.i, ti.ij, ti.ijk or "
                             f"ti.axes(...)), not {a!r}")
         sz = (sizes,) * len(a.ax) if isinstance(sizes, (int, np.integer)) else tuple(sizes)
+        if len(sz) == 1 and len(a.ax) > 1:
+            sz = sz * len(a.ax)  # one size for every axis, as Taichi takes it
         if len(sz) != len(a.ax) or any(int(s) < 1 for s in sz):
             raise ValueError(f"{kind}({a!r}, {sizes!r}): give one size >= 1 per axis")
         used = self._axes_above()
@@ -248,9 +250,16 @@ class Field:
         return key
 
     def __getitem__(self, key: Any) -> Any:
-        v = self._f()[self._key(key)]
-        return v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else \
-            v.item() if isinstance(v, np.generic) else v
+        k = self._key(key)
+        v = self._f()[k]
+        if isinstance(v, np.ndarray) and v.ndim == 0 or isinstance(v, np.generic):
+            return v.item()
+        if self.elem and isinstance(v, np.ndarray) and v.shape == self.elem:
+            from fusebox.taichi._ops import TiArray
+            e = v.view(TiArray)
+            e._owner = (self, key)  # v[i].x = 1 writes the element back
+            return e
+        return v
 
     def __setitem__(self, key: Any, value: Any) -> None:
         value = np.asarray(value)
@@ -267,7 +276,26 @@ class Field:
         self._f().from_numpy(a.astype(self.dtype.np, copy=False))
 
     def fill(self, value: Any) -> None:
-        self._f().fill(np.asarray(value).astype(self.dtype.np))
+        """Set every active element to value. As in Taichi this is a
+        kernel over the field's active cells (a struct-for), so a sparse
+        field's inactive cells stay inactive; a vector value for a vector
+        field writes every cell (and activates it)."""
+        self._f()
+        v = np.asarray(value)
+        if v.ndim:
+            self._f().fill(v.astype(self.dtype.np))
+            return
+        from fusebox.taichi._runtime import _wire_value
+        nm, t = self.name, self.dtype.fbk
+        val = "v" if not self.elem else f"{self.fbk_type()}(v)"
+        nd = len(self.shape)
+        idx = ", ".join(f"i{d}" for d in range(nd))
+        kname = f"fill_{nm}"
+        body = ([f"kernel {kname}(v: {t}) {{"] +
+                ([f"  {nm}[] = {val}"] if nd == 0 else
+                 [f"  for {idx} in {nm} {{", f"    {nm}[{idx}] = {val}", "  }"]) + ["}"])
+        self._rt.launch_helper(("fill", nm), kname, body, f"fill of field '{nm}'",
+                               [_wire_value(t, v.item(), f"fill of field '{nm}'")])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return self.to_numpy(dtype)

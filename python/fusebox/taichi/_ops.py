@@ -156,6 +156,27 @@ def smoothstep(e0: Any, e1: Any, x: Any) -> Any:
     return t * t * (3 - 2 * t)
 
 
+@_reg(("expr", lambda t, n, a, kw: f"[({a[0]}).x * ({a[1]}).x - ({a[0]}).y * ({a[1]}).y, "
+                                    f"({a[0]}).x * ({a[1]}).y + ({a[0]}).y * ({a[1]}).x]"))
+def cmul(a: Any, b: Any) -> Any:
+    return np.array([a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]])
+
+
+@_reg(("expr", lambda t, n, a, kw: f"(({a[0]}) * 0)"))
+def zero(x: Any) -> Any:
+    return np.zeros_like(x)
+
+
+@_reg(("expr", lambda t, n, a, kw: f"(({a[0]}) * 0 + 1)"))
+def one(x: Any) -> Any:
+    return np.ones_like(x)
+
+
+@_reg(("expr", lambda t, n, a, kw: f"[[cos({a[0]}), -sin({a[0]})], [sin({a[0]}), cos({a[0]})]]"))
+def rotation2d(ang: Any) -> Any:
+    return np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
+
+
 dot = _reg("dot")(lambda a, b: np.dot(a, b))
 cross = _reg("cross")(lambda a, b: np.cross(a, b))
 length = _reg("norm")(lambda v: np.linalg.norm(v))
@@ -205,10 +226,10 @@ def no_activate(*a: Any) -> None:
 
 
 # ------------------------------------------------------------------ atomics
-def _atomic(op: str) -> Any:
+def _atomic(op: str, name: str) -> Any:
     def f(x: Any, y: Any) -> Any:
-        raise _scope_error(f"ti.atomic_{op}")
-    f.__name__ = "atomic_" + op
+        raise _scope_error(f"ti.atomic_{name}")
+    f.__name__ = "atomic_" + name
     _T[id(f)] = ("atomic", op)
     return f
 
@@ -218,13 +239,13 @@ def _scope_error(name: str) -> Exception:
     return TaichiSyntaxError(f"{name} can only be used inside a @ti.kernel or @ti.func")
 
 
-atomic_add = _atomic("+")
-atomic_sub = _atomic("-")
-atomic_min = _atomic("min")
-atomic_max = _atomic("max")
-atomic_and = _atomic("&")
-atomic_or = _atomic("|")
-atomic_xor = _atomic("^")
+atomic_add = _atomic("+", "add")
+atomic_sub = _atomic("-", "sub")
+atomic_min = _atomic("min", "min")
+atomic_max = _atomic("max", "max")
+atomic_and = _atomic("&", "and")
+atomic_or = _atomic("|", "or")
+atomic_xor = _atomic("^", "xor")
 
 
 # ------------------------------------------------------------------ sparse
@@ -275,7 +296,50 @@ _T[id(cast)] = ("cast", None)
 # ------------------------------------------------------------------ vectors & matrices
 class TiArray(np.ndarray):
     """What ti.Vector / ti.Matrix make in Python scope: a NumPy array that
-    kernels may capture as a constant (a plain NumPy array may not)."""
+    kernels may capture as a constant (a plain NumPy array may not), with
+    .x .y .z .w. An element read from a field (``v[i]``) writes changes of
+    its components back to the field (``v[i].x = 1``, ``v[i][0] = 1``)."""
+    _owner: Any = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._owner = None
+
+    def _wb(self) -> None:
+        if self._owner is not None:
+            f, key = self._owner
+            f[key] = np.asarray(self)
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        super().__setitem__(k, v)
+        self._wb()
+
+    def _comp(i: int) -> Any:  # type: ignore[misc]
+        def get(self: "TiArray") -> Any:
+            return self[i].item() if self.ndim == 1 else self[i]
+
+        def put(self: "TiArray", v: Any) -> None:
+            self[i] = v
+        return property(get, put)
+
+    x, y, z, w = _comp(0), _comp(1), _comp(2), _comp(3)
+    del _comp
+
+    @property
+    def n(self) -> int:
+        return self.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.shape[1]
+
+    def norm(self) -> Any:
+        return float(np.linalg.norm(self))
+
+    def dot(self, o: Any) -> Any:
+        return np.dot(np.asarray(self), np.asarray(o))
+
+    def to_numpy(self) -> np.ndarray:
+        return np.asarray(self).copy()
 
 
 def _tiarray(a: Any, dt: Any = None) -> Any:
@@ -403,14 +467,30 @@ def _matrix_static(t: Translator, f: Any, n: Any, sv: List[Any], kw: Dict[str, A
 
 
 # ------------------------------------------------------------------ call translation
-PY_BUILTIN = {id(builtins.abs): "abs", id(builtins.min): "min", id(builtins.max): "max"}
+PY_BUILTIN = {id(builtins.abs): "abs", id(builtins.min): "min", id(builtins.max): "max",
+              id(builtins.pow): "pow"}
 
 
 def call(t: Translator, n: ast.Call, f: Any) -> Any:
     from fusebox.taichi._fields import Field, SNode
     kw = {k.arg: t.expr(k.value) for k in n.keywords if k.arg}
-    if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
-        raise t.unsupported(n, "*args / **kwargs in a call", "pass each argument")
+    if any(k.arg is None for k in n.keywords):
+        raise t.unsupported(n, "**kwargs in a call", "pass each argument")
+    if any(isinstance(a, ast.Starred) for a in n.args):
+        if f in (ndrange, builtins.range, grouped, static):
+            vals: List[Any] = []
+            for a in n.args:
+                if isinstance(a, ast.Starred):
+                    vals.extend(t.static_eval(a.value, "*args"))
+                else:
+                    vals.append(t.static_eval(a, "an argument"))
+            return Static(static(*vals) if f is static else f(*vals))
+        raise t.unsupported(n, "*args in a call", "pass each argument")
+    if f is grouped:
+        v = t.expr(n.args[0])
+        if isinstance(v, Static):
+            return Static(Grouped(v.v))
+        raise t.unsupported(n, "ti.grouped(...) outside a for loop", "loop over it with for")
     if f is static:
         if len(n.args) == 1:
             return Static(t.static_eval(n.args[0]))
@@ -511,8 +591,19 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
             return f"{dt.fbk()}({t.expr_code(n.args[0])})"
         return f"{_tname(t, dt, n)}({t.expr_code(n.args[0])})"
     if kind == "rescale":
-        raise t.unsupported(n, "ti.rescale_index", "divide the index by the ratio of the "
-                            "two SNodes' cell sizes with //")
+        from fusebox.taichi._fields import Field, SNode
+        a, b = (t.static_eval(x, "ti.rescale_index") for x in n.args[:2])
+        if not all(isinstance(x, (Field, SNode)) for x in (a, b)):
+            raise t.err(n, "ti.rescale_index(a, b, I) takes two fields or SNodes and an index")
+        sa, sb = a.shape, b.shape
+        if len(sa) != len(sb) or any(p % q for p, q in zip(sa, sb)):
+            raise t.err(n, f"ti.rescale_index: shapes {sa} and {sb} do not nest")
+        ratios = [p // q for p, q in zip(sa, sb)]
+        idx = _idx(t, n.args[2])
+        if len(idx) == len(ratios):
+            return "[" + ", ".join(c if r == 1 else f"({c}) // {r}"
+                                   for c, r in zip(idx, ratios)) + "]"
+        return f"(({idx[0]}) // [{', '.join(str(r) for r in ratios)}])"
     raise t.err(n, "internal: unknown translation")
 
 
@@ -618,6 +709,9 @@ METHODS = {"norm": "norm", "norm_sqr": "norm_sqr", "normalized": "normalized", "
 
 def method(t: Translator, n: ast.Call, base: Any, name: str) -> str:
     b = base if isinstance(base, str) else t.code(base, n.func.value)
+    if name == "cast":
+        dt = t.static_eval(n.args[0], "cast's type")
+        return f"{_tname(t, dt, n)}({b})"
     args = [t.expr_code(a) for a in n.args]
     if name == "norm" and args:
         return f"sqrt(norm_sqr({b}) + {args[0]})"

@@ -184,14 +184,15 @@ class Runtime:
         if len(s._pending) >= s._batch:
             s._send()
 
-    def launch_helper(self, key: Any, name: str, body: List[str], label: str) -> None:
+    def launch_helper(self, key: Any, name: str, body: List[str], label: str,
+                      values: Optional[List[Any]] = None) -> None:
         """A kernel of the package's own (deactivate_all, ...), once per key."""
         self._materialize()
         kid = self.helpers.get(key)
         if kid is None:
             kid = self.helpers[key] = self.register(
                 self.layout + [(ln, ("", 0)) for ln in body], name, label)
-        self.launch(kid, [])
+        self.launch(kid, values or [])
 
     # ---------------------------------------------------------------- errors
     def _mapped(self, e: Exception, lines: List[Tuple[str, Tuple[str, int]]]) -> Exception:

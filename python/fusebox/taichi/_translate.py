@@ -70,8 +70,9 @@ class Grouped:
         self.x = x
 
     def __iter__(self):
+        from fusebox.taichi._ops import TiArray
         for t in self.x:
-            yield np.array(t)
+            yield np.array(t if isinstance(t, tuple) else (t,)).view(TiArray)
 
 
 def fmt_float(x: float, node: Any = None, tr: Any = None) -> str:
@@ -364,6 +365,35 @@ class Translator:
         return "[" + ", ".join(self.code(v, e) for v, e in zip(vals, n.elts)) + "]"
 
     e_List = e_Tuple
+
+    def e_ListComp(self, n: ast.ListComp) -> Any:
+        """[e for v in <compile-time iterable>]: unrolled into a vector."""
+        if len(n.generators) != 1 or n.generators[0].is_async:
+            raise self.unsupported(n, "a list comprehension with several 'for's",
+                                   "nest ti.Vector([...]) literals")
+        g = n.generators[0]
+        it = self.expr(g.iter)
+        if not isinstance(it, Static):
+            raise self.unsupported(n, "a list comprehension over run-time values",
+                                   "write a loop")
+        names = ([g.target.id] if isinstance(g.target, ast.Name) else
+                 [e.id for e in g.target.elts] if isinstance(g.target, ast.Tuple) and all(
+                     isinstance(e, ast.Name) for e in g.target.elts) else None)
+        if names is None:
+            raise self.unsupported(n, "this comprehension target", "use plain names")
+        vals = []
+        for item in it.v:
+            b = {names[0]: Static(item)} if len(names) == 1 else {
+                nm: Static(x) for nm, x in zip(names, item)}
+            self.scopes.append(b)
+            try:
+                if all(self.static_eval(c, "a comprehension's if") for c in g.ifs):
+                    vals.append((self.expr(n.elt)))
+            finally:
+                self.scopes.pop()
+        if all(isinstance(v, Static) for v in vals):
+            return Static([v.v for v in vals])
+        return "[" + ", ".join(self.code(v, n) for v in vals) + "]"
 
     def e_BinOp(self, n: ast.BinOp) -> Any:
         a, b = self.expr(n.left), self.expr(n.right)

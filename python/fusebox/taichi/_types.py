@@ -161,6 +161,10 @@ class _TypesModule:
     template = Template
     f32, f64, i32, i64, u32, u64 = f32, f64, i32, i64, u32, u64
 
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"ti.types.{name} is not supported by fusebox.taichi "
+                             "(see docs/from-taichi.md)")
+
     @staticmethod
     def struct(**kw: Any) -> Any:
         raise NotImplementedError("ti.types.struct is not supported by fusebox.taichi: use one "
