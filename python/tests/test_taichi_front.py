@@ -776,6 +776,103 @@ def test_data_oriented_class(tinit):
     np.testing.assert_allclose(b.t.to_numpy(), ref(tb, 0.1), rtol=1e-6, atol=1e-7)
 
 
+def test_static_grouped_neighbourhood_and_list_comprehension(tinit):
+    n = 6
+    g = ti.field(ti.f32, shape=(n, n, n))
+    out = ti.Vector.field(3, ti.f32, shape=())
+    nb = (3, 3, 3)
+
+    @ti.kernel
+    def go():
+        for I in ti.grouped(g):
+            s = 0.0
+            for off in ti.static(ti.grouped(ti.ndrange(*nb))):
+                J = ti.min(ti.max(I + off - 1, 0), n - 1)
+                s += ti.cast(J.sum(), ti.f32)
+            g[I] = s
+        out[None] = ti.Vector([k * 1.5 for k in range(3)]) + ti.zero(out[None])
+
+    go()
+    idx = np.arange(n)
+    want = np.zeros((n, n, n))
+    for oi in range(3):
+        for oj in range(3):
+            for ok in range(3):
+                c = [np.clip(idx + o - 1, 0, n - 1) for o in (oi, oj, ok)]
+                want += c[0][:, None, None] + c[1][None, :, None] + c[2][None, None, :]
+    np.testing.assert_allclose(g.to_numpy(), want)
+    np.testing.assert_allclose(out.to_numpy(), [0.0, 1.5, 3.0])
+
+
+def test_fill_keeps_sparse_cells_inactive_and_rescale_index(tinit):
+    x = ti.field(ti.f32)
+    blk = ti.root.pointer(ti.ij, 4)
+    blk.dense(ti.ij, 4).place(x)
+    n_active = ti.field(ti.i32, shape=())
+    coarse = ti.field(ti.i32, shape=(4, 4))
+
+    @ti.kernel
+    def seed():
+        x[1, 1] = 1.0
+        x[13, 6] = 2.0
+
+    @ti.kernel
+    def count():
+        n_active[None] = 0
+        for i, j in ti.ndrange(4, 4):
+            n_active[None] += ti.is_active(blk, [i, j])
+        for i, j in x:
+            b = ti.rescale_index(x, blk, [i, j])
+            coarse[b] = 1
+
+    seed()
+    x.fill(5.0)  # Taichi's fill: every active cell, no new ones
+    count()
+    assert n_active[None] == 2
+    want = np.zeros((16, 16), np.float32)
+    want[0:4, 0:4] = 5
+    want[12:16, 4:8] = 5
+    np.testing.assert_array_equal(x.to_numpy(), want)
+    c = np.zeros((4, 4), np.int32)
+    c[0, 0] = c[3, 1] = 1
+    np.testing.assert_array_equal(coarse.to_numpy(), c)
+
+
+def test_python_scope_vector_components_write_back(tinit):
+    v = ti.Vector.field(3, ti.f32, shape=4)
+    v[1].y = 2.5
+    e = v[2]
+    e[0] = 7.0
+    e.z = -1.0
+    want = np.zeros((4, 3), np.float32)
+    want[1, 1] = 2.5
+    want[2] = [7, 0, -1]
+    np.testing.assert_array_equal(v.to_numpy(), want)
+    assert v[2].x == 7.0 and v[1].n == 3
+
+
+def test_taichi_math_module_and_casts(tinit):
+    import fusebox.taichi.math as tm
+    out = ti.Vector.field(2, ti.f32, shape=8)
+    ib = ti.Vector.field(2, ti.i32, shape=8)
+
+    @ti.kernel
+    def go():
+        for i in out:
+            p = tm.vec2(0.3 * i, 1.0)
+            q = tm.rotation2d(0.5) @ p
+            out[i] = tm.cmul(q, tm.vec2(0.0, 1.0)) + pow(2.0, 3.0)
+            ib[i] = (p * 2.5 - 0.5).cast(int)
+
+    go()
+    c, s_ = np.cos(0.5), np.sin(0.5)
+    p = np.stack([0.3 * np.arange(8), np.ones(8)], axis=1)
+    q = p @ np.array([[c, -s_], [s_, c]]).T
+    want = np.stack([-q[:, 1], q[:, 0]], axis=1) + 8
+    np.testing.assert_allclose(out.to_numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ib.to_numpy(), np.trunc(p.astype(np.float32) * 2.5 - 0.5))
+
+
 # ---------------------------------------------------------------- errors
 
 def test_unsupported_construct_names_file_line_and_construct(tinit):
@@ -784,13 +881,13 @@ def test_unsupported_construct_names_file_line_and_construct(tinit):
     @ti.kernel
     def bad():
         for i in x:
-            x[i] = [k for k in range(3)][0]  # UNSUPPORTED-LISTCOMP
+            x[i] = (lambda q: q * 2)(1.0)  # UNSUPPORTED-LAMBDA
 
     with pytest.raises(ti.TaichiSyntaxError) as e:
         bad()
     msg = str(e.value)
-    assert f"{HERE}:{line_of('UNSUPPORTED-LISTCOMP')}:" in msg, msg
-    assert "a list comprehension is not supported in Fusebox kernels; write a loop" in msg
+    assert f"{HERE}:{line_of('UNSUPPORTED-LAMBDA')}:" in msg, msg
+    assert "a lambda is not supported in Fusebox kernels" in msg and "@ti.func" in msg
 
     @ti.kernel
     def bad2():

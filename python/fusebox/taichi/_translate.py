@@ -325,9 +325,8 @@ class Translator:
         if m is None:
             what = EXPR_NAMES.get(type(node).__name__, f"the Python expression "
                                                         f"'{type(node).__name__}'")
-            raise self.unsupported(node, what, "write a loop, or use ti.static([...]) for a "
-                                   "list of compile-time values, arithmetic, ti.* functions "
-                                   "and fields")
+            raise self.unsupported(node, what, "write a @ti.func or a loop, or use "
+                                   "ti.static([...]) for a list of compile-time values")
         return m(node)
 
     def e_Constant(self, n: ast.Constant) -> Any:
