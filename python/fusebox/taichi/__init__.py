@@ -32,7 +32,7 @@ from fusebox.taichi._ops import (Matrix, Vector, abs, acos, activate, append, as
                                  atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil,
                                  cos, deactivate, exp, floor, grouped, is_active, log,
                                  loop_config, max, min, ndrange, no_activate, one, zero, polar_decompose,
-                                 pow, random, rescale_index, round, rsqrt, select, sin, sqrt,
+                                 pow, randn, random, rescale_index, round, rsqrt, select, sin, sqrt,
                                  static, static_assert, static_print, svd, tan, tanh)
 from fusebox.taichi._ops import length_of as length
 from fusebox.taichi._runtime import (Kernel, amdgpu, arm64, cpu, cuda, dx11, dx12, gles, gpu,

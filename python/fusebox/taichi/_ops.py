@@ -186,6 +186,12 @@ inverse = _reg("inverse")(lambda m: np.linalg.inv(m))
 transpose = _reg("transpose")(lambda m: np.transpose(m))
 
 
+@_reg(("expr", lambda t, n, a, kw: "(sqrt(-2.0 * log(max(1.0 - random(), 1e-30))) * "
+                                    "cos(6.283185307179586 * random()))"))
+def randn(dtype: Any = None) -> Any:
+    return np.random.standard_normal()
+
+
 @_reg("random")
 def random(dtype: Any = None) -> Any:
     return np.random.random()
@@ -643,7 +649,27 @@ def _sparse_call(t: Translator, n: ast.Call, what: str) -> str:
 
 def call_stmt(t: Translator, n: ast.Call) -> Optional[str]:
     """A call used as a statement: atomics become augmented assignments,
-    print is dropped with a warning. None: an ordinary call."""
+    x.fill(v) a loop over x's cells, print is dropped with a warning.
+    None: an ordinary call."""
+    from fusebox.taichi._fields import Field
+    if isinstance(n.func, ast.Attribute) and n.func.attr == "fill" and len(n.args) == 1:
+        try:
+            base = t.expr(n.func.value)
+        except Exception:
+            base = None
+        if isinstance(base, Static) and isinstance(base.v, Field):
+            fld = base.v
+            nm = t.code(base, n.func.value)
+            v = t.expr_code(n.args[0])
+            val = f"{fld.fbk_type()}({v})" if fld.elem else v
+            nd = len(fld.shape)
+            if nd == 0:
+                return f"{nm}[] = {val}"
+            idx = [t.prog.fresh(f"{nm}_i{d}") for d in range(nd)]
+            t.emit(f"for {', '.join(idx)} in {nm} {{", n)
+            t.emit(f"  {nm}[{', '.join(idx)}] = {val}", n)
+            t.emit("}", n)
+            return ""
     try:
         fv = t.expr(n.func) if not isinstance(n.func, ast.Attribute) or not _dyn_attr(t, n) \
             else None
@@ -803,7 +829,12 @@ def _call_func(t: Translator, n: ast.Call, f: Func, bound: tuple = ()) -> str:
         prog.funcs[k] = name
         ret = None
         r = sig.return_annotation
-        if r is not inspect.Signature.empty and r is not None:
+        # one return statement: the func's value is the returned expression
+        # (Taichi does not hold a func to its annotation: examples return a
+        # vector from "-> ti.f32"); several need the declared type
+        nret = sum(isinstance(x, ast.Return) and x.value is not None
+                   for x in ast.walk(prog.parse(f.fn).fd))
+        if r is not inspect.Signature.empty and r is not None and nret > 1:
             ret = (r.fbk() if isinstance(r, (_types.VectorType, _types.MatrixType)) else
                    _types.resolve(r).fbk)
         try:
