@@ -374,7 +374,7 @@ class Vector:
 
     @staticmethod
     def unit(n: int, i: int, dt: Any = None) -> Any:
-        v = np.zeros(n, _types.resolve(dt).np)
+        v = np.zeros(n, _types.resolve(int if dt is None else dt).np)
         v[i] = 1
         return v
 
@@ -457,7 +457,7 @@ def _matrix_static(t: Translator, f: Any, n: Any, sv: List[Any], kw: Dict[str, A
     if name == "unit":
         nn, i = sv[0], sv[1]
         dt = sv[2] if len(sv) > 2 else kw.get("dt")
-        tn = _tname(t, dt, n) + f"[{nn}]"
+        tn = _tname(t, int if dt is None else dt, n) + f"[{nn}]"  # an int vector by default
         return f"{tn}({', '.join('1' if k == i else '0' for k in range(nn))})"
     if name == "identity":
         dt, nn = sv[0], sv[1]
@@ -977,6 +977,13 @@ def _ndrange_loop(t: Translator, st: ast.For, it: ast.Call, names: List[str],
                   grouped_: bool = False) -> None:
     bounds = []
     for a in it.args:
+        if isinstance(a, ast.Starred):  # ti.ndrange(*[n] * dim): compile-time items
+            for item in t.static_eval(a.value, "*args of ti.ndrange"):
+                if isinstance(item, (tuple, list)):
+                    bounds.append((Static(item[0]), Static(item[1]), a))
+                else:
+                    bounds.append((Static(0), Static(item), a))
+            continue
         if isinstance(a, (ast.Tuple, ast.List)):
             if len(a.elts) != 2:
                 raise t.err(a, "a ti.ndrange item is a size n or a pair (lo, hi)")

@@ -405,6 +405,12 @@ class Translator:
                 return Static(_pyop(op, a.v, b.v))
             except Exception as e:
                 raise self.err(n, f"constant arithmetic failed: {e}")
+        if isinstance(a, Static) and isinstance(b, Static) and isinstance(
+                a.v, (list, tuple, np.ndarray)) and op in ("+", "*", "-", "@"):
+            try:  # [n] * dim, (a, b) + (c,), constant vectors
+                return Static(_pyop(op, a.v, b.v) if op != "@" else a.v @ b.v)
+            except Exception:
+                pass
         return f"({self.code(a, n.left)} {op} {self.code(b, n.right)})"
 
     def e_UnaryOp(self, n: ast.UnaryOp) -> Any:
