@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from fusebox.taichi import _types
-from fusebox.taichi._translate import (BoundFunc, Func, Grouped, NDRange, Static, Translator, fmt_float)
+from fusebox.taichi._translate import (BoundFunc, Func, Grouped, NDRange, Static, Translator,
+                                       fmt_float)
 
 # ------------------------------------------------------------------ registry
 # id(python object) -> translation: a .fbk builtin name (its arguments
@@ -850,7 +851,6 @@ def _call_func(t: Translator, n: ast.Call, f: Func, bound: tuple = ()) -> str:
 def for_loop(t: Translator, st: ast.For) -> None:
     from fusebox.taichi._fields import Field, SNode
     it = st.iter
-    top = t.depth == 1 and t.kind == "kernel" and t.loop_depth == 0
     targets = st.target.elts if isinstance(st.target, ast.Tuple) else [st.target]
     for tg in targets:
         if not isinstance(tg, ast.Name):
@@ -1037,10 +1037,20 @@ def _unroll(t: Translator, st: ast.For, names: List[str], vals: Any) -> None:
         items = list(vals)
     except TypeError:
         raise t.err(st, f"ti.static(...) of {type(vals).__name__} cannot be iterated")
-    for b in ast.walk(ast.Module(body=st.body, type_ignores=[])):
-        if isinstance(b, (ast.Break, ast.Continue)):
-            # (inside a nested loop that is fine)
-            pass
+    def loose(body: List[ast.stmt]) -> Optional[ast.stmt]:
+        """A break/continue of this loop (not of a loop nested in it)."""
+        for b in body:
+            if isinstance(b, (ast.Break, ast.Continue)):
+                return b
+            if isinstance(b, ast.If):
+                r = loose(b.body) or loose(b.orelse)
+                if r is not None:
+                    return r
+        return None
+    bad = loose(st.body)
+    if bad is not None:
+        raise t.unsupported(bad, f"'{type(bad).__name__.lower()}' in a ti.static loop",
+                            "use ti.static(if ...) or a run-time loop")
     for item in items:
         if len(names) == 1:
             binding = {names[0]: Static(item)}
@@ -1051,9 +1061,6 @@ def _unroll(t: Translator, st: ast.For, names: List[str], vals: Any) -> None:
         t.scopes.append(binding)
         try:
             for s in st.body:
-                if isinstance(s, (ast.Break, ast.Continue)):
-                    raise t.unsupported(s, f"'{type(s).__name__.lower()}' in a ti.static loop",
-                                        "use ti.static(if ...) or a run-time loop")
                 t.stmt(s)
         finally:
             t.scopes.pop()
