@@ -916,6 +916,36 @@ def test_slices_fill_in_kernel_randn_and_lenient_func_return(tinit):
     assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05 and np.isfinite(a).all()
 
 
+def test_activate_deactivate_in_kernels_and_narrow_ints(tinit, capsys):
+    from fusebox.taichi import _types
+    _types._warned.discard("u8")  # the note is given once per process
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m = ti.field(ti.u8)
+    assert any("ti.u8 is stored as i32" in str(x.message) for x in w)
+    ti.root.bitmasked(ti.ij, (8, 8)).place(m)
+    n = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def toggle():
+        for i, j in ti.ndrange(8, 8):
+            if (i * j) % 3 == 0:
+                ti.activate(m, [i, j])
+        for i, j in ti.ndrange(8, 8):
+            if i == 0:
+                ti.deactivate(m, [i, j])
+        ti.static_print("translated", m.shape)
+        n[None] = 0
+        for i, j in m:
+            n[None] += 1
+
+    toggle()
+    assert "translated (8, 8)" in capsys.readouterr().out
+    want = sum(1 for i in range(1, 8) for j in range(8) if (i * j) % 3 == 0)
+    assert n[None] == want
+    assert m.to_numpy().dtype == np.int32
+
+
 # ---------------------------------------------------------------- errors
 
 def test_unsupported_construct_names_file_line_and_construct(tinit):
