@@ -211,8 +211,8 @@ static int name_clash(fb_program *p, node *x, nameset *names, fb_diags *d) {
   return 1;
 }
 
-static int check_params(node *x, fb_diags *d) {
-  int bad = 0;
+static int check_params(fb_program *p, node *x, fb_diags *d) {
+  int bad = 0, defaults = 0;
   nameset seen;
   if (ns_init(&seen, (size_t)x->nkids)) {
     ns_free(&seen);
@@ -222,6 +222,39 @@ static int check_params(node *x, fb_diags *d) {
     node *pm = x->kids[i];
     if (ns_find_or_add(&seen, pm->name, i) >= 0) {
       lang_err(d, pm->line, pm->col, "parameter '%s' is declared twice", pm->name);
+      bad = 1;
+    }
+    if (pm->a) { /* a default value: a constant, folded to a literal here */
+      node *lit = la_alloc(&p->arena, sizeof *lit);
+      if (!lit) {
+        ns_free(&seen);
+        return FB_ENOMEM;
+      }
+      int line, col;
+      lang_expr_pos(pm->a, &line, &col);
+      if (x->kind == D_KERNEL) {
+        lang_err(d, line, col,
+                 "kernel parameter '%s' cannot have a default value (the host passes every "
+                 "argument; defaults are for funcs)",
+                 pm->name);
+        bad = 1;
+        pm->a = NULL;
+      } else if (pm->is_field) {
+        lang_err(d, line, col, "field parameter '%s' cannot have a default value", pm->name);
+        bad = 1;
+        pm->a = NULL;
+      } else if (lang_const_literal(p, pm->a, lit, d) < 0) {
+        bad = 1;
+        pm->a = NULL;
+      } else {
+        pm->a = lit;
+      }
+      defaults = 1;
+    } else if (defaults && x->kind == D_FUNC) {
+      lang_err(d, pm->line, pm->col,
+               "parameter '%s' comes after a parameter with a default value, so it needs one "
+               "too (as in Python)",
+               pm->name);
       bad = 1;
     }
     if (x->kind != D_KERNEL || pm->is_field) continue;
@@ -286,7 +319,7 @@ static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
     /* kernels with bad parameters are still checked (the bad ones are
      * unknown values), so that the errors in their bodies show too */
     if (name_clash(p, x, &names, d)) continue;
-    if (check_params(x, d) == FB_ENOMEM) rc = FB_ENOMEM;
+    if (check_params(p, x, d) == FB_ENOMEM) rc = FB_ENOMEM;
     else if (x->kind == D_KERNEL) rc = add_kernel(p, x) < 0 ? FB_ENOMEM : 0;
     else if (FB_GROW(p->funcs, p->nfuncs, p->fucap)) rc = FB_ENOMEM;
     else {
