@@ -342,7 +342,7 @@ static void ti_hint(parser *P, const token *m) {
                  "'place v: f32[3]'"},
       {"Matrix", "write a matrix as f32[2][2](a, b, c, d), and a matrix field as "
                  "'place M: f32[2][2]'"},
-      {"static", "drop ti.static: a constant range or index is constant already"},
+      {"static", "drop it: a constant range or index is constant already"},
       {"field", "declare fields in the layout block ('field x: f32 (ij: 64, 64)')"},
       {"kernel", "declare a kernel as 'kernel NAME(...) { ... }'"},
       {"func", "declare a func as 'func NAME(...) { ... }'"},
@@ -356,7 +356,7 @@ static void ti_hint(parser *P, const token *m) {
   };
   for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
     if (tok_is(m, h[i].name)) {
-      errat(P, m, "'ti.%s' is Taichi's: %s", h[i].name, h[i].hint);
+      errat(P, m, "'ti.%s' is Taichi's spelling; %s", h[i].name, h[i].hint);
       return;
     }
   errat(P, m, "Taichi's 'ti.' prefix is not used here: write '%.*s' without it", m->len, m->p);
@@ -1172,6 +1172,19 @@ int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *n
     } else if (t->kind == T_AT) {
       errat(&P, t, "decorators are not used: write 'kernel NAME(...) { ... }' for @ti.kernel "
                    "and 'func NAME(...) { ... }' for @ti.func");
+      next(&P); /* skip the decorator: @ti.kernel, @ti.func(...) */
+      if (at(&P, T_IDENT) || at(&P, T_KERNEL) || at(&P, T_FUNC)) next(&P);
+      while (at(&P, T_DOT) &&
+             (peek2(&P)->kind == T_IDENT || peek2(&P)->kind == T_KERNEL || peek2(&P)->kind == T_FUNC))
+        next(&P), next(&P);
+      if (at(&P, T_LPAREN))
+        for (int depth = 0; !at(&P, T_EOF);) {
+          int k = next(&P)->kind;
+          depth += k == T_LPAREN ? 1 : k == T_RPAREN ? -1 : 0;
+          if (!depth) break;
+        }
+      P.panic = 0;
+      continue;
     } else if (!(t->kind == T_IDENT && python_word_hint(&P, t))) {
       expected(&P, "'layout', 'const', 'func' or 'kernel' at the top level");
     }

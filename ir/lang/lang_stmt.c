@@ -490,10 +490,9 @@ static void for_ndrange(lower *L, node *s, node *call, int top, int grouped) {
   int rem = fb_b_loop_index(&L->b, st, 0), idx[FB_MAX_AXES];
   for (int d = n - 1; d >= 0; d--) {
     /* constants are made again inside the loop body (a task of its own) */
-    int e = ec[d] ? lw_const(L, FB_T_I32, 0, ek[d]) : ext[d];
-    int l = lc[d] ? lw_const(L, FB_T_I32, 0, lk[d]) : lo[d];
+    int e = !d ? -1 : ec[d] ? lw_const(L, FB_T_I32, 0, ek[d]) : ext[d];
     int q = d ? lw_bin(L, FB_OP_REM, rem, e) : rem;
-    idx[d] = lc[d] && lk[d] == 0 ? q : lw_add(L, l, q);
+    idx[d] = lc[d] && lk[d] == 0 ? q : lw_add(L, lc[d] ? lw_const(L, FB_T_I32, 0, lk[d]) : lo[d], q);
     if (d) rem = lw_bin(L, FB_OP_DIV, rem, e);
   }
   bind_indices(L, s, idx, n, vec);
