@@ -327,6 +327,33 @@ START_TEST(api_instantiate) {
 }
 END_TEST
 
+/* Fields interleaved in one dense block get a warning (never an error);
+ * a block of their own ('field' shorthand), a one-cell block or a single
+ * field do not. */
+START_TEST(interleave_warning) {
+  fb_program *p = parse_ok("w.fbk", "layout {\n"
+                                    "  field a: f32 (ij: 8, 8)\n"
+                                    "  field b: f32[2] (ij: 8, 8)\n"
+                                    "  pointer(i: 4) { dense(i: 8) { place c: f32, d: i32, e: i32 } }\n"
+                                    "  dense(i: 1) { place f: f32, g: f32 }\n"
+                                    "  place h: f32, k: f32\n"
+                                    "}\n");
+  const fb_diags *w = fb_program_warnings(p);
+  ck_assert_int_eq(w->n, 1);
+  ck_assert_int_eq(w->v[0].line, 4);
+  ck_assert_int_eq(w->v[0].col, 19);
+  char *r = fb_program_warnings_render(p);
+  ck_assert_msg(strstr(r, "w.fbk:4:19: warning: 3 fields ('c', 'd', ...) are interleaved") &&
+                    strstr(r, "'field c: f32 (i: 8)'"),
+                "%s", r);
+  free(r);
+  ck_assert_int_eq(fb_program_field(p, fb_program_find_field(p, "a"))->snode ==
+                       fb_program_field(p, fb_program_find_field(p, "b"))->snode,
+                   0);
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(render) {
   const char *src = "layout {\n\tplace x: f32\n}\nkernel k() {\n\tx[] = y\n}\n";
   fb_program *p = NULL;
@@ -535,6 +562,7 @@ static Suite *suite(void) {
   tcase_add_test(api, api_tables);
   tcase_add_test(api, api_instantiate);
   tcase_add_test(api, render);
+  tcase_add_test(api, interleave_warning);
   tcase_add_test(api, truncated_input);
   tcase_add_test(api, lexer_corners);
   tcase_add_test(api, word_operators);

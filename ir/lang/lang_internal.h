@@ -260,6 +260,7 @@ struct fb_program {
   lconst *consts;
   int nconsts, ccap;
   fb_map const_names; /* FNV-1a of the name -> index into consts */
+  fb_diags warnings;  /* never errors: see fb_program_warnings */
   linst *insts;
   int ninsts, icap;
   /* the budget (fusebox/lang.h): expressions and statements lowered so far
