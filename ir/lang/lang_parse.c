@@ -784,7 +784,8 @@ static int is_assign_op(int k) {
 /* Python words that start a statement or declaration: what to write instead.
  * Returns 1 when t is one of them (reported). */
 static int python_word_hint(parser *P, const token *t) {
-  if (peek2(P)->kind == T_ASSIGN || peek2(P)->kind == T_DOT || peek2(P)->kind == T_LBRACK)
+  int k2 = peek2(P)->kind;
+  if (is_assign_op(k2) || k2 == T_DOT || k2 == T_LBRACK || k2 == T_COMMA)
     return 0; /* a variable or field that happens to be called so */
   if (tok_is(t, "elif")) errat(P, t, "there is no 'elif': write 'else if'");
   else if (tok_is(t, "def"))
