@@ -123,6 +123,14 @@ char *fb_diag_render(const char *filename, const char *src, const fb_diag *d);
 /* Every diagnostic rendered, concatenated (malloc'd). */
 char *fb_diags_render(const char *filename, const char *src, const fb_diags *d);
 
+/* Warnings of a program that parsed: advice that never makes a parse fail
+ * (today: several fields of more than one cell interleaved in one dense
+ * block). They are kept apart from the errors of fb_program_parse. */
+const fb_diags *fb_program_warnings(const fb_program *p);
+/* Every warning rendered as "file:line:col: warning: ..." with the source
+ * line and a caret (malloc'd; "" when there is none; NULL on no memory). */
+char *fb_program_warnings_render(const fb_program *p);
+
 #ifdef __cplusplus
 }
 #endif

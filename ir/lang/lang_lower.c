@@ -626,6 +626,45 @@ void lang_ref_write(lower *L, const lref *r, const lval *v, int op) {
   }
 }
 
+int lang_ref_atomic(lower *L, const lref *r, const lval *v, int op, lval *out) {
+  lslot s[LANG_MAX_COMP];
+  int ns = ref_slots(r, s);
+  for (int i = 0; i < ns; i++)
+    if (s[i].n != 1) return -1;
+  shape_init(out, lang_ref_type(r));
+  for (int i = 0; i < ns && i < v->n; i++)
+    out->id[i] = fb_b_global(&L->b, (fb_op)op, L->p->fields[r->field].places[s[i].comp[0]],
+                             r->idx, r->nidx, v->id[i]);
+  return 0;
+}
+
+/* (a, b, ...): VK_TUPLE, its elements in L->tup. */
+static int tuple_value(lower *L, node *e, lval *out) {
+  lval el[LANG_MAX_TUPLE];
+  char b[64];
+  lv_unknown(out);
+  if (e->nkids > LANG_MAX_TUPLE) {
+    ERR(L, e, "a tuple has at most %d values, found %d", LANG_MAX_TUPLE, e->nkids);
+    return -1;
+  }
+  int bad = 0, unknown = 0;
+  for (int i = 0; i < e->nkids; i++) {
+    if (lang_eval(L, e->kids[i], &el[i]) < 0) bad = 1;
+    else if (el[i].kind == VK_UNKNOWN) unknown = 1;
+    else if (el[i].kind == VK_VOID || el[i].kind == VK_TUPLE) {
+      ERR(L, e->kids[i], "a tuple holds values, found %s", lv_str(&el[i], b, sizeof b));
+      bad = 1;
+    }
+  }
+  if (bad) return -1;
+  if (unknown) return 0;
+  memset(out, 0, sizeof *out);
+  out->kind = VK_TUPLE;
+  out->n = e->nkids;
+  for (int i = 0; i < e->nkids; i++) L->tup[i] = el[i];
+  return 0;
+}
+
 /* ---------------------------------------------------------------- expressions */
 
 static int unary(lower *L, node *e, lval *out) {
@@ -931,6 +970,12 @@ int lang_eval(lower *L, node *e, lval *out) {
   case E_CALL: return lang_call(L, e, out);
   case E_LIST: return lang_list(L, e, out);
   case E_CTOR: return lang_ctor(L, e, out);
+  case E_TUPLE: return tuple_value(L, e, out);
+  case E_KWARG:
+    ERR(L, e, "an argument given by name ('%s = ...') is only for funcs with a parameter '%s'",
+        e->name, e->name);
+    lv_unknown(out);
+    return -1;
   default:
     ERR(L, e, "expected an expression");
     lv_unknown(out);
