@@ -311,11 +311,49 @@ class GUI:
             cols = _per_item(color, n, "color", who, np.int64)
         rgb = _colors(cols, n, who)
         r = _per_item(radius, n, "radius", who, np.float64)
+        if n and not (np.isfinite(r).all() and r.min() >= 0):
+            raise ValueError(f"{who}: a radius must be a finite number of pixels >= 0")
+        # as Taichi's canvas: the centre at pos * res with pixel i centred on
+        # i, coverage min(1, radius - distance) (a soft edge one pixel wide)
+        self._blend_discs(p * np.array(self.res, dtype=np.float64), r, rgb, 0.0)
+
+    def _blend_discs(self, c: np.ndarray, r: np.ndarray, rgb: np.ndarray, centre: float) -> None:
+        """Blend discs (centres c in pixels, radii r) in order, later ones
+        over earlier ones; a pixel's centre is at index + centre."""
+        n = c.shape[0]
         if n == 0:
             return
-        uniq, inv = np.unique(rgb, axis=0, return_inverse=True)
-        picture.splat(self.img, p, r, palette=[tuple(u) for u in uniq],
-                      palette_indices=inv.reshape(-1).astype(np.int64), orientation="taichi")
+        w, h = self.res
+        big = int(np.ceil(r.max())) + 1
+        off = np.arange(-big, big + 1)
+        ox, oy = (a.ravel() for a in np.meshgrid(off, off, indexing="ij"))
+        step = max(1, (1 << 21) // ox.size)  # particles per batch: bounded memory
+        for s in range(0, n, step):
+            cx, cy, rr = c[s:s + step, 0], c[s:s + step, 1], r[s:s + step]
+            x = np.floor(cx)[:, None] + ox[None, :]
+            y = np.floor(cy)[:, None] + oy[None, :]
+            d = np.hypot(x + centre - cx[:, None], y + centre - cy[:, None])
+            a = np.clip(rr[:, None] - d, 0.0, 1.0)
+            hit = (a > 0) & (x >= 0) & (x < w) & (y >= 0) & (y < h)
+            k = np.nonzero(hit)[0] + s
+            self._blend(x[hit].astype(np.int64), y[hit].astype(np.int64), a[hit], rgb[k])
+
+    def _blend(self, xs: np.ndarray, ys: np.ndarray, a: np.ndarray, rgb: np.ndarray) -> None:
+        """img[x, y] = img * (1 - a) + rgb * a, hit by hit in the order
+        given (hits on one pixel blend one after another)."""
+        if xs.size == 0:
+            return
+        flat = xs * self.res[1] + ys
+        order = np.argsort(flat, kind="stable")
+        flat, a, rgb = flat[order], a[order], rgb[order]
+        first = np.r_[0, np.nonzero(np.diff(flat))[0] + 1]
+        starts = np.repeat(first, np.diff(np.r_[first, flat.size]))
+        rank = np.arange(flat.size) - starts
+        img = self.img.reshape(-1, 3)
+        for k in range(int(rank.max()) + 1):
+            sel = rank == k
+            f, al = flat[sel], a[sel][:, None]
+            img[f] = img[f] * (1.0 - al) + rgb[sel] * al
 
     def _paint(self, mask_fn: Any, lo: np.ndarray, hi: np.ndarray, rgb: np.ndarray) -> None:
         """Paint rgb on the pixels in the box [lo, hi] (pixel coordinates)
@@ -341,21 +379,27 @@ class GUI:
             raise ValueError(f"{who}: begin has {a.shape[0]} points, end {b.shape[0]}")
         n = a.shape[0]
         rgb = _colors(color, n, who)
-        r = np.maximum(_per_item(radius, n, "radius", who, np.float64), 0.5)
+        r = _per_item(radius, n, "radius", who, np.float64)
+        if n and not (np.isfinite(r).all() and r.min() >= 0):
+            raise ValueError(f"{who}: a radius must be a finite number of pixels >= 0")
         scale = np.array(self.res, dtype=np.float64)
-        for k in range(n):
+        w, h = self.res
+        for k in range(n):  # as Taichi's canvas: coverage min(1, radius - distance)
             pa, pb, rk = a[k] * scale, b[k] * scale, r[k]
+            lo = np.maximum(np.floor(np.minimum(pa, pb) - rk) - 1, 0).astype(np.int64)
+            hi = np.minimum(np.ceil(np.maximum(pa, pb) + rk) + 1, scale - 1).astype(np.int64)
+            if lo[0] > hi[0] or lo[1] > hi[1]:
+                continue
+            xs, ys = np.meshgrid(np.arange(lo[0], hi[0] + 1), np.arange(lo[1], hi[1] + 1),
+                                 indexing="ij")
+            px, py = xs + 0.5, ys + 0.5
             d = pb - pa
             dd = float(d @ d)
-
-            def near(xs: np.ndarray, ys: np.ndarray, pa: Any = pa, d: Any = d, dd: float = dd,
-                     rk: float = rk) -> np.ndarray:
-                t = np.zeros_like(xs) if dd == 0 else \
-                    np.clip(((xs - pa[0]) * d[0] + (ys - pa[1]) * d[1]) / dd, 0.0, 1.0)
-                ex, ey = xs - (pa[0] + t * d[0]), ys - (pa[1] + t * d[1])
-                return ex * ex + ey * ey <= rk * rk
-
-            self._paint(near, np.minimum(pa, pb) - rk, np.maximum(pa, pb) + rk, rgb[k])
+            t = np.zeros(px.shape) if dd == 0 else \
+                np.clip(((px - pa[0]) * d[0] + (py - pa[1]) * d[1]) / dd, 0.0, 1.0)
+            al = np.clip(rk - np.hypot(px - pa[0] - t * d[0], py - pa[1] - t * d[1]), 0.0, 1.0)
+            m = al > 0
+            self._blend(xs[m], ys[m], al[m], np.broadcast_to(rgb[k], (int(m.sum()), 3)))
 
     def line(self, begin: Any, end: Any, radius: float = 1, color: int = 0xFFFFFF) -> None:
         self.lines(np.asarray(begin, dtype=np.float64).reshape(1, 2),
