@@ -3,7 +3,8 @@
     python runner.py program ENGINE PROGRAM.py OUT.npz
     python runner.py example ENGINE EXAMPLE.py OUT.npz FRAMES
 
-ENGINE is ``taichi`` (the real Taichi installed in this interpreter) or
+ENGINE is ``taichi`` (the real Taichi installed in this interpreter; its
+``ti.init`` is made to choose ``arch=ti.cpu`` whatever the program asks) or
 ``fusebox`` (``fusebox.taichi`` put in ``sys.modules['taichi']`` before the
 program is imported, so that its ``import taichi as ti`` gets it).
 
@@ -40,6 +41,13 @@ def use_engine(engine):
         return ti
     if engine == "taichi":
         import taichi as ti
+        init = ti.init
+
+        def init_on_cpu(*args, **kwargs):  # the comparison is with Taichi's CPU backend
+            kwargs["arch"] = ti.cpu
+            return init(*args[1:], **kwargs)
+
+        ti.init = init_on_cpu
         return ti
     raise SystemExit(f"runner.py: engine must be taichi or fusebox, not {engine!r}")
 
