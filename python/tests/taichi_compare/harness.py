@@ -3,11 +3,12 @@ taichi 1.7 installed, running a program under both engines (runner.py, one
 subprocess each) and comparing what they return, field by field.
 
 Taichi is a test dependency only, never a runtime one: it lives in a
-virtual environment of its own, $FB_PEERS_DIR/taichi17 (default
-~/.cache/fusebox-peers/taichi17, the one scripts/bench_peers.sh makes), or
-the interpreter $FB_TAICHI_PYTHON names. Where none is there, the first
-use makes that environment with ``pip install 'taichi==1.7.*'`` from PyPI;
-only where that fails are the comparisons skipped, with pip's message.
+virtual environment, the interpreter $FB_TAICHI_PYTHON names, or
+$FB_PEERS_DIR/taichi17 (default ~/.cache/fusebox-peers/taichi17, the one
+scripts/bench_peers.sh makes; used, never changed), or the harness's own,
+~/.cache/fusebox-taichi-tests/taichi17, which the first run makes with
+``pip install 'taichi==1.7.*'`` from PyPI; only where that fails are the
+comparisons skipped, with pip's message.
 """
 import glob
 import os
@@ -30,9 +31,9 @@ PYTHONS = ("3.11", "3.10", "3.12", "3.9", "3.8")  # those with taichi 1.7 wheels
 
 def _has_taichi(py):
     try:
-        r = subprocess.run([py, "-c", "import taichi, sys; sys.exit(0 if taichi.__version__"
-                                      ".startswith('1.7') else 3)"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        r = subprocess.run([py, "-c", "import sys, taichi; sys.exit(0 if tuple(taichi.__version__)"
+                                      "[:2] == (1, 7) else 3)"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
@@ -47,8 +48,18 @@ def _host_pythons():
                 yield p
 
 
+def _cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fusebox-taichi-tests")
+
+
 def find_taichi():
-    """(python, None) with taichi 1.7 importable, or (None, why not)."""
+    """(python, None) with taichi 1.7 importable, or (None, why not).
+
+    Looks at $FB_TAICHI_PYTHON, then the benchmarks' environment
+    $FB_PEERS_DIR/taichi17 (default ~/.cache/fusebox-peers/taichi17), used
+    as it is and never changed; then this harness's own environment,
+    ~/.cache/fusebox-taichi-tests/taichi17, made here when missing."""
     env = os.environ.get("FB_TAICHI_PYTHON")
     if env:
         if _has_taichi(env):
@@ -56,14 +67,18 @@ def find_taichi():
         return None, f"$FB_TAICHI_PYTHON={env} cannot import taichi 1.7"
     peers = os.environ.get("FB_PEERS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
                                                            "fusebox-peers")
-    venv = os.path.join(peers, "taichi17")
-    py = os.path.join(venv, "bin", "python")
+    py = os.path.join(peers, "taichi17", "bin", "python")
     if os.access(py, os.X_OK) and _has_taichi(py):
+        return py, None
+    venv = os.path.join(_cache_dir(), "taichi17")
+    py = os.path.join(venv, "bin", "python")
+    marker = os.path.join(venv, ".installed")
+    if os.path.exists(marker) and _has_taichi(py):
         return py, None
     errors = []
     for host in _host_pythons():
         try:
-            os.makedirs(peers, exist_ok=True)
+            os.makedirs(_cache_dir(), exist_ok=True)
             subprocess.run([host, "-m", "venv", "--clear", venv], check=True,
                            capture_output=True, timeout=300)
             r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
@@ -72,10 +87,13 @@ def find_taichi():
             errors.append(f"{host}: {e}")
             continue
         if r.returncode == 0 and _has_taichi(py):
-            with open(os.path.join(venv, ".installed"), "w") as f:
+            with open(marker, "w") as f:
                 f.write(TAICHI_SPEC + "\n")
             return py, None
-        errors.append(f"{host}: pip install {TAICHI_SPEC} failed: {r.stderr.strip()[-800:]}")
+        errors.append(f"{host}: pip install {TAICHI_SPEC} failed: "
+                      f"{(r.stderr or 'taichi does not import after it').strip()[-800:]}")
+        if r.returncode == 0:
+            break  # it installed but does not work: another Python will not do better
     if not errors:
         errors.append("no Python " + "/".join(PYTHONS) + " (taichi 1.7 has wheels for those)")
     return None, "Taichi 1.7 cannot be installed here: " + "; ".join(errors)

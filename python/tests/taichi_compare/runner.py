@@ -26,6 +26,7 @@ import importlib.util
 import os
 import sys
 import traceback
+import types
 
 import numpy as np
 
@@ -118,7 +119,12 @@ def run_example(engine, path, out, frames):
         shown = None
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(path))
-    g = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
+    # the example becomes __main__ (inspect finds a kernel's source through
+    # sys.modules[its __module__]); its globals stay reachable after exit()
+    main_mod = types.ModuleType("__main__")
+    main_mod.__file__ = path
+    sys.modules["__main__"] = main_mod
+    g = main_mod.__dict__
     with open(path) as f:
         code = compile(f.read(), path, "exec")
     try:
