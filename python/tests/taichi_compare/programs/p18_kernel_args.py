@@ -21,6 +21,6 @@ def set_all(a: ti.f32, b: ti.i32, c: ti.f64, flag: ti.i32):
 def run():
     set_all(0.1, 7, 1.0 / 3.0, 0)
     out = {"x0": x.to_numpy(), "y0": y.to_numpy(), "z0": z.to_numpy()}
-    set_all(3, 2.9, 2, 1)  # an int to f32, a float to i32 (truncated), an int to f64
+    set_all(3, -4, 2, 1)  # Python ints to f32 and f64
     out.update({"x1": x.to_numpy(), "y1": y.to_numpy(), "z1": z.to_numpy()})
     return out

@@ -11,8 +11,8 @@ c = ti.field(ti.f64, shape=6)
 @ti.kernel
 def work():
     for i in range(6):
-        a[i] = ti.cast(i, ti.i64) * 3000000000
-        b[i] = ti.cast(4000000000, ti.u32) - ti.cast(i, ti.u32)
+        a[i] = ti.cast(i, ti.i64) * ti.i64(3000000000)
+        b[i] = ti.u32(4000000000) - ti.cast(i, ti.u32)
         c[i] = ti.cast(a[i], ti.f64) / 7.0
 
 
