@@ -110,13 +110,40 @@ def taichi_frame_limit(ti, frames):
     return shown
 
 
+def count_frames(ti):
+    """Under fusebox: count the frames every GUI shows."""
+    shown = {"n": 0}
+    show = ti.GUI.show
+
+    def counted(self, *args, **kwargs):
+        show(self, *args, **kwargs)
+        shown["n"] += 1
+
+    ti.GUI.show = counted
+    return shown
+
+
+def examples_package(path):
+    """Under fusebox: `taichi.examples` is the wheel's folder the example
+    lies in, so that `from taichi.examples.patterns import ...` loads that
+    file in place (and its `import taichi` gets fusebox.taichi)."""
+    parts = os.path.abspath(path).split(os.sep)
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k] == "examples" and parts[k - 1] == "taichi":
+            pkg = types.ModuleType("taichi.examples")
+            pkg.__path__ = [os.sep.join(parts[:k + 1])]
+            sys.modules["taichi.examples"] = pkg
+            return
+
+
 def run_example(engine, path, out, frames):
     ti = sys.modules["taichi"]
     if engine == "taichi":
         shown = taichi_frame_limit(ti, frames)
     else:
         os.environ["FUSEBOX_GUI_FRAMES"] = str(frames)
-        shown = None
+        shown = count_frames(ti)
+        examples_package(path)
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(path))
     # the example becomes __main__ (inspect finds a kernel's source through
@@ -142,9 +169,7 @@ def run_example(engine, path, out, frames):
             continue
         if a.dtype != object:
             res[k] = a
-    guis = [v for v in g.values() if type(v).__name__ in ("GUI", "HeadlessGUI")]
-    n = shown["n"] if shown is not None else max((v.frame for v in guis), default=0)
-    res["__frames__"] = np.asarray(n)
+    res["__frames__"] = np.asarray(shown["n"])
     np.savez(out, **res)
 
 
