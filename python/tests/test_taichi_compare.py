@@ -43,6 +43,8 @@ KNOWN_GAPS = {
     "p38_random_int": "ti.random(ti.i32): 'the Python value ti.i32 cannot be used inside a "
                       "kernel'",
     "p46_rescale_index": "ti.rescale_index(x, blk, I): 'ti.rescale_index is not supported'",
+    "p52_serial_then_loop": "k = count[None]; count[None] += 1; for i in range(k): ...: the "
+                            "loop links nothing (link[0, 1] is 0.0, Taichi 0.1)",
     "p47_p2g_scatter": "(x[p] * inv_dx - 0.5).cast(int): 'the Python value <class 'int'> "
                        "cannot be used inside a kernel'",
 }
