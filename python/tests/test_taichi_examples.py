@@ -23,11 +23,10 @@ import harness  # noqa: E402
 from harness import fb_env, run_both, taichi_python  # noqa: E402,F401 (fixtures)
 
 # (path under taichi/examples, frames, how the values are compared):
-#   ("close", rtol, atol, share) with share > 0 for escape-time fractals:
-#       a pixel near the set's boundary may take another iteration (or a
-#       smooth colouring a slightly different logarithm) under one engine;
 #   ("close", rtol, atol, share): floats within rtol/atol on all but `share`
-#       of the values, integers exactly;
+#       of the values, integers exactly; share > 0 only for escape-time
+#       fractals, where a pixel near the set's boundary may take another
+#       iteration (or its smooth colour another logarithm) under one engine;
 #   "shapes": random initial states (ti.random, Python's random): names,
 #       shapes and dtypes only, and every float finite;
 #   "runs": it keeps its fields inside a class or function: that it ran to
