@@ -873,6 +873,79 @@ def test_taichi_math_module_and_casts(tinit):
     np.testing.assert_array_equal(ib.to_numpy(), np.trunc(p.astype(np.float32) * 2.5 - 0.5))
 
 
+def test_kernel_scope_accumulator_of_a_parallel_loop(tinit):
+    x = ti.field(ti.f32, shape=500)
+    k = ti.field(ti.i32, shape=500)
+
+    @ti.kernel
+    def stats() -> ti.f32:
+        s = 0.0
+        c = 0
+        for i in x:
+            s += x[i]
+            c += k[i] > 2
+        return s + c * 1000.0
+
+    d = np.linspace(0, 1, 500).astype(np.float32)
+    x.from_numpy(d)
+    k.from_numpy(np.arange(500) % 5)
+    assert stats() == pytest.approx(float(d.sum()) + 1000.0 * 200, rel=1e-5)
+    assert stats() == pytest.approx(float(d.sum()) + 1000.0 * 200, rel=1e-5)  # starts over
+
+
+def test_slices_fill_in_kernel_randn_and_lenient_func_return(tinit):
+    v = ti.Vector.field(3, ti.f32, shape=4)
+    w = ti.Vector.field(2, ti.f32, shape=4)
+    z = ti.field(ti.f32, shape=20000)
+
+    @ti.func
+    def get(f: ti.template(), i: int) -> ti.f32:  # returns a vector, as Taichi allows
+        return f[i]
+
+    @ti.kernel
+    def go():
+        v.fill(2.0)
+        for i in range(4):
+            w[i] = get(v, i)[:2] * i
+        for i in z:
+            z[i] = ti.randn()
+
+    go()
+    np.testing.assert_array_equal(w.to_numpy(), np.arange(4)[:, None] * [2.0, 2.0])
+    a = z.to_numpy()
+    assert abs(a.mean()) < 0.05 and abs(a.std() - 1) < 0.05 and np.isfinite(a).all()
+
+
+def test_activate_deactivate_in_kernels_and_narrow_ints(tinit, capsys):
+    from fusebox.taichi import _types
+    _types._warned.discard("u8")  # the note is given once per process
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        m = ti.field(ti.u8)
+    assert any("ti.u8 is stored as i32" in str(x.message) for x in w)
+    ti.root.bitmasked(ti.ij, (8, 8)).place(m)
+    n = ti.field(ti.i32, shape=())
+
+    @ti.kernel
+    def toggle():
+        for i, j in ti.ndrange(8, 8):
+            if (i * j) % 3 == 0:
+                ti.activate(m, [i, j])
+        for i, j in ti.ndrange(8, 8):
+            if i == 0:
+                ti.deactivate(m, [i, j])
+        ti.static_print("translated", m.shape)
+        n[None] = 0
+        for i, j in m:
+            n[None] += 1
+
+    toggle()
+    assert "translated (8, 8)" in capsys.readouterr().out
+    want = sum(1 for i in range(1, 8) for j in range(8) if (i * j) % 3 == 0)
+    assert n[None] == want
+    assert m.to_numpy().dtype == np.int32
+
+
 # ---------------------------------------------------------------- errors
 
 def test_unsupported_construct_names_file_line_and_construct(tinit):

@@ -31,9 +31,10 @@ from fusebox.taichi._ops import (Matrix, Vector, abs, acos, activate, append, as
                                  atan2, atomic_add, atomic_and, atomic_max, atomic_min,
                                  atomic_or, atomic_sub, atomic_xor, block_local, cast, ceil,
                                  cos, deactivate, exp, floor, grouped, is_active, log,
-                                 loop_config, max, min, ndrange, no_activate, one, zero, polar_decompose,
-                                 pow, random, rescale_index, round, rsqrt, select, sin, sqrt,
-                                 static, static_assert, static_print, svd, tan, tanh)
+                                 loop_config, max, min, ndrange, no_activate, one,
+                                 polar_decompose, pow, randn, random, rescale_index, round,
+                                 rsqrt, select, sin, sqrt, static, static_assert, static_print,
+                                 svd, tan, tanh, zero)
 from fusebox.taichi._ops import length_of as length
 from fusebox.taichi._runtime import (Kernel, amdgpu, arm64, cpu, cuda, dx11, dx12, gles, gpu,
                                      init, metal, opengl, reset, sync, vulkan, x64)

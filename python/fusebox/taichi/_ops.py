@@ -12,7 +12,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from fusebox.taichi import _types
-from fusebox.taichi._translate import (BoundFunc, Func, Grouped, NDRange, Static, Translator, fmt_float)
+from fusebox.taichi._translate import (BoundFunc, Func, Grouped, NDRange, Static, Translator,
+                                       fmt_float)
 
 # ------------------------------------------------------------------ registry
 # id(python object) -> translation: a .fbk builtin name (its arguments
@@ -184,6 +185,12 @@ normalize = _reg("normalized")(lambda v: np.asarray(v) / np.linalg.norm(v))
 determinant = _reg("determinant")(lambda m: np.linalg.det(m))
 inverse = _reg("inverse")(lambda m: np.linalg.inv(m))
 transpose = _reg("transpose")(lambda m: np.transpose(m))
+
+
+@_reg(("expr", lambda t, n, a, kw: "(sqrt(-2.0 * log(max(1.0 - random(), 1e-30))) * "
+                                    "cos(6.283185307179586 * random()))"))
+def randn(dtype: Any = None) -> Any:
+    return np.random.standard_normal()
 
 
 @_reg("random")
@@ -368,7 +375,7 @@ class Vector:
 
     @staticmethod
     def unit(n: int, i: int, dt: Any = None) -> Any:
-        v = np.zeros(n, _types.resolve(dt).np)
+        v = np.zeros(n, _types.resolve(int if dt is None else dt).np)
         v[i] = 1
         return v
 
@@ -451,7 +458,7 @@ def _matrix_static(t: Translator, f: Any, n: Any, sv: List[Any], kw: Dict[str, A
     if name == "unit":
         nn, i = sv[0], sv[1]
         dt = sv[2] if len(sv) > 2 else kw.get("dt")
-        tn = _tname(t, dt, n) + f"[{nn}]"
+        tn = _tname(t, int if dt is None else dt, n) + f"[{nn}]"  # an int vector by default
         return f"{tn}({', '.join('1' if k == i else '0' for k in range(nn))})"
     if name == "identity":
         dt, nn = sv[0], sv[1]
@@ -643,7 +650,27 @@ def _sparse_call(t: Translator, n: ast.Call, what: str) -> str:
 
 def call_stmt(t: Translator, n: ast.Call) -> Optional[str]:
     """A call used as a statement: atomics become augmented assignments,
-    print is dropped with a warning. None: an ordinary call."""
+    x.fill(v) a loop over x's cells, print is dropped with a warning.
+    None: an ordinary call."""
+    from fusebox.taichi._fields import Field
+    if isinstance(n.func, ast.Attribute) and n.func.attr == "fill" and len(n.args) == 1:
+        try:
+            base = t.expr(n.func.value)
+        except Exception:
+            base = None
+        if isinstance(base, Static) and isinstance(base.v, Field):
+            fld = base.v
+            nm = t.code(base, n.func.value)
+            v = t.expr_code(n.args[0])
+            val = f"{fld.fbk_type()}({v})" if fld.elem else v
+            nd = len(fld.shape)
+            if nd == 0:
+                return f"{nm}[] = {val}"
+            idx = [t.prog.fresh(f"{nm}_i{d}") for d in range(nd)]
+            t.emit(f"for {', '.join(idx)} in {nm} {{", n)
+            t.emit(f"  {nm}[{', '.join(idx)}] = {val}", n)
+            t.emit("}", n)
+            return ""
     try:
         fv = t.expr(n.func) if not isinstance(n.func, ast.Attribute) or not _dyn_attr(t, n) \
             else None
@@ -803,7 +830,12 @@ def _call_func(t: Translator, n: ast.Call, f: Func, bound: tuple = ()) -> str:
         prog.funcs[k] = name
         ret = None
         r = sig.return_annotation
-        if r is not inspect.Signature.empty and r is not None:
+        # one return statement: the func's value is the returned expression
+        # (Taichi does not hold a func to its annotation: examples return a
+        # vector from "-> ti.f32"); several need the declared type
+        nret = sum(isinstance(x, ast.Return) and x.value is not None
+                   for x in ast.walk(prog.parse(f.fn).fd))
+        if r is not inspect.Signature.empty and r is not None and nret > 1:
             ret = (r.fbk() if isinstance(r, (_types.VectorType, _types.MatrixType)) else
                    _types.resolve(r).fbk)
         try:
@@ -819,7 +851,6 @@ def _call_func(t: Translator, n: ast.Call, f: Func, bound: tuple = ()) -> str:
 def for_loop(t: Translator, st: ast.For) -> None:
     from fusebox.taichi._fields import Field, SNode
     it = st.iter
-    top = t.depth == 1 and t.kind == "kernel" and t.loop_depth == 0
     targets = st.target.elts if isinstance(st.target, ast.Tuple) else [st.target]
     for tg in targets:
         if not isinstance(tg, ast.Name):
@@ -946,6 +977,13 @@ def _ndrange_loop(t: Translator, st: ast.For, it: ast.Call, names: List[str],
                   grouped_: bool = False) -> None:
     bounds = []
     for a in it.args:
+        if isinstance(a, ast.Starred):  # ti.ndrange(*[n] * dim): compile-time items
+            for item in t.static_eval(a.value, "*args of ti.ndrange"):
+                if isinstance(item, (tuple, list)):
+                    bounds.append((Static(item[0]), Static(item[1]), a))
+                else:
+                    bounds.append((Static(0), Static(item), a))
+            continue
         if isinstance(a, (ast.Tuple, ast.List)):
             if len(a.elts) != 2:
                 raise t.err(a, "a ti.ndrange item is a size n or a pair (lo, hi)")
@@ -999,10 +1037,20 @@ def _unroll(t: Translator, st: ast.For, names: List[str], vals: Any) -> None:
         items = list(vals)
     except TypeError:
         raise t.err(st, f"ti.static(...) of {type(vals).__name__} cannot be iterated")
-    for b in ast.walk(ast.Module(body=st.body, type_ignores=[])):
-        if isinstance(b, (ast.Break, ast.Continue)):
-            # (inside a nested loop that is fine)
-            pass
+    def loose(body: List[ast.stmt]) -> Optional[ast.stmt]:
+        """A break/continue of this loop (not of a loop nested in it)."""
+        for b in body:
+            if isinstance(b, (ast.Break, ast.Continue)):
+                return b
+            if isinstance(b, ast.If):
+                r = loose(b.body) or loose(b.orelse)
+                if r is not None:
+                    return r
+        return None
+    bad = loose(st.body)
+    if bad is not None:
+        raise t.unsupported(bad, f"'{type(bad).__name__.lower()}' in a ti.static loop",
+                            "use ti.static(if ...) or a run-time loop")
     for item in items:
         if len(names) == 1:
             binding = {names[0]: Static(item)}
@@ -1013,9 +1061,6 @@ def _unroll(t: Translator, st: ast.For, names: List[str], vals: Any) -> None:
         t.scopes.append(binding)
         try:
             for s in st.body:
-                if isinstance(s, (ast.Break, ast.Continue)):
-                    raise t.unsupported(s, f"'{type(s).__name__.lower()}' in a ti.static loop",
-                                        "use ti.static(if ...) or a run-time loop")
                 t.stmt(s)
         finally:
             t.scopes.pop()

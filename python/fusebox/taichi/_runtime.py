@@ -117,6 +117,12 @@ class Runtime:
         name_fields(placed, snodes)
         self.field_names = {f.name for f in placed} | {s.name for s in snodes if s.name}
         self.layout = layout_lines(self.root)
+        # 0-D fields for kernel-scope accumulators of parallel loops (_translate._reductions)
+        from fusebox.taichi._translate import REDUCE_SLOTS, reduce_slot
+        slots = [reduce_slot(t, k) for t in ("f32", "f64", "i32", "i64")
+                 for k in range(REDUCE_SLOTS)]
+        self.layout[-1:-1] = [(f"  place {nm}: {nm.split('_')[2]}", ("", 0)) for nm in slots]
+        self.field_names |= set(slots)
         self._connect()
         text = "\n".join(t for t, _ in self.layout) + "\n"
         try:

@@ -302,6 +302,9 @@ class Translator:
             return "[" + ", ".join(self.code(Static(e), node) for e in x) + "]"
         if isinstance(x, Func):
             raise self.err(node, f"ti.func '{x.fn.__name__}' must be called")
+        if isinstance(x, str):
+            raise self.unsupported(node, "a string", "strings exist only in Python scope (a "
+                                   "string may index a Python dict of constants)")
         raise self.err(node, f"the Python value {x!r} cannot be used inside a kernel (only "
                              "numbers, fields and ti.func calls are)")
 
@@ -330,8 +333,6 @@ class Translator:
         return m(node)
 
     def e_Constant(self, n: ast.Constant) -> Any:
-        if isinstance(n.value, str):
-            raise self.unsupported(n, "a string", "strings exist only in Python scope")
         if n.value is None:
             return Static(None)
         return Static(n.value)
@@ -404,6 +405,12 @@ class Translator:
                 return Static(_pyop(op, a.v, b.v))
             except Exception as e:
                 raise self.err(n, f"constant arithmetic failed: {e}")
+        if isinstance(a, Static) and isinstance(b, Static) and isinstance(
+                a.v, (list, tuple, np.ndarray)) and op in ("+", "*", "-", "@"):
+            try:  # [n] * dim, (a, b) + (c,), constant vectors
+                return Static(_pyop(op, a.v, b.v) if op != "@" else a.v @ b.v)
+            except Exception:
+                pass
         return f"({self.code(a, n.left)} {op} {self.code(b, n.right)})"
 
     def e_UnaryOp(self, n: ast.UnaryOp) -> Any:
@@ -459,7 +466,18 @@ class Translator:
         base = self.expr(n.value)
         sl = n.slice
         if isinstance(sl, ast.Slice):
-            raise self.unsupported(n, "slicing", "index one element at a time")
+            lo, hi, st = (None if x is None else self.static_eval(x, "a slice bound")
+                          for x in (sl.lower, sl.upper, sl.step))
+            if isinstance(base, Static):
+                try:
+                    return Static(base.v[slice(lo, hi, st)])
+                except Exception as e:
+                    raise self.err(n, f"slicing a compile-time value failed: {e}")
+            if hi is None or (lo or 0) < 0 or hi < 0:
+                raise self.unsupported(n, "a slice without an upper bound (or with negative "
+                                       "bounds) of a run-time vector", "write v[a:b]")
+            b = self.code(base, n.value)
+            return "[" + ", ".join(f"{b}[{k}]" for k in range(lo or 0, hi, st or 1)) + "]"
         if isinstance(base, Static) and isinstance(base.v, (Field, SNode)):
             name = self.code(base, n.value)
             if isinstance(sl, ast.Constant) and sl.value is None:
@@ -776,10 +794,61 @@ def translate_kernel(prog: Program, fn: Any, name: str, statics: Dict[str, Any],
             tr.scopes[0][pn] = pn
     for line in pro:
         tr.emit(line, p.fd)
+    for nm, slot in _reductions(p.fd.body, set(tr.scopes[0])).items():
+        tr.scopes[0][nm] = slot  # a kernel-scope accumulator of a parallel loop
     head = f"kernel {name}({', '.join(decl)})" + (f" -> {ret}" if ret else "") + " {"
     for st in p.fd.body:
         tr.stmt(st)
     return [(head, (p.file, p.line(p.fd)))] + tr.lines + [("}", (p.file, p.line(p.fd)))]
+
+
+REDUCE_SLOTS = 2  # per type: 0-D fields the layout holds for kernel-scope accumulators
+
+
+def reduce_slot(t: str, k: int) -> str:
+    return f"ti_reduce_{t}_{k}"
+
+
+def _reductions(body: Sequence[ast.stmt], taken: set) -> Dict[str, str]:
+    """Kernel-scope variables that a top-level (parallel) loop updates with
+    an augmented assignment (``s = 0.0; for i in x: s += x[i]``), as Taichi
+    allows: each gets a 0-D field of the layout (ti_reduce_f32_0, ...), so
+    the update is atomic. Only variables first assigned a number literal (or
+    annotated with a scalar type) at the kernel's top level qualify."""
+    init: Dict[str, str] = {}
+    for st in body:
+        tgt, val, ty = None, None, None
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(
+                st.targets[0], ast.Name):
+            tgt, val = st.targets[0].id, st.value
+        elif isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+            tgt, val = st.target.id, st.value
+            ann = st.annotation
+            nm = ann.attr if isinstance(ann, ast.Attribute) else getattr(ann, "id", "")
+            ty = {"f32": "f32", "f64": "f64", "i32": "i32", "i64": "i64", "float": "fp",
+                  "int": "ip"}.get(nm)
+        if tgt is None or tgt in init or tgt in taken:
+            continue
+        if ty is None and isinstance(val, ast.UnaryOp) and isinstance(val.op, ast.USub):
+            val = val.operand
+        if ty is None and isinstance(val, ast.Constant) and not isinstance(val.value, bool):
+            ty = "fp" if isinstance(val.value, float) else "ip" if isinstance(
+                val.value, int) else None
+        if ty:
+            init[tgt] = {"fp": _types.defaults.fp.fbk, "ip": _types.defaults.ip.fbk}.get(ty, ty)
+    updated: set = set()
+    for st in body:
+        if isinstance(st, ast.For):
+            for n in ast.walk(st):
+                if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+                    updated.add(n.target.id)
+    out: Dict[str, str] = {}
+    used: Dict[str, int] = {}
+    for nm, t in init.items():
+        if nm in updated and used.get(t, 0) < REDUCE_SLOTS:
+            out[nm] = reduce_slot(t, used.get(t, 0)) + "[]"
+            used[t] = used.get(t, 0) + 1
+    return out
 
 
 def translate_func(prog: Program, f: Func, name: str, statics: Dict[str, Any],

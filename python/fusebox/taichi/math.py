@@ -5,8 +5,8 @@ import math as _m
 from fusebox.taichi import _types
 from fusebox.taichi._ops import (abs, acos, asin, atan, atan2, ceil, clamp, cmul, cos, cross,
                                  determinant, distance, dot, exp, floor, fract, inverse, length,
-                                 log, log2, max, min, mix, normalize, pow, reflect, rotation2d, round, sign,
-                                 sin, smoothstep, sqrt, step, tan, tanh, transpose)
+                                 log, log2, max, min, mix, normalize, pow, reflect, rotation2d,
+                                 round, sign, sin, smoothstep, sqrt, step, tan, tanh, transpose)
 
 pi = _m.pi
 e = _m.e
@@ -24,6 +24,7 @@ mat4 = _types.MatrixType(4, 4, None)
 
 __all__ = ["abs", "acos", "asin", "atan", "atan2", "ceil", "clamp", "cmul", "cos", "cross",
            "determinant", "distance", "dot", "exp", "floor", "fract", "inverse", "length", "log",
-           "log2", "max", "min", "mix", "normalize", "pow", "reflect", "rotation2d", "round", "sign", "sin",
-           "smoothstep", "sqrt", "step", "tan", "tanh", "transpose", "pi", "e", "inf", "nan",
+           "log2", "max", "min", "mix", "normalize", "pow", "reflect", "rotation2d", "round",
+           "sign", "sin", "smoothstep", "sqrt", "step", "tan", "tanh", "transpose", "pi", "e",
+           "inf", "nan",
            "vec2", "vec3", "vec4", "ivec2", "ivec3", "ivec4", "mat2", "mat3", "mat4"]
