@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "taichi_compare"))

@@ -17,7 +17,8 @@ back = ti.Matrix.field(3, 3, ti.f32, shape=n)
 def work():
     for i in range(n):
         t = i * 0.3
-        M = ti.Matrix([[2.0 + t, 0.3, -0.2], [0.1, 1.0 + ti.sin(t), 0.4], [0.0, -0.5, 3.0 - t * 0.2]])
+        M = ti.Matrix([[2.0 + t, 0.3, -0.2], [0.1, 1.0 + ti.sin(t), 0.4],
+                       [0.0, -0.5, 3.0 - t * 0.2]])
         U, S, V = ti.svd(M)
         sig[i] = ti.Vector([S[0, 0], S[1, 1], S[2, 2]])
         R[i] = U @ V.transpose()

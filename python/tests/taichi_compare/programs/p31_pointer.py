@@ -1,4 +1,5 @@
-"""A pointer SNode over dense blocks: activation by writing, ti.is_active, struct-for over active cells."""
+"""A pointer SNode over dense blocks: activation by writing, ti.is_active, struct-for
+over the active cells."""
 import taichi as ti
 
 ti.init(arch=ti.cpu)
