@@ -1072,7 +1072,7 @@ def test_ndarray_argument_refused_clearly(tinit):
         k(np.zeros(4))
 
 
-def test_numpy_global_and_atomic_old_value_refused(tinit):
+def test_numpy_global_refused(tinit):
     x = ti.field(ti.f32, shape=4)
     table = np.arange(4.0).reshape(2, 2, 1)
 
@@ -1086,15 +1086,34 @@ def test_numpy_global_and_atomic_old_value_refused(tinit):
     assert f":{line_of('NUMPY-GLOBAL')}:" in str(e.value)
     assert "NumPy array" in str(e.value) and "from_numpy" in str(e.value)
 
-    @ti.kernel
-    def k2():
-        for i in x:
-            old = ti.atomic_add(x[0], 1.0)  # ATOMIC-OLD
-            x[i] = old
 
-    with pytest.raises(ti.TaichiSyntaxError) as e:
-        k2()
-    assert f":{line_of('ATOMIC-OLD')}:" in str(e.value) and "atomic_add" in str(e.value)
+def test_atomic_old_value_allocates_slots(tinit):
+    # ti.atomic_add returns the value before the update: every iteration
+    # that passes the test takes a distinct slot, as Taichi's slot allocation.
+    n = 64
+    src = ti.field(ti.i32, shape=n)
+    out = ti.field(ti.i32, shape=n)
+    count = ti.field(ti.i32, shape=())
+    peak = ti.field(ti.f32, shape=())
+
+    @ti.kernel
+    def compact():
+        for i in src:
+            if src[i] % 3 == 0:
+                slot = ti.atomic_add(count[None], 1)
+                out[slot] = src[i]
+        for i in src:
+            ti.atomic_max(peak[None], ti.cast(src[i], ti.f32))
+
+    src.from_numpy(np.arange(n, dtype=np.int32) * 5)
+    out.fill(-1)
+    compact()
+    want = sorted(v for v in range(0, 5 * n, 5) if v % 3 == 0)
+    k = count[None]
+    assert k == len(want)
+    assert sorted(out.to_numpy()[:k].tolist()) == want
+    assert (out.to_numpy()[k:] == -1).all()
+    assert peak[None] == 5.0 * (n - 1)
 
 
 def test_print_in_kernel_is_dropped_with_a_warning(tinit):

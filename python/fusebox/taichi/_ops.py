@@ -584,9 +584,14 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
         args = [t.expr_code(a) for a in n.args]
         return what(t, n, args, kw)
     if kind == "atomic":
-        raise t.unsupported(n, f"the value returned by ti.{f.__name__}",
-                            f"write ti.{f.__name__}(x, v) as a statement of its own (it is "
-                            "the atomic update), and read x separately if you need a value")
+        # .fbk's atomic_OP(target, value) updates and returns the old value
+        if len(n.args) != 2 or kw:
+            raise t.unsupported(n, f"ti.{f.__name__} with {len(n.args)} arguments",
+                                f"write ti.{f.__name__}(x, v)")
+        tgt = t.expr(n.args[0])
+        if isinstance(tgt, Static):
+            raise t.err(n, f"ti.{f.__name__} needs a field element or variable to update")
+        return f"{f.__name__}({tgt}, {t.expr_code(n.args[1])})"
     if kind == "sparse":
         return _sparse_call(t, n, what)
     if kind == "decomp":
