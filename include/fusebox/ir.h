@@ -401,6 +401,14 @@ int fb_grad_map_from_layout(const fb_layout *l, fb_grad_map *g);
  * fb_verify. */
 int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
                       size_t errlen);
+/* fb_kernel_adjoint with a budget and the statement to blame: the adjoint
+ * may have at most max_stmts statements (> 0; 0: no limit), else FB_EQUOTA
+ * (a caller registering adjoints for a client passes the client's kernel
+ * statement limit); *bad_stmt (may be NULL) is set to the forward
+ * statement a refusal is about (-1 when none), which a front end maps to a
+ * source position. */
+int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts,
+                         fb_kernel **out, int *bad_stmt, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- interpreter
  * The reference interpreter runs IR on host memory it owns: one flat array
