@@ -235,7 +235,7 @@ static int out_of_scope(actx *a, int id) {
                   op_name(s->op));
   case FB_OP_RAND:
     return refuse(a, id,
-                  "rand() cannot be differentiated (the adjoint would draw other numbers); draw "
+                  "random() cannot be differentiated (the adjoint would draw other numbers); draw "
                   "the numbers into a field in another kernel and read that field here");
   case FB_OP_IS_ACTIVE:
   case FB_OP_ACTIVATE:

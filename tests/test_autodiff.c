@@ -15,6 +15,7 @@
 
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
+#include "fusebox/lang.h"
 #include "tests/support/support.h"
 
 const char *fb_interp_errmsg(const fb_interp *in);
@@ -998,6 +999,238 @@ START_TEST(adjoint_budget) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- .fbk */
+
+/* `place x: f64 grad`, x.grad[i] in kernels, "k.grad" through
+ * fb_program_instantiate, and the refusals as line:col diagnostics. */
+static const char *fbk_src =
+    "layout {\n"
+    "  dense(i: 6) { place x: f64 grad, y: f64 grad, v: f64[2] grad, c: f64, gx: f64 }\n"
+    "  place L: f64 grad\n"
+    "}\n"
+    "kernel k(s: f64) {\n"
+    "  for i in 0 .. 6 {\n"
+    "    var a = x[i]\n"
+    "    for j in 0 .. 3 {\n"
+    "      if a > 0.0 {\n"
+    "        a = a * s + sin(a) * v[i].y\n"
+    "      } else {\n"
+    "        a = a - 0.5 * a * a + c[i]\n"
+    "      }\n"
+    "    }\n"
+    "    y[i] = a\n"
+    "    L[] += a * v[i].x\n"
+    "  }\n"
+    "}\n"
+    "kernel seed() {\n"
+    "  for i in 0 .. 6 { y.grad[i] = 0.0 }\n"
+    "  L.grad[] = 1.0\n"
+    "}\n"
+    "kernel read_grad() {\n"
+    "  for i in 0 .. 6 { gx[i] = x.grad[i] }\n"
+    "}\n";
+
+static double fbk_loss(fb_interp *in, const fb_program *p, fb_kernel *k, double s) {
+  ((double *)fb_interp_field(in, fb_program_field(p, fb_program_find_field(p, "L"))->places[0]))[0] =
+      0;
+  fb_value a = fb_value_f64(s);
+  ck_assert_int_eq(fb_interp_run(in, k, &a, 1, NULL), 0);
+  return ((double *)fb_interp_field(
+      in, fb_program_field(p, fb_program_find_field(p, "L"))->places[0]))[0];
+}
+
+static fb_kernel *fbk_inst(fb_program *p, const char *name) {
+  fb_kernel *k = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(p, name, NULL, 0, &k, &d);
+  char *r = fb_diags_render("ad.fbk", fb_program_source(p), &d);
+  ck_assert_msg(rc == 0, "instantiate %s: %s\n%s", name, fb_strerror(rc), r ? r : "");
+  free(r);
+  fb_diags_free(&d);
+  return k;
+}
+
+START_TEST(fbk_grad_syntax_and_kernel_grad) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse("ad.fbk", fbk_src, &p, &d);
+  char *r = fb_diags_render("ad.fbk", fbk_src, &d);
+  ck_assert_msg(rc == 0, "parse:\n%s", r ? r : "");
+  free(r);
+  fb_diags_free(&d);
+  /* the gradient fields: same shape, float, one place per component */
+  const fb_lang_field *xg = fb_program_field(p, fb_program_find_field(p, "x.grad"));
+  const fb_lang_field *vg = fb_program_field(p, fb_program_find_field(p, "v.grad"));
+  ck_assert_ptr_nonnull(xg);
+  ck_assert_ptr_nonnull(vg);
+  ck_assert_int_eq(xg->ndim, 1);
+  ck_assert_int_eq(xg->shape[0], 6);
+  ck_assert_int_eq(vg->ncomp, 2);
+  ck_assert_int_eq(fb_program_find_field(p, "c.grad"), -1);
+  const fb_layout *l = fb_program_layout(p);
+  ck_assert_str_eq(l->nodes[vg->places[1]].name, "v.1.grad");
+  fb_kernel *k = fbk_inst(p, "k"), *kg = fbk_inst(p, "k.grad");
+  ck_assert_str_eq(kg->name, "k.grad");
+  ck_assert_ptr_eq(fbk_inst(p, "k.grad"), kg); /* cached */
+  fb_kernel *seed = fbk_inst(p, "seed"), *rg = fbk_inst(p, "read_grad");
+  fb_interp *in = fb_interp_new(l, 1);
+  rng_state = 77;
+  const char *inputs[] = {"x", "v", "c"};
+  for (int f = 0; f < 3; f++) {
+    const fb_lang_field *lf = fb_program_field(p, fb_program_find_field(p, inputs[f]));
+    for (int c = 0; c < lf->ncomp; c++)
+      for (int e = 0; e < 6; e++)
+        ((double *)fb_interp_field(in, lf->places[c]))[e] = uniform(-1, 1);
+  }
+  double s = 0.7;
+  /* the tape by hand: forward, seed (through x.grad syntax), adjoint */
+  fbk_loss(in, p, k, s);
+  ck_assert_int_eq(fb_interp_run(in, seed, NULL, 0, NULL), 0);
+  fb_value a = fb_value_f64(s);
+  ck_assert_int_eq(fb_interp_run(in, kg, &a, 1, NULL), 0);
+  ck_assert_int_eq(fb_interp_run(in, rg, NULL, 0, NULL), 0);
+  const fb_lang_field *xf = fb_program_field(p, fb_program_find_field(p, "x"));
+  const fb_lang_field *gxf = fb_program_field(p, fb_program_find_field(p, "gx"));
+  const fb_lang_field *vf = fb_program_field(p, fb_program_find_field(p, "v"));
+  double *x = fb_interp_field(in, xf->places[0]), *gx = fb_interp_field(in, gxf->places[0]);
+  double ad[6], adv[2][6];
+  for (int e = 0; e < 6; e++) {
+    ad[e] = gx[e];
+    ck_assert_double_eq(gx[e], ((double *)fb_interp_field(in, xg->places[0]))[e]);
+    for (int c = 0; c < 2; c++) adv[c][e] = ((double *)fb_interp_field(in, vg->places[c]))[e];
+  }
+  for (int e = 0; e < 6; e++) {
+    double x0 = x[e], h = 1e-6;
+    x[e] = x0 + h;
+    double lp = fbk_loss(in, p, k, s);
+    x[e] = x0 - h;
+    double lm = fbk_loss(in, p, k, s);
+    x[e] = x0;
+    double fd = (lp - lm) / (2 * h);
+    ck_assert_msg(fabs(ad[e] - fd) <= 1e-6 * (1 + fabs(fd)), "dL/dx[%d]: %.17g vs fd %.17g", e,
+                  ad[e], fd);
+    for (int c = 0; c < 2; c++) {
+      double *v = fb_interp_field(in, vf->places[c]), v0 = v[e];
+      v[e] = v0 + h;
+      lp = fbk_loss(in, p, k, s);
+      v[e] = v0 - h;
+      lm = fbk_loss(in, p, k, s);
+      v[e] = v0;
+      fd = (lp - lm) / (2 * h);
+      ck_assert_msg(fabs(adv[c][e] - fd) <= 1e-6 * (1 + fabs(fd)), "dL/dv[%d][%d]: %.17g vs %.17g",
+                    e, c, adv[c][e], fd);
+    }
+  }
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* The source must parse; instantiating "k.grad" must fail with rc and the
+ * one rendered diagnostic must contain want (file:line:col: error: ...). */
+static void fbk_refusal(const char *src, int want_rc, const char *want, const char *want2) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse("ad.fbk", src, &p, &d);
+  char *r = fb_diags_render("ad.fbk", src, &d);
+  ck_assert_msg(rc == 0, "parse:\n%s", r ? r : "");
+  free(r);
+  fb_diags_free(&d);
+  fb_diags_init(&d);
+  fb_kernel *kg = NULL;
+  rc = fb_program_instantiate(p, "k.grad", NULL, 0, &kg, &d);
+  r = fb_diags_render("ad.fbk", src, &d);
+  ck_assert_msg(rc == want_rc, "rc %s, want %s:\n%s", fb_strerror(rc), fb_strerror(want_rc), r);
+  ck_assert_ptr_null(kg);
+  ck_assert_int_eq(d.n, 1);
+  ck_assert_msg(strstr(r, want), "diagnostic lacks '%s':\n%s", want, r);
+  if (want2) ck_assert_msg(strstr(r, want2), "diagnostic lacks '%s':\n%s", want2, r);
+  ck_assert_msg(!strchr(d.v[0].msg, '%'), "names an IR value: %s", r);
+  free(r);
+  fb_diags_free(&d);
+  fb_program_free(p);
+}
+
+#define FBK_LAYOUT                                                                                 \
+  "layout {\n"                                                                                     \
+  "  dense(i: 8) { place x: f64 grad, y: f64 grad, w: f64, n: i32 }\n"                             \
+  "}\n"
+
+START_TEST(fbk_refusals_have_positions) {
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    x[i] = x[i] * 2.0\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY,
+              "ad.fbk:6:5: error: cannot differentiate kernel 'k': it reads field 'x' and writes it "
+              "(an assignment) in one kernel",
+              "write the result to another field or split the kernel in two");
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    var c = 0\n"
+                         "    while c < 3 {\n"
+                         "      c += 1\n"
+                         "    }\n"
+                         "    y[i] = x[i] * f64(c)\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY, "ad.fbk:7:5: error: cannot differentiate kernel 'k': a while loop",
+              "write it as a for loop over a range");
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    y[i] = x[i] * f64(random())\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY, "ad.fbk:6:23: error: cannot differentiate kernel 'k': random()", NULL);
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    let t = sin(x[i])\n"
+                         "    w[i] = t\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY,
+              "ad.fbk:7:5: error: cannot differentiate kernel 'k': it writes a value that depends "
+              "on a field with a gradient into 'w', which has none",
+              "give 'w' a gradient (place w: f64 grad)");
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    let t = x[i] * 2.0\n"
+                         "    y[i] max= t\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY,
+              "ad.fbk:7:5: error: cannot differentiate kernel 'k': atomic_max on the float field "
+              "'y' cannot be differentiated",
+              "compute the maximum with max() and store it");
+}
+END_TEST
+
+/* Syntax errors of the gradient syntax, at parse time. */
+static void fbk_parse_error(const char *src, const char *want) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_parse("ad.fbk", src, &p, &d);
+  char *r = fb_diags_render("ad.fbk", src, &d);
+  ck_assert_msg(rc != 0, "parsed:\n%s", src);
+  ck_assert_msg(strstr(r, want), "diagnostic lacks '%s':\n%s", want, r);
+  free(r);
+  fb_diags_free(&d);
+}
+
+START_TEST(fbk_grad_syntax_errors) {
+  fbk_parse_error("layout {\n  dense(i: 4) { place n: i32 grad }\n}\n",
+                  "ad.fbk:2:23: error: 'n' is i32: only f32 and f64 fields have gradients");
+  fbk_parse_error("layout {\n  dense(i: 4) { place x: f32, y: f32 }\n}\n"
+                  "kernel k() {\n  for i in 0 .. 4 { y[i] = x.grad[i] }\n}\n",
+                  "ad.fbk:5:28: error: 'x' has no gradient: declare it with 'place x: f32 grad'");
+}
+END_TEST
+
 /* ---------------------------------------------------------------- sparse */
 
 /* The gradient sits in the primal's bitmasked container, so it follows the
@@ -1204,7 +1437,7 @@ START_TEST(refuses_control_flow_and_locals) {
   want_bad = 5;
   expect_refusal(LOOP_HEAD "    %5 = rand.f32 0\n"
                            "  }\n",
-                 FB_EVERIFY, "rand() cannot be differentiated", "draw the numbers into a field");
+                 FB_EVERIFY, "random() cannot be differentiated", "draw the numbers into a field");
   want_bad = 5;
   expect_refusal(LOOP_HEAD "    %5 = is_active.bool x[%3]\n"
                            "  }\n",
@@ -1379,6 +1612,11 @@ static Suite *autodiff_suite(void) {
   tcase_add_test(cf, nested_loops_if_and_body_locals_fd);
   tcase_add_test(cf, adjoint_budget);
   suite_add_tcase(s, cf);
+  TCase *fbk = tcase_create("fbk");
+  tcase_add_test(fbk, fbk_grad_syntax_and_kernel_grad);
+  tcase_add_test(fbk, fbk_refusals_have_positions);
+  tcase_add_test(fbk, fbk_grad_syntax_errors);
+  suite_add_tcase(s, fbk);
   TCase *lay = tcase_create("layouts");
   tcase_add_test(lay, layout_add_grad);
   tcase_add_test(lay, layout_convention_is_strict);
