@@ -1231,6 +1231,271 @@ START_TEST(fbk_grad_syntax_errors) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- random programs */
+
+/* Random differentiable programs of three kernels chained through fields
+ * (a, d -> b -> c -> L), each a parallel loop with a random smooth
+ * expression over neighbour reads and one of: no control flow, an if/else
+ * assigning a local, a serial loop with a loop-carried local (trip count
+ * from the parameter), or that loop with an if inside; the result stored,
+ * scattered by atomic_add, or reduced into L. Their adjoints, run in
+ * reverse after them (the tape by hand), are checked by the adjoint
+ * identity <Jv, w> = <v, J^T w> against a central difference on the
+ * interpreter, and the same launches on the CPU engine in sync mode and in
+ * async mode under every subset of the optimizer's passes must give the
+ * interpreter's fields (the IR-level route: fb_session_add_kernel). */
+
+#define RP_N 8
+static const char *rp_fields[] = {"a", "d", "b", "c", "L"};
+
+static int rp_expr(fb_builder *b, const int *v, int nv, int depth) {
+  if (depth == 0 || urand() < 0.25) return v[(int)(urand() * nv)];
+  int x = rp_expr(b, v, nv, depth - 1), y = rp_expr(b, v, nv, depth - 1);
+  switch ((int)(urand() * 8)) {
+  case 0: return fb_b_binary(b, FB_OP_ADD, x, y);
+  case 1: return fb_b_binary(b, FB_OP_SUB, x, y);
+  case 2: return fb_b_binary(b, FB_OP_MUL, x, y);
+  case 3: return fb_b_unary(b, FB_OP_SIN, x);
+  case 4: /* sqrt(1 + x^2) */
+    return fb_b_unary(b, FB_OP_SQRT,
+                      fb_b_binary(b, FB_OP_ADD, fb_b_const_f64(b, 1.0),
+                                  fb_b_binary(b, FB_OP_MUL, x, x)));
+  case 5: return fb_b_binary(b, FB_OP_ATAN2, x, fb_b_binary(b, FB_OP_ADD, y, fb_b_const_f64(b, 3)));
+  case 6: return fb_b_unary(b, FB_OP_EXP, fb_b_unary(b, FB_OP_COS, x));
+  default: /* x / (2 + sin y) */
+    return fb_b_binary(b, FB_OP_DIV, x,
+                       fb_b_binary(b, FB_OP_ADD, fb_b_const_f64(b, 2.0), fb_b_unary(b, FB_OP_SIN, y)));
+  }
+}
+
+static fb_kernel *rp_kernel(const fb_layout *l, const char *name, int in1, int in2, int out,
+                            int Lf) {
+  fb_type pt = FB_T_F64;
+  fb_kernel *k = fb_kernel_new(l, name, 1, &pt, FB_T_VOID);
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int c0 = fb_b_const_i32(&b, 0), cn = fb_b_const_i32(&b, RP_N);
+  int trips = fb_b_cast(&b, FB_T_I32, fb_b_arg(&b, 0));
+  int pf = fb_b_range_for(&b, c0, cn, 1);
+  int saved = fb_b_enter(&b, k->stmts[pf].body);
+  int i = fb_b_loop_index(&b, pf, 0);
+  int j = fb_b_binary(&b, FB_OP_REM, fb_b_binary(&b, FB_OP_ADD, i, fb_b_const_i32(&b, 1)), cn);
+  int v[6] = {fb_b_load(&b, in1, &i, 1), fb_b_load(&b, in1, &j, 1), fb_b_load(&b, in2, &i, 1)};
+  int val = rp_expr(&b, v, 3, 3);
+  int cf = (int)(urand() * 4);
+  if (cf == 1) {
+    int t = fb_b_alloca(&b, FB_T_F64);
+    int st = fb_b_if(&b, fb_b_binary(&b, FB_OP_GT, val, fb_b_const_f64(&b, 0.1)), 1);
+    int s2 = fb_b_enter(&b, k->stmts[st].body);
+    fb_b_lstore(&b, t, rp_expr(&b, v, 3, 2));
+    fb_b_leave(&b, s2);
+    s2 = fb_b_enter(&b, k->stmts[st].orelse);
+    fb_b_lstore(&b, t, fb_b_binary(&b, FB_OP_MUL, val, rp_expr(&b, v, 3, 2)));
+    fb_b_leave(&b, s2);
+    val = fb_b_lload(&b, t);
+  } else if (cf >= 2) {
+    int t = fb_b_alloca(&b, FB_T_F64);
+    fb_b_lstore(&b, t, val);
+    int rl = fb_b_range_for(&b, c0, trips, 0);
+    int s2 = fb_b_enter(&b, k->stmts[rl].body);
+    int r = fb_b_loop_index(&b, rl, 0);
+    int u[4] = {fb_b_lload(&b, t), fb_b_load(&b, in2, &r, 1), v[0], v[2]};
+    int nu = rp_expr(&b, u, 4, 2);
+    nu = fb_b_binary(&b, FB_OP_ADD, fb_b_binary(&b, FB_OP_MUL, fb_b_const_f64(&b, 0.5), nu), u[0]);
+    if (cf == 3) {
+      int st = fb_b_if(&b, fb_b_binary(&b, FB_OP_LT, u[0], fb_b_const_f64(&b, 0.0)), 0);
+      int s3 = fb_b_enter(&b, k->stmts[st].body);
+      fb_b_lstore(&b, t, fb_b_unary(&b, FB_OP_SIN, nu));
+      fb_b_leave(&b, s3);
+      st = fb_b_if(&b, fb_b_binary(&b, FB_OP_GE, u[0], fb_b_const_f64(&b, 0.0)), 0);
+      s3 = fb_b_enter(&b, k->stmts[st].body);
+      fb_b_lstore(&b, t, nu);
+      fb_b_leave(&b, s3);
+    } else {
+      fb_b_lstore(&b, t, nu);
+    }
+    fb_b_leave(&b, s2);
+    val = fb_b_lload(&b, t);
+  }
+  int w = (int)(urand() * 3);
+  if (out == Lf) fb_b_global(&b, FB_OP_ATOMIC_ADD, Lf, NULL, 0, val);
+  else if (w == 0) fb_b_store(&b, out, &i, 1, val);
+  else fb_b_global(&b, w == 1 ? FB_OP_ATOMIC_ADD : FB_OP_ATOMIC_SUB, out, &j, 1, val);
+  fb_b_leave(&b, saved);
+  ck_assert_int_eq(b.err, 0);
+  fb_diags d;
+  fb_diags_init(&d);
+  if (fb_verify(k, &d)) {
+    char *m = fb_diags_join(&d);
+    ck_abort_msg("generated kernel does not verify: %s", m);
+  }
+  fb_diags_free(&d);
+  return k;
+}
+
+typedef struct rprog {
+  fb_layout *l;
+  fb_grad_map g;
+  fb_kernel *k[3], *adj[3];
+  int f[5], gf[5]; /* a d b c L and their gradients */
+} rprog;
+
+static void rp_make(rprog *P, uint64_t seed) {
+  memset(P, 0, sizeof *P);
+  rng_state = seed * 0x9e3779b97f4a7c15ull + 1;
+  char err[512];
+  P->l = fb_layout_new();
+  int64_t n = RP_N;
+  int dn = fb_layout_add(P->l, 0, FB_SN_DENSE, "i", &n, 0, NULL);
+  for (int f = 0; f < 4; f++) P->f[f] = fb_layout_place(P->l, dn, rp_fields[f], FB_T_F64);
+  P->f[4] = fb_layout_place(P->l, 0, "L", FB_T_F64);
+  for (int f = 0; f < 5; f++) ck_assert_int_ge(fb_layout_add_grad(P->l, P->f[f], err, sizeof err), 0);
+  ck_assert_int_eq(fb_layout_finalize(P->l, err, sizeof err), 0);
+  for (int f = 0; f < 5; f++)
+    P->gf[f] = fb_layout_find(P->l, f < 4 ? (const char *[]){"a.grad", "d.grad", "b.grad", "c.grad"}[f] : "L.grad");
+  ck_assert_int_eq(fb_grad_map_from_layout(P->l, &P->g), 0);
+  /* a, d -> b; b, a -> c; c, b -> L (or c -> ... L always last) */
+  P->k[0] = rp_kernel(P->l, "k0", P->f[0], P->f[1], P->f[2], P->f[4]);
+  P->k[1] = rp_kernel(P->l, "k1", P->f[2], P->f[0], P->f[3], P->f[4]);
+  P->k[2] = rp_kernel(P->l, "k2", P->f[3], P->f[2], P->f[4], P->f[4]);
+  for (int q = 0; q < 3; q++) {
+    int rc = fb_kernel_adjoint_ex(P->k[q], &P->g, FB_MAX_KERNEL_STATEMENTS_DEFAULT, &P->adj[q], NULL,
+                                  err, sizeof err);
+    if (rc) {
+      char *t = fb_kernel_print(P->k[q]);
+      ck_abort_msg("seed %llu: adjoint: %s\n%s", (unsigned long long)seed, err, t);
+    }
+  }
+}
+
+static void rp_free(rprog *P) {
+  for (int q = 0; q < 3; q++) {
+    fb_kernel_free(P->k[q]);
+    fb_kernel_free(P->adj[q]);
+  }
+  fb_grad_map_free(&P->g);
+  fb_layout_free(P->l);
+}
+
+/* The initial state of every field (inputs random, outputs zero, output
+ * gradients the seeds w, input gradients zero) into init[place]. */
+static void rp_state(const rprog *P, double **init, uint64_t seed) {
+  rng_state = seed + 12345;
+  for (int f = 0; f < 5; f++) {
+    int64_t n = fb_field_numel(P->l, P->f[f]);
+    for (int64_t e = 0; e < n; e++) {
+      init[P->f[f]][e] = f < 2 ? uniform(-1, 1) : 0.0;
+      init[P->gf[f]][e] = f < 2 ? 0.0 : uniform(-1, 1);
+    }
+  }
+}
+
+static void rp_interp(const rprog *P, double **init, double trips, int backward, fb_interp *in) {
+  for (int f = 0; f < 5; f++) {
+    memcpy(fb_interp_field(in, P->f[f]), init[P->f[f]],
+           sizeof(double) * (size_t)fb_field_numel(P->l, P->f[f]));
+    memcpy(fb_interp_field(in, P->gf[f]), init[P->gf[f]],
+           sizeof(double) * (size_t)fb_field_numel(P->l, P->f[f]));
+  }
+  fb_value a = fb_value_f64(trips);
+  for (int q = 0; q < 3; q++) ck_assert_int_eq(fb_interp_run(in, P->k[q], &a, 1, NULL), 0);
+  for (int q = 2; backward && q >= 0; q--)
+    ck_assert_int_eq(fb_interp_run(in, P->adj[q], &a, 1, NULL), 0);
+}
+
+/* sum over written fields of w * field (w = the seeds in init) */
+static double rp_loss(const rprog *P, double **init, double trips, fb_interp *in) {
+  rp_interp(P, init, trips, 0, in);
+  double L = 0;
+  for (int f = 2; f < 5; f++)
+    for (int64_t e = 0; e < fb_field_numel(P->l, P->f[f]); e++)
+      L += init[P->gf[f]][e] * ((double *)fb_interp_field(in, P->f[f]))[e];
+  return L;
+}
+
+START_TEST(random_programs_identity_and_optimizer) {
+  static const unsigned subsets[] = {0, FB_PASSES_FUSION, FB_PASSES_DSE,
+                                     FB_PASSES_FUSION | FB_PASSES_DSE, FB_PASSES_LISTGEN |
+                                     FB_PASSES_DEMOTE, FB_PASSES_ALL};
+  fb_engine_config ec = {.backend = "cpu", .compile_threads = 1, .cpu_threads = 1};
+  fb_engine *e = NULL;
+  char err[256] = "";
+  ck_assert_msg(fb_engine_create(&ec, &e, err, sizeof err) == 0, "engine: %s", err);
+  for (uint64_t seed = 1; seed <= 6; seed++) {
+    rprog P;
+    rp_make(&P, seed);
+    double *init[32] = {0};
+    for (int f = 0; f < P.l->nnodes; f++)
+      if (P.l->nodes[f].kind == FB_SN_PLACE)
+        init[f] = calloc((size_t)fb_field_numel(P.l, f), sizeof(double));
+    rp_state(&P, init, seed);
+    double trips = (double)(seed % 4);
+    fb_interp *in = fb_interp_new(P.l, 1);
+    /* the adjoint identity along a random direction v of (a, d) */
+    rp_interp(&P, init, trips, 1, in);
+    double v[2][RP_N], rhs = 0;
+    for (int f = 0; f < 2; f++)
+      for (int e2 = 0; e2 < RP_N; e2++) {
+        v[f][e2] = uniform(-1, 1);
+        rhs += v[f][e2] * ((double *)fb_interp_field(in, P.gf[f]))[e2];
+      }
+    double save[2][RP_N], h = 1e-6, l[2];
+    for (int f = 0; f < 2; f++) memcpy(save[f], init[P.f[f]], sizeof save[f]);
+    for (int sg = 0; sg < 2; sg++) {
+      for (int f = 0; f < 2; f++)
+        for (int e2 = 0; e2 < RP_N; e2++) init[P.f[f]][e2] = save[f][e2] + (sg ? -h : h) * v[f][e2];
+      l[sg] = rp_loss(&P, init, trips, in);
+    }
+    for (int f = 0; f < 2; f++) memcpy(init[P.f[f]], save[f], sizeof save[f]);
+    double lhs = (l[0] - l[1]) / (2 * h);
+    ck_assert_msg(fabs(lhs - rhs) <= 1e-6 * (1 + fabs(lhs)),
+                  "seed %llu: <Jv, w> = %.17g but <v, J^T w> = %.17g", (unsigned long long)seed,
+                  lhs, rhs);
+    /* the oracle: forward and backward on the interpreter */
+    rp_interp(&P, init, trips, 1, in);
+    for (int c = 0; c < 1 + (int)(sizeof subsets / sizeof subsets[0]); c++) {
+      fb_session_config sc = {.mode = c == 0 ? "sync" : "async",
+                              .passes = c == 0 ? 0 : FB_PASSES_EXACT | subsets[c - 1]};
+      fb_session *s = NULL;
+      ck_assert_msg(fb_session_create(e, &sc, P.l, &s, err, sizeof err) == 0, "session: %s", err);
+      int ids[6];
+      for (int q = 0; q < 3; q++) {
+        ids[q] = fb_session_add_kernel(s, P.k[q]);
+        ids[3 + q] = fb_session_add_kernel(s, P.adj[q]);
+        ck_assert_msg(ids[q] >= 0 && ids[3 + q] >= 0, "add: %s", fb_session_errmsg(s));
+      }
+      for (int f = 0; f < P.l->nnodes; f++)
+        if (init[f])
+          ck_assert_int_eq(
+              fb_field_write(s, f, init[f], sizeof(double) * (size_t)fb_field_numel(P.l, f)), 0);
+      fb_value a = fb_value_f64(trips);
+      static const int order[] = {0, 1, 2, 5, 4, 3};
+      for (int q = 0; q < 6; q++)
+        ck_assert_msg(fb_launch(s, ids[order[q]], &a, 1, NULL) == 0, "%s", fb_session_errmsg(s));
+      ck_assert_int_eq(fb_sync(s), 0);
+      for (int f = 0; f < P.l->nnodes; f++) {
+        if (!init[f]) continue;
+        int64_t n = fb_field_numel(P.l, f);
+        double got[RP_N];
+        ck_assert_int_eq(fb_field_read(s, f, got, sizeof(double) * (size_t)n), 0);
+        for (int64_t x = 0; x < n; x++) {
+          double want = ((double *)fb_interp_field(in, f))[x];
+          ck_assert_msg(fabs(got[x] - want) <= 1e-10 * (1 + fabs(want)),
+                        "seed %llu, %s passes 0x%x: %s[%lld]: engine %.17g, interpreter %.17g",
+                        (unsigned long long)seed, sc.mode, sc.passes, P.l->nodes[f].name,
+                        (long long)x, got[x], want);
+        }
+      }
+      fb_session_destroy(s);
+    }
+    fb_interp_free(in);
+    for (int f = 0; f < 32; f++) free(init[f]);
+    rp_free(&P);
+  }
+  fb_engine_destroy(e);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- sparse */
 
 /* The gradient sits in the primal's bitmasked container, so it follows the
@@ -1605,6 +1870,7 @@ static Suite *autodiff_suite(void) {
   TCase *jit = tcase_create("jit");
   tcase_add_test(jit, jit_matches_interpreter);
   tcase_add_test(jit, control_flow_jit_matches_interpreter);
+  tcase_add_test(jit, random_programs_identity_and_optimizer);
   suite_add_tcase(s, jit);
   TCase *cf = tcase_create("control_flow");
   tcase_add_test(cf, if_else_with_locals_fd);
