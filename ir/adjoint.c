@@ -226,12 +226,14 @@ static int out_of_scope(actx *a, int id) {
   case FB_OP_WHILE:
     return refuse(a, id,
                   "a while loop cannot be differentiated (the adjoint must know the trip count "
-                  "before the loop runs); write it as a for loop over a range");
+                  "before the loop runs); write it as a for loop over a range (a 'continue' in a "
+                  "parallel loop and an integer power with a run-time exponent become while "
+                  "loops too)");
   case FB_OP_BREAK:
   case FB_OP_CONTINUE:
     return refuse(a, id,
-                  "'%s' in a loop cannot be differentiated; put the rest of the loop body under "
-                  "an if instead",
+                  "'%s' in a loop cannot be differentiated (nor a 'return' inside a loop of a "
+                  "func, which becomes one); put the rest of the loop body under an if instead",
                   op_name(s->op));
   case FB_OP_RAND:
     return refuse(a, id,
