@@ -531,6 +531,92 @@ static void locals_in(const actx *a, int s, int blk, int32_t *vars, uint8_t *how
   }
 }
 
+/* ---------------------------------------------------------------- loop-carried values */
+
+/* One round of taint over a block: values computed from the carried
+ * locals (taint[alloca] set for them), through operands and locals. */
+static int taint_block(const actx *a, int blk, uint8_t *taint) {
+  const fb_block *bb = &a->k->blocks[blk];
+  int changed = 0;
+  for (int j = 0; j < bb->n; j++) {
+    int id = bb->ids[j];
+    const fb_stmt *s = &a->k->stmts[id];
+    if (s->body >= 0) changed |= taint_block(a, s->body, taint);
+    if (s->orelse >= 0) changed |= taint_block(a, s->orelse, taint);
+    int on = 0;
+    if (s->op == FB_OP_LSTORE) {
+      if (taint[s->args[1]] && !taint[s->args[0]]) {
+        taint[s->args[0]] = 1;
+        changed = 1;
+      }
+      continue;
+    }
+    if (s->op == FB_OP_ALLOCA || is_write(s)) continue;
+    for (int i = 0; i < s->nargs; i++) on |= taint[s->args[i]];
+    if (on && !taint[id]) {
+      taint[id] = 1;
+      changed = 1;
+    }
+  }
+  return changed;
+}
+
+/* Does the reverse sweep of the block read a tainted value: an index, a
+ * condition, a bound, or an operand or result a derivative rule uses? */
+static int sweep_reads_taint(const actx *a, int blk, const uint8_t *taint) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    int id = bb->ids[j];
+    const fb_stmt *s = &a->k->stmts[id];
+    if (s->body >= 0 && sweep_reads_taint(a, s->body, taint)) return 1;
+    if (s->orelse >= 0 && sweep_reads_taint(a, s->orelse, taint)) return 1;
+    int na = s->nargs, uses_r = 0, uses_args = 0;
+    switch ((fb_op)s->op) {
+    case FB_OP_IF:
+    case FB_OP_RANGE_FOR: uses_args = 1; break;
+    case FB_OP_LOAD: uses_args = a->active[id]; break;
+    case FB_OP_SELECT: uses_args = a->active[id]; na = 1; break;
+    case FB_OP_ADD:
+    case FB_OP_SUB:
+    case FB_OP_NEG:
+    case FB_OP_CAST:
+    case FB_OP_ALLOCA:
+    case FB_OP_LLOAD:
+    case FB_OP_LSTORE: break;
+    case FB_OP_SQRT:
+    case FB_OP_EXP: uses_r = a->active[id]; break;
+    default:
+      if (is_write(s)) {
+        uses_args = grad_of(a, s->snode) >= 0;
+        na = s->nargs - 1; /* the indices */
+      } else {
+        uses_args = uses_r = a->active[id];
+      }
+    }
+    if (uses_r && taint[id]) return 1;
+    for (int i = 0; uses_args && i < na; i++)
+      if (taint[s->args[i]]) return 1;
+  }
+  return 0;
+}
+
+/* Must the reverse sweep of serial loop id recompute the carried locals
+ * for each iteration (replaying the iterations before it)? Only when the
+ * sweep reads something computed from them: an accumulation s += f(x[j])
+ * does not, and its reversal stays linear in the trip count. */
+static int needs_replay(actx *a, int id, const int32_t *vars, const uint8_t *how, int n) {
+  uint8_t *taint = calloc((size_t)a->ns + 1, 1);
+  if (!taint) return 1;
+  for (int j = 0; j < n; j++)
+    if (how[j] == 3) taint[vars[j]] = 1;
+  const fb_stmt *s = &a->k->stmts[id];
+  for (int round = 0; round <= a->ns && taint_block(a, s->body, taint); round++) {
+  }
+  int r = sweep_reads_taint(a, s->body, taint);
+  free(taint);
+  return r;
+}
+
 typedef struct snaps {
   int32_t *var, *val; /* forward alloca, adjoint-kernel value before the statement */
   uint8_t *how;
@@ -595,6 +681,7 @@ static void rev_stmt(actx *a, int id, int sweep, const snaps *sn, int from, int 
     int t = bin(a, FB_OP_SUB, bin(a, FB_OP_SUB, E, one), r);
     int carried = 0;
     for (int j = from; j < to; j++) carried |= sn->how[j] == 3;
+    if (carried) carried = needs_replay(a, id, sn->var + from, sn->how + from, to - from);
     if (carried && !a->rc) {
       restore(a, sn, from, to);
       int pl = chk(a, fb_b_range_for(&a->b, B, t, 0));

@@ -954,12 +954,73 @@ START_TEST(nested_loops_if_and_body_locals_fd) {
 }
 END_TEST
 
+/* An accumulation s += sin(x[j] * z[i]) carries s from one iteration to
+ * the next, but no derivative reads s: the reverse loop does not replay
+ * the iterations before each one (one serial loop in the adjoint, linear
+ * in the trip count), where loop_text's s = sin(s * z[j]) + s needs the
+ * replay (three: the forward replay, the reverse loop and the replay of
+ * the iterations before each one inside it). Both against finite
+ * differences. */
+static const char *accum_text = "layout {\n"
+                                "  dense(i: 6) {\n"
+                                "    place x: f64\n"
+                                "    place x.grad: f64\n"
+                                "    place z: f64\n"
+                                "    place z.grad: f64\n"
+                                "    place y: f64\n"
+                                "    place y.grad: f64\n"
+                                "  }\n"
+                                "}\n"
+                                "kernel k() {\n"
+                                "  %0 = const.i32 0\n"
+                                "  %1 = const.i32 6\n"
+                                "  par_for %2 in %0 .. %1 {\n"
+                                "    %3 = loop_index.i32 %2, 0\n"
+                                "    %4 = alloca.f64\n"
+                                "    range_for %5 in %0 .. %1 {\n"
+                                "      %6 = loop_index.i32 %5, 0\n"
+                                "      %7 = lload.f64 %4\n"
+                                "      %8 = load.f64 x[%6]\n"
+                                "      %9 = load.f64 z[%3]\n"
+                                "      %10 = mul.f64 %8, %9\n"
+                                "      %11 = sin.f64 %10\n"
+                                "      %12 = add.f64 %7, %11\n"
+                                "      lstore %4, %12\n"
+                                "    }\n"
+                                "    %14 = lload.f64 %4\n"
+                                "    store y[%3], %14\n"
+                                "  }\n"
+                                "}\n";
+
+static int count_op(const fb_kernel *k, int op) {
+  int n = 0;
+  for (int i = 0; i < k->nstmts; i++)
+    if (k->stmts[i].op == op && fb_kernel_block_of(k, i, NULL) >= 0) n++;
+  return n;
+}
+
+START_TEST(accumulation_needs_no_replay) {
+  prob p;
+  setup(&p, accum_text);
+  ck_assert_int_eq(count_op(p.adj, FB_OP_RANGE_FOR), 1);
+  rng_state = 5;
+  fill(&p, "x", -1, 1);
+  fill(&p, "z", -1, 1);
+  check_fd(&p, 1e-6, 1e-6, "accumulation");
+  teardown(&p);
+  setup(&p, loop_text);
+  ck_assert_int_eq(count_op(p.adj, FB_OP_RANGE_FOR), 3);
+  teardown(&p);
+}
+END_TEST
+
 START_TEST(control_flow_jit_matches_interpreter) {
   static const char *const modes[] = {"sync", "async"};
   for (int m = 0; m < 2; m++) {
     jit_case(if_text, modes[m], 0);
     jit_case(loop_text, modes[m], 4);
     jit_case(nested_text, modes[m], 0);
+    jit_case(accum_text, modes[m], 0);
   }
 }
 END_TEST
@@ -1948,6 +2009,7 @@ static Suite *autodiff_suite(void) {
   tcase_add_test(cf, serial_loop_carried_local_fd);
   tcase_add_test(cf, nested_loops_if_and_body_locals_fd);
   tcase_add_test(cf, adjoint_budget);
+  tcase_add_test(cf, accumulation_needs_no_replay);
   suite_add_tcase(s, cf);
   TCase *fbk = tcase_create("fbk");
   tcase_add_test(fbk, fbk_grad_syntax_and_kernel_grad);
