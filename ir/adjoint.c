@@ -142,6 +142,9 @@ typedef struct actx {
   int32_t *adj;      /* its adjoint as an SSA value, -1 for zero */
   int32_t *slot;     /* its adjoint as a local of the adjoint kernel, -1 when SSA */
   int32_t *idxval;   /* per serial range_for: the value its loop_index stands for, -1 */
+  uint8_t *replay;   /* per serial range_for: 0 not known, 1 no replay needed, 2 needed */
+  int32_t *vars;     /* scratch of rev_list: the locals a block statement touches */
+  uint8_t *how;      /* ... 1 read, 2 written, 3 both */
   fb_kernel *out;
   fb_builder b;
 } actx;
@@ -323,36 +326,93 @@ static int scan_block(actx *a, int blk, int *first_read, int *first_write) {
   return 0;
 }
 
-/* One round of activity over a block; returns whether anything changed.
- * A local variable is active when an active value is stored into it. */
-static int activity_block(actx *a, int blk) {
+/* Forward reachability over uses, linear in the statements below block
+ * root: mark[] holds the seeds and receives everything reached. The edge
+ * from operand i of s to s (for lstore: from the value to the variable;
+ * lload reads its variable) exists in mode PROP_ACTIVE when the operand
+ * carries s's derivative and s is a float value, in PROP_TAINT for every
+ * operand of a value. Writes to fields and allocas have no incoming edges
+ * (but an alloca is reached by its stores). */
+enum { PROP_ACTIVE, PROP_TAINT };
+
+static int edge(const actx *a, const fb_stmt *s, int i, int mode) {
+  if (s->op == FB_OP_LSTORE) return i == 1 ? s->args[0] : -1;
+  if (is_write(s) || s->op == FB_OP_ALLOCA || s->op == FB_OP_PAR_FOR ||
+      s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_RANGE_FOR || s->op == FB_OP_IF)
+    return -2;
+  if (mode == PROP_TAINT) return -3;
+  if (!fb_type_is_float((fb_type)s->type)) return -1;
+  if (s->op == FB_OP_LLOAD) return -3;
+  return diff_operand(s, i) ? -3 : -1;
+  (void)a;
+}
+
+typedef struct graph {
+  int32_t *head, *next, *to; /* per operand statement: a list of users */
+  int ne;
+} graph;
+
+static void graph_block(const actx *a, graph *g, int blk, int mode) {
   const fb_block *bb = &a->k->blocks[blk];
-  int changed = 0;
   for (int j = 0; j < bb->n; j++) {
     int id = bb->ids[j];
     const fb_stmt *s = &a->k->stmts[id];
-    if (s->body >= 0) changed |= activity_block(a, s->body);
-    if (s->orelse >= 0) changed |= activity_block(a, s->orelse);
-    int on = 0;
-    if (s->op == FB_OP_LSTORE) {
-      if (a->active[s->args[1]] && !a->active[s->args[0]]) {
-        a->active[s->args[0]] = 1;
-        changed = 1;
-      }
-      continue;
-    }
-    if (!fb_type_is_float((fb_type)s->type) || is_write(s)) continue;
-    if (s->op == FB_OP_LOAD) on = grad_of(a, s->snode) >= 0;
-    else if (s->op == FB_OP_LLOAD) on = a->active[s->args[0]];
-    else if (s->op != FB_OP_ALLOCA)
-      for (int i = 0; i < s->nargs; i++)
-        if (a->active[s->args[i]] && diff_operand(s, i)) on = 1;
-    if (on && !a->active[id] && s->op != FB_OP_ALLOCA) {
-      a->active[id] = 1;
-      changed = 1;
+    if (s->body >= 0) graph_block(a, g, s->body, mode);
+    if (s->orelse >= 0) graph_block(a, g, s->orelse, mode);
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) {
+      int t = edge(a, s, i, mode);
+      if (t == -3) t = id;
+      if (t < 0) continue;
+      int from = s->args[i];
+      g->to[g->ne] = t;
+      g->next[g->ne] = g->head[from];
+      g->head[from] = g->ne++;
     }
   }
-  return changed;
+}
+
+static int propagate(const actx *a, uint8_t *mark, int root, int mode) {
+  size_t n = (size_t)a->ns + 1, ne = n * FB_MAX_ARGS;
+  graph g = {malloc(n * sizeof(int32_t)), malloc(ne * sizeof(int32_t)),
+             malloc(ne * sizeof(int32_t)), 0};
+  int32_t *stack = malloc(n * sizeof(int32_t));
+  if (!g.head || !g.next || !g.to || !stack) {
+    free(g.head);
+    free(g.next);
+    free(g.to);
+    free(stack);
+    return FB_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) g.head[i] = -1;
+  graph_block(a, &g, root, mode);
+  int sp = 0;
+  for (int i = 0; i < a->ns; i++)
+    if (mark[i]) stack[sp++] = i;
+  while (sp > 0) {
+    int u = stack[--sp];
+    for (int e = g.head[u]; e >= 0; e = g.next[e])
+      if (!mark[g.to[e]]) {
+        mark[g.to[e]] = 1;
+        stack[sp++] = g.to[e];
+      }
+  }
+  free(g.head);
+  free(g.next);
+  free(g.to);
+  free(stack);
+  return 0;
+}
+
+/* Seeds of activity: float loads of fields with a gradient. */
+static void seed_block(actx *a, int blk) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    const fb_stmt *s = &a->k->stmts[bb->ids[j]];
+    if (s->body >= 0) seed_block(a, s->body);
+    if (s->orelse >= 0) seed_block(a, s->orelse);
+    if (s->op == FB_OP_LOAD && fb_type_is_float((fb_type)s->type) && grad_of(a, s->snode) >= 0)
+      a->active[bb->ids[j]] = 1;
+  }
 }
 
 static const char *an_op(unsigned op) {
@@ -373,7 +433,9 @@ static int scan(actx *a) {
   if (!first_read || !first_write || !used) rc = FB_ENOMEM;
   for (int i = 0; !rc && i < nn; i++) first_read[i] = first_write[i] = -1;
   if (!rc) rc = scan_block(a, 0, first_read, first_write);
-  for (int round = 0; !rc && round <= a->ns && activity_block(a, 0); round++) {
+  if (!rc) {
+    seed_block(a, 0);
+    rc = propagate(a, a->active, 0, PROP_ACTIVE);
   }
   /* every operand use, for the atomic-result rule */
   for (int id = 0; !rc && id < a->ns; id++) {
@@ -533,34 +595,6 @@ static void locals_in(const actx *a, int s, int blk, int32_t *vars, uint8_t *how
 
 /* ---------------------------------------------------------------- loop-carried values */
 
-/* One round of taint over a block: values computed from the carried
- * locals (taint[alloca] set for them), through operands and locals. */
-static int taint_block(const actx *a, int blk, uint8_t *taint) {
-  const fb_block *bb = &a->k->blocks[blk];
-  int changed = 0;
-  for (int j = 0; j < bb->n; j++) {
-    int id = bb->ids[j];
-    const fb_stmt *s = &a->k->stmts[id];
-    if (s->body >= 0) changed |= taint_block(a, s->body, taint);
-    if (s->orelse >= 0) changed |= taint_block(a, s->orelse, taint);
-    int on = 0;
-    if (s->op == FB_OP_LSTORE) {
-      if (taint[s->args[1]] && !taint[s->args[0]]) {
-        taint[s->args[0]] = 1;
-        changed = 1;
-      }
-      continue;
-    }
-    if (s->op == FB_OP_ALLOCA || is_write(s)) continue;
-    for (int i = 0; i < s->nargs; i++) on |= taint[s->args[i]];
-    if (on && !taint[id]) {
-      taint[id] = 1;
-      changed = 1;
-    }
-  }
-  return changed;
-}
-
 /* Does the reverse sweep of the block read a tainted value: an index, a
  * condition, a bound, or an operand or result a derivative rule uses? */
 static int sweep_reads_taint(const actx *a, int blk, const uint8_t *taint) {
@@ -605,15 +639,15 @@ static int sweep_reads_taint(const actx *a, int blk, const uint8_t *taint) {
  * sweep reads something computed from them: an accumulation s += f(x[j])
  * does not, and its reversal stays linear in the trip count. */
 static int needs_replay(actx *a, int id, const int32_t *vars, const uint8_t *how, int n) {
+  if (a->replay[id]) return a->replay[id] - 1; /* the same for every copy of the loop */
   uint8_t *taint = calloc((size_t)a->ns + 1, 1);
   if (!taint) return 1;
   for (int j = 0; j < n; j++)
     if (how[j] == 3) taint[vars[j]] = 1;
   const fb_stmt *s = &a->k->stmts[id];
-  for (int round = 0; round <= a->ns && taint_block(a, s->body, taint); round++) {
-  }
-  int r = sweep_reads_taint(a, s->body, taint);
+  int r = propagate(a, taint, s->body, PROP_TAINT) ? 1 : sweep_reads_taint(a, s->body, taint);
   free(taint);
+  a->replay[id] = (uint8_t)(r + 1);
   return r;
 }
 
@@ -821,9 +855,9 @@ static void rev_list(actx *a, const int32_t *ids, int n, int sweep_from) {
   sn.var = malloc(cap * sizeof(int32_t));
   sn.val = malloc(cap * sizeof(int32_t));
   sn.how = malloc(cap);
-  int32_t *vars = malloc(sizeof(int32_t) * (size_t)(a->ns + 1));
-  uint8_t *how = malloc((size_t)a->ns + 1);
-  if (!off || !sn.var || !sn.val || !sn.how || !vars || !how) a->rc = FB_ENOMEM;
+  int32_t *vars = a->vars;
+  uint8_t *how = a->how;
+  if (!off || !sn.var || !sn.val || !sn.how) a->rc = FB_ENOMEM;
   for (int i = 0; i < n && !a->rc; i++) {
     const fb_stmt *s = &a->k->stmts[ids[i]];
     off[i] = sn.n;
@@ -871,8 +905,6 @@ static void rev_list(actx *a, const int32_t *ids, int n, int sweep_from) {
   free(sn.var);
   free(sn.val);
   free(sn.how);
-  free(vars);
-  free(how);
 }
 
 /* Does statement id write (anywhere inside it) a field with a gradient? */
@@ -1060,8 +1092,11 @@ int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts
   a.adj = malloc(ns * sizeof(int32_t));
   a.slot = malloc(ns * sizeof(int32_t));
   a.idxval = malloc(ns * sizeof(int32_t));
+  a.replay = calloc(ns, 1);
+  a.vars = malloc(ns * sizeof(int32_t));
+  a.how = malloc(ns);
   if (!a.active || !a.cross || !a.touched || !a.blk || !a.owner || !a.map || !a.adj || !a.slot ||
-      !a.idxval)
+      !a.idxval || !a.replay || !a.vars || !a.how)
     rc = FB_ENOMEM;
   for (size_t i = 0; !rc && i < ns; i++) a.blk[i] = a.map[i] = a.adj[i] = a.slot[i] = a.idxval[i] = -1;
   for (size_t i = 0; !rc && i < nb; i++) a.owner[i] = -1;
@@ -1125,6 +1160,9 @@ int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts
   free(a.adj);
   free(a.slot);
   free(a.idxval);
+  free(a.replay);
+  free(a.vars);
+  free(a.how);
   if (rc) fb_kernel_free(a.out);
   else *out = a.out;
   return rc;

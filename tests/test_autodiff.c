@@ -1135,6 +1135,20 @@ START_TEST(fbk_grad_syntax_and_kernel_grad) {
   fb_kernel *k = fbk_inst(p, "k"), *kg = fbk_inst(p, "k.grad");
   ck_assert_str_eq(kg->name, "k.grad");
   ck_assert_ptr_eq(fbk_inst(p, "k.grad"), kg); /* cached */
+  {
+    fb_kernel *k2 = NULL;
+    fb_diags d2;
+    fb_diags_init(&d2);
+    ck_assert_int_eq(fb_program_instantiate(p, "k.grad.grad", NULL, 0, &k2, &d2), FB_ENOENT);
+    ck_assert_msg(d2.n == 1 && strstr(d2.v[0].msg, "a second derivative) is not supported"), "%s",
+                  d2.n ? d2.v[0].msg : "");
+    fb_diags_free(&d2);
+    fb_diags_init(&d2);
+    ck_assert_int_eq(fb_program_instantiate(p, "nope.grad", NULL, 0, &k2, &d2), FB_ENOENT);
+    ck_assert_msg(d2.n == 1 && strstr(d2.v[0].msg, "no kernel named 'nope'"), "%s",
+                  d2.n ? d2.v[0].msg : "");
+    fb_diags_free(&d2);
+  }
   fb_kernel *seed = fbk_inst(p, "seed"), *rg = fbk_inst(p, "read_grad");
   fb_interp *in = fb_interp_new(l, 1);
   rng_state = 77;

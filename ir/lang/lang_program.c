@@ -561,6 +561,13 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
   }
   memcpy(base, kernel, n);
   base[n] = 0;
+  if (n > 5 && !strcmp(base + n - 5, ".grad")) {
+    fb_diags_add(diags, -1, 0, 0,
+                 "no kernel named '%s': the adjoint of an adjoint (a second derivative) is not "
+                 "supported",
+                 kernel);
+    return FB_ENOENT;
+  }
   fb_kernel *k = NULL;
   int rc = fb_program_instantiate(p, base, field_bindings, nfield, &k, diags);
   if (rc) return rc;
