@@ -1014,6 +1014,66 @@ START_TEST(accumulation_needs_no_replay) {
 }
 END_TEST
 
+/* A body-level if (a region of its own, outside any parallel loop) and a
+ * struct_for over 2-D whose body runs a serial loop with a carried local
+ * that reads the struct_for's indices. */
+static const char *body_if_text = "layout {\n"
+                                  "  dense(ij: 3, 4) {\n"
+                                  "    place x: f64\n"
+                                  "    place x.grad: f64\n"
+                                  "    place y: f64\n"
+                                  "    place y.grad: f64\n"
+                                  "  }\n"
+                                  "  place s: f64\n"
+                                  "  place s.grad: f64\n"
+                                  "  place e: f64\n"
+                                  "  place e.grad: f64\n"
+                                  "}\n"
+                                  "kernel k() {\n"
+                                  "  %0 = load.f64 s[]\n"
+                                  "  %1 = const.f64 0.0\n"
+                                  "  %2 = gt.bool %0, %1\n"
+                                  "  %3: if %2 {\n"
+                                  "    %4 = sin.f64 %0\n"
+                                  "    store e[], %4\n"
+                                  "  } else {\n"
+                                  "    %6 = mul.f64 %0, %0\n"
+                                  "    store e[], %6\n"
+                                  "  }\n"
+                                  "  struct_for %8 over x {\n"
+                                  "    %9 = loop_index.i32 %8, 0\n"
+                                  "    %10 = loop_index.i32 %8, 1\n"
+                                  "    %11 = alloca.f64\n"
+                                  "    %12 = load.f64 x[%9, %10]\n"
+                                  "    lstore %11, %12\n"
+                                  "    %14 = const.i32 0\n"
+                                  "    range_for %15 in %14 .. %10 {\n"
+                                  "      %16 = lload.f64 %11\n"
+                                  "      %17 = mul.f64 %16, %0\n"
+                                  "      %18 = cos.f64 %17\n"
+                                  "      %19 = add.f64 %18, %16\n"
+                                  "      lstore %11, %19\n"
+                                  "    }\n"
+                                  "    %21 = lload.f64 %11\n"
+                                  "    store y[%9, %10], %21\n"
+                                  "  }\n"
+                                  "}\n";
+
+START_TEST(body_level_if_and_struct_for_loop_fd) {
+  for (int sign = 0; sign < 2; sign++) {
+    prob p;
+    setup(&p, body_if_text);
+    ck_assert_int_eq(p.nin, 2);
+    ck_assert_int_eq(p.nout, 2);
+    rng_state = 91 + (uint64_t)sign;
+    fill(&p, "x", -1, 1);
+    fld(&p, fid(&p, "s"))[0] = sign ? -0.7 : 0.6; /* each branch of the body-level if */
+    check_fd(&p, 1e-6, 1e-6, sign ? "body-level else" : "body-level if");
+    teardown(&p);
+  }
+}
+END_TEST
+
 START_TEST(control_flow_jit_matches_interpreter) {
   static const char *const modes[] = {"sync", "async"};
   for (int m = 0; m < 2; m++) {
@@ -1021,6 +1081,7 @@ START_TEST(control_flow_jit_matches_interpreter) {
     jit_case(loop_text, modes[m], 4);
     jit_case(nested_text, modes[m], 0);
     jit_case(accum_text, modes[m], 0);
+    jit_case(body_if_text, modes[m], 0);
   }
 }
 END_TEST
@@ -2024,6 +2085,7 @@ static Suite *autodiff_suite(void) {
   tcase_add_test(cf, nested_loops_if_and_body_locals_fd);
   tcase_add_test(cf, adjoint_budget);
   tcase_add_test(cf, accumulation_needs_no_replay);
+  tcase_add_test(cf, body_level_if_and_struct_for_loop_fd);
   suite_add_tcase(s, cf);
   TCase *fbk = tcase_create("fbk");
   tcase_add_test(fbk, fbk_grad_syntax_and_kernel_grad);
