@@ -1332,6 +1332,19 @@ START_TEST(fbk_refusals_have_positions) {
               "ad.fbk:7:5: error: cannot differentiate kernel 'k': it writes a value that depends "
               "on a field with a gradient into 'w', which has none",
               "give 'w' a gradient (place w: f64 grad)");
+  /* a vector field by its name and declared type, not its components */
+  fbk_refusal("layout {\n"
+              "  dense(i: 8) { place x: f64 grad, v: f64[2] }\n"
+              "}\n"
+              "kernel k() {\n"
+              "  for i in 0 .. 8 {\n"
+              "    v[i] = [x[i], 1.0]\n"
+              "  }\n"
+              "}\n",
+              FB_EVERIFY,
+              "ad.fbk:6:5: error: cannot differentiate kernel 'k': it writes a value that depends "
+              "on a field with a gradient into 'v', which has none",
+              "give 'v' a gradient (place v: f64[2] grad)");
   fbk_refusal(FBK_LAYOUT "kernel k() {\n"
                          "  for i in 0 .. 8 {\n"
                          "    let t = x[i] * 2.0\n"

@@ -547,6 +547,42 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
   return 0;
 }
 
+/* Replace every occurrence of from in buf (of size n) by to, in place. */
+static void subst(char *buf, size_t n, const char *from, const char *to) {
+  size_t fl = strlen(from), tl = strlen(to);
+  char *at = buf;
+  while ((at = strstr(at, from)) != NULL) {
+    size_t rest = strlen(at + fl);
+    if ((size_t)(at - buf) + tl + rest + 1 > n) return;
+    memmove(at + tl, at + fl, rest + 1);
+    memcpy(at, to, tl);
+    at += tl;
+  }
+}
+
+/* The pass names IR places; a component of a vector or matrix field is a
+ * place "v.0" / "F.1.2": say the field's name (and its declared type in
+ * the suggested declaration) instead. */
+static void user_names(const fb_program *p, char *msg, size_t n) {
+  for (int i = 0; i < p->nfields; i++) {
+    const lfield *f = &p->fields[i];
+    if (f->pub.ncomp < 2) continue;
+    char ty[48], from[300], to[300];
+    if (f->pub.cols)
+      snprintf(ty, sizeof ty, "%s[%d][%d]", fb_type_name(f->pub.type), f->pub.rows, f->pub.cols);
+    else snprintf(ty, sizeof ty, "%s[%d]", fb_type_name(f->pub.type), f->pub.rows);
+    for (int c = 0; c < f->pub.ncomp; c++) {
+      const char *pn = p->layout->nodes[f->places[c]].name;
+      snprintf(from, sizeof from, "place %s: %s grad", pn, fb_type_name(f->pub.type));
+      snprintf(to, sizeof to, "place %s: %s grad", f->pub.name, ty);
+      subst(msg, n, from, to);
+      snprintf(from, sizeof from, "'%s'", pn);
+      snprintf(to, sizeof to, "'%s'", f->pub.name);
+      subst(msg, n, from, to);
+    }
+  }
+}
+
 /* "k.grad": the adjoint of k's instance for the same bindings
  * (fb_kernel_adjoint_ex, gradients by the layout's x.grad convention),
  * cached like any instance. A refusal is one diagnostic at the source
@@ -603,6 +639,7 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
       line = p->kernels[ki].pub.line;
       col = p->kernels[ki].pub.col;
     }
+    user_names(p, err, sizeof err);
     fb_diags_add(diags, bad, line, col, "%s", err);
     return rc;
   }
