@@ -84,6 +84,8 @@ static void setup(prob *p, const char *text) {
   rc = fb_kernel_adjoint(p->k, &p->g, &p->adj, err, sizeof err);
   ck_assert_msg(rc == 0, "adjoint: %s (%s)", fb_strerror(rc), err);
   ck_assert_int_eq(fb_verify(p->adj, &d), 0);
+  /* what a client kernel must satisfy too: no engine-internal op */
+  ck_assert_msg(fb_kernel_check_public(p->adj, 0, err, sizeof err) == 0, "%s", err);
   char *txt = fb_kernel_print(p->adj);
   fb_kernel **back = NULL;
   int nb = 0;
@@ -1585,6 +1587,9 @@ static void rp_make(rprog *P, uint64_t seed) {
       char *t = fb_kernel_print(P->k[q]);
       ck_abort_msg("seed %llu: adjoint: %s\n%s", (unsigned long long)seed, err, t);
     }
+    ck_assert_msg(fb_kernel_check_public(P->adj[q], FB_MAX_KERNEL_STATEMENTS_DEFAULT, err,
+                                         sizeof err) == 0,
+                  "%s", err);
   }
 }
 
