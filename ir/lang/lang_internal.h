@@ -197,6 +197,7 @@ struct node {
   node *size_e[FB_MAX_AXES]; /* the sizes as written (constant expressions) */
   node *chunk_e;
   int size_bad;              /* a size or the chunk is not a valid constant (reported) */
+  int has_grad;              /* D_PLACE: `place x: f32 grad` (a gradient place beside it) */
 };
 
 /* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */
@@ -232,8 +233,10 @@ typedef struct lkernel {
 
 typedef struct linst {
   int kernel;
-  char *name;       /* "k" or "k[a,b]": also the cache key */
+  char *name;       /* "k" or "k[a,b]" ("k.grad": its adjoint): also the cache key */
   fb_kernel *k;
+  int32_t *pos;     /* per IR statement: line, col of the source it was lowered from (0: none) */
+  int npos;         /* statements covered by pos */
 } linst;
 
 typedef struct lconst {  /* a module-level `const NAME = e` */
@@ -263,6 +266,8 @@ struct fb_program {
   fb_diags warnings;  /* never errors: see fb_program_warnings */
   linst *insts;
   int ninsts, icap;
+  int32_t *lower_pos; /* the last lowering's position table (see linst.pos), taken by the instance */
+  int lower_npos;
   /* the budget (fusebox/lang.h): expressions and statements lowered so far
    * by every lowering, each inlined copy counted, and why the work was
    * ended (set once: everything after it returns at once) */
@@ -430,7 +435,14 @@ typedef struct lower {
   /* the elements of the last VK_TUPLE value (its n is their count): valid
    * until the next tuple is evaluated, so consumers copy them at once */
   lval tup[LANG_MAX_TUPLE];
+  int32_t *pos;    /* per emitted statement: line, col of the innermost expression or statement */
+  int pcap;        /* statements pos has room for */
 } lower;
+
+/* Record the source position (line, col) for the statements emitted since
+ * statement id mark that have none yet: called after each expression and
+ * statement is lowered, so each IR statement gets its innermost source. */
+void lang_stamp(lower *L, int mark, int line, int col);
 
 /* lang_lower.c: values, emission helpers, expressions and references. */
 void lv_unknown(lval *v);

@@ -361,6 +361,10 @@ static int ref_name(lower *L, node *e, lref *r) {
     r->v.cv[0] = c->f;
     r->is_let = 1;
     r->origin = ORIGIN_CONST;
+  } else if (strlen(e->name) > 5 && !strcmp(e->name + strlen(e->name) - 5, ".grad")) {
+    ERR(L, e, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
+        (int)strlen(e->name) - 5, e->name, (int)strlen(e->name) - 5, e->name);
+    return -1;
   } else {
     ERR(L, e, "undefined variable '%s'", e->name);
     return -1;
@@ -453,7 +457,13 @@ int lang_ref(lower *L, node *e, lref *r) {
       return 0;
     }
     if (e->a->kind == E_NAME && !lang_lookup(L, e->a->name)) {
-      ERR(L, e->a, "unknown field '%s' (no field, SNode or variable has this name)", e->a->name);
+      size_t nl = strlen(e->a->name);
+      if (nl > 5 && !strcmp(e->a->name + nl - 5, ".grad"))
+        ERR(L, e->a, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
+            (int)nl - 5, e->a->name, (int)nl - 5, e->a->name);
+      else
+        ERR(L, e->a, "unknown field '%s' (no field, SNode or variable has this name)",
+            e->a->name);
       return -1;
     }
     if (lang_ref(L, e->a, r) < 0) return -1;
@@ -914,7 +924,35 @@ static int ternary(lower *L, node *e, lval *out) {
   return 0;
 }
 
+void lang_stamp(lower *L, int mark, int line, int col) {
+  if (!L->k || mark < 0) return;
+  int n = L->k->nstmts;
+  if (n > L->pcap) {
+    int cap = L->pcap ? L->pcap : 256;
+    while (cap < n) cap *= 2;
+    int32_t *v = realloc(L->pos, sizeof(int32_t) * 2 * (size_t)cap);
+    if (!v) return; /* positions are a help for messages only */
+    memset(v + 2 * L->pcap, 0, sizeof(int32_t) * 2 * (size_t)(cap - L->pcap));
+    L->pos = v;
+    L->pcap = cap;
+  }
+  for (int i = mark; i < n; i++)
+    if (!L->pos[2 * i]) {
+      L->pos[2 * i] = line;
+      L->pos[2 * i + 1] = col;
+    }
+}
+
+static int eval_inner(lower *L, node *e, lval *out);
+
 int lang_eval(lower *L, node *e, lval *out) {
+  int mark = L->k ? L->k->nstmts : -1;
+  int rc = eval_inner(L, e, out);
+  lang_stamp(L, mark, e->line, e->col);
+  return rc;
+}
+
+static int eval_inner(lower *L, node *e, lval *out) {
   lref r;
   if (lang_budget_step(L->p, L->d, e->line, e->col)) {
     lv_unknown(out);

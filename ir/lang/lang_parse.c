@@ -389,6 +389,16 @@ static node *member(parser *P, node *base, const token *dot) {
     (void)open;
     return call;
   }
+  if (m->len == 4 && !memcmp(m->p, "grad", 4) && base->kind == E_NAME) {
+    /* x.grad: the gradient field of x, a field named "x.grad" */
+    size_t bl = strlen(base->name);
+    char *nm = la_alloc(P->a, bl + 6);
+    if (!nm) return NULL;
+    memcpy(nm, base->name, bl);
+    memcpy(nm + bl, ".grad", 6);
+    base->name = nm;
+    return base;
+  }
   static const char sw[] = "xyzw";
   if (m->len == 1 && strchr(sw, m->p[0])) {
     node *idx = mk(P, E_INT, m), *x = mk(P, E_INDEX, dot);
@@ -981,6 +991,10 @@ static int parse_place(parser *P, nlist *out) {
     if (!x) return 0;
     x->name = tok_str(P, nt);
     if (!expect(P, T_COLON, "after the field name") || !parse_type(P, &x->ty)) return 0;
+    if (tok_is(peek(P), "grad")) { /* a gradient place beside it */
+      next(P);
+      x->has_grad = 1;
+    }
     nl_push(out, x);
   } while (accept(P, T_COMMA));
   return 1;

@@ -399,12 +399,18 @@ static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
   return rc;
 }
 
+/* The instance takes the last lowering's position table (NULL for an
+ * adjoint, whose statements map to no source of their own). */
 static int add_instance(fb_program *p, int ki, fb_kernel *k) {
   if (FB_GROW(p->insts, p->ninsts, p->icap)) return FB_ENOMEM;
   linst *in = &p->insts[p->ninsts++];
   in->kernel = ki;
   in->name = k->name;
   in->k = k;
+  in->pos = p->lower_pos;
+  in->npos = p->lower_npos;
+  p->lower_pos = NULL;
+  p->lower_npos = 0;
   return 0;
 }
 
@@ -494,8 +500,12 @@ int fb_program_parse_within(const char *filename, const char *src, const fb_lang
 
 void fb_program_free(fb_program *p) {
   if (!p) return;
-  for (int i = 0; i < p->ninsts; i++) fb_kernel_free(p->insts[i].k);
+  for (int i = 0; i < p->ninsts; i++) {
+    fb_kernel_free(p->insts[i].k);
+    free(p->insts[i].pos);
+  }
   free(p->insts);
+  free(p->lower_pos);
   free(p->kernels);
   free(p->funcs);
   free(p->consts);
@@ -581,10 +591,16 @@ static int bind_names(fb_program *p, const lkernel *K, const char *const *names,
   return 0;
 }
 
+static int instantiate_grad(fb_program *p, const char *kernel, const char *const *field_bindings,
+                            int nfield, fb_kernel **out, fb_diags *diags);
+
 int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
                            int nfield, fb_kernel **out, fb_diags *diags) {
   if (out) *out = NULL;
   if (!p || !kernel || !out || nfield < 0) return FB_EINVAL;
+  size_t kl = strlen(kernel);
+  if (kl > 5 && !strcmp(kernel + kl - 5, ".grad"))
+    return instantiate_grad(p, kernel, field_bindings, nfield, out, diags);
   int ki = fb_program_find_kernel(p, kernel);
   if (ki < 0) {
     fb_diags_add(diags, -1, 0, 0, "no kernel named '%s'", kernel);
@@ -629,5 +645,109 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
     return FB_ENOMEM;
   }
   *out = k;
+  return 0;
+}
+
+/* Replace every occurrence of from in buf (of size n) by to, in place. */
+static void subst(char *buf, size_t n, const char *from, const char *to) {
+  size_t fl = strlen(from), tl = strlen(to);
+  char *at = buf;
+  while ((at = strstr(at, from)) != NULL) {
+    size_t rest = strlen(at + fl);
+    if ((size_t)(at - buf) + tl + rest + 1 > n) return;
+    memmove(at + tl, at + fl, rest + 1);
+    memcpy(at, to, tl);
+    at += tl;
+  }
+}
+
+/* The pass names IR places; a component of a vector or matrix field is a
+ * place "v.0" / "F.1.2": say the field's name (and its declared type in
+ * the suggested declaration) instead. */
+static void user_names(const fb_program *p, char *msg, size_t n) {
+  for (int i = 0; i < p->nfields; i++) {
+    const lfield *f = &p->fields[i];
+    if (f->pub.ncomp < 2) continue;
+    char ty[48], from[300], to[300];
+    if (f->pub.cols)
+      snprintf(ty, sizeof ty, "%s[%d][%d]", fb_type_name(f->pub.type), f->pub.rows, f->pub.cols);
+    else snprintf(ty, sizeof ty, "%s[%d]", fb_type_name(f->pub.type), f->pub.rows);
+    for (int c = 0; c < f->pub.ncomp; c++) {
+      const char *pn = p->layout->nodes[f->places[c]].name;
+      snprintf(from, sizeof from, "place %s: %s grad", pn, fb_type_name(f->pub.type));
+      snprintf(to, sizeof to, "place %s: %s grad", f->pub.name, ty);
+      subst(msg, n, from, to);
+      snprintf(from, sizeof from, "'%s'", pn);
+      snprintf(to, sizeof to, "'%s'", f->pub.name);
+      subst(msg, n, from, to);
+    }
+  }
+}
+
+/* "k.grad": the adjoint of k's instance for the same bindings
+ * (fb_kernel_adjoint_ex, gradients by the layout's x.grad convention),
+ * cached like any instance. A refusal is one diagnostic at the source
+ * position of the statement it is about. */
+static int instantiate_grad(fb_program *p, const char *kernel, const char *const *field_bindings,
+                            int nfield, fb_kernel **out, fb_diags *diags) {
+  size_t n = strlen(kernel) - 5;
+  char base[256];
+  if (n >= sizeof base) {
+    fb_diags_add(diags, -1, 0, 0, "no kernel named '%s'", kernel);
+    return FB_ENOENT;
+  }
+  memcpy(base, kernel, n);
+  base[n] = 0;
+  if (n > 5 && !strcmp(base + n - 5, ".grad")) {
+    fb_diags_add(diags, -1, 0, 0,
+                 "no kernel named '%s': the adjoint of an adjoint (a second derivative) is not "
+                 "supported",
+                 kernel);
+    return FB_ENOENT;
+  }
+  fb_kernel *k = NULL;
+  int rc = fb_program_instantiate(p, base, field_bindings, nfield, &k, diags);
+  if (rc) return rc;
+  int ki = fb_program_find_kernel(p, base);
+  const linst *fwd = NULL;
+  for (int i = 0; i < p->ninsts; i++)
+    if (p->insts[i].k == k) fwd = &p->insts[i];
+  size_t gl = strlen(k->name) + 6;
+  char *gname = malloc(gl);
+  if (!gname) return FB_ENOMEM;
+  snprintf(gname, gl, "%s.grad", k->name);
+  for (int i = 0; i < p->ninsts; i++)
+    if (p->insts[i].kernel == ki && !strcmp(p->insts[i].name, gname)) {
+      free(gname);
+      *out = p->insts[i].k;
+      return 0;
+    }
+  free(gname);
+  fb_grad_map g;
+  if ((rc = fb_grad_map_from_layout(p->layout, &g)) != 0) return rc;
+  fb_kernel *adj = NULL;
+  char err[768] = "";
+  int bad = -1;
+  rc = fb_kernel_adjoint_ex(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err);
+  fb_grad_map_free(&g);
+  if (rc) {
+    int line = 0, col = 0;
+    if (fwd && bad >= 0 && bad < fwd->npos && fwd->pos) {
+      line = fwd->pos[2 * bad];
+      col = fwd->pos[2 * bad + 1];
+    }
+    if (!line) { /* no statement to blame: the kernel's own line */
+      line = p->kernels[ki].pub.line;
+      col = p->kernels[ki].pub.col;
+    }
+    user_names(p, err, sizeof err);
+    fb_diags_add(diags, bad, line, col, "%s", err);
+    return rc;
+  }
+  if (add_instance(p, ki, adj) < 0) {
+    fb_kernel_free(adj);
+    return FB_ENOMEM;
+  }
+  *out = adj;
   return 0;
 }

@@ -666,7 +666,16 @@ static void return_stmt(lower *L, node *s, int top) {
   if (L->nloops > fr->loop_base) fb_b_break(&L->b);
 }
 
+static void lower_stmt_inner(lower *L, node *s);
+
 static void lower_stmt(lower *L, node *s) {
+  int mark = L->k ? L->k->nstmts : -1, line = s->line, col = s->col;
+  lower_stmt_inner(L, s);
+  if (s->kind == S_ASSIGN && s->a) lang_expr_pos(s->a, &line, &col); /* the target, not '=' */
+  lang_stamp(L, mark, line, col);
+}
+
+static void lower_stmt_inner(lower *L, node *s) {
   if (lang_budget_step(L->p, L->d, s->line, s->col)) {
     L->errors++;
     return;
@@ -1004,9 +1013,14 @@ int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out
   free(L.syms);
   int err = L.b.err;
   if (err || L.errors || !out) {
+    free(L.pos);
     fb_kernel_free(k);
     return err ? err : L.errors;
   }
+  lang_stamp(&L, 0, decl->line, decl->col); /* the rest: the kernel's own */
+  free(p->lower_pos);
+  p->lower_pos = L.pos;
+  p->lower_npos = L.pcap < k->nstmts ? L.pcap : k->nstmts;
   *out = k;
   return 0;
 }
@@ -1030,6 +1044,7 @@ int lang_check_func(fb_program *p, int fi, fb_diags *d) {
   lval out;
   inline_body(&L, fi, args, binds, decl, &out);
   free(L.syms);
+  free(L.pos);
   int err = L.b.err;
   fb_kernel_free(k);
   return err ? err : L.errors;
