@@ -590,6 +590,19 @@ void fbp_launch_append(fbp_buf *b, int kernel, const fb_value *args, int nargs) 
   b->n = (size_t)(p - b->p);
 }
 
+void fbp_tape_append(fbp_buf *b, int end, int loss) {
+  /* TapeMark { end = 1; loss = 2 } inside Launch { tape = 3 } */
+  size_t mark = (end ? 2 : 0) + (!end && loss ? 1 + varint_len((uint64_t)(int64_t)loss) : 0);
+  size_t body = 1 + varint_len(mark) + mark;
+  if (fbp_buf_reserve(b, 1 + 10 + body)) return;
+  uint8_t *p = b->p + b->n;
+  p = put_varint(put_tag(p, 2, WT_LEN), body);
+  p = put_varint(put_tag(p, 3, WT_LEN), mark);
+  if (end) p = put_varint(put_tag(p, 1, WT_VARINT), 1);
+  if (!end && loss) p = put_varint(put_tag(p, 2, WT_VARINT), (uint64_t)(int64_t)loss);
+  b->n = (size_t)(p - b->p);
+}
+
 void fbp_session_tail(fbp_buf *b, const char *session_id, int flush, uint64_t sync) {
   size_t idl = session_id ? strlen(session_id) : 0;
   if (fbp_buf_reserve(b, idl + 32)) return;

@@ -6,13 +6,17 @@
  * gradients, the same gradients in sync, async and async without each pass,
  * the optimizer's counters on a tape in a loop (the forward pass nobody
  * reads removed, the clears fused), and every refusal with the session
- * going on after it. */
+ * going on after it. The same through fuseboxd and libfusebox
+ * (fb_remote_kernel_adjoint, fb_remote_tape_begin / _end), with sessions in
+ * worker processes and in threads. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fusebox/client.h"
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "tests/support/support.h"
@@ -362,6 +366,123 @@ START_TEST(same_gradients_under_every_pass_subset) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- through fuseboxd */
+
+static fb_daemon D;
+static fb_client *C;
+
+static void start(const char *isolation) {
+  char listen[128];
+  if (!strcmp(isolation, "thread"))
+    snprintf(listen, sizeof listen, "unix:/tmp/fusebox-tape-%d.sock", (int)getpid());
+  else snprintf(listen, sizeof listen, "127.0.0.1:0");
+  const char *args[] = {"--log-level", "warn", "--isolation", isolation, NULL};
+  char path[1024], err[512] = "";
+  const char *b = getenv("FB_BUILD_DIR");
+  snprintf(path, sizeof path, "%s/server/fuseboxd", b ? b : "build");
+  ck_assert_msg(fb_daemon_start(path, listen, args, &D, err, sizeof err) == 0, "fuseboxd: %s", err);
+  ck_assert_int_eq(fb_client_connect(D.address, NULL, &C, err, sizeof err), 0);
+}
+
+static void stop(void) {
+  fb_client_close(C);
+  C = NULL;
+  int st = -1;
+  fb_daemon_stop(&D, 30, &st);
+  ck_assert_msg(st == 0, "fuseboxd exited with status %d", st);
+}
+
+static void rok(fb_remote *r, int64_t rc) {
+  ck_assert_msg(rc >= 0, "rc %lld: %s", (long long)rc, fb_remote_errmsg(r));
+}
+
+static void remote_tape(const char *isolation, const char *mode) {
+  start(isolation);
+  prog p; /* the same program run here, for the expected gradients */
+  open_prog(&p, mode, 0);
+  fb_remote_options o;
+  fb_remote_options_init(&o);
+  o.mode = mode;
+  o.backend = "cpu";
+  fb_remote *r = NULL;
+  ck_assert_msg(fb_remote_open(C, &o, p.l, &r) == 0, "%s", fb_client_errmsg(C));
+  int id[16];
+  for (int i = 0; i < p.nk; i++) {
+    id[i] = fb_remote_add_kernel(r, p.ks[i]);
+    rok(r, id[i]);
+  }
+  int kz = id[0], ksq = id[1], ksum = id[2], ktw = id[3];
+  int loss = field(&p, "loss"), fx = field(&p, "x"), fxg = field(&p, "x.grad");
+  double x[N], g[N], want[N];
+  for (int i = 0; i < N; i++) x[i] = xs(i);
+  ck_assert_int_eq(fb_remote_field_write(r, fx, x, sizeof x), 0);
+  write_f(&p, "x", x, N);
+  fb_value s = {FB_T_F64, {.f = 1.25}};
+  /* the tape, twice: the second must not add to the first */
+  for (int rep = 0; rep < 2; rep++) {
+    rok(r, fb_remote_launch(r, kz, NULL, 0));
+    rok(r, fb_remote_tape_begin(r, loss));
+    rok(r, fb_remote_launch(r, ksq, &s, 1));
+    rok(r, fb_remote_launch(r, ksum, NULL, 0));
+    rok(r, fb_remote_tape_end(r));
+  }
+  fb_sync_result res;
+  ck_assert_msg(fb_remote_sync(r, &res) == 0, "%s", fb_remote_errmsg(r));
+  ck_assert_int_eq(fb_remote_field_read(r, fxg, g, sizeof g), 0);
+  taped(&p, 1.25);
+  read_f(&p, "x.grad", want, N);
+  ck_assert_int_eq(memcmp(g, want, sizeof g), 0);
+  for (int i = 0; i < N; i++)
+    ck_assert(fabs(g[i] - 2 * 1.25 * 1.25 * sin(x[i]) * cos(x[i])) < 1e-12);
+  /* k.grad, registered and launched by hand */
+  int ka = fb_remote_kernel_adjoint(r, ksq);
+  rok(r, ka);
+  ck_assert_int_eq(fb_remote_kernel_adjoint(r, ksq), ka); /* once per kernel */
+  double one[N], zero[N] = {0};
+  for (int i = 0; i < N; i++) one[i] = 1.0;
+  ck_assert_int_eq(fb_remote_field_write(r, field(&p, "y.grad"), one, sizeof one), 0);
+  ck_assert_int_eq(fb_remote_field_write(r, fxg, zero, sizeof zero), 0);
+  rok(r, fb_remote_launch(r, ka, &s, 1));
+  ck_assert_int_eq(fb_remote_field_read(r, fxg, g, sizeof g), 0);
+  for (int i = 0; i < N; i++) ck_assert(fabs(g[i] - 1.25 * cos(x[i])) < 1e-14);
+  /* refusals: by the server, in the user's terms */
+  ck_assert_int_eq(fb_remote_kernel_adjoint(r, ktw), FB_EVERIFY);
+  ck_assert_msg(strstr(fb_remote_errmsg(r), "kernel 'twice'") && !strchr(fb_remote_errmsg(r), '%'),
+                "%s", fb_remote_errmsg(r));
+  rok(r, fb_remote_tape_begin(r, field(&p, "nograd"))); /* seq 1 of what follows */
+  int64_t seq_tw = 0;
+  rok(r, fb_remote_tape_begin(r, loss));
+  rok(r, fb_remote_launch(r, ksq, &s, 1));
+  rok(r, seq_tw = fb_remote_launch(r, ktw, NULL, 0));
+  rok(r, fb_remote_tape_end(r));
+  rok(r, fb_remote_tape_end(r)); /* none recording */
+  ck_assert_int_eq(fb_remote_sync(r, &res), FB_EINVAL);
+  ck_assert_int_eq(res.nerrors, 3);
+  ck_assert_msg(strstr(res.errors[0].msg, "'nograd' has no gradient"), "%s", res.errors[0].msg);
+  ck_assert_uint_eq(res.errors[1].seq, (uint64_t)seq_tw); /* blamed on the launch */
+  ck_assert_int_eq(res.errors[1].kernel, ktw);
+  ck_assert_int_eq(res.errors[1].code, FB_EVERIFY);
+  ck_assert_msg(strstr(res.errors[1].msg, "kernel 'twice'"), "%s", res.errors[1].msg);
+  ck_assert_msg(strstr(res.errors[2].msg, "no tape is recording"), "%s", res.errors[2].msg);
+  /* the session goes on: a launch after the failed tape has its own seq */
+  int64_t seq_bad = fb_remote_launch(r, kz, NULL, 0);
+  rok(r, seq_bad);
+  ck_assert_int_eq(fb_remote_sync(r, &res), 0);
+  ck_assert_uint_eq(res.seq, (uint64_t)seq_bad);
+  /* a session closed while a tape records */
+  rok(r, fb_remote_tape_begin(r, loss));
+  rok(r, fb_remote_launch(r, ksq, &s, 1));
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  close_prog(&p);
+  stop();
+}
+
+START_TEST(remote_tape_process_async) { remote_tape("process", "async"); }
+END_TEST
+
+START_TEST(remote_tape_thread_sync) { remote_tape("thread", "sync"); }
+END_TEST
+
 static Suite *tape_suite(void) {
   Suite *s = suite_create("tape");
   TCase *t = tcase_create("tape");
@@ -373,6 +494,11 @@ static Suite *tape_suite(void) {
   tcase_add_test(t, async_removes_dead_forward_and_fuses_clears);
   tcase_add_test(t, same_gradients_under_every_pass_subset);
   suite_add_tcase(s, t);
+  TCase *rt = tcase_create("remote");
+  tcase_set_timeout(rt, 300);
+  tcase_add_test(rt, remote_tape_process_async);
+  tcase_add_test(rt, remote_tape_thread_sync);
+  suite_add_tcase(s, rt);
   return s;
 }
 
