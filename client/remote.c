@@ -40,7 +40,8 @@ struct fb_remote {
   grpc_metadata_array init_md;
   fbc_end end;
   fbp_buf out;           /* the next SessionRequest */
-  int nqueued;
+  int nqueued;            /* launches in out */
+  int marks;             /* tape marks queued or sent since the last sync */
   int64_t seq;           /* last sequence number given */
   _Atomic int64_t sent_seq; /* the last one sent (fb_remote_cancel, any thread) */
   uint64_t next_sync;
@@ -240,12 +241,14 @@ static int do_sync(fb_remote *r, int flush) {
   int rc = stream_send(r);
   if (!rc) rc = recv_sync(r, id); /* the send completes meanwhile */
   if (!rc) rc = wait_send(r);
+  if (!rc) r->marks = 0;
   return rc;
 }
 
 /* Before field access: make every queued launch run first. */
 static int presync(fb_remote *r) {
-  if (r->nqueued == 0 && (uint64_t)r->seq == r->done_seq) return r->broken ? stream_broken(r) : 0;
+  if (r->nqueued == 0 && !r->marks && (uint64_t)r->seq == r->done_seq)
+    return r->broken ? stream_broken(r) : 0;
   return do_sync(r, 0);
 }
 
@@ -327,25 +330,25 @@ int fb_remote_call(fb_remote *r, int kernel, const fb_value *args, int nargs, fb
 
 /* ---------------------------------------------------------------- the tape */
 
-static int64_t tape_mark(fb_remote *r, int end, int loss) {
+static int tape_mark(fb_remote *r, int end, int loss) {
   if (r->broken) return stream_broken(r);
-  if (r->nqueued >= r->c->batch || r->out.n + 64 > r->c->max_msg) {
+  if (r->out.n + 64 > r->c->max_msg) {
     int rc = stream_send(r);
     if (rc) return rc;
   }
-  fbp_tape_append(&r->out, end, loss);
+  fbp_tape_append(&r->out, r->nqueued, end, loss);
   if (r->out.oom) return rerr(r, FB_ENOMEM, "out of memory queueing a tape mark");
-  r->nqueued++;
-  return ++r->seq;
+  r->marks = 1;
+  return 0;
 }
 
-int64_t fb_remote_tape_begin(fb_remote *r, int loss_field) {
+int fb_remote_tape_begin(fb_remote *r, int loss_field) {
   if (loss_field < 0 || !r->layout || loss_field >= r->layout->nnodes)
     return rerr(r, FB_EINVAL, "tape: no field with id %d in this session", loss_field);
   return tape_mark(r, 0, loss_field);
 }
 
-int64_t fb_remote_tape_end(fb_remote *r) { return tape_mark(r, 1, 0); }
+int fb_remote_tape_end(fb_remote *r) { return tape_mark(r, 1, 0); }
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -613,7 +616,7 @@ int fb_remote_close(fb_remote *r) {
   int rc = 0;
   fb_client *c = r->c;
   if (!r->broken) {
-    if (r->nqueued) rc = stream_send(r);
+    if (r->nqueued || r->out.n) rc = stream_send(r);
     if (!rc) rc = wait_send(r);
     grpc_op op;
     memset(&op, 0, sizeof op);

@@ -316,6 +316,10 @@ static void add_return(fbd_exec *x, uint64_t seq, int kernel, fb_value v) {
  * refused a launch outright; each such place is recorded, so that an error
  * the engine reports later by launch number finds its seq. */
 static void seq_break(fbd_exec *x, uint64_t next_seq) {
+  if (x->nsmap && x->smap[x->nsmap - 1].eng == x->eng_launches && !x->smap[x->nsmap - 1].one) {
+    x->smap[x->nsmap - 1].seq = next_seq; /* the later entry would win anyway */
+    return;
+  }
   if (x->nsmap == x->smcap) {
     int nc = x->smcap ? x->smcap * 2 : 16;
     struct fbd_seqmap *v = nc <= (1 << 16) ? realloc(x->smap, sizeof *v * (size_t)nc) : NULL;
@@ -348,33 +352,31 @@ static void engine_error(fbd_exec *x, int rc) {
 }
 
 /* A tape mark (docs/autodiff.md): begin, or end, whose launches (clears,
- * seed, adjoints) all take the mark's seq. */
-static void run_tape(fbd_exec *x, uint64_t seq, const Fusebox__V1__TapeMark *t) {
+ * seed, adjoints) have no seq of their own: their errors come with seq 0
+ * (the message names the kernel). A mark's own error has seq 0 too, or the
+ * seq of the recorded launch it blames. */
+static void run_tape(fbd_exec *x, const Fusebox__V1__TapeMark *t) {
   uint64_t before = x->eng_launches;
   int rc = t->end ? fb_session_tape_end(x->es) : fb_session_tape_begin(x->es, t->loss);
   x->nkernels = fb_session_kernel_count(x->es); /* the adjoints and clears it made */
   fb_counters c;
   fb_session_counters(x->es, &c);
   if (c.launches > before) {
-    seq_break(x, seq);
+    seq_break(x, 0);
     if (x->nsmap && x->smap[x->nsmap - 1].eng == before) x->smap[x->nsmap - 1].one = 1;
     x->eng_launches = c.launches;
+    seq_break(x, x->seq + 1);
   }
-  seq_break(x, seq + 1);
   if (!rc) return;
   uint64_t launch = 0;
   int kernel = -1;
   if (fb_session_error_launch(x->es, &launch, &kernel) == 0)
     add_error(x, seq_of(x, launch), kernel, rc, fb_session_errmsg(x->es)); /* the one to blame */
-  else add_error(x, seq, -1, rc, fb_session_errmsg(x->es));
+  else add_error(x, 0, -1, rc, fb_session_errmsg(x->es));
 }
 
 static void run_launch(fbd_exec *x, const Fusebox__V1__Launch *l) {
   uint64_t seq = ++x->seq;
-  if (l->tape) {
-    run_tape(x, seq, l->tape);
-    return;
-  }
   fb_value stack[STACK_ARGS], *args = stack;
   if (l->n_args > STACK_ARGS && !(args = malloc(sizeof *args * l->n_args))) {
     add_error(x, seq, l->kernel, FB_ENOMEM, "out of memory");
@@ -471,7 +473,12 @@ static void send_sync(fbd_exec *x, uint64_t id, fbd_reply *r) {
 }
 
 static void run_batch(fbd_exec *x, const Fusebox__V1__SessionRequest *m, fbd_reply *r) {
-  for (size_t i = 0; i < m->n_launches; i++) run_launch(x, m->launches[i]);
+  size_t t = 0;
+  for (size_t i = 0; i < m->n_launches; i++) {
+    while (t < m->n_tape && m->tape[t]->at <= i) run_tape(x, m->tape[t++]);
+    run_launch(x, m->launches[i]);
+  }
+  while (t < m->n_tape) run_tape(x, m->tape[t++]);
   int rc = 0;
   if (m->sync) rc = fb_sync(x->es);
   else if (m->flush) rc = fb_flush(x->es);

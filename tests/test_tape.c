@@ -449,7 +449,7 @@ static void remote_tape(const char *isolation, const char *mode) {
   ck_assert_int_eq(fb_remote_kernel_adjoint(r, ktw), FB_EVERIFY);
   ck_assert_msg(strstr(fb_remote_errmsg(r), "kernel 'twice'") && !strchr(fb_remote_errmsg(r), '%'),
                 "%s", fb_remote_errmsg(r));
-  rok(r, fb_remote_tape_begin(r, field(&p, "nograd"))); /* seq 1 of what follows */
+  rok(r, fb_remote_tape_begin(r, field(&p, "nograd")));
   int64_t seq_tw = 0;
   rok(r, fb_remote_tape_begin(r, loss));
   rok(r, fb_remote_launch(r, ksq, &s, 1));
@@ -459,11 +459,13 @@ static void remote_tape(const char *isolation, const char *mode) {
   ck_assert_int_eq(fb_remote_sync(r, &res), FB_EINVAL);
   ck_assert_int_eq(res.nerrors, 3);
   ck_assert_msg(strstr(res.errors[0].msg, "'nograd' has no gradient"), "%s", res.errors[0].msg);
+  ck_assert_uint_eq(res.errors[0].seq, 0); /* a mark's own error: no launch to name */
   ck_assert_uint_eq(res.errors[1].seq, (uint64_t)seq_tw); /* blamed on the launch */
   ck_assert_int_eq(res.errors[1].kernel, ktw);
   ck_assert_int_eq(res.errors[1].code, FB_EVERIFY);
   ck_assert_msg(strstr(res.errors[1].msg, "kernel 'twice'"), "%s", res.errors[1].msg);
   ck_assert_msg(strstr(res.errors[2].msg, "no tape is recording"), "%s", res.errors[2].msg);
+  ck_assert_uint_eq(res.errors[2].seq, 0);
   /* the session goes on: a launch after the failed tape has its own seq */
   int64_t seq_bad = fb_remote_launch(r, kz, NULL, 0);
   rok(r, seq_bad);

@@ -180,12 +180,13 @@ int fb_remote_find_field(const fb_remote *r, const char *name, int comp);
 int fb_remote_kernel_adjoint(fb_remote *r, int kernel);
 /* A tape: launches queued between begin and end are recorded; end makes the
  * server launch the gradients' clears, loss.grad = 1 and each recorded
- * launch's adjoint, newest first. Both are queued like launches and return
- * their sequence number; their errors (a loss without a gradient, a tape
- * begun twice, a recorded launch whose kernel has no adjoint, which is the
- * launch the error names) come back from the next fb_remote_sync. */
-int64_t fb_remote_tape_begin(fb_remote *r, int loss_field);
-int64_t fb_remote_tape_end(fb_remote *r);
+ * launch's adjoint, newest first. Both are queued among the launches (they
+ * take no sequence number) and return 0; their errors (a loss without a
+ * gradient, a tape begun twice, an end without a begin: seq 0; a recorded
+ * launch whose kernel has no adjoint: that launch's seq) come back from the
+ * next fb_remote_sync. */
+int fb_remote_tape_begin(fb_remote *r, int loss_field);
+int fb_remote_tape_end(fb_remote *r);
 
 /* ---------------------------------------------------------------- launches */
 
