@@ -264,7 +264,10 @@ START_TEST(refusals_and_the_session_goes_on) {
   int adj;
   /* adjoints the pass refuses: named by kernel and rule, without %N */
   assert_err(&p, fb_session_kernel_adjoint(p.s, p.twice, &adj), FB_EVERIFY,
-             "field 'x' is read (load) and written (store) in one kernel");
+             "kernel 'twice'");
+  ck_assert_msg(strstr(fb_session_errmsg(p.s), "field 'x'") &&
+                    strstr(fb_session_errmsg(p.s), "split the kernel"),
+                "%s", fb_session_errmsg(p.s));
   assert_err(&p, fb_session_kernel_adjoint(p.s, p.lose, &adj), FB_EVERIFY, "give 'c' a gradient");
   assert_err(&p, fb_session_kernel_adjoint(p.s, 99, &adj), FB_ENOENT, "no kernel with id 99");
   /* losses that cannot be */
