@@ -201,3 +201,67 @@ def test_large_autodiff_generated_matches_hand_written(fb):
             worst = max(worst, abs(fd - gen[p, c]) / abs(fd))
         print(f"largest relative error against finite differences: {worst:.2e}")
         assert worst < 1e-3
+
+
+# ------------------------------------------------------------------ JSON sessions
+
+def _run_json(tmp_path, session, *flags):
+    import json
+    import subprocess
+    from conftest import FUSEBOX_CLI
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(session))
+    return subprocess.run([FUSEBOX_CLI, "run", str(p), "-q", *flags], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags", [("--local", "--mode", "sync"), ("--local", "--mode", "async"),
+                                   ("--mode", "async")])
+def test_json_tape_against_finite_differences(fuseboxd, tmp_path, flags):
+    np.save(tmp_path / "x0.npy", X0)
+    np.save(tmp_path / "ones.npy", np.ones(N))
+
+    def loss(x):
+        return np.sum((1.5 * np.sin(x)) ** 2)
+    h = 1e-6
+    fd = [(loss(X0 + h * e) - loss(X0 - h * e)) / (2 * h) for e in np.eye(N)]
+    session = {
+        "name": "tape", "source": PROG,
+        "setup": [{"write": "x", "from": "x0.npy"}],
+        "step": [{"launch": "zero"},
+                 {"tape": "loss", "do": [{"launch": "square", "args": [1.5]},
+                                         {"launch": "total"}]}],
+        "checks": [{"read": "x.grad", "equals": fd, "rtol": 1e-7},
+                   {"read": "loss.grad", "equals": 1.0}]}
+    r = _run_json(tmp_path, session, *flags)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # k.grad launched by name
+    session = {
+        "name": "kgrad", "source": PROG,
+        "setup": [{"write": "x", "from": "x0.npy"}, {"write": "y.grad", "from": "ones.npy"}],
+        "step": [{"launch": "square.grad", "args": [0.5]}],
+        "checks": [{"read": "x.grad", "equals": list(0.5 * np.cos(X0)), "rtol": 1e-12}]}
+    r = _run_json(tmp_path, session, *flags)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("flags", [("--local",), ()])
+def test_json_tape_errors(fuseboxd, tmp_path, flags):
+    bad = {"name": "bad", "source": PROG,
+           "step": [{"tape": "loss", "do": [{"launch": "square", "args": [1.0]},
+                                            {"launch": "twice"}]}]}
+    r = _run_json(tmp_path, bad, *flags)
+    assert r.returncode != 0
+    assert "$.step[0].do[1]" in r.stderr and "kernel 'twice'" in r.stderr, r.stderr
+    assert "%" not in r.stderr
+    for what, step, want in [
+            ("no gradient", [{"tape": "plain", "do": []}], "'plain' has no gradient"),
+            ("no field", [{"tape": "nope", "do": []}], "no field named 'nope'"),
+            ("nested", [{"tape": "loss", "do": [{"tape": "loss", "do": []}]}],
+             "already recording"),
+            ("no adjoint", [{"launch": "lose.grad"}], "give 'c' a gradient")]:
+        r = _run_json(tmp_path, {"name": what, "source": PROG, "step": step}, *flags)
+        assert r.returncode != 0 and want in r.stderr, (what, r.stderr)
+    r = _run_json(tmp_path, {"name": "keys", "source": PROG,
+                             "step": [{"tape": "loss", "do": [], "every": 2}]}, *flags)
+    assert r.returncode != 0 and "every" in r.stderr, r.stderr
