@@ -1079,8 +1079,10 @@ static int local_adjoint(fb_sess_run *r, int id, const char *path, const char **
 static int note_tape_launches(fb_sess_run *r, uint64_t before, const char *path) {
   fb_counters c;
   fb_session_counters(r->s, &c);
+  uint64_t shown = r->pdone; /* the progress line counts the file's launches, not these */
   for (uint64_t i = before; i < c.launches; i++)
     if (note_launch(r, path)) return FB_ENOMEM;
+  r->pdone = shown;
   return 0;
 }
 
