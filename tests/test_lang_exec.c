@@ -1838,6 +1838,44 @@ START_TEST(atomic_slots) {
 }
 END_TEST
 
+/* A top-level var read as a parallel loop's bound, and read again inside
+ * the loop: the bound is the value the var held where it was read (the
+ * read is spilled for the loop's task even though the var itself is
+ * shared between tasks). Taichi's mass_spring_game adds a particle this
+ * way; the bound used to come back as 0, so the loop did nothing. */
+START_TEST(var_bound_of_parallel_loop) {
+  fb_program *p = prog("layout { field out: f32 (i: 16)\n place count: i32 }\n"
+                       "kernel add() {\n"
+                       "  var k = count[]\n"
+                       "  count[] += 1\n"
+                       "  for i in 0 .. k { out[i] += f32(k) }\n"
+                       "  k = k + 10\n"
+                       "  for i in 0 .. k - 9 { out[i] += 100.0 }\n"
+                       "}\n");
+  fb_kernel *k = inst(p, "add", NULL, NULL);
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int id = add(s, k);
+  for (int r = 0; r < 3; r++) launch(s, id, NULL, 0, NULL);
+  float out[16];
+  int32_t count;
+  eread(s, field(p, "out"), 0, out, sizeof out);
+  eread(s, field(p, "count"), 0, &count, sizeof count);
+  ck_assert_int_eq(count, 3);
+  /* launches with k = 0, 1, 2: the first loops add k to out[0 .. k), the
+   * second 100 to out[0 .. k + 1) */
+  float want[16] = {0};
+  for (int kk = 0; kk < 3; kk++) {
+    for (int i = 0; i < kk; i++) want[i] += (float)kk;
+    for (int i = 0; i < kk + 1; i++) want[i] += 100.0f;
+  }
+  for (int i = 0; i < 16; i++) ck_assert_msg(out[i] == want[i], "out[%d] = %g, want %g", i, out[i], want[i]);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
 /* rescale_index maps an index of a field into a coarser SNode's space
  * (a vector or scalars), as Taichi's ti.rescale_index. */
 START_TEST(rescale_index_values) {
@@ -1954,6 +1992,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, private_scatter);
   tcase_add_test(tc, private_scatter_i32);
   tcase_add_test(tc, folds_match_run_time);
+  tcase_add_test(tc, var_bound_of_parallel_loop);
   suite_add_tcase(s, tc);
   return s;
 }

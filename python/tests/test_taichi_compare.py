@@ -28,10 +28,6 @@ KNOWN_GAPS = {
                  "supported by fusebox.taichi'",
     "ad02_kernel_grad": "needs_grad=True / kernel.grad(): not yet supported",
     "ad03_vector_grad": "ti.Vector.field(..., needs_grad=True) / ti.ad.Tape: not yet supported",
-    "p10_atomic_old_value": "s = ti.atomic_add(counter[None], 1): 'the value returned by "
-                            "ti.atomic_add is not supported'",
-    "p11_atomic_min_max": "old = ti.atomic_max(hi[None], 1000): 'the value returned by "
-                          "ti.atomic_max is not supported'",
     "p17_kernel_return": "s = 0.0; for i in range(10): s += x[i]; return s: 'cannot assign to "
                          "'s' inside a parallel loop'",
     "p24_type_promotion": "ti.floor(x, ti.i32): 'the Python value ti.i32 cannot be used "
@@ -40,8 +36,6 @@ KNOWN_GAPS = {
                         "Taichi gives Python floats (float64)",
     "p38_random_int": "ti.random(ti.i32): 'the Python value ti.i32 cannot be used inside a "
                       "kernel'",
-    "p52_serial_then_loop": "k = count[None]; count[None] += 1; for i in range(k): ...: the "
-                            "loop links nothing (link[0, 1] is 0.0, Taichi 0.1)",
 }
 
 
