@@ -129,7 +129,7 @@ static void atomics_block(prom *p, int blk, int depth) {
     p->oom = 1;
     return;
   }
-  memcpy(ids, p->k->blocks[blk].ids, sizeof *ids * (size_t)n);
+  if (n) memcpy(ids, p->k->blocks[blk].ids, sizeof *ids * (size_t)n);
   int32_t *out = NULL;
   int w = 0, cap = 0;
   for (int i = 0; i < n && !p->oom; i++) {
@@ -358,7 +358,7 @@ static void promote_block(prom *p, int blk, int depth) {
     p->oom = 1;
     return;
   }
-  memcpy(ids, p->k->blocks[blk].ids, sizeof *ids * (size_t)n);
+  if (n) memcpy(ids, p->k->blocks[blk].ids, sizeof *ids * (size_t)n);
   int32_t *out = NULL;
   int w = 0, cap = 0;
   for (int i = 0; i < n && !p->oom; i++) {
