@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "optimizer/optimizer.h"
+#include "optimizer/sfg.h"
 
 enum {
   EXT_NONE = 0,
@@ -341,6 +342,10 @@ static int extra_list_tasks(const lower_ctx *c, int nseg) {
 }
 
 int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
+  return fb_lower_ex(k, 0, out, err, errlen);
+}
+
+int fb_lower_ex(const fb_kernel *k, unsigned flags, fb_task_list *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   lower_ctx c;
   unsigned char *gc = NULL;
@@ -408,6 +413,14 @@ int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen) {
   }
   for (int i = 0; i < k->layout->nnodes && rc >= 0; i++)
     if (gc[i]) rc = add_list_task(&c, out, FB_TASK_GC, i);
+  for (int t = 0; t < out->n && rc >= 0 && !(flags & FB_LOWER_NO_LOCAL); t++) {
+    fb_task *tk = &out->v[t];
+    if (tk->kind == FB_TASK_SERIAL || tk->kind == FB_TASK_RANGE_FOR ||
+        tk->kind == FB_TASK_STRUCT_FOR) {
+      int e = fb_ir_task_local(tk->ir, &tk->atomics_local, &tk->promoted, err, errlen);
+      if (e) rc = e;
+    }
+  }
 done:
   if (rc == FB_ENOMEM && err && errlen && !err[0]) fb_errf(err, errlen, "lowering: out of memory");
   free(c.seg);

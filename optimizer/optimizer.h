@@ -50,6 +50,10 @@ typedef struct fb_task {
   fb_kernel *ir; /* owned; named "<kernel>.t<N>" */
   int loop;      /* statement id of the parallel loop in ir, -1 if serial */
   int snode;     /* struct_for / list tasks: the SNode iterated, else -1 */
+  /* task-local rewrites lowering made in it (both engine modes; see
+   * fb_lower): atomics on owned elements made load/op/store, field
+   * elements kept in locals across a serial loop */
+  int atomics_local, promoted;
 } fb_task;
 
 typedef struct fb_task_list {
@@ -59,8 +63,16 @@ typedef struct fb_task_list {
 } fb_task_list;
 
 /* Lower k (which must pass fb_verify) into tasks. Returns 0 or FB_ENOMEM /
- * FB_EINVAL with a message in err. */
+ * FB_EINVAL with a message in err. Every serial, range_for and struct_for
+ * task then gets the task-local rewrites (optimizer/pass_promote.c), exact
+ * like every pass: atomics on elements its iteration owns become
+ * load/op/store, and a field element a serial loop reaches at one
+ * loop-invariant index lives in a local across the loop. They are what a
+ * compiler does inside one task, so they run in both engine modes;
+ * fb_lower_ex with FB_LOWER_NO_LOCAL leaves them out. */
 int fb_lower(const fb_kernel *k, fb_task_list *out, char *err, size_t errlen);
+enum { FB_LOWER_NO_LOCAL = 1 };
+int fb_lower_ex(const fb_kernel *k, unsigned flags, fb_task_list *out, char *err, size_t errlen);
 void fb_task_list_free(fb_task_list *l);
 
 /* ================================================================ fb_opt

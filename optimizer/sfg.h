@@ -211,6 +211,10 @@ int fb_ir_dce(fb_kernel *k);
  * element-wise fields, store-to-load forwarding, identical load/store and
  * dead store elimination, DCE. *removed = statements saved. */
 fb_kernel *fb_ir_simplify(const fb_kernel *k, const fb_task_meta *m, int *removed);
+/* pass_promote.c: the task-local rewrites fb_lower runs on every task it
+ * makes (owned atomics -> load/op/store, field elements kept in locals
+ * across serial loops), in place; how many of each it made. 0 or FB_E*. */
+int fb_ir_task_local(fb_kernel *k, int *atomics, int *promoted, char *err, size_t errlen);
 /* Statement use counts over the reachable statements (malloc'd, nstmts). */
 int32_t *fb_ir_use_counts(const fb_kernel *k);
 
