@@ -337,9 +337,9 @@ static void promote_loop(prom *p, int loop, int32_t **pre, int *npre, int32_t **
     if (nq) *post = nq;
     if (!np || !nq) p->oom = 1;
     else {
-      memcpy(*pre + *npre, a, sizeof *a * (size_t)na);
+      if (na) memcpy(*pre + *npre, a, sizeof *a * (size_t)na);
       *npre += na;
-      memcpy(*post + *npost, z, sizeof *z * (size_t)nz);
+      if (nz) memcpy(*post + *npost, z, sizeof *z * (size_t)nz);
       *npost += nz;
       p->promoted++;
     }
