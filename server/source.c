@@ -285,7 +285,8 @@ int fbd_source_expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_lay
 
 /* ---------------------------------------------------------------- DescribeSource */
 
-static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_lang_field *f) {
+static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_layout *l,
+                                          const fb_lang_field *f) {
   Fusebox__V1__FieldInfo *fi = fbp_alloc(a, sizeof *fi);
   int64_t *shape = fbp_alloc(a, sizeof *shape * (size_t)(f->ndim + 1));
   int32_t *places = fbp_alloc(a, sizeof *places * (size_t)(f->ncomp + 1));
@@ -301,7 +302,37 @@ static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_lang_field *f) 
   for (int i = 0; i < f->ncomp; i++) places[i] = f->places[i];
   fi->places = places;
   fi->n_places = (size_t)f->ncomp;
+  fi->container = f->snode >= 0 && f->snode < l->nnodes
+                      ? (char *)fb_snode_kind_name(l->nodes[f->snode].kind)
+                      : "";
   return fi;
+}
+
+/* A named SNode (`as NAME`): its kind, its cell space and the fields below
+ * it, so that a client can reach it by name (docs/python.md). */
+static Fusebox__V1__SNodeInfo *snode_info(fbp_arena *a, const fb_program *p, int node) {
+  const fb_layout *l = fb_program_layout(p);
+  const fb_snode *sn = &l->nodes[node];
+  int nf = fb_program_nfields(p), n = 0;
+  Fusebox__V1__SNodeInfo *si = fbp_alloc(a, sizeof *si);
+  int64_t *shape = fbp_alloc(a, sizeof *shape * (size_t)(sn->ndim + 1));
+  char **fields = fbp_alloc(a, sizeof *fields * (size_t)(nf + 1));
+  if (!si || !shape || !fields) return NULL;
+  fusebox__v1__snode_info__init(si);
+  si->name = sn->name;
+  si->kind = (char *)fb_snode_kind_name(sn->kind);
+  for (int d = 0; d < sn->ndim; d++) shape[d] = sn->shape[sn->dim_axis[d]];
+  si->shape = shape;
+  si->n_shape = (size_t)sn->ndim;
+  for (int i = 0; i < nf; i++) {
+    const fb_lang_field *f = fb_program_field(p, i);
+    int s = f->snode;
+    while (s > 0 && s != node) s = l->nodes[s].parent;
+    if (s == node) fields[n++] = (char *)f->name;
+  }
+  si->fields = fields;
+  si->n_fields = (size_t)n;
+  return si;
 }
 
 static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *k) {
@@ -326,13 +357,19 @@ static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *
 
 static int describe(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *r) {
   int nf = fb_program_nfields(p), nk = fb_program_nkernels(p);
+  const fb_layout *l = fb_program_layout(p);
   r->fields = fbp_alloc(a, sizeof *r->fields * (size_t)(nf + 1));
   r->kernels = fbp_alloc(a, sizeof *r->kernels * (size_t)(nk + 1));
-  if (!r->fields || !r->kernels) return FB_ENOMEM;
+  r->snodes = fbp_alloc(a, sizeof *r->snodes * (size_t)(l->nnodes + 1));
+  if (!r->fields || !r->kernels || !r->snodes) return FB_ENOMEM;
   for (int i = 0; i < nf; i++)
-    if (!(r->fields[r->n_fields++] = field_info(a, fb_program_field(p, i)))) return FB_ENOMEM;
+    if (!(r->fields[r->n_fields++] = field_info(a, l, fb_program_field(p, i)))) return FB_ENOMEM;
   for (int i = 0; i < nk; i++)
     if (!(r->kernels[r->n_kernels++] = kernel_info(a, fb_program_kernel(p, i)))) return FB_ENOMEM;
+  for (int i = 1; i < l->nnodes; i++)
+    if (l->nodes[i].kind != FB_SN_PLACE && l->nodes[i].name &&
+        !(r->snodes[r->n_snodes++] = snode_info(a, p, i)))
+      return FB_ENOMEM;
   return 0;
 }
 

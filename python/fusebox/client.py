@@ -91,7 +91,8 @@ class _Daemon:
         rfd, wfd = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [exe, "--listen", self.address, "--ready-fd", str(wfd), *extra_args],
+                [exe, "--listen", self.address, "--ready-fd", str(wfd), "--private",
+                 *extra_args],
                 pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=self.log)
         except OSError as e:
