@@ -838,7 +838,7 @@ class Session:
             # the kernel is the package's own: say what the user asked for
             # and why, not its name or its source line
             why = next((ln.split(" error: ", 1)[1] for ln in e.message.splitlines()
-                        if " error: " in ln), "the server refused it")
+                        if " error: " in ln), _user_terms(e.message))
             what = {"set": "setting cells of", "activate": "activate on",
                     "deactivate": "deactivate on"}[kind]
             raise ServerError("RegisterKernels", e.status, f"{what} field '{f.name}': {why}",
@@ -910,7 +910,7 @@ class Session:
             if e.status != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
             why = next((ln.split(" error: ", 1)[1] for ln in e.message.splitlines()
-                        if " error: " in ln), "the server refused it")
+                        if " error: " in ln), e.message)
             raise ServerError("RegisterKernels", e.status,
                               f"{what} SNode '{sn.name}': {_user_terms(why)}", e.fb_code) from None
         self._ids[key] = kid
