@@ -130,3 +130,25 @@ def test_dense_field_deactivate_in_user_terms(fb):
         msg = str(e.value)
         assert "field 'd'" in msg and "dense" in msg and "always active" in msg, msg
         assert not NO_INTERNALS.search(msg), msg
+
+
+def test_private_daemon_log_is_quiet(fuseboxd):
+    """fusebox.connect() starts its fuseboxd with --private: even sharing
+    its process (--isolation thread) as root, nothing is logged as a
+    warning about tenants; the log says what it is as an info line."""
+    import os
+    c = fusebox.connect(server_args=["--isolation", "thread"])
+    d = c._daemon
+    try:
+        with c.session(SRC) as s:
+            s.kernels.paint()
+            assert s.snodes.blocks.active_mask().all()
+        d.log.flush()
+        d.log.seek(0)
+        log = d.log.read().decode(errors="replace")
+    finally:
+        c.close()
+    assert d.proc.returncode == 0, log
+    assert " WARN " not in log, log
+    if os.geteuid() == 0:
+        assert "isolation thread as root: a private daemon" in log, log
