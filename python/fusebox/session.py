@@ -578,7 +578,7 @@ def _user_terms(why: str) -> str:
     """A server's reason for refusing a kernel the package added, without
     that kernel's name or IR values (%3) it may quote."""
     why = re.sub(r"kernel '__fbpy_[^']*'( failed verification)?:?\s*", "", why)
-    why = re.sub(r"%[0-9]+ ", "", why)
+    why = re.sub(r"%[0-9]+\s*", "", why)
     return why.strip() or "the server refused it"
 
 
@@ -642,25 +642,30 @@ class SNode:
         if len(words) != (n + _MASK_BITS - 1) // _MASK_BITS:
             raise Error(f"SNode '{info.name}': the server sent {len(words)} of "
                         f"{(n + _MASK_BITS - 1) // _MASK_BITS} activity words")
-        bits = np.zeros(n, dtype=np.bool_)
-        for w, base in enumerate(range(0, n, _MASK_BITS)):
-            v = int(words[w])
-            k = min(_MASK_BITS, n - base)
-            bits[base:base + k] = [(v >> b) & 1 == 1 for b in range(k)]
-        return bits.reshape(info.shape)
+        w = np.array(words, dtype=np.int64).view(np.uint64)
+        bits = (w[:, None] >> np.arange(_MASK_BITS, dtype=np.uint64)) & np.uint64(1)
+        return bits.reshape(-1)[:n].astype(np.bool_).reshape(info.shape)
 
     def active(self, *, timeout: Optional[float] = None) -> np.ndarray:
         """The active cells' indices: an int64 array of shape (n, ndim),
         row-major."""
         return np.argwhere(self.active_mask(timeout=timeout)).astype(np.int64, copy=False)
 
-    def is_active(self, *indices: Any) -> bool:
-        """Whether one cell is active (``ti.is_active(snode, I)``)."""
+    def is_active(self, *indices: Any, timeout: Optional[float] = None) -> bool:
+        """Whether one cell is active (``ti.is_active(snode, I)``): one
+        launch of the language's ``is_active``, and a sync."""
         idx = indices[0] if len(indices) == 1 and not np.isscalar(indices[0]) else indices
         a = self._indices(idx)
         if len(a) != 1:
             raise ValueError(f"SNode '{self.name}': is_active takes one cell's indices")
-        return bool(self.active_mask()[tuple(a[0])])
+        s = self._s
+        kid = s._snode_helper("is_active", self.info)
+        s._before_io(timeout)
+        s._snode_launch(kid, [pb.Value(type=2, i=int(x)) for x in a[0]])
+        got = [v for _, _, v in s.sync(timeout).returns]
+        if len(got) != 1:
+            raise Error(f"SNode '{self.name}': the server sent {len(got)} answers to is_active")
+        return bool(got[0])
 
     def _deactivatable(self) -> None:
         if self.kind not in ("bitmasked", "pointer", "dynamic"):
@@ -865,7 +870,8 @@ class Session:
     # -- named SNodes (SNode): kernels the package adds, as for fields
     def _snode_helper(self, kind: str, sn: SNodeInfo) -> int:
         """The id of the package's kernel that does kind to SNode sn:
-        activate / deactivate one cell, deactivate_all, or mask (the
+        activate / deactivate one cell, is_active of one cell (an i32),
+        deactivate_all, or mask (the
         activity of _MASK_BITS cells from a row-major cell number, as bits
         of an i64). Registered once, from the session's source with the
         kernel appended; a refusal names the SNode, not the kernel."""
@@ -877,6 +883,9 @@ class Session:
         if kind in ("activate", "deactivate"):
             params = [f"{i}: i32" for i in ix]
             body = f"{kind}({sn.name}, {', '.join(ix)})"
+        elif kind == "is_active":
+            params = [f"{i}: i32" for i in ix]
+            body = f"return i32(is_active({sn.name}, {', '.join(ix)}))"
         elif kind == "deactivate_all":
             params = []
             body = f"for {', '.join(ix)} in {sn.name} {{ deactivate({sn.name}, {', '.join(ix)}) }}"
@@ -896,14 +905,15 @@ class Session:
                     + f"        if is_active({sn.name}, {', '.join(ix)}) {{\n"
                     "          fbpy_m |= i64(1) << fbpy_k\n        }\n"
                     "      }\n    }\n  }\n  return fbpy_m")
-        ret = " -> i64" if kind == "mask" else ""
+        ret = {"mask": " -> i64", "is_active": " -> i32"}.get(kind, "")
         name = f"__fbpy_snode_{kind}_{sn.name}"
         src = pb.Source(text=self._src.text + f"\nkernel {name}({', '.join(params)}){ret} {{\n"
                         f"  {body}\n}}\n", filename=self._src.filename, params=self._src.params)
         req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
                                         instances=[pb.KernelInstance(kernel=name)])
         what = {"activate": "activate on", "deactivate": "deactivate on",
-                "deactivate_all": "deactivate_all on", "mask": "activity of"}[kind]
+                "deactivate_all": "deactivate_all on", "mask": "activity of",
+                "is_active": "is_active of"}[kind]
         try:
             kid = self._c._call("RegisterKernels", req).kernel_ids[0]
         except ServerError as e:
