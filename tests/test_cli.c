@@ -1685,6 +1685,15 @@ START_TEST(snodes_from_json) {
              "            {\"launch\": \"count_blocks\"} ],\n"
              "  \"checks\": [ {\"read\": \"x\", \"sum\": 0.0},\n"
              "              {\"read\": \"total\", \"equals\": 2.0} ] }\n");
+  /* a launch of an added kernel that fails on the device (pointer blocks
+   * past the session's memory limit) is named by what it does */
+  write_file("mem.fbk",
+             "layout { pointer(i: 256) as blocks { dense(i: 4096) { place x: f32 } } }\n");
+  char mem[4096] = "{ \"program\": \"mem.fbk\", \"session\": {\"memory_limit\": 1048576},\n"
+                   "  \"step\": [ {\"activate\": \"blocks\", \"cells\": [[0]";
+  for (int b = 1; b < 100; b++) snprintf(mem + strlen(mem), sizeof mem - strlen(mem), ", [%d]", b);
+  snprintf(mem + strlen(mem), sizeof mem - strlen(mem), "]}, {\"sync\": true} ] }\n");
+  write_file("mem.json", mem);
   char sock[512], server[600], cmd[8192], *out;
   int pid = start_fuseboxd("sp.sock", sock, sizeof sock);
   snprintf(server, sizeof server, "--server %s", sock);
@@ -1717,6 +1726,14 @@ START_TEST(snodes_from_json) {
         ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", cmd, rc, out);
         free(out);
       }
+      snprintf(cmd, sizeof cmd, "%s run %s/mem.json %s --mode %s", fusebox(), tmpdir, paths[p],
+               modes[m]);
+      int mrc = sh(cmd, &out);
+      ck_assert_msg(mrc == 2 && strstr(out, "$.step[0]: activate of 'blocks' (launch #64 of the "
+                                            "session): out of device memory"),
+                    "%s: rc %d\n%s", cmd, mrc, out);
+      assert_user_terms(out);
+      free(out);
       float t1;
       char t1p[600];
       snprintf(t1p, sizeof t1p, "%s/t1.npy", tmpdir);

@@ -582,6 +582,14 @@ def _user_terms(why: str) -> str:
     return why.strip() or "the server refused it"
 
 
+def _launch_message(msg: str) -> str:
+    """A launch failure's message without the name of a kernel the
+    package added ("kernel '__fbpy_set_x' (launch 63): out of memory ..."
+    becomes "out of memory ..."): the failure's kernel already says what
+    it was (``set of field 'x'``)."""
+    return re.sub(r"kernel '__fbpy_[^']*'( \(launch [0-9]+\))?:?\s*", "", msg)
+
+
 # bits of the activity mask one launch of the mask helper returns
 _MASK_BITS = 62
 
@@ -1039,7 +1047,8 @@ class Session:
         dropped = sum(x.errors_dropped for x in got)
         if errors or dropped:
             raise LaunchError([LaunchFailure(e.seq, self._names.get(e.kernel, str(e.kernel)),
-                                             e.code, e.message) for e in errors], dropped)
+                                             e.code, _launch_message(e.message))
+                               for e in errors], dropped)
         return SyncResult(r.seq, [(x.seq, self._names.get(x.kernel, str(x.kernel)),
                                    _from_value(x.value)) for y in got for x in y.returns],
                           Counters._from_pb(r.counters))

@@ -155,3 +155,29 @@ def test_private_daemon_log_is_quiet(fuseboxd):
     assert " WARN " not in log, log
     if os.geteuid() == 0:
         assert "isolation thread as root: a private daemon" in log, log
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_helper_launch_failure_in_user_terms(fb, mode):
+    """A launch of a kernel the package added that fails on the server (here:
+    the session's memory limit, allocating pointer blocks) is reported as
+    what the user did, not as the added kernel."""
+    src = """layout { pointer(i: 256) as blocks { dense(i: 4096) { place x: f32 } } }
+kernel one() { x[0] = 2.0 }
+"""
+    for what, act in (("set of field 'x'",
+                       lambda s: [s.fields.x.__setitem__(b * 4096, 1.0) for b in range(100)]),
+                      ("activate on SNode 'blocks'",
+                       lambda s: s.snodes.blocks.activate(np.arange(100)[:, None]))):
+        with fb.session(src, mode=mode, memory_limit=1 << 20) as s:
+            act(s)
+            with pytest.raises(fusebox.LaunchError) as e:
+                s.sync()
+            msg = str(e.value)
+            assert f"({what}) failed: out of device memory allocating a block of SNode " \
+                   "'blocks'" in msg, msg
+            assert e.value.errors[0].kernel == what
+            assert not NO_INTERNALS.search(msg), msg
+            assert not any(NO_INTERNALS.search(f.message) for f in e.value.errors)
+            s.kernels.one()  # the session goes on
+            s.sync()
