@@ -28,7 +28,7 @@ static int find_snode(const fb_layout *l, const char *name) {
 }
 
 void fbc_host_name(fb_host_op op, const char *target, char *buf, size_t n) {
-  snprintf(buf, n, FB_HOST_PREFIX "%s_%.120s", op_names[op], target);
+  snprintf(buf, n, FB_HOST_PREFIX "%s_%.256s", op_names[op], target);
 }
 
 int fb_host_target(const fb_program *p, const char *target, int *snode, int *ndim, char *err,
@@ -77,18 +77,18 @@ int fb_host_kernel(const fb_program *p, fb_host_op op, const char *target, fb_pr
     return FB_EINVAL;
   }
   const char *src = fb_program_source(p);
-  size_t cap = strlen(src) + strlen(target) * 4 + 64 * (size_t)nd + 256;
-  char *text = malloc(cap), name[200];
+  size_t cap = strlen(src) + strlen(target) * 4 + 64 * (size_t)nd + 1024;
+  char *text = malloc(cap), name[320];
   if (!text) {
     fb_errf(err, errlen, "out of memory");
     return FB_ENOMEM;
   }
   fbc_host_name(op, target, name, sizeof name);
-  char ix[160] = "", params[256] = "";
+  char ix[160] = "", params[256] = ""; /* names no program uses (fbhost_...) */
   for (int d = 0; d < nd; d++) {
     size_t a = strlen(ix), b = strlen(params);
-    snprintf(ix + a, sizeof ix - a, "%si%d", d ? ", " : "", d);
-    snprintf(params + b, sizeof params - b, "%si%d: i32", d ? ", " : "", d);
+    snprintf(ix + a, sizeof ix - a, "%sfbhost_i%d", d ? ", " : "", d);
+    snprintf(params + b, sizeof params - b, "%sfbhost_i%d: i32", d ? ", " : "", d);
   }
   size_t n = (size_t)snprintf(text, cap, "%s\nkernel %s(%s) {\n", src, name,
                               op == FB_HOST_DEACTIVATE_ALL ? "" : params);

@@ -418,7 +418,7 @@ static int64_t host_launch(fb_remote *r, fb_host_op op, const char *target, cons
                   (long long)idx[d], d, target, (long long)ext - 1);
     args[d] = fb_value_i32((int32_t)idx[d]);
   }
-  char name[200];
+  char name[320];
   fbc_host_name(op, target, name, sizeof name);
   int id = -1;
   for (int i = 0; i < r->nk && id < 0; i++)

@@ -228,7 +228,7 @@ int64_t fb_remote_deactivate_all(fb_remote *r, const char *target); /* every act
 
 /* The kernels behind them, for in-process sessions too: the program's
  * source with one kernel appended that does op to target (activate or
- * deactivate one cell: parameters i0, i1, ... (i32); deactivate_all: none),
+ * deactivate one cell: parameters fbhost_i0, ... (i32); deactivate_all: none),
  * parsed by the front end. *helper owns *out (fb_program_free it after the
  * session has registered the kernel). Errors as above, in err. */
 typedef enum { FB_HOST_ACTIVATE, FB_HOST_DEACTIVATE, FB_HOST_DEACTIVATE_ALL } fb_host_op;
