@@ -10,8 +10,8 @@ launch made before them.
 from __future__ import annotations
 
 import math
-import re
 import queue
+import re
 import struct
 import threading
 import time
