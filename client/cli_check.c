@@ -39,6 +39,10 @@ static fb_program *load(const char *path, json_t *params, char **src_out) {
     fprintf(stderr, "%d error%s\n", d.n, d.n == 1 ? "" : "s");
     free(r);
     p = NULL;
+  } else if (fb_program_warnings(p)->n) { /* advice only: the check still passes */
+    char *w = fb_program_warnings_render(p);
+    fputs(w ? w : "", stderr);
+    free(w);
   }
   fb_diags_free(&d);
   *src_out = src;

@@ -204,6 +204,7 @@ static int check_action(json_t *a, const char *path, char **err) {
   static const char *const launch_k[] = {"launch", "args", NULL};
   static const char *const write_k[] = {"write", "from", NULL};
   static const char *const repeat_k[] = {"repeat", "do", NULL};
+  static const char *const tape_k[] = {"tape", "do", NULL};
   static const char *const flush_k[] = {"flush", NULL};
   static const char *const sync_k[] = {"sync", NULL};
   static const char *const save_k[] = {"save",     "to",          "every",     "range",
@@ -275,12 +276,23 @@ static int check_action(json_t *a, const char *path, char **err) {
     snprintf(sub, sizeof sub, "%.1000s.do", path);
     return check_actions(json_object_get(a, "do"), sub, err);
   }
+  if (json_object_get(a, "tape")) {
+    int rc = only_keys(a, path, tape_k, err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(a, "tape")))
+      return errf(err, FB_EINVAL, "%s.tape: expected the loss's field name", path);
+    if (!json_is_array(json_object_get(a, "do")))
+      return errf(err, FB_EINVAL, "%s.do: a tape needs the actions it records", path);
+    char sub[1024];
+    snprintf(sub, sizeof sub, "%.1000s.do", path);
+    return check_actions(json_object_get(a, "do"), sub, err);
+  }
   if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
   if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
   const char *k = json_object_iter_key(json_object_iter(a));
   return errf(err, FB_EINVAL,
               "%s%s%s: unknown action (expected launch, write, save, activate, deactivate, "
-              "deactivate_all, repeat, flush or sync)",
+              "deactivate_all, repeat, tape, flush or sync)",
               path,
               k ? "." : "", k ? k : "");
 }
@@ -573,7 +585,7 @@ static int check_saves(const fb_program *prog, json_t *list, const char *path, c
     snprintf(sub, sizeof sub, "%.1000s[%zu]", path, i);
     int rc = check_output_field(prog, a, "save", sub, err);
     if (!rc) rc = check_host_target(prog, a, sub, err);
-    if (!rc && json_object_get(a, "repeat")) {
+    if (!rc && (json_object_get(a, "repeat") || json_object_get(a, "tape"))) {
       snprintf(sub + strlen(sub), sizeof sub - strlen(sub), ".do");
       rc = check_saves(prog, json_object_get(a, "do"), sub, err);
     }
@@ -732,6 +744,7 @@ static uint64_t count_launches(json_t *list) {
   json_array_foreach(list, i, a) {
     uint64_t k = 0;
     if (json_object_get(a, "launch") || json_object_get(a, "deactivate_all")) k = 1;
+    else if (json_object_get(a, "tape")) k = count_launches(json_object_get(a, "do"));
     else if (json_object_get(a, "activate") || json_object_get(a, "deactivate"))
       k = json_array_size(json_object_get(a, "cells"));
     else if (json_object_get(a, "repeat")) {
@@ -1082,9 +1095,11 @@ static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
 }
 
 static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **binds, int nb,
-                         const fb_value *vals, int nv, const char *path, char **err) {
+                         const fb_value *vals, int nv, int grad, const char *path, char **err) {
   int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
   if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
+  if (grad && (id = fb_remote_kernel_adjoint(r->rem, id)) < 0)
+    return errf(err, id, "%s: %s.grad: %s", path, lk->name, sess_errmsg(r));
   if (id >= r->nrnames) {
     const char **v = realloc(r->rnames, sizeof *v * (size_t)(id + 16));
     if (!v) return FB_ENOMEM;
@@ -1109,8 +1124,83 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
   return rc;
 }
 
+/* ---- automatic differentiation (docs/autodiff.md) */
+
+/* 1 when name is "<k>.grad" for a kernel k of the program (and no kernel
+ * is named name itself): fwd gets k. */
+static int grad_name(const fb_sess_run *r, const char *name, char *fwd, size_t n) {
+  size_t len = strlen(name);
+  if (len <= 5 || len - 5 >= n || strcmp(name + len - 5, ".grad") != 0) return 0;
+  if (fb_program_find_kernel(r->f->prog, name) >= 0) return 0;
+  memcpy(fwd, name, len - 5);
+  fwd[len - 5] = 0;
+  return fb_program_find_kernel(r->f->prog, fwd) >= 0;
+}
+
+/* The adjoint of registered kernel id, made by the in-process session. */
+static int local_adjoint(fb_sess_run *r, int id, const char *path, const char **name, char **err) {
+  int adj = -1;
+  int rc = fb_session_kernel_adjoint(r->s, id, &adj);
+  if (rc) return errf(err, rc, "%s: %s", path, fb_session_errmsg(r->s));
+  static char buf[256]; /* the adjoint's name, for messages */
+  snprintf(buf, sizeof buf, "%s.grad", local_kernel_name(r, id));
+  *name = buf;
+  return adj;
+}
+
+/* The tape's own launches (clears, seed, adjoints), in-process: numbered
+ * by the engine after those noted so far, so they are noted too (as the
+ * tape's), keeping launch numbers and actions in step. */
+static int note_tape_launches(fb_sess_run *r, uint64_t before, const char *path) {
+  fb_counters c;
+  fb_session_counters(r->s, &c);
+  uint64_t shown = r->pdone; /* the progress line counts the file's launches, not these */
+  for (uint64_t i = before; i < c.launches; i++)
+    if (note_launch(r, path)) return FB_ENOMEM;
+  r->pdone = shown;
+  return 0;
+}
+
+static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
+
+/* {"tape": "loss", "do": [...]}: the actions' launches recorded, then
+ * the gradients (docs/autodiff.md, "The tape"). */
+static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  const char *loss = json_string_value(json_object_get(a, "tape"));
+  int fi = fb_program_find_field(r->f->prog, loss);
+  if (fi < 0) return errf(err, FB_ENOENT, "%s.tape: no field named '%s' in the program", path, loss);
+  const fb_lang_field *fld = fb_program_field(r->f->prog, fi);
+  if (fld->ncomp != 1)
+    return errf(err, FB_EINVAL, "%s.tape: the loss '%s' has %d components; a loss is a scalar",
+                path, loss, fld->ncomp);
+  char sub[1024];
+  snprintf(sub, sizeof sub, "%.1000s.do", path);
+  char end[1024];
+  snprintf(end, sizeof end, "%.1000s (the tape's end)", path);
+  int rc;
+  if (r->rem) {
+    if ((rc = fb_remote_tape_begin(r->rem, fld->places[0])))
+      return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
+    if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
+    /* its errors come with the next sync (a refused adjoint names its launch) */
+    if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
+    return 0;
+  }
+  if ((rc = fb_session_tape_begin(r->s, fld->places[0])))
+    return errf(err, rc, "%s.tape: %s", path, fb_session_errmsg(r->s));
+  if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
+  fb_counters before;
+  fb_session_counters(r->s, &before);
+  rc = fb_session_tape_end(r->s);
+  if (note_tape_launches(r, before.launches, end)) return errf(err, FB_ENOMEM, "out of memory");
+  return rc ? local_error(r, rc, end, NULL, err) : 0;
+}
+
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *name = json_string_value(json_object_get(a, "launch"));
+  char fwd[256];
+  int grad = grad_name(r, name, fwd, sizeof fwd); /* "k.grad": k's adjoint */
+  if (grad) name = fwd;
   int ki = fb_program_find_kernel(r->f->prog, name);
   if (ki < 0)
     return errf(err, FB_ENOENT, "%s.launch: no kernel named '%s' in the program", path, name);
@@ -1136,7 +1226,7 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                   fb_type_name(lk->params[i].type));
     }
   }
-  if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, path, err);
+  if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, grad, path, err);
   fb_kernel *ir;
   fb_diags d;
   fb_diags_init(&d);
@@ -1151,6 +1241,8 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   fb_diags_free(&d);
   int id = kernel_id(r, ir, err);
   if (id < 0) return id;
+  const char *kname = ir->name;
+  if (grad && (id = local_adjoint(r, id, path, &kname, err)) < 0) return id;
   fb_value ret;
   fb_counters before;
   fb_session_counters(r->s, &before);
@@ -1163,8 +1255,8 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
     fb_counters after;
     fb_session_counters(r->s, &after);
     if (after.launches > before.launches) /* this launch ran and failed */
-      return launch_error(r, rc, r->nlaunch - 1, ir->name, fb_session_errmsg(r->s), err);
-    return errf(err, rc, "%s: launching %s: %s", path, ir->name, fb_session_errmsg(r->s));
+      return launch_error(r, rc, r->nlaunch - 1, kname, fb_session_errmsg(r->s), err);
+    return errf(err, rc, "%s: launching %s: %s", path, kname, fb_session_errmsg(r->s));
   }
   if (r->o.verbose && lk->ret != FB_T_VOID)
     fprintf(r->o.out, "%s returned %.17g\n", ir->name, fb_value_as_f64(ret));
@@ -1511,6 +1603,7 @@ static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
 
 static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (json_object_get(a, "launch")) return do_launch(r, a, path, err);
+  if (json_object_get(a, "tape")) return do_tape(r, a, path, err);
   if (json_object_get(a, "save")) return do_save(r, a, path, err);
   if (json_object_get(a, "write")) return do_write(r, a, path, err);
   if (json_object_get(a, "activate") || json_object_get(a, "deactivate") ||

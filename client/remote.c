@@ -40,7 +40,8 @@ struct fb_remote {
   grpc_metadata_array init_md;
   fbc_end end;
   fbp_buf out;           /* the next SessionRequest */
-  int nqueued;
+  int nqueued;            /* launches in out */
+  int marks;             /* tape marks queued or sent since the last sync */
   int64_t seq;           /* last sequence number given */
   _Atomic int64_t sent_seq; /* the last one sent (fb_remote_cancel, any thread) */
   uint64_t next_sync;
@@ -240,12 +241,14 @@ static int do_sync(fb_remote *r, int flush) {
   int rc = stream_send(r);
   if (!rc) rc = recv_sync(r, id); /* the send completes meanwhile */
   if (!rc) rc = wait_send(r);
+  if (!rc) r->marks = 0;
   return rc;
 }
 
 /* Before field access: make every queued launch run first. */
 static int presync(fb_remote *r) {
-  if (r->nqueued == 0 && (uint64_t)r->seq == r->done_seq) return r->broken ? stream_broken(r) : 0;
+  if (r->nqueued == 0 && !r->marks && (uint64_t)r->seq == r->done_seq)
+    return r->broken ? stream_broken(r) : 0;
   return do_sync(r, 0);
 }
 
@@ -325,6 +328,28 @@ int fb_remote_call(fb_remote *r, int kernel, const fb_value *args, int nargs, fb
   return rc;
 }
 
+/* ---------------------------------------------------------------- the tape */
+
+static int tape_mark(fb_remote *r, int end, int loss) {
+  if (r->broken) return stream_broken(r);
+  if (r->out.n + 64 > r->c->max_msg) {
+    int rc = stream_send(r);
+    if (rc) return rc;
+  }
+  fbp_tape_append(&r->out, r->nqueued, end, loss);
+  if (r->out.oom) return rerr(r, FB_ENOMEM, "out of memory queueing a tape mark");
+  r->marks = 1;
+  return 0;
+}
+
+int fb_remote_tape_begin(fb_remote *r, int loss_field) {
+  if (loss_field < 0 || !r->layout || loss_field >= r->layout->nnodes)
+    return rerr(r, FB_EINVAL, "tape: no field with id %d in this session", loss_field);
+  return tape_mark(r, 0, loss_field);
+}
+
+int fb_remote_tape_end(fb_remote *r) { return tape_mark(r, 1, 0); }
+
 /* ---------------------------------------------------------------- kernels */
 
 static int record_kernel(fb_remote *r, int id, const fb_kernel *k, const fb_kernel *src) {
@@ -371,6 +396,45 @@ static int register_kernel(fb_remote *r, const fb_kernel *k, const fb_kernel *sr
   fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
   rc = record_kernel(r, id, k, src);
   return rc ? rc : id;
+}
+
+int fb_remote_kernel_adjoint(fb_remote *r, int kernel) {
+  if (kernel < 0 || kernel >= r->nk || !r->k[kernel].name)
+    return rerr(r, FB_ENOENT, "no kernel with id %d in this session (%d registered)", kernel,
+                r->nk);
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__RegisterKernelsRequest req = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
+  int32_t want = kernel;
+  req.session_id = r->id;
+  req.n_adjoints = 1;
+  req.adjoints = &want;
+  grpc_slice resp = grpc_empty_slice();
+  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+                     sizeof r->err);
+  fbp_arena_free(&a);
+  if (rc) return rc;
+  Fusebox__V1__RegisterKernelsResponse *m = fusebox__v1__register_kernels_response__unpack(
+      NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m || m->n_kernel_ids != 1 || m->kernel_ids[0] < 0 || m->kernel_ids[0] > (1 << 24)) {
+    if (m) fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+    return rerr(r, FB_EINTERNAL, "malformed RegisterKernels answer");
+  }
+  int id = m->kernel_ids[0];
+  fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+  char name[256];
+  snprintf(name, sizeof name, "%s.grad", r->k[kernel].name);
+  kinfo *src = &r->k[kernel];
+  if (id >= r->kcap || !r->k[id].name) {
+    fb_kernel tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.name = name;
+    tmp.nparams = src->nparams;
+    tmp.ret = FB_T_VOID;
+    if ((rc = record_kernel(r, id, &tmp, NULL))) return rc;
+  }
+  return id;
 }
 
 int fb_remote_add_kernel(fb_remote *r, const fb_kernel *k) {
@@ -601,7 +665,7 @@ int fb_remote_close(fb_remote *r) {
   int rc = 0;
   fb_client *c = r->c;
   if (!r->broken) {
-    if (r->nqueued) rc = stream_send(r);
+    if (r->nqueued || r->out.n) rc = stream_send(r);
     if (!rc) rc = wait_send(r);
     grpc_op op;
     memset(&op, 0, sizeof op);

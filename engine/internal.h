@@ -91,6 +91,7 @@ typedef struct sess_kernel {
   fb_rt_hint *hints;       /* sync: per task: list to size, chunk grain */
   fb_irh *h;               /* async: banked IR per task (one reference each) */
   uint64_t bytes;          /* what it retains, as counted in kernel_bytes */
+  int adj;                 /* its adjoint's id + 1 (tape.c), 0: none made yet */
 } sess_kernel;
 
 /* The kernel of one launch of a flushed window. */
@@ -266,6 +267,7 @@ struct fb_session {
   fb_code_pins *pins;      /* CPU code this session keeps: unpinned at destroy */
   fb_task_hook hook;       /* fb_session_set_task_hook, or NULL */
   void *hook_user;
+  struct fbe_ad *ad;       /* tape.c: the tape and the generated kernels; NULL until used */
 };
 
 static inline int fail(fb_session *s, int code, const char *fmt, ...)
@@ -296,6 +298,11 @@ static inline void fbe_count_compile(fb_counters *c, const fb_cpu_code *code) {
 }
 
 /* ---- functions one engine file defines and another calls (fbe_: private to engine/) */
+
+/* tape.c */
+int fbe_tape_record(fb_session *s, int kernel, const fb_value *args, int nargs);
+void fbe_tape_forget(fb_session *s, int keep); /* fb_session_drop_kernels */
+void fbe_ad_free(fb_session *s);
 
 /* launch.c */
 int fbe_kinds_agree(fb_type want, fb_type have);

@@ -108,6 +108,7 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   int rc = pack_args(s, sk->k, args, nargs);
   if (rc) return rc;
   if ((rc = fbe_device_dead(s))) return rc;
+  if (s->ad && (rc = fbe_tape_record(s, kernel, args, nargs))) return rc;
   if (s->as) return fbe_async_launch(s, kernel, sk, ret);
   memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
   int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */

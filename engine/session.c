@@ -275,6 +275,7 @@ void fb_session_destroy(fb_session *s) {
   if (!s) return;
   if (s->as) async_free(s);
   fbe_trace_close(s);
+  fbe_ad_free(s);
   for (int i = 0; i < s->nkernels; i++) kernel_free(s, &s->kernels[i]);
   free(s->kernels);
   free(s->args);
@@ -582,6 +583,7 @@ void fb_session_set_kernel_cap(fb_session *s, uint64_t cap) {
 
 void fb_session_drop_kernels(fb_session *s, int keep) {
   if (!s || keep < 0) return;
+  fbe_tape_forget(s, keep);
   while (s->nkernels > keep) {
     sess_kernel *sk = &s->kernels[--s->nkernels];
     s->kernel_bytes = s->kernel_bytes > sk->bytes ? s->kernel_bytes - sk->bytes : 0;
@@ -639,6 +641,8 @@ int fb_session_find_kernel(const fb_session *s, const char *name) {
     if (strcmp(s->kernels[i].k->name, name) == 0) return i;
   return FB_ENOENT;
 }
+
+int fb_session_kernel_count(const fb_session *s) { return s ? s->nkernels : 0; }
 
 int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *const **tasks,
                             int *ntasks) {

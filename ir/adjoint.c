@@ -130,13 +130,21 @@ typedef struct actx {
   char *err;
   size_t errlen;
   int ns;
-  uint8_t *active; /* per forward statement: carries an adjoint */
-  uint8_t *reach;  /* per region: an adjoint flows into it */
-  uint8_t *need;   /* per region: its value is recomputed */
-  int32_t *map;    /* per region: forward id -> adjoint kernel id */
-  int32_t *adj;    /* per region: forward id -> its adjoint, -1 for zero */
-  int32_t *list;   /* the region's statements in program order */
-  int nlist;
+  int bad;           /* the statement a refusal is about, -1 when none */
+  int rc;            /* first emission error, sticky */
+  long cap;          /* the most statements emission may make */
+  uint8_t *active;   /* per forward statement: a value with an adjoint; an alloca: an active local */
+  uint8_t *cross;    /* used in another block than its own: its adjoint lives in a local */
+  uint8_t *touched;  /* its adjoint local was added to */
+  int32_t *blk;      /* per forward statement: its block; -1 unreachable */
+  int32_t *owner;    /* per forward block: the statement owning it, -1 for the body */
+  int32_t *map;      /* forward id -> adjoint kernel id (the latest replay) */
+  int32_t *adj;      /* its adjoint as an SSA value, -1 for zero */
+  int32_t *slot;     /* its adjoint as a local of the adjoint kernel, -1 when SSA */
+  int32_t *idxval;   /* per serial range_for: the value its loop_index stands for, -1 */
+  uint8_t *replay;   /* per serial range_for: 0 not known, 1 no replay needed, 2 needed */
+  int32_t *vars;     /* scratch of rev_list: the locals a block statement touches */
+  uint8_t *how;      /* ... 1 read, 2 written, 3 both */
   fb_kernel *out;
   fb_builder b;
 } actx;
@@ -153,15 +161,13 @@ __attribute__((format(printf, 3, 4)))
 #endif
 static int
 refuse(actx *a, int id, const char *fmt, ...) {
-  char what[320];
+  char what[400];
   va_list ap;
   va_start(ap, fmt);
   fb_verrf(what, sizeof what, fmt, ap);
   va_end(ap);
-  if (id >= 0)
-    fb_errf(a->err, a->errlen, "cannot differentiate kernel '%s': %%%d %s: %s", a->k->name, id,
-            op_name(a->k->stmts[id].op), what);
-  else fb_errf(a->err, a->errlen, "cannot differentiate kernel '%s': %s", a->k->name, what);
+  a->bad = id;
+  fb_errf(a->err, a->errlen, "cannot differentiate kernel '%s': %s", a->k->name, what);
   return FB_EVERIFY;
 }
 
@@ -216,33 +222,51 @@ static int check_map(actx *a) {
   return 0;
 }
 
-/* What the pass refuses, by op: NULL when the op is in scope. */
-static const char *out_of_scope(const actx *a, const fb_stmt *s) {
+/* What the pass refuses, by op, in the user's terms: 0 when in scope. */
+static int out_of_scope(actx *a, int id) {
+  const fb_stmt *s = &a->k->stmts[id];
   switch ((fb_op)s->op) {
-  case FB_OP_IF: return "if is not differentiable yet; write the branch as a select";
   case FB_OP_WHILE:
-  case FB_OP_RANGE_FOR:
+    return refuse(a, id,
+                  "a while loop cannot be differentiated (the adjoint must know the trip count "
+                  "before the loop runs); write it as a for loop over a range (a 'continue' in a "
+                  "parallel loop and an integer power with a run-time exponent become while "
+                  "loops too)");
   case FB_OP_BREAK:
-  case FB_OP_CONTINUE: return "serial loops (while, range_for) are not differentiable yet";
-  case FB_OP_ALLOCA:
-  case FB_OP_LLOAD:
-  case FB_OP_LSTORE: return "local variables are not differentiable yet";
+  case FB_OP_CONTINUE:
+    return refuse(a, id,
+                  "'%s' in a loop cannot be differentiated (nor a 'return' inside a loop of a "
+                  "func, which becomes one); put the rest of the loop body under an if instead",
+                  op_name(s->op));
   case FB_OP_RAND:
-    return "rand() is not differentiable: the adjoint could not recompute the same values";
+    return refuse(a, id,
+                  "random() cannot be differentiated (the adjoint would draw other numbers); draw "
+                  "the numbers into a field in another kernel and read that field here");
   case FB_OP_IS_ACTIVE:
   case FB_OP_ACTIVATE:
   case FB_OP_DEACTIVATE:
   case FB_OP_APPEND:
-  case FB_OP_LENGTH: return "sparse-structure ops are not differentiable yet";
+  case FB_OP_LENGTH:
+    return refuse(a, id,
+                  "%s() on '%s' (a sparse-structure operation) cannot be differentiated; do it in "
+                  "a kernel that is not differentiated",
+                  op_name(s->op), field_name(a, s->snode));
   case FB_OP_ATOMIC_MIN:
   case FB_OP_ATOMIC_MAX:
     if (fb_type_is_float((fb_type)a->l->nodes[s->snode].type))
-      return "atomic_min and atomic_max on float fields are not differentiable yet";
-    return NULL;
+      return refuse(a, id,
+                    "%s on the float field '%s' cannot be differentiated; compute the %s with "
+                    "%s() and store it",
+                    op_name(s->op), field_name(a, s->snode),
+                    s->op == FB_OP_ATOMIC_MIN ? "minimum" : "maximum",
+                    s->op == FB_OP_ATOMIC_MIN ? "min" : "max");
+    return 0;
   default:
     if (fb_op_table[s->op].flags & FB_OPF_INTERNAL)
-      return "is internal to the engine; only client kernels are differentiated";
-    return NULL;
+      return refuse(a, id,
+                    "'%s' is internal to the engine; only client kernels can be differentiated",
+                    op_name(s->op));
+    return 0;
   }
 }
 
@@ -277,68 +301,174 @@ static int diff_operand(const fb_stmt *s, int i) {
   }
 }
 
-/* Activity and the checks of one statement, in program order. */
-static int scan_stmt(actx *a, int id, int *first_read, int *first_write) {
-  const fb_stmt *s = &a->k->stmts[id];
-  const char *why = out_of_scope(a, s);
-  if (why) return refuse(a, id, "%s", why);
-  if (is_par_loop(s)) return 0;
-  if (s->op == FB_OP_LOAD && first_read[s->snode] < 0) first_read[s->snode] = id;
-  if (is_write(s) && first_write[s->snode] < 0) first_write[s->snode] = id;
-  if (fb_type_is_float((fb_type)s->type) && !is_write(s)) {
-    if (s->op == FB_OP_LOAD) a->active[id] = grad_of(a, s->snode) >= 0;
+/* Structure, scope and field accesses of a block, in program order. */
+static int scan_block(actx *a, int blk, int *first_read, int *first_write) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    int id = bb->ids[j];
+    const fb_stmt *s = &a->k->stmts[id];
+    a->blk[id] = blk;
+    int rc = out_of_scope(a, id);
+    if (rc) return rc;
+    if (s->op == FB_OP_LOAD && first_read[s->snode] < 0) first_read[s->snode] = id;
+    if (is_write(s) && first_write[s->snode] < 0) first_write[s->snode] = id;
     for (int i = 0; i < s->nargs; i++)
-      if (a->active[s->args[i]] && diff_operand(s, i)) a->active[id] = 1;
-  }
-  if (is_write(s)) {
-    int v = s->args[s->nargs - 1];
-    if (a->active[v] && grad_of(a, s->snode) < 0)
-      return refuse(a, id,
-                    "writes a value that depends on a field with a gradient into '%s', which has "
-                    "none, so its gradient would be lost; give '%s' a gradient",
-                    field_name(a, s->snode), field_name(a, s->snode));
+      if (a->blk[s->args[i]] != blk) a->cross[s->args[i]] = 1;
+    if (s->body >= 0) {
+      a->owner[s->body] = id;
+      if ((rc = scan_block(a, s->body, first_read, first_write))) return rc;
+    }
+    if (s->orelse >= 0) {
+      a->owner[s->orelse] = id;
+      if ((rc = scan_block(a, s->orelse, first_read, first_write))) return rc;
+    }
   }
   return 0;
+}
+
+/* Forward reachability over uses, linear in the statements below block
+ * root: mark[] holds the seeds and receives everything reached. The edge
+ * from operand i of s to s (for lstore: from the value to the variable;
+ * lload reads its variable) exists in mode PROP_ACTIVE when the operand
+ * carries s's derivative and s is a float value, in PROP_TAINT for every
+ * operand of a value. Writes to fields and allocas have no incoming edges
+ * (but an alloca is reached by its stores). */
+enum { PROP_ACTIVE, PROP_TAINT };
+
+static int edge(const actx *a, const fb_stmt *s, int i, int mode) {
+  if (s->op == FB_OP_LSTORE) return i == 1 ? s->args[0] : -1;
+  if (is_write(s) || s->op == FB_OP_ALLOCA || s->op == FB_OP_PAR_FOR ||
+      s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_RANGE_FOR || s->op == FB_OP_IF)
+    return -2;
+  if (mode == PROP_TAINT) return -3;
+  if (!fb_type_is_float((fb_type)s->type)) return -1;
+  if (s->op == FB_OP_LLOAD) return -3;
+  return diff_operand(s, i) ? -3 : -1;
+  (void)a;
+}
+
+typedef struct graph {
+  int32_t *head, *next, *to; /* per operand statement: a list of users */
+  int ne;
+} graph;
+
+static void graph_block(const actx *a, graph *g, int blk, int mode) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    int id = bb->ids[j];
+    const fb_stmt *s = &a->k->stmts[id];
+    if (s->body >= 0) graph_block(a, g, s->body, mode);
+    if (s->orelse >= 0) graph_block(a, g, s->orelse, mode);
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) {
+      int t = edge(a, s, i, mode);
+      if (t == -3) t = id;
+      if (t < 0) continue;
+      int from = s->args[i];
+      g->to[g->ne] = t;
+      g->next[g->ne] = g->head[from];
+      g->head[from] = g->ne++;
+    }
+  }
+}
+
+static int propagate(const actx *a, uint8_t *mark, int root, int mode) {
+  size_t n = (size_t)a->ns + 1, ne = n * FB_MAX_ARGS;
+  graph g = {malloc(n * sizeof(int32_t)), malloc(ne * sizeof(int32_t)),
+             malloc(ne * sizeof(int32_t)), 0};
+  int32_t *stack = malloc(n * sizeof(int32_t));
+  if (!g.head || !g.next || !g.to || !stack) {
+    free(g.head);
+    free(g.next);
+    free(g.to);
+    free(stack);
+    return FB_ENOMEM;
+  }
+  for (size_t i = 0; i < n; i++) g.head[i] = -1;
+  graph_block(a, &g, root, mode);
+  int sp = 0;
+  for (int i = 0; i < a->ns; i++)
+    if (mark[i]) stack[sp++] = i;
+  while (sp > 0) {
+    int u = stack[--sp];
+    for (int e = g.head[u]; e >= 0; e = g.next[e])
+      if (!mark[g.to[e]]) {
+        mark[g.to[e]] = 1;
+        stack[sp++] = g.to[e];
+      }
+  }
+  free(g.head);
+  free(g.next);
+  free(g.to);
+  free(stack);
+  return 0;
+}
+
+/* Seeds of activity: float loads of fields with a gradient. */
+static void seed_block(actx *a, int blk) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    const fb_stmt *s = &a->k->stmts[bb->ids[j]];
+    if (s->body >= 0) seed_block(a, s->body);
+    if (s->orelse >= 0) seed_block(a, s->orelse);
+    if (s->op == FB_OP_LOAD && fb_type_is_float((fb_type)s->type) && grad_of(a, s->snode) >= 0)
+      a->active[bb->ids[j]] = 1;
+  }
+}
+
+static const char *an_op(unsigned op) {
+  switch (op) {
+  case FB_OP_STORE: return "an assignment";
+  case FB_OP_ATOMIC_ADD: return "an atomic_add (+=)";
+  case FB_OP_ATOMIC_SUB: return "an atomic_sub (-=)";
+  default: return op_name(op);
+  }
 }
 
 static int scan(actx *a) {
   const fb_kernel *k = a->k;
   int nn = a->l->nnodes, rc = 0;
-  int *first_read = malloc(sizeof(int) * (size_t)nn);
-  int *first_write = malloc(sizeof(int) * (size_t)nn);
-  uint8_t *used = calloc((size_t)a->ns, 1);
+  int *first_read = malloc(sizeof(int) * (size_t)(nn + 1));
+  int *first_write = malloc(sizeof(int) * (size_t)(nn + 1));
+  uint8_t *used = calloc((size_t)a->ns + 1, 1);
   if (!first_read || !first_write || !used) rc = FB_ENOMEM;
   for (int i = 0; !rc && i < nn; i++) first_read[i] = first_write[i] = -1;
-  const fb_block *b0 = &k->blocks[0];
-  for (int i = 0; !rc && i < b0->n; i++) {
-    int id = b0->ids[i];
-    rc = scan_stmt(a, id, first_read, first_write);
-    const fb_stmt *s = &k->stmts[id];
-    if (!rc && is_par_loop(s)) {
-      const fb_block *bb = &k->blocks[s->body];
-      for (int j = 0; !rc && j < bb->n; j++) rc = scan_stmt(a, bb->ids[j], first_read, first_write);
-    }
+  if (!rc) rc = scan_block(a, 0, first_read, first_write);
+  if (!rc) {
+    seed_block(a, 0);
+    rc = propagate(a, a->active, 0, PROP_ACTIVE);
   }
   /* every operand use, for the atomic-result rule */
   for (int id = 0; !rc && id < a->ns; id++) {
     const fb_stmt *s = &k->stmts[id];
-    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++)
-      if (s->args[i] >= 0 && s->args[i] < a->ns) used[s->args[i]] = 1;
+    if (a->blk[id] < 0) continue;
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) used[s->args[i]] = 1;
   }
   for (int id = 0; !rc && id < a->ns; id++)
-    if (used[id] && fb_kernel_block_of(k, id, NULL) >= 0 && is_write(&k->stmts[id]))
+    if (used[id] && a->blk[id] >= 0 && is_write(&k->stmts[id]))
       rc = refuse(a, id,
-                  "uses the value the atomic returns; the adjoint cannot recompute it (use the "
-                  "atomic as a statement only)");
+                  "uses the value %s returns (on field '%s'); the adjoint cannot recompute it: "
+                  "use %s as a statement only",
+                  op_name(k->stmts[id].op), field_name(a, k->stmts[id].snode),
+                  op_name(k->stmts[id].op));
   for (int f = 0; !rc && f < nn; f++)
     if (first_read[f] >= 0 && first_write[f] >= 0)
-      rc = refuse(a, -1,
-                  "field '%s' is read (%%%d load) and written (%%%d %s) in one kernel; the "
-                  "adjoint recomputes what the kernel read, so a kernel must not change a field it "
-                  "reads (the global data access rules, docs/autodiff.md): write the result to "
-                  "another field or split the kernel",
-                  field_name(a, f), first_read[f], first_write[f],
-                  op_name(k->stmts[first_write[f]].op));
+      rc = refuse(a, first_write[f],
+                  "it reads field '%s' and writes it (%s) in one kernel; the adjoint recomputes "
+                  "what the kernel read, so a kernel must not change a field it reads (the global "
+                  "data access rules, docs/autodiff.md): write the result to another field or "
+                  "split the kernel in two",
+                  field_name(a, f), an_op(k->stmts[first_write[f]].op));
+  for (int id = 0; !rc && id < a->ns; id++) {
+    const fb_stmt *s = &k->stmts[id];
+    if (a->blk[id] < 0 || !is_write(s) || !a->active[s->args[s->nargs - 1]]) continue;
+    if (grad_of(a, s->snode) < 0)
+      rc = refuse(a, id,
+                  "it writes a value that depends on a field with a gradient into '%s', which "
+                  "has none, so the gradient would be lost; give '%s' a gradient (place %s: %s "
+                  "grad)",
+                  field_name(a, s->snode), field_name(a, s->snode), field_name(a, s->snode),
+                  fb_type_name((fb_type)a->l->nodes[s->snode].type));
+  }
   free(first_read);
   free(first_write);
   free(used);
@@ -347,60 +477,290 @@ static int scan(actx *a) {
 
 /* ---------------------------------------------------------------- emitting */
 
-static int cst(actx *a, fb_type t, double c) {
-  return fb_b_const(&a->b, t == FB_T_F32 ? fb_value_f32((float)c) : fb_value_f64(c));
+static int chk(actx *a, int id) {
+  if (a->rc) return -1;
+  if (id < 0) a->rc = a->b.err ? a->b.err : FB_ENOMEM;
+  else if (a->out->nstmts > a->cap) a->rc = FB_EQUOTA;
+  return a->rc ? -1 : id;
 }
-static int bin(actx *a, fb_op op, int x, int y) { return fb_b_binary(&a->b, op, x, y); }
-static int un(actx *a, fb_op op, int x) { return fb_b_unary(&a->b, op, x); }
+static int cst(actx *a, fb_type t, double c) {
+  return chk(a, fb_b_const(&a->b, t == FB_T_F32 ? fb_value_f32((float)c) : fb_value_f64(c)));
+}
+static int bin(actx *a, fb_op op, int x, int y) { return chk(a, fb_b_binary(&a->b, op, x, y)); }
+static int un(actx *a, fb_op op, int x) { return chk(a, fb_b_unary(&a->b, op, x)); }
+static int sel(actx *a, int c, int x, int y) { return chk(a, fb_b_select(&a->b, c, x, y)); }
+static int lload(actx *a, int var) { return chk(a, fb_b_lload(&a->b, var)); }
+static void lstore(actx *a, int var, int v) { chk(a, fb_b_lstore(&a->b, var, v)); }
 
 /* Add contribution v to the adjoint of forward statement o. */
 static void acc(actx *a, int o, int v) {
-  if (!a->active[o] || v < 0) return;
+  if (!a->active[o] || v < 0 || a->rc) return;
+  if (a->slot[o] >= 0) {
+    /* always an add: the contribution may sit in a loop that runs it many times */
+    lstore(a, a->slot[o], bin(a, FB_OP_ADD, lload(a, a->slot[o]), v));
+    a->touched[o] = 1;
+    return;
+  }
   a->adj[o] = a->adj[o] < 0 ? v : bin(a, FB_OP_ADD, a->adj[o], v);
 }
 
-/* Recompute forward statement id in the current block. */
+static int get_adj(actx *a, int id) {
+  if (a->slot[id] >= 0) return a->touched[id] ? lload(a, a->slot[id]) : -1;
+  return a->adj[id];
+}
+
+/* Recompute forward statement id (no block) in the current block. */
 static int replay(actx *a, int id) {
   fb_stmt c = a->k->stmts[id];
   for (int i = 0; i < c.nargs && i < FB_MAX_ARGS; i++) c.args[i] = a->map[c.args[i]];
   c.body = c.orelse = -1;
   c.part = 0;
-  return a->map[id] = fb_b_emit(&a->b, &c);
+  return a->map[id] = chk(a, fb_b_emit(&a->b, &c));
 }
 
 /* The global access op at s's indices (mapped), on SNode field. */
 static int access(actx *a, const fb_stmt *s, fb_op op, int field, int value) {
   int idx[FB_MAX_ARGS], n = s->nargs - (is_write(s) ? 1 : 0);
   for (int i = 0; i < n; i++) idx[i] = a->map[s->args[i]];
-  return fb_b_global(&a->b, op, field, idx, n, value);
+  return chk(a, fb_b_global(&a->b, op, field, idx, n, value));
 }
 
-/* The reverse step of one statement. */
-static void sweep_stmt(actx *a, int id) {
+static void fwd_block(actx *a, int blk);
+
+/* The forward replay of one statement: everything but global writes and
+ * the return value; blocks are replayed with their bodies. */
+static void fwd_stmt(actx *a, int id) {
   const fb_stmt *s = &a->k->stmts[id];
+  if (a->rc || is_write(s) || s->op == FB_OP_RET) return;
+  if (s->op == FB_OP_LOOP_INDEX && a->idxval[s->args[0]] >= 0) {
+    a->map[id] = a->idxval[s->args[0]];
+    return;
+  }
+  if (s->op == FB_OP_IF || s->op == FB_OP_RANGE_FOR) {
+    int n = s->op == FB_OP_IF ? fb_b_if(&a->b, a->map[s->args[0]], s->orelse >= 0)
+                              : fb_b_range_for(&a->b, a->map[s->args[0]], a->map[s->args[1]], 0);
+    if ((a->map[id] = chk(a, n)) < 0) return;
+    int ob = a->out->stmts[n].body, oe = a->out->stmts[n].orelse;
+    int saved = fb_b_enter(&a->b, ob);
+    fwd_block(a, s->body);
+    fb_b_leave(&a->b, saved);
+    if (s->orelse >= 0) {
+      saved = fb_b_enter(&a->b, oe);
+      fwd_block(a, s->orelse);
+      fb_b_leave(&a->b, saved);
+    }
+    return;
+  }
+  replay(a, id);
+}
+
+static void fwd_block(actx *a, int blk) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n && !a->rc; j++) fwd_stmt(a, bb->ids[j]);
+}
+
+/* Is block blk inside statement s (its body, its else, or below)? */
+static int inside(const actx *a, int blk, int s) {
+  const fb_stmt *st = &a->k->stmts[s];
+  while (blk > 0) {
+    if (blk == st->body || blk == st->orelse) return 1;
+    int o = a->owner[blk];
+    if (o < 0) return 0;
+    blk = a->blk[o];
+  }
+  return 0;
+}
+
+/* The local variables declared outside block statement s that s reads
+ * (LLOAD) or writes (LSTORE), added once each to vars; flags |= 1 for a
+ * read, 2 for a write (per variable, in how[]). */
+static void locals_in(const actx *a, int s, int blk, int32_t *vars, uint8_t *how, int *n) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    const fb_stmt *t = &a->k->stmts[bb->ids[j]];
+    if (t->body >= 0) locals_in(a, s, t->body, vars, how, n);
+    if (t->orelse >= 0) locals_in(a, s, t->orelse, vars, how, n);
+    if (t->op != FB_OP_LLOAD && t->op != FB_OP_LSTORE) continue;
+    int v = t->args[0], i;
+    if (inside(a, a->blk[v], s)) continue;
+    for (i = 0; i < *n && vars[i] != v; i++) {
+    }
+    if (i == *n) {
+      vars[(*n)++] = v;
+      how[i] = 0;
+    }
+    how[i] |= t->op == FB_OP_LLOAD ? 1 : 2;
+  }
+}
+
+/* ---------------------------------------------------------------- loop-carried values */
+
+/* Does the reverse sweep of the block read a tainted value: an index, a
+ * condition, a bound, or an operand or result a derivative rule uses? */
+static int sweep_reads_taint(const actx *a, int blk, const uint8_t *taint) {
+  const fb_block *bb = &a->k->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    int id = bb->ids[j];
+    const fb_stmt *s = &a->k->stmts[id];
+    if (s->body >= 0 && sweep_reads_taint(a, s->body, taint)) return 1;
+    if (s->orelse >= 0 && sweep_reads_taint(a, s->orelse, taint)) return 1;
+    int na = s->nargs, uses_r = 0, uses_args = 0;
+    switch ((fb_op)s->op) {
+    case FB_OP_IF:
+    case FB_OP_RANGE_FOR: uses_args = 1; break;
+    case FB_OP_LOAD: uses_args = a->active[id]; break;
+    case FB_OP_SELECT: uses_args = a->active[id]; na = 1; break;
+    case FB_OP_ADD:
+    case FB_OP_SUB:
+    case FB_OP_NEG:
+    case FB_OP_CAST:
+    case FB_OP_ALLOCA:
+    case FB_OP_LLOAD:
+    case FB_OP_LSTORE: break;
+    case FB_OP_SQRT:
+    case FB_OP_EXP: uses_r = a->active[id]; break;
+    default:
+      if (is_write(s)) {
+        uses_args = grad_of(a, s->snode) >= 0;
+        na = s->nargs - 1; /* the indices */
+      } else {
+        uses_args = uses_r = a->active[id];
+      }
+    }
+    if (uses_r && taint[id]) return 1;
+    for (int i = 0; uses_args && i < na; i++)
+      if (taint[s->args[i]]) return 1;
+  }
+  return 0;
+}
+
+/* Must the reverse sweep of serial loop id recompute the carried locals
+ * for each iteration (replaying the iterations before it)? Only when the
+ * sweep reads something computed from them: an accumulation s += f(x[j])
+ * does not, and its reversal stays linear in the trip count. */
+static int needs_replay(actx *a, int id, const int32_t *vars, const uint8_t *how, int n) {
+  if (a->replay[id]) return a->replay[id] - 1; /* the same for every copy of the loop */
+  uint8_t *taint = calloc((size_t)a->ns + 1, 1);
+  if (!taint) return 1;
+  for (int j = 0; j < n; j++)
+    if (how[j] == 3) taint[vars[j]] = 1;
+  const fb_stmt *s = &a->k->stmts[id];
+  int r = propagate(a, taint, s->body, PROP_TAINT) ? 1 : sweep_reads_taint(a, s->body, taint);
+  free(taint);
+  a->replay[id] = (uint8_t)(r + 1);
+  return r;
+}
+
+typedef struct snaps {
+  int32_t *var, *val; /* forward alloca, adjoint-kernel value before the statement */
+  uint8_t *how;
+  int n;
+} snaps;
+
+static void restore(actx *a, const snaps *sn, int from, int to) {
+  for (int j = from; j < to; j++) lstore(a, a->map[sn->var[j]], sn->val[j]);
+}
+
+static void rev_list(actx *a, const int32_t *ids, int n, int sweep_from);
+
+static void rev_block(actx *a, int blk, int sweep) {
+  const fb_block *bb = &a->k->blocks[blk];
+  rev_list(a, bb->ids, bb->n, sweep ? 0 : bb->n);
+}
+
+/* The reverse step of one statement. sn[from, to) are the local variables
+ * a block statement touches, with their values before it. */
+static void rev_stmt(actx *a, int id, int sweep, const snaps *sn, int from, int to) {
+  const fb_stmt *s = &a->k->stmts[id];
+  if (a->rc) return;
   if (is_write(s)) {
     int gf = grad_of(a, s->snode);
-    if (gf < 0) return;
+    if (!sweep || gf < 0) return;
     int v = s->args[s->nargs - 1];
     int gv = access(a, s, FB_OP_LOAD, gf, -1);
     if (s->op == FB_OP_STORE) /* the old value is overwritten: no gradient flows to it */
       access(a, s, FB_OP_STORE, gf, cst(a, (fb_type)a->l->nodes[gf].type, 0.0));
     if (s->op == FB_OP_ATOMIC_SUB) gv = un(a, FB_OP_NEG, gv);
-    acc(a, v, gv);
+    if (a->active[v]) acc(a, v, gv);
     return;
   }
-  int g = a->adj[id];
+  if (s->op == FB_OP_IF) {
+    restore(a, sn, from, to);
+    int n = chk(a, fb_b_if(&a->b, a->map[s->args[0]], s->orelse >= 0));
+    if (n < 0) return;
+    int ob = a->out->stmts[n].body, oe = a->out->stmts[n].orelse;
+    int saved = fb_b_enter(&a->b, ob);
+    rev_block(a, s->body, sweep);
+    fb_b_leave(&a->b, saved);
+    if (s->orelse >= 0) {
+      saved = fb_b_enter(&a->b, oe);
+      rev_block(a, s->orelse, sweep);
+      fb_b_leave(&a->b, saved);
+    }
+    return;
+  }
+  if (s->op == FB_OP_RANGE_FOR) {
+    /* iterations last to first: for r in 0 .. end - begin, t = end - 1 - r;
+     * the local variables the body carries from one iteration to the next
+     * are recomputed from their values before the loop (iterations begin
+     * .. t - 1 replayed), then iteration t is replayed and swept. */
+    restore(a, sn, from, to);
+    int B = a->map[s->args[0]], E = a->map[s->args[1]];
+    int zero = chk(a, fb_b_const_i32(&a->b, 0)), one = chk(a, fb_b_const_i32(&a->b, 1));
+    int cnt = bin(a, FB_OP_SUB, E, B);
+    int rl = chk(a, fb_b_range_for(&a->b, zero, cnt, 0));
+    if (rl < 0) return;
+    int saved = fb_b_enter(&a->b, a->out->stmts[rl].body);
+    int r = chk(a, fb_b_loop_index(&a->b, rl, 0));
+    int t = bin(a, FB_OP_SUB, bin(a, FB_OP_SUB, E, one), r);
+    int carried = 0;
+    for (int j = from; j < to; j++) carried |= sn->how[j] == 3;
+    if (carried) carried = needs_replay(a, id, sn->var + from, sn->how + from, to - from);
+    if (carried && !a->rc) {
+      restore(a, sn, from, to);
+      int pl = chk(a, fb_b_range_for(&a->b, B, t, 0));
+      if (pl >= 0) {
+        a->map[id] = pl;
+        int s2 = fb_b_enter(&a->b, a->out->stmts[pl].body);
+        fwd_block(a, s->body);
+        fb_b_leave(&a->b, s2);
+      }
+    }
+    a->idxval[id] = t;
+    rev_block(a, s->body, sweep);
+    a->idxval[id] = -1;
+    fb_b_leave(&a->b, saved);
+    return;
+  }
+  if (s->op == FB_OP_LLOAD) {
+    int g = get_adj(a, id), v = s->args[0];
+    if (g >= 0 && a->slot[v] >= 0)
+      lstore(a, a->slot[v], bin(a, FB_OP_ADD, lload(a, a->slot[v]), g));
+    return;
+  }
+  if (s->op == FB_OP_LSTORE) { /* the stored value takes the variable's adjoint */
+    int v = s->args[0];
+    if (!a->active[v] || a->slot[v] < 0) return;
+    int g = lload(a, a->slot[v]);
+    lstore(a, a->slot[v], cst(a, (fb_type)a->k->stmts[v].type, 0.0));
+    if (a->active[s->args[1]]) acc(a, s->args[1], g);
+    return;
+  }
+  if (!a->active[id]) return;
+  int g = get_adj(a, id);
   if (g < 0) return;
   fb_type t = (fb_type)s->type;
   int a0 = s->nargs > 0 ? s->args[0] : -1, a1 = s->nargs > 1 ? s->args[1] : -1;
   int A = a0 >= 0 ? a->map[a0] : -1, B = a1 >= 0 ? a->map[a1] : -1, R = a->map[id];
   switch ((fb_op)s->op) {
   case FB_OP_LOAD: access(a, s, FB_OP_ATOMIC_ADD, grad_of(a, s->snode), g); break;
-  case FB_OP_CAST: acc(a, a0, fb_b_cast(&a->b, (fb_type)a->k->stmts[a0].type, g)); break;
+  case FB_OP_CAST:
+    if (a->active[a0]) acc(a, a0, chk(a, fb_b_cast(&a->b, (fb_type)a->k->stmts[a0].type, g)));
+    break;
   case FB_OP_SELECT: {
     int z = cst(a, t, 0.0), c = a->map[a0];
-    acc(a, s->args[1], fb_b_select(&a->b, c, g, z));
-    acc(a, s->args[2], fb_b_select(&a->b, c, z, g));
+    if (a->active[s->args[1]]) acc(a, s->args[1], sel(a, c, g, z));
+    if (a->active[s->args[2]]) acc(a, s->args[2], sel(a, c, z, g));
     break;
   }
   case FB_OP_ADD:
@@ -429,8 +789,8 @@ static void sweep_stmt(actx *a, int id) {
   case FB_OP_MIN:
   case FB_OP_MAX: { /* to the operand the result is (a on ties) */
     int pick = bin(a, FB_OP_EQ, R, A), z = cst(a, t, 0.0);
-    acc(a, a0, fb_b_select(&a->b, pick, g, z));
-    acc(a, a1, fb_b_select(&a->b, pick, z, g));
+    if (a->active[a0]) acc(a, a0, sel(a, pick, g, z));
+    if (a->active[a1]) acc(a, a1, sel(a, pick, z, g));
     break;
   }
   case FB_OP_POW: /* d(a^b) = b a^(b-1) da + a^b log(a) db */
@@ -450,8 +810,8 @@ static void sweep_stmt(actx *a, int id) {
   case FB_OP_NEG: acc(a, a0, un(a, FB_OP_NEG, g)); break;
   case FB_OP_ABS: { /* sign(a) g, 0 at 0 */
     int z = cst(a, t, 0.0);
-    int pos = fb_b_select(&a->b, bin(a, FB_OP_GT, A, z), g, z);
-    acc(a, a0, fb_b_select(&a->b, bin(a, FB_OP_LT, A, z), un(a, FB_OP_NEG, g), pos));
+    int pos = sel(a, bin(a, FB_OP_GT, A, z), g, z);
+    acc(a, a0, sel(a, bin(a, FB_OP_LT, A, z), un(a, FB_OP_NEG, g), pos));
     break;
   }
   case FB_OP_SQRT: acc(a, a0, bin(a, FB_OP_DIV, bin(a, FB_OP_MUL, g, cst(a, t, 0.5)), R)); break;
@@ -481,106 +841,219 @@ static void sweep_stmt(actx *a, int id) {
   }
 }
 
-/* Which forward values the region's sweep reads (need) and which carry an
- * adjoint (reach); then everything those are computed from. */
-static void mark_needs(actx *a) {
-  const fb_kernel *k = a->k;
-  for (int p = a->nlist - 1; p >= 0; p--) {
-    int id = a->list[p];
-    const fb_stmt *s = &k->stmts[id];
-    if (is_write(s)) {
-      if (grad_of(a, s->snode) < 0) continue;
-      for (int i = 0; i < s->nargs - 1; i++) a->need[s->args[i]] = 1;
-      if (a->active[s->args[s->nargs - 1]]) a->reach[s->args[s->nargs - 1]] = 1;
-      continue;
+/* A list of statements of one block (or a region: the body-level prefix
+ * followed by a loop body): replayed forward, then swept last to first.
+ * Writes to fields are swept from position sweep_from on (earlier ones
+ * belong to regions of their own). Before each block statement, the local
+ * variables it touches are read (snapshots), so that its reverse step can
+ * put them back to their values before it and replay it from there. */
+static void rev_list(actx *a, const int32_t *ids, int n, int sweep_from) {
+  if (a->rc) return;
+  snaps sn = {0};
+  int *off = malloc(sizeof(int) * (size_t)(n + 1));
+  size_t cap = 16;
+  sn.var = malloc(cap * sizeof(int32_t));
+  sn.val = malloc(cap * sizeof(int32_t));
+  sn.how = malloc(cap);
+  int32_t *vars = a->vars;
+  uint8_t *how = a->how;
+  if (!off || !sn.var || !sn.val || !sn.how) a->rc = FB_ENOMEM;
+  for (int i = 0; i < n && !a->rc; i++) {
+    const fb_stmt *s = &a->k->stmts[ids[i]];
+    off[i] = sn.n;
+    if (s->op == FB_OP_IF || s->op == FB_OP_RANGE_FOR) {
+      int nv = 0;
+      locals_in(a, ids[i], s->body, vars, how, &nv);
+      if (s->orelse >= 0) locals_in(a, ids[i], s->orelse, vars, how, &nv);
+      for (int j = 0; j < nv && !a->rc; j++) {
+        if ((size_t)sn.n == cap) {
+          cap *= 2;
+          int32_t *v1 = realloc(sn.var, cap * sizeof(int32_t));
+          if (v1) sn.var = v1;
+          int32_t *v2 = realloc(sn.val, cap * sizeof(int32_t));
+          if (v2) sn.val = v2;
+          uint8_t *v3 = realloc(sn.how, cap);
+          if (v3) sn.how = v3;
+          if (!v1 || !v2 || !v3) {
+            a->rc = FB_ENOMEM;
+            break;
+          }
+        }
+        sn.var[sn.n] = vars[j];
+        sn.how[sn.n] = how[j];
+        sn.val[sn.n] = lload(a, a->map[vars[j]]);
+        sn.n++;
+      }
     }
-    if (!a->reach[id]) continue;
-    if (s->op == FB_OP_LOAD) {
-      for (int i = 0; i < s->nargs; i++) a->need[s->args[i]] = 1;
-      continue;
-    }
-    a->need[id] = 1;
-    for (int i = 0; i < s->nargs; i++) {
-      a->need[s->args[i]] = 1;
-      if (a->active[s->args[i]] && diff_operand(s, i)) a->reach[s->args[i]] = 1;
+    fwd_stmt(a, ids[i]);
+  }
+  if (!a->rc) off[n] = sn.n;
+  for (int i = 0; i < n && !a->rc; i++) { /* where the adjoints of this list's values live */
+    int id = ids[i];
+    const fb_stmt *s = &a->k->stmts[id];
+    a->adj[id] = a->slot[id] = -1;
+    a->touched[id] = 0;
+    if (!a->active[id]) continue;
+    if (s->op == FB_OP_ALLOCA || a->cross[id]) {
+      a->slot[id] = chk(a, fb_b_alloca(&a->b, (fb_type)s->type));
+      lstore(a, a->slot[id], cst(a, (fb_type)s->type, 0.0));
     }
   }
-  for (int p = a->nlist - 1; p >= 0; p--) {
-    int id = a->list[p];
-    const fb_stmt *s = &k->stmts[id];
-    if (!a->need[id] || is_write(s)) continue;
-    for (int i = 0; i < s->nargs; i++) a->need[s->args[i]] = 1;
-  }
+  for (int i = n - 1; i >= 0 && !a->rc; i--)
+    rev_stmt(a, ids[i], i >= sweep_from, &sn, off[i], off[i + 1]);
+  free(off);
+  free(sn.var);
+  free(sn.val);
+  free(sn.how);
 }
 
-/* One forward region: the parallel loop stmt `loop`, or the body-level
- * write `loop` (then not a loop); pos is its position in block 0. */
-static int emit_region(actx *a, int region, int pos) {
-  const fb_kernel *k = a->k;
-  const fb_stmt *r = &k->stmts[region];
-  const fb_block *b0 = &k->blocks[0];
-  int ns = a->ns;
-  for (int i = 0; i < ns; i++) {
-    a->map[i] = a->adj[i] = -1;
-    a->need[i] = a->reach[i] = 0;
-  }
-  a->nlist = 0;
-  /* the body-level values before the region, then the region itself */
-  for (int i = 0; i < pos; i++) {
-    const fb_stmt *s = &k->stmts[b0->ids[i]];
-    if (!is_write(s) && !is_par_loop(s) && s->type != FB_T_VOID)
-      a->list[a->nlist++] = b0->ids[i];
-  }
-  int ntop = a->nlist;
-  if (is_par_loop(r)) {
-    const fb_block *bb = &k->blocks[r->body];
-    for (int j = 0; j < bb->n; j++) a->list[a->nlist++] = bb->ids[j];
-  } else {
-    a->list[a->nlist++] = region;
-  }
-  mark_needs(a);
-  if (is_par_loop(r)) { /* the bounds, and what they are computed from */
-    for (int i = 0; i < r->nargs; i++) a->need[r->args[i]] = 1;
-    for (int p = ntop - 1; p >= 0; p--) {
-      const fb_stmt *s = &k->stmts[a->list[p]];
-      if (a->need[a->list[p]])
-        for (int i = 0; i < s->nargs; i++) a->need[s->args[i]] = 1;
-    }
-  }
-  for (int p = 0; p < ntop; p++)
-    if (a->need[a->list[p]]) replay(a, a->list[p]);
-  int saved = -1;
-  if (is_par_loop(r)) {
-    int nl = r->op == FB_OP_PAR_FOR
-                 ? fb_b_range_for(&a->b, a->map[r->args[0]], a->map[r->args[1]], 1)
-                 : fb_b_struct_for(&a->b, r->snode);
-    if (nl < 0) return a->b.err ? a->b.err : FB_ENOMEM;
-    a->map[region] = nl;
-    saved = fb_b_enter(&a->b, a->out->stmts[nl].body);
-    for (int p = ntop; p < a->nlist; p++)
-      if (a->need[a->list[p]] && !is_write(&k->stmts[a->list[p]])) replay(a, a->list[p]);
-  }
-  for (int p = a->nlist - 1; p >= 0; p--) sweep_stmt(a, a->list[p]);
-  if (saved >= 0) fb_b_leave(&a->b, saved);
-  return a->b.err;
-}
-
-/* Does the region write a field with a gradient? */
-static int region_matters(const actx *a, int id) {
+/* Does statement id write (anywhere inside it) a field with a gradient? */
+static int writes_grad(const actx *a, int id) {
   const fb_stmt *s = &a->k->stmts[id];
   if (is_write(s)) return grad_of(a, s->snode) >= 0;
-  if (!is_par_loop(s)) return 0;
-  const fb_block *bb = &a->k->blocks[s->body];
-  for (int j = 0; j < bb->n; j++) {
-    const fb_stmt *t = &a->k->stmts[bb->ids[j]];
-    if (is_write(t) && grad_of(a, t->snode) >= 0) return 1;
+  int bl[2] = {s->body, s->orelse};
+  for (int b = 0; b < 2; b++) {
+    if (bl[b] < 0) continue;
+    const fb_block *bb = &a->k->blocks[bl[b]];
+    for (int j = 0; j < bb->n; j++)
+      if (writes_grad(a, bb->ids[j])) return 1;
   }
   return 0;
 }
 
-int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
-                      size_t errlen) {
+/* One forward region: the top-level statement at position pos of the
+ * body (a parallel loop, or a body-level write, if or serial loop). Its
+ * reverse step runs after the body-level statements before it (not the
+ * parallel loops) are replayed: inside the loop for a parallel loop, so
+ * that the adjoints of body-level values reach their gradients per
+ * iteration. */
+static void emit_region(actx *a, int pos) {
+  const fb_kernel *k = a->k;
+  const fb_block *b0 = &k->blocks[0];
+  int region = b0->ids[pos];
+  const fb_stmt *r = &k->stmts[region];
+  int32_t *list = malloc(sizeof(int32_t) * (size_t)(a->ns + 1));
+  if (!list) {
+    a->rc = FB_ENOMEM;
+    return;
+  }
+  int n = 0;
+  for (int i = 0; i < pos; i++) {
+    const fb_stmt *s = &k->stmts[b0->ids[i]];
+    if (!is_par_loop(s) && !is_write(s) && s->op != FB_OP_RET) list[n++] = b0->ids[i];
+  }
+  int npre = n;
+  if (is_par_loop(r)) {
+    for (int i = 0; i < npre; i++) fwd_stmt(a, list[i]); /* the bounds */
+    int nl = r->op == FB_OP_PAR_FOR
+                 ? fb_b_range_for(&a->b, a->map[r->args[0]], a->map[r->args[1]], 1)
+                 : fb_b_struct_for(&a->b, r->snode);
+    if ((a->map[region] = chk(a, nl)) >= 0) {
+      int saved = fb_b_enter(&a->b, a->out->stmts[nl].body);
+      const fb_block *bb = &k->blocks[r->body];
+      for (int j = 0; j < bb->n; j++) list[n++] = bb->ids[j];
+      rev_list(a, list, n, npre);
+      fb_b_leave(&a->b, saved);
+    }
+  } else {
+    list[n++] = region;
+    rev_list(a, list, n, npre);
+  }
+  free(list);
+}
+
+/* ---------------------------------------------------------------- cleanup */
+
+/* Remove what the adjoint computes and never uses (recomputed values no
+ * adjoint needs, locals never read, empty blocks): liveness from the
+ * writes to fields, through operands, the statements owning a live
+ * statement's block, and the stores of every local that is read. Returns
+ * the compacted kernel (NULL on allocation failure); o is freed. */
+static void dce_walk(const fb_kernel *o, int blk, int32_t *sblk, int32_t *bown) {
+  const fb_block *bb = &o->blocks[blk];
+  for (int j = 0; j < bb->n; j++) {
+    const fb_stmt *s = &o->stmts[bb->ids[j]];
+    sblk[bb->ids[j]] = blk;
+    if (s->body >= 0) {
+      bown[s->body] = bb->ids[j];
+      dce_walk(o, s->body, sblk, bown);
+    }
+    if (s->orelse >= 0) {
+      bown[s->orelse] = bb->ids[j];
+      dce_walk(o, s->orelse, sblk, bown);
+    }
+  }
+}
+
+static fb_kernel *dce(fb_kernel *o) {
+  size_t n = (size_t)o->nstmts + 1, nb = (size_t)o->nblocks + 1;
+  int32_t *sblk = malloc(n * sizeof(int32_t)), *bown = malloc(nb * sizeof(int32_t));
+  int32_t *first = malloc(n * sizeof(int32_t)), *next = malloc(n * sizeof(int32_t));
+  int32_t *stack = malloc(n * sizeof(int32_t));
+  uint8_t *live = calloc(n, 1), *vlive = calloc(n, 1);
+  fb_kernel *res = NULL;
+  if (!sblk || !bown || !first || !next || !stack || !live || !vlive) goto done;
+  for (size_t i = 0; i < n; i++) sblk[i] = first[i] = next[i] = -1;
+  for (size_t i = 0; i < nb; i++) bown[i] = -1;
+  dce_walk(o, 0, sblk, bown);
+  int sp = 0;
+  for (int i = o->nstmts - 1; i >= 0; i--) {
+    const fb_stmt *s = &o->stmts[i];
+    if (sblk[i] < 0) continue;
+    if (s->op == FB_OP_LSTORE) {
+      next[i] = first[s->args[0]];
+      first[s->args[0]] = i;
+    }
+    if (fb_op_table[s->op].flags & FB_OPF_WRITES) {
+      live[i] = 1;
+      stack[sp++] = i;
+    }
+  }
+#define MARK(x)                                                                                    \
+  do {                                                                                             \
+    int x_ = (x);                                                                                  \
+    if (x_ >= 0 && !live[x_]) {                                                                    \
+      live[x_] = 1;                                                                                \
+      stack[sp++] = x_;                                                                            \
+    }                                                                                              \
+  } while (0)
+  while (sp > 0) {
+    int id = stack[--sp];
+    const fb_stmt *s = &o->stmts[id];
+    for (int i = 0; i < s->nargs && i < FB_MAX_ARGS; i++) MARK(s->args[i]);
+    MARK(bown[sblk[id]]);
+    if (s->op == FB_OP_LLOAD && !vlive[s->args[0]]) {
+      vlive[s->args[0]] = 1;
+      for (int st = first[s->args[0]]; st >= 0; st = next[st]) MARK(st);
+    }
+  }
+#undef MARK
+  for (int b = 0; b < o->nblocks; b++) {
+    fb_block *bb = &o->blocks[b];
+    int m = 0;
+    for (int j = 0; j < bb->n; j++)
+      if (live[bb->ids[j]]) bb->ids[m++] = bb->ids[j];
+    bb->n = m;
+  }
+  res = fb_kernel_compact(o);
+done:
+  free(sblk);
+  free(bown);
+  free(first);
+  free(next);
+  free(stack);
+  free(live);
+  free(vlive);
+  fb_kernel_free(o);
+  return res;
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts,
+                         fb_kernel **out, int *bad_stmt, char *err, size_t errlen) {
   if (out) *out = NULL;
+  if (bad_stmt) *bad_stmt = -1;
   if (!k || !k->name || !out) {
     fb_errf(err, errlen, "fb_kernel_adjoint: no kernel");
     return FB_EINVAL;
@@ -591,12 +1064,14 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
   a.g = g;
   a.err = err;
   a.errlen = errlen;
+  a.bad = -1;
   fb_diags d;
   fb_diags_init(&d);
   int rc = fb_verify(k, &d);
   if (rc) {
     fb_errf(err, errlen, "cannot differentiate kernel '%s': it does not verify: %s", k->name,
             d.n ? d.v[0].msg : fb_strerror(rc));
+    if (bad_stmt && d.n) *bad_stmt = d.v[0].stmt;
     fb_diags_free(&d);
     return rc;
   }
@@ -604,14 +1079,27 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
   a.l = k->layout;
   a.ns = k->nstmts;
   if ((rc = check_map(&a)) != 0) return rc;
-  size_t ns = (size_t)a.ns + 1;
+  /* emission may make several copies of a loop body per nesting level
+   * before the cleanup: a bound on the work, not on the result */
+  a.cap = max_stmts > 0 ? 16L * max_stmts + 4096 : 1L << 22;
+  size_t ns = (size_t)a.ns + 1, nb = (size_t)k->nblocks + 1;
   a.active = calloc(ns, 1);
-  a.reach = calloc(ns, 1);
-  a.need = calloc(ns, 1);
+  a.cross = calloc(ns, 1);
+  a.touched = calloc(ns, 1);
+  a.blk = malloc(ns * sizeof(int32_t));
+  a.owner = malloc(nb * sizeof(int32_t));
   a.map = malloc(ns * sizeof(int32_t));
   a.adj = malloc(ns * sizeof(int32_t));
-  a.list = malloc(ns * sizeof(int32_t));
-  if (!a.active || !a.reach || !a.need || !a.map || !a.adj || !a.list) rc = FB_ENOMEM;
+  a.slot = malloc(ns * sizeof(int32_t));
+  a.idxval = malloc(ns * sizeof(int32_t));
+  a.replay = calloc(ns, 1);
+  a.vars = malloc(ns * sizeof(int32_t));
+  a.how = malloc(ns);
+  if (!a.active || !a.cross || !a.touched || !a.blk || !a.owner || !a.map || !a.adj || !a.slot ||
+      !a.idxval || !a.replay || !a.vars || !a.how)
+    rc = FB_ENOMEM;
+  for (size_t i = 0; !rc && i < ns; i++) a.blk[i] = a.map[i] = a.adj[i] = a.slot[i] = a.idxval[i] = -1;
+  for (size_t i = 0; !rc && i < nb; i++) a.owner[i] = -1;
   if (!rc) rc = scan(&a);
   char *name = NULL;
   if (!rc) {
@@ -628,11 +1116,27 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
   if (!rc) {
     fb_builder_init(&a.b, a.out);
     const fb_block *b0 = &k->blocks[0];
-    for (int i = b0->n - 1; !rc && i >= 0; i--) {
+    for (int i = b0->n - 1; !a.rc && i >= 0; i--) {
       int id = b0->ids[i];
-      const fb_stmt *s = &k->stmts[id];
-      if ((is_par_loop(s) || is_write(s)) && region_matters(&a, id)) rc = emit_region(&a, id, i);
+      if (writes_grad(&a, id)) emit_region(&a, i);
     }
+    rc = a.rc ? a.rc : a.b.err;
+    if (rc == FB_EQUOTA)
+      fb_errf(err, errlen,
+              "cannot differentiate kernel '%s': its adjoint would have more than %ld statements "
+              "(serial loops nested too deep or too many writes); split the kernel",
+              k->name, a.cap);
+  }
+  if (!rc) {
+    a.out = dce(a.out);
+    if (!a.out) rc = FB_ENOMEM;
+  }
+  if (!rc && max_stmts > 0 && a.out->nstmts > max_stmts) {
+    fb_errf(err, errlen,
+            "cannot differentiate kernel '%s': its adjoint has %d statements, more than the "
+            "limit of %d for a kernel; split the kernel",
+            k->name, a.out->nstmts, max_stmts);
+    rc = FB_EQUOTA;
   }
   if (!rc) {
     fb_diags_init(&d);
@@ -645,14 +1149,26 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
   } else if (rc == FB_ENOMEM) {
     fb_errf(err, errlen, "cannot differentiate kernel '%s': out of memory", k->name);
   }
+  if (bad_stmt) *bad_stmt = a.bad;
   free(name);
   free(a.active);
-  free(a.reach);
-  free(a.need);
+  free(a.cross);
+  free(a.touched);
+  free(a.blk);
+  free(a.owner);
   free(a.map);
   free(a.adj);
-  free(a.list);
+  free(a.slot);
+  free(a.idxval);
+  free(a.replay);
+  free(a.vars);
+  free(a.how);
   if (rc) fb_kernel_free(a.out);
   else *out = a.out;
   return rc;
+}
+
+int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
+                      size_t errlen) {
+  return fb_kernel_adjoint_ex(k, g, 0, out, NULL, err, errlen);
 }

@@ -110,8 +110,15 @@ static int copy_stmt(lower_ctx *c, int id) {
   int shared = var >= 0 && c->ext[var] == EXT_SHARED_VAR;
   if (s->op == FB_OP_ALLOCA && c->ext[id] == EXT_SHARED_VAR)
     return fb_b_gtmp_store(&c->b, zero_const(c, (fb_type)s->type), c->slot[id]);
-  if (s->op == FB_OP_LLOAD && shared)
-    return c->map[id] = fb_b_gtmp_load(&c->b, (fb_type)s->type, c->slot[var]);
+  if (s->op == FB_OP_LLOAD && shared) {
+    /* a read of a shared variable that another task also uses as a value
+     * (a loop bound, say) is spilled like any value: the consumer must see
+     * what the variable held here, not what it holds when the consumer runs */
+    int nid = c->map[id] = fb_b_gtmp_load(&c->b, (fb_type)s->type, c->slot[var]);
+    if (nid >= 0 && c->seg[id] == c->cur && c->ext[id] == EXT_SPILL)
+      return fb_b_gtmp_store(&c->b, nid, c->slot[id]);
+    return nid;
+  }
   if (s->op == FB_OP_LSTORE && shared)
     return fb_b_gtmp_store(&c->b, c->map[s->args[1]], c->slot[var]);
   int nid = emit_copy(c, s);

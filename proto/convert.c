@@ -590,6 +590,19 @@ void fbp_launch_append(fbp_buf *b, int kernel, const fb_value *args, int nargs) 
   b->n = (size_t)(p - b->p);
 }
 
+void fbp_tape_append(fbp_buf *b, int at, int end, int loss) {
+  /* SessionRequest.tape = 5: TapeMark { at = 1; end = 2; loss = 3 } */
+  size_t mark = (at ? 1 + varint_len((uint64_t)(uint32_t)at) : 0) + (end ? 2 : 0) +
+                (!end && loss ? 1 + varint_len((uint64_t)(int64_t)loss) : 0);
+  if (fbp_buf_reserve(b, 1 + 10 + mark)) return;
+  uint8_t *p = b->p + b->n;
+  p = put_varint(put_tag(p, 5, WT_LEN), mark);
+  if (at) p = put_varint(put_tag(p, 1, WT_VARINT), (uint64_t)(uint32_t)at);
+  if (end) p = put_varint(put_tag(p, 2, WT_VARINT), 1);
+  if (!end && loss) p = put_varint(put_tag(p, 3, WT_VARINT), (uint64_t)(int64_t)loss);
+  b->n = (size_t)(p - b->p);
+}
+
 void fbp_session_tail(fbp_buf *b, const char *session_id, int flush, uint64_t sync) {
   size_t idl = session_id ? strlen(session_id) : 0;
   if (fbp_buf_reserve(b, idl + 32)) return;

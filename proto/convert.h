@@ -107,6 +107,9 @@ int fbp_kernel_from_pb(const Fusebox__V1__Kernel *m, const fb_layout *l, fb_kern
  * thousands per message cheaply. */
 
 void fbp_launch_append(fbp_buf *b, int kernel, const fb_value *args, int nargs);
+/* A tape mark (SessionRequest.tape): begin over field loss, or end, just
+ * before the message's launch number at (0-based). */
+void fbp_tape_append(fbp_buf *b, int at, int end, int loss);
 void fbp_session_tail(fbp_buf *b, const char *session_id, int flush, uint64_t sync);
 
 /* ---------------------------------------------------------------- field chunks

@@ -55,7 +55,7 @@ setup(
     name="fusebox",
     version="0.1.0",
     description="Python client of fuseboxd, the Fusebox GPU compute service",
-    packages=["fusebox"],
+    packages=["fusebox", "fusebox.taichi"],
     package_data={"fusebox": ["py.typed"]},
     python_requires=">=3.9",
     install_requires=["grpcio", "protobuf", "numpy"],

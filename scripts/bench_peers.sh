@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fusebox against Taichi on every case of bench/micro and bench/large, in one
+# Fusebox against Taichi on every case of bench/micro, bench/large and bench/real, in one
 # run, interleaved, with the same thread count; checks that the final fields
 # agree and prints two ratio tables with geometric means, wall-clock and
 # process CPU time per step (read the CPU one on a loaded machine), with each

@@ -187,7 +187,7 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
             "kernel): this request adds %zu",
             first < n && ks[first]->name ? ks[first]->name : "?", (long long)left, n);
   }
-  int32_t *ids = rc ? NULL : calloc(n + 1, sizeof *ids);
+  int32_t *ids = rc ? NULL : calloc(n + m->n_adjoints + 1, sizeof *ids);
   if (!rc && !ids) rc = FB_ENOMEM, fb_errf(err, sizeof err, "out of memory");
   if (rc) {
     reply_finish(r, rc, "%s", err);
@@ -196,7 +196,7 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
   }
   /* the memory budget's room for the session's kernels (budget.c) */
   if (x->watch) fb_session_set_kernel_cap(x->es, atomic_load(&x->watch->kernel_cap));
-  int before = x->nkernels;
+  int before = fb_session_kernel_count(x->es); /* the tape's kernels included */
   for (size_t i = 0; i < n; i++) {
     int id = -1;
     rc = register_one(x, ks[i], i, n, &id, err, sizeof err);
@@ -217,11 +217,31 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
       fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d", x->tag,
                ks[i]->name, id);
   }
+  /* adjoints (docs/autodiff.md): made here, in the tenant's worker, and
+   * registered like the kernels above; once per kernel */
+  for (size_t i = 0; i < m->n_adjoints; i++) {
+    int id = -1;
+    rc = fb_session_kernel_adjoint(x->es, m->adjoints[i], &id);
+    if (rc) {
+      fb_errf(err, sizeof err, "adjoint %zu of %zu: %s", i + 1, m->n_adjoints,
+              fb_session_errmsg(x->es));
+      if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: adjoint refused: %s", x->tag, err);
+      fb_session_drop_kernels(x->es, before);
+      x->nkernels = before;
+      reply_finish(r, rc, "%s", err);
+      free(ids);
+      fbp_arena_free(&a);
+      return;
+    }
+    ids[n + i] = id;
+  }
+  int after = fb_session_kernel_count(x->es);
+  x->nkernels = after;
   Fusebox__V1__RegisterKernelsResponse resp = FUSEBOX__V1__REGISTER_KERNELS_RESPONSE__INIT;
-  resp.n_kernel_ids = n;
+  resp.n_kernel_ids = n + m->n_adjoints;
   resp.kernel_ids = ids;
   if (!reply_msg(r, &resp.base)) reply_finish(r, FB_OK, NULL);
-  r->registered = (uint32_t)n;
+  r->registered = (uint32_t)(after - before);
   free(ids);
   fbp_arena_free(&a);
 }
@@ -296,6 +316,10 @@ static void add_return(fbd_exec *x, uint64_t seq, int kernel, fb_value v) {
  * refused a launch outright; each such place is recorded, so that an error
  * the engine reports later by launch number finds its seq. */
 static void seq_break(fbd_exec *x, uint64_t next_seq) {
+  if (x->nsmap && x->smap[x->nsmap - 1].eng == x->eng_launches && !x->smap[x->nsmap - 1].one) {
+    x->smap[x->nsmap - 1].seq = next_seq; /* the later entry would win anyway */
+    return;
+  }
   if (x->nsmap == x->smcap) {
     int nc = x->smcap ? x->smcap * 2 : 16;
     struct fbd_seqmap *v = nc <= (1 << 16) ? realloc(x->smap, sizeof *v * (size_t)nc) : NULL;
@@ -303,16 +327,18 @@ static void seq_break(fbd_exec *x, uint64_t next_seq) {
     x->smap = v;
     x->smcap = nc;
   }
-  x->smap[x->nsmap++] = (struct fbd_seqmap){x->eng_launches, next_seq};
+  x->smap[x->nsmap++] = (struct fbd_seqmap){x->eng_launches, next_seq, 0};
 }
 
 static uint64_t seq_of(const fbd_exec *x, uint64_t launch) {
   uint64_t eng = 0, seq = 1;
+  int one = 0;
   for (int i = 0; i < x->nsmap && x->smap[i].eng <= launch; i++) {
     eng = x->smap[i].eng;
     seq = x->smap[i].seq;
+    one = x->smap[i].one;
   }
-  return seq + (launch - eng);
+  return one ? seq : seq + (launch - eng);
 }
 
 /* An error the engine returned from a call that waits (sync, flush, host
@@ -322,6 +348,30 @@ static void engine_error(fbd_exec *x, int rc) {
   int kernel = -1;
   if (fb_session_error_launch(x->es, &launch, &kernel) == 0)
     add_error(x, seq_of(x, launch), kernel, rc, fb_session_errmsg(x->es));
+  else add_error(x, 0, -1, rc, fb_session_errmsg(x->es));
+}
+
+/* A tape mark (docs/autodiff.md): begin, or end, whose launches (clears,
+ * seed, adjoints) have no seq of their own: their errors come with seq 0
+ * (the message names the kernel). A mark's own error has seq 0 too, or the
+ * seq of the recorded launch it blames. */
+static void run_tape(fbd_exec *x, const Fusebox__V1__TapeMark *t) {
+  uint64_t before = x->eng_launches;
+  int rc = t->end ? fb_session_tape_end(x->es) : fb_session_tape_begin(x->es, t->loss);
+  x->nkernels = fb_session_kernel_count(x->es); /* the adjoints and clears it made */
+  fb_counters c;
+  fb_session_counters(x->es, &c);
+  if (c.launches > before) {
+    seq_break(x, 0);
+    if (x->nsmap && x->smap[x->nsmap - 1].eng == before) x->smap[x->nsmap - 1].one = 1;
+    x->eng_launches = c.launches;
+    seq_break(x, x->seq + 1);
+  }
+  if (!rc) return;
+  uint64_t launch = 0;
+  int kernel = -1;
+  if (fb_session_error_launch(x->es, &launch, &kernel) == 0)
+    add_error(x, seq_of(x, launch), kernel, rc, fb_session_errmsg(x->es)); /* the one to blame */
   else add_error(x, 0, -1, rc, fb_session_errmsg(x->es));
 }
 
@@ -423,7 +473,12 @@ static void send_sync(fbd_exec *x, uint64_t id, fbd_reply *r) {
 }
 
 static void run_batch(fbd_exec *x, const Fusebox__V1__SessionRequest *m, fbd_reply *r) {
-  for (size_t i = 0; i < m->n_launches; i++) run_launch(x, m->launches[i]);
+  size_t t = 0;
+  for (size_t i = 0; i < m->n_launches; i++) {
+    while (t < m->n_tape && m->tape[t]->at <= i) run_tape(x, m->tape[t++]);
+    run_launch(x, m->launches[i]);
+  }
+  while (t < m->n_tape) run_tape(x, m->tape[t++]);
   int rc = 0;
   if (m->sync) rc = fb_sync(x->es);
   else if (m->flush) rc = fb_flush(x->es);

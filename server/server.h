@@ -435,6 +435,7 @@ typedef struct fbd_exec {
   int nkernels; /* kernels registered in es (ids 0 .. nkernels - 1) */
   struct fbd_seqmap {
     uint64_t eng, seq;
+    int one; /* from eng to the next entry every launch has seq (a tape's end) */
   } *smap; /* where the two numberings part */
   int nsmap, smcap;
   fbd_ret *rets;

@@ -30,6 +30,8 @@ check help-json 0 "--json OUT" -- bash "$script" --help
 check bad-option 2 "unrecognized arguments: --bogus" -- bash "$script" --bogus
 check bad-cycles 2 "--cycles must be >= 1" -- bash "$script" --cycles 0
 check bad-case 2 "unknown case 'micro/nope'" -- bash "$script" --cases micro/nope
+check bad-suite 2 "unknown suite 'nope'" -- bash "$script" --suites real,nope
+check bad-real-case 2 "unknown case 'real/nope'" -- bash "$script" --cases real/nope
 check bad-peer 2 "--peer wants" -- "$py" "$src/bench/peers/bench_peers.py" --fusebox x --peer oops --check-args
 if [ -e "$FB_PEERS_DIR" ]; then echo "FAIL: argument checks created $FB_PEERS_DIR"; fail=1; fi
 
@@ -51,8 +53,12 @@ if bp.differs(ref, short, 1e-4, alls) is None: bad.append("a field of another si
 if bp.differs(ref, {}, 1e-4, alls) is None: bad.append("a missing field was accepted")
 if bp.differs(ref, far, 1e-4, ["min", "max"]) is not None: bad.append("a statistic not asked for was compared")
 sessions = sorted(os.path.relpath(p, os.path.join(src, "bench"))[:-5]
-                  for s in ("micro", "large") for p in glob.glob(os.path.join(src, "bench", s, "*.json")))
+                  for s in ("micro", "large", "real") for p in glob.glob(os.path.join(src, "bench", s, "*.json")))
 if sessions != sorted(bp.CASES): bad.append("bench_peers.CASES %s != sessions %s" % (sorted(bp.CASES), sessions))
+if len([c for c in bp.CASES if c.startswith("real/")]) < 8: bad.append("fewer than 8 real/ cases")
+a = bp.parse_args(["--fusebox", "x", "--suites", "real", "--cases", "micro/fill_array"])
+if a.cases != [c for c in bp.CASES if c.startswith("real/")] + ["micro/fill_array"]: bad.append("--suites real --cases: %r" % a.cases)
+if bp.parse_args(["--fusebox", "x"]).cases != bp.CASES: bad.append("the default is not every case")
 for c in bp.CASES:
     port = os.path.join(src, "bench", "peers", "taichi", c.replace("/", "_") + ".py")
     if not os.path.exists(port): bad.append("no Taichi port " + port)
@@ -74,6 +80,9 @@ drive() { # drive JSON_OUT -- extra driver arguments (later ones win)
 check run 0 "every engine ran every case" -- drive "$tmp/run.json" --cases micro/fill_array,large/mpm3d --cycles 3
 cp "$tmp/out" "$tmp/run.txt"
 cp "$tmp/log" "$tmp/run.log"
+check run-real 0 "every engine ran every case" -- drive "$tmp/real.json" --suites real
+cp "$tmp/out" "$tmp/real.txt"
+cp "$tmp/log" "$tmp/real.log"
 FAKE_PEER_THREADS=3 drive "$tmp/threads.json" >"$tmp/threads.txt" 2>&1; st=$?
 if [ $st != 0 ] || ! grep -q "WARNING: the engines did not all run 2 threads" "$tmp/threads.txt"; then
   echo "FAIL run-threads-differ: status $st"; cat "$tmp/threads.txt"; fail=1
@@ -123,6 +132,23 @@ want("threads: fusebox-sync 2, fusebox-async 2, fake 2 (asked: 2;" in txt, "thre
 want(len(j["loadavg_start"]) == 3 and len(j["loadavg_end"]) == 3, "load averages")
 want("load average: " in txt and " at the start, " in txt, "load average line")
 want(j["fields"]["large/mpm3d"]["fake"]["x"]["n"] == 4 and not j["errors"] and not j["disagreements"], "fields")
+# Peak memory: the peer touched 40 MiB, the fake Fusebox nothing.
+for c in ("micro/fill_array", "large/mpm3d"):
+    m = j["peak_rss_mib"][c]
+    want(m["fake"] >= 40 and 0 < m["fusebox"] < 40, "peak memory %s %r" % (c, m))
+    want(len(j["rss_mib_per_cycle"][c]["fake"]) == 3, "memory per cycle %s" % c)
+want(j["memory_engines"] == ["fusebox", "fake"], "memory engines %r" % j.get("memory_engines"))
+want("peak memory MiB" in txt and "| case | fusebox | fake | fake / fusebox |" in txt, "memory table")
+# The real suite: every session of bench/real, in order, with its own geomean.
+r = json.load(open(os.path.join(tmp, "real.json")))
+rtxt = open(os.path.join(tmp, "real.txt")).read()
+rcalls = open(os.path.join(tmp, "real.log")).read().split("\n")[:-1]
+# (drive's own --cases micro/fill_array comes after the suite's cases)
+want(len(r["cases"]) > 8 and all(c.startswith("real/") for c in r["cases"][:-1])
+     and r["cases"][-1] == "micro/fill_array", "real cases %r" % r["cases"])
+want(rcalls == [x for c in r["cases"] for x in ("fusebox " + c, "peer " + c)], "real call order %r" % rcalls)
+want("| **geomean real** |  |  |  | 2.00 | 5.00 | 2.50 |" in rtxt, "real geomean row")
+want("geomean large" not in rtxt, "no large geomean without large cases")
 t = json.load(open(os.path.join(tmp, "threads.json")))
 want(t["engine_threads"]["fake"] == 3 and t["threads_match"] is False, "threads differ in JSON")
 for b in bad: print("FAIL run: " + b)

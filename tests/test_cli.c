@@ -209,6 +209,14 @@ START_TEST(check_ir_and_help) {
   snprintf(cmd, sizeof cmd, "%s check %s/k.fbk --param K=4", fusebox(), tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 0);
   free(out);
+  /* interleaved fields: a warning with the fix, and the check still passes */
+  write_file("w.fbk", "layout {\n  dense(ij: 8, 8) { place x: f32, y: f32 }\n}\n");
+  snprintf(cmd, sizeof cmd, "%s check %s/w.fbk", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "w.fbk:2:3: warning: 2 fields ('x', 'y') are interleaved") &&
+                    strstr(out, "'field x: f32 (ij: 8, 8)'") && strstr(out, "ok ("),
+                "%s", out);
+  free(out);
   snprintf(cmd, sizeof cmd, "%s ir %s --kernel saxpy --bind x,y", fusebox(),
            fbt_path("../examples/saxpy.fbk"));
   ck_assert_int_eq(sh(cmd, &out), 0);

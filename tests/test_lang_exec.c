@@ -1676,6 +1676,296 @@ START_TEST(bool_as_int) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- issue 35 language features */
+
+/* Launch the kernels (no arguments) in order on the reference interpreter
+ * and on the engine; every field must come out the same. Returns the
+ * interpreter, for the caller's checks (and to free). */
+static fb_interp *run_both(fb_program *p, const char *const *names, int n) {
+  fb_interp *in = fb_interp_new(fb_program_layout(p), 1);
+  fb_kernel *ks[8];
+  ck_assert(n <= 8);
+  for (int i = 0; i < n; i++) {
+    ks[i] = inst(p, names[i], NULL, NULL);
+    irun(in, ks[i], NULL, 0, NULL);
+  }
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  for (int i = 0; i < n; i++) launch(s, add(s, ks[i]), NULL, 0, NULL);
+  same_fields(in, s, p, 0);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  return in;
+}
+
+/* ndrange with sizes and (lo, hi) pairs, one name for an index vector,
+ * grouped(...), an empty range, a range whose extents are known at run
+ * time only, a serial ndrange nested in a loop, and a struct-for over a
+ * 0-D field (its body runs once). */
+START_TEST(ndrange_loops) {
+  fb_program *p = prog("layout {\n"
+                       "  field a: i32 (ij: 8, 8)\n"
+                       "  field b: i32 (ij: 8, 8)\n"
+                       "  field g: i32 (ij: 8, 8)\n"
+                       "  field c: i32 (i: 64)\n"
+                       "  place cnt: i32, once: i32\n"
+                       "}\n"
+                       "kernel k() {\n"
+                       "  for i, j in ndrange(3, (2, 6)) { a[i, j] += 1 + i * 10 + j }\n"
+                       "  for I in ndrange((1, 4), (5, 7)) { b[I] = I[0] * 100 + I[1] }\n"
+                       "  for i, j in ndrange((5, 3), 4) { cnt[] += 1 }\n"
+                       "  for t in 0 .. 2 {\n"
+                       "    for i, j in ndrange((1, 3), 2) { c[t * 10 + i * 2 + j] += 1 + t }\n"
+                       "  }\n"
+                       "  for _ in once { once[] += 5 }\n"
+                       "}\n"
+                       "kernel k2() {\n"
+                       "  let m = once[] - 2\n"
+                       "  for i, j in ndrange((1, m), m) { c[40 + i * 8 + j] = i * 8 + j }\n"
+                       "  for I in grouped(b) { g[I] = b[I] + I[0] }\n"
+                       "  for I in b { if I[1] == 0 { g[I] = -1 } }\n"
+                       "}\n");
+  const char *const ks[] = {"k", "k2"};
+  fb_interp *in = run_both(p, ks, 2);
+  const int32_t *a = icomp(in, p, "a", 0), *b = icomp(in, p, "b", 0), *c = icomp(in, p, "c", 0);
+  const int32_t *g = icomp(in, p, "g", 0);
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 8; j++) {
+      ck_assert_int_eq(a[i * 8 + j], i < 3 && j >= 2 && j < 6 ? 1 + i * 10 + j : 0);
+      int bv = i >= 1 && i < 4 && j >= 5 && j < 7 ? i * 100 + j : 0;
+      ck_assert_int_eq(b[i * 8 + j], bv);
+      ck_assert_int_eq(g[i * 8 + j], j == 0 ? -1 : bv + i);
+    }
+  ck_assert_int_eq(*(const int32_t *)icomp(in, p, "cnt", 0), 0);
+  ck_assert_int_eq(*(const int32_t *)icomp(in, p, "once", 0), 5);
+  for (int x = 0; x < 64; x++) {
+    int want = 0;
+    for (int t = 0; t < 2; t++)
+      for (int i = 1; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+          if (t * 10 + i * 2 + j == x) want += 1 + t;
+    if (x >= 40) {
+      int r = x - 40;
+      want = r / 8 >= 1 && r / 8 < 3 && r % 8 < 3 ? r : 0;
+    }
+    ck_assert_msg(c[x] == want, "c[%d] = %d, expected %d", x, c[x], want);
+  }
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* atomic_OP(x, v) returns the value before the operation: on field elements
+ * (scalar and vector, at the top level and in a parallel loop) and on a
+ * local variable. */
+START_TEST(atomic_old_values) {
+  fb_program *p = prog("layout {\n"
+                       "  field r: i32 (i: 16)\n"
+                       "  field fr: f32 (i: 8)\n"
+                       "  place x: i32, y: f32, v: f32[2], w: f32[2]\n"
+                       "}\n"
+                       "kernel k() {\n"
+                       "  x[] = 12\n"
+                       "  y[] = 1.5\n"
+                       "  r[0] = atomic_add(x[], 5)\n"
+                       "  r[1] = atomic_sub(x[], 2)\n"
+                       "  r[2] = atomic_min(x[], 4)\n"
+                       "  r[3] = atomic_max(x[], 9)\n"
+                       "  r[4] = atomic_and(x[], 12)\n"
+                       "  r[5] = atomic_or(x[], 3)\n"
+                       "  r[6] = atomic_xor(x[], 5)\n"
+                       "  r[7] = x[]\n"
+                       "  fr[0] = atomic_add(y[], 2)\n"
+                       "  fr[1] = atomic_max(y[], 0.5)\n"
+                       "  fr[2] = y[]\n"
+                       "  v[] = [1.0, 2.0]\n"
+                       "  w[] = atomic_add(v[], [10.0, 20.0])\n"
+                       "  fr[3] = atomic_add(v[][1], 100.0)\n"
+                       "  var c = 5\n"
+                       "  r[8] = atomic_add(c, 2)\n"
+                       "  r[9] = c\n"
+                       "  for i in 0 .. 4 {\n"
+                       "    var t = i\n"
+                       "    r[10 + i] = atomic_max(t, 2) * 10 + t\n"
+                       "  }\n"
+                       "}\n");
+  const char *const ks[] = {"k"};
+  fb_interp *in = run_both(p, ks, 1);
+  const int32_t *r = icomp(in, p, "r", 0);
+  const int32_t want[] = {12, 17, 15, 4, 9, 8, 11, 14, 5, 7, 2, 12, 22, 33};
+  for (int i = 0; i < 14; i++) ck_assert_msg(r[i] == want[i], "r[%d] = %d, expected %d", i, r[i], want[i]);
+  const float *fr = icomp(in, p, "fr", 0);
+  ck_assert_float_eq(fr[0], 1.5f);
+  ck_assert_float_eq(fr[1], 3.5f);
+  ck_assert_float_eq(fr[2], 3.5f);
+  ck_assert_float_eq(fr[3], 22.0f);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "w", 0), 1.0f);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "w", 1), 2.0f);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "v", 0), 11.0f);
+  ck_assert_float_eq(*(const float *)icomp(in, p, "v", 1), 122.0f);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* Slot allocation with the old value of an atomic in a parallel loop (the
+ * order differs between runs; every slot is taken exactly once). */
+START_TEST(atomic_slots) {
+  fb_program *p = prog("layout { field slot: i32 (i: 64)\n place next: i32 }\n"
+                       "kernel k() {\n"
+                       "  for i in 0 .. 64 {\n"
+                       "    if i % 3 != 0 { slot[atomic_add(next[], 1)] = i }\n"
+                       "  }\n"
+                       "}\n");
+  fb_kernel *k = inst(p, "k", NULL, NULL);
+  int n = 0, seen[64] = {0};
+  for (int i = 0; i < 64; i++) n += i % 3 != 0;
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  launch(s, add(s, k), NULL, 0, NULL);
+  int32_t slot[64], next;
+  eread(s, field(p, "slot"), 0, slot, sizeof slot);
+  eread(s, field(p, "next"), 0, &next, sizeof next);
+  ck_assert_int_eq(next, n);
+  for (int i = 0; i < n; i++) {
+    ck_assert(slot[i] >= 0 && slot[i] < 64 && slot[i] % 3 != 0);
+    ck_assert_int_eq(seen[slot[i]]++, 0);
+  }
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* A top-level var read as a parallel loop's bound, and read again inside
+ * the loop: the bound is the value the var held where it was read (the
+ * read is spilled for the loop's task even though the var itself is
+ * shared between tasks). Taichi's mass_spring_game adds a particle this
+ * way; the bound used to come back as 0, so the loop did nothing. */
+START_TEST(var_bound_of_parallel_loop) {
+  fb_program *p = prog("layout { field out: f32 (i: 16)\n place count: i32 }\n"
+                       "kernel add() {\n"
+                       "  var k = count[]\n"
+                       "  count[] += 1\n"
+                       "  for i in 0 .. k { out[i] += f32(k) }\n"
+                       "  k = k + 10\n"
+                       "  for i in 0 .. k - 9 { out[i] += 100.0 }\n"
+                       "}\n");
+  fb_kernel *k = inst(p, "add", NULL, NULL);
+  fb_engine *e = engine();
+  fb_session *s = session(e, p);
+  int id = add(s, k);
+  for (int r = 0; r < 3; r++) launch(s, id, NULL, 0, NULL);
+  float out[16];
+  int32_t count;
+  eread(s, field(p, "out"), 0, out, sizeof out);
+  eread(s, field(p, "count"), 0, &count, sizeof count);
+  ck_assert_int_eq(count, 3);
+  /* launches with k = 0, 1, 2: the first loops add k to out[0 .. k), the
+   * second 100 to out[0 .. k + 1) */
+  float want[16] = {0};
+  for (int kk = 0; kk < 3; kk++) {
+    for (int i = 0; i < kk; i++) want[i] += (float)kk;
+    for (int i = 0; i < kk + 1; i++) want[i] += 100.0f;
+  }
+  for (int i = 0; i < 16; i++) ck_assert_msg(out[i] == want[i], "out[%d] = %g, want %g", i, out[i], want[i]);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_program_free(p);
+}
+END_TEST
+
+/* rescale_index maps an index of a field into a coarser SNode's space
+ * (a vector or scalars), as Taichi's ti.rescale_index. */
+START_TEST(rescale_index_values) {
+  fb_program *p = prog("layout {\n"
+                       "  pointer(ij: 4, 2) as blk { dense(ij: 8, 16) { place x: i32 } }\n"
+                       "  dense(ij: 4, 2) { place n: i32 }\n"
+                       "}\n"
+                       "kernel k() {\n"
+                       "  for i, j in ndrange(32, 32) {\n"
+                       "    let b = rescale_index(x, blk, i, j)\n"
+                       "    x[i, j] = b[0] * 10 + b[1]\n"
+                       "    n[rescale_index(x, n, [i, j])] += 1\n"
+                       "  }\n"
+                       "}\n");
+  const char *const ks[] = {"k"};
+  fb_interp *in = run_both(p, ks, 1);
+  const int32_t *x = icomp(in, p, "x", 0), *n = icomp(in, p, "n", 0);
+  for (int i = 0; i < 32; i++)
+    for (int j = 0; j < 32; j++) ck_assert_int_eq(x[i * 32 + j], (i / 8) * 10 + j / 16);
+  for (int i = 0; i < 8; i++) ck_assert_int_eq(n[i], 128);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* Tuples: let / var unpacking of (e1, e2), a func returning several
+ * values, and a, b = b, a (the right side is evaluated first), also on
+ * field elements. */
+START_TEST(tuples) {
+  fb_program *p = prog("layout { field r: f32 (i: 16)\n field q: i32 (i: 4) }\n"
+                       "func divmod(a: i32, b: i32) { return a // b, a % b }\n"
+                       "func pair(x) { return (x * 2, x + 1) }\n"
+                       "kernel k() {\n"
+                       "  let (a, b) = (1.5, 2)\n"
+                       "  var (s, t) = 3, 4.5\n"
+                       "  s, t = i32(t), f32(s)\n"
+                       "  let (d, m) = divmod(-7, 2)\n"
+                       "  let (u, v) = pair(2.5)\n"
+                       "  r[0] = a\n"
+                       "  r[1] = b\n"
+                       "  r[2] = s\n"
+                       "  r[3] = t\n"
+                       "  r[4] = d\n"
+                       "  r[5] = m\n"
+                       "  r[6] = u\n"
+                       "  r[7] = v\n"
+                       "  q[0] = 10\n"
+                       "  q[1] = 20\n"
+                       "  q[0], q[1] = q[1], q[0]\n"
+                       "  s += 1\n"
+                       "  r[8] = s\n"
+                       "}\n");
+  const char *const ks[] = {"k"};
+  fb_interp *in = run_both(p, ks, 1);
+  const float *r = icomp(in, p, "r", 0);
+  const float want[] = {1.5f, 2, 4, 3, -4, 1, 5, 3.5f, 5};
+  for (int i = 0; i < 9; i++) ck_assert_msg(r[i] == want[i], "r[%d] = %g, expected %g", i, r[i], want[i]);
+  const int32_t *q = icomp(in, p, "q", 0);
+  ck_assert_int_eq(q[0], 20);
+  ck_assert_int_eq(q[1], 10);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
+/* Default values of func parameters (constants) and arguments given by name. */
+START_TEST(default_args) {
+  fb_program *p = prog("const K = 3\n"
+                       "layout { field r: f32 (i: 8) }\n"
+                       "func f(a: f32, b = 2.0, c: i32 = K * 2 - 5) -> f32 { return a * b + f32(c) }\n"
+                       "func g(x, neg: bool = false) { return neg ? -x : x }\n"
+                       "kernel k() {\n"
+                       "  r[0] = f(1.0)\n"
+                       "  r[1] = f(1.0, 3.0)\n"
+                       "  r[2] = f(1.0, c = 5)\n"
+                       "  r[3] = f(c = 0, a = 2.0, b = 4.0)\n"
+                       "  r[4] = f(2.0, 0.5, 7)\n"
+                       "  r[5] = g(3.0)\n"
+                       "  r[6] = g(3.0, neg = true)\n"
+                       "}\n");
+  const char *const ks[] = {"k"};
+  fb_interp *in = run_both(p, ks, 1);
+  const float *r = icomp(in, p, "r", 0);
+  const float want[] = {3, 4, 7, 8, 8, 3, -3};
+  for (int i = 0; i < 7; i++) ck_assert_msg(r[i] == want[i], "r[%d] = %g, expected %g", i, r[i], want[i]);
+  fb_interp_free(in);
+  fb_program_free(p);
+}
+END_TEST
+
 static Suite *suite(void) {
   Suite *s = suite_create("lang_exec");
   TCase *tc = tcase_create("exec");
@@ -1684,6 +1974,12 @@ static Suite *suite(void) {
   tcase_add_test(tc, const_arith);
   tcase_add_test(tc, vector_index);
   tcase_add_test(tc, bool_as_int);
+  tcase_add_test(tc, ndrange_loops);
+  tcase_add_test(tc, atomic_old_values);
+  tcase_add_test(tc, atomic_slots);
+  tcase_add_test(tc, rescale_index_values);
+  tcase_add_test(tc, tuples);
+  tcase_add_test(tc, default_args);
   tcase_add_test(tc, heat);
   tcase_add_test(tc, life);
   tcase_add_test(tc, control_flow);
@@ -1696,6 +1992,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, private_scatter);
   tcase_add_test(tc, private_scatter_i32);
   tcase_add_test(tc, folds_match_run_time);
+  tcase_add_test(tc, var_bound_of_parallel_loop);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fusebox against its peers (Taichi) on every case of bench/micro and
-bench/large: run by scripts/bench_peers.sh, which makes the peers' virtual
+"""Fusebox against its peers (Taichi) on every case of bench/micro,
+bench/large and bench/real: run by scripts/bench_peers.sh, which makes the peers' virtual
 environments and passes their interpreters here (--peer NAME=PYTHON[:FLAGS]).
 
 Per cycle and case, interleaved: `fusebox bench CASE.json --modes sync,async`
@@ -10,7 +10,8 @@ step counts. After the last cycle: the median wall-clock and the median
 process CPU time (every thread) per step of each engine, two ratio tables
 (peer / Fusebox: above 1 means Fusebox is faster) with geometric means, each
 engine's thread count, the load average at the start and at the end, and
-an agreement check of the final fields (count, sum, sum of |x|, min and max
+each engine's peak memory (the RSS high-water mark of
+its process), an agreement check of the final fields (count, sum, sum of |x|, min and max
 of every field the session compares between modes; within the tolerance
 each port declares). On a shared machine read the CPU ratios: wall-clock
 counts the time other jobs held the cores, CPU time only the engine's work. Exit status: 0 when every
@@ -18,6 +19,7 @@ engine ran every case and all results agree, 1 when a result disagrees, 2
 when something could not run. Needs only the standard library.
 """
 import argparse
+import glob
 import json
 import math
 import os
@@ -32,13 +34,18 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CASES = ["micro/" + c for c in ("chain_copy", "increments", "fill_array", "sparse_saxpy", "autodiff",
                                 "stencil_reduction", "mpm_splitted", "simple_advection", "multires",
                                 "deep_hierarchy")] + \
-        ["large/" + c for c in ("maccormack", "maccormack_channels", "mgpcg2d", "mgpcg3d", "mpm3d", "autodiff")]
+        ["large/" + c for c in ("maccormack", "maccormack_channels", "mgpcg2d", "mgpcg3d", "mpm3d", "autodiff")] + \
+        sorted("real/" + os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "bench", "real", "*.json")))
+# bench/real is every session in that folder (bench/real/gpu holds the GPU sizes,
+# which are not run here); each needs a port taichi/real_NAME.py.
+SUITES = ("micro", "large", "real")
 QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro and bench/large: wall-clock and "
-                                             "process CPU time per step, ratios and geomeans "
+    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro, bench/large and bench/real: "
+                                             "wall-clock and process CPU time per step, ratios and "
+                                             "geomeans per suite, peak memory of each engine "
                                              "(bench/peers/README.md).",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="exit status: 0 all ran and agree, 1 a result differs, "
@@ -56,8 +63,10 @@ def parse_args(argv):
                          "`fusebox bench --threads`; default 2); the report warns when an "
                          "engine's count differs")
     ap.add_argument("--cases", help="comma-separated SUITE/CASE subset (default: all %d)" % len(CASES))
+    ap.add_argument("--suites", help="comma-separated subset of the suites %s (with --cases: the "
+                         "cases of both)" % ",".join(SUITES))
     ap.add_argument("--json", metavar="OUT", help="also write every figure as JSON: wall-clock and CPU time per step of "
-                         "each cycle, medians, ratios, threads, load averages, field statistics")
+                         "each cycle, medians, ratios, threads, load averages, peak memory, field statistics")
     ap.add_argument("--check-args", action="store_true",
                     help="only check the arguments and exit (scripts/bench_peers.sh does this "
                          "before it installs anything)")
@@ -71,10 +80,17 @@ def parse_args(argv):
                         ("--threads", a.threads, 1)):
         if v is not None and v < lo:
             ap.error("%s must be >= %d, got %d" % (name, lo, v))
-    a.cases = CASES if not a.cases else a.cases.split(",")
-    for c in a.cases:
+    cases = [] if a.cases or a.suites else list(CASES)
+    for su in (a.suites.split(",") if a.suites else []):
+        if su not in SUITES:
+            ap.error("unknown suite %r (known: %s)" % (su, " ".join(SUITES)))
+        cases += [c for c in CASES if c.startswith(su + "/") and c not in cases]
+    for c in (a.cases.split(",") if a.cases else []):
         if c not in CASES:
             ap.error("unknown case %r (known: %s)" % (c, " ".join(CASES)))
+        if c not in cases:
+            cases.append(c)
+    a.cases = cases
     peers = []
     for p in a.peer:
         name, eq, rest = p.partition("=")
@@ -92,31 +108,48 @@ def bench_block(case):
     return b.get("warmup", 3), b.get("repeat", 10)
 
 
+class Done:
+    """What run() returns: returncode, stdout, stderr, and the process's peak
+    resident memory in MiB (its RSS high-water mark, ru_maxrss from wait4;
+    its own threads included, not its children's)."""
+    def __init__(self, returncode, stdout, stderr, rss_mib):
+        self.returncode, self.stdout, self.stderr, self.rss_mib = returncode, stdout, stderr, rss_mib
+
+
 def run(cmd, env=None):
     t = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=env)
-    return p, time.time() - t
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, universal_newlines=True, env=env)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else \
+            (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
+        out.seek(0)
+        err.seek(0)
+        # ru_maxrss is in KiB on Linux
+        return Done(p.returncode, out.read(), err.read(), ru.ru_maxrss / 1024.0), time.time() - t
 
 
 def run_fusebox(a, case, warmup, repeat, env):
     """Both modes of one case in one `fusebox bench` process: (modes, cores,
-    None) or (None, None, error)."""
+    peak MiB, None) or (None, None, None, error). `--local` runs the engine in
+    that process (the compile pool is threads of it), so the process's RSS
+    high-water mark is the engine's peak over both modes."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.json")
         p, _ = run([a.fusebox, "bench", os.path.join(ROOT, "bench", case + ".json"), "--local",
                     "--modes", "sync,async", "--warmup", str(warmup), "--repeat", str(repeat),
                     "--threads", str(a.threads), "--json", out], env)
         if not os.path.exists(out):
-            return None, None, "fusebox bench exited %d: %s" % (p.returncode, p.stderr.strip()[-600:])
+            return None, None, None, "fusebox bench exited %d: %s" % (p.returncode, p.stderr.strip()[-600:])
         with open(out) as f:
             j = json.load(f)
     if p.returncode:
-        return None, None, "fusebox bench exited %d (checks): %s" % (p.returncode, p.stderr.strip()[-600:])
+        return None, None, None, "fusebox bench exited %d (checks): %s" % (p.returncode, p.stderr.strip()[-600:])
     # `fusebox bench --local --threads N` opens its engine with a CPU pool of
     # N threads and records N as machine.cpu_threads (older builds: none, and
     # a pool of one thread per online core, machine.cores).
     m = j.get("machine", {})
-    return j["cases"][0]["modes"], m.get("cpu_threads") or m.get("cores"), None
+    return j["cases"][0]["modes"], m.get("cpu_threads") or m.get("cores"), p.rss_mib, None
 
 
 def run_peer(py, is_async, a, case, warmup, repeat, env):
@@ -126,7 +159,9 @@ def run_peer(py, is_async, a, case, warmup, repeat, env):
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
     if p.returncode or not lines:
         return None, "exited %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-600:])
-    return json.loads(lines[-1]), None
+    res = json.loads(lines[-1])
+    res["rss_mib"] = p.rss_mib
+    return res, None
 
 
 def differs(ref, got, rtol, stats):
@@ -169,6 +204,8 @@ def main(argv):
     wall = {c: {e: [] for e in engines} for c in a.cases}
     cpu = {c: {e: [] for e in engines} for c in a.cases}
     threads = {e: [] for e in engines}  # as each run reported it
+    mem_engines = ["fusebox"] + [p[0] for p in a.peers]  # one Fusebox process runs both modes
+    rss = {c: {e: [] for e in mem_engines} for c in a.cases}
     fields, errors, disagree, seen = {}, [], [], {}
     load_start = loadavg()
     for cyc in range(a.cycles):
@@ -178,7 +215,7 @@ def main(argv):
             r = a.repeat if a.repeat is not None else r
             print("[cycle %d/%d] %s: %d warm-up + %d timed steps" % (cyc + 1, a.cycles, case, w, r),
                   file=sys.stderr, flush=True)
-            modes, cores, err = run_fusebox(a, case, w, r, env)
+            modes, cores, mib, err = run_fusebox(a, case, w, r, env)
             if err:
                 errors.append("%s fusebox: %s" % (case, err))
             else:
@@ -186,6 +223,7 @@ def main(argv):
                     wall[case]["fusebox-" + m].append(modes[m]["wall_s"])
                     cpu[case]["fusebox-" + m].append(modes[m].get("cpu_s"))
                     threads["fusebox-" + m].append(cores)
+                rss[case]["fusebox"].append(mib)
                 fields.setdefault(case, {})["fusebox"] = modes["sync"].get("fields", {})
             for name, py, is_async in a.peers:
                 res, err = run_peer(py, is_async, a, case, w, r, env)
@@ -195,6 +233,7 @@ def main(argv):
                 wall[case][name].append(res["wall_s"])
                 cpu[case][name].append(res.get("cpu_s"))
                 threads[name].append(res.get("threads"))
+                rss[case][name].append(res.get("rss_mib"))
                 # the version and the process's OS threads, for the record
                 seen[name] = {k: res[k] for k in ("taichi", "os_threads") if k in res}
                 ref = fields.get(case, {}).get("fusebox")
@@ -204,6 +243,8 @@ def main(argv):
                         disagree.append("%s %s (cycle %d): %s" % (case, name, cyc + 1, d))
                 fields.setdefault(case, {})[name] = res["fields"]
     out = summarize(a, engines, wall, cpu, threads)
+    out.update({"memory_engines": mem_engines, "rss_mib_per_cycle": rss,
+                "peak_rss_mib": {c: {e: median(v) for e, v in t.items()} for c, t in rss.items()}})
     out.update({"cores": nproc, "warmup": a.warmup, "repeat": a.repeat, "quick": a.quick,
                 "loadavg_start": load_start, "loadavg_end": loadavg(),
                 "peers": {n: dict(seen.get(n, {}), python=py, async_mode=asy) for n, py, asy in a.peers},
@@ -262,7 +303,7 @@ def table(out, f, title, med, rs, extra=None):
         ms = ["%.3f" % (med[c][e] * 1e3) if med[c][e] else "-" for e in engines]
         rr = ["%.2f" % rs[k]["cases"][c] if c in rs[k]["cases"] else "-" for k in cols]
         print("| %s | %s | %s |" % (c, " | ".join(ms), " | ".join(rr)), file=f)
-    for suite in ("micro", "large"):
+    for suite in SUITES:
         sub = [c for c in cases if c.startswith(suite)]
         if sub:
             g = ["%.2f" % geomean([rs[k]["cases"][c] for c in sub if c in rs[k]["cases"]]) for k in cols]
@@ -271,6 +312,23 @@ def table(out, f, title, med, rs, extra=None):
           file=f)
     if extra:
         print("| %s | %s | %s |" % (extra[0], " | ".join(extra[1]), " | ".join([""] * len(cols))), file=f)
+
+
+def mem_table(out, f, over):
+    """Peak memory per case: each engine's process RSS high-water mark."""
+    es = out.get("memory_engines")
+    if not es:
+        return
+    peers = es[1:]
+    print("\npeak memory MiB (median over the cycles of each process's RSS high-water mark; "
+          "fusebox: one process, both modes) " + over, file=f)
+    print("| case | " + " | ".join(es) + "".join(" | %s / fusebox" % p for p in peers) + " |", file=f)
+    print("|---" * (1 + len(es) + len(peers)) + "|", file=f)
+    for c in out["cases"]:
+        m = out["peak_rss_mib"][c]
+        cells = ["%.0f" % m[e] if m[e] else "-" for e in es]
+        cells += ["%.2f" % (m[p] / m["fusebox"]) if m[p] and m["fusebox"] else "-" for p in peers]
+        print("| %s | %s |" % (c, " | ".join(cells)), file=f)
 
 
 def report(out, f):
@@ -291,6 +349,7 @@ def report(out, f):
             else "-" for e in out["engines"]]
     table(out, f, "median process CPU ms per step " + over + " (every thread of the engine's process)",
           out["median_cpu_s"], out["cpu_ratios"], ("**CPU / wall geomean**", busy))
+    mem_table(out, f, over)
     print("\nratios: A / B = A's time over B's (above 1: B is faster); CPU / wall: the cores an "
           "engine kept busy on average", file=f)
     for e in out["errors"]:

@@ -171,6 +171,22 @@ int fb_remote_kernel(fb_remote *r, const char *name, const char *const *fields, 
 /* A field's id: a program field's component comp (0 for scalars), or,
  * without a program, the place of that name. FB_ENOENT when none. */
 int fb_remote_find_field(const fb_remote *r, const char *name, int comp);
+/* Automatic differentiation (docs/autodiff.md). The gradient of field x is
+ * the field "x.grad" (fb_remote_find_field). fb_remote_kernel_adjoint
+ * registers, on the server, the adjoint of a registered kernel ("<name>.grad",
+ * launched with the kernel's arguments) and returns its id; once per kernel.
+ * A kernel the pass refuses: FB_EVERIFY, the message naming the kernel and
+ * what to change. */
+int fb_remote_kernel_adjoint(fb_remote *r, int kernel);
+/* A tape: launches queued between begin and end are recorded; end makes the
+ * server launch the gradients' clears, loss.grad = 1 and each recorded
+ * launch's adjoint, newest first. Both are queued among the launches (they
+ * take no sequence number) and return 0; their errors (a loss without a
+ * gradient, a tape begun twice, an end without a begin: seq 0; a recorded
+ * launch whose kernel has no adjoint: that launch's seq) come back from the
+ * next fb_remote_sync. */
+int fb_remote_tape_begin(fb_remote *r, int loss_field);
+int fb_remote_tape_end(fb_remote *r);
 
 /* ---------------------------------------------------------------- launches */
 

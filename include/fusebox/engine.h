@@ -188,6 +188,9 @@ const fb_layout *fb_session_layout(const fb_session *s);
  * Returns the kernel id (>= 0). */
 int fb_session_add_kernel(fb_session *s, const fb_kernel *k);
 int fb_session_find_kernel(const fb_session *s, const char *name);
+/* Kernels registered so far (ids 0 .. count-1), those the session made on
+ * its own (adjoints, the tape's clears) included. */
+int fb_session_kernel_count(const fb_session *s);
 /* The kernel's tasks as IR (owned by the session): for `fusebox ir`. */
 int fb_session_kernel_tasks(const fb_session *s, int kernel, const fb_kernel *const **tasks,
                             int *ntasks);
@@ -254,6 +257,37 @@ int fb_session_last_flush(const fb_session *s, fb_flush_stats *out);
 /* When fb_session_errmsg() is the error of a background launch: its launch
  * number and kernel id (0), else FB_ENOENT. */
 int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
+
+/* ---- automatic differentiation (docs/autodiff.md)
+ *
+ * Gradients are fields: the gradient of place x is the place "x.grad" of
+ * the layout (fb_grad_map_from_layout). */
+
+/* Register the adjoint of a registered kernel: fb_kernel_adjoint over the
+ * layout's gradient map, then fb_session_add_kernel (the same verifier,
+ * statement limit, compile budget and kernel memory cap as any kernel).
+ * Made once per kernel: a second call gives the same id. *adj receives the
+ * adjoint's kernel id ("<name>.grad", launched with the kernel's
+ * arguments). A kernel the pass refuses: FB_EVERIFY (FB_EINVAL for a bad
+ * gradient), the message naming the kernel and what to change. */
+int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj);
+
+/* The tape. Launches between begin and end are recorded (nothing else
+ * changes: they run, or are queued, as always). end then launches, as
+ * ordinary launches: a clear (to 0) of the gradient of every field the
+ * recorded launches touch, loss.grad = 1, and the adjoint of each recorded
+ * launch with its arguments, newest first. The loss is a 0-D float field
+ * with a gradient (FB_EINVAL otherwise). A second begin before end, or end
+ * without begin: FB_EINVAL, and the tape already recording goes on. When
+ * a recorded launch's kernel has no adjoint, end launches nothing and
+ * returns the pass's error naming that launch (its tape position, its
+ * kernel and its launch number, which fb_session_error_launch gives too);
+ * the tape is over either way. Destroying a session frees a tape that is
+ * recording. */
+int fb_session_tape_begin(fb_session *s, int loss_field);
+int fb_session_tape_end(fb_session *s);
+/* The loss field of the tape recording now, FB_ENOENT when none. */
+int fb_session_tape_loss(const fb_session *s);
 
 /* ---- watching and cancelling running work
  *

@@ -389,18 +389,28 @@ int fb_grad_map_from_layout(const fb_layout *l, fb_grad_map *g);
  *   atomic_add y[i], v   -> adjoint of v += y.grad[i]
  *   store y[i], v        -> adjoint of v += y.grad[i]; y.grad[i] = 0
  * with values recomputed from the fields, which k must leave unchanged:
- * the scope (docs/autodiff.md) is straight-line code in par_for /
- * struct_for bodies and the kernel body, over + - * / rem floordiv
- * floormod min max pow atan2 neg abs and every float math op, casts,
- * select, constants, parameters, loop indices, loads, stores and atomic
- * adds. Anything else (if, while, serial loops, local variables, rand,
- * sparse ops, a field both read and written, a used atomic result, an
- * active value written to a float field without a gradient, a bad map) is
- * refused: FB_EVERIFY (FB_EINVAL for a bad map) with a message in err that
- * names the kernel, the statement and what to change. The result passes
- * fb_verify. */
+ * the scope (docs/autodiff.md) is par_for / struct_for bodies and the
+ * kernel body with if/else, serial range_for loops (constant or run-time
+ * bounds; loop-carried locals recomputed from the loop's entry state) and
+ * local variables, over + - * / rem floordiv floormod min max pow atan2
+ * neg abs and every float math op, casts, select, constants, parameters,
+ * loop indices, loads, stores and atomic adds. Anything else (while,
+ * break, continue, rand, sparse ops, float atomic_min/max, a field both
+ * read and written, a used atomic result, an active value written to a
+ * float field without a gradient, a bad map) is refused: FB_EVERIFY
+ * (FB_EINVAL for a bad map) with a message in err that names the kernel
+ * and says, in the user's terms (no IR ids), what it does and what to
+ * change. The result passes fb_verify. */
 int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out, char *err,
                       size_t errlen);
+/* fb_kernel_adjoint with a budget and the statement to blame: the adjoint
+ * may have at most max_stmts statements (> 0; 0: no limit), else FB_EQUOTA
+ * (a caller registering adjoints for a client passes the client's kernel
+ * statement limit); *bad_stmt (may be NULL) is set to the forward
+ * statement a refusal is about (-1 when none), which a front end maps to a
+ * source position. */
+int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts,
+                         fb_kernel **out, int *bad_stmt, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- interpreter
  * The reference interpreter runs IR on host memory it owns: one flat array

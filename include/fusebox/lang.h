@@ -113,7 +113,12 @@ const char *fb_program_func_name(const fb_program *p, int i);
  * parameters are the scalar parameters in order. The result is owned by the
  * program and cached: the same binding gives the same pointer. Returns 0,
  * FB_ENOENT (no such kernel or field), FB_ETYPE (wrong binding count, or the
- * body does not type-check for this binding; diags say why) or FB_ENOMEM. */
+ * body does not type-check for this binding; diags say why) or FB_ENOMEM.
+ * kernel "k.grad" gives the adjoint of k's instance for the same binding
+ * (fb_kernel_adjoint_ex with the layout's x.grad gradient map, at most
+ * 100000 statements; docs/autodiff.md), named "k.grad" / "k[a,b].grad"; a
+ * refusal returns the pass's FB_EVERIFY or FB_EQUOTA with one diagnostic at
+ * the source line:col of the statement it is about. */
 int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
                            int nfield, fb_kernel **out, fb_diags *diags);
 
@@ -122,6 +127,14 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
 char *fb_diag_render(const char *filename, const char *src, const fb_diag *d);
 /* Every diagnostic rendered, concatenated (malloc'd). */
 char *fb_diags_render(const char *filename, const char *src, const fb_diags *d);
+
+/* Warnings of a program that parsed: advice that never makes a parse fail
+ * (today: several fields of more than one cell interleaved in one dense
+ * block). They are kept apart from the errors of fb_program_parse. */
+const fb_diags *fb_program_warnings(const fb_program *p);
+/* Every warning rendered as "file:line:col: warning: ..." with the source
+ * line and a caret (malloc'd; "" when there is none; NULL on no memory). */
+char *fb_program_warnings_render(const fb_program *p);
 
 #ifdef __cplusplus
 }

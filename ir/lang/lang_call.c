@@ -406,6 +406,137 @@ static int assume_unique(lower *L, node *e, lval *out) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- atomics */
+
+static const struct {
+  const char *name;
+  int op, tok;
+} atomics[] = {{"atomic_add", FB_OP_ATOMIC_ADD, T_PLUS}, {"atomic_sub", FB_OP_ATOMIC_SUB, T_MINUS},
+               {"atomic_min", FB_OP_ATOMIC_MIN, LOP_MIN}, {"atomic_max", FB_OP_ATOMIC_MAX, LOP_MAX},
+               {"atomic_and", FB_OP_ATOMIC_AND, T_AMP},   {"atomic_or", FB_OP_ATOMIC_OR, T_PIPE},
+               {"atomic_xor", FB_OP_ATOMIC_XOR, T_CARET}};
+
+/* atomic_OP(target, v): target op= v, returning the value before. On a
+ * field element it is one atomic operation; on a local variable (private
+ * to the iteration) a read and a write. */
+static int atomic_call(lower *L, node *e, int k, lval *out) {
+  lref r;
+  lval v, old, nv;
+  char b[64], what[96];
+  lv_unknown(out);
+  if (!nargs_is(L, e, 2)) return -1;
+  node *tg = e->kids[0];
+  if (lang_ref(L, tg, &r) < 0) return -1;
+  if (lang_eval(L, e->kids[1], &v) < 0) return -1;
+  if (r.kind == REF_UNKNOWN || v.kind == VK_UNKNOWN) return 0;
+  if (r.kind == REF_VALUE) {
+    ERR(L, tg,
+        "%s changes its first argument: it must be a field element or a variable (declared "
+        "with var), found %s",
+        e->name, r.is_let ? "a name declared with let, a parameter or a loop variable" : "a value");
+    return -1;
+  }
+  if (r.kind == REF_VAR && r.par < L->par_depth) {
+    ERR(L, tg,
+        "%s cannot change '%s' inside a parallel loop: it is declared outside the loop "
+        "(iterations run in parallel; use a field element instead)",
+        e->name, r.name);
+    return -1;
+  }
+  lty t = lang_ref_type(&r);
+  int op = atomics[k].tok;
+  if ((op == T_AMP || op == T_PIPE || op == T_CARET) && !fb_type_is_int(t.t)) {
+    ERR(L, tg, "%s needs integers, '%s' holds %s", e->name, r.name ? r.name : "the target",
+        lang_ty_str(t, b, sizeof b));
+    return -1;
+  }
+  snprintf(what, sizeof what, "the value of %s", e->name);
+  if (lv_convert(L, &v, t, e->kids[1], what) < 0) return -1;
+  if (r.kind == REF_FIELD) {
+    if (lang_ref_atomic(L, &r, &v, atomics[k].op, out) < 0) {
+      ERR(L, tg,
+          "%s on a component chosen at run time is not supported: index the component with a "
+          "constant",
+          e->name);
+      return -1;
+    }
+    return 0;
+  }
+  lang_ref_read(L, &r, &old);
+  if (lv_binary(L, op, &old, &v, &nv, e) < 0) return -1;
+  if (lv_convert(L, &nv, t, e, what) < 0) return -1;
+  lang_ref_write(L, &r, &nv, FB_OP_STORE);
+  *out = old;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- rescale_index */
+
+static int snode_of(lower *L, node *a, const char *fn, int *sn) {
+  lbind bd;
+  if (!a || a->kind != E_NAME || !lang_resolve_field(L, a->name, &bd)) {
+    if (a && a->kind == E_NAME && !lang_lookup(L, a->name))
+      ERR(L, a, "%s: unknown field or SNode '%s'", fn, a->name);
+    else ERR(L, a, "%s expects a field or SNode name here", fn);
+    return -1;
+  }
+  if (bd.kind == LB_UNKNOWN) return 1;
+  *sn = bd.kind == LB_FIELD ? L->p->fields[bd.index].pub.snode : L->p->snodes[bd.index].id;
+  return 0;
+}
+
+/* rescale_index(A, B, I): the index I of A's index space mapped into B's
+ * (Taichi's ti.rescale_index): per axis of B, I // (A's extent / B's). */
+static int rescale_index(lower *L, node *e, lval *out) {
+  int sa = -1, sb = -1, idx[FB_MAX_AXES], nidx;
+  lv_unknown(out);
+  if (e->nkids < 3) {
+    ERR(L, e, "rescale_index takes a field or SNode, another, and an index (a vector or "
+              "scalars), found %d argument%s",
+        e->nkids, e->nkids == 1 ? "" : "s");
+    return -1;
+  }
+  int ra = snode_of(L, e->kids[0], e->name, &sa), rb = snode_of(L, e->kids[1], e->name, &sb);
+  if (ra < 0 || rb < 0) return -1;
+  if (lang_indices(L, e->kids + 2, e->nkids - 2, idx, &nidx) < 0) return -1;
+  if (ra || rb) return 0; /* an unbound field parameter */
+  const fb_snode *A = &L->p->layout->nodes[sa], *B = &L->p->layout->nodes[sb];
+  const char *an = e->kids[0]->name, *bn = e->kids[1]->name;
+  if (nidx != A->ndim) {
+    ERR(L, e, "rescale_index: '%s' has %d dimension%s but the index has %d", an, A->ndim,
+        A->ndim == 1 ? "" : "s", nidx);
+    return -1;
+  }
+  if (B->ndim == 0) {
+    ERR(L, e->kids[1], "rescale_index: '%s' is 0-D and has no index to rescale to", bn);
+    return -1;
+  }
+  lv_vec_init(out, FB_T_I32, B->ndim);
+  for (int d = 0; d < B->ndim; d++) {
+    int ax = B->dim_axis[d], da = -1;
+    for (int j = 0; j < A->ndim; j++)
+      if (A->dim_axis[j] == ax) da = j;
+    int64_t ea = A->shape[ax], eb = B->shape[ax];
+    if (da < 0 || eb > ea || ea % eb) {
+      static const char axn[] = "ijkl";
+      if (da < 0)
+        ERR(L, e, "rescale_index: the index spaces of '%s' and '%s' do not nest: '%s' has axis "
+                  "%c and '%s' does not",
+            an, bn, bn, axn[ax], an);
+      else
+        ERR(L, e, "rescale_index: the index spaces of '%s' and '%s' do not nest: along axis %c "
+                  "'%s' has %lld cells and '%s' %lld, which does not divide it",
+            an, bn, axn[ax], an, (long long)ea, bn, (long long)eb);
+      lv_unknown(out);
+      return -1;
+    }
+    int64_t ratio = ea / eb;
+    out->id[d] = ratio == 1 ? idx[da]
+                            : lw_bin(L, FB_OP_FLOORDIV, idx[da], lw_const(L, FB_T_I32, 0, ratio));
+  }
+  return 0;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 static int find_func(const fb_program *p, const char *name) {
@@ -422,6 +553,19 @@ static int builtin_call(lower *L, node *e, lval *out) {
   if (!strcmp(nm, "append")) return append_length(L, e, 1, out);
   if (!strcmp(nm, "length")) return append_length(L, e, 0, out);
   if (!strcmp(nm, "assume_unique")) return assume_unique(L, e, out);
+  for (size_t i = 0; i < sizeof atomics / sizeof atomics[0]; i++)
+    if (!strcmp(nm, atomics[i].name)) return atomic_call(L, e, (int)i, out);
+  if (!strcmp(nm, "rescale_index")) return rescale_index(L, e, out);
+  if (!strcmp(nm, "ndrange") || !strcmp(nm, "grouped")) {
+    ERR(L, e, "%s(...) is only allowed as the iterable of a for loop", nm);
+    return -1;
+  }
+  for (int i = 0; i < e->nkids; i++)
+    if (e->kids[i]->kind == E_KWARG) {
+      ERR(L, e->kids[i], "%s takes no arguments given by name ('%s = ...')", nm,
+          e->kids[i]->name);
+      return -1;
+    }
   if (!strcmp(nm, "random")) {
     if (!nargs_is(L, e, 0)) return -1;
     lv_scalar(out, FB_T_F32, fb_b_rand(&L->b, L->rand_site++));

@@ -258,3 +258,19 @@ void lang_check_const_names(fb_program *p, fb_diags *d) {
       lang_err(d, c->line, c->col, "the name '%s' is already used by a field or SNode", c->name);
   }
 }
+
+int lang_const_literal(fb_program *p, node *e, node *out, fb_diags *d) {
+  *out = *e;
+  out->kids = NULL;
+  out->nkids = 0;
+  out->a = out->b = out->c = NULL;
+  if (e->kind == E_BOOL) return 0; /* true / false */
+  cnum v;
+  int quiet = 0;
+  if (ceval(p, e, &v, d, &quiet) < 0) return -1;
+  lang_expr_pos(e, &out->line, &out->col);
+  out->kind = v.is_float ? E_FLOAT : E_INT;
+  out->fval = v.f;
+  out->ival = (uint64_t)v.i;
+  return 0;
+}

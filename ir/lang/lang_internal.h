@@ -146,6 +146,8 @@ enum {
   E_INDEX,
   E_LIST,
   E_CTOR,
+  E_TUPLE, /* (a, b, ...): kids */
+  E_KWARG, /* name = a, an argument given by name */
   /* statements */
   S_BLOCK,
   S_LET,
@@ -160,6 +162,7 @@ enum {
   S_BREAK,
   S_CONTINUE,
   S_RETURN,
+  S_ASSIGN_MULTI, /* kids (targets) = a (E_TUPLE or one expression) */
   /* declarations */
   D_LAYOUT,
   D_SNODE,
@@ -194,6 +197,7 @@ struct node {
   node *size_e[FB_MAX_AXES]; /* the sizes as written (constant expressions) */
   node *chunk_e;
   int size_bad;              /* a size or the chunk is not a valid constant (reported) */
+  int has_grad;              /* D_PLACE: `place x: f32 grad` (a gradient place beside it) */
 };
 
 /* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */
@@ -229,8 +233,10 @@ typedef struct lkernel {
 
 typedef struct linst {
   int kernel;
-  char *name;       /* "k" or "k[a,b]": also the cache key */
+  char *name;       /* "k" or "k[a,b]" ("k.grad": its adjoint): also the cache key */
   fb_kernel *k;
+  int32_t *pos;     /* per IR statement: line, col of the source it was lowered from (0: none) */
+  int npos;         /* statements covered by pos */
 } linst;
 
 typedef struct lconst {  /* a module-level `const NAME = e` */
@@ -257,8 +263,11 @@ struct fb_program {
   lconst *consts;
   int nconsts, ccap;
   fb_map const_names; /* FNV-1a of the name -> index into consts */
+  fb_diags warnings;  /* never errors: see fb_program_warnings */
   linst *insts;
   int ninsts, icap;
+  int32_t *lower_pos; /* the last lowering's position table (see linst.pos), taken by the instance */
+  int lower_npos;
   /* the budget (fusebox/lang.h): expressions and statements lowered so far
    * by every lowering, each inlined copy counted, and why the work was
    * ended (set once: everything after it returns at once) */
@@ -277,6 +286,9 @@ static inline int lang_budget_step(fb_program *p, fb_diags *d, int line, int col
   return (++p->work & 1023) ? 0 : lang_budget_check(p, d, line, col);
 }
 
+/* lang_const.c: a constant expression (a func parameter's default value):
+ * 0 and *out set to an E_INT / E_FLOAT / E_BOOL node, or -1 (reported). */
+int lang_const_literal(fb_program *p, node *e, node *out, fb_diags *d);
 /* lang_const.c: evaluate the D_CONST decls in order (0 or FB_ENOMEM), then
  * the sizes of every SNode in the D_LAYOUT decls (x->sizes, x->ival;
  * x->size_bad on error). Errors go to d. */
@@ -398,6 +410,7 @@ typedef struct lframe {   /* one inlined func call */
 #define LANG_MAX_KPARAMS 64 /* scalar parameters of a kernel, and field parameters */
 #define LANG_MAX_LOOPS 64
 #define LANG_MAX_FRAMES 32
+#define LANG_MAX_TUPLE 8      /* values in a tuple (a, b, ...) */
 #define LANG_MAX_STMTS 100000 /* per kernel, so that inlining cannot explode */
 
 typedef struct lower {
@@ -419,7 +432,17 @@ typedef struct lower {
   int returned;    /* kernel: a top-level return was seen */
   lty kret;
   int has_kret;
+  /* the elements of the last VK_TUPLE value (its n is their count): valid
+   * until the next tuple is evaluated, so consumers copy them at once */
+  lval tup[LANG_MAX_TUPLE];
+  int32_t *pos;    /* per emitted statement: line, col of the innermost expression or statement */
+  int pcap;        /* statements pos has room for */
 } lower;
+
+/* Record the source position (line, col) for the statements emitted since
+ * statement id mark that have none yet: called after each expression and
+ * statement is lowered, so each IR statement gets its innermost source. */
+void lang_stamp(lower *L, int mark, int line, int col);
 
 /* lang_lower.c: values, emission helpers, expressions and references. */
 void lv_unknown(lval *v);
@@ -494,6 +517,9 @@ lty lang_ref_type(const lref *r);
 void lang_ref_read(lower *L, const lref *r, lval *out);
 /* Write v (already of lang_ref_type) with op STORE or an ATOMIC_* op. */
 void lang_ref_write(lower *L, const lref *r, const lval *v, int op);
+/* An ATOMIC_* op on a field reference, out = the values before it; 0, or -1
+ * when a component is chosen at run time (not reported). */
+int lang_ref_atomic(lower *L, const lref *r, const lval *v, int op, lval *out);
 
 static inline int lw_add(lower *L, int a, int b) { return lw_bin(L, FB_OP_ADD, a, b); }
 static inline int lw_sub(lower *L, int a, int b) { return lw_bin(L, FB_OP_SUB, a, b); }

@@ -90,6 +90,13 @@ static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
     lang_err(d, x->line, x->col, "fields cannot hold bool: use i32 or u32 for '%s'", x->name);
     return 0;
   }
+  if (x->has_grad && !fb_type_is_float(x->ty.t)) {
+    lang_err(d, x->line, x->col,
+             "'%s' is %s: only f32 and f64 fields have gradients (remove 'grad' or make it a float "
+             "field)",
+             x->name, fb_type_name(x->ty.t));
+    return 0;
+  }
   if (FB_GROW(p->fields, p->nfields, p->fcap)) return FB_ENOMEM;
   lfield *f = &p->fields[p->nfields];
   memset(f, 0, sizeof *f);
@@ -107,6 +114,29 @@ static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
     int id = fb_layout_place(p->layout, parent, buf, x->ty.t);
     if (id < 0) return id;
     f->places[c] = id;
+  }
+  p->nfields++;
+  if (!x->has_grad) return 0;
+  /* the gradient: a field "x.grad" whose places are "<component>.grad"
+   * beside each component (fb_layout_add_grad, the x.grad convention) */
+  if (FB_GROW(p->fields, p->nfields, p->fcap)) return FB_ENOMEM;
+  lfield *pf = &p->fields[p->nfields - 1], *gf = &p->fields[p->nfields];
+  *gf = *pf;
+  size_t nl = strlen(x->name);
+  char *gname = la_alloc(&p->arena, nl + 6);
+  if (!gname) return FB_ENOMEM;
+  memcpy(gname, x->name, nl);
+  memcpy(gname + nl, ".grad", 6);
+  gf->pub.name = gname;
+  for (int c = 0; c < gf->pub.ncomp; c++) {
+    char err[256];
+    int id = fb_layout_add_grad(p->layout, pf->places[c], err, sizeof err);
+    if (id < 0) {
+      if (id == FB_ENOMEM) return id;
+      lang_err(d, x->line, x->col, "%s", err);
+      return 0;
+    }
+    gf->places[c] = id;
   }
   p->nfields++;
   return 0;

@@ -361,6 +361,10 @@ static int ref_name(lower *L, node *e, lref *r) {
     r->v.cv[0] = c->f;
     r->is_let = 1;
     r->origin = ORIGIN_CONST;
+  } else if (strlen(e->name) > 5 && !strcmp(e->name + strlen(e->name) - 5, ".grad")) {
+    ERR(L, e, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
+        (int)strlen(e->name) - 5, e->name, (int)strlen(e->name) - 5, e->name);
+    return -1;
   } else {
     ERR(L, e, "undefined variable '%s'", e->name);
     return -1;
@@ -453,7 +457,13 @@ int lang_ref(lower *L, node *e, lref *r) {
       return 0;
     }
     if (e->a->kind == E_NAME && !lang_lookup(L, e->a->name)) {
-      ERR(L, e->a, "unknown field '%s' (no field, SNode or variable has this name)", e->a->name);
+      size_t nl = strlen(e->a->name);
+      if (nl > 5 && !strcmp(e->a->name + nl - 5, ".grad"))
+        ERR(L, e->a, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
+            (int)nl - 5, e->a->name, (int)nl - 5, e->a->name);
+      else
+        ERR(L, e->a, "unknown field '%s' (no field, SNode or variable has this name)",
+            e->a->name);
       return -1;
     }
     if (lang_ref(L, e->a, r) < 0) return -1;
@@ -624,6 +634,45 @@ void lang_ref_write(lower *L, const lref *r, const lval *v, int op) {
       fb_b_leave(&L->b, saved);
     }
   }
+}
+
+int lang_ref_atomic(lower *L, const lref *r, const lval *v, int op, lval *out) {
+  lslot s[LANG_MAX_COMP];
+  int ns = ref_slots(r, s);
+  for (int i = 0; i < ns; i++)
+    if (s[i].n != 1) return -1;
+  shape_init(out, lang_ref_type(r));
+  for (int i = 0; i < ns && i < v->n; i++)
+    out->id[i] = fb_b_global(&L->b, (fb_op)op, L->p->fields[r->field].places[s[i].comp[0]],
+                             r->idx, r->nidx, v->id[i]);
+  return 0;
+}
+
+/* (a, b, ...): VK_TUPLE, its elements in L->tup. */
+static int tuple_value(lower *L, node *e, lval *out) {
+  lval el[LANG_MAX_TUPLE];
+  char b[64];
+  lv_unknown(out);
+  if (e->nkids > LANG_MAX_TUPLE) {
+    ERR(L, e, "a tuple has at most %d values, found %d", LANG_MAX_TUPLE, e->nkids);
+    return -1;
+  }
+  int bad = 0, unknown = 0;
+  for (int i = 0; i < e->nkids; i++) {
+    if (lang_eval(L, e->kids[i], &el[i]) < 0) bad = 1;
+    else if (el[i].kind == VK_UNKNOWN) unknown = 1;
+    else if (el[i].kind == VK_VOID || el[i].kind == VK_TUPLE) {
+      ERR(L, e->kids[i], "a tuple holds values, found %s", lv_str(&el[i], b, sizeof b));
+      bad = 1;
+    }
+  }
+  if (bad) return -1;
+  if (unknown) return 0;
+  memset(out, 0, sizeof *out);
+  out->kind = VK_TUPLE;
+  out->n = e->nkids;
+  for (int i = 0; i < e->nkids; i++) L->tup[i] = el[i];
+  return 0;
 }
 
 /* ---------------------------------------------------------------- expressions */
@@ -875,7 +924,35 @@ static int ternary(lower *L, node *e, lval *out) {
   return 0;
 }
 
+void lang_stamp(lower *L, int mark, int line, int col) {
+  if (!L->k || mark < 0) return;
+  int n = L->k->nstmts;
+  if (n > L->pcap) {
+    int cap = L->pcap ? L->pcap : 256;
+    while (cap < n) cap *= 2;
+    int32_t *v = realloc(L->pos, sizeof(int32_t) * 2 * (size_t)cap);
+    if (!v) return; /* positions are a help for messages only */
+    memset(v + 2 * L->pcap, 0, sizeof(int32_t) * 2 * (size_t)(cap - L->pcap));
+    L->pos = v;
+    L->pcap = cap;
+  }
+  for (int i = mark; i < n; i++)
+    if (!L->pos[2 * i]) {
+      L->pos[2 * i] = line;
+      L->pos[2 * i + 1] = col;
+    }
+}
+
+static int eval_inner(lower *L, node *e, lval *out);
+
 int lang_eval(lower *L, node *e, lval *out) {
+  int mark = L->k ? L->k->nstmts : -1;
+  int rc = eval_inner(L, e, out);
+  lang_stamp(L, mark, e->line, e->col);
+  return rc;
+}
+
+static int eval_inner(lower *L, node *e, lval *out) {
   lref r;
   if (lang_budget_step(L->p, L->d, e->line, e->col)) {
     lv_unknown(out);
@@ -931,6 +1008,12 @@ int lang_eval(lower *L, node *e, lval *out) {
   case E_CALL: return lang_call(L, e, out);
   case E_LIST: return lang_list(L, e, out);
   case E_CTOR: return lang_ctor(L, e, out);
+  case E_TUPLE: return tuple_value(L, e, out);
+  case E_KWARG:
+    ERR(L, e, "an argument given by name ('%s = ...') is only for funcs with a parameter '%s'",
+        e->name, e->name);
+    lv_unknown(out);
+    return -1;
   default:
     ERR(L, e, "expected an expression");
     lv_unknown(out);

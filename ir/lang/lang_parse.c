@@ -223,7 +223,16 @@ static node *parse_args(parser *P, node *call) {
   nlist l = {0};
   skip_seps(P);
   while (!at(P, T_RPAREN) && !at(P, T_EOF) && !P->panic) {
-    if (at(P, T_IDENT) && peek2(P)->kind == T_COLON) {
+    if (at(P, T_IDENT) && peek2(P)->kind == T_ASSIGN) { /* f(x, c = 3) */
+      const token *nt = next(P);
+      next(P);
+      node *kw = mk(P, E_KWARG, nt);
+      if (kw) {
+        kw->name = tok_str(P, nt);
+        kw->a = parse_expr(P);
+      }
+      nl_push(&l, kw && kw->a ? kw : NULL);
+    } else if (at(P, T_IDENT) && peek2(P)->kind == T_COLON) {
       const token *nt = next(P);
       next(P);
       node *e = parse_expr(P);
@@ -277,6 +286,16 @@ static node *parse_primary(parser *P) {
   case T_LPAREN: {
     next(P);
     x = parse_expr(P);
+    if (x && at(P, T_COMMA)) { /* a tuple (a, b, ...) */
+      node *tup = mk(P, E_TUPLE, t);
+      nlist l = {0};
+      nl_push(&l, x);
+      while (accept(P, T_COMMA) && !at(P, T_RPAREN) && !P->panic) nl_push(&l, parse_expr(P));
+      if (tup) tup->kids = nl_finish(P, &l, &tup->nkids);
+      else free(l.v);
+      if (P->panic) return NULL;
+      x = tup;
+    }
     char b[96];
     if (x && !accept(P, T_RPAREN))
       errat(P, peek(P), "expected ')' to close the '(' at %d:%d, found %s", t->line, t->col,
@@ -293,6 +312,17 @@ static node *parse_primary(parser *P) {
       if (!expect(P, T_LPAREN, "after a type name (a cast or constructor)")) return NULL;
       return parse_args(P, x);
     }
+    if (tok_is(t, "True") || tok_is(t, "False")) {
+      errat(P, t, "'%.*s' is Python's spelling: write '%s'", t->len, t->p,
+            t->p[0] == 'T' ? "true" : "false");
+      return NULL;
+    }
+    if (tok_is(t, "None")) {
+      errat(P, t,
+            "'None' has no meaning here: a 0-D field is read and written as x[] (Taichi's "
+            "x[None])");
+      return NULL;
+    }
     if ((x = mk(P, E_NAME, t))) x->name = tok_str(P, t);
     return x;
   default: {
@@ -303,6 +333,35 @@ static node *parse_primary(parser *P) {
   }
 }
 
+/* Taichi's `ti.NAME`: what to write instead. */
+static void ti_hint(parser *P, const token *m) {
+  static const struct {
+    const char *name, *hint;
+  } h[] = {
+      {"Vector", "write a vector as [a, b, c] or f32[3](a, b, c), and a vector field as "
+                 "'place v: f32[3]'"},
+      {"Matrix", "write a matrix as f32[2][2](a, b, c, d), and a matrix field as "
+                 "'place M: f32[2][2]'"},
+      {"static", "drop it: a constant range or index is constant already"},
+      {"field", "declare fields in the layout block ('field x: f32 (ij: 64, 64)')"},
+      {"kernel", "declare a kernel as 'kernel NAME(...) { ... }'"},
+      {"func", "declare a func as 'func NAME(...) { ... }'"},
+      {"i32", "write the type without 'ti.': i32"},
+      {"f32", "write the type without 'ti.': f32"},
+      {"f64", "write the type without 'ti.': f64"},
+      {"i64", "write the type without 'ti.': i64"},
+      {"template", "a field parameter is written 'NAME: field'"},
+      {"root", "declare the layout in a 'layout { ... }' block (dense, pointer, bitmasked, "
+               "dynamic, place)"},
+  };
+  for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+    if (tok_is(m, h[i].name)) {
+      errat(P, m, "'ti.%s' is Taichi's spelling; %s", h[i].name, h[i].hint);
+      return;
+    }
+  errat(P, m, "Taichi's 'ti.' prefix is not used here: write '%.*s' without it", m->len, m->p);
+}
+
 static node *member(parser *P, node *base, const token *dot) {
   const token *m = peek(P);
   if (!at(P, T_IDENT)) {
@@ -310,6 +369,11 @@ static node *member(parser *P, node *base, const token *dot) {
     return NULL;
   }
   next(P);
+  if (base && base->kind == E_NAME && !strcmp(base->name, "ti") &&
+      !(m->len == 1 && strchr("xyzw", m->p[0]))) {
+    ti_hint(P, m);
+    return NULL;
+  }
   if (at(P, T_LPAREN)) { /* method sugar: x.f(a) is f(x, a) */
     const token *open = next(P);
     node *call = mk(P, E_CALL, m);
@@ -324,6 +388,16 @@ static node *member(parser *P, node *base, const token *dot) {
     call->nkids++;
     (void)open;
     return call;
+  }
+  if (m->len == 4 && !memcmp(m->p, "grad", 4) && base->kind == E_NAME) {
+    /* x.grad: the gradient field of x, a field named "x.grad" */
+    size_t bl = strlen(base->name);
+    char *nm = la_alloc(P->a, bl + 6);
+    if (!nm) return NULL;
+    memcpy(nm, base->name, bl);
+    memcpy(nm + bl, ".grad", 6);
+    base->name = nm;
+    return base;
   }
   static const char sw[] = "xyzw";
   if (m->len == 1 && strchr(sw, m->p[0])) {
@@ -552,21 +626,43 @@ static node *name_node(parser *P, const char *what) {
   return x;
 }
 
+/* e1, e2, ... on the right of '=' or after return: one expression, or an
+ * E_TUPLE when there are several. */
+static node *parse_rhs(parser *P) {
+  const token *t = peek(P);
+  node *x = parse_expr(P);
+  if (!x || !at(P, T_COMMA)) return x;
+  node *tup = mk(P, E_TUPLE, t);
+  nlist l = {0};
+  nl_push(&l, x);
+  while (accept(P, T_COMMA) && !P->panic) nl_push(&l, parse_expr(P));
+  if (tup) tup->kids = nl_finish(P, &l, &tup->nkids);
+  else free(l.v);
+  return P->panic ? NULL : tup;
+}
+
+/* let (a, b) = ... / var (a, b) = ... (op: T_LET or T_VAR) */
+static node *parse_decl_tuple(parser *P, const token *kw) {
+  next(P);
+  node *x = mk(P, S_LET_TUPLE, kw);
+  nlist l = {0};
+  do nl_push(&l, name_node(P, kw->kind == T_VAR ? "a name in 'var (a, b) = ...'"
+                                                : "a name in 'let (a, b) = ...'"));
+  while (!P->panic && accept(P, T_COMMA));
+  if (x) x->kids = nl_finish(P, &l, &x->nkids);
+  else free(l.v);
+  if (!expect(P, T_RPAREN, "after the names") ||
+      !expect(P, T_ASSIGN, kw->kind == T_VAR ? "in 'var'" : "in 'let'"))
+    return NULL;
+  node *e = parse_rhs(P);
+  if (!x || !e) return NULL;
+  x->op = kw->kind;
+  x->a = e;
+  return x;
+}
+
 static node *parse_let(parser *P, const token *kw) {
-  if (at(P, T_LPAREN)) {
-    next(P);
-    node *x = mk(P, S_LET_TUPLE, kw);
-    nlist l = {0};
-    do nl_push(&l, name_node(P, "a name in 'let (a, b) = ...'"));
-    while (!P->panic && accept(P, T_COMMA));
-    if (x) x->kids = nl_finish(P, &l, &x->nkids);
-    else free(l.v);
-    if (!expect(P, T_RPAREN, "after the names") || !expect(P, T_ASSIGN, "in 'let'")) return NULL;
-    node *e = parse_expr(P);
-    if (!x || !e) return NULL;
-    x->a = e;
-    return x;
-  }
+  if (at(P, T_LPAREN)) return parse_decl_tuple(P, kw);
   node *nm = name_node(P, "a name after 'let'");
   if (!nm) return NULL;
   node *x = mk(P, S_LET, kw);
@@ -584,6 +680,7 @@ static node *parse_let(parser *P, const token *kw) {
 }
 
 static node *parse_var(parser *P, const token *kw) {
+  if (at(P, T_LPAREN)) return parse_decl_tuple(P, kw);
   node *nm = name_node(P, "a name after 'var'");
   if (!nm) return NULL;
   node *x = mk(P, S_VAR, kw);
@@ -655,6 +752,13 @@ static node *parse_for(parser *P, const token *kw) {
       x->a = e->kids[0];
       x->b = e->kids[1];
     }
+  } else if (e->kind == E_CALL && !strcmp(e->name, "range") && e->nkids == 3) {
+    if (!P->panic)
+      lang_err(P->d, e->line, e->col,
+               "range(a, b, step) is not supported: loop over the count (for k in 0 .. n) and "
+               "use a + k * step");
+    P->panic = 1;
+    return NULL;
   } else {
     x->a = e;
   }
@@ -687,6 +791,23 @@ static int is_assign_op(int k) {
   }
 }
 
+/* Python words that start a statement or declaration: what to write instead.
+ * Returns 1 when t is one of them (reported). */
+static int python_word_hint(parser *P, const token *t) {
+  int k2 = peek2(P)->kind;
+  if (is_assign_op(k2) || k2 == T_DOT || k2 == T_LBRACK || k2 == T_COMMA)
+    return 0; /* a variable or field that happens to be called so */
+  if (tok_is(t, "elif")) errat(P, t, "there is no 'elif': write 'else if'");
+  else if (tok_is(t, "def"))
+    errat(P, t, "'def' is Python's: declare 'func NAME(...) { ... }' (Taichi's @ti.func) or "
+                "'kernel NAME(...) { ... }' (@ti.kernel)");
+  else if (tok_is(t, "pass")) errat(P, t, "'pass' is not needed: an empty block is written {}");
+  else if (tok_is(t, "import") || tok_is(t, "from"))
+    errat(P, t, "'%.*s' is Python's: a .fbk file needs no imports", t->len, t->p);
+  else return 0;
+  return 1;
+}
+
 static node *parse_stmt(parser *P) {
   const token *t = peek(P);
   node *x;
@@ -706,7 +827,7 @@ static node *parse_stmt(parser *P) {
     next(P);
     if (!(x = mk(P, S_RETURN, t))) return NULL;
     if (!at(P, T_NEWLINE) && !at(P, T_SEMI) && !at(P, T_RBRACE) && !at(P, T_EOF))
-      if (!(x->a = parse_expr(P))) return NULL;
+      if (!(x->a = parse_rhs(P))) return NULL;
     return x;
   case T_LBRACE: return parse_block(P);
   case T_CONST:
@@ -714,10 +835,27 @@ static node *parse_stmt(parser *P) {
           "'const' declares a constant of the whole program: write it outside kernels and funcs "
           "(here, use 'let')");
     return NULL;
+  case T_IDENT:
+    if (python_word_hint(P, t)) return NULL;
+    break;
   default: break;
   }
   node *e = parse_expr(P);
   if (!e) return NULL;
+  if (at(P, T_COMMA)) { /* a, b = e1, e2 */
+    nlist l = {0};
+    nl_push(&l, e);
+    while (accept(P, T_COMMA) && !P->panic) nl_push(&l, parse_expr(P));
+    x = mk(P, S_ASSIGN_MULTI, t);
+    if (x) x->kids = nl_finish(P, &l, &x->nkids);
+    else free(l.v);
+    if (P->panic || !x) return NULL;
+    x->line = e->line;
+    x->col = e->col;
+    if (!expect(P, T_ASSIGN, "after the names in 'a, b = ...'")) return NULL;
+    if (!(x->a = parse_rhs(P))) return NULL;
+    return x;
+  }
   if (is_assign_op(peek(P)->kind)) {
     const token *op = next(P);
     if (!(x = mk(P, S_ASSIGN, op))) return NULL;
@@ -742,6 +880,11 @@ static node *parse_block(parser *P) {
 
 static node *parse_block_inner(parser *P) {
   const token *open = peek(P);
+  if (at(P, T_COLON)) {
+    errat(P, open, "expected '{' to open a block, found ':' (blocks are written in braces "
+                   "'{ ... }', not with ':' and indentation)");
+    return NULL;
+  }
   if (!expect(P, T_LBRACE, "to open a block")) return NULL;
   node *x = mk(P, S_BLOCK, open);
   nlist l = {0};
@@ -779,52 +922,58 @@ static const struct {
 
 static node *parse_litems(parser *P, node *parent, const token *open);
 
-static node *parse_snode(parser *P, const token *kt, int kind) {
-  node *x = mk(P, D_SNODE, kt);
-  if (!x) return NULL;
-  x->snode_kind = kind;
-  if (!expect(P, T_LPAREN, "after the SNode kind")) return NULL;
+/* '(' AXES ':' sizes [',' chunk ':' size] ')' ['as' NAME] into x. */
+static int parse_snode_head(parser *P, node *x) {
+  if (!expect(P, T_LPAREN, "after the SNode kind")) return 0;
   const token *ax = peek(P);
   if (!at(P, T_IDENT)) {
     expected(P, "axes like 'ij' (letters i j k l)");
-    return NULL;
+    return 0;
   }
   next(P);
   if (ax->len > FB_MAX_AXES) {
     errat(P, ax, "at most %d axes, found '%.*s'", FB_MAX_AXES, ax->len, ax->p);
-    return NULL;
+    return 0;
   }
   memcpy(x->axes, ax->p, (size_t)ax->len);
   x->axes[ax->len] = 0;
-  if (!expect(P, T_COLON, "after the axes")) return NULL;
+  if (!expect(P, T_COLON, "after the axes")) return 0;
   for (;;) {
     /* sizes are constant expressions, evaluated by lang_eval_consts */
     const token *st = peek(P);
     if (tok_is(st, "chunk") && peek2(P)->kind == T_COLON) {
       next(P);
       next(P);
-      if (!(x->chunk_e = parse_expr(P))) return NULL;
+      if (!(x->chunk_e = parse_expr(P))) return 0;
       x->has_chunk = 1;
     } else {
       if (x->nsizes >= FB_MAX_AXES) {
         errat(P, st, "more than %d sizes", FB_MAX_AXES);
-        return NULL;
+        return 0;
       }
-      if (!(x->size_e[x->nsizes++] = parse_expr(P))) return NULL;
+      if (!(x->size_e[x->nsizes++] = parse_expr(P))) return 0;
     }
     if (!accept(P, T_COMMA)) break;
   }
-  if (!expect(P, T_RPAREN, "after the sizes")) return NULL;
+  if (!expect(P, T_RPAREN, "after the sizes")) return 0;
   if (tok_is(peek(P), "as")) {
     next(P);
     const token *nt = peek(P);
     if (!at(P, T_IDENT)) {
       expected(P, "a name after 'as'");
-      return NULL;
+      return 0;
     }
     next(P);
     x->name = tok_str(P, nt);
   }
+  return 1;
+}
+
+static node *parse_snode(parser *P, const token *kt, int kind) {
+  node *x = mk(P, D_SNODE, kt);
+  if (!x) return NULL;
+  x->snode_kind = kind;
+  if (!parse_snode_head(P, x)) return NULL;
   const token *open = peek(P);
   if (!expect(P, T_LBRACE, "to open the SNode's body")) return NULL;
   return parse_litems(P, x, open);
@@ -842,13 +991,55 @@ static int parse_place(parser *P, nlist *out) {
     if (!x) return 0;
     x->name = tok_str(P, nt);
     if (!expect(P, T_COLON, "after the field name") || !parse_type(P, &x->ty)) return 0;
+    if (tok_is(peek(P), "grad")) { /* a gradient place beside it */
+      next(P);
+      x->has_grad = 1;
+    }
     nl_push(out, x);
   } while (accept(P, T_COMMA));
   return 1;
 }
 
+/* field NAME: TYPE [(AXES: sizes)]: a field in a dense block of its own
+ * (Taichi's ti.field(shape=...)); without sizes, a place. */
+static void parse_field_decl(parser *P, const token *kw, nlist *out) {
+  nlist one = {0};
+  if (!parse_place(P, &one)) {
+    free(one.v);
+    return;
+  }
+  if (one.n != 1) {
+    errat(P, kw, "'field' declares one field; write one 'field' line per field (each gets its "
+                 "own block) or 'dense(...) { place a: T, b: T }' to interleave them");
+    free(one.v);
+    return;
+  }
+  node *pl = one.v[0];
+  free(one.v);
+  if (!at(P, T_LPAREN)) {
+    nl_push(out, pl);
+    return;
+  }
+  node *x = mk(P, D_SNODE, kw);
+  if (!x) return;
+  x->snode_kind = FB_SN_DENSE;
+  x->is_field = 1; /* marks the shorthand (one field, its own block) */
+  if (!parse_snode_head(P, x)) return;
+  node **v = la_alloc(P->a, sizeof(node *));
+  if (!v) return;
+  v[0] = pl;
+  x->kids = v;
+  x->nkids = 1;
+  nl_push(out, x);
+}
+
 static void parse_litem(parser *P, nlist *out) {
   const token *t = peek(P);
+  if (tok_is(t, "field")) {
+    next(P);
+    parse_field_decl(P, t, out);
+    return;
+  }
   if (tok_is(t, "place")) {
     next(P);
     parse_place(P, out);
@@ -860,7 +1051,7 @@ static void parse_litem(parser *P, nlist *out) {
       nl_push(out, parse_snode(P, t, snode_kinds[i].kind));
       return;
     }
-  expected(P, "'dense', 'bitmasked', 'pointer', 'dynamic' or 'place' in a layout");
+  expected(P, "'dense', 'bitmasked', 'pointer', 'dynamic', 'place' or 'field' in a layout");
 }
 
 /* Items of a layout or SNode body up to the closing '}'. */
@@ -908,6 +1099,7 @@ static node *parse_param(parser *P) {
       x->has_ty = 1;
     }
   }
+  if (accept(P, T_ASSIGN) && !(x->a = parse_expr(P))) return NULL; /* a default value */
   return x;
 }
 
@@ -992,7 +1184,23 @@ int lang_parse(lang_arena *a, const token *toks, int ntok, node ***decls, int *n
     } else if (t->kind == T_CONST) {
       next(&P);
       nl_push(&l, parse_const(&P, t));
-    } else {
+    } else if (t->kind == T_AT) {
+      errat(&P, t, "decorators are not used: write 'kernel NAME(...) { ... }' for @ti.kernel "
+                   "and 'func NAME(...) { ... }' for @ti.func");
+      next(&P); /* skip the decorator: @ti.kernel, @ti.func(...) */
+      if (at(&P, T_IDENT) || at(&P, T_KERNEL) || at(&P, T_FUNC)) next(&P);
+      while (at(&P, T_DOT) &&
+             (peek2(&P)->kind == T_IDENT || peek2(&P)->kind == T_KERNEL || peek2(&P)->kind == T_FUNC))
+        next(&P), next(&P);
+      if (at(&P, T_LPAREN))
+        for (int depth = 0; !at(&P, T_EOF);) {
+          int k = next(&P)->kind;
+          depth += k == T_LPAREN ? 1 : k == T_RPAREN ? -1 : 0;
+          if (!depth) break;
+        }
+      P.panic = 0;
+      continue;
+    } else if (!(t->kind == T_IDENT && python_word_hint(&P, t))) {
       expected(&P, "'layout', 'const', 'func' or 'kernel' at the top level");
     }
     if (P.panic || P.pos == start) {

@@ -113,7 +113,15 @@ static const char *line_start(const char *src, int line) {
   return p;
 }
 
+static char *diag_render_as(const char *filename, const char *src, const fb_diag *d,
+                            const char *sev);
+
 char *fb_diag_render(const char *filename, const char *src, const fb_diag *d) {
+  return diag_render_as(filename, src, d, "error");
+}
+
+static char *diag_render_as(const char *filename, const char *src, const fb_diag *d,
+                            const char *sev) {
   const char *fn = filename ? filename : "<input>";
   const char *ls = src && d->line > 0 ? line_start(src, d->line) : NULL;
   size_t len = ls ? strcspn(ls, "\n") : 0;
@@ -122,10 +130,10 @@ char *fb_diag_render(const char *filename, const char *src, const fb_diag *d) {
   char *out = malloc(cap);
   if (!out) return NULL;
   if (d->line <= 0) {
-    snprintf(out, cap, "%s: error: %s\n", fn, d->msg);
+    snprintf(out, cap, "%s: %s: %s\n", fn, sev, d->msg);
     return out;
   }
-  int n = snprintf(out, cap, "%s:%d:%d: error: %s\n", fn, d->line, d->col, d->msg);
+  int n = snprintf(out, cap, "%s:%d:%d: %s: %s\n", fn, d->line, d->col, sev, d->msg);
   if (!ls) return out;
   memcpy(out + n, ls, len);
   n += (int)len;
@@ -158,6 +166,64 @@ char *fb_diags_render(const char *filename, const char *src, const fb_diags *d) 
   }
   free(parts);
   return out;
+}
+
+/* ---------------------------------------------------------------- warnings */
+
+const fb_diags *fb_program_warnings(const fb_program *p) { return &p->warnings; }
+
+char *fb_program_warnings_render(const fb_program *p) {
+  size_t len = 1;
+  char *out = malloc(len);
+  if (!out) return NULL;
+  out[0] = 0;
+  for (int i = 0; i < p->warnings.n; i++) {
+    char *r = diag_render_as(p->filename, p->src, &p->warnings.v[i], "warning");
+    char *o = r ? realloc(out, len + strlen(r)) : NULL;
+    if (!o) {
+      free(r);
+      free(out);
+      return NULL;
+    }
+    out = o;
+    memcpy(out + len - 1, r, strlen(r) + 1);
+    len += strlen(r);
+    free(r);
+  }
+  return out;
+}
+
+/* Several fields of more than one cell placed in one dense block are
+ * interleaved cell by cell (an array of structures): say what it costs and
+ * how to give each its own block. */
+static void interleave_notes(fb_program *p, const node *x) {
+  if (x->kind != D_SNODE && x->kind != D_LAYOUT) return;
+  int nplace = 0;
+  const node *first = NULL, *second = NULL;
+  for (int i = 0; i < x->nkids; i++)
+    if (x->kids[i]->kind == D_PLACE) {
+      if (!nplace) first = x->kids[i];
+      else if (nplace == 1) second = x->kids[i];
+      nplace++;
+    }
+  int64_t cells = 1;
+  for (int i = 0; x->kind == D_SNODE && i < x->nsizes; i++) cells *= x->sizes[i];
+  if (x->kind == D_SNODE && x->snode_kind == FB_SN_DENSE && nplace >= 2 && cells > 1 &&
+      !x->size_bad) {
+    char sizes[96] = "";
+    for (int i = 0, n = 0; i < x->nsizes && n < (int)sizeof sizes - 24; i++)
+      n += snprintf(sizes + n, sizeof sizes - (size_t)n, "%s%lld", i ? ", " : "",
+                    (long long)x->sizes[i]);
+    char ty[64];
+    fb_diags_add(&p->warnings, -1, x->line, x->col,
+                 "%d fields ('%s', '%s'%s) are interleaved in one dense block, cell by cell (an "
+                 "array of structures): a loop that reads one of them moves the others through "
+                 "memory too, which can make it several times slower. Unless they are used "
+                 "together, give each a block of its own: 'field %s: %s (%s: %s)'",
+                 nplace, first->name, second->name, nplace > 2 ? ", ..." : "", first->name,
+                 lang_ty_str(first->ty, ty, sizeof ty), x->axes, sizes);
+  }
+  for (int i = 0; i < x->nkids; i++) interleave_notes(p, x->kids[i]);
 }
 
 /* ---------------------------------------------------------------- declarations */
@@ -211,8 +277,8 @@ static int name_clash(fb_program *p, node *x, nameset *names, fb_diags *d) {
   return 1;
 }
 
-static int check_params(node *x, fb_diags *d) {
-  int bad = 0;
+static int check_params(fb_program *p, node *x, fb_diags *d) {
+  int bad = 0, defaults = 0;
   nameset seen;
   if (ns_init(&seen, (size_t)x->nkids)) {
     ns_free(&seen);
@@ -222,6 +288,39 @@ static int check_params(node *x, fb_diags *d) {
     node *pm = x->kids[i];
     if (ns_find_or_add(&seen, pm->name, i) >= 0) {
       lang_err(d, pm->line, pm->col, "parameter '%s' is declared twice", pm->name);
+      bad = 1;
+    }
+    if (pm->a) { /* a default value: a constant, folded to a literal here */
+      node *lit = la_alloc(&p->arena, sizeof *lit);
+      if (!lit) {
+        ns_free(&seen);
+        return FB_ENOMEM;
+      }
+      int line, col;
+      lang_expr_pos(pm->a, &line, &col);
+      if (x->kind == D_KERNEL) {
+        lang_err(d, line, col,
+                 "kernel parameter '%s' cannot have a default value (the host passes every "
+                 "argument; defaults are for funcs)",
+                 pm->name);
+        bad = 1;
+        pm->a = NULL;
+      } else if (pm->is_field) {
+        lang_err(d, line, col, "field parameter '%s' cannot have a default value", pm->name);
+        bad = 1;
+        pm->a = NULL;
+      } else if (lang_const_literal(p, pm->a, lit, d) < 0) {
+        bad = 1;
+        pm->a = NULL;
+      } else {
+        pm->a = lit;
+      }
+      defaults = 1;
+    } else if (defaults && x->kind == D_FUNC) {
+      lang_err(d, pm->line, pm->col,
+               "parameter '%s' comes after a parameter with a default value, so it needs one "
+               "too (as in Python)",
+               pm->name);
       bad = 1;
     }
     if (x->kind != D_KERNEL || pm->is_field) continue;
@@ -286,7 +385,7 @@ static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
     /* kernels with bad parameters are still checked (the bad ones are
      * unknown values), so that the errors in their bodies show too */
     if (name_clash(p, x, &names, d)) continue;
-    if (check_params(x, d) == FB_ENOMEM) rc = FB_ENOMEM;
+    if (check_params(p, x, d) == FB_ENOMEM) rc = FB_ENOMEM;
     else if (x->kind == D_KERNEL) rc = add_kernel(p, x) < 0 ? FB_ENOMEM : 0;
     else if (FB_GROW(p->funcs, p->nfuncs, p->fucap)) rc = FB_ENOMEM;
     else {
@@ -300,12 +399,18 @@ static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
   return rc;
 }
 
+/* The instance takes the last lowering's position table (NULL for an
+ * adjoint, whose statements map to no source of their own). */
 static int add_instance(fb_program *p, int ki, fb_kernel *k) {
   if (FB_GROW(p->insts, p->ninsts, p->icap)) return FB_ENOMEM;
   linst *in = &p->insts[p->ninsts++];
   in->kernel = ki;
   in->name = k->name;
   in->k = k;
+  in->pos = p->lower_pos;
+  in->npos = p->lower_npos;
+  p->lower_pos = NULL;
+  p->lower_npos = 0;
   return 0;
 }
 
@@ -379,6 +484,7 @@ int fb_program_parse_within(const char *filename, const char *src, const fb_lang
   if (!rc) rc = lang_build_layout(p, decls, ndecls, &D);
   layout_errors = D.n - layout_errors;
   if (!rc) lang_check_const_names(p, &D);
+  for (int i = 0; !rc && !layout_errors && i < ndecls; i++) interleave_notes(p, decls[i]);
   if (!rc) rc = register_decls(p, decls, ndecls, &D);
   if (!rc && !layout_errors) rc = check_all(p, &D);
   sort_unique(&D);
@@ -394,12 +500,17 @@ int fb_program_parse_within(const char *filename, const char *src, const fb_lang
 
 void fb_program_free(fb_program *p) {
   if (!p) return;
-  for (int i = 0; i < p->ninsts; i++) fb_kernel_free(p->insts[i].k);
+  for (int i = 0; i < p->ninsts; i++) {
+    fb_kernel_free(p->insts[i].k);
+    free(p->insts[i].pos);
+  }
   free(p->insts);
+  free(p->lower_pos);
   free(p->kernels);
   free(p->funcs);
   free(p->consts);
   fb_map_free(&p->const_names);
+  fb_diags_free(&p->warnings);
   free(p->snodes);
   free(p->fields);
   fb_layout_free(p->layout);
@@ -480,10 +591,16 @@ static int bind_names(fb_program *p, const lkernel *K, const char *const *names,
   return 0;
 }
 
+static int instantiate_grad(fb_program *p, const char *kernel, const char *const *field_bindings,
+                            int nfield, fb_kernel **out, fb_diags *diags);
+
 int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
                            int nfield, fb_kernel **out, fb_diags *diags) {
   if (out) *out = NULL;
   if (!p || !kernel || !out || nfield < 0) return FB_EINVAL;
+  size_t kl = strlen(kernel);
+  if (kl > 5 && !strcmp(kernel + kl - 5, ".grad"))
+    return instantiate_grad(p, kernel, field_bindings, nfield, out, diags);
   int ki = fb_program_find_kernel(p, kernel);
   if (ki < 0) {
     fb_diags_add(diags, -1, 0, 0, "no kernel named '%s'", kernel);
@@ -528,5 +645,109 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
     return FB_ENOMEM;
   }
   *out = k;
+  return 0;
+}
+
+/* Replace every occurrence of from in buf (of size n) by to, in place. */
+static void subst(char *buf, size_t n, const char *from, const char *to) {
+  size_t fl = strlen(from), tl = strlen(to);
+  char *at = buf;
+  while ((at = strstr(at, from)) != NULL) {
+    size_t rest = strlen(at + fl);
+    if ((size_t)(at - buf) + tl + rest + 1 > n) return;
+    memmove(at + tl, at + fl, rest + 1);
+    memcpy(at, to, tl);
+    at += tl;
+  }
+}
+
+/* The pass names IR places; a component of a vector or matrix field is a
+ * place "v.0" / "F.1.2": say the field's name (and its declared type in
+ * the suggested declaration) instead. */
+static void user_names(const fb_program *p, char *msg, size_t n) {
+  for (int i = 0; i < p->nfields; i++) {
+    const lfield *f = &p->fields[i];
+    if (f->pub.ncomp < 2) continue;
+    char ty[48], from[300], to[300];
+    if (f->pub.cols)
+      snprintf(ty, sizeof ty, "%s[%d][%d]", fb_type_name(f->pub.type), f->pub.rows, f->pub.cols);
+    else snprintf(ty, sizeof ty, "%s[%d]", fb_type_name(f->pub.type), f->pub.rows);
+    for (int c = 0; c < f->pub.ncomp; c++) {
+      const char *pn = p->layout->nodes[f->places[c]].name;
+      snprintf(from, sizeof from, "place %s: %s grad", pn, fb_type_name(f->pub.type));
+      snprintf(to, sizeof to, "place %s: %s grad", f->pub.name, ty);
+      subst(msg, n, from, to);
+      snprintf(from, sizeof from, "'%s'", pn);
+      snprintf(to, sizeof to, "'%s'", f->pub.name);
+      subst(msg, n, from, to);
+    }
+  }
+}
+
+/* "k.grad": the adjoint of k's instance for the same bindings
+ * (fb_kernel_adjoint_ex, gradients by the layout's x.grad convention),
+ * cached like any instance. A refusal is one diagnostic at the source
+ * position of the statement it is about. */
+static int instantiate_grad(fb_program *p, const char *kernel, const char *const *field_bindings,
+                            int nfield, fb_kernel **out, fb_diags *diags) {
+  size_t n = strlen(kernel) - 5;
+  char base[256];
+  if (n >= sizeof base) {
+    fb_diags_add(diags, -1, 0, 0, "no kernel named '%s'", kernel);
+    return FB_ENOENT;
+  }
+  memcpy(base, kernel, n);
+  base[n] = 0;
+  if (n > 5 && !strcmp(base + n - 5, ".grad")) {
+    fb_diags_add(diags, -1, 0, 0,
+                 "no kernel named '%s': the adjoint of an adjoint (a second derivative) is not "
+                 "supported",
+                 kernel);
+    return FB_ENOENT;
+  }
+  fb_kernel *k = NULL;
+  int rc = fb_program_instantiate(p, base, field_bindings, nfield, &k, diags);
+  if (rc) return rc;
+  int ki = fb_program_find_kernel(p, base);
+  const linst *fwd = NULL;
+  for (int i = 0; i < p->ninsts; i++)
+    if (p->insts[i].k == k) fwd = &p->insts[i];
+  size_t gl = strlen(k->name) + 6;
+  char *gname = malloc(gl);
+  if (!gname) return FB_ENOMEM;
+  snprintf(gname, gl, "%s.grad", k->name);
+  for (int i = 0; i < p->ninsts; i++)
+    if (p->insts[i].kernel == ki && !strcmp(p->insts[i].name, gname)) {
+      free(gname);
+      *out = p->insts[i].k;
+      return 0;
+    }
+  free(gname);
+  fb_grad_map g;
+  if ((rc = fb_grad_map_from_layout(p->layout, &g)) != 0) return rc;
+  fb_kernel *adj = NULL;
+  char err[768] = "";
+  int bad = -1;
+  rc = fb_kernel_adjoint_ex(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err);
+  fb_grad_map_free(&g);
+  if (rc) {
+    int line = 0, col = 0;
+    if (fwd && bad >= 0 && bad < fwd->npos && fwd->pos) {
+      line = fwd->pos[2 * bad];
+      col = fwd->pos[2 * bad + 1];
+    }
+    if (!line) { /* no statement to blame: the kernel's own line */
+      line = p->kernels[ki].pub.line;
+      col = p->kernels[ki].pub.col;
+    }
+    user_names(p, err, sizeof err);
+    fb_diags_add(diags, bad, line, col, "%s", err);
+    return rc;
+  }
+  if (add_instance(p, ki, adj) < 0) {
+    fb_kernel_free(adj);
+    return FB_ENOMEM;
+  }
+  *out = adj;
   return 0;
 }

@@ -78,16 +78,81 @@ static void let_stmt(lower *L, node *s) {
   lang_push_sym(L, s->name, SYM_LET, &v, s->line, s->col);
 }
 
+static void zero_value(lower *L, lty t, lval *v) {
+  if (t.rows == 0) lv_scalar(v, t.t, -1);
+  else if (t.cols == 0) lv_vec_init(v, t.t, t.rows);
+  else lv_mat_init(v, t.t, t.rows, t.cols);
+  for (int i = 0; i < v->n; i++) v->id[i] = lw_const(L, t.t, 0, 0);
+}
+
+/* A var named name holding init (its type when !has_ty). */
+static void new_var(lower *L, const char *name, int line, int col, int has_ty, lty t, lval init,
+                    node *at) {
+  lval v;
+  char b[64];
+  if (!has_ty) {
+    if (init.kind == VK_UNKNOWN) {
+      lv_unknown(&v);
+      lang_push_sym(L, name, SYM_VAR, &v, line, col);
+      return;
+    }
+    t = lv_type(&init);
+  }
+  if (at && init.kind != VK_UNKNOWN) {
+    snprintf(b, sizeof b, "the initializer of '%s'", name);
+    if (lv_convert(L, &init, t, at, b) < 0) lv_unknown(&init);
+  }
+  if (!at || init.kind == VK_UNKNOWN) zero_value(L, t, &init);
+  v = init;
+  v.lit = LIT_NONE;
+  v.has_const = 0;
+  for (int i = 0; i < v.n; i++) {
+    v.id[i] = fb_b_alloca(&L->b, t.t);
+    fb_b_lstore(&L->b, v.id[i], init.id[i]);
+  }
+  lang_push_sym(L, name, SYM_VAR, &v, line, col);
+}
+
+/* The n values of a tuple on the right of `let (a, b) =`, `a, b =`: out[]
+ * (unknown where an error was reported). */
+static void tuple_values(lower *L, node *rhs, int n, lval *out, node *at, const char *form) {
+  for (int i = 0; i < n; i++) lv_unknown(&out[i]);
+  lval v;
+  char b[64];
+  if (lang_eval(L, rhs, &v) < 0 || v.kind == VK_UNKNOWN) return;
+  if (v.kind != VK_TUPLE) {
+    ERR(L, rhs,
+        "%s needs %d values on the right, found %s (write e1, e2, ... or call a func that "
+        "returns several values)",
+        form, n, lv_str(&v, b, sizeof b));
+    return;
+  }
+  if (v.n != n) {
+    ERR(L, at, "%s: %d name%s on the left but %d values on the right", form, n,
+        n == 1 ? "" : "s", v.n);
+    return;
+  }
+  for (int i = 0; i < n; i++) out[i] = L->tup[i];
+}
+
 static void let_tuple(lower *L, node *s) {
   node *c = s->a;
-  int want = c->kind == E_CALL ? (!strcmp(c->name, "svd")     ? 3
-                                  : !strcmp(c->name, "polar") ? 2
-                                                              : 0)
-                               : 0;
-  lval out[3];
-  for (int i = 0; i < 3; i++) lv_unknown(&out[i]);
-  if (!want) {
-    ERR(L, c, "let (a, b, ...) = ... needs svd(M) or polar(M) on the right");
+  int is_var = s->op == T_VAR;
+  int user = 0;
+  if (c->kind == E_CALL)
+    for (int i = 0; i < L->p->nfuncs; i++)
+      if (!strcmp(L->p->funcs[i].name, c->name)) user = 1;
+  int want = c->kind == E_CALL && !user ? (!strcmp(c->name, "svd")     ? 3
+                                           : !strcmp(c->name, "polar") ? 2
+                                                                       : 0)
+                                        : 0;
+  lval out[LANG_MAX_TUPLE];
+  int n = s->nkids < LANG_MAX_TUPLE ? s->nkids : LANG_MAX_TUPLE;
+  for (int i = 0; i < LANG_MAX_TUPLE; i++) lv_unknown(&out[i]);
+  if (s->nkids > LANG_MAX_TUPLE) {
+    ERR(L, s, "at most %d names can be bound at once, found %d", LANG_MAX_TUPLE, s->nkids);
+  } else if (!want) {
+    tuple_values(L, c, n, out, s, is_var ? "var (a, b, ...) = ..." : "let (a, b, ...) = ...");
   } else if (s->nkids != want) {
     ERR(L, s, "%s returns %d matrices, but %d names are bound", c->name, want, s->nkids);
   } else if (c->nkids != 1) {
@@ -107,49 +172,27 @@ static void let_tuple(lower *L, node *s) {
       }
     }
   }
-  for (int i = 0; i < s->nkids; i++)
-    lang_push_sym(L, s->kids[i]->name, SYM_LET, &out[i < 3 ? i : 0], s->kids[i]->line,
-                  s->kids[i]->col);
-}
-
-static void zero_value(lower *L, lty t, lval *v) {
-  if (t.rows == 0) lv_scalar(v, t.t, -1);
-  else if (t.cols == 0) lv_vec_init(v, t.t, t.rows);
-  else lv_mat_init(v, t.t, t.rows, t.cols);
-  for (int i = 0; i < v->n; i++) v->id[i] = lw_const(L, t.t, 0, 0);
+  for (int i = 0; i < n; i++) {
+    node *nm = s->kids[i];
+    if (is_var) {
+      lty t = {FB_T_I32, 0, 0};
+      new_var(L, nm->name, nm->line, nm->col, 0, t, out[i], c);
+    } else {
+      lang_push_sym(L, nm->name, SYM_LET, &out[i], nm->line, nm->col);
+    }
+  }
 }
 
 static void var_stmt(lower *L, node *s) {
-  lval v, init;
+  lval init;
   char b[64];
-  lty t = s->ty;
   lv_unknown(&init);
   if (s->a && lang_eval(L, s->a, &init) < 0) lv_unknown(&init);
-  if (!s->has_ty) {
-    if (init.kind == VK_VOID || init.kind == VK_TUPLE) {
-      ERR(L, s->a, "expected a value for '%s', found %s", s->name, lv_str(&init, b, sizeof b));
-      lv_unknown(&init);
-    }
-    if (init.kind == VK_UNKNOWN) {
-      lv_unknown(&v);
-      lang_push_sym(L, s->name, SYM_VAR, &v, s->line, s->col);
-      return;
-    }
-    t = lv_type(&init);
+  if (s->a && (init.kind == VK_VOID || init.kind == VK_TUPLE)) {
+    ERR(L, s->a, "expected a value for '%s', found %s", s->name, lv_str(&init, b, sizeof b));
+    lv_unknown(&init);
   }
-  if (s->a && init.kind != VK_UNKNOWN) {
-    snprintf(b, sizeof b, "the initializer of '%s'", s->name);
-    if (lv_convert(L, &init, t, s->a, b) < 0) lv_unknown(&init);
-  }
-  if (!s->a || init.kind == VK_UNKNOWN) zero_value(L, t, &init);
-  v = init;
-  v.lit = LIT_NONE;
-  v.has_const = 0;
-  for (int i = 0; i < v.n; i++) {
-    v.id[i] = fb_b_alloca(&L->b, t.t);
-    fb_b_lstore(&L->b, v.id[i], init.id[i]);
-  }
-  lang_push_sym(L, s->name, SYM_VAR, &v, s->line, s->col);
+  new_var(L, s->name, s->line, s->col, s->has_ty, s->ty, init, s->a);
 }
 
 /* ---------------------------------------------------------------- assignment */
@@ -192,30 +235,58 @@ static void target_desc(const lref *r, char *buf, size_t n) {
   else snprintf(buf, n, "assignment");
 }
 
-static void assign_stmt(lower *L, node *s) {
+/* The target of an assignment: 0, or -1 after an error. */
+static int assign_target(lower *L, node *a, lref *rp) {
   lref r;
-  lval v, old, nv;
-  char what[96];
-  int rc = lang_ref(L, s->a, &r);
+  int rc = lang_ref(L, a, &r);
   if (rc == 0 && r.kind == REF_VALUE) {
     static const char *const why[] = {"it is declared with let (use var for a variable)",
                                       "it is a loop variable",
                                       "it is a parameter (copy it into a var)",
                                       "it is a constant (declared with const)"};
-    if (r.is_let) ERR(L, s->a, "cannot assign to '%s': %s", r.name, why[r.origin]);
+    if (r.is_let) ERR(L, a, "cannot assign to '%s': %s", r.name, why[r.origin]);
     else
-      ERR(L, s->a,
+      ERR(L, a,
           "cannot assign to this expression: expected a variable, a field element or a component "
           "of one");
     rc = -1;
   }
   if (rc == 0 && r.kind == REF_VAR && r.par < L->par_depth) {
-    ERR(L, s->a,
+    ERR(L, a,
         "cannot assign to '%s' inside a parallel loop: it is declared outside the loop "
         "(iterations run in parallel; accumulate into a field instead, e.g. with +=)",
         r.name);
     rc = -1;
   }
+  *rp = r;
+  return rc;
+}
+
+/* a, b = e1, e2: the right side first, then each target from left to right. */
+static void assign_multi(lower *L, node *s) {
+  lval vals[LANG_MAX_TUPLE];
+  if (s->nkids > LANG_MAX_TUPLE) {
+    ERR(L, s, "at most %d targets can be assigned at once, found %d", LANG_MAX_TUPLE, s->nkids);
+    return;
+  }
+  tuple_values(L, s->a, s->nkids, vals, s, "a, b, ... = ...");
+  for (int i = 0; i < s->nkids; i++) {
+    lref r;
+    char what[96];
+    if (assign_target(L, s->kids[i], &r) < 0 || r.kind == REF_UNKNOWN ||
+        vals[i].kind == VK_UNKNOWN)
+      continue;
+    target_desc(&r, what, sizeof what);
+    if (lv_convert(L, &vals[i], lang_ref_type(&r), s->kids[i], what) == 0)
+      lang_ref_write(L, &r, &vals[i], FB_OP_STORE);
+  }
+}
+
+static void assign_stmt(lower *L, node *s) {
+  lref r;
+  lval v, old, nv;
+  char what[96];
+  int rc = assign_target(L, s->a, &r);
   if (lang_eval(L, s->b, &v) < 0 || rc < 0 || r.kind == REF_UNKNOWN) return;
   lty t = lang_ref_type(&r);
   target_desc(&r, what, sizeof what);
@@ -329,9 +400,128 @@ static void for_range(lower *L, node *s, int top) {
   fb_b_leave(&L->b, saved);
 }
 
+static int user_func(lower *L, const char *name) {
+  for (int i = 0; i < L->p->nfuncs; i++)
+    if (!strcmp(L->p->funcs[i].name, name)) return 1;
+  return 0;
+}
+
+/* Bind the loop names to the n indices idx[]: one name each, or one name
+ * for an i32[n] vector (vec). */
+static void bind_indices(lower *L, node *s, const int *idx, int n, int vec) {
+  lval iv;
+  if (vec) {
+    lv_vec_init(&iv, FB_T_I32, n);
+    for (int i = 0; i < n; i++) iv.id[i] = idx[i];
+    int id = lang_push_sym(L, s->kids[0]->name, SYM_LET, &iv, s->kids[0]->line, s->kids[0]->col);
+    if (id >= 0) L->syms[id].origin = ORIGIN_LOOP;
+    return;
+  }
+  for (int i = 0; i < n && i < s->nkids; i++) {
+    lv_scalar(&iv, FB_T_I32, idx[i]);
+    int id = lang_push_sym(L, s->kids[i]->name, SYM_LET, &iv, s->kids[i]->line, s->kids[i]->col);
+    if (id >= 0) L->syms[id].origin = ORIGIN_LOOP;
+  }
+}
+
+/* for i, j in ndrange(n, (lo, hi), ...): one loop over the product of the
+ * extents (parallel at the top level of a kernel), the indices recovered
+ * by / and % (last axis fastest, as in Taichi); extents below 0 count 0. */
+static void for_ndrange(lower *L, node *s, node *call, int top, int grouped) {
+  int n = call->nkids, nv = s->nkids;
+  if (n < 1 || n > FB_MAX_AXES) {
+    ERR(L, call, "ndrange takes 1 to %d items (a size n or a pair (lo, hi)), found %d",
+        FB_MAX_AXES, n);
+    return;
+  }
+  int vec = grouped || (nv == 1 && n > 1);
+  if (!vec && nv != n) {
+    ERR(L, s,
+        "the loop over ndrange(...) with %d ax%s needs %d loop variable%s (one per axis) or one "
+        "(an index vector), found %d",
+        n, n == 1 ? "is" : "es", n, n == 1 ? "" : "s", nv);
+    return;
+  }
+  int lo[FB_MAX_AXES], ext[FB_MAX_AXES], lc[FB_MAX_AXES], ec[FB_MAX_AXES];
+  int64_t lk[FB_MAX_AXES], ek[FB_MAX_AXES];
+  int bad = 0;
+  for (int d = 0; d < n; d++) {
+    node *it = call->kids[d];
+    int hi, hc;
+    int64_t hk;
+    lc[d] = 1;
+    lk[d] = 0;
+    if (it->kind == E_KWARG) {
+      ERR(L, it, "ndrange takes sizes and (lo, hi) pairs, not arguments given by name");
+      bad = 1;
+      continue;
+    }
+    if (it->kind == E_TUPLE) {
+      if (it->nkids != 2) {
+        ERR(L, it, "an ndrange item is a size n or a pair (lo, hi), found %d values", it->nkids);
+        bad = 1;
+        continue;
+      }
+      if (lang_index(L, it->kids[0], &lo[d], &lc[d], &lk[d]) < 0 ||
+          lang_index(L, it->kids[1], &hi, &hc, &hk) < 0) {
+        bad = 1;
+        continue;
+      }
+    } else {
+      lo[d] = lw_const(L, FB_T_I32, 0, 0);
+      if (lang_index(L, it, &hi, &hc, &hk) < 0) {
+        bad = 1;
+        continue;
+      }
+    }
+    ec[d] = lc[d] && hc;
+    ek[d] = ec[d] ? (hk - lk[d] > 0 ? (int32_t)(hk - lk[d]) : 0) : 0;
+    ext[d] = ec[d] ? lw_const(L, FB_T_I32, 0, ek[d])
+                   : lw_bin(L, FB_OP_MAX, lw_sub(L, hi, lo[d]), lw_const(L, FB_T_I32, 0, 0));
+  }
+  if (bad) return;
+  int total = ext[0];
+  for (int d = 1; d < n; d++) total = lw_mul(L, total, ext[d]);
+  int parallel = top && L->nframes == 0;
+  int st = fb_b_range_for(&L->b, lw_const(L, FB_T_I32, 0, 0), total, parallel);
+  if (st < 0) return;
+  int saved = fb_b_enter(&L->b, L->k->stmts[st].body);
+  int mark = L->nsyms;
+  int rem = fb_b_loop_index(&L->b, st, 0), idx[FB_MAX_AXES];
+  for (int d = n - 1; d >= 0; d--) {
+    /* constants are made again inside the loop body (a task of its own) */
+    int e = !d ? -1 : ec[d] ? lw_const(L, FB_T_I32, 0, ek[d]) : ext[d];
+    int q = d ? lw_bin(L, FB_OP_REM, rem, e) : rem;
+    idx[d] = lc[d] && lk[d] == 0 ? q : lw_add(L, lc[d] ? lw_const(L, FB_T_I32, 0, lk[d]) : lo[d], q);
+    if (d) rem = lw_bin(L, FB_OP_DIV, rem, e);
+  }
+  bind_indices(L, s, idx, n, vec);
+  loop_body(L, s, s->c, st, parallel);
+  L->nsyms = mark;
+  fb_b_leave(&L->b, saved);
+}
+
 static void for_struct(lower *L, node *s, int top) {
   node *it = s->a;
   lbind bd;
+  int grouped = 0;
+  if (it->kind == E_CALL && !strcmp(it->name, "grouped") && !user_func(L, it->name)) {
+    if (it->nkids != 1) {
+      ERR(L, it, "grouped takes 1 argument (a field, an SNode or ndrange(...)), found %d",
+          it->nkids);
+      return;
+    }
+    if (s->nkids != 1) {
+      ERR(L, s, "a loop over grouped(...) binds one name (an index vector), found %d", s->nkids);
+      return;
+    }
+    it = it->kids[0];
+    grouped = 1;
+  }
+  if (it->kind == E_CALL && !strcmp(it->name, "ndrange") && !user_func(L, it->name)) {
+    for_ndrange(L, s, it, top, grouped);
+    return;
+  }
   if (it->kind == E_NAME && !lang_lookup(L, it->name) && !lang_resolve_field(L, it->name, &bd)) {
     ERR(L, it, "unknown field or SNode '%s' to loop over", it->name);
     return;
@@ -345,13 +535,27 @@ static void for_struct(lower *L, node *s, int top) {
     const char *what = bd.kind == LB_FIELD ? "field" : "SNode";
     sn = bd.kind == LB_FIELD ? L->p->fields[bd.index].pub.snode : L->p->snodes[bd.index].id;
     int ndim = L->p->layout->nodes[sn].ndim;
-    if (ndim == 0) {
-      ERR(L, it,
-          "cannot loop over the 0-D field '%s': a struct-for needs a field with at least one "
-          "dimension",
-          it->name);
+    if (ndim == 0) { /* one cell: the body runs once, the loop variables are 0 */
+      if (nvars > 1) {
+        ERR(L, s,
+            "the loop over the 0-D field '%s' runs once and takes one loop variable (bound to "
+            "0), found %d",
+            it->name, nvars);
+        return;
+      }
+      int parallel = top && L->nframes == 0;
+      int st = fb_b_range_for(&L->b, lw_const(L, FB_T_I32, 0, 0), lw_const(L, FB_T_I32, 0, 1),
+                              parallel);
+      if (st < 0) return;
+      int saved = fb_b_enter(&L->b, L->k->stmts[st].body);
+      int mark = L->nsyms, idx0 = fb_b_loop_index(&L->b, st, 0);
+      bind_indices(L, s, &idx0, 1, 0);
+      loop_body(L, s, s->c, st, parallel);
+      L->nsyms = mark;
+      fb_b_leave(&L->b, saved);
       return;
     }
+    if (grouped || (nvars == 1 && ndim > 1)) nvars = ndim; /* one name: an index vector */
     if (ndim != nvars) {
       ERR(L, s,
           "the loop over %s '%s' needs %d loop variable%s (one per dimension), found %d (the index "
@@ -371,12 +575,14 @@ static void for_struct(lower *L, node *s, int top) {
   int st = fb_b_struct_for(&L->b, sn);
   if (st < 0) return;
   int saved = fb_b_enter(&L->b, L->k->stmts[st].body);
-  int mark = L->nsyms;
-  for (int i = 0; i < nvars; i++) {
-    lval iv;
-    lv_scalar(&iv, FB_T_I32, fb_b_loop_index(&L->b, st, i));
-    int id = lang_push_sym(L, s->kids[i]->name, SYM_LET, &iv, s->kids[i]->line, s->kids[i]->col);
-    if (id >= 0) L->syms[id].origin = ORIGIN_LOOP;
+  int mark = L->nsyms, idx[FB_MAX_AXES];
+  for (int i = 0; i < nvars; i++) idx[i] = fb_b_loop_index(&L->b, st, i);
+  if (bd.kind == LB_UNKNOWN && nvars == 1) { /* unbound: a scalar or a vector */
+    lval u;
+    lv_unknown(&u);
+    lang_push_sym(L, s->kids[0]->name, SYM_LET, &u, s->kids[0]->line, s->kids[0]->col);
+  } else {
+    bind_indices(L, s, idx, nvars, nvars != s->nkids || grouped);
   }
   loop_body(L, s, s->c, st, 1);
   L->nsyms = mark;
@@ -420,6 +626,12 @@ static void return_stmt(lower *L, node *s, int top) {
     fr->have_result = 1;
     return;
   }
+  if (s->a && !has_ret && fr && s->a->kind == E_TUPLE) {
+    ERR(L, s,
+        "func '%s' returns several values: it must return them once, as its last statement",
+        name);
+    return;
+  }
   if (s->a && !has_ret) {
     if (fr)
       ERR(L, s,
@@ -454,7 +666,16 @@ static void return_stmt(lower *L, node *s, int top) {
   if (L->nloops > fr->loop_base) fb_b_break(&L->b);
 }
 
+static void lower_stmt_inner(lower *L, node *s);
+
 static void lower_stmt(lower *L, node *s) {
+  int mark = L->k ? L->k->nstmts : -1, line = s->line, col = s->col;
+  lower_stmt_inner(L, s);
+  if (s->kind == S_ASSIGN && s->a) lang_expr_pos(s->a, &line, &col); /* the target, not '=' */
+  lang_stamp(L, mark, line, col);
+}
+
+static void lower_stmt_inner(lower *L, node *s) {
   if (lang_budget_step(L->p, L->d, s->line, s->col)) {
     L->errors++;
     return;
@@ -466,6 +687,7 @@ static void lower_stmt(lower *L, node *s) {
   case S_LET_TUPLE: let_tuple(L, s); break;
   case S_VAR: var_stmt(L, s); break;
   case S_ASSIGN: assign_stmt(L, s); break;
+  case S_ASSIGN_MULTI: assign_multi(L, s); break;
   case S_EXPR: {
     lval v;
     if (s->a->kind != E_CALL) {
@@ -624,17 +846,62 @@ int lang_inline(lower *L, int fi, node *call, lval *out) {
     for (int i = 0; i < L->nframes; i++) L->p->funcs[L->frames[i].func].too_large = 1;
     return -1;
   }
-  if (call->nkids != d->nkids) {
-    ERR(L, call, "func '%s' takes %d argument%s, found %d", d->name, d->nkids,
-        d->nkids == 1 ? "" : "s", call->nkids);
-    return -1;
-  }
   lval args[16];
   lbind binds[16];
-  if (d->nkids > 16) return -1;
-  int bad = 0;
+  node *given[16];
+  if (d->nkids > 16) {
+    ERR(L, call, "func '%s' has more than 16 parameters", d->name);
+    return -1;
+  }
+  /* positional arguments, then those given by name, then the defaults */
+  int npos = 0, nreq = 0, bad = 0, named = 0;
   for (int i = 0; i < d->nkids; i++) {
-    node *pm = d->kids[i], *a = call->kids[i];
+    given[i] = NULL;
+    if (!d->kids[i]->a) nreq = i + 1;
+  }
+  for (int i = 0; i < call->nkids; i++) {
+    node *a = call->kids[i];
+    if (a->kind != E_KWARG) {
+      if (named) {
+        ERR(L, a, "an argument without a name cannot follow one given by name");
+        return -1;
+      }
+      if (npos < d->nkids) given[npos] = a;
+      npos++;
+      continue;
+    }
+    named = 1;
+    int k = -1;
+    for (int j = 0; j < d->nkids; j++)
+      if (!strcmp(d->kids[j]->name, a->name)) k = j;
+    if (k < 0) {
+      ERR(L, a, "func '%s' has no parameter '%s'", d->name, a->name);
+      return -1;
+    }
+    if (given[k] || k < npos) {
+      ERR(L, a, "argument '%s' of '%s' is given twice", a->name, d->name);
+      return -1;
+    }
+    given[k] = a->a;
+  }
+  if (npos > d->nkids || (!named && npos < nreq)) {
+    if (nreq == d->nkids)
+      ERR(L, call, "func '%s' takes %d argument%s, found %d", d->name, d->nkids,
+          d->nkids == 1 ? "" : "s", call->nkids);
+    else
+      ERR(L, call, "func '%s' takes %d to %d arguments, found %d", d->name, nreq, d->nkids,
+          npos);
+    return -1;
+  }
+  for (int i = 0; i < d->nkids; i++) {
+    if (!given[i]) given[i] = d->kids[i]->a; /* the default (a literal) */
+    if (!given[i]) {
+      ERR(L, call, "func '%s' is missing argument '%s'", d->name, d->kids[i]->name);
+      return -1;
+    }
+  }
+  for (int i = 0; i < d->nkids; i++) {
+    node *pm = d->kids[i], *a = given[i];
     char what[96];
     memset(&binds[i], 0, sizeof binds[i]);
     lv_unknown(&args[i]);
@@ -746,9 +1013,14 @@ int lang_lower_kernel(fb_program *p, int ki, const lbind *binds, fb_kernel **out
   free(L.syms);
   int err = L.b.err;
   if (err || L.errors || !out) {
+    free(L.pos);
     fb_kernel_free(k);
     return err ? err : L.errors;
   }
+  lang_stamp(&L, 0, decl->line, decl->col); /* the rest: the kernel's own */
+  free(p->lower_pos);
+  p->lower_pos = L.pos;
+  p->lower_npos = L.pcap < k->nstmts ? L.pcap : k->nstmts;
   *out = k;
   return 0;
 }
@@ -772,6 +1044,7 @@ int lang_check_func(fb_program *p, int fi, fb_diags *d) {
   lval out;
   inline_body(&L, fi, args, binds, decl, &out);
   free(L.syms);
+  free(L.pos);
   int err = L.b.err;
   fb_kernel_free(k);
   return err ? err : L.errors;

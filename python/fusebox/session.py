@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 
 from fusebox import _wire
+from fusebox import autodiff as _ad
 from fusebox._proto import pb
 from fusebox.errors import (DeadlineExceededError, Error, LaunchError, NotFoundError,
                             ServerError, from_rpc)
@@ -304,6 +305,11 @@ class Kernel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._s._launch(self, self._bind(args, kwargs))
 
+    @property
+    def grad(self) -> "_ad.GradKernel":
+        """The kernel's adjoint, callable with its arguments (docs/autodiff.md)."""
+        return _ad.GradKernel(self)
+
     def __repr__(self) -> str:
         return f"<fusebox kernel {self.info.signature}>"
 
@@ -380,6 +386,11 @@ class Field:
 
     def __len__(self) -> int:
         return self.shape[0] if self.shape else 1
+
+    @property
+    def grad(self) -> "Field":
+        """The field holding this field's gradient ("x.grad"; docs/autodiff.md)."""
+        return _ad.grad_field(self)
 
     def to_numpy(self, out: Optional[np.ndarray] = None, *, progress: Optional[bool] = None,
                  timeout: Optional[float] = None) -> np.ndarray:
@@ -746,6 +757,9 @@ class Session:
         self._seq = 0
         self._sent = 0  # launches handed to the stream (Cancel's through_launch)
         self._names: Dict[int, str] = {}
+        self._adjoints: Dict[int, int] = {}  # kernel id -> its adjoint's (autodiff.py)
+        self._marks: List[Any] = []  # tape marks of the next message
+        self._tape: Any = None  # the tape recording, if any
         self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}
         self.program = Program(self._c._call("DescribeSource", self._src))
         opts = pb.SessionOptions(backend=backend, mode=mode, flush_every=flush_every,
@@ -951,6 +965,32 @@ class Session:
         if self.closed:
             raise Error(f"session {self.id[:8] if hasattr(self, 'id') else ''} is closed")
 
+    def _bind_values(self, k: Kernel, args: List[Any]) -> Tuple[List[str], List[Any]]:
+        fields, values = [], []
+        info = k.info
+        for i, (p, a) in enumerate(zip(info.params, args)):
+            if p.is_field:
+                name = a.name if isinstance(a, Field) else a
+                if not isinstance(name, str):
+                    raise TypeError(f"{info.name}(): argument '{p.name}' (field) must be a "
+                                    f"field or a field's name, not {type(a).__name__}")
+                fields.append(name)
+            else:
+                values.append(_value(info, i, a))
+        return fields, values
+
+    def _mark(self, m: Any) -> None:
+        """A tape mark, sent among the launches (autodiff.py)."""
+        m.at = len(self._pending)
+        self._marks.append(m)
+        self._unsynced = True
+
+    def tape(self, loss: Any) -> "_ad.Tape":
+        """``with s.tape(s.fields.loss): ...``: record the launches inside, then
+        launch the gradients' clears, ``loss.grad = 1`` and the adjoints
+        (docs/autodiff.md). The loss is a 0-D field with a gradient."""
+        return _ad.tape(self, loss)
+
     def _launch(self, k: Kernel, args: List[Any]) -> Any:
         self._check_open()
         info = k.info
@@ -981,10 +1021,12 @@ class Session:
         return None
 
     def _send(self, flush: bool = False, sync: int = 0) -> None:
-        if not self._pending and not flush and not sync:
+        if not self._pending and not self._marks and not flush and not sync:
             return
         m = pb.SessionRequest(flush=flush, sync=sync)
         m.launches.extend(self._pending)
+        m.tape.extend(self._marks)
+        self._marks = []
         self._sent += len(self._pending)
         self._pending = []
         self._q.put(m)
@@ -1147,8 +1189,9 @@ class Session:
         if getattr(self, "_closing", False):
             return
         self._closing = True
+        inside = _ad.closing_inside(self)
         try:
-            if self._stream is not None and not self.closed and self._pending:
+            if self._stream is not None and not self.closed and (self._pending or self._marks):
                 self._send()
             if hasattr(self, "id") and not self.closed:
                 try:
@@ -1162,6 +1205,10 @@ class Session:
                 self._stream.cancel()
             if self in getattr(self._c, "_sessions", []):
                 self._c._sessions.remove(self)
+        if inside is not None:
+            self._tape = None
+            raise Error(f"the session was closed while a tape over '{inside}' was recording; "
+                        "its gradients were not computed (end the tape first)")
 
     def __enter__(self) -> "Session":
         return self

@@ -12,6 +12,9 @@ is 10e-3, 30e-3, 20e-3 on its 1st, 2nd, 3rd call for a case (median 20e-3)
 and its CPU 6e-3, both times 4 on large/ cases. Environment: FAKE_CORES
 (Fusebox's machine.cpu_threads, default: the --threads it was given; fails without one), FAKE_PEER_THREADS (default: --threads),
 FAKE_OFF=1 (the peer's sum is off by 1%), FAKE_FAIL=1 (Fusebox exits 1).
+The peer touches 40 MiB before it answers, so that its peak memory (the
+driver's RSS high-water mark) is known to be above 40 MiB and Fusebox's
+(a few MiB of Python) below it.
 """
 import json
 import os
@@ -40,13 +43,16 @@ def main():
                        "cases": [{"name": case, "checks_passed": True, "modes": modes}]}, f)
         return 0
     threads = int(os.environ.get("FAKE_PEER_THREADS", args[args.index("--threads") + 1]))
+    ballast = bytearray(40 << 20)
+    ballast[::4096] = b"\1" * (len(ballast) // 4096)  # a byte a page: every page resident
     fields = json.loads(json.dumps(STATS))
     if os.environ.get("FAKE_OFF"):
         fields["x"]["sum"] *= 1.01
     wall = (10e-3, 30e-3, 20e-3)[(calls - 1) % 3] * k
     print("taichi-like log line")
     print(json.dumps({"case": case, "rtol": 1e-4, "stats": ["sum", "abs_sum", "min", "max"],
-                      "threads": threads, "wall_s": wall, "cpu_s": 6e-3 * k, "fields": fields}))
+                      "threads": threads, "wall_s": wall, "cpu_s": 6e-3 * k, "fields": fields,
+                      "ballast": len(ballast)}))
     return 0
 
 

@@ -60,8 +60,8 @@ def main():
     if args.warmup < 0 or args.repeat < 1:
         sys.exit("harness.py: --warmup must be >= 0 and --repeat >= 1")
     suite, _, name = args.case.partition("/")
-    if suite not in ("micro", "large") or not name.replace("_", "").isalnum():
-        sys.exit("harness.py: case must be micro/NAME or large/NAME, got %r" % args.case)
+    if suite not in ("micro", "large", "real") or not name.replace("_", "").isalnum():
+        sys.exit("harness.py: case must be micro/NAME, large/NAME or real/NAME, got %r" % args.case)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     mod = importlib.import_module("%s_%s" % (suite, name))
 

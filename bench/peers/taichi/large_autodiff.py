@@ -1,6 +1,6 @@
 """autodiff (bench/large/autodiff.fbk): Taichi's mpm_lagrangian_forces, the
-energy's adjoint written by hand as in the Fusebox program; a step is 50
-substeps of the nine kernels ti.Tape runs."""
+energy's adjoint generated under ti.ad.Tape as Fusebox generates it for its
+program's tape; a step is 50 substeps."""
 import taichi as ti  # also a global: Taichi 0.7 compiles ti.func bodies against module globals
 NPX, NPY = 100, 8
 NP = NPX * NPY
@@ -11,19 +11,18 @@ DT = 1e-4
 
 def make(ti):
     inv_dx = float(G)
-    x = ti.Vector.field(2, dtype=ti.f32)
-    x_grad = ti.Vector.field(2, dtype=ti.f32)
+    x = ti.Vector.field(2, dtype=ti.f32, needs_grad=True)
     v = ti.Vector.field(2, dtype=ti.f32)
     C = ti.Matrix.field(2, 2, dtype=ti.f32)
-    ti.root.dense(ti.i, NP).place(x, x_grad, v, C)
+    ti.root.dense(ti.i, NP).place(x, x.grad, v, C)
     grid_v = ti.Vector.field(2, dtype=ti.f32)
     grid_m = ti.field(ti.f32)
     ti.root.dense(ti.ij, (G, G)).place(grid_v, grid_m)
     restT = ti.Matrix.field(2, 2, dtype=ti.f32)
     vertices = ti.Vector.field(3, dtype=ti.i32)
     ti.root.dense(ti.i, NE).place(restT, vertices)
-    total_energy = ti.field(ti.f32, shape=())
-    energy_grad = ti.field(ti.f32, shape=())
+    total_energy = ti.field(ti.f32, shape=(), needs_grad=True)
+    Tape = ti.ad.Tape if hasattr(ti, "ad") and hasattr(ti.ad, "Tape") else ti.Tape
 
     @ti.func
     def mesh(i, j):
@@ -70,15 +69,8 @@ def make(ti):
             grid_v[i, j] = ti.Vector([0.0, 0.0])
 
     @ti.kernel
-    def clear_gradients():
-        energy_grad[None] = 0.0
-        for p in x_grad:
-            x_grad[p] = ti.Vector([0.0, 0.0])
-
-    @ti.kernel
-    def tape_begin():
+    def reset_energy():  # as the Fusebox program does (Taichi 1.7's Tape also zeroes it)
         total_energy[None] = 0.0
-        energy_grad[None] = 1.0
 
     @ti.kernel
     def compute_total_energy():
@@ -88,21 +80,6 @@ def make(ti):
             J = F.determinant()
             element_energy = 0.5 * (I1 - 2.0) - ti.log(J) + 0.5 * ti.log(J) ** 2
             total_energy[None] += element_energy * 1e-3
-
-    @ti.kernel
-    def compute_total_energy_grad():
-        for e in restT:
-            B = restT[e].inverse()
-            F = compute_T(e) @ B
-            J = F.determinant()
-            FinvT = F.inverse().transpose()
-            P = (F - FinvT) + ti.log(J) * FinvT
-            H = energy_grad[None] * 1e-3 * (P @ B.transpose())
-            gb = ti.Vector([H[0, 0], H[1, 0]])
-            gc = ti.Vector([H[0, 1], H[1, 1]])
-            x_grad[vertices[e][1]] += gb
-            x_grad[vertices[e][2]] += gc
-            x_grad[vertices[e][0]] -= gb + gc
 
     @ti.kernel
     def p2g():
@@ -115,7 +92,7 @@ def make(ti):
                 off = ti.Vector([i, j])
                 dpos = (off.cast(float) - fx) / inv_dx
                 weight = w[i][0] * w[j][1]
-                grid_v[base + off] += weight * (v[p] - x_grad[p] + affine @ dpos)
+                grid_v[base + off] += weight * (v[p] - x.grad[p] + affine @ dpos)
                 grid_m[base + off] += weight
 
     @ti.kernel
@@ -164,10 +141,9 @@ def make(ti):
         for _ in range(50):
             clear_grid_m()
             clear_grid_v()
-            clear_gradients()
-            tape_begin()
-            compute_total_energy()
-            compute_total_energy_grad()
+            reset_energy()
+            with Tape(loss=total_energy):  # clears the gradients, seeds the energy's
+                compute_total_energy()
             p2g()
             grid_op()
             g2p()

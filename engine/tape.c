@@ -1,0 +1,314 @@
+/* Automatic differentiation in the session: adjoint kernels registered on
+ * the session's behalf (fb_session_kernel_adjoint) and the tape
+ * (fb_session_tape_begin / _end). Everything here ends in ordinary kernels
+ * and ordinary launches: an adjoint goes through fb_session_add_kernel like
+ * a client's kernel, and the tape's clears, seed and adjoints go through
+ * fb_launch, so async mode optimizes them with the rest of the state-flow
+ * graph (docs/autodiff.md, "The tape"). */
+#include "engine/internal.h"
+
+#include <ctype.h>
+#include <limits.h>
+
+/* The most launches one tape records: each holds its arguments until the
+ * tape ends. */
+#define TAPE_MAX_LAUNCHES (1 << 20)
+
+typedef struct tape_rec {
+  int kernel;
+  int nargs;
+  size_t arg0;      /* its first argument in fbe_ad.argv */
+  uint64_t launch;  /* the session's launch number */
+} tape_rec;
+
+typedef struct fbe_ad {
+  int recording;    /* a tape is between begin and end */
+  int loss;         /* its loss field */
+  tape_rec *recs;
+  int nrecs, rcap;
+  fb_value *argv;
+  size_t nargv, acap;
+  int *fill;        /* per SNode: id + 1 of the kernel clearing that gradient place */
+  int *seed;        /* per SNode: id + 1 of the kernel setting that gradient place to 1 */
+} fbe_ad;
+
+static fbe_ad *ad_get(fb_session *s) {
+  if (s->ad) return s->ad;
+  fbe_ad *a = calloc(1, sizeof *a);
+  int n = s->layout->nnodes > 0 ? s->layout->nnodes : 1;
+  if (a) a->fill = calloc((size_t)n, sizeof *a->fill);
+  if (a) a->seed = calloc((size_t)n, sizeof *a->seed);
+  if (!a || !a->fill || !a->seed) {
+    if (a) free(a->fill);
+    free(a);
+    return NULL;
+  }
+  return s->ad = a;
+}
+
+void fbe_ad_free(fb_session *s) {
+  fbe_ad *a = s->ad;
+  if (!a) return;
+  free(a->recs);
+  free(a->argv);
+  free(a->fill);
+  free(a->seed);
+  free(a);
+  s->ad = NULL;
+}
+
+/* Kernels ids keep and up are about to go: forget the generated ones among
+ * them (and references to them). */
+void fbe_tape_forget(fb_session *s, int keep) {
+  for (int i = 0; i < s->nkernels && i < keep; i++)
+    if (s->kernels[i].adj > keep) s->kernels[i].adj = 0;
+  fbe_ad *a = s->ad;
+  if (!a) return;
+  for (int i = 0; i < s->layout->nnodes; i++) {
+    if (a->fill[i] > keep) a->fill[i] = 0;
+    if (a->seed[i] > keep) a->seed[i] = 0;
+  }
+}
+
+static const char *field_name(const fb_session *s, int f) {
+  const char *n = f >= 0 && f < s->layout->nnodes ? s->layout->nodes[f].name : NULL;
+  return n ? n : "?";
+}
+
+/* The pass names statements by IR value ("%7 if: ...", "(%4 load)"),
+ * which a client never sees: drop those, in place. */
+static void strip_ir_values(char *m) {
+  char *w = m;
+  for (const char *r = m; *r;) {
+    if (r[0] == '%' && isdigit((unsigned char)r[1])) {
+      r++;
+      while (isdigit((unsigned char)*r)) r++;
+      if (*r == ' ') r++;
+      continue;
+    }
+    *w++ = *r++;
+  }
+  *w = 0;
+}
+
+int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj) {
+  if (!s) return FB_EINVAL;
+  if (kernel < 0 || kernel >= s->nkernels)
+    return fail(s, FB_ENOENT, "no kernel with id %d (the session has %d)", kernel, s->nkernels);
+  sess_kernel *sk = &s->kernels[kernel];
+  if (sk->adj > 0 && sk->adj <= s->nkernels) {
+    if (adj) *adj = sk->adj - 1;
+    return 0;
+  }
+  fb_grad_map g;
+  if (fb_grad_map_from_layout(s->layout, &g))
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory (gradient map)", sk->k->name);
+  fb_kernel *out = NULL;
+  char msg[ERRLEN];
+  msg[0] = 0;
+  /* bounded as a client's kernel is: the pass stops at the session's
+   * statement limit rather than building a larger kernel to refuse later */
+  int rc = fb_kernel_adjoint_ex(sk->k, &g, s->max_stmts, &out, NULL, msg, sizeof msg);
+  fb_grad_map_free(&g);
+  if (rc) {
+    strip_ir_values(msg);
+    return fail(s, rc, "%s", msg[0] ? msg : fb_strerror(rc));
+  }
+  rc = fb_session_add_kernel(s, out); /* the same checks as a client's kernel */
+  fb_kernel_free(out);
+  if (rc < 0) {
+    char why[ERRLEN];
+    snprintf(why, sizeof why, "%s", s->err);
+    return fail(s, rc, "the adjoint of kernel '%s': %s", s->kernels[kernel].k->name, why);
+  }
+  s->kernels[kernel].adj = rc + 1; /* kernels may have moved */
+  if (adj) *adj = rc;
+  return 0;
+}
+
+int fb_session_tape_loss(const fb_session *s) {
+  return s && s->ad && s->ad->recording ? s->ad->loss : FB_ENOENT;
+}
+
+/* The gradient place of field f, or -1. */
+static int grad_place(const fb_session *s, int f) {
+  fb_grad_map g;
+  if (fb_grad_map_from_layout(s->layout, &g)) return FB_ENOMEM;
+  int r = f >= 0 && f < g.n ? g.grad[f] : -1;
+  fb_grad_map_free(&g);
+  return r;
+}
+
+int fb_session_tape_begin(fb_session *s, int loss) {
+  if (!s) return FB_EINVAL;
+  if (s->ad && s->ad->recording)
+    return fail(s, FB_EINVAL,
+                "a tape over '%s' is already recording: end it before beginning another (tapes "
+                "do not nest)",
+                field_name(s, s->ad->loss));
+  const fb_layout *l = s->layout;
+  if (loss < 0 || loss >= l->nnodes || l->nodes[loss].kind != FB_SN_PLACE)
+    return fail(s, FB_EINVAL, "tape: the loss must be a field; SNode %d is not one", loss);
+  const fb_snode *n = &l->nodes[loss];
+  if (!fb_type_is_float(n->type))
+    return fail(s, FB_EINVAL, "tape: the loss '%s' is %s; a loss is an f32 or f64 field",
+                field_name(s, loss), fb_type_name(n->type));
+  if (fb_field_numel(l, loss) != 1)
+    return fail(s, FB_EINVAL,
+                "tape: the loss '%s' has %lld elements; a loss is a 0-D (scalar) field",
+                field_name(s, loss), (long long)fb_field_numel(l, loss));
+  int g = grad_place(s, loss);
+  if (g == FB_ENOMEM) return fail(s, FB_ENOMEM, "tape: out of memory");
+  if (g < 0)
+    return fail(s, FB_EINVAL,
+                "tape: the loss '%s' has no gradient; declare it with one (a place '%s.grad' "
+                "next to it, `place %s: %s grad` in .fbk)",
+                field_name(s, loss), field_name(s, loss), field_name(s, loss),
+                fb_type_name(n->type));
+  fbe_ad *a = ad_get(s);
+  if (!a) return fail(s, FB_ENOMEM, "tape: out of memory");
+  a->recording = 1;
+  a->loss = loss;
+  a->nrecs = 0;
+  a->nargv = 0;
+  return 0;
+}
+
+int fbe_tape_record(fb_session *s, int kernel, const fb_value *args, int nargs) {
+  fbe_ad *a = s->ad;
+  if (!a->recording) return 0;
+  if (a->nrecs == TAPE_MAX_LAUNCHES)
+    return fail(s, FB_EQUOTA,
+                "kernel '%s': the tape over '%s' already holds %d launches, the most one tape "
+                "records; end the tape sooner",
+                s->kernels[kernel].k->name, field_name(s, a->loss), a->nrecs);
+  if (a->nrecs == a->rcap) {
+    int nc = a->rcap ? a->rcap * 2 : 16;
+    tape_rec *v = realloc(a->recs, sizeof *v * (size_t)nc);
+    if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory (tape)", s->kernels[kernel].k->name);
+    a->recs = v;
+    a->rcap = nc;
+  }
+  if (a->nargv + (size_t)nargs > a->acap) {
+    size_t nc = a->acap ? a->acap * 2 : 64;
+    while (nc < a->nargv + (size_t)nargs) nc *= 2;
+    fb_value *v = realloc(a->argv, sizeof *v * nc);
+    if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory (tape)", s->kernels[kernel].k->name);
+    a->argv = v;
+    a->acap = nc;
+  }
+  if (nargs) memcpy(a->argv + a->nargv, args, sizeof *args * (size_t)nargs);
+  a->recs[a->nrecs++] = (tape_rec){kernel, nargs, a->nargv, s->launch_no};
+  a->nargv += (size_t)nargs;
+  return 0;
+}
+
+/* A kernel of no parameters setting every element of place p to v (0 or 1),
+ * registered once and remembered in *slot (id + 1). */
+static int fill_kernel(fb_session *s, int p, int one, int *slot, int *id) {
+  if (*slot > 0 && *slot <= s->nkernels) {
+    *id = *slot - 1;
+    return 0;
+  }
+  const fb_snode *n = &s->layout->nodes[p];
+  char name[256];
+  snprintf(name, sizeof name, "%s.%s", field_name(s, p), one ? "seed" : "clear");
+  fb_kernel *k = fb_kernel_new(s->layout, name, 0, NULL, FB_T_VOID);
+  if (!k) return fail(s, FB_ENOMEM, "tape: out of memory");
+  fb_builder b;
+  fb_builder_init(&b, k);
+  int idx[FB_MAX_AXES], saved = -1;
+  if (n->ndim > 0) {
+    int st = fb_b_struct_for(&b, p);
+    if (st >= 0) {
+      saved = fb_b_enter(&b, k->stmts[st].body);
+      for (int i = 0; i < n->ndim; i++) idx[i] = fb_b_loop_index(&b, st, i);
+    }
+  }
+  int c = n->type == FB_T_F64 ? fb_b_const_f64(&b, one) : fb_b_const_f32(&b, (float)one);
+  fb_b_store(&b, p, idx, n->ndim, c);
+  if (saved >= 0) fb_b_leave(&b, saved);
+  if (b.err) {
+    fb_kernel_free(k);
+    return fail(s, FB_ENOMEM, "tape: out of memory");
+  }
+  int rc = fb_session_add_kernel(s, k);
+  fb_kernel_free(k);
+  if (rc < 0) return rc;
+  *slot = rc + 1;
+  *id = rc;
+  return 0;
+}
+
+/* Mark in touched[] the gradient place of every field kernel k accesses. */
+static void mark_touched(const fb_kernel *k, const fb_grad_map *g, uint8_t *touched) {
+  for (int i = 0; i < k->nstmts; i++) {
+    const fb_stmt *st = &k->stmts[i];
+    if (st->op >= FB_OP__COUNT || !(fb_op_table[st->op].flags & FB_OPF_SNODE)) continue;
+    int c = fb_op_table[st->op].cls;
+    if (c != FB_OPC_GLOAD && c != FB_OPC_GSTORE && c != FB_OPC_ATOMIC) continue;
+    if (st->snode >= 0 && st->snode < g->n && g->grad[st->snode] >= 0)
+      touched[g->grad[st->snode]] = 1;
+  }
+}
+
+/* The adjoint of every recorded launch, made before anything is launched:
+ * a refusal launches nothing. */
+static int tape_adjoints(fb_session *s, fbe_ad *a, int *adj) {
+  for (int i = 0; i < a->nrecs; i++) {
+    const tape_rec *r = &a->recs[i];
+    int rc = fb_session_kernel_adjoint(s, r->kernel, &adj[i]);
+    if (!rc) continue;
+    char why[ERRLEN];
+    snprintf(why, sizeof why, "%s", s->err);
+    fail(s, rc, "tape over '%s': launch %d of the tape (kernel '%s', the session's launch %llu): %s",
+         field_name(s, a->loss), i + 1, s->kernels[r->kernel].k->name,
+         (unsigned long long)r->launch, why);
+    s->err_bg = 1; /* fb_session_error_launch names the launch to blame */
+    s->err_launch = r->launch;
+    s->err_kernel = r->kernel;
+    return rc;
+  }
+  return 0;
+}
+
+static int tape_run(fb_session *s, fbe_ad *a) {
+  const fb_layout *l = s->layout;
+  int n = l->nnodes, rc = 0;
+  int *adj = malloc(sizeof *adj * (size_t)(a->nrecs ? a->nrecs : 1));
+  uint8_t *touched = calloc((size_t)n, 1);
+  fb_grad_map g = {0, NULL};
+  if (!adj || !touched || fb_grad_map_from_layout(l, &g)) rc = fail(s, FB_ENOMEM, "tape: out of memory");
+  if (!rc) rc = tape_adjoints(s, a, adj);
+  if (!rc) {
+    for (int i = 0; i < a->nrecs; i++) mark_touched(s->kernels[a->recs[i].kernel].k, &g, touched);
+    int lg = g.grad[a->loss];
+    touched[lg] = 1;
+    for (int p = 0; !rc && p < n; p++) {
+      int id;
+      if (touched[p] && !(rc = fill_kernel(s, p, 0, &a->fill[p], &id)))
+        rc = fb_launch(s, id, NULL, 0, NULL);
+    }
+    int id;
+    if (!rc && !(rc = fill_kernel(s, lg, 1, &a->seed[lg], &id))) rc = fb_launch(s, id, NULL, 0, NULL);
+    for (int i = a->nrecs - 1; !rc && i >= 0; i--) {
+      const tape_rec *r = &a->recs[i];
+      rc = fb_launch(s, adj[i], r->nargs ? a->argv + r->arg0 : NULL, r->nargs, NULL);
+    }
+  }
+  fb_grad_map_free(&g);
+  free(touched);
+  free(adj);
+  return rc;
+}
+
+int fb_session_tape_end(fb_session *s) {
+  if (!s) return FB_EINVAL;
+  fbe_ad *a = s->ad;
+  if (!a || !a->recording) return fail(s, FB_EINVAL, "tape end: no tape is recording");
+  a->recording = 0; /* over whatever happens; its own launches are not recorded */
+  int rc = tape_run(s, a);
+  a->nrecs = 0;
+  a->nargv = 0;
+  return rc;
+}

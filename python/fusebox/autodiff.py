@@ -1,0 +1,115 @@
+"""Reverse-mode automatic differentiation on a session (docs/autodiff.md).
+
+The gradient of field ``x`` is the field ``x.grad`` of the program (declared
+``place x: f32 grad``); ``s.fields.x.grad`` is that :class:`Field`.
+``s.kernels.k.grad(args)`` launches the adjoint of ``k`` (made on the server
+from ``k``'s IR, once per kernel). ``with s.tape(s.fields.loss): ...``
+records the launches inside; at its end the server clears the gradients
+they touch, sets ``loss.grad = 1`` and launches their adjoints newest first,
+as ordinary launches (in async mode the optimizer then removes a forward
+pass whose results nobody reads). Errors (a loss without a gradient, a
+kernel whose adjoint is refused, which names that launch) come back from
+the next :meth:`Session.sync` as a :class:`fusebox.LaunchError`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from fusebox._proto import pb
+from fusebox.errors import Error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fusebox.session import Field, Kernel, Session
+
+
+def grad_field(f: "Field") -> "Field":
+    """The Field holding f's gradient, or a clear error when it has none."""
+    from fusebox.session import Field
+    s = f._s
+    name = f.info.name + ".grad"
+    info = s.program.fields.get(name)
+    if info is None:
+        raise Error(f"field '{f.info.name}' has no gradient: declare it with one "
+                    f"('place {f.info.name}: {f.dtype.name.replace('float', 'f')} grad' "
+                    "in the program)")
+    return Field(s, info)
+
+
+class GradKernel:
+    """``k.grad``: launches the adjoint of kernel k with k's arguments."""
+
+    def __init__(self, k: "Kernel"):
+        self._k = k
+        self.name = k.info.name + ".grad"
+        self.__doc__ = f"Launch the adjoint of {k.info.signature}."
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        k = self._k
+        s = k._s
+        s._check_open()
+        fields, values = s._bind_values(k, k._bind(args, kwargs))
+        kid = s._kernel_id(k.info, tuple(fields))
+        adj = s._adjoints.get(kid)
+        if adj is None:
+            req = pb.RegisterKernelsRequest(session_id=s.id, adjoints=[kid])
+            adj = int(s._c._call("RegisterKernels", req).kernel_ids[0])
+            s._adjoints[kid] = adj
+            s._names[adj] = s._names.get(kid, k.info.name) + ".grad"
+        s._pending.append(pb.Launch(kernel=adj, args=values))
+        s._unsynced = True
+        if len(s._pending) >= s._batch:
+            s._send()
+
+    def __repr__(self) -> str:
+        return f"<fusebox adjoint of {self._k.info.signature}>"
+
+
+class Tape:
+    """``with s.tape(loss):`` (see the module's docstring)."""
+
+    def __init__(self, s: "Session", loss: Any):
+        from fusebox.session import Field
+        name = loss.info.name if isinstance(loss, Field) else loss
+        if isinstance(loss, Field) and loss._s is not s:
+            raise ValueError("tape: the loss is a field of another session")
+        if not isinstance(name, str):
+            raise TypeError(f"tape: the loss must be a field or a field's name, not "
+                            f"{type(loss).__name__}")
+        info = s.program.fields.get(name)
+        if info is None:
+            raise Error(f"tape: no field named '{name}' in the program")
+        if len(info.places) != 1 or info.index_shape:
+            raise Error(f"tape: the loss '{name}' has shape {info.shape}; a loss is a 0-D "
+                        "scalar field")
+        if name + ".grad" not in s.program.fields:
+            raise Error(f"tape: the loss '{name}' has no gradient: declare it with one "
+                        f"('place {name}: ... grad' in the program)")
+        self._s = s
+        self.loss = name
+        self._place = info.places[0]
+
+    def __enter__(self) -> "Tape":
+        s = self._s
+        s._check_open()
+        if s._tape is not None:
+            raise Error(f"a tape over '{s._tape.loss}' is already recording: end it before "
+                        "beginning another (tapes do not nest)")
+        s._mark(pb.TapeMark(end=False, loss=self._place))
+        s._tape = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        s = self._s
+        s._tape = None
+        if not s.closed:
+            s._mark(pb.TapeMark(end=True))
+
+
+def tape(s: "Session", loss: Any) -> Tape:
+    return Tape(s, loss)
+
+
+def closing_inside(s: "Session") -> Optional[str]:
+    """The loss of the tape recording when s closes, else None."""
+    t = getattr(s, "_tape", None)
+    return t.loss if t is not None else None

@@ -1,0 +1,417 @@
+"""The runtime of fusebox.taichi: the connection to fuseboxd, the session
+(made when the layout is materialized), kernels translated, registered and
+launched, and the mapping of server errors back to the user's lines."""
+from __future__ import annotations
+
+import atexit
+import inspect
+import linecache
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import grpc
+import numpy as np
+
+from fusebox.taichi import _types
+from fusebox.taichi._errors import (TaichiCompilationError, TaichiRuntimeError,
+                                    TaichiSyntaxError, TaichiTypeError)
+from fusebox.taichi._fields import (Axes, Field, SNode, layout_lines, name_fields, shape_tuple)
+from fusebox.taichi._translate import Program, translate_kernel
+
+FILENAME = "taichi_program.fbk"
+
+# what each arch asks the server for
+_CPU_ARCHS = {"cpu", "x64", "arm64"}
+
+
+class Arch:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ti.{self.name}"
+
+
+cpu, gpu, cuda, vulkan, metal, opengl, dx11, dx12, gles, x64, arm64, amdgpu = (
+    Arch(n) for n in ("cpu", "gpu", "cuda", "vulkan", "metal", "opengl", "dx11", "dx12", "gles",
+                      "x64", "arm64", "amdgpu"))
+
+
+class Runtime:
+    def __init__(self, arch: Any = None, async_mode: bool = False, random_seed: int = 0,
+                 server: Any = None, **kw: Any):
+        self.arch = arch
+        self.mode = "async" if async_mode else "sync"
+        self.seed = int(random_seed or 0)
+        self.server = server
+        self.client: Any = None
+        self.own_client = False
+        self.session: Any = None
+        self.root = SNode(self, "root", None, (), ())
+        self.fields: List[Field] = []
+        self.field_names: set = set()
+        self.prog = Program(self)
+        self.layout: List[Tuple[str, Tuple[str, int]]] = []
+        self.where_materialized = ""
+        self.helpers: Dict[Any, int] = {}
+        self.closed = False
+
+    # ---------------------------------------------------------------- layout
+    def _check_open_layout(self, what: str) -> None:
+        if self.session is not None:
+            raise TaichiRuntimeError(
+                f"{what}: the layout was already sent to fuseboxd ({self.where_materialized}); "
+                "on Fusebox every field must be declared before the first kernel launch or "
+                "field access: move this declaration above it")
+
+    def make_field(self, dtype: Any, elem: Tuple[int, ...], shape: Any, name: str,
+                   needs_grad: bool, kw: Dict[str, Any]) -> Field:
+        if needs_grad:
+            raise TaichiRuntimeError(
+                "needs_grad=True: automatic differentiation (gradient fields, ti.ad.Tape, "
+                "kernel.grad()) is not yet supported by fusebox.taichi; the server's adjoint "
+                "pass has no .fbk syntax yet (docs/autodiff.md)")
+        if kw.get("offset") is not None:
+            raise TaichiSyntaxError("ti.field(..., offset=...) is not supported by "
+                                    "fusebox.taichi: subtract the offset in the index instead")
+        self._check_open_layout("declaring a field")
+        f = Field(self, _types.resolve(dtype), elem, name)
+        self.fields.append(f)
+        if shape is not None:
+            sh = shape_tuple(shape)
+            if not sh:
+                self.root.place(f)
+            else:
+                if len(sh) > 4:
+                    raise ValueError("fields have at most 4 dimensions on Fusebox")
+                self.root.dense(Axes(*range(len(sh))), sh).place(f)
+        return f
+
+    def _materialize(self) -> None:
+        if self.session is not None:
+            return
+        if self.closed:
+            raise TaichiRuntimeError("this program's runtime was ended by ti.init() or "
+                                     "ti.reset(): declare fields and kernels again")
+        import sys
+        fr: Any = sys._getframe(1)
+        while fr is not None and fr.f_globals.get("__name__", "").startswith("fusebox.taichi"):
+            fr = fr.f_back
+        self.where_materialized = (f"at {fr.f_code.co_filename}:{fr.f_lineno}"
+                                   if fr is not None else "")
+        for f in self.fields:
+            if f.snode is None:
+                raise TaichiRuntimeError(
+                    f"{f.where[0]}:{f.where[1]}: a field declared without shape= was never "
+                    "placed: give it shape=... or place it with ti.root.dense(...).place(x)")
+        snodes: List[SNode] = []
+
+        def walk(n: SNode) -> None:
+            for c in n.children:
+                if isinstance(c, SNode):
+                    snodes.append(c)
+                    walk(c)
+        walk(self.root)
+        placed = [c for c in self._placed()]
+        name_fields(placed, snodes)
+        self.field_names = {f.name for f in placed} | {s.name for s in snodes if s.name}
+        self.layout = layout_lines(self.root)
+        # 0-D fields for kernel-scope accumulators of parallel loops (_translate._reductions)
+        from fusebox.taichi._translate import REDUCE_SLOTS, reduce_slot
+        slots = [reduce_slot(t, k) for t in ("f32", "f64", "i32", "i64")
+                 for k in range(REDUCE_SLOTS)]
+        self.layout[-1:-1] = [(f"  place {nm}: {nm.split('_')[2]}", ("", 0)) for nm in slots]
+        self.field_names |= set(slots)
+        self._connect()
+        text = "\n".join(t for t, _ in self.layout) + "\n"
+        try:
+            self.session = self.client.session(source=text, filename=FILENAME, mode=self.mode,
+                                               backend=self._backend(), seed=self.seed)
+        except Exception as e:
+            raise self._mapped(e, self.layout) from None
+
+    def _placed(self) -> List[Field]:
+        out: List[Field] = []
+
+        def walk(n: SNode) -> None:
+            for c in n.children:
+                if isinstance(c, Field):
+                    out.append(c)
+                else:
+                    walk(c)
+        walk(self.root)
+        return out
+
+    def _backend(self) -> str:
+        a = self.arch
+        name = a.name if isinstance(a, Arch) else (a or "")
+        if name in _CPU_ARCHS:
+            return "cpu"
+        return "auto"
+
+    def _connect(self) -> None:
+        if self.client is not None:
+            return
+        import fusebox
+        srv = self.server
+        if srv is not None and not isinstance(srv, str):
+            self.client = srv
+            return
+        addr = srv or os.environ.get("FUSEBOX_SERVER") or None
+        self.client = fusebox.connect(addr)
+        self.own_client = True
+
+    def register(self, lines: List[Tuple[str, Tuple[str, int]]], name: str, label: str) -> int:
+        """Register kernel name of the program lines (the layout first) on
+        the session; a refusal is raised at the user's lines."""
+        from fusebox._proto import pb
+        from fusebox.errors import ServerError
+        text = "\n".join(t for t, _ in lines) + "\n"
+        if os.environ.get("FUSEBOX_TAICHI_SHOW"):  # the generated program, for debugging
+            import sys
+            sys.stderr.write(f"--- {FILENAME} for {label}\n{text}")
+        s = self.session
+        req = pb.RegisterKernelsRequest(session_id=s.id,
+                                        source=pb.Source(text=text, filename=FILENAME),
+                                        instances=[pb.KernelInstance(kernel=name)])
+        try:
+            kid = s._c._call("RegisterKernels", req).kernel_ids[0]
+        except ServerError as e:
+            raise self._mapped(e, lines) from None
+        s._names[kid] = label
+        return kid
+
+    def launch(self, kid: int, values: List[Any]) -> None:
+        from fusebox._proto import pb
+        s = self.session
+        s._pending.append(pb.Launch(kernel=kid, args=values))
+        s._unsynced = True
+        if len(s._pending) >= s._batch:
+            s._send()
+
+    def launch_helper(self, key: Any, name: str, body: List[str], label: str,
+                      values: Optional[List[Any]] = None) -> None:
+        """A kernel of the package's own (deactivate_all, ...), once per key."""
+        self._materialize()
+        kid = self.helpers.get(key)
+        if kid is None:
+            kid = self.helpers[key] = self.register(
+                self.layout + [(ln, ("", 0)) for ln in body], name, label)
+        self.launch(kid, values or [])
+
+    # ---------------------------------------------------------------- errors
+    def _mapped(self, e: Exception, lines: List[Tuple[str, Tuple[str, int]]]) -> Exception:
+        from fusebox.errors import ServerError
+        if not isinstance(e, ServerError) or e.status != grpc.StatusCode.INVALID_ARGUMENT:
+            return e
+        return TaichiCompilationError(map_diagnostics(e.message, lines))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.session is not None:
+            try:
+                self.session.close()
+            except Exception:
+                pass
+            self.session = None
+        if self.client is not None and self.own_client:
+            try:
+                self.client.close()
+            except Exception:
+                pass
+        self.client = None
+
+
+_DIAG = re.compile(r"^" + re.escape(FILENAME) + r":(\d+):(\d+): (error|warning|note): (.*)$")
+
+
+def map_diagnostics(msg: str, lines: List[Tuple[str, Tuple[str, int]]]) -> str:
+    """The server's diagnostics for the generated program, at the user's
+    Python lines (the generated line and caret are left out)."""
+    out: List[str] = []
+    skip = 0
+    for ln in msg.splitlines():
+        m = _DIAG.match(ln)
+        if m:
+            gl = int(m.group(1))
+            file, pyl = lines[gl - 1][1] if 0 < gl <= len(lines) else ("", 0)
+            if not file:
+                out.append(f"{m.group(3)}: {m.group(4)}")
+            else:
+                src = linecache.getline(file, pyl).strip()
+                out.append(f"{file}:{pyl}: {m.group(3)}: {m.group(4)}" +
+                           (f"\n    {src}" if src else ""))
+            skip = 2  # the .fbk source line and its caret
+            continue
+        if skip:
+            skip -= 1
+            continue
+        if ln.strip():
+            out.append(ln)
+    return "\n".join(out)
+
+
+_RT: Optional[Runtime] = None
+
+
+def rt() -> Runtime:
+    global _RT
+    if _RT is None:
+        _RT = Runtime()
+    return _RT
+
+
+def init(arch: Any = None, async_mode: bool = False, default_fp: Any = None,
+         default_ip: Any = None, random_seed: int = 0, server: Any = None, **kw: Any) -> None:
+    """ti.init: start over (a new layout; the previous session ends) and
+    say how to connect: ``server`` (a fusebox.Client or an address), else
+    $FUSEBOX_SERVER, else a private fuseboxd started on first use."""
+    global _RT
+    if _RT is not None:
+        _RT.close()
+    _types.defaults.fp = _types.resolve(default_fp) if default_fp is not None else _types.f32
+    _types.defaults.ip = _types.resolve(default_ip) if default_ip is not None else _types.i32
+    _RT = Runtime(arch, async_mode, random_seed, server)
+
+
+def reset() -> None:
+    global _RT
+    if _RT is not None:
+        _RT.close()
+    _RT = None
+
+
+def sync() -> None:
+    r = rt()
+    if r.session is not None:
+        r.session.sync()
+
+
+@atexit.register
+def _at_exit() -> None:
+    if _RT is not None:
+        _RT.close()
+
+
+# ------------------------------------------------------------------ kernels
+_TYPE_NUM = {"i32": 2, "i64": 3, "u32": 4, "u64": 5, "f32": 6, "f64": 7}
+
+
+def _wire_value(t: str, x: Any, where: str) -> Any:
+    import struct
+    from fusebox._proto import pb
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, (np.ndarray, list, tuple)) or not isinstance(x, (int, float, bool)):
+        raise TaichiTypeError(f"{where} takes a number, not {type(x).__name__}")
+    n = _TYPE_NUM[t]
+    if t.startswith("f"):
+        v = float(x)
+        if t == "f32":
+            v = float(np.float32(v))
+        return pb.Value(type=n, f_bits=struct.unpack("<Q", struct.pack("<d", v))[0])
+    v = int(x)  # Taichi truncates a float given to an integer parameter
+    if t.startswith("u"):
+        return pb.Value(type=n, u=v % (1 << (32 if t == "u32" else 64)))
+    return pb.Value(type=n, i=v)
+
+
+class Kernel:
+    """A @ti.kernel: translated per set of compile-time arguments
+    (templates), registered on the session, launched with the scalars."""
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        self.sig = inspect.signature(fn)
+        self._cache: Dict[Any, Tuple[int, List[str], Optional[str]]] = {}
+        self._rt: Optional[Runtime] = None
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        """A kernel that is a method (@ti.data_oriented): self is a
+        compile-time argument, its attributes (fields, numbers) constants."""
+        if obj is None:
+            return self
+        import functools
+        return functools.partial(self.__call__, obj)
+
+    @property
+    def grad(self) -> Any:
+        raise TaichiRuntimeError(f"{self.fn.__name__}.grad: automatic differentiation is not "
+                                 "yet supported by fusebox.taichi")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        r = rt()
+        if self._rt is not r:
+            self._cache, self._rt = {}, r
+        r._materialize()
+        try:
+            ba = self.sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TaichiTypeError(f"kernel {self.fn.__name__}(): {e}") from None
+        ba.apply_defaults()
+        key: List[Any] = []
+        statics: Dict[str, Any] = {}
+        params: List[Tuple[str, str]] = []
+        values: List[Any] = []
+        for pname, val in ba.arguments.items():
+            ann = self.sig.parameters[pname].annotation
+            where = f"kernel {self.fn.__name__}(): argument '{pname}'"
+            if isinstance(ann, _types.NdarrayType) or ann is _types.NdarrayType:
+                raise TaichiTypeError(
+                    f"{where}: ti.types.ndarray() arguments are not supported by "
+                    "fusebox.taichi; declare a ti.field of the array's shape, fill it with "
+                    "from_numpy() and pass the field as a ti.template() argument")
+            if isinstance(ann, (_types.VectorType, _types.MatrixType)):
+                raise TaichiTypeError(f"{where}: vector and matrix arguments are not supported; "
+                                      "pass the components as scalars or put it in a field")
+            if ann is inspect.Parameter.empty or isinstance(ann, _types.Template) or \
+                    ann is _types.Template:
+                if isinstance(val, (bool, int, float, np.number)):
+                    key.append(("n", type(val).__name__, val))
+                else:  # a field, an SNode, a @ti.data_oriented object ...: by identity
+                    key.append(("o", id(val)))
+                statics[pname] = val
+                continue
+            try:
+                t = _types.resolve(ann, where).fbk
+            except TypeError as e:
+                raise TaichiTypeError(str(e)) from None
+            params.append((pname, t))
+            values.append(_wire_value(t, val, where))
+        k = tuple(key)
+        inst = self._cache.get(k)
+        if inst is None:
+            inst = self._cache[k] = self._compile(r, statics, params)
+        kid, _, ret = inst
+        r.launch(kid, values)
+        if ret is not None:
+            res = r.session.sync()
+            return res.returns[-1][2] if res.returns else None
+        return None
+
+    def _compile(self, r: Runtime, statics: Dict[str, Any],
+                 params: List[Tuple[str, str]]) -> Tuple[int, List[str], Optional[str]]:
+        prog = r.prog
+        ret = None
+        ra = self.sig.return_annotation
+        if ra is not inspect.Signature.empty and ra is not None:
+            if isinstance(ra, (_types.VectorType, _types.MatrixType)) or isinstance(ra, tuple):
+                raise TaichiTypeError(f"kernel {self.fn.__name__}(): only scalar return types "
+                                      "are supported; write the result into a field")
+            ret = _types.resolve(ra, f"kernel {self.fn.__name__}() return type").fbk
+        name = prog.fresh(self.fn.__name__)
+        prog.new_funcs = []
+        n_func_lines = len(prog.func_lines)
+        try:
+            klines = translate_kernel(prog, self.fn, name, statics, params, ret)
+            kid = r.register(r.layout + prog.func_lines + klines, name, self.fn.__name__)
+        except BaseException:
+            for fk in prog.new_funcs:  # the funcs of a refused kernel go with it
+                prog.funcs.pop(fk, None)
+            del prog.func_lines[n_func_lines:]
+            raise
+        return kid, [p for _, p in params], ret
