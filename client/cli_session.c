@@ -209,7 +209,36 @@ static int check_action(json_t *a, const char *path, char **err) {
   static const char *const sync_k[] = {"sync", NULL};
   static const char *const save_k[] = {"save",     "to",          "every",     "range",
                                        "colormap", "orientation", "particles", NULL};
+  static const char *const cells_k[][3] = {{"activate", "cells", NULL},
+                                           {"deactivate", "cells", NULL}};
+  static const char *const all_k[] = {"deactivate_all", NULL};
   if (!json_is_object(a)) return errf(err, FB_EINVAL, "%s: expected an action object", path);
+  for (int op = 0; op < 2; op++) {
+    if (!json_object_get(a, cells_k[op][0])) continue;
+    int rc = only_keys(a, path, cells_k[op], err);
+    if (rc) return rc;
+    if (!json_is_string(json_object_get(a, cells_k[op][0])))
+      return errf(err, FB_EINVAL, "%s.%s: expected a field or named SNode", path, cells_k[op][0]);
+    json_t *cells = json_object_get(a, "cells"), *c;
+    size_t i, j;
+    if (!json_is_array(cells))
+      return errf(err, FB_EINVAL, "%s.cells: expected an array of cells, each an array of indices",
+                  path);
+    json_array_foreach(cells, i, c) {
+      json_t *x;
+      if (!json_is_array(c))
+        return errf(err, FB_EINVAL, "%s.cells[%zu]: expected an array of indices", path, i);
+      json_array_foreach(c, j, x) if (!json_is_integer(x)) return errf(
+          err, FB_EINVAL, "%s.cells[%zu][%zu]: an index must be an integer", path, i, j);
+    }
+    return 0;
+  }
+  if (json_object_get(a, "deactivate_all")) {
+    int rc = only_keys(a, path, all_k, err);
+    if (!rc && !json_is_string(json_object_get(a, "deactivate_all")))
+      rc = errf(err, FB_EINVAL, "%s.deactivate_all: expected a field or named SNode", path);
+    return rc;
+  }
   if (json_object_get(a, "save")) {
     int rc = only_keys(a, path, save_k, err);
     if (rc) return rc;
@@ -262,7 +291,9 @@ static int check_action(json_t *a, const char *path, char **err) {
   if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
   const char *k = json_object_iter_key(json_object_iter(a));
   return errf(err, FB_EINVAL,
-              "%s%s%s: unknown action (expected launch, write, save, repeat, tape, flush or sync)", path,
+              "%s%s%s: unknown action (expected launch, write, save, activate, deactivate, "
+              "deactivate_all, repeat, tape, flush or sync)",
+              path,
               k ? "." : "", k ? k : "");
 }
 
@@ -525,6 +556,27 @@ static int check_output_field(const fb_program *prog, json_t *a, const char *key
   return 0;
 }
 
+/* activate / deactivate / deactivate_all: a field or named SNode of the
+ * program, and cells of its index count. */
+static int check_host_target(const fb_program *prog, json_t *a, const char *path, char **err) {
+  static const char *const keys[] = {"activate", "deactivate", "deactivate_all"};
+  for (int k = 0; k < 3; k++) {
+    const char *name = json_string_value(json_object_get(a, keys[k]));
+    if (!name) continue;
+    char msg[512];
+    int sn, nd, rc = fb_host_target(prog, name, &sn, &nd, msg, sizeof msg);
+    if (rc) return errf(err, rc, "%s.%s: %s", path, keys[k], msg);
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(a, "cells"), i, c) {
+      if (json_array_size(c) != (size_t)nd)
+        return errf(err, FB_EINVAL, "%s.cells[%zu]: '%s' takes %d ind%s, %zu given", path, i,
+                    name, nd, nd == 1 ? "ex" : "ices", json_array_size(c));
+    }
+  }
+  return 0;
+}
+
 static int check_saves(const fb_program *prog, json_t *list, const char *path, char **err) {
   size_t i;
   json_t *a;
@@ -532,6 +584,7 @@ static int check_saves(const fb_program *prog, json_t *list, const char *path, c
     char sub[1024];
     snprintf(sub, sizeof sub, "%.1000s[%zu]", path, i);
     int rc = check_output_field(prog, a, "save", sub, err);
+    if (!rc) rc = check_host_target(prog, a, sub, err);
     if (!rc && (json_object_get(a, "repeat") || json_object_get(a, "tape"))) {
       snprintf(sub + strlen(sub), sizeof sub - strlen(sub), ".do");
       rc = check_saves(prog, json_object_get(a, "do"), sub, err);
@@ -625,6 +678,14 @@ struct fb_sess_run {
   char sockdir[200], sockpath[256]; /* the private daemon's temp folder and socket */
   kcache *kc;
   int nkc, capkc;
+  /* kernels added for activate / deactivate / deactivate_all (host.c),
+   * in-process sessions: the programs that hold them, and their ids */
+  struct {
+    int op, id;
+    char *target;
+    fb_program *p;
+  } *hk;
+  int nhk, caphk;
   /* Where each launch came from, so that an error found later (async, or
    * on a server) names the action that launched it: launch n of the
    * session (0-based, the engine's count; a server's seq is n + 1) was
@@ -682,8 +743,10 @@ static uint64_t count_launches(json_t *list) {
   json_t *a;
   json_array_foreach(list, i, a) {
     uint64_t k = 0;
-    if (json_object_get(a, "launch")) k = 1;
+    if (json_object_get(a, "launch") || json_object_get(a, "deactivate_all")) k = 1;
     else if (json_object_get(a, "tape")) k = count_launches(json_object_get(a, "do"));
+    else if (json_object_get(a, "activate") || json_object_get(a, "deactivate"))
+      k = json_array_size(json_object_get(a, "cells"));
     else if (json_object_get(a, "repeat")) {
       uint64_t times = (uint64_t)json_integer_value(json_object_get(a, "repeat"));
       uint64_t body = count_launches(json_object_get(a, "do"));
@@ -753,16 +816,20 @@ static const char *launch_action(const fb_sess_run *r, uint64_t n) {
 static int launch_error(fb_sess_run *r, int code, uint64_t n, const char *kname, const char *msg,
                         char **err) {
   const char *rest = msg ? msg : fb_strerror(code);
-  char head[256];
+  char head[256], shown[256], what[300];
   snprintf(head, sizeof head, "kernel '%s'", kname);
   if (!strncmp(rest, head, strlen(head))) {
     rest += strlen(head);
     if (!strncmp(rest, " (launch ", 9) && strchr(rest, ')')) rest = strchr(rest, ')') + 1;
   }
+  /* a kernel this runner added (activate / deactivate) is named by what it does */
+  const char *kn = fb_host_kernel_shown(kname, shown, sizeof shown);
+  if (kn != kname) snprintf(what, sizeof what, "%s", kn);
+  else snprintf(what, sizeof what, "kernel '%s'", kname);
   const char *path = launch_action(r, n);
   int sep = rest[0] && rest[0] != ':' && rest[0] != ' ';
-  return errf(err, code, "%s: kernel '%s' (launch #%llu of the session)%s%s",
-              path ? path : "(unknown action)", kname, (unsigned long long)n + 1, sep ? ": " : "",
+  return errf(err, code, "%s: %s (launch #%llu of the session)%s%s",
+              path ? path : "(unknown action)", what, (unsigned long long)n + 1, sep ? ": " : "",
               rest);
 }
 
@@ -770,6 +837,9 @@ static int launch_error(fb_sess_run *r, int code, uint64_t n, const char *kname,
 static const char *local_kernel_name(const fb_sess_run *r, int id) {
   for (int i = 0; i < r->nkc; i++)
     if (r->kc[i].id == id) return r->kc[i].ir->name;
+  for (int i = 0; i < r->nhk; i++)
+    if (r->hk[i].id == id) /* the kernel host.c appended: the program's last */
+      return fb_program_kernel(r->hk[i].p, fb_program_nkernels(r->hk[i].p) - 1)->name;
   return "?";
 }
 
@@ -961,6 +1031,11 @@ void fb_sess_stop(fb_sess_run *r) {
   if (r->s) fb_session_destroy(r->s);
   if (r->eng) fb_engine_destroy(r->eng);
   free(r->kc);
+  for (int i = 0; i < r->nhk; i++) {
+    free(r->hk[i].target);
+    fb_program_free(r->hk[i].p);
+  }
+  free(r->hk);
   for (uint32_t i = 0; i < r->npaths; i++) free(r->paths[i]);
   free(r->paths);
   free(r->launch_path);
@@ -1278,6 +1353,111 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   return tmp ? 0 : FB_ENOMEM;
 }
 
+/* The id of the kernel that does op on target in the in-process session
+ * (host.c), added the first time. */
+static int local_host_kernel(fb_sess_run *r, fb_host_op op, const char *target, const char *path,
+                             char **err) {
+  for (int i = 0; i < r->nhk; i++)
+    if (r->hk[i].op == (int)op && !strcmp(r->hk[i].target, target)) return r->hk[i].id;
+  char msg[512];
+  fb_program *hp;
+  fb_kernel *k;
+  int rc = fb_host_kernel(r->f->prog, op, target, &hp, &k, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s: %s", path, msg);
+  int id = fb_session_add_kernel(r->s, k);
+  if (id < 0) {
+    fb_program_free(hp);
+    return errf(err, id, "%s: %s of '%s': %s", path,
+                op == FB_HOST_ACTIVATE ? "activate" : "deactivate", target,
+                fb_session_errmsg(r->s));
+  }
+  char *t = strdup(target);
+  if (!t || FB_GROW(r->hk, r->nhk, r->caphk)) {
+    free(t);
+    fb_program_free(hp);
+    return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  }
+  r->hk[r->nhk].op = (int)op;
+  r->hk[r->nhk].id = id;
+  r->hk[r->nhk].target = t;
+  r->hk[r->nhk++].p = hp;
+  return id;
+}
+
+/* {"activate" | "deactivate": S, "cells": [[i, ...], ...]} and
+ * {"deactivate_all": S}: a launch per cell (one for deactivate_all) of a
+ * kernel the runner adds to the program, numbered as the launches are. */
+static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  fb_host_op op = json_object_get(a, "activate")     ? FB_HOST_ACTIVATE
+                  : json_object_get(a, "deactivate") ? FB_HOST_DEACTIVATE
+                                                     : FB_HOST_DEACTIVATE_ALL;
+  static const char *const keys[] = {"activate", "deactivate", "deactivate_all"};
+  const char *target = json_string_value(json_object_get(a, keys[op]));
+  json_t *cells = json_object_get(a, "cells");
+  size_t ncell = op == FB_HOST_DEACTIVATE_ALL ? 1 : json_array_size(cells);
+  int id = r->rem ? 0 : local_host_kernel(r, op, target, path, err);
+  if (id < 0) return id;
+  for (size_t c = 0; c < ncell; c++) {
+    int64_t idx[FB_MAX_AXES];
+    fb_value vals[FB_MAX_AXES];
+    int nidx = 0;
+    if (op != FB_HOST_DEACTIVATE_ALL) {
+      json_t *cell = json_array_get(cells, c), *x;
+      size_t j;
+      json_array_foreach(cell, j, x) {
+        if (nidx == FB_MAX_AXES) break;
+        idx[nidx] = json_integer_value(x);
+        vals[nidx] = fb_value_i32((int32_t)idx[nidx]);
+        nidx++;
+      }
+    }
+    char sub[1100];
+    if (op == FB_HOST_DEACTIVATE_ALL) snprintf(sub, sizeof sub, "%s", path);
+    else snprintf(sub, sizeof sub, "%.1000s.cells[%zu]", path, c);
+    if (!r->rem) {
+      const fb_snode *sn = NULL;
+      int snid, nd;
+      char msg[512];
+      if (fb_host_target(r->f->prog, target, &snid, &nd, msg, sizeof msg) == 0)
+        sn = &fb_program_layout(r->f->prog)->nodes[snid];
+      for (int d = 0; sn && d < nidx; d++)
+        if (idx[d] < 0 || idx[d] >= sn->shape[sn->dim_axis[d]])
+          return errf(err, FB_EBOUNDS,
+                      "%s: index %lld (number %d) is out of bounds of '%s' (0 .. %lld)", sub,
+                      (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
+    }
+    if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+    if (r->rem) {
+      int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
+                    : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
+                                               : fb_remote_deactivate_all(r->rem, target);
+      if (seq < 0) {
+        r->nlaunch--; /* refused here: the server never saw it */
+        /* a refused target is the action's; a bad index, its cell's */
+        return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
+      }
+      if ((uint64_t)seq != r->nlaunch)
+        return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
+                    (unsigned long long)r->nlaunch);
+      continue;
+    }
+    fb_value ret;
+    fb_counters before, after;
+    fb_session_counters(r->s, &before);
+    int rc = fb_launch(r->s, id, vals, nidx, &ret);
+    if (rc) {
+      uint64_t n;
+      if (fb_session_error_launch(r->s, &n, NULL) == 0) return local_error(r, rc, path, NULL, err);
+      fb_session_counters(r->s, &after);
+      if (after.launches > before.launches)
+        return launch_error(r, rc, r->nlaunch - 1, local_kernel_name(r, id),
+                            fb_session_errmsg(r->s), err);
+      return errf(err, rc, "%s: %s", sub, fb_session_errmsg(r->s));
+    }
+  }
+  return 0;
+}
+
 /* The output directory: --output-dir, else the JSON file's folder ("":
  * the current one). Names under it are opened by fb_out_open. */
 static const char *output_dir(fb_sess_run *r) { return r->o.outdir ? r->o.outdir : r->f->dir; }
@@ -1426,6 +1606,9 @@ static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (json_object_get(a, "tape")) return do_tape(r, a, path, err);
   if (json_object_get(a, "save")) return do_save(r, a, path, err);
   if (json_object_get(a, "write")) return do_write(r, a, path, err);
+  if (json_object_get(a, "activate") || json_object_get(a, "deactivate") ||
+      json_object_get(a, "deactivate_all"))
+    return do_host(r, a, path, err);
   if (json_object_get(a, "repeat")) {
     json_int_t n = json_integer_value(json_object_get(a, "repeat"));
     char sub[1024];

@@ -63,4 +63,7 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen);
 
+/* host.c: the name of the kernel fb_host_kernel adds for op on target. */
+void fbc_host_name(fb_host_op op, const char *target, char *buf, size_t n);
+
 #endif

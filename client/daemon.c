@@ -74,11 +74,13 @@ static int read_line(int fd, char *buf, size_t n, int timeout_ms) {
 
 static int build_argv(char **argv, const char *exe, const char *listen, const char *const *extra) {
   /* a private daemon serves one user: its sessions share its process, as
-   * an embedded engine would (fuseboxd's default is a process per session) */
-  static const char *const fixed[] = {"--listen", NULL, "--ready-fd", "3", "--isolation", "thread"};
+   * an embedded engine would (fuseboxd's default is a process per session),
+   * and --private keeps a shared server's warnings about that quiet */
+  static const char *const fixed[] = {"--listen",    NULL,     "--ready-fd", "3",
+                                      "--isolation", "thread", "--private"};
   int n = 0;
   argv[n++] = (char *)exe;
-  for (int i = 0; i < 6; i++) argv[n++] = (char *)(i == 1 ? listen : fixed[i]);
+  for (int i = 0; i < 7; i++) argv[n++] = (char *)(i == 1 ? listen : fixed[i]);
   for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++) argv[n++] = (char *)extra[i];
   argv[n] = NULL;
   return n;

@@ -461,6 +461,55 @@ int fb_remote_kernel(fb_remote *r, const char *name, const char *const *fields, 
   return register_kernel(r, k, k);
 }
 
+/* ---------------------------------------------------------------- SNodes from the host */
+
+/* One launch of the kernel that does op on target (host.c), registered
+ * the first time. */
+static int64_t host_launch(fb_remote *r, fb_host_op op, const char *target, const int64_t *idx,
+                           int nidx) {
+  if (!r->prog) return rerr(r, FB_EINVAL, "this session was not opened from a program");
+  int sn, nd, rc = fb_host_target(r->prog, target, &sn, &nd, r->err, sizeof r->err);
+  if (rc) return rc;
+  int want = op == FB_HOST_DEACTIVATE_ALL ? 0 : nd;
+  if (nidx != want || (nidx > 0 && !idx))
+    return rerr(r, FB_EINVAL, "'%s' takes %d indices, %d given", target, want, nidx);
+  const fb_snode *s = &fb_program_layout(r->prog)->nodes[sn];
+  fb_value args[FB_MAX_AXES];
+  for (int d = 0; d < nidx; d++) {
+    int64_t ext = s->shape[s->dim_axis[d]];
+    if (idx[d] < 0 || idx[d] >= ext)
+      return rerr(r, FB_EBOUNDS, "index %lld (number %d) is out of bounds of '%s' (0 .. %lld)",
+                  (long long)idx[d], d, target, (long long)ext - 1);
+    args[d] = fb_value_i32((int32_t)idx[d]);
+  }
+  char name[320];
+  fbc_host_name(op, target, name, sizeof name);
+  int id = -1;
+  for (int i = 0; i < r->nk && id < 0; i++)
+    if (r->k[i].name && !r->k[i].src && !strcmp(r->k[i].name, name)) id = i;
+  if (id < 0) {
+    fb_program *hp;
+    fb_kernel *k;
+    if ((rc = fb_host_kernel(r->prog, op, target, &hp, &k, r->err, sizeof r->err))) return rc;
+    id = register_kernel(r, k, NULL);
+    fb_program_free(hp);
+    if (id < 0) return id;
+  }
+  return fb_remote_launch(r, id, args, nidx);
+}
+
+int64_t fb_remote_activate(fb_remote *r, const char *target, const int64_t *idx, int nidx) {
+  return host_launch(r, FB_HOST_ACTIVATE, target, idx, nidx);
+}
+
+int64_t fb_remote_deactivate(fb_remote *r, const char *target, const int64_t *idx, int nidx) {
+  return host_launch(r, FB_HOST_DEACTIVATE, target, idx, nidx);
+}
+
+int64_t fb_remote_deactivate_all(fb_remote *r, const char *target) {
+  return host_launch(r, FB_HOST_DEACTIVATE_ALL, target, NULL, 0);
+}
+
 int fb_remote_find_field(const fb_remote *r, const char *name, int comp) {
   if (!name) return FB_EINVAL;
   if (r->prog) {

@@ -10,8 +10,8 @@
  *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes, --worker-memory-bytes, --worker-user, --worker-uid-base,
  *   --worker-uid-count, --worker-namespaces auto|on|net|off,
- *   --tls-cert, --tls-key, --tls-client-ca, --insecure (a flag without a
- *   value; true/false in the file), --tenants, --metrics-listen,
+ *   --tls-cert, --tls-key, --tls-client-ca, --insecure and --private (flags
+ *   without a value; true/false in the file), --tenants, --metrics-listen,
  *   --metrics-max-connections, --metrics-max-connections-per-ip,
  *   --metrics-request-timeout-s,
  *   --log-format text|json, --fair-share on|off, --fair-slice-ms,
@@ -175,6 +175,11 @@ void fbd_usage(FILE *f) {
       "  --tls-key FILE             PEM private key of --tls-cert\n"
       "  --tls-client-ca FILE       PEM CA: clients must present a certificate it signed (mTLS)\n"
       "  --insecure                 allow plain TCP on a non-loopback address (logs a warning)\n"
+      "  --private                  one user's daemon, started by a client for itself\n"
+      "                             (fusebox run, fusebox.connect()): what matters only\n"
+      "                             when tenants share the server (tenants' code running\n"
+      "                             as root under --isolation thread) is an info line,\n"
+      "                             not a warning; with --tenants it is a warning again\n"
       "  --tenants FILE             JSON tenants (token hashes, certificate subjects, limits):\n"
       "                             every call must authenticate; re-read on SIGHUP\n"
       "  --metrics-listen ADDR      host:port of HTTP /metrics (Prometheus), /healthz, /readyz\n"
@@ -290,6 +295,7 @@ static const opt opts[] = {
     {"tls_key", OPT_GROUP, OFF(tls_key), 0},
     {"tls_client_ca", OPT_GROUP, OFF(tls_client_ca), 0},
     {"insecure", OPT_BOOL, OFF(insecure), 0},
+    {"private", OPT_BOOL, OFF(private_daemon), 0},
     {"tenants", OPT_GROUP, OFF(tenants), 0},
     {"metrics_listen", OPT_GROUP, OFF(metrics_listen), 0},
     {"metrics_max_connections", OPT_INT, OFF(metrics_max_connections), 1},

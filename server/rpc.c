@@ -667,10 +667,16 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
   if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
-  else if (!rc && geteuid() == 0) /* no worker to switch users: the tenant's code is ours */
-    fbd_logf(log, FBD_LOG_WARN,
-             "isolation thread as root: tenants' JIT code runs as root inside fuseboxd "
-             "(process isolation runs it in workers as worker_user)");
+  else if (!rc && geteuid() == 0) { /* no worker to switch users: the tenant's code is ours */
+    /* a private daemon runs its one user's own code, as that user: nothing
+     * to warn about; a shared server (or one with tenants) warns */
+    int shared = !cfg->private_daemon || (cfg->tenants && cfg->tenants[0]);
+    fbd_logf(log, shared ? FBD_LOG_WARN : FBD_LOG_INFO,
+             shared ? "isolation thread as root: tenants' JIT code runs as root inside fuseboxd "
+                      "(process isolation runs it in workers as worker_user)"
+                    : "isolation thread as root: a private daemon; its user's kernels run "
+                      "inside fuseboxd, as root");
+  }
   if (!rc) rc = start_grpc(srv, err, errlen);
   if (!rc) rc = fbd_metrics_start(srv, err, errlen);
   if (rc) {

@@ -124,6 +124,7 @@ typedef struct fbd_config {
   char *tls_cert, *tls_key; /* PEM files: TLS on every host:port address */
   char *tls_client_ca; /* PEM file: client certificates required (mTLS) */
   int insecure; /* allow plain TCP on a non-loopback address */
+  int private_daemon; /* --private: one user's daemon, started by a client for itself */
   char *tenants; /* tenants file (JSON); NULL: one anonymous tenant */
   char *metrics_listen; /* host:port of the HTTP /metrics, /healthz, /readyz */
   int metrics_max_connections; /* connections the metrics port holds at once; past it

@@ -285,7 +285,8 @@ int fbd_source_expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_lay
 
 /* ---------------------------------------------------------------- DescribeSource */
 
-static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_lang_field *f) {
+static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_layout *l,
+                                          const fb_lang_field *f) {
   Fusebox__V1__FieldInfo *fi = fbp_alloc(a, sizeof *fi);
   int64_t *shape = fbp_alloc(a, sizeof *shape * (size_t)(f->ndim + 1));
   int32_t *places = fbp_alloc(a, sizeof *places * (size_t)(f->ncomp + 1));
@@ -301,7 +302,58 @@ static Fusebox__V1__FieldInfo *field_info(fbp_arena *a, const fb_lang_field *f) 
   for (int i = 0; i < f->ncomp; i++) places[i] = f->places[i];
   fi->places = places;
   fi->n_places = (size_t)f->ncomp;
+  fi->container = f->snode >= 0 && f->snode < l->nnodes
+                      ? (char *)fb_snode_kind_name(l->nodes[f->snode].kind)
+                      : "";
   return fi;
+}
+
+/* A named SNode (`as NAME`): its kind and its cell space; describe() adds
+ * the fields below it. */
+static Fusebox__V1__SNodeInfo *snode_info(fbp_arena *a, const fb_snode *sn) {
+  Fusebox__V1__SNodeInfo *si = fbp_alloc(a, sizeof *si);
+  int64_t *shape = fbp_alloc(a, sizeof *shape * (size_t)(sn->ndim + 1));
+  if (!si || !shape) return NULL;
+  fusebox__v1__snode_info__init(si);
+  si->name = sn->name;
+  si->kind = (char *)fb_snode_kind_name(sn->kind);
+  for (int d = 0; d < sn->ndim; d++) shape[d] = sn->shape[sn->dim_axis[d]];
+  si->shape = shape;
+  si->n_shape = (size_t)sn->ndim;
+  return si;
+}
+
+/* The named SNodes, each with the fields below it (in source order): a
+ * walk up from each field, so O(fields x depth), not fields x SNodes. */
+static int describe_snodes(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *r) {
+  const fb_layout *l = fb_program_layout(p);
+  int nf = fb_program_nfields(p);
+  int *slot = fbp_alloc(a, sizeof *slot * (size_t)(l->nnodes + 1));
+  r->snodes = fbp_alloc(a, sizeof *r->snodes * (size_t)(l->nnodes + 1));
+  if (!slot || !r->snodes) return FB_ENOMEM;
+  for (int i = 0; i < l->nnodes; i++) {
+    slot[i] = -1;
+    if (i == 0 || l->nodes[i].kind == FB_SN_PLACE || !l->nodes[i].name) continue;
+    if (!(r->snodes[r->n_snodes] = snode_info(a, &l->nodes[i]))) return FB_ENOMEM;
+    slot[i] = (int)r->n_snodes++;
+  }
+  for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+    for (int i = 0; i < nf; i++) {
+      const fb_lang_field *f = fb_program_field(p, i);
+      for (int s = f->snode; s > 0 && s < l->nnodes; s = l->nodes[s].parent) {
+        if (slot[s] < 0) continue;
+        Fusebox__V1__SNodeInfo *si = r->snodes[slot[s]];
+        if (pass) si->fields[si->n_fields++] = (char *)f->name;
+        else si->n_fields++;
+      }
+    }
+    for (size_t k = 0; !pass && k < r->n_snodes; k++) {
+      Fusebox__V1__SNodeInfo *si = r->snodes[k];
+      if (!(si->fields = fbp_alloc(a, sizeof *si->fields * (si->n_fields + 1)))) return FB_ENOMEM;
+      si->n_fields = 0;
+    }
+  }
+  return 0;
 }
 
 static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *k) {
@@ -326,13 +378,15 @@ static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *
 
 static int describe(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *r) {
   int nf = fb_program_nfields(p), nk = fb_program_nkernels(p);
+  const fb_layout *l = fb_program_layout(p);
   r->fields = fbp_alloc(a, sizeof *r->fields * (size_t)(nf + 1));
   r->kernels = fbp_alloc(a, sizeof *r->kernels * (size_t)(nk + 1));
   if (!r->fields || !r->kernels) return FB_ENOMEM;
   for (int i = 0; i < nf; i++)
-    if (!(r->fields[r->n_fields++] = field_info(a, fb_program_field(p, i)))) return FB_ENOMEM;
+    if (!(r->fields[r->n_fields++] = field_info(a, l, fb_program_field(p, i)))) return FB_ENOMEM;
   for (int i = 0; i < nk; i++)
     if (!(r->kernels[r->n_kernels++] = kernel_info(a, fb_program_kernel(p, i)))) return FB_ENOMEM;
+  if (describe_snodes(p, a, r)) return FB_ENOMEM;
   return 0;
 }
 

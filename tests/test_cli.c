@@ -4,6 +4,7 @@
  * check names the check and the values and exits 1; .npy files round-trip
  * through `write ... from` and `read ... to`; `check`, `ir` and --help;
  * the files a session writes stay inside the output directory. */
+#include <ctype.h>
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1645,6 +1646,179 @@ START_TEST(perf_map) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- named SNodes */
+
+static const char *sparse_prog = "layout {\n"
+                                 "  pointer(ij: 4, 4) as blocks {\n"
+                                 "    bitmasked(ij: 2, 2) as cells { place x: f32 }\n"
+                                 "  }\n"
+                                 "  dense(i: 8) as row { place d: f32 }\n"
+                                 "  place total: f32\n"
+                                 "}\n"
+                                 "kernel paint() { for k in 0 .. 64 { x[k // 8, k % 8] = 1.0 } }\n"
+                                 "kernel count_blocks() {\n"
+                                 "  total[] = 0.0\n"
+                                 "  for i, j in blocks { total[] += 1.0 }\n"
+                                 "}\n";
+
+/* No kernel the runner added and no IR value in what the user reads. */
+static void assert_user_terms(const char *out) {
+  ck_assert_msg(!strstr(out, "__fb"), "an internal kernel name reached the user:\n%s", out);
+  for (const char *p = strchr(out, '%'); p; p = strchr(p + 1, '%'))
+    ck_assert_msg(!isdigit((unsigned char)p[1]), "an IR value reached the user:\n%s", out);
+}
+
+/* activate / deactivate / deactivate_all of a named SNode or a field, on
+ * every path (in this process, a private fuseboxd, a running one) and in
+ * both modes: the results the language's own operations give, and errors
+ * that name the action and say what is wrong in the program's terms. */
+START_TEST(snodes_from_json) {
+  write_file("sp.fbk", sparse_prog);
+  /* 64 cells painted; block (0, 0) (4 cells) and (3, 3) (4 more) and then
+   * cell (0, 2) (in block (0, 1)) deactivated: 55 left, 14 blocks */
+  write_file("sp1.json",
+             "{ \"program\": \"sp.fbk\", \"step\": [ {\"launch\": \"paint\"},\n"
+             "  {\"deactivate\": \"blocks\", \"cells\": [[0, 0], [3, 3]]},\n"
+             "  {\"deactivate\": \"x\", \"cells\": [[0, 2]]}, {\"launch\": \"count_blocks\"} ],\n"
+             "  \"checks\": [ {\"read\": \"x\", \"sum\": 55.0},\n"
+             "              {\"read\": \"total\", \"equals\": 14.0} ] }\n");
+  /* every cell deactivated leaves the 16 blocks; every block, none; an
+   * activated block counts, with no cell under it active */
+  write_file("sp2.json",
+             "{ \"program\": \"sp.fbk\", \"setup\": [ {\"launch\": \"paint\"} ],\n"
+             "  \"step\": [ {\"deactivate_all\": \"cells\"}, {\"launch\": \"count_blocks\"},\n"
+             "            {\"save\": \"total\", \"to\": \"t1.npy\"},\n"
+             "            {\"deactivate_all\": \"blocks\"},\n"
+             "            {\"activate\": \"blocks\", \"cells\": [[1, 1], [2, 3]]},\n"
+             "            {\"launch\": \"count_blocks\"} ],\n"
+             "  \"checks\": [ {\"read\": \"x\", \"sum\": 0.0},\n"
+             "              {\"read\": \"total\", \"equals\": 2.0} ] }\n");
+  /* a launch of an added kernel that fails on the device (pointer blocks
+   * past the session's memory limit) is named by what it does */
+  write_file("mem.fbk",
+             "layout { pointer(i: 256) as blocks { dense(i: 4096) { place x: f32 } } }\n");
+  char mem[4096] = "{ \"program\": \"mem.fbk\", \"session\": {\"memory_limit\": 1048576},\n"
+                   "  \"step\": [ {\"activate\": \"blocks\", \"cells\": [[0]";
+  for (int b = 1; b < 100; b++) snprintf(mem + strlen(mem), sizeof mem - strlen(mem), ", [%d]", b);
+  snprintf(mem + strlen(mem), sizeof mem - strlen(mem), "]}, {\"sync\": true} ] }\n");
+  write_file("mem.json", mem);
+  char sock[512], server[600], cmd[8192], *out;
+  int pid = start_fuseboxd("sp.sock", sock, sizeof sock);
+  snprintf(server, sizeof server, "--server %s", sock);
+  const char *paths[] = {"--local", "", server};
+  const char *modes[] = {"sync", "async"};
+  const struct {
+    const char *step, *want;
+  } bad[] = {
+      {"{\"deactivate_all\": \"d\"}",
+       "$.step[0]: deactivate_all: field 'd' lives in a dense SNode, whose cells are always "
+       "active, so it cannot be deactivated (place it under a bitmasked or pointer SNode"},
+      {"{\"deactivate\": \"row\", \"cells\": [[1]]}",
+       "$.step[0]: deactivate: SNode 'row' is dense, its cells are always active"},
+      {"{\"activate\": \"blocks\", \"cells\": [[1, 1], [1, 9]]}",
+       "$.step[0].cells[1]: index 9 (number 1) is out of bounds of 'blocks' (0 .. 3)"},
+      {"{\"activate\": \"block\", \"cells\": [[1, 1]]}",
+       "$.step[0].activate: no field or named SNode 'block' in the program"},
+      {"{\"deactivate\": \"blocks\", \"cells\": [[1]]}",
+       "$.step[0].cells[0]: 'blocks' takes 2 indices, 1 given"},
+      {"{\"deactivate_all\": \"total\"}", "$.step[0].deactivate_all: field 'total' is 0-D"},
+      {"{\"activate\": \"x\", \"cells\": [[1, 0.5]]}",
+       "$.step[0].cells[0][1]: an index must be an integer"},
+  };
+  for (int p = 0; p < 3; p++)
+    for (int m = 0; m < 2; m++) {
+      for (int j = 1; j <= 2; j++) {
+        snprintf(cmd, sizeof cmd, "%s run %s/sp%d.json %s --mode %s", fusebox(), tmpdir, j,
+                 paths[p], modes[m]);
+        int rc = sh(cmd, &out);
+        ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", cmd, rc, out);
+        free(out);
+      }
+      snprintf(cmd, sizeof cmd, "%s run %s/mem.json %s --mode %s", fusebox(), tmpdir, paths[p],
+               modes[m]);
+      int mrc = sh(cmd, &out);
+      ck_assert_msg(mrc == 2 && strstr(out, "$.step[0]: activate of 'blocks' (launch #64 of the "
+                                            "session): out of device memory"),
+                    "%s: rc %d\n%s", cmd, mrc, out);
+      assert_user_terms(out);
+      free(out);
+      float t1;
+      char t1p[600];
+      snprintf(t1p, sizeof t1p, "%s/t1.npy", tmpdir);
+      read_npy_f32(t1p, &t1, 1);
+      ck_assert_msg(t1 == 16.0f, "blocks active after deactivate_all of cells: %g", t1);
+      for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{ \"program\": \"sp.fbk\", \"step\": [ %s, {\"launch\": \"paint\"} ] }\n",
+                 bad[b].step);
+        write_file("spbad.json", json);
+        snprintf(cmd, sizeof cmd, "%s run %s/spbad.json %s --mode %s", fusebox(), tmpdir,
+                 paths[p], modes[m]);
+        int rc = sh(cmd, &out);
+        ck_assert_msg(rc == 2 && strstr(out, bad[b].want), "%s (%s): rc %d\n%s", cmd, bad[b].step,
+                      rc, out);
+        assert_user_terms(out);
+        free(out);
+      }
+    }
+  snprintf(cmd, sizeof cmd, "kill %d", pid);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+}
+END_TEST
+
+/* A private fuseboxd (fusebox run without --server) serves its one user:
+ * nothing on stderr about tenants' code running as root, as root or not;
+ * fuseboxd --isolation thread as root without --private still warns, and
+ * with --private (and --tenants) too. */
+START_TEST(private_run_is_quiet) {
+  write_file("sp.fbk", sparse_prog);
+  write_file("quiet.json", "{ \"program\": \"sp.fbk\", \"step\": [ {\"launch\": \"paint\"} ],\n"
+                           "  \"checks\": [ {\"read\": \"x\", \"sum\": 64.0} ] }\n");
+  char cmd[8192], *out;
+  for (int m = 0; m < 2; m++) {
+    snprintf(cmd, sizeof cmd, "%s run %s/quiet.json --mode %s", fusebox(), tmpdir,
+             m ? "async" : "sync");
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    ck_assert_msg(!strstr(out, "WARN") && !strstr(out, "as root"), "%s", out);
+    ck_assert_msg(strstr(out, "all checks passed"), "%s", out);
+    free(out);
+  }
+  if (geteuid() != 0) return; /* the warning is about root */
+  const char *bd = getenv("FB_BUILD_DIR");
+  for (int priv = 0; priv < 2; priv++) {
+    char sock[512], log[512];
+    snprintf(sock, sizeof sock, "unix:%s/q%d.sock", tmpdir, priv);
+    snprintf(log, sizeof log, "%s/q%d.log", tmpdir, priv);
+    snprintf(cmd, sizeof cmd,
+             "%s/server/fuseboxd --listen %s --isolation thread %s </dev/null >/dev/null "
+             "2>%s & echo $!",
+             bd ? bd : "build", sock, priv ? "--private" : "", log);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    int pid = atoi(out);
+    free(out);
+    int up = 0;
+    for (int i = 0; i < 100 && !up; i++) {
+      snprintf(cmd, sizeof cmd, "%s ping --server %s", fusebox(), sock);
+      up = sh(cmd, &out) == 0 && strstr(out, "SERVING");
+      free(out);
+      if (!up) usleep(50000);
+    }
+    ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
+    snprintf(cmd, sizeof cmd, "kill %d; while kill -0 %d 2>/dev/null; do sleep 0.05; done", pid,
+             pid);
+    ck_assert_int_eq(sh(cmd, NULL), 0);
+    out = fbt_read_file(log, NULL);
+    ck_assert_ptr_nonnull(out);
+    int warned = strstr(out, "WARN  isolation thread as root") != NULL;
+    ck_assert_msg(warned == !priv, "--private %d:\n%s", priv, out);
+    ck_assert_msg(priv == !!strstr(out, "INFO  isolation thread as root: a private daemon"), "%s",
+                  out);
+    free(out);
+  }
+}
+END_TEST
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/fbcli.XXXXXX");
   if (!mkdtemp(tmpdir)) return 1;
@@ -1678,6 +1852,11 @@ int main(void) {
   tcase_add_test(ti, sigkill_takes_the_daemon);
   tcase_add_test(ti, ctrl_c_on_server);
   suite_add_tcase(s, ti);
+  TCase *tn = tcase_create("snodes"); /* named SNodes and fields from JSON sessions */
+  tcase_set_timeout(tn, 300);
+  tcase_add_test(tn, snodes_from_json);
+  tcase_add_test(tn, private_run_is_quiet);
+  suite_add_tcase(s, tn);
   int rc = fbt_run(s);
   char cmd[512];
   snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);

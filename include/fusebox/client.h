@@ -230,6 +230,33 @@ int fb_remote_counters(fb_remote *r, fb_counters *out);
  * A field's flat row-major contents (as fb_field_read): bytes must equal
  * numel * element size. Any size: the bytes travel in chunks. */
 
+/* Named SNodes (`as NAME` in the layout) and fields from the host, in a
+ * session opened from a program: target names a named SNode or a field
+ * (meaning the SNode that holds its cells); idx gives one cell in the
+ * target's index space (nidx indices). Each call is one launch, queued and
+ * numbered as fb_remote_launch's (returns its seq), of a kernel the library
+ * adds to the program (fb_host_kernel). A refusal (no such target, a dense
+ * SNode to deactivate, ...) is FB_ENOENT / FB_EINVAL with a message in
+ * the program's terms. */
+int64_t fb_remote_activate(fb_remote *r, const char *target, const int64_t *idx, int nidx);
+int64_t fb_remote_deactivate(fb_remote *r, const char *target, const int64_t *idx, int nidx);
+int64_t fb_remote_deactivate_all(fb_remote *r, const char *target); /* every active cell */
+
+/* The kernels behind them, for in-process sessions too: the program's
+ * source with one kernel appended that does op to target (activate or
+ * deactivate one cell: parameters fbhost_i0, ... (i32); deactivate_all: none),
+ * parsed by the front end. *helper owns *out (fb_program_free it after the
+ * session has registered the kernel). Errors as above, in err. */
+typedef enum { FB_HOST_ACTIVATE, FB_HOST_DEACTIVATE, FB_HOST_DEACTIVATE_ALL } fb_host_op;
+int fb_host_kernel(const fb_program *p, fb_host_op op, const char *target, fb_program **helper,
+                   fb_kernel **out, char *err, size_t errlen);
+/* The SNode id and index count of target (a field: its SNode). */
+int fb_host_target(const fb_program *p, const char *target, int *snode, int *ndim, char *err,
+                   size_t errlen);
+/* Such a kernel's name in words ("deactivate_all of 'blocks'"); other
+ * names are returned as they are. */
+const char *fb_host_kernel_shown(const char *kname, char *buf, size_t n);
+
 int fb_remote_field_bytes(const fb_remote *r, int field, size_t *bytes);
 int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes);
 int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes);

@@ -346,7 +346,13 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
     """
     daemon = None
     if address is None:
-        daemon = _Daemon(fuseboxd or find_fuseboxd(), server_args)
+        exe = fuseboxd or find_fuseboxd()
+        try:  # --private: one user's daemon, no shared server's warnings (fuseboxd --help)
+            daemon = _Daemon(exe, ["--private", *server_args])
+        except Error as e:
+            if "--private" not in str(e):
+                raise
+            daemon = _Daemon(exe, server_args)  # a fuseboxd older than --private
         address = daemon.address
     elif fuseboxd is not None or server_args:
         raise TypeError("connect(): fuseboxd and server_args are for a private server "

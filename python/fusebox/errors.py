@@ -78,7 +78,10 @@ class LaunchError(Error):
         self.dropped = dropped
         first = errors[0] if errors else None
         more = len(errors) - 1 + dropped
-        msg = (f"launch {first.seq} of kernel '{first.kernel}' failed: {first.message}"
+        # the package's own kernels are named by what they do ("set of field 'x'")
+        what = (f"({first.kernel})" if first is not None and "'" in first.kernel
+                else f"of kernel '{first.kernel}'" if first is not None else "")
+        msg = (f"launch {first.seq} {what} failed: {first.message}"
                if first is not None and first.seq else
                (first.message if first is not None else "launches failed"))
         if more > 0:

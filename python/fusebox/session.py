@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import queue
+import re
 import struct
 import threading
 import time
@@ -146,9 +147,26 @@ class FieldInfo:
         #: the NumPy shape of the whole field: index shape then element shape
         self.shape: Tuple[int, ...] = self.index_shape + self.element_shape
         self.places: List[int] = list(m.places)
+        #: kind of the SNode holding its cells ("dense", "bitmasked",
+        #: "pointer", "dynamic", "root"); "" from a server that predates it
+        self.container: str = getattr(m, "container", "")
 
     def __repr__(self) -> str:
         return f"FieldInfo({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class SNodeInfo:
+    """A named SNode of a program (``as NAME``): kind, cell-space shape and
+    the fields placed below it."""
+
+    def __init__(self, m: Any):
+        self.name: str = m.name
+        self.kind: str = m.kind
+        self.shape: Tuple[int, ...] = tuple(int(x) for x in m.shape)
+        self.fields: List[str] = list(m.fields)
+
+    def __repr__(self) -> str:
+        return f"SNodeInfo({self.name!r}, {self.kind}, shape={self.shape})"
 
 
 class KernelInfo:
@@ -179,6 +197,8 @@ class Program:
     def __init__(self, m: Any):
         self.fields: Dict[str, FieldInfo] = {f.name: FieldInfo(f) for f in m.fields}
         self.kernels: Dict[str, KernelInfo] = {k.name: KernelInfo(k) for k in m.kernels}
+        self.snodes: Dict[str, SNodeInfo] = {n.name: SNodeInfo(n)
+                                             for n in getattr(m, "snodes", ())}
 
 
 # ------------------------------------------------------------------ values
@@ -565,6 +585,134 @@ class Field:
         return f"<fusebox field {self.name}: shape {self.shape}, {self.dtype}>"
 
 
+def _user_terms(why: str) -> str:
+    """A server's reason for refusing a kernel the package added, without
+    that kernel's name or IR values (%3) it may quote."""
+    why = re.sub(r"kernel '__fbpy_[^']*'( failed verification)?:?\s*", "", why)
+    why = re.sub(r"%[0-9]+\s*", "", why)
+    return why.strip() or "the server refused it"
+
+
+def _launch_message(msg: str) -> str:
+    """A launch failure's message without the name of a kernel the
+    package added ("kernel '__fbpy_set_x' (launch 63): out of memory ..."
+    becomes "out of memory ..."): the failure's kernel already says what
+    it was (``set of field 'x'``)."""
+    return re.sub(r"kernel '__fbpy_[^']*'( \(launch [0-9]+\))?:?\s*", "", msg)
+
+
+# bits of the activity mask one launch of the mask helper returns
+_MASK_BITS = 62
+
+
+class SNode:
+    """A named SNode of the session's layout (``as NAME`` in the source),
+    reached from the host as Taichi's ``block.deactivate_all()`` and
+    ``ti.is_active(block, I)`` are: ``s.snodes.blocks``.
+
+    Its cells are those of its own cell space (:attr:`shape`: its own and
+    its ancestors' sizes, docs/language.md). Each operation is a launch of
+    a kernel the package adds to the program (``is_active`` / ``activate``
+    / ``deactivate`` of the SNode, registered from the session's source as
+    any kernel is), so it runs in order with the session's launches.
+    """
+
+    def __init__(self, session: "Session", info: SNodeInfo):
+        self._s = session
+        self.info = info
+
+    name = property(lambda self: self.info.name)
+    kind = property(lambda self: self.info.kind,
+                    doc='"dense", "bitmasked", "pointer" or "dynamic"')
+    shape = property(lambda self: self.info.shape, doc="the extent of each of its indices")
+    ndim = property(lambda self: len(self.info.shape))
+    fields = property(lambda self: list(self.info.fields), doc="the fields placed below it")
+
+    def activate(self, indices: Any) -> None:
+        """Make cells active (``activate`` of the language): indices is one
+        cell's index tuple or an int array of shape (n, ndim)."""
+        self._s._snode_cells("activate", self.info, self._indices(indices))
+
+    def deactivate(self, indices: Any) -> None:
+        """Make cells inactive (``deactivate``): the values below them are
+        gone and read 0. Only a bitmasked, pointer or dynamic SNode has
+        cells to deactivate (ValueError otherwise)."""
+        self._deactivatable()
+        self._s._snode_cells("deactivate", self.info, self._indices(indices))
+
+    def deactivate_all(self) -> None:
+        """Deactivate every cell (Taichi's ``snode.deactivate_all()``): one
+        launch that visits the active cells and deactivates each."""
+        self._deactivatable()
+        self._s._snode_launch(self._s._snode_helper("deactivate_all", self.info), [])
+
+    def active_mask(self, *, timeout: Optional[float] = None) -> np.ndarray:
+        """A bool array of :attr:`shape`: True where the cell is active (a
+        dense SNode under no sparse one is all True). Activates nothing;
+        syncs. One launch reads the activity of 62 cells."""
+        info = self.info
+        n = int(np.prod(info.shape)) if info.shape else 1
+        kid = self._s._snode_helper("mask", info)
+        s = self._s
+        s._before_io(timeout)  # then the next sync returns the words alone, in order
+        for base in range(0, n, _MASK_BITS):
+            s._snode_launch(kid, [pb.Value(type=3, i=base)])
+        words = [v for _, _, v in s.sync(timeout).returns]
+        if len(words) != (n + _MASK_BITS - 1) // _MASK_BITS:
+            raise Error(f"SNode '{info.name}': the server sent {len(words)} of "
+                        f"{(n + _MASK_BITS - 1) // _MASK_BITS} activity words")
+        w = np.array(words, dtype=np.int64).view(np.uint64)
+        bits = (w[:, None] >> np.arange(_MASK_BITS, dtype=np.uint64)) & np.uint64(1)
+        return bits.reshape(-1)[:n].astype(np.bool_).reshape(info.shape)
+
+    def active(self, *, timeout: Optional[float] = None) -> np.ndarray:
+        """The active cells' indices: an int64 array of shape (n, ndim),
+        row-major."""
+        return np.argwhere(self.active_mask(timeout=timeout)).astype(np.int64, copy=False)
+
+    def is_active(self, *indices: Any, timeout: Optional[float] = None) -> bool:
+        """Whether one cell is active (``ti.is_active(snode, I)``): one
+        launch of the language's ``is_active``, and a sync."""
+        idx = indices[0] if len(indices) == 1 and not np.isscalar(indices[0]) else indices
+        a = self._indices(idx)
+        if len(a) != 1:
+            raise ValueError(f"SNode '{self.name}': is_active takes one cell's indices")
+        s = self._s
+        kid = s._snode_helper("is_active", self.info)
+        s._before_io(timeout)
+        s._snode_launch(kid, [pb.Value(type=2, i=int(x)) for x in a[0]])
+        got = [v for _, _, v in s.sync(timeout).returns]
+        if len(got) != 1:
+            raise Error(f"SNode '{self.name}': the server sent {len(got)} answers to is_active")
+        return bool(got[0])
+
+    def _deactivatable(self) -> None:
+        if self.kind not in ("bitmasked", "pointer", "dynamic"):
+            raise ValueError(
+                f"SNode '{self.name}' is {self.kind}: its cells are always active, so they "
+                "cannot be deactivated (make it a bitmasked or pointer SNode)")
+
+    def _indices(self, indices: Any) -> np.ndarray:
+        shape, nd, what = self.info.shape, len(self.info.shape), f"SNode '{self.name}'"
+        a = np.asarray(indices)
+        if a.dtype.kind not in "iu" and a.size:
+            raise TypeError(f"{what}: cell indices must be integers, not {a.dtype}")
+        if a.ndim == 1 and a.shape[0] == nd:
+            a = a[None, :]
+        if a.ndim != 2 or a.shape[1] != nd:
+            raise ValueError(f"{what} has {nd} indices: give one cell's {nd} "
+                             f"indices or an array of shape (n, {nd}), not {a.shape}")
+        a = a.astype(np.int64, copy=False)
+        bad = np.nonzero(((a < 0) | (a >= np.array(shape))).any(axis=1))[0]
+        if len(bad):
+            raise IndexError(f"{what}: index {tuple(a[bad[0]].tolist())} is out of bounds "
+                             f"of shape {shape}")
+        return a
+
+    def __repr__(self) -> str:
+        return f"<fusebox SNode {self.name}: {self.kind}, shape {self.shape}>"
+
+
 def type_name_of(dt: np.dtype) -> str:
     """The .fbk name of a NumPy dtype ("f32" for float32, ...)."""
     for name, d in _TYPES.values():
@@ -639,6 +787,8 @@ class Session:
                                              for n, k in self.program.kernels.items()})
         self.fields = _Namespace("field", {n: Field(self, f)
                                            for n, f in self.program.fields.items()})
+        self.snodes = _Namespace("SNode", {n: SNode(self, sn)
+                                           for n, sn in self.program.snodes.items()})
 
     # -- plumbing
     def _open_stream(self) -> None:
@@ -715,7 +865,7 @@ class Session:
             # the kernel is the package's own: say what the user asked for
             # and why, not its name or its source line
             why = next((ln.split(" error: ", 1)[1] for ln in e.message.splitlines()
-                        if " error: " in ln), "the server refused it")
+                        if " error: " in ln), _user_terms(e.message))
             what = {"set": "setting cells of", "activate": "activate on",
                     "deactivate": "deactivate on"}[kind]
             raise ServerError("RegisterKernels", e.status, f"{what} field '{f.name}': {why}",
@@ -738,6 +888,78 @@ class Session:
             if len(self._pending) >= self._batch:
                 self._send()
         self._unsynced = True
+
+    # -- named SNodes (SNode): kernels the package adds, as for fields
+    def _snode_helper(self, kind: str, sn: SNodeInfo) -> int:
+        """The id of the package's kernel that does kind to SNode sn:
+        activate / deactivate one cell, is_active of one cell (an i32),
+        deactivate_all, or mask (the
+        activity of _MASK_BITS cells from a row-major cell number, as bits
+        of an i64). Registered once, from the session's source with the
+        kernel appended; a refusal names the SNode, not the kernel."""
+        key = ("\0snode " + kind, (sn.name,))
+        if key in self._ids:
+            return self._ids[key]
+        nd = len(sn.shape)
+        ix = [f"fbpy_i{d}" for d in range(nd)]  # names no program uses
+        if kind in ("activate", "deactivate"):
+            params = [f"{i}: i32" for i in ix]
+            body = f"{kind}({sn.name}, {', '.join(ix)})"
+        elif kind == "is_active":
+            params = [f"{i}: i32" for i in ix]
+            body = f"return i32(is_active({sn.name}, {', '.join(ix)}))"
+        elif kind == "deactivate_all":
+            params = []
+            body = f"for {', '.join(ix)} in {sn.name} {{ deactivate({sn.name}, {', '.join(ix)}) }}"
+        else:  # mask: the cells base .. base + _MASK_BITS - 1, row-major
+            params = ["fbpy_base: i64"]
+            n = int(np.prod(sn.shape)) if sn.shape else 1
+            split = []
+            for d in range(nd - 1, -1, -1):
+                split.append(f"let fbpy_i{d} = i32(fbpy_r % {sn.shape[d]})" if d
+                             else "let fbpy_i0 = i32(fbpy_r)")
+                if d:
+                    split.append(f"fbpy_r = fbpy_r // {sn.shape[d]}")
+            body = ("var fbpy_m: i64\n  if fbpy_base >= 0 {\n"
+                    f"    for fbpy_k in 0 .. {_MASK_BITS} {{\n"
+                    f"      var fbpy_r: i64 = fbpy_base + fbpy_k\n      if fbpy_r < {n} {{\n"
+                    + "".join(f"        {x}\n" for x in split)
+                    + f"        if is_active({sn.name}, {', '.join(ix)}) {{\n"
+                    "          fbpy_m |= i64(1) << fbpy_k\n        }\n"
+                    "      }\n    }\n  }\n  return fbpy_m")
+        ret = {"mask": " -> i64", "is_active": " -> i32"}.get(kind, "")
+        name = f"__fbpy_snode_{kind}_{sn.name}"
+        src = pb.Source(text=self._src.text + f"\nkernel {name}({', '.join(params)}){ret} {{\n"
+                        f"  {body}\n}}\n", filename=self._src.filename, params=self._src.params)
+        req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
+                                        instances=[pb.KernelInstance(kernel=name)])
+        what = {"activate": "activate on", "deactivate": "deactivate on",
+                "deactivate_all": "deactivate_all on", "mask": "activity of",
+                "is_active": "is_active of"}[kind]
+        try:
+            kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+        except ServerError as e:
+            if e.status != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            why = next((ln.split(" error: ", 1)[1] for ln in e.message.splitlines()
+                        if " error: " in ln), e.message)
+            raise ServerError("RegisterKernels", e.status,
+                              f"{what} SNode '{sn.name}': {_user_terms(why)}", e.fb_code) from None
+        self._ids[key] = kid
+        self._names[kid] = f"{what} SNode '{sn.name}'"
+        return kid
+
+    def _snode_launch(self, kid: int, args: List[Any]) -> None:
+        self._check_open()
+        self._pending.append(pb.Launch(kernel=kid, args=args))
+        self._unsynced = True
+        if len(self._pending) >= self._batch:
+            self._send()
+
+    def _snode_cells(self, kind: str, sn: SNodeInfo, idx: np.ndarray) -> None:
+        kid = self._snode_helper(kind, sn)
+        for r in range(len(idx)):
+            self._snode_launch(kid, [pb.Value(type=2, i=int(x)) for x in idx[r]])
 
     def _check_open(self) -> None:
         if self.closed:
@@ -867,7 +1089,8 @@ class Session:
         dropped = sum(x.errors_dropped for x in got)
         if errors or dropped:
             raise LaunchError([LaunchFailure(e.seq, self._names.get(e.kernel, str(e.kernel)),
-                                             e.code, e.message) for e in errors], dropped)
+                                             e.code, _launch_message(e.message))
+                               for e in errors], dropped)
         return SyncResult(r.seq, [(x.seq, self._names.get(x.kernel, str(x.kernel)),
                                    _from_value(x.value)) for y in got for x in y.returns],
                           Counters._from_pb(r.counters))
