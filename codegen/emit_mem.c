@@ -1243,6 +1243,64 @@ static void deactivate_level(fb_emit *e, walk *w, const fb_snode *c, LLVMValueRe
   }
 }
 
+/* is_active on the CPU without a branch per level: walk, as a load does
+ * (through the zero block), to the cell that holds the nearest sparse
+ * container P at or above c, then test P's own cell: its slot, its mask
+ * bit, or its length and chunk. An inactive level above P selects the zero
+ * block, where P's slot, bit and length read 0: false, as it must be (the
+ * same invariant as loads': what lies below such a level fits in the zero
+ * block; a level where it does not keeps its exit to w->off). Dense levels
+ * between P and c are active with P. The branching walk cost a compare and
+ * a branch per level and kept neighbouring walks apart (Taichi's
+ * taichi_sparse.py paints with is_active of three pointer levels per pixel:
+ * 1.75 ms a frame here against 0.57 ms for the pixel's read alone). NULL
+ * (nothing emitted) off the CPU, or with e->rc set on an error. */
+static LLVMValueRef active_flag(fb_emit *e, walk *w, int c) {
+  if (e->o->target != FB_CG_CPU) return NULL;
+  int p = c;
+  while (p > 0 && !fb_cg_is_sparse(e->l->nodes[p].kind)) p = e->l->nodes[p].parent;
+  if (p <= 0) return NULL;
+  const fb_snode *P = &e->l->nodes[p];
+  w->zero = 1;
+  LLVMValueRef base = walk_to(e, w, P->parent);
+  if (!base) return NULL;
+  LLVMValueRef lin = local_lin(e, P, w->leaf, w->gi);
+  LLVMValueRef node = byte_gepc(e, base, (int64_t)P->offset);
+  if (P->kind == FB_SN_POINTER) {
+    LLVMValueRef slot = byte_gep(e, node, LLVMBuildMul(e->b, lin, fb_emit_i64(e, 8), ""));
+    LLVMValueRef v = LLVMBuildLoad2(e->b, e->t_i64, slot, "slot");
+    LLVMSetAlignment(v, 8);
+    tag_slots(e, v);
+    return LLVMBuildICmp(e->b, LLVMIntNE, v, fb_emit_i64(e, 0), "active");
+  }
+  if (P->kind == FB_SN_BITMASKED) {
+    LLVMValueRef wp = byte_gep(
+        e, node,
+        LLVMBuildMul(e->b, LLVMBuildLShr(e->b, lin, fb_emit_i64(e, 5), ""), fb_emit_i64(e, 4), ""));
+    LLVMValueRef sh =
+        LLVMBuildTrunc(e->b, LLVMBuildAnd(e->b, lin, fb_emit_i64(e, 31), ""), e->t_i32, "");
+    LLVMValueRef word = LLVMBuildLoad2(e->b, e->t_i32, wp, "mask");
+    LLVMSetAlignment(word, 4);
+    tag_slots(e, word);
+    LLVMValueRef bit = LLVMBuildShl(e->b, fb_emit_i32(e, 1), sh, "bit");
+    return LLVMBuildICmp(e->b, LLVMIntNE, LLVMBuildAnd(e->b, word, bit, ""), fb_emit_i32(e, 0),
+                         "active");
+  }
+  /* dynamic: below the length, and its chunk allocated */
+  LLVMValueRef len = LLVMBuildLoad2(e->b, e->t_i64, node, "len");
+  LLVMSetAlignment(len, 8);
+  tag_slots(e, len);
+  LLVMValueRef q = LLVMBuildUDiv(e->b, lin, fb_emit_i64(e, P->chunk), "");
+  LLVMValueRef slot = byte_gep(
+      e, node,
+      LLVMBuildAdd(e->b, fb_emit_i64(e, 8), LLVMBuildMul(e->b, q, fb_emit_i64(e, 8), ""), ""));
+  LLVMValueRef chunk = LLVMBuildLoad2(e->b, e->t_i64, slot, "chunk");
+  LLVMSetAlignment(chunk, 8);
+  tag_slots(e, chunk);
+  return LLVMBuildAnd(e->b, LLVMBuildICmp(e->b, LLVMIntULT, lin, len, ""),
+                      LLVMBuildICmp(e->b, LLVMIntNE, chunk, fb_emit_i64(e, 0), ""), "active");
+}
+
 /* is_active / activate / deactivate on SNode s->snode (a field means its
  * container), indices in its cell space. */
 static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
@@ -1266,7 +1324,11 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   } else {
     walk w = {s->snode, {0}, s->op == FB_OP_ACTIVATE, fb_emit_block(e, "inactive"), 0, s->part};
     global_index(e, idx, sn->dim_axis, sn->ndim, w.gi);
-    if (s->op == FB_OP_DEACTIVATE) {
+    LLVMValueRef flag = s->op == FB_OP_IS_ACTIVE ? active_flag(e, &w, c) : NULL;
+    if (e->rc) return e->rc;
+    if (flag) {
+      yes = flag;
+    } else if (s->op == FB_OP_DEACTIVATE) {
       LLVMValueRef base = walk_to(e, &w, e->l->nodes[c].parent);
       if (base) deactivate_level(e, &w, &e->l->nodes[c], base);
     } else {

@@ -57,4 +57,8 @@ void fb_engine_test_set_bg_max(fb_engine *e, int n);
  * calling thread only. */
 int fb_session_test_bg_peak(const fb_session *s);
 
+/* The chunk grain the CPU pool gets for task IR `task` whose parallel loop
+ * is statement `loop` (engine/session.c, fbe_task_grain): 0 for the pool's
+ * default, smaller for iterations that run inner loops. */
+int64_t fb_session_test_task_grain(const fb_kernel *task, int loop);
 #endif

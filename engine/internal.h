@@ -306,6 +306,10 @@ void fbe_ad_free(fb_session *s);
 
 /* launch.c */
 int fbe_kinds_agree(fb_type want, fb_type have);
+/* The chunk grain of a task's parallel loop for the CPU pool (fb_rt_hint):
+ * 0 (the pool's default) unless an iteration runs an inner loop; then the
+ * iterations of the inner loops count too (session.c). */
+int64_t fbe_task_grain(const fb_kernel *k, int loop);
 const char *fbe_type_name_safe(fb_type t);
 int fbe_oom_message(fb_session *s, char *buf, size_t len);
 int fbe_device_dead(fb_session *s);

@@ -434,10 +434,68 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   sk->code[t].gpu = code.gpu;
   sk->code[t].priv = code.priv;
   sk->hints[t].list_snode = task->kind == FB_TASK_LISTGEN ? task->snode : 0;
-  sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : 0;
+  sk->hints[t].grain = task->kind == FB_TASK_LISTGEN ? 1 : fbe_task_grain(task->ir, task->loop);
   sk->irs[t] = task->ir;
   fbe_count_compile(&s->c, &code);
   return 0;
+}
+
+/* ---- chunk grain
+ *
+ * The CPU pool hands a parallel loop out in chunks of at least
+ * FB_POOL_MIN_CHUNK iterations, so that a cheap body is not split finer than
+ * its scheduling costs; a loop of fewer iterations runs on the calling
+ * thread alone. That counts iterations, not work: `for i in 0 .. 512 {
+ * for j in 0 .. 512 { ... } }` (the usual way to write Taichi's
+ * ti.ndrange(n, n)) is 512 iterations of 512 cells each and ran on one
+ * thread, whatever the session's thread count (taichi_sparse.py's frame in
+ * bench/real/sparse_pointer: activate and paint). An iteration that runs
+ * inner loops counts as their iterations (a range with constant bounds its
+ * trip count, any other loop INNER_UNKNOWN_TRIP), so the grain is
+ * FB_POOL_MIN_CHUNK / that count, at least 1. Only the split changes: each
+ * iteration still runs once, as a whole, on one thread. */
+#define INNER_UNKNOWN_TRIP 64
+#define INNER_MAX_DEPTH 16
+
+/* Inner iterations one run of block b performs (1: no loop in it). */
+static double inner_trips(const fb_kernel *k, int b, int depth) {
+  if (b < 0 || b >= k->nblocks || depth > INNER_MAX_DEPTH) return 1;
+  double most = 1;
+  const fb_block *bl = &k->blocks[b];
+  for (int i = 0; i < bl->n; i++) {
+    const fb_stmt *s = &k->stmts[bl->ids[i]];
+    if (s->body < 0 && s->orelse < 0) continue;
+    double w = inner_trips(k, s->body, depth + 1);
+    double o = inner_trips(k, s->orelse, depth + 1);
+    if (o > w) w = o;
+    if (s->op == FB_OP_RANGE_FOR || s->op == FB_OP_WHILE) {
+      double trip = INNER_UNKNOWN_TRIP;
+      if (s->op == FB_OP_RANGE_FOR && s->nargs >= 2 && s->args[0] >= 0 &&
+          s->args[0] < k->nstmts && s->args[1] >= 0 && s->args[1] < k->nstmts) {
+        const fb_stmt *lo = &k->stmts[s->args[0]], *hi = &k->stmts[s->args[1]];
+        if (lo->op == FB_OP_CONST && hi->op == FB_OP_CONST && fb_type_is_int(lo->type) &&
+            fb_type_is_int(hi->type))
+          trip = hi->imm.i > lo->imm.i ? (double)(hi->imm.i - lo->imm.i) : 1;
+      }
+      w *= trip;
+    }
+    if (w > most) most = w;
+  }
+  return most;
+}
+
+int64_t fbe_task_grain(const fb_kernel *k, int loop) {
+  if (!k || loop < 0 || loop >= k->nstmts) return 0;
+  const fb_stmt *L = &k->stmts[loop];
+  if (L->op != FB_OP_PAR_FOR && L->op != FB_OP_RANGE_FOR && L->op != FB_OP_STRUCT_FOR) return 0;
+  double t = inner_trips(k, L->body, 0);
+  if (t <= 1) return 0;
+  double g = (double)FB_POOL_MIN_CHUNK / t;
+  return g < 1 ? 1 : (int64_t)g;
+}
+
+int64_t fb_session_test_task_grain(const fb_kernel *task, int loop) {
+  return fbe_task_grain(task, loop);
 }
 
 /* Lower the kernel into its tasks, with room for their IR (sk->irs). */

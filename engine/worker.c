@@ -453,7 +453,7 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
                    NULL};
   fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu, code->priv};
   int lg = L->kind == FB_TASK_LISTGEN;
-  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : 0};
+  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : fbe_task_grain(L->k, L->loop)};
   double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
   char msg[ERRLEN];
   msg[0] = 0;

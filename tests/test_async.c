@@ -19,6 +19,7 @@
 #include "fusebox/engine.h"
 #include "fusebox/ir.h"
 #include "fusebox/lang.h"
+#include "optimizer/optimizer.h"
 #include "support.h"
 
 static fb_engine *eng;
@@ -543,6 +544,75 @@ static const char *sparse_script =
     "launch mark 5\nlaunch mbump\nlaunch mark 3\nlaunch mbump\nlaunch count\n";
 
 START_TEST(sparse_layouts) { check_modes(sparse_src, sparse_script); }
+END_TEST
+
+/* Parallel loops whose iterations run inner loops (Taichi's ndrange(n, n)
+ * written as a range over rows with a serial loop over columns, as
+ * bench/real/sparse_pointer does): the CPU pool splits them by the inner
+ * loops' iterations, not the rows' count (engine/session.c,
+ * fbe_task_grain), so that 64 rows of 256 cells use every thread. The
+ * grain fires here; the results are the same in every mode (check_modes,
+ * against sync), through pointer blocks activated from several threads,
+ * is_active of every level, a while loop and float sums. */
+static const char *nested_src =
+    "layout {\n"
+    "  pointer(ij: 4, 4) as b1 { pointer(ij: 4, 4) as b2 { dense(ij: 4, 4) { place x: i32 } } }\n"
+    "  dense(ij: 64, 64) { place img: f32 }\n"
+    "  dense(i: 64) { place row: f32 }\n"
+    "  place total: f32, cells: i32\n"
+    "}\n"
+    "kernel mark(t: i32) {\n"
+    "  for i in 0 .. 64 { for j in 0 .. 64 { if (i * 7 + j * 3 + t) % 5 == 0 { x[i, j] = 1 } } }\n"
+    "}\n"
+    "kernel paint() {\n"
+    "  for i in 0 .. 64 { for j in 0 .. 64 {\n"
+    "    img[i, j] = f32(x[i, j] + is_active(b1, i // 16, j // 16) + is_active(b2, i // 4, j // 4)) * 0.25\n"
+    "  } }\n"
+    "}\n"
+    "kernel sums() {\n"
+    "  for i in 0 .. 64 {\n"
+    "    var k = 0\n"
+    "    var acc = 0.0\n"
+    "    while k < 64 { acc += img[i, k]\n k += 1 }\n"
+    "    row[i] = acc\n"
+    "    total[] += acc\n"
+    "  }\n"
+    "  for I, J in b2 { cells[] += 1 }\n"
+    "}\n"
+    "kernel clear() { for I, J in b1 { deactivate(b1, I, J) } }\n";
+static const char *nested_script = "launch mark 0\nlaunch paint\nlaunch sums\nread img\n"
+                                   "launch clear\nlaunch mark 3\nlaunch paint\nlaunch sums\n"
+                                   "read x\nread row\nread total\nread cells\n";
+
+START_TEST(nested_loops_split) {
+  check_modes(nested_src, nested_script);
+  fb_program *p = parse(nested_src);
+  /* mark's range (64 rows of a 64-cell inner loop) and sums' (a while
+   * loop: 64 iterations assumed) get a grain of 1024 / 64 = 16 rows; a
+   * struct-for with a plain body keeps the pool's default (0) */
+  const char *names[] = {"mark", "sums"};
+  int64_t want_first[] = {16, 16};
+  for (int n = 0; n < 2; n++) {
+    fb_kernel *k = NULL;
+    fb_diags d;
+    fb_diags_init(&d);
+    ck_assert_int_eq(fb_program_instantiate(p, names[n], NULL, 0, &k, &d), 0);
+    fb_diags_free(&d);
+    fb_task_list tl;
+    char err[256] = "";
+    ck_assert_msg(fb_lower(k, &tl, err, sizeof err) == 0, "lower: %s", err);
+    int seen = 0;
+    for (int t = 0; t < tl.n; t++) {
+      if (tl.v[t].loop < 0) continue;
+      int64_t g = fb_session_test_task_grain(tl.v[t].ir, tl.v[t].loop);
+      if (!seen++) ck_assert_msg(g == want_first[n], "%s: grain %lld", names[n], (long long)g);
+      else if (tl.v[t].kind == FB_TASK_STRUCT_FOR) ck_assert_int_eq(g, 0);
+    }
+    ck_assert_int_gt(seen, 0);
+    fb_task_list_free(&tl);
+  }
+  fb_program_free(p); /* owns the kernels it instantiated */
+}
 END_TEST
 
 /* The MLS-MPM substep pattern: a gather writes v, c and x at
@@ -2446,6 +2516,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, scratch_across_launches);
   tcase_add_test(tc, random_numbers);
   tcase_add_test(tc, sparse_layouts);
+  tcase_add_test(tc, nested_loops_split);
   tcase_add_test(tc, gather_scatter_unique);
   tcase_add_test(tc, pending_until_trigger);
   tcase_add_test(tc, pending_tasks_capped);

@@ -942,6 +942,51 @@ START_TEST(test_zero_walk_ir) {
 }
 END_TEST
 
+/* is_active on the CPU (emit_mem.c, active_flag): the walk goes through
+ * the zero block like a load's and ends in a test of the container's own
+ * slot, bit or length, with no branch per level; on NVPTX the walk keeps
+ * its exits. tests/test_sparse.c (pointer_pointer_dense, pointer_bitmasked,
+ * bitmasked_root, the dynamic cases) checks the results against the
+ * interpreter, with blocks deactivated and reactivated. */
+static const char *ACTIVE_SRC =
+    "layout {\n"
+    "  pointer(ij: 4, 4) as b1 { pointer(ij: 4, 4) as b2 { bitmasked(ij: 2, 2) as b3 {\n"
+    "    dense(ij: 2, 2) { place x: i32 } } } }\n"
+    "  dense(ij: 64, 64) { place t: i32 }\n"
+    "}\n"
+    "kernel paint() { for i in 0 .. 64 { for j in 0 .. 64 {\n"
+    "  t[i, j] = is_active(b1, i // 16, j // 16) + is_active(b2, i // 4, j // 4)\n"
+    "            + is_active(b3, i // 2, j // 2) + is_active(x, i, j) } } }\n";
+
+START_TEST(test_is_active_walk_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("active.fbk", ACTIVE_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  char *ir = task_ir(p, "paint", "x86_64");
+  char *body = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(body);
+  /* every level above the tested one selects the zero block; no level
+   * leaves for an exit block */
+  ck_assert_msg(strstr(body, "@fb_cg_zero") && strstr(body, "select i1"),
+                "paint: is_active's walk does not go through the zero block:\n%.3000s", body);
+  ck_assert_msg(!strstr(body, "ptr.on") && !strstr(body, "bm.on"),
+                "paint: is_active's walk still branches per level:\n%.4000s", body);
+  free(ir);
+  ir = task_ir(p, "paint", "x86_64-O3");
+  body = strstr(ir, "define void @fb_body(");
+  ck_assert_ptr_nonnull(body);
+  ck_assert_msg(!strstr(body, "sparse.done"), "paint: a branch left after O3:\n%.4000s", body);
+  free(ir);
+  ir = task_ir(p, "paint", "nvptx64");
+  ck_assert_msg(!strstr(ir, "fb_cg_zero") && strstr(ir, "ptr.on"),
+                "paint: NVPTX's is_active does not keep its exits:\n%.3000s", ir);
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
+
 /* Stores of the components of a vector cell through a sparse path
  * (emit_mem.c, fb_emit_try_stores): one bounds check and one walk for the
  * three, both for store (one activation) and for store_na (one skip).
@@ -1170,6 +1215,7 @@ int main(void) {
   tcase_add_test(tc, test_group_ir);
   tcase_add_test(tc, test_priv_ir);
   tcase_add_test(tc, test_zero_walk_ir);
+  tcase_add_test(tc, test_is_active_walk_ir);
   tcase_add_test(tc, test_parallel_cell_loop_ir);
   tcase_add_test(tc, test_store_walk_ir);
   tcase_add_test(tc, test_slot_tbaa_ir);
