@@ -59,11 +59,6 @@ EXAMPLES = [
 # example -> the construct fusebox.taichi does not handle yet (deselected
 # by the ctest entry with -k "not known-gap")
 KNOWN_GAPS = {
-    "autodiff/minimization.py": "needs_grad=True: not yet supported",
-    "simulation/ad_gravity.py": "needs_grad=True: not yet supported",
-    "simulation/mass_spring_game.py": "new_particle(): rest_length stays 0 where Taichi links "
-                                      "the particles (a local read before a top-level loop; "
-                                      "see programs/p52_serial_then_loop.py)",
 }
 
 
