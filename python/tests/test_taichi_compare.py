@@ -23,14 +23,7 @@ import harness  # noqa: E402
 from harness import fb_env, run_both, taichi_python  # noqa: E402,F401 (fixtures)
 
 # program -> the construct that fusebox.taichi does not handle yet, and how it fails
-KNOWN_GAPS = {
-    "p24_type_promotion": "ti.floor(x, ti.i32): 'the Python value ti.i32 cannot be used "
-                          "inside a kernel'",
-    "p35_python_scope": "v[2][1] and v[1].to_numpy() at Python scope give float32 (numpy); "
-                        "Taichi gives Python floats (float64)",
-    "p38_random_int": "ti.random(ti.i32): 'the Python value ti.i32 cannot be used inside a "
-                      "kernel'",
-}
+KNOWN_GAPS: dict = {}
 
 
 def _params():

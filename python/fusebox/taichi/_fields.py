@@ -270,7 +270,9 @@ class Field:
             return v.item()
         if self.elem and isinstance(v, np.ndarray) and v.shape == self.elem:
             from fusebox.taichi._ops import TiArray
-            e = v.view(TiArray)
+            # as Taichi's Python-scope vectors: entries are Python numbers
+            # (float64 / int64 once made an array again)
+            e = v.astype(np.float64 if v.dtype.kind == "f" else np.int64).view(TiArray)
             e._owner = (self, key)  # v[i].x = 1 writes the element back
             return e
         return v

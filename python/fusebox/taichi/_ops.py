@@ -432,6 +432,35 @@ def _vec_ctor(t: Translator, n: Any, a: List[str], kw: Dict[str, Any], rows: boo
     return lit
 
 
+def _random_int(tn: str) -> str:
+    """ti.random(int type): uniform over the type's range, built from 16-bit
+    pieces (random() is an f32 with 24 random bits, so one draw scaled
+    by 2**32 would leave the low bits zero)."""
+    def piece(tt: str) -> str:
+        return f"{tt}(random() * 65536.0)"
+    if tn == "i32":
+        return f"(({piece('i32')} - 32768) * 65536 + {piece('i32')})"
+    if tn == "u32":
+        return f"u32({piece('i64')} * 65536 + {piece('i64')})"
+    hi = f"({piece('i64')} - 32768) * 281474976710656"
+    body = f"({hi} + {piece('i64')} * 4294967296 + {piece('i64')} * 65536 + {piece('i64')})"
+    return body if tn == "i64" else f"u64({body})"
+
+
+def _arg_or_type(t: Translator, a: Any) -> Any:
+    """An argument's .fbk text, or the Static of a type given as an argument
+    (ti.floor(x, ti.i32))."""
+    v = t.expr(a)
+    if isinstance(v, Static) and isinstance(v.v, (_types.DataType, type)) and not \
+            isinstance(v.v, (bool, int, float)):
+        try:
+            _types.resolve(v.v)
+            return v
+        except TypeError:
+            pass
+    return t.code(v, a)
+
+
 def _tname(t: Translator, dt: Any, node: Any) -> str:
     if isinstance(dt, str):
         raise t.err(node, "the type must be known when the kernel is compiled")
@@ -564,7 +593,6 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
                             "call ti.* functions, @ti.func functions or builtins such as "
                             "min/max/abs/int/float (see docs/from-taichi.md)")
     if isinstance(tr, str):
-        args = [t.expr_code(a) for a in n.args]
         if tr == "random":
             dt = kw.get("dtype")
             if n.args:
@@ -572,16 +600,16 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
             if dt is not None:
                 tn = _tname(t, dt, n)
                 if tn in ("i32", "i64", "u32", "u64"):
-                    return f"{tn}(random() * 4294967296.0 - 2147483648.0)" if tn in (
-                        "i32", "i64") else f"{tn}(random() * 4294967296.0)"
+                    return _random_int(tn)
                 return f"{tn}(random())"
             return "random()"
+        args = [t.expr_code(a) for a in n.args]
         if tr in ("min", "max") and len(args) == 1:
             raise t.unsupported(n, f"{tr}() of one value", f"give {tr}(a, b, ...)")
         return f"{tr}({', '.join(args)})"
     kind, what = tr
     if kind in ("expr", "raw"):
-        args = [t.expr_code(a) for a in n.args]
+        args = [_arg_or_type(t, a) for a in n.args]
         return what(t, n, args, kw)
     if kind == "atomic":
         # .fbk's atomic_OP(target, value) updates and returns the old value
