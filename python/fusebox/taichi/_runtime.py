@@ -224,7 +224,7 @@ class Runtime:
         self.client = None
 
 
-_DIAG = re.compile(r"^" + re.escape(FILENAME) + r":(\d+):(\d+): (error|warning|note): (.*)$")
+_DIAG = re.compile(r"^(?:kernel '[^']*': )?" + re.escape(FILENAME) + r":(\d+):(\d+): (error|warning|note): (.*)$")
 
 
 def map_diagnostics(msg: str, lines: List[Tuple[str, Tuple[str, int]]]) -> str:
@@ -481,8 +481,8 @@ class Tape:
     """``with ti.ad.Tape(loss):`` maps onto the session's tape: the launches
     inside are recorded; at the end the server clears the gradients they
     touch, sets ``loss.grad[None] = 1`` and launches their adjoints newest
-    first. As in Taichi, every gradient is set to 0 on entering
-    (``clear_gradients=False`` keeps them)."""
+    first. As in Taichi, entering sets the loss and every gradient to 0
+    (``clear_gradients=False`` keeps the gradients)."""
 
     def __init__(self, loss: Any = None, clear_gradients: bool = True, validation: bool = False,
                  grad_check: Any = None):
@@ -511,6 +511,7 @@ class Tape:
         self.loss.grad  # the clear error when the loss has no gradient
         if self.clear:
             clear_all_gradients()
+        self.loss.fill(0)  # as Taichi: the loss starts from 0
         self._inner = r.session.tape(r.session.fields[self.loss.name])
         self._inner.__enter__()
         r.tape = self
