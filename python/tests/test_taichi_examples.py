@@ -55,6 +55,7 @@ EXAMPLES = [
     ("simulation/mandelbrot_zoom.py", 2, ("close", 1e-3, 1e-5, 0.002)),
     ("simulation/initial_value_problem.py", 2, "shapes"),  # driven by the wall clock
     ("simulation/pbf2d.py", 2, "shapes"),
+    ("simulation/mpm_lagrangian_forces.py", 2, "shapes"),
     ("algorithm/mciso_advanced.py", 2, "runs"),  # its fields are attributes of an object
 ]
 
