@@ -1053,6 +1053,23 @@ def test_field_of_an_earlier_init_is_refused(tinit):
     assert f":{line_of('OLD-FIELD')}:" in str(e.value)
 
 
+def test_all_any_of_vector_comparisons(tinit):
+    x = ti.Vector.field(2, ti.f32, shape=4)
+    r = ti.field(ti.i32, shape=(4, 2))
+
+    @ti.kernel
+    def k():
+        for i in x:
+            r[i, 0] = all(-0.1 <= x[i] <= 1.1)
+            r[i, 1] = any(x[i] > 0.7)
+
+    x0 = np.array([[0, 0], [2, 0], [0.5, 0.8], [-1, -1]], np.float32)
+    x.from_numpy(x0)
+    k()
+    want = np.stack([np.all((-0.1 <= x0) & (x0 <= 1.1), 1), np.any(x0 > 0.7, 1)], 1)
+    np.testing.assert_array_equal(r.to_numpy(), want.astype(np.int32))
+
+
 # ---------------------------------------------------------------- autodiff
 
 def _fd(f, x, h=1e-6):

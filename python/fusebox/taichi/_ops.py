@@ -432,6 +432,31 @@ def _vec_ctor(t: Translator, n: Any, a: List[str], kw: Dict[str, Any], rows: boo
     return lit
 
 
+def _all_any(t: Translator, n: ast.Call, every: bool) -> Any:
+    """all(v) / any(v) of a vector of bools (a comparison of vectors); a chained comparison inside (all(lo <= v <= hi)) compares each
+    component: (lo <= v) & (v <= hi)."""
+    a = n.args[0]
+    if isinstance(a, ast.Compare) and len(a.ops) > 1:
+        from fusebox.taichi._translate import CMPOPS
+        items = [t.expr_code(e) for e in [a.left] + list(a.comparators)]
+        parts = []
+        for o, x, y in zip(a.ops, items, items[1:]):
+            if type(o) not in CMPOPS:
+                raise t.unsupported(a, "this comparison", "compare with == != < <= > >=")
+            parts.append(f"({x} {CMPOPS[type(o)]} {y})")
+        v: Any = "(" + " & ".join(parts) + ")"
+    else:
+        v = t.expr(a)
+        if isinstance(v, Static):
+            try:
+                return Static(builtins.all(v.v) if every else builtins.any(v.v))
+            except TypeError as e:
+                raise t.err(n, f"{'all' if every else 'any'}(): {e}")
+    ones = f"(i32({v}) * 0 + 1)"
+    count = f"dot(i32({v}), {ones})"
+    return f"({count} == dot({ones}, {ones}))" if every else f"({count} > 0)"
+
+
 def _random_int(tn: str) -> str:
     """ti.random(int type): uniform over the type's range, built from 16-bit
     pieces (random() is an f32 with 24 random bits, so one draw scaled
@@ -541,6 +566,8 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
                             "make the callee a @ti.func")
     if f in (print, static_print):
         return Static(None)  # (statement: see call_stmt)
+    if f in (builtins.all, builtins.any) and len(n.args) == 1 and not n.keywords:
+        return _all_any(t, n, f is builtins.all)
     if f is builtins.range:
         vals = [t.expr(a) for a in n.args]
         if all(isinstance(v, Static) for v in vals):
