@@ -23,20 +23,7 @@ import harness  # noqa: E402
 from harness import fb_env, run_both, taichi_python  # noqa: E402,F401 (fixtures)
 
 # program -> the construct that fusebox.taichi does not handle yet, and how it fails
-KNOWN_GAPS = {
-    "ad01_tape": "needs_grad=True / ti.ad.Tape: 'automatic differentiation ... is not yet "
-                 "supported by fusebox.taichi'",
-    "ad02_kernel_grad": "needs_grad=True / kernel.grad(): not yet supported",
-    "ad03_vector_grad": "ti.Vector.field(..., needs_grad=True) / ti.ad.Tape: not yet supported",
-    "p17_kernel_return": "s = 0.0; for i in range(10): s += x[i]; return s: 'cannot assign to "
-                         "'s' inside a parallel loop'",
-    "p24_type_promotion": "ti.floor(x, ti.i32): 'the Python value ti.i32 cannot be used "
-                          "inside a kernel'",
-    "p35_python_scope": "v[2][1] and v[1].to_numpy() at Python scope give float32 (numpy); "
-                        "Taichi gives Python floats (float64)",
-    "p38_random_int": "ti.random(ti.i32): 'the Python value ti.i32 cannot be used inside a "
-                      "kernel'",
-}
+KNOWN_GAPS: dict = {}
 
 
 def _params():

@@ -54,16 +54,14 @@ EXAMPLES = [
     ("simulation/physarum.py", 1, "shapes"),
     ("simulation/mandelbrot_zoom.py", 2, ("close", 1e-3, 1e-5, 0.002)),
     ("simulation/initial_value_problem.py", 2, "shapes"),  # driven by the wall clock
+    ("simulation/pbf2d.py", 2, "shapes"),
+    ("simulation/mpm_lagrangian_forces.py", 2, "shapes"),
+    ("algorithm/mciso_advanced.py", 2, "runs"),  # its fields are attributes of an object
 ]
 
 # example -> the construct fusebox.taichi does not handle yet (deselected
 # by the ctest entry with -k "not known-gap")
 KNOWN_GAPS = {
-    "autodiff/minimization.py": "needs_grad=True: not yet supported",
-    "simulation/ad_gravity.py": "needs_grad=True: not yet supported",
-    "simulation/mass_spring_game.py": "new_particle(): rest_length stays 0 where Taichi links "
-                                      "the particles (a local read before a top-level loop; "
-                                      "see programs/p52_serial_then_loop.py)",
 }
 
 

@@ -1053,11 +1053,190 @@ def test_field_of_an_earlier_init_is_refused(tinit):
     assert f":{line_of('OLD-FIELD')}:" in str(e.value)
 
 
-def test_needs_grad_and_tape_not_yet(tinit):
-    with pytest.raises(ti.TaichiRuntimeError, match="not yet supported"):
-        ti.field(ti.f32, shape=4, needs_grad=True)
-    with pytest.raises(ti.TaichiRuntimeError, match="not yet supported"):
+def test_all_any_of_vector_comparisons(tinit):
+    x = ti.Vector.field(2, ti.f32, shape=4)
+    r = ti.field(ti.i32, shape=(4, 2))
+
+    @ti.kernel
+    def k():
+        for i in x:
+            r[i, 0] = all(-0.1 <= x[i] <= 1.1)
+            r[i, 1] = any(x[i] > 0.7)
+
+    x0 = np.array([[0, 0], [2, 0], [0.5, 0.8], [-1, -1]], np.float32)
+    x.from_numpy(x0)
+    k()
+    want = np.stack([np.all((-0.1 <= x0) & (x0 <= 1.1), 1), np.any(x0 > 0.7, 1)], 1)
+    np.testing.assert_array_equal(r.to_numpy(), want.astype(np.int32))
+
+
+# ---------------------------------------------------------------- autodiff
+
+def _fd(f, x, h=1e-6):
+    """Central finite differences of a scalar function of a vector (f64)."""
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        e = np.zeros_like(x)
+        e.flat[i] = h
+        g.flat[i] = (f(x + e) - f(x - e)) / (2 * h)
+    return g
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_tape_gradient_matches_finite_differences(tinit, mode):
+    tinit(default_fp=ti.f64, async_mode=(mode == "async"))
+    n = 6
+    x = ti.field(ti.f64, shape=n, needs_grad=True)
+    w = ti.field(ti.f64, shape=n)  # no gradient: a constant of the loss
+    y = ti.field(ti.f64, shape=n, needs_grad=True)
+    loss = ti.field(ti.f64, shape=(), needs_grad=True)
+
+    @ti.func
+    def act(v):
+        return ti.tanh(v) if v > 0.0 else ti.exp(v) - 1.0
+
+    @ti.kernel
+    def hidden():
+        for i in x:
+            y[i] = act(w[i] * x[i]) + ti.sqrt(x[i] * x[i] + 1.0)
+
+    @ti.kernel
+    def total(k: ti.f64):
+        for i in y:
+            loss[None] += k * y[i] ** 2 + ti.sin(y[i]) * x[(i + 1) % n]
+
+    x0 = np.linspace(-1.3, 1.1, n)
+    w0 = np.linspace(0.5, 2.0, n)
+    w.from_numpy(w0)
+
+    def f(xv):
+        v = w0 * xv
+        h = np.where(v > 0, np.tanh(v), np.exp(v) - 1.0) + np.sqrt(xv * xv + 1.0)
+        return np.sum(0.7 * h ** 2 + np.sin(h) * np.roll(xv, -1))
+
+    x.from_numpy(x0)
+    x.grad.fill(123.0)  # the tape starts from zero gradients, as Taichi's does
+    with ti.ad.Tape(loss=loss):
+        hidden()
+        total(0.7)
+    assert loss[None] == pytest.approx(f(x0), rel=1e-12)
+    np.testing.assert_allclose(x.grad.to_numpy(), _fd(f, x0), rtol=1e-6, atol=1e-8)
+    assert isinstance(loss.grad[None], float) and loss.grad[None] == 1.0
+
+
+def test_kernel_grad_vector_field_closed_form(tinit):
+    n = 5
+    p = ti.Vector.field(3, ti.f32, shape=n, needs_grad=True)
+    e = ti.field(ti.f32, shape=n, needs_grad=True)
+
+    @ti.kernel
+    def energy(s: ti.f32):
+        for i in p:
+            e[i] = s * p[i].dot(p[i]) + p[i].x * p[i].y
+
+    p0 = np.arange(3 * n, dtype=np.float32).reshape(n, 3) * 0.1 - 0.5
+    p.from_numpy(p0)
+    energy(2.0)
+    e.grad.fill(1.0)
+    energy.grad(2.0)  # the adjoint, with the kernel's arguments
+    want = 2 * 2.0 * p0
+    want[:, 0] += p0[:, 1]
+    want[:, 1] += p0[:, 0]
+    np.testing.assert_allclose(p.grad.to_numpy(), want, rtol=1e-5, atol=1e-6)
+    # a second adjoint launch accumulates, as in Taichi; clear_all_gradients zeroes
+    e.grad.fill(1.0)
+    energy.grad(2.0)
+    np.testing.assert_allclose(p.grad.to_numpy(), 2 * want, rtol=1e-5, atol=1e-6)
+    ti.ad.clear_all_gradients()
+    assert not p.grad.to_numpy().any() and not e.grad.to_numpy().any()
+
+
+def test_grad_read_in_kernel_and_lazy_grad(tinit):
+    """x.grad[i] inside a kernel (gradient descent as Taichi programs write
+    it), ti.root.lazy_grad(), and a loss minimized to its closed-form
+    optimum."""
+    n = 4
+    x = ti.field(ti.f32)
+    loss = ti.field(ti.f32)
+    ti.root.dense(ti.i, n).place(x)
+    ti.root.place(loss)
+    ti.root.lazy_grad()
+
+    @ti.kernel
+    def compute():
+        for i in x:
+            loss[None] += (x[i] - i) ** 2
+
+    @ti.kernel
+    def step(lr: ti.f32):
+        for i in x:
+            x[i] -= lr * x.grad[i]
+
+    for _ in range(60):
+        with ti.Tape(loss):
+            compute()
+        step(0.1)
+    np.testing.assert_allclose(x.to_numpy(), np.arange(n), atol=1e-4)
+    assert loss[None] < 1e-7
+
+
+def test_data_oriented_kernel_grad(tinit):
+    @ti.data_oriented
+    class Model:
+        def __init__(self):
+            self.a = ti.field(ti.f32, shape=3, needs_grad=True)
+            self.b = ti.field(ti.f32, shape=3, needs_grad=True)
+
+        @ti.kernel
+        def forward(self):
+            for i in self.a:
+                self.b[i] = ti.exp(self.a[i])
+
+    m = Model()
+    m.a.from_numpy(np.array([0.0, 0.5, -1.0], np.float32))
+    m.forward()
+    m.b.grad.fill(2.0)
+    m.forward.grad()
+    np.testing.assert_allclose(m.a.grad.to_numpy(), 2.0 * np.exp([0.0, 0.5, -1.0]),
+                               rtol=1e-6)
+
+
+def test_gradient_errors_are_clear(tinit):
+    x = ti.field(ti.f32, shape=4, needs_grad=True)
+    nog = ti.field(ti.f32, shape=4)
+    loss = ti.field(ti.f32, shape=(), needs_grad=True)
+    with pytest.raises(ti.TaichiTypeError, match="only float fields"):
+        ti.field(ti.i32, shape=4, needs_grad=True)
+    with pytest.raises(ti.TaichiRuntimeError, match="no gradient: declare it with "
+                                                    "needs_grad=True"):
+        nog.grad
+    with pytest.raises(ti.TaichiTypeError, match="0-D field"):
         ti.ad.Tape(loss=None)
+
+    @ti.kernel
+    def overwrite():
+        for i in x:
+            x[i] = x[i] * 2.0  # OVERWRITE-HERE
+
+    with pytest.raises(ti.TaichiCompilationError) as e:
+        with ti.ad.Tape(loss):
+            overwrite()
+    msg = str(e.value)
+    assert f"{HERE}:{line_of('OVERWRITE-HERE')}: error:" in msg, msg
+    assert "cannot differentiate kernel 'overwrite'" in msg and "split the kernel" in msg
+    assert "%" not in msg and ".fbk" not in msg and ".grad'" not in msg
+    with pytest.raises(ti.TaichiCompilationError) as e:
+        overwrite.grad()
+    assert f"{HERE}:{line_of('OVERWRITE-HERE')}: error:" in str(e.value)
+
+    @ti.kernel
+    def fine():
+        for i in x:
+            loss[None] += 3.0 * x[i]
+
+    with ti.ad.Tape(loss):  # the session goes on; the refused kernel was not recorded
+        fine()
+    np.testing.assert_allclose(x.grad.to_numpy(), 3.0)
 
 
 def test_ndarray_argument_refused_clearly(tinit):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusebox.taichi import _ops, _types
+from fusebox.taichi import _ops, _runtime, _types
 from fusebox.taichi._errors import (TaichiCompilationError, TaichiRuntimeError,
                                     TaichiSyntaxError, TaichiTypeError)
 from fusebox.taichi._fields import (Axes, Field, SNode, axes, i, ij, ijk, ijkl, ik, j, jk,
@@ -84,19 +84,17 @@ from fusebox.taichi import math  # noqa: E402  (ti.math; also importable as taic
 
 
 class _Ad:
-    class Tape:
-        def __init__(self, *a: Any, **kw: Any):
-            raise TaichiRuntimeError("ti.ad.Tape: automatic differentiation is not yet "
-                                     "supported by fusebox.taichi (the server's adjoint pass "
-                                     "has no .fbk syntax yet; docs/autodiff.md)")
+    """ti.ad: the tape and gradient helpers (docs/from-taichi.md)."""
+    Tape = _runtime.Tape
 
     @staticmethod
-    def clear_all_gradients() -> None:
-        raise TaichiRuntimeError("gradients are not yet supported by fusebox.taichi")
+    def clear_all_gradients(gradient_type: Any = None) -> None:
+        _runtime.clear_all_gradients()
 
 
 ad = _Ad()
-Tape = _Ad.Tape
+Tape = _runtime.Tape
+clear_all_gradients = _runtime.clear_all_gradients
 
 
 class _Profiler:

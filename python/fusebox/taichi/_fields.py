@@ -142,8 +142,12 @@ class SNode:
         return self
 
     def lazy_grad(self) -> None:
-        """Gradients are not supported yet; nothing needs them without
-        needs_grad=True, which says so."""
+        """Give every float field placed below this SNode a gradient (as
+        if declared with needs_grad=True)."""
+        self._rt._check_open_layout("lazy_grad()")
+        for f in self._fields_below():
+            if f.dtype.fbk.startswith("f"):
+                f.needs_grad = True
 
     def lazy_dual(self) -> None:
         pass
@@ -216,6 +220,8 @@ class Field:
         self.where = _where()
         self.n = elem[0] if elem else None
         self.m = elem[1] if len(elem) > 1 else None
+        self.needs_grad = False
+        self._grad: Optional["GradField"] = None
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -224,10 +230,18 @@ class Field:
         return self.snode.shape if self.snode.kind != "root" else ()
 
     @property
-    def grad(self) -> Any:
-        raise TaichiRuntimeError("gradients (needs_grad, x.grad) are not supported by "
-                                 "fusebox.taichi yet: automatic differentiation is still "
-                                 "being added to Fusebox")
+    def grad(self) -> "GradField":
+        """The gradient field (``place x: T grad`` in the layout; its .fbk
+        name is ``x.grad``): Python-scope access and ``x.grad[i]`` in
+        kernels, like any field."""
+        if not self.needs_grad:
+            raise TaichiRuntimeError(
+                f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
+                f"{self.where[1]}) has no gradient: declare it with needs_grad=True (or call "
+                "ti.root.lazy_grad() after placing it)")
+        if self._grad is None:
+            self._grad = GradField(self)
+        return self._grad
 
     def fbk_type(self) -> str:
         return self.dtype.fbk + "".join(f"[{e}]" for e in self.elem)
@@ -256,7 +270,9 @@ class Field:
             return v.item()
         if self.elem and isinstance(v, np.ndarray) and v.shape == self.elem:
             from fusebox.taichi._ops import TiArray
-            e = v.view(TiArray)
+            # as Taichi's Python-scope vectors: entries are Python numbers
+            # (float64 / int64 once made an array again)
+            e = v.astype(np.float64 if v.dtype.kind == "f" else np.int64).view(TiArray)
             e._owner = (self, key)  # v[i].x = 1 writes the element back
             return e
         return v
@@ -290,7 +306,7 @@ class Field:
         val = "v" if not self.elem else f"{self.fbk_type()}(v)"
         nd = len(self.shape)
         idx = ", ".join(f"i{d}" for d in range(nd))
-        kname = f"fill_{nm}"
+        kname = "fill_" + nm.replace(".", "__")
         body = ([f"kernel {kname}(v: {t}) {{"] +
                 ([f"  {nm}[] = {val}"] if nd == 0 else
                  [f"  for {idx} in {nm} {{", f"    {nm}[{idx}] = {val}", "  }"]) + ["}"])
@@ -316,6 +332,40 @@ class Field:
 
     def __repr__(self) -> str:
         return f"<ti field {self.name or self.hint or '?'} {self.fbk_type()} shape={self.shape}>"
+
+
+class GradField(Field):
+    """x.grad: the gradient of a field, a field of the same type and shape
+    placed beside it (docs/autodiff.md "Gradient places")."""
+
+    def __init__(self, primal: Field):
+        super().__init__(primal._rt, primal.dtype, primal.elem, "")
+        self.primal = primal
+        self.where = primal.where
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        return self.primal.name + ".grad" if self.primal.name else ""
+
+    @name.setter
+    def name(self, v: str) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def snode(self) -> Optional[SNode]:
+        return self.primal.snode
+
+    @snode.setter
+    def snode(self, v: Any) -> None:
+        pass
+
+    @property
+    def grad(self) -> "GradField":
+        raise TaichiRuntimeError("a gradient field has no gradient of its own (second "
+                                 "derivatives are not supported)")
+
+    def __repr__(self) -> str:
+        return f"<ti field {self.name or '?'} {self.fbk_type()} shape={self.shape}>"
 
 
 def shape_tuple(shape: Any) -> Tuple[int, ...]:
@@ -358,7 +408,8 @@ def layout_lines(root: SNode) -> List[Tuple[str, Tuple[str, int]]]:
     def walk(n: SNode, ind: str) -> None:
         for c in n.children:
             if isinstance(c, Field):
-                out.append((f"{ind}place {c.name}: {c.fbk_type()}", c.where[:2]))
+                g = " grad" if c.needs_grad else ""
+                out.append((f"{ind}place {c.name}: {c.fbk_type()}{g}", c.where[:2]))
             else:
                 ax = "".join(_AXES[a] for a in c.ax)
                 szs = ", ".join(str(s) for s in c.sizes)

@@ -432,6 +432,60 @@ def _vec_ctor(t: Translator, n: Any, a: List[str], kw: Dict[str, Any], rows: boo
     return lit
 
 
+def _all_any(t: Translator, n: ast.Call, every: bool) -> Any:
+    """all(v) / any(v) of a vector of bools (a comparison of vectors); a chained comparison inside (all(lo <= v <= hi)) compares each
+    component: (lo <= v) & (v <= hi)."""
+    a = n.args[0]
+    if isinstance(a, ast.Compare) and len(a.ops) > 1:
+        from fusebox.taichi._translate import CMPOPS
+        items = [t.expr_code(e) for e in [a.left] + list(a.comparators)]
+        parts = []
+        for o, x, y in zip(a.ops, items, items[1:]):
+            if type(o) not in CMPOPS:
+                raise t.unsupported(a, "this comparison", "compare with == != < <= > >=")
+            parts.append(f"({x} {CMPOPS[type(o)]} {y})")
+        v: Any = "(" + " & ".join(parts) + ")"
+    else:
+        v = t.expr(a)
+        if isinstance(v, Static):
+            try:
+                return Static(builtins.all(v.v) if every else builtins.any(v.v))
+            except TypeError as e:
+                raise t.err(n, f"{'all' if every else 'any'}(): {e}")
+    ones = f"(i32({v}) * 0 + 1)"
+    count = f"dot(i32({v}), {ones})"
+    return f"({count} == dot({ones}, {ones}))" if every else f"({count} > 0)"
+
+
+def _random_int(tn: str) -> str:
+    """ti.random(int type): uniform over the type's range, built from 16-bit
+    pieces (random() is an f32 with 24 random bits, so one draw scaled
+    by 2**32 would leave the low bits zero)."""
+    def piece(tt: str) -> str:
+        return f"{tt}(random() * 65536.0)"
+    if tn == "i32":
+        return f"(({piece('i32')} - 32768) * 65536 + {piece('i32')})"
+    if tn == "u32":
+        return f"u32({piece('i64')} * 65536 + {piece('i64')})"
+    hi = f"({piece('i64')} - 32768) * 281474976710656"
+    body = f"({hi} + {piece('i64')} * 4294967296 + {piece('i64')} * 65536 + {piece('i64')})"
+    return body if tn == "i64" else f"u64({body})"
+
+
+def _arg_or_type(t: Translator, a: Any) -> Any:
+    """An argument's .fbk text, or the Static of a type given as an argument
+    (ti.floor(x, ti.i32))."""
+    v = t.expr(a)
+    if isinstance(v, Static) and isinstance(v.v, (_types.DataType, type)) and not \
+            isinstance(v.v, (bool, int, float)):
+        try:
+            _types.resolve(v.v)
+            return v
+        except TypeError:
+            pass
+    return t.code(v, a)
+
+
 def _tname(t: Translator, dt: Any, node: Any) -> str:
     if isinstance(dt, str):
         raise t.err(node, "the type must be known when the kernel is compiled")
@@ -512,6 +566,8 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
                             "make the callee a @ti.func")
     if f in (print, static_print):
         return Static(None)  # (statement: see call_stmt)
+    if f in (builtins.all, builtins.any) and len(n.args) == 1 and not n.keywords:
+        return _all_any(t, n, f is builtins.all)
     if f is builtins.range:
         vals = [t.expr(a) for a in n.args]
         if all(isinstance(v, Static) for v in vals):
@@ -564,7 +620,6 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
                             "call ti.* functions, @ti.func functions or builtins such as "
                             "min/max/abs/int/float (see docs/from-taichi.md)")
     if isinstance(tr, str):
-        args = [t.expr_code(a) for a in n.args]
         if tr == "random":
             dt = kw.get("dtype")
             if n.args:
@@ -572,16 +627,16 @@ def call(t: Translator, n: ast.Call, f: Any) -> Any:
             if dt is not None:
                 tn = _tname(t, dt, n)
                 if tn in ("i32", "i64", "u32", "u64"):
-                    return f"{tn}(random() * 4294967296.0 - 2147483648.0)" if tn in (
-                        "i32", "i64") else f"{tn}(random() * 4294967296.0)"
+                    return _random_int(tn)
                 return f"{tn}(random())"
             return "random()"
+        args = [t.expr_code(a) for a in n.args]
         if tr in ("min", "max") and len(args) == 1:
             raise t.unsupported(n, f"{tr}() of one value", f"give {tr}(a, b, ...)")
         return f"{tr}({', '.join(args)})"
     kind, what = tr
     if kind in ("expr", "raw"):
-        args = [t.expr_code(a) for a in n.args]
+        args = [_arg_or_type(t, a) for a in n.args]
         return what(t, n, args, kw)
     if kind == "atomic":
         # .fbk's atomic_OP(target, value) updates and returns the old value

@@ -56,6 +56,7 @@ class Runtime:
         self.where_materialized = ""
         self.helpers: Dict[Any, int] = {}
         self.closed = False
+        self.tape: Any = None  # the ti.ad.Tape recording, if any
 
     # ---------------------------------------------------------------- layout
     def _check_open_layout(self, what: str) -> None:
@@ -67,16 +68,16 @@ class Runtime:
 
     def make_field(self, dtype: Any, elem: Tuple[int, ...], shape: Any, name: str,
                    needs_grad: bool, kw: Dict[str, Any]) -> Field:
-        if needs_grad:
-            raise TaichiRuntimeError(
-                "needs_grad=True: automatic differentiation (gradient fields, ti.ad.Tape, "
-                "kernel.grad()) is not yet supported by fusebox.taichi; the server's adjoint "
-                "pass has no .fbk syntax yet (docs/autodiff.md)")
         if kw.get("offset") is not None:
             raise TaichiSyntaxError("ti.field(..., offset=...) is not supported by "
                                     "fusebox.taichi: subtract the offset in the index instead")
         self._check_open_layout("declaring a field")
         f = Field(self, _types.resolve(dtype), elem, name)
+        if needs_grad:
+            if not f.dtype.fbk.startswith("f"):
+                raise TaichiTypeError(f"needs_grad=True on a field of {f.dtype.fbk}: only "
+                                      "float fields (f32, f64) have gradients")
+            f.needs_grad = True
         self.fields.append(f)
         if shape is not None:
             sh = shape_tuple(shape)
@@ -223,7 +224,7 @@ class Runtime:
         self.client = None
 
 
-_DIAG = re.compile(r"^" + re.escape(FILENAME) + r":(\d+):(\d+): (error|warning|note): (.*)$")
+_DIAG = re.compile(r"^(?:kernel '[^']*': )?" + re.escape(FILENAME) + r":(\d+):(\d+): (error|warning|note): (.*)$")
 
 
 def map_diagnostics(msg: str, lines: List[Tuple[str, Tuple[str, int]]]) -> str:
@@ -327,7 +328,7 @@ class Kernel:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
         self.sig = inspect.signature(fn)
-        self._cache: Dict[Any, Tuple[int, List[str], Optional[str]]] = {}
+        self._cache: Dict[Any, List[Any]] = {}
         self._rt: Optional[Runtime] = None
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
@@ -335,15 +336,17 @@ class Kernel:
         compile-time argument, its attributes (fields, numbers) constants."""
         if obj is None:
             return self
-        import functools
-        return functools.partial(self.__call__, obj)
+        return BoundKernel(self, obj)
 
     @property
-    def grad(self) -> Any:
-        raise TaichiRuntimeError(f"{self.fn.__name__}.grad: automatic differentiation is not "
-                                 "yet supported by fusebox.taichi")
+    def grad(self) -> "KernelGrad":
+        """kernel.grad(args): launch the adjoint of the kernel (made on the
+        server from the kernel's IR; docs/autodiff.md)."""
+        return KernelGrad(self)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _prepare(self, args: Any, kwargs: Any) -> Tuple[Runtime, List[Any], List[Any]]:
+        """The instance for these arguments (translated and registered on
+        first use) and the values to launch it with."""
         r = rt()
         if self._rt is not r:
             self._cache, self._rt = {}, r
@@ -386,15 +389,29 @@ class Kernel:
         inst = self._cache.get(k)
         if inst is None:
             inst = self._cache[k] = self._compile(r, statics, params)
-        kid, _, ret = inst
-        r.launch(kid, values)
-        if ret is not None:
+        return r, inst, values
+
+    def _adjoint(self, r: Runtime, inst: List[Any]) -> int:
+        """The id of the adjoint of an instance: ``"k.grad"`` registered from
+        the kernel's program, so a refusal (the kernel cannot be
+        differentiated) is reported at the user's Python line."""
+        if inst[5] is None:
+            name, lines = inst[3], inst[4]
+            inst[5] = r.register(lines, name + ".grad", self.fn.__name__ + ".grad")
+        return inst[5]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        r, inst, values = self._prepare(args, kwargs)
+        if r.tape is not None:
+            self._adjoint(r, inst)  # refused before it is recorded
+        r.launch(inst[0], values)
+        if inst[2] is not None:
             res = r.session.sync()
             return res.returns[-1][2] if res.returns else None
         return None
 
     def _compile(self, r: Runtime, statics: Dict[str, Any],
-                 params: List[Tuple[str, str]]) -> Tuple[int, List[str], Optional[str]]:
+                 params: List[Tuple[str, str]]) -> List[Any]:
         prog = r.prog
         ret = None
         ra = self.sig.return_annotation
@@ -408,10 +425,101 @@ class Kernel:
         n_func_lines = len(prog.func_lines)
         try:
             klines = translate_kernel(prog, self.fn, name, statics, params, ret)
-            kid = r.register(r.layout + prog.func_lines + klines, name, self.fn.__name__)
+            lines = r.layout + prog.func_lines + klines
+            kid = r.register(lines, name, self.fn.__name__)
         except BaseException:
             for fk in prog.new_funcs:  # the funcs of a refused kernel go with it
                 prog.funcs.pop(fk, None)
             del prog.func_lines[n_func_lines:]
             raise
-        return kid, [p for _, p in params], ret
+        # kid, parameter types, return type, .fbk name, program lines, adjoint id
+        return [kid, [p for _, p in params], ret, name, lines, None]
+
+
+class BoundKernel:
+    """A kernel that is a method, bound to its object (self is the first,
+    compile-time argument); ``.grad`` is its adjoint."""
+
+    def __init__(self, k: Kernel, obj: Any):
+        self._k, self._obj = k, obj
+        self.__name__ = k.__name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._k(self._obj, *args, **kwargs)
+
+    @property
+    def grad(self) -> Any:
+        g = KernelGrad(self._k)
+        return lambda *a, **kw: g(self._obj, *a, **kw)
+
+
+class KernelGrad:
+    """``kernel.grad``: called with the kernel's arguments, launches its
+    adjoint (the same instance's, so template arguments select it too)."""
+
+    def __init__(self, k: Kernel):
+        self._k = k
+        self.__name__ = k.__name__ + ".grad"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        r, inst, values = self._k._prepare(args, kwargs)
+        r.launch(self._k._adjoint(r, inst), values)
+
+
+def grad_fields() -> List[Field]:
+    r = rt()
+    return [f.grad for f in r.fields if f.needs_grad]
+
+
+def clear_all_gradients() -> None:
+    """Set every gradient field to 0 (a fill per gradient field)."""
+    for g in grad_fields():
+        g.fill(0)
+
+
+class Tape:
+    """``with ti.ad.Tape(loss):`` maps onto the session's tape: the launches
+    inside are recorded; at the end the server clears the gradients they
+    touch, sets ``loss.grad[None] = 1`` and launches their adjoints newest
+    first. As in Taichi, entering sets the loss and every gradient to 0
+    (``clear_gradients=False`` keeps the gradients)."""
+
+    def __init__(self, loss: Any = None, clear_gradients: bool = True, validation: bool = False,
+                 grad_check: Any = None):
+        if not isinstance(loss, Field):
+            raise TaichiTypeError("ti.ad.Tape(loss): the loss must be a 0-D field "
+                                  f"(ti.field(ti.f32, shape=(), needs_grad=True)), not "
+                                  f"{type(loss).__name__}")
+        if loss.elem:
+            raise TaichiTypeError("ti.ad.Tape(loss): the loss must be a scalar field, not a "
+                                  "vector or matrix field")
+        self.loss = loss
+        self.clear = clear_gradients
+        self._inner: Any = None
+
+    def __enter__(self) -> "Tape":
+        r = rt()
+        r._materialize()
+        if r.tape is not None:
+            raise TaichiRuntimeError("ti.ad.Tape: a tape is already recording (tapes do not "
+                                     "nest)")
+        if self.loss._rt is not r:
+            raise TaichiRuntimeError("ti.ad.Tape: the loss belongs to an earlier ti.init()")
+        if self.loss.shape != ():
+            raise TaichiTypeError(f"ti.ad.Tape(loss): the loss '{self.loss.name}' has shape "
+                                  f"{self.loss.shape}; a loss is a 0-D field (shape=())")
+        self.loss.grad  # the clear error when the loss has no gradient
+        if self.clear:
+            clear_all_gradients()
+        self.loss.fill(0)  # as Taichi: the loss starts from 0
+        self._inner = r.session.tape(r.session.fields[self.loss.name])
+        self._inner.__enter__()
+        r.tape = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        r = rt()
+        r.tape = None
+        if self._inner is not None and r.session is not None:
+            self._inner.__exit__(*exc)
+            self._inner = None

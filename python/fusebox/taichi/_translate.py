@@ -150,6 +150,13 @@ def _assigned_names(body: Sequence[ast.stmt]) -> set:
         for n in ast.walk(st):
             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
                 out.add(n.id)
+            elif isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(
+                    n.ctx, ast.Store):  # v[i] = ..., v.x = ...: v is changed too
+                b = n.value
+                while isinstance(b, (ast.Subscript, ast.Attribute)):
+                    b = b.value
+                if isinstance(b, ast.Name):
+                    out.add(b.id)
     return out
 
 
@@ -221,6 +228,8 @@ class Translator:
         self.scopes: List[Dict[str, Any]] = [dict((k, Static(v)) for k, v in statics.items())]
         self.depth = 1
         self.loop_depth = 0
+        self.private: set = set()
+        self.private_depth = 0
         self.tmp = 0
         self.cur: Any = parsed.fd
 
@@ -574,9 +583,11 @@ class Translator:
     def _assign_to(self, tgt: Any, val: Any, node: Any, op: str = "=") -> None:
         if isinstance(tgt, ast.Name):
             cur = None
-            for sc in reversed(self.scopes):
-                if tgt.id in sc:
-                    cur = sc[tgt.id]
+            for d in range(len(self.scopes) - 1, -1, -1):
+                if tgt.id in self.scopes[d]:
+                    cur = self.scopes[d][tgt.id]
+                    if tgt.id in self.private and d < self.private_depth and op == "=":
+                        cur = None  # a fresh local of the loop's iteration
                     break
             if isinstance(cur, Static) or (cur is None and op != "="):
                 if cur is None:
@@ -741,7 +752,38 @@ class Translator:
                 self.depth -= 1
             self.emit("}", st)
             return
+        if self.kind == "kernel" and self.loop_depth == 0 and self.depth == 1:
+            # a kernel-scope variable that each iteration of a parallel loop
+            # assigns before reading it is a local of the iteration (Taichi
+            # runs such a program; .fbk refuses the shared write)
+            self.private = _privatized(st.body, self.scopes)
+            self.private_depth = len(self.scopes)
+            try:
+                _ops.for_loop(self, st)
+            finally:
+                self.private = set()
+            return
         _ops.for_loop(self, st)
+
+
+def _mentions(node: Any, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _privatized(body: Sequence[ast.stmt], scopes: List[Dict[str, Any]]) -> set:
+    """Run-time variables of the enclosing scopes whose first mention in a
+    loop body is a plain assignment that does not read them."""
+    out = set()
+    for nm in {k for sc in scopes for k, v in sc.items() if isinstance(v, str)}:
+        for st in body:
+            if not _mentions(st, nm):
+                continue
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(
+                    st.targets[0], ast.Name) and st.targets[0].id == nm and not _mentions(
+                    st.value, nm):
+                out.add(nm)
+            break
+    return out
 
 
 def _is_static_call(tr: Translator, node: Any) -> bool:
@@ -842,6 +884,10 @@ def _reductions(body: Sequence[ast.stmt], taken: set) -> Dict[str, str]:
             for n in ast.walk(st):
                 if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
                     updated.add(n.target.id)
+                elif isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Name) \
+                        and (getattr(n.func, "attr", None) or getattr(n.func, "id", "")
+                             ).startswith("atomic_"):
+                    updated.add(n.args[0].id)  # ti.atomic_add(s, 1) on a kernel-scope s
     out: Dict[str, str] = {}
     used: Dict[str, int] = {}
     for nm, t in init.items():
