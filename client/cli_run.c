@@ -245,6 +245,11 @@ static int run_common(int argc, char **argv, int graph) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = fb_sess_load(a.file, a.params, &f, &err);
   json_decref(a.params);
+  if (!rc && fb_program_warnings(f.prog)->n) { /* advice only, as `fusebox check` prints it */
+    char *w = fb_program_warnings_render(f.prog);
+    fputs(w ? w : "", stderr);
+    free(w);
+  }
   if (!rc && a.o.outdir && mkdir(a.o.outdir, 0777) && errno != EEXIST) {
     if (asprintf(&err, "--output-dir %s: %s", a.o.outdir, strerror(errno)) < 0) err = NULL;
     rc = FB_EIO;
