@@ -603,7 +603,7 @@ START_TEST(run_prints_layout_warnings) {
   write_file("lw.json", "{ \"name\": \"lw\", \"program\": \"lw.fbk\",\n"
                         "  \"step\": [ {\"launch\": \"init\"} ],\n"
                         "  \"checks\": [ {\"read\": \"v\", \"sum\": 128.0} ] }\n");
-  write_file("lf.fbk", "field u: f32 (ij: 8, 8)\nfield v: f32 (ij: 8, 8)\n"
+  write_file("lf.fbk", "layout {\n  field u: f32 (ij: 8, 8)\n  field v: f32 (ij: 8, 8)\n}\n"
                        "kernel init() { for i, j in u { u[i, j] = 1.0\n v[i, j] = 2.0 } }\n");
   write_file("lf.json", "{ \"name\": \"lf\", \"program\": \"lf.fbk\",\n"
                         "  \"step\": [ {\"launch\": \"init\"} ],\n"

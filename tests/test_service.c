@@ -612,7 +612,7 @@ START_TEST(remote_warnings) {
   free(w);
   ck_assert_int_eq(fb_remote_close(r), 0);
   ck_assert_int_eq(fb_remote_open_source(C, NULL, "f.fbk",
-                                         "field x: f32 (ij: 8, 8)\nfield y: f32 (ij: 8, 8)\n", &r),
+                                         "layout { field x: f32 (ij: 8, 8)\n field y: f32 (ij: 8, 8) }\n", &r),
                    0);
   w = fb_remote_warnings(r);
   ck_assert_msg(w && !w[0], "%s", w ? w : "(null)");

@@ -13,7 +13,7 @@ from fusebox._proto import pb
 
 AOS = ("layout {\n  dense(ij: 8, 8) { place u: f32, v: f32 }\n}\n"
        "kernel init() { for i, j in u { u[i, j] = 1.0\n v[i, j] = 2.0 } }\n")
-SOA = ("field u: f32 (ij: 8, 8)\nfield v: f32 (ij: 8, 8)\n"
+SOA = ("layout {\n  field u: f32 (ij: 8, 8)\n  field v: f32 (ij: 8, 8)\n}\n"
        "kernel init() { for i, j in u { u[i, j] = 1.0\n v[i, j] = 2.0 } }\n")
 
 
@@ -27,7 +27,7 @@ def test_session_of_interleaved_program_warns_once(fb):
         warnings.simplefilter("always")
         s = fb.session(AOS, filename="aos.fbk")
         s.kernels.init()
-        assert s.fields.v.read().sum() == 128.0
+        assert s.fields.v.to_numpy().sum() == 128.0
         s.sync()
         s.close()
     got = layout_warnings(rec)
@@ -43,7 +43,7 @@ def test_field_shorthand_does_not_warn(fb):
         warnings.simplefilter("always")
         s = fb.session(SOA)
         s.kernels.init()
-        assert s.fields.v.read().sum() == 128.0
+        assert s.fields.v.to_numpy().sum() == 128.0
         s.close()
         p = fb.describe(SOA)
     assert not layout_warnings(rec) and p.warnings == []
