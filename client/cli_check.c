@@ -65,6 +65,11 @@ static int check_session(const char *file, json_t *params) {
     return 1;
   }
   fb_program *p = f.prog;
+  if (fb_program_warnings(p)->n) { /* advice only: the check still passes */
+    char *w = fb_program_warnings_render(p);
+    fputs(w ? w : "", stderr);
+    free(w);
+  }
   printf("%s: ok (program %s: %d field%s, %d kernel%s, %d func%s)\n", file,
          f.program_path ? f.program_path : "inline source", fb_program_nfields(p),
          fb_program_nfields(p) == 1 ? "" : "s", fb_program_nkernels(p),

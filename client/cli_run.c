@@ -44,6 +44,8 @@ static int help(FILE *f, int graph) {
             "  2 when the session cannot run or a launch fails (the message names\n"
             "  the problem; for a launch, the kernel, the launch number and the JSON\n"
             "  path of the action that launched it, on every path and in every mode).\n"
+            "  The program's warnings (file:line:col: warning: ...) go to stderr;\n"
+            "  they never fail the run.\n"
             "  The session runs on the fuseboxd at --server ADDR (host:port or unix:PATH;\n"
             "  default: $FUSEBOX_SERVER when set); without either, on a private fuseboxd\n"
             "  started for this run on a unix socket; --local runs the engine inside this\n"
@@ -245,6 +247,11 @@ static int run_common(int argc, char **argv, int graph) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int rc = fb_sess_load(a.file, a.params, &f, &err);
   json_decref(a.params);
+  if (!rc && fb_program_warnings(f.prog)->n) { /* advice only, as `fusebox check` prints it */
+    char *w = fb_program_warnings_render(f.prog);
+    fputs(w ? w : "", stderr);
+    free(w);
+  }
   if (!rc && a.o.outdir && mkdir(a.o.outdir, 0777) && errno != EEXIST) {
     if (asprintf(&err, "--output-dir %s: %s", a.o.outdir, strerror(errno)) < 0) err = NULL;
     rc = FB_EIO;

@@ -76,6 +76,11 @@ const char *fb_remote_id(const fb_remote *r) { return r ? r->id : ""; }
 const fb_layout *fb_remote_layout(const fb_remote *r) { return r ? r->layout : NULL; }
 fb_program *fb_remote_program(const fb_remote *r) { return r ? r->prog : NULL; }
 
+char *fb_remote_warnings(const fb_remote *r) {
+  if (!r || !r->prog) return strdup("");
+  return fb_program_warnings_render(r->prog);
+}
+
 void fb_remote_options_init(fb_remote_options *o) {
   memset(o, 0, sizeof *o);
   o->listgen = o->demote = o->fusion = o->dse = -1;

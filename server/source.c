@@ -390,6 +390,35 @@ static int describe(const fb_program *p, fbp_arena *a, Fusebox__V1__SourceInfo *
   return 0;
 }
 
+/* The program's warnings for the client, bounded: a hostile program may
+ * have thousands (one per interleaved block) and put a megabyte on one
+ * line, so at most FBD_SOURCE_WARNINGS of at most FBD_SOURCE_WARNING_LEN
+ * bytes each, without the source line, then one saying how many more. */
+#define FBD_SOURCE_WARNINGS 16
+#define FBD_SOURCE_WARNING_LEN 1024
+
+static int describe_warnings(const fb_program *p, const char *fname, fbp_arena *a,
+                             Fusebox__V1__SourceInfo *r) {
+  const fb_diags *w = fb_program_warnings(p);
+  if (!w->n) return 0;
+  int shown = w->n < FBD_SOURCE_WARNINGS ? w->n : FBD_SOURCE_WARNINGS;
+  if (!(r->warnings = fbp_alloc(a, sizeof *r->warnings * (size_t)(shown + 1)))) return FB_ENOMEM;
+  for (int i = 0; i <= shown; i++) {
+    if (i == shown && w->n == shown) break;
+    char *s = fbp_alloc(a, FBD_SOURCE_WARNING_LEN);
+    if (!s) return FB_ENOMEM;
+    const fb_diag *g = i < shown ? &w->v[i] : NULL;
+    if (!g) snprintf(s, FBD_SOURCE_WARNING_LEN, "%.512s: ... and %d more warnings", fname,
+                     w->n - shown);
+    else if (g->line > 0)
+      snprintf(s, FBD_SOURCE_WARNING_LEN, "%.512s:%d:%d: warning: %s", fname, g->line, g->col,
+               g->msg);
+    else snprintf(s, FBD_SOURCE_WARNING_LEN, "%.512s: warning: %s", fname, g->msg);
+    r->warnings[r->n_warnings++] = s;
+  }
+  return 0;
+}
+
 void fbd_source_describe(const uint8_t *bytes, size_t n, const fbd_parse_limits *pl,
                          fbd_reply *r) {
   fbp_arena a;
@@ -402,7 +431,8 @@ void fbd_source_describe(const uint8_t *bytes, size_t n, const fbd_parse_limits 
     fb_errf(r->msg, sizeof r->msg, "malformed request: %zu bytes that are not a valid fusebox.v1.Source",
             n);
   Fusebox__V1__SourceInfo info = FUSEBOX__V1__SOURCE_INFO__INIT;
-  if (!rc && (rc = describe(p, &a, &info))) fb_errf(r->msg, sizeof r->msg, "out of memory");
+  if (!rc && ((rc = describe(p, &a, &info)) || (rc = describe_warnings(p, src_name(m), &a, &info))))
+    fb_errf(r->msg, sizeof r->msg, "out of memory");
   if (!rc) {
     size_t len = protobuf_c_message_get_packed_size(&info.base);
     if (!(r->pb = malloc(len ? len : 1))) rc = FB_ENOMEM, fb_errf(r->msg, sizeof r->msg, "out of memory");

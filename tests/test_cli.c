@@ -595,6 +595,48 @@ START_TEST(launch_errors_fail_every_path) {
 }
 END_TEST
 
+/* The front end's warnings (interleaved fields) reach `fusebox run` on
+ * every path, on stderr, and fail nothing; `field` lines give none. */
+START_TEST(run_prints_layout_warnings) {
+  write_file("lw.fbk", "layout {\n  dense(ij: 8, 8) { place u: f32, v: f32 }\n}\n"
+                       "kernel init() { for i, j in u { u[i, j] = 1.0\n v[i, j] = 2.0 } }\n");
+  write_file("lw.json", "{ \"name\": \"lw\", \"program\": \"lw.fbk\",\n"
+                        "  \"step\": [ {\"launch\": \"init\"} ],\n"
+                        "  \"checks\": [ {\"read\": \"v\", \"sum\": 128.0} ] }\n");
+  write_file("lf.fbk", "layout {\n  field u: f32 (ij: 8, 8)\n  field v: f32 (ij: 8, 8)\n}\n"
+                       "kernel init() { for i, j in u { u[i, j] = 1.0\n v[i, j] = 2.0 } }\n");
+  write_file("lf.json", "{ \"name\": \"lf\", \"program\": \"lf.fbk\",\n"
+                        "  \"step\": [ {\"launch\": \"init\"} ],\n"
+                        "  \"checks\": [ {\"read\": \"v\", \"sum\": 128.0} ] }\n");
+  char sock[512], server[600], cmd[8192], *out;
+  int pid = start_fuseboxd("lw.sock", sock, sizeof sock);
+  snprintf(server, sizeof server, "--server %s", sock);
+  const char *paths[] = {"--local", "", server};
+  for (int p = 0; p < 3; p++) {
+    /* stderr only */
+    snprintf(cmd, sizeof cmd, "(%s run %s/lw.json -q %s 2>&1 >/dev/null)", fusebox(), tmpdir,
+             paths[p]);
+    ck_assert_msg(sh(cmd, &out) == 0 &&
+                      strstr(out, "lw.fbk:2:3: warning: 2 fields ('u', 'v') are interleaved") &&
+                      strstr(out, "'field u: f32 (ij: 8, 8)'"),
+                  "%s\n%s", cmd, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s run %s/lf.json -q %s", fusebox(), tmpdir, paths[p]);
+    ck_assert_msg(sh(cmd, &out) == 0 && !strstr(out, "warning") &&
+                      strstr(out, "all checks passed"),
+                  "%s\n%s", cmd, out);
+    free(out);
+  }
+  /* `fusebox check` of the session prints it too, and passes */
+  snprintf(cmd, sizeof cmd, "%s check %s/lw.json", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  ck_assert_msg(strstr(out, "lw.fbk:2:3: warning:") && strstr(out, "ok ("), "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "kill %d", pid);
+  ck_assert_int_eq(sh(cmd, NULL), 0);
+}
+END_TEST
+
 START_TEST(server_commands) {
   char cmd[8192], *out, sock[512];
   int pid = start_fuseboxd("fbd.sock", sock, sizeof sock);
@@ -1837,6 +1879,7 @@ int main(void) {
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
+  tcase_add_test(tc, run_prints_layout_warnings);
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, bad_saves_are_named);

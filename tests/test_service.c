@@ -596,6 +596,31 @@ START_TEST(verifier_errors) {
 }
 END_TEST
 
+/* The front end's warnings of the program a remote session was opened
+ * with (fb_remote_warnings): the interleaved block with its fix; none for
+ * fields in blocks of their own, nor for a session opened with a layout. */
+START_TEST(remote_warnings) {
+  fb_remote *r = NULL;
+  ck_assert_msg(fb_remote_open_source(C, NULL, "w.fbk",
+                                      "layout { dense(ij: 8, 8) { place x: f32, y: f32 } }\n",
+                                      &r) == 0,
+                "%s", fb_client_errmsg(C));
+  char *w = fb_remote_warnings(r);
+  ck_assert_msg(w && strstr(w, "w.fbk:1:10: warning: 2 fields ('x', 'y') are interleaved") &&
+                    strstr(w, "'field x: f32 (ij: 8, 8)'"),
+                "%s", w ? w : "(null)");
+  free(w);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  ck_assert_int_eq(fb_remote_open_source(C, NULL, "f.fbk",
+                                         "layout { field x: f32 (ij: 8, 8)\n field y: f32 (ij: 8, 8) }\n", &r),
+                   0);
+  w = fb_remote_warnings(r);
+  ck_assert_msg(w && !w[0], "%s", w ? w : "(null)");
+  free(w);
+  ck_assert_int_eq(fb_remote_close(r), 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- big fields and quotas */
 
 START_TEST(field_256mib) {
@@ -1083,6 +1108,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tcp, 120);
   tcase_add_test(tcp, health_info_stats);
   tcase_add_test(tcp, launch_results);
+  tcase_add_test(tcp, remote_warnings);
   tcase_add_test(tcp, errors_in_both_modes);
   tcase_add_test(tcp, cancel_launches);
   tcase_add_test(tcp, isolation);

@@ -160,6 +160,12 @@ const char *fb_remote_errmsg(const fb_remote *r);
 const char *fb_remote_id(const fb_remote *r);
 const fb_layout *fb_remote_layout(const fb_remote *r);
 fb_program *fb_remote_program(const fb_remote *r); /* NULL when opened with a layout */
+/* The warnings of the program the session was opened with (advice that
+ * fails nothing, e.g. fields interleaved in one dense block), rendered as
+ * "file:line:col: warning: ..." lines (fb_program_warnings_render);
+ * malloc'd, "" when there are none or the session was opened with a
+ * layout, NULL when out of memory. */
+char *fb_remote_warnings(const fb_remote *r);
 
 /* Register kernels (IR against the session's layout). Returns the kernel
  * id; IR that fails the verifier gives FB_EVERIFY with its messages. */

@@ -245,9 +245,12 @@ class Client:
         """Parse source on the server and return its fields and kernels
         (a :class:`fusebox.session.Program`) without making a session.
         Raises :class:`ServerError` (INVALID_ARGUMENT, file:line:col) when
-        it does not parse."""
+        it does not parse; its warnings (``Program.warnings``) are emitted
+        as :class:`fusebox.LayoutWarning`."""
         from fusebox.session import Program, _source_pb
-        return Program(self._call("DescribeSource", _source_pb(source, params, filename), timeout))
+        prog = Program(self._call("DescribeSource", _source_pb(source, params, filename), timeout))
+        prog._warn(2)  # each warning (fusebox.LayoutWarning), at the caller
+        return prog
 
     def session(self, source: Optional[str] = None, *, file: Optional[str] = None,
                 params: Optional[Mapping[str, Any]] = None, mode: str = "",

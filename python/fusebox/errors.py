@@ -104,3 +104,13 @@ def from_rpc(method: str, e: grpc.RpcError) -> ServerError:
     cls = (ConnectionLostError if code == grpc.StatusCode.UNAVAILABLE else
            DeadlineExceededError if code == grpc.StatusCode.DEADLINE_EXCEEDED else ServerError)
     return cls(method, code, details, fb_code)
+
+
+class LayoutWarning(UserWarning):
+    """Advice from the ``.fbk`` front end that fails nothing, e.g. several
+    fields interleaved in one dense block (an array of structures, slower
+    when a loop reads only one of them); the message has the
+    ``file:line:col`` and the ``field x: T (axes: sizes)`` line to write
+    instead. :class:`fusebox.Session` and :meth:`fusebox.Client.describe`
+    emit each warning of the program once (the server sends at most 16,
+    then one saying how many more)."""

@@ -15,6 +15,7 @@ import re
 import struct
 import threading
 import time
+import warnings
 from dataclasses import dataclass, fields as dc_fields
 from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union)
 
@@ -24,8 +25,8 @@ import numpy as np
 from fusebox import _wire
 from fusebox import autodiff as _ad
 from fusebox._proto import pb
-from fusebox.errors import (DeadlineExceededError, Error, LaunchError, NotFoundError,
-                            ServerError, from_rpc)
+from fusebox.errors import (DeadlineExceededError, Error, LaunchError, LayoutWarning,
+                            NotFoundError, ServerError, from_rpc)
 
 #: Bytes of field data per message (under the 4 MiB message limit).
 CHUNK_BYTES = 1 << 20
@@ -199,6 +200,13 @@ class Program:
         self.kernels: Dict[str, KernelInfo] = {k.name: KernelInfo(k) for k in m.kernels}
         self.snodes: Dict[str, SNodeInfo] = {n.name: SNodeInfo(n)
                                              for n in getattr(m, "snodes", ())}
+        #: the front end's warnings ("file:line:col: warning: ..."), advice only
+        self.warnings: List[str] = list(getattr(m, "warnings", ()))
+
+    def _warn(self, stacklevel: int) -> None:
+        """Each warning as a :class:`fusebox.LayoutWarning`."""
+        for w in self.warnings:
+            warnings.warn(w, LayoutWarning, stacklevel=stacklevel + 1)
 
 
 # ------------------------------------------------------------------ values
@@ -762,6 +770,7 @@ class Session:
         self._tape: Any = None  # the tape recording, if any
         self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}
         self.program = Program(self._c._call("DescribeSource", self._src))
+        self.program._warn(3)  # once per session, at the caller of Client.session
         opts = pb.SessionOptions(backend=backend, mode=mode, flush_every=flush_every,
                                  max_fuse_per_task=max_fuse_per_task,
                                  compile_threads=compile_threads, seed=seed,
