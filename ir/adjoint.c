@@ -495,7 +495,8 @@ static int check_accesses(actx *a) {
                     "it reads field '%s' and writes it (%s) in the same %s; the adjoint "
                     "recomputes what the kernel read, so the %s that reads a field must not change "
                     "it (the global data access rules, docs/autodiff.md): write the result to "
-                    "another field, or write the field in one loop and read it in a later one",
+                    "another field or split the kernel in two (a field written in one loop may be "
+                    "read in a later one)",
                     field_name(a, f), an_op(k->stmts[w].op), top_kind(&k->stmts[b0->ids[pos]]),
                     top_kind(&k->stmts[b0->ids[pos]]));
       else if (read_before[f] >= 0)

@@ -1469,7 +1469,7 @@ START_TEST(fbk_refusals_have_positions) {
               FB_EVERIFY,
               "ad.fbk:6:5: error: cannot differentiate kernel 'k': it reads field 'x' and writes it "
               "(an assignment) in the same parallel loop",
-              "write the field in one loop and read it in a later one");
+              "a field written in one loop may be read in a later one");
   fbk_refusal(FBK_LAYOUT "kernel k() {\n"
                          "  for i in 0 .. 8 {\n"
                          "    y[i] = x[i] * 2.0\n"
@@ -2125,7 +2125,7 @@ START_TEST(refuses_global_data_access_violations) {
                            "  }\n",
                  FB_EVERIFY, "it reads field 'x' and writes it (an assignment) in the same "
                  "parallel loop",
-                 "write the field in one loop and read it in a later one");
+                 "a field written in one loop may be read in a later one");
   /* an atomic add into a field read elsewhere in the kernel, another loop */
   expect_refusal(LOOP_HEAD "    store y[%3], %4\n"
                            "  }\n"
