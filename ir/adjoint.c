@@ -9,10 +9,13 @@
  *
  * Recompute, do not store. The adjoint kernel runs after the forward kernel
  * and recomputes every forward value it needs from the fields and the
- * parameters. That is exact only when the kernel leaves what it read
- * unchanged, hence the rule (Taichi's global data access rules, taken at
- * field granularity, which is conservative): no field is both read and
- * written by one kernel, and no atomic's result is used.
+ * parameters. That is exact only when every field read holds, when the
+ * kernel ends, the value the kernel read, hence the rule (Taichi's global
+ * data access rules, taken at the granularity of fields and top-level
+ * statements, which is conservative): a field may be written in some
+ * top-level statements and read in later ones, but never read and written
+ * in one top-level statement nor written after a read (check_accesses);
+ * and no atomic's result is used.
  *
  * Regions. The forward body is cut into regions: each parallel loop that
  * writes a field with a gradient, and each such write in the kernel body.
@@ -302,7 +305,7 @@ static int diff_operand(const fb_stmt *s, int i) {
 }
 
 /* Structure, scope and field accesses of a block, in program order. */
-static int scan_block(actx *a, int blk, int *first_read, int *first_write) {
+static int scan_block(actx *a, int blk) {
   const fb_block *bb = &a->k->blocks[blk];
   for (int j = 0; j < bb->n; j++) {
     int id = bb->ids[j];
@@ -310,17 +313,15 @@ static int scan_block(actx *a, int blk, int *first_read, int *first_write) {
     a->blk[id] = blk;
     int rc = out_of_scope(a, id);
     if (rc) return rc;
-    if (s->op == FB_OP_LOAD && first_read[s->snode] < 0) first_read[s->snode] = id;
-    if (is_write(s) && first_write[s->snode] < 0) first_write[s->snode] = id;
     for (int i = 0; i < s->nargs; i++)
       if (a->blk[s->args[i]] != blk) a->cross[s->args[i]] = 1;
     if (s->body >= 0) {
       a->owner[s->body] = id;
-      if ((rc = scan_block(a, s->body, first_read, first_write))) return rc;
+      if ((rc = scan_block(a, s->body))) return rc;
     }
     if (s->orelse >= 0) {
       a->owner[s->orelse] = id;
-      if ((rc = scan_block(a, s->orelse, first_read, first_write))) return rc;
+      if ((rc = scan_block(a, s->orelse))) return rc;
     }
   }
   return 0;
@@ -424,15 +425,107 @@ static const char *an_op(unsigned op) {
   }
 }
 
+/* The field accesses inside top-level statement id (itself and its
+ * blocks, in program order), stamped pos: per field, the first read and
+ * the first write; wlist gets each field written, once, in the order of
+ * their first writes. */
+typedef struct {
+  int *rpos, *rid; /* per field: the last top-level statement that read it, its first read there */
+  int *wpos, *wid; /* ... wrote it, its first write there */
+  int *wlist, nw;
+} accs;
+
+static void accesses(const actx *a, int id, int pos, accs *x) {
+  const fb_stmt *s = &a->k->stmts[id];
+  if (s->op == FB_OP_LOAD && x->rpos[s->snode] != pos) {
+    x->rpos[s->snode] = pos;
+    x->rid[s->snode] = id;
+  }
+  if (is_write(s) && x->wpos[s->snode] != pos) {
+    x->wpos[s->snode] = pos;
+    x->wid[s->snode] = id;
+    x->wlist[x->nw++] = s->snode;
+  }
+  int bl[2] = {s->body, s->orelse};
+  for (int b = 0; b < 2; b++) {
+    if (bl[b] < 0) continue;
+    const fb_block *bb = &a->k->blocks[bl[b]];
+    for (int j = 0; j < bb->n; j++) accesses(a, bb->ids[j], pos, x);
+  }
+}
+
+static const char *top_kind(const fb_stmt *s) {
+  switch ((fb_op)s->op) {
+  case FB_OP_PAR_FOR:
+  case FB_OP_STRUCT_FOR: return "parallel loop";
+  case FB_OP_RANGE_FOR: return "serial for loop";
+  case FB_OP_IF: return "if statement";
+  default: return "statement";
+  }
+}
+
+/* Taichi's global data access rules, per top-level statement (a region of
+ * the adjoint, or the body-level statements the regions recompute): the
+ * adjoint recomputes every read from the value the field holds when the
+ * kernel has ended, which is the value the forward pass read only when no
+ * write to the field comes after the read. So a field may be written in
+ * some top-level statements and read in later ones (the adjoint of a
+ * later one adds into its gradient, which the adjoint of the writer, run
+ * after it, consumes), but it must not be read and written inside one
+ * top-level statement, nor written after a top-level statement that read
+ * it (that covers a field written, read, then written again). Integer
+ * fields alike: indices are recomputed from them. */
+static int check_accesses(actx *a) {
+  const fb_kernel *k = a->k;
+  const fb_block *b0 = &k->blocks[0];
+  int nn = a->l->nnodes, rc = 0;
+  size_t n = (size_t)nn + 1;
+  accs x = {malloc(n * sizeof(int)), malloc(n * sizeof(int)), malloc(n * sizeof(int)),
+            malloc(n * sizeof(int)), malloc(n * sizeof(int)), 0};
+  int *read_before = malloc(n * sizeof(int)); /* per field: a read in an earlier top-level statement, -1 */
+  if (!x.rpos || !x.rid || !x.wpos || !x.wid || !x.wlist || !read_before) rc = FB_ENOMEM;
+  for (int f = 0; !rc && f < nn; f++) x.rpos[f] = x.wpos[f] = read_before[f] = -1;
+  for (int pos = 0; !rc && pos < b0->n; pos++) {
+    x.nw = 0;
+    accesses(a, b0->ids[pos], pos, &x);
+    for (int i = 0; !rc && i < x.nw; i++) {
+      int f = x.wlist[i], w = x.wid[f];
+      if (x.rpos[f] == pos)
+        rc = refuse(a, w,
+                    "it reads field '%s' and writes it (%s) in the same %s; the adjoint "
+                    "recomputes what the kernel read, so the %s that reads a field must not change "
+                    "it (the global data access rules, docs/autodiff.md): write the result to "
+                    "another field or split the kernel in two (a field written in one loop may be "
+                    "read in a later one)",
+                    field_name(a, f), an_op(k->stmts[w].op), top_kind(&k->stmts[b0->ids[pos]]),
+                    top_kind(&k->stmts[b0->ids[pos]]));
+      else if (read_before[f] >= 0)
+        rc = refuse(a, w,
+                    "it writes field '%s' (%s) after an earlier part of the kernel read it; the "
+                    "adjoint recomputes that read from the value the field holds when the kernel "
+                    "ends, which this write changes (the global data access rules, "
+                    "docs/autodiff.md): write the result to another field or split the kernel "
+                    "in two before this write",
+                    field_name(a, f), an_op(k->stmts[w].op));
+    }
+    for (int f = 0; !rc && f < nn; f++)
+      if (x.rpos[f] == pos && read_before[f] < 0) read_before[f] = x.rid[f];
+  }
+  free(x.rpos);
+  free(x.rid);
+  free(x.wpos);
+  free(x.wid);
+  free(x.wlist);
+  free(read_before);
+  return rc;
+}
+
 static int scan(actx *a) {
   const fb_kernel *k = a->k;
-  int nn = a->l->nnodes, rc = 0;
-  int *first_read = malloc(sizeof(int) * (size_t)(nn + 1));
-  int *first_write = malloc(sizeof(int) * (size_t)(nn + 1));
+  int rc = 0;
   uint8_t *used = calloc((size_t)a->ns + 1, 1);
-  if (!first_read || !first_write || !used) rc = FB_ENOMEM;
-  for (int i = 0; !rc && i < nn; i++) first_read[i] = first_write[i] = -1;
-  if (!rc) rc = scan_block(a, 0, first_read, first_write);
+  if (!used) rc = FB_ENOMEM;
+  if (!rc) rc = scan_block(a, 0);
   if (!rc) {
     seed_block(a, 0);
     rc = propagate(a, a->active, 0, PROP_ACTIVE);
@@ -450,14 +543,7 @@ static int scan(actx *a) {
                   "use %s as a statement only",
                   op_name(k->stmts[id].op), field_name(a, k->stmts[id].snode),
                   op_name(k->stmts[id].op));
-  for (int f = 0; !rc && f < nn; f++)
-    if (first_read[f] >= 0 && first_write[f] >= 0)
-      rc = refuse(a, first_write[f],
-                  "it reads field '%s' and writes it (%s) in one kernel; the adjoint recomputes "
-                  "what the kernel read, so a kernel must not change a field it reads (the global "
-                  "data access rules, docs/autodiff.md): write the result to another field or "
-                  "split the kernel in two",
-                  field_name(a, f), an_op(k->stmts[first_write[f]].op));
+  if (!rc) rc = check_accesses(a);
   for (int id = 0; !rc && id < a->ns; id++) {
     const fb_stmt *s = &k->stmts[id];
     if (a->blk[id] < 0 || !is_write(s) || !a->active[s->args[s->nargs - 1]]) continue;
@@ -469,8 +555,6 @@ static int scan(actx *a) {
                   field_name(a, s->snode), field_name(a, s->snode), field_name(a, s->snode),
                   fb_type_name((fb_type)a->l->nodes[s->snode].type));
   }
-  free(first_read);
-  free(first_write);
   free(used);
   return rc;
 }

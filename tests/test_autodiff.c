@@ -140,7 +140,11 @@ static void backward(prob *p, double **w) {
   loss(p, w);
   for (int o = 0; o < p->nout; o++)
     memcpy(fld(p, p->g.grad[p->out_f[o]]), w[o], sizeof(double) * (size_t)numel(p, p->out_f[o]));
-  for (int i = 0; i < p->nin; i++) zero(p, p->g.grad[p->in_f[i]]);
+  for (int i = 0; i < p->nin; i++) { /* a field written and read later is an output too */
+    int out = 0;
+    for (int o = 0; o < p->nout; o++) out |= p->out_f[o] == p->in_f[i];
+    if (!out) zero(p, p->g.grad[p->in_f[i]]);
+  }
   run(p, p->adj);
 }
 
@@ -1076,6 +1080,165 @@ START_TEST(body_level_if_and_struct_for_loop_fd) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- write, then read */
+
+/* A field written in one top-level loop and read in a later one (Taichi's
+ * fem99 computes F that way): the adjoint of the later loop recomputes its
+ * reads of u from u's final value, which is what it read, and adds into
+ * u.grad; the adjoint of the first loop, run after it, consumes u.grad. u
+ * is an output too (its seed is kept; the finite difference in u's initial
+ * value is 0, and so is u.grad once the store's adjoint has taken it). */
+static const char *wr_two_text = "layout {\n"
+                                 "  dense(i: 8) {\n"
+                                 "    place x: f64\n"
+                                 "    place x.grad: f64\n"
+                                 "    place u: f64\n"
+                                 "    place u.grad: f64\n"
+                                 "    place y: f64\n"
+                                 "    place y.grad: f64\n"
+                                 "  }\n"
+                                 "}\n"
+                                 "kernel k() {\n"
+                                 "  %0 = const.i32 0\n"
+                                 "  %1 = const.i32 8\n"
+                                 "  par_for %2 in %0 .. %1 {\n"
+                                 "    %3 = loop_index.i32 %2, 0\n"
+                                 "    %4 = load.f64 x[%3]\n"
+                                 "    %5 = sin.f64 %4\n"
+                                 "    %6 = mul.f64 %5, %4\n"
+                                 "    store u[%3], %6\n"
+                                 "  }\n"
+                                 "  %8 = const.i32 7\n"
+                                 "  par_for %9 in %0 .. %1 {\n"
+                                 "    %10 = loop_index.i32 %9, 0\n"
+                                 "    %11 = load.f64 u[%10]\n"
+                                 "    %12 = sub.i32 %8, %10\n"
+                                 "    %13 = load.f64 u[%12]\n"
+                                 "    %14 = cos.f64 %13\n"
+                                 "    %15 = mul.f64 %11, %11\n"
+                                 "    %16 = add.f64 %15, %14\n"
+                                 "    store y[%10], %16\n"
+                                 "  }\n"
+                                 "}\n";
+
+/* Three regions in a chain: a loop writes u, a body-level write of e reads
+ * u, a loop reads u and e and adds into y. */
+static const char *wr_chain_text = "layout {\n"
+                                   "  dense(i: 6) {\n"
+                                   "    place x: f64\n"
+                                   "    place x.grad: f64\n"
+                                   "    place z: f64\n"
+                                   "    place z.grad: f64\n"
+                                   "    place u: f64\n"
+                                   "    place u.grad: f64\n"
+                                   "    place y: f64\n"
+                                   "    place y.grad: f64\n"
+                                   "  }\n"
+                                   "  place e: f64\n"
+                                   "  place e.grad: f64\n"
+                                   "}\n"
+                                   "kernel k() {\n"
+                                   "  %0 = const.i32 0\n"
+                                   "  %1 = const.i32 6\n"
+                                   "  par_for %2 in %0 .. %1 {\n"
+                                   "    %3 = loop_index.i32 %2, 0\n"
+                                   "    %4 = load.f64 x[%3]\n"
+                                   "    %5 = sin.f64 %4\n"
+                                   "    %6 = load.f64 z[%3]\n"
+                                   "    %7 = mul.f64 %5, %6\n"
+                                   "    store u[%3], %7\n"
+                                   "  }\n"
+                                   "  %9 = const.i32 3\n"
+                                   "  %10 = load.f64 u[%9]\n"
+                                   "  %11 = mul.f64 %10, %10\n"
+                                   "  %12 = load.f64 z[%0]\n"
+                                   "  %13 = add.f64 %11, %12\n"
+                                   "  store e[], %13\n"
+                                   "  par_for %15 in %0 .. %1 {\n"
+                                   "    %16 = loop_index.i32 %15, 0\n"
+                                   "    %17 = load.f64 u[%16]\n"
+                                   "    %18 = load.f64 e[]\n"
+                                   "    %19 = mul.f64 %17, %18\n"
+                                   "    %20 = load.f64 x[%16]\n"
+                                   "    %21 = exp.f64 %20\n"
+                                   "    %22 = add.f64 %19, %21\n"
+                                   "    %23 = atomic_add.f64 y[%16], %22\n"
+                                   "  }\n"
+                                   "}\n";
+
+/* An integer index field written by one loop and read by a later one. */
+static const char *wr_index_text = "layout {\n"
+                                   "  dense(i: 6) {\n"
+                                   "    place x: f64\n"
+                                   "    place x.grad: f64\n"
+                                   "    place y: f64\n"
+                                   "    place y.grad: f64\n"
+                                   "    place n: i32\n"
+                                   "  }\n"
+                                   "}\n"
+                                   "kernel k() {\n"
+                                   "  %0 = const.i32 0\n"
+                                   "  %1 = const.i32 6\n"
+                                   "  %2 = const.i32 5\n"
+                                   "  par_for %3 in %0 .. %1 {\n"
+                                   "    %4 = loop_index.i32 %3, 0\n"
+                                   "    %5 = sub.i32 %2, %4\n"
+                                   "    store n[%4], %5\n"
+                                   "  }\n"
+                                   "  par_for %7 in %0 .. %1 {\n"
+                                   "    %8 = loop_index.i32 %7, 0\n"
+                                   "    %9 = load.i32 n[%8]\n"
+                                   "    %10 = load.f64 x[%9]\n"
+                                   "    %11 = load.f64 x[%8]\n"
+                                   "    %12 = mul.f64 %10, %11\n"
+                                   "    store y[%8], %12\n"
+                                   "  }\n"
+                                   "}\n";
+
+START_TEST(write_then_read_regions_fd) {
+  prob p;
+  setup(&p, wr_two_text);
+  ck_assert_int_eq(p.nin, 2);  /* x, u */
+  ck_assert_int_eq(p.nout, 2); /* u, y */
+  rng_state = 41;
+  fill(&p, "x", -1.5, 1.5);
+  check_fd(&p, 1e-6, 1e-6, "write then read, two loops");
+  teardown(&p);
+
+  setup(&p, wr_chain_text);
+  ck_assert_int_eq(p.nin, 4);  /* x, z, u, e */
+  ck_assert_int_eq(p.nout, 3); /* u, e, y */
+  rng_state = 43;
+  fill(&p, "x", -1, 1);
+  fill(&p, "z", -1.5, 1.5);
+  check_fd(&p, 1e-6, 1e-6, "write then read, three regions");
+  teardown(&p);
+
+  setup(&p, wr_index_text);
+  rng_state = 47;
+  fill(&p, "x", -1, 1);
+  check_fd(&p, 1e-6, 1e-6, "integer index field written then read");
+  /* y[i] = x[5 - i] * x[i]: d/dx[j] = (w[j] + w[5 - j]) x[5 - j], n as written */
+  double **w = random_weights(&p);
+  backward(&p, w);
+  double *x = fld(&p, fid(&p, "x")), *g = fld(&p, fid(&p, "x.grad"));
+  for (int j = 0; j < 6; j++)
+    ck_assert_msg(fabs(g[j] - (w[0][j] + w[0][5 - j]) * x[5 - j]) <= 1e-12, "x.grad[%d] %.17g", j,
+                  g[j]);
+  free_weights(w);
+  teardown(&p);
+}
+END_TEST
+
+START_TEST(write_then_read_jit_matches_interpreter) {
+  static const char *const modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    jit_case(wr_two_text, modes[m], 0);
+    jit_case(wr_chain_text, modes[m], 0);
+  }
+}
+END_TEST
+
 START_TEST(control_flow_jit_matches_interpreter) {
   static const char *const modes[] = {"sync", "async"};
   for (int m = 0; m < 2; m++) {
@@ -1305,8 +1468,20 @@ START_TEST(fbk_refusals_have_positions) {
                          "}\n",
               FB_EVERIFY,
               "ad.fbk:6:5: error: cannot differentiate kernel 'k': it reads field 'x' and writes it "
-              "(an assignment) in one kernel",
-              "write the result to another field or split the kernel in two");
+              "(an assignment) in the same parallel loop",
+              "a field written in one loop may be read in a later one");
+  fbk_refusal(FBK_LAYOUT "kernel k() {\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    y[i] = x[i] * 2.0\n"
+                         "  }\n"
+                         "  for i in 0 .. 8 {\n"
+                         "    x[i] = y[i] + 1.0\n"
+                         "  }\n"
+                         "}\n",
+              FB_EVERIFY,
+              "ad.fbk:9:5: error: cannot differentiate kernel 'k': it writes field 'x' (an "
+              "assignment) after an earlier part of the kernel read it",
+              "split the kernel in two before this write");
   fbk_refusal(FBK_LAYOUT "kernel k() {\n"
                          "  for i in 0 .. 8 {\n"
                          "    var c = 0\n"
@@ -1948,15 +2123,19 @@ START_TEST(refuses_global_data_access_violations) {
   expect_refusal(LOOP_HEAD "    %5 = add.f64 %4, %4\n"
                            "    store x[%3], %5\n"
                            "  }\n",
-                 FB_EVERIFY, "it reads field 'x' and writes it (an assignment)",
-                 "must not change a field it reads");
+                 FB_EVERIFY, "it reads field 'x' and writes it (an assignment) in the same "
+                 "parallel loop",
+                 "a field written in one loop may be read in a later one");
   /* an atomic add into a field read elsewhere in the kernel, another loop */
   expect_refusal(LOOP_HEAD "    store y[%3], %4\n"
                            "  }\n"
                            "  %6 = const.i32 1\n"
                            "  %7 = const.f64 1.0\n"
                            "  %8 = atomic_add.f64 x[%6], %7\n",
-                 FB_EVERIFY, "it reads field 'x' and writes it (an atomic_add (+=))", NULL);
+                 FB_EVERIFY,
+                 "it writes field 'x' (an atomic_add (+=)) after an earlier part of the kernel "
+                 "read it",
+                 "split the kernel in two before this write");
   /* integer fields too: the adjoint would recompute indices from them */
   expect_refusal(LOOP_HEAD "    %5 = load.i32 n[%3]\n"
                            "    %6 = load.f64 x[%5]\n"
@@ -1964,7 +2143,76 @@ START_TEST(refuses_global_data_access_violations) {
                            "    %8 = const.i32 1\n"
                            "    %9 = atomic_add.i32 n[%3], %8\n"
                            "  }\n",
-                 FB_EVERIFY, "it reads field 'n' and writes it", NULL);
+                 FB_EVERIFY, "it reads field 'n' and writes it (an atomic_add (+=)) in the same "
+                 "parallel loop", NULL);
+  /* written in one loop and read in the same loop after the write */
+  want_bad = 6;
+  expect_refusal(LOOP_HEAD "    %5 = sin.f64 %4\n"
+                           "    store y[%3], %5\n"
+                           "    %7 = load.f64 y[%3]\n"
+                           "    %8 = mul.f64 %7, %4\n"
+                           "    %9 = atomic_add.f64 y[%3], %8\n"
+                           "  }\n",
+                 FB_EVERIFY, "it reads field 'y' and writes it (an assignment) in the same "
+                 "parallel loop; the adjoint recomputes what the kernel read, so the parallel "
+                 "loop that reads a field must not change it", NULL);
+  /* read in one loop, written in a later one (the read would be recomputed
+   * from the overwritten value) */
+  want_bad = 11;
+  expect_refusal(LOOP_HEAD "    store y[%3], %4\n"
+                           "  }\n"
+                           "  par_for %6 in %0 .. %1 {\n"
+                           "    %7 = loop_index.i32 %6, 0\n"
+                           "    %8 = load.f64 y[%7]\n"
+                           "    %9 = const.f64 2.0\n"
+                           "    %10 = mul.f64 %8, %9\n"
+                           "    store x[%7], %10\n"
+                           "  }\n",
+                 FB_EVERIFY,
+                 "cannot differentiate kernel 'k': it writes field 'x' (an assignment) after an "
+                 "earlier part of the kernel read it; the adjoint recomputes that read from the "
+                 "value the field holds when the kernel ends, which this write changes",
+                 "write the result to another field or split the kernel in two before this write");
+  /* written, read by a later loop, then written again: the second write is
+   * to blame */
+  want_bad = 16;
+  expect_refusal(LOOP_HEAD "    store y[%3], %4\n"
+                           "  }\n"
+                           "  par_for %6 in %0 .. %1 {\n"
+                           "    %7 = loop_index.i32 %6, 0\n"
+                           "    %8 = load.f64 y[%7]\n"
+                           "    %9 = cast.i32 %8\n"
+                           "    store n[%7], %9\n"
+                           "  }\n"
+                           "  %11 = const.i32 3\n"
+                           "  %12 = load.f64 x[%11]\n"
+                           "  %13 = const.f64 1.0\n"
+                           "  %14 = add.f64 %12, %13\n"
+                           "  %15 = const.i32 2\n"
+                           "  store y[%15], %14\n",
+                 FB_EVERIFY, "it writes field 'y' (an assignment) after an earlier part of the "
+                 "kernel read it", NULL);
+  /* a body-level read before a body-level write of the same field */
+  want_bad = 4;
+  expect_refusal("  %0 = const.i32 1\n"
+                 "  %1 = load.f64 y[%0]\n"
+                 "  %2 = sin.f64 %1\n"
+                 "  %3 = const.i32 0\n"
+                 "  store y[%3], %2\n",
+                 FB_EVERIFY, "it writes field 'y' (an assignment) after an earlier part", NULL);
+  /* an integer index field read by one loop and counted into by a later one */
+  want_bad = 11;
+  expect_refusal(LOOP_HEAD "    %5 = load.i32 n[%3]\n"
+                           "    %6 = load.f64 x[%5]\n"
+                           "    store y[%3], %6\n"
+                           "  }\n"
+                           "  par_for %8 in %0 .. %1 {\n"
+                           "    %9 = loop_index.i32 %8, 0\n"
+                           "    %10 = const.i32 1\n"
+                           "    %11 = atomic_add.i32 n[%9], %10\n"
+                           "  }\n",
+                 FB_EVERIFY, "it writes field 'n' (an atomic_add (+=)) after an earlier part",
+                 NULL);
   /* the value an atomic returns */
   expect_refusal(LOOP_HEAD "    %5 = const.i32 1\n"
                            "    %6 = atomic_add.i32 n[%3], %5\n"
@@ -2095,6 +2343,7 @@ static Suite *autodiff_suite(void) {
   TCase *jit = tcase_create("jit");
   tcase_add_test(jit, jit_matches_interpreter);
   tcase_add_test(jit, control_flow_jit_matches_interpreter);
+  tcase_add_test(jit, write_then_read_jit_matches_interpreter);
   tcase_add_test(jit, random_programs_identity_and_optimizer);
   suite_add_tcase(s, jit);
   TCase *cf = tcase_create("control_flow");
@@ -2104,6 +2353,7 @@ static Suite *autodiff_suite(void) {
   tcase_add_test(cf, adjoint_budget);
   tcase_add_test(cf, accumulation_needs_no_replay);
   tcase_add_test(cf, body_level_if_and_struct_for_loop_fd);
+  tcase_add_test(cf, write_then_read_regions_fd);
   suite_add_tcase(s, cf);
   TCase *fbk = tcase_create("fbk");
   tcase_add_test(fbk, fbk_grad_syntax_and_kernel_grad);
