@@ -1004,11 +1004,16 @@ static int joins(fb_emit *e, const int *m, int n, int id) {
   return 1;
 }
 
-/* May statement id stand between members (emitted before the group)? */
+/* May statement id stand between members (emitted before the group)? A
+ * pure value, or a read of a local variable: no atomic on a field changes
+ * a local, and an lstore, which could, is not movable, so the read sees
+ * the same store either way (lowering keeps field elements in locals
+ * across serial loops: optimizer/pass_promote.c). */
 static int movable(fb_emit *e, int id) {
   if (id < 0 || id >= e->k->nstmts || e->done[id]) return 0;
   const fb_stmt *s = &e->k->stmts[id];
-  return s->op < FB_OP__COUNT && (fb_op_table[s->op].flags & FB_OPF_PURE) && s->body < 0 &&
+  return s->op < FB_OP__COUNT &&
+         ((fb_op_table[s->op].flags & FB_OPF_PURE) || s->op == FB_OP_LLOAD) && s->body < 0 &&
          s->orelse < 0;
 }
 
