@@ -13,6 +13,10 @@
 /* The most launches one tape records: each holds its arguments until the
  * tape ends. */
 #define TAPE_MAX_LAUNCHES (1 << 20)
+/* ... and the most argument values it holds in all (16 bytes each: 32 MiB;
+ * without it, 2^20 launches of 64 arguments would hold 1 GiB, which under
+ * thread isolation is fuseboxd's own memory). */
+#define TAPE_MAX_VALUES ((size_t)1 << 21)
 
 typedef struct tape_rec {
   int kernel;
@@ -182,6 +186,12 @@ int fbe_tape_record(fb_session *s, int kernel, const fb_value *args, int nargs) 
                 "kernel '%s': the tape over '%s' already holds %d launches, the most one tape "
                 "records; end the tape sooner",
                 s->kernels[kernel].k->name, field_name(s, a->loss), a->nrecs);
+  if (a->nargv + (size_t)nargs > TAPE_MAX_VALUES)
+    return fail(s, FB_EQUOTA,
+                "kernel '%s': the tape over '%s' already holds %zu argument values of %d launches, "
+                "the most one tape records is %zu values; end the tape sooner",
+                s->kernels[kernel].k->name, field_name(s, a->loss), a->nargv, a->nrecs,
+                TAPE_MAX_VALUES);
   if (a->nrecs == a->rcap) {
     int nc = a->rcap ? a->rcap * 2 : 16;
     tape_rec *v = realloc(a->recs, sizeof *v * (size_t)nc);

@@ -488,6 +488,59 @@ END_TEST
 START_TEST(remote_tape_thread_sync) { remote_tape("thread", "sync"); }
 END_TEST
 
+/* A tape holds its launches' arguments until it ends: at most 2^21 values
+ * (engine/tape.c). 32768 launches of 64 arguments fill it exactly; the
+ * next is refused with FB_EQUOTA naming the limit, and the tape still
+ * ends. */
+START_TEST(tape_argument_values_capped) {
+  char src[8192];
+  int o = snprintf(src, sizeof src,
+                   "layout {\n  place loss: f64\n  place loss.grad: f64\n  place nograd: f64\n}\n"
+                   "kernel many(");
+  for (int i = 0; i < 64; i++) o += snprintf(src + o, sizeof src - (size_t)o, "%sf64", i ? ", " : "");
+  snprintf(src + o, sizeof src - (size_t)o, ") {\n  %%0 = arg.f64 63\n  store nograd[], %%0\n}\n");
+  fb_layout *l = NULL;
+  fb_kernel **ks = NULL;
+  int nk = 0;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_ir_parse(src, &l, &ks, &nk, &d), 0);
+  fb_diags_free(&d);
+  char err[512] = "";
+  fb_engine *e = NULL;
+  fb_engine_config ec = {"cpu", 1, 2};
+  ck_assert_msg(fb_engine_create(&ec, &e, err, sizeof err) == 0, "%s", err);
+  fb_session_config sc;
+  memset(&sc, 0, sizeof sc);
+  sc.mode = "sync";
+  fb_session *s = NULL;
+  ck_assert_msg(fb_session_create(e, &sc, l, &s, err, sizeof err) == 0, "%s", err);
+  int k = fb_session_add_kernel(s, ks[0]);
+  ck_assert_msg(k >= 0, "%s", fb_session_errmsg(s));
+  fb_value args[64];
+  for (int i = 0; i < 64; i++) args[i] = (fb_value){FB_T_F64, {.f = i}};
+  ck_assert_int_eq(fb_session_tape_begin(s, fb_layout_find(l, "loss")), 0);
+  for (int n = 0; n < 32768; n++) {
+    int rc = fb_launch(s, k, args, 64, NULL);
+    ck_assert_msg(rc == 0, "launch %d: %s", n, fb_session_errmsg(s));
+  }
+  int rc = fb_launch(s, k, args, 64, NULL);
+  ck_assert_int_eq(rc, FB_EQUOTA);
+  ck_assert_msg(strstr(fb_session_errmsg(s), "2097152 argument values") &&
+                    strstr(fb_session_errmsg(s), "end the tape sooner"),
+                "%s", fb_session_errmsg(s));
+  ck_assert_int_eq(fb_session_tape_end(s), 0);
+  double v = 0;
+  ck_assert_int_eq(fb_field_read(s, fb_layout_find(l, "nograd"), &v, sizeof v), 0);
+  ck_assert(v == 63.0);
+  fb_session_destroy(s);
+  fb_engine_destroy(e);
+  fb_kernel_free(ks[0]);
+  free(ks);
+  fb_layout_free(l);
+}
+END_TEST
+
 static Suite *tape_suite(void) {
   Suite *s = suite_create("tape");
   TCase *t = tcase_create("tape");
@@ -498,6 +551,7 @@ static Suite *tape_suite(void) {
   tcase_add_test(t, refusals_and_the_session_goes_on);
   tcase_add_test(t, async_removes_dead_forward_and_fuses_clears);
   tcase_add_test(t, same_gradients_under_every_pass_subset);
+  tcase_add_test(t, tape_argument_values_capped);
   suite_add_tcase(s, t);
   TCase *rt = tcase_create("remote");
   tcase_set_timeout(rt, 300);
