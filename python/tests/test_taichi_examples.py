@@ -57,6 +57,15 @@ EXAMPLES = [
     ("simulation/pbf2d.py", 2, "shapes"),
     ("simulation/mpm_lagrangian_forces.py", 2, "shapes"),
     ("algorithm/mciso_advanced.py", 2, "runs"),  # its fields are attributes of an object
+    # f(x) and the f'(x) that poly.grad() gives (the plotted series, plot.1.y): one f32
+    # quotient and its derivative per point, which may differ in the last bit (observed
+    # 8e-8 relative)
+    ("autodiff/simple_derivative.py", 0, ("close", 1e-5, 1e-6, 0.0)),
+    # 1000 steps of gradient descent through ti.ad.Tape on data drawn with Python's random
+    # (seeded alike under both by runner.py): the loss is an f32 sum of 32 terms in atomic
+    # order, so the coefficients drift in the last bits (observed 3e-7 relative); a wrong
+    # gradient moves them by O(1)
+    ("autodiff/regression.py", 0, ("close", 1e-4, 1e-5, 0.0)),
 ]
 
 # example -> the construct fusebox.taichi does not handle yet (deselected

@@ -24,11 +24,15 @@ stderr otherwise.
 """
 import importlib.util
 import os
+import random
 import sys
 import traceback
 import types
 
 import numpy as np
+
+STAND_INS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stand_ins")
+SEED = 20240607
 
 
 def use_engine(engine):
@@ -136,6 +140,21 @@ def examples_package(path):
             return
 
 
+def use_stand_ins():
+    """Under both engines: the matplotlib stand-in (stand_ins/matplotlib)
+    first on sys.path, and Python's and NumPy's random streams seeded, so
+    that an example that draws its data with `random` (autodiff/regression.py)
+    gets the same data under both. Returns the stand-in's list of the
+    series the example plots."""
+    sys.path.insert(0, STAND_INS)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        del sys.modules[name]
+    import matplotlib
+    random.seed(SEED)
+    np.random.seed(SEED)
+    return matplotlib.SERIES
+
+
 def run_example(engine, path, out, frames):
     ti = sys.modules["taichi"]
     if engine == "taichi":
@@ -146,6 +165,7 @@ def run_example(engine, path, out, frames):
         examples_package(path)
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(path))
+    plots = use_stand_ins()
     # the example becomes __main__ (inspect finds a kernel's source through
     # sys.modules[its __module__]); its globals stay reachable after exit()
     main_mod = types.ModuleType("__main__")
@@ -169,6 +189,9 @@ def run_example(engine, path, out, frames):
             continue
         if a.dtype != object:
             res[k] = a
+    for n, (kind, x, y) in enumerate(plots):
+        res[f"{kind}.{n}.x"] = x
+        res[f"{kind}.{n}.y"] = y
     res["__frames__"] = np.asarray(shown["n"])
     np.savez(out, **res)
 
