@@ -435,11 +435,15 @@ def name_fields(fields: Sequence[Field], snodes: Sequence[SNode]) -> None:
         taken.add(n)
         return n
 
+    taken.update(f.name for f in fields if f.name)  # named by an earlier layout: kept
+    taken.update(s.name for s in snodes if s.name)
     for f in fields:
-        f.name = free(f.hint or _names_of(f, f.where) or f"f{len(taken)}")
+        if not f.name:
+            f.name = free(f.hint or _names_of(f, f.where) or f"f{len(taken)}")
         f.where = f.where[:3]  # the frame is not needed any more
     for s in snodes:
-        s.name = free(_names_of(s, s.where) or f"block{len(taken)}")
+        if not s.name:
+            s.name = free(_names_of(s, s.where) or f"block{len(taken)}")
         s.where = s.where[:3]
 
 

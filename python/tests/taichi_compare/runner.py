@@ -33,6 +33,8 @@ import numpy as np
 
 STAND_INS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stand_ins")
 SEED = 20240607
+UI_STAND_IN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "fusebox", "taichi", "_ui.py")
 
 
 def use_engine(engine):
@@ -111,7 +113,33 @@ def taichi_frame_limit(ti, frames):
             yield from super().get_events(*e_filter)
 
     ti.GUI = HeadlessGUI
+    headless_ggui(ti, frames, shown)
     return shown
+
+
+def headless_ggui(ti, frames, shown):
+    """Under real Taichi: ti.ui's Window, Scene, Camera and Canvas are
+    fusebox.taichi's headless GGUI
+    stand-in (fusebox/taichi/_ui.py, loaded by path: it needs only NumPy),
+    as under fusebox, since GGUI needs Vulkan, which this machine may not
+    have; its frames are counted in `shown`."""
+    spec = importlib.util.spec_from_file_location("fusebox_headless_ui", UI_STAND_IN)
+    ui = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ui)
+    os.environ["FUSEBOX_GUI_FRAMES"] = str(frames)
+    count_window_frames(ui, shown)
+    for name in ("Window", "Scene", "Camera", "Canvas"):
+        setattr(ti.ui, name, getattr(ui, name))
+
+
+def count_window_frames(ui, shown):
+    show = ui.Window.show
+
+    def counted(self):
+        show(self)
+        shown["n"] += 1
+
+    ui.Window.show = counted
 
 
 def count_frames(ti):
@@ -124,6 +152,7 @@ def count_frames(ti):
         shown["n"] += 1
 
     ti.GUI.show = counted
+    count_window_frames(ti.ui, shown)
     return shown
 
 
