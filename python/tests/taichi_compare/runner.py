@@ -15,9 +15,12 @@ they are saved in OUT.npz.
 ``example``: EXAMPLE.py (one of the examples shipped in the taichi wheel,
 run where it lies) runs as ``__main__``; its GUI loop ends after FRAMES
 frames (``$FUSEBOX_GUI_FRAMES`` under fusebox; under Taichi, a GUI whose
-``show`` stops ``running`` after FRAMES frames, with no window). The
-module-level fields it leaves (anything with ``to_numpy``) are saved in
-OUT.npz, with ``__frames__``, the frames shown.
+``show`` stops ``running`` after FRAMES frames, with no window, and
+fusebox.taichi's headless ``ti.ui`` for GGUI windows). Under both,
+matplotlib is stand_ins/matplotlib and Python's and NumPy's random
+streams are seeded alike. The module-level fields it leaves (anything
+with ``to_numpy``) are saved in OUT.npz, with the series it plotted
+(``plot.N.x``, ``plot.N.y``) and ``__frames__``, the frames shown.
 
 Exit status 0 when the program ran to the end; 1 with its traceback on
 stderr otherwise.
