@@ -258,13 +258,16 @@ class Field:
                 self._grad = GradField(self)
             return self._grad  # to be placed: ti.root....place(x, x.grad)
         if not self.needs_grad:
-            raise TaichiRuntimeError(
-                f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
-                f"{self.where[1]}) has no gradient: declare it with needs_grad=True (or call "
-                "ti.root.lazy_grad() after placing it)")
+            raise self._no_grad()
         if self._grad is None:
             self._grad = GradField(self)
         return self._grad
+
+    def _no_grad(self) -> TaichiRuntimeError:
+        return TaichiRuntimeError(
+            f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
+            f"{self.where[1]}) has no gradient: declare it with needs_grad=True (or call "
+            "ti.root.lazy_grad() after placing it)")
 
     def _grad_placeable(self) -> bool:
         """Taichi gives every float field a gradient field that may be
@@ -390,8 +393,7 @@ class GradField(Field):
 
     def _f(self) -> Any:
         if not self.primal.needs_grad:  # taken while the layout was open, never placed
-            self.primal._grad = None
-            return self.primal.grad._f()  # the error that says how to give it one
+            raise self.primal._no_grad()
         return super()._f()
 
     @property
