@@ -126,3 +126,23 @@ def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
 def test_at_least_ten_examples():
     assert len(EXAMPLES) >= 10
     assert not set(KNOWN_GAPS) - {e[0] for e in EXAMPLES}
+
+
+def test_diff_sph_stops_only_at_its_own_out_of_bounds_write(taichi_python, fb_env):
+    """autodiff/diff_sph/diff_sph.py (KNOWN_GAPS): everything it needs runs
+    (ndarray arguments, fields declared after its first kernel, ti.ui, the
+    controller's kernels) until Linear._forward writes self.output past its
+    n_output columns; fusebox.taichi reports that write, by kernel, and
+    nothing else."""
+    path = os.path.join(examples_dir(taichi_python), "autodiff/diff_sph/diff_sph.py")
+    wd = harness.workdir("ti-fusebox-")
+    try:
+        with pytest.raises(harness.EngineFailed) as e:
+            harness.run_engine("example", "fusebox", sys.executable, path, wd, fb_env,
+                               harness.TIMEOUT, 1)
+    finally:
+        import shutil
+        shutil.rmtree(wd, ignore_errors=True)
+    msg = str(e.value)
+    assert "LaunchError" in msg and "kernel '_forward'" in msg and "out of bounds" in msg, msg
+    assert msg.count("out of bounds") == 1 and "Error" not in msg.split("LaunchError")[0], msg

@@ -211,6 +211,7 @@ def run_example(engine, path, out, frames):
     except SystemExit as e:  # an example that calls exit() at the end has ended
         if e.code not in (None, 0):
             raise
+    ti.sync()  # a launch that failed is the example's failure, not "no field" below
     res = {}
     for k, v in g.items():
         if k.startswith("_") or isinstance(v, type) or not hasattr(v, "to_numpy"):
