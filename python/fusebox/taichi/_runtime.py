@@ -377,6 +377,8 @@ class Kernel:
         self._cache: Dict[Any, List[Any]] = {}
         self._rt: Optional[Runtime] = None
         self._gen = 0  # the runtime's generation the cache belongs to
+        self._written: Optional[set] = None  # parameters the body writes (_written_params)
+        self._nd_back: List[Any] = []  # (field, array) to copy back after this launch
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         """A kernel that is a method (@ti.data_oriented): self is a
@@ -455,12 +457,13 @@ class Kernel:
                 continue
             where = f"kernel {self.fn.__name__}(): argument '{pname}'"
             out[pname] = ndarray_field(r, self.fn, pname, ann, val, where)
-        self._nd_back = [(f, a) for pname, (f, a) in out.items()
-                         if pname in _written_params(self.fn)]
+        if out and self._written is None:
+            self._written = _written_params(self.fn)
+        self._nd_back = [(f, a) for pname, (f, a) in out.items() if pname in self._written]
         return out
 
     def _copy_back(self) -> None:
-        for f, a in getattr(self, "_nd_back", ()):
+        for f, a in self._nd_back:
             np.copyto(a, f.to_numpy().astype(a.dtype, copy=False))
         self._nd_back = []
 
