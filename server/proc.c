@@ -1063,7 +1063,7 @@ static int lock_export(const char *backend, struct sock_fprog *prog) {
   int rc = lock_build(backend, 1, &ctx);
   if (rc) return rc;
   int fd = memfd_create("fusebox-bpf", MFD_CLOEXEC);
-  struct stat st;
+  struct stat st = {0};
   rc = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
   seccomp_release(ctx);
   if (!rc && (fstat(fd, &st) || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter) ||
@@ -1113,7 +1113,7 @@ static int walls_probe(fbd_server *srv, char *err, size_t errlen) {
                      syscall(SYS_setresuid, uid, uid, uid)
                  ? errno
                  : 0;
-    struct rlimit none = {0, 0}, cur, lim;
+    struct rlimit none = {0, 0}, cur = {0, 0}, lim;
     if (inj[1]) r[1] = inj[1];
     else if (syscall(SYS_prlimit64, 0, RLIMIT_CORE, &none, NULL) ||
              syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &cur))
