@@ -17,11 +17,15 @@ others up, that the workers really run without that wall and with the
 others, and that another tenant is unharmed and the server SERVING."""
 import os
 import re
+import subprocess
+import tempfile
 import time
 
+import grpc
 import pytest
 
-from conftest import BUILD, RPC_TIMEOUT, Stream, dense_layout, i32, pb, store_kernel
+from conftest import (BUILD, FUSEBOXD, RPC_TIMEOUT, Client, Stream, dense_layout, health_pb2, i32,
+                      pb, store_kernel, terminate)
 from test_process_isolation import children, register, status
 from test_tls_tenants import _get
 from test_worker_privileges import ROOT_ONLY, compute, limits, start_fails
@@ -240,3 +244,71 @@ def test_bad_wall_lists_are_refused():
     assert "test_refuse_walls: wall seccomp: 'EBOGUS' is not one of" in err, err
     err = start_fails("--worker-walls-off", "seccomp")
     assert "worker_walls_off is what fuseboxd tells its own workers" in err, err
+
+
+def _as_nobody(*args):
+    return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", FUSEBOXD,
+            "--backend", "cpu", "--shutdown-grace-s", "5", "--socket-mode", "0666", *args]
+
+
+@ROOT_ONLY
+def test_refused_by_the_kernel_itself():
+    """Not the test hook: fuseboxd started as nobody has no CAP_SYS_ADMIN,
+    and the kernel refuses it the namespaces (EPERM). It logs each once
+    (as information: no namespace could be expected of that user), its
+    workers start without them and compute, /metrics shows them 0 and
+    the uid wall not asked for; --require-walls netns stops that start."""
+    with tempfile.TemporaryDirectory(prefix="fbsec-") as tmp:
+        os.chmod(tmp, 0o777)
+        sock = os.path.join(tmp, "s")
+        with open(os.path.join(tmp, "log"), "w+") as log:
+            p = subprocess.Popen(_as_nobody("--listen", "unix:" + sock, "--metrics-listen",
+                                            "127.0.0.1:0"), stdout=log, stderr=subprocess.STDOUT)
+
+            def text():
+                log.flush()
+                log.seek(0)
+                return log.read()
+            c = Client("unix:" + sock)
+            try:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        if c.health() == health_pb2.HealthCheckResponse.SERVING:
+                            break
+                    except grpc.RpcError:
+                        pass
+                    assert p.poll() is None and time.monotonic() < deadline, text()
+                    time.sleep(0.05)
+                s1, s2 = compute(c), compute(c)  # two workers, and a spare
+                out = text()
+                for wall in ("netns", "rootns"):
+                    lines = [ln for ln in out.splitlines()
+                             if f"sandbox wall {wall} refused (" in ln]
+                    assert len(lines) == 1 and "Operation not permitted" in lines[0] \
+                        and " INFO " in lines[0], out
+                assert "not asked for: uid" in out, out
+                m = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", out)
+                body = _get(m.group(1) + "/metrics")[1]
+                assert 'fusebox_sandbox_wall{wall="netns"} 0' in body
+                assert 'fusebox_sandbox_wall{wall="uid"} 0' in body
+                assert 'fusebox_sandbox_wall{wall="seccomp"} 1' in body
+                kids = children(p.pid)
+                assert len(kids) >= 2, kids
+                for k in kids:  # every worker: the filter, fuseboxd's user and namespaces
+                    deadline = time.monotonic() + RPC_TIMEOUT
+                    while not _locked(k) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    assert _locked(k) and _uid(k) == 65534
+                    assert _ns(k, "net") == _ns(p.pid, "net")
+                s1.close()
+                s2.close()
+            finally:
+                c.close()
+                assert terminate(p, text) == 0, text()
+        r = subprocess.run(_as_nobody("--listen", "unix:" + os.path.join(tmp, "t"),
+                                      "--require-walls", "netns"),
+                           capture_output=True, text=True, timeout=RPC_TIMEOUT)
+    assert r.returncode == 1, r.stderr
+    assert "require_walls: the sandbox wall netns is required, and the kernel refused it " \
+        "(unshare: Operation not permitted)" in r.stderr, r.stderr
