@@ -11,6 +11,7 @@
  *   --worker-reply-timeout-s,
  *   --worker-overhead-bytes, --worker-memory-bytes, --worker-user, --worker-uid-base,
  *   --worker-uid-count, --worker-namespaces auto|on|net|off,
+ *   --require-walls LIST, --strict-sandbox, --test-refuse-walls LIST (a test hook),
  *   --tls-cert, --tls-key, --tls-client-ca, --insecure and --private (flags
  *   without a value; true/false in the file), --tenants, --metrics-listen,
  *   --metrics-max-connections, --metrics-max-connections-per-ip,
@@ -75,6 +76,9 @@ void fbd_config_free(fbd_config *c) {
   free(c->worker_user);
   free(c->isolation);
   free(c->worker_namespaces);
+  free(c->require_walls);
+  free(c->worker_walls_off);
+  free(c->test_refuse_walls);
   free(c->config_path);
   free(c->tls_cert);
   free(c->tls_key);
@@ -147,6 +151,12 @@ void fbd_usage(FILE *f) {
       "                             namespace of its own (net: the network and IPC ones\n"
       "                             only); auto: what the kernel allows (root with\n"
       "                             CAP_SYS_ADMIN), on: all or refuse to start (default auto)\n"
+      "  --require-walls LIST       process isolation: sandbox walls whose refusal by the\n"
+      "                             kernel stops fuseboxd at start, comma-separated: netns,\n"
+      "                             rootns, uid, rlimits, no_new_privs, seccomp, or all\n"
+      "                             (default none: a refused wall is logged once, shown\n"
+      "                             in /metrics and /readyz, and workers start without it)\n"
+      "  --strict-sandbox           the same as --require-walls all\n"
       "  --memory-budget N          everything clients make the server hold (sessions,\n"
       "                             staging, queued responses, pending launches, JIT\n"
       "                             code, kernels, the worker processes' own memory);\n"
@@ -291,6 +301,10 @@ static const opt opts[] = {
     {"worker_uid_base", OPT_ID, OFF(worker_uid_base), 0},
     {"worker_uid_count", OPT_INT, OFF(worker_uid_count), 0},
     {"worker_namespaces", OPT_STR, OFF(worker_namespaces), 0},
+    {"require_walls", OPT_GROUP, OFF(require_walls), 0},
+    {"strict_sandbox", OPT_BOOL, OFF(strict_sandbox), 0},
+    {"worker_walls_off", OPT_GROUP, OFF(worker_walls_off), 0},
+    {"test_refuse_walls", OPT_GROUP, OFF(test_refuse_walls), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
     {"transport_memory_bytes", OPT_BYTES, OFF(transport_memory_bytes), 0},

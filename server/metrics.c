@@ -5,7 +5,9 @@
  *                 sessions, memory against its limit, calls and refusals;
  *   GET /healthz  200 while the process serves HTTP (liveness);
  *   GET /readyz   200 when new sessions can be served, else 503 (readiness:
- *                 not while shutting down or while the device is unhealthy).
+ *                 not while shutting down or while the device is unhealthy);
+ *                 a second line names the sandbox walls the kernel refused
+ *                 (proc.c), which lower the isolation but not readiness.
  * The endpoint carries no session ids, tags or tokens: only counts. Bind it
  * to loopback or a network that only the monitoring reaches.
  *
@@ -307,6 +309,12 @@ static void metrics_text(fbd_server *srv, text *t) {
       "# HELP fusebox_uptime_seconds Seconds since start.\n# TYPE fusebox_uptime_seconds gauge\n"
       "fusebox_uptime_seconds %.3f\n",
       fbd_now() - srv->started);
+  header(t, "sandbox_wall", "gauge",
+         "1 where session workers raise the sandbox wall; 0 where the kernel refused it at "
+         "start or it is not asked for (docs/security.md).");
+  for (int i = 0; i < FBD_NWALLS; i++)
+    put(t, "fusebox_sandbox_wall{wall=\"%s\"} %d\n", fbd_wall_names[i],
+        srv->wall_state[i] == FBD_WALL_UP);
   metric(t, "sessions", "gauge", "Live sessions.", (uint64_t)active);
   metric(t, "sessions_limit", "gauge", "max_sessions of the server.",
          (uint64_t)srv->cfg->max_sessions);
@@ -556,16 +564,19 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
   }
   if (!strcmp(url, "/healthz")) return reply(conn, 200, "text/plain", strdup("ok\n"), 3);
   if (!strcmp(url, "/readyz")) {
-    char why[256] = "";
+    char why[256] = "", walls[256];
     int ready = !atomic_load(&srv->stopping) && fb_engine_healthy(srv->engine, why, sizeof why);
-    if (ready) return reply(conn, 200, "text/plain", strdup("ready\n"), 6);
-    char *b = malloc(300);
+    fbd_walls_text(srv, walls, sizeof walls); /* a refused wall: said, still ready */
+    char *b = malloc(640);
     if (!b) return MHD_NO;
-    int n = snprintf(b, 300, "not ready: %s\n",
-                     atomic_load(&srv->stopping) ? "shutting down"
-                     : *why                      ? why
-                                                 : "the device is unhealthy");
-    return reply(conn, 503, "text/plain", b, (size_t)(n < 300 ? n : 299));
+    int n = ready ? snprintf(b, 640, "ready\n") :
+                  snprintf(b, 640, "not ready: %s\n",
+                           atomic_load(&srv->stopping) ? "shutting down"
+                           : *why                      ? why
+                                                       : "the device is unhealthy");
+    if (walls[0] && n > 0 && n < 640)
+      n += snprintf(b + n, 640 - (size_t)n, "sandbox walls refused: %s\n", walls);
+    return reply(conn, ready ? 200 : 503, "text/plain", b, (size_t)(n < 640 ? n : 639));
   }
   return reply(conn, 404, "text/plain", strdup("not found (try /metrics, /healthz, /readyz)\n"),
                44);

@@ -39,6 +39,8 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -537,6 +539,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   cto,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
+                  "--worker-walls-off",
+                  srv->walls_off, /* "" leaves it unset: every wall */
                   per_tenant           ? "--worker-uid-base"
                   : srv->worker_ids[0] ? "--worker-user"
                                        : NULL,
@@ -684,7 +688,30 @@ static int worker_range(fbd_server *srv, char *err, size_t errlen) {
   return 0;
 }
 
+static int walls_parse(const char *list, const char *shown, int with_errno, int allow_all,
+                       int out[FBD_NWALLS], char *err, size_t errlen);
+
 int fbd_procs_check(const fbd_config *cfg, char *err, size_t errlen) {
+  int tmp[FBD_NWALLS];
+  if ((cfg->require_walls || cfg->strict_sandbox || cfg->test_refuse_walls) &&
+      !fbd_isolated(cfg)) {
+    fb_errf(err, errlen,
+            "%s needs isolation process: under isolation thread there are no workers and no "
+            "sandbox walls",
+            cfg->strict_sandbox ? "strict_sandbox"
+            : cfg->require_walls ? "require_walls"
+                                 : "test_refuse_walls");
+    return FB_EINVAL;
+  }
+  if (cfg->worker_walls_off) {
+    fb_errf(err, errlen,
+            "worker_walls_off is what fuseboxd tells its own workers; to require walls, use "
+            "require_walls");
+    return FB_EINVAL;
+  }
+  if (walls_parse(cfg->require_walls, "require_walls", 0, 1, tmp, err, errlen) ||
+      walls_parse(cfg->test_refuse_walls, "test_refuse_walls", 1, 0, tmp, err, errlen))
+    return FB_EINVAL;
   if (cfg->worker_uid_count && !cfg->worker_uid_base) {
     fb_errf(err, errlen, "worker_uid_count %d without worker_uid_base: give both, or neither",
             cfg->worker_uid_count);
@@ -741,6 +768,138 @@ static int worker_identity(fbd_server *srv, char *err, size_t errlen) {
            "session workers run as user '%s' (uid %lu, gid %lu, no supplementary groups)",
            pw.pw_name, (unsigned long)pw.pw_uid, (unsigned long)pw.pw_gid);
   return 0;
+}
+
+/* ---------------------------------------------------------------- the sandbox walls
+ *
+ * Each wall a worker raises (docs/security.md, "Sandboxes that refuse a
+ * wall") is tried once at start, by the broker, in a child that raises it
+ * as a worker would (ns_probe, walls_probe). Where the kernel refuses one
+ * (EPERM, EINVAL, ENOSYS: a container without CAP_SYS_ADMIN, gVisor, a
+ * kernel built without seccomp), fuseboxd logs one line naming the wall,
+ * the error and what is lost, shows it in /metrics and /readyz, and tells
+ * every worker to go on without it (--worker-walls-off); a wall that was
+ * raised at start and fails in a worker still fails that worker, as
+ * before. require_walls (or strict_sandbox: all of them) turns a refusal
+ * into a refusal to start. */
+const char *const fbd_wall_names[FBD_NWALLS] = {"netns",   "rootns",       "uid",
+                                                "rlimits", "no_new_privs", "seccomp"};
+
+/* what a worker is without each wall */
+static const char *const wall_lost[FBD_NWALLS] = {
+    "workers share fuseboxd's network and IPC namespaces: a worker past its seccomp filter "
+    "could open network connections and reach other processes' System V IPC",
+    "workers see fuseboxd's files and processes by path (no empty root, no PID namespace of "
+    "their own)",
+    "workers keep fuseboxd's user, root: a worker past its seccomp filter could signal or "
+    "trace other workers and open what root can",
+    "workers' core dumps, address space and open descriptors are not capped",
+    "a worker could gain privileges by executing a set-user-ID program were its filter to let "
+    "execve through (and the filter then needs CAP_SYS_ADMIN)",
+    "tenant code runs without the system-call filter"};
+
+/* --test-refuse-walls (a test hook, given explicitly): errno each wall's
+ * probe is to take as the kernel's answer instead of trying it; 0: try */
+static int wall_inject[FBD_NWALLS];
+
+static int wall_index(const char *name, size_t n) {
+  for (int i = 0; i < FBD_NWALLS; i++)
+    if (strlen(fbd_wall_names[i]) == n && !strncmp(fbd_wall_names[i], name, n)) return i;
+  return -1;
+}
+
+/* "a,b:EINVAL,c" (errnos only where with_errno) into out[] (1, or the
+ * errno; EPERM where none is given); "all" where allow_all. */
+static int walls_parse(const char *list, const char *shown, int with_errno, int allow_all,
+                       int out[FBD_NWALLS], char *err, size_t errlen) {
+  static const struct {
+    const char *name;
+    int e;
+  } errnos[] = {{"EPERM", EPERM}, {"EINVAL", EINVAL}, {"ENOSYS", ENOSYS}, {"EACCES", EACCES}};
+  memset(out, 0, sizeof(int) * FBD_NWALLS);
+  if (!list) return 0;
+  if (allow_all && !strcmp(list, "all")) {
+    for (int i = 0; i < FBD_NWALLS; i++) out[i] = 1;
+    return 0;
+  }
+  for (const char *p = list; *p;) {
+    size_t n = strcspn(p, ",:");
+    int i = wall_index(p, n), e = with_errno ? EPERM : 1;
+    if (i < 0) {
+      fb_errf(err, errlen,
+              "%s: unknown wall '%.*s' (expected netns, rootns, uid, rlimits, no_new_privs or "
+              "seccomp%s)",
+              shown, (int)n, p, allow_all ? ", or all" : "");
+      return FB_EINVAL;
+    }
+    p += n;
+    if (*p == ':') {
+      size_t m = strcspn(++p, ",");
+      e = 0;
+      for (size_t k = 0; with_errno && k < sizeof errnos / sizeof *errnos; k++)
+        if (strlen(errnos[k].name) == m && !strncmp(errnos[k].name, p, m)) e = errnos[k].e;
+      if (!e) {
+        fb_errf(err, errlen, "%s: wall %s: '%.*s' is not one of EPERM, EINVAL, ENOSYS, EACCES",
+                shown, fbd_wall_names[i], (int)m, p);
+        return FB_EINVAL;
+      }
+      p += m;
+    }
+    out[i] = e;
+    if (*p == ',') p++;
+  }
+  return 0;
+}
+
+/* The walls still up, for a refusal's log line: "uid, seccomp" or "none". */
+static void walls_up_list(const fbd_server *srv, char *out, size_t n) {
+  out[0] = 0;
+  for (int i = 0; i < FBD_NWALLS; i++) {
+    size_t used = strlen(out);
+    if (srv->wall_state[i] == FBD_WALL_UP)
+      snprintf(out + used, n - used, "%s%s", used ? ", " : "", fbd_wall_names[i]);
+  }
+  if (!out[0]) snprintf(out, n, "none");
+}
+
+static char wall_step[FBD_NWALLS][64]; /* where a refused wall failed, for its log line */
+
+static void wall_refused(fbd_server *srv, int i, int e, const char *step) {
+  srv->wall_state[i] = FBD_WALL_DOWN;
+  srv->wall_errno[i] = e;
+  snprintf(wall_step[i], sizeof wall_step[i], "%s", step ? step : "");
+}
+
+/* Once every wall was tried: a line for each refused one, and one in all. */
+static void walls_report(fbd_server *srv) {
+  char up[128];
+  walls_up_list(srv, up, sizeof up);
+  for (int i = 0; i < FBD_NWALLS; i++)
+    if (srv->wall_state[i] == FBD_WALL_DOWN)
+      /* namespaces, which only root can have, refused to another user: info */
+      fbd_logf(srv->log, i <= FBD_WALL_ROOTNS && geteuid() != 0 ? FBD_LOG_INFO : FBD_LOG_WARN,
+               "sandbox wall %s refused (%s%s%s): %s; walls still up: %s",
+               fbd_wall_names[i], wall_step[i], wall_step[i][0] ? ": " : "",
+               strerror(srv->wall_errno[i]), wall_lost[i], up);
+  char down[256], off[128] = "";
+  fbd_walls_text(srv, down, sizeof down);
+  for (int i = 0; i < FBD_NWALLS; i++) {
+    size_t used = strlen(off);
+    if (srv->wall_state[i] == FBD_WALL_OFF)
+      snprintf(off + used, sizeof off - used, "%s%s", used ? ", " : "", fbd_wall_names[i]);
+  }
+  fbd_logf(srv->log, FBD_LOG_INFO, "sandbox walls up: %s; refused: %s; not asked for: %s", up,
+           down[0] ? down : "none", off[0] ? off : "none");
+}
+
+void fbd_walls_text(const fbd_server *srv, char *out, size_t n) {
+  if (n) out[0] = 0;
+  for (int i = 0; i < FBD_NWALLS; i++) {
+    size_t used = strlen(out);
+    if (srv->wall_state[i] == FBD_WALL_DOWN && used + 1 < n)
+      snprintf(out + used, n - used, "%s%s (refused: %s)", used ? ", " : "", fbd_wall_names[i],
+               strerror(srv->wall_errno[i]));
+  }
 }
 
 /* The worker's side of its namespaces, in two steps. ns_enter, first thing,
@@ -836,18 +995,29 @@ static int ns_probe(int level, const char **step) {
  * no file once its engine is made (seccomp refuses opening one anyway);
  * its own namespaces take those from a worker that got past its seccomp
  * filter (the CUDA workers' is a deny list). */
+/* ns_probe, or the refusal --test-refuse-walls asks for */
+static int ns_try(int level, const char **step) {
+  int e = wall_inject[FBD_WALL_NETNS];
+  if (!e && level >= WORKER_NS_ROOT) e = wall_inject[FBD_WALL_ROOTNS];
+  if (e) {
+    *step = ns_steps[0];
+    return e;
+  }
+  return ns_probe(level, step);
+}
+
 static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
   const char *want = srv->cfg->worker_namespaces ? srv->cfg->worker_namespaces : "auto";
   srv->worker_ns = 0;
   if (!strcmp(want, "off")) return 0;
   int top = !strcmp(want, "net") ? WORKER_NS_NET : WORKER_NS_ROOT;
   const char *step = "", *root_step = "";
-  int e = ns_probe(top, &step), root_e = 0;
+  int e = ns_try(top, &step), root_e = 0;
   if (e && top == WORKER_NS_ROOT && strcmp(want, "on")) { /* auto: the network ones alone? */
     root_e = e;
     root_step = step;
     top = WORKER_NS_NET;
-    e = ns_probe(top, &step);
+    e = ns_try(top, &step);
   }
   if (e && strcmp(want, "auto")) {
     fb_errf(err, errlen,
@@ -860,34 +1030,180 @@ static int worker_namespaces(fbd_server *srv, char *err, size_t errlen) {
             step, strerror(e));
     return FB_EINVAL;
   }
-  int warn = geteuid() == 0 ? FBD_LOG_WARN : FBD_LOG_INFO;
-  if (e)
-    fbd_logf(srv->log, warn,
-             "session workers share fuseboxd's network, IPC, mount and PID namespaces: cannot "
-             "make their own: %s: %s",
-             step, strerror(e));
-  else if (top == WORKER_NS_ROOT)
+  /* a refusal is logged with the other walls' (walls_report): as root, a
+     warning; not as root, where no namespace could be expected, as info */
+  if (e) {
+    wall_refused(srv, FBD_WALL_NETNS, e, step);
+    wall_refused(srv, FBD_WALL_ROOTNS, root_e ? root_e : e, root_e ? root_step : step);
+  } else if (top == WORKER_NS_ROOT) {
+    srv->wall_state[FBD_WALL_NETNS] = srv->wall_state[FBD_WALL_ROOTNS] = FBD_WALL_UP;
     fbd_logf(srv->log, FBD_LOG_INFO,
              "session workers run in a network, an IPC, a mount and a PID namespace of their own "
              "each, the mount namespace's root an empty read-only directory");
-  else if (root_e)
-    fbd_logf(srv->log, warn,
-             "session workers run in a network and an IPC namespace of their own each, but see "
-             "fuseboxd's files and processes: cannot give them a mount namespace with an empty "
-             "root and a PID namespace: %s: %s",
-             root_step, strerror(root_e));
-  else
+  } else if (root_e) {
+    srv->wall_state[FBD_WALL_NETNS] = FBD_WALL_UP;
+    wall_refused(srv, FBD_WALL_ROOTNS, root_e, root_step);
+  } else {
+    srv->wall_state[FBD_WALL_NETNS] = FBD_WALL_UP;
     fbd_logf(srv->log, FBD_LOG_INFO,
              "session workers run in a network and an IPC namespace of their own each, and see "
              "fuseboxd's files (worker_namespaces net)");
+  }
   srv->worker_ns = e ? 0 : top;
   return 0;
 }
 
+/* The seccomp filter as lock_down would install it, exported as BPF for
+ * walls_probe's child (which makes no library call): 0, or a libseccomp
+ * error. *prog's filter is malloc'd. */
+static int lock_build(const char *backend, int nnp, scmp_filter_ctx *out);
+
+static int lock_export(const char *backend, struct sock_fprog *prog) {
+  scmp_filter_ctx ctx;
+  int rc = lock_build(backend, 1, &ctx);
+  if (rc) return rc;
+  int fd = memfd_create("fusebox-bpf", MFD_CLOEXEC);
+  struct stat st = {0};
+  rc = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+  seccomp_release(ctx);
+  if (!rc && (fstat(fd, &st) || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter) ||
+              !(prog->filter = malloc((size_t)st.st_size)) ||
+              pread(fd, prog->filter, (size_t)st.st_size, 0) != st.st_size))
+    rc = -EIO;
+  if (!rc) prog->len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
+#define WORKER_NOFILE_CPU 64
+#define WORKER_NOFILE_CUDA 1024
+
+/* The walls after the namespaces, tried in a child as a worker raises
+ * them, in its order: the switch to the workers' user (where there is
+ * one), resource limits, no_new_privs, the seccomp filter. Raw clone and
+ * plain system calls, as in ns_probe. */
+static int walls_probe(fbd_server *srv, char *err, size_t errlen) {
+  const fbd_config *cfg = srv->cfg;
+  unsigned long uid = 0, gid = 0;
+  int want_uid = 1;
+  if (cfg->worker_uid_base) uid = gid = cfg->worker_uid_base;
+  else if (srv->worker_ids[0]) want_uid = sscanf(srv->worker_ids, "%lu:%lu", &uid, &gid) == 2;
+  else want_uid = 0; /* not root: the workers keep fuseboxd's user */
+  struct sock_fprog prog = {0, NULL};
+  int rc = lock_export(srv->backend, &prog);
+  if (rc) {
+    fb_errf(err, errlen, "cannot build the seccomp filter: %s", strerror(-rc));
+    free(prog.filter);
+    return FB_EINTERNAL;
+  }
+  rlim_t nofile = strcmp(srv->backend, "cpu") ? WORKER_NOFILE_CUDA : WORKER_NOFILE_CPU;
+  int pfd[2];
+  if (pipe2(pfd, O_CLOEXEC)) {
+    fb_errf(err, errlen, "cannot try the sandbox walls: %s", strerror(errno));
+    free(prog.filter);
+    return FB_EINTERNAL;
+  }
+  long pid = syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, NULL);
+  if (pid == 0) { /* uid, rlimits, no_new_privs, seccomp: 0 or errno */
+    int r[4] = {0, 0, 0, 0};
+    const int *inj = wall_inject + FBD_WALL_UID;
+    if (want_uid)
+      r[0] = inj[0] ? inj[0]
+             : syscall(SYS_setgroups, 0, NULL) || syscall(SYS_setresgid, gid, gid, gid) ||
+                     syscall(SYS_setresuid, uid, uid, uid)
+                 ? errno
+                 : 0;
+    struct rlimit none = {0, 0}, cur = {0, 0}, lim;
+    if (inj[1]) r[1] = inj[1];
+    else if (syscall(SYS_prlimit64, 0, RLIMIT_CORE, &none, NULL) ||
+             syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &cur))
+      r[1] = errno;
+    else {
+      lim.rlim_cur = lim.rlim_max =
+          cur.rlim_max != RLIM_INFINITY && cur.rlim_max < nofile ? cur.rlim_max : nofile;
+      r[1] = syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, &lim, NULL) ? errno : 0;
+    }
+    r[2] = inj[2] ? inj[2] : syscall(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ? errno : 0;
+    r[3] = inj[3] ? inj[3]
+           : syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog)
+               ? errno
+               : 0;
+    if (write(pfd[1], r, sizeof r) < 0) syscall(SYS_exit_group, 1);
+    syscall(SYS_exit_group, 0);
+  }
+  int e = pid < 0 ? errno : 0;
+  close(pfd[1]);
+  free(prog.filter);
+  int r[4] = {0, 0, 0, 0};
+  ssize_t got = -1;
+  if (pid > 0) {
+    do got = read(pfd[0], r, sizeof r);
+    while (got < 0 && errno == EINTR);
+    int st;
+    while (waitpid((pid_t)pid, &st, 0) < 0 && errno == EINTR) {}
+  }
+  close(pfd[0]);
+  if (got != (ssize_t)sizeof r) {
+    fb_errf(err, errlen, "cannot try the sandbox walls: %s",
+            e ? strerror(e) : "the child trying them died");
+    return FB_EINTERNAL;
+  }
+  static const char *const what[4] = {"setresuid", "setrlimit", "prctl", "seccomp load"};
+  for (int k = 0; k < 4; k++) {
+    int i = FBD_WALL_UID + k;
+    if (k == 0 && !want_uid) srv->wall_state[i] = FBD_WALL_OFF;
+    else if (r[k]) wall_refused(srv, i, r[k], what[k]);
+    else srv->wall_state[i] = FBD_WALL_UP;
+  }
+  return 0;
+}
+
+/* require_walls / strict_sandbox: each wall named is up, or no start. */
+static int walls_required(fbd_server *srv, char *err, size_t errlen) {
+  const fbd_config *cfg = srv->cfg;
+  int need[FBD_NWALLS];
+  if (walls_parse(cfg->strict_sandbox ? "all" : cfg->require_walls, "require_walls", 0, 1, need,
+                  err, errlen))
+    return FB_EINVAL;
+  for (int i = 0; i < FBD_NWALLS; i++) {
+    if (!need[i] || srv->wall_state[i] == FBD_WALL_UP) continue;
+    const char *opt = cfg->strict_sandbox ? "strict_sandbox" : "require_walls";
+    if (srv->wall_state[i] == FBD_WALL_DOWN)
+      fb_errf(err, errlen, "%s: the sandbox wall %s is required, and the kernel refused it (%s%s%s)",
+              opt, fbd_wall_names[i], wall_step[i], wall_step[i][0] ? ": " : "",
+              strerror(srv->wall_errno[i]));
+    else
+      fb_errf(err, errlen, "%s: the sandbox wall %s is required, and is not asked for (%s)", opt,
+              fbd_wall_names[i],
+              i == FBD_WALL_UID ? "fuseboxd was not started as root: its workers keep its user"
+                                : "worker_namespaces is off, or net for rootns");
+    return FB_EINVAL;
+  }
+  return 0;
+}
+
 int fbd_procs_start(fbd_server *srv, char *err, size_t errlen) {
-  int urc = worker_identity(srv, err, errlen);
+  memset(srv->wall_state, 0, sizeof srv->wall_state);
+  int urc = walls_parse(srv->cfg->test_refuse_walls, "test_refuse_walls", 1, 0, wall_inject, err,
+                        errlen);
+  if (!urc && srv->cfg->test_refuse_walls)
+    fbd_logf(srv->log, FBD_LOG_WARN,
+             "test_refuse_walls %s: the walls named are taken as refused (a test hook)",
+             srv->cfg->test_refuse_walls);
+  if (!urc) urc = worker_identity(srv, err, errlen);
   if (!urc) urc = worker_namespaces(srv, err, errlen);
+  if (!urc) urc = walls_probe(srv, err, errlen);
+  if (!urc) walls_report(srv);
+  if (!urc) urc = walls_required(srv, err, errlen);
   if (urc) return urc;
+  /* what the workers skip: what the kernel refused */
+  srv->walls_off[0] = 0;
+  for (int i = FBD_WALL_UID; i < FBD_NWALLS; i++) {
+    size_t used = strlen(srv->walls_off);
+    if (srv->wall_state[i] == FBD_WALL_DOWN)
+      snprintf(srv->walls_off + used, sizeof srv->walls_off - used, "%s%s", used ? "," : "",
+               fbd_wall_names[i]);
+  }
   ssize_t n = readlink("/proc/self/exe", srv->exe, sizeof srv->exe - 1);
   if (n <= 0) {
     fb_errf(err, errlen, "process isolation: cannot find this executable: %s", strerror(errno));
@@ -1903,13 +2219,13 @@ static int lock_deny_args(scmp_filter_ctx ctx, pid_t self) {
   return rc;
 }
 
-static int lock_down(const char *backend, char *err, size_t errlen) {
+/* The filter, not yet loaded: nnp 0 leaves no_new_privs unset (loading it
+ * then needs CAP_SYS_ADMIN). 0, or a libseccomp error (negative errno). */
+static int lock_build(const char *backend, int nnp, scmp_filter_ctx *out) {
   int allow = !strcmp(backend, "cpu");
   scmp_filter_ctx ctx = seccomp_init(allow ? SCMP_ACT_ERRNO(EPERM) : SCMP_ACT_ALLOW);
-  if (!ctx) {
-    fb_errf(err, errlen, "seccomp_init failed");
-    return FB_EINTERNAL;
-  }
+  *out = NULL;
+  if (!ctx) return -ENOMEM;
   pid_t self = getpid();
   int rc = allow ? lock_rules(ctx, lock_allowed, SCMP_ACT_ALLOW)
                  : lock_rules(ctx, lock_denied, SCMP_ACT_ERRNO(EPERM));
@@ -1919,11 +2235,22 @@ static int lock_down(const char *backend, char *err, size_t errlen) {
   /* every thread: the engine's pools (which run the JIT code) started
      before this, and a filter loaded without TSYNC binds only this thread */
   if (!rc) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
+  if (!rc && !nnp) rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0);
   /* a binary tree of syscall numbers rather than a list: the pools call
      sched_yield and futex often (libseccomp 2.5; older ones keep the list) */
   if (!rc) (void)seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
-  if (!rc) rc = seccomp_load(ctx);
-  seccomp_release(ctx);
+  if (rc) seccomp_release(ctx);
+  else *out = ctx;
+  return rc;
+}
+
+static int lock_down(const char *backend, int nnp, char *err, size_t errlen) {
+  scmp_filter_ctx ctx;
+  int rc = lock_build(backend, nnp, &ctx);
+  if (!rc) {
+    rc = seccomp_load(ctx);
+    seccomp_release(ctx);
+  }
   if (rc) fb_errf(err, errlen, "cannot install the seccomp filter: %s", strerror(-rc));
   return rc ? FB_EINTERNAL : 0;
 }
@@ -1950,9 +2277,6 @@ static int limit_memory(const fbd_config *cfg, const char *backend) {
  * watch page and the buffers it keeps are mappings, not descriptors); a
  * CUDA worker also the driver's, opened before lock-down and not known
  * without a GPU to count them on. */
-#define WORKER_NOFILE_CPU 64
-#define WORKER_NOFILE_CUDA 1024
-
 static int limit_files(const char *backend) {
   rlim_t want = strcmp(backend, "cpu") ? WORKER_NOFILE_CUDA : WORKER_NOFILE_CPU;
   struct rlimit cur;
@@ -2018,7 +2342,8 @@ static int drop_ids(unsigned long uid, unsigned long gid, int fd, pid_t parent, 
  * on), or with --worker-uid-base the ids of the tenant whose session takes
  * this worker, the first frame the broker sends (a spare waits for it, as
  * root, having read nothing a client sent), within the range. */
-static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, size_t errlen) {
+static int drop_user(const fbd_config *cfg, int fd, pid_t parent, int skip, char *err,
+                     size_t errlen) {
   unsigned long uid = 0, gid = 0;
   if (cfg->worker_uid_base) {
     wire_ident w;
@@ -2029,7 +2354,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
               (unsigned long)w.uid, (unsigned long)w.gid);
       return FB_EINVAL;
     }
-    return drop_ids(w.uid, w.gid, fd, parent, err, errlen);
+    return skip ? 0 : drop_ids(w.uid, w.gid, fd, parent, err, errlen);
   }
   const char *ids = cfg->worker_user;
   if (!ids) return 0;
@@ -2041,7 +2366,7 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, char *err, siz
     fb_errf(err, errlen, "bad worker user '%s' (expected UID:GID, neither 0)", ids);
     return FB_EINVAL;
   }
-  return drop_ids(uid, gid, fd, parent, err, errlen);
+  return skip ? 0 : drop_ids(uid, gid, fd, parent, err, errlen);
 }
 
 typedef struct worker {
@@ -2251,7 +2576,14 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   close_range(5, ~0u, 0);
   close(4);
   fb_engine_config ecfg = {cfg->backend, cfg->compile_threads, cfg->cpu_threads};
-  if (w.watch == MAP_FAILED) {
+  int off[FBD_NWALLS]; /* the walls the broker found refused: the worker goes on without them */
+  char offerr[256] = "";
+  int offrc = walls_parse(cfg->worker_walls_off, "--worker-walls-off", 0, 0, off, offerr,
+                          sizeof offerr);
+  if (offrc) {
+    hello.code = offrc;
+    fb_errf(hello.msg, sizeof hello.msg, "%s", offerr);
+  } else if (w.watch == MAP_FAILED) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot map the watch page: %s", strerror(errno));
   } else if (ns_err) {
@@ -2266,15 +2598,22 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot make its root an empty directory: %s: %s",
             ns_steps[ns_step], strerror(ns_err));
-  } else if ((hello.code = drop_user(cfg, fd, parent, hello.msg, sizeof hello.msg))) {
-  } else if (limit_memory(cfg, fb_engine_backend(w.engine)) ||
-             limit_files(fb_engine_backend(w.engine))) {
+  } else if ((hello.code = drop_user(cfg, fd, parent, off[FBD_WALL_UID], hello.msg,
+                                     sizeof hello.msg))) {
+  } else if (!off[FBD_WALL_RLIMITS] && (limit_memory(cfg, fb_engine_backend(w.engine)) ||
+                                        limit_files(fb_engine_backend(w.engine)))) {
     hello.code = FB_EINTERNAL;
     fb_errf(hello.msg, sizeof hello.msg, "cannot set the worker's resource limits: %s",
             strerror(errno));
   } else {
     fb_engine_set_code_cache_bytes(w.engine, fbd_code_cache_bytes(cfg, 0)); /* the broker's */
-    hello.code = lock_down(fb_engine_backend(w.engine), hello.msg, sizeof hello.msg);
+    if (!off[FBD_WALL_NNP] && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) {
+      hello.code = FB_EINTERNAL;
+      fb_errf(hello.msg, sizeof hello.msg, "cannot set no_new_privs: %s", strerror(errno));
+    } else if (!off[FBD_WALL_SECCOMP]) {
+      hello.code = lock_down(fb_engine_backend(w.engine), !off[FBD_WALL_NNP], hello.msg,
+                             sizeof hello.msg);
+    }
   }
   if (reply(fd, &hello) || hello.code) _exit(1);
   worker_loop(&w, cfg->worker_spin_us * 1e-6);

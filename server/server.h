@@ -64,6 +64,23 @@ enum {
   FBD_LOG_DEBUG
 };
 
+/* The walls a session worker raises (proc.c), in order; their names are
+ * fbd_wall_names[]: what --require-walls and /metrics call them. */
+enum {
+  FBD_WALL_NETNS,   /* network and IPC namespaces */
+  FBD_WALL_ROOTNS,  /* mount namespace with an empty root, and a PID namespace */
+  FBD_WALL_UID,     /* the switch to the workers' user */
+  FBD_WALL_RLIMITS, /* core dumps, address space, open files */
+  FBD_WALL_NNP,     /* no_new_privs */
+  FBD_WALL_SECCOMP, /* the system-call filter */
+  FBD_NWALLS
+};
+enum { FBD_WALL_OFF = 0, FBD_WALL_UP, FBD_WALL_DOWN };
+extern const char *const fbd_wall_names[FBD_NWALLS];
+struct fbd_server;
+/* "walls up: ...; down: seccomp (refused: Invalid argument)": for /readyz */
+void fbd_walls_text(const struct fbd_server *srv, char *out, size_t n);
+
 typedef struct fbd_config {
   char *listen[FBD_MAX_LISTEN];  /* "host:port" or "unix:PATH" */
   int nlisten;
@@ -100,6 +117,11 @@ typedef struct fbd_config {
                                worker_slot, 0 for no tenant) run as uid and gid base + k;
                                0: off (worker_user) */
   int worker_uid_count; /* the uids base .. base + count - 1 are fuseboxd's */
+  char *require_walls; /* process isolation: walls (FBD_WALL_* names, comma-separated, or
+                          "all") whose refusal stops fuseboxd at start; NULL: none */
+  int strict_sandbox;   /* require_walls all */
+  char *worker_walls_off; /* a worker's: walls the broker found refused, which it skips */
+  char *test_refuse_walls; /* a test hook: walls to treat as refused, WALL[:ERRNO],... */
   char *worker_namespaces; /* "auto", "on", "net", "off": a network, an IPC, a mount (with
                               an empty root) and a PID namespace per worker, or (net) the
                               first two (proc.c); a worker itself gets "on", "net" or "off" */
@@ -308,6 +330,12 @@ struct fbd_server {
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
   int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (proc.c) */
+  /* the sandbox walls (proc.c, FBD_WALL_*): FBD_WALL_UP, _DOWN (the kernel
+     refused it: workers go on without it) or _OFF (not asked for: namespaces
+     off, or no user to switch to), with the refusal's errno; set at start */
+  int wall_state[FBD_NWALLS];
+  int wall_errno[FBD_NWALLS];
+  char walls_off[96]; /* the refused ones a worker skips: --worker-walls-off */
   pthread_mutex_t pmu;
   fbd_proc **spares;
   int nspares;
