@@ -706,8 +706,7 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
   int dual = !strcmp(suffix, ".dual");
   if (n > 5 && (!strcmp(base + n - 5, ".grad") || !strcmp(base + n - 5, ".dual"))) {
     fb_diags_add(diags, -1, 0, 0,
-                 "no kernel named '%s': the derivative of a derivative (%s of %s) is not "
-                 "supported",
+                 "no kernel named '%s': %s of %s (a second derivative) is not supported",
                  kernel, dual ? "the tangent" : "the adjoint",
                  !strcmp(base + n - 5, ".dual") ? "a tangent" : "an adjoint");
     return FB_ENOENT;
