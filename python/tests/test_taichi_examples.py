@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "taichi_compare"))
@@ -29,7 +30,9 @@ from harness import fb_env, run_both, taichi_python  # noqa: E402,F401 (fixtures
 #   "shapes": random initial states (ti.random, Python's random): names,
 #       shapes and dtypes only, and every float finite;
 #   "runs": it keeps its fields inside a class or function: that it ran to
-#       the end under both, showing as many frames.
+#       the end under both, showing as many frames;
+#   ("arrays", names, rtol, atol): as "close", and the module-level NumPy
+#       arrays named too (what the example computes and only plots).
 EXAMPLES = [
     ("simulation/fractal.py", 3, ("close", 1e-5, 0.021, 0.002)),
     ("simulation/waterwave.py", 4, ("close", 1e-4, 1e-5, 0.0)),
@@ -46,6 +49,8 @@ EXAMPLES = [
     ("simulation/nbody.py", 2, "shapes"),
     ("simulation/game_of_life.py", 3, "shapes"),
     ("autodiff/minimization.py", 0, "shapes"),
+    # forward mode (ti.ad.FwdMode, x.dual) and reverse: the Jacobian both ways
+    ("autodiff/jacobian.py", 0, ("arrays", ("jacobian_fwd", "jacobian_rev"), 1e-5, 1e-6)),
     ("simulation/ad_gravity.py", 2, "shapes"),
     ("simulation/mpm128.py", 1, "shapes"),
     ("simulation/mass_spring_game.py", 2, ("close", 1e-4, 1e-5, 0.0)),
@@ -85,7 +90,8 @@ def _params():
 def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
     path = os.path.join(examples_dir(taichi_python), rel)
     assert os.path.isfile(path), f"{rel} is not in the installed taichi wheel ({path})"
-    want, got = run_both("example", path, taichi_python, fb_env, frames)
+    extra = (",".join(how[1]),) if isinstance(how, tuple) and how[0] == "arrays" else ()
+    want, got = run_both("example", path, taichi_python, fb_env, frames, *extra)
     assert int(want.pop("__frames__")) == frames, "under Taichi the GUI loop did not end"
     assert int(got.pop("__frames__")) == frames, \
         f"{rel} under fusebox.taichi showed a different number of frames"
@@ -94,6 +100,11 @@ def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
     assert want, f"{rel} left no module-level field to compare"
     if how == "shapes":
         harness.compare_shapes(rel, want, got)
+    elif how[0] == "arrays":
+        _, names, rtol, atol = how
+        assert set(names) <= set(got), f"{rel}: fusebox.taichi left no {set(names) - set(got)}"
+        assert np.abs(want[names[0]]).max() > 0, f"{rel}: Taichi's {names[0]} is all zeros"
+        harness.compare(rel, want, got, rtol, atol)
     else:
         _, rtol, atol, share = how
         harness.compare(rel, want, got, rtol, atol, share=share)

@@ -1,7 +1,7 @@
 """Runs one Taichi program under an engine and saves what it returns.
 
     python runner.py program ENGINE PROGRAM.py OUT.npz
-    python runner.py example ENGINE EXAMPLE.py OUT.npz FRAMES
+    python runner.py example ENGINE EXAMPLE.py OUT.npz FRAMES [ARRAYS]
 
 ENGINE is ``taichi`` (the real Taichi installed in this interpreter; its
 ``ti.init`` is made to choose ``arch=ti.cpu`` whatever the program asks) or
@@ -17,7 +17,11 @@ run where it lies) runs as ``__main__``; its GUI loop ends after FRAMES
 frames (``$FUSEBOX_GUI_FRAMES`` under fusebox; under Taichi, a GUI whose
 ``show`` stops ``running`` after FRAMES frames, with no window). The
 module-level fields it leaves (anything with ``to_numpy``) are saved in
-OUT.npz, with ``__frames__``, the frames shown.
+OUT.npz, with ``__frames__``, the frames shown; ARRAYS (comma-separated)
+names module-level NumPy arrays to save too (``autodiff/jacobian.py``'s
+Jacobians). An example that plots with matplotlib where it is not
+installed gets a stand-in whose every function does nothing (the plots are
+not compared; the values they show are).
 
 Exit status 0 when the program ran to the end; 1 with its traceback on
 stderr otherwise.
@@ -136,8 +140,33 @@ def examples_package(path):
             return
 
 
-def run_example(engine, path, out, frames):
+def matplotlib_stand_in():
+    """matplotlib and matplotlib.pyplot whose every function does nothing,
+    where matplotlib is not installed (neither the tests' interpreter nor
+    Taichi's environment has it)."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+
+    class _Nothing(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return lambda *a, **k: None
+
+    mpl = _Nothing("matplotlib")
+    plt = _Nothing("matplotlib.pyplot")
+    mpl.pyplot = plt
+    mpl.__path__ = []
+    sys.modules["matplotlib"] = mpl
+    sys.modules["matplotlib.pyplot"] = plt
+
+
+def run_example(engine, path, out, frames, arrays=""):
     ti = sys.modules["taichi"]
+    matplotlib_stand_in()
     if engine == "taichi":
         shown = taichi_frame_limit(ti, frames)
     else:
@@ -169,6 +198,10 @@ def run_example(engine, path, out, frames):
             continue
         if a.dtype != object:
             res[k] = a
+    for k in filter(None, arrays.split(",")):
+        if not isinstance(g.get(k), np.ndarray):
+            raise SystemExit(f"runner.py: the example left no NumPy array named {k!r}")
+        res[k] = np.asarray(g[k])
     res["__frames__"] = np.asarray(shown["n"])
     np.savez(out, **res)
 
@@ -182,7 +215,8 @@ def main(argv):
         if kind == "program":
             run_program(os.path.abspath(path), out)
         else:
-            run_example(engine, os.path.abspath(path), out, int(argv[4]))
+            run_example(engine, os.path.abspath(path), out, int(argv[4]),
+                        argv[5] if len(argv) > 5 else "")
     except SystemExit as e:  # an example that calls exit() at the end has ended
         if e.code not in (None, 0):
             raise
