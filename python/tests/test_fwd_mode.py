@@ -87,6 +87,11 @@ def test_errors_and_the_session_goes_on(fb):
             s.fields.c.dual
         with pytest.raises(fusebox.ServerError, match="give 'c' a dual"):
             s.kernels.lose.dual()
+        # a tangent of a kernel that does not exist, asked for on the wire
+        from fusebox._proto import pb
+        with pytest.raises(fusebox.ServerError, match="no kernel with id 999"):
+            s._c._call("RegisterKernels", pb.RegisterKernelsRequest(session_id=s.id,
+                                                                    tangents=[999]))
         s.fields.x.from_numpy(X0)
         s.fields.a.from_numpy(np.array(1.0))
         s.fields.x.dual.from_numpy(np.ones(N))
