@@ -355,7 +355,8 @@ static double identity_gap(prob *p) {
   run(p, p->k);
   for (int f = 0; f < p->l->nnodes; f++)
     if (p->grad.grad[f] >= 0) memset(fld(p, p->grad.grad[f]), 0, bytes(p, f));
-  for (int j = 0; j < p->nout; j++) memcpy(fld(p, p->grad.grad[p->out_f[j]]), w[j], bytes(p, p->out_f[j]));
+  for (int j = 0; j < p->nout; j++)
+    memcpy(fld(p, p->grad.grad[p->out_f[j]]), w[j], bytes(p, p->out_f[j]));
   run(p, p->adj);
   double vjtw = 0;
   for (int i = 0; i < p->nin; i++) {
@@ -558,7 +559,8 @@ START_TEST(piecewise_constant_ops_give_zero) {
     double *yd = fld(&p, fid(&p, "y.dual"));
     for (int e = 0; e < 8; e++) yd[e] = 7.0; /* overwritten by the store's dual */
     jvp(&p, &s0, &v);
-    for (int e = 0; e < 8; e++) ck_assert_msg(yd[e] == 0.0, "%s: y.dual[%d] = %g", ops[o], e, yd[e]);
+    for (int e = 0; e < 8; e++)
+      ck_assert_msg(yd[e] == 0.0, "%s: y.dual[%d] = %g", ops[o], e, yd[e]);
     free_dir(&p, &v);
     drop(&s0);
     teardown(&p);
@@ -820,6 +822,12 @@ static int rand_op(gen *g, const int *vals, int nv) {
   return id;
 }
 
+/* rand_op over vals, its result appended to vals. */
+static void push_op(gen *g, int *vals, int *nv) {
+  int id = rand_op(g, vals, *nv);
+  vals[(*nv)++] = id;
+}
+
 static char *random_kernel(uint64_t seed, int form) {
   rng_state = seed;
   gen g = {0};
@@ -853,11 +861,11 @@ static char *random_kernel(uint64_t seed, int form) {
     emit(&g, "    %%%d: if %%%d {\n", g.next, cond);
     int v2[64], n2 = nv;
     memcpy(v2, vals, sizeof(int) * (size_t)nv);
-    for (int s = 0; s < 3; s++) { int t_ = rand_op(&g, v2, n2); v2[n2++] = t_; }
+    for (int s = 0; s < 3; s++) push_op(&g, v2, &n2);
     emit(&g, "    lstore %%%d, %%%d\n", var, v2[n2 - 1]);
     emit(&g, "%s", "    } else {\n");
     n2 = nv;
-    for (int s = 0; s < 3; s++) { int t_ = rand_op(&g, v2, n2); v2[n2++] = t_; }
+    for (int s = 0; s < 3; s++) push_op(&g, v2, &n2);
     emit(&g, "    lstore %%%d, %%%d\n", var, v2[n2 - 1]);
     emit(&g, "%s", "    }\n");
   } else if (form == 2) { /* a serial loop carrying the local */
@@ -866,16 +874,16 @@ static char *random_kernel(uint64_t seed, int form) {
     int v2[64], n2 = nv;
     memcpy(v2, vals, sizeof(int) * (size_t)nv);
     v2[n2++] = emit(&g, "    %%%d = lload.f64 %%%d\n", g.next, var);
-    for (int s = 0; s < 3; s++) { int t_ = rand_op(&g, v2, n2); v2[n2++] = t_; }
+    for (int s = 0; s < 3; s++) push_op(&g, v2, &n2);
     int half = emit(&g, "    %%%d = const.f64 0.5\n", g.next);
     int sc = emit(&g, "    %%%d = mul.f64 %%%d, %%%d\n", g.next, v2[n2 - 1], half);
     emit(&g, "    lstore %%%d, %%%d\n", var, sc);
     emit(&g, "%s", "    }\n");
   }
   vals[nv++] = emit(&g, "    %%%d = lload.f64 %%%d\n", g.next, var);
-  for (int s = 0; s < 5; s++) { int t_ = rand_op(&g, vals, nv); vals[nv++] = t_; }
+  for (int s = 0; s < 5; s++) push_op(&g, vals, &nv);
   emit(&g, "    store y[%%%d], %%%d\n", ix, vals[nv - 1]);
-  for (int s = 0; s < 3; s++) { int t_ = rand_op(&g, vals, nv); vals[nv++] = t_; }
+  for (int s = 0; s < 3; s++) push_op(&g, vals, &nv);
   emit(&g, "    %%%d = atomic_add.f64 e[], %%%d\n", g.next, vals[nv - 1]);
   emit(&g, "%s", "  }\n}\n");
   return g.buf;

@@ -515,9 +515,9 @@ class FwdMode:
         losses = loss if isinstance(loss, (list, tuple)) else [loss]
         for ls in losses:
             if not isinstance(ls, Field) or ls.elem:
+                what = "a vector or matrix field" if isinstance(ls, Field) else type(ls).__name__
                 raise TaichiTypeError("ti.ad.FwdMode(loss=...): the loss must be a scalar field "
-                                      "(or a list of them) with needs_dual=True, not "
-                                      f"{type(ls).__name__ if not isinstance(ls, Field) else 'a vector or matrix field'}")
+                                      f"(or a list of them) with needs_dual=True, not {what}")
         if not isinstance(param, Field) or param.elem:
             raise TaichiTypeError("ti.ad.FwdMode(param=...): the parameter must be a scalar "
                                   "field with needs_dual=True (vector and matrix fields are not "
