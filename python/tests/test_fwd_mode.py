@@ -193,6 +193,15 @@ def test_taichi_fwd_mode(fb_taichi):
         f()
         fdp.append(y.to_numpy())
     np.testing.assert_allclose(y.dual.to_numpy(), (fdp[0] - fdp[1]) / (2 * h), rtol=1e-7)
+    # entering clears every dual unless clear_gradients=False (y is written
+    # by nothing inside, so its dual shows which)
+    y.dual.fill(4.0)
+    with ti.ad.FwdMode(loss=y, param=p, clear_gradients=False):
+        pass
+    assert (y.dual.to_numpy() == 4.0).all()
+    with ti.ad.FwdMode(loss=y, param=p):
+        pass
+    assert not y.dual.to_numpy().any()
     # errors
     with pytest.raises(Exception, match="seed= is needed"):
         with ti.ad.FwdMode(loss=y, param=x):
