@@ -578,7 +578,13 @@ int fbe_async_wait_all(fb_session *s) {
 
 static int async_return(fb_session *s, const sess_kernel *sk, fb_value *ret) {
   int rc = fbe_async_wait_all(s);
-  if (ret) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
+  if (ret) {
+    uint64_t slot = 0;
+    char err[512];
+    int crc = fb_devmem_ret0(&s->mem, &slot, err, sizeof err);
+    if (crc && !rc) rc = fail(s, crc, "kernel '%s': reading its return value: %s", sk->k->name, err);
+    *ret = fb_slot_unpack(sk->k->ret, slot);
+  }
   return rc ? rc : fbe_report_bg(s);
 }
 

@@ -48,6 +48,68 @@ typedef struct field_plan {
 static void copy_elem(uint8_t *dst, const uint8_t *src, size_t esz, int to_bool);
 static void copy_run(const field_plan *p, uint8_t *dev, uint8_t *host, int64_t n, int write);
 
+/* ---------------------------------------------------------------- device memory
+ * On memory the host must not dereference (the CUDA backend's device
+ * memory, fb_memsys_copies) every touch of session memory is a copy:
+ * whole dense fields through one window of the root buffer, sparse runs
+ * and cells through the span they cover (fetched first unless a write
+ * covers every byte of it), and the sparse walks copy on their own. */
+
+static int copies(const fb_session *s) { return fb_memsys_copies(s->mem.ms); }
+
+/* A failed copy: the device's message (FB_EDEVICE, or the sparse walk's). */
+static int copy_failed(fb_session *s, int rc, const char *what, const char *err) {
+  return fail(s, rc, "%s: %s", what, err);
+}
+
+/* copy_run between host and the device address d. */
+static int xrun(fb_session *s, const field_plan *p, uint8_t *d, uint8_t *h, int64_t n, int write,
+                const char *what) {
+  if (!copies(s)) {
+    copy_run(p, d, h, n, write);
+    return 0;
+  }
+  size_t span = (size_t)((uint64_t)(n - 1) * p->run_step + p->esz);
+  uint8_t *tmp = malloc(span);
+  if (!tmp) return fail(s, FB_ENOMEM, "%s: out of memory", what);
+  char err[512];
+  int rc = 0;
+  if (!write || (n > 1 && p->run_step != p->esz)) rc = fb_devmem_get(&s->mem, tmp, d, span, err, sizeof err);
+  if (!rc) {
+    copy_run(p, tmp, h, n, write);
+    if (write) rc = fb_devmem_put(&s->mem, d, tmp, span, err, sizeof err);
+  }
+  free(tmp);
+  return rc ? copy_failed(s, rc, what, err) : 0;
+}
+
+/* copy_elem between host and the device address d. */
+static int xelem(fb_session *s, uint8_t *d, uint8_t *h, size_t esz, int write, int to_bool,
+                 const char *what) {
+  if (!copies(s)) {
+    if (write) copy_elem(d, h, esz, to_bool);
+    else copy_elem(h, d, esz, 0);
+    return 0;
+  }
+  uint8_t tmp[16];
+  char err[512];
+  int rc;
+  if (write) {
+    copy_elem(tmp, h, esz, to_bool);
+    rc = fb_devmem_put(&s->mem, d, tmp, esz, err, sizeof err);
+  } else if (!(rc = fb_devmem_get(&s->mem, tmp, d, esz, err, sizeof err))) {
+    copy_elem(h, tmp, esz, 0);
+  }
+  return rc ? copy_failed(s, rc, what, err) : 0;
+}
+
+/* A copy inside a sparse walk failed: its error (0: none). */
+static int walk_failed(fb_session *s, const char *what) {
+  char err[512];
+  int rc = s->sparse && copies(s) ? fb_sparse_host_error(s->sparse, err, sizeof err) : 0;
+  return rc ? copy_failed(s, rc, what, err) : 0;
+}
+
 static int check_field(fb_session *s, int field, const char *what) {
   const fb_layout *l = s->layout;
   if (field < 0 || field >= l->nnodes)
@@ -88,7 +150,7 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
   int last = f->ndim - 1;
   int64_t run = p->sparse_runs && last >= 0 ? p->run : 1;
   uint8_t *bits = NULL; /* a run's cells' activity (bits_runs) */
-  int oom = 0;
+  int oom = 0, rc = 0;
   if (p->bits_runs && run > 1 && !(bits = malloc((size_t)run)))
     return fail(s, FB_ENOMEM, "%s: out of memory", what);
   fb_sparse_begin(s->sparse);
@@ -106,29 +168,38 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
         oom = 1;
         break;
       }
+      if ((rc = walk_failed(s, what))) break;
       int64_t on = 0;
       for (int64_t k = 0; d && !write && k < n; k++) on += bits[k];
-      if (write) copy_run(p, d, h, n, 1);
+      if (write) rc = xrun(s, p, d, h, n, 1, what);
       else if (mode == IO_ACTIVE && d) memcpy(h, bits, (size_t)n);
       else if (mode == IO_ACTIVE) memset(h, 0, (size_t)n);
-      else if (on == n) copy_run(p, d, h, n, 0);
-      else
+      else if (on == n) rc = xrun(s, p, d, h, n, 0, what);
+      else if (d && on && copies(s)) { /* one copy of the run, then its active cells */
+        uint8_t *run = malloc((size_t)n * esz);
+        rc = run ? xrun(s, p, d, run, n, 0, what) : fail(s, FB_ENOMEM, "%s: out of memory", what);
+        for (int64_t k = 0; !rc && k < n; k++)
+          if (bits[k]) memcpy(h + (size_t)k * esz, run + (size_t)k * esz, esz);
+          else memset(h + (size_t)k * esz, 0, esz);
+        free(run);
+      } else
         for (int64_t k = 0; k < n; k++) {
           if (d && bits[k]) copy_elem(h + (size_t)k * esz, d + (uint64_t)k * p->run_step, esz, 0);
           else memset(h + (size_t)k * esz, 0, esz);
         }
     } else {
       d = fb_sparse_elem(s->sparse, s->mem.root, f->id, idx, write);
+      if ((rc = walk_failed(s, what))) break;
       if (write && !d) {
         oom = 1;
         break;
       }
       if (mode == IO_ACTIVE) memset(h, d != NULL, (size_t)n);
-      else if (d && n > 1) copy_run(p, d, h, n, write);
-      else if (write) copy_elem(d, h, esz, f->type == FB_T_BOOL);
-      else if (d) copy_elem(h, d, esz, 0);
+      else if (d && n > 1) rc = xrun(s, p, d, h, n, write, what);
+      else if (d) rc = xelem(s, d, h, esz, write, f->type == FB_T_BOOL, what);
       else memset(h, 0, (size_t)n * esz);
     }
+    if (rc) break;
     e += n;
     if (last >= 0) idx[last] += n - 1;
     for (int k = last; k >= 0; k--) { /* odometer */
@@ -137,6 +208,7 @@ static int sparse_io(fb_session *s, const field_plan *p, uint8_t *host, int mode
     }
   }
   free(bits);
+  if (rc) return rc;
   return oom ? host_oom(s, what) : 0;
 }
 
@@ -270,6 +342,39 @@ static void copy_field(const field_plan *p, uint8_t *root, uint8_t *host, int wr
   }
 }
 
+/* A dense field: in place, or through one window of the root buffer that
+ * holds every element (fetched first unless the field fills it). */
+static int dense_io(fb_session *s, field_plan *p, uint8_t *buf, int write, const char *what) {
+  if (!copies(s)) {
+    copy_field(p, s->mem.root, buf, write);
+    return 0;
+  }
+  uint64_t lo = p->base, hi = p->base + p->esz;
+  for (int d = 0; d < p->ndim; d++)
+    for (int t = 0; t < p->nterm[d]; t++) {
+      const axis_term *at = &p->term[d][t];
+      int64_t reach = (p->shape[d] - 1) / at->stride;
+      if (reach > at->size - 1) reach = at->size - 1;
+      hi += (uint64_t)reach * at->mul;
+    }
+  if (hi > s->mem.root_bytes) hi = s->mem.root_bytes;
+  size_t n = (size_t)(hi - lo);
+  uint8_t *win = malloc(n ? n : 1);
+  if (!win) return fail(s, FB_ENOMEM, "%s: out of memory", what);
+  char err[512];
+  int rc = 0;
+  if (!write || n != (uint64_t)p->numel * p->esz)
+    rc = fb_devmem_get(&s->mem, win, s->mem.root + lo, n, err, sizeof err);
+  if (!rc) {
+    p->base -= lo;
+    copy_field(p, win, buf, write);
+    p->base += lo;
+    if (write) rc = fb_devmem_put(&s->mem, s->mem.root + lo, win, n, err, sizeof err);
+  }
+  free(win);
+  return rc ? copy_failed(s, rc, what, err) : 0;
+}
+
 static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write) {
   const char *what = write ? "field write" : "field read";
   if (!s) return FB_EINVAL;
@@ -288,7 +393,7 @@ static int field_io(fb_session *s, int field, void *buf, size_t bytes, int write
   } else if (field_is_sparse(s, field)) {
     rc = sparse_io(s, p, buf, write ? IO_WRITE : IO_READ, what);
   } else {
-    copy_field(p, s->mem.root, buf, write);
+    rc = dense_io(s, p, buf, write, what);
   }
   free(p);
   return rc;
@@ -387,6 +492,7 @@ static int cell_addr(fb_session *s, int field, const int64_t *idx, int nidx, con
   }
   fb_sparse_begin(s->sparse);
   *addr = fb_sparse_elem(s->sparse, s->mem.root, field, idx, write);
+  if ((rc = walk_failed(s, what))) return rc;
   return write && !*addr ? host_oom(s, what) : 0;
 }
 
@@ -397,7 +503,9 @@ static int cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_
   if (rc) return rc;
   fb_type t = s->layout->nodes[field].type;
   if (p) {
-    *out = fb_value_load(t, p);
+    uint8_t cell[16];
+    if ((rc = xelem(s, p, cell, fb_type_size(t), 0, 0, "cell read"))) return rc;
+    *out = fb_value_load(t, cell);
   } else {
     memset(out, 0, sizeof *out);
     out->type = t;
@@ -410,8 +518,10 @@ static int cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb
   if (!s) return FB_EINVAL;
   int rc = cell_addr(s, field, idx, nidx, "cell write", &v, &p);
   if (rc) return rc;
-  fb_value_store(fb_value_cast(v, s->layout->nodes[field].type), p);
-  return 0;
+  fb_type t = s->layout->nodes[field].type;
+  uint8_t cell[16];
+  fb_value_store(fb_value_cast(v, t), cell);
+  return xelem(s, p, cell, fb_type_size(t), 1, 0, "cell write");
 }
 
 int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_value *out) {

@@ -110,7 +110,10 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   if ((rc = fbe_device_dead(s))) return rc;
   if (s->ad && (rc = fbe_tape_record(s, kernel, args, nargs))) return rc;
   if (s->as) return fbe_async_launch(s, kernel, sk, ret);
-  memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
+  char msg[ERRLEN];
+  msg[0] = 0;
+  if ((rc = fb_devmem_clear_rets(&s->mem, msg, sizeof msg)))
+    return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
   int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   fb_rt_ctx ctx = {s->mem.root,  s->args ? s->args : no_args,
                    s->mem.rets,  s->mem.gtmp,
@@ -119,8 +122,6 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
                    NULL};
   double secs = 0;
   int failed = -1;
-  char msg[ERRLEN];
-  msg[0] = 0;
   if (s->sparse) {
     fb_sparse_begin(s->sparse);
     ctx.runtime = fb_sparse_state(s->sparse);
@@ -142,7 +143,11 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   s->c.tasks_launched += (uint64_t)sk->tl.n;
   s->c.backend_s += secs;
   if (ret) {
-    if (sk->k->ret != FB_T_VOID) *ret = fb_slot_unpack(sk->k->ret, s->mem.rets[0]);
+    uint64_t slot = 0;
+    char rerr[512];
+    int crc = sk->k->ret != FB_T_VOID && !rc ? fb_devmem_ret0(&s->mem, &slot, rerr, sizeof rerr) : 0;
+    if (crc) return fail(s, crc, "kernel '%s': reading its return value: %s", sk->k->name, rerr);
+    if (sk->k->ret != FB_T_VOID) *ret = fb_slot_unpack(sk->k->ret, slot);
     else memset(ret, 0, sizeof *ret);
   }
   return rc ? launch_error(s, sk, rc, failed, msg) : 0;

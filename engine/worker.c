@@ -617,7 +617,8 @@ void fbe_run_batch(fb_session *s, async_job *j) {
     free(j->which);
     j->which = NULL; /* nothing for the caller to learn from it */
   } else {
-    memset(s->mem.rets, 0, sizeof(uint64_t) * (size_t)s->mem.nrets);
+    char cerr[512]; /* a device that fails this fails the batch's launches too */
+    (void)fb_devmem_clear_rets(&s->mem, cerr, sizeof cerr);
     if (s->sparse) fb_sparse_begin(s->sparse);
     batch_begin(&r);
     for (int i = 0; i < j->b->n; i++) run_one(&r, i);

@@ -437,6 +437,81 @@ static const char *top_kind(const fb_stmt *s) {
   }
 }
 
+/* An index operand as base + offset: base is the statement the constant
+ * offset is added to (-1 for a constant index). Adds and subtracts of
+ * integer constants are looked through, a few levels deep. */
+static int index_parts(const actx *a, int id, int64_t *off) {
+  *off = 0;
+  for (int depth = 0; depth < 8; depth++) {
+    const fb_stmt *s = &a->k->stmts[id];
+    if (s->op == FB_OP_CONST && !fb_type_is_float((fb_type)s->type)) {
+      *off += s->imm.i;
+      return -1;
+    }
+    if ((s->op != FB_OP_ADD && s->op != FB_OP_SUB) || s->nargs != 2) return id;
+    const fb_stmt *l = &a->k->stmts[s->args[0]], *r = &a->k->stmts[s->args[1]];
+    if (r->op == FB_OP_CONST && !fb_type_is_float((fb_type)r->type)) {
+      *off += s->op == FB_OP_ADD ? r->imm.i : -r->imm.i;
+      id = s->args[0];
+    } else if (s->op == FB_OP_ADD && l->op == FB_OP_CONST && !fb_type_is_float((fb_type)l->type)) {
+      *off += l->imm.i;
+      id = s->args[1];
+    } else {
+      return id;
+    }
+    if (*off > INT32_MAX || *off < -(int64_t)INT32_MAX) return -2;
+  }
+  return -2;
+}
+
+/* Whether the kernel's reads and writes of field f touch disjoint elements
+ * by construction: along some axis every access indexes the same value
+ * computed once in the kernel body (a parameter, say; or no value: a
+ * constant) plus a constant, and no read's constant is a write's. So
+ * x[s + 1, p] = f(x[s, p]) in a parallel loop (per-step state, as
+ * DiffTaichi writes it) reads slice s and writes slice s + 1, in every
+ * iteration: what the adjoint recomputes from slice s is what the forward
+ * pass read. */
+static int disjoint_slices(const actx *a, int f) {
+  enum { MAXOFF = 16 };
+  int nidx = a->l->nodes[f].ndim;
+  for (int d = 0; d < nidx && d < FB_MAX_ARGS; d++) {
+    int base = -3, ok = 1, nr = 0, nw = 0;
+    int64_t roff[MAXOFF], woff[MAXOFF];
+    for (int id = 0; ok && id < a->ns; id++) {
+      const fb_stmt *s = &a->k->stmts[id];
+      if (a->blk[id] < 0 || s->snode != f) continue;
+      int w = is_write(s);
+      if (!w && s->op != FB_OP_LOAD) continue;
+      if (s->nargs - w != nidx) {
+        ok = 0;
+        break;
+      }
+      int64_t off;
+      int b = index_parts(a, s->args[d], &off);
+      if (b == -2 || (b >= 0 && a->blk[b] != 0) || (base != -3 && b != base)) {
+        ok = 0;
+        break;
+      }
+      base = b;
+      int64_t *set = w ? woff : roff;
+      int *n = w ? &nw : &nr, seen = 0;
+      for (int i = 0; i < *n; i++) seen |= set[i] == off;
+      if (seen) continue;
+      if (*n == MAXOFF) {
+        ok = 0;
+        break;
+      }
+      set[(*n)++] = off;
+    }
+    for (int i = 0; ok && i < nr; i++)
+      for (int j = 0; j < nw; j++)
+        if (roff[i] == woff[j]) ok = 0;
+    if (ok && nr > 0 && nw > 0) return 1;
+  }
+  return 0;
+}
+
 /* Taichi's global data access rules, per top-level statement (a region of
  * the adjoint, or the body-level statements the regions recompute): the
  * adjoint recomputes every read from the value the field holds when the
@@ -463,6 +538,7 @@ static int check_accesses(actx *a) {
     accesses(a, b0->ids[pos], pos, &x);
     for (int i = 0; !rc && i < x.nw; i++) {
       int f = x.wlist[i], w = x.wid[f];
+      if ((x.rpos[f] == pos || read_before[f] >= 0) && disjoint_slices(a, f)) continue;
       if (x.rpos[f] == pos)
         rc = refuse(a, w,
                     "it reads field '%s' and writes it (%s) in the same %s; the adjoint "

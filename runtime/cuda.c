@@ -1,6 +1,8 @@
 /* The CUDA device (runtime/cuda.h): the driver loaded with dlopen,
  * one primary context, modules cached by task IR, a stream per session
- * queue, managed memory for everything the host also reads, launches with
+ * queue, session memory from cuMemAlloc within the device's budget (host
+ * access copies through a pinned staging buffer on the session's stream;
+ * managed memory read in place when FB_CUDA_MEMORY=managed), launches with
  * cuLaunchKernel, device time from events, and sticky-error containment.
  *
  * A launch passes the task's whole context as kernel parameters (codegen.h
@@ -23,6 +25,9 @@
 #define SLOTS 4096       /* error slots on the device per drain */
 #define SLOT_BYTES 8     /* one slot: the error word and the blame word (fb_rt.h) */
 #define MAX_KPARAMS 512  /* kernel parameters (4 KiB of parameter space) */
+#define STAGE_BYTES ((size_t)1 << 20) /* a queue's pinned staging buffer */
+#define SESSION_MIN ((uint64_t)16 << 20) /* device memory a new session needs free */
+#define BUDGET_PCT 80    /* default budget: this share of the device's memory */
 
 typedef struct gpu_fn {   /* a compiled task: kept in the code cache */
   CUmodule mod;
@@ -39,7 +44,10 @@ struct fb_cuda_device {
   char name[320], sm[16];
   int sms, threads_per_sm;
   size_t total_mem;
+  int managed_mem;        /* FB_CUDA_MEMORY=managed: sessions use managed memory */
+  uint64_t budget;        /* bytes sessions may hold on the device */
   pthread_mutex_t mu;     /* everything below */
+  uint64_t used;          /* bytes sessions hold (within budget) */
   CUcontext ctx;
   uint64_t gen;           /* context generation: bumps when it is made again */
   int live;               /* queues of the current generation */
@@ -61,6 +69,9 @@ struct fb_cuda_queue {
   int dead;
   char why[400];
   fb_memsys ms;
+  pthread_mutex_t xmu;    /* the staging buffer (host access may come from two threads) */
+  uint8_t *stage;         /* STAGE_BYTES of pinned host memory (device memory only) */
+  char oom[400];          /* why the last allocation failed */
 };
 
 /* ---------------------------------------------------------------- errors */
@@ -107,6 +118,40 @@ static int attr(fb_cuda_device *d, int a, int *v, char *err, size_t errlen) {
   return 0;
 }
 
+/* The device budget: FB_CUDA_BUDGET bytes (fuseboxd --device-budget), or
+ * BUDGET_PCT% of the device's memory; checked against what cuMemGetInfo
+ * finds free now (another process may hold some of it). */
+static int set_budget(fb_cuda_device *d, char *err, size_t errlen) {
+  const char *name = d->name;
+  size_t free_b = 0, total_b = 0;
+  CALL(d, NULL, d->api.MemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+  const char *b = getenv("FB_CUDA_BUDGET");
+  char *end = NULL;
+  unsigned long long want = b && *b ? strtoull(b, &end, 10) : 0;
+  if (b && *b && (!end || *end || !want))
+    return fb_errf(err, errlen, "CUDA backend: FB_CUDA_BUDGET=%.40s is not a byte count", b),
+           FB_EINVAL;
+  if (want) {
+    if (want > free_b)
+      return fb_errf(err, errlen,
+                     "CUDA backend: the device budget of %llu bytes is more than the %zu bytes "
+                     "free on GPU %d (%s, %zu bytes in all); lower --device-budget",
+                     want, free_b, d->ordinal, name, total_b),
+             FB_EINVAL;
+    d->budget = want;
+  } else {
+    d->budget = (uint64_t)total_b / 100 * BUDGET_PCT;
+    if (d->budget > (uint64_t)free_b / 100 * 90) d->budget = (uint64_t)free_b / 100 * 90;
+  }
+  if (d->budget < SESSION_MIN)
+    return fb_errf(err, errlen,
+                   "CUDA backend: GPU %d (%s) has %zu bytes free; a budget of %llu bytes leaves "
+                   "no room for a session",
+                   d->ordinal, name, free_b, (unsigned long long)d->budget),
+           FB_EDEVICE;
+  return 0;
+}
+
 static int probe(fb_cuda_device *d, char *err, size_t errlen) {
   int n = 0, major = 0, minor = 0, managed = 0, concurrent = 0, version = 0;
   CUresult r = d->api.Init(0);
@@ -136,7 +181,12 @@ static int probe(fb_cuda_device *d, char *err, size_t errlen) {
   if (rc) return rc;
   CALL(d, NULL, d->api.DeviceTotalMem(&d->total_mem, d->dev), "cuDeviceTotalMem");
   d->api.DriverGetVersion(&version);
-  if (!managed || !concurrent)
+  const char *mm = getenv("FB_CUDA_MEMORY");
+  if (mm && *mm && strcmp(mm, "device") && strcmp(mm, "managed"))
+    return fb_errf(err, errlen, "CUDA backend: FB_CUDA_MEMORY=%.40s; use device or managed", mm),
+           FB_EINVAL;
+  d->managed_mem = mm && !strcmp(mm, "managed");
+  if (d->managed_mem && (!managed || !concurrent))
     return fb_errf(err, errlen,
                    "CUDA backend: %s cannot share managed memory with the host "
                    "while kernels run (concurrentManagedAccess is 0), which Fusebox needs",
@@ -180,6 +230,7 @@ int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen) {
   int rc = fb_cuda_api_load(&d->api, err, errlen);
   if (!rc) rc = probe(d, err, errlen);
   if (!rc) rc = make_context(d, err, errlen);
+  if (!rc) rc = set_budget(d, err, errlen);
   if (rc) {
     fb_cuda_device_free(d);
     return rc;
@@ -324,28 +375,136 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
 
 /* ---------------------------------------------------------------- memory */
 
-static void *managed(fb_cuda_queue *q, size_t bytes, int zero) {
+/* Why an allocation of `bytes` failed, into q->oom: the device, the bytes
+ * asked and the bytes free (of the budget, and what the driver reports). */
+static void note_oom(fb_cuda_queue *q, size_t bytes, uint64_t left) {
   fb_cuda_device *d = q->d;
-  CUdeviceptr p = 0;
-  if (q->dead || d->api.CtxSetCurrent(d->ctx) != CUDA_SUCCESS) return NULL;
-  if (d->api.MemAllocManaged(&p, bytes ? bytes : 1, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
-    return NULL;
-  /* zeroed on the device before the host or a kernel sees it */
-  if (zero && (d->api.MemsetD8Async(p, 0, bytes, q->stream) != CUDA_SUCCESS ||
-               d->api.StreamSynchronize(q->stream) != CUDA_SUCCESS)) {
-    d->api.MemFree(p);
-    return NULL;
-  }
-  return (void *)(uintptr_t)p;
+  size_t free_b = 0, total_b = 0;
+  if (d->api.MemGetInfo(&free_b, &total_b) != CUDA_SUCCESS) free_b = 0;
+  fb_errf(q->oom, sizeof q->oom,
+          "out of device memory on GPU %d (%s): %zu bytes asked, %llu bytes free "
+          "(device budget %llu bytes; the driver reports %zu bytes free)",
+          d->ordinal, d->name, bytes, (unsigned long long)(left < free_b ? left : free_b),
+          (unsigned long long)d->budget, free_b);
 }
 
-static void *ms_alloc(void *user, size_t bytes) { return managed(user, bytes, 1); }
-static void *ms_reserve(void *user, size_t bytes) { return managed(user, bytes, 0); }
+/* Session memory: within the device budget, device memory (or managed
+ * memory with FB_CUDA_MEMORY=managed), zeroed on the stream when asked
+ * (before any later copy or launch of the session; managed memory is
+ * waited for, since the host reads it in place). */
+static void *session_mem(fb_cuda_queue *q, size_t bytes, int zero) {
+  fb_cuda_device *d = q->d;
+  CUdeviceptr p = 0;
+  if (!bytes) bytes = 1;
+  if (q->dead || d->api.CtxSetCurrent(d->ctx) != CUDA_SUCCESS) {
+    fb_errf(q->oom, sizeof q->oom, "%s", q->dead ? q->why : "the GPU context is gone");
+    return NULL;
+  }
+  pthread_mutex_lock(&d->mu);
+  uint64_t left = d->budget > d->used ? d->budget - d->used : 0;
+  int fits = bytes <= left;
+  if (fits) d->used += bytes;
+  pthread_mutex_unlock(&d->mu);
+  CUresult r = !fits            ? CUDA_ERROR_OUT_OF_MEMORY
+               : d->managed_mem ? d->api.MemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL)
+                                : d->api.MemAlloc(&p, bytes);
+  if (r == CUDA_SUCCESS && zero) {
+    r = d->api.MemsetD8Async(p, 0, bytes, q->stream);
+    if (r == CUDA_SUCCESS && d->managed_mem) r = d->api.StreamSynchronize(q->stream);
+    if (r != CUDA_SUCCESS) {
+      d->api.MemFree(p);
+      p = 0;
+    }
+  }
+  if (r == CUDA_SUCCESS) return (void *)(uintptr_t)p;
+  if (fits) {
+    pthread_mutex_lock(&d->mu);
+    d->used -= bytes;
+    pthread_mutex_unlock(&d->mu);
+  }
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) note_oom(q, bytes, left);
+  else drv_fail(d, q, r, d->managed_mem ? "cuMemAllocManaged" : "cuMemAlloc", q->oom, sizeof q->oom);
+  return NULL;
+}
+
+static void *ms_alloc(void *user, size_t bytes) { return session_mem(user, bytes, 1); }
+static void *ms_reserve(void *user, size_t bytes) { return session_mem(user, bytes, 0); }
 
 static void ms_free(void *user, void *p, size_t bytes) {
-  (void)bytes;
   fb_cuda_queue *q = user;
-  if (p) q->d->api.MemFree((CUdeviceptr)(uintptr_t)p);
+  fb_cuda_device *d = q->d;
+  if (!p) return;
+  pthread_mutex_lock(&d->mu);
+  int current = q->gen == d->gen; /* an old generation's memory died with its context */
+  if (current) d->used -= bytes ? bytes : 1;
+  pthread_mutex_unlock(&d->mu);
+  if (current) d->api.MemFree((CUdeviceptr)(uintptr_t)p);
+}
+
+static int ms_oom(void *user, char *why, size_t len) {
+  fb_cuda_queue *q = user;
+  if (!q->oom[0]) return 1;
+  fb_errf(why, len, "%s", q->oom);
+  return 0;
+}
+
+/* Host access: through the pinned staging buffer on the session's stream,
+ * in pieces of STAGE_BYTES, each waited for. */
+static int xfer(fb_cuda_queue *q, void *host, CUdeviceptr dev, size_t n, int to_dev, char *err,
+                size_t errlen) {
+  fb_cuda_device *d = q->d;
+  int rc = fb_cuda_queue_alive(q, err, errlen);
+  if (rc) return rc;
+  pthread_mutex_lock(&q->xmu);
+  CUresult r = d->api.CtxSetCurrent(d->ctx);
+  const char *what = "cuCtxSetCurrent";
+  for (size_t off = 0; r == CUDA_SUCCESS && off < n;) {
+    size_t c = n - off < STAGE_BYTES ? n - off : STAGE_BYTES;
+    if (to_dev) {
+      memcpy(q->stage, (uint8_t *)host + off, c);
+      r = d->api.MemcpyHtoDAsync(dev + off, q->stage, c, q->stream);
+      what = "cuMemcpyHtoDAsync";
+    } else {
+      r = d->api.MemcpyDtoHAsync(q->stage, dev + off, c, q->stream);
+      what = "cuMemcpyDtoHAsync";
+    }
+    if (r == CUDA_SUCCESS && (r = d->api.StreamSynchronize(q->stream)) != CUDA_SUCCESS)
+      what = "cuStreamSynchronize";
+    if (r == CUDA_SUCCESS && !to_dev) memcpy((uint8_t *)host + off, q->stage, c);
+    off += c;
+  }
+  pthread_mutex_unlock(&q->xmu);
+  return r == CUDA_SUCCESS ? 0 : drv_fail(d, q, r, what, err, errlen);
+}
+
+static int ms_to_host(void *user, void *dst, const void *dev, size_t bytes, char *err,
+                      size_t errlen) {
+  return xfer(user, dst, (CUdeviceptr)(uintptr_t)dev, bytes, 0, err, errlen);
+}
+
+static int ms_to_dev(void *user, void *dev, const void *src, size_t bytes, char *err,
+                     size_t errlen) {
+  return xfer(user, (void *)src, (CUdeviceptr)(uintptr_t)dev, bytes, 1, err, errlen);
+}
+
+static int ms_fill(void *user, void *dev, int v, size_t bytes, char *err, size_t errlen) {
+  fb_cuda_queue *q = user;
+  fb_cuda_device *d = q->d;
+  int rc = fb_cuda_queue_alive(q, err, errlen);
+  if (rc || !bytes) return rc;
+  CALL(d, q, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+  CALL(d, q, d->api.MemsetD8Async((CUdeviceptr)(uintptr_t)dev, (unsigned char)v, bytes, q->stream),
+       "cuMemsetD8Async");
+  return 0;
+}
+
+void fb_cuda_device_memory(fb_cuda_device *d, fb_cuda_memory_info *out) {
+  memset(out, 0, sizeof *out);
+  out->managed = d->managed_mem;
+  pthread_mutex_lock(&d->mu);
+  out->budget = d->budget;
+  out->used = d->used;
+  pthread_mutex_unlock(&d->mu);
 }
 
 /* ---------------------------------------------------------------- queues */
@@ -370,8 +529,35 @@ int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t 
   }
   q->d = d;
   q->gen = gen;
-  q->ms = (fb_memsys){ms_alloc, ms_free, ms_reserve, ms_free, d->total_mem, q};
+  pthread_mutex_init(&q->xmu, NULL);
+  q->ms = (fb_memsys){.alloc = ms_alloc,
+                      .free = ms_free,
+                      .reserve = ms_reserve,
+                      .unreserve = ms_free,
+                      .pool_max = d->budget / 4,
+                      .user = q,
+                      .oom = ms_oom};
+  if (!d->managed_mem) {
+    q->ms.to_host = ms_to_host;
+    q->ms.to_dev = ms_to_dev;
+    q->ms.fill = ms_fill;
+  }
   *out = q; /* from here fb_cuda_queue_free undoes what was made */
+  /* room for one more session: within the budget and free on the device */
+  size_t free_b = 0, total_b = 0;
+  CALL(d, q, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
+  CALL(d, q, d->api.MemGetInfo(&free_b, &total_b), "cuMemGetInfo");
+  pthread_mutex_lock(&d->mu);
+  uint64_t left = d->budget > d->used ? d->budget - d->used : 0;
+  pthread_mutex_unlock(&d->mu);
+  if (left < SESSION_MIN || free_b < SESSION_MIN)
+    return fb_errf(err, errlen,
+                   "no device memory for another session on GPU %d (%s): %llu bytes free of "
+                   "the device budget of %llu bytes, %zu bytes free on the device, a session "
+                   "needs %llu",
+                   d->ordinal, d->name, (unsigned long long)left, (unsigned long long)d->budget,
+                   free_b, (unsigned long long)SESSION_MIN),
+           FB_EQUOTA;
   CALL(d, q, d->api.CtxSetCurrent(d->ctx), "cuCtxSetCurrent");
   CALL(d, q, d->api.StreamCreate(&q->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   CALL(d, q, d->api.EventCreate(&q->start, CU_EVENT_DEFAULT), "cuEventCreate");
@@ -380,6 +566,9 @@ int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t 
   CALL(d, q, d->api.MemsetD8Async(q->slots, 0, SLOTS * SLOT_BYTES, q->stream), "cuMemsetD8Async");
   CALL(d, q, d->api.MemHostAlloc((void **)&q->pinned, SLOTS * SLOT_BYTES, CU_MEMHOSTALLOC_PORTABLE),
        "cuMemHostAlloc");
+  if (!d->managed_mem)
+    CALL(d, q, d->api.MemHostAlloc((void **)&q->stage, STAGE_BYTES, CU_MEMHOSTALLOC_PORTABLE),
+         "cuMemHostAlloc");
   CALL(d, q, d->api.StreamSynchronize(q->stream), "cuStreamSynchronize");
   return 0;
 }
@@ -394,6 +583,7 @@ void fb_cuda_queue_free(fb_cuda_queue *q) {
     d->api.CtxSetCurrent(d->ctx);
     if (q->stream) d->api.StreamSynchronize(q->stream);
     if (q->pinned) d->api.MemFreeHost(q->pinned);
+    if (q->stage) d->api.MemFreeHost(q->stage);
     if (q->slots) d->api.MemFree(q->slots);
     if (q->start) d->api.EventDestroy(q->start);
     if (q->end) d->api.EventDestroy(q->end);
@@ -402,6 +592,7 @@ void fb_cuda_queue_free(fb_cuda_queue *q) {
   pthread_mutex_lock(&d->mu);
   if (current && --d->live == 0 && d->broken) remake_context(d);
   pthread_mutex_unlock(&d->mu);
+  pthread_mutex_destroy(&q->xmu);
   free(q->errs);
   free(q);
 }

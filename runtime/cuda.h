@@ -16,8 +16,11 @@
  * primary context per process on device 0, a queue (stream) per session,
  * tasks compiled to PTX and loaded as modules cached by IR, launched with
  * cuLaunchKernel on grid-stride kernels whose grid is sized from the
- * device's SM count, device time from events. Session memory is managed
- * memory (fb_memsys), so host access works on it once the queue is idle.
+ * device's SM count, device time from events. Session memory is device
+ * memory (cuMemAlloc) within the device budget; the host reaches it only
+ * through copies (fb_memsys to_host/to_dev, a pinned staging buffer on the
+ * session's stream). FB_CUDA_MEMORY=managed gives managed memory instead,
+ * which host code reads in place once the queue is idle.
  *
  * Faults: a driver error fails the call with FB_EDEVICE and a message that
  * names it. A sticky error (the context is unusable) ends every queue of
@@ -49,6 +52,13 @@ int fb_cuda_queue_new(fb_cuda_device *d, fb_cuda_queue **out, char *err, size_t 
 /* Waits for the queue's work, then frees it. */
 void fb_cuda_queue_free(fb_cuda_queue *q);
 const fb_memsys *fb_cuda_queue_memsys(fb_cuda_queue *q);
+/* The device budget (FB_CUDA_BUDGET bytes, else 80% of the device's memory,
+ * at most 90% of what was free at start) and the bytes sessions hold. */
+typedef struct fb_cuda_memory_info {
+  int managed; /* FB_CUDA_MEMORY=managed */
+  uint64_t budget, used;
+} fb_cuda_memory_info;
+void fb_cuda_device_memory(fb_cuda_device *d, fb_cuda_memory_info *out);
 /* 0 while usable; FB_EDEVICE once a sticky error ended it (message). */
 int fb_cuda_queue_alive(fb_cuda_queue *q, char *err, size_t errlen);
 /* A batch: begin, launch each task (queued, not waited for; a listgen

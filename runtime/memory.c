@@ -80,24 +80,72 @@ int fb_devmem_init_on(fb_devmem *m, const fb_memsys *ms, uint64_t root_bytes, ui
   } else {
     m->root = alloc_zeroed(want);
   }
-  if (!m->root) {
-    fb_errf(err, errlen, "cannot allocate %llu bytes of device memory",
-            (unsigned long long)root_bytes);
-    return FB_ENOMEM;
-  }
+  if (!m->root) return fb_devmem_oom(m, (size_t)root_bytes, "device memory", err, errlen);
   m->root_alloc = want;
   m->root_bytes = root_bytes;
   return 0;
 }
 
+int fb_devmem_oom(const fb_devmem *m, size_t bytes, const char *what, char *err, size_t errlen) {
+  if (m->ms && m->ms->oom && m->ms->oom(m->ms->user, err, errlen) == 0) return FB_EQUOTA;
+  fb_errf(err, errlen, "cannot allocate %zu bytes of %s", bytes, what);
+  return FB_ENOMEM;
+}
+
+int fb_devmem_get(const fb_devmem *m, void *dst, const void *dev, size_t bytes, char *err,
+                  size_t errlen) {
+  if (!bytes) return 0;
+  if (fb_memsys_copies(m->ms)) return m->ms->to_host(m->ms->user, dst, dev, bytes, err, errlen);
+  memcpy(dst, dev, bytes);
+  return 0;
+}
+
+int fb_devmem_put(const fb_devmem *m, void *dev, const void *src, size_t bytes, char *err,
+                  size_t errlen) {
+  if (!bytes) return 0;
+  if (fb_memsys_copies(m->ms)) return m->ms->to_dev(m->ms->user, dev, src, bytes, err, errlen);
+  memcpy(dev, src, bytes);
+  return 0;
+}
+
+/* Device to device through the host (only when scratch or the return
+ * slots grow, which is rare). */
+static int move(const fb_devmem *m, void *dst, const void *src, size_t bytes, char *err,
+                size_t errlen) {
+  if (!fb_memsys_copies(m->ms)) {
+    memcpy(dst, src, bytes);
+    return 0;
+  }
+  void *tmp = malloc(bytes);
+  if (!tmp) return fb_errf(err, errlen, "out of memory"), FB_ENOMEM;
+  int rc = fb_devmem_get(m, tmp, src, bytes, err, errlen);
+  if (!rc) rc = fb_devmem_put(m, dst, tmp, bytes, err, errlen);
+  free(tmp);
+  return rc;
+}
+
+int fb_devmem_clear_rets(fb_devmem *m, char *err, size_t errlen) {
+  size_t n = sizeof(uint64_t) * (size_t)m->nrets;
+  if (!n) return 0;
+  if (fb_memsys_copies(m->ms)) return m->ms->fill(m->ms->user, m->rets, 0, n, err, errlen);
+  memset(m->rets, 0, n);
+  return 0;
+}
+
+int fb_devmem_ret0(const fb_devmem *m, uint64_t *out, char *err, size_t errlen) {
+  *out = 0;
+  return m->nrets ? fb_devmem_get(m, out, m->rets, sizeof *out, err, errlen) : 0;
+}
+
 static int grow_rets(fb_devmem *m, int nrets, char *err, size_t errlen) {
   if (nrets <= m->nrets) return 0;
   uint64_t *r = fb_devmem_alloc(m, sizeof(uint64_t) * (size_t)nrets);
-  if (!r) {
-    fb_errf(err, errlen, "cannot allocate %d return slots", nrets);
-    return FB_ENOMEM;
+  if (!r) return fb_devmem_oom(m, sizeof(uint64_t) * (size_t)nrets, "return slots", err, errlen);
+  int rc = m->nrets ? move(m, r, m->rets, sizeof(uint64_t) * (size_t)m->nrets, err, errlen) : 0;
+  if (rc) {
+    fb_devmem_free(m, r, sizeof(uint64_t) * (size_t)nrets);
+    return rc;
   }
-  if (m->nrets) memcpy(r, m->rets, sizeof(uint64_t) * (size_t)m->nrets);
   fb_devmem_free(m, m->rets, sizeof(uint64_t) * (size_t)m->nrets);
   m->rets = r;
   m->nrets = nrets;
@@ -105,15 +153,18 @@ static int grow_rets(fb_devmem *m, int nrets, char *err, size_t errlen) {
 }
 
 int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, size_t errlen) {
+  int rc = 0;
   if (gtmp_bytes > m->gtmp_bytes) {
-    int rc = over_limit(m, m->root_bytes, gtmp_bytes, err, errlen);
+    rc = over_limit(m, m->root_bytes, gtmp_bytes, err, errlen);
     if (rc) return rc;
     uint8_t *g = fb_devmem_alloc(m, gtmp_bytes);
-    if (!g) {
-      fb_errf(err, errlen, "cannot allocate %zu bytes of scratch memory", gtmp_bytes);
-      return FB_ENOMEM;
+    if (!g) return fb_devmem_oom(m, gtmp_bytes, "scratch memory", err, errlen);
+    /* slots keep their values */
+    rc = m->gtmp_bytes ? move(m, g, m->gtmp, m->gtmp_bytes, err, errlen) : 0;
+    if (rc) {
+      fb_devmem_free(m, g, gtmp_bytes);
+      return rc;
     }
-    if (m->gtmp_bytes) memcpy(g, m->gtmp, m->gtmp_bytes); /* slots keep their values */
     fb_devmem_free(m, m->gtmp, m->gtmp_bytes);
     m->gtmp = g;
     m->gtmp_bytes = gtmp_bytes;

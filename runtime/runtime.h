@@ -87,7 +87,22 @@ typedef struct fb_memsys {
   void (*unreserve)(void *user, void *p, size_t bytes);
   uint64_t pool_max;
   void *user;
+  /* Device memory the host must not dereference (the CUDA backend's
+   * default): every host access copies. All NULL for memory the host reads
+   * in place (host memory, CUDA managed memory). to_host and to_dev copy
+   * bytes between the device address dev and host memory and return when
+   * the copy is done (0, or an FB_E* code with a message in err); fill sets
+   * bytes at dev to v in the device's order (before any later copy or
+   * launch of the session). oom: after alloc or reserve returned NULL, why
+   * (the device, the bytes asked, the bytes free), 0; or 1 when it has none. */
+  int (*to_host)(void *user, void *dst, const void *dev, size_t bytes, char *err, size_t errlen);
+  int (*to_dev)(void *user, void *dev, const void *src, size_t bytes, char *err, size_t errlen);
+  int (*fill)(void *user, void *dev, int v, size_t bytes, char *err, size_t errlen);
+  int (*oom)(void *user, char *why, size_t len);
 } fb_memsys;
+
+/* Does ms hand out memory the host must copy to and from? */
+static inline int fb_memsys_copies(const fb_memsys *ms) { return ms && ms->to_host; }
 
 typedef struct fb_devmem {
   const fb_memsys *ms;  /* NULL: host memory */
@@ -119,6 +134,19 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
 /* Bytes counted against the limit: root + scratch + extra. */
 uint64_t fb_devmem_used(const fb_devmem *m);
 void fb_devmem_release(fb_devmem *m);
+/* Host access to device memory of m's kind (plain copies for memory the
+ * host reads in place): 0 or an FB_E* code with a message. */
+int fb_devmem_get(const fb_devmem *m, void *dst, const void *dev, size_t bytes, char *err,
+                  size_t errlen);
+int fb_devmem_put(const fb_devmem *m, void *dev, const void *src, size_t bytes, char *err,
+                  size_t errlen);
+/* Zero the return slots before a launch; read return slot 0 after one. */
+int fb_devmem_clear_rets(fb_devmem *m, char *err, size_t errlen);
+int fb_devmem_ret0(const fb_devmem *m, uint64_t *out, char *err, size_t errlen);
+/* An allocation of ms failed: FB_EQUOTA with the device's reason (the
+ * device, bytes asked and free) when it has one, else FB_ENOMEM with
+ * "cannot allocate <bytes> bytes of <what>". */
+int fb_devmem_oom(const fb_devmem *m, size_t bytes, const char *what, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- sparse
  * The sparse SNodes of a session (docs/sparse.md): the device state of
@@ -159,6 +187,12 @@ uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *
  * too when place's container is not bitmasked. */
 uint8_t *fb_sparse_bits_run(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx,
                             int64_t n, int64_t lin_step, uint8_t *active, int write);
+/* On memory the host must copy (fb_memsys_copies) the addresses these two
+ * return are device addresses (reach them with fb_devmem_get/put), the
+ * walks copy what they read and write, and a copy that failed makes them
+ * return NULL too: fb_sparse_host_error then returns its code and message
+ * once (0: no copy failed since the last call). */
+int fb_sparse_host_error(fb_sparse *sp, char *err, size_t errlen);
 /* Bytes the pool has handed out, and blocks live per SNode (for tests). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp);
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);

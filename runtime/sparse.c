@@ -29,7 +29,19 @@ _Static_assert(sizeof(fb_rt_elem) == 24, "list elements are 24 bytes");
 struct fb_sparse {
   const fb_layout *l;
   fb_devmem *mem;
-  fb_rt_state *st;      /* in device memory (fb_devmem_alloc) */
+  fb_rt_state *st;      /* in device memory (fb_devmem_alloc): the state, then
+                           allocs, then lists, one allocation of block_bytes */
+  size_t block_bytes;
+  /* What the host reads and writes: st and its tables themselves, or, on
+   * memory the host must copy (copies), a host mirror of the block, pulled
+   * before the host reads it and pushed after the host changed it (dirty)
+   * while no task runs; its allocs and lists fields hold device addresses. */
+  fb_rt_state *h;
+  fb_rt_allocator *ha;
+  fb_rt_list *hl;
+  int copies, dirty;
+  int xrc;              /* a copy of a host walk failed: its code and message */
+  char xerr[400];
   uint64_t *per_parent; /* per SNode: list elements one parent element may add */
   uint64_t *total;      /* per SNode: cells in its whole index space */
   size_t pool_reserved;
@@ -54,18 +66,20 @@ static int reserve_pool(fb_sparse *sp, char *err, size_t errlen) {
   if (ms && ms->pool_max && want > ms->pool_max) want = (size_t)ms->pool_max;
   want = (want + 4095) / 4096 * 4096;
   for (; ms && want >= 4096; want /= 2) {
-    if ((sp->st->pool = ms->reserve(ms->user, want))) {
+    if ((sp->h->pool = ms->reserve(ms->user, want))) {
       sp->pool_reserved = want;
-      sp->st->zero_fresh = 1;
+      sp->h->zero_fresh = 1;
       return 0;
     }
-    if (sp->mem->limit || want <= POOL_MIN) break;
+    /* device memory: the limit bounds the pool, the device may hold less */
+    if ((sp->mem->limit && !sp->copies) || want <= POOL_MIN) break;
   }
+  if (ms && ms->oom && ms->oom(ms->user, err, errlen) == 0) return FB_EQUOTA;
   for (; !ms && want >= 4096; want /= 2) {
     void *p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (p != MAP_FAILED) {
-      sp->st->pool = p;
+      sp->h->pool = p;
       sp->pool_reserved = want;
       return 0;
     }
@@ -87,11 +101,11 @@ static int init_tables(fb_sparse *sp, char *err, size_t errlen) {
     const fb_snode *n = &l->nodes[i];
     uint64_t bb = fb_cg_block_bytes(l, i);
     if (bb) {
-      sp->st->allocs[i].block_bytes = bb;
+      sp->ha[i].block_bytes = bb;
       /* 8 bytes unused, the header, then the data: 16-aligned (the pool
        * base is page-aligned and every stride a multiple of 16), which a
        * 16-byte compare-and-swap into a cell needs (codegen/emit_mem.c) */
-      sp->st->allocs[i].stride = ((bb + 7) / 8 * 8 + 16 + 15) / 16 * 16;
+      sp->ha[i].stride = ((bb + 7) / 8 * 8 + 16 + 15) / 16 * 16;
     }
     if (!fb_cg_is_sparse(n->kind)) continue;
     fb_rt_lg d;
@@ -104,35 +118,72 @@ static int init_tables(fb_sparse *sp, char *err, size_t errlen) {
   return 0;
 }
 
+/* The mirror from the device, and back (no-ops when the host reads st
+ * itself). A failed copy is kept for fb_sparse_host_error. */
+static int pull(fb_sparse *sp) {
+  if (!sp->copies || sp->xrc) return sp->xrc;
+  int rc = fb_devmem_get(sp->mem, sp->h, sp->st, sp->block_bytes, sp->xerr, sizeof sp->xerr);
+  return sp->xrc = rc;
+}
+
+static int push(fb_sparse *sp) {
+  if (!sp->copies || sp->xrc) return sp->xrc;
+  sp->dirty = 0;
+  int rc = fb_devmem_put(sp->mem, sp->st, sp->h, sp->block_bytes, sp->xerr, sizeof sp->xerr);
+  return sp->xrc = rc;
+}
+
+int fb_sparse_host_error(fb_sparse *sp, char *err, size_t errlen) {
+  int rc = sp->xrc;
+  if (rc) fb_errf(err, errlen, "%s", sp->xerr);
+  sp->xrc = 0;
+  sp->xerr[0] = 0;
+  return rc;
+}
+
+static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
+
 int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err, size_t errlen) {
   *out = NULL;
   fb_sparse *sp = calloc(1, sizeof *sp);
   size_t n = (size_t)l->nnodes;
+  size_t at_allocs = align16(sizeof(fb_rt_state));
+  size_t at_lists = at_allocs + align16(n * sizeof(fb_rt_allocator));
   if (sp) {
     sp->mem = mem;
-    sp->st = fb_devmem_alloc(mem, sizeof *sp->st);
-  }
-  if (sp && sp->st) {
-    sp->st->allocs = fb_devmem_alloc(mem, n * sizeof *sp->st->allocs);
-    sp->st->lists = fb_devmem_alloc(mem, n * sizeof *sp->st->lists);
+    sp->copies = fb_memsys_copies(mem->ms);
+    sp->block_bytes = at_lists + n * sizeof(fb_rt_list);
+    sp->st = fb_devmem_alloc(mem, sp->block_bytes);
+    sp->h = !sp->st ? NULL : sp->copies ? calloc(1, sp->block_bytes) : sp->st;
     sp->per_parent = calloc(n, sizeof *sp->per_parent);
     sp->total = calloc(n, sizeof *sp->total);
   }
-  if (!sp || !sp->st || !sp->st->allocs || !sp->st->lists || !sp->per_parent || !sp->total) {
+  if (!sp || !sp->st || !sp->h || !sp->per_parent || !sp->total) {
+    int rc = sp && !sp->st ? fb_devmem_oom(mem, sp->block_bytes, "the sparse runtime", err, errlen)
+                           : (fb_errf(err, errlen, "sparse runtime: out of memory"), FB_ENOMEM);
     fb_sparse_free(sp);
-    fb_errf(err, errlen, "sparse runtime: out of memory");
-    return FB_ENOMEM;
+    return rc;
   }
+  sp->ha = (fb_rt_allocator *)((uint8_t *)sp->h + at_allocs);
+  sp->hl = (fb_rt_list *)((uint8_t *)sp->h + at_lists);
+  sp->h->allocs = (fb_rt_allocator *)((uint8_t *)sp->st + at_allocs); /* device addresses */
+  sp->h->lists = (fb_rt_list *)((uint8_t *)sp->st + at_lists);
   sp->l = l;
-  sp->st->nnodes = n;
-  sp->st->oom = sp->st->oom_owner = 0;
+  sp->h->nnodes = n;
+  sp->h->oom = sp->h->oom_owner = 0;
   int rc = init_tables(sp, err, errlen);
   if (!rc && has_allocating(l)) rc = reserve_pool(sp, err, errlen);
+  if (!rc && push(sp)) rc = fb_sparse_host_error(sp, err, errlen);
   if (rc) {
     fb_sparse_free(sp);
     return rc;
   }
   fb_sparse_begin(sp);
+  if (sp->xrc) {
+    rc = fb_sparse_host_error(sp, err, errlen);
+    fb_sparse_free(sp);
+    return rc;
+  }
   *out = sp;
   return 0;
 }
@@ -140,19 +191,16 @@ int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err
 void fb_sparse_free(fb_sparse *sp) {
   if (!sp) return;
   const fb_memsys *ms = sp->mem ? sp->mem->ms : NULL;
-  fb_rt_state *st = sp->st;
-  if (st && st->pool) {
-    if (ms) ms->unreserve(ms->user, st->pool, sp->pool_reserved);
-    else munmap(st->pool, sp->pool_reserved);
+  fb_rt_state *h = sp->h;
+  if (h && h->pool) {
+    if (ms) ms->unreserve(ms->user, h->pool, sp->pool_reserved);
+    else munmap(h->pool, sp->pool_reserved);
   }
-  if (st && st->lists)
-    for (uint64_t i = 0; i < st->nnodes; i++)
-      fb_devmem_free(sp->mem, st->lists[i].elems, st->lists[i].cap * sizeof(fb_rt_elem));
-  if (st) {
-    fb_devmem_free(sp->mem, st->allocs, st->nnodes * sizeof *st->allocs);
-    fb_devmem_free(sp->mem, st->lists, st->nnodes * sizeof *st->lists);
-    fb_devmem_free(sp->mem, st, sizeof *st);
-  }
+  if (h)
+    for (uint64_t i = 0; i < h->nnodes; i++)
+      fb_devmem_free(sp->mem, sp->hl[i].elems, sp->hl[i].cap * sizeof(fb_rt_elem));
+  if (sp->copies) free(sp->h);
+  if (sp->st) fb_devmem_free(sp->mem, sp->st, sp->block_bytes);
   free(sp->per_parent);
   free(sp->total);
   free(sp);
@@ -160,18 +208,23 @@ void fb_sparse_free(fb_sparse *sp) {
 
 fb_rt_state *fb_sparse_state(fb_sparse *sp) { return sp->st; }
 
+/* The getters read the device's state: they pull the mirror (a cache of
+ * the device's, so const in spirit). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp) {
-  return __atomic_load_n(&sp->st->pool_used, __ATOMIC_RELAXED);
+  pull((fb_sparse *)sp);
+  return __atomic_load_n(&sp->h->pool_used, __ATOMIC_RELAXED);
 }
 
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode) {
-  if (snode < 0 || (uint64_t)snode >= sp->st->nnodes) return 0;
-  return __atomic_load_n(&sp->st->allocs[snode].live, __ATOMIC_RELAXED);
+  if (snode < 0 || (uint64_t)snode >= sp->h->nnodes) return 0;
+  pull((fb_sparse *)sp);
+  return __atomic_load_n(&sp->ha[snode].live, __ATOMIC_RELAXED);
 }
 
 uint64_t fb_sparse_changes(const fb_sparse *sp, int snode) {
-  if (snode < 0 || (uint64_t)snode >= sp->st->nnodes) return 0;
-  return __atomic_load_n(&sp->st->allocs[snode].changes, __ATOMIC_RELAXED);
+  if (snode < 0 || (uint64_t)snode >= sp->h->nnodes) return 0;
+  pull((fb_sparse *)sp);
+  return __atomic_load_n(&sp->ha[snode].changes, __ATOMIC_RELAXED);
 }
 
 /* Everything but the pool: root, scratch and lists. */
@@ -179,7 +232,16 @@ static uint64_t others(const fb_sparse *sp) {
   return sp->mem->root_bytes + sp->mem->gtmp_bytes + sp->list_bytes;
 }
 
-void fb_sparse_end(fb_sparse *sp) { sp->mem->extra = sp->list_bytes + fb_sparse_pool_used(sp); }
+static void account(fb_sparse *sp) {
+  sp->mem->extra = sp->list_bytes + __atomic_load_n(&sp->h->pool_used, __ATOMIC_RELAXED);
+}
+
+/* After tasks ran: what they allocated; after host walks: what they did. */
+void fb_sparse_end(fb_sparse *sp) {
+  if (sp->dirty) push(sp);
+  else pull(sp);
+  account(sp);
+}
 
 void fb_sparse_begin(fb_sparse *sp) {
   uint64_t cap = sp->pool_reserved;
@@ -188,8 +250,10 @@ void fb_sparse_begin(fb_sparse *sp) {
     uint64_t left = sp->mem->limit > o ? sp->mem->limit - o : 0;
     if (left < cap) cap = left;
   }
-  sp->st->pool_cap = cap;
-  fb_sparse_end(sp);
+  pull(sp);
+  sp->h->pool_cap = cap;
+  push(sp);
+  account(sp);
 }
 
 static const char *label(const fb_snode *n, char *buf, size_t len) {
@@ -199,11 +263,12 @@ static const char *label(const fb_snode *n, char *buf, size_t len) {
 }
 
 int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
-  fb_rt_list *list = &sp->st->lists[snode];
+  if (pull(sp)) return fb_sparse_host_error(sp, err, errlen);
+  fb_rt_list *list = &sp->hl[snode];
   int parent = fb_cg_sparse_parent(sp->l, snode);
   uint64_t np = 1;
   if (parent) {
-    const fb_rt_list *pl = &sp->st->lists[parent];
+    const fb_rt_list *pl = &sp->hl[parent];
     np = pl->count < pl->cap ? pl->count : pl->cap;
   }
   uint64_t need = np * sp->per_parent[snode];
@@ -226,24 +291,26 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   }
   void *p = fb_devmem_alloc(sp->mem, (size_t)bytes);
   if (!p) {
-    fb_errf(err, errlen, "cannot allocate %llu bytes for the list of SNode %s",
-            (unsigned long long)bytes, label(n, name, sizeof name));
-    return FB_ENOMEM;
+    char what[200];
+    snprintf(what, sizeof what, "the list of SNode %s", label(n, name, sizeof name));
+    return fb_devmem_oom(sp->mem, (size_t)bytes, what, err, errlen);
   }
   fb_devmem_free(sp->mem, list->elems, (size_t)old);
   list->elems = p;
   list->cap = cap;
   sp->list_bytes = sp->list_bytes - old + bytes;
-  fb_sparse_begin(sp);
-  return 0;
+  fb_sparse_begin(sp); /* pushes the list's new storage */
+  return sp->xrc ? fb_sparse_host_error(sp, err, errlen) : 0;
 }
 
 int fb_sparse_take_oom(fb_sparse *sp, int *snode, uint64_t *bytes) {
-  uint64_t w = __atomic_exchange_n(&sp->st->oom, 0, __ATOMIC_RELAXED);
-  __atomic_store_n(&sp->st->oom_owner, 0, __ATOMIC_RELAXED);
+  if (!sp->dirty) pull(sp); /* dirty: the host's own walk ran out */
+  uint64_t w = __atomic_exchange_n(&sp->h->oom, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&sp->h->oom_owner, 0, __ATOMIC_RELAXED);
   if (!w) return 0;
+  push(sp);
   *snode = (int)(uint32_t)w;
-  *bytes = sp->st->allocs[*snode].block_bytes;
+  *bytes = sp->ha[*snode].block_bytes;
   return 1;
 }
 
@@ -317,11 +384,144 @@ static uint8_t *walk(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx
   return base;
 }
 
+/* ---- the same walks on device memory the host must copy (sp->copies):
+ * every load and store a copy, activation by the host on the mirror's
+ * allocators (the device is idle: fb_sparse_begin pulled the mirror; a
+ * walk that changed it marks it dirty and fb_sparse_end pushes it). */
+
+static int ld(fb_sparse *sp, void *dst, uint64_t dev, size_t n) {
+  if (!sp->xrc)
+    sp->xrc = fb_devmem_get(sp->mem, dst, (void *)(uintptr_t)dev, n, sp->xerr, sizeof sp->xerr);
+  return sp->xrc;
+}
+
+static int st(fb_sparse *sp, uint64_t dev, const void *src, size_t n) {
+  if (!sp->xrc)
+    sp->xrc = fb_devmem_put(sp->mem, (void *)(uintptr_t)dev, src, n, sp->xerr, sizeof sp->xerr);
+  return sp->xrc;
+}
+
+#define HANDLE_MASK ((((uint64_t)1) << 40) - 1) /* tagged free-list heads (fb_rt.c) */
+
+/* fb_rt_alloc by the host: a block of snode from its free list or the
+ * pool (zeroed), its device address; 0 when the pool is full (recorded as
+ * the state's oom) or a copy failed. */
+static uint64_t dev_alloc(fb_sparse *sp, int snode) {
+  fb_rt_allocator *a = &sp->ha[snode];
+  uint64_t pool = (uint64_t)(uintptr_t)sp->h->pool, h = a->free_head & HANDLE_MASK;
+  sp->dirty = 1;
+  if (h) {
+    uint64_t next = 0;
+    if (ld(sp, &next, pool + h * 8 - 8, 8)) return 0;
+    a->free_head = ((((a->free_head >> 40) + 1) << 40)) | (next & HANDLE_MASK);
+  } else {
+    if (sp->h->pool_used + a->stride > sp->h->pool_cap) {
+      if (!sp->h->oom) sp->h->oom = FB_RT_OOM_WORD(0, snode);
+      return 0;
+    }
+    h = (sp->h->pool_used + 16) / 8;
+    sp->h->pool_used += a->stride;
+    if (!sp->xrc)
+      sp->xrc = sp->mem->ms->fill(sp->mem->ms->user, (void *)(uintptr_t)(pool + h * 8), 0,
+                                  a->stride - 16, sp->xerr, sizeof sp->xerr);
+    if (sp->xrc) return 0;
+  }
+  a->live++;
+  return pool + h * 8;
+}
+
+/* The pointer slot at `slot`: its block, activated when writing. */
+static uint64_t dev_slot(fb_sparse *sp, int snode, uint64_t slot, int write) {
+  uint64_t v = 0;
+  if (ld(sp, &v, slot, 8) || v || !write) return v;
+  if (!(v = dev_alloc(sp, snode)) || st(sp, slot, &v, 8)) return 0;
+  sp->ha[snode].changes++;
+  return v;
+}
+
+static uint64_t dev_walk(fb_sparse *sp, uint64_t root, int place, const int64_t *idx, int write,
+                         const int *path, int npath, int upto, int64_t *lin) {
+  const fb_layout *l = sp->l;
+  const fb_snode *f = &l->nodes[place];
+  int64_t gi[FB_MAX_AXES] = {0, 0, 0, 0};
+  for (int d = 0; d < f->ndim; d++) gi[f->dim_axis[d]] = idx[d];
+  uint64_t base = root;
+  for (int i = 0; i < npath && base; i++) {
+    const fb_snode *c = &l->nodes[path[i]];
+    int64_t cl = local_lin(l, c, place, gi);
+    uint64_t node = base + c->offset;
+    if (i == upto) {
+      *lin = cl;
+      return node;
+    }
+    switch (c->kind) {
+    case FB_SN_BITMASKED: {
+      uint64_t wa = node + (uint64_t)(cl / 32) * 4;
+      uint32_t w = 0, bit = 1u << (cl % 32);
+      if (ld(sp, &w, wa, 4)) return 0;
+      if (!(w & bit)) {
+        w |= bit;
+        if (!write || st(sp, wa, &w, 4)) return 0;
+      }
+      base = node + fb_cg_mask_bytes(c) + (uint64_t)cl * c->cell_bytes;
+      break;
+    }
+    case FB_SN_POINTER: base = dev_slot(sp, c->id, node + (uint64_t)cl * 8, write); break;
+    case FB_SN_DYNAMIC: {
+      uint64_t len = 0, chunk = 0, k = (uint64_t)cl / (uint64_t)c->chunk;
+      if (ld(sp, &len, node, 8) || ld(sp, &chunk, node + 8 + k * 8, 8)) return 0;
+      if (!((uint64_t)cl < len && chunk)) {
+        if (!write) return 0;
+        for (uint64_t j = 0; j <= k; j++)
+          if (!(chunk = dev_slot(sp, c->id, node + 8 + j * 8, 1))) return 0;
+        if (len < (uint64_t)cl + 1) {
+          len = (uint64_t)cl + 1;
+          if (st(sp, node, &len, 8)) return 0;
+        }
+      }
+      base = chunk + (uint64_t)(cl % c->chunk) * c->cell_bytes;
+      break;
+    }
+    default: base = node + (uint64_t)cl * c->cell_bytes; break;
+    }
+  }
+  return base;
+}
+
+/* fb_sparse_bits_run's mask words on device memory: fetched once, changed
+ * on the host, stored back when writing. */
+static int dev_bits(fb_sparse *sp, uint64_t node, int64_t lin, int64_t n, int64_t lin_step,
+                    uint8_t *active, int write) {
+  int64_t first = lin / 32, last = (lin + (n - 1) * lin_step) / 32;
+  size_t nw = (size_t)(last - first + 1);
+  uint32_t *w = malloc(nw * 4);
+  if (!w) {
+    fb_errf(sp->xerr, sizeof sp->xerr, "out of memory");
+    return sp->xrc = FB_ENOMEM;
+  }
+  if (!ld(sp, w, node + (uint64_t)first * 4, nw * 4)) {
+    for (int64_t k = 0; k < n; k++) {
+      int64_t b = lin + k * lin_step;
+      uint32_t bit = 1u << (b % 32);
+      if (write) w[b / 32 - first] |= bit;
+      else active[k] = (w[b / 32 - first] & bit) != 0;
+    }
+    if (write) st(sp, node + (uint64_t)first * 4, w, nw * 4);
+  }
+  free(w);
+  return sp->xrc;
+}
+
 uint8_t *fb_sparse_elem(fb_sparse *sp, uint8_t *root, int place, const int64_t *idx, int write) {
   int path[64];
   int n = fb_layout_path(sp->l, place, path, 64);
   if (n < 0) return NULL;
   int64_t lin = 0;
+  if (sp->copies) {
+    uint64_t b = dev_walk(sp, (uint64_t)(uintptr_t)root, place, idx, write, path, n, -1, &lin);
+    if (sp->dirty) fb_sparse_end(sp);
+    return b && !sp->xrc ? (uint8_t *)(uintptr_t)(b + sp->l->nodes[place].offset) : NULL;
+  }
   uint8_t *base = walk(sp, root, place, idx, write, path, n, -1, &lin);
   if (write) fb_sparse_end(sp);
   return base ? base + sp->l->nodes[place].offset : NULL;
@@ -336,6 +536,15 @@ uint8_t *fb_sparse_bits_run(fb_sparse *sp, uint8_t *root, int place, const int64
   const fb_snode *c = &l->nodes[path[depth - 1]];
   if (c->kind != FB_SN_BITMASKED) return NULL;
   int64_t lin = 0;
+  if (sp->copies) {
+    uint64_t nd =
+        dev_walk(sp, (uint64_t)(uintptr_t)root, place, idx, write, path, depth, depth - 1, &lin);
+    if (nd) dev_bits(sp, nd, lin, n, lin_step, active, write);
+    if (sp->dirty) fb_sparse_end(sp);
+    if (!nd || sp->xrc) return NULL;
+    return (uint8_t *)(uintptr_t)(nd + fb_cg_mask_bytes(c) + (uint64_t)lin * c->cell_bytes +
+                                  l->nodes[place].offset);
+  }
   uint8_t *node = walk(sp, root, place, idx, write, path, depth, depth - 1, &lin);
   if (node) { /* one atomic per mask word the run touches, not per cell */
     uint32_t *words = (uint32_t *)node, acc = 0, cur = 0;

@@ -1,7 +1,8 @@
 /* fuseboxd settings: defaults, a JSON config file (jansson) and command-line
  * flags. The file is read first, then flags override it. Every option has
  * the same name in both, with '-' in flags and '_' in the file:
- *   --listen / "listen" (string or array), --backend, --max-message-bytes,
+ *   --listen / "listen" (string or array), --backend, --cuda-memory,
+ *   --device-budget, --max-message-bytes,
  *   --keepalive-s, --keepalive-timeout-s, --max-sessions,
  *   --session-memory-limit, --compile-threads, --cpu-threads, --cq-threads,
  *   --idle-timeout-s, --shutdown-grace-s, --log-level, --worker-spin-us,
@@ -30,6 +31,7 @@
 void fbd_config_defaults(fbd_config *c) {
   memset(c, 0, sizeof *c);
   c->backend = strdup("auto");
+  c->cuda_memory = strdup("device");
   c->max_message_bytes = (uint64_t)16 << 20;
   c->keepalive_s = 60;
   c->keepalive_timeout_s = 20;
@@ -68,6 +70,7 @@ void fbd_config_defaults(fbd_config *c) {
 void fbd_config_free(fbd_config *c) {
   for (int i = 0; i < c->nlisten; i++) free(c->listen[i]);
   free(c->backend);
+  free(c->cuda_memory);
   free(c->socket_group);
   free(c->worker_user);
   free(c->isolation);
@@ -89,6 +92,11 @@ void fbd_usage(FILE *f) {
       "  --listen ADDR              host:port or unix:PATH (repeatable; default 127.0.0.1:50051)\n"
       "  --config FILE              JSON file with the options below (flags override it)\n"
       "  --backend auto|cpu|cuda    device backend (default auto)\n"
+      "  --cuda-memory device|managed  CUDA session memory: device memory copied to and\n"
+      "                             from the host (default), or managed memory\n"
+      "  --device-budget N          GPU memory all sessions may hold, checked against the\n"
+      "                             free memory at start (default 80%% of the GPU's, at\n"
+      "                             most 90%% of what is free)\n"
       "  --max-message-bytes N      largest request message (default 16M)\n"
       "  --keepalive-s S            ping idle connections every S seconds (default 60)\n"
       "  --keepalive-timeout-s S    drop a connection whose ping is unanswered (default 20)\n"
@@ -253,6 +261,8 @@ typedef struct opt {
 static const opt opts[] = {
     {"listen", OPT_LISTEN, 0, 0},
     {"backend", OPT_STR, OFF(backend), 0},
+    {"cuda_memory", OPT_STR, OFF(cuda_memory), 0},
+    {"device_budget", OPT_BYTES, OFF(device_budget), 0},
     {"max_message_bytes", OPT_BYTES, OFF(max_message_bytes), 1024},
     {"keepalive_s", OPT_INT, OFF(keepalive_s), 1},
     {"keepalive_timeout_s", OPT_INT, OFF(keepalive_timeout_s), 1},

@@ -131,6 +131,18 @@ int main(int argc, char **argv) {
     fbd_config_free(&cfg);
     return rc < 0 ? 2 : 0;
   }
+  /* the CUDA backend's memory settings, for this process and its workers */
+  if (strcmp(cfg.cuda_memory, "device") && strcmp(cfg.cuda_memory, "managed")) {
+    fprintf(stderr, "fuseboxd: --cuda-memory %s: use device or managed\n", cfg.cuda_memory);
+    fbd_config_free(&cfg);
+    return 2;
+  }
+  setenv("FB_CUDA_MEMORY", cfg.cuda_memory, 1);
+  if (cfg.device_budget) {
+    char b[32];
+    snprintf(b, sizeof b, "%llu", (unsigned long long)cfg.device_budget);
+    setenv("FB_CUDA_BUDGET", b, 1);
+  }
   sigset_t set;
   block_signals(&set);
   /* gRPC allocates and frees megabyte read buffers all the time: keep them

@@ -68,6 +68,8 @@ typedef struct fbd_config {
   char *listen[FBD_MAX_LISTEN];  /* "host:port" or "unix:PATH" */
   int nlisten;
   char *backend;                 /* auto, cpu, cuda */
+  char *cuda_memory;             /* device (default) or managed: CUDA session memory */
+  uint64_t device_budget;        /* bytes sessions may hold on the GPU, 0 = 80% of it */
   uint64_t max_message_bytes;    /* largest request message accepted */
   int keepalive_s;               /* server pings an idle connection after this */
   int keepalive_timeout_s;       /* and drops it when no answer within this */

@@ -19,6 +19,7 @@
 #include "fake_cuda.h"
 #include "fusebox/engine.h"
 #include "fusebox/lang.h"
+#include "runtime/cuda.h"
 #include "runtime/runtime.h"
 #include "support.h"
 
@@ -343,16 +344,266 @@ START_TEST(memory_limit_and_allocation_failure) {
   ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err),
                    FB_EDEVICE);
   ck_assert_msg(strstr(err, "CUDA_ERROR_OUT_OF_MEMORY"), "message: %s", err);
-  fake.fail_alloc(2); /* then the fields' memory */
+  fake.fail_alloc(2); /* then the fields' memory: out of device memory, named */
   ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(x.p), &s, err, sizeof err),
-                   FB_ENOMEM);
-  ck_assert_msg(strstr(err, "cannot allocate"), "message: %s", err);
+                   FB_EQUOTA);
+  ck_assert_msg(strstr(err, "out of device memory on GPU 0") && strstr(err, "bytes asked"),
+                "message: %s", err);
   ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
   s = open_session(&x, "sync", 0); /* and then the engine goes on */
   fb_value k = fb_value_f32(1.0f);
   ck_assert_int_eq(fb_launch(s, add(s, x.scale), &k, 1, NULL), 0);
   fb_session_destroy(s);
   env_close(&x);
+}
+END_TEST
+
+
+/* ---------------------------------------------------------------- device memory
+ * Session memory is cuMemAlloc memory, which the fake keeps PROT_NONE
+ * outside its own copies: a host touch that is not a copy crashes these. */
+
+static fb_program *parse(const char *src) {
+  fb_program *p = NULL;
+  fb_diags d;
+  fb_diags_init(&d);
+  ck_assert_int_eq(fb_program_parse("dev.fbk", src, &p, &d), 0);
+  fb_diags_free(&d);
+  return p;
+}
+
+static int place_of(fb_program *p, const char *name) {
+  return fb_program_field(p, fb_program_find_field(p, name))->places[0];
+}
+
+static fb_session *session_on(fb_engine *e, fb_program *p, const char *mode) {
+  fb_session_config sc = {.mode = mode, .seed = 1};
+  fb_session *s = NULL;
+  char err[512] = "";
+  int rc = fb_session_create(e, &sc, fb_program_layout(p), &s, err, sizeof err);
+  ck_assert_msg(rc == 0, "session: %s", err);
+  return s;
+}
+
+START_TEST(device_memory_field_round_trips) {
+  const char *modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    env x;
+    env_open(&x, "cuda");
+    fb_session *s = open_session(&x, modes[m], 0);
+    fakecuda_stats st = stats();
+    ck_assert_msg(st.device_bytes > 4000 * 2, "fields on the device: %llu", st.device_bytes);
+    ck_assert_int_eq(st.managed_bytes, 0);
+    ck_assert_msg(st.pinned_bytes > 0, "a pinned staging buffer");
+    int a = field_id(&x, "a"), b = field_id(&x, "b"), t = field_id(&x, "total");
+    float in[1000], out[1000];
+    for (int i = 0; i < 1000; i++) in[i] = (float)i * 0.5f + 1;
+    ck_assert_int_eq(fb_field_write(s, a, in, sizeof in), 0);
+    ck_assert_int_eq(fb_field_read(s, a, out, sizeof out), 0);
+    ck_assert_mem_eq(in, out, sizeof in);
+    ck_assert_int_eq(fb_field_read(s, b, out, sizeof out), 0); /* b lies between a's elements */
+    for (int i = 0; i < 1000; i++) ck_assert_float_eq(out[i], 0.0f);
+    int64_t i7 = 7;
+    ck_assert_int_eq(fb_cell_write(s, b, &i7, 1, fb_value_f32(3.25f)), 0);
+    fb_value v;
+    ck_assert_int_eq(fb_cell_read(s, b, &i7, 1, &v), 0);
+    ck_assert_float_eq(v.v.f, 3.25f);
+    ck_assert_int_eq(fb_cell_read(s, a, &i7, 1, &v), 0);
+    ck_assert_float_eq(v.v.f, in[7]);
+    ck_assert_int_eq(fb_cell_write(s, t, NULL, 0, fb_value_f32(9.0f)), 0);
+    ck_assert_int_eq(fb_cell_read(s, t, NULL, 0, &v), 0);
+    ck_assert_float_eq(v.v.f, 9.0f);
+    fb_value k = fb_value_f32(2.0f);
+    ck_assert_int_eq(fb_launch(s, add(s, x.scale), &k, 1, NULL), 0);
+    ck_assert_int_eq(fb_field_read(s, a, out, sizeof out), 0); /* after a launch too */
+    ck_assert_mem_eq(in, out, sizeof in);
+    fakecuda_stats after = stats();
+    ck_assert_msg(after.htod_bytes > st.htod_bytes && after.dtoh_bytes > st.dtoh_bytes,
+                  "host access copies");
+    fb_session_destroy(s);
+    ck_assert_int_eq(stats().device_bytes, 0); /* all given back */
+    env_close(&x);
+  }
+}
+END_TEST
+
+/* numpy-sized: 4 MiB, four times the staging buffer */
+START_TEST(device_memory_large_transfers) {
+  env x;
+  env_open(&x, "cuda");
+  fb_program *p = parse("layout { dense(i: 1048576) { place big: f32 } }\n");
+  fb_session *s = session_on(x.e, p, "sync");
+  int f = place_of(p, "big");
+  size_t n = 1u << 20;
+  float *in = malloc(n * 4), *out = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) in[i] = (float)(i % 10007) - 5000.0f;
+  fakecuda_stats st = stats();
+  ck_assert_int_eq(fb_field_write(s, f, in, n * 4), 0);
+  ck_assert_int_eq(fb_field_read(s, f, out, n * 4), 0);
+  ck_assert_mem_eq(in, out, n * 4);
+  fakecuda_stats after = stats();
+  ck_assert_uint_eq(after.htod_bytes - st.htod_bytes, n * 4); /* a full write is not fetched first */
+  ck_assert_uint_eq(after.dtoh_bytes - st.dtoh_bytes, n * 4);
+  free(in);
+  free(out);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  env_close(&x);
+}
+END_TEST
+
+START_TEST(device_memory_sparse_host_access) {
+  env x;
+  env_open(&x, "cuda");
+  fb_program *p = parse("layout {\n"
+                        "  pointer(i: 16) as blocks { dense(i: 8) { place x: i32 } }\n"
+                        "  pointer(ij: 8, 8) as tiles { bitmasked(ij: 4, 4) as bits { place r: i32 } }\n"
+                        "  dense(i: 4) { dynamic(j: 64, chunk: 8) as lists { place d: i32 } }\n"
+                        "}\n");
+  fb_session *s = session_on(x.e, p, "sync");
+  int fx = place_of(p, "x"), fr = place_of(p, "r"), fd = place_of(p, "d");
+  int64_t i = 37, ij[2] = {5, 30}, dj[2] = {2, 20};
+  fb_value v;
+  ck_assert_int_eq(fb_cell_read(s, fx, &i, 1, &v), 0); /* inactive: 0 */
+  ck_assert_int_eq(v.v.i, 0);
+  ck_assert_int_eq(fb_cell_write(s, fx, &i, 1, fb_value_i32(41)), 0);
+  ck_assert_int_eq(fb_cell_write(s, fr, ij, 2, fb_value_i32(-7)), 0);
+  ck_assert_int_eq(fb_cell_write(s, fd, dj, 2, fb_value_i32(99)), 0);
+  ck_assert_int_eq(fb_cell_read(s, fx, &i, 1, &v), 0);
+  ck_assert_int_eq(v.v.i, 41);
+  ck_assert_int_eq(fb_cell_read(s, fr, ij, 2, &v), 0);
+  ck_assert_int_eq(v.v.i, -7);
+  ck_assert_int_eq(fb_cell_read(s, fd, dj, 2, &v), 0);
+  ck_assert_int_eq(v.v.i, 99);
+  int32_t xs[128];
+  ck_assert_int_eq(fb_field_read(s, fx, xs, sizeof xs), 0);
+  for (int k = 0; k < 128; k++) ck_assert_int_eq(xs[k], k == 37 ? 41 : 0);
+  uint8_t act[128];
+  ck_assert_int_eq(fb_field_active(s, fx, act, sizeof act), 0);
+  for (int k = 0; k < 128; k++) ck_assert_int_eq(act[k], k / 8 == 37 / 8); /* its block */
+  uint8_t ract[32 * 32];
+  ck_assert_int_eq(fb_field_active(s, fr, ract, sizeof ract), 0);
+  for (int k = 0; k < 32 * 32; k++) ck_assert_int_eq(ract[k], k == 5 * 32 + 30);
+  int32_t rs[32 * 32];
+  for (int k = 0; k < 32 * 32; k++) rs[k] = k;
+  ck_assert_int_eq(fb_field_write(s, fr, rs, sizeof rs), 0); /* activates every cell */
+  int32_t back[32 * 32];
+  ck_assert_int_eq(fb_field_read(s, fr, back, sizeof back), 0);
+  ck_assert_mem_eq(rs, back, sizeof rs);
+  ck_assert_int_eq(fb_cell_read(s, fd, dj, 2, &v), 0); /* the others kept theirs */
+  ck_assert_int_eq(v.v.i, 99);
+  ck_assert_int_eq(stats().managed_bytes, 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  env_close(&x);
+}
+END_TEST
+
+/* The fake has 256 MiB; the default budget is 80% of it. */
+START_TEST(device_memory_out_of_memory_names_device_and_bytes) {
+  setenv("FAKECUDA_TOTAL_MEM", "268435456", 1);
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s = open_session(&x, "sync", 0);
+  fb_program *big = parse("layout { dense(i: 67108864) { place huge: f32 } }\n"); /* 256 MiB */
+  fb_session_config sc = {.mode = "sync"};
+  fb_session *s2 = NULL;
+  char err[512] = "";
+  ck_assert_int_eq(fb_session_create(x.e, &sc, fb_program_layout(big), &s2, err, sizeof err),
+                   FB_EQUOTA);
+  ck_assert_msg(strstr(err, "out of device memory on GPU 0 (") &&
+                    strstr(err, "268435456 bytes asked") && strstr(err, "bytes free"),
+                "message: %s", err);
+  fb_value k = fb_value_f32(1.0f); /* the other session goes on */
+  ck_assert_int_eq(fb_launch(s, add(s, x.scale), &k, 1, NULL), 0);
+  int a = field_id(&x, "a");
+  float in[1000] = {1, 2, 3}, out[1000];
+  ck_assert_int_eq(fb_field_write(s, a, in, sizeof in), 0);
+  ck_assert_int_eq(fb_field_read(s, a, out, sizeof out), 0);
+  ck_assert_mem_eq(in, out, sizeof in);
+  ck_assert_int_eq(fb_engine_healthy(x.e, NULL, 0), 1);
+  fb_session_destroy(s);
+  fb_program_free(big);
+  env_close(&x);
+  unsetenv("FAKECUDA_TOTAL_MEM");
+}
+END_TEST
+
+START_TEST(device_budget_against_mem_get_info) {
+  char err[512] = "";
+  fb_cuda_device *d = NULL;
+  fake.reset();
+  setenv("FB_CUDA_BUDGET", "2147483648", 1); /* 2 GiB on a 1 GiB fake */
+  ck_assert_int_eq(fb_cuda_device_new(&d, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "device budget of 2147483648 bytes is more than the") &&
+                    strstr(err, "--device-budget"),
+                "message: %s", err);
+  setenv("FB_CUDA_BUDGET", "lots", 1);
+  ck_assert_int_eq(fb_cuda_device_new(&d, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "not a byte count"), "message: %s", err);
+  unsetenv("FB_CUDA_BUDGET");
+  ck_assert_int_eq(fb_cuda_device_new(&d, err, sizeof err), 0);
+  fb_cuda_memory_info mi;
+  fb_cuda_device_memory(d, &mi);
+  ck_assert_uint_eq(mi.budget, (1ull << 30) / 100 * 80); /* the default: 80% */
+  ck_assert_int_eq(mi.managed, 0);
+  fb_cuda_device_free(d);
+  /* a 48 MiB budget: a session of 24 MiB fits, a second does not (out of
+   * device memory), one of 12 MiB does, and then less than a session's
+   * minimum is left: a fourth is refused at once */
+  setenv("FB_CUDA_BUDGET", "50331648", 1);
+  fb_engine *e = NULL;
+  fb_engine_config cfg = {"cuda", 1, 1};
+  fake.reset();
+  ck_assert_int_eq(fb_engine_create(&cfg, &e, err, sizeof err), 0);
+  fb_program *p = parse("layout { dense(i: 6291456) { place m: f32 } }\n");
+  fb_session *s1 = session_on(e, p, "sync"), *s2 = NULL, *s4 = NULL;
+  fb_session_config sc = {.mode = "sync"};
+  ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p), &s2, err, sizeof err),
+                   FB_EQUOTA);
+  ck_assert_msg(strstr(err, "25165824 bytes asked") && strstr(err, "device budget 50331648"),
+                "message: %s", err);
+  fb_program *p2 = parse("layout { dense(i: 3145728) { place m: f32 } }\n"); /* 12 MiB */
+  fb_session *s3 = session_on(e, p2, "sync");
+  ck_assert_int_eq(fb_session_create(e, &sc, fb_program_layout(p2), &s4, err, sizeof err),
+                   FB_EQUOTA);
+  ck_assert_msg(strstr(err, "no device memory for another session"), "message: %s", err);
+  fb_session_destroy(s3);
+  fb_session_destroy(s1); /* given back: room again */
+  s2 = session_on(e, p, "sync");
+  fb_session_destroy(s2);
+  fb_program_free(p);
+  fb_program_free(p2);
+  fb_engine_destroy(e);
+  unsetenv("FB_CUDA_BUDGET");
+}
+END_TEST
+
+START_TEST(managed_memory_option_still_works) {
+  setenv("FB_CUDA_MEMORY", "managed", 1);
+  env x;
+  env_open(&x, "cuda");
+  fb_session *s = open_session(&x, "sync", 0);
+  int a = field_id(&x, "a");
+  float in[1000], out[1000];
+  for (int i = 0; i < 1000; i++) in[i] = (float)i;
+  fakecuda_stats st = stats();
+  ck_assert_msg(st.managed_bytes > 8000, "fields in managed memory");
+  ck_assert_int_eq(fb_field_write(s, a, in, sizeof in), 0);
+  ck_assert_int_eq(fb_field_read(s, a, out, sizeof out), 0);
+  ck_assert_mem_eq(in, out, sizeof in);
+  ck_assert_uint_eq(stats().htod_bytes, st.htod_bytes); /* read in place: no copies */
+  fb_value k = fb_value_f32(1.0f);
+  ck_assert_int_eq(fb_launch(s, add(s, x.scale), &k, 1, NULL), 0);
+  fb_session_destroy(s);
+  env_close(&x);
+  setenv("FB_CUDA_MEMORY", "shared", 1);
+  fb_engine *e = NULL;
+  fb_engine_config cfg = {"cuda", 1, 1};
+  char err[512] = "";
+  ck_assert_int_ne(fb_engine_create(&cfg, &e, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "FB_CUDA_MEMORY=shared; use device or managed"), "message: %s", err);
+  unsetenv("FB_CUDA_MEMORY");
 }
 END_TEST
 
@@ -486,6 +737,12 @@ static Suite *suite(void) {
   tcase_add_test(t, sticky_error_ends_sessions_then_recovers);
   tcase_add_test(t, sticky_error_in_async_batch);
   tcase_add_test(t, fused_launch_refused_runs_the_parts);
+  tcase_add_test(t, device_memory_field_round_trips);
+  tcase_add_test(t, device_memory_large_transfers);
+  tcase_add_test(t, device_memory_sparse_host_access);
+  tcase_add_test(t, device_memory_out_of_memory_names_device_and_bytes);
+  tcase_add_test(t, device_budget_against_mem_get_info);
+  tcase_add_test(t, managed_memory_option_still_works);
   suite_add_tcase(s, t);
   return s;
 }

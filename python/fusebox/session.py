@@ -873,8 +873,7 @@ class Session:
             body = f"{at} = {val}"
         else:
             body = f"{kind}({f.name}, {', '.join(f'i{d}' for d in range(nd))})"
-        # a gradient or dual ("x.grad", "x.dual") names no kernel as it is
-        name = f"__fbpy_{kind}_{f.name.replace('.', '__')}"
+        name = f"__fbpy_{kind}_{f.name.replace('.', '_')}"  # x.grad: __fbpy_set_x_grad
         src = pb.Source(text=self._src.text + f"\nkernel {name}({', '.join(params)}) {{ {body} }}\n",
                         filename=self._src.filename, params=self._src.params)
         req = pb.RegisterKernelsRequest(session_id=self.id, source=src,

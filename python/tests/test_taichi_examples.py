@@ -6,7 +6,10 @@ through fusebox.taichi, and under Taichi 1.7 itself, in the same test
 Each example runs as __main__ in a subprocess (taichi_compare/runner.py)
 with ``taichi`` in sys.modules replaced by fusebox.taichi; its GUI loop
 ends after FRAMES frames ($FUSEBOX_GUI_FRAMES; under Taichi a window-less
-GUI that does the same). The test checks that it ran to the end under both
+GUI that does the same; a GGUI window is fusebox.taichi's headless ti.ui
+under both; matplotlib is a stand-in that records what is plotted, saved
+as plot.N.x/y beside the fields; random and numpy.random are seeded
+alike). The test checks that it ran to the end under both
 and showed as many frames, that the module-level fields it leaves have the
 same names, shapes and dtypes, and, for the deterministic ones (no
 ti.random, no Python random), the same values within the tolerance given.
@@ -15,7 +18,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "taichi_compare"))
@@ -30,9 +32,7 @@ from harness import fb_env, run_both, taichi_python  # noqa: E402,F401 (fixtures
 #   "shapes": random initial states (ti.random, Python's random): names,
 #       shapes and dtypes only, and every float finite;
 #   "runs": it keeps its fields inside a class or function: that it ran to
-#       the end under both, showing as many frames;
-#   ("arrays", names, rtol, atol): as "close", and the module-level NumPy
-#       arrays named too (what the example computes and only plots).
+#       the end under both, showing as many frames.
 EXAMPLES = [
     ("simulation/fractal.py", 3, ("close", 1e-5, 0.021, 0.002)),
     ("simulation/waterwave.py", 4, ("close", 1e-4, 1e-5, 0.0)),
@@ -49,8 +49,9 @@ EXAMPLES = [
     ("simulation/nbody.py", 2, "shapes"),
     ("simulation/game_of_life.py", 3, "shapes"),
     ("autodiff/minimization.py", 0, "shapes"),
-    # forward mode (ti.ad.FwdMode, x.dual) and reverse: the Jacobian both ways
-    ("autodiff/jacobian.py", 0, ("arrays", ("jacobian_fwd", "jacobian_rev"), 1e-5, 1e-6)),
+    # forward mode (ti.ad.FwdMode, x.dual) and reverse: the Jacobian both ways,
+    # compared as the two images it shows (imshow.0.y, imshow.1.y)
+    ("autodiff/jacobian.py", 0, ("close", 1e-5, 1e-6, 0.0)),
     ("simulation/ad_gravity.py", 2, "shapes"),
     ("simulation/mpm128.py", 1, "shapes"),
     ("simulation/mass_spring_game.py", 2, ("close", 1e-4, 1e-5, 0.0)),
@@ -62,11 +63,32 @@ EXAMPLES = [
     ("simulation/pbf2d.py", 2, "shapes"),
     ("simulation/mpm_lagrangian_forces.py", 2, "shapes"),
     ("algorithm/mciso_advanced.py", 2, "runs"),  # its fields are attributes of an object
+    # f(x) and the f'(x) that poly.grad() gives (the plotted series, plot.1.y): one f32
+    # quotient and its derivative per point, which may differ in the last bit (observed
+    # 8e-8 relative)
+    ("autodiff/simple_derivative.py", 0, ("close", 1e-5, 1e-6, 0.0)),
+    # 1000 steps of gradient descent through ti.ad.Tape on data drawn with Python's random
+    # (seeded alike under both by runner.py): the loss is an f32 sum of 32 terms in atomic
+    # order, so the coefficients drift in the last bits (observed 3e-7 relative); a wrong
+    # gradient moves them by O(1)
+    ("autodiff/regression.py", 0, ("close", 1e-4, 1e-5, 0.0)),
+    # the pretrained controller driving the SPH fountain (its default mode, a ti.ui window:
+    # headless under both), 2 frames of 4 substeps; f32 densities near 1000 summed in the
+    # same order under both (observed 3e-7 relative; accelerations near 0 within 2e-6)
+    ("autodiff/diff_sph/diff_sph.py", 2, ("close", 1e-4, 1e-5, 0.0)),
 ]
 
 # example -> the construct fusebox.taichi does not handle yet (deselected
 # by the ctest entry with -k "not known-gap")
 KNOWN_GAPS = {
+    # Linear._forward's second loop runs i over n_hidden (32) and writes
+    # self.output[model_id, t, k, i], a field of n_output (16, then 3) columns:
+    # out of bounds. Taichi without debug=True writes past the row unchecked
+    # (with ti.init(debug=True) it stops there too); Fusebox skips those writes and
+    # raises fusebox.LaunchError. With that loop over n_output, the example runs
+    # through fusebox.taichi and matches Taichi (docs/from-taichi.md).
+    "autodiff/diff_sph/diff_sph.py": "self.output[model_id, t, k, i] out of bounds in "
+                                     "Linear._forward",
 }
 
 
@@ -90,8 +112,7 @@ def _params():
 def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
     path = os.path.join(examples_dir(taichi_python), rel)
     assert os.path.isfile(path), f"{rel} is not in the installed taichi wheel ({path})"
-    extra = (",".join(how[1]),) if isinstance(how, tuple) and how[0] == "arrays" else ()
-    want, got = run_both("example", path, taichi_python, fb_env, frames, *extra)
+    want, got = run_both("example", path, taichi_python, fb_env, frames)
     assert int(want.pop("__frames__")) == frames, "under Taichi the GUI loop did not end"
     assert int(got.pop("__frames__")) == frames, \
         f"{rel} under fusebox.taichi showed a different number of frames"
@@ -100,11 +121,6 @@ def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
     assert want, f"{rel} left no module-level field to compare"
     if how == "shapes":
         harness.compare_shapes(rel, want, got)
-    elif how[0] == "arrays":
-        _, names, rtol, atol = how
-        assert set(names) <= set(got), f"{rel}: fusebox.taichi left no {set(names) - set(got)}"
-        assert np.abs(want[names[0]]).max() > 0, f"{rel}: Taichi's {names[0]} is all zeros"
-        harness.compare(rel, want, got, rtol, atol)
     else:
         _, rtol, atol, share = how
         harness.compare(rel, want, got, rtol, atol, share=share)
@@ -113,3 +129,23 @@ def test_example_matches_taichi(rel, frames, how, taichi_python, fb_env):
 def test_at_least_ten_examples():
     assert len(EXAMPLES) >= 10
     assert not set(KNOWN_GAPS) - {e[0] for e in EXAMPLES}
+
+
+def test_diff_sph_stops_only_at_its_own_out_of_bounds_write(taichi_python, fb_env):
+    """autodiff/diff_sph/diff_sph.py (KNOWN_GAPS): everything it needs runs
+    (ndarray arguments, fields declared after its first kernel, ti.ui, the
+    controller's kernels) until Linear._forward writes self.output past its
+    n_output columns; fusebox.taichi reports that write, by kernel, and
+    nothing else."""
+    path = os.path.join(examples_dir(taichi_python), "autodiff/diff_sph/diff_sph.py")
+    wd = harness.workdir("ti-fusebox-")
+    try:
+        with pytest.raises(harness.EngineFailed) as e:
+            harness.run_engine("example", "fusebox", sys.executable, path, wd, fb_env,
+                               harness.TIMEOUT, 1)
+    finally:
+        import shutil
+        shutil.rmtree(wd, ignore_errors=True)
+    msg = str(e.value)
+    assert "LaunchError" in msg and "kernel '_forward'" in msg and "out of bounds" in msg, msg
+    assert msg.count("out of bounds") == 1 and "Error" not in msg.split("LaunchError")[0], msg

@@ -9,9 +9,15 @@
  * .target, .entry), never compiled.
  *
  * One device on host memory: device, managed and pinned allocations are
- * zeroed, 256-byte-aligned host blocks, so a CUdeviceptr is a valid host
- * address (the engine reads managed memory directly). Async copies and
- * memsets happen at once. What a careless caller would get wrong on a real
+ * zeroed host blocks, so a CUdeviceptr is a host address. Managed and
+ * pinned blocks are 256-byte aligned and open to the host (the engine may
+ * read managed memory directly); device blocks (cuMemAlloc) are mappings of
+ * their own that stay PROT_NONE except inside this driver's copies and
+ * memsets, so a host that dereferences a device pointer faults, as on a
+ * real GPU. FAKECUDA_TOTAL_MEM bytes (default 1 GiB) is the device's
+ * memory: device and managed allocations past it fail with
+ * CUDA_ERROR_OUT_OF_MEMORY and cuMemGetInfo reports what is left. Async
+ * copies and memsets happen at once. What a careless caller would get wrong on a real
  * driver fails here too: calls before cuInit, stale handles, copies outside
  * a live allocation, launch limits, unknown entry names, and sticky errors
  * that poison the context until cuDevicePrimaryCtxReset_v2. Tests inject
@@ -23,7 +29,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake_cuda.h"
 #include "runtime/cuda_drv.h"
@@ -54,6 +62,7 @@ typedef struct fk_alloc {
   unsigned char *p;
   size_t n;
   int kind;
+  size_t mapped; /* FK_DEVICE: bytes of its own mapping (PROT_NONE but in copies) */
 } fk_alloc;
 
 struct CUctx_st {
@@ -155,12 +164,22 @@ static void fk_free_module(struct CUmod_st *m) {
 }
 
 /* Free everything the context owns (cuDevicePrimaryCtxReset_v2, fakecuda_reset). */
+static void fk_release(fk_alloc *a) {
+  if (a->mapped) munmap(a->p, a->mapped);
+  else free(a->p);
+  free(a);
+}
+
+/* Open a device block to this driver's own access, or close it again. */
+static void fk_open(fk_alloc *a, int open) {
+  if (a && a->mapped) mprotect(a->p, a->mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
 static void fk_free_all(void) {
   while (g.allocs) {
     fk_alloc *a = g.allocs;
     g.allocs = a->next;
-    free(a->p);
-    free(a);
+    fk_release(a);
   }
   while (g.streams) {
     struct CUstream_st *s = g.streams;
@@ -177,7 +196,7 @@ static void fk_free_all(void) {
     g.mods = m->next;
     fk_free_module(m);
   }
-  g.st.bytes_in_use = 0;
+  g.st.bytes_in_use = g.st.device_bytes = g.st.managed_bytes = g.st.pinned_bytes = 0;
 }
 
 /* ---- failure injection and counters (fake_cuda.h) ---- */
@@ -430,17 +449,28 @@ static CUresult fk_alloc_block(void **out, size_t n, int kind) {
   }
   fk_alloc *a = calloc(1, sizeof *a);
   void *p = NULL;
-  if (!a || posix_memalign(&p, FK_ALIGN, n) != 0) {
+  if (a && kind == FK_DEVICE) { /* zero pages, closed to the host */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    a->mapped = (n + page - 1) / page * page;
+    p = mmap(NULL, a->mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) p = NULL;
+  } else if (a && posix_memalign(&p, FK_ALIGN, n) == 0) {
+    memset(p, 0, n);
+  } else {
+    p = NULL;
+  }
+  if (!a || !p) {
     free(a);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  memset(p, 0, n);
   a->p = p;
   a->n = n;
   a->kind = kind;
   a->next = g.allocs;
   g.allocs = a;
   if (kind != FK_HOST) g.st.bytes_in_use += n;
+  *(kind == FK_DEVICE ? &g.st.device_bytes : kind == FK_MANAGED ? &g.st.managed_bytes
+                                                                : &g.st.pinned_bytes) += n;
   *out = p;
   return CUDA_SUCCESS;
 }
@@ -451,8 +481,9 @@ static CUresult fk_free_block(uintptr_t p, int host) {
     if ((uintptr_t)a->p != p || (a->kind == FK_HOST) != host) continue;
     *pp = a->next;
     if (!host) g.st.bytes_in_use -= a->n;
-    free(a->p);
-    free(a);
+    *(a->kind == FK_DEVICE ? &g.st.device_bytes : a->kind == FK_MANAGED ? &g.st.managed_bytes
+                                                                        : &g.st.pinned_bytes) -= a->n;
+    fk_release(a);
     return CUDA_SUCCESS;
   }
   return CUDA_ERROR_INVALID_VALUE;
@@ -510,8 +541,12 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CU
   FK_ENTER(0);
   if ((r = fk_check_stream(s))) return fk_leave(r);
   if (bytes == 0) return fk_leave(CUDA_SUCCESS);
-  if (!src || !fk_find((uintptr_t)dst, bytes)) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_alloc *a = fk_find((uintptr_t)dst, bytes);
+  if (!src || !a) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_open(a, 1);
   memmove((void *)(uintptr_t)dst, src, bytes);
+  fk_open(a, 0);
+  g.st.htod_bytes += bytes;
   return fk_leave(CUDA_SUCCESS);
 }
 
@@ -519,8 +554,12 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream
   FK_ENTER(0);
   if ((r = fk_check_stream(s))) return fk_leave(r);
   if (bytes == 0) return fk_leave(CUDA_SUCCESS);
-  if (!dst || !fk_find((uintptr_t)src, bytes)) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_alloc *a = fk_find((uintptr_t)src, bytes);
+  if (!dst || !a) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_open(a, 1);
   memmove(dst, (const void *)(uintptr_t)src, bytes);
+  fk_open(a, 0);
+  g.st.dtoh_bytes += bytes;
   return fk_leave(CUDA_SUCCESS);
 }
 
@@ -528,8 +567,11 @@ CUresult cuMemsetD8Async(CUdeviceptr p, unsigned char v, size_t n, CUstream s) {
   FK_ENTER(0);
   if ((r = fk_check_stream(s))) return fk_leave(r);
   if (n == 0) return fk_leave(CUDA_SUCCESS);
-  if (!fk_find((uintptr_t)p, n)) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_alloc *a = fk_find((uintptr_t)p, n);
+  if (!a) return fk_leave(CUDA_ERROR_INVALID_VALUE);
+  fk_open(a, 1);
   memset((void *)(uintptr_t)p, v, n);
+  fk_open(a, 0);
   return fk_leave(CUDA_SUCCESS);
 }
 

@@ -17,6 +17,10 @@ typedef struct fakecuda_stats {
   long syncs;                      /* successful cuStreamSynchronize calls */
   long ctx_resets;                 /* cuDevicePrimaryCtxReset_v2 calls */
   unsigned long long bytes_in_use; /* live cuMemAlloc + cuMemAllocManaged bytes */
+  unsigned long long device_bytes;  /* live cuMemAlloc bytes (closed to the host) */
+  unsigned long long managed_bytes; /* live cuMemAllocManaged bytes */
+  unsigned long long pinned_bytes;  /* live cuMemHostAlloc bytes */
+  unsigned long long htod_bytes, dtoh_bytes; /* bytes copied each way so far */
   unsigned last_grid;              /* blocks (gx*gy*gz) of the last successful launch */
   unsigned last_block;             /* threads per block (bx*by*bz) of that launch */
 } fakecuda_stats;

@@ -125,6 +125,34 @@ except ImportError:
             raise TaichiRuntimeError("ti.GUI: the headless GUI stand-in "
                                      "(fusebox/taichi/_gui.py) is not part of this build")
 
+from fusebox.taichi import _ui as ui  # noqa: E402  (ti.ui: the headless GGUI stand-in)
+
+
+class _Lib:
+    """ti._lib.core.with_vulkan() / with_cuda() ...: which of Taichi's
+    backends this build has (programs pick ti.init's arch with them);
+    fusebox.taichi has none of them, fuseboxd chooses the backend."""
+
+    class core:  # noqa: N801
+        @staticmethod
+        def with_vulkan() -> bool:
+            return False
+
+        @staticmethod
+        def with_cuda() -> bool:
+            return False
+
+        @staticmethod
+        def with_metal() -> bool:
+            return False
+
+        @staticmethod
+        def with_opengl() -> bool:
+            return False
+
+
+_lib = _Lib()
+
 try:
     from fusebox.taichi import tools  # type: ignore
 except ImportError:

@@ -135,11 +135,34 @@ class SNode:
         for f in fields:
             if not isinstance(f, Field):
                 raise TypeError(f"place(): {f!r} is not a field")
+            if isinstance(f, DualField):  # place(x, x.dual): the dual lives beside x
+                if f.primal.snode is not None and f.primal.snode is not self:
+                    raise TaichiSyntaxError(_grad_beside(f.primal).replace("gradient", "dual")
+                                            .replace("needs_grad", "needs_dual"))
+                continue
+            if isinstance(f, GradField):
+                self._place_grad(f)
+                continue
             if f.snode is not None:
                 raise ValueError(f"place(): field {f!r} is placed already")
+            if f.grad_snode is not None and f.grad_snode is not self:
+                raise TaichiSyntaxError(_grad_beside(f))
             f.snode = self
             self.children.append(f)
         return self
+
+    def _place_grad(self, g: "GradField") -> None:
+        """place(x.grad) (Taichi's explicit placement of a gradient, e.g.
+        ``ti.root.dense(ti.i, N).place(x, x.grad)``): fusebox keeps a
+        gradient beside its field (``place x: f32 grad``), so x.grad must go
+        to the SNode x goes to; it gives x its gradient."""
+        f = g.primal
+        if f.grad_snode is not None:
+            raise ValueError(f"place(): the gradient of field {f!r} is placed already")
+        if f.snode is not None and f.snode is not self:
+            raise TaichiSyntaxError(_grad_beside(f))
+        f.grad_snode = self
+        f.needs_grad = True
 
     def lazy_grad(self) -> None:
         """Give every float field placed below this SNode a gradient (as
@@ -226,6 +249,7 @@ class Field:
         self.n = elem[0] if elem else None
         self.m = elem[1] if len(elem) > 1 else None
         self.needs_grad = False
+        self.grad_snode: Optional[SNode] = None  # where place(x.grad) put the gradient
         self._grad: Optional["GradField"] = None
         self.needs_dual = False
         self._dual: Optional["DualField"] = None
@@ -241,11 +265,12 @@ class Field:
         """The gradient field (``place x: T grad`` in the layout; its .fbk
         name is ``x.grad``): Python-scope access and ``x.grad[i]`` in
         kernels, like any field."""
+        if not self.needs_grad and self._grad_placeable():
+            if self._grad is None:
+                self._grad = GradField(self)
+            return self._grad  # to be placed: ti.root....place(x, x.grad)
         if not self.needs_grad:
-            raise TaichiRuntimeError(
-                f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
-                f"{self.where[1]}) has no gradient: declare it with needs_grad=True (or call "
-                "ti.root.lazy_grad() after placing it)")
+            raise self._no_grad()
         if self._grad is None:
             self._grad = GradField(self)
         return self._grad
@@ -263,6 +288,18 @@ class Field:
         if self._dual is None:
             self._dual = DualField(self)
         return self._dual
+
+    def _no_grad(self) -> TaichiRuntimeError:
+        return TaichiRuntimeError(
+            f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
+            f"{self.where[1]}) has no gradient: declare it with needs_grad=True (or call "
+            "ti.root.lazy_grad() after placing it)")
+
+    def _grad_placeable(self) -> bool:
+        """Taichi gives every float field a gradient field that may be
+        placed explicitly; here only while the layout is open."""
+        return (self.dtype.fbk.startswith("f") and self._rt.session is None
+                and not isinstance(self, GradField))
 
     def fbk_type(self) -> str:
         return self.dtype.fbk + "".join(f"[{e}]" for e in self.elem)
@@ -382,6 +419,11 @@ class GradField(Field):
     def snode(self, v: Any) -> None:
         pass
 
+    def _f(self) -> Any:
+        if not self.primal.needs_grad:  # taken while the layout was open, never placed
+            raise self.primal._no_grad()
+        return super()._f()
+
     @property
     def grad(self) -> "GradField":
         raise TaichiRuntimeError("a gradient field has no gradient of its own (second "
@@ -400,6 +442,16 @@ class DualField(GradField):
     """x.dual: the dual (tangent) of a field in forward mode, a field of the
     same type and shape placed beside it (docs/autodiff.md "Forward mode")."""
     _suffix = ".dual"
+
+    def _f(self) -> Any:
+        return Field._f(self)  # x.dual exists only for a field declared with a dual
+
+
+def _grad_beside(f: Field) -> str:
+    return (f"place(): the gradient of field '{f.hint or _names_of(f, f.where) or '?'}' "
+            f"(declared at {f.where[0]}:{f.where[1]}) must be placed in the same SNode as the "
+            "field (fusebox keeps a gradient beside its field): place(x, x.grad) together, or "
+            "declare the field with needs_grad=True")
 
 
 def shape_tuple(shape: Any) -> Tuple[int, ...]:
@@ -427,11 +479,15 @@ def name_fields(fields: Sequence[Field], snodes: Sequence[SNode]) -> None:
         taken.add(n)
         return n
 
+    taken.update(f.name for f in fields if f.name)  # named by an earlier layout: kept
+    taken.update(s.name for s in snodes if s.name)
     for f in fields:
-        f.name = free(f.hint or _names_of(f, f.where) or f"f{len(taken)}")
+        if not f.name:
+            f.name = free(f.hint or _names_of(f, f.where) or f"f{len(taken)}")
         f.where = f.where[:3]  # the frame is not needed any more
     for s in snodes:
-        s.name = free(_names_of(s, s.where) or f"block{len(taken)}")
+        if not s.name:
+            s.name = free(_names_of(s, s.where) or f"block{len(taken)}")
         s.where = s.where[:3]
 
 

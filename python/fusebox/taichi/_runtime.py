@@ -58,14 +58,59 @@ class Runtime:
         self.closed = False
         self.tape: Any = None  # the ti.ad.Tape recording, if any
         self.fwd: Any = None  # the ti.ad.FwdMode entered, if any
+        self.generation = 0  # sessions replaced by _reopen_layout so far
+        self.nd_fields: Dict[Any, Field] = {}  # the fields of ndarray arguments (ndarray_field)
+        self.saved: Dict[str, np.ndarray] = {}  # values to restore into the next session
 
     # ---------------------------------------------------------------- layout
     def _check_open_layout(self, what: str) -> None:
+        if self.session is not None and self._reopen_layout(what):
+            return
         if self.session is not None:
             raise TaichiRuntimeError(
                 f"{what}: the layout was already sent to fuseboxd ({self.where_materialized}); "
                 "on Fusebox every field must be declared before the first kernel launch or "
                 "field access: move this declaration above it")
+
+    def _reopen_layout(self, what: str) -> bool:
+        """A field (or SNode) declared after the layout was sent: Taichi
+        starts a new SNode tree; here the session is replaced by one whose
+        layout has the new declarations too. Every field's values (and
+        gradients) are read now and written into the new session when it
+        starts (_materialize); kernels are translated and registered again
+        on first use. Only for all-dense layouts (reading a sparse field
+        back would lose which cells are active) and not while a tape
+        records. False where it cannot (the caller raises)."""
+        if self.tape is not None or self.fwd is not None or self._sparse_below(self.root):
+            return False
+        saved: Dict[str, np.ndarray] = {}
+        for f in self._placed():
+            saved[f.name] = f.to_numpy()
+            if f.needs_grad:
+                saved[f.name + ".grad"] = f.grad.to_numpy()
+            if f.needs_dual:
+                saved[f.name + ".dual"] = f.dual.to_numpy()
+        try:
+            self.session.close()
+        except Exception:
+            pass
+        self.session = None
+        self.saved = saved
+        self.generation += 1
+        self.prog = Program(self)
+        self.helpers = {}
+        return True
+
+    @staticmethod
+    def _sparse_below(n: SNode) -> bool:
+        return any(isinstance(c, SNode) and (c.kind != "dense" or Runtime._sparse_below(c))
+                   for c in n.children)
+
+    def _restore_saved(self) -> None:
+        """The values read by _reopen_layout, into the new session."""
+        saved, self.saved = self.saved, {}
+        for nm, a in saved.items():
+            self.session.fields[nm].from_numpy(a)
 
     def make_field(self, dtype: Any, elem: Tuple[int, ...], shape: Any, name: str,
                    needs_grad: bool, kw: Dict[str, Any], needs_dual: bool = False) -> Field:
@@ -134,9 +179,12 @@ class Runtime:
         text = "\n".join(t for t, _ in self.layout) + "\n"
         try:
             self.session = self.client.session(source=text, filename=FILENAME, mode=self.mode,
-                                               backend=self._backend(), seed=self.seed)
+                                               backend=self._backend(),
+                                               seed=self.seed + self.generation)
         except Exception as e:
             raise self._mapped(e, self.layout) from None
+        if self.saved:
+            self._restore_saved()
 
     def _placed(self) -> List[Field]:
         out: List[Field] = []
@@ -339,6 +387,9 @@ class Kernel:
         self.sig = inspect.signature(fn)
         self._cache: Dict[Any, List[Any]] = {}
         self._rt: Optional[Runtime] = None
+        self._gen = 0  # the runtime's generation the cache belongs to
+        self._written: Optional[set] = None  # parameters the body writes (_written_params)
+        self._nd_back: List[Any] = []  # (field, array) to copy back after this launch
 
     def __get__(self, obj: Any, cls: Any = None) -> Any:
         """A kernel that is a method (@ti.data_oriented): self is a
@@ -357,14 +408,15 @@ class Kernel:
         """The instance for these arguments (translated and registered on
         first use) and the values to launch it with."""
         r = rt()
-        if self._rt is not r:
-            self._cache, self._rt = {}, r
-        r._materialize()
         try:
             ba = self.sig.bind(*args, **kwargs)
         except TypeError as e:
             raise TaichiTypeError(f"kernel {self.fn.__name__}(): {e}") from None
         ba.apply_defaults()
+        nds = self._ndarray_fields(r, ba)  # may add fields to the layout: before it is sent
+        if self._rt is not r or self._gen != r.generation:
+            self._cache, self._rt, self._gen = {}, r, r.generation
+        r._materialize()
         key: List[Any] = []
         statics: Dict[str, Any] = {}
         params: List[Tuple[str, str]] = []
@@ -372,11 +424,12 @@ class Kernel:
         for pname, val in ba.arguments.items():
             ann = self.sig.parameters[pname].annotation
             where = f"kernel {self.fn.__name__}(): argument '{pname}'"
-            if isinstance(ann, _types.NdarrayType) or ann is _types.NdarrayType:
-                raise TaichiTypeError(
-                    f"{where}: ti.types.ndarray() arguments are not supported by "
-                    "fusebox.taichi; declare a ti.field of the array's shape, fill it with "
-                    "from_numpy() and pass the field as a ti.template() argument")
+            if pname in nds:
+                f = nds[pname][0]
+                key.append(("nd", id(f)))
+                statics[pname] = f
+                f.from_numpy(nds[pname][1])  # in, before the launch
+                continue
             if isinstance(ann, (_types.VectorType, _types.MatrixType)):
                 raise TaichiTypeError(f"{where}: vector and matrix arguments are not supported; "
                                       "pass the components as scalars or put it in a field")
@@ -399,6 +452,31 @@ class Kernel:
         if inst is None:
             inst = self._cache[k] = self._compile(r, statics, params)
         return r, inst, values
+
+    def _ndarray_fields(self, r: Runtime, ba: Any) -> Dict[str, Tuple[Field, Any]]:
+        """The ti.types.ndarray() arguments: name -> (the field that stands
+        for it, the array). Each (kernel, parameter, element type, shape)
+        gets a field of its own in the layout (declared on first use); the
+        kernel reads and writes that field like a ti.template() one; the
+        array is copied into it before each launch and, when the kernel
+        writes the parameter, back into the array after it (a Taichi
+        ndarray argument is passed by reference)."""
+        out: Dict[str, Tuple[Field, Any]] = {}
+        for pname, val in ba.arguments.items():
+            ann = self.sig.parameters[pname].annotation
+            if not (isinstance(ann, _types.NdarrayType) or ann is _types.NdarrayType):
+                continue
+            where = f"kernel {self.fn.__name__}(): argument '{pname}'"
+            out[pname] = ndarray_field(r, self.fn, pname, ann, val, where)
+        if out and self._written is None:
+            self._written = _written_params(self.fn)
+        self._nd_back = [(f, a) for pname, (f, a) in out.items() if pname in self._written]
+        return out
+
+    def _copy_back(self) -> None:
+        for f, a in self._nd_back:
+            np.copyto(a, f.to_numpy().astype(a.dtype, copy=False))
+        self._nd_back = []
 
     def _adjoint(self, r: Runtime, inst: List[Any]) -> int:
         """The id of the adjoint of an instance: ``"k.grad"`` registered from
@@ -423,6 +501,7 @@ class Kernel:
             self._adjoint(r, inst)  # refused before it is recorded
         # inside ti.ad.FwdMode the kernel's tangent runs in its place
         r.launch(inst[0] if r.fwd is None else self._tangent(r, inst), values)
+        self._copy_back()
         if inst[2] is not None:
             res = r.session.sync()
             return res.returns[-1][2] if res.returns else None
@@ -452,6 +531,74 @@ class Kernel:
             raise
         # kid, parameter types, return type, .fbk name, program lines, adjoint id, tangent id
         return [kid, [p for _, p in params], ret, name, lines, None, None]
+
+
+def ndarray_field(r: Runtime, fn: Any, pname: str, ann: Any, val: Any,
+                  where: str) -> Tuple[Field, Any]:
+    """The field that stands for a ti.types.ndarray() argument (see
+    Kernel._ndarray_fields), and the argument as a NumPy array."""
+    if hasattr(val, "to_numpy") and not isinstance(val, np.ndarray):
+        raise TaichiTypeError(f"{where}: ti.types.ndarray() takes a NumPy array; a field goes "
+                              "to a ti.template() parameter")
+    a = val if isinstance(val, np.ndarray) else np.asarray(val)
+    if a.dtype == object or a.dtype.kind not in "biuf":
+        raise TaichiTypeError(f"{where}: a ti.types.ndarray() argument must be an array of "
+                              f"numbers, not {a.dtype}")
+    dt = getattr(ann, "dtype", None)
+    elem: Tuple[int, ...] = ()
+    if isinstance(dt, (_types.VectorType, _types.MatrixType)):
+        elem = (dt.n,) if isinstance(dt, _types.VectorType) else (dt.n, dt.m)
+        base = dt.dtype
+    else:
+        base = dt
+    if elem and a.shape[len(a.shape) - len(elem):] != elem:
+        raise TaichiTypeError(f"{where}: an array of shape {a.shape} does not end in the "
+                              f"element shape {elem} the parameter declares")
+    shape = a.shape[:len(a.shape) - len(elem)]
+    ndim = getattr(ann, "ndim", None)
+    if ndim is not None and len(shape) != int(ndim):
+        raise TaichiTypeError(f"{where}: the parameter declares ndim={ndim}; the array has "
+                              f"{len(shape)} dimension(s) (shape {a.shape})")
+    if not 1 <= len(shape) <= 4 or 0 in shape:
+        raise TaichiTypeError(f"{where}: an array of shape {a.shape}: Fusebox takes ndarray "
+                              "arguments of 1 to 4 dimensions, none of them empty")
+    try:
+        t = _types.resolve(base if base is not None else
+                           (a.dtype if a.dtype.kind != "b" else np.int32), where)
+    except TypeError as e:
+        raise TaichiTypeError(str(e)) from None
+    key = (fn, pname, t.fbk, shape, elem)
+    nd = r.nd_fields.get(key)
+    if nd is None:
+        nd = r.nd_fields[key] = r.make_field(t, elem, shape, f"ndarray_{fn.__name__}_{pname}",
+                                             False, {})
+    return nd, a
+
+
+def _written_params(fn: Any) -> set:
+    """The parameters a kernel writes through (p[...] = v, p[...] += v,
+    ti.atomic_*(p[...], v)): for ndarray arguments, copied back."""
+    import ast
+    import textwrap
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return set(inspect.signature(fn).parameters)  # unknown: copy every one back
+    out = set()
+
+    def base(e: Any) -> Any:
+        while isinstance(e, (ast.Subscript, ast.Attribute)):
+            e = e.value
+        return e.id if isinstance(e, ast.Name) else None
+
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for tg in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                if isinstance(tg, (ast.Subscript, ast.Attribute)):
+                    out.add(base(tg))
+        elif isinstance(n, ast.Call) and n.args and "atomic" in ast.unparse(n.func):
+            out.add(base(n.args[0]))
+    return out
 
 
 class BoundKernel:

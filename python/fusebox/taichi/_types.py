@@ -149,8 +149,13 @@ def template() -> Template:
 
 
 class NdarrayType:
-    def __init__(self, *args: Any, **kwargs: Any):
-        pass
+    """ti.types.ndarray(dtype=None, ndim=None): a NumPy array argument
+    (element type: a scalar type, ti.types.vector/matrix, or None for the
+    array's own); see _runtime.ndarray_field."""
+
+    def __init__(self, dtype: Any = None, ndim: Any = None, *args: Any, **kwargs: Any):
+        self.dtype = dtype
+        self.ndim = ndim
 
 
 class _TypesModule:

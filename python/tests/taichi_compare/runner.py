@@ -1,7 +1,7 @@
 """Runs one Taichi program under an engine and saves what it returns.
 
     python runner.py program ENGINE PROGRAM.py OUT.npz
-    python runner.py example ENGINE EXAMPLE.py OUT.npz FRAMES [ARRAYS]
+    python runner.py example ENGINE EXAMPLE.py OUT.npz FRAMES
 
 ENGINE is ``taichi`` (the real Taichi installed in this interpreter; its
 ``ti.init`` is made to choose ``arch=ti.cpu`` whatever the program asks) or
@@ -15,24 +15,29 @@ they are saved in OUT.npz.
 ``example``: EXAMPLE.py (one of the examples shipped in the taichi wheel,
 run where it lies) runs as ``__main__``; its GUI loop ends after FRAMES
 frames (``$FUSEBOX_GUI_FRAMES`` under fusebox; under Taichi, a GUI whose
-``show`` stops ``running`` after FRAMES frames, with no window). The
-module-level fields it leaves (anything with ``to_numpy``) are saved in
-OUT.npz, with ``__frames__``, the frames shown; ARRAYS (comma-separated)
-names module-level NumPy arrays to save too (``autodiff/jacobian.py``'s
-Jacobians). An example that plots with matplotlib where it is not
-installed gets a stand-in whose every function does nothing (the plots are
-not compared; the values they show are).
+``show`` stops ``running`` after FRAMES frames, with no window, and
+fusebox.taichi's headless ``ti.ui`` for GGUI windows). Under both,
+matplotlib is stand_ins/matplotlib and Python's and NumPy's random
+streams are seeded alike. The module-level fields it leaves (anything
+with ``to_numpy``) are saved in OUT.npz, with the series it plotted
+(``plot.N.x``, ``plot.N.y``) and ``__frames__``, the frames shown.
 
 Exit status 0 when the program ran to the end; 1 with its traceback on
 stderr otherwise.
 """
 import importlib.util
 import os
+import random
 import sys
 import traceback
 import types
 
 import numpy as np
+
+STAND_INS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stand_ins")
+SEED = 20240607
+UI_STAND_IN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "fusebox", "taichi", "_ui.py")
 
 
 def use_engine(engine):
@@ -111,7 +116,33 @@ def taichi_frame_limit(ti, frames):
             yield from super().get_events(*e_filter)
 
     ti.GUI = HeadlessGUI
+    headless_ggui(ti, frames, shown)
     return shown
+
+
+def headless_ggui(ti, frames, shown):
+    """Under real Taichi: ti.ui's Window, Scene, Camera and Canvas are
+    fusebox.taichi's headless GGUI
+    stand-in (fusebox/taichi/_ui.py, loaded by path: it needs only NumPy),
+    as under fusebox, since GGUI needs Vulkan, which this machine may not
+    have; its frames are counted in `shown`."""
+    spec = importlib.util.spec_from_file_location("fusebox_headless_ui", UI_STAND_IN)
+    ui = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ui)
+    os.environ["FUSEBOX_GUI_FRAMES"] = str(frames)
+    count_window_frames(ui, shown)
+    for name in ("Window", "Scene", "Camera", "Canvas"):
+        setattr(ti.ui, name, getattr(ui, name))
+
+
+def count_window_frames(ui, shown):
+    show = ui.Window.show
+
+    def counted(self):
+        show(self)
+        shown["n"] += 1
+
+    ui.Window.show = counted
 
 
 def count_frames(ti):
@@ -124,6 +155,7 @@ def count_frames(ti):
         shown["n"] += 1
 
     ti.GUI.show = counted
+    count_window_frames(ti.ui, shown)
     return shown
 
 
@@ -140,33 +172,23 @@ def examples_package(path):
             return
 
 
-def matplotlib_stand_in():
-    """matplotlib and matplotlib.pyplot whose every function does nothing,
-    where matplotlib is not installed (neither the tests' interpreter nor
-    Taichi's environment has it)."""
-    try:
-        import matplotlib  # noqa: F401
-        return
-    except ImportError:
-        pass
-
-    class _Nothing(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return lambda *a, **k: None
-
-    mpl = _Nothing("matplotlib")
-    plt = _Nothing("matplotlib.pyplot")
-    mpl.pyplot = plt
-    mpl.__path__ = []
-    sys.modules["matplotlib"] = mpl
-    sys.modules["matplotlib.pyplot"] = plt
+def use_stand_ins():
+    """Under both engines: the matplotlib stand-in (stand_ins/matplotlib)
+    first on sys.path, and Python's and NumPy's random streams seeded, so
+    that an example that draws its data with `random` (autodiff/regression.py)
+    gets the same data under both. Returns the stand-in's list of the
+    series the example plots."""
+    sys.path.insert(0, STAND_INS)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        del sys.modules[name]
+    import matplotlib
+    random.seed(SEED)
+    np.random.seed(SEED)
+    return matplotlib.SERIES
 
 
-def run_example(engine, path, out, frames, arrays=""):
+def run_example(engine, path, out, frames):
     ti = sys.modules["taichi"]
-    matplotlib_stand_in()
     if engine == "taichi":
         shown = taichi_frame_limit(ti, frames)
     else:
@@ -175,6 +197,7 @@ def run_example(engine, path, out, frames, arrays=""):
         examples_package(path)
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(path))
+    plots = use_stand_ins()
     # the example becomes __main__ (inspect finds a kernel's source through
     # sys.modules[its __module__]); its globals stay reachable after exit()
     main_mod = types.ModuleType("__main__")
@@ -188,6 +211,7 @@ def run_example(engine, path, out, frames, arrays=""):
     except SystemExit as e:  # an example that calls exit() at the end has ended
         if e.code not in (None, 0):
             raise
+    ti.sync()  # a launch that failed is the example's failure, not "no field" below
     res = {}
     for k, v in g.items():
         if k.startswith("_") or isinstance(v, type) or not hasattr(v, "to_numpy"):
@@ -198,10 +222,9 @@ def run_example(engine, path, out, frames, arrays=""):
             continue
         if a.dtype != object:
             res[k] = a
-    for k in filter(None, arrays.split(",")):
-        if not isinstance(g.get(k), np.ndarray):
-            raise SystemExit(f"runner.py: the example left no NumPy array named {k!r}")
-        res[k] = np.asarray(g[k])
+    for n, (kind, x, y) in enumerate(plots):
+        res[f"{kind}.{n}.x"] = x
+        res[f"{kind}.{n}.y"] = y
     res["__frames__"] = np.asarray(shown["n"])
     np.savez(out, **res)
 
@@ -215,8 +238,7 @@ def main(argv):
         if kind == "program":
             run_program(os.path.abspath(path), out)
         else:
-            run_example(engine, os.path.abspath(path), out, int(argv[4]),
-                        argv[5] if len(argv) > 5 else "")
+            run_example(engine, os.path.abspath(path), out, int(argv[4]))
     except SystemExit as e:  # an example that calls exit() at the end has ended
         if e.code not in (None, 0):
             raise
