@@ -1098,8 +1098,10 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
                          const fb_value *vals, int nv, int grad, const char *path, char **err) {
   int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
   if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
-  if (grad && (id = fb_remote_kernel_adjoint(r->rem, id)) < 0)
-    return errf(err, id, "%s: %s.grad: %s", path, lk->name, sess_errmsg(r));
+  if (grad && (id = grad == 2 ? fb_remote_kernel_tangent(r->rem, id)
+                              : fb_remote_kernel_adjoint(r->rem, id)) < 0)
+    return errf(err, id, "%s: %s%s: %s", path, lk->name, grad == 2 ? ".dual" : ".grad",
+                sess_errmsg(r));
   if (id >= r->nrnames) {
     const char **v = realloc(r->rnames, sizeof *v * (size_t)(id + 16));
     if (!v) return FB_ENOMEM;
@@ -1126,24 +1128,29 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
 
 /* ---- automatic differentiation (docs/autodiff.md) */
 
-/* 1 when name is "<k>.grad" for a kernel k of the program (and no kernel
- * is named name itself): fwd gets k. */
+/* 1 when name is "<k>.grad", 2 when "<k>.dual" (its tangent, forward
+ * mode), for a kernel k of the program (and no kernel is named name
+ * itself): fwd gets k. */
 static int grad_name(const fb_sess_run *r, const char *name, char *fwd, size_t n) {
   size_t len = strlen(name);
-  if (len <= 5 || len - 5 >= n || strcmp(name + len - 5, ".grad") != 0) return 0;
-  if (fb_program_find_kernel(r->f->prog, name) >= 0) return 0;
+  if (len <= 5 || len - 5 >= n) return 0;
+  int kind = !strcmp(name + len - 5, ".grad") ? 1 : !strcmp(name + len - 5, ".dual") ? 2 : 0;
+  if (!kind || fb_program_find_kernel(r->f->prog, name) >= 0) return 0;
   memcpy(fwd, name, len - 5);
   fwd[len - 5] = 0;
-  return fb_program_find_kernel(r->f->prog, fwd) >= 0;
+  return fb_program_find_kernel(r->f->prog, fwd) >= 0 ? kind : 0;
 }
 
-/* The adjoint of registered kernel id, made by the in-process session. */
-static int local_adjoint(fb_sess_run *r, int id, const char *path, const char **name, char **err) {
+/* The adjoint (kind 1) or tangent (kind 2) of registered kernel id, made
+ * by the in-process session. */
+static int local_adjoint(fb_sess_run *r, int id, int kind, const char *path, const char **name,
+                         char **err) {
   int adj = -1;
-  int rc = fb_session_kernel_adjoint(r->s, id, &adj);
+  int rc = kind == 2 ? fb_session_kernel_tangent(r->s, id, &adj)
+                     : fb_session_kernel_adjoint(r->s, id, &adj);
   if (rc) return errf(err, rc, "%s: %s", path, fb_session_errmsg(r->s));
   static char buf[256]; /* the adjoint's name, for messages */
-  snprintf(buf, sizeof buf, "%s.grad", local_kernel_name(r, id));
+  snprintf(buf, sizeof buf, "%s%s", local_kernel_name(r, id), kind == 2 ? ".dual" : ".grad");
   *name = buf;
   return adj;
 }
@@ -1199,7 +1206,7 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *name = json_string_value(json_object_get(a, "launch"));
   char fwd[256];
-  int grad = grad_name(r, name, fwd, sizeof fwd); /* "k.grad": k's adjoint */
+  int grad = grad_name(r, name, fwd, sizeof fwd); /* "k.grad": k's adjoint; "k.dual": tangent */
   if (grad) name = fwd;
   int ki = fb_program_find_kernel(r->f->prog, name);
   if (ki < 0)
@@ -1242,7 +1249,7 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   int id = kernel_id(r, ir, err);
   if (id < 0) return id;
   const char *kname = ir->name;
-  if (grad && (id = local_adjoint(r, id, path, &kname, err)) < 0) return id;
+  if (grad && (id = local_adjoint(r, id, grad, path, &kname, err)) < 0) return id;
   fb_value ret;
   fb_counters before;
   fb_session_counters(r->s, &before);

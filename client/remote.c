@@ -403,7 +403,9 @@ static int register_kernel(fb_remote *r, const fb_kernel *k, const fb_kernel *sr
   return rc ? rc : id;
 }
 
-int fb_remote_kernel_adjoint(fb_remote *r, int kernel) {
+/* The adjoint (tangent 0) or the tangent (1) of a registered kernel,
+ * made on the server: RegisterKernels' adjoints / tangents. */
+static int remote_derived(fb_remote *r, int kernel, int tangent) {
   if (kernel < 0 || kernel >= r->nk || !r->k[kernel].name)
     return rerr(r, FB_ENOENT, "no kernel with id %d in this session (%d registered)", kernel,
                 r->nk);
@@ -412,8 +414,13 @@ int fb_remote_kernel_adjoint(fb_remote *r, int kernel) {
   Fusebox__V1__RegisterKernelsRequest req = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
   int32_t want = kernel;
   req.session_id = r->id;
-  req.n_adjoints = 1;
-  req.adjoints = &want;
+  if (tangent) {
+    req.n_tangents = 1;
+    req.tangents = &want;
+  } else {
+    req.n_adjoints = 1;
+    req.adjoints = &want;
+  }
   grpc_slice resp = grpc_empty_slice();
   int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
                      sizeof r->err);
@@ -429,18 +436,22 @@ int fb_remote_kernel_adjoint(fb_remote *r, int kernel) {
   int id = m->kernel_ids[0];
   fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
   char name[256];
-  snprintf(name, sizeof name, "%s.grad", r->k[kernel].name);
+  snprintf(name, sizeof name, "%s%s", r->k[kernel].name, tangent ? ".dual" : ".grad");
   kinfo *src = &r->k[kernel];
   if (id >= r->kcap || !r->k[id].name) {
     fb_kernel tmp;
     memset(&tmp, 0, sizeof tmp);
     tmp.name = name;
     tmp.nparams = src->nparams;
-    tmp.ret = FB_T_VOID;
+    tmp.ret = tangent ? src->ret : FB_T_VOID; /* a tangent returns what the kernel does */
     if ((rc = record_kernel(r, id, &tmp, NULL))) return rc;
   }
   return id;
 }
+
+int fb_remote_kernel_adjoint(fb_remote *r, int kernel) { return remote_derived(r, kernel, 0); }
+
+int fb_remote_kernel_tangent(fb_remote *r, int kernel) { return remote_derived(r, kernel, 1); }
 
 int fb_remote_add_kernel(fb_remote *r, const fb_kernel *k) {
   if (!k) return rerr(r, FB_EINVAL, "no kernel given");

@@ -92,6 +92,7 @@ typedef struct sess_kernel {
   fb_irh *h;               /* async: banked IR per task (one reference each) */
   uint64_t bytes;          /* what it retains, as counted in kernel_bytes */
   int adj;                 /* its adjoint's id + 1 (tape.c), 0: none made yet */
+  int tan;                 /* its tangent's id + 1 (tape.c), 0: none made yet */
 } sess_kernel;
 
 /* The kernel of one launch of a flushed window. */

@@ -66,6 +66,8 @@ void fbe_ad_free(fb_session *s) {
 void fbe_tape_forget(fb_session *s, int keep) {
   for (int i = 0; i < s->nkernels && i < keep; i++)
     if (s->kernels[i].adj > keep) s->kernels[i].adj = 0;
+  for (int i = 0; i < s->nkernels && i < keep; i++)
+    if (s->kernels[i].tan > keep) s->kernels[i].tan = 0;
   fbe_ad *a = s->ad;
   if (!a) return;
   for (int i = 0; i < s->layout->nnodes; i++) {
@@ -127,6 +129,41 @@ int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj) {
   }
   s->kernels[kernel].adj = rc + 1; /* kernels may have moved */
   if (adj) *adj = rc;
+  return 0;
+}
+
+/* The tangent (forward mode) of a registered kernel: fb_kernel_tangent
+ * with the layout's dual map, registered like the adjoint above. */
+int fb_session_kernel_tangent(fb_session *s, int kernel, int *tan) {
+  if (!s) return FB_EINVAL;
+  if (kernel < 0 || kernel >= s->nkernels)
+    return fail(s, FB_ENOENT, "no kernel with id %d (the session has %d)", kernel, s->nkernels);
+  sess_kernel *sk = &s->kernels[kernel];
+  if (sk->tan > 0 && sk->tan <= s->nkernels) {
+    if (tan) *tan = sk->tan - 1;
+    return 0;
+  }
+  fb_grad_map d;
+  if (fb_dual_map_from_layout(s->layout, &d))
+    return fail(s, FB_ENOMEM, "kernel '%s': out of memory (dual map)", sk->k->name);
+  fb_kernel *out = NULL;
+  char msg[ERRLEN];
+  msg[0] = 0;
+  int rc = fb_kernel_tangent(sk->k, &d, s->max_stmts, &out, NULL, msg, sizeof msg);
+  fb_grad_map_free(&d);
+  if (rc) {
+    strip_ir_values(msg);
+    return fail(s, rc, "%s", msg[0] ? msg : fb_strerror(rc));
+  }
+  rc = fb_session_add_kernel(s, out); /* the same checks as a client's kernel */
+  fb_kernel_free(out);
+  if (rc < 0) {
+    char why[ERRLEN];
+    snprintf(why, sizeof why, "%s", s->err);
+    return fail(s, rc, "the tangent of kernel '%s': %s", s->kernels[kernel].k->name, why);
+  }
+  s->kernels[kernel].tan = rc + 1; /* kernels may have moved */
+  if (tan) *tan = rc;
   return 0;
 }
 

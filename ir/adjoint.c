@@ -37,6 +37,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "ad_rules.h"
 #include "ir_internal.h"
 
 /* ---------------------------------------------------------------- gradient maps */
@@ -274,35 +275,7 @@ static int out_of_scope(actx *a, int id) {
 }
 
 /* Operand i of s carries s's adjoint back (for active operands). */
-static int diff_operand(const fb_stmt *s, int i) {
-  switch ((fb_op)s->op) {
-  case FB_OP_CAST: return i == 0;
-  case FB_OP_SELECT: return i == 1 || i == 2;
-  case FB_OP_ADD:
-  case FB_OP_SUB:
-  case FB_OP_MUL:
-  case FB_OP_DIV:
-  case FB_OP_REM:
-  case FB_OP_FLOORMOD:
-  case FB_OP_MIN:
-  case FB_OP_MAX:
-  case FB_OP_POW:
-  case FB_OP_ATAN2: return i < 2;
-  case FB_OP_NEG:
-  case FB_OP_ABS:
-  case FB_OP_SQRT:
-  case FB_OP_RSQRT:
-  case FB_OP_SIN:
-  case FB_OP_COS:
-  case FB_OP_TAN:
-  case FB_OP_ASIN:
-  case FB_OP_ACOS:
-  case FB_OP_ATAN:
-  case FB_OP_EXP:
-  case FB_OP_LOG: return i == 0;
-  default: return 0; /* floor, ceil, round, floordiv: zero almost everywhere */
-  }
-}
+static int diff_operand(const fb_stmt *s, int i) { return fb__ad_diff_operand(s, i); }
 
 /* Structure, scope and field accesses of a block, in program order. */
 static int scan_block(actx *a, int blk) {
@@ -923,81 +896,15 @@ static void rev_stmt(actx *a, int id, int sweep, const snaps *sn, int from, int 
     if (a->active[s->args[2]]) acc(a, s->args[2], sel(a, c, z, g));
     break;
   }
-  case FB_OP_ADD:
-    acc(a, a0, g);
-    acc(a, a1, g);
-    break;
-  case FB_OP_SUB:
-    acc(a, a0, g);
-    if (a->active[a1]) acc(a, a1, un(a, FB_OP_NEG, g));
-    break;
-  case FB_OP_MUL:
-    if (a->active[a0]) acc(a, a0, bin(a, FB_OP_MUL, g, B));
-    if (a->active[a1]) acc(a, a1, bin(a, FB_OP_MUL, g, A));
-    break;
-  case FB_OP_DIV: /* d(a/b) = da / b - db * (a/b) / b */
-    if (a->active[a0]) acc(a, a0, bin(a, FB_OP_DIV, g, B));
-    if (a->active[a1]) acc(a, a1, un(a, FB_OP_NEG, bin(a, FB_OP_MUL, g, bin(a, FB_OP_DIV, R, B))));
-    break;
-  case FB_OP_REM:
-  case FB_OP_FLOORMOD: /* r = a - b * q with q = (a - r) / b constant a.e. */
-    acc(a, a0, g);
-    if (a->active[a1])
-      acc(a, a1,
-          un(a, FB_OP_NEG, bin(a, FB_OP_MUL, g, bin(a, FB_OP_DIV, bin(a, FB_OP_SUB, A, R), B))));
-    break;
-  case FB_OP_MIN:
-  case FB_OP_MAX: { /* to the operand the result is (a on ties) */
-    int pick = bin(a, FB_OP_EQ, R, A), z = cst(a, t, 0.0);
-    if (a->active[a0]) acc(a, a0, sel(a, pick, g, z));
-    if (a->active[a1]) acc(a, a1, sel(a, pick, z, g));
+  default: { /* arithmetic and math: the shared rules (ir/ad_rules.c) */
+    fb_ad_em e = {&a->b, a->out, a->cap, a->rc};
+    int gi[2] = {a0 >= 0 && a->active[a0] ? g : -1, a1 >= 0 && a->active[a1] ? g : -1}, c[2];
+    fb__ad_rule(&e, s, A, B, R, gi, c);
+    a->rc = e.rc;
+    if (c[0] >= 0) acc(a, a0, c[0]);
+    if (c[1] >= 0) acc(a, a1, c[1]);
     break;
   }
-  case FB_OP_POW: /* d(a^b) = b a^(b-1) da + a^b log(a) db */
-    if (a->active[a0])
-      acc(a, a0,
-          bin(a, FB_OP_MUL, g,
-              bin(a, FB_OP_MUL, B, bin(a, FB_OP_POW, A, bin(a, FB_OP_SUB, B, cst(a, t, 1.0))))));
-    if (a->active[a1]) acc(a, a1, bin(a, FB_OP_MUL, g, bin(a, FB_OP_MUL, R, un(a, FB_OP_LOG, A))));
-    break;
-  case FB_OP_ATAN2: { /* atan2(y, x): dy x / (x²+y²) - dx y / (x²+y²) */
-    int d = bin(a, FB_OP_ADD, bin(a, FB_OP_MUL, A, A), bin(a, FB_OP_MUL, B, B));
-    if (a->active[a0]) acc(a, a0, bin(a, FB_OP_DIV, bin(a, FB_OP_MUL, g, B), d));
-    if (a->active[a1])
-      acc(a, a1, un(a, FB_OP_NEG, bin(a, FB_OP_DIV, bin(a, FB_OP_MUL, g, A), d)));
-    break;
-  }
-  case FB_OP_NEG: acc(a, a0, un(a, FB_OP_NEG, g)); break;
-  case FB_OP_ABS: { /* sign(a) g, 0 at 0 */
-    int z = cst(a, t, 0.0);
-    int pos = sel(a, bin(a, FB_OP_GT, A, z), g, z);
-    acc(a, a0, sel(a, bin(a, FB_OP_LT, A, z), un(a, FB_OP_NEG, g), pos));
-    break;
-  }
-  case FB_OP_SQRT: acc(a, a0, bin(a, FB_OP_DIV, bin(a, FB_OP_MUL, g, cst(a, t, 0.5)), R)); break;
-  case FB_OP_RSQRT: /* d a^(-1/2) = -0.5 r / a */
-    acc(a, a0,
-        bin(a, FB_OP_MUL, g, bin(a, FB_OP_DIV, bin(a, FB_OP_MUL, cst(a, t, -0.5), R), A)));
-    break;
-  case FB_OP_SIN: acc(a, a0, bin(a, FB_OP_MUL, g, un(a, FB_OP_COS, A))); break;
-  case FB_OP_COS: acc(a, a0, un(a, FB_OP_NEG, bin(a, FB_OP_MUL, g, un(a, FB_OP_SIN, A)))); break;
-  case FB_OP_TAN:
-    acc(a, a0, bin(a, FB_OP_MUL, g, bin(a, FB_OP_ADD, cst(a, t, 1.0), bin(a, FB_OP_MUL, R, R))));
-    break;
-  case FB_OP_ASIN:
-  case FB_OP_ACOS: {
-    int d = un(a, FB_OP_SQRT, bin(a, FB_OP_SUB, cst(a, t, 1.0), bin(a, FB_OP_MUL, A, A)));
-    int q = bin(a, FB_OP_DIV, g, d);
-    acc(a, a0, s->op == FB_OP_ASIN ? q : un(a, FB_OP_NEG, q));
-    break;
-  }
-  case FB_OP_ATAN:
-    acc(a, a0,
-        bin(a, FB_OP_DIV, g, bin(a, FB_OP_ADD, cst(a, t, 1.0), bin(a, FB_OP_MUL, A, A))));
-    break;
-  case FB_OP_EXP: acc(a, a0, bin(a, FB_OP_MUL, g, R)); break;
-  case FB_OP_LOG: acc(a, a0, bin(a, FB_OP_DIV, g, A)); break;
-  default: break; /* no active operand: constants, parameters, loop indices */
   }
 }
 

@@ -187,7 +187,7 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
             "kernel): this request adds %zu",
             first < n && ks[first]->name ? ks[first]->name : "?", (long long)left, n);
   }
-  int32_t *ids = rc ? NULL : calloc(n + m->n_adjoints + 1, sizeof *ids);
+  int32_t *ids = rc ? NULL : calloc(n + m->n_adjoints + m->n_tangents + 1, sizeof *ids);
   if (!rc && !ids) rc = FB_ENOMEM, fb_errf(err, sizeof err, "out of memory");
   if (rc) {
     reply_finish(r, rc, "%s", err);
@@ -235,10 +235,27 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
     }
     ids[n + i] = id;
   }
+  /* tangents (forward mode): the same, after the adjoints */
+  for (size_t i = 0; i < m->n_tangents; i++) {
+    int id = -1;
+    rc = fb_session_kernel_tangent(x->es, m->tangents[i], &id);
+    if (rc) {
+      fb_errf(err, sizeof err, "tangent %zu of %zu: %s", i + 1, m->n_tangents,
+              fb_session_errmsg(x->es));
+      if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: tangent refused: %s", x->tag, err);
+      fb_session_drop_kernels(x->es, before);
+      x->nkernels = before;
+      reply_finish(r, rc, "%s", err);
+      free(ids);
+      fbp_arena_free(&a);
+      return;
+    }
+    ids[n + m->n_adjoints + i] = id;
+  }
   int after = fb_session_kernel_count(x->es);
   x->nkernels = after;
   Fusebox__V1__RegisterKernelsResponse resp = FUSEBOX__V1__REGISTER_KERNELS_RESPONSE__INIT;
-  resp.n_kernel_ids = n + m->n_adjoints;
+  resp.n_kernel_ids = n + m->n_adjoints + m->n_tangents;
   resp.kernel_ids = ids;
   if (!reply_msg(r, &resp.base)) reply_finish(r, FB_OK, NULL);
   r->registered = (uint32_t)(after - before);

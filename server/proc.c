@@ -1450,7 +1450,9 @@ static uint64_t reply_cap(const fbd_proc *p, const fbd_job *j) {
   switch (j->kind) {
   case FBD_J_REGISTER: { /* a source adds at most FBD_SOURCE_INSTANCES instances */
     const Fusebox__V1__RegisterKernelsRequest *m = j->msg;
-    uint64_t n = m ? m->n_kernels + m->n_adjoints + (m->source ? FBD_SOURCE_INSTANCES : 0) : 0;
+    uint64_t n =
+        m ? m->n_kernels + m->n_adjoints + m->n_tangents + (m->source ? FBD_SOURCE_INSTANCES : 0)
+          : 0;
     return 16 + 10 * n;
   }
   case FBD_J_PARSE: /* a layout: at most FB_LAYOUT_MAX_NODES SNodes named in the source */

@@ -611,7 +611,8 @@ static void register_limits(fbd_session *s, fbd_job *j, fbd_reply *r) {
   /* a source's instances are counted where they are made (exec.c), against
    * kernels_left; those the request names count here already */
   size_t asked = m->n_kernels + (m->n_instances < (size_t)INT_MAX ? m->n_instances : INT_MAX) +
-                 (m->n_adjoints < (size_t)INT_MAX ? m->n_adjoints : INT_MAX);
+                 (m->n_adjoints < (size_t)INT_MAX ? m->n_adjoints : INT_MAX) +
+                 (m->n_tangents < (size_t)INT_MAX ? m->n_tangents : INT_MAX);
   if (max > 0 && (s->nkernels >= max || asked > (size_t)(max - s->nkernels))) {
     size_t first = (size_t)(max - (s->nkernels < max ? s->nkernels : max));
     const char *name = first < m->n_kernels && m->kernels[first] && m->kernels[first]->name

@@ -184,6 +184,11 @@ int fb_remote_find_field(const fb_remote *r, const char *name, int comp);
  * A kernel the pass refuses: FB_EVERIFY, the message naming the kernel and
  * what to change. */
 int fb_remote_kernel_adjoint(fb_remote *r, int kernel);
+/* Forward mode: the tangent of a registered kernel ("<name>.dual", with
+ * the kernel's arguments and return value), registered on the server; the
+ * dual of field x is the field "x.dual". Once per kernel, refusals as
+ * above. */
+int fb_remote_kernel_tangent(fb_remote *r, int kernel);
 /* A tape: launches queued between begin and end are recorded; end makes the
  * server launch the gradients' clears, loss.grad = 1 and each recorded
  * launch's adjoint, newest first. Both are queued among the launches (they

@@ -271,6 +271,13 @@ int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
  * arguments). A kernel the pass refuses: FB_EVERIFY (FB_EINVAL for a bad
  * gradient), the message naming the kernel and what to change. */
 int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj);
+/* Register the tangent of a registered kernel (forward mode,
+ * docs/autodiff.md "Forward mode"): fb_kernel_tangent over the layout's
+ * dual map (x.dual), then fb_session_add_kernel, as above; made once per
+ * kernel. *tan receives its id ("<name>.dual": k's parameters and return
+ * value; launched in place of k it also leaves J · (the duals of the
+ * fields k reads) in the duals of the fields it writes). */
+int fb_session_kernel_tangent(fb_session *s, int kernel, int *tan);
 
 /* The tape. Launches between begin and end are recorded (nothing else
  * changes: they run, or are queued, as always). end then launches, as

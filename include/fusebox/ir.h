@@ -412,6 +412,30 @@ int fb_kernel_adjoint(const fb_kernel *k, const fb_grad_map *g, fb_kernel **out,
 int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts,
                          fb_kernel **out, int *bad_stmt, char *err, size_t errlen);
 
+/* Forward mode (docs/autodiff.md "Forward mode"). A dual map is a gradient
+ * map read the other way: per place, the place holding its dual (tangent),
+ * -1 when none. The layout convention: the dual of place N is a place named
+ * "N.dual" in the same container, of N's type. */
+int fb_layout_add_dual(fb_layout *l, int place, char *err, size_t errlen);
+int fb_dual_map_from_layout(const fb_layout *l, fb_grad_map *dual);
+
+/* The tangent of kernel k: a new kernel "<k's name>.dual" with k's
+ * parameters and return type that does what k does and, in program order
+ * beside each active value, computes its tangent: a load of x also loads
+ * x.dual, a store to y also stores y.dual (0 for a value that depends on
+ * no dual), an atomic add (sub) to y also adds the tangent to y.dual, and
+ * locals, if, serial and parallel loops, while, break and continue are
+ * kept as they are. Launched in place of k it leaves, in the duals of the
+ * fields k writes, J · (the duals of the fields k reads). Refused
+ * (FB_EVERIFY, FB_EINVAL for a bad map, FB_EQUOTA past max_stmts when
+ * max_stmts > 0), with a message naming the kernel in the user's terms and
+ * *bad_stmt the statement to blame: internal ops, an active value written
+ * to a field without a dual, float atomic_min/max and append involving a
+ * dual, a used float atomic result on a field with a dual. The result
+ * passes fb_verify. */
+int fb_kernel_tangent(const fb_kernel *k, const fb_grad_map *dual, int max_stmts, fb_kernel **out,
+                      int *bad_stmt, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- interpreter
  * The reference interpreter runs IR on host memory it owns: one flat array
  * per field, indexed row-major by the field's global index (dims in axis

@@ -118,7 +118,9 @@ const char *fb_program_func_name(const fb_program *p, int i);
  * (fb_kernel_adjoint_ex with the layout's x.grad gradient map, at most
  * 100000 statements; docs/autodiff.md), named "k.grad" / "k[a,b].grad"; a
  * refusal returns the pass's FB_EVERIFY or FB_EQUOTA with one diagnostic at
- * the source line:col of the statement it is about. */
+ * the source line:col of the statement it is about. "k.dual" likewise gives
+ * the tangent of k's instance (forward mode: fb_kernel_tangent with the
+ * layout's x.dual map), named "k.dual" / "k[a,b].dual". */
 int fb_program_instantiate(fb_program *p, const char *kernel, const char *const *field_bindings,
                            int nfield, fb_kernel **out, fb_diags *diags);
 

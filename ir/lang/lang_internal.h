@@ -198,6 +198,7 @@ struct node {
   node *chunk_e;
   int size_bad;              /* a size or the chunk is not a valid constant (reported) */
   int has_grad;              /* D_PLACE: `place x: f32 grad` (a gradient place beside it) */
+  int has_dual;              /* D_PLACE: `place x: f32 dual` (a dual place beside it, forward mode) */
 };
 
 /* Parse tokens into top-level declarations (D_LAYOUT, D_FUNC, D_KERNEL). */

@@ -81,6 +81,33 @@ static int check_snode(const fb_program *p, const node *x, int parent_kind, fb_d
   return bad ? -1 : 0;
 }
 
+/* The dual of field fi (forward mode): a field "x.dual" whose places are
+ * "<component>.dual" beside each component (fb_layout_add_dual, the x.dual
+ * convention). 0, or FB_ENOMEM; a refusal is a diagnostic. */
+static int add_dual(fb_program *p, int fi, const node *x, fb_diags *d) {
+  if (FB_GROW(p->fields, p->nfields, p->fcap)) return FB_ENOMEM;
+  lfield *pf = &p->fields[fi], *df = &p->fields[p->nfields];
+  *df = *pf;
+  size_t nl = strlen(x->name);
+  char *dname = la_alloc(&p->arena, nl + 6);
+  if (!dname) return FB_ENOMEM;
+  memcpy(dname, x->name, nl);
+  memcpy(dname + nl, ".dual", 6);
+  df->pub.name = dname;
+  for (int c = 0; c < df->pub.ncomp; c++) {
+    char err[256];
+    int id = fb_layout_add_dual(p->layout, pf->places[c], err, sizeof err);
+    if (id < 0) {
+      if (id == FB_ENOMEM) return id;
+      lang_err(d, x->line, x->col, "%s", err);
+      return 0;
+    }
+    df->places[c] = id;
+  }
+  p->nfields++;
+  return 0;
+}
+
 static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
   if (name_taken(p, x->name)) {
     lang_err(d, x->line, x->col, "the name '%s' is already used by a field or SNode", x->name);
@@ -93,6 +120,13 @@ static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
   if (x->has_grad && !fb_type_is_float(x->ty.t)) {
     lang_err(d, x->line, x->col,
              "'%s' is %s: only f32 and f64 fields have gradients (remove 'grad' or make it a float "
+             "field)",
+             x->name, fb_type_name(x->ty.t));
+    return 0;
+  }
+  if (x->has_dual && !fb_type_is_float(x->ty.t)) {
+    lang_err(d, x->line, x->col,
+             "'%s' is %s: only f32 and f64 fields have duals (remove 'dual' or make it a float "
              "field)",
              x->name, fb_type_name(x->ty.t));
     return 0;
@@ -116,7 +150,8 @@ static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
     f->places[c] = id;
   }
   p->nfields++;
-  if (!x->has_grad) return 0;
+  int fi = p->nfields - 1; /* the primal, where a dual is added after the gradient */
+  if (!x->has_grad) return x->has_dual ? add_dual(p, fi, x, d) : 0;
   /* the gradient: a field "x.grad" whose places are "<component>.grad"
    * beside each component (fb_layout_add_grad, the x.grad convention) */
   if (FB_GROW(p->fields, p->nfields, p->fcap)) return FB_ENOMEM;
@@ -139,7 +174,7 @@ static int add_place(fb_program *p, int parent, const node *x, fb_diags *d) {
     gf->places[c] = id;
   }
   p->nfields++;
-  return 0;
+  return x->has_dual ? add_dual(p, fi, x, d) : 0;
 }
 
 static int build_items(fb_program *p, int parent, int parent_kind, node **kids, int n,

@@ -365,6 +365,10 @@ static int ref_name(lower *L, node *e, lref *r) {
     ERR(L, e, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
         (int)strlen(e->name) - 5, e->name, (int)strlen(e->name) - 5, e->name);
     return -1;
+  } else if (strlen(e->name) > 5 && !strcmp(e->name + strlen(e->name) - 5, ".dual")) {
+    ERR(L, e, "'%.*s' has no dual: declare it with 'place %.*s: f32 dual' (or f64)",
+        (int)strlen(e->name) - 5, e->name, (int)strlen(e->name) - 5, e->name);
+    return -1;
   } else {
     ERR(L, e, "undefined variable '%s'", e->name);
     return -1;
@@ -460,6 +464,9 @@ int lang_ref(lower *L, node *e, lref *r) {
       size_t nl = strlen(e->a->name);
       if (nl > 5 && !strcmp(e->a->name + nl - 5, ".grad"))
         ERR(L, e->a, "'%.*s' has no gradient: declare it with 'place %.*s: f32 grad' (or f64)",
+            (int)nl - 5, e->a->name, (int)nl - 5, e->a->name);
+      else if (nl > 5 && !strcmp(e->a->name + nl - 5, ".dual"))
+        ERR(L, e->a, "'%.*s' has no dual: declare it with 'place %.*s: f32 dual' (or f64)",
             (int)nl - 5, e->a->name, (int)nl - 5, e->a->name);
       else
         ERR(L, e->a, "unknown field '%s' (no field, SNode or variable has this name)",

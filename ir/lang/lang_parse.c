@@ -389,13 +389,16 @@ static node *member(parser *P, node *base, const token *dot) {
     (void)open;
     return call;
   }
-  if (m->len == 4 && !memcmp(m->p, "grad", 4) && base->kind == E_NAME) {
-    /* x.grad: the gradient field of x, a field named "x.grad" */
+  if (m->len == 4 && (!memcmp(m->p, "grad", 4) || !memcmp(m->p, "dual", 4)) &&
+      base->kind == E_NAME) {
+    /* x.grad / x.dual: the gradient / dual field of x, a field named "x.grad" / "x.dual" */
     size_t bl = strlen(base->name);
     char *nm = la_alloc(P->a, bl + 6);
     if (!nm) return NULL;
     memcpy(nm, base->name, bl);
-    memcpy(nm + bl, ".grad", 6);
+    nm[bl] = '.';
+    memcpy(nm + bl + 1, m->p, 4);
+    nm[bl + 5] = 0;
     base->name = nm;
     return base;
   }
@@ -991,9 +994,11 @@ static int parse_place(parser *P, nlist *out) {
     if (!x) return 0;
     x->name = tok_str(P, nt);
     if (!expect(P, T_COLON, "after the field name") || !parse_type(P, &x->ty)) return 0;
-    if (tok_is(peek(P), "grad")) { /* a gradient place beside it */
+    for (;;) { /* `grad` and/or `dual`: a gradient / a dual (tangent) place beside it */
+      if (tok_is(peek(P), "grad") && !x->has_grad) x->has_grad = 1;
+      else if (tok_is(peek(P), "dual") && !x->has_dual) x->has_dual = 1;
+      else break;
       next(P);
-      x->has_grad = 1;
     }
     nl_push(out, x);
   } while (accept(P, T_COMMA));

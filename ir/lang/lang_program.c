@@ -599,7 +599,7 @@ int fb_program_instantiate(fb_program *p, const char *kernel, const char *const 
   if (out) *out = NULL;
   if (!p || !kernel || !out || nfield < 0) return FB_EINVAL;
   size_t kl = strlen(kernel);
-  if (kl > 5 && !strcmp(kernel + kl - 5, ".grad"))
+  if (kl > 5 && (!strcmp(kernel + kl - 5, ".grad") || !strcmp(kernel + kl - 5, ".dual")))
     return instantiate_grad(p, kernel, field_bindings, nfield, out, diags);
   int ki = fb_program_find_kernel(p, kernel);
   if (ki < 0) {
@@ -677,6 +677,9 @@ static void user_names(const fb_program *p, char *msg, size_t n) {
       snprintf(from, sizeof from, "place %s: %s grad", pn, fb_type_name(f->pub.type));
       snprintf(to, sizeof to, "place %s: %s grad", f->pub.name, ty);
       subst(msg, n, from, to);
+      snprintf(from, sizeof from, "place %s: %s dual", pn, fb_type_name(f->pub.type));
+      snprintf(to, sizeof to, "place %s: %s dual", f->pub.name, ty);
+      subst(msg, n, from, to);
       snprintf(from, sizeof from, "'%s'", pn);
       snprintf(to, sizeof to, "'%s'", f->pub.name);
       subst(msg, n, from, to);
@@ -686,7 +689,8 @@ static void user_names(const fb_program *p, char *msg, size_t n) {
 
 /* "k.grad": the adjoint of k's instance for the same bindings
  * (fb_kernel_adjoint_ex, gradients by the layout's x.grad convention),
- * cached like any instance. A refusal is one diagnostic at the source
+ * and "k.dual" its tangent (fb_kernel_tangent, duals by the x.dual
+ * convention), cached like any instance. A refusal is one diagnostic at the source
  * position of the statement it is about. */
 static int instantiate_grad(fb_program *p, const char *kernel, const char *const *field_bindings,
                             int nfield, fb_kernel **out, fb_diags *diags) {
@@ -698,11 +702,13 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
   }
   memcpy(base, kernel, n);
   base[n] = 0;
-  if (n > 5 && !strcmp(base + n - 5, ".grad")) {
+  const char *suffix = kernel + n; /* ".grad" or ".dual" */
+  int dual = !strcmp(suffix, ".dual");
+  if (n > 5 && (!strcmp(base + n - 5, ".grad") || !strcmp(base + n - 5, ".dual"))) {
     fb_diags_add(diags, -1, 0, 0,
-                 "no kernel named '%s': the adjoint of an adjoint (a second derivative) is not "
-                 "supported",
-                 kernel);
+                 "no kernel named '%s': %s of %s (a second derivative) is not supported",
+                 kernel, dual ? "the tangent" : "the adjoint",
+                 !strcmp(base + n - 5, ".dual") ? "a tangent" : "an adjoint");
     return FB_ENOENT;
   }
   fb_kernel *k = NULL;
@@ -715,7 +721,7 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
   size_t gl = strlen(k->name) + 6;
   char *gname = malloc(gl);
   if (!gname) return FB_ENOMEM;
-  snprintf(gname, gl, "%s.grad", k->name);
+  snprintf(gname, gl, "%s%s", k->name, suffix);
   for (int i = 0; i < p->ninsts; i++)
     if (p->insts[i].kernel == ki && !strcmp(p->insts[i].name, gname)) {
       free(gname);
@@ -724,11 +730,13 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
     }
   free(gname);
   fb_grad_map g;
-  if ((rc = fb_grad_map_from_layout(p->layout, &g)) != 0) return rc;
+  if ((rc = dual ? fb_dual_map_from_layout(p->layout, &g) : fb_grad_map_from_layout(p->layout, &g)))
+    return rc;
   fb_kernel *adj = NULL;
   char err[768] = "";
   int bad = -1;
-  rc = fb_kernel_adjoint_ex(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err);
+  rc = dual ? fb_kernel_tangent(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err)
+            : fb_kernel_adjoint_ex(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err);
   fb_grad_map_free(&g);
   if (rc) {
     int line = 0, col = 0;

@@ -64,6 +64,55 @@ class GradKernel:
         return f"<fusebox adjoint of {self._k.info.signature}>"
 
 
+def dual_field(f: "Field") -> "Field":
+    """The Field holding f's dual (forward mode), or a clear error when it has none."""
+    from fusebox.session import Field
+    s = f._s
+    info = s.program.fields.get(f.info.name + ".dual")
+    if info is None:
+        raise Error(f"field '{f.info.name}' has no dual: declare it with one "
+                    f"('place {f.info.name}: {f.dtype.name.replace('float', 'f')} dual' "
+                    "in the program)")
+    return Field(s, info)
+
+
+class DualKernel:
+    """``k.dual``: launches the tangent of kernel k (forward mode) with k's
+    arguments: it does what k does and, in the duals of the fields k writes,
+    leaves J times the duals of the fields k reads. Returns what k returns."""
+
+    def __init__(self, k: "Kernel"):
+        self._k = k
+        self.name = k.info.name + ".dual"
+        self.__doc__ = f"Launch the tangent of {k.info.signature}."
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        k = self._k
+        s = k._s
+        s._check_open()
+        fields, values = s._bind_values(k, k._bind(args, kwargs))
+        kid = s._kernel_id(k.info, tuple(fields))
+        tan = s._tangents.get(kid)
+        if tan is None:
+            req = pb.RegisterKernelsRequest(session_id=s.id, tangents=[kid])
+            tan = int(s._c._call("RegisterKernels", req).kernel_ids[0])
+            s._tangents[kid] = tan
+            s._names[tan] = s._names.get(kid, k.info.name) + ".dual"
+        s._pending.append(pb.Launch(kernel=tan, args=values))
+        s._unsynced = True
+        if k.info.ret is not None:
+            res = s.sync()
+            for _seq, _, v in reversed(res.returns):
+                return v
+            raise Error(f"{self.name}(): the server sent no return value")
+        if len(s._pending) >= s._batch:
+            s._send()
+        return None
+
+    def __repr__(self) -> str:
+        return f"<fusebox tangent of {self._k.info.signature}>"
+
+
 class Tape:
     """``with s.tape(loss):`` (see the module's docstring)."""
 

@@ -318,6 +318,12 @@ class Kernel:
         """The kernel's adjoint, callable with its arguments (docs/autodiff.md)."""
         return _ad.GradKernel(self)
 
+    @property
+    def dual(self) -> "_ad.DualKernel":
+        """The kernel's tangent (forward mode), callable with its arguments
+        (docs/autodiff.md "Forward mode")."""
+        return _ad.DualKernel(self)
+
     def __repr__(self) -> str:
         return f"<fusebox kernel {self.info.signature}>"
 
@@ -399,6 +405,11 @@ class Field:
     def grad(self) -> "Field":
         """The field holding this field's gradient ("x.grad"; docs/autodiff.md)."""
         return _ad.grad_field(self)
+
+    @property
+    def dual(self) -> "Field":
+        """The field holding this field's dual ("x.dual", forward mode; docs/autodiff.md)."""
+        return _ad.dual_field(self)
 
     def to_numpy(self, out: Optional[np.ndarray] = None, *, progress: Optional[bool] = None,
                  timeout: Optional[float] = None) -> np.ndarray:
@@ -766,6 +777,7 @@ class Session:
         self._sent = 0  # launches handed to the stream (Cancel's through_launch)
         self._names: Dict[int, str] = {}
         self._adjoints: Dict[int, int] = {}  # kernel id -> its adjoint's (autodiff.py)
+        self._tangents: Dict[int, int] = {}  # kernel id -> its tangent's (autodiff.py)
         self._marks: List[Any] = []  # tape marks of the next message
         self._tape: Any = None  # the tape recording, if any
         self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}

@@ -49,6 +49,9 @@ EXAMPLES = [
     ("simulation/nbody.py", 2, "shapes"),
     ("simulation/game_of_life.py", 3, "shapes"),
     ("autodiff/minimization.py", 0, "shapes"),
+    # forward mode (ti.ad.FwdMode, x.dual) and reverse: the Jacobian both ways,
+    # compared as the two images it shows (imshow.0.y, imshow.1.y)
+    ("autodiff/jacobian.py", 0, ("close", 1e-5, 1e-6, 0.0)),
     ("simulation/ad_gravity.py", 2, "shapes"),
     ("simulation/mpm128.py", 1, "shapes"),
     ("simulation/mass_spring_game.py", 2, ("close", 1e-4, 1e-5, 0.0)),

@@ -1,7 +1,8 @@
 """Hostile gradient requests through the protocol (docs/autodiff.md, "The
 tape"): tape marks naming fields that do not exist or are not losses, ends
 without begins, nested begins, marks placed far past the message's
-launches, and adjoints asked for kernel ids that do not exist. Each is
+launches, and adjoints and tangents (forward mode) asked for kernel ids
+that do not exist. Each is
 refused as an error of that session (the adjoint request as a call error),
 the session goes on, the server stays SERVING and another tenant's field is
 unchanged. Both isolation modes."""
@@ -33,6 +34,16 @@ def test_hostile_tape_marks_and_adjoints(make_server, isolation):
         expect_error(lambda: c.register(pb.RegisterKernelsRequest(session_id=sid, adjoints=[bad]),
                                         timeout=RPC_TIMEOUT),
                      grpc.StatusCode.NOT_FOUND, "no kernel with id")
+        # ... nor tangents (forward mode), alone or after a good one
+        for tangents in ([bad], [kid, bad]):
+            expect_error(lambda: c.register(pb.RegisterKernelsRequest(session_id=sid,
+                                                                      tangents=tangents),
+                                            timeout=RPC_TIMEOUT),
+                         grpc.StatusCode.NOT_FOUND, "no kernel with id")
+    # a tangent asked for twice is made once (the layout has no duals: k itself)
+    ids = c.register(pb.RegisterKernelsRequest(session_id=sid, tangents=[kid, kid]),
+                     timeout=RPC_TIMEOUT).kernel_ids
+    assert len(ids) == 2 and ids[0] == ids[1] != kid, ids
     st = Stream(c, sid)
     n = 0
     hostile = [

@@ -76,7 +76,8 @@ def field(dtype: Any, shape: Any = None, name: str = "", offset: Any = None,
     """ti.field(dtype, shape=...): with shape, a dense block of its own;
     without, place it later with ti.root....place(x); shape=() is 0-D."""
     from fusebox.taichi import _runtime
-    return _runtime.rt().make_field(dtype, (), shape, name, needs_grad, {"offset": offset})
+    return _runtime.rt().make_field(dtype, (), shape, name, needs_grad, {"offset": offset},
+                                    needs_dual)
 
 
 from fusebox.taichi import math  # noqa: E402  (ti.math; also importable as taichi.math)
@@ -86,6 +87,7 @@ from fusebox.taichi import math  # noqa: E402  (ti.math; also importable as taic
 class _Ad:
     """ti.ad: the tape and gradient helpers (docs/from-taichi.md)."""
     Tape = _runtime.Tape
+    FwdMode = _runtime.FwdMode
 
     @staticmethod
     def clear_all_gradients(gradient_type: Any = None) -> None:

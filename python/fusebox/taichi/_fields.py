@@ -135,6 +135,11 @@ class SNode:
         for f in fields:
             if not isinstance(f, Field):
                 raise TypeError(f"place(): {f!r} is not a field")
+            if isinstance(f, DualField):  # place(x, x.dual): the dual lives beside x
+                if f.primal.snode is not None and f.primal.snode is not self:
+                    raise TaichiSyntaxError(_grad_beside(f.primal).replace("gradient", "dual")
+                                            .replace("needs_grad", "needs_dual"))
+                continue
             if isinstance(f, GradField):
                 self._place_grad(f)
                 continue
@@ -168,7 +173,12 @@ class SNode:
                 f.needs_grad = True
 
     def lazy_dual(self) -> None:
-        pass
+        """Give every float field placed below this SNode a dual (as if
+        declared with needs_dual=True): forward mode, ti.ad.FwdMode."""
+        self._rt._check_open_layout("lazy_dual()")
+        for f in self._fields_below():
+            if f.dtype.fbk.startswith("f"):
+                f.needs_dual = True
 
     # -- properties
     @property
@@ -241,6 +251,8 @@ class Field:
         self.needs_grad = False
         self.grad_snode: Optional[SNode] = None  # where place(x.grad) put the gradient
         self._grad: Optional["GradField"] = None
+        self.needs_dual = False
+        self._dual: Optional["DualField"] = None
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -262,6 +274,20 @@ class Field:
         if self._grad is None:
             self._grad = GradField(self)
         return self._grad
+
+    @property
+    def dual(self) -> "DualField":
+        """The dual field (forward mode; ``place x: T dual`` in the layout,
+        its .fbk name ``x.dual``): Python-scope access and ``x.dual[i]`` in
+        kernels, like any field."""
+        if not self.needs_dual:
+            raise TaichiRuntimeError(
+                f"field '{self.name or self.hint or '?'}' (declared at {self.where[0]}:"
+                f"{self.where[1]}) has no dual: declare it with needs_dual=True (or call "
+                "ti.root.lazy_dual() after placing it)")
+        if self._dual is None:
+            self._dual = DualField(self)
+        return self._dual
 
     def _no_grad(self) -> TaichiRuntimeError:
         return TaichiRuntimeError(
@@ -375,9 +401,11 @@ class GradField(Field):
         self.primal = primal
         self.where = primal.where
 
+    _suffix = ".grad"
+
     @property  # type: ignore[override]
     def name(self) -> str:
-        return self.primal.name + ".grad" if self.primal.name else ""
+        return self.primal.name + self._suffix if self.primal.name else ""
 
     @name.setter
     def name(self, v: str) -> None:
@@ -401,8 +429,22 @@ class GradField(Field):
         raise TaichiRuntimeError("a gradient field has no gradient of its own (second "
                                  "derivatives are not supported)")
 
+    @property
+    def dual(self) -> "DualField":
+        raise TaichiRuntimeError("a gradient or dual field has no dual of its own (second "
+                                 "derivatives are not supported)")
+
     def __repr__(self) -> str:
         return f"<ti field {self.name or '?'} {self.fbk_type()} shape={self.shape}>"
+
+
+class DualField(GradField):
+    """x.dual: the dual (tangent) of a field in forward mode, a field of the
+    same type and shape placed beside it (docs/autodiff.md "Forward mode")."""
+    _suffix = ".dual"
+
+    def _f(self) -> Any:
+        return Field._f(self)  # x.dual exists only for a field declared with a dual
 
 
 def _grad_beside(f: Field) -> str:
@@ -456,7 +498,7 @@ def layout_lines(root: SNode) -> List[Tuple[str, Tuple[str, int]]]:
     def walk(n: SNode, ind: str) -> None:
         for c in n.children:
             if isinstance(c, Field):
-                g = " grad" if c.needs_grad else ""
+                g = (" grad" if c.needs_grad else "") + (" dual" if c.needs_dual else "")
                 out.append((f"{ind}place {c.name}: {c.fbk_type()}{g}", c.where[:2]))
             else:
                 ax = "".join(_AXES[a] for a in c.ax)

@@ -363,7 +363,8 @@ class Vector:
     def field(n: int, dtype: Any = None, shape: Any = None, name: str = "",
               needs_grad: bool = False, **kw: Any) -> Any:
         from fusebox.taichi import _runtime
-        return _runtime.rt().make_field(dtype, (int(n),), shape, name, needs_grad, kw)
+        nd = bool(kw.pop("needs_dual", False))
+        return _runtime.rt().make_field(dtype, (int(n),), shape, name, needs_grad, kw, nd)
 
     @staticmethod
     def zero(dt: Any, n: int) -> Any:
@@ -390,7 +391,8 @@ class Matrix:
     def field(n: int, m: int, dtype: Any = None, shape: Any = None, name: str = "",
               needs_grad: bool = False, **kw: Any) -> Any:
         from fusebox.taichi import _runtime
-        return _runtime.rt().make_field(dtype, (int(n), int(m)), shape, name, needs_grad, kw)
+        nd = bool(kw.pop("needs_dual", False))
+        return _runtime.rt().make_field(dtype, (int(n), int(m)), shape, name, needs_grad, kw, nd)
 
     @staticmethod
     def zero(dt: Any, n: int, m: Optional[int] = None) -> Any:

@@ -57,6 +57,7 @@ class Runtime:
         self.helpers: Dict[Any, int] = {}
         self.closed = False
         self.tape: Any = None  # the ti.ad.Tape recording, if any
+        self.fwd: Any = None  # the ti.ad.FwdMode entered, if any
         self.generation = 0  # sessions replaced by _reopen_layout so far
         self.nd_fields: Dict[Any, Field] = {}  # the fields of ndarray arguments (ndarray_field)
         self.saved: Dict[str, np.ndarray] = {}  # values to restore into the next session
@@ -80,13 +81,15 @@ class Runtime:
         on first use. Only for all-dense layouts (reading a sparse field
         back would lose which cells are active) and not while a tape
         records. False where it cannot (the caller raises)."""
-        if self.tape is not None or self._sparse_below(self.root):
+        if self.tape is not None or self.fwd is not None or self._sparse_below(self.root):
             return False
         saved: Dict[str, np.ndarray] = {}
         for f in self._placed():
             saved[f.name] = f.to_numpy()
             if f.needs_grad:
                 saved[f.name + ".grad"] = f.grad.to_numpy()
+            if f.needs_dual:
+                saved[f.name + ".dual"] = f.dual.to_numpy()
         try:
             self.session.close()
         except Exception:
@@ -110,7 +113,7 @@ class Runtime:
             self.session.fields[nm].from_numpy(a)
 
     def make_field(self, dtype: Any, elem: Tuple[int, ...], shape: Any, name: str,
-                   needs_grad: bool, kw: Dict[str, Any]) -> Field:
+                   needs_grad: bool, kw: Dict[str, Any], needs_dual: bool = False) -> Field:
         if kw.get("offset") is not None:
             raise TaichiSyntaxError("ti.field(..., offset=...) is not supported by "
                                     "fusebox.taichi: subtract the offset in the index instead")
@@ -121,6 +124,11 @@ class Runtime:
                 raise TaichiTypeError(f"needs_grad=True on a field of {f.dtype.fbk}: only "
                                       "float fields (f32, f64) have gradients")
             f.needs_grad = True
+        if needs_dual:
+            if not f.dtype.fbk.startswith("f"):
+                raise TaichiTypeError(f"needs_dual=True on a field of {f.dtype.fbk}: only "
+                                      "float fields (f32, f64) have duals")
+            f.needs_dual = True
         self.fields.append(f)
         if shape is not None:
             sh = shape_tuple(shape)
@@ -252,7 +260,10 @@ class Runtime:
         from fusebox.errors import ServerError
         if not isinstance(e, ServerError) or e.status != grpc.StatusCode.INVALID_ARGUMENT:
             return e
-        return TaichiCompilationError(map_diagnostics(e.message, lines))
+        msg = map_diagnostics(e.message, lines)
+        # forward mode's fix in Taichi's terms: a field declared with a dual
+        msg = re.sub(r"\(place [\w.]+: [\w\[\]]+ dual\)", "(needs_dual=True)", msg)
+        return TaichiCompilationError(msg)
 
     def close(self) -> None:
         self.closed = True
@@ -476,11 +487,20 @@ class Kernel:
             inst[5] = r.register(lines, name + ".grad", self.fn.__name__ + ".grad")
         return inst[5]
 
+    def _tangent(self, r: Runtime, inst: List[Any]) -> int:
+        """The id of the tangent of an instance (forward mode): ``"k.dual"``
+        registered from the kernel's program, as the adjoint above."""
+        if inst[6] is None:
+            name, lines = inst[3], inst[4]
+            inst[6] = r.register(lines, name + ".dual", self.fn.__name__ + ".dual")
+        return inst[6]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         r, inst, values = self._prepare(args, kwargs)
         if r.tape is not None:
             self._adjoint(r, inst)  # refused before it is recorded
-        r.launch(inst[0], values)
+        # inside ti.ad.FwdMode the kernel's tangent runs in its place
+        r.launch(inst[0] if r.fwd is None else self._tangent(r, inst), values)
         self._copy_back()
         if inst[2] is not None:
             res = r.session.sync()
@@ -509,8 +529,8 @@ class Kernel:
                 prog.funcs.pop(fk, None)
             del prog.func_lines[n_func_lines:]
             raise
-        # kid, parameter types, return type, .fbk name, program lines, adjoint id
-        return [kid, [p for _, p in params], ret, name, lines, None]
+        # kid, parameter types, return type, .fbk name, program lines, adjoint id, tangent id
+        return [kid, [p for _, p in params], ret, name, lines, None, None]
 
 
 def ndarray_field(r: Runtime, fn: Any, pname: str, ann: Any, val: Any,
@@ -622,6 +642,81 @@ def clear_all_gradients() -> None:
         g.fill(0)
 
 
+def clear_all_duals() -> None:
+    """Set every dual field to 0 (forward mode)."""
+    r = rt()
+    for f in r.fields:
+        if f.needs_dual:
+            f.dual.fill(0)
+
+
+class FwdMode:
+    """``with ti.ad.FwdMode(loss=, param=, seed=):`` forward mode. Entering
+    sets every dual to 0 (``clear_gradients=False`` keeps them) and
+    param.dual to the seed; the kernels launched inside run their tangent
+    ("k.dual", made on the server) in their place, so on leaving each
+    loss's dual holds J · seed, the derivative along the seed. Leaving sets
+    param.dual back to 0."""
+
+    def __init__(self, loss: Any, param: Any, seed: Any = None, clear_gradients: bool = True):
+        losses = loss if isinstance(loss, (list, tuple)) else [loss]
+        for ls in losses:
+            if not isinstance(ls, Field) or ls.elem:
+                what = "a vector or matrix field" if isinstance(ls, Field) else type(ls).__name__
+                raise TaichiTypeError("ti.ad.FwdMode(loss=...): the loss must be a scalar field "
+                                      f"(or a list of them) with needs_dual=True, not {what}")
+        if not isinstance(param, Field) or param.elem:
+            raise TaichiTypeError("ti.ad.FwdMode(param=...): the parameter must be a scalar "
+                                  "field with needs_dual=True (vector and matrix fields are not "
+                                  "supported, as in Taichi)")
+        self.losses = list(losses)
+        self.param = param
+        self.seed = None if seed is None else [float(x) for x in seed]
+        self.clear = clear_gradients
+
+    def __enter__(self) -> "FwdMode":
+        r = rt()
+        r._materialize()
+        if r.fwd is not None:
+            raise TaichiRuntimeError("ti.ad.FwdMode: forward mode is already entered (it does "
+                                     "not nest)")
+        if r.tape is not None:
+            raise TaichiRuntimeError("ti.ad.FwdMode: a ti.ad.Tape is recording; end it first")
+        for f in [self.param] + self.losses:
+            if f._rt is not r:
+                raise TaichiRuntimeError("ti.ad.FwdMode: the field belongs to an earlier "
+                                         "ti.init()")
+            f.dual  # the clear error when it has no dual
+        n = int(np.prod(self.param.shape)) if self.param.shape else 1
+        if self.seed is None:
+            if n != 1:
+                raise TaichiRuntimeError(
+                    f"ti.ad.FwdMode: seed= is needed for the parameter '{self.param.name}' of "
+                    f"{n} elements: a list of {n} numbers, the direction of the derivative "
+                    "(e.g. [0, ..., 1, ..., 0] for the derivative with respect to one element)")
+            self.seed = [1.0]
+        if len(self.seed) != n:
+            raise TaichiRuntimeError(
+                f"ti.ad.FwdMode: the seed has {len(self.seed)} numbers; the parameter "
+                f"'{self.param.name}' has {n} elements: give one number per element")
+        if self.clear:
+            clear_all_duals()
+        dual = self.param.dual
+        if self.param.shape:
+            dual.from_numpy(np.array(self.seed, dtype=self.param.dtype.np)
+                            .reshape(self.param.shape))
+        else:
+            dual[None] = self.seed[0]
+        r.fwd = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        r = rt()
+        r.fwd = None
+        if r.session is not None and not r.closed:
+            self.param.dual.fill(0)  # the seed is taken back, as in Taichi
+
+
 class Tape:
     """``with ti.ad.Tape(loss):`` maps onto the session's tape: the launches
     inside are recorded; at the end the server clears the gradients they
@@ -645,6 +740,9 @@ class Tape:
     def __enter__(self) -> "Tape":
         r = rt()
         r._materialize()
+        if r.fwd is not None:
+            raise TaichiRuntimeError("ti.ad.Tape: forward mode (ti.ad.FwdMode) is entered; "
+                                     "leave it first")
         if r.tape is not None:
             raise TaichiRuntimeError("ti.ad.Tape: a tape is already recording (tapes do not "
                                      "nest)")

@@ -7,7 +7,8 @@ simple_derivative.py, diff_sph/diff_sph.py) draw their results with
 matplotlib. Rather than install matplotlib into both interpreters (a large
 download that CI and the benchmarks' read-only Taichi environment would
 need too) and render pictures nobody compares, this stand-in records the
-data series the example hands to ``plot`` and ``scatter``; runner.py saves
+data series the example hands to ``plot`` and ``scatter`` (and the images
+to ``imshow``, saved as ``imshow.N.y``); runner.py saves
 them (``plot.N.x``, ``plot.N.y``) beside the module-level fields, so that
 what the example would draw (a derivative, a fitted curve, a loss history)
 is compared between Taichi and fusebox.taichi like any field. Cosmetic

@@ -1,8 +1,9 @@
-"""matplotlib.pyplot, stood in for (see __init__.py): plot and scatter
-record their data; the rest of what the wheel's examples call does nothing."""
+"""matplotlib.pyplot, stood in for (see __init__.py): plot, scatter and
+imshow record their data; the rest of what the wheel's examples call does
+nothing."""
 from matplotlib import record
 
-_COSMETIC = ("title", "xlabel", "ylabel", "legend", "grid", "show", "figure", "close",
+_COSMETIC = ("title", "subplot", "xlabel", "ylabel", "legend", "grid", "show", "figure", "close",
              "tight_layout", "savefig", "xlim", "ylim", "set_title", "set_xlabel",
              "set_ylabel", "set_xlim", "set_ylim", "set_position", "set_color")
 
@@ -46,6 +47,12 @@ def plot(*args, **kwargs):
 
 def scatter(*args, **kwargs):
     record("scatter", args)
+
+
+def imshow(image, **kwargs):
+    """An image (autodiff/jacobian.py shows its Jacobians): saved as
+    imshow.N.y, its rows numbered in imshow.N.x."""
+    record("imshow", (image,))
 
 
 def __getattr__(name):
