@@ -6,7 +6,8 @@ PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libclang-rt-19-dev l
       libprotobuf-c-dev protobuf-c-compiler libjansson-dev libpng-dev check libseccomp-dev
       protobuf-compiler python3-grpcio python3-protobuf python3-pytest
       python3-numpy python3-pip python3-setuptools python3-wheel
-      libssl-dev libmicrohttpd-dev openssl)
+      libssl-dev libmicrohttpd-dev openssl
+      patchelf xz-utils) # patchelf, xz: scripts/gpu_bundle.sh
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
