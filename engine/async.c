@@ -126,7 +126,8 @@ static void bg_harvest(fb_session *s) {
     *p = g->next;
     a->nbg--;
     if (g->c.rc) {
-      cmap_put(a, g->h, &g->standin, g->c.task.ir, g->c.task.loop); /* not compiled again: the stand-in stays */
+      /* not compiled again: the stand-in stays */
+      cmap_put(a, g->h, &g->standin, g->c.task.ir, g->c.task.loop);
     } else {
       cmap_put(a, g->h,
                &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv},

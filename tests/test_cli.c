@@ -607,7 +607,8 @@ START_TEST(repeated_action_errors_name_their_launch) {
              "{ \"name\": \"rep\", \"program\": \"rep.fbk\",\n"
              "  \"setup\": [ {\"launch\": \"zero\"} ],\n"
              "  \"step\": [ {\"repeat\": 5, \"do\": [ {\"launch\": \"zero\"},\n"
-             "              {\"repeat\": 4, \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
+             "              {\"repeat\": 4,\n"
+             "               \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
              "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
              "  \"checks\": [ {\"read\": \"u\", \"sum\": 5.0} ] }\n");
   /* setup's zero (#1), the step's zero (#2), bump (#3, #4: u[1], u[2]),
@@ -634,9 +635,11 @@ START_TEST(repeated_action_errors_name_their_launch) {
   write_file("rep.json",
              "{ \"name\": \"rep\", \"program\": \"rep.fbk\",\n"
              "  \"step\": [ {\"repeat\": 5, \"do\": [ {\"launch\": \"zero\"},\n"
-             "              {\"repeat\": 2, \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
+             "              {\"repeat\": 2,\n"
+             "               \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
              "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
-             "  \"checks\": [ {\"read\": \"u\", \"sum\": 5.0}, {\"read\": \"n\", \"equals\": 2} ] }\n");
+             "  \"checks\": [ {\"read\": \"u\", \"sum\": 5.0},\n"
+             "              {\"read\": \"n\", \"equals\": 2} ] }\n");
   for (int m = 0; m < 2; m++) {
     snprintf(cmd, sizeof cmd, "%s run %s/rep.json --local --mode %s", fusebox(), tmpdir, modes[m]);
     int rc = sh(cmd, &out);
