@@ -17,6 +17,7 @@
 #include "client/cli.h"
 #include "fusebox/client.h"
 #include "ir/base.h"
+#include "ir/map.h"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -666,6 +667,16 @@ typedef struct kcache {
 
 /* A running session: in-process (eng, s) or on a fuseboxd (cli, rem),
  * possibly a private one this process started (daemon). */
+/* One action of the file, as the runner last resolved it (see acts). */
+typedef struct act_memo {
+  uint32_t path; /* its path, in r->paths */
+  int id;        /* >= 0: an in-process launch of kernel id, resolved: */
+  int nv;        /* its scalar arguments */
+  fb_value *vals;
+  char *kname;  /* the kernel's name in messages */
+  fb_type ret;  /* what it returns */
+} act_memo;
+
 struct fb_sess_run {
   fb_sess_file *f;
   fb_sess_opts o;
@@ -694,6 +705,16 @@ struct fb_sess_run {
   uint32_t npaths, cappaths;
   uint32_t *launch_path;
   uint64_t nlaunch, caplaunch;
+  /* What the runner keeps of each action it has run (keyed by the
+   * action's JSON object, which stays put for the run; acts holds indices
+   * into act): its path, interned in paths, and for an in-process launch
+   * what the launch resolved to. A step that repeats an action a thousand
+   * times then formats no path and looks up no kernel, instance or
+   * argument again (bench/overhead/fill_scalar: a third of its CPU time
+   * a launch went there, in either mode). */
+  fb_map acts;
+  struct act_memo *act;
+  int nact, capact;
   const char **rnames; /* kernel names by server kernel id (borrowed from the program) */
   int nrnames;
   /* how many times each save action has come up (its {step}) */
@@ -773,26 +794,25 @@ static void progress(fb_sess_run *r) {
   r->pshown = 1;
 }
 
-/* Note that the next launch (number r->nlaunch) comes from the action at path. */
-static int note_launch(fb_sess_run *r, const char *path) {
-  progress(r);
-  uint32_t p = r->npaths;
+/* The index of path in r->paths, added when new; -1 out of memory. */
+static int64_t intern_path(fb_sess_run *r, const char *path) {
   for (uint32_t i = r->npaths; i-- > 0;)
-    if (!strcmp(r->paths[i], path)) {
-      p = i;
-      break;
-    }
-  if (p == r->npaths) {
-    if (r->npaths == r->cappaths) {
-      uint32_t nc = r->cappaths ? r->cappaths * 2 : 16;
-      char **v = realloc(r->paths, sizeof *v * nc);
-      if (!v) return FB_ENOMEM;
-      r->paths = v;
-      r->cappaths = nc;
-    }
-    if (!(r->paths[p] = strdup(path))) return FB_ENOMEM;
-    r->npaths++;
+    if (!strcmp(r->paths[i], path)) return i;
+  if (r->npaths == r->cappaths) {
+    uint32_t nc = r->cappaths ? r->cappaths * 2 : 16;
+    char **v = realloc(r->paths, sizeof *v * nc);
+    if (!v) return -1;
+    r->paths = v;
+    r->cappaths = nc;
   }
+  if (!(r->paths[r->npaths] = strdup(path))) return -1;
+  return r->npaths++;
+}
+
+/* Note that the next launch (number r->nlaunch) comes from the action
+ * whose path is r->paths[p]. */
+static int note_launch_at(fb_sess_run *r, uint32_t p) {
+  progress(r);
   if (r->nlaunch == r->caplaunch) {
     uint64_t nc = r->caplaunch ? r->caplaunch * 2 : 256;
     uint32_t *v = realloc(r->launch_path, sizeof *v * nc);
@@ -802,6 +822,29 @@ static int note_launch(fb_sess_run *r, const char *path) {
   }
   r->launch_path[r->nlaunch++] = p;
   return 0;
+}
+
+/* Note that the next launch comes from the action at path. */
+static int note_launch(fb_sess_run *r, const char *path) {
+  int64_t p = intern_path(r, path);
+  return p < 0 ? FB_ENOMEM : note_launch_at(r, (uint32_t)p);
+}
+
+/* The memo of action a, item i of the list at path parent; made when new
+ * (its path "parent[i]" interned, nothing resolved). NULL out of memory. */
+static act_memo *act_of(fb_sess_run *r, json_t *a, const char *parent, size_t i) {
+  uint32_t *ix = fb_map_get(&r->acts, (uint64_t)(uintptr_t)a);
+  if (ix) return &r->act[*ix];
+  char sub[1024];
+  snprintf(sub, sizeof sub, "%s[%zu]", parent, i);
+  int64_t p = intern_path(r, sub);
+  if (p < 0 || FB_GROW(r->act, r->nact, r->capact)) return NULL;
+  int added = 0;
+  if (!(ix = fb_map_put(&r->acts, (uint64_t)(uintptr_t)a, &added))) return NULL;
+  *ix = (uint32_t)r->nact;
+  act_memo *m = &r->act[r->nact++];
+  *m = (act_memo){(uint32_t)p, -1, 0, NULL, NULL, FB_T_VOID};
+  return m;
 }
 
 /* The action that made launch n (0-based), or NULL when unknown. */
@@ -972,6 +1015,7 @@ static void session_async_options(json_t *sc, unsigned off, fb_session_config *c
 
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
   fb_sess_run *r = calloc(1, sizeof *r);
+  if (r) fb_map_init(&r->acts, sizeof(uint32_t));
   if (!r) return FB_ENOMEM;
   r->f = f;
   r->o = *o;
@@ -1038,6 +1082,12 @@ void fb_sess_stop(fb_sess_run *r) {
   free(r->hk);
   for (uint32_t i = 0; i < r->npaths; i++) free(r->paths[i]);
   free(r->paths);
+  for (int i = 0; i < r->nact; i++) {
+    free(r->act[i].vals);
+    free(r->act[i].kname);
+  }
+  free(r->act);
+  fb_map_free(&r->acts);
   free(r->launch_path);
   free(r->rnames);
   free(r->saves);
@@ -1203,7 +1253,11 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
   return rc ? local_error(r, rc, end, NULL, err) : 0;
 }
 
+static int launch_resolved(fb_sess_run *r, const act_memo *m, const char *path, char **err);
+
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  uint32_t *ix = fb_map_get(&r->acts, (uint64_t)(uintptr_t)a);
+  if (ix && r->act[*ix].id >= 0) return launch_resolved(r, &r->act[*ix], path, err);
   const char *name = json_string_value(json_object_get(a, "launch"));
   char fwd[256];
   int grad = grad_name(r, name, fwd, sizeof fwd); /* "k.grad": k's adjoint; "k.dual": tangent */
@@ -1250,23 +1304,44 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (id < 0) return id;
   const char *kname = ir->name;
   if (grad && (id = local_adjoint(r, id, grad, path, &kname, err)) < 0) return id;
+  /* resolved: the action's next runs start from here (its kernel, field
+   * bindings and argument values are the file's, fixed for the run) */
+  act_memo m = {UINT32_MAX, id, nv, NULL, strdup(kname), lk->ret};
+  if (!m.kname || (nv && !(m.vals = malloc(sizeof *m.vals * (size_t)nv)))) {
+    free(m.kname);
+    return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  }
+  if (nv) memcpy(m.vals, vals, sizeof *vals * (size_t)nv);
+  if (ix) {
+    m.path = r->act[*ix].path;
+    r->act[*ix] = m;
+    return launch_resolved(r, &r->act[*ix], path, err);
+  }
+  rc = launch_resolved(r, &m, path, err); /* an action run outside a list: not kept */
+  free(m.vals);
+  free(m.kname);
+  return rc;
+}
+
+/* Launch what action m resolved to (in-process). */
+static int launch_resolved(fb_sess_run *r, const act_memo *m, const char *path, char **err) {
   fb_value ret;
-  fb_counters before;
-  fb_session_counters(r->s, &before);
-  if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
-  rc = fb_launch(r->s, id, vals, nv, &ret);
+  /* the engine's count, not fb_session_counters: that gathers every
+     counter (in async mode under the worker's locks) on every launch */
+  uint64_t before = fb_session_launches(r->s);
+  if (m->path != UINT32_MAX ? note_launch_at(r, m->path) : note_launch(r, path))
+    return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  int rc = fb_launch(r->s, m->id, m->vals, m->nv, &ret);
   if (rc) {
     uint64_t n;
     if (fb_session_error_launch(r->s, &n, NULL) == 0) /* an earlier launch failed (async) */
       return local_error(r, rc, path, NULL, err);
-    fb_counters after;
-    fb_session_counters(r->s, &after);
-    if (after.launches > before.launches) /* this launch ran and failed */
-      return launch_error(r, rc, r->nlaunch - 1, kname, fb_session_errmsg(r->s), err);
-    return errf(err, rc, "%s: launching %s: %s", path, kname, fb_session_errmsg(r->s));
+    if (fb_session_launches(r->s) > before) /* this launch ran and failed */
+      return launch_error(r, rc, r->nlaunch - 1, m->kname, fb_session_errmsg(r->s), err);
+    return errf(err, rc, "%s: launching %s: %s", path, m->kname, fb_session_errmsg(r->s));
   }
-  if (r->o.verbose && lk->ret != FB_T_VOID)
-    fprintf(r->o.out, "%s returned %.17g\n", ir->name, fb_value_as_f64(ret));
+  if (r->o.verbose && m->ret != FB_T_VOID)
+    fprintf(r->o.out, "%s returned %.17g\n", m->kname, fb_value_as_f64(ret));
   return 0;
 }
 
@@ -1641,9 +1716,9 @@ static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) 
   size_t i;
   json_t *a;
   json_array_foreach(list, i, a) {
-    char sub[1024];
-    snprintf(sub, sizeof sub, "%s[%zu]", path, i);
-    int rc = run_action(r, a, sub, err);
+    const act_memo *m = act_of(r, a, path, i);
+    if (!m) return errf(err, FB_ENOMEM, "%s[%zu]: out of memory", path, i);
+    int rc = run_action(r, a, r->paths[m->path], err);
     if (rc) return rc;
   }
   return 0;

@@ -15,7 +15,16 @@
  * caller's code map (a->cmap) and the stand-ins' (a->smap) are two. */
 static uint64_t cmap_key(fb_irh h) { return (uint64_t)(uint32_t)h; }
 
-static const fb_rt_task *code_get(const fb_map *m, fb_irh h) { return fb_map_get(m, cmap_key(h)); }
+static const fb_rt_task *code_get(const fb_map *m, fb_irh h) {
+  const code_ent *e = fb_map_get(m, cmap_key(h));
+  return e ? &e->code : NULL;
+}
+
+/* The grain kept with the code of h (-1: none). */
+static int64_t code_grain(const fb_map *m, fb_irh h) {
+  const code_ent *e = fb_map_get(m, cmap_key(h));
+  return e ? e->grain : -1;
+}
 
 /* Forget every entry, giving the references back. */
 static void code_clear(async_state *a, fb_map *m) {
@@ -27,19 +36,22 @@ static void code_clear(async_state *a, fb_map *m) {
 
 /* Remember the code of h (taking a reference of the map's own); out of
  * memory, nothing is remembered (the code is compiled again when needed). */
-static void code_put(async_state *a, fb_map *m, fb_irh h, const fb_rt_task *code) {
+static void code_put(async_state *a, fb_map *m, fb_irh h, const fb_rt_task *code, int64_t grain) {
   if (code_get(m, h)) return;
   if (m->n >= CMAP_MAX) code_clear(a, m);
-  fb_rt_task *v = fb_map_put(m, cmap_key(h), NULL);
+  code_ent *v = fb_map_put(m, cmap_key(h), NULL);
   if (!v) return;
   fb_opt_retain(a->o, h);
-  *v = *code;
+  *v = (code_ent){*code, grain};
 }
 
 static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) { return code_get(&a->cmap, h); }
 
-static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
-  code_put(a, &a->cmap, h, code);
+/* The grain of h's task is worked out here, on the caller's thread, once
+ * per code learned: the worker takes it from the batch (async_job.grain). */
+static void cmap_put(async_state *a, fb_irh h, const fb_rt_task *code, const fb_kernel *k,
+                     int loop) {
+  code_put(a, &a->cmap, h, code, fbe_task_grain(k, loop));
 }
 
 void fbe_cmap_clear(async_state *a) { code_clear(a, &a->cmap); }
@@ -65,7 +77,7 @@ typedef struct bg_compile {
 
 /* Code equal to task h without any proof (h itself, simplified). */
 static void smap_put(async_state *a, fb_irh h, const fb_rt_task *code) {
-  code_put(a, &a->smap, h, code);
+  code_put(a, &a->smap, h, code, -1); /* runs in another task's place: its grain */
 }
 
 static const fb_rt_task *standin_code(const async_state *a, fb_irh standin) {
@@ -114,10 +126,12 @@ static void bg_harvest(fb_session *s) {
     *p = g->next;
     a->nbg--;
     if (g->c.rc) {
-      cmap_put(a, g->h, &g->standin); /* not compiled again: the stand-in stays */
+      /* not compiled again: the stand-in stays */
+      cmap_put(a, g->h, &g->standin, g->c.task.ir, g->c.task.loop);
     } else {
       cmap_put(a, g->h,
-               &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv});
+               &(fb_rt_task){g->c.code.body, g->c.code.bounds, g->c.code.gpu, g->c.code.priv},
+               g->c.task.ir, g->c.task.loop);
       pthread_mutex_lock(&s->cmu);
       if (g->c.code.cache_hit) {
         s->c.cache_hits++;
@@ -148,16 +162,24 @@ void fbe_standins_free(fb_session *s) {
   code_clear(a, &a->smap);
 }
 
-/* The code of each entry, where the map has it; or a stand-in's, with the
- * entry's own code compiling in the background. */
-static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b) {
+/* The code of each entry, where the map has it, with its grain; or a
+ * stand-in's, with the entry's own code compiling in the background. */
+static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b, int64_t **grain) {
   async_state *a = s->as;
-  fb_rt_task *pre = calloc((size_t)(b && b->n ? b->n : 1), sizeof *pre);
+  size_t n = (size_t)(b && b->n ? b->n : 1);
+  fb_rt_task *pre = calloc(n, sizeof *pre);
+  int64_t *g = *grain = malloc(n * sizeof *g);
+  if (!g) {
+    free(pre);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++) g[i] = -1;
   for (int i = 0; pre && b && i < b->n; i++) {
     const fb_opt_launch *L = &b->v[i];
     const fb_rt_task *c = cmap_get(a, L->ir), *sc;
     if (c) {
       pre[i] = *c;
+      g[i] = code_grain(&a->cmap, L->ir);
       if (L->standin_same) smap_put(a, L->standin, c);
     } else if (L->standin != FB_IRH_NONE && L->k && L->k->nstmts >= s->e->standin_min_stmts &&
                (sc = standin_code(a, L->standin)) &&
@@ -179,13 +201,14 @@ static void free_job(fb_session *s, async_job *j) {
     if (c && !c->rc) {
       const fb_opt_launch *L = &j->b->v[i];
       fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
-      cmap_put(a, L->ir, &code);
+      cmap_put(a, L->ir, &code, L->k, L->loop);
       if (L->standin_same) smap_put(a, L->standin, &code);
     }
   }
   fb_opt_batch_free(a->o, j->b);
   free(j->launches);
   free(j->pre);
+  free(j->grain);
   free(j->cj);
   free(j->which);
   free(j);
@@ -340,10 +363,11 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, uint64_t basis,
     return fail(s, FB_ENOMEM, "flush %llu: out of memory; its tasks did not run",
                 (unsigned long long)no);
   }
-  *j = (async_job){{NULL}, s, b, no, base, launches, n, NULL, 0, 0, NULL, NULL, 0, NULL, basis};
+  *j = (async_job){.s = s, .b = b, .flush = no, .base = base, .launches = launches,
+                   .nlaunches = n, .basis = basis};
   j->bytes = a->win_bytes; /* its launches' share of pending_bytes, until freed */
   a->win_bytes = 0;
-  if (b && b->n && !(j->pre = known_code(s, b))) {
+  if (b && b->n && !(j->pre = known_code(s, b, &j->grain))) {
     a->tainted = 1;
     fbe_note_bad(a, no);
     free_job(s, j);
@@ -648,6 +672,10 @@ int fb_session_test_bg_peak(const fb_session *s) { return s && s->as ? s->as->nb
 
 uint64_t fb_session_test_lean_batches(const fb_session *s) {
   return s && s->as ? atomic_load(&s->as->lean) : 0;
+}
+
+uint64_t fb_session_test_grain_walks(const fb_session *s) {
+  return s && s->as ? atomic_load(&s->as->grain_walks) : 0;
 }
 
 uint64_t fb_session_test_queue_waits(const fb_session *s) {

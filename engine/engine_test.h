@@ -20,6 +20,10 @@ void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
  * finish a batch because FB_MAX_QUEUED_FLUSHES were queued (0 in sync
  * mode). Any thread may read it. */
 uint64_t fb_session_test_queue_waits(const fb_session *s);
+/* Async: chunk grains the worker worked out from a task's IR (entries
+ * whose code the caller did not know at the flush); a task whose code the
+ * caller knew takes the grain kept with its code (engine/async.c). */
+uint64_t fb_session_test_grain_walks(const fb_session *s);
 
 /* How many batches of an async session were planned without a compile
  * job or a table (engine/worker.c, plan_compiles: the caller knew every

@@ -107,6 +107,15 @@ typedef struct launch_rec {
 } launch_rec;
 
 /* A flushed batch on its way through the worker. */
+/* A code map's value: a task's code and its chunk grain (fbe_task_grain
+ * of its IR and loop; -1 where not worked out), so that a batch whose
+ * code the caller knew walks no task IR for it (sync mode keeps the grain
+ * with the kernel's code the same way, sess_kernel.hints). */
+typedef struct code_ent {
+  fb_rt_task code; /* first: code_get hands out its address */
+  int64_t grain;
+} code_ent;
+
 typedef struct async_job {
   fb_ordq_item link;       /* first: the queue's */
   fb_session *s;
@@ -117,6 +126,9 @@ typedef struct async_job {
   int nlaunches;
   fb_rt_task *pre;         /* per entry: code the caller knew at the flush
                               (body NULL: none) */
+  int64_t *grain;          /* per entry: its chunk grain (fbe_task_grain),
+                              the caller's, kept with the code it knew;
+                              -1: the worker works it out */
   uint64_t bytes;          /* what its launches count in pending_bytes */
   int queued;              /* pushed to the worker: counted in a->inflight */
   /* the launcher's; the caller learns the new code from them at the end */
@@ -214,12 +226,12 @@ typedef struct async_state {
   fb_map seen;             /* a set of (handle, IR) keys */
   /* the caller's: code of task IR, by handle (each holds a reference, so
    * a handle in the map always names the same IR) */
-  fb_map cmap;             /* handle -> fb_rt_task */
+  fb_map cmap;             /* handle -> code_ent: the code and its grain */
   /* the caller's: code that may stand in for a task the optimizer only
    * demoted and simplified (fb_opt_launch.standin), by the handle of the
    * task as inserted (each holds a reference), and the compiles of such
    * tasks' own code running in the background meanwhile */
-  fb_map smap;             /* standin handle -> fb_rt_task */
+  fb_map smap;             /* standin handle -> code_ent */
   struct bg_compile *bg;
   int nbg;                 /* entries of bg (at most the engine's bg_max) */
   int nbg_peak;            /* the most at once (fb_session_test_bg_peak) */
@@ -231,6 +243,7 @@ typedef struct async_state {
   pthread_cond_t done_cv;  /* under mu: the worker finished a batch (done) */
   _Atomic uint64_t waits;  /* flushes that waited for a batch to finish (too
                               many queued; fb_session_test_queue_waits) */
+  _Atomic uint64_t grain_walks; /* grains the worker worked out (the test hook) */
   _Atomic uint64_t lean;   /* batches planned with every entry's code known
                               and no compile job or table made
                               (fb_session_test_lean_batches) */

@@ -173,8 +173,8 @@ static int async_init(fb_session *s, const fb_session_config *cfg, char *msg, si
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->done_cv, NULL);
   fb_map_init(&a->seen, 0);
-  fb_map_init(&a->cmap, sizeof(fb_rt_task));
-  fb_map_init(&a->smap, sizeof(fb_rt_task));
+  fb_map_init(&a->cmap, sizeof(code_ent));
+  fb_map_init(&a->smap, sizeof(code_ent));
   s->as = a;
   a->flush_every = cfg->flush_every < 0 ? 0
                    : cfg->flush_every   ? cfg->flush_every
@@ -333,6 +333,8 @@ void fb_session_counters(const fb_session *s, fb_counters *out) {
   *out = s->c;
   out->device_bytes = fb_devmem_used(&s->mem);
 }
+
+uint64_t fb_session_launches(const fb_session *s) { return s ? s->launch_no : 0; }
 
 int fb_session_last_flush(const fb_session *s, fb_flush_stats *out) {
   if (!s || !out) return FB_EINVAL;

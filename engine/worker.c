@@ -341,7 +341,8 @@ typedef struct fallback {
   fb_opt_launch v[];       /* one per part; CUDA error slots point here */
 } fallback;
 
-static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code);
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code,
+                      int64_t grain);
 
 /* Every part of L can run alone (the optimizer knew each one's shape). A
  * task that was only demoted and simplified (L->standin) falls back the
@@ -415,7 +416,7 @@ static int fall_back(batch_run *r, const fb_opt_launch *L, int rc) {
       continue;
     }
     fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
-    run_entry(r, P, &code);
+    run_entry(r, P, &code, -1);
   }
   pthread_mutex_lock(&s->cmu);
   s->c.fuse_fallbacks++;
@@ -442,8 +443,10 @@ static void free_fallbacks(batch_run *r) {
   }
 }
 
-/* Run one task of the batch on the device. */
-static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code) {
+/* Run one task of the batch on the device; grain: its chunk grain, -1
+ * when the caller did not know it (worked out here). */
+static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *code,
+                      int64_t grain) {
   fb_session *s = r->s;
   int32_t error[2] = {0, 0}; /* the error and the blame word (fb_rt.h) */
   fb_rt_ctx ctx = {s->mem.root, L->args ? L->args : no_args,
@@ -453,7 +456,11 @@ static void run_entry(batch_run *r, const fb_opt_launch *L, const fb_rt_task *co
                    NULL};
   fb_rt_task rt = {code->body, L->loop >= 0 ? code->bounds : NULL, code->gpu, code->priv};
   int lg = L->kind == FB_TASK_LISTGEN;
-  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : fbe_task_grain(L->k, L->loop)};
+  if (!lg && grain < 0) {
+    grain = fbe_task_grain(L->k, L->loop);
+    atomic_fetch_add_explicit(&s->as->grain_walks, 1, memory_order_relaxed);
+  }
+  fb_rt_hint hint = {lg ? L->snode : 0, lg ? 1 : grain};
   double secs = 0, t0 = s->trace ? fb_trace_clock() : 0;
   char msg[ERRLEN];
   msg[0] = 0;
@@ -507,7 +514,7 @@ static void run_one(batch_run *r, int i) {
   const fb_opt_launch *L = &j->b->v[i];
   if (hook_cancels(r, L)) return;
   if (j->which[i] < 0) {
-    if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i]);
+    if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i], j->grain ? j->grain[i] : -1);
     if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
     return;
   }
@@ -528,7 +535,7 @@ static void run_one(batch_run *r, int i) {
     return;
   }
   fb_rt_task code = {c->code.body, c->code.bounds, c->code.gpu, c->code.priv};
-  run_entry(r, L, &code);
+  run_entry(r, L, &code, -1);
   if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
 }
 

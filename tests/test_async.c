@@ -109,6 +109,7 @@ typedef struct results {
   uint64_t aligned; /* fb_session_test_aligned_flushes at the end */
   uint64_t capped;  /* fb_session_test_capped_widths at the end */
   uint64_t lean;    /* fb_session_test_lean_batches at the end */
+  uint64_t walks;   /* fb_session_test_grain_walks at the end */
 } results;
 
 static void add_piece(results *r, const char *label, const void *data, size_t len) {
@@ -327,9 +328,11 @@ static void run_script(fb_engine *e, const char *src, const char *script,
   ck_assert_msg(fb_sync(u.s) == 0, "final sync: %s", fb_session_errmsg(u.s));
   read_all(u.s, p, r, "end:");
   fb_session_counters(u.s, &r->c);
+  ck_assert_uint_eq(fb_session_launches(u.s), r->c.launches); /* the lock-free count agrees */
   r->aligned = fb_session_test_aligned_flushes(u.s);
   r->capped = fb_session_test_capped_widths(u.s);
   r->lean = fb_session_test_lean_batches(u.s);
+  r->walks = fb_session_test_grain_walks(u.s);
   last_standins = fb_session_test_standins(u.s);
   last_bg_peak = fb_session_test_bg_peak(u.s);
   fb_session_destroy(u.s);
@@ -2297,6 +2300,33 @@ START_TEST(lean_batches) {
 }
 END_TEST
 
+/* The chunk grain of a task (how finely the CPU pool may split its loop,
+ * engine/session.c fbe_task_grain) is worked out from its IR once, when
+ * the caller learns its code, and kept with the code: a batch whose code
+ * the caller knew hands the grains to the worker, which walks no task IR
+ * for them (it walked every entry's IR before, each batch). Sync mode's
+ * results either way. */
+START_TEST(grain_kept_with_code) {
+  char *script = period_script(6, 20);
+  fb_session_config sync = {.mode = "sync", .seed = 7},
+                    wide = async_cfg(FB_PASSES_EXACT, 1000); /* no pass, a batch per step */
+  results want = {0}, got = {0};
+  run_script(eng, period_src, script, &sync, &want);
+  run_script(eng, period_src, script, &wide, &got);
+  same_results(&want, &got, "async, grains kept with the code");
+  ck_assert_uint_eq(want.walks, 0); /* sync mode: no batches */
+  ck_assert_uint_eq(got.c.tasks_launched, 1 + 6 * 60);
+  /* the init batch and the first step's (their code compiled in the
+     batch) walk their entries; the five steps after it none */
+  ck_assert_uint_ge(got.walks, 1);
+  ck_assert_msg(got.walks <= 1 + 60, "%llu grains worked out for %llu tasks run",
+                (unsigned long long)got.walks, (unsigned long long)got.c.tasks_launched);
+  results_free(&want);
+  results_free(&got);
+  free(script);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- back-pressure */
 
 typedef struct gate {
@@ -2552,6 +2582,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, period_aligned_flushes);
   tcase_add_test(tc, failed_width_capped);
   tcase_add_test(tc, lean_batches);
+  tcase_add_test(tc, grain_kept_with_code);
   tcase_add_test(tc, lists_after_a_cancelled_flush);
   tcase_add_test(tc, full_queue_waits_for_one_batch);
   suite_add_tcase(s, tc);

@@ -595,6 +595,60 @@ START_TEST(launch_errors_fail_every_path) {
 }
 END_TEST
 
+/* The runner resolves an action once (its path, kernel and arguments) and
+ * launches from that on every later run of it (client/cli_session.c,
+ * act_memo): an error on a later run still names that action, with the
+ * launch number counted over every run, in both modes and in bench. */
+START_TEST(repeated_action_errors_name_their_launch) {
+  write_file("rep.fbk", "layout { dense(i: 3) { place u: f32 }\n place n: i32 }\n"
+                        "kernel zero() { n[] = 0 }\n"
+                        "kernel bump(x: f32) { n[] += 1\n u[n[]] = x }\n");
+  write_file("rep.json",
+             "{ \"name\": \"rep\", \"program\": \"rep.fbk\",\n"
+             "  \"setup\": [ {\"launch\": \"zero\"} ],\n"
+             "  \"step\": [ {\"repeat\": 5, \"do\": [ {\"launch\": \"zero\"},\n"
+             "              {\"repeat\": 4,\n"
+             "               \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+             "  \"checks\": [ {\"read\": \"u\", \"sum\": 5.0} ] }\n");
+  /* setup's zero (#1), the step's zero (#2), bump (#3, #4: u[1], u[2]),
+     then the third bump (#5) indexes u[3]: the same action's third run */
+  const char *want = "$.step[0].do[1].do[0]: kernel 'bump' (launch #5 of the session) indexed a "
+                     "field out of bounds";
+  const char *modes[] = {"sync", "async"};
+  char cmd[8192], *out;
+  for (int m = 0; m < 2; m++) {
+    snprintf(cmd, sizeof cmd, "%s run %s/rep.json --local --mode %s", fusebox(), tmpdir, modes[m]);
+    int rc = sh(cmd, &out);
+    ck_assert_msg(rc == 2 && strstr(out, want), "%s: rc %d\n%s", cmd, rc, out);
+    free(out);
+  }
+  snprintf(cmd, sizeof cmd, "%s bench %s/rep.json --local --modes sync,async", fusebox(), tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  char ws[512], wa[512];
+  snprintf(ws, sizeof ws, "rep, mode sync: %s", want);
+  snprintf(wa, sizeof wa, "rep, mode async: %s", want);
+  ck_assert_msg(strstr(out, ws) && strstr(out, wa), "%s", out);
+  free(out);
+  /* fixed so that it stays in bounds: the memoized launches give the
+     values a launch resolved afresh each time gives (2.5 in u[1], u[2]) */
+  write_file("rep.json",
+             "{ \"name\": \"rep\", \"program\": \"rep.fbk\",\n"
+             "  \"step\": [ {\"repeat\": 5, \"do\": [ {\"launch\": \"zero\"},\n"
+             "              {\"repeat\": 2,\n"
+             "               \"do\": [{\"launch\": \"bump\", \"args\": [2.5]}]} ]} ],\n"
+             "  \"bench\": { \"warmup\": 0, \"repeat\": 1 },\n"
+             "  \"checks\": [ {\"read\": \"u\", \"sum\": 5.0},\n"
+             "              {\"read\": \"n\", \"equals\": 2} ] }\n");
+  for (int m = 0; m < 2; m++) {
+    snprintf(cmd, sizeof cmd, "%s run %s/rep.json --local --mode %s", fusebox(), tmpdir, modes[m]);
+    int rc = sh(cmd, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "all checks passed"), "%s: rc %d\n%s", cmd, rc, out);
+    free(out);
+  }
+}
+END_TEST
+
 /* The front end's warnings (interleaved fields) reach `fusebox run` on
  * every path, on stderr, and fail nothing; `field` lines give none. */
 START_TEST(run_prints_layout_warnings) {
@@ -1879,6 +1933,7 @@ int main(void) {
   tcase_add_test(tc, graph_and_trace);
   tcase_add_test(tc, server_commands);
   tcase_add_test(tc, launch_errors_fail_every_path);
+  tcase_add_test(tc, repeated_action_errors_name_their_launch);
   tcase_add_test(tc, run_prints_layout_warnings);
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);

@@ -225,6 +225,10 @@ int fb_cell_read(fb_session *s, int field, const int64_t *idx, int nidx, fb_valu
 int fb_cell_write(fb_session *s, int field, const int64_t *idx, int nidx, fb_value v);
 
 void fb_session_counters(const fb_session *s, fb_counters *out);
+/* Launches so far (fb_counters.launches) without gathering the counters:
+ * the caller's own count, no lock (a launch refused before it was counted,
+ * e.g. a bad argument, does not count). */
+uint64_t fb_session_launches(const fb_session *s);
 /* Async: bytes the session's pending launches hold now, an estimate: each
  * task waiting in the SFG or in a flushed batch not yet run counts
  * FB_PENDING_TASK_BYTES plus its argument slots. 0 in sync mode. Safe to
