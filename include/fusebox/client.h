@@ -184,6 +184,11 @@ int fb_remote_find_field(const fb_remote *r, const char *name, int comp);
  * A kernel the pass refuses: FB_EVERIFY, the message naming the kernel and
  * what to change. */
 int fb_remote_kernel_adjoint(fb_remote *r, int kernel);
+/* A custom gradient: registered kernel adj (taking kernel's parameters) is
+ * kernel's adjoint on the server from now on (fb_session_set_kernel_adjoint;
+ * RegisterKernelsRequest.custom_adjoints). fb_remote_kernel binds a program
+ * kernel declared `kernel k(...) grad k_adj` to k_adj's instance itself. */
+int fb_remote_set_kernel_adjoint(fb_remote *r, int kernel, int adj);
 /* A tape: launches queued between begin and end are recorded; end makes the
  * server launch the gradients' clears, loss.grad = 1 and each recorded
  * launch's adjoint, newest first. Both are queued among the launches (they

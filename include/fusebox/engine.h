@@ -271,6 +271,19 @@ int fb_session_error_launch(const fb_session *s, uint64_t *launch, int *kernel);
  * arguments). A kernel the pass refuses: FB_EVERIFY (FB_EINVAL for a bad
  * gradient), the message naming the kernel and what to change. */
 int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj);
+/* A custom gradient: registered kernel adj is kernel's adjoint from now on
+ * (fb_session_kernel_adjoint and the tape give it instead of generating
+ * one, so kernel is not held to the pass's rules). adj takes kernel's
+ * parameters. FB_EINVAL, naming both kernels, when adj is kernel, their
+ * parameters differ, adj has a custom adjoint of its own or kernel is one
+ * (no chains), or kernel already has another adjoint; binding the same
+ * pair again is 0; FB_ENOENT for an id that is no kernel. Adjoints
+ * generated for kernels a custom adjoint is bound to later are not redone:
+ * bind before asking for the adjoint or taping the kernel. */
+int fb_session_set_kernel_adjoint(fb_session *s, int kernel, int adj);
+/* adj -1 unbinds kernel's custom adjoint (0 when it has none). The custom
+ * adjoint bound to kernel, or FB_ENOENT when none. */
+int fb_session_custom_adjoint(const fb_session *s, int kernel);
 
 /* The tape. Launches between begin and end are recorded (nothing else
  * changes: they run, or are queued, as always). end then launches, as
