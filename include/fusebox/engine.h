@@ -281,8 +281,9 @@ int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj);
  * generated for kernels a custom adjoint is bound to later are not redone:
  * bind before asking for the adjoint or taping the kernel. */
 int fb_session_set_kernel_adjoint(fb_session *s, int kernel, int adj);
-/* adj -1 unbinds kernel's custom adjoint (0 when it has none). The custom
- * adjoint bound to kernel, or FB_ENOENT when none. */
+/* adj -1 unbinds kernel's custom adjoint (0 when it has none).
+ * fb_session_custom_adjoint: the custom adjoint bound to kernel, or
+ * FB_ENOENT when none. */
 int fb_session_custom_adjoint(const fb_session *s, int kernel);
 
 /* The tape. Launches between begin and end are recorded (nothing else
@@ -296,7 +297,11 @@ int fb_session_custom_adjoint(const fb_session *s, int kernel);
  * returns the pass's error naming that launch (its tape position, its
  * kernel and its launch number, which fb_session_error_launch gives too);
  * the tape is over either way. Destroying a session frees a tape that is
- * recording. */
+ * recording. The tape's memory counts against the session's memory_limit
+ * (in device_bytes until the end gives it back): a launch that would take
+ * it past the limit is refused with FB_EQUOTA naming the tape and the
+ * bytes, and the tape goes on. A recorded kernel with a custom adjoint
+ * (fb_session_set_kernel_adjoint) gets that adjoint. */
 int fb_session_tape_begin(fb_session *s, int loss_field);
 int fb_session_tape_end(fb_session *s);
 /* The loss field of the tape recording now, FB_ENOENT when none. */
