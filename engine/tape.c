@@ -69,7 +69,8 @@ void fbe_tape_forget(fb_session *s, int keep) {
     s->kernels[i].custom_of = 0;
   }
   for (int i = 0; i < s->nkernels && i < keep; i++) /* custom adjoints that stay */
-    if (s->kernels[i].custom && s->kernels[i].adj > 0) s->kernels[s->kernels[i].adj - 1].custom_of = 1;
+    if (s->kernels[i].custom && s->kernels[i].adj > 0)
+      s->kernels[s->kernels[i].adj - 1].custom_of = 1;
   fbe_ad *a = s->ad;
   if (!a) return;
   for (int i = 0; i < s->layout->nnodes; i++) {
@@ -250,10 +251,11 @@ int fb_session_tape_begin(fb_session *s, int loss) {
   return 0;
 }
 
-/* The async worker reads the session's memory under cmu (dev_bytes). */
+/* The async worker reads the session's memory under cmu (dev_bytes), and
+ * host without it (the sparse pool's room): an atomic store. */
 static void set_host(fb_session *s, uint64_t bytes) {
   pthread_mutex_lock(&s->cmu);
-  s->mem.host = bytes;
+  __atomic_store_n(&s->mem.host, bytes, __ATOMIC_RELAXED);
   s->dev_bytes = fb_devmem_used(&s->mem);
   pthread_mutex_unlock(&s->cmu);
 }

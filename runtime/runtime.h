@@ -100,7 +100,8 @@ typedef struct fb_devmem {
   uint64_t limit;       /* bytes, 0 = unlimited */
   uint64_t extra;       /* sparse storage counted against the limit (fb_sparse) */
   uint64_t host;        /* host memory the session holds on its own behalf and
-                           counts against the limit: the tape (engine/tape.c) */
+                           counts against the limit: the tape (engine/tape.c);
+                           written and read with __atomic builtins */
   size_t root_alloc;    /* bytes actually mapped or allocated for root */
   int root_mapped;      /* root came from mmap */
 } fb_devmem;

@@ -238,7 +238,8 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
     for (size_t i = 0; i < nfresh; i++) fb_session_set_kernel_adjoint(x->es, fresh[i], -1);
   free(fresh);
   if (rc) {
-    if (x->log) fbd_logf(x->log, FBD_LOG_INFO, "session %s: custom adjoint refused: %s", x->tag, err);
+    if (x->log)
+      fbd_logf(x->log, FBD_LOG_INFO, "session %s: custom adjoint refused: %s", x->tag, err);
     fb_session_drop_kernels(x->es, before);
     x->nkernels = before;
     reply_finish(r, rc, "%s", err);

@@ -309,16 +309,16 @@ START_TEST(fbk_refusals) {
               "g.fbk:2:17: error: kernel 'k' names itself as its adjoint");
   fbk_refused(L "kernel k(a: f32) grad ka { for i in 0 .. 4 { y[i] = x[i] * a } }\n"
                 "kernel ka(b: f32) { for i in 0 .. 4 { x.grad[i] += y.grad[i] * b } }\n",
-              "g.fbk:2:23: error: kernel 'ka' cannot be the adjoint of 'k': parameter 1 is 'a: f32' "
-              "in 'k' and 'b: f32' in 'ka'");
+              "g.fbk:2:23: error: kernel 'ka' cannot be the adjoint of 'k': parameter 1 is "
+              "'a: f32' in 'k' and 'b: f32' in 'ka'");
   fbk_refused(L "kernel k(a: f32) grad ka { for i in 0 .. 4 { y[i] = x[i] * a } }\n"
                 "kernel ka(a: f32, t: i32) { for i in 0 .. 4 { x.grad[i] += y.grad[i] * a } }\n",
               "'k' takes 1 parameters and 'ka' 2 ('ka' has 't' too)");
   fbk_refused(L "kernel k() grad ka { for i in 0 .. 4 { y[i] = x[i] } }\n"
                 "kernel ka() grad kb { for i in 0 .. 4 { x.grad[i] += y.grad[i] } }\n"
                 "kernel kb() { for i in 0 .. 4 { x.grad[i] += 1.0 } }\n",
-              "g.fbk:2:17: error: kernel 'k' names 'ka' as its adjoint, which names 'kb' as its own "
-              "adjoint: custom adjoints do not chain");
+              "g.fbk:2:17: error: kernel 'k' names 'ka' as its adjoint, which names 'kb' as its "
+              "own adjoint: custom adjoints do not chain");
   fbk_refused(L "kernel k() grad { for i in 0 .. 4 { y[i] = x[i] } }\n",
               "the name of the kernel that is this kernel's adjoint after 'grad'");
 #undef L
