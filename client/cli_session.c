@@ -1191,6 +1191,31 @@ static int grad_name(const fb_sess_run *r, const char *name, char *fwd, size_t n
   return fb_program_find_kernel(r->f->prog, fwd) >= 0 ? kind : 0;
 }
 
+/* `kernel k(...) grad k_adj`: k_adj's instance for the same fields is the
+ * adjoint of k's (id) in the in-process session. */
+static int bind_custom(fb_sess_run *r, int id, const fb_lang_kernel *lk, const char **binds, int nb,
+                       const char *path, char **err) {
+  if (fb_session_custom_adjoint(r->s, id) >= 0) return 0;
+  fb_kernel *ir;
+  fb_diags d;
+  fb_diags_init(&d);
+  int rc = fb_program_instantiate(r->f->prog, lk->grad, binds, nb, &ir, &d);
+  if (rc) {
+    char *m = fb_diags_render(fb_program_filename(r->f->prog), fb_program_source(r->f->prog), &d);
+    fb_diags_free(&d);
+    errf(err, rc, "%s: cannot instantiate '%s', the adjoint of '%s': %s", path, lk->grad, lk->name,
+         m ? m : fb_strerror(rc));
+    free(m);
+    return rc;
+  }
+  fb_diags_free(&d);
+  int aid = kernel_id(r, ir, err);
+  if (aid < 0) return aid;
+  if ((rc = fb_session_set_kernel_adjoint(r->s, id, aid)))
+    return errf(err, rc, "%s: %s", path, fb_session_errmsg(r->s));
+  return 0;
+}
+
 /* The adjoint (kind 1) or tangent (kind 2) of registered kernel id, made
  * by the in-process session. */
 static int local_adjoint(fb_sess_run *r, int id, int kind, const char *path, const char **name,
@@ -1302,6 +1327,7 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   fb_diags_free(&d);
   int id = kernel_id(r, ir, err);
   if (id < 0) return id;
+  if (lk->grad && (rc = bind_custom(r, id, lk, binds, nb, path, err))) return rc;
   const char *kname = ir->name;
   if (grad && (id = local_adjoint(r, id, grad, path, &kname, err)) < 0) return id;
   /* resolved: the action's next runs start from here (its kernel, field

@@ -452,6 +452,34 @@ static int remote_derived(fb_remote *r, int kernel, int tangent) {
 int fb_remote_kernel_adjoint(fb_remote *r, int kernel) { return remote_derived(r, kernel, 0); }
 
 int fb_remote_kernel_tangent(fb_remote *r, int kernel) { return remote_derived(r, kernel, 1); }
+int fb_remote_set_kernel_adjoint(fb_remote *r, int kernel, int adj) {
+  if (kernel < 0 || kernel >= r->nk || !r->k[kernel].name)
+    return rerr(r, FB_ENOENT, "no kernel with id %d in this session (%d registered)", kernel,
+                r->nk);
+  if (adj < 0 || adj >= r->nk || !r->k[adj].name)
+    return rerr(r, FB_ENOENT, "no kernel with id %d in this session (%d registered)", adj, r->nk);
+  Fusebox__V1__RegisterKernelsRequest req = FUSEBOX__V1__REGISTER_KERNELS_REQUEST__INIT;
+  Fusebox__V1__CustomAdjoint c = FUSEBOX__V1__CUSTOM_ADJOINT__INIT;
+  Fusebox__V1__CustomAdjoint *cs = &c;
+  c.kernel = kernel;
+  c.adjoint = adj;
+  req.session_id = r->id;
+  req.n_custom_adjoints = 1;
+  req.custom_adjoints = &cs;
+  grpc_slice resp = grpc_empty_slice();
+  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+                     sizeof r->err);
+  if (rc) return rc;
+  Fusebox__V1__RegisterKernelsResponse *m = fusebox__v1__register_kernels_response__unpack(
+      NULL, GRPC_SLICE_LENGTH(resp), GRPC_SLICE_START_PTR(resp));
+  grpc_slice_unref(resp);
+  if (!m || m->n_kernel_ids != 0) {
+    if (m) fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+    return rerr(r, FB_EINTERNAL, "malformed RegisterKernels answer");
+  }
+  fusebox__v1__register_kernels_response__free_unpacked(m, NULL);
+  return 0;
+}
 
 int fb_remote_add_kernel(fb_remote *r, const fb_kernel *k) {
   if (!k) return rerr(r, FB_EINVAL, "no kernel given");
@@ -474,7 +502,17 @@ int fb_remote_kernel(fb_remote *r, const char *name, const char *const *fields, 
   fb_diags_free(&d);
   for (int i = 0; i < r->nk; i++)
     if (r->k[i].src == k) return i;
-  return register_kernel(r, k, k);
+  int id = register_kernel(r, k, k);
+  /* `kernel k(...) grad k_adj`: k_adj's instance for the same fields is
+   * its adjoint on the server (a custom gradient) */
+  int ki = fb_program_find_kernel(r->prog, name);
+  const char *g = ki >= 0 ? fb_program_kernel(r->prog, ki)->grad : NULL;
+  if (id >= 0 && g) {
+    int aid = fb_remote_kernel(r, g, fields, nfields);
+    if (aid < 0) return aid;
+    if ((rc = fb_remote_set_kernel_adjoint(r, id, aid))) return rc;
+  }
+  return id;
 }
 
 /* ---------------------------------------------------------------- SNodes from the host */

@@ -93,6 +93,8 @@ typedef struct sess_kernel {
   uint64_t bytes;          /* what it retains, as counted in kernel_bytes */
   int adj;                 /* its adjoint's id + 1 (tape.c), 0: none made yet */
   int tan;                 /* its tangent's id + 1 (tape.c), 0: none made yet */
+  uint8_t custom;          /* adj was named by the client (fb_session_set_kernel_adjoint) */
+  uint8_t custom_of;       /* it is the custom adjoint of another kernel */
 } sess_kernel;
 
 /* The kernel of one launch of a flushed window. */

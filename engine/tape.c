@@ -64,8 +64,13 @@ void fbe_ad_free(fb_session *s) {
 /* Kernels ids keep and up are about to go: forget the generated ones among
  * them (and references to them). */
 void fbe_tape_forget(fb_session *s, int keep) {
-  for (int i = 0; i < s->nkernels && i < keep; i++)
-    if (s->kernels[i].adj > keep) s->kernels[i].adj = 0;
+  for (int i = 0; i < s->nkernels && i < keep; i++) {
+    if (s->kernels[i].adj > keep) s->kernels[i].adj = 0, s->kernels[i].custom = 0;
+    s->kernels[i].custom_of = 0;
+  }
+  for (int i = 0; i < s->nkernels && i < keep; i++) /* custom adjoints that stay */
+    if (s->kernels[i].custom && s->kernels[i].adj > 0)
+      s->kernels[s->kernels[i].adj - 1].custom_of = 1;
   for (int i = 0; i < s->nkernels && i < keep; i++)
     if (s->kernels[i].tan > keep) s->kernels[i].tan = 0;
   fbe_ad *a = s->ad;
@@ -167,6 +172,74 @@ int fb_session_kernel_tangent(fb_session *s, int kernel, int *tan) {
   return 0;
 }
 
+/* "(f32, i32)": a kernel's parameter types, for messages. */
+static void param_list(const fb_kernel *k, char *buf, size_t n) {
+  size_t o = (size_t)snprintf(buf, n, "(");
+  for (int i = 0; i < k->nparams && o < n; i++)
+    o += (size_t)snprintf(buf + o, n - o, "%s%s", i ? ", " : "", fb_type_name(k->params[i]));
+  if (o < n) snprintf(buf + o, n - o, ")");
+}
+
+int fb_session_set_kernel_adjoint(fb_session *s, int kernel, int adj) {
+  if (!s) return FB_EINVAL;
+  if (kernel < 0 || kernel >= s->nkernels)
+    return fail(s, FB_ENOENT, "custom adjoint: no kernel with id %d (the session has %d)", kernel,
+                s->nkernels);
+  if (adj < -1 || adj >= s->nkernels)
+    return fail(s, FB_ENOENT,
+                "custom adjoint of kernel '%s': no kernel with id %d (the session has %d)",
+                s->kernels[kernel].k->name, adj, s->nkernels);
+  if (adj == -1) { /* unbind a custom adjoint */
+    sess_kernel *f = &s->kernels[kernel];
+    if (f->custom && f->adj > 0 && f->adj <= s->nkernels) s->kernels[f->adj - 1].custom_of = 0;
+    if (f->custom) f->adj = 0, f->custom = 0;
+    return 0;
+  }
+  sess_kernel *f = &s->kernels[kernel], *a = &s->kernels[adj];
+  const char *fn = f->k->name, *an = a->k->name;
+  if (kernel == adj)
+    return fail(s, FB_EINVAL,
+                "kernel '%s' cannot be its own adjoint: name another kernel that takes the "
+                "same parameters",
+                fn);
+  if (f->custom && f->adj == adj + 1) return 0; /* the same pair again */
+  int same = f->k->nparams == a->k->nparams;
+  for (int i = 0; same && i < f->k->nparams; i++) same = f->k->params[i] == a->k->params[i];
+  if (!same) {
+    char fp[512], ap[512];
+    param_list(f->k, fp, sizeof fp);
+    param_list(a->k, ap, sizeof ap);
+    return fail(s, FB_EINVAL,
+                "kernel '%s' cannot be the adjoint of '%s': '%s' takes %s and '%s' takes %s; an "
+                "adjoint takes the kernel's parameters",
+                an, fn, fn, fp, an, ap);
+  }
+  if (a->custom)
+    return fail(s, FB_EINVAL,
+                "kernel '%s' cannot be the adjoint of '%s': it has an adjoint of its own ('%s'); "
+                "custom adjoints do not chain",
+                an, fn, a->adj > 0 && a->adj <= s->nkernels ? s->kernels[a->adj - 1].k->name : "?");
+  if (f->custom_of)
+    return fail(s, FB_EINVAL,
+                "kernel '%s' cannot have the adjoint '%s': it is itself a custom adjoint; custom "
+                "adjoints do not chain",
+                fn, an);
+  if (f->adj > 0 && f->adj <= s->nkernels)
+    return fail(s, FB_EINVAL,
+                "kernel '%s' already has the adjoint '%s'%s; name its adjoint before asking "
+                "for it or taping it",
+                fn, s->kernels[f->adj - 1].k->name, f->custom ? "" : " (made from its IR)");
+  f->adj = adj + 1;
+  f->custom = 1;
+  a->custom_of = 1;
+  return 0;
+}
+
+int fb_session_custom_adjoint(const fb_session *s, int kernel) {
+  if (!s || kernel < 0 || kernel >= s->nkernels || !s->kernels[kernel].custom) return FB_ENOENT;
+  return s->kernels[kernel].adj - 1;
+}
+
 int fb_session_tape_loss(const fb_session *s) {
   return s && s->ad && s->ad->recording ? s->ad->loss : FB_ENOENT;
 }
@@ -215,6 +288,53 @@ int fb_session_tape_begin(fb_session *s, int loss) {
   return 0;
 }
 
+/* The async worker reads the session's memory under cmu (dev_bytes), and
+ * host without it (the sparse pool's room): an atomic store. */
+static void set_host(fb_session *s, uint64_t bytes) {
+  pthread_mutex_lock(&s->cmu);
+  __atomic_store_n(&s->mem.host, bytes, __ATOMIC_RELAXED);
+  s->dev_bytes = fb_devmem_used(&s->mem);
+  pthread_mutex_unlock(&s->cmu);
+}
+
+/* The bytes a tape of these capacities holds. */
+static uint64_t tape_bytes(int rcap, size_t acap) {
+  return (uint64_t)rcap * sizeof(tape_rec) + (uint64_t)acap * sizeof(fb_value);
+}
+
+/* The tape's memory counts against the session's memory limit, the budget
+ * its fields use (fb_devmem.host, so fields see it too): growing to these
+ * capacities must fit, else FB_EQUOTA naming the tape and the bytes (the
+ * launch is refused, the tape goes on). */
+static int tape_charge(fb_session *s, fbe_ad *a, int rcap, size_t acap, int kernel, int nargs) {
+  uint64_t now = s->mem.host, want = tape_bytes(rcap, acap);
+  uint64_t others = fb_devmem_used(&s->mem) - now;
+  if (s->mem.limit && (others > s->mem.limit || want > s->mem.limit - others))
+    return fail(s, FB_EQUOTA,
+                "kernel '%s': the tape over '%s' needs %llu bytes for its %d launches and %zu "
+                "argument values, past the session's memory limit of %llu bytes (its fields and "
+                "other memory take %llu); end the tape sooner or ask for more memory "
+                "(memory_limit)",
+                s->kernels[kernel].k->name, field_name(s, a->loss), (unsigned long long)want,
+                a->nrecs + 1, a->nargv + (size_t)nargs,
+                (unsigned long long)s->mem.limit, (unsigned long long)others);
+  set_host(s, want);
+  return 0;
+}
+
+/* The tape is over: give its memory back (and its charge). */
+static void tape_release(fb_session *s, fbe_ad *a) {
+  free(a->recs);
+  free(a->argv);
+  a->recs = NULL;
+  a->argv = NULL;
+  a->rcap = 0;
+  a->acap = 0;
+  a->nrecs = 0;
+  a->nargv = 0;
+  set_host(s, 0);
+}
+
 int fbe_tape_record(fb_session *s, int kernel, const fb_value *args, int nargs) {
   fbe_ad *a = s->ad;
   if (!a->recording) return 0;
@@ -229,20 +349,26 @@ int fbe_tape_record(fb_session *s, int kernel, const fb_value *args, int nargs) 
                 "the most one tape records is %zu values; end the tape sooner",
                 s->kernels[kernel].k->name, field_name(s, a->loss), a->nargv, a->nrecs,
                 TAPE_MAX_VALUES);
-  if (a->nrecs == a->rcap) {
-    int nc = a->rcap ? a->rcap * 2 : 16;
-    tape_rec *v = realloc(a->recs, sizeof *v * (size_t)nc);
+  int rc_cap = a->rcap;
+  size_t ac_cap = a->acap;
+  if (a->nrecs == rc_cap) rc_cap = rc_cap ? rc_cap * 2 : 16;
+  if (a->nargv + (size_t)nargs > ac_cap) {
+    ac_cap = ac_cap ? ac_cap * 2 : 64;
+    while (ac_cap < a->nargv + (size_t)nargs) ac_cap *= 2;
+  }
+  if ((rc_cap != a->rcap || ac_cap != a->acap) && tape_charge(s, a, rc_cap, ac_cap, kernel, nargs))
+    return FB_EQUOTA;
+  if (rc_cap != a->rcap) {
+    tape_rec *v = realloc(a->recs, sizeof *v * (size_t)rc_cap);
     if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory (tape)", s->kernels[kernel].k->name);
     a->recs = v;
-    a->rcap = nc;
+    a->rcap = rc_cap;
   }
-  if (a->nargv + (size_t)nargs > a->acap) {
-    size_t nc = a->acap ? a->acap * 2 : 64;
-    while (nc < a->nargv + (size_t)nargs) nc *= 2;
-    fb_value *v = realloc(a->argv, sizeof *v * nc);
+  if (ac_cap != a->acap) {
+    fb_value *v = realloc(a->argv, sizeof *v * ac_cap);
     if (!v) return fail(s, FB_ENOMEM, "kernel '%s': out of memory (tape)", s->kernels[kernel].k->name);
     a->argv = v;
-    a->acap = nc;
+    a->acap = ac_cap;
   }
   if (nargs) memcpy(a->argv + a->nargv, args, sizeof *args * (size_t)nargs);
   a->recs[a->nrecs++] = (tape_rec){kernel, nargs, a->nargv, s->launch_no};
@@ -299,6 +425,17 @@ static void mark_touched(const fb_kernel *k, const fb_grad_map *g, uint8_t *touc
   }
 }
 
+/* A custom adjoint may write gradients its forward kernel does not reach:
+ * mark every gradient place it accesses too (is_grad: the map's image). */
+static void mark_touched_custom(const fb_kernel *adj, const uint8_t *is_grad, int n,
+                                uint8_t *touched) {
+  for (int i = 0; i < adj->nstmts; i++) {
+    const fb_stmt *st = &adj->stmts[i];
+    if (st->op >= FB_OP__COUNT || !(fb_op_table[st->op].flags & FB_OPF_SNODE)) continue;
+    if (st->snode >= 0 && st->snode < n && is_grad[st->snode]) touched[st->snode] = 1;
+  }
+}
+
 /* The adjoint of every recorded launch, made before anything is launched:
  * a refusal launches nothing. */
 static int tape_adjoints(fb_session *s, fbe_ad *a, int *adj) {
@@ -329,6 +466,14 @@ static int tape_run(fb_session *s, fbe_ad *a) {
   if (!rc) rc = tape_adjoints(s, a, adj);
   if (!rc) {
     for (int i = 0; i < a->nrecs; i++) mark_touched(s->kernels[a->recs[i].kernel].k, &g, touched);
+    uint8_t *is_grad = calloc((size_t)n, 1);
+    if (!is_grad) rc = fail(s, FB_ENOMEM, "tape: out of memory");
+    for (int p = 0; is_grad && p < g.n; p++)
+      if (g.grad[p] >= 0 && g.grad[p] < n) is_grad[g.grad[p]] = 1;
+    for (int i = 0; is_grad && i < a->nrecs; i++)
+      if (s->kernels[a->recs[i].kernel].custom)
+        mark_touched_custom(s->kernels[adj[i]].k, is_grad, n, touched);
+    free(is_grad);
     int lg = g.grad[a->loss];
     touched[lg] = 1;
     for (int p = 0; !rc && p < n; p++) {
@@ -355,7 +500,6 @@ int fb_session_tape_end(fb_session *s) {
   if (!a || !a->recording) return fail(s, FB_EINVAL, "tape end: no tape is recording");
   a->recording = 0; /* over whatever happens; its own launches are not recorded */
   int rc = tape_run(s, a);
-  a->nrecs = 0;
-  a->nargv = 0;
+  tape_release(s, a);
   return rc;
 }

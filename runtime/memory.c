@@ -19,9 +19,17 @@
 static size_t round_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 static int over_limit(const fb_devmem *m, uint64_t root, uint64_t gtmp, char *err, size_t errlen) {
-  uint64_t fixed = root + m->extra;
+  uint64_t host = __atomic_load_n(&m->host, __ATOMIC_RELAXED);
+  uint64_t fixed = root + m->extra + host;
   if (!m->limit || (fixed <= m->limit && gtmp <= m->limit - fixed)) return 0;
-  if (m->extra)
+  if (host)
+    fb_errf(err, errlen,
+            "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
+            "the tape %llu + scratch %llu), limit %llu bytes",
+            (unsigned long long)(fixed + gtmp), (unsigned long long)root,
+            (unsigned long long)m->extra, (unsigned long long)host, (unsigned long long)gtmp,
+            (unsigned long long)m->limit);
+  else if (m->extra)
     fb_errf(err, errlen,
             "session memory limit exceeded: %llu bytes asked (fields %llu + sparse storage %llu + "
             "scratch %llu), limit %llu bytes",
@@ -172,7 +180,9 @@ int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, siz
   return grow_rets(m, nrets, err, errlen);
 }
 
-uint64_t fb_devmem_used(const fb_devmem *m) { return m->root_bytes + m->gtmp_bytes + m->extra; }
+uint64_t fb_devmem_used(const fb_devmem *m) {
+  return m->root_bytes + m->gtmp_bytes + m->extra + __atomic_load_n(&m->host, __ATOMIC_RELAXED);
+}
 
 void fb_devmem_release(fb_devmem *m) {
   if (m->root) {

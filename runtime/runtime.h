@@ -114,6 +114,9 @@ typedef struct fb_devmem {
   int nrets;
   uint64_t limit;       /* bytes, 0 = unlimited */
   uint64_t extra;       /* sparse storage counted against the limit (fb_sparse) */
+  uint64_t host;        /* host memory the session holds on its own behalf and
+                           counts against the limit: the tape (engine/tape.c);
+                           written and read with __atomic builtins */
   size_t root_alloc;    /* bytes actually mapped or allocated for root */
   int root_mapped;      /* root came from mmap */
 } fb_devmem;
@@ -131,7 +134,7 @@ void fb_devmem_free(const fb_devmem *m, void *p, size_t bytes);
  * nrets (never shrinks; what they hold is kept, new bytes are zero).
  * Scratch counts against the limit (FB_EQUOTA). */
 int fb_devmem_reserve(fb_devmem *m, size_t gtmp_bytes, int nrets, char *err, size_t errlen);
-/* Bytes counted against the limit: root + scratch + extra. */
+/* Bytes counted against the limit: root + scratch + extra + host. */
 uint64_t fb_devmem_used(const fb_devmem *m);
 void fb_devmem_release(fb_devmem *m);
 /* Host access to device memory of m's kind (plain copies for memory the

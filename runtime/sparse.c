@@ -229,7 +229,8 @@ uint64_t fb_sparse_changes(const fb_sparse *sp, int snode) {
 
 /* Everything but the pool: root, scratch and lists. */
 static uint64_t others(const fb_sparse *sp) {
-  return sp->mem->root_bytes + sp->mem->gtmp_bytes + sp->list_bytes;
+  return sp->mem->root_bytes + sp->mem->gtmp_bytes + sp->list_bytes +
+         __atomic_load_n(&sp->mem->host, __ATOMIC_RELAXED);
 }
 
 static void account(fb_sparse *sp) {

@@ -217,6 +217,36 @@ static void run_register(fbd_exec *x, const Fusebox__V1__RegisterKernelsRequest 
       fbd_logf(x->log, FBD_LOG_DEBUG, "session %s: kernel '%s' registered as %d", x->tag,
                ks[i]->name, id);
   }
+  /* custom gradients: after the kernels above, before their adjoints are
+   * asked for; -1 - i names this request's i-th kernel */
+  int32_t *fresh = m->n_custom_adjoints ? calloc(m->n_custom_adjoints, sizeof *fresh) : NULL;
+  size_t nfresh = 0; /* earlier kernels this request bound anew */
+  if (m->n_custom_adjoints && !fresh) rc = FB_ENOMEM, fb_errf(err, sizeof err, "out of memory");
+  for (size_t i = 0; !rc && i < m->n_custom_adjoints; i++) {
+    const Fusebox__V1__CustomAdjoint *c = m->custom_adjoints[i];
+    int32_t k = c ? c->kernel : INT32_MIN, g = c ? c->adjoint : INT32_MIN;
+    if (k < 0) k = k >= -(int64_t)n ? ids[-1 - (int64_t)k] : INT32_MAX;
+    if (g < 0) g = g >= -(int64_t)n ? ids[-1 - (int64_t)g] : INT32_MAX;
+    int had = fb_session_custom_adjoint(x->es, k) >= 0;
+    rc = fb_session_set_kernel_adjoint(x->es, k, g);
+    if (rc)
+      fb_errf(err, sizeof err, "custom adjoint %zu of %zu: %s", i + 1, m->n_custom_adjoints,
+              fb_session_errmsg(x->es));
+    else if (!had && k < before) fresh[nfresh++] = k;
+  }
+  if (rc) /* a refused request binds nothing either */
+    for (size_t i = 0; i < nfresh; i++) fb_session_set_kernel_adjoint(x->es, fresh[i], -1);
+  free(fresh);
+  if (rc) {
+    if (x->log)
+      fbd_logf(x->log, FBD_LOG_INFO, "session %s: custom adjoint refused: %s", x->tag, err);
+    fb_session_drop_kernels(x->es, before);
+    x->nkernels = before;
+    reply_finish(r, rc, "%s", err);
+    free(ids);
+    fbp_arena_free(&a);
+    return;
+  }
   /* adjoints (docs/autodiff.md): made here, in the tenant's worker, and
    * registered like the kernels above; once per kernel */
   for (size_t i = 0; i < m->n_adjoints; i++) {

@@ -662,7 +662,8 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
     return;
   }
   fbd_auth_count_stream(c, m->n_launches, m->sync != 0);
-  if (m->n_launches || m->flush || m->sync) {
+  /* a message of tape marks alone is work too (it was once dropped here) */
+  if (m->n_launches || m->n_tape || m->flush || m->sync) {
     if (post(c, c->sess, j)) return;
   } else {
     fbd_job_free(j);

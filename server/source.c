@@ -363,6 +363,7 @@ static Fusebox__V1__KernelInfo *kernel_info(fbp_arena *a, const fb_lang_kernel *
   fusebox__v1__kernel_info__init(ki);
   ki->name = (char *)k->name;
   ki->ret = (Fusebox__V1__ScalarType)k->ret;
+  ki->grad = k->grad ? (char *)k->grad : "";
   for (int i = 0; i < k->nparams; i++) {
     if (!(ps[i] = fbp_alloc(a, sizeof *ps[i]))) return NULL;
     fusebox__v1__param_info__init(ps[i]);

@@ -189,6 +189,11 @@ int fb_remote_kernel_adjoint(fb_remote *r, int kernel);
  * dual of field x is the field "x.dual". Once per kernel, refusals as
  * above. */
 int fb_remote_kernel_tangent(fb_remote *r, int kernel);
+/* A custom gradient: registered kernel adj (taking kernel's parameters) is
+ * kernel's adjoint on the server from now on (fb_session_set_kernel_adjoint;
+ * RegisterKernelsRequest.custom_adjoints). fb_remote_kernel binds a program
+ * kernel declared `kernel k(...) grad k_adj` to k_adj's instance itself. */
+int fb_remote_set_kernel_adjoint(fb_remote *r, int kernel, int adj);
 /* A tape: launches queued between begin and end are recorded; end makes the
  * server launch the gradients' clears, loss.grad = 1 and each recorded
  * launch's adjoint, newest first. Both are queued among the launches (they

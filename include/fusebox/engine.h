@@ -282,6 +282,20 @@ int fb_session_kernel_adjoint(fb_session *s, int kernel, int *adj);
  * value; launched in place of k it also leaves J · (the duals of the
  * fields k reads) in the duals of the fields it writes). */
 int fb_session_kernel_tangent(fb_session *s, int kernel, int *tan);
+/* A custom gradient: registered kernel adj is kernel's adjoint from now on
+ * (fb_session_kernel_adjoint and the tape give it instead of generating
+ * one, so kernel is not held to the pass's rules). adj takes kernel's
+ * parameters. FB_EINVAL, naming both kernels, when adj is kernel, their
+ * parameters differ, adj has a custom adjoint of its own or kernel is one
+ * (no chains), or kernel already has another adjoint; binding the same
+ * pair again is 0; FB_ENOENT for an id that is no kernel. Adjoints
+ * generated for kernels a custom adjoint is bound to later are not redone:
+ * bind before asking for the adjoint or taping the kernel. */
+int fb_session_set_kernel_adjoint(fb_session *s, int kernel, int adj);
+/* adj -1 unbinds kernel's custom adjoint (0 when it has none).
+ * fb_session_custom_adjoint: the custom adjoint bound to kernel, or
+ * FB_ENOENT when none. */
+int fb_session_custom_adjoint(const fb_session *s, int kernel);
 
 /* The tape. Launches between begin and end are recorded (nothing else
  * changes: they run, or are queued, as always). end then launches, as
@@ -294,7 +308,11 @@ int fb_session_kernel_tangent(fb_session *s, int kernel, int *tan);
  * returns the pass's error naming that launch (its tape position, its
  * kernel and its launch number, which fb_session_error_launch gives too);
  * the tape is over either way. Destroying a session frees a tape that is
- * recording. */
+ * recording. The tape's memory counts against the session's memory_limit
+ * (in device_bytes until the end gives it back): a launch that would take
+ * it past the limit is refused with FB_EQUOTA naming the tape and the
+ * bytes, and the tape goes on. A recorded kernel with a custom adjoint
+ * (fb_session_set_kernel_adjoint) gets that adjoint. */
 int fb_session_tape_begin(fb_session *s, int loss_field);
 int fb_session_tape_end(fb_session *s);
 /* The loss field of the tape recording now, FB_ENOENT when none. */

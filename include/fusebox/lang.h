@@ -53,6 +53,9 @@ typedef struct fb_lang_kernel {
   int nfield_params;    /* how many of params are `field` */
   fb_type ret;          /* FB_T_VOID when it returns nothing */
   int line, col;
+  /* `kernel k(...) grad k_adj`: the kernel of the program that is its
+   * adjoint (a custom gradient; "k.grad" instantiates it), else NULL */
+  const char *grad;
 } fb_lang_kernel;
 
 /* Parse and check a whole file. filename is used in messages only. On

@@ -12,6 +12,7 @@
  *   body c; S_RETURN [a]; S_BLOCK kids.
  *   D_LAYOUT kids; D_SNODE snode_kind axes sizes chunk(ival) [name] kids;
  *   D_PLACE name ty; D_FUNC/D_KERNEL name kids(D_PARAM) [ty] a(body);
+ *   D_KERNEL b: E_NAME of `grad NAME` (a custom adjoint), or NULL;
  *   D_CONST name = a. SNode sizes are expressions (size_e, chunk_e). */
 #include <stdarg.h>
 #include <stdio.h>
@@ -1131,6 +1132,12 @@ static node *parse_callable(parser *P, const token *kw) {
   if (accept(P, T_ARROW)) {
     if (!parse_type(P, &x->ty)) return NULL;
     x->has_ty = 1;
+  }
+  if (kw->kind == T_KERNEL && tok_is(peek(P), "grad")) { /* a custom adjoint */
+    next(P);
+    if (!(x->b = name_node(P, "the name of the kernel that is this kernel's adjoint after "
+                              "'grad' (kernel k(...) grad k_adj { ... })")))
+      return NULL;
   }
   x->a = parse_block(P);
   return x->a ? x : NULL;

@@ -372,8 +372,69 @@ static int add_kernel(fb_program *p, node *x) {
     K->pub.nfield_params += x->kids[i]->is_field;
   }
   K->pub.params = K->params;
+  K->pub.grad = x->b ? x->b->name : NULL;
   p->nkernels++;
   return 0;
+}
+
+/* `kernel k(...) grad a`: a names another kernel of the program that takes
+ * k's parameters (the same names, types and field parameters, in order)
+ * and has no adjoint of its own. */
+static void check_custom_grads(fb_program *p, fb_diags *d) {
+  for (int i = 0; i < p->nkernels; i++) {
+    lkernel *K = &p->kernels[i];
+    const node *g = K->decl->b;
+    if (!g) continue;
+    const char *kn = K->pub.name, *an = g->name;
+    int ai = fb_program_find_kernel(p, an);
+    if (ai < 0) {
+      int fi = -1;
+      for (int j = 0; j < p->nfuncs; j++)
+        if (!strcmp(p->funcs[j].name, an)) fi = j;
+      lang_err(d, g->line, g->col,
+               fi >= 0 ? "kernel '%s' names '%s' as its adjoint, which is a func: the adjoint "
+                         "must be a kernel of the program that takes the same parameters"
+                       : "kernel '%s' names '%s' as its adjoint, but the program has no kernel "
+                         "'%s': declare it (kernel %s(...) taking the same parameters)",
+               kn, an, an, an);
+      continue;
+    }
+    if (ai == i) {
+      lang_err(d, g->line, g->col,
+               "kernel '%s' names itself as its adjoint: name another kernel that takes the "
+               "same parameters, or remove 'grad %s' to have the adjoint generated",
+               kn, an);
+      continue;
+    }
+    lkernel *A = &p->kernels[ai];
+    if (A->decl->b) {
+      lang_err(d, g->line, g->col,
+               "kernel '%s' names '%s' as its adjoint, which names '%s' as its own adjoint: "
+               "custom adjoints do not chain (remove 'grad %s' from kernel '%s')",
+               kn, an, A->decl->b->name, A->decl->b->name, an);
+      continue;
+    }
+    int n = K->pub.nparams < A->pub.nparams ? K->pub.nparams : A->pub.nparams;
+    int bad = 0;
+    for (int j = 0; j < n && !bad; j++) {
+      const fb_lang_param *x = &K->params[j], *y = &A->params[j];
+      if (strcmp(x->name, y->name) || x->is_field != y->is_field || x->type != y->type) {
+        lang_err(d, g->line, g->col,
+                 "kernel '%s' cannot be the adjoint of '%s': parameter %d is '%s: %s' in '%s' "
+                 "and '%s: %s' in '%s'; an adjoint takes the kernel's parameters",
+                 an, kn, j + 1, x->name, x->is_field ? "field" : fb_type_name(x->type), kn,
+                 y->name, y->is_field ? "field" : fb_type_name(y->type), an);
+        bad = 1;
+      }
+    }
+    if (!bad && K->pub.nparams != A->pub.nparams) {
+      const lkernel *L = K->pub.nparams > A->pub.nparams ? K : A;
+      lang_err(d, g->line, g->col,
+               "kernel '%s' cannot be the adjoint of '%s': '%s' takes %d parameters and '%s' "
+               "%d ('%s' has '%s' too); an adjoint takes the kernel's parameters",
+               an, kn, kn, K->pub.nparams, an, A->pub.nparams, L->pub.name, L->params[n].name);
+    }
+  }
 }
 
 static int register_decls(fb_program *p, node **decls, int n, fb_diags *d) {
@@ -486,6 +547,7 @@ int fb_program_parse_within(const char *filename, const char *src, const fb_lang
   if (!rc) lang_check_const_names(p, &D);
   for (int i = 0; !rc && !layout_errors && i < ndecls; i++) interleave_notes(p, decls[i]);
   if (!rc) rc = register_decls(p, decls, ndecls, &D);
+  if (!rc) check_custom_grads(p, &D);
   if (!rc && !layout_errors) rc = check_all(p, &D);
   sort_unique(&D);
   if (rc == 0 && D.n) rc = p->spent ? p->spent : FB_EPARSE;
@@ -711,6 +773,9 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
                  !strcmp(base + n - 5, ".dual") ? "a tangent" : "an adjoint");
     return FB_ENOENT;
   }
+  int ci = fb_program_find_kernel(p, base);
+  if (ci >= 0 && p->kernels[ci].pub.grad) /* a custom adjoint: that kernel, the same bindings */
+    return fb_program_instantiate(p, p->kernels[ci].pub.grad, field_bindings, nfield, out, diags);
   fb_kernel *k = NULL;
   int rc = fb_program_instantiate(p, base, field_bindings, nfield, &k, diags);
   if (rc) return rc;

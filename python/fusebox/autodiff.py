@@ -13,7 +13,7 @@ the next :meth:`Session.sync` as a :class:`fusebox.LaunchError`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from fusebox._proto import pb
 from fusebox.errors import Error
@@ -33,6 +33,30 @@ def grad_field(f: "Field") -> "Field":
                     f"('place {f.info.name}: {f.dtype.name.replace('float', 'f')} grad' "
                     "in the program)")
     return Field(s, info)
+
+
+def add_custom_adjoints(s: "Session", todo: List[Tuple[str, Tuple[str, ...]]], req: Any) -> None:
+    """Kernels declared ``kernel k(...) grad k_adj`` (a custom gradient):
+    add k_adj's instance for the same fields to the instances about to be
+    registered (todo, extended in place) unless it is registered already,
+    and bind each pair in the same request (req.custom_adjoints; -1 - i
+    names the request's i-th kernel), so the server's adjoint of k, and so
+    ``k.grad`` and the tape, is k_adj."""
+    n = len(todo)
+    for i in range(n):
+        name, fields = todo[i]
+        info = s.program.kernels.get(name)
+        g = info.grad if info is not None else None
+        if not g:
+            continue
+        key = (g, fields)
+        if key in s._ids:
+            adj = s._ids[key]
+        else:
+            if key not in todo:
+                todo.append(key)
+            adj = -1 - todo.index(key)
+        req.custom_adjoints.add(kernel=-1 - i, adjoint=adj)
 
 
 class GradKernel:

@@ -181,6 +181,9 @@ class KernelInfo:
         self._types = [p.type for p in m.params]
         self.ret: Optional[str] = None if m.ret == 0 else type_name(m.ret)
         self._ret_type = m.ret
+        #: ``kernel k(...) grad k_adj``: the kernel that is its custom adjoint
+        #: (docs/autodiff.md "Custom gradients"), else None
+        self.grad: Optional[str] = getattr(m, "grad", "") or None
 
     @property
     def signature(self) -> str:
@@ -840,13 +843,15 @@ class Session:
 
     def _register(self, insts: List[Tuple[str, Tuple[str, ...]]]) -> List[int]:
         req = pb.RegisterKernelsRequest(session_id=self.id, source=self._src)
-        for name, fields in insts:
+        todo = list(insts)
+        _ad.add_custom_adjoints(self, todo, req)  # `grad k_adj` kernels: theirs too
+        for name, fields in todo:
             req.instances.add(kernel=name, fields=list(fields))
         ids = list(self._c._call("RegisterKernels", req).kernel_ids)
-        for (name, fields), i in zip(insts, ids):
+        for (name, fields), i in zip(todo, ids):
             self._ids[(name, fields)] = i
             self._names[i] = name + (f"[{','.join(fields)}]" if fields else "")
-        return ids
+        return ids[:len(insts)]
 
     def _kernel_id(self, k: KernelInfo, fields: Tuple[str, ...]) -> int:
         key = (k.name, fields)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusebox.taichi import _ops, _runtime, _types
+from fusebox.taichi import _customgrad, _ops, _runtime, _types
 from fusebox.taichi._errors import (TaichiCompilationError, TaichiRuntimeError,
                                     TaichiSyntaxError, TaichiTypeError)
 from fusebox.taichi._fields import (Axes, Field, SNode, axes, i, ij, ijk, ijkl, ik, j, jk,
@@ -88,6 +88,8 @@ class _Ad:
     """ti.ad: the tape and gradient helpers (docs/from-taichi.md)."""
     Tape = _runtime.Tape
     FwdMode = _runtime.FwdMode
+    grad_replaced = staticmethod(_customgrad.grad_replaced)
+    grad_for = staticmethod(_customgrad.grad_for)
 
     @staticmethod
     def clear_all_gradients(gradient_type: Any = None) -> None:

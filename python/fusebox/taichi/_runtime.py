@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import grpc
 import numpy as np
 
-from fusebox.taichi import _types
+from fusebox.taichi import _customgrad, _types
 from fusebox.taichi._errors import (TaichiCompilationError, TaichiRuntimeError,
                                     TaichiSyntaxError, TaichiTypeError)
 from fusebox.taichi._fields import (Axes, Field, SNode, layout_lines, name_fields, shape_tuple)
@@ -497,7 +497,9 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         r, inst, values = self._prepare(args, kwargs)
-        if r.tape is not None:
+        if r.tape is not None and r.tape._front is not None:  # grad_replaced exist
+            r.tape._front.on_launch(self, r, inst, values)
+        elif r.tape is not None:
             self._adjoint(r, inst)  # refused before it is recorded
         # inside ti.ad.FwdMode the kernel's tangent runs in its place
         r.launch(inst[0] if r.fwd is None else self._tangent(r, inst), values)
@@ -736,6 +738,7 @@ class Tape:
         self.loss = loss
         self.clear = clear_gradients
         self._inner: Any = None
+        self._front: Any = None  # _customgrad.FrontTape while grad_replaced functions exist
 
     def __enter__(self) -> "Tape":
         r = rt()
@@ -755,6 +758,10 @@ class Tape:
         if self.clear:
             clear_all_gradients()
         self.loss.fill(0)  # as Taichi: the loss starts from 0
+        if len(_customgrad.defined):  # their backward is Python: the front end records
+            self._front = _customgrad.FrontTape()
+            r.tape = self
+            return self
         self._inner = r.session.tape(r.session.fields[self.loss.name])
         self._inner.__enter__()
         r.tape = self
@@ -763,6 +770,11 @@ class Tape:
     def __exit__(self, *exc: Any) -> None:
         r = rt()
         r.tape = None
+        if self._front is not None:
+            front, self._front = self._front, None
+            if exc[0] is None and r.session is not None:
+                front.backward(r, self.loss)
+            return
         if self._inner is not None and r.session is not None:
             self._inner.__exit__(*exc)
             self._inner = None
