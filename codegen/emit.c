@@ -330,7 +330,8 @@ static int scan_plan_of(fb_emit *e, const fb_stmt *s, scan_plan *p) {
   p->ids = b->ids;
   p->n = b->n - 1;
   p->cond = f->args[0];
-  return loads > 0 && scan_find(b, p->cond) >= 0;
+  return loads > 0 && scan_find(b, p->cond) >= 0 && p->cond >= 0 &&
+         (fb_type)e->k->stmts[p->cond].type == FB_T_BOOL;
 }
 
 /* Emits the check of iterations j .. j+SCAN_W-1 at the builder; ends with
