@@ -166,6 +166,9 @@ typedef struct fb_emit {
    * private copy (NULL: none); c_priv its base (ctx->priv, or root) */
   unsigned char *priv_place;
   LLVMValueRef c_priv;
+  /* emit.c, "Skipped blocks of a guarded scan": while set, loads leave out
+   * their bounds guard (the caller proved every index in bounds) */
+  int spec_nocheck;
   int stmts;              /* statements lowered */
   int rc;                 /* first error, sticky */
   char *err;
@@ -183,6 +186,10 @@ LLVMTypeRef fb_emit_memtype(fb_emit *e, fb_type t);  /* memory type (bool: i8) *
 /* Value of operand i of s, checked to exist (NULL after an error). */
 LLVMValueRef fb_emit_arg(fb_emit *e, const fb_stmt *s, int i);
 fb_type fb_emit_argtype(fb_emit *e, const fb_stmt *s, int i);
+/* Load statement id's bounds test: *inb the AND of 0 <= index < shape over
+ * the indices not proven in range (NULL: none needs one). Emits only the
+ * index arithmetic; its operands must have values. */
+int fb_emit_load_inb(fb_emit *e, int id, LLVMValueRef *inb);
 /* Is every container from the root down to snode (inclusive) dense? */
 int fb_emit_dense_path(const fb_layout *l, int snode);
 /* Load the 8-byte field number `field` of the context. */

@@ -21,6 +21,7 @@
 #include <llvm-c/IRReader.h>
 
 static int emit_block(fb_emit *e, int blk);
+static int emit_stmt(fb_emit *e, int id);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -253,12 +254,163 @@ static int emit_while(fb_emit *e, int id, const fb_stmt *s) {
   return 0;
 }
 
-/* Serial counted loop: for (i = begin; i < end; i++) in i32. */
+/* ---------------------------------------------------------------- skipped blocks
+ *
+ * A serial loop whose body is a guard over a scan, `for j in a .. b { if
+ * c(j) { ... } }` with c computed from loads of dense fields and pure
+ * arithmetic (mass_spring's `if rest_length[i, j] != 0.0`: 8 of 1024 true),
+ * spends its time evaluating c one j at a time, each load behind its own
+ * bounds check. Every SCAN_W iterations the loop instead evaluates c for
+ * the next SCAN_W values of j at once, without branches: first every
+ * load's bounds test for all of them (one branch; if any fails, those
+ * iterations run as before, where the check latches its error in order),
+ * then the loads, unguarded, and the conditions, ORed. LLVM's SLP
+ * vectorizer turns consecutive loads into one vector load and compare.
+ * When no condition holds the SCAN_W iterations are skipped; otherwise they
+ * run as before, one by one. Results are the loop's own: a skipped
+ * iteration would have evaluated the same pure condition on the same
+ * memory (nothing ran in between) and done nothing else; bounds errors
+ * only come from the iterations that run. */
+
+#define SCAN_W 8
+#define SCAN_MAX 48 /* statements before the if */
+
+typedef struct scan_plan {
+  const int *ids; /* the body's statements before its if */
+  int n;
+  int cond;            /* the if's condition */
+  unsigned char *late; /* per ids[i]: a load, or reads one (phase B) */
+} scan_plan;
+
+static int scan_find(const fb_block *b, int id) {
+  for (int i = 0; i < b->n - 1; i++)
+    if (b->ids[i] == id) return i;
+  return -1;
+}
+
+/* 1 when s's body is a guarded scan (p filled; p->late must hold
+ * SCAN_MAX bytes). */
+static int scan_plan_of(fb_emit *e, const fb_stmt *s, scan_plan *p) {
+  if (e->o->target != FB_CG_CPU || e->bounds_fn || s->body < 0 || s->body >= e->k->nblocks)
+    return 0;
+  const fb_block *b = &e->k->blocks[s->body];
+  if (b->n < 2 || b->n - 1 > SCAN_MAX) return 0;
+  int last = b->ids[b->n - 1];
+  if (last < 0 || last >= e->k->nstmts) return 0;
+  const fb_stmt *f = &e->k->stmts[last];
+  if (f->op != FB_OP_IF || f->orelse >= 0 || f->nargs < 1) return 0;
+  int loads = 0;
+  for (int i = 0; i < b->n - 1; i++) {
+    int id = b->ids[i];
+    if (id < 0 || id >= e->k->nstmts || e->done[id]) return 0;
+    const fb_stmt *t = &e->k->stmts[id];
+    if (t->op >= FB_OP__COUNT) return 0;
+    int cls = fb_op_table[t->op].cls;
+    int late = 0;
+    if (t->op == FB_OP_LOAD) {
+      if (t->snode < 0 || t->snode >= e->l->nnodes || e->l->nodes[t->snode].kind != FB_SN_PLACE ||
+          !fb_emit_dense_path(e->l, e->l->nodes[t->snode].parent))
+        return 0;
+      late = 1;
+      loads++;
+    } else if (!(fb_op_table[t->op].flags & FB_OPF_PURE) && cls != FB_OPC_LLOAD &&
+               t->op != FB_OP_GTMP_LOAD) {
+      return 0;
+    } else if (cls == FB_OPC_HINT || (fb_op_table[t->op].flags & FB_OPF_BLOCK)) {
+      return 0;
+    }
+    for (int a = 0; a < t->nargs && a < FB_MAX_ARGS; a++) {
+      int k = scan_find(b, t->args[a]);
+      if (k < 0 || !p->late[k]) continue;
+      if (t->op == FB_OP_LOAD) return 0; /* an index read from memory */
+      late = 1;
+    }
+    p->late[i] = (unsigned char)late;
+  }
+  p->ids = b->ids;
+  p->n = b->n - 1;
+  p->cond = f->args[0];
+  return loads > 0 && scan_find(b, p->cond) >= 0 && p->cond >= 0 &&
+         (fb_type)e->k->stmts[p->cond].type == FB_T_BOOL;
+}
+
+/* Emits the check of iterations j .. j+SCAN_W-1 at the builder; ends with
+ * a branch to `run` (some condition holds, or a bounds test fails) or to
+ * `skip` (none holds). from[0..*nfrom) receive the blocks that branch to
+ * run. */
+static int scan_check(fb_emit *e, int id, const scan_plan *p, LLVMValueRef j,
+                      LLVMBasicBlockRef run, LLVMBasicBlockRef skip, LLVMBasicBlockRef from[2],
+                      int *nfrom) {
+  LLVMValueRef save[SCAN_W][SCAN_MAX], wsave[SCAN_W][SCAN_MAX];
+  LLVMValueRef jw = LLVMBuildSExt(e->b, j, e->t_i64, "");
+  LLVMValueRef allin = NULL;
+  int stmts = e->stmts;
+  /* phase A: each iteration's early values and its loads' bounds tests */
+  for (int w = 0; w < SCAN_W && !e->rc; w++) {
+    e->lidx[id][0] = LLVMBuildNSWAdd(e->b, j, fb_emit_i32(e, w), "");
+    e->lwide[id][0] = LLVMBuildNSWAdd(e->b, jw, fb_emit_i64(e, w), "");
+    for (int i = 0; i < p->n && !e->rc; i++) {
+      int s = p->ids[i];
+      if (p->late[i]) {
+        LLVMValueRef inb;
+        if (e->k->stmts[s].op == FB_OP_LOAD && !fb_emit_load_inb(e, s, &inb) && inb)
+          allin = allin ? LLVMBuildAnd(e->b, allin, inb, "") : inb;
+        continue;
+      }
+      emit_stmt(e, s);
+      e->done[s] = 0;
+      save[w][i] = e->vals[s];
+      wsave[w][i] = e->wide[s];
+    }
+  }
+  if (e->rc) return e->rc;
+  if (allin) {
+    LLVMBasicBlockRef ok = fb_emit_block(e, "scan.inbounds");
+    from[(*nfrom)++] = LLVMGetInsertBlock(e->b);
+    LLVMBuildCondBr(e->b, allin, ok, run);
+    LLVMPositionBuilderAtEnd(e->b, ok);
+  }
+  /* phase B: the loads (in bounds) and the conditions */
+  LLVMValueRef any = NULL;
+  e->spec_nocheck = 1;
+  for (int w = 0; w < SCAN_W && !e->rc; w++) {
+    for (int i = 0; i < p->n; i++)
+      if (!p->late[i]) {
+        e->vals[p->ids[i]] = save[w][i];
+        e->wide[p->ids[i]] = wsave[w][i];
+      }
+    for (int i = 0; i < p->n && !e->rc; i++)
+      if (p->late[i]) {
+        emit_stmt(e, p->ids[i]);
+        e->done[p->ids[i]] = 0;
+      }
+    if (e->rc) break;
+    LLVMValueRef c = e->vals[p->cond];
+    any = any ? LLVMBuildOr(e->b, any, c, "") : c;
+  }
+  e->spec_nocheck = 0;
+  if (e->rc) return e->rc;
+  for (int i = 0; i < p->n; i++) {
+    e->vals[p->ids[i]] = NULL;
+    e->wide[p->ids[i]] = NULL;
+  }
+  e->stmts = stmts;
+  from[(*nfrom)++] = LLVMGetInsertBlock(e->b);
+  LLVMBuildCondBr(e->b, any, run, skip);
+  return 0;
+}
+
+/* Serial counted loop: for (i = begin; i < end; i++) in i32; a guarded
+ * scan checks SCAN_W iterations at a time (above): `nc` is the next
+ * iteration to check at, end once fewer than SCAN_W remain. */
 static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef begin = fb_emit_arg(e, s, 0), end = fb_emit_arg(e, s, 1);
   if (!begin || !end) return e->rc;
   if (fb_emit_argtype(e, s, 0) != FB_T_I32 || fb_emit_argtype(e, s, 1) != FB_T_I32)
     return fb_emit_error(e, FB_EINVAL, "%%%d range_for: bounds must be i32", id);
+  unsigned char late[SCAN_MAX];
+  scan_plan plan = {.late = late};
+  int scan = scan_plan_of(e, s, &plan);
   LLVMBasicBlockRef pre = LLVMGetInsertBlock(e->b);
   LLVMBasicBlockRef head = fb_emit_block(e, "for");
   LLVMBasicBlockRef body = fb_emit_block(e, "for.body");
@@ -268,8 +420,40 @@ static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
   LLVMPositionBuilderAtEnd(e->b, head);
   LLVMValueRef i = LLVMBuildPhi(e->b, e->t_i32, "i");
   LLVMAddIncoming(i, &begin, &pre, 1);
-  LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, i, end, ""), body, exit);
-  LLVMPositionBuilderAtEnd(e->b, body);
+  LLVMValueRef nc = NULL, ncb = NULL;
+  if (scan) {
+    LLVMBasicBlockRef test = fb_emit_block(e, "scan.test");
+    LLVMBasicBlockRef room = fb_emit_block(e, "scan.room");
+    LLVMBasicBlockRef check = fb_emit_block(e, "scan.check");
+    LLVMBasicBlockRef skip = fb_emit_block(e, "scan.skip");
+    nc = LLVMBuildPhi(e->b, e->t_i32, "nc");
+    LLVMAddIncoming(nc, &begin, &pre, 1);
+    LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, i, end, ""), test, exit);
+    LLVMPositionBuilderAtEnd(e->b, test);
+    LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntEQ, i, nc, ""), room, body);
+    LLVMPositionBuilderAtEnd(e->b, room);
+    LLVMValueRef left = LLVMBuildNSWSub(e->b, LLVMBuildSExt(e->b, end, e->t_i64, ""),
+                                        LLVMBuildSExt(e->b, i, e->t_i64, ""), "");
+    LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSGE, left, fb_emit_i64(e, SCAN_W), ""),
+                    check, body);
+    LLVMPositionBuilderAtEnd(e->b, check);
+    LLVMValueRef after = LLVMBuildNSWAdd(e->b, i, fb_emit_i32(e, SCAN_W), "");
+    LLVMBasicBlockRef from[4] = {test, room};
+    int nfrom = 0;
+    if (scan_check(e, id, &plan, i, body, skip, from + 2, &nfrom)) return e->rc;
+    LLVMPositionBuilderAtEnd(e->b, skip);
+    LLVMBuildBr(e->b, head);
+    LLVMAddIncoming(i, &after, &skip, 1);
+    LLVMAddIncoming(nc, &after, &skip, 1);
+    LLVMPositionBuilderAtEnd(e->b, body);
+    ncb = LLVMBuildPhi(e->b, e->t_i32, "nc.body");
+    /* the iterations a check sends here run unchecked until after */
+    LLVMValueRef v[4] = {nc, end, after, after};
+    LLVMAddIncoming(ncb, v, from, 2 + (unsigned)nfrom);
+  } else {
+    LLVMBuildCondBr(e->b, LLVMBuildICmp(e->b, LLVMIntSLT, i, end, ""), body, exit);
+    LLVMPositionBuilderAtEnd(e->b, body);
+  }
   e->lidx[id][0] = i;
   e->lwide[id][0] = LLVMBuildSExt(e->b, i, e->t_i64, "iw");
   if (push_loop(e, id, exit, latch)) return e->rc;
@@ -280,6 +464,7 @@ static int emit_range_for(fb_emit *e, int id, const fb_stmt *s) {
   LLVMPositionBuilderAtEnd(e->b, latch);
   LLVMValueRef next = LLVMBuildNSWAdd(e->b, i, fb_emit_i32(e, 1), ""); /* i < end */
   LLVMAddIncoming(i, &next, &latch, 1);
+  if (scan) LLVMAddIncoming(nc, &ncb, &latch, 1);
   LLVMBuildBr(e->b, head);
   LLVMPositionBuilderAtEnd(e->b, exit);
   return 0;

@@ -633,6 +633,7 @@ static LLVMValueRef field_addr(fb_emit *e, const fb_stmt *s, LLVMValueRef idx[FB
 static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (check_place(e, id, s) || index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
+  if (e->spec_nocheck) inb = NULL; /* proven by the caller (emit.c, skipped blocks) */
   fb_type t = e->l->nodes[s->snode].type;
   LLVMValueRef zero = LLVMConstNull(fb_emit_type(e, t));
   guard g;
@@ -647,6 +648,14 @@ static int emit_load(fb_emit *e, int id, const fb_stmt *s) {
   if (off) v = off_end(e, off, v, zero);
   e->vals[id] = guard_end(e, &g, v, zero);
   return 0;
+}
+
+int fb_emit_load_inb(fb_emit *e, int id, LLVMValueRef *inb) {
+  const fb_stmt *s = &e->k->stmts[id];
+  LLVMValueRef idx[FB_MAX_AXES];
+  *inb = NULL;
+  if (check_place(e, id, s)) return e->rc;
+  return index_check(e, id, s, s->snode, 0, idx, inb);
 }
 
 /* Loads of several fields of one sparse container at the same indices, one

@@ -644,6 +644,7 @@ static void add_counters(fb_opt_counters *t, const fb_opt_counters *f) {
   t->tasks_deleted += f->tasks_deleted;
   t->tasks_fused += f->tasks_fused;
   t->fuse_refused += f->fuse_refused;
+  t->fuse_same_shape += f->fuse_same_shape;
   t->fuse_pairs += f->fuse_pairs;
   t->simplified += f->simplified;
   t->iterations += f->iterations;

@@ -151,6 +151,8 @@ typedef struct fb_opt_counters {
   uint64_t dead_stores;     /* task writes of a state removed as dead */
   uint64_t tasks_deleted;   /* tasks left without effect and deleted */
   uint64_t tasks_fused;     /* fusions (each removes one task) */
+  uint64_t fuse_same_shape; /* of them, struct_fors over two dense containers of one
+                               index space (pass_fuse.c same_dense_space) */
   uint64_t fuse_refused;    /* tasks kept from a fusion that met every
                                criterion by the cost model (max_fused_stmts,
                                max_task_params, max_fused_tasks); once per

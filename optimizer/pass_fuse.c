@@ -151,6 +151,36 @@ static int fusible_kind(const fb_sfg_node *x) {
           (k == FB_TASK_RANGE_FOR && x->range_ok) || k == FB_TASK_STRUCT_FOR);
 }
 
+/* Struct_fors over containers x and y with equal index spaces: both under
+ * dense containers only (no list: every cell is visited), the same axes in
+ * the same order and the same extent on each. Taichi's layout gives each
+ * `ti.field(shape=...)` a dense block of its own, so loops over two fields
+ * of one shape are loops over two containers; each visits the same index
+ * tuples, and the fused loop's loop_index d is the same index in both
+ * parts. Criterion 3 then compares accesses by index (FB_EW_LOOP: at the
+ * loop's indices), which means the same cell of each field in both. */
+static int dense_path(const fb_layout *l, int n) {
+  for (; n > 0; n = l->nodes[n].parent)
+    if (l->nodes[n].kind != FB_SN_DENSE && l->nodes[n].kind != FB_SN_PLACE) return 0;
+  return n == 0;
+}
+
+static int same_dense_space(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b) {
+  const fb_kernel *ka = fb_bank_ir(bank, a->ir), *kb = fb_bank_ir(bank, b->ir);
+  if (!ka || !kb || ka->layout != kb->layout) return 0;
+  const fb_layout *l = ka->layout;
+  int x = a->m->iter, y = b->m->iter;
+  if (x <= 0 || y <= 0 || x >= l->nnodes || y >= l->nnodes) return 0;
+  if (a->m->list_key != FB_SKEY_NONE || b->m->list_key != FB_SKEY_NONE) return 0;
+  if (!dense_path(l, x) || !dense_path(l, y)) return 0;
+  const fb_snode *p = &l->nodes[x], *q = &l->nodes[y];
+  if (p->space_axes != q->space_axes || p->ndim != q->ndim) return 0;
+  for (int d = 0; d < p->ndim; d++)
+    if (p->dim_axis[d] != q->dim_axis[d] || p->shape[p->dim_axis[d]] != q->shape[q->dim_axis[d]])
+      return 0;
+  return 1;
+}
+
 /* Criterion 2. */
 static int same_group(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b) {
   int la = list_upkeep(bank, a), lb = list_upkeep(bank, b);
@@ -159,7 +189,9 @@ static int same_group(fb_bank *bank, const fb_sfg_node *a, const fb_sfg_node *b)
   switch (a->m->kind) {
   case FB_TASK_SERIAL: return 1;
   case FB_TASK_RANGE_FOR: return a->rbegin == b->rbegin && a->rend == b->rend;
-  default: return a->m->iter == b->m->iter && a->list_ver == b->list_ver;
+  default:
+    if (a->m->iter == b->m->iter && a->list_ver == b->list_ver) return 1;
+    return same_dense_space(bank, a, b);
   }
 }
 
@@ -363,6 +395,7 @@ static int fuse_round(fctx *f) {
         refused = 1;
         continue;
       }
+      int across = a->m->kind == FB_TASK_STRUCT_FOR && a->m->iter != b->m->iter;
       int rc = fuse_pair(f, a, b);
       if (rc) {
         free(far);
@@ -372,6 +405,7 @@ static int fuse_round(fctx *f) {
       far_from(f, ai, far);
       a->fused_now++;
       fused++;
+      f->c->cnt->fuse_same_shape += (uint64_t)across;
     }
     f->c->cnt->fuse_refused += (uint64_t)refused;
   }

@@ -907,6 +907,62 @@ START_TEST(test_parallel_cell_loop_ir) {
 }
 END_TEST
 
+/* Skipped blocks of a guarded scan (emit.c): `for j { if c(j) {...} }`
+ * with c read from dense fields checks 8 iterations at a time; at O3 the
+ * check is one vector load of the 8 rest lengths and one compare. Left
+ * alone: a store before the if, an else, an index read from memory, a
+ * sparse field, NVPTX. tests/test_lang_exec.c (skipped_scan_blocks) checks
+ * the results against the interpreter. */
+static const char *SCAN_SRC =
+    "layout {\n"
+    "  dense(ij: 256, 256) { place rl: f32 }\n"
+    "  dense(i: 256) { place x: f32, f: f32, k: i32 }\n"
+    "  pointer(i: 16) { dense(i: 16) { place sp: f32 } }\n"
+    "  place n: i32\n"
+    "}\n"
+    "kernel scan() { for i in 0 .. 256 { let nn = n[]\n var a = 0.0\n"
+    "  for j in 0 .. nn { if rl[i, j] != 0.0 { a += x[i] - x[j] } }\n f[i] = a } }\n"
+    "kernel stored() { for i in 0 .. 256 { for j in 0 .. 256 { k[j] = i\n"
+    "  if rl[i, j] != 0.0 { f[i] += 1.0 } } } }\n"
+    "kernel other() { for i in 0 .. 256 { for j in 0 .. 256 {\n"
+    "  if rl[i, j] != 0.0 { f[i] += 1.0 } else { f[i] -= 1.0 } } } }\n"
+    "kernel indirect() { for i in 0 .. 256 { for j in 0 .. 256 {\n"
+    "  if rl[i, k[j]] != 0.0 { f[i] += 1.0 } } } }\n"
+    "kernel sparse() { for i in 0 .. 256 { for j in 0 .. 256 {\n"
+    "  if sp[j] != 0.0 { f[i] += 1.0 } } } }\n";
+
+START_TEST(test_scan_skip_ir) {
+  fb_diags d;
+  fb_diags_init(&d);
+  fb_program *p = NULL;
+  ck_assert_int_eq(fb_program_parse("scan.fbk", SCAN_SRC, &p, &d), 0);
+  fb_diags_free(&d);
+  char *ir = task_ir_n(p, "scan", "x86_64", 1);
+  ck_assert_msg(strstr(ir, "scan.check") && strstr(ir, "scan.skip") && strstr(ir, "scan.inbounds"),
+                "scan: no skipped blocks:\n%.4000s", ir);
+  free(ir);
+  ir = task_ir_n(p, "scan", "x86_64-O3", 1);
+  char *at = strstr(ir, "\nscan.inbounds");
+  ck_assert_msg(at != NULL, "scan: O3 lost the check:\n%.4000s", ir);
+  char *vl = strstr(at, "load <");
+  char *end = strstr(at + 1, "\n\n");
+  ck_assert_msg(vl && (!end || vl < end) && strstr(vl, "x float>"),
+                "scan: the 8 loads of the check are not one vector load:\n%.3000s", at);
+  free(ir);
+  const char *no[] = {"stored", "other", "indirect", "sparse"};
+  for (int i = 0; i < 4; i++) {
+    ir = task_ir_n(p, no[i], "x86_64", 1);
+    ck_assert_msg(!strstr(ir, "scan.check"), "%s: skipped blocks where they may not be:\n%.3000s",
+                  no[i], ir);
+    free(ir);
+  }
+  ir = task_ir_n(p, "scan", "nvptx64", 1);
+  ck_assert_msg(!strstr(ir, "scan.check"), "scan: skipped blocks on NVPTX");
+  free(ir);
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(test_zero_walk_ir) {
   fb_diags d;
   fb_diags_init(&d);
@@ -1217,6 +1273,7 @@ int main(void) {
   tcase_add_test(tc, test_zero_walk_ir);
   tcase_add_test(tc, test_is_active_walk_ir);
   tcase_add_test(tc, test_parallel_cell_loop_ir);
+  tcase_add_test(tc, test_scan_skip_ir);
   tcase_add_test(tc, test_store_walk_ir);
   tcase_add_test(tc, test_slot_tbaa_ir);
   suite_add_tcase(s, tc);

@@ -436,6 +436,7 @@ static uint64_t counter(const fb_opt_counters *c, const char *name) {
   if (!strcmp(name, "fused")) return c->tasks_fused;
   if (!strcmp(name, "simplified")) return c->simplified;
   if (!strcmp(name, "refused")) return c->fuse_refused;
+  if (!strcmp(name, "same_shape")) return c->fuse_same_shape;
   ck_abort_msg("unknown counter %s", name);
   return 0;
 }
