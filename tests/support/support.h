@@ -15,8 +15,8 @@ char *fbt_read_file(const char *path, size_t *len);
  * After the summary each failing case is printed with its file:line, its
  * name and the message (a crash or an early exit: "(after this point)" at
  * the case's last check; a case past CK_DEFAULT_TIMEOUT: "Test timeout
- * expired"). CK_VERBOSITY=verbose lists the passing cases too, silent only
- * the summary. stdout is line-buffered, so that it interleaves with the
+ * expired"). CK_VERBOSITY (silent, minimal, normal, verbose) is libcheck's:
+ * verbose lists the passing cases too. stdout is line-buffered, so that it interleaves with the
  * sanitizers' reports on stderr in the order things happened.
  * Under FB_TEST_BACKEND=cuda (the suites' CUDA half) a machine without a
  * GPU and its driver runs nothing: it prints why and returns 77, which
