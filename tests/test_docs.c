@@ -254,6 +254,8 @@ static const struct {
     {"examples/autodiff/minimization.py", "an example of the taichi wheel"},
     {"examples/autodiff/simple_derivative.py", "an example of the taichi wheel"},
     {"examples/diffmpm.py", "DiffTaichi's repository"},
+    {"examples/autodiff/jacobian.py", "an example of the taichi wheel"},
+    {"examples/heat_async", "a step name of the GPU check (docs/gpu.md), not a file"},
     {"share/doc/fusebox", "where `cmake --install` puts the docs"},
     {"share/bash-completion/completions/fusebox", "where `cmake --install` puts the completion"},
 };
