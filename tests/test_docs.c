@@ -1,14 +1,24 @@
-/* Documentation that must follow the code: the op table of docs/ir.md
- * ("Statements") lists every op of include/fusebox/ops.h exactly once, names
- * no other op, and puts each op in the row whose text form the printer uses
- * for it (fb__text_form, ir/print.c). A new op fails this test until
- * docs/ir.md lists it. */
+/* Documentation that must follow the code:
+ * - the op table of docs/ir.md ("Statements") lists every op of
+ *   include/fusebox/ops.h exactly once, names no other op, and puts each op
+ *   in the row whose text form the printer uses for it (fb__text_form,
+ *   ir/print.c). A new op fails this test until docs/ir.md lists it;
+ * - every option `fuseboxd --help` prints is in deploy/README.md (as the
+ *   flag or as its config-file key);
+ * - docs/codes.md has a row for every error code of include/fusebox/errors.h
+ *   and every counter of the protocol's Counters, and no other row;
+ * - every repository path named in `backticks` in the docs (docs, README.md and
+ *   the folders' READMEs) exists (allow-list below, with reasons). */
+#include <ctype.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "fusebox/ir.h"
 #include "ir/ir_internal.h"
+#include "proto/convert.h"
 #include "support/support.h"
 
 /* Every op name, from the X-macro (not from fb_op_table, so the test reads
@@ -114,10 +124,232 @@ START_TEST(test_ir_md_lists_every_op) {
 }
 END_TEST
 
+static char *read_repo(const char *rel) {
+  char path[512];
+  snprintf(path, sizeof path, "../%s", rel);
+  char *text = fbt_read_file(fbt_path(path), NULL);
+  ck_assert_msg(text != NULL, "cannot read %s", rel);
+  return text;
+}
+
+/* Does text hold word as a whole token (not followed by a letter, digit,
+ * '-' or '_')? */
+static int has_token(const char *text, const char *word) {
+  size_t n = strlen(word);
+  for (const char *p = strstr(text, word); p; p = strstr(p + 1, word)) {
+    char c = p[n];
+    if (!isalnum((unsigned char)c) && c != '-' && c != '_') return 1;
+  }
+  return 0;
+}
+
+START_TEST(test_help_options_in_deploy_readme) {
+  const char *build = getenv("FB_BUILD_DIR");
+  ck_assert_msg(build != NULL, "FB_BUILD_DIR is not set");
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "'%s/server/fuseboxd' --help 2>&1", build);
+  FILE *f = popen(cmd, "r");
+  ck_assert_msg(f != NULL, "cannot run %s", cmd);
+  size_t cap = 1 << 16, len = 0;
+  char *help = malloc(cap);
+  ck_assert_ptr_nonnull(help);
+  for (size_t r; (r = fread(help + len, 1, cap - 1 - len, f)) > 0;) len += r;
+  help[len] = 0;
+  int st = pclose(f);
+  ck_assert_msg(st == 0, "fuseboxd --help exited with status %d", st);
+  char *md = read_repo("deploy/README.md");
+  int options = 0, bad = 0;
+  for (const char *p = help; (p = strstr(p, "--")) != NULL;) {
+    const char *e = p + 2;
+    while (islower((unsigned char)*e) || isdigit((unsigned char)*e) || *e == '-') e++;
+    if (e - p > 2 && islower((unsigned char)p[2])) {
+      char flag[128], key[130];
+      snprintf(flag, sizeof flag, "%.*s", (int)(e - p), p);
+      snprintf(key, sizeof key, "`%s`", flag + 2); /* the config file's key */
+      for (char *k = key; *k; k++)
+        if (*k == '-') *k = '_';
+      options++;
+      if (!has_token(md, flag) && !strstr(md, key)) {
+        fprintf(stderr, "deploy/README.md does not document %s (nor the key %s)\n", flag, key);
+        bad++;
+      }
+    }
+    p = e;
+  }
+  ck_assert_msg(options >= 40, "fuseboxd --help shows only %d options", options);
+  ck_assert_msg(bad == 0, "%d options of fuseboxd --help are not in deploy/README.md", bad);
+  free(md);
+  free(help);
+}
+END_TEST
+
+/* The names in `backticks` at the start of the table rows after heading,
+ * up to the next heading: how many, and whether name is among them. */
+static int table_rows(const char *md, const char *heading, const char *name, int *found) {
+  const char *p = strstr(md, heading);
+  ck_assert_msg(p != NULL, "docs/codes.md has no '%s'", heading);
+  int rows = 0;
+  *found = 0;
+  for (p += strlen(heading) - 1; p && p[1] && p[1] != '#'; p = strchr(p + 1, '\n')) {
+    if (strncmp(p + 1, "| `", 3) != 0) continue;
+    const char *b = p + 4, *e = strchr(b, '`');
+    if (!e) continue;
+    rows++;
+    if (name && strlen(name) == (size_t)(e - b) && strncmp(b, name, (size_t)(e - b)) == 0)
+      (*found)++;
+  }
+  return rows;
+}
+
+static const char *const code_names[] = {
+#define FB_ERR(name, value, msg, status) "FB_" #name,
+#include "fusebox/errors.h"
+#undef FB_ERR
+};
+
+START_TEST(test_codes_and_counters_documented) {
+  char *md = read_repo("docs/codes.md");
+  int bad = 0, found, n = 0;
+  for (size_t i = 0; i < sizeof code_names / sizeof code_names[0]; i++) {
+    if (strcmp(code_names[i], "FB_OK") == 0) continue;
+    n++;
+    table_rows(md, "\n## Error codes\n", code_names[i], &found);
+    if (found != 1) {
+      fprintf(stderr, "docs/codes.md has %d rows for the error code %s\n", found, code_names[i]);
+      bad++;
+    }
+  }
+  int rows = table_rows(md, "\n## Error codes\n", NULL, &found);
+  if (rows != n) {
+    fprintf(stderr, "docs/codes.md lists %d error codes; errors.h has %d\n", rows, n);
+    bad++;
+  }
+  const ProtobufCMessageDescriptor *d = &fusebox__v1__counters__descriptor;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    table_rows(md, "\n## Counters\n", d->fields[i].name, &found);
+    if (found != 1) {
+      fprintf(stderr, "docs/codes.md has %d rows for the counter %s\n", found, d->fields[i].name);
+      bad++;
+    }
+  }
+  rows = table_rows(md, "\n## Counters\n", NULL, &found);
+  if (rows != (int)d->n_fields) {
+    fprintf(stderr, "docs/codes.md lists %d counters; Counters has %u\n", rows, d->n_fields);
+    bad++;
+  }
+  ck_assert_msg(n >= 15 && d->n_fields >= 18, "too few codes (%d) or counters (%u)", n,
+                d->n_fields);
+  ck_assert_msg(bad == 0, "docs/codes.md is out of date (%d problems above)", bad);
+  free(md);
+}
+END_TEST
+
+/* Paths in the docs that are not in this tree, on purpose. */
+static const struct {
+  const char *path, *why;
+} not_in_tree[] = {
+    {"tests/test_differential", "the built test executable, in the build folder"},
+    {"tests/fakecuda/libfakecuda.so", "the built fake driver, in the build folder"},
+    {"tests/python/", "Taichi's repository (its own tests), not this one"},
+    {"examples/autodiff/minimization.py", "an example of the taichi wheel"},
+    {"examples/autodiff/simple_derivative.py", "an example of the taichi wheel"},
+    {"examples/diffmpm.py", "DiffTaichi's repository"},
+    {"examples/autodiff/jacobian.py", "an example of the taichi wheel"},
+    {"examples/heat_async", "a step name of the GPU check (docs/gpu.md), not a file"},
+    {"share/doc/fusebox", "where `cmake --install` puts the docs"},
+    {"share/bash-completion/completions/fusebox", "where `cmake --install` puts the completion"},
+};
+
+static int path_exists(const char *rel, const char *doc_dir) {
+  char path[1024];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/../%s", getenv("FB_TEST_DIR"), rel);
+  if (stat(path, &st) == 0) return 1;
+  snprintf(path, sizeof path, "%s/../%s/%s", getenv("FB_TEST_DIR"), doc_dir, rel);
+  if (stat(path, &st) == 0) return 1;
+  /* a stem that names NAME.fbk and NAME.json alike (bench/large/mpm3d) */
+  snprintf(path, sizeof path, "%s/../%s.*", getenv("FB_TEST_DIR"), rel);
+  glob_t g;
+  int ok = glob(path, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+  globfree(&g);
+  return ok;
+}
+
+/* Does a `token` look like a path in this repository: a top folder of it
+ * first, no placeholder (NAME, *, <...>, $VAR, ...)? */
+static int repo_path(const char *tok) {
+  static const char *const tops[] = {"bench/",  "client/",   "codegen/", "deploy/",  "docs/",
+                                     "engine/", "examples/", "include/", "ir/",      "optimizer/",
+                                     "proto/",  "python/",   "runtime/", "scripts/", "server/",
+                                     "share/",  "tests/",    ".ci/"};
+  int top = 0;
+  for (size_t i = 0; i < sizeof tops / sizeof tops[0]; i++)
+    if (strncmp(tok, tops[i], strlen(tops[i])) == 0) top = 1;
+  if (!top) return 0;
+  for (const char *c = tok; *c; c++)
+    if (strchr("*<>${} ", *c)) return 0;
+  return !strstr(tok, "NAME") && !strstr(tok, "...");
+}
+
+START_TEST(test_doc_paths_exist) {
+  static const char *const patterns[] = {"docs/*.md", "README.md", "*/README.md", "*/*/README.md"};
+  glob_t g;
+  int files = 0, paths = 0, bad = 0;
+  for (size_t k = 0; k < sizeof patterns / sizeof patterns[0]; k++) {
+    char pat[1024];
+    snprintf(pat, sizeof pat, "%s/../%s", getenv("FB_TEST_DIR"), patterns[k]);
+    if (glob(pat, 0, NULL, &g) != 0) continue;
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+      const char *rel = g.gl_pathv[i] + strlen(getenv("FB_TEST_DIR")) + 4;
+      if (strncmp(rel, "build", 5) == 0) continue; /* build folders inside the tree */
+      char *md = fbt_read_file(g.gl_pathv[i], NULL);
+      ck_assert_msg(md != NULL, "cannot read %s", rel);
+      files++;
+      char dir[512];
+      snprintf(dir, sizeof dir, "%s", rel);
+      char *slash = strrchr(dir, '/');
+      if (slash) *slash = 0;
+      else strcpy(dir, ".");
+      for (char *p = strchr(md, '`'); p; p = strchr(p + 1, '`')) {
+        char *e = strchr(p + 1, '`');
+        if (!e) break;
+        char tok[512];
+        size_t n = (size_t)(e - p - 1);
+        if (n == 0 || n >= sizeof tok || memchr(p + 1, '\n', n)) {
+          p = e;
+          continue;
+        }
+        memcpy(tok, p + 1, n);
+        tok[n] = 0;
+        p = e;
+        tok[strcspn(tok, ":#")] = 0; /* file:line, file#anchor */
+        for (size_t l = strlen(tok); l && strchr(".,;)", tok[l - 1]); l--) tok[l - 1] = 0;
+        if (!strchr(tok, '/') || !repo_path(tok)) continue;
+        paths++;
+        int allowed = 0;
+        for (size_t a = 0; a < sizeof not_in_tree / sizeof not_in_tree[0]; a++)
+          if (strcmp(tok, not_in_tree[a].path) == 0) allowed = 1;
+        if (!allowed && !path_exists(tok, dir)) {
+          fprintf(stderr, "%s names %s, which is not in the tree\n", rel, tok);
+          bad++;
+        }
+      }
+      free(md);
+    }
+    globfree(&g);
+  }
+  ck_assert_msg(files >= 20 && paths >= 200, "only %d docs, %d paths read", files, paths);
+  ck_assert_msg(bad == 0, "%d paths named in the docs do not exist (above)", bad);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("docs");
   TCase *tc = tcase_create("ir_md");
   tcase_add_test(tc, test_ir_md_lists_every_op);
+  tcase_add_test(tc, test_help_options_in_deploy_readme);
+  tcase_add_test(tc, test_codes_and_counters_documented);
+  tcase_add_test(tc, test_doc_paths_exist);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

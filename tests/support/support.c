@@ -48,8 +48,31 @@ char *fbt_read_file(const char *path, size_t *len) {
   return s;
 }
 
+static int cases_selected;
+
+int fbt_case_selected(const TTest *t) {
+  const char *want = getenv("FB_TEST_CASE");
+  if (!want || !*want) return 1;
+  size_t n = strlen(t->name);
+  for (const char *p = want; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    if (len == n && strncmp(p, t->name, n) == 0) return ++cases_selected;
+    if (!e) break;
+    p = e + 1;
+  }
+  return 0;
+}
+
 int fbt_run(Suite *s) {
   char why[512] = "";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  const char *want = getenv("FB_TEST_CASE");
+  if (want && *want && !cases_selected) {
+    printf("FB_TEST_CASE=%s names no case of this suite\n", want);
+    srunner_free(srunner_create(s));
+    return EXIT_FAILURE;
+  }
   if (!backend_available(why, sizeof why)) {
     printf("%s half skipped: %s\n", fbt_backend(), why);
     srunner_free(srunner_create(s)); /* frees the suite */
@@ -57,7 +80,8 @@ int fbt_run(Suite *s) {
   }
   if (strcmp(fbt_backend(), "cpu") != 0) printf("running on the %s backend\n", fbt_backend());
   SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
+  const char *verbosity = getenv("CK_VERBOSITY");
+  srunner_run_all(sr, verbosity && *verbosity ? CK_ENV : CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -1,0 +1,170 @@
+"""The Python client's copies of C's lists, checked against C's own (ctest
+entry test_lists; issue 41, item 4):
+
+* the error codes: include/fusebox/errors.h (the FB_ERR X-macro that makes
+  the FB_E* enum) against FB_CODES of python/fusebox/errors.py;
+* the counters: struct fb_counters of include/fusebox/counters.h against
+  the Counters message of proto/fusebox.proto and the Counters dataclass of
+  python/fusebox/session.py (names, order and kind: uint64_t is an int,
+  double a float).
+
+Each list is read from its source text (the C header, the .proto, the
+Python module's syntax tree), so the check needs no build and imports
+nothing of the package. A name or value present on one side only fails,
+in either direction. The last tests feed the readers altered text to show
+that a drift is caught.
+"""
+import ast
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _strip_c_comments(text):
+    return re.sub(r"/\*.*?\*/|//[^\n]*", " ", text, flags=re.S)
+
+
+# ------------------------------------------------------------------ readers
+
+def c_error_codes(text):
+    """{value: "FB_NAME"} of every FB_ERR(NAME, value, ...) but FB_OK."""
+    codes = {}
+    for name, value in re.findall(r"^\s*FB_ERR\(\s*(\w+)\s*,\s*(-?\d+)\s*,",
+                                  _strip_c_comments(text), flags=re.M):
+        if name == "OK":
+            continue
+        assert int(value) not in codes, f"errors.h: value {value} twice"
+        codes[int(value)] = "FB_" + name
+    assert codes, "errors.h: no FB_ERR(...) entries found (has its form changed?)"
+    return codes
+
+
+def c_counters(text):
+    """[(name, 'int'|'float')] of struct fb_counters, in order."""
+    m = re.search(r"typedef\s+struct\s+fb_counters\s*\{(.*?)\}\s*fb_counters\s*;",
+                  _strip_c_comments(text), flags=re.S)
+    assert m, "counters.h: no 'typedef struct fb_counters { ... } fb_counters;'"
+    fields = []
+    for decl in m.group(1).split(";"):
+        decl = decl.strip()
+        if not decl:
+            continue
+        dm = re.fullmatch(r"(uint64_t|double)\s+(\w+)", decl)
+        assert dm, f"counters.h: a member this test cannot read: {decl!r}"
+        fields.append((dm.group(2), "float" if dm.group(1) == "double" else "int"))
+    assert fields, "counters.h: struct fb_counters has no members"
+    return fields
+
+
+def proto_counters(text):
+    """[(name, 'int'|'float')] of message Counters, in field-number order."""
+    m = re.search(r"message\s+Counters\s*\{(.*?)\}", re.sub(r"//[^\n]*", " ", text), flags=re.S)
+    assert m, "fusebox.proto: no 'message Counters'"
+    fields = re.findall(r"(uint64|double)\s+(\w+)\s*=\s*(\d+)\s*;", m.group(1))
+    fields.sort(key=lambda f: int(f[2]))
+    return [(n, "float" if t == "double" else "int") for t, n, _ in fields]
+
+
+def py_error_codes(text):
+    """FB_CODES of errors.py, a dict literal of int: str."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "FB_CODES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("python/fusebox/errors.py: no FB_CODES = {...}")
+
+
+def py_counters(text):
+    """[(name, 'int'|'float')] of the Counters dataclass's annotated fields."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and node.name == "Counters":
+            out = []
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                    out.append((st.target.id, ast.unparse(st.annotation)))
+            return out
+    raise AssertionError("python/fusebox/session.py: no class Counters")
+
+
+# ------------------------------------------------------------------ compare
+
+def drift(what, c_side, other_side, other_name):
+    """Lines describing every difference between two lists or dicts."""
+    out = []
+    if isinstance(c_side, dict):
+        for k in sorted(set(c_side) | set(other_side), reverse=True):
+            if k not in other_side:
+                out.append(f"{what}: {c_side[k]} = {k} is in C, not in {other_name}")
+            elif k not in c_side:
+                out.append(f"{what}: {other_side[k]} = {k} is in {other_name}, not in C")
+            elif c_side[k] != other_side[k]:
+                out.append(f"{what}: {k} is {c_side[k]} in C, {other_side[k]} in {other_name}")
+        return out
+    cn, on = [n for n, _ in c_side], [n for n, _ in other_side]
+    out += [f"{what}: '{n}' is in C, not in {other_name}" for n in cn if n not in on]
+    out += [f"{what}: '{n}' is in {other_name}, not in C" for n in on if n not in cn]
+    ck, ok = dict(c_side), dict(other_side)
+    out += [f"{what}: '{n}' is {ck[n]} in C, {ok[n]} in {other_name}"
+            for n in cn if n in ok and ck[n] != ok[n]]
+    if not out and cn != on:
+        out.append(f"{what}: order differs: C {cn}, {other_name} {on}")
+    return out
+
+
+def check_all(errors_h, counters_h, proto, errors_py, session_py):
+    c_codes = c_error_codes(errors_h)
+    c_ctrs = c_counters(counters_h)
+    return (drift("error codes", c_codes, py_error_codes(errors_py), "python/fusebox/errors.py")
+            + drift("counters", c_ctrs, proto_counters(proto), "proto/fusebox.proto")
+            + drift("counters", c_ctrs, py_counters(session_py), "python/fusebox/session.py"))
+
+
+SOURCES = ("include/fusebox/errors.h", "include/fusebox/counters.h", "proto/fusebox.proto",
+           "python/fusebox/errors.py", "python/fusebox/session.py")
+
+
+# ------------------------------------------------------------------ tests
+
+def test_python_lists_match_c():
+    problems = check_all(*(_read(p) for p in SOURCES))
+    assert not problems, "the Python client and C disagree:\n" + "\n".join(problems)
+
+
+def test_readers_see_every_entry():
+    # the readers find what the headers hold, not an empty list that agrees with anything
+    assert len(c_error_codes(_read(SOURCES[0]))) >= 15
+    assert len(c_counters(_read(SOURCES[1]))) >= 18
+    assert c_counters(_read(SOURCES[1]))[0] == ("launches", "int")
+
+
+def test_drift_is_caught_in_each_direction():
+    texts = [_read(p) for p in SOURCES]
+
+    def altered(i, old, new):
+        assert old in texts[i], f"{SOURCES[i]} no longer holds {old!r}: update this test"
+        t = list(texts)
+        t[i] = t[i].replace(old, new, 1)
+        return check_all(*t)
+
+    # a code C has and Python lacks, and one Python has and C lacks
+    p = altered(3, '-15: "FB_ETIMEOUT",', "")
+    assert any("FB_ETIMEOUT = -15 is in C, not in" in s for s in p), p
+    p = altered(3, '-15: "FB_ETIMEOUT",', '-15: "FB_ETIMEOUT", -16: "FB_ENEW",')
+    assert any("FB_ENEW = -16 is in python" in s for s in p), p
+    # a renumbered code
+    p = altered(3, '-15: "FB_ETIMEOUT"', '-15: "FB_ETIMEDOUT"')
+    assert any("-15 is FB_ETIMEOUT in C, FB_ETIMEDOUT in" in s for s in p), p
+    # a counter added in C only, and one left in Python after C dropped it
+    p = altered(1, "uint64_t plans_reused;", "uint64_t plans_reused;\n  uint64_t new_counter;")
+    assert sum("'new_counter' is in C, not in" in s for s in p) == 2, p
+    p = altered(1, "uint64_t flushes;", "")
+    assert any("'flushes' is in python/fusebox/session.py, not in C" in s for s in p), p
+    # a counter whose kind changed
+    p = altered(4, "    flushes: int = 0", "    flushes: float = 0.0")
+    assert any("'flushes' is int in C, float in" in s for s in p), p
