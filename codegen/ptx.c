@@ -22,7 +22,7 @@ static pthread_mutex_t lib_mu = PTHREAD_MUTEX_INITIALIZER;
 static int lib_state;  /* 0: not looked for yet, 1: in memory, -1: none */
 static char *lib_bytes;
 static size_t lib_len;
-static char lib_where[1024]; /* the path read, or the paths looked at */
+static char lib_where[1040]; /* the path read, or the paths looked at */
 
 static int read_file(const char *path, char **out, size_t *len) {
   FILE *f = fopen(path, "rb");
