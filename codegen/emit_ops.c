@@ -143,18 +143,6 @@ static const char *math_name(fb_emit *e, const char *base, fb_type t, char *buf,
   return buf;
 }
 
-/* The user's name of the kernel a task comes from: its task's name less
- * the ".tN" the engine adds. */
-static int user_kernel_name(const fb_emit *e, const char **name) {
-  const char *n = e->k && e->k->name ? e->k->name : "?";
-  const char *dot = strrchr(n, '.');
-  int len = (int)strlen(n);
-  if (dot && dot[1] == 't' && dot[2] && strspn(dot + 2, "0123456789") == strlen(dot + 2))
-    len = (int)(dot - n);
-  *name = n;
-  return len;
-}
-
 /* Call math function `base` (1 or 2 operands). NVPTX without libdevice has
  * no exact implementation (its intrinsics would need fast-math), so the
  * statement is refused there. */
@@ -166,7 +154,7 @@ static LLVMValueRef math_call(fb_emit *e, int id, const char *base, fb_type t, L
   (void)id; /* the user's terms: the kernel and the function, not the statement */
   int rem = strcmp(base, "fmod") == 0;
   const char *kname;
-  int klen = user_kernel_name(e, &kname);
+  int klen = fb_emit_kernel_name(e, &kname);
   fb_emit_error(e, FB_EUNSUPPORTED,
                 "kernel '%.*s' uses %s%s, which on the GPU needs CUDA's libdevice "
                 "(not found at %s; set CUDA_HOME to the CUDA toolkit, or FB_LIBDEVICE "
