@@ -176,6 +176,10 @@ typedef struct fb_emit {
   LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
 } fb_emit;
 
+/* The name of the user's kernel that e's task comes from (its task name
+ * less the ".tN" the engine adds): *name and the length to print of it,
+ * for messages in the user's terms (never an IR value such as %7). */
+int fb_emit_kernel_name(const struct fb_emit *e, const char **name);
 int fb_emit_error(fb_emit *e, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))

@@ -231,6 +231,17 @@ int fb_ptx_emit(const fb_cg_task *t, const char *sm, char **ptx, char *err, size
 int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, char *err,
                    size_t errlen);
 
+/* CUDA's libdevice (the math functions of NVPTX code), read into memory
+ * once per process from $FB_LIBDEVICE, else $CUDA_HOME/nvvm/libdevice/
+ * libdevice.10.bc, else /usr/local/cuda's: fb_ptx_libdevice_load reads it
+ * (a process-isolated worker calls it while its engine is made, before its
+ * file system goes; later calls do nothing), fb_ptx_has_libdevice says
+ * whether it is in memory, fb_ptx_libdevice_where the path read, or the
+ * paths looked at when there is none. */
+void fb_ptx_libdevice_load(void);
+int fb_ptx_has_libdevice(void);
+const char *fb_ptx_libdevice_where(void);
+
 /* LLVM IR text of the task module for a target: "x86_64" or "nvptx64"
  * before optimization, "x86_64-O3" after linking the sparse runtime and
  * the O3 pipeline, the module the CPU JIT turns into code (its function

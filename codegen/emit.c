@@ -34,6 +34,16 @@ int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
   return e->rc = code;
 }
 
+int fb_emit_kernel_name(const fb_emit *e, const char **name) {
+  const char *n = e->k && e->k->name ? e->k->name : "?";
+  const char *dot = strrchr(n, '.');
+  int len = (int)strlen(n);
+  if (dot && dot[1] == 't' && dot[2] && strspn(dot + 2, "0123456789") == strlen(dot + 2))
+    len = (int)(dot - n);
+  *name = n;
+  return len;
+}
+
 LLVMTypeRef fb_emit_type(fb_emit *e, fb_type t) {
   switch (t) {
   case FB_T_BOOL: return e->t_i1;
@@ -209,9 +219,12 @@ LLVMValueRef fb_emit_desc(fb_emit *e, const void *desc, size_t bytes, const char
 /* ---------------------------------------------------------------- loops */
 
 static int push_loop(fb_emit *e, int id, LLVMBasicBlockRef brk, LLVMBasicBlockRef cont) {
-  if (e->nloops >= FB_CG_MAX_LOOPS)
-    return fb_emit_error(e, FB_EUNSUPPORTED, "%%%d: loops nested deeper than %d", id,
+  if (e->nloops >= FB_CG_MAX_LOOPS) {
+    const char *kn;
+    int kl = fb_emit_kernel_name(e, &kn);
+    return fb_emit_error(e, FB_EUNSUPPORTED, "kernel '%.*s' nests loops deeper than %d", kl, kn,
                          FB_CG_MAX_LOOPS);
+  }
   e->loops[e->nloops].stmt = id;
   e->loops[e->nloops].brk = brk;
   e->loops[e->nloops].cont = cont;
@@ -492,11 +505,16 @@ static int sfor_geometry(fb_emit *e, int id, const fb_stmt *s, sfor_geom *g) {
   if (!g->pk) return 0;
   int up[FB_RT_MAX_LEVELS], n = 0;
   for (int c = g->T; c != g->pk; c = e->l->nodes[c].parent) {
-    if (n == FB_RT_MAX_LEVELS)
+    if (n == FB_RT_MAX_LEVELS) {
+      const char *kn, *pn = e->l->nodes[g->pk].name;
+      int kl = fb_emit_kernel_name(e, &kn);
+      (void)id;
       return fb_emit_error(e, FB_EUNSUPPORTED,
-                           "%%%d struct_for: more than %d dense levels below "
-                           "SNode %d",
-                           id, FB_RT_MAX_LEVELS, g->pk);
+                           "kernel '%.*s': a struct-for visits more than %d dense levels below "
+                           "the sparse SNode %s%s%s (SNode %d)",
+                           kl, kn, FB_RT_MAX_LEVELS, pn ? "'" : "", pn ? pn : "", pn ? "'" : "",
+                           g->pk);
+    }
     up[n++] = c;
   }
   for (int i = 0; i < n; i++) {

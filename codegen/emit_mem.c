@@ -1323,10 +1323,15 @@ static int emit_sparse(fb_emit *e, int id, const fb_stmt *s) {
   const fb_snode *sn = &e->l->nodes[s->snode];
   int c = sn->kind == FB_SN_PLACE ? sn->parent : sn->id;
   if (s->op == FB_OP_DEACTIVATE && !fb_cg_is_sparse(e->l->nodes[c].kind))
+  {
+    const char *kn, *cn = e->l->nodes[c].name;
+    int kl = fb_emit_kernel_name(e, &kn);
     return fb_emit_error(e, FB_EUNSUPPORTED,
-                         "%%%d deactivate: SNode %d is %s; deactivate needs a "
-                         "sparse (bitmasked, pointer or dynamic) SNode",
-                         id, c, fb_snode_kind_name(e->l->nodes[c].kind));
+                         "kernel '%.*s' deactivates SNode %s%s%s (SNode %d), which is %s; "
+                         "deactivate needs a sparse (bitmasked, pointer or dynamic) SNode",
+                         kl, kn, cn ? "'" : "", cn ? cn : "", cn ? "'" : "", c,
+                         fb_snode_kind_name(e->l->nodes[c].kind));
+  }
   LLVMValueRef idx[FB_MAX_AXES], inb;
   if (index_check(e, id, s, s->snode, 0, idx, &inb)) return e->rc;
   LLVMValueRef yes = LLVMConstInt(e->t_i1, 1, 0), no = LLVMConstInt(e->t_i1, 0, 0);

@@ -151,10 +151,16 @@ static LLVMValueRef math_call(fb_emit *e, int id, const char *base, fb_type t, L
   char buf[32];
   const char *name = math_name(e, base, t, buf, sizeof buf);
   if (name) return fb_emit_call(e, name, fb_emit_type(e, t), args, n);
+  (void)id; /* the user's terms: the kernel and the function, not the statement */
+  int rem = strcmp(base, "fmod") == 0;
+  const char *kname;
+  int klen = fb_emit_kernel_name(e, &kname);
   fb_emit_error(e, FB_EUNSUPPORTED,
-                "%%%d %s: needs libdevice (nvvm/libdevice/libdevice.10.bc "
-                "of the CUDA toolkit) on this target",
-                id, base);
+                "kernel '%.*s' uses %s%s, which on the GPU needs CUDA's libdevice "
+                "(not found at %s; set CUDA_HOME to the CUDA toolkit, or FB_LIBDEVICE "
+                "to libdevice.10.bc)",
+                klen, kname, rem ? "% on floats" : base,
+                rem ? "" : "()", fb_ptx_libdevice_where());
   return NULL;
 }
 

@@ -6,22 +6,90 @@
  * the CPU also after linking the runtime and O3, as the JIT compiles it). */
 #include <llvm-c/BitReader.h>
 #include <llvm-c/Linker.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cg_internal.h"
 
-/* libdevice: $CUDA_HOME first, then the usual install path. */
-static int libdevice_path(char *buf, size_t n) {
-  const char *home = getenv("CUDA_HOME");
-  if (home && *home) {
-    snprintf(buf, n, "%s/nvvm/libdevice/libdevice.10.bc", home);
-    if (access(buf, R_OK) == 0) return 1;
+/* libdevice, read once per process into memory (fb_ptx_libdevice_load):
+ * a process-isolated worker reads it while its engine is made, before its
+ * root becomes an empty directory and seccomp refuses opening files; every
+ * module then parses it from these bytes. Where: $FB_LIBDEVICE (that file
+ * only), else $CUDA_HOME's, else /usr/local/cuda's. */
+static pthread_mutex_t lib_mu = PTHREAD_MUTEX_INITIALIZER;
+static int lib_state;  /* 0: not looked for yet, 1: in memory, -1: none */
+static char *lib_bytes;
+static size_t lib_len;
+static char lib_where[1040]; /* the path read, or the paths looked at */
+
+static int read_file(const char *path, char **out, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  int bad = 0;
+  for (;;) {
+    if (n == cap) {
+      char *nb = realloc(buf, cap = cap ? cap * 2 : 1u << 20);
+      if (!nb) {
+        bad = 1;
+        break;
+      }
+      buf = nb;
+    }
+    size_t got = fread(buf + n, 1, cap - n, f);
+    n += got;
+    if (got == 0) {
+      bad = ferror(f);
+      break;
+    }
   }
-  snprintf(buf, n, "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc");
-  return access(buf, R_OK) == 0;
+  fclose(f);
+  if (bad || n == 0) {
+    free(buf);
+    return -1;
+  }
+  *out = buf;
+  *len = n;
+  return 0;
+}
+
+void fb_ptx_libdevice_load(void) {
+  pthread_mutex_lock(&lib_mu);
+  if (!lib_state) {
+    char paths[2][512];
+    int np = 0;
+    const char *own = getenv("FB_LIBDEVICE"), *home = getenv("CUDA_HOME");
+    if (own && *own) {
+      snprintf(paths[np++], sizeof paths[0], "%s", own);
+    } else {
+      if (home && *home)
+        snprintf(paths[np++], sizeof paths[0], "%s/nvvm/libdevice/libdevice.10.bc", home);
+      snprintf(paths[np++], sizeof paths[0], "/usr/local/cuda/nvvm/libdevice/libdevice.10.bc");
+    }
+    lib_state = -1;
+    for (int i = 0; i < np && lib_state < 0; i++)
+      if (read_file(paths[i], &lib_bytes, &lib_len) == 0) {
+        lib_state = 1;
+        snprintf(lib_where, sizeof lib_where, "%s", paths[i]);
+      }
+    if (lib_state < 0)
+      snprintf(lib_where, sizeof lib_where, "%s%s%s", paths[0], np > 1 ? " or " : "",
+               np > 1 ? paths[1] : "");
+  }
+  pthread_mutex_unlock(&lib_mu);
+}
+
+int fb_ptx_has_libdevice(void) {
+  fb_ptx_libdevice_load();
+  return lib_state == 1; /* set once, under lib_mu, before this reads it */
+}
+
+const char *fb_ptx_libdevice_where(void) {
+  fb_ptx_libdevice_load();
+  return lib_where;
 }
 
 /* Does m call any __nv_* function? */
@@ -50,15 +118,12 @@ static void internalize(LLVMModuleRef m) {
     if (!LLVMIsDeclaration(g)) LLVMSetLinkage(g, LLVMInternalLinkage);
 }
 
-static int link_libdevice(LLVMContextRef c, LLVMModuleRef m, const char *path, char *err,
-                          size_t errlen) {
-  LLVMMemoryBufferRef buf = NULL;
-  char *msg = NULL;
-  if (LLVMCreateMemoryBufferWithContentsOfFile(path, &buf, &msg)) {
-    int rc = fb_cg_fail(err, errlen, FB_EIO, "cannot read %s: %s", path, msg ? msg : "?");
-    LLVMDisposeMessage(msg);
-    return rc;
-  }
+static int link_libdevice(LLVMContextRef c, LLVMModuleRef m, char *err, size_t errlen) {
+  const char *path = lib_where;
+  /* a copy: LLVM's bitcode reader may keep pointers into the buffer */
+  LLVMMemoryBufferRef buf =
+      LLVMCreateMemoryBufferWithMemoryRangeCopy(lib_bytes, lib_len, "libdevice.10.bc");
+  if (!buf) return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   LLVMModuleRef lib = NULL;
   int bad = LLVMParseBitcodeInContext2(c, buf, &lib);
   LLVMDisposeMemoryBuffer(buf);
@@ -106,8 +171,7 @@ int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, 
   LLVMTargetMachineRef tm;
   int rc = fb_cg_nvptx_tm(sm, &tm, err, errlen);
   if (rc) return rc;
-  char path[4096];
-  int have_lib = libdevice_path(path, sizeof path);
+  int have_lib = fb_ptx_has_libdevice();
   char *layout = fb_cg_tm_layout(tm);
   LLVMContextRef c = LLVMContextCreate();
   LLVMModuleRef m = NULL;
@@ -116,7 +180,7 @@ int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, 
   if (!rc) rc = fb_cg_build(c, t, &o, "nvptx64-nvidia-cuda", layout, &m, stmts, err, errlen);
   if (!rc) rc = fb_cg_verify(m, err, errlen);
   if (!rc) rc = fb_cg_link_rt(c, m, FB_CG_NVPTX, err, errlen);
-  if (!rc && have_lib && uses_libdevice(m)) rc = link_libdevice(c, m, path, err, errlen);
+  if (!rc && have_lib && uses_libdevice(m)) rc = link_libdevice(c, m, err, errlen);
   if (!rc) rc = fb_cg_optimize(m, tm, err, errlen);
   if (!rc) rc = emit_text(tm, m, ptx, err, errlen);
   if (m) LLVMDisposeModule(m);
@@ -135,7 +199,6 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   if (!gpu && !opt && strcmp(target, "x86_64") != 0)
     return fb_cg_fail(err, errlen, FB_EINVAL, "unknown target '%s' (x86_64, x86_64-O3 or nvptx64)",
                       target);
-  char path[4096];
   LLVMTargetMachineRef tm = NULL;
   if (gpu) {
     int rc = fb_cg_nvptx_tm("sm_80", &tm, err, errlen);
@@ -147,7 +210,7 @@ int fb_llvm_ir_text(const fb_cg_task *t, const char *target, char **text, char *
   char *layout = fb_cg_tm_layout(tm);
   char *features = gpu ? NULL : LLVMGetTargetMachineFeatureString(tm);
   fb_cg_options o = {gpu ? FB_CG_NVPTX : FB_CG_CPU, gpu ? "fb_task" : "fb_body", "fb_bounds",
-                     gpu && libdevice_path(path, sizeof path),
+                     gpu && fb_ptx_has_libdevice(),
                      !gpu && fb_cg_has_cas16(triple, features)};
   LLVMDisposeMessage(features);
   LLVMContextRef c = LLVMContextCreate();

@@ -231,6 +231,9 @@ int fb_cuda_device_new(fb_cuda_device **out, char *err, size_t errlen) {
   if (!rc) rc = probe(d, err, errlen);
   if (!rc) rc = make_context(d, err, errlen);
   if (!rc) rc = set_budget(d, err, errlen);
+  /* libdevice into memory now: a process-isolated worker makes its device
+   * here, before its root becomes empty and seccomp refuses opening files */
+  if (!rc) fb_ptx_libdevice_load();
   if (rc) {
     fb_cuda_device_free(d);
     return rc;

@@ -244,15 +244,20 @@ void fb_sparse_end(fb_sparse *sp) {
   account(sp);
 }
 
-void fb_sparse_begin(fb_sparse *sp) {
+/* The pool's cap in the mirror: what the limit leaves beside the rest. */
+static void set_pool_cap(fb_sparse *sp) {
   uint64_t cap = sp->pool_reserved;
   if (sp->mem->limit) {
     uint64_t o = others(sp);
     uint64_t left = sp->mem->limit > o ? sp->mem->limit - o : 0;
     if (left < cap) cap = left;
   }
-  pull(sp);
   sp->h->pool_cap = cap;
+}
+
+void fb_sparse_begin(fb_sparse *sp) {
+  pull(sp);
+  set_pool_cap(sp);
   push(sp);
   account(sp);
 }
@@ -300,7 +305,11 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   list->elems = p;
   list->cap = cap;
   sp->list_bytes = sp->list_bytes - old + bytes;
-  fb_sparse_begin(sp); /* pushes the list's new storage */
+  /* the mirror holds the list's new storage: pushed as it is (pulling
+   * first, as fb_sparse_begin does, would bring back the old, freed one) */
+  set_pool_cap(sp);
+  push(sp);
+  account(sp);
   return sp->xrc ? fb_sparse_host_error(sp, err, errlen) : 0;
 }
 
