@@ -139,3 +139,68 @@ void fb__ad_rule(fb_ad_em *e, const fb_stmt *s, int A, int B, int R, const int g
   }
   if (e->rc) c[0] = c[1] = -1;
 }
+
+/* ------------------------------------------------ gradient and dual places */
+
+int fb__layout_add_sibling(fb_layout *l, int place, const char *suffix, const char *noun,
+                           char *err, size_t errlen) {
+  if (!l || place < 0 || place >= l->nnodes) {
+    fb_errf(err, errlen, "no SNode %d in the layout", place);
+    return FB_EINVAL;
+  }
+  const fb_snode *p = &l->nodes[place];
+  const char *name = p->name ? p->name : "?";
+  if (l->finalized) {
+    fb_errf(err, errlen, "cannot add a %s to '%s': the layout is already finalized", noun, name);
+    return FB_EINVAL;
+  }
+  if (p->kind != FB_SN_PLACE) {
+    fb_errf(err, errlen, "'%s' is a %s SNode, not a field; only fields have %ss", name,
+            fb_snode_kind_name(p->kind), noun);
+    return FB_EINVAL;
+  }
+  if (!fb_type_is_float(p->type)) {
+    fb_errf(err, errlen, "field '%s' is %s; only f32 and f64 fields have %ss", name,
+            fb_type_name(p->type), noun);
+    return FB_EINVAL;
+  }
+  size_t n = strlen(name), sl = strlen(suffix);
+  char *sname = malloc(n + sl + 1);
+  if (!sname) return FB_ENOMEM;
+  memcpy(sname, name, n);
+  memcpy(sname + n, suffix, sl + 1);
+  if (fb_layout_find(l, sname) >= 0) {
+    fb_errf(err, errlen, "field '%s' already has a %s (the name '%s' is taken)", name, noun,
+            sname);
+    free(sname);
+    return FB_EINVAL;
+  }
+  int parent = p->parent;
+  fb_type t = p->type; /* p may move when the node array grows */
+  int id = fb_layout_place(l, parent, sname, t);
+  free(sname);
+  if (id < 0) fb_errf(err, errlen, "cannot add the %s of '%s': %s", noun, name, fb_strerror(id));
+  return id;
+}
+
+int fb__sibling_map_from_layout(const fb_layout *l, const char *suffix, fb_grad_map *g) {
+  if (!l || !g) return FB_EINVAL;
+  int rc = fb_grad_map_init(g, l->nnodes);
+  if (rc) return rc;
+  size_t sl = strlen(suffix);
+  for (int i = 0; i < l->nnodes; i++) {
+    const fb_snode *ss = &l->nodes[i];
+    if (ss->kind != FB_SN_PLACE || !ss->name) continue;
+    size_t n = strlen(ss->name);
+    if (n <= sl || strcmp(ss->name + n - sl, suffix) != 0) continue;
+    const fb_snode *par = ss->parent >= 0 ? &l->nodes[ss->parent] : NULL;
+    for (int c = 0; par && c < par->nchildren; c++) {
+      const fb_snode *p = &l->nodes[par->children[c]];
+      if (p->kind == FB_SN_PLACE && p->name && p->type == ss->type &&
+          fb_type_is_float(p->type) && strlen(p->name) == n - sl &&
+          memcmp(p->name, ss->name, n - sl) == 0)
+        g->grad[p->id] = i;
+    }
+  }
+  return 0;
+}

@@ -32,4 +32,13 @@ int fb__ad_diff_operand(const fb_stmt *s, int i);
  * (floor, ceil, round, floordiv: 0 almost everywhere). */
 void fb__ad_rule(fb_ad_em *e, const fb_stmt *s, int A, int B, int R, const int g[2], int c[2]);
 
+/* Derivative places: the gradient or the dual of place x is the sibling
+ * place named x + suffix (".grad", ".dual"), of the same float type.
+ * fb__layout_add_sibling adds it (noun: "gradient" or "dual", for the
+ * messages); fb__sibling_map_from_layout maps each place to its sibling
+ * (g->grad[x] = the sibling's id, -1 when none). */
+int fb__layout_add_sibling(fb_layout *l, int place, const char *suffix, const char *noun,
+                           char *err, size_t errlen);
+int fb__sibling_map_from_layout(const fb_layout *l, const char *suffix, fb_grad_map *g);
+
 #endif

@@ -64,65 +64,11 @@ void fb_grad_map_free(fb_grad_map *g) {
 #define GRAD_SUFFIX ".grad"
 
 int fb_layout_add_grad(fb_layout *l, int place, char *err, size_t errlen) {
-  if (!l || place < 0 || place >= l->nnodes) {
-    fb_errf(err, errlen, "no SNode %d in the layout", place);
-    return FB_EINVAL;
-  }
-  const fb_snode *p = &l->nodes[place];
-  const char *name = p->name ? p->name : "?";
-  if (l->finalized) {
-    fb_errf(err, errlen, "cannot add a gradient to '%s': the layout is already finalized", name);
-    return FB_EINVAL;
-  }
-  if (p->kind != FB_SN_PLACE) {
-    fb_errf(err, errlen, "'%s' is a %s SNode, not a field; only fields have gradients", name,
-            fb_snode_kind_name(p->kind));
-    return FB_EINVAL;
-  }
-  if (!fb_type_is_float(p->type)) {
-    fb_errf(err, errlen, "field '%s' is %s; only f32 and f64 fields have gradients", name,
-            fb_type_name(p->type));
-    return FB_EINVAL;
-  }
-  size_t n = strlen(name);
-  char *gname = malloc(n + sizeof GRAD_SUFFIX);
-  if (!gname) return FB_ENOMEM;
-  memcpy(gname, name, n);
-  memcpy(gname + n, GRAD_SUFFIX, sizeof GRAD_SUFFIX);
-  if (fb_layout_find(l, gname) >= 0) {
-    fb_errf(err, errlen, "field '%s' already has a gradient (the name '%s' is taken)", name,
-            gname);
-    free(gname);
-    return FB_EINVAL;
-  }
-  int parent = p->parent;
-  fb_type t = p->type; /* p may move when the node array grows */
-  int id = fb_layout_place(l, parent, gname, t);
-  free(gname);
-  if (id < 0) fb_errf(err, errlen, "cannot add the gradient of '%s': %s", name, fb_strerror(id));
-  return id;
+  return fb__layout_add_sibling(l, place, GRAD_SUFFIX, "gradient", err, errlen);
 }
 
 int fb_grad_map_from_layout(const fb_layout *l, fb_grad_map *g) {
-  if (!l || !g) return FB_EINVAL;
-  int rc = fb_grad_map_init(g, l->nnodes);
-  if (rc) return rc;
-  size_t sl = strlen(GRAD_SUFFIX);
-  for (int i = 0; i < l->nnodes; i++) {
-    const fb_snode *gs = &l->nodes[i];
-    if (gs->kind != FB_SN_PLACE || !gs->name) continue;
-    size_t n = strlen(gs->name);
-    if (n <= sl || strcmp(gs->name + n - sl, GRAD_SUFFIX) != 0) continue;
-    const fb_snode *par = gs->parent >= 0 ? &l->nodes[gs->parent] : NULL;
-    for (int c = 0; par && c < par->nchildren; c++) {
-      const fb_snode *p = &l->nodes[par->children[c]];
-      if (p->kind == FB_SN_PLACE && p->name && p->type == gs->type &&
-          fb_type_is_float(p->type) && strlen(p->name) == n - sl &&
-          memcmp(p->name, gs->name, n - sl) == 0)
-        g->grad[p->id] = i;
-    }
-  }
-  return 0;
+  return fb__sibling_map_from_layout(l, GRAD_SUFFIX, g);
 }
 
 /* ---------------------------------------------------------------- the pass */

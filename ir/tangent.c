@@ -32,64 +32,11 @@
 #define DUAL_SUFFIX ".dual"
 
 int fb_layout_add_dual(fb_layout *l, int place, char *err, size_t errlen) {
-  if (!l || place < 0 || place >= l->nnodes) {
-    fb_errf(err, errlen, "no SNode %d in the layout", place);
-    return FB_EINVAL;
-  }
-  const fb_snode *p = &l->nodes[place];
-  const char *name = p->name ? p->name : "?";
-  if (l->finalized) {
-    fb_errf(err, errlen, "cannot add a dual to '%s': the layout is already finalized", name);
-    return FB_EINVAL;
-  }
-  if (p->kind != FB_SN_PLACE) {
-    fb_errf(err, errlen, "'%s' is a %s SNode, not a field; only fields have duals", name,
-            fb_snode_kind_name(p->kind));
-    return FB_EINVAL;
-  }
-  if (!fb_type_is_float(p->type)) {
-    fb_errf(err, errlen, "field '%s' is %s; only f32 and f64 fields have duals", name,
-            fb_type_name(p->type));
-    return FB_EINVAL;
-  }
-  size_t n = strlen(name);
-  char *dname = malloc(n + sizeof DUAL_SUFFIX);
-  if (!dname) return FB_ENOMEM;
-  memcpy(dname, name, n);
-  memcpy(dname + n, DUAL_SUFFIX, sizeof DUAL_SUFFIX);
-  if (fb_layout_find(l, dname) >= 0) {
-    fb_errf(err, errlen, "field '%s' already has a dual (the name '%s' is taken)", name, dname);
-    free(dname);
-    return FB_EINVAL;
-  }
-  int parent = p->parent;
-  fb_type t = p->type; /* p may move when the node array grows */
-  int id = fb_layout_place(l, parent, dname, t);
-  free(dname);
-  if (id < 0) fb_errf(err, errlen, "cannot add the dual of '%s': %s", name, fb_strerror(id));
-  return id;
+  return fb__layout_add_sibling(l, place, DUAL_SUFFIX, "dual", err, errlen);
 }
 
 int fb_dual_map_from_layout(const fb_layout *l, fb_grad_map *g) {
-  if (!l || !g) return FB_EINVAL;
-  int rc = fb_grad_map_init(g, l->nnodes);
-  if (rc) return rc;
-  size_t sl = strlen(DUAL_SUFFIX);
-  for (int i = 0; i < l->nnodes; i++) {
-    const fb_snode *ds = &l->nodes[i];
-    if (ds->kind != FB_SN_PLACE || !ds->name) continue;
-    size_t n = strlen(ds->name);
-    if (n <= sl || strcmp(ds->name + n - sl, DUAL_SUFFIX) != 0) continue;
-    const fb_snode *par = ds->parent >= 0 ? &l->nodes[ds->parent] : NULL;
-    for (int c = 0; par && c < par->nchildren; c++) {
-      const fb_snode *p = &l->nodes[par->children[c]];
-      if (p->kind == FB_SN_PLACE && p->name && p->type == ds->type &&
-          fb_type_is_float(p->type) && strlen(p->name) == n - sl &&
-          memcmp(p->name, ds->name, n - sl) == 0)
-        g->grad[p->id] = i;
-    }
-  }
-  return 0;
+  return fb__sibling_map_from_layout(l, DUAL_SUFFIX, g);
 }
 
 /* ---------------------------------------------------------------- the pass */
