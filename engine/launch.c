@@ -145,8 +145,11 @@ int fb_launch(fb_session *s, int kernel, const fb_value *args, int nargs, fb_val
   if (ret) {
     uint64_t slot = 0;
     char rerr[512];
-    int crc = sk->k->ret != FB_T_VOID && !rc ? fb_devmem_ret0(&s->mem, &slot, rerr, sizeof rerr) : 0;
-    if (crc) return fail(s, crc, "kernel '%s': reading its return value: %s", sk->k->name, rerr);
+    /* read even when the launch failed: what the kernel returned before
+     * its error is its result, as the interpreter gives it */
+    int crc = sk->k->ret != FB_T_VOID ? fb_devmem_ret0(&s->mem, &slot, rerr, sizeof rerr) : 0;
+    if (crc) slot = 0;
+    if (crc && !rc) return fail(s, crc, "kernel '%s': reading its return value: %s", sk->k->name, rerr);
     if (sk->k->ret != FB_T_VOID) *ret = fb_slot_unpack(sk->k->ret, slot);
     else memset(ret, 0, sizeof *ret);
   }
