@@ -35,16 +35,16 @@ def grad_field(f: "Field") -> "Field":
     return Field(s, info)
 
 
-def add_custom_adjoints(s: "Session", todo: List[Tuple[str, Tuple[str, ...]]], req: Any) -> None:
+def add_custom_adjoints(s: "Session", pending: List[Tuple[str, Tuple[str, ...]]], req: Any) -> None:
     """Kernels declared ``kernel k(...) grad k_adj`` (a custom gradient):
     add k_adj's instance for the same fields to the instances about to be
-    registered (todo, extended in place) unless it is registered already,
+    registered (pending, extended in place) unless it is registered already,
     and bind each pair in the same request (req.custom_adjoints; -1 - i
     names the request's i-th kernel), so the server's adjoint of k, and so
     ``k.grad`` and the tape, is k_adj."""
-    n = len(todo)
+    n = len(pending)
     for i in range(n):
-        name, fields = todo[i]
+        name, fields = pending[i]
         info = s.program.kernels.get(name)
         g = info.grad if info is not None else None
         if not g:
@@ -53,9 +53,9 @@ def add_custom_adjoints(s: "Session", todo: List[Tuple[str, Tuple[str, ...]]], r
         if key in s._ids:
             adj = s._ids[key]
         else:
-            if key not in todo:
-                todo.append(key)
-            adj = -1 - todo.index(key)
+            if key not in pending:
+                pending.append(key)
+            adj = -1 - pending.index(key)
         req.custom_adjoints.add(kernel=-1 - i, adjoint=adj)
 
 

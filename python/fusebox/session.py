@@ -843,12 +843,12 @@ class Session:
 
     def _register(self, insts: List[Tuple[str, Tuple[str, ...]]]) -> List[int]:
         req = pb.RegisterKernelsRequest(session_id=self.id, source=self._src)
-        todo = list(insts)
-        _ad.add_custom_adjoints(self, todo, req)  # `grad k_adj` kernels: theirs too
-        for name, fields in todo:
+        pending = list(insts)
+        _ad.add_custom_adjoints(self, pending, req)  # `grad k_adj` kernels: theirs too
+        for name, fields in pending:
             req.instances.add(kernel=name, fields=list(fields))
         ids = list(self._c._call("RegisterKernels", req).kernel_ids)
-        for (name, fields), i in zip(todo, ids):
+        for (name, fields), i in zip(pending, ids):
             self._ids[(name, fields)] = i
             self._names[i] = name + (f"[{','.join(fields)}]" if fields else "")
         return ids[:len(insts)]
