@@ -232,27 +232,20 @@ int fbp_value_from_pb(const Fusebox__V1__Value *m, fb_value *out) {
   return 0;
 }
 
-/* The counters, field by field: one list for both directions. */
-#define FBP_COUNTERS(X)                                                                            \
-  X(launches)                                                                                      \
-  X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits) X(backend_s)             \
-      X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)                       \
-          X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)        \
-              X(fuse_refused) X(fuse_fallbacks) X(plans_reused)
+/* The counters, field by field, both directions: FB_COUNTERS
+ * (fusebox/counters.h) names each member and its protocol field alike. */
+#define FBP_COUNTER_TO_(f, type, kind, unit, meaning) m->f = c->f;
+#define FBP_COUNTER_FROM_(f, type, kind, unit, meaning) c->f = m->f;
 
 void fbp_counters_to_pb(Fusebox__V1__Counters *m, const fb_counters *c) {
   fusebox__v1__counters__init(m);
-#define X(f) m->f = c->f;
-  FBP_COUNTERS(X)
-#undef X
+  FB_COUNTERS(FBP_COUNTER_TO_)
 }
 
 void fbp_counters_from_pb(const Fusebox__V1__Counters *m, fb_counters *c) {
   memset(c, 0, sizeof *c);
   if (!m) return;
-#define X(f) c->f = m->f;
-  FBP_COUNTERS(X)
-#undef X
+  FB_COUNTERS(FBP_COUNTER_FROM_)
 }
 
 /* ---------------------------------------------------------------- layouts */

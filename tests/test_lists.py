@@ -3,10 +3,12 @@ entry test_lists; issue 41, item 4):
 
 * the error codes: include/fusebox/errors.h (the FB_ERR X-macro that makes
   the FB_E* enum) against FB_CODES of python/fusebox/errors.py;
-* the counters: struct fb_counters of include/fusebox/counters.h against
-  the Counters message of proto/fusebox.proto and the Counters dataclass of
-  python/fusebox/session.py (names, order and kind: uint64_t is an int,
-  double a float).
+* the counters: the FB_COUNTERS list of include/fusebox/counters.h (which
+  generates struct fb_counters) against the Counters message of
+  proto/fusebox.proto and the Counters dataclass of
+  python/fusebox/session.py (names, order and type: uint64_t is an int,
+  double a float; and which are levels rather than cumulative, against
+  session.py's _LEVEL_COUNTERS).
 
 Each list is read from its source text (the C header, the .proto, the
 Python module's syntax tree), so the check needs no build and imports
@@ -46,20 +48,21 @@ def c_error_codes(text):
 
 
 def c_counters(text):
-    """[(name, 'int'|'float')] of struct fb_counters, in order."""
-    m = re.search(r"typedef\s+struct\s+fb_counters\s*\{(.*?)\}\s*fb_counters\s*;",
-                  _strip_c_comments(text), flags=re.S)
-    assert m, "counters.h: no 'typedef struct fb_counters { ... } fb_counters;'"
-    fields = []
-    for decl in m.group(1).split(";"):
-        decl = decl.strip()
-        if not decl:
-            continue
-        dm = re.fullmatch(r"(uint64_t|double)\s+(\w+)", decl)
-        assert dm, f"counters.h: a member this test cannot read: {decl!r}"
-        fields.append((dm.group(2), "float" if dm.group(1) == "double" else "int"))
-    assert fields, "counters.h: struct fb_counters has no members"
-    return fields
+    """[(name, 'int'|'float')] of the FB_COUNTERS list, in order."""
+    return [(n, t) for n, t, _ in c_counter_entries(text)]
+
+
+def c_counter_entries(text):
+    """[(name, 'int'|'float', 'SUM'|'LEVEL')] of FB_COUNTERS(X), in order."""
+    m = re.search(r"^#define\s+FB_COUNTERS\(X\)((?:[^\n]*\\\n)*[^\n]*)",
+                  _strip_c_comments(text), flags=re.M)
+    assert m, "counters.h: no '#define FB_COUNTERS(X)'"
+    body = m.group(1).replace("\\\n", " ")
+    entries = re.findall(r"\bX\(\s*(\w+)\s*,\s*(uint64_t|double)\s*,\s*(SUM|LEVEL)\s*,", body)
+    assert len(entries) == len(re.findall(r"\bX\(", body)), \
+        "counters.h: an FB_COUNTERS entry this test cannot read"
+    assert entries, "counters.h: FB_COUNTERS has no entries"
+    return [(n, "float" if t == "double" else "int", k) for n, t, k in entries]
 
 
 def proto_counters(text):
@@ -78,6 +81,15 @@ def py_error_codes(text):
                 isinstance(t, ast.Name) and t.id == "FB_CODES" for t in node.targets):
             return ast.literal_eval(node.value)
     raise AssertionError("python/fusebox/errors.py: no FB_CODES = {...}")
+
+
+def py_level_counters(text):
+    """The names in _LEVEL_COUNTERS of session.py (what since() keeps)."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_LEVEL_COUNTERS" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("python/fusebox/session.py: no _LEVEL_COUNTERS = (...)")
 
 
 def py_counters(text):
@@ -120,9 +132,15 @@ def drift(what, c_side, other_side, other_name):
 def check_all(errors_h, counters_h, proto, errors_py, session_py):
     c_codes = c_error_codes(errors_h)
     c_ctrs = c_counters(counters_h)
+    c_levels = {n for n, _, k in c_counter_entries(counters_h) if k == "LEVEL"}
+    py_levels = py_level_counters(session_py)
     return (drift("error codes", c_codes, py_error_codes(errors_py), "python/fusebox/errors.py")
             + drift("counters", c_ctrs, proto_counters(proto), "proto/fusebox.proto")
-            + drift("counters", c_ctrs, py_counters(session_py), "python/fusebox/session.py"))
+            + drift("counters", c_ctrs, py_counters(session_py), "python/fusebox/session.py")
+            + [f"counters: '{n}' is a LEVEL in C, cumulative in python/fusebox/session.py"
+               for n in sorted(c_levels - py_levels)]
+            + [f"counters: '{n}' is a LEVEL in python/fusebox/session.py, cumulative in C"
+               for n in sorted(py_levels - c_levels)])
 
 
 SOURCES = ("include/fusebox/errors.h", "include/fusebox/counters.h", "proto/fusebox.proto",
@@ -161,10 +179,24 @@ def test_drift_is_caught_in_each_direction():
     p = altered(3, '-15: "FB_ETIMEOUT"', '-15: "FB_ETIMEDOUT"')
     assert any("-15 is FB_ETIMEOUT in C, FB_ETIMEDOUT in" in s for s in p), p
     # a counter added in C only, and one left in Python after C dropped it
-    p = altered(1, "uint64_t plans_reused;", "uint64_t plans_reused;\n  uint64_t new_counter;")
+    p = altered(1, "  X(flushes, ", "  X(new_counter, uint64_t, SUM, \"count\", \"new\") \\\n"
+                "  X(flushes, ")
     assert sum("'new_counter' is in C, not in" in s for s in p) == 2, p
-    p = altered(1, "uint64_t flushes;", "")
+    p = altered(1, 'X(flushes, uint64_t, SUM, "count", "async: flushes that handed tasks out")', "")
     assert any("'flushes' is in python/fusebox/session.py, not in C" in s for s in p), p
+    # a counter whose kind (cumulative or level) differs
+    p = altered(1, "X(tasks_pending, uint64_t, LEVEL,", "X(tasks_pending, uint64_t, SUM,")
+    assert any("'tasks_pending' is a LEVEL in python" in s for s in p), p
+    p = altered(4, '_LEVEL_COUNTERS = ("device_bytes", "tasks_pending")',
+                '_LEVEL_COUNTERS = ("device_bytes",)')
+    assert any("'tasks_pending' is a LEVEL in C, cumulative" in s for s in p), p
+    # an entry the reader cannot parse is an error, not a silently shorter list
+    try:
+        c_counter_entries(texts[1].replace("X(flushes, uint64_t,", "X(flushes, uint32_t,"))
+    except AssertionError as e:
+        assert "cannot read" in str(e)
+    else:
+        raise AssertionError("an unreadable FB_COUNTERS entry went unnoticed")
     # a counter whose kind changed
     p = altered(4, "    flushes: int = 0", "    flushes: float = 0.0")
     assert any("'flushes' is int in C, float in" in s for s in p), p

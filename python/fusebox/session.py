@@ -66,6 +66,11 @@ def _source_pb(source: str, params: Optional[Mapping[str, Any]], filename: str) 
 
 # ------------------------------------------------------------------ records
 
+#: The counters that are levels, not cumulative (LEVEL in FB_COUNTERS,
+#: include/fusebox/counters.h; tests/test_lists.py checks the two agree).
+_LEVEL_COUNTERS = ("device_bytes", "tasks_pending")
+
+
 @dataclass
 class Counters:
     """The session's counters (mirrors fb_counters): cumulative since the
@@ -100,8 +105,7 @@ class Counters:
         tasks_fused, listgens_removed, dead_stores_removed,
         activations_demoted, fuse_refused, fuse_fallbacks, plans_reused, optimizer_s)
         then describe the flushes in between."""
-        return Counters(**{f.name: getattr(self, f.name) if f.name in ("device_bytes",
-                                                                      "tasks_pending")
+        return Counters(**{f.name: getattr(self, f.name) if f.name in _LEVEL_COUNTERS
                            else getattr(self, f.name) - getattr(earlier, f.name)
                            for f in dc_fields(Counters)})
 
