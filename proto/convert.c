@@ -11,7 +11,6 @@
 
 #define ARENA_BLOCK ((size_t)64 << 10)
 #define MAX_NODES FB_LAYOUT_MAX_NODES
-#define MAX_STMTS (1 << 22)
 
 /* ---------------------------------------------------------------- arena */
 
@@ -453,11 +452,12 @@ static int check_kernel_shape(const Fusebox__V1__Kernel *m, char *err, size_t er
     fb_errf(err, errlen, "kernel: no name");
     return FB_EINVAL;
   }
-  if (m->n_stmts > MAX_STMTS || m->n_blocks < 1 || m->n_blocks > MAX_STMTS || m->n_params > 1024) {
+  if (m->n_stmts > FB_MAX_STATEMENTS_ANY || m->n_blocks < 1 ||
+      m->n_blocks > FB_MAX_STATEMENTS_ANY || m->n_params > 1024) {
     fb_errf(err, errlen,
             "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
             "%d statements, at least one block, at most 1024 parameters)",
-            m->name, m->n_stmts, m->n_blocks, m->n_params, MAX_STMTS);
+            m->name, m->n_stmts, m->n_blocks, m->n_params, FB_MAX_STATEMENTS_ANY);
     return FB_EINVAL;
   }
   for (size_t i = 0; i < m->n_params; i++)
@@ -483,7 +483,7 @@ static int blocks_from_pb(const Fusebox__V1__Kernel *m, fb_kernel *k, char *err,
   for (size_t b = 0; b < m->n_blocks; b++) {
     const Fusebox__V1__Block *mb = m->blocks[b];
     if (!mb->n_ids) continue;
-    if (mb->n_ids > (size_t)MAX_STMTS) return FB_EINVAL;
+    if (mb->n_ids > (size_t)FB_MAX_STATEMENTS_ANY) return FB_EINVAL;
     if (!(blocks[b].ids = malloc(sizeof(int32_t) * mb->n_ids))) return FB_ENOMEM;
     blocks[b].n = blocks[b].cap = (int32_t)mb->n_ids;
     for (size_t j = 0; j < mb->n_ids; j++) {

@@ -8,7 +8,11 @@ entry test_lists; issue 41, item 4):
   proto/fusebox.proto and the Counters dataclass of
   python/fusebox/session.py (names, order and type: uint64_t is an int,
   double a float; and which are levels rather than cumulative, against
-  session.py's _LEVEL_COUNTERS).
+  session.py's _LEVEL_COUNTERS);
+* the limits the Python client shares with C: FB_CLIENT_MAX_MESSAGE_BYTES
+  and FB_CHUNK_BYTES_DEFAULT of include/fusebox/limits.h against
+  MAX_MESSAGE_BYTES (python/fusebox/client.py) and CHUNK_BYTES
+  (python/fusebox/session.py).
 
 Each list is read from its source text (the C header, the .proto, the
 Python module's syntax tree), so the check needs no build and imports
@@ -104,6 +108,55 @@ def py_counters(text):
     raise AssertionError("python/fusebox/session.py: no class Counters")
 
 
+def _int_expr(node, what):
+    """The value of an integer expression of literals, <<, +, - and (u)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp):
+        a, b = _int_expr(node.left, what), _int_expr(node.right, what)
+        ops = {ast.LShift: lambda: a << b, ast.Add: lambda: a + b, ast.Sub: lambda: a - b,
+               ast.Mult: lambda: a * b}
+        if type(node.op) in ops:
+            return ops[type(node.op)]()
+    raise AssertionError(f"{what}: not an integer expression this test can read")
+
+
+def c_limits(text):
+    """{NAME: value} of limits.h's #define FB_NAME <integer expression>."""
+    out = {}
+    for name, expr in re.findall(r"^#define\s+(FB_\w+)\s+(.+?)\s*$", _strip_c_comments(text),
+                                 flags=re.M):
+        expr = re.sub(r"\b(\d+)u\b", r"\1", expr)
+        expr = re.sub(r"\bFB_\w+\b", lambda m: str(out[m.group(0)]), expr)
+        out[name] = _int_expr(ast.parse(expr, mode="eval").body, f"limits.h {name}")
+    assert out, "limits.h: no #define FB_... found"
+    return out
+
+
+def py_constant(text, name, where):
+    """The integer a module-level NAME = <expression> assigns."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return _int_expr(node.value, f"{where} {name}")
+    raise AssertionError(f"{where}: no {name} = ...")
+
+
+# the Python constants that are copies of limits.h's, and where they are
+PY_LIMITS = (("FB_CLIENT_MAX_MESSAGE_BYTES", "MAX_MESSAGE_BYTES", "python/fusebox/client.py"),
+             ("FB_CHUNK_BYTES_DEFAULT", "CHUNK_BYTES", "python/fusebox/session.py"))
+
+
+def limit_drift(limits_h, py_texts):
+    c = c_limits(limits_h)
+    out = []
+    for cname, pyname, where in PY_LIMITS:
+        v = py_constant(py_texts[where], pyname, where)
+        if c[cname] != v:
+            out.append(f"limits: {cname} is {c[cname]} in C, {pyname} is {v} in {where}")
+    return out
+
+
 # ------------------------------------------------------------------ compare
 
 def drift(what, c_side, other_side, other_name):
@@ -148,6 +201,28 @@ SOURCES = ("include/fusebox/errors.h", "include/fusebox/counters.h", "proto/fuse
 
 
 # ------------------------------------------------------------------ tests
+
+def _py_texts():
+    return {where: _read(where) for _, _, where in PY_LIMITS}
+
+
+def test_python_limits_match_c():
+    limits_h = _read("include/fusebox/limits.h")
+    problems = limit_drift(limits_h, _py_texts())
+    assert not problems, "the Python client and C disagree:\n" + "\n".join(problems)
+    c = c_limits(limits_h)
+    assert c["FB_CLIENT_MAX_MESSAGE_BYTES"] == 4 << 20 and c["FB_MAX_BLOCK_DEPTH"] == 256
+    assert c["FB_CHUNK_BYTES_MAX"] == (4 << 20) - 4096  # names resolve to their values
+    # a drift on either side is caught
+    p = limit_drift(limits_h.replace("(1u << 20)", "(2u << 20)", 1), _py_texts())
+    assert p == ["limits: FB_CHUNK_BYTES_DEFAULT is 2097152 in C, CHUNK_BYTES is 1048576 in "
+                 "python/fusebox/session.py"], p
+    t = _py_texts()
+    t["python/fusebox/client.py"] = t["python/fusebox/client.py"].replace(
+        "MAX_MESSAGE_BYTES = 4 << 20", "MAX_MESSAGE_BYTES = 8 << 20")
+    p = limit_drift(limits_h, t)
+    assert p and "MAX_MESSAGE_BYTES is 8388608" in p[0], p
+
 
 def test_python_lists_match_c():
     problems = check_all(*(_read(p) for p in SOURCES))

@@ -28,7 +28,8 @@ from fusebox._proto import pb
 from fusebox.errors import (DeadlineExceededError, Error, LaunchError, LayoutWarning,
                             NotFoundError, ServerError, from_rpc)
 
-#: Bytes of field data per message (under the 4 MiB message limit).
+#: Bytes of field data per message (under the 4 MiB message limit;
+#: FB_CHUNK_BYTES_DEFAULT of include/fusebox/limits.h, tests/test_lists.py).
 CHUNK_BYTES = 1 << 20
 #: With progress=None, transfers of at least this many bytes show a tqdm
 #: bar (when tqdm is installed).
