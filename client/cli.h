@@ -8,6 +8,14 @@
 #include <stdio.h>
 
 #include "fusebox/common.h"
+#include "fusebox/counters.h"
+
+struct json_t; /* jansson's */
+
+/* Every counter of FB_COUNTERS (fusebox/counters.h) as one JSON object,
+ * keyed by its name (cli_server.c): what `stats --json` and `run --json`
+ * print. */
+struct json_t *fb_cli_counters_json(const fb_counters *c);
 
 /* ---------------------------------------------------------------- .npy */
 

@@ -76,24 +76,9 @@ static const mode_def *find_mode(const char *name) {
   return NULL;
 }
 
+/* What happened between two readings (every counter of FB_COUNTERS). */
 static fb_counters diff(const fb_counters *a, const fb_counters *b) {
-  fb_counters d = *a;
-  d.launches -= b->launches;
-  d.tasks_launched -= b->tasks_launched;
-  d.statements_emitted -= b->statements_emitted;
-  d.tasks_compiled -= b->tasks_compiled;
-  d.cache_hits -= b->cache_hits;
-  d.backend_s -= b->backend_s;
-  d.compile_s -= b->compile_s;
-  d.listgens_removed -= b->listgens_removed;
-  d.tasks_fused -= b->tasks_fused;
-  d.dead_stores_removed -= b->dead_stores_removed;
-  d.activations_demoted -= b->activations_demoted;
-  d.fuse_refused -= b->fuse_refused;
-  d.fuse_fallbacks -= b->fuse_fallbacks;
-  d.plans_reused -= b->plans_reused;
-  d.optimizer_s -= b->optimizer_s;
-  return d;
+  return fb_counters_since(a, b);
 }
 
 static json_t *same_check(const fb_sess_file *f) {

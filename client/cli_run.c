@@ -193,14 +193,7 @@ static void print_json(run_args *a, fb_sess_file *f, fb_sess_run *r, const char 
     fb_sess_backend(r, backend, sizeof backend);
     fb_sess_counters(r, &c);
     json_object_set_new(o, "backend", json_string(backend));
-    json_object_set_new(
-        o, "counters",
-        json_pack("{sI sI sI sI sI sI sI sI}", "launches", (json_int_t)c.launches, "tasks_launched",
-                  (json_int_t)c.tasks_launched, "tasks_compiled", (json_int_t)c.tasks_compiled,
-                  "cache_hits", (json_int_t)c.cache_hits, "listgens_removed",
-                  (json_int_t)c.listgens_removed, "tasks_fused", (json_int_t)c.tasks_fused,
-                  "dead_stores_removed", (json_int_t)c.dead_stores_removed, "activations_demoted",
-                  (json_int_t)c.activations_demoted));
+    json_object_set_new(o, "counters", fb_cli_counters_json(&c));
   }
   for (const char *p = lines ? lines : ""; *p;) {
     const char *nl = strchr(p, '\n');

@@ -58,16 +58,17 @@ int fb_cli_ping(int argc, char **argv) {
   return rc ? 1 : 0;
 }
 
-static json_t *counters_json(const fb_counters *c) {
-  return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "launches",
-                   (json_int_t)c->launches, "tasks_launched", (json_int_t)c->tasks_launched,
-                   "statements_emitted", (json_int_t)c->statements_emitted, "tasks_compiled",
-                   (json_int_t)c->tasks_compiled, "tasks_fused", (json_int_t)c->tasks_fused,
-                   "listgens_removed", (json_int_t)c->listgens_removed, "dead_stores_removed",
-                   (json_int_t)c->dead_stores_removed, "activations_demoted",
-                   (json_int_t)c->activations_demoted, "cache_hits", (json_int_t)c->cache_hits,
-                   "fuse_refused", (json_int_t)c->fuse_refused, "fuse_fallbacks",
-                   (json_int_t)c->fuse_fallbacks);
+/* Every counter of FB_COUNTERS under its own name: integers as JSON
+ * integers, seconds as reals. */
+#define FB_CLI_JSON_uint64_t(v) json_integer((json_int_t)(v))
+#define FB_CLI_JSON_double(v) json_real(v)
+#define FB_CLI_COUNTER_JSON_(name, type, kind, unit, meaning)                                    \
+  json_object_set_new(o, #name, FB_CLI_JSON_##type(c->name));
+
+json_t *fb_cli_counters_json(const fb_counters *c) {
+  json_t *o = json_object();
+  if (o) FB_COUNTERS(FB_CLI_COUNTER_JSON_)
+  return o;
 }
 
 /* `stats --json`: the server, its counters and its sessions as one object. */
@@ -78,7 +79,7 @@ static int print_json(const fb_server_info *info, const fb_server_stats *st) {
     json_array_append_new(sessions, json_pack("{s:s, s:b, s:f, s:I, s:o}", "tag", s->tag,
                                               "attached", s->attached, "idle_s", s->idle_s,
                                               "memory_bytes", (json_int_t)s->memory_bytes,
-                                              "counters", counters_json(&s->counters)));
+                                              "counters", fb_cli_counters_json(&s->counters)));
   }
   json_t *o = json_pack(
       "{s:{s:s, s:s, s:s, s:i, s:I, s:I, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, "

@@ -14,8 +14,8 @@
 #include "client/client_internal.h"
 
 #define DEFAULT_TIMEOUT_MS 60000
-#define DEFAULT_MAX_MSG ((size_t)4 << 20)
-#define DEFAULT_CHUNK ((size_t)1 << 20)
+#define DEFAULT_MAX_MSG ((size_t)FB_CLIENT_MAX_MESSAGE_BYTES) /* fusebox/limits.h */
+#define DEFAULT_CHUNK ((size_t)FB_CHUNK_BYTES_DEFAULT)
 #define DEFAULT_BATCH 4096
 
 static void cerr(fb_client *c, const char *fmt, ...)

@@ -1292,7 +1292,7 @@ static void keep_mark(fb_emit *e, unsigned char *keep, int *stack, int *sp, int 
 
 /* Mark a block statement's contents (everything it runs). */
 static void keep_tree(fb_emit *e, unsigned char *keep, int *stack, int *sp, int blk, int depth) {
-  if (blk < 0 || blk >= e->k->nblocks || depth > 256) return;
+  if (blk < 0 || blk >= e->k->nblocks || depth > FB_MAX_BLOCK_DEPTH) return;
   const fb_block *b = &e->k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     int id = b->ids[i];
@@ -1305,7 +1305,7 @@ static void keep_tree(fb_emit *e, unsigned char *keep, int *stack, int *sp, int 
 
 /* Does the tree of top-level statement top store into local variable var? */
 static int tree_stores(const fb_kernel *k, int blk, int var, int depth) {
-  if (blk < 0 || blk >= k->nblocks || depth > 256) return 0;
+  if (blk < 0 || blk >= k->nblocks || depth > FB_MAX_BLOCK_DEPTH) return 0;
   const fb_block *b = &k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     int id = b->ids[i];

@@ -1094,7 +1094,7 @@ int fb_kernel_adjoint_ex(const fb_kernel *k, const fb_grad_map *g, int max_stmts
   if ((rc = check_map(&a)) != 0) return rc;
   /* emission may make several copies of a loop body per nesting level
    * before the cleanup: a bound on the work, not on the result */
-  a.cap = max_stmts > 0 ? 16L * max_stmts + 4096 : 1L << 22;
+  a.cap = max_stmts > 0 ? 16L * max_stmts + 4096 : FB_MAX_STATEMENTS_ANY;
   size_t ns = (size_t)a.ns + 1, nb = (size_t)k->nblocks + 1;
   a.active = calloc(ns, 1);
   a.cross = calloc(ns, 1);

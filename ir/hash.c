@@ -10,8 +10,6 @@
  * cyclic blocks) so unverified kernels hash without crashing. */
 #include "ir_internal.h"
 
-#define HMAX_DEPTH 256 /* as fb_kernel_block_of: deeper blocks are not walked */
-
 /* Markers for references that do not name a reachable statement or block. */
 enum {
   REF_NONE = -1,
@@ -50,7 +48,7 @@ static void number_block(canon *c, int blk, int depth) {
     if (id < 0 || id >= c->nstmts || c->sid[id] >= 0) continue;
     c->sid[id] = c->ns;
     c->sorder[c->ns++] = id;
-    if (depth >= HMAX_DEPTH) continue;
+    if (depth >= FB_MAX_BLOCK_DEPTH) continue;
     enter(c, c->k->stmts[id].body, depth + 1);
     enter(c, c->k->stmts[id].orelse, depth + 1);
   }

@@ -29,7 +29,6 @@
 #include "arith.h"
 #include "ir_internal.h"
 
-#define INTERP_MAX_DEPTH 256                 /* block nesting limit */
 #define INTERP_SCRATCH_MAX ((size_t)1 << 30) /* gtmp bytes limit */
 
 /* A sparse container on the path of some SNode s, with the number of s's
@@ -996,9 +995,9 @@ static int exec_stmt(run *r, int id, int top) {
 static int exec_block(run *r, int block) {
   if (block < 0 || block >= r->k->nblocks)
     return fail(r->in, FB_EINVAL, "kernel %s: no block %d", r->k->name, block);
-  if (++r->depth > INTERP_MAX_DEPTH)
+  if (++r->depth > FB_MAX_BLOCK_DEPTH)
     return fail(r->in, FB_EINVAL, "kernel %s: blocks nested deeper than %d", r->k->name,
-                INTERP_MAX_DEPTH);
+                FB_MAX_BLOCK_DEPTH);
   const fb_block *b = &r->k->blocks[block];
   int f = FLOW_NEXT;
   for (int i = 0; i < b->n && f == FLOW_NEXT; i++) {

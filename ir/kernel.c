@@ -87,7 +87,7 @@ fb_kernel *fb_kernel_clone_to(const fb_kernel *k, const fb_layout *l) {
 fb_kernel *fb_kernel_clone(const fb_kernel *k) { return fb_kernel_clone_to(k, k->layout); }
 
 static int find_in(const fb_kernel *k, int blk, int stmt, int *pos, int depth) {
-  if (depth > 256) return -1;
+  if (depth > FB_MAX_BLOCK_DEPTH) return -1;
   const fb_block *b = &k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     int id = b->ids[i];
@@ -113,7 +113,7 @@ int fb_kernel_block_of(const fb_kernel *k, int stmt, int *pos) {
 }
 
 static int count_in(const fb_kernel *k, int blk, int depth) {
-  if (blk < 0 || blk >= k->nblocks || depth > 256) return 0;
+  if (blk < 0 || blk >= k->nblocks || depth > FB_MAX_BLOCK_DEPTH) return 0;
   int n = 0;
   const fb_block *b = &k->blocks[blk];
   for (int i = 0; i < b->n; i++) {

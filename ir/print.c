@@ -413,7 +413,7 @@ static void print_stmt(kprint *P, int id, int depth) {
 static void print_block(kprint *P, int blk, int depth) {
   const fb_kernel *k = P->k;
   if (blk < 0) return; /* a missing body prints as an empty one */
-  if (blk >= k->nblocks || P->seen[blk] || depth > 256) {
+  if (blk >= k->nblocks || P->seen[blk] || depth > FB_MAX_BLOCK_DEPTH) {
     indent(P->b, depth);
     sb_printf(P->b, "# block %d not printed: invalid, repeated or nested too deeply\n", blk);
     return;

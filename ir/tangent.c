@@ -380,7 +380,7 @@ int fb_kernel_tangent(const fb_kernel *k, const fb_grad_map *dual, int max_stmts
   if ((rc = check_map(&t)) != 0) return rc;
   /* a tangent is at most a few statements per forward one: a bound on the
    * work before the budget below is checked */
-  t.cap = max_stmts > 0 ? 16L * max_stmts + 4096 : 1L << 22;
+  t.cap = max_stmts > 0 ? 16L * max_stmts + 4096 : FB_MAX_STATEMENTS_ANY;
   size_t ns = (size_t)t.ns + 1;
   t.active = calloc(ns, 1);
   t.used = calloc(ns, 1);

@@ -12,8 +12,6 @@
 
 #include "ir_internal.h"
 
-#define VMAX_DEPTH 256 /* deepest block nesting accepted (as fb_kernel_block_of) */
-
 enum {
   ST_UNSEEN = 0,
   ST_LIVE,
@@ -40,7 +38,7 @@ typedef struct vctx {
   uint8_t *state;       /* per statement: ST_* */
   int32_t *home;        /* per statement: block it was first met in */
   uint8_t *bstate;      /* per block: BK_* */
-  int stack[VMAX_DEPTH]; /* statements owning the blocks being walked */
+  int stack[FB_MAX_BLOCK_DEPTH]; /* statements owning the blocks being walked */
   int depth;
 } vctx;
 
@@ -509,8 +507,8 @@ static void enter_blocks(vctx *v, int id, const fb_stmt *s, const fb_op_info *oi
   int body = block_ref_ok(v, id, s->body, blocky, blocky, "body");
   int orelse = block_ref_ok(v, id, s->orelse, oi->cls == FB_OPC_IF, 0, "orelse");
   if (!body && !orelse) return;
-  if (v->depth >= VMAX_DEPTH) {
-    verr(v, id, "blocks nested deeper than %d", VMAX_DEPTH);
+  if (v->depth >= FB_MAX_BLOCK_DEPTH) {
+    verr(v, id, "blocks nested deeper than %d", FB_MAX_BLOCK_DEPTH);
     return;
   }
   v->stack[v->depth++] = id;

@@ -59,7 +59,7 @@ static int is_store(int op) { return op == FB_OP_STORE || op == FB_OP_STORE_NA; 
 /* ---------------------------------------------------------------- uses */
 
 static void count_block(const fb_kernel *k, int blk, int32_t *uses, int depth) {
-  if (blk < 0 || blk >= k->nblocks || depth > 256) return;
+  if (blk < 0 || blk >= k->nblocks || depth > FB_MAX_BLOCK_DEPTH) return;
   const fb_block *b = &k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     const fb_stmt *s = &k->stmts[b->ids[i]];
@@ -99,7 +99,7 @@ static int dead_removable(const fb_kernel *k, int id) {
 }
 
 static int dce_block(fb_kernel *k, int blk, const int32_t *uses, int depth) {
-  if (blk < 0 || blk >= k->nblocks || depth > 256) return 0;
+  if (blk < 0 || blk >= k->nblocks || depth > FB_MAX_BLOCK_DEPTH) return 0;
   fb_block *b = &k->blocks[blk];
   int w = 0, removed = 0;
   for (int i = 0; i < b->n; i++) {
@@ -313,7 +313,7 @@ static int key_in(const uint32_t *keys, int n, uint32_t key) {
 
 static void strip_block(fb_kernel *k, int blk, const uint32_t *keys, int n, const int32_t *uses,
                         int depth) {
-  if (blk < 0 || depth > 256) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH) return;
   fb_block *b = &k->blocks[blk];
   int w = 0;
   for (int i = 0; i < b->n; i++) {

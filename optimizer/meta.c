@@ -23,8 +23,6 @@
 #include "ir/base.h"
 #include "optimizer/sfg.h"
 
-#define META_MAX_DEPTH 256
-
 /* One access of one statement to one state, merged per state later. */
 typedef struct raw {
   uint32_t key;
@@ -51,7 +49,7 @@ typedef struct mwalk {
   raw *r;
   int nr, capr;
   uint8_t *pli;           /* per statement: 0 unknown, 1 pure in loop indices, 2 not, 3 busy */
-  int stack[META_MAX_DEPTH]; /* enclosing statements inside the task region */
+  int stack[FB_MAX_BLOCK_DEPTH]; /* enclosing statements inside the task region */
   int depth;
   int parallel, in_loop;
   const fb_snode *loop_sn; /* struct_for SNode */
@@ -581,7 +579,7 @@ static void visit(mwalk *w, int id) {
   default: break;
   }
   if (s->body < 0 && s->orelse < 0) return;
-  if (w->depth >= META_MAX_DEPTH) {
+  if (w->depth >= FB_MAX_BLOCK_DEPTH) {
     w->oom = 1;
     return;
   }

@@ -143,7 +143,7 @@ void fb_opt_options_default(fb_opt_options *o) {
   memset(o, 0, sizeof *o);
   o->passes = FB_PASS_ALL;
   o->max_fuse_per_task = 1;
-  o->max_fused_tasks = 256;
+  o->max_fused_tasks = FB_MAX_FUSED_TASKS;
   o->max_fused_stmts = 4096;
   o->max_task_params = 0;
   o->max_iterations = 32;

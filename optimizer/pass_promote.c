@@ -122,7 +122,7 @@ static void expand_atomic(prom *p, int id) {
 }
 
 static void atomics_block(prom *p, int blk, int depth) {
-  if (blk < 0 || depth > 256 || p->oom) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH || p->oom) return;
   int n = p->k->blocks[blk].n;
   int32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
   if (!ids) {
@@ -174,7 +174,7 @@ static void atomics_block(prom *p, int blk, int depth) {
  * when the subtree holds an op that writes what no field names. */
 static int mark(prom *p, int blk, int depth, uint8_t v) {
   if (blk < 0) return 0;
-  if (depth > 256) return 1;
+  if (depth > FB_MAX_BLOCK_DEPTH) return 1;
   const fb_block *b = &p->k->blocks[blk];
   int opaque = 0;
   for (int i = 0; i < b->n; i++) {
@@ -194,7 +194,7 @@ static int mark(prom *p, int blk, int depth, uint8_t v) {
 
 /* The accesses of place f in block blk's subtree into p->acc. */
 static void accesses(prom *p, int blk, int depth, int f) {
-  if (blk < 0 || depth > 256 || p->oom) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH || p->oom) return;
   const fb_block *b = &p->k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     const fb_stmt *t = &p->k->stmts[b->ids[i]];
@@ -351,7 +351,7 @@ out:
 }
 
 static void promote_block(prom *p, int blk, int depth) {
-  if (blk < 0 || depth > 256 || p->oom) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH || p->oom) return;
   int n = p->k->blocks[blk].n;
   int32_t *ids = malloc(sizeof *ids * (size_t)(n ? n : 1));
   if (!ids) {

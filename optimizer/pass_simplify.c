@@ -164,7 +164,7 @@ static int expand_atomic(simp *s, int id, int32_t *out) {
 }
 
 static int atomics_block(simp *s, int blk, int depth) {
-  if (blk < 0 || depth > 256) return 0;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH) return 0;
   int n = s->k->blocks[blk].n, count = 0;
   for (int i = 0; i < n; i++) {
     const fb_stmt *st = &s->k->stmts[s->k->blocks[blk].ids[i]];
@@ -215,7 +215,7 @@ static int cse_able(const fb_stmt *t) {
 }
 
 static void cse_block(simp *s, int blk, int depth) {
-  if (blk < 0 || depth > 256 || s->oom) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH || s->oom) return;
   int mark = s->nundo;
   fb_block *b = &s->k->blocks[blk];
   int w = 0;
@@ -479,7 +479,7 @@ static void clob_add(simp *s, clob *c, int32_t field) {
 
 static void clobbers(simp *s, int blk, int depth, clob *c) {
   if (blk < 0 || c->all) return;
-  if (depth > 256) {
+  if (depth > FB_MAX_BLOCK_DEPTH) {
     c->all = 1;
     return;
   }
@@ -531,7 +531,7 @@ static facts survive(simp *s, const facts *in, int blk, int depth) {
 }
 
 static void forward_block(simp *s, int blk, int depth, const facts *in) {
-  if (blk < 0 || depth > 256 || s->oom) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH || s->oom) return;
   facts known = {0}, pending = {0};
   if (in && in->n) {
     known.v = malloc(sizeof *known.v * (size_t)in->n);
@@ -609,7 +609,7 @@ static void forward_block(simp *s, int blk, int depth, const facts *in) {
 #define SIMP_ROUNDS 16
 
 static void rep_all(simp *s, int blk, int depth) {
-  if (blk < 0 || depth > 256) return;
+  if (blk < 0 || depth > FB_MAX_BLOCK_DEPTH) return;
   const fb_block *b = &s->k->blocks[blk];
   for (int i = 0; i < b->n; i++) {
     fb_stmt *t = &s->k->stmts[b->ids[i]];

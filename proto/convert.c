@@ -11,7 +11,6 @@
 
 #define ARENA_BLOCK ((size_t)64 << 10)
 #define MAX_NODES FB_LAYOUT_MAX_NODES
-#define MAX_STMTS (1 << 22)
 
 /* ---------------------------------------------------------------- arena */
 
@@ -232,27 +231,20 @@ int fbp_value_from_pb(const Fusebox__V1__Value *m, fb_value *out) {
   return 0;
 }
 
-/* The counters, field by field: one list for both directions. */
-#define FBP_COUNTERS(X)                                                                            \
-  X(launches)                                                                                      \
-  X(tasks_launched) X(statements_emitted) X(tasks_compiled) X(cache_hits) X(backend_s)             \
-      X(compile_s) X(listgens_removed) X(tasks_fused) X(dead_stores_removed)                       \
-          X(activations_demoted) X(optimizer_s) X(device_bytes) X(flushes) X(tasks_pending)        \
-              X(fuse_refused) X(fuse_fallbacks) X(plans_reused)
+/* The counters, field by field, both directions: FB_COUNTERS
+ * (fusebox/counters.h) names each member and its protocol field alike. */
+#define FBP_COUNTER_TO_(f, type, kind, unit, meaning) m->f = c->f;
+#define FBP_COUNTER_FROM_(f, type, kind, unit, meaning) c->f = m->f;
 
 void fbp_counters_to_pb(Fusebox__V1__Counters *m, const fb_counters *c) {
   fusebox__v1__counters__init(m);
-#define X(f) m->f = c->f;
-  FBP_COUNTERS(X)
-#undef X
+  FB_COUNTERS(FBP_COUNTER_TO_)
 }
 
 void fbp_counters_from_pb(const Fusebox__V1__Counters *m, fb_counters *c) {
   memset(c, 0, sizeof *c);
   if (!m) return;
-#define X(f) c->f = m->f;
-  FBP_COUNTERS(X)
-#undef X
+  FB_COUNTERS(FBP_COUNTER_FROM_)
 }
 
 /* ---------------------------------------------------------------- layouts */
@@ -460,11 +452,12 @@ static int check_kernel_shape(const Fusebox__V1__Kernel *m, char *err, size_t er
     fb_errf(err, errlen, "kernel: no name");
     return FB_EINVAL;
   }
-  if (m->n_stmts > MAX_STMTS || m->n_blocks < 1 || m->n_blocks > MAX_STMTS || m->n_params > 1024) {
+  if (m->n_stmts > FB_MAX_STATEMENTS_ANY || m->n_blocks < 1 ||
+      m->n_blocks > FB_MAX_STATEMENTS_ANY || m->n_params > 1024) {
     fb_errf(err, errlen,
             "kernel '%s': %zu statements, %zu blocks, %zu parameters (expected at most "
             "%d statements, at least one block, at most 1024 parameters)",
-            m->name, m->n_stmts, m->n_blocks, m->n_params, MAX_STMTS);
+            m->name, m->n_stmts, m->n_blocks, m->n_params, FB_MAX_STATEMENTS_ANY);
     return FB_EINVAL;
   }
   for (size_t i = 0; i < m->n_params; i++)
@@ -490,7 +483,7 @@ static int blocks_from_pb(const Fusebox__V1__Kernel *m, fb_kernel *k, char *err,
   for (size_t b = 0; b < m->n_blocks; b++) {
     const Fusebox__V1__Block *mb = m->blocks[b];
     if (!mb->n_ids) continue;
-    if (mb->n_ids > (size_t)MAX_STMTS) return FB_EINVAL;
+    if (mb->n_ids > (size_t)FB_MAX_STATEMENTS_ANY) return FB_EINVAL;
     if (!(blocks[b].ids = malloc(sizeof(int32_t) * mb->n_ids))) return FB_ENOMEM;
     blocks[b].n = blocks[b].cap = (int32_t)mb->n_ids;
     for (size_t j = 0; j < mb->n_ids; j++) {

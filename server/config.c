@@ -33,7 +33,7 @@ void fbd_config_defaults(fbd_config *c) {
   memset(c, 0, sizeof *c);
   c->backend = strdup("auto");
   c->cuda_memory = strdup("device");
-  c->max_message_bytes = (uint64_t)16 << 20;
+  c->max_message_bytes = FB_SERVER_MAX_MESSAGE_BYTES_DEFAULT;
   c->keepalive_s = 60;
   c->keepalive_timeout_s = 20;
   c->max_sessions = 64;

@@ -15,9 +15,9 @@
 #include "proto/wire.h"
 #include "server/server.h"
 
-#define DEFAULT_CHUNK ((uint32_t)1 << 20)
-#define MIN_CHUNK ((uint32_t)4096)
-#define MAX_CHUNK (((uint32_t)4 << 20) - 4096) /* under every client's default limit */
+#define DEFAULT_CHUNK ((uint32_t)FB_CHUNK_BYTES_DEFAULT) /* fusebox/limits.h */
+#define MIN_CHUNK ((uint32_t)FB_CHUNK_BYTES_MIN)
+#define MAX_CHUNK ((uint32_t)FB_CHUNK_BYTES_MAX)
 #define STAGE_MMAP ((size_t)2 << 20)
 
 /* ---------------------------------------------------------------- helpers */
@@ -393,10 +393,10 @@ static int check_passes(const Fusebox__V1__SessionOptions *o, fb_session_config 
 }
 
 /* max_fuse_per_task past this fuses no more: a fused task stands for at
- * most the optimizer's max_fused_tasks (256) launches, so no task takes
- * part in more than 255 fusions a round. A client's larger number (2^31-1)
- * is refused by name rather than handed to the optimizer. */
-#define FBD_MAX_FUSE_PER_TASK 256
+ * most the optimizer's max_fused_tasks (FB_MAX_FUSED_TASKS) launches, so no
+ * task takes part in more fusions a round. A client's larger number
+ * (2^31-1) is refused by name rather than handed to the optimizer. */
+#define FBD_MAX_FUSE_PER_TASK FB_MAX_FUSED_TASKS
 
 static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
                          fb_session_config *ec, char *err, size_t errlen) {
@@ -429,8 +429,8 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   if (o->max_fuse_per_task > FBD_MAX_FUSE_PER_TASK) {
     fb_errf(err, errlen,
             "max_fuse_per_task %d is over this server's limit of %d (a fused task stands for "
-            "at most 256 launches; 0 = the default, 1)",
-            o->max_fuse_per_task, FBD_MAX_FUSE_PER_TASK);
+            "at most %d launches; 0 = the default, 1)",
+            o->max_fuse_per_task, FBD_MAX_FUSE_PER_TASK, FB_MAX_FUSED_TASKS);
     return FB_EINVAL;
   }
   ec->flush_every = o->flush_every;

@@ -704,6 +704,95 @@ START_TEST(counters_round_trip) {
 }
 END_TEST
 
+/* FB_COUNTERS (fusebox/counters.h) is the protocol's Counters message:
+ * the same names, in field-number order 1, 2, ..., of the same types, and
+ * no field the list lacks. The struct and the mapping are generated from
+ * the list, so this is what keeps the .proto from drifting. */
+#define PB_TYPE_uint64_t PROTOBUF_C_TYPE_UINT64
+#define PB_TYPE_double PROTOBUF_C_TYPE_DOUBLE
+static const struct {
+  const char *name;
+  ProtobufCType type;
+  int sum;
+} counter_list[] = {
+#define SUM 1
+#define LEVEL 0
+#define C_(name, type, kind, unit, meaning) {#name, PB_TYPE_##type, kind},
+    FB_COUNTERS(C_)
+#undef C_
+#undef LEVEL
+#undef SUM
+};
+#define NCOUNTERS ((unsigned)(sizeof counter_list / sizeof counter_list[0]))
+
+START_TEST(counters_list_is_the_protocol) {
+  const ProtobufCMessageDescriptor *d = &fusebox__v1__counters__descriptor;
+  ck_assert_uint_ge(NCOUNTERS, 18);
+  ck_assert_msg(d->n_fields == NCOUNTERS, "Counters has %u fields, FB_COUNTERS %u", d->n_fields,
+                NCOUNTERS);
+  for (unsigned i = 0; i < NCOUNTERS; i++) {
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(d, counter_list[i].name);
+    ck_assert_msg(f != NULL, "FB_COUNTERS has %s, the protocol's Counters does not",
+                  counter_list[i].name);
+    ck_assert_msg(f->id == i + 1, "%s is field %u of Counters, entry %u of FB_COUNTERS",
+                  counter_list[i].name, f->id, i + 1);
+    ck_assert_msg(f->type == counter_list[i].type, "%s: its protocol type is not its C type",
+                  counter_list[i].name);
+  }
+}
+END_TEST
+
+/* fb_counters_since: each cumulative counter is the difference, flushes
+ * included (fusebox bench's own copy once forgot it), each level the later
+ * reading. */
+START_TEST(counters_since_by_kind) {
+  fb_counters a, b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  int k = 0;
+#define C_(name, type, kind, unit, meaning) a.name = (type)(10 + 3 * k), b.name = (type)(k + 1), k++;
+  FB_COUNTERS(C_)
+#undef C_
+  fb_counters d = fb_counters_since(&a, &b);
+  ck_assert_uint_eq(d.flushes, a.flushes - b.flushes);
+  ck_assert_uint_eq(d.device_bytes, a.device_bytes);
+  ck_assert_uint_eq(d.tasks_pending, a.tasks_pending);
+  ck_assert_double_eq(d.optimizer_s, a.optimizer_s - b.optimizer_s);
+  k = 0;
+  int levels = 0;
+#define C_(name, type, kind, unit, meaning)                                                    \
+  {                                                                                            \
+    int sum = counter_list[k++].sum;                                                           \
+    levels += !sum;                                                                            \
+    ck_assert_msg(d.name == (sum ? a.name - b.name : a.name), "%s: wrong difference", #name);  \
+  }
+  FB_COUNTERS(C_)
+#undef C_
+  ck_assert_int_eq(levels, 2); /* device_bytes and tasks_pending */
+}
+END_TEST
+
+/* Every counter crosses the wire (the list generates both directions). */
+START_TEST(every_counter_round_trips) {
+  fb_counters c, d;
+  memset(&c, 0, sizeof c);
+  int k = 0;
+#define C_(name, type, kind, unit, meaning) k++, c.name = (type)(1000003 * k) + (type)k / 4;
+  FB_COUNTERS(C_)
+#undef C_
+  Fusebox__V1__Counters m;
+  fbp_counters_to_pb(&m, &c);
+  Fusebox__V1__Counters *back = wire(&m.base, &fusebox__v1__counters__descriptor);
+  fbp_counters_from_pb(back, &d);
+#define C_(name, type, kind, unit, meaning)                                                    \
+  ck_assert_msg(d.name == c.name && c.name != 0, "%s did not cross the wire", #name);
+  FB_COUNTERS(C_)
+#undef C_
+  protobuf_c_message_free_unpacked(&back->base, NULL);
+}
+END_TEST
+
 /* fbp_bb_copy (both ends' copy of a chunk's bytes): any range of a message
  * split over several slices, the slices' edges included, and nothing past
  * the end or for n = 0. */
@@ -843,6 +932,9 @@ int main(void) {
   tcase_add_test(tc, arena_limit);
   tcase_add_test(tc, legitimate_decoded_ratio);
   tcase_add_test(tc, counters_round_trip);
+  tcase_add_test(tc, counters_list_is_the_protocol);
+  tcase_add_test(tc, counters_since_by_kind);
+  tcase_add_test(tc, every_counter_round_trips);
   tcase_add_test(tc, bb_copy_across_slices);
   tcase_add_test(tc, take_chunk_both_paths);
   suite_add_tcase(s, tc);

@@ -101,7 +101,7 @@ enum {
 /* What one pending task is counted as in fb_session_pending_bytes, besides
  * its argument slots: an estimate of its SFG node and batch entry. */
 #define FB_PENDING_TASK_BYTES 512
-#define FB_MAX_KERNEL_STATEMENTS_DEFAULT 20000 /* the compile budget of a kernel */
+/* FB_MAX_KERNEL_STATEMENTS_DEFAULT, the compile budget of a kernel: fusebox/limits.h */
 
 /* Zero-initialized fields take their defaults. */
 typedef struct fb_session_config {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 #include "fusebox/common.h"
+#include "fusebox/limits.h" /* FB_MAX_BLOCK_DEPTH, the statement caps */
 
 #ifdef __cplusplus
 extern "C" {

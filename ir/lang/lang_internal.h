@@ -223,7 +223,7 @@ typedef struct lsnode {  /* a named SNode (`as NAME`) */
 typedef struct lfunc {
   char *name;
   node *decl;
-  int too_large; /* inlining it overflowed LANG_MAX_STMTS once: fail fast */
+  int too_large; /* inlining it overflowed FB_LANG_MAX_STATEMENTS once: fail fast */
 } lfunc;
 
 typedef struct lkernel {
@@ -412,7 +412,6 @@ typedef struct lframe {   /* one inlined func call */
 #define LANG_MAX_LOOPS 64
 #define LANG_MAX_FRAMES 32
 #define LANG_MAX_TUPLE 8      /* values in a tuple (a, b, ...) */
-#define LANG_MAX_STMTS 100000 /* per kernel, so that inlining cannot explode */
 
 typedef struct lower {
   fb_program *p;

@@ -800,8 +800,8 @@ static int instantiate_grad(fb_program *p, const char *kernel, const char *const
   fb_kernel *adj = NULL;
   char err[768] = "";
   int bad = -1;
-  rc = dual ? fb_kernel_tangent(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err)
-            : fb_kernel_adjoint_ex(k, &g, LANG_MAX_STMTS, &adj, &bad, err, sizeof err);
+  rc = dual ? fb_kernel_tangent(k, &g, FB_LANG_MAX_STATEMENTS, &adj, &bad, err, sizeof err)
+            : fb_kernel_adjoint_ex(k, &g, FB_LANG_MAX_STATEMENTS, &adj, &bad, err, sizeof err);
   fb_grad_map_free(&g);
   if (rc) {
     int line = 0, col = 0;

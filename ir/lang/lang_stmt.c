@@ -840,9 +840,9 @@ int lang_inline(lower *L, int fi, node *call, lval *out) {
     L->errors++;
     return -1;
   }
-  if (L->k->nstmts > LANG_MAX_STMTS || L->p->funcs[fi].too_large) {
+  if (L->k->nstmts > FB_LANG_MAX_STATEMENTS || L->p->funcs[fi].too_large) {
     ERR(L, call, "kernel too large: inlining '%s' would pass %d IR statements", d->name,
-        LANG_MAX_STMTS);
+        FB_LANG_MAX_STATEMENTS);
     for (int i = 0; i < L->nframes; i++) L->p->funcs[L->frames[i].func].too_large = 1;
     return -1;
   }

@@ -21,7 +21,8 @@ from fusebox import _proto
 from fusebox._proto import pb
 from fusebox.errors import Error, from_rpc
 
-#: Largest message either side accepts; field transfers are chunked under it.
+#: Largest message either side accepts; field transfers are chunked under it
+#: (FB_CLIENT_MAX_MESSAGE_BYTES of include/fusebox/limits.h; tests/test_lists.py).
 MAX_MESSAGE_BYTES = 4 << 20
 #: Seconds a unary call may take before it fails with DEADLINE_EXCEEDED.
 DEFAULT_TIMEOUT = 120.0

@@ -28,7 +28,8 @@ from fusebox._proto import pb
 from fusebox.errors import (DeadlineExceededError, Error, LaunchError, LayoutWarning,
                             NotFoundError, ServerError, from_rpc)
 
-#: Bytes of field data per message (under the 4 MiB message limit).
+#: Bytes of field data per message (under the 4 MiB message limit;
+#: FB_CHUNK_BYTES_DEFAULT of include/fusebox/limits.h, tests/test_lists.py).
 CHUNK_BYTES = 1 << 20
 #: With progress=None, transfers of at least this many bytes show a tqdm
 #: bar (when tqdm is installed).
@@ -66,6 +67,11 @@ def _source_pb(source: str, params: Optional[Mapping[str, Any]], filename: str) 
 
 # ------------------------------------------------------------------ records
 
+#: The counters that are levels, not cumulative (LEVEL in FB_COUNTERS,
+#: include/fusebox/counters.h; tests/test_lists.py checks the two agree).
+_LEVEL_COUNTERS = ("device_bytes", "tasks_pending")
+
+
 @dataclass
 class Counters:
     """The session's counters (mirrors fb_counters): cumulative since the
@@ -100,8 +106,7 @@ class Counters:
         tasks_fused, listgens_removed, dead_stores_removed,
         activations_demoted, fuse_refused, fuse_fallbacks, plans_reused, optimizer_s)
         then describe the flushes in between."""
-        return Counters(**{f.name: getattr(self, f.name) if f.name in ("device_bytes",
-                                                                      "tasks_pending")
+        return Counters(**{f.name: getattr(self, f.name) if f.name in _LEVEL_COUNTERS
                            else getattr(self, f.name) - getattr(earlier, f.name)
                            for f in dc_fields(Counters)})
 

@@ -60,9 +60,9 @@
 #include "proto/wire.h"
 #include "server/server.h"
 
-#define MAX_MESSAGE_BYTES ((size_t)16 << 20) /* server/config.c's default */
+#define MAX_MESSAGE_BYTES ((size_t)FB_SERVER_MAX_MESSAGE_BYTES_DEFAULT)
 #define DECODE_FLOOR ((size_t)80 << 10)      /* server/methods.c */
-#define MAX_STMTS 20000                      /* FB_MAX_KERNEL_STATEMENTS_DEFAULT */
+#define MAX_STMTS FB_MAX_KERNEL_STATEMENTS_DEFAULT
 #define ERRLEN 4096
 
 enum {
