@@ -222,3 +222,15 @@ def test_cli_json_and_plots_skipped_without_matplotlib(tmp_path, monkeypatch):
     assert [r["policy"] for r in d["policies"]] == list(sim.POLICIES)
     assert "plots skipped" in err.getvalue()
     assert not (tmp_path / "png").exists()
+
+
+def test_memory_utilisation_is_over_the_simulated_span():
+    cfg = sim.Config(replicas=3, tenants=5, hours=0.25, rate=0.2, mtbf_h=0, drain_every_s=0,
+                     seed=8, life_median_s=600)
+    f = run(cfg, "least")
+    H = cfg.hours * 3600
+    held = sum(s.mem * max(0.0, min(s.finished, H) - min(s.admitted, H))
+               for s in f.S if s.state == "done")
+    assert any(s.finished > H for s in f.S)          # some outlive the span
+    assert sim.summarize(f)["mem_utilisation"] == pytest.approx(
+        held / (cfg.replicas * cfg.replica_mem * H), rel=1e-9)

@@ -321,6 +321,10 @@ class Fleet:
         return self
 
     def _integrate(self, t):
+        """Memory held and offered, over the simulated span only (the
+        sessions still running at its end are followed to their end, but
+        the fleet then only empties)."""
+        t = min(t, self.horizon)
         dt = t - self.last_t
         if dt > 0:
             self.mem_int += dt * sum(r.mem for r in self.R if r.up)
