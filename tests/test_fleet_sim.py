@@ -70,6 +70,7 @@ def test_conservation_and_capacity(policy, ckpt):
     assert max(f.peak_mem) <= cfg.replica_mem
     row = sim.summarize(f)
     assert 0 < row["mem_utilisation"] <= 1
+    assert 0 < row["waited_share"] < 1      # busy: some waited for room, not all
     assert f.nfail > 0 and row["drains"] > 0
     if ckpt:
         assert f.ckpt_bytes > 0
@@ -108,6 +109,7 @@ def test_jain_one_for_identical_tenants():
     assert all(s.state == "done" for s in f.S)
     row = sim.summarize(f)
     assert row["jain"] == pytest.approx(1.0, abs=1e-9)
+    assert row["waited_share"] == 0 and row["wait_p99_s"] == pytest.approx(CAL["session_create_s"])
     fair = [f.recv[t] / f.want[t] for t in range(4)]
     assert max(fair) < 0.5          # contended: each got well under what it wanted
     # weights break the symmetry: the index must then fall below 1

@@ -655,6 +655,8 @@ def summarize(f):
         "rejection_rate": sum(f.rejected.values()) / arrived if arrived else 0.0,
         "wait_p50_s": pct(waits, 50),
         "wait_p99_s": pct(waits, 99),
+        "waited_share": (sum(1 for w in waits if w > f.cal["session_create_s"] + 1e-3)
+                         / len(waits)) if waits else 0.0,
         "mem_utilisation": f.mem_int / f.cap_int if f.cap_int else 0.0,
         "jain": jain(fair),
         "failures": f.nfail,
