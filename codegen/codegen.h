@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "codegen/rt/fb_rt.h"
+#include "fusebox/codestore.h"
 #include "fusebox/ir.h"
 
 typedef struct fb_rt_ctx {
@@ -185,6 +186,13 @@ void fb_cpu_jit_free(fb_cpu_jit *j);
  * JIT. And what the cache holds now. */
 void fb_cpu_jit_set_cache_limit(fb_cpu_jit *j, uint64_t max_bytes);
 void fb_cpu_jit_cache_info(fb_cpu_jit *j, fb_code_cache_info *out); /* zeros for NULL */
+/* A cache outside the process (fusebox/codestore.h; NULL or no get:
+ * none), asked on each miss of the code cache above before compiling and
+ * handed each object compiled. Its tasks' functions are named by a hash of
+ * the task's text and target and the partition (fbd_HASH_PARTITION), so an
+ * object links in any process. A found object counts as a cache hit
+ * (compile_s 0). Call before compiling. 0 or FB_ENOMEM. */
+int fb_cpu_jit_set_store(fb_cpu_jit *j, const fb_code_store *s);
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen);
 
