@@ -117,6 +117,16 @@ static void store_put(void *user, uint64_t partition, const char *target, const 
   (void)fbd_dcache_put(d, k, ir, irlen, code, len);
 }
 
+int fbd_codestore_get(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                      size_t irlen, uint8_t **code, size_t *len) {
+  return s ? store_get(s, partition, target, ir, irlen, code, len) : 0;
+}
+
+void fbd_codestore_put(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                       size_t irlen, const uint8_t *code, size_t len) {
+  if (s) store_put(s, partition, target, ir, irlen, code, len);
+}
+
 int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen) {
   const fbd_config *cfg = srv->cfg;
   if (!cfg->code_cache_dir || !cfg->code_cache_dir[0]) return 0;

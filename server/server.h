@@ -754,6 +754,12 @@ typedef struct fbd_codestore fbd_codestore;
 int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen);
 void fbd_codestore_free(fbd_codestore *s);
 void fbd_codestore_name(fbd_codestore *s, uint64_t partition, const char *tenant);
+/* The store's get and put (fusebox/codestore.h) for a partition: what the
+ * broker answers a worker's requests with (proc.c). NULL s: a miss. */
+int fbd_codestore_get(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                      size_t irlen, uint8_t **code, size_t *len);
+void fbd_codestore_put(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                       size_t irlen, const uint8_t *code, size_t len);
 void fbd_codestore_metrics(fbd_codestore *s,
                            void (*line)(void *u, const char *name, const char *type,
                                         const char *help),

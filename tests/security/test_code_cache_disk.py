@@ -112,9 +112,12 @@ def entries(cache_dir):
     return out
 
 
-def test_restart_hits_disk_and_tenants_apart(cache_env):
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_restart_hits_disk_and_tenants_apart(cache_env, isolation):
+    """Under process isolation the workers ask the broker, which alone
+    reads, verifies and writes the directory."""
     env = cache_env
-    d = env["start"]()
+    d = env["start"](isolation)
     x, y, c0 = run_program(d.clients["alice"])
     assert x == expected_x()
     assert c0.tasks_compiled >= 3 and c0.cache_hits == 0, c0
@@ -130,7 +133,7 @@ def test_restart_hits_disk_and_tenants_apart(cache_env):
     assert stat.S_IMODE(os.stat(os.path.join(env["tmp"], "cache.key")).st_mode) == 0o600
 
     # a restart: nothing compiled, every task from disk, the same results
-    d = env["start"]()
+    d = env["start"](isolation)
     x2, y2, c1 = run_program(d.clients["alice"])
     assert (x2, y2) == (x, y)
     assert c1.tasks_compiled == 0, c1
