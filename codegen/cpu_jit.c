@@ -320,6 +320,10 @@ static char *task_text(const fb_cg_task *t, int loop_pos, size_t *len) {
   return out;
 }
 
+char *fb_cg_task_text(const fb_cg_task *t, size_t *len) {
+  return task_text(t, fb_code_cache_key(t).loop_pos, len);
+}
+
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen) {
   if (!j || !t || !t->ir || !t->ir->layout || !out)

@@ -148,10 +148,7 @@ int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen) {
   }
   int rc = keypath ? 0 : FB_ENOMEM;
   /* the root made now (0700), so that the key's place can be judged */
-  if (!rc && mkdir(s->dir, 0700) && errno != EEXIST) {
-    fb_errf(err, errlen, "cannot make the code cache directory %s: %s", s->dir, strerror(errno));
-    rc = FB_EINVAL;
-  }
+  if (!rc) rc = fbd_dcache_check_root(s->dir, err, errlen);
   if (!rc) rc = fbd_dcache_key_load(keypath, s->dir, 1, &s->key, &s->keylen, err, errlen);
   free(keypath);
   if (rc) {

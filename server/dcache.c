@@ -115,6 +115,13 @@ static int open_dir(int at, const char *name, const char *path, int *out, char *
   return 0;
 }
 
+int fbd_dcache_check_root(const char *root, char *err, size_t errlen) {
+  int fd = -1;
+  int rc = open_dir(AT_FDCWD, root, root, &fd, err, errlen);
+  if (!rc) close(fd);
+  return rc;
+}
+
 int fbd_dcache_key_load(const char *path, const char *root, int create, uint8_t **key,
                         size_t *keylen, char *err, size_t errlen) {
   *key = NULL;

@@ -39,6 +39,11 @@ typedef struct fbd_dcache_stats {
   uint64_t limit;
 } fbd_dcache_stats;
 
+/* Make root (0700) when missing and check it as fbd_dcache_open does: a
+ * directory, not a link, ours, no group or other access. 0 or FB_EINVAL
+ * with a message. */
+int fbd_dcache_check_root(const char *root, char *err, size_t errlen);
+
 /* Read the server key: a regular file (not a symlink) owned by this user,
  * mode 0600 or stricter, of 32 to 4096 bytes. With create, a missing file
  * is made (0600, 32 random bytes). Outside the cache root: refused when

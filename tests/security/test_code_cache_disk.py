@@ -238,3 +238,43 @@ def test_bad_key_file_stops_the_start(cache_env):
                ["--isolation", "thread", "--code-cache-dir", env["dir"],
                 "--code-cache-key", key], False)
     assert "code cache key" in d.logtext() and "0600" in d.logtext(), d.logtext()
+
+
+def test_private_daemon_serves_without_its_cache(cache_env):
+    """A private daemon's cache is the client's default: a directory it
+    cannot use turns the cache off (a warning) rather than the daemon."""
+    env = cache_env
+    bad = os.path.join(env["tmp"], "not-a-dir")
+    with open(bad, "w") as f:
+        f.write("x")
+    run = os.path.join(env["tmp"], "private")
+    os.mkdir(run)
+    d = Daemon(run, "unix:" + os.path.join(run, "fuseboxd.sock"),
+               ["--private", "--isolation", "thread", "--code-cache-dir", bad], True)
+    try:
+        c = tenant_client(d.address)
+        x, _, counters = run_program(c)
+        assert x == expected_x() and counters.tasks_compiled >= 3
+        c.close()
+        assert "compile cache on disk off" in d.logtext(), d.logtext()
+    finally:
+        d.stop()
+
+
+def test_bad_cache_dir_stops_a_shared_server(cache_env):
+    """Named by its operator, a cache directory that is a file, or that
+    others may write, stops the start with a message naming it."""
+    env = cache_env
+    bad = os.path.join(env["tmp"], "a-file")
+    with open(bad, "w") as f:
+        f.write("x")
+    loose = os.path.join(env["tmp"], "loose")
+    os.mkdir(loose)
+    os.chmod(loose, 0o777)
+    for where, words in ((bad, "Not a directory"), (loose, "mode 777")):
+        run = tempfile.mkdtemp(dir=env["tmp"])
+        d = Daemon(run, "unix:" + os.path.join(run, "fuseboxd.sock"),
+                   ["--isolation", "thread", "--code-cache-dir", where], False)
+        d.stop()
+        assert d.proc.returncode != 0
+        assert where in d.logtext() and words in d.logtext(), d.logtext()
