@@ -95,6 +95,7 @@ def main():
         for _ in range(a.restarts):
             tmp = tempfile.mkdtemp(prefix="fbccb-")
             cache = os.path.join(tmp, "cache")
+            p = None
             try:
                 p, addr = start(a.build, tmp, cache)
                 jc = run(a.build, case, addr)
@@ -105,6 +106,9 @@ def main():
                 jp = run(a.build, case, addr)
                 stop(p)
             finally:
+                if p is not None and p.poll() is None:
+                    p.kill()  # no fuseboxd outlives the run
+                    p.wait()
                 shutil.rmtree(tmp, ignore_errors=True)
             cold.append(jc["elapsed_s"])
             disk.append(jd["elapsed_s"])
