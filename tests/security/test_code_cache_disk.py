@@ -77,7 +77,7 @@ def cache_env():
     env = {"tmp": tmp.name, "dir": os.path.join(tmp.name, "cache"), "toks": toks,
            "daemons": [], "n": 0}
 
-    def start(isolation="thread"):
+    def start(isolation="thread", extra=()):
         env["n"] += 1
         run = os.path.join(tmp.name, f"run{env['n']}")
         os.mkdir(run)
@@ -85,7 +85,7 @@ def cache_env():
                    ["--tenants", tpath, "--isolation", isolation,
                     "--metrics-listen", "127.0.0.1:0",
                     "--code-cache-dir", env["dir"],
-                    "--code-cache-key", os.path.join(tmp.name, "cache.key")], True)
+                    "--code-cache-key", os.path.join(tmp.name, "cache.key"), *extra], True)
         env["daemons"].append(d)
         d.clients = {n: tenant_client(d.address, t) for n, t in toks.items()}
         return d
@@ -278,3 +278,30 @@ def test_bad_cache_dir_stops_a_shared_server(cache_env):
         d.stop()
         assert d.proc.returncode != 0
         assert where in d.logtext() and words in d.logtext(), d.logtext()
+
+
+def test_bound_evicts_per_tenant_share(cache_env):
+    """--code-cache-disk-bytes is shared among the two tenants and the
+    anonymous one: past a tenant's share its least recently used entries
+    go, the tenant stays within its share, and the results stay right
+    after a restart (which, the program's tasks in a cycle larger than the
+    share, compiles them again: least recently used is always the next)."""
+    env = cache_env
+    share = 2500  # about one entry of PROGRAM's
+    d = env["start"]("thread", ["--code-cache-disk-bytes", str(3 * share)])
+    x, y, c0 = run_program(d.clients["alice"])
+    m = metrics(d)
+    assert m[("code_cache_disk_writes_total", "alice")] == c0.tasks_compiled
+    assert m[("code_cache_disk_evictions_total", "alice")] >= 1, m
+    assert 0 < m[("code_cache_disk_bytes", "alice")] <= share, m
+    env["stop"](d)
+    kept = sum(len(v) for v in entries(env["dir"]).values())
+    assert 1 <= kept < c0.tasks_compiled
+    d = env["start"]("thread", ["--code-cache-disk-bytes", str(3 * share)])
+    x2, y2, c1 = run_program(d.clients["alice"])
+    assert (x2, y2) == (x, y)
+    assert c1.tasks_compiled + c1.cache_hits == c0.tasks_compiled + c0.cache_hits, c1
+    m = metrics(d)
+    assert 0 < m[("code_cache_disk_bytes", "alice")] <= share, m
+    assert m[("code_cache_disk_rejects_total", "alice")] == 0, m
+    env["stop"](d)
