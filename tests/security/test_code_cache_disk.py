@@ -305,3 +305,29 @@ def test_bound_evicts_per_tenant_share(cache_env):
     assert 0 < m[("code_cache_disk_bytes", "alice")] <= share, m
     assert m[("code_cache_disk_rejects_total", "alice")] == 0, m
     env["stop"](d)
+
+
+def test_config_file_keys(cache_env):
+    """The same settings from the config file (deploy/fuseboxd.json's keys)."""
+    env = cache_env
+    run = os.path.join(env["tmp"], "conf")
+    os.mkdir(run)
+    conf = os.path.join(run, "fuseboxd.json")
+    with open(conf, "w") as f:
+        json.dump({"isolation": "thread", "code_cache_dir": env["dir"],
+                   "code_cache_key": os.path.join(env["tmp"], "conf.key"),
+                   "code_cache_disk_bytes": "1M"}, f)
+    for round_ in range(2):
+        d = Daemon(run, "unix:" + os.path.join(run, "fuseboxd.sock"), ["--config", conf], True)
+        try:
+            c = tenant_client(d.address)
+            x, _, counters = run_program(c)
+            c.close()
+            assert x == expected_x()
+            if round_ == 0:
+                assert counters.tasks_compiled >= 3, counters
+            else:
+                assert counters.tasks_compiled == 0 and counters.cache_hits >= 3, counters
+        finally:
+            d.stop()
+    assert os.path.exists(os.path.join(env["tmp"], "conf.key"))
