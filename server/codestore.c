@@ -150,6 +150,7 @@ int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen) {
   /* the root made now (0700), so that the key's place can be judged */
   if (!rc) rc = fbd_dcache_check_root(s->dir, err, errlen);
   if (!rc) rc = fbd_dcache_key_load(keypath, s->dir, 1, &s->key, &s->keylen, err, errlen);
+  if (!rc) (void)fbd_dcache_sweep(s->dir, build_tag()); /* other builds' entries go now */
   free(keypath);
   if (rc) {
     fbd_codestore_free(s);

@@ -536,3 +536,39 @@ void fbd_dcache_stats_get(fbd_dcache *d, fbd_dcache_stats *out) {
   *out = d->st;
   pthread_mutex_unlock(&d->mu);
 }
+
+int fbd_dcache_sweep(const char *root, const char *build_tag) {
+  int rfd = open(root, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (rfd < 0) return 0;
+  DIR *dir = fdopendir(rfd);
+  if (!dir) {
+    close(rfd);
+    return 0;
+  }
+  int n = 0;
+  for (struct dirent *e; (e = readdir(dir));) {
+    if (strncmp(e->d_name, "t-", 2) || strlen(e->d_name) != 34) continue;
+    fbd_dcache d;
+    memset(&d, 0, sizeof d);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+    int fd = openat(dirfd(dir), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (check_dir(fd, path, NULL, 0)) { /* not ours: left alone, never read */
+      close(fd);
+      continue;
+    }
+    d.dfd = fd;
+    uint8_t bh[32];
+    char bhex[17];
+    sha256(build_tag, strlen(build_tag), bh);
+    hexify(bh, 8, bhex);
+    snprintf(d.prefix, sizeof d.prefix, "v%d-%s-", FBD_DCACHE_FORMAT, bhex);
+    uint64_t bytes = 0;
+    scan(&d, NULL, NULL, &bytes);
+    close(fd);
+    n++;
+  }
+  closedir(dir);
+  return n;
+}

@@ -39,6 +39,11 @@ typedef struct fbd_dcache_stats {
   uint64_t limit;
 } fbd_dcache_stats;
 
+/* At start: in every tenant directory under root (ours, checked), remove
+ * the entries of any other build than build_tag's and stale temporary
+ * files, as fbd_dcache_open does for one tenant. The directories swept. */
+int fbd_dcache_sweep(const char *root, const char *build_tag);
+
 /* Make root (0700) when missing and check it as fbd_dcache_open does: a
  * directory, not a link, ours, no group or other access. 0 or FB_EINVAL
  * with a message. */

@@ -156,6 +156,16 @@ START_TEST(survives_reopen) {
   d = open_t("alice", 0);
   ck_assert_int_eq(get_is(d, k, "kernel a", "object bytes"), 0);
   fbd_dcache_close(d);
+  /* the sweep at start does the same for every tenant directory */
+  d = open_t("alice", 0);
+  put_s(d, k, "kernel a", "object bytes");
+  char ap[512];
+  path_of(d, k, ap, sizeof ap);
+  fbd_dcache_close(d);
+  ck_assert_int_eq(fbd_dcache_sweep(root, TAG), 1);
+  ck_assert(exists(ap)); /* this build's stays */
+  ck_assert_int_eq(fbd_dcache_sweep(root, "a newer build"), 1);
+  ck_assert(!exists(ap)); /* another build's goes */
   /* another server key: the entry is refused (its HMAC fails) */
   d = open_t("alice", 0);
   put_s(d, k, "kernel a", "object bytes");
