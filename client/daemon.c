@@ -82,6 +82,7 @@ static const char *cache_dir(char *buf, size_t n) {
   if (env) return *env ? env : NULL;
   const char *xdg = getenv("XDG_CACHE_HOME");
   if (xdg && xdg[0] == '/') {
+    if (mkdir(xdg, 0700) && errno != EEXIST) return NULL;
     snprintf(buf, n, "%s/fusebox", xdg);
     return buf;
   }

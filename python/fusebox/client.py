@@ -90,6 +90,10 @@ def _code_cache_args(server_args: Sequence[str]) -> list:
         return ["--code-cache-dir", env] if env else []
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if xdg.startswith("/"):
+        try:
+            os.makedirs(xdg, mode=0o700, exist_ok=True)
+        except OSError:
+            return []
         return ["--code-cache-dir", os.path.join(xdg, "fusebox")]
     home = os.path.expanduser("~")
     if not home.startswith("/"):
