@@ -25,6 +25,10 @@ PROGRAM = """layout {
 kernel fill(k: i32) { for i in x { x[i] = i * k + 3 } }
 kernel mix() { for i in y { y[i] = f32(x[i]) * 0.5 + sin(f32(i)) } }
 kernel bump() { for i in x { x[i] = x[i] * 2 + 1 } }
+kernel more0() { for i in y { y[i] = y[i] + 1.0 } }
+kernel more1() { for i in x { x[i] = x[i] - 3 } }
+kernel more2() { for i in y { y[i] = y[i] * 3.0 } }
+kernel more3() { for i in x { x[i] = x[i] ^ 5 } }
 """
 
 
@@ -156,9 +160,10 @@ def test_restart_hits_disk_and_tenants_apart(cache_env, isolation):
 
 
 def test_hostile_cache_dir(cache_env):
-    """Entries replaced by a symlink, by bob's copy, by garbage, by a
-    flipped byte, and made readable by others: each refused and counted,
-    recompiled, results right; fuseboxd keeps SERVING."""
+    """Entries replaced by a symlink, by the other tenant's copy, by
+    garbage, with a flipped byte, swapped with each other, and made
+    readable by others: each refused and counted, recompiled, results
+    right; fuseboxd keeps SERVING."""
     env = cache_env
     d = env["start"]()
     x, y, c0 = run_program(d.clients["alice"])
@@ -170,21 +175,30 @@ def test_hostile_cache_dir(cache_env):
     (adir, afiles), (bdir, bfiles) = [(t, v) for t, v in ent.items() if v]
     assert len(afiles) == len(bfiles) and not set(afiles) & set(bfiles)  # keys per tenant
     n = len(afiles)
-    assert n >= 3
+    assert n >= 7
     apath = [os.path.join(env["dir"], adir, f) for f in afiles]
     bpath = [os.path.join(env["dir"], bdir, f) for f in bfiles]
     outside = os.path.join(env["tmp"], "planted")
     shutil.copy(bpath[0], outside)
     os.chmod(outside, 0o600)
     # 0: a symlink to a sound entry elsewhere; 1: the other tenant's entry;
-    # 2: garbage; the rest readable by others
+    # 2: garbage; 3: a byte flipped; 4 and 5 swapped; the rest readable by
+    # others
     os.unlink(apath[0])
     os.symlink(outside, apath[0])
     shutil.copy(bpath[1], apath[1])
     with open(apath[2], "wb") as f:
         f.write(os.urandom(300))
     os.chmod(apath[2], 0o600)
-    for i in range(3, n):
+    with open(apath[3], "r+b") as f:  # one byte of the object flipped
+        f.seek(os.path.getsize(apath[3]) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x20]))
+    os.rename(apath[4], apath[4] + ".t")  # two entries swapped
+    os.rename(apath[5], apath[4])
+    os.rename(apath[4] + ".t", apath[5])
+    for i in range(6, n):
         os.chmod(apath[i], 0o644)
     d = env["start"]()
     got = {}
