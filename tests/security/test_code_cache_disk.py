@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from conftest import RPC_TIMEOUT, Stream, pb, terminate  # noqa: F401
+from conftest import RPC_TIMEOUT, Stream, health_pb2, pb
 from test_tls_tenants import Daemon, sha, tenant_client
 
 PROGRAM = """layout {
@@ -213,6 +213,8 @@ def test_hostile_cache_dir(cache_env):
     assert hits == n, m  # the other tenant's untouched entries hit
     assert sum(c.tasks_compiled for c in got.values()) == n
     assert os.path.exists(outside)  # the link was removed, not what it named
+    for c in d.clients.values():
+        assert c.health() == health_pb2.HealthCheckResponse.SERVING
     env["stop"](d)
     # rewritten: a third start hits everything for both
     d = env["start"]()
