@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -72,6 +73,27 @@ static int read_line(int fd, char *buf, size_t n, int timeout_ms) {
   return 1;
 }
 
+/* The private daemon's compile cache on disk (docs/code-cache.md):
+ * $FUSEBOX_CODE_CACHE_DIR when set (empty: none), else
+ * $XDG_CACHE_HOME/fusebox, else ~/.cache/fusebox (~/.cache made 0700 when
+ * missing); NULL when there is no home to put it in. */
+static const char *cache_dir(char *buf, size_t n) {
+  const char *env = getenv("FUSEBOX_CODE_CACHE_DIR");
+  if (env) return *env ? env : NULL;
+  const char *xdg = getenv("XDG_CACHE_HOME");
+  if (xdg && xdg[0] == '/') {
+    if (mkdir(xdg, 0700) && errno != EEXIST) return NULL;
+    snprintf(buf, n, "%s/fusebox", xdg);
+    return buf;
+  }
+  const char *home = getenv("HOME");
+  if (!home || home[0] != '/') return NULL;
+  snprintf(buf, n, "%s/.cache", home);
+  if (mkdir(buf, 0700) && errno != EEXIST) return NULL;
+  snprintf(buf, n, "%s/.cache/fusebox", home);
+  return buf;
+}
+
 static int build_argv(char **argv, const char *exe, const char *listen, const char *const *extra) {
   /* a private daemon serves one user: its sessions share its process, as
    * an embedded engine would (fuseboxd's default is a process per session),
@@ -81,6 +103,12 @@ static int build_argv(char **argv, const char *exe, const char *listen, const ch
   int n = 0;
   argv[n++] = (char *)exe;
   for (int i = 0; i < 7; i++) argv[n++] = (char *)(i == 1 ? listen : fixed[i]);
+  static _Thread_local char dir[4096]; /* argv outlives this call */
+  const char *cd = cache_dir(dir, sizeof dir);
+  if (cd) {
+    argv[n++] = (char *)"--code-cache-dir";
+    argv[n++] = (char *)cd;
+  }
   for (int i = 0; extra && extra[i] && n < MAX_ARGS - 1; i++) argv[n++] = (char *)extra[i];
   argv[n] = NULL;
   return n;

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "codegen/rt/fb_rt.h"
+#include "fusebox/codestore.h"
 #include "fusebox/ir.h"
 
 typedef struct fb_rt_ctx {
@@ -185,6 +186,17 @@ void fb_cpu_jit_free(fb_cpu_jit *j);
  * JIT. And what the cache holds now. */
 void fb_cpu_jit_set_cache_limit(fb_cpu_jit *j, uint64_t max_bytes);
 void fb_cpu_jit_cache_info(fb_cpu_jit *j, fb_code_cache_info *out); /* zeros for NULL */
+/* A cache outside the process (fusebox/codestore.h; NULL or no get:
+ * none), asked on each miss of the code cache above before compiling and
+ * handed each object compiled. Its tasks' functions are named by a hash of
+ * the task's text and target and the partition (fbd_HASH_PARTITION), so an
+ * object links in any process. A found object counts as a cache hit
+ * (compile_s 0). Call before compiling. 0 or FB_ENOMEM. */
+int fb_cpu_jit_set_store(fb_cpu_jit *j, const fb_code_store *s);
+/* The task as a code store sees it (malloc'd, *len its bytes; NULL when out
+ * of memory): its layout's and compacted kernel's canonical text under a
+ * fixed name, and its loop's position. */
+char *fb_cg_task_text(const fb_cg_task *t, size_t *len);
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen);
 
@@ -239,6 +251,11 @@ int fb_ptx_compile(const fb_cg_task *t, const char *sm, char **ptx, int *stmts, 
  * whether it is in memory, fb_ptx_libdevice_where the path read, or the
  * paths looked at when there is none. */
 void fb_ptx_libdevice_load(void);
+/* What PTX for sm depends on besides the task, for a code store
+ * (fusebox/codestore.h): LLVM's version (which sets the PTX ISA), the SM,
+ * libdevice (a hash of its bytes, or none) and the runtime's nvptx64
+ * bitcode's hash. malloc'd; NULL when out of memory. */
+char *fb_ptx_target_text(const char *sm);
 int fb_ptx_has_libdevice(void);
 const char *fb_ptx_libdevice_where(void);
 

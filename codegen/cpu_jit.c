@@ -8,6 +8,7 @@
  * each object is added to the JIT under a resource tracker of its own, so
  * that evicting its cache entry (past fb_cpu_jit_set_cache_limit) removes
  * its code from the JIT and frees it. */
+#include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
@@ -28,12 +29,27 @@ struct fb_cpu_jit {
   pthread_mutex_t jit_mu; /* naming, object add, lookup */
   uint64_t next_id;
   fb_code_cache *cache; /* body and bounds in val.a and val.b */
+  fb_code_store store;  /* the cache outside the process (store.get NULL: none) */
+  char *target_text;    /* what the store keys by besides the IR */
 };
 
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The runtime's x86-64 bitcode (rt_link.c): its hash is part of what the
+ * code store keys by, computed once per JIT. */
+extern const unsigned char fb_rt_bc_x86_64[];
+extern const unsigned long fb_rt_bc_x86_64_size;
+
+static uint64_t fnv64(uint64_t h, const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    h ^= (uint8_t)p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
 }
 
 /* Turn an LLVMErrorRef into a message (consumes it). */
@@ -183,6 +199,31 @@ void fb_cpu_jit_cache_info(fb_cpu_jit *j, fb_code_cache_info *out) {
   fb_code_cache_stats(j ? j->cache : NULL, out);
 }
 
+int fb_cpu_jit_set_store(fb_cpu_jit *j, const fb_code_store *s) {
+  if (!j) return 0;
+  free(j->target_text);
+  j->target_text = NULL;
+  memset(&j->store, 0, sizeof j->store);
+  if (!s || !s->get) return 0;
+  /* everything besides the IR that the object depends on, as far as this
+   * process knows it (the store adds its own version and the runtime's) */
+  const char *fmt = "back end cpu\nLLVM %u.%u.%u\ntriple %s\ncpu %s\nfeatures %s\n"
+                    "code O3, cas16 %d, symbols by key\nruntime bitcode %016llx %lu\n";
+  int has_cas16 = fb_cg_has_cas16(j->triple, j->features);
+  unsigned maj = 0, min = 0, patch = 0;
+  LLVMGetVersion(&maj, &min, &patch);
+  unsigned long long rt = (unsigned long long)fnv64(
+      0xcbf29ce484222325ull, (const char *)fb_rt_bc_x86_64, (size_t)fb_rt_bc_x86_64_size);
+  int n = snprintf(NULL, 0, fmt, maj, min, patch, j->triple, j->cpu, j->features, has_cas16, rt,
+                   fb_rt_bc_x86_64_size);
+  j->target_text = malloc((size_t)n + 1);
+  if (!j->target_text) return FB_ENOMEM;
+  snprintf(j->target_text, (size_t)n + 1, fmt, maj, min, patch, j->triple, j->cpu, j->features,
+           has_cas16, rt, fb_rt_bc_x86_64_size);
+  j->store = *s;
+  return 0;
+}
+
 void fb_cpu_jit_free(fb_cpu_jit *j) {
   if (!j) return;
   fb_code_cache_free(j->cache, release_rt, NULL); /* the JIT frees the code below */
@@ -194,6 +235,7 @@ void fb_cpu_jit_free(fb_cpu_jit *j) {
   free(j->cpu);
   free(j->features);
   free(j->layout);
+  free(j->target_text);
   pthread_mutex_destroy(&j->jit_mu);
   free(j);
 }
@@ -254,6 +296,34 @@ static int link_object(fb_cpu_jit *j, LLVMMemoryBufferRef obj, const fb_cg_optio
   return 0;
 }
 
+/* The task as the store sees it: the layout's and the compacted kernel's
+ * canonical text (under a fixed name: names are not code) and the loop's
+ * position in the body. NULL when out of memory (the store is then
+ * skipped). */
+static char *task_text(const fb_cg_task *t, int loop_pos, size_t *len) {
+  fb_kernel *c = fb_kernel_compact(t->ir);
+  char *lt = fb_layout_print(t->ir->layout), *kt = NULL, *out = NULL;
+  if (c) {
+    char *name = c->name;
+    c->name = (char *)"task";
+    kt = fb_kernel_print(c);
+    c->name = name;
+    fb_kernel_free(c);
+  }
+  if (lt && kt) {
+    size_t n = strlen(lt) + strlen(kt) + 32;
+    out = malloc(n);
+    if (out) *len = (size_t)snprintf(out, n, "%s\n%s\nloop %d\n", lt, kt, loop_pos);
+  }
+  free(lt);
+  free(kt);
+  return out;
+}
+
+char *fb_cg_task_text(const fb_cg_task *t, size_t *len) {
+  return task_text(t, fb_code_cache_key(t).loop_pos, len);
+}
+
 int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, char *err,
                        size_t errlen) {
   if (!j || !t || !t->ir || !t->ir->layout || !out)
@@ -274,25 +344,80 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     return 0;
   }
 
-  char body_name[48], bounds_name[48];
-  pthread_mutex_lock(&j->jit_mu);
-  unsigned long long id = (unsigned long long)j->next_id++;
-  pthread_mutex_unlock(&j->jit_mu);
-  snprintf(body_name, sizeof body_name, "fb_body_%llu", id);
-  snprintf(bounds_name, sizeof bounds_name, "fb_bounds_%llu", id);
-  fb_cg_options o = {FB_CG_CPU, body_name, bounds_name, 0, fb_cg_has_cas16(j->triple, j->features)};
+  char body_name[64], bounds_name[64];
+  /* the store's view of the task; its code's names follow from it, so an
+   * object stored by one process links in another */
+  size_t irlen = 0;
+  char *irtext = j->store.get ? task_text(t, key.loop_pos, &irlen) : NULL;
+  int stored = 0; /* the code came from the store */
   LLVMMemoryBufferRef obj = NULL;
   LLVMOrcResourceTrackerRef rt = NULL;
-  int rc = compile_object(j, t, &o, &obj, &out->stmts_emitted, err, errlen);
-  /* the object's size stands for the code it links to (the JIT takes obj) */
-  uint64_t code_bytes = obj ? (uint64_t)LLVMGetBufferSize(obj) : 0;
-  fb_perf_syms *perf = rc ? NULL : fb_cg_perf_syms(obj); /* NULL unless FB_PERF_MAP=1 */
-  if (!rc) rc = link_object(j, obj, &o, t->loop >= 0, out, &rt, err, errlen);
-  if (rc) {
-    fb_cg_perf_syms_free(perf);
-    memset(out, 0, sizeof *out);
-    return rc;
+  fb_cg_options o = {FB_CG_CPU, body_name, bounds_name, 0, fb_cg_has_cas16(j->triple, j->features)};
+  unsigned long long id = 0;
+  int rc = 0;
+  uint64_t code_bytes = 0;
+  if (irtext) {
+    uint64_t h = fnv64(fnv64(0xcbf29ce484222325ull, j->target_text, strlen(j->target_text)),
+                       irtext, irlen);
+    snprintf(body_name, sizeof body_name, "fbd_%016llx_%016llx", (unsigned long long)h,
+             (unsigned long long)t->partition);
+    snprintf(bounds_name, sizeof bounds_name, "fbd_%016llx_%016llx_n", (unsigned long long)h,
+             (unsigned long long)t->partition);
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    if (j->store.get(j->store.user, t->partition, j->target_text, irtext, irlen, &bytes, &len)) {
+      obj = LLVMCreateMemoryBufferWithMemoryRangeCopy((const char *)bytes, len, "fb-code-store");
+      free(bytes);
+      code_bytes = len;
+      char lerr[256];
+      /* a second copy of these names in the JIT (two threads loading one
+       * entry) fails to link: then compile below under names of its own */
+      if (obj && !link_object(j, obj, &o, t->loop >= 0, out, &rt, lerr, sizeof lerr)) stored = 1;
+      obj = NULL;
+    }
   }
+  if (!stored) {
+    int by_key = irtext != NULL;
+    for (int attempt = 0; attempt < 2 && !stored; attempt++) {
+      if (!by_key) {
+        pthread_mutex_lock(&j->jit_mu);
+        id = (unsigned long long)j->next_id++;
+        pthread_mutex_unlock(&j->jit_mu);
+        snprintf(body_name, sizeof body_name, "fb_body_%llu", id);
+        snprintf(bounds_name, sizeof bounds_name, "fb_bounds_%llu", id);
+      }
+      rc = compile_object(j, t, &o, &obj, &out->stmts_emitted, err, errlen);
+      /* the object's size stands for the code it links to (the JIT takes obj) */
+      code_bytes = obj ? (uint64_t)LLVMGetBufferSize(obj) : 0;
+      uint8_t *copy = NULL;
+      if (!rc && by_key && (copy = malloc(code_bytes ? code_bytes : 1)))
+        memcpy(copy, LLVMGetBufferStart(obj), code_bytes);
+      fb_perf_syms *perf = rc ? NULL : fb_cg_perf_syms(obj); /* NULL unless FB_PERF_MAP=1 */
+      int compiled = !rc;
+      if (!rc) rc = link_object(j, obj, &o, t->loop >= 0, out, &rt, err, errlen);
+      obj = NULL;
+      if (!rc && perf) { /* kernel.tN#ID: ID tells a recompiled (e.g. demoted) variant apart */
+        char label[256];
+        snprintf(label, sizeof label, "%.200s#%llu", t->ir->name ? t->ir->name : "task", id);
+        fb_cg_perf_announce(perf, body_name, bounds_name, (uint64_t)(uintptr_t)out->body, label);
+      }
+      fb_cg_perf_syms_free(perf);
+      if (!rc && copy)
+        j->store.put(j->store.user, t->partition, j->target_text, irtext, irlen, copy,
+                     (size_t)code_bytes);
+      free(copy);
+      if (!rc || !by_key || !compiled) break;
+      by_key = 0; /* the names by key are taken (a race on one task): names of its own */
+      rc = 0;
+    }
+    if (rc) {
+      free(irtext);
+      memset(out, 0, sizeof *out);
+      return rc;
+    }
+  }
+  free(irtext);
+  if (stored) out->cache_hit = 1; /* found, not compiled */
   fb_code_val v = {0}, kept;
   memcpy(&v.a, &out->body, sizeof out->body);
   memcpy(&v.b, &out->bounds, sizeof out->bounds);
@@ -301,18 +426,11 @@ int fb_cpu_jit_compile(fb_cpu_jit *j, const fb_cg_task *t, fb_cpu_code *out, cha
     drop_code(j, &v); /* another thread cached the same task first: use its code */
     memcpy(&out->body, &kept.a, sizeof out->body);
     memcpy(&out->bounds, &kept.b, sizeof out->bounds);
-  } else {
-    if (perf) { /* kernel.tN#ID: ID tells a recompiled (e.g. demoted) variant apart */
-      char label[256];
-      snprintf(label, sizeof label, "%.200s#%llu", t->ir->name ? t->ir->name : "task", id);
-      fb_cg_perf_announce(perf, body_name, bounds_name, (uint64_t)(uintptr_t)v.a, label);
-    }
   }
-  fb_cg_perf_syms_free(perf);
   if (fb_cg_priv_plan(t, &out->priv, NULL)) { /* what fb_cg_build did */
     memset(out, 0, sizeof *out); /* the code stays cached for a later call */
     return fb_cg_fail(err, errlen, FB_ENOMEM, "out of memory");
   }
-  out->compile_s = now_s() - t0;
+  out->compile_s = stored ? 0 : now_s() - t0;
   return 0;
 }

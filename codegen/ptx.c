@@ -5,6 +5,7 @@
  * fb_llvm_ir_text, the module of either target as text (unoptimized, or for
  * the CPU also after linking the runtime and O3, as the JIT compiles it). */
 #include <llvm-c/BitReader.h>
+#include <llvm-c/Core.h>
 #include <llvm-c/Linker.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,6 +19,10 @@
  * root becomes an empty directory and seccomp refuses opening files; every
  * module then parses it from these bytes. Where: $FB_LIBDEVICE (that file
  * only), else $CUDA_HOME's, else /usr/local/cuda's. */
+/* The runtime's nvptx64 bitcode (rt_link.c), hashed into the target text. */
+extern const unsigned char fb_rt_bc_nvptx64[];
+extern const unsigned long fb_rt_bc_nvptx64_size;
+
 static pthread_mutex_t lib_mu = PTHREAD_MUTEX_INITIALIZER;
 static int lib_state;  /* 0: not looked for yet, 1: in memory, -1: none */
 static char *lib_bytes;
@@ -80,6 +85,27 @@ void fb_ptx_libdevice_load(void) {
                np > 1 ? paths[1] : "");
   }
   pthread_mutex_unlock(&lib_mu);
+}
+
+char *fb_ptx_target_text(const char *sm) {
+  fb_ptx_libdevice_load();
+  uint64_t lh = 0xcbf29ce484222325ull, rh = 0xcbf29ce484222325ull;
+  for (size_t i = 0; lib_state == 1 && i < lib_len; i++) lh = (lh ^ (uint8_t)lib_bytes[i]) * 0x100000001b3ull;
+  for (unsigned long i = 0; i < fb_rt_bc_nvptx64_size; i++)
+    rh = (rh ^ fb_rt_bc_nvptx64[i]) * 0x100000001b3ull;
+  unsigned maj = 0, min = 0, patch = 0;
+  LLVMGetVersion(&maj, &min, &patch);
+  const char *fmt = "back end cuda\nLLVM %u.%u.%u (its PTX ISA)\nsm %s\nlibdevice %s %016llx %zu\n"
+                    "runtime bitcode %016llx %lu\n";
+  int n = snprintf(NULL, 0, fmt, maj, min, patch, sm, lib_state == 1 ? "yes" : "no",
+                   (unsigned long long)lh, lib_state == 1 ? lib_len : 0, (unsigned long long)rh,
+                   fb_rt_bc_nvptx64_size);
+  char *out = malloc((size_t)n + 1);
+  if (out)
+    snprintf(out, (size_t)n + 1, fmt, maj, min, patch, sm, lib_state == 1 ? "yes" : "no",
+             (unsigned long long)lh, lib_state == 1 ? lib_len : 0, (unsigned long long)rh,
+             fb_rt_bc_nvptx64_size);
+  return out;
 }
 
 int fb_ptx_has_libdevice(void) {

@@ -107,6 +107,11 @@ void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes) {
   if (e) e->ops->set_code_cache_bytes(e->dev, bytes);
 }
 
+int fb_engine_set_code_store(fb_engine *e, const fb_code_store *s) {
+  if (!e || !e->ops->set_code_store) return 0;
+  return e->ops->set_code_store(e->dev, s);
+}
+
 int fb_engine_healthy(fb_engine *e, char *why, size_t len) {
   if (why && len) why[0] = 0;
   return !e || e->ops->healthy(e->dev, why, len);

@@ -54,6 +54,8 @@ struct fb_cuda_device {
   int broken;             /* a sticky error hit the current generation */
   char why[300];
   fb_code_cache *cache;   /* of the current generation (val.a: gpu_fn *) */
+  fb_code_store store;    /* PTX outside the process (store.get NULL: none) */
+  char *target_text;      /* what the store keys PTX by besides the task */
 };
 
 struct fb_cuda_queue {
@@ -259,6 +261,7 @@ void fb_cuda_device_free(fb_cuda_device *d) {
     fb_cuda_api_unload(&d->api);
   }
   pthread_mutex_destroy(&d->mu);
+  free(d->target_text);
   free(d);
 }
 
@@ -351,13 +354,43 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
     return 0;
   }
   char *ptx = NULL;
-  int rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
+  size_t irlen = 0;
+  char *irtext = d->store.get ? fb_cg_task_text(t, &irlen) : NULL;
+  int stored = 0, rc = 0;
+  uint8_t *bytes = NULL;
+  size_t blen = 0;
+  /* PTX from the store: text without a NUL inside, or it is compiled anew */
+  if (irtext &&
+      d->store.get(d->store.user, t->partition, d->target_text, irtext, irlen, &bytes, &blen)) {
+    if (!memchr(bytes, 0, blen) && (ptx = malloc(blen + 1))) {
+      memcpy(ptx, bytes, blen);
+      ptx[blen] = 0;
+      stored = 1;
+    }
+    free(bytes);
+  }
+  if (!stored) {
+    rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
+    if (!rc && irtext)
+      d->store.put(d->store.user, t->partition, d->target_text, irtext, irlen,
+                   (const uint8_t *)ptx, strlen(ptx));
+  }
+  free(irtext);
   uint64_t code_bytes = ptx ? (uint64_t)strlen(ptx) : 0;
   gpu_fn *f = rc ? NULL : calloc(1, sizeof *f);
   if (!rc && !f) rc = (fb_errf(err, errlen, "out of memory"), FB_ENOMEM);
   if (!rc) {
     d->api.CtxSetCurrent(ctx);
     rc = load_module(d, ptx, t->ir->name ? t->ir->name : "?", f, err, errlen);
+    if (rc == FB_ECOMPILE && stored) { /* PTX this driver refuses: compile it here */
+      free(ptx);
+      ptx = NULL;
+      stored = 0;
+      if (err && errlen) err[0] = 0;
+      rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
+      code_bytes = ptx ? (uint64_t)strlen(ptx) : 0;
+      if (!rc) rc = load_module(d, ptx, t->ir->name ? t->ir->name : "?", f, err, errlen);
+    }
   }
   free(ptx);
   if (rc) {
@@ -372,7 +405,8 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
   if (fb_code_cache_put(cache, &key, t->ir, &v, code_bytes, NULL, &kept))
     drop_fn(d, &v); /* lost a race */
   out->gpu = kept.a;
-  out->compile_s = now_s() - t0;
+  out->cache_hit = stored; /* not compiled (the driver loaded it) */
+  out->compile_s = stored ? 0 : now_s() - t0;
   return 0;
 }
 
@@ -748,6 +782,18 @@ static void cuda_code_cache(void *dev, fb_code_cache_info *out) {
  * no pins), so evicting one could unload a task a queued launch runs. */
 static void cuda_set_code_cache_bytes(void *dev, uint64_t bytes) {}
 
+/* PTX in the code store: the driver's JIT still runs on a hit, LLVM not. */
+static int cuda_set_code_store(void *dev, const fb_code_store *s) {
+  fb_cuda_device *d = dev;
+  free(d->target_text);
+  d->target_text = NULL;
+  memset(&d->store, 0, sizeof d->store);
+  if (!s || !s->get) return 0;
+  if (!(d->target_text = fb_ptx_target_text(d->sm))) return FB_ENOMEM;
+  d->store = *s;
+  return 0;
+}
+
 static int cuda_queue_new(void *dev, void **q, char *err, size_t errlen) {
   fb_cuda_queue *cq;
   int rc = fb_cuda_queue_new(dev, &cq, err, errlen);
@@ -813,6 +859,7 @@ const fb_device_ops fb_cuda_ops = {
     .compile = fb_cuda_compile,
     .code_cache = cuda_code_cache,
     .set_code_cache_bytes = cuda_set_code_cache_bytes,
+    .set_code_store = cuda_set_code_store,
     .queue_new = cuda_queue_new,
     .queue_free = cuda_queue_free,
     .memsys = cuda_memsys,

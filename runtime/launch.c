@@ -346,6 +346,10 @@ static void cpu_set_code_cache_bytes(void *dev, uint64_t bytes) {
   fb_cpu_jit_set_cache_limit(((fb_cpu_device *)dev)->jit, bytes);
 }
 
+static int cpu_set_code_store(void *dev, const fb_code_store *s) {
+  return fb_cpu_jit_set_store(((fb_cpu_device *)dev)->jit, s);
+}
+
 /* A session's queue is the device itself: it keeps nothing per session. */
 static int cpu_queue_new(void *dev, void **q, char *err, size_t errlen) {
   *q = dev;
@@ -393,6 +397,7 @@ static const fb_device_ops fb_cpu_ops = {
     .compile = cpu_compile,
     .code_cache = cpu_code_cache,
     .set_code_cache_bytes = cpu_set_code_cache_bytes,
+    .set_code_store = cpu_set_code_store,
     .queue_new = cpu_queue_new,
     .queue_free = cpu_queue_free,
     .memsys = cpu_memsys,

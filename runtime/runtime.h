@@ -346,6 +346,10 @@ typedef struct fb_device_ops {
    * (0: none; evicts past it at once). Safe from several threads. */
   void (*code_cache)(void *dev, fb_code_cache_info *out);
   void (*set_code_cache_bytes)(void *dev, uint64_t bytes);
+  /* the compile cache outside the process (fusebox/codestore.h; NULL:
+   * none), set before the first compile; 0 or FB_ENOMEM. NULL on devices
+   * that have none (CUDA, for now). */
+  int (*set_code_store)(void *dev, const fb_code_store *s);
   /* a session's queue and the memory it supplies (NULL: host memory);
    * alive: 0 while usable, else FB_EDEVICE and a message (sticky error) */
   int (*queue_new)(void *dev, void **q, char *err, size_t errlen);

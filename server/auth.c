@@ -696,6 +696,7 @@ int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_s
   int rc = admit(c, l, ec, err, errlen);
   if (!rc) /* no code shared across tenants */
     rc = partition_of(c->tenant, &ec->cache_partition, err, errlen);
+  if (!rc) fbd_codestore_name(srv->codestore, ec->cache_partition, c->tenant->name);
   if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
   else rc = fbd_session_new(srv, l, ec, c->tenant, c->peer, out, err, errlen);
   if (!rc) {

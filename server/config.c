@@ -86,6 +86,8 @@ void fbd_config_free(fbd_config *c) {
   free(c->tenants);
   free(c->metrics_listen);
   free(c->fair_share);
+  free(c->code_cache_dir);
+  free(c->code_cache_key);
   memset(c, 0, sizeof *c);
 }
 
@@ -165,6 +167,17 @@ void fbd_usage(FILE *f) {
       "  --code-cache-bytes N       each engine's code cache: least recently used code no\n"
       "                             session holds is freed past it (default: memory budget\n"
       "                             / 16, at most 256M)\n"
+      "  --code-cache-dir DIR       the compile cache on disk (docs/code-cache.md): compiled\n"
+      "                             tasks kept across restarts, a directory per tenant,\n"
+      "                             each entry signed (default: none; the CLI's and the\n"
+      "                             Python client's private servers use\n"
+      "                             $XDG_CACHE_HOME/fusebox, else ~/.cache/fusebox)\n"
+      "  --code-cache-disk-bytes N  its bound, shared equally among the tenants: least\n"
+      "                             recently used entries go past a tenant's share\n"
+      "                             (default 0: none)\n"
+      "  --code-cache-key FILE      its HMAC key: a file of 32+ bytes, mode 0600, owned by\n"
+      "                             fuseboxd's user, outside DIR (default DIR.key, made\n"
+      "                             when missing)\n"
       "  --transport-memory-bytes N what gRPC's transports may hold (read buffers, messages\n"
       "                             received but not yet whole); past it gRPC shrinks its\n"
       "                             windows and cancels streams, RESOURCE_EXHAUSTED, and\n"
@@ -307,6 +320,9 @@ static const opt opts[] = {
     {"test_refuse_walls", OPT_GROUP, OFF(test_refuse_walls), 0},
     {"memory_budget", OPT_BYTES, OFF(memory_budget), 0},
     {"code_cache_bytes", OPT_BYTES, OFF(code_cache_bytes), 0},
+    {"code_cache_dir", OPT_GROUP, OFF(code_cache_dir), 0}, /* paths: "" unsets */
+    {"code_cache_key", OPT_GROUP, OFF(code_cache_key), 0},
+    {"code_cache_disk_bytes", OPT_BYTES, OFF(code_cache_disk_bytes), 0},
     {"transport_memory_bytes", OPT_BYTES, OFF(transport_memory_bytes), 0},
     {"max_calls", OPT_INT, OFF(max_calls), 1},
     {"max_calls_per_tenant", OPT_INT, OFF(max_calls_per_tenant), 1},

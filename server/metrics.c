@@ -135,6 +135,15 @@ static uint64_t session_memory(fbd_session *s) {
   return m ? m : s->mem_bytes;
 }
 
+/* The compile cache on disk, per tenant (codestore.c). */
+static void cs_header(void *u, const char *name, const char *type, const char *help) {
+  header(u, name, type, help);
+}
+
+static void cs_value(void *u, const char *name, const char *tenant, unsigned long long v) {
+  put(u, "fusebox_%s{tenant=\"%s\"} %llu\n", name, tenant, v);
+}
+
 static void tenants_text(fbd_server *srv, text *t) {
   fbd_auth *a = srv->auth;
   pthread_mutex_lock(&a->mu);
@@ -352,6 +361,7 @@ static void metrics_text(fbd_server *srv, text *t) {
          atomic_load(&srv->auth->failures));
   budget_text(srv, t);
   if (srv->auth->enabled) tenants_text(srv, t);
+  fbd_codestore_metrics(srv->codestore, cs_header, cs_value, t);
   char *sched = fbd_sched_metrics(srv); /* histograms and the fair scheduler, per tenant */
   if (!sched) t->oom = 1;
   else put(t, "%s", sched);

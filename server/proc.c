@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "server/server.h"
+#include "server/dcache.h"
 
 extern char **environ;
 
@@ -91,6 +92,9 @@ extern char **environ;
 
 struct fbd_proc {
   pid_t pid;
+  int cache_fd;             /* the compile cache's socket to the worker (-1: none) */
+  pthread_t cache_th;       /* ... and the thread that serves it */
+  int cache_th_on;
   int pidfd;                /* for the scheduler's SIGSTOP/SIGCONT; -1 when none */
   int fd;                   /* the socket to the worker */
   fbd_watch *watch;         /* the page shared with it */
@@ -354,6 +358,11 @@ void fbd_proc_free(fbd_proc *p) {
   if (p->fd >= 0) close(p->fd);
   if (p->pidfd >= 0) close(p->pidfd);
   proc_reap(p, 1, NULL, 0);
+  if (p->cache_th_on) { /* the worker is gone: its socket reads EOF */
+    shutdown(p->cache_fd, SHUT_RDWR);
+    pthread_join(p->cache_th, NULL);
+  }
+  if (p->cache_fd >= 0) close(p->cache_fd);
   if (p->watch) munmap(p->watch, WATCH_BYTES);
   free(p);
 }
@@ -496,6 +505,7 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   if (!p) return FB_ENOMEM;
   p->fd = -1;
   p->pidfd = -1;
+  p->cache_fd = -1;
   p->reaped = 1;
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) ||
       (wfd = memfd_create("fusebox-watch", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0 ||
@@ -1679,6 +1689,123 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
   return 0;
 }
 
+/* ---------------------------------------------------------------- compile cache
+ * Under process isolation the worker's JIT asks the broker (docs/code-cache.md,
+ * "Who writes"): a socket of its own, handed to the worker with CREATE,
+ * served by a broker thread per session. The worker sends
+ *   wire_cache {magic, op (get/put), target_len, ir_len, code_len} | target | ir | code
+ * and a get is answered by {magic, found, 0, 0, code_len} | code. The broker
+ * bounds every length before it reads, uses the session's own partition
+ * (never one the worker names), and verifies entries itself (dcache.c); the
+ * worker never sees the key or the directory. A malformed request ends the
+ * service: the worker then compiles everything itself. */
+#define CACHE_MAGIC 0x46424331u /* "FBC1" */
+#define CACHE_GET 1
+#define CACHE_PUT 2
+#define CACHE_MAX_TARGET 4096
+typedef struct wire_cache {
+  uint32_t magic, op;
+  uint64_t target_len, ir_len, code_len;
+} wire_cache;
+
+typedef struct cache_srv {
+  fbd_server *srv;
+  int fd;
+  uint64_t partition;
+} cache_srv;
+
+static int read_full(int fd, void *p, size_t n) {
+  uint8_t *b = p;
+  while (n) {
+    ssize_t r = read(fd, b, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n) {
+    ssize_t r = send(fd, b, n, MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+static void *cache_main(void *arg) {
+  cache_srv c = *(cache_srv *)arg;
+  free(arg);
+  for (;;) {
+    wire_cache h;
+    if (read_full(c.fd, &h, sizeof h)) break;
+    if (h.magic != CACHE_MAGIC || (h.op != CACHE_GET && h.op != CACHE_PUT) ||
+        h.target_len > CACHE_MAX_TARGET || h.ir_len > FBD_DCACHE_MAX_IR ||
+        h.code_len > FBD_DCACHE_MAX_PAYLOAD || (h.op == CACHE_GET && h.code_len)) {
+      fbd_logf(c.srv->log, FBD_LOG_WARN,
+               "a session worker sent a malformed compile cache request: its cache is off");
+      break;
+    }
+    char *target = malloc(h.target_len + 1);
+    char *ir = malloc(h.ir_len + 1);
+    uint8_t *code = malloc(h.code_len + 1);
+    int bad = !target || !ir || !code || read_full(c.fd, target, h.target_len) ||
+              read_full(c.fd, ir, h.ir_len) || read_full(c.fd, code, h.code_len);
+    if (!bad) {
+      target[h.target_len] = 0;
+      if (strlen(target) != h.target_len) bad = 1; /* a NUL inside: not text */
+    }
+    if (!bad && h.op == CACHE_PUT) {
+      fbd_codestore_put(c.srv->codestore, c.partition, target, ir, h.ir_len, code, h.code_len);
+    } else if (!bad) {
+      uint8_t *out = NULL;
+      size_t len = 0;
+      int found = fbd_codestore_get(c.srv->codestore, c.partition, target, ir, h.ir_len, &out,
+                                    &len);
+      wire_cache a = {CACHE_MAGIC, (uint32_t)found, 0, 0, found ? len : 0};
+      bad = write_full(c.fd, &a, sizeof a) || (found && write_full(c.fd, out, len));
+      free(out);
+    }
+    free(target);
+    free(ir);
+    free(code);
+    if (bad) break;
+  }
+  shutdown(c.fd, SHUT_RDWR);
+  return NULL;
+}
+
+/* A socket for the worker's compile cache requests and its serving thread:
+ * the worker's end (to hand over with CREATE), or -1 when there is no
+ * cache (or it cannot be set up: the worker then compiles everything). */
+static int cache_start(fbd_session *s) {
+  if (!s->srv->codestore || s->proc->cache_th_on) return -1;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) return -1;
+  cache_srv *c = malloc(sizeof *c);
+  if (!c) {
+    close(sv[0]);
+    close(sv[1]);
+    return -1;
+  }
+  *c = (cache_srv){s->srv, sv[0], s->ecfg.cache_partition};
+  s->proc->cache_fd = sv[0];
+  if (pthread_create(&s->proc->cache_th, NULL, cache_main, c)) {
+    free(c);
+    close(sv[0]);
+    close(sv[1]);
+    s->proc->cache_fd = -1;
+    return -1;
+  }
+  s->proc->cache_th_on = 1;
+  return sv[1];
+}
+
 /* CREATE: the settings, then the request as the client sent it. */
 void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
@@ -1691,7 +1818,14 @@ void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   c.max_kernel_statements = s->ecfg.max_kernel_statements;
   snprintf(c.mode, sizeof c.mode, "%s", s->mode);
   snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  /* the compile cache's socket rides on CREATE (which carries no buffer) */
+  int cfd = j->buf.fd < 0 ? cache_start(s) : -1;
+  if (cfd >= 0) j->buf.fd = cfd;
   send_job(s, j, &c, sizeof c, r);
+  if (cfd >= 0) {
+    j->buf.fd = -1;
+    close(cfd);
+  }
 }
 
 /* PARSE: the worker parses the CreateSession's source and keeps the
@@ -2373,6 +2507,8 @@ static int drop_user(const fbd_config *cfg, int fd, pid_t parent, int skip, char
 
 typedef struct worker {
   int fd;
+  int cache_fd; /* the compile cache's socket to the broker (-1: none) */
+  pthread_mutex_t cache_mu; /* one request at a time on it */
   fb_engine *engine;
   fbd_watch *watch;
   fbd_log log;
@@ -2534,6 +2670,58 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
   fbp_arena_free(&a);
 }
 
+/* The worker's code store: every request goes to the broker, which holds
+ * the cache (cache_main). Any failure turns the store off: compile. */
+static int worker_cache_req(worker *w, uint32_t op, const char *target, const char *ir,
+                            size_t irlen, const uint8_t *code, size_t len) {
+  wire_cache h = {CACHE_MAGIC, op, strlen(target), irlen, op == CACHE_PUT ? len : 0};
+  return write_full(w->cache_fd, &h, sizeof h) || write_full(w->cache_fd, target, h.target_len) ||
+         write_full(w->cache_fd, ir, irlen) || (h.code_len && write_full(w->cache_fd, code, len));
+}
+
+static void worker_cache_off(worker *w) {
+  if (w->cache_fd >= 0) close(w->cache_fd);
+  w->cache_fd = -1;
+}
+
+static int worker_store_get(void *user, uint64_t partition, const char *target, const char *ir,
+                            size_t irlen, uint8_t **code, size_t *len) {
+  worker *w = user;
+  (void)partition; /* the broker uses the session's own */
+  int found = 0;
+  pthread_mutex_lock(&w->cache_mu);
+  wire_cache a;
+  if (w->cache_fd >= 0) {
+    if (worker_cache_req(w, CACHE_GET, target, ir, irlen, NULL, 0) ||
+        read_full(w->cache_fd, &a, sizeof a) || a.magic != CACHE_MAGIC || a.op > 1 ||
+        a.code_len > FBD_DCACHE_MAX_PAYLOAD) {
+      worker_cache_off(w);
+    } else if (a.op == 1) {
+      uint8_t *b = malloc(a.code_len ? a.code_len : 1);
+      if (b && !read_full(w->cache_fd, b, a.code_len)) {
+        *code = b;
+        *len = a.code_len;
+        found = 1;
+      } else {
+        free(b);
+        worker_cache_off(w);
+      }
+    }
+  }
+  pthread_mutex_unlock(&w->cache_mu);
+  return found;
+}
+
+static void worker_store_put(void *user, uint64_t partition, const char *target, const char *ir,
+                             size_t irlen, const uint8_t *code, size_t len) {
+  worker *w = user;
+  (void)partition;
+  pthread_mutex_lock(&w->cache_mu);
+  if (w->cache_fd >= 0 && worker_cache_req(w, CACHE_PUT, target, ir, irlen, code, len))
+    worker_cache_off(w);
+  pthread_mutex_unlock(&w->cache_mu);
+}
+
 static void worker_loop(worker *w, double spin_s) {
   for (;;) {
     if (!wait_readable(w->fd, spin_s, -1)) continue;
@@ -2548,6 +2736,13 @@ static void worker_loop(worker *w, double spin_s) {
     memset(&r, 0, sizeof r);
     worker_job(w, &q, payload, fd, &r);
     free(payload);
+    if (q.kind == FBD_J_CREATE && fd >= 0 && !r.code && w->cache_fd < 0) {
+      /* the broker's compile cache: set before any compile of the session */
+      fb_code_store st = {worker_store_get, worker_store_put, w};
+      w->cache_fd = fd;
+      fd = -1;
+      if (fb_engine_set_code_store(w->engine, &st)) worker_cache_off(w);
+    }
     if (fd >= 0) close(fd);
     int end = q.kind == FBD_J_CLOSE || q.kind == FBD_J_END || r.fatal;
     int bad = reply(w->fd, &r);
@@ -2570,6 +2765,8 @@ void fbd_worker_process_main(int fd, const fbd_config *cfg) {
   worker w;
   memset(&w, 0, sizeof w);
   w.fd = fd;
+  w.cache_fd = -1;
+  pthread_mutex_init(&w.cache_mu, NULL);
   w.cfg = cfg;
   fbd_log_init(&w.log, stderr, cfg->log_level);
   fbd_reply hello;

@@ -665,6 +665,13 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   if (!rc) rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_procs_check(cfg, err, errlen);
   if (!rc) rc = fbd_auth_init(srv, err, errlen);
+  if (!rc && (rc = fbd_codestore_start(srv, err, errlen)) && cfg->private_daemon) {
+    /* a private daemon's cache is the client's default, not its user's
+       choice: without it the daemon still serves */
+    fbd_logf(log, FBD_LOG_WARN, "compile cache on disk off: %s", err);
+    err[0] = 0;
+    rc = 0;
+  }
   if (!rc) rc = fbd_sched_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   else if (!rc && geteuid() == 0) { /* no worker to switch users: the tenant's code is ours */
@@ -789,6 +796,7 @@ void fbd_server_free(fbd_server *srv) {
   free(srv->sessions);
   free(srv->zombies);
   fbd_auth_free(srv);
+  fbd_codestore_free(srv->codestore); /* the engine that called it is gone */
   fbd_tls_free(srv);
   pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);

@@ -129,6 +129,9 @@ typedef struct fbd_config {
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
                                     at most 256M */
+  char *code_cache_dir; /* the compile cache on disk (codestore.c); NULL or "": none */
+  char *code_cache_key; /* its HMAC key file; NULL: DIR.key, made when missing */
+  uint64_t code_cache_disk_bytes; /* its bound, shared among the tenants; 0: none */
   int max_calls; /* calls open at once; past it a call is refused RESOURCE_EXHAUSTED */
   int max_calls_per_tenant; /* the same for each tenant of a tenants file */
   int max_streams_per_connection; /* HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS, every listener */
@@ -317,6 +320,7 @@ struct fbd_server {
   fbd_stats st;
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
   uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
+  struct fbd_codestore *codestore; /* the compile cache on disk; NULL: none */
   uint64_t transport_memory_bytes; /* gRPC's resource quota */
   atomic_uint_fast64_t queued_bytes; /* responses waiting to go out (copies we made) */
   atomic_uint_fast64_t decoded_bytes; /* decoded requests' arenas (methods.c decode_keep) */
@@ -742,6 +746,27 @@ void fbd_budget_note(fbd_session *s); /* after a job: take the watch's figures *
 /* a figure a worker reported, capped at what its process could hold */
 uint64_t fbd_budget_reported(const fbd_session *s, uint64_t v);
 void fbd_fmt_bytes(char *out, size_t n, uint64_t v); /* "2.0 GiB", "512 MiB", "0 B" */
+/* The compile cache on disk (codestore.c, docs/code-cache.md): made at
+ * start when code_cache_dir is set (its key read or made, the engine given
+ * the store); tenants' names for /metrics; each tenant's counters, one
+ * line per counter and tenant through line. */
+typedef struct fbd_codestore fbd_codestore;
+int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen);
+void fbd_codestore_free(fbd_codestore *s);
+void fbd_codestore_name(fbd_codestore *s, uint64_t partition, const char *tenant);
+/* The store's get and put (fusebox/codestore.h) for a partition: what the
+ * broker answers a worker's requests with (proc.c). NULL s: a miss. */
+int fbd_codestore_get(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                      size_t irlen, uint8_t **code, size_t *len);
+void fbd_codestore_put(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
+                       size_t irlen, const uint8_t *code, size_t len);
+void fbd_codestore_metrics(fbd_codestore *s,
+                           void (*line)(void *u, const char *name, const char *type,
+                                        const char *help),
+                           void (*value)(void *u, const char *name, const char *tenant,
+                                         unsigned long long v),
+                           void *u);
+
 /* The code cache bound: code_cache_bytes, or budget / 16 at most 256M. */
 uint64_t fbd_code_cache_bytes(const fbd_config *cfg, uint64_t budget);
 /* gRPC's resource quota: transport_memory_bytes, or budget / 8 within [64M, 1G]. */

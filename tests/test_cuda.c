@@ -260,6 +260,124 @@ END_TEST
 
 /* ---------------------------------------------------------------- sessions */
 
+/* ---------------------------------------------------------------- code store
+ * PTX in a code store (fusebox/codestore.h, docs/code-cache.md): a fresh
+ * engine finds every task's PTX there and compiles nothing; the driver
+ * still loads each module; PTX with a NUL in it is compiled anew. */
+typedef struct mem_entry {
+  char *target, *ir;
+  size_t irlen;
+  uint8_t *code;
+  size_t len;
+} mem_entry;
+
+typedef struct mem_store {
+  mem_entry v[64];
+  int n, gets, hits, puts;
+  int poison; /* hand out PTX with a NUL inside */
+} mem_store;
+
+static int mem_get(void *user, uint64_t partition, const char *target, const char *ir,
+                   size_t irlen, uint8_t **code, size_t *len) {
+  mem_store *m = user;
+  (void)partition;
+  m->gets++;
+  for (int i = 0; i < m->n; i++)
+    if (!strcmp(m->v[i].target, target) && m->v[i].irlen == irlen &&
+        !memcmp(m->v[i].ir, ir, irlen)) {
+      *code = malloc(m->v[i].len + 1);
+      memcpy(*code, m->v[i].code, m->v[i].len);
+      if (m->poison && m->v[i].len > 10) (*code)[5] = 0;
+      *len = m->v[i].len;
+      m->hits++;
+      return 1;
+    }
+  return 0;
+}
+
+static void mem_put(void *user, uint64_t partition, const char *target, const char *ir,
+                    size_t irlen, const uint8_t *code, size_t len) {
+  mem_store *m = user;
+  (void)partition;
+  m->puts++;
+  if (m->n == 64) return;
+  mem_entry *e = &m->v[m->n++];
+  e->target = strdup(target);
+  e->ir = malloc(irlen);
+  memcpy(e->ir, ir, irlen);
+  e->irlen = irlen;
+  e->code = malloc(len);
+  memcpy(e->code, code, len);
+  e->len = len;
+}
+
+static void mem_free(mem_store *m) {
+  for (int i = 0; i < m->n; i++) {
+    free(m->v[i].target);
+    free(m->v[i].ir);
+    free(m->v[i].code);
+  }
+}
+
+/* A fresh engine on the store: add scale and both, launch scale; the
+ * session's counters. */
+static fb_counters store_round(mem_store *m) {
+  env x;
+  env_open(&x, "cuda");
+  fb_code_store st = {mem_get, mem_put, m};
+  ck_assert_int_eq(fb_engine_set_code_store(x.e, &st), 0);
+  fb_session *s = open_session(&x, "sync", 0);
+  long mods = stats().modules_loaded;
+  int ks = add(s, x.scale);
+  add(s, x.both);
+  ck_assert_int_ge(stats().modules_loaded - mods, 3); /* the driver loads every module */
+  fb_value k = fb_value_f32(2.0f);
+  ck_assert_int_eq(fb_launch(s, ks, &k, 1, NULL), 0);
+  fb_counters c;
+  fb_session_counters(s, &c);
+  fb_session_destroy(s);
+  env_close(&x);
+  return c;
+}
+
+START_TEST(ptx_from_a_code_store) {
+  mem_store m;
+  memset(&m, 0, sizeof m);
+  fb_counters c = store_round(&m);
+  ck_assert_uint_ge(c.tasks_compiled, 3);
+  ck_assert_int_eq(m.puts, (int)c.tasks_compiled);
+  ck_assert_int_eq(m.hits, 0);
+  ck_assert_ptr_nonnull(strstr(m.v[0].target, "back end cuda"));
+  ck_assert_ptr_nonnull(strstr(m.v[0].target, "sm sm_90"));
+  ck_assert_ptr_nonnull(strstr((const char *)m.v[0].code, ".entry fb_body"));
+  int compiled = (int)c.tasks_compiled;
+  /* what the store keeps is PTX that ptxas assembles (where there is one:
+   * /usr/local/cuda's or PATH's; this machine has no GPU to load it on) */
+  const char *ptxas = access("/usr/local/cuda/bin/ptxas", X_OK) == 0 ? "/usr/local/cuda/bin/ptxas"
+                      : system("command -v ptxas >/dev/null 2>&1") == 0 ? "ptxas"
+                                                                       : NULL;
+  for (int i = 0; ptxas && i < m.n; i++) {
+    char path[] = "/tmp/fb_store_ptx_XXXXXX", cmd[512];
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, m.v[i].code, m.v[i].len), (ssize_t)m.v[i].len);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s --gpu-name sm_90 -o /dev/null %s", ptxas, path);
+    int st = system(cmd);
+    unlink(path);
+    ck_assert_msg(st == 0, "ptxas refused stored PTX %d", i);
+  }
+  c = store_round(&m); /* a restart: nothing compiled */
+  ck_assert_uint_eq(c.tasks_compiled, 0);
+  ck_assert_uint_eq(c.cache_hits, (uint64_t)compiled);
+  ck_assert_int_eq(m.hits, compiled);
+  m.poison = 1; /* PTX that is not text: compiled again */
+  c = store_round(&m);
+  ck_assert_uint_eq(c.tasks_compiled, (uint64_t)compiled);
+  mem_free(&m);
+}
+END_TEST
+
 START_TEST(stream_modules_and_launch_shapes) {
   env x;
   env_open(&x, "cuda");
@@ -731,6 +849,7 @@ static Suite *suite(void) {
   tcase_add_test(t, no_gpu_is_a_clear_error);
   tcase_add_test(t, server_refuses_cuda_without_driver);
   tcase_add_test(t, stream_modules_and_launch_shapes);
+  tcase_add_test(t, ptx_from_a_code_store);
   tcase_add_test(t, async_batches);
   tcase_add_test(t, memory_limit_and_allocation_failure);
   tcase_add_test(t, plain_launch_error_fails_one_launch);

@@ -56,6 +56,7 @@
 #define FUSEBOX_ENGINE_H
 
 #include "fusebox/common.h"
+#include "fusebox/codestore.h"
 #include "fusebox/counters.h"
 #include "fusebox/ir.h"
 
@@ -169,6 +170,12 @@ void fb_engine_code_cache(fb_engine *e, fb_code_cache_usage *out);
  * above its bound while they hold more. On CUDA this does nothing: a module
  * stays loaded for its context's life, and the bound reads 0. */
 void fb_engine_set_code_cache_bytes(fb_engine *e, uint64_t bytes);
+/* A compile cache outside the process (fusebox/codestore.h,
+ * docs/code-cache.md; NULL: none), asked before each compile that the code
+ * cache above misses and given what is compiled. Set it before the first
+ * session; *s is copied. CPU only for now (on CUDA it does nothing).
+ * 0 or FB_ENOMEM. */
+int fb_engine_set_code_store(fb_engine *e, const fb_code_store *s);
 
 /* The session copies the layout (which must be finalized). On failure err
  * (may be NULL) says why: an unfinalized layout, an unknown mode, or the

@@ -79,6 +79,33 @@ def find_fuseboxd() -> str:
         "fuseboxd, or pass connect(address=...) of a running server")
 
 
+def _code_cache_args(server_args: Sequence[str]) -> list:
+    """A private server's compile cache on disk (docs/code-cache.md):
+    $FUSEBOX_CODE_CACHE_DIR when set (empty: none), else
+    $XDG_CACHE_HOME/fusebox, else ~/.cache/fusebox; none when server_args
+    name one."""
+    if any(a == "--code-cache-dir" or a.startswith("--code-cache-dir=") for a in server_args):
+        return []
+    env = os.environ.get("FUSEBOX_CODE_CACHE_DIR")
+    if env is not None:
+        return ["--code-cache-dir", env] if env else []
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg.startswith("/"):
+        try:
+            os.makedirs(xdg, mode=0o700, exist_ok=True)
+        except OSError:
+            return []
+        return ["--code-cache-dir", os.path.join(xdg, "fusebox")]
+    home = os.path.expanduser("~")
+    if not home.startswith("/"):
+        return []
+    try:
+        os.makedirs(os.path.join(home, ".cache"), mode=0o700, exist_ok=True)
+    except OSError:
+        return []
+    return ["--code-cache-dir", os.path.join(home, ".cache", "fusebox")]
+
+
 class _Daemon:
     """A private fuseboxd child, on a unix socket in a new temporary folder
     (or on listen), ready when it says so (--ready-fd tells its address)."""
@@ -352,7 +379,7 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
     if address is None:
         exe = fuseboxd or find_fuseboxd()
         try:  # --private: one user's daemon, no shared server's warnings (fuseboxd --help)
-            daemon = _Daemon(exe, ["--private", *server_args])
+            daemon = _Daemon(exe, ["--private", *_code_cache_args(server_args), *server_args])
         except Error as e:
             if "--private" not in str(e):
                 raise
