@@ -100,7 +100,17 @@ static void drain_finish(fbd_server *srv, const fbd_config *cfg) {
     usleep(20 * 1000);
     fbd_server_tick(srv);
   }
-  usleep(200 * 1000); /* the last statuses on their way out */
+  /* and until their clients have taken the answer: a proxy that sees the
+     connection close under a stream its client has not finished turns the
+     status sent into a reset (HAProxy: RST_STREAM CANCEL), and the reason
+     would be lost */
+  for (int open = 1; open && fbd_now() < until;) {
+    pthread_mutex_lock(&srv->mu);
+    open = srv->ncalls > 0;
+    pthread_mutex_unlock(&srv->mu);
+    if (open) usleep(20 * 1000);
+  }
+  usleep(100 * 1000); /* the last frames on their way out */
 }
 
 /* Wait for SIGTERM or SIGINT (the shutdown's signal is returned), applying

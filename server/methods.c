@@ -460,7 +460,8 @@ static int refuse_draining(fbd_call *c) {
   if (!atomic_load(&c->srv->draining)) return 0;
   char msg[160];
   fbd_drain_refusal(c->srv, msg, sizeof msg);
-  c->retry_ms = fbd_drain_retry_ms();
+  c->st_extra_key = FBD_RETRY_KEY;
+  snprintf(c->st_extra, sizeof c->st_extra, "%d", fbd_drain_retry_ms());
   fbd_logf(c->srv->log, FBD_LOG_DEBUG, "%s from %s refused: %s", c->m->path + 1,
            c->peer ? c->peer : "?", msg);
   fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, msg);
@@ -599,8 +600,6 @@ static void describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
   int rc = m ? check_options(srv, NULL, &ec, err, sizeof err) : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
-    rc = FB_EIO;
-  } else if (m && refuse_draining(c)) {
     rc = FB_EIO;
   } else if (m && !rc && (rc = fbd_auth_session_new(c, NULL, &ec, &s, err, sizeof err))) {
     fbd_call_finish(c, rc, "DescribeSource: %s", err);

@@ -135,7 +135,7 @@ static void pump(fbd_call *c) {
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)c->st_status;
     ops[n].data.send_status_from_server.status_details = &c->st_details;
-    ops[n].data.send_status_from_server.trailing_metadata_count = c->retry_ms > 0 ? 2 : 1;
+    ops[n].data.send_status_from_server.trailing_metadata_count = c->st_extra_key ? 2 : 1;
     ops[n++].data.send_status_from_server.trailing_metadata = c->st_md;
     c->status_sent = 1;
   }
@@ -218,10 +218,9 @@ void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *
     c->st_details = grpc_slice_from_copied_string(msg ? msg : "");
     c->st_md[0].key = grpc_slice_from_static_string(FBP_CODE_KEY);
     c->st_md[0].value = grpc_slice_from_copied_string(c->st_code);
-    if (c->retry_ms > 0) {
-      snprintf(c->st_retry, sizeof c->st_retry, "%d", c->retry_ms);
-      c->st_md[1].key = grpc_slice_from_static_string(FBD_RETRY_KEY);
-      c->st_md[1].value = grpc_slice_from_copied_string(c->st_retry);
+    if (c->st_extra_key) {
+      c->st_md[1].key = grpc_slice_from_static_string(c->st_extra_key);
+      c->st_md[1].value = grpc_slice_from_copied_string(c->st_extra);
     }
     pump(c);
   }

@@ -252,10 +252,12 @@ struct fbd_call {
   size_t inflight_counted; /* its bytes in srv->queued_bytes */
   int st_status;
   grpc_slice st_details;
-  grpc_metadata st_md[2]; /* fusebox-code, and the retry hint when retry_ms > 0 */
+  grpc_metadata st_md[2]; /* fusebox-code, and st_extra when its key is set */
   char st_code[16];
-  int retry_ms; /* set before the status: fusebox-retry-after-ms (drain.c) */
-  char st_retry[16];
+  /* set before the status (drain.c): a second trailer, the retry hint
+     (fusebox-retry-after-ms) or why a session ended (fusebox-ended) */
+  const char *st_extra_key;
+  char st_extra[320];
   struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
   atomic_int *open_count;    /* counted there: tenant->open_calls or probe_open_calls (rpc.c) */
   int admin; /* sees and may touch every session */
@@ -374,6 +376,10 @@ int fbd_server_shutdown(fbd_server *s);
 #define FBD_ROUTE_KEY "fusebox-route"
 #define FBD_REPLICA_KEY "fusebox-replica"
 #define FBD_RETRY_KEY "fusebox-retry-after-ms"
+/* why a drained session ended, also as a trailer: HAProxy 2.6 turns a
+ * stream the server ends before its client half-closed into a reset
+ * (RST_STREAM CANCEL), and the status message with it */
+#define FBD_ENDED_KEY "fusebox-ended"
 /* Name the replica (cfg->replica_name or the host name) into srv;
  * FB_EINVAL for a name that cannot travel in a header. */
 int fbd_replica_init(fbd_server *srv, char *err, size_t errlen);

@@ -485,8 +485,13 @@ static void session_end(fbd_session *s) {
       fbd_call_finish_status(stream, FBP_GRPC_DEADLINE_EXCEEDED, FB_ETIMEOUT, why);
     else if (s->end_reason == FBD_END_CRASHED)
       fbd_call_finish_status(stream, FBP_GRPC_INTERNAL, FB_EINTERNAL, why);
-    else if (s->end_reason == FBD_END_DRAINED) /* drain.c: try another replica */
+    else if (s->end_reason == FBD_END_DRAINED) { /* drain.c: try another replica */
+      pthread_mutex_lock(&stream->mu); /* before the status: pump reads them */
+      stream->st_extra_key = FBD_ENDED_KEY;
+      snprintf(stream->st_extra, sizeof stream->st_extra, "%s", s->end_why);
+      pthread_mutex_unlock(&stream->mu);
       fbd_call_finish_status(stream, FBP_GRPC_UNAVAILABLE, FB_EIO, s->end_why);
+    }
     else fbd_call_finish_status(stream, FBP_GRPC_ABORTED, FB_ENOENT, why);
     fbd_call_unref(stream);
   }
