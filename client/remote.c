@@ -94,6 +94,15 @@ void fb_remote_options_init(fb_remote_options *o) {
 
 /* ---------------------------------------------------------------- the stream */
 
+/* Whether e says the session's replica is gone; then its message into msg. */
+static int lost_msg(fb_remote *r, const fbc_end *e, char *msg, size_t n) {
+  char m[FBC_ERRLEN];
+  fbc_end_route(e, &r->rt, m, sizeof m);
+  if (!strstr(m, " lost: replica ")) return 0;
+  snprintf(msg, n, "%s", m);
+  return 1;
+}
+
 /* The stream failed: its status says why. */
 static int stream_broken(fb_remote *r) {
   if (!r->broken) {
@@ -120,9 +129,8 @@ static int stream_broken(fb_remote *r) {
       return rerr(r, FB_EIO, "%.*s", (int)GRPC_SLICE_LENGTH(m->value),
                   (const char *)GRPC_SLICE_START_PTR(m->value));
   }
-  if (code && fbc_end_route(&r->end, &r->rt, msg, sizeof msg) != code)
+  if (code && lost_msg(r, &r->end, msg, sizeof msg))
     return rerr(r, FB_EIO, "%s", msg); /* its replica is gone: "session S lost: ..." */
-  if (code && strstr(msg, "(lost or moved)")) return rerr(r, FB_EIO, "%s", msg);
   return rerr(r, code ? code : FB_EIO, "session %.8s: the stream ended: %s", r->id, msg);
 }
 
@@ -762,7 +770,7 @@ int fb_remote_close(fb_remote *r) {
   }
   char msg[FBC_ERRLEN] = "";
   int code = fbc_end_code(&r->end, msg, sizeof msg);
-  if (code && fbc_end_route(&r->end, &r->rt, msg, sizeof msg) != code && !rc)
+  if (code && !rc && lost_msg(r, &r->end, msg, sizeof msg))
     rc = rerr(r, FB_EIO, "%s", msg); /* "session S lost: replica R unreachable" */
   if (code && !rc) rc = rerr(r, code, "closing session %.8s: %s", r->id, msg);
   if (rc) fb_errf(c->err, sizeof c->err, "%s", r->err);
@@ -802,7 +810,7 @@ static int end_call(fb_remote *r, grpc_call *call, fbc_end *e, int *stag, int rc
   int ok = fbc_wait(r->c, call, stag);
   char msg[FBC_ERRLEN] = "";
   int code = ok > 0 ? fbc_end_code(e, msg, sizeof msg) : FB_EIO;
-  if (ok > 0 && code && fbc_end_route(e, &r->rt, msg, sizeof msg) != code) /* replica gone */
+  if (ok > 0 && code && lost_msg(r, e, msg, sizeof msg)) /* replica gone */
     return end_lost_call(r, call, e, rc, msg);
   if (!rc && code) rc = rerr(r, code, "%s: %s", what, ok > 0 ? msg : "no answer");
   fbc_end_free(e);
