@@ -223,7 +223,18 @@ static fbd_session *named(fbd_call *c, const char *id, size_t n) {
 
 static int post(fbd_call *c, fbd_session *s, fbd_job *j) {
   if (!fbd_session_post(s, j)) return 0;
-  fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
+  char why[sizeof s->end_why] = ""; /* a drain's reason, for whichever call hears of it first */
+  pthread_mutex_lock(&s->mu);
+  if (s->drained) memcpy(why, s->end_why, sizeof why);
+  pthread_mutex_unlock(&s->mu);
+  if (why[0]) {
+    pthread_mutex_lock(&c->mu); /* before the status: pump reads them */
+    c->st_extra_key = FBD_ENDED_KEY;
+    snprintf(c->st_extra, sizeof c->st_extra, "%s", why);
+    pthread_mutex_unlock(&c->mu);
+    fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, why);
+  }
+  else fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
   fbd_job_free(j);
   return FB_ENOENT;
 }

@@ -640,6 +640,7 @@ struct fbd_session {
   int nkernels; /* kernels its RegisterKernels registered (the session thread's) */
   int end_reason;
   char end_why[256]; /* a crashed or timed-out session: what happened */
+  int drained; /* under mu: ended by a drain (drain.c); end_why says so */
   struct fbd_share *share; /* sched.c: its tenant's state (the session thread sets it) */
   struct fbd_run *run; /* sched.c, under its lock: the job running now, or NULL */
 };

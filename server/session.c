@@ -879,6 +879,7 @@ int fbd_session_end_with(fbd_session *s, int reason, const char *why) {
   int rc = s->state == FBD_LIVE ? 0 : FB_ENOENT;
   if (!rc) {
     snprintf(s->end_why, sizeof s->end_why, "%s", why);
+    s->drained = reason == FBD_END_DRAINED;
     rc = post_locked(s, j);
   }
   pthread_mutex_unlock(&s->mu);
