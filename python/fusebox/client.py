@@ -42,6 +42,10 @@ class ServerInfo:
     max_message_bytes: int
     listen: List[str]
     uptime_s: float
+    #: the replica that answered (fuseboxd --replica-name, else its host name)
+    replica: str = ""
+    #: whether it is draining (refusing new sessions)
+    draining: bool = False
 
 
 def find_fuseboxd() -> str:
@@ -260,7 +264,7 @@ class Client:
         r = self._call("GetInfo", pb.InfoRequest(), timeout)
         return ServerInfo(r.version, r.backend, r.cores, r.max_sessions,
                           r.session_memory_limit, r.max_message_bytes, list(r.listen),
-                          r.uptime_s)
+                          r.uptime_s, r.replica, r.draining)
 
     def stats(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """The server's counters and its sessions (GetStats) as a dict."""
