@@ -518,6 +518,7 @@ uint64_t fb_session_test_aligned_flushes(const fb_session *s) {
 static int async_flush(fb_session *s, int run_here) {
   async_state *a = s->as;
   fbe_reap(s);
+  a->prev1 = 0; /* a launch after a flush is never coalesced into one before it */
   if (!fb_opt_pending(a->o)) return 0;
   a->due = 0;
   uint64_t no = a->flushes + 1;
@@ -612,13 +613,75 @@ static int async_return(fb_session *s, const sess_kernel *sk, fb_value *ret) {
   return rc ? rc : fbe_report_bg(s);
 }
 
+/* ---- coalescing a run of equal launches
+ *
+ * A kernel whose second run, right after the first with the same argument
+ * values, provably changes nothing and cannot fail (fb_opt_rerun_free: it
+ * reads no state it writes, no atomics, no rand, no return value, every
+ * access in bounds) may be launched again and again: a 0-D store 1,000
+ * times a step (bench/overhead/fill_scalar), a grid cleared before each of
+ * several passes. Dead-store elimination removes all but one of such a run
+ * at the flush, but only after each launch was inserted (its tasks logged,
+ * hashed, their arguments copied) and the window of 1,000 entries matched
+ * against the plan memo. A launch equal to the one right before it (the
+ * same kernel, equal argument values) while that one is still in the
+ * unflushed window is coalesced into it instead: counted as a launch (its
+ * launch number, its window record, its key for the stream's period), but
+ * not inserted. The run's first launch runs and writes what every one of
+ * them would; nothing between them (a host access, a sync point, a flush)
+ * can change what it reads, since each of those flushes the window first
+ * and a flush forgets the launch before (async_flush). None of them can
+ * fail, so no error is lost or blamed on another launch. */
+
+static int coalesces(async_state *a, int kernel, sess_kernel *sk, const uint64_t *args,
+                     uint64_t no) {
+  int n = sk->k->nparams;
+  int same = a->prev1 == kernel + 1 && a->prev_no + 1 == no &&
+             (!n || !memcmp(a->prev_args, args, sizeof *args * (size_t)n));
+  if (same && !sk->rerun) sk->rerun = fb_opt_rerun_free(a->o, sk->h, sk->tl.n) ? 2 : 1;
+  return same && sk->rerun == 2;
+}
+
+/* Remember launch `no` as the one before the next (out of memory: none). */
+static void note_prev(async_state *a, int kernel, const sess_kernel *sk, const uint64_t *args,
+                      uint64_t no) {
+  int n = sk->k->nparams;
+  if (n > a->cap_prev_args) {
+    uint64_t *v = realloc(a->prev_args, sizeof *v * (size_t)n);
+    if (!v) {
+      a->prev1 = 0;
+      return;
+    }
+    a->prev_args = v;
+    a->cap_prev_args = n;
+  }
+  if (n) memcpy(a->prev_args, args, sizeof *args * (size_t)n);
+  a->prev1 = kernel + 1;
+  a->prev_no = no;
+}
+
+uint64_t fb_session_test_coalesced(const fb_session *s) {
+  return s && s->as ? s->as->coalesced : 0;
+}
+
 /* Insert the kernel's tasks into the SFG; flush when a trigger says so. */
-int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret) {
+int fbe_async_launch(fb_session *s, int kernel, sess_kernel *sk, fb_value *ret) {
   async_state *a = s->as;
   fbe_reap(s);
   if (win_push(a, kernel, sk))
     return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
-  KEY(a, s->launch_no) = launch_key(kernel, s->args ? s->args : no_args, sk->k->nparams);
+  const uint64_t *args = s->args ? s->args : no_args;
+  KEY(a, s->launch_no) = launch_key(kernel, args, sk->k->nparams);
+  if (sk->k->ret == FB_T_VOID && coalesces(a, kernel, sk, args, s->launch_no)) {
+    a->prev_no = s->launch_no; /* the run goes on */
+    a->win_bytes += sizeof(launch_rec);
+    atomic_fetch_add(&a->pending_bytes, sizeof(launch_rec));
+    s->launch_no++;
+    a->launches++;
+    a->coalesced++;
+    if (ret) memset(ret, 0, sizeof *ret);
+    return 0;
+  }
   uint64_t held =
       sizeof(launch_rec) +
       (uint64_t)sk->tl.n * (FB_PENDING_TASK_BYTES + (uint64_t)sk->k->nparams * sizeof(uint64_t));
@@ -631,6 +694,8 @@ int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value 
       fail(s, rc, "kernel '%s': queuing task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
            fb_opt_errmsg(a->o));
   }
+  if (rc) a->prev1 = 0;
+  else note_prev(a, kernel, sk, args, s->launch_no);
   s->launch_no++;
   a->launches++; /* the caller's own count: no lock per launch */
   if (rc) return rc;

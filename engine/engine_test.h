@@ -36,6 +36,13 @@ uint64_t fb_session_test_lean_batches(const fb_session *s);
  * stream's period"); 0 in sync mode. The session's thread only. */
 uint64_t fb_session_test_aligned_flushes(const fb_session *s);
 
+/* How many launches of an async session were coalesced into an equal
+ * launch right before them (engine/async.c, "Coalescing a run of equal
+ * launches": a kernel fb_opt_rerun_free accepts, launched again with the
+ * same argument values before a flush); 0 in sync mode. The session's
+ * thread only. */
+uint64_t fb_session_test_coalesced(const fb_session *s);
+
 /* How many doubled flush widths of an async session failed their first
  * window (the plan memo neither hit nor stored it) and capped the width
  * (engine/async.c, adapt_flush); 0 in sync mode. The session's thread

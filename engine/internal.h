@@ -95,6 +95,9 @@ typedef struct sess_kernel {
   int tan;                 /* its tangent's id + 1 (tape.c), 0: none made yet */
   uint8_t custom;          /* adj was named by the client (fb_session_set_kernel_adjoint) */
   uint8_t custom_of;       /* it is the custom adjoint of another kernel */
+  uint8_t rerun;           /* async: 0 not yet asked, 1 no, 2 a launch again right
+                              after an equal one changes nothing
+                              (fb_opt_rerun_free; async.c, coalescing) */
 } sess_kernel;
 
 /* The kernel of one launch of a flushed window. */
@@ -203,6 +206,15 @@ typedef struct async_state {
   uint64_t aligned;        /* automatic flushes deferred to a period boundary
                               (fb_session_test_aligned_flushes) */
   uint64_t launches;       /* the caller's: launches so far (fb_counters.launches) */
+  /* the launch before this one, while it is in the unflushed window: its
+   * kernel + 1 (0: none) and argument values; an equal launch of a kernel
+   * fb_opt_rerun_free accepts right after it is coalesced into it (not
+   * inserted; async.c, "Coalescing a run of equal launches") */
+  int prev1;
+  uint64_t prev_no;
+  uint64_t *prev_args;
+  int cap_prev_args;
+  uint64_t coalesced;      /* launches coalesced (fb_session_test_coalesced) */
   uint64_t flushes;
   /* the window: the kernel of every launch since the last flush */
   launch_rec *win;
@@ -351,7 +363,7 @@ void fbe_standins_free(fb_session *s);
 void fbe_reap(fb_session *s);
 void fbe_quiesce(fb_session *s);
 int fbe_async_wait_all(fb_session *s);
-int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret);
+int fbe_async_launch(fb_session *s, int kernel, sess_kernel *sk, fb_value *ret);
 
 /* trace.c */
 void fbe_trace_close(fb_session *s);

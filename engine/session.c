@@ -287,6 +287,7 @@ void fb_session_destroy(fb_session *s) {
   if (s->as) {
     fb_opt_free(s->as->o);
     free(s->as->win);
+    free(s->as->prev_args);
     fb_map_free(&s->as->seen);
     pthread_cond_destroy(&s->as->done_cv);
     pthread_mutex_destroy(&s->as->mu);

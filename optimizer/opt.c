@@ -248,6 +248,26 @@ int fb_opt_ir_info(fb_opt *o, fb_irh h, fb_task_kind *kind, int *loop, int *snod
   return 0;
 }
 
+int fb_opt_rerun_free(fb_opt *o, const fb_irh *h, int n) {
+  const unsigned bad = FB_TF_RAND | FB_TF_RET | FB_TF_DEACT | FB_TF_WHILE;
+  for (int t = 0; t < n; t++) {
+    const fb_task_meta *m = fb_bank_meta(o->bank, h[t]);
+    if (!m || (m->tflags & bad) || !(m->tflags & FB_TF_INB)) return 0;
+  }
+  /* no state read by one task and written by any (itself included) */
+  for (int t = 0; t < n; t++) {
+    const fb_task_meta *m = fb_bank_meta(o->bank, h[t]);
+    for (int i = 0; i < m->nacc; i++) {
+      if (!(m->acc[i].mode & FB_ACC_READ)) continue;
+      for (int u = 0; u < n; u++) {
+        const fb_meta_acc *w = fb_meta_find(fb_bank_meta(o->bank, h[u]), m->acc[i].key);
+        if (w && (w->mode & FB_ACC_WRITE)) return 0;
+      }
+    }
+  }
+  return 1;
+}
+
 /* ---------------------------------------------------------------- window */
 
 static fb_sfg_node *new_node(fb_opt *o) {

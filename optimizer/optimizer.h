@@ -201,6 +201,18 @@ const char *fb_opt_errmsg(const fb_opt *o);
  * refuses, FB_EINVAL for IR of another layout. */
 int fb_opt_intern(fb_opt *o, const fb_kernel *k, fb_irh *out);
 void fb_opt_retain(fb_opt *o, fb_irh h);
+/* 1 when running the tasks h[0..n) (one kernel's, in launch order) a
+ * second time, right after themselves and with the same argument values,
+ * provably changes nothing and cannot fail: no task reads a state any of
+ * them writes (so no atomic, no activation check of a container they
+ * activate, no list they make, no scratch slot they pass between them),
+ * none draws random numbers, returns a value, deactivates or has a while
+ * loop, and every global access of each is provably in bounds (the second
+ * run can raise no error the first did not). What such a run writes is a
+ * function of its arguments and of states it leaves alone, so it writes the
+ * same values again. 0 otherwise, or for a bad handle. The engine
+ * coalesces a run of such launches into its first (engine/async.c). */
+int fb_opt_rerun_free(fb_opt *o, const fb_irh *h, int n);
 void fb_opt_release(fb_opt *o, fb_irh h);
 /* Bytes the bank holds for h: its IR and the IR's metadata (0 for a bad
  * handle). */

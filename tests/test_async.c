@@ -924,6 +924,112 @@ static const char *err_src = "layout {\n  dense(i: 100) { place a: i32 }\n  plac
                              "kernel poke() { a[200] = 1 }\n"
                              "kernel get() -> i32 { return out[] }\n";
 
+/* Coalescing a run of equal launches (engine/async.c): an equal launch right
+ * after one of a kernel whose second run changes nothing (fb_opt_rerun_free)
+ * is not inserted. `fill` and `copy` (reads a, writes b) qualify; `bump`
+ * reads what it writes, `poke` indexes by an argument (may fail), `tick`
+ * uses an atomic: never coalesced. */
+static const char *coal_src = "layout {\n  dense(i: 64) { place a: i32 }\n"
+                              "  dense(i: 64) { place b: i32 }\n  place t: f32\n  place n: i32\n}\n"
+                              "kernel fill(v: i32) { for i in 0 .. 64 { a[i] = v } }\n"
+                              "kernel copy() { for i in 0 .. 64 { b[i] = a[i] * 2 } }\n"
+                              "kernel bump() { for i in 0 .. 64 { b[i] = b[i] + 1 } }\n"
+                              "kernel poke(j: i32) { a[j] = 7 }\n"
+                              "kernel scalar() { t[] = 1.5 }\n"
+                              "kernel tick() { for i in 0 .. 64 { n[] += 1 } }\n";
+
+/* The same results as sync mode, in every async mode (runs of each kind,
+ * broken by other launches, host accesses, flushes and syncs). */
+START_TEST(coalesce_same_results) {
+  const char *script = "launch fill 3\nlaunch fill 3\nlaunch fill 3\nlaunch fill 4\nlaunch fill 4\n"
+                       "launch copy\nlaunch copy\nlaunch bump\nlaunch bump\nlaunch bump\n"
+                       "launch scalar\nlaunch scalar\nlaunch tick\nlaunch tick\nlaunch tick\n"
+                       "read b\nlaunch copy\ncell a 5 = 11\nlaunch copy\nlaunch copy\n"
+                       "launch fill 9\nflush\nlaunch fill 9\nlaunch copy\nsync\nlaunch copy\n"
+                       "launch poke 2\nlaunch poke 2\nlaunch copy\nlaunch copy\nread a\n";
+  check_modes(coal_src, script);
+}
+END_TEST
+
+START_TEST(coalesce_counts) {
+  fb_program *p = parse(coal_src);
+  fb_session_config cfg = async_cfg(0, -1);
+  fb_session *s = open_session(eng, p, &cfg);
+  int fill = kernel_id(s, p, "fill", NULL), copy = kernel_id(s, p, "copy", NULL);
+  int bump = kernel_id(s, p, "bump", NULL), poke = kernel_id(s, p, "poke", NULL);
+  int tick = kernel_id(s, p, "tick", NULL), scalar = kernel_id(s, p, "scalar", NULL);
+  int a = field_place(p, "a"), b = field_place(p, "b");
+  fb_value v = fb_value_i32(3);
+  for (int i = 0; i < 10; i++) ck_assert_int_eq(fb_launch(s, fill, &v, 1, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 9);
+  ck_assert_uint_eq(counters(s).launches, 10);
+  ck_assert_uint_eq(counters(s).tasks_pending, 1); /* the run's first alone */
+  v = fb_value_i32(4); /* other argument values: a new run */
+  ck_assert_int_eq(fb_launch(s, fill, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, fill, &v, 1, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 10);
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(fb_launch(s, copy, NULL, 0, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 14);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(fb_launch(s, scalar, NULL, 0, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 16);
+  /* reads what it writes, an atomic, an index that may be out of bounds */
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(fb_launch(s, bump, NULL, 0, NULL), 0);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(fb_launch(s, tick, NULL, 0, NULL), 0);
+  v = fb_value_i32(1);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(fb_launch(s, poke, &v, 1, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 16);
+  ck_assert_int_eq(fb_sync(s), 0);
+  int32_t buf[64];
+  ck_assert_int_eq(fb_field_read(s, b, buf, sizeof buf), 0);
+  for (int i = 0; i < 64; i++) ck_assert_int_eq(buf[i], 8 + 3);
+  fb_value r;
+  int64_t zero = 0;
+  ck_assert_int_eq(fb_cell_read(s, field_place(p, "n"), &zero, 0, &r), 0);
+  ck_assert_int_eq(r.v.i, 3 * 64);
+  /* a host write between two equal launches: the second is not coalesced
+   * (and reads the written value) */
+  ck_assert_int_eq(fb_launch(s, copy, NULL, 0, NULL), 0);
+  int64_t five = 5;
+  ck_assert_int_eq(fb_cell_write(s, a, &five, 1, fb_value_i32(20)), 0);
+  ck_assert_int_eq(fb_launch(s, copy, NULL, 0, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 16);
+  /* nor across a flush */
+  ck_assert_int_eq(fb_flush(s), 0);
+  ck_assert_int_eq(fb_launch(s, copy, NULL, 0, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 16);
+  ck_assert_int_eq(fb_launch(s, copy, NULL, 0, NULL), 0);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 17);
+  ck_assert_int_eq(fb_field_read(s, b, buf, sizeof buf), 0);
+  for (int i = 0; i < 64; i++) ck_assert_int_eq(buf[i], i == 5 ? 40 : (i == 1 ? 14 : 8));
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
+/* A launch that may fail is never coalesced (each of an equal run of
+ * failing launches is inserted as itself), and the first is the one named. */
+START_TEST(coalesce_never_hides_an_error) {
+  fb_program *p = parse(coal_src);
+  fb_session_config cfg = async_cfg(0, -1);
+  fb_session *s = open_session(eng, p, &cfg);
+  int fill = kernel_id(s, p, "fill", NULL), poke = kernel_id(s, p, "poke", NULL);
+  fb_value v = fb_value_i32(1), j = fb_value_i32(64);
+  ck_assert_int_eq(fb_launch(s, fill, &v, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, poke, &j, 1, NULL), 0); /* launch 1 */
+  ck_assert_int_eq(fb_launch(s, poke, &j, 1, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, poke, &j, 1, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), FB_EBOUNDS);
+  const char *msg = fb_session_errmsg(s);
+  ck_assert_msg(strstr(msg, "'poke' (launch 1)"), "%s", msg);
+  uint64_t launch = 99;
+  ck_assert_int_eq(fb_session_error_launch(s, &launch, NULL), 0);
+  ck_assert_uint_eq(launch, 1);
+  ck_assert_uint_eq(fb_session_test_coalesced(s), 0);
+  fb_session_destroy(s);
+  fb_program_free(p);
+}
+END_TEST
+
 START_TEST(background_errors) {
   fb_program *p = parse(err_src);
   fb_session_config cfg = async_cfg(0, -1);
@@ -2557,6 +2663,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, minimal_example);
   tcase_add_test(tc, chain_copy);
   tcase_add_test(tc, background_errors);
+  tcase_add_test(tc, coalesce_same_results);
+  tcase_add_test(tc, coalesce_counts);
+  tcase_add_test(tc, coalesce_never_hides_an_error);
   tcase_add_test(tc, fused_error_names_the_part);
   tcase_add_test(tc, twin_kernels_error_names_their_own_task);
   tcase_add_test(tc, fused_quota_names_the_part);
