@@ -30,7 +30,6 @@ enum {
   PART_ROOT = 5,
   PART_SPARSE = 6,
   PART_POOL = 7,
-  PART_LISTS = 8,
   PART_MANIFEST = 255
 };
 #define MAX_PARTS 16
@@ -43,7 +42,7 @@ enum {
 #define MAX_NAME 4096
 #define CHUNK ((size_t)4 << 20) /* bytes of field storage per write */
 #define ALLOC_FIELDS 4           /* u64 per allocator: free_head, pending, live, changes */
-#define LIST_FIELDS 3            /* u64 per list: count, cap, gen */
+#define LIST_FIELDS 2            /* u64 per list: cap, gen (lists are made again before use) */
 
 static const char *part_name(uint32_t kind) {
   switch (kind) {
@@ -54,7 +53,6 @@ static const char *part_name(uint32_t kind) {
   case PART_ROOT: return "fields";
   case PART_SPARSE: return "sparse allocators";
   case PART_POOL: return "sparse block pool";
-  case PART_LISTS: return "sparse lists";
   case PART_MANIFEST: return "manifest";
   default: return "unknown";
   }
@@ -75,7 +73,7 @@ typedef struct bbuf {
 } bbuf;
 
 static void bb_put(bbuf *b, const void *src, size_t n) {
-  if (b->oom) return;
+  if (b->oom || !n) return;
   if (b->n + n > b->cap) {
     size_t c = b->cap ? b->cap : 4096;
     while (c < b->n + n) c *= 2;
@@ -258,9 +256,8 @@ static void put_ad(fb_session *s, bbuf *b) {
   }
 }
 
-static void put_sparse(fb_session *s, const fb_rt_state *st, bbuf *b) {
+static void put_sparse(const fb_rt_state *st, bbuf *b) {
   bb_u64(b, (uint64_t)(uintptr_t)st->pool);
-  bb_u64(b, (uint64_t)(uintptr_t)s->mem.root);
   bb_u64(b, st->pool_used);
   bb_u64(b, st->nnodes);
   for (uint64_t i = 0; i < st->nnodes; i++) {
@@ -272,7 +269,6 @@ static void put_sparse(fb_session *s, const fb_rt_state *st, bbuf *b) {
   }
   for (uint64_t i = 0; i < st->nnodes; i++) {
     const fb_rt_list *l = &st->lists[i];
-    bb_u64(b, l->count < l->cap ? l->count : l->cap);
     bb_u64(b, l->cap);
     bb_u64(b, l->gen);
   }
@@ -347,21 +343,10 @@ int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err,
   w_end(&w);
   if (!rc && st) {
     b.n = 0;
-    put_sparse(s, st, &b);
+    put_sparse(st, &b);
     w_part(&w, PART_SPARSE, &b);
     w_begin(&w, PART_POOL, st->pool_used);
     w_data(&w, st->pool, st->pool_used);
-    w_end(&w);
-    uint64_t lb = 0;
-    for (uint64_t i = 0; i < st->nnodes; i++) {
-      const fb_rt_list *l = &st->lists[i];
-      lb += (l->count < l->cap ? l->count : l->cap) * sizeof(fb_rt_elem);
-    }
-    w_begin(&w, PART_LISTS, lb);
-    for (uint64_t i = 0; i < st->nnodes; i++) {
-      const fb_rt_list *l = &st->lists[i];
-      w_data(&w, l->elems, (l->count < l->cap ? l->count : l->cap) * sizeof(fb_rt_elem));
-    }
     w_end(&w);
   }
   if (!rc && b.oom) {
@@ -908,11 +893,11 @@ static int get_sparse(rd *r, fb_session *s) {
                  "cannot restore sparse fields into device memory the host cannot read in place "
                  "(use the CPU backend or CUDA managed memory)");
   size_t n = 0;
-  uint8_t *p = r_part(r, PART_SPARSE, 32 + nn * 8 * (ALLOC_FIELDS + LIST_FIELDS), &n);
+  uint8_t *p = r_part(r, PART_SPARSE, 24 + nn * 8 * (ALLOC_FIELDS + LIST_FIELDS), &n);
   if (!p) return r->bad;
   cur c = {p, n, 0, 0};
-  uint64_t old_pool = c_u64(&c), old_root = c_u64(&c), used = c_u64(&c), nodes = c_u64(&c);
-  if (nodes != nn || n != 32 + nn * 8 * (ALLOC_FIELDS + LIST_FIELDS)) c.bad = 1;
+  uint64_t old_pool = c_u64(&c), used = c_u64(&c), nodes = c_u64(&c);
+  if (nodes != nn || n != 24 + nn * 8 * (ALLOC_FIELDS + LIST_FIELDS)) c.bad = 1;
   uint64_t *stride = calloc(nn, sizeof *stride);
   uint8_t *below = calloc(nn, 1);
   uint64_t *lists = calloc(nn * LIST_FIELDS, sizeof *lists);
@@ -978,44 +963,26 @@ static int get_sparse(rd *r, fb_session *s) {
   if (!r->bad && x.bad)
     rfail(r, FB_EINVAL, "the checkpoint is damaged (its sparse structure names a block outside "
                         "the pool)");
-  /* the lists */
-  uint64_t lb = 0;
+  /* the lists: their room (what the memory limit counts), empty: every
+   * struct-for makes its list again before it reads it (the optimizer of
+   * a new session knows no list as current, and takes version 0 of a
+   * list as empty) */
   for (uint64_t i = 0; !r->bad && i < nn; i++) {
-    uint64_t cnt = lists[i * LIST_FIELDS], cap = lists[i * LIST_FIELDS + 1];
+    uint64_t cap = lists[i * LIST_FIELDS];
     char msg[512];
-    if (cnt > cap || (i == 0 && cap)) {
-      rfail(r, FB_EINVAL, "the checkpoint is damaged (its list of SNode %llu is malformed)",
-            (unsigned long long)i);
+    if (i == 0 && cap) {
+      rfail(r, FB_EINVAL, "the checkpoint is damaged (its list of SNode 0 is malformed)");
       break;
     }
     if (!cap) continue;
     int lr = fb_sparse_restore_list(sp, (int)i, cap, msg, sizeof msg);
-    if (lr) rfail(r, lr, "%s", msg);
-    lb += cnt * sizeof(fb_rt_elem);
-  }
-  if (!r->bad && !r_begin(r, PART_LISTS, lb) && r->left != lb)
-    rfail(r, FB_EINVAL, "the checkpoint is damaged (its lists have the wrong size)");
-  for (uint64_t i = 0; !r->bad && i < nn; i++) {
-    uint64_t cnt = lists[i * LIST_FIELDS];
-    if (!lists[i * LIST_FIELDS + 1]) continue;
-    fb_rt_list *ls = &st->lists[i];
-    if (r_data(r, ls->elems, cnt * sizeof(fb_rt_elem))) break;
-    ls->count = cnt;
-    ls->gen = lists[i * LIST_FIELDS + 2];
-    for (uint64_t e = 0; e < cnt; e++) {
-      uint64_t v = (uint64_t)(uintptr_t)ls->elems[e].ptr;
-      if (v >= old_root && v - old_root < s->mem.root_bytes) {
-        ls->elems[e].ptr = s->mem.root + (v - old_root);
-      } else if (v >= old_pool && v - old_pool < used) {
-        ls->elems[e].ptr = st->pool + (v - old_pool);
-      } else {
-        rfail(r, FB_EINVAL, "the checkpoint is damaged (a list names storage outside the "
-                            "session)");
-        break;
-      }
+    if (lr) {
+      rfail(r, lr, "%s", msg);
+      break;
     }
+    st->lists[i].count = 0;
+    st->lists[i].gen = lists[i * LIST_FIELDS + 1];
   }
-  r_end(r);
   free(stride);
   free(below);
   free(lists);
@@ -1127,6 +1094,10 @@ int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_
   if (!r.bad) {
     s->launch_no = sh.launch_no;
     if (s->as) {
+      /* the optimizer starts out knowing the fields of a new session;
+       * these were written from outside: no list or mask it made is current */
+      for (int i = 1; i < s->layout->nnodes && !r.bad; i++)
+        if (fb_opt_host_write(s->as->o, i)) rfail(&r, FB_ENOMEM, "out of memory");
       s->as->launches = sh.launches;
       s->as->win_base = s->as->mark = sh.launch_no;
     } else {
