@@ -952,11 +952,25 @@ static int get_sparse(rd *r, fb_session *s) {
   for (uint64_t i = 1; !r->bad && !x.bad && i < nn; i++) {
     uint64_t hm = ((uint64_t)1 << 40) - 1, h = st->allocs[i].pending & hm, steps = 0;
     while (h && !x.bad) {
-      if (h * 8 < 16 || h * 8 > used || used - h * 8 < stride[i] - 16 || ++steps > used / 16) {
+      if (h * 8 < 16 || (h * 8) % 16 || h * 8 > used || used - (h * 8 - 16) < stride[i] ||
+          ++steps > used / 16) {
         x.bad = 1;
         break;
       }
       if (l->nodes[i].kind == FB_SN_POINTER) reloc_cell(&x, (int)i, st->pool + h * 8);
+      h = *(uint64_t *)(st->pool + h * 8 - 8) & hm;
+    }
+  }
+  /* the free lists: every link a block of the SNode's size inside the
+   * pool (a pop follows them without a check) */
+  for (uint64_t i = 1; !r->bad && !x.bad && i < nn; i++) {
+    uint64_t hm = ((uint64_t)1 << 40) - 1, h = st->allocs[i].free_head & hm, steps = 0;
+    while (h && !x.bad) {
+      if (h * 8 < 16 || (h * 8) % 16 || h * 8 > used || used - (h * 8 - 16) < stride[i] ||
+          ++steps > used / 16) {
+        x.bad = 1;
+        break;
+      }
       h = *(uint64_t *)(st->pool + h * 8 - 8) & hm;
     }
   }
