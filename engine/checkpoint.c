@@ -664,8 +664,9 @@ static int get_layout(rd *r, const sess_hdr *h, fb_layout **out) {
   uint32_t nn = c_u32(&c);
   uint64_t root_bytes = c_u64(&c);
   if (nn != h->nnodes || root_bytes != h->root_bytes) c.bad = 1;
-  uint64_t *offs = calloc(nn ? nn : 1, sizeof *offs * 2);
-  if (!offs) oom = 1;
+  /* h->nnodes is bounded (FB_LAYOUT_MAX_NODES): allocate by it only */
+  uint64_t *offs = c.bad ? NULL : calloc(h->nnodes, sizeof *offs * 2);
+  if (!offs && !c.bad) oom = 1;
   for (uint32_t i = 1; i < nn && !c.bad && !oom && !rc; i++) {
     uint32_t kind = c_u32(&c), parent = c_u32(&c), axes = c_u32(&c), type = c_u32(&c);
     int64_t size[FB_MAX_AXES];
@@ -816,9 +817,9 @@ static int get_kernels(rd *r, fb_session *s, const sess_hdr *h) {
   cur c = {p, n, 0, 0};
   int oom = 0;
   uint32_t nk = c_u32(&c);
-  if (nk != h->nkernels) c.bad = 1;
-  uint32_t *links = calloc(nk ? nk : 1, sizeof *links * 3);
-  if (!links) oom = 1;
+  if (nk != h->nkernels || nk > (n - c.at) / 8) c.bad = 1; /* bounded before it sizes anything */
+  uint32_t *links = c.bad ? NULL : calloc(nk ? nk : 1, sizeof *links * 3);
+  if (!links && !c.bad) oom = 1;
   for (uint32_t i = 0; i < nk && !c.bad && !oom && !r->bad; i++) {
     links[3 * i] = c_u32(&c);
     links[3 * i + 1] = c_u32(&c);
