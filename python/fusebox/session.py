@@ -1309,7 +1309,7 @@ class Session:
         s.id = r.session_id
         s.backend = r.backend
         s.memory_bytes = r.memory_bytes
-        s.mode = r.mode or st.get("mode") or "sync"
+        s.mode = st.get("mode") or r.mode or "sync"
         s._open_stream()
         s.kernels = _Namespace("kernel", {n: Kernel(s, k) for n, k in s.program.kernels.items()})
         s.fields = _Namespace("field", {n: Field(s, f) for n, f in s.program.fields.items()})
