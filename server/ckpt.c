@@ -8,8 +8,9 @@
  * memfd counted in the memory budget's staging part while it grows, which
  * is then streamed to the client.
  *
- * What the seal covers: a small prefix of ours ("FBCS", the client state's
- * length, the client state) and then the engine's stream. */
+ * What the seal covers: the engine's stream (it begins the file, as the
+ * seal's verifier expects), then a suffix of ours: the client state, its
+ * length (u32, little-endian) and "FBCS". */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +24,7 @@
 
 #include "server/server.h"
 
-#define PREFIX_MAGIC "FBCS"
+#define SUFFIX_MAGIC "FBCS"
 
 struct fbd_ckpt {
   uint8_t key[256];
@@ -258,16 +259,15 @@ int fbd_ckpt_begin(fbd_server *srv, const struct fbd_tenant *owner, const char *
     return FB_EIO;
   }
   k->seal = fb_seal_begin(srv->ckpt->key, srv->ckpt->keylen, fbd_ckpt_owner(owner), raw_sink, k);
-  uint8_t head[8];
-  memcpy(head, PREFIX_MAGIC, 4);
-  uint32_t ns = (uint32_t)nstate;
-  memcpy(head + 4, &ns, 4);
-  if (!k->seal || fb_seal_write(k->seal, head, 8) || (nstate && fb_seal_write(k->seal, state, nstate))) {
-    fb_errf(err, errlen, "%s", k->code ? k->why : "cannot begin the checkpoint");
-    int rc = k->code ? k->code : FB_ENOMEM;
+  /* the client state goes after the engine's stream (fbd_ckpt_finish) */
+  k->state = malloc(nstate ? nstate : 1);
+  if (!k->seal || !k->state) {
+    fb_errf(err, errlen, "out of memory");
     fbd_ckpt_end(k);
-    return rc;
+    return FB_ENOMEM;
   }
+  if (nstate) memcpy(k->state, state, nstate);
+  k->nstate = nstate;
   *out = k;
   return 0;
 }
@@ -299,6 +299,14 @@ int fbd_ckpt_finish(fbd_ckpt_job *k, int keep_two, char *err, size_t errlen) {
   int rc = k->code;
   fb_seal *seal = k->seal;
   k->seal = NULL;
+  if (!rc) { /* the suffix: the client state, its length, the magic */
+    uint8_t tail[8];
+    uint32_t ns = (uint32_t)k->nstate;
+    memcpy(tail, &ns, 4);
+    memcpy(tail + 4, SUFFIX_MAGIC, 4);
+    if ((k->nstate && fb_seal_write(seal, k->state, k->nstate)) || fb_seal_write(seal, tail, 8))
+      rc = k->code ? k->code : FB_EIO;
+  }
   if (!rc && fb_seal_finish(seal, why, sizeof why)) rc = k->code ? k->code : FB_EIO;
   else if (rc) fb_seal_abort(seal);
   if (!rc && k->to_dir && fsync(k->fd)) {
@@ -404,21 +412,22 @@ static int check_sealed(fbd_ckpt_job *k, char *err, size_t errlen) {
     fb_errf(err, errlen, "Restore: %s", why);
     return rc;
   }
-  uint8_t head[8];
-  uint32_t ns;
-  if (payload < 8 || pread(k->fd, head, 8, 0) != 8 || memcmp(head, PREFIX_MAGIC, 4) ||
-      (memcpy(&ns, head + 4, 4), ns > FBD_CKPT_STATE_MAX) || 8 + (uint64_t)ns > payload) {
+  uint8_t tail[8];
+  uint32_t ns = 0;
+  if (payload < 8 || pread(k->fd, tail, 8, (off_t)(payload - 8)) != 8 ||
+      memcmp(tail + 4, SUFFIX_MAGIC, 4) || (memcpy(&ns, tail, 4), ns > FBD_CKPT_STATE_MAX) ||
+      8 + (uint64_t)ns > payload) {
     fb_errf(err, errlen, "Restore: the checkpoint was not written by fuseboxd");
     return FB_EINVAL;
   }
   k->nstate = ns;
   k->state = malloc(ns ? ns : 1);
-  if (!k->state || (ns && pread(k->fd, k->state, ns, 8) != (ssize_t)ns)) {
+  if (!k->state || (ns && pread(k->fd, k->state, ns, (off_t)(payload - 8 - ns)) != (ssize_t)ns)) {
     fb_errf(err, errlen, "Restore: cannot read the checkpoint");
     return FB_EIO;
   }
-  k->off = 8 + ns;
-  k->end = payload;
+  k->off = 0;
+  k->end = payload - 8 - ns;
   return 0;
 }
 
