@@ -1106,7 +1106,8 @@ typedef struct rsstate {
 } rsstate;
 
 static uint64_t upload_max(fbd_server *srv, uint64_t limit) {
-  uint64_t lim = limit ? limit : srv->cfg->session_memory_limit;
+  uint64_t lim = srv->cfg->session_memory_limit;
+  if (limit && (!lim || limit < lim)) lim = limit; /* a client's asks never widen it */
   if (!lim) return 0; /* the memory budget alone bounds it */
   /* field storage, its sparse structure and the kernels' IR: twice the
      session's limit and 64 MiB is more than a checkpoint of it holds */

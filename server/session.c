@@ -685,9 +685,10 @@ static void restored(fbd_session *s, fbd_job *j, const fbd_reply *r) {
 static void ckpt_done(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fbd_server *srv = s->srv;
   char err[FBD_ERRLEN] = "";
-  int rc = r->code;
-  if (rc) snprintf(err, sizeof err, "%s", r->msg);
-  if (!rc) rc = fbd_ckpt_failed(j->ck, err, sizeof err);
+  /* the sink's own failure first (the budget, the disk): the engine only
+     saw its writes stop */
+  int rc = fbd_ckpt_failed(j->ck, err, sizeof err);
+  if (!rc && (rc = r->code)) snprintf(err, sizeof err, "%s", r->msg);
   if (!rc) rc = fbd_ckpt_finish(j->ck, 1, err, sizeof err);
   r->finish = 0; /* answered here */
   if (rc) {
