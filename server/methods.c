@@ -1115,6 +1115,11 @@ static uint64_t upload_max(fbd_server *srv, uint64_t limit) {
 }
 
 static void restore_fail(fbd_call *c, int rc, const char *err) {
+  rsstate *st = c->state;
+  if (st) { /* what was staged goes now, not when the call is freed */
+    fbd_ckpt_end(st->k);
+    st->k = NULL;
+  }
   atomic_fetch_add(&c->srv->ckpt_refused, 1);
   fbd_count_bad(c->srv);
   fbd_logf(c->srv->log, FBD_LOG_WARN, "restore from %s refused: %s", c->peer ? c->peer : "?", err);
