@@ -38,6 +38,8 @@ static int help(FILE *f, int graph) {
             "usage: fusebox run SESSION.json [--server ADDR | --local] [--mode sync|async]\n"
             "                   [--param NAME=VALUE]... [--graph DIR [--flush N]] [--trace FILE]\n"
             "                   [-o DIR] [-v] [-q] [--json]\n"
+            "                   [--checkpoint-every N --checkpoint-dir DIR] [--resume FILE]\n"
+            "                   [--checkpoint-key FILE]\n"
             "  Runs a JSON session (see docs/sessions.md): loads its program, runs\n"
             "  \"setup\" and one \"step\", then evaluates \"checks\" and prints each\n"
             "  outcome. Exit status 0 when all checks pass, 1 when one fails,\n"
@@ -66,6 +68,17 @@ static int help(FILE *f, int graph) {
             "  --graph  write the SFG of flush N (default 1) before/after each pass (async)\n"
             "  --trace  write a Chrome trace-event timeline (open it in Perfetto)\n"
             "  (--graph and --trace look inside the engine, so they imply --local)\n"
+            "  --checkpoint-every N  every N launches (counted over setup and step, the\n"
+            "           engine's launch count), a sealed checkpoint of the whole session\n"
+            "           into --checkpoint-dir DIR as NAME-<launches>.fbck (written to a\n"
+            "           temporary file, synced, renamed; the last two are kept)\n"
+            "  --resume FILE  start from a sealed checkpoint of this session file: the\n"
+            "           launches it holds are passed over, the rest run, with results\n"
+            "           identical to an uninterrupted run (also \"session\": {\"resume\": F})\n"
+            "  --checkpoint-key FILE  the key checkpoints are sealed with (mode 0600);\n"
+            "           default $XDG_CONFIG_HOME/fusebox/checkpoint.key, made on first use\n"
+            "  (checkpoints are of in-process sessions: they imply --local; with --server\n"
+            "  they are refused for now; docs/checkpoint.md)\n"
             "  Ctrl-C (or SIGTERM) stops the run at once: the private fuseboxd is\n"
             "  stopped and its socket removed, a --server session is closed; it prints\n"
             "  \"interrupted\" and exits 130 (143 for SIGTERM). A second Ctrl-C does\n"
@@ -102,10 +115,26 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
     else if (!strcmp(argv[i], "-q") || !strcmp(argv[i], "--quiet")) a->quiet = 1;
     else if (!strcmp(argv[i], "--json") && !graph) a->json = 1;
     else if (!strcmp(argv[i], "--local")) a->o.private_server = 0;
+    else if (!strcmp(argv[i], "--checkpoint-every") && v && !graph) {
+      char *end;
+      a->o.ckpt_every = strtoull(argv[++i], &end, 10);
+      if (*end || !a->o.ckpt_every) {
+        fprintf(stderr, "fusebox run: --checkpoint-every: expected a count >= 1, not '%s'\n",
+                argv[i]);
+        return -1;
+      }
+    } else if (!strcmp(argv[i], "--checkpoint-dir") && v && !graph) a->o.ckpt_dir = argv[++i];
+    else if (!strcmp(argv[i], "--checkpoint-key") && v && !graph) a->o.ckpt_key = argv[++i];
+    else if (!strcmp(argv[i], "--resume") && v && !graph) a->o.resume = argv[++i];
     else if (!strcmp(argv[i], "--server") && v) a->o.server = argv[++i];
     else if (argv[i][0] != '-' && !a->file) a->file = argv[i];
     else return -1;
   }
+  if (!!a->o.ckpt_every != !!a->o.ckpt_dir) {
+    fprintf(stderr, "fusebox run: --checkpoint-every and --checkpoint-dir go together\n");
+    return -1;
+  }
+  if ((a->o.ckpt_every || a->o.resume) && !a->o.server) a->o.private_server = 0; /* in-process */
   if (a->graph_dir || a->trace) { /* they look inside the engine: run it here */
     if (a->o.server) return -1;
     a->o.private_server = 0;
@@ -254,6 +283,10 @@ static int run_common(int argc, char **argv, int graph) {
   }
   if (!rc && a.o.outdir && mkdir(a.o.outdir, 0777) && errno != EEXIST) {
     if (asprintf(&err, "--output-dir %s: %s", a.o.outdir, strerror(errno)) < 0) err = NULL;
+    rc = FB_EIO;
+  }
+  if (!rc && a.o.ckpt_dir && mkdir(a.o.ckpt_dir, 0777) && errno != EEXIST) {
+    if (asprintf(&err, "--checkpoint-dir %s: %s", a.o.ckpt_dir, strerror(errno)) < 0) err = NULL;
     rc = FB_EIO;
   }
   if (!rc) rc = fb_sess_start(&f, &a.o, &r, &err);

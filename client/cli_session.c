@@ -6,11 +6,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,7 +62,7 @@ static const char *const top_keys[] = {"name",  "program", "source", "params", "
                                        "setup", "step",    "bench",  "checks", NULL};
 static const char *const session_keys[] = {
     "backend",         "mode", "passes",       "flush_every", "max_fuse_per_task",
-    "compile_threads", "seed", "memory_limit", NULL};
+    "compile_threads", "seed", "memory_limit", "resume", NULL};
 static const char *const pass_keys[] = {"listgen", "demote", "fusion", "dse", NULL};
 static const char *const bench_keys[] = {"warmup", "repeat", "modes", NULL};
 
@@ -208,6 +210,7 @@ static int check_action(json_t *a, const char *path, char **err) {
   static const char *const tape_k[] = {"tape", "do", NULL};
   static const char *const flush_k[] = {"flush", NULL};
   static const char *const sync_k[] = {"sync", NULL};
+  static const char *const ckpt_k[] = {"checkpoint", NULL};
   static const char *const save_k[] = {"save",     "to",          "every",     "range",
                                        "colormap", "orientation", "particles", NULL};
   static const char *const cells_k[][3] = {{"activate", "cells", NULL},
@@ -290,10 +293,16 @@ static int check_action(json_t *a, const char *path, char **err) {
   }
   if (json_object_get(a, "flush")) return only_keys(a, path, flush_k, err);
   if (json_object_get(a, "sync")) return only_keys(a, path, sync_k, err);
+  if (json_object_get(a, "checkpoint")) {
+    int rc = only_keys(a, path, ckpt_k, err);
+    if (!rc && !json_is_string(json_object_get(a, "checkpoint")))
+      rc = errf(err, FB_EINVAL, "%s.checkpoint: expected a file name", path);
+    return rc;
+  }
   const char *k = json_object_iter_key(json_object_iter(a));
   return errf(err, FB_EINVAL,
               "%s%s%s: unknown action (expected launch, write, save, activate, deactivate, "
-              "deactivate_all, repeat, tape, flush or sync)",
+              "deactivate_all, repeat, tape, flush, sync or checkpoint)",
               path,
               k ? "." : "", k ? k : "");
 }
@@ -717,6 +726,15 @@ struct fb_sess_run {
   int nact, capact;
   const char **rnames; /* kernel names by server kernel id (borrowed from the program) */
   int nrnames;
+  /* checkpoints: launches still to pass over after a resume (they ran
+   * before the checkpoint), the session came from one, the key, the
+   * files --checkpoint-dir wrote (the last two are kept) */
+  uint64_t skip;
+  int restored, have_key;
+  uint8_t key[FB_SEAL_KEY_MAX];
+  size_t keylen;
+  char *ckpt_files[2];
+  uint64_t ckpt_at; /* launches at the last checkpoint (or the resume) */
   /* how many times each save action has come up (its {step}) */
   struct {
     json_t *action;
@@ -1013,6 +1031,9 @@ static void session_async_options(json_t *sc, unsigned off, fb_session_config *c
     cfg->max_fuse_per_task = (int)json_integer_value(mf);
 }
 
+static int resume_session(fb_sess_run *r, const char *file, const fb_session_config *cfg,
+                          char **err);
+
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
   fb_sess_run *r = calloc(1, sizeof *r);
   if (r) fb_map_init(&r->acts, sizeof(uint32_t));
@@ -1033,6 +1054,13 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
       .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
       .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
   session_async_options(sc, o->passes_off, &cfg);
+  if ((o->server || o->private_server) &&
+      (o->resume || o->ckpt_every || (sc && json_object_get(sc, "resume")))) {
+    fb_sess_stop(r);
+    return errf(err, FB_EUNSUPPORTED,
+                "checkpoints of a session on a fuseboxd are not supported by this CLI yet; run "
+                "with --local");
+  }
   if (o->server || o->private_server) {
     int rc = start_remote(r, sc, mode, &cfg, err);
     if (rc) {
@@ -1051,6 +1079,23 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   if (rc) {
     free(r);
     return errf(err, rc, "%s: $.session.backend: %s", f->path, msg);
+  }
+  const char *resume = o->resume ? o->resume
+                       : sc && json_is_string(json_object_get(sc, "resume"))
+                           ? json_string_value(json_object_get(sc, "resume"))
+                           : NULL;
+  if (resume) {
+    char *rp = NULL; /* session.resume: beside the JSON file */
+    if (!o->resume && resume[0] != '/' && f->dir[0] && asprintf(&rp, "%s/%s", f->dir, resume) < 0)
+      rp = NULL;
+    rc = resume_session(r, rp ? rp : resume, &cfg, err);
+    free(rp);
+    if (rc) {
+      fb_sess_stop(r);
+      return rc;
+    }
+    *out = r;
+    return 0;
   }
   rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
@@ -1091,13 +1136,18 @@ void fb_sess_stop(fb_sess_run *r) {
   free(r->launch_path);
   free(r->rnames);
   free(r->saves);
+  free(r->ckpt_files[0]);
+  free(r->ckpt_files[1]);
+  explicit_bzero(r->key, sizeof r->key);
   free(r);
 }
 
 static int kernel_id(fb_sess_run *r, const fb_kernel *ir, char **err) {
   for (int i = 0; i < r->nkc; i++)
     if (r->kc[i].ir == ir) return r->kc[i].id;
-  int id = fb_session_add_kernel(r->s, ir);
+  /* a restored session holds the kernels the run had registered */
+  int id = r->restored ? fb_session_find_kernel(r->s, ir->name) : -1;
+  if (id < 0) id = fb_session_add_kernel(r->s, ir);
   if (id < 0) return errf(err, id, "kernel %s: %s", ir->name, fb_session_errmsg(r->s));
   if (FB_GROW(r->kc, r->nkc, r->capkc)) return FB_ENOMEM;
   r->kc[r->nkc++] = (kcache){ir, id};
@@ -1357,6 +1407,10 @@ static int launch_resolved(fb_sess_run *r, const act_memo *m, const char *path, 
   uint64_t before = fb_session_launches(r->s);
   if (m->path != UINT32_MAX ? note_launch_at(r, m->path) : note_launch(r, path))
     return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  if (r->skip) { /* it ran before the checkpoint the session resumed from */
+    r->skip--;
+    return 0;
+  }
   int rc = fb_launch(r->s, m->id, m->vals, m->nv, &ret);
   if (rc) {
     uint64_t n;
@@ -1549,6 +1603,10 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
                     (unsigned long long)r->nlaunch);
       continue;
     }
+    if (r->skip) { /* it ran before the checkpoint the session resumed from */
+      r->skip--;
+      continue;
+    }
     fb_value ret;
     fb_counters before, after;
     fb_session_counters(r->s, &before);
@@ -1707,16 +1765,212 @@ static int do_save(fb_sess_run *r, json_t *a, const char *path, char **err) {
   return rc;
 }
 
+/* ---------------------------------------------------------------- checkpoints
+ * docs/checkpoint.md "The CLI": sealed files (engine/seal.c) under the
+ * local key, owner "" (a local run has no tenant). */
+
+/* The local key: --checkpoint-key FILE (which must exist), else
+ * $XDG_CONFIG_HOME/fusebox/checkpoint.key (~/.config/...), made 0600 on
+ * first use. */
+static int ckpt_key(fb_sess_run *r, char **err) {
+  if (r->have_key) return 0;
+  char path[4096], msg[1024];
+  int create = 0;
+  if (r->o.ckpt_key) {
+    snprintf(path, sizeof path, "%s", r->o.ckpt_key);
+  } else {
+    const char *x = getenv("XDG_CONFIG_HOME"), *home = getenv("HOME");
+    char dir[3800];
+    if (x && x[0] == '/') snprintf(dir, sizeof dir, "%.3700s", x);
+    else if (home && home[0]) snprintf(dir, sizeof dir, "%.3700s/.config", home);
+    else return errf(err, FB_EINVAL, "no checkpoint key: set HOME or XDG_CONFIG_HOME, or give "
+                                     "--checkpoint-key FILE");
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/fusebox", dir);
+    if (mkdir(path, 0700) && errno != EEXIST)
+      return errf(err, FB_EIO, "cannot make %s: %s", path, strerror(errno));
+    snprintf(path, sizeof path, "%s/fusebox/checkpoint.key", dir);
+    create = 1;
+  }
+  int rc = fb_seal_key_load(path, create, r->key, &r->keylen, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s", msg);
+  r->have_key = 1;
+  return 0;
+}
+
+static int fd_sink(void *user, const void *buf, size_t n) {
+  int fd = *(int *)user;
+  const uint8_t *p = buf;
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return 1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* The session as a sealed checkpoint into fd. */
+static int sealed_to_fd(fb_sess_run *r, int fd, const char *shown, char **err) {
+  int rc = ckpt_key(r, err);
+  if (rc) return rc;
+  fb_seal *seal = fb_seal_begin(r->key, r->keylen, "", fd_sink, &fd);
+  if (!seal) return errf(err, FB_ENOMEM, "out of memory");
+  char msg[1024];
+  rc = fb_session_checkpoint(r->s, fb_seal_write, seal, msg, sizeof msg);
+  if (rc) {
+    fb_seal_abort(seal);
+    return errf(err, rc, "checkpoint %s: %s", shown, msg);
+  }
+  rc = fb_seal_finish(seal, msg, sizeof msg);
+  if (rc) return errf(err, rc, "checkpoint %s: %s", shown, msg);
+  if (fsync(fd)) return errf(err, FB_EIO, "checkpoint %s: %s", shown, strerror(errno));
+  return 0;
+}
+
+static int need_local(fb_sess_run *r, const char *path, char **err) {
+  if (!r->rem) return 0;
+  return errf(err, FB_EUNSUPPORTED,
+              "%s: checkpoints of a session on a fuseboxd are not supported by this CLI yet; "
+              "run with --local",
+              path);
+}
+
+/* {"checkpoint": NAME}: a sealed checkpoint into NAME under the output
+ * directory (as "save" files are). */
+static int do_checkpoint(fb_sess_run *r, json_t *a, const char *path, char **err) {
+  int rc = need_local(r, path, err);
+  if (rc) return rc;
+  const char *name = json_string_value(json_object_get(a, "checkpoint"));
+  char msg[1024];
+  char *shown = output_shown(r, name);
+  FILE *f = fb_out_open(output_dir(r), name, msg, sizeof msg);
+  if (!f) {
+    rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, msg);
+    free(shown);
+    return rc;
+  }
+  fflush(f);
+  if (ftruncate(fileno(f), 0)) { /* fb_out_open may reuse a file */
+  }
+  rc = sealed_to_fd(r, fileno(f), shown ? shown : name, err);
+  if (fclose(f) && !rc) rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, strerror(errno));
+  free(shown);
+  return rc;
+}
+
+/* --checkpoint-every N: after each action that launched, a checkpoint
+ * once N launches have run since the last one (never inside a tape):
+ * DIR/NAME-LAUNCHES.fbck, written to a temporary file, synced, renamed;
+ * the one before the previous is removed. */
+static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
+  if (!r->o.ckpt_every || r->skip || !r->s) return 0;
+  uint64_t n = fb_session_launches(r->s);
+  if (n - r->ckpt_at < r->o.ckpt_every || fb_session_tape_loss(r->s) >= 0) return 0;
+  const char *name = r->f->name ? r->f->name : "session";
+  char *file = NULL, *tmp = NULL;
+  if (asprintf(&file, "%s/%s-%012llu.fbck", r->o.ckpt_dir, name, (unsigned long long)n) < 0)
+    file = NULL;
+  if (file && asprintf(&tmp, "%s.tmp%d", file, (int)getpid()) < 0) tmp = NULL;
+  if (!file || !tmp) {
+    free(file);
+    free(tmp);
+    return errf(err, FB_ENOMEM, "out of memory");
+  }
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int rc = fd < 0 ? errf(err, FB_EIO, "%s: --checkpoint-dir: %s: %s", path, tmp, strerror(errno))
+                  : sealed_to_fd(r, fd, file, err);
+  if (fd >= 0 && close(fd) && !rc) rc = errf(err, FB_EIO, "%s: %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, file))
+    rc = errf(err, FB_EIO, "%s: cannot rename it to %s: %s", tmp, file, strerror(errno));
+  if (rc) {
+    unlink(tmp); /* the previous checkpoints stay as they were */
+    free(tmp);
+    free(file);
+    return rc;
+  }
+  free(tmp);
+  int dfd = open(r->o.ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd); /* the rename too */
+    close(dfd);
+  }
+  if (r->ckpt_files[0]) unlink(r->ckpt_files[0]);
+  free(r->ckpt_files[0]);
+  r->ckpt_files[0] = r->ckpt_files[1];
+  r->ckpt_files[1] = file;
+  r->ckpt_at = n;
+  return 0;
+}
+
+typedef struct fd_src {
+  int fd;
+  uint64_t left;
+} fd_src;
+
+static long fd_source(void *user, void *buf, size_t n) {
+  fd_src *s = user;
+  if (n > s->left) n = (size_t)s->left;
+  if (!n) return 0;
+  ssize_t got;
+  do got = read(s->fd, buf, n);
+  while (got < 0 && errno == EINTR);
+  if (got <= 0) return got < 0 ? -1 : 0;
+  s->left -= (uint64_t)got;
+  return (long)got;
+}
+
+/* The run's session from the sealed checkpoint `file`. */
+static int resume_session(fb_sess_run *r, const char *file, const fb_session_config *cfg,
+                          char **err) {
+  int rc = ckpt_key(r, err);
+  if (rc) return rc;
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errf(err, FB_EIO, "resume: %s: %s", file, strerror(errno));
+  char msg[1024];
+  uint64_t plen = 0;
+  rc = fb_seal_verify_fd(fd, r->key, r->keylen, "", &plen, msg, sizeof msg);
+  if (!rc && lseek(fd, 0, SEEK_SET) != 0) {
+    rc = FB_EIO;
+    snprintf(msg, sizeof msg, "%s", strerror(errno));
+  }
+  fd_src src = {fd, plen};
+  if (!rc) rc = fb_session_restore(r->eng, cfg, fd_source, &src, &r->s, msg, sizeof msg);
+  close(fd);
+  if (rc) return errf(err, rc, "resume: %s: %s", file, msg);
+  if (!fb_layout_equal(fb_session_layout(r->s), fb_program_layout(r->f->prog)))
+    return errf(err, FB_EINVAL,
+                "resume: %s: the checkpoint is of a session with other fields than %s's program",
+                file, r->f->path);
+  r->restored = 1;
+  r->skip = r->ckpt_at = fb_session_launches(r->s);
+  return 0;
+}
+
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
 
 static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
-  if (json_object_get(a, "launch")) return do_launch(r, a, path, err);
-  if (json_object_get(a, "tape")) return do_tape(r, a, path, err);
-  if (json_object_get(a, "save")) return do_save(r, a, path, err);
-  if (json_object_get(a, "write")) return do_write(r, a, path, err);
+  int rc;
+  if (json_object_get(a, "launch")) rc = do_launch(r, a, path, err);
+  else if (json_object_get(a, "tape")) {
+    if (r->skip)
+      return errf(err, FB_EUNSUPPORTED,
+                  "%s: resuming before a tape is not supported yet (the checkpoint was taken "
+                  "%llu launches before this tape's end)",
+                  path, (unsigned long long)r->skip);
+    rc = do_tape(r, a, path, err);
+  } else if (json_object_get(a, "checkpoint")) return r->skip ? 0 : do_checkpoint(r, a, path, err);
+  else if (r->skip && (json_object_get(a, "save") || json_object_get(a, "write")))
+    return 0; /* done before the checkpoint: its effect is in the fields */
+  else if (json_object_get(a, "save")) return do_save(r, a, path, err);
+  else if (json_object_get(a, "write")) return do_write(r, a, path, err);
+  else goto rest;
+  return rc ? rc : periodic_checkpoint(r, path, err);
+rest:
   if (json_object_get(a, "activate") || json_object_get(a, "deactivate") ||
       json_object_get(a, "deactivate_all"))
-    return do_host(r, a, path, err);
+    return (rc = do_host(r, a, path, err)) ? rc : periodic_checkpoint(r, path, err);
   if (json_object_get(a, "repeat")) {
     json_int_t n = json_integer_value(json_object_get(a, "repeat"));
     char sub[1024];
@@ -1727,7 +1981,6 @@ static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
     }
     return 0;
   }
-  int rc;
   if (json_object_get(a, "flush")) {
     rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
     if (rc && r->rem) return errf(err, rc, "%s: %s", path, sess_errmsg(r));

@@ -53,6 +53,11 @@ typedef struct fb_sess_opts {
   int skip_saves;    /* ignore "save" actions (fusebox bench times the step) */
   FILE *out;         /* where check outcomes go */
   int cpu_threads;   /* in-process engine: the CPU device's threads (0: one per core) */
+  /* checkpoints (in-process sessions; docs/checkpoint.md "The CLI") */
+  uint64_t ckpt_every;  /* a sealed checkpoint every this many launches (0: none) */
+  const char *ckpt_dir; /* ... into this folder, the last two kept */
+  const char *ckpt_key; /* the key file; NULL: $XDG_CONFIG_HOME/fusebox/checkpoint.key */
+  const char *resume;   /* start from this sealed checkpoint (overrides session.resume) */
 } fb_sess_opts;
 
 /* A running session: the engine objects and the kernel cache. */

@@ -284,6 +284,9 @@ struct fb_session {
   fb_task_hook hook;       /* fb_session_set_task_hook, or NULL */
   void *hook_user;
   struct fbe_ad *ad;       /* tape.c: the tape and the generated kernels; NULL until used */
+  /* fb_session_config as given, what a checkpoint keeps (checkpoint.c) */
+  unsigned cfg_passes;
+  int cfg_flush_every, cfg_max_fuse;
 };
 
 static inline int fail(fb_session *s, int code, const char *fmt, ...)
@@ -352,6 +355,11 @@ void fbe_reap(fb_session *s);
 void fbe_quiesce(fb_session *s);
 int fbe_async_wait_all(fb_session *s);
 int fbe_async_launch(fb_session *s, int kernel, const sess_kernel *sk, fb_value *ret);
+
+/* tape.c, for checkpoint.c: the tape is recording; the per-SNode tables of
+ * the generated clear and seed kernels (NULL when none was made) */
+int fbe_tape_recording(const fb_session *s);
+int fbe_ad_tables(fb_session *s, int **fill, int **seed, int make);
 
 /* trace.c */
 void fbe_trace_close(fb_session *s);

@@ -227,6 +227,9 @@ int fb_session_create(fb_engine *e, const fb_session_config *cfg, const fb_layou
   s->internal_ok = cfg && cfg->allow_internal_ops;
   s->kernel_cap = UINT64_MAX;
   s->partition = cfg ? cfg->cache_partition : 0;
+  s->cfg_passes = cfg ? cfg->passes : 0;
+  s->cfg_flush_every = cfg ? cfg->flush_every : 0;
+  s->cfg_max_fuse = cfg ? cfg->max_fuse_per_task : 0;
   s->pins = fb_code_pins_new(); /* NULL (out of memory): its code is pinned for good */
   pthread_mutex_lock(&e->mu);
   s->pid = e->next_pid++;

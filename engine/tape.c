@@ -81,6 +81,15 @@ void fbe_tape_forget(fb_session *s, int keep) {
   }
 }
 
+int fbe_tape_recording(const fb_session *s) { return s->ad && s->ad->recording; }
+
+int fbe_ad_tables(fb_session *s, int **fill, int **seed, int make) {
+  fbe_ad *a = make ? ad_get(s) : s->ad;
+  *fill = a ? a->fill : NULL;
+  *seed = a ? a->seed : NULL;
+  return make && !a ? FB_ENOMEM : 0;
+}
+
 static const char *field_name(const fb_session *s, int f) {
   const char *n = f >= 0 && f < s->layout->nnodes ? s->layout->nodes[f].name : NULL;
   return n ? n : "?";

@@ -196,6 +196,11 @@ uint8_t *fb_sparse_bits_run(fb_sparse *sp, uint8_t *root, int place, const int64
  * return NULL too: fb_sparse_host_error then returns its code and message
  * once (0: no copy failed since the last call). */
 int fb_sparse_host_error(fb_sparse *sp, char *err, size_t errlen);
+/* Checkpoints (engine/checkpoint.c): give sparse SNode snode's list room
+ * for exactly cap elements (what it held is lost; FB_EQUOTA past the
+ * limit), and the bytes of address space the block pool has. */
+int fb_sparse_restore_list(fb_sparse *sp, int snode, uint64_t cap, char *err, size_t errlen);
+uint64_t fb_sparse_pool_room(const fb_sparse *sp);
 /* Bytes the pool has handed out, and blocks live per SNode (for tests). */
 uint64_t fb_sparse_pool_used(const fb_sparse *sp);
 uint64_t fb_sparse_live_blocks(const fb_sparse *sp, int snode);

@@ -268,6 +268,8 @@ static const char *label(const fb_snode *n, char *buf, size_t len) {
   return buf;
 }
 
+static int list_resize(fb_sparse *sp, int snode, uint64_t cap, char *err, size_t errlen);
+
 int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   if (pull(sp)) return fb_sparse_host_error(sp, err, errlen);
   fb_rt_list *list = &sp->hl[snode];
@@ -283,6 +285,26 @@ int fb_sparse_prepare_list(fb_sparse *sp, int snode, char *err, size_t errlen) {
   uint64_t cap = 64;
   while (cap < need) cap *= 2;
   if (cap > sp->total[snode]) cap = sp->total[snode];
+  return list_resize(sp, snode, cap, err, errlen);
+}
+
+int fb_sparse_restore_list(fb_sparse *sp, int snode, uint64_t cap, char *err, size_t errlen) {
+  if (snode <= 0 || (uint64_t)snode >= sp->h->nnodes || !fb_cg_is_sparse(sp->l->nodes[snode].kind) ||
+      cap > sp->total[snode]) {
+    fb_errf(err, errlen, "the list of SNode %d cannot hold %llu cells", snode,
+            (unsigned long long)cap);
+    return FB_EINVAL;
+  }
+  if (pull(sp)) return fb_sparse_host_error(sp, err, errlen);
+  if (cap == sp->hl[snode].cap) return 0;
+  return list_resize(sp, snode, cap, err, errlen);
+}
+
+uint64_t fb_sparse_pool_room(const fb_sparse *sp) { return sp->pool_reserved; }
+
+/* Give snode's list storage for cap elements (its old storage freed). */
+static int list_resize(fb_sparse *sp, int snode, uint64_t cap, char *err, size_t errlen) {
+  fb_rt_list *list = &sp->hl[snode];
   uint64_t bytes = cap * sizeof(fb_rt_elem), old = list->cap * sizeof(fb_rt_elem);
   uint64_t after = others(sp) - old + bytes + fb_sparse_pool_used(sp);
   const fb_snode *n = &sp->l->nodes[snode];

@@ -5,6 +5,9 @@
 #               fbp_*_from_pb, fb_layout_finalize, fb_kernel_check_public and
 #               fb_verify into the reference interpreter; seeds made from
 #               examples/*.fbk (fuzz_ir --make-seeds)
+#   fuzz_checkpoint  fb_session_restore and the seal's verifier on hostile
+#               checkpoint bytes (seeds: checkpoints of sessions of
+#               examples/*.fbk, fuzz_checkpoint --make-seeds)
 #   fuzz_lang   the .fbk front end on hostile source (seeds: examples/*.fbk)
 #   fuzz_proto  every request fuseboxd unpacks, decoded and converted as the
 #               server does (seeds made from examples/*.fbk: fuzz_proto
@@ -50,12 +53,12 @@ TIMEOUT=${FB_FUZZ_TIMEOUT:-10}
 PARALLEL=${FB_FUZZ_PARALLEL:-0}
 CLANG=${FB_FUZZ_CC:-clang-19}
 TARGET=${FB_FUZZ_TARGET:-fuzz_ir}
-ALL=(fuzz_ir fuzz_lang fuzz_proto)
+ALL=(fuzz_ir fuzz_lang fuzz_proto fuzz_checkpoint)
 die() { echo "fuzz.sh: $*" >&2; exit 2; }
 case "$TARGET" in
-  fuzz_ir | fuzz_lang | fuzz_proto) TARGETS=("$TARGET") ;;
+  fuzz_ir | fuzz_lang | fuzz_proto | fuzz_checkpoint) TARGETS=("$TARGET") ;;
   all) TARGETS=("${ALL[@]}") ;;
-  *) die "unknown FB_FUZZ_TARGET '$TARGET' (fuzz_ir, fuzz_lang, fuzz_proto or all)" ;;
+  *) die "unknown FB_FUZZ_TARGET '$TARGET' (fuzz_ir, fuzz_lang, fuzz_proto, fuzz_checkpoint or all)" ;;
 esac
 num() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive whole number, not '$2'"; }
 num FB_FUZZ_SECONDS "$SECONDS_"

@@ -917,6 +917,126 @@ START_TEST(snapshots_and_pictures) {
 }
 END_TEST
 
+/* Checkpoints of a local run (docs/checkpoint.md "The CLI"): a run that
+ * resumes from a --checkpoint-every file, or from a {"checkpoint": F}
+ * action through "session": {"resume": F}, ends with the same fields,
+ * byte for byte, as one never interrupted (sync and async; random(),
+ * pointer cells that come and go); the last two files are kept; a
+ * modified file, a key readable by others and --server are refused. */
+static const char *ckpt_prog =
+    "layout {\n"
+    "  dense(i: 64) { place u: f32 }\n"
+    "  pointer(i: 8) as pb { dense(i: 8) { place p: i32 } }\n"
+    "  place t: i32\n"
+    "}\n"
+    "kernel bump() {\n"
+    "  t[] += 1\n"
+    "  for i in 0 .. 64 {\n"
+    "    u[i] = u[i] * 0.5 + random()\n"
+    "    if (i + t[]) % 5 == 0 { p[i] += t[] }\n"
+    "  }\n"
+    "  for b in 0 .. 8 { if (b + t[]) % 4 == 0 { deactivate(pb, b) } }\n"
+    "}\n";
+
+START_TEST(checkpoint_resume) {
+  write_file("ck.fbk", ckpt_prog);
+  const char *modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    char json[2048], cmd[8192], *out;
+    snprintf(json, sizeof json,
+             "{ \"name\": \"ck\", \"program\": \"ck.fbk\", \"session\": {\"mode\": \"%s\", "
+             "\"seed\": 5},\n"
+             "  \"step\": [ {\"repeat\": 30, \"do\": [ {\"launch\": \"bump\"} ]},\n"
+             "             {\"checkpoint\": \"mid.fbck\"},\n"
+             "             {\"repeat\": 10, \"do\": [ {\"launch\": \"bump\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"u.npy\"}, {\"read\": \"p\", \"to\": "
+             "\"p.npy\"} ] }\n",
+             modes[m]);
+    write_file("ck.json", json);
+    const char *env = "XDG_CONFIG_HOME=";
+    /* uninterrupted, with checkpoints every 7 launches */
+    snprintf(cmd, sizeof cmd,
+             "%s%s/cfg %s run %s/ck.json --local -o %s/a%d --checkpoint-every 7 "
+             "--checkpoint-dir %s/ck%d",
+             env, tmpdir, fusebox(), tmpdir, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* 40 launches: files at 7 .. 35, the last two kept */
+    char f1[600], f2[600];
+    snprintf(f1, sizeof f1, "%s/ck%d/ck-000000000028.fbck", tmpdir, m);
+    snprintf(f2, sizeof f2, "%s/ck%d/ck-000000000035.fbck", tmpdir, m);
+    ck_assert_msg(access(f1, F_OK) == 0 && access(f2, F_OK) == 0, "no %s or %s", f1, f2);
+    snprintf(cmd, sizeof cmd, "ls %s/ck%d | wc -l", tmpdir, m);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    ck_assert_int_eq(atoi(out), 2);
+    free(out);
+    /* resume from launch 28 (inside the first repeat) and from 35 (after the action) */
+    const char *from[2] = {f1, f2};
+    for (int k = 0; k < 2; k++) {
+      snprintf(cmd, sizeof cmd, "%s%s/cfg %s run %s/ck.json --resume %s -o %s/r%d%d", env, tmpdir,
+               fusebox(), tmpdir, from[k], tmpdir, m, k);
+      ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+      free(out);
+      snprintf(cmd, sizeof cmd, "cmp %s/a%d/u.npy %s/r%d%d/u.npy && cmp %s/a%d/p.npy %s/r%d%d/p.npy",
+               tmpdir, m, tmpdir, m, k, tmpdir, m, tmpdir, m, k);
+      ck_assert_msg(sh(cmd, &out) == 0, "resumed from %s: %s", from[k], out);
+      free(out);
+    }
+    /* the action's checkpoint, through session.resume */
+    snprintf(json, sizeof json,
+             "{ \"name\": \"ck\", \"program\": \"ck.fbk\", \"session\": {\"resume\": "
+             "\"a%d/mid.fbck\"},\n"
+             "  \"step\": [ {\"repeat\": 30, \"do\": [ {\"launch\": \"bump\"} ]},\n"
+             "             {\"repeat\": 10, \"do\": [ {\"launch\": \"bump\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"u.npy\"} ] }\n",
+             m);
+    write_file("ck2.json", json);
+    snprintf(cmd, sizeof cmd, "%s%s/cfg %s run %s/ck2.json --local -o %s/s%d", env, tmpdir,
+             fusebox(), tmpdir, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cmp %s/a%d/u.npy %s/s%d/u.npy", tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+  }
+  /* a modified checkpoint */
+  char cmd[8192], *out;
+  snprintf(cmd, sizeof cmd,
+           "cp %s/ck0/ck-000000000035.fbck %s/bad.fbck && printf 'X' | dd of=%s/bad.fbck bs=1 "
+           "seek=300 conv=notrunc 2>/dev/null && XDG_CONFIG_HOME=%s/cfg %s run %s/ck.json "
+           "--resume %s/bad.fbck -o %s/bad",
+           tmpdir, tmpdir, tmpdir, tmpdir, fusebox(), tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "the checkpoint was modified or was written with another server key"),
+                "%s", out);
+  free(out);
+  /* another key */
+  snprintf(cmd, sizeof cmd,
+           "head -c 40 /dev/urandom > %s/other.key && chmod 600 %s/other.key && %s run %s/ck.json "
+           "--checkpoint-key %s/other.key --resume %s/ck0/ck-000000000035.fbck -o %s/bad",
+           tmpdir, tmpdir, fusebox(), tmpdir, tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "another server key"), "%s", out);
+  free(out);
+  /* a key others can read */
+  snprintf(cmd, sizeof cmd,
+           "chmod 644 %s/other.key && %s run %s/ck.json --checkpoint-key %s/other.key "
+           "--checkpoint-every 5 --checkpoint-dir %s/ckk -o %s/bad",
+           tmpdir, fusebox(), tmpdir, tmpdir, tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "can be read by others"), "%s", out);
+  free(out);
+  /* on a server: not yet */
+  snprintf(cmd, sizeof cmd,
+           "%s run %s/ck.json --server unix:/nonexistent --checkpoint-every 5 --checkpoint-dir "
+           "%s/cks",
+           fusebox(), tmpdir, tmpdir);
+  ck_assert_int_eq(sh(cmd, &out), 2);
+  ck_assert_msg(strstr(out, "not supported by this CLI yet"), "%s", out);
+  free(out);
+}
+END_TEST
+
 /* `fusebox check` (and run) refuse a bad save with its JSON path. */
 START_TEST(bad_saves_are_named) {
   write_file("snap.fbk", snap_prog);
@@ -1937,6 +2057,7 @@ int main(void) {
   tcase_add_test(tc, run_prints_layout_warnings);
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
+  tcase_add_test(tc, checkpoint_resume);
   tcase_add_test(tc, bad_saves_are_named);
   tcase_add_test(tc, orientation_and_particles);
   tcase_add_test(tc, outputs_stay_inside);

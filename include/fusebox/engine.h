@@ -354,6 +354,72 @@ int fb_session_trace_graph(fb_session *s, uint64_t flush, fb_graph_trace_fn fn, 
 int fb_session_trace_begin(fb_session *s, const char *path);
 int fb_session_trace_end(fb_session *s);
 
+/* ---- checkpoint and restore (docs/checkpoint.md)
+ *
+ * A session's whole state as a byte stream, and a new session from one.
+ * The stream: a versioned header, then parts (session options and counts,
+ * the layout, the kernels with their adjoint and tangent links, the
+ * tape's generated-kernel tables, every field's storage in chunks, the
+ * sparse runtime's allocators, block pool and lists), then a manifest with
+ * a SHA-256 of every part. */
+
+/* The checkpoint format this build writes and reads. */
+#define FB_CHECKPOINT_FORMAT 1
+
+/* A byte sink: 0 on success, non-zero stops the writer (it then fails with FB_EIO). */
+typedef int (*fb_sink_fn)(void *user, const void *buf, size_t n);
+/* A byte source: bytes read (> 0), 0 at the end, < 0 on error. */
+typedef long (*fb_source_fn)(void *user, void *buf, size_t n);
+
+/* The session's whole state (it syncs first; async: pending and fused work
+ * runs first) as an unsealed checkpoint stream: versioned header, then
+ * parts (layout, kernels incl. adjoints/tangents/custom adjoints, every
+ * field's storage incl. sparse structure and activity, random state,
+ * launch count, session options), then a manifest with a SHA-256 per part.
+ * Refused (FB_EINVAL) while a tape is being recorded. The session goes on
+ * unchanged whatever happens to the stream. */
+int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err, size_t errlen);
+/* A new session on e from such a stream. limits: memory_limit,
+ * max_kernel_statements, cache_partition (the restoring side's policy) are
+ * taken from it; mode, seed, passes, flush_every, ... from the checkpoint.
+ * Refuses a stream of another version, a truncated one, a part whose hash
+ * differs, a state over memory_limit (FB_EQUOTA), with a clear message; on
+ * any failure nothing is left behind (*out stays NULL). */
+int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
+                       fb_session **out, char *err, size_t errlen);
+
+/* The seal: an owner and an HMAC-SHA256 (OpenSSL) around a checkpoint
+ * stream, so that a checkpoint file is bound to a key kept outside the
+ * checkpoint directory and to one owner (a tenant of fuseboxd; "" for the
+ * local CLI). */
+typedef struct fb_seal fb_seal;
+#define FB_SEAL_KEY_MIN 32  /* bytes a key must have */
+#define FB_SEAL_KEY_MAX 256 /* bytes fb_seal_key_load reads at most */
+#define FB_SEAL_OWNER_MAX 255 /* bytes of an owner */
+/* Wraps sink: bytes given to fb_seal_write go through to sink and into the
+ * MAC. NULL: a key shorter than FB_SEAL_KEY_MIN, an owner longer than
+ * FB_SEAL_OWNER_MAX, or out of memory. */
+fb_seal *fb_seal_begin(const uint8_t *key, size_t keylen, const char *owner, fb_sink_fn sink,
+                       void *user);
+int fb_seal_write(void *seal, const void *buf, size_t n); /* an fb_sink_fn */
+int fb_seal_finish(fb_seal *s, char *err, size_t errlen); /* writes the trailer; frees s */
+void fb_seal_abort(fb_seal *s);                           /* frees without a trailer */
+/* Checks a whole sealed checkpoint in fd (from offset 0): format, version,
+ * HMAC, owner. On success *payload_len is the length of the checkpoint
+ * stream that precedes the trailer (restore from fd's first payload_len
+ * bytes). Errors name the problem in the user's terms: "the checkpoint was
+ * modified or was written with another server key", "the checkpoint
+ * belongs to another tenant", "the checkpoint is truncated", "the
+ * checkpoint was written by Fusebox format N, this server reads M". */
+int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
+                      uint64_t *payload_len, char *err, size_t errlen);
+/* The key file: read one (must be a regular file, mode 0600 or stricter,
+ * owned by us, FB_SEAL_KEY_MIN+ bytes), or create one with 32 random bytes
+ * (O_EXCL, 0600) when asked to and there is none. key has room for
+ * FB_SEAL_KEY_MAX bytes; *keylen receives its length. */
+int fb_seal_key_load(const char *path, int create, uint8_t *key, size_t *keylen, char *err,
+                     size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif
