@@ -32,24 +32,6 @@
 #include "proto/convert.h"
 #include "proto/wire.h"
 
-#ifndef FB_SEAL_KEY_MIN /* until engine.h has the checkpoint API (branch ckpt) */
-typedef int (*fb_sink_fn)(void *user, const void *buf, size_t n);
-typedef long (*fb_source_fn)(void *user, void *buf, size_t n);
-int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err, size_t errlen);
-int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
-                       fb_session **out, char *err, size_t errlen);
-typedef struct fb_seal fb_seal;
-fb_seal *fb_seal_begin(const uint8_t *key, size_t keylen, const char *owner, fb_sink_fn sink,
-                       void *user);
-int fb_seal_write(void *seal, const void *buf, size_t n);
-int fb_seal_finish(fb_seal *s, char *err, size_t errlen);
-void fb_seal_abort(fb_seal *s);
-int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
-                      uint64_t *payload_len, char *err, size_t errlen);
-int fb_seal_key_load(const char *path, int create, uint8_t *key, size_t *keylen, char *err,
-                     size_t errlen);
-#endif
-
 #define FBD_VERSION "0.1.0"
 #define FBD_ERRLEN 4096
 #define FBD_MAX_LISTEN 8
