@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* memfd_create, O_TMPFILE */
-/* Checkpoints in fuseboxd, the broker's side (docs/checkpoint-service.md):
+/* Checkpoints in fuseboxd, the broker's side (docs/security.md "Checkpoints on fuseboxd"):
  * the server key, the checkpoint directory (one subdirectory per tenant,
  * names chosen here), the seal around the unsealed stream the engine side
  * makes (the key never reaches a worker process), and where the sealed
