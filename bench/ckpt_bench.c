@@ -7,7 +7,9 @@
  * over the time): checkpoint (stream, seal, write; the fsync after it
  * timed apart), verify (the seal's HMAC over the file), restore (read,
  * SHA-256 per part, into the new session) and verify + restore, the time a
- * resume takes. The restored field is compared with the original.
+ * resume takes, with the CPU time of each (all threads), which does not
+ * depend on what else the machine runs. The restored field is compared
+ * with the original.
  *   ckpt_bench [--mib N] [--repeat R] [--dir D] */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -22,6 +24,14 @@
 static double now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* CPU time of the whole process (every thread): what a phase costs
+ * whatever else the machine runs. */
+static double cpu(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -99,28 +109,28 @@ int main(int argc, char **argv) {
   memset(key, 7, sizeof key);
   char path[4096];
   snprintf(path, sizeof path, "%s/ckpt_bench.%d.fbck", dir, (int)getpid());
-  double ck[64], sy[64], ve[64], re[64], vr[64];
+  double ck[64], sy[64], ve[64], re[64], vr[64], cck[64], cve[64], cre[64];
   for (int r = 0; r < repeat; r++) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) die(path, "cannot create");
-    double t0 = now();
+    double c0 = cpu(), t0 = now();
     fb_seal *seal = fb_seal_begin(key, sizeof key, "", fd_sink, &fd);
     if (fb_session_checkpoint(s, fb_seal_write, seal, err, sizeof err)) die("checkpoint", err);
     if (fb_seal_finish(seal, err, sizeof err)) die("seal", err);
-    double t1 = now();
+    double t1 = now(), c1 = cpu();
     fsync(fd);
     double t2 = now();
     close(fd);
     fd = open(path, O_RDONLY);
     uint64_t plen = 0;
-    double t3 = now();
+    double c3 = cpu(), t3 = now();
     if (fb_seal_verify_fd(fd, key, sizeof key, "", &plen, err, sizeof err)) die("verify", err);
-    double t4 = now();
+    double t4 = now(), c4 = cpu();
     lseek(fd, 0, SEEK_SET);
     src sr = {fd, plen};
     fb_session *b = NULL;
     if (fb_session_restore(e, NULL, fd_src, &sr, &b, err, sizeof err)) die("restore", err);
-    double t5 = now();
+    double t5 = now(), c5 = cpu();
     close(fd);
     if (fb_field_read(b, a, back, bytes)) die("read", fb_session_errmsg(b));
     if (memcmp(v, back, bytes)) die("restore", "the restored field differs");
@@ -130,19 +140,26 @@ int main(int argc, char **argv) {
     ve[r] = t4 - t3;
     re[r] = t5 - t4;
     vr[r] = t5 - t3;
+    cck[r] = c1 - c0;
+    cve[r] = c4 - c3;
+    cre[r] = c5 - c4;
   }
   unlink(path);
   double gb = (double)bytes / 1e9;
   printf("state %.3f GB (%llu MiB dense f32), %d runs, medians, %s\n", gb,
          (unsigned long long)mib, repeat, fb_engine_device(e));
-  printf("checkpoint (sealed, to the file): %.3f s  %.2f GB/s   (fsync after it: %.3f s)\n",
-         median(ck, repeat), gb / median(ck, repeat), median(sy, repeat));
-  printf("verify (HMAC of the file):        %.3f s  %.2f GB/s\n", median(ve, repeat),
-         gb / median(ve, repeat));
-  printf("restore (read, SHA-256, into a new session): %.3f s  %.2f GB/s\n", median(re, repeat),
-         gb / median(re, repeat));
-  printf("verify + restore (a resume):      %.3f s  %.2f GB/s\n", median(vr, repeat),
-         gb / median(vr, repeat));
+  double mck = median(ck, repeat), mve = median(ve, repeat), mre = median(re, repeat);
+  double mvr = median(vr, repeat), cc = median(cck, repeat), cv = median(cve, repeat);
+  double cr = median(cre, repeat);
+  printf("phase                              wall s   GB/s   CPU s (all threads)\n");
+  printf("checkpoint (sealed, to the file)  %7.3f %6.2f %7.3f   (fsync after it: %.3f s)\n", mck,
+         gb / mck, cc, median(sy, repeat));
+  printf("verify (HMAC of the file)         %7.3f %6.2f %7.3f\n", mve, gb / mve, cv);
+  printf("restore (read, SHA-256, new session) %4.3f %6.2f %7.3f\n", mre, gb / mre, cr);
+  printf("verify + restore (a resume)       %7.3f %6.2f %7.3f\n", mvr, gb / mvr, cv + cr);
+  double la[3];
+  if (getloadavg(la, 3) == 3) printf("load average now: %.2f (%ld cores online)\n", la[0],
+                                     sysconf(_SC_NPROCESSORS_ONLN));
   free(v);
   free(back);
   fb_session_destroy(s);

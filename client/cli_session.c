@@ -362,6 +362,8 @@ static int check_schema(json_t *root, char **err) {
   if (s && json_object_get(s, "passes") &&
       (rc = only_keys(json_object_get(s, "passes"), "$.session.passes", pass_keys, err)))
     return rc;
+  if (s && json_object_get(s, "resume") && !json_is_string(json_object_get(s, "resume")))
+    return errf(err, FB_EINVAL, "$.session.resume: expected the path of a checkpoint file");
   json_t *b = json_object_get(root, "bench");
   if (b && (rc = only_keys(b, "$.bench", bench_keys, err))) return rc;
   if ((rc = check_actions(json_object_get(root, "setup"), "$.setup", err))) return rc;

@@ -106,11 +106,58 @@ static void bb_str(bbuf *b, const char *s) {
 
 /* ---------------------------------------------------------------- the writer */
 
+/* A thread that hashes a large chunk while the caller's thread gives the
+ * same chunk to the sink (which, sealed, computes the HMAC over it and
+ * writes it): the two SHA-256 passes run side by side. */
+typedef struct hasher {
+  pthread_t t;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  EVP_MD_CTX *md;
+  const void *p;
+  size_t n;
+  int busy, stop, ok, started;
+} hasher;
+
+static void *hasher_main(void *arg) {
+  hasher *h = arg;
+  pthread_mutex_lock(&h->mu);
+  for (;;) {
+    while (!h->busy && !h->stop) pthread_cond_wait(&h->cv, &h->mu);
+    if (!h->busy) break;
+    const void *p = h->p;
+    size_t n = h->n;
+    pthread_mutex_unlock(&h->mu);
+    int ok = EVP_DigestUpdate(h->md, p, n);
+    pthread_mutex_lock(&h->mu);
+    h->ok = ok;
+    h->busy = 0;
+    pthread_cond_broadcast(&h->cv);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+static void hasher_stop(hasher *h) {
+  if (!h->started) return;
+  pthread_mutex_lock(&h->mu);
+  h->stop = 1;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  pthread_join(h->t, NULL);
+  pthread_cond_destroy(&h->cv);
+  pthread_mutex_destroy(&h->mu);
+  h->started = 0;
+}
+
+#define PAR_MIN ((size_t)1 << 20) /* chunks hashed beside the sink */
+
 typedef struct wr {
   fb_sink_fn sink;
   void *user;
   int failed;
   EVP_MD_CTX *md;
+  hasher h;
   part_ent parts[MAX_PARTS];
   int nparts;
   uint64_t left; /* bytes of the open part still to come */
@@ -135,12 +182,36 @@ static void w_begin(wr *w, uint32_t kind, uint64_t len) {
 
 static void w_data(wr *w, const void *p, size_t n) {
   if (w->failed) return;
-  if (n > w->left || !EVP_DigestUpdate(w->md, p, n)) {
+  if (n > w->left) {
     w->failed = 1;
     return;
   }
   w->left -= n;
-  w_raw(w, p, n);
+  hasher *h = &w->h;
+  if (n >= PAR_MIN && !h->started) {
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->busy = h->stop = 0;
+    if (pthread_create(&h->t, NULL, hasher_main, h) == 0) h->started = 1;
+    else pthread_cond_destroy(&h->cv), pthread_mutex_destroy(&h->mu);
+  }
+  if (n < PAR_MIN || !h->started) {
+    if (!EVP_DigestUpdate(w->md, p, n)) w->failed = 1;
+    w_raw(w, p, n);
+    return;
+  }
+  pthread_mutex_lock(&h->mu);
+  h->md = w->md;
+  h->p = p;
+  h->n = n;
+  h->busy = 1;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  w_raw(w, p, n); /* the sink, meanwhile */
+  pthread_mutex_lock(&h->mu);
+  while (h->busy) pthread_cond_wait(&h->cv, &h->mu);
+  if (!h->ok) w->failed = 1;
+  pthread_mutex_unlock(&h->mu);
 }
 
 static void w_end(wr *w) {
@@ -346,7 +417,9 @@ int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err,
     put_sparse(st, &b);
     w_part(&w, PART_SPARSE, &b);
     w_begin(&w, PART_POOL, st->pool_used);
-    w_data(&w, st->pool, st->pool_used);
+    for (uint64_t at = 0; at < st->pool_used; at += CHUNK)
+      w_data(&w, st->pool + at,
+             st->pool_used - at < CHUNK ? (size_t)(st->pool_used - at) : CHUNK);
     w_end(&w);
   }
   if (!rc && b.oom) {
@@ -377,6 +450,7 @@ int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err,
     fb_errf(err, errlen, "the checkpoint could not be written (the destination refused it)");
     rc = FB_EIO;
   }
+  hasher_stop(&w.h);
   EVP_MD_CTX_free(w.md);
   free(b.p);
   free(bounce);
@@ -392,6 +466,7 @@ typedef struct rd {
   size_t at, n;
   int eof, bad;
   EVP_MD_CTX *md;
+  hasher h;
   uint64_t left; /* bytes of the open part still to come */
   part_ent parts[MAX_PARTS];
   int nparts;
@@ -799,6 +874,50 @@ static int get_ad(rd *r, fb_session *s) {
   return 0;
 }
 
+/* The hash of the chunk before, when one is being computed beside. */
+static void r_hash_wait(rd *r) {
+  hasher *h = &r->h;
+  if (!h->started) return;
+  pthread_mutex_lock(&h->mu);
+  while (h->busy) pthread_cond_wait(&h->cv, &h->mu);
+  int ok = h->ok;
+  h->ok = 1;
+  pthread_mutex_unlock(&h->mu);
+  if (!ok) rfail(r, FB_EIO, "SHA-256 failed (OpenSSL)");
+}
+
+/* r_data for a large chunk of host-readable memory: the chunk is hashed
+ * on the hasher thread while the next one is read (r_hash_wait before the
+ * part ends). */
+static int r_data_par(rd *r, void *dst, size_t n) {
+  hasher *h = &r->h;
+  if (n >= PAR_MIN && !h->started) {
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->busy = h->stop = 0;
+    h->ok = 1;
+    if (pthread_create(&h->t, NULL, hasher_main, h) == 0) h->started = 1;
+    else pthread_cond_destroy(&h->cv), pthread_mutex_destroy(&h->mu);
+  }
+  if (n < PAR_MIN || !h->started) {
+    r_hash_wait(r);
+    return r_data(r, dst, n);
+  }
+  if (r->bad) return r->bad;
+  if (n > r->left) return rfail(r, FB_EINVAL, "the checkpoint is damaged (a part ends early)");
+  if (r_raw(r, dst, n)) return r->bad;
+  r->left -= n;
+  r_hash_wait(r);
+  pthread_mutex_lock(&h->mu);
+  h->md = r->md;
+  h->p = dst;
+  h->n = n;
+  h->busy = 1;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  return 0;
+}
+
 /* Part bytes into device memory [dev, dev + n), in chunks. */
 static int r_dev(rd *r, fb_session *s, uint8_t *dev, uint64_t n, uint8_t *bounce) {
   int copies = fb_memsys_copies(s->mem.ms);
@@ -811,10 +930,11 @@ static int r_dev(rd *r, fb_session *s, uint8_t *dev, uint64_t n, uint8_t *bounce
         if (rc) return rfail(r, rc, "%s", msg);
       }
     } else {
-      r_data(r, dev + at, k);
+      r_data_par(r, dev + at, k);
     }
     at += k;
   }
+  r_hash_wait(r);
   return r->bad;
 }
 
@@ -942,7 +1062,9 @@ static int get_sparse(rd *r, fb_session *s) {
     rc = rfail(r, FB_EINVAL, "the checkpoint is damaged (its block pool has the wrong size)");
   if (!rc && !r->bad) {
     st->pool_used = used;
-    r_data(r, st->pool, used);
+    for (uint64_t at = 0; at < used && !r->bad; at += CHUNK)
+      r_data_par(r, st->pool + at, used - at < CHUNK ? (size_t)(used - at) : CHUNK);
+    r_hash_wait(r);
     r_end(r);
   }
   /* the structure: slots in the root and in live blocks, then in the
@@ -952,11 +1074,25 @@ static int get_sparse(rd *r, fb_session *s) {
   for (uint64_t i = 1; !r->bad && !x.bad && i < nn; i++) {
     uint64_t hm = ((uint64_t)1 << 40) - 1, h = st->allocs[i].pending & hm, steps = 0;
     while (h && !x.bad) {
-      if (h * 8 < 16 || h * 8 > used || used - h * 8 < stride[i] - 16 || ++steps > used / 16) {
+      if (h * 8 < 16 || (h * 8) % 16 || h * 8 > used || used - (h * 8 - 16) < stride[i] ||
+          ++steps > used / 16) {
         x.bad = 1;
         break;
       }
       if (l->nodes[i].kind == FB_SN_POINTER) reloc_cell(&x, (int)i, st->pool + h * 8);
+      h = *(uint64_t *)(st->pool + h * 8 - 8) & hm;
+    }
+  }
+  /* the free lists: every link a block of the SNode's size inside the
+   * pool (a pop follows them without a check) */
+  for (uint64_t i = 1; !r->bad && !x.bad && i < nn; i++) {
+    uint64_t hm = ((uint64_t)1 << 40) - 1, h = st->allocs[i].free_head & hm, steps = 0;
+    while (h && !x.bad) {
+      if (h * 8 < 16 || (h * 8) % 16 || h * 8 > used || used - (h * 8 - 16) < stride[i] ||
+          ++steps > used / 16) {
+        x.bad = 1;
+        break;
+      }
       h = *(uint64_t *)(st->pool + h * 8 - 8) & hm;
     }
   }
@@ -1105,6 +1241,8 @@ int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_
     }
     s->dev_bytes = fb_devmem_used(&s->mem);
   }
+  r_hash_wait(&r);
+  hasher_stop(&r.h);
   free(bounce);
   free(r.buf);
   EVP_MD_CTX_free(r.md);

@@ -14,9 +14,10 @@ _fusebox() {
   local cmd=${COMP_WORDS[1]}
   case $prev in
     --mode) COMPREPLY=($(compgen -W "sync async" -- "$cur")); return ;;
-    --server | --param | --flush | --warmup | --repeat | --kernel | --bind | --modes) return ;;
-    -o | --output-dir | --graph | --out) COMPREPLY=($(compgen -d -- "$cur")); return ;;
-    --trace | --json | --csv) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+    --server | --param | --flush | --warmup | --repeat | --kernel | --bind | --modes | \
+      --checkpoint-every) return ;;
+    -o | --output-dir | --graph | --out | --checkpoint-dir) COMPREPLY=($(compgen -d -- "$cur")); return ;;
+    --trace | --json | --csv | --resume | --checkpoint-key) COMPREPLY=($(compgen -f -- "$cur")); return ;;
   esac
   if [ "$cmd" = help ]; then
     [ "$COMP_CWORD" -eq 2 ] || return

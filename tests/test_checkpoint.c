@@ -497,6 +497,34 @@ START_TEST(over_memory_limit_refused) {
 }
 END_TEST
 
+/* A field of 12 MiB: its chunks are hashed on a second thread while the
+ * sink (or the reader) works; a flipped byte deep inside is still found. */
+START_TEST(large_field_chunks) {
+  run a;
+  run_open(&a, "layout { dense(i: 3145728) { place w: f32 } }\n"
+               "kernel k(t: i32) { for i in 0 .. 3145728 { w[i] += random() + t } }\n",
+           "sync", 0);
+  int k = add(a.s, a.p, "k");
+  launch(a.s, k, 1);
+  mbuf m = {0};
+  checkpoint_to(a.s, &m);
+  ck_assert_uint_gt(m.n, (size_t)12 << 20);
+  fb_engine *e = engine_new();
+  fb_session *b = restore_from(e, &m, NULL);
+  launch(a.s, k, 2);
+  launch(b, k, 2);
+  same_state(a.s, b, "large field");
+  fb_session_destroy(b);
+  char err[512];
+  m.p[m.n / 2] ^= 1;
+  ck_assert_int_eq(try_restore(e, m.p, m.n, NULL, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "fields part does not match its SHA-256"), "%s", err);
+  fb_engine_destroy(e);
+  free(m.p);
+  run_close(&a);
+}
+END_TEST
+
 /* ---------------------------------------------------------------- the seal */
 
 static const uint8_t KEY[32] = "0123456789abcdef0123456789abcdef";
@@ -653,6 +681,7 @@ int main(void) {
   tcase_add_test(tc, every_truncation_refused);
   tcase_add_test(tc, other_format_refused);
   tcase_add_test(tc, over_memory_limit_refused);
+  tcase_add_test(tc, large_field_chunks);
   tcase_add_test(tc, seal_round_trip);
   tcase_add_test(tc, seal_every_flip_and_cut_refused);
   tcase_add_test(tc, key_file_rules);
