@@ -85,6 +85,74 @@ void fbc_initial_md(fb_client *c, grpc_op *op) {
   op->data.send_initial_metadata.metadata = c->nauth ? &c->auth : NULL;
 }
 
+void fbc_initial_md_route(fb_client *c, grpc_op *op, grpc_metadata md[2], const fbc_route *rt) {
+  fbc_initial_md(c, op);
+  if (!rt || !rt->key[0]) return;
+  size_t n = 0;
+  if (c->nauth) md[n++] = c->auth;
+  md[n].key = grpc_slice_from_static_string("fusebox-route");
+  md[n++].value = grpc_slice_from_static_string(rt->key);
+  op->data.send_initial_metadata.count = n;
+  op->data.send_initial_metadata.metadata = md;
+}
+
+int fbc_route_init(fbc_route *rt) {
+  memset(rt, 0, sizeof *rt);
+  uint8_t b[16];
+  FILE *f = fopen("/dev/urandom", "rb");
+  size_t got = f ? fread(b, 1, sizeof b, f) : 0;
+  if (f) fclose(f);
+  if (got != sizeof b) return FB_EIO;
+  for (int i = 0; i < 16; i++) snprintf(rt->key + 2 * i, 3, "%02x", b[i]);
+  return 0;
+}
+
+void fbc_route_replica(fbc_route *rt, const grpc_metadata_array *md) {
+  /* the first answer's (CreateSession): the replica that holds the session */
+  for (size_t i = 0; rt && !rt->replica[0] && md && i < md->count; i++) {
+    const grpc_metadata *m = &md->metadata[i];
+    if (grpc_slice_str_cmp(m->key, "fusebox-replica") != 0) continue;
+    size_t n = GRPC_SLICE_LENGTH(m->value);
+    if (n >= sizeof rt->replica) n = sizeof rt->replica - 1;
+    memcpy(rt->replica, GRPC_SLICE_START_PTR(m->value), n);
+    rt->replica[n] = 0;
+  }
+}
+
+int fbc_route_lost(const fbc_route *rt, char *err, size_t errlen) {
+  fb_errf(err, errlen,
+          "session %.8s lost: replica %s unreachable (its state is gone; open a new session)",
+          rt->session, rt->replica[0] ? rt->replica : "?");
+  return FB_EIO;
+}
+
+/* Whether e says the session's replica is gone rather than anything of
+ * fuseboxd's own (which always sends fusebox-code). */
+static int end_lost(const fbc_end *e) {
+  int fuseboxd = 0;
+  for (size_t i = 0; i < e->trailing.count; i++)
+    fuseboxd |= grpc_slice_str_cmp(e->trailing.metadata[i].key, FBP_CODE_KEY) == 0;
+  char d[512];
+  size_t n = GRPC_SLICE_LENGTH(e->details) < sizeof d - 1 ? GRPC_SLICE_LENGTH(e->details)
+                                                          : sizeof d - 1;
+  memcpy(d, GRPC_SLICE_START_PTR(e->details), n);
+  d[n] = 0;
+  if (e->status == GRPC_STATUS_NOT_FOUND && strstr(d, "(lost or moved)")) return 1;
+  if (fuseboxd) return 0;
+  /* a proxy's 502/503/504 reads as UNAVAILABLE or UNKNOWN "Received http2
+     header with status: 502"; a backend gone mid-stream as a reset stream */
+  return e->status == GRPC_STATUS_UNAVAILABLE || strstr(d, "http2 header with status") ||
+         ((e->status == GRPC_STATUS_INTERNAL || e->status == GRPC_STATUS_UNKNOWN ||
+           e->status == GRPC_STATUS_CANCELLED) &&
+          strstr(d, "RST_STREAM")); /* HAProxy: RST_STREAM CANCEL */
+}
+
+int fbc_end_route(const fbc_end *e, const fbc_route *rt, char *err, size_t errlen) {
+  int code = fbc_end_code(e, err, errlen);
+  if (code && rt && rt->session && end_lost(e)) return fbc_route_lost(rt, err, errlen);
+  return code;
+}
+
 int fbc_start(grpc_call *call, const grpc_op *ops, size_t n, void *tag) {
   return grpc_call_start_batch(call, ops, n, tag, NULL) == GRPC_CALL_OK ? 0 : FB_EINTERNAL;
 }
@@ -117,8 +185,8 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag) {
  * caller): initial metadata, the request, close, the reply's metadata and
  * its message. */
 static void unary_ops(fb_client *c, grpc_op *ops, grpc_byte_buffer *req, grpc_metadata_array *md,
-                      grpc_byte_buffer **rbb) {
-  fbc_initial_md(c, &ops[0]);
+                      grpc_byte_buffer **rbb, grpc_metadata rmd[2], const fbc_route *rt) {
+  fbc_initial_md_route(c, &ops[0], rmd, rt);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = req;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -129,8 +197,8 @@ static void unary_ops(fb_client *c, grpc_op *ops, grpc_byte_buffer *req, grpc_me
 }
 
 /* One message each way on a fresh call. */
-static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, grpc_slice *resp,
-                     char *err, size_t errlen) {
+static int raw_unary(fb_client *c, fbc_route *rt, const char *method, grpc_byte_buffer *req,
+                     grpc_slice *resp, char *err, size_t errlen) {
   grpc_call *call = fbc_call_new(c, method, 1);
   if (!call) {
     fb_errf(err, errlen, "cannot create a call to %s", method);
@@ -143,15 +211,18 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
   grpc_byte_buffer *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  unary_ops(c, ops, req, &init_md, &rbb);
+  grpc_metadata rmd[2];
+  unary_ops(c, ops, req, &init_md, &rbb, rmd, rt);
   ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
   ops[5].data.recv_status_on_client.trailing_metadata = &e.trailing;
   ops[5].data.recv_status_on_client.status = &e.status;
   ops[5].data.recv_status_on_client.status_details = &e.details;
   int tag;
   int ok = fbc_batch(c, call, ops, 6, &tag);
-  int rc = ok > 0 ? fbc_end_code(&e, err, errlen) : FB_EIO;
-  if (ok == 0) fb_errf(err, errlen, "%s: the call failed", method);
+  int rc = ok > 0 ? fbc_end_route(&e, rt, err, errlen) : FB_EIO;
+  if (ok > 0) fbc_route_replica(rt, &init_md);
+  if (ok == 0 && rt && rt->session) rc = fbc_route_lost(rt, err, errlen);
+  else if (ok == 0) fb_errf(err, errlen, "%s: the call failed", method);
   if (ok < 0)
     fb_errf(err, errlen, "%s: no answer within %lld ms", method, (long long)c->timeout_ms);
   if (resp) *resp = rc == 0 && rbb ? fbp_bb_slice(rbb) : grpc_empty_slice();
@@ -164,8 +235,13 @@ static int raw_unary(fb_client *c, const char *method, grpc_byte_buffer *req, gr
 
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen) {
+  return fbc_unary_route(c, NULL, method, req, resp, err, errlen);
+}
+
+int fbc_unary_route(fb_client *c, fbc_route *rt, const char *method, const ProtobufCMessage *req,
+                    grpc_slice *resp, char *err, size_t errlen) {
   grpc_byte_buffer *bb = fbp_bb_pack(req, NULL);
-  int rc = raw_unary(c, method, bb, resp, err, errlen);
+  int rc = raw_unary(c, rt, method, bb, resp, err, errlen);
   grpc_byte_buffer_destroy(bb);
   return rc;
 }
@@ -477,7 +553,8 @@ int fb_client_raw_call(fb_client *c, const char *method, const void *req, size_t
   grpc_byte_buffer *rq = fbp_bb_from(req, len), *rbb = NULL;
   grpc_op ops[6];
   memset(ops, 0, sizeof ops);
-  unary_ops(c, ops, rq, &init_md, &rbb);
+  grpc_metadata rmd[2];
+  unary_ops(c, ops, rq, &init_md, &rbb, rmd, NULL);
   int tag, stag;
   int ok = fbc_batch(c, call, ops, 5, &tag);
   /* the status separately: a stream may answer with no message at all */

@@ -47,9 +47,33 @@ void fbc_end_free(fbc_end *e);
  * message into err. */
 int fbc_end_code(const fbc_end *e, char *err, size_t errlen);
 
+/* Routing to one replica behind a proxy (docs/protocol.md, "Replicas"):
+ * every call of a session carries its key in "fusebox-route"; the replica
+ * that answers names itself in "fusebox-replica". Once session is set
+ * (the session exists), a failure that means its replica is gone
+ * (UNAVAILABLE or a proxy's 502/503 with no fusebox-code, a stream reset
+ * by a proxy, NOT_FOUND "... (lost or moved)") reads "session S lost:
+ * replica R unreachable". */
+typedef struct fbc_route {
+  char key[33];      /* 32 hex digits, random per session */
+  char replica[64];  /* who answered CreateSession ("" before: unknown) */
+  const char *session; /* the session's id once it exists, else NULL */
+} fbc_route;
+
+/* A fresh random key into rt (FB_EIO when the system has no randomness). */
+int fbc_route_init(fbc_route *rt);
+/* The replica named in md, if any, into rt. */
+void fbc_route_replica(fbc_route *rt, const grpc_metadata_array *md);
+/* fbc_end_code, and the lost-session message when e says the replica is gone. */
+int fbc_end_route(const fbc_end *e, const fbc_route *rt, char *err, size_t errlen);
+/* err: "session S lost: replica R unreachable ..." (FB_EIO). */
+int fbc_route_lost(const fbc_route *rt, char *err, size_t errlen);
+
 grpc_call *fbc_call_new(fb_client *c, const char *method, int with_deadline);
 /* Make op (GRPC_OP_SEND_INITIAL_METADATA) carry the client's token, if any. */
 void fbc_initial_md(fb_client *c, grpc_op *op);
+/* The same, with rt's key too (md: room for both, alive until the batch starts). */
+void fbc_initial_md_route(fb_client *c, grpc_op *op, grpc_metadata md[2], const fbc_route *rt);
 /* Start a batch and wait for it. 1 when it succeeded, 0 when it failed,
  * -1 when it timed out (the call is then cancelled). wait = 0: start only. */
 int fbc_batch(fb_client *c, grpc_call *call, const grpc_op *ops, size_t n, void *tag);
@@ -62,6 +86,10 @@ int fbc_start_status(grpc_call *call, fbc_end *e, void *tag);
  * (a slice to unref; may be NULL) and the message into err. */
 int fbc_unary(fb_client *c, const char *method, const ProtobufCMessage *req, grpc_slice *resp,
               char *err, size_t errlen);
+/* The same for a call of a session: routed by rt (NULL: none), the
+ * answering replica noted in it. */
+int fbc_unary_route(fb_client *c, fbc_route *rt, const char *method, const ProtobufCMessage *req,
+                    grpc_slice *resp, char *err, size_t errlen);
 
 /* host.c: the name of the kernel fb_host_kernel adds for op on target. */
 void fbc_host_name(fb_host_op op, const char *target, char *buf, size_t n);

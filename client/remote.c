@@ -19,6 +19,10 @@
 
 #define SESSION_PATH "/fusebox.v1.Fusebox/Session"
 #define LAUNCH_MAX_BYTES(nargs) (16 + (size_t)(nargs) * 24)
+/* CreateSession refused by a draining replica is tried again with a new
+ * routing key this many times in all: among 3 replicas, one draining, all
+ * fail with chance (1/3)^12 */
+#define CREATE_TRIES 12
 
 int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, size_t errlen);
 
@@ -43,6 +47,8 @@ struct fb_remote {
   int md_sent, md_recvd, send_pending, broken, closed;
   grpc_byte_buffer *send_bb, *recv_bb;
   grpc_metadata_array init_md;
+  grpc_metadata smd[2]; /* the stream's initial metadata: token, routing key */
+  fbc_route rt;         /* routing key, replica (client_internal.h) */
   fbc_end end;
   fbp_buf out;           /* the next SessionRequest */
   int nqueued;            /* launches in out */
@@ -93,6 +99,15 @@ void fb_remote_options_init(fb_remote_options *o) {
 
 /* ---------------------------------------------------------------- the stream */
 
+/* Whether e says the session's replica is gone; then its message into msg. */
+static int lost_msg(fb_remote *r, const fbc_end *e, char *msg, size_t n) {
+  char m[FBC_ERRLEN];
+  fbc_end_route(e, &r->rt, m, sizeof m);
+  if (!strstr(m, " lost: replica ")) return 0;
+  snprintf(msg, n, "%s", m);
+  return 1;
+}
+
 /* The stream failed: its status says why. */
 static int stream_broken(fb_remote *r) {
   if (!r->broken) {
@@ -111,6 +126,16 @@ static int stream_broken(fb_remote *r) {
   }
   char msg[FBC_ERRLEN] = "the server ended the session";
   int code = fbc_end_code(&r->end, msg, sizeof msg);
+  /* a drained session's reason, also a trailer: a proxy may have turned
+     its status into a reset (server/drain.c) */
+  for (size_t i = 0; code && i < r->end.trailing.count; i++) {
+    const grpc_metadata *m = &r->end.trailing.metadata[i];
+    if (grpc_slice_str_cmp(m->key, "fusebox-ended") == 0)
+      return rerr(r, FB_EIO, "%.*s", (int)GRPC_SLICE_LENGTH(m->value),
+                  (const char *)GRPC_SLICE_START_PTR(m->value));
+  }
+  if (code && lost_msg(r, &r->end, msg, sizeof msg))
+    return rerr(r, FB_EIO, "%s", msg); /* its replica is gone: "session S lost: ..." */
   return rerr(r, code ? code : FB_EIO, "session %.8s: the stream ended: %s", r->id, msg);
 }
 
@@ -133,7 +158,7 @@ static int stream_send(fb_remote *r) {
   memset(ops, 0, sizeof ops);
   size_t n = 0;
   if (!r->md_sent) {
-    fbc_initial_md(r->c, &ops[n++]);
+    fbc_initial_md_route(r->c, &ops[n++], r->smd, &r->rt);
     r->md_sent = 1;
   }
   r->send_bb = fbp_bb_from(r->out.p, r->out.n);
@@ -390,7 +415,7 @@ static int register_kernel(fb_remote *r, const fb_kernel *k, const fb_kernel *sr
   req.n_kernels = 1;
   req.kernels = &km;
   grpc_slice resp = grpc_empty_slice();
-  int rc = km ? fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+  int rc = km ? fbc_unary_route(r->c, &r->rt, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
                           sizeof r->err)
               : rerr(r, FB_ENOMEM, "out of memory");
   fbp_arena_free(&a);
@@ -427,7 +452,7 @@ static int remote_derived(fb_remote *r, int kernel, int tangent) {
     req.adjoints = &want;
   }
   grpc_slice resp = grpc_empty_slice();
-  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+  int rc = fbc_unary_route(r->c, &r->rt, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
                      sizeof r->err);
   fbp_arena_free(&a);
   if (rc) return rc;
@@ -472,7 +497,7 @@ int fb_remote_set_kernel_adjoint(fb_remote *r, int kernel, int adj) {
   req.n_custom_adjoints = 1;
   req.custom_adjoints = &cs;
   grpc_slice resp = grpc_empty_slice();
-  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
+  int rc = fbc_unary_route(r->c, &r->rt, "/fusebox.v1.Fusebox/RegisterKernels", &req.base, &resp, r->err,
                      sizeof r->err);
   if (rc) return rc;
   Fusebox__V1__RegisterKernelsResponse *m = fusebox__v1__register_kernels_response__unpack(
@@ -617,7 +642,7 @@ static int create_session(fb_remote *r, const fb_remote_options *o, const fb_lay
   req.options = &opts;
   req.layout = fbp_layout_to_pb(&a, l);
   grpc_slice resp = grpc_empty_slice();
-  int rc = req.layout ? fbc_unary(r->c, "/fusebox.v1.Fusebox/CreateSession", &req.base, &resp,
+  int rc = req.layout ? fbc_unary_route(r->c, &r->rt, "/fusebox.v1.Fusebox/CreateSession", &req.base, &resp,
                                   r->err, sizeof r->err)
                       : rerr(r, FB_ENOMEM, "out of memory");
   fbp_arena_free(&a);
@@ -630,6 +655,7 @@ static int create_session(fb_remote *r, const fb_remote_options *o, const fb_lay
     return rerr(r, FB_EINTERNAL, "malformed CreateSession answer");
   }
   snprintf(r->id, sizeof r->id, "%s", m->session_id);
+  r->rt.session = r->id; /* from now on, a replica gone means the session is lost */
   fusebox__v1__create_session_response__free_unpacked(m, NULL);
   return 0;
 }
@@ -665,7 +691,16 @@ int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *
   fbc_end_init(&r->end);
   fbc_learn_limits(c);
   int rc = (r->layout = fb_layout_clone(layout)) ? 0 : rerr(r, FB_ENOMEM, "out of memory");
-  if (!rc) rc = create_session(r, opt, layout);
+  if (!rc && fbc_route_init(&r->rt)) rc = rerr(r, FB_EIO, "cannot read /dev/urandom for a routing key");
+  /* a replica that is draining refuses new sessions: behind a proxy that
+     hashes on the routing key, a new key is another replica (CREATE_TRIES) */
+  for (int i = 0; !rc; i++) {
+    rc = create_session(r, opt, layout);
+    if (!rc || i + 1 >= CREATE_TRIES || !strstr(r->err, "is draining; retry on another replica") ||
+        fbc_route_init(&r->rt))
+      break;
+    rc = 0;
+  }
   if (!rc) rc = stream_open(r); /* on failure the stream is already over */
   if (rc) {
     fb_errf(c->err, sizeof c->err, "%s", r->err);
@@ -714,7 +749,9 @@ int fb_remote_cancel(fb_remote *r) {
   req.through_launch = (uint64_t)atomic_load(&r->sent_seq);
   grpc_slice resp = grpc_empty_slice();
   char err[256];
-  int rc = fbc_unary(r->c, "/fusebox.v1.Fusebox/Cancel", &req.base, &resp, err, sizeof err);
+  fbc_route rt = r->rt; /* any thread: a copy (set before the session was returned) */
+  int rc = fbc_unary_route(r->c, &rt, "/fusebox.v1.Fusebox/Cancel", &req.base, &resp, err,
+                           sizeof err);
   grpc_slice_unref(resp);
   return rc;
 }
@@ -738,6 +775,8 @@ int fb_remote_close(fb_remote *r) {
   }
   char msg[FBC_ERRLEN] = "";
   int code = fbc_end_code(&r->end, msg, sizeof msg);
+  if (code && !rc && lost_msg(r, &r->end, msg, sizeof msg))
+    rc = rerr(r, FB_EIO, "%s", msg); /* "session S lost: replica R unreachable" */
   if (code && !rc) rc = rerr(r, code, "closing session %.8s: %s", r->id, msg);
   if (rc) fb_errf(c->err, sizeof c->err, "%s", r->err);
   remote_free(r);
@@ -763,12 +802,21 @@ static int check_io(fb_remote *r, int field, const void *buf, size_t bytes, cons
   return presync(r);
 }
 
+static int end_lost_call(fb_remote *r, grpc_call *call, fbc_end *e, int rc, const char *msg) {
+  (void)rc;
+  fbc_end_free(e);
+  grpc_call_unref(call);
+  return rerr(r, FB_EIO, "%s", msg);
+}
+
 /* Finish a field call: wait for its status, the code and message into r. */
 static int end_call(fb_remote *r, grpc_call *call, fbc_end *e, int *stag, int rc,
                     const char *what) {
   int ok = fbc_wait(r->c, call, stag);
   char msg[FBC_ERRLEN] = "";
   int code = ok > 0 ? fbc_end_code(e, msg, sizeof msg) : FB_EIO;
+  if (ok > 0 && code && lost_msg(r, e, msg, sizeof msg)) /* replica gone */
+    return end_lost_call(r, call, e, rc, msg);
   if (!rc && code) rc = rerr(r, code, "%s: %s", what, ok > 0 ? msg : "no answer");
   fbc_end_free(e);
   grpc_call_unref(call);
@@ -794,6 +842,7 @@ static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *
                        lent *l) {
   int tag, pending = 0, ok = 1;
   grpc_byte_buffer *bb = NULL;
+  grpc_metadata md[2];
   size_t chunk = r->c->chunk;
   for (size_t off = 0; off < bytes && ok > 0; off += chunk) {
     size_t n = bytes - off < chunk ? bytes - off : chunk;
@@ -811,7 +860,7 @@ static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
     size_t k = 0;
-    if (!off) fbc_initial_md(r->c, &ops[k++]);
+    if (!off) fbc_initial_md_route(r->c, &ops[k++], md, &r->rt);
     ops[k].op = GRPC_OP_SEND_MESSAGE;
     ops[k++].data.send_message.send_message = bb;
     if (ok > 0) ok = fbc_start(call, ops, k, &tag) ? 0 : 1;
@@ -901,7 +950,8 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   grpc_metadata_array_init(&md);
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
-  fbc_initial_md(r->c, &ops[0]);
+  grpc_metadata rmd[2];
+  fbc_initial_md_route(r->c, &ops[0], rmd, &r->rt);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = rq;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1119,7 +1169,8 @@ int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t name
   grpc_metadata_array_init(&md);
   grpc_op ops[4];
   memset(ops, 0, sizeof ops);
-  fbc_initial_md(r->c, &ops[0]);
+  grpc_metadata rmd[2];
+  fbc_initial_md_route(r->c, &ops[0], rmd, &r->rt);
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = rq;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -1154,7 +1205,7 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
   fbc_learn_limits(c);
   uint8_t *data = NULL;
   size_t dlen = 0;
-  int rc = 0;
+  int rc = fbc_route_init(&r->rt) ? rerr(r, FB_EIO, "cannot read /dev/urandom for a routing key") : 0;
   if (path) { /* the file, read whole: it goes out in chunks of it */
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -1206,8 +1257,9 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
     free(buf);
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
+    grpc_metadata rmd[2];
     size_t k = 0;
-    if (!off) fbc_initial_md(c, &ops[k++]);
+    if (!off) fbc_initial_md_route(c, &ops[k++], rmd, &r->rt);
     ops[k].op = GRPC_OP_SEND_MESSAGE;
     ops[k++].data.send_message.send_message = bb;
     ok = fbc_batch(c, call, ops, k, &tag);
@@ -1227,7 +1279,7 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
     ops[1].data.recv_initial_metadata.recv_initial_metadata = &md;
     ops[2].op = GRPC_OP_RECV_MESSAGE;
     ops[2].data.recv_message.recv_message = &rbb;
-    fbc_batch(c, call, ops, 3, &tag);
+    if (fbc_batch(c, call, ops, 3, &tag) > 0) fbc_route_replica(&r->rt, &md);
     if (rbb) {
       grpc_byte_buffer_reader rd;
       if (grpc_byte_buffer_reader_init(&rd, rbb)) {
@@ -1261,7 +1313,8 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
       cr.session_id = r->id;
       grpc_slice s = grpc_empty_slice();
       char err[256];
-      fbc_unary(c, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err, sizeof err);
+      fbc_unary_route(c, &r->rt, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err,
+                      sizeof err);
       grpc_slice_unref(s);
     }
     fb_errf(c->err, sizeof c->err, "%s", r->err);

@@ -7,7 +7,8 @@ PKGS=(build-essential cmake pkg-config llvm-19-dev clang-19 libclang-rt-19-dev l
       protobuf-compiler python3-grpcio python3-protobuf python3-pytest
       python3-numpy python3-pip python3-setuptools python3-wheel
       libssl-dev libmicrohttpd-dev openssl
-      patchelf xz-utils) # patchelf, xz: scripts/gpu_bundle.sh
+      patchelf xz-utils   # patchelf, xz: scripts/gpu_bundle.sh
+      nginx haproxy python3-yaml) # python/tests/test_replicas.py, test_deploy.py
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

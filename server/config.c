@@ -86,6 +86,7 @@ void fbd_config_free(fbd_config *c) {
   free(c->tls_key);
   free(c->tls_client_ca);
   free(c->tenants);
+  free(c->replica_name);
   free(c->metrics_listen);
   free(c->fair_share);
   memset(c, 0, sizeof *c);
@@ -113,6 +114,11 @@ void fbd_usage(FILE *f) {
       "  --cq-threads N             gRPC completion-queue threads (default 2)\n"
       "  --idle-timeout-s S         reap sessions idle this long (default 600)\n"
       "  --shutdown-grace-s S       on SIGTERM, let running work finish this long (default 10)\n"
+      "  --drain-grace-s S          on SIGTERM or Drain: refuse new sessions, fail /readyz and\n"
+      "                             let live sessions go on this long, then end them and stop\n"
+      "                             (default 0: SIGTERM shuts down at once, as SIGINT does)\n"
+      "  --replica-name NAME        this replica's name in every answer's fusebox-replica\n"
+      "                             header and in GetInfo (default: the host name)\n"
       "  --log-level L              error|warn|info|debug (default info)\n"
       "  --log-format F             text|json: log lines as text or one JSON object (default "
       "text)\n"
@@ -295,6 +301,8 @@ static const opt opts[] = {
     {"cq_threads", OPT_INT, OFF(cq_threads), 1},
     {"idle_timeout_s", OPT_SECS, OFF(idle_timeout_s), 0},
     {"shutdown_grace_s", OPT_SECS, OFF(shutdown_grace_s), 0},
+    {"drain_grace_s", OPT_SECS, OFF(drain_grace_s), 0},
+    {"replica_name", OPT_GROUP, OFF(replica_name), 0}, /* "" unsets: the host name */
     {"log_level", OPT_LEVEL, OFF(log_level), 0},
     {"log_format", OPT_LOGFMT, OFF(log_json), 0},
     {"worker_spin_us", OPT_INT, OFF(worker_spin_us), 0},

@@ -1,7 +1,9 @@
 /* fuseboxd: the Fusebox server. Reads its settings, starts the engine and
  * the gRPC server, then waits for SIGTERM/SIGINT while reaping idle
  * sessions; on a signal it shuts down gracefully (work already received
- * finishes, sessions are freed) and exits 0. SIGHUP re-reads the --config
+ * finishes, sessions are freed) and exits 0. With --drain-grace-s, SIGTERM
+ * drains first (drain.c): new sessions refused, live ones go on until the
+ * grace ends. SIGHUP re-reads the --config
  * file and applies what can change at run time (reload()). Exit 2 for bad settings, 1 when
  * the server cannot start, 3 when a kernel still runs after the grace period. */
 #include <errno.h>
@@ -65,12 +67,14 @@ static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
     fbd_config_free(&n);
     return;
   }
-  static const char *const reloadable[] = {"log_level", "idle_timeout_s", "shutdown_grace_s", NULL};
+  static const char *const reloadable[] = {"log_level", "idle_timeout_s", "shutdown_grace_s",
+                                           "drain_grace_s", NULL};
   char fixed[512];
   fbd_config_changed(cfg, &n, reloadable, fixed, sizeof fixed);
   cfg->log_level = n.log_level;
   cfg->idle_timeout_s = n.idle_timeout_s;
   cfg->shutdown_grace_s = n.shutdown_grace_s;
+  cfg->drain_grace_s = n.drain_grace_s; /* read by this thread when a drain begins */
   /* other threads read the level without the lock: one atomic store */
   __atomic_store_n(&log->level, n.log_level, __ATOMIC_RELAXED);
   if (*fixed)
@@ -87,12 +91,63 @@ static void reload(fbd_config *cfg, fbd_log *log, int argc, char **argv) {
   fbd_config_free(&n);
 }
 
+/* The drain is over (no session left, or the grace ended and the rest were
+ * told so): let the sessions just ended answer their streams, up to
+ * shutdown_grace_s, before the shutdown cancels what is left. */
+static void drain_finish(fbd_server *srv, const fbd_config *cfg) {
+  double until = fbd_now() + cfg->shutdown_grace_s;
+  while (fbd_drain_sessions(srv) > 0 && fbd_now() < until) {
+    usleep(20 * 1000);
+    fbd_server_tick(srv);
+  }
+  /* and until their clients have taken the answer: a proxy that sees the
+     connection close under a stream its client has not finished turns the
+     status sent into a reset (HAProxy: RST_STREAM CANCEL), and the reason
+     would be lost */
+  for (int open = 1; open && fbd_now() < until;) {
+    pthread_mutex_lock(&srv->mu);
+    open = srv->ncalls > 0;
+    pthread_mutex_unlock(&srv->mu);
+    if (open) usleep(20 * 1000);
+  }
+  usleep(100 * 1000); /* the last frames on their way out */
+}
+
+/* Wait for SIGTERM or SIGINT (the shutdown's signal is returned), applying
+ * SIGHUP. With drain_grace_s, SIGTERM (or a Drain RPC) drains first
+ * (drain.c): until no session is left or the grace is over; a second
+ * SIGTERM ends the drain at once, SIGINT shuts down at once. */
 static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const sigset_t *set,
                            int argc, char **argv) {
   struct timespec tick = {0, 250 * 1000 * 1000};
+  double drain_end = 0; /* draining until then */
   for (;;) {
     int sig = sigtimedwait(set, NULL, &tick);
-    if (sig == SIGTERM || sig == SIGINT) return sig;
+    if (sig == SIGINT) return sig;
+    if (sig == SIGTERM && !drain_end && cfg->drain_grace_s <= 0) return sig;
+    if (sig == SIGTERM && drain_end) {
+      fbd_logf(log, FBD_LOG_INFO, "SIGTERM again: ending the drain now");
+      drain_end = fbd_now();
+    }
+    if (!drain_end && (sig == SIGTERM || atomic_load(&srv->drain_asked))) {
+      fbd_drain_begin(srv, sig == SIGTERM ? "SIGTERM" : "Drain");
+      drain_end = fbd_now() + cfg->drain_grace_s;
+    }
+    if (drain_end) {
+      if (fbd_drain_sessions(srv) == 0) {
+        fbd_logf(log, FBD_LOG_INFO, "drain: no session left on replica %s", srv->replica);
+        drain_finish(srv, cfg);
+        return SIGTERM;
+      }
+      if (fbd_now() >= drain_end) {
+        fbd_logf(log, FBD_LOG_INFO, "drain: the grace is over; ending the %d sessions left",
+                 fbd_drain_sessions(srv));
+        fbd_drain_end_rest(srv);
+        drain_finish(srv, cfg);
+        return SIGTERM;
+      }
+      tick.tv_nsec = 50 * 1000 * 1000; /* see sessions end promptly */
+    }
     if (sig == SIGHUP) {
       reload(cfg, log, argc, argv);
       fbd_auth_reload(srv); /* the tenants file, with or without --config */

@@ -215,7 +215,10 @@ static fbd_session *named(fbd_call *c, const char *id, size_t n) {
   fbd_session *s = fbd_session_find(c->srv, id, n);
   if (!s) {
     fbd_count_bad(c->srv);
-    fbd_call_finish(c, FB_ENOENT, "no session '%.*s'", (int)(n > 64 ? 64 : n), id ? id : "");
+    /* behind a proxy, a call for a session of another replica (the routing
+       key lost, or that replica gone) lands here: say so in those terms */
+    fbd_call_finish(c, FB_ENOENT, "session %.8s is not on replica %s (lost or moved)",
+                    n && id ? id : "''", c->srv->replica);
   } else if (fbd_auth_may_use(c, s)) { /* another tenant's: answered PERMISSION_DENIED */
     fbd_session_unref(s);
     s = NULL;
@@ -262,13 +265,15 @@ static void health_recv(fbd_call *c, grpc_byte_buffer *bb) {
   fbp_arena_init(&a);
   Grpc__Health__V1__HealthCheckRequest *m =
       decode(c, bb, &grpc__health__v1__health_check_request__descriptor, &a);
-  if (m && m->service[0] && strcmp(m->service, "fusebox.v1.Fusebox") != 0) {
+  int ready_svc = m && strcmp(m->service, "fusebox.v1.Ready") == 0; /* readiness: not draining */
+  if (m && m->service[0] && strcmp(m->service, "fusebox.v1.Fusebox") != 0 && !ready_svc) {
     fbd_call_finish(c, FB_ENOENT, "unknown service '%s'", m->service);
   } else if (m) {
     Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     /* NOT_SERVING while stopping, or while a failed GPU context waits for
      * the sessions it ended to close before it is made again */
     int ok = !atomic_load(&c->srv->stopping) && fb_engine_healthy(c->srv->engine, NULL, 0);
+    if (ready_svc && atomic_load(&c->srv->draining)) ok = 0;
     r.status = ok ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     fbd_call_send_msg(c, &r.base);
@@ -293,6 +298,8 @@ static void info_recv(fbd_call *c, grpc_byte_buffer *bb) {
     r.n_listen = (size_t)srv->nlisten;
     r.listen = srv->listen;
     r.uptime_s = fbd_now() - srv->started;
+    r.replica = srv->replica;
+    r.draining = atomic_load(&srv->draining) != 0;
     fbd_call_send_msg(c, &r.base);
     fbd_call_finish(c, FB_OK, NULL);
   }
@@ -453,6 +460,19 @@ static int check_options(fbd_server *srv, const Fusebox__V1__SessionOptions *o,
   return check_passes(o, ec, err, errlen);
 }
 
+/* A new session while draining: UNAVAILABLE with the retry hint. */
+static int refuse_draining(fbd_call *c) {
+  if (!atomic_load(&c->srv->draining)) return 0;
+  char msg[160];
+  fbd_drain_refusal(c->srv, msg, sizeof msg);
+  c->st_extra_key = FBD_RETRY_KEY;
+  snprintf(c->st_extra, sizeof c->st_extra, "%d", fbd_drain_retry_ms());
+  fbd_logf(c->srv->log, FBD_LOG_DEBUG, "%s from %s refused: %s", c->m->path + 1,
+           c->peer ? c->peer : "?", msg);
+  fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, msg);
+  return 1;
+}
+
 static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (missing(c, bb)) return;
   fbd_server *srv = c->srv;
@@ -470,6 +490,8 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
   int rc = m ? 0 : FB_EINVAL;
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
+    rc = FB_EIO;
+  } else if (m && refuse_draining(c)) {
     rc = FB_EIO;
   } else if (m && m->source && m->layout && m->layout->n_nodes) {
     fbd_count_bad(srv);
@@ -1149,6 +1171,7 @@ static void restore_end(fbd_call *c) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
     return;
   }
+  if (refuse_draining(c)) return; /* a restore is a new session */
   if ((rc = check_options(srv, &o, &ec, err, sizeof err))) {
     restore_fail(c, rc, err);
     return;
@@ -1222,6 +1245,40 @@ static void restore_free(fbd_call *c) {
   free(st);
 }
 
+/* Drain (admin): with a tenants file an admin's call; without one only on a
+ * unix: socket, whose mode and group guard it (a TCP client may be anyone,
+ * even through a proxy on loopback). SIGTERM does the same. */
+static void drain_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  fbd_server *srv = c->srv;
+  int auth = srv->auth && srv->auth->enabled;
+  if (decode(c, bb, &fusebox__v1__drain_request__descriptor, &a)) {
+    if (auth && !c->admin) {
+      fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
+                             "Drain needs an admin tenant's token");
+    } else if (!auth && (!c->peer || strncmp(c->peer, "unix:", 5) != 0)) {
+      fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
+                             "Drain without a tenants file is taken only on a unix: socket "
+                             "(or send fuseboxd SIGTERM)");
+    } else {
+      Fusebox__V1__DrainResponse r = FUSEBOX__V1__DRAIN_RESPONSE__INIT;
+      r.replica = srv->replica;
+      r.sessions = (uint32_t)fbd_drain_sessions(srv);
+      r.grace_s = srv->cfg->drain_grace_s;
+      r.already = atomic_exchange(&srv->drain_asked, 1) || atomic_load(&srv->draining);
+      fbd_logf(srv->log, FBD_LOG_INFO, "Drain asked by %s%s%s", c->peer ? c->peer : "?",
+               c->tenant ? " as " : "", c->tenant ? c->tenant->name : "");
+      /* refuse new sessions from now on; main's thread runs the drain */
+      atomic_store(&srv->draining, 1);
+      fbd_call_send_msg(c, &r.base);
+      fbd_call_finish(c, FB_OK, NULL);
+    }
+  }
+  fbp_arena_free(&a);
+}
+
 /* ---------------------------------------------------------------- the table */
 
 static const fbd_method methods[] = {
@@ -1240,6 +1297,7 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/Restore", NULL, restore_recv, NULL, NULL, restore_free},
     {"/fusebox.v1.Fusebox/ListCheckpoints", NULL, list_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, ck_next, ck_free},
+    {"/fusebox.v1.Fusebox/Drain", NULL, drain_recv, NULL, NULL, NULL},
 };
 
 const fbd_method *fbd_method_find(const char *path, size_t n) {

@@ -578,13 +578,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
   if (!strcmp(url, "/healthz")) return reply(conn, 200, "text/plain", strdup("ok\n"), 3);
   if (!strcmp(url, "/readyz")) {
     char why[256] = "", walls[256];
-    int ready = !atomic_load(&srv->stopping) && fb_engine_healthy(srv->engine, why, sizeof why);
+    int draining = atomic_load(&srv->draining); /* drain.c: send new sessions elsewhere */
+    int ready = !atomic_load(&srv->stopping) && !draining &&
+                fb_engine_healthy(srv->engine, why, sizeof why);
     fbd_walls_text(srv, walls, sizeof walls); /* a refused wall: said, still ready */
     char *b = malloc(640);
     if (!b) return MHD_NO;
     int n = ready ? snprintf(b, 640, "ready\n") :
                   snprintf(b, 640, "not ready: %s\n",
                            atomic_load(&srv->stopping) ? "shutting down"
+                           : draining                  ? "draining"
                            : *why                      ? why
                                                        : "the device is unhealthy");
     if (walls[0] && n > 0 && n < 640)

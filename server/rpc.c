@@ -54,7 +54,8 @@ static void call_free(fbd_call *c) {
   if (c->inflight) grpc_byte_buffer_destroy(c->inflight);
   if (c->rbuf) grpc_byte_buffer_destroy(c->rbuf);
   grpc_slice_unref(c->st_details);
-  grpc_slice_unref(c->st_md.value);
+  grpc_slice_unref(c->st_md[0].value);
+  grpc_slice_unref(c->st_md[1].value);
   if (c->peer) gpr_free(c->peer);
   free(c->peer_cert);
   if (c->open_count) atomic_fetch_sub(c->open_count, 1);
@@ -112,7 +113,9 @@ static void pump(fbd_call *c) {
   int n = 0;
   memset(ops, 0, sizeof ops);
   if (!c->md_sent) {
-    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[n].data.send_initial_metadata.count = 1; /* fusebox-replica: which replica answers */
+    ops[n++].data.send_initial_metadata.metadata = &c->srv->replica_md;
     c->md_sent = 1;
   }
   if (c->qh) {
@@ -132,8 +135,8 @@ static void pump(fbd_call *c) {
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)c->st_status;
     ops[n].data.send_status_from_server.status_details = &c->st_details;
-    ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-    ops[n++].data.send_status_from_server.trailing_metadata = &c->st_md;
+    ops[n].data.send_status_from_server.trailing_metadata_count = c->st_extra_key ? 2 : 1;
+    ops[n++].data.send_status_from_server.trailing_metadata = c->st_md;
     c->status_sent = 1;
   }
   c->sending = 1;
@@ -213,8 +216,12 @@ void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *
     c->st_status = grpc_status;
     snprintf(c->st_code, sizeof c->st_code, "%d", code);
     c->st_details = grpc_slice_from_copied_string(msg ? msg : "");
-    c->st_md.key = grpc_slice_from_static_string(FBP_CODE_KEY);
-    c->st_md.value = grpc_slice_from_copied_string(c->st_code);
+    c->st_md[0].key = grpc_slice_from_static_string(FBP_CODE_KEY);
+    c->st_md[0].value = grpc_slice_from_copied_string(c->st_code);
+    if (c->st_extra_key) {
+      c->st_md[1].key = grpc_slice_from_static_string(c->st_extra_key);
+      c->st_md[1].value = grpc_slice_from_copied_string(c->st_extra);
+    }
     pump(c);
   }
   pthread_mutex_unlock(&c->mu);
@@ -293,7 +300,8 @@ static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
   c->t_send = (fbd_tag){on_send_done, c};
   c->t_close = (fbd_tag){on_close_done, c};
   c->st_details = grpc_empty_slice();
-  c->st_md.value = grpc_empty_slice();
+  c->st_md[0].value = grpc_empty_slice();
+  c->st_md[1].value = grpc_empty_slice();
   pthread_mutex_lock(&srv->mu);
   int full = srv->ncalls >= srv->cfg->max_calls; /* each holds gRPC's call state: ~13 KiB */
   if (!full) srv->ncalls++;
@@ -655,6 +663,8 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   pthread_mutex_init(&srv->mu, NULL);
   pthread_cond_init(&srv->cv, NULL);
   atomic_init(&srv->stopping, 0);
+  atomic_init(&srv->draining, 0);
+  atomic_init(&srv->drain_asked, 0);
   atomic_init(&srv->bad_requests, 0);
   atomic_init(&srv->bytes_in, 0);
   atomic_init(&srv->bytes_out, 0);
@@ -662,6 +672,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   srv->sessions = calloc((size_t)cfg->max_sessions, sizeof *srv->sessions);
   grpc_init();
   int rc = check_transport(cfg, err, errlen);
+  if (!rc) rc = fbd_replica_init(srv, err, errlen);
   if (!rc) rc = srv->sessions ? make_engine(srv, err, errlen) : FB_ENOMEM;
   if (!rc) rc = fbd_procs_check(cfg, err, errlen);
   if (!rc) rc = fbd_auth_init(srv, err, errlen);

@@ -97,6 +97,8 @@ typedef struct fbd_config {
   int cq_threads;                /* completion-queue threads */
   double idle_timeout_s;         /* sessions idle this long are reaped */
   double shutdown_grace_s;       /* how long running work may finish on SIGTERM */
+  double drain_grace_s;          /* SIGTERM/Drain: live sessions go on this long (drain.c) */
+  char *replica_name;            /* this replica's name in answers; NULL: the host name */
   int worker_spin_us;            /* a session worker waits this long for work before sleeping */
   int max_kernel_statements;     /* compile budget of one kernel */
   int max_kernels_per_session;   /* kernels a session may register in all */
@@ -258,8 +260,12 @@ struct fbd_call {
   size_t inflight_counted; /* its bytes in srv->queued_bytes */
   int st_status;
   grpc_slice st_details;
-  grpc_metadata st_md;
+  grpc_metadata st_md[2]; /* fusebox-code, and st_extra when its key is set */
   char st_code[16];
+  /* set before the status (drain.c): a second trailer, the retry hint
+     (fusebox-retry-after-ms) or why a session ended (fusebox-ended) */
+  const char *st_extra_key;
+  char st_extra[320];
   struct fbd_tenant *tenant; /* who made the call (auth.c); NULL without a tenants file */
   atomic_int *open_count;    /* counted there: tenant->open_calls or probe_open_calls (rpc.c) */
   int admin; /* sees and may touch every session */
@@ -314,6 +320,11 @@ struct fbd_server {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   atomic_int stopping;
+  /* draining (drain.c): no new sessions, /readyz fails, live sessions go on
+   * until drain_grace_s; drain_asked: a Drain RPC wants it (main's loop) */
+  atomic_int draining, drain_asked;
+  char replica[64];       /* the replica's name (--replica-name, else the host name) */
+  grpc_metadata replica_md; /* "fusebox-replica: NAME", every call's initial metadata */
   int shutdown_done;
   int nslots; /* outstanding grpc_server_request_call */
   int ncalls; /* live call objects */
@@ -372,6 +383,30 @@ void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished worker
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
 int fbd_server_shutdown(fbd_server *s);
+
+/* Graceful drain (drain.c). The header a client's routing key travels in
+ * and the one that names the replica in every answer (docs/protocol.md). */
+#define FBD_ROUTE_KEY "fusebox-route"
+#define FBD_REPLICA_KEY "fusebox-replica"
+#define FBD_RETRY_KEY "fusebox-retry-after-ms"
+/* why a drained session ended, also as a trailer: HAProxy 2.6 turns a
+ * stream the server ends before its client half-closed into a reset
+ * (RST_STREAM CANCEL), and the status message with it */
+#define FBD_ENDED_KEY "fusebox-ended"
+/* Name the replica (cfg->replica_name or the host name) into srv;
+ * FB_EINVAL for a name that cannot travel in a header. */
+int fbd_replica_init(fbd_server *srv, char *err, size_t errlen);
+/* Enter draining (SIGTERM, the Drain RPC): logged once; 1 when it was
+ * already draining. */
+int fbd_drain_begin(fbd_server *srv, const char *why);
+/* Live sessions now. */
+int fbd_drain_sessions(fbd_server *srv);
+/* The grace is over: end every live session (fbd_drain_end_session, where
+ * a checkpoint would be taken), its stream told why with UNAVAILABLE. */
+void fbd_drain_end_rest(fbd_server *srv);
+/* The retry hint of a refusal while draining, in milliseconds. */
+int fbd_drain_retry_ms(void);
+void fbd_drain_refusal(fbd_server *srv, char *msg, size_t n);
 /* The HTTP/2 gate (h2gate.c): listen on a host:port (tls: TLS terminated
  * by the gate; bound: the address with the port it got), start its thread
  * once gRPC has started, stop taking connections (shutdown begins), free it
@@ -555,7 +590,8 @@ enum {
   FBD_END_FAILED,
   FBD_END_CRASHED,
   FBD_END_TIMEOUT,
-  FBD_END_CANCELLED
+  FBD_END_CANCELLED,
+  FBD_END_DRAINED
 };
 
 typedef struct fbd_job {
@@ -673,6 +709,9 @@ int fbd_session_may_recv(fbd_session *s);
  * short (called as jobs are taken and as responses go out). */
 int fbd_session_resume(fbd_session *s);
 void fbd_session_end_all(fbd_server *srv, int reason);
+/* End s once the work it received has run, its stream finished with why
+ * (reason FBD_END_DRAINED: UNAVAILABLE); FB_ENOENT when it is ending already. */
+int fbd_session_end_with(fbd_session *s, int reason, const char *why);
 int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
 void *fbd_worker_main(void *arg);
 void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,

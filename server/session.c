@@ -25,7 +25,8 @@
 #define STAGE_KEEP_S 2.0 /* an unused staging buffer is freed after this */
 
 static const char *const end_names[] = {"closed", "disconnected", "reaped",    "shut down",
-                                        "failed", "crashed",      "timed out", "cancelled"};
+                                        "failed", "crashed",      "timed out", "cancelled",
+                                        "drained"};
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -487,6 +488,13 @@ static void session_end(fbd_session *s) {
       fbd_call_finish_status(stream, FBP_GRPC_DEADLINE_EXCEEDED, FB_ETIMEOUT, why);
     else if (s->end_reason == FBD_END_CRASHED)
       fbd_call_finish_status(stream, FBP_GRPC_INTERNAL, FB_EINTERNAL, why);
+    else if (s->end_reason == FBD_END_DRAINED) { /* drain.c: try another replica */
+      pthread_mutex_lock(&stream->mu); /* before the status: pump reads them */
+      stream->st_extra_key = FBD_ENDED_KEY;
+      snprintf(stream->st_extra, sizeof stream->st_extra, "%s", s->end_why);
+      pthread_mutex_unlock(&stream->mu);
+      fbd_call_finish_status(stream, FBP_GRPC_UNAVAILABLE, FB_EIO, s->end_why);
+    }
     else fbd_call_finish_status(stream, FBP_GRPC_ABORTED, FB_ENOENT, why);
     fbd_call_unref(stream);
   }
@@ -988,6 +996,24 @@ static void end_session(fbd_session *s, int reason, const char *why) {
     grpc_call_cancel_with_status(stream->gc, GRPC_STATUS_ABORTED, why, NULL);
     fbd_call_unref(stream);
   }
+}
+
+/* End s after the work it already received, its stream answered with
+ * why and the status of reason (session_end): the drain's way (drain.c),
+ * which leaves the stream to say why instead of cancelling it. */
+int fbd_session_end_with(fbd_session *s, int reason, const char *why) {
+  fbd_job *j = fbd_job_new(FBD_J_END, NULL);
+  if (!j) return FB_ENOMEM;
+  j->reason = reason;
+  pthread_mutex_lock(&s->mu);
+  int rc = s->state == FBD_LIVE ? 0 : FB_ENOENT;
+  if (!rc) {
+    snprintf(s->end_why, sizeof s->end_why, "%s", why);
+    rc = post_locked(s, j);
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (rc) fbd_job_free(j);
+  return rc;
 }
 
 /* Sessions of the table, ref'd, for work outside srv->mu. */

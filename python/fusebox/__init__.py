@@ -13,7 +13,7 @@ See docs/python.md.
 """
 from fusebox.client import Client, ServerInfo, connect, find_fuseboxd
 from fusebox.errors import (ConnectionLostError, DeadlineExceededError, Error, LaunchError,
-                            LayoutWarning, NotFoundError, ServerError)
+                            LayoutWarning, NotFoundError, ServerError, SessionLostError)
 from fusebox.session import (Counters, Field, FieldInfo, Kernel, KernelInfo, LaunchFailure,
                              Param, Program, Session, SyncResult)
 from fusebox.picture import encode_png, splat, to_pixels, write_png
@@ -22,7 +22,7 @@ from fusebox.tools import bench, plot
 __version__ = "0.1.0"
 __all__ = [
     "Client", "ServerInfo", "connect", "find_fuseboxd", "ConnectionLostError", "DeadlineExceededError", "Error",
-    "LaunchError", "LayoutWarning", "NotFoundError", "ServerError", "Counters", "Field", "FieldInfo", "Kernel",
+    "LaunchError", "LayoutWarning", "NotFoundError", "ServerError", "SessionLostError", "Counters", "Field", "FieldInfo", "Kernel",
     "KernelInfo", "LaunchFailure", "Param", "Program", "Session", "SyncResult", "bench", "plot",
     "encode_png", "splat", "to_pixels", "write_png",
 ]

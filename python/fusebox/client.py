@@ -7,6 +7,7 @@ stops it when the client is closed.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,10 @@ class ServerInfo:
     max_message_bytes: int
     listen: List[str]
     uptime_s: float
+    #: the replica that answered (fuseboxd --replica-name, else its host name)
+    replica: str = ""
+    #: whether it is draining (refusing new sessions)
+    draining: bool = False
 
 
 def find_fuseboxd() -> str:
@@ -232,7 +237,7 @@ class Client:
         r = self._call("GetInfo", pb.InfoRequest(), timeout)
         return ServerInfo(r.version, r.backend, r.cores, r.max_sessions,
                           r.session_memory_limit, r.max_message_bytes, list(r.listen),
-                          r.uptime_s)
+                          r.uptime_s, r.replica, r.draining)
 
     def stats(self, timeout: Optional[float] = None) -> Dict[str, Any]:
         """The server's counters and its sessions (GetStats) as a dict."""
@@ -325,11 +330,16 @@ class Client:
                         return
                     off += len(b)
 
+        # the new session's routing key, sent on the Restore already (a
+        # proxy hashing on it keeps the session's calls on that replica)
+        route = secrets.token_hex(16)
+        md = tuple(self._metadata or ()) + (("fusebox-route", route),)
         try:
-            r = self._stub.Restore(chunks(), timeout=timeout, metadata=self._metadata)
+            r, call = self._stub.Restore.with_call(chunks(), timeout=timeout, metadata=md)
         except grpc.RpcError as e:
             raise from_rpc("Restore", e) from None
-        s = Session._restored(self, r)
+        replica = dict(call.initial_metadata() or ()).get("fusebox-replica", "")
+        s = Session._restored(self, r, route, md, replica)
         self._sessions.append(s)
         return s
 

@@ -57,6 +57,23 @@ class ConnectionLostError(ServerError):
     """The server is gone or cannot be reached (gRPC UNAVAILABLE)."""
 
 
+class SessionLostError(ConnectionLostError):
+    """The replica that held a session is gone (killed, or unreachable
+    behind a proxy): its state is lost. ``str(e)`` is ``session S lost:
+    replica R unreachable ...``; ``replica`` names R, ``session`` S."""
+
+    def __init__(self, method: str, status: grpc.StatusCode, session: str, replica: str):
+        self.session = session
+        self.replica = replica
+        msg = (f"session {session[:8]} lost: replica {replica or '?'} unreachable "
+               "(its state is gone; open a new session)")
+        self.method = method
+        self.status = status
+        self.message = msg
+        self.fb_code = None
+        Exception.__init__(self, msg)
+
+
 class DeadlineExceededError(ServerError, TimeoutError):
     """A call, or a :meth:`Session.sync`, ran past its timeout (gRPC
     DEADLINE_EXCEEDED). The work it waited for may still be running on
@@ -104,6 +121,24 @@ def from_rpc(method: str, e: grpc.RpcError) -> ServerError:
     cls = (ConnectionLostError if code == grpc.StatusCode.UNAVAILABLE else
            DeadlineExceededError if code == grpc.StatusCode.DEADLINE_EXCEEDED else ServerError)
     return cls(method, code, details, fb_code)
+
+
+def replica_gone(e: grpc.RpcError) -> bool:
+    """Whether a failed call of a live session says that its replica is
+    gone, rather than anything fuseboxd itself answered (fuseboxd always
+    sends ``fusebox-code``): UNAVAILABLE or a proxy's 502/503 without it, a
+    stream reset by a proxy, or NOT_FOUND "... (lost or moved)" from
+    another replica."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = (e.details() if hasattr(e, "details") else str(e)) or ""
+    if code == grpc.StatusCode.NOT_FOUND and "(lost or moved)" in details:
+        return True
+    md = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    if any(k == "fusebox-code" for k, _ in md or ()):
+        return False
+    return (code == grpc.StatusCode.UNAVAILABLE or "http2 header with status" in details or
+            (code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                      grpc.StatusCode.CANCELLED) and "RST_STREAM" in details))
 
 
 class LayoutWarning(UserWarning):

@@ -15,6 +15,7 @@ import os
 import queue
 import tempfile
 import re
+import secrets
 import struct
 import threading
 import time
@@ -28,11 +29,16 @@ import numpy as np
 from fusebox import _wire
 from fusebox import autodiff as _ad
 from fusebox._proto import pb
-from fusebox.errors import (DeadlineExceededError, Error, LaunchError, LayoutWarning,
-                            NotFoundError, ServerError, from_rpc)
+from fusebox.errors import (ConnectionLostError, DeadlineExceededError, Error, LaunchError, LayoutWarning,
+                            NotFoundError, ServerError, SessionLostError, from_rpc,
+                            replica_gone)
 
 #: Bytes of field data per message (under the 4 MiB message limit).
 CHUNK_BYTES = 1 << 20
+#: CreateSession refused by a draining replica is tried again with a new
+#: routing key this many times in all (among 3 replicas, one draining, all
+#: fail with chance (1/3)**12)
+CREATE_TRIES = 12
 #: With progress=None, transfers of at least this many bytes show a tqdm
 #: bar (when tqdm is installed).
 PROGRESS_BYTES = 64 << 20
@@ -820,8 +826,7 @@ class Session:
                                  memory_limit=memory_limit)
         for k, v in _passes(passes).items():
             opts.passes[k] = v
-        r = self._c._call("CreateSession", pb.CreateSessionRequest(options=opts,
-                                                                   source=self._src))
+        r = self._create(pb.CreateSessionRequest(options=opts, source=self._src))
         self.id: str = r.session_id
         self.backend: str = r.backend
         self.memory_bytes: int = r.memory_bytes
@@ -843,6 +848,51 @@ class Session:
                                            for n, sn in self.program.snodes.items()})
 
     # -- plumbing
+    def _create(self, req: Any) -> Any:
+        """CreateSession with a routing key of this session's own, sent on
+        each of its calls (``fusebox-route``) so that a proxy hashing on it
+        keeps them on one replica; a replica that is draining refuses, and
+        a new key is another replica behind such a proxy (CREATE_TRIES)."""
+        if self._c.closed:
+            raise Error("the client is closed")
+        for i in range(CREATE_TRIES):
+            self._route = secrets.token_hex(16)
+            self._md = tuple(self._c._metadata or ()) + (("fusebox-route", self._route),)
+            try:
+                r, call = self._c._stub.CreateSession.with_call(
+                    req, timeout=self._c.timeout, metadata=self._md)
+            except grpc.RpcError as e:
+                err = from_rpc("CreateSession", e)
+                if ("is draining; retry on another replica" in err.message and
+                        i + 1 < CREATE_TRIES):
+                    continue
+                raise err from None
+            #: the replica holding the session (its fusebox-replica header)
+            self.replica: str = dict(call.initial_metadata() or ()).get("fusebox-replica", "")
+            return r
+        raise AssertionError("unreachable")
+
+    def _rpc_error(self, method: str, e: grpc.RpcError) -> ServerError:
+        """The exception for a failed call of this live session."""
+        if replica_gone(e):
+            return SessionLostError(method, e.code(), self.id, self.replica)
+        err = from_rpc(method, e)
+        md = dict(e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else {}
+        if "fusebox-ended" in md and err.status != grpc.StatusCode.UNAVAILABLE:
+            # the drain's reason, whose status a proxy turned into a reset
+            return ConnectionLostError(method, grpc.StatusCode.UNAVAILABLE,
+                                       md["fusebox-ended"], err.fb_code)
+        return err
+
+    def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
+        if self._c.closed:
+            raise Error("the client is closed")
+        try:
+            return getattr(self._c._stub, method)(
+                req, timeout=self._c.timeout if timeout is None else timeout, metadata=self._md)
+        except grpc.RpcError as e:
+            raise self._rpc_error(method, e) from None
+
     def _open_stream(self) -> None:
         q = self._q
 
@@ -853,7 +903,7 @@ class Session:
                     return
                 yield m
 
-        self._stream = self._c._stub.Session(requests(), metadata=self._c._metadata)
+        self._stream = self._c._stub.Session(requests(), metadata=self._md)
         self._q.put(pb.SessionRequest(session_id=self.id))
         threading.Thread(target=self._pump, args=(self._stream, self._resp), daemon=True,
                          name=f"fusebox-session-{self.id[:8]}").start()
@@ -875,7 +925,7 @@ class Session:
         _ad.add_custom_adjoints(self, pending, req)  # `grad k_adj` kernels: theirs too
         for name, fields in pending:
             req.instances.add(kernel=name, fields=list(fields))
-        ids = list(self._c._call("RegisterKernels", req).kernel_ids)
+        ids = list(self._call("RegisterKernels", req).kernel_ids)
         for (name, fields), i in zip(pending, ids):
             self._ids[(name, fields)] = i
             self._names[i] = name + (f"[{','.join(fields)}]" if fields else "")
@@ -912,7 +962,7 @@ class Session:
         req = pb.RegisterKernelsRequest(session_id=self.id, source=src,
                                         instances=[pb.KernelInstance(kernel=name)])
         try:
-            kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+            kid = self._call("RegisterKernels", req).kernel_ids[0]
         except ServerError as e:
             if e.status != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -991,7 +1041,7 @@ class Session:
                 "deactivate_all": "deactivate_all on", "mask": "activity of",
                 "is_active": "is_active of"}[kind]
         try:
-            kid = self._c._call("RegisterKernels", req).kernel_ids[0]
+            kid = self._call("RegisterKernels", req).kernel_ids[0]
         except ServerError as e:
             if e.status != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -1097,7 +1147,7 @@ class Session:
                 "running (Session.cancel() stops them)") from None
         if isinstance(m, grpc.RpcError):
             self.closed = True
-            self._lost = from_rpc("Session", m)
+            self._lost = self._rpc_error("Session", m)
             raise self._lost
         if isinstance(m, StopIteration):
             self.closed = True
@@ -1159,7 +1209,7 @@ class Session:
         self._check_open()
         self._send()  # what is queued here goes first
         # naming the last launch sent: this call may overtake them on the way
-        r = self._c._call("Cancel", pb.CancelRequest(session_id=self.id,
+        r = self._call("Cancel", pb.CancelRequest(session_id=self.id,
                                                      through_launch=self._sent), timeout)
         return int(r.requests_pending)
 
@@ -1188,7 +1238,7 @@ class Session:
                     pb.ReadFieldRequest(session_id=self.id, field=place,
                                         chunk_bytes=CHUNK_BYTES, active=active),
                     timeout=self._c.timeout if timeout is None else timeout,
-                    metadata=self._c._metadata):
+                    metadata=self._md):
                 off, tot, data = _wire.decode_chunk(raw)
                 if tot != total or off + data.nbytes > total:
                     raise Error(f"ReadField: the server sent {tot} bytes at offset {off}; "
@@ -1198,7 +1248,7 @@ class Session:
                 if bar:
                     bar.update(data.nbytes)
         except grpc.RpcError as e:
-            raise from_rpc(what, e) from None
+            raise self._rpc_error(what, e) from None
         finally:
             if bar:
                 bar.close()
@@ -1229,9 +1279,9 @@ class Session:
         try:
             r = self._c._stub.WriteField(chunks(),
                                          timeout=self._c.timeout if timeout is None else timeout,
-                                         metadata=self._c._metadata)
+                                         metadata=self._md)
         except grpc.RpcError as e:
-            raise from_rpc("WriteField", e) from None
+            raise self._rpc_error("WriteField", e) from None
         finally:
             if bar:
                 bar.close()
@@ -1279,7 +1329,7 @@ class Session:
             raise from_rpc("Checkpoint", e) from None
 
     @classmethod
-    def _restored(cls, client: Any, r: Any) -> "Session":
+    def _restored(cls, client: Any, r: Any, route: str, md: Any, replica: str) -> "Session":
         try:
             st = json.loads(bytes(r.client_state).decode())
         except ValueError:
@@ -1289,6 +1339,7 @@ class Session:
                         "(it was not written by Session.checkpoint)")
         s = cls.__new__(cls)
         s._c = client
+        s._route, s._md, s.replica = route, md, replica
         s.timeout = st.get("timeout")
         s._resp = queue.Queue()
         s._lost = None
@@ -1327,7 +1378,7 @@ class Session:
                 self._send()
             if hasattr(self, "id") and not self.closed:
                 try:
-                    self._c._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
+                    self._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
                 except ServerError:
                     pass  # the stream's end frees it as well
         finally:
