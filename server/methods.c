@@ -228,7 +228,15 @@ static fbd_session *named(fbd_call *c, const char *id, size_t n) {
 
 static int post(fbd_call *c, fbd_session *s, fbd_job *j) {
   if (!fbd_session_post(s, j)) return 0;
-  fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
+  /* a session the server ended on purpose (a drain) says why to every
+     call that comes after its end, not only to its stream (which such a
+     call may reach first): the why names its checkpoint */
+  char why[sizeof s->end_why] = "";
+  pthread_mutex_lock(&s->mu);
+  if (s->end_told) snprintf(why, sizeof why, "%s", s->end_why);
+  pthread_mutex_unlock(&s->mu);
+  if (why[0]) fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, why);
+  else fbd_call_finish(c, FB_ENOENT, "session %s has ended", s->tag);
   fbd_job_free(j);
   return FB_ENOENT;
 }

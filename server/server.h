@@ -642,6 +642,7 @@ struct fbd_session {
   double ckpt_at; /* its last checkpoint into the directory (the periodic ones) */
   uint8_t *client_state; /* the latest CheckpointRequest.client_state (malloc) */
   size_t nclient_state;
+  int end_told; /* fbd_session_end_with: a call after the end gets end_why, UNAVAILABLE */
   double abort_at; /* when fbd_session_abort ended it (0: not aborted) */
   uint64_t cancel_upto; /* jobs up to this number (posted) run cancelled */
   uint64_t launches_posted; /* launches in the jobs posted so far */

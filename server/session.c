@@ -1009,6 +1009,7 @@ int fbd_session_end_with(fbd_session *s, int reason, const char *why) {
   int rc = s->state == FBD_LIVE ? 0 : FB_ENOENT;
   if (!rc) {
     snprintf(s->end_why, sizeof s->end_why, "%s", why);
+    s->end_told = 1;
     rc = post_locked(s, j);
   }
   pthread_mutex_unlock(&s->mu);
