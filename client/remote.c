@@ -2,12 +2,17 @@
  * that keeps it alive), kernels from IR or from a program's source,
  * pipelined launches encoded straight into the next stream message, syncs
  * and the results they gather, and field transfers in chunks. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* mkstemp, strndup */
+#endif
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client/client_internal.h"
 #include "proto/wire.h"
@@ -972,4 +977,350 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   if (!rc && to.got != bytes)
     rc = rerr(r, FB_EIO, "field read: the stream ended after %zu of %zu bytes", to.got, bytes);
   return rc;
+}
+
+/* ---------------------------------------------------------------- checkpoints
+ * Checkpoint streams the session's sealed checkpoint here (or has the
+ * server keep it); Restore uploads one (or names one) and binds a new
+ * fb_remote to the session it makes. What this client needs to go on (its
+ * kernels' names and arities, the program's source) travels, sealed, in
+ * CheckpointRequest.client_state, in this text form:
+ *   "libfusebox-remote 1\n" nk "\n" (nparams " " ret " " name "\n"){nk}
+ *   filename-length " " source-length "\n" filename source          */
+
+#define STATE_MAGIC "libfusebox-remote 1\n"
+
+static char *state_of(const fb_remote *r, size_t *n) {
+  const char *fn = r->prog ? fb_program_filename(r->prog) : "";
+  const char *src = r->prog ? fb_program_source(r->prog) : "";
+  fn = fn ? fn : "";
+  src = src ? src : "";
+  size_t cap = strlen(STATE_MAGIC) + 32 + strlen(fn) + strlen(src) + 64;
+  for (int i = 0; i < r->nk; i++) cap += 48 + (r->k[i].name ? strlen(r->k[i].name) : 1);
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  size_t k = (size_t)snprintf(s, cap, "%s%d\n", STATE_MAGIC, r->nk);
+  for (int i = 0; i < r->nk; i++)
+    k += (size_t)snprintf(s + k, cap - k, "%d %d %s\n", r->k[i].nparams, (int)r->k[i].ret,
+                          r->k[i].name ? r->k[i].name : "-");
+  k += (size_t)snprintf(s + k, cap - k, "%zu %zu\n", strlen(fn), strlen(src));
+  memcpy(s + k, fn, strlen(fn));
+  k += strlen(fn);
+  memcpy(s + k, src, strlen(src));
+  k += strlen(src);
+  *n = k;
+  return s;
+}
+
+/* r (fresh) from such a state: its kernels, its program. */
+static int state_into(fb_remote *r, const uint8_t *p, size_t n, uint64_t nkernels) {
+  const char *bad = "Restore: the checkpoint was not written by libfusebox (fb_remote_checkpoint)";
+  size_t ml = strlen(STATE_MAGIC);
+  if (n < ml || memcmp(p, STATE_MAGIC, ml)) return rerr(r, FB_EINVAL, "%s", bad);
+  char *s = malloc(n + 1);
+  if (!s) return rerr(r, FB_ENOMEM, "out of memory");
+  memcpy(s, p, n);
+  s[n] = 0;
+  char *q = s + ml, *end;
+  long nk = strtol(q, &end, 10);
+  int rc = 0;
+  if (end == q || *end != '\n' || nk < 0 || (uint64_t)nk != nkernels) rc = FB_EINVAL;
+  q = end + 1;
+  for (long i = 0; !rc && i < nk; i++) {
+    int np, ret, used = 0;
+    char *nl = strchr(q, '\n');
+    if (!nl || sscanf(q, "%d %d %n", &np, &ret, &used) != 2 || !used) {
+      rc = FB_EINVAL;
+      break;
+    }
+    *nl = 0;
+    fb_kernel k;
+    memset(&k, 0, sizeof k);
+    k.name = q + used;
+    k.nparams = np;
+    k.ret = (fb_type)ret;
+    if (strcmp(k.name, "-") && (rc = record_kernel(r, (int)i, &k, NULL))) break;
+    q = nl + 1;
+  }
+  size_t fl = 0, sl = 0;
+  int used = 0;
+  if (!rc && (sscanf(q, "%zu %zu\n%n", &fl, &sl, &used) != 2 || !used ||
+              (size_t)(q + used - s) + fl + sl != n))
+    rc = FB_EINVAL;
+  if (rc == FB_EINVAL) rerr(r, rc, "%s", bad);
+  if (!rc && sl) { /* the program, parsed again: fields and kernels by name */
+    q += used;
+    char *fn = strndup(q, fl), *src = strndup(q + fl, sl);
+    fb_diags d;
+    fb_diags_init(&d);
+    if (!fn || !src) rc = rerr(r, FB_ENOMEM, "out of memory");
+    else if ((rc = fb_program_parse(fl ? fn : "<source>", src, &r->prog, &d)))
+      rerr(r, rc, "Restore: the checkpoint's program does not parse here");
+    else r->own_prog = 1;
+    fb_diags_free(&d);
+    free(fn);
+    free(src);
+  }
+  free(s);
+  return rc;
+}
+
+/* Chunks of a Checkpoint or FetchCheckpoint call into fd (at their
+ * offsets, in order); the name the server gave into name. */
+static int recv_chunks(fb_remote *r, grpc_call *call, int fd, char *name, size_t namelen,
+                       const char *what) {
+  int tag, rc = 0, ok = 1;
+  uint64_t off = 0;
+  while (ok > 0 && !rc) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    ok = fbc_batch(r->c, call, &op, 1, &tag);
+    if (ok <= 0 || !bb) break;
+    grpc_byte_buffer_reader rd;
+    grpc_slice sl = grpc_empty_slice();
+    if (grpc_byte_buffer_reader_init(&rd, bb)) {
+      sl = grpc_byte_buffer_reader_readall(&rd);
+      grpc_byte_buffer_reader_destroy(&rd);
+    }
+    grpc_byte_buffer_destroy(bb);
+    Fusebox__V1__CheckpointChunk *m = fusebox__v1__checkpoint_chunk__unpack(
+        NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
+    grpc_slice_unref(sl);
+    if (!m) {
+      rc = rerr(r, FB_EINTERNAL, "%s: a malformed chunk", what);
+      break;
+    }
+    if (m->name[0] && name) snprintf(name, namelen, "%s", m->name);
+    if (m->data.len && (fd < 0 || m->offset != off)) {
+      rc = rerr(r, FB_EINTERNAL, "%s: a chunk at %llu, expected %llu", what,
+                (unsigned long long)m->offset, (unsigned long long)off);
+    }
+    for (size_t k = 0; !rc && k < m->data.len;) {
+      ssize_t w = write(fd, m->data.data + k, m->data.len - k);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) rc = rerr(r, FB_EIO, "%s: cannot write the file: %s", what, strerror(errno));
+      else k += (size_t)w;
+    }
+    off += m->data.len;
+    fusebox__v1__checkpoint_chunk__free_unpacked(m, NULL);
+  }
+  return rc;
+}
+
+/* A file at path, whole or not at all: a temporary twin, fsync, rename. */
+static int tmp_open(fb_remote *r, const char *path, char *tmp, size_t n) {
+  snprintf(tmp, n, "%s.tmp-XXXXXX", path);
+  int fd = mkstemp(tmp);
+  if (fd < 0) return rerr(r, FB_EIO, "checkpoint: cannot create %s: %s", tmp, strerror(errno));
+  return fd;
+}
+
+static int tmp_commit(fb_remote *r, int fd, const char *tmp, const char *path, int rc) {
+  if (!rc && fsync(fd)) rc = rerr(r, FB_EIO, "checkpoint: %s: %s", path, strerror(errno));
+  if (close(fd) && !rc) rc = rerr(r, FB_EIO, "checkpoint: %s: %s", path, strerror(errno));
+  if (!rc && rename(tmp, path)) rc = rerr(r, FB_EIO, "checkpoint: %s: %s", path, strerror(errno));
+  if (rc) unlink(tmp);
+  return rc;
+}
+
+int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t namelen) {
+  if (!r) return FB_EINVAL;
+  if (!path && (!name || !namelen))
+    return rerr(r, FB_EINVAL, "checkpoint: give a file, or room for the server's name");
+  int rc = fb_remote_sync(r, NULL); /* what was launched runs first */
+  if (rc) return rc;
+  size_t ns = 0;
+  char *st = state_of(r, &ns);
+  if (!st) return rerr(r, FB_ENOMEM, "out of memory");
+  Fusebox__V1__CheckpointRequest req = FUSEBOX__V1__CHECKPOINT_REQUEST__INIT;
+  req.session_id = r->id;
+  req.to_server = path == NULL;
+  req.client_state.data = (uint8_t *)st;
+  req.client_state.len = ns;
+  req.chunk_bytes = (uint32_t)r->c->chunk;
+  size_t len = fusebox__v1__checkpoint_request__get_packed_size(&req);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf) {
+    free(st);
+    return rerr(r, FB_ENOMEM, "out of memory");
+  }
+  grpc_byte_buffer *rq = fbp_bb_from(buf, fusebox__v1__checkpoint_request__pack(&req, buf));
+  free(buf);
+  free(st);
+  char tmp[4200];
+  int fd = -1;
+  if (path && (fd = tmp_open(r, path, tmp, sizeof tmp)) < 0) {
+    grpc_byte_buffer_destroy(rq);
+    return FB_EIO;
+  }
+  grpc_call *call = fbc_call_new(r->c, "/fusebox.v1.Fusebox/Checkpoint", 0);
+  fbc_end e;
+  fbc_end_init(&e);
+  int stag, tag;
+  if (fbc_start_status(call, &e, &stag)) {
+    grpc_byte_buffer_destroy(rq);
+    if (fd >= 0) tmp_commit(r, fd, tmp, path, FB_EINTERNAL);
+    return rerr(r, FB_EINTERNAL, "cannot start Checkpoint");
+  }
+  grpc_metadata_array md;
+  grpc_metadata_array_init(&md);
+  grpc_op ops[4];
+  memset(ops, 0, sizeof ops);
+  grpc_metadata rmd[2];
+  fbc_initial_md_route(r->c, &ops[0], rmd, &r->rt);
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = rq;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &md;
+  char got[128] = "";
+  rc = fbc_batch(r->c, call, ops, 4, &tag) > 0
+           ? recv_chunks(r, call, fd, got, sizeof got, "checkpoint")
+           : 0;
+  grpc_byte_buffer_destroy(rq);
+  grpc_metadata_array_destroy(&md);
+  if (rc) grpc_call_cancel(call, NULL);
+  rc = end_call(r, call, &e, &stag, rc, "checkpoint");
+  if (!rc && !path && !got[0]) rc = rerr(r, FB_EINTERNAL, "checkpoint: the server named none");
+  if (!rc && !path) snprintf(name, namelen, "%s", got);
+  if (fd >= 0) rc = tmp_commit(r, fd, tmp, path, rc);
+  return rc;
+}
+
+int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *path,
+                      const char *name, fb_remote **out) {
+  *out = NULL;
+  if (!path == !name) {
+    fb_errf(c->err, sizeof c->err, "restore: give a checkpoint file or a server-side name");
+    return FB_EINVAL;
+  }
+  fb_remote *r = calloc(1, sizeof *r);
+  if (!r) return FB_ENOMEM;
+  r->c = c;
+  grpc_metadata_array_init(&r->init_md);
+  fbc_end_init(&r->end);
+  fbc_learn_limits(c);
+  uint8_t *data = NULL;
+  size_t dlen = 0;
+  int rc = fbc_route_init(&r->rt) ? rerr(r, FB_EIO, "cannot read /dev/urandom for a routing key") : 0;
+  if (path) { /* the file, read whole: it goes out in chunks of it */
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+      rc = rerr(r, FB_ENOENT, "restore: %s: %s", path, strerror(errno));
+    } else {
+      for (size_t cap = 0;;) {
+        if (dlen == cap) {
+          cap = cap ? cap * 2 : (size_t)1 << 20;
+          uint8_t *p = realloc(data, cap);
+          if (!p) {
+            rc = rerr(r, FB_ENOMEM, "out of memory");
+            break;
+          }
+          data = p;
+        }
+        size_t got = fread(data + dlen, 1, cap - dlen, f);
+        dlen += got;
+        if (!got) break;
+      }
+      if (!rc && ferror(f)) rc = rerr(r, FB_EIO, "restore: %s: %s", path, strerror(errno));
+      fclose(f);
+    }
+  }
+  grpc_call *call = NULL;
+  fbc_end e;
+  fbc_end_init(&e);
+  int stag = 0, tag, ok = 1;
+  if (!rc) {
+    call = fbc_call_new(c, "/fusebox.v1.Fusebox/Restore", 0);
+    if (fbc_start_status(call, &e, &stag)) rc = rerr(r, FB_EINTERNAL, "cannot start Restore");
+  }
+  size_t chunk = c->chunk;
+  for (size_t off = 0; !rc && ok > 0 && (off < dlen || !off); off += chunk) {
+    Fusebox__V1__CheckpointChunk m = FUSEBOX__V1__CHECKPOINT_CHUNK__INIT;
+    Fusebox__V1__SessionOptions o = FUSEBOX__V1__SESSION_OPTIONS__INIT;
+    o.memory_limit = opt ? opt->memory_limit : 0;
+    if (!off) m.options = &o;
+    if (name) m.name = (char *)name;
+    m.offset = off;
+    m.data.data = data ? data + off : NULL;
+    m.data.len = dlen - off < chunk ? dlen - off : chunk;
+    size_t len = fusebox__v1__checkpoint_chunk__get_packed_size(&m);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) {
+      rc = rerr(r, FB_ENOMEM, "out of memory");
+      break;
+    }
+    grpc_byte_buffer *bb = fbp_bb_from(buf, fusebox__v1__checkpoint_chunk__pack(&m, buf));
+    free(buf);
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    grpc_metadata rmd[2];
+    size_t k = 0;
+    if (!off) fbc_initial_md_route(c, &ops[k++], rmd, &r->rt);
+    ops[k].op = GRPC_OP_SEND_MESSAGE;
+    ops[k++].data.send_message.send_message = bb;
+    ok = fbc_batch(c, call, ops, k, &tag);
+    grpc_byte_buffer_destroy(bb);
+    if (name) break;
+  }
+  free(data);
+  Fusebox__V1__RestoreResponse *resp = NULL;
+  if (call && !rc) {
+    grpc_metadata_array md;
+    grpc_metadata_array_init(&md);
+    grpc_byte_buffer *rbb = NULL;
+    grpc_op ops[3];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].data.recv_initial_metadata.recv_initial_metadata = &md;
+    ops[2].op = GRPC_OP_RECV_MESSAGE;
+    ops[2].data.recv_message.recv_message = &rbb;
+    if (fbc_batch(c, call, ops, 3, &tag) > 0) fbc_route_replica(&r->rt, &md);
+    if (rbb) {
+      grpc_byte_buffer_reader rd;
+      if (grpc_byte_buffer_reader_init(&rd, rbb)) {
+        grpc_slice sl = grpc_byte_buffer_reader_readall(&rd);
+        grpc_byte_buffer_reader_destroy(&rd);
+        resp = fusebox__v1__restore_response__unpack(NULL, GRPC_SLICE_LENGTH(sl),
+                                                     GRPC_SLICE_START_PTR(sl));
+        grpc_slice_unref(sl);
+      }
+      grpc_byte_buffer_destroy(rbb);
+    }
+    grpc_metadata_array_destroy(&md);
+  }
+  if (call) rc = end_call(r, call, &e, &stag, rc, "restore");
+  else fbc_end_free(&e);
+  if (!rc && (!resp || !resp->layout || strlen(resp->session_id) >= sizeof r->id))
+    rc = rerr(r, FB_EINTERNAL, "restore: a malformed answer");
+  if (!rc) {
+    snprintf(r->id, sizeof r->id, "%s", resp->session_id);
+    char why[512];
+    if (fbp_layout_from_pb(resp->layout, &r->layout, why, sizeof why))
+      rc = rerr(r, FB_EINTERNAL, "restore: the server's layout: %s", why);
+  }
+  if (!rc) rc = state_into(r, resp->client_state.data, resp->client_state.len, resp->kernels);
+  if (resp) fusebox__v1__restore_response__free_unpacked(resp, NULL);
+  if (!rc) rc = stream_open(r);
+  if (rc) {
+    /* a session the server made but this side cannot use goes too */
+    if (r->id[0] && !r->call) {
+      Fusebox__V1__CloseSessionRequest cr = FUSEBOX__V1__CLOSE_SESSION_REQUEST__INIT;
+      cr.session_id = r->id;
+      grpc_slice s = grpc_empty_slice();
+      char err[256];
+      fbc_unary_route(c, &r->rt, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err,
+                      sizeof err);
+      grpc_slice_unref(s);
+    }
+    fb_errf(c->err, sizeof c->err, "%s", r->err);
+    remote_free(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
 }

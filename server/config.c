@@ -80,6 +80,8 @@ void fbd_config_free(fbd_config *c) {
   free(c->worker_walls_off);
   free(c->test_refuse_walls);
   free(c->config_path);
+  free(c->checkpoint_dir);
+  free(c->checkpoint_key);
   free(c->tls_cert);
   free(c->tls_key);
   free(c->tls_client_ca);
@@ -232,6 +234,16 @@ void fbd_usage(FILE *f) {
       "                             another tenant has work (default on)\n"
       "  --fair-slice-ms N          how far a tenant may run ahead of the least served\n"
       "                             one before it is held back (default 10)\n"
+      "  --checkpoint-key FILE      the key that seals checkpoints (HMAC-SHA256, bound to\n"
+      "                             the tenant): mode 0600, outside --checkpoint-dir;\n"
+      "                             without it Checkpoint and Restore are refused\n"
+      "  --checkpoint-key-create    make the key file (32 random bytes, 0600) when missing\n"
+      "  --checkpoint-dir D         keep checkpoints under D, one directory per tenant,\n"
+      "                             names chosen by the server (ListCheckpoints,\n"
+      "                             FetchCheckpoint, Restore by name)\n"
+      "  --checkpoint-every-s S     checkpoint each live session into D every S seconds\n"
+      "                             (after what it received ran), keeping its last two\n"
+      "                             (default 0: never)\n"
       "  --help, --version\n"
       "SIGHUP re-reads --config FILE and applies log_level, idle_timeout_s and\n"
       "shutdown_grace_s (flags still override the file), and the --tenants file;\n"
@@ -351,6 +363,10 @@ static const opt opts[] = {
     {"metrics_request_timeout_s", OPT_SECS, OFF(metrics_request_timeout_s), 1},
     {"fair_share", OPT_STR, OFF(fair_share), 0},
     {"fair_slice_ms", OPT_INT, OFF(fair_slice_ms), 1},
+    {"checkpoint_dir", OPT_GROUP, OFF(checkpoint_dir), 0}, /* paths: "" unsets */
+    {"checkpoint_key", OPT_GROUP, OFF(checkpoint_key), 0},
+    {"checkpoint_key_create", OPT_BOOL, OFF(checkpoint_key_create), 0},
+    {"checkpoint_every_s", OPT_SECS, OFF(checkpoint_every_s), 0},
 };
 
 int fbd_isolated(const fbd_config *cfg) {

@@ -79,20 +79,27 @@ int fbd_drain_sessions(fbd_server *srv) {
   return n;
 }
 
-/* The grace is over and s is still live: end it, its stream answered
- * UNAVAILABLE with the reason. This is the one place where a drained
- * session's state would be saved: a checkpoint call (issue 39, item 3:
- * "checkpointed and told where their checkpoint is") goes here, before
- * fbd_session_end_with, and its path into the message. */
+/* The grace is over and s is still live: with --checkpoint-dir, its state
+ * is checkpointed there first (after the work it received) and the name
+ * goes into the message; then it ends, its stream answered UNAVAILABLE
+ * with the reason. */
 static void fbd_drain_end_session(fbd_server *srv, fbd_session *s) {
-  char why[256];
+  char why[1024], saved[320] = "", name[96] = "", err[256] = "";
+  if (fbd_ckpt_dir_enabled(srv) && s->created && !s->describe) {
+    if (fbd_session_checkpoint_now(s, 60, name, sizeof name, err, sizeof err) == 0)
+      snprintf(saved, sizeof saved,
+               "; its state is in checkpoint %s (Restore it by that name where the "
+               "checkpoint directory and key are shared)", name);
+    else
+      snprintf(saved, sizeof saved, "; its checkpoint failed: %.200s", err);
+  }
   snprintf(why, sizeof why,
            "session %s ended: fuseboxd on replica %s is draining and its grace of %g s is over "
-           "(drain_grace_s); open a new session, another replica takes it",
-           s->tag, srv->replica, srv->cfg->drain_grace_s);
+           "(drain_grace_s)%s; open a new session, another replica takes it",
+           s->tag, srv->replica, srv->cfg->drain_grace_s, saved);
   if (fbd_session_end_with(s, FBD_END_DRAINED, why) == 0)
-    fbd_logf(srv->log, FBD_LOG_INFO, "session %s: ended by the drain of replica %s", s->tag,
-             srv->replica);
+    fbd_logf(srv->log, FBD_LOG_INFO, "session %s: ended by the drain of replica %s%s", s->tag,
+             srv->replica, saved);
 }
 
 void fbd_drain_end_rest(fbd_server *srv) {

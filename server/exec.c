@@ -584,6 +584,46 @@ static void run_active(fbd_exec *x, int field, uint8_t *buf, size_t len, fbd_rep
     reply_finish(r, rc, "%s", fb_session_errmsg(x->es));
 }
 
+/* ---------------------------------------------------------------- checkpoints
+ * The unsealed checkpoint stream (engine/checkpoint.c) goes to sink and
+ * comes from src: the broker seals it and checks the seal; here (a worker
+ * process, or the session thread under thread isolation) only the stream. */
+
+void fbd_exec_checkpoint(fbd_exec *x, fb_sink_fn sink, void *user, fbd_reply *r) {
+  r->finish = 1;
+  if (!x->es) {
+    reply_finish(r, FB_ENOENT, "session %s does not exist", x->tag);
+    return;
+  }
+  char err[FBD_ERRLEN - 64] = "";
+  int rc = fb_session_checkpoint(x->es, sink, user, err, sizeof err);
+  if (rc) reply_finish(r, rc, "checkpoint: %s", err[0] ? err : fb_strerror(rc));
+  else reply_finish(r, FB_OK, NULL);
+  fb_session_counters(x->es, &r->counters);
+}
+
+int fbd_exec_restore(fbd_exec *x, fb_source_fn src, void *user, fbd_reply *r) {
+  char err[FBD_ERRLEN - 64] = "";
+  fb_session *es = NULL;
+  int rc = fb_session_restore(x->engine, &x->ecfg, src, user, &es, err, sizeof err);
+  if (rc) {
+    reply_finish(r, rc, "%s", err[0] ? err : fb_strerror(rc));
+    r->fatal = 1;
+    return rc;
+  }
+  x->es = es;
+  x->layout = (fb_layout *)fb_session_layout(es); /* the session's own copy */
+  x->nkernels = fb_session_kernel_count(es);
+  x->eng_launches = fb_session_launches(es);
+  x->seq = 0;
+  seq_break(x, 1); /* the engine's next launch is this stream's first */
+  if (x->watch) fb_session_set_task_hook(x->es, watch_hook, x->watch);
+  fb_session_counters(x->es, &r->counters);
+  r->registered = (uint32_t)x->nkernels;
+  reply_finish(r, FB_OK, NULL);
+  return 0;
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,

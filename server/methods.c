@@ -27,6 +27,11 @@ static atomic_uint_fast64_t staged;
 
 uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
 
+void fbd_stage_count(int64_t delta) {
+  if (delta >= 0) atomic_fetch_add(&staged, (uint64_t)delta);
+  else atomic_fetch_sub(&staged, (uint64_t)-delta);
+}
+
 static int stage_map(size_t n, int shared, fbd_buf *out);
 
 /* A memfd shared with a worker keeps its size for good: a compromised
@@ -926,6 +931,331 @@ static void read_free(fbd_call *c) {
   free(r);
 }
 
+/* ---------------------------------------------------------------- checkpoints */
+
+static uint32_t chunk_of(uint32_t asked) {
+  uint32_t ch = asked ? asked : DEFAULT_CHUNK;
+  return ch < MIN_CHUNK ? MIN_CHUNK : ch > MAX_CHUNK ? MAX_CHUNK : ch;
+}
+
+/* Checkpoint: a CKPT job after what the session received, its sealed bytes
+ * into the directory (answered with the name) or a memfd streamed back. */
+static void ckpt_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  char err[FBD_ERRLEN];
+  Fusebox__V1__CheckpointRequest *m =
+      decode(c, bb, &fusebox__v1__checkpoint_request__descriptor, &a);
+  fbd_session *s = m ? named(c, m->session_id, strlen(m->session_id)) : NULL;
+  if (s && m->client_state.len > FBD_CKPT_STATE_MAX) {
+    fbd_count_bad(c->srv);
+    fbd_call_finish(c, FB_EINVAL, "Checkpoint: client_state of %zu bytes, more than %zu",
+                    m->client_state.len, FBD_CKPT_STATE_MAX);
+  } else if (s) {
+    /* the session keeps the latest client state for the server's own
+       checkpoints */
+    uint8_t *st = malloc(m->client_state.len ? m->client_state.len : 1);
+    pthread_mutex_lock(&s->mu);
+    if (st) {
+      if (m->client_state.len) memcpy(st, m->client_state.data, m->client_state.len);
+      free(s->client_state);
+      s->client_state = st;
+      s->nclient_state = m->client_state.len;
+    }
+    pthread_mutex_unlock(&s->mu);
+    fbd_ckpt_job *k = NULL;
+    int rc = fbd_ckpt_begin(c->srv, atomic_load(&s->owner), s->tag, m->to_server,
+                            m->client_state.data, m->client_state.len, &k, err, sizeof err);
+    fbd_job *j = rc ? NULL : fbd_job_new(FBD_J_CKPT, c);
+    if (rc) {
+      atomic_fetch_add(&c->srv->ckpt_refused, 1);
+      fbd_call_finish(c, rc, "Checkpoint: %s", err);
+    } else if (!j) {
+      fbd_ckpt_end(k);
+      fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    } else {
+      j->ck = k;
+      j->sink = fbd_ckpt_sink;
+      j->sink_user = k;
+      j->chunk = chunk_of(m->chunk_bytes);
+      post(c, s, j);
+    }
+  }
+  fbd_session_unref(s);
+  fbp_arena_free(&a);
+}
+
+/* A finished checkpoint out in chunks (CheckpointChunk: offset, data),
+ * each a slice of the mapping; the mapping lives until the last is sent. */
+typedef struct ckbuf {
+  atomic_int refs;
+  fbd_ckpt_job *k;
+} ckbuf;
+
+typedef struct ckstate {
+  pthread_mutex_t mu;
+  ckbuf *b;
+  uint64_t len, off;
+  uint32_t chunk;
+} ckstate;
+
+static void ckbuf_unref(void *p) {
+  ckbuf *b = p;
+  if (atomic_fetch_sub(&b->refs, 1) == 1) {
+    fbd_ckpt_end(b->k);
+    free(b);
+  }
+}
+
+/* One CheckpointChunk: fields 2 (offset) and 3 (data), data last. */
+static size_t ck_header(uint8_t *out, uint64_t off, uint64_t n) {
+  size_t k = 0;
+  out[k++] = 2 << 3;
+  for (uint64_t v = off; ; v >>= 7) {
+    out[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    if (v <= 0x7f) break;
+  }
+  out[k++] = (3 << 3) | 2;
+  for (uint64_t v = n; ; v >>= 7) {
+    out[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    if (v <= 0x7f) break;
+  }
+  return k;
+}
+
+static void ck_next(fbd_call *c) {
+  ckstate *r = c->state;
+  if (!r) return;
+  pthread_mutex_lock(&r->mu);
+  if (r->off >= r->len) {
+    pthread_mutex_unlock(&r->mu);
+    return;
+  }
+  uint64_t n = r->len - r->off < r->chunk ? r->len - r->off : r->chunk;
+  uint8_t hdr[32];
+  size_t hn = ck_header(hdr, r->off, n);
+  atomic_fetch_add(&r->b->refs, 1);
+  grpc_slice sl[2] = {
+      grpc_slice_from_copied_buffer((const char *)hdr, hn),
+      grpc_slice_new_with_user_data((void *)(fbd_ckpt_map(r->b->k) + r->off), (size_t)n,
+                                    ckbuf_unref, r->b)};
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
+  grpc_slice_unref(sl[0]);
+  grpc_slice_unref(sl[1]);
+  r->off += n;
+  int last = r->off >= r->len;
+  fbd_call_send_bb(c, bb);
+  pthread_mutex_unlock(&r->mu);
+  if (last) fbd_call_finish(c, FB_OK, NULL);
+}
+
+void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk) {
+  ckstate *r = calloc(1, sizeof *r);
+  ckbuf *b = calloc(1, sizeof *b);
+  if (!r || !b || !fbd_ckpt_map(k)) {
+    free(r);
+    free(b);
+    fbd_ckpt_end(k);
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+    return;
+  }
+  atomic_init(&b->refs, 1);
+  b->k = k;
+  pthread_mutex_init(&r->mu, NULL);
+  r->b = b;
+  r->len = fbd_ckpt_bytes(k);
+  r->chunk = chunk ? chunk : DEFAULT_CHUNK;
+  c->state = r;
+  ck_next(c);
+  ck_next(c);
+}
+
+static void ck_free(fbd_call *c) {
+  ckstate *r = c->state;
+  if (!r) return;
+  ckbuf_unref(r->b);
+  pthread_mutex_destroy(&r->mu);
+  free(r);
+  c->state = NULL;
+}
+
+/* FetchCheckpoint: one of the caller's checkpoints in the directory. */
+static void fetch_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  char err[FBD_ERRLEN];
+  Fusebox__V1__FetchCheckpointRequest *m =
+      decode(c, bb, &fusebox__v1__fetch_checkpoint_request__descriptor, &a);
+  fbd_ckpt_job *k = NULL;
+  int rc = m ? fbd_ckpt_open(c->srv, c->tenant, m->name, 0, &k, err, sizeof err) : FB_EINVAL;
+  if (m && rc) {
+    atomic_fetch_add(&c->srv->ckpt_refused, 1);
+    fbd_call_finish(c, rc, "FetchCheckpoint: %s", err);
+  } else if (m) {
+    /* mapped read-only: the file stays as it is while it goes out */
+    uint64_t len = fbd_ckpt_bytes(k);
+    void *p = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fbd_ckpt_fd(k), 0) : NULL;
+    if (!len) {
+      fbd_ckpt_end(k);
+      fbd_call_finish(c, FB_OK, NULL);
+    } else if (p == MAP_FAILED) {
+      fbd_ckpt_end(k);
+      fbd_call_finish(c, FB_EIO, "FetchCheckpoint: cannot read it");
+    } else {
+      fbd_ckpt_set_map(k, p);
+      fbd_ckpt_send(c, k, chunk_of(m->chunk_bytes));
+    }
+  }
+  fbp_arena_free(&a);
+}
+
+static void list_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (missing(c, bb)) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  char err[FBD_ERRLEN];
+  Fusebox__V1__ListCheckpointsRequest *m =
+      decode(c, bb, &fusebox__v1__list_checkpoints_request__descriptor, &a);
+  Fusebox__V1__CheckpointList r = FUSEBOX__V1__CHECKPOINT_LIST__INIT;
+  int rc = m ? fbd_ckpt_list(c->srv, c->tenant, &a, &r, err, sizeof err) : FB_EINVAL;
+  if (m && rc) {
+    fbd_call_finish(c, rc, "ListCheckpoints: %s", err);
+  } else if (m) {
+    fbd_call_send_msg(c, &r.base);
+    fbd_call_finish(c, FB_OK, NULL);
+  }
+  fbp_arena_free(&a);
+}
+
+/* Restore: the upload (or a name) checked (seal, owner, size) before any
+ * session exists; then a session whose first job restores it. */
+typedef struct rsstate {
+  fbd_ckpt_job *k;
+  int named;
+  uint64_t memory_limit;
+  char mode[8];
+} rsstate;
+
+static uint64_t upload_max(fbd_server *srv, uint64_t limit) {
+  uint64_t lim = srv->cfg->session_memory_limit;
+  if (limit && (!lim || limit < lim)) lim = limit; /* a client's asks never widen it */
+  if (!lim) return 0; /* the memory budget alone bounds it */
+  /* field storage, its sparse structure and the kernels' IR: twice the
+     session's limit and 64 MiB is more than a checkpoint of it holds */
+  return lim * 2 + ((uint64_t)64 << 20);
+}
+
+static void restore_fail(fbd_call *c, int rc, const char *err) {
+  rsstate *st = c->state;
+  if (st) { /* what was staged goes now, not when the call is freed */
+    fbd_ckpt_end(st->k);
+    st->k = NULL;
+  }
+  atomic_fetch_add(&c->srv->ckpt_refused, 1);
+  fbd_count_bad(c->srv);
+  fbd_logf(c->srv->log, FBD_LOG_WARN, "restore from %s refused: %s", c->peer ? c->peer : "?", err);
+  fbd_call_finish(c, rc, "%s", err);
+}
+
+static void restore_end(fbd_call *c) {
+  fbd_server *srv = c->srv;
+  rsstate *st = c->state;
+  char err[FBD_ERRLEN];
+  if (!st || !st->k) {
+    restore_fail(c, FB_EINVAL, "Restore: no checkpoint was sent");
+    return;
+  }
+  int rc = st->named ? 0 : fbd_ckpt_upload_end(st->k, err, sizeof err);
+  if (rc) {
+    restore_fail(c, rc == FB_EINVAL || rc == FB_EIO ? FB_EINVAL : rc, err);
+    return;
+  }
+  if (!st->named) atomic_fetch_add(&srv->ckpt_bytes_in, fbd_ckpt_bytes(st->k));
+  Fusebox__V1__SessionOptions o = FUSEBOX__V1__SESSION_OPTIONS__INIT;
+  o.memory_limit = st->memory_limit;
+  o.mode = st->mode;
+  fb_session_config ec;
+  fbd_session *s = NULL;
+  if (atomic_load(&srv->stopping)) {
+    fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
+    return;
+  }
+  if (refuse_draining(c)) return; /* a restore is a new session */
+  if ((rc = check_options(srv, &o, &ec, err, sizeof err))) {
+    restore_fail(c, rc, err);
+    return;
+  }
+  if ((rc = fbd_auth_session_new(c, NULL, &ec, &s, err, sizeof err))) {
+    restore_fail(c, rc, err);
+    return;
+  }
+  fbd_job *j = fbd_job_new(FBD_J_RESTORE, c);
+  if (j) {
+    j->ck = st->k;
+    st->k = NULL;
+  }
+  if (!j || fbd_session_post(s, j)) {
+    fbd_job_free(j);
+    fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+    if (end && fbd_session_post(s, end)) fbd_job_free(end);
+    fbd_call_finish(c, FB_ENOMEM, "out of memory");
+  }
+  fbd_session_unref(s);
+}
+
+static void restore_recv(fbd_call *c, grpc_byte_buffer *bb) {
+  if (!bb) {
+    if (!c->recv_failed) restore_end(c);
+    return;
+  }
+  rsstate *st = c->state;
+  char err[FBD_ERRLEN];
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__CheckpointChunk *m = decode(c, bb, &fusebox__v1__checkpoint_chunk__descriptor, &a);
+  int rc = m ? 0 : FB_EINVAL;
+  if (m && !st) {
+    st = calloc(1, sizeof *st);
+    if (!st) {
+      fbd_call_finish(c, rc = FB_ENOMEM, "out of memory");
+    } else {
+      c->state = st;
+      if (m->options) {
+        st->memory_limit = m->options->memory_limit;
+        snprintf(st->mode, sizeof st->mode, "%s",
+                 !strcmp(m->options->mode, "async") ? "async" : "sync");
+      }
+      if (m->name[0]) {
+        st->named = 1;
+        rc = fbd_ckpt_open(c->srv, c->tenant, m->name, 1, &st->k, err, sizeof err);
+      } else {
+        rc = fbd_ckpt_upload_begin(c->srv, c->tenant, &st->k, err, sizeof err);
+      }
+      if (rc) restore_fail(c, rc, err);
+    }
+  }
+  if (!rc && m && (m->data.len || m->offset)) {
+    if (st->named) {
+      rc = FB_EINVAL;
+      restore_fail(c, rc, "Restore: give a checkpoint's name or its bytes, not both");
+    } else if ((rc = fbd_ckpt_upload(st->k, m->offset, m->data.data, m->data.len,
+                                     upload_max(c->srv, st->memory_limit), err, sizeof err))) {
+      restore_fail(c, rc, err);
+    }
+  }
+  fbp_arena_free(&a);
+  if (!rc) fbd_call_recv(c);
+}
+
+static void restore_free(fbd_call *c) {
+  rsstate *st = c->state;
+  if (!st) return;
+  fbd_ckpt_end(st->k);
+  free(st);
+}
+
 /* Drain (admin): with a tenants file an admin's call; without one only on a
  * unix: socket, whose mode and group guard it (a TCP client may be anyone,
  * even through a proxy on loopback). SIGTERM does the same. */
@@ -974,6 +1304,10 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/DescribeSource", NULL, describe_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Checkpoint", NULL, ckpt_recv, NULL, ck_next, ck_free},
+    {"/fusebox.v1.Fusebox/Restore", NULL, restore_recv, NULL, NULL, restore_free},
+    {"/fusebox.v1.Fusebox/ListCheckpoints", NULL, list_recv, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, ck_next, ck_free},
     {"/fusebox.v1.Fusebox/Drain", NULL, drain_recv, NULL, NULL, NULL},
 };
 

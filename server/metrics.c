@@ -359,6 +359,19 @@ static void metrics_text(fbd_server *srv, text *t) {
          atomic_load(&srv->bad_requests));
   metric(t, "auth_failures_total", "counter", "Calls refused UNAUTHENTICATED.",
          atomic_load(&srv->auth->failures));
+  metric(t, "checkpoints_written_total", "counter",
+         "Checkpoints written: into --checkpoint-dir (asked for or periodic) or streamed to "
+         "a client.", atomic_load(&srv->ckpt_written));
+  metric(t, "checkpoints_restored_total", "counter", "Sessions restored from a checkpoint.",
+         atomic_load(&srv->ckpt_restored));
+  metric(t, "checkpoints_refused_total", "counter",
+         "Checkpoints and restores refused or failed (a bad seal, another tenant's, a bad "
+         "name, the memory budget, the disk).", atomic_load(&srv->ckpt_refused));
+  metric(t, "checkpoint_written_bytes_total", "counter", "Sealed checkpoint bytes written.",
+         atomic_load(&srv->ckpt_bytes_out));
+  metric(t, "checkpoint_uploaded_bytes_total", "counter",
+         "Checkpoint bytes clients uploaded to restore that passed the seal check.",
+         atomic_load(&srv->ckpt_bytes_in));
   budget_text(srv, t);
   if (srv->auth->enabled) tenants_text(srv, t);
   fbd_codestore_metrics(srv->codestore, cs_header, cs_value, t);

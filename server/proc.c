@@ -59,6 +59,11 @@ extern char **environ;
 #define WIRE_MAGIC 0x46425731u /* "FBW1" */
 #define WIRE_MAX_PAYLOAD ((uint64_t)1 << 31)
 #define WIRE_MAX_PB ((uint64_t)1 << 30)
+/* A checkpoint's stream crosses the socket in data frames (a wire_rep or,
+ * broker to worker, a wire_req with this magic and pblen/len bytes after
+ * it, at most DATA_MAX; to the worker a frame of 0 bytes ends the stream) */
+#define DATA_MAGIC 0x46424431u /* "FBD1" */
+#define DATA_MAX ((uint64_t)4 << 20)
 #define PB_READ_STEP ((size_t)64 << 10) /* a reply's response is read in growing steps */
 /* Protobuf encodings at their largest (reply_cap) are computed from the
  * messages' descriptors (pb_max), so that a field added to Counters or
@@ -1476,6 +1481,7 @@ static uint64_t reply_cap(const fbd_proc *p, const fbd_job *j) {
     return pb_sync_fixed + rets * pb_ret_max + (uint64_t)FBD_SYNC_MAX_ERRS * pb_err_max;
   }
   case FBD_J_WRITE: return 16;
+  case FBD_J_RESTORE: return FBD_SOURCE_REPLY_MAX; /* a layout */
   default: return 0;
   }
 }
@@ -1490,6 +1496,8 @@ static const char *job_name(int kind) {
   case FBD_J_ACTIVE: return "ReadField (active)";
   case FBD_J_PARSE: return "CreateSession (its source)";
   case FBD_J_DESCRIBE: return "DescribeSource";
+  case FBD_J_CKPT: return "Checkpoint";
+  case FBD_J_RESTORE: return "Restore";
   default: return "request";
   }
 }
@@ -1540,6 +1548,7 @@ static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
   fbd_proc *p = s->proc;
   int kind = j->kind;
   double t0 = mono(), spin = s->srv->cfg->worker_spin_us * 1e-6;
+again:
   for (;;) {
     if (wait_readable(p->fd, spin, 50)) break;
     spin = 0;
@@ -1563,6 +1572,16 @@ static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
   frame_clock clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
   wire_rep h;
   int rc = read_all(p->fd, &h, sizeof h, NULL, &clk);
+  if (!rc && h.magic == DATA_MAGIC && kind == FBD_J_CKPT && h.pblen <= DATA_MAX) {
+    /* a piece of a checkpoint's stream: to the job's sink (the seal), then
+       the next frame (a sink that failed takes nothing more; the worker's
+       stream ends anyway and its reply follows) */
+    uint8_t *b = malloc(h.pblen ? h.pblen : 1);
+    rc = b ? (h.pblen ? read_all(p->fd, b, h.pblen, NULL, &clk) : 0) : FB_ENOMEM;
+    if (!rc && j->sink) j->sink(j->sink_user, b, (size_t)h.pblen);
+    free(b);
+    if (!rc) goto again;
+  }
   /* lengths bounded before anything is allocated or read */
   uint64_t cap = reply_cap(p, j);
   char bad[200] = "";
@@ -1636,6 +1655,53 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
     return;
   }
   send_job(s, j, NULL, 0, r);
+}
+
+/* CKPT: the worker streams the session to j->sink in data frames, then
+ * replies as usual. */
+void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_proc_run(s, j, r);
+}
+
+/* RESTORE in s's new worker: the settings, then the stream in data frames
+ * (ended by an empty one); the worker answers with the restored layout,
+ * which the broker checks as it checks a client's. */
+void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  wire_create c;
+  memset(&c, 0, sizeof c);
+  c.seed = s->ecfg.seed;
+  c.memory_limit = s->ecfg.memory_limit;
+  c.passes = s->ecfg.passes;
+  c.flush_every = s->ecfg.flush_every;
+  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
+  c.max_kernel_statements = s->ecfg.max_kernel_statements;
+  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
+  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  wire_req q = {WIRE_MAGIC, FBD_J_RESTORE, 0, 0, sizeof c, 0};
+  uint8_t head[sizeof q + sizeof c];
+  memcpy(head, &q, sizeof q);
+  memcpy(head + sizeof q, &c, sizeof c);
+  frame_clock clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
+  int rc = send_frame(s->proc->fd, head, sizeof head, -1, NULL, 0, &clk);
+  uint8_t *buf = rc ? NULL : malloc(DATA_MAX);
+  if (!rc && !buf) rc = FB_ENOMEM;
+  for (long got = 1; !rc && got > 0;) {
+    got = fbd_ckpt_source(j->ck, buf, DATA_MAX);
+    if (got < 0) got = 0; /* the worker's restore then finds the stream short */
+    wire_req d = {DATA_MAGIC, FBD_J_RESTORE, 0, 0, (uint64_t)got, 0};
+    clk = clock_start(s, s->srv->cfg->worker_reply_timeout_s);
+    rc = send_frame(s->proc->fd, &d, sizeof d, -1, buf, (size_t)got, &clk);
+  }
+  free(buf);
+  if (rc == FB_ETIMEOUT) {
+    worker_stalled(s, r, "checkpoint (it stopped reading)");
+    return;
+  }
+  if (rc) {
+    worker_lost(s, r);
+    return;
+  }
+  await_reply(s, j, r);
 }
 
 int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
@@ -2627,6 +2693,97 @@ static void worker_parse(worker *w, int kind, const uint8_t *p, size_t n, fbd_re
   fbp_arena_free(&a);
 }
 
+/* CKPT in the worker: the stream goes to the broker in data frames. */
+static int worker_data_sink(void *user, const void *buf, size_t n) {
+  worker *w = user;
+  const uint8_t *p = buf;
+  while (n) {
+    size_t k = n < DATA_MAX ? n : (size_t)DATA_MAX;
+    wire_rep h;
+    memset(&h, 0, sizeof h);
+    h.magic = DATA_MAGIC;
+    h.pblen = k;
+    if (write_all(w->fd, &h, sizeof h, NULL) || write_all(w->fd, p, k, NULL)) return 1;
+    p += k;
+    n -= k;
+  }
+  return 0;
+}
+
+/* RESTORE in the worker: the stream from the broker's data frames. */
+typedef struct data_in {
+  int fd;
+  uint64_t left; /* of the current frame */
+  int ended, bad;
+} data_in;
+
+static long worker_data_source(void *user, void *buf, size_t n) {
+  data_in *d = user;
+  while (!d->left) {
+    if (d->ended || d->bad) return d->bad ? -1 : 0;
+    wire_req q;
+    if (read_all(d->fd, &q, sizeof q, NULL, NULL) || q.magic != DATA_MAGIC || q.len > DATA_MAX) {
+      d->bad = 1;
+      return -1;
+    }
+    if (!q.len) d->ended = 1;
+    d->left = q.len;
+  }
+  if (n > d->left) n = (size_t)d->left;
+  if (read_all(d->fd, buf, n, NULL, NULL)) {
+    d->bad = 1;
+    return -1;
+  }
+  d->left -= n;
+  return (long)n;
+}
+
+static void worker_restore(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
+  wire_create c;
+  data_in d = {w->fd, 0, 0, 0};
+  r->finish = r->fatal = 1;
+  if (w->created || w->layout || n < sizeof c) {
+    r->code = FB_EINVAL;
+    fb_errf(r->msg, sizeof r->msg, "a RESTORE after the session was made");
+  } else {
+    memcpy(&c, p, sizeof c);
+    c.mode[sizeof c.mode - 1] = 0;
+    c.tag[sizeof c.tag - 1] = 0;
+    fb_session_config ec;
+    memset(&ec, 0, sizeof ec);
+    ec.mode = c.mode;
+    ec.seed = c.seed;
+    ec.memory_limit = c.memory_limit;
+    ec.passes = c.passes;
+    ec.flush_every = c.flush_every;
+    ec.max_fuse_per_task = c.max_fuse_per_task;
+    ec.max_kernel_statements = c.max_kernel_statements;
+    static char tag[16];
+    snprintf(tag, sizeof tag, "%s", c.tag);
+    fbd_exec_init(&w->x, w->engine, NULL, &ec, tag, &w->log, w->watch);
+    w->x.parse_timeout_s = w->cfg->compile_timeout_s;
+    if (!fbd_exec_restore(&w->x, worker_data_source, &d, r)) {
+      w->created = 1;
+      r->fatal = 0;
+      fbp_arena a;
+      fbp_arena_init(&a);
+      Fusebox__V1__Layout *m = fbp_layout_to_pb(&a, w->x.layout);
+      size_t len = m ? protobuf_c_message_get_packed_size(&m->base) : 0;
+      if (!m || !(r->pb = malloc(len ? len : 1))) {
+        r->code = FB_ENOMEM;
+        r->fatal = 1;
+        fb_errf(r->msg, sizeof r->msg, "out of memory packing the layout");
+      } else {
+        r->pblen = protobuf_c_message_pack(&m->base, r->pb);
+      }
+      fbp_arena_free(&a);
+    }
+  }
+  /* the rest of the stream, so that the reply is read where it is due */
+  char sink[65536];
+  while (!d.bad && (d.left || !d.ended)) worker_data_source(&d, sink, sizeof sink);
+}
+
 static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, fbd_reply *r) {
   const ProtobufCMessageDescriptor *d =
       q->kind == FBD_J_REGISTER ? &fusebox__v1__register_kernels_request__descriptor
@@ -2634,6 +2791,14 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
                                 : NULL;
   if (q->kind == FBD_J_PARSE || q->kind == FBD_J_DESCRIBE) { /* before CREATE, if at all */
     worker_parse(w, q->kind, payload, q->len, r);
+    return;
+  }
+  if (q->kind == FBD_J_RESTORE) {
+    worker_restore(w, payload, q->len, r);
+    return;
+  }
+  if (q->kind == FBD_J_CKPT) {
+    fbd_exec_checkpoint(&w->x, worker_data_sink, w, r);
     return;
   }
   if (q->kind == FBD_J_CREATE) {

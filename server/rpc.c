@@ -684,6 +684,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
     rc = 0;
   }
   if (!rc) rc = fbd_sched_start(srv, err, errlen);
+  if (!rc) rc = fbd_ckpt_start(srv, err, errlen);
   if (!rc && fbd_isolated(cfg)) rc = fbd_procs_start(srv, err, errlen);
   else if (!rc && geteuid() == 0) { /* no worker to switch users: the tenant's code is ours */
     /* a private daemon runs its one user's own code, as that user: nothing
@@ -808,6 +809,7 @@ void fbd_server_free(fbd_server *srv) {
   free(srv->zombies);
   fbd_auth_free(srv);
   fbd_codestore_free(srv->codestore); /* the engine that called it is gone */
+  fbd_ckpt_free(srv);
   fbd_tls_free(srv);
   pthread_mutex_destroy(&srv->pmu);
   pthread_mutex_destroy(&srv->mu);

@@ -164,6 +164,14 @@ typedef struct fbd_config {
   char *fair_share; /* "on": hold back tenants over their share (sched.c); "off" */
   int fair_slice_ms; /* how far a tenant may run ahead of the least served one */
   int ready_fd; /* -1, or write the bound addresses here when serving */
+  /* checkpoints (ckpt.c): where the server keeps them (NULL: nowhere, but
+     checkpoints to the client still work with a key), the key that seals
+     them (NULL: checkpoints off), make the key file when missing, and how
+     often the server checkpoints each live session itself (0: never) */
+  char *checkpoint_dir;
+  char *checkpoint_key;
+  int checkpoint_key_create;
+  double checkpoint_every_s;
 } fbd_config;
 
 void fbd_config_defaults(fbd_config *c);
@@ -365,6 +373,11 @@ struct fbd_server {
   struct fbd_sched *sched; /* the fair scheduler (sched.c) */
   struct fbd_tls *tls; /* the certificates served, reloaded on SIGHUP (tls.c), or NULL */
   struct fbd_gate *gate; /* the HTTP/2 gate of every host:port listener (h2gate.c), or NULL */
+  struct fbd_ckpt *ckpt; /* checkpoints (ckpt.c), or NULL */
+  double ckpt_last; /* the periodic checkpoints' last round (the main thread's) */
+  /* /metrics: checkpoints written (to the dir or a client), sessions
+     restored, checkpoints and restores refused, bytes written and read */
+  atomic_uint_fast64_t ckpt_written, ckpt_restored, ckpt_refused, ckpt_bytes_out, ckpt_bytes_in;
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
@@ -453,7 +466,9 @@ enum {
   FBD_J_END,
   FBD_J_ACTIVE, /* a read of the field's activity mask */
   FBD_J_PARSE, /* process isolation, before CREATE: the source's layout, parsed by the worker */
-  FBD_J_DESCRIBE /* DescribeSource: the session's only job */
+  FBD_J_DESCRIBE, /* DescribeSource: the session's only job */
+  FBD_J_CKPT,    /* a checkpoint: the unsealed stream to the job's sink (ckpt.c) */
+  FBD_J_RESTORE  /* a restored session's first job, instead of CREATE */
 };
 
 typedef struct fbd_ret {
@@ -553,6 +568,12 @@ void fbd_exec_describe(fbd_exec *x, const uint8_t *bytes, size_t n, fbd_reply *r
 int fbd_exec_parse(fbd_exec *x, const uint8_t *bytes, size_t n, fb_layout **out, char *err,
                    size_t errlen);
 
+/* A checkpoint of x's session into sink (the unsealed stream), and a
+ * restore: x (initialized with the restoring side's limits) gets the
+ * session src holds. r says how it went (a failed restore is fatal). */
+void fbd_exec_checkpoint(fbd_exec *x, fb_sink_fn sink, void *user, fbd_reply *r);
+int fbd_exec_restore(fbd_exec *x, fb_source_fn src, void *user, fbd_reply *r);
+
 /* Field bytes of a place (numel * element size); FB_EINVAL/ENOENT with err. */
 int fbd_field_bytes(const fb_layout *l, int field, uint64_t *bytes, char *err, size_t errlen);
 
@@ -590,6 +611,12 @@ typedef struct fbd_job {
   int reason; /* END */
   double posted_at; /* when it was queued (sync latency) */
   uint64_t first_launch; /* BATCH: the session's number of its first launch (0: none) */
+  /* CKPT: where the unsealed stream goes (the broker's side: the seal);
+     RESTORE: the stream's bytes (src, the first len bytes of fd) */
+  fb_sink_fn sink;
+  void *sink_user;
+  struct fbd_ckpt_job *ck; /* ckpt.c: the checkpoint's state (the job's; freed with it) */
+  struct fbd_ckpt_wait *wait; /* CKPT: someone waits for its name (the drain hook) */
 } fbd_job;
 
 struct fbd_session {
@@ -616,6 +643,9 @@ struct fbd_session {
   int recv_paused;
   fbd_call *stream; /* the attached Session stream (ref held) */
   double last_active;
+  double ckpt_at; /* its last checkpoint into the directory (the periodic ones) */
+  uint8_t *client_state; /* the latest CheckpointRequest.client_state (malloc) */
+  size_t nclient_state;
   double abort_at; /* when fbd_session_abort ended it (0: not aborted) */
   uint64_t cancel_upto; /* jobs up to this number (posted) run cancelled */
   uint64_t launches_posted; /* launches in the jobs posted so far */
@@ -875,6 +905,67 @@ int fbd_source_expand(const Fusebox__V1__RegisterKernelsRequest *m, const fb_lay
  * packed SourceInfo, or the error. */
 void fbd_source_describe(const uint8_t *bytes, size_t n, const fbd_parse_limits *pl,
                          fbd_reply *r);
+
+/* ---------------------------------------------------------------- checkpoints (ckpt.c) */
+
+
+#define FBD_CKPT_STATE_MAX ((size_t)64 << 10) /* CheckpointRequest.client_state */
+typedef struct fbd_ckpt_job fbd_ckpt_job;
+int fbd_ckpt_start(fbd_server *srv, char *err, size_t errlen); /* the key, the directory */
+void fbd_ckpt_free(fbd_server *srv);
+int fbd_ckpt_enabled(const fbd_server *srv);     /* a key: checkpoints work */
+int fbd_ckpt_dir_enabled(const fbd_server *srv); /* and a directory */
+int fbd_ckpt_name_ok(const char *name);          /* a name the server gives */
+const char *fbd_ckpt_owner(const struct fbd_tenant *t); /* what the seal binds: "" anonymous */
+/* A checkpoint being written: to the tenant's directory (to_dir) or to a
+ * memfd counted in the memory budget; the client state goes first. */
+int fbd_ckpt_begin(fbd_server *srv, const struct fbd_tenant *owner, const char *tag, int to_dir,
+                   const void *state, size_t nstate, fbd_ckpt_job **out, char *err,
+                   size_t errlen);
+int fbd_ckpt_sink(void *user, const void *buf, size_t n); /* fb_sink_fn: the engine's stream */
+int fbd_ckpt_failed(const fbd_ckpt_job *k, char *why, size_t n); /* the sink's failure, or 0 */
+/* Seal, fsync, rename (keep_two: the session's two newest stay); a memfd is
+ * mapped for fbd_ckpt_map. */
+int fbd_ckpt_finish(fbd_ckpt_job *k, int keep_two, char *err, size_t errlen);
+void fbd_ckpt_end(fbd_ckpt_job *k); /* frees; a file not finished is removed */
+const char *fbd_ckpt_name(const fbd_ckpt_job *k);
+uint64_t fbd_ckpt_bytes(const fbd_ckpt_job *k);
+const uint8_t *fbd_ckpt_map(const fbd_ckpt_job *k);
+const uint8_t *fbd_ckpt_state(const fbd_ckpt_job *k, size_t *n);
+int fbd_ckpt_fd(const fbd_ckpt_job *k);
+void fbd_ckpt_set_map(fbd_ckpt_job *k, uint8_t *p); /* a mapping of its bytes, unmapped at end */
+/* Restore's sources: an upload (a memfd, counted in the budget, at most max
+ * bytes; 0: no bound) or a name in the owner's directory (check: its seal
+ * too); after either, fbd_ckpt_source gives the engine's stream. */
+int fbd_ckpt_upload_begin(fbd_server *srv, const struct fbd_tenant *owner, fbd_ckpt_job **out,
+                          char *err, size_t errlen);
+int fbd_ckpt_upload(fbd_ckpt_job *k, uint64_t offset, const void *p, size_t n, uint64_t max,
+                    char *err, size_t errlen);
+int fbd_ckpt_upload_end(fbd_ckpt_job *k, char *err, size_t errlen); /* checks the seal */
+int fbd_ckpt_open(fbd_server *srv, const struct fbd_tenant *owner, const char *name, int check,
+                  fbd_ckpt_job **out, char *err, size_t errlen);
+long fbd_ckpt_source(void *user, void *buf, size_t n); /* fb_source_fn */
+uint64_t fbd_ckpt_stream_bytes(const fbd_ckpt_job *k); /* what the source has left */
+int fbd_ckpt_list(fbd_server *srv, const struct fbd_tenant *owner, fbp_arena *a,
+                  Fusebox__V1__CheckpointList *out, char *err, size_t errlen);
+/* The drain hook: checkpoint live session s into the checkpoint directory
+ * now (queued after its work, run by its thread) and wait for it; *name
+ * (n bytes) gets the checkpoint's name. FB_EUNSUPPORTED without a
+ * directory; the session lives on either way. */
+int fbd_session_checkpoint_now(fbd_session *s, double timeout_s, char *name, size_t n, char *err,
+                               size_t errlen);
+/* The periodic checkpoints (main thread's tick): each live session whose
+ * last is checkpoint_every_s old gets a CKPT job into the directory. */
+void fbd_ckpt_tick(fbd_server *srv);
+/* Process isolation: run a CKPT or RESTORE job in s's worker, the stream
+ * crossing the socket in data frames (proc.c). */
+void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r);
+void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r);
+void fbd_stage_count(int64_t delta);
+struct fbd_ckpt_wait;
+void fbd_ckpt_wait_done(struct fbd_ckpt_wait *w, int code, const char *name, const char *err);
+/* Stream a finished checkpoint (memfd) to c in chunks; takes k. */
+void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk); /* bytes staged outside fbd_stage_alloc (methods.c) */
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

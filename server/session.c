@@ -48,6 +48,8 @@ void fbd_job_free(fbd_job *j) {
   fbp_arena_free(&j->arena);
   grpc_slice_unref(j->raw);
   fbd_stage_free(&j->buf);
+  if (j->wait) fbd_ckpt_wait_done(j->wait, FB_ENOENT, NULL, "the session ended first");
+  fbd_ckpt_end(j->ck);
   free(j);
 }
 
@@ -56,6 +58,7 @@ void fbd_job_free(fbd_job *j) {
 void fbd_session_ref(fbd_session *s) { atomic_fetch_add(&s->refs, 1); }
 
 static void session_free(fbd_session *s) {
+  free(s->client_state);
   for (int i = 0; i < 2; i++) fbd_stage_free(&s->stage[i].b);
   fbd_exec_free(&s->x);
   fbd_proc_free(s->proc); /* its watch page goes with it */
@@ -610,6 +613,123 @@ static void created(fbd_session *s, fbd_job *j) {
   fbd_call_send_msg(j->call, &resp.base);
 }
 
+/* RESTORE: a session from a checked checkpoint (j->ck), here or in a new
+ * worker process; its layout then admitted as a source's is. */
+static void run_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_server *srv = s->srv;
+  fb_layout *l = NULL;
+  fbd_run run;
+  fbd_sched_enter(s, FBD_J_REGISTER, &run); /* it compiles like a RegisterKernels */
+  if (!fbd_isolated(srv->cfg)) {
+    fbd_exec_init(&s->x, srv->engine, NULL, &s->ecfg, s->tag, srv->log, s->watch);
+    s->x.parse_timeout_s = srv->cfg->compile_timeout_s;
+    if (!fbd_exec_restore(&s->x, fbd_ckpt_source, j->ck, r) &&
+        !(l = fb_layout_clone(s->x.layout))) {
+      fb_errf(r->msg, sizeof r->msg, "out of memory");
+      fail(r, FB_ENOMEM);
+    }
+  } else {
+    int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+    if (rc) fail(r, rc);
+    else fbd_proc_restore(s, j, r);
+    if (!r->code && !r->pb) {
+      fb_errf(r->msg, sizeof r->msg, "the session worker answered the restore without a layout");
+      fail(r, FB_EINTERNAL);
+    }
+    if (!r->code) {
+      fbp_arena a;
+      fbp_arena_init(&a);
+      a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
+      Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
+          &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
+      char why[FBD_ERRLEN - 64];
+      rc = m ? fbp_layout_from_pb(m, &l, why, sizeof why) : FB_EINVAL;
+      if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
+      if (rc) {
+        fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
+        fail(r, FB_EINTERNAL);
+      }
+      fbp_arena_free(&a);
+    }
+    free(r->pb);
+    r->pb = NULL;
+    r->pblen = 0;
+  }
+  fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
+  if (!r->code && l && !admit_layout(s, l, r)) s->nkernels = (int)r->registered;
+  else if (l && r->code) fb_layout_free(l);
+}
+
+static void restored(fbd_session *s, fbd_job *j, const fbd_reply *r) {
+  fbd_server *srv = s->srv;
+  s->created = 1;
+  atomic_fetch_add(&srv->ckpt_restored, 1);
+  pthread_mutex_lock(&srv->mu);
+  srv->st.sessions_created++;
+  pthread_mutex_unlock(&srv->mu);
+  fbd_logf(srv->log, FBD_LOG_INFO, "session %s restored for %s: %d SNodes, %u kernels, %llu bytes",
+           s->tag, s->peer, s->layout->nnodes, r->registered, (unsigned long long)s->mem_bytes);
+  if (!j->call) return;
+  fbp_arena a;
+  fbp_arena_init(&a);
+  Fusebox__V1__RestoreResponse resp = FUSEBOX__V1__RESTORE_RESPONSE__INIT;
+  resp.session_id = s->id;
+  resp.backend = (char *)srv->backend;
+  resp.memory_bytes = s->mem_bytes;
+  resp.layout = fbp_layout_to_pb(&a, s->layout);
+  resp.kernels = r->registered;
+  size_t ns;
+  const uint8_t *st = fbd_ckpt_state(j->ck, &ns);
+  resp.client_state.data = (uint8_t *)st;
+  resp.client_state.len = ns;
+  resp.mode = s->mode;
+  if (resp.layout) fbd_call_send_msg(j->call, &resp.base);
+  fbp_arena_free(&a);
+  fbd_call_finish(j->call, resp.layout ? FB_OK : FB_ENOMEM, NULL);
+}
+
+/* After a CKPT: seal and name it, or say why not; the session lives on
+ * either way (the previous checkpoint stays whole). */
+static void ckpt_done(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_server *srv = s->srv;
+  char err[FBD_ERRLEN] = "";
+  /* the sink's own failure first (the budget, the disk): the engine only
+     saw its writes stop */
+  int rc = fbd_ckpt_failed(j->ck, err, sizeof err);
+  if (!rc && (rc = r->code)) snprintf(err, sizeof err, "%s", r->msg);
+  if (!rc) rc = fbd_ckpt_finish(j->ck, 1, err, sizeof err);
+  r->finish = 0; /* answered here */
+  if (rc) {
+    atomic_fetch_add(&srv->ckpt_refused, 1);
+    fbd_logf(srv->log, FBD_LOG_WARN, "session %s: checkpoint failed: %s", s->tag, err);
+    if (j->wait) fbd_ckpt_wait_done(j->wait, rc, NULL, err);
+    j->wait = NULL;
+    if (j->call) fbd_call_finish(j->call, rc, "Checkpoint of session %s: %s", s->tag, err);
+    return;
+  }
+  atomic_fetch_add(&srv->ckpt_written, 1);
+  atomic_fetch_add(&srv->ckpt_bytes_out, fbd_ckpt_bytes(j->ck));
+  const char *name = fbd_ckpt_name(j->ck);
+  if (name[0]) {
+    s->ckpt_at = fbd_now();
+    fbd_logf(srv->log, FBD_LOG_INFO, "session %s: checkpoint %s (%llu bytes)", s->tag, name,
+             (unsigned long long)fbd_ckpt_bytes(j->ck));
+  }
+  if (j->wait) fbd_ckpt_wait_done(j->wait, 0, name, NULL);
+  j->wait = NULL;
+  if (!j->call) return;
+  if (name[0]) {
+    Fusebox__V1__CheckpointChunk c = FUSEBOX__V1__CHECKPOINT_CHUNK__INIT;
+    c.name = (char *)name;
+    c.offset = fbd_ckpt_bytes(j->ck);
+    fbd_call_send_msg(j->call, &c.base);
+    fbd_call_finish(j->call, FB_OK, NULL);
+  } else {
+    fbd_ckpt_send(j->call, j->ck, j->chunk); /* takes the job's checkpoint */
+    j->ck = NULL;
+  }
+}
+
 /* Before a RegisterKernels: the session's cap on kernels (the broker
  * counts them: a worker's word is not needed), and the memory budget's
  * room for their IR, which the engine side checks kernel by kernel. */
@@ -696,13 +816,16 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     run_create(s, j, &r);
   } else if (j->kind == FBD_J_DESCRIBE) {
     run_describe(s, j, &r);
+  } else if (j->kind == FBD_J_RESTORE) {
+    run_restore(s, j, &r);
   } else {
     /* the fair scheduler decides when this tenant's job may run */
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
     if (!fbd_isolated(srv->cfg)) {
       s->x.gone = j->call ? &j->call->gone : NULL; /* a source's parse stops when it goes */
-      fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
+      if (j->kind == FBD_J_CKPT) fbd_exec_checkpoint(&s->x, j->sink, j->sink_user, &r);
+      else fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
       s->x.gone = NULL;
     } else {
       fbd_proc_run(s, j, &r);
@@ -711,8 +834,15 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
+  if (j->kind == FBD_J_RESTORE && !r.code) restored(s, j, &r);
+  if (j->kind == FBD_J_RESTORE && r.code) {
+    atomic_fetch_add(&srv->ckpt_refused, 1);
+    s->end_reason = FBD_END_FAILED;
+    fbd_logf(srv->log, FBD_LOG_WARN, "restore for %s refused: %s", s->peer, r.msg);
+  }
+  if (j->kind == FBD_J_CKPT) ckpt_done(s, j, &r); /* answers the call itself */
   if (j->kind == FBD_J_REGISTER) registered(s, &r, limited);
-  if (j->kind == FBD_J_CREATE && r.code) {
+  if ((j->kind == FBD_J_CREATE || j->kind == FBD_J_RESTORE) && r.code) {
     s->end_reason = FBD_END_FAILED;
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);
   }
@@ -951,8 +1081,121 @@ static void reap(fbd_server *srv) {
   free(v);
 }
 
+/* ---------------------------------------------------------------- checkpoints */
+
+typedef struct fbd_ckpt_wait {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done, code, refs;
+  char name[64], err[256];
+} fbd_ckpt_wait;
+
+static void wait_unref(fbd_ckpt_wait *w) {
+  pthread_mutex_lock(&w->mu);
+  int last = --w->refs == 0;
+  pthread_mutex_unlock(&w->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+void fbd_ckpt_wait_done(fbd_ckpt_wait *w, int code, const char *name, const char *err) {
+  pthread_mutex_lock(&w->mu);
+  w->done = 1;
+  w->code = code;
+  snprintf(w->name, sizeof w->name, "%s", name ? name : "");
+  snprintf(w->err, sizeof w->err, "%s", err ? err : "");
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  wait_unref(w);
+}
+
+/* A CKPT job into the directory, for s (no call). */
+static fbd_job *dir_job(fbd_session *s, char *err, size_t errlen) {
+  pthread_mutex_lock(&s->mu);
+  fbd_ckpt_job *k = NULL;
+  int rc = fbd_ckpt_begin(s->srv, atomic_load(&s->owner), s->tag, 1, s->client_state,
+                          s->nclient_state, &k, err, errlen);
+  pthread_mutex_unlock(&s->mu);
+  fbd_job *j = rc ? NULL : fbd_job_new(FBD_J_CKPT, NULL);
+  if (!j) {
+    fbd_ckpt_end(k);
+    if (!rc) fb_errf(err, errlen, "out of memory");
+    return NULL;
+  }
+  j->ck = k;
+  j->sink = fbd_ckpt_sink;
+  j->sink_user = k;
+  return j;
+}
+
+int fbd_session_checkpoint_now(fbd_session *s, double timeout_s, char *name, size_t n, char *err,
+                               size_t errlen) {
+  if (!fbd_ckpt_dir_enabled(s->srv)) {
+    fb_errf(err, errlen, "this server keeps no checkpoints (fuseboxd --checkpoint-dir)");
+    return FB_EUNSUPPORTED;
+  }
+  fbd_job *j = dir_job(s, err, errlen);
+  fbd_ckpt_wait *w = j ? calloc(1, sizeof *w) : NULL;
+  if (!w) {
+    fbd_job_free(j);
+    if (j) fb_errf(err, errlen, "out of memory");
+    return FB_ENOMEM;
+  }
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->refs = 2; /* ours, the job's */
+  j->wait = w;
+  if (fbd_session_post(s, j)) {
+    fbd_job_free(j); /* tells w */
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += (time_t)timeout_s;
+  pthread_mutex_lock(&w->mu);
+  while (!w->done)
+    if (pthread_cond_timedwait(&w->cv, &w->mu, &until)) break;
+  int rc = !w->done ? FB_ETIMEOUT : w->code;
+  if (!w->done) fb_errf(err, errlen, "the checkpoint took more than %.0f s", timeout_s);
+  else if (rc) fb_errf(err, errlen, "%s", w->err);
+  else snprintf(name, n, "%s", w->name);
+  pthread_mutex_unlock(&w->mu);
+  wait_unref(w);
+  return rc;
+}
+
+void fbd_ckpt_tick(fbd_server *srv) {
+  double every = srv->cfg->checkpoint_every_s, now = fbd_now();
+  if (every <= 0 || !fbd_ckpt_dir_enabled(srv) || now - srv->ckpt_last < 0.25) return;
+  srv->ckpt_last = now;
+  fbd_session **list = calloc((size_t)srv->cfg->max_sessions, sizeof *list);
+  if (!list) return;
+  int n = snapshot(srv, list);
+  for (int i = 0; i < n; i++) {
+    fbd_session *s = list[i];
+    pthread_mutex_lock(&s->mu);
+    int due = 0;
+    if (s->created && !s->describe && s->state == FBD_LIVE && !s->dead) {
+      if (s->ckpt_at == 0) s->ckpt_at = now; /* the first: a period after this */
+      else if (now - s->ckpt_at >= every) due = 1;
+      if (due) s->ckpt_at = now; /* not twice while one is queued */
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (due) {
+      char err[256];
+      fbd_job *j = dir_job(s, err, sizeof err);
+      if (!j) fbd_logf(srv->log, FBD_LOG_WARN, "session %s: checkpoint: %s", s->tag, err);
+      else if (fbd_session_post(s, j)) fbd_job_free(j);
+    }
+    fbd_session_unref(s);
+  }
+  free(list);
+}
+
 void fbd_server_tick(fbd_server *srv) {
   reap(srv);
+  fbd_ckpt_tick(srv);
   fbd_procs_tick(srv);
   for (;;) {
     pthread_mutex_lock(&srv->mu);

@@ -1099,6 +1099,91 @@ START_TEST(sighup_reloads) {
 }
 END_TEST
 
+/* Checkpoint and restore through libfusebox (fb_remote_checkpoint,
+ * fb_remote_restore), both isolation modes, sync and async: a restored
+ * session, launched by the old kernel ids, ends bit for bit where the
+ * original does; from a file here and from a name the server keeps. */
+static void read_both(fb_remote *r, float *x, int32_t *n) {
+  ck_assert_msg(fb_remote_field_read(r, field(r, "x"), x, 1024 * 4) == 0, "%s",
+                fb_remote_errmsg(r));
+  ck_assert_msg(fb_remote_field_read(r, field(r, "n"), n, 16 * 4) == 0, "%s", fb_remote_errmsg(r));
+}
+
+static void more(fb_remote *r, int kf, int kc) {
+  for (int i = 0; i < 3; i++) {
+    fb_value a = fb_value_i32(i + 5), v = fb_value_f32(0.25f * (float)i);
+    ck_assert_msg(fb_remote_launch(r, kc, &a, 1) > 0, "%s", fb_remote_errmsg(r));
+    ck_assert_msg(fb_remote_launch(r, kf, &v, 1) > 0, "%s", fb_remote_errmsg(r));
+  }
+}
+
+START_TEST(checkpoint_restore) {
+  static const char *const isos[] = {"process", "thread"};
+  static const char *const modes[] = {"sync", "async"};
+  const char *iso = isos[_i / 2], *mode = modes[_i % 2];
+  char dir[] = "/tmp/fbck-test-XXXXXX";
+  ck_assert(mkdtemp(dir));
+  char key[128], ckdir[128], listen[160], path[160];
+  snprintf(key, sizeof key, "%s/key", dir);
+  snprintf(ckdir, sizeof ckdir, "%s/ck", dir);
+  snprintf(listen, sizeof listen, "unix:%s/s.sock", dir);
+  snprintf(path, sizeof path, "%s/s.fbck", dir);
+  const char *const f[] = {"--isolation", iso, "--checkpoint-key", key, "--checkpoint-key-create",
+                           "--checkpoint-dir", ckdir, NULL};
+  start(listen, f);
+  fb_remote_options o;
+  fb_remote_options_init(&o);
+  o.mode = mode;
+  fb_remote *r = NULL;
+  ck_assert_msg(fb_remote_open_source(C, &o, "t.fbk", PROG, &r) == 0, "%s", fb_client_errmsg(C));
+  int kf = kernel(r, "fill"), kc = kernel(r, "count");
+  more(r, kf, kc);
+  ck_assert_msg(fb_remote_checkpoint(r, path, NULL, 0) == 0, "%s", fb_remote_errmsg(r));
+  char name[128] = "";
+  ck_assert_msg(fb_remote_checkpoint(r, NULL, name, sizeof name) == 0, "%s", fb_remote_errmsg(r));
+  ck_assert_msg(strstr(name, ".fbck") != NULL, "name '%s'", name);
+  more(r, kf, kc);
+  static float want_x[1024], got_x[1024];
+  static int32_t want_n[16], got_n[16];
+  read_both(r, want_x, want_n);
+  ck_assert_int_eq(want_n[0], 2 * (5 + 6 + 7));
+  for (int how = 0; how < 2; how++) {
+    fb_remote *b = NULL;
+    int rc = fb_remote_restore(C, NULL, how ? NULL : path, how ? name : NULL, &b);
+    ck_assert_msg(rc == 0, "restore: %s", fb_client_errmsg(C));
+    ck_assert_str_ne(fb_remote_id(b), fb_remote_id(r));
+    read_both(b, got_x, got_n);
+    ck_assert_int_eq(got_n[0], 5 + 6 + 7); /* where the checkpoint was */
+    more(b, kf, kc); /* the ids the original had */
+    read_both(b, got_x, got_n);
+    ck_assert_msg(!memcmp(got_x, want_x, sizeof got_x) && !memcmp(got_n, want_n, sizeof got_n),
+                  "%s %s: the restored session ended elsewhere", iso, mode);
+    ck_assert_int_eq(kernel(b, "sum") >= 0, 1); /* its program is there */
+    ck_assert_int_eq(fb_remote_close(b), 0);
+  }
+  /* refusals, in the user's terms */
+  fb_remote *b = NULL;
+  ck_assert_int_eq(fb_remote_restore(C, NULL, "/nonexistent/x.fbck", NULL, &b), FB_ENOENT);
+  ck_assert_ptr_null(b);
+  ck_assert_int_ne(fb_remote_restore(C, NULL, NULL, "../key", &b), 0);
+  ck_assert_msg(strstr(fb_client_errmsg(C), "not a checkpoint name this server gave"), "%s",
+                fb_client_errmsg(C));
+  FILE *fp = fopen(path, "r+b");
+  ck_assert(fp && fseek(fp, 100, SEEK_SET) == 0 && fputc(0x55, fp) != EOF && fclose(fp) == 0);
+  ck_assert_int_ne(fb_remote_restore(C, NULL, path, NULL, &b), 0);
+  ck_assert_msg(strstr(fb_client_errmsg(C), "modified"), "%s", fb_client_errmsg(C));
+  /* the original went on */
+  more(r, kf, kc);
+  read_both(r, got_x, got_n);
+  ck_assert_int_eq(got_n[0], 3 * (5 + 6 + 7));
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  stop();
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
     return child_client(argv[2], atoi(argv[3]));
@@ -1140,6 +1225,11 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(idle, setup_idle, teardown);
   tcase_add_test(idle, idle_sessions_reaped);
   suite_add_tcase(s, idle);
+  TCase *ck = tcase_create("checkpoint");
+  tcase_set_timeout(ck, 120);
+  tcase_add_checked_fixture(ck, NULL, teardown);
+  tcase_add_loop_test(ck, checkpoint_restore, 0, 4);
+  suite_add_tcase(s, ck);
   TCase *ops = tcase_create("operations");
   tcase_set_timeout(ops, 60);
   tcase_add_checked_fixture(ops, NULL, teardown);

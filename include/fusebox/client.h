@@ -277,6 +277,24 @@ int fb_remote_field_bytes(const fb_remote *r, int field, size_t *bytes);
 int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes);
 int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes);
 
+/* Checkpoints (a server started with --checkpoint-key; docs/security.md
+ * "Checkpoints on fuseboxd"). fb_remote_checkpoint syncs r, then has the
+ * server seal its whole state: path non-NULL, streamed into that file here
+ * (a temporary twin, fsync, rename: a failure leaves an earlier file
+ * whole); path NULL, kept by the server under --checkpoint-dir, its name
+ * written into name (namelen bytes). The session goes on either way.
+ * fb_remote_restore makes a new session from such a file (path) or from a
+ * name the server keeps (exactly one of the two), checked by the server
+ * (seal, owner, format, quotas) before it exists; opt: memory_limit only
+ * (may be NULL). The new fb_remote continues exactly where the checkpoint
+ * was: its kernel ids are those the checkpointed one had, its program
+ * (when it was opened from source) is parsed again. Only checkpoints made
+ * by fb_remote_checkpoint bind here (the Python client's carry its own
+ * bookkeeping); errors: fb_client_errmsg. */
+int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t namelen);
+int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *path,
+                      const char *name, fb_remote **out);
+
 /* ---------------------------------------------------------------- a private fuseboxd
  * Start fuseboxd as a child process listening on listen ("unix:PATH" or
  * "127.0.0.1:0" for a free port), wait until it serves, and return its

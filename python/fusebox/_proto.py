@@ -44,6 +44,18 @@ class Stub:
         self.WriteField = channel.stream_unary(
             SERVICE + "WriteField", request_serializer=_same,
             response_deserializer=pb.WriteFieldResponse.FromString)
+        self.ListCheckpoints = uu("ListCheckpoints", pb.ListCheckpointsRequest,
+                                  pb.CheckpointList)
+        self.Checkpoint = channel.unary_stream(
+            SERVICE + "Checkpoint", request_serializer=pb.CheckpointRequest.SerializeToString,
+            response_deserializer=pb.CheckpointChunk.FromString)
+        self.FetchCheckpoint = channel.unary_stream(
+            SERVICE + "FetchCheckpoint",
+            request_serializer=pb.FetchCheckpointRequest.SerializeToString,
+            response_deserializer=pb.CheckpointChunk.FromString)
+        self.Restore = channel.stream_unary(
+            SERVICE + "Restore", request_serializer=pb.CheckpointChunk.SerializeToString,
+            response_deserializer=pb.RestoreResponse.FromString)
         self.ReadField = channel.unary_stream(
             SERVICE + "ReadField", request_serializer=pb.ReadFieldRequest.SerializeToString,
             response_deserializer=_same)

@@ -7,6 +7,7 @@ stops it when the client is closed.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -326,6 +327,65 @@ class Client:
                     batch=batch, timeout=timeout)
         self._sessions.append(s)
         return s
+
+    # -- checkpoints (docs/python.md "Checkpoints")
+    def restore(self, path: Optional[str] = None, *, name: Optional[str] = None,
+                memory_limit: int = 0, chunk_bytes: int = 1 << 20,
+                timeout: Optional[float] = None) -> Any:
+        """A session from a checkpoint: a file on this side (path, made by
+        :meth:`Session.checkpoint`), uploaded in chunks, or one the server
+        keeps (name, from :meth:`checkpoints` or ``checkpoint(on_server=True)``).
+        The server checks its seal, owner, version and quotas before a
+        session exists. Returns the :class:`fusebox.Session`, its kernels
+        bound as they were; it continues exactly where the checkpoint was."""
+        from fusebox.session import Session
+        if (path is None) == (name is None):
+            raise TypeError("restore(): give a path or a name")
+        opts = pb.SessionOptions(memory_limit=memory_limit)
+
+        def chunks() -> Any:
+            if name is not None:
+                yield pb.CheckpointChunk(name=name, options=opts)
+                return
+            with open(path, "rb") as f:
+                off = 0
+                while True:
+                    b = f.read(chunk_bytes)
+                    if not b and off:
+                        return
+                    yield pb.CheckpointChunk(offset=off, data=b, options=opts if not off else None)
+                    if not b:
+                        return
+                    off += len(b)
+
+        # the new session's routing key, sent on the Restore already (a
+        # proxy hashing on it keeps the session's calls on that replica)
+        route = secrets.token_hex(16)
+        md = tuple(self._metadata or ()) + (("fusebox-route", route),)
+        try:
+            r, call = self._stub.Restore.with_call(chunks(), timeout=timeout, metadata=md)
+        except grpc.RpcError as e:
+            raise from_rpc("Restore", e) from None
+        replica = dict(call.initial_metadata() or ()).get("fusebox-replica", "")
+        s = Session._restored(self, r, route, md, replica)
+        self._sessions.append(s)
+        return s
+
+    def checkpoints(self, timeout: Optional[float] = None) -> List[Dict[str, Any]]:
+        """The caller's checkpoints the server keeps, newest first:
+        [{"name", "bytes", "age_s"}]."""
+        r = self._call("ListCheckpoints", pb.ListCheckpointsRequest(), timeout)
+        return [{"name": c.name, "bytes": c.bytes, "age_s": c.age_s} for c in r.checkpoints]
+
+    def fetch_checkpoint(self, name: str, path: str, timeout: Optional[float] = None) -> str:
+        """Copy a checkpoint the server keeps into the file path."""
+        from fusebox.session import _write_chunks
+        try:
+            stream = self._stub.FetchCheckpoint(pb.FetchCheckpointRequest(name=name),
+                                                timeout=timeout, metadata=self._metadata)
+            return _write_chunks(stream, path)
+        except grpc.RpcError as e:
+            raise from_rpc("FetchCheckpoint", e) from None
 
     def close(self) -> None:
         """Close every session, the channel and a private server."""

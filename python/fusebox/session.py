@@ -10,7 +10,10 @@ launch made before them.
 from __future__ import annotations
 
 import math
+import json
+import os
 import queue
+import tempfile
 import re
 import secrets
 import struct
@@ -756,6 +759,31 @@ def type_name_of(dt: np.dtype) -> str:
 
 # ------------------------------------------------------------------ the session
 
+def _write_chunks(stream: Any, path: str) -> str:
+    """CheckpointChunks into path: a temporary name in its directory,
+    fsync, rename (a failed transfer leaves any earlier file whole)."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".fbck-", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            off = 0
+            for m in stream:
+                if m.offset != off:
+                    raise Error(f"Checkpoint: a chunk at {m.offset}, expected {off}")
+                f.write(m.data)
+                off += len(m.data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
 class Session:
     """A session on fuseboxd; make it with :meth:`fusebox.Client.session`.
 
@@ -1264,6 +1292,85 @@ class Session:
                 bar.close()
         if r.bytes != total:
             raise Error(f"WriteField: the server took {r.bytes} of {total} bytes")
+
+    # -- checkpoints (docs/python.md "Checkpoints")
+    def _client_state(self) -> bytes:
+        """What the client needs to bind a restored session: its program
+        and the ids of the kernels it registered (kept, sealed, in the
+        checkpoint by the server)."""
+        st = {"v": 1, "text": self._src.text, "filename": self._src.filename,
+              "params": dict(self._src.params), "mode": self.mode, "batch": self._batch,
+              "timeout": self.timeout,
+              "ids": [[k[0], list(k[1]), i] for k, i in self._ids.items()],
+              "names": {str(i): n for i, n in self._names.items()},
+              "adjoints": {str(k): v for k, v in self._adjoints.items()},
+              "tangents": {str(k): v for k, v in self._tangents.items()}}
+        return json.dumps(st).encode()
+
+    def checkpoint(self, path: Optional[str] = None, *, on_server: bool = False,
+                   timeout: Optional[float] = None) -> str:
+        """Save the session's whole state, after every launch so far ran.
+
+        path: a file on the client's side the sealed checkpoint streams into
+        (written to a temporary name, then renamed). on_server: instead,
+        the server keeps it under its ``--checkpoint-dir``. Returns path,
+        or the name the server gave. Restore it with
+        :meth:`fusebox.Client.restore`; the session goes on either way."""
+        self._check_open()
+        if (path is None) == (not on_server):
+            raise TypeError("checkpoint(): give a path, or on_server=True")
+        self.sync(timeout)
+        req = pb.CheckpointRequest(session_id=self.id, to_server=on_server,
+                                   client_state=self._client_state(), chunk_bytes=(4 << 20) - 4096)
+        try:
+            stream = self._c._stub.Checkpoint(req, timeout=timeout, metadata=self._c._metadata)
+            if on_server:
+                for m in stream:
+                    if m.name:
+                        return m.name
+                raise Error("Checkpoint: the server named no checkpoint")
+            return _write_chunks(stream, path)
+        except grpc.RpcError as e:
+            raise from_rpc("Checkpoint", e) from None
+
+    @classmethod
+    def _restored(cls, client: Any, r: Any, route: str, md: Any, replica: str) -> "Session":
+        try:
+            st = json.loads(bytes(r.client_state).decode())
+        except ValueError:
+            st = None
+        if not isinstance(st, dict) or st.get("v") != 1:
+            raise Error("Restore: the checkpoint holds no state of the Python client "
+                        "(it was not written by Session.checkpoint)")
+        s = cls.__new__(cls)
+        s._c = client
+        s._route, s._md, s.replica = route, md, replica
+        s.timeout = st.get("timeout")
+        s._resp = queue.Queue()
+        s._lost = None
+        s._carry = []
+        s._src = _source_pb(st["text"], st.get("params") or None, st.get("filename", ""))
+        s._batch = int(st.get("batch", 1024))
+        s._pending, s._unsynced, s._sync_id, s._stream = [], False, 0, None
+        s._q = queue.Queue()
+        s.closed = False
+        s._seq = 0
+        s._sent = 0
+        s._names = {int(k): v for k, v in st.get("names", {}).items()}
+        s._adjoints = {int(k): v for k, v in st.get("adjoints", {}).items()}
+        s._tangents = {int(k): v for k, v in st.get("tangents", {}).items()}
+        s._marks, s._tape = [], None
+        s._ids = {(n, tuple(f)): i for n, f, i in st.get("ids", [])}
+        s.program = Program(client._call("DescribeSource", s._src))
+        s.id = r.session_id
+        s.backend = r.backend
+        s.memory_bytes = r.memory_bytes
+        s.mode = st.get("mode") or r.mode or "sync"
+        s._open_stream()
+        s.kernels = _Namespace("kernel", {n: Kernel(s, k) for n, k in s.program.kernels.items()})
+        s.fields = _Namespace("field", {n: Field(s, f) for n, f in s.program.fields.items()})
+        s.snodes = _Namespace("SNode", {n: SNode(s, sn) for n, sn in s.program.snodes.items()})
+        return s
 
     def close(self) -> None:
         """End the session (its stream and CloseSession); idempotent."""
