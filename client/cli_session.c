@@ -16,8 +16,8 @@
 
 #include "client/cli.h"
 #include "fusebox/client.h"
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 
 /* ---------------------------------------------------------------- errors */
 

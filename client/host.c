@@ -13,7 +13,7 @@
 #include "client/client_internal.h"
 #include "fusebox/client.h"
 #include "fusebox/lang.h"
-#include "ir/base.h"
+#include "base/base.h"
 
 #define FB_HOST_PREFIX "__fbhost_"
 

@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "codegen/codegen.h"
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 
 typedef struct entry {
   uint64_t key;

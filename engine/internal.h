@@ -57,7 +57,7 @@
 #include "codegen/codegen.h"
 #include "engine/engine_test.h"
 #include "fusebox/engine.h"
-#include "ir/map.h"
+#include "base/map.h"
 #include "optimizer/optimizer.h"
 #include "runtime/runtime.h"
 

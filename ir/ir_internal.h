@@ -3,7 +3,7 @@
 #ifndef FB_IR_INTERNAL_H
 #define FB_IR_INTERNAL_H
 
-#include "base.h"
+#include "base/base.h"
 #include "fusebox/ir.h"
 
 /* The text format (ir/print.c, shared with ir/parse.c): the operand form

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "optimizer/sfg.h"
 
 typedef struct bentry {

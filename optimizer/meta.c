@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "ir/arith.h"
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 /* One access of one statement to one state, merged per state later. */

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 int fb_sfg_init(fb_sfg *g, const fb_layout *l) {

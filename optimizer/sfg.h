@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "fusebox/ir.h"
-#include "ir/map.h"
+#include "base/map.h"
 #include "optimizer/optimizer.h"
 
 /* ================================================================ tests and tools */

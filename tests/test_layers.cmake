@@ -6,19 +6,39 @@
 # names a symbol takes its address after the include: "ok", the header
 # declares it; "no", the header compiles but does not declare it (an
 # interface header that keeps another folder's internals out of sight).
-#   cmake -DCC=compiler -DDIRS="target=dir|dir...;..." -P test_layers.cmake
+# Then no file of optimizer/, codegen/, runtime/ or engine/ may include the
+# front end's headers (below).
+#   cmake -DCC=compiler -DSRC=source-root -DDIRS="target=dir|dir...;..." -P test_layers.cmake
 # DIRS gives each target's include directories (its INCLUDE_DIRECTORIES).
 
 # target  header  ok|no  [symbol]
 set(cases
+  "fusebox_base base/base.h ok"
+  "fusebox_base base/map.h ok fb_map_put"
+  "fusebox_base ir/arith.h no"
+  "fusebox_base ir/ir_internal.h no"
+  "fusebox_base lang/lang_internal.h no"
   "fusebox_ir fusebox/ir.h ok"
-  "fusebox_ir ir/base.h ok"
+  "fusebox_ir base/map.h ok"
+  "fusebox_ir lang/lang_internal.h no"
+  "fusebox_lang lang/lang_internal.h ok"
+  "fusebox_lang ir/arith.h ok fb_arith_binop"
+  "fusebox_lang base/map.h ok"
+  "fusebox_lang ir/ir_internal.h no"
+  "fusebox_lang optimizer/optimizer.h no"
+  "fusebox_lang codegen/codegen.h no"
+  "fusebox_lang runtime/runtime.h no"
+  "fusebox_opt lang/lang_internal.h no"
+  "fusebox_codegen lang/lang_internal.h no"
+  "fusebox_runtime lang/lang_internal.h no"
+  "fusebox_engine lang/lang_internal.h no"
+  "fusebox_ir base/base.h ok"
   "fusebox_ir optimizer/optimizer.h no"
   "fusebox_ir runtime/runtime.h no"
   "fusebox_ir codegen/codegen.h no"
   "fusebox_opt optimizer/sfg.h ok"
   "fusebox_opt ir/arith.h ok"
-  "fusebox_opt ir/base.h ok"
+  "fusebox_opt base/base.h ok"
   "fusebox_opt codegen/codegen.h no"
   "fusebox_opt runtime/runtime.h no"
   "fusebox_opt ir/ir_internal.h no"
@@ -48,7 +68,7 @@ set(cases
   "fusebox_engine proto/convert.h no"
   "fusebox_engine server/server.h no"
   "fusebox_engine runtime/cuda_drv.h no"
-  "fusebox_proto ir/base.h ok"
+  "fusebox_proto base/base.h ok"
   "fusebox_proto runtime/runtime.h no"
   "fusebox_proto optimizer/optimizer.h no"
   "fusebox_server fusebox/engine.h ok"
@@ -59,12 +79,12 @@ set(cases
   "fusebox_server optimizer/optimizer.h no"
   "fusebox_server engine/internal.h no"
   "fusebox_server client/client_internal.h no"
-  "fusebox_client ir/base.h ok"
+  "fusebox_client base/base.h ok"
   "fusebox_client proto/wire.h ok fbp_bb_copy"
   "fusebox_client runtime/runtime.h no"
   "fusebox_client engine/internal.h no"
   "fusebox_client server/server.h no"
-  "fusebox ir/base.h ok"
+  "fusebox base/base.h ok"
   "fusebox optimizer/optimizer.h no"
   "fusebox runtime/runtime.h no"
   "fusebox engine/internal.h no"
@@ -132,6 +152,27 @@ foreach(c ${cases})
     math(EXPR failures "${failures} + 1")
   endif()
 endforeach()
+# The front end's public header (fusebox/lang.h, and fusebox/client.h,
+# which includes it) lies in include/ beside the others, so the include
+# directories cannot hide it: no file of the folders below the front end
+# may name it, nor any header of lang/ (they do not link fusebox_lang).
+foreach(dir optimizer codegen runtime engine)
+  file(GLOB_RECURSE files ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h)
+  if(NOT files)
+    message(SEND_ERROR "no sources found in ${SRC}/${dir}")
+    math(EXPR failures "${failures} + 1")
+  endif()
+  foreach(f ${files})
+    math(EXPR n "${n} + 1")
+    file(STRINGS ${f} bad REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<](fusebox/lang\\.h|fusebox/client\\.h|lang/)")
+    if(bad)
+      file(RELATIVE_PATH rel ${SRC} ${f})
+      message(SEND_ERROR "${rel} includes the .fbk front end (${bad}); ${dir}/ is below it")
+      math(EXPR failures "${failures} + 1")
+    endif()
+  endforeach()
+endforeach()
+
 if(failures)
   message(FATAL_ERROR "test_layers: ${failures} of ${n} cases failed")
 endif()

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "support/support.h"
 
 typedef struct val {

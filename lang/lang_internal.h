@@ -1,4 +1,4 @@
-/* Internal header of the .fbk front end (ir/lang/): tokens, the syntax tree,
+/* Internal header of the .fbk front end (lang/): tokens, the syntax tree,
  * the program tables and the lowering context shared by the lexer, parser,
  * layout builder, type checker/lowerer and the vector/matrix builtins.
  *
@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "../ir_internal.h"
-#include "../map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "fusebox/lang.h"
 
 /* ---------------------------------------------------------------- arena */

@@ -13,7 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "../arith.h"
+#include "ir/arith.h"
 #include "lang_internal.h"
 
 void lang_err(fb_diags *d, int line, int col, const char *fmt, ...) {
