@@ -173,6 +173,36 @@ foreach(dir optimizer codegen runtime engine)
   endforeach()
 endforeach()
 
+# The front end's first stages depend on nothing above them: the lexer
+# includes only its own header, the diagnostics and the base; the
+# diagnostics only the IR's public header (fb_diags) and the front end's.
+set(lang_only
+  "lang/lang_lex.c=lang_lex.h|lang_diag.h|base/base.h|base/map.h|base/strbuf.h"
+  "lang/lang_lex.h=lang_diag.h"
+  "lang/lang_diag.h=fusebox/ir.h"
+  "lang/lang_diag.c=lang_diag.h|fusebox/lang.h")
+foreach(entry ${lang_only})
+  string(REPLACE "=" ";" entry "${entry}")
+  list(GET entry 0 f)
+  list(GET entry 1 allowed)
+  string(REPLACE "|" ";" allowed "${allowed}")
+  math(EXPR n "${n} + 1")
+  if(NOT EXISTS ${SRC}/${f})
+    message(SEND_ERROR "${f} is missing")
+    math(EXPR failures "${failures} + 1")
+    continue()
+  endif()
+  file(STRINGS ${SRC}/${f} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line ${incs})
+    string(REGEX REPLACE "^[^\"]*\"([^\"]*)\".*$" "\\1" h "${line}")
+    list(FIND allowed "${h}" at)
+    if(at EQUAL -1)
+      message(SEND_ERROR "${f} includes ${h}; it may include only ${allowed}")
+      math(EXPR failures "${failures} + 1")
+    endif()
+  endforeach()
+endforeach()
+
 if(failures)
   message(FATAL_ERROR "test_layers: ${failures} of ${n} cases failed")
 endif()
