@@ -14,10 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/cli.h"
-#include "fusebox/client.h"
 #include "base/base.h"
 #include "base/map.h"
+#include "client/cli.h"
+#include "fusebox/client.h"
 
 /* ---------------------------------------------------------------- errors */
 

@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fusebox/ir.h"
 #include "base/map.h"
+#include "fusebox/ir.h"
 #include "optimizer/optimizer.h"
 
 /* ================================================================ tests and tools */
