@@ -16,10 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/base.h"
+#include "base/map.h"
 #include "client/cli.h"
 #include "fusebox/client.h"
-#include "ir/base.h"
-#include "ir/map.h"
 
 /* ---------------------------------------------------------------- errors */
 

@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "client/client_internal.h"
 #include "fusebox/client.h"
 #include "fusebox/lang.h"
-#include "ir/base.h"
 
 #define FB_HOST_PREFIX "__fbhost_"
 

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
+#include "base/map.h"
 #include "codegen/codegen.h"
-#include "ir/base.h"
-#include "ir/map.h"
 
 typedef struct entry {
   uint64_t key;

@@ -54,10 +54,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/map.h"
 #include "codegen/codegen.h"
 #include "engine/engine_test.h"
 #include "fusebox/engine.h"
-#include "ir/map.h"
 #include "optimizer/optimizer.h"
 #include "runtime/runtime.h"
 

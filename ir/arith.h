@@ -1,7 +1,7 @@
 /* The arithmetic of the IR: what every value op computes, defined once.
  * The reference interpreter (ir/interp.c), the optimizer's constant
  * evaluation (optimizer/meta.c, fb_eval_int) and the .fbk front end's
- * folding of untyped literals (ir/lang/, as i64 and f64, made typed
+ * folding of untyped literals (lang/, as i64 and f64, made typed
  * constants by fb_value_cast) all call these;
  * the code generator (codegen/emit_ops.c) emits the same rules as LLVM IR,
  * and tests/test_arith.c pins the edge cases through every one of them.

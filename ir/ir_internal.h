@@ -1,9 +1,9 @@
-/* Internal helpers shared by the files of ir/: the shared base (ir/base.h:
+/* Internal helpers shared by the files of ir/: the shared base (base/base.h:
  * growable arrays, string duplication, hashing) and the text format. */
 #ifndef FB_IR_INTERNAL_H
 #define FB_IR_INTERNAL_H
 
-#include "base.h"
+#include "base/base.h"
 #include "fusebox/ir.h"
 
 /* The text format (ir/print.c, shared with ir/parse.c): the operand form

@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "base/strbuf.h"
 #include "ir_internal.h"
 
 /* ---------------------------------------------------------------- syntax */
@@ -55,101 +56,35 @@ int fb__text_name_char(int c, int first) {
 
 /* ---------------------------------------------------------------- buffer */
 
-typedef struct sbuf {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-static void sb_putn(sbuf *b, const char *s, size_t n) {
-  if (b->oom) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t nc = b->cap ? b->cap : 256;
-    while (nc < b->n + n + 1) nc *= 2;
-    char *q = realloc(b->p, nc);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = nc;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_putn(b, s, strlen(s)); }
-
-static void sb_printf(sbuf *b, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-  char tmp[128];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n < 0) return;
-  if ((size_t)n < sizeof tmp) {
-    sb_putn(b, tmp, (size_t)n);
-    return;
-  }
-  char *big = malloc((size_t)n + 1);
-  if (!big) {
-    b->oom = 1;
-    return;
-  }
-  va_start(ap, fmt);
-  vsnprintf(big, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  sb_putn(b, big, (size_t)n);
-  free(big);
-}
-
-static char *sb_finish(sbuf *b) {
-  if (b->oom) {
-    free(b->p);
-    return NULL;
-  }
-  if (!b->p) {
-    b->p = malloc(1);
-    if (b->p) b->p[0] = 0;
-  }
-  return b->p;
-}
-
-static void indent(sbuf *b, int depth) {
-  for (int i = 0; i < depth; i++) sb_putn(b, "  ", 2);
+static void indent(fb_sb *b, int depth) {
+  for (int i = 0; i < depth; i++) fb_sb_putn(b, "  ", 2);
 }
 
 /* ---------------------------------------------------------------- pieces */
 
-static void put_name(sbuf *b, const char *s) {
+static void put_name(fb_sb *b, const char *s) {
   int bare = s && *s;
   for (const char *c = s; bare && *c; c++) bare = fb__text_name_char((unsigned char)*c, c == s);
   if (bare) {
-    sb_puts(b, s);
+    fb_sb_puts(b, s);
     return;
   }
-  sb_putn(b, "\"", 1);
+  fb_sb_putn(b, "\"", 1);
   for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
-    if (*c == '"' || *c == '\\') sb_printf(b, "\\%c", *c);
-    else if (*c < 0x20 || *c >= 0x7f) sb_printf(b, "\\x%02x", *c);
-    else sb_putn(b, (const char *)c, 1);
+    if (*c == '"' || *c == '\\') fb_sb_printf(b, "\\%c", *c);
+    else if (*c < 0x20 || *c >= 0x7f) fb_sb_printf(b, "\\x%02x", *c);
+    else fb_sb_putn(b, (const char *)c, 1);
   }
-  sb_putn(b, "\"", 1);
+  fb_sb_putn(b, "\"", 1);
 }
 
-static void put_type(sbuf *b, int t) { sb_puts(b, fb_type_name((fb_type)t)); }
+static void put_type(fb_sb *b, int t) { fb_sb_puts(b, fb_type_name((fb_type)t)); }
 
 /* An SNode by its name when the name finds it, else by its path of child
  * positions from the root (@0.2); '?' when there is no such node. */
-static void put_snode(sbuf *b, const fb_layout *l, int id) {
+static void put_snode(fb_sb *b, const fb_layout *l, int id) {
   if (!l || id < 0 || id >= l->nnodes) {
-    sb_putn(b, "?", 1);
+    fb_sb_putn(b, "?", 1);
     return;
   }
   const char *nm = l->nodes[id].name;
@@ -161,19 +96,19 @@ static void put_snode(sbuf *b, const fb_layout *l, int id) {
   for (int s = id; s > 0; s = l->nodes[s].parent) {
     int p = l->nodes[s].parent, pos = -1;
     if (p < 0 || p >= l->nnodes || n == 64) {
-      sb_putn(b, "?", 1);
+      fb_sb_putn(b, "?", 1);
       return;
     }
     for (int c = 0; c < l->nodes[p].nchildren; c++)
       if (l->nodes[p].children[c] == s) pos = c;
     if (pos < 0) {
-      sb_putn(b, "?", 1);
+      fb_sb_putn(b, "?", 1);
       return;
     }
     path[n++] = pos;
   }
-  sb_putn(b, "@", 1);
-  for (int i = n - 1; i >= 0; i--) sb_printf(b, i == n - 1 ? "%d" : ".%d", path[i]);
+  fb_sb_putn(b, "@", 1);
+  for (int i = n - 1; i >= 0; i--) fb_sb_printf(b, i == n - 1 ? "%d" : ".%d", path[i]);
 }
 
 static int same_bits(double a, double b, int f32) {
@@ -192,24 +127,24 @@ static int reparses(const char *s, double v, int f32) {
  * decimal exponents in [-4, 9 or 17); ".0" added so a float always looks
  * like one. inf, -inf and the default quiet NaN by name, other NaNs by
  * their bits (nan:0x...). */
-static void put_float(sbuf *b, double v, int f32) {
+static void put_float(fb_sb *b, double v, int f32) {
   if (isnan(v)) {
     if (f32) {
       float f = (float)v;
       uint32_t w;
       memcpy(&w, &f, 4);
-      if (w == 0x7fc00000u) sb_puts(b, "nan");
-      else sb_printf(b, "nan:0x%08x", (unsigned)w);
+      if (w == 0x7fc00000u) fb_sb_puts(b, "nan");
+      else fb_sb_printf(b, "nan:0x%08x", (unsigned)w);
     } else {
       uint64_t w;
       memcpy(&w, &v, 8);
-      if (w == 0x7ff8000000000000ull) sb_puts(b, "nan");
-      else sb_printf(b, "nan:0x%016llx", (unsigned long long)w);
+      if (w == 0x7ff8000000000000ull) fb_sb_puts(b, "nan");
+      else fb_sb_printf(b, "nan:0x%016llx", (unsigned long long)w);
     }
     return;
   }
   if (isinf(v)) {
-    sb_puts(b, v < 0 ? "-inf" : "inf");
+    fb_sb_puts(b, v < 0 ? "-inf" : "inf");
     return;
   }
   int maxp = f32 ? 9 : 17, p;
@@ -227,69 +162,69 @@ static void put_float(sbuf *b, double v, int f32) {
     snprintf(t, sizeof t, "%.*g", ex + 1, v);
     if (reparses(t, v, f32)) memcpy(s, t, sizeof s);
   }
-  sb_puts(b, s);
-  if (!strpbrk(s, ".e")) sb_puts(b, ".0");
+  fb_sb_puts(b, s);
+  if (!strpbrk(s, ".e")) fb_sb_puts(b, ".0");
 }
 
-static void put_const(sbuf *b, const fb_stmt *s) {
+static void put_const(fb_sb *b, const fb_stmt *s) {
   switch (s->type) {
   case FB_T_BOOL:
-    if (s->imm.u <= 1) sb_puts(b, s->imm.u ? "true" : "false");
-    else sb_printf(b, "%llu", (unsigned long long)s->imm.u);
+    if (s->imm.u <= 1) fb_sb_puts(b, s->imm.u ? "true" : "false");
+    else fb_sb_printf(b, "%llu", (unsigned long long)s->imm.u);
     break;
   case FB_T_U32:
-  case FB_T_U64: sb_printf(b, "%llu", (unsigned long long)s->imm.u); break;
+  case FB_T_U64: fb_sb_printf(b, "%llu", (unsigned long long)s->imm.u); break;
   case FB_T_F32: put_float(b, s->imm.f, 1); break;
   case FB_T_F64: put_float(b, s->imm.f, 0); break;
-  default: sb_printf(b, "%lld", (long long)s->imm.i); break;
+  default: fb_sb_printf(b, "%lld", (long long)s->imm.i); break;
   }
 }
 
 /* ---------------------------------------------------------------- layouts */
 
-static void print_node(sbuf *b, const fb_layout *l, int id, int depth) {
+static void print_node(fb_sb *b, const fb_layout *l, int id, int depth) {
   const fb_snode *s = &l->nodes[id];
   indent(b, depth);
   if (s->kind == FB_SN_PLACE) {
-    sb_puts(b, "place ");
+    fb_sb_puts(b, "place ");
     put_name(b, s->name);
-    sb_puts(b, ": ");
+    fb_sb_puts(b, ": ");
     put_type(b, s->type);
-    sb_putn(b, "\n", 1);
+    fb_sb_putn(b, "\n", 1);
     return;
   }
-  sb_printf(b, "%s(", fb_snode_kind_name(s->kind));
+  fb_sb_printf(b, "%s(", fb_snode_kind_name(s->kind));
   for (int a = 0; a < FB_MAX_AXES; a++)
-    if (s->axes & (1u << a)) sb_printf(b, "%c", 'i' + a);
-  sb_putn(b, ":", 1);
+    if (s->axes & (1u << a)) fb_sb_printf(b, "%c", 'i' + a);
+  fb_sb_putn(b, ":", 1);
   for (int a = 0, first = 1; a < FB_MAX_AXES; a++)
     if (s->axes & (1u << a)) {
-      sb_printf(b, first ? " %lld" : ", %lld", (long long)s->size[a]);
+      fb_sb_printf(b, first ? " %lld" : ", %lld", (long long)s->size[a]);
       first = 0;
     }
-  if (s->kind == FB_SN_DYNAMIC) sb_printf(b, ", chunk: %lld", (long long)s->chunk);
-  sb_putn(b, ")", 1);
+  if (s->kind == FB_SN_DYNAMIC) fb_sb_printf(b, ", chunk: %lld", (long long)s->chunk);
+  fb_sb_putn(b, ")", 1);
   if (s->name) {
-    sb_puts(b, " as ");
+    fb_sb_puts(b, " as ");
     put_name(b, s->name);
   }
-  sb_puts(b, " {\n");
+  fb_sb_puts(b, " {\n");
   for (int c = 0; c < s->nchildren; c++) {
     int ch = s->children[c];
     if (ch <= id || ch >= l->nnodes || depth > 64) {
       indent(b, depth + 1);
-      sb_printf(b, "# bad child SNode %d\n", ch);
+      fb_sb_printf(b, "# bad child SNode %d\n", ch);
     } else {
       print_node(b, l, ch, depth + 1);
     }
   }
   indent(b, depth);
-  sb_puts(b, "}\n");
+  fb_sb_puts(b, "}\n");
 }
 
 char *fb_layout_print(const fb_layout *l) {
-  sbuf b = {0};
-  sb_puts(&b, "layout {\n");
+  fb_sb b = {0};
+  fb_sb_puts(&b, "layout {\n");
   if (l && l->nnodes > 0) {
     const fb_snode *r = &l->nodes[0];
     for (int c = 0; c < r->nchildren; c++) {
@@ -297,14 +232,14 @@ char *fb_layout_print(const fb_layout *l) {
       if (ch > 0 && ch < l->nnodes) print_node(&b, l, ch, 1);
     }
   }
-  sb_puts(&b, "}\n");
-  return sb_finish(&b);
+  fb_sb_puts(&b, "}\n");
+  return fb_sb_done(&b);
 }
 
 /* ---------------------------------------------------------------- kernels */
 
 typedef struct kprint {
-  sbuf *b;
+  fb_sb *b;
   const fb_kernel *k;
   int prev;            /* id of the statement printed last */
   unsigned char *seen; /* blocks printed already (cycle guard) */
@@ -312,44 +247,44 @@ typedef struct kprint {
 
 static void print_block(kprint *P, int blk, int depth);
 
-static void put_ids(sbuf *b, const fb_stmt *s, int from, int to, const char *first) {
-  for (int i = from; i < to; i++) sb_printf(b, "%s%%%d", i == from ? first : ", ", s->args[i]);
+static void put_ids(fb_sb *b, const fb_stmt *s, int from, int to, const char *first) {
+  for (int i = from; i < to; i++) fb_sb_printf(b, "%s%%%d", i == from ? first : ", ", s->args[i]);
 }
 
 static void put_access(kprint *P, const fb_stmt *s, int nidx) {
-  sb_putn(P->b, " ", 1);
+  fb_sb_putn(P->b, " ", 1);
   put_snode(P->b, P->k->layout, s->snode);
-  sb_putn(P->b, "[", 1);
+  fb_sb_putn(P->b, "[", 1);
   put_ids(P->b, s, 0, nidx, "");
-  sb_putn(P->b, "]", 1);
+  fb_sb_putn(P->b, "]", 1);
 }
 
 /* Everything after the op name (and the loop's own id). */
 static void put_operands(kprint *P, const fb_stmt *s, int form, int nargs) {
-  sbuf *b = P->b;
+  fb_sb *b = P->b;
   switch (form) {
   case 'i':
     put_ids(b, s, 0, nargs, " ");
-    sb_printf(b, "%s%lld", nargs ? ", " : " ", (long long)s->imm.i);
+    fb_sb_printf(b, "%s%lld", nargs ? ", " : " ", (long long)s->imm.i);
     break;
   case 'c':
-    sb_putn(b, " ", 1);
+    fb_sb_putn(b, " ", 1);
     put_const(b, s);
     break;
   case 'g': put_access(P, s, nargs); break;
   case 'v':
     put_access(P, s, nargs ? nargs - 1 : 0);
-    if (nargs) sb_printf(b, ", %%%d", s->args[nargs - 1]);
+    if (nargs) fb_sb_printf(b, ", %%%d", s->args[nargs - 1]);
     break;
   case 'h':
-    sb_printf(b, " %%%d covers ", s->args[0]);
+    fb_sb_printf(b, " %%%d covers ", s->args[0]);
     put_snode(b, P->k->layout, s->snode);
     break;
-  case 'f': sb_printf(b, " %%%d", s->args[0]); break;
+  case 'f': fb_sb_printf(b, " %%%d", s->args[0]); break;
   case 'w': break;
-  case 'r': sb_printf(b, " in %%%d .. %%%d", s->args[0], s->args[1]); break;
+  case 'r': fb_sb_printf(b, " in %%%d .. %%%d", s->args[0], s->args[1]); break;
   case 's':
-    sb_puts(b, " over ");
+    fb_sb_puts(b, " over ");
     put_snode(b, P->k->layout, s->snode);
     break;
   default: put_ids(b, s, 0, nargs, " "); break;
@@ -362,52 +297,52 @@ static int opens_block(int form) {
 }
 
 static void print_stmt(kprint *P, int id, int depth) {
-  sbuf *b = P->b;
+  fb_sb *b = P->b;
   const fb_kernel *k = P->k;
   indent(b, depth);
   if (id < 0 || id >= k->nstmts) {
-    sb_printf(b, "# bad statement id %d\n", id);
+    fb_sb_printf(b, "# bad statement id %d\n", id);
     return;
   }
   const fb_stmt *s = &k->stmts[id];
   int form = fb__text_form(s->op);
   if (!form) {
-    sb_printf(b, "# %%%d has unknown op %u\n", id, (unsigned)s->op);
+    fb_sb_printf(b, "# %%%d has unknown op %u\n", id, (unsigned)s->op);
     return;
   }
   /* the fused part (fb_stmt.part) as a prefix, only where it is not 0 */
-  if (s->part) sb_printf(b, "part %d ", (int)s->part);
+  if (s->part) fb_sb_printf(b, "part %d ", (int)s->part);
   const char *name = fb_op_table[s->op].name;
   int nargs = s->nargs < FB_MAX_ARGS ? s->nargs : FB_MAX_ARGS;
   if (form == 'r' || form == 's') {
-    sb_puts(b, name);
+    fb_sb_puts(b, name);
     if (s->type != FB_T_VOID) {
-      sb_putn(b, ".", 1);
+      fb_sb_putn(b, ".", 1);
       put_type(b, s->type);
     }
-    sb_printf(b, " %%%d", id);
+    fb_sb_printf(b, " %%%d", id);
   } else if (s->type != FB_T_VOID) {
-    sb_printf(b, "%%%d = %s.", id, name);
+    fb_sb_printf(b, "%%%d = %s.", id, name);
     put_type(b, s->type);
   } else {
-    if (id != P->prev + 1) sb_printf(b, "%%%d: ", id);
-    sb_puts(b, name);
+    if (id != P->prev + 1) fb_sb_printf(b, "%%%d: ", id);
+    fb_sb_puts(b, name);
   }
   P->prev = id;
   put_operands(P, s, form, nargs);
   if (!opens_block(form)) {
-    sb_putn(b, "\n", 1);
+    fb_sb_putn(b, "\n", 1);
     return;
   }
-  sb_puts(b, " {\n");
+  fb_sb_puts(b, " {\n");
   print_block(P, s->body, depth + 1);
   if (form == 'f' && s->orelse >= 0) {
     indent(b, depth);
-    sb_puts(b, "} else {\n");
+    fb_sb_puts(b, "} else {\n");
     print_block(P, s->orelse, depth + 1);
   }
   indent(b, depth);
-  sb_puts(b, "}\n");
+  fb_sb_puts(b, "}\n");
 }
 
 static void print_block(kprint *P, int blk, int depth) {
@@ -415,7 +350,7 @@ static void print_block(kprint *P, int blk, int depth) {
   if (blk < 0) return; /* a missing body prints as an empty one */
   if (blk >= k->nblocks || P->seen[blk] || depth > FB_MAX_BLOCK_DEPTH) {
     indent(P->b, depth);
-    sb_printf(P->b, "# block %d not printed: invalid, repeated or nested too deeply\n", blk);
+    fb_sb_printf(P->b, "# block %d not printed: invalid, repeated or nested too deeply\n", blk);
     return;
   }
   P->seen[blk] = 1;
@@ -423,32 +358,32 @@ static void print_block(kprint *P, int blk, int depth) {
   for (int i = 0; i < bl->n; i++) print_stmt(P, bl->ids[i], depth);
 }
 
-static void print_header(sbuf *b, const fb_kernel *k) {
-  sb_puts(b, "kernel ");
+static void print_header(fb_sb *b, const fb_kernel *k) {
+  fb_sb_puts(b, "kernel ");
   put_name(b, k->name ? k->name : "");
-  sb_putn(b, "(", 1);
+  fb_sb_putn(b, "(", 1);
   for (int i = 0; i < k->nparams; i++) {
-    if (i) sb_puts(b, ", ");
+    if (i) fb_sb_puts(b, ", ");
     put_type(b, k->params[i]);
   }
-  sb_putn(b, ")", 1);
+  fb_sb_putn(b, ")", 1);
   if (k->ret != FB_T_VOID) {
-    sb_puts(b, " -> ");
+    fb_sb_puts(b, " -> ");
     put_type(b, k->ret);
   }
-  sb_puts(b, " {\n");
+  fb_sb_puts(b, " {\n");
 }
 
 char *fb_kernel_print(const fb_kernel *k) {
   if (!k) return NULL;
-  sbuf b = {0};
+  fb_sb b = {0};
   kprint P = {&b, k, -1, calloc((size_t)(k->nblocks > 0 ? k->nblocks : 1), 1)};
   if (!P.seen) return NULL;
   print_header(&b, k);
   if (k->nblocks > 0) print_block(&P, 0, 1);
-  sb_puts(&b, "}\n");
+  fb_sb_puts(&b, "}\n");
   free(P.seen);
-  return sb_finish(&b);
+  return fb_sb_done(&b);
 }
 
 void fb_kernel_fprint(FILE *f, const fb_kernel *k) {

@@ -1,42 +1,10 @@
-/* Scalar types, tagged values and error names: the vocabulary every layer
- * shares. Casts (fb_value_cast) follow the IR's rules and live with the
- * rest of its arithmetic in ir/arith.c. */
-#include <stdarg.h>
-#include <stdio.h>
+/* Scalar types and tagged values: the vocabulary every layer shares. Casts
+ * (fb_value_cast) follow the IR's rules and live with the rest of its
+ * arithmetic in ir/arith.c; error names and the error formatter are in
+ * base/err.c. */
 #include <string.h>
 
 #include "fusebox/common.h"
-
-const char *fb_strerror(int code) {
-  switch (code) {
-#define FB_ERR(name, value, msg, grpc)                                                             \
-  case FB_##name: return msg;
-#include "fusebox/errors.h"
-#undef FB_ERR
-  default: return "unknown error";
-  }
-}
-
-void fb_verrf(char *err, size_t errlen, const char *fmt, va_list ap) {
-  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-}
-
-void fb_errf(char *err, size_t errlen, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fb_verrf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
-void fb_errcat(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  size_t used = strnlen(err, errlen);
-  if (used + 1 >= errlen) return; /* full (or not terminated): nothing more fits */
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err + used, errlen - used, fmt, ap);
-  va_end(ap);
-}
 
 static const char *const type_names[FB_T__COUNT] = {"void", "bool", "i32", "i64",
                                                     "u32",  "u64",  "f32", "f64"};

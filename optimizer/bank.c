@@ -7,14 +7,14 @@
  * (fuse A B delta, demote A stmts, dse A states, simplify A) to the
  * resulting entry, compared exactly; evicting an entry drops the memo
  * entries that mention it. Task metadata is computed once per entry. Both
- * are found through the shared table (ir/map.h), keyed by their hash, several
+ * are found through the shared table (base/map.h), keyed by their hash, several
  * entries to a hash, each confirmed before use. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "optimizer/sfg.h"
 
 typedef struct bentry {

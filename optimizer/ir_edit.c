@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 /* ---------------------------------------------------------------- helpers */

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h"
 #include "ir/arith.h"
-#include "ir/base.h"
 #include "optimizer/sfg.h"
 
 /* One access of one statement to one state, merged per state later. */

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 /* A logged insert (the plan memo's window, see fb_opt_flush). */

@@ -39,7 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 typedef struct prom {

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
+#include "base/base.h"
 #include "optimizer/sfg.h"
 
 typedef struct loc {
@@ -57,7 +57,7 @@ typedef struct simp {
   int32_t *uses;  /* use counts, during forwarding */
   int32_t *rep;
   uint8_t *drop;
-  /* CSE: the pure statements in scope (ir/map.h, keyed by stmt_hash; the
+  /* CSE: the pure statements in scope (base/map.h, keyed by stmt_hash; the
    * entries of one hash are confirmed with stmt_same), and the ids the open
    * scopes added, newest last, so that leaving a block removes its own */
   fb_map avail;   /* int32_t statement id */

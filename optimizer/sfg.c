@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
+#include "base/base.h"
+#include "base/strbuf.h"
 #include "optimizer/sfg.h"
 
 int fb_sfg_init(fb_sfg *g, const fb_layout *l) {
@@ -382,52 +383,6 @@ void fb_sfg_state_name(const fb_layout *l, uint32_t key, char *buf, size_t n) {
 
 /* ---------------------------------------------------------------- text */
 
-typedef struct sbuf {
-  char *p;
-  size_t n, cap;
-  int oom;
-} sbuf;
-
-#if defined(__GNUC__)
-__attribute__((format(printf, 2, 3)))
-#endif
-static void
-sb_printf(sbuf *b, const char *fmt, ...) {
-  if (b->oom) return;
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-    va_end(ap);
-    if (k < 0) {
-      b->oom = 1;
-      return;
-    }
-    if (b->p && b->n + (size_t)k < b->cap) {
-      b->n += (size_t)k;
-      return;
-    }
-    size_t nc = b->cap ? b->cap * 2 : 1024;
-    while (nc < b->n + (size_t)k + 1) nc *= 2;
-    char *q = realloc(b->p, nc);
-    if (!q) {
-      b->oom = 1;
-      return;
-    }
-    b->p = q;
-    b->cap = nc;
-  }
-}
-
-static char *sb_done(sbuf *b) {
-  if (b->oom) {
-    free(b->p);
-    return NULL;
-  }
-  if (!b->p) sb_printf(b, "%s", "");
-  return b->p;
-}
-
 static int edge_cmp(const void *x, const void *y) {
   const fb_sfg_edge *a = x, *b = y;
   if (a->node != b->node) return a->node < b->node ? -1 : 1;
@@ -437,33 +392,33 @@ static int edge_cmp(const void *x, const void *y) {
 
 static const char *const edge_names[] = {"flow", "waw", "war"};
 
-static void node_title(const fb_sfg *g, fb_bank *bank, const fb_sfg_node *n, sbuf *b) {
+static void node_title(const fb_sfg *g, fb_bank *bank, const fb_sfg_node *n, fb_sb *b) {
   char tmp[64];
   const fb_kernel *k = fb_bank_ir(bank, n->ir);
   if (n->host) {
-    sb_printf(b, "host write");
+    fb_sb_printf(b, "host write");
     return;
   }
-  sb_printf(b, "%s %s", fb_task_kind_name(n->m->kind), k && k->name ? k->name : "?");
-  if (n->m->snode >= 0) sb_printf(b, " over %s", sn_label(g->l, n->m->snode, tmp, sizeof tmp));
+  fb_sb_printf(b, "%s %s", fb_task_kind_name(n->m->kind), k && k->name ? k->name : "?");
+  if (n->m->snode >= 0) fb_sb_printf(b, " over %s", sn_label(g->l, n->m->snode, tmp, sizeof tmp));
 }
 
 char *fb_sfg_text(const fb_sfg *g, fb_bank *bank) {
-  sbuf b = {0};
+  fb_sb b = {0};
   char name[96];
   for (int i = 0; i < g->n; i++) {
     const fb_sfg_node *n = g->nodes[i];
-    sb_printf(&b, "%s%d ", n->retained ? "r" : "t", i);
+    fb_sb_printf(&b, "%s%d ", n->retained ? "r" : "t", i);
     node_title(g, bank, n, &b);
     if (!n->host) {
-      sb_printf(&b, " launch %llu", (unsigned long long)n->launch);
-      if (n->ntasks > 1) sb_printf(&b, " tasks %d", n->ntasks);
+      fb_sb_printf(&b, " launch %llu", (unsigned long long)n->launch);
+      if (n->ntasks > 1) fb_sb_printf(&b, " tasks %d", n->ntasks);
       if (n->nargs) {
-        sb_printf(&b, " args");
-        for (int a = 0; a < n->nargs; a++) sb_printf(&b, " %llu", (unsigned long long)n->args[a]);
+        fb_sb_printf(&b, " args");
+        for (int a = 0; a < n->nargs; a++) fb_sb_printf(&b, " %llu", (unsigned long long)n->args[a]);
       }
     }
-    sb_printf(&b, "\n");
+    fb_sb_printf(&b, "\n");
     fb_sfg_edge *in = malloc(sizeof *in * (size_t)(n->nin ? n->nin : 1));
     if (!in) {
       b.oom = 1;
@@ -476,40 +431,40 @@ char *fb_sfg_text(const fb_sfg *g, fb_bank *bank) {
     for (int e = 0; e < n->nin; e++) {
       fb_sfg_state_name(g->l, g->st[in[e].state].key, name, sizeof name);
       const fb_sfg_node *s = g->nodes[in[e].node];
-      sb_printf(&b, "  <- %s%d %s %s\n", s->retained ? "r" : "t", in[e].node, name,
+      fb_sb_printf(&b, "  <- %s%d %s %s\n", s->retained ? "r" : "t", in[e].node, name,
                 edge_names[in[e].kind]);
     }
     free(in);
   }
-  return sb_done(&b);
+  return fb_sb_done(&b);
 }
 
 char *fb_sfg_dot(const fb_sfg *g, fb_bank *bank, const char *title) {
-  sbuf b = {0};
+  fb_sb b = {0};
   char name[96];
   static const char *const style[] = {"color=black", "color=red, style=bold",
                                       "color=gray50, style=dashed"};
-  sb_printf(&b, "digraph sfg {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
-  if (title) sb_printf(&b, "  label=\"%s\";\n  labelloc=t;\n", title);
+  fb_sb_printf(&b, "digraph sfg {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n");
+  if (title) fb_sb_printf(&b, "  label=\"%s\";\n  labelloc=t;\n", title);
   for (int i = 0; i < g->n; i++) {
     const fb_sfg_node *n = g->nodes[i];
-    sb_printf(&b, "  n%d [label=\"", i);
+    fb_sb_printf(&b, "  n%d [label=\"", i);
     node_title(g, bank, n, &b);
-    sb_printf(&b, "\\n#%llu", (unsigned long long)n->serial);
-    if (!n->host) sb_printf(&b, " launch %llu", (unsigned long long)n->launch);
-    if (n->ntasks > 1) sb_printf(&b, " (%d tasks)", n->ntasks);
-    sb_printf(&b, "\"%s];\n", n->retained ? ", style=dashed, color=gray50" : "");
+    fb_sb_printf(&b, "\\n#%llu", (unsigned long long)n->serial);
+    if (!n->host) fb_sb_printf(&b, " launch %llu", (unsigned long long)n->launch);
+    if (n->ntasks > 1) fb_sb_printf(&b, " (%d tasks)", n->ntasks);
+    fb_sb_printf(&b, "\"%s];\n", n->retained ? ", style=dashed, color=gray50" : "");
   }
   for (int i = 0; i < g->n; i++) {
     const fb_sfg_node *n = g->nodes[i];
     for (int e = 0; e < n->nout; e++) {
       fb_sfg_state_name(g->l, g->st[n->out[e].state].key, name, sizeof name);
-      sb_printf(&b, "  n%d -> n%d [label=\"%s\", %s];\n", i, n->out[e].node, name,
+      fb_sb_printf(&b, "  n%d -> n%d [label=\"%s\", %s];\n", i, n->out[e].node, name,
                 style[n->out[e].kind]);
     }
   }
-  sb_printf(&b, "}\n");
-  return sb_done(&b);
+  fb_sb_printf(&b, "}\n");
+  return fb_sb_done(&b);
 }
 
 /* ---------------------------------------------------------------- checker */

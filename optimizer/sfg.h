@@ -12,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/map.h"
 #include "fusebox/ir.h"
-#include "ir/map.h"
 #include "optimizer/optimizer.h"
 
 /* ================================================================ tests and tools */
@@ -329,7 +329,7 @@ typedef struct fb_sfg {
   int32_t *sid_of;     /* key -> state id for SNode states ((kind * nnodes) + snode) */
   int32_t *sid_misc;   /* RET / GTMP slots: (slot * 2 + (kind == GTMP)) -> id */
   int nmisc;
-  fb_map smap;         /* serial -> node index (ir/map.h) */
+  fb_map smap;         /* serial -> node index (base/map.h) */
   uint64_t next_serial, next_order;
 } fb_sfg;
 

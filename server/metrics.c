@@ -42,6 +42,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "base/strbuf.h"
 #include "server/server.h"
 
 /* libmicrohttpd's own connection limit is ours plus this: connections shut
@@ -76,50 +77,13 @@ struct fbd_metrics {
   uint64_t accepted, cuts[NCUT];
 };
 
-typedef struct text {
-  char *p;
-  size_t n, cap;
-  int oom;
-} text;
-
-static void put(text *t, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(text *t, const char *fmt, ...) {
-  for (int tries = 0; tries < 2 && !t->oom; tries++) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(t->p ? t->p + t->n : NULL, t->p ? t->cap - t->n : 0, fmt, ap);
-    va_end(ap);
-    if (w < 0) {
-      t->oom = 1;
-      return;
-    }
-    if (t->p && (size_t)w < t->cap - t->n) {
-      t->n += (size_t)w;
-      return;
-    }
-    size_t nc = (t->cap ? t->cap : 4096) + (size_t)w + 4096;
-    char *np = realloc(t->p, nc);
-    if (!np) {
-      t->oom = 1;
-      return;
-    }
-    t->p = np;
-    t->cap = nc;
-  }
-}
-
-static void metric(text *t, const char *name, const char *type, const char *help, uint64_t v) {
-  put(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\nfusebox_%s %llu\n", name, help, name, type,
+static void metric(fb_sb *t, const char *name, const char *type, const char *help, uint64_t v) {
+  fb_sb_printf(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\nfusebox_%s %llu\n", name, help, name, type,
       name, (unsigned long long)v);
 }
 
-static void header(text *t, const char *name, const char *type, const char *help) {
-  put(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", name, help, name, type);
+static void header(fb_sb *t, const char *name, const char *type, const char *help) {
+  fb_sb_printf(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", name, help, name, type);
 }
 
 /* Per tenant, what the session table says now (under srv->mu). */
@@ -141,10 +105,10 @@ static void cs_header(void *u, const char *name, const char *type, const char *h
 }
 
 static void cs_value(void *u, const char *name, const char *tenant, unsigned long long v) {
-  put(u, "fusebox_%s{tenant=\"%s\"} %llu\n", name, tenant, v);
+  fb_sb_printf(u, "fusebox_%s{tenant=\"%s\"} %llu\n", name, tenant, v);
 }
 
-static void tenants_text(fbd_server *srv, text *t) {
+static void tenants_text(fbd_server *srv, fb_sb *t) {
   fbd_auth *a = srv->auth;
   pthread_mutex_lock(&a->mu);
   int n = a->n;
@@ -204,63 +168,63 @@ static void tenants_text(fbd_server *srv, text *t) {
       const char *nm = x->name; /* [A-Za-z0-9_.-]: safe in a label */
       switch (j) {
       case 0:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)v[i].sessions);
         break;
       case 1:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_s[i]);
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_s[i]);
         break;
       case 2:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].memory);
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].memory);
         break;
       case 3:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].limits);
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)v[i].limits);
         break;
       case 4:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_m[i]);
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm, (unsigned long long)max_m[i]);
         break;
       case 5:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->sessions_created));
         break;
       case 6:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->calls));
         break;
       case 7:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->denied));
         break;
       case 9:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->launches));
         break;
       case 10:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->syncs));
         break;
       case 11:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->bytes_in));
         break;
       case 12:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->bytes_out));
         break;
       case 13:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->tasks_launched));
         break;
       case 14:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->tasks_compiled));
         break;
       case 15:
-        put(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->cache_hits));
         break;
       case 16:
-        put(t,
+        fb_sb_printf(t,
             "fusebox_%s{tenant=\"%s\",pass=\"listgen\"} %llu\n"
             "fusebox_%s{tenant=\"%s\",pass=\"fusion\"} %llu\n"
             "fusebox_%s{tenant=\"%s\",pass=\"dse\"} %llu\n"
@@ -271,9 +235,9 @@ static void tenants_text(fbd_server *srv, text *t) {
             (unsigned long long)atomic_load(&x->activations_demoted));
         break;
       default:
-        put(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->refused_sessions));
-        put(t, "fusebox_%s{tenant=\"%s\",limit=\"memory_bytes\"} %llu\n", m[j].name, nm,
+        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\",limit=\"memory_bytes\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->refused_memory));
       }
     }
@@ -285,7 +249,7 @@ out:
 }
 
 /* The memory budget and each part that counts against it (budget.c). */
-static void budget_text(fbd_server *srv, text *t) {
+static void budget_text(fbd_server *srv, fb_sb *t) {
   uint64_t part[FBD_MEM_NPARTS];
   fbd_budget_usage(srv, part);
   fb_code_cache_usage u;
@@ -295,7 +259,7 @@ static void budget_text(fbd_server *srv, text *t) {
   header(t, "memory_budget_used_bytes", "gauge",
          "What counts against the memory budget now, by part.");
   for (int i = 0; i < FBD_MEM_NPARTS; i++)
-    put(t, "fusebox_memory_budget_used_bytes{part=\"%s\"} %llu\n", fbd_mem_part_keys[i],
+    fb_sb_printf(t, "fusebox_memory_budget_used_bytes{part=\"%s\"} %llu\n", fbd_mem_part_keys[i],
         (unsigned long long)part[i]);
   metric(t, "memory_budget_refused_total", "counter",
          "Requests refused RESOURCE_EXHAUSTED because the memory budget was full.",
@@ -308,13 +272,13 @@ static void budget_text(fbd_server *srv, text *t) {
          u.evictions);
 }
 
-static void metrics_text(fbd_server *srv, text *t) {
+static void metrics_text(fbd_server *srv, fb_sb *t) {
   pthread_mutex_lock(&srv->mu);
   fbd_stats st = srv->st;
   int active = srv->nsessions;
   pthread_mutex_unlock(&srv->mu);
   metric(t, "up", "gauge", "1 while fuseboxd runs.", 1);
-  put(t,
+  fb_sb_printf(t,
       "# HELP fusebox_uptime_seconds Seconds since start.\n# TYPE fusebox_uptime_seconds gauge\n"
       "fusebox_uptime_seconds %.3f\n",
       fbd_now() - srv->started);
@@ -322,13 +286,13 @@ static void metrics_text(fbd_server *srv, text *t) {
          "1 where session workers raise the sandbox wall; 0 where the kernel refused it at "
          "start or it is not asked for (docs/security.md).");
   for (int i = 0; i < FBD_NWALLS; i++)
-    put(t, "fusebox_sandbox_wall{wall=\"%s\"} %d\n", fbd_wall_names[i],
+    fb_sb_printf(t, "fusebox_sandbox_wall{wall=\"%s\"} %d\n", fbd_wall_names[i],
         srv->wall_state[i] == FBD_WALL_UP);
   metric(t, "sessions", "gauge", "Live sessions.", (uint64_t)active);
   metric(t, "sessions_limit", "gauge", "max_sessions of the server.",
          (uint64_t)srv->cfg->max_sessions);
   header(t, "sessions_ended_total", "counter", "Sessions ended, by how.");
-  put(t,
+  fb_sb_printf(t,
       "fusebox_sessions_ended_total{reason=\"closed\"} %llu\n"
       "fusebox_sessions_ended_total{reason=\"disconnected\"} %llu\n"
       "fusebox_sessions_ended_total{reason=\"reaped\"} %llu\n"
@@ -344,7 +308,7 @@ static void metrics_text(fbd_server *srv, text *t) {
   header(t, "calls_refused_total", "counter",
          "Calls refused RESOURCE_EXHAUSTED at their start, by the limit they met (max_calls: "
          "calls open at once in all; max_calls_per_tenant: of one tenant).");
-  put(t,
+  fb_sb_printf(t,
       "fusebox_calls_refused_total{limit=\"max_calls\"} %llu\n"
       "fusebox_calls_refused_total{limit=\"max_calls_per_tenant\"} %llu\n",
       (unsigned long long)atomic_load(&srv->calls_refused),
@@ -377,7 +341,7 @@ static void metrics_text(fbd_server *srv, text *t) {
   fbd_codestore_metrics(srv->codestore, cs_header, cs_value, t);
   char *sched = fbd_sched_metrics(srv); /* histograms and the fair scheduler, per tenant */
   if (!sched) t->oom = 1;
-  else put(t, "%s", sched);
+  else fb_sb_printf(t, "%s", sched);
   free(sched);
 }
 
@@ -528,7 +492,7 @@ static void mark_answered(struct fbd_metrics *m, struct MHD_Connection *conn) {
 }
 
 /* The port's own part of /metrics. */
-static void port_text(struct fbd_metrics *m, text *t) {
+static void port_text(struct fbd_metrics *m, fb_sb *t) {
   pthread_mutex_lock(&m->mu);
   uint64_t open = 0, accepted = m->accepted, cuts[NCUT];
   for (int i = 0; i < m->nslot; i++) open += m->slot[i].c && !m->slot[i].cut;
@@ -543,7 +507,7 @@ static void port_text(struct fbd_metrics *m, text *t) {
          "one of the same address, past metrics_max_connections_per_ip), limit (the same past "
          "metrics_max_connections).");
   for (int i = 0; i < NCUT; i++)
-    put(t, "fusebox_metrics_connections_cut_total{reason=\"%s\"} %llu\n", cut_reasons[i],
+    fb_sb_printf(t, "fusebox_metrics_connections_cut_total{reason=\"%s\"} %llu\n", cut_reasons[i],
         (unsigned long long)cuts[i]);
 }
 
@@ -576,7 +540,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
   if (strcmp(method, "GET") && strcmp(method, "HEAD"))
     return reply(conn, 405, "text/plain", strdup("only GET\n"), 9);
   if (!strcmp(url, "/metrics")) {
-    text t = {0};
+    fb_sb t = {0};
     metrics_text(srv, &t);
     port_text(m, &t);
     if (t.oom) {

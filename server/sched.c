@@ -40,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/strbuf.h"
 #include "server/server.h"
 
 #define NBUCKETS 17
@@ -390,54 +391,17 @@ void fbd_sched_stop(fbd_server *srv) {
 
 /* ---------------------------------------------------------------- metrics */
 
-typedef struct buf {
-  char *p;
-  size_t n, cap;
-  int oom;
-} buf;
-
-static void put(buf *b, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-
-static void put(buf *b, const char *fmt, ...) {
-  for (int tries = 0; tries < 2 && !b->oom; tries++) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-    va_end(ap);
-    if (w < 0) {
-      b->oom = 1;
-      return;
-    }
-    if (b->p && (size_t)w < b->cap - b->n) {
-      b->n += (size_t)w;
-      return;
-    }
-    size_t nc = b->cap + (size_t)w + 4096;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-      b->oom = 1;
-      return;
-    }
-    b->p = np;
-    b->cap = nc;
-  }
-}
-
-static void hist_text(buf *b, const char *name, const char *tenant, const hist *h) {
+static void hist_text(fb_sb *b, const char *name, const char *tenant, const hist *h) {
   uint64_t cum = 0;
   for (int i = 0; i < NBUCKETS; i++) {
     cum += h->b[i];
-    put(b, "fusebox_%s_bucket{tenant=\"%s\",le=\"%g\"} %llu\n", name, tenant, bucket_le[i],
+    fb_sb_printf(b, "fusebox_%s_bucket{tenant=\"%s\",le=\"%g\"} %llu\n", name, tenant, bucket_le[i],
         (unsigned long long)cum);
   }
-  put(b, "fusebox_%s_bucket{tenant=\"%s\",le=\"+Inf\"} %llu\n", name, tenant,
+  fb_sb_printf(b, "fusebox_%s_bucket{tenant=\"%s\",le=\"+Inf\"} %llu\n", name, tenant,
       (unsigned long long)h->n);
-  put(b, "fusebox_%s_sum{tenant=\"%s\"} %.9g\n", name, tenant, h->sum);
-  put(b, "fusebox_%s_count{tenant=\"%s\"} %llu\n", name, tenant, (unsigned long long)h->n);
+  fb_sb_printf(b, "fusebox_%s_sum{tenant=\"%s\"} %.9g\n", name, tenant, h->sum);
+  fb_sb_printf(b, "fusebox_%s_count{tenant=\"%s\"} %llu\n", name, tenant, (unsigned long long)h->n);
 }
 
 /* Requests queued in the sessions of each share (their session queues). */
@@ -458,7 +422,7 @@ static void queued_by_share(fbd_server *srv, struct fbd_share **v, int n, uint64
 
 char *fbd_sched_metrics(fbd_server *srv) {
   struct fbd_sched *sc = srv->sched;
-  buf b = {0};
+  fb_sb b = {0};
   if (!sc) return calloc(1, 1);
   /* every tenant of the file shows, whether or not it ran anything yet */
   fbd_auth *a = srv->auth;
@@ -497,20 +461,20 @@ char *fbd_sched_metrics(fbd_server *srv) {
     goto out;
   }
   queued_by_share(srv, ptr, n, queued);
-  put(&b,
+  fb_sb_printf(&b,
       "# HELP fusebox_fair_share 1 when the fair scheduler holds back tenants over their "
       "share (--fair-share on).\n# TYPE fusebox_fair_share gauge\nfusebox_fair_share %d\n",
       on);
-  put(&b,
+  fb_sb_printf(&b,
       "# HELP fusebox_fair_slice_seconds How far a tenant may run ahead of the least served "
       "active one.\n# TYPE fusebox_fair_slice_seconds gauge\nfusebox_fair_slice_seconds %g\n",
       slice);
   /* "" names the anonymous tenant (no tenants file): every session */
 #define NAME(i) (v[i].t ? v[i].t->name : "")
-  put(&b, "# HELP fusebox_tenant_sync_latency_seconds From a sync request's arrival to its "
+  fb_sb_printf(&b, "# HELP fusebox_tenant_sync_latency_seconds From a sync request's arrival to its "
           "result.\n# TYPE fusebox_tenant_sync_latency_seconds histogram\n");
   for (int i = 0; i < n; i++) hist_text(&b, "tenant_sync_latency_seconds", NAME(i), &v[i].sync);
-  put(&b, "# HELP fusebox_tenant_compile_seconds Time a RegisterKernels ran (not waiting).\n"
+  fb_sb_printf(&b, "# HELP fusebox_tenant_compile_seconds Time a RegisterKernels ran (not waiting).\n"
           "# TYPE fusebox_tenant_compile_seconds histogram\n");
   for (int i = 0; i < n; i++) hist_text(&b, "tenant_compile_seconds", NAME(i), &v[i].compile);
   static const struct {
@@ -540,7 +504,7 @@ char *fbd_sched_metrics(fbd_server *srv) {
        "slot."},
   };
   for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {
-    put(&b, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", m[j].name, m[j].help, m[j].name,
+    fb_sb_printf(&b, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", m[j].name, m[j].help, m[j].name,
         m[j].type);
     for (int i = 0; i < n; i++) {
       double x = 0;
@@ -558,7 +522,7 @@ char *fbd_sched_metrics(fbd_server *srv) {
       case 10: x = v[i].comp_peak; break;
       default: x = (double)v[i].comp_waited; break;
       }
-      put(&b, "fusebox_%s{tenant=\"%s\"} %.9g\n", m[j].name, NAME(i), x);
+      fb_sb_printf(&b, "fusebox_%s{tenant=\"%s\"} %.9g\n", m[j].name, NAME(i), x);
     }
   }
 #undef NAME

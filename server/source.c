@@ -1,4 +1,4 @@
-/* .fbk source over the wire: fuseboxd runs the front end (ir/lang/) for
+/* .fbk source over the wire: fuseboxd runs the front end (lang/) for
  * clients that have none (Python, any gRPC client). The source is hostile
  * input, so it is parsed only where the tenant's own work runs: in the
  * session's worker process under process isolation (and, under thread

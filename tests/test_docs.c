@@ -301,10 +301,10 @@ static int path_exists(const char *rel, const char *doc_dir) {
 /* Does a `token` look like a path in this repository: a top folder of it
  * first, no placeholder (NAME, *, <...>, $VAR, ...)? */
 static int repo_path(const char *tok) {
-  static const char *const tops[] = {"bench/",  "client/",   "codegen/", "deploy/",  "docs/",
-                                     "engine/", "examples/", "include/", "ir/",      "optimizer/",
-                                     "proto/",  "python/",   "runtime/", "scripts/", "server/",
-                                     "share/",  "tests/",    ".ci/"};
+  static const char *const tops[] = {"base/",    "bench/",  "client/", "codegen/", "deploy/",
+                                     "docs/",    "engine/", "examples/", "include/", "ir/",
+                                     "lang/",    "optimizer/", "proto/", "python/", "runtime/",
+                                     "scripts/", "server/", "share/",  "tests/",   ".ci/"};
   int top = 0;
   for (size_t i = 0; i < sizeof tops / sizeof tops[0]; i++)
     if (strncmp(tok, tops[i], strlen(tops[i])) == 0) top = 1;

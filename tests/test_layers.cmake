@@ -6,19 +6,39 @@
 # names a symbol takes its address after the include: "ok", the header
 # declares it; "no", the header compiles but does not declare it (an
 # interface header that keeps another folder's internals out of sight).
-#   cmake -DCC=compiler -DDIRS="target=dir|dir...;..." -P test_layers.cmake
+# Then no file of optimizer/, codegen/, runtime/ or engine/ may include the
+# front end's headers (below).
+#   cmake -DCC=compiler -DSRC=source-root -DDIRS="target=dir|dir...;..." -P test_layers.cmake
 # DIRS gives each target's include directories (its INCLUDE_DIRECTORIES).
 
 # target  header  ok|no  [symbol]
 set(cases
+  "fusebox_base base/base.h ok"
+  "fusebox_base base/map.h ok fb_map_put"
+  "fusebox_base ir/arith.h no"
+  "fusebox_base ir/ir_internal.h no"
+  "fusebox_base lang/lang_internal.h no"
   "fusebox_ir fusebox/ir.h ok"
-  "fusebox_ir ir/base.h ok"
+  "fusebox_ir base/map.h ok"
+  "fusebox_ir lang/lang_internal.h no"
+  "fusebox_lang lang/lang_internal.h ok"
+  "fusebox_lang ir/arith.h ok fb_arith_binop"
+  "fusebox_lang base/map.h ok"
+  "fusebox_lang ir/ir_internal.h no"
+  "fusebox_lang optimizer/optimizer.h no"
+  "fusebox_lang codegen/codegen.h no"
+  "fusebox_lang runtime/runtime.h no"
+  "fusebox_opt lang/lang_internal.h no"
+  "fusebox_codegen lang/lang_internal.h no"
+  "fusebox_runtime lang/lang_internal.h no"
+  "fusebox_engine lang/lang_internal.h no"
+  "fusebox_ir base/base.h ok"
   "fusebox_ir optimizer/optimizer.h no"
   "fusebox_ir runtime/runtime.h no"
   "fusebox_ir codegen/codegen.h no"
   "fusebox_opt optimizer/sfg.h ok"
   "fusebox_opt ir/arith.h ok"
-  "fusebox_opt ir/base.h ok"
+  "fusebox_opt base/base.h ok"
   "fusebox_opt codegen/codegen.h no"
   "fusebox_opt runtime/runtime.h no"
   "fusebox_opt ir/ir_internal.h no"
@@ -48,7 +68,7 @@ set(cases
   "fusebox_engine proto/convert.h no"
   "fusebox_engine server/server.h no"
   "fusebox_engine runtime/cuda_drv.h no"
-  "fusebox_proto ir/base.h ok"
+  "fusebox_proto base/base.h ok"
   "fusebox_proto runtime/runtime.h no"
   "fusebox_proto optimizer/optimizer.h no"
   "fusebox_server fusebox/engine.h ok"
@@ -59,12 +79,12 @@ set(cases
   "fusebox_server optimizer/optimizer.h no"
   "fusebox_server engine/internal.h no"
   "fusebox_server client/client_internal.h no"
-  "fusebox_client ir/base.h ok"
+  "fusebox_client base/base.h ok"
   "fusebox_client proto/wire.h ok fbp_bb_copy"
   "fusebox_client runtime/runtime.h no"
   "fusebox_client engine/internal.h no"
   "fusebox_client server/server.h no"
-  "fusebox ir/base.h ok"
+  "fusebox base/base.h ok"
   "fusebox optimizer/optimizer.h no"
   "fusebox runtime/runtime.h no"
   "fusebox engine/internal.h no"
@@ -132,6 +152,57 @@ foreach(c ${cases})
     math(EXPR failures "${failures} + 1")
   endif()
 endforeach()
+# The front end's public header (fusebox/lang.h, and fusebox/client.h,
+# which includes it) lies in include/ beside the others, so the include
+# directories cannot hide it: no file of the folders below the front end
+# may name it, nor any header of lang/ (they do not link fusebox_lang).
+foreach(dir optimizer codegen runtime engine)
+  file(GLOB_RECURSE files ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h)
+  if(NOT files)
+    message(SEND_ERROR "no sources found in ${SRC}/${dir}")
+    math(EXPR failures "${failures} + 1")
+  endif()
+  foreach(f ${files})
+    math(EXPR n "${n} + 1")
+    file(STRINGS ${f} bad REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<](fusebox/lang\\.h|fusebox/client\\.h|lang/)")
+    if(bad)
+      file(RELATIVE_PATH rel ${SRC} ${f})
+      message(SEND_ERROR "${rel} includes the .fbk front end (${bad}); ${dir}/ is below it")
+      math(EXPR failures "${failures} + 1")
+    endif()
+  endforeach()
+endforeach()
+
+# The front end's first stages depend on nothing above them: the lexer
+# includes only its own header, the diagnostics and the base; the
+# diagnostics only the IR's public header (fb_diags) and the front end's.
+set(lang_only
+  "lang/lang_lex.c=lang_lex.h|lang_diag.h|base/base.h|base/map.h|base/strbuf.h"
+  "lang/lang_lex.h=lang_diag.h"
+  "lang/lang_diag.h=fusebox/ir.h"
+  "lang/lang_diag.c=lang_diag.h|fusebox/lang.h")
+foreach(entry ${lang_only})
+  string(REPLACE "=" ";" entry "${entry}")
+  list(GET entry 0 f)
+  list(GET entry 1 allowed)
+  string(REPLACE "|" ";" allowed "${allowed}")
+  math(EXPR n "${n} + 1")
+  if(NOT EXISTS ${SRC}/${f})
+    message(SEND_ERROR "${f} is missing")
+    math(EXPR failures "${failures} + 1")
+    continue()
+  endif()
+  file(STRINGS ${SRC}/${f} incs REGEX "^[ \t]*#[ \t]*include[ \t]*\"")
+  foreach(line ${incs})
+    string(REGEX REPLACE "^[^\"]*\"([^\"]*)\".*$" "\\1" h "${line}")
+    list(FIND allowed "${h}" at)
+    if(at EQUAL -1)
+      message(SEND_ERROR "${f} includes ${h}; it may include only ${allowed}")
+      math(EXPR failures "${failures} + 1")
+    endif()
+  endforeach()
+endforeach()
+
 if(failures)
   message(FATAL_ERROR "test_layers: ${failures} of ${n} cases failed")
 endif()

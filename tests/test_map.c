@@ -1,4 +1,4 @@
-/* Tests of the shared hash table (ir/map.h): insertion and lookup of many
+/* Tests of the shared hash table (base/map.h): insertion and lookup of many
  * keys (0 and all-ones included), growth keeping every entry, reserve
  * making room ahead, deletion by backward shift in the middle of long
  * probe runs of colliding keys, several entries of one key, sets (values
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ir/base.h"
-#include "ir/map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "support/support.h"
 
 typedef struct val {

@@ -15,7 +15,7 @@
  * stops there, so that tenant IR cannot overflow a thread's stack: 256
  * frames of a few hundred bytes each is well inside the smallest stack a
  * worker runs on, and far deeper than any front end nests (the .fbk
- * parser stops at 100, ir/lang/lang_parse.c). */
+ * parser stops at 100, lang/lang_parse.c). */
 #define FB_MAX_BLOCK_DEPTH 256
 
 /* Statements of one kernel, three caps from tight to loose:

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "../arith.h"
+#include "ir/arith.h"
 #include "lang_internal.h"
 
 typedef struct cnum {

@@ -12,7 +12,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "lang_internal.h"
+#include "base/base.h"
+#include "lang_lex.h"
 
 static const struct {
   const char *s;

@@ -2,9 +2,9 @@
  * then its value; a separate byte per slot says whether it is used, so
  * every 64-bit key is usable (no key is reserved to mark an empty slot).
  * Entries of one key sit in the probe run from the key's home slot. */
-#include "map.h"
+#include "base/map.h"
 
-#include "base.h"
+#include "base/base.h"
 
 #define MIN_CAP 16
 

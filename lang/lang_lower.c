@@ -13,17 +13,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "../arith.h"
+#include "ir/arith.h"
 #include "lang_internal.h"
-
-void lang_err(fb_diags *d, int line, int col, const char *fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (d) fb_diags_add(d, -1, line, col, "%s", buf);
-}
 
 #define ERR(L, at, ...) ((L)->errors++, lang_err((L)->d, (at)->line, (at)->col, __VA_ARGS__))
 

@@ -1,4 +1,4 @@
-/* Internal header of the .fbk front end (ir/lang/): tokens, the syntax tree,
+/* Internal header of the .fbk front end (lang/): tokens, the syntax tree,
  * the program tables and the lowering context shared by the lexer, parser,
  * layout builder, type checker/lowerer and the vector/matrix builtins.
  *
@@ -11,9 +11,11 @@
 
 #include <stdint.h>
 
-#include "../ir_internal.h"
-#include "../map.h"
+#include "base/base.h"
+#include "base/map.h"
 #include "fusebox/lang.h"
+#include "lang_diag.h"
+#include "lang_lex.h"
 
 /* ---------------------------------------------------------------- arena */
 
@@ -26,100 +28,6 @@ typedef struct lang_arena {
 void *la_alloc(lang_arena *a, size_t n); /* zeroed; NULL on failure */
 char *la_strndup(lang_arena *a, const char *s, size_t n);
 void la_free(lang_arena *a);
-
-/* ---------------------------------------------------------------- tokens */
-
-enum {
-  T_EOF = 0,
-  T_NEWLINE,
-  T_IDENT,
-  T_INT,
-  T_FLOAT,
-  T_LPAREN,
-  T_RPAREN,
-  T_LBRACE,
-  T_RBRACE,
-  T_LBRACK,
-  T_RBRACK,
-  T_COMMA,
-  T_COLON,
-  T_SEMI,
-  T_DOT,
-  T_DOTDOT,
-  T_ARROW,
-  T_QUESTION,
-  T_PLUS,
-  T_MINUS,
-  T_STAR,
-  T_SLASH,
-  T_SLASHSLASH,
-  T_PERCENT,
-  T_STARSTAR,
-  T_AT,
-  T_ASSIGN,
-  T_EQ,
-  T_NE,
-  T_LT,
-  T_LE,
-  T_GT,
-  T_GE,
-  T_ANDAND,
-  T_OROR,
-  T_BANG,
-  T_AMP,
-  T_PIPE,
-  T_CARET,
-  T_TILDE,
-  T_SHL,
-  T_SHR,
-  T_PLUSEQ,
-  T_MINUSEQ,
-  T_STAREQ,
-  T_SLASHEQ,
-  T_AMPEQ,
-  T_PIPEEQ,
-  T_CARETEQ,
-  T_MINEQ,
-  T_MAXEQ,
-  T_SLASHSLASHEQ,
-  T_PERCENTEQ,
-  T_STARSTAREQ,
-  T_SHLEQ,
-  T_SHREQ,
-  /* keywords */
-  T_KERNEL,
-  T_FUNC,
-  T_LET,
-  T_VAR,
-  T_IF,
-  T_ELSE,
-  T_WHILE,
-  T_FOR,
-  T_IN,
-  T_BREAK,
-  T_CONTINUE,
-  T_RETURN,
-  T_TRUE,
-  T_FALSE,
-  T_NOT,   /* `not`; `and` and `or` lex as T_ANDAND and T_OROR */
-  T_CONST,
-  T__COUNT
-};
-
-typedef struct token {
-  int kind;
-  int line, col;
-  const char *p; /* into the source */
-  int len;
-  uint64_t ival;
-  double fval;
-} token;
-
-/* Tokenize src. Newlines are tokens only where they can end a statement
- * (after a name, literal, closing bracket or break/continue/return) and
- * outside ( ) and [ ]. Errors go to d; the token array always ends in T_EOF. */
-int lang_lex(const char *src, token **out, int *ntok, fb_diags *d);
-const char *lang_tok_name(int kind); /* "'{'", "identifier", ... */
 
 /* ---------------------------------------------------------------- types */
 
@@ -323,11 +231,6 @@ char *lang_instance_name(fb_program *p, int ki, const lbind *binds);
 /* Type check a func on its own (field and untyped params unknown). */
 int lang_check_func(fb_program *p, int fi, fb_diags *d);
 
-void lang_err(fb_diags *d, int line, int col, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
 
 /* ---------------------------------------------------------------- lowering */
 

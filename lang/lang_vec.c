@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "../arith.h"
+#include "ir/arith.h"
 #include "lang_internal.h"
 
 #define ERR(L, at, ...) ((L)->errors++, lang_err((L)->d, (at)->line, (at)->col, __VA_ARGS__))

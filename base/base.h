@@ -3,7 +3,7 @@
  * the code cache, the optimizer's keys and the one hash table (map.h).
  * Header-only, libc only; nothing here aborts, and growth failures are
  * reported (FB_ENOMEM). Lives in ir/, the bottom layer,
- * so that every other folder may include it ("ir/base.h"). */
+ * so that every other folder may include it ("base/base.h"). */
 #ifndef FB_IR_BASE_H
 #define FB_IR_BASE_H
 

@@ -12,7 +12,7 @@
  * Values are returned as pointers into the table: valid until the next
  * fb_map_put, fb_map_add, fb_map_del, fb_map_reserve or fb_map_free. No
  * locking: the owner serializes. Lives in ir/ (the bottom layer) beside
- * base.h, so every folder may include it ("ir/map.h"). */
+ * base.h, so every folder may include it ("base/map.h"). */
 #ifndef FB_IR_MAP_H
 #define FB_IR_MAP_H
 

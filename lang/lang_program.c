@@ -2,8 +2,8 @@
  * file into a program (lex, parse, layout, register funcs and kernels, type
  * check everything, report every error sorted by position), look up fields
  * and kernels, instantiate kernels per field binding (cached), and render
- * diagnostics with the source line and a caret. Also the arena the syntax
- * tree lives in. */
+ * the warnings (the caret printer itself is in lang_diag.c). Also the arena
+ * the syntax tree lives in. */
 #include <stdio.h>
 
 #include "lang_internal.h"
@@ -104,70 +104,6 @@ static void move_diags(fb_diags *from, fb_diags *to, const char *prefix) {
   fb_diags_free(from);
 }
 
-static const char *line_start(const char *src, int line) {
-  const char *p = src;
-  for (int l = 1; l < line && p; l++) {
-    p = strchr(p, '\n');
-    if (p) p++;
-  }
-  return p;
-}
-
-static char *diag_render_as(const char *filename, const char *src, const fb_diag *d,
-                            const char *sev);
-
-char *fb_diag_render(const char *filename, const char *src, const fb_diag *d) {
-  return diag_render_as(filename, src, d, "error");
-}
-
-static char *diag_render_as(const char *filename, const char *src, const fb_diag *d,
-                            const char *sev) {
-  const char *fn = filename ? filename : "<input>";
-  const char *ls = src && d->line > 0 ? line_start(src, d->line) : NULL;
-  size_t len = ls ? strcspn(ls, "\n") : 0;
-  if (len && ls[len - 1] == '\r') len--;
-  size_t cap = strlen(fn) + strlen(d->msg) + 2 * len + (size_t)(d->col > 0 ? d->col : 0) + 64;
-  char *out = malloc(cap);
-  if (!out) return NULL;
-  if (d->line <= 0) {
-    snprintf(out, cap, "%s: %s: %s\n", fn, sev, d->msg);
-    return out;
-  }
-  int n = snprintf(out, cap, "%s:%d:%d: %s: %s\n", fn, d->line, d->col, sev, d->msg);
-  if (!ls) return out;
-  memcpy(out + n, ls, len);
-  n += (int)len;
-  out[n++] = '\n';
-  for (int i = 0; i + 1 < d->col; i++) out[n++] = (size_t)i < len && ls[i] == '\t' ? '\t' : ' ';
-  out[n++] = '^';
-  out[n++] = '\n';
-  out[n] = 0;
-  return out;
-}
-
-char *fb_diags_render(const char *filename, const char *src, const fb_diags *d) {
-  size_t len = 1, n = 0;
-  char **parts = d && d->n ? calloc((size_t)d->n, sizeof(char *)) : NULL;
-  for (int i = 0; d && i < d->n; i++) {
-    if (!parts || !(parts[i] = fb_diag_render(filename, src, &d->v[i]))) {
-      for (int j = 0; j < i && parts; j++) free(parts[j]);
-      free(parts);
-      return NULL;
-    }
-    len += strlen(parts[i]);
-  }
-  char *out = malloc(len);
-  if (out) out[0] = 0;
-  for (int i = 0; d && i < d->n; i++) {
-    size_t m = strlen(parts[i]);
-    if (out) memcpy(out + n, parts[i], m + 1);
-    n += m;
-    free(parts[i]);
-  }
-  free(parts);
-  return out;
-}
-
 /* ---------------------------------------------------------------- warnings */
 
 const fb_diags *fb_program_warnings(const fb_program *p) { return &p->warnings; }
@@ -178,7 +114,7 @@ char *fb_program_warnings_render(const fb_program *p) {
   if (!out) return NULL;
   out[0] = 0;
   for (int i = 0; i < p->warnings.n; i++) {
-    char *r = diag_render_as(p->filename, p->src, &p->warnings.v[i], "warning");
+    char *r = lang_diag_render_as(p->filename, p->src, &p->warnings.v[i], "warning");
     char *o = r ? realloc(out, len + strlen(r)) : NULL;
     if (!o) {
       free(r);
@@ -228,7 +164,7 @@ static void interleave_notes(fb_program *p, const node *x) {
 
 /* ---------------------------------------------------------------- declarations */
 
-/* A set of names with a value each (the shared table, ir/map.h, keyed by
+/* A set of names with a value each (the shared table, base/map.h, keyed by
  * the name's FNV-1a hash; each entry of a hash is confirmed by comparing
  * the name, so colliding names stay apart), so that the declaration checks
  * stay linear in the number of names: fuseboxd parses clients' source, and
