@@ -327,7 +327,8 @@ static int materialize(fb_opt *o) {
     const fb_kernel *k = fb_bank_ir(o->bank, e->ir);
     const fb_task_meta *m = fb_bank_meta(o->bank, e->ir);
     if (!k || !m) return fail(o, FB_ENOMEM, "task metadata: out of memory");
-    int rc = insert_node(o, e->ir, k, m, o->largs + e->argoff, e->nargs, e->launch, e->index);
+    const uint64_t *args = e->nargs ? o->largs + e->argoff : NULL; /* largs: NULL until one */
+    int rc = insert_node(o, e->ir, k, m, args, e->nargs, e->launch, e->index);
     if (rc) return rc;
     fb_bank_unref(o->bank, e->ir); /* the log's reference */
     o->built++;
