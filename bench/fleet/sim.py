@@ -257,9 +257,9 @@ def waterfill(caps, weights, capacity=1.0):
     n = len(caps)
     share = [0.0] * n
     left = capacity
-    todo = sorted(range(n), key=lambda i: caps[i] / weights[i])
+    pending = sorted(range(n), key=lambda i: caps[i] / weights[i])
     wsum = sum(weights)
-    for k, i in enumerate(todo):
+    for k, i in enumerate(pending):
         fair = left * weights[i] / wsum
         share[i] = min(caps[i], fair)
         left -= share[i]
