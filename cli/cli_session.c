@@ -2,7 +2,7 @@
  * JSON path), ${param} substitution in the program text and in values, and
  * the runner for setup / step / checks on an engine session. */
 #define _GNU_SOURCE
-#include "client/cli_session.h"
+#include "cli/cli_session.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -18,7 +18,7 @@
 
 #include "base/base.h"
 #include "base/map.h"
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "fusebox/client.h"
 
 /* ---------------------------------------------------------------- errors */

@@ -19,7 +19,7 @@
 #include <jansson.h>
 #include <png.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "support.h"
 
 static char tmpdir[256];
@@ -596,7 +596,7 @@ START_TEST(launch_errors_fail_every_path) {
 END_TEST
 
 /* The runner resolves an action once (its path, kernel and arguments) and
- * launches from that on every later run of it (client/cli_session.c,
+ * launches from that on every later run of it (cli/cli_session.c,
  * act_memo): an error on a later run still names that action, with the
  * launch number counted over every run, in both modes and in bench. */
 START_TEST(repeated_action_errors_name_their_launch) {
@@ -1378,7 +1378,7 @@ START_TEST(outputs_stay_inside) {
 }
 END_TEST
 
-/* fb_out_open itself (client/cli_outfile.c, linked into this test), both
+/* fb_out_open itself (cli/cli_outfile.c, linked into this test), both
  * ways: openat2 and the O_NOFOLLOW walk that stands in where the kernel
  * lacks it. */
 START_TEST(out_open_both_ways) {
