@@ -737,6 +737,10 @@ struct fb_sess_run {
   size_t keylen;
   char *ckpt_files[2];
   uint64_t ckpt_at; /* launches at the last checkpoint (or the resume) */
+  /* a session on a fuseboxd restored from a checkpoint numbers its
+   * launches (seq) from 1 again: launch n of the run is seq n - seq_base */
+  uint64_t seq_base;
+  int in_tape; /* between fb_remote_tape_begin and _end: no checkpoint */
   /* how many times each save action has come up (its {step}) */
   struct {
     json_t *action;
@@ -936,7 +940,8 @@ static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value 
                      : e->kernel >= 0 && e->kernel < r->nrnames && r->rnames[e->kernel]
                          ? r->rnames[e->kernel]
                          : "?";
-    return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1, kn, e->msg, err);
+    return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1 + r->seq_base, kn, e->msg,
+                        err);
   }
   if (!rc && res.errors_dropped)
     rc =
@@ -958,10 +963,14 @@ void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
   else fb_session_counters(r->s, c);
 }
 
+static int resume_remote(fb_sess_run *r, const fb_remote_options *ro, const char *file,
+                         char **err);
+
 /* The session on a server: --server ADDR, or a private fuseboxd on a unix
- * socket that lives as long as this run. */
+ * socket that lives as long as this run; from the checkpoint `resume`
+ * (a file here) when not NULL. */
 static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
-                        char **err) {
+                        const char *resume, char **err) {
   char msg[1024] = "", exe[1024], sock[320];
   const char *addr = r->o.server;
   if (!addr) {
@@ -1002,6 +1011,7 @@ static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_s
     ro.fusion = !!(cfg->passes & FB_PASSES_FUSION);
     ro.dse = !!(cfg->passes & FB_PASSES_DSE);
   }
+  if (resume) return resume_remote(r, &ro, resume, err);
   rc = fb_remote_open_program(r->cli, &ro, r->f->prog, &r->rem);
   if (rc)
     return errf(err, rc, "%s: cannot open a session on %s: %s", r->f->path, addr,
@@ -1056,15 +1066,18 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
       .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
       .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
   session_async_options(sc, o->passes_off, &cfg);
-  if ((o->server || o->private_server) &&
-      (o->resume || o->ckpt_every || (sc && json_object_get(sc, "resume")))) {
-    fb_sess_stop(r);
-    return errf(err, FB_EUNSUPPORTED,
-                "checkpoints of a session on a fuseboxd are not supported by this CLI yet; run "
-                "with --local");
-  }
+  const char *resume = o->resume ? o->resume
+                       : sc && json_is_string(json_object_get(sc, "resume"))
+                           ? json_string_value(json_object_get(sc, "resume"))
+                           : NULL;
+  char *rp = NULL; /* session.resume: beside the JSON file */
+  if (resume && !o->resume && resume[0] != '/' && f->dir[0] &&
+      asprintf(&rp, "%s/%s", f->dir, resume) < 0)
+    rp = NULL;
+  if (rp) resume = rp;
   if (o->server || o->private_server) {
-    int rc = start_remote(r, sc, mode, &cfg, err);
+    int rc = start_remote(r, sc, mode, &cfg, resume, err);
+    free(rp);
     if (rc) {
       fb_sess_stop(r);
       return rc;
@@ -1079,18 +1092,12 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   char msg[1024] = "";
   int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
   if (rc) {
+    free(rp);
     free(r);
     return errf(err, rc, "%s: $.session.backend: %s", f->path, msg);
   }
-  const char *resume = o->resume ? o->resume
-                       : sc && json_is_string(json_object_get(sc, "resume"))
-                           ? json_string_value(json_object_get(sc, "resume"))
-                           : NULL;
   if (resume) {
-    char *rp = NULL; /* session.resume: beside the JSON file */
-    if (!o->resume && resume[0] != '/' && f->dir[0] && asprintf(&rp, "%s/%s", f->dir, resume) < 0)
-      rp = NULL;
-    rc = resume_session(r, rp ? rp : resume, &cfg, err);
+    rc = resume_session(r, resume, &cfg, err);
     free(rp);
     if (rc) {
       fb_sess_stop(r);
@@ -1099,6 +1106,7 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
     *out = r;
     return 0;
   }
+  free(rp);
   rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
     fb_engine_destroy(r->eng);
@@ -1198,6 +1206,11 @@ static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
 
 static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **binds, int nb,
                          const fb_value *vals, int nv, int grad, const char *path, char **err) {
+  if (r->skip) { /* it ran before the checkpoint the session resumed from */
+    if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+    r->skip--;
+    return 0;
+  }
   int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
   if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
   if (grad && (id = grad == 2 ? fb_remote_kernel_tangent(r->rem, id)
@@ -1218,9 +1231,9 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
     r->nlaunch--; /* refused here: the server never saw it */
     return errf(err, (int)seq, "%s: launching %s: %s", path, lk->name, sess_errmsg(r));
   }
-  if ((uint64_t)seq != r->nlaunch) /* our count and the server's must agree */
-    return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
-                (unsigned long long)r->nlaunch);
+  if ((uint64_t)seq + r->seq_base != r->nlaunch) /* our count and the server's must agree */
+    return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
+                (unsigned long long)((uint64_t)seq + r->seq_base), (unsigned long long)r->nlaunch);
   if (!r->o.verbose || lk->ret == FB_T_VOID) return 0;
   fb_value ret;
   int rc = remote_sync(r, path, (uint64_t)seq, &ret, err);
@@ -1315,7 +1328,10 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
   if (r->rem) {
     if ((rc = fb_remote_tape_begin(r->rem, fld->places[0])))
       return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
-    if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
+    r->in_tape = 1;
+    rc = run_list(r, json_object_get(a, "do"), sub, err);
+    r->in_tape = 0;
+    if (rc) return rc;
     /* its errors come with the next sync (a refused adjoint names its launch) */
     if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
     return 0;
@@ -1591,6 +1607,10 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
                       (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
     }
     if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+    if (r->skip) { /* it ran before the checkpoint the session resumed from */
+      r->skip--;
+      continue;
+    }
     if (r->rem) {
       int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
                     : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
@@ -1600,13 +1620,10 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
         /* a refused target is the action's; a bad index, its cell's */
         return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
       }
-      if ((uint64_t)seq != r->nlaunch)
-        return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
+      if ((uint64_t)seq + r->seq_base != r->nlaunch)
+        return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
+                    (unsigned long long)((uint64_t)seq + r->seq_base),
                     (unsigned long long)r->nlaunch);
-      continue;
-    }
-    if (r->skip) { /* it ran before the checkpoint the session resumed from */
-      r->skip--;
       continue;
     }
     fb_value ret;
@@ -1768,8 +1785,10 @@ static int do_save(fb_sess_run *r, json_t *a, const char *path, char **err) {
 }
 
 /* ---------------------------------------------------------------- checkpoints
- * docs/checkpoint.md "The CLI": sealed files (engine/seal.c) under the
- * local key, owner "" (a local run has no tenant). */
+ * docs/checkpoint.md "The CLI": in-process, sealed files (engine/seal.c)
+ * under the local key, owner "" (a local run has no tenant); on a fuseboxd,
+ * the server seals the session under its own key and the file streams here
+ * (fb_remote_checkpoint), and a resume uploads it (fb_remote_restore). */
 
 /* The local key: --checkpoint-key FILE (which must exist), else
  * $XDG_CONFIG_HOME/fusebox/checkpoint.key (~/.config/...), made 0600 on
@@ -1831,25 +1850,34 @@ static int sealed_to_fd(fb_sess_run *r, int fd, const char *shown, char **err) {
   return 0;
 }
 
-static int need_local(fb_sess_run *r, const char *path, char **err) {
-  if (!r->rem) return 0;
-  return errf(err, FB_EUNSUPPORTED,
-              "%s: checkpoints of a session on a fuseboxd are not supported by this CLI yet; "
-              "run with --local",
-              path);
+/* The session on a fuseboxd as a checkpoint into the file `file` (the
+ * server seals it; libfusebox writes a temporary twin, syncs, renames). */
+static int remote_to_file(fb_sess_run *r, const char *file, const char *what, char **err) {
+  int rc = fb_remote_checkpoint(r->rem, file, NULL, 0);
+  if (rc) return errf(err, rc, "%s: %s", what, sess_errmsg(r));
+  return 0;
 }
 
 /* {"checkpoint": NAME}: a sealed checkpoint into NAME under the output
  * directory (as "save" files are). */
 static int do_checkpoint(fb_sess_run *r, json_t *a, const char *path, char **err) {
-  int rc = need_local(r, path, err);
-  if (rc) return rc;
+  int rc;
   const char *name = json_string_value(json_object_get(a, "checkpoint"));
   char msg[1024];
   char *shown = output_shown(r, name);
   FILE *f = fb_out_open(output_dir(r), name, msg, sizeof msg);
-  if (!f) {
-    rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, msg);
+  if (!f || !shown) {
+    rc = f ? errf(err, FB_ENOMEM, "%s: out of memory", path)
+           : errf(err, FB_EIO, "%s.checkpoint: %s", path, msg);
+    if (f) fclose(f);
+    free(shown);
+    return rc;
+  }
+  if (r->rem) { /* the place is checked and made (as for any output); the server's file goes there */
+    fclose(f);
+    char what[1100];
+    snprintf(what, sizeof what, "%.1000s.checkpoint", path);
+    rc = remote_to_file(r, shown, what, err);
     free(shown);
     return rc;
   }
@@ -1867,9 +1895,10 @@ static int do_checkpoint(fb_sess_run *r, json_t *a, const char *path, char **err
  * DIR/NAME-LAUNCHES.fbck, written to a temporary file, synced, renamed;
  * the one before the previous is removed. */
 static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
-  if (!r->o.ckpt_every || r->skip || !r->s) return 0;
-  uint64_t n = fb_session_launches(r->s);
-  if (n - r->ckpt_at < r->o.ckpt_every || fb_session_tape_loss(r->s) >= 0) return 0;
+  if (!r->o.ckpt_every || r->skip || (!r->s && !r->rem)) return 0;
+  uint64_t n = r->rem ? r->nlaunch : fb_session_launches(r->s);
+  if (n - r->ckpt_at < r->o.ckpt_every || (r->rem ? r->in_tape : fb_session_tape_loss(r->s) >= 0))
+    return 0;
   const char *name = r->f->name ? r->f->name : "session";
   char *file = NULL, *tmp = NULL;
   if (asprintf(&file, "%s/%s-%012llu.fbck", r->o.ckpt_dir, name, (unsigned long long)n) < 0)
@@ -1879,6 +1908,17 @@ static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
     free(file);
     free(tmp);
     return errf(err, FB_ENOMEM, "out of memory");
+  }
+  if (r->rem) { /* libfusebox writes it whole or not at all, as below */
+    char what[1100];
+    snprintf(what, sizeof what, "%.1000s: --checkpoint-dir", path);
+    int rc = remote_to_file(r, file, what, err);
+    free(tmp);
+    if (rc) {
+      free(file);
+      return rc;
+    }
+    goto written;
   }
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
   int rc = fd < 0 ? errf(err, FB_EIO, "%s: --checkpoint-dir: %s: %s", path, tmp, strerror(errno))
@@ -1893,6 +1933,7 @@ static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
     return rc;
   }
   free(tmp);
+written:;
   int dfd = open(r->o.ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd); /* the rename too */
@@ -1947,6 +1988,30 @@ static int resume_session(fb_sess_run *r, const char *file, const fb_session_con
                 file, r->f->path);
   r->restored = 1;
   r->skip = r->ckpt_at = fb_session_launches(r->s);
+  return 0;
+}
+
+/* The run's session on the fuseboxd from the checkpoint `file` (made by
+ * fb_remote_checkpoint, a --server run's --checkpoint-dir or "checkpoint"
+ * action): uploaded; the server checks its seal, owner, format and quotas. */
+static int resume_remote(fb_sess_run *r, const fb_remote_options *ro, const char *file,
+                         char **err) {
+  int rc = fb_remote_restore(r->cli, ro, file, NULL, &r->rem);
+  if (rc) { /* "restore: Restore: the checkpoint was modified ...": the words after the call's names */
+    const char *m = fb_client_errmsg(r->cli);
+    if (!strncmp(m, "restore: ", 9)) m += 9;
+    if (!strncmp(m, "Restore: ", 9)) m += 9;
+    return errf(err, rc, "resume: %s: %s", file, m);
+  }
+  if (!fb_layout_equal(fb_remote_layout(r->rem), fb_program_layout(r->f->prog)))
+    return errf(err, FB_EINVAL,
+                "resume: %s: the checkpoint is of a session with other fields than %s's program",
+                file, r->f->path);
+  fb_counters c;
+  if ((rc = fb_remote_counters(r->rem, &c)))
+    return errf(err, rc, "resume: %s: %s", file, sess_errmsg(r));
+  r->restored = 1;
+  r->skip = r->ckpt_at = r->seq_base = c.launches;
   return 0;
 }
 
