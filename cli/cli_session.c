@@ -688,9 +688,62 @@ typedef struct act_memo {
   fb_type ret;  /* what it returns */
 } act_memo;
 
+/* ---------------------------------------------------------------- where a session runs
+ * The runner asks the same things of a session in this process (the
+ * engine) and of one on a fuseboxd (libfusebox): one table of those
+ * operations, with an implementation for each place (local_place,
+ * remote_place, below), chosen once in fb_sess_start. Every place the two
+ * differ is a line of the table, not an `if` among the actions. */
+typedef struct launch_req { /* a "launch" action, its kernel and arguments checked */
+  json_t *a;
+  uint32_t *ix; /* its memo (r->act), NULL when run outside a list */
+  const char *name;
+  const fb_lang_kernel *lk;
+  const char **binds;
+  int nb;
+  const fb_value *vals;
+  int nv;
+  int grad; /* 1: "k.grad", 2: "k.dual" */
+} launch_req;
+
+typedef struct sess_place {
+  /* the session: new, or from the checkpoint `resume` (a file) */
+  int (*open)(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
+              const char *resume, char **err);
+  const char *(*errmsg)(const fb_sess_run *r);
+  void (*backend)(fb_sess_run *r, char *buf, size_t n);
+  void (*device)(fb_sess_run *r, char *buf, size_t n);
+  /* register (first time) and launch; a launch the checkpoint holds is noted and passed over */
+  int (*launch)(fb_sess_run *r, const launch_req *q, const char *path, char **err);
+  /* activate / deactivate / deactivate_all: what the cells' launches need
+   * (the local kernel's id), then one cell's launch (after its bounds) */
+  int (*host_begin)(fb_sess_run *r, fb_host_op op, const char *target, const char *path,
+                    char **err);
+  int (*host_cell)(fb_sess_run *r, fb_host_op op, const char *target, int id, const int64_t *idx,
+                   const fb_value *vals, int nidx, const char *path, const char *sub, char **err);
+  /* {"tape": loss, "do": body}: body's launches recorded, then the gradients */
+  int (*tape)(fb_sess_run *r, int loss_place, json_t *body, const char *sub, const char *end,
+              const char *path, char **err);
+  /* before the host touches fields: a launch before that failed is named */
+  int (*settle)(fb_sess_run *r, const char *path, char **err);
+  int (*field_read)(fb_sess_run *r, int place, void *dst, size_t bytes);
+  int (*field_write)(fb_sess_run *r, int place, const void *src, size_t bytes, const char *name,
+                     const char *path, char **err);
+  int (*flush)(fb_sess_run *r, const char *path, char **err);
+  int (*sync)(fb_sess_run *r, const char *path, char **err);
+  void (*counters)(fb_sess_run *r, fb_counters *c);
+  /* launches so far for --checkpoint-every; -1 inside a tape (no checkpoint there) */
+  int64_t (*ckpt_count)(fb_sess_run *r);
+  /* a checkpoint into f (fb_out_open's, may be NULL) or, whole or not at all, into file */
+  int (*checkpoint)(fb_sess_run *r, FILE *f, const char *file, const char *what, char **err);
+} sess_place;
+
+static const sess_place local_place, remote_place;
+
 struct fb_sess_run {
   fb_sess_file *f;
   fb_sess_opts o;
+  const sess_place *at; /* where the session runs */
   fb_engine *eng;
   fb_session *s;
   fb_client *cli;
@@ -756,20 +809,31 @@ struct fb_sess_run {
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
 
-void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) {
+void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) { r->at->backend(r, buf, n); }
+
+void fb_sess_device(fb_sess_run *r, char *buf, size_t n) { r->at->device(r, buf, n); }
+
+static const char *sess_errmsg(const fb_sess_run *r) { return r->at->errmsg(r); }
+
+static void local_backend(fb_sess_run *r, char *buf, size_t n) {
+  snprintf(buf, n, "%s", r->eng ? fb_engine_backend(r->eng) : "?");
+}
+
+static void remote_backend(fb_sess_run *r, char *buf, size_t n) {
   fb_server_info info;
-  if (r->eng) snprintf(buf, n, "%s", fb_engine_backend(r->eng));
-  else if (r->cli && fb_client_info(r->cli, &info) == 0) snprintf(buf, n, "%s", info.backend);
+  if (r->cli && fb_client_info(r->cli, &info) == 0) snprintf(buf, n, "%s", info.backend);
   else snprintf(buf, n, "?");
 }
 
-void fb_sess_device(fb_sess_run *r, char *buf, size_t n) {
+static void local_device(fb_sess_run *r, char *buf, size_t n) {
   snprintf(buf, n, "%s", r->eng ? fb_engine_device(r->eng) : "");
 }
 
-static const char *sess_errmsg(const fb_sess_run *r) {
-  return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
-}
+static void remote_device(fb_sess_run *r, char *buf, size_t n) { snprintf(buf, n, "%s", ""); }
+
+static const char *local_errmsg(const fb_sess_run *r) { return fb_session_errmsg(r->s); }
+
+static const char *remote_errmsg(const fb_sess_run *r) { return fb_remote_errmsg(r->rem); }
 
 /* ---------------------------------------------------------------- launch errors */
 
@@ -951,16 +1015,58 @@ static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value 
   return rc;
 }
 
-int fb_sess_sync(fb_sess_run *r, char **err) {
-  if (r->rem) return remote_sync(r, "sync", 0, NULL, err);
-  int rc = fb_sync(r->s);
-  return rc ? local_error(r, rc, "sync", NULL, err) : 0;
-}
+int fb_sess_sync(fb_sess_run *r, char **err) { return r->at->sync(r, "sync", err); }
 
 void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
   memset(c, 0, sizeof *c);
-  if (r->rem) fb_remote_counters(r->rem, c);
-  else fb_session_counters(r->s, c);
+  r->at->counters(r, c);
+}
+
+static int local_sync(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_sync(r->s);
+  return rc ? local_error(r, rc, path, NULL, err) : 0;
+}
+
+static int remote_sync_all(fb_sess_run *r, const char *path, char **err) {
+  return remote_sync(r, path, 0, NULL, err);
+}
+
+static int local_settle(fb_sess_run *r, const char *path, char **err) {
+  return 0; /* a field read or write waits for the launches itself and names a failed one */
+}
+
+static void local_counters(fb_sess_run *r, fb_counters *c) { fb_session_counters(r->s, c); }
+
+static void remote_counters(fb_sess_run *r, fb_counters *c) { fb_remote_counters(r->rem, c); }
+
+static int local_flush(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_flush(r->s);
+  return rc ? local_error(r, rc, path, NULL, err) : 0;
+}
+
+static int remote_flush(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_remote_flush(r->rem);
+  return rc ? errf(err, rc, "%s: %s", path, sess_errmsg(r)) : 0;
+}
+
+static int local_field_read(fb_sess_run *r, int place, void *dst, size_t bytes) {
+  return fb_field_read(r->s, place, dst, bytes);
+}
+
+static int remote_field_read(fb_sess_run *r, int place, void *dst, size_t bytes) {
+  return fb_remote_field_read(r->rem, place, dst, bytes);
+}
+
+static int local_field_write(fb_sess_run *r, int place, const void *src, size_t bytes,
+                             const char *name, const char *path, char **err) {
+  int rc = fb_field_write(r->s, place, src, bytes);
+  return rc ? local_error(r, rc, path, "writing", err) : 0;
+}
+
+static int remote_field_write(fb_sess_run *r, int place, const void *src, size_t bytes,
+                              const char *name, const char *path, char **err) {
+  int rc = fb_remote_field_write(r->rem, place, src, bytes);
+  return rc ? errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r)) : 0;
 }
 
 static int resume_remote(fb_sess_run *r, const fb_remote_options *ro, const char *file,
@@ -1046,6 +1152,26 @@ static void session_async_options(json_t *sc, unsigned off, fb_session_config *c
 static int resume_session(fb_sess_run *r, const char *file, const fb_session_config *cfg,
                           char **err);
 
+/* The session in this process: an engine, and a session made new or
+ * restored from the sealed checkpoint `resume`. */
+static int local_open(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
+                      const char *resume, char **err) {
+  const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
+                            ? json_string_value(json_object_get(sc, "backend"))
+                            : "auto";
+  fb_engine_config ec = {
+      .backend = backend,
+      .cpu_threads = r->o.cpu_threads,
+      .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
+  char msg[1024] = "";
+  int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s: $.session.backend: %s", r->f->path, msg);
+  if (resume) return resume_session(r, resume, cfg, err);
+  rc = fb_session_create(r->eng, cfg, fb_program_layout(r->f->prog), &r->s, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s: cannot create the session: %s", r->f->path, msg);
+  return 0;
+}
+
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
   fb_sess_run *r = calloc(1, sizeof *r);
   if (r) fb_map_init(&r->acts, sizeof(uint32_t));
@@ -1053,10 +1179,8 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   r->f = f;
   r->o = *o;
   if (!r->o.out) r->o.out = stdout;
+  r->at = o->server || o->private_server ? &remote_place : &local_place;
   json_t *sc = json_object_get(f->root, "session");
-  const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
-                            ? json_string_value(json_object_get(sc, "backend"))
-                            : "auto";
   const char *mode = o->mode ? o->mode
                      : sc && json_is_string(json_object_get(sc, "mode"))
                          ? json_string_value(json_object_get(sc, "mode"))
@@ -1074,44 +1198,11 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   if (resume && !o->resume && resume[0] != '/' && f->dir[0] &&
       asprintf(&rp, "%s/%s", f->dir, resume) < 0)
     rp = NULL;
-  if (rp) resume = rp;
-  if (o->server || o->private_server) {
-    int rc = start_remote(r, sc, mode, &cfg, resume, err);
-    free(rp);
-    if (rc) {
-      fb_sess_stop(r);
-      return rc;
-    }
-    *out = r;
-    return 0;
-  }
-  fb_engine_config ec = {
-      .backend = backend,
-      .cpu_threads = o->cpu_threads,
-      .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
-  char msg[1024] = "";
-  int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
-  if (rc) {
-    free(rp);
-    free(r);
-    return errf(err, rc, "%s: $.session.backend: %s", f->path, msg);
-  }
-  if (resume) {
-    rc = resume_session(r, resume, &cfg, err);
-    free(rp);
-    if (rc) {
-      fb_sess_stop(r);
-      return rc;
-    }
-    *out = r;
-    return 0;
-  }
+  int rc = r->at->open(r, sc, mode, &cfg, rp ? rp : resume, err);
   free(rp);
-  rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
   if (rc) {
-    fb_engine_destroy(r->eng);
-    free(r);
-    return errf(err, rc, "%s: cannot create the session: %s", f->path, msg);
+    fb_sess_stop(r);
+    return rc;
   }
   *out = r;
   return 0;
@@ -1204,8 +1295,11 @@ static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
   return FB_ETYPE;
 }
 
-static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **binds, int nb,
-                         const fb_value *vals, int nv, int grad, const char *path, char **err) {
+static int remote_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err) {
+  const fb_lang_kernel *lk = q->lk;
+  const char **binds = q->binds;
+  const fb_value *vals = q->vals;
+  int nb = q->nb, nv = q->nv, grad = q->grad;
   if (r->skip) { /* it ran before the checkpoint the session resumed from */
     if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
     r->skip--;
@@ -1324,21 +1418,29 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
   snprintf(sub, sizeof sub, "%.1000s.do", path);
   char end[1024];
   snprintf(end, sizeof end, "%.1000s (the tape's end)", path);
+  return r->at->tape(r, fld->places[0], json_object_get(a, "do"), sub, end, path, err);
+}
+
+static int remote_tape(fb_sess_run *r, int loss, json_t *body, const char *sub, const char *end,
+                       const char *path, char **err) {
   int rc;
-  if (r->rem) {
-    if ((rc = fb_remote_tape_begin(r->rem, fld->places[0])))
-      return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
-    r->in_tape = 1;
-    rc = run_list(r, json_object_get(a, "do"), sub, err);
-    r->in_tape = 0;
-    if (rc) return rc;
-    /* its errors come with the next sync (a refused adjoint names its launch) */
-    if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
-    return 0;
-  }
-  if ((rc = fb_session_tape_begin(r->s, fld->places[0])))
+  if ((rc = fb_remote_tape_begin(r->rem, loss)))
+    return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
+  r->in_tape = 1;
+  rc = run_list(r, body, sub, err);
+  r->in_tape = 0;
+  if (rc) return rc;
+  /* its errors come with the next sync (a refused adjoint names its launch) */
+  if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
+  return 0;
+}
+
+static int local_tape(fb_sess_run *r, int loss, json_t *body, const char *sub, const char *end,
+                      const char *path, char **err) {
+  int rc;
+  if ((rc = fb_session_tape_begin(r->s, loss)))
     return errf(err, rc, "%s.tape: %s", path, fb_session_errmsg(r->s));
-  if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
+  if ((rc = run_list(r, body, sub, err))) return rc;
   fb_counters before;
   fb_session_counters(r->s, &before);
   rc = fb_session_tape_end(r->s);
@@ -1347,6 +1449,7 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
 }
 
 static int launch_resolved(fb_sess_run *r, const act_memo *m, const char *path, char **err);
+static int local_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err);
 
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   uint32_t *ix = fb_map_get(&r->acts, (uint64_t)(uintptr_t)a);
@@ -1380,7 +1483,19 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                   fb_type_name(lk->params[i].type));
     }
   }
-  if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, grad, path, err);
+  launch_req q = {a, ix, name, lk, binds, nb, vals, nv, grad};
+  return r->at->launch(r, &q, path, err);
+}
+
+/* Register (the first time) and launch in the in-process session: the
+ * action is resolved once, its later runs go straight to launch_resolved. */
+static int local_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err) {
+  const fb_lang_kernel *lk = q->lk;
+  const char *name = q->name;
+  const char **binds = q->binds;
+  const fb_value *vals = q->vals;
+  int nb = q->nb, nv = q->nv, grad = q->grad;
+  uint32_t *ix = q->ix;
   fb_kernel *ir;
   fb_diags d;
   fb_diags_init(&d);
@@ -1476,8 +1591,7 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
   }
   for (int c = 0; c < fld->ncomp; c++) {
     uint8_t *dst = fld->ncomp > 1 ? tmp : out->data;
-    rc = r->rem ? fb_remote_field_read(r->rem, fld->places[c], dst, (size_t)cells * es)
-                : fb_field_read(r->s, fld->places[c], dst, (size_t)cells * es);
+    rc = r->at->field_read(r, fld->places[c], dst, (size_t)cells * es);
     if (rc) {
       free(tmp);
       fb_npy_free(out);
@@ -1506,7 +1620,7 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   rc = fb_npy_read(file, &arr, msg, sizeof msg);
   free(file);
   if (rc) return errf(err, rc, "%s.from: %s", path, msg);
-  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err))) { /* launches before it failed? */
+  if ((rc = r->at->settle(r, path, err))) { /* launches before it failed? */
     fb_npy_free(&arr);
     return rc;
   }
@@ -1523,13 +1637,11 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
     for (int64_t i = 0; i < cells; i++)
       memcpy(tmp + (size_t)i * es,
              (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
-    rc = r->rem ? fb_remote_field_write(r->rem, fld->places[c], tmp, (size_t)cells * es)
-                : fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
+    rc = r->at->field_write(r, fld->places[c], tmp, (size_t)cells * es, name, path, err);
   }
   free(tmp);
   fb_npy_free(&arr);
-  if (rc && !r->rem) return local_error(r, rc, path, "writing", err);
-  if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r));
+  if (rc) return rc;
   return tmp ? 0 : FB_ENOMEM;
 }
 
@@ -1575,7 +1687,7 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *target = json_string_value(json_object_get(a, keys[op]));
   json_t *cells = json_object_get(a, "cells");
   size_t ncell = op == FB_HOST_DEACTIVATE_ALL ? 1 : json_array_size(cells);
-  int id = r->rem ? 0 : local_host_kernel(r, op, target, path, err);
+  int id = r->at->host_begin(r, op, target, path, err);
   if (id < 0) return id;
   for (size_t c = 0; c < ncell; c++) {
     int64_t idx[FB_MAX_AXES];
@@ -1594,51 +1706,72 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
     char sub[1100];
     if (op == FB_HOST_DEACTIVATE_ALL) snprintf(sub, sizeof sub, "%s", path);
     else snprintf(sub, sizeof sub, "%.1000s.cells[%zu]", path, c);
-    if (!r->rem) {
-      const fb_snode *sn = NULL;
-      int snid, nd;
-      char msg[512];
-      if (fb_host_target(r->f->prog, target, &snid, &nd, msg, sizeof msg) == 0)
-        sn = &fb_program_layout(r->f->prog)->nodes[snid];
-      for (int d = 0; sn && d < nidx; d++)
-        if (idx[d] < 0 || idx[d] >= sn->shape[sn->dim_axis[d]])
-          return errf(err, FB_EBOUNDS,
-                      "%s: index %lld (number %d) is out of bounds of '%s' (0 .. %lld)", sub,
-                      (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
-    }
-    if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
-    if (r->skip) { /* it ran before the checkpoint the session resumed from */
-      r->skip--;
-      continue;
-    }
-    if (r->rem) {
-      int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
-                    : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
-                                               : fb_remote_deactivate_all(r->rem, target);
-      if (seq < 0) {
-        r->nlaunch--; /* refused here: the server never saw it */
-        /* a refused target is the action's; a bad index, its cell's */
-        return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
-      }
-      if ((uint64_t)seq + r->seq_base != r->nlaunch)
-        return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
-                    (unsigned long long)((uint64_t)seq + r->seq_base),
-                    (unsigned long long)r->nlaunch);
-      continue;
-    }
-    fb_value ret;
-    fb_counters before, after;
-    fb_session_counters(r->s, &before);
-    int rc = fb_launch(r->s, id, vals, nidx, &ret);
-    if (rc) {
-      uint64_t n;
-      if (fb_session_error_launch(r->s, &n, NULL) == 0) return local_error(r, rc, path, NULL, err);
-      fb_session_counters(r->s, &after);
-      if (after.launches > before.launches)
-        return launch_error(r, rc, r->nlaunch - 1, local_kernel_name(r, id),
-                            fb_session_errmsg(r->s), err);
-      return errf(err, rc, "%s: %s", sub, fb_session_errmsg(r->s));
-    }
+    int rc = r->at->host_cell(r, op, target, id, idx, vals, nidx, path, sub, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int remote_host_begin(fb_sess_run *r, fb_host_op op, const char *target, const char *path,
+                             char **err) {
+  return 0; /* libfusebox adds the kernel on the server the first time */
+}
+
+/* Note the cell's launch; 1 when the checkpoint the session resumed from holds it. */
+static int host_noted(fb_sess_run *r, const char *path, char **err) {
+  if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  if (r->skip) { /* it ran before the checkpoint the session resumed from */
+    r->skip--;
+    return 1;
+  }
+  return 0;
+}
+
+static int remote_host_cell(fb_sess_run *r, fb_host_op op, const char *target, int id,
+                            const int64_t *idx, const fb_value *vals, int nidx, const char *path,
+                            const char *sub, char **err) {
+  int rc = host_noted(r, path, err);
+  if (rc) return rc > 0 ? 0 : rc;
+  int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
+                : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
+                                           : fb_remote_deactivate_all(r->rem, target);
+  if (seq < 0) {
+    r->nlaunch--; /* refused here: the server never saw it */
+    /* a refused target is the action's; a bad index, its cell's */
+    return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
+  }
+  if ((uint64_t)seq + r->seq_base != r->nlaunch)
+    return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
+                (unsigned long long)((uint64_t)seq + r->seq_base), (unsigned long long)r->nlaunch);
+  return 0;
+}
+
+static int local_host_cell(fb_sess_run *r, fb_host_op op, const char *target, int id,
+                           const int64_t *idx, const fb_value *vals, int nidx, const char *path,
+                           const char *sub, char **err) {
+  const fb_snode *sn = NULL;
+  int snid, nd;
+  char msg[512];
+  if (fb_host_target(r->f->prog, target, &snid, &nd, msg, sizeof msg) == 0)
+    sn = &fb_program_layout(r->f->prog)->nodes[snid];
+  for (int d = 0; sn && d < nidx; d++)
+    if (idx[d] < 0 || idx[d] >= sn->shape[sn->dim_axis[d]])
+      return errf(err, FB_EBOUNDS, "%s: index %lld (number %d) is out of bounds of '%s' (0 .. %lld)",
+                  sub, (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
+  int rc = host_noted(r, path, err);
+  if (rc) return rc > 0 ? 0 : rc;
+  fb_value ret;
+  fb_counters before, after;
+  fb_session_counters(r->s, &before);
+  rc = fb_launch(r->s, id, vals, nidx, &ret);
+  if (rc) {
+    uint64_t n;
+    if (fb_session_error_launch(r->s, &n, NULL) == 0) return local_error(r, rc, path, NULL, err);
+    fb_session_counters(r->s, &after);
+    if (after.launches > before.launches)
+      return launch_error(r, rc, r->nlaunch - 1, local_kernel_name(r, id),
+                          fb_session_errmsg(r->s), err);
+    return errf(err, rc, "%s: %s", sub, fb_session_errmsg(r->s));
   }
   return 0;
 }
@@ -1671,8 +1804,7 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
                       const char *path, char **err) {
   char msg[1024];
   int rc;
-  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err)))
-    return rc; /* launches before it failed? */
+  if ((rc = r->at->settle(r, path, err))) return rc; /* launches before it failed? */
   char *shown = output_shown(r, file);
   if (!shown) return errf(err, FB_ENOMEM, "%s: out of memory", path);
   if (!fb_png_is_name(file)) {
@@ -1852,10 +1984,33 @@ static int sealed_to_fd(fb_sess_run *r, int fd, const char *shown, char **err) {
 
 /* The session on a fuseboxd as a checkpoint into the file `file` (the
  * server seals it; libfusebox writes a temporary twin, syncs, renames). */
-static int remote_to_file(fb_sess_run *r, const char *file, const char *what, char **err) {
+static int remote_checkpoint(fb_sess_run *r, FILE *f, const char *file, const char *what,
+                             char **err) {
+  /* f: the place is checked and made (as for any output); the server's file is renamed onto it */
   int rc = fb_remote_checkpoint(r->rem, file, NULL, 0);
   if (rc) return errf(err, rc, "%s: %s", what, sess_errmsg(r));
   return 0;
+}
+
+static int local_checkpoint(fb_sess_run *r, FILE *f, const char *file, const char *what,
+                            char **err) {
+  if (f) {
+    fflush(f);
+    if (ftruncate(fileno(f), 0)) { /* fb_out_open may reuse a file */
+    }
+    return sealed_to_fd(r, fileno(f), file, err);
+  }
+  char *tmp = NULL;
+  if (asprintf(&tmp, "%s.tmp%d", file, (int)getpid()) < 0) return errf(err, FB_ENOMEM, "out of memory");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int rc = fd < 0 ? errf(err, FB_EIO, "%s: %s: %s", what, tmp, strerror(errno))
+                  : sealed_to_fd(r, fd, file, err);
+  if (fd >= 0 && close(fd) && !rc) rc = errf(err, FB_EIO, "%s: %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, file))
+    rc = errf(err, FB_EIO, "%s: cannot rename it to %s: %s", tmp, file, strerror(errno));
+  if (rc) unlink(tmp); /* the previous checkpoints stay as they were */
+  free(tmp);
+  return rc;
 }
 
 /* {"checkpoint": NAME}: a sealed checkpoint into NAME under the output
@@ -1873,67 +2028,41 @@ static int do_checkpoint(fb_sess_run *r, json_t *a, const char *path, char **err
     free(shown);
     return rc;
   }
-  if (r->rem) { /* the place is checked and made (as for any output); the server's file goes there */
-    fclose(f);
-    char what[1100];
-    snprintf(what, sizeof what, "%.1000s.checkpoint", path);
-    rc = remote_to_file(r, shown, what, err);
-    free(shown);
-    return rc;
-  }
-  fflush(f);
-  if (ftruncate(fileno(f), 0)) { /* fb_out_open may reuse a file */
-  }
-  rc = sealed_to_fd(r, fileno(f), shown ? shown : name, err);
+  char what[1100];
+  snprintf(what, sizeof what, "%.1000s.checkpoint", path);
+  rc = r->at->checkpoint(r, f, shown, what, err);
   if (fclose(f) && !rc) rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, strerror(errno));
   free(shown);
   return rc;
 }
+
+static int64_t local_ckpt_count(fb_sess_run *r) {
+  return fb_session_tape_loss(r->s) >= 0 ? -1 : (int64_t)fb_session_launches(r->s);
+}
+
+static int64_t remote_ckpt_count(fb_sess_run *r) { return r->in_tape ? -1 : (int64_t)r->nlaunch; }
 
 /* --checkpoint-every N: after each action that launched, a checkpoint
  * once N launches have run since the last one (never inside a tape):
  * DIR/NAME-LAUNCHES.fbck, written to a temporary file, synced, renamed;
  * the one before the previous is removed. */
 static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
-  if (!r->o.ckpt_every || r->skip || (!r->s && !r->rem)) return 0;
-  uint64_t n = r->rem ? r->nlaunch : fb_session_launches(r->s);
-  if (n - r->ckpt_at < r->o.ckpt_every || (r->rem ? r->in_tape : fb_session_tape_loss(r->s) >= 0))
-    return 0;
+  if (!r->o.ckpt_every || r->skip) return 0;
+  int64_t at = r->at->ckpt_count(r);
+  if (at < 0) return 0;
+  uint64_t n = (uint64_t)at;
+  if (n - r->ckpt_at < r->o.ckpt_every) return 0;
   const char *name = r->f->name ? r->f->name : "session";
-  char *file = NULL, *tmp = NULL;
+  char *file = NULL;
   if (asprintf(&file, "%s/%s-%012llu.fbck", r->o.ckpt_dir, name, (unsigned long long)n) < 0)
-    file = NULL;
-  if (file && asprintf(&tmp, "%s.tmp%d", file, (int)getpid()) < 0) tmp = NULL;
-  if (!file || !tmp) {
-    free(file);
-    free(tmp);
     return errf(err, FB_ENOMEM, "out of memory");
-  }
-  if (r->rem) { /* libfusebox writes it whole or not at all, as below */
-    char what[1100];
-    snprintf(what, sizeof what, "%.1000s: --checkpoint-dir", path);
-    int rc = remote_to_file(r, file, what, err);
-    free(tmp);
-    if (rc) {
-      free(file);
-      return rc;
-    }
-    goto written;
-  }
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  int rc = fd < 0 ? errf(err, FB_EIO, "%s: --checkpoint-dir: %s: %s", path, tmp, strerror(errno))
-                  : sealed_to_fd(r, fd, file, err);
-  if (fd >= 0 && close(fd) && !rc) rc = errf(err, FB_EIO, "%s: %s", tmp, strerror(errno));
-  if (!rc && rename(tmp, file))
-    rc = errf(err, FB_EIO, "%s: cannot rename it to %s: %s", tmp, file, strerror(errno));
+  char what[1100];
+  snprintf(what, sizeof what, "%.1000s: --checkpoint-dir", path);
+  int rc = r->at->checkpoint(r, NULL, file, what, err);
   if (rc) {
-    unlink(tmp); /* the previous checkpoints stay as they were */
-    free(tmp);
     free(file);
     return rc;
   }
-  free(tmp);
-written:;
   int dfd = open(r->o.ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd); /* the rename too */
@@ -2048,14 +2177,8 @@ rest:
     }
     return 0;
   }
-  if (json_object_get(a, "flush")) {
-    rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
-    if (rc && r->rem) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
-    return rc ? local_error(r, rc, path, NULL, err) : 0;
-  }
-  if (r->rem) return remote_sync(r, path, 0, NULL, err);
-  rc = fb_sync(r->s);
-  return rc ? local_error(r, rc, path, NULL, err) : 0;
+  if (json_object_get(a, "flush")) return r->at->flush(r, path, err);
+  return r->at->sync(r, path, err);
 }
 
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) {
@@ -2194,3 +2317,43 @@ int fb_sess_checks(fb_sess_run *r, char **err) {
   }
   return failed;
 }
+
+/* ---------------------------------------------------------------- the two places */
+
+static const sess_place local_place = {
+    .open = local_open,
+    .errmsg = local_errmsg,
+    .backend = local_backend,
+    .device = local_device,
+    .launch = local_launch,
+    .host_begin = local_host_kernel,
+    .host_cell = local_host_cell,
+    .tape = local_tape,
+    .settle = local_settle,
+    .field_read = local_field_read,
+    .field_write = local_field_write,
+    .flush = local_flush,
+    .sync = local_sync,
+    .counters = local_counters,
+    .ckpt_count = local_ckpt_count,
+    .checkpoint = local_checkpoint,
+};
+
+static const sess_place remote_place = {
+    .open = start_remote,
+    .errmsg = remote_errmsg,
+    .backend = remote_backend,
+    .device = remote_device,
+    .launch = remote_launch,
+    .host_begin = remote_host_begin,
+    .host_cell = remote_host_cell,
+    .tape = remote_tape,
+    .settle = remote_sync_all,
+    .field_read = remote_field_read,
+    .field_write = remote_field_write,
+    .flush = remote_flush,
+    .sync = remote_sync_all,
+    .counters = remote_counters,
+    .ckpt_count = remote_ckpt_count,
+    .checkpoint = remote_checkpoint,
+};
