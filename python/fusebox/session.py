@@ -41,6 +41,9 @@ CHUNK_BYTES = 1 << 20
 #: routing key this many times in all (among 3 replicas, one draining, all
 #: fail with chance (1/3)**12)
 CREATE_TRIES = 12
+#: Messages of launches sent since the last answered sync that the session
+#: keeps, to send again when it resumes from a drain's checkpoint.
+INFLIGHT_KEPT = 256
 #: The name of a drained session's checkpoint in the reason its replica
 #: gives (server/drain.c): "... its state is in checkpoint NAME (Restore ...".
 _DRAIN_CKPT = re.compile(r"its state is in checkpoint (\S+) \(Restore it by that name")
@@ -1198,7 +1201,10 @@ class Session:
         self._marks = []
         self._sent += len(self._pending)
         self._pending = []
-        self._inflight.append(m)  # until a sync answers it (_resume_ended replays it)
+        if self._inflight is not None:  # until a sync answers it (_resume_ended replays it)
+            self._inflight.append(m)
+            if len(self._inflight) > INFLIGHT_KEPT:
+                self._inflight = None  # too many to keep: no replay until the next sync
         self._q.put(m)
 
     def _next(self, left: Optional[float], timeout: Optional[float]) -> Any:
@@ -1478,7 +1484,8 @@ class Session:
         self._memory_limit = memory_limit
         self._draining: Optional[str] = None  # the replica that told us it drains
         self._move_failed: Optional[str] = None  # the replica a move off failed
-        self._inflight: List[Any] = []  # messages sent since the last answered sync
+        # messages sent since the last answered sync (None: more than INFLIGHT_KEPT)
+        self._inflight: Optional[List[Any]] = []
         self._launches_at_sync = 0  # the engine's launch count at that sync
         self._seq_base = 0  # launches answered on the streams before this one
         self._raw_seq = 0  # the last seq this stream answered
@@ -1635,6 +1642,10 @@ class Session:
         name = getattr(err, "checkpoint", None)
         if not name:
             return False
+        if self._inflight is None:
+            _amend(err, f"; not resumed on another replica by itself: more than {INFLIGHT_KEPT} "
+                   "messages of launches were unanswered")
+            return False
         if self._tape is not None or any(len(m.tape) for m in self._inflight):
             _amend(err, "; not resumed on another replica by itself: a tape was being recorded")
             return False
@@ -1666,8 +1677,8 @@ class Session:
                 f"which holds {ran - self._launches_at_sync} of the {n} launches sent after the "
                 "last sync: it cannot continue exactly (restore that checkpoint with "
                 "Client.restore(name=...) and repeat the launches yourself)")
+        self._inflight = list(replay)
         for m in replay:
-            self._inflight.append(m)
             self._q.put(m)
         return True
 
