@@ -701,12 +701,14 @@ int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *
   int rc = (r->layout = fb_layout_clone(layout)) ? 0 : rerr(r, FB_ENOMEM, "out of memory");
   if (!rc && fbc_route_init(&r->rt)) rc = rerr(r, FB_EIO, "cannot read /dev/urandom for a routing key");
   /* a replica that is draining refuses new sessions: behind a proxy that
-     hashes on the routing key, a new key is another replica (CREATE_TRIES) */
+     hashes on the routing key, a new key is another replica (CREATE_TRIES);
+     with an address list, the next address */
   for (int i = 0; !rc; i++) {
     rc = create_session(r, opt, layout);
     if (!rc || i + 1 >= CREATE_TRIES || !strstr(r->err, "is draining; retry on another replica") ||
         fbc_route_init(&r->rt))
       break;
+    if (fbc_next_address(r->c)) fbc_learn_limits(r->c = fbc_next_address(r->c));
     rc = 0;
   }
   if (!rc) rc = stream_open(r); /* on failure the stream is already over */

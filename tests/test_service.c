@@ -1220,6 +1220,7 @@ START_TEST(move_off_draining_replica) {
   ck_assert_int_eq(kernel(r, "count"), kc);
   more(r, kf, kc);
   ck_assert_int_eq(fb_remote_sync(r, NULL), 0);
+  fb_remote *stay = open_prog(C, PROG); /* keeps ra draining (no session move for it) */
   ck_assert_int_eq(kill(A.pid, SIGTERM), 0);
   /* a sync reads the drain's notice; the call after it moves the session */
   for (double t = now_s(); fb_remote_moves(r) == 0 && now_s() - t < 20;) {
@@ -1228,6 +1229,10 @@ START_TEST(move_off_draining_replica) {
   }
   ck_assert_msg(fb_remote_moves(r) == 1, "no move: %s", fb_remote_errmsg(r));
   more(r, kf, kc); /* on rb, by the same kernel ids */
+  fb_remote *fresh = open_prog(C, PROG); /* ra refuses it (draining): the next address */
+  ck_assert_str_eq(fb_remote_replica(fresh), "rb");
+  ck_assert_int_eq(fb_remote_close(fresh), 0);
+  ck_assert_int_eq(fb_remote_close(stay), 0); /* (it had not moved: no call since) */
   ck_assert_str_eq(fb_remote_replica(r), "rb");
   read_both(r, got_x, got_n);
   ck_assert_msg(!memcmp(got_x, want_x, sizeof got_x) && !memcmp(got_n, want_n, sizeof got_n),
