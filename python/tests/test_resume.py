@@ -39,7 +39,9 @@ def reference(c):
     return want
 
 
-def ckpt(tmp, name, shared_dir=False, key_made=[]):  # noqa: B006 - the key, made once a test
+def ckpt(tmp, name, shared_dir=False):
+    """The checkpoint flags: one key for all (made by the first); a directory
+    shared, one of its own (shared_dir False), or none (None)."""
     key = os.path.join(tmp, "key")
     args = ["--checkpoint-key", key]
     if not os.path.exists(key):
