@@ -26,6 +26,7 @@ static void usage(FILE *f) {
           "Run 'fusebox help COMMAND' or 'fusebox COMMAND --help' for the options of a command.\n"
           "environment:\n"
           "  FUSEBOX_SERVER=ADDR   the default of --server (run, bench, ping, stats);\n"
+          "                        ADDR,ADDR,...: replicas (sessions move off a draining one)\n"
           "                        run --local / bench --local ignore it\n"
           "  FUSEBOX_TLS_CA=FILE   TLS to a host:port server: the CA of its certificate\n"
           "  FUSEBOX_TLS_CERT=FILE, FUSEBOX_TLS_KEY=FILE   a client certificate (mTLS)\n"

@@ -108,6 +108,9 @@ int fbc_route_init(fbc_route *rt) {
 }
 
 void fbc_route_replica(fbc_route *rt, const grpc_metadata_array *md) {
+  /* any answer of a draining replica: the session moves at its next call */
+  for (size_t i = 0; rt && md && i < md->count; i++)
+    if (grpc_slice_str_cmp(md->metadata[i].key, "fusebox-draining") == 0) rt->draining = 1;
   /* the first answer's (CreateSession): the replica that holds the session */
   for (size_t i = 0; rt && !rt->replica[0] && md && i < md->count; i++) {
     const grpc_metadata *m = &md->metadata[i];
@@ -335,6 +338,45 @@ static int set_token(fb_client *c, const fb_client_options *opt, char *err, size
   return 0;
 }
 
+fb_client *fbc_next_address(fb_client *c) {
+  fb_client *h = c ? c->head : NULL;
+  return h && h->npeers > 1 ? h->peers[(c->index + 1) % h->npeers] : NULL;
+}
+
+/* "A,B,C": a client for each address, the first holding the others. */
+static int connect_list(const char *target, const fb_client_options *opt, fb_client **out,
+                        char *err, size_t errlen) {
+  char *list = strdup(target);
+  int n = 1, rc = list ? 0 : FB_ENOMEM;
+  for (const char *p = target; *p; p++) n += *p == ',';
+  fb_client **v = rc ? NULL : calloc((size_t)n, sizeof *v);
+  if (!rc && !v) rc = FB_ENOMEM;
+  if (rc) fb_errf(err, errlen, "out of memory");
+  int k = 0;
+  for (char *save = NULL, *a = rc ? NULL : strtok_r(list, ",", &save); a && !rc;
+       a = strtok_r(NULL, ",", &save)) {
+    if ((rc = fb_client_connect(a, opt, &v[k], err, errlen)) == 0) k++;
+  }
+  if (!rc && k != n) {
+    fb_errf(err, errlen, "address list '%s': an address is empty", target);
+    rc = FB_EINVAL;
+  }
+  free(list);
+  if (rc) {
+    for (int i = 0; i < k; i++) fb_client_close(v[i]);
+    free(v);
+    return rc;
+  }
+  for (int i = 0; i < n; i++) {
+    v[i]->head = v[0];
+    v[i]->index = i;
+  }
+  v[0]->peers = v;
+  v[0]->npeers = n;
+  *out = v[0];
+  return 0;
+}
+
 int fb_client_connect(const char *target, const fb_client_options *opt, fb_client **out, char *err,
                       size_t errlen) {
   *out = NULL;
@@ -342,6 +384,7 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
     fb_errf(err, errlen, "no server address given");
     return FB_EINVAL;
   }
+  if (strchr(target, ',')) return connect_list(target, opt, out, err, errlen);
   fb_client *c = calloc(1, sizeof *c);
   if (!c || !(c->target = strdup(target))) {
     free(c);
@@ -386,12 +429,15 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   c->ch = grpc_channel_create(target, cr, &args);
   grpc_channel_credentials_release(cr);
   c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  c->head = c;
   *out = c;
   return 0;
 }
 
 void fb_client_close(fb_client *c) {
   if (!c) return;
+  for (int i = 1; i < c->npeers; i++) fb_client_close(c->peers[i]); /* the list's others */
+  free(c->peers);
   grpc_channel_destroy(c->ch);
   grpc_completion_queue_shutdown(c->cq);
   while (grpc_completion_queue_pluck(c->cq, NULL, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=

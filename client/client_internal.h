@@ -29,7 +29,16 @@ struct fb_client {
   grpc_metadata auth;  /* "authorization: Bearer TOKEN" when nauth */
   size_t nauth;
   char err[FBC_ERRLEN];
+  /* an address list "A,B,C" (fb_client_connect): a client per address, the
+     first (head) holding them all in peers; a session whose replica drains
+     moves to the next (remote.c, move) */
+  fb_client *head;     /* the first address's client (itself when single) */
+  fb_client **peers;   /* head only: every address's, peers[0] = head */
+  int npeers, index;   /* head: how many; each: its place in peers */
 };
+
+/* The client of the address after c's in its list (wrapping), or NULL. */
+fb_client *fbc_next_address(fb_client *c);
 
 /* Fit chunk and batch sizes under the server's message limit (asked once). */
 void fbc_learn_limits(fb_client *c);
@@ -58,6 +67,7 @@ typedef struct fbc_route {
   char key[33];      /* 32 hex digits, random per session */
   char replica[64];  /* who answered CreateSession ("" before: unknown) */
   const char *session; /* the session's id once it exists, else NULL */
+  int draining;      /* an answer said "fusebox-draining": the session should move */
 } fbc_route;
 
 /* A fresh random key into rt (FB_EIO when the system has no randomness). */

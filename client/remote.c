@@ -65,8 +65,11 @@ struct fb_remote {
   int delivered;
   uint64_t done_seq;
   fb_counters counters;
+  int moving, moves;     /* move(): off a draining replica */
   char err[FBC_ERRLEN];
 };
+
+static void maybe_move(fb_remote *r);
 
 static int rerr(fb_remote *r, int code, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -84,6 +87,8 @@ static int rerr(fb_remote *r, int code, const char *fmt, ...) {
 
 const char *fb_remote_errmsg(const fb_remote *r) { return r ? r->err : "no session"; }
 const char *fb_remote_id(const fb_remote *r) { return r ? r->id : ""; }
+const char *fb_remote_replica(const fb_remote *r) { return r ? r->rt.replica : ""; }
+int fb_remote_moves(const fb_remote *r) { return r ? r->moves : 0; }
 const fb_layout *fb_remote_layout(const fb_remote *r) { return r ? r->layout : NULL; }
 fb_program *fb_remote_program(const fb_remote *r) { return r ? r->prog : NULL; }
 
@@ -262,6 +267,7 @@ static int recv_sync(fb_remote *r, uint64_t id) {
         fusebox__v1__session_response__unpack(NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
     grpc_slice_unref(s);
     if (!m) return rerr(r, FB_EINTERNAL, "malformed SessionResponse from the server");
+    if (m->draining && m->draining[0]) r->rt.draining = 1; /* its replica drains: move */
     int rc = 0, mine = m->sync && m->sync->sync_id == id;
     if (m->sync) rc = merge(r, m->sync);
     fusebox__v1__session_response__free_unpacked(m, NULL);
@@ -293,6 +299,7 @@ static const char *kernel_name(const fb_remote *r, int k) {
 
 int fb_remote_sync(fb_remote *r, fb_sync_result *out) {
   if (out) memset(out, 0, sizeof *out);
+  maybe_move(r);
   int rc = do_sync(r, 0);
   if (rc) return rc;
   if (out) {
@@ -336,6 +343,7 @@ int64_t fb_remote_launch(fb_remote *r, int kernel, const fb_value *args, int nar
     return rerr(r, FB_ETYPE, "kernel '%s' takes %d arguments, %d given", r->k[kernel].name,
                 r->k[kernel].nparams, nargs);
   if (r->broken) return stream_broken(r);
+  maybe_move(r);
   fb_client *c = r->c;
   if (r->nqueued >= c->batch || r->out.n + LAUNCH_MAX_BYTES(nargs) + 64 > c->max_msg) {
     int rc = stream_send(r);
@@ -693,12 +701,14 @@ int fb_remote_open(fb_client *c, const fb_remote_options *opt, const fb_layout *
   int rc = (r->layout = fb_layout_clone(layout)) ? 0 : rerr(r, FB_ENOMEM, "out of memory");
   if (!rc && fbc_route_init(&r->rt)) rc = rerr(r, FB_EIO, "cannot read /dev/urandom for a routing key");
   /* a replica that is draining refuses new sessions: behind a proxy that
-     hashes on the routing key, a new key is another replica (CREATE_TRIES) */
+     hashes on the routing key, a new key is another replica (CREATE_TRIES);
+     with an address list, the next address */
   for (int i = 0; !rc; i++) {
     rc = create_session(r, opt, layout);
     if (!rc || i + 1 >= CREATE_TRIES || !strstr(r->err, "is draining; retry on another replica") ||
         fbc_route_init(&r->rt))
       break;
+    if (fbc_next_address(r->c)) fbc_learn_limits(r->c = fbc_next_address(r->c));
     rc = 0;
   }
   if (!rc) rc = stream_open(r); /* on failure the stream is already over */
@@ -799,6 +809,7 @@ static int check_io(fb_remote *r, int field, const void *buf, size_t bytes, cons
   if (!buf || bytes != want)
     return rerr(r, FB_EINVAL, "%s: field '%s' holds %zu bytes; %zu given", what,
                 r->layout->nodes[field].name, want, bytes);
+  maybe_move(r);
   return presync(r);
 }
 
@@ -1190,8 +1201,87 @@ int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t name
   return rc;
 }
 
+static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
+                   const char *name, int stream, fb_remote **out);
+
 int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *path,
                       const char *name, fb_remote **out) {
+  return restore(c, opt, path, name, 1, out);
+}
+
+/* The session's replica drains (its notice on the stream, or fusebox-draining
+ * on an answer): at a quiet point (everything sent answered and handed to
+ * the caller, no tape mark pending) it moves. A checkpoint into a temporary
+ * file here, a restore on the next address of the list (one address: a
+ * proxy, with a new routing key), the old session closed, the stream opened
+ * on the new one; the kernel table and layout stay. A move that cannot be
+ * made leaves the session where it is for the rest of the grace. */
+static void maybe_move(fb_remote *r) {
+  if (!r->rt.draining || r->moving || r->broken || r->marks) return;
+  r->moving = 1;
+  int rc = do_sync(r, 0);
+  if (rc || ((r->nrets || r->nerrs) && !r->delivered)) { /* the caller's next sync first */
+    r->moving = 0;
+    return;
+  }
+  r->rt.draining = 0;
+  const char *td = getenv("TMPDIR");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/fusebox-move-XXXXXX", td && *td ? td : "/tmp");
+  int fd = mkstemp(path);
+  rc = fd < 0 ? FB_EIO : fb_remote_checkpoint(r, path, NULL, 0);
+  if (fd >= 0) close(fd);
+  fb_client *to = fbc_next_address(r->c), *from = r->c;
+  int tries = to ? r->c->head->npeers - 1 : CREATE_TRIES;
+  fb_remote *n = NULL;
+  for (int i = 0; !rc && i < tries; i++) {
+    fb_client *c = to ? to : r->c;
+    if (restore(c, NULL, path, NULL, 0, &n) == 0) break;
+    snprintf(r->err, sizeof r->err, "%s", c->err);
+    if (to) to = fbc_next_address(to);
+  }
+  if (fd >= 0) unlink(path);
+  if (!n) { /* (r->err says why) */
+    r->moving = 0;
+    return;
+  }
+  /* the old session ends there (its replica's drain ends sooner) */
+  Fusebox__V1__CloseSessionRequest cr = FUSEBOX__V1__CLOSE_SESSION_REQUEST__INIT;
+  cr.session_id = r->id;
+  grpc_slice s = grpc_empty_slice();
+  char err[256];
+  fbc_unary_route(from, &r->rt, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err, sizeof err);
+  grpc_slice_unref(s);
+  if (!r->broken) {
+    r->broken = 1;
+    grpc_call_cancel(r->call, NULL);
+  }
+  stream_broken(r); /* waits for the old stream's sends and status */
+  grpc_call_unref(r->call);
+  r->call = NULL;
+  grpc_metadata_array_destroy(&r->init_md);
+  grpc_metadata_array_init(&r->init_md);
+  fbc_end_free(&r->end);
+  fbc_end_init(&r->end);
+  r->md_sent = r->md_recvd = r->send_pending = r->broken = r->closed = 0;
+  r->out.n = 0;
+  r->nqueued = 0;
+  r->seq = 0; /* the new stream counts launches from 1 */
+  r->done_seq = 0;
+  atomic_store(&r->sent_seq, 0);
+  r->c = n->c;
+  snprintf(r->id, sizeof r->id, "%s", n->id);
+  r->rt = n->rt;
+  r->rt.session = r->id;
+  remote_free(n);
+  r->moves++;
+  r->err[0] = 0;
+  if (stream_open(r) != 0) r->broken = 1; /* the next call reports it */
+  r->moving = 0;
+}
+
+static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
+                   const char *name, int stream, fb_remote **out) {
   *out = NULL;
   if (!path == !name) {
     fb_errf(c->err, sizeof c->err, "restore: give a checkpoint file or a server-side name");
@@ -1305,7 +1395,7 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
   }
   if (!rc) rc = state_into(r, resp->client_state.data, resp->client_state.len, resp->kernels);
   if (resp) fusebox__v1__restore_response__free_unpacked(resp, NULL);
-  if (!rc) rc = stream_open(r);
+  if (!rc && stream) rc = stream_open(r);
   if (rc) {
     /* a session the server made but this side cannot use goes too */
     if (r->id[0] && !r->call) {

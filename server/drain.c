@@ -51,11 +51,48 @@ int fbd_replica_init(fbd_server *srv, char *err, size_t errlen) {
   memcpy(srv->replica, n, strlen(n) + 1); /* name_ok: at most 63 */
   srv->replica_md.key = grpc_slice_from_static_string(FBD_REPLICA_KEY);
   srv->replica_md.value = grpc_slice_from_static_buffer(srv->replica, strlen(srv->replica));
+  srv->drain_md[0] = srv->replica_md;
+  srv->drain_md[1].key = grpc_slice_from_static_string(FBD_DRAINING_KEY);
+  srv->drain_md[1].value = srv->replica_md.value;
   return 0;
 }
 
+/* Tell each live session's stream that this replica drains: a
+ * SessionResponse of its own with draining = the replica's name, so that a
+ * client moves the session at its next call (docs/checkpoint.md, "Moving a
+ * session off a draining replica"); an older client ignores it. */
+static void tell_streams(fbd_server *srv) {
+  int max = srv->cfg->max_sessions, n = 0;
+  fbd_call **v = calloc((size_t)max, sizeof *v);
+  if (!v) return;
+  pthread_mutex_lock(&srv->mu);
+  for (int i = 0; i < max; i++) {
+    fbd_session *s = srv->sessions[i];
+    if (!s) continue;
+    pthread_mutex_lock(&s->mu);
+    if (s->stream && s->state == FBD_LIVE) {
+      fbd_call_ref(s->stream);
+      v[n++] = s->stream;
+    }
+    pthread_mutex_unlock(&s->mu);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  Fusebox__V1__SessionResponse m = FUSEBOX__V1__SESSION_RESPONSE__INIT;
+  m.draining = srv->replica;
+  for (int i = 0; i < n; i++) {
+    fbd_call_send_msg(v[i], &m.base);
+    fbd_call_unref(v[i]);
+  }
+  free(v);
+}
+
 int fbd_drain_begin(fbd_server *srv, const char *why) {
-  if (atomic_exchange(&srv->draining, 1)) return 1;
+  /* the Drain RPC sets draining itself (refusals at once); main's thread
+     comes here once per drain, either way. Set before the streams hear of
+     it: a session moved at once must not land here again. */
+  int already = atomic_exchange(&srv->draining, 1);
+  tell_streams(srv);
+  if (already) return 1;
   pthread_mutex_lock(&srv->mu);
   int n = srv->nsessions;
   pthread_mutex_unlock(&srv->mu);

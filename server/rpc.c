@@ -114,8 +114,10 @@ static void pump(fbd_call *c) {
   memset(ops, 0, sizeof ops);
   if (!c->md_sent) {
     ops[n].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[n].data.send_initial_metadata.count = 1; /* fusebox-replica: which replica answers */
-    ops[n++].data.send_initial_metadata.metadata = &c->srv->replica_md;
+    /* fusebox-replica: which replica answers; fusebox-draining too while it drains */
+    int dr = atomic_load(&c->srv->draining) != 0;
+    ops[n].data.send_initial_metadata.count = dr ? 2 : 1;
+    ops[n++].data.send_initial_metadata.metadata = dr ? c->srv->drain_md : &c->srv->replica_md;
     c->md_sent = 1;
   }
   if (c->qh) {

@@ -328,6 +328,7 @@ struct fbd_server {
   atomic_int draining, drain_asked;
   char replica[64];       /* the replica's name (--replica-name, else the host name) */
   grpc_metadata replica_md; /* "fusebox-replica: NAME", every call's initial metadata */
+  grpc_metadata drain_md[2]; /* the same and "fusebox-draining: NAME", while draining */
   int shutdown_done;
   int nslots; /* outstanding grpc_server_request_call */
   int ncalls; /* live call objects */
@@ -397,6 +398,9 @@ int fbd_server_shutdown(fbd_server *s);
  * stream the server ends before its client half-closed into a reset
  * (RST_STREAM CANCEL), and the status message with it */
 #define FBD_ENDED_KEY "fusebox-ended"
+/* in every answer's initial metadata while the replica drains: a client
+ * moves its session elsewhere at its next call (docs/checkpoint.md) */
+#define FBD_DRAINING_KEY "fusebox-draining"
 /* Name the replica (cfg->replica_name or the host name) into srv;
  * FB_EINVAL for a name that cannot travel in a header. */
 int fbd_replica_init(fbd_server *srv, char *err, size_t errlen);

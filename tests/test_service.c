@@ -1184,6 +1184,75 @@ START_TEST(checkpoint_restore) {
 }
 END_TEST
 
+/* A session moves off a draining replica by itself (fb_client_connect with
+ * an address list "A,B"; docs/checkpoint.md): two fuseboxd sharing only the
+ * checkpoint key; the session's replica gets SIGTERM (a grace of 60 s); at
+ * its next call the session is checkpointed here, restored on B and goes on
+ * with its kernel ids, ending with the fields of an uninterrupted run; A,
+ * its last session gone, exits 0 at once. */
+START_TEST(move_off_draining_replica) {
+  char dir[] = "/tmp/fbmove-test-XXXXXX";
+  ck_assert(mkdtemp(dir));
+  char key[128], la[160], lb[160], list[2100], err[512] = "";
+  snprintf(key, sizeof key, "%s/key", dir);
+  snprintf(la, sizeof la, "unix:%s/a.sock", dir);
+  snprintf(lb, sizeof lb, "unix:%s/b.sock", dir);
+  const char *const fa[] = {"--log-level", "warn", "--replica-name", "ra", "--drain-grace-s", "60",
+                            "--checkpoint-key", key, "--checkpoint-key-create", NULL};
+  const char *const fb[] = {"--log-level", "warn", "--replica-name", "rb", "--drain-grace-s", "60",
+                            "--checkpoint-key", key, NULL};
+  fb_daemon A, B;
+  ck_assert_msg(fb_daemon_start(fuseboxd_path(), la, fa, &A, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(fb_daemon_start(fuseboxd_path(), lb, fb, &B, err, sizeof err) == 0, "%s", err);
+  snprintf(list, sizeof list, "%s,%s", A.address, B.address);
+  ck_assert_msg(fb_client_connect(list, NULL, &C, err, sizeof err) == 0, "%s", err);
+  static float want_x[1024], got_x[1024];
+  static int32_t want_n[16], got_n[16];
+  fb_remote *ref = open_prog(C, PROG); /* the uninterrupted run */
+  int kf = kernel(ref, "fill"), kc = kernel(ref, "count");
+  more(ref, kf, kc);
+  more(ref, kf, kc);
+  read_both(ref, want_x, want_n);
+  ck_assert_int_eq(fb_remote_close(ref), 0);
+  fb_remote *r = open_prog(C, PROG);
+  ck_assert_str_eq(fb_remote_replica(r), "ra"); /* the first address */
+  ck_assert_int_eq(kernel(r, "fill"), kf);
+  ck_assert_int_eq(kernel(r, "count"), kc);
+  more(r, kf, kc);
+  ck_assert_int_eq(fb_remote_sync(r, NULL), 0);
+  fb_remote *stay = open_prog(C, PROG); /* keeps ra draining (no session move for it) */
+  ck_assert_int_eq(kill(A.pid, SIGTERM), 0);
+  /* a sync reads the drain's notice; the call after it moves the session */
+  for (double t = now_s(); fb_remote_moves(r) == 0 && now_s() - t < 20;) {
+    ck_assert_msg(fb_remote_sync(r, NULL) == 0, "%s", fb_remote_errmsg(r));
+    usleep(50 * 1000);
+  }
+  ck_assert_msg(fb_remote_moves(r) == 1, "no move: %s", fb_remote_errmsg(r));
+  more(r, kf, kc); /* on rb, by the same kernel ids */
+  fb_remote *fresh = open_prog(C, PROG); /* ra refuses it (draining): the next address */
+  ck_assert_str_eq(fb_remote_replica(fresh), "rb");
+  ck_assert_int_eq(fb_remote_close(fresh), 0);
+  ck_assert_int_eq(fb_remote_close(stay), 0); /* (it had not moved: no call since) */
+  ck_assert_str_eq(fb_remote_replica(r), "rb");
+  read_both(r, got_x, got_n);
+  ck_assert_msg(!memcmp(got_x, want_x, sizeof got_x) && !memcmp(got_n, want_n, sizeof got_n),
+                "the moved session ended elsewhere than an uninterrupted run");
+  int st = -1;
+  double t0 = now_s();
+  ck_assert_int_eq(fb_daemon_stop(&A, 30, &st), 0); /* (already stopping) */
+  ck_assert_int_eq(st, 0);
+  ck_assert_msg(now_s() - t0 < 30, "the drained replica waited for its grace");
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_client_close(C);
+  C = NULL;
+  ck_assert_int_eq(fb_daemon_stop(&B, 30, &st), 0);
+  ck_assert_int_eq(st, 0);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
     return child_client(argv[2], atoi(argv[3]));
@@ -1229,6 +1298,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(ck, 120);
   tcase_add_checked_fixture(ck, NULL, teardown);
   tcase_add_loop_test(ck, checkpoint_restore, 0, 4);
+  tcase_add_test(ck, move_off_draining_replica);
   suite_add_tcase(s, ck);
   TCase *ops = tcase_create("operations");
   tcase_set_timeout(ops, 60);

@@ -158,6 +158,15 @@ int fb_remote_cancel(fb_remote *r);
 
 const char *fb_remote_errmsg(const fb_remote *r);
 const char *fb_remote_id(const fb_remote *r);
+/* The replica holding the session (its fusebox-replica answer; "" when the
+ * server names none), and how many times the session moved off a draining
+ * replica by itself: when its replica drains, the session is checkpointed
+ * into a temporary file, restored on the next address of the client's list
+ * ("A,B,C" to fb_client_connect) or, behind one address (a proxy), with a
+ * new routing key, and goes on there with the same kernel ids; launch
+ * sequence numbers start again at 1 (docs/checkpoint.md). */
+const char *fb_remote_replica(const fb_remote *r);
+int fb_remote_moves(const fb_remote *r);
 const fb_layout *fb_remote_layout(const fb_remote *r);
 fb_program *fb_remote_program(const fb_remote *r); /* NULL when opened with a layout */
 /* The warnings of the program the session was opened with (advice that

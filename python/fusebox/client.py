@@ -217,20 +217,44 @@ class Client:
     meant for one thread at a time.
     """
 
-    def __init__(self, address: str, token: Optional[str] = None, tls: TlsArg = None,
-                 daemon: Optional[_Daemon] = None, timeout: float = DEFAULT_TIMEOUT):
-        self.address = address
+    def __init__(self, address: Union[str, Sequence[str]], token: Optional[str] = None,
+                 tls: TlsArg = None, daemon: Optional[_Daemon] = None,
+                 timeout: float = DEFAULT_TIMEOUT):
+        #: every address given (one, or the replicas of a list): a session
+        #: moves among them when its replica drains (docs/python.md)
+        self.addresses: List[str] = _addresses(address)
+        #: the address new sessions try first (the first that answered)
+        self.address = self.addresses[0]
         self.timeout = timeout
         self._daemon = daemon
-        opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        creds = _credentials(tls)
-        self._channel = (grpc.secure_channel(address, creds, options=opts) if creds
-                         else grpc.insecure_channel(address, options=opts))
+        self._opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        self._creds = _credentials(tls)
+        self._channel = self._open_channel(self.address)
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         self._stub = _proto.Stub(self._channel)
+        self._more: Dict[str, Any] = {}  # the other addresses' (channel, stub), made when used
         self._sessions: "list[Any]" = []
         self.closed = False
+
+    def _open_channel(self, address: str) -> grpc.Channel:
+        return (grpc.secure_channel(address, self._creds, options=self._opts) if self._creds
+                else grpc.insecure_channel(address, options=self._opts))
+
+    def _stub_of(self, address: str) -> Any:
+        """The stub of one of the client's addresses (its own channel)."""
+        if address == self.address:
+            return self._stub
+        if address not in self._more:
+            ch = self._open_channel(address)
+            self._more[address] = (ch, _proto.Stub(ch))
+        return self._more[address][1]
+
+    def _others(self, address: str) -> List[str]:
+        """The addresses after address in the list, in order, wrapping."""
+        i = self.addresses.index(address) if address in self.addresses else -1
+        return [self.addresses[(i + 1 + k) % len(self.addresses)]
+                for k in range(len(self.addresses)) if (i + 1 + k) % len(self.addresses) != i]
 
     # -- plumbing
     def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
@@ -398,6 +422,8 @@ class Client:
                 pass
         self.closed = True
         self._channel.close()
+        for ch, _ in self._more.values():
+            ch.close()
         if self._daemon is not None:
             self._daemon.stop()
             self._daemon = None
@@ -416,7 +442,25 @@ class Client:
             pass
 
 
-def connect(address: Optional[str] = None, token: Optional[str] = None, tls: TlsArg = None,
+def _addresses(address: Union[str, Sequence[str]]) -> List[str]:
+    """The addresses of connect(): one, a list, or a comma-separated list."""
+    if isinstance(address, str):
+        out = [a.strip() for a in address.split(",")]
+    elif isinstance(address, (list, tuple)):
+        out = [a.strip() if isinstance(a, str) else a for a in address]
+    else:
+        raise TypeError("address must be a str or a list of str, not " + type(address).__name__)
+    for a in out:
+        if not isinstance(a, str) or not a:
+            raise ValueError(f"address list {address!r}: every address must be a non-empty "
+                             "\"host:port\" or \"unix:PATH\"")
+    if len(set(out)) != len(out):
+        raise ValueError(f"address list {address!r} names an address twice")
+    return out
+
+
+def connect(address: Union[None, str, Sequence[str]] = None, token: Optional[str] = None,
+            tls: TlsArg = None,
             *, fuseboxd: Optional[str] = None, server_args: Sequence[str] = (),
             timeout: float = DEFAULT_TIMEOUT) -> Client:
     """Connect to fuseboxd.
@@ -425,7 +469,13 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
         address: "host:port" or "unix:PATH" of a running server. None starts
             a private fuseboxd on a unix socket (found by
             :func:`find_fuseboxd`, or the ``fuseboxd`` path given) that
-            lives until the client is closed.
+            lives until the client is closed. A list of addresses (or one
+            string of them separated by commas) names several replicas:
+            sessions open on the first that answers (the next when one is
+            draining or unreachable), and a session whose replica drains
+            moves to the next by itself (docs/python.md, "Several
+            replicas"). One address of a proxy in front of replicas moves
+            sessions too, with a new routing key.
         token: sent as "authorization: Bearer TOKEN" on every call.
         tls: None (plaintext), True (system roots), a CA bundle (bytes, or
             a file name), a dict ``{"ca": ..., "cert": ..., "key": ...}``
@@ -454,7 +504,19 @@ def connect(address: Optional[str] = None, token: Optional[str] = None, tls: Tls
                         "(address=None)")
     c = Client(address, token=token, tls=tls, daemon=daemon, timeout=timeout)
     try:
-        c._call("GetInfo", pb.InfoRequest(), timeout=min(timeout, 30.0))
+        for i, a in enumerate(c.addresses):
+            try:
+                c._stub_of(a).GetInfo(pb.InfoRequest(), timeout=min(timeout, 30.0),
+                                      metadata=c._metadata)
+            except grpc.RpcError as e:
+                if i + 1 < len(c.addresses) and e.code() == grpc.StatusCode.UNAVAILABLE:
+                    continue  # that replica is down: the next
+                raise from_rpc("GetInfo", e) from None
+            if a != c.address:  # new sessions start on the first that answers
+                c._more[c.address] = (c._channel, c._stub)
+                c._channel, c._stub = c._more.pop(a)
+                c.address = a
+            break
     except BaseException:
         c.close()  # and a private server with it
         raise

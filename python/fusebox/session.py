@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import json
+import logging
 import os
 import queue
 import tempfile
@@ -40,6 +41,14 @@ CHUNK_BYTES = 1 << 20
 #: routing key this many times in all (among 3 replicas, one draining, all
 #: fail with chance (1/3)**12)
 CREATE_TRIES = 12
+#: Messages of launches sent since the last answered sync that the session
+#: keeps, to send again when it resumes from a drain's checkpoint.
+INFLIGHT_KEPT = 256
+#: The name of a drained session's checkpoint in the reason its replica
+#: gives (server/drain.c): "... its state is in checkpoint NAME (Restore ...".
+_DRAIN_CKPT = re.compile(r"its state is in checkpoint (\S+) \(Restore it by that name")
+#: Moves of sessions off draining replicas are logged here at INFO.
+log = logging.getLogger("fusebox")
 #: With progress=None, transfers of at least this many bytes show a tqdm
 #: bar (when tqdm is installed).
 PROGRESS_BYTES = 64 << 20
@@ -784,6 +793,21 @@ def _write_chunks(stream: Any, path: str) -> str:
     return path
 
 
+def _amend(err: Any, more: str) -> None:
+    """Add more to a ServerError's message (and its str)."""
+    err.message += more
+    err.args = (err.args[0] + more,) if err.args else (more,)
+
+
+def _renamed(req: Any, sid: str) -> Any:
+    """A copy of a request of a session, for its session sid."""
+    out = type(req)()
+    out.CopyFrom(req)
+    if hasattr(out, "session_id"):
+        out.session_id = sid
+    return out
+
+
 class Session:
     """A session on fuseboxd; make it with :meth:`fusebox.Client.session`.
 
@@ -823,6 +847,7 @@ class Session:
         self._marks: List[Any] = []  # tape marks of the next message
         self._tape: Any = None  # the tape recording, if any
         self._ids: Dict[Tuple[str, Tuple[str, ...]], int] = {}
+        self._moving_init(memory_limit)
         self.program = Program(self._c._call("DescribeSource", self._src))
         self.program._warn(3)  # once per session, at the caller of Client.session
         opts = pb.SessionOptions(backend=backend, mode=mode, flush_every=flush_every,
@@ -860,16 +885,21 @@ class Session:
         a new key is another replica behind such a proxy (CREATE_TRIES)."""
         if self._c.closed:
             raise Error("the client is closed")
+        addrs = [self._c.address] + self._c._others(self._c.address)
         for i in range(CREATE_TRIES):
+            # with several addresses, the next one each time; behind a proxy
+            # a new routing key
+            self._addr = addrs[i % len(addrs)]
             self._route = secrets.token_hex(16)
             self._md = tuple(self._c._metadata or ()) + (("fusebox-route", self._route),)
             try:
-                r, call = self._c._stub.CreateSession.with_call(
+                r, call = self._stub().CreateSession.with_call(
                     req, timeout=self._c.timeout, metadata=self._md)
             except grpc.RpcError as e:
                 err = from_rpc("CreateSession", e)
-                if ("is draining; retry on another replica" in err.message and
-                        i + 1 < CREATE_TRIES):
+                if i + 1 < CREATE_TRIES and (
+                        "is draining; retry on another replica" in err.message or
+                        len(addrs) > 1 and replica_gone(e) and i + 1 < len(addrs)):
                     continue
                 raise err from None
             #: the replica holding the session (its fusebox-replica header)
@@ -885,18 +915,45 @@ class Session:
         md = dict(e.trailing_metadata() or ()) if hasattr(e, "trailing_metadata") else {}
         if "fusebox-ended" in md and err.status != grpc.StatusCode.UNAVAILABLE:
             # the drain's reason, whose status a proxy turned into a reset
-            return ConnectionLostError(method, grpc.StatusCode.UNAVAILABLE,
-                                       md["fusebox-ended"], err.fb_code)
+            err = ConnectionLostError(method, grpc.StatusCode.UNAVAILABLE,
+                                      md["fusebox-ended"], err.fb_code)
+        if isinstance(err, ConnectionLostError):
+            m = _DRAIN_CKPT.search(err.message)
+            #: a drained session's checkpoint on its replica's --checkpoint-dir
+            err.checkpoint = m.group(1) if m else None  # type: ignore[attr-defined]
         return err
+
+    def _stub(self) -> Any:
+        """The stub of the address this session lives at."""
+        return self._c._stub_of(self._addr)
+
+    def _saw(self, call: Any) -> None:
+        """Note a draining replica from a call's initial metadata."""
+        try:
+            md = call.initial_metadata() or ()
+        except Exception:  # noqa: BLE001 - a call that never got an answer
+            return
+        for k, v in md:
+            if k == "fusebox-draining":
+                self._draining = v or "?"
 
     def _call(self, method: str, req: Any, timeout: Optional[float] = None) -> Any:
         if self._c.closed:
             raise Error("the client is closed")
-        try:
-            return getattr(self._c._stub, method)(
-                req, timeout=self._c.timeout if timeout is None else timeout, metadata=self._md)
-        except grpc.RpcError as e:
-            raise self._rpc_error(method, e) from None
+        for again in (True, False):
+            try:
+                r, call = getattr(self._stub(), method).with_call(
+                    req, timeout=self._c.timeout if timeout is None else timeout,
+                    metadata=self._md)
+                self._saw(call)
+                return r
+            except grpc.RpcError as e:
+                err = self._rpc_error(method, e)
+                # ended by a drain after its grace: resumed elsewhere, once
+                if not (again and method != "CloseSession" and self._resume_ended(err)):
+                    raise err from None
+                req = _renamed(req, self.id)
+        raise AssertionError("unreachable")
 
     def _open_stream(self) -> None:
         q = self._q
@@ -908,17 +965,22 @@ class Session:
                     return
                 yield m
 
-        self._stream = self._c._stub.Session(requests(), metadata=self._md)
+        self._stream = self._stub().Session(requests(), metadata=self._md)
         self._q.put(pb.SessionRequest(session_id=self.id))
-        threading.Thread(target=self._pump, args=(self._stream, self._resp), daemon=True,
+        threading.Thread(target=self._pump, args=(self._stream, self._resp, self), daemon=True,
                          name=f"fusebox-session-{self.id[:8]}").start()
 
     @staticmethod
-    def _pump(stream: Any, out: "queue.Queue[Any]") -> None:
+    def _pump(stream: Any, out: "queue.Queue[Any]", s: "Session") -> None:
         # the stream's answers, read on a thread of their own so that a sync
-        # can wait for them with a timeout
+        # can wait for them with a timeout; a draining replica's notice
+        # (SessionResponse.draining) is noted for the next call, not queued
         try:
             for m in stream:
+                if m.draining and not m.HasField("sync"):
+                    if out is s._resp:  # still this session's stream
+                        s._draining = m.draining
+                    continue
                 out.put(m)
             out.put(StopIteration())
         except grpc.RpcError as e:
@@ -1102,6 +1164,7 @@ class Session:
 
     def _launch(self, k: Kernel, args: List[Any]) -> Any:
         self._check_open()
+        self._maybe_move()
         info = k.info
         fields: List[str] = []
         values = []
@@ -1138,6 +1201,10 @@ class Session:
         self._marks = []
         self._sent += len(self._pending)
         self._pending = []
+        if self._inflight is not None:  # until a sync answers it (_resume_ended replays it)
+            self._inflight.append(m)
+            if len(self._inflight) > INFLIGHT_KEPT:
+                self._inflight = None  # too many to keep: no replay until the next sync
         self._q.put(m)
 
     def _next(self, left: Optional[float], timeout: Optional[float]) -> Any:
@@ -1154,6 +1221,18 @@ class Session:
             self.closed = True
             self._lost = self._rpc_error("Session", m)
             raise self._lost
+        if m.HasField("sync"):
+            r = m.sync
+            # sequence numbers count from the session's first launch, over
+            # the streams of every replica it lived on
+            self._raw_seq = r.seq
+            r.seq += self._seq_base
+            for x in list(r.returns) + list(r.errors):
+                if x.seq:
+                    x.seq += self._seq_base
+            if r.sync_id == self._sync_id:  # everything sent so far is answered
+                self._inflight = []
+                self._launches_at_sync = r.counters.launches
         if isinstance(m, StopIteration):
             self.closed = True
             self._lost = Error("the server ended the session's stream")
@@ -1181,6 +1260,7 @@ class Session:
         (DEADLINE_EXCEEDED) is raised while the work goes on: a later sync
         still reports it, and :meth:`cancel` stops it."""
         self._check_open()
+        self._maybe_move()
         if timeout is None:
             timeout = self.timeout
         end = None if timeout is None else time.monotonic() + timeout
@@ -1188,7 +1268,12 @@ class Session:
         self._send(sync=self._sync_id)
         while True:
             left = None if end is None else max(0.0, end - time.monotonic())
-            r = self._next(left, timeout).sync
+            try:
+                r = self._next(left, timeout).sync
+            except ConnectionLostError as e:
+                if not self._resume_ended(e):  # replays what was in flight
+                    raise
+                continue
             self._carry.append(r)  # the answers of syncs that timed out count too
             if r.sync_id == self._sync_id:
                 break
@@ -1226,6 +1311,7 @@ class Session:
         # field transfers are other calls than the stream: sync so that the
         # server has every launch before the transfer is posted
         self._check_open()
+        self._maybe_move()
         if self._unsynced or self._pending:
             self.sync(self.timeout if timeout is None else timeout)
 
@@ -1239,21 +1325,30 @@ class Session:
         got = 0
         what = "ReadField"
         try:
-            for raw in self._c._stub.ReadField(
+            for again in (True, False):
+                call = self._stub().ReadField(
                     pb.ReadFieldRequest(session_id=self.id, field=place,
                                         chunk_bytes=CHUNK_BYTES, active=active),
                     timeout=self._c.timeout if timeout is None else timeout,
-                    metadata=self._md):
-                off, tot, data = _wire.decode_chunk(raw)
-                if tot != total or off + data.nbytes > total:
-                    raise Error(f"ReadField: the server sent {tot} bytes at offset {off}; "
-                                f"{total} were expected")
-                buf[off:off + data.nbytes] = data  # the one copy, into the array
-                got += data.nbytes
-                if bar:
-                    bar.update(data.nbytes)
-        except grpc.RpcError as e:
-            raise self._rpc_error(what, e) from None
+                    metadata=self._md)
+                try:
+                    for raw in call:
+                        off, tot, data = _wire.decode_chunk(raw)
+                        if tot != total or off + data.nbytes > total:
+                            raise Error(f"ReadField: the server sent {tot} bytes at offset "
+                                        f"{off}; {total} were expected")
+                        buf[off:off + data.nbytes] = data  # the one copy, into the array
+                        got += data.nbytes
+                        if bar:
+                            bar.update(data.nbytes)
+                    self._saw(call)
+                    break
+                except grpc.RpcError as e:
+                    err = self._rpc_error(what, e)
+                    # ended by a drain after its grace before any byte came:
+                    # resumed elsewhere, the read made there
+                    if not (again and not got and self._resume_ended(err)):
+                        raise err from None
         finally:
             if bar:
                 bar.close()
@@ -1282,11 +1377,20 @@ class Session:
                     return
 
         try:
-            r = self._c._stub.WriteField(chunks(),
-                                         timeout=self._c.timeout if timeout is None else timeout,
-                                         metadata=self._md)
-        except grpc.RpcError as e:
-            raise self._rpc_error("WriteField", e) from None
+            for again in (True, False):
+                sid = self.id
+                try:
+                    r, call = self._stub().WriteField.with_call(
+                        chunks(), timeout=self._c.timeout if timeout is None else timeout,
+                        metadata=self._md)
+                    self._saw(call)
+                    break
+                except grpc.RpcError as e:
+                    err = self._rpc_error("WriteField", e)
+                    # ended by a drain after its grace: nothing was written
+                    # (the session had ended); resumed elsewhere, written there
+                    if not (again and self._resume_ended(err)):
+                        raise err from None
         finally:
             if bar:
                 bar.close()
@@ -1317,13 +1421,14 @@ class Session:
         or the name the server gave. Restore it with
         :meth:`fusebox.Client.restore`; the session goes on either way."""
         self._check_open()
+        self._maybe_move()
         if (path is None) == (not on_server):
             raise TypeError("checkpoint(): give a path, or on_server=True")
         self.sync(timeout)
         req = pb.CheckpointRequest(session_id=self.id, to_server=on_server,
                                    client_state=self._client_state(), chunk_bytes=(4 << 20) - 4096)
         try:
-            stream = self._c._stub.Checkpoint(req, timeout=timeout, metadata=self._c._metadata)
+            stream = self._stub().Checkpoint(req, timeout=timeout, metadata=self._md)
             if on_server:
                 for m in stream:
                     if m.name:
@@ -1361,6 +1466,8 @@ class Session:
         s._tangents = {int(k): v for k, v in st.get("tangents", {}).items()}
         s._marks, s._tape = [], None
         s._ids = {(n, tuple(f)): i for n, f, i in st.get("ids", [])}
+        s._moving_init(0)
+        s._addr = client.address
         s.program = Program(client._call("DescribeSource", s._src))
         s.id = r.session_id
         s.backend = r.backend
@@ -1371,6 +1478,209 @@ class Session:
         s.fields = _Namespace("field", {n: Field(s, f) for n, f in s.program.fields.items()})
         s.snodes = _Namespace("SNode", {n: SNode(s, sn) for n, sn in s.program.snodes.items()})
         return s
+
+    # -- moving off a draining replica (docs/python.md "Several replicas")
+    def _moving_init(self, memory_limit: int) -> None:
+        self._memory_limit = memory_limit
+        self._draining: Optional[str] = None  # the replica that told us it drains
+        self._move_failed: Optional[str] = None  # the replica a move off failed
+        # messages sent since the last answered sync (None: more than INFLIGHT_KEPT)
+        self._inflight: Optional[List[Any]] = []
+        self._launches_at_sync = 0  # the engine's launch count at that sync
+        self._seq_base = 0  # launches answered on the streams before this one
+        self._raw_seq = 0  # the last seq this stream answered
+        self._in_move = False
+        #: how many times the session moved to another replica by itself
+        self.moves = 0
+
+    def _maybe_move(self) -> None:
+        """At a call of the session, once its replica said it drains: move
+        the session while the replica still holds it (a checkpoint streamed
+        here, restored on another replica). A tape being recorded waits for
+        its end; a move that cannot be made leaves the session where it is,
+        for the rest of the grace."""
+        if (self._draining is None or self._in_move or self.closed or self._tape is not None
+                or self._marks):
+            return
+        why, self._draining = self._draining, None
+        if why == self._move_failed:  # tried already: it stays there
+            return
+        self._in_move = True
+        try:
+            self._move(why)
+        finally:
+            self._in_move = False
+
+    def _move(self, replica: str) -> None:
+        pending, self._pending = self._pending, []  # not sent yet: they go to the new one
+        try:
+            # everything sent runs there first; its answers wait for the next sync
+            self._sync_id += 1
+            self._send(sync=self._sync_id)
+            while True:
+                r = self._next(self.timeout, self.timeout).sync
+                self._carry.append(r)
+                if r.sync_id == self._sync_id:
+                    break
+            req = pb.CheckpointRequest(session_id=self.id, client_state=self._client_state(),
+                                       chunk_bytes=(4 << 20) - 4096)
+            spool = tempfile.TemporaryFile(prefix="fusebox-move-")
+            try:
+                try:
+                    off = 0
+                    for m in self._stub().Checkpoint(req, timeout=self._c.timeout,
+                                                     metadata=self._md):
+                        if m.offset != off:
+                            raise Error(f"Checkpoint: a chunk at {m.offset}, expected {off}")
+                        spool.write(m.data)
+                        off += len(m.data)
+                except grpc.RpcError as e:
+                    raise self._rpc_error("Checkpoint", e) from None
+
+                def chunks() -> Iterator[Any]:
+                    spool.seek(0)
+                    o = 0
+                    opts = pb.SessionOptions(memory_limit=self._memory_limit)
+                    while True:
+                        b = spool.read(1 << 20)
+                        if not b and o:
+                            return
+                        yield pb.CheckpointChunk(offset=o, data=b, options=opts if not o else None)
+                        if not b:
+                            return
+                        o += len(b)
+
+                try:
+                    got = self._restore_elsewhere(chunks, replica)
+                except ServerError as e:
+                    # no replica takes it: the session stays for the rest
+                    # of the grace, and the drain ends it
+                    self._moved_not(replica, e)
+                else:
+                    self._adopt(got, "draining")
+            finally:
+                spool.close()
+        except ConnectionLostError as e:
+            # the grace ended meanwhile: its checkpoint, if the server took one
+            self._pending = pending + self._pending
+            if getattr(e, "checkpoint", None) is None and not self.closed:
+                self._moved_not(replica, e)  # (the checkpoint call failed)
+                return
+            if self._resume_ended(e):
+                return
+            raise
+        except ServerError as e:
+            self._moved_not(replica, e)  # no checkpoint (no --checkpoint-key there)
+        self._pending = pending + self._pending
+
+    def _moved_not(self, replica: str, e: ServerError) -> None:
+        self._move_failed = replica
+        log.info("session %s: replica %s drains, and moving the session failed: %s",
+                 self.id[:8], replica, e.message)
+
+    def _restore_elsewhere(self, chunks: Any, replica: str) -> Tuple[Any, str, str, Any, str]:
+        """Restore on another replica: the next addresses of the client's
+        list, or behind one address (a proxy) new routing keys; returns
+        (RestoreResponse, address, route, metadata, replica)."""
+        addrs = self._c._others(self._addr) or [self._addr]
+        tries = len(addrs) if len(self._c.addresses) > 1 else CREATE_TRIES
+        last: Optional[ServerError] = None
+        for i in range(tries):
+            addr = addrs[i % len(addrs)]
+            route = secrets.token_hex(16)
+            md = tuple(self._c._metadata or ()) + (("fusebox-route", route),)
+            try:
+                r, call = self._c._stub_of(addr).Restore.with_call(
+                    chunks(), timeout=self._c.timeout, metadata=md)
+            except grpc.RpcError as e:
+                last = from_rpc("Restore", e)
+                if ("is draining; retry on another replica" in last.message or replica_gone(e)
+                        or last.status == grpc.StatusCode.NOT_FOUND):
+                    continue  # that one drains too, is gone, or has no such checkpoint
+                raise last from None
+            got = dict(call.initial_metadata() or ()).get("fusebox-replica", "")
+            if got and got == replica:  # (a draining replica refuses; never here)
+                continue
+            return r, addr, route, md, got
+        assert last is not None
+        raise last
+
+    def _adopt(self, got: Tuple[Any, str, str, Any, str], why: str) -> None:
+        """Make the restored session this one: same kernels (the restore
+        kept their ids), fields and handles; a new id, replica, stream."""
+        r, addr, route, md, replica = got
+        old_id, old_md, old_stub, old_replica = self.id, self._md, self._stub(), self.replica
+        old_q, old_stream = self._q, self._stream
+        self.id, self._addr, self._route, self._md, self.replica = (
+            r.session_id, addr, route, md, replica)
+        self.backend = r.backend or self.backend
+        self.memory_bytes = r.memory_bytes
+        self._seq_base += self._raw_seq
+        self._raw_seq = 0
+        self._sent = 0
+        self._q, self._resp = queue.Queue(), queue.Queue()
+        self._lost, self.closed = None, False
+        old_q.put(None)
+        if old_stream is not None:
+            old_stream.cancel()
+        try:  # the old session: closed there, so that the drain ends sooner
+            old_stub.CloseSession(pb.CloseSessionRequest(session_id=old_id), timeout=10,
+                                  metadata=old_md)
+        except grpc.RpcError:
+            pass
+        self._open_stream()
+        self.moves += 1
+        log.info("session %s moved from replica %s to replica %s (%s) as session %s",
+                 old_id[:8], old_replica or "?", replica or "?", why, self.id[:8])
+
+    def _resume_ended(self, err: BaseException) -> bool:
+        """The session was ended by its replica's drain after the grace and
+        checkpointed there (err names the checkpoint): restore it by that
+        name on another replica (replicas sharing --checkpoint-dir and the
+        key) and replay what the old one had not answered. False, leaving
+        err to be raised, when that cannot be done exactly."""
+        name = getattr(err, "checkpoint", None)
+        if not name:
+            return False
+        if self._inflight is None:
+            _amend(err, f"; not resumed on another replica by itself: more than {INFLIGHT_KEPT} "
+                   "messages of launches were unanswered")
+            return False
+        if self._tape is not None or any(len(m.tape) for m in self._inflight):
+            _amend(err, "; not resumed on another replica by itself: a tape was being recorded")
+            return False
+        chunks = lambda: iter([pb.CheckpointChunk(  # noqa: E731
+            name=name, options=pb.SessionOptions(memory_limit=self._memory_limit))])
+        try:
+            got = self._restore_elsewhere(chunks, self.replica)
+        except ServerError as e:
+            _amend(err, f"; resuming it from that checkpoint on another replica failed: "
+                   f"{e.message}")
+            return False
+        replay, self._inflight = self._inflight, []
+        self._adopt(got, "its replica drained; from checkpoint " + name)
+        # the checkpoint holds what the old replica ran; it must be exactly
+        # what it had answered, so that replaying the rest runs it once
+        probe = 1 << 62
+        self._q.put(pb.SessionRequest(sync=probe))
+        while True:
+            r = self._next(self.timeout, self.timeout).sync
+            if r.sync_id == probe:
+                break
+        ran = r.counters.launches
+        if ran != self._launches_at_sync:
+            n = sum(len(m.launches) for m in replay)
+            self.close()
+            raise ConnectionLostError(
+                "Session", grpc.StatusCode.UNAVAILABLE,
+                f"session {self.id[:8]}: its replica drained and checkpointed it as {name}, "
+                f"which holds {ran - self._launches_at_sync} of the {n} launches sent after the "
+                "last sync: it cannot continue exactly (restore that checkpoint with "
+                "Client.restore(name=...) and repeat the launches yourself)")
+        self._inflight = list(replay)
+        for m in replay:
+            self._q.put(m)
+        return True
 
     def close(self) -> None:
         """End the session (its stream and CloseSession); idempotent."""

@@ -73,15 +73,15 @@ def readyz(port):
 
 
 class Replica:
-    def __init__(self, tmp, name):
+    def __init__(self, tmp, name, *extra, grace=GRACE_S):
         self.name = name
         self.port, self.mport = free_port(), free_port()
         self.log = open(os.path.join(tmp, name + ".log"), "w+b")
         self.proc = subprocess.Popen(
             [FUSEBOXD, "--listen", f"127.0.0.1:{self.port}", "--metrics-listen",
-             f"127.0.0.1:{self.mport}", "--replica-name", name, "--drain-grace-s", str(GRACE_S),
+             f"127.0.0.1:{self.mport}", "--replica-name", name, "--drain-grace-s", str(grace),
              "--isolation", "thread", "--max-connections-per-ip", "1024",
-             "--stream-rate", "100000", "--reset-rate", "100000"],
+             "--stream-rate", "100000", "--reset-rate", "100000", *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         end = time.monotonic() + 60
         while readyz(self.mport) != 200:
