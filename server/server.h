@@ -64,7 +64,7 @@ enum {
   FBD_LOG_DEBUG
 };
 
-/* The walls a session worker raises (proc.c), in order; their names are
+/* The walls a session worker raises (session/walls.c), in order; their names are
  * fbd_wall_names[]: what --require-walls and /metrics call them. */
 enum {
   FBD_WALL_NETNS,   /* network and IPC namespaces */
@@ -114,7 +114,7 @@ typedef struct fbd_config {
   uint64_t worker_memory_bytes; /* process isolation: what each worker counts in the memory
                                    budget; 0 = measured by the broker (budget.c) */
   char *worker_user; /* process isolation, fuseboxd run as root: the user (name or uid) workers
-                        become; NULL: nobody. A worker itself gets "UID:GID" (proc.c) */
+                        become; NULL: nobody. A worker itself gets "UID:GID" (session/sandbox.c) */
   uint32_t worker_uid_base; /* fuseboxd run as root: workers of tenant k (auth.c's
                                worker_slot, 0 for no tenant) run as uid and gid base + k;
                                0: off (worker_user) */
@@ -126,7 +126,7 @@ typedef struct fbd_config {
   char *test_refuse_walls; /* a test hook: walls to treat as refused, WALL[:ERRNO],... */
   char *worker_namespaces; /* "auto", "on", "net", "off": a network, an IPC, a mount (with
                               an empty root) and a PID namespace per worker, or (net) the
-                              first two (proc.c); a worker itself gets "on", "net" or "off" */
+                              first two (session/sandbox.c); a worker itself gets "on", "net" or "off" */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -217,7 +217,7 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
 typedef struct fbd_server fbd_server;
 typedef struct fbd_session fbd_session;
 typedef struct fbd_call fbd_call;
-typedef struct fbd_proc fbd_proc; /* a session's worker process (proc.c) */
+typedef struct fbd_proc fbd_proc; /* a session's worker process (server/session/) */
 
 typedef struct fbd_tag {
   void (*fn)(void *obj, int ok);
@@ -349,11 +349,11 @@ struct fbd_server {
   /* with a tenants file, the calls open with no identity (health checks,
    * which need none): one more tenant for max_calls_per_tenant (rpc.c) */
   atomic_int probe_open_calls;
-  /* process isolation (proc.c), under pmu */
+  /* process isolation (session/spawn.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
-  int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (proc.c) */
-  /* the sandbox walls (proc.c, FBD_WALL_*): FBD_WALL_UP, _DOWN (the kernel
+  int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (session/walls.c) */
+  /* the sandbox walls (session/walls.c, FBD_WALL_*): FBD_WALL_UP, _DOWN (the kernel
      refused it: workers go on without it) or _OFF (not asked for: namespaces
      off, or no user to switch to), with the refusal's errno; set at start */
   int wall_state[FBD_NWALLS];
@@ -452,7 +452,7 @@ void fbd_stage_free(fbd_buf *b); /* and clears it */
  * The engine side of a session: the jobs it runs against its fb_session,
  * in order, each answered by a reply (exec.c). Under thread isolation the
  * session's worker thread runs them in fuseboxd itself; under process
- * isolation the session's worker process runs them (proc.c) and sends the
+ * isolation the session's worker process runs them (session/proc.c) and sends the
  * replies back. Either way the broker side (session.c, methods.c) turns a
  * reply into messages and the status of the job's call. */
 
@@ -536,7 +536,7 @@ typedef struct fbd_exec {
 } fbd_exec;
 
 /* What one SyncResult may list (exec.c keeps at most these; the broker
- * bounds a worker's sync reply by them, proc.c reply_cap). */
+ * bounds a worker's sync reply by them, session/bounds.c fbd_reply_cap). */
 #define FBD_SYNC_MAX_ERRS 64 /* launch errors kept per sync */
 #define FBD_SYNC_MAX_RETS (1 << 20) /* return values kept per sync */
 
@@ -735,7 +735,7 @@ void fbd_stage_give(fbd_session *s, fbd_buf *b); /* and clears *b */
 void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
 
 /* ---------------------------------------------------------------- worker processes
- * Process isolation (proc.c). The broker keeps spare_workers workers
+ * Process isolation (server/session/). The broker keeps spare_workers workers
  * started (fuseboxd re-executed with --session-worker FD, the engine made,
  * then locked down) so that a session gets one at once. */
 
@@ -825,7 +825,7 @@ int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen);
 void fbd_codestore_free(fbd_codestore *s);
 void fbd_codestore_name(fbd_codestore *s, uint64_t partition, const char *tenant);
 /* The store's get and put (fusebox/codestore.h) for a partition: what the
- * broker answers a worker's requests with (proc.c). NULL s: a miss. */
+ * broker answers a worker's requests with (session/cache.c). NULL s: a miss. */
 int fbd_codestore_get(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
                       size_t irlen, uint8_t **code, size_t *len);
 void fbd_codestore_put(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
@@ -958,7 +958,7 @@ int fbd_session_checkpoint_now(fbd_session *s, double timeout_s, char *name, siz
  * last is checkpoint_every_s old gets a CKPT job into the directory. */
 void fbd_ckpt_tick(fbd_server *srv);
 /* Process isolation: run a CKPT or RESTORE job in s's worker, the stream
- * crossing the socket in data frames (proc.c). */
+ * crossing the socket in data frames (session/frame.h). */
 void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_stage_count(int64_t delta);

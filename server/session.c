@@ -4,7 +4,7 @@
  * failed creation, a crashed or timed-out worker, aborted) and the idle
  * reaper. The worker thread hands each job to the engine side (exec.c): in
  * this process under thread isolation, in the session's worker process
- * (proc.c) under process isolation; and turns the reply into the call's
+ * (session/proc.c) under process isolation; and turns the reply into the call's
  * messages and status. */
 #include <sched.h>
 #include <limits.h>
