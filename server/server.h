@@ -6,7 +6,7 @@
  *    completion: they move bytes, decode requests, check what can be checked
  *    without the engine, and post jobs to sessions. They never compile or
  *    launch.
- *  - Each session has one worker thread that drains its job queue in order
+ *  - Each session has one session thread that drains its job queue in order
  *    and is the only thread touching the session's engine state
  *    (fb_session). Responses are handed back to the call, whose sends go out
  *    one at a time from whichever thread queued them or completed the
@@ -126,7 +126,8 @@ typedef struct fbd_config {
   char *test_refuse_walls; /* a test hook: walls to treat as refused, WALL[:ERRNO],... */
   char *worker_namespaces; /* "auto", "on", "net", "off": a network, an IPC, a mount (with
                               an empty root) and a PID namespace per worker, or (net) the
-                              first two (session/sandbox.c); a worker itself gets "on", "net" or "off" */
+                              first two (session/sandbox.c); a worker itself gets "on", "net" or
+                              "off" */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -331,7 +332,7 @@ struct fbd_server {
   int shutdown_done;
   int nslots; /* outstanding grpc_server_request_call */
   int ncalls; /* live call objects */
-  int nworkers; /* live session workers */
+  int nsession_threads; /* live session threads */
   fbd_session **sessions; /* the table, max_sessions slots */
   int nsessions;
   pthread_t *zombies; /* finished workers to join */
@@ -381,8 +382,11 @@ struct fbd_server {
 };
 
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
+/* start.c: the server's start and stop, each in one place */
                      size_t errlen);
-void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished workers */
+/* rpc.c: the completion-queue threads and (unless rc) the accepting slots */
+int fbd_rpc_accept(fbd_server *srv, int rc, char *err, size_t errlen);
+void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished session threads */
 /* Graceful: drain, cancel, free everything. FB_EINTERNAL when a session's
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
@@ -426,7 +430,7 @@ void fbd_gate_set_tls(fbd_server *s, struct ssl_ctx_st *ctx);
 /* "fd:N" -> the client's address; *cert_pem: its verified certificate (mTLS) or NULL */
 char *fbd_gate_peer(fbd_server *s, const char *peer, char **cert_pem);
 void fbd_server_free(fbd_server *s);
-double fbd_now(void); /* monotonic seconds */
+double fbd_now(void); /* monotonic seconds (log.c) */
 const fbd_method *fbd_method_find(const char *path, size_t n);
 void fbd_count_bad(fbd_server *s);
 
@@ -445,13 +449,13 @@ typedef struct fbd_buf {
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
 int fbd_memfd_seal(int fd); /* size sealed for good (shrink, grow, seal): FB_EINTERNAL */
-uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
+uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process (budget.c) */
 void fbd_stage_free(fbd_buf *b); /* and clears it */
 
 /* ---------------------------------------------------------------- execution
  * The engine side of a session: the jobs it runs against its fb_session,
  * in order, each answered by a reply (exec.c). Under thread isolation the
- * session's worker thread runs them in fuseboxd itself; under process
+ * session thread runs them in fuseboxd itself; under process
  * isolation the session's worker process runs them (session/proc.c) and sends the
  * replies back. Either way the broker side (session.c, methods.c) turns a
  * reply into messages and the status of the job's call. */
@@ -656,7 +660,7 @@ struct fbd_session {
     fbd_buf b;
     double used;
   } stage[2]; /* kept for reuse */
-  /* the worker thread (and, for watch->cancel, Cancel) */
+  /* the session thread (and, for watch->cancel, Cancel) */
   pthread_t th;
   fbd_watch *watch; /* thread isolation: in the heap; process: shared with the worker */
   fbd_exec x; /* thread isolation: the engine side */
@@ -688,6 +692,10 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
                     struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
                     size_t errlen);
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
+/* fbd_session_new for call c, its tenant's admission first (auth.c
+ * fbd_auth_admit_begin: FB_EQUOTA with err naming the limit). Takes l. */
+int fbd_session_new_for(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
+                        char *err, size_t errlen);
 void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
 /* Queue a job; FB_ENOENT when the session has ended (job untouched). */
@@ -718,7 +726,7 @@ void fbd_session_end_all(fbd_server *srv, int reason);
  * (reason FBD_END_DRAINED: UNAVAILABLE); FB_ENOENT when it is ending already. */
 int fbd_session_end_with(fbd_session *s, int reason, const char *why);
 int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
-void *fbd_worker_main(void *arg);
+void *fbd_session_thread_main(void *arg);
 void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,
                           int full_id);
 
@@ -961,7 +969,7 @@ void fbd_ckpt_tick(fbd_server *srv);
  * crossing the socket in data frames (session/frame.h). */
 void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r);
-void fbd_stage_count(int64_t delta);
+void fbd_stage_count(int64_t delta); /* the staging total (budget.c) moves by delta */
 struct fbd_ckpt_wait;
 void fbd_ckpt_wait_done(struct fbd_ckpt_wait *w, int code, const char *name, const char *err);
 /* Stream a finished checkpoint (memfd) to c in chunks; takes k. */

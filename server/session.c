@@ -1,8 +1,8 @@
 /* fuseboxd sessions: the table (ids are 128-bit random hex, so one client
- * cannot guess another's), the ordered job queue and the worker thread of
+ * cannot guess another's), the ordered job queue and the session thread of
  * each session, how a session ends (closed, disconnected, reaped, shutdown,
  * failed creation, a crashed or timed-out worker, aborted) and the idle
- * reaper. The worker thread hands each job to the engine side (exec.c): in
+ * reaper. The session thread hands each job to the engine side (exec.c): in
  * this process under thread isolation, in the session's worker process
  * (session/proc.c) under process isolation; and turns the reply into the call's
  * messages and status. */
@@ -102,7 +102,7 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
       if (srv->sessions[i]) continue;
       srv->sessions[i] = s;
       srv->nsessions++;
-      srv->nworkers++;
+      srv->nsession_threads++;
       srv->st.memory_bytes += s->mem_bytes; /* counted from admission on */
       s->accounted = s->mem_bytes;
       rc = 0;
@@ -136,7 +136,7 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   s->ecfg.mode = s->mode;
   s->peer = strdup(peer ? peer : "?");
   atomic_init(&s->owner, owner); /* before the budget's admission, which names it */
-  atomic_init(&s->refs, 3); /* table, worker, caller */
+  atomic_init(&s->refs, 3); /* table, session thread, caller */
   atomic_init(&s->queued, 0);
   atomic_init(&s->has_stream, 0);
   pthread_mutex_init(&s->mu, NULL);
@@ -152,12 +152,12 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
     session_free(s);
     return rc;
   }
-  if (pthread_create(&s->th, NULL, fbd_worker_main, s)) {
+  if (pthread_create(&s->th, NULL, fbd_session_thread_main, s)) {
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->cfg->max_sessions; i++)
       if (srv->sessions[i] == s) srv->sessions[i] = NULL;
     srv->nsessions--;
-    srv->nworkers--;
+    srv->nsession_threads--;
     srv->st.memory_bytes -= s->accounted;
     pthread_mutex_unlock(&srv->mu);
     session_free(s);
@@ -167,6 +167,15 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   *out = s;
   return 0;
 }
+int fbd_session_new_for(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
+                        char *err, size_t errlen) {
+  int rc = fbd_auth_admit_begin(c, l, ec, err, errlen); /* auth's verdict */
+  if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
+  else rc = fbd_session_new(c->srv, l, ec, c->tenant, c->peer, out, err, errlen);
+  fbd_auth_admit_end(c, !rc);
+  return rc;
+}
+
 
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n) {
   fbd_session *found = NULL;
@@ -331,7 +340,7 @@ int fbd_session_may_recv(fbd_session *s) {
 }
 
 /* Waking a sleeping thread costs tens of microseconds on an idle machine
- * (more in a VM), which would dominate a sync round trip: so a worker whose
+ * (more in a VM), which would dominate a sync round trip: so a session thread whose
  * stream is attached waits a little for the next request before it sleeps,
  * yielding the CPU to anything else runnable meanwhile. */
 static void spin(fbd_session *s) {
@@ -427,8 +436,8 @@ static void count_end(fbd_server *srv, fbd_session *s) {
   pthread_mutex_unlock(&srv->mu);
 }
 
-/* Hand the finished worker to the main thread for joining. */
-static void worker_exit(fbd_server *srv, pthread_t th) {
+/* Hand the finished session thread to the main thread for joining. */
+static void session_thread_exit(fbd_server *srv, pthread_t th) {
   pthread_mutex_lock(&srv->mu);
   if (srv->nzombies == srv->zcap) {
     int nc = srv->zcap ? srv->zcap * 2 : 16;
@@ -440,7 +449,7 @@ static void worker_exit(fbd_server *srv, pthread_t th) {
   }
   if (srv->nzombies < srv->zcap) srv->zombies[srv->nzombies++] = th;
   else pthread_detach(th);
-  srv->nworkers--;
+  srv->nsession_threads--;
   pthread_cond_broadcast(&srv->cv);
   pthread_mutex_unlock(&srv->mu);
 }
@@ -871,7 +880,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   fbd_reply_clear(&r);
 }
 
-void *fbd_worker_main(void *arg) {
+void *fbd_session_thread_main(void *arg) {
   fbd_session *s = arg;
   fbd_server *srv = s->srv;
   fbd_call *closer = NULL; /* a CloseSession is answered once the session is gone */
@@ -899,8 +908,8 @@ void *fbd_worker_main(void *arg) {
   }
   pthread_t th = s->th;
   fbd_session_unref(s); /* the table's */
-  fbd_session_unref(s); /* the worker's */
-  worker_exit(srv, th);
+  fbd_session_unref(s); /* the session thread's */
+  session_thread_exit(srv, th);
   return NULL;
 }
 
