@@ -308,6 +308,7 @@ typedef struct fbd_stats {
 
 struct fbd_server {
   const fbd_config *cfg;
+  const struct fbd_session_ops *ops; /* by isolation: fbd_thread_ops or fbd_process_ops */
   fbd_log *log;
   fb_engine *engine;
   const char *backend;
@@ -381,8 +382,8 @@ struct fbd_server {
   atomic_uint_fast64_t ckpt_written, ckpt_restored, ckpt_refused, ckpt_bytes_out, ckpt_bytes_in;
 };
 
-int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
 /* start.c: the server's start and stop, each in one place */
+int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
                      size_t errlen);
 /* rpc.c: the completion-queue threads and (unless rc) the accepting slots */
 int fbd_rpc_accept(fbd_server *srv, int rc, char *err, size_t errlen);
@@ -691,11 +692,11 @@ void fbd_job_free(fbd_job *j);
 int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
                     struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
                     size_t errlen);
-fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
 /* fbd_session_new for call c, its tenant's admission first (auth.c
  * fbd_auth_admit_begin: FB_EQUOTA with err naming the limit). Takes l. */
 int fbd_session_new_for(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
                         char *err, size_t errlen);
+fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
 void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
 /* Queue a job; FB_ENOENT when the session has ended (job untouched). */
@@ -741,6 +742,32 @@ void fbd_stage_give(fbd_session *s, fbd_buf *b); /* and clears *b */
 /* Stream a field's bytes (buf, staged for session s, taken) out on a ReadField
  * call; the buffer goes back to s when gRPC is done with it. */
 void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
+
+/* ---------------------------------------------------------------- session operations
+ * One table of what the broker asks of a session's engine side, with a
+ * thread implementation (fbd_thread_ops, session/thread.c: the session
+ * thread runs exec.c itself) and a process implementation
+ * (fbd_process_ops, session/proc.c: the session's worker runs it). The
+ * server picks one at start by --isolation (fbd_server.ops); the broker's
+ * files call through it instead of testing the isolation. */
+typedef struct fbd_session_ops {
+  const char *name;  /* "thread", "process" */
+  int staging_memfd; /* staging buffers are memfds a worker maps (fbd_stage_alloc) */
+  int (*open)(fbd_session *s); /* at fbd_session_new: its watch page (thread) */
+  /* before CREATE, DESCRIBE and RESTORE: a worker for s (process) */
+  int (*attach)(fbd_session *s, char *err, size_t errlen);
+  /* a source's layout (*out new), or FB_E* with r finished as fatal */
+  int (*parse)(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
+  void (*create)(fbd_session *s, fbd_job *j, fbd_reply *r); /* the engine session */
+  void (*describe)(fbd_session *s, fbd_job *j, fbd_reply *r); /* DescribeSource */
+  /* a checked checkpoint into s; its layout in *out (new) */
+  void (*restore)(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
+  void (*run)(fbd_session *s, fbd_job *j, fbd_reply *r); /* every other job */
+  void (*signal)(fbd_session *s, int sig); /* the scheduler's SIGSTOP/SIGCONT */
+  void (*sample)(fbd_session *s);          /* the budget's workers part (the reaper) */
+  void (*release)(fbd_session *s);         /* as s is freed: its watch page, its worker */
+} fbd_session_ops;
+extern const fbd_session_ops fbd_thread_ops, fbd_process_ops;
 
 /* ---------------------------------------------------------------- worker processes
  * Process isolation (server/session/). The broker keeps spare_workers workers

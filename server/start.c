@@ -247,6 +247,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   fbd_server *srv = calloc(1, sizeof *srv);
   if (!srv) return FB_ENOMEM;
   srv->cfg = cfg;
+  srv->ops = fbd_isolated(cfg) ? &fbd_process_ops : &fbd_thread_ops;
   srv->log = log;
   srv->started = fbd_now();
   srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;

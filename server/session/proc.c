@@ -408,3 +408,77 @@ int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
   }
   return rc;
 }
+
+/* ---------------------------------------------------------------- the table
+ * The process implementation of the session operations (fbd_session_ops,
+ * server.h; --isolation process): the session's worker runs the engine
+ * side; its watch page is the worker's (spawn.c). */
+
+static void fail(fbd_reply *r, int code) {
+  r->code = code;
+  r->finish = r->fatal = 1;
+}
+
+static int process_open(fbd_session *s) {
+  (void)s; /* the watch page comes with the worker (fbd_proc_attach) */
+  return 0;
+}
+
+static void process_describe(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+  if (rc) fail(r, rc);
+  else fbd_proc_run(s, j, r);
+}
+
+/* RESTORE in a new worker; the layout it answers with, checked as a
+ * client's is. */
+static void process_restore(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
+  int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+  if (rc) fail(r, rc);
+  else fbd_proc_restore(s, j, r);
+  if (!r->code && !r->pb) {
+    fb_errf(r->msg, sizeof r->msg, "the session worker answered the restore without a layout");
+    fail(r, FB_EINTERNAL);
+  }
+  if (!r->code) {
+    fbp_arena a;
+    fbp_arena_init(&a);
+    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
+    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
+        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
+    char why[FBD_ERRLEN - 64];
+    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
+    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
+    if (rc) {
+      fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
+      fail(r, FB_EINTERNAL);
+    }
+    fbp_arena_free(&a);
+  }
+  free(r->pb);
+  r->pb = NULL;
+  r->pblen = 0;
+}
+
+static void process_signal(fbd_session *s, int sig) {
+  if (s->proc) fbd_proc_signal(s->proc, sig);
+}
+
+static void process_release(fbd_session *s) {
+  fbd_proc_free(s->proc); /* its watch page goes with it */
+}
+
+const fbd_session_ops fbd_process_ops = {
+    .name = "process",
+    .staging_memfd = 1,
+    .open = process_open,
+    .attach = fbd_proc_attach,
+    .parse = fbd_proc_parse,
+    .create = fbd_proc_create,
+    .describe = process_describe,
+    .restore = process_restore,
+    .run = fbd_proc_run,
+    .signal = process_signal,
+    .sample = fbd_proc_sample,
+    .release = process_release,
+};
