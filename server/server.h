@@ -749,7 +749,9 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
  * thread runs exec.c itself) and a process implementation
  * (fbd_process_ops, session/proc.c: the session's worker runs it). The
  * server picks one at start by --isolation (fbd_server.ops); the broker's
- * files call through it instead of testing the isolation. */
+ * files run a session's work through it; what still reads the isolation
+ * (fbd_isolated) is policy: the budget's worker processes part (budget.c),
+ * a request's bytes kept for the worker (methods.c), the spares (start.c). */
 typedef struct fbd_session_ops {
   const char *name;  /* "thread", "process" */
   int staging_memfd; /* staging buffers are memfds a worker maps (fbd_stage_alloc) */

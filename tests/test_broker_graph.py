@@ -47,6 +47,8 @@ def files(root):
     out = {}
     for sub in ("server", "server/session"):
         d = os.path.join(root, sub)
+        if not os.path.isdir(d):  # a tree from before the session side's folder
+            continue
         for f in sorted(os.listdir(d)):
             if f.endswith((".c", ".h")):
                 rel = os.path.relpath(os.path.join(d, f), os.path.join(root, "server"))
