@@ -19,7 +19,7 @@
 #include <jansson.h>
 #include <png.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "support.h"
 
 static char tmpdir[256];
@@ -543,6 +543,29 @@ static int start_fuseboxd(const char *name, char *sock, size_t n) {
   return start_fuseboxd_env("", name, sock, n);
 }
 
+/* ... with these flags (after --listen). */
+static int start_fuseboxd_flags(const char *flags, const char *name, char *sock, size_t n) {
+  char cmd[8192], *out;
+  snprintf(sock, n, "unix:%s/%s", tmpdir, name);
+  const char *b = getenv("FB_BUILD_DIR");
+  snprintf(cmd, sizeof cmd,
+           "%s/server/fuseboxd --listen %s --log-level warn %s </dev/null >/dev/null 2>&1 & echo $!",
+           b ? b : "build", sock, flags);
+  ck_assert_int_eq(sh(cmd, &out), 0);
+  int pid = atoi(out);
+  free(out);
+  ck_assert_int_gt(pid, 0);
+  int up = 0;
+  for (int i = 0; i < 100 && !up; i++) {
+    snprintf(cmd, sizeof cmd, "%s ping --server %s", fusebox(), sock);
+    up = sh(cmd, &out) == 0 && strstr(out, "SERVING");
+    free(out);
+    if (!up) usleep(50000);
+  }
+  ck_assert_msg(up, "fuseboxd did not come up on %s", sock);
+  return pid;
+}
+
 /* A kernel that reads out of bounds fails `fusebox run` and `fusebox
  * bench` on every path (in this process, on a private fuseboxd, on a
  * running one), in sync and async mode, and every path says the same: the
@@ -596,7 +619,7 @@ START_TEST(launch_errors_fail_every_path) {
 END_TEST
 
 /* The runner resolves an action once (its path, kernel and arguments) and
- * launches from that on every later run of it (client/cli_session.c,
+ * launches from that on every later run of it (cli/cli_session.c,
  * act_memo): an error on a later run still names that action, with the
  * launch number counted over every run, in both modes and in bench. */
 START_TEST(repeated_action_errors_name_their_launch) {
@@ -1026,14 +1049,162 @@ START_TEST(checkpoint_resume) {
   ck_assert_int_eq(sh(cmd, &out), 2);
   ck_assert_msg(strstr(out, "can be read by others"), "%s", out);
   free(out);
-  /* on a server: not yet */
+  /* on a server, the server's key seals: a key here is refused */
   snprintf(cmd, sizeof cmd,
-           "%s run %s/ck.json --server unix:/nonexistent --checkpoint-every 5 --checkpoint-dir "
-           "%s/cks",
-           fusebox(), tmpdir, tmpdir);
+           "%s run %s/ck.json --server unix:/nonexistent --checkpoint-key %s/other.key "
+           "--checkpoint-every 5 --checkpoint-dir %s/cks",
+           fusebox(), tmpdir, tmpdir, tmpdir);
   ck_assert_int_eq(sh(cmd, &out), 2);
-  ck_assert_msg(strstr(out, "not supported by this CLI yet"), "%s", out);
+  ck_assert_msg(strstr(out, "--checkpoint-key is for in-process runs"), "%s", out);
   free(out);
+}
+END_TEST
+
+/* Checkpoints of a run on a fuseboxd (docs/checkpoint.md "The CLI"): a
+ * --server run with --checkpoint-every streams the server's sealed
+ * checkpoints into --checkpoint-dir here, named as in-process ones; the
+ * run and its fuseboxd are killed (-9) after a checkpoint; a fresh
+ * fuseboxd with the same key resumes each file (--resume, and a
+ * {"checkpoint": F} action's file through session.resume) and ends with
+ * fields identical, byte for byte, to an uninterrupted run (sync and async,
+ * random(), pointer cells that come and go). A modified file, another
+ * server key and an in-process checkpoint are refused with a clear message
+ * and exit 2, and leave no session behind. */
+START_TEST(checkpoint_resume_server) {
+  write_file("cks.fbk", ckpt_prog);
+  char key[600], key2[600];
+  snprintf(key, sizeof key, "%s/srv.key", tmpdir);
+  snprintf(key2, sizeof key2, "%s/srv2.key", tmpdir);
+  const char *modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    char json[2048], cmd[8192], flags[1400], sock[512], *out;
+    snprintf(json, sizeof json,
+             "{ \"name\": \"cks\", \"program\": \"cks.fbk\", \"session\": {\"mode\": "
+             "\"%s\", \"seed\": 5},\n"
+             "  \"step\": [ {\"repeat\": 30, \"do\": [ {\"launch\": \"bump\"} ]},\n"
+             "             {\"checkpoint\": \"mid.fbck\"},\n"
+             "             {\"repeat\": 400, \"do\": [ {\"launch\": \"bump\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"u.npy\"}, {\"read\": \"p\", \"to\": "
+             "\"p.npy\"} ] }\n",
+             modes[m]);
+    write_file("cks.json", json);
+    snprintf(flags, sizeof flags, "--checkpoint-key %s --checkpoint-key-create", key);
+    int pid = start_fuseboxd_flags(flags, "cks1.sock", sock, sizeof sock);
+    /* uninterrupted, in this process: what every resumed run must end with */
+    snprintf(cmd, sizeof cmd,
+             "XDG_CONFIG_HOME=%s/cfg %s run %s/cks.json --local -o %s/sa%d --checkpoint-every 200 "
+             "--checkpoint-dir %s/slk%d",
+             tmpdir, fusebox(), tmpdir, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    /* on the server with checkpoints every 7 launches, killed after the first */
+    snprintf(cmd, sizeof cmd,
+             "%s run %s/cks.json --server %s -q -o %s/sk%d --checkpoint-every 7 "
+             "--checkpoint-dir %s/sck%d >/dev/null 2>&1 & echo $!",
+             fusebox(), tmpdir, sock, tmpdir, m, tmpdir, m);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    int cli = atoi(out);
+    free(out);
+    ck_assert_int_gt(cli, 0);
+    char f1[600];
+    snprintf(f1, sizeof f1, "%s/sck%d/cks-000000000007.fbck", tmpdir, m);
+    for (int i = 0; i < 600 && access(f1, F_OK) != 0; i++) usleep(50000);
+    ck_assert_msg(access(f1, F_OK) == 0, "no checkpoint %s after 30 s", f1);
+    kill(cli, SIGKILL);
+    kill(pid, SIGKILL);
+    waitpid(cli, NULL, 0);
+    waitpid(pid, NULL, 0);
+    /* a fresh fuseboxd, the same key: resume from the earliest file kept */
+    snprintf(flags, sizeof flags, "--checkpoint-key %s", key);
+    pid = start_fuseboxd_flags(flags, "cks2.sock", sock, sizeof sock);
+    snprintf(cmd, sizeof cmd, "ls %s/sck%d | head -n 1", tmpdir, m);
+    ck_assert_int_eq(sh(cmd, &out), 0);
+    char first[600];
+    snprintf(first, sizeof first, "%s/sck%d/%.*s", tmpdir, m, (int)strcspn(out, "\n"), out);
+    free(out);
+    ck_assert_msg(strstr(first, ".fbck") && !strstr(first, ".tmp"), "%s", first);
+    snprintf(cmd, sizeof cmd, "%s run %s/cks.json --server %s --resume %s -o %s/sr%d", fusebox(),
+             tmpdir, sock, first, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "resumed from %s: %s", first, out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cmp %s/sa%d/u.npy %s/sr%d/u.npy && cmp %s/sa%d/p.npy %s/sr%d/p.npy",
+             tmpdir, m, tmpdir, m, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "resumed from %s: %s", first, out);
+    free(out);
+    /* an uninterrupted run on this server: periodic files (the last two),
+     * the action's file; resumed from the action's through session.resume */
+    snprintf(cmd, sizeof cmd,
+             "%s run %s/cks.json --server %s -o %s/sb%d --checkpoint-every 100 "
+             "--checkpoint-dir %s/sck2%d && ls %s/sck2%d",
+             fusebox(), tmpdir, sock, tmpdir, m, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "cks-000000000300.fbck\ncks-000000000400.fbck\n") &&
+                      !strstr(out, "000200"),
+                  "%s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "cmp %s/sa%d/u.npy %s/sb%d/u.npy && cmp %s/sa%d/p.npy %s/sb%d/p.npy",
+             tmpdir, m, tmpdir, m, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    snprintf(json, sizeof json,
+             "{ \"name\": \"cks\", \"program\": \"cks.fbk\", \"session\": {\"resume\": "
+             "\"sb%d/mid.fbck\"},\n"
+             "  \"step\": [ {\"repeat\": 30, \"do\": [ {\"launch\": \"bump\"} ]},\n"
+             "             {\"repeat\": 400, \"do\": [ {\"launch\": \"bump\"} ]} ],\n"
+             "  \"checks\": [ {\"read\": \"u\", \"to\": \"u.npy\"}, {\"read\": \"p\", \"to\": "
+             "\"p.npy\"} ] }\n",
+             m);
+    write_file("cks2.json", json);
+    snprintf(cmd, sizeof cmd,
+             "%s run %s/cks2.json --server %s -o %s/sm%d && cmp %s/sa%d/u.npy %s/sm%d/u.npy && "
+             "cmp %s/sa%d/p.npy %s/sm%d/p.npy",
+             fusebox(), tmpdir, sock, tmpdir, m, tmpdir, m, tmpdir, m, tmpdir, m, tmpdir, m);
+    ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
+    free(out);
+    if (m == 1) {
+      /* a modified checkpoint */
+      snprintf(cmd, sizeof cmd,
+               "cp %s %s/sbad.fbck && printf 'X' | dd of=%s/sbad.fbck bs=1 seek=300 "
+               "conv=notrunc 2>/dev/null && %s run %s/cks.json --server %s --resume "
+               "%s/sbad.fbck -o %s/sbad",
+               first, tmpdir, tmpdir, fusebox(), tmpdir, sock, tmpdir, tmpdir);
+      ck_assert_int_eq(sh(cmd, &out), 2);
+      ck_assert_msg(strstr(out, "resume: ") && strstr(out, "sbad.fbck: the checkpoint was "
+                                                           "modified or was written with another "
+                                                           "server key"),
+                    "%s", out);
+      ck_assert_msg(!strstr(out, "Restore"), "names the call, not the problem: %s", out);
+      free(out);
+      /* an in-process checkpoint (another key, another writer) */
+      snprintf(cmd, sizeof cmd, "%s run %s/cks.json --server %s --resume %s/slk1/cks-000000000400.fbck",
+               fusebox(), tmpdir, sock, tmpdir);
+      ck_assert_int_eq(sh(cmd, &out), 2);
+      ck_assert_msg(strstr(out, "resume: ") && strstr(out, "another server key"), "%s", out);
+      free(out);
+      /* no session was left behind by the refusals */
+      snprintf(cmd, sizeof cmd, "%s stats --server %s --json", fusebox(), sock);
+      ck_assert_int_eq(sh(cmd, &out), 0);
+      json_t *js = json_loads(strchr(out, '{') ? strchr(out, '{') : out, 0, NULL);
+      ck_assert_msg(js, "%s", out);
+      ck_assert_msg(json_is_array(json_object_get(js, "session_list")) &&
+                        json_array_size(json_object_get(js, "session_list")) == 0,
+                    "%s", out);
+      json_decref(js);
+      free(out);
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+      /* another server key */
+      snprintf(flags, sizeof flags, "--checkpoint-key %s --checkpoint-key-create", key2);
+      pid = start_fuseboxd_flags(flags, "cks3.sock", sock, sizeof sock);
+      snprintf(cmd, sizeof cmd, "%s run %s/cks.json --server %s --resume %s", fusebox(), tmpdir,
+               sock, first);
+      ck_assert_int_eq(sh(cmd, &out), 2);
+      ck_assert_msg(strstr(out, "another server key"), "%s", out);
+      free(out);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
 }
 END_TEST
 
@@ -1378,7 +1549,7 @@ START_TEST(outputs_stay_inside) {
 }
 END_TEST
 
-/* fb_out_open itself (client/cli_outfile.c, linked into this test), both
+/* fb_out_open itself (cli/cli_outfile.c, linked into this test), both
  * ways: openat2 and the O_NOFOLLOW walk that stands in where the kernel
  * lacks it. */
 START_TEST(out_open_both_ways) {
@@ -2058,6 +2229,7 @@ int main(void) {
   tcase_add_test(tc, run_json);
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, checkpoint_resume);
+  tcase_add_test(tc, checkpoint_resume_server);
   tcase_add_test(tc, bad_saves_are_named);
   tcase_add_test(tc, orientation_and_particles);
   tcase_add_test(tc, outputs_stay_inside);

@@ -42,7 +42,9 @@ set(cases
   "fusebox_opt codegen/codegen.h no"
   "fusebox_opt runtime/runtime.h no"
   "fusebox_opt ir/ir_internal.h no"
-  "fusebox_opt fusebox/engine.h ok"
+  "fusebox_opt fusebox/engine.h no"
+  "fusebox_opt fusebox/ir.h ok fb_layout_equal"
+  "fusebox_opt fusebox/client.h no"
   "fusebox_codegen codegen/codegen.h ok"
   "fusebox_codegen optimizer/optimizer.h no"
   "fusebox_codegen runtime/runtime.h no"
@@ -80,6 +82,18 @@ set(cases
   "fusebox_server engine/internal.h no"
   "fusebox_server client/client_internal.h no"
   "fusebox_client base/base.h ok"
+  "fusebox_client fusebox/client.h ok fb_remote_checkpoint"
+  "fusebox_client fusebox/engine.h no"
+  "fusebox_client fusebox/codestore.h no"
+  "fusebox_shared fusebox/engine.h no"
+  "fusebox_shared fusebox/client.h ok"
+  "fusebox_engine fusebox/client.h no"
+  "fusebox_engine fusebox/lang.h no"
+  "fusebox_codegen fusebox/engine.h no"
+  "fusebox_runtime fusebox/engine.h no"
+  "fusebox_ir fusebox/engine.h no"
+  "fusebox fusebox/engine.h ok fb_session_checkpoint"
+  "fusebox fusebox/client.h ok"
   "fusebox_client proto/wire.h ok fbp_bb_copy"
   "fusebox_client runtime/runtime.h no"
   "fusebox_client engine/internal.h no"
@@ -88,6 +102,7 @@ set(cases
   "fusebox optimizer/optimizer.h no"
   "fusebox runtime/runtime.h no"
   "fusebox engine/internal.h no"
+  "fusebox client/client_internal.h no"
   "fusebox codegen/codegen.h no")
 
 foreach(entry ${DIRS})
@@ -153,9 +168,9 @@ foreach(c ${cases})
   endif()
 endforeach()
 # The front end's public header (fusebox/lang.h, and fusebox/client.h,
-# which includes it) lies in include/ beside the others, so the include
-# directories cannot hide it: no file of the folders below the front end
-# may name it, nor any header of lang/ (they do not link fusebox_lang).
+# which includes it) is out of those folders' include roots (above); as a
+# second check, no file of the folders below the front end may name it, nor
+# any header of lang/ (they do not link fusebox_lang).
 foreach(dir optimizer codegen runtime engine)
   file(GLOB_RECURSE files ${SRC}/${dir}/*.c ${SRC}/${dir}/*.h)
   if(NOT files)

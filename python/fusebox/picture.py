@@ -25,7 +25,7 @@ ORIENTATIONS = ("matrix", "taichi")
 COLORMAPS = ("viridis", "gray")
 
 # matplotlib's viridis at 0, 0.1, ..., 1, linear in between: the same stops
-# and arithmetic as client/cli_png.c, so a picture made here has the pixels
+# and arithmetic as cli/cli_png.c, so a picture made here has the pixels
 # of a JSON session's `save` of the same field.
 _VIRIDIS = np.array([
     (68, 1, 84), (72, 36, 117), (65, 68, 135), (53, 95, 141), (42, 120, 142), (33, 145, 140),

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 static volatile sig_atomic_t hits, clear_line, have_paths;
 static volatile int *daemon_pid; /* the fb_daemon's pid field: set there right after fork */

@@ -28,7 +28,7 @@
 #define FB_HAVE_OPENAT2 1
 #endif
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 int fb_out_try_openat2 = 1;
 

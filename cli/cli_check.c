@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/cli.h"
-#include "client/cli_session.h"
+#include "cli/cli.h"
+#include "cli/cli_session.h"
 #include "fusebox/engine.h"
 #include "fusebox/lang.h"
 

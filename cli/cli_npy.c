@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 static const struct {
   const char *descr;

@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/cli.h"
-#include "client/cli_session.h"
+#include "cli/cli.h"
+#include "cli/cli_session.h"
 
 typedef struct run_args {
   const char *file, *graph_dir, *trace;
@@ -77,8 +77,12 @@ static int help(FILE *f, int graph) {
             "           identical to an uninterrupted run (also \"session\": {\"resume\": F})\n"
             "  --checkpoint-key FILE  the key checkpoints are sealed with (mode 0600);\n"
             "           default $XDG_CONFIG_HOME/fusebox/checkpoint.key, made on first use\n"
-            "  (checkpoints are of in-process sessions: they imply --local; with --server\n"
-            "  they are refused for now; docs/checkpoint.md)\n"
+            "  Without --server, checkpoints are of an in-process session (they imply\n"
+            "  --local). With --server ADDR the fuseboxd seals them under its own key\n"
+            "  (its --checkpoint-key; --checkpoint-key here is refused) and each streams\n"
+            "  into DIR on this side, named as above; --resume FILE uploads one to the\n"
+            "  server at ADDR (any replica with the same key) and the run goes on there.\n"
+            "  A checkpoint of one kind does not resume as the other (docs/checkpoint.md)\n"
             "  Ctrl-C (or SIGTERM) stops the run at once: the private fuseboxd is\n"
             "  stopped and its socket removed, a --server session is closed; it prints\n"
             "  \"interrupted\" and exits 130 (143 for SIGTERM). A second Ctrl-C does\n"
@@ -132,6 +136,12 @@ static int parse_args(int argc, char **argv, int graph, run_args *a) {
   }
   if (!!a->o.ckpt_every != !!a->o.ckpt_dir) {
     fprintf(stderr, "fusebox run: --checkpoint-every and --checkpoint-dir go together\n");
+    return -1;
+  }
+  if (a->o.ckpt_key && a->o.server) {
+    fprintf(stderr, "fusebox run: --checkpoint-key is for in-process runs; the fuseboxd at %s "
+                    "seals checkpoints with its own key (fuseboxd --checkpoint-key)\n",
+            a->o.server);
     return -1;
   }
   if ((a->o.ckpt_every || a->o.resume) && !a->o.server) a->o.private_server = 0; /* in-process */

@@ -1,11 +1,11 @@
 /* fusebox: the command line of Fusebox. Dispatches to the subcommands in
- * client/cli_*.c. Every subcommand takes --help. */
+ * cli/cli_*.c. Every subcommand takes --help. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 static void usage(FILE *f) {
   fprintf(f,

@@ -20,7 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 
 /* matplotlib's viridis at 0, 0.1, ..., 1 (perceptually uniform, readable
  * in grey and by most colour-blind readers); linear between the stops */

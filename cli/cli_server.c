@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "fusebox/client.h"
 
 static int connect_to(int argc, char **argv, const char *usage, int *json, fb_client **c) {

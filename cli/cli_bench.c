@@ -15,8 +15,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/cli.h"
-#include "client/cli_session.h"
+#include "cli/cli.h"
+#include "cli/cli_session.h"
 
 typedef struct mode_def {
   const char *name;

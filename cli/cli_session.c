@@ -2,7 +2,7 @@
  * JSON path), ${param} substitution in the program text and in values, and
  * the runner for setup / step / checks on an engine session. */
 #define _GNU_SOURCE
-#include "client/cli_session.h"
+#include "cli/cli_session.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -18,7 +18,7 @@
 
 #include "base/base.h"
 #include "base/map.h"
-#include "client/cli.h"
+#include "cli/cli.h"
 #include "fusebox/client.h"
 
 /* ---------------------------------------------------------------- errors */
@@ -688,9 +688,62 @@ typedef struct act_memo {
   fb_type ret;  /* what it returns */
 } act_memo;
 
+/* ---------------------------------------------------------------- where a session runs
+ * The runner asks the same things of a session in this process (the
+ * engine) and of one on a fuseboxd (libfusebox): one table of those
+ * operations, with an implementation for each place (local_place,
+ * remote_place, below), chosen once in fb_sess_start. Every place the two
+ * differ is a line of the table, not an `if` among the actions. */
+typedef struct launch_req { /* a "launch" action, its kernel and arguments checked */
+  json_t *a;
+  uint32_t *ix; /* its memo (r->act), NULL when run outside a list */
+  const char *name;
+  const fb_lang_kernel *lk;
+  const char **binds;
+  int nb;
+  const fb_value *vals;
+  int nv;
+  int grad; /* 1: "k.grad", 2: "k.dual" */
+} launch_req;
+
+typedef struct sess_place {
+  /* the session: new, or from the checkpoint `resume` (a file) */
+  int (*open)(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
+              const char *resume, char **err);
+  const char *(*errmsg)(const fb_sess_run *r);
+  void (*backend)(fb_sess_run *r, char *buf, size_t n);
+  void (*device)(fb_sess_run *r, char *buf, size_t n);
+  /* register (first time) and launch; a launch the checkpoint holds is noted and passed over */
+  int (*launch)(fb_sess_run *r, const launch_req *q, const char *path, char **err);
+  /* activate / deactivate / deactivate_all: what the cells' launches need
+   * (the local kernel's id), then one cell's launch (after its bounds) */
+  int (*host_begin)(fb_sess_run *r, fb_host_op op, const char *target, const char *path,
+                    char **err);
+  int (*host_cell)(fb_sess_run *r, fb_host_op op, const char *target, int id, const int64_t *idx,
+                   const fb_value *vals, int nidx, const char *path, const char *sub, char **err);
+  /* {"tape": loss, "do": body}: body's launches recorded, then the gradients */
+  int (*tape)(fb_sess_run *r, int loss_place, json_t *body, const char *sub, const char *end,
+              const char *path, char **err);
+  /* before the host touches fields: a launch before that failed is named */
+  int (*settle)(fb_sess_run *r, const char *path, char **err);
+  int (*field_read)(fb_sess_run *r, int place, void *dst, size_t bytes);
+  int (*field_write)(fb_sess_run *r, int place, const void *src, size_t bytes, const char *name,
+                     const char *path, char **err);
+  int (*flush)(fb_sess_run *r, const char *path, char **err);
+  int (*sync)(fb_sess_run *r, const char *path, char **err);
+  void (*counters)(fb_sess_run *r, fb_counters *c);
+  /* launches so far for --checkpoint-every; -1 inside a tape (no checkpoint there) */
+  int64_t (*ckpt_count)(fb_sess_run *r);
+  /* a checkpoint into f (fb_out_open's, may be NULL) or, whole or not at all, into file */
+  int (*checkpoint)(fb_sess_run *r, FILE *f, const char *file, const char *what, char **err);
+} sess_place;
+
+static const sess_place local_place, remote_place;
+
 struct fb_sess_run {
   fb_sess_file *f;
   fb_sess_opts o;
+  const sess_place *at; /* where the session runs */
   fb_engine *eng;
   fb_session *s;
   fb_client *cli;
@@ -737,6 +790,10 @@ struct fb_sess_run {
   size_t keylen;
   char *ckpt_files[2];
   uint64_t ckpt_at; /* launches at the last checkpoint (or the resume) */
+  /* a session on a fuseboxd restored from a checkpoint numbers its
+   * launches (seq) from 1 again: launch n of the run is seq n - seq_base */
+  uint64_t seq_base;
+  int in_tape; /* between fb_remote_tape_begin and _end: no checkpoint */
   /* how many times each save action has come up (its {step}) */
   struct {
     json_t *action;
@@ -752,20 +809,31 @@ struct fb_sess_run {
 
 fb_session *fb_sess_session(fb_sess_run *r) { return r->s; }
 
-void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) {
+void fb_sess_backend(fb_sess_run *r, char *buf, size_t n) { r->at->backend(r, buf, n); }
+
+void fb_sess_device(fb_sess_run *r, char *buf, size_t n) { r->at->device(r, buf, n); }
+
+static const char *sess_errmsg(const fb_sess_run *r) { return r->at->errmsg(r); }
+
+static void local_backend(fb_sess_run *r, char *buf, size_t n) {
+  snprintf(buf, n, "%s", r->eng ? fb_engine_backend(r->eng) : "?");
+}
+
+static void remote_backend(fb_sess_run *r, char *buf, size_t n) {
   fb_server_info info;
-  if (r->eng) snprintf(buf, n, "%s", fb_engine_backend(r->eng));
-  else if (r->cli && fb_client_info(r->cli, &info) == 0) snprintf(buf, n, "%s", info.backend);
+  if (r->cli && fb_client_info(r->cli, &info) == 0) snprintf(buf, n, "%s", info.backend);
   else snprintf(buf, n, "?");
 }
 
-void fb_sess_device(fb_sess_run *r, char *buf, size_t n) {
+static void local_device(fb_sess_run *r, char *buf, size_t n) {
   snprintf(buf, n, "%s", r->eng ? fb_engine_device(r->eng) : "");
 }
 
-static const char *sess_errmsg(const fb_sess_run *r) {
-  return r->rem ? fb_remote_errmsg(r->rem) : fb_session_errmsg(r->s);
-}
+static void remote_device(fb_sess_run *r, char *buf, size_t n) { snprintf(buf, n, "%s", ""); }
+
+static const char *local_errmsg(const fb_sess_run *r) { return fb_session_errmsg(r->s); }
+
+static const char *remote_errmsg(const fb_sess_run *r) { return fb_remote_errmsg(r->rem); }
 
 /* ---------------------------------------------------------------- launch errors */
 
@@ -936,7 +1004,8 @@ static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value 
                      : e->kernel >= 0 && e->kernel < r->nrnames && r->rnames[e->kernel]
                          ? r->rnames[e->kernel]
                          : "?";
-    return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1, kn, e->msg, err);
+    return launch_error(r, e->code ? e->code : FB_EINTERNAL, e->seq - 1 + r->seq_base, kn, e->msg,
+                        err);
   }
   if (!rc && res.errors_dropped)
     rc =
@@ -946,22 +1015,68 @@ static int remote_sync(fb_sess_run *r, const char *path, uint64_t seq, fb_value 
   return rc;
 }
 
-int fb_sess_sync(fb_sess_run *r, char **err) {
-  if (r->rem) return remote_sync(r, "sync", 0, NULL, err);
-  int rc = fb_sync(r->s);
-  return rc ? local_error(r, rc, "sync", NULL, err) : 0;
-}
+int fb_sess_sync(fb_sess_run *r, char **err) { return r->at->sync(r, "sync", err); }
 
 void fb_sess_counters(fb_sess_run *r, fb_counters *c) {
   memset(c, 0, sizeof *c);
-  if (r->rem) fb_remote_counters(r->rem, c);
-  else fb_session_counters(r->s, c);
+  r->at->counters(r, c);
 }
 
+static int local_sync(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_sync(r->s);
+  return rc ? local_error(r, rc, path, NULL, err) : 0;
+}
+
+static int remote_sync_all(fb_sess_run *r, const char *path, char **err) {
+  return remote_sync(r, path, 0, NULL, err);
+}
+
+static int local_settle(fb_sess_run *r, const char *path, char **err) {
+  return 0; /* a field read or write waits for the launches itself and names a failed one */
+}
+
+static void local_counters(fb_sess_run *r, fb_counters *c) { fb_session_counters(r->s, c); }
+
+static void remote_counters(fb_sess_run *r, fb_counters *c) { fb_remote_counters(r->rem, c); }
+
+static int local_flush(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_flush(r->s);
+  return rc ? local_error(r, rc, path, NULL, err) : 0;
+}
+
+static int remote_flush(fb_sess_run *r, const char *path, char **err) {
+  int rc = fb_remote_flush(r->rem);
+  return rc ? errf(err, rc, "%s: %s", path, sess_errmsg(r)) : 0;
+}
+
+static int local_field_read(fb_sess_run *r, int place, void *dst, size_t bytes) {
+  return fb_field_read(r->s, place, dst, bytes);
+}
+
+static int remote_field_read(fb_sess_run *r, int place, void *dst, size_t bytes) {
+  return fb_remote_field_read(r->rem, place, dst, bytes);
+}
+
+static int local_field_write(fb_sess_run *r, int place, const void *src, size_t bytes,
+                             const char *name, const char *path, char **err) {
+  int rc = fb_field_write(r->s, place, src, bytes);
+  return rc ? local_error(r, rc, path, "writing", err) : 0;
+}
+
+static int remote_field_write(fb_sess_run *r, int place, const void *src, size_t bytes,
+                              const char *name, const char *path, char **err) {
+  int rc = fb_remote_field_write(r->rem, place, src, bytes);
+  return rc ? errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r)) : 0;
+}
+
+static int resume_remote(fb_sess_run *r, const fb_remote_options *ro, const char *file,
+                         char **err);
+
 /* The session on a server: --server ADDR, or a private fuseboxd on a unix
- * socket that lives as long as this run. */
+ * socket that lives as long as this run; from the checkpoint `resume`
+ * (a file here) when not NULL. */
 static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
-                        char **err) {
+                        const char *resume, char **err) {
   char msg[1024] = "", exe[1024], sock[320];
   const char *addr = r->o.server;
   if (!addr) {
@@ -1002,6 +1117,7 @@ static int start_remote(fb_sess_run *r, json_t *sc, const char *mode, const fb_s
     ro.fusion = !!(cfg->passes & FB_PASSES_FUSION);
     ro.dse = !!(cfg->passes & FB_PASSES_DSE);
   }
+  if (resume) return resume_remote(r, &ro, resume, err);
   rc = fb_remote_open_program(r->cli, &ro, r->f->prog, &r->rem);
   if (rc)
     return errf(err, rc, "%s: cannot open a session on %s: %s", r->f->path, addr,
@@ -1036,6 +1152,26 @@ static void session_async_options(json_t *sc, unsigned off, fb_session_config *c
 static int resume_session(fb_sess_run *r, const char *file, const fb_session_config *cfg,
                           char **err);
 
+/* The session in this process: an engine, and a session made new or
+ * restored from the sealed checkpoint `resume`. */
+static int local_open(fb_sess_run *r, json_t *sc, const char *mode, const fb_session_config *cfg,
+                      const char *resume, char **err) {
+  const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
+                            ? json_string_value(json_object_get(sc, "backend"))
+                            : "auto";
+  fb_engine_config ec = {
+      .backend = backend,
+      .cpu_threads = r->o.cpu_threads,
+      .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
+  char msg[1024] = "";
+  int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s: $.session.backend: %s", r->f->path, msg);
+  if (resume) return resume_session(r, resume, cfg, err);
+  rc = fb_session_create(r->eng, cfg, fb_program_layout(r->f->prog), &r->s, msg, sizeof msg);
+  if (rc) return errf(err, rc, "%s: cannot create the session: %s", r->f->path, msg);
+  return 0;
+}
+
 int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, char **err) {
   fb_sess_run *r = calloc(1, sizeof *r);
   if (r) fb_map_init(&r->acts, sizeof(uint32_t));
@@ -1043,10 +1179,8 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
   r->f = f;
   r->o = *o;
   if (!r->o.out) r->o.out = stdout;
+  r->at = o->server || o->private_server ? &remote_place : &local_place;
   json_t *sc = json_object_get(f->root, "session");
-  const char *backend = sc && json_is_string(json_object_get(sc, "backend"))
-                            ? json_string_value(json_object_get(sc, "backend"))
-                            : "auto";
   const char *mode = o->mode ? o->mode
                      : sc && json_is_string(json_object_get(sc, "mode"))
                          ? json_string_value(json_object_get(sc, "mode"))
@@ -1056,54 +1190,19 @@ int fb_sess_start(fb_sess_file *f, const fb_sess_opts *o, fb_sess_run **out, cha
       .seed = sc ? (uint64_t)json_integer_value(json_object_get(sc, "seed")) : 0,
       .memory_limit = sc ? (uint64_t)json_integer_value(json_object_get(sc, "memory_limit")) : 0};
   session_async_options(sc, o->passes_off, &cfg);
-  if ((o->server || o->private_server) &&
-      (o->resume || o->ckpt_every || (sc && json_object_get(sc, "resume")))) {
-    fb_sess_stop(r);
-    return errf(err, FB_EUNSUPPORTED,
-                "checkpoints of a session on a fuseboxd are not supported by this CLI yet; run "
-                "with --local");
-  }
-  if (o->server || o->private_server) {
-    int rc = start_remote(r, sc, mode, &cfg, err);
-    if (rc) {
-      fb_sess_stop(r);
-      return rc;
-    }
-    *out = r;
-    return 0;
-  }
-  fb_engine_config ec = {
-      .backend = backend,
-      .cpu_threads = o->cpu_threads,
-      .compile_threads = sc ? (int)json_integer_value(json_object_get(sc, "compile_threads")) : 0};
-  char msg[1024] = "";
-  int rc = fb_engine_create(&ec, &r->eng, msg, sizeof msg);
-  if (rc) {
-    free(r);
-    return errf(err, rc, "%s: $.session.backend: %s", f->path, msg);
-  }
   const char *resume = o->resume ? o->resume
                        : sc && json_is_string(json_object_get(sc, "resume"))
                            ? json_string_value(json_object_get(sc, "resume"))
                            : NULL;
-  if (resume) {
-    char *rp = NULL; /* session.resume: beside the JSON file */
-    if (!o->resume && resume[0] != '/' && f->dir[0] && asprintf(&rp, "%s/%s", f->dir, resume) < 0)
-      rp = NULL;
-    rc = resume_session(r, rp ? rp : resume, &cfg, err);
-    free(rp);
-    if (rc) {
-      fb_sess_stop(r);
-      return rc;
-    }
-    *out = r;
-    return 0;
-  }
-  rc = fb_session_create(r->eng, &cfg, fb_program_layout(f->prog), &r->s, msg, sizeof msg);
+  char *rp = NULL; /* session.resume: beside the JSON file */
+  if (resume && !o->resume && resume[0] != '/' && f->dir[0] &&
+      asprintf(&rp, "%s/%s", f->dir, resume) < 0)
+    rp = NULL;
+  int rc = r->at->open(r, sc, mode, &cfg, rp ? rp : resume, err);
+  free(rp);
   if (rc) {
-    fb_engine_destroy(r->eng);
-    free(r);
-    return errf(err, rc, "%s: cannot create the session: %s", f->path, msg);
+    fb_sess_stop(r);
+    return rc;
   }
   *out = r;
   return 0;
@@ -1196,8 +1295,16 @@ static int scalar_arg(json_t *a, fb_type t, fb_value *v) {
   return FB_ETYPE;
 }
 
-static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **binds, int nb,
-                         const fb_value *vals, int nv, int grad, const char *path, char **err) {
+static int remote_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err) {
+  const fb_lang_kernel *lk = q->lk;
+  const char **binds = q->binds;
+  const fb_value *vals = q->vals;
+  int nb = q->nb, nv = q->nv, grad = q->grad;
+  if (r->skip) { /* it ran before the checkpoint the session resumed from */
+    if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+    r->skip--;
+    return 0;
+  }
   int id = fb_remote_kernel(r->rem, lk->name, binds, nb);
   if (id < 0) return errf(err, id, "%s: cannot register '%s': %s", path, lk->name, sess_errmsg(r));
   if (grad && (id = grad == 2 ? fb_remote_kernel_tangent(r->rem, id)
@@ -1218,9 +1325,9 @@ static int remote_launch(fb_sess_run *r, const fb_lang_kernel *lk, const char **
     r->nlaunch--; /* refused here: the server never saw it */
     return errf(err, (int)seq, "%s: launching %s: %s", path, lk->name, sess_errmsg(r));
   }
-  if ((uint64_t)seq != r->nlaunch) /* our count and the server's must agree */
-    return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
-                (unsigned long long)r->nlaunch);
+  if ((uint64_t)seq + r->seq_base != r->nlaunch) /* our count and the server's must agree */
+    return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
+                (unsigned long long)((uint64_t)seq + r->seq_base), (unsigned long long)r->nlaunch);
   if (!r->o.verbose || lk->ret == FB_T_VOID) return 0;
   fb_value ret;
   int rc = remote_sync(r, path, (uint64_t)seq, &ret, err);
@@ -1311,18 +1418,29 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
   snprintf(sub, sizeof sub, "%.1000s.do", path);
   char end[1024];
   snprintf(end, sizeof end, "%.1000s (the tape's end)", path);
+  return r->at->tape(r, fld->places[0], json_object_get(a, "do"), sub, end, path, err);
+}
+
+static int remote_tape(fb_sess_run *r, int loss, json_t *body, const char *sub, const char *end,
+                       const char *path, char **err) {
   int rc;
-  if (r->rem) {
-    if ((rc = fb_remote_tape_begin(r->rem, fld->places[0])))
-      return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
-    if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
-    /* its errors come with the next sync (a refused adjoint names its launch) */
-    if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
-    return 0;
-  }
-  if ((rc = fb_session_tape_begin(r->s, fld->places[0])))
+  if ((rc = fb_remote_tape_begin(r->rem, loss)))
+    return errf(err, rc, "%s.tape: %s", path, sess_errmsg(r));
+  r->in_tape = 1;
+  rc = run_list(r, body, sub, err);
+  r->in_tape = 0;
+  if (rc) return rc;
+  /* its errors come with the next sync (a refused adjoint names its launch) */
+  if ((rc = fb_remote_tape_end(r->rem))) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
+  return 0;
+}
+
+static int local_tape(fb_sess_run *r, int loss, json_t *body, const char *sub, const char *end,
+                      const char *path, char **err) {
+  int rc;
+  if ((rc = fb_session_tape_begin(r->s, loss)))
     return errf(err, rc, "%s.tape: %s", path, fb_session_errmsg(r->s));
-  if ((rc = run_list(r, json_object_get(a, "do"), sub, err))) return rc;
+  if ((rc = run_list(r, body, sub, err))) return rc;
   fb_counters before;
   fb_session_counters(r->s, &before);
   rc = fb_session_tape_end(r->s);
@@ -1331,6 +1449,7 @@ static int do_tape(fb_sess_run *r, json_t *a, const char *path, char **err) {
 }
 
 static int launch_resolved(fb_sess_run *r, const act_memo *m, const char *path, char **err);
+static int local_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err);
 
 static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
   uint32_t *ix = fb_map_get(&r->acts, (uint64_t)(uintptr_t)a);
@@ -1364,7 +1483,19 @@ static int do_launch(fb_sess_run *r, json_t *a, const char *path, char **err) {
                   fb_type_name(lk->params[i].type));
     }
   }
-  if (r->rem) return remote_launch(r, lk, binds, nb, vals, nv, grad, path, err);
+  launch_req q = {a, ix, name, lk, binds, nb, vals, nv, grad};
+  return r->at->launch(r, &q, path, err);
+}
+
+/* Register (the first time) and launch in the in-process session: the
+ * action is resolved once, its later runs go straight to launch_resolved. */
+static int local_launch(fb_sess_run *r, const launch_req *q, const char *path, char **err) {
+  const fb_lang_kernel *lk = q->lk;
+  const char *name = q->name;
+  const char **binds = q->binds;
+  const fb_value *vals = q->vals;
+  int nb = q->nb, nv = q->nv, grad = q->grad;
+  uint32_t *ix = q->ix;
   fb_kernel *ir;
   fb_diags d;
   fb_diags_init(&d);
@@ -1460,8 +1591,7 @@ static int read_field(fb_sess_run *r, const char *name, fb_npy *out, char **err)
   }
   for (int c = 0; c < fld->ncomp; c++) {
     uint8_t *dst = fld->ncomp > 1 ? tmp : out->data;
-    rc = r->rem ? fb_remote_field_read(r->rem, fld->places[c], dst, (size_t)cells * es)
-                : fb_field_read(r->s, fld->places[c], dst, (size_t)cells * es);
+    rc = r->at->field_read(r, fld->places[c], dst, (size_t)cells * es);
     if (rc) {
       free(tmp);
       fb_npy_free(out);
@@ -1490,7 +1620,7 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
   rc = fb_npy_read(file, &arr, msg, sizeof msg);
   free(file);
   if (rc) return errf(err, rc, "%s.from: %s", path, msg);
-  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err))) { /* launches before it failed? */
+  if ((rc = r->at->settle(r, path, err))) { /* launches before it failed? */
     fb_npy_free(&arr);
     return rc;
   }
@@ -1507,13 +1637,11 @@ static int do_write(fb_sess_run *r, json_t *a, const char *path, char **err) {
     for (int64_t i = 0; i < cells; i++)
       memcpy(tmp + (size_t)i * es,
              (uint8_t *)arr.data + ((size_t)i * (size_t)fld->ncomp + (size_t)c) * es, es);
-    rc = r->rem ? fb_remote_field_write(r->rem, fld->places[c], tmp, (size_t)cells * es)
-                : fb_field_write(r->s, fld->places[c], tmp, (size_t)cells * es);
+    rc = r->at->field_write(r, fld->places[c], tmp, (size_t)cells * es, name, path, err);
   }
   free(tmp);
   fb_npy_free(&arr);
-  if (rc && !r->rem) return local_error(r, rc, path, "writing", err);
-  if (rc) return errf(err, rc, "%s: writing %s: %s", path, name, sess_errmsg(r));
+  if (rc) return rc;
   return tmp ? 0 : FB_ENOMEM;
 }
 
@@ -1559,7 +1687,7 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
   const char *target = json_string_value(json_object_get(a, keys[op]));
   json_t *cells = json_object_get(a, "cells");
   size_t ncell = op == FB_HOST_DEACTIVATE_ALL ? 1 : json_array_size(cells);
-  int id = r->rem ? 0 : local_host_kernel(r, op, target, path, err);
+  int id = r->at->host_begin(r, op, target, path, err);
   if (id < 0) return id;
   for (size_t c = 0; c < ncell; c++) {
     int64_t idx[FB_MAX_AXES];
@@ -1578,50 +1706,72 @@ static int do_host(fb_sess_run *r, json_t *a, const char *path, char **err) {
     char sub[1100];
     if (op == FB_HOST_DEACTIVATE_ALL) snprintf(sub, sizeof sub, "%s", path);
     else snprintf(sub, sizeof sub, "%.1000s.cells[%zu]", path, c);
-    if (!r->rem) {
-      const fb_snode *sn = NULL;
-      int snid, nd;
-      char msg[512];
-      if (fb_host_target(r->f->prog, target, &snid, &nd, msg, sizeof msg) == 0)
-        sn = &fb_program_layout(r->f->prog)->nodes[snid];
-      for (int d = 0; sn && d < nidx; d++)
-        if (idx[d] < 0 || idx[d] >= sn->shape[sn->dim_axis[d]])
-          return errf(err, FB_EBOUNDS,
-                      "%s: index %lld (number %d) is out of bounds of '%s' (0 .. %lld)", sub,
-                      (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
-    }
-    if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
-    if (r->rem) {
-      int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
-                    : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
-                                               : fb_remote_deactivate_all(r->rem, target);
-      if (seq < 0) {
-        r->nlaunch--; /* refused here: the server never saw it */
-        /* a refused target is the action's; a bad index, its cell's */
-        return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
-      }
-      if ((uint64_t)seq != r->nlaunch)
-        return errf(err, FB_EINTERNAL, "%s: launch #%lld, expected #%llu", path, (long long)seq,
-                    (unsigned long long)r->nlaunch);
-      continue;
-    }
-    if (r->skip) { /* it ran before the checkpoint the session resumed from */
-      r->skip--;
-      continue;
-    }
-    fb_value ret;
-    fb_counters before, after;
-    fb_session_counters(r->s, &before);
-    int rc = fb_launch(r->s, id, vals, nidx, &ret);
-    if (rc) {
-      uint64_t n;
-      if (fb_session_error_launch(r->s, &n, NULL) == 0) return local_error(r, rc, path, NULL, err);
-      fb_session_counters(r->s, &after);
-      if (after.launches > before.launches)
-        return launch_error(r, rc, r->nlaunch - 1, local_kernel_name(r, id),
-                            fb_session_errmsg(r->s), err);
-      return errf(err, rc, "%s: %s", sub, fb_session_errmsg(r->s));
-    }
+    int rc = r->at->host_cell(r, op, target, id, idx, vals, nidx, path, sub, err);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+static int remote_host_begin(fb_sess_run *r, fb_host_op op, const char *target, const char *path,
+                             char **err) {
+  return 0; /* libfusebox adds the kernel on the server the first time */
+}
+
+/* Note the cell's launch; 1 when the checkpoint the session resumed from holds it. */
+static int host_noted(fb_sess_run *r, const char *path, char **err) {
+  if (note_launch(r, path)) return errf(err, FB_ENOMEM, "%s: out of memory", path);
+  if (r->skip) { /* it ran before the checkpoint the session resumed from */
+    r->skip--;
+    return 1;
+  }
+  return 0;
+}
+
+static int remote_host_cell(fb_sess_run *r, fb_host_op op, const char *target, int id,
+                            const int64_t *idx, const fb_value *vals, int nidx, const char *path,
+                            const char *sub, char **err) {
+  int rc = host_noted(r, path, err);
+  if (rc) return rc > 0 ? 0 : rc;
+  int64_t seq = op == FB_HOST_ACTIVATE     ? fb_remote_activate(r->rem, target, idx, nidx)
+                : op == FB_HOST_DEACTIVATE ? fb_remote_deactivate(r->rem, target, idx, nidx)
+                                           : fb_remote_deactivate_all(r->rem, target);
+  if (seq < 0) {
+    r->nlaunch--; /* refused here: the server never saw it */
+    /* a refused target is the action's; a bad index, its cell's */
+    return errf(err, (int)seq, "%s: %s", seq == FB_EBOUNDS ? sub : path, sess_errmsg(r));
+  }
+  if ((uint64_t)seq + r->seq_base != r->nlaunch)
+    return errf(err, FB_EINTERNAL, "%s: launch #%llu, expected #%llu", path,
+                (unsigned long long)((uint64_t)seq + r->seq_base), (unsigned long long)r->nlaunch);
+  return 0;
+}
+
+static int local_host_cell(fb_sess_run *r, fb_host_op op, const char *target, int id,
+                           const int64_t *idx, const fb_value *vals, int nidx, const char *path,
+                           const char *sub, char **err) {
+  const fb_snode *sn = NULL;
+  int snid, nd;
+  char msg[512];
+  if (fb_host_target(r->f->prog, target, &snid, &nd, msg, sizeof msg) == 0)
+    sn = &fb_program_layout(r->f->prog)->nodes[snid];
+  for (int d = 0; sn && d < nidx; d++)
+    if (idx[d] < 0 || idx[d] >= sn->shape[sn->dim_axis[d]])
+      return errf(err, FB_EBOUNDS, "%s: index %lld (number %d) is out of bounds of '%s' (0 .. %lld)",
+                  sub, (long long)idx[d], d, target, (long long)sn->shape[sn->dim_axis[d]] - 1);
+  int rc = host_noted(r, path, err);
+  if (rc) return rc > 0 ? 0 : rc;
+  fb_value ret;
+  fb_counters before, after;
+  fb_session_counters(r->s, &before);
+  rc = fb_launch(r->s, id, vals, nidx, &ret);
+  if (rc) {
+    uint64_t n;
+    if (fb_session_error_launch(r->s, &n, NULL) == 0) return local_error(r, rc, path, NULL, err);
+    fb_session_counters(r->s, &after);
+    if (after.launches > before.launches)
+      return launch_error(r, rc, r->nlaunch - 1, local_kernel_name(r, id),
+                          fb_session_errmsg(r->s), err);
+    return errf(err, rc, "%s: %s", sub, fb_session_errmsg(r->s));
   }
   return 0;
 }
@@ -1654,8 +1804,7 @@ static int save_field(fb_sess_run *r, json_t *spec, const char *name, const char
                       const char *path, char **err) {
   char msg[1024];
   int rc;
-  if (r->rem && (rc = remote_sync(r, path, 0, NULL, err)))
-    return rc; /* launches before it failed? */
+  if ((rc = r->at->settle(r, path, err))) return rc; /* launches before it failed? */
   char *shown = output_shown(r, file);
   if (!shown) return errf(err, FB_ENOMEM, "%s: out of memory", path);
   if (!fb_png_is_name(file)) {
@@ -1768,8 +1917,10 @@ static int do_save(fb_sess_run *r, json_t *a, const char *path, char **err) {
 }
 
 /* ---------------------------------------------------------------- checkpoints
- * docs/checkpoint.md "The CLI": sealed files (engine/seal.c) under the
- * local key, owner "" (a local run has no tenant). */
+ * docs/checkpoint.md "The CLI": in-process, sealed files (engine/seal.c)
+ * under the local key, owner "" (a local run has no tenant); on a fuseboxd,
+ * the server seals the session under its own key and the file streams here
+ * (fb_remote_checkpoint), and a resume uploads it (fb_remote_restore). */
 
 /* The local key: --checkpoint-key FILE (which must exist), else
  * $XDG_CONFIG_HOME/fusebox/checkpoint.key (~/.config/...), made 0600 on
@@ -1831,68 +1982,87 @@ static int sealed_to_fd(fb_sess_run *r, int fd, const char *shown, char **err) {
   return 0;
 }
 
-static int need_local(fb_sess_run *r, const char *path, char **err) {
-  if (!r->rem) return 0;
-  return errf(err, FB_EUNSUPPORTED,
-              "%s: checkpoints of a session on a fuseboxd are not supported by this CLI yet; "
-              "run with --local",
-              path);
+/* The session on a fuseboxd as a checkpoint into the file `file` (the
+ * server seals it; libfusebox writes a temporary twin, syncs, renames). */
+static int remote_checkpoint(fb_sess_run *r, FILE *f, const char *file, const char *what,
+                             char **err) {
+  /* f: the place is checked and made (as for any output); the server's file is renamed onto it */
+  int rc = fb_remote_checkpoint(r->rem, file, NULL, 0);
+  if (rc) return errf(err, rc, "%s: %s", what, sess_errmsg(r));
+  return 0;
+}
+
+static int local_checkpoint(fb_sess_run *r, FILE *f, const char *file, const char *what,
+                            char **err) {
+  if (f) {
+    fflush(f);
+    if (ftruncate(fileno(f), 0)) { /* fb_out_open may reuse a file */
+    }
+    return sealed_to_fd(r, fileno(f), file, err);
+  }
+  char *tmp = NULL;
+  if (asprintf(&tmp, "%s.tmp%d", file, (int)getpid()) < 0) return errf(err, FB_ENOMEM, "out of memory");
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int rc = fd < 0 ? errf(err, FB_EIO, "%s: %s: %s", what, tmp, strerror(errno))
+                  : sealed_to_fd(r, fd, file, err);
+  if (fd >= 0 && close(fd) && !rc) rc = errf(err, FB_EIO, "%s: %s", tmp, strerror(errno));
+  if (!rc && rename(tmp, file))
+    rc = errf(err, FB_EIO, "%s: cannot rename it to %s: %s", tmp, file, strerror(errno));
+  if (rc) unlink(tmp); /* the previous checkpoints stay as they were */
+  free(tmp);
+  return rc;
 }
 
 /* {"checkpoint": NAME}: a sealed checkpoint into NAME under the output
  * directory (as "save" files are). */
 static int do_checkpoint(fb_sess_run *r, json_t *a, const char *path, char **err) {
-  int rc = need_local(r, path, err);
-  if (rc) return rc;
+  int rc;
   const char *name = json_string_value(json_object_get(a, "checkpoint"));
   char msg[1024];
   char *shown = output_shown(r, name);
   FILE *f = fb_out_open(output_dir(r), name, msg, sizeof msg);
-  if (!f) {
-    rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, msg);
+  if (!f || !shown) {
+    rc = f ? errf(err, FB_ENOMEM, "%s: out of memory", path)
+           : errf(err, FB_EIO, "%s.checkpoint: %s", path, msg);
+    if (f) fclose(f);
     free(shown);
     return rc;
   }
-  fflush(f);
-  if (ftruncate(fileno(f), 0)) { /* fb_out_open may reuse a file */
-  }
-  rc = sealed_to_fd(r, fileno(f), shown ? shown : name, err);
+  char what[1100];
+  snprintf(what, sizeof what, "%.1000s.checkpoint", path);
+  rc = r->at->checkpoint(r, f, shown, what, err);
   if (fclose(f) && !rc) rc = errf(err, FB_EIO, "%s.checkpoint: %s", path, strerror(errno));
   free(shown);
   return rc;
 }
+
+static int64_t local_ckpt_count(fb_sess_run *r) {
+  return fb_session_tape_loss(r->s) >= 0 ? -1 : (int64_t)fb_session_launches(r->s);
+}
+
+static int64_t remote_ckpt_count(fb_sess_run *r) { return r->in_tape ? -1 : (int64_t)r->nlaunch; }
 
 /* --checkpoint-every N: after each action that launched, a checkpoint
  * once N launches have run since the last one (never inside a tape):
  * DIR/NAME-LAUNCHES.fbck, written to a temporary file, synced, renamed;
  * the one before the previous is removed. */
 static int periodic_checkpoint(fb_sess_run *r, const char *path, char **err) {
-  if (!r->o.ckpt_every || r->skip || !r->s) return 0;
-  uint64_t n = fb_session_launches(r->s);
-  if (n - r->ckpt_at < r->o.ckpt_every || fb_session_tape_loss(r->s) >= 0) return 0;
+  if (!r->o.ckpt_every || r->skip) return 0;
+  int64_t at = r->at->ckpt_count(r);
+  if (at < 0) return 0;
+  uint64_t n = (uint64_t)at;
+  if (n - r->ckpt_at < r->o.ckpt_every) return 0;
   const char *name = r->f->name ? r->f->name : "session";
-  char *file = NULL, *tmp = NULL;
+  char *file = NULL;
   if (asprintf(&file, "%s/%s-%012llu.fbck", r->o.ckpt_dir, name, (unsigned long long)n) < 0)
-    file = NULL;
-  if (file && asprintf(&tmp, "%s.tmp%d", file, (int)getpid()) < 0) tmp = NULL;
-  if (!file || !tmp) {
-    free(file);
-    free(tmp);
     return errf(err, FB_ENOMEM, "out of memory");
-  }
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  int rc = fd < 0 ? errf(err, FB_EIO, "%s: --checkpoint-dir: %s: %s", path, tmp, strerror(errno))
-                  : sealed_to_fd(r, fd, file, err);
-  if (fd >= 0 && close(fd) && !rc) rc = errf(err, FB_EIO, "%s: %s", tmp, strerror(errno));
-  if (!rc && rename(tmp, file))
-    rc = errf(err, FB_EIO, "%s: cannot rename it to %s: %s", tmp, file, strerror(errno));
+  char what[1100];
+  snprintf(what, sizeof what, "%.1000s: --checkpoint-dir", path);
+  int rc = r->at->checkpoint(r, NULL, file, what, err);
   if (rc) {
-    unlink(tmp); /* the previous checkpoints stay as they were */
-    free(tmp);
     free(file);
     return rc;
   }
-  free(tmp);
   int dfd = open(r->o.ckpt_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd); /* the rename too */
@@ -1950,6 +2120,30 @@ static int resume_session(fb_sess_run *r, const char *file, const fb_session_con
   return 0;
 }
 
+/* The run's session on the fuseboxd from the checkpoint `file` (made by
+ * fb_remote_checkpoint, a --server run's --checkpoint-dir or "checkpoint"
+ * action): uploaded; the server checks its seal, owner, format and quotas. */
+static int resume_remote(fb_sess_run *r, const fb_remote_options *ro, const char *file,
+                         char **err) {
+  int rc = fb_remote_restore(r->cli, ro, file, NULL, &r->rem);
+  if (rc) { /* "restore: Restore: the checkpoint was modified ...": the words after the call's names */
+    const char *m = fb_client_errmsg(r->cli);
+    if (!strncmp(m, "restore: ", 9)) m += 9;
+    if (!strncmp(m, "Restore: ", 9)) m += 9;
+    return errf(err, rc, "resume: %s: %s", file, m);
+  }
+  if (!fb_layout_equal(fb_remote_layout(r->rem), fb_program_layout(r->f->prog)))
+    return errf(err, FB_EINVAL,
+                "resume: %s: the checkpoint is of a session with other fields than %s's program",
+                file, r->f->path);
+  fb_counters c;
+  if ((rc = fb_remote_counters(r->rem, &c)))
+    return errf(err, rc, "resume: %s: %s", file, sess_errmsg(r));
+  r->restored = 1;
+  r->skip = r->ckpt_at = r->seq_base = c.launches;
+  return 0;
+}
+
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err);
 
 static int run_action(fb_sess_run *r, json_t *a, const char *path, char **err) {
@@ -1983,14 +2177,8 @@ rest:
     }
     return 0;
   }
-  if (json_object_get(a, "flush")) {
-    rc = r->rem ? fb_remote_flush(r->rem) : fb_flush(r->s);
-    if (rc && r->rem) return errf(err, rc, "%s: %s", path, sess_errmsg(r));
-    return rc ? local_error(r, rc, path, NULL, err) : 0;
-  }
-  if (r->rem) return remote_sync(r, path, 0, NULL, err);
-  rc = fb_sync(r->s);
-  return rc ? local_error(r, rc, path, NULL, err) : 0;
+  if (json_object_get(a, "flush")) return r->at->flush(r, path, err);
+  return r->at->sync(r, path, err);
 }
 
 static int run_list(fb_sess_run *r, json_t *list, const char *path, char **err) {
@@ -2129,3 +2317,43 @@ int fb_sess_checks(fb_sess_run *r, char **err) {
   }
   return failed;
 }
+
+/* ---------------------------------------------------------------- the two places */
+
+static const sess_place local_place = {
+    .open = local_open,
+    .errmsg = local_errmsg,
+    .backend = local_backend,
+    .device = local_device,
+    .launch = local_launch,
+    .host_begin = local_host_kernel,
+    .host_cell = local_host_cell,
+    .tape = local_tape,
+    .settle = local_settle,
+    .field_read = local_field_read,
+    .field_write = local_field_write,
+    .flush = local_flush,
+    .sync = local_sync,
+    .counters = local_counters,
+    .ckpt_count = local_ckpt_count,
+    .checkpoint = local_checkpoint,
+};
+
+static const sess_place remote_place = {
+    .open = start_remote,
+    .errmsg = remote_errmsg,
+    .backend = remote_backend,
+    .device = remote_device,
+    .launch = remote_launch,
+    .host_begin = remote_host_begin,
+    .host_cell = remote_host_cell,
+    .tape = remote_tape,
+    .settle = remote_sync_all,
+    .field_read = remote_field_read,
+    .field_write = remote_field_write,
+    .flush = remote_flush,
+    .sync = remote_sync_all,
+    .counters = remote_counters,
+    .ckpt_count = remote_ckpt_count,
+    .checkpoint = remote_checkpoint,
+};
