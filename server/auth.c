@@ -497,7 +497,8 @@ static int log_allowed(fbd_auth *a, uint64_t *suppressed) {
   return ok;
 }
 
-static void refuse(fbd_call *c, const char *why) {
+/* A refusal: counted and logged here, answered by the caller (rpc.c). */
+static void refuse(fbd_call *c, const char *why, char *out, size_t outlen) {
   fbd_auth *a = c->srv->auth;
   atomic_fetch_add(&a->failures, 1);
   uint64_t skipped;
@@ -510,10 +511,10 @@ static void refuse(fbd_call *c, const char *why) {
     fbd_logf(c->srv->log, FBD_LOG_WARN, "auth: %s refused from %s: %s", c->m->path + 1,
              c->peer ? c->peer : "?", why);
   }
-  fbd_call_finish_status(c, FBP_GRPC_UNAUTHENTICATED, FB_EINVAL, why);
+  snprintf(out, outlen, "%s", why);
 }
 
-int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md) {
+int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md, char *refused, size_t refusedlen) {
   fbd_auth *a = c->srv->auth;
   c->tenant = NULL;
   c->admin = 1;
@@ -528,13 +529,14 @@ int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md) {
   int has = bearer(md, &tok, &n);
   if (has < 0) {
     if (probe) return 0;
-    refuse(c, "malformed authorization metadata (expected 'Bearer TOKEN')");
+    refuse(c, "malformed authorization metadata (expected 'Bearer TOKEN')", refused,
+           refusedlen);
     return FB_EINVAL;
   }
   uint8_t h[32];
   if (has && sha256(tok, n, h)) {
     if (probe) return 0;
-    refuse(c, "cannot hash the token");
+    refuse(c, "cannot hash the token", refused, refusedlen);
     return FB_EINTERNAL;
   }
   /* a certificate is parsed before the lock, and only without a token */
@@ -556,7 +558,7 @@ int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md) {
   fbd_subject_clear(&subj);
   if (!t && probe) return 0;
   if (!t) {
-    refuse(c, has ? "unknown token" : why);
+    refuse(c, has ? "unknown token" : why, refused, refusedlen);
     return FB_EINVAL;
   }
   c->tenant = t;
@@ -571,13 +573,10 @@ int fbd_auth_may_use(fbd_call *c, fbd_session *s) {
   if (!c->srv->auth->enabled || owner == c->tenant) return 0;
   if (c->admin && !strcmp(c->m->path, STATS_PATH)) return 0; /* admins may look, not touch */
   atomic_fetch_add(&c->tenant->denied, 1);
-  fbd_count_bad(c->srv);
   fbd_logf(c->srv->log, FBD_LOG_WARN,
            "auth: %s from %s (tenant '%s') on session %s of another "
            "tenant: denied",
            c->m->path + 1, c->peer ? c->peer : "?", c->tenant ? c->tenant->name : "?", s->tag);
-  fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
-                         "this session belongs to another tenant");
   return FB_EINVAL;
 }
 
@@ -686,22 +685,22 @@ static int partition_of(const fbd_tenant *t, uint64_t *out, char *err, size_t er
   return 0;
 }
 
-int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
-                         char *err, size_t errlen) {
+int fbd_auth_admit_begin(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *err,
+                         size_t errlen) {
   fbd_server *srv = c->srv;
-  if (!srv->auth->enabled || !c->tenant)
-    return fbd_session_new(srv, l, ec, NULL, c->peer, out, err, errlen);
+  if (!srv->auth->enabled || !c->tenant) return 0;
   /* one admission at a time, so that two creates cannot both take the last slot */
   pthread_mutex_lock(&srv->auth->admit);
   int rc = admit(c, l, ec, err, errlen);
   if (!rc) /* no code shared across tenants */
     rc = partition_of(c->tenant, &ec->cache_partition, err, errlen);
   if (!rc) fbd_codestore_name(srv->codestore, ec->cache_partition, c->tenant->name);
-  if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
-  else rc = fbd_session_new(srv, l, ec, c->tenant, c->peer, out, err, errlen);
-  if (!rc) {
-    atomic_fetch_add(&c->tenant->sessions_created, 1);
-  }
-  pthread_mutex_unlock(&srv->auth->admit);
   return rc;
+}
+
+void fbd_auth_admit_end(fbd_call *c, int created) {
+  fbd_server *srv = c->srv;
+  if (!srv->auth->enabled || !c->tenant) return;
+  if (created) atomic_fetch_add(&c->tenant->sessions_created, 1);
+  pthread_mutex_unlock(&srv->auth->admit);
 }

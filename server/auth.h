@@ -73,9 +73,11 @@ void fbd_auth_free(fbd_server *srv);
  * (logged). */
 void fbd_auth_reload(fbd_server *srv);
 /* A call arrived with its request metadata: find its tenant. 0, or the
- * call was answered UNAUTHENTICATED (the health check needs no identity). */
-int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md);
-/* May call c touch session s? 0, or c was answered PERMISSION_DENIED. */
+ * refusal (counted and logged) with why in refused, which the caller
+ * answers UNAUTHENTICATED (the health check needs no identity). */
+int fbd_auth_call(fbd_call *c, const grpc_metadata_array *md, char *refused, size_t refusedlen);
+/* May call c touch session s? 0, or a denial (counted and logged), which
+ * the caller answers PERMISSION_DENIED. */
 int fbd_auth_may_use(fbd_call *c, fbd_session *s);
 /* May tenant t (NULL: anonymous) see server-wide figures (an admin, or no
  * tenants file)? Takes the auth lock: ask before taking srv->mu. */
@@ -88,11 +90,14 @@ void fbd_auth_scope_stats(const fbd_call *c, Fusebox__V1__ServerStats *r);
 /* A Session stream message of c's tenant: launches and syncs it asked for
  * (metrics). */
 void fbd_auth_count_stream(fbd_call *c, size_t launches, int sync);
-/* fbd_session_new for c's tenant: its session count and memory limits are
- * checked first (FB_EQUOTA with err naming the limit); the session's
- * memory limit is cut to what the tenant has left. */
-int fbd_auth_session_new(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
-                         char *err, size_t errlen);
+/* May c's tenant have one more session of layout l? Its session count and
+ * memory limits (FB_EQUOTA with err naming the limit); the session's memory
+ * limit is cut to what the tenant has left and its cache partition set.
+ * One admission at a time: fbd_auth_admit_end follows every begin, once
+ * the session was made (created) or not (fbd_session_new_for, session.c). */
+int fbd_auth_admit_begin(fbd_call *c, const fb_layout *l, fb_session_config *ec, char *err,
+                         size_t errlen);
+void fbd_auth_admit_end(fbd_call *c, int created);
 
 /* tls.c: the credentials for listening address addr (a unix socket is
  * always plain). NULL with err when the settings or files are wrong, or

@@ -38,6 +38,17 @@
 
 #include "server/server.h"
 
+/* Every staging buffer of the process (the staging part): counted by
+ * whoever allocates or frees one (methods.c, ckpt.c), read here. */
+static atomic_uint_fast64_t staged;
+
+uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
+
+void fbd_stage_count(int64_t delta) {
+  if (delta >= 0) atomic_fetch_add(&staged, (uint64_t)delta);
+  else atomic_fetch_sub(&staged, (uint64_t)-delta);
+}
+
 const char *const fbd_mem_part_names[FBD_MEM_NPARTS] = {
     "sessions", "staging", "queued responses", "pending launches",
     "JIT code", "decoded requests", "kernels", "workers"};

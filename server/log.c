@@ -9,6 +9,13 @@
 
 #include "server/server.h"
 
+/* The server's clock: monotonic seconds (every file's deadlines). */
+double fbd_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
 void fbd_log_init(fbd_log *l, FILE *f, int level) {

@@ -158,7 +158,7 @@ static int wait_for_signal(fbd_server *srv, fbd_config *cfg, fbd_log *log, const
 }
 
 /* fuseboxd --session-worker FD [options]: a session's worker process
- * (process isolation, server/proc.c), started by fuseboxd itself. */
+ * (process isolation, server/session/worker.c), started by fuseboxd itself. */
 static int session_worker(int argc, char **argv) {
   fbd_config cfg;
   char err[FBD_ERRLEN] = "";

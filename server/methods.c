@@ -22,16 +22,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-/* Every staging buffer of the process, for the memory budget (budget.c). */
-static atomic_uint_fast64_t staged;
-
-uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
-
-void fbd_stage_count(int64_t delta) {
-  if (delta >= 0) atomic_fetch_add(&staged, (uint64_t)delta);
-  else atomic_fetch_sub(&staged, (uint64_t)-delta);
-}
-
 static int stage_map(size_t n, int shared, fbd_buf *out);
 
 /* A memfd shared with a worker keeps its size for good: a compromised
@@ -45,7 +35,7 @@ int fbd_memfd_seal(int fd) {
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
   int rc = stage_map(n, shared, out);
-  if (!rc) atomic_fetch_add(&staged, n);
+  if (!rc) fbd_stage_count((int64_t)n); /* the budget's staging part */
   return rc;
 }
 
@@ -77,7 +67,7 @@ static int stage_map(size_t n, int shared, fbd_buf *out) {
 
 void fbd_stage_free(fbd_buf *b) {
   if (b->p) {
-    atomic_fetch_sub(&staged, b->len);
+    fbd_stage_count(-(int64_t)b->len);
     if (b->fd >= 0) {
       munmap(b->p, b->len ? b->len : 1);
       close(b->fd);
@@ -219,7 +209,10 @@ static fbd_session *named(fbd_call *c, const char *id, size_t n) {
        key lost, or that replica gone) lands here: say so in those terms */
     fbd_call_finish(c, FB_ENOENT, "session %.8s is not on replica %s (lost or moved)",
                     n && id ? id : "''", c->srv->replica);
-  } else if (fbd_auth_may_use(c, s)) { /* another tenant's: answered PERMISSION_DENIED */
+  } else if (fbd_auth_may_use(c, s)) { /* another tenant's */
+    fbd_count_bad(c->srv);
+    fbd_call_finish_status(c, FBP_GRPC_PERMISSION_DENIED, FB_EINVAL,
+                           "this session belongs to another tenant");
     fbd_session_unref(s);
     s = NULL;
   }
@@ -511,7 +504,7 @@ static void create_recv(fbd_call *c, grpc_byte_buffer *bb) {
                    (!m->source && (rc = fbp_layout_from_pb(m->layout, &l, err, sizeof err))))) {
     fbd_count_bad(srv);
     fbd_call_finish(c, rc, "%s", err);
-  } else if (m && (rc = fbd_auth_session_new(c, l, &ec, &s, err, sizeof err))) {
+  } else if (m && (rc = fbd_session_new_for(c, l, &ec, &s, err, sizeof err))) {
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", c->peer ? c->peer : "?", err);
     fbd_call_finish(c, rc, "%s", err);
   }
@@ -617,7 +610,7 @@ static void describe_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (m && atomic_load(&srv->stopping)) {
     fbd_call_finish_status(c, FBP_GRPC_UNAVAILABLE, FB_EIO, "the server is shutting down");
     rc = FB_EIO;
-  } else if (m && !rc && (rc = fbd_auth_session_new(c, NULL, &ec, &s, err, sizeof err))) {
+  } else if (m && !rc && (rc = fbd_session_new_for(c, NULL, &ec, &s, err, sizeof err))) {
     fbd_call_finish(c, rc, "DescribeSource: %s", err);
   }
   if (!rc) {
@@ -1187,7 +1180,7 @@ static void restore_end(fbd_call *c) {
     restore_fail(c, rc, err);
     return;
   }
-  if ((rc = fbd_auth_session_new(c, NULL, &ec, &s, err, sizeof err))) {
+  if ((rc = fbd_session_new_for(c, NULL, &ec, &s, err, sizeof err))) {
     restore_fail(c, rc, err);
     return;
   }

@@ -146,7 +146,7 @@ static int held(struct fbd_sched *sc, const struct fbd_share *sh) {
 static void pause_run(fbd_run *r, double now) {
   fbd_session *s = r->s;
   if (s->watch) atomic_store(&s->watch->hold, 1);
-  if (s->proc) fbd_proc_signal(s->proc, SIGSTOP);
+  s->srv->ops->signal(s, SIGSTOP);
   r->paused = 1;
   r->paused_at = now;
   r->sh->paused++;
@@ -154,7 +154,7 @@ static void pause_run(fbd_run *r, double now) {
 
 static void resume_run(fbd_run *r, double now) {
   fbd_session *s = r->s;
-  if (s->proc) fbd_proc_signal(s->proc, SIGCONT);
+  s->srv->ops->signal(s, SIGCONT);
   if (s->watch) atomic_store(&s->watch->hold, 0);
   r->paused = 0;
   r->held_s += now - r->paused_at;

@@ -6,7 +6,7 @@
  *    completion: they move bytes, decode requests, check what can be checked
  *    without the engine, and post jobs to sessions. They never compile or
  *    launch.
- *  - Each session has one worker thread that drains its job queue in order
+ *  - Each session has one session thread that drains its job queue in order
  *    and is the only thread touching the session's engine state
  *    (fb_session). Responses are handed back to the call, whose sends go out
  *    one at a time from whichever thread queued them or completed the
@@ -64,7 +64,7 @@ enum {
   FBD_LOG_DEBUG
 };
 
-/* The walls a session worker raises (proc.c), in order; their names are
+/* The walls a session worker raises (session/walls.c), in order; their names are
  * fbd_wall_names[]: what --require-walls and /metrics call them. */
 enum {
   FBD_WALL_NETNS,   /* network and IPC namespaces */
@@ -114,7 +114,7 @@ typedef struct fbd_config {
   uint64_t worker_memory_bytes; /* process isolation: what each worker counts in the memory
                                    budget; 0 = measured by the broker (budget.c) */
   char *worker_user; /* process isolation, fuseboxd run as root: the user (name or uid) workers
-                        become; NULL: nobody. A worker itself gets "UID:GID" (proc.c) */
+                        become; NULL: nobody. A worker itself gets "UID:GID" (session/sandbox.c) */
   uint32_t worker_uid_base; /* fuseboxd run as root: workers of tenant k (auth.c's
                                worker_slot, 0 for no tenant) run as uid and gid base + k;
                                0: off (worker_user) */
@@ -126,7 +126,8 @@ typedef struct fbd_config {
   char *test_refuse_walls; /* a test hook: walls to treat as refused, WALL[:ERRNO],... */
   char *worker_namespaces; /* "auto", "on", "net", "off": a network, an IPC, a mount (with
                               an empty root) and a PID namespace per worker, or (net) the
-                              first two (proc.c); a worker itself gets "on", "net" or "off" */
+                              first two (session/sandbox.c); a worker itself gets "on", "net" or
+                              "off" */
   uint64_t memory_budget; /* everything clients make the server hold (budget.c);
                                     0 = 3/4 of the machine's (or the cgroup's) memory */
   uint64_t code_cache_bytes; /* each engine's code cache bound; 0 = memory_budget / 16,
@@ -217,7 +218,7 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
 typedef struct fbd_server fbd_server;
 typedef struct fbd_session fbd_session;
 typedef struct fbd_call fbd_call;
-typedef struct fbd_proc fbd_proc; /* a session's worker process (proc.c) */
+typedef struct fbd_proc fbd_proc; /* a session's worker process (server/session/) */
 
 typedef struct fbd_tag {
   void (*fn)(void *obj, int ok);
@@ -307,6 +308,7 @@ typedef struct fbd_stats {
 
 struct fbd_server {
   const fbd_config *cfg;
+  const struct fbd_session_ops *ops; /* by isolation: fbd_thread_ops or fbd_process_ops */
   fbd_log *log;
   fb_engine *engine;
   const char *backend;
@@ -332,7 +334,7 @@ struct fbd_server {
   int shutdown_done;
   int nslots; /* outstanding grpc_server_request_call */
   int ncalls; /* live call objects */
-  int nworkers; /* live session workers */
+  int nsession_threads; /* live session threads */
   fbd_session **sessions; /* the table, max_sessions slots */
   int nsessions;
   pthread_t *zombies; /* finished workers to join */
@@ -350,11 +352,11 @@ struct fbd_server {
   /* with a tenants file, the calls open with no identity (health checks,
    * which need none): one more tenant for max_calls_per_tenant (rpc.c) */
   atomic_int probe_open_calls;
-  /* process isolation (proc.c), under pmu */
+  /* process isolation (session/spawn.c), under pmu */
   char exe[4096]; /* this fuseboxd, re-executed as each worker */
   char worker_ids[48]; /* "UID:GID" the workers switch to; "": they keep fuseboxd's user */
-  int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (proc.c) */
-  /* the sandbox walls (proc.c, FBD_WALL_*): FBD_WALL_UP, _DOWN (the kernel
+  int worker_ns; /* WORKER_NS_*: which namespaces of their own workers enter (session/walls.c) */
+  /* the sandbox walls (session/walls.c, FBD_WALL_*): FBD_WALL_UP, _DOWN (the kernel
      refused it: workers go on without it) or _OFF (not asked for: namespaces
      off, or no user to switch to), with the refusal's errno; set at start */
   int wall_state[FBD_NWALLS];
@@ -381,9 +383,12 @@ struct fbd_server {
   atomic_uint_fast64_t ckpt_written, ckpt_restored, ckpt_refused, ckpt_bytes_out, ckpt_bytes_in;
 };
 
+/* start.c: the server's start and stop, each in one place */
 int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char *err,
                      size_t errlen);
-void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished workers */
+/* rpc.c: the completion-queue threads and (unless rc) the accepting slots */
+int fbd_rpc_accept(fbd_server *srv, int rc, char *err, size_t errlen);
+void fbd_server_tick(fbd_server *s); /* reap idle sessions, join finished session threads */
 /* Graceful: drain, cancel, free everything. FB_EINTERNAL when a session's
  * worker is still busy after the grace period: nothing is freed then, and
  * the process should just exit. */
@@ -430,7 +435,7 @@ void fbd_gate_set_tls(fbd_server *s, struct ssl_ctx_st *ctx);
 /* "fd:N" -> the client's address; *cert_pem: its verified certificate (mTLS) or NULL */
 char *fbd_gate_peer(fbd_server *s, const char *peer, char **cert_pem);
 void fbd_server_free(fbd_server *s);
-double fbd_now(void); /* monotonic seconds */
+double fbd_now(void); /* monotonic seconds (log.c) */
 const fbd_method *fbd_method_find(const char *path, size_t n);
 void fbd_count_bad(fbd_server *s);
 
@@ -449,14 +454,14 @@ typedef struct fbd_buf {
 
 int fbd_stage_alloc(size_t n, int shared, fbd_buf *out); /* FB_ENOMEM */
 int fbd_memfd_seal(int fd); /* size sealed for good (shrink, grow, seal): FB_EINTERNAL */
-uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process */
+uint64_t fbd_stage_total(void); /* bytes of every staging buffer of this process (budget.c) */
 void fbd_stage_free(fbd_buf *b); /* and clears it */
 
 /* ---------------------------------------------------------------- execution
  * The engine side of a session: the jobs it runs against its fb_session,
  * in order, each answered by a reply (exec.c). Under thread isolation the
- * session's worker thread runs them in fuseboxd itself; under process
- * isolation the session's worker process runs them (proc.c) and sends the
+ * session thread runs them in fuseboxd itself; under process
+ * isolation the session's worker process runs them (session/proc.c) and sends the
  * replies back. Either way the broker side (session.c, methods.c) turns a
  * reply into messages and the status of the job's call. */
 
@@ -540,7 +545,7 @@ typedef struct fbd_exec {
 } fbd_exec;
 
 /* What one SyncResult may list (exec.c keeps at most these; the broker
- * bounds a worker's sync reply by them, proc.c reply_cap). */
+ * bounds a worker's sync reply by them, session/bounds.c fbd_reply_cap). */
 #define FBD_SYNC_MAX_ERRS 64 /* launch errors kept per sync */
 #define FBD_SYNC_MAX_RETS (1 << 20) /* return values kept per sync */
 
@@ -660,7 +665,7 @@ struct fbd_session {
     fbd_buf b;
     double used;
   } stage[2]; /* kept for reuse */
-  /* the worker thread (and, for watch->cancel, Cancel) */
+  /* the session thread (and, for watch->cancel, Cancel) */
   pthread_t th;
   fbd_watch *watch; /* thread isolation: in the heap; process: shared with the worker */
   fbd_exec x; /* thread isolation: the engine side */
@@ -691,6 +696,10 @@ void fbd_job_free(fbd_job *j);
 int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config *ecfg,
                     struct fbd_tenant *owner, const char *peer, fbd_session **out, char *err,
                     size_t errlen);
+/* fbd_session_new for call c, its tenant's admission first (auth.c
+ * fbd_auth_admit_begin: FB_EQUOTA with err naming the limit). Takes l. */
+int fbd_session_new_for(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
+                        char *err, size_t errlen);
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n); /* ref'd or NULL */
 void fbd_session_ref(fbd_session *s);
 void fbd_session_unref(fbd_session *s);
@@ -722,7 +731,7 @@ void fbd_session_end_all(fbd_server *srv, int reason);
  * (reason FBD_END_DRAINED: UNAVAILABLE); FB_ENOENT when it is ending already. */
 int fbd_session_end_with(fbd_session *s, int reason, const char *why);
 int fbd_sessions_drained(fbd_server *srv, const uint64_t *marks, int n);
-void *fbd_worker_main(void *arg);
+void *fbd_session_thread_main(void *arg);
 void fbd_session_stats_pb(fbd_session *s, fbp_arena *a, Fusebox__V1__SessionStats *out,
                           int full_id);
 
@@ -738,8 +747,36 @@ void fbd_stage_give(fbd_session *s, fbd_buf *b); /* and clears *b */
  * call; the buffer goes back to s when gRPC is done with it. */
 void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
 
+/* ---------------------------------------------------------------- session operations
+ * One table of what the broker asks of a session's engine side, with a
+ * thread implementation (fbd_thread_ops, session/thread.c: the session
+ * thread runs exec.c itself) and a process implementation
+ * (fbd_process_ops, session/proc.c: the session's worker runs it). The
+ * server picks one at start by --isolation (fbd_server.ops); the broker's
+ * files run a session's work through it; what still reads the isolation
+ * (fbd_isolated) is policy: the budget's worker processes part (budget.c),
+ * a request's bytes kept for the worker (methods.c), the spares (start.c). */
+typedef struct fbd_session_ops {
+  const char *name;  /* "thread", "process" */
+  int staging_memfd; /* staging buffers are memfds a worker maps (fbd_stage_alloc) */
+  int (*open)(fbd_session *s); /* at fbd_session_new: its watch page (thread) */
+  /* before CREATE, DESCRIBE and RESTORE: a worker for s (process) */
+  int (*attach)(fbd_session *s, char *err, size_t errlen);
+  /* a source's layout (*out new), or FB_E* with r finished as fatal */
+  int (*parse)(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
+  void (*create)(fbd_session *s, fbd_job *j, fbd_reply *r); /* the engine session */
+  void (*describe)(fbd_session *s, fbd_job *j, fbd_reply *r); /* DescribeSource */
+  /* a checked checkpoint into s; its layout in *out (new) */
+  void (*restore)(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r);
+  void (*run)(fbd_session *s, fbd_job *j, fbd_reply *r); /* every other job */
+  void (*signal)(fbd_session *s, int sig); /* the scheduler's SIGSTOP/SIGCONT */
+  void (*sample)(fbd_session *s);          /* the budget's workers part (the reaper) */
+  void (*release)(fbd_session *s);         /* as s is freed: its watch page, its worker */
+} fbd_session_ops;
+extern const fbd_session_ops fbd_thread_ops, fbd_process_ops;
+
 /* ---------------------------------------------------------------- worker processes
- * Process isolation (proc.c). The broker keeps spare_workers workers
+ * Process isolation (server/session/). The broker keeps spare_workers workers
  * started (fuseboxd re-executed with --session-worker FD, the engine made,
  * then locked down) so that a session gets one at once. */
 
@@ -829,7 +866,7 @@ int fbd_codestore_start(fbd_server *srv, char *err, size_t errlen);
 void fbd_codestore_free(fbd_codestore *s);
 void fbd_codestore_name(fbd_codestore *s, uint64_t partition, const char *tenant);
 /* The store's get and put (fusebox/codestore.h) for a partition: what the
- * broker answers a worker's requests with (proc.c). NULL s: a miss. */
+ * broker answers a worker's requests with (session/cache.c). NULL s: a miss. */
 int fbd_codestore_get(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
                       size_t irlen, uint8_t **code, size_t *len);
 void fbd_codestore_put(fbd_codestore *s, uint64_t partition, const char *target, const char *ir,
@@ -962,10 +999,10 @@ int fbd_session_checkpoint_now(fbd_session *s, double timeout_s, char *name, siz
  * last is checkpoint_every_s old gets a CKPT job into the directory. */
 void fbd_ckpt_tick(fbd_server *srv);
 /* Process isolation: run a CKPT or RESTORE job in s's worker, the stream
- * crossing the socket in data frames (proc.c). */
+ * crossing the socket in data frames (session/frame.h). */
 void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r);
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r);
-void fbd_stage_count(int64_t delta);
+void fbd_stage_count(int64_t delta); /* the staging total (budget.c) moves by delta */
 struct fbd_ckpt_wait;
 void fbd_ckpt_wait_done(struct fbd_ckpt_wait *w, int code, const char *name, const char *err);
 /* Stream a finished checkpoint (memfd) to c in chunks; takes k. */

@@ -1,10 +1,10 @@
 /* fuseboxd sessions: the table (ids are 128-bit random hex, so one client
- * cannot guess another's), the ordered job queue and the worker thread of
+ * cannot guess another's), the ordered job queue and the session thread of
  * each session, how a session ends (closed, disconnected, reaped, shutdown,
  * failed creation, a crashed or timed-out worker, aborted) and the idle
- * reaper. The worker thread hands each job to the engine side (exec.c): in
+ * reaper. The session thread hands each job to the engine side (exec.c): in
  * this process under thread isolation, in the session's worker process
- * (proc.c) under process isolation; and turns the reply into the call's
+ * (session/proc.c) under process isolation; and turns the reply into the call's
  * messages and status. */
 #include <sched.h>
 #include <limits.h>
@@ -61,8 +61,7 @@ static void session_free(fbd_session *s) {
   free(s->client_state);
   for (int i = 0; i < 2; i++) fbd_stage_free(&s->stage[i].b);
   fbd_exec_free(&s->x);
-  fbd_proc_free(s->proc); /* its watch page goes with it */
-  if (!fbd_isolated(s->srv->cfg)) free(s->watch);
+  s->srv->ops->release(s); /* its worker, with its watch page, or the thread's page */
   fb_layout_free(s->layout);
   free(s->peer);
   pthread_mutex_destroy(&s->mu);
@@ -102,7 +101,7 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
       if (srv->sessions[i]) continue;
       srv->sessions[i] = s;
       srv->nsessions++;
-      srv->nworkers++;
+      srv->nsession_threads++;
       srv->st.memory_bytes += s->mem_bytes; /* counted from admission on */
       s->accounted = s->mem_bytes;
       rc = 0;
@@ -136,14 +135,14 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   s->ecfg.mode = s->mode;
   s->peer = strdup(peer ? peer : "?");
   atomic_init(&s->owner, owner); /* before the budget's admission, which names it */
-  atomic_init(&s->refs, 3); /* table, worker, caller */
+  atomic_init(&s->refs, 3); /* table, session thread, caller */
   atomic_init(&s->queued, 0);
   atomic_init(&s->has_stream, 0);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   s->last_active = fbd_now();
   int rc = 0;
-  if (!fbd_isolated(srv->cfg) && !(s->watch = calloc(1, sizeof *s->watch))) rc = FB_ENOMEM;
+  rc = srv->ops->open(s);
   if (!rc) rc = new_id(s->id);
   if (rc) fb_errf(err, errlen, "cannot draw a session id");
   memcpy(s->tag, s->id, 8);
@@ -152,12 +151,12 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
     session_free(s);
     return rc;
   }
-  if (pthread_create(&s->th, NULL, fbd_worker_main, s)) {
+  if (pthread_create(&s->th, NULL, fbd_session_thread_main, s)) {
     pthread_mutex_lock(&srv->mu);
     for (int i = 0; i < srv->cfg->max_sessions; i++)
       if (srv->sessions[i] == s) srv->sessions[i] = NULL;
     srv->nsessions--;
-    srv->nworkers--;
+    srv->nsession_threads--;
     srv->st.memory_bytes -= s->accounted;
     pthread_mutex_unlock(&srv->mu);
     session_free(s);
@@ -166,6 +165,15 @@ int fbd_session_new(fbd_server *srv, fb_layout *layout, const fb_session_config 
   }
   *out = s;
   return 0;
+}
+
+int fbd_session_new_for(fbd_call *c, fb_layout *l, fb_session_config *ec, fbd_session **out,
+                        char *err, size_t errlen) {
+  int rc = fbd_auth_admit_begin(c, l, ec, err, errlen); /* auth's verdict */
+  if (rc) fb_layout_free(l); /* fbd_session_new would have taken it */
+  else rc = fbd_session_new(c->srv, l, ec, c->tenant, c->peer, out, err, errlen);
+  fbd_auth_admit_end(c, !rc);
+  return rc;
 }
 
 fbd_session *fbd_session_find(fbd_server *srv, const char *id, size_t n) {
@@ -200,7 +208,7 @@ static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, c
   atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
   int rc = fbd_budget_admit_locked(srv, n, what, atomic_load(&s->owner), all, err, errlen);
-  if (!rc && (rc = fbd_stage_alloc(n, fbd_isolated(srv->cfg), out)))
+  if (!rc && (rc = fbd_stage_alloc(n, srv->ops->staging_memfd, out)))
     fb_errf(err, errlen, "%s: cannot stage %llu bytes: out of memory", what, (unsigned long long)n);
   pthread_mutex_unlock(&srv->mu);
   return rc;
@@ -331,7 +339,7 @@ int fbd_session_may_recv(fbd_session *s) {
 }
 
 /* Waking a sleeping thread costs tens of microseconds on an idle machine
- * (more in a VM), which would dominate a sync round trip: so a worker whose
+ * (more in a VM), which would dominate a sync round trip: so a session thread whose
  * stream is attached waits a little for the next request before it sleeps,
  * yielding the CPU to anything else runnable meanwhile. */
 static void spin(fbd_session *s) {
@@ -427,8 +435,8 @@ static void count_end(fbd_server *srv, fbd_session *s) {
   pthread_mutex_unlock(&srv->mu);
 }
 
-/* Hand the finished worker to the main thread for joining. */
-static void worker_exit(fbd_server *srv, pthread_t th) {
+/* Hand the finished session thread to the main thread for joining. */
+static void session_thread_exit(fbd_server *srv, pthread_t th) {
   pthread_mutex_lock(&srv->mu);
   if (srv->nzombies == srv->zcap) {
     int nc = srv->zcap ? srv->zcap * 2 : 16;
@@ -440,7 +448,7 @@ static void worker_exit(fbd_server *srv, pthread_t th) {
   }
   if (srv->nzombies < srv->zcap) srv->zombies[srv->nzombies++] = th;
   else pthread_detach(th);
-  srv->nworkers--;
+  srv->nsession_threads--;
   pthread_cond_broadcast(&srv->cv);
   pthread_mutex_unlock(&srv->mu);
 }
@@ -532,13 +540,6 @@ static int admit_layout(fbd_session *s, fb_layout *l, fbd_reply *r) {
   return 0;
 }
 
-/* The engine side's limits on a source's parse (source.c), for a job of
- * this thread: under thread isolation the parse runs right here. */
-static void parse_limits(fbd_session *s, fbd_job *j) {
-  s->x.watch = s->watch;
-  s->x.parse_timeout_s = s->srv->cfg->compile_timeout_s;
-  s->x.gone = j && j->call ? &j->call->gone : NULL;
-}
 
 /* A source's parse holds one of its tenant's compile slots (sched.c), as a
  * RegisterKernels does. */
@@ -546,15 +547,7 @@ static int parse_layout(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fbd_run run;
   fbd_sched_enter(s, FBD_J_REGISTER, &run);
   fb_layout *l = NULL;
-  int rc;
-  if (fbd_isolated(s->srv->cfg)) {
-    rc = fbd_proc_parse(s, j, &l, r);
-  } else {
-    parse_limits(s, j);
-    rc = fbd_exec_parse(&s->x, GRPC_SLICE_START_PTR(j->raw), GRPC_SLICE_LENGTH(j->raw), &l, r->msg,
-                        sizeof r->msg);
-    if (rc) fail(r, rc);
-  }
+  int rc = s->srv->ops->parse(s, j, &l, r);
   fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
   return rc ? rc : admit_layout(s, l, r);
 }
@@ -563,21 +556,14 @@ static int parse_layout(fbd_session *s, fbd_job *j, fbd_reply *r) {
  * layout of a source (s->layout NULL), parsed where the session's work
  * runs. */
 static void run_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
-  fbd_server *srv = s->srv;
-  if (!fbd_isolated(srv->cfg)) {
-    if (!s->layout && parse_layout(s, j, r)) return;
-    fbd_exec_init(&s->x, srv->engine, s->layout, &s->ecfg, s->tag, srv->log, s->watch);
-    s->x.parse_timeout_s = srv->cfg->compile_timeout_s; /* the sources of its kernels */
-    fbd_exec_run(&s->x, FBD_J_CREATE, NULL, 0, NULL, 0, r);
-    return;
-  }
-  int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
+  const fbd_session_ops *ops = s->srv->ops;
+  int rc = ops->attach(s, r->msg, sizeof r->msg);
   if (rc) {
     fail(r, rc);
     return;
   }
   if (!s->layout && parse_layout(s, j, r)) return;
-  fbd_proc_create(s, j, r);
+  ops->create(s, j, r);
 }
 
 /* DESCRIBE: a source's fields and kernels, told by a sandboxed parse (the
@@ -586,14 +572,7 @@ static void run_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
 static void run_describe(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fbd_run run;
   fbd_sched_enter(s, FBD_J_REGISTER, &run);
-  if (!fbd_isolated(s->srv->cfg)) {
-    parse_limits(s, j);
-    fbd_exec_describe(&s->x, GRPC_SLICE_START_PTR(j->raw), GRPC_SLICE_LENGTH(j->raw), r);
-  } else {
-    int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
-    if (rc) fail(r, rc);
-    else fbd_proc_run(s, j, r);
-  }
+  s->srv->ops->describe(s, j, r);
   fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
 }
 
@@ -620,41 +599,7 @@ static void run_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fb_layout *l = NULL;
   fbd_run run;
   fbd_sched_enter(s, FBD_J_REGISTER, &run); /* it compiles like a RegisterKernels */
-  if (!fbd_isolated(srv->cfg)) {
-    fbd_exec_init(&s->x, srv->engine, NULL, &s->ecfg, s->tag, srv->log, s->watch);
-    s->x.parse_timeout_s = srv->cfg->compile_timeout_s;
-    if (!fbd_exec_restore(&s->x, fbd_ckpt_source, j->ck, r) &&
-        !(l = fb_layout_clone(s->x.layout))) {
-      fb_errf(r->msg, sizeof r->msg, "out of memory");
-      fail(r, FB_ENOMEM);
-    }
-  } else {
-    int rc = fbd_proc_attach(s, r->msg, sizeof r->msg);
-    if (rc) fail(r, rc);
-    else fbd_proc_restore(s, j, r);
-    if (!r->code && !r->pb) {
-      fb_errf(r->msg, sizeof r->msg, "the session worker answered the restore without a layout");
-      fail(r, FB_EINTERNAL);
-    }
-    if (!r->code) {
-      fbp_arena a;
-      fbp_arena_init(&a);
-      a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
-      Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
-          &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
-      char why[FBD_ERRLEN - 64];
-      rc = m ? fbp_layout_from_pb(m, &l, why, sizeof why) : FB_EINVAL;
-      if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
-      if (rc) {
-        fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
-        fail(r, FB_EINTERNAL);
-      }
-      fbp_arena_free(&a);
-    }
-    free(r->pb);
-    r->pb = NULL;
-    r->pblen = 0;
-  }
+  srv->ops->restore(s, j, &l, r);
   fbd_sched_leave(s, &run, FBD_J_REGISTER, 0, j->posted_at);
   if (!r->code && l && !admit_layout(s, l, r)) s->nkernels = (int)r->registered;
   else if (l && r->code) fb_layout_free(l);
@@ -822,14 +767,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     /* the fair scheduler decides when this tenant's job may run */
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
-    if (!fbd_isolated(srv->cfg)) {
-      s->x.gone = j->call ? &j->call->gone : NULL; /* a source's parse stops when it goes */
-      if (j->kind == FBD_J_CKPT) fbd_exec_checkpoint(&s->x, j->sink, j->sink_user, &r);
-      else fbd_exec_run(&s->x, j->kind, j->msg, j->field, j->buf.p, j->buf.len, &r);
-      s->x.gone = NULL;
-    } else {
-      fbd_proc_run(s, j, &r);
-    }
+    srv->ops->run(s, j, &r);
     int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
@@ -871,7 +809,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
   fbd_reply_clear(&r);
 }
 
-void *fbd_worker_main(void *arg) {
+void *fbd_session_thread_main(void *arg) {
   fbd_session *s = arg;
   fbd_server *srv = s->srv;
   fbd_call *closer = NULL; /* a CloseSession is answered once the session is gone */
@@ -899,8 +837,8 @@ void *fbd_worker_main(void *arg) {
   }
   pthread_t th = s->th;
   fbd_session_unref(s); /* the table's */
-  fbd_session_unref(s); /* the worker's */
-  worker_exit(srv, th);
+  fbd_session_unref(s); /* the session thread's */
+  session_thread_exit(srv, th);
   return NULL;
 }
 
@@ -1067,7 +1005,7 @@ static void reap(fbd_server *srv) {
   for (int i = 0; i < n; i++) {
     fbd_session *s = v[i];
     stage_expire(s, now);
-    if (fbd_isolated(srv->cfg)) fbd_proc_sample(s); /* the budget's workers part */
+    srv->ops->sample(s); /* the budget's workers part */
     pthread_mutex_lock(&s->mu);
     int idle =
         limit > 0 && s->state == FBD_LIVE && !s->busy && !s->qh && now - s->last_active > limit;

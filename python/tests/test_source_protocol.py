@@ -1,4 +1,4 @@
-"""Source over the wire at the protocol level (server/source.c), as any
+"""Source over the wire at the protocol level (server/session/source.c), as any
 gRPC client would use it: the message classes of the package, calls by
 hand. The IR path is unchanged and tested by the C suites."""
 import grpc

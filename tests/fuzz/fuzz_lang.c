@@ -1,6 +1,6 @@
 /* libFuzzer target: the .fbk front end on hostile source, as fuseboxd runs
  * it for DescribeSource, CreateSession and RegisterKernels with a Source
- * (server/source.c). The input is the source text (NUL-terminated here;
+ * (server/session/source.c). The input is the source text (NUL-terminated here;
  * inputs over 1 MiB are skipped, as the server refuses them). Each input is
  * parsed (fb_program_parse: lexing, parsing, type checks, the layout
  * finalized under the limits of ir/layout.c, diagnostics rendered); every

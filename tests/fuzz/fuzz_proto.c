@@ -1,5 +1,5 @@
 /* libFuzzer target: the bytes a client sends fuseboxd, decoded and converted
- * as the server does it (server/methods.c, server/source.c, server/exec.c).
+ * as the server does it (server/methods.c, server/session/source.c, server/session/exec.c).
  *
  * Input framing: byte 0 picks the request type (its value modulo NTYPES,
  * the table `types` below: every message fuseboxd unpacks), byte 1 holds
@@ -28,9 +28,9 @@
  *   Session         every launch's arguments through fbp_value_from_pb
  *   WriteField      fbp_bb_take_chunk on a gRPC byte buffer of one to four
  *                   slices (fbp_chunk_parse_head, then fbp_chunk_parse)
- *   DescribeSource  server/source.c fbd_source_describe, and its reply
+ *   DescribeSource  server/session/source.c fbd_source_describe, and its reply
  *                   decoded as a SourceInfo
- * Sources go through server/source.c itself, linked in (fbd_source_layout,
+ * Sources go through server/session/source.c itself, linked in (fbd_source_layout,
  * fbd_source_expand, fbd_source_describe: the ${NAME} substitution, the
  * 1 MiB caps, the language's work budget and the rendering of diagnostics
  * as the worker runs them); the server's deadline and cancellation are left
@@ -214,7 +214,7 @@ static void check_kernel_roundtrip(const fb_kernel *k, const fb_layout *l) {
 }
 
 /* What the worker does with each kernel of a RegisterKernels request
- * (server/exec.c register_one, then the engine's build_kernel checks). */
+ * (server/session/exec.c register_one, then the engine's build_kernel checks). */
 static void register_kernel(const Fusebox__V1__Kernel *m, const fb_layout *l, int from_source) {
   char err[ERRLEN];
   fb_kernel *k = NULL;
@@ -232,9 +232,9 @@ static void register_kernel(const Fusebox__V1__Kernel *m, const fb_layout *l, in
   fb_kernel_free(k);
 }
 
-/* ---------------------------------------------------------------- sources (server/source.c) */
+/* ---------------------------------------------------------------- sources (server/session/source.c) */
 
-/* server/source.c's one outside need: the clock of a parse's deadline
+/* server/session/source.c's one outside need: the clock of a parse's deadline
  * (none is set here). */
 double fbd_now(void) { return 0; }
 

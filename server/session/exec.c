@@ -329,7 +329,7 @@ static void add_error(fbd_exec *x, uint64_t seq, int kernel, int code, const cha
     return;
   }
   fbd_err *e = &x->errs[x->nerrs];
-  /* under FBD_ERRLEN: the broker bounds a sync reply by it (proc.c reply_cap) */
+  /* under FBD_ERRLEN: the broker bounds a sync reply by it (bounds.c fbd_reply_cap) */
   if (!msg) msg = "";
   size_t n = strnlen(msg, FBD_ERRLEN - 1);
   if (!(e->msg = malloc(n + 1))) {
