@@ -31,9 +31,17 @@ static int emit_stmt(fb_emit *e, int id);
 
 int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
   if (e->rc) return e->rc;
+  /* FB_EINVAL here is malformed task IR ("%7 if: condition is not bool"),
+   * which the verifier keeps from a kernel: only a bug reaches it, and
+   * it alone may name IR values */
+  size_t at = 0;
+  if ((code == FB_EINVAL || code == FB_EINTERNAL) && e->errlen > sizeof FB_BUG) {
+    memcpy(e->err, FB_BUG, sizeof FB_BUG - 1);
+    at = sizeof FB_BUG - 1;
+  }
   va_list ap;
   va_start(ap, fmt);
-  fb_verrf(e->err, e->errlen, fmt, ap);
+  fb_verrf(e->err + at, e->errlen - at, fmt, ap);
   va_end(ap);
   return e->rc = code;
 }
