@@ -83,13 +83,14 @@ static const char *part_where(const async_job *j, const fb_opt_part *p, char *bu
   return fbe_task_kind_where(p->kind, p->k, p->snode, buf, n);
 }
 
-/* Part p as the user launched it: "kernel 'k' (launch 7)", and where in k
- * it runs when k has more than one part: "kernel 'k' (launch 7, its 2nd
- * top-level loop)". */
-static const char *part_who(const async_job *j, const fb_opt_part *p, char *buf, size_t n) {
+/* Part p as the user launched it: "kernel 'k' (launch 7)", and, with
+ * `where`, where in k it runs when k has more than one part: "kernel 'k'
+ * (launch 7, its 2nd top-level loop)". */
+static const char *part_who(const async_job *j, const fb_opt_part *p, int where_too, char *buf,
+                            size_t n) {
   const launch_rec *lr = launch_of(j, p->launch);
   char where[FBE_WHERE_MAX];
-  if (lr && lr->ntasks > 1)
+  if (lr && lr->ntasks > 1 && where_too)
     snprintf(buf, n, "kernel '%s' (launch %llu, %s)", lr->name, (unsigned long long)p->launch,
              part_where(j, p, where, sizeof where));
   else
@@ -101,11 +102,11 @@ static const char *part_who(const async_job *j, const fb_opt_part *p, char *buf,
 #define PARTS_MAX 480 /* characters of a list of parts; past it, "and N more" */
 
 /* The parts of L after part `after` (-1: all), but part `skip`, and with
- * `alloc` only those that may take blocks, as part_who says each, joined
- * by ", " and cut with "and N more" past about PARTS_MAX characters. buf:
- * at least PARTS_MAX + FBE_WHERE_MAX + 64 bytes. */
+ * `alloc` only those that may take blocks, as part_who says each (with
+ * `where`), joined by ", " and cut with "and N more" past about PARTS_MAX
+ * characters. buf: at least PARTS_MAX + FBE_WHERE_MAX + 64 bytes. */
 static const char *parts_list(const async_job *j, const fb_opt_launch *L, int after, int skip,
-                              int alloc, char *buf, size_t n) {
+                              int alloc, int where, char *buf, size_t n) {
   size_t at = 0;
   int listed = 0, left = 0;
   buf[0] = 0;
@@ -117,7 +118,7 @@ static const char *parts_list(const async_job *j, const fb_opt_launch *L, int af
     }
     char one[FBE_WHERE_MAX + 64];
     int k = snprintf(buf + at, n - at, "%s%s", listed++ ? ", " : "",
-                     part_who(j, &L->parts[i], one, sizeof one));
+                     part_who(j, &L->parts[i], where, one, sizeof one));
     at = k < 0 ? at : at + (size_t)k < n ? at + (size_t)k : n - 1;
   }
   if (left) snprintf(buf + at, n - at, " and %d more", left);
@@ -135,7 +136,7 @@ static const char *task_what(const async_job *j, const fb_opt_launch *L, char *b
   part_where(j, &L->parts[0], where, sizeof where);
   if (L->nparts == 1) return snprintf(buf, n, "%s", where), buf;
   char rest[PARTS_MAX + FBE_WHERE_MAX + 64];
-  snprintf(buf, n, "%s fused with %s", where, parts_list(j, L, 0, -1, 0, rest, sizeof rest));
+  snprintf(buf, n, "%s fused with %s", where, parts_list(j, L, 0, -1, 0, 1, rest, sizeof rest));
   return buf;
 }
 
@@ -312,22 +313,22 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
              "kernel '%s' (launch %llu, or the later launch fused with it, %s, which "
              "also takes blocks from the pool: their iterations ran interleaved)",
              lr ? lr->name : "?", (unsigned long long)launch,
-             parts_list(r->j, L, pi, -1, 1, list, sizeof list));
+             parts_list(r->j, L, pi, -1, 1, 1, list, sizeof list));
   else if (later)
     snprintf(who, sizeof who,
              "kernel '%s' (launch %llu, or one of the %d later launches fused with it, %s, "
              "which also take blocks from the pool: their iterations ran interleaved)",
              lr ? lr->name : "?", (unsigned long long)launch, later,
-             parts_list(r->j, L, pi, -1, 1, list, sizeof list));
+             parts_list(r->j, L, pi, -1, 1, 1, list, sizeof list));
   else if (others == 1)
     snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it, %s)",
              lr ? lr->name : "?", (unsigned long long)launch,
-             parts_list(r->j, L, -1, pi, 0, list, sizeof list));
+             parts_list(r->j, L, -1, pi, 0, 1, list, sizeof list));
   else if (others)
     snprintf(who, sizeof who,
              "kernel '%s' (launch %llu, or one of the %d launches fused with it: %s)",
              lr ? lr->name : "?", (unsigned long long)launch, others,
-             parts_list(r->j, L, -1, pi, 0, list, sizeof list));
+             parts_list(r->j, L, -1, pi, 0, 1, list, sizeof list));
   else
     snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
              (unsigned long long)launch);
@@ -535,14 +536,15 @@ static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
   const launch_rec *lr = launch_of(r->j, L->launch);
   /* the hook's task: the kernel's name, as sync mode gives it, or a fused
    * task's launches ("kernel 'a' (launch 7) fused with kernel 'b' (launch
-   * 8)"): what fuseboxd's kernel_timeout_s message names */
+   * 8)"): what fuseboxd's kernel_timeout_s message names (launches only:
+   * this runs before every task) */
   const char *kernel = lr ? lr->name : "?";
   const char *task = kernel;
   char fused[PARTS_MAX + 2 * FBE_WHERE_MAX + 128], one[FBE_WHERE_MAX + 64], rest[sizeof fused];
   if (L->parts && L->nparts > 1) {
     snprintf(fused, sizeof fused, "%s fused with %s",
-             part_who(r->j, &L->parts[0], one, sizeof one),
-             parts_list(r->j, L, 0, -1, 0, rest, sizeof rest));
+             part_who(r->j, &L->parts[0], 0, one, sizeof one),
+             parts_list(r->j, L, 0, -1, 0, 0, rest, sizeof rest));
     task = fused;
   }
   if (!s->hook(s->hook_user, kernel, task, L->launch)) return 0;

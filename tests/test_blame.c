@@ -185,6 +185,38 @@ static int cancel_all(void *user, const char *kernel, const char *task, uint64_t
   return kernel != NULL;
 }
 
+/* The hook's task for a fused task is its launches, in the user's terms. */
+static int cancel_fused(void *user, const char *kernel, const char *task, uint64_t launch) {
+  (void)launch;
+  if (!kernel) return 0;
+  snprintf(user, 256, "%s", task ? task : "");
+  return 1;
+}
+
+START_TEST(cancelled_fused_hook_names_launches) {
+  fb_engine *e = new_engine();
+  fb_program *p = parse();
+  fb_session *s = open_session(e, p, "async", 0);
+  int hog = add(s, p, "hog"), hog2 = add(s, p, "hog2");
+  char seen[256] = "";
+  fb_session_set_task_hook(s, cancel_fused, seen);
+  ck_assert_int_eq(fb_launch(s, hog, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_launch(s, hog2, NULL, 0, NULL), 0);
+  ck_assert_int_eq(fb_sync(s), FB_ECANCELLED);
+  fb_session_set_task_hook(s, NULL, NULL);
+  user_terms(seen, "hog", 0);
+  ck_assert_str_eq(seen, "kernel 'hog' (launch 0) fused with kernel 'hog2' (launch 1)");
+  const char *msg = fb_session_errmsg(s);
+  user_terms(msg, "hog", 0);
+  ck_assert_msg(strstr(msg, "cancelled before its 1st top-level loop fused with kernel 'hog2' "
+                            "(launch 1) ran"),
+                "%s", msg);
+  fb_session_destroy(s);
+  fb_program_free(p);
+  fb_engine_destroy(e);
+}
+END_TEST
+
 START_TEST(cancelled_names_the_launch) {
   fb_engine *e = new_engine();
   fb_program *p = parse();
@@ -240,6 +272,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, out_of_bounds_names_the_loop);
   tcase_add_test(tc, compile_refused_names_the_part);
   tcase_add_test(tc, cancelled_names_the_launch);
+  tcase_add_test(tc, cancelled_fused_hook_names_launches);
   tcase_add_test(tc, fused_blame_names_launches);
   suite_add_tcase(su, tc);
   return su;
