@@ -4,8 +4,9 @@
  * may show them. Each error class is produced through the engine's public
  * API, in sync and async mode: out of bounds (in a loop and in serial
  * code), a compile refused (a loop, the list of active cells of a sparse
- * loop, a fused task's part), cancelled, out of memory blamed in a fused
- * task. Each message must name the kernel, in async mode its launch, and
+ * loop, a fused task's part), cancelled (and the task hook's words for a
+ * fused task, which fuseboxd's kernel_timeout_s message uses), out of
+ * memory blamed in a fused task. Each message must name the kernel, in async mode its launch, and
  * the part of the kernel by what the user wrote ("its 2nd top-level
  * loop"), and match none of `\.t[0-9]`, `%[0-9]`, `task <name>`. The
  * device failures of the CUDA backend are checked the same way in
