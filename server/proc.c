@@ -1372,7 +1372,7 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
     kernel[sizeof kernel - 1] = task[sizeof task - 1] = 0;
     *code = FB_ETIMEOUT;
     if (strcmp(kernel, task)) /* a fused task: its launches, "kernel 'a' (launch 7) fused ..." */
-      snprintf(buf, n, "%s ran past kernel_timeout_s (%g s)", task, cfg->kernel_timeout_s);
+      snprintf(buf, n, "%.150s ran past kernel_timeout_s (%g s)", task, cfg->kernel_timeout_s);
     else
       snprintf(buf, n, "kernel '%s' ran past kernel_timeout_s (%g s)", kernel,
                cfg->kernel_timeout_s);
