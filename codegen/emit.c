@@ -20,6 +20,10 @@
 #include <llvm-c/DebugInfo.h>
 #include <llvm-c/IRReader.h>
 
+/* How a message starts that only an internal bug can produce: it alone may
+ * name internal tasks or IR values, and it says what to report. */
+#define FB_BUG "internal error (please report it, with the program): "
+
 static int emit_block(fb_emit *e, int blk);
 static int emit_stmt(fb_emit *e, int id);
 
@@ -27,9 +31,17 @@ static int emit_stmt(fb_emit *e, int id);
 
 int fb_emit_error(fb_emit *e, int code, const char *fmt, ...) {
   if (e->rc) return e->rc;
+  /* FB_EINVAL here is malformed task IR ("%7 if: condition is not bool"),
+   * which the verifier keeps from a kernel: only a bug reaches it, and
+   * it alone may name IR values */
+  size_t at = 0;
+  if ((code == FB_EINVAL || code == FB_EINTERNAL) && e->errlen > sizeof FB_BUG) {
+    memcpy(e->err, FB_BUG, sizeof FB_BUG - 1);
+    at = sizeof FB_BUG - 1;
+  }
   va_list ap;
   va_start(ap, fmt);
-  fb_verrf(e->err, e->errlen, fmt, ap);
+  fb_verrf(e->err + at, e->errlen - at, fmt, ap);
   va_end(ap);
   return e->rc = code;
 }
@@ -1393,21 +1405,22 @@ static int check_task(const fb_cg_task *t, int *loop_pos, char *err, size_t errl
   for (int i = 0; i < b0->n; i++)
     if (b0->ids[i] == t->loop) pos = i;
   if (t->loop >= k->nstmts || pos < 0)
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: loop %%%d is not a top-level statement",
+    return fb_cg_fail(err, errlen, FB_EINVAL,
+                      FB_BUG "task IR %s: loop %%%d is not a top-level statement",
                       k->name, t->loop);
   const fb_stmt *s = &k->stmts[t->loop];
   if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR && s->op != FB_OP_LISTGEN)
     return fb_cg_fail(err, errlen, FB_EINVAL,
-                      "task %s: loop %%%d is a '%s' statement, not par_for, "
+                      FB_BUG "task IR %s: loop %%%d is a '%s' statement, not par_for, "
                       "struct_for or listgen",
                       k->name, t->loop, s->op < FB_OP__COUNT ? fb_op_table[s->op].name : "?");
   if ((s->op == FB_OP_STRUCT_FOR || s->op == FB_OP_LISTGEN) &&
       (s->snode <= 0 || s->snode >= k->layout->nnodes))
-    return fb_cg_fail(err, errlen, FB_EINVAL, "task %s: struct_for %%%d names no SNode", k->name,
-                      t->loop);
+    return fb_cg_fail(err, errlen, FB_EINVAL, FB_BUG "task IR %s: struct_for %%%d names no SNode",
+                      k->name, t->loop);
   if (pos != b0->n - 1)
     return fb_cg_fail(err, errlen, FB_EINVAL,
-                      "task %s: statements follow the parallel loop "
+                      FB_BUG "task IR %s: statements follow the parallel loop "
                       "%%%d",
                       k->name, t->loop);
   *loop_pos = pos;
@@ -1517,7 +1530,8 @@ static int verify_task(const fb_kernel *k, char *err, size_t errlen) {
   fb_diags_init(&d);
   int rc = fb_verify(k, &d);
   if (rc)
-    fb_cg_fail(err, errlen, rc, "task %s: %s%s", k->name ? k->name : "?",
+    fb_cg_fail(err, errlen, rc, FB_BUG "task IR %s fails verification: %s%s",
+               k->name ? k->name : "?",
                d.n ? d.v[0].msg : fb_strerror(rc), d.n > 1 ? " (and more)" : "");
   fb_diags_free(&d);
   return rc;

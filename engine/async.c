@@ -690,9 +690,13 @@ int fbe_async_launch(fb_session *s, int kernel, sess_kernel *sk, fb_value *ret) 
   int rc = 0;
   for (int t = 0; t < sk->tl.n && !rc; t++) {
     fb_opt_task ot = {sk->h[t], s->args ? s->args : no_args, sk->k->nparams, s->launch_no};
-    if ((rc = fb_opt_insert(a->o, &ot)))
-      fail(s, rc, "kernel '%s': queuing task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+    if ((rc = fb_opt_insert(a->o, &ot))) {
+      char where[FBE_WHERE_MAX];
+      fail(s, rc, "kernel '%s' (launch %llu): queuing %s: %s", sk->k->name,
+           (unsigned long long)s->launch_no,
+           fbe_task_where((const fb_kernel *const *)sk->irs, sk->tl.n, t, where, sizeof where),
            fb_opt_errmsg(a->o));
+    }
   }
   if (rc) a->prev1 = 0;
   else note_prev(a, kernel, sk, args, s->launch_no);

@@ -7,12 +7,14 @@
 
 #include "fusebox/engine.h"
 
-/* Called before the compile pool (async sessions) compiles task IR; a
+/* Called before the compile pool (async sessions) or a sync session's
+ * kernel registration compiles task IR; a
  * nonzero answer refuses the compile with FB_ECOMPILE and the message it
  * wrote to err. Lets a test make a compile fail that would pass, e.g. every
  * fused task (their names join the parts' with '+'), to reach the engine's
- * fallback to the unfused parts without a GPU. Called from compile threads
- * and the launcher; set it before the first async session, NULL to clear. */
+ * fallback to the unfused parts without a GPU, or a kernel's compile to
+ * fail for its error message. Called from compile threads, the launcher
+ * and the caller; set it before the first session, NULL to clear. */
 typedef int (*fb_compile_gate)(void *user, const fb_kernel *task, char *err, size_t errlen);
 void fb_engine_set_compile_gate(fb_engine *e, fb_compile_gate gate, void *user);
 

@@ -345,6 +345,18 @@ const char *fbe_type_name_safe(fb_type t);
 int fbe_oom_message(fb_session *s, char *buf, size_t len);
 int fbe_device_dead(fb_session *s);
 
+/* blame.c: the part of a kernel a message names, in the user's terms,
+ * never a task name ("k.t1"): tasks, the kernel's lowered tasks in order;
+ * t, the one meant. "its 2nd top-level loop", "its serial code after its
+ * 1st top-level loop", "the list of active cells of 'x' for its 1st
+ * top-level loop", ... The second, for a task that is not one of a
+ * kernel's (by its kind): "a top-level loop", ... buf: 256 bytes will do. */
+const char *fbe_task_where(const fb_kernel *const *tasks, int ntasks, int t, char *buf,
+                           size_t len);
+const char *fbe_task_kind_where(fb_task_kind kind, const fb_kernel *ir, int snode, char *buf,
+                                size_t len);
+#define FBE_WHERE_MAX 256
+
 /* worker.c */
 void fbe_bg_record(fb_session *s, int code, uint64_t launch, int kernel, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -71,17 +71,18 @@ int fbe_oom_message(fb_session *s, char *buf, size_t len) {
 }
 
 static int launch_error(fb_session *s, const sess_kernel *sk, int rc, int failed, const char *msg) {
-  const char *task = failed >= 0 && failed < sk->tl.n ? sk->tl.v[failed].ir->name : "?";
+  char task[FBE_WHERE_MAX];
+  fbe_task_where((const fb_kernel *const *)sk->irs, sk->tl.n, failed, task, sizeof task);
   char oom[512];
   if (fbe_oom_message(s, oom, sizeof oom))
     return fail(s, FB_EQUOTA, "kernel '%s': %s; those accesses were skipped", sk->k->name, oom);
   if (msg && msg[0]) return fail(s, rc, "kernel '%s': %s", sk->k->name, msg);
   if (rc == FB_EBOUNDS)
     return fail(s, FB_EBOUNDS,
-                "kernel '%s' indexed a field out of bounds (task %s); those "
+                "kernel '%s' indexed a field out of bounds in %s; those "
                 "accesses were skipped",
                 sk->k->name, task);
-  return fail(s, rc, "kernel '%s': task %s failed on the device: %s", sk->k->name, task,
+  return fail(s, rc, "kernel '%s': %s failed on the device: %s", sk->k->name, task,
               fb_strerror(rc));
 }
 

@@ -429,7 +429,7 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
   memset(&code, 0, sizeof code);
   msg[0] = 0;
   double t0 = s->trace ? fb_trace_clock() : 0;
-  int rc = s->e->ops->compile(s->e->dev, &cg, &code, msg, sizeof msg);
+  int rc = engine_compile(s->e, &cg, &code, msg, sizeof msg);
   if (s->trace) {
     char name[160];
     snprintf(name, sizeof name, "compile %s", task->ir->name);
@@ -437,9 +437,12 @@ static int compile_task(fb_session *s, sess_kernel *sk, int t) {
                   code.cache_hit ? "{\"cache_hit\":1}" : "{\"cache_hit\":0}");
   }
   if (!rc && !code.gpu && (!code.body || (task->loop >= 0 && !code.bounds))) rc = FB_EINTERNAL;
-  if (rc)
-    return fail(s, rc < 0 ? rc : FB_ECOMPILE, "kernel '%s': compiling task %d (%s) failed: %s",
-                sk->k->name, t, task->ir->name, msg[0] ? msg : fb_strerror(rc));
+  if (rc) {
+    char where[FBE_WHERE_MAX];
+    return fail(s, rc < 0 ? rc : FB_ECOMPILE, "kernel '%s': compiling %s failed: %s", sk->k->name,
+                fbe_task_where((const fb_kernel *const *)sk->irs, sk->tl.n, t, where, sizeof where),
+                msg[0] ? msg : fb_strerror(rc));
+  }
   sk->code[t].body = code.body;
   sk->code[t].bounds = task->loop >= 0 ? code.bounds : NULL;
   sk->code[t].gpu = code.gpu;
@@ -518,7 +521,9 @@ static int lower_kernel(fb_session *s, sess_kernel *sk) {
     return fail(s, rc, "kernel '%s': lowering failed: %s", sk->k->name,
                 msg[0] ? msg : fb_strerror(rc));
   sk->irs = calloc((size_t)(sk->tl.n ? sk->tl.n : 1), sizeof *sk->irs);
-  return sk->irs ? 0 : fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  if (!sk->irs) return fail(s, FB_ENOMEM, "kernel '%s': out of memory", sk->k->name);
+  for (int t = 0; t < sk->tl.n; t++) sk->irs[t] = sk->tl.v[t].ir; /* what errors name (blame.c) */
+  return 0;
 }
 
 static int lower_and_compile(fb_session *s, sess_kernel *sk) {
@@ -542,9 +547,12 @@ static int lower_and_intern(fb_session *s, sess_kernel *sk) {
   for (int t = 0; t < n; t++) sk->h[t] = FB_IRH_NONE;
   for (int t = 0; t < n; t++) {
     sk->irs[t] = sk->tl.v[t].ir;
-    if ((rc = fb_opt_intern(s->as->o, sk->tl.v[t].ir, &sk->h[t])))
-      return fail(s, rc, "kernel '%s': task %d (%s): %s", sk->k->name, t, sk->tl.v[t].ir->name,
+    if ((rc = fb_opt_intern(s->as->o, sk->tl.v[t].ir, &sk->h[t]))) {
+      char where[FBE_WHERE_MAX];
+      return fail(s, rc, "kernel '%s': keeping %s for async launches: %s", sk->k->name,
+                  fbe_task_where((const fb_kernel *const *)sk->irs, n, t, where, sizeof where),
                   fb_opt_errmsg(s->as->o));
+    }
   }
   return 0;
 }

@@ -71,39 +71,76 @@ static const launch_rec *launch_of(const async_job *j, uint64_t launch) {
   return &j->launches[launch - j->base];
 }
 
-/* Part p's name as its own launch's kernel names it ("k2.t0"). The banked
- * IR's name (p->task) is the first equal task's interned, another
- * kernel's when two kernels have the same body: the IR and its code stay
- * shared, only the name comes from the launch. */
-static const char *part_name(const async_job *j, const fb_opt_part *p) {
+/* Where part p runs in its own launch's kernel ("its 1st top-level loop",
+ * blame.c), by its index among that kernel's tasks: the banked IR's name
+ * (p->task) is the first equal task's interned, another kernel's when two
+ * kernels have the same body, and a task's name is no word of the user's
+ * anyway. The IR and its code stay shared; only the launch says whose. */
+static const char *part_where(const async_job *j, const fb_opt_part *p, char *buf, size_t n) {
   const launch_rec *lr = launch_of(j, p->launch);
   if (lr && lr->tasks && p->index >= 0 && p->index < lr->ntasks && lr->tasks[p->index])
-    return lr->tasks[p->index]->name;
-  return p->task;
+    return fbe_task_where(lr->tasks, lr->ntasks, p->index, buf, n);
+  return fbe_task_kind_where(p->kind, p->k, p->snode, buf, n);
 }
 
-#define TASK_NAME_MAX 120 /* as fusion cuts a fused task's name (optimizer/ir_edit.c) */
-
-/* Task L's name in messages: its one part's own name; a fused task's, its
- * parts' joined by '+' as fusion joins them, cut with "+more" past about
- * TASK_NAME_MAX characters. buf: at least TASK_NAME_MAX + 8 bytes. */
-static const char *task_name(const async_job *j, const fb_opt_launch *L, char *buf, size_t n) {
-  if (!L->parts || L->nparts < 1) return L->k->name;
-  if (L->nparts == 1) return part_name(j, &L->parts[0]);
-  size_t at = 0;
-  buf[0] = 0;
-  for (int i = 0; i < L->nparts; i++) {
-    const char *pn = part_name(j, &L->parts[i]);
-    size_t len = strlen(pn);
-    if (i && at + 1 + len > TASK_NAME_MAX) {
-      snprintf(buf + at, n - at, "+more");
-      break;
-    }
-    int k = snprintf(buf + at, n - at, "%s%.*s", i ? "+" : "", TASK_NAME_MAX, pn);
-    at = k < 0 ? at : at + (size_t)k < n ? at + (size_t)k : n - 1;
-  }
+/* Part p as the user launched it: "kernel 'k' (launch 7)", and, with
+ * `where`, where in k it runs when k has more than one part: "kernel 'k'
+ * (launch 7, its 2nd top-level loop)". */
+static const char *part_who(const async_job *j, const fb_opt_part *p, int where_too, char *buf,
+                            size_t n) {
+  const launch_rec *lr = launch_of(j, p->launch);
+  char where[FBE_WHERE_MAX];
+  if (lr && lr->ntasks > 1 && where_too)
+    snprintf(buf, n, "kernel '%s' (launch %llu, %s)", lr->name, (unsigned long long)p->launch,
+             part_where(j, p, where, sizeof where));
+  else
+    snprintf(buf, n, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
+             (unsigned long long)p->launch);
   return buf;
 }
+
+#define PARTS_MAX 480 /* characters of a list of parts; past it, "and N more" */
+
+/* The parts of L after part `after` (-1: all), but part `skip`, and with
+ * `alloc` only those that may take blocks, as part_who says each (with
+ * `where`), joined by ", " and cut with "and N more" past about PARTS_MAX
+ * characters. buf: at least PARTS_MAX + FBE_WHERE_MAX + 64 bytes. */
+static const char *parts_list(const async_job *j, const fb_opt_launch *L, int after, int skip,
+                              int alloc, int where, char *buf, size_t n) {
+  size_t at = 0;
+  int listed = 0, left = 0;
+  buf[0] = 0;
+  for (int i = after + 1; i < L->nparts; i++) {
+    if (i == skip || (alloc && !L->parts[i].alloc)) continue;
+    if (at > PARTS_MAX) {
+      left++;
+      continue;
+    }
+    char one[FBE_WHERE_MAX + 64];
+    int k = snprintf(buf + at, n - at, "%s%s", listed++ ? ", " : "",
+                     part_who(j, &L->parts[i], where, one, sizeof one));
+    at = k < 0 ? at : at + (size_t)k < n ? at + (size_t)k : n - 1;
+  }
+  if (left) snprintf(buf + at, n - at, " and %d more", left);
+  return buf;
+}
+
+/* What task L runs, after "kernel 'k' (launch N): ": where in k for one
+ * part ("its 1st top-level loop"); a fused task's first part and the
+ * launches fused with it ("its 1st top-level loop fused with kernel 'b'
+ * (launch 8)"). buf: at least PARTS_MAX + 2 * FBE_WHERE_MAX + 128 bytes. */
+static const char *task_what(const async_job *j, const fb_opt_launch *L, char *buf, size_t n) {
+  char where[FBE_WHERE_MAX];
+  if (!L->parts || L->nparts < 1)
+    return fbe_task_kind_where(L->kind, L->k, L->snode, buf, n);
+  part_where(j, &L->parts[0], where, sizeof where);
+  if (L->nparts == 1) return snprintf(buf, n, "%s", where), buf;
+  char rest[PARTS_MAX + FBE_WHERE_MAX + 64];
+  snprintf(buf, n, "%s fused with %s", where, parts_list(j, L, 0, -1, 0, 1, rest, sizeof rest));
+  return buf;
+}
+
+#define WHAT_MAX (PARTS_MAX + 2 * FBE_WHERE_MAX + 128)
 
 #define SEEN_MAX ((size_t)1 << 15) /* entries; past it the set starts over (it is only a hint) */
 
@@ -264,30 +301,34 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
   int others, later;
   const fb_opt_part *p = blamed_part(L, rc, blame, &others, &later);
   uint64_t launch = p ? p->launch : L->launch;
-  char fused[TASK_NAME_MAX + 8];
-  const char *whole = task_name(r->j, L, fused, sizeof fused);
-  const char *task = p ? part_name(r->j, p) : whole;
+  char where[FBE_WHERE_MAX], list[PARTS_MAX + FBE_WHERE_MAX + 64];
+  const char *task = p ? part_where(r->j, p, where, sizeof where)
+                       : fbe_task_kind_where(L->kind, L->k, L->snode, where, sizeof where);
+  int pi = p ? (int)(p - L->parts) : 0;
   const launch_rec *lr = launch_of(r->j, launch);
   int kid = lr ? lr->kernel : -1;
   char who[ERRLEN];
   if (later == 1)
     snprintf(who, sizeof who,
-             "kernel '%s' (launch %llu, or the later launch fused with it in task %s, which "
+             "kernel '%s' (launch %llu, or the later launch fused with it, %s, which "
              "also takes blocks from the pool: their iterations ran interleaved)",
-             lr ? lr->name : "?", (unsigned long long)launch, whole);
+             lr ? lr->name : "?", (unsigned long long)launch,
+             parts_list(r->j, L, pi, -1, 1, 1, list, sizeof list));
   else if (later)
     snprintf(who, sizeof who,
-             "kernel '%s' (launch %llu, or one of the %d later launches fused with it in "
-             "task %s, which also take blocks from the pool: their iterations ran interleaved)",
-             lr ? lr->name : "?", (unsigned long long)launch, later, whole);
+             "kernel '%s' (launch %llu, or one of the %d later launches fused with it, %s, "
+             "which also take blocks from the pool: their iterations ran interleaved)",
+             lr ? lr->name : "?", (unsigned long long)launch, later,
+             parts_list(r->j, L, pi, -1, 1, 1, list, sizeof list));
   else if (others == 1)
-    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it in task %s)",
-             lr ? lr->name : "?", (unsigned long long)launch, whole);
+    snprintf(who, sizeof who, "kernel '%s' (launch %llu, or the launch fused with it, %s)",
+             lr ? lr->name : "?", (unsigned long long)launch,
+             parts_list(r->j, L, -1, pi, 0, 1, list, sizeof list));
   else if (others)
     snprintf(who, sizeof who,
-             "kernel '%s' (launch %llu, or one of the %d launches fused with it "
-             "in task %s)",
-             lr ? lr->name : "?", (unsigned long long)launch, others, whole);
+             "kernel '%s' (launch %llu, or one of the %d launches fused with it: %s)",
+             lr ? lr->name : "?", (unsigned long long)launch, others,
+             parts_list(r->j, L, -1, pi, 0, 1, list, sizeof list));
   else
     snprintf(who, sizeof who, "kernel '%s' (launch %llu)", lr ? lr->name : "?",
              (unsigned long long)launch);
@@ -296,27 +337,26 @@ static void task_error(batch_run *r, const fb_opt_launch *L, int rc, int32_t bla
     fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s; those accesses were skipped", who, oom);
   else if (msg[0]) fbe_bg_record(s, rc, launch, kid, "%s: %s", who, msg);
   else if (FB_RT_BLAMED_OOM(blame)) /* the record is an earlier task's (a queued device) */
-    fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: task %s failed on the device: %s", who, task,
+    fbe_bg_record(s, FB_EQUOTA, launch, kid, "%s: %s failed on the device: %s", who, task,
                   fb_strerror(FB_EQUOTA));
   else if (rc == FB_EBOUNDS || blame)
     fbe_bg_record(s, FB_EBOUNDS, launch, kid,
-                  "%s indexed a field out of bounds (task %s); those accesses "
+                  "%s indexed a field out of bounds in %s; those accesses "
                   "were skipped",
                   who, task);
   else
-    fbe_bg_record(s, rc, launch, kid, "%s: task %s failed on the device: %s", who, task,
+    fbe_bg_record(s, rc, launch, kid, "%s: %s failed on the device: %s", who, task,
                   fb_strerror(rc));
 }
 
 static void compile_error(batch_run *r, const fb_opt_launch *L, const fb_cjob *c) {
   const launch_rec *lr = launch_of(r->j, L->launch);
-  char name[TASK_NAME_MAX + 8];
+  char what[WHAT_MAX];
   int rc = c->rc > 0 ? FB_ECOMPILE : c->rc;
   fbe_bg_record(r->s, rc, L->launch, lr ? lr->kernel : -1,
-                "kernel '%s' (launch %llu): compiling "
-                "task %s failed: %s",
-                lr ? lr->name : "?", (unsigned long long)L->launch,
-                task_name(r->j, L, name, sizeof name), c->msg[0] ? c->msg : fb_strerror(rc));
+                "kernel '%s' (launch %llu): compiling %s failed: %s", lr ? lr->name : "?",
+                (unsigned long long)L->launch, task_what(r->j, L, what, sizeof what),
+                c->msg[0] ? c->msg : fb_strerror(rc));
 }
 
 /* ---------------------------------------------------------------- async: no lost work
@@ -494,15 +534,27 @@ static int hook_cancels(batch_run *r, const fb_opt_launch *L) {
   if (r->cancelled) return 1;
   if (!s->hook) return 0;
   const launch_rec *lr = launch_of(r->j, L->launch);
-  char name[TASK_NAME_MAX + 8];
-  const char *task = task_name(r->j, L, name, sizeof name);
-  if (!s->hook(s->hook_user, lr ? lr->name : L->k->name, task, L->launch)) return 0;
+  /* the hook's task: the kernel's name, as sync mode gives it, or a fused
+   * task's launches ("kernel 'a' (launch 7) fused with kernel 'b' (launch
+   * 8)"): what fuseboxd's kernel_timeout_s message names (launches only:
+   * this runs before every task) */
+  const char *kernel = lr ? lr->name : "?";
+  const char *task = kernel;
+  char fused[PARTS_MAX + 2 * FBE_WHERE_MAX + 128], one[FBE_WHERE_MAX + 64], rest[sizeof fused];
+  if (L->parts && L->nparts > 1) {
+    snprintf(fused, sizeof fused, "%s fused with %s",
+             part_who(r->j, &L->parts[0], 0, one, sizeof one),
+             parts_list(r->j, L, 0, -1, 0, 0, rest, sizeof rest));
+    task = fused;
+  }
+  if (!s->hook(s->hook_user, kernel, task, L->launch)) return 0;
   s->hook(s->hook_user, NULL, NULL, L->launch);
   r->cancelled = 1;
+  char what[WHAT_MAX];
   fbe_bg_record(s, FB_ECANCELLED, L->launch, lr ? lr->kernel : -1,
                 "kernel '%s' (launch %llu): "
-                "cancelled before task %s ran; it and the later tasks of flush %llu were skipped",
-                lr ? lr->name : "?", (unsigned long long)L->launch, task,
+                "cancelled before %s ran; it and the later work of flush %llu was skipped",
+                kernel, (unsigned long long)L->launch, task_what(r->j, L, what, sizeof what),
                 (unsigned long long)r->j->flush);
   return 1;
 }

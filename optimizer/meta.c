@@ -23,6 +23,10 @@
 #include "ir/arith.h"
 #include "optimizer/sfg.h"
 
+/* How a message starts that only an internal bug can produce: it alone may
+ * name internal tasks or IR values, and it says what to report. */
+#define FB_BUG "internal error (please report it, with the program): "
+
 /* One access of one statement to one state, merged per state later. */
 typedef struct raw {
   uint32_t key;
@@ -607,7 +611,7 @@ static int classify(mwalk *w, char *err, size_t errlen) {
     const fb_stmt *s = &k->stmts[b0->ids[i]];
     if (s->op != FB_OP_PAR_FOR && s->op != FB_OP_STRUCT_FOR) continue;
     if (m->loop >= 0) {
-      fb_errf(err, errlen, "kernel %s: more than one parallel loop; not a task", k->name);
+      fb_errf(err, errlen, FB_BUG "task IR %s has more than one parallel loop", k->name);
       return FB_EINVAL;
     }
     m->loop = b0->ids[i];

@@ -22,6 +22,10 @@
 #include "base/base.h"
 #include "optimizer/sfg.h"
 
+/* How a message starts that only an internal bug can produce: it alone may
+ * name internal tasks or IR values, and it says what to report. */
+#define FB_BUG "internal error (please report it, with the program): "
+
 /* A logged insert (the plan memo's window, see fb_opt_flush). */
 typedef struct wlog_ent {
   fb_irh ir;       /* one reference while logged */
@@ -375,7 +379,8 @@ int fb_opt_insert(fb_opt *o, const fb_opt_task *t) {
   const fb_task_meta *m = fb_bank_meta(o->bank, t->ir);
   if (!m) return fail(o, FB_ENOMEM, "task metadata: out of memory");
   if (t->nargs != k->nparams || (t->nargs && !t->args))
-    return fail(o, FB_ETYPE, "task %s takes %d arguments, got %d", k->name, k->nparams, t->nargs);
+    return fail(o, FB_ETYPE, FB_BUG "task IR %s takes %d arguments, got %d", k->name, k->nparams,
+                t->nargs);
   /* logged while the window may still turn out to be a known one: nothing
    * of it is in the graph yet */
   int logged = o->built < o->nlog || (o->opt.plan_memo && !o->optimized && o->g.n == o->g.nret);
@@ -476,14 +481,14 @@ static void trace(fb_opt *o, int it, const char *pass, const char *when) {
 static int check_after(fb_opt *o, const char *pass) {
   char err[200];
   if (fb_sfg_check(&o->g, o->bank, err, sizeof err))
-    return fail(o, FB_EINTERNAL, "after %s: SFG invariant broken: %s", pass, err);
+    return fail(o, FB_EINTERNAL, FB_BUG "after %s: SFG invariant broken: %s", pass, err);
   for (int i = o->g.nret; i < o->g.n; i++) {
     fb_diags d;
     fb_diags_init(&d);
     const fb_kernel *k = fb_bank_ir(o->bank, o->g.nodes[i]->ir);
     int rc = fb_verify(k, &d);
     if (rc)
-      fail(o, FB_EINTERNAL, "after %s: task %s fails verification: %s", pass, k->name,
+      fail(o, FB_EINTERNAL, FB_BUG "after %s: task IR %s fails verification: %s", pass, k->name,
            d.n ? d.v[0].msg : "?");
     fb_diags_free(&d);
     if (rc) return FB_EINTERNAL;

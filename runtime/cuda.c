@@ -302,7 +302,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu_fn *f, char *err,
+static int load_module(fb_cuda_device *d, const char *ptx, gpu_fn *f, char *err,
                        size_t errlen) {
   char log[2048] = "";
   CUjit_option opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
@@ -311,7 +311,7 @@ static int load_module(fb_cuda_device *d, const char *ptx, const char *task, gpu
   if (r != CUDA_SUCCESS) {
     char es[200];
     fb_cuda_errstr(&d->api, r, es, sizeof es);
-    fb_errf(err, errlen, "loading the PTX of task %s failed: %s%s%s", task, es, log[0] ? ": " : "",
+    fb_errf(err, errlen, "loading its GPU code (PTX) failed: %s%s%s", es, log[0] ? ": " : "",
             log);
     return fb_cuda_sticky(r) ? drv_fail(d, NULL, r, "cuModuleLoadDataEx", NULL, 0),
            FB_EDEVICE        : FB_ECOMPILE;
@@ -332,8 +332,9 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
     return fb_errf(err, errlen, "fb_cuda_compile: missing device, task or output"), FB_EINVAL;
   memset(out, 0, sizeof *out);
   if (t->ir->nparams > fb_cuda_max_task_params())
-    return fb_errf(err, errlen, "task %s has %d parameters; a GPU launch takes at most %d",
-                   t->ir->name, t->ir->nparams, fb_cuda_max_task_params()),
+    return fb_errf(err, errlen, "it takes %d parameters (kernel arguments, several kernels' when fused); a GPU "
+                   "launch takes at most %d",
+                   t->ir->nparams, fb_cuda_max_task_params()),
            FB_EUNSUPPORTED;
   double t0 = now_s();
   fb_code_key key = fb_code_cache_key(t);
@@ -381,7 +382,7 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
   if (!rc && !f) rc = (fb_errf(err, errlen, "out of memory"), FB_ENOMEM);
   if (!rc) {
     d->api.CtxSetCurrent(ctx);
-    rc = load_module(d, ptx, t->ir->name ? t->ir->name : "?", f, err, errlen);
+    rc = load_module(d, ptx, f, err, errlen);
     if (rc == FB_ECOMPILE && stored) { /* PTX this driver refuses: compile it here */
       free(ptx);
       ptx = NULL;
@@ -389,7 +390,7 @@ int fb_cuda_compile(void *device, const fb_cg_task *t, fb_cpu_code *out, char *e
       if (err && errlen) err[0] = 0;
       rc = fb_ptx_compile(t, d->sm, &ptx, &out->stmts_emitted, err, errlen);
       code_bytes = ptx ? (uint64_t)strlen(ptx) : 0;
-      if (!rc) rc = load_module(d, ptx, t->ir->name ? t->ir->name : "?", f, err, errlen);
+      if (!rc) rc = load_module(d, ptx, f, err, errlen);
     }
   }
   free(ptx);

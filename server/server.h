@@ -503,7 +503,7 @@ typedef struct fbd_watch {
   _Atomic int cancel; /* set by the broker: the hook cancels the next task */
   _Atomic int hold; /* set by the scheduler: the hook waits before the next task */
   char kernel[64]; /* the running launch's kernel (NUL-terminated) */
-  char task[64]; /* and its task */
+  char task[192]; /* and its task: the kernel's name, or a fused task's launches */
   /* the memory budget (budget.c): the engine side reports after each job */
   _Atomic uint64_t pending_bytes; /* its async launches not yet run */
   _Atomic uint64_t code_bytes; /* its engine's code cache */

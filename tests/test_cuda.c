@@ -10,6 +10,7 @@
  * a GPU: that is the CUDA half of the other suites (FB_TEST_BACKEND=cuda,
  * run where a GPU is present). */
 #include <dlfcn.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -802,6 +803,41 @@ START_TEST(sticky_error_in_async_batch) {
 }
 END_TEST
 
+/* A device failure in the user's terms (tests/test_blame.c has the other
+ * classes): the kernel by its name, in async mode its launch, and no
+ * internal task name ("both.t1"), IR value or "task <name>". The 2nd
+ * launch of `both` is its loop (after the serial `total[] = 0.0`). */
+static void no_internal_names(const char *msg, const char *who) {
+  regex_t re;
+  ck_assert_int_eq(regcomp(&re, "\\.t[0-9]|%[0-9]|(^|[^A-Za-z_])task [A-Za-z_'\"]",
+                           REG_EXTENDED | REG_NOSUB),
+                   0);
+  int hit = regexec(&re, msg, 0, NULL, 0) == 0;
+  regfree(&re);
+  ck_assert_msg(!hit && strstr(msg, who), "message: %s (want %s)", msg, who);
+}
+
+START_TEST(device_failure_names_no_task) {
+  env x;
+  env_open(&x, "cuda");
+  const char *modes[] = {"sync", "async"};
+  for (int m = 0; m < 2; m++) {
+    fb_session *s = open_session(&x, modes[m], 0);
+    int kb = add(s, x.both);
+    fb_value n = fb_value_i32(10);
+    fake.fail_launch(2, 701); /* CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: not sticky */
+    int rc = fb_launch(s, kb, &n, 1, NULL);
+    if (!rc) rc = fb_sync(s);
+    ck_assert_int_eq(rc, FB_EDEVICE);
+    no_internal_names(fb_session_errmsg(s), m ? "kernel 'both' (launch 0)" : "kernel 'both'");
+    ck_assert_msg(strstr(fb_session_errmsg(s), "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), "%s",
+                  fb_session_errmsg(s));
+    fb_session_destroy(s);
+  }
+  env_close(&x);
+}
+END_TEST
+
 /* No lost work (docs/optimizer.md): a fused task whose launch the driver refuses for
  * its size (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: registers, parameter
  * space) did not run, so its parts run instead, each a launch of its own. */
@@ -855,6 +891,7 @@ static Suite *suite(void) {
   tcase_add_test(t, plain_launch_error_fails_one_launch);
   tcase_add_test(t, sticky_error_ends_sessions_then_recovers);
   tcase_add_test(t, sticky_error_in_async_batch);
+  tcase_add_test(t, device_failure_names_no_task);
   tcase_add_test(t, fused_launch_refused_runs_the_parts);
   tcase_add_test(t, device_memory_field_round_trips);
   tcase_add_test(t, device_memory_large_transfers);

@@ -329,8 +329,10 @@ int fb_session_tape_loss(const fb_session *s);
  *
  * The hook is called before each task the session runs, from the thread that
  * runs it (see "Threads" at the top):
- * kernel is the name of the launch's kernel, task the task's name (a fused
- * task names its parts), launch the engine's launch number. A non-zero
+ * kernel is the name of the launch's kernel, task the kernel's name too,
+ * or for a fused task its launches in the user's terms ("kernel 'a'
+ * (launch 7) fused with kernel 'b' (launch 8)"; never an internal task
+ * name), launch the engine's launch number. A non-zero
  * return cancels: that task and every later task of the launch (sync) or of
  * the flushed window (async) are skipped and the first skipped launch is
  * reported as FB_ECANCELLED. After the task ran the hook is called again
