@@ -20,12 +20,6 @@ static const fb_rt_task *code_get(const fb_map *m, fb_irh h) {
   return e ? &e->code : NULL;
 }
 
-/* The grain kept with the code of h (-1: none). */
-static int64_t code_grain(const fb_map *m, fb_irh h) {
-  const code_ent *e = fb_map_get(m, cmap_key(h));
-  return e ? e->grain : -1;
-}
-
 /* Forget every entry, giving the references back. */
 static void code_clear(async_state *a, fb_map *m) {
   uint64_t key;
@@ -42,7 +36,7 @@ static void code_put(async_state *a, fb_map *m, fb_irh h, const fb_rt_task *code
   code_ent *v = fb_map_put(m, cmap_key(h), NULL);
   if (!v) return;
   fb_opt_retain(a->o, h);
-  *v = (code_ent){*code, grain};
+  *v = (code_ent){*code, grain, 0};
 }
 
 static const fb_rt_task *cmap_get(const async_state *a, fb_irh h) { return code_get(&a->cmap, h); }
@@ -163,12 +157,16 @@ void fbe_standins_free(fb_session *s) {
 }
 
 /* The code of each entry, where the map has it, with its grain; or a
- * stand-in's, with the entry's own code compiling in the background. */
-static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b, int64_t **grain) {
+ * stand-in's, with the entry's own code compiling in the background.
+ * *known: the distinct handles of the batch when the map had every
+ * entry's code (each counted once by its entry's stamp), else -1. */
+static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b, uint64_t no, int64_t **grain,
+                              int *known) {
   async_state *a = s->as;
   size_t n = (size_t)(b && b->n ? b->n : 1);
   fb_rt_task *pre = calloc(n, sizeof *pre);
   int64_t *g = *grain = malloc(n * sizeof *g);
+  *known = 0;
   if (!g) {
     free(pre);
     return NULL;
@@ -176,14 +174,21 @@ static fb_rt_task *known_code(fb_session *s, const fb_opt_batch *b, int64_t **gr
   for (size_t i = 0; i < n; i++) g[i] = -1;
   for (int i = 0; pre && b && i < b->n; i++) {
     const fb_opt_launch *L = &b->v[i];
-    const fb_rt_task *c = cmap_get(a, L->ir), *sc;
-    if (c) {
-      pre[i] = *c;
-      g[i] = code_grain(&a->cmap, L->ir);
-      if (L->standin_same) smap_put(a, L->standin, c);
-    } else if (L->standin != FB_IRH_NONE && L->k && L->k->nstmts >= s->e->standin_min_stmts &&
-               (sc = standin_code(a, L->standin)) &&
-               (bg_pending(a, L->ir) || !bg_start(s, L, sc))) {
+    code_ent *e = fb_map_get(&a->cmap, cmap_key(L->ir)); /* one look-up: code and grain */
+    const fb_rt_task *sc;
+    if (e) {
+      pre[i] = e->code;
+      g[i] = e->grain;
+      if (*known >= 0 && e->stamp != no) {
+        e->stamp = no;
+        ++*known;
+      }
+      if (L->standin_same) smap_put(a, L->standin, &e->code);
+      continue;
+    }
+    *known = -1;
+    if (L->standin != FB_IRH_NONE && L->k && L->k->nstmts >= s->e->standin_min_stmts &&
+        (sc = standin_code(a, L->standin)) && (bg_pending(a, L->ir) || !bg_start(s, L, sc))) {
       pre[i] = *sc;
       a->standins++;
     }
@@ -367,7 +372,7 @@ static int hand_out(fb_session *s, fb_opt_batch *b, uint64_t no, uint64_t basis,
                    .nlaunches = n, .basis = basis};
   j->bytes = a->win_bytes; /* its launches' share of pending_bytes, until freed */
   a->win_bytes = 0;
-  if (b && b->n && !(j->pre = known_code(s, b, &j->grain))) {
+  if (b && b->n && !(j->pre = known_code(s, b, no, &j->grain, &j->known_handles))) {
     a->tainted = 1;
     fbe_note_bad(a, no);
     free_job(s, j);

@@ -119,6 +119,8 @@ typedef struct launch_rec {
 typedef struct code_ent {
   fb_rt_task code; /* first: code_get hands out its address */
   int64_t grain;
+  uint64_t stamp;  /* the caller's: the last flush whose batch looked it up
+                      (0: none), so that known_code counts each handle once */
 } code_ent;
 
 typedef struct async_job {
@@ -134,6 +136,11 @@ typedef struct async_job {
   int64_t *grain;          /* per entry: its chunk grain (fbe_task_grain),
                               the caller's, kept with the code it knew;
                               -1: the worker works it out */
+  /* every entry's code was in the caller's code map (no stand-in, nothing
+   * to compile): the distinct handles among them, the batch's cache hits;
+   * -1 otherwise. Such a batch plans no compile job, no table and no
+   * `which` (fbe_run_batch) */
+  int known_handles;
   uint64_t bytes;          /* what its launches count in pending_bytes */
   int queued;              /* pushed to the worker: counted in a->inflight */
   /* the launcher's; the caller learns the new code from them at the end */

@@ -192,6 +192,14 @@ static int first_scan(const async_job *j, int i) {
 static int plan_compiles(batch_run *r) {
   async_job *j = r->j;
   int n = j->b->n, unknown = 0;
+  if (j->known_handles >= 0) {
+    /* the caller had every entry's code and counted its distinct handles
+     * (known_code): no job, no table, no `which` (NULL: every entry's code
+     * is j->pre's) */
+    r->hits += (uint64_t)j->known_handles;
+    atomic_fetch_add(&r->s->as->lean, 1);
+    return 0;
+  }
   for (int i = 0; i < n; i++) unknown += !j->pre[i].body;
   int scan = n <= SCAN_MAX;
   fb_map first;
@@ -233,7 +241,7 @@ static int plan_compiles(batch_run *r) {
 
 static void note_seen(batch_run *r) {
   const async_job *j = r->j;
-  for (int i = 0; i < j->b->n; i++)
+  for (int i = 0; j->which && i < j->b->n; i++)
     if (j->which[i] >= 0 && !j->cj[j->which[i]].rc)
       seen_put(r->s->as, seen_key(j->b->v[i].ir, j->b->v[i].k));
 }
@@ -565,7 +573,7 @@ static void run_one(batch_run *r, int i) {
   async_job *j = r->j;
   const fb_opt_launch *L = &j->b->v[i];
   if (hook_cancels(r, L)) return;
-  if (j->which[i] < 0) {
+  if (!j->which || j->which[i] < 0) {
     if (L->launch != r->failed_launch) run_entry(r, L, &j->pre[i], j->grain ? j->grain[i] : -1);
     if (s->hook) s->hook(s->hook_user, NULL, NULL, L->launch);
     return;

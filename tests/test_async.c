@@ -2376,10 +2376,13 @@ START_TEST(failed_width_capped) {
 }
 END_TEST
 
-/* A small batch whose code the caller knew at the flush (a repeating
- * stream, once compiled) is planned without a compile job or a table of
- * its handles (engine/worker.c, plan_compiles); a larger one, or one with
- * code to compile, the usual way. Results are sync mode's either way. */
+/* A batch whose code the caller knew at the flush (a repeating stream,
+ * once compiled) is planned without a compile job, a table of its handles
+ * or a per-entry job index (engine/worker.c, plan_compiles): the caller
+ * counted its distinct handles as it looked their code up (async.c,
+ * known_code), at any size. One with code to compile is planned the usual
+ * way. Results are sync mode's either way, and the cache hits count each
+ * distinct handle of a batch once, as the table did. */
 START_TEST(lean_batches) {
   char *small = period_script(6, 5), *big = period_script(6, 20);
   fb_session_config sync = {.mode = "sync", .seed = 7}, dflt = async_cfg(0, 0),
@@ -2396,10 +2399,14 @@ START_TEST(lean_batches) {
      code is known */
   ck_assert_uint_eq(got.c.tasks_launched, 1 + 6 * 10);
   ck_assert_uint_ge(got.lean, 4);
-  /* unoptimized, a step is one batch of 60 entries: past the scan's reach,
-     planned with the table */
+  /* unoptimized, a step is one batch of 60 entries of 3 handles: past the
+     scan's reach, yet lean from the second step on (its code known) */
   ck_assert_uint_eq(plain.c.tasks_launched, 1 + 6 * 60);
-  ck_assert_uint_eq(plain.lean, 0);
+  ck_assert_uint_eq(plain.lean, 5);
+  /* code found or compiled once per handle and batch: init's batch and the
+     first step's make 1 + 3 jobs (each compiled or a cache hit), the 5
+     later steps' batches hit 3 handles each (not 60 entries each) */
+  ck_assert_uint_eq(plain.c.tasks_compiled + plain.c.cache_hits, 1 + 3 + 5 * 3);
   results_free(&want);
   results_free(&got);
   results_free(&want_big);
