@@ -40,7 +40,6 @@ typedef struct cover {
 
 struct fb_interp {
   const fb_layout *l;
-  uint64_t layout_hash;
   uint64_t seed;
   uint64_t launches; /* runs executed so far: the next run's launch number */
   void **fields;     /* per SNode id: a place's flat storage, NULL otherwise */
@@ -1055,7 +1054,7 @@ static int convert_args(fb_interp *in, const fb_kernel *k, const fb_value *args,
 }
 
 static int check_kernel(fb_interp *in, const fb_kernel *k) {
-  if (!k->layout || (k->layout != in->l && fb_layout_hash(k->layout) != in->layout_hash))
+  if (!fb_layout_equal(k->layout, in->l))
     return fail(in, FB_EINVAL, "kernel %s was built for another layout", k->name ? k->name : "?");
   if (k->nblocks < 1 || !k->blocks || k->nstmts < 0 || (k->nstmts > 0 && !k->stmts) ||
       k->nparams < 0 || (k->nparams > 0 && !k->params) || (unsigned)k->ret >= FB_T__COUNT)
@@ -1116,7 +1115,6 @@ fb_interp *fb_interp_new(const fb_layout *l, uint64_t seed) {
   fb_interp *in = calloc(1, sizeof *in);
   if (!in) return NULL;
   in->l = l;
-  in->layout_hash = fb_layout_hash(l);
   in->seed = seed;
   size_t nn = (size_t)l->nnodes;
   in->fields = calloc(nn, sizeof *in->fields);

@@ -275,8 +275,7 @@ static int add_entry(fb_bank *b, fb_kernel *c, uint64_t h, fb_irh *out) {
 }
 
 static int check_layout(fb_bank *b, const fb_kernel *k, char *err, size_t errlen) {
-  if (k->layout == b->l) return 0;
-  if (k->layout && fb_layout_hash(k->layout) == fb_layout_hash(b->l)) return 0;
+  if (fb_layout_equal(k->layout, b->l)) return 0; /* the same tree, not just the same hash */
   fb_errf(err, errlen, "kernel %s was built for another layout", k->name ? k->name : "?");
   return FB_EINVAL;
 }

@@ -44,11 +44,9 @@ typedef struct fbd_tenant {
   atomic_int open_calls; /* its calls now open (rpc.c: at most max_calls_per_tenant) */
   atomic_uint_fast64_t launches, syncs;  /* received on its Session streams */
   atomic_uint_fast64_t bytes_in, bytes_out; /* message bytes of its calls */
-  /* what its sessions' engines did (job_done in session.c sums the counters'
-   * growth): tasks run and compiled, code-cache hits, and the optimizer's
-   * work by pass */
-  atomic_uint_fast64_t tasks_launched, tasks_compiled, cache_hits;
-  atomic_uint_fast64_t listgens_removed, tasks_fused, dead_stores_removed, activations_demoted;
+  /* what its sessions' engines did: every counter of FB_COUNTERS, summed
+   * (fbd_metrics_count, called by session.c after each job) */
+  fbd_counter_sums done;
 } fbd_tenant;
 
 typedef struct fbd_auth {
@@ -116,5 +114,10 @@ char *fbd_read_text(const char *path, size_t max, char *err, size_t errlen);
 /* metrics.c */
 int fbd_metrics_start(fbd_server *srv, char *err, size_t errlen);
 void fbd_metrics_stop(fbd_server *srv);
+/* After a job of session s: add what its counters grew by since its last
+ * reading (s->snap) to its tenant's sums and the server's. A counter that
+ * went down (a worker that misreports) adds nothing. On the session's
+ * thread, before s->snap takes now. */
+void fbd_metrics_count(fbd_session *s, const fb_counters *now);
 
 #endif

@@ -31,6 +31,7 @@
  * (MHD_CONNECTION_NOTIFY_CLOSED, under our lock), so a number we shut down
  * is never one reused elsewhere in fuseboxd. */
 #include <arpa/inet.h>
+#include <stddef.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -86,10 +87,126 @@ static void header(fb_sb *t, const char *name, const char *type, const char *hel
   fb_sb_printf(t, "# HELP fusebox_%s %s\n# TYPE fusebox_%s %s\n", name, help, name, type);
 }
 
+/* ---------------------------------------------------------------- the engines' counters
+ *
+ * One family per counter of FB_COUNTERS (fusebox/counters.h), for the
+ * server (fusebox_NAME) and per tenant (fusebox_tenant_NAME{tenant}), with
+ * the list's meaning as HELP. NAME is the counter's name with, for a unit
+ * of seconds, "_s" spelled "_seconds"; a SUM is a Prometheus counter and
+ * takes "_total", a LEVEL a gauge. SUMs are the growth every session
+ * reported, added up (fbd_metrics_count), so they outlive their sessions;
+ * LEVELs are the live sessions' last readings, added up. One exception,
+ * launches: the broker counts the launches it receives as they arrive
+ * (fbd_stats.launches, fbd_tenant.launches), before a session reports
+ * them, and that count is the value written. */
+
+typedef struct counter_def {
+  const char *name, *unit, *meaning;
+  int level;         /* LEVEL: a gauge, read from the live sessions */
+  int seconds;       /* a double: seconds (its sum kept in nanoseconds) */
+  size_t at, sum_at; /* offsetof in fb_counters, in fbd_counter_sums */
+} counter_def;
+
+#define CTR_LEVEL_SUM 0
+#define CTR_LEVEL_LEVEL 1
+#define CTR_DOUBLE_uint64_t 0
+#define CTR_DOUBLE_double 1
+static const counter_def counters[] = {
+#define CTR_DEF_(name, type, kind, unit, meaning)                                                  \
+  {#name, unit, meaning, CTR_LEVEL_##kind, CTR_DOUBLE_##type, offsetof(fb_counters, name),        \
+   offsetof(fbd_counter_sums, name)},
+    FB_COUNTERS(CTR_DEF_)
+#undef CTR_DEF_
+};
+#define NCOUNTERS (sizeof counters / sizeof counters[0])
+
+/* Growth of one reading over the last, 0 when it did not grow; a double in
+ * whole nanoseconds, at most 10^9 s in one step (NaN does not grow). */
+#define CTR_GROWTH_uint64_t(now, was) ((now) > (was) ? (now) - (was) : 0)
+#define CTR_GROWTH_double(now, was)                                                               \
+  ((now) > (was) ? (uint64_t)(((now) - (was) < 1e9 ? (now) - (was) : 1e9) * 1e9 + 0.5) : 0)
+
+void fbd_metrics_count(fbd_session *s, const fb_counters *c) {
+  fbd_tenant *t = atomic_load(&s->owner);
+  fbd_counter_sums *all = &s->srv->done, *its = t ? &t->done : NULL;
+  const fb_counters *o = &s->snap; /* written only by the session's thread */
+  uint64_t g;
+#define CTR_COUNT_SUM_(name, type)                                                                \
+  if ((g = CTR_GROWTH_##type(c->name, o->name)) != 0) {                                           \
+    atomic_fetch_add(&all->name, g);                                                              \
+    if (its) atomic_fetch_add(&its->name, g);                                                     \
+  }
+#define CTR_COUNT_LEVEL_(name, type)
+#define CTR_COUNT_(name, type, kind, unit, meaning) CTR_COUNT_##kind##_(name, type)
+  FB_COUNTERS(CTR_COUNT_)
+#undef CTR_COUNT_
+#undef CTR_COUNT_LEVEL_
+#undef CTR_COUNT_SUM_
+}
+
+/* The family name of counter i after prefix ("" or "tenant_"). */
+static void counter_family(char *out, size_t n, const char *prefix, size_t i) {
+  const counter_def *d = &counters[i];
+  size_t len = strlen(d->name);
+  int secs = !strcmp(d->unit, "seconds") && len > 2 && !strcmp(d->name + len - 2, "_s");
+  snprintf(out, n, "%s%.*s%s%s", prefix, (int)(secs ? len - 2 : len), d->name,
+           secs ? "_seconds" : "", d->level ? "" : "_total");
+}
+
+static void counter_header(fb_sb *t, const char *prefix, size_t i) {
+  char fam[96];
+  counter_family(fam, sizeof fam, prefix, i);
+  fb_sb_printf(t, "# HELP fusebox_%s %s over the %s%s: %s (%s).\n# TYPE fusebox_%s %s\n", fam,
+               counters[i].level ? "Now, summed" : "Summed", *prefix ? "tenant's " : "",
+               counters[i].level ? "live sessions" : "sessions since start", counters[i].meaning,
+               counters[i].unit, fam, counters[i].level ? "gauge" : "counter");
+}
+
+/* Counter i's value: a LEVEL from levels (the live sessions' readings
+ * added up), a SUM from sums; launches is the broker's (above). label:
+ * "" or "{tenant=\"NAME\"}". */
+static void counter_value(fb_sb *t, const char *prefix, const char *label, size_t i,
+                          const fb_counters *levels, const fbd_counter_sums *sums,
+                          uint64_t launches) {
+  char fam[96];
+  counter_family(fam, sizeof fam, prefix, i);
+  const counter_def *d = &counters[i];
+  if (d->level && d->seconds)
+    fb_sb_printf(t, "fusebox_%s%s %.9f\n", fam, label,
+                 *(const double *)(const void *)((const char *)levels + d->at));
+  else if (d->level)
+    fb_sb_printf(t, "fusebox_%s%s %llu\n", fam, label,
+                 (unsigned long long)*(const uint64_t *)(const void *)((const char *)levels + d->at));
+  else {
+    uint64_t v = d->at == offsetof(fb_counters, launches)
+                     ? launches
+                     : atomic_load((const atomic_uint_fast64_t *)(const void *)((const char *)sums +
+                                                                                 d->sum_at));
+    if (d->seconds)
+      fb_sb_printf(t, "fusebox_%s%s %llu.%09llu\n", fam, label,
+                   (unsigned long long)(v / 1000000000u), (unsigned long long)(v % 1000000000u));
+    else fb_sb_printf(t, "fusebox_%s%s %llu\n", fam, label, (unsigned long long)v);
+  }
+}
+
+/* Add a session's last reading of the LEVEL counters to sum (under s->mu). */
+static void add_levels(fb_counters *sum, fbd_session *s) {
+  pthread_mutex_lock(&s->mu);
+#define CTR_ADD_SUM_(name)
+#define CTR_ADD_LEVEL_(name) sum->name += s->snap.name;
+#define CTR_ADD_(name, type, kind, unit, meaning) CTR_ADD_##kind##_(name)
+  FB_COUNTERS(CTR_ADD_)
+#undef CTR_ADD_
+#undef CTR_ADD_LEVEL_
+#undef CTR_ADD_SUM_
+  pthread_mutex_unlock(&s->mu);
+}
+
 /* Per tenant, what the session table says now (under srv->mu). */
 typedef struct tenant_now {
   fbd_tenant *t;
   uint64_t sessions, memory, limits;
+  fb_counters levels; /* the LEVEL counters of its live sessions, added up */
 } tenant_now;
 
 static uint64_t session_memory(fbd_session *s) {
@@ -133,6 +250,7 @@ static void tenants_text(fbd_server *srv, fb_sb *t) {
         v[i].sessions++;
         v[i].memory += session_memory(s);
         v[i].limits += s->ecfg.memory_limit;
+        add_levels(&v[i].levels, s);
       }
   }
   pthread_mutex_unlock(&srv->mu);
@@ -149,17 +267,9 @@ static void tenants_text(fbd_server *srv, fb_sb *t) {
       {"tenant_calls_total", "counter", "Authenticated calls of the tenant."},
       {"tenant_denied_total", "counter", "Calls on another tenant's session, denied."},
       {"tenant_refused_total", "counter", "Sessions refused at a tenant limit, by limit."},
-      {"tenant_launches_total", "counter", "Launches the tenant sent on its Session streams."},
       {"tenant_syncs_total", "counter", "Syncs the tenant asked for."},
       {"tenant_received_bytes_total", "counter", "Request message bytes of the tenant's calls."},
       {"tenant_sent_bytes_total", "counter", "Response message bytes of the tenant's calls."},
-      {"tenant_tasks_launched_total", "counter", "Tasks the tenant's sessions ran on the device."},
-      {"tenant_tasks_compiled_total", "counter", "Tasks compiled for the tenant (cache misses)."},
-      {"tenant_cache_hits_total", "counter", "Tasks found in the tenant's code cache."},
-      {"tenant_optimized_total", "counter",
-       "The async optimizer's work for the tenant, by pass: list generations removed "
-       "(listgen), tasks fused away (fusion), stores removed (dse), activations demoted "
-       "(demotion)."},
   };
   for (size_t j = 0; j < sizeof m / sizeof m[0]; j++) {
     header(t, m[j].name, m[j].type, m[j].help);
@@ -197,42 +307,15 @@ static void tenants_text(fbd_server *srv, fb_sb *t) {
         break;
       case 9:
         fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->launches));
+            (unsigned long long)atomic_load(&x->syncs));
         break;
       case 10:
         fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->syncs));
+            (unsigned long long)atomic_load(&x->bytes_in));
         break;
       case 11:
         fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->bytes_in));
-        break;
-      case 12:
-        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->bytes_out));
-        break;
-      case 13:
-        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->tasks_launched));
-        break;
-      case 14:
-        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->tasks_compiled));
-        break;
-      case 15:
-        fb_sb_printf(t, "fusebox_%s{tenant=\"%s\"} %llu\n", m[j].name, nm,
-            (unsigned long long)atomic_load(&x->cache_hits));
-        break;
-      case 16:
-        fb_sb_printf(t,
-            "fusebox_%s{tenant=\"%s\",pass=\"listgen\"} %llu\n"
-            "fusebox_%s{tenant=\"%s\",pass=\"fusion\"} %llu\n"
-            "fusebox_%s{tenant=\"%s\",pass=\"dse\"} %llu\n"
-            "fusebox_%s{tenant=\"%s\",pass=\"demotion\"} %llu\n",
-            m[j].name, nm, (unsigned long long)atomic_load(&x->listgens_removed), m[j].name, nm,
-            (unsigned long long)atomic_load(&x->tasks_fused), m[j].name, nm,
-            (unsigned long long)atomic_load(&x->dead_stores_removed), m[j].name, nm,
-            (unsigned long long)atomic_load(&x->activations_demoted));
         break;
       default:
         fb_sb_printf(t, "fusebox_%s{tenant=\"%s\",limit=\"max_sessions\"} %llu\n", m[j].name, nm,
@@ -240,6 +323,15 @@ static void tenants_text(fbd_server *srv, fb_sb *t) {
         fb_sb_printf(t, "fusebox_%s{tenant=\"%s\",limit=\"memory_bytes\"} %llu\n", m[j].name, nm,
             (unsigned long long)atomic_load(&x->refused_memory));
       }
+    }
+  }
+  for (size_t j = 0; j < NCOUNTERS; j++) {
+    counter_header(t, "tenant_", j);
+    for (int i = 0; i < n; i++) {
+      char label[FBD_TENANT_NAME + 16];
+      snprintf(label, sizeof label, "{tenant=\"%s\"}", v[i].t->name);
+      counter_value(t, "tenant_", label, j, &v[i].levels, &v[i].t->done,
+                    atomic_load(&v[i].t->launches));
     }
   }
 out:
@@ -273,9 +365,13 @@ static void budget_text(fbd_server *srv, fb_sb *t) {
 }
 
 static void metrics_text(fbd_server *srv, fb_sb *t) {
+  fb_counters levels;
+  memset(&levels, 0, sizeof levels);
   pthread_mutex_lock(&srv->mu);
   fbd_stats st = srv->st;
   int active = srv->nsessions;
+  for (int k = 0; k < srv->cfg->max_sessions; k++)
+    if (srv->sessions[k]) add_levels(&levels, srv->sessions[k]);
   pthread_mutex_unlock(&srv->mu);
   metric(t, "up", "gauge", "1 while fuseboxd runs.", 1);
   fb_sb_printf(t,
@@ -300,7 +396,6 @@ static void metrics_text(fbd_server *srv, fb_sb *t) {
       (unsigned long long)st.sessions_closed, (unsigned long long)st.sessions_disconnected,
       (unsigned long long)st.sessions_reaped, (unsigned long long)st.sessions_failed);
   metric(t, "sessions_created_total", "counter", "Sessions created.", st.sessions_created);
-  metric(t, "launches_total", "counter", "Kernel launches received.", st.launches);
   metric(t, "syncs_total", "counter", "Syncs answered.", st.syncs);
   metric(t, "memory_bytes", "gauge", "Memory the sessions hold now.", st.memory_bytes);
   metric(t, "memory_peak_bytes", "gauge", "Highest memory_bytes since start.",
@@ -336,6 +431,10 @@ static void metrics_text(fbd_server *srv, fb_sb *t) {
   metric(t, "checkpoint_uploaded_bytes_total", "counter",
          "Checkpoint bytes clients uploaded to restore that passed the seal check.",
          atomic_load(&srv->ckpt_bytes_in));
+  for (size_t i = 0; i < NCOUNTERS; i++) {
+    counter_header(t, "", i);
+    counter_value(t, "", "", i, &levels, &srv->done, st.launches);
+  }
   budget_text(srv, t);
   if (srv->auth->enabled) tenants_text(srv, t);
   fbd_codestore_metrics(srv->codestore, cs_header, cs_value, t);

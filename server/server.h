@@ -299,6 +299,17 @@ int fbd_call_queued(fbd_call *c); /* messages waiting to go out */
 
 /* ---------------------------------------------------------------- server */
 
+/* What sessions' engines did, summed for /metrics (metrics.c): per SUM
+ * counter of FB_COUNTERS (fusebox/counters.h), the growth of each session's
+ * reading over its last one, added up (a double, seconds, in whole
+ * nanoseconds). A LEVEL counter is read from the live sessions when
+ * /metrics is asked for; its member here stays 0. */
+typedef struct fbd_counter_sums {
+#define FBD_COUNTER_SUM_MEMBER_(name, type, kind, unit, meaning) atomic_uint_fast64_t name;
+  FB_COUNTERS(FBD_COUNTER_SUM_MEMBER_)
+#undef FBD_COUNTER_SUM_MEMBER_
+} fbd_counter_sums;
+
 typedef struct fbd_stats {
   uint64_t sessions_created, sessions_closed, sessions_disconnected, sessions_reaped,
       sessions_failed;
@@ -340,6 +351,7 @@ struct fbd_server {
   pthread_t *zombies; /* finished workers to join */
   int nzombies, zcap;
   fbd_stats st;
+  fbd_counter_sums done; /* every session's, since start (metrics.c) */
   uint64_t memory_budget; /* admission control (budget.c; 0 = none) */
   uint64_t code_cache_bytes; /* as asked of the engines (CUDA modules take no bound) */
   struct fbd_codestore *codestore; /* the compile cache on disk; NULL: none */

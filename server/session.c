@@ -379,25 +379,6 @@ static void account(fbd_session *s, uint64_t now_bytes) {
   s->accounted = now_bytes;
 }
 
-/* Add what the session's counters grew by since the last job to its
- * tenant's totals (/metrics). Counters only grow; a smaller value (a
- * worker that misreports) adds nothing. */
-static void tenant_counts(fbd_session *s, const fb_counters *c) {
-  fbd_tenant *t = atomic_load(&s->owner);
-  if (!t) return;
-  const fb_counters *o = &s->snap; /* written only by this thread */
-#define FBD_GREW(f)                                                                           \
-  if (c->f > o->f) atomic_fetch_add(&t->f, c->f - o->f)
-  FBD_GREW(tasks_launched);
-  FBD_GREW(tasks_compiled);
-  FBD_GREW(cache_hits);
-  FBD_GREW(listgens_removed);
-  FBD_GREW(tasks_fused);
-  FBD_GREW(dead_stores_removed);
-  FBD_GREW(activations_demoted);
-#undef FBD_GREW
-}
-
 static void job_done(fbd_session *s, const fb_counters *reply) {
   /* under process isolation the counters are the worker's word: its
      device memory is trusted no further than its process could hold, or
@@ -406,7 +387,7 @@ static void job_done(fbd_session *s, const fb_counters *reply) {
   c->device_bytes = fbd_budget_reported(s, c->device_bytes);
   if (s->created) account(s, c->device_bytes ? c->device_bytes : s->mem_bytes);
   if (s->created && !s->dead) fbd_budget_note(s);
-  if (s->created) tenant_counts(s, c);
+  if (s->created) fbd_metrics_count(s, c);
   pthread_mutex_lock(&s->mu);
   if (s->created) s->snap = *c;
   s->busy = 0;

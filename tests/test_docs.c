@@ -4,12 +4,16 @@
  *   in the row whose text form the printer uses for it (fb__text_form,
  *   ir/print.c). A new op fails this test until docs/ir.md lists it;
  * - every option `fuseboxd --help` prints is in deploy/README.md (as the
- *   flag or as its config-file key);
+ *   flag or as its config-file key), and every option `fusebox run --help`
+ *   prints is in docs/sessions.md (the page of `fusebox run`);
  * - docs/codes.md has a row for every error code of include/fusebox/errors.h
  *   and every counter of FB_COUNTERS (include/fusebox/counters.h, with the
- *   list's unit and meaning), and no other row;
- * - every repository path named in `backticks` in the docs (docs, README.md and
- *   the folders' READMEs) exists (allow-list below, with reasons). */
+ *   list's unit and meaning), and no other row; deploy/README.md names each
+ *   counter's /metrics family;
+ * - every repository path named in the docs (docs, README.md and the
+ *   folders' READMEs) exists: `backticked` paths that start with a top
+ *   folder, and Markdown link targets (allow-list below, with reasons); a
+ *   planted doc shows what counts as a path and that a wrong one fails. */
 #include <ctype.h>
 #include <glob.h>
 #include <stdio.h>
@@ -145,11 +149,13 @@ static int has_token(const char *text, const char *word) {
   return 0;
 }
 
-START_TEST(test_help_options_in_deploy_readme) {
+/* What `exe args --help` prints (exe under FB_BUILD_DIR), which must exit
+ * 0. */
+static char *help_text(const char *exe, const char *args) {
   const char *build = getenv("FB_BUILD_DIR");
   ck_assert_msg(build != NULL, "FB_BUILD_DIR is not set");
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "'%s/server/fuseboxd' --help 2>&1", build);
+  snprintf(cmd, sizeof cmd, "'%s/%s' %s --help 2>&1", build, exe, args);
   FILE *f = popen(cmd, "r");
   ck_assert_msg(f != NULL, "cannot run %s", cmd);
   size_t cap = 1 << 16, len = 0;
@@ -158,28 +164,71 @@ START_TEST(test_help_options_in_deploy_readme) {
   for (size_t r; (r = fread(help + len, 1, cap - 1 - len, f)) > 0;) len += r;
   help[len] = 0;
   int st = pclose(f);
-  ck_assert_msg(st == 0, "fuseboxd --help exited with status %d", st);
-  char *md = read_repo("deploy/README.md");
-  int options = 0, bad = 0;
+  ck_assert_msg(st == 0, "%s exited with status %d", cmd, st);
+  return help;
+}
+
+/* Each long option (--word) of help that doc does not name, as the flag
+ * or (with_key) as its config-file key in backticks (--max-calls:
+ * `max_calls`), is said on stderr and counted. *options: how many. */
+static int undocumented(const char *help, const char *doc, const char *md, int with_key,
+                        int *options) {
+  int bad = 0;
+  *options = 0;
+  char seen[4096] = " "; /* " --a --b ": each option once */
   for (const char *p = help; (p = strstr(p, "--")) != NULL;) {
     const char *e = p + 2;
     while (islower((unsigned char)*e) || isdigit((unsigned char)*e) || *e == '-') e++;
-    if (e - p > 2 && islower((unsigned char)p[2])) {
+    if (e - p > 2 && islower((unsigned char)p[2]) && (p == help || !isalnum((unsigned char)p[-1]))) {
       char flag[128], key[130];
       snprintf(flag, sizeof flag, "%.*s", (int)(e - p), p);
       snprintf(key, sizeof key, "`%s`", flag + 2); /* the config file's key */
       for (char *k = key; *k; k++)
         if (*k == '-') *k = '_';
-      options++;
-      if (!has_token(md, flag) && !strstr(md, key)) {
-        fprintf(stderr, "deploy/README.md does not document %s (nor the key %s)\n", flag, key);
+      char once[132];
+      snprintf(once, sizeof once, " %s ", flag);
+      if (strstr(seen, once) || strlen(seen) + strlen(once) >= sizeof seen) {
+        p = e;
+        continue;
+      }
+      strcat(seen, flag);
+      strcat(seen, " ");
+      (*options)++;
+      if (!has_token(md, flag) && !(with_key && strstr(md, key))) {
+        fprintf(stderr, "%s does not document %s%s%s\n", doc, flag, with_key ? " (nor the key " : "",
+                with_key ? key : "");
+        if (with_key) fprintf(stderr, ")\n");
         bad++;
       }
     }
     p = e;
   }
+  return bad;
+}
+
+START_TEST(test_help_options_in_deploy_readme) {
+  char *help = help_text("server/fuseboxd", "");
+  char *md = read_repo("deploy/README.md");
+  int options, bad = undocumented(help, "deploy/README.md", md, 1, &options);
   ck_assert_msg(options >= 40, "fuseboxd --help shows only %d options", options);
   ck_assert_msg(bad == 0, "%d options of fuseboxd --help are not in deploy/README.md", bad);
+  free(md);
+  free(help);
+}
+END_TEST
+
+/* `fusebox run --help`: docs/sessions.md is the page of `fusebox run`. */
+START_TEST(test_run_help_options_in_sessions_md) {
+  char *help = help_text("client/fusebox", "run");
+  char *md = read_repo("docs/sessions.md");
+  int options, bad = undocumented(help, "docs/sessions.md", md, 0, &options);
+  ck_assert_msg(options >= 12, "fusebox run --help shows only %d options", options);
+  ck_assert_msg(bad == 0, "%d options of fusebox run --help are not in docs/sessions.md", bad);
+  /* the check sees an option the page lacks */
+  int n;
+  ck_assert_int_eq(undocumented("  --no-such-option  x\n  --server ADDR\n", "a page",
+                                "`--server`", 0, &n), 1);
+  ck_assert_int_eq(n, 2);
   free(md);
   free(help);
 }
@@ -267,6 +316,39 @@ START_TEST(test_codes_and_counters_documented) {
 }
 END_TEST
 
+/* Every counter's /metrics family (server/metrics.c: NAME, "_s" spelled
+ * "_seconds" for seconds, "_total" for a cumulative one) is named in
+ * deploy/README.md, as `fusebox_FAMILY` or as the suffix `_FAMILY`. */
+START_TEST(test_metrics_families_in_deploy_readme) {
+  char *md = read_repo("deploy/README.md");
+  int bad = 0;
+  static const int level[] = {
+#define FB_COUNTER_LEVEL_SUM 0
+#define FB_COUNTER_LEVEL_LEVEL 1
+#define FB_COUNTER_KIND_(name, type, kind, unit, meaning) FB_COUNTER_LEVEL_##kind,
+      FB_COUNTERS(FB_COUNTER_KIND_)
+#undef FB_COUNTER_KIND_
+  };
+  for (size_t i = 0; i < sizeof counter_list / sizeof counter_list[0]; i++) {
+    const char *name = counter_list[i].name;
+    size_t len = strlen(name);
+    int secs = !strcmp(counter_list[i].unit, "seconds") && len > 2 && !strcmp(name + len - 2, "_s");
+    char fam[128], full[140], suffix[140];
+    snprintf(fam, sizeof fam, "%.*s%s%s", (int)(secs ? len - 2 : len), name,
+             secs ? "_seconds" : "", level[i] ? "" : "_total");
+    snprintf(full, sizeof full, "`fusebox_%s`", fam);
+    snprintf(suffix, sizeof suffix, "`_%s`", fam);
+    if (!strstr(md, full) && !strstr(md, suffix)) {
+      fprintf(stderr, "deploy/README.md does not name the /metrics family of the counter %s "
+              "(%s or %s)\n", name, full, suffix);
+      bad++;
+    }
+  }
+  ck_assert_msg(bad == 0, "%d counters' /metrics families are not in deploy/README.md", bad);
+  free(md);
+}
+END_TEST
+
 /* Paths in the docs that are not in this tree, on purpose. */
 static const struct {
   const char *path, *why;
@@ -298,24 +380,116 @@ static int path_exists(const char *rel, const char *doc_dir) {
   return ok;
 }
 
-/* Does a `token` look like a path in this repository: a top folder of it
- * first, no placeholder (NAME, *, <...>, $VAR, ...)? */
-static int repo_path(const char *tok) {
+/* The top folders of this repository a path in the docs may start with:
+ * these (so that a doc naming a folder that went away is still read as a
+ * path, and fails), and every folder at the top of the tree now (so that a
+ * folder added later is checked without a change here). */
+static int top_folder(const char *tok) {
   static const char *const tops[] = {"base/",    "bench/",  "client/", "codegen/", "deploy/",
                                      "docs/",    "engine/", "examples/", "include/", "ir/",
                                      "lang/",    "optimizer/", "proto/", "python/", "runtime/",
                                      "scripts/", "server/", "share/",  "tests/",   ".ci/"};
-  int top = 0;
   for (size_t i = 0; i < sizeof tops / sizeof tops[0]; i++)
-    if (strncmp(tok, tops[i], strlen(tops[i])) == 0) top = 1;
-  if (!top) return 0;
+    if (strncmp(tok, tops[i], strlen(tops[i])) == 0) return 1;
+  const char *slash = strchr(tok, '/');
+  if (!slash || slash == tok || tok[0] == '.' || strncmp(tok, "build", 5) == 0) return 0;
+  char path[1024];
+  struct stat st;
+  snprintf(path, sizeof path, "%s/../%.*s", getenv("FB_TEST_DIR"), (int)(slash - tok), tok);
+  return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Does a `token` look like a path in this repository: a top folder of it
+ * first, no placeholder (NAME, *, <...>, $VAR, ...)? */
+static int repo_path(const char *tok) {
+  if (!top_folder(tok)) return 0;
   for (const char *c = tok; *c; c++)
     if (strchr("*<>${} ", *c)) return 0;
   return !strstr(tok, "NAME") && !strstr(tok, "...");
 }
 
+/* A Markdown link's target ([text](TARGET)) that names a file of the tree,
+ * relative to the doc's folder: no URL, no anchor alone, only path
+ * characters, and a folder or an extension in it (not `f(0.0)` in prose). */
+static int link_path(const char *t) {
+  if (!*t || strstr(t, "://") || !strncmp(t, "mailto:", 7)) return 0;
+  for (const char *c = t; *c; c++)
+    if (!isalnum((unsigned char)*c) && !strchr("_./-", *c)) return 0;
+  if (strchr(t, '/')) return 1;
+  const char *dot = strrchr(t, '.');
+  return dot && isalpha((unsigned char)dot[1]);
+}
+
+static int allowed_missing(const char *tok) {
+  for (size_t a = 0; a < sizeof not_in_tree / sizeof not_in_tree[0]; a++)
+    if (strcmp(tok, not_in_tree[a].path) == 0) return 1;
+  return 0;
+}
+
+/* The paths named in one doc (rel, in folder dir, text md) that are not in
+ * the tree, said on stderr and counted; *paths counts those read:
+ *  - `backticked` tokens that start with a top folder (repo_path), taken
+ *    from the top of the tree or from the doc's folder, a :line or #anchor
+ *    and trailing punctuation dropped;
+ *  - the targets of Markdown links outside ``` blocks (link_path), taken
+ *    from the doc's folder as a Markdown viewer does. */
+static int missing_paths(const char *rel, const char *dir, const char *md, int *paths) {
+  int bad = 0;
+  for (const char *p = strchr(md, '`'); p; p = strchr(p + 1, '`')) {
+    const char *e = strchr(p + 1, '`');
+    if (!e) break;
+    char tok[512];
+    size_t n = (size_t)(e - p - 1);
+    if (n == 0 || n >= sizeof tok || memchr(p + 1, '\n', n)) {
+      p = e;
+      continue;
+    }
+    memcpy(tok, p + 1, n);
+    tok[n] = 0;
+    p = e;
+    tok[strcspn(tok, ":#")] = 0; /* file:line, file#anchor */
+    for (size_t l = strlen(tok); l && strchr(".,;)", tok[l - 1]); l--) tok[l - 1] = 0;
+    if (!strchr(tok, '/') || !repo_path(tok)) continue;
+    (*paths)++;
+    if (!allowed_missing(tok) && !path_exists(tok, dir)) {
+      fprintf(stderr, "%s names %s, which is not in the tree\n", rel, tok);
+      bad++;
+    }
+  }
+  int fenced = 0;
+  for (const char *line = md; line && *line;) {
+    const char *eol = strchr(line, '\n');
+    size_t len = eol ? (size_t)(eol - line) : strlen(line);
+    const char *l = line;
+    while (l < line + len && *l == ' ') l++;
+    if (!strncmp(l, "```", 3)) fenced = !fenced;
+    for (const char *q = line; !fenced && (q = strstr(q, "](")) != NULL && q < line + len; q += 2) {
+      const char *t = q + 2, *close = memchr(t, ')', (size_t)(line + len - t));
+      if (!close) break;
+      char tok[512];
+      size_t n = (size_t)(close - t);
+      if (n == 0 || n >= sizeof tok) continue;
+      memcpy(tok, t, n);
+      tok[n] = 0;
+      tok[strcspn(tok, "#")] = 0;
+      if (!link_path(tok)) continue;
+      (*paths)++;
+      char from_dir[1024];
+      struct stat st;
+      snprintf(from_dir, sizeof from_dir, "%s/../%s/%s", getenv("FB_TEST_DIR"), dir, tok);
+      if (stat(from_dir, &st) != 0) {
+        fprintf(stderr, "%s links to %s, which is not in the tree (from %s/)\n", rel, tok, dir);
+        bad++;
+      }
+    }
+    line = eol ? eol + 1 : NULL;
+  }
+  return bad;
+}
+
 START_TEST(test_doc_paths_exist) {
-  static const char *const patterns[] = {"docs/*.md", "README.md", "*/README.md", "*/*/README.md"};
+  static const char *const patterns[] = {"docs/*.md", "README.md", "*/README.md", "*/*/README.md",
+                                         "*/*/*/README.md"};
   glob_t g;
   int files = 0, paths = 0, bad = 0;
   for (size_t k = 0; k < sizeof patterns / sizeof patterns[0]; k++) {
@@ -333,30 +507,7 @@ START_TEST(test_doc_paths_exist) {
       char *slash = strrchr(dir, '/');
       if (slash) *slash = 0;
       else strcpy(dir, ".");
-      for (char *p = strchr(md, '`'); p; p = strchr(p + 1, '`')) {
-        char *e = strchr(p + 1, '`');
-        if (!e) break;
-        char tok[512];
-        size_t n = (size_t)(e - p - 1);
-        if (n == 0 || n >= sizeof tok || memchr(p + 1, '\n', n)) {
-          p = e;
-          continue;
-        }
-        memcpy(tok, p + 1, n);
-        tok[n] = 0;
-        p = e;
-        tok[strcspn(tok, ":#")] = 0; /* file:line, file#anchor */
-        for (size_t l = strlen(tok); l && strchr(".,;)", tok[l - 1]); l--) tok[l - 1] = 0;
-        if (!strchr(tok, '/') || !repo_path(tok)) continue;
-        paths++;
-        int allowed = 0;
-        for (size_t a = 0; a < sizeof not_in_tree / sizeof not_in_tree[0]; a++)
-          if (strcmp(tok, not_in_tree[a].path) == 0) allowed = 1;
-        if (!allowed && !path_exists(tok, dir)) {
-          fprintf(stderr, "%s names %s, which is not in the tree\n", rel, tok);
-          bad++;
-        }
-      }
+      bad += missing_paths(rel, dir, md, &paths);
       free(md);
     }
     globfree(&g);
@@ -366,13 +517,41 @@ START_TEST(test_doc_paths_exist) {
 }
 END_TEST
 
+/* The check on a planted doc: what it reads as a path, and what it finds
+ * missing. */
+START_TEST(test_doc_paths_planted) {
+  static const char planted[] =
+      "The metrics are in `server/metrics.c` (see `server/metrics.c:120`), the\n"
+      "codes in `docs/codes.md#counters`. A wrong one: `server/no_such_file.c`.\n"
+      "Placeholders are not paths: `server/NAME.c`, `tests/*.c`, `docs/<page>.md`.\n"
+      "Not in the tree, on purpose: `tests/test_differential`.\n"
+      "Links: [sessions](sessions.md), [the top](../README.md), [gone](gone.md),\n"
+      "[a folder gone](../no_such_folder/x.c), a web page [p](https://example.org/a/b),\n"
+      "an anchor [a](#counters) and prose f(x) or f[i](0.0).\n"
+      "```\n"
+      "x[i](a/b/c)  # code, not a link\n"
+      "```\n";
+  int paths = 0;
+  int bad = missing_paths("docs/planted.md", "docs", planted, &paths);
+  ck_assert_int_eq(bad, 3);    /* no_such_file.c, gone.md, ../no_such_folder/x.c */
+  ck_assert_int_eq(paths, 9);  /* 5 in backticks, 4 links */
+  /* a folder of the tree now that the fixed list lacks is read as one; a
+     word before a slash that is no folder of the tree is not */
+  ck_assert(top_folder("tests/x") && top_folder("server/x"));
+  ck_assert(!top_folder("and/or") && !top_folder("build/x"));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("docs");
   TCase *tc = tcase_create("ir_md");
   tcase_add_test(tc, test_ir_md_lists_every_op);
   tcase_add_test(tc, test_help_options_in_deploy_readme);
+  tcase_add_test(tc, test_run_help_options_in_sessions_md);
   tcase_add_test(tc, test_codes_and_counters_documented);
+  tcase_add_test(tc, test_metrics_families_in_deploy_readme);
   tcase_add_test(tc, test_doc_paths_exist);
+  tcase_add_test(tc, test_doc_paths_planted);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

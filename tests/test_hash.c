@@ -1,7 +1,9 @@
 /* Tests of structural hashing, equality and compaction (ir/hash.c): kernels
  * built twice, renumbered, carrying dead statements or another name are
  * equal and hash equally; every single-field change makes them differ;
- * clone is equal; compact keeps equality and drops dead statements. */
+ * clone is equal; compact keeps equality and drops dead statements.
+ * fb_layout_equal: a layout of every SNode kind equals itself built twice
+ * and cloned, and differs once any one declared field of one SNode does. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -421,6 +423,93 @@ START_TEST(garbage_does_not_crash) {
 }
 END_TEST
 
+/* ---------------------------------------------------------------- layouts */
+
+/* A layout of every kind of container: dense > pointer > bitmasked > place,
+ * a dynamic (chunked) list beside it, and a named container (`as cells`). */
+static fb_layout *every_kind(void) {
+  char err[128] = "";
+  int64_t s2[2] = {4, 4}, s1[1] = {8}, sd[1] = {64};
+  fb_layout *l = fb_layout_new();
+  ck_assert_ptr_nonnull(l);
+  int d = fb_layout_add(l, 0, FB_SN_DENSE, "ij", s2, 0, "cells");
+  int p = fb_layout_add(l, d, FB_SN_POINTER, "k", s1, 0, NULL);
+  int b = fb_layout_add(l, p, FB_SN_BITMASKED, "l", s1, 0, NULL);
+  ck_assert_int_ge(fb_layout_place(l, b, "u", FB_T_F32), 0);
+  int y = fb_layout_add(l, 0, FB_SN_DYNAMIC, "i", sd, 16, NULL);
+  ck_assert_int_ge(fb_layout_place(l, y, "v", FB_T_I32), 0);
+  ck_assert_msg(fb_layout_finalize(l, err, sizeof err) == 0, "finalize: %s", err);
+  return l;
+}
+
+static int node_of(const fb_layout *l, fb_snode_kind kind) {
+  for (int i = 0; i < l->nnodes; i++)
+    if (l->nodes[i].kind == kind) return i;
+  ck_abort_msg("no node of kind %s", fb_snode_kind_name(kind));
+  return -1;
+}
+
+START_TEST(layout_equal_same_tree) {
+  fb_layout *a = every_kind(), *b = every_kind(), *c = fb_layout_clone(a);
+  ck_assert_ptr_nonnull(c);
+  ck_assert(fb_layout_equal(a, a));
+  ck_assert(fb_layout_equal(a, b)); /* built twice */
+  ck_assert(fb_layout_equal(b, a));
+  ck_assert(fb_layout_equal(a, c)); /* cloned */
+  ck_assert(fb_layout_hash(a) == fb_layout_hash(b));
+  ck_assert(fb_layout_equal(NULL, NULL));
+  ck_assert(!fb_layout_equal(a, NULL) && !fb_layout_equal(NULL, a));
+  /* derived fields (offsets, shapes) follow from the declared ones: a
+     layout not yet finalized is still the same tree */
+  fb_layout *u = fb_layout_clone(a);
+  u->nodes[1].offset += 8;
+  ck_assert(fb_layout_equal(a, u));
+  fb_layout_free(u);
+  fb_layout_free(a);
+  fb_layout_free(b);
+  fb_layout_free(c);
+}
+END_TEST
+
+/* One declared field of one SNode changed (which: _i, 0 .. NPOKES-1), in a
+ * copy: never equal to the original, and the other way round. */
+enum { P_KIND_POINTER, P_KIND_BITMASKED, P_KIND_DYNAMIC, P_PARENT, P_AXES, P_SIZE, P_CHUNK,
+       P_TYPE, P_NAME, P_NAME_NULL, P_NAME_SET, P_FEWER, NPOKES };
+
+START_TEST(layout_equal_each_field_differs) {
+  fb_layout *a = every_kind(), *b = fb_layout_clone(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert(fb_layout_equal(a, b));
+  fb_snode *ptr = &b->nodes[node_of(b, FB_SN_POINTER)];
+  fb_snode *bm = &b->nodes[node_of(b, FB_SN_BITMASKED)];
+  fb_snode *dyn = &b->nodes[node_of(b, FB_SN_DYNAMIC)];
+  fb_snode *dense = &b->nodes[node_of(b, FB_SN_DENSE)];
+  fb_snode *place = &b->nodes[b->nnodes - 1];
+  ck_assert_int_eq(place->kind, FB_SN_PLACE);
+  switch (_i) {
+  case P_KIND_POINTER: ptr->kind = FB_SN_DENSE; break;       /* a sparse kind made dense */
+  case P_KIND_BITMASKED: bm->kind = FB_SN_POINTER; break;    /* one sparse kind for another */
+  case P_KIND_DYNAMIC: dyn->kind = FB_SN_BITMASKED; break;
+  case P_PARENT: place->parent = dense->id; break;
+  case P_AXES: ptr->axes = 1u << 3; break;                   /* the same size, another axis */
+  case P_SIZE: bm->size[3] = 16; break;
+  case P_CHUNK: dyn->chunk = 32; break;
+  case P_TYPE: place->type = FB_T_F64; break;
+  case P_NAME: place->name[0] = 'w'; break;
+  case P_NAME_NULL:
+    free(dense->name);
+    dense->name = NULL;
+    break;
+  case P_NAME_SET: ptr->name = strdup("ptrs"); break;
+  case P_FEWER: b->nnodes--; break;
+  }
+  ck_assert_msg(!fb_layout_equal(a, b) && !fb_layout_equal(b, a), "poke %d went unseen", _i);
+  if (_i == P_FEWER) b->nnodes++;
+  fb_layout_free(a);
+  fb_layout_free(b);
+}
+END_TEST
+
 static Suite *hash_suite(void) {
   Suite *s = suite_create("hash");
   TCase *eq = tcase_create("equal");
@@ -449,6 +538,10 @@ static Suite *hash_suite(void) {
   tcase_add_test(cp, compact_keeps_differences);
   tcase_add_test(cp, garbage_does_not_crash);
   suite_add_tcase(s, cp);
+  TCase *ly = tcase_create("layout_equal");
+  tcase_add_test(ly, layout_equal_same_tree);
+  tcase_add_loop_test(ly, layout_equal_each_field_differs, 0, NPOKES);
+  suite_add_tcase(s, ly);
   return s;
 }
 

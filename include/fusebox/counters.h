@@ -17,7 +17,8 @@
  *
  * Generated from it: struct fb_counters below and fb_counters_since; the
  * protocol mapping (proto/convert.c, both directions); the CLI's JSON
- * (fb_cli_counters_json, cli/cli_server.c). Checked against it:
+ * (fb_cli_counters_json, cli/cli_server.c); the families of /metrics,
+ * for the server and per tenant (server/metrics.c). Checked against it:
  * the protocol's field order and types (test_proto), docs/codes.md
  * (test_docs) and the Python client's Counters (tests/test_lists.py).
  * A new counter is one line here, the field appended to the .proto, a row

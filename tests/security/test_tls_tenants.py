@@ -14,6 +14,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,6 +26,9 @@ import pytest
 
 from conftest import (BUILD, FUSEBOXD, RPC_TIMEOUT, Client, dense_layout, expect_error, health_pb2,
                       i32, pb, store_kernel, terminate)
+
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from test_lists import c_counter_entries  # noqa: E402 (FB_COUNTERS, read from counters.h)
 
 UNAUTH = grpc.StatusCode.UNAUTHENTICATED
 DENIED = grpc.StatusCode.PERMISSION_DENIED
@@ -511,6 +515,11 @@ def _get(url):
         return e.code, e.read().decode()
 
 
+def _read_repo(rel):
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", rel), encoding="utf-8") as f:
+        return f.read()
+
+
 def test_metrics_endpoint(tenants):
     d, toks, cl, spec = tenants
     m = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", d.logtext())
@@ -561,13 +570,31 @@ def test_metrics_endpoint(tenants):
     assert vals['fusebox_tenant_denied_total{tenant="bob"}'] == 1
     assert vals['fusebox_tenant_memory_bytes{tenant="alice"}'] > 0
     assert vals['fusebox_tenant_launches_total{tenant="alice"}'] == 4
-    # what the engines did, summed per tenant from the sessions' counters
+    # what the engines did, summed per tenant from the sessions' counters:
+    # every counter of FB_COUNTERS, for the server and for each tenant
+    for name, kind, level in c_counter_entries(_read_repo("include/fusebox/counters.h")):
+        fam = name[:-2] + "_seconds" if kind == "float" and name.endswith("_s") else name
+        fam = "fusebox_" + fam + ("" if level == "LEVEL" else "_total")
+        tfam = fam.replace("fusebox_", "fusebox_tenant_", 1)
+        mtype = "gauge" if level == "LEVEL" else "counter"
+        for f in (fam, tfam):
+            assert body.count("# TYPE %s %s\n" % (f, mtype)) == 1, (f, mtype)
+            assert re.search(r"^# HELP %s (Now, s|S)ummed over the (tenant's )?(live )?sessions"
+                             r"( since start)?: \S" % f, body, flags=re.M), f
+        assert vals[fam] >= 0
+        for t in ("alice", "bob"):
+            assert vals['%s{tenant="%s"}' % (tfam, t)] >= 0
+        if level == "SUM":  # bob ran nothing
+            assert vals['%s{tenant="bob"}' % tfam] == 0, tfam
+            assert vals[fam] >= vals['%s{tenant="alice"}' % tfam], fam
     assert vals['fusebox_tenant_tasks_launched_total{tenant="alice"}'] >= 3
     assert vals['fusebox_tenant_tasks_compiled_total{tenant="alice"}'] >= 1
-    assert vals['fusebox_tenant_optimized_total{tenant="alice",pass="fusion"}'] >= 1
-    for p in ("listgen", "fusion", "dse", "demotion"):
-        assert vals['fusebox_tenant_optimized_total{tenant="bob",pass="%s"}' % p] == 0
-    assert vals['fusebox_tenant_tasks_launched_total{tenant="bob"}'] == 0
+    assert vals['fusebox_tenant_tasks_fused_total{tenant="alice"}'] >= 1
+    assert vals['fusebox_tenant_compile_seconds_total{tenant="alice"}'] > 0
+    assert vals['fusebox_tenant_device_bytes{tenant="alice"}'] > 0  # its live sessions
+    assert vals['fusebox_tenant_device_bytes{tenant="bob"}'] == 0
+    assert vals["fusebox_launches_total"] >= 4
+    assert "fusebox_tenant_optimized_total" not in body  # renamed (deploy/README.md)
     assert vals['fusebox_tenant_syncs_total{tenant="alice"}'] == 2
     assert vals['fusebox_tenant_launches_total{tenant="bob"}'] == 0
     assert vals['fusebox_tenant_received_bytes_total{tenant="alice"}'] > 0
