@@ -371,7 +371,7 @@ int fb_session_trace_end(fb_session *s);
  * a SHA-256 of every part. */
 
 /* The checkpoint format this build writes and reads. */
-#define FB_CHECKPOINT_FORMAT 1
+#define FB_CHECKPOINT_FORMAT 2
 
 /* A byte sink: 0 on success, non-zero stops the writer (it then fails with FB_EIO). */
 typedef int (*fb_sink_fn)(void *user, const void *buf, size_t n);
