@@ -13,8 +13,11 @@ then --repeat times (default 3), interleaved:
   by_name    Client.restore(name=...): seal check, restore
 
 Each prints the median seconds and GB/s of session state (the field's
-bytes over the time). Every restored session is checked against the
-original (a checksum kernel) and closed.
+bytes over the time), and beside them the CPU time the phase took, all
+threads of fuseboxd, of its session workers (live and reaped) and of this
+client together, with the GB/s per CPU-second: what the work costs,
+whatever else the machine runs. Every restored session is checked against
+the original (a checksum kernel) and closed.
 
   python3 bench/ckpt_service_bench.py --fuseboxd build-rel/server/fuseboxd \
       [--mib N] [--repeat R] [--dir D] [--isolation process|thread]
@@ -44,6 +47,34 @@ kernel check() {
 """
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(root):
+    """CPU seconds of process root and every live descendant (utime and
+    stime), plus what its reaped children took (cutime and cstime of the
+    processes walked)."""
+    kids, stat = {}, {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                txt = f.read()
+        except OSError:
+            continue
+        f = txt[txt.rindex(")") + 2:].split()
+        pid, ppid = int(d), int(f[1])
+        stat[pid] = sum(int(x) for x in f[11:15])
+        kids.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        p = todo.pop()
+        total += stat.get(p, 0)
+        todo.extend(kids.get(p, []))
+    return total / TICK
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fuseboxd", required=True)
@@ -67,18 +98,29 @@ def main():
         want = int(s.fields.sum.to_numpy())
         nbytes = n * 4
         t = {k: [] for k in ("to_file", "to_server", "from_file", "by_name")}
+        cpu = {k: [] for k in t}
         path = os.path.join(tmp, "s.fbck")
+        server = c._daemon.proc.pid
+
+        def clock():
+            return time.perf_counter(), tree_cpu(server) + time.process_time()
+
+        def done(k, t0, c0):
+            t1, c1 = clock()
+            t[k].append(t1 - t0)
+            cpu[k].append(c1 - c0)
+
         for _ in range(a.repeat):
-            t0 = time.perf_counter()
+            t0, c0 = clock()
             s.checkpoint(path)
-            t["to_file"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            done("to_file", t0, c0)
+            t0, c0 = clock()
             name = s.checkpoint(on_server=True)
-            t["to_server"].append(time.perf_counter() - t0)
+            done("to_server", t0, c0)
             for how in ("from_file", "by_name"):
-                t0 = time.perf_counter()
+                t0, c0 = clock()
                 r = c.restore(path) if how == "from_file" else c.restore(name=name)
-                t[how].append(time.perf_counter() - t0)
+                done(how, t0, c0)
                 r.kernels.check()
                 got = int(r.fields.sum.to_numpy())
                 assert got == want, f"{how}: checksum {got}, expected {want}"
@@ -88,8 +130,11 @@ def main():
               f"isolation {a.isolation}, {a.repeat} runs, medians:")
         for k, v in t.items():
             m = statistics.median(v)
-            print(f"  {k:10s} {m:8.3f} s  {nbytes / m / 1e9:6.2f} GB/s   (runs: "
+            mc = statistics.median(cpu[k])
+            print(f"  {k:10s} {m:8.3f} s  {nbytes / m / 1e9:6.2f} GB/s   CPU {mc:7.3f} s "
+                  f"{nbytes / mc / 1e9:6.2f} GB/CPU-s   (runs: "
                   + ", ".join(f"{x:.3f}" for x in v) + ")")
+        print(f"load average now: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
         c.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -849,20 +849,36 @@ static void wait_lent(lent *l) {
   }
 }
 
-static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *src, size_t bytes,
-                       lent *l) {
+/* A chunk's message up to its data's bytes (the data follow as a slice of
+ * the caller's buffer, never copied), into out (CHUNK_HEAD_MAX bytes);
+ * 0: it does not fit. */
+#define CHUNK_HEAD_MAX 1024
+typedef size_t (*chunk_head_fn)(void *ctx, uint8_t *out, size_t off, size_t n);
+
+/* src[0, bytes) as a stream of messages of at most the client's chunk of
+ * data each (one at least when one is set), each a header and a slice of
+ * src, one send in flight while the next is made; the first carries the
+ * routing metadata. src must stay until wait_lent(l). */
+static int send_chunks(fb_remote *r, grpc_call *call, const uint8_t *src, size_t bytes, int one,
+                       chunk_head_fn head, void *ctx, lent *l) {
   int tag, pending = 0, ok = 1;
   grpc_byte_buffer *bb = NULL;
   grpc_metadata md[2];
   size_t chunk = r->c->chunk;
-  for (size_t off = 0; off < bytes && ok > 0; off += chunk) {
+  for (size_t off = 0; (off < bytes || (one && !off)) && ok > 0; off += chunk) {
     size_t n = bytes - off < chunk ? bytes - off : chunk;
-    uint8_t hdr[FBP_CHUNK_HEADER_MAX];
-    size_t hn = fbp_chunk_header(hdr, off ? NULL : r->id, off ? 0 : field, off, off ? 0 : bytes, n);
-    atomic_fetch_add(&l->out, 1);
-    grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
-                        grpc_slice_new_with_user_data((void *)(src + off), n, lent_back, l)};
-    grpc_byte_buffer *next = grpc_raw_byte_buffer_create(sl, 2);
+    uint8_t hdr[CHUNK_HEAD_MAX];
+    size_t hn = head(ctx, hdr, off, n);
+    if (!hn) {
+      ok = 0;
+      break;
+    }
+    grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn), grpc_empty_slice()};
+    if (n) {
+      atomic_fetch_add(&l->out, 1);
+      sl[1] = grpc_slice_new_with_user_data((void *)(src + off), n, lent_back, l);
+    }
+    grpc_byte_buffer *next = grpc_raw_byte_buffer_create(sl, n ? 2 : 1);
     grpc_slice_unref(sl[0]);
     grpc_slice_unref(sl[1]);
     if (pending) ok = fbc_wait(r->c, call, &tag);
@@ -882,6 +898,19 @@ static int send_chunks(fb_remote *r, grpc_call *call, int field, const uint8_t *
   return ok > 0 ? 0 : FB_EIO;
 }
 
+/* WriteField's FieldChunk: the session and field on the first. */
+typedef struct field_head {
+  fb_remote *r;
+  int field;
+  size_t bytes;
+} field_head;
+
+static size_t field_chunk_head(void *ctx, uint8_t *out, size_t off, size_t n) {
+  field_head *f = ctx;
+  return fbp_chunk_header(out, off ? NULL : f->r->id, off ? 0 : f->field, off,
+                          off ? 0 : f->bytes, n);
+}
+
 int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes) {
   int rc = check_io(r, field, src, bytes, "field write");
   if (rc) return rc;
@@ -892,7 +921,8 @@ int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes
   if (fbc_start_status(call, &e, &stag)) return rerr(r, FB_EINTERNAL, "cannot start WriteField");
   lent l;
   atomic_init(&l.out, 0);
-  rc = send_chunks(r, call, field, src, bytes, &l);
+  field_head fh = {r, field, bytes};
+  rc = send_chunks(r, call, src, bytes, 0, field_chunk_head, &fh, &l);
   grpc_metadata_array md;
   grpc_metadata_array_init(&md);
   grpc_byte_buffer *rbb = NULL;
@@ -1203,6 +1233,31 @@ int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t name
 
 static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
                    const char *name, int stream, fb_remote **out);
+/* Restore's CheckpointChunk: the options on the first, the name (a
+ * restore by name sends only that), the offset; the data field last. */
+typedef struct restore_head {
+  uint64_t memory_limit;
+  const char *name;
+} restore_head;
+
+static size_t restore_chunk_head(void *ctx, uint8_t *out, size_t off, size_t n) {
+  restore_head *h = ctx;
+  Fusebox__V1__CheckpointChunk m = FUSEBOX__V1__CHECKPOINT_CHUNK__INIT;
+  Fusebox__V1__SessionOptions o = FUSEBOX__V1__SESSION_OPTIONS__INIT;
+  o.memory_limit = h->memory_limit;
+  if (!off) m.options = &o;
+  if (h->name) m.name = (char *)h->name;
+  m.offset = off;
+  if (fusebox__v1__checkpoint_chunk__get_packed_size(&m) + 12 > CHUNK_HEAD_MAX) return 0;
+  size_t k = fusebox__v1__checkpoint_chunk__pack(&m, out);
+  if (!n) return k;
+  out[k++] = (3 << 3) | 2; /* data: field 3, length-delimited */
+  for (uint64_t v = n;; v >>= 7) {
+    out[k++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    if (v <= 0x7f) break;
+  }
+  return k;
+}
 
 int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *path,
                       const char *name, fb_remote **out) {
@@ -1322,41 +1377,20 @@ static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
   grpc_call *call = NULL;
   fbc_end e;
   fbc_end_init(&e);
-  int stag = 0, tag, ok = 1;
+  int stag = 0, tag;
   if (!rc) {
     call = fbc_call_new(c, "/fusebox.v1.Fusebox/Restore", 0);
     if (fbc_start_status(call, &e, &stag)) rc = rerr(r, FB_EINTERNAL, "cannot start Restore");
   }
-  size_t chunk = c->chunk;
-  for (size_t off = 0; !rc && ok > 0 && (off < dlen || !off); off += chunk) {
-    Fusebox__V1__CheckpointChunk m = FUSEBOX__V1__CHECKPOINT_CHUNK__INIT;
-    Fusebox__V1__SessionOptions o = FUSEBOX__V1__SESSION_OPTIONS__INIT;
-    o.memory_limit = opt ? opt->memory_limit : 0;
-    if (!off) m.options = &o;
-    if (name) m.name = (char *)name;
-    m.offset = off;
-    m.data.data = data ? data + off : NULL;
-    m.data.len = dlen - off < chunk ? dlen - off : chunk;
-    size_t len = fusebox__v1__checkpoint_chunk__get_packed_size(&m);
-    uint8_t *buf = malloc(len ? len : 1);
-    if (!buf) {
-      rc = rerr(r, FB_ENOMEM, "out of memory");
-      break;
-    }
-    grpc_byte_buffer *bb = fbp_bb_from(buf, fusebox__v1__checkpoint_chunk__pack(&m, buf));
-    free(buf);
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    grpc_metadata rmd[2];
-    size_t k = 0;
-    if (!off) fbc_initial_md_route(c, &ops[k++], rmd, &r->rt);
-    ops[k].op = GRPC_OP_SEND_MESSAGE;
-    ops[k++].data.send_message.send_message = bb;
-    ok = fbc_batch(c, call, ops, k, &tag);
-    grpc_byte_buffer_destroy(bb);
-    if (name) break;
-  }
-  free(data);
+  restore_head rh = {opt ? opt->memory_limit : 0, name};
+  lent l;
+  atomic_init(&l.out, 0);
+  if (!rc && name && strlen(name) > CHUNK_HEAD_MAX / 2)
+    rc = rerr(r, FB_EINVAL, "restore: a checkpoint name of %zu bytes; the server's names are "
+              "much shorter (like 0123abcd-1700000000000001.fbck)", strlen(name));
+  /* a send the server cut short (it refused the upload) is named by the
+     call's status below */
+  if (!rc) send_chunks(r, call, data, name ? 0 : dlen, 1, restore_chunk_head, &rh, &l);
   Fusebox__V1__RestoreResponse *resp = NULL;
   if (call && !rc) {
     grpc_metadata_array md;
@@ -1385,6 +1419,8 @@ static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
   }
   if (call) rc = end_call(r, call, &e, &stag, rc, "restore");
   else fbc_end_free(&e);
+  wait_lent(&l);
+  free(data);
   if (!rc && (!resp || !resp->layout || strlen(resp->session_id) >= sizeof r->id))
     rc = rerr(r, FB_EINTERNAL, "restore: a malformed answer");
   if (!rc) {

@@ -27,14 +27,14 @@ enum {
   PART_LAYOUT = 2,
   PART_KERNELS = 3,
   PART_AD = 4,
-  PART_ROOT = 5,
+  PART_ROOT = FBK_PART_ROOT,
   PART_SPARSE = 6,
-  PART_POOL = 7,
-  PART_MANIFEST = 255
+  PART_POOL = FBK_PART_POOL,
+  PART_MANIFEST = FBK_PART_MANIFEST
 };
-#define MAX_PARTS 16
-#define HEADER_BYTES 24
-#define PART_HEAD 16
+#define MAX_PARTS FBK_MAX_PARTS
+#define HEADER_BYTES FBK_HEADER_BYTES
+#define PART_HEAD FBK_PART_HEAD
 #define SESSION_BYTES 64
 #define MAX_LAYOUT_PART (64u << 20)
 #define MAX_KERNELS_PART ((uint64_t)1 << 31)
@@ -394,7 +394,7 @@ int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err,
   memcpy(h, FBK_MAGIC, 8);
   fbk_put32(h + 8, FB_CHECKPOINT_FORMAT);
   fbk_put32(h + 12, HEADER_BYTES);
-  fbk_put64(h + 16, 0);
+  fbk_byte_order(h + 16);
   w_raw(&w, h, sizeof h);
 
   put_session(s, &b);
@@ -1192,8 +1192,12 @@ int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_
     if (format != FB_CHECKPOINT_FORMAT)
       rfail(&r, FB_EINVAL, "the checkpoint was written by Fusebox format %u, this server reads %d",
             format, FB_CHECKPOINT_FORMAT);
-    else if (fbk_get32(h + 12) != HEADER_BYTES || fbk_get64(h + 16) != 0)
+    else if (fbk_get32(h + 12) != HEADER_BYTES)
       rfail(&r, FB_EINVAL, "the checkpoint is damaged (its header is malformed)");
+    else {
+      char why[200];
+      if (fbk_byte_order_check(h + 16, why, sizeof why)) rfail(&r, FB_EINVAL, "%s", why);
+    }
   }
   sess_hdr sh;
   memset(&sh, 0, sizeof sh);

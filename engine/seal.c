@@ -1,21 +1,31 @@
 /* The seal around a checkpoint stream (include/fusebox/engine.h,
- * docs/checkpoint.md "The seal"): the stream goes through unchanged and
- * into an HMAC-SHA256 under a key kept outside the checkpoint directory;
- * a trailer after it names the owner and the format and carries the MAC:
+ * docs/checkpoint.md "The seal"): the stream goes through unchanged; a
+ * trailer after it names the owner and the format and carries an
+ * HMAC-SHA256 under a key kept outside the checkpoint directory:
  *
  *   "FBSEAL\r\n"  8 bytes
  *   u32 format    FB_CHECKPOINT_FORMAT
  *   u32 owner_len at most FB_SEAL_OWNER_MAX
  *   owner         owner_len bytes
  *   u64 payload   bytes of the checkpoint stream before the trailer
- *   mac           32 bytes: HMAC-SHA256(key, stream || the trailer so far)
+ *   mac           32 bytes: HMAC-SHA256(key, the covered bytes || the trailer so far)
  *   u32 trailer   bytes of the whole trailer, these 4 and the 8 below included
  *   "FBSEALED"    8 bytes
  *
+ * The covered bytes are the payload less the bytes of its bulk parts (the
+ * fields, the sparse block pool: fbk_part_bulk), whose SHA-256 the
+ * stream's manifest lists: the MAC covers the header, every part's head,
+ * every other part's bytes, the manifest and whatever follows it, so each
+ * byte of a checkpoint is hashed once when it is written (the engine's
+ * SHA-256 of a bulk part, or the HMAC) instead of twice. The seal follows
+ * the stream's framing (engine/ckpt_io.h) as it goes by, and refuses a
+ * stream that does not begin as a checkpoint.
+ *
  * Integers little-endian. A verifier finds the trailer from the end of the
- * file, checks the format, then the MAC over everything, then the owner:
- * a modified owner reads as a modified file, another tenant's genuine
- * file as another tenant's. The key file helper is here too. */
+ * file, checks the format, then the MAC and each bulk part against its
+ * SHA-256 in the manifest, then the owner: a modified owner reads as a
+ * modified file, another tenant's genuine file as another tenant's. The
+ * key file helper is here too. */
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/core_names.h>
@@ -44,9 +54,17 @@ struct fb_seal {
   void *user;
   uint64_t n;    /* payload bytes so far */
   int failed;    /* the sink refused: the trailer is never written */
+  /* where the stream is (its framing, engine/ckpt_io.h) */
+  int at_state;  /* S_HEADER, S_HEAD, S_BODY, S_TAIL */
+  size_t hn;     /* bytes of the header or part head so far */
+  uint8_t hb[FBK_HEADER_BYTES];
+  uint64_t left; /* of the part's body */
+  int bulk;      /* the body is a bulk part's: not covered by the MAC */
   size_t olen;
   char owner[FB_SEAL_OWNER_MAX + 1];
 };
+
+enum { S_HEADER, S_HEAD, S_BODY, S_TAIL };
 
 static EVP_MAC_CTX *mac_new(const uint8_t *key, size_t keylen) {
   EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
@@ -83,11 +101,46 @@ fb_seal *fb_seal_begin(const uint8_t *key, size_t keylen, const char *owner, fb_
   return s;
 }
 
+/* The covered bytes of buf into the MAC, following the stream's framing:
+ * 0, or -1 when the stream is not a checkpoint's or OpenSSL fails. */
+static int seal_cover(fb_seal *s, const uint8_t *p, size_t n) {
+  while (n) {
+    size_t k = n;
+    int cover = 1;
+    if (s->at_state == S_HEADER || s->at_state == S_HEAD) {
+      size_t full = s->at_state == S_HEADER ? FBK_HEADER_BYTES : FBK_PART_HEAD;
+      if (k > full - s->hn) k = full - s->hn;
+      memcpy(s->hb + s->hn, p, k);
+      s->hn += k;
+      if (s->hn == full) {
+        s->hn = 0;
+        if (s->at_state == S_HEADER) {
+          if (memcmp(s->hb, FBK_MAGIC, 8) || fbk_get32(s->hb + 12) != FBK_HEADER_BYTES) return -1;
+          s->at_state = S_HEAD;
+        } else {
+          uint32_t kind = fbk_get32(s->hb);
+          s->left = fbk_get64(s->hb + 8);
+          s->bulk = fbk_part_bulk(kind);
+          s->at_state = kind == FBK_PART_MANIFEST ? S_TAIL : s->left ? S_BODY : S_HEAD;
+        }
+      }
+    } else if (s->at_state == S_BODY) {
+      if (k > s->left) k = (size_t)s->left;
+      cover = !s->bulk;
+      if (!(s->left -= k)) s->at_state = S_HEAD;
+    }
+    if (cover && !EVP_MAC_update(s->mac, p, k)) return -1;
+    p += k;
+    n -= k;
+  }
+  return 0;
+}
+
 int fb_seal_write(void *seal, const void *buf, size_t n) {
   fb_seal *s = seal;
   if (!s || s->failed) return -1;
   if (!n) return 0;
-  if (!EVP_MAC_update(s->mac, buf, n) || s->sink(s->user, buf, n)) {
+  if (seal_cover(s, buf, n) || s->sink(s->user, buf, n)) {
     s->failed = 1;
     return -1;
   }
@@ -119,6 +172,10 @@ int fb_seal_finish(fb_seal *s, char *err, size_t errlen) {
   int rc = 0;
   if (s->failed) {
     fb_errf(err, errlen, "the checkpoint could not be written");
+    rc = FB_EIO;
+  } else if (s->at_state != S_TAIL) {
+    fb_errf(err, errlen, "the checkpoint could not be sealed: its stream ended before its "
+            "manifest");
     rc = FB_EIO;
   } else {
     uint8_t t[TRAILER_FIXED + FB_SEAL_OWNER_MAX];
@@ -160,6 +217,20 @@ static int read_at(int fd, void *buf, size_t n, uint64_t off) {
     p += r;
     n -= (size_t)r;
     off += (uint64_t)r;
+  }
+  return 0;
+}
+
+/* Bytes [at, at + n) of fd into the MAC c or the digest md. */
+static int feed(int fd, uint64_t at, uint64_t n, EVP_MAC_CTX *c, EVP_MD_CTX *md, uint8_t *buf,
+                size_t bufn) {
+  while (n) {
+    size_t k = n < bufn ? (size_t)n : bufn;
+    if (read_at(fd, buf, k, at)) return FB_EIO;
+    if (c && !EVP_MAC_update(c, buf, k)) return FB_EIO;
+    if (md && !EVP_DigestUpdate(md, buf, k)) return FB_EIO;
+    at += k;
+    n -= k;
   }
   return 0;
 }
@@ -225,32 +296,83 @@ int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *own
     return FB_EINVAL;
   }
   EVP_MAC_CTX *c = mac_new(key, keylen);
-  size_t bufn = 1 << 20;
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  size_t bufn = (size_t)1 << 20;
   uint8_t *buf = malloc(bufn);
-  int rc = 0;
-  if (!c || !buf) {
+  int rc = 0, bad = 0;
+  if (!c || !md || !buf) {
     fb_errf(err, errlen, "out of memory");
     rc = FB_ENOMEM;
   }
-  for (uint64_t at = 0; !rc && at < payload;) {
-    size_t n = payload - at < bufn ? (size_t)(payload - at) : bufn;
-    if (read_at(fd, buf, n, at)) {
-      fb_errf(err, errlen, "cannot read the checkpoint: %s", strerror(errno));
-      rc = FB_EIO;
-    } else if (!EVP_MAC_update(c, buf, n)) {
-      fb_errf(err, errlen, "the checkpoint's seal could not be computed (OpenSSL)");
-      rc = FB_EIO;
+  /* the stream's framing: the header, then parts up to the manifest */
+  struct {
+    uint32_t kind;
+    uint64_t len;
+    uint8_t sha[32];
+  } parts[FBK_MAX_PARTS];
+  int nparts = 0;
+  uint64_t at = 0;
+  errno = 0;
+  uint8_t h[FBK_HEADER_BYTES];
+  if (!rc && (payload < FBK_HEADER_BYTES || read_at(fd, h, FBK_HEADER_BYTES, 0)))
+    bad = 1;
+  else if (!rc && fbk_get32(h + 12) != FBK_HEADER_BYTES)
+    bad = 1;
+  else if (!rc && !EVP_MAC_update(c, h, FBK_HEADER_BYTES))
+    rc = FB_EIO;
+  at = FBK_HEADER_BYTES;
+  uint64_t mlen = 0;
+  while (!rc && !bad) {
+    if (payload - at < FBK_PART_HEAD || read_at(fd, h, FBK_PART_HEAD, at) ||
+        !EVP_MAC_update(c, h, FBK_PART_HEAD)) {
+      bad = 1;
+      break;
     }
-    at += n;
+    uint32_t kind = fbk_get32(h);
+    uint64_t len = fbk_get64(h + 8);
+    at += FBK_PART_HEAD;
+    if (kind == FBK_PART_MANIFEST) {
+      mlen = len;
+      break;
+    }
+    if (nparts == FBK_MAX_PARTS || len > payload - at) {
+      bad = 1;
+      break;
+    }
+    int bulk = fbk_part_bulk(kind);
+    parts[nparts].kind = kind;
+    parts[nparts].len = len;
+    if (bulk && !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) rc = FB_EIO;
+    rc = rc ? rc : feed(fd, at, len, bulk ? NULL : c, bulk ? md : NULL, buf, bufn);
+    unsigned int l = 0;
+    if (!rc && bulk && (!EVP_DigestFinal_ex(md, parts[nparts].sha, &l) || l != 32)) rc = FB_EIO;
+    if (!bulk) memset(parts[nparts].sha, 0, 32);
+    nparts++;
+    at += len;
   }
+  /* the manifest (covered below, with what follows it): each bulk part's
+     SHA-256 as computed */
+  uint8_t m[4 + FBK_MAX_PARTS * 48];
+  if (!rc && !bad &&
+      (mlen != 4 + 48 * (uint64_t)nparts || mlen > payload - at || read_at(fd, m, mlen, at) ||
+       fbk_get32(m) != (uint32_t)nparts))
+    bad = 1;
+  for (int i = 0; !rc && !bad && i < nparts; i++) {
+    const uint8_t *e = m + 4 + 48 * i;
+    if (fbk_get32(e) != parts[i].kind || fbk_get64(e + 8) != parts[i].len ||
+        (fbk_part_bulk(parts[i].kind) && CRYPTO_memcmp(e + 16, parts[i].sha, 32) != 0))
+      bad = 1;
+  }
+  if (!rc && !bad) rc = feed(fd, at, payload - at, c, NULL, buf, bufn);
   uint8_t mac[MAC_LEN];
   size_t maclen = 0;
   size_t hl = 16 + olen + 8;
-  if (!rc && (!EVP_MAC_update(c, t, hl) || !EVP_MAC_final(c, mac, &maclen, sizeof mac))) {
-    fb_errf(err, errlen, "the checkpoint's seal could not be computed (OpenSSL)");
+  if (!rc && !bad && (!EVP_MAC_update(c, t, hl) || !EVP_MAC_final(c, mac, &maclen, sizeof mac)))
     rc = FB_EIO;
-  }
-  if (!rc && (maclen != MAC_LEN || CRYPTO_memcmp(mac, t + hl, MAC_LEN) != 0)) {
+  if (rc == FB_EIO)
+    fb_errf(err, errlen, "cannot read the checkpoint or compute its seal: %s",
+            errno ? strerror(errno) : "OpenSSL failed");
+  if (!rc && (bad || maclen != MAC_LEN || CRYPTO_memcmp(mac, t + hl, MAC_LEN) != 0)) {
     fb_errf(err, errlen, "the checkpoint was modified or was written with another server key");
     rc = FB_EINVAL;
   }
@@ -259,6 +381,7 @@ int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *own
     rc = FB_EINVAL;
   }
   EVP_MAC_CTX_free(c);
+  EVP_MD_CTX_free(md);
   free(buf);
   if (!rc && payload_len) *payload_len = payload;
   return rc;

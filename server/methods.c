@@ -822,43 +822,53 @@ static void write_free(fbd_call *c) {
 
 /* ---------------------------------------------------------------- ReadField */
 
-typedef struct rbuf {
-  atomic_int refs;
-  fbd_buf b;
-  fbd_session *sess; /* ref held: the buffer goes back to it */
-} rbuf;
-
-typedef struct rstate {
+/* A server stream of chunks out of one buffer in memory (ReadField's
+ * staged field, a finished checkpoint's mapping): per chunk a header slice
+ * and a slice of the buffer itself, never copied. The state lives until
+ * the call is freed and the last slice sent (a reference each). */
+typedef struct cstream {
   pthread_mutex_t mu;
-  rbuf *b;
-  size_t len, off;
+  atomic_int refs;
+  const uint8_t *p;
+  uint64_t len, off;
   uint32_t chunk;
-} rstate;
+  /* a chunk's message up to its data's bytes */
+  size_t (*header)(uint8_t *out, uint64_t off, uint64_t len, uint64_t n);
+  /* what p lies in: a staged buffer of a session (ReadField), or a
+     checkpoint (Checkpoint, FetchCheckpoint) */
+  fbd_buf buf;
+  fbd_session *sess;
+  fbd_ckpt_job *k;
+} cstream;
 
-static void rbuf_unref(void *p) {
-  rbuf *b = p;
-  if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    fbd_stage_give(b->sess, &b->b);
-    fbd_session_unref(b->sess);
-    free(b);
+static void cs_unref(void *p) {
+  cstream *r = p;
+  if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+  if (r->sess) {
+    fbd_stage_give(r->sess, &r->buf);
+    fbd_session_unref(r->sess);
   }
+  fbd_ckpt_end(r->k);
+  pthread_mutex_destroy(&r->mu);
+  free(r);
 }
 
-/* Queue the next chunk: a header slice and a slice of the buffer itself. */
-static void read_next(fbd_call *c) {
-  rstate *r = c->state;
+/* Queue the next chunk. */
+static void cs_next(fbd_call *c) {
+  cstream *r = c->state;
   if (!r) return;
   pthread_mutex_lock(&r->mu);
   if (r->off >= r->len) {
     pthread_mutex_unlock(&r->mu);
     return;
   }
-  size_t n = r->len - r->off < r->chunk ? r->len - r->off : r->chunk;
+  uint64_t n = r->len - r->off < r->chunk ? r->len - r->off : r->chunk;
   uint8_t hdr[FBP_CHUNK_HEADER_MAX];
-  size_t hn = fbp_chunk_header(hdr, NULL, 0, r->off, r->len, n);
-  atomic_fetch_add(&r->b->refs, 1);
-  grpc_slice sl[2] = {grpc_slice_from_copied_buffer((const char *)hdr, hn),
-                      grpc_slice_new_with_user_data(r->b->b.p + r->off, n, rbuf_unref, r->b)};
+  size_t hn = r->header(hdr, r->off, r->len, n);
+  atomic_fetch_add(&r->refs, 1);
+  grpc_slice sl[2] = {
+      grpc_slice_from_copied_buffer((const char *)hdr, hn),
+      grpc_slice_new_with_user_data((void *)(r->p + r->off), (size_t)n, cs_unref, r)};
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
   grpc_slice_unref(sl[0]);
   grpc_slice_unref(sl[1]);
@@ -869,29 +879,43 @@ static void read_next(fbd_call *c) {
   if (last) fbd_call_finish(c, FB_OK, NULL);
 }
 
+static void cs_free(fbd_call *c) {
+  cstream *r = c->state;
+  c->state = NULL;
+  if (r) cs_unref(r);
+}
+
+/* The stream begun: the first two chunks queued (the next goes when one is sent). */
+static void cs_start(fbd_call *c, cstream *r) {
+  atomic_init(&r->refs, 1);
+  pthread_mutex_init(&r->mu, NULL);
+  c->state = r;
+  cs_next(c);
+  cs_next(c);
+}
+
+/* ---- ReadField: FieldChunk (offset, total, data) */
+
+static size_t read_header(uint8_t *out, uint64_t off, uint64_t len, uint64_t n) {
+  return fbp_chunk_header(out, NULL, 0, off, len, n);
+}
+
 void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk) {
-  rstate *r = calloc(1, sizeof *r);
-  rbuf *b = calloc(1, sizeof *b);
-  size_t len = buf->len;
-  if (!r || !b) {
-    free(r);
-    free(b);
+  cstream *r = calloc(1, sizeof *r);
+  if (!r) {
     fbd_stage_give(s, buf);
     fbd_call_finish(c, FB_ENOMEM, "out of memory");
     return;
   }
-  atomic_init(&b->refs, 1);
-  b->b = *buf;
+  r->buf = *buf;
   *buf = (fbd_buf){NULL, 0, -1};
-  b->sess = s;
+  r->sess = s;
   fbd_session_ref(s);
-  pthread_mutex_init(&r->mu, NULL);
-  r->b = b;
-  r->len = len;
+  r->p = r->buf.p;
+  r->len = r->buf.len;
   r->chunk = chunk;
-  c->state = r;
-  read_next(c);
-  read_next(c);
+  r->header = read_header;
+  cs_start(c, r);
 }
 
 static void read_recv(fbd_call *c, grpc_byte_buffer *bb) {
@@ -914,14 +938,6 @@ static void read_recv(fbd_call *c, grpc_byte_buffer *bb) {
   }
   fbd_session_unref(s);
   fbp_arena_free(&a);
-}
-
-static void read_free(fbd_call *c) {
-  rstate *r = c->state;
-  if (!r) return;
-  rbuf_unref(r->b);
-  pthread_mutex_destroy(&r->mu);
-  free(r);
 }
 
 /* ---------------------------------------------------------------- checkpoints */
@@ -981,28 +997,10 @@ static void ckpt_recv(fbd_call *c, grpc_byte_buffer *bb) {
 
 /* A finished checkpoint out in chunks (CheckpointChunk: offset, data),
  * each a slice of the mapping; the mapping lives until the last is sent. */
-typedef struct ckbuf {
-  atomic_int refs;
-  fbd_ckpt_job *k;
-} ckbuf;
-
-typedef struct ckstate {
-  pthread_mutex_t mu;
-  ckbuf *b;
-  uint64_t len, off;
-  uint32_t chunk;
-} ckstate;
-
-static void ckbuf_unref(void *p) {
-  ckbuf *b = p;
-  if (atomic_fetch_sub(&b->refs, 1) == 1) {
-    fbd_ckpt_end(b->k);
-    free(b);
-  }
-}
 
 /* One CheckpointChunk: fields 2 (offset) and 3 (data), data last. */
-static size_t ck_header(uint8_t *out, uint64_t off, uint64_t n) {
+static size_t ck_header(uint8_t *out, uint64_t off, uint64_t len, uint64_t n) {
+  (void)len;
   size_t k = 0;
   out[k++] = 2 << 3;
   for (uint64_t v = off; ; v >>= 7) {
@@ -1017,60 +1015,20 @@ static size_t ck_header(uint8_t *out, uint64_t off, uint64_t n) {
   return k;
 }
 
-static void ck_next(fbd_call *c) {
-  ckstate *r = c->state;
-  if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  if (r->off >= r->len) {
-    pthread_mutex_unlock(&r->mu);
-    return;
-  }
-  uint64_t n = r->len - r->off < r->chunk ? r->len - r->off : r->chunk;
-  uint8_t hdr[32];
-  size_t hn = ck_header(hdr, r->off, n);
-  atomic_fetch_add(&r->b->refs, 1);
-  grpc_slice sl[2] = {
-      grpc_slice_from_copied_buffer((const char *)hdr, hn),
-      grpc_slice_new_with_user_data((void *)(fbd_ckpt_map(r->b->k) + r->off), (size_t)n,
-                                    ckbuf_unref, r->b)};
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(sl, 2);
-  grpc_slice_unref(sl[0]);
-  grpc_slice_unref(sl[1]);
-  r->off += n;
-  int last = r->off >= r->len;
-  fbd_call_send_bb(c, bb);
-  pthread_mutex_unlock(&r->mu);
-  if (last) fbd_call_finish(c, FB_OK, NULL);
-}
-
 void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk) {
-  ckstate *r = calloc(1, sizeof *r);
-  ckbuf *b = calloc(1, sizeof *b);
-  if (!r || !b || !fbd_ckpt_map(k)) {
+  cstream *r = calloc(1, sizeof *r);
+  if (!r || !fbd_ckpt_map(k)) {
     free(r);
-    free(b);
     fbd_ckpt_end(k);
     fbd_call_finish(c, FB_ENOMEM, "out of memory");
     return;
   }
-  atomic_init(&b->refs, 1);
-  b->k = k;
-  pthread_mutex_init(&r->mu, NULL);
-  r->b = b;
+  r->k = k;
+  r->p = fbd_ckpt_map(k);
   r->len = fbd_ckpt_bytes(k);
   r->chunk = chunk ? chunk : DEFAULT_CHUNK;
-  c->state = r;
-  ck_next(c);
-  ck_next(c);
-}
-
-static void ck_free(fbd_call *c) {
-  ckstate *r = c->state;
-  if (!r) return;
-  ckbuf_unref(r->b);
-  pthread_mutex_destroy(&r->mu);
-  free(r);
-  c->state = NULL;
+  r->header = ck_header;
+  cs_start(c, r);
 }
 
 /* FetchCheckpoint: one of the caller's checkpoints in the directory. */
@@ -1293,14 +1251,14 @@ static const fbd_method methods[] = {
     {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent, free_session_ref},
     {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
-    {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, read_next, read_free},
+    {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, cs_next, cs_free},
     {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
     {"/fusebox.v1.Fusebox/DescribeSource", NULL, describe_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Checkpoint", NULL, ckpt_recv, NULL, ck_next, ck_free},
+    {"/fusebox.v1.Fusebox/Checkpoint", NULL, ckpt_recv, NULL, cs_next, cs_free},
     {"/fusebox.v1.Fusebox/Restore", NULL, restore_recv, NULL, NULL, restore_free},
     {"/fusebox.v1.Fusebox/ListCheckpoints", NULL, list_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, ck_next, ck_free},
+    {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, cs_next, cs_free},
     {"/fusebox.v1.Fusebox/Drain", NULL, drain_recv, NULL, NULL, NULL},
 };
 

@@ -487,6 +487,29 @@ START_TEST(other_format_refused) {
 }
 END_TEST
 
+/* The header's byte-order mark and pointer size: a checkpoint of a machine
+ * of the other byte order (its mark swapped, as that machine stores it) is
+ * refused by name, and so is one of another pointer size. */
+START_TEST(foreign_byte_order_refused) {
+  mbuf m = tiny_checkpoint("sync");
+  fb_engine *e = engine_new();
+  char err[1024];
+  uint8_t mark[4];
+  memcpy(mark, m.p + 16, 4);
+  for (int i = 0; i < 4; i++) m.p[16 + i] = mark[3 - i];
+  ck_assert_int_eq(try_restore(e, m.p, m.n, NULL, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "big-endian machine and this one is little-endian"), "%s", err);
+  ck_assert_msg(strstr(err, "other byte order"), "%s", err);
+  memcpy(m.p + 16, mark, 4);
+  ck_assert_int_eq(try_restore(e, m.p, m.n, NULL, err, sizeof err), 0);
+  m.p[20] = 4;
+  ck_assert_int_eq(try_restore(e, m.p, m.n, NULL, err, sizeof err), FB_EINVAL);
+  ck_assert_msg(strstr(err, "4-byte pointers and this one has 8-byte pointers"), "%s", err);
+  fb_engine_destroy(e);
+  free(m.p);
+}
+END_TEST
+
 START_TEST(over_memory_limit_refused) {
   mbuf m = tiny_checkpoint("sync");
   fb_engine *e = engine_new();
@@ -659,6 +682,74 @@ START_TEST(seal_every_flip_and_cut_refused) {
 }
 END_TEST
 
+/* The seal leaves a bulk part's bytes to its SHA-256 in the manifest: a
+ * flip in the fields of a large checkpoint is still refused by the seal's
+ * check (the part's hash), and so is the same flip with the manifest's
+ * hash made to match it (the MAC covers the manifest); the seal refuses a
+ * stream that is not a checkpoint's, and one cut before its manifest. */
+START_TEST(seal_covers_bulk_once) {
+  run a;
+  run_open(&a, "layout { dense(i: 3145728) { place w: f32 } }\n"
+               "kernel k(t: i32) { for i in 0 .. 3145728 { w[i] += random() + t } }\n",
+           "sync", 0);
+  int k = add(a.s, a.p, "k");
+  launch(a.s, k, 1);
+  mbuf m = {0}, m2 = {0};
+  checkpoint_to(a.s, &m);
+  /* the same session with one value of w changed from the host (no
+     launch): only the fields part and its hash in the manifest differ */
+  size_t wb = (size_t)3145728 * 4;
+  float *w = malloc(wb);
+  ck_assert_int_eq(fb_field_read(a.s, 2, w, wb), 0);
+  w[123457] += 1.0f;
+  ck_assert_int_eq(fb_field_write(a.s, 2, w, wb), 0);
+  free(w);
+  checkpoint_to(a.s, &m2);
+  run_close(&a);
+  ck_assert_uint_eq(m.n, m2.n);
+  char path[64] = "/tmp/fb_ckpt_test_XXXXXX", err[512];
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  unlink(path);
+  fb_seal *s = fb_seal_begin(KEY, sizeof KEY, "", fdsink, &fd);
+  ck_assert_int_eq(fb_seal_write(s, m.p, m.n), 0);
+  ck_assert_int_eq(fb_seal_finish(s, err, sizeof err), 0);
+  size_t n = 0;
+  uint8_t *p = file_bytes(fd, &n);
+  close(fd);
+  uint64_t plen = 0;
+  int f = bytes_fd(p, n);
+  ck_assert_int_eq(fb_seal_verify_fd(f, KEY, sizeof KEY, "", &plen, err, sizeof err), 0);
+  close(f);
+  /* a flip in the middle of the fields */
+  p[m.n / 2] ^= 0x10;
+  f = bytes_fd(p, n);
+  ck_assert_int_ne(fb_seal_verify_fd(f, KEY, sizeof KEY, "", &plen, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "modified or was written with another server key"), "%s", err);
+  close(f);
+  /* the other stream, whose manifest lists its own fields' hash, under
+     the first one's seal: the MAC over the manifest refuses it */
+  memcpy(p, m2.p, m2.n);
+  f = bytes_fd(p, n);
+  ck_assert_int_ne(fb_seal_verify_fd(f, KEY, sizeof KEY, "", &plen, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "modified or was written with another server key"), "%s", err);
+  close(f);
+  free(p);
+  /* not a checkpoint's stream; a stream cut before its manifest */
+  fd = bytes_fd((const uint8_t *)"", 0);
+  s = fb_seal_begin(KEY, sizeof KEY, "", fdsink, &fd);
+  ck_assert_int_ne(fb_seal_write(s, "not a checkpoint at all, no", 27), 0);
+  ck_assert_int_eq(fb_seal_finish(s, err, sizeof err), FB_EIO);
+  s = fb_seal_begin(KEY, sizeof KEY, "", fdsink, &fd);
+  ck_assert_int_eq(fb_seal_write(s, m.p, m.n / 2), 0);
+  ck_assert_int_eq(fb_seal_finish(s, err, sizeof err), FB_EIO);
+  ck_assert_msg(strstr(err, "before its manifest"), "%s", err);
+  close(fd);
+  free(m.p);
+  free(m2.p);
+}
+END_TEST
+
 START_TEST(key_file_rules) {
   char dir[64] = "/tmp/fb_ckpt_key_XXXXXX";
   ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -708,10 +799,12 @@ int main(void) {
   tcase_add_test(tc, sparse_flips_refused);
   tcase_add_test(tc, every_truncation_refused);
   tcase_add_test(tc, other_format_refused);
+  tcase_add_test(tc, foreign_byte_order_refused);
   tcase_add_test(tc, over_memory_limit_refused);
   tcase_add_test(tc, large_field_chunks);
   tcase_add_test(tc, seal_round_trip);
   tcase_add_test(tc, seal_every_flip_and_cut_refused);
+  tcase_add_test(tc, seal_covers_bulk_once);
   tcase_add_test(tc, key_file_rules);
   suite_add_tcase(s, tc);
   return fbt_run(s);

@@ -5,18 +5,23 @@ them as its calibration file (bench/fleet/README.md, "Calibration").
   launch_rate_per_s, round_trip_s   service_bench against a private fuseboxd
                                     (process isolation): pipelined launches,
                                     median sync round trip;
-  ckpt_write_Bps, ckpt_read_Bps     a PROXY until checkpoints land: bulk
-                                    WriteField / ReadField throughput of
-                                    service_bench's field (the bytes a
-                                    checkpoint and a restore move through
-                                    fuseboxd), said so in the file ("proxy");
+  ckpt_write_Bps, ckpt_read_Bps     real Checkpoint / Restore through a
+                                    private fuseboxd (process isolation,
+                                    --checkpoint-key and --checkpoint-dir
+                                    in a temporary directory): a session
+                                    holding a dense i32 field of --ckpt-mib
+                                    MiB, Session.checkpoint(on_server=True)
+                                    and Client.restore(name=) (seal check,
+                                    a new worker, the restore), median of 3,
+                                    as bytes of session state per second;
   session_create_s                  the Python client: open a session on a
                                     small program, first launch (its kernel
                                     registered) and a sync, then close;
                                     median of --creates.
 
 Usage: calibrate.py [--fuseboxd PATH] [--service-bench PATH] [--out FILE]
-                    [--launches N] [--syncs N] [--mib N] [--creates N]
+                    [--launches N] [--syncs N] [--mib N] [--ckpt-mib N]
+                    [--creates N]
 A Release build is meant (build-rel/); $FUSEBOXD and $FB_SERVICE_BENCH name others.
 """
 import argparse
@@ -25,9 +30,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from _fb import HERE, find, import_fusebox
@@ -57,9 +64,42 @@ def service_bench(exe, fuseboxd, a):
         "launch_rate_per_s": fig("launches/s (pipelined)", ""),
         "round_trip_s": fig("sync round trip median", "us") * 1e-6,
         "round_trip_p99_s": fig("sync round trip p99", "us") * 1e-6,
-        "ckpt_write_Bps": fig("bulk write", "GB/s") * 1e9,
-        "ckpt_read_Bps": fig("bulk read", "GB/s") * 1e9,
     }, " ".join(cmd), out
+
+
+CKPT = """
+layout { field x: i32 (i: %d) }
+kernel fill() { for i in x { x[i] = i * 7919 + 13 } }
+"""
+
+
+def checkpoint_rates(fusebox, fuseboxd, mib, repeat=3):
+    """Checkpoint into the server's directory and restore by name, through
+    fuseboxd: (write B/s, read B/s, the samples) over the field's bytes."""
+    tmp = tempfile.mkdtemp(prefix="fb-calibrate-")
+    n = mib * (1 << 20) // 4
+    try:
+        with fusebox.connect(fuseboxd=fuseboxd, timeout=600, server_args=[
+                "--isolation", "process", "--checkpoint-key", os.path.join(tmp, "key"),
+                "--checkpoint-key-create", "--checkpoint-dir", os.path.join(tmp, "ckpt"),
+                "--session-memory-limit", str(2 * n * 4 + (64 << 20))]) as fb:
+            s = fb.session(source=CKPT % n)
+            s.kernels.fill()
+            s.sync()
+            w, r = [], []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                name = s.checkpoint(on_server=True)
+                w.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                back = fb.restore(name=name)
+                r.append(time.perf_counter() - t0)
+                back.close()
+            s.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    nbytes = n * 4
+    return nbytes / statistics.median(w), nbytes / statistics.median(r), w, r
 
 
 def session_create(fusebox, fuseboxd, n):
@@ -84,6 +124,7 @@ def main():
     p.add_argument("--launches", type=int, default=200000)
     p.add_argument("--syncs", type=int, default=2000)
     p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--ckpt-mib", type=int, default=256)
     p.add_argument("--creates", type=int, default=20)
     a = p.parse_args()
     fuseboxd = find(a.fuseboxd, "FUSEBOXD", "server/fuseboxd")
@@ -93,9 +134,9 @@ def main():
     create, all_creates = session_create(fusebox, fuseboxd, a.creates)
     cal = dict(figs)
     cal["session_create_s"] = create
-    cal["proxy"] = ("ckpt_write_Bps and ckpt_read_Bps are WriteField / ReadField throughput "
-                    f"of a {a.mib} MiB field through fuseboxd (service_bench's bulk figures), "
-                    "a proxy for checkpoint and restore throughput until checkpoints land")
+    wbps, rbps, wts, rts = checkpoint_rates(fusebox, fuseboxd, a.ckpt_mib)
+    cal["ckpt_write_Bps"] = wbps
+    cal["ckpt_read_Bps"] = rbps
     cal["measured"] = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(), "cpus": os.cpu_count(),
@@ -103,6 +144,9 @@ def main():
         "fuseboxd": fuseboxd, "service_bench": cmd,
         "service_bench_output": raw.strip().splitlines(),
         "session_create_samples_s": [round(t, 5) for t in all_creates],
+        "checkpoint": f"{a.ckpt_mib} MiB field, Checkpoint(to_server) and Restore(name)",
+        "checkpoint_samples_s": [round(t, 4) for t in wts],
+        "restore_samples_s": [round(t, 4) for t in rts],
     }
     with open(a.out, "w") as f:
         json.dump(cal, f, indent=1)

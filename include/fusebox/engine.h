@@ -373,7 +373,7 @@ int fb_session_trace_end(fb_session *s);
  * a SHA-256 of every part. */
 
 /* The checkpoint format this build writes and reads. */
-#define FB_CHECKPOINT_FORMAT 1
+#define FB_CHECKPOINT_FORMAT 2
 
 /* A byte sink: 0 on success, non-zero stops the writer (it then fails with FB_EIO). */
 typedef int (*fb_sink_fn)(void *user, const void *buf, size_t n);
@@ -405,16 +405,21 @@ typedef struct fb_seal fb_seal;
 #define FB_SEAL_KEY_MIN 32  /* bytes a key must have */
 #define FB_SEAL_KEY_MAX 256 /* bytes fb_seal_key_load reads at most */
 #define FB_SEAL_OWNER_MAX 255 /* bytes of an owner */
-/* Wraps sink: bytes given to fb_seal_write go through to sink and into the
- * MAC. NULL: a key shorter than FB_SEAL_KEY_MIN, an owner longer than
- * FB_SEAL_OWNER_MAX, or out of memory. */
+/* Wraps sink: bytes given to fb_seal_write go through to sink and, all
+ * but the bulk parts' (fields, block pool: bound through their SHA-256 in
+ * the manifest), into the MAC. The stream must be a checkpoint's
+ * (fb_session_checkpoint's): other bytes make fb_seal_write fail, and a
+ * stream that ends before its manifest fb_seal_finish. NULL: a key shorter
+ * than FB_SEAL_KEY_MIN, an owner longer than FB_SEAL_OWNER_MAX, or out of
+ * memory. */
 fb_seal *fb_seal_begin(const uint8_t *key, size_t keylen, const char *owner, fb_sink_fn sink,
                        void *user);
 int fb_seal_write(void *seal, const void *buf, size_t n); /* an fb_sink_fn */
 int fb_seal_finish(fb_seal *s, char *err, size_t errlen); /* writes the trailer; frees s */
 void fb_seal_abort(fb_seal *s);                           /* frees without a trailer */
-/* Checks a whole sealed checkpoint in fd (from offset 0): format, version,
- * HMAC, owner. On success *payload_len is the length of the checkpoint
+/* Checks a whole sealed checkpoint in fd (from offset 0), in one pass:
+ * format, version, HMAC, each bulk part against its SHA-256 in the
+ * manifest, owner. On success *payload_len is the length of the checkpoint
  * stream that precedes the trailer (restore from fd's first payload_len
  * bytes). Errors name the problem in the user's terms: "the checkpoint was
  * modified or was written with another server key", "the checkpoint
