@@ -68,14 +68,13 @@ static const char *overdue(fbd_session *s, int kind, double t0, char *buf, size_
   if (since > now - t0) since = now - t0; /* the worker's clock is not trusted past the job */
   if (kind != FBD_J_REGISTER && !parse && cfg->kernel_timeout_s > 0 && st &&
       since > cfg->kernel_timeout_s) {
-    char kernel[64], task[64];
+    char kernel[sizeof s->watch->kernel], task[sizeof s->watch->task];
     memcpy(kernel, s->watch->kernel, sizeof kernel);
     memcpy(task, s->watch->task, sizeof task);
-    kernel[63] = task[63] = 0;
+    kernel[sizeof kernel - 1] = task[sizeof task - 1] = 0;
     *code = FB_ETIMEOUT;
-    if (strcmp(kernel, task))
-      snprintf(buf, n, "kernel '%s' (task %s) ran past kernel_timeout_s (%g s)", kernel, task,
-               cfg->kernel_timeout_s);
+    if (strcmp(kernel, task)) /* a fused task: its launches, "kernel 'a' (launch 7) fused ..." */
+      snprintf(buf, n, "%.150s ran past kernel_timeout_s (%g s)", task, cfg->kernel_timeout_s);
     else
       snprintf(buf, n, "kernel '%s' ran past kernel_timeout_s (%g s)", kernel,
                cfg->kernel_timeout_s);
