@@ -766,6 +766,28 @@ int fb_remote_cancel(fb_remote *r) {
   return rc;
 }
 
+/* Read what the server still sends after the close (a drain's notice that
+ * no sync asked for) until the stream ends: gRPC hands out the call's
+ * status only once its messages are read. Bounded: a server that keeps
+ * sending is cut off by the status wait's deadline. */
+static void read_to_end(fb_remote *r) {
+  for (int i = 0; i < 1024; i++) {
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (!r->md_recvd) {
+      ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+      ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
+      r->md_recvd = 1;
+    }
+    ops[n].op = GRPC_OP_RECV_MESSAGE;
+    ops[n++].data.recv_message.recv_message = &r->recv_bb;
+    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb) return;
+    grpc_byte_buffer_destroy(r->recv_bb);
+    r->recv_bb = NULL;
+  }
+}
+
 int fb_remote_close(fb_remote *r) {
   if (!r) return 0;
   int rc = 0;
@@ -777,6 +799,7 @@ int fb_remote_close(fb_remote *r) {
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
     if (!rc && fbc_batch(c, r->call, &op, 1, &r->tag_send) <= 0) rc = stream_broken(r);
+    if (!rc) read_to_end(r);
   }
   if (!r->closed) {
     if (fbc_wait(c, r->call, &r->tag_status) <= 0 && !rc)
