@@ -11,6 +11,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+import time
 import urllib.request
 
 import pytest
@@ -58,7 +59,21 @@ def expected_x():
     return b"".join(((i * 7 + 3) * 2 + 1).to_bytes(4, "little", signed=True) for i in range(64))
 
 
-def metrics(d):
+def metrics(d, settle=None):
+    """The disk-cache counters of /metrics. With settle ({(name, tenant):
+    value}), read again until those reach their values or 10 s pass: a
+    worker's put reaches the broker's cache thread after the job's answer,
+    so the last write may be counted a moment after the run returns."""
+    until = time.monotonic() + 10
+    while True:
+        out = metrics_once(d)
+        if not settle or all(out.get(k) == v for k, v in settle.items()) \
+                or time.monotonic() > until:
+            return out
+        time.sleep(0.05)
+
+
+def metrics_once(d):
     m = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", d.logtext())
     assert m, d.logtext()
     with urllib.request.urlopen(m.group(1) + "/metrics", timeout=RPC_TIMEOUT) as r:
@@ -125,7 +140,7 @@ def test_restart_hits_disk_and_tenants_apart(cache_env, isolation):
     x, y, c0 = run_program(d.clients["alice"])
     assert x == expected_x()
     assert c0.tasks_compiled >= 3 and c0.cache_hits == 0, c0
-    m = metrics(d)
+    m = metrics(d, {("code_cache_disk_writes_total", "alice"): c0.tasks_compiled})
     assert m[("code_cache_disk_writes_total", "alice")] == c0.tasks_compiled, m
     assert m[("code_cache_disk_hits_total", "alice")] == 0, m
     env["stop"](d)
@@ -151,7 +166,7 @@ def test_restart_hits_disk_and_tenants_apart(cache_env, isolation):
     xb, yb, cb = run_program(d.clients["bob"])
     assert (xb, yb) == (x, y)
     assert cb.tasks_compiled == c0.tasks_compiled and cb.cache_hits == 0, cb
-    m = metrics(d)
+    m = metrics(d, {("code_cache_disk_writes_total", "bob"): c0.tasks_compiled})
     assert m[("code_cache_disk_hits_total", "bob")] == 0, m
     assert m[("code_cache_disk_writes_total", "bob")] == c0.tasks_compiled, m
     env["stop"](d)
@@ -306,7 +321,7 @@ def test_bound_evicts_per_tenant_share(cache_env):
     share = 2500  # about one entry of PROGRAM's
     d = env["start"]("thread", ["--code-cache-disk-bytes", str(3 * share)])
     x, y, c0 = run_program(d.clients["alice"])
-    m = metrics(d)
+    m = metrics(d, {("code_cache_disk_writes_total", "alice"): c0.tasks_compiled})
     assert m[("code_cache_disk_writes_total", "alice")] == c0.tasks_compiled
     assert m[("code_cache_disk_evictions_total", "alice")] >= 1, m
     assert 0 < m[("code_cache_disk_bytes", "alice")] <= share, m
