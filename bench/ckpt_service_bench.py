@@ -67,11 +67,11 @@ def tree_cpu(root):
         pid, ppid = int(d), int(f[1])
         stat[pid] = sum(int(x) for x in f[11:15])
         kids.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        p = todo.pop()
+    total, stack = 0, [root]
+    while stack:
+        p = stack.pop()
         total += stat.get(p, 0)
-        todo.extend(kids.get(p, []))
+        stack.extend(kids.get(p, []))
     return total / TICK
 
 
