@@ -96,7 +96,14 @@ def test_moves_along_an_address_list(tmp_path):
             step(t)
         s.sync()
         drain(reps[0])
-        for t in range(6, STEPS):  # r0 told the session at once: it moves at its next call
+        # r0 tells the session on its stream; the client's reader notes it
+        # (launches alone read nothing: without this wait a quick machine
+        # ran every step before the notice was read, and nothing moved)
+        end = time.monotonic() + 10
+        while s._draining is None:
+            assert time.monotonic() < end, "no drain notice on the session's stream"
+            time.sleep(0.05)
+        for t in range(6, STEPS):  # told: the session moves at its next call
             step(t)
         assert s.moves == 1 and s.replica == "r1", (s.moves, s.replica)
         got = state(s)
