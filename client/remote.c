@@ -246,20 +246,26 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
   return 0;
 }
 
+/* Receive the stream's next message into r->recv_bb (NULL at its end),
+ * its initial metadata with the first. 1 done, <= 0 the call failed. */
+static int recv_next(fb_remote *r) {
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  if (!r->md_recvd) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
+    r->md_recvd = 1;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = &r->recv_bb;
+  return fbc_batch(r->c, r->call, ops, n, &r->tag_recv);
+}
+
 /* Wait for the SyncResult of sync id. */
 static int recv_sync(fb_remote *r, uint64_t id) {
   for (;;) {
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (!r->md_recvd) {
-      ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-      ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
-      r->md_recvd = 1;
-    }
-    ops[n].op = GRPC_OP_RECV_MESSAGE;
-    ops[n++].data.recv_message.recv_message = &r->recv_bb;
-    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb) return stream_broken(r);
+    if (recv_next(r) <= 0 || !r->recv_bb) return stream_broken(r);
     grpc_slice s = fbp_bb_slice(r->recv_bb);
     grpc_byte_buffer_destroy(r->recv_bb);
     r->recv_bb = NULL;
@@ -772,17 +778,7 @@ int fb_remote_cancel(fb_remote *r) {
  * sending is cut off by the status wait's deadline. */
 static void read_to_end(fb_remote *r) {
   for (int i = 0; i < 1024; i++) {
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (!r->md_recvd) {
-      ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
-      ops[n++].data.recv_initial_metadata.recv_initial_metadata = &r->init_md;
-      r->md_recvd = 1;
-    }
-    ops[n].op = GRPC_OP_RECV_MESSAGE;
-    ops[n++].data.recv_message.recv_message = &r->recv_bb;
-    if (fbc_batch(r->c, r->call, ops, n, &r->tag_recv) <= 0 || !r->recv_bb) return;
+    if (recv_next(r) <= 0 || !r->recv_bb) return;
     grpc_byte_buffer_destroy(r->recv_bb);
     r->recv_bb = NULL;
   }
