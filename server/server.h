@@ -296,6 +296,7 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...)
     ;
 void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *msg);
 int fbd_call_queued(fbd_call *c); /* messages waiting to go out */
+void fbd_call_tags(fbd_call *c); /* a new call's completions (call.c) */
 
 /* ---------------------------------------------------------------- server */
 
