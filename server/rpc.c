@@ -25,7 +25,7 @@ static void unknown_start(fbd_call *c) {
   fbd_call_finish_status(c, FBP_GRPC_UNIMPLEMENTED, FB_EUNSUPPORTED, "unknown method");
 }
 
-static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL};
+static const fbd_method unknown_method = {"/?", unknown_start, NULL, NULL, NULL, NULL, NULL};
 
 /* Whether the call's tenant already has max_calls_per_tenant calls open;
  * the call counts in its open_calls from here until it is freed. With a
@@ -41,11 +41,20 @@ static int tenant_full(fbd_call *c) {
   return atomic_fetch_add(c->open_count, 1) >= c->srv->cfg->max_calls_per_tenant;
 }
 
+/* The method of a call's path in the table start.c gave (srv->methods), or
+ * NULL. */
+static const fbd_method *method_find(const fbd_server *srv, const char *path, size_t n) {
+  for (size_t i = 0; i < srv->nmethods; i++)
+    if (strlen(srv->methods[i].path) == n && memcmp(srv->methods[i].path, path, n) == 0)
+      return &srv->methods[i];
+  return NULL;
+}
+
 /* A call arrived: wrap it and let its method begin. */
 static void call_start(fbd_server *srv, grpc_call *gc, grpc_call_details *d,
                        const grpc_metadata_array *md) {
   const fbd_method *m =
-      fbd_method_find((const char *)GRPC_SLICE_START_PTR(d->method), GRPC_SLICE_LENGTH(d->method));
+      method_find(srv, (const char *)GRPC_SLICE_START_PTR(d->method), GRPC_SLICE_LENGTH(d->method));
   fbd_call *c = calloc(1, sizeof *c);
   if (!c) {
     grpc_call_cancel_with_status(gc, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory", NULL);

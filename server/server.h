@@ -217,6 +217,7 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
 
 typedef struct fbd_server fbd_server;
 typedef struct fbd_session fbd_session;
+typedef struct fbd_job fbd_job; /* a request a session runs in order (below) */
 typedef struct fbd_call fbd_call;
 typedef struct fbd_proc fbd_proc; /* a session's worker process (server/session/) */
 
@@ -233,6 +234,10 @@ typedef struct fbd_method {
   void (*on_close)(fbd_call *c, int cancelled);
   void (*on_sent)(fbd_call *c); /* send queue ran empty */
   void (*on_free)(fbd_call *c);
+  /* a job the call posted ran and left bytes to stream back in chunks
+     (session.c run_job; ReadField: j->buf, Checkpoint: j->ck, each taken):
+     the session side answers a call upward through this, never by name */
+  void (*on_job)(fbd_call *c, fbd_session *s, fbd_job *j);
 } fbd_method;
 
 typedef struct fbd_out {
@@ -333,6 +338,10 @@ struct fbd_server {
   char *listen[FBD_MAX_LISTEN];
   int nlisten;
   fbd_tag t_shutdown;
+  /* what rpc.c routes calls to by path: methods.c's table (fbd_methods),
+     set by start.c */
+  const fbd_method *methods;
+  size_t nmethods;
   /* under mu */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -449,7 +458,8 @@ void fbd_gate_set_tls(fbd_server *s, struct ssl_ctx_st *ctx);
 char *fbd_gate_peer(fbd_server *s, const char *peer, char **cert_pem);
 void fbd_server_free(fbd_server *s);
 double fbd_now(void); /* monotonic seconds (log.c) */
-const fbd_method *fbd_method_find(const char *path, size_t n);
+/* The table of methods (methods.c), which start.c hands to rpc.c: *n entries. */
+const fbd_method *fbd_methods(size_t *n);
 void fbd_count_bad(fbd_server *s);
 
 /* ---------------------------------------------------------------- buffers
@@ -620,7 +630,7 @@ enum {
   FBD_END_DRAINED
 };
 
-typedef struct fbd_job {
+struct fbd_job {
   struct fbd_job *next;
   int kind;
   fbd_call *call; /* ref held; answered by the worker */
@@ -639,7 +649,7 @@ typedef struct fbd_job {
   void *sink_user;
   struct fbd_ckpt_job *ck; /* ckpt.c: the checkpoint's state (the job's; freed with it) */
   struct fbd_ckpt_wait *wait; /* CKPT: someone waits for its name (the drain hook) */
-} fbd_job;
+};
 
 struct fbd_session {
   fbd_server *srv;
@@ -1019,7 +1029,7 @@ void fbd_stage_count(int64_t delta); /* the staging total (budget.c) moves by de
 struct fbd_ckpt_wait;
 void fbd_ckpt_wait_done(struct fbd_ckpt_wait *w, int code, const char *name, const char *err);
 /* Stream a finished checkpoint (memfd) to c in chunks; takes k. */
-void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk); /* bytes staged outside fbd_stage_alloc (methods.c) */
+void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk); /* bytes staged outside fbd_stage_alloc (stage.c) */
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

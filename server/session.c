@@ -651,8 +651,7 @@ static void ckpt_done(fbd_session *s, fbd_job *j, fbd_reply *r) {
     fbd_call_send_msg(j->call, &c.base);
     fbd_call_finish(j->call, FB_OK, NULL);
   } else {
-    fbd_ckpt_send(j->call, j->ck, j->chunk); /* takes the job's checkpoint */
-    j->ck = NULL;
+    j->call->m->on_job(j->call, s, j); /* streams and takes the job's checkpoint */
   }
 }
 
@@ -780,7 +779,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     else if (msg) fbd_call_finish(j->call, r.code, "%s", msg);
     else fbd_call_finish(j->call, r.code, NULL);
   } else if (j->call && read) {
-    fbd_read_begin(j->call, s, &j->buf, j->chunk);
+    j->call->m->on_job(j->call, s, j); /* streams the buffer (takes it) */
   }
   if (j->buf.p) fbd_stage_give(s, &j->buf); /* a write's buffer, for the next transfer */
   if (r.fatal && s->created && s->end_reason == FBD_END_CLOSED) s->end_reason = FBD_END_FAILED;
