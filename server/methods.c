@@ -129,7 +129,7 @@ static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDes
 /* A job's request, its bytes kept when a worker process will run it. */
 static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                         fbd_job *j) {
-  return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL, 1);
+  return decode_keep(c, bb, d, &j->arena, c->srv->ops->keep_request ? &j->raw : NULL, 1);
 }
 
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {

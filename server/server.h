@@ -781,7 +781,20 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
  * a request's bytes kept for the worker (methods.c), the spares (start.c). */
 typedef struct fbd_session_ops {
   const char *name;  /* "thread", "process" */
+  const char *serving; /* how sessions run, in fuseboxd's line at start (main.c) */
   int staging_memfd; /* staging buffers are memfds a worker maps (fbd_stage_alloc) */
+  /* a job's request bytes are kept with it (j->raw, methods.c decode_job):
+     the worker decodes them again (process) */
+  int keep_request;
+  /* The memory budget's figures of what a session's engine side holds
+     outside the broker's engine (budget.c): what a new session's worker is
+     charged from its admission on, before it has one (process:
+     worker_memory_bytes, else the last fresh worker's measure; thread: 0,
+     no worker); under srv->mu, what s's worker holds: its engine's JIT code
+     (*code, the JIT code part) and its own memory (*own, the workers part;
+     thread: 0 and 0, its JIT code is in the broker's engine's code cache) */
+  uint64_t (*charge)(fbd_server *srv);
+  void (*held_locked)(fbd_session *s, uint64_t *code, uint64_t *own);
   int (*open)(fbd_session *s); /* at fbd_session_new: its watch page (thread) */
   /* before CREATE, DESCRIBE and RESTORE: a worker for s (process) */
   int (*attach)(fbd_session *s, char *err, size_t errlen);
@@ -829,10 +842,10 @@ int fbd_proc_measure(fbd_proc *p, uint64_t *bytes);
 /* Measure s's worker into s->worker_rss (the reaper's tick, any thread:
  * s->mu guards s->proc against the session's end). */
 void fbd_proc_sample(fbd_session *s);
-/* What a new session's worker is charged in the budget before it has one:
- * worker_memory_bytes, else the last fresh worker's measure (0 under thread
- * isolation). */
-uint64_t fbd_worker_charge(fbd_server *srv);
+/* Under srv->mu: what session s's worker is charged in the memory budget's
+ * workers part (budget.c; the process implementation's held_locked): its
+ * fresh measure, or what it holds now beyond the session's other parts. */
+uint64_t fbd_budget_worker_part_locked(fbd_server *srv, fbd_session *s);
 /* Send sig to p's worker through its pidfd (never to a reused pid); a
  * worker already gone, or no pidfd, is left alone. */
 void fbd_proc_signal(fbd_proc *p, int sig);

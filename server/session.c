@@ -86,7 +86,7 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   /* its memory and (process isolation) its worker's, charged before the
      worker is taken or started: the charge counts from admission on */
-  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  uint64_t charge = srv->ops->charge(srv), need = s->mem_bytes + charge;
   if (need < charge) need = UINT64_MAX;
   atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
@@ -203,7 +203,7 @@ static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, c
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   /* its memory and (process isolation) its worker's, charged before the
      worker is taken or started: the charge counts from admission on */
-  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  uint64_t charge = srv->ops->charge(srv), need = s->mem_bytes + charge;
   if (need < charge) need = UINT64_MAX;
   atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);

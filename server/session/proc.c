@@ -467,9 +467,27 @@ static void process_release(fbd_session *s) {
   fbd_proc_free(s->proc); /* its watch page goes with it */
 }
 
+/* A new session's worker, charged from its admission on: worker_memory_bytes,
+ * else the last fresh worker's measure (session/spawn.c spares_measure). */
+static uint64_t process_charge(fbd_server *srv) {
+  if (srv->cfg->worker_memory_bytes) return srv->cfg->worker_memory_bytes;
+  return atomic_load(&srv->worker_charge);
+}
+
+/* Under srv->mu: the JIT code s's worker's engine reported, and the
+ * worker's own memory as the budget charges it. */
+static void process_held_locked(fbd_session *s, uint64_t *code, uint64_t *own) {
+  *code = atomic_load(&s->code_bytes);
+  *own = fbd_budget_worker_part_locked(s->srv, s);
+}
+
 const fbd_session_ops fbd_process_ops = {
     .name = "process",
+    .serving = "a worker process per session",
     .staging_memfd = 1,
+    .keep_request = 1,
+    .charge = process_charge,
+    .held_locked = process_held_locked,
     .open = process_open,
     .attach = fbd_proc_attach,
     .parse = fbd_proc_parse,
