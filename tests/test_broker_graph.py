@@ -17,6 +17,8 @@ Two graphs over server/ (the broker) and server/session/ (the session side):
   file must name nothing defined in a broker file other than the shared
   helpers of the process (BROKER_SHARED). An external name defined in two
   files fails too (the graph could not tell its owner).
+- docs: the layer order printed in server/README.md and docs/design.md
+  is the code's.
 - isolation: only config.c and start.c of the broker's files ask
   fbd_isolated (ISOLATION_ASKED); every other difference between sessions
   in threads and in worker processes is behind fbd_session_ops.
@@ -24,8 +26,9 @@ Two graphs over server/ (the broker) and server/session/ (the session side):
 Run as a test (ctest test_broker_graph) and by hand:
   tests/test_broker_graph.py [--root SRC] [--show]
 --selftest plants an include cycle, a call circle between two files in
-none, an isolation branch in budget.c, and a goto label before a call (not
-a definition) in a copy of the tree, and checks that the first three are
+none, an isolation branch in budget.c, a layer list in server/README.md
+that differs from the code's, and a goto label before a call (not a
+definition) in a copy of the tree, and checks that the first four are
 caught and the last is not taken for a definition."""
 import os
 import re
@@ -146,6 +149,8 @@ def check(root, show=False):
             bad = sorted(g for g in gs if "/" not in g and g not in BROKER_SHARED)
             if bad:
                 problems.append("the session side's %s names the broker's %s" % (f, ", ".join(bad)))
+    if not cycles(broker):
+        problems += docs_layers(root, layers(broker))
     if show:
         for f in sorted(broker):
             print("%-14s -> %s" % (f, " ".join(sorted(broker[f]))))
@@ -154,6 +159,38 @@ def check(root, show=False):
             for i, layer in enumerate(layers(broker)):
                 print("  %d: %s" % (i, " ".join(layer)))
     return problems
+
+
+def docs_layers(root, want):
+    """The layer order printed in server/README.md (lines "    N  a.c b.c")
+    and docs/design.md (rows "| N | `a.c` (what it does), `b.c` |") against
+    the code's: a difference names the doc and the layer."""
+    out = []
+    docs = (("server/README.md", re.compile(r"^ {4}(\d+) +([a-z0-9_. ]+\.c)\s*$", re.M)),
+            ("docs/design.md", re.compile(r"^\| (\d+) \| (.*`[a-z0-9_]+\.c`.*) \|$", re.M)))
+    for doc, row in docs:
+        path = os.path.join(root, doc)
+        if not os.path.exists(path):  # a copy of server/ alone (--selftest)
+            continue
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        got = {}
+        for m in row.finditer(text):
+            cell = m.group(2)
+            while re.search(r"\([^()]*\)", cell):  # what a file does, in parentheses
+                cell = re.sub(r"\([^()]*\)", "", cell)
+            names = re.findall(r"`([a-z0-9_]+\.c)`", cell) or cell.split()
+            got[int(m.group(1))] = sorted(names)
+        if not got:
+            out.append("%s prints no layers of the broker's files" % doc)
+            continue
+        for i in range(max(len(want), max(got) + 1)):
+            w = want[i] if i < len(want) else []
+            g = got.get(i, [])
+            if w != g:
+                out.append("%s prints layer %d as %s; the code's is %s" %
+                           (doc, i, " ".join(g) or "nothing", " ".join(w) or "nothing"))
+    return out
 
 
 def layers(graph):
@@ -183,7 +220,7 @@ def selftest(root):
     """A planted include cycle and a planted call circle must each fail; a
     planted goto label before a call must not read as a definition."""
     ok = True
-    for kind in ("include", "call", "label", "isolation"):
+    for kind in ("include", "call", "label", "isolation", "docs"):
         tmp = tempfile.mkdtemp(prefix="fb-graph-")
         try:
             shutil.copytree(os.path.join(root, "server"), os.path.join(tmp, "server"))
@@ -200,6 +237,14 @@ def selftest(root):
                 plant(tmp, "budget.c", "\nint fbd_planted(fbd_server *srv) "
                       "{ return fbd_isolated(srv->cfg); }\n")
                 want = lambda g: "budget.c asks fbd_isolated" in g
+            elif kind == "docs":  # server/README.md puts rpc.c a layer too low
+                readme = os.path.join(tmp, "server", "README.md")
+                with open(readme, encoding="utf-8") as fh:
+                    text = fh.read()
+                with open(readme, "w", encoding="utf-8") as fh:
+                    fh.write(re.sub(r"(?m)^( {4}3 +)rpc\.c ", r"\1", text)
+                             .replace("    2  auth.c", "    2  rpc.c auth.c", 1))
+                want = lambda g: "server/README.md prints layer 2" in g
             else:  # auth.c (before call.c in order) jumps to a label before a call
                 plant(tmp, "auth.c", "\nvoid fbd_planted(void) {\n  goto out;\nout:\n"
                       "  fbd_call_ref(0);\n}\n")
