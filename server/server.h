@@ -630,7 +630,7 @@ enum {
   FBD_END_DRAINED
 };
 
-struct fbd_job {
+typedef struct fbd_job {
   struct fbd_job *next;
   int kind;
   fbd_call *call; /* ref held; answered by the worker */
@@ -649,7 +649,7 @@ struct fbd_job {
   void *sink_user;
   struct fbd_ckpt_job *ck; /* ckpt.c: the checkpoint's state (the job's; freed with it) */
   struct fbd_ckpt_wait *wait; /* CKPT: someone waits for its name (the drain hook) */
-};
+} fbd_job;
 
 struct fbd_session {
   fbd_server *srv;
