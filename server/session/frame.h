@@ -60,7 +60,8 @@ typedef struct wire_rep {
   uint32_t magic;
   int32_t code;
   uint32_t finish, fatal;
-  uint32_t registered, pad; /* RegisterKernels: how many it registered */
+  uint32_t registered; /* RegisterKernels: how many it registered */
+  uint32_t refused; /* BATCH: the request was refused where it was decoded (fbd_reply) */
   uint64_t msglen, pblen;
   fb_counters counters;
 } wire_rep;

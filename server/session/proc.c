@@ -217,6 +217,7 @@ again:
   r->finish = h.finish != 0;
   r->fatal = h.fatal != 0;
   r->registered = h.registered;
+  r->refused = kind == FBD_J_BATCH && h.refused && h.finish && h.code;
   r->counters = h.counters;
   if (kind == FBD_J_BATCH && r->pb) p->unsynced = 0; /* a SyncResult went: returns handed over */
 }
@@ -239,11 +240,27 @@ static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extra
     worker_lost(s, r);
     return;
   }
-  if (j->kind == FBD_J_BATCH && j->msg) {
-    uint64_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+  if (j->kind == FBD_J_BATCH) {
+    uint64_t n = j->n_launches;
     s->proc->unsynced = s->proc->unsynced + n < n ? UINT64_MAX : s->proc->unsynced + n;
   }
   await_reply(s, j, r);
+}
+
+/* A SessionRequest that the worker, decoding it, refused (the broker read
+ * only its routing fields): as the broker does with a request it refuses
+ * itself (methods.c stream_recv), counted bad and the stream ended. What
+ * the client sent after it is queued behind it; the broker would never
+ * have read it, so it is not run (fbd_proc_run). */
+static void batch_refused(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_count_bad(s->srv);
+  fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s from %s", s->tag, r->msg,
+           j->call && j->call->peer ? j->call->peer : "?");
+  s->proc->refused = 1;
+  fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+  if (!end) return;
+  end->reason = FBD_END_CLOSED;
+  if (fbd_session_post(s, end)) fbd_job_free(end);
 }
 
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
@@ -251,7 +268,14 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
     fatal_reply(r, FB_EINTERNAL, s->end_why[0] ? s->end_why : "the session has no worker");
     return;
   }
+  if (j->kind == FBD_J_BATCH && s->proc->refused) { /* after a refused one: dropped */
+    pthread_mutex_lock(&s->mu);
+    r->counters = s->snap;
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
   send_job(s, j, NULL, 0, r);
+  if (r->refused) batch_refused(s, j, r);
 }
 
 /* CKPT: the worker streams the session to j->sink in data frames, then

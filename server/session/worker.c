@@ -14,6 +14,7 @@ int fbd_worker_reply(int fd, const fbd_reply *r) {
   h.finish = (uint32_t)r->finish;
   h.fatal = (uint32_t)r->fatal;
   h.registered = r->registered;
+  h.refused = (uint32_t)r->refused;
   h.msglen = strnlen(r->msg, sizeof r->msg - 1);
   h.pblen = r->pb ? r->pblen : 0;
   h.counters = r->counters;
@@ -269,10 +270,13 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
   fbp_arena a;
   fbp_arena_init(&a);
   void *m = NULL;
-  if (d && !(m = protobuf_c_message_unpack(d, &a.pb, q->len, payload))) {
-    r->code = FB_EINVAL;
-    r->finish = 1;
-    fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
+  /* a SessionRequest is decoded here only (the broker read its routing
+     fields from the bytes); a RegisterKernelsRequest the broker decoded
+     too, so a failure here is the worker's word against the broker's */
+  uint64_t mm = q->kind == FBD_J_BATCH ? w->cfg->max_message_bytes : 0;
+  if (d && !(m = fbd_exec_decode(d, &a, payload, q->len, mm, r))) {
+    if (q->kind != FBD_J_BATCH) fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
+    if (w->x.es) fb_session_counters(w->x.es, &r->counters);
   } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
     uint8_t *buf = fbd_fault_armed && fbd_fault_kind == FAULT_MEMFD && fd >= 0
                        ? NULL
