@@ -117,10 +117,9 @@ static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
 static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, size_t n,
                            uint64_t limit, uint64_t tried, int by_budget) {
   fbd_server *srv = c->srv;
-  char w[32], l[32], mm[32], err[FBD_ERRLEN], what[160];
+  char w[32], l[32], err[FBD_ERRLEN], what[160];
   fbd_fmt_bytes(w, sizeof w, n);
   fbd_fmt_bytes(l, sizeof l, limit);
-  fbd_fmt_bytes(mm, sizeof mm, srv->cfg->max_message_bytes);
   if (by_budget) {
     /* refused for the room the budget had: the standard refusal, naming
      * the parts (or, to a user tenant, its own share) */

@@ -278,6 +278,36 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
   if (r->refused) batch_refused(s, j, r);
 }
 
+/* The session's settings as the broker decided them, for CREATE and
+ * RESTORE (the worker takes them with fbd_settings_in). */
+static void settings_out(const fbd_session *s, wire_create *c) {
+  memset(c, 0, sizeof *c);
+  c->seed = s->ecfg.seed;
+  c->memory_limit = s->ecfg.memory_limit;
+  c->passes = s->ecfg.passes;
+  c->flush_every = s->ecfg.flush_every;
+  c->max_fuse_per_task = s->ecfg.max_fuse_per_task;
+  c->max_kernel_statements = s->ecfg.max_kernel_statements;
+  snprintf(c->mode, sizeof c->mode, "%s", s->mode);
+  snprintf(c->tag, sizeof c->tag, "%s", s->tag);
+}
+
+/* A layout the worker answered with (a parse's, a restore's), checked as a
+ * client's is: 0, or the reason in r->msg. */
+static int layout_of_reply(const fbd_reply *r, fb_layout **out, char *msg, size_t msglen) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
+  Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
+      &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
+  char why[FBD_ERRLEN - 64];
+  int rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
+  if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
+  if (rc) fb_errf(msg, msglen, "the session worker's layout: %s", why);
+  fbp_arena_free(&a);
+  return rc;
+}
+
 /* CKPT: the worker streams the session to j->sink in data frames, then
  * replies as usual. */
 void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r) { fbd_proc_run(s, j, r); }
@@ -287,15 +317,7 @@ void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r) { fbd_proc_ru
  * which the broker checks as it checks a client's. */
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
-  memset(&c, 0, sizeof c);
-  c.seed = s->ecfg.seed;
-  c.memory_limit = s->ecfg.memory_limit;
-  c.passes = s->ecfg.passes;
-  c.flush_every = s->ecfg.flush_every;
-  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
-  c.max_kernel_statements = s->ecfg.max_kernel_statements;
-  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
-  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  settings_out(s, &c);
   wire_req q = {WIRE_MAGIC, FBD_J_RESTORE, 0, 0, sizeof c, 0};
   uint8_t head[sizeof q + sizeof c];
   memcpy(head, &q, sizeof q);
@@ -377,15 +399,7 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
 
 void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
-  memset(&c, 0, sizeof c);
-  c.seed = s->ecfg.seed;
-  c.memory_limit = s->ecfg.memory_limit;
-  c.passes = s->ecfg.passes;
-  c.flush_every = s->ecfg.flush_every;
-  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
-  c.max_kernel_statements = s->ecfg.max_kernel_statements;
-  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
-  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  settings_out(s, &c);
   /* the compile cache's socket rides on CREATE (which carries no buffer) */
   int cfd = j->buf.fd < 0 ? fbd_cache_start(s) : -1;
   if (cfd >= 0) j->buf.fd = cfd;
@@ -410,18 +424,7 @@ int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
     rc = FB_EINTERNAL;
     fb_errf(r->msg, sizeof r->msg, "the session worker answered the parse without a layout");
   }
-  if (!rc) {
-    fbp_arena a;
-    fbp_arena_init(&a);
-    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
-    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
-        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
-    char why[FBD_ERRLEN - 64];
-    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
-    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
-    if (rc) fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
-    fbp_arena_free(&a);
-  }
+  if (!rc) rc = layout_of_reply(r, out, r->msg, sizeof r->msg);
   free(r->pb); /* the layout is the broker's, not the client's answer */
   r->pb = NULL;
   r->pblen = 0;
@@ -463,21 +466,7 @@ static void process_restore(fbd_session *s, fbd_job *j, fb_layout **out, fbd_rep
     fb_errf(r->msg, sizeof r->msg, "the session worker answered the restore without a layout");
     fail(r, FB_EINTERNAL);
   }
-  if (!r->code) {
-    fbp_arena a;
-    fbp_arena_init(&a);
-    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
-    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
-        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
-    char why[FBD_ERRLEN - 64];
-    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
-    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
-    if (rc) {
-      fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
-      fail(r, FB_EINTERNAL);
-    }
-    fbp_arena_free(&a);
-  }
+  if (!r->code && layout_of_reply(r, out, r->msg, sizeof r->msg)) fail(r, FB_EINTERNAL);
   free(r->pb);
   r->pb = NULL;
   r->pblen = 0;
