@@ -749,6 +749,11 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
     srv->ops->run(s, j, &r);
+    if (r.refused) { /* a stream's message refused where it was decoded: the stream ends */
+      fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+      if (end) end->reason = FBD_END_CLOSED;
+      if (end && fbd_session_post(s, end)) fbd_job_free(end);
+    }
     int sync = j->kind == FBD_J_BATCH && j->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }

@@ -249,18 +249,15 @@ static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extra
 
 /* A SessionRequest that the worker, decoding it, refused (the broker read
  * only its routing fields): as the broker does with a request it refuses
- * itself (methods.c stream_recv), counted bad and the stream ended. What
- * the client sent after it is queued behind it; the broker would never
- * have read it, so it is not run (fbd_proc_run). */
+ * itself (methods.c stream_recv), counted bad, and the stream ends (the
+ * session thread posts its END on r->refused). What the client sent after
+ * it is queued behind it; the broker would never have read it, so it is
+ * not run (fbd_proc_run). */
 static void batch_refused(fbd_session *s, fbd_job *j, fbd_reply *r) {
   fbd_count_bad(s->srv);
   fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s from %s", s->tag, r->msg,
            j->call && j->call->peer ? j->call->peer : "?");
   s->proc->refused = 1;
-  fbd_job *end = fbd_job_new(FBD_J_END, NULL);
-  if (!end) return;
-  end->reason = FBD_END_CLOSED;
-  if (fbd_session_post(s, end)) fbd_job_free(end);
 }
 
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
