@@ -113,8 +113,9 @@ static size_t scan_key(const uint8_t *p, size_t n, uint32_t *num, unsigned *wt) 
   return 0;
 }
 
-static size_t scan_varint(const uint8_t *p, size_t n, uint64_t *out) {
-  size_t max = n < 10 ? n : 10;
+/* A varint of at most max bytes (its low 64 bits). */
+static size_t scan_varint(const uint8_t *p, size_t n, size_t max, uint64_t *out) {
+  if (n < max) max = n;
   uint64_t v = 0;
   for (size_t i = 0; i < max; i++) {
     v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
@@ -126,20 +127,15 @@ static size_t scan_varint(const uint8_t *p, size_t n, uint64_t *out) {
   return 0;
 }
 
-/* A length prefix and the bytes it covers: the prefix's size (*len the
- * covered bytes, all of them within n), or 0. */
+/* A length prefix (5 bytes at most, its low 32 bits kept) and the bytes it
+ * covers: the prefix's size (*len the covered bytes, all of them within
+ * n), or 0. */
 static size_t scan_len(const uint8_t *p, size_t n, size_t *len) {
-  size_t max = n < 5 ? n : 5;
-  uint32_t v = 0;
-  for (size_t i = 0; i < max; i++) {
-    v |= (uint32_t)((uint32_t)(p[i] & 0x7f) << (7 * i));
-    if (!(p[i] & 0x80)) {
-      if ((uint64_t)v > n - (i + 1)) return 0; /* past the end */
-      *len = v;
-      return i + 1;
-    }
-  }
-  return 0;
+  uint64_t v;
+  size_t k = scan_varint(p, n, 5, &v);
+  if (!k || (uint32_t)v > n - k) return 0; /* unended, or past the end */
+  *len = (uint32_t)v;
+  return k;
 }
 
 enum { WT_VARINT = 0, WT_64 = 1, WT_LEN = 2, WT_32 = 5 };
@@ -156,7 +152,7 @@ int fbp_session_scan(const uint8_t *p, size_t n, fbp_session_head *h) {
     uint64_t v = 0;
     switch (wt) { /* the value's extent first, whatever the field */
     case WT_VARINT:
-      if (!(k = scan_varint(p + at, n - at, &v))) goto bad;
+      if (!(k = scan_varint(p + at, n - at, 10, &v))) goto bad;
       break;
     case WT_64:
     case WT_32:
