@@ -582,7 +582,21 @@ typedef struct fbd_reply {
   size_t pblen;
   fb_counters counters; /* the session's after the job */
   uint32_t registered; /* RegisterKernels: the kernels it registered (source instances too) */
+  int refused; /* the request itself was refused (malformed, or over the decode limit) where
+                  it was decoded: the broker counts it bad and ends the stream (proc.c) */
 } fbd_reply;
+
+/* A request's decode, where it is decoded once: under FBP_DECODE_FACTOR x
+ * max_message_bytes (0: no limit), refused in the words the broker uses
+ * for the requests it decodes itself (INVALID_ARGUMENT "malformed request:
+ * N bytes that are not a valid ...", RESOURCE_EXHAUSTED "... decodes to
+ * more than ..."). NULL with r finished and refused set. */
+void *fbd_exec_decode(const ProtobufCMessageDescriptor *d, fbp_arena *a, const uint8_t *p,
+                      size_t n, uint64_t max_message_bytes, fbd_reply *r);
+/* The limit itself, and the two refusals' words (over: past the limit). */
+uint64_t fbd_decode_cap(uint64_t max_message_bytes);
+void fbd_decode_refusal(char *err, size_t errlen, const char *name, size_t n, int over,
+                        uint64_t limit, uint64_t max_message_bytes);
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
                    const char *tag, fbd_log *log, fbd_watch *watch);
@@ -643,6 +657,12 @@ typedef struct fbd_job {
   int reason; /* END */
   double posted_at; /* when it was queued (sync latency) */
   uint64_t first_launch; /* BATCH: the session's number of its first launch (0: none) */
+  /* BATCH: what the broker accounts and routes on, read from the message's
+     bytes (fbp_session_scan) under process isolation, where msg stays NULL
+     and the session process decodes raw once; from msg under thread
+     isolation, where the completion-queue thread decodes it once */
+  size_t n_launches;
+  uint64_t sync;
   /* CKPT: where the unsealed stream goes (the broker's side: the seal);
      RESTORE: the stream's bytes (src, the first len bytes of fd) */
   fb_sink_fn sink;

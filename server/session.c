@@ -268,8 +268,8 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   s->depth++;
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
-  if (j->kind == FBD_J_BATCH && j->msg) { /* numbered as the client numbers them */
-    size_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+  if (j->kind == FBD_J_BATCH) { /* numbered as the client numbers them */
+    size_t n = j->n_launches;
     j->first_launch = n ? s->launches_posted + 1 : 0;
     s->launches_posted += n;
   }
@@ -748,7 +748,12 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
     srv->ops->run(s, j, &r);
-    int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
+    if (r.refused) { /* a stream's message refused where it was decoded: the stream ends */
+      fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+      if (end) end->reason = FBD_END_CLOSED;
+      if (end && fbd_session_post(s, end)) fbd_job_free(end);
+    }
+    int sync = j->kind == FBD_J_BATCH && j->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
@@ -765,10 +770,9 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);
   }
   if (j->kind == FBD_J_BATCH) {
-    const Fusebox__V1__SessionRequest *m = j->msg;
     pthread_mutex_lock(&srv->mu);
-    srv->st.launches += m->n_launches;
-    if (m->sync) srv->st.syncs++;
+    srv->st.launches += j->n_launches;
+    if (j->sync) srv->st.syncs++;
     pthread_mutex_unlock(&srv->mu);
   }
   if (j->call && r.pb) fbd_call_send(j->call, r.pb, r.pblen);
