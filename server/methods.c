@@ -638,7 +638,7 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
   }
   fbd_job *j = fbd_job_new(FBD_J_BATCH, c);
   fbp_session_head h;
-  int ok = j && (fbd_isolated(c->srv->cfg) ? scan_job : decode_batch)(c, bb, j, &h);
+  int ok = j && (c->srv->ops->keep_request ? scan_job : decode_batch)(c, bb, j, &h);
   if (!j) fbd_call_finish(c, FB_ENOMEM, "out of memory");
   if (!ok) {
     end_attached(c, FBD_END_CLOSED);
