@@ -75,8 +75,9 @@ struct fb_remote {
   int moving, moves;     /* move(): off a draining replica */
   /* over moves: launch numbers go on (the stream's plus seq_base, the
      launches of the streams before), and so do the counters: each SUM is
-     what the earlier replicas counted (cbase) plus this one's since the
-     restore (raw less cat), each LEVEL this replica's (counters_continue) */
+     what the earlier replicas counted (cbase) plus this one's (raw), each
+     LEVEL this replica's (counters_continue); cat: the new replica's
+     counters just after a restore (its launches: the checkpoint's) */
   int64_t seq_base;
   fb_counters raw, cbase, cat;
   int cont;
@@ -294,17 +295,16 @@ static void clear_results(fb_remote *r) {
 }
 
 /* The counters a sync brought (raw, this replica's) as the caller sees
- * them: after a move, each SUM counter is the earlier replicas' total plus
- * this one's since the restore, each LEVEL this one's; launches is the
- * server's own (the checkpoint carries it). */
+ * them: after a move, each SUM counter is the sum over the replicas the
+ * session lived on (the earlier ones as last seen there: cbase), each LEVEL
+ * this one's; launches is the server's own (the checkpoint carries it). */
 static void counters_continue(fb_remote *r, const fb_counters *raw) {
   r->raw = *raw;
   if (!r->cont) {
     r->counters = *raw;
     return;
   }
-  fb_counters d = fb_counters_since(raw, &r->cat);
-#define CONT_SUM_(name) r->counters.name = r->cbase.name + d.name;
+#define CONT_SUM_(name) r->counters.name = r->cbase.name + raw->name;
 #define CONT_LEVEL_(name) r->counters.name = raw->name;
 #define CONT_(name, type, kind, unit, meaning) CONT_##kind##_(name)
   FB_COUNTERS(CONT_)
@@ -1455,8 +1455,8 @@ static int adopt(fb_remote *r, fb_remote *n) {
   r->rt.session = r->id;
   remote_free(n);
   r->moves++;
-  /* counters: what the caller saw so far is the base; the new replica's
-     own are read raw once (cont 0), then continued from there */
+  /* counters: what the caller saw so far is the base, the new replica's
+     own count on (its launches: the checkpoint's, read by the probe) */
   r->cbase = r->counters;
   r->cont = 0;
   fbp_buf held = r->out; /* launches not sent yet wait for the probe */
@@ -1464,7 +1464,6 @@ static int adopt(fb_remote *r, fb_remote *n) {
   memset(&r->out, 0, sizeof r->out);
   r->nqueued = 0;
   r->nokeep++;
-  fb_counters seen = r->counters;
   int rc = stream_open(r);
   uint64_t id = ++r->next_sync;
   if (!rc) {
@@ -1500,8 +1499,8 @@ static int adopt(fb_remote *r, fb_remote *n) {
   r->out = held;
   r->nqueued = nq;
   r->raw = r->cat;
-  r->counters = seen;
   r->cont = 1;
+  counters_continue(r, &r->cat);
   return rc;
 }
 
