@@ -23,6 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
 #include "fusebox/client.h"
 #include "proto/convert.h"
 #include "tests/support/support.h"
@@ -1254,6 +1258,100 @@ START_TEST(move_off_draining_replica) {
 }
 END_TEST
 
+/* A stand-in server (gRPC core on a unix socket, no fuseboxd) that notes,
+ * for the first CreateSession it gets, whether the call carried the
+ * routing key, and refuses every call UNAVAILABLE. */
+typedef struct route_spy {
+  grpc_server *srv;
+  grpc_completion_queue *cq;
+  int seen; /* -1: no CreateSession; 0: without the key; 1: with it */
+} route_spy;
+
+static void *route_spy_main(void *p) {
+  route_spy *sp = p;
+  sp->seen = -1;
+  for (int n = 0; n < 20 && sp->seen < 0; n++) {
+    grpc_call *call = NULL;
+    grpc_call_details det;
+    grpc_metadata_array md;
+    grpc_call_details_init(&det);
+    grpc_metadata_array_init(&md);
+    int tag;
+    if (grpc_server_request_call(sp->srv, &call, &det, &md, sp->cq, sp->cq, &tag) != GRPC_CALL_OK)
+      break;
+    grpc_event ev = grpc_completion_queue_next(
+        sp->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(20, GPR_TIMESPAN)),
+        NULL);
+    if (ev.type == GRPC_OP_COMPLETE && ev.success && call) {
+      if (grpc_slice_str_cmp(det.method, "/fusebox.v1.Fusebox/CreateSession") == 0) {
+        sp->seen = 0;
+        for (size_t i = 0; i < md.count; i++)
+          if (grpc_slice_str_cmp(md.metadata[i].key, "fusebox-route") == 0 &&
+              GRPC_SLICE_LENGTH(md.metadata[i].value) == 32)
+            sp->seen = 1;
+      }
+      grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE, "a stand-in server", NULL);
+      grpc_call_unref(call);
+    }
+    grpc_call_details_destroy(&det);
+    grpc_metadata_array_destroy(&md);
+    if (ev.type != GRPC_OP_COMPLETE) break;
+  }
+  return NULL;
+}
+
+/* fb_client_options.no_route_key (service_bench --route-key off): a
+ * session's calls carry the "fusebox-route" header by default and none
+ * with the option set. */
+START_TEST(route_key_option) {
+  char dir[] = "/tmp/fbroute-test-XXXXXX";
+  ck_assert(mkdtemp(dir));
+  grpc_init();
+  for (int off = 0; off < 2; off++) {
+    char addr[200], err[512] = "";
+    snprintf(addr, sizeof addr, "unix:%s/spy%d.sock", dir, off);
+    route_spy sp = {0};
+    sp.cq = grpc_completion_queue_create_for_next(NULL);
+    sp.srv = grpc_server_create(NULL, NULL);
+    grpc_server_register_completion_queue(sp.srv, sp.cq, NULL);
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    ck_assert_int_gt(grpc_server_add_http2_port(sp.srv, addr, cr), 0);
+    grpc_server_credentials_release(cr);
+    grpc_server_start(sp.srv);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, route_spy_main, &sp), 0);
+    fb_client_options co = {.timeout_ms = 5000, .no_route_key = off};
+    fb_client *c = NULL;
+    ck_assert_msg(fb_client_connect(addr, &co, &c, err, sizeof err) == 0, "%s", err);
+    fb_layout *l = dense_layout(16);
+    fb_remote *r = NULL;
+    ck_assert_int_ne(fb_remote_open(c, NULL, l, &r), 0); /* (refused) */
+    pthread_join(th, NULL);
+    ck_assert_msg(sp.seen == !off, "route key %s: CreateSession %s", off ? "off" : "on",
+                  sp.seen < 0 ? "never came" : sp.seen ? "carried the key" : "had no key");
+    fb_layout_free(l);
+    fb_client_close(c);
+    int t;
+    grpc_server_shutdown_and_notify(sp.srv, sp.cq, &t);
+    grpc_server_cancel_all_calls(sp.srv);
+    for (;;) {
+      grpc_event ev = grpc_completion_queue_next(sp.cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+      if (ev.type == GRPC_OP_COMPLETE && ev.tag == &t) break;
+    }
+    grpc_server_destroy(sp.srv);
+    grpc_completion_queue_shutdown(sp.cq);
+    while (grpc_completion_queue_next(sp.cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(sp.cq);
+  }
+  grpc_shutdown();
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* A session whose replica's drain grace ran out (no call of it during the
  * grace: nothing moved it) resumes by itself from the checkpoint the drain
  * wrote (fb_client_connect "A,B", the replicas sharing --checkpoint-dir and
@@ -1393,6 +1491,7 @@ int main(int argc, char **argv) {
   tcase_add_loop_test(ck, checkpoint_restore, 0, 4);
   tcase_add_test(ck, move_off_draining_replica);
   tcase_add_test(ck, resume_after_drain_grace);
+  tcase_add_test(ck, route_key_option);
   suite_add_tcase(s, ck);
   TCase *ops = tcase_create("operations");
   tcase_set_timeout(ops, 60);
