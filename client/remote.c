@@ -184,18 +184,23 @@ static int wait_send(fb_remote *r) {
  * checkpoint) is still unread; a send into a connection the server closed
  * would fail as a broken pipe and lose it. A look that waits for nothing:
  * the status, if it came, marks the stream ended (stream_broken says why). */
-#define PEEK_IDLE_S 0.05
-static void peek_end(fb_remote *r) {
+#define PEEK_IDLE_S 0.5
+#define PEEK_WAIT_MS 5 /* the connection's bytes read and taken apart */
+static void peek_end_now(fb_remote *r, int force) {
   if (r->closed || r->broken || !r->call) return;
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, last = r->last_io;
   r->last_io = t;
-  if (t - last < PEEK_IDLE_S) return;
-  grpc_event ev =
-      grpc_completion_queue_pluck(r->c->cq, &r->tag_status, gpr_now(GPR_CLOCK_MONOTONIC), NULL);
+  if (!force && t - last < PEEK_IDLE_S) return;
+  grpc_event ev = grpc_completion_queue_pluck(
+      r->c->cq, &r->tag_status,
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(PEEK_WAIT_MS, GPR_TIMESPAN)),
+      NULL);
   if (ev.type == GRPC_OP_COMPLETE) r->closed = r->broken = 1;
 }
+
+static void peek_end(fb_remote *r) { peek_end_now(r, 0); }
 
 /* A copy of the message about to be sent, kept until a sync answers it. */
 static void keep(fb_remote *r) {
@@ -1329,12 +1334,39 @@ static int tmp_commit(fb_remote *r, int fd, const char *tmp, const char *path, i
   return rc;
 }
 
+static int checkpoint_once(fb_remote *r, const char *path, char *name, size_t namelen);
+
+/* A Checkpoint call that failed because the drain ended the session after
+ * its grace (the stream's status, come meanwhile, says so): the session
+ * resumed elsewhere, the checkpoint is taken there. */
 int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t namelen) {
   if (!r) return FB_EINVAL;
+  int rc = checkpoint_once(r, path, name, namelen);
+  if (!rc || r->moving) return rc;
+  if (!strstr(r->err, CKPT_MARK)) {
+    peek_end_now(r, 1);
+    if (!r->broken) return rc;
+    char why[FBC_ERRLEN];
+    snprintf(why, sizeof why, "%s", r->err);
+    stream_broken(r); /* the stream's end into r->err */
+    if (!strstr(r->err, CKPT_MARK)) { /* not a drain's: the call's own error stands */
+      snprintf(r->err, sizeof r->err, "%s", why);
+      return rc;
+    }
+  } else if (strstr(r->err, " on another replica")) {
+    return rc; /* a resume was tried (resume_ended said why it failed) */
+  }
+  if (resume_ended(r, rc)) return rc;
+  return checkpoint_once(r, path, name, namelen);
+}
+
+static int checkpoint_once(fb_remote *r, const char *path, char *name, size_t namelen) {
   if (!path && (!name || !namelen))
     return rerr(r, FB_EINVAL, "checkpoint: give a file, or room for the server's name");
   int rc = fb_remote_sync(r, NULL); /* what was launched runs first */
   if (rc) return rc;
+  peek_end(r); /* (a status come while the caller was stopped, say) */
+  if (r->broken) return stream_broken(r);
   size_t ns = 0;
   char *st = state_of(r, &ns);
   if (!st) return rerr(r, FB_ENOMEM, "out of memory");

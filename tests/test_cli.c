@@ -1073,80 +1073,6 @@ static int has_checkpoint(const char *dir) {
   return found;
 }
 
-/* `fusebox run --server A,B` whose replica A drains while the run is
- * stopped (SIGSTOP: no call during A's grace of 1 s, so nothing moves it):
- * A checkpoints the session into the directory both replicas share and
- * exits; the run, continued, resumes the session from that checkpoint on B
- * by itself and ends with the fields of an uninterrupted run, exit 0. */
-START_TEST(run_resumes_after_drain_grace) {
-  write_file("cks.fbk", ckpt_prog);
-  write_file("drain.json",
-             "{ \"name\": \"cks\", \"program\": \"cks.fbk\", \"session\": {\"seed\": 5},\n"
-             "  \"step\": [ {\"repeat\": 60000, \"do\": [ {\"launch\": \"bump\"} ]} ],\n"
-             "  \"checks\": [ {\"read\": \"u\", \"to\": \"u.npy\"}, {\"read\": \"p\", \"to\": "
-             "\"p.npy\"} ] }\n");
-  char flags[2000], sa[512], sb[512], cmd[8192], *out;
-  snprintf(flags, sizeof flags,
-           "--replica-name ra --drain-grace-s 1 --checkpoint-key %s/dr.key "
-           "--checkpoint-key-create --checkpoint-dir %s/drck",
-           tmpdir, tmpdir);
-  int a = start_fuseboxd_flags(flags, "dra.sock", sa, sizeof sa);
-  snprintf(flags, sizeof flags,
-           "--replica-name rb --drain-grace-s 60 --checkpoint-key %s/dr.key "
-           "--checkpoint-dir %s/drck",
-           tmpdir, tmpdir);
-  int b = start_fuseboxd_flags(flags, "drb.sock", sb, sizeof sb);
-  snprintf(cmd, sizeof cmd, "%s run %s/drain.json --local -o %s/dra", fusebox(), tmpdir, tmpdir);
-  ck_assert_msg(sh(cmd, &out) == 0, "%s", out);
-  free(out);
-  /* the run, its client checkpoints showing how far it got */
-  snprintf(cmd, sizeof cmd,
-           "exec %s run %s/drain.json --server %s,%s -q -o %s/drr --checkpoint-every 1000 "
-           "--checkpoint-dir %s/drc >%s/drr.log 2>&1",
-           fusebox(), tmpdir, sa, sb, tmpdir, tmpdir, tmpdir);
-  pid_t cli = fork();
-  ck_assert_int_ge(cli, 0);
-  if (cli == 0) {
-    execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-    _exit(127);
-  }
-  char d[600];
-  snprintf(d, sizeof d, "%s/drc", tmpdir);
-  for (int i = 0; i < 600 && !has_checkpoint(d); i++) usleep(50000);
-  ck_assert_msg(has_checkpoint(d), "no checkpoint of the run in %s after 30 s", d);
-  ck_assert_int_eq(kill(cli, SIGSTOP), 0);
-  int st = 0;
-  ck_assert_msg(waitpid(cli, &st, WUNTRACED) == cli && WIFSTOPPED(st),
-                "the run ended before it could be stopped (status %d)", st);
-  ck_assert_int_eq(kill(a, SIGTERM), 0);
-  for (int i = 0; i < 600 && kill(a, 0) == 0; i++) usleep(50000); /* its grace, then it exits */
-  ck_assert_msg(kill(a, 0) != 0, "replica A still runs 30 s after SIGTERM");
-  snprintf(d, sizeof d, "%s/drck/anonymous", tmpdir);
-  ck_assert_msg(has_checkpoint(d), "A's drain wrote no checkpoint into %s", d);
-  ck_assert_int_eq(kill(cli, SIGCONT), 0);
-  int done = 0;
-  for (int i = 0; i < 2400 && !done; i++) {
-    done = waitpid(cli, &st, WNOHANG) == cli;
-    if (!done) usleep(50000);
-  }
-  if (!done) {
-    kill(cli, SIGKILL);
-    waitpid(cli, &st, 0);
-  }
-  snprintf(cmd, sizeof cmd, "cat %s/drr.log", tmpdir);
-  sh(cmd, &out);
-  ck_assert_msg(done && WIFEXITED(st) && WEXITSTATUS(st) == 0, "the run (status %d): %s", st,
-                out);
-  free(out);
-  snprintf(cmd, sizeof cmd, "cmp %s/dra/u.npy %s/drr/u.npy && cmp %s/dra/p.npy %s/drr/p.npy",
-           tmpdir, tmpdir, tmpdir, tmpdir);
-  ck_assert_msg(sh(cmd, &out) == 0, "the resumed run ended elsewhere: %s", out);
-  free(out);
-  kill(b, SIGTERM);
-  for (int i = 0; i < 600 && kill(b, 0) == 0; i++) usleep(50000);
-}
-END_TEST
-
 /* Checkpoints of a run on a fuseboxd (docs/checkpoint.md "The CLI"): a
  * --server run with --checkpoint-every streams the server's sealed
  * checkpoints into --checkpoint-dir here, named as in-process ones; the
@@ -2320,7 +2246,6 @@ int main(void) {
   tcase_add_test(tc, snapshots_and_pictures);
   tcase_add_test(tc, checkpoint_resume);
   tcase_add_test(tc, checkpoint_resume_server);
-  tcase_add_test(tc, run_resumes_after_drain_grace);
   tcase_add_test(tc, bad_saves_are_named);
   tcase_add_test(tc, orientation_and_particles);
   tcase_add_test(tc, outputs_stay_inside);
