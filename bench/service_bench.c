@@ -8,11 +8,16 @@
  *     way, with the data checked.
  * Usage: service_bench [--server ADDR | --fuseboxd PATH] [--unix] [--launches N]
  *                      [--syncs N] [--mib N] [--repeat R] [--chunk-kib K]
- *                      [--isolation both|process|thread]
+ *                      [--isolation both|process|thread] [--route-key on|off]
  * Without --server it starts a private fuseboxd (TCP 127.0.0.1, or a unix
  * socket with --unix) found by fb_daemon_find (the build tree's server/),
  * once per isolation mode (both by default: a worker process per session,
- * and sessions as threads of fuseboxd), and prints the figures side by side. */
+ * and sessions as threads of fuseboxd), and prints the figures side by side.
+ * --route-key off: the session's calls carry no "fusebox-route" header
+ * (fb_client_options.no_route_key), to measure what the routing key costs
+ * (bench/route_cost.sh interleaves on and off runs). The server's
+ * "fusebox-replica" header goes once per call (the Session stream is one
+ * call), not per message, so it costs the same either way. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +34,7 @@ static double now(void) {
 
 typedef struct opts {
   const char *server, *fuseboxd, *isolation;
-  int unix_socket;
+  int unix_socket, no_route_key;
   long launches, syncs, mib, repeat, chunk_kib;
 } opts;
 
@@ -40,12 +45,12 @@ typedef struct figures {
 static int usage(void) {
   fprintf(stderr, "usage: service_bench [--server ADDR | --fuseboxd PATH] [--unix] "
                   "[--launches N] [--syncs N] [--mib N] [--repeat R] [--chunk-kib K]\n"
-                  "                     [--isolation both|process|thread]\n");
+                  "                     [--isolation both|process|thread] [--route-key on|off]\n");
   return 2;
 }
 
 static int parse(int argc, char **argv, opts *o) {
-  *o = (opts){NULL, NULL, "both", 0, 1000000, 2000, 256, 3, 0};
+  *o = (opts){NULL, NULL, "both", 0, 0, 1000000, 2000, 256, 3, 0};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--unix") == 0) o->unix_socket = 1;
@@ -58,6 +63,8 @@ static int parse(int argc, char **argv, opts *o) {
     else if (strcmp(a, "--repeat") == 0) o->repeat = atol(v), i++;
     else if (strcmp(a, "--chunk-kib") == 0) o->chunk_kib = atol(v), i++;
     else if (strcmp(a, "--isolation") == 0) o->isolation = v, i++;
+    else if (strcmp(a, "--route-key") == 0 && (!strcmp(v, "on") || !strcmp(v, "off")))
+      o->no_route_key = !strcmp(v, "off"), i++;
     else return usage();
   }
   if (strcmp(o->isolation, "both") && strcmp(o->isolation, "process") &&
@@ -181,7 +188,8 @@ static int run(const opts *o, const char *addr, figures *f) {
   memset(&b, 0, sizeof b);
   fb_client *c = NULL;
   if (build_layout(&b, o->mib)) return fail("layout", "cannot build");
-  fb_client_options co = {.chunk_bytes = (size_t)o->chunk_kib << 10};
+  fb_client_options co = {.chunk_bytes = (size_t)o->chunk_kib << 10,
+                          .no_route_key = o->no_route_key};
   if (fb_client_connect(addr, &co, &c, err, sizeof err)) return fail("connect", err);
   int rc = 1;
   fb_kernel *k = inc_kernel(&b);
@@ -231,8 +239,8 @@ static void print_figures(const opts *o, const char *const *names, const figures
   printf("\n%-24s", "bulk read");
   for (int i = 0; i < n; i++) printf("%11.2f GB/s", f[i].rd / 1e9);
   printf("\n(%ld launches of a trivial kernel and one sync, %ld syncs, a %ld MiB field; "
-         "best of %ld)\n",
-         o->launches, o->syncs, o->mib, o->repeat);
+         "best of %ld; routing key %s)\n",
+         o->launches, o->syncs, o->mib, o->repeat, o->no_route_key ? "off" : "on");
 }
 
 /* A private fuseboxd with the given isolation, measured. */

@@ -87,7 +87,7 @@ void fbc_initial_md(fb_client *c, grpc_op *op) {
 
 void fbc_initial_md_route(fb_client *c, grpc_op *op, grpc_metadata md[2], const fbc_route *rt) {
   fbc_initial_md(c, op);
-  if (!rt || !rt->key[0]) return;
+  if (!rt || !rt->key[0] || c->no_route) return;
   size_t n = 0;
   if (c->nauth) md[n++] = c->auth;
   md[n].key = grpc_slice_from_static_string("fusebox-route");
@@ -396,6 +396,7 @@ int fb_client_connect(const char *target, const fb_client_options *opt, fb_clien
   c->chunk = opt && opt->chunk_bytes ? opt->chunk_bytes : DEFAULT_CHUNK;
   if (c->chunk + 256 > c->max_msg) c->chunk = c->max_msg - 256;
   c->batch = opt && opt->batch_launches > 0 ? opt->batch_launches : DEFAULT_BATCH;
+  c->no_route = opt && opt->no_route_key;
   grpc_init();
   int rc = set_token(c, opt, err, errlen);
   int tls = !strncmp(target, "unix:", 5)

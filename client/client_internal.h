@@ -26,6 +26,7 @@ struct fb_client {
   size_t chunk;
   int batch;
   int limits_known;    /* the server's message limit was asked for */
+  int no_route;        /* fb_client_options.no_route_key: no fusebox-route header */
   grpc_metadata auth;  /* "authorization: Bearer TOKEN" when nauth */
   size_t nauth;
   char err[FBC_ERRLEN];

@@ -23,6 +23,13 @@
  * routing key this many times in all: among 3 replicas, one draining, all
  * fail with chance (1/3)^12 */
 #define CREATE_TRIES 12
+/* Messages of launches sent since the last answered sync are kept (copies)
+ * up to this many bytes, to send again on another replica when a drain
+ * ends the session after its grace (resume_ended); past it, no such resume
+ * until the next sync. */
+#define KEPT_MAX ((size_t)64 << 20)
+/* How a drain's reason names the checkpoint it wrote (server/drain.c). */
+#define CKPT_MARK "its state is in checkpoint "
 
 int fbc_stats(fb_client *c, const char *id, fb_server_stats *out, char *err, size_t errlen);
 
@@ -64,12 +71,30 @@ struct fb_remote {
   uint64_t rets_dropped, errs_dropped;
   int delivered;
   uint64_t done_seq;
-  fb_counters counters;
+  fb_counters counters;  /* as the caller sees them: continued over moves */
   int moving, moves;     /* move(): off a draining replica */
+  /* over moves: launch numbers go on (the stream's plus seq_base, the
+     launches of the streams before), and so do the counters: each SUM is
+     what the earlier replicas counted (cbase) plus this one's (raw), each
+     LEVEL this replica's (counters_continue); cat: the new replica's
+     counters just after a restore (its launches: the checkpoint's) */
+  int64_t seq_base;
+  fb_counters raw, cbase, cat;
+  int cont;
+  /* the messages sent since the last answered sync: bytes and launches */
+  uint8_t *kept;
+  size_t kn, kbcap;
+  struct kmsg {
+    size_t len;
+    int nl;
+  } *km;
+  int nkm, kmcap, kept_over, nokeep;
+  double last_io;        /* when peek_end last looked (monotonic s) */
   char err[FBC_ERRLEN];
 };
 
 static void maybe_move(fb_remote *r);
+static int resume_ended(fb_remote *r, int rc);
 
 static int rerr(fb_remote *r, int code, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -153,8 +178,71 @@ static int wait_send(fb_remote *r) {
   return ok > 0 ? 0 : stream_broken(r);
 }
 
+/* Whether the stream already ended, looked at when it was quiet for a
+ * while (PEEK_IDLE_S): nothing here reads the connection between calls, so
+ * a status the server sent meanwhile (a drain's reason naming its
+ * checkpoint) is still unread; a send into a connection the server closed
+ * would fail as a broken pipe and lose it. A look that waits for nothing:
+ * the status, if it came, marks the stream ended (stream_broken says why). */
+#define PEEK_IDLE_S 0.5
+#define PEEK_WAIT_MS 5 /* the connection's bytes read and taken apart */
+static void peek_end_now(fb_remote *r, int force) {
+  if (r->closed || r->broken || !r->call) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec, last = r->last_io;
+  r->last_io = t;
+  if (!force && t - last < PEEK_IDLE_S) return;
+  grpc_event ev = grpc_completion_queue_pluck(
+      r->c->cq, &r->tag_status,
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(PEEK_WAIT_MS, GPR_TIMESPAN)),
+      NULL);
+  if (ev.type == GRPC_OP_COMPLETE) r->closed = r->broken = 1;
+}
+
+static void peek_end(fb_remote *r) { peek_end_now(r, 0); }
+
+/* A copy of the message about to be sent, kept until a sync answers it. */
+static void keep(fb_remote *r) {
+  if (r->nokeep || r->kept_over) return;
+  if (r->kn + r->out.n > KEPT_MAX) {
+    r->kept_over = 1;
+    return;
+  }
+  if (r->kn + r->out.n > r->kbcap) {
+    size_t nc = (r->kn + r->out.n) * 2;
+    uint8_t *p = realloc(r->kept, nc);
+    if (!p) {
+      r->kept_over = 1;
+      return;
+    }
+    r->kept = p;
+    r->kbcap = nc;
+  }
+  if (r->nkm == r->kmcap) {
+    int nc = r->kmcap ? 2 * r->kmcap : 16;
+    struct kmsg *v = realloc(r->km, sizeof *v * (size_t)nc);
+    if (!v) {
+      r->kept_over = 1;
+      return;
+    }
+    r->km = v;
+    r->kmcap = nc;
+  }
+  if (r->out.n) memcpy(r->kept + r->kn, r->out.p, r->out.n);
+  r->kn += r->out.n;
+  r->km[r->nkm++] = (struct kmsg){r->out.n, r->nqueued};
+}
+
+static void kept_clear(fb_remote *r) {
+  r->kn = 0;
+  r->nkm = 0;
+  r->kept_over = 0;
+}
+
 /* Send the message being built (after the previous send completed). */
 static int stream_send(fb_remote *r) {
+  peek_end(r);
   if (r->broken) return stream_broken(r);
   int rc = wait_send(r);
   if (rc) return rc;
@@ -166,6 +254,7 @@ static int stream_send(fb_remote *r) {
     fbc_initial_md_route(r->c, &ops[n++], r->smd, &r->rt);
     r->md_sent = 1;
   }
+  keep(r);
   r->send_bb = fbp_bb_from(r->out.p, r->out.n);
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   ops[n++].data.send_message.send_message = r->send_bb;
@@ -173,7 +262,7 @@ static int stream_send(fb_remote *r) {
   r->nqueued = 0;
   if (fbc_start(r->call, ops, n, &r->tag_send)) return stream_broken(r);
   r->send_pending = 1;
-  atomic_store(&r->sent_seq, r->seq); /* every launch queued went with it */
+  atomic_store(&r->sent_seq, r->seq - r->seq_base); /* every launch queued went with it */
   return 0;
 }
 
@@ -195,7 +284,10 @@ static int stream_open(fb_remote *r) {
     return rerr(r, FB_EINTERNAL, "cannot start the Session stream");
   }
   fbp_session_tail(&r->out, r->id, 0, 0); /* attach: the session lives with this stream */
-  return stream_send(r);
+  r->nokeep++; /* (not sent again elsewhere) */
+  int rc = stream_send(r);
+  r->nokeep--;
+  return rc;
 }
 
 /* ---------------------------------------------------------------- results */
@@ -205,6 +297,26 @@ static void clear_results(fb_remote *r) {
   r->nerrs = r->nrets = 0;
   r->rets_dropped = r->errs_dropped = 0;
   r->delivered = 0;
+}
+
+/* The counters a sync brought (raw, this replica's) as the caller sees
+ * them: after a move, each SUM counter is the sum over the replicas the
+ * session lived on (the earlier ones as last seen there: cbase), each LEVEL
+ * this one's; launches is the server's own (the checkpoint carries it). */
+static void counters_continue(fb_remote *r, const fb_counters *raw) {
+  r->raw = *raw;
+  if (!r->cont) {
+    r->counters = *raw;
+    return;
+  }
+#define CONT_SUM_(name) r->counters.name = r->cbase.name + raw->name;
+#define CONT_LEVEL_(name) r->counters.name = raw->name;
+#define CONT_(name, type, kind, unit, meaning) CONT_##kind##_(name)
+  FB_COUNTERS(CONT_)
+#undef CONT_
+#undef CONT_LEVEL_
+#undef CONT_SUM_
+  r->counters.launches = raw->launches;
 }
 
 static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
@@ -218,7 +330,7 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
   }
   for (size_t i = 0; i < m->n_returns; i++) {
     fb_launch_return *d = &r->rets[r->nrets++];
-    d->seq = m->returns[i]->seq;
+    d->seq = m->returns[i]->seq + (m->returns[i]->seq ? (uint64_t)r->seq_base : 0);
     d->kernel = m->returns[i]->kernel;
     if (fbp_value_from_pb(m->returns[i]->value, &d->value)) memset(&d->value, 0, sizeof d->value);
   }
@@ -233,7 +345,7 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
     fb_launch_error *d = &r->errs[r->nerrs];
     d->msg = strdup(m->errors[i]->message ? m->errors[i]->message : "");
     if (!d->msg) continue;
-    d->seq = m->errors[i]->seq;
+    d->seq = m->errors[i]->seq + (m->errors[i]->seq ? (uint64_t)r->seq_base : 0);
     d->kernel = m->errors[i]->kernel;
     d->code = m->errors[i]->code < 0 && m->errors[i]->code >= FB_ELAST ? m->errors[i]->code
                                                                        : FB_EINTERNAL;
@@ -241,8 +353,10 @@ static int merge(fb_remote *r, const Fusebox__V1__SyncResult *m) {
   }
   r->rets_dropped += m->returns_dropped;
   r->errs_dropped += m->errors_dropped;
-  r->done_seq = m->seq;
-  fbp_counters_from_pb(m->counters, &r->counters);
+  r->done_seq = m->seq + (uint64_t)r->seq_base;
+  fb_counters raw;
+  fbp_counters_from_pb(m->counters, &raw);
+  counters_continue(r, &raw);
   return 0;
 }
 
@@ -276,20 +390,26 @@ static int recv_sync(fb_remote *r, uint64_t id) {
     if (m->draining && m->draining[0]) r->rt.draining = 1; /* its replica drains: move */
     int rc = 0, mine = m->sync && m->sync->sync_id == id;
     if (m->sync) rc = merge(r, m->sync);
+    if (mine) kept_clear(r); /* everything sent is answered */
     fusebox__v1__session_response__free_unpacked(m, NULL);
     if (rc || mine) return rc;
   }
 }
 
 static int do_sync(fb_remote *r, int flush) {
-  if (r->broken) return stream_broken(r);
-  uint64_t id = ++r->next_sync;
-  fbp_session_tail(&r->out, NULL, flush, id);
-  int rc = stream_send(r);
-  if (!rc) rc = recv_sync(r, id); /* the send completes meanwhile */
-  if (!rc) rc = wait_send(r);
-  if (!rc) r->marks = 0;
-  return rc;
+  for (int again = 0;; again++) {
+    uint64_t id = ++r->next_sync;
+    fbp_session_tail(&r->out, NULL, flush, id); /* (a second tail: its sync id counts) */
+    int rc = stream_send(r);
+    if (!rc) rc = recv_sync(r, id); /* the send completes meanwhile */
+    if (!rc) rc = wait_send(r);
+    if (!rc) {
+      r->marks = 0;
+      return 0;
+    }
+    /* ended by a drain after its grace: resumed elsewhere, asked again */
+    if (again || resume_ended(r, rc)) return rc;
+  }
 }
 
 /* Before field access: make every queued launch run first. */
@@ -328,9 +448,14 @@ int fb_remote_sync(fb_remote *r, fb_sync_result *out) {
 }
 
 int fb_remote_flush(fb_remote *r) {
-  if (r->broken) return stream_broken(r);
+  if (r->broken) {
+    int rc = resume_ended(r, stream_broken(r));
+    if (rc) return rc;
+  }
   fbp_session_tail(&r->out, NULL, 1, 0);
-  return stream_send(r);
+  int rc = stream_send(r);
+  if (rc && (rc = resume_ended(r, rc)) == 0 && r->out.n) rc = stream_send(r);
+  return rc;
 }
 
 int fb_remote_counters(fb_remote *r, fb_counters *out) {
@@ -348,11 +473,15 @@ int64_t fb_remote_launch(fb_remote *r, int kernel, const fb_value *args, int nar
   if (nargs != r->k[kernel].nparams || (nargs > 0 && !args))
     return rerr(r, FB_ETYPE, "kernel '%s' takes %d arguments, %d given", r->k[kernel].name,
                 r->k[kernel].nparams, nargs);
-  if (r->broken) return stream_broken(r);
+  if (r->broken) {
+    int rc = resume_ended(r, stream_broken(r));
+    if (rc) return rc;
+  }
   maybe_move(r);
   fb_client *c = r->c;
   if (r->nqueued >= c->batch || r->out.n + LAUNCH_MAX_BYTES(nargs) + 64 > c->max_msg) {
     int rc = stream_send(r);
+    if (rc && (rc = resume_ended(r, rc)) == 0 && r->out.n) rc = stream_send(r); /* (not sent) */
     if (rc) return rc;
   }
   fbp_launch_append(&r->out, kernel, args, nargs);
@@ -681,6 +810,8 @@ static void remote_free(fb_remote *r) {
   grpc_metadata_array_destroy(&r->init_md);
   fbc_end_free(&r->end);
   fbp_buf_free(&r->out);
+  free(r->kept);
+  free(r->km);
   clear_results(r);
   free(r->rets);
   free(r->errs);
@@ -829,6 +960,7 @@ static int check_io(fb_remote *r, int field, const void *buf, size_t bytes, cons
     return rerr(r, FB_EINVAL, "%s: field '%s' holds %zu bytes; %zu given", what,
                 r->layout->nodes[field].name, want, bytes);
   maybe_move(r);
+  peek_end(r);
   return presync(r);
 }
 
@@ -930,7 +1062,7 @@ static size_t field_chunk_head(void *ctx, uint8_t *out, size_t off, size_t n) {
                           off ? 0 : f->bytes, n);
 }
 
-int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes) {
+static int field_write(fb_remote *r, int field, const void *src, size_t bytes) {
   int rc = check_io(r, field, src, bytes, "field write");
   if (rc) return rc;
   grpc_call *call = fbc_call_new(r->c, "/fusebox.v1.Fusebox/WriteField", 0);
@@ -992,7 +1124,7 @@ static int take_chunk(chunk_to *t, grpc_byte_buffer *bb) {
   return 0;
 }
 
-int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
+static int field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   int rc = check_io(r, field, dst, bytes, "field read");
   if (rc) return rc;
   grpc_call *call = fbc_call_new(r->c, "/fusebox.v1.Fusebox/ReadField", 0);
@@ -1036,6 +1168,22 @@ int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
   rc = end_call(r, call, &e, &stag, rc, "field read");
   if (!rc && to.got != bytes)
     rc = rerr(r, FB_EIO, "field read: the stream ended after %zu of %zu bytes", to.got, bytes);
+  return rc;
+}
+
+/* A transfer refused because a drain ended the session after its grace
+ * (nothing was written or read there): resumed elsewhere, made there. */
+int fb_remote_field_write(fb_remote *r, int field, const void *src, size_t bytes) {
+  int rc = field_write(r, field, src, bytes);
+  if (rc && strstr(r->err, CKPT_MARK) && resume_ended(r, rc) == 0)
+    rc = field_write(r, field, src, bytes);
+  return rc;
+}
+
+int fb_remote_field_read(fb_remote *r, int field, void *dst, size_t bytes) {
+  int rc = field_read(r, field, dst, bytes);
+  if (rc && strstr(r->err, CKPT_MARK) && resume_ended(r, rc) == 0)
+    rc = field_read(r, field, dst, bytes);
   return rc;
 }
 
@@ -1186,12 +1334,39 @@ static int tmp_commit(fb_remote *r, int fd, const char *tmp, const char *path, i
   return rc;
 }
 
+static int checkpoint_once(fb_remote *r, const char *path, char *name, size_t namelen);
+
+/* A Checkpoint call that failed because the drain ended the session after
+ * its grace (the stream's status, come meanwhile, says so): the session
+ * resumed elsewhere, the checkpoint is taken there. */
 int fb_remote_checkpoint(fb_remote *r, const char *path, char *name, size_t namelen) {
   if (!r) return FB_EINVAL;
+  int rc = checkpoint_once(r, path, name, namelen);
+  if (!rc || r->moving) return rc;
+  if (!strstr(r->err, CKPT_MARK)) {
+    peek_end_now(r, 1);
+    if (!r->broken) return rc;
+    char why[FBC_ERRLEN];
+    snprintf(why, sizeof why, "%s", r->err);
+    stream_broken(r); /* the stream's end into r->err */
+    if (!strstr(r->err, CKPT_MARK)) { /* not a drain's: the call's own error stands */
+      snprintf(r->err, sizeof r->err, "%s", why);
+      return rc;
+    }
+  } else if (strstr(r->err, " on another replica")) {
+    return rc; /* a resume was tried (resume_ended said why it failed) */
+  }
+  if (resume_ended(r, rc)) return rc;
+  return checkpoint_once(r, path, name, namelen);
+}
+
+static int checkpoint_once(fb_remote *r, const char *path, char *name, size_t namelen) {
   if (!path && (!name || !namelen))
     return rerr(r, FB_EINVAL, "checkpoint: give a file, or room for the server's name");
   int rc = fb_remote_sync(r, NULL); /* what was launched runs first */
   if (rc) return rc;
+  peek_end(r); /* (a status come while the caller was stopped, say) */
+  if (r->broken) return stream_broken(r);
   size_t ns = 0;
   char *st = state_of(r, &ns);
   if (!st) return rerr(r, FB_ENOMEM, "out of memory");
@@ -1283,6 +1458,84 @@ int fb_remote_restore(fb_client *c, const fb_remote_options *opt, const char *pa
   return restore(c, opt, path, name, 1, out);
 }
 
+/* Make n (just restored, no stream yet) the session r goes on as: its id,
+ * client and routing; r's kernel table, layout and program stay (the
+ * checkpoint kept the kernel ids: nothing is registered again). r's old
+ * stream is cancelled and waited for. Launch numbers go on from seq_base
+ * (set by the caller); the stream opens on the new session, and a sync on
+ * it gives the counters the new replica starts from (cat). */
+static int adopt(fb_remote *r, fb_remote *n) {
+  if (!r->broken) {
+    r->broken = 1;
+    grpc_call_cancel(r->call, NULL);
+  }
+  char err[FBC_ERRLEN];
+  snprintf(err, sizeof err, "%s", r->err);
+  stream_broken(r); /* waits for the old stream's sends and status */
+  snprintf(r->err, sizeof r->err, "%s", err);
+  grpc_call_unref(r->call);
+  r->call = NULL;
+  grpc_metadata_array_destroy(&r->init_md);
+  grpc_metadata_array_init(&r->init_md);
+  fbc_end_free(&r->end);
+  fbc_end_init(&r->end);
+  r->md_sent = r->md_recvd = r->send_pending = r->broken = r->closed = 0;
+  atomic_store(&r->sent_seq, 0);
+  r->c = n->c;
+  snprintf(r->id, sizeof r->id, "%s", n->id);
+  r->rt = n->rt;
+  r->rt.session = r->id;
+  remote_free(n);
+  r->moves++;
+  /* counters: what the caller saw so far is the base, the new replica's
+     own count on (its launches: the checkpoint's, read by the probe) */
+  r->cbase = r->counters;
+  r->cont = 0;
+  fbp_buf held = r->out; /* launches not sent yet wait for the probe */
+  int nq = r->nqueued;
+  memset(&r->out, 0, sizeof r->out);
+  r->nqueued = 0;
+  r->nokeep++;
+  int rc = stream_open(r);
+  uint64_t id = ++r->next_sync;
+  if (!rc) {
+    fbp_session_tail(&r->out, NULL, 0, id);
+    rc = stream_send(r);
+  }
+  if (!rc) {
+    /* recv_sync, without merging: results the caller has not taken stay */
+    for (;;) {
+      if (recv_next(r) <= 0 || !r->recv_bb) {
+        rc = stream_broken(r);
+        break;
+      }
+      grpc_slice sl = fbp_bb_slice(r->recv_bb);
+      grpc_byte_buffer_destroy(r->recv_bb);
+      r->recv_bb = NULL;
+      Fusebox__V1__SessionResponse *m = fusebox__v1__session_response__unpack(
+          NULL, GRPC_SLICE_LENGTH(sl), GRPC_SLICE_START_PTR(sl));
+      grpc_slice_unref(sl);
+      if (!m) {
+        rc = rerr(r, FB_EINTERNAL, "malformed SessionResponse from the server");
+        break;
+      }
+      int mine = m->sync && m->sync->sync_id == id;
+      if (mine) fbp_counters_from_pb(m->sync->counters, &r->cat);
+      fusebox__v1__session_response__free_unpacked(m, NULL);
+      if (mine) break;
+    }
+  }
+  if (!rc) rc = wait_send(r);
+  r->nokeep--;
+  fbp_buf_free(&r->out);
+  r->out = held;
+  r->nqueued = nq;
+  r->raw = r->cat;
+  r->cont = 1;
+  counters_continue(r, &r->cat);
+  return rc;
+}
+
 /* The session's replica drains (its notice on the stream, or fusebox-draining
  * on an answer): at a quiet point (everything sent answered and handed to
  * the caller, no tape mark pending) it moves. A checkpoint into a temporary
@@ -1326,32 +1579,124 @@ static void maybe_move(fb_remote *r) {
   char err[256];
   fbc_unary_route(from, &r->rt, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err, sizeof err);
   grpc_slice_unref(s);
-  if (!r->broken) {
+  /* everything was answered: the new stream's launch 1 is the next one */
+  r->seq_base = r->seq;
+  r->done_seq = (uint64_t)r->seq;
+  kept_clear(r);
+  r->err[0] = 0;
+  if (adopt(r, n) != 0) r->broken = 1; /* the next call reports it */
+  else r->err[0] = 0;
+  r->moving = 0;
+}
+
+/* rc is a call's failure. When r->err is a drain's reason naming the
+ * checkpoint it wrote after the grace (the replicas share --checkpoint-dir
+ * and the key), the session is restored by that name on the next address
+ * of the list (one address: a proxy, with a new routing key) and what the
+ * old replica had not run (the kept messages after those the checkpoint
+ * holds) is sent again: 0 then. Otherwise rc, with r->err saying why the
+ * session was not resumed. */
+static int resume_ended(fb_remote *r, int rc) {
+  const char *p = rc ? strstr(r->err, CKPT_MARK) : NULL;
+  if (!p || r->moving) return rc;
+  char name[128] = "";
+  p += strlen(CKPT_MARK);
+  size_t nl = strcspn(p, " );");
+  if (nl == 0 || nl >= sizeof name) return rc;
+  memcpy(name, p, nl);
+  char why[FBC_ERRLEN];
+  snprintf(why, sizeof why, "%s", r->err);
+  if (r->kept_over || r->marks) {
+    return rerr(r, rc, "%s; not resumed on another replica by itself: %s", why,
+                r->marks ? "a tape was being recorded"
+                         : "more than 64 MiB of launches were sent after the last sync");
+  }
+  r->moving = 1;
+  if (!r->closed) stream_broken(r); /* (its status: the drain's reason) */
+  fb_client *to = fbc_next_address(r->c);
+  int tries = to ? r->c->head->npeers - 1 : CREATE_TRIES;
+  fb_remote *n = NULL;
+  char last[FBC_ERRLEN] = "no other address";
+  for (int i = 0; i < tries; i++) {
+    fb_client *c = to ? to : r->c;
+    if (restore(c, NULL, NULL, name, 0, &n) == 0) break;
+    snprintf(last, sizeof last, "%s", c->err);
+    if (to) to = fbc_next_address(to);
+  }
+  if (!n) {
+    r->moving = 0;
+    return rerr(r, rc, "%s; resuming it from that checkpoint on another replica failed: %s", why,
+                last);
+  }
+  int64_t ran_before = (int64_t)r->raw.launches; /* at the last answered sync */
+  snprintf(r->err, sizeof r->err, "%s", why);
+  int arc = adopt(r, n);
+  if (arc) {
+    r->moving = 0;
+    r->broken = 1;
+    return arc;
+  }
+  /* the checkpoint holds the launches up to some message of those kept */
+  int64_t k = (int64_t)r->cat.launches - ran_before, acc = 0, total = 0;
+  int j = 0;
+  while (j < r->nkm && acc < k) acc += r->km[j++].nl;
+  for (int i = 0; i < r->nkm; i++) total += r->km[i].nl;
+  if (acc != k) {
+    r->moving = 0;
+    rc = rerr(r, FB_EIO,
+              "session %.8s: its replica drained and checkpointed it as %s, which holds %lld of "
+              "the %lld launches sent after the last sync: it cannot continue exactly (restore "
+              "that checkpoint by name with fb_remote_restore and repeat the launches yourself)",
+              r->id, name, (long long)k, (long long)total);
+    Fusebox__V1__CloseSessionRequest cr = FUSEBOX__V1__CLOSE_SESSION_REQUEST__INIT;
+    cr.session_id = r->id; /* (the one just restored: it goes, the checkpoint stays) */
+    grpc_slice s = grpc_empty_slice();
+    char err[256];
+    fbc_unary_route(r->c, &r->rt, "/fusebox.v1.Fusebox/CloseSession", &cr.base, &s, err,
+                    sizeof err);
+    grpc_slice_unref(s);
     r->broken = 1;
     grpc_call_cancel(r->call, NULL);
+    return rc;
   }
-  stream_broken(r); /* waits for the old stream's sends and status */
-  grpc_call_unref(r->call);
-  r->call = NULL;
-  grpc_metadata_array_destroy(&r->init_md);
-  grpc_metadata_array_init(&r->init_md);
-  fbc_end_free(&r->end);
-  fbc_end_init(&r->end);
-  r->md_sent = r->md_recvd = r->send_pending = r->broken = r->closed = 0;
-  r->out.n = 0;
-  r->nqueued = 0;
-  r->seq = 0; /* the new stream counts launches from 1 */
-  r->done_seq = 0;
-  atomic_store(&r->sent_seq, 0);
-  r->c = n->c;
-  snprintf(r->id, sizeof r->id, "%s", n->id);
-  r->rt = n->rt;
-  r->rt.session = r->id;
-  remote_free(n);
-  r->moves++;
-  r->err[0] = 0;
-  if (stream_open(r) != 0) r->broken = 1; /* the next call reports it */
+  /* launch numbers: the new stream's 1 is the first launch sent again (or
+     the first not sent yet) */
+  int64_t rep = total - acc;
+  r->seq_base = r->seq - r->nqueued - rep;
+  r->done_seq = (uint64_t)(r->seq - r->nqueued - rep);
+  size_t off = 0;
+  for (int i = 0; i < j; i++) off += r->km[i].len;
+  uint8_t *again = r->kept;
+  struct kmsg *am = r->km;
+  int na = r->nkm;
+  r->kept = NULL;
+  r->km = NULL;
+  r->kn = r->kbcap = 0;
+  r->nkm = r->kmcap = 0;
+  fbp_buf held = r->out;
+  int nq = r->nqueued;
+  memset(&r->out, 0, sizeof r->out);
+  rc = 0;
+  for (int i = j; i < na && !rc; i++) {
+    if (fbp_buf_reserve(&r->out, am[i].len)) {
+      rc = rerr(r, FB_ENOMEM, "out of memory");
+      break;
+    }
+    memcpy(r->out.p, again + off, am[i].len);
+    r->out.n = am[i].len;
+    r->nqueued = am[i].nl;
+    off += am[i].len;
+    rc = stream_send(r); /* kept again, until a sync answers it */
+  }
+  fbp_buf_free(&r->out);
+  r->out = held;
+  r->nqueued = nq;
+  free(again);
+  free(am);
+  r->rt.draining = 0;
   r->moving = 0;
+  if (!rc) r->err[0] = 0;
+  return rc;
 }
 
 static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
@@ -1448,7 +1793,10 @@ static int restore(fb_client *c, const fb_remote_options *opt, const char *path,
     if (fbp_layout_from_pb(resp->layout, &r->layout, why, sizeof why))
       rc = rerr(r, FB_EINTERNAL, "restore: the server's layout: %s", why);
   }
-  if (!rc) rc = state_into(r, resp->client_state.data, resp->client_state.len, resp->kernels);
+  /* (a move keeps its own kernel table: the drain's checkpoint, written by
+     the server, has none of this side's state) */
+  if (!rc && (stream || resp->client_state.len))
+    rc = state_into(r, resp->client_state.data, resp->client_state.len, resp->kernels);
   if (resp) fusebox__v1__restore_response__free_unpacked(resp, NULL);
   if (!rc && stream) rc = stream_open(r);
   if (rc) {

@@ -23,6 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
 #include "fusebox/client.h"
 #include "proto/convert.h"
 #include "tests/support/support.h"
@@ -1254,6 +1258,192 @@ START_TEST(move_off_draining_replica) {
 }
 END_TEST
 
+/* A stand-in server (gRPC core on a unix socket, no fuseboxd) that notes,
+ * for the first CreateSession it gets, whether the call carried the
+ * routing key, and refuses every call UNAVAILABLE. */
+typedef struct route_spy {
+  grpc_server *srv;
+  grpc_completion_queue *cq;
+  int seen; /* -1: no CreateSession; 0: without the key; 1: with it */
+} route_spy;
+
+static void *route_spy_main(void *p) {
+  route_spy *sp = p;
+  sp->seen = -1;
+  for (int n = 0; n < 20 && sp->seen < 0; n++) {
+    grpc_call *call = NULL;
+    grpc_call_details det;
+    grpc_metadata_array md;
+    grpc_call_details_init(&det);
+    grpc_metadata_array_init(&md);
+    int tag;
+    if (grpc_server_request_call(sp->srv, &call, &det, &md, sp->cq, sp->cq, &tag) != GRPC_CALL_OK)
+      break;
+    grpc_event ev = grpc_completion_queue_next(
+        sp->cq, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_seconds(20, GPR_TIMESPAN)),
+        NULL);
+    if (ev.type == GRPC_OP_COMPLETE && ev.success && call) {
+      if (grpc_slice_str_cmp(det.method, "/fusebox.v1.Fusebox/CreateSession") == 0) {
+        sp->seen = 0;
+        for (size_t i = 0; i < md.count; i++)
+          if (grpc_slice_str_cmp(md.metadata[i].key, "fusebox-route") == 0 &&
+              GRPC_SLICE_LENGTH(md.metadata[i].value) == 32)
+            sp->seen = 1;
+      }
+      grpc_call_cancel_with_status(call, GRPC_STATUS_UNAVAILABLE, "a stand-in server", NULL);
+      grpc_call_unref(call);
+    }
+    grpc_call_details_destroy(&det);
+    grpc_metadata_array_destroy(&md);
+    if (ev.type != GRPC_OP_COMPLETE) break;
+  }
+  return NULL;
+}
+
+/* fb_client_options.no_route_key (service_bench --route-key off): a
+ * session's calls carry the "fusebox-route" header by default and none
+ * with the option set. */
+START_TEST(route_key_option) {
+  char dir[] = "/tmp/fbroute-test-XXXXXX";
+  ck_assert(mkdtemp(dir));
+  grpc_init();
+  for (int off = 0; off < 2; off++) {
+    char addr[200], err[512] = "";
+    snprintf(addr, sizeof addr, "unix:%s/spy%d.sock", dir, off);
+    route_spy sp = {0};
+    sp.cq = grpc_completion_queue_create_for_next(NULL);
+    sp.srv = grpc_server_create(NULL, NULL);
+    grpc_server_register_completion_queue(sp.srv, sp.cq, NULL);
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    ck_assert_int_gt(grpc_server_add_http2_port(sp.srv, addr, cr), 0);
+    grpc_server_credentials_release(cr);
+    grpc_server_start(sp.srv);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, route_spy_main, &sp), 0);
+    fb_client_options co = {.timeout_ms = 5000, .no_route_key = off};
+    fb_client *c = NULL;
+    ck_assert_msg(fb_client_connect(addr, &co, &c, err, sizeof err) == 0, "%s", err);
+    fb_layout *l = dense_layout(16);
+    fb_remote *r = NULL;
+    ck_assert_int_ne(fb_remote_open(c, NULL, l, &r), 0); /* (refused) */
+    pthread_join(th, NULL);
+    ck_assert_msg(sp.seen == !off, "route key %s: CreateSession %s", off ? "off" : "on",
+                  sp.seen < 0 ? "never came" : sp.seen ? "carried the key" : "had no key");
+    fb_layout_free(l);
+    fb_client_close(c);
+    int t;
+    grpc_server_shutdown_and_notify(sp.srv, sp.cq, &t);
+    grpc_server_cancel_all_calls(sp.srv);
+    for (;;) {
+      grpc_event ev = grpc_completion_queue_next(sp.cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+      if (ev.type == GRPC_OP_COMPLETE && ev.tag == &t) break;
+    }
+    grpc_server_destroy(sp.srv);
+    grpc_completion_queue_shutdown(sp.cq);
+    while (grpc_completion_queue_next(sp.cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(sp.cq);
+  }
+  grpc_shutdown();
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* A session whose replica's drain grace ran out (no call of it during the
+ * grace: nothing moved it) resumes by itself from the checkpoint the drain
+ * wrote (fb_client_connect "A,B", the replicas sharing --checkpoint-dir and
+ * the key): what A had run stays, what it had not is sent again on B; the
+ * launch numbers and counters go on where they were, and the fields end as
+ * those of an uninterrupted run. */
+START_TEST(resume_after_drain_grace) {
+  char dir[] = "/tmp/fbresume-test-XXXXXX";
+  ck_assert(mkdtemp(dir));
+  char key[128], ckdir[128], la[160], lb[160], list[2100], err[512] = "";
+  snprintf(key, sizeof key, "%s/key", dir);
+  snprintf(ckdir, sizeof ckdir, "%s/ck", dir);
+  snprintf(la, sizeof la, "unix:%s/a.sock", dir);
+  snprintf(lb, sizeof lb, "unix:%s/b.sock", dir);
+  const char *const fa[] = {"--log-level", "warn", "--replica-name", "ra", "--drain-grace-s", "1",
+                            "--checkpoint-key", key, "--checkpoint-key-create",
+                            "--checkpoint-dir", ckdir, NULL};
+  const char *const fb[] = {"--log-level", "warn", "--replica-name", "rb", "--drain-grace-s", "60",
+                            "--checkpoint-key", key, "--checkpoint-dir", ckdir, NULL};
+  fb_daemon A, B;
+  ck_assert_msg(fb_daemon_start(fuseboxd_path(), la, fa, &A, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(fb_daemon_start(fuseboxd_path(), lb, fb, &B, err, sizeof err) == 0, "%s", err);
+  snprintf(list, sizeof list, "%s,%s", A.address, B.address);
+  ck_assert_msg(fb_client_connect(list, NULL, &C, err, sizeof err) == 0, "%s", err);
+  static float want_x[1024], got_x[1024];
+  static int32_t want_n[16], got_n[16];
+  fb_remote *ref = open_prog(C, PROG); /* the uninterrupted run */
+  int kf = kernel(ref, "fill"), kc = kernel(ref, "count");
+  for (int i = 0; i < 4; i++) more(ref, kf, kc);
+  read_both(ref, want_x, want_n);
+  ck_assert_int_eq(fb_remote_close(ref), 0);
+  fb_remote_options o;
+  fb_remote_options_init(&o);
+  o.mode = "sync"; /* a task per launch: the counters below are exact */
+  fb_remote *r = NULL;
+  ck_assert_msg(fb_remote_open_source(C, &o, "t.fbk", PROG, &r) == 0, "%s", fb_client_errmsg(C));
+  ck_assert_str_eq(fb_remote_replica(r), "ra");
+  ck_assert_int_eq(kernel(r, "fill"), kf);
+  ck_assert_int_eq(kernel(r, "count"), kc);
+  more(r, kf, kc);
+  fb_sync_result sr;
+  ck_assert_int_eq(fb_remote_sync(r, &sr), 0);
+  ck_assert_uint_eq(sr.seq, 6);
+  fb_counters before = sr.counters;
+  ck_assert_uint_eq(before.launches, 6);
+  ck_assert_int_eq(kill(A.pid, SIGTERM), 0);
+  more(r, kf, kc); /* sent, run on A (and in its checkpoint), not answered */
+  ck_assert_msg(fb_remote_flush(r) == 0, "%s", fb_remote_errmsg(r));
+  int st = -1;
+  double t0 = now_s();
+  while (waitpid(A.pid, &st, WNOHANG) == 0 && now_s() - t0 < 30) usleep(20 * 1000);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "A: status %d", st);
+  ck_assert_int_eq(fb_remote_moves(r), 0); /* no call during the grace */
+  more(r, kf, kc); /* queued here: A is gone */
+  ck_assert_msg(fb_remote_sync(r, &sr) == 0, "not resumed: %s", fb_remote_errmsg(r));
+  ck_assert_int_eq(fb_remote_moves(r), 1);
+  ck_assert_str_eq(fb_remote_replica(r), "rb");
+  ck_assert_uint_eq(sr.seq, 18); /* the launch numbers went on */
+  ck_assert_uint_eq(sr.counters.launches, 18);
+  /* continued, not reset: A's 6 launches answered before (B's alone: as many) */
+  ck_assert_uint_gt(before.tasks_launched, 0);
+  ck_assert_uint_eq(sr.counters.tasks_launched, 2 * before.tasks_launched);
+  for (int i = 0; i < 3; i++) {
+    fb_value a = fb_value_i32(i + 5), v = fb_value_f32(0.25f * (float)i);
+    ck_assert_int_eq(fb_remote_launch(r, kc, &a, 1), 19 + 2 * i);
+    ck_assert_int_eq(fb_remote_launch(r, kf, &v, 1), 20 + 2 * i);
+  }
+  read_both(r, got_x, got_n);
+  ck_assert_msg(!memcmp(got_x, want_x, sizeof got_x) && !memcmp(got_n, want_n, sizeof got_n),
+                "the resumed session ended elsewhere than an uninterrupted run (n[0] %d, want %d)",
+                got_n[0], want_n[0]);
+  fb_counters after;
+  ck_assert_int_eq(fb_remote_counters(r, &after), 0);
+  ck_assert_uint_eq(after.launches, 24);
+  /* an error after the move names the caller's launch number */
+  fb_value far = fb_value_i32(5000);
+  ck_assert_int_eq(fb_remote_launch(r, kernel(r, "poke"), &far, 1), 25);
+  ck_assert_int_eq(fb_remote_sync(r, &sr), FB_EBOUNDS);
+  ck_assert_msg(sr.nerrors == 1 && sr.errors[0].seq == 25, "%d errors, seq %llu", sr.nerrors,
+                sr.nerrors ? (unsigned long long)sr.errors[0].seq : 0ULL);
+  ck_assert_msg(strstr(fb_remote_errmsg(r), "launch #25 ") != NULL, "%s", fb_remote_errmsg(r));
+  ck_assert_int_eq(fb_remote_close(r), 0);
+  fb_client_close(C);
+  C = NULL;
+  ck_assert_int_eq(fb_daemon_stop(&B, 30, &st), 0);
+  ck_assert_int_eq(st, 0);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc == 4 && strcmp(argv[1], "--child-client") == 0)
     return child_client(argv[2], atoi(argv[3]));
@@ -1300,6 +1490,8 @@ int main(int argc, char **argv) {
   tcase_add_checked_fixture(ck, NULL, teardown);
   tcase_add_loop_test(ck, checkpoint_restore, 0, 4);
   tcase_add_test(ck, move_off_draining_replica);
+  tcase_add_test(ck, resume_after_drain_grace);
+  tcase_add_test(ck, route_key_option);
   suite_add_tcase(s, ck);
   TCase *ops = tcase_create("operations");
   tcase_set_timeout(ops, 60);

@@ -59,6 +59,11 @@ typedef struct fb_client_options {
   const char *tls_cert;     /* PEM client certificate and key, for mTLS */
   const char *tls_key;
   const char *token;        /* sent as "authorization: Bearer TOKEN" on every call */
+  /* 1: calls of a session carry no "fusebox-route" header (the routing key
+   * a proxy in front of several replicas hashes on; docs/protocol.md
+   * "Replicas"). For one server, and for measuring the key's cost
+   * (service_bench --route-key off); a session behind a proxy needs it. */
+  int no_route_key;
 } fb_client_options;
 
 /* Connect (lazily: the first call reaches the server). opt may be NULL. */

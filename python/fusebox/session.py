@@ -1287,7 +1287,7 @@ class Session:
                                for e in errors], dropped)
         return SyncResult(r.seq, [(x.seq, self._names.get(x.kernel, str(x.kernel)),
                                    _from_value(x.value)) for y in got for x in y.returns],
-                          Counters._from_pb(r.counters))
+                          self._continued(r.counters))
 
     def cancel(self, timeout: Optional[float] = None) -> int:
         """Stop the launches sent so far, at their next
@@ -1490,8 +1490,25 @@ class Session:
         self._seq_base = 0  # launches answered on the streams before this one
         self._raw_seq = 0  # the last seq this stream answered
         self._in_move = False
+        # counters over moves: the replicas left behind counted these (the
+        # last counters seen there), this one counts on from zero
+        self._cbase = Counters()
+        self._seen = Counters()
         #: how many times the session moved to another replica by itself
         self.moves = 0
+
+    def _continued(self, m: Any) -> Counters:
+        """The counters of a SyncResult (this replica's) as the session's:
+        after a move each cumulative one is the sum over the replicas the
+        session lived on (the earlier ones as last seen there), the levels
+        (device_bytes, tasks_pending) this replica's, and launches the
+        server's own, which the checkpoint carries on."""
+        raw = Counters._from_pb(m)
+        self._seen = Counters(**{f.name: getattr(raw, f.name)
+                                 if f.name in _LEVEL_COUNTERS or f.name == "launches"
+                                 else getattr(self._cbase, f.name) + getattr(raw, f.name)
+                                 for f in dc_fields(Counters)})
+        return self._seen
 
     def _maybe_move(self) -> None:
         """At a call of the session, once its replica said it drains: move
@@ -1522,6 +1539,7 @@ class Session:
                 self._carry.append(r)
                 if r.sync_id == self._sync_id:
                     break
+            self._continued(r.counters)  # the last seen here
             req = pb.CheckpointRequest(session_id=self.id, client_state=self._client_state(),
                                        chunk_bytes=(4 << 20) - 4096)
             spool = tempfile.TemporaryFile(prefix="fusebox-move-")
@@ -1617,6 +1635,7 @@ class Session:
         self.memory_bytes = r.memory_bytes
         self._seq_base += self._raw_seq
         self._raw_seq = 0
+        self._cbase = self._seen
         self._sent = 0
         self._q, self._resp = queue.Queue(), queue.Queue()
         self._lost, self.closed = None, False

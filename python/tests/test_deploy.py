@@ -65,8 +65,10 @@ def check_pod(spec, drain_flag_index=True):
     assert "kill -TERM 1" in " ".join(c["lifecycle"]["preStop"]["exec"]["command"])
     assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    secrets = {v["secret"]["secretName"] for v in spec["template"]["spec"]["volumes"]}
-    assert len(secrets) == 2  # TLS and tenants
+    vols = spec["template"]["spec"]["volumes"]
+    secrets = {v["secret"]["secretName"] for v in vols if "secret" in v}
+    # TLS and tenants, and the checkpoint key when checkpoints are on
+    assert len(secrets) == (3 if "--checkpoint-key" in args else 2)
     assert args[args.index("--replica-name") + 1] == "$(POD_NAME)"
     return flags_of(args)
 
@@ -127,3 +129,48 @@ def test_every_flag_exists():
                 used |= set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", line))
     unknown = sorted(f for f in used if f not in known)
     assert not unknown, f"flags deploy/ uses that fuseboxd --help does not list: {unknown}"
+
+
+def mount_of(container, path, volumes):
+    """The volume (its spec) that container mounts over path."""
+    for m in container["volumeMounts"]:
+        if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/"):
+            return next(v for v in volumes if v["name"] == m["name"]), m
+    raise AssertionError(f"nothing is mounted over {path}")
+
+
+def test_chart_checkpoints():
+    """Every pod mounts the one checkpoint-key Secret (copied by an init
+    container to a file fuseboxd's user owns, mode 0600, outside the
+    checkpoint directory) and the one shared volume as --checkpoint-dir, so
+    that a session a drained pod ended is restored on another."""
+    v = default_values()
+    assert v["checkpoint"]["enabled"]
+    sts = next(d for d in chart_docs(v) if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    args = [str(a) for a in c["args"]]
+    key, ckdir = args[args.index("--checkpoint-key") + 1], args[args.index("--checkpoint-dir") + 1]
+    assert not key.startswith(ckdir.rstrip("/") + "/")
+    assert float(args[args.index("--checkpoint-every-s") + 1]) == v["checkpoint"]["everyS"]
+    vol, _ = mount_of(c, ckdir, pod["volumes"])
+    assert vol["persistentVolumeClaim"]["claimName"] == v["checkpoint"]["claim"]
+    kvol, km = mount_of(c, key, pod["volumes"])
+    assert "emptyDir" in kvol and km.get("readOnly")
+    (init,) = pod["initContainers"]
+    cmd = " ".join(init["command"])
+    svol, sm = next((vv, m) for m in init["volumeMounts"]
+                    for vv in pod["volumes"] if vv["name"] == m["name"] and "secret" in vv)
+    assert svol["secret"]["secretName"] == v["checkpoint"]["keySecret"]
+    assert f"cp {sm['mountPath']}/key {key}" in cmd and f"chmod 600 {key}" in cmd
+    assert mount_of(init, key, pod["volumes"])[0] is kvol
+    assert pod["securityContext"]["fsGroup"] == 65534  # nobody's group reads the Secret
+    check_pod(sts["spec"])
+    # off: no flags, no init container, no shared volume
+    v["checkpoint"]["enabled"] = False
+    sts = next(d for d in chart_docs(v) if d["kind"] == "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    assert not flags_of(pod["containers"][0]["args"]) & {"--checkpoint-key", "--checkpoint-dir"}
+    assert "initContainers" not in pod
+    assert not any("persistentVolumeClaim" in vv for vv in pod["volumes"])
+    check_pod(sts["spec"])

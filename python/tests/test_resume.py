@@ -200,3 +200,47 @@ def test_neither_keeps_the_clear_error(tmp_path):
         c.close()
     finally:
         stop(reps)
+
+
+def test_launch_numbers_and_counters_go_on(tmp_path):
+    """After a move the launch numbers go on from where they were, and the
+    counters are the session's, summed over the replicas it lived on: the
+    same as those of an uninterrupted run (sync mode: a fixed number of
+    tasks a launch); the kernels restored with the checkpoint are launched
+    without registering them again."""
+    tmp = str(tmp_path)
+    reps = replicas(tmp, 2, shared_dir=None)
+    try:
+        c = fusebox.connect([f"127.0.0.1:{r.port}" for r in reps], timeout=60)
+        ref = c.session(PROGRAM, seed=5, mode="sync")
+        for t in range(STEPS):
+            ref.kernels.step(t)
+        want = ref.sync()
+        ref.close()
+        s = c.session(PROGRAM, seed=5, mode="sync")
+        for t in range(6):
+            s.kernels.step(t)
+        first = s.sync()
+        assert first.seq == 6 and first.counters.launches == 6
+        calls = []
+        real_call = s._call
+        s._call = lambda method, *a, **k: (calls.append(method), real_call(method, *a, **k))[1]
+        drain(reps[0])
+        end = time.monotonic() + 10
+        while s._draining is None:
+            assert time.monotonic() < end, "no drain notice on the session's stream"
+            time.sleep(0.05)
+        for t in range(6, STEPS):
+            s.kernels.step(t)
+        got = s.sync()
+        assert s.moves == 1 and s.replica == "r1", (s.moves, s.replica)
+        assert got.seq == STEPS, got.seq  # not 8: numbered on from the first replica's
+        assert got.counters.launches == STEPS
+        assert got.counters.tasks_launched == want.counters.tasks_launched, (
+            got.counters.tasks_launched, want.counters.tasks_launched, first.counters)
+        assert got.counters.tasks_launched > first.counters.tasks_launched
+        assert "RegisterKernels" not in calls, calls
+        s.close()
+        c.close()
+    finally:
+        stop(reps)
