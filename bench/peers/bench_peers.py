@@ -235,12 +235,30 @@ def loadavg():
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def package_source(fusebox):
+    """The python/ folder of the checkout the --fusebox build was made from
+    (its CMakeCache.txt's CMAKE_HOME_DIRECTORY), so that fusebox.taichi and
+    fuseboxd come from one commit (bench/peers/shipped_ab.py compares two);
+    this checkout's when the build does not say."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(fusebox))), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            for ln in f:
+                if ln.startswith("CMAKE_HOME_DIRECTORY:"):
+                    py = os.path.join(ln.split("=", 1)[1].strip(), "python")
+                    if os.path.exists(os.path.join(py, "setup.py")):
+                        return py
+    except OSError:
+        pass
+    return os.path.join(ROOT, "python")
+
+
 def shipped_setup(a, env):
     """What the shipped suite needs: (context, None), or (None, why it is
     skipped). The Taichi 1.7 peers (every --peer without :async) and the
-    examples folder of the first; the fusebox package of this checkout
-    (setup.py build_py into a temporary folder) and the fuseboxd beside
-    --fusebox; the examples test's comparison (harness.py: NumPy and
+    examples folder of the first; the fusebox package of the checkout
+    --fusebox was built from (setup.py build_py into a temporary folder)
+    and the fuseboxd beside --fusebox; the examples test's comparison (harness.py: NumPy and
     pytest in this Python) and its tolerances (test_taichi_examples.py)."""
     import ast
     import atexit
@@ -283,13 +301,13 @@ def shipped_setup(a, env):
     lib = tempfile.mkdtemp(prefix="bench-peers-fusebox-")
     atexit.register(shutil.rmtree, lib, True)
     subprocess.check_call([sys.executable, "setup.py", "-q", "build_py", "--build-lib", lib],
-                          cwd=os.path.join(ROOT, "python"), stdout=subprocess.DEVNULL)
+                          cwd=package_source(a.fusebox), stdout=subprocess.DEVNULL)
     fb_env = dict(env, PYTHONPATH=lib, FUSEBOXD=fuseboxd, PYTHONDONTWRITEBYTECODE="1")
     fb_env.pop("FUSEBOX_GUI_DIR", None)
     ti_env = dict(env, PYTHONDONTWRITEBYTECODE="1", TI_GUI_SHOW="0")
     ti_env.pop("PYTHONPATH", None)
     return {"peers": peers, "dir": ex_dir, "how": how, "harness": harness, "fb_env": fb_env,
-            "ti_env": ti_env}, None
+            "ti_env": ti_env, "package": package_source(a.fusebox)}, None
 
 
 def run_example(py, engine, path, warmup, frames, threads, env):
@@ -312,15 +330,21 @@ def run_example(py, engine, path, warmup, frames, threads, env):
     return arrays, tuple(float(x) for x in b)
 
 
+def frames_of(a, name):
+    """(warm-up, timed) frames of a shipped example: its own, or --warmup
+    (at least 1: the first frame compiles) and --repeat."""
+    _, w, r = SHIPPED[name]
+    return (max(1, a.warmup) if a.warmup is not None else w), (a.repeat if a.repeat is not None else r)
+
+
 def run_shipped(a, ctx, case, cyc, wall, cpu, threads, rss, client_cpu, errors, disagree):
     """One cycle of one shipped example: Fusebox sync, Fusebox async, then
     each Taichi 1.7 peer, each its own process; the figures per timed frame;
     each Fusebox mode's fields checked against the first peer's the way
     test_taichi_examples.py checks them."""
     name = case.split("/", 1)[1]
-    rel, w, r = SHIPPED[name]
-    w = max(1, a.warmup) if a.warmup is not None else w  # the first frame compiles
-    r = a.repeat if a.repeat is not None else r
+    rel = SHIPPED[name][0]
+    w, r = frames_of(a, name)
     path = os.path.join(ctx["dir"], rel)
     print("[cycle %d/%d] %s (%s): %d warm-up + %d timed frames" % (cyc + 1, a.cycles, case, rel, w, r),
           file=sys.stderr, flush=True)
@@ -437,6 +461,10 @@ def main(argv):
                 for e, v in t.items()} for c, t in client_cpu.items()}
     if skipped:
         out["shipped_skipped"] = skipped
+    if shipped:
+        out["shipped_package"] = shipped["package"]
+        out["shipped_frames"] = {c: frames_of(a, c.split("/", 1)[1]) for c in a.cases
+                                 if c in SHIPPED_CASES}
     report(out, sys.stdout)
     if a.json:
         with open(a.json, "w") as f:
