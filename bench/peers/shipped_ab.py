@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT = "mpm88,waterwave,game_of_life,taichi_sparse,nbody"
+DEFAULT = "mpm88,waterwave,game_of_life,taichi_sparse,mass_spring_game"
 
 
 def main(argv):
@@ -32,8 +32,8 @@ def main(argv):
     ap.add_argument("new")
     ap.add_argument("--cases", default=DEFAULT, help="shipped examples (default %s)" % DEFAULT)
     ap.add_argument("--cycles", type=int, default=2)
-    ap.add_argument("--warmup", type=int)
-    ap.add_argument("--repeat", type=int)
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up frames (default 2)")
+    ap.add_argument("--repeat", type=int, default=10, help="timed frames (default 10)")
     a = ap.parse_args(argv)
     py = os.environ.get("FB_TAICHI_PYTHON") or os.path.join(
         os.environ.get("FB_PEERS_DIR") or os.path.expanduser("~/.cache/fusebox-peers"),
