@@ -407,6 +407,7 @@ def main(argv):
                 print("nothing left to run", file=sys.stderr)
                 return 2
             wall, cpu, rss = ({c: t[c] for c in a.cases} for t in (wall, cpu, rss))
+            client_cpu = {}
     load_start = loadavg()
     for cyc in range(a.cycles):
         for case in a.cases:
