@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fusebox against Taichi on every case of bench/micro, bench/large and bench/real, in one
-# run, interleaved, with the same thread count; checks that the final fields
+# Fusebox against Taichi on every case of bench/micro, bench/large and bench/real, and on
+# Taichi 1.7's own examples run in place (the shipped suite), in one run, interleaved, with the same thread count; checks that the final fields
 # agree and prints two ratio tables with geometric means, wall-clock and
 # process CPU time per step (read the CPU one on a loaded machine), with each
 # engine's thread count and the load average (bench/peers/README.md).
@@ -87,7 +87,7 @@ fusebox="${FUSEBOX:-$root/build-rel/client/fusebox}"
 if [ ! -x "$fusebox" ]; then
   echo "bench_peers.sh: building $fusebox (Release)" >&2
   cmake -S "$root" -B "$root/build-rel" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$root/build-rel" -j"$(nproc)" --target fusebox >/dev/null
+  cmake --build "$root/build-rel" -j"$(nproc)" --target fusebox fuseboxd >/dev/null
 fi
 echo "bench_peers.sh: $(uptime)" >&2
 exec "$host_py" "$driver" --fusebox "$fusebox" "${peers[@]}" ${args[@]+"${args[@]}"}

@@ -16,7 +16,21 @@ of every field the session compares between modes; within the tolerance
 each port declares). On a shared machine read the CPU ratios: wall-clock
 counts the time other jobs held the cores, CPU time only the engine's work. Exit status: 0 when every
 engine ran every case and all results agree, 1 when a result disagrees, 2
-when something could not run. Needs only the standard library.
+when something could not run. Needs only the standard library, except
+the shipped suite.
+
+The shipped suite is Taichi 1.7's own examples (SHIPPED), run where they lie
+in its wheel by python/tests/taichi_compare/runner.py (`bench`), the
+examples test's runner: under Taichi 1.7 (each --peer without :async) and
+under fusebox.taichi in sync and in async mode (its own fuseboxd with
+--cpu-threads), one process each, per cycle and example. Timed: the frames
+after the warm-up frames (a frame ends at the example's gui.show()), each
+end after a ti.sync(); CPU time is the whole process tree's (fusebox: the
+Python process, fuseboxd and its session worker), peak memory the sum of
+their RSS high-water marks. Each Fusebox mode's final fields are checked
+against Taichi's as test_taichi_examples.py checks them (its harness, so
+NumPy and pytest in this Python). Without a Taichi 1.7 it is skipped, with
+the reason.
 """
 import argparse
 import glob
@@ -38,12 +52,39 @@ CASES = ["micro/" + c for c in ("chain_copy", "increments", "fill_array", "spars
         sorted("real/" + os.path.basename(p)[:-5] for p in glob.glob(os.path.join(ROOT, "bench", "real", "*.json")))
 # bench/real is every session in that folder (bench/real/gpu holds the GPU sizes,
 # which are not run here); each needs a port taichi/real_NAME.py.
-SUITES = ("micro", "large", "real")
+# The shipped suite: Taichi 1.7's own examples (taichi/examples/ in its wheel), run where
+# they lie, under Taichi and under fusebox.taichi in both modes, by the examples test's
+# runner (python/tests/taichi_compare/runner.py bench); per example: its path, and the
+# warm-up and timed frames (a frame ends at the example's gui.show()).
+# autodiff/diff_sph is left out: it writes out of bounds, which fusebox.taichi refuses
+# (test_taichi_examples.py KNOWN_GAPS).
+SHIPPED = {
+    "mpm88": ("simulation/mpm88.py", 3, 20),
+    "mpm99": ("simulation/mpm99.py", 3, 20),
+    "mpm128": ("simulation/mpm128.py", 3, 20),
+    "pbf2d": ("simulation/pbf2d.py", 3, 20),
+    "nbody": ("simulation/nbody.py", 3, 20),
+    "game_of_life": ("simulation/game_of_life.py", 3, 20),
+    "waterwave": ("simulation/waterwave.py", 3, 20),
+    "mass_spring_game": ("simulation/mass_spring_game.py", 3, 20),
+    "vortex_rings": ("simulation/vortex_rings.py", 3, 20),
+    "physarum": ("simulation/physarum.py", 3, 20),
+    "taichi_sparse": ("features/sparse/taichi_sparse.py", 3, 20),
+    "taichi_bitmasked": ("features/sparse/taichi_bitmasked.py", 3, 20),
+    "mgpcg": ("algorithm/mgpcg.py", 3, 10),
+    "fractal": ("simulation/fractal.py", 3, 20),
+}
+SHIPPED_CASES = ["shipped/" + n for n in SHIPPED]
+SHIPPED_ENGINES = ("fusebox-sync", "fusebox-async")  # then the Taichi 1.7 peers
+COMPARE = os.path.join(ROOT, "python", "tests", "taichi_compare")
+EXAMPLES_TEST = os.path.join(ROOT, "python", "tests", "test_taichi_examples.py")
+SUITES = ("micro", "large", "real", "shipped")
 QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro, bench/large and bench/real: "
+    ap = argparse.ArgumentParser(prog="bench_peers", description="Fusebox against Taichi on bench/micro, bench/large, bench/real and "
+                                             "Taichi 1.7's shipped examples (shipped): "
                                              "wall-clock and process CPU time per step, ratios and "
                                              "geomeans per suite, peak memory of each engine "
                                              "(bench/peers/README.md).",
@@ -57,12 +98,15 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: %d warm-up + %d timed steps, %d cycle" % QUICK)
     ap.add_argument("--cycles", type=int, help="interleaved cycles; medians over them (default 3)")
-    ap.add_argument("--warmup", type=int, help="warm-up steps (default: each session's bench block)")
-    ap.add_argument("--repeat", type=int, help="timed steps (default: each session's bench block)")
+    ap.add_argument("--warmup", type=int, help="warm-up steps (default: each session's bench block; "
+                    "shipped: warm-up frames, at least 1, default per example)")
+    ap.add_argument("--repeat", type=int, help="timed steps (default: each session's bench block; "
+                    "shipped: timed frames, default per example)")
     ap.add_argument("--threads", type=int, default=2, help="every engine's CPU threads (Taichi's cpu_max_num_threads, "
                          "`fusebox bench --threads`; default 2); the report warns when an "
                          "engine's count differs")
-    ap.add_argument("--cases", help="comma-separated SUITE/CASE subset (default: all %d)" % len(CASES))
+    ap.add_argument("--cases", help="comma-separated SUITE/CASE subset (default: all %d)"
+                    % (len(CASES) + len(SHIPPED_CASES)))
     ap.add_argument("--suites", help="comma-separated subset of the suites %s (with --cases: the "
                          "cases of both)" % ",".join(SUITES))
     ap.add_argument("--json", metavar="OUT", help="also write every figure as JSON: wall-clock and CPU time per step of "
@@ -80,14 +124,15 @@ def parse_args(argv):
                         ("--threads", a.threads, 1)):
         if v is not None and v < lo:
             ap.error("%s must be >= %d, got %d" % (name, lo, v))
-    cases = [] if a.cases or a.suites else list(CASES)
+    every = CASES + SHIPPED_CASES
+    cases = [] if a.cases or a.suites else list(every)
     for su in (a.suites.split(",") if a.suites else []):
         if su not in SUITES:
             ap.error("unknown suite %r (known: %s)" % (su, " ".join(SUITES)))
-        cases += [c for c in CASES if c.startswith(su + "/") and c not in cases]
+        cases += [c for c in every if c.startswith(su + "/") and c not in cases]
     for c in (a.cases.split(",") if a.cases else []):
-        if c not in CASES:
-            ap.error("unknown case %r (known: %s)" % (c, " ".join(CASES)))
+        if c not in every:
+            ap.error("unknown case %r (known: %s)" % (c, " ".join(every)))
         if c not in cases:
             cases.append(c)
     a.cases = cases
@@ -116,10 +161,10 @@ class Done:
         self.returncode, self.stdout, self.stderr, self.rss_mib = returncode, stdout, stderr, rss_mib
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, cwd=None):
     t = time.time()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, universal_newlines=True, env=env)
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, universal_newlines=True, env=env, cwd=cwd)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else \
             (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
@@ -190,6 +235,150 @@ def loadavg():
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def package_source(fusebox):
+    """The python/ folder of the checkout the --fusebox build was made from
+    (its CMakeCache.txt's CMAKE_HOME_DIRECTORY), so that fusebox.taichi and
+    fuseboxd come from one commit (bench/peers/shipped_ab.py compares two);
+    this checkout's when the build does not say."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(fusebox))), "CMakeCache.txt")
+    try:
+        with open(cache) as f:
+            for ln in f:
+                if ln.startswith("CMAKE_HOME_DIRECTORY:"):
+                    py = os.path.join(ln.split("=", 1)[1].strip(), "python")
+                    if os.path.exists(os.path.join(py, "setup.py")):
+                        return py
+    except OSError:
+        pass
+    return os.path.join(ROOT, "python")
+
+
+def shipped_setup(a, env):
+    """What the shipped suite needs: (context, None), or (None, why it is
+    skipped). The Taichi 1.7 peers (every --peer without :async) and the
+    examples folder of the first; the fusebox package of the checkout
+    --fusebox was built from (setup.py build_py into a temporary folder)
+    and the fuseboxd beside --fusebox; the examples test's comparison (harness.py: NumPy and
+    pytest in this Python) and its tolerances (test_taichi_examples.py)."""
+    import ast
+    import atexit
+    import shutil
+    peers = [(n, py) for n, py, asy in a.peers if not asy]
+    if not peers:
+        return None, ("it runs Taichi 1.7's own examples, and no Taichi 1.7 was given "
+                      "(--peer NAME=PYTHON; scripts/bench_peers.sh makes one)")
+    try:
+        r = subprocess.run([peers[0][1], "-c", "import os, taichi; v = taichi.__version__; "
+                            "print('version', '.'.join(map(str, v)) if isinstance(v, tuple) else v); "
+                            "print('examples', os.path.join(os.path.dirname(taichi.__file__), "
+                            "'examples'))"],
+                           capture_output=True, universal_newlines=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, "%s cannot run: %s" % (peers[0][1], e)
+    said = dict(ln.split(" ", 1) for ln in r.stdout.splitlines()
+                if ln.startswith(("version ", "examples ")))
+    if r.returncode or not said.get("version", "").startswith("1.7."):
+        return None, "%s has no Taichi 1.7 (%s)" % (
+            peers[0][1], "taichi " + said["version"] if "version" in said else
+            "import taichi: " + (r.stderr.strip().splitlines() or ["failed"])[-1])
+    ex_dir = said["examples"]
+    fuseboxd = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(a.fusebox))),
+                            "server", "fuseboxd")
+    if not os.access(fuseboxd, os.X_OK):
+        return None, "no fuseboxd beside --fusebox (%s): build it" % fuseboxd
+    try:
+        sys.path.insert(0, COMPARE)
+        import harness
+    except ImportError as e:
+        return None, "the examples' comparison (%s/harness.py) needs %s in %s" % (
+            COMPARE, e.name, sys.executable)
+    with open(EXAMPLES_TEST) as f:
+        tree = ast.parse(f.read())
+    how = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "EXAMPLES":
+            how = {rel: h for rel, _, h in ast.literal_eval(node.value)}
+    lib = tempfile.mkdtemp(prefix="bench-peers-fusebox-")
+    atexit.register(shutil.rmtree, lib, True)
+    subprocess.check_call([sys.executable, "setup.py", "-q", "build_py", "--build-lib", lib],
+                          cwd=package_source(a.fusebox), stdout=subprocess.DEVNULL)
+    fb_env = dict(env, PYTHONPATH=lib, FUSEBOXD=fuseboxd, PYTHONDONTWRITEBYTECODE="1")
+    fb_env.pop("FUSEBOX_GUI_DIR", None)
+    ti_env = dict(env, PYTHONDONTWRITEBYTECODE="1", TI_GUI_SHOW="0")
+    ti_env.pop("PYTHONPATH", None)
+    return {"peers": peers, "dir": ex_dir, "how": how, "harness": harness, "fb_env": fb_env,
+            "ti_env": ti_env, "package": package_source(a.fusebox)}, None
+
+
+def run_example(py, engine, path, warmup, frames, threads, env):
+    """One example under one engine (runner.py bench, in a temporary working
+    folder): (arrays, (wall s, tree CPU s, own CPU s, peak MiB, threads)
+    over the timed frames) or (None, error)."""
+    import numpy as np
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.npz")
+        p, _ = run([py, os.path.join(COMPARE, "runner.py"), "bench", engine, path, out,
+                    str(warmup), str(frames), str(threads)], env, cwd=d)
+        if p.returncode or not os.path.exists(out):
+            return None, "exited %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-600:])
+        with np.load(out) as z:
+            arrays = {k: z[k] for k in z.files}
+    b = arrays.pop("__bench__")
+    shown = int(arrays.pop("__frames__"))
+    if shown != warmup + frames:
+        return None, "showed %d frames, not %d" % (shown, warmup + frames)
+    return arrays, tuple(float(x) for x in b)
+
+
+def frames_of(a, name):
+    """(warm-up, timed) frames of a shipped example: its own, or --warmup
+    (at least 1: the first frame compiles) and --repeat."""
+    _, w, r = SHIPPED[name]
+    return (max(1, a.warmup) if a.warmup is not None else w), (a.repeat if a.repeat is not None else r)
+
+
+def run_shipped(a, ctx, case, cyc, wall, cpu, threads, rss, client_cpu, errors, disagree):
+    """One cycle of one shipped example: Fusebox sync, Fusebox async, then
+    each Taichi 1.7 peer, each its own process; the figures per timed frame;
+    each Fusebox mode's fields checked against the first peer's the way
+    test_taichi_examples.py checks them."""
+    name = case.split("/", 1)[1]
+    rel = SHIPPED[name][0]
+    w, r = frames_of(a, name)
+    path = os.path.join(ctx["dir"], rel)
+    print("[cycle %d/%d] %s (%s): %d warm-up + %d timed frames" % (cyc + 1, a.cycles, case, rel, w, r),
+          file=sys.stderr, flush=True)
+    got = {}
+    runs = [(e, sys.executable, e, ctx["fb_env"]) for e in SHIPPED_ENGINES] + \
+           [(n, py, "taichi", ctx["ti_env"]) for n, py in ctx["peers"]]
+    for e, py, engine, env in runs:
+        arrays, res = run_example(py, engine, path, w, r, a.threads, env)
+        if arrays is None:
+            errors.append("%s %s: %s" % (case, e, res))
+            continue
+        got[e] = arrays
+        wall[case][e].append(res[0] / r)
+        cpu[case][e].append(res[1] / r)
+        threads[e].append(int(res[4]))
+        if e in SHIPPED_ENGINES:
+            client_cpu[case][e].append(res[2] / r)
+        if e != "fusebox-sync":  # one figure for Fusebox: the async run's
+            rss[case]["fusebox" if e == "fusebox-async" else e].append(res[3])
+    ref = ctx["peers"][0][0]
+    how = ctx["how"].get(rel, "shapes")
+    for e in SHIPPED_ENGINES:
+        if ref not in got or e not in got:
+            continue
+        try:
+            if how == "shapes":
+                ctx["harness"].compare_shapes(rel, got[ref], got[e])
+            elif how != "runs":
+                ctx["harness"].compare(rel, got[ref], got[e], how[1], how[2], share=how[3])
+        except AssertionError as x:
+            disagree.append("%s %s (cycle %d): %s" % (case, e, cyc + 1,
+                                                      " ".join(str(x).split("\n")[1:3]).strip()))
+
+
 def main(argv):
     a = parse_args(argv)
     if a.check_args:
@@ -207,9 +396,25 @@ def main(argv):
     mem_engines = ["fusebox"] + [p[0] for p in a.peers]  # one Fusebox process runs both modes
     rss = {c: {e: [] for e in mem_engines} for c in a.cases}
     fields, errors, disagree, seen = {}, [], [], {}
+    client_cpu = {c: {e: [] for e in SHIPPED_ENGINES} for c in a.cases if c in SHIPPED_CASES}
+    shipped, skipped = None, None
+    if any(c in SHIPPED_CASES for c in a.cases):
+        shipped, skipped = shipped_setup(a, env)
+        if skipped:
+            print("shipped suite skipped: " + skipped, file=sys.stderr)
+            a.cases = [c for c in a.cases if c not in SHIPPED_CASES]
+            if not a.cases:
+                print("nothing left to run", file=sys.stderr)
+                return 2
+            wall, cpu, rss = ({c: t[c] for c in a.cases} for t in (wall, cpu, rss))
+            client_cpu = {}
     load_start = loadavg()
     for cyc in range(a.cycles):
         for case in a.cases:
+            if case in SHIPPED_CASES:
+                run_shipped(a, shipped, case, cyc, wall, cpu, threads, rss, client_cpu, errors,
+                            disagree)
+                continue
             w, r = bench_block(case)
             w = a.warmup if a.warmup is not None else w
             r = a.repeat if a.repeat is not None else r
@@ -249,6 +454,18 @@ def main(argv):
                 "loadavg_start": load_start, "loadavg_end": loadavg(),
                 "peers": {n: dict(seen.get(n, {}), python=py, async_mode=asy) for n, py, asy in a.peers},
                 "fields": fields, "errors": errors, "disagreements": disagree})
+    if client_cpu:
+        out["shipped_client_cpu_s_per_step"] = client_cpu
+        out["shipped_client_cpu_share"] = {
+            c: {e: (median(v) / out["median_cpu_s"][c][e]
+                    if median(v) is not None and out["median_cpu_s"][c][e] else None)
+                for e, v in t.items()} for c, t in client_cpu.items()}
+    if skipped:
+        out["shipped_skipped"] = skipped
+    if shipped:
+        out["shipped_package"] = shipped["package"]
+        out["shipped_frames"] = {c: frames_of(a, c.split("/", 1)[1]) for c in a.cases
+                                 if c in SHIPPED_CASES}
     report(out, sys.stdout)
     if a.json:
         with open(a.json, "w") as f:
@@ -331,6 +548,28 @@ def mem_table(out, f, over):
         print("| %s | %s |" % (c, " | ".join(cells)), file=f)
 
 
+def client_table(out, f, over):
+    """Shipped examples: the CPU time of fusebox.taichi's Python process
+    (the example itself, the front end, the GUI stand-in) per frame, and
+    its share of the whole engine's (that process, fuseboxd and its session
+    worker)."""
+    cc = out.get("shipped_client_cpu_s_per_step")
+    if not cc:
+        return
+    print("\nshipped: CPU ms per frame of fusebox.taichi's Python process (the example, the front "
+          "end, the GUI stand-in) and its share of the engine's CPU (+ fuseboxd and its worker) "
+          + over, file=f)
+    print("| case | " + " | ".join("%s Python ms | share" % e for e in SHIPPED_ENGINES) + " |", file=f)
+    print("|---" * (1 + 2 * len(SHIPPED_ENGINES)) + "|", file=f)
+    for c, t in cc.items():
+        cells = []
+        for e in SHIPPED_ENGINES:
+            m, sh = median(t[e]), out["shipped_client_cpu_share"][c][e]
+            cells += ["%.3f" % (m * 1e3) if m is not None else "-",
+                      "%.2f" % sh if sh is not None else "-"]
+        print("| %s | %s |" % (c, " | ".join(cells)), file=f)
+
+
 def report(out, f):
     n = out["cycles"]
     over = "over %d cycle%s" % (n, "" if n == 1 else "s")
@@ -350,6 +589,9 @@ def report(out, f):
     table(out, f, "median process CPU ms per step " + over + " (every thread of the engine's process)",
           out["median_cpu_s"], out["cpu_ratios"], ("**CPU / wall geomean**", busy))
     mem_table(out, f, over)
+    client_table(out, f, over)
+    if out.get("shipped_skipped"):
+        print("\nshipped suite skipped: " + out["shipped_skipped"], file=f)
     print("\nratios: A / B = A's time over B's (above 1: B is faster); CPU / wall: the cores an "
           "engine kept busy on average", file=f)
     for e in out["errors"]:

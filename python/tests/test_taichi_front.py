@@ -1520,3 +1520,51 @@ def test_ti_ui_window_headless(tinit, monkeypatch):
     with pytest.raises(TypeError, match="expected a field"):
         scene.particles(None, radius=0.01)
     assert ti._lib.core.with_vulkan() is False
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_python_scope_cell_reads_read_one_cell(tinit, mode):
+    """x[i, j] from Python scope on a big dense scalar field is one cell
+    read (a kernel returning it; rt.cell_reads counts them), not the whole
+    field: the same values, as Python numbers, as to_numpy()[i, j], in sync
+    and async mode, after launches still queued; sparse, vector and small
+    fields take the whole-field read, and a bad index is NumPy's error."""
+    tinit(async_mode=mode)
+    a = ti.field(ti.f32, shape=(64, 32))
+    b = ti.field(ti.i64, shape=200)
+    c = ti.field(ti.f64, shape=(8, 8, 4))
+    small = ti.field(ti.i32, shape=4)
+    v = ti.Vector.field(2, ti.f32, shape=100)
+    sp = ti.field(ti.i32)
+    ti.root.pointer(ti.i, 8).dense(ti.i, 16).place(sp)
+
+    @ti.kernel
+    def fill(k: ti.f32):
+        for i, j in a:
+            a[i, j] = ti.sin(i * 0.37 + j * k) / 3.0
+        for i in b:
+            b[i] = (i - 100) * 12345678901
+        for i, j, l in c:
+            c[i, j, l] = (i + 0.1) / (j + l + 1.0)
+        for i in v:
+            v[i] = [i, -i]
+        sp[21] = 5
+
+    fill(0.5)  # queued in async mode: the cell read comes after it
+    rt = ti._runtime.rt()
+    before = rt.cell_reads
+    want_a, want_b, want_c = a.to_numpy(), b.to_numpy(), c.to_numpy()
+    for i, j in ((0, 0), (63, 31), (17, 5), (-1, -2)):
+        got = a[i, j]
+        assert type(got) is float and got == float(want_a[i, j])
+    for i in (0, 7, 199, -200):
+        got = b[i]
+        assert type(got) is int and got == int(want_b[i])
+    assert c[7, 3, 2] == float(want_c[7, 3, 2]) and c[np.int64(1), 2, 3] == float(want_c[1, 2, 3])
+    assert rt.cell_reads - before == 10, (rt.cell_reads - before)
+    assert small[2] == 0 and sp[21] == 5 and sp[22] == 0 and list(v[3]) == [3.0, -3.0]
+    assert rt.cell_reads - before == 10  # none of those read one cell
+    with pytest.raises(IndexError):
+        a[64, 0]
+    fill(1.5)
+    assert a[5, 6] == float(a.to_numpy()[5, 6]) and rt.cell_reads - before == 11

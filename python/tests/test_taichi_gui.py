@@ -146,3 +146,71 @@ def test_imresize_nearest():
     assert r.shape == (8, 4)
     assert r[:, 0].tolist() == [0, 0, 2, 2, 4, 4, 6, 6]
     assert r[0, :].tolist() == [0, 0, 1, 1]
+
+
+def _draw(gui, rng, eager):
+    """A frame of every kind of drawing call; with eager, the canvas is
+    read after each (so each is painted at once). The arrays passed are
+    changed after each call, as a program reusing its buffers does."""
+    pos = rng.random((50, 2))
+    ends = rng.random((6, 2))
+    tri = rng.random((3, 4, 2))
+    img = rng.random((24, 16)).astype(np.float32)
+    img[3, 3] = np.nan
+    calls = [lambda: gui.set_image(img),
+             lambda: gui.circles(pos, radius=2.5, color=rng.integers(0, 0xFFFFFF, 50)),
+             lambda: gui.lines(ends[:3], ends[3:], radius=1.5, color=0x3366CC),
+             lambda: gui.triangles(tri[0], tri[1], tri[2], color=0xAA2200),
+             lambda: gui.rect((0.1, 0.9), (0.8, 0.2), color=0x00FF00),
+             lambda: gui.arrows(pos[:4], ends[:4] - 0.5, color=0xFFFF00)]
+    for c in calls:
+        c()
+        for a in (pos, ends, tri, img):
+            a *= 0.5
+        if eager:
+            gui.img
+
+
+def test_painting_when_read_gives_the_same_picture(headless):
+    """The canvas is painted when read: the same pixels as painting each
+    call at once, with the data each call was given (not what the arrays
+    hold later), clear() and set_image() covering what came before."""
+    eager, lazy = GUI("e", res=(24, 16)), GUI("l", res=(24, 16))
+    for seed in range(3):
+        before = lazy.painted, eager.painted
+        _draw(eager, np.random.default_rng(seed), True)
+        _draw(lazy, np.random.default_rng(seed), False)
+        assert lazy.painted == before[0] and eager.painted > before[1]
+        a, b = eager.get_image(), lazy.get_image()
+        assert np.array_equal(a, b)
+        assert a[..., :3].std() > 0.05  # something was drawn
+        eager.show("e.png")
+        lazy.show("l.png")
+        assert np.array_equal(tools.imread("e.png"), tools.imread("l.png"))
+        eager.clear(0x123456)
+        lazy.clear(0x123456)
+    # only fills were covered unread: the clear before each set_image, and
+    # show()'s clear before each clear(0x123456)
+    assert lazy.dropped == 6
+
+
+def test_frames_nobody_reads_are_not_painted(headless, monkeypatch):
+    """Without $FUSEBOX_GUI_DIR a frame shown without a file is discarded:
+    its drawing calls are checked (errors at the call) but never painted."""
+    monkeypatch.delenv("FUSEBOX_GUI_DIR")
+    gui = GUI("n", res=(24, 16))
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        _draw(gui, rng, False)
+        gui.show()
+    # 8 calls a frame (rect is 1 lines call, arrows 3), each covered by the
+    # clear() after show(); the clears before the 1st, 2nd and 3rd frame's
+    # set_image too
+    assert gui.painted == 0 and gui.dropped == 3 * 8 + 3
+    with pytest.raises(ValueError, match="positions must be finite"):
+        gui.circles(np.array([[np.nan, 0.5]]))
+    monkeypatch.setenv("FUSEBOX_GUI_DIR", str(headless / "frames"))
+    gui = GUI("n", res=(24, 16))
+    _draw(gui, rng, False)
+    gui.show()
+    assert gui.painted == 8 and os.path.exists(headless / "frames" / "n-00000.png")

@@ -163,7 +163,12 @@ class GUI:
         self.event: Optional[_Event] = None
         self.key_pressed: set = set()
         self.fps_limit: Optional[float] = 60
-        self.img = np.zeros((w, h, 3), dtype=np.float64)  # taichi orientation, 0..1
+        self._img = np.zeros((w, h, 3), dtype=np.float64)  # taichi orientation, 0..1
+        # drawing calls not yet painted on _img (see `img`); how many were
+        # painted and how many were covered before anything read them
+        self._pending: List[Any] = []
+        self.painted = 0
+        self.dropped = 0
         self._closed = False
         self._exit_sent = False
         self._dir = os.environ.get(_ENV_DIR) or None
@@ -176,6 +181,37 @@ class GUI:
                 raise ValueError(f"${_ENV_FRAMES} must be a whole number of frames, got "
                                  f"{frames!r}") from None
         self.clear()
+
+    # -- the canvas -------------------------------------------------------
+    # A drawing call checks its arguments and reads its data (a field's
+    # to_numpy) at once, as Taichi's does, but paints only when the canvas
+    # is read: a frame written (show(file), $FUSEBOX_GUI_DIR), save_image,
+    # get_image, `img`. The calls run then in the order made, on the data
+    # as it was, so the picture is the same; a frame nobody reads (no
+    # $FUSEBOX_GUI_DIR, show() without a file) is never painted, and clear()
+    # or set_image() forgets the calls before it, which they cover. The
+    # counts: `painted` (calls painted) and `dropped` (calls covered unread).
+    @property
+    def img(self) -> np.ndarray:
+        """The canvas, float64 (width, height, 3) in 0..1, painted up to
+        the last drawing call."""
+        pending, self._pending = self._pending, []
+        self.painted += len(pending)
+        for fn, args in pending:
+            fn(*args)
+        return self._img
+
+    @img.setter
+    def img(self, value: Any) -> None:
+        self._drop()
+        self._img = value
+
+    def _drop(self) -> None:
+        self.dropped += len(self._pending)
+        self._pending = []
+
+    def _later(self, fn: Any, *args: Any) -> None:
+        self._pending.append((fn, args))
 
     # -- the window's life ------------------------------------------------
     def __enter__(self) -> "GUI":
@@ -245,7 +281,12 @@ class GUI:
     def clear(self, color: Optional[int] = None) -> None:
         if color is None:
             color = self.background_color
-        self.img[...] = _colors(color, 1, "ti.GUI.clear")[0]
+        rgb = _colors(color, 1, "ti.GUI.clear")[0]
+        self._drop()  # covered by the fill
+        self._later(self._fill, rgb)
+
+    def _fill(self, v: np.ndarray) -> None:
+        self._img[...] = v
 
     def set_image(self, img: Any) -> None:
         """An image as Taichi's: (width, height) gray, or with 2 (RG),
@@ -269,6 +310,10 @@ class GUI:
             raise ValueError(f"{who}: the image is {v.shape[0]} x {v.shape[1]} but the GUI's res "
                              f"is {self.res[0]} x {self.res[1]}: they must match (resize with "
                              f"ti.tools.imresize)")
+        self._drop()  # covered by the image
+        self._later(self._set_image, v)  # v is a copy (astype), safe to paint later
+
+    def _set_image(self, v: np.ndarray) -> None:
         c = v.shape[2]
         if c == 1:
             rgb = np.repeat(v, 3, axis=2)
@@ -276,7 +321,7 @@ class GUI:
             rgb = np.concatenate([v, np.zeros(v.shape[:2] + (1,))], axis=2)
         else:
             rgb = v[..., :3]
-        self.img[...] = np.nan_to_num(rgb, nan=0.0)
+        self._img[...] = np.nan_to_num(rgb, nan=0.0)
 
     def get_image(self) -> np.ndarray:
         """The canvas: float32 (width, height, 4), RGBA in 0..1."""
@@ -315,7 +360,7 @@ class GUI:
             raise ValueError(f"{who}: a radius must be a finite number of pixels >= 0")
         # as Taichi's canvas: the centre at pos * res with pixel i centred on
         # i, coverage min(1, radius - distance) (a soft edge one pixel wide)
-        self._blend_discs(p * np.array(self.res, dtype=np.float64), r, rgb, 0.0)
+        self._later(self._blend_discs, p * np.array(self.res, dtype=np.float64), r, rgb, 0.0)
 
     def _blend_discs(self, c: np.ndarray, r: np.ndarray, rgb: np.ndarray, centre: float) -> None:
         """Blend discs (centres c in pixels, radii r) in order, later ones
@@ -349,7 +394,7 @@ class GUI:
         first = np.r_[0, np.nonzero(np.diff(flat))[0] + 1]
         starts = np.repeat(first, np.diff(np.r_[first, flat.size]))
         rank = np.arange(flat.size) - starts
-        img = self.img.reshape(-1, 3)
+        img = self._img.reshape(-1, 3)
         for k in range(int(rank.max()) + 1):
             sel = rank == k
             f, al = flat[sel], a[sel][:, None]
@@ -367,7 +412,7 @@ class GUI:
         xs, ys = np.meshgrid(np.arange(x0, x1 + 1) + 0.5, np.arange(y0, y1 + 1) + 0.5,
                              indexing="ij")
         m = mask_fn(xs, ys)
-        self.img[x0:x1 + 1, y0:y1 + 1][m] = rgb
+        self._img[x0:x1 + 1, y0:y1 + 1][m] = rgb
 
     def lines(self, begin: Any, end: Any, radius: Any = 1, color: Any = 0xFFFFFF) -> None:
         """Segments from begin[k] to end[k] (both (N, 2)), ``radius`` pixels
@@ -382,6 +427,10 @@ class GUI:
         r = _per_item(radius, n, "radius", who, np.float64)
         if n and not (np.isfinite(r).all() and r.min() >= 0):
             raise ValueError(f"{who}: a radius must be a finite number of pixels >= 0")
+        self._later(self._lines, a.copy(), b.copy(), r, rgb)
+
+    def _lines(self, a: np.ndarray, b: np.ndarray, r: np.ndarray, rgb: np.ndarray) -> None:
+        n = a.shape[0]
         scale = np.array(self.res, dtype=np.float64)
         w, h = self.res
         for k in range(n):  # as Taichi's canvas: coverage min(1, radius - distance)
@@ -415,6 +464,11 @@ class GUI:
                              f"{pb.shape[0]}, {pc.shape[0]})")
         n = pa.shape[0]
         rgb = _colors(color, n, who)
+        self._later(self._triangles, pa.copy(), pb.copy(), pc.copy(), rgb)
+
+    def _triangles(self, pa: np.ndarray, pb: np.ndarray, pc: np.ndarray,
+                   rgb: np.ndarray) -> None:
+        n = pa.shape[0]
         scale = np.array(self.res, dtype=np.float64)
         for k in range(n):
             p0, p1, p2 = pa[k] * scale, pb[k] * scale, pc[k] * scale

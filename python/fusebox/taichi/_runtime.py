@@ -61,6 +61,7 @@ class Runtime:
         self.generation = 0  # sessions replaced by _reopen_layout so far
         self.nd_fields: Dict[Any, Field] = {}  # the fields of ndarray arguments (ndarray_field)
         self.saved: Dict[str, np.ndarray] = {}  # values to restore into the next session
+        self.cell_reads = 0  # Python-scope x[i, j] read as one cell (Field._cell)
 
     # ---------------------------------------------------------------- layout
     def _check_open_layout(self, what: str) -> None:
