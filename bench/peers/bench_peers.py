@@ -77,6 +77,12 @@ SHIPPED = {
 SHIPPED_CASES = ["shipped/" + n for n in SHIPPED]
 SHIPPED_ENGINES = ("fusebox-sync", "fusebox-async")  # then the Taichi 1.7 peers
 COMPARE = os.path.join(ROOT, "python", "tests", "taichi_compare")
+# Where the benchmark runs more frames than test_taichi_examples.py and so
+# needs its own rule: taichi_sparse activates the cells under a rotating
+# logo, and after 7 frames a few cells on its edge (3 of 262,144 observed)
+# fall on the other side of the boundary under one engine, from the last
+# bit of an f32 sin or cos; any other difference is still a failure.
+SHIPPED_HOW = {"features/sparse/taichi_sparse.py": ("close", 1e-5, 1e-6, 1e-4)}
 EXAMPLES_TEST = os.path.join(ROOT, "python", "tests", "test_taichi_examples.py")
 SUITES = ("micro", "large", "real", "shipped")
 QUICK = (1, 2, 1)  # warm-up steps, timed steps, cycles
@@ -365,7 +371,7 @@ def run_shipped(a, ctx, case, cyc, wall, cpu, threads, rss, client_cpu, errors, 
         if e != "fusebox-sync":  # one figure for Fusebox: the async run's
             rss[case]["fusebox" if e == "fusebox-async" else e].append(res[3])
     ref = ctx["peers"][0][0]
-    how = ctx["how"].get(rel, "shapes")
+    how = SHIPPED_HOW.get(rel, ctx["how"].get(rel, "shapes"))
     for e in SHIPPED_ENGINES:
         if ref not in got or e not in got:
             continue
