@@ -51,4 +51,28 @@ enum {
 int fbp_bb_take_chunk(grpc_byte_buffer *bb, fbp_chunk *ch, fbp_chunk_dst_fn dst, void *user,
                       char *err, size_t errlen);
 
+/* What fuseboxd's broker routes a SessionRequest on, read from the message's
+ * bytes without decoding it (fbp_session_scan): the session process decodes
+ * the whole message once, where it runs. session_id points into the bytes
+ * scanned (session_id_len bytes, up to the first NUL: what protobuf-c's
+ * string holds); n_launches and n_tape count the entries of those repeated
+ * fields; flush and sync as protobuf-c decodes them (the last one given). */
+typedef struct fbp_session_head {
+  const char *session_id;
+  size_t session_id_len;
+  size_t n_launches, n_tape;
+  uint64_t sync;
+  int flush;
+} fbp_session_head;
+/* Scan the n bytes at p as a fusebox.v1.SessionRequest: 0 with *h filled,
+ * or FBP_SCAN_MALFORMED (h zeroed) where protobuf-c refuses the message's
+ * own structure: a key, varint or length prefix that does not end where
+ * protobuf-c reads one, a length past the end, a group or unknown wire type,
+ * a field of the message with another wire type than its own. Bytes inside
+ * a launch or tape mark are not looked at: the session process's decode
+ * refuses those. Whatever protobuf-c decodes, the scan accepts with the
+ * same fields (tests/test_proto.c, tests/fuzz/fuzz_proto.c). */
+#define FBP_SCAN_MALFORMED 1
+int fbp_session_scan(const uint8_t *p, size_t n, fbp_session_head *h);
+
 #endif

@@ -10,8 +10,9 @@
 #               examples/*.fbk, fuzz_checkpoint --make-seeds)
 #   fuzz_lang   the .fbk front end on hostile source (seeds: examples/*.fbk)
 #   fuzz_proto  every request fuseboxd unpacks, decoded and converted as the
-#               server does (seeds made from examples/*.fbk: fuzz_proto
-#               --make-seeds)
+#               server does, and the broker's scan of a SessionRequest
+#               (fbp_session_scan) checked against protobuf-c's decode
+#               (seeds made from examples/*.fbk: fuzz_proto --make-seeds)
 # Each target's corpus stays in the build directory (BUILD/fuzz-corpus for
 # fuzz_ir, BUILD/fuzz_lang-corpus, BUILD/fuzz_proto-corpus), so each run goes
 # on from where the last stopped; its findings go to BUILD/...-artifacts and

@@ -5,10 +5,10 @@
  *
  * Parts and where each figure comes from:
  *  - sessions: the sessions' memory (srv->st.memory_bytes, session.c);
- *  - staging: every staging buffer of field transfers (methods.c counts
+ *  - staging: every staging buffer of field transfers (stage.c counts
  *    them as they are mapped and unmapped);
  *  - queued responses: the response copies waiting to go out on calls
- *    (rpc.c; a ReadField's chunks point into its staging buffer and are
+ *    (call.c; a ReadField's chunks point into its staging buffer and are
  *    counted there);
  *  - pending launches: each session's async launches not yet run, as its
  *    engine side last reported them in the watch page;
@@ -30,16 +30,18 @@
  *    its resident private memory now less what the session's other parts
  *    already count (the field storage, kernels, pending launches and JIT
  *    code lie in that memory too); a new session is admitted with the last
- *    fresh worker's measure before it has a worker (fbd_worker_charge), and
- *    each spare counts its own. worker_memory_bytes replaces every
- *    measure with one fixed charge. */
+ *    fresh worker's measure before it has a worker (the session operations'
+ *    charge), and each spare counts its own. worker_memory_bytes replaces
+ *    every measure with one fixed charge. Which sessions have workers is
+ *    the session side's to say (fbd_session_ops: charge, held_locked):
+ *    nothing here asks the isolation. */
 #include <stdio.h>
 #include <string.h>
 
 #include "server/server.h"
 
 /* Every staging buffer of the process (the staging part): counted by
- * whoever allocates or frees one (methods.c, ckpt.c), read here. */
+ * whoever allocates or frees one (stage.c, ckpt.c), read here. */
 static atomic_uint_fast64_t staged;
 
 uint64_t fbd_stage_total(void) { return atomic_load(&staged); }
@@ -88,15 +90,9 @@ void fbd_fmt_bytes(char *out, size_t n, uint64_t v) {
   else snprintf(out, n, "%.1f %s", x, units[u]);
 }
 
-uint64_t fbd_worker_charge(fbd_server *srv) {
-  if (!fbd_isolated(srv->cfg)) return 0; /* no worker processes: nothing to add */
-  if (srv->cfg->worker_memory_bytes) return srv->cfg->worker_memory_bytes;
-  return atomic_load(&srv->worker_charge);
-}
-
 /* Under srv->mu: session s's worker (process isolation): its fresh
  * measure, or what it holds now beyond the session's other parts. */
-static uint64_t worker_part_locked(fbd_server *srv, fbd_session *s) {
+uint64_t fbd_budget_worker_part_locked(fbd_server *srv, fbd_session *s) {
   uint64_t base = atomic_load(&s->worker_base);
   if (srv->cfg->worker_memory_bytes) return base; /* the fixed charge */
   uint64_t rss = atomic_load(&s->worker_rss);
@@ -116,15 +112,17 @@ void fbd_budget_usage_locked(fbd_server *srv, uint64_t part[FBD_MEM_NPARTS]) {
   fb_code_cache_usage u;
   fb_engine_code_cache(srv->engine, &u);
   part[FBD_MEM_CODE] = u.bytes;
-  int isolated = fbd_isolated(srv->cfg);
-  part[FBD_MEM_WORKERS] = isolated ? atomic_load(&srv->spare_bytes) : 0;
+  /* the spares' (session/spawn.c measures them; none without workers) */
+  part[FBD_MEM_WORKERS] = atomic_load(&srv->spare_bytes);
   for (int i = 0; i < srv->cfg->max_sessions; i++) {
     fbd_session *s = srv->sessions[i];
     if (!s) continue;
+    uint64_t code, own;
+    srv->ops->held_locked(s, &code, &own);
     part[FBD_MEM_PENDING] += atomic_load(&s->pending_bytes);
     part[FBD_MEM_KERNELS] += atomic_load(&s->kernel_bytes);
-    if (isolated) part[FBD_MEM_CODE] += atomic_load(&s->code_bytes);
-    if (isolated) part[FBD_MEM_WORKERS] += worker_part_locked(srv, s);
+    part[FBD_MEM_CODE] += code;
+    part[FBD_MEM_WORKERS] += own;
   }
 }
 
@@ -145,12 +143,13 @@ static uint64_t total(const uint64_t part[FBD_MEM_NPARTS]) {
  * memory). */
 static uint64_t own_usage_locked(fbd_server *srv, const struct fbd_tenant *who) {
   uint64_t v = 0;
-  int isolated = fbd_isolated(srv->cfg);
   for (int i = 0; i < srv->cfg->max_sessions; i++) {
     fbd_session *s = srv->sessions[i];
     if (!s || atomic_load(&s->owner) != who) continue;
+    uint64_t code, own;
+    srv->ops->held_locked(s, &code, &own);
     v += s->accounted + atomic_load(&s->pending_bytes) + atomic_load(&s->kernel_bytes);
-    if (isolated) v += atomic_load(&s->code_bytes) + worker_part_locked(srv, s);
+    v += code + own;
   }
   return v;
 }

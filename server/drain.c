@@ -1,7 +1,7 @@
 /* Several replicas and graceful drain.
  *
  * The replica's name (--replica-name, else the host name) goes out in the
- * initial metadata of every answer ("fusebox-replica", rpc.c's pump), in
+ * initial metadata of every answer ("fusebox-replica", call.c's pump), in
  * GetInfo and in the messages that tell a client its session is not here.
  *
  * Draining (SIGTERM, or the admin Drain RPC; main.c runs it): /readyz

@@ -39,7 +39,7 @@ static void announce(const fbd_config *cfg, fbd_server *srv, fbd_log *log) {
            cfg->max_sessions, (unsigned long long)cfg->session_memory_limit,
            (unsigned long long)srv->memory_budget, (unsigned long long)u.limit,
            (unsigned long long)srv->transport_memory_bytes, cfg->max_calls, cfg->idle_timeout_s,
-           fbd_isolated(cfg) ? "a worker process per session" : "sessions in threads");
+           srv->ops->serving);
   if (cfg->ready_fd < 0) return;
   char line[sizeof srv->addresses + 2];
   int n = snprintf(line, sizeof line, "%s\n", srv->addresses);

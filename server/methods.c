@@ -18,67 +18,8 @@
 #define DEFAULT_CHUNK ((uint32_t)FB_CHUNK_BYTES_DEFAULT) /* fusebox/limits.h */
 #define MIN_CHUNK ((uint32_t)FB_CHUNK_BYTES_MIN)
 #define MAX_CHUNK ((uint32_t)FB_CHUNK_BYTES_MAX)
-#define STAGE_MMAP ((size_t)2 << 20)
 
 /* ---------------------------------------------------------------- helpers */
-
-static int stage_map(size_t n, int shared, fbd_buf *out);
-
-/* A memfd shared with a worker keeps its size for good: a compromised
- * worker could otherwise shrink it under the broker's mapping (the
- * broker's next copy into it would fault: SIGBUS, every tenant's server
- * gone) or grow it past its memory limit with write, which no budget or
- * rlimit counts. */
-int fbd_memfd_seal(int fd) {
-  return fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ? FB_EINTERNAL : 0;
-}
-
-int fbd_stage_alloc(size_t n, int shared, fbd_buf *out) {
-  int rc = stage_map(n, shared, out);
-  if (!rc) fbd_stage_count((int64_t)n); /* the budget's staging part */
-  return rc;
-}
-
-static int stage_map(size_t n, int shared, fbd_buf *out) {
-  *out = (fbd_buf){NULL, n, -1};
-  if (shared) { /* a memfd the session's worker process maps too */
-    int fd = memfd_create("fusebox-field", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0) return FB_ENOMEM;
-    void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)(n ? n : 1)) == 0 && fbd_memfd_seal(fd) == 0)
-      p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      close(fd);
-      return FB_ENOMEM;
-    }
-    *out = (fbd_buf){p, n, fd};
-    return 0;
-  }
-  if (n < STAGE_MMAP) {
-    out->p = malloc(n ? n : 1);
-    return out->p ? 0 : FB_ENOMEM;
-  }
-  void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return FB_ENOMEM;
-  madvise(p, n, MADV_HUGEPAGE); /* a hint: fine if refused */
-  out->p = p;
-  return 0;
-}
-
-void fbd_stage_free(fbd_buf *b) {
-  if (b->p) {
-    fbd_stage_count(-(int64_t)b->len);
-    if (b->fd >= 0) {
-      munmap(b->p, b->len ? b->len : 1);
-      close(b->fd);
-    } else if (b->len < STAGE_MMAP) {
-      free(b->p);
-    } else {
-      munmap(b->p, b->len);
-    }
-  }
-  *b = (fbd_buf){NULL, 0, -1};
-}
 
 /* Every arena holding a decoded request counts in the budget's "decoded
  * requests" part from its decode's first block to its free. */
@@ -98,8 +39,7 @@ static void count_decoded(void *ctx, int64_t d) {
  * budget has free (pending launches aside), so that its decoded form is
  * admitted as it is made. */
 static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
-  uint64_t mm = srv->cfg->max_message_bytes, cap = mm * FBP_DECODE_FACTOR;
-  if (cap / FBP_DECODE_FACTOR != mm) cap = UINT64_MAX;
+  uint64_t cap = fbd_decode_cap(srv->cfg->max_message_bytes);
   *by_budget = 0;
   if (!lives || !srv->memory_budget) return cap;
   uint64_t part[FBD_MEM_NPARTS], used = 0;
@@ -118,10 +58,9 @@ static uint64_t decode_limit(fbd_server *srv, int lives, int *by_budget) {
 static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, size_t n,
                            uint64_t limit, uint64_t tried, int by_budget) {
   fbd_server *srv = c->srv;
-  char w[32], l[32], mm[32], err[FBD_ERRLEN], what[160];
+  char w[32], l[32], err[FBD_ERRLEN], what[160];
   fbd_fmt_bytes(w, sizeof w, n);
   fbd_fmt_bytes(l, sizeof l, limit);
-  fbd_fmt_bytes(mm, sizeof mm, srv->cfg->max_message_bytes);
   if (by_budget) {
     /* refused for the room the budget had: the standard refusal, naming
      * the parts (or, to a user tenant, its own share) */
@@ -139,11 +78,8 @@ static void refuse_decoded(fbd_call *c, const ProtobufCMessageDescriptor *d, siz
   }
   fbd_logf(srv->log, FBD_LOG_WARN, "%s of %s on %s from %s decodes to more than %s: refused",
            d->name, w, c->m->path + 1, c->peer ? c->peer : "?", l);
-  fbd_call_finish(c, FB_EQUOTA,
-                  "%s of %s decodes to more than %s, the most one request may decode to "
-                  "(%d x max_message_bytes %s; repeated empty sub-messages decode to tens "
-                  "of times their bytes)",
-                  d->name, w, l, FBP_DECODE_FACTOR, mm);
+  fbd_decode_refusal(err, sizeof err, d->name, n, 1, limit, srv->cfg->max_message_bytes);
+  fbd_call_finish(c, FB_EQUOTA, "%s", err);
 }
 
 /* Decode bb, under decode_limit; keep, when given, keeps its bytes (for a
@@ -174,8 +110,9 @@ static void *decode_keep(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessa
     fbd_count_bad(c->srv);
     fbd_logf(c->srv->log, FBD_LOG_WARN, "malformed %s (%zu bytes) on %s from %s", d->name, n,
              c->m->path + 1, c->peer ? c->peer : "?");
-    fbd_call_finish(c, FB_EINVAL, "malformed request: %zu bytes that are not a valid %s", n,
-                    d->name);
+    char err[FBD_ERRLEN];
+    fbd_decode_refusal(err, sizeof err, d->name, n, 0, 0, 0);
+    fbd_call_finish(c, FB_EINVAL, "%s", err);
   }
   return m;
 }
@@ -188,7 +125,7 @@ static void *decode(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDes
 /* A job's request, its bytes kept when a worker process will run it. */
 static void *decode_job(fbd_call *c, grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                         fbd_job *j) {
-  return decode_keep(c, bb, d, &j->arena, fbd_isolated(c->srv->cfg) ? &j->raw : NULL, 1);
+  return decode_keep(c, bb, d, &j->arena, c->srv->ops->keep_request ? &j->raw : NULL, 1);
 }
 
 static int missing(fbd_call *c, grpc_byte_buffer *bb) {
@@ -644,13 +581,13 @@ static void end_attached(fbd_call *c, int reason) {
 }
 
 /* The first message attaches the stream to its session. */
-static int attach(fbd_call *c, const Fusebox__V1__SessionRequest *m) {
-  if (!m->session_id[0]) {
+static int attach(fbd_call *c, const fbp_session_head *h) {
+  if (!h->session_id_len) {
     fbd_count_bad(c->srv);
     fbd_call_finish(c, FB_EINVAL, "the first SessionRequest must name the session");
     return FB_EINVAL;
   }
-  fbd_session *s = named(c, m->session_id, strlen(m->session_id));
+  fbd_session *s = named(c, h->session_id, h->session_id_len);
   if (!s) return FB_ENOENT;
   int rc = fbd_session_attach(s, c);
   if (rc) {
@@ -665,6 +602,34 @@ static int attach(fbd_call *c, const Fusebox__V1__SessionRequest *m) {
   return 0;
 }
 
+/* A SessionRequest read for its routing fields only (its bytes go on to the
+ * session's worker process, which decodes them once): 0 after refusing it
+ * as decode refuses a message that is not one. */
+static int scan_job(fbd_call *c, grpc_byte_buffer *bb, fbd_job *j, fbp_session_head *h) {
+  j->raw = fbp_bb_slice(bb);
+  size_t n = GRPC_SLICE_LENGTH(j->raw);
+  if (!fbp_session_scan(GRPC_SLICE_START_PTR(j->raw), n, h)) return 1;
+  fbd_count_bad(c->srv);
+  fbd_logf(c->srv->log, FBD_LOG_WARN, "malformed %s (%zu bytes) on %s from %s",
+           fusebox__v1__session_request__descriptor.name, n, c->m->path + 1,
+           c->peer ? c->peer : "?");
+  char err[FBD_ERRLEN];
+  fbd_decode_refusal(err, sizeof err, fusebox__v1__session_request__descriptor.name, n, 0, 0, 0);
+  fbd_call_finish(c, FB_EINVAL, "%s", err);
+  return 0;
+}
+
+/* Under thread isolation the session thread runs the decoded message: it is
+ * decoded here, once, and its routing fields read from it. */
+static int decode_batch(fbd_call *c, grpc_byte_buffer *bb, fbd_job *j, fbp_session_head *h) {
+  Fusebox__V1__SessionRequest *m = decode_job(c, bb, &fusebox__v1__session_request__descriptor, j);
+  if (!m) return 0;
+  j->msg = m;
+  *h = (fbp_session_head){m->session_id, strlen(m->session_id), m->n_launches, m->n_tape,
+                          m->sync, m->flush};
+  return 1;
+}
+
 static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
   if (!bb) { /* half-closed: the client is done; or the call failed */
     if (c->sess) end_attached(c, c->recv_failed ? FBD_END_DISCONNECTED : FBD_END_CLOSED);
@@ -672,29 +637,31 @@ static void stream_recv(fbd_call *c, grpc_byte_buffer *bb) {
     return;
   }
   fbd_job *j = fbd_job_new(FBD_J_BATCH, c);
-  Fusebox__V1__SessionRequest *m =
-      j ? decode_job(c, bb, &fusebox__v1__session_request__descriptor, j) : NULL;
+  fbp_session_head h;
+  int ok = j && (fbd_isolated(c->srv->cfg) ? scan_job : decode_batch)(c, bb, j, &h);
   if (!j) fbd_call_finish(c, FB_ENOMEM, "out of memory");
-  if (!m) {
+  if (!ok) {
     end_attached(c, FBD_END_CLOSED);
     fbd_job_free(j);
     return;
   }
-  j->msg = m;
-  if (!c->sess && attach(c, m)) {
+  j->n_launches = h.n_launches;
+  j->sync = h.sync;
+  if (!c->sess && attach(c, &h)) {
     fbd_job_free(j);
     return;
   }
-  if (m->session_id[0] && strcmp(m->session_id, c->sess->id) != 0) {
+  if (h.session_id_len &&
+      (h.session_id_len != strlen(c->sess->id) || memcmp(h.session_id, c->sess->id, h.session_id_len))) {
     fbd_count_bad(c->srv);
     fbd_call_finish(c, FB_EINVAL, "this stream belongs to session %s", c->sess->tag);
     end_attached(c, FBD_END_CLOSED);
     fbd_job_free(j);
     return;
   }
-  fbd_auth_count_stream(c, m->n_launches, m->sync != 0);
+  fbd_auth_count_stream(c, h.n_launches, h.sync != 0);
   /* a message of tape marks alone is work too (it was once dropped here) */
-  if (m->n_launches || m->n_tape || m->flush || m->sync) {
+  if (h.n_launches || h.n_tape || h.flush || h.sync) {
     if (post(c, c->sess, j)) return;
   } else {
     fbd_job_free(j);
@@ -1243,27 +1210,39 @@ static void drain_recv(fbd_call *c, grpc_byte_buffer *bb) {
 
 /* ---------------------------------------------------------------- the table */
 
+/* A ReadField's job ran (session.c): its buffer streams back in chunks. */
+static void read_job(fbd_call *c, fbd_session *s, fbd_job *j) {
+  fbd_read_begin(c, s, &j->buf, j->chunk);
+}
+
+/* A Checkpoint's job ran with the bytes for the client: they stream back. */
+static void ckpt_job(fbd_call *c, fbd_session *s, fbd_job *j) {
+  (void)s;
+  fbd_ckpt_send(c, j->ck, j->chunk);
+  j->ck = NULL;
+}
+
 static const fbd_method methods[] = {
-    {"/grpc.health.v1.Health/Check", NULL, health_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/CreateSession", NULL, create_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Cancel", NULL, cancel_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent, free_session_ref},
-    {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free},
-    {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, cs_next, cs_free},
-    {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/DescribeSource", NULL, describe_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/Checkpoint", NULL, ckpt_recv, NULL, cs_next, cs_free},
-    {"/fusebox.v1.Fusebox/Restore", NULL, restore_recv, NULL, NULL, restore_free},
-    {"/fusebox.v1.Fusebox/ListCheckpoints", NULL, list_recv, NULL, NULL, NULL},
-    {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, cs_next, cs_free},
-    {"/fusebox.v1.Fusebox/Drain", NULL, drain_recv, NULL, NULL, NULL},
+    {"/grpc.health.v1.Health/Check", NULL, health_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/CreateSession", NULL, create_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/CloseSession", NULL, close_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Cancel", NULL, cancel_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/RegisterKernels", NULL, register_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Session", NULL, stream_recv, stream_close, stream_sent, free_session_ref,
+     NULL},
+    {"/fusebox.v1.Fusebox/WriteField", NULL, write_recv, NULL, NULL, write_free, NULL},
+    {"/fusebox.v1.Fusebox/ReadField", NULL, read_recv, NULL, cs_next, cs_free, read_job},
+    {"/fusebox.v1.Fusebox/GetInfo", NULL, info_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/GetStats", NULL, stats_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/DescribeSource", NULL, describe_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/Checkpoint", NULL, ckpt_recv, NULL, cs_next, cs_free, ckpt_job},
+    {"/fusebox.v1.Fusebox/Restore", NULL, restore_recv, NULL, NULL, restore_free, NULL},
+    {"/fusebox.v1.Fusebox/ListCheckpoints", NULL, list_recv, NULL, NULL, NULL, NULL},
+    {"/fusebox.v1.Fusebox/FetchCheckpoint", NULL, fetch_recv, NULL, cs_next, cs_free, NULL},
+    {"/fusebox.v1.Fusebox/Drain", NULL, drain_recv, NULL, NULL, NULL, NULL},
 };
 
-const fbd_method *fbd_method_find(const char *path, size_t n) {
-  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-    if (strlen(methods[i].path) == n && memcmp(methods[i].path, path, n) == 0) return &methods[i];
-  return NULL;
+const fbd_method *fbd_methods(size_t *n) {
+  *n = sizeof methods / sizeof methods[0];
+  return methods;
 }

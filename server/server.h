@@ -217,6 +217,7 @@ void fbd_logf(fbd_log *l, int level, const char *fmt, ...)
 
 typedef struct fbd_server fbd_server;
 typedef struct fbd_session fbd_session;
+typedef struct fbd_job fbd_job; /* a request a session runs in order (below) */
 typedef struct fbd_call fbd_call;
 typedef struct fbd_proc fbd_proc; /* a session's worker process (server/session/) */
 
@@ -233,6 +234,10 @@ typedef struct fbd_method {
   void (*on_close)(fbd_call *c, int cancelled);
   void (*on_sent)(fbd_call *c); /* send queue ran empty */
   void (*on_free)(fbd_call *c);
+  /* a job the call posted ran and left bytes to stream back in chunks
+     (session.c run_job; ReadField: j->buf, Checkpoint: j->ck, each taken):
+     the session side answers a call upward through this, never by name */
+  void (*on_job)(fbd_call *c, fbd_session *s, fbd_job *j);
 } fbd_method;
 
 typedef struct fbd_out {
@@ -296,6 +301,7 @@ void fbd_call_finish(fbd_call *c, int code, const char *fmt, ...)
     ;
 void fbd_call_finish_status(fbd_call *c, int grpc_status, int code, const char *msg);
 int fbd_call_queued(fbd_call *c); /* messages waiting to go out */
+void fbd_call_tags(fbd_call *c); /* a new call's completions (call.c) */
 
 /* ---------------------------------------------------------------- server */
 
@@ -332,6 +338,10 @@ struct fbd_server {
   char *listen[FBD_MAX_LISTEN];
   int nlisten;
   fbd_tag t_shutdown;
+  /* what rpc.c routes calls to by path: methods.c's table (fbd_methods),
+     set by start.c */
+  const fbd_method *methods;
+  size_t nmethods;
   /* under mu */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -448,7 +458,8 @@ void fbd_gate_set_tls(fbd_server *s, struct ssl_ctx_st *ctx);
 char *fbd_gate_peer(fbd_server *s, const char *peer, char **cert_pem);
 void fbd_server_free(fbd_server *s);
 double fbd_now(void); /* monotonic seconds (log.c) */
-const fbd_method *fbd_method_find(const char *path, size_t n);
+/* The table of methods (methods.c), which start.c hands to rpc.c: *n entries. */
+const fbd_method *fbd_methods(size_t *n);
 void fbd_count_bad(fbd_server *s);
 
 /* ---------------------------------------------------------------- buffers
@@ -571,7 +582,21 @@ typedef struct fbd_reply {
   size_t pblen;
   fb_counters counters; /* the session's after the job */
   uint32_t registered; /* RegisterKernels: the kernels it registered (source instances too) */
+  int refused; /* the request itself was refused (malformed, or over the decode limit) where
+                  it was decoded: the broker counts it bad and ends the stream (proc.c) */
 } fbd_reply;
+
+/* A request's decode, where it is decoded once: under FBP_DECODE_FACTOR x
+ * max_message_bytes (0: no limit), refused in the words the broker uses
+ * for the requests it decodes itself (INVALID_ARGUMENT "malformed request:
+ * N bytes that are not a valid ...", RESOURCE_EXHAUSTED "... decodes to
+ * more than ..."). NULL with r finished and refused set. */
+void *fbd_exec_decode(const ProtobufCMessageDescriptor *d, fbp_arena *a, const uint8_t *p,
+                      size_t n, uint64_t max_message_bytes, fbd_reply *r);
+/* The limit itself, and the two refusals' words (over: past the limit). */
+uint64_t fbd_decode_cap(uint64_t max_message_bytes);
+void fbd_decode_refusal(char *err, size_t errlen, const char *name, size_t n, int over,
+                        uint64_t limit, uint64_t max_message_bytes);
 
 void fbd_exec_init(fbd_exec *x, fb_engine *e, fb_layout *l, const fb_session_config *ecfg,
                    const char *tag, fbd_log *log, fbd_watch *watch);
@@ -632,6 +657,12 @@ typedef struct fbd_job {
   int reason; /* END */
   double posted_at; /* when it was queued (sync latency) */
   uint64_t first_launch; /* BATCH: the session's number of its first launch (0: none) */
+  /* BATCH: what the broker accounts and routes on, read from the message's
+     bytes (fbp_session_scan) under process isolation, where msg stays NULL
+     and the session process decodes raw once; from msg under thread
+     isolation, where the completion-queue thread decodes it once */
+  size_t n_launches;
+  uint64_t sync;
   /* CKPT: where the unsealed stream goes (the broker's side: the seal);
      RESTORE: the stream's bytes (src, the first len bytes of fd) */
   fb_sink_fn sink;
@@ -770,7 +801,20 @@ void fbd_read_begin(fbd_call *c, fbd_session *s, fbd_buf *buf, uint32_t chunk);
  * a request's bytes kept for the worker (methods.c), the spares (start.c). */
 typedef struct fbd_session_ops {
   const char *name;  /* "thread", "process" */
+  const char *serving; /* how sessions run, in fuseboxd's line at start (main.c) */
   int staging_memfd; /* staging buffers are memfds a worker maps (fbd_stage_alloc) */
+  /* a job's request bytes are kept with it (j->raw, methods.c decode_job):
+     the worker decodes them again (process) */
+  int keep_request;
+  /* The memory budget's figures of what a session's engine side holds
+     outside the broker's engine (budget.c): what a new session's worker is
+     charged from its admission on, before it has one (process:
+     worker_memory_bytes, else the last fresh worker's measure; thread: 0,
+     no worker); under srv->mu, what s's worker holds: its engine's JIT code
+     (*code, the JIT code part) and its own memory (*own, the workers part;
+     thread: 0 and 0, its JIT code is in the broker's engine's code cache) */
+  uint64_t (*charge)(fbd_server *srv);
+  void (*held_locked)(fbd_session *s, uint64_t *code, uint64_t *own);
   int (*open)(fbd_session *s); /* at fbd_session_new: its watch page (thread) */
   /* before CREATE, DESCRIBE and RESTORE: a worker for s (process) */
   int (*attach)(fbd_session *s, char *err, size_t errlen);
@@ -818,10 +862,10 @@ int fbd_proc_measure(fbd_proc *p, uint64_t *bytes);
 /* Measure s's worker into s->worker_rss (the reaper's tick, any thread:
  * s->mu guards s->proc against the session's end). */
 void fbd_proc_sample(fbd_session *s);
-/* What a new session's worker is charged in the budget before it has one:
- * worker_memory_bytes, else the last fresh worker's measure (0 under thread
- * isolation). */
-uint64_t fbd_worker_charge(fbd_server *srv);
+/* Under srv->mu: what session s's worker is charged in the memory budget's
+ * workers part (budget.c; the process implementation's held_locked): its
+ * fresh measure, or what it holds now beyond the session's other parts. */
+uint64_t fbd_budget_worker_part_locked(fbd_server *srv, fbd_session *s);
 /* Send sig to p's worker through its pidfd (never to a reused pid); a
  * worker already gone, or no pidfd, is left alone. */
 void fbd_proc_signal(fbd_proc *p, int sig);
@@ -1018,7 +1062,7 @@ void fbd_stage_count(int64_t delta); /* the staging total (budget.c) moves by de
 struct fbd_ckpt_wait;
 void fbd_ckpt_wait_done(struct fbd_ckpt_wait *w, int code, const char *name, const char *err);
 /* Stream a finished checkpoint (memfd) to c in chunks; takes k. */
-void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk); /* bytes staged outside fbd_stage_alloc (methods.c) */
+void fbd_ckpt_send(fbd_call *c, fbd_ckpt_job *k, uint32_t chunk); /* bytes staged outside fbd_stage_alloc (stage.c) */
 
 /* ---------------------------------------------------------------- security (auth.h) */
 

@@ -86,7 +86,7 @@ static int table_add(fbd_server *srv, fbd_session *s, char *err, size_t errlen) 
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   /* its memory and (process isolation) its worker's, charged before the
      worker is taken or started: the charge counts from admission on */
-  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  uint64_t charge = srv->ops->charge(srv), need = s->mem_bytes + charge;
   if (need < charge) need = UINT64_MAX;
   atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
@@ -203,7 +203,7 @@ static int stage_new(fbd_session *s, size_t n, fbd_buf *out, const char *what, c
   int all = fbd_auth_sees_all(srv, atomic_load(&s->owner)); /* before srv->mu */
   /* its memory and (process isolation) its worker's, charged before the
      worker is taken or started: the charge counts from admission on */
-  uint64_t charge = fbd_worker_charge(srv), need = s->mem_bytes + charge;
+  uint64_t charge = srv->ops->charge(srv), need = s->mem_bytes + charge;
   if (need < charge) need = UINT64_MAX;
   atomic_store(&s->worker_base, charge);
   pthread_mutex_lock(&srv->mu);
@@ -268,8 +268,8 @@ static int post_locked(fbd_session *s, fbd_job *j) {
   s->depth++;
   atomic_fetch_add_explicit(&s->queued, 1, memory_order_release);
   s->posted++;
-  if (j->kind == FBD_J_BATCH && j->msg) { /* numbered as the client numbers them */
-    size_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+  if (j->kind == FBD_J_BATCH) { /* numbered as the client numbers them */
+    size_t n = j->n_launches;
     j->first_launch = n ? s->launches_posted + 1 : 0;
     s->launches_posted += n;
   }
@@ -651,8 +651,7 @@ static void ckpt_done(fbd_session *s, fbd_job *j, fbd_reply *r) {
     fbd_call_send_msg(j->call, &c.base);
     fbd_call_finish(j->call, FB_OK, NULL);
   } else {
-    fbd_ckpt_send(j->call, j->ck, j->chunk); /* takes the job's checkpoint */
-    j->ck = NULL;
+    j->call->m->on_job(j->call, s, j); /* streams and takes the job's checkpoint */
   }
 }
 
@@ -749,7 +748,12 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_run run;
     fbd_sched_enter(s, j->kind, &run);
     srv->ops->run(s, j, &r);
-    int sync = j->kind == FBD_J_BATCH && ((const Fusebox__V1__SessionRequest *)j->msg)->sync;
+    if (r.refused) { /* a stream's message refused where it was decoded: the stream ends */
+      fbd_job *end = fbd_job_new(FBD_J_END, NULL);
+      if (end) end->reason = FBD_END_CLOSED;
+      if (end && fbd_session_post(s, end)) fbd_job_free(end);
+    }
+    int sync = j->kind == FBD_J_BATCH && j->sync;
     fbd_sched_leave(s, &run, j->kind, sync, j->posted_at);
   }
   if (j->kind == FBD_J_CREATE && !r.code) created(s, j);
@@ -766,10 +770,9 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     fbd_logf(srv->log, FBD_LOG_WARN, "session for %s refused: %s", s->peer, r.msg);
   }
   if (j->kind == FBD_J_BATCH) {
-    const Fusebox__V1__SessionRequest *m = j->msg;
     pthread_mutex_lock(&srv->mu);
-    srv->st.launches += m->n_launches;
-    if (m->sync) srv->st.syncs++;
+    srv->st.launches += j->n_launches;
+    if (j->sync) srv->st.syncs++;
     pthread_mutex_unlock(&srv->mu);
   }
   if (j->call && r.pb) fbd_call_send(j->call, r.pb, r.pblen);
@@ -780,7 +783,7 @@ static void run_job(fbd_session *s, fbd_job *j, fb_counters *after) {
     else if (msg) fbd_call_finish(j->call, r.code, "%s", msg);
     else fbd_call_finish(j->call, r.code, NULL);
   } else if (j->call && read) {
-    fbd_read_begin(j->call, s, &j->buf, j->chunk);
+    j->call->m->on_job(j->call, s, j); /* streams the buffer (takes it) */
   }
   if (j->buf.p) fbd_stage_give(s, &j->buf); /* a write's buffer, for the next transfer */
   if (r.fatal && s->created && s->end_reason == FBD_END_CLOSED) s->end_reason = FBD_END_FAILED;

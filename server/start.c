@@ -2,8 +2,8 @@
  * takes down, in reverse, what the broker's files own (the engine, auth,
  * the code store, the scheduler, checkpoints, the worker processes, the
  * gRPC server and its gate, /metrics), plus the listeners' sockets and
- * gRPC's channel arguments. The policy files and rpc.c do not call each
- * other's start or stop. */
+ * gRPC's channel arguments, and the table of methods rpc.c routes calls
+ * to. The policy files and rpc.c do not call each other's start or stop. */
 #include <errno.h>
 #include <grp.h>
 #include <grpc/grpc_security.h>
@@ -248,6 +248,7 @@ int fbd_server_start(const fbd_config *cfg, fbd_log *log, fbd_server **out, char
   if (!srv) return FB_ENOMEM;
   srv->cfg = cfg;
   srv->ops = fbd_isolated(cfg) ? &fbd_process_ops : &fbd_thread_ops;
+  srv->methods = fbd_methods(&srv->nmethods);
   srv->log = log;
   srv->started = fbd_now();
   srv->memory_budget = cfg->memory_budget ? cfg->memory_budget : memory_available() / 4 * 3;

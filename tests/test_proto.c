@@ -914,6 +914,190 @@ START_TEST(take_chunk_both_paths) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------- scanning a SessionRequest */
+
+static uint64_t scan_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) { /* xorshift64: the same cases every run */
+  scan_rng ^= scan_rng << 13;
+  scan_rng ^= scan_rng >> 7;
+  scan_rng ^= scan_rng << 17;
+  return scan_rng;
+}
+
+/* fbp_session_scan against protobuf-c's decode of the same bytes: whatever
+ * protobuf-c decodes, the scan accepts with the same fields; whatever the
+ * scan refuses, protobuf-c refuses. Returns 1 when protobuf-c decoded it. */
+static int scan_agrees(const uint8_t *p, size_t n) {
+  fbp_session_head h;
+  int rc = fbp_session_scan(p, n, &h);
+  Fusebox__V1__SessionRequest *m = fusebox__v1__session_request__unpack(NULL, n, p);
+  if (m) {
+    ck_assert_msg(rc == 0, "protobuf-c decodes %zu bytes the scan refused", n);
+    ck_assert_uint_eq(h.n_launches, m->n_launches);
+    ck_assert_uint_eq(h.n_tape, m->n_tape);
+    ck_assert_uint_eq(h.sync, m->sync);
+    ck_assert_int_eq(h.flush, m->flush != 0);
+    ck_assert_uint_eq(h.session_id_len, strlen(m->session_id));
+    ck_assert(!h.session_id_len || !memcmp(h.session_id, m->session_id, h.session_id_len));
+    fusebox__v1__session_request__free_unpacked(m, NULL);
+    return 1;
+  }
+  if (rc) {
+    ck_assert_int_eq(rc, FBP_SCAN_MALFORMED);
+    ck_assert_uint_eq(h.n_launches + h.n_tape + h.sync + (uint64_t)h.flush, 0);
+  }
+  return 0;
+}
+
+/* A random SessionRequest packed by protobuf-c, with unknown fields of
+ * every wire type appended now and then. */
+static size_t random_request(uint8_t **out) {
+  Fusebox__V1__SessionRequest m = FUSEBOX__V1__SESSION_REQUEST__INIT;
+  char id[40];
+  size_t idn = rnd() % 3 ? 32 : rnd() % 40;
+  for (size_t i = 0; i < idn; i++) id[i] = (char)('a' + rnd() % 26);
+  if (idn && rnd() % 8 == 0) id[rnd() % idn] = 0; /* protobuf-c's string ends at a NUL */
+  id[idn] = 0;
+  m.session_id = id;
+  size_t nl = rnd() % 4 ? rnd() % 20 : rnd() % 300, nt = rnd() % 3 ? 0 : rnd() % 5;
+  Fusebox__V1__Launch *ls = calloc(nl + 1, sizeof *ls), **lp = calloc(nl + 1, sizeof *lp);
+  Fusebox__V1__Value *vs = calloc(nl * 3 + 1, sizeof *vs), **vp = calloc(nl * 3 + 1, sizeof *vp);
+  Fusebox__V1__TapeMark *ts = calloc(nt + 1, sizeof *ts), **tp = calloc(nt + 1, sizeof *tp);
+  for (size_t i = 0; i < nl; i++) {
+    fusebox__v1__launch__init(&ls[i]);
+    ls[i].kernel = (int32_t)(rnd() % 9) - 1;
+    ls[i].n_args = rnd() % 4;
+    ls[i].args = &vp[i * 3];
+    for (size_t a = 0; a < ls[i].n_args; a++) {
+      fusebox__v1__value__init(&vs[i * 3 + a]);
+      vs[i * 3 + a].i = (int64_t)rnd();
+      vs[i * 3 + a].f_bits = rnd();
+      vp[i * 3 + a] = &vs[i * 3 + a];
+    }
+    lp[i] = &ls[i];
+  }
+  for (size_t i = 0; i < nt; i++) {
+    fusebox__v1__tape_mark__init(&ts[i]);
+    ts[i].at = (uint32_t)(rnd() % (nl + 2));
+    ts[i].end = rnd() & 1;
+    ts[i].loss = (int32_t)(rnd() % 5);
+    tp[i] = &ts[i];
+  }
+  m.n_launches = nl;
+  m.launches = lp;
+  m.n_tape = nt;
+  m.tape = tp;
+  m.flush = rnd() & 1;
+  m.sync = rnd() % 3 == 0 ? 0 : rnd() % 2 ? rnd() % 1000 : rnd();
+  size_t n = fusebox__v1__session_request__get_packed_size(&m);
+  uint8_t *b = malloc(n + 64);
+  fusebox__v1__session_request__pack(&m, b);
+  if (rnd() % 4 == 0) { /* unknown fields: varint, 64-bit, bytes, 32-bit */
+    static const uint8_t unk[] = {0x30, 0x96, 0x01, 0x39, 1, 2, 3, 4, 5, 6, 7, 8,
+                                  0x42, 0x03, 'x', 'y', 'z', 0x4d, 9, 9, 9, 9,
+                                  0xf8, 0x07, 0x01 /* field 127, varint */};
+    memcpy(b + n, unk, sizeof unk);
+    n += sizeof unk;
+  }
+  free(ls);
+  free(lp);
+  free(vs);
+  free(vp);
+  free(ts);
+  free(tp);
+  *out = b;
+  return n;
+}
+
+START_TEST(session_scan_matches_protobuf_c) {
+  int decoded = 0, mutated_decoded = 0;
+  for (int k = 0; k < 400; k++) {
+    uint8_t *b;
+    size_t n = random_request(&b);
+    decoded += scan_agrees(b, n);
+    /* every truncation of the small ones, a few of the large ones */
+    for (size_t cut = 0; cut < n; cut += n < 200 ? 1 : 1 + rnd() % 37) scan_agrees(b, cut);
+    /* garbage: a few bytes changed at random */
+    for (int t = 0; t < 20; t++) {
+      uint8_t *c = malloc(n ? n : 1);
+      memcpy(c, b, n);
+      for (int f = 0, nf = 1 + (int)(rnd() % 3); n && f < nf; f++) c[rnd() % n] = (uint8_t)rnd();
+      mutated_decoded += scan_agrees(c, n);
+      free(c);
+    }
+    free(b);
+  }
+  ck_assert_int_eq(decoded, 400); /* every message protobuf-c packed decodes */
+  ck_assert_int_gt(mutated_decoded, 0); /* some garbage is valid protobuf too */
+  for (int k = 0; k < 20000; k++) { /* pure garbage, short */
+    uint8_t g[24];
+    size_t n = rnd() % sizeof g;
+    for (size_t i = 0; i < n; i++) g[i] = (uint8_t)rnd();
+    scan_agrees(g, n);
+  }
+}
+END_TEST
+
+/* The refusals by name, each refused by protobuf-c too. */
+START_TEST(session_scan_refusals) {
+  static const struct {
+    const char *what;
+    uint8_t b[16];
+    size_t n;
+  } bad[] = {
+      {"field 0", {0x00, 0x00}, 2},
+      {"a key that does not end", {0x80}, 1},
+      {"a key of six bytes", {0x88, 0x80, 0x80, 0x80, 0x80, 0x00}, 6},
+      {"a varint of eleven bytes (sync)", {0x20, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 12},
+      {"a varint cut short (flush)", {0x18, 0x80}, 2},
+      {"a length past the end", {0x12, 0x05, 0x08, 0x01}, 4},
+      {"a length prefix that does not end", {0x0a, 0x80, 0x80}, 3},
+      {"a group", {0x1b, 0x1c}, 2},
+      {"wire type 7", {0x0f}, 1},
+      {"launches as a varint", {0x10, 0x01}, 2},
+      {"the session id as 32 bits", {0x0d, 1, 2, 3, 4}, 5},
+      {"sync in 64 bits", {0x21, 1, 2, 3, 4, 5, 6, 7, 8}, 9},
+      {"tape as a varint", {0x28, 0x01}, 2},
+      {"64 bits cut short", {0x31, 1, 2, 3}, 4},
+      {"32 bits cut short", {0x35, 1, 2}, 3},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fbp_session_head h;
+    ck_assert_msg(fbp_session_scan(bad[i].b, bad[i].n, &h) == FBP_SCAN_MALFORMED, "%s accepted",
+                  bad[i].what);
+    Fusebox__V1__SessionRequest *m = fusebox__v1__session_request__unpack(NULL, bad[i].n, bad[i].b);
+    ck_assert_msg(m == NULL, "protobuf-c decodes %s", bad[i].what);
+  }
+  /* and the routing fields of a message as a client sends it */
+  static const uint8_t ok[] = {0x0a, 0x03, 'a', 0x00, 'b', 0x12, 0x00, 0x12, 0x02, 0x08, 0x01,
+                               0x2a, 0x00, 0x18, 0x02, 0x20, 0xff, 0xff, 0xff, 0xff, 0xff,
+                               0xff, 0xff, 0xff, 0xff, 0x01};
+  fbp_session_head h;
+  ck_assert_int_eq(fbp_session_scan(ok, sizeof ok, &h), 0);
+  ck_assert_uint_eq(h.session_id_len, 1); /* up to the NUL */
+  ck_assert_uint_eq(h.n_launches, 2);
+  ck_assert_uint_eq(h.n_tape, 1);
+  ck_assert_int_eq(h.flush, 1);
+  ck_assert(h.sync == UINT64_MAX);
+  ck_assert_int_eq(scan_agrees(ok, sizeof ok), 1);
+  ck_assert_int_eq(fbp_session_scan(NULL, 0, &h), 0); /* the empty message */
+  /* protobuf-c takes a bool in any wire type: set when a byte of the value
+     (a length prefix included) has one of its low seven bits set */
+  static const struct {
+    uint8_t b[8];
+    size_t n;
+    int flush;
+  } bools[] = {{{0x1a, 0x01, 0x00}, 3, 1}, {{0x1a, 0x00}, 2, 0}, {{0x1d, 0x80, 0x80, 0x80, 0x80}, 5, 0},
+               {{0x1d, 0x80, 0x80, 0x80, 0x81}, 5, 1}, {{0x18, 0x80, 0x00}, 3, 0}};
+  for (size_t i = 0; i < sizeof bools / sizeof bools[0]; i++) {
+    ck_assert_int_eq(fbp_session_scan(bools[i].b, bools[i].n, &h), 0);
+    ck_assert_int_eq(h.flush, bools[i].flush);
+    ck_assert_int_eq(scan_agrees(bools[i].b, bools[i].n), 1);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("proto");
   TCase *tc = tcase_create("convert");
@@ -937,6 +1121,8 @@ int main(void) {
   tcase_add_test(tc, every_counter_round_trips);
   tcase_add_test(tc, bb_copy_across_slices);
   tcase_add_test(tc, take_chunk_both_paths);
+  tcase_add_test(tc, session_scan_matches_protobuf_c);
+  tcase_add_test(tc, session_scan_refusals);
   suite_add_tcase(s, tc);
   return fbt_run(s);
 }

@@ -97,8 +97,7 @@ uint64_t fbd_reply_cap(const fbd_proc *p, const fbd_job *j) {
   case FBD_J_DESCRIBE: /* its fields and kernels, named in the source */
     return FBD_SOURCE_REPLY_MAX;
   case FBD_J_BATCH: {
-    const Fusebox__V1__SessionRequest *m = j->msg;
-    if (!m || !m->sync) return 0;
+    if (!j->sync) return 0;
     uint64_t rets = p->unsynced < FBD_SYNC_MAX_RETS ? p->unsynced : FBD_SYNC_MAX_RETS;
     pthread_once(&pb_once, pb_bounds);
     return pb_sync_fixed + rets * pb_ret_max + (uint64_t)FBD_SYNC_MAX_ERRS * pb_err_max;

@@ -533,6 +533,45 @@ static void run_batch(fbd_exec *x, const Fusebox__V1__SessionRequest *m, fbd_rep
   if (m->sync) send_sync(x, m->sync, r);
 }
 
+/* ---------------------------------------------------------------- decoding */
+
+uint64_t fbd_decode_cap(uint64_t mm) {
+  uint64_t cap = mm * FBP_DECODE_FACTOR;
+  return cap / FBP_DECODE_FACTOR != mm ? UINT64_MAX : cap;
+}
+
+void fbd_decode_refusal(char *err, size_t errlen, const char *name, size_t n, int over,
+                        uint64_t limit, uint64_t mm) {
+  if (!over) {
+    fb_errf(err, errlen, "malformed request: %zu bytes that are not a valid %s", n, name);
+    return;
+  }
+  char w[32], l[32], m[32];
+  fbd_fmt_bytes(w, sizeof w, n);
+  fbd_fmt_bytes(l, sizeof l, limit);
+  fbd_fmt_bytes(m, sizeof m, mm);
+  fb_errf(err, errlen,
+          "%s of %s decodes to more than %s, the most one request may decode to "
+          "(%d x max_message_bytes %s; repeated empty sub-messages decode to tens "
+          "of times their bytes)",
+          name, w, l, FBP_DECODE_FACTOR, m);
+}
+
+void *fbd_exec_decode(const ProtobufCMessageDescriptor *d, fbp_arena *a, const uint8_t *p,
+                      size_t n, uint64_t mm, fbd_reply *r) {
+  uint64_t limit = mm ? fbd_decode_cap(mm) : 0;
+  a->limit = limit > SIZE_MAX - a->held ? 0 : a->held + (size_t)limit;
+  a->over = 0;
+  void *m = protobuf_c_message_unpack(d, &a->pb, n, p);
+  a->limit = 0;
+  if (!m) {
+    fbd_decode_refusal(r->msg, sizeof r->msg, d->name, n, a->over, limit, mm);
+    r->code = a->over ? FB_EQUOTA : FB_EINVAL;
+    r->finish = r->refused = 1;
+  }
+  return m;
+}
+
 /* ---------------------------------------------------------------- fields */
 
 static void run_write(fbd_exec *x, int field, const uint8_t *buf, size_t len, fbd_reply *r) {

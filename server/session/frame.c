@@ -35,44 +35,70 @@ int fbd_frame_write(int fd, const void *p, size_t n, const frame_clock *clk) {
   return 0;
 }
 
-/* Send head (with fd attached when fd >= 0), then body, within clk. */
-int fbd_frame_send(int fd, const void *head, size_t hn, int pass_fd, const void *body, size_t bn,
-                   const frame_clock *clk) {
-  struct iovec iov = {(void *)head, hn};
-  union {
-    char buf[CMSG_SPACE(sizeof(int))];
-    struct cmsghdr align;
-  } u;
+/* Room for one descriptor riding on a frame (SCM_RIGHTS). */
+typedef union fd_cmsg {
+  char buf[CMSG_SPACE(sizeof(int))];
+  struct cmsghdr align;
+} fd_cmsg;
+
+static void msg_init(struct msghdr *mh, struct iovec *iov, size_t n, fd_cmsg *u) {
+  memset(mh, 0, sizeof *mh);
+  mh->msg_iov = iov;
+  mh->msg_iovlen = n;
+  if (u) {
+    memset(u, 0, sizeof *u);
+    mh->msg_control = u->buf;
+    mh->msg_controllen = sizeof u->buf;
+  }
+}
+
+/* Write the n pieces of iov in full, in as few sends as the socket takes
+ * (one, as a rule: a frame's header and body go together); the first
+ * carries pass_fd when it is >= 0. Without a clock it blocks; with one it
+ * gives FB_ETIMEOUT once the clock has passed. iov is used up. */
+int fbd_frame_writev(int fd, struct iovec *iov, int n, int pass_fd, const frame_clock *clk) {
+  fd_cmsg u;
   struct msghdr mh;
-  memset(&mh, 0, sizeof mh);
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
+  while (n && !iov->iov_len) iov++, n--;
+  msg_init(&mh, iov, (size_t)n, pass_fd >= 0 ? &u : NULL);
   if (pass_fd >= 0) {
-    memset(&u, 0, sizeof u);
-    mh.msg_control = u.buf;
-    mh.msg_controllen = sizeof u.buf;
     struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
   }
-  ssize_t w;
-  for (;;) { /* nothing went yet: the fd rides on the first byte */
-    w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w >= 0 || errno == EINTR) {
-      if (w >= 0) break;
+  while (mh.msg_iovlen) {
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | (clk ? MSG_DONTWAIT : 0));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (fbd_frame_clock_past(clk)) return FB_ETIMEOUT;
+      struct pollfd pf = {fd, POLLOUT, 0};
+      poll(&pf, 1, 50);
       continue;
     }
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return FB_EIO;
-    if (fbd_frame_clock_past(clk)) return FB_ETIMEOUT;
-    struct pollfd pf = {fd, POLLOUT, 0};
-    poll(&pf, 1, 50);
+    if (w <= 0) return FB_EIO;
+    mh.msg_control = NULL; /* the fd rode on the first byte */
+    mh.msg_controllen = 0;
+    size_t left = (size_t)w;
+    while (mh.msg_iovlen && left >= mh.msg_iov->iov_len) {
+      left -= mh.msg_iov->iov_len;
+      mh.msg_iov++;
+      mh.msg_iovlen--;
+    }
+    if (mh.msg_iovlen) {
+      mh.msg_iov->iov_base = (uint8_t *)mh.msg_iov->iov_base + left;
+      mh.msg_iov->iov_len -= left;
+    }
   }
-  if (w == 0) return FB_EIO;
-  int rc = 0;
-  if ((size_t)w < hn) rc = fbd_frame_write(fd, (const uint8_t *)head + w, hn - (size_t)w, clk);
-  return rc ? rc : bn ? fbd_frame_write(fd, body, bn, clk) : 0;
+  return 0;
+}
+
+/* Send head (with fd attached when fd >= 0) and body, within clk. */
+int fbd_frame_send(int fd, const void *head, size_t hn, int pass_fd, const void *body, size_t bn,
+                   const frame_clock *clk) {
+  struct iovec iov[2] = {{(void *)head, hn}, {(void *)body, bn}};
+  return fbd_frame_writev(fd, iov, 2, pass_fd, clk);
 }
 
 /* Wait until fd is readable: spin (yielding) for spin_s first, then poll in
@@ -96,18 +122,9 @@ int fbd_frame_read(int fd, void *p, size_t n, int *fdout, const frame_clock *clk
   uint8_t *b = p;
   while (n) {
     struct iovec iov = {b, n};
-    union {
-      char buf[CMSG_SPACE(sizeof(int))];
-      struct cmsghdr align;
-    } u;
+    fd_cmsg u;
     struct msghdr mh;
-    memset(&mh, 0, sizeof mh);
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    if (fdout) {
-      mh.msg_control = u.buf;
-      mh.msg_controllen = sizeof u.buf;
-    }
+    msg_init(&mh, &iov, 1, fdout ? &u : NULL);
     ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | (clk ? MSG_DONTWAIT : 0));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {

@@ -62,7 +62,8 @@ typedef struct wire_rep {
   uint32_t magic;
   int32_t code;
   uint32_t finish, fatal;
-  uint32_t registered, pad; /* RegisterKernels: how many it registered */
+  uint32_t registered; /* RegisterKernels: how many it registered */
+  uint32_t refused; /* BATCH: the request was refused where it was decoded (fbd_reply) */
   uint64_t msglen, pblen;
   fb_counters counters;
 } wire_rep;
@@ -92,6 +93,8 @@ typedef struct frame_clock {
 frame_clock fbd_frame_clock_start(fbd_session *s, double limit_s);
 int fbd_frame_clock_past(const frame_clock *c);
 int fbd_frame_write(int fd, const void *p, size_t n, const frame_clock *clk);
+struct iovec;
+int fbd_frame_writev(int fd, struct iovec *iov, int n, int pass_fd, const frame_clock *clk);
 int fbd_frame_send(int fd, const void *head, size_t hn, int pass_fd, const void *body, size_t bn,
                    const frame_clock *clk);
 int fbd_frame_wait(int fd, double spin_s, int step_ms);

@@ -218,6 +218,7 @@ again:
   r->finish = h.finish != 0;
   r->fatal = h.fatal != 0;
   r->registered = h.registered;
+  r->refused = kind == FBD_J_BATCH && h.refused && h.finish && h.code;
   r->counters = h.counters;
   if (kind == FBD_J_BATCH && r->pb) p->unsynced = 0; /* a SyncResult went: returns handed over */
 }
@@ -246,11 +247,24 @@ static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extra
     worker_lost(s, r);
     return;
   }
-  if (j->kind == FBD_J_BATCH && j->msg) {
-    uint64_t n = ((const Fusebox__V1__SessionRequest *)j->msg)->n_launches;
+  if (j->kind == FBD_J_BATCH) {
+    uint64_t n = j->n_launches;
     s->proc->unsynced = s->proc->unsynced + n < n ? UINT64_MAX : s->proc->unsynced + n;
   }
   await_reply(s, j, r);
+}
+
+/* A SessionRequest that the worker, decoding it, refused (the broker read
+ * only its routing fields): as the broker does with a request it refuses
+ * itself (methods.c stream_recv), counted bad, and the stream ends (the
+ * session thread posts its END on r->refused). What the client sent after
+ * it is queued behind it; the broker would never have read it, so it is
+ * not run (fbd_proc_run). */
+static void batch_refused(fbd_session *s, fbd_job *j, fbd_reply *r) {
+  fbd_count_bad(s->srv);
+  fbd_logf(s->srv->log, FBD_LOG_WARN, "session %s: %s from %s", s->tag, r->msg,
+           j->call && j->call->peer ? j->call->peer : "?");
+  s->proc->refused = 1;
 }
 
 void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
@@ -258,7 +272,44 @@ void fbd_proc_run(fbd_session *s, fbd_job *j, fbd_reply *r) {
     fatal_reply(r, FB_EINTERNAL, s->end_why[0] ? s->end_why : "the session has no worker");
     return;
   }
+  if (j->kind == FBD_J_BATCH && s->proc->refused) { /* after a refused one: dropped */
+    pthread_mutex_lock(&s->mu);
+    r->counters = s->snap;
+    pthread_mutex_unlock(&s->mu);
+    return;
+  }
   send_job(s, j, NULL, 0, r);
+  if (r->refused) batch_refused(s, j, r);
+}
+
+/* The session's settings as the broker decided them, for CREATE and
+ * RESTORE (the worker takes them with fbd_settings_in). */
+static void settings_out(const fbd_session *s, wire_create *c) {
+  memset(c, 0, sizeof *c);
+  c->seed = s->ecfg.seed;
+  c->memory_limit = s->ecfg.memory_limit;
+  c->passes = s->ecfg.passes;
+  c->flush_every = s->ecfg.flush_every;
+  c->max_fuse_per_task = s->ecfg.max_fuse_per_task;
+  c->max_kernel_statements = s->ecfg.max_kernel_statements;
+  snprintf(c->mode, sizeof c->mode, "%s", s->mode);
+  snprintf(c->tag, sizeof c->tag, "%s", s->tag);
+}
+
+/* A layout the worker answered with (a parse's, a restore's), checked as a
+ * client's is: 0, or the reason in r->msg. */
+static int layout_of_reply(const fbd_reply *r, fb_layout **out, char *msg, size_t msglen) {
+  fbp_arena a;
+  fbp_arena_init(&a);
+  a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
+  Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
+      &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
+  char why[FBD_ERRLEN - 64];
+  int rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
+  if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
+  if (rc) fb_errf(msg, msglen, "the session worker's layout: %s", why);
+  fbp_arena_free(&a);
+  return rc;
 }
 
 /* CKPT: the worker streams the session to j->sink in data frames, then
@@ -274,15 +325,7 @@ void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r) { fbd_proc_ru
  * the broker checks as it checks a client's. */
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
-  memset(&c, 0, sizeof c);
-  c.seed = s->ecfg.seed;
-  c.memory_limit = s->ecfg.memory_limit;
-  c.passes = s->ecfg.passes;
-  c.flush_every = s->ecfg.flush_every;
-  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
-  c.max_kernel_statements = s->ecfg.max_kernel_statements;
-  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
-  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  settings_out(s, &c);
   /* the stream is the file's first fbd_ckpt_stream_bytes (a checked job
      has read none of it) */
   wire_req q = {WIRE_MAGIC, FBD_J_RESTORE, 0, 1, sizeof c, fbd_ckpt_stream_bytes(j->ck)};
@@ -356,15 +399,7 @@ int fbd_proc_attach(fbd_session *s, char *err, size_t errlen) {
 
 void fbd_proc_create(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
-  memset(&c, 0, sizeof c);
-  c.seed = s->ecfg.seed;
-  c.memory_limit = s->ecfg.memory_limit;
-  c.passes = s->ecfg.passes;
-  c.flush_every = s->ecfg.flush_every;
-  c.max_fuse_per_task = s->ecfg.max_fuse_per_task;
-  c.max_kernel_statements = s->ecfg.max_kernel_statements;
-  snprintf(c.mode, sizeof c.mode, "%s", s->mode);
-  snprintf(c.tag, sizeof c.tag, "%s", s->tag);
+  settings_out(s, &c);
   /* the compile cache's socket rides on CREATE (which carries no buffer) */
   int cfd = j->buf.fd < 0 ? fbd_cache_start(s) : -1;
   if (cfd >= 0) j->buf.fd = cfd;
@@ -389,18 +424,7 @@ int fbd_proc_parse(fbd_session *s, fbd_job *j, fb_layout **out, fbd_reply *r) {
     rc = FB_EINTERNAL;
     fb_errf(r->msg, sizeof r->msg, "the session worker answered the parse without a layout");
   }
-  if (!rc) {
-    fbp_arena a;
-    fbp_arena_init(&a);
-    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
-    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
-        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
-    char why[FBD_ERRLEN - 64];
-    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
-    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
-    if (rc) fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
-    fbp_arena_free(&a);
-  }
+  if (!rc) rc = layout_of_reply(r, out, r->msg, sizeof r->msg);
   free(r->pb); /* the layout is the broker's, not the client's answer */
   r->pb = NULL;
   r->pblen = 0;
@@ -442,21 +466,7 @@ static void process_restore(fbd_session *s, fbd_job *j, fb_layout **out, fbd_rep
     fb_errf(r->msg, sizeof r->msg, "the session worker answered the restore without a layout");
     fail(r, FB_EINTERNAL);
   }
-  if (!r->code) {
-    fbp_arena a;
-    fbp_arena_init(&a);
-    a.limit = FBD_SOURCE_REPLY_MAX * (size_t)FBP_DECODE_FACTOR;
-    Fusebox__V1__Layout *m = (Fusebox__V1__Layout *)protobuf_c_message_unpack(
-        &fusebox__v1__layout__descriptor, &a.pb, r->pblen, r->pb);
-    char why[FBD_ERRLEN - 64];
-    rc = m ? fbp_layout_from_pb(m, out, why, sizeof why) : FB_EINVAL;
-    if (!m) fb_errf(why, sizeof why, "not a fusebox.v1.Layout");
-    if (rc) {
-      fb_errf(r->msg, sizeof r->msg, "the session worker's layout: %s", why);
-      fail(r, FB_EINTERNAL);
-    }
-    fbp_arena_free(&a);
-  }
+  if (!r->code && layout_of_reply(r, out, r->msg, sizeof r->msg)) fail(r, FB_EINTERNAL);
   free(r->pb);
   r->pb = NULL;
   r->pblen = 0;
@@ -470,9 +480,27 @@ static void process_release(fbd_session *s) {
   fbd_proc_free(s->proc); /* its watch page goes with it */
 }
 
+/* A new session's worker, charged from its admission on: worker_memory_bytes,
+ * else the last fresh worker's measure (session/spawn.c spares_measure). */
+static uint64_t process_charge(fbd_server *srv) {
+  if (srv->cfg->worker_memory_bytes) return srv->cfg->worker_memory_bytes;
+  return atomic_load(&srv->worker_charge);
+}
+
+/* Under srv->mu: the JIT code s's worker's engine reported, and the
+ * worker's own memory as the budget charges it. */
+static void process_held_locked(fbd_session *s, uint64_t *code, uint64_t *own) {
+  *code = atomic_load(&s->code_bytes);
+  *own = fbd_budget_worker_part_locked(s->srv, s);
+}
+
 const fbd_session_ops fbd_process_ops = {
     .name = "process",
+    .serving = "a worker process per session",
     .staging_memfd = 1,
+    .keep_request = 1,
+    .charge = process_charge,
+    .held_locked = process_held_locked,
     .open = process_open,
     .attach = fbd_proc_attach,
     .parse = fbd_proc_parse,

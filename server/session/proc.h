@@ -98,6 +98,7 @@ struct fbd_proc {
   fbd_watch *watch; /* the page shared with it */
   int reaped;
   uint64_t unsynced; /* launches sent since its last SyncResult (reply_cap) */
+  int refused; /* a SessionRequest was refused in the worker: later ones are not run */
   uint64_t own_bytes; /* a spare's: its last measure (fbd_proc_measure), under pmu */
 };
 

@@ -238,7 +238,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
     if (p->watch == MAP_FAILED) p->watch = NULL;
     goto fail;
   }
-  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32], ubase[24], ucount[24], cto[32];
+  char cpu[24], comp[24], lim[32], over[32], stm[24], ccb[32], ubase[24], ucount[24], cto[32],
+      mmb[32];
   static const char *const levels[] = {"error", "warn", "info", "debug"};
   arg_int(cpu, sizeof cpu, cfg->cpu_threads);
   arg_int(comp, sizeof comp, cfg->compile_threads);
@@ -248,6 +249,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
   arg_int(ccb, sizeof ccb, (long long)srv->code_cache_bytes);
   arg_int(ubase, sizeof ubase, (long long)cfg->worker_uid_base);
   arg_int(ucount, sizeof ucount, cfg->worker_uid_count);
+  /* the decode limit of the stream's messages, decoded there only (worker.c) */
+  arg_int(mmb, sizeof mmb, (long long)cfg->max_message_bytes);
   snprintf(cto, sizeof cto, "%.17g", cfg->compile_timeout_s); /* a source's parse (exec.c) */
   int per_tenant = cfg->worker_uid_base != 0;
   char *argv[] = {srv->exe,
@@ -269,6 +272,8 @@ static int proc_spawn(fbd_server *srv, fbd_proc **out, char *err, size_t errlen)
                   ccb,
                   "--compile-timeout-s",
                   cto,
+                  "--max-message-bytes",
+                  mmb,
                   "--log-level",
                   (char *)levels[cfg->log_level & 3],
                   "--worker-walls-off",

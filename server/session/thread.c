@@ -79,9 +79,25 @@ static void thread_sample(fbd_session *s) { (void)s; }
 
 static void thread_release(fbd_session *s) { free(s->watch); }
 
+static uint64_t thread_charge(fbd_server *srv) {
+  (void)srv; /* no worker process to charge */
+  return 0;
+}
+
+/* A session's JIT code is in the broker's engine's code cache (counted
+ * whole), its memory in the sessions part: nothing apart. */
+static void thread_held_locked(fbd_session *s, uint64_t *code, uint64_t *own) {
+  (void)s;
+  *code = *own = 0;
+}
+
 const fbd_session_ops fbd_thread_ops = {
     .name = "thread",
+    .serving = "sessions in threads",
     .staging_memfd = 0,
+    .keep_request = 0,
+    .charge = thread_charge,
+    .held_locked = thread_held_locked,
     .open = thread_open,
     .attach = thread_attach,
     .parse = thread_parse,

@@ -14,10 +14,15 @@ int fbd_worker_reply(int fd, const fbd_reply *r) {
   h.finish = (uint32_t)r->finish;
   h.fatal = (uint32_t)r->fatal;
   h.registered = r->registered;
+  h.refused = (uint32_t)r->refused;
   h.msglen = strnlen(r->msg, sizeof r->msg - 1);
   h.pblen = r->pb ? r->pblen : 0;
   h.counters = r->counters;
   uint64_t real = h.pblen;
+  if (!fbd_fault_armed) { /* the frame in one send, as a rule */
+    struct iovec iov[3] = {{&h, sizeof h}, {(void *)r->msg, h.msglen}, {r->pb, real}};
+    return fbd_frame_writev(fd, iov, 3, -1, NULL) ? FB_EIO : 0;
+  }
   fbd_fault_header(&h);
   if (fbd_frame_write(fd, &h, sizeof h, NULL) || fbd_fault_stall(&h) ||
       (h.msglen && fbd_frame_write(fd, r->msg, h.msglen, NULL)) ||
@@ -40,6 +45,22 @@ typedef struct worker {
   const fbd_config *cfg;
 } worker;
 
+/* The settings CREATE and RESTORE carry (proc.c settings_out), for the
+ * engine session; ec's mode points into c, the tag into tag. */
+static void settings_in(wire_create *c, fb_session_config *ec, char tag[16]) {
+  c->mode[sizeof c->mode - 1] = 0;
+  c->tag[sizeof c->tag - 1] = 0;
+  memset(ec, 0, sizeof *ec);
+  ec->mode = c->mode;
+  ec->seed = c->seed;
+  ec->memory_limit = c->memory_limit;
+  ec->passes = c->passes;
+  ec->flush_every = c->flush_every;
+  ec->max_fuse_per_task = c->max_fuse_per_task;
+  ec->max_kernel_statements = c->max_kernel_statements;
+  snprintf(tag, 16, "%s", c->tag);
+}
+
 static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   wire_create c;
   if (w->created || n < sizeof c) {
@@ -47,8 +68,6 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
     return FB_EINVAL;
   }
   memcpy(&c, p, sizeof c);
-  c.mode[sizeof c.mode - 1] = 0;
-  c.tag[sizeof c.tag - 1] = 0;
   fbp_arena a;
   fbp_arena_init(&a);
   Fusebox__V1__CreateSessionRequest *m =
@@ -65,16 +84,8 @@ static int worker_create(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
   fbp_arena_free(&a);
   if (rc) return rc;
   fb_session_config ec;
-  memset(&ec, 0, sizeof ec);
-  ec.mode = c.mode;
-  ec.seed = c.seed;
-  ec.memory_limit = c.memory_limit;
-  ec.passes = c.passes;
-  ec.flush_every = c.flush_every;
-  ec.max_fuse_per_task = c.max_fuse_per_task;
-  ec.max_kernel_statements = c.max_kernel_statements;
   static char tag[16];
-  snprintf(tag, sizeof tag, "%s", c.tag);
+  settings_in(&c, &ec, tag);
   fbd_exec_init(&w->x, w->engine, w->layout, &ec, tag, &w->log, w->watch);
   w->x.parse_timeout_s = w->cfg->compile_timeout_s; /* its kernels' sources */
   w->created = 1;
@@ -200,19 +211,9 @@ static void worker_restore(worker *w, const uint8_t *p, size_t n, int fd, uint64
     fb_errf(r->msg, sizeof r->msg, "a RESTORE without its checkpoint's file");
   } else {
     memcpy(&c, p, sizeof c);
-    c.mode[sizeof c.mode - 1] = 0;
-    c.tag[sizeof c.tag - 1] = 0;
     fb_session_config ec;
-    memset(&ec, 0, sizeof ec);
-    ec.mode = c.mode;
-    ec.seed = c.seed;
-    ec.memory_limit = c.memory_limit;
-    ec.passes = c.passes;
-    ec.flush_every = c.flush_every;
-    ec.max_fuse_per_task = c.max_fuse_per_task;
-    ec.max_kernel_statements = c.max_kernel_statements;
     static char tag[16];
-    snprintf(tag, sizeof tag, "%s", c.tag);
+    settings_in(&c, &ec, tag);
     fbd_exec_init(&w->x, w->engine, NULL, &ec, tag, &w->log, w->watch);
     w->x.parse_timeout_s = w->cfg->compile_timeout_s;
     if (!fbd_exec_restore(&w->x, worker_data_source, &d, r)) {
@@ -262,10 +263,13 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
   fbp_arena a;
   fbp_arena_init(&a);
   void *m = NULL;
-  if (d && !(m = protobuf_c_message_unpack(d, &a.pb, q->len, payload))) {
-    r->code = FB_EINVAL;
-    r->finish = 1;
-    fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
+  /* a SessionRequest is decoded here only (the broker read its routing
+     fields from the bytes); a RegisterKernelsRequest the broker decoded
+     too, so a failure here is the worker's word against the broker's */
+  uint64_t mm = q->kind == FBD_J_BATCH ? w->cfg->max_message_bytes : 0;
+  if (d && !(m = fbd_exec_decode(d, &a, payload, q->len, mm, r))) {
+    if (q->kind != FBD_J_BATCH) fb_errf(r->msg, sizeof r->msg, "malformed %s", d->name);
+    if (w->x.es) fb_session_counters(w->x.es, &r->counters);
   } else if (q->kind == FBD_J_WRITE || q->kind == FBD_J_READ || q->kind == FBD_J_ACTIVE) {
     uint8_t *buf = fbd_fault_armed && fbd_fault_kind == FAULT_MEMFD && fd >= 0
                        ? NULL

@@ -44,7 +44,11 @@
  *     (proto/convert.h: x_from_pb(x_to_pb(x)) reproduces x);
  *   - a kernel or layout the front end made is accepted by fbp_*_from_pb;
  *   - fbp_chunk_parse accepts exactly what protobuf-c accepts as a
- *     FieldChunk, with the same fields; fbp_bb_take_chunk agrees with both.
+ *     FieldChunk, with the same fields; fbp_bb_take_chunk agrees with both;
+ *   - fbp_session_scan (the broker's read of a SessionRequest's routing
+ *     fields under process isolation) accepts whatever protobuf-c decodes
+ *     as a SessionRequest, with the same session id, launch and tape mark
+ *     counts, flush and sync, and whatever it refuses protobuf-c refuses.
  *
  * Seeds: `fuzz_proto --make-seeds DIR FILE.fbk...` writes inputs of every
  * type from the example programs (scripts/fuzz.sh does it; no binary seeds
@@ -410,6 +414,26 @@ static void field_chunk(const uint8_t *p, size_t n, unsigned cuts, int floor) {
   fbp_arena_free(&a);
 }
 
+/* ---------------------------------------------------------------- the stream's scan */
+
+/* m: protobuf-c's decode of the bytes (NULL: refused; over: for its size) */
+static void session_scan(const uint8_t *p, size_t n, const Fusebox__V1__SessionRequest *m,
+                         int over) {
+  fbp_session_head h;
+  int rc = fbp_session_scan(p, n, &h);
+  if (!m && !over) {
+    if (rc && (h.n_launches || h.n_tape || h.sync || h.flush || h.session_id))
+      FAIL("fbp_session_scan refused and left fields set");
+    return;
+  }
+  if (!m) return; /* over the decode limit: the scan reads no sub-message */
+  if (rc) FAIL("fbp_session_scan refused a SessionRequest protobuf-c decodes (%zu bytes)", n);
+  if (h.n_launches != m->n_launches || h.n_tape != m->n_tape || h.sync != m->sync ||
+      h.flush != (m->flush != 0) || h.session_id_len != strlen(m->session_id) ||
+      (h.session_id_len && memcmp(h.session_id, m->session_id, h.session_id_len)))
+    FAIL("fbp_session_scan read other fields than protobuf-c decoded");
+}
+
 /* ---------------------------------------------------------------- one input */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -431,6 +455,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   fbp_arena a;
   fbp_arena_init(&a);
   ProtobufCMessage *m = decode(types[type], &a, p, n, floor);
+  if (type == T_SESSION) session_scan(p, n, (const Fusebox__V1__SessionRequest *)m, a.over);
   if (m) {
     check_repack(m);
     if (type == T_CREATE) {

@@ -3,7 +3,7 @@ client process was killed while it held the Session stream open (the
 connection simply vanishes) is `disconnected`, not `closed`; one whose
 client half-closed the stream (it was done) is `closed`. gRPC reports
 both to the server as a receive that ended without a message; only
-grpc_call_failed_before_recv_message tells them apart (server/rpc.c).
+grpc_call_failed_before_recv_message tells them apart (server/call.c).
 Both ends are counted by a real fuseboxd; the server stays SERVING and the
 victim tenant is unharmed."""
 import os

@@ -10,6 +10,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from conftest import RPC_TIMEOUT, Stream, dense_layout, i32, kernel, pb, stmt, store_kernel
 
@@ -472,3 +473,16 @@ def test_worker_exec_is_killed(make_server, monkeypatch):
     assert "session worker died: SIGSYS" in err.details(), err.details()
     server.assert_unharmed()
     _ended_and_server_computes(server.client, sid, "killed")
+
+
+@pytest.mark.parametrize("isolation,words", [("process", "a worker process per session"),
+                                             ("thread", "sessions in threads")])
+def test_start_line_names_the_isolation(make_server, isolation, words):
+    """fuseboxd's line at start says how its sessions run, in the words of
+    the session operations it picked (fbd_session_ops.serving: the broker
+    does not ask the isolation itself)."""
+    server = make_server("--isolation", isolation)
+    lines = [ln for ln in server.logtext().splitlines() if " serving on " in ln]
+    assert len(lines) == 1, server.logtext()
+    assert lines[0].endswith(", %s)" % words), lines[0]
+    server.assert_unharmed()
