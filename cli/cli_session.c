@@ -2102,13 +2102,15 @@ static int resume_session(fb_sess_run *r, const char *file, const fb_session_con
   if (fd < 0) return errf(err, FB_EIO, "resume: %s: %s", file, strerror(errno));
   char msg[1024];
   uint64_t plen = 0;
-  rc = fb_seal_verify_fd(fd, r->key, r->keylen, "", &plen, msg, sizeof msg);
+  /* the seal's MAC over all but the fields here, the fields' bytes against
+     their SHA-256 in the manifest as the restore reads them: one pass */
+  rc = fb_seal_check_fd(fd, r->key, r->keylen, "", &plen, msg, sizeof msg);
   if (!rc && lseek(fd, 0, SEEK_SET) != 0) {
     rc = FB_EIO;
     snprintf(msg, sizeof msg, "%s", strerror(errno));
   }
   fd_src src = {fd, plen};
-  if (!rc) rc = fb_session_restore(r->eng, cfg, fd_source, &src, &r->s, msg, sizeof msg);
+  if (!rc) rc = fb_session_restore_sealed(r->eng, cfg, fd_source, &src, &r->s, msg, sizeof msg);
   close(fd);
   if (rc) return errf(err, rc, "resume: %s: %s", file, msg);
   if (!fb_layout_equal(fb_session_layout(r->s), fb_program_layout(r->f->prog)))

@@ -470,9 +470,16 @@ typedef struct rd {
   uint64_t left; /* bytes of the open part still to come */
   part_ent parts[MAX_PARTS];
   int nparts;
+  int sealed; /* fb_session_restore_sealed: the seal covered all but the bulk parts */
+  int direct; /* reading a bulk part: r_raw reads into the destination */
   char *err;
   size_t errlen;
 } rd;
+
+/* What a sealed stream's bulk part that does not check out reads as: the
+ * covered bytes passed the seal, so the bulk bytes were changed. */
+#define MODIFIED "the checkpoint was modified or was written with another server key"
+
 
 static int rfail(rd *r, int code, const char *fmt, ...)
 #if defined(__GNUC__)
@@ -494,8 +501,10 @@ static int r_raw(rd *r, void *dst, size_t n) {
   while (n && !r->bad) {
     if (r->at == r->n) {
       if (r->eof) return rfail(r, FB_EINVAL, "the checkpoint is truncated");
-      /* a large read goes straight to its destination */
-      if (d && n >= CHUNK / 2) {
+      /* a large read, or any read of a bulk part once the buffer is empty,
+         goes straight to its destination (a bulk part's chunks then start
+         where the source's reads do, and no byte of it is copied twice) */
+      if (d && (n >= CHUNK / 2 || r->direct)) {
         long got = r->src(r->user, d, n);
         if (got < 0) return rfail(r, FB_EIO, "cannot read the checkpoint");
         if (got == 0) {
@@ -906,7 +915,10 @@ static int r_data_par(rd *r, void *dst, size_t n) {
   }
   if (r->bad) return r->bad;
   if (n > r->left) return rfail(r, FB_EINVAL, "the checkpoint is damaged (a part ends early)");
-  if (r_raw(r, dst, n)) return r->bad;
+  r->direct = 1;
+  r_raw(r, dst, n);
+  r->direct = 0;
+  if (r->bad) return r->bad;
   r->left -= n;
   r_hash_wait(r);
   pthread_mutex_lock(&h->mu);
@@ -925,7 +937,10 @@ static int r_dev(rd *r, fb_session *s, uint8_t *dev, uint64_t n, uint8_t *bounce
   for (uint64_t at = 0; at < n && !r->bad;) {
     size_t k = n - at < CHUNK ? (size_t)(n - at) : CHUNK;
     if (copies) {
-      if (!r_data(r, bounce, k)) {
+      r->direct = 1;
+      int bad = r_data(r, bounce, k);
+      r->direct = 0;
+      if (!bad) {
         char msg[512];
         int rc = fb_devmem_put(&s->mem, dev + at, bounce, k, msg, sizeof msg);
         if (rc) return rfail(r, rc, "%s", msg);
@@ -1097,6 +1112,7 @@ static int get_sparse(rd *r, fb_session *s) {
       h = *(uint64_t *)(st->pool + h * 8 - 8) & hm;
     }
   }
+  if (!r->bad && x.bad && r->sealed) rfail(r, FB_EINVAL, MODIFIED);
   if (!r->bad && x.bad)
     rfail(r, FB_EINVAL, "the checkpoint is damaged (its sparse structure names a block outside "
                         "the pool)");
@@ -1142,11 +1158,13 @@ static int get_manifest(rd *r) {
   for (int i = 0; i < r->nparts; i++) {
     const uint8_t *e = m + 4 + 48 * i;
     if (fbk_get32(e) != r->parts[i].kind || fbk_get32(e + 4) != 0 ||
-        fbk_get64(e + 8) != r->parts[i].len || memcmp(e + 16, r->parts[i].sha, 32) != 0)
+        fbk_get64(e + 8) != r->parts[i].len || memcmp(e + 16, r->parts[i].sha, 32) != 0) {
+      if (r->sealed) return rfail(r, FB_EINVAL, MODIFIED);
       return rfail(r, FB_EINVAL,
                    "the checkpoint is damaged: its %s part does not match its SHA-256 in the "
                    "manifest",
                    part_name(r->parts[i].kind));
+    }
   }
   /* nothing may follow */
   uint8_t extra;
@@ -1160,8 +1178,8 @@ static int get_manifest(rd *r) {
   return 0;
 }
 
-int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
-                       fb_session **out, char *err, size_t errlen) {
+static int restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
+                   int sealed, fb_session **out, char *err, size_t errlen) {
   char sink_err[8];
   if (!err) {
     err = sink_err;
@@ -1176,6 +1194,7 @@ int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_
   memset(&r, 0, sizeof r);
   r.src = src;
   r.user = user;
+  r.sealed = sealed;
   r.err = err;
   r.errlen = errlen;
   r.buf = malloc(CHUNK);
@@ -1257,4 +1276,14 @@ int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_
   }
   *out = s;
   return 0;
+}
+
+int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
+                       fb_session **out, char *err, size_t errlen) {
+  return restore(e, limits, src, user, 0, out, err, errlen);
+}
+
+int fb_session_restore_sealed(fb_engine *e, const fb_session_config *limits, fb_source_fn src,
+                              void *user, fb_session **out, char *err, size_t errlen) {
+  return restore(e, limits, src, user, 1, out, err, errlen);
 }

@@ -235,8 +235,12 @@ static int feed(int fd, uint64_t at, uint64_t n, EVP_MAC_CTX *c, EVP_MD_CTX *md,
   return 0;
 }
 
-int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
-                      uint64_t *payload_len, char *err, size_t errlen) {
+/* The seal's check of fd; with bulk, each bulk part's bytes against its
+ * SHA-256 in the manifest too (fb_seal_verify_fd), else only the covered
+ * bytes, the bulk parts left to the restore that reads them next
+ * (fb_seal_check_fd): it compares their SHA-256 with the manifest. */
+static int seal_check(int fd, const uint8_t *key, size_t keylen, const char *owner,
+                      uint64_t *payload_len, int bulk_too, char *err, size_t errlen) {
   if (payload_len) *payload_len = 0;
   if (!owner) owner = "";
   if (!key || keylen < FB_SEAL_KEY_MIN) {
@@ -342,10 +346,11 @@ int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *own
     int bulk = fbk_part_bulk(kind);
     parts[nparts].kind = kind;
     parts[nparts].len = len;
-    if (bulk && !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) rc = FB_EIO;
-    rc = rc ? rc : feed(fd, at, len, bulk ? NULL : c, bulk ? md : NULL, buf, bufn);
+    int hash = bulk && bulk_too;
+    if (hash && !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) rc = FB_EIO;
+    if (!rc && (hash || !bulk)) rc = feed(fd, at, len, bulk ? NULL : c, hash ? md : NULL, buf, bufn);
     unsigned int l = 0;
-    if (!rc && bulk && (!EVP_DigestFinal_ex(md, parts[nparts].sha, &l) || l != 32)) rc = FB_EIO;
+    if (!rc && hash && (!EVP_DigestFinal_ex(md, parts[nparts].sha, &l) || l != 32)) rc = FB_EIO;
     if (!bulk) memset(parts[nparts].sha, 0, 32);
     nparts++;
     at += len;
@@ -360,7 +365,7 @@ int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *own
   for (int i = 0; !rc && !bad && i < nparts; i++) {
     const uint8_t *e = m + 4 + 48 * i;
     if (fbk_get32(e) != parts[i].kind || fbk_get64(e + 8) != parts[i].len ||
-        (fbk_part_bulk(parts[i].kind) && CRYPTO_memcmp(e + 16, parts[i].sha, 32) != 0))
+        (bulk_too && fbk_part_bulk(parts[i].kind) && CRYPTO_memcmp(e + 16, parts[i].sha, 32) != 0))
       bad = 1;
   }
   if (!rc && !bad) rc = feed(fd, at, payload - at, c, NULL, buf, bufn);
@@ -385,6 +390,16 @@ int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *own
   free(buf);
   if (!rc && payload_len) *payload_len = payload;
   return rc;
+}
+
+int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
+                      uint64_t *payload_len, char *err, size_t errlen) {
+  return seal_check(fd, key, keylen, owner, payload_len, 1, err, errlen);
+}
+
+int fb_seal_check_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
+                     uint64_t *payload_len, char *err, size_t errlen) {
+  return seal_check(fd, key, keylen, owner, payload_len, 0, err, errlen);
 }
 
 /* ---------------------------------------------------------------- the key file */

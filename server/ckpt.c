@@ -370,7 +370,7 @@ int fbd_ckpt_upload_begin(fbd_server *srv, const struct fbd_tenant *owner, fbd_c
   k->srv = srv;
   k->owner = owner;
   k->tdir = -1;
-  k->fd = memfd_create("fusebox-restore", MFD_CLOEXEC);
+  k->fd = memfd_create("fusebox-restore", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (k->fd < 0) {
     free(k);
     fb_errf(err, errlen, "cannot stage the upload: %s", strerror(errno));
@@ -402,11 +402,17 @@ int fbd_ckpt_upload(fbd_ckpt_job *k, uint64_t offset, const void *p, size_t n, u
 }
 
 /* The checkpoint's seal, owner and prefix: then [off, end) is the engine's
- * stream. */
+ * stream. The seal's MAC is checked over all but the bulk parts here
+ * (fb_seal_check_fd); the restore (fbd_exec_restore,
+ * fb_session_restore_sealed) checks the bulk parts' bytes against their
+ * SHA-256 in the manifest as it reads them, so a restore reads and hashes
+ * the fields once. Both read the same bytes: an upload's memfd is sealed
+ * against writes first, and a file under --checkpoint-dir is written by
+ * this server only (a new one is renamed in: the open file stays). */
 static int check_sealed(fbd_ckpt_job *k, char *err, size_t errlen) {
   uint64_t payload = 0;
   char why[512];
-  int rc = fb_seal_verify_fd(k->fd, k->srv->ckpt->key, k->srv->ckpt->keylen,
+  int rc = fb_seal_check_fd(k->fd, k->srv->ckpt->key, k->srv->ckpt->keylen,
                              fbd_ckpt_owner(k->owner), &payload, why, sizeof why);
   if (rc) {
     fb_errf(err, errlen, "Restore: %s", why);
@@ -432,6 +438,10 @@ static int check_sealed(fbd_ckpt_job *k, char *err, size_t errlen) {
 }
 
 int fbd_ckpt_upload_end(fbd_ckpt_job *k, char *err, size_t errlen) {
+  if (fcntl(k->fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL)) {
+    fb_errf(err, errlen, "Restore: cannot seal the upload: %s", strerror(errno));
+    return FB_EIO;
+  }
   return check_sealed(k, err, errlen);
 }
 

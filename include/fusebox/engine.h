@@ -397,6 +397,17 @@ int fb_session_checkpoint(fb_session *s, fb_sink_fn sink, void *user, char *err,
 int fb_session_restore(fb_engine *e, const fb_session_config *limits, fb_source_fn src, void *user,
                        fb_session **out, char *err, size_t errlen);
 
+/* fb_session_restore of a stream whose seal fb_seal_check_fd has checked
+ * (the same bytes: a file nobody else writes, or a memfd only the caller
+ * holds): the seal's MAC covered all but the bulk parts (fields, block
+ * pool), which this binds through their SHA-256 in the manifest (under
+ * the MAC) as it reads them, so the bulk is read and hashed once. A bulk
+ * part that does not match, or whose contents name blocks outside the
+ * pool, reads as the seal's "the checkpoint was modified or was written
+ * with another server key"; nothing is left behind. */
+int fb_session_restore_sealed(fb_engine *e, const fb_session_config *limits, fb_source_fn src,
+                              void *user, fb_session **out, char *err, size_t errlen);
+
 /* The seal: an owner and an HMAC-SHA256 (OpenSSL) around a checkpoint
  * stream, so that a checkpoint file is bound to a key kept outside the
  * checkpoint directory and to one owner (a tenant of fuseboxd; "" for the
@@ -427,6 +438,14 @@ void fb_seal_abort(fb_seal *s);                           /* frees without a tra
  * checkpoint was written by Fusebox format N, this server reads M". */
 int fb_seal_verify_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
                       uint64_t *payload_len, char *err, size_t errlen);
+/* The seal's own check without the bulk parts' bytes, for a restore that
+ * reads them next with fb_session_restore_sealed (a resume: the bulk read
+ * and hashed once, not twice): format, HMAC over the covered bytes (the
+ * manifest with the bulk parts' SHA-256 among them), owner; the same
+ * errors as fb_seal_verify_fd. It reads only the covered bytes (small
+ * beside the fields); on its own it proves nothing about the fields. */
+int fb_seal_check_fd(int fd, const uint8_t *key, size_t keylen, const char *owner,
+                     uint64_t *payload_len, char *err, size_t errlen);
 /* The key file: read one (must be a regular file, mode 0600 or stricter,
  * owned by us, FB_SEAL_KEY_MIN+ bytes), or create one with 32 random bytes
  * (O_EXCL, 0600) when asked to and there is none. key has room for

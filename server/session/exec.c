@@ -644,7 +644,10 @@ void fbd_exec_checkpoint(fbd_exec *x, fb_sink_fn sink, void *user, fbd_reply *r)
 int fbd_exec_restore(fbd_exec *x, fb_source_fn src, void *user, fbd_reply *r) {
   char err[FBD_ERRLEN - 64] = "";
   fb_session *es = NULL;
-  int rc = fb_session_restore(x->engine, &x->ecfg, src, user, &es, err, sizeof err);
+  /* the broker checked the seal's MAC over all but the bulk parts
+     (fb_seal_check_fd); their bytes are checked against the manifest here,
+     as they are read: each byte read and hashed once */
+  int rc = fb_session_restore_sealed(x->engine, &x->ecfg, src, user, &es, err, sizeof err);
   if (rc) {
     reply_finish(r, rc, "%s", err[0] ? err : fb_strerror(rc));
     r->fatal = 1;

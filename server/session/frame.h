@@ -21,9 +21,10 @@
 #define WIRE_MAGIC 0x46425731u /* "FBW1" */
 #define WIRE_MAX_PAYLOAD ((uint64_t)1 << 31)
 #define WIRE_MAX_PB ((uint64_t)1 << 30)
-/* A checkpoint's stream crosses the socket in data frames (a wire_rep or,
- * broker to worker, a wire_req with this magic and pblen/len bytes after
- * it, at most DATA_MAX; to the worker a frame of 0 bytes ends the stream) */
+/* A checkpoint's stream crosses the socket to the broker in data frames (a
+ * wire_rep with this magic and pblen bytes after it, at most DATA_MAX); a
+ * restore's stream does not cross it: the RESTORE request carries the
+ * checkpoint's file descriptor */
 #define DATA_MAGIC 0x46424431u /* "FBD1" */
 #define DATA_MAX ((uint64_t)4 << 20)
 #define PB_READ_STEP ((size_t)64 << 10) /* a reply's response is read in growing steps */
@@ -34,7 +35,8 @@ typedef struct wire_req {
   int32_t field;
   uint32_t has_fd;
   uint64_t len; /* payload bytes that follow */
-  uint64_t buflen; /* WRITE/READ: bytes of the memfd's field data */
+  uint64_t buflen; /* WRITE/READ: bytes of the memfd's field data; RESTORE: of the
+                      checkpoint stream in the passed file */
 } wire_req;
 
 /* CREATE's payload starts with the session's settings, as the broker

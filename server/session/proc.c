@@ -140,8 +140,9 @@ static int read_pb(int fd, uint64_t n, uint8_t **out, const frame_clock *clk) {
   return rc;
 }
 
-/* Receive the reply to the job just sent, keeping time meanwhile. */
-static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
+/* Receive the reply to the job just sent, keeping time meanwhile; a
+ * checkpoint's data frames pass through *data (one buffer for them all). */
+static void await_reply_in(fbd_session *s, const fbd_job *j, fbd_reply *r, uint8_t **data) {
   fbd_proc *p = s->proc;
   int kind = j->kind;
   double t0 = fbd_now(), spin = s->srv->cfg->worker_spin_us * 1e-6;
@@ -173,10 +174,10 @@ again:
     /* a piece of a checkpoint's stream: to the job's sink (the seal), then
        the next frame (a sink that failed takes nothing more; the worker's
        stream ends anyway and its reply follows) */
-    uint8_t *b = malloc(h.pblen ? h.pblen : 1);
+    if (!*data) *data = malloc(DATA_MAX);
+    uint8_t *b = *data;
     rc = b ? (h.pblen ? fbd_frame_read(p->fd, b, h.pblen, NULL, &clk) : 0) : FB_ENOMEM;
     if (!rc && j->sink) j->sink(j->sink_user, b, (size_t)h.pblen);
-    free(b);
     if (!rc) goto again;
   }
   /* lengths bounded before anything is allocated or read */
@@ -220,6 +221,12 @@ again:
   r->refused = kind == FBD_J_BATCH && h.refused && h.finish && h.code;
   r->counters = h.counters;
   if (kind == FBD_J_BATCH && r->pb) p->unsynced = 0; /* a SyncResult went: returns handed over */
+}
+
+static void await_reply(fbd_session *s, const fbd_job *j, fbd_reply *r) {
+  uint8_t *data = NULL;
+  await_reply_in(s, j, r, &data);
+  free(data);
 }
 
 static void send_job(fbd_session *s, fbd_job *j, const void *extra, size_t extralen, fbd_reply *r) {
@@ -309,28 +316,24 @@ static int layout_of_reply(const fbd_reply *r, fb_layout **out, char *msg, size_
  * replies as usual. */
 void fbd_proc_checkpoint(fbd_session *s, fbd_job *j, fbd_reply *r) { fbd_proc_run(s, j, r); }
 
-/* RESTORE in s's new worker: the settings, then the stream in data frames
- * (ended by an empty one); the worker answers with the restored layout,
- * which the broker checks as it checks a client's. */
+/* RESTORE in s's new worker: the settings, with the checkpoint's file
+ * descriptor (its memfd, or its file under --checkpoint-dir: nobody else
+ * writes either) passed along and the engine stream's length in buflen:
+ * the worker reads the stream from it straight into the new session's
+ * fields, without the bytes crossing the socket pair (two copies and the
+ * broker's read saved). The worker answers with the restored layout, which
+ * the broker checks as it checks a client's. */
 void fbd_proc_restore(fbd_session *s, fbd_job *j, fbd_reply *r) {
   wire_create c;
   settings_out(s, &c);
-  wire_req q = {WIRE_MAGIC, FBD_J_RESTORE, 0, 0, sizeof c, 0};
+  /* the stream is the file's first fbd_ckpt_stream_bytes (a checked job
+     has read none of it) */
+  wire_req q = {WIRE_MAGIC, FBD_J_RESTORE, 0, 1, sizeof c, fbd_ckpt_stream_bytes(j->ck)};
   uint8_t head[sizeof q + sizeof c];
   memcpy(head, &q, sizeof q);
   memcpy(head + sizeof q, &c, sizeof c);
   frame_clock clk = fbd_frame_clock_start(s, s->srv->cfg->worker_reply_timeout_s);
-  int rc = fbd_frame_send(s->proc->fd, head, sizeof head, -1, NULL, 0, &clk);
-  uint8_t *buf = rc ? NULL : malloc(DATA_MAX);
-  if (!rc && !buf) rc = FB_ENOMEM;
-  for (long got = 1; !rc && got > 0;) {
-    got = fbd_ckpt_source(j->ck, buf, DATA_MAX);
-    if (got < 0) got = 0; /* the worker's restore then finds the stream short */
-    wire_req d = {DATA_MAGIC, FBD_J_RESTORE, 0, 0, (uint64_t)got, 0};
-    clk = fbd_frame_clock_start(s, s->srv->cfg->worker_reply_timeout_s);
-    rc = fbd_frame_send(s->proc->fd, &d, sizeof d, -1, buf, (size_t)got, &clk);
-  }
-  free(buf);
+  int rc = fbd_frame_send(s->proc->fd, head, sizeof head, fbd_ckpt_fd(j->ck), NULL, 0, &clk);
   if (rc == FB_ETIMEOUT) {
     worker_stalled(s, r, "checkpoint (it stopped reading)");
     return;

@@ -177,42 +177,38 @@ static int worker_data_sink(void *user, const void *buf, size_t n) {
   return 0;
 }
 
-/* RESTORE in the worker: the stream from the broker's data frames. */
+/* RESTORE in the worker: the stream from the checkpoint's file descriptor,
+ * which the broker passed with the request (its first `left` bytes; the
+ * seal after them is the broker's to check). Read straight into the new
+ * session's fields. */
 typedef struct data_in {
   int fd;
-  uint64_t left; /* of the current frame */
-  int ended, bad;
+  uint64_t left;
 } data_in;
 
 static long worker_data_source(void *user, void *buf, size_t n) {
   data_in *d = user;
-  while (!d->left) {
-    if (d->ended || d->bad) return d->bad ? -1 : 0;
-    wire_req q;
-    if (fbd_frame_read(d->fd, &q, sizeof q, NULL, NULL) || q.magic != DATA_MAGIC ||
-        q.len > DATA_MAX) {
-      d->bad = 1;
-      return -1;
-    }
-    if (!q.len) d->ended = 1;
-    d->left = q.len;
-  }
   if (n > d->left) n = (size_t)d->left;
-  if (fbd_frame_read(d->fd, buf, n, NULL, NULL)) {
-    d->bad = 1;
-    return -1;
-  }
-  d->left -= n;
-  return (long)n;
+  if (!n) return 0;
+  ssize_t got;
+  do got = read(d->fd, buf, n);
+  while (got < 0 && errno == EINTR);
+  if (got < 0) return -1;
+  d->left -= (uint64_t)got;
+  return (long)got;
 }
 
-static void worker_restore(worker *w, const uint8_t *p, size_t n, fbd_reply *r) {
+static void worker_restore(worker *w, const uint8_t *p, size_t n, int fd, uint64_t stream,
+                           fbd_reply *r) {
   wire_create c;
-  data_in d = {w->fd, 0, 0, 0};
+  data_in d = {fd, stream};
   r->finish = r->fatal = 1;
   if (w->created || w->layout || n < sizeof c) {
     r->code = FB_EINVAL;
     fb_errf(r->msg, sizeof r->msg, "a RESTORE after the session was made");
+  } else if (fd < 0 || lseek(fd, 0, SEEK_SET) != 0) {
+    r->code = FB_EINVAL;
+    fb_errf(r->msg, sizeof r->msg, "a RESTORE without its checkpoint's file");
   } else {
     memcpy(&c, p, sizeof c);
     fb_session_config ec;
@@ -237,9 +233,6 @@ static void worker_restore(worker *w, const uint8_t *p, size_t n, fbd_reply *r) 
       fbp_arena_free(&a);
     }
   }
-  /* the rest of the stream, so that the reply is read where it is due */
-  char sink[65536];
-  while (!d.bad && (d.left || !d.ended)) worker_data_source(&d, sink, sizeof sink);
 }
 
 static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, fbd_reply *r) {
@@ -252,7 +245,7 @@ static void worker_job(worker *w, const wire_req *q, uint8_t *payload, int fd, f
     return;
   }
   if (q->kind == FBD_J_RESTORE) {
-    worker_restore(w, payload, q->len, r);
+    worker_restore(w, payload, q->len, fd, q->buflen, r);
     return;
   }
   if (q->kind == FBD_J_CKPT) {
