@@ -1,6 +1,9 @@
 /* The CPU device's thread pool. A parallel loop is a job: its iteration
- * space is cut into chunks that the calling thread and any idle worker claim
- * with an atomic counter. Jobs sit in a list under one mutex, so several
+ * space is cut into chunks, and the chunks into one contiguous share per
+ * thread; the calling thread drains the first share, each idle worker that
+ * joins the next, each through the share's own atomic counter, and a
+ * thread whose share is empty steals from the others' (so the same range
+ * lands on the same threads launch after launch). Jobs sit in a list under one mutex, so several
  * threads (sessions) may run loops on the pool at once; a caller unlinks its
  * job once every chunk is claimed and waits until the workers that joined it
  * have left. Idle workers spin briefly on a generation counter before they
@@ -30,6 +33,14 @@
                                2.7 us apiece measured on the 2-core VM under load
                                15, where each one hands the core over), then sleep */
 
+#define MAX_SHARES 16
+
+/* A share's claim counter, alone on its cache line. */
+typedef struct share_ctr {
+  _Alignas(64) atomic_llong next; /* next chunk of the share to claim */
+  int64_t end;                    /* one past the share's last chunk */
+} share_ctr;
+
 typedef struct pool_job {
   fb_pool_fn fn;
   fb_pool_slot_fn sfn; /* instead of fn: fb_pool_for_slots */
@@ -37,7 +48,10 @@ typedef struct pool_job {
   int maxslots;
   void *ctx;
   int64_t n, chunk, nchunks;
-  atomic_llong next; /* next chunk to claim */
+  atomic_llong next; /* chunks claimed so far (all shares) */
+  int nshares;       /* contiguous shares of the chunks, one per thread */
+  atomic_int joined; /* threads that took a share so far (caller: 0) */
+  share_ctr *share;
   int users;         /* workers inside the job (under the mutex) */
   struct pool_job *prev, *next_job;
 } pool_job;
@@ -69,8 +83,23 @@ int fb_cpu_cores(void) {
   return n > 0 ? (int)n : 1;
 }
 
+/* The next chunk for a thread that owns share `own`: from its own share
+ * first, then from the others' in turn; -1 when every chunk is claimed. */
+static int64_t claim(pool_job *j, int *own) {
+  for (int k = 0; k < j->nshares; k++) {
+    share_ctr *sc = &j->share[(*own + k) % j->nshares];
+    if (atomic_load_explicit(&sc->next, memory_order_relaxed) >= sc->end) continue;
+    int64_t c = atomic_fetch_add_explicit(&sc->next, 1, memory_order_relaxed);
+    if (c >= sc->end) continue;
+    atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+    *own = (*own + k) % j->nshares;
+    return c;
+  }
+  return -1;
+}
+
 /* Claim and run chunks of j until none is left. */
-static void run_chunks(pool_job *j) {
+static void run_chunks(pool_job *j, int own) {
   int slot = -1;
   for (;;) {
     if (j->sfn && slot < 0) { /* a slot before the first chunk claimed */
@@ -78,8 +107,8 @@ static void run_chunks(pool_job *j) {
       slot = atomic_fetch_add_explicit(&j->slots, 1, memory_order_relaxed);
       if (slot >= j->maxslots) return;
     }
-    int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-    if (c >= j->nchunks) return;
+    int64_t c = claim(j, &own);
+    if (c < 0) return;
     int64_t lo = c * j->chunk;
     int64_t hi = lo + j->chunk < j->n ? lo + j->chunk : j->n;
     if (j->sfn) j->sfn(j->ctx, slot, lo, hi);
@@ -123,8 +152,9 @@ static void *worker_main(void *arg) {
     pool_job *j = find_job(p);
     if (j) {
       j->users++;
+      int own = atomic_fetch_add_explicit(&j->joined, 1, memory_order_relaxed) % j->nshares;
       pthread_mutex_unlock(&p->mu);
-      run_chunks(j);
+      run_chunks(j, own);
       pthread_mutex_lock(&p->mu);
       if (--j->users == 0) pthread_cond_broadcast(&p->done_cv);
       continue;
@@ -279,8 +309,24 @@ static int pool_run(fb_pool *p, int64_t n, int64_t grain, int maxslots, fb_pool_
   j.nchunks = (n + chunk - 1) / chunk;
   j.users = 0;
   atomic_init(&j.next, 0);
+  /* Contiguous shares, one per thread: the caller drains the first, each
+   * worker that joins the next one, and a thread that is done steals from
+   * the others. A loop over the same range gives each thread the same
+   * share launch after launch, so the cells it wrote last time are still
+   * in its core's cache (a single counter handed chunks out in whatever
+   * order the threads arrived). */
+  share_ctr share[MAX_SHARES];
+  int ns = p->nthreads < MAX_SHARES ? p->nthreads : MAX_SHARES;
+  if (ns > j.nchunks) ns = (int)j.nchunks;
+  for (int k = 0; k < ns; k++) {
+    atomic_init(&share[k].next, j.nchunks * k / ns);
+    share[k].end = j.nchunks * (k + 1) / ns;
+  }
+  j.nshares = ns;
+  j.share = share;
+  atomic_init(&j.joined, 1);
   publish(p, &j);
-  run_chunks(&j);
+  run_chunks(&j, 0);
   retire(p, &j);
   int used = atomic_load(&j.slots);
   return used < maxslots ? used : maxslots;

@@ -21,6 +21,7 @@ _Static_assert(FB_RT_BITMASKED == FB_SN_BITMASKED && FB_RT_POINTER == FB_SN_POIN
                    FB_RT_DYNAMIC == FB_SN_DYNAMIC && FB_RT_DENSE == FB_SN_DENSE,
                "kinds");
 _Static_assert(sizeof(fb_rt_dctx) == sizeof(fb_rt_ctx), "fb_rt_dctx mirrors fb_rt_ctx");
+_Static_assert(sizeof(fb_rt_list) == 64, "one cache line per list (fb_rt.h)");
 _Static_assert(sizeof(fb_rt_elem) == 24, "list elements are 24 bytes");
 
 #define POOL_MAX ((size_t)1 << 40) /* most address space one session reserves */
@@ -142,13 +143,14 @@ int fb_sparse_host_error(fb_sparse *sp, char *err, size_t errlen) {
 }
 
 static size_t align16(size_t x) { return (x + 15) / 16 * 16; }
+static size_t align64(size_t x) { return (x + 63) / 64 * 64; }
 
 int fb_sparse_new(const fb_layout *l, fb_devmem *mem, fb_sparse **out, char *err, size_t errlen) {
   *out = NULL;
   fb_sparse *sp = calloc(1, sizeof *sp);
   size_t n = (size_t)l->nnodes;
   size_t at_allocs = align16(sizeof(fb_rt_state));
-  size_t at_lists = at_allocs + align16(n * sizeof(fb_rt_allocator));
+  size_t at_lists = align64(at_allocs + n * sizeof(fb_rt_allocator)); /* a line per list */
   if (sp) {
     sp->mem = mem;
     sp->copies = fb_memsys_copies(mem->ms);

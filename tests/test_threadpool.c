@@ -148,6 +148,60 @@ START_TEST(splits_into_chunks) {
 }
 END_TEST
 
+/* Shares: the caller holds chunk 0 until a worker has run a chunk; the
+ * worker's first chunk must then open the second share (chunk 4 of 8 with
+ * 2 threads), not follow the caller's (chunk 1, as a single counter handed
+ * them out), and every chunk still runs once. */
+typedef struct share_probe {
+  pthread_t caller;
+  atomic_llong worker_first; /* lo of the first chunk a worker ran, or -1 */
+  atomic_int chunks;
+  atomic_int timed_out;
+} share_probe;
+
+static void probe_chunk(void *arg, int64_t lo, int64_t hi) {
+  (void)hi;
+  share_probe *sp = arg;
+  atomic_fetch_add(&sp->chunks, 1);
+  if (!pthread_equal(pthread_self(), sp->caller)) {
+    long long none = -1;
+    atomic_compare_exchange_strong(&sp->worker_first, &none, (long long)lo);
+    return;
+  }
+  if (lo != 0) return;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (atomic_load(&sp->worker_first) < 0) { /* bounded: 10 s */
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 10) {
+      atomic_store(&sp->timed_out, 1);
+      return;
+    }
+    sched_yield();
+  }
+}
+
+START_TEST(worker_takes_its_own_share) {
+  fb_pool *p;
+  char err[256];
+  ck_assert_int_eq(fb_pool_new(2, 1, &p, err, sizeof err), 0);
+  for (int round = 0; round < 20; round++) {
+    share_probe sp;
+    sp.caller = pthread_self();
+    atomic_init(&sp.worker_first, -1);
+    atomic_init(&sp.chunks, 0);
+    atomic_init(&sp.timed_out, 0);
+    fb_pool_for_grain(p, 8, 1, probe_chunk, &sp); /* 2 threads x 4: 8 chunks of 1 */
+    ck_assert_int_eq(atomic_load(&sp.timed_out), 0);
+    ck_assert_int_eq(atomic_load(&sp.chunks), 8);
+    ck_assert_msg(atomic_load(&sp.worker_first) == 4,
+                  "round %d: the worker's first chunk was %lld, not the second share's first (4)",
+                  round, (long long)atomic_load(&sp.worker_first));
+  }
+  fb_pool_free(p);
+}
+END_TEST
+
 static void add_range(void *arg, int64_t lo, int64_t hi) {
   atomic_llong *sum = arg;
   long long s = 0;
@@ -495,6 +549,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, slots_per_thread);
   tcase_add_test(tc, cover_one_thread_and_default);
   tcase_add_test(tc, splits_into_chunks);
+  tcase_add_test(tc, worker_takes_its_own_share);
   tcase_add_test(tc, reuse_many_small_launches);
   tcase_add_test(tc, concurrent_callers);
   tcase_add_test(tc, nested_loops);

@@ -62,11 +62,16 @@ typedef struct fb_rt_elem {
   uint8_t *ptr;
 } fb_rt_elem;
 
+/* One cache line per list: every thread of a listgen adds to count, and a
+ * listgen reads its parent's list (the next one in the array, often) at
+ * each iteration; with two lists to a line those reads missed the cache
+ * whenever another thread had just added. */
 typedef struct fb_rt_list {
   uint64_t count;    /* elements in the list (atomic during listgen) */
   uint64_t cap;      /* room in elems (set by the host) */
   fb_rt_elem *elems;
   uint64_t gen;      /* unused by the device; the host's bookkeeping */
+  uint64_t pad[4];
 } fb_rt_list;
 
 typedef struct fb_rt_allocator {
